@@ -1,0 +1,75 @@
+// qlft_config: key/value settings validated against the key table.
+#include <cstring>
+
+#include "api/handles.h"
+#include "config/keys.h"
+#include "core/error.h"
+
+namespace qlft {
+const Config& config_or_default(const qlft_config* cfg) {
+  static const Config empty;
+  return cfg ? cfg->cfg : empty;
+}
+}  // namespace qlft
+
+using qlft::guard;
+
+extern "C" {
+
+int32_t qlft_config_create(qlft_config** out) {
+  return guard([&] {
+    QLFT_CHECK_ARG(out, "qlft_config_create: out is NULL");
+    *out = new qlft_config();
+  });
+}
+
+void qlft_config_free(qlft_config* config) { delete config; }
+
+int32_t qlft_config_set(qlft_config* config, const char* key, const char* value) {
+  return guard([&] {
+    QLFT_CHECK_ARG(config && key && value, "qlft_config_set: config, key and value must not be NULL");
+    config->cfg.set(key, value);
+  });
+}
+
+int32_t qlft_config_get(const qlft_config* config, const char* key, char* buf, size_t buf_size,
+                        size_t* needed) {
+  return guard([&] {
+    QLFT_CHECK_ARG(key, "qlft_config_get: key is NULL");
+    std::string v = qlft::config_or_default(config).get(key);
+    if (needed) *needed = v.size() + 1;
+    if (!buf && buf_size == 0) return;  // size query
+    QLFT_CHECK_ARG(buf && buf_size > v.size(), "qlft_config_get: buffer of %zu bytes is too small for '%s' (%zu needed)",
+                   buf_size, key, v.size() + 1);
+    std::memcpy(buf, v.c_str(), v.size() + 1);
+  });
+}
+
+size_t qlft_config_key_count(void) { return qlft::key_count(); }
+
+int32_t qlft_config_key_at(size_t index, qlft_config_key* out) {
+  return guard([&] {
+    QLFT_CHECK_ARG(out && out->struct_size >= sizeof(uint32_t), "qlft_config_key_at: out is NULL or struct_size unset");
+    QLFT_CHECK_ARG(index < qlft::key_count(), "qlft_config_key_at: index %zu out of range (%zu keys)",
+                   index, qlft::key_count());
+    const qlft::KeyDef& k = qlft::key_at(index);
+    // `allowed` is built per key once and kept for the life of the process.
+    static std::vector<std::string> allowed = [] {
+      std::vector<std::string> v;
+      for (size_t i = 0; i < qlft::key_count(); ++i) v.push_back(qlft::key_allowed(qlft::key_at(i)));
+      return v;
+    }();
+    qlft_config_key full{};
+    full.struct_size = sizeof(full);
+    full.name = k.name;
+    full.type = qlft::key_type_name(k.type);
+    full.default_value = k.default_value;
+    full.allowed = allowed[index].c_str();
+    full.doc = k.doc;
+    uint32_t n = out->struct_size < sizeof(full) ? out->struct_size : sizeof(full);
+    std::memcpy(out, &full, n);
+    out->struct_size = n;
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,60 @@
+// Versioning, status strings, last error and logging.
+#include <cstring>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "qlft.h"
+
+namespace {
+#define QLFT_STR2(x) #x
+#define QLFT_STR(x) QLFT_STR2(x)
+constexpr const char* kVersion =
+    QLFT_STR(QLFT_VERSION_MAJOR) "." QLFT_STR(QLFT_VERSION_MINOR) "." QLFT_STR(QLFT_VERSION_PATCH);
+
+#if defined(__AVX512BF16__)
+#define QLFT_SIMD "avx512bf16"
+#elif defined(__AVX512F__)
+#define QLFT_SIMD "avx512"
+#elif defined(__AVX2__)
+#define QLFT_SIMD "avx2"
+#else
+#define QLFT_SIMD "generic"
+#endif
+}  // namespace
+
+extern "C" {
+
+uint32_t qlft_version_number(void) { return QLFT_VERSION_NUMBER; }
+const char* qlft_version_string(void) { return kVersion; }
+
+const char* qlft_build_info(void) {
+  static const char* info = "qlft " QLFT_STR(QLFT_VERSION_MAJOR) "." QLFT_STR(
+      QLFT_VERSION_MINOR) "." QLFT_STR(QLFT_VERSION_PATCH) " cuda=" QLFT_STR(QLFT_HAVE_CUDA)
+      " mpi=" QLFT_STR(QLFT_HAVE_MPI) " simd=" QLFT_SIMD " blas=openblas threads=openmp";
+  return info;
+}
+
+const char* qlft_status_string(int32_t status) {
+  switch (status) {
+    case QLFT_OK: return "QLFT_OK";
+    case QLFT_ERR_INVALID_ARGUMENT: return "QLFT_ERR_INVALID_ARGUMENT";
+    case QLFT_ERR_IO: return "QLFT_ERR_IO";
+    case QLFT_ERR_FORMAT: return "QLFT_ERR_FORMAT";
+    case QLFT_ERR_UNSUPPORTED: return "QLFT_ERR_UNSUPPORTED";
+    case QLFT_ERR_OUT_OF_MEMORY: return "QLFT_ERR_OUT_OF_MEMORY";
+    case QLFT_ERR_NUMERICAL: return "QLFT_ERR_NUMERICAL";
+    case QLFT_ERR_CANCELLED: return "QLFT_ERR_CANCELLED";
+    case QLFT_ERR_BACKEND: return "QLFT_ERR_BACKEND";
+    case QLFT_ERR_DISTRIBUTED: return "QLFT_ERR_DISTRIBUTED";
+    case QLFT_ERR_INTERNAL: return "QLFT_ERR_INTERNAL";
+    default: return "QLFT_ERR_UNKNOWN";
+  }
+}
+
+const char* qlft_last_error(void) { return qlft::last_error(); }
+
+void qlft_set_log_callback(qlft_log_fn fn, void* user_data, int32_t max_level) {
+  qlft::set_log_callback(fn, user_data, max_level);
+}
+
+}  // extern "C"

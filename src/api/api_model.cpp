@@ -1,0 +1,73 @@
+// qlft_model: loading a base model and describing it.
+#include <cstring>
+
+#include "api/handles.h"
+#include "core/error.h"
+
+using qlft::guard;
+
+namespace {
+void copy_str(char* dst, size_t cap, const std::string& s) {
+  size_t n = s.size() < cap - 1 ? s.size() : cap - 1;
+  std::memcpy(dst, s.data(), n);
+  dst[n] = '\0';
+}
+}  // namespace
+
+extern "C" {
+
+int32_t qlft_model_load(qlft_runtime* runtime, const char* path, const qlft_config* config,
+                        qlft_model** out) {
+  return guard([&] {
+    QLFT_CHECK_ARG(out, "qlft_model_load: out is NULL");
+    *out = nullptr;
+    QLFT_CHECK_ARG(runtime, "qlft_model_load: runtime is NULL");
+    QLFT_CHECK_ARG(path && *path, "qlft_model_load: path is NULL or empty");
+    const qlft::Config& c = qlft::config_or_default(config);
+    qlft::LoadOptions opt;
+    opt.quant_type = c.get("quant.type");
+    opt.double_quant = c.get_bool("quant.double_quant");
+    opt.blocksize = static_cast<int>(c.get_int("quant.blocksize"));
+    QLFT_CHECK_ARG((opt.blocksize & (opt.blocksize - 1)) == 0,
+                   "quant.blocksize must be a power of two, got %d", opt.blocksize);
+    auto m = std::make_unique<qlft_model>();
+    m->runtime = runtime;
+    m->model = qlft::load_model(&runtime->tracker, path, opt);
+    *out = m.release();
+  });
+}
+
+void qlft_model_free(qlft_model* model) { delete model; }
+
+int32_t qlft_model_info(const qlft_model* model, qlft_model_details* out) {
+  return guard([&] {
+    QLFT_CHECK_ARG(model && out, "qlft_model_info: model and out must not be NULL");
+    QLFT_CHECK_ARG(out->struct_size >= sizeof(uint32_t),
+                   "qlft_model_info: set out->struct_size = sizeof(qlft_model_details)");
+    const qlft::Model& m = *model->model;
+    qlft_model_details d{};
+    d.struct_size = sizeof(d);
+    copy_str(d.architecture, sizeof d.architecture, m.cfg.arch);
+    copy_str(d.quant_type, sizeof d.quant_type, m.quant_summary);
+    copy_str(d.source_format, sizeof d.source_format, m.source_format);
+    d.n_layers = m.cfg.n_layers;
+    d.dim = m.cfg.dim;
+    d.n_heads = m.cfg.n_heads;
+    d.n_kv_heads = m.cfg.n_kv_heads;
+    d.head_dim = m.cfg.head_dim;
+    d.ffn_dim = m.cfg.ffn_dim;
+    d.vocab_size = m.cfg.vocab;
+    d.context_length = m.cfg.context_length;
+    d.rope_theta = m.cfg.rope_theta;
+    d.rms_norm_eps = m.cfg.rms_eps;
+    d.tied_embeddings = m.cfg.tied_embeddings;
+    d.rope_adjacent_pairs = m.cfg.rope_adjacent;
+    d.n_params = m.n_params();
+    d.weight_bytes = m.weight_bytes();
+    uint32_t n = out->struct_size < sizeof(d) ? out->struct_size : sizeof(d);
+    std::memcpy(out, &d, n);
+    out->struct_size = n;
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,64 @@
+// qlft_runtime: backend choice, threads and the memory budget.
+#include <cstring>
+
+#include "api/handles.h"
+#include "core/error.h"
+#include "core/threads.h"
+
+using qlft::guard;
+
+extern "C" {
+
+int32_t qlft_runtime_create(const qlft_config* config, qlft_runtime** out) {
+  return guard([&] {
+    QLFT_CHECK_ARG(out, "qlft_runtime_create: out is NULL");
+    *out = nullptr;
+    const qlft::Config& c = qlft::config_or_default(config);
+    auto rt = std::make_unique<qlft_runtime>();
+    rt->backend = c.get("backend");
+    if (rt->backend == "cuda") {
+#if QLFT_HAVE_CUDA
+      qlft::throw_error(QLFT_ERR_BACKEND, "backend=cuda: the CUDA backend is not implemented yet");
+#else
+      qlft::throw_error(QLFT_ERR_UNSUPPORTED,
+                        "backend=cuda: this libqlft was built without CUDA (configure with -DQLFT_CUDA=ON)");
+#endif
+    }
+    rt->threads = static_cast<int>(c.get_int("threads"));
+    rt->tracker.set_limit(c.get_size("memory.limit"));
+    qlft::set_num_threads(rt->threads);
+    *out = rt.release();
+  });
+}
+
+void qlft_runtime_free(qlft_runtime* runtime) { delete runtime; }
+
+const char* qlft_memory_category_name(int32_t category) {
+  if (category < 0 || category >= QLFT_MEM_CATEGORY_COUNT) return "unknown";
+  return qlft::mem_category_name(static_cast<qlft::MemCategory>(category));
+}
+
+int32_t qlft_runtime_memory_report(const qlft_runtime* runtime, qlft_memory_report* out) {
+  return guard([&] {
+    QLFT_CHECK_ARG(runtime && out, "qlft_runtime_memory_report: runtime and out must not be NULL");
+    QLFT_CHECK_ARG(out->struct_size >= sizeof(uint32_t) + sizeof(uint64_t),
+                   "qlft_runtime_memory_report: set out->struct_size = sizeof(qlft_memory_report)");
+    qlft::MemorySnapshot s = runtime->tracker.snapshot();
+    qlft_memory_report r{};
+    r.struct_size = sizeof(r);
+    r.limit = s.limit;
+    for (int i = 0; i < QLFT_MEM_CATEGORY_COUNT; ++i) {
+      r.allocated[i] = s.allocated[i];
+      r.reserved[i] = s.reserved[i];
+      r.peak[i] = s.peak[i];
+    }
+    r.total_reserved = s.total_reserved;
+    r.total_peak = s.total_peak;
+    r.process_peak_rss = qlft::process_peak_rss();
+    uint32_t n = out->struct_size < sizeof(r) ? out->struct_size : sizeof(r);
+    std::memcpy(out, &r, n);
+    out->struct_size = n;
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,164 @@
+#include "core/memory.h"
+
+#include <sys/resource.h>
+
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "core/error.h"
+
+namespace qlft {
+
+const char* mem_category_name(MemCategory c) {
+  static const char* names[kMemCategoryCount] = {"weights",     "adapter",   "gradients",
+                                                 "optimizer",   "activations", "workspace",
+                                                 "communication"};
+  int i = static_cast<int>(c);
+  return (i >= 0 && i < kMemCategoryCount) ? names[i] : "unknown";
+}
+
+void MemoryTracker::acquire(MemCategory c, uint64_t bytes, const char* what) {
+  std::lock_guard<std::mutex> lock(mu_);
+  bool injected = false;
+  if (fail_countdown_ > 0 && --fail_countdown_ == 0) injected = true;
+  if (injected || (limit_ > 0 && total_ + bytes > limit_)) {
+    throw_error(QLFT_ERR_OUT_OF_MEMORY,
+                "memory.limit exceeded during %s: allocating %s of %s (%s) would bring the total "
+                "to %s of %s; lower train.micro_batch or the sequence length, enable "
+                "train.checkpointing, offload optimizer state, or raise memory.limit%s",
+                phase_, format_bytes(bytes).c_str(), mem_category_name(c), what ? what : "",
+                format_bytes(total_ + bytes).c_str(), format_bytes(limit_).c_str(),
+                injected ? " [injected fault]" : "");
+  }
+  int i = static_cast<int>(c);
+  allocated_[i] += bytes;
+  reserved_[i] += bytes;
+  if (reserved_[i] > peak_[i]) peak_[i] = reserved_[i];
+  total_ += bytes;
+  if (total_ > total_peak_) total_peak_ = total_;
+}
+
+void MemoryTracker::release(MemCategory c, uint64_t bytes) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  int i = static_cast<int>(c);
+  allocated_[i] -= bytes;
+  reserved_[i] -= bytes;
+  total_ -= bytes;
+}
+
+void MemoryTracker::reset_peaks() {
+  std::lock_guard<std::mutex> lock(mu_);
+  peak_ = reserved_;
+  total_peak_ = total_;
+}
+
+MemorySnapshot MemoryTracker::snapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  MemorySnapshot s;
+  s.limit = limit_;
+  s.allocated = allocated_;
+  s.reserved = reserved_;
+  s.peak = peak_;
+  s.total_reserved = total_;
+  s.total_peak = total_peak_;
+  return s;
+}
+
+uint64_t MemoryTracker::total_reserved() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return total_;
+}
+
+Buffer::Buffer(MemoryTracker* tracker, MemCategory c, size_t bytes, const char* what)
+    : tracker_(tracker), cat_(c) {
+  if (bytes == 0) return;
+  size_t rounded = (bytes + 63) / 64 * 64;
+  if (tracker_) tracker_->acquire(c, rounded, what);
+  data_ = std::aligned_alloc(64, rounded);
+  if (!data_) {
+    if (tracker_) tracker_->release(c, rounded);
+    throw_error(QLFT_ERR_OUT_OF_MEMORY, "the OS refused %s of %s (%s)",
+                format_bytes(rounded).c_str(), mem_category_name(c), what ? what : "");
+  }
+  std::memset(data_, 0, rounded);
+  size_ = bytes;
+}
+
+Buffer::~Buffer() { reset(); }
+
+void Buffer::reset() noexcept {
+  if (data_) {
+    std::free(data_);
+    if (tracker_) tracker_->release(cat_, (size_ + 63) / 64 * 64);
+  }
+  data_ = nullptr;
+  size_ = 0;
+}
+
+Buffer::Buffer(Buffer&& o) noexcept
+    : tracker_(o.tracker_), cat_(o.cat_), data_(o.data_), size_(o.size_) {
+  o.data_ = nullptr;
+  o.size_ = 0;
+}
+
+Buffer& Buffer::operator=(Buffer&& o) noexcept {
+  if (this != &o) {
+    reset();
+    tracker_ = o.tracker_;
+    cat_ = o.cat_;
+    data_ = o.data_;
+    size_ = o.size_;
+    o.data_ = nullptr;
+    o.size_ = 0;
+  }
+  return *this;
+}
+
+std::string format_bytes(uint64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024.0 && u < 4) {
+    v /= 1024.0;
+    ++u;
+  }
+  return u == 0 ? strf("%llu B", static_cast<unsigned long long>(bytes)) : strf("%.1f %s", v, units[u]);
+}
+
+uint64_t parse_bytes(const std::string& text, const char* key) {
+  const char* s = text.c_str();
+  char* end = nullptr;
+  errno = 0;
+  double v = std::strtod(s, &end);
+  if (end == s || errno != 0 || !(v >= 0) || v > 1.8e19)
+    throw_error(QLFT_ERR_INVALID_ARGUMENT, "%s must be a byte size like 512M or 4GiB, got '%s'",
+                key, text.c_str());
+  std::string unit;
+  for (const char* p = end; *p; ++p)
+    if (!std::isspace(static_cast<unsigned char>(*p)))
+      unit += static_cast<char>(std::tolower(static_cast<unsigned char>(*p)));
+  double mult = 1;
+  if (unit.empty() || unit == "b") mult = 1;
+  else if (unit == "k" || unit == "kb" || unit == "kib") mult = 1024.0;
+  else if (unit == "m" || unit == "mb" || unit == "mib") mult = 1024.0 * 1024;
+  else if (unit == "g" || unit == "gb" || unit == "gib") mult = 1024.0 * 1024 * 1024;
+  else if (unit == "t" || unit == "tb" || unit == "tib") mult = 1024.0 * 1024 * 1024 * 1024;
+  else
+    throw_error(QLFT_ERR_INVALID_ARGUMENT, "%s: unknown size unit in '%s' (use K, M, G or T)", key,
+                text.c_str());
+  double b = v * mult;
+  if (b > 1.8e19)
+    throw_error(QLFT_ERR_INVALID_ARGUMENT, "%s: size '%s' is too large", key, text.c_str());
+  return static_cast<uint64_t>(b);
+}
+
+uint64_t process_peak_rss() {
+  struct rusage ru;
+  if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+  return static_cast<uint64_t>(ru.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+}  // namespace qlft

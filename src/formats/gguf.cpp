@@ -1,0 +1,325 @@
+#include "formats/gguf.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+#include "quant/ggml_types.h"
+
+namespace qlft {
+
+namespace {
+
+constexpr uint32_t kMaxDims = 4;
+constexpr uint64_t kMaxStringLen = uint64_t(1) << 30;
+
+size_t scalar_size(GgufType t) {
+  switch (t) {
+    case GgufType::U8: case GgufType::I8: case GgufType::BOOL: return 1;
+    case GgufType::U16: case GgufType::I16: return 2;
+    case GgufType::U32: case GgufType::I32: case GgufType::F32: return 4;
+    case GgufType::U64: case GgufType::I64: case GgufType::F64: return 8;
+    default: return 0;
+  }
+}
+
+bool valid_type(uint32_t t) { return t <= static_cast<uint32_t>(GgufType::F64); }
+
+// A bounds-checked cursor over the mapped bytes.
+class Cursor {
+ public:
+  Cursor(const uint8_t* p, size_t n, const std::string& path) : p_(p), n_(n), path_(path) {}
+  size_t pos() const { return pos_; }
+  size_t remaining() const { return n_ - pos_; }
+
+  const uint8_t* take(uint64_t bytes, const char* what) {
+    if (bytes > remaining())
+      throw_error(QLFT_ERR_FORMAT, "%s: truncated at byte %zu reading %s (%llu bytes needed, %zu left)",
+                  path_.c_str(), pos_, what, static_cast<unsigned long long>(bytes), remaining());
+    const uint8_t* r = p_ + pos_;
+    pos_ += bytes;
+    return r;
+  }
+  template <class T>
+  T read(const char* what) {
+    T v;
+    std::memcpy(&v, take(sizeof(T), what), sizeof(T));
+    return v;
+  }
+  std::string_view str(const char* what) {
+    uint64_t len = read<uint64_t>(what);
+    if (len > kMaxStringLen || len > remaining())
+      throw_error(QLFT_ERR_FORMAT, "%s: %s has length %llu at byte %zu, past the end of the file",
+                  path_.c_str(), what, static_cast<unsigned long long>(len), pos_);
+    const uint8_t* d = take(len, what);
+    return std::string_view(reinterpret_cast<const char*>(d), len);
+  }
+
+ private:
+  const uint8_t* p_;
+  size_t n_;
+  size_t pos_ = 0;
+  const std::string& path_;
+};
+
+void read_scalar(Cursor& c, GgufType t, GgufValue& v, const char* what) {
+  switch (t) {
+    case GgufType::U8: v.u = c.read<uint8_t>(what); break;
+    case GgufType::I8: v.i = c.read<int8_t>(what); break;
+    case GgufType::U16: v.u = c.read<uint16_t>(what); break;
+    case GgufType::I16: v.i = c.read<int16_t>(what); break;
+    case GgufType::U32: v.u = c.read<uint32_t>(what); break;
+    case GgufType::I32: v.i = c.read<int32_t>(what); break;
+    case GgufType::U64: v.u = c.read<uint64_t>(what); break;
+    case GgufType::I64: v.i = c.read<int64_t>(what); break;
+    case GgufType::F32: v.f = c.read<float>(what); break;
+    case GgufType::F64: v.f = c.read<double>(what); break;
+    case GgufType::BOOL: v.u = c.read<uint8_t>(what) ? 1 : 0; break;
+    default: break;
+  }
+  if (t == GgufType::U8 || t == GgufType::U16 || t == GgufType::U32 || t == GgufType::U64 ||
+      t == GgufType::BOOL)
+    v.i = static_cast<int64_t>(v.u);
+  else if (t == GgufType::I8 || t == GgufType::I16 || t == GgufType::I32 || t == GgufType::I64)
+    v.u = static_cast<uint64_t>(v.i);
+}
+
+}  // namespace
+
+const char* gguf_type_name(GgufType t) {
+  static const char* names[] = {"u8",  "i8",  "u16",    "i16",   "u32", "i32", "f32",
+                                "bool", "string", "array", "u64", "i64", "f64"};
+  uint32_t i = static_cast<uint32_t>(t);
+  return i < 13 ? names[i] : "?";
+}
+
+bool GgufValue::is_integer() const {
+  switch (type) {
+    case GgufType::U8: case GgufType::I8: case GgufType::U16: case GgufType::I16:
+    case GgufType::U32: case GgufType::I32: case GgufType::U64: case GgufType::I64: return true;
+    default: return false;
+  }
+}
+bool GgufValue::is_number() const {
+  return is_integer() || type == GgufType::F32 || type == GgufType::F64;
+}
+
+double GgufValue::array_f(uint64_t idx) const {
+  size_t es = scalar_size(elem_type);
+  const uint8_t* p = array_data + idx * es;
+  switch (elem_type) {
+    case GgufType::F32: { float f; std::memcpy(&f, p, 4); return f; }
+    case GgufType::F64: { double d; std::memcpy(&d, p, 8); return d; }
+    default: return static_cast<double>(array_i(idx));
+  }
+}
+
+int64_t GgufValue::array_i(uint64_t idx) const {
+  size_t es = scalar_size(elem_type);
+  const uint8_t* p = array_data + idx * es;
+  switch (elem_type) {
+    case GgufType::U8: case GgufType::BOOL: return *p;
+    case GgufType::I8: return static_cast<int8_t>(*p);
+    case GgufType::U16: { uint16_t x; std::memcpy(&x, p, 2); return x; }
+    case GgufType::I16: { int16_t x; std::memcpy(&x, p, 2); return x; }
+    case GgufType::U32: { uint32_t x; std::memcpy(&x, p, 4); return x; }
+    case GgufType::I32: { int32_t x; std::memcpy(&x, p, 4); return x; }
+    case GgufType::U64: { uint64_t x; std::memcpy(&x, p, 8); return static_cast<int64_t>(x); }
+    case GgufType::I64: { int64_t x; std::memcpy(&x, p, 8); return x; }
+    case GgufType::F32: { float f; std::memcpy(&f, p, 4); return static_cast<int64_t>(f); }
+    case GgufType::F64: { double d; std::memcpy(&d, p, 8); return static_cast<int64_t>(d); }
+    default: return 0;
+  }
+}
+
+std::unique_ptr<GgufFile> GgufFile::open(const std::string& path) {
+  std::unique_ptr<GgufFile> g(new GgufFile());
+  g->file_ = std::make_unique<MappedFile>(path);
+  g->parse();
+  return g;
+}
+
+void GgufFile::parse() {
+  const std::string& path = file_->path();
+  Cursor c(file_->data(), file_->size(), path);
+  const uint8_t* magic = c.take(4, "magic");
+  QLFT_CHECK_FORMAT(std::memcmp(magic, "GGUF", 4) == 0, "%s: not a GGUF file (bad magic)",
+                    path.c_str());
+  version_ = c.read<uint32_t>("version");
+  QLFT_CHECK_FORMAT(version_ == 2 || version_ == 3,
+                    "%s: GGUF version %u is not supported (2 and 3 are)", path.c_str(), version_);
+  uint64_t n_tensors = c.read<uint64_t>("tensor count");
+  uint64_t n_kv = c.read<uint64_t>("metadata count");
+  // Each key/value takes at least 8 (key length) + 4 (type) + 1 bytes; each tensor info at
+  // least 8 + 4 + 4 + 8. A count that cannot fit in the file is rejected before any reserve.
+  QLFT_CHECK_FORMAT(n_kv <= c.remaining() / 13, "%s: metadata count %llu cannot fit in %zu bytes",
+                    path.c_str(), static_cast<unsigned long long>(n_kv), file_->size());
+  QLFT_CHECK_FORMAT(n_tensors <= c.remaining() / 24,
+                    "%s: tensor count %llu cannot fit in %zu bytes", path.c_str(),
+                    static_cast<unsigned long long>(n_tensors), file_->size());
+
+  kv_.reserve(n_kv);
+  for (uint64_t k = 0; k < n_kv; ++k) {
+    std::string key(c.str("metadata key"));
+    QLFT_CHECK_FORMAT(!key.empty(), "%s: metadata entry %llu has an empty key", path.c_str(),
+                      static_cast<unsigned long long>(k));
+    QLFT_CHECK_FORMAT(!kv_index_.count(key), "%s: metadata key '%s' appears twice", path.c_str(),
+                      key.c_str());
+    uint32_t t = c.read<uint32_t>("metadata type");
+    QLFT_CHECK_FORMAT(valid_type(t), "%s: metadata key '%s' has unknown type %u", path.c_str(),
+                      key.c_str(), t);
+    GgufValue v;
+    v.type = static_cast<GgufType>(t);
+    if (v.type == GgufType::STRING) {
+      v.str = c.str(key.c_str());
+    } else if (v.type == GgufType::ARRAY) {
+      uint32_t et = c.read<uint32_t>("array element type");
+      QLFT_CHECK_FORMAT(valid_type(et) && et != static_cast<uint32_t>(GgufType::ARRAY),
+                        "%s: metadata key '%s' is an array of unsupported type %u", path.c_str(),
+                        key.c_str(), et);
+      v.elem_type = static_cast<GgufType>(et);
+      v.count = c.read<uint64_t>("array length");
+      if (v.elem_type == GgufType::STRING) {
+        QLFT_CHECK_FORMAT(v.count <= c.remaining() / 8,
+                          "%s: metadata key '%s' claims %llu strings, more than the file holds",
+                          path.c_str(), key.c_str(), static_cast<unsigned long long>(v.count));
+        v.strings.reserve(v.count);
+        for (uint64_t j = 0; j < v.count; ++j) v.strings.push_back(c.str(key.c_str()));
+      } else {
+        size_t es = scalar_size(v.elem_type);
+        QLFT_CHECK_FORMAT(v.count <= c.remaining() / es,
+                          "%s: metadata key '%s' claims %llu elements, more than the file holds",
+                          path.c_str(), key.c_str(), static_cast<unsigned long long>(v.count));
+        v.array_data = c.take(v.count * es, key.c_str());
+      }
+    } else {
+      read_scalar(c, v.type, v, key.c_str());
+    }
+    kv_index_[key] = kv_.size();
+    kv_.emplace_back(std::move(key), std::move(v));
+  }
+
+  if (const GgufValue* a = find("general.alignment")) {
+    QLFT_CHECK_FORMAT(a->is_integer() && a->u > 0 && a->u <= (1u << 20) && (a->u & (a->u - 1)) == 0,
+                      "%s: general.alignment must be a power of two, got %llu", path.c_str(),
+                      static_cast<unsigned long long>(a->u));
+    alignment_ = a->u;
+  }
+
+  tensors_.reserve(n_tensors);
+  for (uint64_t ti = 0; ti < n_tensors; ++ti) {
+    GgufTensorInfo info;
+    info.name = std::string(c.str("tensor name"));
+    const char* tn = info.name.c_str();
+    QLFT_CHECK_FORMAT(!tensor_index_.count(info.name), "%s: tensor '%s' appears twice",
+                      path.c_str(), tn);
+    info.n_dims = c.read<uint32_t>("tensor dims");
+    QLFT_CHECK_FORMAT(info.n_dims >= 1 && info.n_dims <= kMaxDims,
+                      "%s: tensor '%s' has %u dimensions (1..4 allowed)", path.c_str(), tn,
+                      info.n_dims);
+    for (uint32_t d = 0; d < info.n_dims; ++d) {
+      uint64_t ne = c.read<uint64_t>("tensor shape");
+      QLFT_CHECK_FORMAT(ne >= 1 && ne <= (uint64_t(1) << 40),
+                        "%s: tensor '%s' dimension %u is %llu", path.c_str(), tn, d,
+                        static_cast<unsigned long long>(ne));
+      info.ne[d] = static_cast<int64_t>(ne);
+    }
+    info.type = c.read<uint32_t>("tensor type");
+    const GgmlTypeTraits* tr = ggml_type_traits(info.type);
+    QLFT_CHECK_FORMAT(tr, "%s: tensor '%s' has unknown ggml type %u", path.c_str(), tn, info.type);
+    info.offset = c.read<uint64_t>("tensor offset");
+    // Overflow-safe element count: each factor <= 2^40 and the product must stay <= 2^50.
+    unsigned __int128 n = 1;
+    for (int d = 0; d < 4; ++d) n *= static_cast<uint64_t>(info.ne[d]);
+    QLFT_CHECK_FORMAT(n <= (static_cast<unsigned __int128>(1) << 50),
+                      "%s: tensor '%s' has too many elements", path.c_str(), tn);
+    QLFT_CHECK_FORMAT(info.ne[0] % tr->block == 0,
+                      "%s: tensor '%s' row length %lld is not a multiple of the %s block size %u",
+                      path.c_str(), tn, static_cast<long long>(info.ne[0]), tr->name, tr->block);
+    info.nbytes = static_cast<uint64_t>(n) / tr->block * tr->bytes;
+    tensor_index_[info.name] = tensors_.size();
+    tensors_.push_back(std::move(info));
+  }
+
+  uint64_t data_start = (c.pos() + alignment_ - 1) / alignment_ * alignment_;
+  QLFT_CHECK_FORMAT(data_start <= file_->size() || tensors_.empty(),
+                    "%s: truncated before the tensor data section", path.c_str());
+  uint64_t data_size = data_start <= file_->size() ? file_->size() - data_start : 0;
+  for (GgufTensorInfo& t : tensors_) {
+    QLFT_CHECK_FORMAT(t.offset % alignment_ == 0,
+                      "%s: tensor '%s' offset %llu is not aligned to %llu", path.c_str(),
+                      t.name.c_str(), static_cast<unsigned long long>(t.offset),
+                      static_cast<unsigned long long>(alignment_));
+    QLFT_CHECK_FORMAT(t.offset <= data_size && t.nbytes <= data_size - t.offset,
+                      "%s: tensor '%s' (%llu bytes at offset %llu) extends past the end of the "
+                      "file (data section is %llu bytes)",
+                      path.c_str(), t.name.c_str(), static_cast<unsigned long long>(t.nbytes),
+                      static_cast<unsigned long long>(t.offset),
+                      static_cast<unsigned long long>(data_size));
+    t.data = file_->data() + data_start + t.offset;
+  }
+  // No two tensors may share bytes.
+  std::vector<const GgufTensorInfo*> by_off;
+  for (const auto& t : tensors_) by_off.push_back(&t);
+  std::sort(by_off.begin(), by_off.end(),
+            [](auto* a, auto* b) { return a->offset < b->offset; });
+  for (size_t i = 1; i < by_off.size(); ++i) {
+    const GgufTensorInfo* a = by_off[i - 1];
+    const GgufTensorInfo* b = by_off[i];
+    QLFT_CHECK_FORMAT(a->offset + a->nbytes <= b->offset,
+                      "%s: tensors '%s' and '%s' overlap in the data section", path.c_str(),
+                      a->name.c_str(), b->name.c_str());
+  }
+}
+
+const GgufValue* GgufFile::find(const std::string& key) const {
+  auto it = kv_index_.find(key);
+  return it == kv_index_.end() ? nullptr : &kv_[it->second].second;
+}
+
+const GgufTensorInfo* GgufFile::find_tensor(const std::string& name) const {
+  auto it = tensor_index_.find(name);
+  return it == tensor_index_.end() ? nullptr : &tensors_[it->second];
+}
+
+std::string GgufFile::get_string(const std::string& key) const {
+  const GgufValue* v = find(key);
+  QLFT_CHECK_FORMAT(v, "%s: metadata key '%s' is missing", path().c_str(), key.c_str());
+  QLFT_CHECK_FORMAT(v->type == GgufType::STRING, "%s: metadata key '%s' is %s, expected string",
+                    path().c_str(), key.c_str(), gguf_type_name(v->type));
+  return std::string(v->str);
+}
+
+std::string GgufFile::get_string(const std::string& key, const std::string& def) const {
+  return find(key) ? get_string(key) : def;
+}
+
+int64_t GgufFile::get_int(const std::string& key) const {
+  const GgufValue* v = find(key);
+  QLFT_CHECK_FORMAT(v, "%s: metadata key '%s' is missing", path().c_str(), key.c_str());
+  QLFT_CHECK_FORMAT(v->is_integer(), "%s: metadata key '%s' is %s, expected an integer",
+                    path().c_str(), key.c_str(), gguf_type_name(v->type));
+  return v->i;
+}
+
+int64_t GgufFile::get_int(const std::string& key, int64_t def) const {
+  return find(key) ? get_int(key) : def;
+}
+
+double GgufFile::get_float(const std::string& key, double def) const {
+  const GgufValue* v = find(key);
+  if (!v) return def;
+  QLFT_CHECK_FORMAT(v->is_number(), "%s: metadata key '%s' is %s, expected a number",
+                    path().c_str(), key.c_str(), gguf_type_name(v->type));
+  return v->is_integer() ? static_cast<double>(v->i) : v->f;
+}
+
+bool GgufFile::get_bool(const std::string& key, bool def) const {
+  const GgufValue* v = find(key);
+  if (!v) return def;
+  QLFT_CHECK_FORMAT(v->type == GgufType::BOOL, "%s: metadata key '%s' is %s, expected bool",
+                    path().c_str(), key.c_str(), gguf_type_name(v->type));
+  return v->u != 0;
+}
+
+}  // namespace qlft

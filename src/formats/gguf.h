@@ -1,0 +1,88 @@
+// GGUF v2/v3 reader over a memory map. Everything is validated while parsing: a hostile file
+// gets QLFT_ERR_FORMAT naming the file and the key or tensor, never an out-of-bounds read.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "formats/mapped_file.h"
+
+namespace qlft {
+
+enum class GgufType : uint32_t {
+  U8 = 0, I8 = 1, U16 = 2, I16 = 3, U32 = 4, I32 = 5, F32 = 6, BOOL = 7,
+  STRING = 8, ARRAY = 9, U64 = 10, I64 = 11, F64 = 12,
+};
+const char* gguf_type_name(GgufType t);
+
+// One metadata value. Scalars are decoded; arrays keep a pointer into the map (numbers) or a
+// list of views (strings), both valid while the GgufFile lives.
+struct GgufValue {
+  GgufType type = GgufType::U8;
+  GgufType elem_type = GgufType::U8;  // for ARRAY
+  uint64_t u = 0;                     // unsigned integers and BOOL
+  int64_t i = 0;                      // signed integers
+  double f = 0;                       // floats
+  std::string_view str;               // STRING
+  uint64_t count = 0;                 // ARRAY length
+  const uint8_t* array_data = nullptr;       // numeric ARRAY elements, packed little-endian
+  std::vector<std::string_view> strings;     // STRING ARRAY elements
+
+  bool is_integer() const;
+  bool is_number() const;
+  // Element i of a numeric array as double / int64.
+  double array_f(uint64_t idx) const;
+  int64_t array_i(uint64_t idx) const;
+};
+
+struct GgufTensorInfo {
+  std::string name;
+  uint32_t n_dims = 0;
+  int64_t ne[4] = {1, 1, 1, 1};  // ne[0] is the innermost (contiguous) dimension
+  uint32_t type = 0;             // GgmlType id
+  uint64_t offset = 0;           // relative to the data section
+  uint64_t nbytes = 0;
+  const uint8_t* data = nullptr;  // into the map
+  int64_t numel() const { return ne[0] * ne[1] * ne[2] * ne[3]; }
+};
+
+class GgufFile {
+ public:
+  // Maps and parses path; throws QLFT_ERR_IO / QLFT_ERR_FORMAT.
+  static std::unique_ptr<GgufFile> open(const std::string& path);
+
+  uint32_t version() const { return version_; }
+  uint64_t alignment() const { return alignment_; }
+  const std::string& path() const { return file_->path(); }
+
+  const std::vector<std::pair<std::string, GgufValue>>& metadata() const { return kv_; }
+  const GgufValue* find(const std::string& key) const;
+  // Typed getters: throw QLFT_ERR_FORMAT naming the key when missing (no default) or mistyped.
+  std::string get_string(const std::string& key) const;
+  std::string get_string(const std::string& key, const std::string& def) const;
+  int64_t get_int(const std::string& key) const;
+  int64_t get_int(const std::string& key, int64_t def) const;
+  double get_float(const std::string& key, double def) const;
+  bool get_bool(const std::string& key, bool def) const;
+
+  const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }
+  const GgufTensorInfo* find_tensor(const std::string& name) const;
+
+ private:
+  GgufFile() = default;
+  void parse();
+
+  std::unique_ptr<MappedFile> file_;
+  uint32_t version_ = 0;
+  uint64_t alignment_ = 32;
+  std::vector<std::pair<std::string, GgufValue>> kv_;
+  std::unordered_map<std::string, size_t> kv_index_;
+  std::vector<GgufTensorInfo> tensors_;
+  std::unordered_map<std::string, size_t> tensor_index_;
+};
+
+}  // namespace qlft

@@ -1,0 +1,53 @@
+#include "formats/mapped_file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace qlft {
+
+MappedFile::MappedFile(const std::string& path) : path_(path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw_error(QLFT_ERR_IO, "%s: cannot open: %s", path.c_str(), std::strerror(errno));
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    int e = errno;
+    ::close(fd);
+    throw_error(QLFT_ERR_IO, "%s: cannot stat: %s", path.c_str(), std::strerror(e));
+  }
+  if (S_ISDIR(st.st_mode)) {
+    ::close(fd);
+    throw_error(QLFT_ERR_IO, "%s: is a directory, expected a file", path.c_str());
+  }
+  size_ = static_cast<size_t>(st.st_size);
+  if (size_ > 0) {
+    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      int e = errno;
+      ::close(fd);
+      throw_error(QLFT_ERR_IO, "%s: cannot map: %s", path.c_str(), std::strerror(e));
+    }
+    data_ = static_cast<const uint8_t*>(p);
+  }
+  ::close(fd);
+}
+
+MappedFile::~MappedFile() {
+  if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
+}
+
+std::string read_text_file(const std::string& path, size_t max_bytes) {
+  MappedFile f(path);
+  if (f.size() > max_bytes)
+    throw_error(QLFT_ERR_FORMAT, "%s: %zu bytes is larger than the %zu allowed for this file",
+                path.c_str(), f.size(), max_bytes);
+  return std::string(reinterpret_cast<const char*>(f.data()), f.size());
+}
+
+}  // namespace qlft

@@ -1,0 +1,31 @@
+// A read-only memory map of a whole file. Readers validate every offset against size().
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace qlft {
+
+class MappedFile {
+ public:
+  // Throws QLFT_ERR_IO naming the path if it cannot be opened or mapped.
+  explicit MappedFile(const std::string& path);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// Reads a whole (small) text file; throws QLFT_ERR_IO naming the path.
+std::string read_text_file(const std::string& path, size_t max_bytes = size_t(256) << 20);
+
+}  // namespace qlft

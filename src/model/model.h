@@ -1,0 +1,66 @@
+// A loaded Llama-family base model: its shape and its frozen (possibly quantized) weights.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/memory.h"
+#include "formats/gguf.h"
+#include "quant/qweight.h"
+
+namespace qlft {
+
+struct ModelConfig {
+  std::string arch;  // "llama", "qwen2"
+  int n_layers = 0, dim = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, ffn_dim = 0, vocab = 0;
+  int context_length = 0;
+  float rope_theta = 10000.f, rms_eps = 1e-5f;
+  bool tied_embeddings = false;
+  // true: q/k rows are in GGUF llama order (RoPE rotates adjacent pairs); false: Hugging Face
+  // order (rotate-half). Kept as the source has it.
+  bool rope_adjacent = false;
+  bool qkv_bias = false;
+};
+
+// The seven LoRA-targetable projections, in PEFT names.
+enum class Proj : int { Q = 0, K, V, O, Gate, Up, Down };
+constexpr int kProjCount = 7;
+const char* proj_peft_name(Proj p);  // "q_proj"
+const char* proj_gguf_name(Proj p);  // "attn_q"
+
+struct LayerWeights {
+  Buffer attn_norm, ffn_norm;  // f32 [dim]
+  QWeight proj[kProjCount];    // [out, in]
+  Buffer bias[3];              // qwen2: f32 q/k/v biases, else empty
+};
+
+struct Model {
+  ModelConfig cfg;
+  std::string path;           // what was loaded
+  std::string source_format;  // "gguf" | "safetensors"
+  std::string quant_summary;  // type of the linear weights, "mixed" if several
+  QWeight tok_embd;           // [vocab, dim]
+  Buffer output_norm;         // f32 [dim]
+  QWeight output;             // [vocab, dim]; empty (rows == 0) when tied to tok_embd
+  std::vector<LayerWeights> layers;
+  std::unique_ptr<GgufFile> gguf;  // kept open for tokenizer metadata (GGUF sources)
+  std::string hf_dir;              // directory of config.json / tokenizer.json (HF sources)
+
+  const QWeight& head() const { return output.rows ? output : tok_embd; }
+  uint64_t n_params() const;
+  uint64_t weight_bytes() const;
+};
+
+struct LoadOptions {
+  std::string quant_type = "nf4";  // nf4 | int8 | keep
+  bool double_quant = true;
+  int blocksize = 64;
+};
+
+// Loads a .gguf file, a .safetensors file beside a config.json, or an HF model directory.
+// Every weight is counted in tracker as `weights`.
+std::unique_ptr<Model> load_model(MemoryTracker* tracker, const std::string& path,
+                                  const LoadOptions& opt);
+
+}  // namespace qlft

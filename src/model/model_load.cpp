@@ -1,0 +1,378 @@
+#include <sys/stat.h>
+
+#include <cstring>
+#include <set>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "formats/json_file.h"
+#include "formats/safetensors.h"
+#include "model/model.h"
+#include "quant/bnb.h"
+#include "quant/ggml_dequant.h"
+#include "quant/ggml_types.h"
+
+namespace qlft {
+
+const char* proj_peft_name(Proj p) {
+  static const char* n[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  return n[static_cast<int>(p)];
+}
+const char* proj_gguf_name(Proj p) {
+  static const char* n[] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
+  return n[static_cast<int>(p)];
+}
+
+uint64_t Model::n_params() const {
+  uint64_t n = tok_embd.numel() + output.numel() + cfg.dim;
+  for (const LayerWeights& l : layers) {
+    n += 2 * static_cast<uint64_t>(cfg.dim);
+    for (const QWeight& w : l.proj) n += w.numel();
+    for (const Buffer& b : l.bias) n += b.size() / 4;
+  }
+  return n;
+}
+
+uint64_t Model::weight_bytes() const {
+  uint64_t n = tok_embd.bytes() + output.bytes() + output_norm.size();
+  for (const LayerWeights& l : layers) {
+    n += l.attn_norm.size() + l.ffn_norm.size();
+    for (const QWeight& w : l.proj) n += w.bytes();
+    for (const Buffer& b : l.bias) n += b.size();
+  }
+  return n;
+}
+
+namespace {
+
+bool ends_with(const std::string& s, const char* suf) {
+  size_t n = std::strlen(suf);
+  return s.size() >= n && s.compare(s.size() - n, n, suf) == 0;
+}
+bool is_dir(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+std::string dirname_of(const std::string& p) {
+  size_t s = p.rfind('/');
+  return s == std::string::npos ? "." : p.substr(0, s);
+}
+
+QuantKind target_kind(const LoadOptions& o) {
+  if (o.quant_type == "nf4") return QuantKind::NF4;
+  if (o.quant_type == "int8") return QuantKind::INT8;
+  throw_error(QLFT_ERR_INVALID_ARGUMENT, "quant.type '%s' has no target kind", o.quant_type.c_str());
+}
+
+void check_config(const ModelConfig& c, const std::string& path) {
+  QLFT_CHECK_FORMAT(c.n_layers > 0 && c.n_layers <= 1024, "%s: layer count %d is invalid",
+                    path.c_str(), c.n_layers);
+  QLFT_CHECK_FORMAT(c.dim > 0 && c.n_heads > 0 && c.n_kv_heads > 0 && c.ffn_dim > 0,
+                    "%s: dimensions must be positive (dim %d, heads %d, kv heads %d, ffn %d)",
+                    path.c_str(), c.dim, c.n_heads, c.n_kv_heads, c.ffn_dim);
+  QLFT_CHECK_FORMAT(c.n_heads % c.n_kv_heads == 0,
+                    "%s: head count %d is not a multiple of the KV head count %d", path.c_str(),
+                    c.n_heads, c.n_kv_heads);
+  QLFT_CHECK_FORMAT(c.head_dim > 0 && c.head_dim % 2 == 0, "%s: head dimension %d must be even",
+                    path.c_str(), c.head_dim);
+  QLFT_CHECK_FORMAT(c.rms_eps > 0 && c.rope_theta > 0, "%s: rms eps and rope theta must be > 0",
+                    path.c_str());
+}
+
+// ---- GGUF ---------------------------------------------------------------------------------
+
+class GgufLoader {
+ public:
+  GgufLoader(MemoryTracker* t, const LoadOptions& o, Model& m) : tracker_(t), opt_(o), m_(m) {}
+
+  void load(const std::string& path) {
+    m_.gguf = GgufFile::open(path);
+    const GgufFile& g = *m_.gguf;
+    ModelConfig& c = m_.cfg;
+    c.arch = g.get_string("general.architecture");
+    QLFT_CHECK_FORMAT(c.arch == "llama" || c.arch == "qwen2" || c.arch == "mistral",
+                      "%s: architecture '%s' is not supported (llama, mistral, qwen2 are)",
+                      path.c_str(), c.arch.c_str());
+    const std::string a = c.arch + ".";
+    c.n_layers = static_cast<int>(g.get_int(a + "block_count"));
+    c.dim = static_cast<int>(g.get_int(a + "embedding_length"));
+    c.ffn_dim = static_cast<int>(g.get_int(a + "feed_forward_length"));
+    c.n_heads = static_cast<int>(g.get_int(a + "attention.head_count"));
+    c.n_kv_heads = static_cast<int>(g.get_int(a + "attention.head_count_kv", c.n_heads));
+    c.context_length = static_cast<int>(g.get_int(a + "context_length", 2048));
+    c.rms_eps = static_cast<float>(g.get_float(a + "attention.layer_norm_rms_epsilon", 1e-5));
+    c.rope_theta = static_cast<float>(g.get_float(a + "rope.freq_base", 10000.0));
+    QLFT_CHECK_FORMAT(c.n_heads > 0 && c.dim % c.n_heads == 0,
+                      "%s: embedding length %d is not a multiple of the head count %d",
+                      path.c_str(), c.dim, c.n_heads);
+    c.head_dim = static_cast<int>(g.get_int(a + "attention.key_length", c.dim / c.n_heads));
+    // llama.cpp's converter permutes llama/mistral q and k rows into adjacent-pair RoPE order;
+    // qwen2 keeps Hugging Face's rotate-half order (NEOX rope).
+    c.rope_adjacent = c.arch != "qwen2";
+    c.qkv_bias = g.find_tensor("blk.0.attn_q.bias") != nullptr;
+    check_config(c, path);
+
+    const GgufTensorInfo& emb = tensor("token_embd.weight", -1, c.dim);
+    c.vocab = static_cast<int>(emb.ne[1]);
+    m_.tok_embd = float_weight(emb, emb.ne[1], c.dim);
+    m_.output_norm = vector("output_norm.weight", c.dim);
+    if (const GgufTensorInfo* out = g.find_tensor("output.weight")) {
+      expect_shape(*out, c.vocab, c.dim);
+      m_.output = float_weight(*out, c.vocab, c.dim);
+    } else {
+      c.tied_embeddings = true;
+    }
+    const int q_out = c.n_heads * c.head_dim, kv_out = c.n_kv_heads * c.head_dim;
+    const int64_t shapes[kProjCount][2] = {{q_out, c.dim}, {kv_out, c.dim}, {kv_out, c.dim},
+                                           {c.dim, q_out}, {c.ffn_dim, c.dim}, {c.ffn_dim, c.dim},
+                                           {c.dim, c.ffn_dim}};
+    m_.layers.resize(c.n_layers);
+    for (int i = 0; i < c.n_layers; ++i) {
+      LayerWeights& L = m_.layers[i];
+      std::string b = "blk." + std::to_string(i) + ".";
+      L.attn_norm = vector(b + "attn_norm.weight", c.dim);
+      L.ffn_norm = vector(b + "ffn_norm.weight", c.dim);
+      for (int p = 0; p < kProjCount; ++p) {
+        std::string n = b + proj_gguf_name(static_cast<Proj>(p)) + ".weight";
+        const GgufTensorInfo& t = tensor(n, shapes[p][0], shapes[p][1]);
+        L.proj[p] = linear_weight(t, shapes[p][0], shapes[p][1]);
+      }
+      if (c.qkv_bias) {
+        const char* names[3] = {"attn_q.bias", "attn_k.bias", "attn_v.bias"};
+        for (int j = 0; j < 3; ++j) L.bias[j] = vector(b + names[j], shapes[j][0]);
+      }
+    }
+  }
+
+ private:
+  const GgufTensorInfo& tensor(const std::string& name, int64_t rows, int64_t cols) {
+    const GgufTensorInfo* t = m_.gguf->find_tensor(name);
+    QLFT_CHECK_FORMAT(t, "%s: tensor '%s' is missing", m_.gguf->path().c_str(), name.c_str());
+    expect_shape(*t, rows, cols);
+    return *t;
+  }
+  void expect_shape(const GgufTensorInfo& t, int64_t rows, int64_t cols) {
+    bool ok = t.n_dims <= 2 && t.ne[0] == cols && (rows < 0 || t.ne[1] == rows);
+    QLFT_CHECK_FORMAT(ok, "%s: tensor '%s' has shape [%lld, %lld], expected [%lld, %lld] (GGUF order)",
+                      m_.gguf->path().c_str(), t.name.c_str(), static_cast<long long>(t.ne[0]),
+                      static_cast<long long>(t.ne[1]), static_cast<long long>(cols),
+                      static_cast<long long>(rows));
+  }
+  void to_f32(const GgufTensorInfo& t, float* dst) {
+    const GgmlTypeTraits* tr = ggml_type_traits(t.type);
+    if (!tr->dequantizable)
+      throw_error(QLFT_ERR_UNSUPPORTED, "%s: tensor '%s' has type %s, which qlft cannot dequantize",
+                  m_.gguf->path().c_str(), t.name.c_str(), tr->name);
+    ggml_dequantize(t.type, t.data, t.numel(), dst);
+  }
+  Buffer vector(const std::string& name, int64_t n) {
+    const GgufTensorInfo* t = m_.gguf->find_tensor(name);
+    QLFT_CHECK_FORMAT(t, "%s: tensor '%s' is missing", m_.gguf->path().c_str(), name.c_str());
+    QLFT_CHECK_FORMAT(t->numel() == n && t->ne[0] == n, "%s: tensor '%s' has %lld elements, expected %lld",
+                      m_.gguf->path().c_str(), name.c_str(), static_cast<long long>(t->numel()),
+                      static_cast<long long>(n));
+    Buffer b(tracker_, MemCategory::Weights, n * 4, name.c_str());
+    to_f32(*t, b.as<float>());
+    return b;
+  }
+  QWeight float_weight(const GgufTensorInfo& t, int64_t rows, int64_t cols) {
+    Buffer tmp(tracker_, MemCategory::Workspace, rows * cols * 4, "load staging");
+    to_f32(t, tmp.as<float>());
+    return qweight_from_f32(tracker_, tmp.as<float>(), rows, cols, QuantKind::F32);
+  }
+  QWeight linear_weight(const GgufTensorInfo& t, int64_t rows, int64_t cols) {
+    if (opt_.quant_type == "keep") {
+      switch (static_cast<GgmlType>(t.type)) {
+        case GgmlType::F32: return float_weight(t, rows, cols);
+        default: {
+          const GgmlTypeTraits* tr = ggml_type_traits(t.type);
+          if (!tr->dequantizable)
+            throw_error(QLFT_ERR_UNSUPPORTED, "%s: tensor '%s' has type %s, which qlft cannot use",
+                        m_.gguf->path().c_str(), t.name.c_str(), tr->name);
+          return qweight_from_ggml(tracker_, t.type, t.data, rows, cols);
+        }
+      }
+    }
+    Buffer tmp(tracker_, MemCategory::Workspace, rows * cols * 4, "load staging");
+    to_f32(t, tmp.as<float>());
+    return qweight_from_f32(tracker_, tmp.as<float>(), rows, cols, target_kind(opt_),
+                            opt_.blocksize, opt_.double_quant);
+  }
+
+  MemoryTracker* tracker_;
+  const LoadOptions& opt_;
+  Model& m_;
+};
+
+// ---- Hugging Face safetensors + config.json --------------------------------------------------
+
+class HfLoader {
+ public:
+  HfLoader(MemoryTracker* t, const LoadOptions& o, Model& m) : tracker_(t), opt_(o), m_(m) {}
+
+  void load(const std::string& path) {
+    std::string dir = is_dir(path) ? path : dirname_of(path);
+    m_.hf_dir = dir;
+    JsonFile cj = JsonFile::load(dir + "/config.json");
+    ModelConfig& c = m_.cfg;
+    std::string arch_name;
+    if (cj.root().contains("architectures") && cj.root()["architectures"].is_array() &&
+        !cj.root()["architectures"].empty() && cj.root()["architectures"][0].is_string())
+      arch_name = cj.root()["architectures"][0].get<std::string>();
+    std::string model_type = cj.get_string("model_type", "");
+    if (arch_name == "LlamaForCausalLM" || model_type == "llama") c.arch = "llama";
+    else if (arch_name == "MistralForCausalLM" || model_type == "mistral") c.arch = "mistral";
+    else if (arch_name == "Qwen2ForCausalLM" || model_type == "qwen2") c.arch = "qwen2";
+    else
+      throw_error(QLFT_ERR_UNSUPPORTED, "%s: architecture '%s' (model_type '%s') is not supported",
+                  cj.path().c_str(), arch_name.c_str(), model_type.c_str());
+    c.dim = static_cast<int>(cj.get_int("hidden_size"));
+    c.ffn_dim = static_cast<int>(cj.get_int("intermediate_size"));
+    c.n_layers = static_cast<int>(cj.get_int("num_hidden_layers"));
+    c.n_heads = static_cast<int>(cj.get_int("num_attention_heads"));
+    c.n_kv_heads = static_cast<int>(cj.get_int("num_key_value_heads", c.n_heads));
+    c.vocab = static_cast<int>(cj.get_int("vocab_size"));
+    c.context_length = static_cast<int>(cj.get_int("max_position_embeddings", 2048));
+    c.rms_eps = static_cast<float>(cj.get_float("rms_norm_eps", 1e-6));
+    c.rope_theta = static_cast<float>(cj.get_float("rope_theta", 10000.0));
+    QLFT_CHECK_FORMAT(c.n_heads > 0 && c.dim % c.n_heads == 0,
+                      "%s: hidden_size %d is not a multiple of num_attention_heads %d",
+                      cj.path().c_str(), c.dim, c.n_heads);
+    c.head_dim = static_cast<int>(cj.get_int("head_dim", c.dim / c.n_heads));
+    c.tied_embeddings = cj.get_bool("tie_word_embeddings", false);
+    c.rope_adjacent = false;
+    check_config(c, cj.path());
+    QLFT_CHECK_FORMAT(c.vocab > 0, "%s: vocab_size must be positive", cj.path().c_str());
+
+    st_ = SafetensorsSet::open(is_dir(path) ? dir : path);
+    c.qkv_bias = st_->find("model.layers.0.self_attn.q_proj.bias") != nullptr;
+    m_.tok_embd = float_weight("model.embed_tokens.weight", c.vocab, c.dim);
+    m_.output_norm = vector("model.norm.weight", c.dim);
+    if (st_->find("lm_head.weight") && !c.tied_embeddings) {
+      m_.output = float_weight("lm_head.weight", c.vocab, c.dim);
+    } else {
+      c.tied_embeddings = true;
+    }
+    const int q_out = c.n_heads * c.head_dim, kv_out = c.n_kv_heads * c.head_dim;
+    const int64_t shapes[kProjCount][2] = {{q_out, c.dim}, {kv_out, c.dim}, {kv_out, c.dim},
+                                           {c.dim, q_out}, {c.ffn_dim, c.dim}, {c.ffn_dim, c.dim},
+                                           {c.dim, c.ffn_dim}};
+    m_.layers.resize(c.n_layers);
+    for (int i = 0; i < c.n_layers; ++i) {
+      LayerWeights& L = m_.layers[i];
+      std::string b = "model.layers." + std::to_string(i) + ".";
+      L.attn_norm = vector(b + "input_layernorm.weight", c.dim);
+      L.ffn_norm = vector(b + "post_attention_layernorm.weight", c.dim);
+      for (int p = 0; p < kProjCount; ++p) {
+        const char* sub = p < 4 ? "self_attn." : "mlp.";
+        std::string prefix = b + sub + proj_peft_name(static_cast<Proj>(p));
+        L.proj[p] = linear_weight(prefix, shapes[p][0], shapes[p][1]);
+      }
+      if (c.qkv_bias) {
+        for (int j = 0; j < 3; ++j)
+          L.bias[j] = vector(b + "self_attn." + proj_peft_name(static_cast<Proj>(j)) + ".bias",
+                             shapes[j][0]);
+      }
+    }
+  }
+
+ private:
+  const SafeTensorInfo& tensor(const std::string& name, int64_t rows, int64_t cols) {
+    const SafeTensorInfo* t = st_->find(name);
+    QLFT_CHECK_FORMAT(t, "%s: tensor '%s' is missing", m_.hf_dir.c_str(), name.c_str());
+    bool ok = cols < 0 ? (t->shape.size() == 1 && t->shape[0] == rows)
+                       : (t->shape.size() == 2 && t->shape[0] == rows && t->shape[1] == cols);
+    QLFT_CHECK_FORMAT(ok, "%s: tensor '%s' has the wrong shape (expected [%lld%s%lld])",
+                      t->file->c_str(), name.c_str(), static_cast<long long>(rows),
+                      cols < 0 ? "" : ", ", cols < 0 ? 0LL : static_cast<long long>(cols));
+    switch (t->dtype) {
+      case DType::F32: case DType::F16: case DType::BF16: case DType::F64: break;
+      default:
+        throw_error(QLFT_ERR_FORMAT, "%s: tensor '%s' has dtype %s, expected a float type",
+                    t->file->c_str(), name.c_str(), dtype_name(t->dtype));
+    }
+    return *t;
+  }
+  Buffer vector(const std::string& name, int64_t n) {
+    const SafeTensorInfo& t = tensor(name, n, -1);
+    Buffer b(tracker_, MemCategory::Weights, n * 4, name.c_str());
+    to_f32_n(t.dtype, t.data, b.as<float>(), n);
+    return b;
+  }
+  QWeight float_weight(const std::string& name, int64_t rows, int64_t cols) {
+    const SafeTensorInfo& t = tensor(name, rows, cols);
+    Buffer tmp(tracker_, MemCategory::Workspace, rows * cols * 4, "load staging");
+    to_f32_n(t.dtype, t.data, tmp.as<float>(), rows * cols);
+    return qweight_from_f32(tracker_, tmp.as<float>(), rows, cols, QuantKind::F32);
+  }
+  QWeight linear_weight(const std::string& prefix, int64_t rows, int64_t cols) {
+    QWeight w;
+    if (load_bnb_weight(tracker_, *st_, prefix, rows, cols, &w)) return w;
+    const std::string name = prefix + ".weight";
+    const SafeTensorInfo& t = tensor(name, rows, cols);
+    if (opt_.quant_type == "keep") {
+      if (t.dtype == DType::F16 || t.dtype == DType::BF16) {
+        w.kind = t.dtype == DType::F16 ? QuantKind::F16 : QuantKind::BF16;
+        w.rows = rows;
+        w.cols = cols;
+        w.data = Buffer(tracker_, MemCategory::Weights, t.nbytes, name.c_str());
+        std::memcpy(w.data.data(), t.data, t.nbytes);
+        return w;
+      }
+      return float_weight(name, rows, cols);
+    }
+    Buffer tmp(tracker_, MemCategory::Workspace, rows * cols * 4, "load staging");
+    to_f32_n(t.dtype, t.data, tmp.as<float>(), rows * cols);
+    return qweight_from_f32(tracker_, tmp.as<float>(), rows, cols, target_kind(opt_),
+                            opt_.blocksize, opt_.double_quant);
+  }
+
+  MemoryTracker* tracker_;
+  const LoadOptions& opt_;
+  Model& m_;
+  std::unique_ptr<SafetensorsSet> st_;
+};
+
+bool has_gguf_magic(const std::string& path) {
+  if (is_dir(path)) return false;
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return false;
+  char m[4] = {0, 0, 0, 0};
+  size_t n = std::fread(m, 1, 4, f);
+  std::fclose(f);
+  return n == 4 && std::memcmp(m, "GGUF", 4) == 0;
+}
+
+}  // namespace
+
+std::unique_ptr<Model> load_model(MemoryTracker* tracker, const std::string& path,
+                                  const LoadOptions& opt) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0)
+    throw_error(QLFT_ERR_IO, "%s: no such file or directory", path.c_str());
+  auto m = std::make_unique<Model>();
+  m->path = path;
+  const char* prev_phase = "setup";
+  tracker->set_phase("load");
+  try {
+    if (ends_with(path, ".gguf") || has_gguf_magic(path)) {
+      m->source_format = "gguf";
+      GgufLoader(tracker, opt, *m).load(path);
+    } else {
+      m->source_format = "safetensors";
+      HfLoader(tracker, opt, *m).load(path);
+    }
+  } catch (...) {
+    tracker->set_phase(prev_phase);
+    throw;
+  }
+  tracker->set_phase(prev_phase);
+  std::set<std::string> kinds;
+  for (const LayerWeights& l : m->layers)
+    for (const QWeight& w : l.proj) kinds.insert(w.type_name());
+  m->quant_summary = kinds.size() == 1 ? *kinds.begin() : "mixed";
+  return m;
+}
+
+}  // namespace qlft

@@ -1,0 +1,8 @@
+execute_process(COMMAND ${TOOL} config-doc OUTPUT_VARIABLE generated RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "qlft-finetune config-doc failed (${rc})")
+endif()
+file(READ ${DOC} committed)
+if(NOT generated STREQUAL committed)
+  message(FATAL_ERROR "docs/CONFIG.md is stale: regenerate it with `qlft-finetune config-doc > docs/CONFIG.md`")
+endif()

@@ -1,0 +1,70 @@
+#include "support/test_support.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+namespace qlft_test {
+
+std::string shared_dir() {
+  const char* e = std::getenv("QLFT_SHARED_DIR");
+  return e && *e ? e : QLFT_SHARED_DIR_DEFAULT;
+}
+
+std::string shared_file(const std::string& rel) {
+  std::string p = shared_dir() + "/" + rel;
+  struct stat st;
+  if (::stat(p.c_str(), &st) == 0) return p;
+  const char* req = std::getenv("QLFT_REQUIRE_SHARED");
+  if (req && std::string(req) == "1") ADD_FAILURE() << "required shared file missing: " << p;
+  return "";
+}
+
+std::string fixture_path(const std::string& rel) {
+  return std::string(QLFT_SOURCE_DIR) + "/tests/reference/fixtures/" + rel;
+}
+
+std::string temp_dir(const std::string& tag) {
+  namespace fs = std::filesystem;
+  static int counter = 0;
+  fs::path p = fs::temp_directory_path() /
+               ("qlft-test-" + std::to_string(::getpid()) + "-" + tag + "-" + std::to_string(counter++));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+std::vector<uint8_t> read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) {
+    ADD_FAILURE() << "cannot read " << path;
+    return {};
+  }
+  return std::vector<uint8_t>((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+void write_file(const std::string& path, const void* data, size_t n) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
+  if (!f) ADD_FAILURE() << "cannot write " << path;
+}
+
+double max_rel_error(const float* a, const float* b, size_t n, double floor) {
+  double mx = floor, err = 0;
+  for (size_t i = 0; i < n; ++i) mx = std::max(mx, static_cast<double>(std::fabs(b[i])));
+  for (size_t i = 0; i < n; ++i) {
+    double d = std::fabs(static_cast<double>(a[i]) - b[i]);
+    if (std::isnan(a[i]) != std::isnan(b[i])) return INFINITY;
+    err = std::max(err, d);
+  }
+  return err / mx;
+}
+
+}  // namespace qlft_test

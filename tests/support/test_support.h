@@ -1,0 +1,30 @@
+// Helpers shared by the test suites: where the shared data lives, temp dirs, tolerances.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace qlft_test {
+
+// $QLFT_SHARED_DIR or ../shared beside the source tree.
+std::string shared_dir();
+// Path of a file under shared/; if it is missing the test is skipped (or fails when
+// QLFT_REQUIRE_SHARED=1, as in CI). Use as: auto p = shared_file("models/x.gguf"); if (p.empty()) return;
+std::string shared_file(const std::string& rel);
+// tests/reference/fixtures/<rel> in the source tree (committed fixtures; must exist).
+std::string fixture_path(const std::string& rel);
+// A fresh empty directory under the system temp dir (left for inspection after a failure).
+std::string temp_dir(const std::string& tag);
+std::vector<uint8_t> read_file(const std::string& path);
+void write_file(const std::string& path, const void* data, size_t n);
+
+// max |a-b| / max(max|b|, floor): normalized error used by the parity tests.
+double max_rel_error(const float* a, const float* b, size_t n, double floor = 1e-6);
+
+}  // namespace qlft_test
+
+// Skips (or fails under QLFT_REQUIRE_SHARED=1) when a shared file is absent.
+#define QLFT_NEED_SHARED(var, rel)                \
+  std::string var = ::qlft_test::shared_file(rel); \
+  if (var.empty()) GTEST_SKIP() << "shared file " << rel << " not found (set QLFT_SHARED_DIR)"

@@ -1,0 +1,155 @@
+// Core: dtype conversions against the hardware's own conversion instructions, the budgeted
+// allocator, size parsing and the settings table.
+#include <gtest/gtest.h>
+#include <immintrin.h>
+
+#include <cmath>
+#include <random>
+
+#include "config/config.h"
+#include "config/keys.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/memory.h"
+
+using namespace qlft;
+
+namespace {
+// Independent oracles: the F16C / AVX512-BF16 instructions, one value at a time.
+uint16_t hw_f16(float f) { return static_cast<uint16_t>(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT)); }
+float hw_f16_back(uint16_t h) { return _cvtsh_ss(h); }
+
+std::vector<float> interesting_floats() {
+  std::vector<float> v = {0.f, -0.f, 1.f, -1.f, 65504.f, 65519.f, 65520.f, 1e-8f, 5.96e-8f,
+                          2.98e-8f, 6.1e-5f, 6.09e-5f, 1e30f, -1e30f, INFINITY, -INFINITY,
+                          3.14159265f, 1.0009765625f, 1.00048828125f};
+  std::mt19937 rng(7);
+  for (int i = 0; i < 200000; ++i) {
+    uint32_t u = rng();
+    float f;
+    std::memcpy(&f, &u, 4);
+    if (!std::isnan(f)) v.push_back(f);
+  }
+  return v;
+}
+}  // namespace
+
+TEST(Half, F16MatchesF16cInstructionsScalarAndBulk) {
+  auto v = interesting_floats();
+  std::vector<uint16_t> bulk(v.size());
+  f32_to_f16_n(v.data(), bulk.data(), v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    ASSERT_EQ(f32_to_f16(v[i]), hw_f16(v[i])) << "value " << v[i];
+    ASSERT_EQ(bulk[i], hw_f16(v[i])) << "value " << v[i];
+  }
+  for (uint32_t h = 0; h < 65536; ++h) {
+    float a = f16_to_f32(static_cast<uint16_t>(h)), b = hw_f16_back(static_cast<uint16_t>(h));
+    if (std::isnan(b)) {
+      ASSERT_TRUE(std::isnan(a));
+      continue;
+    }
+    ASSERT_EQ(f32_bits(a), f32_bits(b)) << "half " << h;
+  }
+}
+
+TEST(Half, Bf16RoundsToNearestEvenLikeHardware) {
+  auto v = interesting_floats();
+  std::vector<uint16_t> bulk(v.size());
+  f32_to_bf16_n(v.data(), bulk.data(), v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    // Oracle: exact arithmetic on the bits in 64-bit (round half to even).
+    uint32_t u = f32_bits(v[i]);
+    uint64_t lower = u & 0xffffu, upper = u >> 16;
+    if (lower > 0x8000u || (lower == 0x8000u && (upper & 1))) upper += 1;
+    if ((u & 0x7f800000u) == 0x7f800000u) upper = u >> 16;  // inf stays inf
+    ASSERT_EQ(f32_to_bf16(v[i]), static_cast<uint16_t>(upper)) << v[i];
+    ASSERT_EQ(bulk[i], static_cast<uint16_t>(upper)) << v[i];
+    ASSERT_EQ(f32_bits(bf16_to_f32(bulk[i])), static_cast<uint32_t>(upper) << 16);
+  }
+  EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(NAN))));
+}
+
+TEST(Memory, LimitIsEnforcedNamingCategoryAndCountersRestore) {
+  MemoryTracker t(1 << 20);
+  Buffer a(&t, MemCategory::Weights, 512 << 10, "a");
+  MemorySnapshot before = t.snapshot();
+  try {
+    Buffer b(&t, MemCategory::Activations, 600 << 10, "attention scores");
+    FAIL() << "expected out of memory";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), QLFT_ERR_OUT_OF_MEMORY);
+    EXPECT_NE(std::string(e.what()).find("activations"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("memory.limit"), std::string::npos) << e.what();
+  }
+  MemorySnapshot after = t.snapshot();
+  EXPECT_EQ(before.total_reserved, after.total_reserved);
+  EXPECT_EQ(before.reserved, after.reserved);
+  EXPECT_EQ(before.allocated, after.allocated);
+}
+
+TEST(Memory, PeakAndReleaseAccounting) {
+  MemoryTracker t;
+  {
+    Buffer a(&t, MemCategory::Gradients, 1000, "g");
+    Buffer b(&t, MemCategory::Gradients, 64, "g2");
+    EXPECT_EQ(t.snapshot().reserved[QLFT_MEM_GRADIENTS], 1024u + 64u);  // rounded to 64 bytes
+    Buffer c = std::move(a);
+    EXPECT_EQ(t.snapshot().reserved[QLFT_MEM_GRADIENTS], 1024u + 64u);
+  }
+  MemorySnapshot s = t.snapshot();
+  EXPECT_EQ(s.reserved[QLFT_MEM_GRADIENTS], 0u);
+  EXPECT_EQ(s.peak[QLFT_MEM_GRADIENTS], 1088u);
+  EXPECT_EQ(s.total_peak, 1088u);
+}
+
+TEST(Memory, InjectedFaultFailsExactlyTheNthAcquire) {
+  MemoryTracker t;
+  t.fail_nth_acquire(3);
+  Buffer a(&t, MemCategory::Workspace, 10, "1");
+  Buffer b(&t, MemCategory::Workspace, 10, "2");
+  EXPECT_THROW(Buffer(&t, MemCategory::Workspace, 10, "3"), Error);
+  Buffer d(&t, MemCategory::Workspace, 10, "4");
+  EXPECT_EQ(t.snapshot().reserved[QLFT_MEM_WORKSPACE], 3u * 64u);
+}
+
+TEST(Memory, ParseBytes) {
+  EXPECT_EQ(parse_bytes("0", "k"), 0u);
+  EXPECT_EQ(parse_bytes("4096", "k"), 4096u);
+  EXPECT_EQ(parse_bytes("512M", "k"), 512ull << 20);
+  EXPECT_EQ(parse_bytes("4GiB", "k"), 4ull << 30);
+  EXPECT_EQ(parse_bytes("1.5 G", "k"), 3ull << 29);
+  EXPECT_THROW(parse_bytes("lots", "k"), Error);
+  EXPECT_THROW(parse_bytes("5 parsecs", "k"), Error);
+  EXPECT_THROW(parse_bytes("-1", "k"), Error);
+}
+
+TEST(Config, ValidatesEveryTypeAndKeepsOldValueOnError) {
+  Config c;
+  EXPECT_EQ(c.get("quant.type"), "nf4");
+  c.set("quant.type", "INT8");
+  EXPECT_EQ(c.get("quant.type"), "int8");
+  try {
+    c.set("quant.type", "q3");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), QLFT_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(e.what()).find("quant.type"), std::string::npos);
+  }
+  EXPECT_EQ(c.get("quant.type"), "int8");
+  EXPECT_THROW(c.set("threads", "abc"), Error);
+  EXPECT_THROW(c.set("threads", "-1"), Error);
+  EXPECT_THROW(c.set("no.such.key", "1"), Error);
+  EXPECT_THROW(c.set("memory.limit", "12 apples"), Error);
+  c.set("quant.double_quant", "off");
+  EXPECT_FALSE(c.get_bool("quant.double_quant"));
+  c.set("memory.limit", "2G");
+  EXPECT_EQ(c.get_size("memory.limit"), 2ull << 30);
+}
+
+TEST(Config, EveryDefaultValidates) {
+  for (size_t i = 0; i < key_count(); ++i) {
+    const KeyDef& k = key_at(i);
+    EXPECT_NO_THROW(validate_value(k, k.default_value)) << k.name;
+    EXPECT_TRUE(k.doc && *k.doc) << k.name;
+  }
+}

@@ -1,0 +1,60 @@
+// Shared pieces of the qlft-finetune subcommands. Everything here uses only qlft.h.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "qlft.h"
+
+namespace cli {
+
+// Exit codes scripts can rely on (also listed in README.md).
+enum Exit : int {
+  kOk = 0,
+  kFailure = 1,      // any library error not listed below
+  kUsage = 2,        // bad command line or settings
+  kIo = 3,           // file missing or unreadable/unwritable
+  kFormat = 4,       // a model or data file is malformed
+  kOutOfMemory = 5,  // memory.limit or the OS refused
+  kCancelled = 130,  // Ctrl-C / cancelled
+};
+int exit_code_for(int32_t status);
+
+// Prints "qlft-finetune: <what>: <last error>" to stderr and returns the exit code.
+int fail(const char* what, int32_t status);
+
+struct ConfigDeleter {
+  void operator()(qlft_config* c) const { qlft_config_free(c); }
+};
+struct RuntimeDeleter {
+  void operator()(qlft_runtime* r) const { qlft_runtime_free(r); }
+};
+struct ModelDeleter {
+  void operator()(qlft_model* m) const { qlft_model_free(m); }
+};
+using ConfigPtr = std::unique_ptr<qlft_config, ConfigDeleter>;
+using RuntimePtr = std::unique_ptr<qlft_runtime, RuntimeDeleter>;
+using ModelPtr = std::unique_ptr<qlft_model, ModelDeleter>;
+
+// "12.0 MiB"
+std::string human_bytes(uint64_t b);
+
+// Splits argv into positional arguments and --key value settings that are config keys.
+// Unknown --flags are reported as usage errors.
+struct Args {
+  std::vector<std::string> positional;
+  std::map<std::string, std::string> flags;  // non-config flags (e.g. --model)
+  std::vector<std::pair<std::string, std::string>> settings;  // config keys in order
+};
+// known_flags: subcommand flags that are not config keys; bool_flags take no value.
+bool parse_args(int argc, char** argv, int first, const std::vector<std::string>& known_flags,
+                const std::vector<std::string>& bool_flags, Args* out, std::string* error);
+// Builds a config from settings; prints the error and returns nullptr on failure.
+ConfigPtr make_config(const Args& a, int* exit_code);
+
+int cmd_inspect(int argc, char** argv);
+int cmd_config_doc(int argc, char** argv);
+
+}  // namespace cli

@@ -1,0 +1,62 @@
+// qlft-finetune inspect MODEL: architecture, shapes, quantization and memory of a base model.
+#include <cstdio>
+
+#include "cli.h"
+
+namespace cli {
+
+int cmd_inspect(int argc, char** argv) {
+  Args a;
+  std::string err;
+  if (!parse_args(argc, argv, 2, {}, {"help"}, &a, &err) || a.flags.count("help") ||
+      a.positional.size() != 1) {
+    std::fprintf(stderr, "%s%susage: qlft-finetune inspect MODEL [--quant.type nf4|int8|keep]\n",
+                 err.c_str(), err.empty() ? "" : "\n");
+    return a.flags.count("help") && err.empty() ? kOk : kUsage;
+  }
+  int code = kOk;
+  ConfigPtr cfg = make_config(a, &code);
+  if (!cfg) return code;
+  qlft_runtime* rt_raw = nullptr;
+  int32_t st = qlft_runtime_create(cfg.get(), &rt_raw);
+  if (st != QLFT_OK) return fail("runtime", st);
+  RuntimePtr rt(rt_raw);
+  qlft_model* m_raw = nullptr;
+  st = qlft_model_load(rt.get(), a.positional[0].c_str(), cfg.get(), &m_raw);
+  if (st != QLFT_OK) return fail(a.positional[0].c_str(), st);
+  ModelPtr model(m_raw);
+  qlft_model_details d{};
+  d.struct_size = sizeof d;
+  st = qlft_model_info(model.get(), &d);
+  if (st != QLFT_OK) return fail("model info", st);
+
+  std::printf("model           %s\n", a.positional[0].c_str());
+  std::printf("format          %s\n", d.source_format);
+  std::printf("architecture    %s\n", d.architecture);
+  std::printf("layers          %u\n", d.n_layers);
+  std::printf("dim             %u\n", d.dim);
+  std::printf("heads           %u (kv %u, head dim %u)\n", d.n_heads, d.n_kv_heads, d.head_dim);
+  std::printf("ffn             %u\n", d.ffn_dim);
+  std::printf("vocab           %u\n", d.vocab_size);
+  std::printf("context         %u\n", d.context_length);
+  std::printf("rope theta      %g (%s)\n", d.rope_theta,
+              d.rope_adjacent_pairs ? "adjacent pairs, GGUF order" : "rotate-half, HF order");
+  std::printf("rms eps         %g\n", d.rms_norm_eps);
+  std::printf("tied embedding  %s\n", d.tied_embeddings ? "yes" : "no");
+  std::printf("linear weights  %s\n", d.quant_type);
+  std::printf("parameters      %llu\n", static_cast<unsigned long long>(d.n_params));
+  std::printf("weight bytes    %s\n", human_bytes(d.weight_bytes).c_str());
+
+  qlft_memory_report r{};
+  r.struct_size = sizeof r;
+  if (qlft_runtime_memory_report(rt.get(), &r) == QLFT_OK) {
+    std::printf("memory          %-14s %12s %12s\n", "category", "reserved", "peak");
+    for (int i = 0; i < QLFT_MEM_CATEGORY_COUNT; ++i)
+      std::printf("                %-14s %12s %12s\n", qlft_memory_category_name(i),
+                  human_bytes(r.reserved[i]).c_str(), human_bytes(r.peak[i]).c_str());
+    std::printf("peak RSS        %s\n", human_bytes(r.process_peak_rss).c_str());
+  }
+  return kOk;
+}
+
+}  // namespace cli

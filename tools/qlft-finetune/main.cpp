@@ -1,0 +1,39 @@
+// qlft-finetune: train, evaluate and export LoRA adapters; inspect models. Uses only qlft.h.
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "cli.h"
+
+namespace {
+void usage(FILE* f) {
+  std::fprintf(f,
+               "usage: qlft-finetune COMMAND [args] [--setting value ...]\n\n"
+               "commands:\n"
+               "  inspect MODEL     architecture, shapes, quantization and memory of a model\n"
+               "  config-doc        print the settings reference (docs/CONFIG.md)\n"
+               "  version           print the version and build information\n\n"
+               "Settings are the keys of docs/CONFIG.md, given as --key value.\n");
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return cli::kUsage;
+  }
+  std::string cmd = argv[1];
+  if (cmd == "inspect") return cli::cmd_inspect(argc, argv);
+  if (cmd == "config-doc") return cli::cmd_config_doc(argc, argv);
+  if (cmd == "version" || cmd == "--version") {
+    std::printf("%s\n", qlft_build_info());
+    return cli::kOk;
+  }
+  if (cmd == "help" || cmd == "--help" || cmd == "-h") {
+    usage(stdout);
+    return cli::kOk;
+  }
+  std::fprintf(stderr, "qlft-finetune: unknown command '%s'\n", cmd.c_str());
+  usage(stderr);
+  return cli::kUsage;
+}
