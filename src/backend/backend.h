@@ -1,0 +1,109 @@
+// The Backend interface: coarse, layer-level operations the model is written against once.
+// CPU implements it in backend/cpu/, CUDA in cuda/. Fused kernels replace straightforward ones
+// behind the same calls.
+//
+// Layout conventions (all row-major, fp32 unless said):
+//  - Activations are [rows, features] with rows = batch * seq, sequence-major inside a batch
+//    element: row = b * seq + t.
+//  - Attention q is [rows, n_heads * head_dim], k and v are [rows, n_kv_heads * head_dim]; head h
+//    uses KV head h / (n_heads / n_kv_heads) (GQA).
+//  - Base weights are QWeight [out, in]; y = x W^T.
+//  - LoRA A is [r, in], B is [out, r]; y += scale * dropout(x) A^T B^T (PEFT semantics).
+//  - "bwd" functions ACCUMULATE into input gradients (+=) so residual branches can share a
+//    buffer, and accumulate into LoRA gradients (+=) so micro-batches can accumulate.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "core/memory.h"
+#include "core/tensor.h"
+#include "quant/qweight.h"
+
+namespace qlft {
+
+// A LoRA adapter on one linear layer, as the kernels see it.
+struct LoraRef {
+  const float* A = nullptr;  // [r, in]
+  const float* B = nullptr;  // [out, r]
+  int r = 0;
+  float scale = 1.f;  // alpha / r, or alpha / sqrt(r) with rsLoRA
+  // Dropout on the LoRA input: element (row, col) of x is kept iff
+  // lora_dropout_keep(seed, row, col, p) (see backend/dropout.h); kept values are scaled by
+  // 1 / (1 - p). p = 0 disables it. The mask is recomputed in backward, never stored.
+  float dropout_p = 0.f;
+  uint64_t dropout_seed = 0;
+};
+
+// Attention shape and masking for one call.
+struct AttnShape {
+  int batch = 1, seq = 1;       // rows = batch * seq
+  int n_heads = 1, n_kv_heads = 1, head_dim = 1;
+  // Optional [rows] document id per position (sequence packing): position i may attend to j
+  // iff j <= i (same batch element) and doc[i] == doc[j]. nullptr = plain causal.
+  const int32_t* doc_ids = nullptr;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+  MemoryTracker* tracker() const { return tracker_; }
+
+  // ---- linear with LoRA -------------------------------------------------------------------
+  // y = x W^T + bias + scale * drop(x) A^T B^T. x: [rows, in], y: [rows, out] (overwritten).
+  // If lora and xa are given, xa ([rows, r]) receives drop(x) A^T for the backward pass.
+  virtual void linear_fwd(const QWeight& W, const float* bias, const LoraRef* lora, CMatF x,
+                          MatF y, float* xa) = 0;
+  // dx += dy W + scale * (dy B) A (masked by the dropout mask, scaled by 1/(1-p));
+  // dA += scale * (dy B)^T drop(x); dB += scale * dy^T xa.
+  // dx may be empty (data == nullptr) when the input gradient is not needed.
+  virtual void linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, const float* xa,
+                          CMatF dy, MatF dx, float* dA, float* dB) = 0;
+
+  // ---- normalization, position, activation -----------------------------------------------
+  // y = x * rstd * w, rstd[row] = 1 / sqrt(mean(x^2) + eps). rstd may be nullptr.
+  virtual void rmsnorm_fwd(CMatF x, const float* w, float eps, MatF y, float* rstd) = 0;
+  // dx += d/dx of the above (w frozen). rstd from the forward pass.
+  virtual void rmsnorm_bwd(CMatF x, const float* w, const float* rstd, CMatF dy, MatF dx) = 0;
+
+  // Rotates x ([rows, n_heads * head_dim]) in place at positions pos[row]. adjacent = true
+  // pairs (2i, 2i+1) (GGUF llama order), false pairs (i, i + head_dim/2) (HF rotate-half).
+  // inverse = true applies the transpose rotation (its backward).
+  virtual void rope(MatF x, const int32_t* pos, int n_heads, int head_dim, float theta,
+                    bool adjacent, bool inverse) = 0;
+
+  // out = silu(gate) * up, all [rows, ffn].
+  virtual void swiglu_fwd(CMatF gate, CMatF up, MatF out) = 0;
+  // dgate = dout * up * silu'(gate); dup = dout * silu(gate) (overwritten, not accumulated).
+  virtual void swiglu_bwd(CMatF gate, CMatF up, CMatF dout, MatF dgate, MatF dup) = 0;
+
+  // ---- attention --------------------------------------------------------------------------
+  // out = softmax(q k^T / sqrt(head_dim) + mask) v per head. lse ([n_heads * rows], indexed
+  // head * rows + row) receives the log-sum-exp of each score row for the backward pass.
+  virtual void attention_fwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out,
+                             float* lse) = 0;
+  // dq, dk, dv += gradients. out and lse from the forward pass.
+  virtual void attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out,
+                             const float* lse, CMatF dout, MatF dq, MatF dk, MatF dv) = 0;
+
+  // ---- embedding and head ------------------------------------------------------------------
+  // out[row] = emb[tokens[row]]. Throws QLFT_ERR_INVALID_ARGUMENT for an id outside the vocab.
+  virtual void embedding_fwd(const QWeight& emb, const int32_t* tokens, MatF out) = 0;
+  // logits = h head^T ([rows, vocab]); for generation and tests.
+  virtual void head_logits(const QWeight& head, CMatF h, MatF logits) = 0;
+  // Fused linear + cross-entropy over chunks of rows (full logits never materialized).
+  // Returns the SUM of -log softmax(h head^T)[target] over rows whose target != ignore_index,
+  // and the number of such rows in *count. If dh.data != nullptr, dh += grad_scale * d(sum)/dh.
+  virtual double linear_cross_entropy(const QWeight& head, CMatF h, const int32_t* targets,
+                                      int32_t ignore_index, float grad_scale, MatF dh,
+                                      int64_t* count) = 0;
+
+ protected:
+  explicit Backend(MemoryTracker* tracker) : tracker_(tracker) {}
+  MemoryTracker* tracker_;
+};
+
+std::unique_ptr<Backend> make_cpu_backend(MemoryTracker* tracker);
+
+}  // namespace qlft
