@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "api/handles.h"
+#include "backend/cuda_entry.h"
 #include "core/error.h"
 #include "core/threads.h"
 
@@ -18,7 +19,13 @@ int32_t qlft_runtime_create(const qlft_config* config, qlft_runtime** out) {
     rt->backend = c.get("backend");
     if (rt->backend == "cuda") {
 #if QLFT_HAVE_CUDA
-      qlft::throw_error(QLFT_ERR_BACKEND, "backend=cuda: the CUDA backend is not implemented yet");
+      std::string why;
+      int n = qlft::cuda_device_count(&why);
+      if (n == 0)
+        qlft::throw_error(QLFT_ERR_BACKEND, "backend=cuda: no usable CUDA device (%s)", why.c_str());
+      qlft::throw_error(QLFT_ERR_UNSUPPORTED,
+                        "backend=cuda: found %s, but the CUDA kernels are not implemented yet",
+                        qlft::cuda_device_description(0).c_str());
 #else
       qlft::throw_error(QLFT_ERR_UNSUPPORTED,
                         "backend=cuda: this libqlft was built without CUDA (configure with -DQLFT_CUDA=ON)");
