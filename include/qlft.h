@@ -95,6 +95,10 @@ QLFT_API int32_t qlft_config_set(qlft_config* config, const char* key, const cha
 QLFT_API int32_t qlft_config_get(const qlft_config* config, const char* key, char* buf,
                                  size_t buf_size, size_t* needed);
 
+/* Applies a YAML run file: nested maps are dotted keys (`lora: {r: 16}` sets lora.r), lists
+ * become comma-separated values. All-or-nothing; errors name the file, line and key. */
+QLFT_API int32_t qlft_config_load_file(qlft_config* config, const char* path);
+
 typedef struct qlft_config_key {
   uint32_t struct_size;
   const char* name;          /* "lora.r" */

@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "api/handles.h"
+#include "config/config_file.h"
 #include "config/keys.h"
 #include "core/error.h"
 
@@ -42,6 +43,13 @@ int32_t qlft_config_get(const qlft_config* config, const char* key, char* buf, s
     QLFT_CHECK_ARG(buf && buf_size > v.size(), "qlft_config_get: buffer of %zu bytes is too small for '%s' (%zu needed)",
                    buf_size, key, v.size() + 1);
     std::memcpy(buf, v.c_str(), v.size() + 1);
+  });
+}
+
+int32_t qlft_config_load_file(qlft_config* config, const char* path) {
+  return guard([&] {
+    QLFT_CHECK_ARG(config && path, "qlft_config_load_file: config and path must not be NULL");
+    qlft::load_config_file(config->cfg, path);
   });
 }
 
