@@ -15,15 +15,29 @@ constexpr uint64_t kMaxStringLen = uint64_t(1) << 30;
 
 size_t scalar_size(GgufType t) {
   switch (t) {
-    case GgufType::U8: case GgufType::I8: case GgufType::BOOL: return 1;
-    case GgufType::U16: case GgufType::I16: return 2;
-    case GgufType::U32: case GgufType::I32: case GgufType::F32: return 4;
-    case GgufType::U64: case GgufType::I64: case GgufType::F64: return 8;
-    default: return 0;
+    case GgufType::U8:
+    case GgufType::I8:
+    case GgufType::BOOL:
+      return 1;
+    case GgufType::U16:
+    case GgufType::I16:
+      return 2;
+    case GgufType::U32:
+    case GgufType::I32:
+    case GgufType::F32:
+      return 4;
+    case GgufType::U64:
+    case GgufType::I64:
+    case GgufType::F64:
+      return 8;
+    default:
+      return 0;
   }
 }
 
-bool valid_type(uint32_t t) { return t <= static_cast<uint32_t>(GgufType::F64); }
+bool valid_type(uint32_t t) {
+  return t <= static_cast<uint32_t>(GgufType::F64);
+}
 
 // A bounds-checked cursor over the mapped bytes.
 class Cursor {
@@ -31,10 +45,12 @@ class Cursor {
   Cursor(const uint8_t* p, size_t n, const std::string& path) : p_(p), n_(n), path_(path) {}
   size_t pos() const { return pos_; }
   size_t remaining() const { return n_ - pos_; }
+  const std::string& path() const { return path_; }
 
   const uint8_t* take(uint64_t bytes, const char* what) {
     if (bytes > remaining())
-      throw_error(QLFT_ERR_FORMAT, "%s: truncated at byte %zu reading %s (%llu bytes needed, %zu left)",
+      throw_error(QLFT_ERR_FORMAT,
+                  "%s: truncated at byte %zu reading %s (%llu bytes needed, %zu left)",
                   path_.c_str(), pos_, what, static_cast<unsigned long long>(bytes), remaining());
     const uint8_t* r = p_ + pos_;
     pos_ += bytes;
@@ -64,18 +80,41 @@ class Cursor {
 
 void read_scalar(Cursor& c, GgufType t, GgufValue& v, const char* what) {
   switch (t) {
-    case GgufType::U8: v.u = c.read<uint8_t>(what); break;
-    case GgufType::I8: v.i = c.read<int8_t>(what); break;
-    case GgufType::U16: v.u = c.read<uint16_t>(what); break;
-    case GgufType::I16: v.i = c.read<int16_t>(what); break;
-    case GgufType::U32: v.u = c.read<uint32_t>(what); break;
-    case GgufType::I32: v.i = c.read<int32_t>(what); break;
-    case GgufType::U64: v.u = c.read<uint64_t>(what); break;
-    case GgufType::I64: v.i = c.read<int64_t>(what); break;
-    case GgufType::F32: v.f = c.read<float>(what); break;
-    case GgufType::F64: v.f = c.read<double>(what); break;
-    case GgufType::BOOL: v.u = c.read<uint8_t>(what) ? 1 : 0; break;
-    default: break;
+    case GgufType::U8:
+      v.u = c.read<uint8_t>(what);
+      break;
+    case GgufType::I8:
+      v.i = c.read<int8_t>(what);
+      break;
+    case GgufType::U16:
+      v.u = c.read<uint16_t>(what);
+      break;
+    case GgufType::I16:
+      v.i = c.read<int16_t>(what);
+      break;
+    case GgufType::U32:
+      v.u = c.read<uint32_t>(what);
+      break;
+    case GgufType::I32:
+      v.i = c.read<int32_t>(what);
+      break;
+    case GgufType::U64:
+      v.u = c.read<uint64_t>(what);
+      break;
+    case GgufType::I64:
+      v.i = c.read<int64_t>(what);
+      break;
+    case GgufType::F32:
+      v.f = c.read<float>(what);
+      break;
+    case GgufType::F64:
+      v.f = c.read<double>(what);
+      break;
+    case GgufType::BOOL:
+      v.u = c.read<uint8_t>(what) ? 1 : 0;
+      break;
+    default:
+      break;
   }
   if (t == GgufType::U8 || t == GgufType::U16 || t == GgufType::U32 || t == GgufType::U64 ||
       t == GgufType::BOOL)
@@ -84,10 +123,35 @@ void read_scalar(Cursor& c, GgufType t, GgufValue& v, const char* what) {
     v.u = static_cast<uint64_t>(v.i);
 }
 
+// Validates and skips the body (element type, count, elements) of a nested array.
+void skip_array(Cursor& c, const std::string& key, int depth) {
+  QLFT_CHECK_FORMAT(depth <= 8, "%s: metadata key '%s' nests arrays more than 8 deep",
+                    c.path().c_str(), key.c_str());
+  uint32_t et = c.read<uint32_t>("array element type");
+  QLFT_CHECK_FORMAT(valid_type(et), "%s: metadata key '%s' is an array of unknown type %u",
+                    c.path().c_str(), key.c_str(), et);
+  uint64_t n = c.read<uint64_t>("array length");
+  GgufType t = static_cast<GgufType>(et);
+  if (t == GgufType::ARRAY) {
+    QLFT_CHECK_FORMAT(n <= c.remaining() / 12, "%s: metadata key '%s': nested array too long",
+                      c.path().c_str(), key.c_str());
+    for (uint64_t j = 0; j < n; ++j) skip_array(c, key, depth + 1);
+  } else if (t == GgufType::STRING) {
+    QLFT_CHECK_FORMAT(n <= c.remaining() / 8, "%s: metadata key '%s': nested array too long",
+                      c.path().c_str(), key.c_str());
+    for (uint64_t j = 0; j < n; ++j) c.str(key.c_str());
+  } else {
+    size_t es = scalar_size(t);
+    QLFT_CHECK_FORMAT(n <= c.remaining() / es, "%s: metadata key '%s': nested array too long",
+                      c.path().c_str(), key.c_str());
+    c.take(n * es, key.c_str());
+  }
+}
+
 }  // namespace
 
 const char* gguf_type_name(GgufType t) {
-  static const char* names[] = {"u8",  "i8",  "u16",    "i16",   "u32", "i32", "f32",
+  static const char* names[] = {"u8",   "i8",     "u16",   "i16", "u32", "i32", "f32",
                                 "bool", "string", "array", "u64", "i64", "f64"};
   uint32_t i = static_cast<uint32_t>(t);
   return i < 13 ? names[i] : "?";
@@ -95,9 +159,17 @@ const char* gguf_type_name(GgufType t) {
 
 bool GgufValue::is_integer() const {
   switch (type) {
-    case GgufType::U8: case GgufType::I8: case GgufType::U16: case GgufType::I16:
-    case GgufType::U32: case GgufType::I32: case GgufType::U64: case GgufType::I64: return true;
-    default: return false;
+    case GgufType::U8:
+    case GgufType::I8:
+    case GgufType::U16:
+    case GgufType::I16:
+    case GgufType::U32:
+    case GgufType::I32:
+    case GgufType::U64:
+    case GgufType::I64:
+      return true;
+    default:
+      return false;
   }
 }
 bool GgufValue::is_number() const {
@@ -105,30 +177,85 @@ bool GgufValue::is_number() const {
 }
 
 double GgufValue::array_f(uint64_t idx) const {
+  check_index(idx);
   size_t es = scalar_size(elem_type);
   const uint8_t* p = array_data + idx * es;
   switch (elem_type) {
-    case GgufType::F32: { float f; std::memcpy(&f, p, 4); return f; }
-    case GgufType::F64: { double d; std::memcpy(&d, p, 8); return d; }
-    default: return static_cast<double>(array_i(idx));
+    case GgufType::F32: {
+      float f;
+      std::memcpy(&f, p, 4);
+      return f;
+    }
+    case GgufType::F64: {
+      double d;
+      std::memcpy(&d, p, 8);
+      return d;
+    }
+    default:
+      return static_cast<double>(array_i(idx));
   }
 }
 
+void GgufValue::check_index(uint64_t idx) const {
+  if (type != GgufType::ARRAY || !array_data || idx >= count)
+    throw_error(QLFT_ERR_INTERNAL,
+                "GGUF value: element %llu of a %s (%llu elements) is not a number",
+                static_cast<unsigned long long>(idx), gguf_type_name(type),
+                static_cast<unsigned long long>(count));
+}
+
 int64_t GgufValue::array_i(uint64_t idx) const {
+  check_index(idx);
   size_t es = scalar_size(elem_type);
   const uint8_t* p = array_data + idx * es;
   switch (elem_type) {
-    case GgufType::U8: case GgufType::BOOL: return *p;
-    case GgufType::I8: return static_cast<int8_t>(*p);
-    case GgufType::U16: { uint16_t x; std::memcpy(&x, p, 2); return x; }
-    case GgufType::I16: { int16_t x; std::memcpy(&x, p, 2); return x; }
-    case GgufType::U32: { uint32_t x; std::memcpy(&x, p, 4); return x; }
-    case GgufType::I32: { int32_t x; std::memcpy(&x, p, 4); return x; }
-    case GgufType::U64: { uint64_t x; std::memcpy(&x, p, 8); return static_cast<int64_t>(x); }
-    case GgufType::I64: { int64_t x; std::memcpy(&x, p, 8); return x; }
-    case GgufType::F32: { float f; std::memcpy(&f, p, 4); return static_cast<int64_t>(f); }
-    case GgufType::F64: { double d; std::memcpy(&d, p, 8); return static_cast<int64_t>(d); }
-    default: return 0;
+    case GgufType::U8:
+    case GgufType::BOOL:
+      return *p;
+    case GgufType::I8:
+      return static_cast<int8_t>(*p);
+    case GgufType::U16: {
+      uint16_t x;
+      std::memcpy(&x, p, 2);
+      return x;
+    }
+    case GgufType::I16: {
+      int16_t x;
+      std::memcpy(&x, p, 2);
+      return x;
+    }
+    case GgufType::U32: {
+      uint32_t x;
+      std::memcpy(&x, p, 4);
+      return x;
+    }
+    case GgufType::I32: {
+      int32_t x;
+      std::memcpy(&x, p, 4);
+      return x;
+    }
+    case GgufType::U64: {
+      uint64_t x;
+      std::memcpy(&x, p, 8);
+      return static_cast<int64_t>(x);
+    }
+    case GgufType::I64: {
+      int64_t x;
+      std::memcpy(&x, p, 8);
+      return x;
+    }
+    case GgufType::F32: {
+      float f;
+      std::memcpy(&f, p, 4);
+      return static_cast<int64_t>(f);
+    }
+    case GgufType::F64: {
+      double d;
+      std::memcpy(&d, p, 8);
+      return static_cast<int64_t>(d);
+    }
+    default:
+      return 0;
   }
 }
 
@@ -174,12 +301,18 @@ void GgufFile::parse() {
       v.str = c.str(key.c_str());
     } else if (v.type == GgufType::ARRAY) {
       uint32_t et = c.read<uint32_t>("array element type");
-      QLFT_CHECK_FORMAT(valid_type(et) && et != static_cast<uint32_t>(GgufType::ARRAY),
-                        "%s: metadata key '%s' is an array of unsupported type %u", path.c_str(),
-                        key.c_str(), et);
+      QLFT_CHECK_FORMAT(valid_type(et), "%s: metadata key '%s' is an array of unknown type %u",
+                        path.c_str(), key.c_str(), et);
       v.elem_type = static_cast<GgufType>(et);
       v.count = c.read<uint64_t>("array length");
-      if (v.elem_type == GgufType::STRING) {
+      if (v.elem_type == GgufType::ARRAY) {
+        // Arrays of arrays are legal GGUF but no key qlft reads uses them: validate and skip.
+        QLFT_CHECK_FORMAT(v.count <= c.remaining() / 12,
+                          "%s: metadata key '%s' claims %llu nested arrays, more than the file "
+                          "holds",
+                          path.c_str(), key.c_str(), static_cast<unsigned long long>(v.count));
+        for (uint64_t j = 0; j < v.count; ++j) skip_array(c, key, 1);
+      } else if (v.elem_type == GgufType::STRING) {
         QLFT_CHECK_FORMAT(v.count <= c.remaining() / 8,
                           "%s: metadata key '%s' claims %llu strings, more than the file holds",
                           path.c_str(), key.c_str(), static_cast<unsigned long long>(v.count));
@@ -214,29 +347,27 @@ void GgufFile::parse() {
     QLFT_CHECK_FORMAT(!tensor_index_.count(info.name), "%s: tensor '%s' appears twice",
                       path.c_str(), tn);
     info.n_dims = c.read<uint32_t>("tensor dims");
-    QLFT_CHECK_FORMAT(info.n_dims >= 1 && info.n_dims <= kMaxDims,
-                      "%s: tensor '%s' has %u dimensions (1..4 allowed)", path.c_str(), tn,
-                      info.n_dims);
+    QLFT_CHECK_FORMAT(info.n_dims <= kMaxDims, "%s: tensor '%s' has %u dimensions (at most 4)",
+                      path.c_str(), tn, info.n_dims);
+    // Overflow-safe element count: each factor <= 2^40 and the running product <= 2^50.
+    uint64_t n = 1;
     for (uint32_t d = 0; d < info.n_dims; ++d) {
       uint64_t ne = c.read<uint64_t>("tensor shape");
-      QLFT_CHECK_FORMAT(ne >= 1 && ne <= (uint64_t(1) << 40),
-                        "%s: tensor '%s' dimension %u is %llu", path.c_str(), tn, d,
-                        static_cast<unsigned long long>(ne));
+      QLFT_CHECK_FORMAT(ne <= (uint64_t(1) << 40), "%s: tensor '%s' dimension %u is %llu",
+                        path.c_str(), tn, d, static_cast<unsigned long long>(ne));
       info.ne[d] = static_cast<int64_t>(ne);
+      QLFT_CHECK_FORMAT(ne == 0 || n <= (uint64_t(1) << 50) / ne,
+                        "%s: tensor '%s' has too many elements", path.c_str(), tn);
+      n *= ne;
     }
     info.type = c.read<uint32_t>("tensor type");
     const GgmlTypeTraits* tr = ggml_type_traits(info.type);
     QLFT_CHECK_FORMAT(tr, "%s: tensor '%s' has unknown ggml type %u", path.c_str(), tn, info.type);
     info.offset = c.read<uint64_t>("tensor offset");
-    // Overflow-safe element count: each factor <= 2^40 and the product must stay <= 2^50.
-    unsigned __int128 n = 1;
-    for (int d = 0; d < 4; ++d) n *= static_cast<uint64_t>(info.ne[d]);
-    QLFT_CHECK_FORMAT(n <= (static_cast<unsigned __int128>(1) << 50),
-                      "%s: tensor '%s' has too many elements", path.c_str(), tn);
     QLFT_CHECK_FORMAT(info.ne[0] % tr->block == 0,
                       "%s: tensor '%s' row length %lld is not a multiple of the %s block size %u",
                       path.c_str(), tn, static_cast<long long>(info.ne[0]), tr->name, tr->block);
-    info.nbytes = static_cast<uint64_t>(n) / tr->block * tr->bytes;
+    info.nbytes = n / tr->block * tr->bytes;
     tensor_index_[info.name] = tensors_.size();
     tensors_.push_back(std::move(info));
   }
@@ -260,9 +391,9 @@ void GgufFile::parse() {
   }
   // No two tensors may share bytes.
   std::vector<const GgufTensorInfo*> by_off;
-  for (const auto& t : tensors_) by_off.push_back(&t);
-  std::sort(by_off.begin(), by_off.end(),
-            [](auto* a, auto* b) { return a->offset < b->offset; });
+  for (const auto& t : tensors_)
+    if (t.nbytes > 0) by_off.push_back(&t);
+  std::sort(by_off.begin(), by_off.end(), [](auto* a, auto* b) { return a->offset < b->offset; });
   for (size_t i = 1; i < by_off.size(); ++i) {
     const GgufTensorInfo* a = by_off[i - 1];
     const GgufTensorInfo* b = by_off[i];
@@ -299,7 +430,22 @@ int64_t GgufFile::get_int(const std::string& key) const {
   QLFT_CHECK_FORMAT(v, "%s: metadata key '%s' is missing", path().c_str(), key.c_str());
   QLFT_CHECK_FORMAT(v->is_integer(), "%s: metadata key '%s' is %s, expected an integer",
                     path().c_str(), key.c_str(), gguf_type_name(v->type));
+  QLFT_CHECK_FORMAT(v->type != GgufType::U64 || v->u <= static_cast<uint64_t>(INT64_MAX),
+                    "%s: metadata key '%s' is %llu, too large", path().c_str(), key.c_str(),
+                    static_cast<unsigned long long>(v->u));
   return v->i;
+}
+
+int64_t GgufFile::get_int_in(const std::string& key, int64_t lo, int64_t hi) const {
+  int64_t v = get_int(key);
+  QLFT_CHECK_FORMAT(v >= lo && v <= hi, "%s: metadata key '%s' is %lld, expected %lld..%lld",
+                    path().c_str(), key.c_str(), static_cast<long long>(v),
+                    static_cast<long long>(lo), static_cast<long long>(hi));
+  return v;
+}
+
+int64_t GgufFile::get_int_in(const std::string& key, int64_t lo, int64_t hi, int64_t def) const {
+  return find(key) ? get_int_in(key, lo, hi) : def;
 }
 
 int64_t GgufFile::get_int(const std::string& key, int64_t def) const {

@@ -14,8 +14,19 @@
 namespace qlft {
 
 enum class GgufType : uint32_t {
-  U8 = 0, I8 = 1, U16 = 2, I16 = 3, U32 = 4, I32 = 5, F32 = 6, BOOL = 7,
-  STRING = 8, ARRAY = 9, U64 = 10, I64 = 11, F64 = 12,
+  U8 = 0,
+  I8 = 1,
+  U16 = 2,
+  I16 = 3,
+  U32 = 4,
+  I32 = 5,
+  F32 = 6,
+  BOOL = 7,
+  STRING = 8,
+  ARRAY = 9,
+  U64 = 10,
+  I64 = 11,
+  F64 = 12,
 };
 const char* gguf_type_name(GgufType t);
 
@@ -23,25 +34,28 @@ const char* gguf_type_name(GgufType t);
 // list of views (strings), both valid while the GgufFile lives.
 struct GgufValue {
   GgufType type = GgufType::U8;
-  GgufType elem_type = GgufType::U8;  // for ARRAY
-  uint64_t u = 0;                     // unsigned integers and BOOL
-  int64_t i = 0;                      // signed integers
-  double f = 0;                       // floats
-  std::string_view str;               // STRING
-  uint64_t count = 0;                 // ARRAY length
-  const uint8_t* array_data = nullptr;       // numeric ARRAY elements, packed little-endian
-  std::vector<std::string_view> strings;     // STRING ARRAY elements
+  GgufType elem_type = GgufType::U8;    // for ARRAY (ARRAY: nested arrays, validated but not kept)
+  uint64_t u = 0;                       // unsigned integers and BOOL
+  int64_t i = 0;                        // signed integers
+  double f = 0;                         // floats
+  std::string_view str;                 // STRING
+  uint64_t count = 0;                   // ARRAY length
+  const uint8_t* array_data = nullptr;  // numeric ARRAY elements, packed little-endian
+  std::vector<std::string_view> strings;  // STRING ARRAY elements
 
   bool is_integer() const;
   bool is_number() const;
   // Element i of a numeric array as double / int64.
   double array_f(uint64_t idx) const;
   int64_t array_i(uint64_t idx) const;
+
+ private:
+  void check_index(uint64_t idx) const;  // throws unless a numeric array holds element idx
 };
 
 struct GgufTensorInfo {
   std::string name;
-  uint32_t n_dims = 0;
+  uint32_t n_dims = 0;           // 0..4
   int64_t ne[4] = {1, 1, 1, 1};  // ne[0] is the innermost (contiguous) dimension
   uint32_t type = 0;             // GgmlType id
   uint64_t offset = 0;           // relative to the data section
@@ -66,6 +80,9 @@ class GgufFile {
   std::string get_string(const std::string& key, const std::string& def) const;
   int64_t get_int(const std::string& key) const;
   int64_t get_int(const std::string& key, int64_t def) const;
+  // get_int that also requires lo <= value <= hi (QLFT_ERR_FORMAT naming the key otherwise).
+  int64_t get_int_in(const std::string& key, int64_t lo, int64_t hi) const;
+  int64_t get_int_in(const std::string& key, int64_t lo, int64_t hi, int64_t def) const;
   double get_float(const std::string& key, double def) const;
   bool get_bool(const std::string& key, bool def) const;
 

@@ -18,6 +18,9 @@ class JsonFile {
   bool has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
   int64_t get_int(const char* key) const;
   int64_t get_int(const char* key, int64_t def) const;
+  // get_int that also requires lo <= value <= hi (QLFT_ERR_FORMAT naming the key otherwise).
+  int64_t get_int_in(const char* key, int64_t lo, int64_t hi) const;
+  int64_t get_int_in(const char* key, int64_t lo, int64_t hi, int64_t def) const;
   double get_float(const char* key, double def) const;
   bool get_bool(const char* key, bool def) const;
   std::string get_string(const char* key, const std::string& def) const;

@@ -42,10 +42,20 @@ DType safetensors_dtype(const std::string& n, const std::string& where) {
   if (n == "I32") return DType::I32;
   if (n == "I64") return DType::I64;
   if (n == "BOOL") return DType::BOOL;
-  throw_error(QLFT_ERR_FORMAT, "%s: dtype '%s' is not supported", where.c_str(), n.c_str());
+  // Valid in the safetensors spec, but no qlft tensor uses them.
+  static const char* known[] = {"U16",     "U32",     "U64",     "F8_E4M3", "F8_E5M2",
+                                "F8_E8M0", "F6_E2M3", "F6_E3M2", "F4",      "C64"};
+  for (const char* k : known)
+    if (n == k)
+      throw_error(QLFT_ERR_UNSUPPORTED, "%s: dtype '%s' is not supported by qlft", where.c_str(),
+                  n.c_str());
+  throw_error(QLFT_ERR_FORMAT, "%s: dtype '%s' is not a safetensors dtype", where.c_str(),
+              n.c_str());
 }
 
-const char* safetensors_dtype_name(DType t) { return dtype_name(t); }
+const char* safetensors_dtype_name(DType t) {
+  return dtype_name(t);
+}
 
 std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
   std::unique_ptr<SafetensorsFile> f(new SafetensorsFile());
@@ -66,8 +76,20 @@ void SafetensorsFile::parse() {
   QLFT_CHECK_FORMAT(hlen <= size - 8, "%s: header length %llu runs past the end of the file",
                     path.c_str(), static_cast<unsigned long long>(hlen));
   const char* hp = reinterpret_cast<const char*>(file_->data() + 8);
-  nlohmann::json h = nlohmann::json::parse(hp, hp + hlen, nullptr, /*allow_exceptions=*/false);
+  // nlohmann keeps the last of duplicate keys; the spec forbids them, so catch them while parsing.
+  std::set<std::string> seen;
+  std::string duplicate;
+  nlohmann::json::parser_callback_t cb = [&](int depth, nlohmann::json::parse_event_t ev,
+                                             nlohmann::json& parsed) {
+    if (ev == nlohmann::json::parse_event_t::key && depth == 1 && duplicate.empty() &&
+        parsed.is_string() && !seen.insert(parsed.get<std::string>()).second)
+      duplicate = parsed.get<std::string>();
+    return true;
+  };
+  nlohmann::json h = nlohmann::json::parse(hp, hp + hlen, cb, /*allow_exceptions=*/false);
   QLFT_CHECK_FORMAT(!h.is_discarded(), "%s: header is not valid JSON", path.c_str());
+  QLFT_CHECK_FORMAT(duplicate.empty(), "%s: header names '%s' twice", path.c_str(),
+                    duplicate.c_str());
   QLFT_CHECK_FORMAT(h.is_object(), "%s: header is not a JSON object", path.c_str());
   const uint64_t data_size = size - 8 - hlen;
   const uint8_t* data = file_->data() + 8 + hlen;
@@ -119,15 +141,22 @@ void SafetensorsFile::parse() {
     uint64_t want = static_cast<uint64_t>(n) * dtype_size(t.dtype);
     QLFT_CHECK_FORMAT(end - b == want,
                       "%s: data_offsets span %llu bytes but shape and dtype %s need %llu",
-                      where.c_str(), static_cast<unsigned long long>(end - b),
-                      dtype_name(t.dtype), static_cast<unsigned long long>(want));
+                      where.c_str(), static_cast<unsigned long long>(end - b), dtype_name(t.dtype),
+                      static_cast<unsigned long long>(want));
+    // Writers order tensors so each starts at a multiple of its element size; a file that does
+    // not is malformed (and would make typed reads misaligned).
+    QLFT_CHECK_FORMAT(b % dtype_size(t.dtype) == 0,
+                      "%s: data offset %llu is not a multiple of the %s element size %zu",
+                      where.c_str(), static_cast<unsigned long long>(b), dtype_name(t.dtype),
+                      dtype_size(t.dtype));
     t.data = data + b;
     t.nbytes = want;
     t.file = &file_->path();
     tensors_.push_back(std::move(t));
   }
   std::vector<const SafeTensorInfo*> s;
-  for (const auto& t : tensors_) s.push_back(&t);
+  for (const auto& t : tensors_)
+    if (t.nbytes > 0) s.push_back(&t);  // empty tensors occupy no bytes
   std::sort(s.begin(), s.end(), [](auto* a, auto* b) { return a->data < b->data; });
   for (size_t i = 1; i < s.size(); ++i)
     QLFT_CHECK_FORMAT(s[i - 1]->data + s[i - 1]->nbytes <= s[i]->data,
@@ -170,12 +199,13 @@ std::unique_ptr<SafetensorsSet> SafetensorsSet::open(const std::string& path_in)
   std::string dir = dirname_of(path);
   std::set<std::string> shards;
   for (auto it = wm->begin(); it != wm->end(); ++it) {
-    QLFT_CHECK_FORMAT(it.value().is_string(), "%s: weight_map['%s'] is not a string",
-                      path.c_str(), it.key().c_str());
+    QLFT_CHECK_FORMAT(it.value().is_string(), "%s: weight_map['%s'] is not a string", path.c_str(),
+                      it.key().c_str());
     std::string shard = it.value().get<std::string>();
     // Shards live beside the index: no directories, so a hostile index cannot reach elsewhere.
-    QLFT_CHECK_FORMAT(!shard.empty() && shard.find('/') == std::string::npos && shard != ".." &&
-                          shard != ".",
+    QLFT_CHECK_FORMAT(!shard.empty() && shard.find('/') == std::string::npos &&
+                          shard.find('\\') == std::string::npos &&
+                          shard.find('\0') == std::string::npos && shard != ".." && shard != ".",
                       "%s: weight_map['%s'] names '%s', which is not a file beside the index",
                       path.c_str(), it.key().c_str(), shard.c_str());
     shards.insert(shard);

@@ -1,0 +1,118 @@
+#include "formats/atomic_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace qlft {
+
+namespace {
+constexpr size_t kBufferBytes = size_t(1) << 20;
+
+std::string dirname_of(const std::string& p) {
+  size_t s = p.rfind('/');
+  if (s == std::string::npos) return ".";
+  return s == 0 ? "/" : p.substr(0, s);
+}
+}  // namespace
+
+AtomicFile::AtomicFile(const std::string& path)
+    : path_(path), tmp_(path + ".tmp." + std::to_string(::getpid())) {
+  if (path.empty()) throw_error(QLFT_ERR_IO, "cannot write a file with an empty path");
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0)
+    throw_error(QLFT_ERR_IO, "%s: cannot create %s: %s", path_.c_str(), tmp_.c_str(),
+                std::strerror(errno));
+}
+
+AtomicFile::~AtomicFile() {
+  if (committed_) return;
+  if (fd_ >= 0) ::close(fd_);
+  ::unlink(tmp_.c_str());
+}
+
+void AtomicFile::fail(const char* what, int err) {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  ::unlink(tmp_.c_str());
+  throw_error(QLFT_ERR_IO, "%s: %s failed: %s", path_.c_str(), what, std::strerror(err));
+}
+
+void AtomicFile::write_all(const char* p, size_t left) {
+  while (left > 0) {
+    ssize_t n = ::write(fd_, p, left);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail("write", errno);
+    }
+    if (n == 0) fail("write", EIO);
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+}
+
+void AtomicFile::flush_buffer() {
+  write_all(buf_.data(), buf_.size());
+  buf_.clear();
+}
+
+void AtomicFile::write(const void* data, size_t n) {
+  if (committed_ || fd_ < 0)
+    throw_error(QLFT_ERR_INTERNAL, "%s: write after commit or failure", path_.c_str());
+  if (n == 0) return;
+  if (buf_.size() + n > kBufferBytes) flush_buffer();
+  if (n >= kBufferBytes)
+    write_all(static_cast<const char*>(data), n);  // large blocks (tensor data) go straight out
+  else
+    buf_.append(static_cast<const char*>(data), n);
+  size_ += n;
+}
+
+void AtomicFile::pad_to(uint64_t alignment, uint8_t byte) {
+  if (alignment <= 1) return;
+  uint64_t pad = (alignment - size_ % alignment) % alignment;
+  if (pad == 0) return;
+  std::string zeros(static_cast<size_t>(pad), static_cast<char>(byte));
+  write(zeros.data(), zeros.size());
+}
+
+void AtomicFile::commit() {
+  if (committed_) return;
+  if (fd_ < 0) throw_error(QLFT_ERR_INTERNAL, "%s: commit after failure", path_.c_str());
+  flush_buffer();
+  if (::fsync(fd_) != 0) fail("fsync", errno);
+  int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) {
+    int e = errno;
+    ::unlink(tmp_.c_str());
+    throw_error(QLFT_ERR_IO, "%s: close failed: %s", path_.c_str(), std::strerror(e));
+  }
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    int e = errno;
+    ::unlink(tmp_.c_str());
+    throw_error(QLFT_ERR_IO, "%s: rename from %s failed: %s", path_.c_str(), tmp_.c_str(),
+                std::strerror(e));
+  }
+  committed_ = true;
+  // Make the rename itself durable. Failure here cannot undo the rename; the file is complete.
+  int dfd = ::open(dirname_of(path_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+void write_file_atomic(const std::string& path, std::string_view content) {
+  AtomicFile f(path);
+  f.write(content);
+  f.commit();
+}
+
+}  // namespace qlft

@@ -1,0 +1,52 @@
+// Crash-safe file writing: bytes go to `<path>.tmp.<pid>`, which is fsync'ed and renamed over
+// `path` only by commit(). A failure at any point removes the temporary file and throws
+// QLFT_ERR_IO naming the path, so `path` is either its old content or the complete new one,
+// never a half-written file.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace qlft {
+
+class AtomicFile {
+ public:
+  // Creates the temporary file beside path (same directory, so rename is atomic).
+  explicit AtomicFile(const std::string& path);
+  // Without commit() the temporary file is removed and path is left untouched.
+  ~AtomicFile();
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+
+  void write(const void* data, size_t n);
+  void write(std::string_view s) { write(s.data(), s.size()); }
+  // Writes `byte` until size() is a multiple of alignment.
+  void pad_to(uint64_t alignment, uint8_t byte = 0);
+  // Bytes written so far.
+  uint64_t size() const { return size_; }
+
+  // Flushes, fsyncs, renames over path and fsyncs the directory. Throws QLFT_ERR_IO (and removes
+  // the temporary file) on failure.
+  void commit();
+
+  const std::string& path() const { return path_; }
+  const std::string& temp_path() const { return tmp_; }
+
+ private:
+  void fail(const char* what, int err);  // cleans up, then throws
+  void flush_buffer();
+  void write_all(const char* p, size_t n);
+
+  std::string path_, tmp_;
+  int fd_ = -1;
+  uint64_t size_ = 0;
+  std::string buf_;  // small writes are batched
+  bool committed_ = false;
+};
+
+// Writes a whole file atomically.
+void write_file_atomic(const std::string& path, std::string_view content);
+
+}  // namespace qlft

@@ -1,0 +1,214 @@
+#include "formats/gguf_writer.h"
+
+#include <cstring>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "formats/atomic_file.h"
+
+namespace qlft {
+
+namespace {
+
+template <class T>
+void put(std::string& out, T v) {
+  char b[sizeof(T)];
+  std::memcpy(b, &v, sizeof(T));  // GGUF is little-endian, as every host qlft supports
+  out.append(b, sizeof(T));
+}
+void put_str(std::string& out, std::string_view s) {
+  put<uint64_t>(out, s.size());
+  out.append(s.data(), s.size());
+}
+
+size_t elem_size(GgufType t) {
+  switch (t) {
+    case GgufType::U8:
+    case GgufType::I8:
+    case GgufType::BOOL:
+      return 1;
+    case GgufType::U16:
+    case GgufType::I16:
+      return 2;
+    case GgufType::U32:
+    case GgufType::I32:
+    case GgufType::F32:
+      return 4;
+    case GgufType::U64:
+    case GgufType::I64:
+    case GgufType::F64:
+      return 8;
+    default:
+      return 0;
+  }
+}
+
+uint64_t align_up(uint64_t x, uint64_t a) {
+  return (x + a - 1) / a * a;
+}
+
+}  // namespace
+
+std::string& GgufWriter::begin_kv(const std::string& key, GgufType type) {
+  QLFT_CHECK_ARG(!key.empty(), "GGUF writer: metadata key is empty");
+  QLFT_CHECK_ARG(keys_.insert(key).second, "GGUF writer: metadata key '%s' added twice",
+                 key.c_str());
+  kv_.emplace_back();
+  std::string& r = kv_.back();
+  put_str(r, key);
+  put<uint32_t>(r, static_cast<uint32_t>(type));
+  return r;
+}
+
+void GgufWriter::add_u8(const std::string& k, uint8_t v) {
+  put(begin_kv(k, GgufType::U8), v);
+}
+void GgufWriter::add_i8(const std::string& k, int8_t v) {
+  put(begin_kv(k, GgufType::I8), v);
+}
+void GgufWriter::add_u16(const std::string& k, uint16_t v) {
+  put(begin_kv(k, GgufType::U16), v);
+}
+void GgufWriter::add_i16(const std::string& k, int16_t v) {
+  put(begin_kv(k, GgufType::I16), v);
+}
+void GgufWriter::add_u32(const std::string& k, uint32_t v) {
+  if (k == "general.alignment") {
+    QLFT_CHECK_ARG(v > 0 && (v & (v - 1)) == 0 && v <= (1u << 20),
+                   "GGUF writer: general.alignment must be a power of two, got %u", v);
+    alignment_ = v;
+  }
+  put(begin_kv(k, GgufType::U32), v);
+}
+void GgufWriter::add_i32(const std::string& k, int32_t v) {
+  put(begin_kv(k, GgufType::I32), v);
+}
+void GgufWriter::add_u64(const std::string& k, uint64_t v) {
+  put(begin_kv(k, GgufType::U64), v);
+}
+void GgufWriter::add_i64(const std::string& k, int64_t v) {
+  put(begin_kv(k, GgufType::I64), v);
+}
+void GgufWriter::add_f32(const std::string& k, float v) {
+  put(begin_kv(k, GgufType::F32), v);
+}
+void GgufWriter::add_f64(const std::string& k, double v) {
+  put(begin_kv(k, GgufType::F64), v);
+}
+void GgufWriter::add_bool(const std::string& k, bool v) {
+  put<uint8_t>(begin_kv(k, GgufType::BOOL), v ? 1 : 0);
+}
+void GgufWriter::add_string(const std::string& k, std::string_view v) {
+  put_str(begin_kv(k, GgufType::STRING), v);
+}
+
+void GgufWriter::add_array(const std::string& key, GgufType elem, const void* data,
+                           uint64_t count) {
+  size_t es = elem_size(elem);
+  QLFT_CHECK_ARG(es > 0, "GGUF writer: '%s': add_array takes numeric or bool elements, not %s",
+                 key.c_str(), gguf_type_name(elem));
+  QLFT_CHECK_ARG(data || count == 0, "GGUF writer: '%s': array data is NULL", key.c_str());
+  std::string& r = begin_kv(key, GgufType::ARRAY);
+  put<uint32_t>(r, static_cast<uint32_t>(elem));
+  put<uint64_t>(r, count);
+  if (count) r.append(static_cast<const char*>(data), count * es);
+}
+
+void GgufWriter::add_string_array(const std::string& key, const std::vector<std::string>& v) {
+  std::string& r = begin_kv(key, GgufType::ARRAY);
+  put<uint32_t>(r, static_cast<uint32_t>(GgufType::STRING));
+  put<uint64_t>(r, v.size());
+  for (const std::string& s : v) put_str(r, s);
+}
+
+void GgufWriter::add_tensor(const std::string& name, GgmlType type, const std::vector<int64_t>& ne,
+                            const void* data, uint64_t nbytes, bool copy) {
+  const GgmlTypeTraits* tr = ggml_type_traits(static_cast<uint32_t>(type));
+  QLFT_CHECK_ARG(tr, "GGUF writer: tensor '%s' has unknown ggml type %u", name.c_str(),
+                 static_cast<uint32_t>(type));
+  QLFT_CHECK_ARG(!name.empty(), "GGUF writer: tensor name is empty");
+  QLFT_CHECK_ARG(names_.count(name) == 0, "GGUF writer: tensor '%s' added twice", name.c_str());
+  QLFT_CHECK_ARG(!ne.empty() && ne.size() <= 4, "GGUF writer: tensor '%s' has %zu dimensions",
+                 name.c_str(), ne.size());
+  uint64_t n = 1;
+  for (int64_t d : ne) {
+    QLFT_CHECK_ARG(d >= 1 && d <= (int64_t(1) << 40), "GGUF writer: tensor '%s' dimension %lld",
+                   name.c_str(), static_cast<long long>(d));
+    n *= static_cast<uint64_t>(d);
+  }
+  QLFT_CHECK_ARG(ne[0] % tr->block == 0,
+                 "GGUF writer: tensor '%s' row length %lld is not a multiple of the %s block %u",
+                 name.c_str(), static_cast<long long>(ne[0]), tr->name, tr->block);
+  uint64_t want = n / tr->block * tr->bytes;
+  QLFT_CHECK_ARG(nbytes == want, "GGUF writer: tensor '%s' has %llu bytes, shape and %s need %llu",
+                 name.c_str(), static_cast<unsigned long long>(nbytes), tr->name,
+                 static_cast<unsigned long long>(want));
+  QLFT_CHECK_ARG(data, "GGUF writer: tensor '%s' data is NULL", name.c_str());
+  Tensor t{name, type, ne, static_cast<const uint8_t*>(data), nbytes, nullptr};
+  if (copy) {
+    t.owned = std::make_shared<std::vector<uint8_t>>(t.data, t.data + nbytes);
+    t.data = t.owned->data();
+  }
+  names_.insert(name);
+  tensors_.push_back(std::move(t));
+}
+
+void GgufWriter::add_tensor_f32(const std::string& name, const std::vector<int64_t>& ne,
+                                const float* values, GgmlType store) {
+  uint64_t n = 1;
+  for (int64_t d : ne) n *= static_cast<uint64_t>(d > 0 ? d : 0);
+  switch (store) {
+    case GgmlType::F32:
+      add_tensor(name, store, ne, values, n * 4);
+      return;
+    case GgmlType::F16:
+    case GgmlType::BF16: {
+      std::vector<uint16_t> h(n);
+      if (store == GgmlType::F16)
+        f32_to_f16_n(values, h.data(), n);
+      else
+        f32_to_bf16_n(values, h.data(), n);
+      add_tensor(name, store, ne, h.data(), n * 2);
+      return;
+    }
+    default:
+      throw_error(QLFT_ERR_INVALID_ARGUMENT,
+                  "GGUF writer: tensor '%s': add_tensor_f32 stores F32, F16 or BF16 only",
+                  name.c_str());
+  }
+}
+
+void GgufWriter::write(const std::string& path) const {
+  std::string head;
+  head.append("GGUF", 4);
+  put<uint32_t>(head, 3);
+  put<uint64_t>(head, tensors_.size());
+  put<uint64_t>(head, kv_.size());
+  for (const std::string& r : kv_) head += r;
+  uint64_t off = 0;
+  std::vector<uint64_t> offsets;
+  for (const Tensor& t : tensors_) {
+    put_str(head, t.name);
+    put<uint32_t>(head, static_cast<uint32_t>(t.ne.size()));
+    for (int64_t d : t.ne) put<uint64_t>(head, static_cast<uint64_t>(d));
+    put<uint32_t>(head, static_cast<uint32_t>(t.type));
+    put<uint64_t>(head, off);
+    offsets.push_back(off);
+    off = align_up(off + t.nbytes, alignment_);
+  }
+  AtomicFile f(path);
+  f.write(head);
+  f.pad_to(alignment_);
+  const uint64_t data_start = f.size();
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    // Each tensor starts at its aligned offset; padding follows every tensor, as llama.cpp does.
+    f.pad_to(alignment_);
+    if (f.size() - data_start != offsets[i])
+      throw_error(QLFT_ERR_INTERNAL, "%s: GGUF writer offset mismatch", path.c_str());
+    f.write(tensors_[i].data, tensors_[i].nbytes);
+  }
+  f.pad_to(alignment_);
+  f.commit();
+}
+
+}  // namespace qlft

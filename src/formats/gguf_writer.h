@@ -1,0 +1,75 @@
+// GGUF v3 writer: metadata of every value type, tensor infos and tensor data (F32/F16/BF16
+// converted from floats, or the raw bytes of any ggml block type), aligned to general.alignment
+// (default 32). Written atomically through AtomicFile.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_set>
+#include <vector>
+
+#include "formats/gguf.h"
+#include "quant/ggml_types.h"
+
+namespace qlft {
+
+class GgufWriter {
+ public:
+  // Scalars. Keys must be unique and non-empty (QLFT_ERR_INVALID_ARGUMENT otherwise).
+  void add_u8(const std::string& key, uint8_t v);
+  void add_i8(const std::string& key, int8_t v);
+  void add_u16(const std::string& key, uint16_t v);
+  void add_i16(const std::string& key, int16_t v);
+  void add_u32(const std::string& key, uint32_t v);  // "general.alignment" also sets alignment
+  void add_i32(const std::string& key, int32_t v);
+  void add_u64(const std::string& key, uint64_t v);
+  void add_i64(const std::string& key, int64_t v);
+  void add_f32(const std::string& key, float v);
+  void add_f64(const std::string& key, double v);
+  void add_bool(const std::string& key, bool v);
+  void add_string(const std::string& key, std::string_view v);
+  // A numeric or bool array: `count` packed little-endian elements of `elem` at data.
+  void add_array(const std::string& key, GgufType elem, const void* data, uint64_t count);
+  void add_array(const std::string& key, const std::vector<float>& v) {
+    add_array(key, GgufType::F32, v.data(), v.size());
+  }
+  void add_array(const std::string& key, const std::vector<int32_t>& v) {
+    add_array(key, GgufType::I32, v.data(), v.size());
+  }
+  void add_string_array(const std::string& key, const std::vector<std::string>& v);
+
+  // A tensor in GGUF order: ne[0] is the innermost (contiguous) dimension, 1..4 dims. `data`
+  // holds nbytes of ggml `type` (checked against the shape). copy=false keeps only the pointer,
+  // which must then stay valid until write() (for large exports).
+  void add_tensor(const std::string& name, GgmlType type, const std::vector<int64_t>& ne,
+                  const void* data, uint64_t nbytes, bool copy = true);
+  // Stores float values as F32, F16 or BF16 (round to nearest even).
+  void add_tensor_f32(const std::string& name, const std::vector<int64_t>& ne, const float* values,
+                      GgmlType store = GgmlType::F32);
+
+  uint64_t alignment() const { return alignment_; }
+  size_t tensor_count() const { return tensors_.size(); }
+  // Writes the file atomically; throws QLFT_ERR_IO naming path on failure.
+  void write(const std::string& path) const;
+
+ private:
+  struct Tensor {
+    std::string name;
+    GgmlType type;
+    std::vector<int64_t> ne;
+    const uint8_t* data;
+    uint64_t nbytes;
+    std::shared_ptr<std::vector<uint8_t>> owned;
+  };
+  // Appends key + type + already encoded payload.
+  std::string& begin_kv(const std::string& key, GgufType type);
+
+  std::vector<std::string> kv_;  // each an encoded key/value record
+  std::unordered_set<std::string> keys_, names_;
+  std::vector<Tensor> tensors_;
+  uint64_t alignment_ = 32;
+};
+
+}  // namespace qlft

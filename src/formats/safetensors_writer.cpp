@@ -1,0 +1,112 @@
+#include "formats/safetensors_writer.h"
+
+#include <algorithm>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "formats/atomic_file.h"
+#include "formats/safetensors.h"
+
+namespace qlft {
+
+void SafetensorsWriter::set_metadata(const std::string& key, const std::string& value) {
+  metadata_[key] = value;
+}
+
+void SafetensorsWriter::add(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
+                            const void* data, uint64_t nbytes, bool copy) {
+  QLFT_CHECK_ARG(!name.empty() && name != "__metadata__",
+                 "safetensors writer: invalid tensor name '%s'", name.c_str());
+  QLFT_CHECK_ARG(!tensors_.count(name), "safetensors writer: tensor '%s' added twice",
+                 name.c_str());
+  uint64_t n = 1;
+  for (int64_t d : shape) {
+    QLFT_CHECK_ARG(d >= 0 && d <= (int64_t(1) << 40),
+                   "safetensors writer: tensor '%s' dimension %lld", name.c_str(),
+                   static_cast<long long>(d));
+    n *= static_cast<uint64_t>(d);
+  }
+  QLFT_CHECK_ARG(nbytes == n * dtype_size(dtype),
+                 "safetensors writer: tensor '%s' has %llu bytes, shape and %s need %llu",
+                 name.c_str(), static_cast<unsigned long long>(nbytes), dtype_name(dtype),
+                 static_cast<unsigned long long>(n * dtype_size(dtype)));
+  QLFT_CHECK_ARG(data || nbytes == 0, "safetensors writer: tensor '%s' data is NULL", name.c_str());
+  Tensor t{dtype, shape, static_cast<const uint8_t*>(data), nbytes, nullptr};
+  if (copy) {
+    t.owned = std::make_shared<std::vector<uint8_t>>(t.data, t.data + nbytes);
+    t.data = t.owned->data();
+  }
+  tensors_.emplace(name, std::move(t));
+}
+
+void SafetensorsWriter::add_f32(const std::string& name, const std::vector<int64_t>& shape,
+                                const float* values, DType store) {
+  uint64_t n = 1;
+  for (int64_t d : shape) n *= static_cast<uint64_t>(d > 0 ? d : 0);
+  switch (store) {
+    case DType::F32:
+      add(name, store, shape, values, n * 4);
+      return;
+    case DType::F16:
+    case DType::BF16: {
+      std::vector<uint16_t> h(n);
+      if (store == DType::F16)
+        f32_to_f16_n(values, h.data(), n);
+      else
+        f32_to_bf16_n(values, h.data(), n);
+      add(name, store, shape, h.data(), n * 2);
+      return;
+    }
+    default:
+      throw_error(QLFT_ERR_INVALID_ARGUMENT,
+                  "safetensors writer: tensor '%s': add_f32 stores F32, F16 or BF16 only",
+                  name.c_str());
+  }
+}
+
+uint64_t SafetensorsWriter::data_bytes() const {
+  uint64_t n = 0;
+  for (const auto& [name, t] : tensors_) n += t.nbytes;
+  return n;
+}
+
+std::vector<std::string> SafetensorsWriter::names() const {
+  std::vector<std::string> v;
+  for (const auto& [name, t] : tensors_) v.push_back(name);
+  return v;
+}
+
+void SafetensorsWriter::write(const std::string& path) const {
+  std::vector<std::pair<const std::string*, const Tensor*>> order;
+  for (const auto& [name, t] : tensors_) order.emplace_back(&name, &t);
+  std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+    return dtype_size(a.second->dtype) > dtype_size(b.second->dtype);
+  });
+  nlohmann::json h = nlohmann::json::object();
+  if (!metadata_.empty()) h["__metadata__"] = metadata_;
+  uint64_t off = 0;
+  for (const auto& [name, t] : order) {
+    h[*name] = {{"dtype", safetensors_dtype_name(t->dtype)},
+                {"shape", t->shape},
+                {"data_offsets", {off, off + t->nbytes}}};
+    off += t->nbytes;
+  }
+  std::string header = h.dump();
+  // The spec allows trailing spaces in the header; padding to 8 keeps the data 8-byte aligned.
+  header.append((8 - header.size() % 8) % 8, ' ');
+  AtomicFile f(path);
+  uint64_t hlen = header.size();
+  f.write(&hlen, 8);
+  f.write(header);
+  for (const auto& [name, t] : order) f.write(t->data, t->nbytes);
+  f.commit();
+}
+
+void write_safetensors_index(const std::string& path, uint64_t total_size,
+                             const std::map<std::string, std::string>& weight_map) {
+  nlohmann::json j = {{"metadata", {{"total_size", total_size}}}, {"weight_map", weight_map}};
+  write_file_atomic(path, j.dump(2) + "\n");
+}
+
+}  // namespace qlft
