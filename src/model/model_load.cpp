@@ -46,6 +46,11 @@ uint64_t Model::weight_bytes() const {
 
 namespace {
 
+// Sanity bounds for shape settings read from files: generous for real models, small enough that
+// products of them never overflow.
+constexpr int64_t kMaxLayers = 1024, kMaxDim = int64_t(1) << 20, kMaxHeads = 4096,
+                  kMaxHeadDim = 4096, kMaxVocab = int64_t(1) << 24, kMaxContext = int64_t(1) << 26;
+
 bool ends_with(const std::string& s, const char* suf) {
   size_t n = std::strlen(suf);
   return s.size() >= n && s.compare(s.size() - n, n, suf) == 0;
@@ -95,18 +100,22 @@ class GgufLoader {
                       "%s: architecture '%s' is not supported (llama, mistral, qwen2 are)",
                       path.c_str(), c.arch.c_str());
     const std::string a = c.arch + ".";
-    c.n_layers = static_cast<int>(g.get_int(a + "block_count"));
-    c.dim = static_cast<int>(g.get_int(a + "embedding_length"));
-    c.ffn_dim = static_cast<int>(g.get_int(a + "feed_forward_length"));
-    c.n_heads = static_cast<int>(g.get_int(a + "attention.head_count"));
-    c.n_kv_heads = static_cast<int>(g.get_int(a + "attention.head_count_kv", c.n_heads));
-    c.context_length = static_cast<int>(g.get_int(a + "context_length", 2048));
+    // Ranged getters: a hostile count must not wrap when narrowed to int.
+    c.n_layers = static_cast<int>(g.get_int_in(a + "block_count", 1, kMaxLayers));
+    c.dim = static_cast<int>(g.get_int_in(a + "embedding_length", 1, kMaxDim));
+    c.ffn_dim = static_cast<int>(g.get_int_in(a + "feed_forward_length", 1, kMaxDim));
+    c.n_heads = static_cast<int>(g.get_int_in(a + "attention.head_count", 1, kMaxHeads));
+    c.n_kv_heads =
+        static_cast<int>(g.get_int_in(a + "attention.head_count_kv", 1, kMaxHeads, c.n_heads));
+    c.context_length =
+        static_cast<int>(g.get_int_in(a + "context_length", 1, kMaxContext, 2048));
     c.rms_eps = static_cast<float>(g.get_float(a + "attention.layer_norm_rms_epsilon", 1e-5));
     c.rope_theta = static_cast<float>(g.get_float(a + "rope.freq_base", 10000.0));
     QLFT_CHECK_FORMAT(c.n_heads > 0 && c.dim % c.n_heads == 0,
                       "%s: embedding length %d is not a multiple of the head count %d",
                       path.c_str(), c.dim, c.n_heads);
-    c.head_dim = static_cast<int>(g.get_int(a + "attention.key_length", c.dim / c.n_heads));
+    c.head_dim = static_cast<int>(
+        g.get_int_in(a + "attention.key_length", 1, kMaxHeadDim, c.dim / c.n_heads));
     // llama.cpp's converter permutes llama/mistral q and k rows into adjacent-pair RoPE order;
     // qwen2 keeps Hugging Face's rotate-half order (NEOX rope).
     c.rope_adjacent = c.arch != "qwen2";
@@ -114,6 +123,9 @@ class GgufLoader {
     check_config(c, path);
 
     const GgufTensorInfo& emb = tensor("token_embd.weight", -1, c.dim);
+    QLFT_CHECK_FORMAT(emb.ne[1] >= 1 && emb.ne[1] <= kMaxVocab,
+                      "%s: tensor 'token_embd.weight' has %lld rows, not a vocabulary size",
+                      path.c_str(), static_cast<long long>(emb.ne[1]));
     c.vocab = static_cast<int>(emb.ne[1]);
     m_.tok_embd = float_weight(emb, emb.ne[1], c.dim);
     m_.output_norm = vector("output_norm.weight", c.dim);
@@ -161,6 +173,12 @@ class GgufLoader {
   }
   void to_f32(const GgufTensorInfo& t, float* dst) {
     const GgmlTypeTraits* tr = ggml_type_traits(t.type);
+    switch (static_cast<GgmlType>(t.type)) {
+      case GgmlType::I8: case GgmlType::I16: case GgmlType::I32: case GgmlType::I64:
+        throw_error(QLFT_ERR_FORMAT, "%s: tensor '%s' has integer type %s, expected a float or "
+                    "quantized type", m_.gguf->path().c_str(), t.name.c_str(), tr->name);
+      default: break;
+    }
     if (!tr->dequantizable)
       throw_error(QLFT_ERR_UNSUPPORTED, "%s: tensor '%s' has type %s, which qlft cannot dequantize",
                   m_.gguf->path().c_str(), t.name.c_str(), tr->name);
@@ -176,10 +194,16 @@ class GgufLoader {
     to_f32(*t, b.as<float>());
     return b;
   }
+  // Dequantizes straight into the weight buffer: no staging copy, and an over-budget load fails
+  // on the weights it was asked to hold.
   QWeight float_weight(const GgufTensorInfo& t, int64_t rows, int64_t cols) {
-    Buffer tmp(tracker_, MemCategory::Workspace, rows * cols * 4, "load staging");
-    to_f32(t, tmp.as<float>());
-    return qweight_from_f32(tracker_, tmp.as<float>(), rows, cols, QuantKind::F32);
+    QWeight w;
+    w.kind = QuantKind::F32;
+    w.rows = rows;
+    w.cols = cols;
+    w.data = Buffer(tracker_, MemCategory::Weights, rows * cols * 4, t.name.c_str());
+    to_f32(t, w.data.as<float>());
+    return w;
   }
   QWeight linear_weight(const GgufTensorInfo& t, int64_t rows, int64_t cols) {
     if (opt_.quant_type == "keep") {
@@ -227,31 +251,46 @@ class HfLoader {
     else
       throw_error(QLFT_ERR_UNSUPPORTED, "%s: architecture '%s' (model_type '%s') is not supported",
                   cj.path().c_str(), arch_name.c_str(), model_type.c_str());
-    c.dim = static_cast<int>(cj.get_int("hidden_size"));
-    c.ffn_dim = static_cast<int>(cj.get_int("intermediate_size"));
-    c.n_layers = static_cast<int>(cj.get_int("num_hidden_layers"));
-    c.n_heads = static_cast<int>(cj.get_int("num_attention_heads"));
-    c.n_kv_heads = static_cast<int>(cj.get_int("num_key_value_heads", c.n_heads));
-    c.vocab = static_cast<int>(cj.get_int("vocab_size"));
-    c.context_length = static_cast<int>(cj.get_int("max_position_embeddings", 2048));
+    c.dim = static_cast<int>(cj.get_int_in("hidden_size", 1, kMaxDim));
+    c.ffn_dim = static_cast<int>(cj.get_int_in("intermediate_size", 1, kMaxDim));
+    c.n_layers = static_cast<int>(cj.get_int_in("num_hidden_layers", 1, kMaxLayers));
+    c.n_heads = static_cast<int>(cj.get_int_in("num_attention_heads", 1, kMaxHeads));
+    c.n_kv_heads =
+        static_cast<int>(cj.get_int_in("num_key_value_heads", 1, kMaxHeads, c.n_heads));
+    c.vocab = static_cast<int>(cj.get_int_in("vocab_size", 1, kMaxVocab));
+    c.context_length =
+        static_cast<int>(cj.get_int_in("max_position_embeddings", 1, kMaxContext, 2048));
     c.rms_eps = static_cast<float>(cj.get_float("rms_norm_eps", 1e-6));
     c.rope_theta = static_cast<float>(cj.get_float("rope_theta", 10000.0));
     QLFT_CHECK_FORMAT(c.n_heads > 0 && c.dim % c.n_heads == 0,
                       "%s: hidden_size %d is not a multiple of num_attention_heads %d",
                       cj.path().c_str(), c.dim, c.n_heads);
-    c.head_dim = static_cast<int>(cj.get_int("head_dim", c.dim / c.n_heads));
+    c.head_dim = static_cast<int>(cj.get_int_in("head_dim", 1, kMaxHeadDim, c.dim / c.n_heads));
+    QLFT_CHECK_FORMAT(c.n_heads % c.n_kv_heads == 0,
+                      "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d",
+                      cj.path().c_str(), c.n_heads, c.n_kv_heads);
+    QLFT_CHECK_FORMAT(c.rms_eps > 0 && c.rms_eps < 1, "%s: rms_norm_eps %g is out of range",
+                      cj.path().c_str(), c.rms_eps);
+    QLFT_CHECK_FORMAT(c.rope_theta > 0, "%s: rope_theta %g must be positive", cj.path().c_str(),
+                      c.rope_theta);
     c.tied_embeddings = cj.get_bool("tie_word_embeddings", false);
+    const bool tie_explicit = cj.has("tie_word_embeddings");
     c.rope_adjacent = false;
     check_config(c, cj.path());
     QLFT_CHECK_FORMAT(c.vocab > 0, "%s: vocab_size must be positive", cj.path().c_str());
 
     st_ = SafetensorsSet::open(is_dir(path) ? dir : path);
-    c.qkv_bias = st_->find("model.layers.0.self_attn.q_proj.bias") != nullptr;
+    // Qwen2 always has q/k/v biases; llama only with attention_bias (o_proj bias unsupported).
+    c.qkv_bias = c.arch == "qwen2" || cj.get_bool("attention_bias", false) ||
+                 st_->find("model.layers.0.self_attn.q_proj.bias") != nullptr;
     m_.tok_embd = float_weight("model.embed_tokens.weight", c.vocab, c.dim);
     m_.output_norm = vector("model.norm.weight", c.dim);
     if (st_->find("lm_head.weight") && !c.tied_embeddings) {
       m_.output = float_weight("lm_head.weight", c.vocab, c.dim);
     } else {
+      QLFT_CHECK_FORMAT(c.tied_embeddings || !tie_explicit,
+                        "%s: tensor 'lm_head.weight' is missing and tie_word_embeddings is false",
+                        m_.hf_dir.c_str());
       c.tied_embeddings = true;
     }
     const int q_out = c.n_heads * c.head_dim, kv_out = c.n_kv_heads * c.head_dim;
@@ -283,9 +322,13 @@ class HfLoader {
     QLFT_CHECK_FORMAT(t, "%s: tensor '%s' is missing", m_.hf_dir.c_str(), name.c_str());
     bool ok = cols < 0 ? (t->shape.size() == 1 && t->shape[0] == rows)
                        : (t->shape.size() == 2 && t->shape[0] == rows && t->shape[1] == cols);
-    QLFT_CHECK_FORMAT(ok, "%s: tensor '%s' has the wrong shape (expected [%lld%s%lld])",
-                      t->file->c_str(), name.c_str(), static_cast<long long>(rows),
-                      cols < 0 ? "" : ", ", cols < 0 ? 0LL : static_cast<long long>(cols));
+    if (!ok) {
+      std::string have, want = std::to_string(rows);
+      for (int64_t d : t->shape) have += (have.empty() ? "" : ", ") + std::to_string(d);
+      if (cols >= 0) want += ", " + std::to_string(cols);
+      throw_error(QLFT_ERR_FORMAT, "%s: tensor '%s' has shape [%s], expected [%s]",
+                  t->file->c_str(), name.c_str(), have.c_str(), want.c_str());
+    }
     switch (t->dtype) {
       case DType::F32: case DType::F16: case DType::BF16: case DType::F64: break;
       default:
@@ -302,9 +345,13 @@ class HfLoader {
   }
   QWeight float_weight(const std::string& name, int64_t rows, int64_t cols) {
     const SafeTensorInfo& t = tensor(name, rows, cols);
-    Buffer tmp(tracker_, MemCategory::Workspace, rows * cols * 4, "load staging");
-    to_f32_n(t.dtype, t.data, tmp.as<float>(), rows * cols);
-    return qweight_from_f32(tracker_, tmp.as<float>(), rows, cols, QuantKind::F32);
+    QWeight w;
+    w.kind = QuantKind::F32;
+    w.rows = rows;
+    w.cols = cols;
+    w.data = Buffer(tracker_, MemCategory::Weights, rows * cols * 4, name.c_str());
+    to_f32_n(t.dtype, t.data, w.data.as<float>(), rows * cols);
+    return w;
   }
   QWeight linear_weight(const std::string& prefix, int64_t rows, int64_t cols) {
     QWeight w;
