@@ -1,0 +1,138 @@
+// Token embedding lookup and the fused linear + cross-entropy head.
+//
+// The loss never materializes [rows, vocab]: rows whose target counts are gathered into chunks,
+// and for each chunk the head is walked in panels of vocab rows. Pass 1 keeps an online
+// log-sum-exp per row; pass 2 (only when dh is wanted) recomputes each logits panel, turns it
+// into (softmax - onehot) * grad_scale and accumulates its product with the panel into dh.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/softmax_math.h"
+#include "core/error.h"
+
+namespace qlft::cpu {
+
+void CpuBackend::embedding_fwd(const QWeight& emb, const int32_t* tokens, MatF out) {
+  QLFT_CHECK_ARG(out.cols == emb.cols, "embedding_fwd: output has %lld columns, embedding %lld",
+                 (long long)out.cols, (long long)emb.cols);
+  for (int64_t i = 0; i < out.rows; ++i)
+    if (tokens[i] < 0 || tokens[i] >= emb.rows)
+      throw_error(QLFT_ERR_INVALID_ARGUMENT,
+                  "token id %d at position %lld is outside the vocabulary of %lld tokens",
+                  tokens[i], (long long)i, (long long)emb.rows);
+  std::exception_ptr err;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < out.rows; ++i) {
+    try {
+      emb.dequantize_rows(tokens[i], 1, out.row(i));
+    } catch (...) {
+#pragma omp critical(qlft_embedding_err)
+      if (!err) err = std::current_exception();
+    }
+  }
+  if (err) std::rethrow_exception(err);
+}
+
+double CpuBackend::linear_cross_entropy(const QWeight& head, CMatF h, const int32_t* targets,
+                                        int32_t ignore_index, float grad_scale, MatF dh,
+                                        int64_t* count) {
+  const int64_t M = h.rows, V = head.rows, H = head.cols;
+  QLFT_CHECK_ARG(h.cols == H, "linear_cross_entropy: hidden has %lld columns, head %lld",
+                 (long long)h.cols, (long long)H);
+  const bool want_dh = dh.data != nullptr;
+  if (want_dh)
+    QLFT_CHECK_ARG(dh.rows == M && dh.cols == H, "linear_cross_entropy: dh shape mismatch");
+  std::vector<int64_t> valid;
+  valid.reserve(size_t(M));
+  for (int64_t i = 0; i < M; ++i) {
+    if (targets[i] == ignore_index) continue;
+    if (targets[i] < 0 || targets[i] >= V)
+      throw_error(QLFT_ERR_INVALID_ARGUMENT,
+                  "target id %d at position %lld is outside the vocabulary of %lld tokens",
+                  targets[i], (long long)i, (long long)V);
+    valid.push_back(i);
+  }
+  if (count) *count = int64_t(valid.size());
+  if (valid.empty() || V == 0) return 0.0;
+
+  const int64_t P = panel_rows(*this, head);
+  // Rows per chunk: bounded by the logits tile and the gathered hidden rows.
+  const int64_t n_valid = int64_t(valid.size());
+  int64_t Rc =
+      std::min(tune.ce_logits_bytes / (P * 4), tune.ce_hidden_bytes / std::max<int64_t>(1, H * 4));
+  Rc = std::clamp<int64_t>(Rc, 1, n_valid);
+
+  Buffer panel_buf = workspace(size_t(P * H) * 4, "cross-entropy head panel");
+  Buffer logit_buf = workspace(size_t(Rc * P) * 4, "cross-entropy logits chunk");
+  Buffer hc_buf = workspace(size_t(Rc * H) * 4, "cross-entropy hidden rows");
+  Buffer dhc_buf;
+  if (want_dh) dhc_buf = workspace(size_t(Rc * H) * 4, "cross-entropy hidden grads");
+  Buffer stat_buf =
+      workspace(size_t(Rc) * (sizeof(OnlineSoftmax<double>) + 8), "cross-entropy row stats");
+  float* pw = panel_buf.as<float>();
+  float* L = logit_buf.as<float>();
+  float* hc = hc_buf.as<float>();
+  float* dhc = dhc_buf.as<float>();
+  auto* st = stat_buf.as<OnlineSoftmax<double>>();
+  float* tl = reinterpret_cast<float*>(st + Rc);  // target logit per row
+  float* lse = tl + Rc;
+
+  double loss = 0;
+  for (int64_t c0 = 0; c0 < n_valid; c0 += Rc) {
+    const int64_t rc = std::min(Rc, n_valid - c0);
+    const int64_t* rows = valid.data() + c0;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < rc; ++i) {
+      std::copy(h.row(rows[i]), h.row(rows[i]) + H, hc + i * H);
+      st[i] = OnlineSoftmax<double>{};
+    }
+    // Pass 1: online log-sum-exp and the target logit.
+    for (int64_t p0 = 0; p0 < V; p0 += P) {
+      const int64_t n = std::min(P, V - p0);
+      dequant_panel(head, p0, n, pw);
+      sgemm(false, true, rc, n, H, 1.f, hc, H, pw, H, 0.f, L, n);
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < rc; ++i) {
+        const float* l = L + i * n;
+        float m = -INFINITY;
+        for (int64_t j = 0; j < n; ++j) m = std::max(m, l[j]);
+        double sum = 0;
+        for (int64_t j = 0; j < n; ++j) sum += expf(l[j] - m);
+        online_softmax_merge(st[i], m, sum);
+        const int64_t t = targets[rows[i]];
+        if (t >= p0 && t < p0 + n) tl[i] = l[t - p0];
+      }
+    }
+    for (int64_t i = 0; i < rc; ++i) {  // in row order: the sum does not depend on threads
+      double lse_d = double(st[i].m) + std::log(st[i].s);
+      lse[i] = float(lse_d);
+      loss += lse_d - double(tl[i]);
+    }
+    if (!want_dh) continue;
+    // Pass 2: dh_chunk = sum over panels of ((softmax - onehot) * grad_scale) panel.
+    for (int64_t p0 = 0; p0 < V; p0 += P) {
+      const int64_t n = std::min(P, V - p0);
+      dequant_panel(head, p0, n, pw);
+      sgemm(false, true, rc, n, H, 1.f, hc, H, pw, H, 0.f, L, n);
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < rc; ++i) {
+        float* l = L + i * n;
+        for (int64_t j = 0; j < n; ++j) l[j] = softmax_prob(l[j], lse[i]) * grad_scale;
+        const int64_t t = targets[rows[i]];
+        if (t >= p0 && t < p0 + n) l[t - p0] -= grad_scale;
+      }
+      sgemm(false, false, rc, H, n, 1.f, L, n, pw, H, p0 == 0 ? 0.f : 1.f, dhc, H);
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < rc; ++i) {
+      float* d = dh.row(rows[i]);
+      const float* g = dhc + i * H;
+      for (int64_t c = 0; c < H; ++c) d[c] += g[c];
+    }
+  }
+  return loss;
+}
+
+}  // namespace qlft::cpu

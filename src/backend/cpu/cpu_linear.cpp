@@ -1,0 +1,164 @@
+// Quantized linear with LoRA: base GEMMs run panel by panel on dequantized weight rows; the LoRA
+// path is two thin GEMMs. Dropout on the LoRA input is recomputed from (seed, row, col).
+#include <algorithm>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/dropout.h"
+#include "core/error.h"
+
+namespace qlft::cpu {
+
+namespace {
+
+// Rows per chunk when the dropped-out input has to be materialized.
+int64_t drop_chunk_rows(const CpuBackend& be, int64_t cols) {
+  return std::max<int64_t>(1, be.tune.drop_chunk_bytes / std::max<int64_t>(1, cols * 4));
+}
+
+// out[i, c] = keep(row0 + i, c) ? x[row0 + i, c] / (1 - p) : 0 for n rows.
+void apply_dropout(CMatF x, int64_t row0, int64_t n, const LoraRef& l, float* out) {
+  const float inv = 1.f / (1.f - l.dropout_p);
+  const int64_t C = x.cols;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float* xr = x.row(row0 + i);
+    float* o = out + i * C;
+    for (int64_t c = 0; c < C; ++c)
+      o[c] = lora_dropout_keep(l.dropout_seed, row0 + i, c, l.dropout_p) ? xr[c] * inv : 0.f;
+  }
+}
+
+void check_lora(const LoraRef& l, const QWeight& W) {
+  QLFT_CHECK_ARG(l.r >= 0 && (l.r == 0 || (l.A && l.B)),
+                 "linear: LoRA adapter with r = %d but no A/B", l.r);
+  QLFT_CHECK_ARG(l.dropout_p >= 0.f && l.dropout_p < 1.f,
+                 "linear: LoRA dropout must be in [0, 1), got %g", double(l.dropout_p));
+  (void)W;
+}
+
+// xa = drop(x) A^T, [rows, r] contiguous.
+void lora_down(const CpuBackend& be, const LoraRef& l, CMatF x, float* xa) {
+  const int64_t M = x.rows, K = x.cols;
+  if (l.dropout_p == 0.f) {
+    sgemm(false, true, M, l.r, K, 1.f, x.data, x.stride, l.A, K, 0.f, xa, l.r);
+    return;
+  }
+  const int64_t R = std::min(M, drop_chunk_rows(be, K));
+  Buffer xd = be.workspace(size_t(R * K) * 4, "lora dropout input");
+  for (int64_t r0 = 0; r0 < M; r0 += R) {
+    int64_t n = std::min(R, M - r0);
+    apply_dropout(x, r0, n, l, xd.as<float>());
+    sgemm(false, true, n, l.r, K, 1.f, xd.as<float>(), K, l.A, K, 0.f, xa + r0 * l.r, l.r);
+  }
+}
+
+}  // namespace
+
+void CpuBackend::linear_fwd(const QWeight& W, const float* bias, const LoraRef* lora, CMatF x,
+                            MatF y, float* xa) {
+  matmul_xwt(*this, W, x, y, "linear_fwd");
+  const int64_t M = x.rows, N = W.rows;
+  if (bias) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < M; ++i) {
+      float* yr = y.row(i);
+      for (int64_t j = 0; j < N; ++j) yr[j] += bias[j];
+    }
+  }
+  if (!lora || lora->r == 0 || M == 0) return;
+  check_lora(*lora, W);
+  const int r = lora->r;
+  Buffer xa_ws;
+  if (!xa) {
+    xa_ws = workspace(size_t(M * r) * 4, "lora xa");
+    xa = xa_ws.as<float>();
+  }
+  lora_down(*this, *lora, x, xa);
+  // y += scale * xa B^T
+  sgemm(false, true, M, N, r, lora->scale, xa, r, lora->B, r, 1.f, y.data, y.stride);
+}
+
+void CpuBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, const float* xa,
+                            CMatF dy, MatF dx, float* dA, float* dB) {
+  const int64_t M = dy.rows, N = W.rows, K = W.cols;
+  QLFT_CHECK_ARG(dy.cols == N && x.cols == K && x.rows == M,
+                 "linear_bwd: shape mismatch: x [%lld, %lld], weight [%lld, %lld], dy [%lld, %lld]",
+                 (long long)x.rows, (long long)x.cols, (long long)N, (long long)K,
+                 (long long)dy.rows, (long long)dy.cols);
+  const bool want_dx = dx.data != nullptr;
+  if (want_dx)
+    QLFT_CHECK_ARG(dx.rows == M && dx.cols == K,
+                   "linear_bwd: dx is [%lld, %lld], want [%lld, %lld]", (long long)dx.rows,
+                   (long long)dx.cols, (long long)M, (long long)K);
+  if (M == 0) return;
+
+  // dx += dy W, one panel of W rows (a slice of dy columns) at a time.
+  if (want_dx && N > 0) {
+    const int64_t P = panel_rows(*this, W);
+    Buffer panel = workspace(size_t(P * K) * 4, "linear_bwd weight panel");
+    float* pw = panel.as<float>();
+    for (int64_t p0 = 0; p0 < N; p0 += P) {
+      int64_t n = std::min(P, N - p0);
+      dequant_panel(W, p0, n, pw);
+      sgemm(false, false, M, K, n, 1.f, dy.data + p0, dy.stride, pw, K, 1.f, dx.data, dx.stride);
+    }
+  }
+
+  if (!lora || lora->r == 0) return;
+  check_lora(*lora, W);
+  const LoraRef& l = *lora;
+  const int r = l.r;
+  // g = dy B: [M, r]
+  Buffer g_buf = workspace(size_t(M * r) * 4, "lora dy B");
+  float* g = g_buf.as<float>();
+  sgemm(false, false, M, r, N, 1.f, dy.data, dy.stride, l.B, r, 0.f, g, r);
+
+  if (dB) {
+    Buffer xa_ws;
+    if (!xa) {  // not kept by the caller: recompute it (same mask, same values)
+      xa_ws = workspace(size_t(M * r) * 4, "lora xa");
+      lora_down(*this, l, x, xa_ws.as<float>());
+      xa = xa_ws.as<float>();
+    }
+    // dB += scale * dy^T xa: [N, r]
+    sgemm(true, false, N, r, M, l.scale, dy.data, dy.stride, xa, r, 1.f, dB, r);
+  }
+
+  if (l.dropout_p == 0.f) {
+    if (dA) sgemm(true, false, r, K, M, l.scale, g, r, x.data, x.stride, 1.f, dA, K);
+    if (want_dx) sgemm(false, false, M, K, r, l.scale, g, r, l.A, K, 1.f, dx.data, dx.stride);
+    return;
+  }
+
+  // With dropout: chunks of rows, the masked input rebuilt for each.
+  const int64_t R = std::min(M, drop_chunk_rows(*this, K));
+  Buffer buf = workspace(size_t(R * K) * 4, "lora dropout input");
+  float* t = buf.as<float>();
+  const float inv = 1.f / (1.f - l.dropout_p);
+  for (int64_t r0 = 0; r0 < M; r0 += R) {
+    int64_t n = std::min(R, M - r0);
+    if (dA) {
+      apply_dropout(x, r0, n, l, t);
+      // dA += scale * g_chunk^T drop(x)_chunk: [r, K]
+      sgemm(true, false, r, K, n, l.scale, g + r0 * r, r, t, K, 1.f, dA, K);
+    }
+    if (want_dx) {
+      // t = g_chunk A, then dx += scale * mask / (1 - p) * t
+      sgemm(false, false, n, K, r, 1.f, g + r0 * r, r, l.A, K, 0.f, t, K);
+      const float s = l.scale * inv;
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n; ++i) {
+        float* dxr = dx.row(r0 + i);
+        const float* tr = t + i * K;
+        for (int64_t c = 0; c < K; ++c)
+          if (lora_dropout_keep(l.dropout_seed, r0 + i, c, l.dropout_p)) dxr[c] += s * tr[c];
+      }
+    }
+  }
+}
+
+void CpuBackend::head_logits(const QWeight& head, CMatF h, MatF logits) {
+  matmul_xwt(*this, head, h, logits, "head_logits");
+}
+
+}  // namespace qlft::cpu

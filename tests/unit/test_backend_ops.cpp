@@ -1,0 +1,396 @@
+// Every CPU backend op: forward against a double-precision scalar oracle, backward against
+// central differences of that oracle. Shapes are small and ragged; block sizes are shrunk so
+// every panel / chunk / tile loop runs more than once.
+#include <gtest/gtest.h>
+
+#include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "quant/qweight.h"
+#include "test_backend_util.h"
+
+using namespace qlft;
+using namespace qlft_test;
+
+namespace {
+
+struct Fixture {
+  MemoryTracker tracker;
+  std::unique_ptr<Backend> be = make_cpu_backend(&tracker);
+  cpu::CpuBackend& cpu() { return static_cast<cpu::CpuBackend&>(*be); }
+  // Small blocks: several panels, dropout chunks, CE chunks and query blocks on small shapes.
+  void shrink() {
+    auto& t = cpu().tune;
+    t.panel_bytes = 1;
+    t.panel_min_rows = 1;
+    t.panel_max_rows = 24;
+    t.drop_chunk_bytes = 7 * 4 * 40;  // 7 rows of 40 columns
+    t.ce_logits_bytes = 24 * 4 * 5;   // 5 rows of a 24-row panel
+    t.attn_block_q = 8;
+  }
+};
+
+MatF mat(FVec& v, int64_t r, int64_t c) {
+  return MatF(v.data(), r, c);
+}
+CMatF cmat(const FVec& v, int64_t r, int64_t c) {
+  return CMatF(v.data(), r, c);
+}
+
+// ---- linear -----------------------------------------------------------------------------------
+
+struct LinearCase {
+  int M, K, N, r;
+  float p;
+  bool bias;
+  bool shrink;
+};
+
+void run_linear(const LinearCase& c, uint64_t seed) {
+  Fixture fx;
+  if (c.shrink) fx.shrink();
+  Rng rng(seed);
+  const int M = c.M, K = c.K, N = c.N, r = c.r;
+  FVec x = rng.normal(size_t(M) * K), W = rng.normal(size_t(N) * K, 0.2f);
+  FVec b = rng.normal(N), A = rng.normal(size_t(r) * K, 0.3f), B = rng.normal(size_t(N) * r, 0.3f);
+  const float scale = 1.75f;
+  const uint64_t dseed = 12345 + seed;
+  QWeight qw = qweight_from_f32(&fx.tracker, W.data(), N, K, QuantKind::F32);
+  LoraRef l;
+  l.A = A.data();
+  l.B = B.data();
+  l.r = r;
+  l.scale = scale;
+  l.dropout_p = c.p;
+  l.dropout_seed = dseed;
+  const LoraRef* lp = r > 0 ? &l : nullptr;
+
+  FVec y(size_t(M) * N), xa(size_t(M) * std::max(r, 1));
+  fx.be->linear_fwd(qw, c.bias ? b.data() : nullptr, lp, cmat(x, M, K), mat(y, M, N),
+                    r > 0 ? xa.data() : nullptr);
+  const FVec* bp = c.bias ? &b : nullptr;
+  Vec Ad = to_d(A), Bd = to_d(B), xd = to_d(x);
+  Vec yo = linear_oracle(xd, W, bp, Ad, Bd, r, scale, c.p, dseed, M, N, K);
+  EXPECT_LT(rel_err(y, yo), 2e-6) << "linear_fwd";
+
+  // Backward of L = sum(dy * y).
+  FVec dy = rng.normal(size_t(M) * N);
+  Vec dyd = to_d(dy);
+  FVec dx(size_t(M) * K, 0.f), dA(A.size(), 0.f), dB(B.size(), 0.f);
+  fx.be->linear_bwd(qw, lp, cmat(x, M, K), r > 0 ? xa.data() : nullptr, cmat(dy, M, N),
+                    mat(dx, M, K), dA.data(), dB.data());
+  check_grad(
+      "linear dx",
+      [&](const Vec& xv) {
+        return dot(dyd, linear_oracle(xv, W, bp, Ad, Bd, r, scale, c.p, dseed, M, N, K));
+      },
+      xd, dx, seed + 1);
+  if (r > 0) {
+    check_grad(
+        "linear dA",
+        [&](const Vec& av) {
+          return dot(dyd, linear_oracle(xd, W, bp, av, Bd, r, scale, c.p, dseed, M, N, K));
+        },
+        Ad, dA, seed + 2);
+    check_grad(
+        "linear dB",
+        [&](const Vec& bv) {
+          return dot(dyd, linear_oracle(xd, W, bp, Ad, bv, r, scale, c.p, dseed, M, N, K));
+        },
+        Bd, dB, seed + 3);
+  }
+  EXPECT_EQ(fx.tracker.snapshot().reserved[int(MemCategory::Workspace)], 0u)
+      << "workspace is released after each call";
+}
+
+}  // namespace
+
+TEST(BackendLinear, NoLoraDefaultBlocks) {
+  run_linear({37, 70, 300, 0, 0.f, true, false}, 1);
+}
+TEST(BackendLinear, NoLoraSmallPanels) {
+  run_linear({13, 40, 61, 0, 0.f, false, true}, 2);
+}
+TEST(BackendLinear, LoraNoDropout) {
+  run_linear({29, 40, 53, 4, 0.f, true, true}, 3);
+}
+TEST(BackendLinear, LoraDropout) {
+  run_linear({29, 40, 53, 3, 0.3f, false, true}, 4);
+}
+TEST(BackendLinear, LoraDropoutDefaultBlocks) {
+  run_linear({31, 33, 47, 8, 0.1f, true, false}, 5);
+}
+
+TEST(BackendLinear, DropoutReallyDrops) {
+  // With p = 0.5 about half of the inputs are dropped: xa must differ from the undropped one.
+  Fixture fx;
+  Rng rng(9);
+  const int M = 16, K = 32, N = 8, r = 2;
+  FVec x = rng.normal(M * K), W = rng.normal(N * K), A = rng.normal(r * K), B = rng.normal(N * r);
+  QWeight qw = qweight_from_f32(&fx.tracker, W.data(), N, K, QuantKind::F32);
+  LoraRef l{A.data(), B.data(), r, 1.f, 0.f, 7};
+  FVec y(M * N), xa0(M * r), xa1(M * r);
+  fx.be->linear_fwd(qw, nullptr, &l, cmat(x, M, K), mat(y, M, N), xa0.data());
+  l.dropout_p = 0.5f;
+  fx.be->linear_fwd(qw, nullptr, &l, cmat(x, M, K), mat(y, M, N), xa1.data());
+  int kept = 0;
+  for (int i = 0; i < M; ++i)
+    for (int c = 0; c < K; ++c) kept += lora_dropout_keep(7, i, c, 0.5f);
+  EXPECT_GT(kept, M * K * 4 / 10);
+  EXPECT_LT(kept, M * K * 6 / 10);
+  EXPECT_GT(rel_err(xa1, to_d(xa0)), 0.1);
+}
+
+// ---- rmsnorm, rope, swiglu ---------------------------------------------------------------------
+
+TEST(BackendRmsNorm, ForwardAndBackward) {
+  Fixture fx;
+  Rng rng(11);
+  const int M = 19, C = 67;
+  const float eps = 1e-5f;
+  FVec x = rng.normal(M * C, 1.5f), w = rng.normal(C), y(M * C), rstd(M);
+  fx.be->rmsnorm_fwd(cmat(x, M, C), w.data(), eps, mat(y, M, C), rstd.data());
+  Vec xd = to_d(x);
+  EXPECT_LT(rel_err(y, rmsnorm_oracle(xd, w, eps, M, C)), 1e-6);
+  for (int i = 0; i < M; ++i) {
+    double ss = 0;
+    for (int c = 0; c < C; ++c) ss += xd[i * C + c] * xd[i * C + c];
+    EXPECT_NEAR(rstd[i], 1.0 / std::sqrt(ss / C + eps), 1e-6 * rstd[i]);
+  }
+  FVec dy = rng.normal(M * C), dx(M * C, 0.f);
+  fx.be->rmsnorm_bwd(cmat(x, M, C), w.data(), rstd.data(), cmat(dy, M, C), mat(dx, M, C));
+  Vec dyd = to_d(dy);
+  check_grad(
+      "rmsnorm dx", [&](const Vec& xv) { return dot(dyd, rmsnorm_oracle(xv, w, eps, M, C)); }, xd,
+      dx, 12);
+}
+
+class BackendRope : public ::testing::TestWithParam<bool> {};
+
+TEST_P(BackendRope, ForwardMatchesOracleAndInverseIsBackward) {
+  const bool adjacent = GetParam();
+  Fixture fx;
+  Rng rng(21);
+  const int M = 23, heads = 3, hd = 16, cols = heads * hd + 5;  // extra columns stay untouched
+  const float theta = 10000.f;
+  std::vector<int32_t> pos(M);
+  for (int i = 0; i < M; ++i) pos[i] = rng.uniform_int(0, 2000);
+  FVec x = rng.normal(size_t(M) * cols), y = x;
+  fx.be->rope(mat(y, M, cols), pos.data(), heads, hd, theta, adjacent, false);
+  Vec xd = to_d(x);
+  Vec yo = rope_oracle(xd, pos, M, heads, hd, cols, theta, adjacent);
+  EXPECT_LT(rel_err(y, yo), 2e-6);
+  for (int i = 0; i < M; ++i)
+    for (int c = heads * hd; c < cols; ++c) EXPECT_EQ(y[i * cols + c], x[i * cols + c]);
+  // The backward of a rotation is the inverse rotation: rope(dy, inverse) = d(sum dy*y)/dx.
+  FVec dy = rng.normal(size_t(M) * cols), dx = dy;
+  fx.be->rope(mat(dx, M, cols), pos.data(), heads, hd, theta, adjacent, true);
+  for (int i = 0; i < M; ++i)
+    for (int c = heads * hd; c < cols; ++c) dx[i * cols + c] = 0.f;  // not part of rope
+  Vec dyd = to_d(dy);
+  for (int i = 0; i < M; ++i)
+    for (int c = heads * hd; c < cols; ++c) dyd[i * cols + c] = 0.0;
+  check_grad(
+      "rope dx",
+      [&](const Vec& xv) {
+        return dot(dyd, rope_oracle(xv, pos, M, heads, hd, cols, theta, adjacent));
+      },
+      xd, dx, 22);
+  // Forward then inverse is the identity.
+  FVec z = y;
+  fx.be->rope(mat(z, M, cols), pos.data(), heads, hd, theta, adjacent, true);
+  EXPECT_LT(rel_err(z, xd), 1e-6);
+}
+INSTANTIATE_TEST_SUITE_P(Conventions, BackendRope, ::testing::Values(false, true));
+
+TEST(BackendSwiglu, ForwardAndBackward) {
+  Fixture fx;
+  Rng rng(31);
+  const int M = 11, C = 45;
+  FVec g = rng.normal(M * C, 3.f), u = rng.normal(M * C), out(M * C);
+  g[0] = 90.f;  // saturated sigmoid on both sides
+  g[1] = -90.f;
+  fx.be->swiglu_fwd(cmat(g, M, C), cmat(u, M, C), mat(out, M, C));
+  Vec gd = to_d(g), ud = to_d(u);
+  auto oracle = [&](const Vec& gv, const Vec& uv) {
+    Vec o(gv.size());
+    for (size_t i = 0; i < o.size(); ++i) o[i] = silu_d(gv[i]) * uv[i];
+    return o;
+  };
+  EXPECT_LT(rel_err(out, oracle(gd, ud)), 1e-6);
+  FVec dout = rng.normal(M * C), dg(M * C, 99.f), du(M * C, 99.f);  // overwritten, not added
+  fx.be->swiglu_bwd(cmat(g, M, C), cmat(u, M, C), cmat(dout, M, C), mat(dg, M, C), mat(du, M, C));
+  Vec dd = to_d(dout);
+  check_grad(
+      "swiglu dgate", [&](const Vec& gv) { return dot(dd, oracle(gv, ud)); }, gd, dg, 32);
+  check_grad(
+      "swiglu dup", [&](const Vec& uv) { return dot(dd, oracle(gd, uv)); }, ud, du, 33);
+}
+
+// ---- attention --------------------------------------------------------------------------------
+
+namespace {
+
+struct AttnCase {
+  int batch, seq, heads, kv, hd;
+  bool docs;
+  int64_t block_q;
+};
+
+void run_attention(const AttnCase& c, uint64_t seed) {
+  Fixture fx;
+  fx.cpu().tune.attn_block_q = c.block_q;
+  Rng rng(seed);
+  AttnShape s;
+  s.batch = c.batch;
+  s.seq = c.seq;
+  s.n_heads = c.heads;
+  s.n_kv_heads = c.kv;
+  s.head_dim = c.hd;
+  const int rows = c.batch * c.seq, qc = c.heads * c.hd, kc = c.kv * c.hd;
+  std::vector<int32_t> doc(rows);
+  if (c.docs) {  // documents of random lengths; ids restart per batch element
+    for (int b = 0; b < c.batch; ++b) {
+      int d = 0, left = rng.uniform_int(1, c.seq / 2);
+      for (int t = 0; t < c.seq; ++t) {
+        if (left-- == 0) {
+          ++d;
+          left = rng.uniform_int(1, c.seq / 2) - 1;
+        }
+        doc[b * c.seq + t] = d;
+      }
+    }
+    s.doc_ids = doc.data();
+  }
+  FVec q = rng.normal(size_t(rows) * qc), k = rng.normal(size_t(rows) * kc),
+       v = rng.normal(size_t(rows) * kc);
+  FVec out(size_t(rows) * qc), lse(size_t(c.heads) * rows);
+  fx.be->attention_fwd(s, cmat(q, rows, qc), cmat(k, rows, kc), cmat(v, rows, kc),
+                       mat(out, rows, qc), lse.data());
+  Vec qd = to_d(q), kd = to_d(k), vd = to_d(v), oo, lo;
+  const std::vector<int32_t>* dp = c.docs ? &doc : nullptr;
+  attention_oracle(s, qd, kd, vd, dp, oo, &lo);
+  EXPECT_LT(rel_err(out, oo), 5e-6) << "attention out";
+  EXPECT_LT(rel_err(lse, lo), 5e-6) << "attention lse";
+
+  FVec dout = rng.normal(size_t(rows) * qc);
+  FVec dq(q.size(), 0.f), dk(k.size(), 0.f), dv(v.size(), 0.f);
+  fx.be->attention_bwd(s, cmat(q, rows, qc), cmat(k, rows, kc), cmat(v, rows, kc),
+                       cmat(out, rows, qc), lse.data(), cmat(dout, rows, qc), mat(dq, rows, qc),
+                       mat(dk, rows, kc), mat(dv, rows, kc));
+  Vec dd = to_d(dout);
+  auto L = [&](const Vec& qv, const Vec& kv, const Vec& vv) {
+    Vec o;
+    attention_oracle(s, qv, kv, vv, dp, o, nullptr);
+    return dot(dd, o);
+  };
+  check_grad(
+      "attention dq", [&](const Vec& x) { return L(x, kd, vd); }, qd, dq, seed + 1, 2e-4, 2, 8);
+  check_grad(
+      "attention dk", [&](const Vec& x) { return L(qd, x, vd); }, kd, dk, seed + 2, 2e-4, 2, 8);
+  check_grad(
+      "attention dv", [&](const Vec& x) { return L(qd, kd, x); }, vd, dv, seed + 3, 2e-4, 2, 8);
+}
+
+}  // namespace
+
+TEST(BackendAttention, MhaSingleBlock) {
+  run_attention({1, 13, 2, 2, 8, false, 64}, 41);
+}
+TEST(BackendAttention, Gqa8to4Ragged) {
+  run_attention({2, 21, 8, 4, 8, false, 8}, 42);
+}
+TEST(BackendAttention, Gqa4to1) {
+  run_attention({2, 19, 4, 1, 16, false, 5}, 43);
+}
+TEST(BackendAttention, DocIdsPacking) {
+  run_attention({2, 27, 4, 2, 8, true, 8}, 44);
+}
+TEST(BackendAttention, DocIdsGqa4to1DefaultBlock) {
+  run_attention({1, 70, 4, 1, 8, true, 64}, 45);
+}
+
+// ---- embedding, head, cross-entropy -----------------------------------------------------------
+
+TEST(BackendEmbedding, GathersRowsAndRejectsBadIds) {
+  Fixture fx;
+  Rng rng(51);
+  const int V = 17, H = 12, M = 9;
+  FVec E = rng.normal(V * H);
+  QWeight qe = qweight_from_f32(&fx.tracker, E.data(), V, H, QuantKind::F32);
+  std::vector<int32_t> tok(M);
+  for (auto& t : tok) t = rng.uniform_int(0, V - 1);
+  FVec out(M * H);
+  fx.be->embedding_fwd(qe, tok.data(), mat(out, M, H));
+  for (int i = 0; i < M; ++i)
+    for (int c = 0; c < H; ++c) ASSERT_EQ(out[i * H + c], E[tok[i] * H + c]);
+  for (int32_t bad : {V, -1}) {
+    tok[4] = bad;
+    try {
+      fx.be->embedding_fwd(qe, tok.data(), mat(out, M, H));
+      ADD_FAILURE() << "no error for token id " << bad;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), QLFT_ERR_INVALID_ARGUMENT);
+      EXPECT_NE(std::string(e.what()).find(std::to_string(bad)), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(BackendHead, LogitsMatchOracle) {
+  Fixture fx;
+  fx.shrink();
+  Rng rng(61);
+  const int V = 77, H = 20, M = 9;
+  FVec head = rng.normal(V * H), h = rng.normal(M * H), logits(M * V);
+  QWeight qh = qweight_from_f32(&fx.tracker, head.data(), V, H, QuantKind::F32);
+  fx.be->head_logits(qh, cmat(h, M, H), mat(logits, M, V));
+  Vec o(M * V, 0.0);
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < V; ++j)
+      for (int c = 0; c < H; ++c) o[i * V + j] += double(h[i * H + c]) * head[j * H + c];
+  EXPECT_LT(rel_err(logits, o), 2e-6);
+}
+
+namespace {
+void run_ce(bool shrink, uint64_t seed) {
+  Fixture fx;
+  if (shrink) fx.shrink();
+  Rng rng(seed);
+  const int V = 101, H = 24, M = 29;
+  const int32_t ignore = -100;
+  FVec head = rng.normal(V * H, 0.5f), h = rng.normal(M * H);
+  std::vector<int32_t> t(M);
+  for (int i = 0; i < M; ++i) t[i] = (i % 4 == 1) ? ignore : rng.uniform_int(0, V - 1);
+  t[0] = V - 1;  // last vocab row (end of the last panel)
+  QWeight qh = qweight_from_f32(&fx.tracker, head.data(), V, H, QuantKind::F32);
+  const float gs = 0.37f;
+  FVec dh(M * H, 0.f);
+  int64_t count = -1;
+  double loss =
+      fx.be->linear_cross_entropy(qh, cmat(h, M, H), t.data(), ignore, gs, mat(dh, M, H), &count);
+  Vec hd = to_d(h);
+  int64_t ocount = 0;
+  double lo = ce_oracle(hd, head, t, ignore, M, V, H, &ocount);
+  EXPECT_EQ(count, ocount);
+  EXPECT_NEAR(loss, lo, 1e-5 * std::fabs(lo));
+  for (int i = 0; i < M; ++i)
+    if (t[i] == ignore)
+      for (int c = 0; c < H; ++c) EXPECT_EQ(dh[i * H + c], 0.f) << "ignored row " << i;
+  FVec g(dh.size());
+  for (size_t i = 0; i < g.size(); ++i) g[i] = dh[i] / gs;
+  check_grad(
+      "cross-entropy dh", [&](const Vec& x) { return ce_oracle(x, head, t, ignore, M, V, H); }, hd,
+      g, seed + 1);
+  // Without dh: same loss, nothing written.
+  int64_t c2 = 0;
+  double loss2 = fx.be->linear_cross_entropy(qh, cmat(h, M, H), t.data(), ignore, gs, MatF(), &c2);
+  EXPECT_EQ(loss2, loss);
+  EXPECT_EQ(c2, count);
+}
+}  // namespace
+
+TEST(BackendCrossEntropy, DefaultBlocks) {
+  run_ce(false, 71);
+}
+TEST(BackendCrossEntropy, SmallPanelsAndChunks) {
+  run_ce(true, 72);
+}
