@@ -1,0 +1,306 @@
+#include "train/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "backend/dropout.h"
+#include "config/config.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "formats/safetensors.h"
+#include "formats/safetensors_writer.h"
+#include "optim/grad_clip.h"
+
+namespace qlft {
+
+TrainSettings TrainSettings::from_config(const Config& c) {
+  TrainSettings t;
+  t.micro_batch = static_cast<int>(c.get_int("train.micro_batch"));
+  t.accumulation = static_cast<int>(c.get_int("train.accumulation"));
+  t.max_steps = c.get_int("train.max_steps");
+  t.precision = c.get("train.precision");
+  t.checkpoint_every_layers = static_cast<int>(c.get_int("train.grad_checkpointing"));
+  t.eval_every = c.get_int("train.eval_every");
+  t.save_every = c.get_int("train.save_every");
+  t.output_dir = c.get("train.output_dir");
+  t.seed = static_cast<uint64_t>(c.get_int("seed"));
+  t.stop_on_nonfinite = c.get("train.on_nonfinite") == "stop";
+  t.max_nonfinite_in_row = static_cast<int>(c.get_int("train.max_nonfinite"));
+  return t;
+}
+
+Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset* train,
+                 const Config& cfg)
+    : model_(model), tracker_(tracker), train_(train), ts_(TrainSettings::from_config(cfg)) {
+  QLFT_CHECK_ARG(ts_.precision != "bf16" && ts_.precision != "fp16",
+                 "train.precision=%s is not implemented yet (use fp32)", ts_.precision.c_str());
+  backend_ = make_cpu_backend(tracker);
+  LoraConfig lc = lora_config_from(cfg);
+  lora_ = std::make_unique<LoraAdapter>(tracker, model.cfg, lc);
+  runner_ = std::make_unique<LlamaRunner>(model, *backend_, lora_.get());
+  if (ts_.checkpoint_every_layers > 0)
+    for (int l = 0; l < model.cfg.n_layers; ++l)
+      runner_->set_checkpoint(l, l % ts_.checkpoint_every_layers == 0);
+
+  std::vector<ParamRef> params;
+  for (int l = 0; l < lora_->n_layers(); ++l)
+    for (int p = 0; p < kProjCount; ++p) {
+      LoraSlot& s = lora_->slot(l, static_cast<Proj>(p));
+      if (!s.active()) continue;
+      std::string base = "lora." + std::to_string(l) + "." + proj_peft_name(static_cast<Proj>(p));
+      params.push_back({base + ".A", s.A.as<float>(), s.dA.as<float>(), s.A.size() / 4});
+      params.push_back({base + ".B", s.B.as<float>(), s.dB.as<float>(), s.B.size() / 4});
+    }
+  OptimSettings os = OptimSettings::from_config(cfg);
+  opt_ = make_optimizer(os, std::move(params), tracker);
+
+  if (train_) {
+    it_ = std::make_unique<data::BatchIterator>(train_->train_batches(ts_.micro_batch));
+    int64_t per_step = static_cast<int64_t>(ts_.micro_batch) * ts_.accumulation;
+    int64_t data_steps = static_cast<int64_t>((it_->total_rows() + per_step - 1) / per_step);
+    total_steps_ = ts_.max_steps > 0 ? ts_.max_steps : data_steps;
+  } else {
+    total_steps_ = ts_.max_steps;
+  }
+  sched_ = std::make_unique<LrSchedule>(ScheduleSettings::from_config(cfg), os.lr,
+                                        total_steps_ > 0 ? total_steps_ : 1);
+  scaler_ = std::make_unique<LossScaler>(ScalerSettings::from_config(cfg));
+}
+
+Trainer::~Trainer() = default;
+
+bool Trainer::done() const {
+  if (!it_) return true;
+  if (ts_.max_steps > 0 && step_ >= ts_.max_steps) return true;
+  // With max_steps the data cycles (epochs repeat); otherwise it ends with the data.
+  return ts_.max_steps == 0 && it_->position() >= it_->total_rows();
+}
+
+std::vector<GradSpan> Trainer::grad_spans() {
+  std::vector<GradSpan> g;
+  for (const ParamRef& p : opt_->params()) g.push_back({const_cast<float*>(p.grad), p.numel});
+  return g;
+}
+
+uint64_t Trainer::dropout_seed(int64_t step, int micro) const {
+  return mix64(ts_.seed ^ mix64(static_cast<uint64_t>(step) * 1315423911ull + micro + 1));
+}
+
+bool Trainer::step(StepReport* out) {
+  QLFT_CHECK_ARG(it_, "this trainer has no training data");
+  if (done()) return false;
+  if (cancel_requested()) throw_error(QLFT_ERR_CANCELLED, "training was cancelled");
+  auto t0 = std::chrono::steady_clock::now();
+  const uint64_t start_pos = it_->position();
+  StepReport r;
+  try {
+    // Gather the step's micro-batches first: the loss is a mean over all their trained tokens.
+    std::vector<data::Batch> batches;
+    for (int i = 0; i < ts_.accumulation; ++i) {
+      if (ts_.max_steps > 0 && it_->position() >= it_->total_rows()) it_->seek(0);  // cycle
+      data::Batch b;
+      if (!it_->next(b)) break;
+      batches.push_back(std::move(b));
+    }
+    if (batches.empty()) return false;
+    int64_t n = 0;
+    for (const data::Batch& b : batches) n += b.trained_tokens;
+    const bool fp16 = ts_.precision == "fp16";
+    const float scale = fp16 ? scaler_->scale() : 1.0f;
+    double loss_sum = 0;
+    tracker_->set_phase("forward");
+    for (size_t i = 0; i < batches.size(); ++i) {
+      if (cancel_requested()) throw_error(QLFT_ERR_CANCELLED, "training was cancelled");
+      const data::Batch& b = batches[i];
+      r.tokens += static_cast<int64_t>(b.rows) * b.seq_len;
+      if (b.trained_tokens == 0) continue;
+      TokenBatch tb;
+      tb.batch = b.micro_batch;
+      tb.seq = b.seq_len;
+      tb.tokens = b.tokens.data();
+      tb.targets = b.targets.data();
+      tb.positions = b.positions.data();
+      tb.doc_ids = b.doc_ids.data();
+      tracker_->set_phase("forward");
+      LossResult lr = runner_->forward(tb, scale / static_cast<float>(n), dropout_seed(step_, static_cast<int>(i)));
+      loss_sum += lr.loss_sum;
+      tracker_->set_phase("backward");
+      runner_->backward();
+    }
+    runner_->release();
+    tracker_->set_phase("optimizer");
+    r.trained_tokens = n;
+    r.loss = n ? loss_sum / static_cast<double>(n) : 0.0;
+    r.loss_scale = scale;
+    std::vector<GradSpan> grads = grad_spans();
+    bool found_inf = false;
+    if (fp16) found_inf = scaler_->unscale_and_check(grads);
+    ClipResult clip{};
+    if (!found_inf) clip = clip_grad_norm(grads, opt_->settings().max_grad_norm);
+    r.grad_norm = found_inf ? INFINITY : clip.norm;
+    r.lr = sched_->current_lr();
+    if (found_inf || !clip.finite || n == 0) {
+      r.skipped = true;
+      ++nonfinite_in_row_;
+    } else {
+      opt_->step(r.lr);
+      nonfinite_in_row_ = 0;
+    }
+    if (fp16) scaler_->update(found_inf || !clip.finite);
+    sched_->advance();
+    lora_->zero_grad();
+    ++step_;
+    tracker_->set_phase("setup");
+  } catch (...) {
+    // Leave the trainer as before the step: no partial gradients, activations freed, the same
+    // micro-batches next time.
+    lora_->zero_grad();
+    runner_->release();
+    it_->seek(start_pos);
+    tracker_->set_phase("setup");
+    throw;
+  }
+  r.step = step_;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (r.skipped && ts_.stop_on_nonfinite && nonfinite_in_row_ >= ts_.max_nonfinite_in_row)
+    throw_error(QLFT_ERR_NUMERICAL,
+                "%lld steps in a row had non-finite gradients (last at step %lld, loss %g); "
+                "lower optim.lr or use train.precision=bf16",
+                static_cast<long long>(nonfinite_in_row_), static_cast<long long>(step_), r.loss);
+  if (out) *out = r;
+  return true;
+}
+
+EvalReport Trainer::evaluate(const data::Dataset& d, bool eval_split) {
+  data::BatchIterator it = eval_split ? d.eval_batches(ts_.micro_batch)
+                                      : data::BatchIterator(d.train(), ts_.micro_batch, 1, 0, false,
+                                                            0);
+  EvalReport e;
+  double sum = 0;
+  data::Batch b;
+  tracker_->set_phase("evaluation");
+  try {
+    while (it.next(b)) {
+      if (b.trained_tokens == 0) continue;
+      TokenBatch tb;
+      tb.batch = b.micro_batch;
+      tb.seq = b.seq_len;
+      tb.tokens = b.tokens.data();
+      tb.targets = b.targets.data();
+      tb.positions = b.positions.data();
+      tb.doc_ids = b.doc_ids.data();
+      LossResult lr = runner_->eval_loss(tb);
+      sum += lr.loss_sum;
+      e.tokens += lr.count;
+    }
+  } catch (...) {
+    runner_->release();
+    tracker_->set_phase("setup");
+    throw;
+  }
+  runner_->release();
+  tracker_->set_phase("setup");
+  e.loss = e.tokens ? sum / static_cast<double>(e.tokens) : NAN;
+  return e;
+}
+
+// ---- checkpoints ------------------------------------------------------------------------------
+
+std::string Trainer::fingerprint() const {
+  const LoraConfig& c = lora_->config();
+  return strf("arch=%s layers=%d dim=%d lora.r=%d lora.alpha=%g targets=%s rslora=%d optim=%s "
+              "micro_batch=%d accumulation=%d",
+              model_.cfg.arch.c_str(), model_.cfg.n_layers, model_.cfg.dim, c.r, c.alpha,
+              c.targets_string().c_str(), c.use_rslora ? 1 : 0, opt_->name().c_str(),
+              ts_.micro_batch, ts_.accumulation);
+}
+
+void Trainer::save_checkpoint(const std::string& path) const {
+  StateDict sd;
+  opt_->save_state(sd, "optim.");
+  sched_->save_state(sd, "sched.");
+  scaler_->save_state(sd, "scaler.");
+  SafetensorsWriter w;
+  for (const auto& kv : sd.tensors())
+    w.add(kv.first, kv.second.dtype, kv.second.shape, kv.second.bytes.data(),
+          kv.second.bytes.size(), /*copy=*/false);
+  for (const ParamRef& p : opt_->params())
+    w.add(p.name, DType::F32, {static_cast<int64_t>(p.numel)}, p.data, p.numel * 4, false);
+  w.set_metadata("qlft.checkpoint", "1");
+  w.set_metadata("qlft.fingerprint", fingerprint());
+  w.set_metadata("qlft.step", std::to_string(step_));
+  w.set_metadata("qlft.nonfinite_in_row", std::to_string(nonfinite_in_row_));
+  w.set_metadata("qlft.data", it_ ? it_->state() : "");
+  w.write(path);
+}
+
+void Trainer::resume(const std::string& path) {
+  auto f = SafetensorsFile::open(path);
+  const auto& md = f->metadata();
+  auto meta = [&](const char* k) -> std::string {
+    auto i = md.find(k);
+    QLFT_CHECK_FORMAT(i != md.end(), "%s: not a qlft checkpoint (metadata '%s' missing)",
+                      path.c_str(), k);
+    return i->second;
+  };
+  QLFT_CHECK_FORMAT(meta("qlft.checkpoint") == "1", "%s: unsupported checkpoint version",
+                    path.c_str());
+  QLFT_CHECK_ARG(meta("qlft.fingerprint") == fingerprint(),
+                 "%s: checkpoint was made with different settings (%s) than this trainer (%s)",
+                 path.c_str(), meta("qlft.fingerprint").c_str(), fingerprint().c_str());
+  const std::string data_state = meta("qlft.data");
+  char* end = nullptr;
+  const std::string step_text = meta("qlft.step");
+  long long step = std::strtoll(step_text.c_str(), &end, 10);
+  QLFT_CHECK_FORMAT(*end == '\0' && step >= 0, "%s: bad qlft.step '%s'", path.c_str(),
+                    step_text.c_str());
+  long long nonfinite = std::strtoll(meta("qlft.nonfinite_in_row").c_str(), nullptr, 10);
+
+  StateDict in;
+  std::map<std::string, const SafeTensorInfo*> params;
+  for (const SafeTensorInfo& t : f->tensors()) {
+    if (t.name.rfind("lora.", 0) == 0) {
+      params[t.name] = &t;
+      continue;
+    }
+    in.put(t.name, t.dtype, t.shape, t.data, t.nbytes);
+  }
+  for (const ParamRef& p : opt_->params()) {
+    auto i = params.find(p.name);
+    QLFT_CHECK_FORMAT(i != params.end(), "%s: tensor '%s' is missing", path.c_str(),
+                      p.name.c_str());
+    QLFT_CHECK_FORMAT(i->second->dtype == DType::F32 &&
+                          static_cast<size_t>(i->second->numel()) == p.numel,
+                      "%s: tensor '%s' does not match the adapter's shape", path.c_str(),
+                      p.name.c_str());
+  }
+  // Apply with rollback: snapshot the current state so a failure half-way restores it.
+  StateDict backup;
+  opt_->save_state(backup, "optim.");
+  sched_->save_state(backup, "sched.");
+  scaler_->save_state(backup, "scaler.");
+  std::vector<std::vector<float>> old_params;
+  for (const ParamRef& p : opt_->params()) old_params.emplace_back(p.data, p.data + p.numel);
+  const std::string old_data = it_ ? it_->state() : "";
+  try {
+    opt_->load_state(in, "optim.");
+    sched_->load_state(in, "sched.");
+    scaler_->load_state(in, "scaler.");
+    if (it_) it_->restore(data_state);
+    for (const ParamRef& p : opt_->params()) std::memcpy(p.data, params[p.name]->data, p.numel * 4);
+  } catch (...) {
+    opt_->load_state(backup, "optim.");
+    sched_->load_state(backup, "sched.");
+    scaler_->load_state(backup, "scaler.");
+    if (it_) it_->restore(old_data);
+    size_t i = 0;
+    for (const ParamRef& p : opt_->params()) std::memcpy(p.data, old_params[i++].data(), p.numel * 4);
+    throw;
+  }
+  lora_->zero_grad();
+  step_ = step;
+  nonfinite_in_row_ = nonfinite;
+}
+
+}  // namespace qlft

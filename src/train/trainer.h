@@ -1,0 +1,116 @@
+// The QLoRA trainer: LoRA adapters on a frozen model, trained on a dataset's batches with
+// gradient accumulation, clipping, an LR schedule, fp16 loss scaling and gradient
+// checkpointing; evaluation; checkpoints that resume exactly.
+//
+// One optimizer step = train.accumulation micro-batches of train.micro_batch rows. The loss of
+// a step is the mean over every trained token of all its micro-batches (not a mean of means), so
+// accumulation gives the same gradient as one big batch.
+//
+// Failure safety: a step that throws (out of memory, cancel, bad data) leaves the trainer as it
+// was before the step: gradients zeroed, activations freed, the data position rewound, the
+// optimizer untouched (it runs last).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "backend/backend.h"
+#include "data/dataset.h"
+#include "model/llama.h"
+#include "model/lora.h"
+#include "optim/loss_scaler.h"
+#include "optim/optimizer.h"
+#include "optim/schedule.h"
+
+namespace qlft {
+
+class Config;
+
+struct TrainSettings {
+  int micro_batch = 4;
+  int accumulation = 1;
+  int64_t max_steps = 0;  // 0: one pass over data.epochs
+  std::string precision = "fp32";  // fp32 | bf16 | fp16
+  int checkpoint_every_layers = 0;  // gradient checkpointing: 0 off, 1 every layer, N every N-th
+  int64_t eval_every = 0, save_every = 0;
+  std::string output_dir = "qlft-out";
+  uint64_t seed = 42;
+  bool stop_on_nonfinite = false;
+  int max_nonfinite_in_row = 10;
+  static TrainSettings from_config(const Config& cfg);
+};
+
+struct StepReport {
+  int64_t step = 0;  // optimizer steps done including this one
+  double loss = 0;
+  double lr = 0;
+  double grad_norm = 0;
+  float loss_scale = 1;
+  bool skipped = false;
+  int64_t trained_tokens = 0;
+  int64_t tokens = 0;  // non-padding tokens processed
+  double seconds = 0;
+};
+
+struct EvalReport {
+  double loss = 0;
+  int64_t tokens = 0;
+};
+
+class Trainer {
+ public:
+  // train may be nullptr (evaluation / adapter use only). Neither model nor train is owned.
+  Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset* train,
+          const Config& cfg);
+  ~Trainer();
+
+  // One optimizer step; false (and nothing done) when the data or max_steps is exhausted.
+  bool step(StepReport* out);
+  bool done() const;
+  int64_t steps_done() const { return step_; }
+  int64_t total_steps() const { return total_steps_; }
+
+  // Mean token loss over data's eval split (or its train split when eval_split is false).
+  EvalReport evaluate(const data::Dataset& data, bool eval_split = true);
+
+  void save_checkpoint(const std::string& path) const;
+  void resume(const std::string& path);
+
+  // Thread- and signal-safe: the next step boundary throws QLFT_ERR_CANCELLED.
+  void cancel() { cancel_.store(true, std::memory_order_relaxed); }
+  bool cancel_requested() const { return cancel_.load(std::memory_order_relaxed); }
+  void clear_cancel() { cancel_.store(false); }
+
+  LoraAdapter& lora() { return *lora_; }
+  const LoraAdapter& lora() const { return *lora_; }
+  LlamaRunner& runner() { return *runner_; }
+  const TrainSettings& settings() const { return ts_; }
+  const Model& model() const { return model_; }
+  MemoryTracker* tracker() const { return tracker_; }
+  int64_t nonfinite_in_row() const { return nonfinite_in_row_; }
+
+ private:
+  std::vector<GradSpan> grad_spans();
+  uint64_t dropout_seed(int64_t step, int micro) const;
+  std::string fingerprint() const;
+
+  const Model& model_;
+  MemoryTracker* tracker_;
+  const data::Dataset* train_;
+  TrainSettings ts_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<LoraAdapter> lora_;
+  std::unique_ptr<LlamaRunner> runner_;
+  std::unique_ptr<Optimizer> opt_;
+  std::unique_ptr<LrSchedule> sched_;
+  std::unique_ptr<LossScaler> scaler_;
+  std::unique_ptr<data::BatchIterator> it_;
+  int64_t step_ = 0;
+  int64_t total_steps_ = 0;
+  int64_t nonfinite_in_row_ = 0;
+  std::atomic<bool> cancel_{false};
+};
+
+}  // namespace qlft
