@@ -1,0 +1,226 @@
+#include "data/dataset.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "config/config.h"
+#include "core/error.h"
+
+namespace qlft::data {
+
+DataOptions DataOptions::from_config(const Config& cfg) {
+  DataOptions o;
+  o.path = cfg.get("data.path");
+  o.format = parse_format(cfg.get("data.format"));
+  o.chat_template = parse_template(cfg.get("data.template"));
+  o.train_on = cfg.get("data.train_on") == "all" ? TrainOn::All : TrainOn::Completion;
+  o.seq_len = static_cast<int>(cfg.get_int("data.seq_len"));
+  o.pack = cfg.get_bool("data.pack");
+  std::string ov = cfg.get("data.overflow");
+  o.overflow = ov == "truncate" ? Overflow::Truncate
+               : ov == "reject" ? Overflow::Reject
+                                : Overflow::Split;
+  std::string sep = cfg.get("data.separator");
+  o.separator = sep == "none" ? std::string() : unescape(sep);
+  o.eval_fraction = cfg.get_float("data.eval_fraction");
+  o.seed = static_cast<uint64_t>(cfg.get_int("data.seed"));
+  o.epochs = static_cast<int>(cfg.get_int("data.epochs"));
+  o.skip_bad = cfg.get("data.on_error") == "skip";
+  o.max_record_bytes = cfg.get_size("data.max_record_bytes");
+  return o;
+}
+
+ChatTemplate resolve_template(TemplateKind requested, const TextEncoder& enc, std::string* source) {
+  ChatTemplate t;
+  t.bos = enc.bos_text();
+  t.eos = enc.eos_text();
+  std::string why;
+  if (requested != TemplateKind::Auto) {
+    t.kind = requested;
+    why = "data.template";
+    // A named chatml template still takes the model's default system prompt, if it has one.
+    if (requested == TemplateKind::ChatML) detect_template(enc.chat_template(), &t.default_system);
+  } else {
+    std::string jinja = enc.chat_template();
+    TemplateKind k = detect_template(jinja, &t.default_system);
+    if (k != TemplateKind::Auto) {
+      t.kind = k;
+      why = "recognized in the model's chat template";
+    } else {
+      t.kind = TemplateKind::Alpaca;
+      why = jinja.empty() ? "default: the model has no chat template"
+                          : "default: the model's chat template was not recognized";
+    }
+  }
+  if (source) *source = why;
+  return t;
+}
+
+void tokenize_record(const Record& r, const ChatTemplate& t, TrainOn train_on,
+                     const TextEncoder& enc, std::vector<int32_t>& ids,
+                     std::vector<uint8_t>& trained) {
+  ids.clear();
+  trained.clear();
+  if (r.format == DataFormat::Text) {
+    // Plain text: every token is a target. BOS as the model wants it, EOS so it learns to stop.
+    if (enc.wants_bos() && enc.bos_id() >= 0) ids.push_back(enc.bos_id());
+    enc.encode(r.text, false, !ids.empty(), ids);
+    if (enc.eos_id() >= 0) ids.push_back(enc.eos_id());
+    trained.assign(ids.size(), 1);
+    return;
+  }
+  std::vector<Segment> segs =
+      r.format == DataFormat::Alpaca ? render_alpaca(t, r) : render_chat(t, r.messages);
+  // Segment by segment, so each token belongs to exactly one segment and takes its flag.
+  for (const Segment& s : segs) {
+    size_t before = ids.size();
+    enc.encode(s.text, s.special, before > 0, ids);
+    trained.resize(ids.size(), train_on == TrainOn::All || s.trained ? 1 : 0);
+  }
+}
+
+namespace {
+
+struct Built {
+  std::shared_ptr<TokenStore> store;
+  std::vector<uint32_t> train_docs, eval_docs;
+  DataStats stats;
+};
+
+Built build_docs(const DataOptions& opt, const TextEncoder& enc) {
+  QLFT_CHECK_ARG(!opt.path.empty(), "data.path is not set");
+  QLFT_CHECK_ARG(opt.seq_len >= 2, "data.seq_len must be at least 2, got %d", opt.seq_len);
+  ReadOptions ro;
+  ro.format = opt.format;
+  ro.separator = opt.separator;
+  ro.skip_bad = opt.skip_bad;
+  ro.max_record_bytes = opt.max_record_bytes;
+  DropLog log;
+  DataFormat fmt = DataFormat::Text;
+  std::vector<Record> recs = read_records(opt.path, ro, log, &fmt);
+
+  Built out;
+  DataStats& st = out.stats;
+  st.format = format_name(fmt);
+  st.seq_len = opt.seq_len;
+  ChatTemplate tmpl;
+  if (fmt != DataFormat::Text) {
+    tmpl = resolve_template(opt.chat_template, enc, &st.template_source);
+    st.chat_template = template_name(tmpl.kind);
+  } else {
+    st.chat_template = "none";
+    st.template_source = "text documents use no template";
+  }
+
+  out.store = std::make_shared<TokenStore>();
+  TokenStore& store = *out.store;
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> trained;
+  for (const Record& r : recs) {
+    try {
+      tokenize_record(r, tmpl, opt.train_on, enc, ids, trained);
+    } catch (const Error& e) {
+      if (e.status() != QLFT_ERR_FORMAT) throw;
+      bad_record(ro, log, "template", r.where, e.what());
+      continue;
+    }
+    if (opt.overflow == Overflow::Reject && ids.size() > static_cast<size_t>(opt.seq_len) + 1) {
+      bad_record(ro, log, "too_long", r.where,
+                 strf("%zu tokens do not fit data.seq_len=%d (data.overflow=reject)", ids.size(),
+                      opt.seq_len));
+      continue;
+    }
+    if (ids.size() < 2) {
+      log.add("too_short", r.where + ": fewer than 2 tokens");
+      continue;
+    }
+    if (std::find(trained.begin() + 1, trained.end(), 1) == trained.end()) {
+      log.add("no_trained_tokens", r.where + ": no token to train on (no assistant/response?)");
+      continue;
+    }
+    store.add(ids, trained);
+  }
+
+  // Statistics over the documents kept.
+  const size_t D = store.docs();
+  // Every record read is either kept or in the log exactly once.
+  st.records = D + log.count;
+  st.records_used = D;
+  st.records_dropped = log.count;
+  st.dropped_by_reason = log.by_reason;
+  st.drop_examples = log.examples;
+  st.tokens = store.ids.size();
+  st.min_tokens = D ? UINT64_MAX : 0;
+  std::map<uint64_t, uint64_t> buckets;
+  for (size_t d = 0; d < D; ++d) {
+    uint64_t n = store.doc_len(d);
+    st.min_tokens = std::min(st.min_tokens, n);
+    st.max_tokens = std::max(st.max_tokens, n);
+    uint64_t lo = 1;
+    while (lo * 2 <= n) lo *= 2;
+    ++buckets[lo];
+    for (uint64_t i = store.offsets[d] + 1; i < store.offsets[d + 1]; ++i)
+      st.trained_tokens += store.trained[i];
+  }
+  st.mean_tokens = D ? double(st.tokens) / double(D) : 0.0;
+  for (const auto& [lo, c] : buckets) st.length_histogram.push_back({lo, lo * 2, c});
+
+  // Train/eval split at the document level, from the seed.
+  std::vector<uint32_t> order(D);
+  std::iota(order.begin(), order.end(), 0u);
+  seeded_shuffle(order, opt.seed ^ 0x5eedda7aull);
+  size_t n_eval = 0;
+  if (opt.eval_fraction > 0 && D >= 2)
+    n_eval = std::clamp<size_t>(static_cast<size_t>(std::llround(opt.eval_fraction * double(D))), 1,
+                                D - 1);
+  out.eval_docs.assign(order.begin(), order.begin() + static_cast<ptrdiff_t>(n_eval));
+  out.train_docs.assign(order.begin() + static_cast<ptrdiff_t>(n_eval), order.end());
+  st.train_docs = out.train_docs.size();
+  st.eval_docs = out.eval_docs.size();
+  if (out.train_docs.empty())
+    throw_error(QLFT_ERR_FORMAT, "%s: no usable training records (%llu read, %llu dropped)",
+                opt.path.c_str(), (unsigned long long)st.records,
+                (unsigned long long)st.records_dropped);
+  return out;
+}
+
+PackOptions pack_options(const DataOptions& opt, uint64_t salt) {
+  PackOptions p;
+  p.seq_len = opt.seq_len;
+  p.pack = opt.pack;
+  p.overflow = opt.overflow == Overflow::Reject ? Overflow::Split : opt.overflow;
+  p.seed = opt.seed + salt;
+  return p;
+}
+
+}  // namespace
+
+Dataset Dataset::build(const DataOptions& opt, const TextEncoder& enc) {
+  Built b = build_docs(opt, enc);
+  Dataset ds;
+  ds.opt_ = opt;
+  ds.store_ = b.store;
+  ds.stats_ = std::move(b.stats);
+  ds.pad_id_ = enc.pad_id();
+  PackCounts counts;
+  ds.train_ = PackedSet(ds.store_, b.train_docs, pack_options(opt, 0), &counts);
+  ds.eval_ = PackedSet(ds.store_, b.eval_docs, pack_options(opt, 1), &counts);
+  ds.stats_.split_docs = counts.split_docs;
+  ds.stats_.truncated_tokens = counts.truncated_tokens;
+  ds.stats_.untrained_pieces = counts.untrained_pieces;
+  ds.stats_.train_rows = ds.train_.rows();
+  ds.stats_.eval_rows = ds.eval_.rows();
+  ds.stats_.train_fill = ds.train_.fill();
+  ds.stats_.eval_fill = ds.eval_.fill();
+  if (ds.train_.rows() == 0)
+    throw_error(QLFT_ERR_FORMAT, "%s: no training rows (every piece lacks trained tokens)",
+                opt.path.c_str());
+  return ds;
+}
+
+DataStats compute_data_stats(const DataOptions& opt, const TextEncoder& enc) {
+  return Dataset::build(opt, enc).stats();
+}
+
+}  // namespace qlft::data

@@ -1,0 +1,184 @@
+// Chat/instruction templates against transformers' apply_chat_template on real models' Jinja
+// templates (fixture from tests/reference/gen_data_fixtures.py): the rendered text must be equal
+// byte for byte, and the trained (loss) spans must equal the reference's assistant spans, first
+// as characters, then as tokens after segment-wise tokenization.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "data/chat_template.h"
+#include "data/dataset.h"
+#include "data/text_encoder.h"
+#include "support/test_support.h"
+
+using namespace qlft;
+using namespace qlft::data;
+using nlohmann::json;
+
+namespace {
+
+json load_cases() {
+  auto bytes = qlft_test::read_file(qlft_test::fixture_path("data/templates.json"));
+  return json::parse(bytes.begin(), bytes.end())["cases"];
+}
+
+Record record_of(const json& c) {
+  Record r;
+  if (c.contains("messages")) {
+    r.format = DataFormat::Chat;
+    for (const auto& m : c["messages"]) r.messages.push_back({m["role"], m["content"]});
+  } else {
+    r.format = DataFormat::Alpaca;
+    r.instruction = c["record"]["instruction"];
+    r.input = c["record"]["input"];
+    r.output = c["record"]["output"];
+  }
+  return r;
+}
+
+ChatTemplate template_of(const json& c) {
+  ChatTemplate t;
+  t.kind = detect_template(c["jinja"].get<std::string>(), &t.default_system);
+  t.bos = c["bos"];
+  t.eos = c["eos"];
+  return t;
+}
+
+std::vector<std::pair<size_t, size_t>> spans_of(const json& c) {
+  std::vector<std::pair<size_t, size_t>> s;
+  for (const auto& p : c["trained"]) s.push_back({p[0].get<size_t>(), p[1].get<size_t>()});
+  return s;
+}
+
+// Trained byte spans of rendered segments (neighbouring trained segments joined).
+std::vector<std::pair<size_t, size_t>> trained_spans(const std::vector<Segment>& segs) {
+  std::vector<std::pair<size_t, size_t>> out;
+  size_t pos = 0;
+  for (const Segment& g : segs) {
+    if (g.trained) {
+      if (!out.empty() && out.back().second == pos)
+        out.back().second += g.text.size();
+      else
+        out.push_back({pos, pos + g.text.size()});
+    }
+    pos += g.text.size();
+  }
+  return out;
+}
+
+bool inside(const std::vector<std::pair<size_t, size_t>>& spans, size_t b, size_t e) {
+  for (auto [s0, s1] : spans)
+    if (b >= s0 && e <= s1) return true;
+  return false;
+}
+
+}  // namespace
+
+TEST(DataTemplates, DetectsEveryReferenceTemplate) {
+  json cases = load_cases();
+  ASSERT_GT(cases.size(), 20u);
+  for (const auto& c : cases) {
+    std::string sys;
+    TemplateKind k = detect_template(c["jinja"].get<std::string>(), &sys);
+    EXPECT_STREQ(template_name(k), c["template"].get<std::string>().c_str()) << c["name"];
+    std::string name = c["name"];
+    EXPECT_EQ(sys, name.rfind("qwen2/", 0) == 0 ? "You are a helpful assistant." : "") << name;
+  }
+  EXPECT_EQ(detect_template("{{ messages }}"), TemplateKind::Auto);
+  EXPECT_EQ(detect_template(""), TemplateKind::Auto);
+}
+
+TEST(DataTemplates, RenderedTextAndTrainedSpansMatchReference) {
+  json cases = load_cases();
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c["name"].get<std::string>());
+    Record r = record_of(c);
+    ChatTemplate t = template_of(c);
+    std::vector<Segment> segs =
+        r.format == DataFormat::Chat ? render_chat(t, r.messages) : render_alpaca(t, r);
+    EXPECT_EQ(joined_text(segs), c["text"].get<std::string>());
+    EXPECT_EQ(trained_spans(segs), spans_of(c));
+  }
+}
+
+// Token level with a byte encoder that knows every special token of the templates: each token
+// covers known bytes, so the mask can be checked against the reference spans token by token.
+TEST(DataTemplates, TokenMaskCoversExactlyTheAssistantSpans) {
+  ByteEncoder enc({"<s>", "</s>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>",
+                   "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"});
+  json cases = load_cases();
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c["name"].get<std::string>());
+    Record r = record_of(c);
+    ChatTemplate t = template_of(c);
+    std::vector<int32_t> ids;
+    std::vector<uint8_t> trained;
+    tokenize_record(r, t, TrainOn::Completion, enc, ids, trained);
+    ASSERT_EQ(ids.size(), trained.size());
+    const std::string text = c["text"];
+    EXPECT_EQ(enc.decode(ids.data(), ids.size()), text);
+    auto spans = spans_of(c);
+    size_t pos = 0, n_trained = 0, n_special = 0;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      size_t len = enc.decode(&ids[i], 1).size();
+      EXPECT_EQ(trained[i] != 0, inside(spans, pos, pos + len)) << "token " << i << " at " << pos;
+      n_trained += trained[i];
+      n_special += ids[i] >= 256;
+      pos += len;
+    }
+    EXPECT_GT(n_trained, 0u);
+    // Template scaffolding became special tokens; the text has no literal spelling left over.
+    if (!t.bos.empty() || t.kind == TemplateKind::ChatML) EXPECT_GT(n_special, 0u);
+
+    tokenize_record(r, t, TrainOn::All, enc, ids, trained);
+    for (uint8_t f : trained) EXPECT_EQ(f, 1);
+  }
+}
+
+TEST(DataTemplates, UserContentNeverBecomesSpecialTokens) {
+  ByteEncoder enc({"<s>", "</s>", "<|im_start|>", "<|im_end|>"});
+  ChatTemplate t;
+  t.kind = TemplateKind::ChatML;
+  Record r;
+  r.format = DataFormat::Chat;
+  r.messages = {{"user", "<|im_end|>"}, {"assistant", "ok"}};
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> trained;
+  tokenize_record(r, t, TrainOn::Completion, enc, ids, trained);
+  // <|im_start|>, "user\n", then the user's "<|im_end|>" as 10 bytes, then the real <|im_end|>.
+  int specials = 0;
+  for (int32_t id : ids) specials += id == enc.special_id("<|im_end|>");
+  EXPECT_EQ(specials, 2);  // the two turn ends, not the user's text
+}
+
+TEST(DataTemplates, AlternationIsEnforcedLikeTheReference) {
+  ChatTemplate t;
+  t.bos = "<s>";
+  t.eos = "</s>";
+  std::vector<Message> bad = {{"user", "a"}, {"user", "b"}};
+  for (TemplateKind k : {TemplateKind::Llama2, TemplateKind::Mistral}) {
+    t.kind = k;
+    try {
+      render_chat(t, bad);
+      ADD_FAILURE() << "no error for " << template_name(k);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), QLFT_ERR_FORMAT);
+      EXPECT_NE(std::string(e.what()).find("alternate"), std::string::npos);
+    }
+  }
+  t.kind = TemplateKind::ChatML;
+  EXPECT_NO_THROW(render_chat(t, bad));
+}
+
+TEST(DataTemplates, ResolveFallsBackToAlpaca) {
+  std::string why;
+  ByteEncoder none;
+  EXPECT_EQ(resolve_template(TemplateKind::Auto, none, &why).kind, TemplateKind::Alpaca);
+  EXPECT_NE(why.find("no chat template"), std::string::npos);
+  ByteEncoder llama3({"<|begin_of_text|>", "<|eot_id|>"}, "...<|start_header_id|>...");
+  ChatTemplate t = resolve_template(TemplateKind::Auto, llama3, &why);
+  EXPECT_EQ(t.kind, TemplateKind::Llama3);
+  EXPECT_EQ(t.bos, "<|begin_of_text|>");
+  EXPECT_EQ(resolve_template(TemplateKind::Mistral, llama3, &why).kind, TemplateKind::Mistral);
+}
