@@ -329,7 +329,7 @@ void Tokenizer::bpe_encode(std::string_view word, std::vector<int32_t>& out) con
     // Characters in the vocabulary, else their <0xNN> tokens (all of them or none, as Hugging
     // Face does), else the unknown token.
     for (size_t i = 0; i < word.size();) {
-      size_t len = tok::utf8_seq_len(static_cast<uint8_t>(word[i]), word.size() - i);
+      size_t len = tok::utf8_char_len(word.data() + i, word.size() - i);
       std::string_view ch = word.substr(i, len);
       i += len;
       auto it = text_to_id_.find(ch);
@@ -396,7 +396,8 @@ void Tokenizer::bpe_merge(std::vector<int32_t>& ids, std::vector<int32_t>& out) 
 }
 
 void Tokenizer::spm_encode(std::string_view text, std::vector<int32_t>& out) const {
-  // llama.cpp's llm_tokenizer_spm: start from UTF-8 characters, repeatedly merge the adjacent
+  // llama.cpp's llm_tokenizer_spm: start from UTF-8 characters (an invalid byte is a symbol of
+  // its own; llama.cpp would let it swallow the following bytes), repeatedly merge the adjacent
   // pair whose concatenation is the highest-scoring token (leftmost on ties), then emit each
   // symbol's token or, failing that, its bytes.
   Scratch& s = t_scratch;
@@ -404,7 +405,7 @@ void Tokenizer::spm_encode(std::string_view text, std::vector<int32_t>& out) con
   s.start.clear();
   s.len.clear();
   for (size_t i = 0; i < text.size();) {
-    size_t len = tok::utf8_seq_len(static_cast<uint8_t>(text[i]), text.size() - i);
+    size_t len = tok::utf8_char_len(text.data() + i, text.size() - i);
     auto it = text_to_id_.find(text.substr(i, len));
     s.ids.push_back(it == text_to_id_.end() ? -1 : it->second);
     s.start.push_back(static_cast<uint32_t>(i));

@@ -17,6 +17,14 @@ inline size_t utf8_seq_len(uint8_t lead, size_t avail) {
   return n < avail ? n : avail;
 }
 
+// Length of the character at s[0..n) for splitting text into symbols: the sequence length when
+// it is valid UTF-8, else 1, so an invalid byte never swallows the valid characters after it.
+int utf8_valid_prefix(const uint8_t* s, size_t n);
+inline size_t utf8_char_len(const char* s, size_t n) {
+  int len = utf8_valid_prefix(reinterpret_cast<const uint8_t*>(s), n);
+  return len > 0 ? static_cast<size_t>(len) : 1;
+}
+
 // Length of the complete, valid UTF-8 sequence at s[0..n), 0 if s starts with an incomplete but
 // so-far valid sequence (more bytes could complete it), -1 if the first byte(s) are invalid.
 int utf8_valid_prefix(const uint8_t* s, size_t n);

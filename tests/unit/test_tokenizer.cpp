@@ -2,9 +2,12 @@
 // llama.cpp's test-tokenizer-0 expects), round trips, streaming decode and bad input.
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "core/error.h"
+#include "formats/gguf_writer.h"
 #include "support/test_support.h"
 #include "tokenizer/stream_decoder.h"
 #include "tokenizer/tokenizer.h"
@@ -82,4 +85,311 @@ TEST(TokenizerVectors, LlamaSpmRoundTrip) {
 }
 TEST(TokenizerVectors, Gpt2RoundTrip) {
   check_round_trip("ggml-vocab-gpt-2");
+}
+
+// ---- tokenizer.json parity: the `tokenizers` package's ids (fixtures) == ours from
+// tokenizer.json == ours from the GGUF ----
+
+namespace {
+
+nlohmann::json expected_ids() {
+  auto raw = qlft_test::read_file(qlft_test::fixture_path("tokenizer/expected_ids.json"));
+  return nlohmann::json::parse(std::string(raw.begin(), raw.end()));
+}
+
+std::vector<std::string> vector_inputs(const std::string& rel) {
+  std::string p = qlft_test::shared_file(rel);
+  if (p.empty()) return {};
+  std::vector<std::string> out;
+  for (const Case& c : load_cases(p, p.substr(0, p.size() - 4) + ".out")) out.push_back(c.text);
+  return out;
+}
+
+// The stories the fixture script took: split on <|endoftext|>, trimmed, first n non-empty.
+std::vector<std::string> first_stories(size_t n) {
+  std::string p = qlft_test::shared_file("data/tinystories-sample.txt");
+  if (p.empty()) return {};
+  auto raw = qlft_test::read_file(p);
+  std::string s(raw.begin(), raw.end());
+  std::vector<std::string> out;
+  const std::string sep = "<|endoftext|>", ws = " \t\n\r\v\f";
+  size_t pos = 0;
+  while (out.size() < n && pos <= s.size()) {
+    size_t end = s.find(sep, pos);
+    if (end == std::string::npos) end = s.size();
+    std::string part = s.substr(pos, end - pos);
+    size_t a = part.find_first_not_of(ws), b = part.find_last_not_of(ws);
+    if (a != std::string::npos) out.push_back(part.substr(a, b - a + 1));
+    pos = end + sep.size();
+  }
+  return out;
+}
+
+void check_ids(const Tokenizer& tok, const std::vector<std::string>& texts,
+               const nlohmann::json& want, const char* what) {
+  ASSERT_EQ(texts.size(), want.size()) << what;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    auto ids = tok.encode(texts[i], false, false, false);
+    EXPECT_EQ(ids, want[i].get<std::vector<int32_t>>())
+        << what << " input " << i << ": '" << texts[i] << "'\n got:" << show(ids);
+  }
+}
+
+void check_parity(const std::string& name, const std::string& gguf_rel) {
+  QLFT_NEED_SHARED(gguf, gguf_rel);
+  auto want = expected_ids()[name];
+  auto texts = vector_inputs(want["inputs"].get<std::string>());
+  ASSERT_FALSE(texts.empty());
+  auto from_json = Tokenizer::from_hf_json_file(
+      qlft_test::fixture_path("tokenizer/" + name + "/tokenizer.json"));
+  auto from_gguf = Tokenizer::from_gguf_file(gguf);
+  check_ids(*from_json, texts, want["ids"], "tokenizer.json");
+  check_ids(*from_gguf, texts, want["ids"], "gguf");
+  EXPECT_EQ(from_json->bos_id(), from_gguf->bos_id());
+  EXPECT_EQ(from_json->eos_id(), from_gguf->eos_id());
+  EXPECT_EQ(from_json->unk_id(), from_gguf->unk_id());
+  EXPECT_EQ(from_json->wants_bos(), from_gguf->wants_bos());
+  for (const auto& t : texts) {
+    auto ids = from_json->encode(t, false, false, false);
+    EXPECT_EQ(from_json->decode(ids), t);
+    EXPECT_EQ(from_json->decode(ids), from_gguf->decode(ids));
+  }
+}
+
+}  // namespace
+
+TEST(TokenizerHfParity, LlamaSpm) {
+  check_parity("llama-spm", "tokenizer-vectors/ggml-vocab-llama-spm.gguf");
+}
+TEST(TokenizerHfParity, Gpt2) {
+  check_parity("gpt-2", "tokenizer-vectors/ggml-vocab-gpt-2.gguf");
+}
+TEST(TokenizerHfParity, Stories260kVectors) {
+  check_parity("stories260k", "models/stories260K.gguf");
+}
+
+TEST(TokenizerHfParity, Stories260kTinyStories) {
+  QLFT_NEED_SHARED(gguf, "models/stories260K.gguf");
+  auto want = expected_ids()["stories260k"];
+  auto texts = first_stories(want["n_stories"].get<size_t>());
+  auto tok = Tokenizer::from_gguf_file(gguf);
+  EXPECT_EQ(tok->vocab_size(), 512);
+  check_ids(*tok, texts, want["story_ids"], "stories260K.gguf");
+  auto from_json =
+      Tokenizer::from_hf_json_file(qlft_test::fixture_path("tokenizer/stories260k/tokenizer.json"));
+  check_ids(*from_json, texts, want["story_ids"], "stories260k tokenizer.json");
+  for (const auto& t : texts) EXPECT_EQ(tok->decode(tok->encode(t, true, true, false)), t);
+}
+
+// ---- special tokens, streaming, bad input ----
+
+TEST(Tokenizer, SpecialTokensOnlyWithParseSpecial) {
+  QLFT_NEED_SHARED(gguf, "tokenizer-vectors/ggml-vocab-llama-spm.gguf");
+  auto tok = Tokenizer::from_gguf_file(gguf);
+  EXPECT_EQ(tok->bos_id(), 1);
+  EXPECT_EQ(tok->eos_id(), 2);
+  EXPECT_EQ(tok->unk_id(), 0);
+  EXPECT_EQ(tok->pad_id(), -1);
+  EXPECT_EQ(tok->vocab_size(), 32000);
+  EXPECT_TRUE(tok->is_special(1));
+  EXPECT_FALSE(tok->is_special(15043));
+  auto plain = tok->encode("a</s>", false, false, false);
+  auto parsed = tok->encode("a</s>", false, false, true);
+  EXPECT_EQ(parsed, (std::vector<int32_t>{tok->encode("a", false, false, false)[0], 2}));
+  EXPECT_NE(plain.back(), 2);
+  EXPECT_EQ(tok->decode(plain), "a</s>");
+  EXPECT_EQ(tok->decode(parsed), "a");
+  EXPECT_EQ(tok->decode(parsed, false), "a</s>");
+  auto with = tok->encode("Hello", true, true, false);
+  EXPECT_EQ(with.front(), 1);
+  EXPECT_EQ(with.back(), 2);
+  EXPECT_EQ(tok->token_to_piece(15043), " Hello");  // "▁Hello"
+  EXPECT_EQ(tok->token_to_piece(13), "\n");         // <0x0A>
+  EXPECT_EQ(tok->token_to_piece(1, false), "");
+  EXPECT_EQ(tok->token_id("\xe2\x96\x81Hello"), 15043);
+}
+
+TEST(Tokenizer, StreamDecoderEmitsOnlyCompleteUtf8) {
+  QLFT_NEED_SHARED(gguf, "tokenizer-vectors/ggml-vocab-llama-spm.gguf");
+  auto tok = Tokenizer::from_gguf_file(gguf);
+  // 🦙 has no token: it is four byte tokens, of which the first three must be held back.
+  const std::string text = " this is \xF0\x9F\xA6\x99.cpp \xC3\xA9t\xC3\xA9";
+  auto ids = tok->encode(text, true, false, false);
+  StreamDecoder sd(*tok);
+  std::string all;
+  int held = 0;
+  for (int32_t id : ids) {
+    std::string part = sd.push(id);
+    for (size_t i = 0; i < part.size();) {
+      int n = tok::utf8_valid_prefix(reinterpret_cast<const uint8_t*>(part.data()) + i,
+                                     part.size() - i);
+      ASSERT_GT(n, 0) << "incomplete or invalid UTF-8 returned";
+      i += static_cast<size_t>(n);
+    }
+    if (part.empty() && sd.pending() > 0) ++held;
+    all += part;
+  }
+  all += sd.flush();
+  EXPECT_EQ(all, text);
+  EXPECT_EQ(held, 3);
+  EXPECT_EQ(all, tok->decode(ids));
+  // A truncated sequence comes out as U+FFFD on flush; a stray continuation byte at once.
+  StreamDecoder sd2(*tok);
+  EXPECT_EQ(sd2.push(tok->token_id("<0xF0>")), "");
+  EXPECT_EQ(sd2.flush(), "\xEF\xBF\xBD");
+  EXPECT_EQ(sd2.push(tok->token_id("<0x9F>")), "\xEF\xBF\xBD");
+}
+
+TEST(Tokenizer, InvalidUtf8TextRoundTripsThroughBytes) {
+  const std::string bad[] = {
+      std::string("abc\xff\xfe def", 9), std::string("\xC3", 1), std::string("x\xE2\x82", 3),
+      std::string("\x80\x80 \xF4\x90\x80\x80", 7), std::string("caf\xC3\xA9\0zero", 10)};
+  for (const char* rel : {"tokenizer-vectors/ggml-vocab-llama-spm.gguf",
+                          "tokenizer-vectors/ggml-vocab-gpt-2.gguf", "models/stories260K.gguf"}) {
+    QLFT_NEED_SHARED(gguf, rel);
+    auto tok = Tokenizer::from_gguf_file(gguf);
+    for (const auto& s : bad) {
+      auto ids = tok->encode(s, false, false, false);
+      EXPECT_EQ(tok->decode(ids), s) << rel;
+      for (int32_t id : ids) EXPECT_NE(id, tok->unk_id()) << rel;
+    }
+  }
+  auto j = Tokenizer::from_hf_json_file(qlft_test::fixture_path("tokenizer/gpt-2/tokenizer.json"));
+  for (const auto& s : bad) EXPECT_EQ(j->decode(j->encode(s, false, false, false)), s);
+}
+
+TEST(Tokenizer, DecodeRejectsOutOfRangeIds) {
+  auto j =
+      Tokenizer::from_hf_json_file(qlft_test::fixture_path("tokenizer/stories260k/tokenizer.json"));
+  try {
+    j->decode(std::vector<int32_t>{5, 512});
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), QLFT_ERR_INVALID_ARGUMENT);
+  }
+  EXPECT_THROW(j->token_to_piece(-1), Error);
+}
+
+// ---- malformed metadata: QLFT_ERR_FORMAT naming the key ----
+
+namespace {
+
+void expect_error(const std::function<void()>& f, int32_t status, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "expected an error mentioning " << needle;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), status) << e.what();
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+std::string write_vocab(const std::function<void(GgufWriter&)>& fill) {
+  static int n = 0;
+  std::string path = qlft_test::temp_dir("tok") + "/v" + std::to_string(n++) + ".gguf";
+  GgufWriter w;
+  fill(w);
+  w.write(path);
+  return path;
+}
+
+const std::vector<std::string> kTinyVocab = {"<unk>", "<s>", "</s>", "a", "b", "ab"};
+
+}  // namespace
+
+TEST(TokenizerMalformed, GgufMetadataErrorsNameTheKey) {
+  auto load = [](const std::string& p) { return [p] { Tokenizer::from_gguf_file(p); }; };
+  expect_error(load(write_vocab([](GgufWriter& w) { w.add_string("general.name", "x"); })),
+               QLFT_ERR_FORMAT, "tokenizer.ggml.model");
+  expect_error(
+      load(write_vocab([](GgufWriter& w) { w.add_string("tokenizer.ggml.model", "llama"); })),
+      QLFT_ERR_FORMAT, "tokenizer.ggml.tokens");
+  expect_error(load(write_vocab([](GgufWriter& w) {
+                 w.add_string("tokenizer.ggml.model", "llama");
+                 w.add_u32("tokenizer.ggml.tokens", 3);
+               })),
+               QLFT_ERR_FORMAT, "tokenizer.ggml.tokens");
+  expect_error(load(write_vocab([](GgufWriter& w) {
+                 w.add_string("tokenizer.ggml.model", "llama");
+                 w.add_string_array("tokenizer.ggml.tokens", kTinyVocab);
+                 w.add_array("tokenizer.ggml.scores", std::vector<float>{0, 0, 0});
+               })),
+               QLFT_ERR_FORMAT, "tokenizer.ggml.scores");
+  expect_error(load(write_vocab([](GgufWriter& w) {
+                 w.add_string("tokenizer.ggml.model", "llama");
+                 w.add_string_array("tokenizer.ggml.tokens", kTinyVocab);
+                 w.add_string_array("tokenizer.ggml.token_type", kTinyVocab);
+               })),
+               QLFT_ERR_FORMAT, "tokenizer.ggml.token_type");
+  expect_error(load(write_vocab([](GgufWriter& w) {
+                 w.add_string("tokenizer.ggml.model", "gpt2");
+                 w.add_string_array("tokenizer.ggml.tokens", kTinyVocab);
+               })),
+               QLFT_ERR_FORMAT, "tokenizer.ggml.merges");
+  expect_error(load(write_vocab([](GgufWriter& w) {
+                 w.add_string("tokenizer.ggml.model", "gpt2");
+                 w.add_string_array("tokenizer.ggml.tokens", kTinyVocab);
+                 w.add_string_array("tokenizer.ggml.merges", {"a b", "ab"});
+               })),
+               QLFT_ERR_FORMAT, "tokenizer.ggml.merges");
+  expect_error(load(write_vocab([](GgufWriter& w) {
+                 w.add_string("tokenizer.ggml.model", "gpt2");
+                 w.add_string("tokenizer.ggml.pre", "no-such-pre");
+                 w.add_string_array("tokenizer.ggml.tokens", kTinyVocab);
+                 w.add_string_array("tokenizer.ggml.merges", {"a b"});
+               })),
+               QLFT_ERR_UNSUPPORTED, "no-such-pre");
+  expect_error(load(write_vocab([](GgufWriter& w) {
+                 w.add_string("tokenizer.ggml.model", "bert");
+                 w.add_string_array("tokenizer.ggml.tokens", kTinyVocab);
+               })),
+               QLFT_ERR_UNSUPPORTED, "tokenizer.ggml.model");
+  expect_error(load(write_vocab([](GgufWriter& w) {
+                 w.add_string("tokenizer.ggml.model", "llama");
+                 w.add_string_array("tokenizer.ggml.tokens", kTinyVocab);
+                 w.add_string("tokenizer.ggml.bos_token_id", "one");
+               })),
+               QLFT_ERR_FORMAT, "tokenizer.ggml.bos_token_id");
+}
+
+TEST(TokenizerMalformed, TinyGgufVocabsWork) {
+  // A minimal SPM vocabulary without byte tokens: unknown characters become <unk>; an
+  // out-of-range special id falls back to the default like llama.cpp.
+  auto spm = Tokenizer::from_gguf_file(write_vocab([](GgufWriter& w) {
+    w.add_string("tokenizer.ggml.model", "llama");
+    w.add_string_array("tokenizer.ggml.tokens",
+                       {"<unk>", "<s>", "</s>", "a", "b", "ab", "\xe2\x96\x81"});
+    w.add_array("tokenizer.ggml.scores", std::vector<float>{0, 0, 0, -1, -1, -0.5f, -2});
+    w.add_array("tokenizer.ggml.token_type", std::vector<int32_t>{2, 3, 3, 1, 1, 1, 1});
+    w.add_u32("tokenizer.ggml.eos_token_id", 99);
+  }));
+  EXPECT_EQ(spm->encode("abz", false, false, false), (std::vector<int32_t>{6, 5, 0}));
+  EXPECT_EQ(spm->eos_id(), 2);
+  auto bpe = Tokenizer::from_gguf_file(write_vocab([](GgufWriter& w) {
+    w.add_string("tokenizer.ggml.model", "gpt2");
+    w.add_string("tokenizer.ggml.pre", "qwen2");
+    w.add_string_array("tokenizer.ggml.tokens", {"a", "b", "ab", "1", "Ġ"});
+    w.add_string_array("tokenizer.ggml.merges", {"a b", "x y"});
+  }));
+  // Bytes outside this tiny alphabet have no token and no <unk>: they are dropped.
+  EXPECT_EQ(bpe->encode("ab 11", false, false, false), (std::vector<int32_t>{2, 4, 3, 3}));
+}
+
+TEST(TokenizerMalformed, TokenizerJsonErrors) {
+  auto load = [](const std::string& s) {
+    return [s] { Tokenizer::from_hf_json_text(s, "", "t.json"); };
+  };
+  expect_error(load("{"), QLFT_ERR_FORMAT, "t.json");
+  expect_error(load("{}"), QLFT_ERR_FORMAT, "model");
+  expect_error(load(R"({"model":{"type":"BPE","vocab":[1,2]}})"), QLFT_ERR_FORMAT, "vocab");
+  expect_error(load(R"({"model":{"type":"BPE","vocab":{"a":-4}}})"), QLFT_ERR_FORMAT, "'a'");
+  expect_error(load(R"({"model":{"type":"BPE","vocab":{"a":0},"merges":["ab"]}})"), QLFT_ERR_FORMAT,
+               "merges[0]");
+  expect_error(load(R"({"model":{"type":"Unigram","vocab":[]}})"), QLFT_ERR_UNSUPPORTED, "Unigram");
+  expect_error(load(R"({"model":{"type":"BPE","vocab":{"a":0}},
+                        "pre_tokenizer":{"type":"Split","pattern":{"Regex":"(["},
+                                         "behavior":"Isolated"}})"),
+               QLFT_ERR_FORMAT, "regex");
+  expect_error(load(R"({"model":{"type":"BPE","vocab":{"a":0}},"added_tokens":[{"id":"x"}]})"),
+               QLFT_ERR_FORMAT, "added_tokens");
 }

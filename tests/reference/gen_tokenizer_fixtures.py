@@ -1,0 +1,213 @@
+#!/usr/bin/env python3
+"""Tokenizer fixtures: Hugging Face tokenizer.json equivalents of the GGUF vocabularies in
+shared/, and the ids the `tokenizers` package gives for the test inputs.
+
+    /opt/qlft-ref/bin/python tests/reference/gen_tokenizer_fixtures.py
+
+For each GGUF vocabulary a `tokenizers.Tokenizer` is built from its metadata, the way the
+original Hugging Face tokenizers look:
+  * SentencePiece ("llama"): BPE over the vocabulary with merges recovered from the scores
+    (transformers' generate_merges, as its GGUF conversion does), byte_fallback, normalizer
+    Prepend("▁") + Replace(" ", "▁") (Llama-2's tokenizer.json; matches llama.cpp's space
+    prefix), decoder Replace/ByteFallback/Fuse/Strip.
+  * byte-level BPE ("gpt2"): the GGUF merges, ByteLevel pre-tokenizer and decoder.
+Control/unknown tokens become special added tokens.
+
+The two large vocabularies are committed cut down to the tokens and merges the test inputs can
+reach: a token is kept if it is a substring of some pre-tokenized input word (a merge can only
+produce such a token), plus all byte tokens and special tokens; token ids are unchanged. BPE's
+result is the same with the unused merges removed (each step picks the lowest-rank applicable
+merge, and removed merges are never applicable); the script checks that the cut-down tokenizer
+gives exactly the full one's ids. stories260K's tokenizer (512 tokens) is committed whole.
+
+Writes tests/reference/fixtures/tokenizer/{llama-spm,gpt-2,stories260k}/tokenizer.json (+
+tokenizer_config.json) and expected_ids.json. The inputs themselves are read from shared/ by the
+test (tokenizer-vectors/*.inp, the first stories of data/tinystories-sample.txt).
+"""
+import json
+import os
+import sys
+
+import gguf
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
+from tokenizers.processors import TemplateProcessing
+from transformers.tokenization_utils_base import generate_merges
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SHARED = os.environ.get("QLFT_SHARED_DIR", os.path.join(ROOT, "..", "shared"))
+OUT = os.path.join(ROOT, "tests", "reference", "fixtures", "tokenizer")
+SEP = "\n__ggml_vocab_test__\n"
+N_STORIES = 6
+SPACE = "\u2581"
+
+
+def read_vocab(path):
+    r = gguf.GGUFReader(path)
+
+    def get(key, default=None):
+        f = r.fields.get(key)
+        if f is None:
+            return default
+        if f.types[0] == gguf.GGUFValueType.ARRAY:
+            if f.types[-1] == gguf.GGUFValueType.STRING:
+                return [bytes(f.parts[i]).decode("utf-8") for i in f.data]
+            return [f.parts[i][0].item() for i in f.data]
+        if f.types[0] == gguf.GGUFValueType.STRING:
+            return bytes(f.parts[f.data[0]]).decode("utf-8")
+        return f.parts[f.data[0]][0].item()
+
+    return {k: get("tokenizer.ggml." + k) for k in (
+        "model", "pre", "tokens", "scores", "token_type", "merges", "bos_token_id",
+        "eos_token_id", "unknown_token_id", "add_bos_token", "add_eos_token")}
+
+
+def specials(v):
+    types = v["token_type"] or [1] * len(v["tokens"])
+    return [i for i, t in enumerate(types) if t in (2, 3)]  # UNKNOWN, CONTROL
+
+
+def build(v):
+    tokens = v["tokens"]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    assert len(vocab) == len(tokens), "duplicate token spellings"
+    if v["model"] == "llama":
+        merges = generate_merges(vocab, dict(zip(tokens, v["scores"])))
+        unk = tokens[v["unknown_token_id"] if v["unknown_token_id"] is not None else 0]
+        tk = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=True,
+                                  byte_fallback=True))
+        tk.normalizer = normalizers.Sequence(
+            [normalizers.Prepend(SPACE), normalizers.Replace(" ", SPACE)])
+        tk.decoder = decoders.Sequence([decoders.Replace(SPACE, " "), decoders.ByteFallback(),
+                                        decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    elif v["model"] == "gpt2":
+        assert v["pre"] in (None, "gpt-2", "default"), v["pre"]
+        merges = [tuple(m.split(" ", 1)) for m in v["merges"]]
+        tk = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+        tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        tk.decoder = decoders.ByteLevel()
+    else:
+        raise ValueError(v["model"])
+    tk.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
+                           for i in specials(v)])
+    bos = v["bos_token_id"]
+    if v["model"] == "llama" and bos is not None:
+        tk.post_processor = TemplateProcessing(single=f"{tokens[bos]} $A",
+                                               special_tokens=[(tokens[bos], bos)])
+    return tk
+
+
+def config(v):
+    t = v["tokens"]
+    name = lambda k: t[v[k]] if v[k] is not None and 0 <= v[k] < len(t) else None
+    add_bos = v["add_bos_token"] if v["add_bos_token"] is not None else v["model"] == "llama"
+    return {"bos_token": name("bos_token_id"), "eos_token": name("eos_token_id"),
+            "unk_token": name("unknown_token_id"), "add_bos_token": bool(add_bos),
+            "add_eos_token": bool(v["add_eos_token"] or False)}
+
+
+def words(tk, texts):
+    """The strings BPE runs on: normalized text (SentencePiece) or byte-level pieces."""
+    out = []
+    for t in texts:
+        s = tk.normalizer.normalize_str(t) if tk.normalizer is not None else t
+        if tk.pre_tokenizer is not None:
+            out.extend(p for p, _ in tk.pre_tokenizer.pre_tokenize_str(s))
+        else:
+            out.append(s)
+    return out
+
+
+def cut_down(tk, v, texts):
+    d = json.loads(tk.to_str())
+    model = d["model"]
+    joined = "\x00".join(words(tk, texts))
+    keep = set(specials(v))
+    byte_level = v["model"] == "gpt2"
+    for tok, i in model["vocab"].items():
+        if tok in joined or (byte_level and len(tok) == 1) or (
+                not byte_level and v["token_type"][i] == 6):
+            keep.add(i)
+    model["vocab"] = {t: i for t, i in model["vocab"].items() if i in keep}
+    merges = []
+    for m in model["merges"]:
+        a, b = m if isinstance(m, list) else m.split(" ", 1)
+        if a + b in model["vocab"]:
+            merges.append(m)
+    model["merges"] = merges
+    return d
+
+
+def ids_of(tk, texts):
+    return [tk.encode(t, add_special_tokens=False).ids for t in texts]
+
+
+def write_json(path, obj, compact=False):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        if compact:
+            json.dump(obj, f, ensure_ascii=False, separators=(",", ":"))
+        else:
+            json.dump(obj, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+
+
+def vector_inputs(name):
+    with open(os.path.join(SHARED, "tokenizer-vectors", f"ggml-vocab-{name}.gguf.inp"),
+              encoding="utf-8", newline="") as f:
+        raw = f.read()
+    return raw.split(SEP)[:-1]
+
+
+def vector_expected(name):
+    with open(os.path.join(SHARED, "tokenizer-vectors", f"ggml-vocab-{name}.gguf.out"),
+              encoding="utf-8") as f:
+        return [[int(x) for x in line.split()] for line in f.read().split("\n")]
+
+
+def stories():
+    with open(os.path.join(SHARED, "data", "tinystories-sample.txt"), encoding="utf-8") as f:
+        parts = f.read().split("<|endoftext|>")
+    return [p.strip() for p in parts if p.strip()][:N_STORIES]
+
+
+def main():
+    expected = {}
+    for name in ("llama-spm", "gpt-2"):
+        v = read_vocab(os.path.join(SHARED, "tokenizer-vectors", f"ggml-vocab-{name}.gguf"))
+        texts = vector_inputs(name)
+        tk = build(v)
+        ids = ids_of(tk, texts)
+        want = vector_expected(name)
+        bad = [i for i, (a, b) in enumerate(zip(ids, want)) if a != b]
+        print(f"{name}: {len(texts)} inputs, {len(bad)} differ from llama.cpp's .out: {bad}")
+        small = cut_down(tk, v, texts)
+        small_tk = Tokenizer.from_str(json.dumps(small))
+        assert ids_of(small_tk, texts) == ids, f"{name}: cut-down tokenizer differs"
+        print(f"  cut down to {len(small['model']['vocab'])} tokens, "
+              f"{len(small['model']['merges'])} merges")
+        write_json(os.path.join(OUT, name, "tokenizer.json"), small, compact=True)
+        write_json(os.path.join(OUT, name, "tokenizer_config.json"), config(v))
+        expected[name] = {"inputs": f"tokenizer-vectors/ggml-vocab-{name}.gguf.inp",
+                          "ids": ids}
+
+    v = read_vocab(os.path.join(SHARED, "models", "stories260K.gguf"))
+    tk = build(v)
+    write_json(os.path.join(OUT, "stories260k", "tokenizer.json"), json.loads(tk.to_str()),
+               compact=True)
+    write_json(os.path.join(OUT, "stories260k", "tokenizer_config.json"), config(v))
+    st = stories()
+    expected["stories260k"] = {
+        "inputs": "tokenizer-vectors/ggml-vocab-llama-spm.gguf.inp",
+        "ids": ids_of(tk, vector_inputs("llama-spm")),
+        "stories": f"data/tinystories-sample.txt, first {N_STORIES} stories split on "
+                   "<|endoftext|>, stripped",
+        "n_stories": N_STORIES,
+        "story_ids": ids_of(tk, st),
+    }
+    write_json(os.path.join(OUT, "expected_ids.json"), expected, compact=True)
+    total = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(OUT) for f in fs)
+    print(f"wrote {OUT} ({total / 1024:.0f} KiB)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
