@@ -1,19 +1,55 @@
-// TEMPORARY: F32 only; the quant work replaces this file.
 #include "quant/ggml_dequant.h"
 
 #include <cstring>
 
+#include "core/dtype.h"
 #include "core/error.h"
+#include "quant/ggml_math.h"
 #include "quant/ggml_types.h"
 
 namespace qlft {
 
+namespace {
+
+template <int kBlock, int kBytes, void (*kDecode)(const uint8_t*, float*)>
+void blocks(const void* src, int64_t n, float* dst) {
+  const uint8_t* p = static_cast<const uint8_t*>(src);
+  const int64_t nb = n / kBlock;
+  for (int64_t b = 0; b < nb; ++b) kDecode(p + b * kBytes, dst + b * kBlock);
+}
+
+}  // namespace
+
 void ggml_dequantize(uint32_t type, const void* src, int64_t n, float* dst) {
-  if (type == static_cast<uint32_t>(GgmlType::F32)) {
-    std::memcpy(dst, src, n * 4);
-    return;
+  const GgmlTypeTraits* t = ggml_type_traits(type);
+  if (!t || !t->dequantizable)
+    throw_error(QLFT_ERR_UNSUPPORTED, "ggml type %s (%u): dequantization is not supported",
+                t ? t->name : "unknown", type);
+  QLFT_CHECK_ARG(n >= 0 && n % t->block == 0,
+                 "ggml_dequantize: %lld elements is not a multiple of the %s block size %u",
+                 static_cast<long long>(n), t->name, t->block);
+  switch (static_cast<GgmlType>(type)) {
+    case GgmlType::F32: std::memcpy(dst, src, static_cast<size_t>(n) * 4); return;
+    case GgmlType::F16: f16_to_f32_n(static_cast<const uint16_t*>(src), dst, n); return;
+    case GgmlType::BF16: bf16_to_f32_n(static_cast<const uint16_t*>(src), dst, n); return;
+    case GgmlType::F64: {
+      const uint8_t* p = static_cast<const uint8_t*>(src);
+      for (int64_t i = 0; i < n; ++i) {
+        double v;
+        std::memcpy(&v, p + i * 8, 8);
+        dst[i] = static_cast<float>(v);
+      }
+      return;
+    }
+    case GgmlType::Q4_0: blocks<32, 18, ggml_dequant_q4_0>(src, n, dst); return;
+    case GgmlType::Q4_1: blocks<32, 20, ggml_dequant_q4_1>(src, n, dst); return;
+    case GgmlType::Q8_0: blocks<32, 34, ggml_dequant_q8_0>(src, n, dst); return;
+    case GgmlType::Q4_K: blocks<256, 144, ggml_dequant_q4_k>(src, n, dst); return;
+    case GgmlType::Q5_K: blocks<256, 176, ggml_dequant_q5_k>(src, n, dst); return;
+    case GgmlType::Q6_K: blocks<256, 210, ggml_dequant_q6_k>(src, n, dst); return;
+    default: break;
   }
-  throw_error(QLFT_ERR_UNSUPPORTED, "ggml type %u: dequantization not implemented yet", type);
+  throw_error(QLFT_ERR_INTERNAL, "ggml type %s marked dequantizable but has no decoder", t->name);
 }
 
 }  // namespace qlft

@@ -1,5 +1,3 @@
-// TEMPORARY minimal implementation (F32/F16/BF16/GGML via ggml_dequantize); the quant work
-// replaces this file with NF4/INT8 support.
 #include "quant/qweight.h"
 
 #include <cstring>
@@ -8,6 +6,9 @@
 #include "core/error.h"
 #include "quant/ggml_dequant.h"
 #include "quant/ggml_types.h"
+#include "quant/int8.h"
+#include "quant/nf4.h"
+#include "quant/nf4_math.h"
 
 namespace qlft {
 
@@ -37,46 +38,130 @@ std::string QWeight::type_name() const {
 }
 
 void QWeight::dequantize_rows(int64_t r0, int64_t n, float* out) const {
+  QLFT_CHECK_ARG(r0 >= 0 && n >= 0 && r0 + n <= rows,
+                 "dequantize_rows: rows [%lld, %lld) outside a %lld-row %s weight",
+                 static_cast<long long>(r0), static_cast<long long>(r0 + n),
+                 static_cast<long long>(rows), type_name().c_str());
   const int64_t off = r0 * cols, cnt = n * cols;
+  if (cnt == 0) return;
   switch (kind) {
     case QuantKind::F32: std::memcpy(out, data.as<float>() + off, cnt * 4); return;
     case QuantKind::F16: f16_to_f32_n(data.as<uint16_t>() + off, out, cnt); return;
     case QuantKind::BF16: bf16_to_f32_n(data.as<uint16_t>() + off, out, cnt); return;
+    case QuantKind::NF4: {
+      const uint8_t* packed = data.as<uint8_t>();
+      if (!double_quant) {
+        nf4_dequantize(packed, absmax.as<float>(), blocksize, off, cnt, out);
+      } else {
+        const uint8_t* codes = absmax.as<uint8_t>();
+        const float* nabs = nested_absmax.as<float>();
+        const float* ncode = nested_code.as<float>();
+        const int64_t nbs = nested_blocksize;
+        const float offset = nested_offset;
+        nf4_dequantize_range(
+            packed, blocksize, off, cnt,
+            [=](int64_t b) { return nested_absmax_decode(ncode, codes[b], nabs[b / nbs], offset); },
+            out);
+      }
+      return;
+    }
+    case QuantKind::INT8:
+      int8_dequantize_rows(data.as<int8_t>(), scb.as<float>(), r0, n, cols, out);
+      return;
     case QuantKind::GGML: {
       const GgmlTypeTraits* t = ggml_type_traits(ggml_type);
+      // qweight_from_ggml guarantees rows start on block boundaries (cols % block == 0).
       const uint8_t* p = data.as<uint8_t>() + off / t->block * t->bytes;
       ggml_dequantize(ggml_type, p, cnt, out);
       return;
     }
-    default: throw_error(QLFT_ERR_UNSUPPORTED, "dequantize_rows: %s not implemented yet", type_name().c_str());
   }
+  throw_error(QLFT_ERR_INTERNAL, "dequantize_rows: unknown weight kind %d", static_cast<int>(kind));
 }
 
+namespace {
+
+void fill_nf4_code(MemoryTracker* tracker, QWeight& w) {
+  w.code = Buffer(tracker, MemCategory::Weights, 16 * sizeof(float), "nf4 code book");
+  for (uint32_t k = 0; k < 16; ++k) w.code.as<float>()[k] = nf4_value(k);
+}
+
+}  // namespace
+
 QWeight qweight_from_f32(MemoryTracker* tracker, const float* src, int64_t rows, int64_t cols,
-                         QuantKind kind, int32_t, bool) {
+                         QuantKind kind, int32_t blocksize, bool double_quant) {
+  QLFT_CHECK_ARG(rows >= 0 && cols >= 0, "qweight_from_f32: negative shape [%lld, %lld]",
+                 static_cast<long long>(rows), static_cast<long long>(cols));
   QWeight w;
   w.rows = rows;
   w.cols = cols;
   w.kind = kind;
+  const int64_t n = rows * cols;
   switch (kind) {
     case QuantKind::F32:
-      w.data = Buffer(tracker, MemCategory::Weights, rows * cols * 4, "f32 weight");
-      std::memcpy(w.data.data(), src, rows * cols * 4);
+      w.data = Buffer(tracker, MemCategory::Weights, n * 4, "f32 weight");
+      std::memcpy(w.data.data(), src, n * 4);
       return w;
-    default: throw_error(QLFT_ERR_UNSUPPORTED, "quantization to %s not implemented yet", quant_kind_name(kind));
+    case QuantKind::F16:
+      w.data = Buffer(tracker, MemCategory::Weights, n * 2, "f16 weight");
+      f32_to_f16_n(src, w.data.as<uint16_t>(), n);
+      return w;
+    case QuantKind::BF16:
+      w.data = Buffer(tracker, MemCategory::Weights, n * 2, "bf16 weight");
+      f32_to_bf16_n(src, w.data.as<uint16_t>(), n);
+      return w;
+    case QuantKind::NF4: {
+      nf4_check_blocksize(blocksize, "qweight_from_f32");
+      QLFT_CHECK_ARG(n > 0, "qweight_from_f32: NF4 of an empty matrix");
+      w.blocksize = blocksize;
+      w.double_quant = double_quant;
+      const int64_t nb = nf4_num_blocks(n, blocksize);
+      w.data = Buffer(tracker, MemCategory::Weights, nf4_packed_bytes(n), "nf4 codes");
+      fill_nf4_code(tracker, w);
+      if (!double_quant) {
+        w.absmax = Buffer(tracker, MemCategory::Weights, nb * 4, "nf4 absmax");
+        nf4_quantize(src, n, blocksize, w.data.as<uint8_t>(), w.absmax.as<float>());
+        return w;
+      }
+      Buffer tmp(tracker, MemCategory::Workspace, nb * 4, "nf4 absmax staging");
+      nf4_quantize(src, n, blocksize, w.data.as<uint8_t>(), tmp.as<float>());
+      w.nested_blocksize = 256;
+      const int64_t nnb = nf4_num_blocks(nb, w.nested_blocksize);
+      w.absmax = Buffer(tracker, MemCategory::Weights, nb, "nf4 absmax codes");
+      w.nested_absmax = Buffer(tracker, MemCategory::Weights, nnb * 4, "nf4 nested absmax");
+      nf4_double_quantize(tmp.as<float>(), nb, w.nested_blocksize, w.absmax.as<uint8_t>(),
+                          w.nested_absmax.as<float>(), &w.nested_offset);
+      w.nested_code = Buffer(tracker, MemCategory::Weights, 256 * 4, "nf4 nested code");
+      std::memcpy(w.nested_code.data(), nf4_nested_code().data(), 256 * 4);
+      return w;
+    }
+    case QuantKind::INT8:
+      w.data = Buffer(tracker, MemCategory::Weights, n, "int8 codes");
+      w.scb = Buffer(tracker, MemCategory::Weights, rows * 4, "int8 SCB");
+      int8_quantize_rows(src, rows, cols, w.data.as<int8_t>(), w.scb.as<float>());
+      return w;
+    case QuantKind::GGML:
+      throw_error(QLFT_ERR_UNSUPPORTED,
+                  "qweight_from_f32: quantizing to GGUF block types is not supported");
   }
+  throw_error(QLFT_ERR_INTERNAL, "qweight_from_f32: unknown kind %d", static_cast<int>(kind));
 }
 
 QWeight qweight_from_ggml(MemoryTracker* tracker, uint32_t ggml_type, const void* blocks,
                           int64_t rows, int64_t cols) {
   const GgmlTypeTraits* t = ggml_type_traits(ggml_type);
   if (!t) throw_error(QLFT_ERR_FORMAT, "unknown ggml type %u", ggml_type);
+  if (!t->dequantizable)
+    throw_error(QLFT_ERR_UNSUPPORTED, "ggml type %s cannot be dequantized by qlft", t->name);
+  QLFT_CHECK_FORMAT(rows >= 0 && cols >= 0 && cols % t->block == 0,
+                    "ggml %s weight [%lld, %lld]: row length is not a multiple of the block size %u",
+                    t->name, static_cast<long long>(rows), static_cast<long long>(cols), t->block);
   QWeight w;
   w.kind = QuantKind::GGML;
   w.ggml_type = ggml_type;
   w.rows = rows;
   w.cols = cols;
-  uint64_t nb = static_cast<uint64_t>(rows * cols) / t->block * t->bytes;
+  const uint64_t nb = static_cast<uint64_t>(rows * cols) / t->block * t->bytes;
   w.data = Buffer(tracker, MemCategory::Weights, nb, "gguf weight");
   std::memcpy(w.data.data(), blocks, nb);
   return w;
