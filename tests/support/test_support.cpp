@@ -1,6 +1,7 @@
 #include "support/test_support.h"
 
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -34,8 +35,8 @@ std::string fixture_path(const std::string& rel) {
 std::string temp_dir(const std::string& tag) {
   namespace fs = std::filesystem;
   static int counter = 0;
-  fs::path p = fs::temp_directory_path() /
-               ("qlft-test-" + std::to_string(::getpid()) + "-" + tag + "-" + std::to_string(counter++));
+  fs::path p = fs::temp_directory_path() / ("qlft-test-" + std::to_string(::getpid()) + "-" + tag +
+                                            "-" + std::to_string(counter++));
   fs::remove_all(p);
   fs::create_directories(p);
   return p.string();
@@ -47,13 +48,32 @@ std::vector<uint8_t> read_file(const std::string& path) {
     ADD_FAILURE() << "cannot read " << path;
     return {};
   }
-  return std::vector<uint8_t>((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return std::vector<uint8_t>((std::istreambuf_iterator<char>(f)),
+                              std::istreambuf_iterator<char>());
 }
 
 void write_file(const std::string& path, const void* data, size_t n) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   f.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
   if (!f) ADD_FAILURE() << "cannot write " << path;
+}
+
+AppendFile::AppendFile(const std::string& path) {
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) ADD_FAILURE() << "cannot create " << path;
+}
+
+AppendFile::~AppendFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void AppendFile::append(const void* data, size_t n) {
+  if (fd_ < 0 || ::write(fd_, data, n) != static_cast<ssize_t>(n)) ADD_FAILURE() << "append failed";
+}
+
+void AppendFile::overwrite(const void* data, size_t n) {
+  if (fd_ < 0 || ::pwrite(fd_, data, n, 0) != static_cast<ssize_t>(n))
+    ADD_FAILURE() << "overwrite failed";
 }
 
 double max_rel_error(const float* a, const float* b, size_t n, double floor) {

@@ -10,7 +10,8 @@ namespace qlft_test {
 // $QLFT_SHARED_DIR or ../shared beside the source tree.
 std::string shared_dir();
 // Path of a file under shared/; if it is missing the test is skipped (or fails when
-// QLFT_REQUIRE_SHARED=1, as in CI). Use as: auto p = shared_file("models/x.gguf"); if (p.empty()) return;
+// QLFT_REQUIRE_SHARED=1, as in CI). Use as: auto p = shared_file("models/x.gguf"); if (p.empty())
+// return;
 std::string shared_file(const std::string& rel);
 // tests/reference/fixtures/<rel> in the source tree (committed fixtures; must exist).
 std::string fixture_path(const std::string& rel);
@@ -19,12 +20,28 @@ std::string temp_dir(const std::string& tag);
 std::vector<uint8_t> read_file(const std::string& path);
 void write_file(const std::string& path, const void* data, size_t n);
 
+// A file that grows by appended writes (each append is visible to readers at once). Used to
+// test every prefix of a file without truncating it each time.
+class AppendFile {
+ public:
+  explicit AppendFile(const std::string& path);  // creates or empties path
+  ~AppendFile();
+  AppendFile(const AppendFile&) = delete;
+  AppendFile& operator=(const AppendFile&) = delete;
+  void append(const void* data, size_t n);
+  // Overwrites the first n bytes in place (no truncation; for same-size rewrites).
+  void overwrite(const void* data, size_t n);
+
+ private:
+  int fd_ = -1;
+};
+
 // max |a-b| / max(max|b|, floor): normalized error used by the parity tests.
 double max_rel_error(const float* a, const float* b, size_t n, double floor = 1e-6);
 
 }  // namespace qlft_test
 
 // Skips (or fails under QLFT_REQUIRE_SHARED=1) when a shared file is absent.
-#define QLFT_NEED_SHARED(var, rel)                \
+#define QLFT_NEED_SHARED(var, rel)                 \
   std::string var = ::qlft_test::shared_file(rel); \
   if (var.empty()) GTEST_SKIP() << "shared file " << rel << " not found (set QLFT_SHARED_DIR)"
