@@ -20,6 +20,9 @@ result is the same with the unused merges removed (each step picks the lowest-ra
 merge, and removed merges are never applicable); the script checks that the cut-down tokenizer
 gives exactly the full one's ids. stories260K's tokenizer (512 tokens) is committed whole.
 
+Also records the count and a hash of the ids for the whole of data/tinyshakespeare.txt
+(too many ids to commit), with the full vocabularies.
+
 Writes tests/reference/fixtures/tokenizer/{llama-spm,gpt-2,stories260k}/tokenizer.json (+
 tokenizer_config.json) and expected_ids.json. The inputs themselves are read from shared/ by the
 test (tokenizer-vectors/*.inp, the first stories of data/tinystories-sample.txt).
@@ -141,6 +144,22 @@ def ids_of(tk, texts):
     return [tk.encode(t, add_special_tokens=False).ids for t in texts]
 
 
+def fnv1a(ids):
+    """FNV-1a 64 over the ids as little-endian uint32 (the test hashes the same way)."""
+    h = 0xCBF29CE484222325
+    for i in ids:
+        for b in int(i).to_bytes(4, "little"):
+            h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return f"{h:016x}"
+
+
+def shakespeare(tk):
+    """Count and hash of the ids for all of data/tinyshakespeare.txt in one encode() call."""
+    with open(os.path.join(SHARED, "data", "tinyshakespeare.txt"), encoding="utf-8") as f:
+        ids = tk.encode(f.read(), add_special_tokens=False).ids
+    return {"count": len(ids), "fnv1a64": fnv1a(ids)}
+
+
 def write_json(path, obj, compact=False):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
@@ -188,7 +207,7 @@ def main():
         write_json(os.path.join(OUT, name, "tokenizer.json"), small, compact=True)
         write_json(os.path.join(OUT, name, "tokenizer_config.json"), config(v))
         expected[name] = {"inputs": f"tokenizer-vectors/ggml-vocab-{name}.gguf.inp",
-                          "ids": ids}
+                          "ids": ids, "tinyshakespeare": shakespeare(tk)}
 
     v = read_vocab(os.path.join(SHARED, "models", "stories260K.gguf"))
     tk = build(v)
@@ -203,6 +222,7 @@ def main():
                    "<|endoftext|>, stripped",
         "n_stories": N_STORIES,
         "story_ids": ids_of(tk, st),
+        "tinyshakespeare": shakespeare(tk),
     }
     write_json(os.path.join(OUT, "expected_ids.json"), expected, compact=True)
     total = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(OUT) for f in fs)

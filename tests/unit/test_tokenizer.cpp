@@ -181,6 +181,46 @@ TEST(TokenizerHfParity, Stories260kTinyStories) {
   for (const auto& t : texts) EXPECT_EQ(tok->decode(tok->encode(t, true, true, false)), t);
 }
 
+// All of tinyshakespeare.txt (1.1 MB, one encode call): count and hash of the `tokenizers`
+// package's ids with the full vocabularies.
+namespace {
+uint64_t fnv1a(const std::vector<int32_t>& ids) {
+  uint64_t h = 0xCBF29CE484222325ULL;
+  for (int32_t id : ids)
+    for (int k = 0; k < 4; ++k)
+      h = (h ^ ((static_cast<uint32_t>(id) >> (8 * k)) & 0xFF)) * 0x100000001B3ULL;
+  return h;
+}
+void check_shakespeare(const Tokenizer& tok, const nlohmann::json& want, const char* what) {
+  std::string p = qlft_test::shared_file("data/tinyshakespeare.txt");
+  if (p.empty()) return;
+  auto raw = qlft_test::read_file(p);
+  std::string text(raw.begin(), raw.end());
+  auto ids = tok.encode(text, false, false, false);
+  EXPECT_EQ(ids.size(), want["count"].get<size_t>()) << what;
+  char hex[32];
+  snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(fnv1a(ids)));
+  EXPECT_EQ(std::string(hex), want["fnv1a64"].get<std::string>()) << what;
+  EXPECT_EQ(tok.decode(ids), text) << what;
+}
+}  // namespace
+
+TEST(TokenizerHfParity, WholeTinyShakespeare) {
+  QLFT_NEED_SHARED(text, "data/tinyshakespeare.txt");
+  auto want = expected_ids();
+  for (const auto& [name, rel] : {std::pair<std::string, std::string>{
+                                      "llama-spm", "tokenizer-vectors/ggml-vocab-llama-spm.gguf"},
+                                  {"gpt-2", "tokenizer-vectors/ggml-vocab-gpt-2.gguf"},
+                                  {"stories260k", "models/stories260K.gguf"}}) {
+    std::string g = qlft_test::shared_file(rel);
+    if (g.empty()) continue;
+    check_shakespeare(*Tokenizer::from_gguf_file(g), want[name]["tinyshakespeare"], rel.c_str());
+  }
+  check_shakespeare(*Tokenizer::from_hf_json_file(
+                        qlft_test::fixture_path("tokenizer/stories260k/tokenizer.json")),
+                    want["stories260k"]["tinyshakespeare"], "stories260k tokenizer.json");
+}
+
 // ---- special tokens, streaming, bad input ----
 
 TEST(Tokenizer, SpecialTokensOnlyWithParseSpecial) {
