@@ -48,8 +48,9 @@ std::array<float, 256> create_dynamic_map(bool is_signed, int max_exponent_bits,
   };
   int i = 0;
   for (i = 0; i < max_exponent_bits; ++i) {
-    const int64_t fraction_items = is_signed ? (int64_t(1) << (i + non_sign_bits - max_exponent_bits)) + 1
-                                             : (int64_t(1) << (i + non_sign_bits - max_exponent_bits + 1)) + 1;
+    const int64_t fraction_items =
+        is_signed ? (int64_t(1) << (i + non_sign_bits - max_exponent_bits)) + 1
+                  : (int64_t(1) << (i + non_sign_bits - max_exponent_bits + 1)) + 1;
     add_means(fraction_items, i);
   }
   if (additional_items > 0) add_means(additional_items + 1, i - 1);
@@ -73,7 +74,8 @@ Blockwise8Quantizer::Blockwise8Quantizer(const float* code256)
   for (int j = 0; j < 255; ++j) mid[j] = 0.5f * (code_[j] + code_[j + 1]);
   int c = 0;
   for (int i = 0; i < kBlockwise8LutSize; ++i) {
-    const float v = -1.0f + (2.0f * static_cast<float>(i)) / static_cast<float>(kBlockwise8LutSize - 1);
+    const float v =
+        -1.0f + (2.0f * static_cast<float>(i)) / static_cast<float>(kBlockwise8LutSize - 1);
     while (c < 255 && mid[c] < v) ++c;
     lut_[i] = static_cast<uint8_t>(c);
   }

@@ -29,9 +29,15 @@ void ggml_dequantize(uint32_t type, const void* src, int64_t n, float* dst) {
                  "ggml_dequantize: %lld elements is not a multiple of the %s block size %u",
                  static_cast<long long>(n), t->name, t->block);
   switch (static_cast<GgmlType>(type)) {
-    case GgmlType::F32: std::memcpy(dst, src, static_cast<size_t>(n) * 4); return;
-    case GgmlType::F16: f16_to_f32_n(static_cast<const uint16_t*>(src), dst, n); return;
-    case GgmlType::BF16: bf16_to_f32_n(static_cast<const uint16_t*>(src), dst, n); return;
+    case GgmlType::F32:
+      std::memcpy(dst, src, static_cast<size_t>(n) * 4);
+      return;
+    case GgmlType::F16:
+      f16_to_f32_n(static_cast<const uint16_t*>(src), dst, n);
+      return;
+    case GgmlType::BF16:
+      bf16_to_f32_n(static_cast<const uint16_t*>(src), dst, n);
+      return;
     case GgmlType::F64: {
       const uint8_t* p = static_cast<const uint8_t*>(src);
       for (int64_t i = 0; i < n; ++i) {
@@ -41,13 +47,26 @@ void ggml_dequantize(uint32_t type, const void* src, int64_t n, float* dst) {
       }
       return;
     }
-    case GgmlType::Q4_0: blocks<32, 18, ggml_dequant_q4_0>(src, n, dst); return;
-    case GgmlType::Q4_1: blocks<32, 20, ggml_dequant_q4_1>(src, n, dst); return;
-    case GgmlType::Q8_0: blocks<32, 34, ggml_dequant_q8_0>(src, n, dst); return;
-    case GgmlType::Q4_K: blocks<256, 144, ggml_dequant_q4_k>(src, n, dst); return;
-    case GgmlType::Q5_K: blocks<256, 176, ggml_dequant_q5_k>(src, n, dst); return;
-    case GgmlType::Q6_K: blocks<256, 210, ggml_dequant_q6_k>(src, n, dst); return;
-    default: break;
+    case GgmlType::Q4_0:
+      blocks<32, 18, ggml_dequant_q4_0>(src, n, dst);
+      return;
+    case GgmlType::Q4_1:
+      blocks<32, 20, ggml_dequant_q4_1>(src, n, dst);
+      return;
+    case GgmlType::Q8_0:
+      blocks<32, 34, ggml_dequant_q8_0>(src, n, dst);
+      return;
+    case GgmlType::Q4_K:
+      blocks<256, 144, ggml_dequant_q4_k>(src, n, dst);
+      return;
+    case GgmlType::Q5_K:
+      blocks<256, 176, ggml_dequant_q5_k>(src, n, dst);
+      return;
+    case GgmlType::Q6_K:
+      blocks<256, 210, ggml_dequant_q6_k>(src, n, dst);
+      return;
+    default:
+      break;
   }
   throw_error(QLFT_ERR_INTERNAL, "ggml type %s marked dequantizable but has no decoder", t->name);
 }

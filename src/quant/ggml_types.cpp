@@ -11,26 +11,46 @@ const GgmlTypeTraits* ggml_type_traits(uint32_t type) {
       i8{"i8", 1, 1, false}, i16{"i16", 1, 2, false}, i32{"i32", 1, 4, false},
       i64{"i64", 1, 8, false}, f64{"f64", 1, 8, true}, bf16{"bf16", 1, 2, true};
   switch (static_cast<GgmlType>(type)) {
-    case GgmlType::F32: return &f32;
-    case GgmlType::F16: return &f16;
-    case GgmlType::Q4_0: return &q4_0;
-    case GgmlType::Q4_1: return &q4_1;
-    case GgmlType::Q5_0: return &q5_0;
-    case GgmlType::Q5_1: return &q5_1;
-    case GgmlType::Q8_0: return &q8_0;
-    case GgmlType::Q8_1: return &q8_1;
-    case GgmlType::Q2_K: return &q2_k;
-    case GgmlType::Q3_K: return &q3_k;
-    case GgmlType::Q4_K: return &q4_k;
-    case GgmlType::Q5_K: return &q5_k;
-    case GgmlType::Q6_K: return &q6_k;
-    case GgmlType::Q8_K: return &q8_k;
-    case GgmlType::I8: return &i8;
-    case GgmlType::I16: return &i16;
-    case GgmlType::I32: return &i32;
-    case GgmlType::I64: return &i64;
-    case GgmlType::F64: return &f64;
-    case GgmlType::BF16: return &bf16;
+    case GgmlType::F32:
+      return &f32;
+    case GgmlType::F16:
+      return &f16;
+    case GgmlType::Q4_0:
+      return &q4_0;
+    case GgmlType::Q4_1:
+      return &q4_1;
+    case GgmlType::Q5_0:
+      return &q5_0;
+    case GgmlType::Q5_1:
+      return &q5_1;
+    case GgmlType::Q8_0:
+      return &q8_0;
+    case GgmlType::Q8_1:
+      return &q8_1;
+    case GgmlType::Q2_K:
+      return &q2_k;
+    case GgmlType::Q3_K:
+      return &q3_k;
+    case GgmlType::Q4_K:
+      return &q4_k;
+    case GgmlType::Q5_K:
+      return &q5_k;
+    case GgmlType::Q6_K:
+      return &q6_k;
+    case GgmlType::Q8_K:
+      return &q8_k;
+    case GgmlType::I8:
+      return &i8;
+    case GgmlType::I16:
+      return &i16;
+    case GgmlType::I32:
+      return &i32;
+    case GgmlType::I64:
+      return &i64;
+    case GgmlType::F64:
+      return &f64;
+    case GgmlType::BF16:
+      return &bf16;
   }
   return nullptr;
 }

@@ -30,10 +30,10 @@ enum class GgmlType : uint32_t {
 };
 
 struct GgmlTypeTraits {
-  const char* name;   // "q4_0"
-  uint32_t block;     // elements per block (1 for plain types)
-  uint32_t bytes;     // bytes per block
-  bool dequantizable; // qlft can turn it into f32
+  const char* name;    // "q4_0"
+  uint32_t block;      // elements per block (1 for plain types)
+  uint32_t bytes;      // bytes per block
+  bool dequantizable;  // qlft can turn it into f32
 };
 
 // nullptr for ids qlft does not know.

@@ -20,8 +20,8 @@ void int8_quantize_rows(const float* x, int64_t rows, int64_t cols, int8_t* code
   }
 }
 
-void int8_dequantize_rows(const int8_t* codes, const float* scb, int64_t r0, int64_t n, int64_t cols,
-                          float* out) {
+void int8_dequantize_rows(const int8_t* codes, const float* scb, int64_t r0, int64_t n,
+                          int64_t cols, float* out) {
   for (int64_t r = 0; r < n; ++r) {
     const int8_t* q = codes + (r0 + r) * cols;
     const float s = scb[r0 + r];

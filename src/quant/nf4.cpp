@@ -83,7 +83,8 @@ void nf4_decode_absmax(const uint8_t* codes, const float* nested_absmax, const f
                        float* absmax) {
   for (int64_t i = 0; i < count; ++i) {
     const int64_t b = b0 + i;
-    absmax[i] = nested_absmax_decode(nested_code, codes[b], nested_absmax[b / nested_blocksize], offset);
+    absmax[i] =
+        nested_absmax_decode(nested_code, codes[b], nested_absmax[b / nested_blocksize], offset);
   }
 }
 
@@ -113,7 +114,8 @@ void nf4_dequantize_span(const uint8_t* packed, int64_t e, int64_t len, float ab
     const __m512 vlo = _mm512_permutexvar_ps(lo, table);
     // interleave: out[2k] = hi[k], out[2k+1] = lo[k]
     const __m512i idx0 = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-    const __m512i idx1 = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    const __m512i idx1 =
+        _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
     _mm512_storeu_ps(o + 2 * j, _mm512_permutex2var_ps(vhi, idx0, vlo));
     _mm512_storeu_ps(o + 2 * j + 16, _mm512_permutex2var_ps(vhi, idx1, vlo));
   }
@@ -132,7 +134,8 @@ void nf4_dequantize_span(const uint8_t* packed, int64_t e, int64_t len, float ab
 
 void nf4_dequantize(const uint8_t* packed, const float* absmax, int64_t blocksize, int64_t e0,
                     int64_t count, float* out) {
-  nf4_dequantize_range(packed, blocksize, e0, count, [absmax](int64_t b) { return absmax[b]; }, out);
+  nf4_dequantize_range(
+      packed, blocksize, e0, count, [absmax](int64_t b) { return absmax[b]; }, out);
 }
 
 }  // namespace qlft

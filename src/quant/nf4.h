@@ -13,8 +13,12 @@ namespace qlft {
 
 // Checks blocksize is a power of two in [2, 65536]; throws INVALID_ARGUMENT naming `what`.
 void nf4_check_blocksize(int64_t blocksize, const char* what);
-inline int64_t nf4_num_blocks(int64_t n, int64_t blocksize) { return (n + blocksize - 1) / blocksize; }
-inline int64_t nf4_packed_bytes(int64_t n) { return (n + 1) / 2; }
+inline int64_t nf4_num_blocks(int64_t n, int64_t blocksize) {
+  return (n + blocksize - 1) / blocksize;
+}
+inline int64_t nf4_packed_bytes(int64_t n) {
+  return (n + 1) / 2;
+}
 
 // packed: nf4_packed_bytes(n) bytes; absmax: nf4_num_blocks(n, blocksize) floats.
 void nf4_quantize(const float* x, int64_t n, int64_t blocksize, uint8_t* packed, float* absmax);

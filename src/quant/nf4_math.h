@@ -40,7 +40,9 @@ QLFT_HD inline float nf4_value(uint32_t nibble) {
 
 // Decision boundary between NF4 codes i and i+1: (code[i] + code[i+1]) / 2 in float32, as
 // bitsandbytes' _get_4bit_quantize_bounds computes it.
-QLFT_HD inline float nf4_midpoint(uint32_t i) { return (nf4_value(i) + nf4_value(i + 1)) / 2.0f; }
+QLFT_HD inline float nf4_midpoint(uint32_t i) {
+  return (nf4_value(i) + nf4_value(i + 1)) / 2.0f;
+}
 
 // NF4 code of a value already scaled into [-1, 1]: torch.bucketize(x, midpoints, right=False),
 // i.e. the number of midpoints strictly below x. A value exactly on a midpoint takes the lower
@@ -58,10 +60,14 @@ QLFT_HD inline float nf4_clamp_absmax(float absmax) {
   const float kMin = static_cast<float>(1e-38);
   return absmax < kMin ? kMin : absmax;
 }
-QLFT_HD inline float clamp_unit(float v) { return v < -1.0f ? -1.0f : (v > 1.0f ? 1.0f : v); }
+QLFT_HD inline float clamp_unit(float v) {
+  return v < -1.0f ? -1.0f : (v > 1.0f ? 1.0f : v);
+}
 
 // Dequantized NF4 element: code value times the block's absmax (one float multiply).
-QLFT_HD inline float nf4_decode(uint32_t nibble, float absmax) { return nf4_value(nibble) * absmax; }
+QLFT_HD inline float nf4_decode(uint32_t nibble, float absmax) {
+  return nf4_value(nibble) * absmax;
+}
 
 // Packed NF4 byte i holds element 2i in the high nibble and element 2i+1 in the low nibble.
 QLFT_HD inline uint32_t nf4_nibble(const uint8_t* packed, int64_t element) {
@@ -109,7 +115,9 @@ QLFT_HD inline uint32_t blockwise8_lut_index(float scaled) {
 // ---- LLM.int8 row-wise absmax ---------------------------------------------------------------
 
 // Row scale for quantizing: 127.0 / SCB as torch evaluates it (reciprocal(SCB) * 127).
-QLFT_HD inline float int8_row_scale(float scb) { return (1.0f / scb) * 127.0f; }
+QLFT_HD inline float int8_row_scale(float scb) {
+  return (1.0f / scb) * 127.0f;
+}
 
 // int8 code: round half to even of x * scale, as torch.round then .to(int8). A non-finite product
 // (an all-zero row: 0 * inf) gives 0.

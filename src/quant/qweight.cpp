@@ -14,12 +14,18 @@ namespace qlft {
 
 const char* quant_kind_name(QuantKind k) {
   switch (k) {
-    case QuantKind::F32: return "f32";
-    case QuantKind::F16: return "f16";
-    case QuantKind::BF16: return "bf16";
-    case QuantKind::NF4: return "nf4";
-    case QuantKind::INT8: return "int8";
-    case QuantKind::GGML: return "ggml";
+    case QuantKind::F32:
+      return "f32";
+    case QuantKind::F16:
+      return "f16";
+    case QuantKind::BF16:
+      return "bf16";
+    case QuantKind::NF4:
+      return "nf4";
+    case QuantKind::INT8:
+      return "int8";
+    case QuantKind::GGML:
+      return "ggml";
   }
   return "?";
 }
@@ -45,9 +51,15 @@ void QWeight::dequantize_rows(int64_t r0, int64_t n, float* out) const {
   const int64_t off = r0 * cols, cnt = n * cols;
   if (cnt == 0) return;
   switch (kind) {
-    case QuantKind::F32: std::memcpy(out, data.as<float>() + off, cnt * 4); return;
-    case QuantKind::F16: f16_to_f32_n(data.as<uint16_t>() + off, out, cnt); return;
-    case QuantKind::BF16: bf16_to_f32_n(data.as<uint16_t>() + off, out, cnt); return;
+    case QuantKind::F32:
+      std::memcpy(out, data.as<float>() + off, cnt * 4);
+      return;
+    case QuantKind::F16:
+      f16_to_f32_n(data.as<uint16_t>() + off, out, cnt);
+      return;
+    case QuantKind::BF16:
+      bf16_to_f32_n(data.as<uint16_t>() + off, out, cnt);
+      return;
     case QuantKind::NF4: {
       const uint8_t* packed = data.as<uint8_t>();
       if (!double_quant) {
@@ -153,9 +165,10 @@ QWeight qweight_from_ggml(MemoryTracker* tracker, uint32_t ggml_type, const void
   if (!t) throw_error(QLFT_ERR_FORMAT, "unknown ggml type %u", ggml_type);
   if (!t->dequantizable)
     throw_error(QLFT_ERR_UNSUPPORTED, "ggml type %s cannot be dequantized by qlft", t->name);
-  QLFT_CHECK_FORMAT(rows >= 0 && cols >= 0 && cols % t->block == 0,
-                    "ggml %s weight [%lld, %lld]: row length is not a multiple of the block size %u",
-                    t->name, static_cast<long long>(rows), static_cast<long long>(cols), t->block);
+  QLFT_CHECK_FORMAT(
+      rows >= 0 && cols >= 0 && cols % t->block == 0,
+      "ggml %s weight [%lld, %lld]: row length is not a multiple of the block size %u", t->name,
+      static_cast<long long>(rows), static_cast<long long>(cols), t->block);
   QWeight w;
   w.kind = QuantKind::GGML;
   w.ggml_type = ggml_type;

@@ -79,10 +79,11 @@ def gen_nf4():
     for name, x, bs, dq in nf4_cases():
         packed, st = F.quantize_4bit(x.clone(), blocksize=bs, quant_type="nf4", compress_statistics=dq)
         deq = F.dequantize_4bit(packed, st)
-        # bitsandbytes 0.50.2's native CPU dequantize_4bit kernel picks the wrong absmax when
-        # the blocksize exceeds the row length (e.g. [16, 96] with blocksize 256: element 256
-        # still uses absmax[0]); its own reference implementation (backends/default), the CUDA
-        # kernels and quantize_4bit all run blocks over the flattened tensor. Expect that.
+        # bitsandbytes 0.50.2's native CPU dequantize_4bit kernel picks the wrong absmax when a
+        # block straddles two rows and the row length is a multiple of 32 (e.g. [16, 96] with
+        # blocksize 256, [40, 96] with 64: its vectorized path assumes blocks lie within rows);
+        # its own reference implementation (backends/default), the CUDA kernels and
+        # quantize_4bit all run blocks over the flattened tensor. Expect that.
         absmax = F.dequantize_blockwise(st.absmax, st.state2) + st.offset if dq else st.absmax
         ref = _dequantize_4bit_ref(packed.reshape(-1), absmax, bs, x.numel())
         native_ok = bool(torch.equal(ref, deq.reshape(-1).float()))
@@ -217,7 +218,11 @@ def gen_bnb():
         lin = lin.to("cpu")
         for k, v in lin.state_dict().items():
             tensors[f"{prefix}.{k}"] = v.contiguous()
-        expect[f"{prefix}.expected"] = F.dequantize_4bit(lin.weight.data, lin.weight.quant_state).float()
+        qs = lin.weight.quant_state
+        absmax = F.dequantize_blockwise(qs.absmax, qs.state2) + qs.offset if dq else qs.absmax
+        # reference dequantization (see gen_nf4 on the native CPU kernel's row-straddling bug)
+        expect[f"{prefix}.expected"] = _dequantize_4bit_ref(lin.weight.data.reshape(-1), absmax, bs,
+                                                            rows * cols).reshape(rows, cols)
     # INT8 (Linear8bitLt with has_fp16_weights=False stores weight=CB int8 and SCB)
     prefix = "model.layers.0.self_attn.o_proj"
     w = torch.randn(20, 64) * 0.1

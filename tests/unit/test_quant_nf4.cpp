@@ -21,7 +21,8 @@ namespace {
 
 struct Fixture {
   std::unique_ptr<SafetensorsFile> f;
-  explicit Fixture(const std::string& name) : f(SafetensorsFile::open(qlft_test::fixture_path("quant/" + name))) {}
+  explicit Fixture(const std::string& name)
+      : f(SafetensorsFile::open(qlft_test::fixture_path("quant/" + name))) {}
   const SafeTensorInfo& t(const std::string& name) const {
     for (const auto& x : f->tensors())
       if (x.name == name) return x;
@@ -34,11 +35,14 @@ struct Fixture {
     std::memcpy(v.data(), x.data, x.nbytes);
     return v;
   }
-  nlohmann::json meta(const std::string& key) const { return nlohmann::json::parse(f->metadata().at(key)); }
+  nlohmann::json meta(const std::string& key) const {
+    return nlohmann::json::parse(f->metadata().at(key));
+  }
 };
 
 // Bitwise float equality (so -0 vs 0 or NaN payloads would show up too).
-void expect_same_bits(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+void expect_same_bits(const std::vector<float>& got, const std::vector<float>& want,
+                      const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   size_t bad = 0;
   for (size_t i = 0; i < got.size(); ++i)
@@ -87,7 +91,8 @@ TEST(Nf4, QuantizeAndDequantizeMatchBitsandbytesBitForBit) {
     size_t bad = 0;
     for (size_t i = 0; i < packed.size(); ++i)
       if (packed[i] != want_packed[i] && bad++ < 5)
-        ADD_FAILURE() << "byte " << i << ": got " << int(packed[i]) << " want " << int(want_packed[i]);
+        ADD_FAILURE() << "byte " << i << ": got " << int(packed[i]) << " want "
+                      << int(want_packed[i]);
     EXPECT_EQ(bad, 0u);
 
     std::vector<float> deq(n);
@@ -105,8 +110,8 @@ TEST(Nf4, QuantizeAndDequantizeMatchBitsandbytesBitForBit) {
       EXPECT_EQ(codes, fx.get<uint8_t>(name + ".absmax_codes"));
       expect_same_bits(nested, fx.get<float>(name + ".nested_absmax"), "nested absmax");
       auto ncode = fx.get<float>(name + ".nested_code");
-      expect_same_bits(std::vector<float>(nf4_nested_code().begin(), nf4_nested_code().end()), ncode,
-                       "nested code");
+      expect_same_bits(std::vector<float>(nf4_nested_code().begin(), nf4_nested_code().end()),
+                       ncode, "nested code");
       std::vector<float> am(nb);
       nf4_decode_absmax(codes.data(), nested.data(), ncode.data(), offset, 256, 0, nb, am.data());
       nf4_dequantize(packed.data(), am.data(), bs, 0, n, deq.data());
@@ -140,8 +145,10 @@ TEST(Nf4, DequantizeAnyRangeEqualsWholeTensor) {
 TEST(Blockwise8, DynamicMapsEqualCreateDynamicMap) {
   Fixture fx("blockwise8.safetensors");
   auto s = create_dynamic_map(true), u = create_dynamic_map(false);
-  expect_same_bits(std::vector<float>(s.begin(), s.end()), fx.get<float>("map_signed"), "signed map");
-  expect_same_bits(std::vector<float>(u.begin(), u.end()), fx.get<float>("map_unsigned"), "unsigned map");
+  expect_same_bits(std::vector<float>(s.begin(), s.end()), fx.get<float>("map_signed"),
+                   "signed map");
+  expect_same_bits(std::vector<float>(u.begin(), u.end()), fx.get<float>("map_unsigned"),
+                   "unsigned map");
 }
 
 TEST(Blockwise8, QuantizeBlockwiseMatchesBitsandbytes) {
@@ -162,7 +169,8 @@ TEST(Blockwise8, QuantizeBlockwiseMatchesBitsandbytes) {
     size_t bad = 0;
     for (int64_t i = 0; i < n; ++i)
       if (codes[i] != want[i] && bad++ < 5)
-        ADD_FAILURE() << "code " << i << ": got " << int(codes[i]) << " want " << int(want[i]) << " x=" << x[i];
+        ADD_FAILURE() << "code " << i << ": got " << int(codes[i]) << " want " << int(want[i])
+                      << " x=" << x[i];
     EXPECT_EQ(bad, 0u);
     expect_same_bits(absmax, fx.get<float>(name + ".absmax"), "absmax");
     dequantize_blockwise8(map.data(), codes.data(), absmax.data(), n, bs, deq.data());
@@ -178,7 +186,8 @@ TEST(Blockwise8, MeanMatchesTorch) {
   int64_t off = 0;
   for (size_t k = 0; k < sizes.size(); ++k) {
     const float got = torch_mean_f32(vals.data() + off, sizes[k]);
-    EXPECT_EQ(f32_bits(got), f32_bits(want[k])) << "n=" << sizes[k] << " got " << got << " want " << want[k];
+    EXPECT_EQ(f32_bits(got), f32_bits(want[k]))
+        << "n=" << sizes[k] << " got " << got << " want " << want[k];
     off += sizes[k];
   }
 }
