@@ -179,6 +179,124 @@ typedef struct qlft_model_details {
 
 QLFT_API int32_t qlft_model_info(const qlft_model* model, qlft_model_details* out);
 
+/* ---- Tokenizer -------------------------------------------------------------------------- */
+
+/* Encodes text (text_len bytes, not NUL-terminated necessarily) with the model's tokenizer.
+ * add_bos: prepend BOS when the vocabulary has one; parse_special: spellings of special tokens
+ * in the text become their ids. Writes up to capacity ids; *n_ids receives the full count (call
+ * with capacity 0 to size the buffer; too small a buffer is QLFT_ERR_INVALID_ARGUMENT). */
+QLFT_API int32_t qlft_tokenize(const qlft_model* model, const char* text, size_t text_len,
+                               int32_t add_bos, int32_t parse_special, int32_t* ids,
+                               size_t capacity, size_t* n_ids);
+/* Decodes ids to UTF-8 text (special tokens skipped) into buf with its NUL; *needed receives
+ * the size with the NUL. */
+QLFT_API int32_t qlft_detokenize(const qlft_model* model, const int32_t* ids, size_t n_ids,
+                                 char* buf, size_t buf_size, size_t* needed);
+
+/* ---- Dataset ---------------------------------------------------------------------------- */
+
+typedef struct qlft_dataset qlft_dataset;
+
+/* Reads path (.txt, .json, .jsonl) and tokenizes it with the model's tokenizer, using the
+ * data.* settings (format, template, seq_len, packing, split, seed). Bad records fail with
+ * QLFT_ERR_FORMAT naming file and line, or are skipped and counted (data.on_error = skip).
+ * The dataset must not outlive the model. */
+QLFT_API int32_t qlft_dataset_load(const qlft_model* model, const char* path,
+                                   const qlft_config* config, qlft_dataset** out);
+QLFT_API void qlft_dataset_free(qlft_dataset* dataset);
+
+#define QLFT_HISTOGRAM_BUCKETS 16
+
+typedef struct qlft_dataset_stats {
+  uint32_t struct_size;
+  uint64_t records;          /* records read (after skipping bad ones) */
+  uint64_t dropped_records;  /* skipped with data.on_error = skip */
+  uint64_t tokens;           /* tokens after templating */
+  uint64_t trained_tokens;   /* tokens whose loss is trained (not masked) */
+  uint64_t train_sequences;  /* packed or padded rows of data.seq_len */
+  uint64_t eval_sequences;
+  double fill_ratio;         /* non-padding token slots / all slots */
+  uint32_t histogram_bucket_width; /* tokens per bucket of record lengths */
+  uint64_t length_histogram[QLFT_HISTOGRAM_BUCKETS]; /* last bucket collects the rest */
+} qlft_dataset_stats;
+
+QLFT_API int32_t qlft_dataset_get_stats(const qlft_dataset* dataset, qlft_dataset_stats* out);
+
+/* ---- Trainer ---------------------------------------------------------------------------- */
+
+typedef struct qlft_trainer qlft_trainer;
+
+typedef struct qlft_step_stats {
+  uint32_t struct_size;
+  uint64_t step;          /* optimizer steps done, counting this one */
+  uint64_t total_steps;   /* train.max_steps, or the steps of train.epochs */
+  float loss;             /* mean token loss of this step's micro-batches */
+  float learning_rate;
+  float grad_norm;        /* before clipping */
+  float loss_scale;       /* fp16 loss scale (1 otherwise) */
+  uint32_t skipped;       /* 1 if the step was skipped (non-finite gradients) */
+  uint64_t tokens;        /* trained tokens in this step */
+  double tokens_per_second;
+  double elapsed_seconds;
+  double eta_seconds;
+  uint64_t memory_reserved; /* runtime-owned bytes now */
+  uint64_t memory_peak;     /* highest runtime-owned bytes so far */
+  float eval_loss;          /* NaN unless an evaluation ran after this step */
+} qlft_step_stats;
+
+/* Return nonzero to stop training after this step (qlft_trainer_train returns
+ * QLFT_ERR_CANCELLED). */
+typedef int32_t (*qlft_progress_fn)(const qlft_step_stats* stats, void* user_data);
+
+/* Creates LoRA adapters (lora.*) on the model and an optimizer (optim.*). train_data may be
+ * NULL for a trainer used only to evaluate, load adapters or generate. The trainer must not
+ * outlive the model or the dataset. */
+QLFT_API int32_t qlft_trainer_create(qlft_model* model, qlft_dataset* train_data,
+                                     const qlft_config* config, qlft_trainer** out);
+QLFT_API void qlft_trainer_free(qlft_trainer* trainer);
+/* One optimizer step (train.accumulation micro-batches). */
+QLFT_API int32_t qlft_trainer_step(qlft_trainer* trainer, qlft_step_stats* out);
+/* Steps until train.max_steps / train.epochs, evaluating and checkpointing as configured. */
+QLFT_API int32_t qlft_trainer_train(qlft_trainer* trainer, qlft_progress_fn progress,
+                                    void* user_data);
+/* Asks a running qlft_trainer_train to stop after the current step. Safe from another thread
+ * and from a signal handler. */
+QLFT_API void qlft_trainer_cancel(qlft_trainer* trainer);
+
+typedef struct qlft_eval_result {
+  uint32_t struct_size;
+  double loss;       /* mean token loss over the held-out split */
+  double perplexity; /* exp(loss) */
+  uint64_t tokens;
+} qlft_eval_result;
+
+/* Evaluates on data (or, if NULL, the held-out split of the training data). */
+QLFT_API int32_t qlft_trainer_evaluate(qlft_trainer* trainer, qlft_dataset* data,
+                                       qlft_eval_result* out);
+
+/* format: "peft" (a directory with adapter_model.safetensors + adapter_config.json),
+ * "gguf" (a llama.cpp LoRA adapter file). Written atomically. */
+QLFT_API int32_t qlft_trainer_save_adapter(qlft_trainer* trainer, const char* path,
+                                           const char* format);
+/* Loads a PEFT adapter directory (its r, alpha and targets must match the trainer's). */
+QLFT_API int32_t qlft_trainer_load_adapter(qlft_trainer* trainer, const char* path);
+/* A checkpoint holds LoRA weights, optimizer, scheduler, loss scaler, RNG and data position;
+ * written atomically. Resuming continues exactly where the checkpoint was taken. */
+QLFT_API int32_t qlft_trainer_save_checkpoint(qlft_trainer* trainer, const char* path);
+QLFT_API int32_t qlft_trainer_resume(qlft_trainer* trainer, const char* path);
+QLFT_API int32_t qlft_trainer_memory_report(const qlft_trainer* trainer, qlft_memory_report* out);
+
+/* ---- Generation ------------------------------------------------------------------------- */
+
+/* Receives generated text as it becomes complete UTF-8; return nonzero to stop. */
+typedef int32_t (*qlft_text_fn)(const char* text, void* user_data);
+
+/* Generates from prompt with the generate.* settings (max_tokens, temperature, top_k, top_p,
+ * seed); with the trainer's adapter when trainer is not NULL. */
+QLFT_API int32_t qlft_generate(const qlft_model* model, const qlft_trainer* trainer,
+                               const char* prompt, const qlft_config* config,
+                               qlft_text_fn on_text, void* user_data);
+
 #ifdef __cplusplus
 }
 #endif

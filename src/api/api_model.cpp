@@ -6,6 +6,10 @@
 
 using qlft::guard;
 
+namespace qlft {
+void attach_tokenizer(qlft_model& m);
+}
+
 namespace {
 void copy_str(char* dst, size_t cap, const std::string& s) {
   size_t n = s.size() < cap - 1 ? s.size() : cap - 1;
@@ -33,6 +37,7 @@ int32_t qlft_model_load(qlft_runtime* runtime, const char* path, const qlft_conf
     auto m = std::make_unique<qlft_model>();
     m->runtime = runtime;
     m->model = qlft::load_model(&runtime->tracker, path, opt);
+    qlft::attach_tokenizer(*m);
     *out = m.release();
   });
 }

@@ -6,6 +6,15 @@
 #include "config/config.h"
 #include "core/memory.h"
 #include "model/model.h"
+#include "tokenizer/tokenizer.h"
+
+namespace qlft {
+class Trainer;
+namespace data {
+class Dataset;
+class TextEncoder;
+}  // namespace data
+}  // namespace qlft
 
 struct qlft_config {
   qlft::Config cfg;
@@ -20,6 +29,26 @@ struct qlft_runtime {
 struct qlft_model {
   qlft_runtime* runtime = nullptr;
   std::unique_ptr<qlft::Model> model;
+  // The model's own tokenizer (GGUF metadata or tokenizer.json beside an HF model); null with
+  // tokenizer_error saying why when the model has none or it is malformed.
+  std::unique_ptr<qlft::Tokenizer> tokenizer;
+  std::string tokenizer_error;
+  const qlft::Tokenizer& need_tokenizer() const;
+};
+
+struct qlft_dataset {
+  const qlft_model* model = nullptr;
+  std::unique_ptr<qlft::data::TextEncoder> encoder;
+  std::unique_ptr<qlft::data::Dataset> data;
+  ~qlft_dataset();
+};
+
+struct qlft_trainer {
+  qlft_model* model = nullptr;
+  qlft_dataset* data = nullptr;
+  qlft::Config cfg;
+  std::unique_ptr<qlft::Trainer> trainer;
+  ~qlft_trainer();
 };
 
 namespace qlft {

@@ -37,6 +37,33 @@ struct ModelDeleter {
 using ConfigPtr = std::unique_ptr<qlft_config, ConfigDeleter>;
 using RuntimePtr = std::unique_ptr<qlft_runtime, RuntimeDeleter>;
 using ModelPtr = std::unique_ptr<qlft_model, ModelDeleter>;
+struct DatasetDeleter {
+  void operator()(qlft_dataset* d) const { qlft_dataset_free(d); }
+};
+struct TrainerDeleter {
+  void operator()(qlft_trainer* t) const { qlft_trainer_free(t); }
+};
+using DatasetPtr = std::unique_ptr<qlft_dataset, DatasetDeleter>;
+using TrainerPtr = std::unique_ptr<qlft_trainer, TrainerDeleter>;
+
+struct Args;
+
+// Runtime, model, dataset and trainer of one command, released in reverse order.
+struct TrainSession {
+  RuntimePtr runtime;
+  ModelPtr model;
+  DatasetPtr data;
+  TrainerPtr trainer;
+  ~TrainSession() {
+    trainer.reset();
+    data.reset();
+    model.reset();
+    runtime.reset();
+  }
+};
+// Opens runtime and model from --model, the dataset from --data (required if need_data), and a
+// trainer; with --adapter DIR loads that PEFT adapter. Prints errors; returns 0 or an exit code.
+int open_session(const Args& a, const qlft_config* cfg, TrainSession* s, bool need_data);
 
 // "12.0 MiB"
 std::string human_bytes(uint64_t b);
@@ -51,10 +78,14 @@ struct Args {
 // known_flags: subcommand flags that are not config keys; bool_flags take no value.
 bool parse_args(int argc, char** argv, int first, const std::vector<std::string>& known_flags,
                 const std::vector<std::string>& bool_flags, Args* out, std::string* error);
-// Builds a config from settings; prints the error and returns nullptr on failure.
+// Builds a config: the --config YAML file first, then the --key value settings over it.
+// Prints the error and returns nullptr on failure.
 ConfigPtr make_config(const Args& a, int* exit_code);
 
 int cmd_inspect(int argc, char** argv);
+int cmd_train(int argc, char** argv);
+int cmd_tokenize(int argc, char** argv);
+int cmd_data_stats(int argc, char** argv);
 int cmd_config_doc(int argc, char** argv);
 
 }  // namespace cli

@@ -103,6 +103,14 @@ ConfigPtr make_config(const Args& a, int* exit_code) {
     return nullptr;
   }
   ConfigPtr cfg(raw);
+  auto file = a.flags.find("config");
+  if (file != a.flags.end()) {
+    st = qlft_config_load_file(cfg.get(), file->second.c_str());
+    if (st != QLFT_OK) {
+      *exit_code = fail(file->second.c_str(), st);
+      return nullptr;
+    }
+  }
   for (const auto& kv : a.settings) {
     st = qlft_config_set(cfg.get(), kv.first.c_str(), kv.second.c_str());
     if (st != QLFT_OK) {
@@ -111,6 +119,54 @@ ConfigPtr make_config(const Args& a, int* exit_code) {
     }
   }
   return cfg;
+}
+
+int open_session(const Args& a, const qlft_config* cfg, TrainSession* s, bool need_data) {
+  qlft_runtime* rt = nullptr;
+  int32_t st = qlft_runtime_create(cfg, &rt);
+  if (st != QLFT_OK) return fail("runtime", st);
+  s->runtime.reset(rt);
+  auto m = a.flags.find("model");
+  if (m == a.flags.end()) {
+    std::fprintf(stderr, "qlft-finetune: --model is required\n");
+    return kUsage;
+  }
+  qlft_model* model = nullptr;
+  st = qlft_model_load(rt, m->second.c_str(), cfg, &model);
+  if (st != QLFT_OK) return fail(m->second.c_str(), st);
+  s->model.reset(model);
+  auto d = a.flags.find("data");
+  if (d != a.flags.end()) {
+    qlft_dataset* data = nullptr;
+    st = qlft_dataset_load(model, d->second.c_str(), cfg, &data);
+    if (st != QLFT_OK) return fail(d->second.c_str(), st);
+    s->data.reset(data);
+    qlft_dataset_stats ds{};
+    ds.struct_size = sizeof ds;
+    if (qlft_dataset_get_stats(data, &ds) == QLFT_OK)
+      std::fprintf(stderr,
+                   "data: %llu records (%llu dropped), %llu tokens, %llu trained, %llu train / "
+                   "%llu eval sequences, %.1f%% filled\n",
+                   static_cast<unsigned long long>(ds.records),
+                   static_cast<unsigned long long>(ds.dropped_records),
+                   static_cast<unsigned long long>(ds.tokens),
+                   static_cast<unsigned long long>(ds.trained_tokens),
+                   static_cast<unsigned long long>(ds.train_sequences),
+                   static_cast<unsigned long long>(ds.eval_sequences), 100.0 * ds.fill_ratio);
+  } else if (need_data) {
+    std::fprintf(stderr, "qlft-finetune: --data is required\n");
+    return kUsage;
+  }
+  qlft_trainer* t = nullptr;
+  st = qlft_trainer_create(model, s->data.get(), cfg, &t);
+  if (st != QLFT_OK) return fail("trainer", st);
+  s->trainer.reset(t);
+  auto ad = a.flags.find("adapter");
+  if (ad != a.flags.end()) {
+    st = qlft_trainer_load_adapter(t, ad->second.c_str());
+    if (st != QLFT_OK) return fail(ad->second.c_str(), st);
+  }
+  return kOk;
 }
 
 }  // namespace cli

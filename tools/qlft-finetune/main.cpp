@@ -10,7 +10,10 @@ void usage(FILE* f) {
   std::fprintf(f,
                "usage: qlft-finetune COMMAND [args] [--setting value ...]\n\n"
                "commands:\n"
+               "  train             fine-tune a LoRA adapter: --model M --data FILE [--config Y]\n"
                "  inspect MODEL     architecture, shapes, quantization and memory of a model\n"
+               "  tokenize          --model M [--text T | --file F] [--no-bos] [--ids]\n"
+               "  data-stats        --model M --data FILE: records, tokens, lengths\n"
                "  config-doc        print the settings reference (docs/CONFIG.md)\n"
                "  version           print the version and build information\n\n"
                "Settings are the keys of docs/CONFIG.md, given as --key value.\n");
@@ -24,6 +27,9 @@ int main(int argc, char** argv) {
   }
   std::string cmd = argv[1];
   if (cmd == "inspect") return cli::cmd_inspect(argc, argv);
+  if (cmd == "train") return cli::cmd_train(argc, argv);
+  if (cmd == "tokenize") return cli::cmd_tokenize(argc, argv);
+  if (cmd == "data-stats") return cli::cmd_data_stats(argc, argv);
   if (cmd == "config-doc") return cli::cmd_config_doc(argc, argv);
   if (cmd == "version" || cmd == "--version") {
     std::printf("%s\n", qlft_build_info());

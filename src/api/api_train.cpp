@@ -1,0 +1,237 @@
+// qlft_dataset and qlft_trainer: the training half of the C ABI.
+#include <cmath>
+#include <cstring>
+
+#include "api/handles.h"
+#include "config/config.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "data/dataset.h"
+#include "data/tokenizer_encoder.h"
+#include "train/adapter_io.h"
+#include "train/trainer.h"
+
+using qlft::guard;
+
+qlft_dataset::~qlft_dataset() = default;
+qlft_trainer::~qlft_trainer() = default;
+
+namespace {
+
+template <class T>
+void copy_out(const T& full, T* out) {
+  uint32_t n = out->struct_size < sizeof(T) ? out->struct_size : static_cast<uint32_t>(sizeof(T));
+  std::memcpy(out, &full, n);
+  out->struct_size = n;
+}
+
+#define QLFT_CHECK_STRUCT(p, T)                                                              \
+  QLFT_CHECK_ARG((p) && (p)->struct_size >= sizeof(uint32_t),                                \
+                 "%s: out is NULL or out->struct_size is not set (use sizeof(" #T "))", __func__)
+
+void fill_stats(const qlft_trainer* t, const qlft::StepReport& r, qlft_step_stats* s,
+                double elapsed) {
+  qlft_step_stats full{};
+  full.struct_size = sizeof(full);
+  full.step = static_cast<uint64_t>(r.step);
+  full.total_steps = static_cast<uint64_t>(t->trainer->total_steps());
+  full.loss = static_cast<float>(r.loss);
+  full.learning_rate = static_cast<float>(r.lr);
+  full.grad_norm = static_cast<float>(r.grad_norm);
+  full.loss_scale = r.loss_scale;
+  full.skipped = r.skipped ? 1 : 0;
+  full.tokens = static_cast<uint64_t>(r.tokens);
+  full.tokens_per_second = r.seconds > 0 ? r.tokens / r.seconds : 0;
+  full.elapsed_seconds = elapsed;
+  int64_t left = t->trainer->total_steps() - r.step;
+  full.eta_seconds = r.step > 0 && left > 0 ? elapsed / r.step * left : 0;
+  qlft::MemorySnapshot m = t->trainer->tracker()->snapshot();
+  full.memory_reserved = m.total_reserved;
+  full.memory_peak = m.total_peak;
+  full.eval_loss = NAN;
+  copy_out(full, s);
+}
+
+}  // namespace
+
+extern "C" {
+
+int32_t qlft_dataset_load(const qlft_model* model, const char* path, const qlft_config* config,
+                          qlft_dataset** out) {
+  return guard([&] {
+    QLFT_CHECK_ARG(out, "qlft_dataset_load: out is NULL");
+    *out = nullptr;
+    QLFT_CHECK_ARG(model && path && *path, "qlft_dataset_load: model and path must be given");
+    qlft::Config c = qlft::config_or_default(config);
+    c.set("data.path", path);
+    auto d = std::make_unique<qlft_dataset>();
+    d->model = model;
+    d->encoder = std::make_unique<qlft::data::TokenizerEncoder>(model->need_tokenizer());
+    d->data = std::make_unique<qlft::data::Dataset>(
+        qlft::data::Dataset::build(qlft::data::DataOptions::from_config(c), *d->encoder));
+    *out = d.release();
+  });
+}
+
+void qlft_dataset_free(qlft_dataset* dataset) { delete dataset; }
+
+int32_t qlft_dataset_get_stats(const qlft_dataset* dataset, qlft_dataset_stats* out) {
+  return guard([&] {
+    QLFT_CHECK_ARG(dataset, "qlft_dataset_get_stats: dataset is NULL");
+    QLFT_CHECK_STRUCT(out, qlft_dataset_stats);
+    const qlft::data::DataStats& s = dataset->data->stats();
+    qlft_dataset_stats f{};
+    f.struct_size = sizeof(f);
+    f.records = s.records_used;
+    f.dropped_records = s.records_dropped;
+    f.tokens = s.tokens;
+    f.trained_tokens = s.trained_tokens;
+    f.train_sequences = s.train_rows;
+    f.eval_sequences = s.eval_rows;
+    uint64_t slots = (s.train_rows + s.eval_rows) * static_cast<uint64_t>(s.seq_len);
+    f.fill_ratio = slots ? (s.train_fill * s.train_rows + s.eval_fill * s.eval_rows) /
+                               static_cast<double>(s.train_rows + s.eval_rows)
+                         : 0.0;
+    // Fixed-width buckets over [0, seq_len]; the last also takes longer records.
+    uint32_t width = s.seq_len > 0 ? (s.seq_len + QLFT_HISTOGRAM_BUCKETS - 1) / QLFT_HISTOGRAM_BUCKETS : 1;
+    f.histogram_bucket_width = width;
+    for (const auto& b : s.length_histogram) {
+      uint64_t idx = b.lo / width;
+      if (idx >= QLFT_HISTOGRAM_BUCKETS) idx = QLFT_HISTOGRAM_BUCKETS - 1;
+      f.length_histogram[idx] += b.count;
+    }
+    copy_out(f, out);
+  });
+}
+
+int32_t qlft_trainer_create(qlft_model* model, qlft_dataset* train_data, const qlft_config* config,
+                            qlft_trainer** out) {
+  return guard([&] {
+    QLFT_CHECK_ARG(out, "qlft_trainer_create: out is NULL");
+    *out = nullptr;
+    QLFT_CHECK_ARG(model, "qlft_trainer_create: model is NULL");
+    QLFT_CHECK_ARG(!train_data || train_data->model == model,
+                   "qlft_trainer_create: the dataset was loaded for a different model");
+    auto t = std::make_unique<qlft_trainer>();
+    t->model = model;
+    t->data = train_data;
+    t->cfg = qlft::config_or_default(config);
+    t->trainer = std::make_unique<qlft::Trainer>(*model->model, &model->runtime->tracker,
+                                                 train_data ? train_data->data.get() : nullptr,
+                                                 t->cfg);
+    *out = t.release();
+  });
+}
+
+void qlft_trainer_free(qlft_trainer* trainer) { delete trainer; }
+
+int32_t qlft_trainer_step(qlft_trainer* trainer, qlft_step_stats* out) {
+  return guard([&] {
+    QLFT_CHECK_ARG(trainer, "qlft_trainer_step: trainer is NULL");
+    qlft::StepReport r;
+    if (!trainer->trainer->step(&r))
+      qlft::throw_error(QLFT_ERR_INVALID_ARGUMENT,
+                        "qlft_trainer_step: training is complete (%lld steps)",
+                        static_cast<long long>(trainer->trainer->steps_done()));
+    if (out) fill_stats(trainer, r, out, r.seconds);
+  });
+}
+
+int32_t qlft_trainer_train(qlft_trainer* trainer, qlft_progress_fn progress, void* user_data) {
+  return guard([&] {
+    QLFT_CHECK_ARG(trainer, "qlft_trainer_train: trainer is NULL");
+    qlft::Trainer& t = *trainer->trainer;
+    const qlft::TrainSettings& ts = t.settings();
+    double elapsed = 0;
+    qlft::StepReport r;
+    while (!t.done()) {
+      if (!t.step(&r)) break;
+      elapsed += r.seconds;
+      qlft_step_stats s{};
+      s.struct_size = sizeof(s);
+      fill_stats(trainer, r, &s, elapsed);
+      if (ts.eval_every > 0 && r.step % ts.eval_every == 0 && trainer->data &&
+          trainer->data->data->eval().rows() > 0)
+        s.eval_loss = static_cast<float>(t.evaluate(*trainer->data->data).loss);
+      if (ts.save_every > 0 && r.step % ts.save_every == 0)
+        t.save_checkpoint(ts.output_dir + "/checkpoint.safetensors");
+      if (progress && progress(&s, user_data) != 0) t.cancel();
+      if (t.cancel_requested()) {
+        t.clear_cancel();
+        qlft::throw_error(QLFT_ERR_CANCELLED, "training cancelled after step %lld",
+                          static_cast<long long>(r.step));
+      }
+    }
+  });
+}
+
+void qlft_trainer_cancel(qlft_trainer* trainer) {
+  if (trainer && trainer->trainer) trainer->trainer->cancel();
+}
+
+int32_t qlft_trainer_evaluate(qlft_trainer* trainer, qlft_dataset* data, qlft_eval_result* out) {
+  return guard([&] {
+    QLFT_CHECK_ARG(trainer, "qlft_trainer_evaluate: trainer is NULL");
+    QLFT_CHECK_STRUCT(out, qlft_eval_result);
+    qlft_dataset* d = data ? data : trainer->data;
+    QLFT_CHECK_ARG(d, "qlft_trainer_evaluate: no dataset given and the trainer has none");
+    bool eval_split = data == nullptr;
+    if (eval_split)
+      QLFT_CHECK_ARG(d->data->eval().rows() > 0,
+                     "qlft_trainer_evaluate: the training data has no held-out split (set "
+                     "data.eval_fraction > 0)");
+    qlft::EvalReport e = trainer->trainer->evaluate(*d->data, eval_split || d->data->eval().rows() > 0);
+    qlft_eval_result f{};
+    f.struct_size = sizeof(f);
+    f.loss = e.loss;
+    f.perplexity = std::exp(e.loss);
+    f.tokens = static_cast<uint64_t>(e.tokens);
+    copy_out(f, out);
+  });
+}
+
+int32_t qlft_trainer_save_adapter(qlft_trainer* trainer, const char* path, const char* format) {
+  return guard([&] {
+    QLFT_CHECK_ARG(trainer && path && *path, "qlft_trainer_save_adapter: trainer and path must be given");
+    std::string f = format ? format : "peft";
+    if (f == "peft")
+      qlft::save_peft_adapter(trainer->trainer->lora(), path, trainer->model->model->path);
+    else if (f == "gguf")
+      qlft::save_gguf_lora_adapter(trainer->trainer->lora(), path);
+    else
+      qlft::throw_error(QLFT_ERR_INVALID_ARGUMENT,
+                        "qlft_trainer_save_adapter: format must be \"peft\" or \"gguf\", got '%s'",
+                        f.c_str());
+  });
+}
+
+int32_t qlft_trainer_load_adapter(qlft_trainer* trainer, const char* path) {
+  return guard([&] {
+    QLFT_CHECK_ARG(trainer && path && *path, "qlft_trainer_load_adapter: trainer and path must be given");
+    qlft::load_peft_adapter(trainer->trainer->lora(), path);
+  });
+}
+
+int32_t qlft_trainer_save_checkpoint(qlft_trainer* trainer, const char* path) {
+  return guard([&] {
+    QLFT_CHECK_ARG(trainer && path && *path, "qlft_trainer_save_checkpoint: trainer and path must be given");
+    trainer->trainer->save_checkpoint(path);
+  });
+}
+
+int32_t qlft_trainer_resume(qlft_trainer* trainer, const char* path) {
+  return guard([&] {
+    QLFT_CHECK_ARG(trainer && path && *path, "qlft_trainer_resume: trainer and path must be given");
+    trainer->trainer->resume(path);
+  });
+}
+
+int32_t qlft_trainer_memory_report(const qlft_trainer* trainer, qlft_memory_report* out) {
+  if (!trainer) {
+    qlft::set_last_error("qlft_trainer_memory_report: trainer is NULL");
+    return QLFT_ERR_INVALID_ARGUMENT;
+  }
+  return qlft_runtime_memory_report(trainer->model->runtime, out);
+}
+
+}  // extern "C"

@@ -1,0 +1,126 @@
+// qlft-finetune tokenize --model M [--text T | --file F | stdin] [--no-bos] [--ids]
+//   --ids: one line of space-separated ids per input line; otherwise "id<TAB>piece" lines.
+// qlft-finetune data-stats --model M --data FILE [--data.* settings]
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli.h"
+
+namespace cli {
+
+namespace {
+
+int emit(qlft_model* model, const std::string& text, bool bos, bool ids_only) {
+  size_t n = 0;
+  int32_t st = qlft_tokenize(model, text.data(), text.size(), bos, 0, nullptr, 0, &n);
+  if (st != QLFT_OK) return fail("tokenize", st);
+  std::vector<int32_t> ids(n);
+  st = qlft_tokenize(model, text.data(), text.size(), bos, 0, ids.data(), ids.size(), &n);
+  if (st != QLFT_OK) return fail("tokenize", st);
+  if (ids_only) {
+    for (size_t i = 0; i < n; ++i) std::printf(i ? " %d" : "%d", ids[i]);
+    std::printf("\n");
+    return kOk;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    char buf[256];
+    size_t need = 0;
+    if (qlft_detokenize(model, &ids[i], 1, buf, sizeof buf, &need) != QLFT_OK) buf[0] = '\0';
+    std::printf("%d\t%s\n", ids[i], buf);
+  }
+  return kOk;
+}
+
+}  // namespace
+
+int cmd_tokenize(int argc, char** argv) {
+  Args a;
+  std::string err;
+  if (!parse_args(argc, argv, 2, {"model", "text", "file"}, {"no-bos", "ids", "help"}, &a, &err) ||
+      a.flags.count("help") || !a.flags.count("model")) {
+    if (!err.empty()) std::fprintf(stderr, "qlft-finetune: %s\n", err.c_str());
+    std::fprintf(stderr,
+                 "usage: qlft-finetune tokenize --model MODEL [--text TEXT | --file FILE] "
+                 "[--no-bos] [--ids]\n  without --text/--file, reads stdin; one input per line\n");
+    return a.flags.count("help") && err.empty() ? kOk : kUsage;
+  }
+  int code = kOk;
+  ConfigPtr cfg = make_config(a, &code);
+  if (!cfg) return code;
+  qlft_runtime* rt = nullptr;
+  int32_t st = qlft_runtime_create(cfg.get(), &rt);
+  if (st != QLFT_OK) return fail("runtime", st);
+  RuntimePtr runtime(rt);
+  qlft_model* m = nullptr;
+  st = qlft_model_load(rt, a.flags["model"].c_str(), cfg.get(), &m);
+  if (st != QLFT_OK) return fail(a.flags["model"].c_str(), st);
+  ModelPtr model(m);
+  const bool bos = !a.flags.count("no-bos"), ids = a.flags.count("ids") != 0;
+  if (a.flags.count("text")) return emit(m, a.flags["text"], bos, ids);
+  std::istream* in = &std::cin;
+  std::ifstream f;
+  if (a.flags.count("file")) {
+    f.open(a.flags["file"]);
+    if (!f) {
+      std::fprintf(stderr, "qlft-finetune: %s: cannot open\n", a.flags["file"].c_str());
+      return kIo;
+    }
+    in = &f;
+  }
+  std::string line;
+  while (std::getline(*in, line))
+    if (int rc = emit(m, line, bos, ids)) return rc;
+  return kOk;
+}
+
+int cmd_data_stats(int argc, char** argv) {
+  Args a;
+  std::string err;
+  if (!parse_args(argc, argv, 2, {"model", "data", "config"}, {"help"}, &a, &err) ||
+      a.flags.count("help") || !a.flags.count("model") || !a.flags.count("data")) {
+    if (!err.empty()) std::fprintf(stderr, "qlft-finetune: %s\n", err.c_str());
+    std::fprintf(stderr, "usage: qlft-finetune data-stats --model MODEL --data FILE [--data.* ...]\n");
+    return a.flags.count("help") && err.empty() ? kOk : kUsage;
+  }
+  int code = kOk;
+  ConfigPtr cfg = make_config(a, &code);
+  if (!cfg) return code;
+  qlft_runtime* rt = nullptr;
+  int32_t st = qlft_runtime_create(cfg.get(), &rt);
+  if (st != QLFT_OK) return fail("runtime", st);
+  RuntimePtr runtime(rt);
+  qlft_model* m = nullptr;
+  st = qlft_model_load(rt, a.flags["model"].c_str(), cfg.get(), &m);
+  if (st != QLFT_OK) return fail(a.flags["model"].c_str(), st);
+  ModelPtr model(m);
+  qlft_dataset* d = nullptr;
+  st = qlft_dataset_load(m, a.flags["data"].c_str(), cfg.get(), &d);
+  if (st != QLFT_OK) return fail(a.flags["data"].c_str(), st);
+  DatasetPtr data(d);
+  qlft_dataset_stats s{};
+  s.struct_size = sizeof s;
+  if ((st = qlft_dataset_get_stats(d, &s)) != QLFT_OK) return fail("data-stats", st);
+  std::printf("records          %llu\n", static_cast<unsigned long long>(s.records));
+  std::printf("dropped records  %llu\n", static_cast<unsigned long long>(s.dropped_records));
+  std::printf("tokens           %llu\n", static_cast<unsigned long long>(s.tokens));
+  std::printf("trained tokens   %llu\n", static_cast<unsigned long long>(s.trained_tokens));
+  std::printf("train sequences  %llu\n", static_cast<unsigned long long>(s.train_sequences));
+  std::printf("eval sequences   %llu\n", static_cast<unsigned long long>(s.eval_sequences));
+  std::printf("slots filled     %.1f%%\n", 100.0 * s.fill_ratio);
+  std::printf("record lengths (tokens):\n");
+  for (int i = 0; i < QLFT_HISTOGRAM_BUCKETS; ++i) {
+    if (!s.length_histogram[i]) continue;
+    unsigned lo = i * s.histogram_bucket_width, hi = lo + s.histogram_bucket_width;
+    if (i == QLFT_HISTOGRAM_BUCKETS - 1)
+      std::printf("  %6u+       %llu\n", lo, static_cast<unsigned long long>(s.length_histogram[i]));
+    else
+      std::printf("  %6u-%-6u %llu\n", lo, hi - 1, static_cast<unsigned long long>(s.length_histogram[i]));
+  }
+  return kOk;
+}
+
+}  // namespace cli
