@@ -1,0 +1,99 @@
+#include "optim/adamw.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "optim/adamw_math.h"
+
+namespace qlft {
+
+namespace {
+
+class AdamW final : public Optimizer {
+ public:
+  AdamW(const OptimSettings& s, std::vector<ParamRef> params, MemoryTracker* tracker)
+      : Optimizer(s, std::move(params)) {
+    for (const ParamRef& p : params_) {
+      m_.emplace_back(tracker, MemCategory::Optimizer, p.numel * sizeof(float), "adamw exp_avg");
+      v_.emplace_back(tracker, MemCategory::Optimizer, p.numel * sizeof(float), "adamw exp_avg_sq");
+    }
+  }
+
+  OptimStepStats step(double lr) override {
+    const int64_t t = step_ + 1;
+    const OptimSettings& s = settings_;
+    // The scalars as torch computes them in Python (double), then as float tensor operands.
+    AdamWTorchCoeffs c;
+    c.decay = s.weight_decay != 0 ? static_cast<float>(1.0 - lr * s.weight_decay) : 1.0f;
+    c.w1 = static_cast<float>(1.0 - s.beta1);
+    c.beta2 = static_cast<float>(s.beta2);
+    c.one_m_beta2 = static_cast<float>(1.0 - s.beta2);
+    const double bc1 = 1.0 - std::pow(s.beta1, static_cast<double>(t));
+    const double bc2 = 1.0 - std::pow(s.beta2, static_cast<double>(t));
+    c.bc2_sqrt = static_cast<float>(std::pow(bc2, 0.5));
+    c.eps = static_cast<float>(s.eps);
+    c.neg_step_size = static_cast<float>(-(lr / bc1));
+    for (size_t k = 0; k < params_.size(); ++k) {
+      const ParamRef& p = params_[k];
+      float* m = m_[k].as<float>();
+      float* v = v_[k].as<float>();
+      const int64_t n = static_cast<int64_t>(p.numel);
+#pragma omp parallel for schedule(static) if (n >= (1 << 16))
+      for (int64_t i = 0; i < n; ++i) adamw_torch_update(p.data[i], m[i], v[i], p.grad[i], c);
+    }
+    step_ = t;
+    return {};
+  }
+
+  uint64_t state_bytes() const override {
+    uint64_t b = 0;
+    // as the tracker counts Buffers: rounded up to 64 bytes
+    for (size_t k = 0; k < m_.size(); ++k) b += 2 * ((m_[k].size() + 63) / 64 * 64);
+    return b;
+  }
+
+  void save_state(StateDict& out, const std::string& prefix) const override {
+    out.put_string(prefix + "type", "adamw");
+    out.put_i64(prefix + "step", step_);
+    for (size_t k = 0; k < params_.size(); ++k) {
+      const std::string base = prefix + params_[k].name;
+      out.put_f32(base + ".exp_avg", m_[k].as<float>(), params_[k].numel);
+      out.put_f32(base + ".exp_avg_sq", v_[k].as<float>(), params_[k].numel);
+    }
+  }
+
+  void load_state(const StateDict& in, const std::string& prefix) override {
+    const std::string type = in.get_string(prefix + "type");
+    if (type != "adamw")
+      throw_error(QLFT_ERR_FORMAT,
+                  "checkpoint state: '%stype' is '%s' but the optimizer is adamw (optim.name)",
+                  prefix.c_str(), type.c_str());
+    const int64_t step = in.get_i64(prefix + "step");
+    QLFT_CHECK_FORMAT(step >= 0, "checkpoint state: '%sstep' is negative (%lld)", prefix.c_str(),
+                      static_cast<long long>(step));
+    std::vector<const StateTensor*> src;
+    for (const ParamRef& p : params_) {
+      const std::vector<int64_t> shape{static_cast<int64_t>(p.numel)};
+      src.push_back(&in.require(prefix + p.name + ".exp_avg", DType::F32, shape));
+      src.push_back(&in.require(prefix + p.name + ".exp_avg_sq", DType::F32, shape));
+    }
+    for (size_t k = 0; k < params_.size(); ++k) {
+      std::memcpy(m_[k].data(), src[2 * k]->bytes.data(), src[2 * k]->bytes.size());
+      std::memcpy(v_[k].data(), src[2 * k + 1]->bytes.data(), src[2 * k + 1]->bytes.size());
+    }
+    step_ = step;
+  }
+
+ private:
+  std::vector<Buffer> m_, v_;
+};
+
+}  // namespace
+
+std::unique_ptr<Optimizer> make_adamw(const OptimSettings& s, std::vector<ParamRef> params,
+                                      MemoryTracker* tracker) {
+  return std::make_unique<AdamW>(s, std::move(params), tracker);
+}
+
+}  // namespace qlft

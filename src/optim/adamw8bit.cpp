@@ -1,0 +1,180 @@
+#include "optim/adamw8bit.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "optim/adamw_math.h"
+#include "optim/state_store.h"
+#include "quant/blockwise8.h"
+
+namespace qlft {
+
+namespace {
+
+struct ParamState {
+  bool quantized = false;
+  int64_t n = 0, blocks = 0;
+  float* m32 = nullptr;  // fp32 path
+  float* v32 = nullptr;
+  uint8_t* q1 = nullptr;  // 8-bit path: codes of m (signed map) and v (unsigned map)
+  uint8_t* q2 = nullptr;
+  float* absmax1 = nullptr;
+  float* absmax2 = nullptr;
+};
+
+class AdamW8bit final : public Optimizer {
+ public:
+  AdamW8bit(const OptimSettings& s, std::vector<ParamRef> params, MemoryTracker* tracker,
+            bool paged)
+      : Optimizer(s, std::move(params)),
+        store_(paged ? make_paged_state_store(tracker, s.offload_dir)
+                     : make_host_state_store(tracker)),
+        qm_(create_dynamic_map(true)),
+        qv_(create_dynamic_map(false)) {
+    for (const ParamRef& p : params_) {
+      ParamState st;
+      st.n = static_cast<int64_t>(p.numel);
+      st.quantized = st.n >= kAdam8bitMinElements;
+      if (st.quantized) {
+        st.blocks = (st.n + kAdam8bitBlock - 1) / kAdam8bitBlock;
+        st.q1 = static_cast<uint8_t*>(store_->allocate(p.numel, "adamw8bit state1"));
+        st.q2 = static_cast<uint8_t*>(store_->allocate(p.numel, "adamw8bit state2"));
+        st.absmax1 =
+            static_cast<float*>(store_->allocate(st.blocks * sizeof(float), "adamw8bit absmax1"));
+        st.absmax2 =
+            static_cast<float*>(store_->allocate(st.blocks * sizeof(float), "adamw8bit absmax2"));
+      } else {
+        st.m32 =
+            static_cast<float*>(store_->allocate(p.numel * sizeof(float), "adamw8bit exp_avg"));
+        st.v32 =
+            static_cast<float*>(store_->allocate(p.numel * sizeof(float), "adamw8bit exp_avg_sq"));
+      }
+      state_.push_back(st);
+    }
+  }
+
+  OptimStepStats step(double lr) override {
+    const int64_t t = step_ + 1;
+    const OptimSettings& s = settings_;
+    // bitsandbytes' CPU backend computes these in Python (double); torch's tensor ops then use
+    // them as float operands.
+    AdamBnbCoeffs c;
+    c.beta1 = static_cast<float>(s.beta1);
+    c.one_m_beta1 = static_cast<float>(1.0 - s.beta1);
+    c.beta2 = static_cast<float>(s.beta2);
+    c.one_m_beta2 = static_cast<float>(1.0 - s.beta2);
+    c.apply_decay = s.weight_decay > 0.0;
+    c.decay = static_cast<float>(1.0 - lr * s.weight_decay);
+    const double correction1 = 1.0 - std::pow(s.beta1, static_cast<double>(t));
+    const double correction2 = std::sqrt(1.0 - std::pow(s.beta2, static_cast<double>(t)));
+    c.corr2 = static_cast<float>(correction2);
+    c.eps = static_cast<float>(s.eps);
+    c.neg_lr_over_c1 = static_cast<float>(-lr / correction1);
+    c.step_size_32 = static_cast<float>(-lr * correction2 / correction1);
+    c.eps_corr2 = static_cast<float>(s.eps * correction2);
+
+    OptimStepStats stats;
+    for (size_t k = 0; k < params_.size(); ++k) {
+      const ParamRef& p = params_[k];
+      const ParamState& st = state_[k];
+      int64_t skipped = 0;
+      if (!st.quantized) {
+        for (int64_t i = 0; i < st.n; ++i)
+          skipped += !adam_bnb_32bit_update(p.data[i], st.m32[i], st.v32[i], p.grad[i], c);
+      } else {
+#pragma omp parallel for schedule(static) reduction(+ : skipped) if (st.blocks >= 64)
+        for (int64_t b = 0; b < st.blocks; ++b) skipped += step_block(p, st, b, c);
+      }
+      stats.skipped_elements += skipped;
+    }
+    step_ = t;
+    return stats;
+  }
+
+  uint64_t state_bytes() const override {
+    return store_->bytes();
+  }
+
+  void save_state(StateDict& out, const std::string& prefix) const override {
+    out.put_string(prefix + "type", "adamw8bit");
+    out.put_i64(prefix + "step", step_);
+    for (size_t k = 0; k < params_.size(); ++k) {
+      const ParamState& st = state_[k];
+      const std::string base = prefix + params_[k].name;
+      if (st.quantized) {
+        out.put_u8(base + ".state1", st.q1, st.n);
+        out.put_u8(base + ".state2", st.q2, st.n);
+        out.put_f32(base + ".absmax1", st.absmax1, st.blocks);
+        out.put_f32(base + ".absmax2", st.absmax2, st.blocks);
+      } else {
+        out.put_f32(base + ".exp_avg", st.m32, st.n);
+        out.put_f32(base + ".exp_avg_sq", st.v32, st.n);
+      }
+    }
+  }
+
+  void load_state(const StateDict& in, const std::string& prefix) override {
+    const std::string type = in.get_string(prefix + "type");
+    if (type != "adamw8bit")
+      throw_error(QLFT_ERR_FORMAT,
+                  "checkpoint state: '%stype' is '%s' but the optimizer is %s (optim.name)",
+                  prefix.c_str(), type.c_str(), settings_.name.c_str());
+    const int64_t step = in.get_i64(prefix + "step");
+    QLFT_CHECK_FORMAT(step >= 0, "checkpoint state: '%sstep' is negative (%lld)", prefix.c_str(),
+                      static_cast<long long>(step));
+    // Validate all, then copy: a failure changes nothing.
+    struct Copy {
+      void* dst;
+      const StateTensor* src;
+    };
+    std::vector<Copy> copies;
+    for (size_t k = 0; k < params_.size(); ++k) {
+      const ParamState& st = state_[k];
+      const std::string base = prefix + params_[k].name;
+      const std::vector<int64_t> n{st.n}, nb{st.blocks};
+      if (st.quantized) {
+        copies.push_back({st.q1, &in.require(base + ".state1", DType::U8, n)});
+        copies.push_back({st.q2, &in.require(base + ".state2", DType::U8, n)});
+        copies.push_back({st.absmax1, &in.require(base + ".absmax1", DType::F32, nb)});
+        copies.push_back({st.absmax2, &in.require(base + ".absmax2", DType::F32, nb)});
+      } else {
+        copies.push_back({st.m32, &in.require(base + ".exp_avg", DType::F32, n)});
+        copies.push_back({st.v32, &in.require(base + ".exp_avg_sq", DType::F32, n)});
+      }
+    }
+    for (const Copy& c : copies) std::memcpy(c.dst, c.src->bytes.data(), c.src->bytes.size());
+    step_ = step;
+  }
+
+ private:
+  // Dequantize -> update -> requantize one block of 256 (bnb's order); returns the number of
+  // elements skipped for a non-finite gradient.
+  int64_t step_block(const ParamRef& p, const ParamState& st, int64_t b,
+                     const AdamBnbCoeffs& c) const {
+    const int64_t s = b * kAdam8bitBlock, len = std::min(kAdam8bitBlock, st.n - s);
+    float m[kAdam8bitBlock], v[kAdam8bitBlock];
+    dequantize_blockwise8(qm_.code(), st.q1 + s, st.absmax1 + b, len, kAdam8bitBlock, m);
+    dequantize_blockwise8(qv_.code(), st.q2 + s, st.absmax2 + b, len, kAdam8bitBlock, v);
+    int64_t skipped = 0;
+    for (int64_t i = 0; i < len; ++i)
+      skipped += !adam_bnb_8bit_update(p.data[s + i], m[i], v[i], p.grad[s + i], c);
+    st.absmax1[b] = qm_.quantize_block(m, len, st.q1 + s);
+    st.absmax2[b] = qv_.quantize_block(v, len, st.q2 + s);
+    return skipped;
+  }
+
+  std::unique_ptr<StateStore> store_;
+  Blockwise8Quantizer qm_, qv_;
+  std::vector<ParamState> state_;
+};
+
+}  // namespace
+
+std::unique_ptr<Optimizer> make_adamw8bit(const OptimSettings& s, std::vector<ParamRef> params,
+                                          MemoryTracker* tracker, bool paged) {
+  return std::make_unique<AdamW8bit>(s, std::move(params), tracker, paged);
+}
+
+}  // namespace qlft

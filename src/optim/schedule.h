@@ -1,0 +1,51 @@
+// Learning-rate schedules with linear warmup, equal to transformers' LambdaLR schedules:
+//   constant: get_constant_schedule_with_warmup
+//   linear:   get_linear_schedule_with_warmup
+//   cosine:   get_cosine_schedule_with_warmup (half a cycle), or with min_lr_ratio > 0
+//             get_cosine_with_min_lr_schedule_with_warmup(min_lr_rate = min_lr_ratio)
+// For linear, min_lr_ratio > 0 applies the same floor (factor * (1 - r) + r after warmup);
+// transformers has no such variant. The lr of optimizer step k (0-based) is lr_at(k), as
+// when the HF Trainer calls scheduler.step() after each optimizer step.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "optim/state_dict.h"
+
+namespace qlft {
+
+class Config;
+
+struct ScheduleSettings {
+  std::string name = "linear";  // constant | linear | cosine
+  int64_t warmup_steps = 0;
+  double min_lr_ratio = 0.0;
+  static ScheduleSettings from_config(const Config& cfg);  // sched.*
+};
+
+class LrSchedule {
+ public:
+  // total_steps: optimizer steps of the whole run (linear and cosine decay over it).
+  LrSchedule(const ScheduleSettings& s, double base_lr, int64_t total_steps);
+  double lr_at(int64_t step) const { return base_lr_ * factor(step); }
+  double factor(int64_t step) const;
+
+  // The lr for the next optimizer step, and moving past it.
+  double current_lr() const { return lr_at(step_); }
+  void advance() { ++step_; }
+  int64_t step() const { return step_; }
+
+  // "<prefix>type" (the schedule name) and "<prefix>step".
+  void save_state(StateDict& out, const std::string& prefix = "sched.") const;
+  // Validates the name against this schedule (QLFT_ERR_FORMAT naming both) and restores step.
+  void load_state(const StateDict& in, const std::string& prefix = "sched.");
+
+ private:
+  ScheduleSettings s_;
+  double base_lr_;
+  int64_t total_;
+  int64_t step_ = 0;
+};
+
+}  // namespace qlft

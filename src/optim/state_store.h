@@ -1,0 +1,42 @@
+// Where optimizer state lives. The optimizers ask a store for zeroed arrays and never free
+// them one by one; everything goes when the store does. Every byte is counted in the tracker
+// as optimizer memory.
+//
+//  - host:  ordinary runtime buffers (qlft::Buffer).
+//  - paged: on CPU, shared mappings of files in offload.dir that are unlinked at once (or
+//           never named: O_TMPFILE), so the kernel may write cold state back to disk and drop
+//           it from RAM, and nothing is left behind even after a crash. A CUDA build gives the
+//           same interface cudaMallocManaged memory.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/memory.h"
+
+namespace qlft {
+
+class StateStore {
+ public:
+  virtual ~StateStore() = default;
+  // Zeroed, 64-byte aligned memory for `bytes` (> 0), valid until the store is destroyed.
+  // Throws QLFT_ERR_OUT_OF_MEMORY (tracker limit) or QLFT_ERR_IO (paged file) naming `what`.
+  virtual void* allocate(size_t bytes, const char* what) = 0;
+  // true when the memory may be paged out to a file (or migrated, on CUDA).
+  virtual bool paged() const = 0;
+  virtual const char* kind() const = 0;
+  // Bytes handed out (what the tracker counts for this store).
+  uint64_t bytes() const { return bytes_; }
+
+ protected:
+  uint64_t bytes_ = 0;
+};
+
+std::unique_ptr<StateStore> make_host_state_store(MemoryTracker* tracker);
+// dir: where the backing files go; "" means the system temp dir ($TMPDIR or /tmp).
+// Throws QLFT_ERR_IO naming dir if it is not a writable directory.
+std::unique_ptr<StateStore> make_paged_state_store(MemoryTracker* tracker, const std::string& dir);
+
+}  // namespace qlft
