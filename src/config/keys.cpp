@@ -129,6 +129,19 @@ const KeyDef kKeys[] = {
      "train.max_nonfinite such steps in a row."},
     {"train.max_nonfinite", KeyType::Int, "10", 1, 1e9, "",
      "Consecutive non-finite steps tolerated before train.on_nonfinite=stop ends training."},
+    {"lora.init_from", KeyType::String, "", 0, 0, "",
+     "A PEFT adapter directory to start from: its r, alpha, target modules and rsLoRA setting "
+     "replace lora.* and its weights are loaded (for generation, evaluation or further training)."},
+    {"generate.max_tokens", KeyType::Int, "128", 1, 1048576, "", "Tokens to generate at most."},
+    {"generate.temperature", KeyType::Float, "0", 0, 100, "",
+     "Sampling temperature; 0 is greedy decoding."},
+    {"generate.top_k", KeyType::Int, "0", 0, 1e9, "",
+     "Sample only among the k most likely tokens (0: no limit)."},
+    {"generate.top_p", KeyType::Float, "1", 1e-6, 1, "",
+     "Nucleus sampling: the smallest set of tokens whose probability reaches top_p."},
+    {"generate.seed", KeyType::Int, "0", 0, 9007199254740991.0, "", "Seed of the sampler."},
+    {"generate.stop_at_eos", KeyType::Bool, "true", 0, 0, "",
+     "Stop when the model emits its end-of-sequence token."},
 };
 constexpr size_t kKeyCount = sizeof(kKeys) / sizeof(kKeys[0]);
 

@@ -11,6 +11,7 @@
 #include "formats/safetensors.h"
 #include "formats/safetensors_writer.h"
 #include "optim/grad_clip.h"
+#include "train/adapter_io.h"
 
 namespace qlft {
 
@@ -37,7 +38,14 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
                  "train.precision=%s is not implemented yet (use fp32)", ts_.precision.c_str());
   backend_ = make_cpu_backend(tracker);
   LoraConfig lc = lora_config_from(cfg);
+  const std::string init_from = cfg.get("lora.init_from");
+  if (!init_from.empty()) {
+    LoraConfig file = read_peft_config(init_from);
+    file.init_seed = lc.init_seed;
+    lc = file;
+  }
   lora_ = std::make_unique<LoraAdapter>(tracker, model.cfg, lc);
+  if (!init_from.empty()) load_peft_adapter(*lora_, init_from);
   runner_ = std::make_unique<LlamaRunner>(model, *backend_, lora_.get());
   if (ts_.checkpoint_every_layers > 0)
     for (int l = 0; l < model.cfg.n_layers; ++l)

@@ -85,6 +85,7 @@ ConfigPtr make_config(const Args& a, int* exit_code);
 int cmd_inspect(int argc, char** argv);
 int cmd_train(int argc, char** argv);
 int cmd_tokenize(int argc, char** argv);
+int cmd_generate(int argc, char** argv);
 int cmd_data_stats(int argc, char** argv);
 int cmd_config_doc(int argc, char** argv);
 

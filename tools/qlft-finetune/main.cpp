@@ -12,6 +12,7 @@ void usage(FILE* f) {
                "commands:\n"
                "  train             fine-tune a LoRA adapter: --model M --data FILE [--config Y]\n"
                "  inspect MODEL     architecture, shapes, quantization and memory of a model\n"
+               "  generate          --model M [--adapter DIR] --prompt TEXT [--max-tokens N ...]\n"
                "  tokenize          --model M [--text T | --file F] [--no-bos] [--ids]\n"
                "  data-stats        --model M --data FILE: records, tokens, lengths\n"
                "  config-doc        print the settings reference (docs/CONFIG.md)\n"
@@ -29,6 +30,7 @@ int main(int argc, char** argv) {
   if (cmd == "inspect") return cli::cmd_inspect(argc, argv);
   if (cmd == "train") return cli::cmd_train(argc, argv);
   if (cmd == "tokenize") return cli::cmd_tokenize(argc, argv);
+  if (cmd == "generate") return cli::cmd_generate(argc, argv);
   if (cmd == "data-stats") return cli::cmd_data_stats(argc, argv);
   if (cmd == "config-doc") return cli::cmd_config_doc(argc, argv);
   if (cmd == "version" || cmd == "--version") {

@@ -1,0 +1,63 @@
+// qlft-finetune generate --model M [--adapter DIR] --prompt TEXT [--max-tokens N]
+//   [--temperature T] [--top-k K] [--top-p P] [--seed S]
+// Prints only the generated text on stdout (streamed as it is produced).
+#include <cstdio>
+#include <string>
+
+#include "cli.h"
+
+namespace cli {
+
+namespace {
+int32_t print_text(const char* text, void*) {
+  std::fputs(text, stdout);
+  std::fflush(stdout);
+  return 0;
+}
+}  // namespace
+
+int cmd_generate(int argc, char** argv) {
+  Args a;
+  std::string err;
+  const std::vector<std::string> flags = {"model",       "adapter", "prompt", "max-tokens",
+                                          "temperature", "top-k",   "top-p",  "seed", "config"};
+  if (!parse_args(argc, argv, 2, flags, {"help"}, &a, &err) || a.flags.count("help") ||
+      !a.flags.count("model")) {
+    if (!err.empty()) std::fprintf(stderr, "qlft-finetune: %s\n", err.c_str());
+    std::fprintf(stderr,
+                 "usage: qlft-finetune generate --model MODEL [--adapter PEFT_DIR] [--prompt TEXT]\n"
+                 "         [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]\n");
+    return a.flags.count("help") && err.empty() ? kOk : kUsage;
+  }
+  // The short flags are the generate.* settings under their CLI names.
+  const char* map[][2] = {{"max-tokens", "generate.max_tokens"}, {"temperature", "generate.temperature"},
+                          {"top-k", "generate.top_k"},           {"top-p", "generate.top_p"},
+                          {"seed", "generate.seed"},             {"adapter", "lora.init_from"}};
+  for (auto& m : map)
+    if (a.flags.count(m[0])) a.settings.emplace_back(m[1], a.flags[m[0]]);
+  int code = kOk;
+  ConfigPtr cfg = make_config(a, &code);
+  if (!cfg) return code;
+  qlft_runtime* rt = nullptr;
+  int32_t st = qlft_runtime_create(cfg.get(), &rt);
+  if (st != QLFT_OK) return fail("runtime", st);
+  RuntimePtr runtime(rt);
+  qlft_model* m = nullptr;
+  st = qlft_model_load(rt, a.flags["model"].c_str(), cfg.get(), &m);
+  if (st != QLFT_OK) return fail(a.flags["model"].c_str(), st);
+  ModelPtr model(m);
+  TrainerPtr trainer;
+  if (a.flags.count("adapter")) {
+    qlft_trainer* t = nullptr;
+    st = qlft_trainer_create(m, nullptr, cfg.get(), &t);
+    if (st != QLFT_OK) return fail(a.flags["adapter"].c_str(), st);
+    trainer.reset(t);
+  }
+  std::string prompt = a.flags.count("prompt") ? a.flags["prompt"] : "";
+  st = qlft_generate(m, trainer.get(), prompt.c_str(), cfg.get(), print_text, nullptr);
+  std::printf("\n");
+  if (st != QLFT_OK) return fail("generate", st);
+  return kOk;
+}
+
+}  // namespace cli
