@@ -5,8 +5,10 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
+#include "formats/safetensors.h"
 #include "quant/qweight.h"
 #include "test_backend_util.h"
+#include "support/test_support.h"
 
 using namespace qlft;
 using namespace qlft_test;
@@ -201,6 +203,41 @@ TEST_P(BackendRope, ForwardMatchesOracleAndInverseIsBackward) {
   EXPECT_LT(rel_err(z, xd), 1e-6);
 }
 INSTANTIATE_TEST_SUITE_P(Conventions, BackendRope, ::testing::Values(false, true));
+
+// Hugging Face computes inv_freq and the angles in float32; at positions in the thousands a
+// double-precision angle would differ from theirs by more than the tolerance.
+TEST(BackendRopeParity, MatchesTransformersAtLargePositions) {
+  auto st = SafetensorsFile::open(fixture_path("backend/rope.safetensors"));
+  auto get = [&](const std::string& name, DType want) -> const SafeTensorInfo& {
+    for (const auto& t : st->tensors())
+      if (t.name == name) {
+        EXPECT_EQ(int(t.dtype), int(want)) << name;
+        return t;
+      }
+    throw std::runtime_error("fixture tensor missing: " + name);
+  };
+  Fixture fx;
+  for (int i = 0; i < 2; ++i) {
+    std::string p = "t" + std::to_string(i) + ".";
+    const auto& meta = get(p + "meta", DType::F32);
+    const float* m = reinterpret_cast<const float*>(meta.data);
+    const float theta = m[0];
+    const int hd = int(m[1]), heads = int(m[2]);
+    const auto& xt = get(p + "x", DType::F32);
+    const auto& yt = get(p + "y", DType::F32);
+    const auto& pt = get(p + "pos", DType::I32);
+    const int rows = int(pt.numel()), cols = heads * hd;
+    ASSERT_EQ(xt.numel(), int64_t(rows) * cols);
+    FVec x(reinterpret_cast<const float*>(xt.data),
+           reinterpret_cast<const float*>(xt.data) + xt.numel());
+    const float* y = reinterpret_cast<const float*>(yt.data);
+    const int32_t* pos = reinterpret_cast<const int32_t*>(pt.data);
+    fx.be->rope(mat(x, rows, cols), pos, heads, hd, theta, false, false);
+    double err = 0;
+    for (int64_t j = 0; j < xt.numel(); ++j) err = std::max(err, double(std::fabs(x[j] - y[j])));
+    EXPECT_LT(err, 1e-5) << "theta " << theta << " head_dim " << hd;
+  }
+}
 
 TEST(BackendSwiglu, ForwardAndBackward) {
   Fixture fx;
