@@ -1,7 +1,9 @@
 // Per-block dequantization of GGUF block types (ggml layouts), QLFT_HD so a CUDA kernel can share
 // it. Each writes the block's elements in order; arithmetic order matches ggml's reference
-// dequantize_row_* (and gguf-py): scale products first, one rounding per operation, no FMA
-// (the CPU build compiles in ISO C++ mode, where GCC does not contract).
+// dequantize_row_* and gguf-py: scale products first, one rounding per operation, no FMA.
+// Host code gets that from -ffp-contract=off (src/quant/*.cpp); a TU built without it may fuse
+// d * q - m into an FMA and differ from gguf-py in the last bit. Device code uses ggml_mul
+// (__fmul_rn), which nvcc never fuses.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +13,15 @@
 #include "core/hd.h"
 
 namespace qlft {
+
+// A product that must stay rounded on its own before a following add.
+QLFT_HD inline float ggml_mul(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
 
 QLFT_HD inline float ggml_f16_at(const uint8_t* p) {
   return f16_to_f32(static_cast<uint16_t>(p[0] | (p[1] << 8)));
@@ -32,8 +43,8 @@ QLFT_HD inline void ggml_dequant_q4_1(const uint8_t* b, float* y) {
   const float d = ggml_f16_at(b), m = ggml_f16_at(b + 2);
   const uint8_t* qs = b + 4;
   for (int j = 0; j < 16; ++j) {
-    y[j] = d * static_cast<float>(qs[j] & 15) + m;
-    y[j + 16] = d * static_cast<float>(qs[j] >> 4) + m;
+    y[j] = ggml_mul(d, static_cast<float>(qs[j] & 15)) + m;
+    y[j + 16] = ggml_mul(d, static_cast<float>(qs[j] >> 4)) + m;
   }
 }
 
@@ -68,8 +79,8 @@ QLFT_HD inline void ggml_dequant_q4_k(const uint8_t* b, float* y) {
     const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
     ggml_scale_min_k4(2 * k + 1, scales, &sc, &m);
     const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(m);
-    for (int l = 0; l < 32; ++l) y[l] = d1 * static_cast<float>(q[l] & 0xF) - m1;
-    for (int l = 0; l < 32; ++l) y[32 + l] = d2 * static_cast<float>(q[l] >> 4) - m2;
+    for (int l = 0; l < 32; ++l) y[l] = ggml_mul(d1, static_cast<float>(q[l] & 0xF)) - m1;
+    for (int l = 0; l < 32; ++l) y[32 + l] = ggml_mul(d2, static_cast<float>(q[l] >> 4)) - m2;
     q += 32;
     y += 64;
   }
@@ -90,9 +101,9 @@ QLFT_HD inline void ggml_dequant_q5_k(const uint8_t* b, float* y) {
     const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(m);
     const int s1 = 2 * k, s2 = 2 * k + 1;
     for (int l = 0; l < 32; ++l)
-      y[l] = d1 * static_cast<float>((ql[l] & 0xF) | (((qh[l] >> s1) & 1) << 4)) - m1;
+      y[l] = ggml_mul(d1, static_cast<float>((ql[l] & 0xF) | (((qh[l] >> s1) & 1) << 4))) - m1;
     for (int l = 0; l < 32; ++l)
-      y[32 + l] = d2 * static_cast<float>((ql[l] >> 4) | (((qh[l] >> s2) & 1) << 4)) - m2;
+      y[32 + l] = ggml_mul(d2, static_cast<float>((ql[l] >> 4) | (((qh[l] >> s2) & 1) << 4))) - m2;
     ql += 32;
     y += 64;
   }

@@ -8,7 +8,7 @@
 #include "quant/blockwise8.h"
 #include "quant/nf4_math.h"
 
-#if defined(__AVX512F__) && defined(__AVX512BW__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
 #endif
 
@@ -22,6 +22,49 @@ void nf4_check_blocksize(int64_t blocksize, const char* what) {
 
 namespace {
 
+// Codes of one scaled chunk; separate from the packing so the compiler vectorizes both loops.
+// full block: x * (1 / absmax); partial last block: x / absmax (bitsandbytes does both).
+void encode_chunk(const float* x, int64_t len, float scale, bool divide, uint8_t* q) {
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+  if (!divide) {
+    // 16 values at a time: the code is the count of midpoints below the scaled value (clamping
+    // to [-1, 1] cannot change that count, so it is skipped).
+    static const __m512 kMid[15] = {_mm512_set1_ps((nf4_value(0) + nf4_value(1)) / 2.0f),
+                                    _mm512_set1_ps((nf4_value(1) + nf4_value(2)) / 2.0f),
+                                    _mm512_set1_ps((nf4_value(2) + nf4_value(3)) / 2.0f),
+                                    _mm512_set1_ps((nf4_value(3) + nf4_value(4)) / 2.0f),
+                                    _mm512_set1_ps((nf4_value(4) + nf4_value(5)) / 2.0f),
+                                    _mm512_set1_ps((nf4_value(5) + nf4_value(6)) / 2.0f),
+                                    _mm512_set1_ps((nf4_value(6) + nf4_value(7)) / 2.0f),
+                                    _mm512_set1_ps((nf4_value(7) + nf4_value(8)) / 2.0f),
+                                    _mm512_set1_ps((nf4_value(8) + nf4_value(9)) / 2.0f),
+                                    _mm512_set1_ps((nf4_value(9) + nf4_value(10)) / 2.0f),
+                                    _mm512_set1_ps((nf4_value(10) + nf4_value(11)) / 2.0f),
+                                    _mm512_set1_ps((nf4_value(11) + nf4_value(12)) / 2.0f),
+                                    _mm512_set1_ps((nf4_value(12) + nf4_value(13)) / 2.0f),
+                                    _mm512_set1_ps((nf4_value(13) + nf4_value(14)) / 2.0f),
+                                    _mm512_set1_ps((nf4_value(14) + nf4_value(15)) / 2.0f)};
+    const __m512 vs = _mm512_set1_ps(scale);
+    const __m512i one = _mm512_set1_epi32(1);
+    int64_t i = 0;
+    for (; i + 16 <= len; i += 16) {
+      const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + i), vs);
+      __m512i c = _mm512_setzero_si512();
+      for (int k = 0; k < 15; ++k)
+        c = _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(v, kMid[k], _CMP_GT_OQ), c, one);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtepi32_epi8(c));
+    }
+    for (; i < len; ++i) q[i] = nf4_encode(clamp_unit(x[i] * scale));
+    return;
+  }
+#endif
+  if (divide) {
+    for (int64_t i = 0; i < len; ++i) q[i] = nf4_encode(clamp_unit(x[i] / scale));
+  } else {
+    for (int64_t i = 0; i < len; ++i) q[i] = nf4_encode(clamp_unit(x[i] * scale));
+  }
+}
+
 // One block (len elements starting at an even element): absmax, then the codes of x * (1 / absmax)
 // for a full block or x / absmax for the partial last block (whose stored absmax is the clamped
 // one), as bitsandbytes' quantize_4bit does. An odd tail is padded with a scaled 0.0 (code 7).
@@ -29,21 +72,28 @@ void quantize_block(const float* x, int64_t len, bool partial, uint8_t* packed, 
   float am = 0.0f;
   for (int64_t i = 0; i < len; ++i) am = std::max(am, std::fabs(x[i]));
   const float clamped = nf4_clamp_absmax(am);
-  const int64_t pairs = len / 2;
-  if (partial) {
-    for (int64_t i = 0; i < pairs; ++i)
-      packed[i] = static_cast<uint8_t>((nf4_encode(clamp_unit(x[2 * i] / clamped)) << 4) |
-                                       nf4_encode(clamp_unit(x[2 * i + 1] / clamped)));
-    if (len & 1)
-      packed[pairs] = static_cast<uint8_t>((nf4_encode(clamp_unit(x[len - 1] / clamped)) << 4) |
-                                           nf4_encode(0.0f));
-    *absmax_out = clamped;
-  } else {
-    const float inv = (1.0f / clamped) * 1.0f;
-    for (int64_t i = 0; i < pairs; ++i)
-      packed[i] = static_cast<uint8_t>((nf4_encode(clamp_unit(x[2 * i] * inv)) << 4) |
-                                       nf4_encode(clamp_unit(x[2 * i + 1] * inv)));
-    *absmax_out = am;
+  const float scale = partial ? clamped : (1.0f / clamped) * 1.0f;
+  *absmax_out = partial ? clamped : am;
+  constexpr int64_t kChunk = 256;
+  alignas(64) uint8_t q[kChunk];
+  for (int64_t c = 0; c < len; c += kChunk) {
+    const int64_t n = std::min(kChunk, len - c);
+    encode_chunk(x + c, n, scale, partial, q);
+    if (n & 1) q[n] = nf4_encode(0.0f);  // only the very last element of the tensor
+    uint8_t* p = packed + c / 2;
+    int64_t i = 0;
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+    // 32 codes -> 16 bytes: each 16-bit pair (q[2i] low byte, q[2i+1] high byte) -> q[2i] << 4 |
+    // q[2i+1]
+    for (; 2 * i + 32 <= n; i += 16) {
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 2 * i));
+      const __m256i b =
+          _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi16(w, 4), _mm256_set1_epi16(0xF0)),
+                          _mm256_srli_epi16(w, 8));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(p + i), _mm256_cvtepi16_epi8(b));
+    }
+#endif
+    for (; i < (n + 1) / 2; ++i) p[i] = static_cast<uint8_t>((q[2 * i] << 4) | q[2 * i + 1]);
   }
 }
 
@@ -92,7 +142,17 @@ void nf4_dequantize_span(const uint8_t* packed, int64_t e, int64_t len, float ab
   // The 16 possible products code * absmax, looked up per nibble: the same single multiply
   // bitsandbytes does per element.
   alignas(64) float t[16];
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+  // built in a register: 16 scalar stores followed by a vector load would stall forwarding
+  static const __m512 kCodes = _mm512_setr_ps(
+      nf4_value(0), nf4_value(1), nf4_value(2), nf4_value(3), nf4_value(4), nf4_value(5),
+      nf4_value(6), nf4_value(7), nf4_value(8), nf4_value(9), nf4_value(10), nf4_value(11),
+      nf4_value(12), nf4_value(13), nf4_value(14), nf4_value(15));
+  const __m512 table = _mm512_mul_ps(kCodes, _mm512_set1_ps(absmax));
+  _mm512_store_ps(t, table);
+#else
   for (uint32_t k = 0; k < 16; ++k) t[k] = nf4_decode(k, absmax);
+#endif
   int64_t i = 0;
   if (e & 1) {  // a span starting on a low nibble
     out[0] = t[packed[e >> 1] & 15u];
@@ -101,8 +161,7 @@ void nf4_dequantize_span(const uint8_t* packed, int64_t e, int64_t len, float ab
   const uint8_t* p = packed + ((e + i) >> 1);
   const int64_t pairs = (len - i) / 2;
   float* o = out + i;
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-  const __m512 table = _mm512_load_ps(t);
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
   int64_t j = 0;
   for (; j + 16 <= pairs; j += 16) {
     // 16 bytes -> 32 nibbles, interleaved high, low, high, low...

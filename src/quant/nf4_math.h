@@ -18,39 +18,48 @@ namespace qlft {
 // ---- NF4 ------------------------------------------------------------------------------------
 
 // bitsandbytes get_4bit_type("nf4"): the 16 NF4 values as float32, sorted; index = nibble.
+// Scalars rather than an array so device code can use them as compile-time constants.
+namespace nf4_detail {
+constexpr float kNf4C0 = -1.0f;
+constexpr float kNf4C1 = -0.6961928009986877f;
+constexpr float kNf4C2 = -0.5250730514526367f;
+constexpr float kNf4C3 = -0.39491748809814453f;
+constexpr float kNf4C4 = -0.28444138169288635f;
+constexpr float kNf4C5 = -0.18477343022823334f;
+constexpr float kNf4C6 = -0.09105003625154495f;
+constexpr float kNf4C7 = 0.0f;
+constexpr float kNf4C8 = 0.07958029955625534f;
+constexpr float kNf4C9 = 0.16093020141124725f;
+constexpr float kNf4C10 = 0.24611230194568634f;
+constexpr float kNf4C11 = 0.33791524171829224f;
+constexpr float kNf4C12 = 0.44070982933044434f;
+constexpr float kNf4C13 = 0.5626170039176941f;
+constexpr float kNf4C14 = 0.7229568362236023f;
+constexpr float kNf4C15 = 1.0f;
+}  // namespace nf4_detail
+
 QLFT_HD inline float nf4_value(uint32_t nibble) {
-  constexpr float kCode[16] = {-1.0f,
-                               -0.6961928009986877f,
-                               -0.5250730514526367f,
-                               -0.39491748809814453f,
-                               -0.28444138169288635f,
-                               -0.18477343022823334f,
-                               -0.09105003625154495f,
-                               0.0f,
-                               0.07958029955625534f,
-                               0.16093020141124725f,
-                               0.24611230194568634f,
-                               0.33791524171829224f,
-                               0.44070982933044434f,
-                               0.5626170039176941f,
-                               0.7229568362236023f,
-                               1.0f};
+  using namespace nf4_detail;
+  constexpr float kCode[16] = {kNf4C0,  kNf4C1,  kNf4C2,  kNf4C3, kNf4C4,  kNf4C5,
+                               kNf4C6,  kNf4C7,  kNf4C8,  kNf4C9, kNf4C10, kNf4C11,
+                               kNf4C12, kNf4C13, kNf4C14, kNf4C15};
   return kCode[nibble & 15u];
 }
 
-// Decision boundary between NF4 codes i and i+1: (code[i] + code[i+1]) / 2 in float32, as
-// bitsandbytes' _get_4bit_quantize_bounds computes it.
-QLFT_HD inline float nf4_midpoint(uint32_t i) {
-  return (nf4_value(i) + nf4_value(i + 1)) / 2.0f;
-}
-
-// NF4 code of a value already scaled into [-1, 1]: torch.bucketize(x, midpoints, right=False),
-// i.e. the number of midpoints strictly below x. A value exactly on a midpoint takes the lower
-// code. Branch-free so loops over it vectorize.
-QLFT_HD inline uint8_t nf4_encode(float scaled) {
-  uint32_t q = 0;
-  for (uint32_t i = 0; i < 15; ++i) q += scaled > nf4_midpoint(i) ? 1u : 0u;
-  return static_cast<uint8_t>(q);
+// NF4 code of a value already scaled into [-1, 1]: torch.bucketize(x, midpoints, right=False)
+// with midpoints (code[i] + code[i+1]) / 2 in float32 (bitsandbytes' _get_4bit_quantize_bounds),
+// i.e. the number of midpoints strictly below x: a value exactly on a midpoint takes the lower
+// code. Branch-free with constant midpoints so loops over it vectorize.
+QLFT_HD inline uint8_t nf4_encode(float s) {
+  using namespace nf4_detail;
+  return static_cast<uint8_t>((s > (kNf4C0 + kNf4C1) / 2.0f) + (s > (kNf4C1 + kNf4C2) / 2.0f) +
+                              (s > (kNf4C2 + kNf4C3) / 2.0f) + (s > (kNf4C3 + kNf4C4) / 2.0f) +
+                              (s > (kNf4C4 + kNf4C5) / 2.0f) + (s > (kNf4C5 + kNf4C6) / 2.0f) +
+                              (s > (kNf4C6 + kNf4C7) / 2.0f) + (s > (kNf4C7 + kNf4C8) / 2.0f) +
+                              (s > (kNf4C8 + kNf4C9) / 2.0f) + (s > (kNf4C9 + kNf4C10) / 2.0f) +
+                              (s > (kNf4C10 + kNf4C11) / 2.0f) + (s > (kNf4C11 + kNf4C12) / 2.0f) +
+                              (s > (kNf4C12 + kNf4C13) / 2.0f) + (s > (kNf4C13 + kNf4C14) / 2.0f) +
+                              (s > (kNf4C14 + kNf4C15) / 2.0f));
 }
 
 // Scale of a block of NF4 values. bitsandbytes multiplies a full block by 1/absmax (torch
@@ -89,8 +98,13 @@ QLFT_HD inline float round_product(float a, float b) {
   return __fmul_rn(a, b);
 #else
   float r = a * b;
-#if defined(__GNUC__)
-  __asm__("" : "+v"(r));  // an opaque step between the multiply and any later add
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  __asm__("" : "+x"(r));  // an opaque step between the multiply and any later add
+#elif defined(__GNUC__) && defined(__aarch64__)
+  __asm__("" : "+w"(r));
+#else
+  volatile float v = r;
+  r = v;
 #endif
   return r;
 #endif
