@@ -3,6 +3,7 @@
 #include "tokenizer/tokenizer.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "core/error.h"
@@ -30,6 +31,20 @@ struct Scratch {
 };
 thread_local Scratch t_scratch;
 
+// Per-thread cache of BPE results for short pre-tokenized words (natural text repeats its words;
+// Hugging Face's BPE keeps a similar cache). Bounded: cleared when full, and when a different
+// tokenizer uses this thread.
+struct WordCache {
+  static constexpr size_t kMaxWords = 1 << 16;
+  static constexpr size_t kMaxWordBytes = 48;
+  uint64_t owner = 0;
+  std::unordered_map<std::string, std::pair<uint32_t, uint32_t>> index;  // -> arena span
+  std::vector<int32_t> arena;
+  std::string key;
+};
+thread_local WordCache t_cache;
+std::atomic<uint64_t> g_serial{1};
+
 // Min-heap order for BPE (lowest rank, then leftmost) and max-heap order for SPM (highest score,
 // then leftmost): std heaps put the "largest" element first, so these say "a comes after b".
 struct BpeAfter {
@@ -44,7 +59,7 @@ struct SpmAfter {
 };
 }  // namespace
 
-Tokenizer::Tokenizer() {
+Tokenizer::Tokenizer() : serial_(g_serial.fetch_add(1)) {
   std::fill(std::begin(byte_ids_), std::end(byte_ids_), -1);
 }
 Tokenizer::~Tokenizer() = default;
@@ -98,6 +113,29 @@ void Tokenizer::finalize() {
         if (ib == text_to_id_.end()) continue;
         pairs_.insert(ia->second, ib->second, {0, id});
       }
+    }
+  }
+
+  // Isolated characters: ASCII characters that have a token (or byte token) of their own, appear
+  // in no longer token, and (BPE) whose byte token takes part in no merge.
+  has_isolated_ = false;
+  std::fill(std::begin(isolated_), std::end(isolated_), false);
+  if (!byte_level_) {
+    bool ok[128];
+    std::fill(std::begin(ok), std::end(ok), true);
+    for (const auto& [text, id] : text_to_id_)
+      if (text.size() > 1)
+        for (char ch : text)
+          if (static_cast<uint8_t>(ch) < 128) ok[static_cast<uint8_t>(ch)] = false;
+    if (algo_ == Algo::Bpe)
+      for (const auto& [a, b] : merges_)
+        for (const std::string* part : {&a, &b})
+          if (int v = tok::parse_byte_token(*part); v >= 0 && v < 128) ok[v] = false;
+    for (int ch = 0; ch < 128; ++ch) {
+      bool has_token =
+          byte_ids_[ch] >= 0 || text_to_id_.count(std::string(1, static_cast<char>(ch)));
+      isolated_[ch] = ok[ch] && has_token;
+      has_isolated_ = has_isolated_ || isolated_[ch];
     }
   }
 
@@ -290,10 +328,23 @@ void Tokenizer::pre_tokenize(size_t step, std::string_view piece, bool at_start,
 }
 
 void Tokenizer::encode_word(std::string_view word, std::vector<int32_t>& out) const {
-  if (algo_ == Algo::SpmScores)
-    spm_encode(word, out);
-  else
-    bpe_encode(word, out);
+  if (!has_isolated_) {
+    encode_cached(word, out);
+    return;
+  }
+  // No token longer than one character contains an isolated character (finalize() checks), so
+  // no merge can cross one: encoding the pieces around it separately gives the same ids, and
+  // keeps the merge queue small on long texts (SentencePiece text is one word).
+  size_t start = 0;
+  for (size_t i = 0; i < word.size(); ++i) {
+    uint8_t c = static_cast<uint8_t>(word[i]);
+    if (c < 128 && isolated_[c]) {
+      if (i > start) encode_cached(word.substr(start, i - start), out);
+      encode_cached(word.substr(i, 1), out);
+      start = i + 1;
+    }
+  }
+  if (start < word.size()) encode_cached(word.substr(start), out);
 }
 
 void Tokenizer::push_bytes(std::string_view s, std::vector<int32_t>& out) const {
@@ -303,6 +354,35 @@ void Tokenizer::push_bytes(std::string_view s, std::vector<int32_t>& out) const 
       out.push_back(id);
     else if (unk_ >= 0 && (!fuse_unk_ || out.empty() || out.back() != unk_))
       out.push_back(unk_);
+  }
+}
+
+void Tokenizer::encode_cached(std::string_view word, std::vector<int32_t>& out) const {
+  WordCache& c = t_cache;
+  const bool cacheable = word.size() <= WordCache::kMaxWordBytes;
+  if (cacheable) {
+    if (c.owner != serial_ || c.index.size() >= WordCache::kMaxWords) {
+      c.index.clear();
+      c.arena.clear();
+      c.owner = serial_;
+    }
+    c.key.assign(word);
+    auto it = c.index.find(c.key);
+    if (it != c.index.end()) {
+      out.insert(out.end(), c.arena.begin() + it->second.first,
+                 c.arena.begin() + it->second.first + it->second.second);
+      return;
+    }
+  }
+  const size_t before = out.size();
+  if (algo_ == Algo::SpmScores)
+    spm_encode(word, out);
+  else
+    bpe_encode(word, out);
+  if (cacheable) {
+    c.index.emplace(c.key, std::make_pair(static_cast<uint32_t>(c.arena.size()),
+                                          static_cast<uint32_t>(out.size() - before)));
+    c.arena.insert(c.arena.end(), out.begin() + before, out.end());
   }
 }
 

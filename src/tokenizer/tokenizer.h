@@ -131,6 +131,7 @@ class Tokenizer {
   void encode_word(std::string_view word, std::vector<int32_t>& out) const;
   void spm_encode(std::string_view text, std::vector<int32_t>& out) const;
   void bpe_encode(std::string_view word, std::vector<int32_t>& out) const;
+  void encode_cached(std::string_view word, std::vector<int32_t>& out) const;
   void bpe_merge(std::vector<int32_t>& ids, std::vector<int32_t>& out) const;
   void push_bytes(std::string_view s, std::vector<int32_t>& out) const;
   std::string piece_of(int32_t id) const;
@@ -154,6 +155,7 @@ class Tokenizer {
   bool metaspace_split_ = false;
   std::vector<PreStep> pre_;
   bool strip_leading_space_ = false;
+  uint64_t serial_ = 0;  // tells one tokenizer's per-thread word cache from another's
 
   int32_t bos_ = -1, eos_ = -1, pad_ = -1, unk_ = -1;
   bool add_bos_ = false, add_eos_ = false;
@@ -161,7 +163,9 @@ class Tokenizer {
   // Derived in finalize().
   tok::PairMap pairs_;  // BPE: (left,right)->(rank,merged); SPM: ->merged
   std::vector<std::pair<std::string, std::string>> merges_;  // BPE merge list (texts)
-  int32_t byte_ids_[256];                     // token for each byte (byte-level char or <0xNN>), -1
+  int32_t byte_ids_[256];  // token for each byte (byte-level char or <0xNN>), -1
+  bool isolated_[128];     // characters no merge can cross (see encode_word)
+  bool has_isolated_ = false;
   StrMap raw_to_id_;                          // byte-level: decoded bytes -> id (for ignore_merges)
   std::vector<Special> specials_;             // longest first
   std::vector<uint16_t> special_first_[256];  // indices into specials_, by first byte
