@@ -96,6 +96,42 @@ def optimizer_fixtures():
     return meta
 
 
+def run_var(opt_factory, n, tag, lrs, tensors, meta, extra_state):
+    # Other hyperparameters and a changing lr (as a scheduler sets param_group["lr"]); inputs
+    # are float16-representable and stored as F16 to keep the fixture small.
+    p = torch.nn.Parameter((torch.randn(n) * 0.5).half().float())
+    grads = [(torch.randn(n) * torch.exp(torch.randn(n) * 1.5) * 1e-2).half().float()
+             for _ in lrs]
+    tensors[f"{tag}.init"] = p.detach().half()
+    for k, g in enumerate(grads):
+        tensors[f"{tag}.grad{k}"] = g.half()
+    opt = opt_factory([p])
+    for k, g in enumerate(grads):
+        for group in opt.param_groups:
+            group["lr"] = lrs[k]
+        p.grad = g.clone()
+        opt.step()
+    tensors[f"{tag}.after"] = p.detach().clone()
+    extra_state(opt, p, f"{tag}.s", tensors)
+    meta[tag] = {"n": n, "lrs": lrs}
+
+
+def optimizer_var_fixtures(meta):
+    tensors = {}
+    lrs = [1e-3, 5e-4, 2e-3, 1e-4]
+    hp = dict(betas=(0.3, 0.95), eps=1e-6)
+    meta["var_hparams"] = {"beta1": 0.3, "beta2": 0.95, "eps": 1e-6}
+    # beta1 < 0.5 takes torch lerp's other branch; weight decay 0.1 for AdamW, 0 for 8-bit
+    # (bnb skips the decay multiply then); 4100 = 16 * 256 + 4: a last block of 4 elements.
+    run_var(lambda ps: torch.optim.AdamW(ps, lr=lrs[0], weight_decay=0.1, foreach=False, **hp),
+            300, "adamw_var", lrs, tensors, meta, adamw_state)
+    meta["adamw_var"]["weight_decay"] = 0.1
+    run_var(lambda ps: bnb.optim.AdamW8bit(ps, lr=lrs[0], weight_decay=0.0, **hp), 4100,
+            "adamw8bit_var", lrs, tensors, meta, bnb_state)
+    meta["adamw8bit_var"]["weight_decay"] = 0.0
+    save_file(tensors, os.path.join(OUT, "adamw_var.safetensors"))
+
+
 def clip_fixtures():
     tensors, meta = {}, {}
     for case, (mul, max_norm) in {"clipped": (1.0, 1.0), "unclipped": (1e-3, 1.0)}.items():
@@ -164,6 +200,7 @@ def scaler_fixtures():
 def main():
     meta = {"torch": torch.__version__, "bitsandbytes": bnb.__version__}
     meta["optim"] = optimizer_fixtures()
+    optimizer_var_fixtures(meta["optim"])
     meta["clip"] = clip_fixtures()
     meta["schedule"] = schedule_fixtures()
     meta["scaler"] = scaler_fixtures()

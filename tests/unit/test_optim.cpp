@@ -207,6 +207,52 @@ TEST(OptimAdamW8bit, PagedMatchesBitsandbytesAdamW8bit) {
   check_adamw8bit("paged_adamw8bit");
 }
 
+// Other betas and eps, lr changed every step, weight decay on (AdamW) / off (8-bit), and a
+// last 8-bit block of 4 elements.
+TEST(OptimAdamW, VaryingLrAndOtherHyperparametersMatchPeers) {
+  Fixture fx("adamw_var.safetensors");
+  nlohmann::json j = optim_test::fixture_json()["optim"];
+  for (const char* tag : {"adamw_var", "adamw8bit_var"}) {
+    SCOPED_TRACE(tag);
+    const std::string t = tag;
+    MemoryTracker tr;
+    OptimSettings s;
+    s.name = t == "adamw_var" ? "adamw" : "adamw8bit";
+    s.beta1 = j["var_hparams"]["beta1"];
+    s.beta2 = j["var_hparams"]["beta2"];
+    s.eps = j["var_hparams"]["eps"];
+    s.weight_decay = j[t]["weight_decay"];
+    std::vector<double> lrs = j[t]["lrs"];
+    std::vector<float> p = fx.f16(t + ".init"), g(p.size()), init = p;
+    ASSERT_EQ(p.size(), j[t]["n"].get<size_t>());
+    auto opt = make_optimizer(s, {{"w", p.data(), g.data(), p.size()}}, &tr);
+    for (size_t k = 0; k < lrs.size(); ++k) {
+      std::vector<float> gk = fx.f16(t + ".grad" + std::to_string(k));
+      std::copy(gk.begin(), gk.end(), g.begin());
+      opt->step(lrs[k]);
+    }
+    auto ref = fx.f32(t + ".after");
+    EXPECT_LE(update_rel_error(init, p, ref), 1e-4);
+    EXPECT_LE(max_ulps(p, ref), 2.0);
+    EXPECT_LE(count_not_exact(p, ref), ref.size() / 100);
+    StateDict st;
+    opt->save_state(st);
+    if (fx.has(t + ".s.state1")) {
+      for (const char* f : {"state1", "state2"}) {
+        auto q = state_u8(st, std::string("optim.w.") + f), qref = fx.u8(t + ".s." + f);
+        size_t diff = 0;
+        for (size_t i = 0; i < q.size(); ++i) diff += q[i] != qref[i];
+        EXPECT_EQ(diff, 0u) << f;
+      }
+      for (const char* f : {"absmax1", "absmax2"})
+        EXPECT_LE(max_ulps(state_f32(st, std::string("optim.w.") + f), fx.f32(t + ".s." + f)), 2.0);
+    } else {
+      EXPECT_LE(max_ulps(state_f32(st, "optim.w.exp_avg"), fx.f32(t + ".s.exp_avg")), 1.0);
+      EXPECT_LE(max_ulps(state_f32(st, "optim.w.exp_avg_sq"), fx.f32(t + ".s.exp_avg_sq")), 1.0);
+    }
+  }
+}
+
 TEST(OptimAdamW8bit, StateIsQuantizedFromMin8bitSize) {
   MemoryTracker tr;
   std::vector<float> a(4095), ga(4095), b(4096), gb(4096);

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "formats/safetensors.h"
 #include "support/test_support.h"
 
@@ -33,6 +34,15 @@ class Fixture {
     const qlft::SafeTensorInfo* t = info(name, qlft::DType::F32);
     std::vector<float> v(t->nbytes / sizeof(float));
     std::memcpy(v.data(), t->data, t->nbytes);
+    return v;
+  }
+  // An F16 tensor widened to float (exactly).
+  std::vector<float> f16(const std::string& name) const {
+    const qlft::SafeTensorInfo* t = info(name, qlft::DType::F16);
+    std::vector<uint16_t> h(t->nbytes / 2);
+    std::memcpy(h.data(), t->data, t->nbytes);
+    std::vector<float> v(h.size());
+    qlft::f16_to_f32_n(h.data(), v.data(), h.size());
     return v;
   }
   std::vector<uint8_t> u8(const std::string& name) const {
