@@ -61,7 +61,7 @@ bool BatchIterator::next(Batch& b) {
       for (int k = 0; k < S; ++k) {
         b.tokens[o + k] = pad_id_;
         b.targets[o + k] = kIgnoreIndex;
-        b.positions[o + k] = 0;
+        b.positions[o + k] = k;
         b.doc_ids[o + k] = 0;
       }
     }

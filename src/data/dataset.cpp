@@ -72,11 +72,45 @@ void tokenize_record(const Record& r, const ChatTemplate& t, TrainOn train_on,
   }
   std::vector<Segment> segs =
       r.format == DataFormat::Alpaca ? render_alpaca(t, r) : render_chat(t, r.messages);
-  // Segment by segment, so each token belongs to exactly one segment and takes its flag.
+  const bool all = train_on == TrainOn::All;
+
+  // Preferred: tokenize the whole rendered text at once, exactly as inference (and Hugging
+  // Face's apply_chat_template + tokenizer) will see it, then mark a token trained when its bytes
+  // overlap a trained segment. Used unless the encoder cannot give token offsets or a special
+  // token was found inside user/assistant content (content is never read as special tokens).
+  std::string text = joined_text(segs);
+  std::vector<uint32_t> starts;
+  std::vector<uint8_t> special;
+  if (enc.encode_offsets(text, ids, starts, special)) {
+    // Byte -> segment flags.
+    std::vector<uint8_t> byte_trained(text.size() + 1, 0), byte_content(text.size() + 1, 0);
+    size_t pos = 0;
+    for (const Segment& g : segs) {
+      std::fill_n(byte_trained.begin() + static_cast<ptrdiff_t>(pos), g.text.size(),
+                  g.trained ? 1 : 0);
+      std::fill_n(byte_content.begin() + static_cast<ptrdiff_t>(pos), g.text.size(),
+                  g.special ? 0 : 1);
+      pos += g.text.size();
+    }
+    bool ok = true;
+    trained.assign(ids.size(), 0);
+    for (size_t i = 0; i < ids.size() && ok; ++i) {
+      size_t b = starts[i], e = i + 1 < ids.size() ? starts[i + 1] : text.size();
+      if (special[i] && byte_content[b]) ok = false;
+      bool tr = all;
+      for (size_t k = b; k < e && !tr; ++k) tr = byte_trained[k] != 0;
+      trained[i] = tr ? 1 : 0;
+    }
+    if (ok) return;
+    ids.clear();
+    trained.clear();
+  }
+  // Fallback: segment by segment, so each token belongs to exactly one segment and takes its
+  // flag; scaffolding parses special tokens, content does not.
   for (const Segment& s : segs) {
     size_t before = ids.size();
     enc.encode(s.text, s.special, before > 0, ids);
-    trained.resize(ids.size(), train_on == TrainOn::All || s.trained ? 1 : 0);
+    trained.resize(ids.size(), all || s.trained ? 1 : 0);
   }
 }
 

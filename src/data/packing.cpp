@@ -139,10 +139,10 @@ void PackedSet::fill_row(uint64_t r, int32_t pad_id, int32_t* tokens, int32_t* t
       doc_ids[k] = static_cast<int32_t>(j);
     }
   }
-  for (; k < seq_len_; ++k) {
+  for (int32_t pk = 0; k < seq_len_; ++k, ++pk) {
     tokens[k] = pad_id;
     targets[k] = kIgnoreIndex;
-    positions[k] = 0;
+    positions[k] = pk;
     doc_ids[k] = static_cast<int32_t>(n);  // padding is a block of its own
   }
 }

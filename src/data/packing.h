@@ -5,7 +5,7 @@
 // document is split, or truncated to its first piece); each piece is its own attention document:
 // positions restart at 0 and its doc id differs from its neighbours', so attention never crosses
 // a piece boundary. Rows are filled best-fit-decreasing (packing) or hold one piece (no packing);
-// unused slots are padding: target -100, a doc id of their own, position 0.
+// unused slots are padding: pad tokens, targets -100, a doc id of their own, positions 0, 1, ...
 #pragma once
 
 #include <cstdint>

@@ -35,6 +35,22 @@ void ByteEncoder::encode(std::string_view text, bool parse_special, bool,
   }
 }
 
+bool ByteEncoder::encode_offsets(std::string_view text, std::vector<int32_t>& ids,
+                                 std::vector<uint32_t>& starts,
+                                 std::vector<uint8_t>& special) const {
+  ids.clear();
+  starts.clear();
+  special.clear();
+  encode(text, true, false, ids);
+  uint32_t pos = 0;
+  for (int32_t id : ids) {
+    starts.push_back(pos);
+    special.push_back(id >= 256);
+    pos += id < 256 ? 1 : static_cast<uint32_t>(specials_[static_cast<size_t>(id - 256)].size());
+  }
+  return true;
+}
+
 int32_t ByteEncoder::special_id(std::string_view s) const {
   for (size_t k = 0; k < specials_.size(); ++k)
     if (specials_[k] == s) return 256 + static_cast<int32_t>(k);

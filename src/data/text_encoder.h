@@ -21,6 +21,15 @@ class TextEncoder {
   virtual void encode(std::string_view text, bool parse_special, bool continuation,
                       std::vector<int32_t>& out) const = 0;
 
+  // Tokenizes text as one piece with special tokens parsed, and gives each token's first byte in
+  // text (starts.size() == ids.size()) and whether it is a special token. Returns false when this
+  // encoder cannot tell where its tokens start; the caller then tokenizes segment by segment.
+  virtual bool encode_offsets(std::string_view text, std::vector<int32_t>& ids,
+                              std::vector<uint32_t>& starts, std::vector<uint8_t>& special) const {
+    (void)text, (void)ids, (void)starts, (void)special;
+    return false;
+  }
+
   virtual int32_t vocab_size() const = 0;
   // -1 when the vocabulary has none.
   virtual int32_t bos_id() const = 0;
@@ -45,6 +54,8 @@ class ByteEncoder final : public TextEncoder {
 
   void encode(std::string_view text, bool parse_special, bool continuation,
               std::vector<int32_t>& out) const override;
+  bool encode_offsets(std::string_view text, std::vector<int32_t>& ids,
+                      std::vector<uint32_t>& starts, std::vector<uint8_t>& special) const override;
   int32_t vocab_size() const override { return 256 + static_cast<int32_t>(specials_.size()); }
   int32_t bos_id() const override { return specials_.size() > 0 ? 256 : -1; }
   int32_t eos_id() const override { return specials_.size() > 1 ? 257 : -1; }

@@ -8,6 +8,11 @@ end of the turn's end marker in render(messages[:i+1]) -- the "prefix diff" rule
 end-of-turn token (<|im_end|>, <|eot_id|>, eos). Alpaca records under the alpaca template use
 Stanford Alpaca's own prompt strings (PROMPT_DICT) instead.
 
+Token level: each rendered text is also tokenized whole by stories260K's tokenizer.json (the
+tokenizer fixture, loaded with transformers) with special tokens parsed, and a token is marked
+trained when its character offsets overlap a trained span (Hugging Face's
+return_assistant_tokens_mask works the same way, through offsets).
+
 Run: /opt/qlft-ref/bin/python tests/reference/gen_data_fixtures.py
 Writes tests/reference/fixtures/data/templates.json (offsets are UTF-8 byte offsets).
 """
@@ -141,7 +146,27 @@ def chat_case(tok, jinja, eot, messages):
     return full, spans
 
 
+STORIES_TOKENIZER = os.path.join(HERE, "fixtures", "tokenizer", "stories260k", "tokenizer.json")
+
+
+def token_mask(tok, text, spans):
+    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    # byte spans back to character spans
+    b2c = {}
+    nb = 0
+    for ci, ch in enumerate(text):
+        b2c[nb] = ci
+        nb += len(ch.encode("utf-8"))
+    b2c[nb] = len(text)
+    cspans = [(b2c[a], b2c[b]) for a, b in spans]
+    trained = []
+    for s, e in enc["offset_mapping"]:
+        trained.append(int(e > s and any(s < b and e > a for a, b in cspans)))
+    return enc["input_ids"], trained
+
+
 def main():
+    stories = PreTrainedTokenizerFast(tokenizer_file=STORIES_TOKENIZER)
     cases = []
     for name, kind, jinja, bos, eos, eot, system_ok in TEMPLATES:
         tok = tokenizer(bos, eos)
@@ -167,6 +192,9 @@ def main():
                 text, spans = chat_case(tok, jinja, eot, msgs)
             cases.append({"name": f"{name}/alpaca{ai}", "template": kind, "jinja": jinja,
                           "bos": bos, "eos": eos, "record": rec, "text": text, "trained": spans})
+    for c in cases:
+        ids, trained = token_mask(stories, c["text"], c["trained"])
+        c["stories260k"] = {"ids": ids, "trained": trained}
     os.makedirs(OUT, exist_ok=True)
     with open(os.path.join(OUT, "templates.json"), "w", encoding="utf-8") as f:
         json.dump({"generator": "transformers apply_chat_template", "cases": cases}, f, indent=1,

@@ -10,6 +10,8 @@
 #include "data/chat_template.h"
 #include "data/dataset.h"
 #include "data/text_encoder.h"
+#include "data/tokenizer_encoder.h"
+#include "tokenizer/tokenizer.h"
 #include "support/test_support.h"
 
 using namespace qlft;
@@ -181,4 +183,26 @@ TEST(DataTemplates, ResolveFallsBackToAlpaca) {
   EXPECT_EQ(t.kind, TemplateKind::Llama3);
   EXPECT_EQ(t.bos, "<|begin_of_text|>");
   EXPECT_EQ(resolve_template(TemplateKind::Mistral, llama3, &why).kind, TemplateKind::Mistral);
+}
+
+// With a real tokenizer (stories260K, SentencePiece with byte fallback): the pipeline's ids are
+// those of tokenizing the whole rendered text, and its loss mask equals the reference mask
+// computed by the fixture from the Hugging Face tokenizer's offsets.
+TEST(DataTemplates, Stories260KTokensAndMaskMatchReference) {
+  QLFT_NEED_SHARED(model, "models/stories260K.gguf");
+  auto tok = Tokenizer::from_gguf_file(model);
+  TokenizerEncoder enc(*tok);
+  json cases = load_cases();
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c["name"].get<std::string>());
+    Record r = record_of(c);
+    ChatTemplate t = template_of(c);
+    std::vector<int32_t> ids;
+    std::vector<uint8_t> trained;
+    tokenize_record(r, t, TrainOn::Completion, enc, ids, trained);
+    std::vector<int32_t> want_ids = c["stories260k"]["ids"].get<std::vector<int32_t>>();
+    std::vector<uint8_t> want_mask = c["stories260k"]["trained"].get<std::vector<uint8_t>>();
+    EXPECT_EQ(ids, want_ids);
+    EXPECT_EQ(trained, want_mask);
+  }
 }

@@ -1,0 +1,70 @@
+#include "data/tokenizer_encoder.h"
+
+#include <cstring>
+
+#include "tokenizer/tokenizer.h"
+
+namespace qlft::data {
+
+TokenizerEncoder::TokenizerEncoder(const Tokenizer& tok, std::string chat_template)
+    : tok_(tok), chat_template_(std::move(chat_template)) {}
+
+void TokenizerEncoder::encode(std::string_view text, bool parse_special, bool,
+                              std::vector<int32_t>& out) const {
+  tok_.encode_append(text, parse_special, out);
+}
+
+bool TokenizerEncoder::encode_offsets(std::string_view text, std::vector<int32_t>& ids,
+                                      std::vector<uint32_t>& starts,
+                                      std::vector<uint8_t>& special) const {
+  ids.clear();
+  starts.clear();
+  special.clear();
+  tok_.encode_append(text, true, ids);
+  // Walk the pieces along the text. A piece may carry one space the text does not have: the
+  // prefix SentencePiece-style vocabularies put before each run of text between special tokens.
+  // Anything else that does not line up (an unknown token, a normalizer that rewrites text)
+  // makes the offsets unknowable: return false.
+  size_t pos = 0;
+  for (int32_t id : ids) {
+    starts.push_back(static_cast<uint32_t>(pos));
+    special.push_back(tok_.is_special(id));
+    std::string piece = tok_.is_special(id) ? tok_.token_text(id) : tok_.token_to_piece(id);
+    auto matches = [&](const char* p, size_t n) {
+      return n <= text.size() - pos && std::memcmp(text.data() + pos, p, n) == 0;
+    };
+    if (matches(piece.data(), piece.size())) {
+      pos += piece.size();
+    } else if (!piece.empty() && piece[0] == ' ' && matches(piece.data() + 1, piece.size() - 1)) {
+      pos += piece.size() - 1;
+    } else {
+      return false;
+    }
+  }
+  return pos == text.size();
+}
+
+int32_t TokenizerEncoder::vocab_size() const {
+  return tok_.vocab_size();
+}
+int32_t TokenizerEncoder::bos_id() const {
+  return tok_.bos_id();
+}
+int32_t TokenizerEncoder::eos_id() const {
+  return tok_.eos_id();
+}
+std::string TokenizerEncoder::bos_text() const {
+  return tok_.bos_id() >= 0 ? tok_.token_text(tok_.bos_id()) : std::string();
+}
+std::string TokenizerEncoder::eos_text() const {
+  return tok_.eos_id() >= 0 ? tok_.token_text(tok_.eos_id()) : std::string();
+}
+bool TokenizerEncoder::wants_bos() const {
+  return tok_.wants_bos() && tok_.bos_id() >= 0;
+}
+int32_t TokenizerEncoder::pad_id() const {
+  if (tok_.pad_id() >= 0) return tok_.pad_id();
+  return tok_.eos_id() >= 0 ? tok_.eos_id() : 0;
+}
+
+}  // namespace qlft::data
