@@ -1,0 +1,181 @@
+#include "model/generate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace qlft {
+
+namespace {
+Buffer act(MemoryTracker* t, int64_t floats, const char* what) {
+  return Buffer(t, MemCategory::Activations, static_cast<size_t>(floats) * 4, what);
+}
+}  // namespace
+
+Generator::Generator(const Model& model, Backend& backend, const LoraAdapter* lora, int max_len)
+    : model_(model), be_(backend), lora_(lora) {
+  const ModelConfig& c = model.cfg;
+  max_len_ = max_len > 0 ? max_len : (c.context_length > 0 ? c.context_length : 2048);
+  QLFT_CHECK_ARG(max_len_ > 0 && max_len_ <= (1 << 24), "generation length %d is out of range",
+                 max_len_);
+  if (lora) {
+    const ModelConfig& a = lora->model_config();
+    QLFT_CHECK_ARG(a.n_layers == c.n_layers && a.dim == c.dim && a.ffn_dim == c.ffn_dim &&
+                       a.n_heads == c.n_heads && a.n_kv_heads == c.n_kv_heads &&
+                       a.rope_adjacent == c.rope_adjacent,
+                   "the LoRA adapter was made for a model of another shape");
+  }
+  const int64_t kvd = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
+  for (int l = 0; l < c.n_layers; ++l) {
+    kcache_.push_back(act(be_.tracker(), max_len_ * kvd, "kv cache k"));
+    vcache_.push_back(act(be_.tracker(), max_len_ * kvd, "kv cache v"));
+  }
+}
+
+Generator::~Generator() = default;
+
+void Generator::ensure_rows(int n) {
+  if (n <= rows_cap_) return;
+  const ModelConfig& c = model_.cfg;
+  const int64_t qd = static_cast<int64_t>(c.n_heads) * c.head_dim,
+                kvd = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
+  MemoryTracker* t = be_.tracker();
+  x_ = act(t, n * c.dim, "decode x");
+  xn_ = act(t, n * c.dim, "decode norm");
+  q_ = act(t, n * qd, "decode q");
+  k_ = act(t, n * kvd, "decode k");
+  v_ = act(t, n * kvd, "decode v");
+  att_ = act(t, n * qd, "decode attention");
+  mid_ = act(t, n * c.dim, "decode mid");
+  gate_ = act(t, n * c.ffn_dim, "decode gate");
+  up_ = act(t, n * c.ffn_dim, "decode up");
+  h_ = act(t, n * c.ffn_dim, "decode swiglu");
+  pos_ = Buffer(t, MemCategory::Activations, n * 4, "decode positions");
+  logits_ = act(t, static_cast<int64_t>(n) * c.vocab, "decode logits");
+  rows_cap_ = n;
+}
+
+// att[i] = softmax(q_i K^T / sqrt(d)) V over cache positions [0, len_ + i], per head (GQA).
+void Generator::attend(int layer, int n) {
+  const ModelConfig& c = model_.cfg;
+  const int hd = c.head_dim, group = c.n_heads / c.n_kv_heads;
+  const int64_t qd = static_cast<int64_t>(c.n_heads) * hd,
+                kvd = static_cast<int64_t>(c.n_kv_heads) * hd;
+  const float* K = kcache_[layer].as<float>();
+  const float* V = vcache_[layer].as<float>();
+  const float scale = 1.f / std::sqrt(static_cast<float>(hd));
+  const int total = len_ + n;
+#pragma omp parallel for schedule(static) collapse(2)
+  for (int i = 0; i < n; ++i)
+    for (int h = 0; h < c.n_heads; ++h) {
+      std::vector<float> s(total);
+      const float* q = q_.as<float>() + i * qd + static_cast<int64_t>(h) * hd;
+      const int64_t koff = static_cast<int64_t>(h / group) * hd;
+      const int upto = len_ + i + 1;
+      float mx = -INFINITY;
+      for (int j = 0; j < upto; ++j) {
+        const float* kr = K + j * kvd + koff;
+        float d = 0;
+        for (int e = 0; e < hd; ++e) d += q[e] * kr[e];
+        s[j] = d * scale;
+        mx = std::max(mx, s[j]);
+      }
+      double sum = 0;
+      for (int j = 0; j < upto; ++j) {
+        s[j] = std::exp(s[j] - mx);
+        sum += s[j];
+      }
+      float* o = att_.as<float>() + i * qd + static_cast<int64_t>(h) * hd;
+      std::fill(o, o + hd, 0.f);
+      const float inv = static_cast<float>(1.0 / sum);
+      for (int j = 0; j < upto; ++j) {
+        const float* vr = V + j * kvd + koff;
+        const float w = s[j] * inv;
+        for (int e = 0; e < hd; ++e) o[e] += w * vr[e];
+      }
+    }
+}
+
+void Generator::feed(const int32_t* tokens, int n, float* logits, bool last_only) {
+  QLFT_CHECK_ARG(n > 0 && tokens, "feed: no tokens");
+  QLFT_CHECK_ARG(len_ + n <= max_len_, "context full: %d + %d tokens exceed the limit of %d", len_,
+                 n, max_len_);
+  const ModelConfig& c = model_.cfg;
+  ensure_rows(n);
+  const int64_t qd = static_cast<int64_t>(c.n_heads) * c.head_dim,
+                kvd = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
+  int32_t* pos = pos_.as<int32_t>();
+  for (int i = 0; i < n; ++i) pos[i] = len_ + i;
+  MatF x(x_.as<float>(), n, c.dim), xn(xn_.as<float>(), n, c.dim), mid(mid_.as<float>(), n, c.dim);
+  MatF q(q_.as<float>(), n, qd), k(k_.as<float>(), n, kvd), v(v_.as<float>(), n, kvd);
+  MatF att(att_.as<float>(), n, qd);
+  MatF gate(gate_.as<float>(), n, c.ffn_dim), up(up_.as<float>(), n, c.ffn_dim),
+      h(h_.as<float>(), n, c.ffn_dim);
+  be_.embedding_fwd(model_.tok_embd, tokens, x);
+
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& L = model_.layers[l];
+    LoraRef refs[kProjCount];
+    const LoraRef* rp[kProjCount] = {};
+    for (int p = 0; p < kProjCount; ++p)
+      if (lora_ && lora_->slot(l, static_cast<Proj>(p)).active()) {
+        refs[p] = lora_->ref(l, static_cast<Proj>(p), 0);
+        refs[p].dropout_p = 0.f;
+        rp[p] = &refs[p];
+      }
+    auto bias = [&](int j) { return L.bias[j].empty() ? nullptr : L.bias[j].as<float>(); };
+    be_.rmsnorm_fwd(x.as_const(), L.attn_norm.as<float>(), c.rms_eps, xn, nullptr);
+    be_.linear_fwd(L.proj[0], bias(0), rp[0], xn.as_const(), q, nullptr);
+    be_.linear_fwd(L.proj[1], bias(1), rp[1], xn.as_const(), k, nullptr);
+    be_.linear_fwd(L.proj[2], bias(2), rp[2], xn.as_const(), v, nullptr);
+    be_.rope(q, pos, c.n_heads, c.head_dim, c.rope_theta, c.rope_adjacent, false);
+    be_.rope(k, pos, c.n_kv_heads, c.head_dim, c.rope_theta, c.rope_adjacent, false);
+    std::memcpy(kcache_[l].as<float>() + static_cast<int64_t>(len_) * kvd, k.data, n * kvd * 4);
+    std::memcpy(vcache_[l].as<float>() + static_cast<int64_t>(len_) * kvd, v.data, n * kvd * 4);
+    attend(l, n);
+    be_.linear_fwd(L.proj[3], nullptr, rp[3], att.as_const(), mid, nullptr);
+    for (int64_t i = 0; i < n * static_cast<int64_t>(c.dim); ++i) mid.data[i] += x.data[i];
+    be_.rmsnorm_fwd(mid.as_const(), L.ffn_norm.as<float>(), c.rms_eps, xn, nullptr);
+    be_.linear_fwd(L.proj[4], nullptr, rp[4], xn.as_const(), gate, nullptr);
+    be_.linear_fwd(L.proj[5], nullptr, rp[5], xn.as_const(), up, nullptr);
+    be_.swiglu_fwd(gate.as_const(), up.as_const(), h);
+    be_.linear_fwd(L.proj[6], nullptr, rp[6], h.as_const(), x, nullptr);
+    for (int64_t i = 0; i < n * static_cast<int64_t>(c.dim); ++i) x.data[i] += mid.data[i];
+  }
+  len_ += n;
+  if (!logits) return;
+  be_.rmsnorm_fwd(x.as_const(), model_.output_norm.as<float>(), c.rms_eps, xn, nullptr);
+  if (last_only) {
+    be_.head_logits(model_.head(), xn.as_const().row_slice(n - 1, 1), MatF(logits, 1, c.vocab));
+  } else {
+    be_.head_logits(model_.head(), xn.as_const(), MatF(logits, n, c.vocab));
+  }
+}
+
+std::vector<int32_t> Generator::generate(const std::vector<int32_t>& prompt,
+                                         const GenerateOptions& opt,
+                                         const std::function<bool(int32_t)>& on_token) {
+  QLFT_CHECK_ARG(!prompt.empty(), "generate: the prompt must hold at least one token (BOS)");
+  QLFT_CHECK_ARG(opt.max_tokens >= 0, "max_tokens must be >= 0, got %d", opt.max_tokens);
+  reset();
+  Sampler sampler(opt.sampler);
+  std::vector<float> logits(model_.cfg.vocab);
+  std::vector<int32_t> out;
+  if (opt.max_tokens == 0) return out;
+  QLFT_CHECK_ARG(static_cast<int>(prompt.size()) < max_len_,
+                 "the prompt (%zu tokens) does not fit the context of %d", prompt.size(), max_len_);
+  feed(prompt.data(), static_cast<int>(prompt.size()), logits.data(), true);
+  while (true) {
+    int32_t id = sampler.sample(logits.data(), model_.cfg.vocab);
+    out.push_back(id);
+    if (on_token && !on_token(id)) break;
+    if (id == opt.eos_id) break;
+    if (static_cast<int>(out.size()) >= opt.max_tokens || len_ >= max_len_) break;
+    feed(&id, 1, logits.data(), true);
+  }
+  return out;
+}
+
+}  // namespace qlft

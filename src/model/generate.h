@@ -1,0 +1,60 @@
+// Incremental decoding with a KV cache, with or without a LoRA adapter.
+//
+// The cache holds every layer's post-RoPE keys and values for positions [0, length())
+// (MemCategory::Activations). feed() runs the new tokens through the model against the cache
+// and appends their keys/values; the attention over the cache is a plain CPU loop here (a
+// backend-level decode kernel can replace it).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/lora.h"
+#include "model/model.h"
+#include "model/sampler.h"
+
+namespace qlft {
+
+struct GenerateOptions {
+  int max_tokens = 128;
+  SamplerConfig sampler;
+  // Stop after emitting this id (it is included in the output); -1 never stops early.
+  int32_t eos_id = -1;
+};
+
+class Generator {
+ public:
+  // lora may be nullptr. max_len caps prompt + generated tokens (<= 0: the model's context
+  // length).
+  Generator(const Model& model, Backend& backend, const LoraAdapter* lora, int max_len = 0);
+  ~Generator();
+
+  // Appends n tokens to the context. If logits is given it receives [n, vocab] logits of every
+  // new position (or only the last one's [vocab] when last_only).
+  void feed(const int32_t* tokens, int n, float* logits, bool last_only = true);
+  void reset() { len_ = 0; }
+  int length() const { return len_; }
+  int max_length() const { return max_len_; }
+
+  // Feeds the prompt (must be non-empty), then samples up to max_tokens new ids. on_token may
+  // return false to stop. Returns the generated ids (prompt excluded).
+  std::vector<int32_t> generate(const std::vector<int32_t>& prompt, const GenerateOptions& opt,
+                                const std::function<bool(int32_t)>& on_token = {});
+
+ private:
+  void ensure_rows(int n);
+  void attend(int layer, int n);
+
+  const Model& model_;
+  Backend& be_;
+  const LoraAdapter* lora_;
+  int max_len_;
+  int len_ = 0;
+  std::vector<Buffer> kcache_, vcache_;  // per layer [max_len, n_kv_heads * head_dim]
+  int rows_cap_ = 0;
+  Buffer x_, xn_, q_, k_, v_, att_, mid_, gate_, up_, h_, pos_, logits_;
+};
+
+}  // namespace qlft

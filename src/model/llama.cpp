@@ -1,0 +1,378 @@
+#include "model/llama.h"
+
+#include <cstring>
+
+#include "backend/dropout.h"
+#include "core/error.h"
+
+namespace qlft {
+
+namespace {
+
+Buffer make(MemoryTracker* t, MemCategory c, int64_t floats, const char* what) {
+  return Buffer(t, c, static_cast<size_t>(floats) * sizeof(float), what);
+}
+MatF mat(Buffer& b, int64_t rows, int64_t cols) {
+  return MatF(b.as<float>(), rows, cols);
+}
+CMatF cmat(const Buffer& b, int64_t rows, int64_t cols) {
+  return CMatF(b.as<float>(), rows, cols);
+}
+void zero(Buffer& b) {
+  std::memset(b.data(), 0, b.size());
+}
+
+// y += x elementwise (the residual connections).
+void add_inplace(float* y, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+// Per (step, layer, projection) seed so every adapter draws its own dropout mask.
+uint64_t proj_seed(uint64_t step_seed, int layer, Proj p) {
+  return mix64(step_seed ^ mix64((static_cast<uint64_t>(layer) << 8) | static_cast<uint64_t>(p)));
+}
+
+}  // namespace
+
+// Everything one layer's backward reads. xa[p] holds drop(x) A^T of projection p.
+struct LlamaRunner::LayerActs {
+  Buffer xn1, rstd1, q, k, v, att, lse, x_mid, xn2, rstd2, gate, up, hact;
+  Buffer xa[kProjCount];
+};
+
+// Backward temporaries (workspace).
+struct LlamaRunner::Grads {
+  Buffer G, dxn, datt, dq, dk, dv, dh, dgate, dup;
+};
+
+LlamaRunner::LlamaRunner(const Model& model, Backend& backend, LoraAdapter* lora)
+    : model_(model), be_(backend), lora_(lora), ckpt_(model.cfg.n_layers, false) {
+  if (lora) {
+    const ModelConfig& a = lora->model_config();
+    const ModelConfig& m = model.cfg;
+    QLFT_CHECK_ARG(a.n_layers == m.n_layers && a.dim == m.dim && a.ffn_dim == m.ffn_dim &&
+                       a.n_heads == m.n_heads && a.n_kv_heads == m.n_kv_heads &&
+                       a.head_dim == m.head_dim && a.rope_adjacent == m.rope_adjacent,
+                   "the LoRA adapter was made for a model of another shape");
+  }
+}
+
+LlamaRunner::~LlamaRunner() = default;
+
+void LlamaRunner::set_checkpoint(int layer, bool on) {
+  QLFT_CHECK_ARG(layer >= 0 && layer < model_.cfg.n_layers, "layer %d is out of range", layer);
+  ckpt_[layer] = on;
+  stored_.clear();
+  have_forward_ = false;
+}
+void LlamaRunner::set_checkpoint_all(bool on) {
+  for (int l = 0; l < model_.cfg.n_layers; ++l) ckpt_[l] = on;
+  stored_.clear();
+  have_forward_ = false;
+}
+
+void LlamaRunner::release() {
+  stored_.clear();
+  scratch_.reset();
+  grads_.reset();
+  resid_.clear();
+  xnf_.reset();
+  rstdf_.reset();
+  dxnf_.reset();
+  pos_.reset();
+  docs_.reset();
+  targets_.reset();
+  rows_ = 0;
+  have_forward_ = false;
+}
+
+LoraRef LlamaRunner::lora_ref(int l, Proj p, bool* has) const {
+  *has = lora_ && lora_->slot(l, p).active();
+  if (!*has) return LoraRef{};
+  LoraRef r = lora_->ref(l, p, proj_seed(dropout_seed_, l, p));
+  if (!training_) r.dropout_p = 0.f;  // inference: dropout is the identity
+  return r;
+}
+
+LlamaRunner::LayerActs& LlamaRunner::acts_for(int layer, bool store) {
+  const ModelConfig& c = model_.cfg;
+  std::unique_ptr<LayerActs>* slot;
+  if (store && !ckpt_[layer]) {
+    if (stored_.size() != static_cast<size_t>(c.n_layers)) stored_.resize(c.n_layers);
+    slot = &stored_[layer];
+  } else {
+    slot = &scratch_;
+  }
+  if (*slot) return **slot;
+  MemoryTracker* t = be_.tracker();
+  const MemCategory A = MemCategory::Activations;
+  const int64_t R = rows_, qd = static_cast<int64_t>(c.n_heads) * c.head_dim,
+                kvd = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
+  auto a = std::make_unique<LayerActs>();
+  a->xn1 = make(t, A, R * c.dim, "attn norm out");
+  a->rstd1 = make(t, A, R, "attn norm rstd");
+  a->q = make(t, A, R * qd, "q");
+  a->k = make(t, A, R * kvd, "k");
+  a->v = make(t, A, R * kvd, "v");
+  a->att = make(t, A, R * qd, "attention out");
+  a->lse = make(t, A, R * c.n_heads, "attention lse");
+  a->x_mid = make(t, A, R * c.dim, "residual mid");
+  a->xn2 = make(t, A, R * c.dim, "ffn norm out");
+  a->rstd2 = make(t, A, R, "ffn norm rstd");
+  a->gate = make(t, A, R * c.ffn_dim, "gate");
+  a->up = make(t, A, R * c.ffn_dim, "up");
+  a->hact = make(t, A, R * c.ffn_dim, "swiglu out");
+  if (lora_)
+    for (int p = 0; p < kProjCount; ++p)
+      if (lora_->slot(layer, static_cast<Proj>(p)).active())
+        a->xa[p] = make(t, A, R * lora_->config().r, "lora xa");
+  *slot = std::move(a);
+  return **slot;
+}
+
+void LlamaRunner::prepare(const TokenBatch& b, bool training) {
+  const ModelConfig& c = model_.cfg;
+  QLFT_CHECK_ARG(b.batch > 0 && b.seq > 0 && b.tokens, "empty token batch (%d x %d)", b.batch,
+                 b.seq);
+  const int64_t R = b.rows();
+  if (R != rows_) {
+    release();
+    rows_ = R;
+  }
+  MemoryTracker* t = be_.tracker();
+  if (pos_.empty()) {
+    pos_ = Buffer(t, MemCategory::Activations, R * 4, "positions");
+    targets_ = Buffer(t, MemCategory::Activations, R * 4, "targets");
+  }
+  int32_t* pos = pos_.as<int32_t>();
+  for (int64_t r = 0; r < R; ++r) {
+    int32_t p = b.positions ? b.positions[r] : static_cast<int32_t>(r % b.seq);
+    QLFT_CHECK_ARG(p >= 0, "position %d of row %lld is negative", p, static_cast<long long>(r));
+    pos[r] = p;
+  }
+  if (b.doc_ids) {
+    if (docs_.empty()) docs_ = Buffer(t, MemCategory::Activations, R * 4, "doc ids");
+    std::memcpy(docs_.data(), b.doc_ids, R * 4);
+  }
+  if (b.targets) {
+    int32_t* tg = targets_.as<int32_t>();
+    for (int64_t r = 0; r < R; ++r) {
+      int32_t v = b.targets[r];
+      QLFT_CHECK_ARG(v == kIgnoreIndex || (v >= 0 && v < c.vocab),
+                     "target %d at row %lld is outside the vocabulary (0..%d) and not %d", v,
+                     static_cast<long long>(r), c.vocab - 1, kIgnoreIndex);
+      tg[r] = v;
+    }
+  }
+  shape_.batch = b.batch;
+  shape_.seq = b.seq;
+  shape_.n_heads = c.n_heads;
+  shape_.n_kv_heads = c.n_kv_heads;
+  shape_.head_dim = c.head_dim;
+  shape_.doc_ids = b.doc_ids ? docs_.as<int32_t>() : nullptr;
+  if (resid_.empty()) {
+    resid_.resize(c.n_layers + 1);
+    for (Buffer& x : resid_) x = make(t, MemCategory::Activations, R * c.dim, "residual");
+    xnf_ = make(t, MemCategory::Activations, R * c.dim, "final norm out");
+    rstdf_ = make(t, MemCategory::Activations, R, "final norm rstd");
+  }
+  if (training && dxnf_.empty())
+    dxnf_ = make(t, MemCategory::Activations, R * c.dim, "d final norm");
+}
+
+void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out) {
+  const ModelConfig& c = model_.cfg;
+  const LayerWeights& L = model_.layers[l];
+  const int64_t R = rows_, qd = static_cast<int64_t>(c.n_heads) * c.head_dim,
+                kvd = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
+  const int32_t* pos = pos_.as<int32_t>();
+  CMatF xin(x_in, R, c.dim);
+
+  be_.rmsnorm_fwd(xin, L.attn_norm.as<float>(), c.rms_eps, mat(a.xn1, R, c.dim),
+                  a.rstd1.as<float>());
+  Buffer* outs[3] = {&a.q, &a.k, &a.v};
+  const int64_t widths[3] = {qd, kvd, kvd};
+  for (int j = 0; j < 3; ++j) {
+    Proj p = static_cast<Proj>(j);
+    bool has;
+    LoraRef ref = lora_ref(l, p, &has);
+    const float* bias = L.bias[j].empty() ? nullptr : L.bias[j].as<float>();
+    be_.linear_fwd(L.proj[j], bias, has ? &ref : nullptr, cmat(a.xn1, R, c.dim),
+                   mat(*outs[j], R, widths[j]), has ? a.xa[j].as<float>() : nullptr);
+  }
+  be_.rope(mat(a.q, R, qd), pos, c.n_heads, c.head_dim, c.rope_theta, c.rope_adjacent, false);
+  be_.rope(mat(a.k, R, kvd), pos, c.n_kv_heads, c.head_dim, c.rope_theta, c.rope_adjacent, false);
+  be_.attention_fwd(shape_, cmat(a.q, R, qd), cmat(a.k, R, kvd), cmat(a.v, R, kvd),
+                    mat(a.att, R, qd), a.lse.as<float>());
+  {
+    bool has;
+    LoraRef ref = lora_ref(l, Proj::O, &has);
+    const int o = static_cast<int>(Proj::O);
+    be_.linear_fwd(L.proj[o], nullptr, has ? &ref : nullptr, cmat(a.att, R, qd),
+                   mat(a.x_mid, R, c.dim), has ? a.xa[o].as<float>() : nullptr);
+  }
+  add_inplace(a.x_mid.as<float>(), x_in, R * c.dim);
+
+  be_.rmsnorm_fwd(cmat(a.x_mid, R, c.dim), L.ffn_norm.as<float>(), c.rms_eps, mat(a.xn2, R, c.dim),
+                  a.rstd2.as<float>());
+  Buffer* ffn_outs[2] = {&a.gate, &a.up};
+  for (int j = 0; j < 2; ++j) {
+    const int p = static_cast<int>(Proj::Gate) + j;
+    bool has;
+    LoraRef ref = lora_ref(l, static_cast<Proj>(p), &has);
+    be_.linear_fwd(L.proj[p], nullptr, has ? &ref : nullptr, cmat(a.xn2, R, c.dim),
+                   mat(*ffn_outs[j], R, c.ffn_dim), has ? a.xa[p].as<float>() : nullptr);
+  }
+  be_.swiglu_fwd(cmat(a.gate, R, c.ffn_dim), cmat(a.up, R, c.ffn_dim), mat(a.hact, R, c.ffn_dim));
+  {
+    bool has;
+    LoraRef ref = lora_ref(l, Proj::Down, &has);
+    const int d = static_cast<int>(Proj::Down);
+    be_.linear_fwd(L.proj[d], nullptr, has ? &ref : nullptr, cmat(a.hact, R, c.ffn_dim),
+                   MatF(x_out, R, c.dim), has ? a.xa[d].as<float>() : nullptr);
+  }
+  add_inplace(x_out, a.x_mid.as<float>(), R * c.dim);
+}
+
+LossResult LlamaRunner::run_forward(const TokenBatch& b, bool training, float grad_scale,
+                                    MatF logits) {
+  const ModelConfig& c = model_.cfg;
+  training_ = training;
+  have_forward_ = false;
+  prepare(b, training);
+  const int64_t R = rows_;
+  be_.embedding_fwd(model_.tok_embd, b.tokens, mat(resid_[0], R, c.dim));
+  for (int l = 0; l < c.n_layers; ++l)
+    layer_fwd(l, acts_for(l, training), resid_[l].as<float>(), resid_[l + 1].as<float>());
+  be_.rmsnorm_fwd(cmat(resid_[c.n_layers], R, c.dim), model_.output_norm.as<float>(), c.rms_eps,
+                  mat(xnf_, R, c.dim), rstdf_.as<float>());
+  if (logits.data) be_.head_logits(model_.head(), cmat(xnf_, R, c.dim), logits);
+
+  LossResult res;
+  if (!b.targets) return res;
+  int64_t count = 0;
+  const int32_t* tg = targets_.as<int32_t>();
+  for (int64_t r = 0; r < R; ++r) count += tg[r] != kIgnoreIndex;
+  MatF dh;
+  if (training) {
+    zero(dxnf_);
+    dh = mat(dxnf_, R, c.dim);
+    if (grad_scale == 0.f) grad_scale = count ? 1.f / static_cast<float>(count) : 0.f;
+  }
+  int64_t got = 0;
+  res.loss_sum = be_.linear_cross_entropy(model_.head(), cmat(xnf_, R, c.dim), tg, kIgnoreIndex,
+                                          grad_scale, dh, &got);
+  res.count = got;
+  have_forward_ = training;
+  return res;
+}
+
+LossResult LlamaRunner::forward(const TokenBatch& b, float grad_scale, uint64_t dropout_seed) {
+  QLFT_CHECK_ARG(b.targets, "forward for training needs targets");
+  dropout_seed_ = dropout_seed;
+  be_.tracker()->set_phase("forward");
+  return run_forward(b, true, grad_scale, MatF());
+}
+
+LossResult LlamaRunner::logits(const TokenBatch& b, MatF out) {
+  QLFT_CHECK_ARG(out.data && out.rows == b.rows() && out.cols == model_.cfg.vocab,
+                 "logits: output must be [%lld, %d]", static_cast<long long>(b.rows()),
+                 model_.cfg.vocab);
+  return run_forward(b, false, 0.f, out);
+}
+
+LossResult LlamaRunner::eval_loss(const TokenBatch& b) {
+  QLFT_CHECK_ARG(b.targets, "eval_loss needs targets");
+  return run_forward(b, false, 0.f, MatF());
+}
+
+void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx) {
+  const ModelConfig& c = model_.cfg;
+  const LayerWeights& L = model_.layers[l];
+  const int64_t R = rows_, qd = static_cast<int64_t>(c.n_heads) * c.head_dim,
+                kvd = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
+  Grads& g = *grads_;
+  const int32_t* pos = pos_.as<int32_t>();
+  MatF G = mat(g.G, R, c.dim);
+
+  auto lin_bwd = [&](Proj p, CMatF x, CMatF dy, MatF dx) {
+    const int pi = static_cast<int>(p);
+    bool has;
+    LoraRef ref = lora_ref(l, p, &has);
+    float* dA = has ? lora_->slot(l, p).dA.as<float>() : nullptr;
+    float* dB = has ? lora_->slot(l, p).dB.as<float>() : nullptr;
+    be_.linear_bwd(L.proj[pi], has ? &ref : nullptr, x, has ? a.xa[pi].as<float>() : nullptr, dy,
+                   dx, dA, dB);
+  };
+
+  // FFN branch: G is d(loss)/d(x_out) = d/d(x_mid) through the residual, plus the branch.
+  zero(g.dh);
+  lin_bwd(Proj::Down, cmat(a.hact, R, c.ffn_dim), G.as_const(), mat(g.dh, R, c.ffn_dim));
+  be_.swiglu_bwd(cmat(a.gate, R, c.ffn_dim), cmat(a.up, R, c.ffn_dim), cmat(g.dh, R, c.ffn_dim),
+                 mat(g.dgate, R, c.ffn_dim), mat(g.dup, R, c.ffn_dim));
+  zero(g.dxn);
+  lin_bwd(Proj::Gate, cmat(a.xn2, R, c.dim), cmat(g.dgate, R, c.ffn_dim), mat(g.dxn, R, c.dim));
+  lin_bwd(Proj::Up, cmat(a.xn2, R, c.dim), cmat(g.dup, R, c.ffn_dim), mat(g.dxn, R, c.dim));
+  be_.rmsnorm_bwd(cmat(a.x_mid, R, c.dim), L.ffn_norm.as<float>(), a.rstd2.as<float>(),
+                  cmat(g.dxn, R, c.dim), G);
+
+  // Attention branch: G is now d/d(x_mid).
+  zero(g.datt);
+  lin_bwd(Proj::O, cmat(a.att, R, qd), G.as_const(), mat(g.datt, R, qd));
+  zero(g.dq);
+  zero(g.dk);
+  zero(g.dv);
+  be_.attention_bwd(shape_, cmat(a.q, R, qd), cmat(a.k, R, kvd), cmat(a.v, R, kvd),
+                    cmat(a.att, R, qd), a.lse.as<float>(), cmat(g.datt, R, qd), mat(g.dq, R, qd),
+                    mat(g.dk, R, kvd), mat(g.dv, R, kvd));
+  be_.rope(mat(g.dq, R, qd), pos, c.n_heads, c.head_dim, c.rope_theta, c.rope_adjacent, true);
+  be_.rope(mat(g.dk, R, kvd), pos, c.n_kv_heads, c.head_dim, c.rope_theta, c.rope_adjacent, true);
+  zero(g.dxn);
+  lin_bwd(Proj::Q, cmat(a.xn1, R, c.dim), cmat(g.dq, R, qd), mat(g.dxn, R, c.dim));
+  lin_bwd(Proj::K, cmat(a.xn1, R, c.dim), cmat(g.dk, R, kvd), mat(g.dxn, R, c.dim));
+  lin_bwd(Proj::V, cmat(a.xn1, R, c.dim), cmat(g.dv, R, kvd), mat(g.dxn, R, c.dim));
+  if (need_dx)
+    be_.rmsnorm_bwd(CMatF(x_in, R, c.dim), L.attn_norm.as<float>(), a.rstd1.as<float>(),
+                    cmat(g.dxn, R, c.dim), G);
+}
+
+void LlamaRunner::backward() {
+  QLFT_CHECK_ARG(have_forward_, "backward() needs a training forward() first");
+  be_.tracker()->set_phase("backward");
+  const ModelConfig& c = model_.cfg;
+  const int64_t R = rows_, qd = static_cast<int64_t>(c.n_heads) * c.head_dim,
+                kvd = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
+  if (!grads_) {
+    MemoryTracker* t = be_.tracker();
+    const MemCategory W = MemCategory::Workspace;
+    auto g = std::make_unique<Grads>();
+    g->G = make(t, W, R * c.dim, "d residual");
+    g->dxn = make(t, W, R * c.dim, "d norm out");
+    g->datt = make(t, W, R * qd, "d attention out");
+    g->dq = make(t, W, R * qd, "dq");
+    g->dk = make(t, W, R * kvd, "dk");
+    g->dv = make(t, W, R * kvd, "dv");
+    g->dh = make(t, W, R * c.ffn_dim, "d swiglu out");
+    g->dgate = make(t, W, R * c.ffn_dim, "d gate");
+    g->dup = make(t, W, R * c.ffn_dim, "d up");
+    grads_ = std::move(g);
+  }
+  zero(grads_->G);
+  be_.rmsnorm_bwd(cmat(resid_[c.n_layers], R, c.dim), model_.output_norm.as<float>(),
+                  rstdf_.as<float>(), cmat(dxnf_, R, c.dim), mat(grads_->G, R, c.dim));
+  for (int l = c.n_layers - 1; l >= 0; --l) {
+    LayerActs* a;
+    if (ckpt_[l]) {
+      // Recompute this layer's activations from its saved input (same dropout masks).
+      a = &acts_for(l, true);
+      Buffer tmp = make(be_.tracker(), MemCategory::Workspace, R * c.dim, "recompute out");
+      layer_fwd(l, *a, resid_[l].as<float>(), tmp.as<float>());
+    } else {
+      a = stored_[l].get();
+    }
+    layer_bwd(l, *a, resid_[l].as<float>(), l > 0);
+  }
+  have_forward_ = false;
+}
+
+}  // namespace qlft

@@ -1,0 +1,108 @@
+// The Llama-family forward and explicit backward pass (llama, mistral, qwen2) with LoRA,
+// written once against the Backend interface.
+//
+// Per layer: rmsnorm -> q/k/v (LoRA, qwen2 biases) -> RoPE (the source's row convention) ->
+// causal GQA attention -> o_proj -> residual -> rmsnorm -> gate/up -> SwiGLU -> down -> residual.
+// Then the final norm and a fused linear + cross-entropy: loss = mean over targets != -100.
+//
+// Backward produces gradients for the LoRA A and B only (accumulated, so micro-batches add up);
+// base weights are frozen and the embedding gets no gradient.
+//
+// Activation memory: a layer either stores everything its backward needs (MemCategory::
+// Activations), or, when checkpointed, stores only its input and recomputes its forward into a
+// shared scratch set during backward (same dropout masks: they are functions of a seed).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/lora.h"
+#include "model/model.h"
+
+namespace qlft {
+
+constexpr int32_t kIgnoreIndex = -100;
+
+// A batch of token rows: row = b * seq + t.
+struct TokenBatch {
+  int batch = 1, seq = 0;
+  const int32_t* tokens = nullptr;     // [batch * seq]
+  const int32_t* targets = nullptr;    // [batch * seq] next-token ids or kIgnoreIndex; may be
+                                       // nullptr for logits only
+  const int32_t* positions = nullptr;  // optional RoPE positions (packing); default t
+  const int32_t* doc_ids = nullptr;    // optional document ids: attention stays inside a doc
+  int64_t rows() const { return static_cast<int64_t>(batch) * seq; }
+};
+
+struct LossResult {
+  double loss_sum = 0;  // sum of token cross-entropies over counted targets
+  int64_t count = 0;    // targets != kIgnoreIndex
+  double mean() const { return count ? loss_sum / static_cast<double>(count) : 0.0; }
+};
+
+class LlamaRunner {
+ public:
+  // lora may be nullptr (base model only). Neither model nor lora is owned.
+  LlamaRunner(const Model& model, Backend& backend, LoraAdapter* lora);
+  ~LlamaRunner();
+  LlamaRunner(const LlamaRunner&) = delete;
+  LlamaRunner& operator=(const LlamaRunner&) = delete;
+
+  // Gradient checkpointing per layer (true: keep only the layer input, recompute in backward).
+  void set_checkpoint(int layer, bool on);
+  void set_checkpoint_all(bool on);
+  bool checkpointed(int layer) const { return ckpt_[layer]; }
+
+  // Training forward: runs the model, keeps what backward() needs, and returns the loss sum
+  // and count. grad_scale multiplies d(loss_sum) in backward; 0 means 1 / count (the gradient
+  // of this batch's mean loss). dropout_seed selects the LoRA dropout masks of this step.
+  LossResult forward(const TokenBatch& b, float grad_scale = 0.f, uint64_t dropout_seed = 0);
+  // Accumulates LoRA gradients (adds into LoraAdapter dA/dB) for the last forward().
+  void backward();
+
+  // Inference forward without LoRA dropout: logits [rows, vocab] into out, and the loss if
+  // b.targets is set (returned; count 0 otherwise). Keeps nothing for backward.
+  LossResult logits(const TokenBatch& b, MatF out);
+  // Loss only (no logits materialized), inference mode.
+  LossResult eval_loss(const TokenBatch& b);
+
+  // Frees the stored activations and scratch (they are re-made on the next call).
+  void release();
+
+  const Model& model() const { return model_; }
+  Backend& backend() { return be_; }
+  LoraAdapter* lora() { return lora_; }
+
+ private:
+  struct LayerActs;
+  struct Grads;
+
+  void prepare(const TokenBatch& b, bool training);
+  LayerActs& acts_for(int layer, bool store);
+  void layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out);
+  void layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx);
+  LossResult run_forward(const TokenBatch& b, bool training, float grad_scale, MatF logits);
+  LoraRef lora_ref(int l, Proj p, bool* has) const;
+
+  const Model& model_;
+  Backend& be_;
+  LoraAdapter* lora_;
+  std::vector<bool> ckpt_;
+
+  // Shape of the current batch.
+  int64_t rows_ = 0;
+  AttnShape shape_;
+  Buffer pos_, docs_, targets_;
+  std::vector<Buffer> resid_;  // [n_layers + 1] residual stream, rows x dim each
+  std::vector<std::unique_ptr<LayerActs>> stored_;
+  std::unique_ptr<LayerActs> scratch_;
+  Buffer xnf_, rstdf_, dxnf_;  // final norm output, its rstd, and d(loss)/d(xnf)
+  std::unique_ptr<Grads> grads_;
+  bool have_forward_ = false;
+  bool training_ = false;
+  uint64_t dropout_seed_ = 0;
+};
+
+}  // namespace qlft

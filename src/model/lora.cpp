@@ -1,0 +1,214 @@
+#include "model/lora.h"
+
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include "backend/dropout.h"
+#include "config/config.h"
+#include "core/error.h"
+
+namespace qlft {
+
+float LoraConfig::scale() const {
+  return use_rslora ? alpha / std::sqrt(static_cast<float>(r)) : alpha / static_cast<float>(r);
+}
+
+void LoraConfig::set_targets(const std::string& list) {
+  bool t[kProjCount] = {};
+  std::stringstream ss(list);
+  std::string item;
+  bool any = false;
+  while (std::getline(ss, item, ',')) {
+    size_t b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
+    if (b == std::string::npos) continue;
+    item = item.substr(b, e - b + 1);
+    int found = -1;
+    for (int p = 0; p < kProjCount; ++p)
+      if (item == proj_peft_name(static_cast<Proj>(p)) ||
+          item == proj_gguf_name(static_cast<Proj>(p)))
+        found = p;
+    QLFT_CHECK_ARG(found >= 0,
+                   "lora.target_modules: '%s' is not one of q_proj, k_proj, v_proj, o_proj, "
+                   "gate_proj, up_proj, down_proj",
+                   item.c_str());
+    t[found] = true;
+    any = true;
+  }
+  QLFT_CHECK_ARG(any, "lora.target_modules must name at least one projection");
+  std::memcpy(targets, t, sizeof(t));
+}
+
+std::string LoraConfig::targets_string() const {
+  std::string s;
+  for (int p = 0; p < kProjCount; ++p)
+    if (targets[p]) s += std::string(s.empty() ? "" : ",") + proj_peft_name(static_cast<Proj>(p));
+  return s;
+}
+
+LoraConfig lora_config_from(const Config& c) {
+  LoraConfig l;
+  l.r = static_cast<int>(c.get_int("lora.r"));
+  l.alpha = static_cast<float>(c.get_float("lora.alpha"));
+  l.dropout = static_cast<float>(c.get_float("lora.dropout"));
+  l.use_rslora = c.get_bool("lora.use_rslora");
+  std::string list;
+  for (const std::string& s : c.get_list("lora.target_modules")) list += s + ",";
+  l.set_targets(list);
+  l.init_seed = static_cast<uint64_t>(c.get_int("seed"));
+  return l;
+}
+
+// Within each head, HF row i*(hd/2) + j (half i, pair j) is GGUF row 2j + i.
+void permute_rows_hf_to_adjacent(const float* src, float* dst, int n_heads, int head_dim,
+                                 int64_t cols) {
+  const int half = head_dim / 2;
+  for (int h = 0; h < n_heads; ++h)
+    for (int i = 0; i < 2; ++i)
+      for (int j = 0; j < half; ++j) {
+        const float* s = src + (static_cast<int64_t>(h) * head_dim + i * half + j) * cols;
+        float* d = dst + (static_cast<int64_t>(h) * head_dim + 2 * j + i) * cols;
+        std::memcpy(d, s, cols * sizeof(float));
+      }
+}
+
+void permute_rows_adjacent_to_hf(const float* src, float* dst, int n_heads, int head_dim,
+                                 int64_t cols) {
+  const int half = head_dim / 2;
+  for (int h = 0; h < n_heads; ++h)
+    for (int i = 0; i < 2; ++i)
+      for (int j = 0; j < half; ++j) {
+        const float* s = src + (static_cast<int64_t>(h) * head_dim + 2 * j + i) * cols;
+        float* d = dst + (static_cast<int64_t>(h) * head_dim + i * half + j) * cols;
+        std::memcpy(d, s, cols * sizeof(float));
+      }
+}
+
+LoraAdapter::LoraAdapter(MemoryTracker* tracker, const ModelConfig& m, const LoraConfig& cfg)
+    : cfg_(cfg), mcfg_(m) {
+  QLFT_CHECK_ARG(cfg.r > 0 && cfg.r <= 65536, "lora.r must be in 1..65536, got %d", cfg.r);
+  QLFT_CHECK_ARG(cfg.dropout >= 0.f && cfg.dropout < 1.f, "lora.dropout must be in [0, 1), got %g",
+                 cfg.dropout);
+  const int q_out = m.n_heads * m.head_dim, kv_out = m.n_kv_heads * m.head_dim;
+  const int dims[kProjCount][2] = {{q_out, m.dim},    {kv_out, m.dim},    {kv_out, m.dim},
+                                   {m.dim, q_out},    {m.ffn_dim, m.dim}, {m.ffn_dim, m.dim},
+                                   {m.dim, m.ffn_dim}};
+  slots_.resize(m.n_layers);
+  for (int l = 0; l < m.n_layers; ++l) {
+    slots_[l].resize(kProjCount);
+    for (int p = 0; p < kProjCount; ++p) {
+      if (!cfg.targets[p]) continue;
+      LoraSlot& s = slots_[l][p];
+      s.out = dims[p][0];
+      s.in = dims[p][1];
+      const size_t a = static_cast<size_t>(cfg.r) * s.in * 4,
+                   b = static_cast<size_t>(s.out) * cfg.r * 4;
+      s.A = Buffer(tracker, MemCategory::Adapter, a, "lora A");
+      s.B = Buffer(tracker, MemCategory::Adapter, b, "lora B");
+      s.dA = Buffer(tracker, MemCategory::Gradients, a, "lora dA");
+      s.dB = Buffer(tracker, MemCategory::Gradients, b, "lora dB");
+    }
+  }
+  init(cfg.init_seed);
+}
+
+void LoraAdapter::init(uint64_t seed) {
+  for (int l = 0; l < n_layers(); ++l)
+    for (int p = 0; p < kProjCount; ++p) {
+      LoraSlot& s = slots_[l][p];
+      if (!s.active()) continue;
+      const float bound = 1.f / std::sqrt(static_cast<float>(s.in));
+      const uint64_t stream = mix64(seed ^ mix64((static_cast<uint64_t>(l) << 8) | p));
+      float* A = s.A.as<float>();
+      const int64_t n = static_cast<int64_t>(cfg_.r) * s.in;
+      for (int64_t i = 0; i < n; ++i) {
+        uint64_t h = mix64(stream + static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ull);
+        double u = static_cast<double>(h >> 11) * (1.0 / 9007199254740992.0);  // [0, 1)
+        A[i] = static_cast<float>((2.0 * u - 1.0) * bound);
+      }
+      std::memset(s.B.data(), 0, s.B.size());
+    }
+  zero_grad();
+}
+
+void LoraAdapter::zero_grad() {
+  for (auto& layer : slots_)
+    for (LoraSlot& s : layer)
+      if (s.active()) {
+        std::memset(s.dA.data(), 0, s.dA.size());
+        std::memset(s.dB.data(), 0, s.dB.size());
+      }
+}
+
+LoraRef LoraAdapter::ref(int layer, Proj p, uint64_t dropout_seed) const {
+  const LoraSlot& s = slot(layer, p);
+  LoraRef r;
+  if (!s.active()) return r;
+  r.A = s.A.as<float>();
+  r.B = s.B.as<float>();
+  r.r = cfg_.r;
+  r.scale = cfg_.scale();
+  r.dropout_p = cfg_.dropout;
+  r.dropout_seed = dropout_seed;
+  return r;
+}
+
+bool LoraAdapter::permuted(Proj p) const {
+  return mcfg_.rope_adjacent && (p == Proj::Q || p == Proj::K);
+}
+int LoraAdapter::heads_of(Proj p) const {
+  return p == Proj::Q ? mcfg_.n_heads : mcfg_.n_kv_heads;
+}
+
+void LoraAdapter::set_hf(int layer, Proj p, const float* A, int64_t a_n, const float* B,
+                         int64_t b_n) {
+  QLFT_CHECK_ARG(layer >= 0 && layer < n_layers(), "LoRA layer %d is out of range", layer);
+  LoraSlot& s = slot(layer, p);
+  QLFT_CHECK_ARG(s.active(), "layer %d %s has no LoRA adapter (not in lora.target_modules)", layer,
+                 proj_peft_name(p));
+  QLFT_CHECK_ARG(
+      a_n == static_cast<int64_t>(cfg_.r) * s.in && b_n == static_cast<int64_t>(s.out) * cfg_.r,
+      "layer %d %s: LoRA A/B have %lld/%lld values, expected %lld/%lld", layer, proj_peft_name(p),
+      static_cast<long long>(a_n), static_cast<long long>(b_n),
+      static_cast<long long>(cfg_.r) * s.in, static_cast<long long>(s.out) * cfg_.r);
+  std::memcpy(s.A.data(), A, a_n * 4);
+  if (permuted(p))
+    permute_rows_hf_to_adjacent(B, s.B.as<float>(), heads_of(p), mcfg_.head_dim, cfg_.r);
+  else
+    std::memcpy(s.B.data(), B, b_n * 4);
+}
+
+std::vector<float> LoraAdapter::get_hf(int layer, Proj p, Part part) const {
+  QLFT_CHECK_ARG(layer >= 0 && layer < n_layers(), "LoRA layer %d is out of range", layer);
+  const LoraSlot& s = slot(layer, p);
+  if (!s.active()) return {};
+  const Buffer& b = part == Part::A ? s.A : part == Part::B ? s.B : part == Part::dA ? s.dA : s.dB;
+  std::vector<float> v(b.size() / 4);
+  const bool rows_out = part == Part::B || part == Part::dB;
+  if (rows_out && permuted(p))
+    permute_rows_adjacent_to_hf(b.as<float>(), v.data(), heads_of(p), mcfg_.head_dim, cfg_.r);
+  else
+    std::memcpy(v.data(), b.data(), b.size());
+  return v;
+}
+
+uint64_t LoraAdapter::n_params() const {
+  uint64_t n = 0;
+  for (const auto& layer : slots_)
+    for (const LoraSlot& s : layer)
+      if (s.active()) n += (s.A.size() + s.B.size()) / 4;
+  return n;
+}
+
+std::vector<LoraAdapter::Param> LoraAdapter::params() {
+  std::vector<Param> v;
+  for (auto& layer : slots_)
+    for (LoraSlot& s : layer)
+      if (s.active()) {
+        v.push_back({s.A.as<float>(), s.dA.as<float>(), static_cast<int64_t>(s.A.size() / 4)});
+        v.push_back({s.B.as<float>(), s.dB.as<float>(), static_cast<int64_t>(s.B.size() / 4)});
+      }
+  return v;
+}
+
+}  // namespace qlft

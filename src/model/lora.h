@@ -1,0 +1,98 @@
+// LoRA adapters on the linear projections of a Llama-family model (PEFT semantics).
+//
+// Per layer and targeted projection: A [r, in] and B [out, r] in fp32 (MemCategory::Adapter)
+// and their gradients dA, dB (MemCategory::Gradients). y += scale * dropout(x) A^T B^T with
+// scale = alpha / r, or alpha / sqrt(r) with rsLoRA.
+//
+// Row order: B's rows (and dB's) follow the base model's q/k row order, which is the source's
+// RoPE convention (ModelConfig::rope_adjacent). PEFT files and the fixtures use Hugging Face
+// (rotate-half) order; set_hf / get_hf convert q/k rows so callers never see the difference.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/model.h"
+
+namespace qlft {
+
+class Config;
+
+struct LoraConfig {
+  int r = 8;
+  float alpha = 16.f;
+  float dropout = 0.f;
+  bool use_rslora = false;
+  bool targets[kProjCount] = {true, true, true, true, true, true, true};
+  uint64_t init_seed = 0;
+
+  float scale() const;
+  // "q_proj,v_proj" -> targets; throws QLFT_ERR_INVALID_ARGUMENT for an unknown name.
+  void set_targets(const std::string& list);
+  std::string targets_string() const;
+};
+
+// Reads lora.r, lora.alpha, lora.dropout, lora.target_modules, lora.use_rslora and seed.
+LoraConfig lora_config_from(const Config& c);
+
+// Rows of a q or k projection output: rotate-half (HF) order <-> adjacent-pair (GGUF) order,
+// for a [n_heads * head_dim, cols] row-major matrix. This is llama.cpp's converter permutation.
+void permute_rows_hf_to_adjacent(const float* src, float* dst, int n_heads, int head_dim,
+                                 int64_t cols);
+void permute_rows_adjacent_to_hf(const float* src, float* dst, int n_heads, int head_dim,
+                                 int64_t cols);
+
+struct LoraSlot {
+  Buffer A, B, dA, dB;  // empty when the projection is not targeted
+  int in = 0, out = 0;
+  bool active() const { return !A.empty(); }
+};
+
+class LoraAdapter {
+ public:
+  // Allocates A, B (and gradients) for every targeted projection and applies PEFT's init.
+  LoraAdapter(MemoryTracker* tracker, const ModelConfig& model, const LoraConfig& cfg);
+
+  const LoraConfig& config() const { return cfg_; }
+  const ModelConfig& model_config() const { return mcfg_; }
+  int n_layers() const { return static_cast<int>(slots_.size()); }
+  bool targets(Proj p) const { return cfg_.targets[static_cast<int>(p)]; }
+  LoraSlot& slot(int layer, Proj p) { return slots_[layer][static_cast<int>(p)]; }
+  const LoraSlot& slot(int layer, Proj p) const { return slots_[layer][static_cast<int>(p)]; }
+
+  // PEFT init: A ~ kaiming_uniform(a = sqrt(5)) = U(-1/sqrt(in), 1/sqrt(in)), B = 0, drawn from
+  // a counter-based stream of (seed, layer, projection, index): independent of threading.
+  void init(uint64_t seed);
+  void zero_grad();
+
+  // The kernels' view of one adapter; dropout_seed varies per step and layer.
+  LoraRef ref(int layer, Proj p, uint64_t dropout_seed) const;
+
+  // A [r, in], B [out, r] in Hugging Face row order (converted for q/k when the model uses the
+  // adjacent convention). Sizes are checked; throws QLFT_ERR_INVALID_ARGUMENT.
+  void set_hf(int layer, Proj p, const float* A, int64_t a_n, const float* B, int64_t b_n);
+  // Copies of A, B, dA or dB in Hugging Face row order.
+  enum class Part { A, B, dA, dB };
+  std::vector<float> get_hf(int layer, Proj p, Part part) const;
+
+  uint64_t n_params() const;
+  // Every trainable tensor and its gradient, in a fixed order (layer, projection, A then B).
+  struct Param {
+    float* w;
+    float* g;
+    int64_t n;
+  };
+  std::vector<Param> params();
+
+ private:
+  bool permuted(Proj p) const;
+  int heads_of(Proj p) const;
+
+  LoraConfig cfg_;
+  ModelConfig mcfg_;
+  std::vector<std::vector<LoraSlot>> slots_;
+};
+
+}  // namespace qlft
