@@ -39,9 +39,11 @@ struct AdamWTorchCoeffs {
 QLFT_HD inline void adamw_torch_update(float& p, float& m, float& v, float g,
                                        const AdamWTorchCoeffs& c) {
   p = p * c.decay;
-  // torch lerp: weight < 0.5 -> start + w * (end - start), else end - (end - start) * (1 - w)
-  float diff = g - m;
-  m = (c.w1 < 0.5f) ? fmaf(c.w1, diff, m) : fmaf(c.w1 - 1.0f, diff, g);
+  // torch lerp (vectorized): weight < 0.5 -> fma(w, end - start, start), else
+  // fma(w - 1, end - start, end). Written as selects so the loop stays vectorizable.
+  const bool small = c.w1 < 0.5f;
+  const float diff = g - m;
+  m = fmaf(small ? c.w1 : c.w1 - 1.0f, diff, small ? m : g);
   v = v * c.beta2;
   v = v + (c.one_m_beta2 * g) * g;
   float denom = sqrtf(v) / c.bc2_sqrt + c.eps;

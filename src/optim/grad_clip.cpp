@@ -1,18 +1,29 @@
 #include "optim/grad_clip.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace qlft {
 
 double global_grad_norm(const std::vector<GradSpan>& grads) {
+  // Fixed chunks summed in order: the same norm for any thread count (resume must reproduce
+  // an uninterrupted run bit for bit).
+  constexpr int64_t kChunk = 16384;
   double total = 0.0;
   for (const GradSpan& g : grads) {
     const int64_t n = static_cast<int64_t>(g.n);
+    const int64_t chunks = (n + kChunk - 1) / kChunk;
+    std::vector<double> part(static_cast<size_t>(chunks), 0.0);
     const float* x = g.data;
-    double s = 0.0;
-#pragma omp parallel for schedule(static) reduction(+ : s) if (n >= (1 << 16))
-    for (int64_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
-    total += s;
+#pragma omp parallel for schedule(static) if (chunks >= 4)
+    for (int64_t c = 0; c < chunks; ++c) {
+      double s = 0.0;
+      const int64_t end = std::min(n, (c + 1) * kChunk);
+      for (int64_t i = c * kChunk; i < end; ++i)
+        s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+      part[static_cast<size_t>(c)] = s;
+    }
+    for (double s : part) total += s;
   }
   return std::sqrt(total);
 }
