@@ -112,6 +112,7 @@ bool Trainer::step(StepReport* out) {
       batches.push_back(std::move(b));
     }
     if (batches.empty()) return false;
+    lora_->zero_grad();  // the previous step's gradients stay readable until here
     int64_t n = 0;
     for (const data::Batch& b : batches) n += b.trained_tokens;
     const bool fp16 = ts_.precision == "fp16";
@@ -157,7 +158,6 @@ bool Trainer::step(StepReport* out) {
     }
     if (fp16) scaler_->update(found_inf || !clip.finite);
     sched_->advance();
-    lora_->zero_grad();
     ++step_;
     tracker_->set_phase("setup");
   } catch (...) {

@@ -67,6 +67,8 @@ class Trainer {
   ~Trainer();
 
   // One optimizer step; false (and nothing done) when the data or max_steps is exhausted.
+  // The step's gradients (unscaled, after clipping) stay in the adapter's dA/dB until the
+  // next step starts, for inspection.
   bool step(StepReport* out);
   bool done() const;
   int64_t steps_done() const { return step_; }
