@@ -22,6 +22,8 @@ class AdamW final : public Optimizer {
 
   OptimStepStats step(double lr) override {
     const int64_t t = step_ + 1;
+    QLFT_CHECK_ARG(std::isfinite(lr) && lr >= 0,
+                   "optimizer step: lr must be a finite number >= 0, got %g", lr);
     const OptimSettings& s = settings_;
     // The scalars as torch computes them in Python (double), then as float tensor operands.
     AdamWTorchCoeffs c;

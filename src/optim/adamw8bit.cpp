@@ -57,6 +57,8 @@ class AdamW8bit final : public Optimizer {
 
   OptimStepStats step(double lr) override {
     const int64_t t = step_ + 1;
+    QLFT_CHECK_ARG(std::isfinite(lr) && lr >= 0,
+                   "optimizer step: lr must be a finite number >= 0, got %g", lr);
     const OptimSettings& s = settings_;
     // bitsandbytes' CPU backend computes these in Python (double); torch's tensor ops then use
     // them as float operands.

@@ -6,7 +6,8 @@
 //  - paged: on CPU, shared mappings of files in offload.dir that are unlinked at once (or
 //           never named: O_TMPFILE), so the kernel may write cold state back to disk and drop
 //           it from RAM, and nothing is left behind even after a crash. A CUDA build gives the
-//           same interface cudaMallocManaged memory.
+//           same interface cudaMallocManaged memory. (On a tmpfs offload.dir, such as /tmp on
+//           many systems, the pages can only go to swap: point it at a disk for real paging.)
 #pragma once
 
 #include <cstddef>

@@ -514,4 +514,12 @@ TEST(OptimSettings, RejectsBadArguments) {
   EXPECT_THROW(make_optimizer(s, {{"w", nullptr, g.data(), 4}}, &tr), Error);
   s.beta2 = 1.0;
   EXPECT_THROW(make_optimizer(s, {{"w", p.data(), g.data(), 4}}, &tr), Error);
+  s.beta2 = 0.999;
+  for (const char* name : {"adamw", "adamw8bit"}) {
+    s.name = name;
+    auto opt = make_optimizer(s, {{"w", p.data(), g.data(), 4}}, &tr);
+    EXPECT_THROW(opt->step(NAN), Error);
+    EXPECT_THROW(opt->step(-1e-3), Error);
+    EXPECT_EQ(opt->steps(), 0);
+  }
 }
