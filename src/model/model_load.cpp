@@ -419,6 +419,9 @@ std::unique_ptr<Model> load_model(MemoryTracker* tracker, const std::string& pat
   for (const LayerWeights& l : m->layers)
     for (const QWeight& w : l.proj) kinds.insert(w.type_name());
   m->quant_summary = kinds.size() == 1 ? *kinds.begin() : "mixed";
+  QLFT_LOG_I("loaded %s model %s (%s): %d layers, dim %d, vocab %d, %s weights, %s", m->cfg.arch.c_str(),
+             path.c_str(), m->source_format.c_str(), m->cfg.n_layers, m->cfg.dim, m->cfg.vocab,
+             m->quant_summary.c_str(), format_bytes(m->weight_bytes()).c_str());
   return m;
 }
 
