@@ -99,9 +99,7 @@ bool Trainer::step(StepReport* out) {
   QLFT_CHECK_ARG(it_, "this trainer has no training data");
   if (done()) return false;
   if (cancel_requested()) throw_error(QLFT_ERR_CANCELLED, "training was cancelled");
-  auto t0 = std::chrono::steady_clock::now();
   const uint64_t start_pos = it_->position();
-  StepReport r;
   try {
     // Gather the step's micro-batches first: the loss is a mean over all their trained tokens.
     std::vector<data::Batch> batches;
@@ -112,13 +110,25 @@ bool Trainer::step(StepReport* out) {
       batches.push_back(std::move(b));
     }
     if (batches.empty()) return false;
+    step_on(batches, out);
+  } catch (...) {
+    it_->seek(start_pos);  // the same micro-batches next time
+    throw;
+  }
+  return true;
+}
+
+void Trainer::step_on(const std::vector<data::Batch>& batches, StepReport* out) {
+  QLFT_CHECK_ARG(!batches.empty(), "step_on: no micro-batches");
+  auto t0 = std::chrono::steady_clock::now();
+  StepReport r;
+  try {
     lora_->zero_grad();  // the previous step's gradients stay readable until here
     int64_t n = 0;
     for (const data::Batch& b : batches) n += b.trained_tokens;
     const bool fp16 = ts_.precision == "fp16";
     const float scale = fp16 ? scaler_->scale() : 1.0f;
     double loss_sum = 0;
-    tracker_->set_phase("forward");
     for (size_t i = 0; i < batches.size(); ++i) {
       if (cancel_requested()) throw_error(QLFT_ERR_CANCELLED, "training was cancelled");
       const data::Batch& b = batches[i];
@@ -129,10 +139,11 @@ bool Trainer::step(StepReport* out) {
       tb.seq = b.seq_len;
       tb.tokens = b.tokens.data();
       tb.targets = b.targets.data();
-      tb.positions = b.positions.data();
-      tb.doc_ids = b.doc_ids.data();
+      tb.positions = b.positions.empty() ? nullptr : b.positions.data();
+      tb.doc_ids = b.doc_ids.empty() ? nullptr : b.doc_ids.data();
       tracker_->set_phase("forward");
-      LossResult lr = runner_->forward(tb, scale / static_cast<float>(n), dropout_seed(step_, static_cast<int>(i)));
+      LossResult lr = runner_->forward(tb, scale / static_cast<float>(n),
+                                       dropout_seed(step_, static_cast<int>(i)));
       loss_sum += lr.loss_sum;
       tracker_->set_phase("backward");
       runner_->backward();
@@ -161,23 +172,20 @@ bool Trainer::step(StepReport* out) {
     ++step_;
     tracker_->set_phase("setup");
   } catch (...) {
-    // Leave the trainer as before the step: no partial gradients, activations freed, the same
-    // micro-batches next time.
+    // Leave the trainer as before the step: no partial gradients, activations freed.
     lora_->zero_grad();
     runner_->release();
-    it_->seek(start_pos);
     tracker_->set_phase("setup");
     throw;
   }
   r.step = step_;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (out) *out = r;
   if (r.skipped && ts_.stop_on_nonfinite && nonfinite_in_row_ >= ts_.max_nonfinite_in_row)
     throw_error(QLFT_ERR_NUMERICAL,
                 "%lld steps in a row had non-finite gradients (last at step %lld, loss %g); "
                 "lower optim.lr or use train.precision=bf16",
                 static_cast<long long>(nonfinite_in_row_), static_cast<long long>(step_), r.loss);
-  if (out) *out = r;
-  return true;
 }
 
 EvalReport Trainer::evaluate(const data::Dataset& d, bool eval_split) {

@@ -70,6 +70,9 @@ class Trainer {
   // The step's gradients (unscaled, after clipping) stay in the adapter's dA/dB until the
   // next step starts, for inspection.
   bool step(StepReport* out);
+  // The same step on explicit micro-batches (each [micro_batch, seq_len] with targets; positions
+  // and doc ids may be empty), bypassing the dataset: for parity tests and custom loops.
+  void step_on(const std::vector<data::Batch>& batches, StepReport* out);
   bool done() const;
   int64_t steps_done() const { return step_; }
   int64_t total_steps() const { return total_steps_; }
