@@ -5,9 +5,11 @@
 // results do not depend on the thread count.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <unordered_map>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/vec_math.h"
 #include "backend/softmax_math.h"
 #include "core/error.h"
 
@@ -104,19 +106,20 @@ void tile_probs(const AttnShape& s, const Tile& t, CMatF q, CMatF k, float scale
     const int64_t qi = t.q0 + i;
     float* sr = S + i * kw;
     const int64_t jend = qi + 1 - t.k0;  // keys after qi are masked (causal)
-    for (int64_t j = jend; j < kw; ++j) sr[j] = -INFINITY;
+    const float neg_inf = -std::numeric_limits<float>::infinity();
+#pragma omp simd
+    for (int64_t j = jend; j < kw; ++j) sr[j] = neg_inf;
     if (s.doc_ids) {
       const int32_t d = s.doc_ids[base + qi];
-      for (int64_t j = 0; j < jend; ++j)
-        if (s.doc_ids[base + t.k0 + j] != d) sr[j] = -INFINITY;
+      const int32_t* dk = s.doc_ids + base + t.k0;
+#pragma omp simd
+      for (int64_t j = 0; j < jend; ++j) sr[j] = dk[j] == d ? sr[j] : neg_inf;
     }
     float L;
     const int64_t lidx = int64_t(t.h) * rows + base + qi;
     if (lse_out) {
-      float m = -INFINITY;
-      for (int64_t j = 0; j < jend; ++j) m = std::max(m, sr[j]);
-      double sum = 0;
-      for (int64_t j = 0; j < jend; ++j) sum += expf(sr[j] - m);
+      const float m = max_of(sr, jend);
+      const double sum = sum_exp_shifted(sr, jend, m);
       OnlineSoftmax<double> st;
       online_softmax_merge(st, m, sum);
       L = online_softmax_lse(st);
@@ -124,7 +127,8 @@ void tile_probs(const AttnShape& s, const Tile& t, CMatF q, CMatF k, float scale
     } else {
       L = lse_in[lidx];
     }
-    for (int64_t j = 0; j < kw; ++j) sr[j] = softmax_prob(sr[j], L);
+#pragma omp simd
+    for (int64_t j = 0; j < kw; ++j) sr[j] = exp_approx(sr[j] - L);
   }
 }
 
@@ -214,7 +218,9 @@ void CpuBackend::attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, CM
           for (int64_t i = 0; i < t.nq; ++i) {
             float* ds = dS + i * kw;
             const float* p = P + i * kw;
-            for (int64_t j = 0; j < kw; ++j) ds[j] = p[j] * (ds[j] - Dr[i]);
+            const float di = Dr[i];
+#pragma omp simd
+            for (int64_t j = 0; j < kw; ++j) ds[j] = p[j] * (ds[j] - di);
           }
           // dQ += scale dS K ; dK += scale dS^T Q ; dV += P^T dO
           sgemm(false, false, t.nq, D, kw, scale, dS, kw, Kt, k.stride, 1.f,

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/vec_math.h"
 #include "backend/softmax_math.h"
 #include "core/error.h"
 
@@ -96,10 +97,8 @@ double CpuBackend::linear_cross_entropy(const QWeight& head, CMatF h, const int3
 #pragma omp parallel for schedule(static)
       for (int64_t i = 0; i < rc; ++i) {
         const float* l = L + i * n;
-        float m = -INFINITY;
-        for (int64_t j = 0; j < n; ++j) m = std::max(m, l[j]);
-        double sum = 0;
-        for (int64_t j = 0; j < n; ++j) sum += expf(l[j] - m);
+        const float m = max_of(l, n);
+        const double sum = sum_exp_shifted(l, n, m);
         online_softmax_merge(st[i], m, sum);
         const int64_t t = targets[rows[i]];
         if (t >= p0 && t < p0 + n) tl[i] = l[t - p0];
@@ -119,7 +118,9 @@ double CpuBackend::linear_cross_entropy(const QWeight& head, CMatF h, const int3
 #pragma omp parallel for schedule(static)
       for (int64_t i = 0; i < rc; ++i) {
         float* l = L + i * n;
-        for (int64_t j = 0; j < n; ++j) l[j] = softmax_prob(l[j], lse[i]) * grad_scale;
+        const float li = lse[i];
+#pragma omp simd
+        for (int64_t j = 0; j < n; ++j) l[j] = exp_approx(l[j] - li) * grad_scale;
         const int64_t t = targets[rows[i]];
         if (t >= p0 && t < p0 + n) l[t - p0] -= grad_scale;
       }

@@ -17,14 +17,16 @@ int64_t drop_chunk_rows(const CpuBackend& be, int64_t cols) {
 
 // out[i, c] = keep(row0 + i, c) ? x[row0 + i, c] / (1 - p) : 0 for n rows.
 void apply_dropout(CMatF x, int64_t row0, int64_t n, const LoraRef& l, float* out) {
-  const float inv = 1.f / (1.f - l.dropout_p);
+  const float p = l.dropout_p, inv = 1.f / (1.f - p);
+  const uint64_t seed = l.dropout_seed;
   const int64_t C = x.cols;
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float* xr = x.row(row0 + i);
     float* o = out + i * C;
-    for (int64_t c = 0; c < C; ++c)
-      o[c] = lora_dropout_keep(l.dropout_seed, row0 + i, c, l.dropout_p) ? xr[c] * inv : 0.f;
+    const int64_t row = row0 + i;
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) o[c] = lora_dropout_keep(seed, row, c, p) ? xr[c] * inv : 0.f;
   }
 }
 
@@ -145,13 +147,16 @@ void CpuBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, cons
     if (want_dx) {
       // t = g_chunk A, then dx += scale * mask / (1 - p) * t
       sgemm(false, false, n, K, r, 1.f, g + r0 * r, r, l.A, K, 0.f, t, K);
-      const float s = l.scale * inv;
+      const float s = l.scale * inv, p = l.dropout_p;
+      const uint64_t seed = l.dropout_seed;
 #pragma omp parallel for schedule(static)
       for (int64_t i = 0; i < n; ++i) {
         float* dxr = dx.row(r0 + i);
         const float* tr = t + i * K;
+        const int64_t row = r0 + i;
+#pragma omp simd
         for (int64_t c = 0; c < K; ++c)
-          if (lora_dropout_keep(l.dropout_seed, r0 + i, c, l.dropout_p)) dxr[c] += s * tr[c];
+          dxr[c] += lora_dropout_keep(seed, row, c, p) ? s * tr[c] : 0.f;
       }
     }
   }

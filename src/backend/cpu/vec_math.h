@@ -1,0 +1,68 @@
+// Elementwise math written so the compiler vectorizes it (no libm calls inside `omp simd`
+// loops). Used on the hot softmax loops of attention and cross-entropy.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <bit>
+
+namespace qlft::cpu {
+
+// exp(x) to about 1 ulp for x in [-87.3, 88.3]; 0 below (so exp(-inf) = 0), clamped above.
+// Cody-Waite reduction x = n ln2 + r, |r| <= ln2 / 2, then a degree-7 Taylor polynomial
+// (truncation error below 1e-8 relative) and 2^n built in the exponent bits.
+inline float exp_approx(float x) {
+  const float hi = 88.3f, lo = -87.3f;
+  float xc = x > hi ? hi : (x < lo ? lo : x);
+  float n = std::nearbyint(xc * 1.44269504088896341f);
+  float r = xc - n * 0.693145751953125f;
+  r = r - n * 1.428606765330187e-06f;
+  float p = 1.f / 5040.f;
+  p = p * r + 1.f / 720.f;
+  p = p * r + 1.f / 120.f;
+  p = p * r + 1.f / 24.f;
+  p = p * r + 1.f / 6.f;
+  p = p * r + 0.5f;
+  p = p * r + 1.f;
+  p = p * r + 1.f;
+  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  return x < lo ? 0.f : p * std::bit_cast<float>(bits);
+}
+
+// The reductions below keep kLanes independent partial results in a fixed-size array (the
+// compiler vectorizes the fixed-count inner loops at -O2, which it does not do for
+// `omp simd reduction` there) and combine them in a fixed order: the result depends only on
+// n, never on threads.
+constexpr int kLanes = 16;
+
+// max of x[0, n); -inf for n = 0.
+inline float max_of(const float* x, int64_t n) {
+  float acc[kLanes];
+  for (int l = 0; l < kLanes; ++l) acc[l] = -INFINITY;
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] = x[j + l] > acc[l] ? x[j + l] : acc[l];
+  float m = -INFINITY;
+  for (int l = 0; l < kLanes; ++l) m = acc[l] > m ? acc[l] : m;
+  for (; j < n; ++j) m = x[j] > m ? x[j] : m;
+  return m;
+}
+
+// sum of exp(x[j] - m) over j < n: float lanes within blocks of 512, blocks added in double.
+inline double sum_exp_shifted(const float* x, int64_t n, float m) {
+  double total = 0;
+  int64_t j = 0;
+  while (j + kLanes <= n) {
+    float acc[kLanes] = {};
+    const int64_t jend = n - j >= 512 ? j + 512 : j + (n - j) / kLanes * kLanes;
+    for (; j < jend; j += kLanes)
+      for (int l = 0; l < kLanes; ++l) acc[l] += exp_approx(x[j + l] - m);
+    float s = 0;
+    for (int l = 0; l < kLanes; ++l) s += acc[l];
+    total += s;
+  }
+  for (; j < n; ++j) total += exp_approx(x[j] - m);
+  return total;
+}
+
+}  // namespace qlft::cpu
