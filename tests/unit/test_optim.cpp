@@ -4,7 +4,10 @@
 // paged store.
 #include <gtest/gtest.h>
 
-#include <dirent.h>
+#include <linux/magic.h>
+#include <sys/mman.h>
+#include <sys/vfs.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -475,6 +478,41 @@ TEST(OptimPaged, StoreLeavesNoFileAndCountsOptimizerBytes) {
   }
   EXPECT_TRUE(fs::is_empty(dir));
   fs::remove_all(dir);
+}
+
+// The point of the paged store: the kernel can write the state back to its (unnamed) file and
+// drop it from RAM, and reading it again gives the same bytes.
+TEST(OptimPaged, StateSurvivesBeingPagedOut) {
+  std::string dir = qlft_test::temp_dir("optim-pageout");
+  MemoryTracker tr;
+  auto store = make_paged_state_store(&tr, dir);
+  const size_t bytes = 8u << 20;
+  auto* a = static_cast<uint8_t*>(store->allocate(bytes, "pageout"));
+  for (size_t i = 0; i < bytes; ++i) a[i] = static_cast<uint8_t>(i * 2654435761u >> 13);
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE)), pages = bytes / page;
+  auto resident = [&] {
+    std::vector<unsigned char> v(pages);
+    EXPECT_EQ(::mincore(a, bytes, v.data()), 0);
+    size_t r = 0;
+    for (unsigned char c : v) r += c & 1;
+    return r;
+  };
+  EXPECT_EQ(resident(), pages);
+  struct statfs sf;
+  ASSERT_EQ(::statfs(dir.c_str(), &sf), 0);
+#ifdef MADV_PAGEOUT
+  // Dirty shared pages are written back first (what the kernel's own writeback would do
+  // under pressure); then they can be reclaimed.
+  ASSERT_EQ(::msync(a, bytes, MS_SYNC), 0);
+  if (::madvise(a, bytes, MADV_PAGEOUT) == 0 && sf.f_type != TMPFS_MAGIC) {
+    EXPECT_LT(resident(), pages / 2) << "pages of a file-backed mapping were not reclaimed";
+  }
+#endif
+  for (size_t i = 0; i < bytes; ++i)
+    ASSERT_EQ(a[i], static_cast<uint8_t>(i * 2654435761u >> 13)) << i;
+  store.reset();
+  EXPECT_TRUE(std::filesystem::is_empty(dir));
+  std::filesystem::remove_all(dir);
 }
 
 TEST(OptimPaged, BadOffloadDirIsAnIoError) {
