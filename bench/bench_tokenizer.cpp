@@ -1,6 +1,6 @@
 // Tokenizer throughput: encode all of shared/data/tinyshakespeare.txt with the stories260K
 // SentencePiece vocabulary and with GPT-2's byte-level BPE, reporting input bytes/s.
-//   build-bench/bench/bench_tokenizer --benchmark_min_time=2s
+//   build-bench/bench/bench_tokenizer --benchmark_min_time=2
 // The `tokenizers` package's figure on the same text: tests/reference/bench_tokenizers_peer.py.
 #include <benchmark/benchmark.h>
 

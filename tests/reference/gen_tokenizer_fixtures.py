@@ -34,6 +34,8 @@ import sys
 import gguf
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
 from tokenizers.processors import TemplateProcessing
+from tokenizers import Regex
+from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_PRE_TOKENIZER_SPLITS
 from transformers.tokenization_utils_base import generate_merges
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -96,6 +98,50 @@ def build(v):
     if v["model"] == "llama" and bos is not None:
         tk.post_processor = TemplateProcessing(single=f"{tokens[bos]} $A",
                                                special_tokens=[(tokens[bos], bos)])
+    return tk
+
+
+# Extra inputs for the pre-tokenizer variants: contractions in both cases, digit runs, \r\n.
+EXTRA = [
+    "I'VE got 12345 apples\r\n\r\n  and 3.14159!!\n\tTab's here",
+    "HELLO'S world's 1234567890 don'T WE'LL they'Re",
+    "  leading spaces, trailing spaces   ",
+    "mixed\u00a0nbsp and \u3000ideographic space, caf\u00e9 na\u00efve \u0660\u0661\u0662",
+    "emoji \U0001F600\U0001F600 ... ??? !!! $$$ 100% #hashtag @user",
+]
+
+
+def build_pre_variant(v, pre):
+    """The GPT-2 vocabulary and merges with another llama.cpp pre-tokenizer, spelled the way
+    that model family's tokenizer.json spells it."""
+    tokens = v["tokens"]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    merges = [tuple(m.split(" ", 1)) for m in v["merges"]]
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=(pre == "llama3")))
+    if pre == "smollm":
+        tk.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    else:
+        tk.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(GGUF_PRE_TOKENIZER_SPLITS[pre]), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tk.decoder = decoders.ByteLevel()
+    tk.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
+                           for i in specials(v)])
+    return tk
+
+
+def build_metaspace(v):
+    """A SentencePiece vocabulary the newer way: Metaspace(prepend_scheme="first") instead of
+    the Prepend/Replace normalizer (no extra "▁" before text that starts with a space)."""
+    tk = build(v)
+    tk.normalizer = None
+    tk.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPACE, prepend_scheme="first",
+                                                split=False)
+    tk.decoder = decoders.Sequence([
+        decoders.ByteFallback(),
+        decoders.Metaspace(replacement=SPACE, prepend_scheme="first", split=False)])
     return tk
 
 
@@ -209,7 +255,30 @@ def main():
         expected[name] = {"inputs": f"tokenizer-vectors/ggml-vocab-{name}.gguf.inp",
                           "ids": ids, "tinyshakespeare": shakespeare(tk)}
 
+    gpt2 = read_vocab(os.path.join(SHARED, "tokenizer-vectors", "ggml-vocab-gpt-2.gguf"))
+    texts = vector_inputs("gpt-2") + EXTRA
+    for pre in ("llama3", "qwen2", "smollm"):
+        tk = build_pre_variant(gpt2, pre)
+        ids = ids_of(tk, texts)
+        small = cut_down(tk, gpt2, texts)
+        assert ids_of(Tokenizer.from_str(json.dumps(small)), texts) == ids, pre
+        name = f"gpt-2-{pre}"
+        write_json(os.path.join(OUT, name, "tokenizer.json"), small, compact=True)
+        expected[name] = {"inputs": "tokenizer-vectors/ggml-vocab-gpt-2.gguf.inp + extra",
+                          "pre": pre, "ids": ids}
+        print(f"{name}: cut down to {len(small['model']['vocab'])} tokens")
+    expected["extra_inputs"] = EXTRA
+
     v = read_vocab(os.path.join(SHARED, "models", "stories260K.gguf"))
+    tk = build_metaspace(v)
+    texts = vector_inputs("llama-spm") + EXTRA
+    ids = ids_of(tk, texts)
+    write_json(os.path.join(OUT, "stories260k-metaspace", "tokenizer.json"),
+               json.loads(tk.to_str()), compact=True)
+    expected["stories260k-metaspace"] = {
+        "inputs": "tokenizer-vectors/ggml-vocab-llama-spm.gguf.inp + extra", "ids": ids,
+        "decoded": [tk.decode(i) for i in ids]}
+
     tk = build(v)
     write_json(os.path.join(OUT, "stories260k", "tokenizer.json"), json.loads(tk.to_str()),
                compact=True)

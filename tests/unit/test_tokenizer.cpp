@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "formats/gguf.h"
 #include "formats/gguf_writer.h"
 #include "support/test_support.h"
 #include "tokenizer/stream_decoder.h"
@@ -86,6 +87,33 @@ TEST(TokenizerVectors, LlamaSpmRoundTrip) {
 TEST(TokenizerVectors, Gpt2RoundTrip) {
   check_round_trip("ggml-vocab-gpt-2");
 }
+
+// ---- malformed metadata: QLFT_ERR_FORMAT naming the key ----
+
+namespace {
+
+void expect_error(const std::function<void()>& f, int32_t status, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "expected an error mentioning " << needle;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), status) << e.what();
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+std::string write_vocab(const std::function<void(GgufWriter&)>& fill) {
+  static int n = 0;
+  std::string path = qlft_test::temp_dir("tok") + "/v" + std::to_string(n++) + ".gguf";
+  GgufWriter w;
+  fill(w);
+  w.write(path);
+  return path;
+}
+
+const std::vector<std::string> kTinyVocab = {"<unk>", "<s>", "</s>", "a", "b", "ab"};
+
+}  // namespace
 
 // ---- tokenizer.json parity: the `tokenizers` package's ids (fixtures) == ours from
 // tokenizer.json == ours from the GGUF ----
@@ -221,6 +249,59 @@ TEST(TokenizerHfParity, WholeTinyShakespeare) {
                     want["stories260k"]["tinyshakespeare"], "stories260k tokenizer.json");
 }
 
+// The other llama.cpp pre-tokenizers (PCRE2 vs the `tokenizers` package's regex engine): the
+// GPT-2 vocabulary re-labelled with tokenizer.ggml.pre = llama3 / qwen2 / smollm, against the
+// ids of a tokenizer.json spelled the way those model families spell it.
+TEST(TokenizerHfParity, PreTokenizerVariants) {
+  QLFT_NEED_SHARED(gpt2, "tokenizer-vectors/ggml-vocab-gpt-2.gguf");
+  auto want = expected_ids();
+  auto texts = vector_inputs("tokenizer-vectors/ggml-vocab-gpt-2.gguf.inp");
+  for (const auto& e : want["extra_inputs"]) texts.push_back(e.get<std::string>());
+  auto src = GgufFile::open(gpt2);
+  auto strings = [&](const char* key) {
+    std::vector<std::string> v;
+    for (auto sv : src->find(key)->strings) v.emplace_back(sv);
+    return v;
+  };
+  const auto tokens = strings("tokenizer.ggml.tokens"), merges = strings("tokenizer.ggml.merges");
+  std::vector<int32_t> types;
+  const GgufValue* tv = src->find("tokenizer.ggml.token_type");
+  for (uint64_t i = 0; i < tv->count; ++i) types.push_back(static_cast<int32_t>(tv->array_i(i)));
+  for (const char* pre : {"llama3", "qwen2", "smollm"}) {
+    const std::string name = std::string("gpt-2-") + pre;
+    SCOPED_TRACE(name);
+    auto json = Tokenizer::from_hf_json_file(
+        qlft_test::fixture_path("tokenizer/" + name + "/tokenizer.json"));
+    check_ids(*json, texts, want[name]["ids"], "tokenizer.json");
+    auto gguf = Tokenizer::from_gguf_file(write_vocab([&](GgufWriter& w) {
+      w.add_string("tokenizer.ggml.model", "gpt2");
+      w.add_string("tokenizer.ggml.pre", pre);
+      w.add_string_array("tokenizer.ggml.tokens", tokens);
+      w.add_array("tokenizer.ggml.token_type", types);
+      w.add_string_array("tokenizer.ggml.merges", merges);
+    }));
+    check_ids(*gguf, texts, want[name]["ids"], "gguf");
+    for (const auto& t : texts) EXPECT_EQ(gguf->decode(gguf->encode(t, false, false, false)), t);
+  }
+}
+
+// Metaspace(prepend_scheme="first") instead of the Prepend normalizer: different ids for text
+// that starts with a space, and the decoder's own leading-space rule.
+TEST(TokenizerHfParity, MetaspacePreTokenizer) {
+  QLFT_NEED_SHARED(inp, "tokenizer-vectors/ggml-vocab-llama-spm.gguf.inp");
+  auto want = expected_ids();
+  auto texts = vector_inputs("tokenizer-vectors/ggml-vocab-llama-spm.gguf.inp");
+  for (const auto& e : want["extra_inputs"]) texts.push_back(e.get<std::string>());
+  auto tok = Tokenizer::from_hf_json_file(
+      qlft_test::fixture_path("tokenizer/stories260k-metaspace/tokenizer.json"));
+  const auto& w = want["stories260k-metaspace"];
+  check_ids(*tok, texts, w["ids"], "metaspace");
+  for (size_t i = 0; i < texts.size(); ++i)
+    EXPECT_EQ(tok->decode(w["ids"][i].get<std::vector<int32_t>>()),
+              w["decoded"][i].get<std::string>())
+        << "input " << i;
+}
+
 // ---- special tokens, streaming, bad input ----
 
 TEST(Tokenizer, SpecialTokensOnlyWithParseSpecial) {
@@ -309,33 +390,6 @@ TEST(Tokenizer, DecodeRejectsOutOfRangeIds) {
   }
   EXPECT_THROW(j->token_to_piece(-1), Error);
 }
-
-// ---- malformed metadata: QLFT_ERR_FORMAT naming the key ----
-
-namespace {
-
-void expect_error(const std::function<void()>& f, int32_t status, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "expected an error mentioning " << needle;
-  } catch (const Error& e) {
-    EXPECT_EQ(e.status(), status) << e.what();
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
-
-std::string write_vocab(const std::function<void(GgufWriter&)>& fill) {
-  static int n = 0;
-  std::string path = qlft_test::temp_dir("tok") + "/v" + std::to_string(n++) + ".gguf";
-  GgufWriter w;
-  fill(w);
-  w.write(path);
-  return path;
-}
-
-const std::vector<std::string> kTinyVocab = {"<unk>", "<s>", "</s>", "a", "b", "ab"};
-
-}  // namespace
 
 TEST(TokenizerMalformed, GgufMetadataErrorsNameTheKey) {
   auto load = [](const std::string& p) { return [p] { Tokenizer::from_gguf_file(p); }; };
