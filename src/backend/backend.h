@@ -80,7 +80,8 @@ class Backend {
 
   // ---- attention --------------------------------------------------------------------------
   // out = softmax(q k^T / sqrt(head_dim) + mask) v per head. lse ([n_heads * rows], indexed
-  // head * rows + row) receives the log-sum-exp of each score row for the backward pass.
+  // head * rows + row) receives the log-sum-exp of each score row for the backward pass; it may
+  // be nullptr when no backward pass follows (generation).
   virtual void attention_fwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out,
                              float* lse) = 0;
   // dq, dk, dv += gradients. out and lse from the forward pass.

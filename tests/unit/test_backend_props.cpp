@@ -331,6 +331,20 @@ TEST(BackendErrors, BadArgumentsAreInvalidArgument) {
   std::vector<int32_t> pos = {0, 1, 2};
   EXPECT_EQ(status_of([&] { be->rope(mat(y, 3, 6), pos.data(), 1, 5, 1e4f, false, false); }),
             QLFT_ERR_INVALID_ARGUMENT);
+  // Attention for inference: no lse to keep gives the same output.
+  {
+    AttnShape s2 = attn_shape(1, 3, 2, 1, 2);
+    FVec o1(3 * 4), o2(3 * 4), l2(6);
+    be->attention_fwd(s2, cmat(x, 3, 4), cmat(x, 3, 2), cmat(x, 3, 2), mat(o1, 3, 4), nullptr);
+    be->attention_fwd(s2, cmat(x, 3, 4), cmat(x, 3, 2), cmat(x, 3, 2), mat(o2, 3, 4), l2.data());
+    EXPECT_EQ(o1, o2);
+    EXPECT_EQ(status_of([&] {
+                be->attention_bwd(s2, cmat(x, 3, 4), cmat(x, 3, 2), cmat(x, 3, 2), cmat(o1, 3, 4),
+                                  nullptr, cmat(o1, 3, 4), mat(o2, 3, 4), mat(l2, 3, 2),
+                                  mat(l2, 3, 2));
+              }),
+              QLFT_ERR_INVALID_ARGUMENT);
+  }
   LoraRef l{W.data(), W.data(), 1, 1.f, 1.0f, 0};  // dropout p must be < 1
   EXPECT_EQ(
       status_of([&] { be->linear_fwd(qw, nullptr, &l, cmat(x, 3, 4), mat(y, 3, 6), nullptr); }),

@@ -93,8 +93,8 @@ Tile make_tile(const AttnShape& s, const int32_t* first, int64_t bq, int b, int 
 }
 
 // S = scale * Q K^T over the tile, then probabilities exp(S - lse) with masked entries 0.
-// If lse_out is given the row log-sum-exps are computed and stored there; otherwise lse_in is
-// used. S is [nq, k1 - k0] contiguous.
+// With lse_in == nullptr the row log-sum-exps are computed (and stored in lse_out when it is
+// given: inference may pass none); otherwise lse_in is used. S is [nq, k1 - k0] contiguous.
 void tile_probs(const AttnShape& s, const Tile& t, CMatF q, CMatF k, float scale, float* S,
                 const float* lse_in, float* lse_out) {
   const int D = s.head_dim;
@@ -117,13 +117,13 @@ void tile_probs(const AttnShape& s, const Tile& t, CMatF q, CMatF k, float scale
     }
     float L;
     const int64_t lidx = int64_t(t.h) * rows + base + qi;
-    if (lse_out) {
+    if (!lse_in) {
       const float m = max_of(sr, jend);
       const double sum = sum_exp_shifted(sr, jend, m);
       OnlineSoftmax<double> st;
       online_softmax_merge(st, m, sum);
       L = online_softmax_lse(st);
-      lse_out[lidx] = L;
+      if (lse_out) lse_out[lidx] = L;
     } else {
       L = lse_in[lidx];
     }
@@ -139,7 +139,6 @@ void CpuBackend::attention_fwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, Ma
   check_shape(s, q, k, v, "attention_fwd");
   QLFT_CHECK_ARG(out.rows == q.rows && out.cols >= int64_t(s.n_heads) * s.head_dim,
                  "attention_fwd: out shape does not match q");
-  QLFT_CHECK_ARG(lse != nullptr, "attention_fwd: lse buffer is required");
   const int D = s.head_dim;
   const float scale = 1.0f / std::sqrt(float(D));
   const int64_t bq = std::max<int64_t>(1, tune.attn_block_q);
@@ -173,6 +172,7 @@ void CpuBackend::attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, CM
   QLFT_CHECK_ARG(out.rows == q.rows && dout.rows == q.rows && dq.rows == q.rows &&
                      dk.rows == k.rows && dv.rows == v.rows,
                  "attention_bwd: gradient shapes do not match q/k/v");
+  QLFT_CHECK_ARG(lse != nullptr, "attention_bwd: the forward pass's lse is required");
   const int D = s.head_dim;
   const float scale = 1.0f / std::sqrt(float(D));
   const int group = s.n_heads / s.n_kv_heads;

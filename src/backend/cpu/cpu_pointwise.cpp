@@ -38,6 +38,7 @@ void CpuBackend::rmsnorm_fwd(CMatF x, const float* w, float eps, MatF y, float* 
 void CpuBackend::rmsnorm_bwd(CMatF x, const float* w, const float* rstd, CMatF dy, MatF dx) {
   check_same(x, dy, "rmsnorm_bwd", "x", "dy");
   check_same(x, dx.as_const(), "rmsnorm_bwd", "x", "dx");
+  QLFT_CHECK_ARG(rstd != nullptr, "rmsnorm_bwd: the forward pass's rstd is required");
   const int64_t C = x.cols;
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < x.rows; ++i) {
