@@ -285,7 +285,10 @@ void GgufFile::parse() {
                     "%s: tensor count %llu cannot fit in %zu bytes", path.c_str(),
                     static_cast<unsigned long long>(n_tensors), file_->size());
 
-  kv_.reserve(n_kv);
+  // Counts are untrusted: reserve at most a modest amount up front; the vectors grow as entries
+  // actually parse.
+  constexpr uint64_t kMaxReserve = 1 << 14;
+  kv_.reserve(std::min(n_kv, kMaxReserve));
   for (uint64_t k = 0; k < n_kv; ++k) {
     std::string key(c.str("metadata key"));
     QLFT_CHECK_FORMAT(!key.empty(), "%s: metadata entry %llu has an empty key", path.c_str(),
@@ -316,7 +319,7 @@ void GgufFile::parse() {
         QLFT_CHECK_FORMAT(v.count <= c.remaining() / 8,
                           "%s: metadata key '%s' claims %llu strings, more than the file holds",
                           path.c_str(), key.c_str(), static_cast<unsigned long long>(v.count));
-        v.strings.reserve(v.count);
+        v.strings.reserve(std::min(v.count, kMaxReserve));
         for (uint64_t j = 0; j < v.count; ++j) v.strings.push_back(c.str(key.c_str()));
       } else {
         size_t es = scalar_size(v.elem_type);
@@ -339,7 +342,7 @@ void GgufFile::parse() {
     alignment_ = a->u;
   }
 
-  tensors_.reserve(n_tensors);
+  tensors_.reserve(std::min(n_tensors, kMaxReserve));
   for (uint64_t ti = 0; ti < n_tensors; ++ti) {
     GgufTensorInfo info;
     info.name = std::string(c.str("tensor name"));

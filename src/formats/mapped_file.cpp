@@ -13,7 +13,8 @@
 namespace qlft {
 
 MappedFile::MappedFile(const std::string& path) : path_(path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO must not hang waiting for a writer (it is rejected below).
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw_error(QLFT_ERR_IO, "%s: cannot open: %s", path.c_str(), std::strerror(errno));
   struct stat st;
   if (::fstat(fd, &st) != 0) {
@@ -24,6 +25,10 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
   if (S_ISDIR(st.st_mode)) {
     ::close(fd);
     throw_error(QLFT_ERR_IO, "%s: is a directory, expected a file", path.c_str());
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw_error(QLFT_ERR_IO, "%s: is not a regular file", path.c_str());
   }
   size_ = static_cast<size_t>(st.st_size);
   if (size_ > 0) {

@@ -5,6 +5,8 @@
 // leaking tracked memory.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <random>
 
 #include "core/error.h"
@@ -146,4 +148,17 @@ TEST(GgufHostile, RandomByteCorruptionNeverCrashes) {
     ASSERT_EQ(tr.total_reserved(), 0u);
   }
   EXPECT_GT(rejected, 100);
+}
+
+TEST(GgufHostile, SpecialFilesAreIoErrorsAndNeverBlock) {
+  const std::string dir = qlft_test::temp_dir("gguf-fifo");
+  const std::string fifo = dir + "/model.gguf";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  Outcome r = open_gguf(fifo);  // opening a FIFO for reading must not wait for a writer
+  EXPECT_EQ(r.status, QLFT_ERR_IO) << r.message;
+  EXPECT_NE(r.message.find(fifo), std::string::npos) << r.message;
+  MemoryTracker tr;
+  EXPECT_EQ(load(fifo, tr).status, QLFT_ERR_IO);
+  EXPECT_EQ(open_gguf(dir).status, QLFT_ERR_IO);  // a directory
+  EXPECT_EQ(open_gguf(dir + "/absent.gguf").status, QLFT_ERR_IO);
 }
