@@ -262,6 +262,12 @@ class HfLoader {
         static_cast<int>(cj.get_int_in("max_position_embeddings", 1, kMaxContext, 2048));
     c.rms_eps = static_cast<float>(cj.get_float("rms_norm_eps", 1e-6));
     c.rope_theta = static_cast<float>(cj.get_float("rope_theta", 10000.0));
+    // transformers >= 5 writes {"rope_parameters": {"rope_theta": ...}} instead of rope_theta.
+    if (!cj.has("rope_theta") && cj.root().contains("rope_parameters")) {
+      const nlohmann::json& rp = cj.root()["rope_parameters"];
+      if (rp.is_object() && rp.contains("rope_theta") && rp["rope_theta"].is_number())
+        c.rope_theta = rp["rope_theta"].get<float>();
+    }
     QLFT_CHECK_FORMAT(c.n_heads > 0 && c.dim % c.n_heads == 0,
                       "%s: hidden_size %d is not a multiple of num_attention_heads %d",
                       cj.path().c_str(), c.dim, c.n_heads);
@@ -382,7 +388,8 @@ class HfLoader {
 };
 
 bool has_gguf_magic(const std::string& path) {
-  if (is_dir(path)) return false;
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return false;  // no FIFO reads
   FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) return false;
   char m[4] = {0, 0, 0, 0};
