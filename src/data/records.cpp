@@ -302,11 +302,15 @@ bool parse_json(std::string_view text, json& j, Problem& p) {
   try {
     j = json::parse(text.begin(), text.end());
     return true;
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for numbers like 1e999
     std::string m = e.what();
     // nlohmann prefixes "[json.exception.parse_error.101] parse error at line 1, column 5: ".
     size_t c = m.find("parse error");
-    p = {"invalid_json", "invalid JSON: " + (c == std::string::npos ? m : m.substr(c))};
+    m = c == std::string::npos ? m : m.substr(c);
+    // One line holds one record: "line 1, column N" would only confuse next to file:line.
+    size_t l1 = m.find("at line 1, column");
+    if (l1 != std::string::npos) m.replace(l1, 17, "at column");
+    p = {"invalid_json", "invalid JSON: " + m};
     return false;
   }
 }
@@ -367,6 +371,8 @@ void read_json_array(const std::string& path, std::string_view s, const ReadOpti
     // The whole file is one JSON value: no record can be trusted, so this is never skipped.
     throw_error(QLFT_ERR_FORMAT, "%s:%zu: invalid JSON: %s", path.c_str(), line_of(s, e.byte),
                 e.what());
+  } catch (const json::exception& e) {
+    throw_error(QLFT_ERR_FORMAT, "%s: invalid JSON: %s", path.c_str(), e.what());
   }
   if (!arr.is_array())
     throw_error(QLFT_ERR_FORMAT, "%s: expected a JSON array of records, got %s", path.c_str(),
@@ -378,7 +384,7 @@ void read_json_array(const std::string& path, std::string_view s, const ReadOpti
   for (size_t i = 0; i < arr.size(); ++i) {
     std::string where = path + " record index " + std::to_string(i);
     if (opt.max_record_bytes) {
-      size_t bytes = arr[i].dump().size();
+      size_t bytes = arr[i].dump(-1, ' ', false, json::error_handler_t::replace).size();
       if (bytes > opt.max_record_bytes) {
         bad_record(opt, log, "too_long", where,
                    strf("record of %zu bytes is longer than data.max_record_bytes (%llu)", bytes,

@@ -7,6 +7,7 @@
 #include "config/config.h"
 #include "core/error.h"
 #include "data/dataset.h"
+#include "data/packing.h"
 #include "data/records.h"
 #include "support/test_support.h"
 
@@ -311,4 +312,53 @@ TEST(DataRecords, OptionsFromConfigKeys) {
   def.set("data.separator", "none");
   EXPECT_EQ(DataOptions::from_config(def).separator, "");
   EXPECT_THROW(cfg.set("data.template", "vicuna"), Error);
+}
+
+// Garbage in: every outcome is a record list or a qlft::Error, never a crash or another exception.
+TEST(DataRecords, GarbageNeverCrashes) {
+  std::string dir = qlft_test::temp_dir("data_garbage");
+  SplitMix64 rng(42);
+  const char* frags[] = {"{",
+                         "}",
+                         "[",
+                         "]",
+                         "\"",
+                         ":",
+                         ",",
+                         "\\",
+                         "\"text\"",
+                         "\"messages\"",
+                         "\"role\"",
+                         "\"content\"",
+                         "\"instruction\"",
+                         "\"output\"",
+                         "null",
+                         "1e999",
+                         "\n",
+                         "\xff\xfe",
+                         "\xe2\x82",
+                         "true",
+                         " ",
+                         "\"user\"",
+                         "\"assistant\""};
+  for (int f = 0; f < 300; ++f) {
+    std::string text;
+    int n = 1 + static_cast<int>(rng.below(60));
+    for (int i = 0; i < n; ++i) text += frags[rng.below(sizeof(frags) / sizeof(frags[0]))];
+    for (const char* ext : {".jsonl", ".json", ".txt"}) {
+      std::string p = write(dir, std::string("g") + ext, text);
+      for (bool skip : {false, true}) {
+        ReadOptions o;
+        o.skip_bad = skip;
+        o.max_record_bytes = 64;
+        DropLog log;
+        try {
+          read_records(p, o, log);
+        } catch (const Error& e) {
+          EXPECT_TRUE(e.status() == QLFT_ERR_FORMAT || e.status() == QLFT_ERR_INVALID_ARGUMENT)
+              << e.what();
+        }
+      }
+    }
+  }
 }

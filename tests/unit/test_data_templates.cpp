@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "data/chat_template.h"
 #include "data/dataset.h"
+#include "data/model_template.h"
 #include "data/text_encoder.h"
 #include "data/tokenizer_encoder.h"
 #include "tokenizer/tokenizer.h"
@@ -205,4 +206,22 @@ TEST(DataTemplates, Stories260KTokensAndMaskMatchReference) {
     EXPECT_EQ(ids, want_ids);
     EXPECT_EQ(trained, want_mask);
   }
+}
+
+TEST(DataTemplates, ChatTemplateFromHfFiles) {
+  std::string dir = qlft_test::temp_dir("data_hf_tmpl");
+  auto put = [&](const std::string& name, const std::string& text) {
+    qlft_test::write_file(dir + "/" + name, text.data(), text.size());
+  };
+  EXPECT_EQ(hf_chat_template(dir), "");
+  put("tokenizer_config.json", "{\"chat_template\": \"{{ '<|im_start|>' }}\"}");
+  EXPECT_EQ(hf_chat_template(dir), "{{ '<|im_start|>' }}");
+  put("tokenizer_config.json",
+      "{\"chat_template\": [{\"name\": \"tool_use\", \"template\": \"x\"}, "
+      "{\"name\": \"default\", \"template\": \"[INST]\"}]}");
+  EXPECT_EQ(hf_chat_template(dir), "[INST]");
+  put("tokenizer_config.json", "{\"chat_template\": ");
+  EXPECT_EQ(hf_chat_template(dir), "");  // malformed: no template, no error
+  put("chat_template.jinja", "<|start_header_id|>");
+  EXPECT_EQ(hf_chat_template(dir), "<|start_header_id|>");
 }
