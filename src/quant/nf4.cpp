@@ -131,23 +131,50 @@ void nf4_double_quantize(const float* absmax, int64_t nblocks, int64_t nested_bl
 void nf4_decode_absmax(const uint8_t* codes, const float* nested_absmax, const float* nested_code,
                        float offset, int64_t nested_blocksize, int64_t b0, int64_t count,
                        float* absmax) {
-  for (int64_t i = 0; i < count; ++i) {
-    const int64_t b = b0 + i;
-    absmax[i] =
-        nested_absmax_decode(nested_code, codes[b], nested_absmax[b / nested_blocksize], offset);
+  if (count <= 0) return;
+  int64_t g = b0 / nested_blocksize;  // one division; then walk the nested blocks
+  int64_t group_end = (g + 1) * nested_blocksize;
+  for (int64_t b = b0; b < b0 + count; ++b) {
+    if (b == group_end) {
+      ++g;
+      group_end += nested_blocksize;
+    }
+    absmax[b - b0] = nested_absmax_decode(nested_code, codes[b], nested_absmax[g], offset);
   }
 }
 
-void nf4_dequantize_span(const uint8_t* packed, int64_t e, int64_t len, float absmax, float* out) {
+void nf4_dequantize_double_quant(const uint8_t* packed, int64_t blocksize, const uint8_t* codes,
+                                 const float* nested_absmax, const float* nested_code, float offset,
+                                 int64_t nested_blocksize, int64_t e0, int64_t count, float* out) {
+  constexpr int64_t kChunk = 256;
+  float am[kChunk];
+  int64_t e = e0;
+  const int64_t end = e0 + count;
+  while (e < end) {
+    const int64_t b0 = e / blocksize;
+    const int64_t last = (end - 1) / blocksize + 1;
+    const int64_t b1 = std::min(b0 + kChunk, last);
+    nf4_decode_absmax(codes, nested_absmax, nested_code, offset, nested_blocksize, b0, b1 - b0, am);
+    const int64_t ce = std::min(b1 * blocksize, end);
+    nf4_dequantize_scaled(packed, blocksize, e, ce - e, am, b0, out + (e - e0));
+    e = ce;
+  }
+}
+
+namespace {
+
+// Dequantizes `len` elements starting at element e, all in one block with the given absmax.
+inline __attribute__((always_inline)) void dequantize_span(const uint8_t* packed, int64_t e,
+                                                           int64_t len, float absmax, float* out) {
   // The 16 possible products code * absmax, looked up per nibble: the same single multiply
   // bitsandbytes does per element.
   alignas(64) float t[16];
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
   // built in a register: 16 scalar stores followed by a vector load would stall forwarding
-  static const __m512 kCodes = _mm512_setr_ps(
-      nf4_value(0), nf4_value(1), nf4_value(2), nf4_value(3), nf4_value(4), nf4_value(5),
-      nf4_value(6), nf4_value(7), nf4_value(8), nf4_value(9), nf4_value(10), nf4_value(11),
-      nf4_value(12), nf4_value(13), nf4_value(14), nf4_value(15));
+  const __m512 kCodes = _mm512_setr_ps(nf4_value(0), nf4_value(1), nf4_value(2), nf4_value(3),
+                                       nf4_value(4), nf4_value(5), nf4_value(6), nf4_value(7),
+                                       nf4_value(8), nf4_value(9), nf4_value(10), nf4_value(11),
+                                       nf4_value(12), nf4_value(13), nf4_value(14), nf4_value(15));
   const __m512 table = _mm512_mul_ps(kCodes, _mm512_set1_ps(absmax));
   _mm512_store_ps(t, table);
 #else
@@ -191,10 +218,23 @@ void nf4_dequantize_span(const uint8_t* packed, int64_t e, int64_t len, float ab
   if ((len - i) & 1) o[2 * pairs] = t[p[pairs] >> 4];
 }
 
-void nf4_dequantize(const uint8_t* packed, const float* absmax, int64_t blocksize, int64_t e0,
-                    int64_t count, float* out) {
-  nf4_dequantize_range(
-      packed, blocksize, e0, count, [absmax](int64_t b) { return absmax[b]; }, out);
+}  // namespace
+
+void nf4_dequantize_scaled(const uint8_t* packed, int64_t blocksize, int64_t e0, int64_t count,
+                           const float* absmax, int64_t first_block, float* out) {
+  if (count <= 0) return;
+  int64_t e = e0;
+  const int64_t end = e0 + count;
+  int64_t b = e0 / blocksize;  // one division; then walk the blocks
+  int64_t block_end = (b + 1) * blocksize;
+  const float* am = absmax - first_block;
+  while (e < end) {
+    const int64_t stop = block_end < end ? block_end : end;
+    dequantize_span(packed, e, stop - e, am[b], out + (e - e0));
+    e = stop;
+    ++b;
+    block_end += blocksize;
+  }
 }
 
 }  // namespace qlft

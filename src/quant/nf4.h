@@ -35,30 +35,20 @@ void nf4_decode_absmax(const uint8_t* codes, const float* nested_absmax, const f
 // The signed dynamic map bitsandbytes uses for the nested absmax (create_dynamic_map(True)).
 const std::array<float, 256>& nf4_nested_code();
 
-// Dequantizes elements [e0, e0 + count) of the flattened tensor into out. absmax_of(b) gives the
-// absmax of block b; blocks need not be aligned with e0.
-template <class AbsmaxOf>
-void nf4_dequantize_range(const uint8_t* packed, int64_t blocksize, int64_t e0, int64_t count,
-                          AbsmaxOf&& absmax_of, float* out);
+// Dequantizes elements [e0, e0 + count) of the flattened tensor into out; blocks need not be
+// aligned with e0. absmax[b - first_block] is the absmax of block b.
+void nf4_dequantize_scaled(const uint8_t* packed, int64_t blocksize, int64_t e0, int64_t count,
+                           const float* absmax, int64_t first_block, float* out);
 
-// Convenience: plain float absmax per block.
-void nf4_dequantize(const uint8_t* packed, const float* absmax, int64_t blocksize, int64_t e0,
-                    int64_t count, float* out);
-
-// Dequantizes `len` elements starting at element e (e even) of one block with the given absmax.
-void nf4_dequantize_span(const uint8_t* packed, int64_t e, int64_t len, float absmax, float* out);
-
-template <class AbsmaxOf>
-void nf4_dequantize_range(const uint8_t* packed, int64_t blocksize, int64_t e0, int64_t count,
-                          AbsmaxOf&& absmax_of, float* out) {
-  int64_t e = e0;
-  const int64_t end = e0 + count;
-  while (e < end) {
-    const int64_t b = e / blocksize;
-    const int64_t block_end = (b + 1) * blocksize < end ? (b + 1) * blocksize : end;
-    nf4_dequantize_span(packed, e, block_end - e, absmax_of(b), out + (e - e0));
-    e = block_end;
-  }
+// Plain float absmax per block (absmax[b] for block b).
+inline void nf4_dequantize(const uint8_t* packed, const float* absmax, int64_t blocksize,
+                           int64_t e0, int64_t count, float* out) {
+  nf4_dequantize_scaled(packed, blocksize, e0, count, absmax, 0, out);
 }
+
+// Same for double-quantized statistics (absmax decoded per block, in chunks).
+void nf4_dequantize_double_quant(const uint8_t* packed, int64_t blocksize, const uint8_t* codes,
+                                 const float* nested_absmax, const float* nested_code, float offset,
+                                 int64_t nested_blocksize, int64_t e0, int64_t count, float* out);
 
 }  // namespace qlft

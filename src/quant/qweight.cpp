@@ -43,6 +43,15 @@ std::string QWeight::type_name() const {
   return quant_kind_name(kind);
 }
 
+float QWeight::nf4_block_absmax(int64_t b) const {
+  QLFT_CHECK_ARG(kind == QuantKind::NF4 && b >= 0 && b < nf4_num_blocks(numel(), blocksize),
+                 "nf4_block_absmax: block %lld of a %s weight", static_cast<long long>(b),
+                 type_name().c_str());
+  if (!double_quant) return absmax.as<float>()[b];
+  return nested_absmax_decode(nested_code.as<float>(), absmax.as<uint8_t>()[b],
+                              nested_absmax.as<float>()[b / nested_blocksize], nested_offset);
+}
+
 void QWeight::dequantize_rows(int64_t r0, int64_t n, float* out) const {
   QLFT_CHECK_ARG(r0 >= 0 && n >= 0 && r0 + n <= rows,
                  "dequantize_rows: rows [%lld, %lld) outside a %lld-row %s weight",
@@ -65,15 +74,9 @@ void QWeight::dequantize_rows(int64_t r0, int64_t n, float* out) const {
       if (!double_quant) {
         nf4_dequantize(packed, absmax.as<float>(), blocksize, off, cnt, out);
       } else {
-        const uint8_t* codes = absmax.as<uint8_t>();
-        const float* nabs = nested_absmax.as<float>();
-        const float* ncode = nested_code.as<float>();
-        const int64_t nbs = nested_blocksize;
-        const float offset = nested_offset;
-        nf4_dequantize_range(
-            packed, blocksize, off, cnt,
-            [=](int64_t b) { return nested_absmax_decode(ncode, codes[b], nabs[b / nbs], offset); },
-            out);
+        nf4_dequantize_double_quant(packed, blocksize, absmax.as<uint8_t>(),
+                                    nested_absmax.as<float>(), nested_code.as<float>(),
+                                    nested_offset, nested_blocksize, off, cnt, out);
       }
       return;
     }

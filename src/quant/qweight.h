@@ -41,8 +41,12 @@ struct QWeight {
   int64_t numel() const { return rows * cols; }
   // Bytes held for this weight (codes + scales).
   uint64_t bytes() const;
-  // Dequantizes rows [r0, r0 + n) into out (n * cols floats, row-major).
+  // Dequantizes rows [r0, r0 + n) into out (n * cols floats, row-major). NF4 blocks run over the
+  // flattened matrix, so a row range may start or end inside a block. Bit-identical to
+  // bitsandbytes' dequantize_4bit / int8_vectorwise_dequant and gguf-py's dequantize.
   void dequantize_rows(int64_t r0, int64_t n, float* out) const;
+  // NF4: the absmax (scale) of block b, decoding the double-quantized statistics if needed.
+  float nf4_block_absmax(int64_t b) const;
   // Type name for reports: "nf4", "int8", "f32", "q4_0", ...
   std::string type_name() const;
 };

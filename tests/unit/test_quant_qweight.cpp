@@ -16,6 +16,7 @@
 #include "formats/safetensors.h"
 #include "quant/bnb.h"
 #include "quant/ggml_types.h"
+#include "quant/nf4.h"
 #include "quant/qweight.h"
 #include "support/test_support.h"
 
@@ -96,7 +97,7 @@ TEST(QWeight, PlainKindsConvertAndDequantizeAnyRows) {
 TEST(QWeight, Nf4BlocksStraddleRowsAndRangesMatchWhole) {
   MemoryTracker tr;
   for (bool dq : {false, true})
-    for (int64_t cols : {172, 40, 64}) {
+    for (int64_t cols : {172, 40, 64, 1000}) {
       for (int32_t bs : {64, 128}) {
         const int64_t rows = 23;
         auto x = randn(rows * cols, 7 + cols + bs);
@@ -108,6 +109,15 @@ TEST(QWeight, Nf4BlocksStraddleRowsAndRangesMatchWhole) {
             (n + 1) / 2 + 16 * 4 + (dq ? nb + ((nb + 255) / 256) * 4 + 256 * 4 : nb * 4);
         EXPECT_EQ(w.bytes(), expect_bytes);
         check_row_ranges(w);
+        // block scales: the full-range decode uses exactly nf4_block_absmax(b) per block
+        auto whole = all_rows(w);
+        for (int64_t b = 0; b < nb; ++b) {
+          std::vector<float> blk(std::min<int64_t>(bs, n - b * bs));
+          nf4_dequantize(w.data.as<uint8_t>(), std::vector<float>(nb, w.nf4_block_absmax(b)).data(),
+                         bs, b * bs, static_cast<int64_t>(blk.size()), blk.data());
+          ASSERT_EQ(0, std::memcmp(blk.data(), whole.data() + b * bs, blk.size() * 4))
+              << "block " << b;
+        }
         // NF4 keeps every value within half a code step of the block absmax (<= 0.16 * absmax)
         auto v = all_rows(w);
         float amax = 0;
