@@ -77,6 +77,9 @@ const KeyDef kKeys[] = {
      "error naming file and line, or is skipped and counted."},
     {"data.max_record_bytes", KeyType::Size, "1M", 0, 0, "",
      "Longest record (a JSON line or record, a .txt document) accepted; 0 = no limit."},
+    {"data.vars", KeyType::List, "", 0, 0, "",
+     "Placeholders filled in every record before rendering: name=Qlft,author=Acme replaces "
+     "{{name}} and {{author}}."},
     {"optim.name", KeyType::Enum, "adamw", 0, 0, "adamw|adamw8bit|paged_adamw8bit",
      "Optimizer: AdamW with fp32 state (torch.optim.AdamW), 8-bit AdamW (bitsandbytes AdamW8bit: "
      "blockwise 8-bit state, fp32 for tensors under 4096 elements), or the same with its state "

@@ -28,6 +28,12 @@ DataOptions DataOptions::from_config(const Config& cfg) {
   o.epochs = static_cast<int>(cfg.get_int("data.epochs"));
   o.skip_bad = cfg.get("data.on_error") == "skip";
   o.max_record_bytes = cfg.get_size("data.max_record_bytes");
+  for (const std::string& kv : cfg.get_list("data.vars")) {
+    size_t eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw_error(QLFT_ERR_INVALID_ARGUMENT, "data.vars: '%s' is not key=value", kv.c_str());
+    o.vars.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
+  }
   return o;
 }
 
@@ -116,6 +122,21 @@ void tokenize_record(const Record& r, const ChatTemplate& t, TrainOn train_on,
 
 namespace {
 
+void substitute(std::string& s, const std::vector<std::pair<std::string, std::string>>& vars) {
+  if (s.find("{{") == std::string::npos) return;
+  for (const auto& [k, v] : vars) {
+    const std::string pat = "{{" + k + "}}";
+    for (size_t p = s.find(pat); p != std::string::npos; p = s.find(pat, p + v.size()))
+      s.replace(p, pat.size(), v);
+  }
+}
+
+void substitute(Record& r, const std::vector<std::pair<std::string, std::string>>& vars) {
+  for (std::string* f : {&r.text, &r.system, &r.instruction, &r.input, &r.output})
+    substitute(*f, vars);
+  for (Message& m : r.messages) substitute(m.content, vars);
+}
+
 struct Built {
   std::shared_ptr<TokenStore> store;
   std::vector<uint32_t> train_docs, eval_docs;
@@ -151,7 +172,8 @@ Built build_docs(const DataOptions& opt, const TextEncoder& enc) {
   TokenStore& store = *out.store;
   std::vector<int32_t> ids;
   std::vector<uint8_t> trained;
-  for (const Record& r : recs) {
+  for (Record& r : recs) {
+    if (!opt.vars.empty()) substitute(r, opt.vars);
     try {
       tokenize_record(r, tmpl, opt.train_on, enc, ids, trained);
     } catch (const Error& e) {

@@ -36,6 +36,8 @@ struct DataOptions {
   int epochs = 1;
   bool skip_bad = false;
   uint64_t max_record_bytes = 1 << 20;
+  // {{key}} -> value in every text field of every record (data.vars "key=value,...").
+  std::vector<std::pair<std::string, std::string>> vars;
 
   // From the data.* keys of a config (defaults where unset).
   static DataOptions from_config(const Config& cfg);

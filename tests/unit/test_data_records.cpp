@@ -362,3 +362,24 @@ TEST(DataRecords, GarbageNeverCrashes) {
     }
   }
 }
+
+TEST(DataRecords, VarsFillPlaceholders) {
+  std::string dir = qlft_test::temp_dir("data_vars");
+  std::string p = write(dir, "i.json",
+                        "[{\"instruction\": \"Who are you?\", \"input\": \"\", \"output\": \"I am "
+                        "{{name}}, made by {{author}}. {{name}}!\"}]");
+  Config cfg;
+  cfg.set("data.path", p);
+  cfg.set("data.vars", "name=Qlft, author=the qlft team");
+  DataOptions o = DataOptions::from_config(cfg);
+  ASSERT_EQ(o.vars.size(), 2u);
+  ByteEncoder enc;
+  Dataset ds = Dataset::build(o, enc);
+  const TokenStore& st = ds.store();
+  std::string text;
+  for (size_t i = 0; i < st.ids.size(); ++i)
+    if (st.trained[i] && st.ids[i] < 256) text += static_cast<char>(st.ids[i]);
+  EXPECT_EQ(text, "I am Qlft, made by the qlft team. Qlft!");
+  cfg.set("data.vars", "oops");
+  EXPECT_THROW(DataOptions::from_config(cfg), Error);
+}
