@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <nlohmann/json.hpp>
 
 #include "test_model_util.h"
 
@@ -117,4 +118,22 @@ TEST(ModelParity, BaseLogitsWithoutAdapter) {
     std::vector<float> ref = f.f32("base_logits");
     EXPECT_LT(max_rel_error(logits.data(), ref.data(), ref.size()), kTol);
   }
+}
+
+// transformers >= 5 writes rope_parameters.rope_theta instead of rope_theta: same model.
+TEST(ModelParity, RopeThetaFromRopeParameters) {
+  std::string dir = qlft_test::temp_dir("rope_parameters");
+  auto cfg = nlohmann::json::parse([] {
+    auto b = qlft_test::read_file(model_fixture("syn_qwen2/config.json"));
+    return std::string(b.begin(), b.end());
+  }());
+  ASSERT_TRUE(cfg.contains("rope_parameters"));
+  cfg.erase("rope_theta");
+  std::string text = cfg.dump();
+  qlft_test::write_file(dir + "/config.json", text.data(), text.size());
+  auto st = qlft_test::read_file(model_fixture("syn_qwen2/model.safetensors"));
+  qlft_test::write_file(dir + "/model.safetensors", st.data(), st.size());
+  MemoryTracker tr;
+  auto model = load_model(&tr, dir, keep());
+  EXPECT_EQ(model->cfg.rope_theta, 1000000.f);
 }
