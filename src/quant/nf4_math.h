@@ -133,12 +133,13 @@ QLFT_HD inline float int8_row_scale(float scb) {
   return (1.0f / scb) * 127.0f;
 }
 
-// int8 code: round half to even of x * scale, as torch.round then .to(int8). A non-finite product
-// (an all-zero row: 0 * inf) gives 0.
+// int8 code: round half to even of x * scale, as torch.round then .to(int8). |x * scale| <= 127
+// up to rounding, so the clamp only guards the impossible; an all-zero row (0 * inf = NaN) gives
+// 0, as torch's NaN-to-int8 conversion does on x86.
 QLFT_HD inline int8_t int8_encode(float x, float scale) {
-  const float v = x * scale;
-  if (!(v == v) || v > 127.5f || v < -128.5f) return 0;
-  return static_cast<int8_t>(static_cast<int32_t>(rintf(v)));
+  const float v = rintf(x * scale);
+  if (!(v == v)) return 0;
+  return static_cast<int8_t>(v > 127.0f ? 127 : (v < -128.0f ? -128 : static_cast<int32_t>(v)));
 }
 
 // Dequantized int8 element: q * SCB * (1/127) (bitsandbytes int8_vectorwise_dequant).
