@@ -2,7 +2,10 @@
 // llama.cpp's test-tokenizer-0 expects), round trips, streaming decode and bad input.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <functional>
+#include <random>
+#include <thread>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -486,4 +489,68 @@ TEST(TokenizerMalformed, TokenizerJsonErrors) {
                QLFT_ERR_FORMAT, "regex");
   expect_error(load(R"({"model":{"type":"BPE","vocab":{"a":0}},"added_tokens":[{"id":"x"}]})"),
                QLFT_ERR_FORMAT, "added_tokens");
+}
+
+// Random bytes never crash and always round-trip through the byte tokens; random ids decode,
+// and the stream decoder's output is the valid-UTF-8 rendering of decode()'s.
+TEST(Tokenizer, RandomInputNeverCrashes) {
+  std::mt19937 rng(1234);
+  for (const char* rel : {"tokenizer-vectors/ggml-vocab-llama-spm.gguf",
+                          "tokenizer-vectors/ggml-vocab-gpt-2.gguf", "models/stories260K.gguf"}) {
+    QLFT_NEED_SHARED(gguf, rel);
+    auto tok = Tokenizer::from_gguf_file(gguf);
+    const char alphabet[] = "ab \n\t<>/s0x\xC3\xA9\xE2\x96\x81\xF0\x9F\xA6\x99\xFF'";
+    for (int iter = 0; iter < 300; ++iter) {
+      std::string s;
+      int len = static_cast<int>(rng() % 40);
+      for (int k = 0; k < len; ++k)
+        s.push_back(rng() % 3 ? alphabet[rng() % (sizeof(alphabet) - 1)]
+                              : static_cast<char>(rng()));
+      for (bool special : {false, true}) {
+        auto ids = tok->encode(s, iter % 2, iter % 3 == 0, special);
+        for (int32_t id : ids) ASSERT_TRUE(id >= 0 && id < tok->vocab_size());
+        if (!special) EXPECT_EQ(tok->decode(ids), s) << rel;
+      }
+      std::vector<int32_t> rid(rng() % 12);
+      for (auto& id : rid) id = static_cast<int32_t>(rng() % tok->vocab_size());
+      std::string whole = tok->decode(rid, false);
+      StreamDecoder sd(*tok, false);
+      std::string streamed;
+      for (int32_t id : rid) streamed += sd.push(id);
+      streamed += sd.flush();
+      if (tok::utf8_valid_prefix(reinterpret_cast<const uint8_t*>(whole.data()), whole.size()) !=
+          -1) {
+        bool valid = true;
+        for (size_t i = 0; i < whole.size() && valid;) {
+          int n = tok::utf8_valid_prefix(reinterpret_cast<const uint8_t*>(whole.data()) + i,
+                                         whole.size() - i);
+          valid = n > 0;
+          i += n > 0 ? static_cast<size_t>(n) : 0;
+        }
+        if (valid) EXPECT_EQ(streamed, whole) << rel;
+      }
+    }
+  }
+}
+
+// encode() is const and safe to call from several threads at once (per-thread scratch/cache).
+TEST(Tokenizer, ConcurrentEncodeMatchesSerial) {
+  QLFT_NEED_SHARED(gguf, "tokenizer-vectors/ggml-vocab-gpt-2.gguf");
+  QLFT_NEED_SHARED(inp, "tokenizer-vectors/ggml-vocab-gpt-2.gguf.inp");
+  auto tok = Tokenizer::from_gguf_file(gguf);
+  auto texts = vector_inputs("tokenizer-vectors/ggml-vocab-gpt-2.gguf.inp");
+  std::vector<std::vector<int32_t>> serial;
+  for (const auto& t : texts) serial.push_back(tok->encode(t, false, false, false));
+  std::vector<std::thread> threads;
+  std::atomic<int> mismatches{0};
+  for (int th = 0; th < 4; ++th)
+    threads.emplace_back([&, th] {
+      for (int rep = 0; rep < 20; ++rep)
+        for (size_t i = 0; i < texts.size(); ++i) {
+          size_t k = (i + th * 7 + rep) % texts.size();
+          if (tok->encode(texts[k], false, false, false) != serial[k]) ++mismatches;
+        }
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(mismatches.load(), 0);
 }
