@@ -271,6 +271,7 @@ struct AttnCase {
   int batch, seq, heads, kv, hd;
   bool docs;
   int64_t block_q;
+  float q_sd = 1.f;  // large values give scores far apart: softmax stability
 };
 
 void run_attention(const AttnCase& c, uint64_t seed) {
@@ -298,7 +299,7 @@ void run_attention(const AttnCase& c, uint64_t seed) {
     }
     s.doc_ids = doc.data();
   }
-  FVec q = rng.normal(size_t(rows) * qc), k = rng.normal(size_t(rows) * kc),
+  FVec q = rng.normal(size_t(rows) * qc, c.q_sd), k = rng.normal(size_t(rows) * kc),
        v = rng.normal(size_t(rows) * kc);
   FVec out(size_t(rows) * qc), lse(size_t(c.heads) * rows);
   fx.be->attention_fwd(s, cmat(q, rows, qc), cmat(k, rows, kc), cmat(v, rows, kc),
@@ -344,6 +345,9 @@ TEST(BackendAttention, DocIdsPacking) {
 }
 TEST(BackendAttention, DocIdsGqa4to1DefaultBlock) {
   run_attention({1, 70, 4, 1, 8, true, 64}, 45);
+}
+TEST(BackendAttention, LargeScores) {
+  run_attention({1, 33, 2, 1, 8, false, 16, 12.f}, 46);
 }
 
 // ---- embedding, head, cross-entropy -----------------------------------------------------------
