@@ -42,7 +42,19 @@ struct Bytes {
 // ---- GGUF ------------------------------------------------------------------------------------
 
 enum : uint32_t {
-  kGU8 = 0, kGI8, kGU16, kGI16, kGU32, kGI32, kGF32, kGBOOL, kGSTRING, kGARRAY, kGU64, kGI64, kGF64
+  kGU8 = 0,
+  kGI8,
+  kGU16,
+  kGI16,
+  kGU32,
+  kGI32,
+  kGF32,
+  kGBOOL,
+  kGSTRING,
+  kGARRAY,
+  kGU64,
+  kGI64,
+  kGF64
 };
 
 struct RawKV {
@@ -195,9 +207,9 @@ inline RawGguf tiny_llama_gguf(const TinySpec& s = {}) {
 struct HostileCase {
   std::string name;
   std::vector<uint8_t> bytes;
-  bool reader_ok;          // the format reader alone accepts it (only the model loader fails)
-  int32_t load_status;     // what qlft_model_load returns
-  std::string message;     // a fragment the error message must contain
+  bool reader_ok;       // the format reader alone accepts it (only the model loader fails)
+  int32_t load_status;  // what qlft_model_load returns
+  std::string message;  // a fragment the error message must contain
 };
 
 inline std::vector<HostileCase> hostile_gguf_cases() {
@@ -207,14 +219,46 @@ inline std::vector<HostileCase> hostile_gguf_cases() {
   };
   const RawGguf base = tiny_llama_gguf();
   const uint64_t huge = uint64_t(1) << 62;
-  { RawGguf g = base; g.magic[0] = 'X'; add("bad_magic", g, false, "magic"); }
-  { RawGguf g = base; g.version = 1; add("version_1", g, false, "version"); }
-  { RawGguf g = base; g.version = 0x03000000; add("version_big_endian", g, false, "version"); }
-  { RawGguf g = base; g.n_tensors = huge; add("n_tensors_huge", g, false, "tensor count"); }
-  { RawGguf g = base; g.n_kv = huge; add("n_kv_huge", g, false, "metadata count"); }
-  { RawGguf g = base; g.n_kv = ~uint64_t(0); add("n_kv_max", g, false, "metadata count"); }
-  { RawGguf g = base; g.n_tensors = g.tensors.size() + 1; add("n_tensors_plus_one", g, false, ""); }
-  { RawGguf g = base; g.n_kv = g.kv.size() + 1; add("n_kv_plus_one", g, false, ""); }
+  {
+    RawGguf g = base;
+    g.magic[0] = 'X';
+    add("bad_magic", g, false, "magic");
+  }
+  {
+    RawGguf g = base;
+    g.version = 1;
+    add("version_1", g, false, "version");
+  }
+  {
+    RawGguf g = base;
+    g.version = 0x03000000;
+    add("version_big_endian", g, false, "version");
+  }
+  {
+    RawGguf g = base;
+    g.n_tensors = huge;
+    add("n_tensors_huge", g, false, "tensor count");
+  }
+  {
+    RawGguf g = base;
+    g.n_kv = huge;
+    add("n_kv_huge", g, false, "metadata count");
+  }
+  {
+    RawGguf g = base;
+    g.n_kv = ~uint64_t(0);
+    add("n_kv_max", g, false, "metadata count");
+  }
+  {
+    RawGguf g = base;
+    g.n_tensors = g.tensors.size() + 1;
+    add("n_tensors_plus_one", g, false, "");
+  }
+  {
+    RawGguf g = base;
+    g.n_kv = g.kv.size() + 1;
+    add("n_kv_plus_one", g, false, "");
+  }
   {
     RawGguf g = base;
     Bytes b;
@@ -245,7 +289,11 @@ inline std::vector<HostileCase> hostile_gguf_cases() {
     g.kv.insert(g.kv.begin(), {"x.str", kGSTRING, b.b});
     add("string_length_max", g, false, "x.str");
   }
-  { RawGguf g = base; g.kv.insert(g.kv.begin(), {"x.bad", 99, {1, 2, 3, 4}}); add("unknown_kv_type", g, false, "unknown type"); }
+  {
+    RawGguf g = base;
+    g.kv.insert(g.kv.begin(), {"x.bad", 99, {1, 2, 3, 4}});
+    add("unknown_kv_type", g, false, "unknown type");
+  }
   {
     RawGguf g = base;
     Bytes b;
@@ -267,35 +315,108 @@ inline std::vector<HostileCase> hostile_gguf_cases() {
     g.kv.push_back({"x.deep", kGARRAY, b.b});
     add("nested_arrays_too_deep", g, false, "deep");
   }
-  { RawGguf g = base; g.kv.push_back(kv_u32("llama.block_count", 1)); add("duplicate_key", g, false, "twice"); }
-  { RawGguf g = base; g.kv.push_back(kv_str("", "x")); add("empty_key", g, false, "empty key"); }
-  { RawGguf g = base; g.kv.push_back(kv_u32("general.alignment", 3)); add("alignment_not_pow2", g, false, "general.alignment"); }
-  { RawGguf g = base; g.kv.push_back(kv_u32("general.alignment", 0)); add("alignment_zero", g, false, "general.alignment"); }
-  { RawGguf g = base; g.kv.push_back(kv_str("general.alignment", "32")); add("alignment_string", g, false, "general.alignment"); }
-  { RawGguf g = base; g.tensors[1].offset += 4; add("tensor_offset_misaligned", g, false, "not aligned"); }
-  { RawGguf g = base; g.tensors[1].offset = huge; add("tensor_offset_out_of_range", g, false, "past the end"); }
-  { RawGguf g = base; g.tensors[1].offset = ~uint64_t(0) - 31; add("tensor_offset_max", g, false, ""); }
-  { RawGguf g = base; g.tensors[2].offset = g.tensors[0].offset; add("tensor_overlap", g, false, "overlap"); }
-  { RawGguf g = base; g.tensors[0].type = 99; add("tensor_unknown_type", g, false, "unknown ggml type"); }
-  { RawGguf g = base; g.tensors[0].ne = {8, 12, 1, 1, 1}; add("tensor_5_dims", g, false, "dimensions"); }
+  {
+    RawGguf g = base;
+    g.kv.push_back(kv_u32("llama.block_count", 1));
+    add("duplicate_key", g, false, "twice");
+  }
+  {
+    RawGguf g = base;
+    g.kv.push_back(kv_str("", "x"));
+    add("empty_key", g, false, "empty key");
+  }
+  {
+    RawGguf g = base;
+    g.kv.push_back(kv_u32("general.alignment", 3));
+    add("alignment_not_pow2", g, false, "general.alignment");
+  }
+  {
+    RawGguf g = base;
+    g.kv.push_back(kv_u32("general.alignment", 0));
+    add("alignment_zero", g, false, "general.alignment");
+  }
+  {
+    RawGguf g = base;
+    g.kv.push_back(kv_str("general.alignment", "32"));
+    add("alignment_string", g, false, "general.alignment");
+  }
+  {
+    RawGguf g = base;
+    g.tensors[1].offset += 4;
+    add("tensor_offset_misaligned", g, false, "not aligned");
+  }
+  {
+    RawGguf g = base;
+    g.tensors[1].offset = huge;
+    add("tensor_offset_out_of_range", g, false, "past the end");
+  }
+  {
+    RawGguf g = base;
+    g.tensors[1].offset = ~uint64_t(0) - 31;
+    add("tensor_offset_max", g, false, "");
+  }
+  {
+    RawGguf g = base;
+    g.tensors[2].offset = g.tensors[0].offset;
+    add("tensor_overlap", g, false, "overlap");
+  }
+  {
+    RawGguf g = base;
+    g.tensors[0].type = 99;
+    add("tensor_unknown_type", g, false, "unknown ggml type");
+  }
+  {
+    RawGguf g = base;
+    g.tensors[0].ne = {8, 12, 1, 1, 1};
+    add("tensor_5_dims", g, false, "dimensions");
+  }
   {
     RawGguf g = base;
     g.tensors[0].ne = {uint64_t(1) << 32, uint64_t(1) << 32, uint64_t(1) << 32, uint64_t(1) << 32};
     add("tensor_numel_overflow", g, false, "");
   }
-  { RawGguf g = base; g.tensors[0].ne = {uint64_t(1) << 41}; add("tensor_dim_huge", g, false, "dimension"); }
-  { RawGguf g = base; g.tensors[0].type = 2; add("q4_0_row_not_block_multiple", g, false, "block"); }
-  { RawGguf g = base; g.tensors[3].name = g.tensors[2].name; add("duplicate_tensor_name", g, false, "twice"); }
+  {
+    RawGguf g = base;
+    g.tensors[0].ne = {uint64_t(1) << 41};
+    add("tensor_dim_huge", g, false, "dimension");
+  }
+  {
+    RawGguf g = base;
+    g.tensors[0].type = 2;
+    add("q4_0_row_not_block_multiple", g, false, "block");
+  }
+  {
+    RawGguf g = base;
+    g.tensors[3].name = g.tensors[2].name;
+    add("duplicate_tensor_name", g, false, "twice");
+  }
   {
     RawGguf g = base;  // a long but valid name: the reader takes it; the model misses token_embd
     g.tensors[0].name = std::string(1024, 'x');
     add("missing_token_embd", g, true, "token_embd.weight");
   }
   // Only the model loader can tell these apart from valid GGUF.
-  { RawGguf g = base; g.find_kv("llama.block_count")->payload = kv_str("", "two").payload; g.find_kv("llama.block_count")->type = kGSTRING; add("block_count_string", g, true, "llama.block_count"); }
-  { RawGguf g = base; *g.find_kv("llama.block_count") = kv_u64("llama.block_count", uint64_t(1) << 40); add("block_count_huge", g, true, "llama.block_count"); }
-  { RawGguf g = base; *g.find_kv("llama.attention.head_count") = kv_i32("llama.attention.head_count", -2); add("head_count_negative", g, true, "llama.attention.head_count"); }
-  { RawGguf g = base; *g.find_kv("llama.attention.head_count") = kv_u32("llama.attention.head_count", 3); add("head_count_not_divisor", g, true, "head count"); }
+  {
+    RawGguf g = base;
+    g.find_kv("llama.block_count")->payload = kv_str("", "two").payload;
+    g.find_kv("llama.block_count")->type = kGSTRING;
+    add("block_count_string", g, true, "llama.block_count");
+  }
+  {
+    RawGguf g = base;
+    *g.find_kv("llama.block_count") = kv_u64("llama.block_count", uint64_t(1) << 40);
+    add("block_count_huge", g, true, "llama.block_count");
+  }
+  {
+    RawGguf g = base;
+    *g.find_kv("llama.attention.head_count") = kv_i32("llama.attention.head_count", -2);
+    add("head_count_negative", g, true, "llama.attention.head_count");
+  }
+  {
+    RawGguf g = base;
+    *g.find_kv("llama.attention.head_count") = kv_u32("llama.attention.head_count", 3);
+    add("head_count_not_divisor", g, true, "head count");
+  }
   {
     RawGguf g = base;
     for (size_t i = 0; i < g.kv.size(); ++i)
@@ -307,9 +428,21 @@ inline std::vector<HostileCase> hostile_gguf_cases() {
     g.tensors.erase(g.tensors.end() - 1);
     add("missing_tensor", g, true, "blk.0.ffn_down.weight");
   }
-  { RawGguf g = base; std::swap(g.find("blk.0.attn_k.weight")->ne[0], g.find("blk.0.attn_k.weight")->ne[1]); add("wrong_shape", g, true, "blk.0.attn_k.weight"); }
-  { RawGguf g = base; g.find("blk.0.attn_norm.weight")->type = 26; add("norm_is_i32", g, true, "blk.0.attn_norm.weight"); }
-  { RawGguf g = base; g.find("blk.0.ffn_norm.weight")->ne = {4}; add("norm_too_short", g, true, "blk.0.ffn_norm.weight"); }
+  {
+    RawGguf g = base;
+    std::swap(g.find("blk.0.attn_k.weight")->ne[0], g.find("blk.0.attn_k.weight")->ne[1]);
+    add("wrong_shape", g, true, "blk.0.attn_k.weight");
+  }
+  {
+    RawGguf g = base;
+    g.find("blk.0.attn_norm.weight")->type = 26;
+    add("norm_is_i32", g, true, "blk.0.attn_norm.weight");
+  }
+  {
+    RawGguf g = base;
+    g.find("blk.0.ffn_norm.weight")->ne = {4};
+    add("norm_too_short", g, true, "blk.0.ffn_norm.weight");
+  }
   return c;
 }
 
@@ -326,7 +459,7 @@ struct RawStTensor {
 struct RawSafetensors {
   std::vector<RawStTensor> tensors;
   std::map<std::string, std::string> metadata;
-  std::optional<std::string> header;  // replaces the generated header text
+  std::optional<std::string> header;   // replaces the generated header text
   std::optional<uint64_t> header_len;  // replaces the true header length
 
   std::string make_header() const {
@@ -350,8 +483,7 @@ struct RawSafetensors {
       h += first ? "" : ",";
       first = false;
       h += "\"" + t.name + "\":{\"dtype\":\"" + t.dtype + "\",\"shape\":[";
-      for (size_t i = 0; i < t.shape.size(); ++i)
-        h += (i ? "," : "") + std::to_string(t.shape[i]);
+      for (size_t i = 0; i < t.shape.size(); ++i) h += (i ? "," : "") + std::to_string(t.shape[i]);
       h += "],\"data_offsets\":[" + std::to_string(b) + "," + std::to_string(e) + "]}";
     }
     return h + "}";
@@ -436,26 +568,107 @@ inline std::vector<HostileCase> hostile_safetensors_cases() {
   const RawSafetensors base = tiny_hf_safetensors();
   c.push_back({"empty_file", {}, false, QLFT_ERR_FORMAT, "truncated"});
   c.push_back({"seven_bytes", {1, 0, 0, 0, 0, 0, 0}, false, QLFT_ERR_FORMAT, "truncated"});
-  { RawSafetensors r = base; r.header_len = uint64_t(1) << 62; add("header_len_huge", r, false, "header length"); }
-  { RawSafetensors r = base; r.header_len = ~uint64_t(0); add("header_len_max", r, false, "header length"); }
-  { RawSafetensors r = base; r.header_len = r.build().size(); add("header_len_past_end", r, false, "header length"); }
-  { RawSafetensors r = base; r.header = "{\"a\": [1, 2"; add("header_not_json", r, false, "JSON"); }
-  { RawSafetensors r = base; r.header = "[1, 2, 3]"; add("header_is_array", r, false, "object"); }
-  { RawSafetensors r = base; r.header = std::string(100000, '[') + std::string(100000, ']'); add("header_deeply_nested", r, false, ""); }
-  { RawSafetensors r = base; r.header = "{\"x\": 5}"; add("entry_not_object", r, false, "'x'"); }
-  { RawSafetensors r = base; r.header = "{\"x\": {\"shape\": [1], \"data_offsets\": [0, 4]}}"; add("no_dtype", r, false, "dtype"); }
-  { RawSafetensors r = base; r.header = "{\"x\": {\"dtype\": \"F32\", \"data_offsets\": [0, 4]}}"; add("no_shape", r, false, "shape"); }
-  { RawSafetensors r = base; r.header = "{\"x\": {\"dtype\": \"F32\", \"shape\": [1]}}"; add("no_offsets", r, false, "data_offsets"); }
-  { RawSafetensors r = base; r.tensors[1].dtype = "Q4"; add("unknown_dtype", r, false, "Q4"); }
-  { RawSafetensors r = base; r.tensors[1].dtype = "U32"; r.tensors[1].shape = {8}; add("unsupported_dtype", r, false, "U32", QLFT_ERR_UNSUPPORTED); }
-  { RawSafetensors r = base; r.tensors[1].shape = {-8}; add("negative_dim", r, false, "shape"); }
-  { RawSafetensors r = base; r.tensors[1].shape = {int64_t(1) << 41}; add("dim_huge", r, false, "too large"); }
-  { RawSafetensors r = base; r.tensors[1].shape = {int64_t(1) << 30, int64_t(1) << 30}; add("numel_overflow", r, false, "too many elements"); }
-  { RawSafetensors r = base; r.tensors[1].shape = {1, 1, 1, 1, 1, 1, 1, 1, 8}; add("nine_dims", r, false, "dimensions"); }
-  { RawSafetensors r = base; r.tensors[1].offsets = {{0, uint64_t(1) << 40}}; add("offset_out_of_range", r, false, "outside"); }
-  { RawSafetensors r = base; r.tensors[1].offsets = {{100, 68}}; add("offset_begin_after_end", r, false, "outside"); }
-  { RawSafetensors r = base; r.tensors[1].offsets = {{0, 16}}; add("size_mismatch", r, false, "need"); }
-  { RawSafetensors r = base; r.tensors[2].offsets = {{0, r.tensors[2].data.size()}}; add("overlap", r, false, "overlap"); }
+  {
+    RawSafetensors r = base;
+    r.header_len = uint64_t(1) << 62;
+    add("header_len_huge", r, false, "header length");
+  }
+  {
+    RawSafetensors r = base;
+    r.header_len = ~uint64_t(0);
+    add("header_len_max", r, false, "header length");
+  }
+  {
+    RawSafetensors r = base;
+    r.header_len = r.build().size();
+    add("header_len_past_end", r, false, "header length");
+  }
+  {
+    RawSafetensors r = base;
+    r.header = "{\"a\": [1, 2";
+    add("header_not_json", r, false, "JSON");
+  }
+  {
+    RawSafetensors r = base;
+    r.header = "[1, 2, 3]";
+    add("header_is_array", r, false, "object");
+  }
+  {
+    RawSafetensors r = base;
+    r.header = std::string(100000, '[') + std::string(100000, ']');
+    add("header_deeply_nested", r, false, "");
+  }
+  {
+    RawSafetensors r = base;
+    r.header = "{\"x\": 5}";
+    add("entry_not_object", r, false, "'x'");
+  }
+  {
+    RawSafetensors r = base;
+    r.header = "{\"x\": {\"shape\": [1], \"data_offsets\": [0, 4]}}";
+    add("no_dtype", r, false, "dtype");
+  }
+  {
+    RawSafetensors r = base;
+    r.header = "{\"x\": {\"dtype\": \"F32\", \"data_offsets\": [0, 4]}}";
+    add("no_shape", r, false, "shape");
+  }
+  {
+    RawSafetensors r = base;
+    r.header = "{\"x\": {\"dtype\": \"F32\", \"shape\": [1]}}";
+    add("no_offsets", r, false, "data_offsets");
+  }
+  {
+    RawSafetensors r = base;
+    r.tensors[1].dtype = "Q4";
+    add("unknown_dtype", r, false, "Q4");
+  }
+  {
+    RawSafetensors r = base;
+    r.tensors[1].dtype = "U32";
+    r.tensors[1].shape = {8};
+    add("unsupported_dtype", r, false, "U32", QLFT_ERR_UNSUPPORTED);
+  }
+  {
+    RawSafetensors r = base;
+    r.tensors[1].shape = {-8};
+    add("negative_dim", r, false, "shape");
+  }
+  {
+    RawSafetensors r = base;
+    r.tensors[1].shape = {int64_t(1) << 41};
+    add("dim_huge", r, false, "too large");
+  }
+  {
+    RawSafetensors r = base;
+    r.tensors[1].shape = {int64_t(1) << 30, int64_t(1) << 30};
+    add("numel_overflow", r, false, "too many elements");
+  }
+  {
+    RawSafetensors r = base;
+    r.tensors[1].shape = {1, 1, 1, 1, 1, 1, 1, 1, 8};
+    add("nine_dims", r, false, "dimensions");
+  }
+  {
+    RawSafetensors r = base;
+    r.tensors[1].offsets = {{0, uint64_t(1) << 40}};
+    add("offset_out_of_range", r, false, "outside");
+  }
+  {
+    RawSafetensors r = base;
+    r.tensors[1].offsets = {{100, 68}};
+    add("offset_begin_after_end", r, false, "outside");
+  }
+  {
+    RawSafetensors r = base;
+    r.tensors[1].offsets = {{0, 16}};
+    add("size_mismatch", r, false, "need");
+  }
+  {
+    RawSafetensors r = base;
+    r.tensors[2].offsets = {{0, r.tensors[2].data.size()}};
+    add("overlap", r, false, "overlap");
+  }
   {
     RawSafetensors r = base;  // a 2-byte U8 first pushes every F32 after it to an odd offset
     r.tensors.insert(r.tensors.begin(), RawStTensor{"pad.u8", "U8", {2}, {1, 2}, {}});
@@ -468,17 +681,33 @@ inline std::vector<HostileCase> hostile_safetensors_cases() {
     r.header = h;
     add("duplicate_name", r, false, "twice");
   }
-  { RawSafetensors r = base; r.header = "{\"__metadata__\": [1]}"; add("metadata_not_object", r, false, "__metadata__"); }
-  { RawSafetensors r = base; r.header = "{\"__metadata__\": {\"a\": 1}}"; add("metadata_value_not_string", r, false, "__metadata__"); }
+  {
+    RawSafetensors r = base;
+    r.header = "{\"__metadata__\": [1]}";
+    add("metadata_not_object", r, false, "__metadata__");
+  }
+  {
+    RawSafetensors r = base;
+    r.header = "{\"__metadata__\": {\"a\": 1}}";
+    add("metadata_value_not_string", r, false, "__metadata__");
+  }
   // Only the model loader rejects these.
-  { RawSafetensors r = base; r.tensors.erase(r.tensors.begin() + 1); add("missing_tensor", r, true, "model.norm.weight"); }
+  {
+    RawSafetensors r = base;
+    r.tensors.erase(r.tensors.begin() + 1);
+    add("missing_tensor", r, true, "model.norm.weight");
+  }
   {
     RawSafetensors r = base;
     RawStTensor* t = r.find("model.layers.0.self_attn.k_proj.weight");
     std::swap(t->shape[0], t->shape[1]);
     add("wrong_shape", r, true, "model.layers.0.self_attn.k_proj.weight");
   }
-  { RawSafetensors r = base; r.find("model.norm.weight")->dtype = "I32"; add("wrong_dtype", r, true, "model.norm.weight"); }
+  {
+    RawSafetensors r = base;
+    r.find("model.norm.weight")->dtype = "I32";
+    add("wrong_dtype", r, true, "model.norm.weight");
+  }
   return c;
 }
 
