@@ -17,7 +17,8 @@
 // trains on its content AND the token that ends the turn (<|im_end|>, <|eot_id|>, </s>), so the
 // model learns to stop; never on the role header before it nor on the "\n" after the end marker.
 // For llama2 the space that the template puts before the answer is part of the trained span
-// (SentencePiece merges it into the first answer token).
+// (SentencePiece merges it into the first answer token). At the token level a token is trained
+// when any of its bytes is (see tokenize_record in dataset.h).
 #pragma once
 
 #include <string>

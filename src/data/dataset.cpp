@@ -170,33 +170,67 @@ Built build_docs(const DataOptions& opt, const TextEncoder& enc) {
 
   out.store = std::make_shared<TokenStore>();
   TokenStore& store = *out.store;
-  std::vector<int32_t> ids;
-  std::vector<uint8_t> trained;
-  for (Record& r : recs) {
-    if (!opt.vars.empty()) substitute(r, opt.vars);
-    try {
-      tokenize_record(r, tmpl, opt.train_on, enc, ids, trained);
-    } catch (const Error& e) {
-      if (e.status() != QLFT_ERR_FORMAT) throw;
-      bad_record(ro, log, "template", r.where, e.what());
-      continue;
+  // Tokenize in parallel, a chunk of records at a time (the encoders are thread-safe), then keep
+  // or drop the results in file order, so errors and the stored order never depend on threads.
+  struct Tokenized {
+    std::vector<int32_t> ids;
+    std::vector<uint8_t> trained;
+    std::string error;  // a QLFT_ERR_FORMAT from the template, without location
+  };
+  constexpr size_t kChunk = 4096;
+  std::vector<Tokenized> out_chunk(std::min(kChunk, recs.size()));
+  for (size_t c0 = 0; c0 < recs.size(); c0 += kChunk) {
+    const size_t n = std::min(kChunk, recs.size() - c0);
+    int32_t fail_status = QLFT_OK;
+    std::string fail_msg;
+#pragma omp parallel for schedule(dynamic, 16)
+    for (size_t i = 0; i < n; ++i) {
+      Record& r = recs[c0 + i];
+      Tokenized& t = out_chunk[i];
+      t.error.clear();
+      try {
+        if (!opt.vars.empty()) substitute(r, opt.vars);
+        tokenize_record(r, tmpl, opt.train_on, enc, t.ids, t.trained);
+      } catch (const Error& e) {
+        if (e.status() == QLFT_ERR_FORMAT) {
+          t.error = e.what();
+          if (t.error.empty()) t.error = "template error";
+        } else {
+#pragma omp critical(qlft_data_tokenize)
+          if (fail_status == QLFT_OK) fail_status = e.status(), fail_msg = e.what();
+        }
+      } catch (const std::exception& e) {
+#pragma omp critical(qlft_data_tokenize)
+        if (fail_status == QLFT_OK) fail_status = QLFT_ERR_INTERNAL, fail_msg = e.what();
+      }
     }
-    if (opt.overflow == Overflow::Reject && ids.size() > static_cast<size_t>(opt.seq_len) + 1) {
-      bad_record(ro, log, "too_long", r.where,
-                 strf("%zu tokens do not fit data.seq_len=%d (data.overflow=reject)", ids.size(),
-                      opt.seq_len));
-      continue;
+    if (fail_status != QLFT_OK) throw Error(fail_status, fail_msg);
+    for (size_t i = 0; i < n; ++i) {
+      const Record& r = recs[c0 + i];
+      Tokenized& t = out_chunk[i];
+      if (!t.error.empty()) {
+        bad_record(ro, log, "template", r.where, t.error);
+        continue;
+      }
+      if (opt.overflow == Overflow::Reject && t.ids.size() > static_cast<size_t>(opt.seq_len) + 1) {
+        bad_record(ro, log, "too_long", r.where,
+                   strf("%zu tokens do not fit data.seq_len=%d (data.overflow=reject)",
+                        t.ids.size(), opt.seq_len));
+        continue;
+      }
+      if (t.ids.size() < 2) {
+        log.add("too_short", r.where + ": fewer than 2 tokens");
+        continue;
+      }
+      if (std::find(t.trained.begin() + 1, t.trained.end(), 1) == t.trained.end()) {
+        log.add("no_trained_tokens", r.where + ": no token to train on (no assistant/response?)");
+        continue;
+      }
+      store.add(t.ids, t.trained);
     }
-    if (ids.size() < 2) {
-      log.add("too_short", r.where + ": fewer than 2 tokens");
-      continue;
-    }
-    if (std::find(trained.begin() + 1, trained.end(), 1) == trained.end()) {
-      log.add("no_trained_tokens", r.where + ": no token to train on (no assistant/response?)");
-      continue;
-    }
-    store.add(ids, trained);
   }
+  recs.clear();
+  recs.shrink_to_fit();
 
   // Statistics over the documents kept.
   const size_t D = store.docs();

@@ -70,7 +70,11 @@ struct DataStats {
 };
 
 // One record as token ids plus per-token "is a loss target" flags; throws QLFT_ERR_FORMAT
-// (without location) when the record does not fit the template.
+// (without location) when the record does not fit the template. Alpaca/chat records are rendered
+// to segments and the whole text is tokenized at once (the ids inference and Hugging Face see);
+// a token is trained when its bytes overlap a trained segment. When the encoder cannot give
+// token offsets, or a special-token spelling sits inside user/assistant content, the segments
+// are tokenized one by one instead (content then never becomes special tokens).
 void tokenize_record(const Record& r, const ChatTemplate& t, TrainOn train_on,
                      const TextEncoder& enc, std::vector<int32_t>& ids,
                      std::vector<uint8_t>& trained);
