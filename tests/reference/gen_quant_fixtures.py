@@ -236,11 +236,57 @@ def gen_bnb():
     save_file({k: v.contiguous() for k, v in expect.items()}, os.path.join(OUT, "bnb_expected.safetensors"))
 
 
+# ---- a whole tiny Llama quantized and saved by transformers (BitsAndBytesConfig, CPU) ----
+def gen_transformers_models():
+    import shutil
+    import tempfile
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(77)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    tmp = tempfile.mkdtemp()
+    LlamaForCausalLM(cfg).save_pretrained(tmp)
+    variants = {
+        "tiny_llama_nf4": BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                             bnb_4bit_use_double_quant=True,
+                                             bnb_4bit_compute_dtype=torch.float32),
+        "tiny_llama_int8": BitsAndBytesConfig(load_in_8bit=True),
+    }
+    for name, qcfg in variants.items():
+        try:
+            model = AutoModelForCausalLM.from_pretrained(tmp, quantization_config=qcfg, device_map="cpu",
+                                                         dtype=torch.float32)
+        except Exception as e:  # the INT8 path may need a GPU in some versions
+            print(f"skipping {name}: {e}")
+            continue
+        out_dir = os.path.join(OUT, name)
+        shutil.rmtree(out_dir, ignore_errors=True)
+        model.save_pretrained(out_dir)
+        for extra in os.listdir(out_dir):
+            if extra not in ("model.safetensors", "config.json"):
+                os.remove(os.path.join(out_dir, extra))
+        expect = {}
+        for mod_name, mod in model.named_modules():
+            if isinstance(mod, bnb.nn.Linear4bit):
+                qs = mod.weight.quant_state
+                absmax = F.dequantize_blockwise(qs.absmax, qs.state2) + qs.offset if qs.nested else qs.absmax
+                rows, cols = qs.shape
+                expect[mod_name] = _dequantize_4bit_ref(mod.weight.data.reshape(-1), absmax, qs.blocksize,
+                                                        rows * cols).reshape(rows, cols)
+            elif isinstance(mod, bnb.nn.Linear8bitLt):
+                w = mod.weight
+                expect[mod_name] = F.int8_vectorwise_dequant(w.data, w.SCB).float()
+        save_file({k: v.contiguous() for k, v in expect.items()}, os.path.join(OUT, f"{name}_expected.safetensors"))
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
 if __name__ == "__main__":
     gen_nf4()
     gen_blockwise8()
     gen_int8()
     gen_gguf()
     gen_bnb()
+    gen_transformers_models()
     for f in sorted(os.listdir(OUT)):
         print(f, os.path.getsize(os.path.join(OUT, f)))

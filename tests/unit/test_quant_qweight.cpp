@@ -376,3 +376,41 @@ TEST(Bnb, MalformedSerializationsFailWithFormatErrorsNamingTheTensor) {
     }
   }
 }
+
+// A whole tiny Llama quantized by transformers (BitsAndBytesConfig, 4-bit NF4 with double quant and
+// 8-bit LLM.int8) and written by save_pretrained: every linear loads and dequantizes to exactly
+// what bitsandbytes dequantizes.
+TEST(Bnb, LoadsTransformersSavePretrainedModels) {
+  for (const std::string name : {"tiny_llama_nf4", "tiny_llama_int8"}) {
+    SCOPED_TRACE(name);
+    const std::string dir = qlft_test::fixture_path("quant/" + name);
+    auto cfg_bytes = qlft_test::read_file(dir + "/config.json");
+    auto cfg = nlohmann::json::parse(std::string(cfg_bytes.begin(), cfg_bytes.end()));
+    const int64_t hidden = cfg["hidden_size"], inter = cfg["intermediate_size"];
+    const int64_t heads = cfg["num_attention_heads"], kv = cfg["num_key_value_heads"];
+    const int64_t head_dim = hidden / heads;
+    auto st = SafetensorsSet::open(dir);
+    auto ex =
+        SafetensorsFile::open(qlft_test::fixture_path("quant/" + name + "_expected.safetensors"));
+    const std::string l0 = "model.layers.0.";
+    const std::vector<std::tuple<std::string, int64_t, int64_t>> linears = {
+        {"self_attn.q_proj", hidden, hidden},
+        {"self_attn.k_proj", kv * head_dim, hidden},
+        {"self_attn.v_proj", kv * head_dim, hidden},
+        {"self_attn.o_proj", hidden, hidden},
+        {"mlp.gate_proj", inter, hidden},
+        {"mlp.up_proj", inter, hidden},
+        {"mlp.down_proj", hidden, inter}};
+    MemoryTracker tr;
+    for (const auto& [suffix, rows, cols] : linears) {
+      SCOPED_TRACE(suffix);
+      QWeight w;
+      ASSERT_TRUE(load_bnb_weight(&tr, *st, l0 + suffix, rows, cols, &w));
+      EXPECT_EQ(w.kind, name == "tiny_llama_nf4" ? QuantKind::NF4 : QuantKind::INT8);
+      EXPECT_EQ(bit_diffs(all_rows(w), fixture_tensor<float>(*ex, l0 + suffix)), 0u);
+      check_row_ranges(w);
+    }
+    QWeight plain;  // norms and embeddings stay plain
+    EXPECT_FALSE(load_bnb_weight(&tr, *st, "model.embed_tokens", 64, hidden, &plain));
+  }
+}
