@@ -20,13 +20,28 @@ const char* const kQwen2 =
 const char* const kGpt2NoTail =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S))";
 
-thread_local pcre2_match_data* t_md = nullptr;
-pcre2_match_data* match_data() {
-  if (!t_md) {
-    t_md = pcre2_match_data_create(4, nullptr);
-    if (!t_md) throw std::bad_alloc();
+// Per-thread match state: match data, and a JIT stack larger than PCRE2's 32 KiB default so that
+// long runs (a megabyte of spaces) cannot hit the JIT stack limit.
+struct MatchState {
+  pcre2_match_data* md = nullptr;
+  pcre2_match_context* mc = nullptr;
+  pcre2_jit_stack* js = nullptr;
+  MatchState() {
+    md = pcre2_match_data_create(4, nullptr);
+    mc = pcre2_match_context_create(nullptr);
+    js = pcre2_jit_stack_create(32 * 1024, 8 * 1024 * 1024, nullptr);
+    if (!md || !mc) throw std::bad_alloc();
+    if (js) pcre2_jit_stack_assign(mc, nullptr, js);
   }
-  return t_md;
+  ~MatchState() {
+    pcre2_jit_stack_free(js);
+    pcre2_match_context_free(mc);
+    pcre2_match_data_free(md);
+  }
+};
+MatchState& match_state() {
+  thread_local MatchState st;
+  return st;
 }
 }  // namespace
 
@@ -51,9 +66,10 @@ SplitRegex::~SplitRegex() {
 }
 
 bool SplitRegex::next_match(std::string_view text, size_t pos, size_t& ms, size_t& me) const {
-  auto* md = match_data();
+  MatchState& st = match_state();
+  pcre2_match_data* md = st.md;
   int rc = pcre2_match(static_cast<pcre2_code*>(code_), reinterpret_cast<PCRE2_SPTR>(text.data()),
-                       text.size(), pos, 0, md, nullptr);
+                       text.size(), pos, 0, md, st.mc);
   if (rc == PCRE2_ERROR_NOMATCH) return false;
   if (rc < 0) {
     PCRE2_UCHAR msg[256];

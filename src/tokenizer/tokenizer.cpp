@@ -161,9 +161,8 @@ void Tokenizer::finalize() {
   std::stable_sort(specials_.begin(), specials_.end(), [](const Special& a, const Special& b) {
     return a.text.size() > b.text.size();
   });
-  QLFT_CHECK_FORMAT(specials_.size() < 65535, "too many special tokens (%zu)", specials_.size());
   for (size_t k = 0; k < specials_.size(); ++k)
-    special_first_[static_cast<uint8_t>(specials_[k].text[0])].push_back(static_cast<uint16_t>(k));
+    special_first_[static_cast<uint8_t>(specials_[k].text[0])].push_back(static_cast<uint32_t>(k));
 }
 
 std::string Tokenizer::piece_of(int32_t id) const {
@@ -226,7 +225,7 @@ void Tokenizer::encode_append(std::string_view text, bool parse_special,
   while (i < text.size()) {
     const auto& cands = special_first_[static_cast<uint8_t>(text[i])];
     const Special* hit = nullptr;
-    for (uint16_t k : cands) {
+    for (uint32_t k : cands) {
       const Special& s = specials_[k];
       if (!s.always && !parse_special) continue;
       if (s.text.size() <= text.size() - i &&

@@ -168,7 +168,7 @@ class Tokenizer {
   bool has_isolated_ = false;
   StrMap raw_to_id_;                          // byte-level: decoded bytes -> id (for ignore_merges)
   std::vector<Special> specials_;             // longest first
-  std::vector<uint16_t> special_first_[256];  // indices into specials_, by first byte
+  std::vector<uint32_t> special_first_[256];  // indices into specials_, by first byte
 };
 
 }  // namespace qlft

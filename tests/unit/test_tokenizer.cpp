@@ -554,3 +554,28 @@ TEST(Tokenizer, ConcurrentEncodeMatchesSerial) {
   for (auto& t : threads) t.join();
   EXPECT_EQ(mismatches.load(), 0);
 }
+
+// Long runs of one character class (regex backtracking / JIT stack, merge queues on one huge
+// word) encode and round-trip.
+TEST(Tokenizer, LongRunsOfOneClass) {
+  QLFT_NEED_SHARED(gpt2, "tokenizer-vectors/ggml-vocab-gpt-2.gguf");
+  QLFT_NEED_SHARED(spm, "tokenizer-vectors/ggml-vocab-llama-spm.gguf");
+  auto variant = Tokenizer::from_hf_json_file(
+      qlft_test::fixture_path("tokenizer/gpt-2-llama3/tokenizer.json"));
+  auto a = Tokenizer::from_gguf_file(gpt2);
+  auto b = Tokenizer::from_gguf_file(spm);
+  const size_t n = 100000;
+  for (const std::string& s :
+       {std::string(n, ' '), std::string(n, 'a'), std::string(n, '7'), std::string(n, '\n'),
+        std::string(n / 2, ' ') + "x" + std::string(n / 2, '\t'), [&] {
+          std::string r;
+          while (r.size() < n) r += "\r\n \xC3\xA9";
+          return r;
+        }()}) {
+    for (const Tokenizer* t : {a.get(), b.get(), variant.get()}) {
+      auto ids = t->encode(s, false, false, false);
+      EXPECT_FALSE(ids.empty());
+      EXPECT_EQ(t->decode(ids), s);
+    }
+  }
+}
