@@ -132,33 +132,35 @@ void CpuBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, cons
     return;
   }
 
-  // With dropout: chunks of rows, the masked input rebuilt for each.
+  // With dropout: chunks of rows. One pass over the mask per chunk builds drop(x) (for dA) and
+  // adds the masked scale * (g A) / (1 - p) into dx.
   const int64_t R = std::min(M, drop_chunk_rows(*this, K));
-  Buffer buf = workspace(size_t(R * K) * 4, "lora dropout input");
-  float* t = buf.as<float>();
-  const float inv = 1.f / (1.f - l.dropout_p);
+  Buffer xd_buf, t_buf;
+  if (dA) xd_buf = workspace(size_t(R * K) * 4, "lora dropout input");
+  if (want_dx) t_buf = workspace(size_t(R * K) * 4, "lora dx chunk");
+  float* xd = xd_buf.as<float>();
+  float* t = t_buf.as<float>();
+  const float p = l.dropout_p, inv = 1.f / (1.f - p), s = l.scale * inv;
+  const uint64_t seed = l.dropout_seed;
   for (int64_t r0 = 0; r0 < M; r0 += R) {
-    int64_t n = std::min(R, M - r0);
-    if (dA) {
-      apply_dropout(x, r0, n, l, t);
-      // dA += scale * g_chunk^T drop(x)_chunk: [r, K]
-      sgemm(true, false, r, K, n, l.scale, g + r0 * r, r, t, K, 1.f, dA, K);
-    }
-    if (want_dx) {
-      // t = g_chunk A, then dx += scale * mask / (1 - p) * t
-      sgemm(false, false, n, K, r, 1.f, g + r0 * r, r, l.A, K, 0.f, t, K);
-      const float s = l.scale * inv, p = l.dropout_p;
-      const uint64_t seed = l.dropout_seed;
+    const int64_t n = std::min(R, M - r0);
+    // t = g_chunk A
+    if (want_dx) sgemm(false, false, n, K, r, 1.f, g + r0 * r, r, l.A, K, 0.f, t, K);
 #pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < n; ++i) {
-        float* dxr = dx.row(r0 + i);
-        const float* tr = t + i * K;
-        const int64_t row = r0 + i;
-#pragma omp simd
-        for (int64_t c = 0; c < K; ++c)
-          dxr[c] += lora_dropout_keep(seed, row, c, p) ? s * tr[c] : 0.f;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t row = r0 + i;
+      const float* xr = x.row(row);
+      float* xdr = dA ? xd + i * K : nullptr;
+      float* dxr = want_dx ? dx.row(row) : nullptr;
+      const float* tr = want_dx ? t + i * K : nullptr;
+      for (int64_t c = 0; c < K; ++c) {
+        const bool keep = lora_dropout_keep(seed, row, c, p);
+        if (xdr) xdr[c] = keep ? xr[c] * inv : 0.f;
+        if (dxr && keep) dxr[c] += s * tr[c];
       }
     }
+    // dA += scale * g_chunk^T drop(x)_chunk: [r, K]
+    if (dA) sgemm(true, false, r, K, n, l.scale, g + r0 * r, r, xd, K, 1.f, dA, K);
   }
 }
 
