@@ -8,8 +8,8 @@ end of the turn's end marker in render(messages[:i+1]) -- the "prefix diff" rule
 end-of-turn token (<|im_end|>, <|eot_id|>, eos). Alpaca records under the alpaca template use
 Stanford Alpaca's own prompt strings (PROMPT_DICT) instead.
 
-Token level: each rendered text is also tokenized whole by stories260K's tokenizer.json (the
-tokenizer fixture, loaded with transformers) with special tokens parsed, and a token is marked
+Token level: each rendered text is also tokenized whole by Hugging Face tokenizers of the GGUF
+vocabularies in shared/ (stories260K, Llama SPM, GPT-2; built as gen_tokenizer_fixtures.py does) with special tokens parsed, and a token is marked
 trained when its character offsets overlap a trained span (Hugging Face's
 return_assistant_tokens_mask works the same way, through offsets).
 
@@ -18,6 +18,7 @@ Writes tests/reference/fixtures/data/templates.json (offsets are UTF-8 byte offs
 """
 import json
 import os
+import sys
 
 from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast
@@ -146,7 +147,16 @@ def chat_case(tok, jinja, eot, messages):
     return full, spans
 
 
-STORIES_TOKENIZER = os.path.join(HERE, "fixtures", "tokenizer", "stories260k", "tokenizer.json")
+ROOT = os.path.dirname(os.path.dirname(HERE))
+SHARED = os.environ.get("QLFT_SHARED_DIR", os.path.join(ROOT, "..", "shared"))
+# fixture key -> GGUF vocabulary in shared/. Hugging Face tokenizers are built from the GGUF
+# metadata by gen_tokenizer_fixtures.build (full vocabularies; the tokenizer fixtures commit only
+# cut-down ones).
+TOKENIZERS = {
+    "stories260k": "models/stories260K.gguf",
+    "llama_spm": "tokenizer-vectors/ggml-vocab-llama-spm.gguf",
+    "gpt2": "tokenizer-vectors/ggml-vocab-gpt-2.gguf",
+}
 
 
 def token_mask(tok, text, spans):
@@ -166,7 +176,10 @@ def token_mask(tok, text, spans):
 
 
 def main():
-    stories = PreTrainedTokenizerFast(tokenizer_file=STORIES_TOKENIZER)
+    sys.path.insert(0, HERE)
+    import gen_tokenizer_fixtures as gt
+    toks = {k: PreTrainedTokenizerFast(tokenizer_object=gt.build(gt.read_vocab(
+        os.path.join(SHARED, rel)))) for k, rel in TOKENIZERS.items()}
     cases = []
     for name, kind, jinja, bos, eos, eot, system_ok in TEMPLATES:
         tok = tokenizer(bos, eos)
@@ -193,8 +206,9 @@ def main():
             cases.append({"name": f"{name}/alpaca{ai}", "template": kind, "jinja": jinja,
                           "bos": bos, "eos": eos, "record": rec, "text": text, "trained": spans})
     for c in cases:
-        ids, trained = token_mask(stories, c["text"], c["trained"])
-        c["stories260k"] = {"ids": ids, "trained": trained}
+        for k, tok in toks.items():
+            ids, trained = token_mask(tok, c["text"], c["trained"])
+            c[k] = {"ids": ids, "trained": trained}
     os.makedirs(OUT, exist_ok=True)
     with open(os.path.join(OUT, "templates.json"), "w", encoding="utf-8") as f:
         json.dump({"generator": "transformers apply_chat_template", "cases": cases}, f, indent=1,

@@ -186,26 +186,37 @@ TEST(DataTemplates, ResolveFallsBackToAlpaca) {
   EXPECT_EQ(resolve_template(TemplateKind::Mistral, llama3, &why).kind, TemplateKind::Mistral);
 }
 
-// With a real tokenizer (stories260K, SentencePiece with byte fallback): the pipeline's ids are
-// those of tokenizing the whole rendered text, and its loss mask equals the reference mask
-// computed by the fixture from the Hugging Face tokenizer's offsets.
-TEST(DataTemplates, Stories260KTokensAndMaskMatchReference) {
-  QLFT_NEED_SHARED(model, "models/stories260K.gguf");
-  auto tok = Tokenizer::from_gguf_file(model);
-  TokenizerEncoder enc(*tok);
+// With real tokenizers (stories260K and Llama-2's SentencePiece vocabularies with byte fallback,
+// GPT-2's byte-level BPE): the pipeline's ids are those of tokenizing the whole rendered text,
+// and its loss mask equals the reference mask the fixture computed from the Hugging Face
+// tokenizer's offsets.
+TEST(DataTemplates, RealTokenizersTokensAndMaskMatchReference) {
+  struct Vocab {
+    const char* key;
+    const char* gguf;
+  } vocabs[] = {{"stories260k", "models/stories260K.gguf"},
+                {"llama_spm", "tokenizer-vectors/ggml-vocab-llama-spm.gguf"},
+                {"gpt2", "tokenizer-vectors/ggml-vocab-gpt-2.gguf"}};
   json cases = load_cases();
-  for (const auto& c : cases) {
-    SCOPED_TRACE(c["name"].get<std::string>());
-    Record r = record_of(c);
-    ChatTemplate t = template_of(c);
-    std::vector<int32_t> ids;
-    std::vector<uint8_t> trained;
-    tokenize_record(r, t, TrainOn::Completion, enc, ids, trained);
-    std::vector<int32_t> want_ids = c["stories260k"]["ids"].get<std::vector<int32_t>>();
-    std::vector<uint8_t> want_mask = c["stories260k"]["trained"].get<std::vector<uint8_t>>();
-    EXPECT_EQ(ids, want_ids);
-    EXPECT_EQ(trained, want_mask);
+  int tested = 0;
+  for (const Vocab& v : vocabs) {
+    std::string path = qlft_test::shared_file(v.gguf);
+    if (path.empty()) continue;
+    auto tok = Tokenizer::from_gguf_file(path);
+    TokenizerEncoder enc(*tok);
+    for (const auto& c : cases) {
+      SCOPED_TRACE(std::string(v.key) + " " + c["name"].get<std::string>());
+      Record r = record_of(c);
+      ChatTemplate t = template_of(c);
+      std::vector<int32_t> ids;
+      std::vector<uint8_t> trained;
+      tokenize_record(r, t, TrainOn::Completion, enc, ids, trained);
+      EXPECT_EQ(ids, c[v.key]["ids"].get<std::vector<int32_t>>());
+      EXPECT_EQ(trained, c[v.key]["trained"].get<std::vector<uint8_t>>());
+    }
+    ++tested;
   }
+  if (tested == 0) GTEST_SKIP() << "no shared vocabularies";
 }
 
 TEST(DataTemplates, ChatTemplateFromHfFiles) {
