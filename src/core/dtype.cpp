@@ -87,6 +87,23 @@ void f16_to_f32_n(const uint16_t* src, float* dst, size_t n) {
   for (; i < n; ++i) dst[i] = f16_to_f32(src[i]);
 }
 
+void round_through_n(DType t, const float* src, float* dst, size_t n) {
+  constexpr size_t kChunk = 1024;
+  uint16_t tmp[kChunk];
+  for (size_t i = 0; i < n; i += kChunk) {
+    size_t m = n - i < kChunk ? n - i : kChunk;
+    if (t == DType::BF16) {
+      f32_to_bf16_n(src + i, tmp, m);
+      bf16_to_f32_n(tmp, dst + i, m);
+    } else if (t == DType::F16) {
+      f32_to_f16_n(src + i, tmp, m);
+      f16_to_f32_n(tmp, dst + i, m);
+    } else if (dst != src) {
+      std::memcpy(dst + i, src + i, m * sizeof(float));
+    }
+  }
+}
+
 namespace {
 template <class T>
 void cast_n(const void* src, float* dst, size_t n) {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "backend/autocast_backend.h"
 #include "backend/dropout.h"
 #include "config/config.h"
 #include "core/error.h"
@@ -34,9 +35,10 @@ TrainSettings TrainSettings::from_config(const Config& c) {
 Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset* train,
                  const Config& cfg)
     : model_(model), tracker_(tracker), train_(train), ts_(TrainSettings::from_config(cfg)) {
-  QLFT_CHECK_ARG(ts_.precision != "bf16" && ts_.precision != "fp16",
-                 "train.precision=%s is not implemented yet (use fp32)", ts_.precision.c_str());
   backend_ = make_cpu_backend(tracker);
+  if (ts_.precision == "bf16" || ts_.precision == "fp16")
+    backend_ = make_autocast_backend(std::move(backend_),
+                                     ts_.precision == "bf16" ? DType::BF16 : DType::F16);
   LoraConfig lc = lora_config_from(cfg);
   const std::string init_from = cfg.get("lora.init_from");
   if (!init_from.empty()) {

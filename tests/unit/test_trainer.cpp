@@ -220,3 +220,66 @@ TEST_F(TrainerTest, TrainingLowersHeldOutLoss) {
   EXPECT_TRUE(std::isfinite(before));
   EXPECT_LT(after, before * 0.9) << "before " << before << " after " << after;
 }
+
+TEST_F(TrainerTest, Fp16HugeScaleOverflowsSkipsBacksOffThenTrains) {
+  Config c = base_config();
+  c.set("train.precision", "fp16");
+  c.set("train.max_steps", "40");
+  c.set("scaler.init_scale", "1e12");  // dy * scale overflows fp16 -> inf -> skip + back off
+  Trainer t(*f.model, &f.tracker, f.data.get(), c);
+  StepReport r;
+  int skipped = 0, taken = 0;
+  float last_scale = 2e30f;
+  std::vector<float> w_before = weights_of(t);
+  while (t.step(&r)) {
+    for (float w : weights_of(t)) ASSERT_TRUE(std::isfinite(w)) << "step " << r.step;
+    if (r.skipped) {
+      ++skipped;
+      EXPECT_LT(r.loss_scale, last_scale);
+      EXPECT_EQ(taken, 0) << "a skip after training started means the scale never settled";
+      EXPECT_EQ(weights_of(t), w_before) << "a skipped step must not change the weights";
+    } else {
+      ++taken;
+    }
+    last_scale = r.loss_scale;
+  }
+  EXPECT_GT(skipped, 0);
+  EXPECT_GT(taken, 5) << "skipped " << skipped << ", final scale " << last_scale;
+  EXPECT_NE(weights_of(t), w_before);
+}
+
+TEST_F(TrainerTest, Fp16TinyScaleGrowsBackAndWeightsStayFinite) {
+  Config c = base_config();
+  c.set("train.precision", "fp16");
+  c.set("train.max_steps", "12");
+  c.set("scaler.init_scale", "1e-6");
+  c.set("scaler.growth_interval", "1");
+  Trainer t(*f.model, &f.tracker, f.data.get(), c);
+  StepReport r;
+  std::vector<float> scales;
+  while (t.step(&r)) {
+    scales.push_back(r.loss_scale);
+    for (float w : weights_of(t)) ASSERT_TRUE(std::isfinite(w));
+  }
+  ASSERT_EQ(scales.size(), 12u);
+  for (size_t i = 1; i < scales.size(); ++i) EXPECT_FLOAT_EQ(scales[i], 2 * scales[i - 1]);
+}
+
+TEST_F(TrainerTest, Bf16TracksFp32) {
+  std::vector<double> loss[2];
+  for (int p = 0; p < 2; ++p) {
+    Config c = base_config();
+    c.set("train.max_steps", "5");
+    c.set("train.precision", p ? "bf16" : "fp32");
+    Trainer t(*f.model, &f.tracker, f.data.get(), c);
+    StepReport r;
+    while (t.step(&r)) loss[p].push_back(r.loss);
+  }
+  ASSERT_EQ(loss[0].size(), loss[1].size());
+  bool any_diff = false;
+  for (size_t i = 0; i < loss[0].size(); ++i) {
+    EXPECT_NEAR(loss[1][i], loss[0][i], 0.02 * loss[0][i]) << "step " << i;
+    any_diff |= loss[1][i] != loss[0][i];
+  }
+  EXPECT_TRUE(any_diff) << "bf16 autocast should change the arithmetic";
+}

@@ -1,0 +1,93 @@
+#include "backend/autocast_backend.h"
+
+#include "core/error.h"
+
+namespace qlft {
+
+namespace {
+
+class AutocastBackend final : public Backend {
+ public:
+  AutocastBackend(std::unique_ptr<Backend> inner, DType t)
+      : Backend(inner->tracker()), inner_(std::move(inner)), t_(t) {
+    name_ = std::string(inner_->name()) + (t == DType::BF16 ? "+bf16" : "+fp16");
+  }
+  const char* name() const override { return name_.c_str(); }
+
+  void linear_fwd(const QWeight& W, const float* bias, const LoraRef* lora, CMatF x, MatF y,
+                  float* xa) override {
+    Buffer xr = rounded(x, "autocast x");
+    inner_->linear_fwd(W, bias, lora, view(xr, x), y, xa);
+  }
+  void linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, const float* xa, CMatF dy,
+                  MatF dx, float* dA, float* dB) override {
+    Buffer xr = rounded(x, "autocast x");
+    Buffer dyr = rounded(dy, "autocast dy");
+    inner_->linear_bwd(W, lora, view(xr, x), xa, view(dyr, dy), dx, dA, dB);
+  }
+  void rmsnorm_fwd(CMatF x, const float* w, float eps, MatF y, float* rstd) override {
+    inner_->rmsnorm_fwd(x, w, eps, y, rstd);
+  }
+  void rmsnorm_bwd(CMatF x, const float* w, const float* rstd, CMatF dy, MatF dx) override {
+    inner_->rmsnorm_bwd(x, w, rstd, dy, dx);
+  }
+  void rope(MatF x, const int32_t* pos, int n_heads, int head_dim, float theta, bool adjacent,
+            bool inverse) override {
+    inner_->rope(x, pos, n_heads, head_dim, theta, adjacent, inverse);
+  }
+  void swiglu_fwd(CMatF gate, CMatF up, MatF out) override { inner_->swiglu_fwd(gate, up, out); }
+  void swiglu_bwd(CMatF gate, CMatF up, CMatF dout, MatF dgate, MatF dup) override {
+    inner_->swiglu_bwd(gate, up, dout, dgate, dup);
+  }
+  void attention_fwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out, float* lse) override {
+    Buffer qr = rounded(q, "autocast q"), kr = rounded(k, "autocast k"), vr = rounded(v, "autocast v");
+    inner_->attention_fwd(s, view(qr, q), view(kr, k), view(vr, v), out, lse);
+  }
+  void attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out, const float* lse,
+                     CMatF dout, MatF dq, MatF dk, MatF dv) override {
+    Buffer qr = rounded(q, "autocast q"), kr = rounded(k, "autocast k"), vr = rounded(v, "autocast v");
+    Buffer dr = rounded(dout, "autocast dout");
+    inner_->attention_bwd(s, view(qr, q), view(kr, k), view(vr, v), out, lse, view(dr, dout), dq,
+                          dk, dv);
+  }
+  void embedding_fwd(const QWeight& emb, const int32_t* tokens, MatF out) override {
+    inner_->embedding_fwd(emb, tokens, out);
+  }
+  void head_logits(const QWeight& head, CMatF h, MatF logits) override {
+    Buffer hr = rounded(h, "autocast h");
+    inner_->head_logits(head, view(hr, h), logits);
+  }
+  double linear_cross_entropy(const QWeight& head, CMatF h, const int32_t* targets,
+                              int32_t ignore_index, float grad_scale, MatF dh,
+                              int64_t* count) override {
+    // The head matmul's input is low precision; the softmax and the loss stay fp32.
+    Buffer hr = rounded(h, "autocast h");
+    return inner_->linear_cross_entropy(head, view(hr, h), targets, ignore_index, grad_scale, dh,
+                                        count);
+  }
+
+ private:
+  // A dense rounded copy of m (rows x cols), counted as workspace.
+  Buffer rounded(CMatF m, const char* what) {
+    Buffer b(tracker_, MemCategory::Workspace, static_cast<size_t>(m.rows * m.cols) * sizeof(float),
+             what);
+    float* d = b.as<float>();
+    for (int64_t r = 0; r < m.rows; ++r) round_through_n(t_, m.row(r), d + r * m.cols, m.cols);
+    return b;
+  }
+  static CMatF view(const Buffer& b, CMatF like) { return CMatF(b.as<float>(), like.rows, like.cols); }
+
+  std::unique_ptr<Backend> inner_;
+  DType t_;
+  std::string name_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_autocast_backend(std::unique_ptr<Backend> inner, DType dtype) {
+  QLFT_CHECK_ARG(dtype == DType::BF16 || dtype == DType::F16,
+                 "autocast: precision must be bf16 or fp16");
+  return std::make_unique<AutocastBackend>(std::move(inner), dtype);
+}
+
+}  // namespace qlft
