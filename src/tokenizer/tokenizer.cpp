@@ -218,8 +218,8 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos, bool
   return out;
 }
 
-void Tokenizer::encode_append(std::string_view text, bool parse_special,
-                              std::vector<int32_t>& out) const {
+void Tokenizer::encode_append(std::string_view text, bool parse_special, std::vector<int32_t>& out,
+                              bool continuation) const {
   // Cut the text at special tokens (leftmost, longest first); encode the pieces between.
   size_t start = 0, i = 0;
   while (i < text.size()) {
@@ -238,24 +238,29 @@ void Tokenizer::encode_append(std::string_view text, bool parse_special,
       ++i;
       continue;
     }
-    if (i > start) encode_fragment(text.substr(start, i - start), start == 0, out);
+    if (i > start)
+      encode_fragment(text.substr(start, i - start), start == 0 && !continuation,
+                      start == 0 && continuation, out);
     out.push_back(hit->id);
     i += hit->text.size();
     start = i;
   }
-  if (start < text.size()) encode_fragment(text.substr(start), start == 0, out);
+  if (start < text.size())
+    encode_fragment(text.substr(start), start == 0 && !continuation, start == 0 && continuation,
+                    out);
 }
 
-void Tokenizer::encode_fragment(std::string_view text, bool at_start,
+void Tokenizer::encode_fragment(std::string_view text, bool at_start, bool no_prefix,
                                 std::vector<int32_t>& out) const {
   // Normalizer: prefix (llama.cpp's " " / HF Prepend("▁") / ByteLevel add_prefix_space), then
   // spaces -> "▁" for SentencePiece vocabularies.
   std::string_view s = text;
   std::string& norm = t_scratch.norm;
-  const bool blp = byte_level_prefix_space_ && text[0] != ' ';
-  if (prefix_ == Prefix::Always || blp || !space_char_.empty()) {
+  const bool blp = byte_level_prefix_space_ && text[0] != ' ' && !no_prefix;
+  const bool prepend = prefix_ == Prefix::Always && !no_prefix;
+  if (prepend || blp || !space_char_.empty()) {
     norm.clear();
-    if (prefix_ == Prefix::Always) norm = prefix_text_;
+    if (prepend) norm = prefix_text_;
     if (blp) norm.push_back(' ');
     if (space_char_.empty()) {
       norm.append(text);

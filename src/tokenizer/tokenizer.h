@@ -71,7 +71,12 @@ class Tokenizer {
 
   std::vector<int32_t> encode(std::string_view text, bool add_bos, bool add_eos,
                               bool parse_special) const;
-  void encode_append(std::string_view text, bool parse_special, std::vector<int32_t>& out) const;
+  // Appends the ids of text. continuation: text continues an earlier encode_append() call, so the
+  // prefix added at the start of a text (SentencePiece "▁", ByteLevel add_prefix_space,
+  // Metaspace "first") is not added to its first fragment; fragments after a special token
+  // still get it, as they would in one call.
+  void encode_append(std::string_view text, bool parse_special, std::vector<int32_t>& out,
+                     bool continuation = false) const;
 
   // Concatenated pieces; special (control/unknown) tokens are skipped when skip_special, else
   // rendered as their text. Out-of-range ids are QLFT_ERR_INVALID_ARGUMENT.
@@ -125,7 +130,8 @@ class Tokenizer {
   // Builds the lookup structures once the vocabulary and options are set.
   void finalize();
 
-  void encode_fragment(std::string_view text, bool at_start, std::vector<int32_t>& out) const;
+  void encode_fragment(std::string_view text, bool at_start, bool no_prefix,
+                       std::vector<int32_t>& out) const;
   void pre_tokenize(size_t step, std::string_view piece, bool at_start,
                     std::vector<int32_t>& out) const;
   void encode_word(std::string_view word, std::vector<int32_t>& out) const;

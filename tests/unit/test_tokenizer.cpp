@@ -331,6 +331,13 @@ TEST(Tokenizer, SpecialTokensOnlyWithParseSpecial) {
   EXPECT_EQ(tok->token_to_piece(13), "\n");         // <0x0A>
   EXPECT_EQ(tok->token_to_piece(1, false), "");
   EXPECT_EQ(tok->token_id("\xe2\x96\x81Hello"), 15043);
+  // A continuation gets no space prefix: "Hello" then " world" is "Hello world" (.out ids).
+  auto cont = tok->encode("Hello", false, false, false);
+  tok->encode_append(" world", false, cont, true);
+  EXPECT_EQ(cont, (std::vector<int32_t>{15043, 3186}));
+  auto fresh = tok->encode("Hello", false, false, false);
+  tok->encode_append(" world", false, fresh, false);
+  EXPECT_EQ(fresh, (std::vector<int32_t>{15043, 29871, 3186}));
 }
 
 TEST(Tokenizer, StreamDecoderEmitsOnlyCompleteUtf8) {
