@@ -285,6 +285,12 @@ QLFT_API int32_t qlft_trainer_load_adapter(qlft_trainer* trainer, const char* pa
 QLFT_API int32_t qlft_trainer_save_checkpoint(qlft_trainer* trainer, const char* path);
 QLFT_API int32_t qlft_trainer_resume(qlft_trainer* trainer, const char* path);
 QLFT_API int32_t qlft_trainer_memory_report(const qlft_trainer* trainer, qlft_memory_report* out);
+/* Writes the base model merged with the trainer's LoRA adapter (base weights dequantized +
+ * scale * B A) as a standalone model. format: "safetensors" (path is a directory: an F32
+ * model.safetensors with Hugging Face names + config.json), "gguf-f16" or "gguf-bf16" (path is a
+ * GGUF file with llama.cpp names, tokenizer metadata copied from a GGUF source). Atomic files. */
+QLFT_API int32_t qlft_trainer_export_merged(qlft_trainer* trainer, const char* path,
+                                            const char* format);
 
 /* ---- Generation ------------------------------------------------------------------------- */
 

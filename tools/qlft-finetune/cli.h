@@ -88,5 +88,7 @@ int cmd_tokenize(int argc, char** argv);
 int cmd_generate(int argc, char** argv);
 int cmd_data_stats(int argc, char** argv);
 int cmd_config_doc(int argc, char** argv);
+int cmd_eval(int argc, char** argv);
+int cmd_export(int argc, char** argv);
 
 }  // namespace cli

@@ -15,6 +15,9 @@ void usage(FILE* f) {
                "  generate          --model M [--adapter DIR] --prompt TEXT [--max-tokens N ...]\n"
                "  tokenize          --model M [--text T | --file F] [--no-bos] [--ids]\n"
                "  data-stats        --model M --data FILE: records, tokens, lengths\n"
+               "  eval              --model M --data FILE [--adapter DIR]: loss and perplexity\n"
+               "  export            --model M --adapter DIR --format peft|gguf|merged-safetensors|\n"
+               "                    merged-gguf-f16|merged-gguf-bf16 --out PATH\n"
                "  config-doc        print the settings reference (docs/CONFIG.md)\n"
                "  version           print the version and build information\n\n"
                "Settings are the keys of docs/CONFIG.md, given as --key value.\n");
@@ -33,6 +36,8 @@ int main(int argc, char** argv) {
   if (cmd == "generate") return cli::cmd_generate(argc, argv);
   if (cmd == "data-stats") return cli::cmd_data_stats(argc, argv);
   if (cmd == "config-doc") return cli::cmd_config_doc(argc, argv);
+  if (cmd == "eval") return cli::cmd_eval(argc, argv);
+  if (cmd == "export") return cli::cmd_export(argc, argv);
   if (cmd == "version" || cmd == "--version") {
     std::printf("%s\n", qlft_build_info());
     return cli::kOk;

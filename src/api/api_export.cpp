@@ -1,0 +1,18 @@
+// qlft_trainer_export_merged: the merged-model half of the export C API (adapter exports are in
+// api_train.cpp).
+#include "api/handles.h"
+#include "core/error.h"
+#include "train/merge_export.h"
+#include "train/trainer.h"
+
+using qlft::guard;
+
+int32_t qlft_trainer_export_merged(qlft_trainer* trainer, const char* path, const char* format) {
+  return guard([&] {
+    QLFT_CHECK_ARG(trainer && trainer->trainer && path && *path,
+                   "qlft_trainer_export_merged: trainer and path must be given");
+    QLFT_CHECK_ARG(format && *format,
+                   "qlft_trainer_export_merged: format must be safetensors, gguf-f16 or gguf-bf16");
+    qlft::export_merged(trainer->trainer->model(), &trainer->trainer->lora(), path, format);
+  });
+}

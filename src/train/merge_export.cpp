@@ -1,0 +1,317 @@
+#include "train/merge_export.h"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.h"
+#include "formats/atomic_file.h"
+#include "formats/gguf_writer.h"
+#include "formats/safetensors_writer.h"
+
+namespace qlft {
+
+namespace {
+
+std::vector<float> dequant(const QWeight& w) {
+  std::vector<float> out(static_cast<size_t>(w.rows) * w.cols);
+  if (w.rows) w.dequantize_rows(0, w.rows, out.data());
+  return out;
+}
+
+std::vector<float> copy_f32(const Buffer& b) {
+  const float* p = b.as<float>();
+  return std::vector<float>(p, p + b.size() / sizeof(float));
+}
+
+bool is_qk(Proj p) {
+  return p == Proj::Q || p == Proj::K;
+}
+
+int heads_of(const ModelConfig& c, Proj p) {
+  return p == Proj::Q ? c.n_heads : c.n_kv_heads;
+}
+
+// Reorders q/k rows (or a q/k bias, cols = 1) from the model's order into the wanted one.
+void to_order(const ModelConfig& c, Proj p, std::vector<float>& w, int64_t cols,
+              bool want_adjacent) {
+  if (!is_qk(p) || c.rope_adjacent == want_adjacent) return;
+  std::vector<float> out(w.size());
+  if (want_adjacent)
+    permute_rows_hf_to_adjacent(w.data(), out.data(), heads_of(c, p), c.head_dim, cols);
+  else
+    permute_rows_adjacent_to_hf(w.data(), out.data(), heads_of(c, p), c.head_dim, cols);
+  w.swap(out);
+}
+
+void make_dir(const std::string& dir) {
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
+    throw_error(QLFT_ERR_IO, "%s: cannot create directory: %s", dir.c_str(), std::strerror(errno));
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    throw_error(QLFT_ERR_IO, "%s: exists and is not a directory", dir.c_str());
+}
+
+// The shortest decimal of a float as a double (1e-05, not 9.999999747378752e-06).
+double short_double(float f) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(f));
+  for (int prec = 1; prec <= 9; ++prec) {
+    char t[32];
+    std::snprintf(t, sizeof t, "%.*g", prec, static_cast<double>(f));
+    if (std::strtof(t, nullptr) == f) return std::strtod(t, nullptr);
+  }
+  return std::strtod(buf, nullptr);
+}
+
+const char* const kHfProj[kProjCount] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                         "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
+                                         "mlp.down_proj"};
+const char* const kBiasProj[3] = {"q_proj", "k_proj", "v_proj"};
+
+void export_safetensors(const Model& m, const LoraAdapter* lora, const std::string& dir) {
+  const ModelConfig& c = m.cfg;
+  make_dir(dir);
+  SafetensorsWriter w;
+  w.set_metadata("format", "pt");
+  std::vector<float> t = dequant(m.tok_embd);
+  w.add_f32("model.embed_tokens.weight", {m.tok_embd.rows, m.tok_embd.cols}, t.data());
+  if (m.output.rows) {
+    t = dequant(m.output);
+    w.add_f32("lm_head.weight", {m.output.rows, m.output.cols}, t.data());
+  }
+  t = copy_f32(m.output_norm);
+  w.add_f32("model.norm.weight", {c.dim}, t.data());
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& L = m.layers[l];
+    const std::string h = "model.layers." + std::to_string(l) + ".";
+    t = copy_f32(L.attn_norm);
+    w.add_f32(h + "input_layernorm.weight", {c.dim}, t.data());
+    t = copy_f32(L.ffn_norm);
+    w.add_f32(h + "post_attention_layernorm.weight", {c.dim}, t.data());
+    for (int pi = 0; pi < kProjCount; ++pi) {
+      Proj p = static_cast<Proj>(pi);
+      const QWeight& q = L.proj[pi];
+      t = merged_weight(m, lora, l, p);
+      to_order(c, p, t, q.cols, false);
+      w.add_f32(h + kHfProj[pi] + ".weight", {q.rows, q.cols}, t.data());
+      if (pi < 3 && !L.bias[pi].empty()) {
+        t = copy_f32(L.bias[pi]);
+        to_order(c, p, t, 1, false);
+        w.add_f32(h + "self_attn." + kBiasProj[pi] + ".bias", {q.rows}, t.data());
+      }
+    }
+  }
+  const bool qwen = c.arch == "qwen2";
+  nlohmann::json j = {
+      {"architectures",
+       {qwen                  ? "Qwen2ForCausalLM"
+        : c.arch == "mistral" ? "MistralForCausalLM"
+                              : "LlamaForCausalLM"}},
+      {"model_type", c.arch},
+      {"hidden_size", c.dim},
+      {"intermediate_size", c.ffn_dim},
+      {"num_hidden_layers", c.n_layers},
+      {"num_attention_heads", c.n_heads},
+      {"num_key_value_heads", c.n_kv_heads},
+      {"head_dim", c.head_dim},
+      {"vocab_size", c.vocab},
+      {"rms_norm_eps", short_double(c.rms_eps)},
+      {"rope_theta", short_double(c.rope_theta)},
+      {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", short_double(c.rope_theta)}}},
+      {"max_position_embeddings", c.context_length > 0 ? c.context_length : 2048},
+      {"tie_word_embeddings", m.output.rows == 0},
+      {"hidden_act", "silu"},
+      {"torch_dtype", "float32"},
+  };
+  if (!qwen) j["attention_bias"] = c.qkv_bias;
+  if (m.gguf) {  // special token ids, so generation stops where the source model's does
+    int64_t bos = m.gguf->get_int("tokenizer.ggml.bos_token_id", -1);
+    int64_t eos = m.gguf->get_int("tokenizer.ggml.eos_token_id", -1);
+    if (bos >= 0) j["bos_token_id"] = bos;
+    if (eos >= 0) j["eos_token_id"] = eos;
+  }
+  w.write(dir + "/model.safetensors");
+  write_file_atomic(dir + "/config.json", j.dump(2) + "\n");
+  // An HF source's tokenizer travels with the merged model.
+  if (!m.hf_dir.empty() && m.hf_dir != dir) {
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                          "generation_config.json", "tokenizer.model"}) {
+      std::ifstream in(m.hf_dir + "/" + f, std::ios::binary);
+      if (!in) continue;
+      std::stringstream ss;
+      ss << in.rdbuf();
+      write_file_atomic(dir + "/" + f, ss.str());
+    }
+  }
+}
+
+// Copies one metadata value from the source GGUF (nested arrays are not kept by the reader and
+// are skipped; no tokenizer key uses them).
+void copy_kv(GgufWriter& w, const std::string& k, const GgufValue& v) {
+  switch (v.type) {
+    case GgufType::U8:
+      w.add_u8(k, static_cast<uint8_t>(v.u));
+      break;
+    case GgufType::I8:
+      w.add_i8(k, static_cast<int8_t>(v.i));
+      break;
+    case GgufType::U16:
+      w.add_u16(k, static_cast<uint16_t>(v.u));
+      break;
+    case GgufType::I16:
+      w.add_i16(k, static_cast<int16_t>(v.i));
+      break;
+    case GgufType::U32:
+      w.add_u32(k, static_cast<uint32_t>(v.u));
+      break;
+    case GgufType::I32:
+      w.add_i32(k, static_cast<int32_t>(v.i));
+      break;
+    case GgufType::U64:
+      w.add_u64(k, v.u);
+      break;
+    case GgufType::I64:
+      w.add_i64(k, v.i);
+      break;
+    case GgufType::F32:
+      w.add_f32(k, static_cast<float>(v.f));
+      break;
+    case GgufType::F64:
+      w.add_f64(k, v.f);
+      break;
+    case GgufType::BOOL:
+      w.add_bool(k, v.u != 0);
+      break;
+    case GgufType::STRING:
+      w.add_string(k, v.str);
+      break;
+    case GgufType::ARRAY:
+      if (v.elem_type == GgufType::STRING) {
+        std::vector<std::string> s(v.strings.begin(), v.strings.end());
+        w.add_string_array(k, s);
+      } else if (v.elem_type != GgufType::ARRAY && v.array_data) {
+        w.add_array(k, v.elem_type, v.array_data, v.count);
+      } else if (v.elem_type != GgufType::ARRAY && v.count == 0) {
+        w.add_array(k, v.elem_type, nullptr, 0);
+      }
+      break;
+  }
+}
+
+void export_gguf(const Model& m, const LoraAdapter* lora, const std::string& path, bool bf16) {
+  const ModelConfig& c = m.cfg;
+  const GgmlType store = bf16 ? GgmlType::BF16 : GgmlType::F16;
+  GgufWriter w;
+  const std::string a = c.arch + ".";
+  w.add_string("general.architecture", c.arch);
+  w.add_string("general.name", "qlft merged model");
+  w.add_u32("general.file_type", bf16 ? 32u : 1u);  // llama_ftype MOSTLY_BF16 / MOSTLY_F16
+  w.add_u32(a + "context_length",
+            static_cast<uint32_t>(c.context_length > 0 ? c.context_length : 2048));
+  w.add_u32(a + "embedding_length", static_cast<uint32_t>(c.dim));
+  w.add_u32(a + "block_count", static_cast<uint32_t>(c.n_layers));
+  w.add_u32(a + "feed_forward_length", static_cast<uint32_t>(c.ffn_dim));
+  w.add_u32(a + "attention.head_count", static_cast<uint32_t>(c.n_heads));
+  w.add_u32(a + "attention.head_count_kv", static_cast<uint32_t>(c.n_kv_heads));
+  w.add_f32(a + "attention.layer_norm_rms_epsilon", c.rms_eps);
+  w.add_f32(a + "rope.freq_base", c.rope_theta);
+  w.add_u32(a + "rope.dimension_count", static_cast<uint32_t>(c.head_dim));
+  if (c.head_dim * c.n_heads != c.dim) {
+    w.add_u32(a + "attention.key_length", static_cast<uint32_t>(c.head_dim));
+    w.add_u32(a + "attention.value_length", static_cast<uint32_t>(c.head_dim));
+  }
+  w.add_u32(a + "vocab_size", static_cast<uint32_t>(c.vocab));
+  if (m.gguf)
+    for (const auto& kv : m.gguf->metadata())
+      if (kv.first.rfind("tokenizer.", 0) == 0) copy_kv(w, kv.first, kv.second);
+
+  // llama.cpp's llama/mistral tensors keep q/k rows in adjacent pairs; qwen2 in rotate-half.
+  const bool adjacent = c.arch != "qwen2";
+  auto mat = [&](const std::string& name, const std::vector<float>& v, int64_t rows, int64_t cols) {
+    w.add_tensor_f32(name, {cols, rows}, v.data(), store);
+  };
+  auto vec = [&](const std::string& name, const std::vector<float>& v) {
+    w.add_tensor_f32(name, {static_cast<int64_t>(v.size())}, v.data(), GgmlType::F32);
+  };
+  mat("token_embd.weight", dequant(m.tok_embd), m.tok_embd.rows, m.tok_embd.cols);
+  vec("output_norm.weight", copy_f32(m.output_norm));
+  if (m.output.rows) mat("output.weight", dequant(m.output), m.output.rows, m.output.cols);
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& L = m.layers[l];
+    const std::string b = "blk." + std::to_string(l) + ".";
+    vec(b + "attn_norm.weight", copy_f32(L.attn_norm));
+    vec(b + "ffn_norm.weight", copy_f32(L.ffn_norm));
+    for (int pi = 0; pi < kProjCount; ++pi) {
+      Proj p = static_cast<Proj>(pi);
+      const QWeight& q = L.proj[pi];
+      std::vector<float> t = merged_weight(m, lora, l, p);
+      to_order(c, p, t, q.cols, adjacent);
+      mat(b + proj_gguf_name(p) + ".weight", t, q.rows, q.cols);
+      if (pi < 3 && !L.bias[pi].empty()) {
+        t = copy_f32(L.bias[pi]);
+        to_order(c, p, t, 1, adjacent);
+        vec(b + proj_gguf_name(p) + ".bias", t);
+      }
+    }
+  }
+  w.write(path);
+}
+
+}  // namespace
+
+std::vector<float> merged_weight(const Model& m, const LoraAdapter* lora, int layer, Proj p) {
+  QLFT_CHECK_ARG(layer >= 0 && layer < m.cfg.n_layers, "merged_weight: layer %d out of range",
+                 layer);
+  const QWeight& q = m.layers[layer].proj[static_cast<int>(p)];
+  std::vector<float> w = dequant(q);
+  if (!lora || !lora->targets(p)) return w;
+  const LoraSlot& s = lora->slot(layer, p);
+  QLFT_CHECK_ARG(s.in == q.cols && s.out == q.rows,
+                 "merged_weight: adapter %s of layer %d is [%d, %d] but the model weight is "
+                 "[%lld, %lld]",
+                 proj_peft_name(p), layer, s.out, s.in, static_cast<long long>(q.rows),
+                 static_cast<long long>(q.cols));
+  // B's rows are in the model's row order already (LoraAdapter keeps the source convention).
+  const int r = lora->config().r;
+  const float scale = lora->config().scale();
+  const float* A = s.A.as<float>();
+  const float* B = s.B.as<float>();
+  std::vector<float> row(static_cast<size_t>(s.in));
+  for (int o = 0; o < s.out; ++o) {
+    std::fill(row.begin(), row.end(), 0.f);
+    for (int k = 0; k < r; ++k) {
+      const float b = B[static_cast<size_t>(o) * r + k];
+      const float* a = A + static_cast<size_t>(k) * s.in;
+      for (int i = 0; i < s.in; ++i) row[i] += b * a[i];
+    }
+    float* wr = w.data() + static_cast<size_t>(o) * s.in;
+    for (int i = 0; i < s.in; ++i) wr[i] += scale * row[i];
+  }
+  return w;
+}
+
+void export_merged(const Model& model, const LoraAdapter* lora, const std::string& path,
+                   const std::string& format) {
+  QLFT_CHECK_ARG(!path.empty(), "export_merged: empty path");
+  if (lora)
+    QLFT_CHECK_ARG(lora->n_layers() == model.cfg.n_layers,
+                   "export_merged: the adapter has %d layers but the model %d", lora->n_layers(),
+                   model.cfg.n_layers);
+  if (format == "safetensors")
+    export_safetensors(model, lora, path);
+  else if (format == "gguf-f16" || format == "gguf-bf16")
+    export_gguf(model, lora, path, format == "gguf-bf16");
+  else
+    throw_error(QLFT_ERR_INVALID_ARGUMENT,
+                "export_merged: format must be safetensors, gguf-f16 or gguf-bf16, got '%s'",
+                format.c_str());
+}
+
+}  // namespace qlft
