@@ -67,7 +67,10 @@ void Generator::attend(int layer, int n) {
   const float* V = vcache_[layer].as<float>();
   const float scale = 1.f / std::sqrt(static_cast<float>(hd));
   const int total = len_ + n;
-#pragma omp parallel for schedule(static) collapse(2)
+  // Threads only when there is enough work: a parallel region costs more than one token's
+  // attention on a small model.
+  const bool par = static_cast<int64_t>(n) * c.n_heads * total * hd >= (1 << 16);
+#pragma omp parallel for schedule(static) collapse(2) if (par)
   for (int i = 0; i < n; ++i)
     for (int h = 0; h < c.n_heads; ++h) {
       std::vector<float> s(total);
