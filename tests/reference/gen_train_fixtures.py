@@ -205,7 +205,7 @@ def check_gguf(path, peft_sd, expect_alpha, r_expected):
         elif not t.name.endswith("_norm.weight"):
             errs.append(f"tensor {t.name} has an unexpected suffix")
     nh, nkv = STORIES_CFG["num_attention_heads"], STORIES_CFG["num_key_value_heads"]
-    max_err = 0.0
+    max_err, control = 0.0, float("inf")
     expected = set()
     for i in range(STORIES_CFG["num_hidden_layers"]):
         for p in gm.PROJS:
@@ -255,10 +255,17 @@ def check_gguf(path, peft_sd, expect_alpha, r_expected):
             ref = gm.permute_hf_to_gguf(ref, nkv)
         err = float(np.abs(ours - ref).max() / np.abs(ref).max())
         max_err = max(max_err, err)
+        if hf in ("q_proj", "k_proj"):
+            # Control: the same comparison fails when B's rows are taken in HF order as stored,
+            # so the check above does see the row order.
+            wrong = W + scale * (Bh @ Ah)
+            control = min(control, float(np.abs(wrong - ref).max() / np.abs(ref).max()))
     if max_err > 1e-6:
         errs.append(f"merged weight in GGUF order differs from the permuted HF merge ({max_err})")
+    if not control > 1e-3:
+        errs.append(f"the unpermuted control is not detected ({control})")
     return {"ok": not errs, "errors": errs, "alpha": alpha, "pairs": len(pairs),
-            "max_merge_rel_err": max_err}
+            "max_merge_rel_err": max_err, "min_control_rel_err_unpermuted_qk": control}
 
 
 def main():
