@@ -352,12 +352,14 @@ void Tokenizer::encode_word(std::string_view word, std::vector<int32_t>& out) co
 }
 
 void Tokenizer::push_bytes(std::string_view s, std::vector<int32_t>& out) const {
-  for (char c : s) {
-    int32_t id = byte_ids_[static_cast<uint8_t>(c)];
-    if (id >= 0)
-      out.push_back(id);
-    else if (unk_ >= 0 && (!fuse_unk_ || out.empty() || out.back() != unk_))
-      out.push_back(unk_);
+  // A symbol with no token: its byte tokens, or (when the vocabulary lacks one of them) a single
+  // unknown token for the whole symbol; nothing if there is no unknown token either.
+  bool all = true;
+  for (char c : s) all = all && byte_ids_[static_cast<uint8_t>(c)] >= 0;
+  if (all) {
+    for (char c : s) out.push_back(byte_ids_[static_cast<uint8_t>(c)]);
+  } else if (unk_ >= 0 && (!fuse_unk_ || out.empty() || out.back() != unk_)) {
+    out.push_back(unk_);
   }
 }
 

@@ -5,6 +5,7 @@
 #include "formats/gguf.h"
 #include "tokenizer/regex_split.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/utf8.h"
 
 namespace qlft {
 
@@ -93,6 +94,9 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& g) {
     // SentencePiece: space prefix "▁", merges by score, <0xNN> byte fallback.
     t->algo_ = Algo::SpmScores;
     t->byte_fallback_ = true;
+    if (!yv)  // no types in the file: <0xNN> tokens are still byte tokens
+      for (Token& tk : t->tokens_)
+        if (tok::parse_byte_token(tk.text) >= 0) tk.type = TokenType::Byte;
     t->space_char_ = "\xe2\x96\x81";
     t->decode_space_ = t->space_char_;
     bool add_space = g.get_bool("tokenizer.ggml.add_space_prefix", true);

@@ -469,6 +469,13 @@ TEST(TokenizerMalformed, TinyGgufVocabsWork) {
   }));
   EXPECT_EQ(spm->encode("abz", false, false, false), (std::vector<int32_t>{6, 5, 0}));
   EXPECT_EQ(spm->eos_id(), 2);
+  // Without tokenizer.ggml.token_type, <0xNN> tokens still decode to their byte.
+  auto untyped = Tokenizer::from_gguf_file(write_vocab([](GgufWriter& w) {
+    w.add_string("tokenizer.ggml.model", "llama");
+    w.add_string_array("tokenizer.ggml.tokens", {"<unk>", "<s>", "</s>", "<0x7A>", "a"});
+  }));
+  EXPECT_EQ(untyped->encode("az", false, false, false), (std::vector<int32_t>{0, 4, 3}));
+  EXPECT_EQ(untyped->token_to_piece(3), "z");
   auto bpe = Tokenizer::from_gguf_file(write_vocab([](GgufWriter& w) {
     w.add_string("tokenizer.ggml.model", "gpt2");
     w.add_string("tokenizer.ggml.pre", "qwen2");
