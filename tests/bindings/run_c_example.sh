@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Runs examples/c/finetune (4 fp32 steps, one thread) into $QLFT_BINDINGS_OUT/c; the adapter
+# written there is the reference for the Rust and Go fine-tunes.
+set -euo pipefail
+exe=$1
+shared=${QLFT_SHARED_DIR:?}
+model=$shared/models/stories260K.gguf
+data=$shared/data/tinyshakespeare.txt
+if [[ ! -f $model || ! -f $data ]]; then
+  echo "SKIP: $model or $data is absent"
+  exit 77
+fi
+out=${QLFT_BINDINGS_OUT:?}/c
+rm -rf "$out"
+mkdir -p "$(dirname "$out")"
+"$exe" "$model" "$data" "$out" 4 1
+test -s "$out/adapter_model.safetensors"
+test -s "$out/adapter_config.json"
+# A bad model path must fail with the status name and the path in the message.
+if "$exe" /nonexistent/model.gguf "$data" "$out.bad" 1 1 2> "$out.err"; then
+  echo "FAIL: a missing model file succeeded"; exit 1
+fi
+grep -q "QLFT_ERR_IO" "$out.err" && grep -q "/nonexistent/model.gguf" "$out.err" || {
+  echo "FAIL: unexpected error text:"; cat "$out.err"; exit 1; }
+echo "OK"
