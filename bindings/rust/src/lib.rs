@@ -1,0 +1,692 @@
+//! Safe Rust bindings to qlft, an embedded QLoRA fine-tuning runtime.
+//!
+//! The C ABI (`include/qlft.h`, mirrored in [`ffi`]) is wrapped in owning types that free their
+//! handle on `Drop`, borrow what they must not outlive, and turn every status into
+//! `Result<T, Error>` with the C code and the thread-local `qlft_last_error()` message (read on
+//! the calling thread right after the failing call, before anything else can overwrite it).
+//!
+//! # Threads
+//! The header promises: distinct handles may be used from different threads at once; one handle
+//! from one thread at a time; a model may be shared read-only by several trainers; and
+//! `qlft_trainer_cancel` is safe from any thread. Hence:
+//! - [`Config`], [`Runtime`], [`Dataset`], [`Trainer`] are `Send` (a handle may move to another
+//!   thread) but not `Sync` (no two threads may use one handle at once).
+//! - [`Model`] is `Send + Sync`: its `&self` methods are the header's read-only (`const`) uses,
+//!   and several trainers on several threads may share it. Loading a model needs `&mut Runtime`.
+//! - [`Canceller`] is `Send + Sync + Clone` and outlives nothing: it stops a running `train` from
+//!   any thread, and does nothing once its trainer is dropped.
+//!
+//! Lifetimes encode "must not outlive": `Model<'r>` borrows its runtime, `Dataset<'m>` its model,
+//! and `Trainer<'m>` its model (shared) and its training dataset (exclusively).
+pub mod ffi;
+
+use std::any::Any;
+use std::ffi::{CStr, CString};
+use std::fmt;
+use std::marker::PhantomData;
+use std::os::raw::{c_char, c_void};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::Path;
+use std::ptr;
+use std::sync::{Arc, Mutex};
+
+/// The kind of a failure: one per `QLFT_ERR_*` code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    InvalidArgument,
+    Io,
+    Format,
+    Unsupported,
+    OutOfMemory,
+    Numerical,
+    Cancelled,
+    Backend,
+    Distributed,
+    Internal,
+    Unknown,
+}
+
+/// A failed qlft call: the C status code and the library's message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Error {
+    code: i32,
+    message: String,
+}
+
+impl Error {
+    /// Builds an error from a code and message (used for failures detected on the Rust side).
+    pub fn new(code: i32, message: impl Into<String>) -> Error {
+        Error { code, message: message.into() }
+    }
+    /// Reads `qlft_last_error()` on this thread for a failed status.
+    fn last(code: i32) -> Error {
+        // SAFETY: qlft_last_error returns a valid NUL-terminated thread-local string.
+        let message = unsafe { cstr(ffi::qlft_last_error()) };
+        Error { code, message }
+    }
+    /// The C status code (`QLFT_ERR_*`).
+    pub fn code(&self) -> i32 {
+        self.code
+    }
+    /// The library's detail message.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+    /// The status name, e.g. "QLFT_ERR_IO".
+    pub fn code_name(&self) -> &'static str {
+        status_string(self.code)
+    }
+    pub fn kind(&self) -> ErrorKind {
+        match self.code {
+            ffi::QLFT_ERR_INVALID_ARGUMENT => ErrorKind::InvalidArgument,
+            ffi::QLFT_ERR_IO => ErrorKind::Io,
+            ffi::QLFT_ERR_FORMAT => ErrorKind::Format,
+            ffi::QLFT_ERR_UNSUPPORTED => ErrorKind::Unsupported,
+            ffi::QLFT_ERR_OUT_OF_MEMORY => ErrorKind::OutOfMemory,
+            ffi::QLFT_ERR_NUMERICAL => ErrorKind::Numerical,
+            ffi::QLFT_ERR_CANCELLED => ErrorKind::Cancelled,
+            ffi::QLFT_ERR_BACKEND => ErrorKind::Backend,
+            ffi::QLFT_ERR_DISTRIBUTED => ErrorKind::Distributed,
+            ffi::QLFT_ERR_INTERNAL => ErrorKind::Internal,
+            _ => ErrorKind::Unknown,
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.code_name(), self.message)
+    }
+}
+
+impl std::error::Error for Error {}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+fn check(status: i32) -> Result<()> {
+    if status == ffi::QLFT_OK {
+        Ok(())
+    } else {
+        Err(Error::last(status))
+    }
+}
+
+unsafe fn cstr(p: *const c_char) -> String {
+    if p.is_null() {
+        String::new()
+    } else {
+        CStr::from_ptr(p).to_string_lossy().into_owned()
+    }
+}
+
+fn c_string(s: &str) -> Result<CString> {
+    CString::new(s).map_err(|_| {
+        Error::new(ffi::QLFT_ERR_INVALID_ARGUMENT, format!("string contains a NUL byte: {s:?}"))
+    })
+}
+
+fn c_path(p: &Path) -> Result<CString> {
+    use std::os::unix::ffi::OsStrExt;
+    CString::new(p.as_os_str().as_bytes()).map_err(|_| {
+        Error::new(ffi::QLFT_ERR_INVALID_ARGUMENT, format!("path contains a NUL byte: {p:?}"))
+    })
+}
+
+fn panic_text(p: &(dyn Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic".to_string()
+    }
+}
+
+/// The linked library's version number (major*10000 + minor*100 + patch).
+pub fn version_number() -> u32 {
+    unsafe { ffi::qlft_version_number() }
+}
+pub fn version_string() -> String {
+    unsafe { cstr(ffi::qlft_version_string()) }
+}
+pub fn build_info() -> String {
+    unsafe { cstr(ffi::qlft_build_info()) }
+}
+/// "QLFT_ERR_FORMAT" for a code.
+pub fn status_string(code: i32) -> &'static str {
+    // SAFETY: the library returns static strings.
+    unsafe { CStr::from_ptr(ffi::qlft_status_string(code)).to_str().unwrap_or("QLFT_ERR_UNKNOWN") }
+}
+
+// ---- logging ------------------------------------------------------------------------------
+
+type LogFn = Box<dyn Fn(i32, &str) + Send + Sync>;
+static LOGGER: Mutex<Option<LogFn>> = Mutex::new(None);
+
+unsafe extern "C" fn log_trampoline(level: i32, message: *const c_char, _: *mut c_void) {
+    let text = cstr(message);
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        if let Ok(guard) = LOGGER.lock() {
+            if let Some(f) = guard.as_ref() {
+                f(level, &text);
+            }
+        }
+    }));
+}
+
+/// Sets the process-wide log callback (`level` is `ffi::QLFT_LOG_*`); `None` restores the
+/// default stderr logger. The closure may run on any thread; a panic in it is swallowed.
+pub fn set_log_callback(f: Option<LogFn>, max_level: i32) {
+    let install = f.is_some();
+    *LOGGER.lock().unwrap_or_else(|e| e.into_inner()) = f;
+    unsafe {
+        if install {
+            ffi::qlft_set_log_callback(Some(log_trampoline), ptr::null_mut(), max_level);
+        } else {
+            ffi::qlft_set_log_callback(None, ptr::null_mut(), max_level);
+        }
+    }
+}
+
+// ---- settings -----------------------------------------------------------------------------
+
+/// Settings as validated string key/value pairs (keys in docs/CONFIG.md).
+pub struct Config {
+    raw: *mut ffi::qlft_config,
+}
+unsafe impl Send for Config {}
+
+impl Config {
+    pub fn new() -> Result<Config> {
+        let mut raw = ptr::null_mut();
+        check(unsafe { ffi::qlft_config_create(&mut raw) })?;
+        Ok(Config { raw })
+    }
+    /// A config with each pair set in order; the first invalid pair is the error.
+    pub fn from_pairs(pairs: &[(&str, &str)]) -> Result<Config> {
+        let mut c = Config::new()?;
+        for (k, v) in pairs {
+            c.set(k, v)?;
+        }
+        Ok(c)
+    }
+    /// Sets one key (builder style: `cfg.set("lora.r", "8")?.set(...)?`).
+    pub fn set(&mut self, key: &str, value: &str) -> Result<&mut Config> {
+        let (k, v) = (c_string(key)?, c_string(value)?);
+        check(unsafe { ffi::qlft_config_set(self.raw, k.as_ptr(), v.as_ptr()) })?;
+        Ok(self)
+    }
+    /// The value of a key, or its default when unset.
+    pub fn get(&self, key: &str) -> Result<String> {
+        let k = c_string(key)?;
+        let mut needed = 0usize;
+        let st = unsafe { ffi::qlft_config_get(self.raw, k.as_ptr(), ptr::null_mut(), 0, &mut needed) };
+        if st != ffi::QLFT_OK && needed == 0 {
+            return Err(Error::last(st));
+        }
+        let mut buf = vec![0u8; needed.max(1)];
+        check(unsafe {
+            ffi::qlft_config_get(self.raw, k.as_ptr(), buf.as_mut_ptr().cast(), buf.len(), &mut needed)
+        })?;
+        Ok(unsafe { cstr(buf.as_ptr().cast()) })
+    }
+    /// Applies a YAML run file (all or nothing).
+    pub fn load_file(&mut self, path: impl AsRef<Path>) -> Result<()> {
+        let p = c_path(path.as_ref())?;
+        check(unsafe { ffi::qlft_config_load_file(self.raw, p.as_ptr()) })
+    }
+    pub(crate) fn as_ptr(&self) -> *const ffi::qlft_config {
+        self.raw
+    }
+}
+
+impl Drop for Config {
+    fn drop(&mut self) {
+        unsafe { ffi::qlft_config_free(self.raw) }
+    }
+}
+
+/// One entry of the settings table.
+#[derive(Clone, Debug)]
+pub struct ConfigKey {
+    pub name: String,
+    pub type_: String,
+    pub default_value: String,
+    pub allowed: String,
+    pub doc: String,
+}
+
+/// All known settings keys.
+pub fn config_keys() -> Result<Vec<ConfigKey>> {
+    let n = unsafe { ffi::qlft_config_key_count() };
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut k = ffi::qlft_config_key {
+            struct_size: std::mem::size_of::<ffi::qlft_config_key>() as u32,
+            name: ptr::null(),
+            type_: ptr::null(),
+            default_value: ptr::null(),
+            allowed: ptr::null(),
+            doc: ptr::null(),
+        };
+        check(unsafe { ffi::qlft_config_key_at(i, &mut k) })?;
+        unsafe {
+            out.push(ConfigKey {
+                name: cstr(k.name),
+                type_: cstr(k.type_),
+                default_value: cstr(k.default_value),
+                allowed: cstr(k.allowed),
+                doc: cstr(k.doc),
+            });
+        }
+    }
+    Ok(out)
+}
+
+fn opt_cfg(c: Option<&Config>) -> *const ffi::qlft_config {
+    c.map_or(ptr::null(), |c| c.as_ptr())
+}
+
+// ---- runtime ------------------------------------------------------------------------------
+
+pub type MemoryReport = ffi::qlft_memory_report;
+pub type ModelDetails = ffi::qlft_model_details;
+pub type DatasetStats = ffi::qlft_dataset_stats;
+pub type StepStats = ffi::qlft_step_stats;
+pub type EvalResult = ffi::qlft_eval_result;
+
+fn new_memory_report() -> MemoryReport {
+    MemoryReport { struct_size: std::mem::size_of::<MemoryReport>() as u32, ..Default::default() }
+}
+
+/// Backend, threads and the memory budget (`backend`, `threads`, `memory.limit`).
+pub struct Runtime {
+    raw: *mut ffi::qlft_runtime,
+}
+unsafe impl Send for Runtime {}
+
+impl Runtime {
+    pub fn new(config: Option<&Config>) -> Result<Runtime> {
+        let mut raw = ptr::null_mut();
+        check(unsafe { ffi::qlft_runtime_create(opt_cfg(config), &mut raw) })?;
+        Ok(Runtime { raw })
+    }
+    pub fn memory_report(&self) -> Result<MemoryReport> {
+        let mut r = new_memory_report();
+        check(unsafe { ffi::qlft_runtime_memory_report(self.raw, &mut r) })?;
+        Ok(r)
+    }
+    /// Loads a model (.gguf, .safetensors or a Hugging Face directory); it borrows the runtime.
+    pub fn load_model(&mut self, path: impl AsRef<Path>, config: Option<&Config>) -> Result<Model<'_>> {
+        let p = c_path(path.as_ref())?;
+        let mut raw = ptr::null_mut();
+        check(unsafe { ffi::qlft_model_load(self.raw, p.as_ptr(), opt_cfg(config), &mut raw) })?;
+        Ok(Model { raw, _rt: PhantomData })
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        unsafe { ffi::qlft_runtime_free(self.raw) }
+    }
+}
+
+/// "weights", "adapter", ... for `ffi::QLFT_MEM_*`.
+pub fn memory_category_name(category: i32) -> String {
+    unsafe { cstr(ffi::qlft_memory_category_name(category)) }
+}
+
+// ---- model --------------------------------------------------------------------------------
+
+/// A loaded base model. Read-only after loading, so it is shared by reference.
+pub struct Model<'r> {
+    raw: *mut ffi::qlft_model,
+    // Ties the model to its runtime without borrowing it for Sync purposes: the ABI lets
+    // distinct handles run on different threads.
+    _rt: PhantomData<&'r mut ()>,
+}
+unsafe impl Send for Model<'_> {}
+unsafe impl Sync for Model<'_> {}
+
+fn fixed_str(a: &[c_char]) -> String {
+    let bytes: Vec<u8> = a.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+impl ModelDetails {
+    pub fn architecture(&self) -> String {
+        fixed_str(&self.architecture)
+    }
+    pub fn quant_type(&self) -> String {
+        fixed_str(&self.quant_type)
+    }
+    pub fn source_format(&self) -> String {
+        fixed_str(&self.source_format)
+    }
+}
+
+impl<'r> Model<'r> {
+    pub fn info(&self) -> Result<ModelDetails> {
+        // SAFETY: all-zero is a valid qlft_model_details.
+        let mut d: ModelDetails = unsafe { std::mem::zeroed() };
+        d.struct_size = std::mem::size_of::<ModelDetails>() as u32;
+        check(unsafe { ffi::qlft_model_info(self.raw, &mut d) })?;
+        Ok(d)
+    }
+    pub fn tokenize(&self, text: &str, add_bos: bool, parse_special: bool) -> Result<Vec<i32>> {
+        let mut n = 0usize;
+        let call = |ids: *mut i32, cap: usize, n: &mut usize| unsafe {
+            ffi::qlft_tokenize(self.raw, text.as_ptr().cast(), text.len(), add_bos as i32,
+                               parse_special as i32, ids, cap, n)
+        };
+        let st = call(ptr::null_mut(), 0, &mut n);
+        if st != ffi::QLFT_OK && n == 0 {
+            return Err(Error::last(st));
+        }
+        let mut ids = vec![0i32; n];
+        check(call(ids.as_mut_ptr(), ids.len(), &mut n))?;
+        ids.truncate(n);
+        Ok(ids)
+    }
+    pub fn detokenize(&self, ids: &[i32]) -> Result<String> {
+        let mut needed = 0usize;
+        let st = unsafe {
+            ffi::qlft_detokenize(self.raw, ids.as_ptr(), ids.len(), ptr::null_mut(), 0, &mut needed)
+        };
+        if st != ffi::QLFT_OK && needed == 0 {
+            return Err(Error::last(st));
+        }
+        let mut buf = vec![0u8; needed.max(1)];
+        check(unsafe {
+            ffi::qlft_detokenize(self.raw, ids.as_ptr(), ids.len(), buf.as_mut_ptr().cast(), buf.len(),
+                                 &mut needed)
+        })?;
+        Ok(unsafe { cstr(buf.as_ptr().cast()) })
+    }
+    /// Reads and tokenizes a .txt/.json/.jsonl file with the data.* settings.
+    pub fn load_dataset(&self, path: impl AsRef<Path>, config: Option<&Config>) -> Result<Dataset<'_>> {
+        let p = c_path(path.as_ref())?;
+        let mut raw = ptr::null_mut();
+        check(unsafe { ffi::qlft_dataset_load(self.raw, p.as_ptr(), opt_cfg(config), &mut raw) })?;
+        Ok(Dataset { raw, _m: PhantomData })
+    }
+    /// Creates a trainer (LoRA adapters + optimizer). `train_data` may be None for a trainer
+    /// that only evaluates, loads adapters or generates.
+    pub fn trainer<'t>(&'t self, train_data: Option<&'t mut Dataset<'_>>, config: Option<&Config>)
+        -> Result<Trainer<'t>> {
+        let d = train_data.map_or(ptr::null_mut(), |d| d.raw);
+        let mut raw = ptr::null_mut();
+        check(unsafe { ffi::qlft_trainer_create(self.raw, d, opt_cfg(config), &mut raw) })?;
+        Ok(Trainer { raw, shared: Arc::new(Mutex::new(SendPtr(raw))), _m: PhantomData })
+    }
+    /// Generates from `prompt` (generate.* settings), with `trainer`'s adapter if given.
+    /// `on_text` receives complete UTF-8 pieces and returns false to stop.
+    pub fn generate<F: FnMut(&str) -> bool>(&self, trainer: Option<&Trainer<'_>>, prompt: &str,
+                                            config: Option<&Config>, mut on_text: F) -> Result<()> {
+        struct Ctx<'a> {
+            f: &'a mut dyn FnMut(&str) -> bool,
+            panic: Option<String>,
+        }
+        unsafe extern "C" fn tramp(text: *const c_char, user: *mut c_void) -> i32 {
+            let ctx = &mut *(user as *mut Ctx<'_>);
+            let s = cstr(text);
+            match catch_unwind(AssertUnwindSafe(|| (ctx.f)(&s))) {
+                Ok(true) => 0,
+                Ok(false) => 1,
+                Err(p) => {
+                    ctx.panic = Some(panic_text(&*p));
+                    1
+                }
+            }
+        }
+        let pr = c_string(prompt)?;
+        let mut ctx = Ctx { f: &mut on_text, panic: None };
+        let st = unsafe {
+            ffi::qlft_generate(self.raw, trainer.map_or(ptr::null(), |t| t.raw), pr.as_ptr(),
+                               opt_cfg(config), Some(tramp), (&mut ctx as *mut Ctx<'_>).cast())
+        };
+        let r = check(st);
+        if let Some(msg) = ctx.panic {
+            return Err(Error::new(ffi::QLFT_ERR_CANCELLED, format!("text callback panicked: {msg}")));
+        }
+        r
+    }
+}
+
+impl Drop for Model<'_> {
+    fn drop(&mut self) {
+        unsafe { ffi::qlft_model_free(self.raw) }
+    }
+}
+
+// ---- dataset ------------------------------------------------------------------------------
+
+/// A tokenized dataset (train split and optional held-out split).
+pub struct Dataset<'m> {
+    raw: *mut ffi::qlft_dataset,
+    _m: PhantomData<&'m ()>,
+}
+unsafe impl Send for Dataset<'_> {}
+
+impl Dataset<'_> {
+    pub fn stats(&self) -> Result<DatasetStats> {
+        let mut s = DatasetStats { struct_size: std::mem::size_of::<DatasetStats>() as u32, ..Default::default() };
+        check(unsafe { ffi::qlft_dataset_get_stats(self.raw, &mut s) })?;
+        Ok(s)
+    }
+}
+
+impl Drop for Dataset<'_> {
+    fn drop(&mut self) {
+        unsafe { ffi::qlft_dataset_free(self.raw) }
+    }
+}
+
+// ---- trainer ------------------------------------------------------------------------------
+
+struct SendPtr(*mut ffi::qlft_trainer);
+// SAFETY: only used for qlft_trainer_cancel, which the ABI makes safe from any thread; the
+// mutex orders it against the trainer's free.
+unsafe impl Send for SendPtr {}
+
+/// A LoRA trainer on a borrowed model (and exclusively borrowed training data).
+pub struct Trainer<'m> {
+    raw: *mut ffi::qlft_trainer,
+    shared: Arc<Mutex<SendPtr>>,
+    // Shares the model and holds the training dataset exclusively for 'm.
+    _m: PhantomData<&'m mut ()>,
+}
+unsafe impl Send for Trainer<'_> {}
+
+/// Stops a running [`Trainer::train`] from any thread (after the current step). Valid after
+/// the trainer is gone, where it does nothing.
+#[derive(Clone)]
+pub struct Canceller {
+    shared: Arc<Mutex<SendPtr>>,
+}
+
+impl Canceller {
+    pub fn cancel(&self) {
+        let g = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+        if !g.0.is_null() {
+            unsafe { ffi::qlft_trainer_cancel(g.0) }
+        }
+    }
+}
+
+fn new_step_stats() -> StepStats {
+    StepStats { struct_size: std::mem::size_of::<StepStats>() as u32, ..Default::default() }
+}
+
+impl<'m> Trainer<'m> {
+    /// One optimizer step.
+    pub fn step(&mut self) -> Result<StepStats> {
+        let mut s = new_step_stats();
+        check(unsafe { ffi::qlft_trainer_step(self.raw, &mut s) })?;
+        Ok(s)
+    }
+    /// Trains to train.max_steps / train.epochs. `progress` runs after every step and returns
+    /// false to stop (then the result is an `ErrorKind::Cancelled` error). A panic in `progress`
+    /// is caught at the C boundary, cancels training, and comes back as a Cancelled error whose
+    /// message holds the panic text.
+    pub fn train<F: FnMut(&StepStats) -> bool>(&mut self, mut progress: F) -> Result<()> {
+        struct Ctx<'a> {
+            f: &'a mut dyn FnMut(&StepStats) -> bool,
+            panic: Option<String>,
+        }
+        unsafe extern "C" fn tramp(stats: *const ffi::qlft_step_stats, user: *mut c_void) -> i32 {
+            let ctx = &mut *(user as *mut Ctx<'_>);
+            let s = &*stats;
+            match catch_unwind(AssertUnwindSafe(|| (ctx.f)(s))) {
+                Ok(true) => 0,
+                Ok(false) => 1,
+                Err(p) => {
+                    ctx.panic = Some(panic_text(&*p));
+                    1
+                }
+            }
+        }
+        let mut ctx = Ctx { f: &mut progress, panic: None };
+        let st = unsafe { ffi::qlft_trainer_train(self.raw, Some(tramp), (&mut ctx as *mut Ctx<'_>).cast()) };
+        let r = check(st);
+        if let Some(msg) = ctx.panic {
+            return Err(Error::new(ffi::QLFT_ERR_CANCELLED, format!("progress callback panicked: {msg}")));
+        }
+        r
+    }
+    /// A handle that cancels a running `train` from another thread.
+    pub fn canceller(&self) -> Canceller {
+        Canceller { shared: self.shared.clone() }
+    }
+    /// Evaluates on `data`, or on the training data's held-out split when None.
+    pub fn evaluate(&mut self, data: Option<&mut Dataset<'_>>) -> Result<EvalResult> {
+        let mut r = EvalResult { struct_size: std::mem::size_of::<EvalResult>() as u32, ..Default::default() };
+        let d = data.map_or(ptr::null_mut(), |d| d.raw);
+        check(unsafe { ffi::qlft_trainer_evaluate(self.raw, d, &mut r) })?;
+        Ok(r)
+    }
+    /// format: "peft" (directory) or "gguf" (file).
+    pub fn save_adapter(&mut self, path: impl AsRef<Path>, format: &str) -> Result<()> {
+        let (p, f) = (c_path(path.as_ref())?, c_string(format)?);
+        check(unsafe { ffi::qlft_trainer_save_adapter(self.raw, p.as_ptr(), f.as_ptr()) })
+    }
+    pub fn load_adapter(&mut self, path: impl AsRef<Path>) -> Result<()> {
+        let p = c_path(path.as_ref())?;
+        check(unsafe { ffi::qlft_trainer_load_adapter(self.raw, p.as_ptr()) })
+    }
+    pub fn save_checkpoint(&mut self, path: impl AsRef<Path>) -> Result<()> {
+        let p = c_path(path.as_ref())?;
+        check(unsafe { ffi::qlft_trainer_save_checkpoint(self.raw, p.as_ptr()) })
+    }
+    pub fn resume(&mut self, path: impl AsRef<Path>) -> Result<()> {
+        let p = c_path(path.as_ref())?;
+        check(unsafe { ffi::qlft_trainer_resume(self.raw, p.as_ptr()) })
+    }
+    pub fn memory_report(&self) -> Result<MemoryReport> {
+        let mut r = new_memory_report();
+        check(unsafe { ffi::qlft_trainer_memory_report(self.raw, &mut r) })?;
+        Ok(r)
+    }
+    /// format: "safetensors", "gguf-f16" or "gguf-bf16".
+    pub fn export_merged(&mut self, path: impl AsRef<Path>, format: &str) -> Result<()> {
+        let (p, f) = (c_path(path.as_ref())?, c_string(format)?);
+        check(unsafe { ffi::qlft_trainer_export_merged(self.raw, p.as_ptr(), f.as_ptr()) })
+    }
+}
+
+impl Drop for Trainer<'_> {
+    fn drop(&mut self) {
+        // Under the lock, so no Canceller calls cancel on a freed trainer.
+        let mut g = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+        g.0 = ptr::null_mut();
+        unsafe { ffi::qlft_trainer_free(self.raw) }
+    }
+}
+
+/// Size and field offsets of every result struct as canonical lines, for comparison with the
+/// C compiler's view (tests/bindings/layout.c).
+pub fn layout_lines() -> Vec<String> {
+    use std::mem::{offset_of, size_of};
+    let mut v = Vec::new();
+    macro_rules! s {
+        ($t:ident) => {
+            v.push(format!("{} size {}", stringify!($t), size_of::<ffi::$t>()))
+        };
+    }
+    macro_rules! f {
+        ($t:ident, $f:ident) => {
+            f!($t, $f, $f)
+        };
+        ($t:ident, $f:ident, $name:ident) => {
+            v.push(format!("{}.{} {}", stringify!($t), stringify!($name), offset_of!(ffi::$t, $f)))
+        };
+    }
+    s!(qlft_config_key);
+    f!(qlft_config_key, struct_size);
+    f!(qlft_config_key, name);
+    f!(qlft_config_key, type_, type);
+    f!(qlft_config_key, default_value);
+    f!(qlft_config_key, allowed);
+    f!(qlft_config_key, doc);
+    s!(qlft_memory_report);
+    f!(qlft_memory_report, struct_size);
+    f!(qlft_memory_report, limit);
+    f!(qlft_memory_report, allocated);
+    f!(qlft_memory_report, reserved);
+    f!(qlft_memory_report, peak);
+    f!(qlft_memory_report, total_reserved);
+    f!(qlft_memory_report, total_peak);
+    f!(qlft_memory_report, process_peak_rss);
+    s!(qlft_model_details);
+    f!(qlft_model_details, struct_size);
+    f!(qlft_model_details, architecture);
+    f!(qlft_model_details, quant_type);
+    f!(qlft_model_details, source_format);
+    f!(qlft_model_details, n_layers);
+    f!(qlft_model_details, dim);
+    f!(qlft_model_details, n_heads);
+    f!(qlft_model_details, n_kv_heads);
+    f!(qlft_model_details, head_dim);
+    f!(qlft_model_details, ffn_dim);
+    f!(qlft_model_details, vocab_size);
+    f!(qlft_model_details, context_length);
+    f!(qlft_model_details, rope_theta);
+    f!(qlft_model_details, rms_norm_eps);
+    f!(qlft_model_details, tied_embeddings);
+    f!(qlft_model_details, rope_adjacent_pairs);
+    f!(qlft_model_details, n_params);
+    f!(qlft_model_details, weight_bytes);
+    s!(qlft_dataset_stats);
+    f!(qlft_dataset_stats, struct_size);
+    f!(qlft_dataset_stats, records);
+    f!(qlft_dataset_stats, dropped_records);
+    f!(qlft_dataset_stats, tokens);
+    f!(qlft_dataset_stats, trained_tokens);
+    f!(qlft_dataset_stats, train_sequences);
+    f!(qlft_dataset_stats, eval_sequences);
+    f!(qlft_dataset_stats, fill_ratio);
+    f!(qlft_dataset_stats, histogram_bucket_width);
+    f!(qlft_dataset_stats, length_histogram);
+    s!(qlft_step_stats);
+    f!(qlft_step_stats, struct_size);
+    f!(qlft_step_stats, step);
+    f!(qlft_step_stats, total_steps);
+    f!(qlft_step_stats, loss);
+    f!(qlft_step_stats, learning_rate);
+    f!(qlft_step_stats, grad_norm);
+    f!(qlft_step_stats, loss_scale);
+    f!(qlft_step_stats, skipped);
+    f!(qlft_step_stats, tokens);
+    f!(qlft_step_stats, tokens_per_second);
+    f!(qlft_step_stats, elapsed_seconds);
+    f!(qlft_step_stats, eta_seconds);
+    f!(qlft_step_stats, memory_reserved);
+    f!(qlft_step_stats, memory_peak);
+    f!(qlft_step_stats, eval_loss);
+    s!(qlft_eval_result);
+    f!(qlft_eval_result, struct_size);
+    f!(qlft_eval_result, loss);
+    f!(qlft_eval_result, perplexity);
+    f!(qlft_eval_result, tokens);
+    v
+}
