@@ -20,6 +20,7 @@
 #include "core/threads.h"
 #include "formats/gguf.h"
 #include "formats/safetensors_writer.h"
+#include "qlft.h"
 #include "support/test_support.h"
 #include "test_model_util.h"
 #include "train/adapter_io.h"
@@ -105,7 +106,7 @@ nlohmann::json checks() {
 class AdapterExport : public ::testing::Test {
  protected:
   void SetUp() override {
-    set_num_threads(2);
+    set_num_threads(1);  // tiny model: threads only add barrier waits
     QLFT_NEED_SHARED(path, "models/stories260K.gguf");
     model = load_model(&tracker, path, model_test::keep());
     lora = std::make_unique<LoraAdapter>(&tracker, model->cfg, export_config(false));
@@ -312,7 +313,7 @@ TEST_F(AdapterExport, MergedGgufF16AndBf16) {
 // its PEFT fixture adapter; the merged GGUF must hold adjacent-pair rows (llama.cpp's order)
 // and give PEFT's logits when our loader reads it back, and qwen2 (rotate-half kept in GGUF).
 TEST(MergedExport, SyntheticLlamaAndQwen2AgainstPeftLogits) {
-  set_num_threads(2);
+  set_num_threads(1);  // tiny model: threads only add barrier waits
   for (const char* name : {"syn_llama", "syn_qwen2"}) {
     MemoryTracker tracker;
     Fixture fx(model_test::model_fixture(std::string(name) + ".lora.safetensors"));
@@ -344,4 +345,32 @@ TEST(MergedExport, RejectsUnknownFormat) {
     EXPECT_EQ(e.status(), QLFT_ERR_INVALID_ARGUMENT);
     EXPECT_NE(std::string(e.what()).find("gguf-q4"), std::string::npos);
   }
+}
+
+// The C API: a trainer built from the committed PEFT directory exports the committed merged
+// model byte for byte; a bad format is an argument error that names it.
+TEST(MergedExport, CApiExportsTheCommittedMergedModel) {
+  QLFT_NEED_SHARED(path, "models/stories260K.gguf");
+  qlft_config* cfg = nullptr;
+  ASSERT_EQ(qlft_config_create(&cfg), QLFT_OK);
+  ASSERT_EQ(qlft_config_set(cfg, "quant.type", "keep"), QLFT_OK);
+  ASSERT_EQ(qlft_config_set(cfg, "lora.init_from", train_fixture("peft_adapter").c_str()), QLFT_OK);
+  qlft_runtime* rt = nullptr;
+  ASSERT_EQ(qlft_runtime_create(cfg, &rt), QLFT_OK);
+  qlft_model* m = nullptr;
+  ASSERT_EQ(qlft_model_load(rt, path.c_str(), cfg, &m), QLFT_OK) << qlft_last_error();
+  qlft_trainer* t = nullptr;
+  ASSERT_EQ(qlft_trainer_create(m, nullptr, cfg, &t), QLFT_OK) << qlft_last_error();
+  std::string dir = qlft_test::temp_dir("capi_merged");
+  EXPECT_EQ(qlft_trainer_export_merged(t, dir.c_str(), "safetensors"), QLFT_OK)
+      << qlft_last_error();
+  expect_same_file(dir + "/model.safetensors", train_fixture("merged/model.safetensors"));
+  EXPECT_EQ(qlft_trainer_export_merged(t, (dir + "/x").c_str(), "onnx"), QLFT_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(qlft_last_error()).find("onnx"), std::string::npos) << qlft_last_error();
+  EXPECT_EQ(qlft_trainer_export_merged(nullptr, dir.c_str(), "safetensors"),
+            QLFT_ERR_INVALID_ARGUMENT);
+  qlft_trainer_free(t);
+  qlft_model_free(m);
+  qlft_runtime_free(rt);
+  qlft_config_free(cfg);
 }

@@ -44,7 +44,7 @@ Config parity_config() {
 
 TEST(TrainParity, TwentyStepsTrackPeftAndTorchAdamW) {
   QLFT_NEED_SHARED(path, "models/stories260K.gguf");
-  set_num_threads(2);
+  set_num_threads(1);  // tiny model: threads only add barrier waits
   Fixture fx(qlft_test::fixture_path("train/parity.safetensors"));
   MemoryTracker tracker;
   auto model = load_model(&tracker, path, model_test::keep());

@@ -34,8 +34,11 @@ int cmd_eval(int argc, char** argv) {
   r.struct_size = sizeof r;
   int32_t st = qlft_trainer_evaluate(s.trainer.get(), s.data.get(), &r);
   if (st != QLFT_OK) return fail("eval", st);
-  std::printf("eval loss %.6f perplexity %.4f tokens %llu\n", r.loss, r.perplexity,
-              static_cast<unsigned long long>(r.tokens));
+  qlft_dataset_stats ds{};
+  ds.struct_size = sizeof ds;
+  const bool held_out = qlft_dataset_get_stats(s.data.get(), &ds) == QLFT_OK && ds.eval_sequences;
+  std::printf("eval loss %.6f perplexity %.4f tokens %llu (%s)\n", r.loss, r.perplexity,
+              static_cast<unsigned long long>(r.tokens), held_out ? "held-out split" : "all data");
   return kOk;
 }
 
