@@ -8,7 +8,10 @@ packages=(
   libopenblas-openmp-dev libdnnl-dev
   nlohmann-json3-dev libcli11-dev libyaml-cpp-dev libpcre2-dev liburing-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  golang-go
 )
+# The Rust bindings need cargo; Debian's (rustc 1.63) suffices where rustup's is absent.
+command -v cargo >/dev/null 2>&1 || [ -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo" ] || packages+=(cargo)
 
 missing=()
 for p in "${packages[@]}"; do

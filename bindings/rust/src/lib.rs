@@ -606,8 +606,10 @@ impl Drop for Trainer<'_> {
 /// Size and field offsets of every result struct as canonical lines, for comparison with the
 /// C compiler's view (tests/bindings/layout.c).
 pub fn layout_lines() -> Vec<String> {
-    use std::mem::{offset_of, size_of};
+    use std::mem::{size_of, MaybeUninit};
     let mut v = Vec::new();
+    // offset_of! needs Rust 1.77; Debian bookworm has 1.63, so take field addresses of an
+    // uninitialized value (addr_of! never reads or creates a reference).
     macro_rules! s {
         ($t:ident) => {
             v.push(format!("{} size {}", stringify!($t), size_of::<ffi::$t>()))
@@ -618,7 +620,13 @@ pub fn layout_lines() -> Vec<String> {
             f!($t, $f, $f)
         };
         ($t:ident, $f:ident, $name:ident) => {
-            v.push(format!("{}.{} {}", stringify!($t), stringify!($name), offset_of!(ffi::$t, $f)))
+{
+            let u = MaybeUninit::<ffi::$t>::uninit();
+            let base = u.as_ptr() as usize;
+            // SAFETY: addr_of! computes the field address without reading it.
+            let field = unsafe { std::ptr::addr_of!((*u.as_ptr()).$f) } as usize;
+            v.push(format!("{}.{} {}", stringify!($t), stringify!($name), field - base))
+        }
         };
     }
     s!(qlft_config_key);

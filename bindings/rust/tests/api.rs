@@ -35,7 +35,10 @@ fn tmpdir(name: &str) -> PathBuf {
 
 #[test]
 fn trains_a_few_steps_and_saves_an_adapter() {
-    let (Some(model_path), Some(text)) = (shared("models/stories260K.gguf"), shared("data/tinyshakespeare.txt")) else { return };
+    let (model_path, text) = match (shared("models/stories260K.gguf"), shared("data/tinyshakespeare.txt")) {
+        (Some(m), Some(t)) => (m, t),
+        _ => return,
+    };
     let cfg = settings("3");
     assert_eq!(cfg.get("lora.r").unwrap(), "8");
     let mut rt = Runtime::new(Some(&cfg)).unwrap();
@@ -95,7 +98,10 @@ fn errors_carry_code_and_message() {
 
 #[test]
 fn cancellation_by_closure_panic_and_other_thread() {
-    let (Some(model_path), Some(text)) = (shared("models/stories260K.gguf"), shared("data/tinyshakespeare.txt")) else { return };
+    let (model_path, text) = match (shared("models/stories260K.gguf"), shared("data/tinyshakespeare.txt")) {
+        (Some(m), Some(t)) => (m, t),
+        _ => return,
+    };
     let cfg = settings("20");
     let mut rt = Runtime::new(Some(&cfg)).unwrap();
     let model = rt.load_model(&model_path, Some(&cfg)).unwrap();

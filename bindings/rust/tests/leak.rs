@@ -36,7 +36,10 @@ fn rss_bytes() -> u64 {
 
 #[test]
 fn create_free_loop_keeps_rss_flat() {
-    let Some(model_path) = shared("models/stories260K.gguf") else { return };
+    let model_path = match shared("models/stories260K.gguf") {
+        Some(m) => m,
+        None => return,
+    };
     let dir = tmpdir("loop");
     let small = dir.join("small.txt");
     std::fs::write(&small, "Once upon a time there was a little dog.\n".repeat(20)).unwrap();
