@@ -176,7 +176,9 @@ void save_gguf_lora_adapter(const LoraAdapter& lora, const std::string& path) {
   const LoraConfig& c = lora.config();
   const ModelConfig& m = lora.model_config();
   GgufWriter w;
-  w.add_string("general.architecture", m.arch);
+  // llama.cpp has no "mistral" architecture: its converter writes Mistral models as "llama",
+  // and the loader requires the adapter's architecture to equal the base model's.
+  w.add_string("general.architecture", m.arch == "mistral" ? "llama" : m.arch);
   w.add_string("general.type", "adapter");
   w.add_string("adapter.type", "lora");
   // llama.cpp scales by alpha / r; rsLoRA's alpha / sqrt(r) needs alpha * sqrt(r) there.

@@ -209,8 +209,10 @@ void export_gguf(const Model& m, const LoraAdapter* lora, const std::string& pat
   const ModelConfig& c = m.cfg;
   const GgmlType store = bf16 ? GgmlType::BF16 : GgmlType::F16;
   GgufWriter w;
-  const std::string a = c.arch + ".";
-  w.add_string("general.architecture", c.arch);
+  // llama.cpp has no "mistral" architecture: its converter writes Mistral models as "llama".
+  const std::string arch = c.arch == "mistral" ? "llama" : c.arch;
+  const std::string a = arch + ".";
+  w.add_string("general.architecture", arch);
   w.add_string("general.name", "qlft merged model");
   w.add_u32("general.file_type", bf16 ? 32u : 1u);  // llama_ftype MOSTLY_BF16 / MOSTLY_F16
   w.add_u32(a + "context_length",

@@ -374,3 +374,31 @@ TEST(MergedExport, CApiExportsTheCommittedMergedModel) {
   qlft_runtime_free(rt);
   qlft_config_free(cfg);
 }
+
+// llama.cpp has no "mistral" architecture (its converter writes Mistral as "llama") and refuses an
+// adapter whose architecture differs from the base model's: both GGUF exports of a Mistral model
+// say "llama".
+TEST(MergedExport, MistralIsLlamaInGguf) {
+  set_num_threads(1);
+  const std::string src = model_test::model_fixture("syn_llama");
+  const std::string dir = qlft_test::temp_dir("mistral_src");
+  std::vector<uint8_t> st = qlft_test::read_file(src + "/model.safetensors");
+  qlft_test::write_file(dir + "/model.safetensors", st.data(), st.size());
+  std::ifstream f(src + "/config.json");
+  nlohmann::json cfg;
+  f >> cfg;
+  cfg["architectures"] = {"MistralForCausalLM"};
+  cfg["model_type"] = "mistral";
+  std::string text = cfg.dump(2);
+  qlft_test::write_file(dir + "/config.json", text.data(), text.size());
+  MemoryTracker tracker;
+  auto model = load_model(&tracker, dir, model_test::keep());
+  ASSERT_EQ(model->cfg.arch, "mistral");
+  LoraAdapter lora(&tracker, model->cfg, LoraConfig{});
+  save_gguf_lora_adapter(lora, dir + "/a.gguf");
+  export_merged(*model, &lora, dir + "/m.gguf", "gguf-f16");
+  EXPECT_EQ(GgufFile::open(dir + "/a.gguf")->get_string("general.architecture"), "llama");
+  auto g = GgufFile::open(dir + "/m.gguf");
+  EXPECT_EQ(g->get_string("general.architecture"), "llama");
+  EXPECT_GT(g->get_int("llama.block_count", 0), 0);
+}
