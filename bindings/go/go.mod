@@ -1,0 +1,3 @@
+module qlft
+
+go 1.19

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# ctest bindings_go: `go vet` + `go test ./...`, the struct layout compared with the C
+# compiler's, and the C example's fine-tune repeated from Go with a byte-identical adapter.
+# cgo links libqlft.so from $QLFT_LIB_DIR (the CMake build dir) via CGO_LDFLAGS.
+set -euo pipefail
+src=$1
+if ! command -v go > /dev/null; then
+  echo "SKIP: go is not installed (scripts/setup.sh installs golang-go)"
+  exit 77
+fi
+cd "$src/bindings/go"
+export CGO_ENABLED=1 GOFLAGS=-mod=mod GOTOOLCHAIN=local
+export CGO_LDFLAGS="-L${QLFT_LIB_DIR:?} -Wl,-rpath,$QLFT_LIB_DIR"
+export GOCACHE=${GOCACHE:-${QLFT_BINDINGS_OUT:?}/go-cache}
+out=${QLFT_BINDINGS_OUT:?}/go
+rm -rf "$out" && mkdir -p "$out"
+"${QLFT_LAYOUT_C:?}" > "$out/layout_c.txt"
+go vet ./...
+QLFT_LAYOUT_C_OUT=$out/layout_c.txt go test -count=1 ./...
+go run ./cmd/qlft-layout > "$out/layout_go.txt"
+diff -u "$out/layout_c.txt" "$out/layout_go.txt"
+echo "layout: $(wc -l < "$out/layout_c.txt") lines identical (C vs Go)"
+model=${QLFT_SHARED_DIR:?}/models/stories260K.gguf
+data=$QLFT_SHARED_DIR/data/tinyshakespeare.txt
+if [[ -f $model && -f $data ]]; then
+  go run ./cmd/qlft-finetune "$model" "$data" "$out/adapter" 4 1
+  for f in adapter_model.safetensors adapter_config.json; do
+    cmp "$QLFT_BINDINGS_OUT/c/$f" "$out/adapter/$f"
+  done
+  echo "adapter: byte-identical to the C example's"
+fi
+echo OK
