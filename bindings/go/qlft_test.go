@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -305,4 +306,38 @@ func TestLayoutMatchesC(t *testing.T) {
 	if got, want := strings.Join(lines, "\n")+"\n", string(b); got != want {
 		t.Fatalf("layout differs:\nGo:\n%s\nC:\n%s", got, want)
 	}
+}
+
+func TestLogCallback(t *testing.T) {
+	modelPath := shared(t, "models/stories260K.gguf")
+	var mu sync.Mutex
+	var msgs []string
+	qlft.SetLogCallback(func(level int, m string) {
+		mu.Lock()
+		defer mu.Unlock()
+		if level <= qlft.LogInfo {
+			msgs = append(msgs, m)
+		}
+	}, qlft.LogInfo)
+	defer qlft.SetLogCallback(nil, qlft.LogWarn)
+	cfg, _ := qlft.NewConfigFrom(map[string]string{"quant.type": "keep"})
+	defer cfg.Close()
+	rt, err := qlft.NewRuntime(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	m, err := rt.LoadModel(modelPath, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Close()
+	mu.Lock()
+	defer mu.Unlock()
+	for _, s := range msgs {
+		if strings.Contains(s, modelPath) {
+			return
+		}
+	}
+	t.Fatalf("no log line names %s: %q", modelPath, msgs)
 }

@@ -166,10 +166,10 @@ static LOGGER: Mutex<Option<LogFn>> = Mutex::new(None);
 unsafe extern "C" fn log_trampoline(level: i32, message: *const c_char, _: *mut c_void) {
     let text = cstr(message);
     let _ = catch_unwind(AssertUnwindSafe(|| {
-        if let Ok(guard) = LOGGER.lock() {
-            if let Some(f) = guard.as_ref() {
-                f(level, &text);
-            }
+        // A logger that panicked poisoned the mutex; the closure itself is still usable.
+        let guard = LOGGER.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(f) = guard.as_ref() {
+            f(level, &text);
         }
     }));
 }
