@@ -9,6 +9,8 @@ bash scripts/setup.sh
 jobs=${QLFT_JOBS:-2}
 build=${QLFT_BUILD_DIR:-build}
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/ccache}
+# Paths inside the checkout hash as relative ones, so a fresh clone elsewhere reuses the cache.
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
 ccache -o hash_dir=false >/dev/null 2>&1 || true
 
 if [ "${CI:-}" = "true" ]; then
