@@ -15,7 +15,7 @@ fn main() -> Result<(), qlft::Error> {
         ("optim.lr", "1e-3"), ("seed", "42"), ("data.seq_len", "32"), ("train.micro_batch", "2"),
         ("train.max_steps", steps), ("threads", threads),
     ])?;
-    let mut rt = Runtime::new(Some(&cfg))?;
+    let rt = Runtime::new(Some(&cfg))?;
     let model = rt.load_model(&a[1], Some(&cfg))?;
     let mut data = model.load_dataset(&a[2], Some(&cfg))?;
     let mut trainer = model.trainer(Some(&mut data), Some(&cfg))?;

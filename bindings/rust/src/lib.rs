@@ -12,9 +12,20 @@
 //! - [`Config`], [`Runtime`], [`Dataset`], [`Trainer`] are `Send` (a handle may move to another
 //!   thread) but not `Sync` (no two threads may use one handle at once).
 //! - [`Model`] is `Send + Sync`: its `&self` methods are the header's read-only (`const`) uses,
-//!   and several trainers on several threads may share it. Loading a model needs `&mut Runtime`.
+//!   and several trainers on several threads may share it.
+//! - A [`Canceller`] only *asks* a running `train` to stop; a cancel that arrives when no
+//!   `train` runs stops the next `train`/`step` after its first step (the C ABI has no reset).
 //! - [`Canceller`] is `Send + Sync + Clone` and outlives nothing: it stops a running `train` from
 //!   any thread, and does nothing once its trainer is dropped.
+//!
+//! ```compile_fail
+//! fn need_sync<T: Sync>() {}
+//! need_sync::<qlft::Trainer<'static>>(); // one trainer, one thread at a time
+//! ```
+//! ```compile_fail
+//! fn need_sync<T: Sync>() {}
+//! need_sync::<qlft::Dataset<'static>>();
+//! ```
 //!
 //! Lifetimes encode "must not outlive": `Model<'r>` borrows its runtime, `Dataset<'m>` its model,
 //! and `Trainer<'m>` its model (shared) and its training dataset (exclusively).
@@ -317,7 +328,8 @@ impl Runtime {
         Ok(r)
     }
     /// Loads a model (.gguf, .safetensors or a Hugging Face directory); it borrows the runtime.
-    pub fn load_model(&mut self, path: impl AsRef<Path>, config: Option<&Config>) -> Result<Model<'_>> {
+    /// `&self` suffices: `Runtime` is not `Sync`, so no other thread can use it meanwhile.
+    pub fn load_model(&self, path: impl AsRef<Path>, config: Option<&Config>) -> Result<Model<'_>> {
         let p = c_path(path.as_ref())?;
         let mut raw = ptr::null_mut();
         check(unsafe { ffi::qlft_model_load(self.raw, p.as_ptr(), opt_cfg(config), &mut raw) })?;

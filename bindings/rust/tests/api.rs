@@ -41,8 +41,9 @@ fn trains_a_few_steps_and_saves_an_adapter() {
     };
     let cfg = settings("3");
     assert_eq!(cfg.get("lora.r").unwrap(), "8");
-    let mut rt = Runtime::new(Some(&cfg)).unwrap();
+    let rt = Runtime::new(Some(&cfg)).unwrap();
     let model = rt.load_model(&model_path, Some(&cfg)).unwrap();
+    assert!(rt.memory_report().unwrap().total_reserved > 0); // runtime usable while models live
     let info = model.info().unwrap();
     assert_eq!(info.architecture(), "llama");
     assert_eq!(info.vocab_size, 512);
@@ -87,7 +88,7 @@ fn errors_carry_code_and_message() {
     let e = cfg.set("lora.r", "a\0b").map(|_| ()).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidArgument);
 
-    let mut rt = Runtime::new(None).unwrap();
+    let rt = Runtime::new(None).unwrap();
     let e = rt.load_model("/nonexistent/model.gguf", None).err().unwrap();
     assert_eq!(e.kind(), ErrorKind::Io);
     assert_eq!(e.code(), qlft::ffi::QLFT_ERR_IO);
@@ -103,7 +104,7 @@ fn cancellation_by_closure_panic_and_other_thread() {
         _ => return,
     };
     let cfg = settings("20");
-    let mut rt = Runtime::new(Some(&cfg)).unwrap();
+    let rt = Runtime::new(Some(&cfg)).unwrap();
     let model = rt.load_model(&model_path, Some(&cfg)).unwrap();
     let mut data = model.load_dataset(&text, Some(&cfg)).unwrap();
     let mut trainer = model.trainer(Some(&mut data), Some(&cfg)).unwrap();
@@ -158,4 +159,17 @@ fn layout_matches_the_header_where_c_output_is_given() {
         let r: Vec<&str> = lines.iter().map(|s| s.as_str()).collect();
         assert_eq!(c, r);
     }
+}
+
+#[test]
+fn thread_traits_follow_the_abi() {
+    fn send<T: Send>() {}
+    fn send_sync<T: Send + Sync>() {}
+    send::<Config>();
+    send::<Runtime>();
+    send::<qlft::Dataset<'static>>();
+    send::<qlft::Trainer<'static>>();
+    send_sync::<qlft::Model<'static>>();
+    send_sync::<qlft::Canceller>();
+    send_sync::<qlft::Error>();
 }

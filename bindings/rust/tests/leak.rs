@@ -46,7 +46,7 @@ fn create_free_loop_keeps_rss_flat() {
     let cfg = settings("1");
     let cycle = || {
         let cfg2 = Config::from_pairs(&[("lora.r", "4"), ("threads", "1")]).unwrap();
-        let mut rt = Runtime::new(Some(&cfg)).unwrap();
+        let rt = Runtime::new(Some(&cfg)).unwrap();
         let model = rt.load_model(&model_path, Some(&cfg)).unwrap();
         let mut data = model.load_dataset(&small, Some(&cfg)).unwrap();
         let t = model.trainer(Some(&mut data), Some(&cfg2)).unwrap();

@@ -20,7 +20,7 @@ fn log_closure_receives_messages() {
     qlft::set_log_callback(Some(Box::new(move |level, msg| sink.lock().unwrap().push((level, msg.to_string())))),
                            qlft::ffi::QLFT_LOG_INFO);
     let cfg = Config::from_pairs(&[("quant.type", "keep")]).unwrap();
-    let mut rt = Runtime::new(Some(&cfg)).unwrap();
+    let rt = Runtime::new(Some(&cfg)).unwrap();
     drop(rt.load_model(&model_path, Some(&cfg)).unwrap());
     let name = model_path.to_string_lossy().into_owned();
     {
