@@ -611,7 +611,9 @@ func (t *Trainer) Train(ctx context.Context, progress func(StepStats) bool) erro
 	return err
 }
 
-// Cancel asks a running Train to stop after the current step; safe from any goroutine.
+// Cancel asks a running Train to stop after the current step; safe from any goroutine. The C
+// ABI has no way to withdraw a request, so a Cancel while no Train runs stops the next
+// Train/Step after its first step.
 func (t *Trainer) Cancel() {
 	t.cancelMu.Lock()
 	defer t.cancelMu.Unlock()

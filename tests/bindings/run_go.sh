@@ -9,7 +9,8 @@ if ! command -v go > /dev/null; then
   exit 77
 fi
 cd "$src/bindings/go"
-export CGO_ENABLED=1 GOFLAGS=-mod=mod GOTOOLCHAIN=local
+export CGO_ENABLED=1
+export GOPATH=${GOPATH:-${QLFT_BINDINGS_OUT:?}/gopath}  # CI may run without HOME
 export CGO_LDFLAGS="-L${QLFT_LIB_DIR:?} -Wl,-rpath,$QLFT_LIB_DIR"
 export GOCACHE=${GOCACHE:-${QLFT_BINDINGS_OUT:?}/go-cache}
 out=${QLFT_BINDINGS_OUT:?}/go
