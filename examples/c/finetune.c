@@ -48,9 +48,9 @@ int main(int argc, char** argv) {
   const char* threads = argc > 5 ? argv[5] : "1";
   /* The shared fine-tune: fp32, unquantized base, fixed seeds, one thread. */
   const char* settings[][2] = {
-      {"quant.type", "keep"},  {"train.precision", "fp32"}, {"lora.r", "8"},
-      {"lora.alpha", "16"},    {"optim.lr", "1e-3"},        {"seed", "42"},
-      {"data.seq_len", "32"},  {"train.micro_batch", "2"},  {"train.max_steps", steps},
+      {"quant.type", "keep"}, {"train.precision", "fp32"}, {"lora.r", "8"},
+      {"lora.alpha", "16"},   {"optim.lr", "1e-3"},        {"seed", "42"},
+      {"data.seq_len", "32"}, {"train.micro_batch", "2"},  {"train.max_steps", steps},
       {"threads", threads},
   };
 

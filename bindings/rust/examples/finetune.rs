@@ -11,9 +11,16 @@ fn main() -> Result<(), qlft::Error> {
     let steps = a.get(4).map_or("4", |s| s.as_str());
     let threads = a.get(5).map_or("1", |s| s.as_str());
     let cfg = Config::from_pairs(&[
-        ("quant.type", "keep"), ("train.precision", "fp32"), ("lora.r", "8"), ("lora.alpha", "16"),
-        ("optim.lr", "1e-3"), ("seed", "42"), ("data.seq_len", "32"), ("train.micro_batch", "2"),
-        ("train.max_steps", steps), ("threads", threads),
+        ("quant.type", "keep"),
+        ("train.precision", "fp32"),
+        ("lora.r", "8"),
+        ("lora.alpha", "16"),
+        ("optim.lr", "1e-3"),
+        ("seed", "42"),
+        ("data.seq_len", "32"),
+        ("train.micro_batch", "2"),
+        ("train.max_steps", steps),
+        ("threads", threads),
     ])?;
     let rt = Runtime::new(Some(&cfg))?;
     let model = rt.load_model(&a[1], Some(&cfg))?;

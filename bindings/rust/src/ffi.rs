@@ -58,7 +58,8 @@ pub struct qlft_trainer {
     _p: [u8; 0],
 }
 
-pub type qlft_log_fn = Option<unsafe extern "C" fn(level: i32, message: *const c_char, user: *mut c_void)>;
+pub type qlft_log_fn =
+    Option<unsafe extern "C" fn(level: i32, message: *const c_char, user: *mut c_void)>;
 pub type qlft_progress_fn =
     Option<unsafe extern "C" fn(stats: *const qlft_step_stats, user: *mut c_void) -> i32>;
 pub type qlft_text_fn = Option<unsafe extern "C" fn(text: *const c_char, user: *mut c_void) -> i32>;
@@ -164,7 +165,11 @@ extern "C" {
 
     pub fn qlft_config_create(out: *mut *mut qlft_config) -> i32;
     pub fn qlft_config_free(config: *mut qlft_config);
-    pub fn qlft_config_set(config: *mut qlft_config, key: *const c_char, value: *const c_char) -> i32;
+    pub fn qlft_config_set(
+        config: *mut qlft_config,
+        key: *const c_char,
+        value: *const c_char,
+    ) -> i32;
     pub fn qlft_config_get(
         config: *const qlft_config,
         key: *const c_char,
@@ -179,7 +184,10 @@ extern "C" {
     pub fn qlft_runtime_create(config: *const qlft_config, out: *mut *mut qlft_runtime) -> i32;
     pub fn qlft_runtime_free(runtime: *mut qlft_runtime);
     pub fn qlft_memory_category_name(category: i32) -> *const c_char;
-    pub fn qlft_runtime_memory_report(runtime: *const qlft_runtime, out: *mut qlft_memory_report) -> i32;
+    pub fn qlft_runtime_memory_report(
+        runtime: *const qlft_runtime,
+        out: *mut qlft_memory_report,
+    ) -> i32;
 
     pub fn qlft_model_load(
         runtime: *mut qlft_runtime,
@@ -216,7 +224,10 @@ extern "C" {
         out: *mut *mut qlft_dataset,
     ) -> i32;
     pub fn qlft_dataset_free(dataset: *mut qlft_dataset);
-    pub fn qlft_dataset_get_stats(dataset: *const qlft_dataset, out: *mut qlft_dataset_stats) -> i32;
+    pub fn qlft_dataset_get_stats(
+        dataset: *const qlft_dataset,
+        out: *mut qlft_dataset_stats,
+    ) -> i32;
 
     pub fn qlft_trainer_create(
         model: *mut qlft_model,
@@ -226,19 +237,34 @@ extern "C" {
     ) -> i32;
     pub fn qlft_trainer_free(trainer: *mut qlft_trainer);
     pub fn qlft_trainer_step(trainer: *mut qlft_trainer, out: *mut qlft_step_stats) -> i32;
-    pub fn qlft_trainer_train(trainer: *mut qlft_trainer, progress: qlft_progress_fn, user: *mut c_void) -> i32;
+    pub fn qlft_trainer_train(
+        trainer: *mut qlft_trainer,
+        progress: qlft_progress_fn,
+        user: *mut c_void,
+    ) -> i32;
     pub fn qlft_trainer_cancel(trainer: *mut qlft_trainer);
     pub fn qlft_trainer_evaluate(
         trainer: *mut qlft_trainer,
         data: *mut qlft_dataset,
         out: *mut qlft_eval_result,
     ) -> i32;
-    pub fn qlft_trainer_save_adapter(trainer: *mut qlft_trainer, path: *const c_char, format: *const c_char) -> i32;
+    pub fn qlft_trainer_save_adapter(
+        trainer: *mut qlft_trainer,
+        path: *const c_char,
+        format: *const c_char,
+    ) -> i32;
     pub fn qlft_trainer_load_adapter(trainer: *mut qlft_trainer, path: *const c_char) -> i32;
     pub fn qlft_trainer_save_checkpoint(trainer: *mut qlft_trainer, path: *const c_char) -> i32;
     pub fn qlft_trainer_resume(trainer: *mut qlft_trainer, path: *const c_char) -> i32;
-    pub fn qlft_trainer_memory_report(trainer: *const qlft_trainer, out: *mut qlft_memory_report) -> i32;
-    pub fn qlft_trainer_export_merged(trainer: *mut qlft_trainer, path: *const c_char, format: *const c_char) -> i32;
+    pub fn qlft_trainer_memory_report(
+        trainer: *const qlft_trainer,
+        out: *mut qlft_memory_report,
+    ) -> i32;
+    pub fn qlft_trainer_export_merged(
+        trainer: *mut qlft_trainer,
+        path: *const c_char,
+        format: *const c_char,
+    ) -> i32;
 
     pub fn qlft_generate(
         model: *const qlft_model,
@@ -249,4 +275,3 @@ extern "C" {
         user: *mut c_void,
     ) -> i32;
 }
-

@@ -67,7 +67,10 @@ pub struct Error {
 impl Error {
     /// Builds an error from a code and message (used for failures detected on the Rust side).
     pub fn new(code: i32, message: impl Into<String>) -> Error {
-        Error { code, message: message.into() }
+        Error {
+            code,
+            message: message.into(),
+        }
     }
     /// Reads `qlft_last_error()` on this thread for a failed status.
     fn last(code: i32) -> Error {
@@ -132,14 +135,20 @@ unsafe fn cstr(p: *const c_char) -> String {
 
 fn c_string(s: &str) -> Result<CString> {
     CString::new(s).map_err(|_| {
-        Error::new(ffi::QLFT_ERR_INVALID_ARGUMENT, format!("string contains a NUL byte: {s:?}"))
+        Error::new(
+            ffi::QLFT_ERR_INVALID_ARGUMENT,
+            format!("string contains a NUL byte: {s:?}"),
+        )
     })
 }
 
 fn c_path(p: &Path) -> Result<CString> {
     use std::os::unix::ffi::OsStrExt;
     CString::new(p.as_os_str().as_bytes()).map_err(|_| {
-        Error::new(ffi::QLFT_ERR_INVALID_ARGUMENT, format!("path contains a NUL byte: {p:?}"))
+        Error::new(
+            ffi::QLFT_ERR_INVALID_ARGUMENT,
+            format!("path contains a NUL byte: {p:?}"),
+        )
     })
 }
 
@@ -166,7 +175,11 @@ pub fn build_info() -> String {
 /// "QLFT_ERR_FORMAT" for a code.
 pub fn status_string(code: i32) -> &'static str {
     // SAFETY: the library returns static strings.
-    unsafe { CStr::from_ptr(ffi::qlft_status_string(code)).to_str().unwrap_or("QLFT_ERR_UNKNOWN") }
+    unsafe {
+        CStr::from_ptr(ffi::qlft_status_string(code))
+            .to_str()
+            .unwrap_or("QLFT_ERR_UNKNOWN")
+    }
 }
 
 // ---- logging ------------------------------------------------------------------------------
@@ -231,13 +244,20 @@ impl Config {
     pub fn get(&self, key: &str) -> Result<String> {
         let k = c_string(key)?;
         let mut needed = 0usize;
-        let st = unsafe { ffi::qlft_config_get(self.raw, k.as_ptr(), ptr::null_mut(), 0, &mut needed) };
+        let st =
+            unsafe { ffi::qlft_config_get(self.raw, k.as_ptr(), ptr::null_mut(), 0, &mut needed) };
         if st != ffi::QLFT_OK && needed == 0 {
             return Err(Error::last(st));
         }
         let mut buf = vec![0u8; needed.max(1)];
         check(unsafe {
-            ffi::qlft_config_get(self.raw, k.as_ptr(), buf.as_mut_ptr().cast(), buf.len(), &mut needed)
+            ffi::qlft_config_get(
+                self.raw,
+                k.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                &mut needed,
+            )
         })?;
         Ok(unsafe { cstr(buf.as_ptr().cast()) })
     }
@@ -307,7 +327,10 @@ pub type StepStats = ffi::qlft_step_stats;
 pub type EvalResult = ffi::qlft_eval_result;
 
 fn new_memory_report() -> MemoryReport {
-    MemoryReport { struct_size: std::mem::size_of::<MemoryReport>() as u32, ..Default::default() }
+    MemoryReport {
+        struct_size: std::mem::size_of::<MemoryReport>() as u32,
+        ..Default::default()
+    }
 }
 
 /// Backend, threads and the memory budget (`backend`, `threads`, `memory.limit`).
@@ -333,7 +356,10 @@ impl Runtime {
         let p = c_path(path.as_ref())?;
         let mut raw = ptr::null_mut();
         check(unsafe { ffi::qlft_model_load(self.raw, p.as_ptr(), opt_cfg(config), &mut raw) })?;
-        Ok(Model { raw, _rt: PhantomData })
+        Ok(Model {
+            raw,
+            _rt: PhantomData,
+        })
     }
 }
 
@@ -361,7 +387,11 @@ unsafe impl Send for Model<'_> {}
 unsafe impl Sync for Model<'_> {}
 
 fn fixed_str(a: &[c_char]) -> String {
-    let bytes: Vec<u8> = a.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    let bytes: Vec<u8> = a
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
@@ -388,8 +418,16 @@ impl<'r> Model<'r> {
     pub fn tokenize(&self, text: &str, add_bos: bool, parse_special: bool) -> Result<Vec<i32>> {
         let mut n = 0usize;
         let call = |ids: *mut i32, cap: usize, n: &mut usize| unsafe {
-            ffi::qlft_tokenize(self.raw, text.as_ptr().cast(), text.len(), add_bos as i32,
-                               parse_special as i32, ids, cap, n)
+            ffi::qlft_tokenize(
+                self.raw,
+                text.as_ptr().cast(),
+                text.len(),
+                add_bos as i32,
+                parse_special as i32,
+                ids,
+                cap,
+                n,
+            )
         };
         let st = call(ptr::null_mut(), 0, &mut n);
         if st != ffi::QLFT_OK && n == 0 {
@@ -403,38 +441,70 @@ impl<'r> Model<'r> {
     pub fn detokenize(&self, ids: &[i32]) -> Result<String> {
         let mut needed = 0usize;
         let st = unsafe {
-            ffi::qlft_detokenize(self.raw, ids.as_ptr(), ids.len(), ptr::null_mut(), 0, &mut needed)
+            ffi::qlft_detokenize(
+                self.raw,
+                ids.as_ptr(),
+                ids.len(),
+                ptr::null_mut(),
+                0,
+                &mut needed,
+            )
         };
         if st != ffi::QLFT_OK && needed == 0 {
             return Err(Error::last(st));
         }
         let mut buf = vec![0u8; needed.max(1)];
         check(unsafe {
-            ffi::qlft_detokenize(self.raw, ids.as_ptr(), ids.len(), buf.as_mut_ptr().cast(), buf.len(),
-                                 &mut needed)
+            ffi::qlft_detokenize(
+                self.raw,
+                ids.as_ptr(),
+                ids.len(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                &mut needed,
+            )
         })?;
         Ok(unsafe { cstr(buf.as_ptr().cast()) })
     }
     /// Reads and tokenizes a .txt/.json/.jsonl file with the data.* settings.
-    pub fn load_dataset(&self, path: impl AsRef<Path>, config: Option<&Config>) -> Result<Dataset<'_>> {
+    pub fn load_dataset(
+        &self,
+        path: impl AsRef<Path>,
+        config: Option<&Config>,
+    ) -> Result<Dataset<'_>> {
         let p = c_path(path.as_ref())?;
         let mut raw = ptr::null_mut();
         check(unsafe { ffi::qlft_dataset_load(self.raw, p.as_ptr(), opt_cfg(config), &mut raw) })?;
-        Ok(Dataset { raw, _m: PhantomData })
+        Ok(Dataset {
+            raw,
+            _m: PhantomData,
+        })
     }
     /// Creates a trainer (LoRA adapters + optimizer). `train_data` may be None for a trainer
     /// that only evaluates, loads adapters or generates.
-    pub fn trainer<'t>(&'t self, train_data: Option<&'t mut Dataset<'_>>, config: Option<&Config>)
-        -> Result<Trainer<'t>> {
+    pub fn trainer<'t>(
+        &'t self,
+        train_data: Option<&'t mut Dataset<'_>>,
+        config: Option<&Config>,
+    ) -> Result<Trainer<'t>> {
         let d = train_data.map_or(ptr::null_mut(), |d| d.raw);
         let mut raw = ptr::null_mut();
         check(unsafe { ffi::qlft_trainer_create(self.raw, d, opt_cfg(config), &mut raw) })?;
-        Ok(Trainer { raw, shared: Arc::new(Mutex::new(SendPtr(raw))), _m: PhantomData })
+        Ok(Trainer {
+            raw,
+            shared: Arc::new(Mutex::new(SendPtr(raw))),
+            _m: PhantomData,
+        })
     }
     /// Generates from `prompt` (generate.* settings), with `trainer`'s adapter if given.
     /// `on_text` receives complete UTF-8 pieces and returns false to stop.
-    pub fn generate<F: FnMut(&str) -> bool>(&self, trainer: Option<&Trainer<'_>>, prompt: &str,
-                                            config: Option<&Config>, mut on_text: F) -> Result<()> {
+    pub fn generate<F: FnMut(&str) -> bool>(
+        &self,
+        trainer: Option<&Trainer<'_>>,
+        prompt: &str,
+        config: Option<&Config>,
+        mut on_text: F,
+    ) -> Result<()> {
         struct Ctx<'a> {
             f: &'a mut dyn FnMut(&str) -> bool,
             panic: Option<String>,
@@ -452,14 +522,26 @@ impl<'r> Model<'r> {
             }
         }
         let pr = c_string(prompt)?;
-        let mut ctx = Ctx { f: &mut on_text, panic: None };
+        let mut ctx = Ctx {
+            f: &mut on_text,
+            panic: None,
+        };
         let st = unsafe {
-            ffi::qlft_generate(self.raw, trainer.map_or(ptr::null(), |t| t.raw), pr.as_ptr(),
-                               opt_cfg(config), Some(tramp), (&mut ctx as *mut Ctx<'_>).cast())
+            ffi::qlft_generate(
+                self.raw,
+                trainer.map_or(ptr::null(), |t| t.raw),
+                pr.as_ptr(),
+                opt_cfg(config),
+                Some(tramp),
+                (&mut ctx as *mut Ctx<'_>).cast(),
+            )
         };
         let r = check(st);
         if let Some(msg) = ctx.panic {
-            return Err(Error::new(ffi::QLFT_ERR_CANCELLED, format!("text callback panicked: {msg}")));
+            return Err(Error::new(
+                ffi::QLFT_ERR_CANCELLED,
+                format!("text callback panicked: {msg}"),
+            ));
         }
         r
     }
@@ -482,7 +564,10 @@ unsafe impl Send for Dataset<'_> {}
 
 impl Dataset<'_> {
     pub fn stats(&self) -> Result<DatasetStats> {
-        let mut s = DatasetStats { struct_size: std::mem::size_of::<DatasetStats>() as u32, ..Default::default() };
+        let mut s = DatasetStats {
+            struct_size: std::mem::size_of::<DatasetStats>() as u32,
+            ..Default::default()
+        };
         check(unsafe { ffi::qlft_dataset_get_stats(self.raw, &mut s) })?;
         Ok(s)
     }
@@ -527,7 +612,10 @@ impl Canceller {
 }
 
 fn new_step_stats() -> StepStats {
-    StepStats { struct_size: std::mem::size_of::<StepStats>() as u32, ..Default::default() }
+    StepStats {
+        struct_size: std::mem::size_of::<StepStats>() as u32,
+        ..Default::default()
+    }
 }
 
 impl<'m> Trainer<'m> {
@@ -558,21 +646,34 @@ impl<'m> Trainer<'m> {
                 }
             }
         }
-        let mut ctx = Ctx { f: &mut progress, panic: None };
-        let st = unsafe { ffi::qlft_trainer_train(self.raw, Some(tramp), (&mut ctx as *mut Ctx<'_>).cast()) };
+        let mut ctx = Ctx {
+            f: &mut progress,
+            panic: None,
+        };
+        let st = unsafe {
+            ffi::qlft_trainer_train(self.raw, Some(tramp), (&mut ctx as *mut Ctx<'_>).cast())
+        };
         let r = check(st);
         if let Some(msg) = ctx.panic {
-            return Err(Error::new(ffi::QLFT_ERR_CANCELLED, format!("progress callback panicked: {msg}")));
+            return Err(Error::new(
+                ffi::QLFT_ERR_CANCELLED,
+                format!("progress callback panicked: {msg}"),
+            ));
         }
         r
     }
     /// A handle that cancels a running `train` from another thread.
     pub fn canceller(&self) -> Canceller {
-        Canceller { shared: self.shared.clone() }
+        Canceller {
+            shared: self.shared.clone(),
+        }
     }
     /// Evaluates on `data`, or on the training data's held-out split when None.
     pub fn evaluate(&mut self, data: Option<&mut Dataset<'_>>) -> Result<EvalResult> {
-        let mut r = EvalResult { struct_size: std::mem::size_of::<EvalResult>() as u32, ..Default::default() };
+        let mut r = EvalResult {
+            struct_size: std::mem::size_of::<EvalResult>() as u32,
+            ..Default::default()
+        };
         let d = data.map_or(ptr::null_mut(), |d| d.raw);
         check(unsafe { ffi::qlft_trainer_evaluate(self.raw, d, &mut r) })?;
         Ok(r)
@@ -631,15 +732,18 @@ pub fn layout_lines() -> Vec<String> {
         ($t:ident, $f:ident) => {
             f!($t, $f, $f)
         };
-        ($t:ident, $f:ident, $name:ident) => {
-{
+        ($t:ident, $f:ident, $name:ident) => {{
             let u = MaybeUninit::<ffi::$t>::uninit();
             let base = u.as_ptr() as usize;
             // SAFETY: addr_of! computes the field address without reading it.
             let field = unsafe { std::ptr::addr_of!((*u.as_ptr()).$f) } as usize;
-            v.push(format!("{}.{} {}", stringify!($t), stringify!($name), field - base))
-        }
-        };
+            v.push(format!(
+                "{}.{} {}",
+                stringify!($t),
+                stringify!($name),
+                field - base
+            ))
+        }};
     }
     s!(qlft_config_key);
     f!(qlft_config_key, struct_size);

@@ -19,9 +19,16 @@ fn shared(rel: &str) -> Option<PathBuf> {
 
 fn settings(steps: &str) -> Config {
     Config::from_pairs(&[
-        ("quant.type", "keep"), ("train.precision", "fp32"), ("lora.r", "8"), ("lora.alpha", "16"),
-        ("optim.lr", "1e-3"), ("seed", "42"), ("data.seq_len", "32"), ("train.micro_batch", "2"),
-        ("train.max_steps", steps), ("threads", "1"),
+        ("quant.type", "keep"),
+        ("train.precision", "fp32"),
+        ("lora.r", "8"),
+        ("lora.alpha", "16"),
+        ("optim.lr", "1e-3"),
+        ("seed", "42"),
+        ("data.seq_len", "32"),
+        ("train.micro_batch", "2"),
+        ("train.max_steps", steps),
+        ("threads", "1"),
     ])
     .expect("valid settings")
 }
@@ -35,7 +42,10 @@ fn tmpdir(name: &str) -> PathBuf {
 
 #[test]
 fn trains_a_few_steps_and_saves_an_adapter() {
-    let (model_path, text) = match (shared("models/stories260K.gguf"), shared("data/tinyshakespeare.txt")) {
+    let (model_path, text) = match (
+        shared("models/stories260K.gguf"),
+        shared("data/tinyshakespeare.txt"),
+    ) {
         (Some(m), Some(t)) => (m, t),
         _ => return,
     };
@@ -54,22 +64,31 @@ fn trains_a_few_steps_and_saves_an_adapter() {
     assert!(data.stats().unwrap().train_sequences > 0);
     let mut trainer = model.trainer(Some(&mut data), Some(&cfg)).unwrap();
     let mut losses = Vec::new();
-    trainer.train(|s| {
-        losses.push(s.loss);
-        true
-    }).unwrap();
+    trainer
+        .train(|s| {
+            losses.push(s.loss);
+            true
+        })
+        .unwrap();
     assert_eq!(losses.len(), 3);
     assert!(losses.iter().all(|l| l.is_finite() && *l > 0.0));
     assert!(trainer.memory_report().unwrap().total_reserved > 0);
     let out = tmpdir("adapter");
     trainer.save_adapter(out.join("a"), "peft").unwrap();
-    assert!(std::fs::metadata(out.join("a/adapter_model.safetensors")).unwrap().len() > 0);
+    assert!(
+        std::fs::metadata(out.join("a/adapter_model.safetensors"))
+            .unwrap()
+            .len()
+            > 0
+    );
     let mut text_out = String::new();
     let gen = Config::from_pairs(&[("generate.max_tokens", "8"), ("threads", "1")]).unwrap();
-    model.generate(Some(&trainer), "Once", Some(&gen), |t| {
-        text_out.push_str(t);
-        true
-    }).unwrap();
+    model
+        .generate(Some(&trainer), "Once", Some(&gen), |t| {
+            text_out.push_str(t);
+            true
+        })
+        .unwrap();
     drop(trainer);
     let _ = std::fs::remove_dir_all(out);
 }
@@ -81,7 +100,10 @@ fn errors_carry_code_and_message() {
     assert_eq!(e.kind(), ErrorKind::InvalidArgument);
     assert_eq!(e.code(), qlft::ffi::QLFT_ERR_INVALID_ARGUMENT);
     assert!(e.message().contains("lora.r"), "{e}");
-    assert!(e.to_string().starts_with("QLFT_ERR_INVALID_ARGUMENT: "), "{e}");
+    assert!(
+        e.to_string().starts_with("QLFT_ERR_INVALID_ARGUMENT: "),
+        "{e}"
+    );
     let e = Config::from_pairs(&[("no.such.key", "1")]).err().unwrap();
     assert_eq!(e.kind(), ErrorKind::InvalidArgument);
     assert!(e.message().contains("no.such.key"), "{e}");
@@ -89,7 +111,10 @@ fn errors_carry_code_and_message() {
     assert_eq!(e.kind(), ErrorKind::InvalidArgument);
 
     let rt = Runtime::new(None).unwrap();
-    let e = rt.load_model("/nonexistent/model.gguf", None).err().unwrap();
+    let e = rt
+        .load_model("/nonexistent/model.gguf", None)
+        .err()
+        .unwrap();
     assert_eq!(e.kind(), ErrorKind::Io);
     assert_eq!(e.code(), qlft::ffi::QLFT_ERR_IO);
     assert!(e.message().contains("/nonexistent/model.gguf"), "{e}");
@@ -99,7 +124,10 @@ fn errors_carry_code_and_message() {
 
 #[test]
 fn cancellation_by_closure_panic_and_other_thread() {
-    let (model_path, text) = match (shared("models/stories260K.gguf"), shared("data/tinyshakespeare.txt")) {
+    let (model_path, text) = match (
+        shared("models/stories260K.gguf"),
+        shared("data/tinyshakespeare.txt"),
+    ) {
         (Some(m), Some(t)) => (m, t),
         _ => return,
     };
@@ -113,12 +141,14 @@ fn cancellation_by_closure_panic_and_other_thread() {
     assert_eq!(e.kind(), ErrorKind::Cancelled, "{e}");
     assert!(!e.message().is_empty());
 
-    let e = trainer.train(|s| {
-        if s.step >= 3 {
-            panic!("boom at step {}", s.step);
-        }
-        true
-    }).unwrap_err();
+    let e = trainer
+        .train(|s| {
+            if s.step >= 3 {
+                panic!("boom at step {}", s.step);
+            }
+            true
+        })
+        .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Cancelled);
     assert!(e.message().contains("boom at step 3"), "{e}");
 
@@ -130,14 +160,16 @@ fn cancellation_by_closure_panic_and_other_thread() {
         c.cancel();
     });
     let mut sent = false;
-    let e = trainer.train(|_| {
-        if !sent {
-            tx.send(()).unwrap();
-            sent = true;
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-        true
-    }).unwrap_err();
+    let e = trainer
+        .train(|_| {
+            if !sent {
+                tx.send(()).unwrap();
+                sent = true;
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            true
+        })
+        .unwrap_err();
     h.join().unwrap();
     assert_eq!(e.kind(), ErrorKind::Cancelled, "{e}");
     // Training continues afterwards.
@@ -152,7 +184,10 @@ fn layout_matches_the_header_where_c_output_is_given() {
     // tests/bindings passes the C compiler's list in QLFT_LAYOUT_C_OUT; plain `cargo test`
     // still checks that every struct starts with struct_size at 0.
     let lines = qlft::layout_lines();
-    assert!(lines.iter().filter(|l| l.contains(".struct_size ")).all(|l| l.ends_with(" 0")));
+    assert!(lines
+        .iter()
+        .filter(|l| l.contains(".struct_size "))
+        .all(|l| l.ends_with(" 0")));
     if let Some(p) = std::env::var_os("QLFT_LAYOUT_C_OUT") {
         let c = std::fs::read_to_string(p).unwrap();
         let c: Vec<&str> = c.lines().collect();

@@ -17,8 +17,13 @@ fn shared(rel: &str) -> Option<PathBuf> {
 }
 
 fn settings(steps: &str) -> Config {
-    Config::from_pairs(&[("quant.type", "keep"), ("data.seq_len", "32"), ("train.max_steps", steps), ("threads", "1")])
-        .expect("valid settings")
+    Config::from_pairs(&[
+        ("quant.type", "keep"),
+        ("data.seq_len", "32"),
+        ("train.max_steps", steps),
+        ("threads", "1"),
+    ])
+    .expect("valid settings")
 }
 
 fn tmpdir(name: &str) -> PathBuf {
@@ -42,7 +47,11 @@ fn create_free_loop_keeps_rss_flat() {
     };
     let dir = tmpdir("loop");
     let small = dir.join("small.txt");
-    std::fs::write(&small, "Once upon a time there was a little dog.\n".repeat(20)).unwrap();
+    std::fs::write(
+        &small,
+        "Once upon a time there was a little dog.\n".repeat(20),
+    )
+    .unwrap();
     let cfg = settings("1");
     let cycle = || {
         let cfg2 = Config::from_pairs(&[("lora.r", "4"), ("threads", "1")]).unwrap();
@@ -66,7 +75,9 @@ fn create_free_loop_keeps_rss_flat() {
     let after = rss_bytes();
     let growth = after.saturating_sub(before);
     eprintln!("rss before {before} after {after} growth {growth}");
-    assert!(growth < 4 << 20, "RSS grew by {growth} bytes over 1000 cycles");
+    assert!(
+        growth < 4 << 20,
+        "RSS grew by {growth} bytes over 1000 cycles"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
-

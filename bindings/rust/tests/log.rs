@@ -17,8 +17,12 @@ fn log_closure_receives_messages() {
     }
     let got: Arc<Mutex<Vec<(i32, String)>>> = Arc::default();
     let sink = got.clone();
-    qlft::set_log_callback(Some(Box::new(move |level, msg| sink.lock().unwrap().push((level, msg.to_string())))),
-                           qlft::ffi::QLFT_LOG_INFO);
+    qlft::set_log_callback(
+        Some(Box::new(move |level, msg| {
+            sink.lock().unwrap().push((level, msg.to_string()))
+        })),
+        qlft::ffi::QLFT_LOG_INFO,
+    );
     let cfg = Config::from_pairs(&[("quant.type", "keep")]).unwrap();
     let rt = Runtime::new(Some(&cfg)).unwrap();
     drop(rt.load_model(&model_path, Some(&cfg)).unwrap());
@@ -26,9 +30,16 @@ fn log_closure_receives_messages() {
     {
         let g = got.lock().unwrap();
         assert!(g.iter().all(|(l, _)| *l <= qlft::ffi::QLFT_LOG_INFO));
-        assert!(g.iter().any(|(l, m)| *l == qlft::ffi::QLFT_LOG_INFO && m.contains(&name)), "{g:?}");
+        assert!(
+            g.iter()
+                .any(|(l, m)| *l == qlft::ffi::QLFT_LOG_INFO && m.contains(&name)),
+            "{g:?}"
+        );
     }
-    qlft::set_log_callback(Some(Box::new(|_, _| panic!("logger panics"))), qlft::ffi::QLFT_LOG_INFO);
+    qlft::set_log_callback(
+        Some(Box::new(|_, _| panic!("logger panics"))),
+        qlft::ffi::QLFT_LOG_INFO,
+    );
     drop(rt.load_model(&model_path, Some(&cfg)).unwrap());
     qlft::set_log_callback(None, qlft::ffi::QLFT_LOG_WARN);
     let n = got.lock().unwrap().len();
