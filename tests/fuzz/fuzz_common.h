@@ -75,6 +75,12 @@ void expect_only_qlft_errors(F&& f) {
   }
 }
 
+// Keeps a value alive so reads made only for ASan's sake are not optimized away.
+inline void keep(uint64_t v) {
+  [[maybe_unused]] static volatile uint64_t sink;
+  sink = v;
+}
+
 // Where the real model and vocabulary files are (QLFT_SHARED_DIR overrides the build default).
 inline std::string shared_file(const std::string& rel) {
   const char* env = std::getenv("QLFT_SHARED_DIR");

@@ -3,7 +3,7 @@
 # in ../shared and the repo's fixtures (never committed), plus the hand-picked seeds committed in
 # tests/fuzz/seeds/<target>/. Multi-file targets get their parts joined by "\n--qlft-file--\n"
 # (see fuzz_common.h). Usage: make_seeds.sh BUILD_DIR [SHARED_DIR]
-set -euo pipefail
+set -uo pipefail
 build=${1:?usage: make_seeds.sh BUILD_DIR [SHARED_DIR]}
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -22,7 +22,7 @@ join_files() {  # join_files FILE... : parts separated by the separator line
   for f in "$@"; do
     ((first)) || printf '%s' "$sep"
     first=0
-    [ -f "$f" ] && cat "$f"
+    if [ -f "$f" ]; then cat "$f"; fi
   done
 }
 have() { [ -f "$1" ]; }
