@@ -32,6 +32,7 @@ std::vector<float> writer_values(size_t n, float scale, float offset) {
 }
 
 std::vector<double> as_f64(const SafeTensorInfo& t) {
+  if (t.numel() == 0) return {};  // (memcpy into an empty vector's NULL data is UB)
   std::vector<float> f(t.numel());
   if (t.dtype == DType::I64 || t.dtype == DType::F64) {  // exact, wider than float
     std::vector<double> d(t.numel());
