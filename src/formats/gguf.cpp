@@ -204,6 +204,17 @@ void GgufValue::check_index(uint64_t idx) const {
                 static_cast<unsigned long long>(count));
 }
 
+namespace {
+// A float array element read as an integer: NaN, inf or out of int64 range is a format error,
+// not undefined behaviour (found by tests/fuzz/fuzz_gguf).
+int64_t float_to_i64(double d, uint64_t idx) {
+  if (!(d >= -9.2e18 && d <= 9.2e18))
+    throw_error(QLFT_ERR_FORMAT, "GGUF array element %llu (%g) is not representable as an integer",
+                static_cast<unsigned long long>(idx), d);
+  return static_cast<int64_t>(d);
+}
+}  // namespace
+
 int64_t GgufValue::array_i(uint64_t idx) const {
   check_index(idx);
   size_t es = scalar_size(elem_type);
@@ -247,12 +258,12 @@ int64_t GgufValue::array_i(uint64_t idx) const {
     case GgufType::F32: {
       float f;
       std::memcpy(&f, p, 4);
-      return static_cast<int64_t>(f);
+      return float_to_i64(f, idx);
     }
     case GgufType::F64: {
       double d;
       std::memcpy(&d, p, 8);
-      return static_cast<int64_t>(d);
+      return float_to_i64(d, idx);
     }
     default:
       return 0;
