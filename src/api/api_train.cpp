@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "data/dataset.h"
+#include "data/model_template.h"
 #include "data/tokenizer_encoder.h"
 #include "train/adapter_io.h"
 #include "train/trainer.h"
@@ -66,7 +67,8 @@ int32_t qlft_dataset_load(const qlft_model* model, const char* path, const qlft_
     c.set("data.path", path);
     auto d = std::make_unique<qlft_dataset>();
     d->model = model;
-    d->encoder = std::make_unique<qlft::data::TokenizerEncoder>(model->need_tokenizer());
+    d->encoder = std::make_unique<qlft::data::TokenizerEncoder>(
+        model->need_tokenizer(), qlft::data::model_chat_template(*model->model));
     d->data = std::make_unique<qlft::data::Dataset>(
         qlft::data::Dataset::build(qlft::data::DataOptions::from_config(c), *d->encoder));
     *out = d.release();
