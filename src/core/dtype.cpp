@@ -117,6 +117,7 @@ void cast_n(const void* src, float* dst, size_t n) {
 }  // namespace
 
 void to_f32_n(DType t, const void* src, float* dst, size_t n) {
+  if (n == 0) return;  // src/dst may be null for empty tensors
   switch (t) {
     case DType::F32: std::memcpy(dst, src, n * 4); return;
     case DType::F16: {
