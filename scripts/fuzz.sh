@@ -7,7 +7,7 @@
 # Env: QLFT_SHARED_DIR (real models/data, default ../shared), FUZZ_BUILD (default build-fuzz),
 #      FUZZ_JOBS (ninja -j, default 2), FUZZ_ARGS (extra libFuzzer flags).
 # A crash leaves its input in build-fuzz/fuzz-artifacts/<target>/; after fixing the bug, copy it
-# to tests/fuzz/regress/<target>/ so `ctest -L fuzz` (or this script) replays it forever.
+# to tests/fuzz/regress/<target>/ so `ctest --test-dir build-fuzz/tests/fuzz -L fuzz` (or this script) replays it forever.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 secs=${1:-60}
