@@ -35,7 +35,7 @@ run_tsan() {
   local rc=0
   for t in test_backend_ops test_backend_props test_api_threads; do
     echo "tsan: $t"
-    TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$root/tests/fuzz/tsan.supp" \
+    TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ignore_noninstrumented_modules=1 suppressions=$root/tests/fuzz/tsan.supp" \
       OMP_NUM_THREADS=2 OMP_WAIT_POLICY=passive QLFT_SOURCE_DIR="$root" \
       "$b/tests/$t" --gtest_brief=1 || rc=1
   done
