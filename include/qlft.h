@@ -133,7 +133,7 @@ QLFT_API const char* qlft_memory_category_name(int32_t category);
 
 typedef struct qlft_memory_report {
   uint32_t struct_size;
-  uint64_t limit; /* memory.limit in bytes, 0 = unlimited */
+  uint64_t limit;                              /* memory.limit in bytes, 0 = unlimited */
   uint64_t allocated[QLFT_MEM_CATEGORY_COUNT]; /* bytes in live buffers now */
   uint64_t reserved[QLFT_MEM_CATEGORY_COUNT];  /* bytes held from the OS now (>= allocated) */
   uint64_t peak[QLFT_MEM_CATEGORY_COUNT];      /* highest `reserved` seen */
@@ -158,8 +158,8 @@ QLFT_API void qlft_model_free(qlft_model* model);
 /* Filled by qlft_model_info(). */
 typedef struct qlft_model_details {
   uint32_t struct_size;
-  char architecture[32]; /* "llama", "qwen2" */
-  char quant_type[16];   /* "nf4", "int8", "f32", "q4_0", "mixed", ... */
+  char architecture[32];  /* "llama", "qwen2" */
+  char quant_type[16];    /* "nf4", "int8", "f32", "q4_0", "mixed", ... */
   char source_format[16]; /* "gguf", "safetensors" */
   uint32_t n_layers;
   uint32_t dim;
@@ -171,10 +171,10 @@ typedef struct qlft_model_details {
   uint32_t context_length;
   float rope_theta;
   float rms_norm_eps;
-  uint32_t tied_embeddings;    /* 1 if the output head shares the token embedding */
+  uint32_t tied_embeddings;     /* 1 if the output head shares the token embedding */
   uint32_t rope_adjacent_pairs; /* 1 = GGUF llama row order, 0 = Hugging Face rotate-half */
-  uint64_t n_params;           /* parameters of the base model */
-  uint64_t weight_bytes;       /* bytes the loaded (possibly quantized) weights occupy */
+  uint64_t n_params;            /* parameters of the base model */
+  uint64_t weight_bytes;        /* bytes the loaded (possibly quantized) weights occupy */
 } qlft_model_details;
 
 QLFT_API int32_t qlft_model_info(const qlft_model* model, qlft_model_details* out);
@@ -209,14 +209,14 @@ QLFT_API void qlft_dataset_free(qlft_dataset* dataset);
 
 typedef struct qlft_dataset_stats {
   uint32_t struct_size;
-  uint64_t records;          /* records read (after skipping bad ones) */
-  uint64_t dropped_records;  /* skipped with data.on_error = skip */
-  uint64_t tokens;           /* tokens after templating */
-  uint64_t trained_tokens;   /* tokens whose loss is trained (not masked) */
-  uint64_t train_sequences;  /* packed or padded rows of data.seq_len */
+  uint64_t records;         /* records read (after skipping bad ones) */
+  uint64_t dropped_records; /* skipped with data.on_error = skip */
+  uint64_t tokens;          /* tokens after templating */
+  uint64_t trained_tokens;  /* tokens whose loss is trained (not masked) */
+  uint64_t train_sequences; /* packed or padded rows of data.seq_len */
   uint64_t eval_sequences;
-  double fill_ratio;         /* non-padding token slots / all slots */
-  uint32_t histogram_bucket_width; /* tokens per bucket of record lengths */
+  double fill_ratio;                                 /* non-padding token slots / all slots */
+  uint32_t histogram_bucket_width;                   /* tokens per bucket of record lengths */
   uint64_t length_histogram[QLFT_HISTOGRAM_BUCKETS]; /* last bucket collects the rest */
 } qlft_dataset_stats;
 
@@ -228,14 +228,14 @@ typedef struct qlft_trainer qlft_trainer;
 
 typedef struct qlft_step_stats {
   uint32_t struct_size;
-  uint64_t step;          /* optimizer steps done, counting this one */
-  uint64_t total_steps;   /* train.max_steps, or the steps of train.epochs */
-  float loss;             /* mean token loss of this step's micro-batches */
+  uint64_t step;        /* optimizer steps done, counting this one */
+  uint64_t total_steps; /* train.max_steps, or the steps of train.epochs */
+  float loss;           /* mean token loss of this step's micro-batches */
   float learning_rate;
-  float grad_norm;        /* before clipping */
-  float loss_scale;       /* fp16 loss scale (1 otherwise) */
-  uint32_t skipped;       /* 1 if the step was skipped (non-finite gradients) */
-  uint64_t tokens;        /* trained tokens in this step */
+  float grad_norm;  /* before clipping */
+  float loss_scale; /* fp16 loss scale (1 otherwise) */
+  uint32_t skipped; /* 1 if the step was skipped (non-finite gradients) */
+  uint64_t tokens;  /* trained tokens in this step */
   double tokens_per_second;
   double elapsed_seconds;
   double eta_seconds;
@@ -300,8 +300,8 @@ typedef int32_t (*qlft_text_fn)(const char* text, void* user_data);
 /* Generates from prompt with the generate.* settings (max_tokens, temperature, top_k, top_p,
  * seed); with the trainer's adapter when trainer is not NULL. */
 QLFT_API int32_t qlft_generate(const qlft_model* model, const qlft_trainer* trainer,
-                               const char* prompt, const qlft_config* config,
-                               qlft_text_fn on_text, void* user_data);
+                               const char* prompt, const qlft_config* config, qlft_text_fn on_text,
+                               void* user_data);
 
 #ifdef __cplusplus
 }

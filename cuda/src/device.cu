@@ -23,7 +23,8 @@ int cuda_device_count(std::string* why) {
 std::string cuda_device_description(int device) {
   cudaDeviceProp p;
   cudaError_t e = cudaGetDeviceProperties(&p, device);
-  if (e != cudaSuccess) return std::string("device ") + std::to_string(device) + ": " + cudaGetErrorString(e);
+  if (e != cudaSuccess)
+    return std::string("device ") + std::to_string(device) + ": " + cudaGetErrorString(e);
   char buf[512];
   std::snprintf(buf, sizeof buf, "%s (sm_%d%d, %.1f GiB)", p.name, p.major, p.minor,
                 static_cast<double>(p.totalGlobalMem) / (1024.0 * 1024 * 1024));

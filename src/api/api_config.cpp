@@ -24,11 +24,14 @@ int32_t qlft_config_create(qlft_config** out) {
   });
 }
 
-void qlft_config_free(qlft_config* config) { delete config; }
+void qlft_config_free(qlft_config* config) {
+  delete config;
+}
 
 int32_t qlft_config_set(qlft_config* config, const char* key, const char* value) {
   return guard([&] {
-    QLFT_CHECK_ARG(config && key && value, "qlft_config_set: config, key and value must not be NULL");
+    QLFT_CHECK_ARG(config && key && value,
+                   "qlft_config_set: config, key and value must not be NULL");
     config->cfg.set(key, value);
   });
 }
@@ -40,7 +43,8 @@ int32_t qlft_config_get(const qlft_config* config, const char* key, char* buf, s
     std::string v = qlft::config_or_default(config).get(key);
     if (needed) *needed = v.size() + 1;
     if (!buf && buf_size == 0) return;  // size query
-    QLFT_CHECK_ARG(buf && buf_size > v.size(), "qlft_config_get: buffer of %zu bytes is too small for '%s' (%zu needed)",
+    QLFT_CHECK_ARG(buf && buf_size > v.size(),
+                   "qlft_config_get: buffer of %zu bytes is too small for '%s' (%zu needed)",
                    buf_size, key, v.size() + 1);
     std::memcpy(buf, v.c_str(), v.size() + 1);
   });
@@ -53,18 +57,23 @@ int32_t qlft_config_load_file(qlft_config* config, const char* path) {
   });
 }
 
-size_t qlft_config_key_count(void) { return qlft::key_count(); }
+size_t qlft_config_key_count(void) {
+  return qlft::key_count();
+}
 
 int32_t qlft_config_key_at(size_t index, qlft_config_key* out) {
   return guard([&] {
-    QLFT_CHECK_ARG(out && out->struct_size >= sizeof(uint32_t), "qlft_config_key_at: out is NULL or struct_size unset");
-    QLFT_CHECK_ARG(index < qlft::key_count(), "qlft_config_key_at: index %zu out of range (%zu keys)",
-                   index, qlft::key_count());
+    QLFT_CHECK_ARG(out && out->struct_size >= sizeof(uint32_t),
+                   "qlft_config_key_at: out is NULL or struct_size unset");
+    QLFT_CHECK_ARG(index < qlft::key_count(),
+                   "qlft_config_key_at: index %zu out of range (%zu keys)", index,
+                   qlft::key_count());
     const qlft::KeyDef& k = qlft::key_at(index);
     // `allowed` is built per key once and kept for the life of the process.
     static std::vector<std::string> allowed = [] {
       std::vector<std::string> v;
-      for (size_t i = 0; i < qlft::key_count(); ++i) v.push_back(qlft::key_allowed(qlft::key_at(i)));
+      for (size_t i = 0; i < qlft::key_count(); ++i)
+        v.push_back(qlft::key_allowed(qlft::key_at(i)));
       return v;
     }();
     qlft_config_key full{};

@@ -24,8 +24,12 @@ constexpr const char* kVersion =
 
 extern "C" {
 
-uint32_t qlft_version_number(void) { return QLFT_VERSION_NUMBER; }
-const char* qlft_version_string(void) { return kVersion; }
+uint32_t qlft_version_number(void) {
+  return QLFT_VERSION_NUMBER;
+}
+const char* qlft_version_string(void) {
+  return kVersion;
+}
 
 const char* qlft_build_info(void) {
   static const char* info = "qlft " QLFT_STR(QLFT_VERSION_MAJOR) "." QLFT_STR(
@@ -36,22 +40,36 @@ const char* qlft_build_info(void) {
 
 const char* qlft_status_string(int32_t status) {
   switch (status) {
-    case QLFT_OK: return "QLFT_OK";
-    case QLFT_ERR_INVALID_ARGUMENT: return "QLFT_ERR_INVALID_ARGUMENT";
-    case QLFT_ERR_IO: return "QLFT_ERR_IO";
-    case QLFT_ERR_FORMAT: return "QLFT_ERR_FORMAT";
-    case QLFT_ERR_UNSUPPORTED: return "QLFT_ERR_UNSUPPORTED";
-    case QLFT_ERR_OUT_OF_MEMORY: return "QLFT_ERR_OUT_OF_MEMORY";
-    case QLFT_ERR_NUMERICAL: return "QLFT_ERR_NUMERICAL";
-    case QLFT_ERR_CANCELLED: return "QLFT_ERR_CANCELLED";
-    case QLFT_ERR_BACKEND: return "QLFT_ERR_BACKEND";
-    case QLFT_ERR_DISTRIBUTED: return "QLFT_ERR_DISTRIBUTED";
-    case QLFT_ERR_INTERNAL: return "QLFT_ERR_INTERNAL";
-    default: return "QLFT_ERR_UNKNOWN";
+    case QLFT_OK:
+      return "QLFT_OK";
+    case QLFT_ERR_INVALID_ARGUMENT:
+      return "QLFT_ERR_INVALID_ARGUMENT";
+    case QLFT_ERR_IO:
+      return "QLFT_ERR_IO";
+    case QLFT_ERR_FORMAT:
+      return "QLFT_ERR_FORMAT";
+    case QLFT_ERR_UNSUPPORTED:
+      return "QLFT_ERR_UNSUPPORTED";
+    case QLFT_ERR_OUT_OF_MEMORY:
+      return "QLFT_ERR_OUT_OF_MEMORY";
+    case QLFT_ERR_NUMERICAL:
+      return "QLFT_ERR_NUMERICAL";
+    case QLFT_ERR_CANCELLED:
+      return "QLFT_ERR_CANCELLED";
+    case QLFT_ERR_BACKEND:
+      return "QLFT_ERR_BACKEND";
+    case QLFT_ERR_DISTRIBUTED:
+      return "QLFT_ERR_DISTRIBUTED";
+    case QLFT_ERR_INTERNAL:
+      return "QLFT_ERR_INTERNAL";
+    default:
+      return "QLFT_ERR_UNKNOWN";
   }
 }
 
-const char* qlft_last_error(void) { return qlft::last_error(); }
+const char* qlft_last_error(void) {
+  return qlft::last_error();
+}
 
 void qlft_set_log_callback(qlft_log_fn fn, void* user_data, int32_t max_level) {
   qlft::set_log_callback(fn, user_data, max_level);

@@ -35,8 +35,10 @@ int32_t qlft_generate(const qlft_model* model, const qlft_trainer* trainer, cons
     const qlft::LoraAdapter* lora = trainer ? &trainer->trainer->lora() : nullptr;
     const int ctx = model->model->cfg.context_length;
     QLFT_CHECK_ARG(static_cast<int64_t>(ids.size()) < ctx,
-                   "qlft_generate: the prompt has %zu tokens, the context holds %d", ids.size(), ctx);
-    int max_len = static_cast<int>(std::min<int64_t>(ctx, static_cast<int64_t>(ids.size()) + opt.max_tokens));
+                   "qlft_generate: the prompt has %zu tokens, the context holds %d", ids.size(),
+                   ctx);
+    int max_len =
+        static_cast<int>(std::min<int64_t>(ctx, static_cast<int64_t>(ids.size()) + opt.max_tokens));
     qlft::Generator gen(*model->model, *backend, lora, max_len);
     qlft::StreamDecoder dec(tok);
     bool stopped = false;

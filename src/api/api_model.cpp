@@ -42,7 +42,9 @@ int32_t qlft_model_load(qlft_runtime* runtime, const char* path, const qlft_conf
   });
 }
 
-void qlft_model_free(qlft_model* model) { delete model; }
+void qlft_model_free(qlft_model* model) {
+  delete model;
+}
 
 int32_t qlft_model_info(const qlft_model* model, qlft_model_details* out) {
   return guard([&] {

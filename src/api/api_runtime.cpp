@@ -22,13 +22,15 @@ int32_t qlft_runtime_create(const qlft_config* config, qlft_runtime** out) {
       std::string why;
       int n = qlft::cuda_device_count(&why);
       if (n == 0)
-        qlft::throw_error(QLFT_ERR_BACKEND, "backend=cuda: no usable CUDA device (%s)", why.c_str());
+        qlft::throw_error(QLFT_ERR_BACKEND, "backend=cuda: no usable CUDA device (%s)",
+                          why.c_str());
       qlft::throw_error(QLFT_ERR_UNSUPPORTED,
                         "backend=cuda: found %s, but the CUDA kernels are not implemented yet",
                         qlft::cuda_device_description(0).c_str());
 #else
-      qlft::throw_error(QLFT_ERR_UNSUPPORTED,
-                        "backend=cuda: this libqlft was built without CUDA (configure with -DQLFT_CUDA=ON)");
+      qlft::throw_error(
+          QLFT_ERR_UNSUPPORTED,
+          "backend=cuda: this libqlft was built without CUDA (configure with -DQLFT_CUDA=ON)");
 #endif
     }
     rt->threads = static_cast<int>(c.get_int("threads"));
@@ -38,7 +40,9 @@ int32_t qlft_runtime_create(const qlft_config* config, qlft_runtime** out) {
   });
 }
 
-void qlft_runtime_free(qlft_runtime* runtime) { delete runtime; }
+void qlft_runtime_free(qlft_runtime* runtime) {
+  delete runtime;
+}
 
 const char* qlft_memory_category_name(int32_t category) {
   if (category < 0 || category >= QLFT_MEM_CATEGORY_COUNT) return "unknown";

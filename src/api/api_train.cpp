@@ -26,8 +26,8 @@ void copy_out(const T& full, T* out) {
   out->struct_size = n;
 }
 
-#define QLFT_CHECK_STRUCT(p, T)                                                              \
-  QLFT_CHECK_ARG((p) && (p)->struct_size >= sizeof(uint32_t),                                \
+#define QLFT_CHECK_STRUCT(p, T)                               \
+  QLFT_CHECK_ARG((p) && (p)->struct_size >= sizeof(uint32_t), \
                  "%s: out is NULL or out->struct_size is not set (use sizeof(" #T "))", __func__)
 
 void fill_stats(const qlft_trainer* t, const qlft::StepReport& r, qlft_step_stats* s,
@@ -75,7 +75,9 @@ int32_t qlft_dataset_load(const qlft_model* model, const char* path, const qlft_
   });
 }
 
-void qlft_dataset_free(qlft_dataset* dataset) { delete dataset; }
+void qlft_dataset_free(qlft_dataset* dataset) {
+  delete dataset;
+}
 
 int32_t qlft_dataset_get_stats(const qlft_dataset* dataset, qlft_dataset_stats* out) {
   return guard([&] {
@@ -95,7 +97,8 @@ int32_t qlft_dataset_get_stats(const qlft_dataset* dataset, qlft_dataset_stats* 
                                static_cast<double>(s.train_rows + s.eval_rows)
                          : 0.0;
     // Fixed-width buckets over [0, seq_len]; the last also takes longer records.
-    uint32_t width = s.seq_len > 0 ? (s.seq_len + QLFT_HISTOGRAM_BUCKETS - 1) / QLFT_HISTOGRAM_BUCKETS : 1;
+    uint32_t width =
+        s.seq_len > 0 ? (s.seq_len + QLFT_HISTOGRAM_BUCKETS - 1) / QLFT_HISTOGRAM_BUCKETS : 1;
     f.histogram_bucket_width = width;
     for (const auto& b : s.length_histogram) {
       uint64_t idx = b.lo / width;
@@ -118,14 +121,16 @@ int32_t qlft_trainer_create(qlft_model* model, qlft_dataset* train_data, const q
     t->model = model;
     t->data = train_data;
     t->cfg = qlft::config_or_default(config);
-    t->trainer = std::make_unique<qlft::Trainer>(*model->model, &model->runtime->tracker,
-                                                 train_data ? train_data->data.get() : nullptr,
-                                                 t->cfg);
+    t->trainer =
+        std::make_unique<qlft::Trainer>(*model->model, &model->runtime->tracker,
+                                        train_data ? train_data->data.get() : nullptr, t->cfg);
     *out = t.release();
   });
 }
 
-void qlft_trainer_free(qlft_trainer* trainer) { delete trainer; }
+void qlft_trainer_free(qlft_trainer* trainer) {
+  delete trainer;
+}
 
 int32_t qlft_trainer_step(qlft_trainer* trainer, qlft_step_stats* out) {
   return guard([&] {
@@ -182,7 +187,8 @@ int32_t qlft_trainer_evaluate(qlft_trainer* trainer, qlft_dataset* data, qlft_ev
       QLFT_CHECK_ARG(d->data->eval().rows() > 0,
                      "qlft_trainer_evaluate: the training data has no held-out split (set "
                      "data.eval_fraction > 0)");
-    qlft::EvalReport e = trainer->trainer->evaluate(*d->data, eval_split || d->data->eval().rows() > 0);
+    qlft::EvalReport e =
+        trainer->trainer->evaluate(*d->data, eval_split || d->data->eval().rows() > 0);
     qlft_eval_result f{};
     f.struct_size = sizeof(f);
     f.loss = e.loss;
@@ -194,7 +200,8 @@ int32_t qlft_trainer_evaluate(qlft_trainer* trainer, qlft_dataset* data, qlft_ev
 
 int32_t qlft_trainer_save_adapter(qlft_trainer* trainer, const char* path, const char* format) {
   return guard([&] {
-    QLFT_CHECK_ARG(trainer && path && *path, "qlft_trainer_save_adapter: trainer and path must be given");
+    QLFT_CHECK_ARG(trainer && path && *path,
+                   "qlft_trainer_save_adapter: trainer and path must be given");
     std::string f = format ? format : "peft";
     if (f == "peft")
       qlft::save_peft_adapter(trainer->trainer->lora(), path, trainer->model->model->path);
@@ -209,14 +216,16 @@ int32_t qlft_trainer_save_adapter(qlft_trainer* trainer, const char* path, const
 
 int32_t qlft_trainer_load_adapter(qlft_trainer* trainer, const char* path) {
   return guard([&] {
-    QLFT_CHECK_ARG(trainer && path && *path, "qlft_trainer_load_adapter: trainer and path must be given");
+    QLFT_CHECK_ARG(trainer && path && *path,
+                   "qlft_trainer_load_adapter: trainer and path must be given");
     qlft::load_peft_adapter(trainer->trainer->lora(), path);
   });
 }
 
 int32_t qlft_trainer_save_checkpoint(qlft_trainer* trainer, const char* path) {
   return guard([&] {
-    QLFT_CHECK_ARG(trainer && path && *path, "qlft_trainer_save_checkpoint: trainer and path must be given");
+    QLFT_CHECK_ARG(trainer && path && *path,
+                   "qlft_trainer_save_checkpoint: trainer and path must be given");
     trainer->trainer->save_checkpoint(path);
   });
 }

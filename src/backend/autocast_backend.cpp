@@ -40,12 +40,14 @@ class AutocastBackend final : public Backend {
     inner_->swiglu_bwd(gate, up, dout, dgate, dup);
   }
   void attention_fwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out, float* lse) override {
-    Buffer qr = rounded(q, "autocast q"), kr = rounded(k, "autocast k"), vr = rounded(v, "autocast v");
+    Buffer qr = rounded(q, "autocast q"), kr = rounded(k, "autocast k"),
+           vr = rounded(v, "autocast v");
     inner_->attention_fwd(s, view(qr, q), view(kr, k), view(vr, v), out, lse);
   }
   void attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out, const float* lse,
                      CMatF dout, MatF dq, MatF dk, MatF dv) override {
-    Buffer qr = rounded(q, "autocast q"), kr = rounded(k, "autocast k"), vr = rounded(v, "autocast v");
+    Buffer qr = rounded(q, "autocast q"), kr = rounded(k, "autocast k"),
+           vr = rounded(v, "autocast v");
     Buffer dr = rounded(dout, "autocast dout");
     inner_->attention_bwd(s, view(qr, q), view(kr, k), view(vr, v), out, lse, view(dr, dout), dq,
                           dk, dv);
@@ -75,7 +77,9 @@ class AutocastBackend final : public Backend {
     for (int64_t r = 0; r < m.rows; ++r) round_through_n(t_, m.row(r), d + r * m.cols, m.cols);
     return b;
   }
-  static CMatF view(const Buffer& b, CMatF like) { return CMatF(b.as<float>(), like.rows, like.cols); }
+  static CMatF view(const Buffer& b, CMatF like) {
+    return CMatF(b.as<float>(), like.rows, like.cols);
+  }
 
   std::unique_ptr<Backend> inner_;
   DType t_;

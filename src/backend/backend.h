@@ -37,7 +37,7 @@ struct LoraRef {
 
 // Attention shape and masking for one call.
 struct AttnShape {
-  int batch = 1, seq = 1;       // rows = batch * seq
+  int batch = 1, seq = 1;  // rows = batch * seq
   int n_heads = 1, n_kv_heads = 1, head_dim = 1;
   // Optional [rows] document id per position (sequence packing): position i may attend to j
   // iff j <= i (same batch element) and doc[i] == doc[j]. nullptr = plain causal.
@@ -53,13 +53,13 @@ class Backend {
   // ---- linear with LoRA -------------------------------------------------------------------
   // y = x W^T + bias + scale * drop(x) A^T B^T. x: [rows, in], y: [rows, out] (overwritten).
   // If lora and xa are given, xa ([rows, r]) receives drop(x) A^T for the backward pass.
-  virtual void linear_fwd(const QWeight& W, const float* bias, const LoraRef* lora, CMatF x,
-                          MatF y, float* xa) = 0;
+  virtual void linear_fwd(const QWeight& W, const float* bias, const LoraRef* lora, CMatF x, MatF y,
+                          float* xa) = 0;
   // dx += dy W + scale * (dy B) A (masked by the dropout mask, scaled by 1/(1-p));
   // dA += scale * (dy B)^T drop(x); dB += scale * dy^T xa.
   // dx may be empty (data == nullptr) when the input gradient is not needed.
-  virtual void linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, const float* xa,
-                          CMatF dy, MatF dx, float* dA, float* dB) = 0;
+  virtual void linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, const float* xa, CMatF dy,
+                          MatF dx, float* dA, float* dB) = 0;
 
   // ---- normalization, position, activation -----------------------------------------------
   // y = x * rstd * w, rstd[row] = 1 / sqrt(mean(x^2) + eps). rstd may be nullptr.

@@ -28,10 +28,18 @@ std::string Config::get(const std::string& key) const {
   return it != values_.end() ? it->second : std::string(k.default_value);
 }
 
-int64_t Config::get_int(const std::string& key) const { return std::strtoll(get(key).c_str(), nullptr, 10); }
-double Config::get_float(const std::string& key) const { return std::strtod(get(key).c_str(), nullptr); }
-bool Config::get_bool(const std::string& key) const { return get(key) == "true"; }
-uint64_t Config::get_size(const std::string& key) const { return parse_bytes(get(key), key.c_str()); }
+int64_t Config::get_int(const std::string& key) const {
+  return std::strtoll(get(key).c_str(), nullptr, 10);
+}
+double Config::get_float(const std::string& key) const {
+  return std::strtod(get(key).c_str(), nullptr);
+}
+bool Config::get_bool(const std::string& key) const {
+  return get(key) == "true";
+}
+uint64_t Config::get_size(const std::string& key) const {
+  return parse_bytes(get(key), key.c_str());
+}
 
 std::vector<std::string> Config::get_list(const std::string& key) const {
   std::vector<std::string> out;

@@ -41,8 +41,9 @@ const KeyDef kKeys[] = {
      "LoRA alpha: the update is scaled by alpha / r (alpha / sqrt(r) with lora.use_rslora)."},
     {"lora.dropout", KeyType::Float, "0", 0, 0.999, "",
      "Dropout probability on the LoRA input (PEFT lora_dropout); 0 disables it."},
-    {"lora.target_modules", KeyType::List, "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
-     0, 0, "q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj",
+    {"lora.target_modules", KeyType::List,
+     "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", 0, 0,
+     "q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj",
      "Projections that get a LoRA adapter (PEFT names)."},
     {"lora.use_rslora", KeyType::Bool, "false", 0, 0, "",
      "Rank-stabilized LoRA: scale alpha / sqrt(r) instead of alpha / r."},
@@ -113,7 +114,8 @@ const KeyDef kKeys[] = {
     {"train.micro_batch", KeyType::Int, "4", 1, 65536, "",
      "Sequences per micro-batch (one forward/backward)."},
     {"train.accumulation", KeyType::Int, "1", 1, 65536, "",
-     "Micro-batches per optimizer step; the effective batch is micro_batch x accumulation x ranks."},
+     "Micro-batches per optimizer step; the effective batch is micro_batch x accumulation x "
+     "ranks."},
     {"train.max_steps", KeyType::Int, "0", 0, 1e15, "",
      "Optimizer steps to run; 0 runs data.epochs passes over the training split."},
     {"train.precision", KeyType::Enum, "fp32", 0, 0, "fp32|bf16|fp16",
@@ -177,8 +179,12 @@ std::string range_text(const KeyDef& k) {
 }
 }  // namespace
 
-size_t key_count() { return kKeyCount; }
-const KeyDef& key_at(size_t i) { return kKeys[i]; }
+size_t key_count() {
+  return kKeyCount;
+}
+const KeyDef& key_at(size_t i) {
+  return kKeys[i];
+}
 
 const KeyDef* find_key(const std::string& name) {
   for (const KeyDef& k : kKeys)
@@ -188,13 +194,20 @@ const KeyDef* find_key(const std::string& name) {
 
 const char* key_type_name(KeyType t) {
   switch (t) {
-    case KeyType::Int: return "int";
-    case KeyType::Float: return "float";
-    case KeyType::Bool: return "bool";
-    case KeyType::String: return "string";
-    case KeyType::Enum: return "enum";
-    case KeyType::Size: return "size";
-    case KeyType::List: return "list";
+    case KeyType::Int:
+      return "int";
+    case KeyType::Float:
+      return "float";
+    case KeyType::Bool:
+      return "bool";
+    case KeyType::String:
+      return "string";
+    case KeyType::Enum:
+      return "enum";
+    case KeyType::Size:
+      return "size";
+    case KeyType::List:
+      return "list";
   }
   return "?";
 }
@@ -202,12 +215,18 @@ const char* key_type_name(KeyType t) {
 std::string key_allowed(const KeyDef& k) {
   switch (k.type) {
     case KeyType::Int:
-    case KeyType::Float: return range_text(k);
-    case KeyType::Bool: return "true|false";
-    case KeyType::Enum: return k.choices;
-    case KeyType::List: return *k.choices ? strf("comma-separated from %s", k.choices) : "comma-separated";
-    case KeyType::Size: return "bytes, or with K/M/G/T";
-    case KeyType::String: return "";
+    case KeyType::Float:
+      return range_text(k);
+    case KeyType::Bool:
+      return "true|false";
+    case KeyType::Enum:
+      return k.choices;
+    case KeyType::List:
+      return *k.choices ? strf("comma-separated from %s", k.choices) : "comma-separated";
+    case KeyType::Size:
+      return "bytes, or with K/M/G/T";
+    case KeyType::String:
+      return "";
   }
   return "";
 }
@@ -249,11 +268,13 @@ std::string validate_value(const KeyDef& k, const std::string& raw) {
     case KeyType::Enum: {
       std::string l = lower(v);
       if (!in_choices(k.choices, l))
-        throw_error(QLFT_ERR_INVALID_ARGUMENT, "%s must be one of %s, got '%s'", k.name,
-                    k.choices, raw.c_str());
+        throw_error(QLFT_ERR_INVALID_ARGUMENT, "%s must be one of %s, got '%s'", k.name, k.choices,
+                    raw.c_str());
       return l;
     }
-    case KeyType::Size: parse_bytes(v, k.name); return v;
+    case KeyType::Size:
+      parse_bytes(v, k.name);
+      return v;
     case KeyType::List: {
       std::string out;
       std::stringstream ss(v);
@@ -262,14 +283,15 @@ std::string validate_value(const KeyDef& k, const std::string& raw) {
         item = trim(item);
         if (item.empty()) continue;
         if (*k.choices && !in_choices(k.choices, item))
-          throw_error(QLFT_ERR_INVALID_ARGUMENT, "%s: '%s' is not one of %s", k.name,
-                      item.c_str(), k.choices);
+          throw_error(QLFT_ERR_INVALID_ARGUMENT, "%s: '%s' is not one of %s", k.name, item.c_str(),
+                      k.choices);
         if (!out.empty()) out += ",";
         out += item;
       }
       return out;
     }
-    case KeyType::String: return v;
+    case KeyType::String:
+      return v;
   }
   return v;
 }

@@ -44,6 +44,8 @@ void set_last_error(const std::string& message) {
   }
 }
 
-const char* last_error() { return t_last_error.c_str(); }
+const char* last_error() {
+  return t_last_error.c_str();
+}
 
 }  // namespace qlft

@@ -50,13 +50,13 @@ int32_t guard(F&& f) noexcept {
   }
 }
 
-#define QLFT_CHECK_ARG(cond, ...) \
-  do {                            \
+#define QLFT_CHECK_ARG(cond, ...)                                             \
+  do {                                                                        \
     if (!(cond)) ::qlft::throw_error(QLFT_ERR_INVALID_ARGUMENT, __VA_ARGS__); \
   } while (0)
 
-#define QLFT_CHECK_FORMAT(cond, ...) \
-  do {                               \
+#define QLFT_CHECK_FORMAT(cond, ...)                                \
+  do {                                                              \
     if (!(cond)) ::qlft::throw_error(QLFT_ERR_FORMAT, __VA_ARGS__); \
   } while (0)
 

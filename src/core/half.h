@@ -26,14 +26,17 @@ QLFT_HD inline uint16_t f32_to_bf16(float f) {
   u += 0x7fffu + ((u >> 16) & 1u);
   return static_cast<uint16_t>(u >> 16);
 }
-QLFT_HD inline float bf16_to_f32(uint16_t h) { return bits_f32(static_cast<uint32_t>(h) << 16); }
+QLFT_HD inline float bf16_to_f32(uint16_t h) {
+  return bits_f32(static_cast<uint32_t>(h) << 16);
+}
 
 // IEEE half, round to nearest even, overflow to inf, subnormals kept.
 QLFT_HD inline uint16_t f32_to_f16(float f) {
   uint32_t x = f32_bits(f);
   uint32_t sign = (x >> 16) & 0x8000u;
   uint32_t ax = x & 0x7fffffffu;
-  if (ax >= 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0));
+  if (ax >= 0x7f800000u)
+    return static_cast<uint16_t>(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0));
   if (ax >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to >= 65520
   if (ax < 0x38800000u) {  // below the smallest normal half: produce a subnormal
     if (ax < 0x33000000u) return static_cast<uint16_t>(sign);  // < 2^-25 rounds to zero

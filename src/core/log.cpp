@@ -20,7 +20,9 @@ void* g_user = nullptr;
 std::atomic<int32_t> g_max_level{QLFT_LOG_WARN};
 }  // namespace
 
-bool log_enabled(int32_t level) { return level <= g_max_level.load(std::memory_order_relaxed); }
+bool log_enabled(int32_t level) {
+  return level <= g_max_level.load(std::memory_order_relaxed);
+}
 
 void set_log_callback(qlft_log_fn fn, void* user, int32_t max_level) {
   std::lock_guard<std::mutex> lock(g_mutex);

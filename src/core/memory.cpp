@@ -13,9 +13,8 @@
 namespace qlft {
 
 const char* mem_category_name(MemCategory c) {
-  static const char* names[kMemCategoryCount] = {"weights",     "adapter",   "gradients",
-                                                 "optimizer",   "activations", "workspace",
-                                                 "communication"};
+  static const char* names[kMemCategoryCount] = {
+      "weights", "adapter", "gradients", "optimizer", "activations", "workspace", "communication"};
   int i = static_cast<int>(c);
   return (i >= 0 && i < kMemCategoryCount) ? names[i] : "unknown";
 }
@@ -87,7 +86,9 @@ Buffer::Buffer(MemoryTracker* tracker, MemCategory c, size_t bytes, const char* 
   size_ = bytes;
 }
 
-Buffer::~Buffer() { reset(); }
+Buffer::~Buffer() {
+  reset();
+}
 
 void Buffer::reset() noexcept {
   if (data_) {
@@ -125,7 +126,8 @@ std::string format_bytes(uint64_t bytes) {
     v /= 1024.0;
     ++u;
   }
-  return u == 0 ? strf("%llu B", static_cast<unsigned long long>(bytes)) : strf("%.1f %s", v, units[u]);
+  return u == 0 ? strf("%llu B", static_cast<unsigned long long>(bytes))
+                : strf("%.1f %s", v, units[u]);
 }
 
 uint64_t parse_bytes(const std::string& text, const char* key) {
@@ -141,11 +143,16 @@ uint64_t parse_bytes(const std::string& text, const char* key) {
     if (!std::isspace(static_cast<unsigned char>(*p)))
       unit += static_cast<char>(std::tolower(static_cast<unsigned char>(*p)));
   double mult = 1;
-  if (unit.empty() || unit == "b") mult = 1;
-  else if (unit == "k" || unit == "kb" || unit == "kib") mult = 1024.0;
-  else if (unit == "m" || unit == "mb" || unit == "mib") mult = 1024.0 * 1024;
-  else if (unit == "g" || unit == "gb" || unit == "gib") mult = 1024.0 * 1024 * 1024;
-  else if (unit == "t" || unit == "tb" || unit == "tib") mult = 1024.0 * 1024 * 1024 * 1024;
+  if (unit.empty() || unit == "b")
+    mult = 1;
+  else if (unit == "k" || unit == "kb" || unit == "kib")
+    mult = 1024.0;
+  else if (unit == "m" || unit == "mb" || unit == "mib")
+    mult = 1024.0 * 1024;
+  else if (unit == "g" || unit == "gb" || unit == "gib")
+    mult = 1024.0 * 1024 * 1024;
+  else if (unit == "t" || unit == "tb" || unit == "tib")
+    mult = 1024.0 * 1024 * 1024 * 1024;
   else
     throw_error(QLFT_ERR_INVALID_ARGUMENT, "%s: unknown size unit in '%s' (use K, M, G or T)", key,
                 text.c_str());

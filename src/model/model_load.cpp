@@ -16,11 +16,13 @@
 namespace qlft {
 
 const char* proj_peft_name(Proj p) {
-  static const char* n[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  static const char* n[] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                            "gate_proj", "up_proj", "down_proj"};
   return n[static_cast<int>(p)];
 }
 const char* proj_gguf_name(Proj p) {
-  static const char* n[] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
+  static const char* n[] = {"attn_q",   "attn_k", "attn_v",  "attn_output",
+                            "ffn_gate", "ffn_up", "ffn_down"};
   return n[static_cast<int>(p)];
 }
 
@@ -67,7 +69,8 @@ std::string dirname_of(const std::string& p) {
 QuantKind target_kind(const LoadOptions& o) {
   if (o.quant_type == "nf4") return QuantKind::NF4;
   if (o.quant_type == "int8") return QuantKind::INT8;
-  throw_error(QLFT_ERR_INVALID_ARGUMENT, "quant.type '%s' has no target kind", o.quant_type.c_str());
+  throw_error(QLFT_ERR_INVALID_ARGUMENT, "quant.type '%s' has no target kind",
+              o.quant_type.c_str());
 }
 
 void check_config(const ModelConfig& c, const std::string& path) {
@@ -107,8 +110,7 @@ class GgufLoader {
     c.n_heads = static_cast<int>(g.get_int_in(a + "attention.head_count", 1, kMaxHeads));
     c.n_kv_heads =
         static_cast<int>(g.get_int_in(a + "attention.head_count_kv", 1, kMaxHeads, c.n_heads));
-    c.context_length =
-        static_cast<int>(g.get_int_in(a + "context_length", 1, kMaxContext, 2048));
+    c.context_length = static_cast<int>(g.get_int_in(a + "context_length", 1, kMaxContext, 2048));
     c.rms_eps = static_cast<float>(g.get_float(a + "attention.layer_norm_rms_epsilon", 1e-5));
     c.rope_theta = static_cast<float>(g.get_float(a + "rope.freq_base", 10000.0));
     QLFT_CHECK_FORMAT(c.n_heads > 0 && c.dim % c.n_heads == 0,
@@ -136,9 +138,9 @@ class GgufLoader {
       c.tied_embeddings = true;
     }
     const int q_out = c.n_heads * c.head_dim, kv_out = c.n_kv_heads * c.head_dim;
-    const int64_t shapes[kProjCount][2] = {{q_out, c.dim}, {kv_out, c.dim}, {kv_out, c.dim},
-                                           {c.dim, q_out}, {c.ffn_dim, c.dim}, {c.ffn_dim, c.dim},
-                                           {c.dim, c.ffn_dim}};
+    const int64_t shapes[kProjCount][2] = {
+        {q_out, c.dim},     {kv_out, c.dim},    {kv_out, c.dim},   {c.dim, q_out},
+        {c.ffn_dim, c.dim}, {c.ffn_dim, c.dim}, {c.dim, c.ffn_dim}};
     m_.layers.resize(c.n_layers);
     for (int i = 0; i < c.n_layers; ++i) {
       LayerWeights& L = m_.layers[i];
@@ -166,7 +168,8 @@ class GgufLoader {
   }
   void expect_shape(const GgufTensorInfo& t, int64_t rows, int64_t cols) {
     bool ok = t.n_dims <= 2 && t.ne[0] == cols && (rows < 0 || t.ne[1] == rows);
-    QLFT_CHECK_FORMAT(ok, "%s: tensor '%s' has shape [%lld, %lld], expected [%lld, %lld] (GGUF order)",
+    QLFT_CHECK_FORMAT(ok,
+                      "%s: tensor '%s' has shape [%lld, %lld], expected [%lld, %lld] (GGUF order)",
                       m_.gguf->path().c_str(), t.name.c_str(), static_cast<long long>(t.ne[0]),
                       static_cast<long long>(t.ne[1]), static_cast<long long>(cols),
                       static_cast<long long>(rows));
@@ -174,10 +177,16 @@ class GgufLoader {
   void to_f32(const GgufTensorInfo& t, float* dst) {
     const GgmlTypeTraits* tr = ggml_type_traits(t.type);
     switch (static_cast<GgmlType>(t.type)) {
-      case GgmlType::I8: case GgmlType::I16: case GgmlType::I32: case GgmlType::I64:
-        throw_error(QLFT_ERR_FORMAT, "%s: tensor '%s' has integer type %s, expected a float or "
-                    "quantized type", m_.gguf->path().c_str(), t.name.c_str(), tr->name);
-      default: break;
+      case GgmlType::I8:
+      case GgmlType::I16:
+      case GgmlType::I32:
+      case GgmlType::I64:
+        throw_error(QLFT_ERR_FORMAT,
+                    "%s: tensor '%s' has integer type %s, expected a float or "
+                    "quantized type",
+                    m_.gguf->path().c_str(), t.name.c_str(), tr->name);
+      default:
+        break;
     }
     if (!tr->dequantizable)
       throw_error(QLFT_ERR_UNSUPPORTED, "%s: tensor '%s' has type %s, which qlft cannot dequantize",
@@ -187,9 +196,9 @@ class GgufLoader {
   Buffer vector(const std::string& name, int64_t n) {
     const GgufTensorInfo* t = m_.gguf->find_tensor(name);
     QLFT_CHECK_FORMAT(t, "%s: tensor '%s' is missing", m_.gguf->path().c_str(), name.c_str());
-    QLFT_CHECK_FORMAT(t->numel() == n && t->ne[0] == n, "%s: tensor '%s' has %lld elements, expected %lld",
-                      m_.gguf->path().c_str(), name.c_str(), static_cast<long long>(t->numel()),
-                      static_cast<long long>(n));
+    QLFT_CHECK_FORMAT(t->numel() == n && t->ne[0] == n,
+                      "%s: tensor '%s' has %lld elements, expected %lld", m_.gguf->path().c_str(),
+                      name.c_str(), static_cast<long long>(t->numel()), static_cast<long long>(n));
     Buffer b(tracker_, MemCategory::Weights, n * 4, name.c_str());
     to_f32(*t, b.as<float>());
     return b;
@@ -208,7 +217,8 @@ class GgufLoader {
   QWeight linear_weight(const GgufTensorInfo& t, int64_t rows, int64_t cols) {
     if (opt_.quant_type == "keep") {
       switch (static_cast<GgmlType>(t.type)) {
-        case GgmlType::F32: return float_weight(t, rows, cols);
+        case GgmlType::F32:
+          return float_weight(t, rows, cols);
         default: {
           const GgmlTypeTraits* tr = ggml_type_traits(t.type);
           if (!tr->dequantizable)
@@ -245,9 +255,12 @@ class HfLoader {
         !cj.root()["architectures"].empty() && cj.root()["architectures"][0].is_string())
       arch_name = cj.root()["architectures"][0].get<std::string>();
     std::string model_type = cj.get_string("model_type", "");
-    if (arch_name == "LlamaForCausalLM" || model_type == "llama") c.arch = "llama";
-    else if (arch_name == "MistralForCausalLM" || model_type == "mistral") c.arch = "mistral";
-    else if (arch_name == "Qwen2ForCausalLM" || model_type == "qwen2") c.arch = "qwen2";
+    if (arch_name == "LlamaForCausalLM" || model_type == "llama")
+      c.arch = "llama";
+    else if (arch_name == "MistralForCausalLM" || model_type == "mistral")
+      c.arch = "mistral";
+    else if (arch_name == "Qwen2ForCausalLM" || model_type == "qwen2")
+      c.arch = "qwen2";
     else
       throw_error(QLFT_ERR_UNSUPPORTED, "%s: architecture '%s' (model_type '%s') is not supported",
                   cj.path().c_str(), arch_name.c_str(), model_type.c_str());
@@ -255,8 +268,7 @@ class HfLoader {
     c.ffn_dim = static_cast<int>(cj.get_int_in("intermediate_size", 1, kMaxDim));
     c.n_layers = static_cast<int>(cj.get_int_in("num_hidden_layers", 1, kMaxLayers));
     c.n_heads = static_cast<int>(cj.get_int_in("num_attention_heads", 1, kMaxHeads));
-    c.n_kv_heads =
-        static_cast<int>(cj.get_int_in("num_key_value_heads", 1, kMaxHeads, c.n_heads));
+    c.n_kv_heads = static_cast<int>(cj.get_int_in("num_key_value_heads", 1, kMaxHeads, c.n_heads));
     c.vocab = static_cast<int>(cj.get_int_in("vocab_size", 1, kMaxVocab));
     c.context_length =
         static_cast<int>(cj.get_int_in("max_position_embeddings", 1, kMaxContext, 2048));
@@ -300,9 +312,9 @@ class HfLoader {
       c.tied_embeddings = true;
     }
     const int q_out = c.n_heads * c.head_dim, kv_out = c.n_kv_heads * c.head_dim;
-    const int64_t shapes[kProjCount][2] = {{q_out, c.dim}, {kv_out, c.dim}, {kv_out, c.dim},
-                                           {c.dim, q_out}, {c.ffn_dim, c.dim}, {c.ffn_dim, c.dim},
-                                           {c.dim, c.ffn_dim}};
+    const int64_t shapes[kProjCount][2] = {
+        {q_out, c.dim},     {kv_out, c.dim},    {kv_out, c.dim},   {c.dim, q_out},
+        {c.ffn_dim, c.dim}, {c.ffn_dim, c.dim}, {c.dim, c.ffn_dim}};
     m_.layers.resize(c.n_layers);
     for (int i = 0; i < c.n_layers; ++i) {
       LayerWeights& L = m_.layers[i];
@@ -336,7 +348,11 @@ class HfLoader {
                   t->file->c_str(), name.c_str(), have.c_str(), want.c_str());
     }
     switch (t->dtype) {
-      case DType::F32: case DType::F16: case DType::BF16: case DType::F64: break;
+      case DType::F32:
+      case DType::F16:
+      case DType::BF16:
+      case DType::F64:
+        break;
       default:
         throw_error(QLFT_ERR_FORMAT, "%s: tensor '%s' has dtype %s, expected a float type",
                     t->file->c_str(), name.c_str(), dtype_name(t->dtype));
@@ -426,9 +442,10 @@ std::unique_ptr<Model> load_model(MemoryTracker* tracker, const std::string& pat
   for (const LayerWeights& l : m->layers)
     for (const QWeight& w : l.proj) kinds.insert(w.type_name());
   m->quant_summary = kinds.size() == 1 ? *kinds.begin() : "mixed";
-  QLFT_LOG_I("loaded %s model %s (%s): %d layers, dim %d, vocab %d, %s weights, %s", m->cfg.arch.c_str(),
-             path.c_str(), m->source_format.c_str(), m->cfg.n_layers, m->cfg.dim, m->cfg.vocab,
-             m->quant_summary.c_str(), format_bytes(m->weight_bytes()).c_str());
+  QLFT_LOG_I("loaded %s model %s (%s): %d layers, dim %d, vocab %d, %s weights, %s",
+             m->cfg.arch.c_str(), path.c_str(), m->source_format.c_str(), m->cfg.n_layers,
+             m->cfg.dim, m->cfg.vocab, m->quant_summary.c_str(),
+             format_bytes(m->weight_bytes()).c_str());
   return m;
 }
 

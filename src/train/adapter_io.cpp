@@ -92,8 +92,8 @@ LoraConfig read_peft_config(const std::string& dir) {
   c.use_rslora = j.get_bool("use_rslora", false);
   QLFT_CHECK_FORMAT(!j.get_bool("use_dora", false), "%s: DoRA adapters are not supported",
                     j.path().c_str());
-  const nlohmann::json& t = j.root().contains("target_modules") ? j.root()["target_modules"]
-                                                                 : nlohmann::json();
+  const nlohmann::json& t =
+      j.root().contains("target_modules") ? j.root()["target_modules"] : nlohmann::json();
   std::string list;
   if (t.is_array()) {
     for (const auto& x : t) {
@@ -156,8 +156,7 @@ void load_peft_adapter(LoraAdapter& lora, const std::string& dir) {
         int64_t rows = k == 0 ? c.r : s.out, cols = k == 0 ? s.in : c.r;
         QLFT_CHECK_FORMAT(t->shape.size() == 2 && t->shape[0] == rows && t->shape[1] == cols,
                           "%s: tensor '%s' should have shape [%lld, %lld]", t->file->c_str(),
-                          key.c_str(), static_cast<long long>(rows),
-                          static_cast<long long>(cols));
+                          key.c_str(), static_cast<long long>(rows), static_cast<long long>(cols));
         std::vector<float>& dst = k == 0 ? pd.a : pd.b;
         dst.resize(rows * cols);
         to_f32_n(t->dtype, t->data, dst.data(), dst.size());

@@ -191,9 +191,9 @@ void Trainer::step_on(const std::vector<data::Batch>& batches, StepReport* out) 
 }
 
 EvalReport Trainer::evaluate(const data::Dataset& d, bool eval_split) {
-  data::BatchIterator it = eval_split ? d.eval_batches(ts_.micro_batch)
-                                      : data::BatchIterator(d.train(), ts_.micro_batch, 1, 0, false,
-                                                            0);
+  data::BatchIterator it = eval_split
+                               ? d.eval_batches(ts_.micro_batch)
+                               : data::BatchIterator(d.train(), ts_.micro_batch, 1, 0, false, 0);
   EvalReport e;
   double sum = 0;
   data::Batch b;
@@ -227,11 +227,12 @@ EvalReport Trainer::evaluate(const data::Dataset& d, bool eval_split) {
 
 std::string Trainer::fingerprint() const {
   const LoraConfig& c = lora_->config();
-  return strf("arch=%s layers=%d dim=%d lora.r=%d lora.alpha=%g targets=%s rslora=%d optim=%s "
-              "micro_batch=%d accumulation=%d",
-              model_.cfg.arch.c_str(), model_.cfg.n_layers, model_.cfg.dim, c.r, c.alpha,
-              c.targets_string().c_str(), c.use_rslora ? 1 : 0, opt_->name().c_str(),
-              ts_.micro_batch, ts_.accumulation);
+  return strf(
+      "arch=%s layers=%d dim=%d lora.r=%d lora.alpha=%g targets=%s rslora=%d optim=%s "
+      "micro_batch=%d accumulation=%d",
+      model_.cfg.arch.c_str(), model_.cfg.n_layers, model_.cfg.dim, c.r, c.alpha,
+      c.targets_string().c_str(), c.use_rslora ? 1 : 0, opt_->name().c_str(), ts_.micro_batch,
+      ts_.accumulation);
 }
 
 void Trainer::save_checkpoint(const std::string& path) const {
@@ -288,10 +289,9 @@ void Trainer::resume(const std::string& path) {
     auto i = params.find(p.name);
     QLFT_CHECK_FORMAT(i != params.end(), "%s: tensor '%s' is missing", path.c_str(),
                       p.name.c_str());
-    QLFT_CHECK_FORMAT(i->second->dtype == DType::F32 &&
-                          static_cast<size_t>(i->second->numel()) == p.numel,
-                      "%s: tensor '%s' does not match the adapter's shape", path.c_str(),
-                      p.name.c_str());
+    QLFT_CHECK_FORMAT(
+        i->second->dtype == DType::F32 && static_cast<size_t>(i->second->numel()) == p.numel,
+        "%s: tensor '%s' does not match the adapter's shape", path.c_str(), p.name.c_str());
   }
   // Apply with rollback: snapshot the current state so a failure half-way restores it.
   StateDict backup;
@@ -313,7 +313,8 @@ void Trainer::resume(const std::string& path) {
     scaler_->load_state(backup, "scaler.");
     if (it_) it_->restore(old_data);
     size_t i = 0;
-    for (const ParamRef& p : opt_->params()) std::memcpy(p.data, old_params[i++].data(), p.numel * 4);
+    for (const ParamRef& p : opt_->params())
+      std::memcpy(p.data, old_params[i++].data(), p.numel * 4);
     throw;
   }
   lora_->zero_grad();

@@ -31,8 +31,8 @@ class Config;
 struct TrainSettings {
   int micro_batch = 4;
   int accumulation = 1;
-  int64_t max_steps = 0;  // 0: one pass over data.epochs
-  std::string precision = "fp32";  // fp32 | bf16 | fp16
+  int64_t max_steps = 0;            // 0: one pass over data.epochs
+  std::string precision = "fp32";   // fp32 | bf16 | fp16
   int checkpoint_every_layers = 0;  // gradient checkpointing: 0 off, 1 every layer, N every N-th
   int64_t eval_every = 0, save_every = 0;
   std::string output_dir = "qlft-out";

@@ -37,7 +37,9 @@ int32_t count_steps(const qlft_step_stats* s, void* user) {
   return 0;
 }
 
-int32_t cancel_at_3(const qlft_step_stats* s, void*) { return s->step >= 3 ? 1 : 0; }
+int32_t cancel_at_3(const qlft_step_stats* s, void*) {
+  return s->step >= 3 ? 1 : 0;
+}
 
 }  // namespace
 
@@ -62,7 +64,8 @@ TEST(ApiTrain, ReferenceFineTuneCutsHeldOutLossBy30Percent) {
   s.set("data.eval_fraction", "0.02");
   s.set("threads", "1");
   ASSERT_EQ(qlft_runtime_create(s.cfg, &s.rt), QLFT_OK) << qlft_last_error();
-  ASSERT_EQ(qlft_model_load(s.rt, model_path.c_str(), s.cfg, &s.model), QLFT_OK) << qlft_last_error();
+  ASSERT_EQ(qlft_model_load(s.rt, model_path.c_str(), s.cfg, &s.model), QLFT_OK)
+      << qlft_last_error();
   qlft_model_details d{};
   d.struct_size = sizeof d;
   ASSERT_EQ(qlft_model_info(s.model, &d), QLFT_OK);

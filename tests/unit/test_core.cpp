@@ -16,13 +16,18 @@ using namespace qlft;
 
 namespace {
 // Independent oracles: the F16C / AVX512-BF16 instructions, one value at a time.
-uint16_t hw_f16(float f) { return static_cast<uint16_t>(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT)); }
-float hw_f16_back(uint16_t h) { return _cvtsh_ss(h); }
+uint16_t hw_f16(float f) {
+  return static_cast<uint16_t>(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT));
+}
+float hw_f16_back(uint16_t h) {
+  return _cvtsh_ss(h);
+}
 
 std::vector<float> interesting_floats() {
-  std::vector<float> v = {0.f, -0.f, 1.f, -1.f, 65504.f, 65519.f, 65520.f, 1e-8f, 5.96e-8f,
-                          2.98e-8f, 6.1e-5f, 6.09e-5f, 1e30f, -1e30f, INFINITY, -INFINITY,
-                          3.14159265f, 1.0009765625f, 1.00048828125f};
+  std::vector<float> v = {0.f,       -0.f,        1.f,           -1.f,          65504.f,
+                          65519.f,   65520.f,     1e-8f,         5.96e-8f,      2.98e-8f,
+                          6.1e-5f,   6.09e-5f,    1e30f,         -1e30f,        INFINITY,
+                          -INFINITY, 3.14159265f, 1.0009765625f, 1.00048828125f};
   std::mt19937 rng(7);
   for (int i = 0; i < 200000; ++i) {
     uint32_t u = rng();

@@ -87,7 +87,8 @@ class TrainerTest : public ::testing::Test {
     shared_ = nullptr;
   }
   void SetUp() override {
-    if (!shared_) GTEST_SKIP() << "stories260K.gguf or tinyshakespeare.txt not found (set QLFT_SHARED_DIR)";
+    if (!shared_)
+      GTEST_SKIP() << "stories260K.gguf or tinyshakespeare.txt not found (set QLFT_SHARED_DIR)";
   }
   static Fixture* shared_;
   static Fixture& none() {

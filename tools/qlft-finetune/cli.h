@@ -72,7 +72,7 @@ std::string human_bytes(uint64_t b);
 // Unknown --flags are reported as usage errors.
 struct Args {
   std::vector<std::string> positional;
-  std::map<std::string, std::string> flags;  // non-config flags (e.g. --model)
+  std::map<std::string, std::string> flags;                   // non-config flags (e.g. --model)
   std::vector<std::pair<std::string, std::string>> settings;  // config keys in order
 };
 // known_flags: subcommand flags that are not config keys; bool_flags take no value.

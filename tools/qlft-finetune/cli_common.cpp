@@ -7,13 +7,20 @@ namespace cli {
 
 int exit_code_for(int32_t status) {
   switch (status) {
-    case QLFT_OK: return kOk;
-    case QLFT_ERR_INVALID_ARGUMENT: return kUsage;
-    case QLFT_ERR_IO: return kIo;
-    case QLFT_ERR_FORMAT: return kFormat;
-    case QLFT_ERR_OUT_OF_MEMORY: return kOutOfMemory;
-    case QLFT_ERR_CANCELLED: return kCancelled;
-    default: return kFailure;
+    case QLFT_OK:
+      return kOk;
+    case QLFT_ERR_INVALID_ARGUMENT:
+      return kUsage;
+    case QLFT_ERR_IO:
+      return kIo;
+    case QLFT_ERR_FORMAT:
+      return kFormat;
+    case QLFT_ERR_OUT_OF_MEMORY:
+      return kOutOfMemory;
+    case QLFT_ERR_CANCELLED:
+      return kCancelled;
+    default:
+      return kFailure;
   }
 }
 

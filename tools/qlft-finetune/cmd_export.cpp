@@ -17,9 +17,10 @@ int cmd_export(int argc, char** argv) {
   if (!ok || a.flags.count("help") || !a.flags.count("model") || !a.flags.count("adapter") ||
       !a.flags.count("format") || !a.flags.count("out")) {
     if (!err.empty()) std::fprintf(stderr, "qlft-finetune: %s\n", err.c_str());
-    std::fprintf(stderr,
-                 "usage: qlft-finetune export --model MODEL --adapter PEFT_DIR --out PATH\n"
-                 "         --format peft|gguf|merged-safetensors|merged-gguf-f16|merged-gguf-bf16\n");
+    std::fprintf(
+        stderr,
+        "usage: qlft-finetune export --model MODEL --adapter PEFT_DIR --out PATH\n"
+        "         --format peft|gguf|merged-safetensors|merged-gguf-f16|merged-gguf-bf16\n");
     return a.flags.count("help") && err.empty() ? kOk : kUsage;
   }
   const std::string fmt = a.flags["format"];

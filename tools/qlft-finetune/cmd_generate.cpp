@@ -19,20 +19,24 @@ int32_t print_text(const char* text, void*) {
 int cmd_generate(int argc, char** argv) {
   Args a;
   std::string err;
-  const std::vector<std::string> flags = {"model",       "adapter", "prompt", "max-tokens",
-                                          "temperature", "top-k",   "top-p",  "seed", "config"};
+  const std::vector<std::string> flags = {"model", "adapter", "prompt", "max-tokens", "temperature",
+                                          "top-k", "top-p",   "seed",   "config"};
   if (!parse_args(argc, argv, 2, flags, {"help"}, &a, &err) || a.flags.count("help") ||
       !a.flags.count("model")) {
     if (!err.empty()) std::fprintf(stderr, "qlft-finetune: %s\n", err.c_str());
-    std::fprintf(stderr,
-                 "usage: qlft-finetune generate --model MODEL [--adapter PEFT_DIR] [--prompt TEXT]\n"
-                 "         [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]\n");
+    std::fprintf(
+        stderr,
+        "usage: qlft-finetune generate --model MODEL [--adapter PEFT_DIR] [--prompt TEXT]\n"
+        "         [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]\n");
     return a.flags.count("help") && err.empty() ? kOk : kUsage;
   }
   // The short flags are the generate.* settings under their CLI names.
-  const char* map[][2] = {{"max-tokens", "generate.max_tokens"}, {"temperature", "generate.temperature"},
-                          {"top-k", "generate.top_k"},           {"top-p", "generate.top_p"},
-                          {"seed", "generate.seed"},             {"adapter", "lora.init_from"}};
+  const char* map[][2] = {{"max-tokens", "generate.max_tokens"},
+                          {"temperature", "generate.temperature"},
+                          {"top-k", "generate.top_k"},
+                          {"top-p", "generate.top_p"},
+                          {"seed", "generate.seed"},
+                          {"adapter", "lora.init_from"}};
   for (auto& m : map)
     if (a.flags.count(m[0])) a.settings.emplace_back(m[1], a.flags[m[0]]);
   int code = kOk;

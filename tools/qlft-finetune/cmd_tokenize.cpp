@@ -83,7 +83,8 @@ int cmd_data_stats(int argc, char** argv) {
   if (!parse_args(argc, argv, 2, {"model", "data", "config"}, {"help"}, &a, &err) ||
       a.flags.count("help") || !a.flags.count("model") || !a.flags.count("data")) {
     if (!err.empty()) std::fprintf(stderr, "qlft-finetune: %s\n", err.c_str());
-    std::fprintf(stderr, "usage: qlft-finetune data-stats --model MODEL --data FILE [--data.* ...]\n");
+    std::fprintf(stderr,
+                 "usage: qlft-finetune data-stats --model MODEL --data FILE [--data.* ...]\n");
     return a.flags.count("help") && err.empty() ? kOk : kUsage;
   }
   int code = kOk;
@@ -116,9 +117,11 @@ int cmd_data_stats(int argc, char** argv) {
     if (!s.length_histogram[i]) continue;
     unsigned lo = i * s.histogram_bucket_width, hi = lo + s.histogram_bucket_width;
     if (i == QLFT_HISTOGRAM_BUCKETS - 1)
-      std::printf("  %6u+       %llu\n", lo, static_cast<unsigned long long>(s.length_histogram[i]));
+      std::printf("  %6u+       %llu\n", lo,
+                  static_cast<unsigned long long>(s.length_histogram[i]));
     else
-      std::printf("  %6u-%-6u %llu\n", lo, hi - 1, static_cast<unsigned long long>(s.length_histogram[i]));
+      std::printf("  %6u-%-6u %llu\n", lo, hi - 1,
+                  static_cast<unsigned long long>(s.length_histogram[i]));
   }
   return kOk;
 }

@@ -137,7 +137,8 @@ int cmd_train(int argc, char** argv) {
   struct sigaction sa {};
   sa.sa_handler = on_sigint;
   sigemptyset(&sa.sa_mask);
-  struct sigaction old_int {}, old_term {};
+  struct sigaction old_int {
+  }, old_term{};
   sigaction(SIGINT, &sa, &old_int);
   sigaction(SIGTERM, &sa, &old_term);
   int32_t st = qlft_trainer_train(s.trainer.get(), on_progress, &p);

@@ -7,20 +7,21 @@
 
 namespace {
 void usage(FILE* f) {
-  std::fprintf(f,
-               "usage: qlft-finetune COMMAND [args] [--setting value ...]\n\n"
-               "commands:\n"
-               "  train             fine-tune a LoRA adapter: --model M --data FILE [--config Y]\n"
-               "  inspect MODEL     architecture, shapes, quantization and memory of a model\n"
-               "  generate          --model M [--adapter DIR] --prompt TEXT [--max-tokens N ...]\n"
-               "  tokenize          --model M [--text T | --file F] [--no-bos] [--ids]\n"
-               "  data-stats        --model M --data FILE: records, tokens, lengths\n"
-               "  eval              --model M --data FILE [--adapter DIR]: loss and perplexity\n"
-               "  export            --model M --adapter DIR --format peft|gguf|merged-safetensors|\n"
-               "                    merged-gguf-f16|merged-gguf-bf16 --out PATH\n"
-               "  config-doc        print the settings reference (docs/CONFIG.md)\n"
-               "  version           print the version and build information\n\n"
-               "Settings are the keys of docs/CONFIG.md, given as --key value.\n");
+  std::fprintf(
+      f,
+      "usage: qlft-finetune COMMAND [args] [--setting value ...]\n\n"
+      "commands:\n"
+      "  train             fine-tune a LoRA adapter: --model M --data FILE [--config Y]\n"
+      "  inspect MODEL     architecture, shapes, quantization and memory of a model\n"
+      "  generate          --model M [--adapter DIR] --prompt TEXT [--max-tokens N ...]\n"
+      "  tokenize          --model M [--text T | --file F] [--no-bos] [--ids]\n"
+      "  data-stats        --model M --data FILE: records, tokens, lengths\n"
+      "  eval              --model M --data FILE [--adapter DIR]: loss and perplexity\n"
+      "  export            --model M --adapter DIR --format peft|gguf|merged-safetensors|\n"
+      "                    merged-gguf-f16|merged-gguf-bf16 --out PATH\n"
+      "  config-doc        print the settings reference (docs/CONFIG.md)\n"
+      "  version           print the version and build information\n\n"
+      "Settings are the keys of docs/CONFIG.md, given as --key value.\n");
 }
 }  // namespace
 
