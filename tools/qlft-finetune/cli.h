@@ -61,6 +61,9 @@ struct TrainSession {
     runtime.reset();
   }
 };
+// Creates the runtime and loads the model at path into s. Prints errors; returns 0 or an exit
+// code.
+int open_model(const std::string& path, const qlft_config* cfg, TrainSession* s);
 // Opens runtime and model from --model, the dataset from --data (required if need_data), and a
 // trainer; with --adapter DIR loads that PEFT adapter. Prints errors; returns 0 or an exit code.
 int open_session(const Args& a, const qlft_config* cfg, TrainSession* s, bool need_data);

@@ -128,20 +128,27 @@ ConfigPtr make_config(const Args& a, int* exit_code) {
   return cfg;
 }
 
-int open_session(const Args& a, const qlft_config* cfg, TrainSession* s, bool need_data) {
+int open_model(const std::string& path, const qlft_config* cfg, TrainSession* s) {
   qlft_runtime* rt = nullptr;
   int32_t st = qlft_runtime_create(cfg, &rt);
   if (st != QLFT_OK) return fail("runtime", st);
   s->runtime.reset(rt);
+  qlft_model* model = nullptr;
+  st = qlft_model_load(rt, path.c_str(), cfg, &model);
+  if (st != QLFT_OK) return fail(path.c_str(), st);
+  s->model.reset(model);
+  return kOk;
+}
+
+int open_session(const Args& a, const qlft_config* cfg, TrainSession* s, bool need_data) {
   auto m = a.flags.find("model");
   if (m == a.flags.end()) {
     std::fprintf(stderr, "qlft-finetune: --model is required\n");
     return kUsage;
   }
-  qlft_model* model = nullptr;
-  st = qlft_model_load(rt, m->second.c_str(), cfg, &model);
-  if (st != QLFT_OK) return fail(m->second.c_str(), st);
-  s->model.reset(model);
+  if (int rc = open_model(m->second, cfg, s)) return rc;
+  qlft_model* model = s->model.get();
+  int32_t st = QLFT_OK;
   auto d = a.flags.find("data");
   if (d != a.flags.end()) {
     qlft_dataset* data = nullptr;

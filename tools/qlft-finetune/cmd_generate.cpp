@@ -42,23 +42,18 @@ int cmd_generate(int argc, char** argv) {
   int code = kOk;
   ConfigPtr cfg = make_config(a, &code);
   if (!cfg) return code;
-  qlft_runtime* rt = nullptr;
-  int32_t st = qlft_runtime_create(cfg.get(), &rt);
-  if (st != QLFT_OK) return fail("runtime", st);
-  RuntimePtr runtime(rt);
-  qlft_model* m = nullptr;
-  st = qlft_model_load(rt, a.flags["model"].c_str(), cfg.get(), &m);
-  if (st != QLFT_OK) return fail(a.flags["model"].c_str(), st);
-  ModelPtr model(m);
-  TrainerPtr trainer;
+  TrainSession s;
+  if (int rc = open_model(a.flags["model"], cfg.get(), &s)) return rc;
+  qlft_model* m = s.model.get();
+  int32_t st = QLFT_OK;
   if (a.flags.count("adapter")) {
     qlft_trainer* t = nullptr;
     st = qlft_trainer_create(m, nullptr, cfg.get(), &t);
     if (st != QLFT_OK) return fail(a.flags["adapter"].c_str(), st);
-    trainer.reset(t);
+    s.trainer.reset(t);
   }
   std::string prompt = a.flags.count("prompt") ? a.flags["prompt"] : "";
-  st = qlft_generate(m, trainer.get(), prompt.c_str(), cfg.get(), print_text, nullptr);
+  st = qlft_generate(m, s.trainer.get(), prompt.c_str(), cfg.get(), print_text, nullptr);
   std::printf("\n");
   if (st != QLFT_OK) return fail("generate", st);
   return kOk;

@@ -17,17 +17,13 @@ int cmd_inspect(int argc, char** argv) {
   int code = kOk;
   ConfigPtr cfg = make_config(a, &code);
   if (!cfg) return code;
-  qlft_runtime* rt_raw = nullptr;
-  int32_t st = qlft_runtime_create(cfg.get(), &rt_raw);
-  if (st != QLFT_OK) return fail("runtime", st);
-  RuntimePtr rt(rt_raw);
-  qlft_model* m_raw = nullptr;
-  st = qlft_model_load(rt.get(), a.positional[0].c_str(), cfg.get(), &m_raw);
-  if (st != QLFT_OK) return fail(a.positional[0].c_str(), st);
-  ModelPtr model(m_raw);
+  TrainSession s;
+  if (int rc = open_model(a.positional[0], cfg.get(), &s)) return rc;
+  qlft_model* model = s.model.get();
+  qlft_runtime* rt = s.runtime.get();
   qlft_model_details d{};
   d.struct_size = sizeof d;
-  st = qlft_model_info(model.get(), &d);
+  int32_t st = qlft_model_info(model, &d);
   if (st != QLFT_OK) return fail("model info", st);
 
   std::printf("model           %s\n", a.positional[0].c_str());
@@ -49,7 +45,7 @@ int cmd_inspect(int argc, char** argv) {
 
   qlft_memory_report r{};
   r.struct_size = sizeof r;
-  if (qlft_runtime_memory_report(rt.get(), &r) == QLFT_OK) {
+  if (qlft_runtime_memory_report(rt, &r) == QLFT_OK) {
     std::printf("memory          %-14s %12s %12s\n", "category", "reserved", "peak");
     for (int i = 0; i < QLFT_MEM_CATEGORY_COUNT; ++i)
       std::printf("                %-14s %12s %12s\n", qlft_memory_category_name(i),
