@@ -13,28 +13,6 @@ namespace {
 constexpr uint32_t kMaxDims = 4;
 constexpr uint64_t kMaxStringLen = uint64_t(1) << 30;
 
-size_t scalar_size(GgufType t) {
-  switch (t) {
-    case GgufType::U8:
-    case GgufType::I8:
-    case GgufType::BOOL:
-      return 1;
-    case GgufType::U16:
-    case GgufType::I16:
-      return 2;
-    case GgufType::U32:
-    case GgufType::I32:
-    case GgufType::F32:
-      return 4;
-    case GgufType::U64:
-    case GgufType::I64:
-    case GgufType::F64:
-      return 8;
-    default:
-      return 0;
-  }
-}
-
 bool valid_type(uint32_t t) {
   return t <= static_cast<uint32_t>(GgufType::F64);
 }
@@ -141,7 +119,7 @@ void skip_array(Cursor& c, const std::string& key, int depth) {
                       c.path().c_str(), key.c_str());
     for (uint64_t j = 0; j < n; ++j) c.str(key.c_str());
   } else {
-    size_t es = scalar_size(t);
+    size_t es = gguf_scalar_size(t);
     QLFT_CHECK_FORMAT(n <= c.remaining() / es, "%s: metadata key '%s': nested array too long",
                       c.path().c_str(), key.c_str());
     c.take(n * es, key.c_str());
@@ -149,6 +127,28 @@ void skip_array(Cursor& c, const std::string& key, int depth) {
 }
 
 }  // namespace
+
+size_t gguf_scalar_size(GgufType t) {
+  switch (t) {
+    case GgufType::U8:
+    case GgufType::I8:
+    case GgufType::BOOL:
+      return 1;
+    case GgufType::U16:
+    case GgufType::I16:
+      return 2;
+    case GgufType::U32:
+    case GgufType::I32:
+    case GgufType::F32:
+      return 4;
+    case GgufType::U64:
+    case GgufType::I64:
+    case GgufType::F64:
+      return 8;
+    default:
+      return 0;
+  }
+}
 
 const char* gguf_type_name(GgufType t) {
   static const char* names[] = {"u8",   "i8",     "u16",   "i16", "u32", "i32", "f32",
@@ -178,7 +178,7 @@ bool GgufValue::is_number() const {
 
 double GgufValue::array_f(uint64_t idx) const {
   check_index(idx);
-  size_t es = scalar_size(elem_type);
+  size_t es = gguf_scalar_size(elem_type);
   const uint8_t* p = array_data + idx * es;
   switch (elem_type) {
     case GgufType::F32: {
@@ -217,7 +217,7 @@ int64_t float_to_i64(double d, uint64_t idx) {
 
 int64_t GgufValue::array_i(uint64_t idx) const {
   check_index(idx);
-  size_t es = scalar_size(elem_type);
+  size_t es = gguf_scalar_size(elem_type);
   const uint8_t* p = array_data + idx * es;
   switch (elem_type) {
     case GgufType::U8:
@@ -333,7 +333,7 @@ void GgufFile::parse() {
         v.strings.reserve(std::min(v.count, kMaxReserve));
         for (uint64_t j = 0; j < v.count; ++j) v.strings.push_back(c.str(key.c_str()));
       } else {
-        size_t es = scalar_size(v.elem_type);
+        size_t es = gguf_scalar_size(v.elem_type);
         QLFT_CHECK_FORMAT(v.count <= c.remaining() / es,
                           "%s: metadata key '%s' claims %llu elements, more than the file holds",
                           path.c_str(), key.c_str(), static_cast<unsigned long long>(v.count));

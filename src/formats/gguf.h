@@ -29,6 +29,8 @@ enum class GgufType : uint32_t {
   F64 = 12,
 };
 const char* gguf_type_name(GgufType t);
+// Bytes of one scalar of type t; 0 for STRING and ARRAY.
+size_t gguf_scalar_size(GgufType t);
 
 // One metadata value. Scalars are decoded; arrays keep a pointer into the map (numbers) or a
 // list of views (strings), both valid while the GgufFile lives.

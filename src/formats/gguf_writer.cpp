@@ -21,28 +21,6 @@ void put_str(std::string& out, std::string_view s) {
   out.append(s.data(), s.size());
 }
 
-size_t elem_size(GgufType t) {
-  switch (t) {
-    case GgufType::U8:
-    case GgufType::I8:
-    case GgufType::BOOL:
-      return 1;
-    case GgufType::U16:
-    case GgufType::I16:
-      return 2;
-    case GgufType::U32:
-    case GgufType::I32:
-    case GgufType::F32:
-      return 4;
-    case GgufType::U64:
-    case GgufType::I64:
-    case GgufType::F64:
-      return 8;
-    default:
-      return 0;
-  }
-}
-
 uint64_t align_up(uint64_t x, uint64_t a) {
   return (x + a - 1) / a * a;
 }
@@ -104,7 +82,7 @@ void GgufWriter::add_string(const std::string& k, std::string_view v) {
 
 void GgufWriter::add_array(const std::string& key, GgufType elem, const void* data,
                            uint64_t count) {
-  size_t es = elem_size(elem);
+  size_t es = gguf_scalar_size(elem);
   QLFT_CHECK_ARG(es > 0, "GGUF writer: '%s': add_array takes numeric or bool elements, not %s",
                  key.c_str(), gguf_type_name(elem));
   QLFT_CHECK_ARG(data || count == 0, "GGUF writer: '%s': array data is NULL", key.c_str());
