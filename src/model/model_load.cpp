@@ -88,6 +88,37 @@ void check_config(const ModelConfig& c, const std::string& path) {
                     path.c_str());
 }
 
+// Refuses config.json RoPE scaling (rope_scaling, or rope_parameters with a rope_type other
+// than "default"): the kernels apply plain RoPE, and silently ignoring a scaled model's
+// frequencies would train it against the wrong positions.
+void reject_rope_scaling(const JsonFile& cj) {
+  auto type_of = [](const nlohmann::json& o) -> std::string {
+    for (const char* k : {"rope_type", "type"})
+      if (o.contains(k) && o[k].is_string()) return o[k].get<std::string>();
+    return "unknown";
+  };
+  const nlohmann::json& root = cj.root();
+  if (root.contains("rope_scaling") && !root["rope_scaling"].is_null()) {
+    const nlohmann::json& rs = root["rope_scaling"];
+    std::string t = rs.is_object() ? type_of(rs) : "unknown";
+    if (t != "default")
+      throw_error(QLFT_ERR_UNSUPPORTED,
+                  "%s: key 'rope_scaling' (type '%s'): RoPE scaling is not supported yet",
+                  cj.path().c_str(), t.c_str());
+  }
+  if (root.contains("rope_parameters") && root["rope_parameters"].is_object()) {
+    const nlohmann::json& rp = root["rope_parameters"];
+    if (rp.contains("rope_type") || rp.contains("type")) {
+      std::string t = type_of(rp);
+      if (t != "default")
+        throw_error(QLFT_ERR_UNSUPPORTED,
+                    "%s: key 'rope_parameters.rope_type' = '%s': RoPE scaling is not supported "
+                    "yet",
+                    cj.path().c_str(), t.c_str());
+    }
+  }
+}
+
 // ---- GGUF ---------------------------------------------------------------------------------
 
 class GgufLoader {
@@ -113,6 +144,17 @@ class GgufLoader {
     c.context_length = static_cast<int>(g.get_int_in(a + "context_length", 1, kMaxContext, 2048));
     c.rms_eps = static_cast<float>(g.get_float(a + "attention.layer_norm_rms_epsilon", 1e-5));
     c.rope_theta = static_cast<float>(g.get_float(a + "rope.freq_base", 10000.0));
+    // RoPE scaling changes every rotation frequency; training with plain RoPE on such a model
+    // would silently learn against the wrong positions, so it is refused until supported.
+    const std::string scaling = g.get_string(a + "rope.scaling.type", "none");
+    if (scaling != "none" && !scaling.empty())
+      throw_error(QLFT_ERR_UNSUPPORTED,
+                  "%s: '%srope.scaling.type' = '%s': RoPE scaling is not supported yet",
+                  path.c_str(), a.c_str(), scaling.c_str());
+    if (g.find_tensor("rope_freqs.weight"))
+      throw_error(QLFT_ERR_UNSUPPORTED,
+                  "%s: tensor 'rope_freqs.weight' (llama3-style RoPE scaling) is not supported yet",
+                  path.c_str());
     QLFT_CHECK_FORMAT(c.n_heads > 0 && c.dim % c.n_heads == 0,
                       "%s: embedding length %d is not a multiple of the head count %d",
                       path.c_str(), c.dim, c.n_heads);
@@ -280,6 +322,7 @@ class HfLoader {
       if (rp.is_object() && rp.contains("rope_theta") && rp["rope_theta"].is_number())
         c.rope_theta = rp["rope_theta"].get<float>();
     }
+    reject_rope_scaling(cj);
     QLFT_CHECK_FORMAT(c.n_heads > 0 && c.dim % c.n_heads == 0,
                       "%s: hidden_size %d is not a multiple of num_attention_heads %d",
                       cj.path().c_str(), c.dim, c.n_heads);

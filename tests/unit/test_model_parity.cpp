@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "test_model_util.h"
@@ -136,4 +137,57 @@ TEST(ModelParity, RopeThetaFromRopeParameters) {
   MemoryTracker tr;
   auto model = load_model(&tr, dir, keep());
   EXPECT_EQ(model->cfg.rope_theta, 1000000.f);
+}
+
+// A model with RoPE scaling must be refused (naming the file and key), not trained with plain
+// RoPE against the wrong positions.
+TEST(ModelParity, RopeScalingIsRefused) {
+  auto base = nlohmann::json::parse([] {
+    auto b = qlft_test::read_file(model_fixture("syn_llama/config.json"));
+    return std::string(b.begin(), b.end());
+  }());
+  auto st = qlft_test::read_file(model_fixture("syn_llama/model.safetensors"));
+  struct Case {
+    const char* name;
+    std::function<void(nlohmann::json&)> edit;
+    const char* key;  // expected in the message; nullptr: loads fine
+  };
+  const Case cases[] = {
+      {"llama3",
+       [](nlohmann::json& c) {
+         c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}};
+       },
+       "rope_scaling"},
+      {"linear_v4",
+       [](nlohmann::json& c) {
+         c["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+       },
+       "rope_scaling"},
+      {"yarn_v5", [](nlohmann::json& c) { c["rope_parameters"]["rope_type"] = "yarn"; },
+       "rope_parameters.rope_type"},
+      {"null_scaling", [](nlohmann::json& c) { c["rope_scaling"] = nullptr; }, nullptr},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.name);
+    std::string dir = qlft_test::temp_dir(std::string("rope_scaling_") + k.name);
+    nlohmann::json cfg = base;
+    k.edit(cfg);
+    std::string text = cfg.dump();
+    qlft_test::write_file(dir + "/config.json", text.data(), text.size());
+    qlft_test::write_file(dir + "/model.safetensors", st.data(), st.size());
+    MemoryTracker tr;
+    if (!k.key) {
+      EXPECT_NO_THROW(load_model(&tr, dir, keep()));
+      continue;
+    }
+    try {
+      load_model(&tr, dir, keep());
+      ADD_FAILURE() << "loaded a model with RoPE scaling";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), QLFT_ERR_UNSUPPORTED);
+      EXPECT_NE(std::string(e.what()).find(k.key), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("config.json"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(tr.total_reserved(), 0u);
+  }
 }
