@@ -259,8 +259,10 @@ QLFT_API int32_t qlft_trainer_step(qlft_trainer* trainer, qlft_step_stats* out);
 /* Steps until train.max_steps / train.epochs, evaluating and checkpointing as configured. */
 QLFT_API int32_t qlft_trainer_train(qlft_trainer* trainer, qlft_progress_fn progress,
                                     void* user_data);
-/* Asks a running qlft_trainer_train to stop after the current step. Safe from another thread
- * and from a signal handler. */
+/* Asks a running qlft_trainer_train to stop after the current step (a running
+ * qlft_trainer_step stops at its next micro-batch, rolled back). A cancel sent while neither
+ * runs is discarded when the next one starts. Safe from another thread and from a signal
+ * handler. */
 QLFT_API void qlft_trainer_cancel(qlft_trainer* trainer);
 
 typedef struct qlft_eval_result {

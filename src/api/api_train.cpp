@@ -135,6 +135,7 @@ void qlft_trainer_free(qlft_trainer* trainer) {
 int32_t qlft_trainer_step(qlft_trainer* trainer, qlft_step_stats* out) {
   return guard([&] {
     QLFT_CHECK_ARG(trainer, "qlft_trainer_step: trainer is NULL");
+    trainer->trainer->clear_cancel();  // a cancel sent while idle does not outlive the idle time
     qlft::StepReport r;
     if (!trainer->trainer->step(&r))
       qlft::throw_error(QLFT_ERR_INVALID_ARGUMENT,
@@ -148,6 +149,7 @@ int32_t qlft_trainer_train(qlft_trainer* trainer, qlft_progress_fn progress, voi
   return guard([&] {
     QLFT_CHECK_ARG(trainer, "qlft_trainer_train: trainer is NULL");
     qlft::Trainer& t = *trainer->trainer;
+    t.clear_cancel();  // only a cancel sent while this call runs stops it
     const qlft::TrainSettings& ts = t.settings();
     double elapsed = 0;
     qlft::StepReport r;

@@ -117,6 +117,30 @@ TEST(ApiTrain, ProgressCallbackCancelsAndTrainingResumesAfterwards) {
   EXPECT_EQ(qlft_trainer_step(s.trainer, &st), QLFT_ERR_INVALID_ARGUMENT);  // complete
 }
 
+// A cancel sent while nothing runs must not stop the next run.
+TEST(ApiTrain, CancelWhileIdleIsDiscarded) {
+  QLFT_NEED_SHARED(model_path, "models/stories260K.gguf");
+  QLFT_NEED_SHARED(text, "data/tinyshakespeare.txt");
+  Session s;
+  ASSERT_EQ(qlft_config_create(&s.cfg), QLFT_OK);
+  s.set("quant.type", "keep");
+  s.set("train.max_steps", "3");
+  s.set("data.seq_len", "32");
+  s.set("threads", "1");
+  ASSERT_EQ(qlft_runtime_create(s.cfg, &s.rt), QLFT_OK);
+  ASSERT_EQ(qlft_model_load(s.rt, model_path.c_str(), s.cfg, &s.model), QLFT_OK);
+  ASSERT_EQ(qlft_dataset_load(s.model, text.c_str(), s.cfg, &s.data), QLFT_OK);
+  ASSERT_EQ(qlft_trainer_create(s.model, s.data, s.cfg, &s.trainer), QLFT_OK);
+  qlft_trainer_cancel(s.trainer);
+  qlft_step_stats st{};
+  st.struct_size = sizeof st;
+  ASSERT_EQ(qlft_trainer_step(s.trainer, &st), QLFT_OK) << qlft_last_error();
+  qlft_trainer_cancel(s.trainer);
+  int steps = 0;
+  ASSERT_EQ(qlft_trainer_train(s.trainer, count_steps, &steps), QLFT_OK) << qlft_last_error();
+  EXPECT_EQ(steps, 2);
+}
+
 TEST(ApiTrain, BadInputsGetCodesAndMessages) {
   QLFT_NEED_SHARED(model_path, "models/stories260K.gguf");
   Session s;
