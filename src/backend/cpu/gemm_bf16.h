@@ -1,0 +1,43 @@
+// bf16 x bf16 -> fp32 GEMM for the CPU backend, through oneDNN's matmul (brgemm kernels with
+// AVX512-BF16 dot products, or AMX where the CPU has it). Products are exact in fp32 and sums
+// accumulate in fp32, so the result equals an fp32 GEMM of the bf16 values up to summation
+// order.
+//
+// Primitives are created once per (shape, strides, transposes, alpha, beta) and cached: creating
+// one costs far more than running a small GEMM. Threads: the caller's OpenMP thread count (same
+// libgomp as the rest of qlft); called inside a parallel region it runs on one thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "core/memory.h"
+
+namespace qlft::cpu {
+
+// C[M, N] = alpha * op(A) op(B) + beta * C, all row-major. A and B hold bf16 bit patterns
+// (uint16_t, as core/half.h's f32_to_bf16 makes them). op(A) is [M, K]: A is [M, K] with row
+// stride lda, or with trans_a [K, M] with row stride lda; likewise op(B) is [K, N] (trans_b: B is
+// [N, K]). C is fp32 [M, N] with row stride ldc; beta = 0 ignores C's old contents (NaN too).
+// oneDNN's scratchpad is a Workspace Buffer from tracker (nullptr: uncounted).
+// Throws: QLFT_ERR_INVALID_ARGUMENT for bad sizes/strides, QLFT_ERR_BACKEND for a oneDNN failure
+// (the message carries oneDNN's status and text).
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+               const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C,
+               int64_t ldc, MemoryTracker* tracker = nullptr);
+
+// True when the CPU runs bf16 dot products natively (AVX512-BF16 or AMX). Without them oneDNN
+// still computes the same values, much more slowly; callers then keep the fp32 path.
+bool gemm_bf16_native();
+
+// oneDNN's name for the kernel it picked for this GEMM shape (e.g. "brg:avx512_core_bf16"), for
+// benchmarks and tests. Creates (and caches) the primitive.
+std::string gemm_bf16_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, int64_t lda,
+                           int64_t ldb, int64_t ldc, float alpha = 1.f, float beta = 0.f);
+
+// Number of cached primitives (tests) and dropping them all (frees their memory).
+size_t gemm_bf16_cache_size();
+void gemm_bf16_clear_cache();
+
+}  // namespace qlft::cpu
