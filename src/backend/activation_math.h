@@ -26,11 +26,20 @@ QLFT_HD inline float silu_grad(float g) {
   return s * (1.0f + g * (1.0f - s));
 }
 
-// Gradients of out = silu(gate) * up.
-QLFT_HD inline void swiglu_bwd_elem(float gate, float up, float dout, float& dgate, float& dup) {
-  float s = sigmoidf_(gate);
+// The SwiGLU formulas given s = sigmoid(gate), so a kernel can bring its own vectorized or
+// intrinsic sigmoid (the CPU backend's exp_approx, CUDA's __expf) and share the rest.
+QLFT_HD inline float swiglu_from_sigmoid(float gate, float up, float s) {
+  return gate * s * up;
+}
+QLFT_HD inline void swiglu_bwd_from_sigmoid(float gate, float up, float dout, float s, float& dgate,
+                                            float& dup) {
   dgate = dout * up * (s * (1.0f + gate * (1.0f - s)));
   dup = dout * (gate * s);
+}
+
+// Gradients of out = silu(gate) * up.
+QLFT_HD inline void swiglu_bwd_elem(float gate, float up, float dout, float& dgate, float& dup) {
+  swiglu_bwd_from_sigmoid(gate, up, dout, sigmoidf_(gate), dgate, dup);
 }
 
 }  // namespace qlft

@@ -1,10 +1,12 @@
 // Row-wise and element-wise ops: RMSNorm, RoPE, SwiGLU. One row per task, so the results do
 // not depend on the thread count.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "backend/activation_math.h"
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/vec_math.h"
 #include "backend/norm_math.h"
 #include "backend/rope_math.h"
 #include "core/error.h"
@@ -16,6 +18,13 @@ void check_same(CMatF a, CMatF b, const char* op, const char* an, const char* bn
   QLFT_CHECK_ARG(a.rows == b.rows && a.cols == b.cols,
                  "%s: %s is [%lld, %lld] but %s is [%lld, %lld]", op, an, (long long)a.rows,
                  (long long)a.cols, bn, (long long)b.rows, (long long)b.cols);
+}
+// sigmoid(g) with the vectorizable exp (about 1 ulp from activation_math.h's expf form). The
+// argument is clamped first so a NaN gate cannot reach exp_approx's float-to-int step; the NaN
+// still reaches the outputs through the factor g.
+inline float sigmoid_vec(float g) {
+  float t = std::min(87.f, std::max(-87.f, -g));
+  return 1.f / (1.f + exp_approx(t));
 }
 }  // namespace
 
@@ -91,7 +100,8 @@ void CpuBackend::swiglu_fwd(CMatF gate, CMatF up, MatF out) {
     const float* g = gate.row(i);
     const float* u = up.row(i);
     float* o = out.row(i);
-    for (int64_t c = 0; c < C; ++c) o[c] = swiglu(g[c], u[c]);
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) o[c] = swiglu_from_sigmoid(g[c], u[c], sigmoid_vec(g[c]));
   }
 }
 
@@ -108,7 +118,9 @@ void CpuBackend::swiglu_bwd(CMatF gate, CMatF up, CMatF dout, MatF dgate, MatF d
     const float* d = dout.row(i);
     float* dg = dgate.row(i);
     float* du = dup.row(i);
-    for (int64_t c = 0; c < C; ++c) swiglu_bwd_elem(g[c], u[c], d[c], dg[c], du[c]);
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c)
+      swiglu_bwd_from_sigmoid(g[c], u[c], d[c], sigmoid_vec(g[c]), dg[c], du[c]);
   }
 }
 
