@@ -1,16 +1,17 @@
-// Device discovery for the CUDA backend. Every runtime call is checked.
+// Device discovery and properties for the CUDA backend. Every runtime call is checked.
 #include <cuda_runtime.h>
 
 #include <cstdio>
 #include <string>
 
 #include "backend/cuda_entry.h"
+#include "check.h"
 
 namespace qlft {
 
 int cuda_device_count(std::string* why) {
   int n = 0;
-  cudaError_t e = cudaGetDeviceCount(&n);
+  const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) {
     if (why) *why = std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
     (void)cudaGetLastError();  // clear the sticky error so later probes start clean
@@ -20,15 +21,50 @@ int cuda_device_count(std::string* why) {
   return n;
 }
 
-std::string cuda_device_description(int device) {
+CudaDeviceInfo cuda_device_info(int device) {
   cudaDeviceProp p;
-  cudaError_t e = cudaGetDeviceProperties(&p, device);
-  if (e != cudaSuccess)
-    return std::string("device ") + std::to_string(device) + ": " + cudaGetErrorString(e);
-  char buf[512];
-  std::snprintf(buf, sizeof buf, "%s (sm_%d%d, %.1f GiB)", p.name, p.major, p.minor,
-                static_cast<double>(p.totalGlobalMem) / (1024.0 * 1024 * 1024));
-  return buf;
+  QLFT_CUDA_CHECK(cudaGetDeviceProperties(&p, device));
+  CudaDeviceInfo info;
+  info.name = p.name;
+  info.cc_major = p.major;
+  info.cc_minor = p.minor;
+  info.sm_count = p.multiProcessorCount;
+  info.total_memory = p.totalGlobalMem;
+  QLFT_CUDA_CHECK(cudaDeviceGetAttribute(&info.clock_khz, cudaDevAttrClockRate, device));
+  return info;
+}
+
+std::string cuda_device_description(int device) {
+  try {
+    CudaDeviceInfo i = cuda_device_info(device);
+    char buf[512];
+    std::snprintf(buf, sizeof buf, "%s (sm_%d%d, %.1f GiB, %d SMs)", i.name.c_str(), i.cc_major,
+                  i.cc_minor, static_cast<double>(i.total_memory) / (1024.0 * 1024 * 1024),
+                  i.sm_count);
+    return buf;
+  } catch (const Error& e) {
+    return std::string("device ") + std::to_string(device) + ": " + e.what();
+  }
+}
+
+std::string cuda_runtime_info() {
+  std::string why;
+  const int n = cuda_device_count(&why);
+  std::string s = "cuda devices=" + std::to_string(n);
+  if (n == 0) return s + " (" + why + ")";
+  for (int i = 0; i < n; ++i) s += " device" + std::to_string(i) + "=" + cuda_device_description(i);
+  return s;
+}
+
+void cuda_check_precision(int device, const std::string& precision) {
+  QLFT_CHECK_ARG(precision == "fp32" || precision == "bf16" || precision == "fp16",
+                 "train.precision: '%s' is not fp32, bf16 or fp16", precision.c_str());
+  const CudaDeviceInfo i = cuda_device_info(device);
+  if (precision == "bf16" && i.cc_major < 8)
+    throw_error(QLFT_ERR_UNSUPPORTED,
+                "train.precision=bf16 needs a GPU of compute capability 8.0 or newer, but %s is "
+                "sm_%d%d; use train.precision=fp16 (with loss scaling) or fp32",
+                i.name.c_str(), i.cc_major, i.cc_minor);
 }
 
 }  // namespace qlft

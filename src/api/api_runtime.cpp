@@ -24,9 +24,6 @@ int32_t qlft_runtime_create(const qlft_config* config, qlft_runtime** out) {
       if (n == 0)
         qlft::throw_error(QLFT_ERR_BACKEND, "backend=cuda: no usable CUDA device (%s)",
                           why.c_str());
-      qlft::throw_error(QLFT_ERR_UNSUPPORTED,
-                        "backend=cuda: found %s, but the CUDA kernels are not implemented yet",
-                        qlft::cuda_device_description(0).c_str());
 #else
       qlft::throw_error(
           QLFT_ERR_UNSUPPORTED,

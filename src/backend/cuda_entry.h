@@ -1,14 +1,137 @@
 // Plain C++ entry points into the CUDA backend library (cuda/). Declared here so src/ never
-// includes CUDA headers; defined only in builds with QLFT_CUDA=ON.
+// includes CUDA headers; defined only in builds with QLFT_CUDA=ON (the library qlft_cuda).
+// Pointers called "device" below are CUDA device (or managed) addresses, opaque to src/.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+#include <memory>
 #include <string>
 
+#include "backend/backend.h"
+#include "core/error.h"
+#include "core/memory.h"
+#include "optim/adamw_math.h"
+
 namespace qlft {
+
+class StateStore;
+
+// ---- devices ---------------------------------------------------------------------------------
 
 // Number of usable CUDA devices; 0 with *why set (e.g. "no CUDA driver") when there are none.
 int cuda_device_count(std::string* why);
 // "NVIDIA H100 80GB HBM3 (sm_90, 79.1 GiB)" for device i.
 std::string cuda_device_description(int device);
+
+struct CudaDeviceInfo {
+  std::string name;
+  int cc_major = 0, cc_minor = 0;
+  int sm_count = 0;
+  uint64_t total_memory = 0;
+  int clock_khz = 0;  // peak SM clock
+};
+CudaDeviceInfo cuda_device_info(int device);
+// "cuda devices=1 device0=NVIDIA H100 ... (sm_90, 79.1 GiB)" or "cuda devices=0 (why)".
+std::string cuda_runtime_info();
+
+// Throws QLFT_ERR_UNSUPPORTED when `precision` ("fp32", "bf16", "fp16") cannot run on the
+// device: bf16 tensor-core GEMMs need compute capability 8.0; fp16 with loss scaling is offered.
+void cuda_check_precision(int device, const std::string& precision);
+
+// ---- backend ---------------------------------------------------------------------------------
+
+struct CudaBackendOptions {
+  int device = 0;
+  // "fp32": fp32 GEMMs (no TF32), the parity mode; "bf16" / "fp16": weights dequantized into
+  // 16-bit tiles and activations rounded to 16 bits for the base GEMMs (fp32 accumulation).
+  std::string gemm_precision = "fp32";
+};
+// Throws QLFT_ERR_BACKEND without a device, QLFT_ERR_UNSUPPORTED for a precision the device
+// lacks. The Backend interface passes host arrays; this backend stages them through device
+// buffers (counted in `tracker`) and keeps frozen weights resident on the device.
+std::unique_ptr<Backend> make_cuda_backend(MemoryTracker* tracker, const CudaBackendOptions& opt);
+
+// Optimizer state in managed memory (cudaMallocManaged, preferred on the device, prefetched):
+// the CUDA form of the paged store; counted as optimizer memory.
+std::unique_ptr<StateStore> make_managed_state_store(MemoryTracker* tracker, int device = 0);
+
+// ---- device memory ---------------------------------------------------------------------------
+
+// A move-only block of device memory from the caching allocator, counted in `tracker` under
+// `category`. Throws QLFT_ERR_OUT_OF_MEMORY naming the category and `what`.
+class DeviceMemory {
+ public:
+  DeviceMemory() = default;
+  DeviceMemory(MemoryTracker* tracker, MemCategory category, size_t bytes, const char* what);
+  ~DeviceMemory();
+  DeviceMemory(DeviceMemory&& o) noexcept;
+  DeviceMemory& operator=(DeviceMemory&& o) noexcept;
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+
+  void* data() const { return ptr_; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+  size_t size() const { return bytes_; }
+  // Synchronous copies of `bytes` (<= size()) from / to host memory.
+  void upload(const void* host, size_t bytes);
+  void download(void* host, size_t bytes) const;
+  void reset() noexcept;
+
+ private:
+  MemoryTracker* tracker_ = nullptr;
+  MemCategory cat_ = MemCategory::Workspace;
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Device bytes the caching allocator holds for `tracker` (live + cached), and frees cached
+// blocks back to the driver.
+uint64_t cuda_cached_bytes(MemoryTracker* tracker);
+void cuda_empty_cache(MemoryTracker* tracker);
+
+// ---- optimizer and loss-scaler kernels (device pointers, synchronous) --------------------------
+
+// torch.optim.AdamW over n elements (adamw_torch_update per element).
+void cuda_adamw_torch_step(float* p, float* m, float* v, const float* g, int64_t n,
+                           const AdamWTorchCoeffs& c);
+// bitsandbytes blockwise 8-bit AdamW (blocks of 256; adam_bnb_8bit_update per element, state
+// re-quantized with the dynamic maps). Returns the number of elements skipped (non-finite g).
+int64_t cuda_adamw_bnb8_step(float* p, uint8_t* q1, uint8_t* q2, float* absmax1, float* absmax2,
+                             const float* g, int64_t n, const AdamBnbCoeffs& c);
+// bnb fp32-state path (tensors under 4096 elements). Returns skipped elements.
+int64_t cuda_adamw_bnb32_step(float* p, float* m, float* v, const float* g, int64_t n,
+                              const AdamBnbCoeffs& c);
+// Sum of squares of n gradient values (in double), for the global gradient norm.
+double cuda_sum_squares(const float* g, int64_t n);
+// g *= s (gradient clipping / unscaling).
+void cuda_scale(float* g, int64_t n, float s);
+// Number of non-finite values among n (the loss scaler's overflow check).
+int64_t cuda_count_nonfinite(const float* g, int64_t n);
+
+// ---- backend selection (the one place src/ chooses) -------------------------------------------
+
+// name: the `backend` key. precision: train.precision ("fp32", "bf16", "fp16").
+inline std::unique_ptr<Backend> make_backend(const std::string& name, MemoryTracker* tracker,
+                                             const std::string& precision = "fp32") {
+  if (name == "cuda") {
+#if QLFT_HAVE_CUDA
+    CudaBackendOptions o;
+    o.gemm_precision = precision;
+    return make_cuda_backend(tracker, o);
+#else
+    (void)precision;
+    throw_error(
+        QLFT_ERR_UNSUPPORTED,
+        "backend=cuda: this libqlft was built without CUDA (configure with -DQLFT_CUDA=ON)");
+#endif
+  }
+  QLFT_CHECK_ARG(name == "cpu" || name.empty(), "backend: unknown backend '%s' (cpu|cuda)",
+                 name.c_str());
+  return make_cpu_backend(tracker);
+}
 
 }  // namespace qlft

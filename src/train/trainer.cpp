@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "backend/autocast_backend.h"
+#include "backend/cuda_entry.h"
 #include "backend/dropout.h"
 #include "config/config.h"
 #include "core/error.h"
@@ -35,7 +36,7 @@ TrainSettings TrainSettings::from_config(const Config& c) {
 Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset* train,
                  const Config& cfg)
     : model_(model), tracker_(tracker), train_(train), ts_(TrainSettings::from_config(cfg)) {
-  backend_ = make_cpu_backend(tracker);
+  backend_ = make_backend(cfg.get("backend"), tracker, ts_.precision);
   if (ts_.precision == "bf16" || ts_.precision == "fp16")
     backend_ = make_autocast_backend(std::move(backend_),
                                      ts_.precision == "bf16" ? DType::BF16 : DType::F16);

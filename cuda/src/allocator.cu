@@ -1,0 +1,307 @@
+// The accounted caching device allocator, the managed-memory optimizer state store, and the
+// error helpers of check.h. The only file that calls cudaMalloc / cudaFree / cudaMallocManaged.
+//
+// Caching: freed blocks go to a per-tracker free list keyed by rounded size and are handed out
+// again without a driver call (cudaMalloc/cudaFree synchronize the device). Blocks are used on
+// one stream per backend, so a block freed by host code after its last kernel was queued is safe
+// to reuse by later work on that stream (stream order). Accounting: a block counts, in the
+// category of its current or last user, from cudaMalloc to cudaFree (the tracker's `reserved`);
+// a cached block moves to the category of its next user. Past the budget or on
+// cudaErrorMemoryAllocation the cache is emptied and the request retried once; then
+// QLFT_ERR_OUT_OF_MEMORY names the category and what the memory was for.
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/cuda_entry.h"
+#include "check.h"
+#include "core/log.h"
+#include "optim/state_store.h"
+
+namespace qlft {
+
+namespace cu {
+
+void throw_cuda(cudaError_t e, const char* expr, const char* file, int line) {
+  const int32_t status = e == cudaErrorMemoryAllocation ? QLFT_ERR_OUT_OF_MEMORY : QLFT_ERR_BACKEND;
+  throw_error(status, "CUDA error %s (%s) in %s at %s:%d", cudaGetErrorName(e),
+              cudaGetErrorString(e), expr, file, line);
+}
+
+void throw_cublas(cublasStatus_t s, const char* expr, const char* file, int line) {
+  throw_error(s == CUBLAS_STATUS_ALLOC_FAILED ? QLFT_ERR_OUT_OF_MEMORY : QLFT_ERR_BACKEND,
+              "cuBLASLt error %d (%s) in %s at %s:%d", static_cast<int>(s),
+              cublasLtGetStatusString(s), expr, file, line);
+}
+
+void warn_cuda(cudaError_t e, const char* expr, const char* file, int line) noexcept {
+  QLFT_LOG_W("CUDA error %s (%s) in %s at %s:%d (ignored during cleanup)", cudaGetErrorName(e),
+             cudaGetErrorString(e), expr, file, line);
+}
+
+void warn_cublas(cublasStatus_t s, const char* expr, const char* file, int line) noexcept {
+  QLFT_LOG_W("cuBLASLt error %d (%s) in %s at %s:%d (ignored during cleanup)", static_cast<int>(s),
+             cublasLtGetStatusString(s), expr, file, line);
+}
+
+}  // namespace cu
+
+namespace {
+
+constexpr size_t kSmallRound = 512;              // sizes under 1 MiB round to 512 bytes
+constexpr size_t kLargeRound = size_t(2) << 20;  // larger ones to 2 MiB
+
+size_t round_size(size_t bytes) {
+  if (bytes == 0) bytes = 1;
+  const size_t r = bytes < (size_t(1) << 20) ? kSmallRound : kLargeRound;
+  return (bytes + r - 1) / r * r;
+}
+
+struct Block {
+  size_t size;
+  MemCategory cat;
+};
+
+// One pool per tracker: budgets are per runtime.
+class Pool {
+ public:
+  explicit Pool(MemoryTracker* t) : tracker_(t) {}
+
+  void* allocate(MemCategory c, size_t bytes, const char* what) {
+    const size_t size = round_size(bytes);
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = free_.lower_bound(size);
+    // Reuse a cached block of at most twice the size (so a small request does not pin a huge one).
+    if (it != free_.end() && it->first <= 2 * size) {
+      void* p = it->second.ptr;
+      Block b{it->first, it->second.cat};
+      free_.erase(it);
+      if (b.cat != c) {  // move its accounting to the new user (net zero on the total)
+        tracker_->release(b.cat, b.size);
+        try {
+          tracker_->acquire(c, b.size, what);
+        } catch (...) {
+          tracker_->acquire(b.cat, b.size, "cached device block");
+          free_.emplace(b.size, Free{p, b.cat});
+          throw;
+        }
+        b.cat = c;
+      }
+      live_[p] = b;
+      return p;
+    }
+    for (int attempt = 0;; ++attempt) {
+      try {
+        tracker_->acquire(c, size, what);
+      } catch (const Error&) {
+        if (attempt == 0 && !free_.empty()) {
+          empty_locked();
+          continue;
+        }
+        throw;
+      }
+      void* p = nullptr;
+      const cudaError_t e = cudaMalloc(&p, size);
+      if (e == cudaSuccess) {
+        live_[p] = Block{size, c};
+        held_ += size;
+        return p;
+      }
+      tracker_->release(c, size);
+      (void)cudaGetLastError();  // clear the allocation error before retrying or reporting
+      if (e == cudaErrorMemoryAllocation && attempt == 0 && !free_.empty()) {
+        empty_locked();
+        continue;
+      }
+      size_t free_b = 0, total_b = 0;
+      QLFT_CUDA_WARN(cudaMemGetInfo(&free_b, &total_b));
+      if (e == cudaErrorMemoryAllocation)
+        throw_error(QLFT_ERR_OUT_OF_MEMORY,
+                    "out of device memory allocating %s for %s (%s): the device has %s free of %s",
+                    format_bytes(size).c_str(), what, mem_category_name(c),
+                    format_bytes(free_b).c_str(), format_bytes(total_b).c_str());
+      cu::throw_cuda(e, "cudaMalloc", __FILE__, __LINE__);
+    }
+  }
+
+  void free(void* p) noexcept {
+    if (!p) return;
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = live_.find(p);
+    if (it == live_.end()) {
+      QLFT_LOG_E("device allocator: freeing an unknown pointer %p", p);
+      return;
+    }
+    free_.emplace(it->second.size, Free{p, it->second.cat});
+    live_.erase(it);
+  }
+
+  void empty() noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    empty_locked();
+  }
+
+  uint64_t held() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return held_;
+  }
+
+ private:
+  struct Free {
+    void* ptr;
+    MemCategory cat;
+  };
+  void empty_locked() noexcept {
+    // cudaFree synchronizes the device, so no queued kernel still uses a cached block.
+    for (auto& f : free_) {
+      QLFT_CUDA_WARN(cudaFree(f.second.ptr));
+      tracker_->release(f.second.cat, f.first);
+      held_ -= f.first;
+    }
+    free_.clear();
+  }
+
+  MemoryTracker* tracker_;
+  std::mutex mu_;
+  std::multimap<size_t, Free> free_;
+  std::unordered_map<void*, Block> live_;
+  uint64_t held_ = 0;
+};
+
+std::mutex g_pools_mu;
+std::unordered_map<MemoryTracker*, std::unique_ptr<Pool>>& pools() {
+  static auto* m = new std::unordered_map<MemoryTracker*, std::unique_ptr<Pool>>();
+  return *m;  // never destroyed: blocks may be returned during static destruction
+}
+
+Pool& pool_for(MemoryTracker* t) {
+  QLFT_CHECK_ARG(t != nullptr, "device allocator: no memory tracker");
+  std::lock_guard<std::mutex> lk(g_pools_mu);
+  auto& p = pools()[t];
+  if (!p) p = std::make_unique<Pool>(t);
+  return *p;
+}
+
+}  // namespace
+
+// ---- DeviceMemory ----------------------------------------------------------------------------
+
+DeviceMemory::DeviceMemory(MemoryTracker* tracker, MemCategory category, size_t bytes,
+                           const char* what)
+    : tracker_(tracker), cat_(category), bytes_(bytes) {
+  ptr_ = pool_for(tracker).allocate(category, bytes, what);
+}
+
+DeviceMemory::~DeviceMemory() {
+  reset();
+}
+
+DeviceMemory::DeviceMemory(DeviceMemory&& o) noexcept
+    : tracker_(o.tracker_), cat_(o.cat_), ptr_(o.ptr_), bytes_(o.bytes_) {
+  o.ptr_ = nullptr;
+  o.bytes_ = 0;
+}
+
+DeviceMemory& DeviceMemory::operator=(DeviceMemory&& o) noexcept {
+  if (this != &o) {
+    reset();
+    tracker_ = o.tracker_;
+    cat_ = o.cat_;
+    ptr_ = o.ptr_;
+    bytes_ = o.bytes_;
+    o.ptr_ = nullptr;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+
+void DeviceMemory::reset() noexcept {
+  if (ptr_) pool_for(tracker_).free(ptr_);
+  ptr_ = nullptr;
+  bytes_ = 0;
+}
+
+void DeviceMemory::upload(const void* host, size_t bytes) {
+  QLFT_CHECK_ARG(bytes <= bytes_, "DeviceMemory::upload: %zu bytes into a block of %zu", bytes,
+                 bytes_);
+  if (bytes) QLFT_CUDA_CHECK(cudaMemcpy(ptr_, host, bytes, cudaMemcpyHostToDevice));
+}
+
+void DeviceMemory::download(void* host, size_t bytes) const {
+  QLFT_CHECK_ARG(bytes <= bytes_, "DeviceMemory::download: %zu bytes from a block of %zu", bytes,
+                 bytes_);
+  if (bytes) QLFT_CUDA_CHECK(cudaMemcpy(host, ptr_, bytes, cudaMemcpyDeviceToHost));
+}
+
+uint64_t cuda_cached_bytes(MemoryTracker* tracker) {
+  return pool_for(tracker).held();
+}
+
+void cuda_empty_cache(MemoryTracker* tracker) {
+  pool_for(tracker).empty();
+}
+
+// ---- managed-memory state store --------------------------------------------------------------
+
+namespace {
+
+class ManagedStateStore final : public StateStore {
+ public:
+  ManagedStateStore(MemoryTracker* t, int device) : tracker_(t), device_(device) {}
+  ~ManagedStateStore() override {
+    for (auto& a : allocs_) {
+      QLFT_CUDA_WARN(cudaFree(a.first));
+      tracker_->release(MemCategory::Optimizer, a.second);
+    }
+  }
+
+  void* allocate(size_t bytes, const char* what) override {
+    QLFT_CHECK_ARG(bytes > 0, "managed state store: zero-byte allocation for %s", what);
+    tracker_->acquire(MemCategory::Optimizer, bytes, what);
+    void* p = nullptr;
+    const cudaError_t e = cudaMallocManaged(&p, bytes, cudaMemAttachGlobal);
+    if (e != cudaSuccess) {
+      tracker_->release(MemCategory::Optimizer, bytes);
+      (void)cudaGetLastError();
+      if (e == cudaErrorMemoryAllocation)
+        throw_error(QLFT_ERR_OUT_OF_MEMORY,
+                    "out of managed memory allocating %s for %s (optimizer)",
+                    format_bytes(bytes).c_str(), what);
+      cu::throw_cuda(e, "cudaMallocManaged", __FILE__, __LINE__);
+    }
+    allocs_.emplace_back(p, bytes);
+    bytes_ += bytes;
+    // Zeroed on the host side of the mapping, then preferred on and prefetched to the device:
+    // under memory pressure the driver migrates cold pages back to the host (paging).
+    std::memset(p, 0, bytes);
+    cudaMemLocation loc{};
+    loc.type = cudaMemLocationTypeDevice;
+    loc.id = device_;
+    QLFT_CUDA_CHECK(cudaMemAdvise(p, bytes, cudaMemAdviseSetPreferredLocation, loc));
+    QLFT_CUDA_CHECK(cudaMemPrefetchAsync(p, bytes, loc, 0, nullptr));
+    QLFT_CUDA_CHECK(cudaDeviceSynchronize());
+    return p;
+  }
+  bool paged() const override { return true; }
+  const char* kind() const override { return "cuda-managed"; }
+
+ private:
+  MemoryTracker* tracker_;
+  int device_;
+  std::vector<std::pair<void*, size_t>> allocs_;
+};
+
+}  // namespace
+
+std::unique_ptr<StateStore> make_managed_state_store(MemoryTracker* tracker, int device) {
+  std::string why;
+  if (cuda_device_count(&why) == 0)
+    throw_error(QLFT_ERR_BACKEND, "managed state store: no usable CUDA device (%s)", why.c_str());
+  QLFT_CUDA_CHECK(cudaSetDevice(device));
+  return std::make_unique<ManagedStateStore>(tracker, device);
+}
+
+}  // namespace qlft

@@ -1,0 +1,71 @@
+// Checking of every CUDA runtime and cuBLASLt call, and the one place kernels are launched.
+//
+// Rules (enforced by tests/cuda/check_cuda_sources.sh over cuda/src):
+//  - every cuda*/cublasLt* call is wrapped in QLFT_CUDA_CHECK / QLFT_CUBLAS_CHECK (or
+//    QLFT_CUDA_WARN in destructors, which must not throw);
+//  - kernels are launched only through qlft::cu::launch, which checks cudaGetLastError;
+//  - device memory comes only from the caching allocator (allocator.cu).
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "core/error.h"
+
+namespace qlft::cu {
+
+[[noreturn]] void throw_cuda(cudaError_t e, const char* expr, const char* file, int line);
+[[noreturn]] void throw_cublas(cublasStatus_t s, const char* expr, const char* file, int line);
+void warn_cuda(cudaError_t e, const char* expr, const char* file, int line) noexcept;
+void warn_cublas(cublasStatus_t s, const char* expr, const char* file, int line) noexcept;
+
+}  // namespace qlft::cu
+
+#define QLFT_CUDA_CHECK(expr)                                                                     \
+  do {                                                                                            \
+    const cudaError_t qlft_cu_e_ = (expr);                                                        \
+    if (qlft_cu_e_ != cudaSuccess) ::qlft::cu::throw_cuda(qlft_cu_e_, #expr, __FILE__, __LINE__); \
+  } while (0)
+
+#define QLFT_CUDA_WARN(expr)                                                                     \
+  do {                                                                                           \
+    const cudaError_t qlft_cu_e_ = (expr);                                                       \
+    if (qlft_cu_e_ != cudaSuccess) ::qlft::cu::warn_cuda(qlft_cu_e_, #expr, __FILE__, __LINE__); \
+  } while (0)
+
+#define QLFT_CUBLAS_CHECK(expr)                                        \
+  do {                                                                 \
+    const cublasStatus_t qlft_cb_s_ = (expr);                          \
+    if (qlft_cb_s_ != CUBLAS_STATUS_SUCCESS)                           \
+      ::qlft::cu::throw_cublas(qlft_cb_s_, #expr, __FILE__, __LINE__); \
+  } while (0)
+
+#define QLFT_CUBLAS_WARN(expr)                                        \
+  do {                                                                \
+    const cublasStatus_t qlft_cb_s_ = (expr);                         \
+    if (qlft_cb_s_ != CUBLAS_STATUS_SUCCESS)                          \
+      ::qlft::cu::warn_cublas(qlft_cb_s_, #expr, __FILE__, __LINE__); \
+  } while (0)
+
+namespace qlft::cu {
+
+// Launches kernel<<<grid, block, smem, stream>>>(args...) and checks the launch. Asynchronous
+// faults surface at the next checked synchronizing call.
+template <class... Params, class... Args>
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+            Args&&... args) {
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;  // nothing to do (an empty launch errors)
+  kernel<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);
+  QLFT_CUDA_CHECK(cudaGetLastError());
+}
+
+// Blocks of `threads` covering n items, capped so grid-stride loops take the rest.
+inline unsigned grid_for(int64_t n, int threads, int64_t cap = 65535) {
+  int64_t g = (n + threads - 1) / threads;
+  if (g > cap) g = cap;
+  return static_cast<unsigned>(g < 1 ? 1 : g);
+}
+
+}  // namespace qlft::cu

@@ -1,0 +1,37 @@
+// Row-major GEMMs through cuBLASLt: C[M, N] = alpha * op(A) op(B) + beta * C with fp32 C and
+// fp32 accumulation (CUBLAS_COMPUTE_32F: no TF32), A and B both fp32, bf16 or fp16.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include "backend/cuda_entry.h"
+#include "kernels.h"
+
+namespace qlft::cu {
+
+struct GemmOperand {
+  const void* ptr;
+  TileType type;
+  int64_t ld;  // row-major leading dimension (elements)
+  bool trans;  // use the transpose of the stored matrix
+};
+
+class LtGemm {
+ public:
+  LtGemm(MemoryTracker* tracker, cudaStream_t stream);
+  ~LtGemm();
+  LtGemm(const LtGemm&) = delete;
+  LtGemm& operator=(const LtGemm&) = delete;
+
+  // op(A) is [M, K], op(B) is [K, N]; C is [M, N] fp32 with leading dimension ldc.
+  void run(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B,
+           float beta, float* C, int64_t ldc);
+
+ private:
+  cublasLtHandle_t handle_ = nullptr;
+  cudaStream_t stream_;
+  DeviceMemory workspace_;
+};
+
+}  // namespace qlft::cu

@@ -1,0 +1,330 @@
+// Flash attention forward / backward in fp32: tiled over keys with an online softmax, causal,
+// GQA, packed-document masks; the forward saves only the log-sum-exp per (head, row) and the
+// backward recomputes probabilities from it (FlashAttention-2 structure: one CUDA block per key
+// tile accumulates dK / dV in registers, dQ is accumulated with atomics).
+//
+// Head dims up to 128 (NC = ceil(head_dim / 32) chunks per lane). Register budget per thread is
+// small by construction (forward: 4 rows x NC accumulators; backward: 8 keys x NC x 2), so no
+// variant spills (see docs/PERFORMANCE.md, "CUDA kernels: resource usage").
+// Shared math: online_softmax_merge / online_softmax_lse / softmax_prob (softmax_math.h).
+#include "backend/softmax_math.h"
+#include "check.h"
+#include "kernels.h"
+#include "reduce.cuh"
+
+namespace qlft::cu {
+
+namespace {
+
+constexpr int kFwdRows = 16;  // query rows per forward block (4 per warp)
+constexpr int kKeys = 32;     // keys per tile (one per lane)
+constexpr int kBwdRows = 32;  // query rows per backward inner tile (8 per warp)
+
+__device__ __forceinline__ bool attends(const AttnArgs& a, int64_t base, int qi, int kj) {
+  if (kj > qi || qi >= a.seq || kj >= a.seq) return false;
+  return !a.doc || a.doc[base + kj] == a.doc[base + qi];
+}
+
+template <int NC>
+__global__ void __launch_bounds__(128)
+    k_attn_fwd(AttnArgs a, const float* q, const float* k, const float* v, float* out, float* lse) {
+  extern __shared__ float smem[];
+  const int D = a.head_dim, Dp = D + 1;
+  float* Qs = smem;                // [kFwdRows][Dp], pre-scaled by 1/sqrt(D)
+  float* Ks = Qs + kFwdRows * Dp;  // [kKeys][Dp]
+  float* Vs = Ks + kKeys * Dp;     // [kKeys][Dp]
+  __shared__ int k_lo_s;
+
+  const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * kFwdRows;
+  const int kh = h / (a.n_heads / a.n_kv_heads);
+  const int64_t base = int64_t(b) * a.seq, rows = int64_t(a.batch) * a.seq;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const float scale = rsqrtf(float(D));
+
+  for (int idx = threadIdx.x; idx < kFwdRows * D; idx += blockDim.x) {
+    const int r = idx / D, d = idx - r * D, qi = q0 + r;
+    Qs[r * Dp + d] = qi < a.seq ? q[(base + qi) * a.ldq + int64_t(h) * D + d] * scale : 0.f;
+  }
+  if (threadIdx.x == 0) {
+    int lo = q0;
+    for (int r = 0; r < kFwdRows && q0 + r < a.seq; ++r)
+      lo = min(lo, a.first ? a.first[base + q0 + r] : 0);
+    k_lo_s = lo;
+  }
+  __syncthreads();
+  const int k_lo = k_lo_s, k_hi = min(q0 + kFwdRows, a.seq);
+
+  OnlineSoftmax<float> st[4];
+  float acc[4][NC];
+#pragma unroll
+  for (int rr = 0; rr < 4; ++rr)
+#pragma unroll
+    for (int c = 0; c < NC; ++c) acc[rr][c] = 0.f;
+
+  for (int kt = k_lo; kt < k_hi; kt += kKeys) {
+    __syncthreads();  // the previous tile is no longer read
+    for (int idx = threadIdx.x; idx < kKeys * D; idx += blockDim.x) {
+      const int j = idx / D, d = idx - j * D, kj = kt + j;
+      const bool in = kj < k_hi;
+      Ks[j * Dp + d] = in ? k[(base + kj) * a.ldk + int64_t(kh) * D + d] : 0.f;
+      Vs[j * Dp + d] = in ? v[(base + kj) * a.ldv + int64_t(kh) * D + d] : 0.f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int rr = 0; rr < 4; ++rr) {
+      const int r = warp * 4 + rr, qi = q0 + r;
+      if (qi >= a.seq) continue;  // warp-uniform
+      const int kj = kt + lane;
+      const bool ok = kj < k_hi && attends(a, base, qi, kj);
+      float s = -INFINITY;
+      if (ok) {
+        s = 0.f;
+        for (int d = 0; d < D; ++d) s += Qs[r * Dp + d] * Ks[lane * Dp + d];
+      }
+      const float tmax = warp_max(s);
+      if (tmax == -INFINITY) continue;  // nothing visible in this tile (warp-uniform)
+      const float p = ok ? expf(s - tmax) : 0.f;
+      const float psum = warp_sum(p);
+      const float m_old = st[rr].m;
+      online_softmax_merge(st[rr], tmax, psum);
+      const float a_old = expf(m_old - st[rr].m);  // 0 for the first visible tile
+      const float a_new = expf(tmax - st[rr].m);
+      float pv[NC];
+#pragma unroll
+      for (int c = 0; c < NC; ++c) pv[c] = 0.f;
+      for (int j = 0; j < kKeys; ++j) {
+        const float pj = __shfl_sync(0xffffffffu, p, j);
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+          const int d = lane + 32 * c;
+          pv[c] += pj * (d < D ? Vs[j * Dp + d] : 0.f);
+        }
+      }
+#pragma unroll
+      for (int c = 0; c < NC; ++c) acc[rr][c] = acc[rr][c] * a_old + a_new * pv[c];
+    }
+  }
+
+#pragma unroll
+  for (int rr = 0; rr < 4; ++rr) {
+    const int qi = q0 + warp * 4 + rr;
+    if (qi >= a.seq) continue;
+    const float inv = 1.f / st[rr].s;  // every row sees at least itself
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      const int d = lane + 32 * c;
+      if (d < D) out[(base + qi) * a.ldo + int64_t(h) * D + d] = acc[rr][c] * inv;
+    }
+    if (lse && lane == 0) lse[int64_t(h) * rows + base + qi] = online_softmax_lse(st[rr]);
+  }
+}
+
+// delta[h * rows + row] = dout_row . out_row for head h: one warp per (row, head).
+__global__ void __launch_bounds__(256)
+    k_attn_delta(AttnArgs a, const float* out, const float* dout, float* delta) {
+  const int64_t rows = int64_t(a.batch) * a.seq;
+  const int64_t w = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (w >= rows * a.n_heads) return;  // whole warps exit together
+  const int h = int(w / rows);
+  const int64_t row = w - int64_t(h) * rows;
+  const float* o = out + row * a.ldo + int64_t(h) * a.head_dim;
+  const float* g = dout + row * a.ldo + int64_t(h) * a.head_dim;
+  float s = 0.f;
+  for (int d = lane; d < a.head_dim; d += 32) s += o[d] * g[d];
+  s = warp_sum(s);
+  if (lane == 0) delta[w] = s;
+}
+
+template <int NC>
+__global__ void __launch_bounds__(128)
+    k_attn_bwd(AttnArgs a, const float* q, const float* k, const float* v, const float* lse,
+               const float* delta, const float* dout, float* dq, float* dk, float* dv) {
+  extern __shared__ float smem[];
+  const int D = a.head_dim, Dp = D + 1;
+  float* Ks = smem;                 // [kKeys][Dp]
+  float* Vs = Ks + kKeys * Dp;      // [kKeys][Dp]
+  float* Qs = Vs + kKeys * Dp;      // [kBwdRows][Dp]
+  float* dOs = Qs + kBwdRows * Dp;  // [kBwdRows][Dp]
+  float* Ps = dOs + kBwdRows * Dp;  // [kBwdRows][kKeys + 1]
+  float* dSs = Ps + kBwdRows * (kKeys + 1);
+  __shared__ float lse_s[kBwdRows], delta_s[kBwdRows];
+
+  const int b = blockIdx.z, kh = blockIdx.y, k0 = blockIdx.x * kKeys;
+  const int group = a.n_heads / a.n_kv_heads;
+  const int64_t base = int64_t(b) * a.seq, rows = int64_t(a.batch) * a.seq;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const float scale = rsqrtf(float(D));
+
+  for (int idx = threadIdx.x; idx < kKeys * D; idx += blockDim.x) {
+    const int j = idx / D, d = idx - j * D, kj = k0 + j;
+    const bool in = kj < a.seq;
+    Ks[j * Dp + d] = in ? k[(base + kj) * a.ldk + int64_t(kh) * D + d] : 0.f;
+    Vs[j * Dp + d] = in ? v[(base + kj) * a.ldv + int64_t(kh) * D + d] : 0.f;
+  }
+
+  float dK[8][NC], dV[8][NC];
+#pragma unroll
+  for (int jj = 0; jj < 8; ++jj)
+#pragma unroll
+    for (int c = 0; c < NC; ++c) dK[jj][c] = dV[jj][c] = 0.f;
+
+  for (int h = kh * group; h < (kh + 1) * group; ++h) {
+    for (int qt = k0; qt < a.seq; qt += kBwdRows) {  // queries before k0 see none of these keys
+      __syncthreads();
+      for (int idx = threadIdx.x; idx < kBwdRows * D; idx += blockDim.x) {
+        const int r = idx / D, d = idx - r * D, qi = qt + r;
+        const bool in = qi < a.seq;
+        Qs[r * Dp + d] = in ? q[(base + qi) * a.ldq + int64_t(h) * D + d] : 0.f;
+        dOs[r * Dp + d] = in ? dout[(base + qi) * a.ldo + int64_t(h) * D + d] : 0.f;
+      }
+      if (threadIdx.x < kBwdRows) {
+        const int qi = qt + threadIdx.x;
+        const bool in = qi < a.seq;
+        lse_s[threadIdx.x] = in ? lse[int64_t(h) * rows + base + qi] : 0.f;
+        delta_s[threadIdx.x] = in ? delta[int64_t(h) * rows + base + qi] : 0.f;
+      }
+      __syncthreads();
+      // P and dS: warp w takes query rows 8w..8w+7, lane j key k0 + j.
+#pragma unroll 1
+      for (int ii = 0; ii < 8; ++ii) {
+        const int i = warp * 8 + ii, qi = qt + i, kj = k0 + lane;
+        float p = 0.f, ds = 0.f;
+        if (attends(a, base, qi, kj)) {
+          float s = 0.f, dp = 0.f;
+          for (int d = 0; d < D; ++d) {
+            s += Qs[i * Dp + d] * Ks[lane * Dp + d];
+            dp += dOs[i * Dp + d] * Vs[lane * Dp + d];
+          }
+          p = softmax_prob(s * scale, lse_s[i]);
+          ds = p * (dp - delta_s[i]);
+        }
+        Ps[i * (kKeys + 1) + lane] = p;
+        dSs[i * (kKeys + 1) + lane] = ds;
+      }
+      __syncthreads();
+      // dV[j] += sum_i P[i][j] dO[i]; dK[j] += sum_i dS[i][j] Q[i] (scaled at the end):
+      // warp w owns keys 8w..8w+7, lane d the dims lane + 32c.
+      for (int i = 0; i < kBwdRows; ++i) {
+        float qd[NC], od[NC];
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+          const int d = lane + 32 * c;
+          qd[c] = d < D ? Qs[i * Dp + d] : 0.f;
+          od[c] = d < D ? dOs[i * Dp + d] : 0.f;
+        }
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {
+          const int j = warp * 8 + jj;
+          const float pij = Ps[i * (kKeys + 1) + j], dsij = dSs[i * (kKeys + 1) + j];
+#pragma unroll
+          for (int c = 0; c < NC; ++c) {
+            dV[jj][c] += pij * od[c];
+            dK[jj][c] += dsij * qd[c];
+          }
+        }
+      }
+      // dQ[i] += scale * sum_j dS[i][j] K[j]: warp w owns query rows 8w..8w+7.
+#pragma unroll 1
+      for (int ii = 0; ii < 8; ++ii) {
+        const int i = warp * 8 + ii, qi = qt + i;
+        if (qi >= a.seq) break;
+        float g[NC];
+#pragma unroll
+        for (int c = 0; c < NC; ++c) g[c] = 0.f;
+        for (int j = 0; j < kKeys; ++j) {
+          const float dsij = dSs[i * (kKeys + 1) + j];
+#pragma unroll
+          for (int c = 0; c < NC; ++c) {
+            const int d = lane + 32 * c;
+            g[c] += dsij * (d < D ? Ks[j * Dp + d] : 0.f);
+          }
+        }
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+          const int d = lane + 32 * c;
+          if (d < D && g[c] != 0.f)
+            atomicAdd(dq + (base + qi) * a.ldq + int64_t(h) * D + d, g[c] * scale);
+        }
+      }
+    }
+  }
+  // This block alone owns keys k0..k0+31 of KV head kh: plain read-modify-write.
+#pragma unroll
+  for (int jj = 0; jj < 8; ++jj) {
+    const int kj = k0 + warp * 8 + jj;
+    if (kj >= a.seq) continue;
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      const int d = lane + 32 * c;
+      if (d >= D) continue;
+      dk[(base + kj) * a.ldk + int64_t(kh) * D + d] += dK[jj][c] * scale;
+      dv[(base + kj) * a.ldv + int64_t(kh) * D + d] += dV[jj][c];
+    }
+  }
+}
+
+size_t fwd_smem(int D) {
+  return size_t(kFwdRows + 2 * kKeys) * (D + 1) * sizeof(float);
+}
+size_t bwd_smem(int D) {
+  return (size_t(2 * kKeys + 2 * kBwdRows) * (D + 1) + size_t(2 * kBwdRows) * (kKeys + 1)) *
+         sizeof(float);
+}
+
+template <int NC>
+void fwd_nc(const AttnArgs& a, const float* q, const float* k, const float* v, float* out,
+            float* lse, cudaStream_t s) {
+  const size_t smem = fwd_smem(a.head_dim);
+  QLFT_CUDA_CHECK(
+      cudaFuncSetAttribute(k_attn_fwd<NC>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  dim3 grid((a.seq + kFwdRows - 1) / kFwdRows, a.n_heads, a.batch);
+  launch(k_attn_fwd<NC>, grid, 128, smem, s, a, q, k, v, out, lse);
+}
+
+template <int NC>
+void bwd_nc(const AttnArgs& a, const float* q, const float* k, const float* v, const float* lse,
+            const float* delta, const float* dout, float* dq, float* dk, float* dv,
+            cudaStream_t s) {
+  const size_t smem = bwd_smem(a.head_dim);
+  QLFT_CUDA_CHECK(
+      cudaFuncSetAttribute(k_attn_bwd<NC>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  dim3 grid((a.seq + kKeys - 1) / kKeys, a.n_kv_heads, a.batch);
+  launch(k_attn_bwd<NC>, grid, 128, smem, s, a, q, k, v, lse, delta, dout, dq, dk, dv);
+}
+
+void check_args(const AttnArgs& a) {
+  QLFT_CHECK_ARG(a.head_dim > 0 && a.head_dim <= kAttnMaxHeadDim,
+                 "cuda attention: head_dim %d is not supported (1..%d)", a.head_dim,
+                 kAttnMaxHeadDim);
+  QLFT_CHECK_ARG(a.batch > 0 && a.seq > 0 && a.n_kv_heads > 0 && a.n_heads % a.n_kv_heads == 0,
+                 "cuda attention: bad shape (batch %d, seq %d, heads %d/%d)", a.batch, a.seq,
+                 a.n_heads, a.n_kv_heads);
+  QLFT_CHECK_ARG(a.batch <= 65535 && a.n_heads <= 65535,
+                 "cuda attention: batch %d or heads %d beyond the grid limit", a.batch, a.n_heads);
+}
+
+}  // namespace
+
+void attention_fwd(const AttnArgs& a, const float* q, const float* k, const float* v, float* out,
+                   float* lse, cudaStream_t s) {
+  check_args(a);
+  const int nc = (a.head_dim + 31) / 32;
+  if (nc == 1) return fwd_nc<1>(a, q, k, v, out, lse, s);
+  if (nc == 2) return fwd_nc<2>(a, q, k, v, out, lse, s);
+  return fwd_nc<4>(a, q, k, v, out, lse, s);
+}
+
+void attention_bwd(const AttnArgs& a, const float* q, const float* k, const float* v,
+                   const float* out, const float* lse, const float* dout, float* dq, float* dk,
+                   float* dv, float* delta, cudaStream_t s) {
+  check_args(a);
+  const int64_t warps = int64_t(a.batch) * a.seq * a.n_heads;
+  launch(k_attn_delta, grid_for(warps * 32, 256, int64_t(1) << 31), 256, 0, s, a, out, dout, delta);
+  const int nc = (a.head_dim + 31) / 32;
+  if (nc == 1) return bwd_nc<1>(a, q, k, v, lse, delta, dout, dq, dk, dv, s);
+  if (nc == 2) return bwd_nc<2>(a, q, k, v, lse, delta, dout, dq, dk, dv, s);
+  return bwd_nc<4>(a, q, k, v, lse, delta, dout, dq, dk, dv, s);
+}
+
+}  // namespace qlft::cu

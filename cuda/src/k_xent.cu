@@ -1,0 +1,88 @@
+// Cross-entropy over row chunks of logits panels (the fused linear + cross-entropy head: the
+// logits of a [rows, panel] tile come from a GEMM, these kernels turn them into the online
+// log-sum-exp state, the loss terms and the gradient in place). Shared math: softmax_math.h.
+#include "backend/softmax_math.h"
+#include "check.h"
+#include "kernels.h"
+#include "reduce.cuh"
+
+namespace qlft::cu {
+
+namespace {
+
+// One block per row (grid-stride over rows): the panel's max and sum of exp(x - max) merged into
+// the row's running state; the first panel (p0 == 0) starts the state.
+__global__ void __launch_bounds__(256)
+    k_ce_merge(const float* logits, int64_t rc, int64_t n, int64_t p0, const int32_t* targets,
+               float* m, double* sum, float* target_logit) {
+  __shared__ float redf[32];
+  __shared__ double redd[32];
+  for (int64_t row = blockIdx.x; row < rc; row += gridDim.x) {
+    const float* l = logits + row * n;
+    float mx = -INFINITY;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) mx = fmaxf(mx, l[j]);
+    mx = block_max(mx, redf);
+    double s = 0;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) s += double(expf(l[j] - mx));
+    s = block_sum(s, redd);
+    if (threadIdx.x == 0) {
+      OnlineSoftmax<double> st;
+      if (p0 != 0) {
+        st.m = m[row];
+        st.s = sum[row];
+      }
+      online_softmax_merge(st, mx, s);
+      m[row] = st.m;
+      sum[row] = st.s;
+      const int64_t t = targets[row];
+      if (t >= p0 && t < p0 + n) target_logit[row] = l[t - p0];
+    }
+  }
+}
+
+__global__ void __launch_bounds__(256)
+    k_ce_finish(const float* m, const double* sum, const float* target_logit, int64_t rc,
+                float* lse, double* loss_terms) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < rc;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    OnlineSoftmax<double> st;
+    st.m = m[i];
+    st.s = sum[i];
+    const double l = double(st.m) + log(st.s);  // as the CPU: lse in double for the loss
+    lse[i] = float(l);
+    loss_terms[i] = l - double(target_logit[i]);
+  }
+}
+
+__global__ void __launch_bounds__(256)
+    k_ce_grad(float* logits, int64_t rc, int64_t n, int64_t p0, const int32_t* targets,
+              const float* lse, float grad_scale) {
+  const int64_t total = rc * n;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / n, j = i - r * n;
+    float g = softmax_prob(logits[i], lse[r]) * grad_scale;
+    if (targets[r] == p0 + j) g -= grad_scale;
+    logits[i] = g;
+  }
+}
+
+}  // namespace
+
+void ce_merge_panel(const float* logits, int64_t rc, int64_t n, int64_t p0, const int32_t* targets,
+                    float* m, double* sum, float* target_logit, cudaStream_t s) {
+  launch(k_ce_merge, dim3(unsigned(rc < 65535 ? rc : 65535)), 256, 0, s, logits, rc, n, p0, targets,
+         m, sum, target_logit);
+}
+
+void ce_finish(const float* m, const double* sum, const float* target_logit, int64_t rc, float* lse,
+               double* loss_terms, cudaStream_t s) {
+  launch(k_ce_finish, grid_for(rc, 256), 256, 0, s, m, sum, target_logit, rc, lse, loss_terms);
+}
+
+void ce_grad_panel(float* logits, int64_t rc, int64_t n, int64_t p0, const int32_t* targets,
+                   const float* lse, float grad_scale, cudaStream_t s) {
+  launch(k_ce_grad, grid_for(rc * n, 256), 256, 0, s, logits, rc, n, p0, targets, lse, grad_scale);
+}
+
+}  // namespace qlft::cu

@@ -1,0 +1,103 @@
+// Launchers of the CUDA kernels (device pointers, one stream). Every launcher goes through
+// cu::launch (check.h). Activations are row-major fp32 with a leading dimension `ld`.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "optim/adamw_math.h"
+#include "quant/qweight.h"
+
+namespace qlft::cu {
+
+// Element type of a dequantized / converted tile.
+enum class TileType { F32, BF16, F16 };
+inline size_t tile_elem_bytes(TileType t) {
+  return t == TileType::F32 ? 4 : 2;
+}
+
+// A frozen weight resident on the device, in its storage format.
+struct DevWeight {
+  QuantKind kind = QuantKind::F32;
+  uint32_t ggml_type = 0;
+  int64_t rows = 0, cols = 0;
+  int32_t blocksize = 64;         // NF4
+  const void* data = nullptr;     // codes / blocks / values
+  const float* scales = nullptr;  // NF4: decoded absmax per block; INT8: SCB per row
+};
+
+// ---- k_quant.cu ------------------------------------------------------------------------------
+// out[i, :] = row (row_ids ? row_ids[i] : r0 + i) of W, dequantized, for i < n (n * cols values).
+void dequant_rows(const DevWeight& w, const int32_t* row_ids, int64_t r0, int64_t n, void* out,
+                  TileType t, cudaStream_t s);
+// out (compact [rows, cols], type t) = x (fp32, leading dimension ld), rounded to nearest even.
+void convert_tile(const float* x, int64_t rows, int64_t cols, int64_t ld, void* out, TileType t,
+                  cudaStream_t s);
+// y[i, j] += bias[j].
+void add_bias(float* y, int64_t rows, int64_t cols, int64_t ld, const float* bias, cudaStream_t s);
+// out (compact) = LoRA dropout of x rows [0, rows) whose global row index starts at row0.
+void dropout_apply(const float* x, int64_t rows, int64_t cols, int64_t ld, int64_t row0, float p,
+                   uint64_t seed, float* out, cudaStream_t s);
+// dx[i, c] += keep(row0 + i, c) ? scale * t[i, c] : 0 (t compact).
+void dropout_masked_add(float* dx, int64_t ld, const float* t, int64_t rows, int64_t cols,
+                        int64_t row0, float p, uint64_t seed, float scale, cudaStream_t s);
+// dst[i] += src[i].
+void accumulate(float* dst, const float* src, int64_t n, cudaStream_t s);
+
+// ---- k_pointwise.cu --------------------------------------------------------------------------
+void rmsnorm_fwd(const float* x, const float* w, float eps, float* y, float* rstd, int64_t rows,
+                 int64_t cols, cudaStream_t s);
+void rmsnorm_bwd(const float* x, const float* w, const float* rstd, const float* dy, float* dx,
+                 int64_t rows, int64_t cols, cudaStream_t s);
+// inv_freq: head_dim / 2 values (computed on the host with rope_inv_freq).
+void rope(float* x, int64_t ld, const int32_t* pos, const float* inv_freq, int64_t rows,
+          int n_heads, int head_dim, bool adjacent, bool inverse, cudaStream_t s);
+void swiglu_fwd(const float* gate, const float* up, float* out, int64_t n, cudaStream_t s);
+void swiglu_bwd(const float* gate, const float* up, const float* dout, float* dgate, float* dup,
+                int64_t n, cudaStream_t s);
+
+// ---- k_attention.cu --------------------------------------------------------------------------
+struct AttnArgs {
+  int batch, seq, n_heads, n_kv_heads, head_dim;
+  int64_t ldq, ldk, ldv, ldo;      // leading dimensions of q / dq, k / dk, v / dv, out / dout
+  const int32_t* doc = nullptr;    // [rows] document ids or nullptr
+  const int32_t* first = nullptr;  // [rows] first position of the same document
+};
+constexpr int kAttnMaxHeadDim = 128;
+void attention_fwd(const AttnArgs& a, const float* q, const float* k, const float* v, float* out,
+                   float* lse, cudaStream_t s);
+// dq, dk, dv accumulate (+=). delta: scratch of n_heads * rows floats.
+void attention_bwd(const AttnArgs& a, const float* q, const float* k, const float* v,
+                   const float* out, const float* lse, const float* dout, float* dq, float* dk,
+                   float* dv, float* delta, cudaStream_t s);
+
+// ---- k_xent.cu -------------------------------------------------------------------------------
+// Per row of a logits chunk [rc, n] (columns p0 .. p0 + n of the vocabulary): merges the chunk
+// into the row's online softmax state (m, sum) and records the target logit if it lies here.
+void ce_merge_panel(const float* logits, int64_t rc, int64_t n, int64_t p0, const int32_t* targets,
+                    float* m, double* sum, float* target_logit, cudaStream_t s);
+// lse[i] = m[i] + log(sum[i]); loss_terms[i] = lse[i] - target_logit[i] (double).
+void ce_finish(const float* m, const double* sum, const float* target_logit, int64_t rc, float* lse,
+               double* loss_terms, cudaStream_t s);
+// logits[i, j] = (softmax - onehot(target)) * grad_scale, in place.
+void ce_grad_panel(float* logits, int64_t rc, int64_t n, int64_t p0, const int32_t* targets,
+                   const float* lse, float grad_scale, cudaStream_t s);
+
+// ---- k_optim.cu ------------------------------------------------------------------------------
+void adamw_torch(float* p, float* m, float* v, const float* g, int64_t n, const AdamWTorchCoeffs& c,
+                 cudaStream_t s);
+// skipped: device int64 counter incremented per non-finite gradient element.
+void adamw_bnb8(float* p, uint8_t* q1, uint8_t* q2, float* absmax1, float* absmax2, const float* g,
+                int64_t n, const AdamBnbCoeffs& c, const float* code1, const float* code2,
+                const uint8_t* lut1, const uint8_t* lut2, unsigned long long* skipped,
+                cudaStream_t s);
+void adamw_bnb32(float* p, float* m, float* v, const float* g, int64_t n, const AdamBnbCoeffs& c,
+                 unsigned long long* skipped, cudaStream_t s);
+// *out += sum of g[i]^2 (double).
+void sum_squares(const float* g, int64_t n, double* out, cudaStream_t s);
+void scale(float* g, int64_t n, float f, cudaStream_t s);
+// *count += number of non-finite g[i].
+void count_nonfinite(const float* g, int64_t n, unsigned long long* count, cudaStream_t s);
+
+}  // namespace qlft::cu

@@ -1,0 +1,35 @@
+// Shared pieces of the GPU tests: the device gate and the normalized error.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "backend/cuda_entry.h"
+
+// Skips the test (reported as skipped by ctest) when no CUDA device can be used.
+#define QLFT_NEED_GPU()                                                       \
+  do {                                                                        \
+    std::string qlft_why_;                                                    \
+    if (qlft::cuda_device_count(&qlft_why_) == 0)                             \
+      GTEST_SKIP() << "no usable CUDA device (" << qlft_why_ << "): skipped"; \
+  } while (0)
+
+namespace qlft_cuda_test {
+
+// ||a - b|| / max(||b||, floor): the normalized error the GPU results are held to.
+inline double norm_err(const std::vector<float>& a, const std::vector<float>& b,
+                       double floor = 1e-12) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    const double d = double(a[i]) - double(b[i]);
+    num += d * d;
+    den += double(b[i]) * double(b[i]);
+  }
+  if (a.size() != b.size()) return INFINITY;
+  return std::sqrt(num) / std::max(std::sqrt(den), floor);
+}
+
+}  // namespace qlft_cuda_test
