@@ -73,19 +73,46 @@ void CpuBackend::rope(MatF x, const int32_t* pos, int n_heads, int head_dim, flo
   const int half = head_dim / 2;
   std::vector<float> inv_freq(half);
   for (int i = 0; i < half; ++i) inv_freq[i] = rope_inv_freq(theta, i, head_dim);
+  if (x.rows == 0) return;
+  // cos/sin per distinct position, not per row: rows repeat positions across the batch (and
+  // across packed documents), and sincos dominates this op otherwise. Same formulas, so the
+  // values are bit-identical to computing them per row.
+  int32_t max_pos = 0;
+  for (int64_t row = 0; row < x.rows; ++row) {
+    QLFT_CHECK_ARG(pos[row] >= 0, "rope: negative position %d at row %lld", pos[row],
+                   (long long)row);
+    max_pos = std::max(max_pos, pos[row]);
+  }
+  const int64_t n_pos = int64_t(max_pos) + 1;
+  // Generation passes one row at a large position: there a table would cost more than it saves.
+  const bool use_table = n_pos <= x.rows;
+  const int64_t n_tab = use_table ? n_pos : x.rows;
+  Buffer table = workspace(size_t(n_tab) * half * 2 * sizeof(float), "rope cos/sin table");
+  float* cs = table.as<float>();  // [n_tab][half] cos, then [n_tab][half] sin
+  float* sn = cs + n_tab * half;
   const float* fr = inv_freq.data();
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < n_tab; ++t) {
+    const int p = use_table ? int(t) : pos[t];
+    for (int i = 0; i < half; ++i) {
+      float ang = rope_angle(p, fr[i]);
+      cs[t * half + i] = cosf(ang);
+      sn[t * half + i] = inverse ? -sinf(ang) : sinf(ang);
+    }
+  }
 #pragma omp parallel for schedule(static)
   for (int64_t row = 0; row < x.rows; ++row) {
     float* xr = x.row(row);
-    const int p = pos[row];
-    for (int i = 0; i < half; ++i) {
-      float ang = rope_angle(p, fr[i]);
-      float c = cosf(ang), s = sinf(ang);
-      if (inverse) s = -s;
-      const int a = adjacent ? 2 * i : i, b = adjacent ? 2 * i + 1 : i + half;
-      for (int h = 0; h < n_heads; ++h) {
-        float* xh = xr + int64_t(h) * head_dim;
-        rope_rotate_pair(xh[a], xh[b], c, s);
+    const int64_t t = use_table ? pos[row] : row;
+    const float* c = cs + t * half;
+    const float* sr = sn + t * half;
+    for (int h = 0; h < n_heads; ++h) {
+      float* xh = xr + int64_t(h) * head_dim;
+      if (adjacent) {
+        for (int i = 0; i < half; ++i) rope_rotate_pair(xh[2 * i], xh[2 * i + 1], c[i], sr[i]);
+      } else {
+#pragma omp simd
+        for (int i = 0; i < half; ++i) rope_rotate_pair(xh[i], xh[i + half], c[i], sr[i]);
       }
     }
   }
