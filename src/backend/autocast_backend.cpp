@@ -1,6 +1,8 @@
 #include "backend/autocast_backend.h"
 
+#include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
+#include "core/log.h"
 
 namespace qlft {
 
@@ -8,19 +10,29 @@ namespace {
 
 class AutocastBackend final : public Backend {
  public:
-  AutocastBackend(std::unique_ptr<Backend> inner, DType t)
+  AutocastBackend(std::unique_ptr<Backend> inner, DType t, bool native)
       : Backend(inner->tracker()), inner_(std::move(inner)), t_(t) {
     name_ = std::string(inner_->name()) + (t == DType::BF16 ? "+bf16" : "+fp16");
+    auto* cpu = dynamic_cast<cpu::CpuBackend*>(inner_.get());
+    if (native && t == DType::BF16 && cpu) {
+      cpu->set_precision(DType::BF16);
+      native_linear_ = true;
+      QLFT_LOG_D("autocast bf16: linear layers and head run bf16 GEMMs on %s",
+                 cpu->bf16_onednn() ? "oneDNN (native bf16)"
+                                    : "OpenBLAS sgemm of bf16-rounded operands (no AVX512-BF16)");
+    }
   }
   const char* name() const override { return name_.c_str(); }
 
   void linear_fwd(const QWeight& W, const float* bias, const LoraRef* lora, CMatF x, MatF y,
                   float* xa) override {
+    if (native_linear_) return inner_->linear_fwd(W, bias, lora, x, y, xa);
     Buffer xr = rounded(x, "autocast x");
     inner_->linear_fwd(W, bias, lora, view(xr, x), y, xa);
   }
   void linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, const float* xa, CMatF dy,
                   MatF dx, float* dA, float* dB) override {
+    if (native_linear_) return inner_->linear_bwd(W, lora, x, xa, dy, dx, dA, dB);
     Buffer xr = rounded(x, "autocast x");
     Buffer dyr = rounded(dy, "autocast dy");
     inner_->linear_bwd(W, lora, view(xr, x), xa, view(dyr, dy), dx, dA, dB);
@@ -56,6 +68,7 @@ class AutocastBackend final : public Backend {
     inner_->embedding_fwd(emb, tokens, out);
   }
   void head_logits(const QWeight& head, CMatF h, MatF logits) override {
+    if (native_linear_) return inner_->head_logits(head, h, logits);
     Buffer hr = rounded(h, "autocast h");
     inner_->head_logits(head, view(hr, h), logits);
   }
@@ -63,6 +76,8 @@ class AutocastBackend final : public Backend {
                               int32_t ignore_index, float grad_scale, MatF dh,
                               int64_t* count) override {
     // The head matmul's input is low precision; the softmax and the loss stay fp32.
+    if (native_linear_)
+      return inner_->linear_cross_entropy(head, h, targets, ignore_index, grad_scale, dh, count);
     Buffer hr = rounded(h, "autocast h");
     return inner_->linear_cross_entropy(head, view(hr, h), targets, ignore_index, grad_scale, dh,
                                         count);
@@ -83,15 +98,17 @@ class AutocastBackend final : public Backend {
 
   std::unique_ptr<Backend> inner_;
   DType t_;
+  bool native_linear_ = false;  // the inner CPU backend rounds its own linear/head inputs
   std::string name_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_autocast_backend(std::unique_ptr<Backend> inner, DType dtype) {
+std::unique_ptr<Backend> make_autocast_backend(std::unique_ptr<Backend> inner, DType dtype,
+                                               bool native) {
   QLFT_CHECK_ARG(dtype == DType::BF16 || dtype == DType::F16,
                  "autocast: precision must be bf16 or fp16");
-  return std::make_unique<AutocastBackend>(std::move(inner), dtype);
+  return std::make_unique<AutocastBackend>(std::move(inner), dtype, native);
 }
 
 }  // namespace qlft

@@ -4,8 +4,15 @@
 // all accumulation stay fp32. With fp16, values past 65504 become inf, which the loss scaler
 // detects. Base weights are used as stored (the kernels dequantize to fp32).
 //
-// This gives the numerics of low precision; the speed (native bf16 GEMMs) and the memory saving
-// of storing activations in 16 bits belong to the kernels behind this interface.
+// bf16 over the CPU backend (native = true): the CPU backend computes its linear layers and head
+// in bf16 itself (CpuBackend::set_precision: bf16 operands, fp32 accumulation, on oneDNN when the
+// CPU has AVX512-BF16, else on sgemm of the rounded values) and this wrapper passes their
+// inputs through untouched (no second rounding, no copy). Base weights are then rounded to bf16
+// as well, as torch.autocast and bitsandbytes' bf16 compute dtype do, and the cross-entropy's
+// dlogits enter its dh GEMM as bf16. Attention keeps the emulation below.
+// native = false (or fp16, or another inner backend): the emulation everywhere, the reference
+// the native path is tested against. The memory saving of storing activations in 16 bits belongs
+// to the kernels behind this interface.
 #pragma once
 
 #include <memory>
@@ -16,6 +23,7 @@
 namespace qlft {
 
 // dtype: DType::BF16 or DType::F16.
-std::unique_ptr<Backend> make_autocast_backend(std::unique_ptr<Backend> inner, DType dtype);
+std::unique_ptr<Backend> make_autocast_backend(std::unique_ptr<Backend> inner, DType dtype,
+                                               bool native = true);
 
 }  // namespace qlft

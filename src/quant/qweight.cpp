@@ -1,5 +1,6 @@
 #include "quant/qweight.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/dtype.h"
@@ -92,6 +93,41 @@ void QWeight::dequantize_rows(int64_t r0, int64_t n, float* out) const {
     }
   }
   throw_error(QLFT_ERR_INTERNAL, "dequantize_rows: unknown weight kind %d", static_cast<int>(kind));
+}
+
+void QWeight::dequantize_rows_bf16(int64_t r0, int64_t n, uint16_t* out) const {
+  QLFT_CHECK_ARG(r0 >= 0 && n >= 0 && r0 + n <= rows,
+                 "dequantize_rows_bf16: rows [%lld, %lld) outside a %lld-row %s weight",
+                 static_cast<long long>(r0), static_cast<long long>(r0 + n),
+                 static_cast<long long>(rows), type_name().c_str());
+  if (n == 0 || cols == 0) return;
+  if (kind == QuantKind::BF16) {
+    std::memcpy(out, data.as<uint16_t>() + r0 * cols, static_cast<size_t>(n * cols) * 2);
+    return;
+  }
+  if (kind == QuantKind::F32) {
+    f32_to_bf16_n(data.as<float>() + r0 * cols, out, static_cast<size_t>(n * cols));
+    return;
+  }
+  // Every other kind: a few rows at a time through an fp32 tile that stays in L1/L2, so the
+  // round trip costs little next to the dequantization itself (one code path per kind, exact
+  // by construction).
+  constexpr int64_t kTile = 4096;
+  float stack_tile[kTile];
+  Buffer heap_tile;
+  float* tile = stack_tile;
+  int64_t per = kTile / cols;
+  if (per == 0) {  // rows longer than the stack tile
+    heap_tile =
+        Buffer(nullptr, MemCategory::Workspace, static_cast<size_t>(cols) * 4, "bf16 dequant row");
+    tile = heap_tile.as<float>();
+    per = 1;
+  }
+  for (int64_t i = 0; i < n; i += per) {
+    const int64_t m = std::min(per, n - i);
+    dequantize_rows(r0 + i, m, tile);
+    f32_to_bf16_n(tile, out + i * cols, static_cast<size_t>(m * cols));
+  }
 }
 
 namespace {

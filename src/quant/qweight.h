@@ -45,6 +45,9 @@ struct QWeight {
   // flattened matrix, so a row range may start or end inside a block. Bit-identical to
   // bitsandbytes' dequantize_4bit / int8_vectorwise_dequant and gguf-py's dequantize.
   void dequantize_rows(int64_t r0, int64_t n, float* out) const;
+  // The same rows rounded to bf16 (round to nearest even): bf16_to_f32 of each output equals
+  // f32_to_bf16 of what dequantize_rows gives. For the bf16 GEMMs of the CPU backend.
+  void dequantize_rows_bf16(int64_t r0, int64_t n, uint16_t* out) const;
   // NF4: the absmax (scale) of block b, decoding the double-quantized statistics if needed.
   float nf4_block_absmax(int64_t b) const;
   // Type name for reports: "nf4", "int8", "f32", "q4_0", ...

@@ -29,7 +29,7 @@ std::vector<uint16_t> to_bf16(const FVec& v) {
   return o;
 }
 
-[[maybe_unused]] FVec rounded(const FVec& v) {
+FVec rounded(const FVec& v) {
   FVec o(v.size());
   for (size_t i = 0; i < v.size(); ++i) o[i] = bf16_to_f32(f32_to_bf16(v[i]));
   return o;
@@ -156,6 +156,287 @@ TEST(GemmBf16, ReportsTheKernel) {
       // A reference (non-JIT) kernel would make the bf16 path slower than fp32.
       EXPECT_EQ(impl.find("ref"), std::string::npos) << impl;
     }
+}
+
+// ---- bf16 converter ---------------------------------------------------------------------------
+
+TEST(GemmBf16, BulkConverterMatchesScalarRounding) {
+  // Ties, NaN, inf, subnormals and random values through the vector and the tail loops.
+  FVec v = {0.f,     -0.f,     1.f,       1.00390625f, 1.01171875f, 3.0e38f, -3.4e38f, 1e-40f,
+            -1e-39f, INFINITY, -INFINITY, NAN,         -NAN,        65504.f, 1.f / 3,  -2.5f};
+  Rng rng(9);
+  FVec r = rng.normal(1000, 100.f);
+  v.insert(v.end(), r.begin(), r.end());
+  for (uint32_t u : {0x3f808000u, 0x3f818000u, 0x7f7fffffu, 0x7fc00001u, 0xff800001u}) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    v.push_back(f);
+  }
+  std::vector<uint16_t> bulk(v.size());
+  f32_to_bf16_n(v.data(), bulk.data(), v.size());
+  for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(bulk[i], f32_to_bf16(v[i])) << "element " << i;
+}
+
+// ---- the backend at precision bf16 -------------------------------------------------------------
+
+using Engine = cpu::CpuTuning::Bf16Gemm;
+
+// A weight of each kind with its exact fp32 dequantization (the reference rounds that to bf16).
+struct KindWeight {
+  QWeight q;
+  FVec deq;  // dequantize_rows of q
+};
+
+KindWeight make_weight(MemoryTracker* tr, const std::string& kind, int N, int K, uint64_t seed) {
+  Rng rng(seed);
+  FVec W = rng.normal(size_t(N) * K, 0.2f);
+  KindWeight w;
+  if (kind == "f32") {
+    w.q = qweight_from_f32(tr, W.data(), N, K, QuantKind::F32);
+  } else if (kind == "nf4") {
+    w.q = qweight_from_f32(tr, W.data(), N, K, QuantKind::NF4, 64, true);
+  } else if (kind == "int8") {
+    w.q = qweight_from_f32(tr, W.data(), N, K, QuantKind::INT8);
+  } else {
+    // GGUF blocks of 32 with random codes and small fp16 scales: Q8_0 = {d, int8[32]},
+    // Q4_1 = {d, m, nibbles[16]}.
+    const bool q8 = kind == "q8_0";
+    const int bytes = q8 ? 34 : 20;
+    const int64_t nb = int64_t(N) * K / 32;
+    std::vector<uint8_t> raw(size_t(nb * bytes));
+    for (int64_t b = 0; b < nb; ++b) {
+      uint8_t* blk = raw.data() + b * bytes;
+      uint16_t d = f32_to_f16(0.01f + 0.02f * std::fabs(rng.normal(1)[0]));
+      uint16_t m = f32_to_f16(-0.1f * std::fabs(rng.normal(1)[0]));
+      std::memcpy(blk, &d, 2);
+      if (!q8) std::memcpy(blk + 2, &m, 2);
+      for (int i = q8 ? 2 : 4; i < bytes; ++i) blk[i] = uint8_t(rng.uniform_int(0, 255));
+    }
+    w.q = qweight_from_ggml(tr, q8 ? 8u : 3u, raw.data(), N, K);  // GGML_TYPE_Q8_0 / Q4_1
+  }
+  w.deq.resize(size_t(N) * K);
+  w.q.dequantize_rows(0, N, w.deq.data());
+  return w;
+}
+
+struct Pair {
+  MemoryTracker tr;
+  std::unique_ptr<Backend> bf = make_cpu_backend(&tr);   // precision bf16
+  std::unique_ptr<Backend> ref = make_cpu_backend(&tr);  // fp32, fed rounded values
+  Pair(Engine e, bool small_blocks) {
+    auto& c = static_cast<cpu::CpuBackend&>(*bf);
+    c.set_precision(DType::BF16);
+    c.tune.bf16_gemm = e;
+    if (small_blocks)
+      for (auto* b : {&c, &static_cast<cpu::CpuBackend&>(*ref)}) {
+        b->tune.panel_bytes = 1;
+        b->tune.panel_min_rows = 1;
+        b->tune.panel_max_rows = 8;  // several panels, a ragged last one
+        b->tune.drop_chunk_bytes = 9 * 4 * 64;
+        b->tune.ce_logits_bytes = 16 * 4 * 5;
+      }
+  }
+};
+
+const char* engine_name(Engine e) {
+  return e == Engine::OneDnn ? "onednn" : "sgemm";
+}
+
+// Tolerance: same bf16 products, fp32 sums in another order.
+constexpr double kTol = 2e-5;
+
+void run_linear_bf16(Engine e, const std::string& kind, int M, float p, uint64_t seed) {
+  SCOPED_TRACE(::testing::Message() << engine_name(e) << " " << kind << " M " << M << " p " << p);
+  Pair px(e, true);
+  const bool ggml = kind == "q8_0" || kind == "q4_1";
+  const int K = ggml ? 64 : 50, N = 27, r = 4;
+  KindWeight w = make_weight(&px.tr, kind, N, K, seed);
+  QWeight wref = qweight_from_f32(&px.tr, rounded(w.deq).data(), N, K, QuantKind::F32);
+  Rng rng(seed + 1);
+  FVec x = rng.normal(size_t(M) * K), bias = rng.normal(N);
+  FVec A = rng.normal(size_t(r) * K, 0.3f), B = rng.normal(size_t(N) * r, 0.3f);
+  LoraRef l;
+  l.A = A.data();
+  l.B = B.data();
+  l.r = r;
+  l.scale = 1.5f;
+  l.dropout_p = p;
+  l.dropout_seed = seed * 7 + 1;
+  const FVec xr = rounded(x);
+
+  FVec y(size_t(M) * N), yr(y.size()), xa(size_t(M) * r), xar(xa.size());
+  px.bf->linear_fwd(w.q, bias.data(), &l, CMatF(x.data(), M, K), MatF(y.data(), M, N), xa.data());
+  px.ref->linear_fwd(wref, bias.data(), &l, CMatF(xr.data(), M, K), MatF(yr.data(), M, N),
+                     xar.data());
+  EXPECT_LT(max_rel_error(y.data(), yr.data(), y.size()), kTol) << "y";
+  EXPECT_LT(max_rel_error(xa.data(), xar.data(), xa.size()), kTol) << "xa";
+  // The reference must be sharper than the rounding: unrounded weights and x differ by far more.
+  FVec yu(y.size());
+  QWeight wu = qweight_from_f32(&px.tr, w.deq.data(), N, K, QuantKind::F32);
+  px.ref->linear_fwd(wu, bias.data(), &l, CMatF(x.data(), M, K), MatF(yu.data(), M, N), nullptr);
+  EXPECT_GT(max_rel_error(y.data(), yu.data(), y.size()), 10 * kTol) << "rounding not visible";
+
+  FVec dy = rng.normal(size_t(M) * N);
+  const FVec dyr = rounded(dy);
+  FVec dx = rng.normal(size_t(M) * K), dA = rng.normal(A.size()), dB = rng.normal(B.size());
+  FVec dxr = dx, dAr = dA, dBr = dB;
+  px.bf->linear_bwd(w.q, &l, CMatF(x.data(), M, K), xa.data(), CMatF(dy.data(), M, N),
+                    MatF(dx.data(), M, K), dA.data(), dB.data());
+  px.ref->linear_bwd(wref, &l, CMatF(xr.data(), M, K), xar.data(), CMatF(dyr.data(), M, N),
+                     MatF(dxr.data(), M, K), dAr.data(), dBr.data());
+  EXPECT_LT(max_rel_error(dx.data(), dxr.data(), dx.size()), kTol) << "dx";
+  EXPECT_LT(max_rel_error(dA.data(), dAr.data(), dA.size()), kTol) << "dA";
+  EXPECT_LT(max_rel_error(dB.data(), dBr.data(), dB.size()), kTol) << "dB";
+
+  // Without LoRA, without xa from the forward pass, without dx.
+  FVec dx2 = rng.normal(size_t(M) * K), dx2r = dx2;
+  px.bf->linear_bwd(w.q, nullptr, CMatF(x.data(), M, K), nullptr, CMatF(dy.data(), M, N),
+                    MatF(dx2.data(), M, K), nullptr, nullptr);
+  px.ref->linear_bwd(wref, nullptr, CMatF(xr.data(), M, K), nullptr, CMatF(dyr.data(), M, N),
+                     MatF(dx2r.data(), M, K), nullptr, nullptr);
+  EXPECT_LT(max_rel_error(dx2.data(), dx2r.data(), dx2.size()), kTol) << "dx without LoRA";
+  FVec dA3(A.size()), dB3(B.size()), dA3r(A.size()), dB3r(B.size());
+  px.bf->linear_bwd(w.q, &l, CMatF(x.data(), M, K), nullptr, CMatF(dy.data(), M, N), MatF(),
+                    dA3.data(), dB3.data());
+  px.ref->linear_bwd(wref, &l, CMatF(xr.data(), M, K), nullptr, CMatF(dyr.data(), M, N), MatF(),
+                     dA3r.data(), dB3r.data());
+  EXPECT_LT(max_rel_error(dA3.data(), dA3r.data(), dA3.size()), kTol) << "dA, no dx";
+  EXPECT_LT(max_rel_error(dB3.data(), dB3r.data(), dB3.size()), kTol) << "dB, recomputed xa";
+}
+
+class Bf16Kinds : public ::testing::TestWithParam<std::tuple<Engine, std::string>> {};
+
+TEST_P(Bf16Kinds, LinearMatchesFp32OnRoundedValues) {
+  auto [e, kind] = GetParam();
+  run_linear_bf16(e, kind, 37, 0.f, 11);
+  run_linear_bf16(e, kind, 37, 0.25f, 12);
+  run_linear_bf16(e, kind, 1, 0.1f, 13);
+}
+
+// Cross-entropy: loss against the fp32 backend on rounded h and head (exact up to order); dh
+// against a double oracle that rounds dlogits to bf16 as the bf16 dh GEMM does.
+TEST_P(Bf16Kinds, CrossEntropyAndLogits) {
+  auto [e, kind] = GetParam();
+  SCOPED_TRACE(::testing::Message() << engine_name(e) << " " << kind);
+  Pair px(e, true);
+  const int M = 23, H = 64, V = 45;
+  const float gs = 0.37f;
+  KindWeight w = make_weight(&px.tr, kind, V, H, 21);
+  const FVec Wr = rounded(w.deq);
+  QWeight wref = qweight_from_f32(&px.tr, Wr.data(), V, H, QuantKind::F32);
+  Rng rng(22);
+  FVec h = rng.normal(size_t(M) * H);
+  const FVec hr = rounded(h);
+  std::vector<int32_t> t(M);
+  for (int i = 0; i < M; ++i) t[i] = i % 5 == 3 ? -100 : rng.uniform_int(0, V - 1);
+
+  FVec dh = rng.normal(h.size());
+  const FVec dh0 = dh;
+  int64_t cnt = 0, cnt_r = 0;
+  double loss = px.bf->linear_cross_entropy(w.q, CMatF(h.data(), M, H), t.data(), -100, gs,
+                                            MatF(dh.data(), M, H), &cnt);
+  double loss_r = px.ref->linear_cross_entropy(wref, CMatF(hr.data(), M, H), t.data(), -100, gs,
+                                               MatF(), &cnt_r);
+  EXPECT_EQ(cnt, cnt_r);
+  EXPECT_NEAR(loss, loss_r, 1e-5 * std::fabs(loss_r));
+
+  // Oracle for dh.
+  Vec want(h.size());
+  for (size_t i = 0; i < want.size(); ++i) want[i] = dh0[i];
+  for (int i = 0; i < M; ++i) {
+    if (t[i] == -100) continue;
+    Vec lg(V);
+    double mx = -1e300, se = 0;
+    for (int v = 0; v < V; ++v) {
+      double s = 0;
+      for (int c = 0; c < H; ++c) s += double(hr[i * H + c]) * Wr[v * H + c];
+      lg[v] = s;
+      mx = std::max(mx, s);
+    }
+    for (int v = 0; v < V; ++v) se += std::exp(lg[v] - mx);
+    const double lse = mx + std::log(se);
+    for (int v = 0; v < V; ++v) {
+      float g = float(std::exp(lg[v] - lse) * gs - (v == t[i] ? gs : 0.0));
+      const double gr = bf16_to_f32(f32_to_bf16(g));
+      for (int c = 0; c < H; ++c) want[i * H + c] += gr * Wr[v * H + c];
+    }
+  }
+  FVec diff(h.size());
+  Vec delta(h.size());  // the gradient alone (without dh0), as the error scale
+  for (size_t i = 0; i < h.size(); ++i) delta[i] = want[i] - dh0[i];
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < h.size(); ++i) {
+    err = std::max(err, std::fabs(dh[i] - want[i]));
+    scale = std::max(scale, std::fabs(delta[i]));
+  }
+  // exp_approx vs exp can flip a dlogit's bf16 rounding by one ulp (2^-8 relative) now and then.
+  EXPECT_LT(err / scale, 2e-3) << "dh";
+
+  FVec lg(size_t(M) * V), lgr(lg.size());
+  px.bf->head_logits(w.q, CMatF(h.data(), M, H), MatF(lg.data(), M, V));
+  px.ref->head_logits(wref, CMatF(hr.data(), M, H), MatF(lgr.data(), M, V));
+  EXPECT_LT(max_rel_error(lg.data(), lgr.data(), lg.size()), kTol) << "head_logits";
+}
+
+INSTANTIATE_TEST_SUITE_P(All, Bf16Kinds,
+                         ::testing::Combine(::testing::Values(Engine::OneDnn, Engine::Sgemm),
+                                            ::testing::Values("f32", "nf4", "int8", "q4_1",
+                                                              "q8_0")),
+                         [](const auto& info) {
+                           return std::string(engine_name(std::get<0>(info.param))) + "_" +
+                                  std::get<1>(info.param);
+                         });
+
+TEST(Bf16Backend, DequantizeRowsBf16EqualsRoundedFp32) {
+  MemoryTracker tr;
+  for (const char* kind : {"f32", "nf4", "int8", "q4_1", "q8_0"}) {
+    KindWeight w = make_weight(&tr, kind, 13, 64, 5);
+    for (auto [r0, n] : {std::pair{0, 13}, std::pair{3, 7}, std::pair{12, 1}}) {
+      std::vector<uint16_t> got(size_t(n) * 64);
+      w.q.dequantize_rows_bf16(r0, n, got.data());
+      for (int i = 0; i < n * 64; ++i)
+        ASSERT_EQ(got[i], f32_to_bf16(w.deq[size_t(r0) * 64 + i])) << kind << " " << i;
+    }
+  }
+  // Rows longer than the internal tile.
+  FVec big = Rng(6).normal(2 * 5000);
+  QWeight q = qweight_from_f32(&tr, big.data(), 2, 5000, QuantKind::INT8);
+  FVec deq(big.size());
+  q.dequantize_rows(0, 2, deq.data());
+  std::vector<uint16_t> got(big.size());
+  q.dequantize_rows_bf16(0, 2, got.data());
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], f32_to_bf16(deq[i])) << i;
+  EXPECT_THROW(q.dequantize_rows_bf16(1, 2, got.data()), qlft::Error);
+}
+
+// Autocast over the CPU backend: native bf16 = the CPU backend at precision bf16 (no second
+// rounding); native = false keeps the emulation (fp32 weights, rounded inputs).
+TEST(Bf16Backend, AutocastUsesTheNativePath) {
+  MemoryTracker tr;
+  const int M = 9, K = 40, N = 11;
+  Rng rng(31);
+  FVec x = rng.normal(size_t(M) * K), W = rng.normal(size_t(N) * K, 0.2f);
+  QWeight q = qweight_from_f32(&tr, W.data(), N, K, QuantKind::NF4, 64, false);
+  auto nat = make_autocast_backend(make_cpu_backend(&tr), DType::BF16, true);
+  auto emu = make_autocast_backend(make_cpu_backend(&tr), DType::BF16, false);
+  auto cpu_bf = make_cpu_backend(&tr);
+  static_cast<cpu::CpuBackend&>(*cpu_bf).set_precision(DType::BF16);
+  FVec y1(size_t(M) * N), y2(y1.size()), y3(y1.size()), y4(y1.size());
+  nat->linear_fwd(q, nullptr, nullptr, CMatF(x.data(), M, K), MatF(y1.data(), M, N), nullptr);
+  cpu_bf->linear_fwd(q, nullptr, nullptr, CMatF(x.data(), M, K), MatF(y2.data(), M, N), nullptr);
+  EXPECT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size() * 4));
+  emu->linear_fwd(q, nullptr, nullptr, CMatF(x.data(), M, K), MatF(y3.data(), M, N), nullptr);
+  // Emulation: the fp32 backend on rounded x with the weight as stored.
+  auto f32 = make_cpu_backend(&tr);
+  FVec xr = rounded(x);
+  f32->linear_fwd(q, nullptr, nullptr, CMatF(xr.data(), M, K), MatF(y4.data(), M, N), nullptr);
+  EXPECT_EQ(0, std::memcmp(y3.data(), y4.data(), y3.size() * 4));
+  EXPECT_GT(max_rel_error(y1.data(), y3.data(), y1.size()), 1e-4);  // weights rounded or not
+  // fp16 never switches the inner backend.
+  auto inner = make_cpu_backend(&tr);
+  auto* raw = static_cast<cpu::CpuBackend*>(inner.get());
+  auto f16 = make_autocast_backend(std::move(inner), DType::F16, true);
+  EXPECT_EQ(raw->precision(), DType::F32);
 }
 
 }  // namespace

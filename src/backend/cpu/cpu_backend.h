@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "backend/backend.h"
+#include "core/dtype.h"
 
 namespace qlft::cpu {
 
@@ -25,6 +26,11 @@ struct CpuTuning {
   int64_t ce_logits_bytes = int64_t(8) << 20;   // cross-entropy logits tile
   int64_t ce_hidden_bytes = int64_t(16) << 20;  // cross-entropy gathered hidden rows
   int64_t attn_block_q = 128;                   // query rows per attention task
+  // With precision bf16, which GEMM runs the bf16 operands: Auto = oneDNN when the CPU has
+  // native bf16 dot products (gemm_bf16_native()), else OpenBLAS sgemm on the bf16 values
+  // widened to fp32 (same products, same fp32 accumulation; only the summation order differs).
+  enum class Bf16Gemm : uint8_t { Auto, OneDnn, Sgemm };
+  Bf16Gemm bf16_gemm = Bf16Gemm::Auto;
 };
 
 class CpuBackend final : public Backend {
@@ -33,6 +39,18 @@ class CpuBackend final : public Backend {
 
   explicit CpuBackend(MemoryTracker* tracker) : Backend(tracker) {}
   const char* name() const override { return "cpu"; }
+
+  // Compute precision of the linear layers and the head (DType::F32 or DType::BF16). With BF16
+  // the GEMMs of linear_fwd/linear_bwd (base weight: y and dx), head_logits and
+  // linear_cross_entropy (logits and dh) take bf16 operands: activations, incoming gradients,
+  // dequantized base weights and the cross-entropy's dlogits are rounded to bf16, products
+  // accumulate in fp32. The LoRA GEMMs run in fp32 on the rounded activations (fp32 master
+  // weights); everything else (norms, softmax, attention, outputs) stays fp32. This is what
+  // bf16 autocast defines, with the base weights rounded as torch.autocast rounds them.
+  void set_precision(DType t);
+  DType precision() const { return precision_; }
+  // True when the bf16 GEMMs run on oneDNN (per tune.bf16_gemm and the CPU).
+  bool bf16_onednn() const;
 
   void linear_fwd(const QWeight& W, const float* bias, const LoraRef* lora, CMatF x, MatF y,
                   float* xa) override;
@@ -60,6 +78,9 @@ class CpuBackend final : public Backend {
   Buffer workspace(size_t bytes, const char* what) const {
     return Buffer(tracker_, MemCategory::Workspace, bytes, what);
   }
+
+ private:
+  DType precision_ = DType::F32;
 };
 
 // ---- helpers shared by the kernels (cpu_common.cpp) ----------------------------------------
@@ -71,7 +92,43 @@ void dequant_panel(const QWeight& W, int64_t r0, int64_t n, float* out);
 // C[M, N] = alpha * op(A) op(B) + beta * C, row-major, through cblas_sgemm (checks int range).
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
-// y[:, p] = x W[p, :]^T for every row p of W (overwrites y), panel by panel.
+// y[:, p] = x W[p, :]^T for every row p of W (overwrites y), panel by panel. With precision bf16
+// x and W are rounded to bf16 first.
 void matmul_xwt(const CpuBackend& be, const QWeight& W, CMatF x, MatF y, const char* what);
+
+// ---- the bf16 ("low precision", lp) operands of precision bf16 ------------------------------
+// An lp matrix holds bf16 bit patterns (uint16_t) when the GEMMs run on oneDNN, or fp32 values
+// already rounded to bf16 when they run on sgemm; lp_bytes() is its element size.
+struct LpMat {
+  Buffer buf;
+  int64_t rows = 0, cols = 0;  // dense: row stride = cols
+  bool bf16 = false;
+  const void* data() const { return buf.data(); }
+  // The rounded values as fp32 (only when !bf16).
+  CMatF f32() const { return CMatF(buf.as<float>(), rows, cols); }
+};
+size_t lp_bytes(const CpuBackend& be);
+// x rounded to bf16 into a dense lp matrix, rows split across threads.
+LpMat to_lp(const CpuBackend& be, CMatF x, const char* what);
+// Rows of W per lp panel: about tune.panel_bytes of lp elements (bf16 panels hold twice the rows).
+int64_t panel_rows_lp(const CpuBackend& be, const QWeight& W);
+// Rows [r0, r0 + n) of W rounded to bf16 into out (n * W.cols lp elements), split across threads.
+void dequant_panel_lp(const CpuBackend& be, const QWeight& W, int64_t r0, int64_t n, void* out);
+// C = alpha op(A) op(B) + beta C on lp operands (element offsets and leading dims in elements).
+void gemm_lp(const CpuBackend& be, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+             float alpha, const void* A, int64_t lda, const void* B, int64_t ldb, float beta,
+             float* C, int64_t ldc);
+// p + off elements of the lp element type.
+inline const void* lp_at(const CpuBackend& be, const void* p, int64_t off) {
+  return static_cast<const char*>(p) + off * int64_t(lp_bytes(be));
+}
+// matmul_xwt on an lp x (shapes checked by the caller).
+void matmul_xwt_lp(const CpuBackend& be, const QWeight& W, const LpMat& xl, MatF y);
+// x rounded to bf16, as fp32 (for the fp32 LoRA GEMMs). Reuses lp when it already holds fp32.
+struct RoundedF32 {
+  Buffer buf;
+  CMatF view;
+};
+RoundedF32 rounded_f32(const CpuBackend& be, CMatF x, const LpMat* lp, const char* what);
 
 }  // namespace qlft::cpu

@@ -4,6 +4,7 @@
 #include <climits>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/gemm_bf16.h"
 #include "core/error.h"
 
 #ifdef _OPENMP
@@ -25,32 +26,137 @@ int64_t panel_rows(const CpuBackend& be, const QWeight& W) {
   return std::min<int64_t>(p, std::max<int64_t>(W.rows, 1));
 }
 
-void dequant_panel(const QWeight& W, int64_t r0, int64_t n, float* out) {
+namespace {
+
+// Runs f(a, b) over [0, n) split into one contiguous piece per thread (at least 8 rows each, so
+// per-call overhead stays small); the first exception is carried out of the parallel region.
+template <class F>
+void split_rows(int64_t n, F&& f) {
   int nt = 1;
 #ifdef _OPENMP
   nt = omp_get_max_threads();
 #endif
-  // At least 8 rows per piece so per-call overhead stays small.
   int64_t pieces = std::min<int64_t>(nt, std::max<int64_t>(1, n / 8));
   if (pieces <= 1) {
-    W.dequantize_rows(r0, n, out);
+    f(int64_t(0), n);
     return;
   }
   int64_t per = (n + pieces - 1) / pieces;
-  // dequantize_rows may throw (an unsupported kind); carry the first error out of the region.
   std::exception_ptr err;
 #pragma omp parallel for num_threads(pieces) schedule(static, 1)
   for (int64_t i = 0; i < pieces; ++i) {
     int64_t a = i * per, b = std::min(n, a + per);
     if (a >= b) continue;
     try {
-      W.dequantize_rows(r0 + a, b - a, out + a * W.cols);
+      f(a, b);
     } catch (...) {
 #pragma omp critical(qlft_dequant_err)
       if (!err) err = std::current_exception();
     }
   }
   if (err) std::rethrow_exception(err);
+}
+
+}  // namespace
+
+void dequant_panel(const QWeight& W, int64_t r0, int64_t n, float* out) {
+  split_rows(n, [&](int64_t a, int64_t b) { W.dequantize_rows(r0 + a, b - a, out + a * W.cols); });
+}
+
+// ---- precision bf16 -------------------------------------------------------------------------
+
+void CpuBackend::set_precision(DType t) {
+  QLFT_CHECK_ARG(t == DType::F32 || t == DType::BF16,
+                 "cpu backend: compute precision must be F32 or BF16, got %s", dtype_name(t));
+  precision_ = t;
+}
+
+bool CpuBackend::bf16_onednn() const {
+  return tune.bf16_gemm == CpuTuning::Bf16Gemm::OneDnn ||
+         (tune.bf16_gemm == CpuTuning::Bf16Gemm::Auto && gemm_bf16_native());
+}
+
+size_t lp_bytes(const CpuBackend& be) {
+  return be.bf16_onednn() ? 2 : 4;
+}
+
+LpMat to_lp(const CpuBackend& be, CMatF x, const char* what) {
+  LpMat m;
+  m.rows = x.rows;
+  m.cols = x.cols;
+  m.bf16 = be.bf16_onednn();
+  m.buf = be.workspace(size_t(x.rows * x.cols) * lp_bytes(be), what);
+  const int64_t C = x.cols;
+  if (m.bf16) {
+    uint16_t* d = m.buf.as<uint16_t>();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < x.rows; ++i) f32_to_bf16_n(x.row(i), d + i * C, size_t(C));
+  } else {
+    float* d = m.buf.as<float>();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < x.rows; ++i)
+      round_through_n(DType::BF16, x.row(i), d + i * C, size_t(C));
+  }
+  return m;
+}
+
+RoundedF32 rounded_f32(const CpuBackend& be, CMatF x, const LpMat* lp, const char* what) {
+  RoundedF32 r;
+  if (lp && !lp->bf16) {
+    r.view = lp->f32();
+    return r;
+  }
+  r.buf = be.workspace(size_t(x.rows * x.cols) * 4, what);
+  float* d = r.buf.as<float>();
+  const int64_t C = x.cols;
+  if (lp) {  // widening the bf16 copy is exact and cheaper than rounding again
+    const uint16_t* s = static_cast<const uint16_t*>(lp->data());
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < x.rows; ++i) bf16_to_f32_n(s + i * C, d + i * C, size_t(C));
+  } else {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < x.rows; ++i)
+      round_through_n(DType::BF16, x.row(i), d + i * C, size_t(C));
+  }
+  r.view = CMatF(d, x.rows, x.cols);
+  return r;
+}
+
+int64_t panel_rows_lp(const CpuBackend& be, const QWeight& W) {
+  const int64_t eb = int64_t(lp_bytes(be));
+  int64_t p = be.tune.panel_bytes / std::max<int64_t>(1, W.cols * eb);
+  // The row bounds scale with the element size too: a bf16 panel of 2x the rows is the same
+  // number of bytes as the fp32 one.
+  const int64_t lo = std::max<int64_t>(1, be.tune.panel_min_rows);
+  const int64_t hi = std::max<int64_t>(1, be.tune.panel_max_rows * (4 / eb));
+  p = std::clamp<int64_t>(p, lo, std::max(lo, hi));
+  return std::min<int64_t>(p, std::max<int64_t>(W.rows, 1));
+}
+
+void dequant_panel_lp(const CpuBackend& be, const QWeight& W, int64_t r0, int64_t n, void* out) {
+  if (be.bf16_onednn()) {
+    uint16_t* o = static_cast<uint16_t*>(out);
+    split_rows(
+        n, [&](int64_t a, int64_t b) { W.dequantize_rows_bf16(r0 + a, b - a, o + a * W.cols); });
+  } else {
+    float* o = static_cast<float*>(out);
+    split_rows(n, [&](int64_t a, int64_t b) {
+      float* p = o + a * W.cols;
+      W.dequantize_rows(r0 + a, b - a, p);
+      round_through_n(DType::BF16, p, p, size_t((b - a) * W.cols));
+    });
+  }
+}
+
+void gemm_lp(const CpuBackend& be, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+             float alpha, const void* A, int64_t lda, const void* B, int64_t ldb, float beta,
+             float* C, int64_t ldc) {
+  if (be.bf16_onednn())
+    gemm_bf16(trans_a, trans_b, M, N, K, alpha, static_cast<const uint16_t*>(A), lda,
+              static_cast<const uint16_t*>(B), ldb, beta, C, ldc, be.tracker());
+  else
+    sgemm(trans_a, trans_b, M, N, K, alpha, static_cast<const float*>(A), lda,
+          static_cast<const float*>(B), ldb, beta, C, ldc);
 }
 
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
@@ -77,6 +183,10 @@ void matmul_xwt(const CpuBackend& be, const QWeight& W, CMatF x, MatF y, const c
                  (long long)x.rows, (long long)x.cols, (long long)W.rows, (long long)W.cols,
                  (long long)y.rows, (long long)y.cols);
   if (x.rows == 0 || W.rows == 0) return;
+  if (be.precision() == DType::BF16) {
+    matmul_xwt_lp(be, W, to_lp(be, x, "bf16 activations"), y);
+    return;
+  }
   const int64_t P = panel_rows(be, W), K = W.cols;
   Buffer panel = be.workspace(size_t(P * K) * 4, "weight panel");
   float* pw = panel.as<float>();
@@ -84,6 +194,18 @@ void matmul_xwt(const CpuBackend& be, const QWeight& W, CMatF x, MatF y, const c
     int64_t n = std::min(P, W.rows - p0);
     dequant_panel(W, p0, n, pw);
     sgemm(false, true, x.rows, n, K, 1.f, x.data, x.stride, pw, K, 0.f, y.data + p0, y.stride);
+  }
+}
+
+void matmul_xwt_lp(const CpuBackend& be, const QWeight& W, const LpMat& xl, MatF y) {
+  if (xl.rows == 0 || W.rows == 0) return;
+  const int64_t P = panel_rows_lp(be, W), K = W.cols;
+  Buffer panel = be.workspace(size_t(P * K) * lp_bytes(be), "bf16 weight panel");
+  for (int64_t p0 = 0; p0 < W.rows; p0 += P) {
+    int64_t n = std::min(P, W.rows - p0);
+    dequant_panel_lp(be, W, p0, n, panel.data());
+    gemm_lp(be, false, true, xl.rows, n, K, 1.f, xl.data(), K, panel.data(), K, 0.f, y.data + p0,
+            y.stride);
   }
 }
 

@@ -4,6 +4,7 @@
 // and for each chunk the head is walked in panels of vocab rows. Pass 1 keeps an online
 // log-sum-exp per row; pass 2 (only when dh is wanted) recomputes each logits panel, turns it
 // into (softmax - onehot) * grad_scale and accumulates its product with the panel into dh.
+// Precision bf16 rounds both GEMMs' operands (h, head panels, dlogits) to bf16.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -58,23 +59,32 @@ double CpuBackend::linear_cross_entropy(const QWeight& head, CMatF h, const int3
   if (count) *count = int64_t(valid.size());
   if (valid.empty() || V == 0) return 0.0;
 
-  const int64_t P = panel_rows(*this, head);
+  // Precision bf16: h rows, head panels and dlogits rounded to bf16 (lp operands, eb bytes each);
+  // logits, softmax statistics and dh stay fp32.
+  const bool lp = precision_ == DType::BF16;
+  const int64_t eb = lp ? int64_t(lp_bytes(*this)) : 4;
+  const bool lp16 = lp && eb == 2;  // lp operands are bf16 bit patterns (oneDNN)
+  const int64_t P = lp ? panel_rows_lp(*this, head) : panel_rows(*this, head);
   // Rows per chunk: bounded by the logits tile and the gathered hidden rows.
   const int64_t n_valid = int64_t(valid.size());
   int64_t Rc =
       std::min(tune.ce_logits_bytes / (P * 4), tune.ce_hidden_bytes / std::max<int64_t>(1, H * 4));
   Rc = std::clamp<int64_t>(Rc, 1, n_valid);
 
-  Buffer panel_buf = workspace(size_t(P * H) * 4, "cross-entropy head panel");
+  Buffer panel_buf = workspace(size_t(P * H * eb), "cross-entropy head panel");
   Buffer logit_buf = workspace(size_t(Rc * P) * 4, "cross-entropy logits chunk");
-  Buffer hc_buf = workspace(size_t(Rc * H) * 4, "cross-entropy hidden rows");
+  Buffer hc_buf = workspace(size_t(Rc * H * eb), "cross-entropy hidden rows");
+  Buffer logit16_buf;  // bf16 dlogits for oneDNN (the sgemm path rounds L in place)
+  if (want_dh && lp16) logit16_buf = workspace(size_t(Rc * P) * 2, "cross-entropy bf16 dlogits");
   Buffer dhc_buf;
   if (want_dh) dhc_buf = workspace(size_t(Rc * H) * 4, "cross-entropy hidden grads");
   Buffer stat_buf =
       workspace(size_t(Rc) * (sizeof(OnlineSoftmax<double>) + 8), "cross-entropy row stats");
   float* pw = panel_buf.as<float>();
+  void* pl = panel_buf.data();
   float* L = logit_buf.as<float>();
   float* hc = hc_buf.as<float>();
+  void* hl = hc_buf.data();
   float* dhc = dhc_buf.as<float>();
   auto* st = stat_buf.as<OnlineSoftmax<double>>();
   float* tl = reinterpret_cast<float*>(st + Rc);  // target logit per row
@@ -86,14 +96,28 @@ double CpuBackend::linear_cross_entropy(const QWeight& head, CMatF h, const int3
     const int64_t* rows = valid.data() + c0;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < rc; ++i) {
-      std::copy(h.row(rows[i]), h.row(rows[i]) + H, hc + i * H);
+      if (!lp)
+        std::copy(h.row(rows[i]), h.row(rows[i]) + H, hc + i * H);
+      else if (lp16)
+        f32_to_bf16_n(h.row(rows[i]), hc_buf.as<uint16_t>() + i * H, size_t(H));
+      else
+        round_through_n(DType::BF16, h.row(rows[i]), hc + i * H, size_t(H));
       st[i] = OnlineSoftmax<double>{};
     }
+    // logits tile L = hc panel^T
+    auto logits = [&](int64_t p0, int64_t n) {
+      if (lp) {
+        dequant_panel_lp(*this, head, p0, n, pl);
+        gemm_lp(*this, false, true, rc, n, H, 1.f, hl, H, pl, H, 0.f, L, n);
+      } else {
+        dequant_panel(head, p0, n, pw);
+        sgemm(false, true, rc, n, H, 1.f, hc, H, pw, H, 0.f, L, n);
+      }
+    };
     // Pass 1: online log-sum-exp and the target logit.
     for (int64_t p0 = 0; p0 < V; p0 += P) {
       const int64_t n = std::min(P, V - p0);
-      dequant_panel(head, p0, n, pw);
-      sgemm(false, true, rc, n, H, 1.f, hc, H, pw, H, 0.f, L, n);
+      logits(p0, n);
 #pragma omp parallel for schedule(static)
       for (int64_t i = 0; i < rc; ++i) {
         const float* l = L + i * n;
@@ -113,8 +137,7 @@ double CpuBackend::linear_cross_entropy(const QWeight& head, CMatF h, const int3
     // Pass 2: dh_chunk = sum over panels of ((softmax - onehot) * grad_scale) panel.
     for (int64_t p0 = 0; p0 < V; p0 += P) {
       const int64_t n = std::min(P, V - p0);
-      dequant_panel(head, p0, n, pw);
-      sgemm(false, true, rc, n, H, 1.f, hc, H, pw, H, 0.f, L, n);
+      logits(p0, n);
 #pragma omp parallel for schedule(static)
       for (int64_t i = 0; i < rc; ++i) {
         float* l = L + i * n;
@@ -123,8 +146,17 @@ double CpuBackend::linear_cross_entropy(const QWeight& head, CMatF h, const int3
         for (int64_t j = 0; j < n; ++j) l[j] = exp_approx(l[j] - li) * grad_scale;
         const int64_t t = targets[rows[i]];
         if (t >= p0 && t < p0 + n) l[t - p0] -= grad_scale;
+        if (lp16)
+          f32_to_bf16_n(l, logit16_buf.as<uint16_t>() + i * n, size_t(n));
+        else if (lp)
+          round_through_n(DType::BF16, l, l, size_t(n));
       }
-      sgemm(false, false, rc, H, n, 1.f, L, n, pw, H, p0 == 0 ? 0.f : 1.f, dhc, H);
+      const float beta = p0 == 0 ? 0.f : 1.f;
+      if (lp)
+        gemm_lp(*this, false, false, rc, H, n, 1.f, lp16 ? logit16_buf.data() : L, n, pl, H, beta,
+                dhc, H);
+      else
+        sgemm(false, false, rc, H, n, 1.f, L, n, pw, H, beta, dhc, H);
     }
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < rc; ++i) {

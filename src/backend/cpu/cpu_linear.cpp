@@ -1,5 +1,7 @@
 // Quantized linear with LoRA: base GEMMs run panel by panel on dequantized weight rows; the LoRA
 // path is two thin GEMMs. Dropout on the LoRA input is recomputed from (seed, row, col).
+// Precision bf16: the base GEMMs take x / dy and the weight panels rounded to bf16 (oneDNN, or
+// sgemm on the rounded values); the LoRA GEMMs stay fp32 on the rounded x / dy.
 #include <algorithm>
 
 #include "backend/cpu/cpu_backend.h"
@@ -54,72 +56,23 @@ void lora_down(const CpuBackend& be, const LoraRef& l, CMatF x, float* xa) {
   }
 }
 
-}  // namespace
-
-void CpuBackend::linear_fwd(const QWeight& W, const float* bias, const LoraRef* lora, CMatF x,
-                            MatF y, float* xa) {
-  matmul_xwt(*this, W, x, y, "linear_fwd");
-  const int64_t M = x.rows, N = W.rows;
-  if (bias) {
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < M; ++i) {
-      float* yr = y.row(i);
-      for (int64_t j = 0; j < N; ++j) yr[j] += bias[j];
-    }
-  }
-  if (!lora || lora->r == 0 || M == 0) return;
-  check_lora(*lora, W);
-  const int r = lora->r;
-  Buffer xa_ws;
-  if (!xa) {
-    xa_ws = workspace(size_t(M * r) * 4, "lora xa");
-    xa = xa_ws.as<float>();
-  }
-  lora_down(*this, *lora, x, xa);
-  // y += scale * xa B^T
-  sgemm(false, true, M, N, r, lora->scale, xa, r, lora->B, r, 1.f, y.data, y.stride);
-}
-
-void CpuBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, const float* xa,
-                            CMatF dy, MatF dx, float* dA, float* dB) {
+// The LoRA part of linear_bwd (x and dy as the GEMMs take them: rounded under bf16).
+void lora_bwd(const CpuBackend& be, const QWeight& W, const LoraRef& l, CMatF x, const float* xa,
+              CMatF dy, MatF dx, float* dA, float* dB) {
+  check_lora(l, W);
   const int64_t M = dy.rows, N = W.rows, K = W.cols;
-  QLFT_CHECK_ARG(dy.cols == N && x.cols == K && x.rows == M,
-                 "linear_bwd: shape mismatch: x [%lld, %lld], weight [%lld, %lld], dy [%lld, %lld]",
-                 (long long)x.rows, (long long)x.cols, (long long)N, (long long)K,
-                 (long long)dy.rows, (long long)dy.cols);
   const bool want_dx = dx.data != nullptr;
-  if (want_dx)
-    QLFT_CHECK_ARG(dx.rows == M && dx.cols == K,
-                   "linear_bwd: dx is [%lld, %lld], want [%lld, %lld]", (long long)dx.rows,
-                   (long long)dx.cols, (long long)M, (long long)K);
-  if (M == 0) return;
-
-  // dx += dy W, one panel of W rows (a slice of dy columns) at a time.
-  if (want_dx && N > 0) {
-    const int64_t P = panel_rows(*this, W);
-    Buffer panel = workspace(size_t(P * K) * 4, "linear_bwd weight panel");
-    float* pw = panel.as<float>();
-    for (int64_t p0 = 0; p0 < N; p0 += P) {
-      int64_t n = std::min(P, N - p0);
-      dequant_panel(W, p0, n, pw);
-      sgemm(false, false, M, K, n, 1.f, dy.data + p0, dy.stride, pw, K, 1.f, dx.data, dx.stride);
-    }
-  }
-
-  if (!lora || lora->r == 0) return;
-  check_lora(*lora, W);
-  const LoraRef& l = *lora;
   const int r = l.r;
   // g = dy B: [M, r]
-  Buffer g_buf = workspace(size_t(M * r) * 4, "lora dy B");
+  Buffer g_buf = be.workspace(size_t(M * r) * 4, "lora dy B");
   float* g = g_buf.as<float>();
   sgemm(false, false, M, r, N, 1.f, dy.data, dy.stride, l.B, r, 0.f, g, r);
 
   if (dB) {
     Buffer xa_ws;
     if (!xa) {  // not kept by the caller: recompute it (same mask, same values)
-      xa_ws = workspace(size_t(M * r) * 4, "lora xa");
-      lora_down(*this, l, x, xa_ws.as<float>());
+      xa_ws = be.workspace(size_t(M * r) * 4, "lora xa");
+      lora_down(be, l, x, xa_ws.as<float>());
       xa = xa_ws.as<float>();
     }
     // dB += scale * dy^T xa: [N, r]
@@ -134,10 +87,10 @@ void CpuBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, cons
 
   // With dropout: chunks of rows. One pass over the mask per chunk builds drop(x) (for dA) and
   // adds the masked scale * (g A) / (1 - p) into dx.
-  const int64_t R = std::min(M, drop_chunk_rows(*this, K));
+  const int64_t R = std::min(M, drop_chunk_rows(be, K));
   Buffer xd_buf, t_buf;
-  if (dA) xd_buf = workspace(size_t(R * K) * 4, "lora dropout input");
-  if (want_dx) t_buf = workspace(size_t(R * K) * 4, "lora dx chunk");
+  if (dA) xd_buf = be.workspace(size_t(R * K) * 4, "lora dropout input");
+  if (want_dx) t_buf = be.workspace(size_t(R * K) * 4, "lora dx chunk");
   float* xd = xd_buf.as<float>();
   float* t = t_buf.as<float>();
   const float p = l.dropout_p, inv = 1.f / (1.f - p), s = l.scale * inv;
@@ -162,6 +115,105 @@ void CpuBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, cons
     // dA += scale * g_chunk^T drop(x)_chunk: [r, K]
     if (dA) sgemm(true, false, r, K, n, l.scale, g + r0 * r, r, xd, K, 1.f, dA, K);
   }
+}
+
+// linear_fwd after the base GEMM: bias and the LoRA path (x as the LoRA GEMMs take it).
+void linear_fwd_tail(const CpuBackend& be, const QWeight& W, const float* bias, const LoraRef* lora,
+                     CMatF x, MatF y, float* xa) {
+  const int64_t M = x.rows, N = W.rows;
+  if (bias) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < M; ++i) {
+      float* yr = y.row(i);
+      for (int64_t j = 0; j < N; ++j) yr[j] += bias[j];
+    }
+  }
+  if (!lora || lora->r == 0 || M == 0) return;
+  check_lora(*lora, W);
+  const int r = lora->r;
+  Buffer xa_ws;
+  if (!xa) {
+    xa_ws = be.workspace(size_t(M * r) * 4, "lora xa");
+    xa = xa_ws.as<float>();
+  }
+  lora_down(be, *lora, x, xa);
+  // y += scale * xa B^T
+  sgemm(false, true, M, N, r, lora->scale, xa, r, lora->B, r, 1.f, y.data, y.stride);
+}
+
+}  // namespace
+
+void CpuBackend::linear_fwd(const QWeight& W, const float* bias, const LoraRef* lora, CMatF x,
+                            MatF y, float* xa) {
+  if (precision_ != DType::BF16) {
+    matmul_xwt(*this, W, x, y, "linear_fwd");
+  } else {
+    QLFT_CHECK_ARG(x.cols == W.cols && y.cols == W.rows && y.rows == x.rows,
+                   "linear_fwd: shape mismatch: x [%lld, %lld], weight [%lld, %lld], y [%lld, "
+                   "%lld]",
+                   (long long)x.rows, (long long)x.cols, (long long)W.rows, (long long)W.cols,
+                   (long long)y.rows, (long long)y.cols);
+    // x rounded to bf16 once: the base GEMM takes it as is, the LoRA GEMMs as fp32.
+    LpMat xl = to_lp(*this, x, "bf16 linear input");
+    matmul_xwt_lp(*this, W, xl, y);
+    if (lora && lora->r > 0 && x.rows > 0) {
+      RoundedF32 xr = rounded_f32(*this, x, &xl, "bf16-rounded linear input");
+      if (xl.bf16) xl.buf.reset();  // xr is a copy; else xr views xl
+      linear_fwd_tail(*this, W, bias, lora, xr.view, y, xa);
+      return;
+    }
+  }
+  linear_fwd_tail(*this, W, bias, lora, x, y, xa);
+}
+
+void CpuBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, const float* xa,
+                            CMatF dy, MatF dx, float* dA, float* dB) {
+  const int64_t M = dy.rows, N = W.rows, K = W.cols;
+  QLFT_CHECK_ARG(dy.cols == N && x.cols == K && x.rows == M,
+                 "linear_bwd: shape mismatch: x [%lld, %lld], weight [%lld, %lld], dy [%lld, %lld]",
+                 (long long)x.rows, (long long)x.cols, (long long)N, (long long)K,
+                 (long long)dy.rows, (long long)dy.cols);
+  const bool want_dx = dx.data != nullptr;
+  if (want_dx)
+    QLFT_CHECK_ARG(dx.rows == M && dx.cols == K,
+                   "linear_bwd: dx is [%lld, %lld], want [%lld, %lld]", (long long)dx.rows,
+                   (long long)dx.cols, (long long)M, (long long)K);
+  if (M == 0) return;
+  const bool has_lora = lora && lora->r > 0;
+
+  if (precision_ == DType::BF16) {
+    // dy rounded to bf16 once; x only matters to the LoRA gradients.
+    LpMat dyl = to_lp(*this, dy, "bf16 linear output grad");
+    if (want_dx && N > 0) {
+      const int64_t P = panel_rows_lp(*this, W);
+      Buffer panel = workspace(size_t(P * K) * lp_bytes(*this), "bf16 linear_bwd weight panel");
+      for (int64_t p0 = 0; p0 < N; p0 += P) {
+        int64_t n = std::min(P, N - p0);
+        dequant_panel_lp(*this, W, p0, n, panel.data());
+        gemm_lp(*this, false, false, M, K, n, 1.f, lp_at(*this, dyl.data(), p0), N, panel.data(), K,
+                1.f, dx.data, dx.stride);
+      }
+    }
+    if (!has_lora) return;
+    RoundedF32 dyr = rounded_f32(*this, dy, &dyl, "bf16-rounded linear output grad");
+    if (dyl.bf16) dyl.buf.reset();  // dyr is a copy; else dyr views dyl
+    RoundedF32 xr = rounded_f32(*this, x, nullptr, "bf16-rounded linear input");
+    lora_bwd(*this, W, *lora, xr.view, xa, dyr.view, dx, dA, dB);
+    return;
+  }
+
+  // dx += dy W, one panel of W rows (a slice of dy columns) at a time.
+  if (want_dx && N > 0) {
+    const int64_t P = panel_rows(*this, W);
+    Buffer panel = workspace(size_t(P * K) * 4, "linear_bwd weight panel");
+    float* pw = panel.as<float>();
+    for (int64_t p0 = 0; p0 < N; p0 += P) {
+      int64_t n = std::min(P, N - p0);
+      dequant_panel(W, p0, n, pw);
+      sgemm(false, false, M, K, n, 1.f, dy.data + p0, dy.stride, pw, K, 1.f, dx.data, dx.stride);
+    }
+  }
+  if (has_lora) lora_bwd(*this, W, *lora, x, xa, dy, dx, dA, dB);
 }
 
 void CpuBackend::head_logits(const QWeight& head, CMatF h, MatF logits) {
