@@ -1,5 +1,6 @@
 #include "model/llama.h"
 
+#include <array>
 #include <cstring>
 
 #include "backend/dropout.h"
@@ -27,6 +28,27 @@ void add_inplace(float* y, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
 }
 
+// Bytes the tracker counts for a buffer of n floats (Buffer rounds to 64).
+uint64_t counted(int64_t floats) {
+  return (static_cast<uint64_t>(floats) * sizeof(float) + 63) / 64 * 64;
+}
+
+// Element counts of LayerActs' buffers in declaration order (xn1 .. hact); each xa is rows * r.
+std::array<int64_t, 13> layer_act_counts(const ModelConfig& c, int64_t R) {
+  const int64_t qd = static_cast<int64_t>(c.n_heads) * c.head_dim,
+                kvd = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
+  return {R * c.dim, R,         R * qd, R * kvd,       R * kvd,       R * qd,       R * c.n_heads,
+          R * c.dim, R * c.dim, R,      R * c.ffn_dim, R * c.ffn_dim, R * c.ffn_dim};
+}
+
+// Element counts of the backward temporaries: G, dxn, datt, dq, dk, dv, dh, dgate, dup.
+std::array<int64_t, 9> grad_counts(const ModelConfig& c, int64_t R) {
+  const int64_t qd = static_cast<int64_t>(c.n_heads) * c.head_dim,
+                kvd = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
+  return {R * c.dim, R * c.dim,     R * qd,        R * qd,       R * kvd,
+          R * kvd,   R * c.ffn_dim, R * c.ffn_dim, R * c.ffn_dim};
+}
+
 // Per (step, layer, projection) seed so every adapter draws its own dropout mask.
 uint64_t proj_seed(uint64_t step_seed, int layer, Proj p) {
   return mix64(step_seed ^ mix64((static_cast<uint64_t>(layer) << 8) | static_cast<uint64_t>(p)));
@@ -44,6 +66,22 @@ struct LlamaRunner::LayerActs {
 struct LlamaRunner::Grads {
   Buffer G, dxn, datt, dq, dk, dv, dh, dgate, dup;
 };
+
+RunnerFootprint LlamaRunner::footprint(const ModelConfig& c, int lora_r, int lora_projs,
+                                       int64_t rows, bool training, bool doc_ids) {
+  const int64_t R = rows;
+  RunnerFootprint f;
+  for (int64_t n : layer_act_counts(c, R)) f.layer_acts += counted(n);
+  f.layer_acts += static_cast<uint64_t>(lora_projs) * counted(R * lora_r);
+  // As prepare() allocates: positions, targets (and doc ids) of 4-byte ints, the residual
+  // stream, the final norm output and rstd, and its gradient when training.
+  f.stream = 2 * counted(R) + (doc_ids ? counted(R) : 0) +
+             static_cast<uint64_t>(c.n_layers + 1) * counted(R * c.dim) + counted(R * c.dim) +
+             counted(R) + (training ? counted(R * c.dim) : 0);
+  for (int64_t n : grad_counts(c, R)) f.backward_ws += counted(n);
+  f.recompute_ws = counted(R * c.dim);
+  return f;
+}
 
 LlamaRunner::LlamaRunner(const Model& model, Backend& backend, LoraAdapter* lora)
     : model_(model), be_(backend), lora_(lora), ckpt_(model.cfg.n_layers, false) {
@@ -106,22 +144,22 @@ LlamaRunner::LayerActs& LlamaRunner::acts_for(int layer, bool store) {
   if (*slot) return **slot;
   MemoryTracker* t = be_.tracker();
   const MemCategory A = MemCategory::Activations;
-  const int64_t R = rows_, qd = static_cast<int64_t>(c.n_heads) * c.head_dim,
-                kvd = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
+  const int64_t R = rows_;
+  const std::array<int64_t, 13> n = layer_act_counts(c, R);
   auto a = std::make_unique<LayerActs>();
-  a->xn1 = make(t, A, R * c.dim, "attn norm out");
-  a->rstd1 = make(t, A, R, "attn norm rstd");
-  a->q = make(t, A, R * qd, "q");
-  a->k = make(t, A, R * kvd, "k");
-  a->v = make(t, A, R * kvd, "v");
-  a->att = make(t, A, R * qd, "attention out");
-  a->lse = make(t, A, R * c.n_heads, "attention lse");
-  a->x_mid = make(t, A, R * c.dim, "residual mid");
-  a->xn2 = make(t, A, R * c.dim, "ffn norm out");
-  a->rstd2 = make(t, A, R, "ffn norm rstd");
-  a->gate = make(t, A, R * c.ffn_dim, "gate");
-  a->up = make(t, A, R * c.ffn_dim, "up");
-  a->hact = make(t, A, R * c.ffn_dim, "swiglu out");
+  a->xn1 = make(t, A, n[0], "attn norm out");
+  a->rstd1 = make(t, A, n[1], "attn norm rstd");
+  a->q = make(t, A, n[2], "q");
+  a->k = make(t, A, n[3], "k");
+  a->v = make(t, A, n[4], "v");
+  a->att = make(t, A, n[5], "attention out");
+  a->lse = make(t, A, n[6], "attention lse");
+  a->x_mid = make(t, A, n[7], "residual mid");
+  a->xn2 = make(t, A, n[8], "ffn norm out");
+  a->rstd2 = make(t, A, n[9], "ffn norm rstd");
+  a->gate = make(t, A, n[10], "gate");
+  a->up = make(t, A, n[11], "up");
+  a->hact = make(t, A, n[12], "swiglu out");
   if (lora_)
     for (int p = 0; p < kProjCount; ++p)
       if (lora_->slot(layer, static_cast<Proj>(p)).active())
@@ -340,21 +378,21 @@ void LlamaRunner::backward() {
   QLFT_CHECK_ARG(have_forward_, "backward() needs a training forward() first");
   be_.tracker()->set_phase("backward");
   const ModelConfig& c = model_.cfg;
-  const int64_t R = rows_, qd = static_cast<int64_t>(c.n_heads) * c.head_dim,
-                kvd = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
+  const int64_t R = rows_;
   if (!grads_) {
     MemoryTracker* t = be_.tracker();
     const MemCategory W = MemCategory::Workspace;
+    const std::array<int64_t, 9> n = grad_counts(c, R);
     auto g = std::make_unique<Grads>();
-    g->G = make(t, W, R * c.dim, "d residual");
-    g->dxn = make(t, W, R * c.dim, "d norm out");
-    g->datt = make(t, W, R * qd, "d attention out");
-    g->dq = make(t, W, R * qd, "dq");
-    g->dk = make(t, W, R * kvd, "dk");
-    g->dv = make(t, W, R * kvd, "dv");
-    g->dh = make(t, W, R * c.ffn_dim, "d swiglu out");
-    g->dgate = make(t, W, R * c.ffn_dim, "d gate");
-    g->dup = make(t, W, R * c.ffn_dim, "d up");
+    g->G = make(t, W, n[0], "d residual");
+    g->dxn = make(t, W, n[1], "d norm out");
+    g->datt = make(t, W, n[2], "d attention out");
+    g->dq = make(t, W, n[3], "dq");
+    g->dk = make(t, W, n[4], "dk");
+    g->dv = make(t, W, n[5], "dv");
+    g->dh = make(t, W, n[6], "d swiglu out");
+    g->dgate = make(t, W, n[7], "d gate");
+    g->dup = make(t, W, n[8], "d up");
     grads_ = std::move(g);
   }
   zero(grads_->G);

@@ -42,8 +42,22 @@ struct LossResult {
   double mean() const { return count ? loss_sum / static_cast<double>(count) : 0.0; }
 };
 
+// What a LlamaRunner allocates for a batch of `rows` token rows, in bytes as the tracker counts
+// them (each buffer rounded up to 64). The memory planner (train/planner.h) predicts from these
+// and the runner allocates with the same element counts, so the two cannot drift.
+struct RunnerFootprint {
+  uint64_t layer_acts = 0;    // one layer's activations (stored, or the shared checkpoint scratch)
+  uint64_t stream = 0;        // residual stream, final norm, positions, targets, doc ids, and
+                              // d(final norm) when training (activations)
+  uint64_t backward_ws = 0;   // backward temporaries, held through backward() (workspace)
+  uint64_t recompute_ws = 0;  // a checkpointed layer's recomputed output (workspace)
+};
+
 class LlamaRunner {
  public:
+  // lora_projs: LoRA-targeted projections per layer, each keeping rows x lora_r of xa.
+  static RunnerFootprint footprint(const ModelConfig& c, int lora_r, int lora_projs, int64_t rows,
+                                   bool training, bool doc_ids);
   // lora may be nullptr (base model only). Neither model nor lora is owned.
   LlamaRunner(const Model& model, Backend& backend, LoraAdapter* lora);
   ~LlamaRunner();
