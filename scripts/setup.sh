@@ -8,6 +8,8 @@ packages=(
   libopenblas-openmp-dev libdnnl-dev
   nlohmann-json3-dev libcli11-dev libyaml-cpp-dev libpcre2-dev liburing-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  # Distributed training (src/dist, tests/dist): the MPI communicator and mpirun.
+  libopenmpi-dev openmpi-bin
   golang-go
 )
 # The Rust bindings need cargo; Debian's (rustc 1.63) suffices where rustup's is absent.

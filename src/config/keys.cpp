@@ -108,9 +108,27 @@ const KeyDef kKeys[] = {
      "fp16 only: on inf/nan gradients the step is skipped and the scale multiplied by this."},
     {"scaler.growth_interval", KeyType::Int, "2000", 1, 1e12, "",
      "fp16 only: clean steps in a row before the scale grows."},
+    {"offload.optimizer", KeyType::Enum, "none", 0, 0, "none|cpu|nvme",
+     "Where LoRA optimizer state lives. cpu: host memory (on the cpu backend it already is, so "
+     "cpu is treated as none, with a warning). nvme is not implemented yet and is refused "
+     "(optim.name=paged_adamw8bit keeps its state in files under offload.dir)."},
+    {"offload.params", KeyType::Enum, "none", 0, 0, "none|cpu|nvme",
+     "Where frozen base-weight shards live between uses. cpu: host memory (treated as none on "
+     "the cpu backend, with a warning). nvme is not implemented yet and is refused."},
     {"offload.dir", KeyType::String, "", 0, 0, "",
      "Directory for paged optimizer state and other offloaded data (files are unlinked as soon "
      "as they are created); empty = the system temp dir ($TMPDIR or /tmp)."},
+    {"dist.backend", KeyType::Enum, "none", 0, 0, "none|mpi|nccl",
+     "How ranks talk: none (one process), mpi (CPU ranks started by mpirun; needs a build with "
+     "QLFT_MPI) or nccl (GPU ranks; NCCL's id is sent over MPI). Each rank reads a disjoint "
+     "shard of every global batch; only rank 0 writes logs, checkpoints and adapters."},
+    {"dist.zero_stage", KeyType::Int, "0", 0, 3, "",
+     "ZeRO sharding across ranks: 0 data parallel (gradients all-reduced), 1 also shards the "
+     "LoRA optimizer state, 2 also reduce-scatters the gradients. 3 (also sharding the frozen "
+     "base weights) is not implemented yet and is refused."},
+    {"dist.timeout_s", KeyType::Float, "300", 0.1, 1e7, "",
+     "Seconds any collective may wait for the other ranks; past it every rank stops with "
+     "QLFT_ERR_DISTRIBUTED naming the rank that did not answer."},
     {"train.micro_batch", KeyType::Int, "4", 1, 65536, "",
      "Sequences per micro-batch (one forward/backward)."},
     {"train.accumulation", KeyType::Int, "1", 1, 65536, "",

@@ -10,6 +10,7 @@
 #include "config/config.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "dist/data_parallel.h"
 #include "formats/safetensors.h"
 #include "formats/safetensors_writer.h"
 #include "optim/grad_clip.h"
@@ -64,11 +65,12 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
       params.push_back({base + ".B", s.B.as<float>(), s.dB.as<float>(), s.B.size() / 4});
     }
   OptimSettings os = OptimSettings::from_config(cfg);
-  opt_ = make_optimizer(os, std::move(params), tracker);
+  init_dist(cfg, std::move(params));
+  opt_ = make_optimizer(os, dp_->owned_params(), tracker);
 
   if (train_) {
     it_ = std::make_unique<data::BatchIterator>(train_->train_batches(ts_.micro_batch));
-    int64_t per_step = static_cast<int64_t>(ts_.micro_batch) * ts_.accumulation;
+    int64_t per_step = static_cast<int64_t>(ts_.micro_batch) * ts_.accumulation * world();
     int64_t data_steps = static_cast<int64_t>((it_->total_rows() + per_step - 1) / per_step);
     total_steps_ = ts_.max_steps > 0 ? ts_.max_steps : data_steps;
   } else {
@@ -89,9 +91,7 @@ bool Trainer::done() const {
 }
 
 std::vector<GradSpan> Trainer::grad_spans() {
-  std::vector<GradSpan> g;
-  for (const ParamRef& p : opt_->params()) g.push_back({const_cast<float*>(p.grad), p.numel});
-  return g;
+  return dp_->grad_spans();  // every gradient, or this rank's ZeRO-2 share
 }
 
 uint64_t Trainer::dropout_seed(int64_t step, int micro) const {
@@ -101,18 +101,14 @@ uint64_t Trainer::dropout_seed(int64_t step, int micro) const {
 bool Trainer::step(StepReport* out) {
   QLFT_CHECK_ARG(it_, "this trainer has no training data");
   if (done()) return false;
-  if (cancel_requested()) throw_error(QLFT_ERR_CANCELLED, "training was cancelled");
+  // Every rank stops at the same step boundary when any of them was cancelled.
+  const bool cancel = world() > 1 ? dp_->any(cancel_requested()) : cancel_requested();
+  if (cancel) throw_error(QLFT_ERR_CANCELLED, "training was cancelled");
   const uint64_t start_pos = it_->position();
   try {
     // Gather the step's micro-batches first: the loss is a mean over all their trained tokens.
     std::vector<data::Batch> batches;
-    for (int i = 0; i < ts_.accumulation; ++i) {
-      if (ts_.max_steps > 0 && it_->position() >= it_->total_rows()) it_->seek(0);  // cycle
-      data::Batch b;
-      if (!it_->next(b)) break;
-      batches.push_back(std::move(b));
-    }
-    if (batches.empty()) return false;
+    if (next_global_batches(batches) == 0) return false;
     step_on(batches, out);
   } catch (...) {
     it_->seek(start_pos);  // the same micro-batches next time
@@ -122,18 +118,23 @@ bool Trainer::step(StepReport* out) {
 }
 
 void Trainer::step_on(const std::vector<data::Batch>& batches, StepReport* out) {
-  QLFT_CHECK_ARG(!batches.empty(), "step_on: no micro-batches");
+  // With several ranks, one may have no micro-batch of the last global batch: it still joins
+  // the collectives.
+  QLFT_CHECK_ARG(!batches.empty() || world() > 1, "step_on: no micro-batches");
   auto t0 = std::chrono::steady_clock::now();
   StepReport r;
   try {
     lora_->zero_grad();  // the previous step's gradients stay readable until here
     int64_t n = 0;
     for (const data::Batch& b : batches) n += b.trained_tokens;
+    n = dp_->global_sum(n);  // every rank scales by the global token count
     const bool fp16 = ts_.precision == "fp16";
     const float scale = fp16 ? scaler_->scale() : 1.0f;
     double loss_sum = 0;
     for (size_t i = 0; i < batches.size(); ++i) {
-      if (cancel_requested()) throw_error(QLFT_ERR_CANCELLED, "training was cancelled");
+      // (Several ranks agree on cancelling at step boundaries only, in step().)
+      if (cancel_requested() && world() == 1)
+        throw_error(QLFT_ERR_CANCELLED, "training was cancelled");
       const data::Batch& b = batches[i];
       r.tokens += static_cast<int64_t>(b.rows) * b.seq_len;
       if (b.trained_tokens == 0) continue;
@@ -146,21 +147,26 @@ void Trainer::step_on(const std::vector<data::Batch>& batches, StepReport* out) 
       tb.doc_ids = b.doc_ids.empty() ? nullptr : b.doc_ids.data();
       tracker_->set_phase("forward");
       LossResult lr = runner_->forward(tb, scale / static_cast<float>(n),
-                                       dropout_seed(step_, static_cast<int>(i)));
+                                       // the global micro-batch index: the same
+                                       // masks at any world size
+                                       dropout_seed(step_, static_cast<int>(i) * world() + rank()));
       loss_sum += lr.loss_sum;
       tracker_->set_phase("backward");
       runner_->backward();
     }
     runner_->release();
     tracker_->set_phase("optimizer");
+    dp_->reduce_gradients();
+    loss_sum = dp_->global_sum(loss_sum);
+    r.tokens = dp_->global_sum(r.tokens);
     r.trained_tokens = n;
     r.loss = n ? loss_sum / static_cast<double>(n) : 0.0;
     r.loss_scale = scale;
     std::vector<GradSpan> grads = grad_spans();
     bool found_inf = false;
-    if (fp16) found_inf = scaler_->unscale_and_check(grads);
+    if (fp16) found_inf = dp_->any(scaler_->unscale_and_check(grads));
     ClipResult clip{};
-    if (!found_inf) clip = clip_grad_norm(grads, opt_->settings().max_grad_norm);
+    if (!found_inf) clip = dp_->clip(grads, opt_->settings().max_grad_norm);
     r.grad_norm = found_inf ? INFINITY : clip.norm;
     r.lr = sched_->current_lr();
     if (found_inf || !clip.finite || n == 0) {
@@ -168,6 +174,7 @@ void Trainer::step_on(const std::vector<data::Batch>& batches, StepReport* out) 
       ++nonfinite_in_row_;
     } else {
       opt_->step(r.lr);
+      dp_->gather_params();  // ZeRO 1-2: every rank gets the tensors others updated
       nonfinite_in_row_ = 0;
     }
     if (fp16) scaler_->update(found_inf || !clip.finite);
@@ -230,22 +237,35 @@ std::string Trainer::fingerprint() const {
   const LoraConfig& c = lora_->config();
   return strf(
       "arch=%s layers=%d dim=%d lora.r=%d lora.alpha=%g targets=%s rslora=%d optim=%s "
-      "micro_batch=%d accumulation=%d",
+      "batch=%lld",
       model_.cfg.arch.c_str(), model_.cfg.n_layers, model_.cfg.dim, c.r, c.alpha,
-      c.targets_string().c_str(), c.use_rslora ? 1 : 0, opt_->name().c_str(), ts_.micro_batch,
-      ts_.accumulation);
+      c.targets_string().c_str(), c.use_rslora ? 1 : 0, opt_->name().c_str(),
+      // The effective batch, not its split into micro-batches, accumulation and ranks: a
+      // checkpoint resumes with any split (another world size included).
+      static_cast<long long>(ts_.micro_batch) * ts_.accumulation * world());
 }
 
 void Trainer::save_checkpoint(const std::string& path) const {
-  StateDict sd;
-  opt_->save_state(sd, "optim.");
+  // ZeRO: every rank's optimizer share is gathered into the 1-rank layout (a collective), and
+  // rank 0 alone writes.
+  StateDict mine;
+  opt_->save_state(mine, "optim.");
+  StateDict sd = dp_->gather_state(mine);
+  if (world() > 1) {
+    write_checkpoint_on_rank0([&] { write_checkpoint_file(path, sd); });
+    return;
+  }
+  write_checkpoint_file(path, sd);
+}
+
+void Trainer::write_checkpoint_file(const std::string& path, StateDict& sd) const {
   sched_->save_state(sd, "sched.");
   scaler_->save_state(sd, "scaler.");
   SafetensorsWriter w;
   for (const auto& kv : sd.tensors())
     w.add(kv.first, kv.second.dtype, kv.second.shape, kv.second.bytes.data(),
           kv.second.bytes.size(), /*copy=*/false);
-  for (const ParamRef& p : opt_->params())
+  for (const ParamRef& p : dp_->params())
     w.add(p.name, DType::F32, {static_cast<int64_t>(p.numel)}, p.data, p.numel * 4, false);
   w.set_metadata("qlft.checkpoint", "1");
   w.set_metadata("qlft.fingerprint", fingerprint());
@@ -286,7 +306,7 @@ void Trainer::resume(const std::string& path) {
     }
     in.put(t.name, t.dtype, t.shape, t.data, t.nbytes);
   }
-  for (const ParamRef& p : opt_->params()) {
+  for (const ParamRef& p : dp_->params()) {
     auto i = params.find(p.name);
     QLFT_CHECK_FORMAT(i != params.end(), "%s: tensor '%s' is missing", path.c_str(),
                       p.name.c_str());
@@ -300,21 +320,21 @@ void Trainer::resume(const std::string& path) {
   sched_->save_state(backup, "sched.");
   scaler_->save_state(backup, "scaler.");
   std::vector<std::vector<float>> old_params;
-  for (const ParamRef& p : opt_->params()) old_params.emplace_back(p.data, p.data + p.numel);
+  for (const ParamRef& p : dp_->params()) old_params.emplace_back(p.data, p.data + p.numel);
   const std::string old_data = it_ ? it_->state() : "";
   try {
     opt_->load_state(in, "optim.");
     sched_->load_state(in, "sched.");
     scaler_->load_state(in, "scaler.");
     if (it_) it_->restore(data_state);
-    for (const ParamRef& p : opt_->params()) std::memcpy(p.data, params[p.name]->data, p.numel * 4);
+    for (const ParamRef& p : dp_->params()) std::memcpy(p.data, params[p.name]->data, p.numel * 4);
   } catch (...) {
     opt_->load_state(backup, "optim.");
     sched_->load_state(backup, "sched.");
     scaler_->load_state(backup, "scaler.");
     if (it_) it_->restore(old_data);
     size_t i = 0;
-    for (const ParamRef& p : opt_->params())
+    for (const ParamRef& p : dp_->params())
       std::memcpy(p.data, old_params[i++].data(), p.numel * 4);
     throw;
   }

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -27,10 +28,15 @@
 namespace qlft {
 
 class Config;
+namespace dist {
+class DataParallel;
+}
 
 struct TrainSettings {
   int micro_batch = 4;
   int accumulation = 1;
+  bool micro_batch_auto = false;  // train.micro_batch=auto: train/autotune.h picks it
+  int64_t effective_batch = 0;    // train.effective_batch (0: micro_batch x accumulation)
   int64_t max_steps = 0;            // 0: one pass over data.epochs
   std::string precision = "fp32";   // fp32 | bf16 | fp16
   int checkpoint_every_layers = 0;  // gradient checkpointing: 0 off, 1 every layer, N every N-th
@@ -92,14 +98,30 @@ class Trainer {
   const LoraAdapter& lora() const { return *lora_; }
   LlamaRunner& runner() { return *runner_; }
   const TrainSettings& settings() const { return ts_; }
+  // Sets micro_batch and accumulation; only before the trainer has data batches (the
+  // auto-tuner calls it from the constructor, before they are made).
+  void set_batch_shape(int micro_batch, int accumulation);
+  const data::Dataset* train_data() const { return train_; }
   const Model& model() const { return model_; }
   MemoryTracker* tracker() const { return tracker_; }
+  // Distributed training (dist.*): this process's rank, the world size, and whether it is the
+  // rank that writes files (rank 0). save_checkpoint is collective: every rank must call it.
+  int rank() const;
+  int world() const;
+  bool is_writer() const { return rank() == 0; }
   int64_t nonfinite_in_row() const { return nonfinite_in_row_; }
 
  private:
   std::vector<GradSpan> grad_spans();
+  // trainer_dist.cpp: the communicator and ZeRO partition, and this rank's micro-batches of
+  // the next global batch (micro_batch x accumulation x world rows).
+  void init_dist(const Config& cfg, std::vector<ParamRef> params);
+  size_t next_global_batches(std::vector<data::Batch>& mine);
   uint64_t dropout_seed(int64_t step, int micro) const;
   std::string fingerprint() const;
+  void write_checkpoint_file(const std::string& path, StateDict& sd) const;
+  // Runs write on rank 0 only; every rank returns when it is done and throws if it failed.
+  void write_checkpoint_on_rank0(const std::function<void()>& write) const;
 
   const Model& model_;
   MemoryTracker* tracker_;
@@ -108,7 +130,8 @@ class Trainer {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<LoraAdapter> lora_;
   std::unique_ptr<LlamaRunner> runner_;
-  std::unique_ptr<Optimizer> opt_;
+  std::unique_ptr<dist::DataParallel> dp_;  // always set (world 1 without dist.backend)
+  std::unique_ptr<Optimizer> opt_;          // over this rank's ZeRO share of the LoRA tensors
   std::unique_ptr<LrSchedule> sched_;
   std::unique_ptr<LossScaler> scaler_;
   std::unique_ptr<data::BatchIterator> it_;

@@ -1,0 +1,282 @@
+// The MPI communicator (OpenMPI; any MPI-3 library works). Compiled only with QLFT_MPI=ON.
+//
+// Why nonblocking collectives polled with MPI_Test: a blocking MPI_Allreduce waits forever for a
+// dead peer (and busy-spins a core meanwhile, which on a shared machine starves the ranks that
+// are computing). Polling lets every collective end at dist.timeout_s, and sleeping between
+// polls leaves the cores to the computing ranks. MPI_ERRORS_RETURN replaces MPI's default
+// handler, which would abort the whole job from inside the library.
+// Only MPI's C API: the deprecated C++ bindings would need libmpi_cxx.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+#include <sched.h>
+#include <time.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "dist/communicator.h"
+
+namespace qlft::dist {
+
+namespace {
+
+// Set once a communicator failed: MPI_Finalize would wait for peers that are gone.
+bool g_any_broken = false;
+
+void finalize_at_exit() {
+  int fin = 0;
+  MPI_Finalized(&fin);
+  if (!fin && !g_any_broken) MPI_Finalize();
+}
+
+void ensure_mpi_initialized() {
+  int inited = 0;
+  MPI_Initialized(&inited);
+  if (inited) return;
+  int provided = 0;
+  // SERIALIZED: a trainer may move between threads (one at a time), never concurrent calls.
+  if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
+    throw_error(QLFT_ERR_DISTRIBUTED, "MPI_Init_thread failed (is this process under mpirun?)");
+  std::atexit(finalize_at_exit);
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+}
+
+std::string mpi_error_text(int rc) {
+  char buf[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, buf, &len) != MPI_SUCCESS) return strf("MPI error %d", rc);
+  return std::string(buf, static_cast<size_t>(len));
+}
+
+// MPI counts are int: large buffers go in chunks of this many elements.
+constexpr size_t kMaxChunk = size_t{1} << 28;
+constexpr int kDiagTag = 7301;
+
+class MpiCommunicator final : public Communicator {
+ public:
+  explicit MpiCommunicator(double timeout_s) {
+    set_timeout(timeout_s);
+    ensure_mpi_initialized();
+    check(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), "MPI_Comm_dup");
+    check(MPI_Comm_dup(MPI_COMM_WORLD, &ctl_), "MPI_Comm_dup");
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(ctl_, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &world_);
+    LaunchInfo li = detect_launch();
+    if (li.world != world_)
+      throw_error(QLFT_ERR_DISTRIBUTED,
+                  "the launcher (%s) says %d ranks but MPI sees %d: start the ranks with mpirun",
+                  li.source.c_str(), li.world, world_);
+    if (li.source == "openmpi" || li.source == "pmi") {
+      local_rank_ = li.local_rank;
+    } else {
+      MPI_Comm node;
+      check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node),
+            "MPI_Comm_split_type");
+      MPI_Comm_rank(node, &local_rank_);
+      MPI_Comm_free(&node);
+    }
+  }
+
+  ~MpiCommunicator() override {
+    // After a failure the peers may be gone: freeing would be a collective with them.
+    if (broken_) return;
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (fin) return;
+    MPI_Comm_free(&ctl_);
+    MPI_Comm_free(&comm_);
+  }
+
+  const char* backend() const override { return "mpi"; }
+  int rank() const override { return rank_; }
+  int world() const override { return world_; }
+  int local_rank() const override { return local_rank_; }
+
+  void all_reduce(float* data, size_t n, ReduceOp op) override {
+    for (size_t o = 0; o < n; o += kMaxChunk) {
+      const int c = static_cast<int>(std::min(kMaxChunk, n - o));
+      MPI_Request req;
+      start(MPI_Iallreduce(MPI_IN_PLACE, data + o, c, MPI_FLOAT, MPI_SUM, comm_, &req),
+            "all_reduce");
+      wait(&req, "all_reduce", n * sizeof(float));
+    }
+    if (op == ReduceOp::Avg) {
+      const float s = 1.0f / static_cast<float>(world_);
+      for (size_t i = 0; i < n; ++i) data[i] *= s;
+    }
+  }
+
+  void all_reduce(double* data, size_t n, ReduceOp op) override {
+    for (size_t o = 0; o < n; o += kMaxChunk) {
+      const int c = static_cast<int>(std::min(kMaxChunk, n - o));
+      MPI_Request req;
+      start(MPI_Iallreduce(MPI_IN_PLACE, data + o, c, MPI_DOUBLE, MPI_SUM, comm_, &req),
+            "all_reduce");
+      wait(&req, "all_reduce", n * sizeof(double));
+    }
+    if (op == ReduceOp::Avg)
+      for (size_t i = 0; i < n; ++i) data[i] /= world_;
+  }
+
+  void reduce_scatter(const float* in, float* out, size_t n, ReduceOp op) override {
+    QLFT_CHECK_ARG(n <= kMaxChunk, "reduce_scatter: %zu values per rank is too many for one call",
+                   n);
+    if (n == 0) return;
+    std::vector<float> copy;
+    if (out >= in && out < in + n * world_) {  // MPI forbids aliasing here
+      copy.assign(in, in + n * world_);
+      in = copy.data();
+    }
+    MPI_Request req;
+    start(MPI_Ireduce_scatter_block(in, out, static_cast<int>(n), MPI_FLOAT, MPI_SUM, comm_, &req),
+          "reduce_scatter");
+    wait(&req, "reduce_scatter", n * world_ * sizeof(float));
+    if (op == ReduceOp::Avg) {
+      const float s = 1.0f / static_cast<float>(world_);
+      for (size_t i = 0; i < n; ++i) out[i] *= s;
+    }
+  }
+
+  void all_gather(const float* in, float* out, size_t n) override {
+    QLFT_CHECK_ARG(n <= kMaxChunk, "all_gather: %zu values per rank is too many for one call", n);
+    if (n == 0) return;
+    MPI_Request req;
+    const bool in_place = in == out + n * static_cast<size_t>(rank_);
+    start(MPI_Iallgather(in_place ? MPI_IN_PLACE : in, static_cast<int>(n), MPI_FLOAT, out,
+                         static_cast<int>(n), MPI_FLOAT, comm_, &req),
+          "all_gather");
+    wait(&req, "all_gather", n * world_ * sizeof(float));
+  }
+
+  void broadcast(void* data, size_t bytes, int root) override {
+    QLFT_CHECK_ARG(root >= 0 && root < world_, "broadcast: root %d is not a rank (world %d)", root,
+                   world_);
+    char* p = static_cast<char*>(data);
+    for (size_t o = 0; o < bytes; o += kMaxChunk) {
+      const int c = static_cast<int>(std::min(kMaxChunk, bytes - o));
+      MPI_Request req;
+      start(MPI_Ibcast(p + o, c, MPI_BYTE, root, comm_, &req), "broadcast");
+      wait(&req, "broadcast", bytes);
+    }
+  }
+
+  void barrier() override {
+    MPI_Request req;
+    start(MPI_Ibarrier(comm_, &req), "barrier");
+    wait(&req, "barrier", 0);
+  }
+
+ private:
+  void check(int rc, const char* what) {
+    if (rc != MPI_SUCCESS)
+      fail(strf("%s failed on rank %d: %s", what, rank_, mpi_error_text(rc).c_str()));
+  }
+  void start(int rc, const char* what) {
+    if (broken_)
+      throw_error(QLFT_ERR_DISTRIBUTED,
+                  "%s on rank %d: the communicator failed earlier; resume from the last checkpoint",
+                  what, rank_);
+    check(rc, what);
+  }
+  [[noreturn]] void fail(const std::string& msg) {
+    broken_ = true;
+    g_any_broken = true;
+    throw_error(QLFT_ERR_DISTRIBUTED, "%s", msg.c_str());
+  }
+
+  // Polls req until it completes, an error comes back, or the timeout passes. The first polls
+  // only yield (small collectives finish in microseconds); later ones sleep up to 1 ms.
+  void wait(MPI_Request* req, const char* what, size_t bytes) {
+    using clock = std::chrono::steady_clock;
+    const auto t0 = clock::now();
+    long sleep_ns = 0;
+    for (int polls = 0;; ++polls) {
+      int done = 0;
+      int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+      if (rc != MPI_SUCCESS)
+        fail(strf("%s (%zu bytes) failed on rank %d of %d: %s", what, bytes, rank_, world_,
+                  mpi_error_text(rc).c_str()));
+      if (done) return;
+      const double waited = std::chrono::duration<double>(clock::now() - t0).count();
+      if (waited > timeout_s_) fail(timeout_message(what, bytes, waited));
+      if (polls < 256) {
+        sched_yield();
+      } else {
+        sleep_ns = std::min(1000000L, sleep_ns ? sleep_ns * 2 : 20000L);
+        timespec ts{0, sleep_ns};
+        nanosleep(&ts, nullptr);
+      }
+    }
+  }
+
+  // Which peers are alive? Every rank that times out sends a token to every other rank on a
+  // separate communicator and listens for theirs for a grace period; silent ranks are named.
+  // (A peer stuck in the same collective times out at about the same moment and answers.)
+  std::string timeout_message(const char* what, size_t bytes, double waited) {
+    std::vector<int> silent;
+    const double grace = std::clamp(timeout_s_ * 0.25, 0.5, 5.0);
+    // Sends may never complete (a dead peer): their buffers must outlive this call.
+    static int token = 0;
+    token = rank_;
+    std::vector<int> got(world_, -1);
+    std::vector<MPI_Request> recv(world_, MPI_REQUEST_NULL);
+    for (int p = 0; p < world_; ++p) {
+      if (p == rank_) continue;
+      MPI_Request s;
+      if (MPI_Isend(&token, 1, MPI_INT, p, kDiagTag, ctl_, &s) == MPI_SUCCESS) MPI_Request_free(&s);
+      MPI_Irecv(&got[p], 1, MPI_INT, p, kDiagTag, ctl_, &recv[p]);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<bool> answered(world_, false);
+    answered[rank_] = true;
+    while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < grace) {
+      bool all = true;
+      for (int p = 0; p < world_; ++p) {
+        if (answered[p]) continue;
+        int done = 0;
+        if (MPI_Test(&recv[p], &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done)
+          answered[p] = true;
+        else
+          all = false;
+      }
+      if (all) break;
+      timespec ts{0, 2000000};
+      nanosleep(&ts, nullptr);
+    }
+    for (int p = 0; p < world_; ++p)
+      if (!answered[p]) silent.push_back(p);
+    // recv requests of silent ranks stay posted; the communicator is not used again.
+    std::string who;
+    for (int p : silent) who += (who.empty() ? "" : ", ") + std::to_string(p);
+    if (silent.empty())
+      return strf(
+          "%s (%zu bytes) timed out after %.1f s (dist.timeout_s) on rank %d of %d; every rank "
+          "is alive, so the ranks are out of step (they called different collectives)",
+          what, bytes, waited, rank_, world_);
+    return strf(
+        "%s (%zu bytes) timed out after %.1f s (dist.timeout_s) on rank %d of %d: rank%s %s did "
+        "not respond (died or hangs); resume from the last checkpoint",
+        what, bytes, waited, rank_, world_, silent.size() > 1 ? "s" : "", who.c_str());
+  }
+
+  MPI_Comm comm_ = MPI_COMM_NULL, ctl_ = MPI_COMM_NULL;
+  int rank_ = 0, world_ = 1, local_rank_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_mpi_communicator(double timeout_s) {
+  return std::make_unique<MpiCommunicator>(timeout_s);
+}
+
+}  // namespace qlft::dist

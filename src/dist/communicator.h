@@ -1,0 +1,80 @@
+// Collective communication between training ranks: the one interface data parallelism and ZeRO
+// are written against. Implementations: a single-rank one (every collective is the identity),
+// MPI (src/dist/comm_mpi.cpp, built with QLFT_MPI=ON) and NCCL (cuda/src/comm_nccl.cpp).
+//
+// Every collective is bounded by timeout_s: a peer that died or hangs ends the call with
+// QLFT_ERR_DISTRIBUTED naming the ranks that did not answer, never a silent hang and never an
+// abort of the process. After such a failure the communicator is broken: every later call throws
+// at once (the peers' state is unknown; the only way on is the last checkpoint).
+//
+// Collectives are called by every rank in the same order with the same sizes (the caller's
+// contract, as in MPI). Buffers are host memory for the single and MPI implementations.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace qlft::dist {
+
+enum class ReduceOp { Sum, Avg };
+
+// Where this process sits, as the launcher says: mpirun (OMPI_COMM_WORLD_*, PMI_*), or
+// RANK / WORLD_SIZE / LOCAL_RANK for other launchers. world = 1 when nothing is set.
+struct LaunchInfo {
+  int rank = 0, world = 1, local_rank = 0;
+  std::string source;  // "openmpi", "pmi", "env" or "none"
+};
+LaunchInfo detect_launch();
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual const char* backend() const = 0;  // "none", "mpi", "nccl"
+  virtual int rank() const = 0;
+  virtual int world() const = 0;
+  virtual int local_rank() const = 0;
+
+  // In place over n values: every rank ends with the elementwise sum (or mean).
+  virtual void all_reduce(float* data, size_t n, ReduceOp op) = 0;
+  virtual void all_reduce(double* data, size_t n, ReduceOp op) = 0;
+  // in holds world * n_per_rank values; rank r receives in out the reduction of block r.
+  virtual void reduce_scatter(const float* in, float* out, size_t n_per_rank, ReduceOp op) = 0;
+  // in holds n_per_rank values; out receives world * n_per_rank, block r from rank r.
+  virtual void all_gather(const float* in, float* out, size_t n_per_rank) = 0;
+  // bytes from root to every rank.
+  virtual void broadcast(void* data, size_t bytes, int root) = 0;
+  virtual void barrier() = 0;
+
+  double timeout_s() const { return timeout_s_; }
+  void set_timeout(double seconds) { timeout_s_ = seconds > 0 ? seconds : 1e9; }
+  bool broken() const { return broken_; }
+
+  // Built on the primitives above.
+  double sum(double v);
+  int64_t sum(int64_t v);  // exact below 2^53
+  // Every rank's blob, in rank order, on every rank.
+  std::vector<std::string> all_gather_bytes(const std::string& mine);
+  // Throws QLFT_ERR_DISTRIBUTED unless every rank passes the same value (a cheap guard that the
+  // ranks agree on sizes and settings before a collective whose sizes must match).
+  void check_same(uint64_t value, const char* what);
+
+ protected:
+  double timeout_s_ = 300;
+  bool broken_ = false;
+};
+
+// The identity communicator of a single process (world 1).
+std::unique_ptr<Communicator> make_single_communicator();
+
+// backend: "none" | "mpi" | "nccl". mpi needs a build with QLFT_MPI=ON, nccl one with QLFT_CUDA
+// and NCCL; otherwise QLFT_ERR_UNSUPPORTED. timeout_s bounds every collective (0: no bound).
+std::unique_ptr<Communicator> make_communicator(const std::string& backend, double timeout_s);
+
+#if QLFT_HAVE_MPI
+std::unique_ptr<Communicator> make_mpi_communicator(double timeout_s);
+#endif
+
+}  // namespace qlft::dist

@@ -1,0 +1,226 @@
+#include "dist/data_parallel.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "config/config.h"
+#include "core/error.h"
+#include "core/log.h"
+
+namespace qlft::dist {
+
+DistSettings DistSettings::from_config(const Config& c) {
+  DistSettings s;
+  s.backend = c.get("dist.backend");
+  s.zero_stage = static_cast<int>(c.get_int("dist.zero_stage"));
+  s.timeout_s = c.get_float("dist.timeout_s");
+  s.offload_optimizer = c.get("offload.optimizer");
+  s.offload_params = c.get("offload.params");
+  s.offload_dir = c.get("offload.dir");
+  return s;
+}
+
+DataParallel::DataParallel(std::unique_ptr<Communicator> comm, int zero_stage,
+                           std::vector<ParamRef> params, MemoryTracker* tracker)
+    : comm_(std::move(comm)), stage_(zero_stage), params_(std::move(params)) {
+  QLFT_CHECK_ARG(stage_ >= 0 && stage_ <= 2,
+                 "dist.zero_stage %d: this trainer shards up to stage 2 (stage 3 is not built yet)",
+                 stage_);
+  const int w = comm_->world();
+  size_t total = 0;
+  uint64_t layout = 1469598103934665603ull;  // FNV-1a over names and sizes: ranks must agree
+  for (const ParamRef& p : params_) {
+    total += p.numel;
+    for (char ch : p.name + "#" + std::to_string(p.numel))
+      layout = (layout ^ uint8_t(ch)) * 1099511628211ull;
+  }
+  comm_->check_same(layout, "the trainable tensors (model, lora.* settings)");
+
+  // Contiguous runs balanced by elements: tensor i goes to the rank whose share holds its start.
+  owner_.resize(params_.size());
+  offset_.resize(params_.size());
+  std::vector<size_t> fill(static_cast<size_t>(w), 0);
+  size_t start = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    int o = total ? static_cast<int>((static_cast<unsigned __int128>(start) * w) / total) : 0;
+    if (o >= w) o = w - 1;
+    owner_[i] = o;
+    offset_[i] = fill[o];
+    fill[o] += params_[i].numel;
+    start += params_[i].numel;
+  }
+  for (int r = 0; r < w; ++r) {
+    if (fill[r] == 0 && stage_ > 0)
+      throw_error(QLFT_ERR_INVALID_ARGUMENT,
+                  "dist.zero_stage %d over %d ranks: rank %d would own no LoRA tensor (%zu "
+                  "tensors); use fewer ranks or stage 0",
+                  stage_, w, r, params_.size());
+    segment_ = std::max(segment_, fill[r]);
+  }
+  if (w > 1)
+    flat_ = Buffer(tracker, MemCategory::Communication,
+                   (static_cast<size_t>(w) + 1) * segment_ * sizeof(float),
+                   "gradient/parameter exchange buffer");
+}
+
+DataParallel::~DataParallel() = default;
+
+std::vector<ParamRef> DataParallel::owned_params() const {
+  if (stage_ == 0) return params_;
+  std::vector<ParamRef> out;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (owner_[i] == rank()) out.push_back(params_[i]);
+  return out;
+}
+
+bool DataParallel::any(bool flag) {
+  if (world() == 1) return flag;
+  double v = flag ? 1.0 : 0.0;
+  comm_->all_reduce(&v, 1, ReduceOp::Sum);
+  return v > 0;
+}
+
+void DataParallel::pack(bool grads) {
+  float* f = flat_.as<float>();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!grads && owner_[i] != rank()) continue;  // parameters: only what this rank updated
+    const float* src = grads ? params_[i].grad : params_[i].data;
+    std::memcpy(f + owner_[i] * segment_ + offset_[i], src, params_[i].numel * sizeof(float));
+  }
+}
+
+void DataParallel::unpack(bool grads, int only_rank) {
+  const float* f = flat_.as<float>();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (only_rank >= 0 && owner_[i] != only_rank) continue;
+    float* dst = grads ? const_cast<float*>(params_[i].grad) : params_[i].data;
+    const float* src = only_rank >= 0 && grads ? f + world() * segment_ + offset_[i]
+                                               : f + owner_[i] * segment_ + offset_[i];
+    std::memcpy(dst, src, params_[i].numel * sizeof(float));
+  }
+}
+
+void DataParallel::reduce_gradients() {
+  if (world() == 1) return;
+  pack(true);
+  float* f = flat_.as<float>();
+  if (stage_ < 2) {
+    comm_->all_reduce(f, static_cast<size_t>(world()) * segment_, ReduceOp::Sum);
+    unpack(true, -1);
+  } else {
+    // The last segment of flat_ receives this rank's block.
+    comm_->reduce_scatter(f, f + world() * segment_, segment_, ReduceOp::Sum);
+    unpack(true, rank());
+  }
+}
+
+std::vector<GradSpan> DataParallel::grad_spans() const {
+  std::vector<GradSpan> g;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (stage_ < 2 || owner_[i] == rank())
+      g.push_back({const_cast<float*>(params_[i].grad), params_[i].numel});
+  return g;
+}
+
+ClipResult DataParallel::clip(const std::vector<GradSpan>& grads, double max_norm) {
+  // Stages 0-1: every rank holds identical full gradients, so the local clip is the global one
+  // (and bit-identical to the 1-rank computation).
+  if (stage_ < 2 || world() == 1) return clip_grad_norm(grads, max_norm);
+  const double local = global_grad_norm(grads);
+  double sq = local * local;
+  comm_->all_reduce(&sq, 1, ReduceOp::Sum);
+  ClipResult r;
+  r.norm = std::sqrt(sq);
+  r.finite = std::isfinite(r.norm);
+  if (!r.finite || max_norm <= 0) return r;
+  const double coef = max_norm / (r.norm + 1e-6);
+  if (coef >= 1.0) return r;
+  r.clipped = true;
+  r.coef = coef;
+  const float cf = static_cast<float>(coef);
+  for (const GradSpan& g : grads)
+    for (size_t i = 0; i < g.n; ++i) g.data[i] *= cf;
+  return r;
+}
+
+void DataParallel::gather_params() {
+  if (stage_ == 0 || world() == 1) return;
+  pack(false);
+  float* f = flat_.as<float>();
+  comm_->all_gather(f + rank() * segment_, f, segment_);
+  for (int r = 0; r < world(); ++r)
+    if (r != rank()) unpack(false, r);
+}
+
+StateDict DataParallel::gather_state(const StateDict& mine) {
+  if (stage_ == 0 || world() == 1) return mine;
+  std::vector<std::string> all = comm_->all_gather_bytes(serialize_state(mine));
+  StateDict merged;
+  for (const std::string& blob : all) deserialize_state(blob, merged);
+  return merged;
+}
+
+// ---- state dict bytes: count, then per entry name, dtype, shape, bytes (little-endian) -------
+
+namespace {
+template <class T>
+void put_raw(std::string& s, T v) {
+  s.append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+struct Reader {
+  const std::string& s;
+  size_t pos = 0;
+  template <class T>
+  T get() {
+    QLFT_CHECK_FORMAT(s.size() - pos >= sizeof(T), "state exchange: truncated at byte %zu", pos);
+    T v;
+    std::memcpy(&v, s.data() + pos, sizeof v);
+    pos += sizeof v;
+    return v;
+  }
+  const char* take(uint64_t n) {
+    QLFT_CHECK_FORMAT(s.size() - pos >= n, "state exchange: truncated at byte %zu", pos);
+    const char* p = s.data() + pos;
+    pos += n;
+    return p;
+  }
+};
+}  // namespace
+
+std::string serialize_state(const StateDict& sd) {
+  std::string s;
+  put_raw<uint64_t>(s, sd.size());
+  for (const auto& [name, t] : sd.tensors()) {
+    put_raw<uint32_t>(s, static_cast<uint32_t>(name.size()));
+    s += name;
+    put_raw<int32_t>(s, static_cast<int32_t>(t.dtype));
+    put_raw<uint32_t>(s, static_cast<uint32_t>(t.shape.size()));
+    for (int64_t d : t.shape) put_raw<int64_t>(s, d);
+    put_raw<uint64_t>(s, t.bytes.size());
+    s.append(reinterpret_cast<const char*>(t.bytes.data()), t.bytes.size());
+  }
+  return s;
+}
+
+void deserialize_state(const std::string& bytes, StateDict& out) {
+  Reader r{bytes};
+  const uint64_t n = r.get<uint64_t>();
+  for (uint64_t i = 0; i < n; ++i) {
+    const uint32_t len = r.get<uint32_t>();
+    std::string name(r.take(len), len);
+    const int32_t dt = r.get<int32_t>();
+    const uint32_t nd = r.get<uint32_t>();
+    QLFT_CHECK_FORMAT(nd <= 8, "state exchange: %s has %u dimensions", name.c_str(), nd);
+    std::vector<int64_t> shape(nd);
+    for (auto& d : shape) d = r.get<int64_t>();
+    const uint64_t nb = r.get<uint64_t>();
+    const char* data = r.take(nb);
+    try {
+      out.put(name, static_cast<DType>(dt), shape, data, nb);
+    } catch (const Error& e) {
+      throw_error(QLFT_ERR_FORMAT, "state exchange: %s", e.what());
+    }
+  }
+}
+
+}  // namespace qlft::dist

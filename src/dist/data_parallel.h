@@ -1,0 +1,98 @@
+// Data parallelism and ZeRO stages 1-2 over a Communicator, for the trainer's LoRA parameters.
+//
+// Every rank holds the full LoRA weights (they are small next to the frozen base) and computes
+// gradients on its own shard of each global batch. Then:
+//   stage 0: gradients all-reduced (summed; the trainer already scaled each rank's loss by
+//            1 / global token count, so the sum is the global mean's gradient), every rank
+//            clips and steps every parameter identically.
+//   stage 1: the same all-reduce, but each rank's optimizer holds state only for the tensors it
+//            owns and updates only them; an all-gather then hands every rank every tensor.
+//   stage 2: gradients reduce-scattered: each rank receives only its owned tensors' sums; the
+//            global norm for clipping is an all-reduce of the shards' squared sums.
+//
+// Ownership is by whole tensors, a contiguous run per rank balanced by element count: each
+// tensor's optimizer math (including 8-bit AdamW's per-tensor blocks) is then exactly the
+// 1-rank math, so a checkpoint's gathered state has the 1-rank layout and resumes at any world
+// size.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/memory.h"
+#include "dist/communicator.h"
+#include "optim/grad_clip.h"
+#include "optim/optimizer.h"
+#include "optim/state_dict.h"
+
+namespace qlft {
+class Config;
+}
+
+namespace qlft::dist {
+
+struct DistSettings {
+  std::string backend = "none";  // none | mpi | nccl
+  int zero_stage = 0;
+  double timeout_s = 300;
+  std::string offload_optimizer = "none", offload_params = "none", offload_dir;
+  static DistSettings from_config(const Config& cfg);
+};
+
+class DataParallel {
+ public:
+  // params: every trainable tensor, in the same order on every rank (checked).
+  DataParallel(std::unique_ptr<Communicator> comm, int zero_stage, std::vector<ParamRef> params,
+               MemoryTracker* tracker);
+  ~DataParallel();
+
+  Communicator& comm() { return *comm_; }
+  int rank() const { return comm_->rank(); }
+  int world() const { return comm_->world(); }
+  int zero_stage() const { return stage_; }
+  bool is_writer() const { return comm_->rank() == 0; }
+
+  const std::vector<ParamRef>& params() const { return params_; }
+  // The tensors whose optimizer state and update live on this rank (all of them at stage 0).
+  std::vector<ParamRef> owned_params() const;
+  // Owner rank of params()[i].
+  int owner(size_t i) const { return owner_[i]; }
+  // Micro-batch i of a global step (accumulation x world of them) belongs to this rank.
+  bool owns_micro_batch(int i) const { return i % world() == rank(); }
+
+  int64_t global_sum(int64_t v) { return comm_->sum(v); }
+  double global_sum(double v) { return comm_->sum(v); }
+  bool any(bool flag);
+
+  // After backward: gradients summed across ranks (all of them at stages 0-1, the owned ones at
+  // stage 2; the others then hold stale local values that nothing reads).
+  void reduce_gradients();
+  // The gradients this rank clips, unscales and steps: all (stages 0-1) or owned (stage 2).
+  std::vector<GradSpan> grad_spans() const;
+  // Global-norm clipping over every rank's gradients; the same result on every rank.
+  ClipResult clip(const std::vector<GradSpan>& grads, double max_norm);
+  // After the optimizer updated the owned tensors: every rank receives every tensor.
+  void gather_params();
+  // Every rank's optimizer state merged into one dict with the 1-rank layout (on every rank).
+  StateDict gather_state(const StateDict& mine);
+
+ private:
+  void pack(bool grads);
+  void unpack(bool grads, int only_rank);
+
+  std::unique_ptr<Communicator> comm_;
+  int stage_;
+  std::vector<ParamRef> params_;
+  std::vector<int> owner_;
+  std::vector<size_t> offset_;  // of params_[i] in the flat buffer (its owner's segment)
+  size_t segment_ = 0;          // floats per rank segment (the largest rank's share)
+  Buffer flat_;                 // world x segment floats, MemCategory::Communication
+};
+
+// The bytes of a state dict and back (gathering state across ranks).
+std::string serialize_state(const StateDict& sd);
+void deserialize_state(const std::string& bytes, StateDict& out);
+
+}  // namespace qlft::dist

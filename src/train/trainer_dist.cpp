@@ -1,0 +1,99 @@
+// The trainer's distributed parts (dist.*, offload.*): building the communicator and the ZeRO
+// partition, sharding each global batch across ranks, and rank-0 checkpoint writes.
+#include <cstring>
+
+#include "config/config.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "dist/data_parallel.h"
+#include "train/trainer.h"
+
+namespace qlft {
+
+int Trainer::rank() const {
+  return dp_ ? dp_->rank() : 0;
+}
+int Trainer::world() const {
+  return dp_ ? dp_->world() : 1;
+}
+
+void Trainer::init_dist(const Config& cfg, std::vector<ParamRef> params) {
+  dist::DistSettings ds = dist::DistSettings::from_config(cfg);
+  if (ds.zero_stage == 3)
+    throw_error(QLFT_ERR_UNSUPPORTED,
+                "dist.zero_stage=3 (sharded frozen base weights) is not implemented yet; use "
+                "stage 0, 1 or 2");
+  for (const auto& [key, value] :
+       {std::pair<const char*, std::string>{"offload.optimizer", ds.offload_optimizer},
+        {"offload.params", ds.offload_params}}) {
+    if (value == "cpu")
+      log_message(QLFT_LOG_WARN,
+                  "%s=cpu means nothing on the cpu backend (the state already lives in host "
+                  "memory): treated as none",
+                  key);
+    else if (value == "nvme")
+      throw_error(QLFT_ERR_UNSUPPORTED,
+                  "%s=nvme is not implemented yet (optim.name=paged_adamw8bit keeps optimizer "
+                  "state in files under offload.dir)",
+                  key);
+  }
+  dp_ = std::make_unique<dist::DataParallel>(dist::make_communicator(ds.backend, ds.timeout_s),
+                                             ds.zero_stage, std::move(params), tracker_);
+  if (world() > 1) {
+    // Ranks that split batches or count steps differently would deadlock in a collective
+    // later; catch it here with a message.
+    uint64_t h = 1469598103934665603ull;
+    auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+    mix(static_cast<uint64_t>(ts_.micro_batch));
+    mix(static_cast<uint64_t>(ts_.accumulation));
+    mix(static_cast<uint64_t>(ts_.max_steps));
+    mix(ts_.seed);
+    mix(train_ ? train_->train().rows() : 0);
+    dp_->comm().check_same(h, "train.micro_batch/accumulation/max_steps, seed or the data");
+    log_message(QLFT_LOG_INFO, "rank %d of %d (%s, ZeRO stage %d): %zu of %zu LoRA tensors here",
+                rank(), world(), dp_->comm().backend(), ds.zero_stage, dp_->owned_params().size(),
+                dp_->params().size());
+  }
+}
+
+size_t Trainer::next_global_batches(std::vector<data::Batch>& mine) {
+  // The global batch is accumulation x world consecutive micro-batches of the one seeded row
+  // stream every rank walks; micro-batch i is rank i % world's. One rank with accumulation x
+  // world micro-batches therefore sees exactly the same rows.
+  size_t total = 0;
+  const int n = ts_.accumulation * world();
+  for (int i = 0; i < n; ++i) {
+    if (ts_.max_steps > 0 && it_->position() >= it_->total_rows()) it_->seek(0);  // cycle
+    data::Batch b;
+    if (!it_->next(b)) break;
+    ++total;
+    if (dp_->owns_micro_batch(i)) mine.push_back(std::move(b));
+  }
+  return total;
+}
+
+void Trainer::write_checkpoint_on_rank0(const std::function<void()>& write) const {
+  // Rank 0's outcome is broadcast so that every rank returns only once the file exists, and
+  // every rank fails when the write failed.
+  int32_t status = QLFT_OK;
+  std::string msg;
+  if (is_writer()) {
+    try {
+      write();
+    } catch (const Error& e) {
+      status = e.status();
+      msg = e.what();
+    } catch (const std::exception& e) {
+      status = QLFT_ERR_INTERNAL;
+      msg = e.what();
+    }
+  }
+  char text[512] = {};
+  std::snprintf(text, sizeof text, "%s", msg.c_str());
+  dp_->comm().broadcast(&status, sizeof status, 0);
+  dp_->comm().broadcast(text, sizeof text, 0);
+  if (status != QLFT_OK)
+    throw_error(status, "%s%s", is_writer() ? "" : "rank 0 failed to write the checkpoint: ", text);
+}
+
+}  // namespace qlft

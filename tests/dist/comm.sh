@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The MPI communicator's collectives on 2 ranks, against closed-form sums (dist_worker comm).
+source "$(dirname "$0")/common.sh"
+timeout 120 "${mpi[@]}" "$worker" comm "$work/comm" || { cat "$work"/comm.* 2>/dev/null; exit 1; }
+cat "$work/comm.0" "$work/comm.1"
+grep -q "rank 0 world 2 local 0 errors 0" "$work/comm.0"
+grep -q "rank 1 world 2 local 1 errors 0" "$work/comm.1"
+echo "collectives: ok"

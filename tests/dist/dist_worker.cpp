@@ -1,0 +1,269 @@
+// One rank of the mpirun-driven distributed tests (tests/dist/*.sh run it under mpirun, or
+// alone as the 1-rank reference).
+//
+//   dist_worker comm RESULT
+//       collectives checked against closed-form values (sums of rank-dependent data).
+//   dist_worker train MODEL DATA CURVE [key=value ...]
+//       a stories260K LoRA fine-tune with the qlft config keys given; rank 0 writes one
+//       "step loss grad_norm" line per step to CURVE. Worker keys:
+//         w.save_at=K w.ckpt=PATH   save a checkpoint after step K (every rank calls it)
+//         w.save_every=1            save after every step to w.ckpt
+//         w.resume=PATH             resume from PATH first
+//         w.die_rank=R w.die_at=K   rank R SIGKILLs itself just before step K
+//         w.result=PATH             each rank appends "rank R status NAME seconds S" (the
+//                                   status of the training loop and how long its last step
+//                                   took), and the message
+//   dist_worker compare A B TOL [FIRST_STEP]
+//       the curves agree step by step within relative TOL (from FIRST_STEP on).
+// Exit 0 on success, 1 on a failed check, 2 on a usage error.
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "core/error.h"
+#include "core/threads.h"
+#include "data/dataset.h"
+#include "data/tokenizer_encoder.h"
+#include "dist/communicator.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+#include "train/trainer.h"
+
+using namespace qlft;
+
+namespace {
+
+int check_comm(const std::string& result) {
+  auto comm = dist::make_communicator("mpi", 20);
+  const int r = comm->rank(), w = comm->world();
+  std::vector<std::string> errors;
+  auto expect = [&](bool ok, const std::string& what) {
+    if (!ok) errors.push_back(what);
+  };
+  // all_reduce sum/avg: element i of rank r is r * 1000 + i.
+  const size_t n = 1000;
+  std::vector<float> a(n);
+  for (size_t i = 0; i < n; ++i) a[i] = static_cast<float>(r * 1000 + i);
+  comm->all_reduce(a.data(), n, dist::ReduceOp::Sum);
+  const double rank_sum = w * (w - 1) / 2.0;
+  for (size_t i = 0; i < n; ++i)
+    if (a[i] != static_cast<float>(rank_sum * 1000 + w * static_cast<double>(i))) {
+      expect(false, "all_reduce sum at " + std::to_string(i));
+      break;
+    }
+  std::vector<double> d{static_cast<double>(r), 1.0};
+  comm->all_reduce(d.data(), 2, dist::ReduceOp::Avg);
+  expect(d[0] == rank_sum / w && d[1] == 1.0, "all_reduce avg (double)");
+  // reduce_scatter: rank r sends block b filled with (r + 1) * (b + 1); block b sums to
+  // (b + 1) * w (w + 1) / 2.
+  const size_t k = 37;
+  std::vector<float> in(k * w), out(k, -1);
+  for (int b = 0; b < w; ++b)
+    for (size_t i = 0; i < k; ++i) in[b * k + i] = static_cast<float>((r + 1) * (b + 1));
+  comm->reduce_scatter(in.data(), out.data(), k, dist::ReduceOp::Sum);
+  for (size_t i = 0; i < k; ++i)
+    if (out[i] != static_cast<float>((r + 1) * w * (w + 1) / 2)) {
+      expect(false, "reduce_scatter");
+      break;
+    }
+  // all_gather: block b is rank b's values b + i / 1000.
+  std::vector<float> mine(k), all(k * w);
+  for (size_t i = 0; i < k; ++i) mine[i] = static_cast<float>(r + i / 1000.0);
+  comm->all_gather(mine.data(), all.data(), k);
+  for (int b = 0; b < w; ++b)
+    for (size_t i = 0; i < k; ++i)
+      if (all[b * k + i] != static_cast<float>(b + i / 1000.0)) {
+        expect(false, "all_gather");
+        b = w;
+        break;
+      }
+  // broadcast from the last rank, and variable-size byte gathers.
+  char text[32] = {};
+  if (r == w - 1) std::snprintf(text, sizeof text, "from %d", r);
+  comm->broadcast(text, sizeof text, w - 1);
+  expect(std::string(text) == "from " + std::to_string(w - 1), "broadcast");
+  std::vector<std::string> blobs = comm->all_gather_bytes(std::string(r * 3 + 1, 'a' + r));
+  for (int b = 0; b < w; ++b)
+    expect(blobs[b] == std::string(b * 3 + 1, 'a' + b),
+           "all_gather_bytes from " + std::to_string(b));
+  comm->barrier();
+  expect(comm->sum(static_cast<int64_t>(r + 1)) == static_cast<int64_t>(w) * (w + 1) / 2,
+         "sum(int64)");
+  // Ranks that disagree are told so (every rank passes its own rank: they differ when w > 1).
+  bool threw = false;
+  try {
+    comm->check_same(static_cast<uint64_t>(r), "the rank");
+  } catch (const Error& e) {
+    threw = e.status() == QLFT_ERR_DISTRIBUTED;
+  }
+  expect(threw == (w > 1), "check_same on different values");
+  comm->check_same(42, "a constant");  // must not throw
+
+  std::FILE* f = std::fopen((result + "." + std::to_string(r)).c_str(), "w");
+  if (!f) return 1;
+  std::fprintf(f, "rank %d world %d local %d errors %zu\n", r, w, comm->local_rank(),
+               errors.size());
+  for (const std::string& e : errors) std::fprintf(f, "FAIL %s\n", e.c_str());
+  std::fclose(f);
+  return errors.empty() ? 0 : 1;
+}
+
+std::map<int, std::vector<double>> read_curve(const std::string& path) {
+  std::map<int, std::vector<double>> m;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream ls(line);
+    int step;
+    double loss, norm;
+    if (ls >> step >> loss >> norm) m[step] = {loss, norm};
+  }
+  return m;
+}
+
+int compare(const std::string& a, const std::string& b, double tol, int first) {
+  auto x = read_curve(a), y = read_curve(b);
+  int compared = 0, bad = 0;
+  for (const auto& [step, v] : x) {
+    if (step < first) continue;
+    auto it = y.find(step);
+    if (it == y.end()) {
+      std::printf("step %d missing from %s\n", step, b.c_str());
+      ++bad;
+      continue;
+    }
+    for (int k = 0; k < 2; ++k) {
+      double rel = std::fabs(v[k] - it->second[k]) / std::max(std::fabs(it->second[k]), 1e-12);
+      if (!(rel <= tol)) {
+        std::printf("step %d %s: %.9g vs %.9g (relative %.3g > %.3g)\n", step,
+                    k ? "grad_norm" : "loss", v[k], it->second[k], rel, tol);
+        ++bad;
+      }
+    }
+    ++compared;
+  }
+  if (compared == 0) {
+    std::printf("no steps to compare in %s\n", a.c_str());
+    return 1;
+  }
+  std::printf("%d steps compared, %d mismatches\n", compared, bad);
+  return bad ? 1 : 0;
+}
+
+int train(const std::string& model_path, const std::string& data_path, const std::string& curve,
+          const std::vector<std::string>& kv) {
+  Config c;
+  c.set("lora.r", "4");
+  c.set("lora.alpha", "8");
+  c.set("optim.lr", "3e-3");
+  c.set("seed", "5");
+  c.set("data.seq_len", "64");
+  std::map<std::string, std::string> w;
+  for (const std::string& s : kv) {
+    size_t eq = s.find('=');
+    if (eq == std::string::npos)
+      throw_error(QLFT_ERR_INVALID_ARGUMENT, "bad key=value '%s'", s.c_str());
+    std::string k = s.substr(0, eq), v = s.substr(eq + 1);
+    if (k.rfind("w.", 0) == 0)
+      w[k] = v;
+    else
+      c.set(k, v);
+  }
+  auto wint = [&](const char* k, long dflt) {
+    return w.count(k) ? std::strtol(w[k].c_str(), nullptr, 10) : dflt;
+  };
+  set_num_threads(1);
+  MemoryTracker tracker;
+  LoadOptions lo;
+  lo.quant_type = c.get("quant.type");
+  auto model = load_model(&tracker, model_path, lo);
+  auto tok = Tokenizer::from_gguf(*model->gguf);
+  data::TokenizerEncoder enc(*tok);
+  c.set("data.path", data_path);
+  auto ds =
+      std::make_unique<data::Dataset>(data::Dataset::build(data::DataOptions::from_config(c), enc));
+
+  int rank = 0;
+  int32_t status = QLFT_OK;
+  std::string message;
+  double last_step_s = 0;
+  std::FILE* out = nullptr;
+  try {
+    Trainer t(*model, &tracker, ds.get(), c);
+    rank = t.rank();
+    if (w.count("w.resume")) t.resume(w["w.resume"]);
+    if (t.is_writer()) {
+      out = std::fopen(curve.c_str(), w.count("w.resume") ? "a" : "w");
+      if (!out) throw_error(QLFT_ERR_IO, "cannot write %s", curve.c_str());
+    }
+    const long save_at = wint("w.save_at", -1), save_every = wint("w.save_every", 0);
+    const long die_rank = wint("w.die_rank", -1), die_at = wint("w.die_at", -1);
+    while (!t.done()) {
+      if (t.rank() == die_rank && t.steps_done() + 1 == die_at) ::kill(::getpid(), SIGKILL);
+      StepReport r;
+      auto t0 = std::chrono::steady_clock::now();
+      try {
+        if (!t.step(&r)) break;
+      } catch (...) {
+        last_step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        throw;
+      }
+      last_step_s = r.seconds;
+      if (out) {
+        std::fprintf(out, "%lld %.9g %.9g\n", static_cast<long long>(r.step), r.loss, r.grad_norm);
+        std::fflush(out);
+      }
+      if (r.step == save_at || save_every > 0) t.save_checkpoint(w["w.ckpt"]);
+    }
+  } catch (const Error& e) {
+    status = e.status();
+    message = e.what();
+  }
+  if (out) std::fclose(out);
+  if (w.count("w.result")) {
+    std::FILE* f = std::fopen((w["w.result"] + "." + std::to_string(rank)).c_str(), "w");
+    if (f) {
+      std::fprintf(f, "rank %d status %s seconds %.3f\n%s\n", rank, qlft_status_string(status),
+                   last_step_s, message.c_str());
+      std::fclose(f);
+    }
+  }
+  if (status != QLFT_OK) {
+    std::fprintf(stderr, "rank %d: %s: %s\n", rank, qlft_status_string(status), message.c_str());
+    // After a distributed failure, exit without MPI_Finalize (the peers are gone).
+    std::fflush(nullptr);
+    _exit(3);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> a(argv + 1, argv + argc);
+  try {
+    if (a.size() == 2 && a[0] == "comm") return check_comm(a[1]);
+    if (a.size() >= 4 && a[0] == "train")
+      return train(a[1], a[2], a[3], std::vector<std::string>(a.begin() + 4, a.end()));
+    if ((a.size() == 4 || a.size() == 5) && a[0] == "compare")
+      return compare(a[1], a[2], std::strtod(a[3].c_str(), nullptr),
+                     a.size() == 5 ? std::atoi(a[4].c_str()) : 0);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "dist_worker: %s: %s\n", qlft_status_string(e.status()), e.what());
+    return 1;
+  }
+  std::fprintf(stderr, "usage: see tests/dist/dist_worker.cpp\n");
+  return 2;
+}
