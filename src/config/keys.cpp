@@ -129,11 +129,24 @@ const KeyDef kKeys[] = {
     {"dist.timeout_s", KeyType::Float, "300", 0.1, 1e7, "",
      "Seconds any collective may wait for the other ranks; past it every rank stops with "
      "QLFT_ERR_DISTRIBUTED naming the rank that did not answer."},
-    {"train.micro_batch", KeyType::Int, "4", 1, 65536, "",
-     "Sequences per micro-batch (one forward/backward)."},
+    {"train.micro_batch", KeyType::Int, "4", 1, 65536, "auto",
+     "Sequences per micro-batch (one forward/backward), or auto: the largest that fits "
+     "memory.limit (the free RAM when 0), found by trial steps that back off on out-of-memory "
+     "and cached in train.autotune_cache."},
     {"train.accumulation", KeyType::Int, "1", 1, 65536, "",
      "Micro-batches per optimizer step; the effective batch is micro_batch x accumulation x "
      "ranks."},
+    {"train.effective_batch", KeyType::Int, "0", 0, 1e9, "",
+     "Sequences per optimizer step over all ranks (micro_batch x accumulation x ranks); 0 = "
+     "whatever micro_batch and accumulation give. When set, accumulation is derived from it; with "
+     "micro_batch=auto the tuner picks the largest micro-batch that fits and divides it."},
+    {"train.autotune_margin", KeyType::Float, "0.05", 0, 0.9, "",
+     "micro_batch=auto: fraction of the memory budget kept free; a micro-batch fits when its "
+     "trial step peaks below (1 - margin) x budget."},
+    {"train.autotune_cache", KeyType::String, "", 0, 0, "",
+     "micro_batch=auto: JSON file remembering the result per model, settings, device and "
+     "memory.limit, so the next run skips the search; empty = train.output_dir/autotune.json, "
+     "off = no cache."},
     {"train.max_steps", KeyType::Int, "0", 0, 1e15, "",
      "Optimizer steps to run; 0 runs data.epochs passes over the training split."},
     {"train.precision", KeyType::Enum, "fp32", 0, 0, "fp32|bf16|fp16",
@@ -233,6 +246,7 @@ const char* key_type_name(KeyType t) {
 std::string key_allowed(const KeyDef& k) {
   switch (k.type) {
     case KeyType::Int:
+      return *k.choices ? range_text(k) + " or " + k.choices : range_text(k);
     case KeyType::Float:
       return range_text(k);
     case KeyType::Bool:
@@ -253,6 +267,8 @@ std::string validate_value(const KeyDef& k, const std::string& raw) {
   std::string v = trim(raw);
   switch (k.type) {
     case KeyType::Int: {
+      // An int key may also accept words listed in choices (train.micro_batch=auto).
+      if (*k.choices && in_choices(k.choices, lower(v))) return lower(v);
       errno = 0;
       char* end = nullptr;
       long long x = std::strtoll(v.c_str(), &end, 10);

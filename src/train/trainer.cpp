@@ -15,12 +15,15 @@
 #include "formats/safetensors_writer.h"
 #include "optim/grad_clip.h"
 #include "train/adapter_io.h"
+#include "train/autotune.h"
 
 namespace qlft {
 
 TrainSettings TrainSettings::from_config(const Config& c) {
   TrainSettings t;
-  t.micro_batch = static_cast<int>(c.get_int("train.micro_batch"));
+  t.micro_batch_auto = c.get("train.micro_batch") == "auto";
+  t.micro_batch = t.micro_batch_auto ? 1 : static_cast<int>(c.get_int("train.micro_batch"));
+  t.effective_batch = c.get_int("train.effective_batch");
   t.accumulation = static_cast<int>(c.get_int("train.accumulation"));
   t.max_steps = c.get_int("train.max_steps");
   t.precision = c.get("train.precision");
@@ -67,6 +70,9 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
   OptimSettings os = OptimSettings::from_config(cfg);
   init_dist(cfg, std::move(params));
   opt_ = make_optimizer(os, dp_->owned_params(), tracker);
+  // train.micro_batch=auto / train.effective_batch: trial steps (or the cache) set the batch
+  // shape before the data batches are made; the trainer is left as if none had run.
+  if (ts_.micro_batch_auto || ts_.effective_batch > 0) autotune_batch_shape(*this, cfg, 1);
 
   if (train_) {
     it_ = std::make_unique<data::BatchIterator>(train_->train_batches(ts_.micro_batch));
@@ -82,6 +88,14 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
 }
 
 Trainer::~Trainer() = default;
+
+void Trainer::set_batch_shape(int micro_batch, int accumulation) {
+  QLFT_CHECK_ARG(micro_batch >= 1 && accumulation >= 1,
+                 "micro_batch %d and accumulation %d must be positive", micro_batch, accumulation);
+  QLFT_CHECK_ARG(!it_ && step_ == 0, "the batch shape can only be set before training starts");
+  ts_.micro_batch = micro_batch;
+  ts_.accumulation = accumulation;
+}
 
 bool Trainer::done() const {
   if (!it_) return true;

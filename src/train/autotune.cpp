@@ -1,0 +1,323 @@
+#include "train/autotune.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "config/config.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "data/dataset.h"
+#include "formats/atomic_file.h"
+#include "train/planner.h"
+#include "train/trainer.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace qlft {
+
+namespace {
+
+// What the OS says could still be allocated without swapping (/proc/meminfo MemAvailable).
+uint64_t mem_available() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  uint64_t kib = 0;
+  std::string unit;
+  while (f >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return 0;
+}
+
+// Restores the tracker's limit and phase however the search ends.
+struct LimitGuard {
+  MemoryTracker* t;
+  uint64_t old;
+  ~LimitGuard() {
+    t->set_limit(old);
+    t->set_phase("setup");
+  }
+};
+
+std::string cache_path_of(const Config& cfg) {
+  const std::string p = cfg.get("train.autotune_cache");
+  if (p == "off") return "";
+  if (!p.empty()) return p;
+  return cfg.get("train.output_dir") + "/autotune.json";
+}
+
+nlohmann::json read_cache(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return nlohmann::json::object();
+  try {
+    nlohmann::json j = nlohmann::json::parse(f);
+    if (j.is_object() && j.contains("entries") && j["entries"].is_object()) return j;
+  } catch (const std::exception&) {
+  }
+  QLFT_LOG_W("%s: not an auto-tune cache, ignoring it (it will be rewritten)", path.c_str());
+  return nlohmann::json::object();
+}
+
+void write_cache(const std::string& path, const std::string& key, const AutotuneResult& r) {
+  try {
+    nlohmann::json j = read_cache(path);
+    j["version"] = 1;
+    nlohmann::json e;
+    e["micro_batch"] = r.micro_batch;
+    e["accumulation"] = r.accumulation;
+    e["max_fit"] = r.max_fit;
+    e["first_fail"] = r.first_fail;
+    e["trials"] = r.trials.size();
+    j["entries"][key] = e;
+    const size_t slash = path.rfind('/');
+    if (slash != std::string::npos && slash > 0) ::mkdir(path.substr(0, slash).c_str(), 0755);
+    write_file_atomic(path, j.dump(2) + "\n");
+  } catch (const std::exception& e) {
+    QLFT_LOG_W("could not write the auto-tune cache %s: %s", path.c_str(), e.what());
+  }
+}
+
+// The largest divisor of n that is at most cap (>= 1).
+int64_t largest_divisor_upto(int64_t n, int64_t cap) {
+  for (int64_t d = std::min(n, cap); d > 1; --d)
+    if (n % d == 0) return d;
+  return 1;
+}
+
+}  // namespace
+
+AutotuneResult search_micro_batch(const std::function<bool(int, uint64_t*)>& fits, int start,
+                                  int upper, int max_trials) {
+  QLFT_CHECK_ARG(upper >= 1, "auto-tune: the upper bound %d must be positive", upper);
+  AutotuneResult r;
+  r.upper = upper;
+  int lo = 0, hi = 0;  // the largest size that fit, the smallest that did not (0: none yet)
+  int c = std::clamp(start, 1, upper);
+  r.predicted = c;
+  int step = 1;  // doubles while the search walks away from the start
+  // Past max_trials the search only goes on while nothing has fit yet, halving (it must end
+  // with a size that trained).
+  while (static_cast<int>(r.trials.size()) < max_trials || lo == 0) {
+    AutotuneTrial tr;
+    tr.micro_batch = c;
+    tr.fits = fits(c, &tr.peak);
+    r.trials.push_back(tr);
+    if (tr.fits)
+      lo = std::max(lo, c);
+    else
+      hi = hi ? std::min(hi, c) : c;
+    if (lo == upper || (hi && hi == lo + 1)) break;  // converged
+    if (lo == 0) {  // nothing fit yet: back off by 1, 2, 4, ... but never more than half
+      if (hi == 1) break;
+      const bool over = static_cast<int>(r.trials.size()) >= max_trials;
+      c = std::max(1, over ? hi / 2 : hi - std::min(step, hi / 2));
+      step *= 2;
+    } else if (hi == 0) {  // nothing failed yet: up by 1, 2, 4, ... but at most doubling
+      c = std::min(upper, lo + std::min(step, lo));
+      step *= 2;
+    } else {  // bisect between the last fit and the first failure
+      c = lo + (hi - lo) / 2;
+    }
+  }
+  if (lo == 0)
+    throw_error(QLFT_ERR_OUT_OF_MEMORY,
+                "auto-tune: not even a micro-batch of 1 sequence fits the memory budget; raise "
+                "memory.limit, lower data.seq_len, enable train.grad_checkpointing or use "
+                "optim.name=paged_adamw8bit");
+  r.max_fit = lo;
+  r.first_fail = hi;
+  return r;
+}
+
+bool autotune_trial(Trainer& t, int micro_batch, int seq_len, bool second_forward, uint64_t* peak) {
+  MemoryTracker* tr = t.tracker();
+  const int vocab = t.model().cfg.vocab;
+  const int64_t R = static_cast<int64_t>(micro_batch) * seq_len;
+  // Synthetic rows, one document each, every target trained: the most a batch can hold (the
+  // cross-entropy chunk grows with the trained targets). Plain vectors, like data batches.
+  std::vector<int32_t> tokens(R), targets(R), pos(R), docs(R, 0);
+  for (int64_t i = 0; i < R; ++i) {
+    tokens[i] = static_cast<int32_t>((i * 7 + 1) % vocab);
+    targets[i] = static_cast<int32_t>((i * 13 + 5) % vocab);
+    pos[i] = static_cast<int32_t>(i % seq_len);
+  }
+  TokenBatch tb;
+  tb.batch = micro_batch;
+  tb.seq = seq_len;
+  tb.tokens = tokens.data();
+  tb.targets = targets.data();
+  tb.positions = pos.data();
+  tb.doc_ids = docs.data();
+  LlamaRunner& run = t.runner();
+  auto undo = [&] {
+    run.release();
+    t.lora().zero_grad();
+    tr->set_phase("setup");
+  };
+  tr->reset_peaks();
+  try {
+    const float scale = 1.f / static_cast<float>(R);
+    run.forward(tb, scale, /*dropout_seed=*/1);
+    run.backward();
+    // With accumulation the next micro-batch's forward runs beside the backward temporaries.
+    if (second_forward) run.forward(tb, scale, 2);
+  } catch (const Error& e) {
+    undo();
+    if (e.status() == QLFT_ERR_OUT_OF_MEMORY) return false;
+    throw;
+  } catch (...) {
+    undo();
+    throw;
+  }
+  if (peak) *peak = tr->snapshot().total_peak;
+  undo();
+  return true;
+}
+
+std::string autotune_cache_key(const Trainer& t, const Config& cfg, int ranks) {
+  const Model& m = t.model();
+  const TrainSettings& ts = t.settings();
+  int threads = 1;
+#ifdef _OPENMP
+  threads = omp_get_max_threads();
+#endif
+  const uint64_t limit = t.tracker()->limit();
+  Trainer& mt = const_cast<Trainer&>(t);
+  return strf(
+      "model=%s weights=%llu arch=%s layers=%d dim=%d vocab=%d; precision=%s "
+      "grad_checkpointing=%s seq_len=%s lora.r=%s lora.targets=%s lora.dropout=%s optim=%s "
+      "effective_batch=%lld accumulation=%d ranks=%d margin=%s; backend=%s threads=%d; "
+      "memory.limit=%s",
+      m.path.c_str(), static_cast<unsigned long long>(weight_footprint(m).bytes),
+      m.cfg.arch.c_str(), m.cfg.n_layers, m.cfg.dim, m.cfg.vocab, ts.precision.c_str(),
+      cfg.get("train.grad_checkpointing").c_str(), cfg.get("data.seq_len").c_str(),
+      cfg.get("lora.r").c_str(), mt.lora().config().targets_string().c_str(),
+      cfg.get("lora.dropout").c_str(), cfg.get("optim.name").c_str(),
+      static_cast<long long>(ts.effective_batch), ts.accumulation, ranks,
+      cfg.get("train.autotune_margin").c_str(), mt.runner().backend().name(), threads,
+      limit ? std::to_string(limit).c_str() : "free-ram");
+}
+
+AutotuneResult autotune_batch_shape(Trainer& t, const Config& cfg, int ranks) {
+  const TrainSettings ts = t.settings();
+  ranks = std::max(ranks, 1);
+  const int64_t E = ts.effective_batch;
+  AutotuneResult r;
+  if (!ts.micro_batch_auto) {
+    // A fixed micro-batch: accumulation follows from the effective batch.
+    const int64_t per = static_cast<int64_t>(ts.micro_batch) * ranks;
+    QLFT_CHECK_ARG(E % per == 0,
+                   "train.effective_batch %lld is not a multiple of train.micro_batch %d x %d "
+                   "rank(s)",
+                   static_cast<long long>(E), ts.micro_batch, ranks);
+    const int64_t acc = E / per;
+    QLFT_CHECK_ARG(!cfg.is_set("train.accumulation") || acc == ts.accumulation,
+                   "train.effective_batch %lld needs train.accumulation %lld with micro_batch %d "
+                   "and %d rank(s), but it is set to %d; leave it unset",
+                   static_cast<long long>(E), static_cast<long long>(acc), ts.micro_batch, ranks,
+                   ts.accumulation);
+    QLFT_CHECK_ARG(acc <= 65536, "train.effective_batch %lld needs %lld micro-batches per step",
+                   static_cast<long long>(E), static_cast<long long>(acc));
+    t.set_batch_shape(ts.micro_batch, static_cast<int>(acc));
+    r.micro_batch = ts.micro_batch;
+    r.accumulation = static_cast<int>(acc);
+    return r;
+  }
+  QLFT_CHECK_ARG(E % ranks == 0, "train.effective_batch %lld is not a multiple of the %d ranks",
+                 static_cast<long long>(E), ranks);
+  const int64_t per_rank = E / ranks;  // 0: nothing to hold
+  const int seq = static_cast<int>(cfg.get_int("data.seq_len"));
+  int64_t upper = 65536;
+  if (per_rank > 0) upper = std::min<int64_t>(upper, per_rank);
+  if (t.train_data())
+    upper = std::min<int64_t>(
+        upper, std::max<int64_t>(1, static_cast<int64_t>(t.train_data()->train().rows())));
+
+  MemoryTracker* tr = t.tracker();
+  const std::string cache = cache_path_of(cfg);
+  const std::string key = autotune_cache_key(t, cfg, ranks);
+  if (!cache.empty()) {
+    nlohmann::json j = read_cache(cache);
+    if (j.contains("entries") && j["entries"].contains(key)) {
+      const nlohmann::json& e = j["entries"][key];
+      if (e.is_object() && e.value("micro_batch", 0) >= 1 && e.value("accumulation", 0) >= 1 &&
+          e.value("micro_batch", 0) <= upper) {
+        r.micro_batch = e.value("micro_batch", 0);
+        r.accumulation = e.value("accumulation", 0);
+        r.max_fit = e.value("max_fit", r.micro_batch);
+        r.first_fail = e.value("first_fail", 0);
+        r.from_cache = true;
+        t.set_batch_shape(r.micro_batch, r.accumulation);
+        QLFT_LOG_I("auto-tune: micro_batch %d, accumulation %d (from %s)", r.micro_batch,
+                   r.accumulation, cache.c_str());
+        return r;
+      }
+    }
+  }
+
+  // The budget: memory.limit, or what is tracked now plus what the OS still has.
+  const uint64_t limit = tr->limit();
+  const uint64_t reserved = tr->total_reserved();
+  const uint64_t budget = limit ? limit : reserved + mem_available();
+  const double margin = cfg.get_float("train.autotune_margin");
+  const uint64_t trial_limit = static_cast<uint64_t>(static_cast<double>(budget) * (1.0 - margin));
+  if (trial_limit <= reserved)
+    throw_error(QLFT_ERR_OUT_OF_MEMORY,
+                "auto-tune: the memory budget (%s, less a %.0f%% margin) is already taken by the "
+                "model, adapter and optimizer (%s); raise memory.limit",
+                format_bytes(budget).c_str(), margin * 100, format_bytes(reserved).c_str());
+
+  // Start where the planner says the largest fit is. What the tracker holds beyond the
+  // planner's persistent categories (another model, say) comes off the budget.
+  const bool accumulates_anyway = per_rank == 0 && ts.accumulation > 1;
+  PlanSettings ps = PlanSettings::from_config(cfg);
+  ps.accumulation = (per_rank > 0 || ts.accumulation > 1) ? 2 : 1;
+  const WeightFootprint w = weight_footprint(t.model());
+  ps.micro_batch = 1;
+  const MemoryPlan one = plan_memory(t.model().cfg, w, ps);
+  const uint64_t persistent =
+      one.train[int(MemCategory::Weights)] + one.train[int(MemCategory::Adapter)] +
+      one.train[int(MemCategory::Gradients)] + one.train[int(MemCategory::Optimizer)];
+  const uint64_t other = reserved > persistent ? reserved - persistent : 0;
+  const int start =
+      plan_max_micro_batch(t.model().cfg, w, ps, trial_limit - other, static_cast<int>(upper));
+
+  LimitGuard guard{tr, limit};
+  tr->set_limit(trial_limit);
+  auto fits = [&](int m, uint64_t* peak) {
+    const bool second = accumulates_anyway || (per_rank > 0 && m < per_rank);
+    return autotune_trial(t, m, seq, second, peak);
+  };
+  AutotuneResult s = search_micro_batch(fits, std::max(start, 1), static_cast<int>(upper));
+  s.predicted = start;
+  s.budget = trial_limit;
+  int64_t micro = s.max_fit, acc = ts.accumulation;
+  if (per_rank > 0) {
+    micro = largest_divisor_upto(per_rank, s.max_fit);
+    acc = per_rank / micro;
+    QLFT_CHECK_ARG(acc <= 65536, "train.effective_batch %lld needs %lld micro-batches per step",
+                   static_cast<long long>(E), static_cast<long long>(acc));
+  }
+  s.micro_batch = static_cast<int>(micro);
+  s.accumulation = static_cast<int>(acc);
+  t.set_batch_shape(s.micro_batch, s.accumulation);
+  tr->reset_peaks();
+  std::string tried;
+  for (const AutotuneTrial& x : s.trials) tried += strf(" %d%s", x.micro_batch, x.fits ? "" : "!");
+  QLFT_LOG_I(
+      "auto-tune: micro_batch %d, accumulation %d (largest fit %d, first failure %d, planner "
+      "predicted %d; trials:%s; budget %s)",
+      s.micro_batch, s.accumulation, s.max_fit, s.first_fail, start, tried.c_str(),
+      format_bytes(trial_limit).c_str());
+  if (!cache.empty()) write_cache(cache, key, s);
+  return s;
+}
+
+}  // namespace qlft

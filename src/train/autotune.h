@@ -1,0 +1,76 @@
+// The micro-batch auto-tuner (train.micro_batch = auto) and the effective-batch rule.
+//
+// The search tries real training micro-batches: a forward and backward of micro_batch rows of
+// full data.seq_len length with every target trained (the most memory a batch can take), and a
+// second forward beside the kept backward temporaries when the step will accumulate. A trial
+// "fits" when it peaks below (1 - train.autotune_margin) x the budget (memory.limit, or the
+// tracked bytes plus the OS's MemAvailable when the limit is 0); past it the tracker throws
+// QLFT_ERR_OUT_OF_MEMORY and the trial is undone.
+//
+// Search: start at the memory planner's prediction. On failure go down, by 1, 2, 4, ... sizes
+// but never more than halving (the planner is usually off by little; far off this is plain
+// halving); on success go up the same way (at most doubling); once a fit and a failure are
+// known, bisect between the last fit and the first failure. It ends when the largest fitting
+// size m and a failing m + 1 are both known (or m is the upper bound), after at most 6 trials
+// (otherwise the largest fit found is kept; with no fit yet it goes on halving). The upper
+// bound is
+// train.effective_batch / ranks when set, else the training rows (at most 65536).
+//
+// Accumulation: with train.effective_batch = E, micro_batch becomes the largest divisor of E /
+// ranks not above m and accumulation = E / (ranks x micro_batch), so every step sees exactly E
+// rows. Without it accumulation stays train.accumulation.
+//
+// Every trial leaves the trainer as it was: gradients zeroed, activations and workspace freed,
+// no optimizer step, no data consumed (batches are synthetic), no RNG drawn (dropout masks are
+// functions of the step). The tracker's peaks restart after the search. The result is cached in
+// a JSON file keyed by model, settings, device and memory.limit.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace qlft {
+
+class Config;
+class Trainer;
+
+struct AutotuneTrial {
+  int micro_batch = 0;
+  bool fits = false;
+  uint64_t peak = 0;  // the trial's peak tracked bytes (when it fit)
+};
+
+struct AutotuneResult {
+  int micro_batch = 0;   // what the trainer uses
+  int accumulation = 0;  // what the trainer uses
+  int max_fit = 0;       // the largest micro-batch that trained without running out of memory
+  int first_fail = 0;    // the smallest that ran out (0: none did; max_fit is the upper bound)
+  int predicted = 0;     // the planner's largest fit (the search's start)
+  int upper = 0;         // the largest size considered
+  uint64_t budget = 0;   // bytes the trials could use: (1 - margin) x memory budget
+  bool from_cache = false;
+  std::vector<AutotuneTrial> trials;
+};
+
+constexpr int kAutotuneMaxTrials = 6;
+
+// The search alone over a fits(m) oracle: start in [1, upper]. Throws QLFT_ERR_OUT_OF_MEMORY
+// when not even 1 fits.
+AutotuneResult search_micro_batch(const std::function<bool(int, uint64_t*)>& fits, int start,
+                                  int upper, int max_trials = kAutotuneMaxTrials);
+
+// One trial: a forward + backward (and with second_forward another forward) of micro_batch rows
+// of seq_len tokens on the trainer's runner, under its tracker's current limit. true if it fit
+// (*peak gets its peak total); false on QLFT_ERR_OUT_OF_MEMORY. Leaves the trainer as it was.
+bool autotune_trial(Trainer& t, int micro_batch, int seq_len, bool second_forward, uint64_t* peak);
+
+// What the trainer constructor calls for train.micro_batch=auto or train.effective_batch > 0:
+// validates the effective batch, searches (or reads the cache) and calls t.set_batch_shape.
+AutotuneResult autotune_batch_shape(Trainer& t, const Config& cfg, int ranks);
+
+// The cache key of a trainer's search (model, settings, device, memory.limit).
+std::string autotune_cache_key(const Trainer& t, const Config& cfg, int ranks);
+
+}  // namespace qlft
