@@ -1,7 +1,9 @@
 #include "model/llama.h"
 
 #include <array>
+#include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "backend/dropout.h"
 #include "core/error.h"
@@ -411,6 +413,89 @@ void LlamaRunner::backward() {
     layer_bwd(l, *a, resid_[l].as<float>(), l > 0);
   }
   have_forward_ = false;
+}
+
+// ---- non-finite diagnosis ----------------------------------------------------------------------
+
+namespace {
+bool has_nonfinite(const float* p, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(p[i])) return true;
+  return false;
+}
+bool has_nonfinite(const Buffer& b) {
+  return has_nonfinite(b.as<float>(), static_cast<int64_t>(b.size() / sizeof(float)));
+}
+}  // namespace
+
+std::string LlamaRunner::locate_nonfinite(const TokenBatch& b, float grad_scale,
+                                          uint64_t dropout_seed) {
+  const ModelConfig& c = model_.cfg;
+  const std::vector<bool> saved_ckpt = ckpt_;
+  auto restore = [&] {
+    release();
+    ckpt_ = saved_ckpt;
+  };
+  std::string where;
+  try {
+    // Every layer stores its activations, so each can be inspected after one plain forward:
+    // each tensor is computed from earlier ones, so the first non-finite one in computation
+    // order is where the value appeared.
+    for (int l = 0; l < c.n_layers; ++l) ckpt_[l] = false;
+    stored_.clear();
+    if (lora_) lora_->zero_grad();
+    dropout_seed_ = dropout_seed;
+    LossResult res = run_forward(b, true, grad_scale, MatF());
+    auto fwd = [&]() -> std::string {
+      if (has_nonfinite(resid_[0])) return "token embedding output (forward)";
+      for (int l = 0; l < c.n_layers; ++l) {
+        const LayerActs& a = *stored_[l];
+        const std::pair<const Buffer*, const char*> order[] = {
+            {&a.xn1, "input_layernorm output"},
+            {&a.q, "self_attn q_proj output"},
+            {&a.k, "self_attn k_proj output"},
+            {&a.v, "self_attn v_proj output"},
+            {&a.att, "self_attn attention output"},
+            {&a.x_mid, "self_attn o_proj output (after the residual add)"},
+            {&a.xn2, "post_attention_layernorm output"},
+            {&a.gate, "mlp gate_proj output"},
+            {&a.up, "mlp up_proj output"},
+            {&a.hact, "mlp SwiGLU output"},
+            {&resid_[l + 1], "mlp down_proj output (after the residual add)"}};
+        for (const auto& [buf, name] : order)
+          if (has_nonfinite(*buf)) return strf("layer %d %s (forward)", l, name);
+      }
+      if (has_nonfinite(xnf_)) return "final norm output (forward)";
+      if (!std::isfinite(res.loss_sum)) return "cross-entropy loss of the output head";
+      if (has_nonfinite(dxnf_)) return "loss gradient at the output head (backward)";
+      return "";
+    };
+    where = fwd();
+    if (where.empty() && lora_) {
+      backward();
+      // Backward runs from the last layer down and a non-finite gradient spreads to every
+      // earlier layer, so the highest layer with one is where it appeared; inside a layer the
+      // projections' gradients are computed down, gate, up, o, then q, k, v.
+      const Proj order[] = {Proj::Down, Proj::Gate, Proj::Up, Proj::O, Proj::Q, Proj::K, Proj::V};
+      for (int l = c.n_layers - 1; l >= 0 && where.empty(); --l)
+        for (Proj p : order) {
+          const LoraSlot& s = lora_->slot(l, p);
+          if (!s.active()) continue;
+          const char* group = static_cast<int>(p) < 4 ? "self_attn" : "mlp";
+          const char* part = has_nonfinite(s.dB) ? "lora_B" : has_nonfinite(s.dA) ? "lora_A" : "";
+          if (*part) {
+            where =
+                strf("layer %d %s %s %s gradient (backward)", l, group, proj_peft_name(p), part);
+            break;
+          }
+        }
+    }
+  } catch (...) {
+    restore();
+    throw;
+  }
+  restore();
+  return where;
 }
 
 }  // namespace qlft

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
@@ -86,6 +87,12 @@ class LlamaRunner {
   void release();
 
   const Model& model() const { return model_; }
+  // Diagnostic for train.on_nonfinite=stop: reruns the training forward and backward of b with
+  // every layer's activations kept, and names the first tensor in computation order that holds
+  // a NaN or inf (e.g. "layer 3 mlp down_proj output (forward)"); "" when all are finite.
+  // Overwrites the LoRA gradients and frees the activations: use it on a discarded step only.
+  std::string locate_nonfinite(const TokenBatch& b, float grad_scale, uint64_t dropout_seed);
+
   Backend& backend() { return be_; }
   LoraAdapter* lora() { return lora_; }
 

@@ -19,6 +19,37 @@
 
 namespace qlft {
 
+namespace {
+
+// Where a step's non-finite value first appeared: each micro-batch is rerun layer by layer
+// (LlamaRunner::locate_nonfinite) until one shows it. Never throws: a failure to diagnose is
+// reported in the text instead of replacing the numerical error.
+template <class SeedFn>
+std::string locate_nonfinite(LlamaRunner& runner, const std::vector<data::Batch>& batches,
+                             float grad_scale, SeedFn seed) {
+  try {
+    for (size_t i = 0; i < batches.size(); ++i) {
+      const data::Batch& b = batches[i];
+      if (b.trained_tokens == 0) continue;
+      TokenBatch tb;
+      tb.batch = b.micro_batch;
+      tb.seq = b.seq_len;
+      tb.tokens = b.tokens.data();
+      tb.targets = b.targets.data();
+      tb.positions = b.positions.empty() ? nullptr : b.positions.data();
+      tb.doc_ids = b.doc_ids.empty() ? nullptr : b.doc_ids.data();
+      std::string where = runner.locate_nonfinite(tb, grad_scale, seed(static_cast<int>(i)));
+      if (!where.empty())
+        return batches.size() > 1 ? strf("%s, micro-batch %zu", where.c_str(), i) : where;
+    }
+    return "not reproduced when the step was rerun layer by layer";
+  } catch (const std::exception& e) {
+    return strf("could not be located (%s)", e.what());
+  }
+}
+
+}  // namespace
+
 TrainSettings TrainSettings::from_config(const Config& c) {
   TrainSettings t;
   t.micro_batch_auto = c.get("train.micro_batch") == "auto";
@@ -137,6 +168,7 @@ void Trainer::step_on(const std::vector<data::Batch>& batches, StepReport* out) 
   QLFT_CHECK_ARG(!batches.empty() || world() > 1, "step_on: no micro-batches");
   auto t0 = std::chrono::steady_clock::now();
   StepReport r;
+  std::string nonfinite_where;  // set when this step ends training (train.on_nonfinite=stop)
   try {
     lora_->zero_grad();  // the previous step's gradients stay readable until here
     int64_t n = 0;
@@ -186,6 +218,11 @@ void Trainer::step_on(const std::vector<data::Batch>& batches, StepReport* out) 
     if (found_inf || !clip.finite || n == 0) {
       r.skipped = true;
       ++nonfinite_in_row_;
+      if (ts_.stop_on_nonfinite && nonfinite_in_row_ >= ts_.max_nonfinite_in_row)
+        nonfinite_where = n == 0
+                              ? "no trained tokens in the step (every target is masked)"
+                              : locate_nonfinite(*runner_, batches, scale / static_cast<float>(n),
+                                                 [&](int i) { return dropout_seed(step_, i); });
     } else {
       opt_->step(r.lr);
       dp_->gather_params();  // ZeRO 1-2: every rank gets the tensors others updated
@@ -208,8 +245,9 @@ void Trainer::step_on(const std::vector<data::Batch>& batches, StepReport* out) 
   if (r.skipped && ts_.stop_on_nonfinite && nonfinite_in_row_ >= ts_.max_nonfinite_in_row)
     throw_error(QLFT_ERR_NUMERICAL,
                 "%lld steps in a row had non-finite gradients (last at step %lld, loss %g); "
-                "lower optim.lr or use train.precision=bf16",
-                static_cast<long long>(nonfinite_in_row_), static_cast<long long>(step_), r.loss);
+                "first non-finite value: %s; lower optim.lr or use train.precision=bf16",
+                static_cast<long long>(nonfinite_in_row_), static_cast<long long>(step_), r.loss,
+                nonfinite_where.c_str());
 }
 
 EvalReport Trainer::evaluate(const data::Dataset& d, bool eval_split) {
