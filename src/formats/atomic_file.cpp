@@ -4,6 +4,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -14,6 +16,33 @@ namespace qlft {
 
 namespace {
 constexpr size_t kBufferBytes = size_t(1) << 20;
+
+// The injected fault (set_io_fault_for_testing); -1: no budget.
+std::atomic<int64_t> g_write_budget{-1};
+std::atomic<bool> g_fail_fsync{false};
+std::atomic<int> g_fault_errno{ENOSPC};
+
+// ::write with the injected budget applied: short write at the budget, then `err`.
+ssize_t write_with_faults(int fd, const char* p, size_t n) {
+  int64_t budget = g_write_budget.load(std::memory_order_relaxed);
+  if (budget < 0) return ::write(fd, p, n);
+  if (budget == 0) {
+    errno = g_fault_errno.load();
+    return -1;
+  }
+  size_t allowed = std::min<size_t>(n, static_cast<size_t>(budget));
+  ssize_t w = ::write(fd, p, allowed);
+  if (w > 0) g_write_budget.fetch_sub(w);
+  return w;
+}
+
+int fsync_with_faults(int fd) {
+  if (g_fail_fsync.load(std::memory_order_relaxed)) {
+    errno = g_fault_errno.load();
+    return -1;
+  }
+  return ::fsync(fd);
+}
 
 std::string dirname_of(const std::string& p) {
   size_t s = p.rfind('/');
@@ -46,7 +75,7 @@ void AtomicFile::fail(const char* what, int err) {
 
 void AtomicFile::write_all(const char* p, size_t left) {
   while (left > 0) {
-    ssize_t n = ::write(fd_, p, left);
+    ssize_t n = write_with_faults(fd_, p, left);
     if (n < 0) {
       if (errno == EINTR) continue;
       fail("write", errno);
@@ -86,7 +115,7 @@ void AtomicFile::commit() {
   if (committed_) return;
   if (fd_ < 0) throw_error(QLFT_ERR_INTERNAL, "%s: commit after failure", path_.c_str());
   flush_buffer();
-  if (::fsync(fd_) != 0) fail("fsync", errno);
+  if (fsync_with_faults(fd_) != 0) fail("fsync", errno);
   int fd = fd_;
   fd_ = -1;
   if (::close(fd) != 0) {
@@ -113,6 +142,12 @@ void write_file_atomic(const std::string& path, std::string_view content) {
   AtomicFile f(path);
   f.write(content);
   f.commit();
+}
+
+void set_io_fault_for_testing(const IoFault& f) {
+  g_fault_errno.store(f.err);
+  g_fail_fsync.store(f.fail_fsync);
+  g_write_budget.store(f.write_budget);
 }
 
 }  // namespace qlft

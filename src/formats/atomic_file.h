@@ -4,6 +4,7 @@
 // never a half-written file.
 #pragma once
 
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -48,5 +49,17 @@ class AtomicFile {
 
 // Writes a whole file atomically.
 void write_file_atomic(const std::string& path, std::string_view content);
+
+// Test-only fault injection for every AtomicFile in the process (disk full and friends).
+// write_budget >= 0: that many more bytes reach the disk, the write that crosses the budget is
+// cut short there (a short write, as the kernel does when a disk fills), and every later write
+// fails with `err`. fail_fsync: commit()'s fsync fails with `err` (a delayed write error).
+// Reset with IoFault{}.
+struct IoFault {
+  int64_t write_budget = -1;
+  bool fail_fsync = false;
+  int err = ENOSPC;
+};
+void set_io_fault_for_testing(const IoFault& f);
 
 }  // namespace qlft
