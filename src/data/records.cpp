@@ -227,16 +227,18 @@ size_t line_of(std::string_view s, size_t pos) {
          static_cast<size_t>(std::count(s.begin(), s.begin() + static_cast<ptrdiff_t>(pos), '\n'));
 }
 
-std::string trim_newlines(std::string_view s) {
+std::string_view trim_newlines(std::string_view s) {
   size_t b = 0, e = s.size();
   while (b < e && (s[b] == '\n' || s[b] == '\r')) ++b;
   while (e > b && (s[e - 1] == '\n' || s[e - 1] == '\r')) --e;
-  return std::string(s.substr(b, e - b));
+  return s.substr(b, e - b);
 }
 
 void read_txt(const std::string& path, std::string_view s, const ReadOptions& opt, DropLog& log,
               std::vector<Record>& out) {
-  auto emit = [&](std::string text, size_t line, bool check_size) {
+  // Takes a view into the mapped file and copies only a document that is kept, so an oversized
+  // one (a 1 GB line) is refused without ever being held in memory.
+  auto emit = [&](std::string_view text, size_t line, bool check_size) {
     std::string where = path + ":" + std::to_string(line);
     if (is_blank(text)) return;  // empty pieces between separators are not records
     if (check_size && opt.max_record_bytes && text.size() > opt.max_record_bytes) {
@@ -247,12 +249,12 @@ void read_txt(const std::string& path, std::string_view s, const ReadOptions& op
     }
     Record r;
     r.format = DataFormat::Text;
-    r.text = std::move(text);
+    r.text = std::string(text);
     r.where = std::move(where);
     out.push_back(std::move(r));
   };
   if (opt.separator.empty()) {
-    emit(std::string(s), 1, false);  // the whole file is one document, split later by length
+    emit(s, 1, false);  // the whole file is one document, split later by length
     return;
   }
   if (opt.separator == "\n\n") {
@@ -264,7 +266,7 @@ void read_txt(const std::string& path, std::string_view s, const ReadOptions& op
       std::string_view ln = s.substr(pos, end - pos);
       if (is_blank(ln)) {
         if (doc_begin != std::string::npos)
-          emit(std::string(s.substr(doc_begin, doc_end - doc_begin)), doc_line, true);
+          emit(s.substr(doc_begin, doc_end - doc_begin), doc_line, true);
         doc_begin = std::string::npos;
       } else {
         if (doc_begin == std::string::npos) {
@@ -278,7 +280,7 @@ void read_txt(const std::string& path, std::string_view s, const ReadOptions& op
       ++line;
     }
     if (doc_begin != std::string::npos)
-      emit(std::string(s.substr(doc_begin, doc_end - doc_begin)), doc_line, true);
+      emit(s.substr(doc_begin, doc_end - doc_begin), doc_line, true);
     return;
   }
   size_t pos = 0, line = 1, counted = 0;

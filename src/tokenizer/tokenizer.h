@@ -45,6 +45,11 @@ enum class TokenType : int32_t {
 
 class Tokenizer {
  public:
+  // The largest vocabulary (and token id + 1) accepted from a file: 16x the largest real
+  // vocabularies (~262k). Bigger ones are QLFT_ERR_FORMAT before any per-token memory is taken:
+  // building the lookup tables costs ~250 bytes and many hash lookups per token.
+  static constexpr int64_t kMaxVocab = int64_t(1) << 22;
+
   // From a GGUF file's tokenizer.ggml.* metadata. QLFT_ERR_FORMAT names the key when the
   // metadata is missing or malformed; QLFT_ERR_UNSUPPORTED for unknown models / pre-tokenizers.
   static std::unique_ptr<Tokenizer> from_gguf(const GgufFile& gguf);

@@ -63,8 +63,10 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& g) {
   const std::string model(mv->str);
 
   const GgufValue* tv = array_key(g, "tokenizer.ggml.tokens", true, 1, true);
-  QLFT_CHECK_FORMAT(tv->count < (1u << 31), "%s: 'tokenizer.ggml.tokens' has too many entries",
-                    path);
+  QLFT_CHECK_FORMAT(tv->count <= static_cast<uint64_t>(kMaxVocab),
+                    "%s: 'tokenizer.ggml.tokens' has %llu entries; at most %lld are supported",
+                    path, static_cast<unsigned long long>(tv->count),
+                    static_cast<long long>(kMaxVocab));
   const int64_t n = static_cast<int64_t>(tv->count);
   const GgufValue* sv = array_key(g, "tokenizer.ggml.scores", false, n, false);
   const GgufValue* yv = array_key(g, "tokenizer.ggml.token_type", false, n, false);

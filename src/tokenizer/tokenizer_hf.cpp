@@ -91,8 +91,9 @@ std::unique_ptr<Tokenizer> Tokenizer::from_hf_json_text(const std::string& text,
   int64_t max_id = -1;
   auto check_id = [&](const json& v, const std::string& tok) {
     QLFT_CHECK_FORMAT(
-        v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < (int64_t(1) << 30),
-        "%s: token '%s' has an invalid id", what.c_str(), tok.c_str());
+        v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < kMaxVocab,
+        "%s: token '%s' has an invalid id (ids are 0..%lld; the table is sized by the largest)",
+        what.c_str(), tok.c_str(), static_cast<long long>(kMaxVocab - 1));
     max_id = std::max(max_id, v.get<int64_t>());
     return static_cast<int32_t>(v.get<int64_t>());
   };
