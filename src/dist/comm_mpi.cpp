@@ -17,6 +17,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <string>
 #include <vector>
 
@@ -93,6 +94,11 @@ class MpiCommunicator final : public Communicator {
     int fin = 0;
     MPI_Finalized(&fin);
     if (fin) return;
+    for (MPI_Request& r : probe_req_)
+      if (r != MPI_REQUEST_NULL) {
+        MPI_Cancel(&r);
+        MPI_Request_free(&r);
+      }
     MPI_Comm_free(&ctl_);
     MPI_Comm_free(&comm_);
   }
@@ -194,12 +200,19 @@ class MpiCommunicator final : public Communicator {
     throw_error(QLFT_ERR_DISTRIBUTED, "%s", msg.c_str());
   }
 
-  // Polls req until it completes, an error comes back, or the timeout passes. The first polls
-  // only yield (small collectives finish in microseconds); later ones sleep up to 1 ms.
+  // Polls req until it completes, an error comes back, or dist.timeout_s passes. The first
+  // polls only yield (small collectives finish in microseconds); later ones sleep up to 1 ms.
+  //
+  // Naming the culprit: at 80% of the timeout this rank starts a liveness probe (below) and
+  // keeps polling the collective, which may still complete; at the timeout the ranks that sent
+  // no probe for this collective are named. A peer stuck in the same collective probes at about
+  // the same moment; a dead one never does. The whole failure stays within dist.timeout_s.
   void wait(MPI_Request* req, const char* what, size_t bytes) {
     using clock = std::chrono::steady_clock;
     const auto t0 = clock::now();
+    const uint64_t seq = ++seq_;
     long sleep_ns = 0;
+    bool probing = false;
     for (int polls = 0;; ++polls) {
       int done = 0;
       int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
@@ -208,7 +221,12 @@ class MpiCommunicator final : public Communicator {
                   mpi_error_text(rc).c_str()));
       if (done) return;
       const double waited = std::chrono::duration<double>(clock::now() - t0).count();
-      if (waited > timeout_s_) fail(timeout_message(what, bytes, waited));
+      if (!probing && waited > 0.8 * timeout_s_) {
+        start_probe(seq);
+        probing = true;
+      }
+      if (probing) poll_probes(seq);
+      if (waited > timeout_s_) fail(timeout_message(what, bytes, waited, seq));
       if (polls < 256) {
         sched_yield();
       } else {
@@ -219,58 +237,67 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
-  // Which peers are alive? Every rank that times out sends a token to every other rank on a
-  // separate communicator and listens for theirs for a grace period; silent ranks are named.
-  // (A peer stuck in the same collective times out at about the same moment and answers.)
-  std::string timeout_message(const char* what, size_t bytes, double waited) {
-    std::vector<int> silent;
-    const double grace = std::clamp(timeout_s_ * 0.25, 0.5, 5.0);
-    // Sends may never complete (a dead peer): their buffers must outlive this call.
-    static int token = 0;
-    token = rank_;
-    std::vector<int> got(world_, -1);
-    std::vector<MPI_Request> recv(world_, MPI_REQUEST_NULL);
+  // Sends this collective's sequence number to every peer on the control communicator and
+  // makes sure a receive is posted from each. Probes of earlier collectives that completed in
+  // the end are still in flight; poll_probes skips them by their older number.
+  void start_probe(uint64_t seq) {
+    if (probe_in_.empty()) {
+      probe_in_.assign(world_, 0);
+      probe_req_.assign(world_, MPI_REQUEST_NULL);
+      alive_seq_.assign(world_, 0);
+    }
+    // Sends may never complete (a dead peer): their buffers live as long as the communicator.
+    probe_out_.push_back(seq);
+    const uint64_t* buf = &probe_out_.back();
     for (int p = 0; p < world_; ++p) {
       if (p == rank_) continue;
       MPI_Request s;
-      if (MPI_Isend(&token, 1, MPI_INT, p, kDiagTag, ctl_, &s) == MPI_SUCCESS) MPI_Request_free(&s);
-      MPI_Irecv(&got[p], 1, MPI_INT, p, kDiagTag, ctl_, &recv[p]);
+      if (MPI_Isend(buf, 1, MPI_UINT64_T, p, kDiagTag, ctl_, &s) == MPI_SUCCESS)
+        MPI_Request_free(&s);
+      if (probe_req_[p] == MPI_REQUEST_NULL)
+        MPI_Irecv(&probe_in_[p], 1, MPI_UINT64_T, p, kDiagTag, ctl_, &probe_req_[p]);
     }
-    const auto t0 = std::chrono::steady_clock::now();
-    std::vector<bool> answered(world_, false);
-    answered[rank_] = true;
-    while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < grace) {
-      bool all = true;
-      for (int p = 0; p < world_; ++p) {
-        if (answered[p]) continue;
+  }
+
+  void poll_probes(uint64_t seq) {
+    for (int p = 0; p < world_; ++p) {
+      // Drain what has arrived: each completed receive is re-posted for the next probe.
+      while (p != rank_ && alive_seq_[p] < seq && probe_req_[p] != MPI_REQUEST_NULL) {
         int done = 0;
-        if (MPI_Test(&recv[p], &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done)
-          answered[p] = true;
-        else
-          all = false;
+        if (MPI_Test(&probe_req_[p], &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || !done) break;
+        alive_seq_[p] = std::max(alive_seq_[p], probe_in_[p]);
+        MPI_Irecv(&probe_in_[p], 1, MPI_UINT64_T, p, kDiagTag, ctl_, &probe_req_[p]);
       }
-      if (all) break;
-      timespec ts{0, 2000000};
-      nanosleep(&ts, nullptr);
     }
-    for (int p = 0; p < world_; ++p)
-      if (!answered[p]) silent.push_back(p);
-    // recv requests of silent ranks stay posted; the communicator is not used again.
+  }
+
+  std::string timeout_message(const char* what, size_t bytes, double waited, uint64_t seq) {
     std::string who;
-    for (int p : silent) who += (who.empty() ? "" : ", ") + std::to_string(p);
-    if (silent.empty())
+    size_t silent = 0;
+    for (int p = 0; p < world_; ++p)
+      if (p != rank_ && alive_seq_[p] < seq) {
+        who += (who.empty() ? "" : ", ") + std::to_string(p);
+        ++silent;
+      }
+    if (silent == 0)
       return strf(
           "%s (%zu bytes) timed out after %.1f s (dist.timeout_s) on rank %d of %d; every rank "
           "is alive, so the ranks are out of step (they called different collectives)",
           what, bytes, waited, rank_, world_);
     return strf(
         "%s (%zu bytes) timed out after %.1f s (dist.timeout_s) on rank %d of %d: rank%s %s did "
-        "not respond (died or hangs); resume from the last checkpoint",
-        what, bytes, waited, rank_, world_, silent.size() > 1 ? "s" : "", who.c_str());
+        "not reach it (died or hangs); resume from the last checkpoint",
+        what, bytes, waited, rank_, world_, silent > 1 ? "s" : "", who.c_str());
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL, ctl_ = MPI_COMM_NULL;
   int rank_ = 0, world_ = 1, local_rank_ = 0;
+  uint64_t seq_ = 0;  // collectives started: the same sequence on every rank
+  // Liveness probes (see wait): per peer the posted receive, its buffer and the newest
+  // collective it was seen waiting in; the numbers this rank sent.
+  std::vector<uint64_t> probe_in_, alive_seq_;
+  std::vector<MPI_Request> probe_req_;
+  std::deque<uint64_t> probe_out_;
 };
 
 }  // namespace

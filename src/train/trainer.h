@@ -37,8 +37,6 @@ struct TrainSettings {
   int accumulation = 1;
   bool micro_batch_auto = false;  // train.micro_batch=auto: train/autotune.h picks it
   int64_t effective_batch = 0;    // train.effective_batch (0: micro_batch x accumulation)
-  bool micro_batch_auto = false;  // train.micro_batch=auto: train/autotune.h picks it
-  int64_t effective_batch = 0;    // train.effective_batch (0: micro_batch x accumulation)
   int64_t max_steps = 0;            // 0: one pass over data.epochs
   std::string precision = "fp32";   // fp32 | bf16 | fp16
   int checkpoint_every_layers = 0;  // gradient checkpointing: 0 off, 1 every layer, N every N-th
@@ -100,10 +98,6 @@ class Trainer {
   const LoraAdapter& lora() const { return *lora_; }
   LlamaRunner& runner() { return *runner_; }
   const TrainSettings& settings() const { return ts_; }
-  // Sets micro_batch and accumulation; only before the trainer has data batches (the
-  // auto-tuner calls it from the constructor, before they are made).
-  void set_batch_shape(int micro_batch, int accumulation);
-  const data::Dataset* train_data() const { return train_; }
   // Sets micro_batch and accumulation; only before the trainer has data batches (the
   // auto-tuner calls it from the constructor, before they are made).
   void set_batch_shape(int micro_batch, int accumulation);

@@ -11,6 +11,10 @@ timeout 120 "${mpi[@]}" "$worker" train "$model" "$data" "$work/resume2.txt" "${
   "w.resume=$work/ckpt.safetensors"
 "$worker" train "$model" "$data" "$work/resume1.txt" "${common[@]}" train.accumulation=2 \
   "w.resume=$work/ckpt.safetensors"
+# The resumed curves start after the checkpoint (else the comparison would be vacuous).
+for f in resume2 resume1; do
+  [ "$(head -n1 "$work/$f.txt" | cut -d' ' -f1)" = 3 ] || { echo "$f did not resume at step 3"; exit 1; }
+done
 echo "resumed on 2 ranks:"
 "$worker" compare "$work/resume2.txt" "$work/full.txt" 0 3
 echo "resumed on 1 rank:"
