@@ -1,6 +1,5 @@
 #include "core/memory.h"
 
-#include <sys/mman.h>
 #include <sys/resource.h>
 
 #include <cctype>
@@ -72,54 +71,18 @@ uint64_t MemoryTracker::total_reserved() const {
   return total_;
 }
 
-namespace {
-
-// Large buffers come straight from mmap: the kernel hands out zeroed pages, so the memset that
-// malloc'd memory needs (a second full pass over every activation and workspace buffer, about
-// 4% of a training step) is skipped. Under AddressSanitizer everything goes through malloc so
-// overflows still hit redzones.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr size_t kMmapBytes = SIZE_MAX;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr size_t kMmapBytes = SIZE_MAX;
-#else
-constexpr size_t kMmapBytes = size_t(256) << 10;
-#endif
-#else
-constexpr size_t kMmapBytes = size_t(256) << 10;
-#endif
-
-void* zeroed_alloc(size_t rounded) {
-  if (rounded >= kMmapBytes) {
-    void* p = mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    return p == MAP_FAILED ? nullptr : p;
-  }
-  void* p = std::aligned_alloc(64, rounded);
-  if (p) std::memset(p, 0, rounded);
-  return p;
-}
-
-void zeroed_free(void* p, size_t rounded) {
-  if (rounded >= kMmapBytes)
-    munmap(p, rounded);
-  else
-    std::free(p);
-}
-
-}  // namespace
-
 Buffer::Buffer(MemoryTracker* tracker, MemCategory c, size_t bytes, const char* what)
     : tracker_(tracker), cat_(c) {
   if (bytes == 0) return;
   size_t rounded = (bytes + 63) / 64 * 64;
   if (tracker_) tracker_->acquire(c, rounded, what);
-  data_ = zeroed_alloc(rounded);
+  data_ = std::aligned_alloc(64, rounded);
   if (!data_) {
     if (tracker_) tracker_->release(c, rounded);
     throw_error(QLFT_ERR_OUT_OF_MEMORY, "the OS refused %s of %s (%s)",
                 format_bytes(rounded).c_str(), mem_category_name(c), what ? what : "");
   }
+  std::memset(data_, 0, rounded);
   size_ = bytes;
 }
 
@@ -129,9 +92,8 @@ Buffer::~Buffer() {
 
 void Buffer::reset() noexcept {
   if (data_) {
-    const size_t rounded = (size_ + 63) / 64 * 64;
-    zeroed_free(data_, rounded);
-    if (tracker_) tracker_->release(cat_, rounded);
+    std::free(data_);
+    if (tracker_) tracker_->release(cat_, (size_ + 63) / 64 * 64);
   }
   data_ = nullptr;
   size_ = 0;
