@@ -1,43 +1,72 @@
 #!/usr/bin/env bash
-# Sanitizer suites (issue 9):
-#   asan : build-asan, -DQLFT_SANITIZE=address,undefined (the default compiler, gcc), the whole
-#          unit suite (ctest -L unit).
-#   tsan : build-tsan, -DQLFT_SANITIZE=thread with clang + LLVM's libomp (-fopenmp=libomp):
-#          the multi-threaded kernel tests (test_backend_*) and the C API used from several
-#          threads (test_api_threads). GCC's libgomp is not TSan-aware (its barriers are invisible
-#          to TSan, every parallel region reports false races), so TSan uses clang/libomp, whose
-#          runtime carries TSan annotations. OpenBLAS (the OpenMP flavour) still runs its own
-#          libgomp threads uninstrumented: tests/fuzz/tsan.supp suppresses reports *inside*
-#          libopenblas/libgomp only, never in qlft code.
-# Usage: scripts/sanitize.sh [asan|tsan|all] ; env ASAN_BUILD / TSAN_BUILD override the dirs,
-# SAN_JOBS the ninja -j (default 2).
+# Sanitizer suites (issue 9); scripts/test.sh runs both in CI.
+#   asan : build-asan: clang with -fsanitize=address,undefined plus libFuzzer's coverage
+#          instrumentation (-DQLFT_FUZZ=ON), so the same build also serves scripts/fuzz.sh
+#          (FUZZ_BUILD=build-asan) instead of compiling everything a third time. Runs the whole
+#          unit and C API suites (ctest -L 'unit|api') and the fuzz regression replays (-L fuzz),
+#          with leak checking on.
+#   tsan : build-tsan: -DQLFT_SANITIZE=thread with clang + LLVM's libomp (-fopenmp=libomp): the
+#          multi-threaded kernel tests (test_backend_*), the tokenizer's concurrent encode, and
+#          the C API used from several threads (test_api_threads). GCC's libgomp is not
+#          TSan-aware (its barriers are invisible to TSan, so every parallel region reports false
+#          races); libomp carries TSan annotations. OpenBLAS and oneDNN (Debian's, GNU OpenMP)
+#          still run their own uninstrumented libgomp threads: ignore_noninstrumented_modules=1
+#          and tests/fuzz/tsan.supp drop reports *inside* those libraries only, never in qlft.
+# Both builds turn MPI off (-DQLFT_MPI=OFF): Open MPI's own allocations are reported as leaks
+# and its progress threads as races, which says nothing about qlft.
+# Usage: scripts/sanitize.sh [asan|tsan|all]; env ASAN_BUILD / TSAN_BUILD override the dirs,
+# SAN_JOBS the build and ctest -j (default 2).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 what=${1:-all}
 jobs=${SAN_JOBS:-2}
 status=0
 
+# A build dir configured differently before (another compiler or sanitizer) is reconfigured from
+# scratch: CMake refuses to switch compilers in place.
+fresh_cache_unless() {
+  local b=$1 want=$2
+  if [ -f "$b/CMakeCache.txt" ] && ! grep -q "$want" "$b/CMakeCache.txt"; then
+    echo "sanitize: $b was configured differently; reconfiguring"
+    rm -rf "$b/CMakeCache.txt" "$b/CMakeFiles"
+  fi
+}
+
 run_asan() {
   local b=${ASAN_BUILD:-$root/build-asan}
-  cmake -S "$root" -B "$b" -G Ninja -DQLFT_SANITIZE=address,undefined -DQLFT_BUILD_TESTS=ON >/dev/null || return 1
-  ninja -C "$b" -j"$jobs" || return 1
-  # Leak checks on; OpenMP threads wait passively (the tests run two at a time on two cores).
-  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    ctest --test-dir "$b" -L unit -j2 --output-on-failure
+  fresh_cache_unless "$b" '^QLFT_FUZZ:BOOL=ON'
+  cmake -S "$root" -B "$b" -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQLFT_FUZZ=ON -DQLFT_BUILD_TESTS=ON -DQLFT_MPI=OFF \
+    >"$b.cmake.log" 2>&1 || { cat "$b.cmake.log"; return 1; }
+  cmake --build "$b" -j "$jobs" || return 1
+  # Leak checks on; OpenMP threads wait passively (two tests at a time on two cores).
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=0 \
+    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 OMP_WAIT_POLICY=passive \
+    ctest --test-dir "$b" -L 'unit|api|fuzz' -j "$jobs" --output-on-failure --timeout 900
 }
 
 run_tsan() {
   local b=${TSAN_BUILD:-$root/build-tsan}
+  fresh_cache_unless "$b" '^QLFT_SANITIZE:STRING=thread'
   cmake -S "$root" -B "$b" -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
-    -DOpenMP_CXX_FLAGS=-fopenmp=libomp -DOpenMP_C_FLAGS=-fopenmp=libomp \
-    -DQLFT_SANITIZE=thread -DQLFT_BUILD_TESTS=ON >/dev/null || return 1
-  ninja -C "$b" -j"$jobs" test_backend_ops test_backend_props test_api_threads || return 1
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DOpenMP_CXX_FLAGS=-fopenmp=libomp \
+    -DOpenMP_C_FLAGS=-fopenmp=libomp -DQLFT_SANITIZE=thread -DQLFT_BUILD_TESTS=ON -DQLFT_MPI=OFF \
+    >"$b.cmake.log" 2>&1 || { cat "$b.cmake.log"; return 1; }
+  local tests=(test_backend_ops test_backend_props test_backend_gemm test_tokenizer test_api_threads)
+  local present=()
+  for t in "${tests[@]}"; do
+    [ -f "$root/tests/unit/$t.cpp" ] || [ -f "$root/tests/api/$t.cpp" ] && present+=("$t")
+  done
+  cmake --build "$b" -j "$jobs" --target "${present[@]}" || return 1
   local rc=0
-  for t in test_backend_ops test_backend_props test_api_threads; do
-    echo "tsan: $t"
+  for t in "${present[@]}"; do
+    local filter='*'
+    [ "$t" = test_tokenizer ] && filter='*Concurrent*'
+    local exe=$b/tests/$t
+    echo "tsan: $t ($filter)"
     TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ignore_noninstrumented_modules=1 suppressions=$root/tests/fuzz/tsan.supp" \
       OMP_NUM_THREADS=2 OMP_WAIT_POLICY=passive QLFT_SOURCE_DIR="$root" \
-      "$b/tests/$t" --gtest_brief=1 || rc=1
+      "$exe" --gtest_brief=1 --gtest_filter="$filter" || rc=1
   done
   return $rc
 }
@@ -49,7 +78,10 @@ case $what in
     run_asan || status=1
     run_tsan || status=1
     ;;
-  *) echo "usage: $0 [asan|tsan|all]" >&2; exit 2 ;;
+  *)
+    echo "usage: $0 [asan|tsan|all]" >&2
+    exit 2
+    ;;
 esac
 [ $status -eq 0 ] && echo "sanitize: $what passed" || echo "sanitize: $what FAILED"
 exit $status

@@ -30,5 +30,17 @@ if [ -x /usr/local/cuda/bin/nvcc ]; then
   echo "cuda build: ok ($("$build-cuda/tools/qlft-finetune/qlft-finetune" version))"
 fi
 
-cd "$build"
-ctest -j "$jobs" --output-on-failure --timeout 600
+root=$PWD
+(cd "$build" && ctest -j "$jobs" --output-on-failure --timeout 600)
+
+# ---- hardening (issue 9): sanitizers and fuzzing, after the main suite ------------------------
+# One clang ASan+UBSan build (with libFuzzer coverage instrumentation) runs the unit, C API and
+# fuzz-regression suites, then fuzzes each target for QLFT_FUZZ_SECONDS (default 30); a TSan
+# build runs the threaded kernels and the C API from several threads. QLFT_HARDENING=0 skips
+# this (quick local runs); CI always runs it.
+if [ "${QLFT_HARDENING:-1}" != "0" ]; then
+  case $build in /*) san=$build ;; *) san=$root/$build ;; esac
+  ASAN_BUILD="$san-asan" TSAN_BUILD="$san-tsan" SAN_JOBS=$jobs bash scripts/sanitize.sh asan
+  ASAN_BUILD="$san-asan" TSAN_BUILD="$san-tsan" SAN_JOBS=$jobs bash scripts/sanitize.sh tsan
+  FUZZ_BUILD="$san-asan" FUZZ_JOBS=$jobs bash scripts/fuzz.sh "${QLFT_FUZZ_SECONDS:-30}"
+fi
