@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# End-to-end LoRA fine-tuning throughput and memory: qlft against PyTorch + PEFT, one after the
+# other in the same run, same model, same data, same shape of training step.
+#
+#   bench/e2e.sh [--steps N] [--warmup W] [--threads T] [--model M.gguf] [--data D.txt]
+#                [--qlft path/to/qlft-finetune] [--python /opt/qlft-ref/bin/python]
+#                [--kernels path/to/bench_kernels | --peak GFLOPS --f32-peak GFLOPS]
+#                [--torch "bf16 fp32"] [--torch-extra "ARGS"] [--skip-torch]
+#                [--qlft-precision "bf16 fp32"]
+#
+# Both sides: SmolLM2-135M-Instruct Q4_1 GGUF (qlft keeps the Q4_1 blocks; transformers
+# dequantizes them to float32), tinyshakespeare as one document cut into rows of 512 tokens,
+# LoRA r=16 alpha=32 dropout 0 on q,k,v,o,gate,up,down, bf16 autocast, micro-batch 4 x 512,
+# AdamW lr 2e-4, gradient clipping at 1.0, T threads (default 2). The first W steps (default 2)
+# are warm-up and not timed; tokens/s is over the next N steps (default 8), optimizer included.
+# Tokens per CPU-second (CPU time of the process over the same steps, all threads) is printed
+# too: on a machine shared with other work it is the figure that does not depend on the load.
+# Peak RSS is the whole process's (/usr/bin/time -v), model loading included.
+#
+# --torch lists the PyTorch configurations to run: bf16 (autocast, the matched configuration)
+# and fp32 (no autocast: on a CPU without AVX512-BF16 torch's bf16 GEMMs are emulated and fp32 is
+# its faster choice, so an honest comparison includes it). Default: both.
+#
+# Prints every side, the ratios qlft / torch, the model FLOPs per token and the fraction of the
+# machine's measured bf16 GEMM peak (from bench_kernels, or --peak) that each side reaches, and
+# of the better of the bf16 and fp32 GEMM peaks.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+steps=8
+warmup=2
+threads=2
+model=/opt/qlft-models/smollm2-135m-instruct-q4_1.gguf
+data=${QLFT_SHARED_DIR:-$root/../shared}/data/tinyshakespeare.txt
+qlft=""
+python=/opt/qlft-ref/bin/python
+kernels=""
+peak=""
+f32_peak=""
+torch_cfgs="bf16 fp32"
+qlft_cfgs="bf16"
+torch_extra=""
+skip_torch=0
+while (($#)); do
+  case "$1" in
+    --steps) steps=$2; shift 2 ;;
+    --warmup) warmup=$2; shift 2 ;;
+    --threads) threads=$2; shift 2 ;;
+    --model) model=$2; shift 2 ;;
+    --data) data=$2; shift 2 ;;
+    --qlft) qlft=$2; shift 2 ;;
+    --python) python=$2; shift 2 ;;
+    --kernels) kernels=$2; shift 2 ;;
+    --peak) peak=$2; shift 2 ;;
+    --f32-peak) f32_peak=$2; shift 2 ;;
+    --torch) torch_cfgs=$2; shift 2 ;;
+    --qlft-precision) qlft_cfgs=$2; shift 2 ;;
+    --torch-extra) torch_extra=$2; shift 2 ;;
+    --skip-torch) skip_torch=1; shift ;;
+    -h|--help) sed -n 2,25p "$0"; exit 0 ;;
+    *) echo "e2e.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+find_exe() {  # first existing build output among the usual build directories
+  for d in "$root"/build-bench "$root"/build "$root"/build-*; do
+    [ -x "$d/$1" ] && { echo "$d/$1"; return; }
+  done
+}
+[ -n "$qlft" ] || qlft=$(find_exe tools/qlft-finetune/qlft-finetune)
+[ -n "$kernels" ] || kernels=$(find_exe bench/bench_kernels)
+for f in "$model" "$data" "$qlft" "$python"; do
+  [ -e "$f" ] || { echo "e2e.sh: missing $f" >&2; exit 2; }
+done
+
+# Spinning OpenMP workers would steal the cores of whatever else runs; both sides get the same.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+work=$(mktemp -d /tmp/qlft-e2e.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+
+echo "== machine"
+echo "date:    $(date -u '+%Y-%m-%d %H:%M UTC')"
+echo "cpu:     $(lscpu | sed -n 's/^Model name: *//p') ($(nproc) cores visible), $(free -g | awk '/Mem:/{print $2}') GiB"
+echo "load:    $(cut -d' ' -f1-3 /proc/loadavg) (1/5/15 min) at start"
+echo "threads: $threads, OMP_WAIT_POLICY=$OMP_WAIT_POLICY, steps: $warmup warm-up + $steps timed"
+
+if [ -z "$peak" ]; then
+  if [ -n "$kernels" ]; then
+    echo "== GEMM peaks ($kernels, nothing else benchmarked)"
+    QLFT_BENCH_THREADS=$threads "$kernels" --benchmark_filter='^$' >"$work/peak.txt" 2>&1 || true
+    grep 'GEMM peak' "$work/peak.txt" | sed 's/^/  /'
+    peak=$(sed -n 's/^bf16 GEMM peak.*: \([0-9.]*\) GFLOP\/s$/\1/p' "$work/peak.txt")
+    f32_peak=$(sed -n 's/^fp32 GEMM peak.*: \([0-9.]*\) GFLOP\/s$/\1/p' "$work/peak.txt")
+  else
+    echo "e2e.sh: no bench_kernels found and no --peak given: MFU not computed" >&2
+  fi
+fi
+peak=${peak:-0}
+f32_peak=${f32_peak:-0}
+
+total=$((warmup + steps))
+qlft_args=()
+for cfg in $qlft_cfgs; do
+  echo "== qlft, $cfg ($qlft)"
+  /usr/bin/time -v -o "$work/qlft-$cfg.time" "$qlft" train --model "$model" --data "$data" \
+    --train.output_dir "$work/qlft-$cfg" --threads "$threads" --quant.type keep \
+    --lora.r 16 --lora.alpha 32 --lora.dropout 0 --data.seq_len 512 --data.separator none \
+    --data.eval_fraction 0 --train.micro_batch 4 --train.accumulation 1 \
+    --train.max_steps "$total" --train.precision "$cfg" --optim.name adamw --optim.lr 2e-4 \
+    --optim.max_grad_norm 1 >"$work/qlft-$cfg.out" 2>"$work/qlft-$cfg.err" &
+  tpid=$!
+  # CPU time of the qlft process when step W and the last step are logged: tokens per
+  # CPU-second is the figure that survives other work on a shared machine.
+  cpu_w="" cpu_n="" qpid=""
+  while kill -0 "$tpid" 2>/dev/null; do
+    [ -n "$qpid" ] || qpid=$(pgrep -P "$tpid" | head -1 || true)
+    n=$(cat "$work/qlft-$cfg/metrics.jsonl" 2>/dev/null | wc -l)
+    if [ -n "$qpid" ] && [ -r "/proc/$qpid/stat" ]; then
+      ticks=$(awk '{print $14 + $15}' "/proc/$qpid/stat" 2>/dev/null || true)
+      [ -z "$cpu_w" ] && ((n >= warmup)) && cpu_w=$ticks
+      [ -z "$cpu_n" ] && ((n >= total)) && cpu_n=$ticks
+    fi
+    sleep 0.2
+  done
+  wait "$tpid" || { echo "qlft ($cfg) failed:" >&2; tail -20 "$work/qlft-$cfg.err" >&2; exit 1; }
+  cpu_s=""
+  [ -n "$cpu_w" ] && [ -n "$cpu_n" ] && cpu_s=$(awk -v a="$cpu_w" -v b="$cpu_n" -v t="$(getconf CLK_TCK)" 'BEGIN{printf "%.3f", (b - a) / t}')
+  grep -h '^step ' "$work/qlft-$cfg.err" | sed 's/^/  /'
+  grep -hi 'peak' "$work/qlft-$cfg.out" "$work/qlft-$cfg.err" | sed 's/^/  /' || true
+  qlft_args+=(--qlft "qlft $cfg:$work/qlft-$cfg/metrics.jsonl:$work/qlft-$cfg.time:${cpu_s:-0}")
+done
+
+torch_args=()
+if ! ((skip_torch)); then
+  for cfg in $torch_cfgs; do
+    echo "== PyTorch + PEFT, $cfg ($python bench/peer_torch.py --precision $cfg $torch_extra)"
+    # shellcheck disable=SC2086
+    /usr/bin/time -v -o "$work/torch-$cfg.time" "$python" "$here/peer_torch.py" --model "$model" \
+      --data "$data" --seq 512 --micro-batch 4 --steps "$steps" --warmup "$warmup" \
+      --threads "$threads" --r 16 --alpha 32 --precision "$cfg" $torch_extra \
+      >"$work/torch-$cfg.out" 2>"$work/torch-$cfg.err" || {
+      echo "torch ($cfg) failed:" >&2; tail -20 "$work/torch-$cfg.err" >&2; exit 1; }
+    grep -ah '^torch step' "$work/torch-$cfg.err" | sed 's/^/  /'
+    torch_args+=(--torch "torch $cfg:$work/torch-$cfg.out:$work/torch-$cfg.time")
+  done
+fi
+
+echo "load:    $(cut -d' ' -f1-3 /proc/loadavg) (1/5/15 min) at the end"
+"$python" "$here/e2e_report.py" --model "$model" --seq 512 --warmup "$warmup" --threads "$threads" \
+  "${qlft_args[@]}" "${torch_args[@]}" \
+  --peak "$peak" --f32-peak "$f32_peak" --r 16
