@@ -286,6 +286,13 @@ QLFT_API int32_t qlft_trainer_load_adapter(qlft_trainer* trainer, const char* pa
  * written atomically. Resuming continues exactly where the checkpoint was taken. */
 QLFT_API int32_t qlft_trainer_save_checkpoint(qlft_trainer* trainer, const char* path);
 QLFT_API int32_t qlft_trainer_resume(qlft_trainer* trainer, const char* path);
+/* Distributed training (dist.backend = mpi or nccl, processes started by mpirun): this
+ * process's rank and the number of ranks (0 and 1 for a single process). Every rank must call
+ * qlft_trainer_step / qlft_trainer_train, qlft_trainer_save_checkpoint (rank 0 alone writes the
+ * file; the others send it their optimizer state) and qlft_trainer_resume; only rank 0 should
+ * write adapters, logs and metrics. Either out pointer may be NULL. */
+QLFT_API int32_t qlft_trainer_dist_info(const qlft_trainer* trainer, int32_t* rank,
+                                        int32_t* world_size);
 QLFT_API int32_t qlft_trainer_memory_report(const qlft_trainer* trainer, qlft_memory_report* out);
 /* Writes the base model merged with the trainer's LoRA adapter (base weights dequantized +
  * scale * B A) as a standalone model. format: "safetensors" (path is a directory: an F32

@@ -239,6 +239,14 @@ int32_t qlft_trainer_resume(qlft_trainer* trainer, const char* path) {
   });
 }
 
+int32_t qlft_trainer_dist_info(const qlft_trainer* trainer, int32_t* rank, int32_t* world_size) {
+  return guard([&] {
+    QLFT_CHECK_ARG(trainer, "qlft_trainer_dist_info: trainer is NULL");
+    if (rank) *rank = trainer->trainer->rank();
+    if (world_size) *world_size = trainer->trainer->world();
+  });
+}
+
 int32_t qlft_trainer_memory_report(const qlft_trainer* trainer, qlft_memory_report* out) {
   if (!trainer) {
     qlft::set_last_error("qlft_trainer_memory_report: trainer is NULL");

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # The MPI communicator's collectives on 2 ranks, against closed-form sums (dist_worker comm).
+no_data=1
 source "$(dirname "$0")/common.sh"
 timeout 120 "${mpi[@]}" "$worker" comm "$work/comm" || { cat "$work"/comm.* 2>/dev/null; exit 1; }
 cat "$work/comm.0" "$work/comm.1"

@@ -29,6 +29,7 @@ void on_sigint(int) {
 struct Progress {
   FILE* metrics = nullptr;
   bool tty = false;
+  bool quiet = false;  // a rank other than 0 of a distributed run: rank 0 reports
 };
 
 std::string fmt_duration(double s) {
@@ -43,6 +44,7 @@ std::string fmt_duration(double s) {
 
 int32_t on_progress(const qlft_step_stats* s, void* user) {
   Progress* p = static_cast<Progress*>(user);
+  if (p->quiet) return 0;
   if (p->metrics) {
     std::fprintf(p->metrics,
                  "{\"step\": %llu, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6g, "
@@ -103,6 +105,13 @@ int cmd_train(int argc, char** argv) {
   TrainSession s;
   if (int rc = open_session(a, cfg.get(), &s, /*need_data=*/true)) return rc;
 
+  // Distributed runs (dist.backend, under mpirun): every rank trains and joins the checkpoint
+  // (a collective); only rank 0 prints, writes metrics and writes adapters.
+  int32_t rank = 0, world = 1;
+  qlft_trainer_dist_info(s.trainer.get(), &rank, &world);
+  const bool writer = rank == 0;
+  if (writer && world > 1) std::printf("distributed: %d ranks\n", world);
+
   char outdir[4096];
   size_t need = 0;
   qlft_config_get(cfg.get(), "train.output_dir", outdir, sizeof outdir, &need);
@@ -113,7 +122,7 @@ int cmd_train(int argc, char** argv) {
     if (file_exists(ckpt)) {
       int32_t st = qlft_trainer_resume(s.trainer.get(), ckpt.c_str());
       if (st != QLFT_OK) return fail(ckpt.c_str(), st);
-      std::fprintf(stderr, "resumed from %s\n", ckpt.c_str());
+      if (writer) std::fprintf(stderr, "resumed from %s\n", ckpt.c_str());
     } else {
       std::fprintf(stderr, "no checkpoint at %s: starting from the beginning\n", ckpt.c_str());
     }
@@ -122,16 +131,17 @@ int cmd_train(int argc, char** argv) {
   qlft_eval_result before{};
   before.struct_size = sizeof before;
   bool have_eval = qlft_trainer_evaluate(s.trainer.get(), nullptr, &before) == QLFT_OK;
-  if (have_eval)
+  if (have_eval && writer)
     std::printf("eval loss before: %.4f (perplexity %.2f, %llu tokens)\n", before.loss,
                 before.perplexity, static_cast<unsigned long long>(before.tokens));
   std::fflush(stdout);
 
   Progress p;
   p.tty = ::isatty(STDERR_FILENO);
+  p.quiet = !writer;
   std::string metrics = std::string(outdir) + "/metrics.jsonl";
-  p.metrics = std::fopen(metrics.c_str(), a.flags.count("resume") ? "a" : "w");
-  if (!p.metrics) std::fprintf(stderr, "qlft-finetune: cannot write %s\n", metrics.c_str());
+  if (writer) p.metrics = std::fopen(metrics.c_str(), a.flags.count("resume") ? "a" : "w");
+  if (writer && !p.metrics) std::fprintf(stderr, "qlft-finetune: cannot write %s\n", metrics.c_str());
 
   g_trainer.store(s.trainer.get());
   struct sigaction sa {};
@@ -145,18 +155,20 @@ int cmd_train(int argc, char** argv) {
   sigaction(SIGINT, &old_int, nullptr);
   sigaction(SIGTERM, &old_term, nullptr);
   g_trainer.store(nullptr);
-  if (p.tty) std::fprintf(stderr, "\n");
+  if (p.tty && writer) std::fprintf(stderr, "\n");
   if (p.metrics) std::fclose(p.metrics);
 
   // A checkpoint at the end and on cancel, so --resume continues from here.
   int32_t cst = qlft_trainer_save_checkpoint(s.trainer.get(), ckpt.c_str());
   if (cst != QLFT_OK) return fail(ckpt.c_str(), cst);
   if (st == QLFT_ERR_CANCELLED) {
-    std::fprintf(stderr, "cancelled; checkpoint written to %s (continue with --resume)\n",
+    if (writer)
+      std::fprintf(stderr, "cancelled; checkpoint written to %s (continue with --resume)\n",
                  ckpt.c_str());
     return kCancelled;
   }
   if (st != QLFT_OK) return fail("training", st);
+  if (!writer) return kOk;  // rank 0 evaluates and writes the adapters
 
   if (have_eval) {
     qlft_eval_result after{};
