@@ -301,6 +301,34 @@ QLFT_API int32_t qlft_trainer_memory_report(const qlft_trainer* trainer, qlft_me
 QLFT_API int32_t qlft_trainer_export_merged(qlft_trainer* trainer, const char* path,
                                             const char* format);
 
+/* ---- Memory planning -------------------------------------------------------------------- */
+
+/* Predicted bytes per memory category (QLFT_MEM_*), counted as qlft_memory_report counts them. */
+typedef struct qlft_memory_estimate {
+  uint32_t struct_size;
+  uint64_t peak[QLFT_MEM_CATEGORY_COUNT];  /* per category, over loading and training */
+  uint64_t train[QLFT_MEM_CATEGORY_COUNT]; /* per category at the training-step peak */
+  uint64_t train_peak;                     /* total during a training step */
+  uint64_t load_peak;                      /* total while loading the weights */
+  uint64_t total_peak;                     /* max(train_peak, load_peak) */
+  uint32_t micro_batch;     /* the micro-batch estimated (train.micro_batch; 1 for auto) */
+  uint32_t max_micro_batch; /* largest micro-batch predicted to fit memory.limit; 0 when no
+                               limit is set or not even 1 fits */
+} qlft_memory_estimate;
+
+/* Predicts what training will hold, before anything is allocated: weights, adapter, gradients
+ * and optimizer state exactly, activations exactly (the runner's own sizes), workspace from
+ * the backend's block sizes, assuming every target is trained. Give exactly one of model (a
+ * loaded model) and model_path (a .gguf file or an HF model directory: only headers and
+ * config.json are read; quant.* settings apply). Settings used: train.precision,
+ * train.grad_checkpointing, data.seq_len, train.micro_batch, train.accumulation, optim.name,
+ * lora.*, threads, memory.limit. config may be NULL. */
+QLFT_API int32_t qlft_estimate_memory(const qlft_model* model, const char* model_path,
+                                      const qlft_config* config, qlft_memory_estimate* out);
+/* The trainer's micro-batch and accumulation (what train.micro_batch = auto chose). */
+QLFT_API int32_t qlft_trainer_batch_shape(const qlft_trainer* trainer, uint32_t* micro_batch,
+                                          uint32_t* accumulation);
+
 /* ---- Generation ------------------------------------------------------------------------- */
 
 /* Receives generated text as it becomes complete UTF-8; return nonzero to stop. */

@@ -103,7 +103,7 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
   opt_ = make_optimizer(os, dp_->owned_params(), tracker);
   // train.micro_batch=auto / train.effective_batch: trial steps (or the cache) set the batch
   // shape before the data batches are made; the trainer is left as if none had run.
-  if (ts_.micro_batch_auto || ts_.effective_batch > 0) autotune_batch_shape(*this, cfg, 1);
+  if (ts_.micro_batch_auto || ts_.effective_batch > 0) autotune_batch_shape(*this, cfg, world());
 
   if (train_) {
     it_ = std::make_unique<data::BatchIterator>(train_->train_batches(ts_.micro_batch));

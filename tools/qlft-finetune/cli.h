@@ -1,6 +1,7 @@
 // Shared pieces of the qlft-finetune subcommands. Everything here uses only qlft.h.
 #pragma once
 
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <string>
@@ -93,5 +94,8 @@ int cmd_data_stats(int argc, char** argv);
 int cmd_config_doc(int argc, char** argv);
 int cmd_eval(int argc, char** argv);
 int cmd_export(int argc, char** argv);
+int cmd_estimate(int argc, char** argv);
+// Predicted (and, when m is not NULL, measured) memory per category (cmd_estimate.cpp).
+void print_memory_table(FILE* f, const qlft_memory_estimate& e, const qlft_memory_report* m);
 
 }  // namespace cli

@@ -105,6 +105,25 @@ int cmd_train(int argc, char** argv) {
   TrainSession s;
   if (int rc = open_session(a, cfg.get(), &s, /*need_data=*/true)) return rc;
 
+  // The memory planner's prediction for the batch shape in use (train.micro_batch=auto has
+  // chosen it by now); the tracker's measurement is printed beside it at the end.
+  qlft_memory_estimate predicted{};
+  predicted.struct_size = sizeof predicted;
+  uint32_t micro = 0, accum = 0;
+  if (qlft_trainer_batch_shape(s.trainer.get(), &micro, &accum) == QLFT_OK) {
+    qlft_config_set(cfg.get(), "train.micro_batch", std::to_string(micro).c_str());
+    qlft_config_set(cfg.get(), "train.accumulation", std::to_string(accum).c_str());
+  }
+  const bool have_plan =
+      qlft_estimate_memory(s.model.get(), nullptr, cfg.get(), &predicted) == QLFT_OK;
+  if (have_plan)
+    std::printf(
+        "micro_batch %u x accumulation %u; predicted memory peak %s (activations %s, "
+        "workspace %s)\n",
+        micro, accum, human_bytes(predicted.total_peak).c_str(),
+        human_bytes(predicted.peak[QLFT_MEM_ACTIVATIONS]).c_str(),
+        human_bytes(predicted.peak[QLFT_MEM_WORKSPACE]).c_str());
+
   // Distributed runs (dist.backend, under mpirun): every rank trains and joins the checkpoint
   // (a collective); only rank 0 prints, writes metrics and writes adapters.
   int32_t rank = 0, world = 1;
@@ -141,7 +160,8 @@ int cmd_train(int argc, char** argv) {
   p.quiet = !writer;
   std::string metrics = std::string(outdir) + "/metrics.jsonl";
   if (writer) p.metrics = std::fopen(metrics.c_str(), a.flags.count("resume") ? "a" : "w");
-  if (writer && !p.metrics) std::fprintf(stderr, "qlft-finetune: cannot write %s\n", metrics.c_str());
+  if (writer && !p.metrics)
+    std::fprintf(stderr, "qlft-finetune: cannot write %s\n", metrics.c_str());
 
   g_trainer.store(s.trainer.get());
   struct sigaction sa {};
@@ -183,6 +203,12 @@ int cmd_train(int argc, char** argv) {
   if ((st = qlft_trainer_save_adapter(s.trainer.get(), gguf.c_str(), "gguf")) != QLFT_OK)
     return fail(gguf.c_str(), st);
   std::printf("adapter: %s (PEFT), %s (llama.cpp)\n", peft.c_str(), gguf.c_str());
+  qlft_memory_report mem{};
+  mem.struct_size = sizeof mem;
+  if (have_plan && qlft_trainer_memory_report(s.trainer.get(), &mem) == QLFT_OK) {
+    print_memory_table(stdout, predicted, &mem);
+    std::printf("process peak RSS %s\n", human_bytes(mem.process_peak_rss).c_str());
+  }
   return kOk;
 }
 

@@ -19,6 +19,7 @@ void usage(FILE* f) {
       "  eval              --model M --data FILE [--adapter DIR]: loss and perplexity\n"
       "  export            --model M --adapter DIR --format peft|gguf|merged-safetensors|\n"
       "                    merged-gguf-f16|merged-gguf-bf16 --out PATH\n"
+      "  estimate          --model M [--config Y]: predicted memory per category\n"
       "  config-doc        print the settings reference (docs/CONFIG.md)\n"
       "  version           print the version and build information\n\n"
       "Settings are the keys of docs/CONFIG.md, given as --key value.\n");
@@ -39,6 +40,7 @@ int main(int argc, char** argv) {
   if (cmd == "config-doc") return cli::cmd_config_doc(argc, argv);
   if (cmd == "eval") return cli::cmd_eval(argc, argv);
   if (cmd == "export") return cli::cmd_export(argc, argv);
+  if (cmd == "estimate") return cli::cmd_estimate(argc, argv);
   if (cmd == "version" || cmd == "--version") {
     std::printf("%s\n", qlft_build_info());
     return cli::kOk;

@@ -1,0 +1,69 @@
+// The memory planner and the trainer's batch shape through the C ABI.
+#include <cstring>
+
+#include "api/handles.h"
+#include "config/config.h"
+#include "core/error.h"
+#include "train/planner.h"
+#include "train/trainer.h"
+
+using qlft::guard;
+
+extern "C" {
+
+int32_t qlft_estimate_memory(const qlft_model* model, const char* model_path,
+                             const qlft_config* config, qlft_memory_estimate* out) {
+  return guard([&] {
+    QLFT_CHECK_ARG(out && out->struct_size >= sizeof(uint32_t),
+                   "qlft_estimate_memory: out is NULL or out->struct_size is not set (use "
+                   "sizeof(qlft_memory_estimate))");
+    const bool has_path = model_path && *model_path;
+    QLFT_CHECK_ARG((model != nullptr) != has_path,
+                   "qlft_estimate_memory: give exactly one of model and model_path");
+    const qlft::Config& c = qlft::config_or_default(config);
+    qlft::ModelConfig mc;
+    qlft::WeightFootprint w;
+    if (model) {
+      mc = model->model->cfg;
+      w = qlft::weight_footprint(*model->model);
+    } else {
+      qlft::LoadOptions opt;
+      opt.quant_type = c.get("quant.type");
+      opt.double_quant = c.get_bool("quant.double_quant");
+      opt.blocksize = static_cast<int>(c.get_int("quant.blocksize"));
+      w = qlft::weight_footprint_of_file(model_path, opt, &mc);
+    }
+    const qlft::PlanSettings ps = qlft::PlanSettings::from_config(c);
+    const qlft::MemoryPlan p = qlft::plan_memory(mc, w, ps);
+    qlft_memory_estimate f{};
+    f.struct_size = sizeof(f);
+    for (int i = 0; i < QLFT_MEM_CATEGORY_COUNT; ++i) {
+      f.peak[i] = p.peak[i];
+      f.train[i] = p.train[i];
+    }
+    f.train_peak = p.train_peak;
+    f.load_peak = p.load_peak;
+    f.total_peak = p.total_peak;
+    f.micro_batch = static_cast<uint32_t>(ps.micro_batch);
+    const uint64_t limit = c.get_size("memory.limit");
+    if (limit)
+      f.max_micro_batch =
+          static_cast<uint32_t>(qlft::plan_max_micro_batch(mc, w, ps, limit, 65536));
+    const uint32_t n = out->struct_size < sizeof(f) ? out->struct_size : uint32_t(sizeof(f));
+    std::memcpy(out, &f, n);
+    out->struct_size = n;
+  });
+}
+
+int32_t qlft_trainer_batch_shape(const qlft_trainer* trainer, uint32_t* micro_batch,
+                                 uint32_t* accumulation) {
+  return guard([&] {
+    QLFT_CHECK_ARG(trainer && micro_batch && accumulation,
+                   "qlft_trainer_batch_shape: trainer, micro_batch and accumulation must be given");
+    const qlft::TrainSettings& ts = trainer->trainer->settings();
+    *micro_batch = static_cast<uint32_t>(ts.micro_batch);
+    *accumulation = static_cast<uint32_t>(ts.accumulation);
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,86 @@
+// qlft-finetune estimate --model M [--config run.yaml] [--key value ...]
+//
+// Predicts the memory a training run will hold, per category, without loading the weights
+// (qlft_estimate_memory on the model file: GGUF header or config.json + safetensors headers).
+#include <cstdio>
+#include <string>
+
+#include "cli.h"
+
+namespace cli {
+
+namespace {
+
+std::string setting(const qlft_config* cfg, const char* key) {
+  char buf[256];
+  size_t need = 0;
+  if (qlft_config_get(cfg, key, buf, sizeof buf, &need) != QLFT_OK) return "?";
+  return buf;
+}
+
+}  // namespace
+
+// The predicted-vs-measured table shared with train (measured may be NULL: prediction only).
+void print_memory_table(FILE* f, const qlft_memory_estimate& e, const qlft_memory_report* m) {
+  if (m)
+    std::fprintf(f, "%-14s %12s %12s\n", "memory", "predicted", "measured");
+  else
+    std::fprintf(f, "%-14s %12s\n", "memory", "predicted");
+  for (int c = 0; c < QLFT_MEM_CATEGORY_COUNT; ++c) {
+    if (c == QLFT_MEM_COMMUNICATION && e.peak[c] == 0 && (!m || m->peak[c] == 0)) continue;
+    if (m)
+      std::fprintf(f, "%-14s %12s %12s\n", qlft_memory_category_name(c),
+                   human_bytes(e.peak[c]).c_str(), human_bytes(m->peak[c]).c_str());
+    else
+      std::fprintf(f, "%-14s %12s\n", qlft_memory_category_name(c), human_bytes(e.peak[c]).c_str());
+  }
+  if (m)
+    std::fprintf(f, "%-14s %12s %12s\n", "total peak", human_bytes(e.total_peak).c_str(),
+                 human_bytes(m->total_peak).c_str());
+  else
+    std::fprintf(f, "%-14s %12s\n", "total peak", human_bytes(e.total_peak).c_str());
+}
+
+int cmd_estimate(int argc, char** argv) {
+  Args a;
+  std::string err;
+  if (!parse_args(argc, argv, 2, {"model", "config"}, {"help"}, &a, &err) ||
+      a.flags.count("help") || !a.flags.count("model")) {
+    if (!err.empty()) std::fprintf(stderr, "qlft-finetune: %s\n", err.c_str());
+    std::fprintf(stderr,
+                 "usage: qlft-finetune estimate --model MODEL [--config run.yaml] [--key value "
+                 "...]\n  predicts per-category memory of training (train.precision, "
+                 "train.grad_checkpointing, data.seq_len, train.micro_batch, optim.name, lora.*, "
+                 "quant.*, memory.limit) without loading the weights\n");
+    return a.flags.count("help") && err.empty() ? kOk : kUsage;
+  }
+  int code = kOk;
+  ConfigPtr cfg = make_config(a, &code);
+  if (!cfg) return code;
+  const std::string model = a.flags["model"];
+  qlft_memory_estimate e{};
+  e.struct_size = sizeof e;
+  int32_t st = qlft_estimate_memory(nullptr, model.c_str(), cfg.get(), &e);
+  if (st != QLFT_OK) return fail(model.c_str(), st);
+  const qlft_config* c = cfg.get();
+  std::printf(
+      "%s: precision %s, seq_len %s, micro_batch %u (accumulation %s), "
+      "grad_checkpointing %s, optim %s, lora r %s on %s, quant %s\n",
+      model.c_str(), setting(c, "train.precision").c_str(), setting(c, "data.seq_len").c_str(),
+      e.micro_batch, setting(c, "train.accumulation").c_str(),
+      setting(c, "train.grad_checkpointing").c_str(), setting(c, "optim.name").c_str(),
+      setting(c, "lora.r").c_str(), setting(c, "lora.target_modules").c_str(),
+      setting(c, "quant.type").c_str());
+  print_memory_table(stdout, e, nullptr);
+  std::printf("%-14s %12s\n%-14s %12s\n", "training step", human_bytes(e.train_peak).c_str(),
+              "loading", human_bytes(e.load_peak).c_str());
+  if (e.max_micro_batch)
+    std::printf("largest micro-batch within memory.limit %s: %u\n",
+                setting(c, "memory.limit").c_str(), e.max_micro_batch);
+  else if (setting(c, "memory.limit") != "0")
+    std::printf("not even micro-batch 1 fits memory.limit %s\n",
+                setting(c, "memory.limit").c_str());
+  return kOk;
+}
+
+}  // namespace cli
