@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(256)
     k_swiglu_fwd(const float* g, const float* u, float* o, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
-    o[i] = swiglu(g[i], u[i]);
+    o[i] = swiglu_from_sigmoid(g[i], u[i], sigmoidf_(g[i]));
 }
 
 __global__ void __launch_bounds__(256)
@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(256)
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     float a, b;
-    swiglu_bwd_elem(g[i], u[i], d[i], a, b);
+    swiglu_bwd_from_sigmoid(g[i], u[i], d[i], sigmoidf_(g[i]), a, b);
     dg[i] = a;
     du[i] = b;
   }

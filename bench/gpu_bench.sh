@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# GPU training benchmark (backend=cuda), ready for the first machine with a device; not run in CI.
+#
+#   bench/gpu_bench.sh [MODEL] [DATA] [STEPS]
+#     MODEL  default /opt/qlft-models/smollm2-135m-instruct-q4_1.gguf
+#     DATA   default ../shared/data/tinyshakespeare.txt
+#     STEPS  default 30 (the first 5 are warm-up and not counted)
+#   Env: QLFT_CUDA_BUILD (default build-cuda), PRECISION (bf16), MICRO_BATCH (8), SEQ (512),
+#        PEAK_TFLOPS (the device's dense bf16 peak; default from the device name below).
+#
+# Reports tokens/s (mean over the counted steps, from metrics.jsonl), peak device memory
+# (nvidia-smi memory.used sampled every 200 ms, and the runtime's own peak), and MFU:
+#   model FLOPs per token = 4 * N + 6 * L * S * D
+# (frozen quantized base: forward 2N plus the input gradient 2N; causal attention forward and
+# backward 6 * S * D per layer; LoRA and recomputation under checkpointing not counted), divided
+# by the device's dense bf16 tensor-core peak.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+model=${1:-/opt/qlft-models/smollm2-135m-instruct-q4_1.gguf}
+data=${2:-../shared/data/tinyshakespeare.txt}
+steps=${3:-30}
+build=${QLFT_CUDA_BUILD:-build-cuda}
+precision=${PRECISION:-bf16}
+mb=${MICRO_BATCH:-8}
+seq=${SEQ:-512}
+cli=$build/tools/qlft-finetune/qlft-finetune
+command -v nvidia-smi >/dev/null || { echo "gpu_bench: nvidia-smi not found (no GPU here)" >&2; exit 77; }
+[ -x "$cli" ] || { echo "gpu_bench: build $cli first (-DQLFT_CUDA=ON)" >&2; exit 1; }
+"$cli" version | grep -q "cuda=1" || { echo "gpu_bench: $cli was built without CUDA" >&2; exit 1; }
+
+name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+if [ -z "${PEAK_TFLOPS:-}" ]; then
+  case "$name" in  # dense bf16 tensor-core peaks (vendor data sheets)
+    *H200* | *H100*SXM* | *"H100 80GB HBM3"*) PEAK_TFLOPS=989 ;;
+    *H100*PCIe* | *H100*) PEAK_TFLOPS=756 ;;
+    *A100*) PEAK_TFLOPS=312 ;;
+    *L40S*) PEAK_TFLOPS=362 ;;
+    *A10G*) PEAK_TFLOPS=70 ;;
+    *RTX\ 4090*) PEAK_TFLOPS=165 ;;
+    *) echo "gpu_bench: unknown bf16 peak for '$name'; set PEAK_TFLOPS" >&2; exit 1 ;;
+  esac
+fi
+
+out=$(mktemp -d)
+trap 'kill "$smi" 2>/dev/null || true; rm -rf "$out"' EXIT
+nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$out/smi.txt" &
+smi=$!
+
+"$cli" train --model "$model" --data "$data" --backend cuda --train.precision "$precision" \
+  --quant.type nf4 --train.micro_batch "$mb" --data.seq_len "$seq" --train.max_steps "$steps" \
+  --train.save_every 0 --train.output_dir "$out/run" 2> "$out/train.log" || {
+  tail -20 "$out/train.log" >&2
+  exit 1
+}
+kill "$smi" 2>/dev/null || true
+
+info=$("$cli" inspect "$model")
+N=$(awk '/^parameters/ {print $2}' <<< "$info")
+L=$(awk '/^layers/ {print $2}' <<< "$info")
+D=$(awk '/^dim/ {print $2}' <<< "$info")
+
+awk -v N="$N" -v L="$L" -v D="$D" -v S="$seq" -v peak="$PEAK_TFLOPS" -v name="$name" \
+    -v smi="$out/smi.txt" '
+  BEGIN { m = 0; while ((getline l < smi) > 0) if (l + 0 > m) m = l + 0 }
+  {
+    match($0, /"step": [0-9]+/); step = substr($0, RSTART + 8, RLENGTH - 8) + 0
+    match($0, /"tokens": [0-9]+/); tok = substr($0, RSTART + 10, RLENGTH - 10) + 0
+    match($0, /"elapsed_s": [0-9.]+/); el = substr($0, RSTART + 13, RLENGTH - 13) + 0
+    match($0, /"memory_peak_bytes": [0-9]+/); mp = substr($0, RSTART + 21, RLENGTH - 21) + 0
+    if (step == 5) { t0 = el; k0 = tokens }
+    tokens += tok; last = el; lastk = tokens; peakrt = mp
+  }
+  END {
+    tps = (lastk - k0) / (last - t0)
+    fpt = 4 * N + 6 * L * S * D
+    printf "device          %s (bf16 peak %d TFLOP/s)\n", name, peak
+    printf "tokens/s        %.0f (steps 6..end)\n", tps
+    printf "FLOPs/token     %.3g (4N + 6LSD, N=%d L=%d S=%d D=%d)\n", fpt, N, L, S, D
+    printf "MFU             %.2f%%\n", 100 * tps * fpt / (peak * 1e12)
+    printf "peak device mem %d MiB (nvidia-smi), runtime peak %.1f MiB\n", m, mp / 1048576
+  }' "$out/run/metrics.jsonl"
