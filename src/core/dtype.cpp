@@ -121,6 +121,24 @@ void f16_to_f32_n(const uint16_t* src, float* dst, size_t n) {
 }
 
 void round_through_n(DType t, const float* src, float* dst, size_t n) {
+#if defined(__AVX512F__)
+  if (t == DType::BF16) {
+    // One pass: f32_to_bf16's rounding with the low 16 bits cleared (the bf16 value as f32).
+    const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+    const __m512i quiet = _mm512_set1_epi32(0x40 << 16), hi = _mm512_set1_epi32(int(0xffff0000u));
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+      const __m512 v = _mm512_loadu_ps(src + i);
+      const __m512i u = _mm512_castps_si512(v);
+      __m512i r = _mm512_add_epi32(
+          u, _mm512_add_epi32(bias, _mm512_and_si512(_mm512_srli_epi32(u, 16), one)));
+      r = _mm512_mask_or_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), u, quiet);  // NaN
+      _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_and_si512(r, hi)));
+    }
+    for (; i < n; ++i) dst[i] = bf16_to_f32(f32_to_bf16(src[i]));
+    return;
+  }
+#endif
   constexpr size_t kChunk = 1024;
   uint16_t tmp[kChunk];
   for (size_t i = 0; i < n; i += kChunk) {

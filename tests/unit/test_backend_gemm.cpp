@@ -175,6 +175,12 @@ TEST(GemmBf16, BulkConverterMatchesScalarRounding) {
   std::vector<uint16_t> bulk(v.size());
   f32_to_bf16_n(v.data(), bulk.data(), v.size());
   for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(bulk[i], f32_to_bf16(v[i])) << "element " << i;
+  FVec rt(v.size());
+  round_through_n(DType::BF16, v.data(), rt.data(), v.size());
+  for (size_t i = 0; i < v.size(); ++i)
+    ASSERT_EQ(f32_bits(rt[i]), f32_bits(bf16_to_f32(f32_to_bf16(v[i])))) << "element " << i;
+  round_through_n(DType::BF16, v.data(), v.data(), v.size());  // in place
+  for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(f32_bits(v[i]), f32_bits(rt[i])) << i;
 }
 
 // ---- the backend at precision bf16 -------------------------------------------------------------
@@ -437,6 +443,49 @@ TEST(Bf16Backend, AutocastUsesTheNativePath) {
   auto* raw = static_cast<cpu::CpuBackend*>(inner.get());
   auto f16 = make_autocast_backend(std::move(inner), DType::F16, true);
   EXPECT_EQ(raw->precision(), DType::F32);
+}
+
+// Kept scratch (CpuTuning::reuse_scratch) changes no value, grows with the shapes, is counted
+// as workspace while kept, and is given back by release_scratch().
+TEST(Bf16Backend, ReusedScratchGivesTheSameBits) {
+  for (Engine e : {Engine::OneDnn, Engine::Sgemm}) {
+    MemoryTracker tr;
+    auto keep = make_cpu_backend(&tr), fresh = make_cpu_backend(&tr);
+    for (auto* b : {keep.get(), fresh.get()}) {
+      auto& c = static_cast<cpu::CpuBackend&>(*b);
+      c.set_precision(DType::BF16);
+      c.tune.bf16_gemm = e;
+    }
+    static_cast<cpu::CpuBackend&>(*keep).tune.reuse_scratch = true;
+    static_cast<cpu::CpuBackend&>(*fresh).tune.reuse_scratch = false;
+    Rng rng(41);
+    for (auto [M, K, N] : {std::tuple{5, 32, 7}, std::tuple{19, 96, 40}, std::tuple{3, 64, 9}}) {
+      KindWeight w = make_weight(&tr, "nf4", N, K, uint64_t(M));
+      FVec x = rng.normal(size_t(M) * K), dy = rng.normal(size_t(M) * N);
+      FVec A = rng.normal(size_t(2) * K, 0.3f), B = rng.normal(size_t(N) * 2, 0.3f);
+      LoraRef l;
+      l.A = A.data();
+      l.B = B.data();
+      l.r = 2;
+      FVec y1(size_t(M) * N), y2(y1.size()), dx1(x.size()), dx2(x.size());
+      FVec dA1(A.size()), dA2(A.size()), dB1(B.size()), dB2(B.size());
+      keep->linear_fwd(w.q, nullptr, &l, CMatF(x.data(), M, K), MatF(y1.data(), M, N), nullptr);
+      fresh->linear_fwd(w.q, nullptr, &l, CMatF(x.data(), M, K), MatF(y2.data(), M, N), nullptr);
+      keep->linear_bwd(w.q, &l, CMatF(x.data(), M, K), nullptr, CMatF(dy.data(), M, N),
+                       MatF(dx1.data(), M, K), dA1.data(), dB1.data());
+      fresh->linear_bwd(w.q, &l, CMatF(x.data(), M, K), nullptr, CMatF(dy.data(), M, N),
+                        MatF(dx2.data(), M, K), dA2.data(), dB2.data());
+      EXPECT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size() * 4)) << engine_name(e) << M;
+      EXPECT_EQ(0, std::memcmp(dx1.data(), dx2.data(), dx1.size() * 4)) << engine_name(e) << M;
+      EXPECT_EQ(0, std::memcmp(dA1.data(), dA2.data(), dA1.size() * 4)) << engine_name(e) << M;
+      EXPECT_EQ(0, std::memcmp(dB1.data(), dB2.data(), dB1.size() * 4)) << engine_name(e) << M;
+    }
+    const auto ws = size_t(MemCategory::Workspace);
+    const uint64_t kept = tr.snapshot().reserved[ws];
+    EXPECT_GT(kept, 0u) << "kept scratch is counted";
+    static_cast<cpu::CpuBackend&>(*keep).release_scratch();
+    EXPECT_EQ(tr.snapshot().reserved[ws], 0u);
+  }
 }
 
 }  // namespace

@@ -7,6 +7,8 @@
 // counts, given that OpenBLAS sgemm partitions M/N (not K) among its threads.
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <cstdint>
 
 #include "backend/backend.h"
@@ -31,6 +33,39 @@ struct CpuTuning {
   // widened to fp32 (same products, same fp32 accumulation; only the summation order differs).
   enum class Bf16Gemm : uint8_t { Auto, OneDnn, Sgemm };
   Bf16Gemm bf16_gemm = Bf16Gemm::Auto;
+  // Keep the big per-call scratch of the linear layers (weight panels, rounded activations,
+  // oneDNN's scratchpad) between calls instead of allocating it each call: a fresh large Buffer
+  // is fresh mmap pages, and faulting them in is a visible part of a step. Off by default: the
+  // backend's contract (tests, train/planner.cpp) is that workspace is released after each call;
+  // kept buffers stay counted as workspace until release_scratch() or the backend's end.
+  bool reuse_scratch = false;
+};
+
+// The reusable scratch buffers of CpuBackend (one of each kind in use at a time).
+enum class Scratch : int { Panel, In, Out, InF32, OutF32, GemmPad, Count };
+
+// Memory for one call: a kept slot of the backend, or (slot busy / reuse off) an own Buffer.
+// Not zeroed when reused: users overwrite what they read.
+class ScratchLease {
+ public:
+  ScratchLease() = default;
+  ScratchLease(ScratchLease&& o) noexcept { *this = std::move(o); }
+  ScratchLease& operator=(ScratchLease&& o) noexcept;
+  ScratchLease(const ScratchLease&) = delete;
+  ScratchLease& operator=(const ScratchLease&) = delete;
+  ~ScratchLease() { release(); }
+  void* data() const { return p_; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+  void release();
+
+ private:
+  friend class CpuBackend;
+  Buffer own_;
+  void* p_ = nullptr;
+  std::atomic<bool>* busy_ = nullptr;
 };
 
 class CpuBackend final : public Backend {
@@ -78,9 +113,15 @@ class CpuBackend final : public Backend {
   Buffer workspace(size_t bytes, const char* what) const {
     return Buffer(tracker_, MemCategory::Workspace, bytes, what);
   }
+  // At least `bytes` of reusable scratch of kind s (see CpuTuning::reuse_scratch).
+  ScratchLease scratch(Scratch s, size_t bytes, const char* what) const;
+  // Frees the kept scratch buffers (they come back on the next call that needs them).
+  void release_scratch();
 
  private:
   DType precision_ = DType::F32;
+  mutable std::array<Buffer, size_t(Scratch::Count)> slots_;
+  mutable std::array<std::atomic<bool>, size_t(Scratch::Count)> busy_{};
 };
 
 // ---- helpers shared by the kernels (cpu_common.cpp) ----------------------------------------
@@ -100,7 +141,7 @@ void matmul_xwt(const CpuBackend& be, const QWeight& W, CMatF x, MatF y, const c
 // An lp matrix holds bf16 bit patterns (uint16_t) when the GEMMs run on oneDNN, or fp32 values
 // already rounded to bf16 when they run on sgemm; lp_bytes() is its element size.
 struct LpMat {
-  Buffer buf;
+  ScratchLease buf;
   int64_t rows = 0, cols = 0;  // dense: row stride = cols
   bool bf16 = false;
   const void* data() const { return buf.data(); }
@@ -108,8 +149,8 @@ struct LpMat {
   CMatF f32() const { return CMatF(buf.as<float>(), rows, cols); }
 };
 size_t lp_bytes(const CpuBackend& be);
-// x rounded to bf16 into a dense lp matrix, rows split across threads.
-LpMat to_lp(const CpuBackend& be, CMatF x, const char* what);
+// x rounded to bf16 into a dense lp matrix in scratch slot s, rows split across threads.
+LpMat to_lp(const CpuBackend& be, CMatF x, Scratch s, const char* what);
 // Rows of W per lp panel: about tune.panel_bytes of lp elements (bf16 panels hold twice the rows).
 int64_t panel_rows_lp(const CpuBackend& be, const QWeight& W);
 // Rows [r0, r0 + n) of W rounded to bf16 into out (n * W.cols lp elements), split across threads.
@@ -126,9 +167,9 @@ inline const void* lp_at(const CpuBackend& be, const void* p, int64_t off) {
 void matmul_xwt_lp(const CpuBackend& be, const QWeight& W, const LpMat& xl, MatF y);
 // x rounded to bf16, as fp32 (for the fp32 LoRA GEMMs). Reuses lp when it already holds fp32.
 struct RoundedF32 {
-  Buffer buf;
+  ScratchLease buf;
   CMatF view;
 };
-RoundedF32 rounded_f32(const CpuBackend& be, CMatF x, const LpMat* lp, const char* what);
+RoundedF32 rounded_f32(const CpuBackend& be, CMatF x, const LpMat* lp, Scratch s, const char* what);
 
 }  // namespace qlft::cpu

@@ -63,6 +63,51 @@ void dequant_panel(const QWeight& W, int64_t r0, int64_t n, float* out) {
   split_rows(n, [&](int64_t a, int64_t b) { W.dequantize_rows(r0 + a, b - a, out + a * W.cols); });
 }
 
+// ---- scratch -----------------------------------------------------------------------------------
+
+ScratchLease& ScratchLease::operator=(ScratchLease&& o) noexcept {
+  if (this != &o) {
+    release();
+    own_ = std::move(o.own_);
+    p_ = o.p_;
+    busy_ = o.busy_;
+    o.p_ = nullptr;
+    o.busy_ = nullptr;
+  }
+  return *this;
+}
+
+void ScratchLease::release() {
+  if (busy_) busy_->store(false, std::memory_order_release);
+  busy_ = nullptr;
+  own_.reset();
+  p_ = nullptr;
+}
+
+ScratchLease CpuBackend::scratch(Scratch s, size_t bytes, const char* what) const {
+  ScratchLease l;
+  const size_t i = size_t(s);
+  if (bytes == 0) return l;
+  // A slot already leased (a nested or concurrent use) or reuse off: a Buffer of its own.
+  if (!tune.reuse_scratch || busy_[i].exchange(true, std::memory_order_acquire)) {
+    l.own_ = workspace(bytes, what);
+    l.p_ = l.own_.data();
+    return l;
+  }
+  l.busy_ = &busy_[i];  // released by l, also if the allocation below throws
+  if (slots_[i].size() < bytes) {
+    slots_[i].reset();  // the old one is not counted twice
+    slots_[i] = workspace(bytes, what);
+  }
+  l.p_ = slots_[i].data();
+  return l;
+}
+
+void CpuBackend::release_scratch() {
+  for (size_t i = 0; i < slots_.size(); ++i)
+    if (!busy_[i].load(std::memory_order_acquire)) slots_[i].reset();
+}
+
 // ---- precision bf16 -------------------------------------------------------------------------
 
 void CpuBackend::set_precision(DType t) {
@@ -80,12 +125,12 @@ size_t lp_bytes(const CpuBackend& be) {
   return be.bf16_onednn() ? 2 : 4;
 }
 
-LpMat to_lp(const CpuBackend& be, CMatF x, const char* what) {
+LpMat to_lp(const CpuBackend& be, CMatF x, Scratch slot, const char* what) {
   LpMat m;
   m.rows = x.rows;
   m.cols = x.cols;
   m.bf16 = be.bf16_onednn();
-  m.buf = be.workspace(size_t(x.rows * x.cols) * lp_bytes(be), what);
+  m.buf = be.scratch(slot, size_t(x.rows * x.cols) * lp_bytes(be), what);
   const int64_t C = x.cols;
   if (m.bf16) {
     uint16_t* d = m.buf.as<uint16_t>();
@@ -100,13 +145,14 @@ LpMat to_lp(const CpuBackend& be, CMatF x, const char* what) {
   return m;
 }
 
-RoundedF32 rounded_f32(const CpuBackend& be, CMatF x, const LpMat* lp, const char* what) {
+RoundedF32 rounded_f32(const CpuBackend& be, CMatF x, const LpMat* lp, Scratch slot,
+                       const char* what) {
   RoundedF32 r;
   if (lp && !lp->bf16) {
     r.view = lp->f32();
     return r;
   }
-  r.buf = be.workspace(size_t(x.rows * x.cols) * 4, what);
+  r.buf = be.scratch(slot, size_t(x.rows * x.cols) * 4, what);
   float* d = r.buf.as<float>();
   const int64_t C = x.cols;
   if (lp) {  // widening the bf16 copy is exact and cheaper than rounding again
@@ -151,10 +197,13 @@ void dequant_panel_lp(const CpuBackend& be, const QWeight& W, int64_t r0, int64_
 void gemm_lp(const CpuBackend& be, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
              float alpha, const void* A, int64_t lda, const void* B, int64_t ldb, float beta,
              float* C, int64_t ldc) {
-  if (be.bf16_onednn())
+  if (be.bf16_onednn()) {
+    const size_t pad =
+        gemm_bf16_scratchpad_size(trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta);
+    ScratchLease sp = be.scratch(Scratch::GemmPad, pad, "oneDNN matmul scratchpad");
     gemm_bf16(trans_a, trans_b, M, N, K, alpha, static_cast<const uint16_t*>(A), lda,
-              static_cast<const uint16_t*>(B), ldb, beta, C, ldc, be.tracker());
-  else
+              static_cast<const uint16_t*>(B), ldb, beta, C, ldc, be.tracker(), sp.data());
+  } else
     sgemm(trans_a, trans_b, M, N, K, alpha, static_cast<const float*>(A), lda,
           static_cast<const float*>(B), ldb, beta, C, ldc);
 }
@@ -184,11 +233,11 @@ void matmul_xwt(const CpuBackend& be, const QWeight& W, CMatF x, MatF y, const c
                  (long long)y.rows, (long long)y.cols);
   if (x.rows == 0 || W.rows == 0) return;
   if (be.precision() == DType::BF16) {
-    matmul_xwt_lp(be, W, to_lp(be, x, "bf16 activations"), y);
+    matmul_xwt_lp(be, W, to_lp(be, x, Scratch::In, "bf16 activations"), y);
     return;
   }
   const int64_t P = panel_rows(be, W), K = W.cols;
-  Buffer panel = be.workspace(size_t(P * K) * 4, "weight panel");
+  ScratchLease panel = be.scratch(Scratch::Panel, size_t(P * K) * 4, "weight panel");
   float* pw = panel.as<float>();
   for (int64_t p0 = 0; p0 < W.rows; p0 += P) {
     int64_t n = std::min(P, W.rows - p0);
@@ -200,7 +249,8 @@ void matmul_xwt(const CpuBackend& be, const QWeight& W, CMatF x, MatF y, const c
 void matmul_xwt_lp(const CpuBackend& be, const QWeight& W, const LpMat& xl, MatF y) {
   if (xl.rows == 0 || W.rows == 0) return;
   const int64_t P = panel_rows_lp(be, W), K = W.cols;
-  Buffer panel = be.workspace(size_t(P * K) * lp_bytes(be), "bf16 weight panel");
+  ScratchLease panel =
+      be.scratch(Scratch::Panel, size_t(P * K) * lp_bytes(be), "bf16 weight panel");
   for (int64_t p0 = 0; p0 < W.rows; p0 += P) {
     int64_t n = std::min(P, W.rows - p0);
     dequant_panel_lp(be, W, p0, n, panel.data());

@@ -71,7 +71,7 @@ double CpuBackend::linear_cross_entropy(const QWeight& head, CMatF h, const int3
       std::min(tune.ce_logits_bytes / (P * 4), tune.ce_hidden_bytes / std::max<int64_t>(1, H * 4));
   Rc = std::clamp<int64_t>(Rc, 1, n_valid);
 
-  Buffer panel_buf = workspace(size_t(P * H * eb), "cross-entropy head panel");
+  ScratchLease panel_buf = scratch(Scratch::Panel, size_t(P * H * eb), "cross-entropy head panel");
   Buffer logit_buf = workspace(size_t(Rc * P) * 4, "cross-entropy logits chunk");
   Buffer hc_buf = workspace(size_t(Rc * H * eb), "cross-entropy hidden rows");
   Buffer logit16_buf;  // bf16 dlogits for oneDNN (the sgemm path rounds L in place)

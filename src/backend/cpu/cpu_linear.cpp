@@ -154,11 +154,10 @@ void CpuBackend::linear_fwd(const QWeight& W, const float* bias, const LoraRef* 
                    (long long)x.rows, (long long)x.cols, (long long)W.rows, (long long)W.cols,
                    (long long)y.rows, (long long)y.cols);
     // x rounded to bf16 once: the base GEMM takes it as is, the LoRA GEMMs as fp32.
-    LpMat xl = to_lp(*this, x, "bf16 linear input");
+    LpMat xl = to_lp(*this, x, Scratch::In, "bf16 linear input");
     matmul_xwt_lp(*this, W, xl, y);
     if (lora && lora->r > 0 && x.rows > 0) {
-      RoundedF32 xr = rounded_f32(*this, x, &xl, "bf16-rounded linear input");
-      if (xl.bf16) xl.buf.reset();  // xr is a copy; else xr views xl
+      RoundedF32 xr = rounded_f32(*this, x, &xl, Scratch::InF32, "bf16-rounded linear input");
       linear_fwd_tail(*this, W, bias, lora, xr.view, y, xa);
       return;
     }
@@ -183,10 +182,11 @@ void CpuBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, cons
 
   if (precision_ == DType::BF16) {
     // dy rounded to bf16 once; x only matters to the LoRA gradients.
-    LpMat dyl = to_lp(*this, dy, "bf16 linear output grad");
+    LpMat dyl = to_lp(*this, dy, Scratch::Out, "bf16 linear output grad");
     if (want_dx && N > 0) {
       const int64_t P = panel_rows_lp(*this, W);
-      Buffer panel = workspace(size_t(P * K) * lp_bytes(*this), "bf16 linear_bwd weight panel");
+      ScratchLease panel =
+          scratch(Scratch::Panel, size_t(P * K) * lp_bytes(*this), "bf16 linear_bwd weight panel");
       for (int64_t p0 = 0; p0 < N; p0 += P) {
         int64_t n = std::min(P, N - p0);
         dequant_panel_lp(*this, W, p0, n, panel.data());
@@ -195,9 +195,9 @@ void CpuBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, cons
       }
     }
     if (!has_lora) return;
-    RoundedF32 dyr = rounded_f32(*this, dy, &dyl, "bf16-rounded linear output grad");
-    if (dyl.bf16) dyl.buf.reset();  // dyr is a copy; else dyr views dyl
-    RoundedF32 xr = rounded_f32(*this, x, nullptr, "bf16-rounded linear input");
+    RoundedF32 dyr =
+        rounded_f32(*this, dy, &dyl, Scratch::OutF32, "bf16-rounded linear output grad");
+    RoundedF32 xr = rounded_f32(*this, x, nullptr, Scratch::InF32, "bf16-rounded linear input");
     lora_bwd(*this, W, *lora, xr.view, xa, dyr.view, dx, dA, dB);
     return;
   }
@@ -205,7 +205,7 @@ void CpuBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, cons
   // dx += dy W, one panel of W rows (a slice of dy columns) at a time.
   if (want_dx && N > 0) {
     const int64_t P = panel_rows(*this, W);
-    Buffer panel = workspace(size_t(P * K) * 4, "linear_bwd weight panel");
+    ScratchLease panel = scratch(Scratch::Panel, size_t(P * K) * 4, "linear_bwd weight panel");
     float* pw = panel.as<float>();
     for (int64_t p0 = 0; p0 < N; p0 += P) {
       int64_t n = std::min(P, N - p0);

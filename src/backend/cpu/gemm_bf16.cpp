@@ -134,7 +134,7 @@ Key make_key(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, int64_
 
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C,
-               int64_t ldc, MemoryTracker* tracker) {
+               int64_t ldc, MemoryTracker* tracker, void* scratchpad) {
   const Key k = make_key(trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta);
   if (M == 0 || N == 0) return;
   if (K == 0) {  // op(A) op(B) is empty: C = beta * C
@@ -144,8 +144,10 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
   }
   std::shared_ptr<Entry> e = get_entry(k, alpha, beta);
   Buffer scratch;
-  if (e->scratch_bytes)
+  if (e->scratch_bytes && !scratchpad) {
     scratch = Buffer(tracker, MemCategory::Workspace, e->scratch_bytes, "oneDNN matmul scratchpad");
+    scratchpad = scratch.data();
+  }
   try {
     dnnl::engine& eng = engine();
     // A stream per thread: a stream is not meant to be shared by concurrent callers.
@@ -156,7 +158,7 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
     std::unordered_map<int, dnnl::memory> args{
         {DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}};
     if (e->scratch_bytes)
-      args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(e->scratch_md, eng, scratch.data()));
+      args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(e->scratch_md, eng, scratchpad));
     e->prim.execute(stream, args);
     stream.wait();
   } catch (const dnnl::error& err) {
@@ -185,6 +187,13 @@ std::string gemm_bf16_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int
   const Key k = make_key(trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta);
   QLFT_CHECK_ARG(M > 0 && N > 0 && K > 0, "gemm_bf16_impl: empty GEMM");
   return get_entry(k, alpha, beta)->impl;
+}
+
+size_t gemm_bf16_scratchpad_size(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                                 int64_t lda, int64_t ldb, int64_t ldc, float alpha, float beta) {
+  const Key k = make_key(trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta);
+  if (M == 0 || N == 0 || K == 0) return 0;
+  return get_entry(k, alpha, beta)->scratch_bytes;
 }
 
 size_t gemm_bf16_cache_size() {

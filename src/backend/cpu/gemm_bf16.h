@@ -20,12 +20,19 @@ namespace qlft::cpu {
 // (uint16_t, as core/half.h's f32_to_bf16 makes them). op(A) is [M, K]: A is [M, K] with row
 // stride lda, or with trans_a [K, M] with row stride lda; likewise op(B) is [K, N] (trans_b: B is
 // [N, K]). C is fp32 [M, N] with row stride ldc; beta = 0 ignores C's old contents (NaN too).
-// oneDNN's scratchpad is a Workspace Buffer from tracker (nullptr: uncounted).
+// oneDNN's scratchpad: `scratchpad` when given (at least gemm_bf16_scratchpad_size() bytes of
+// caller memory, for callers that keep it between calls), else a Workspace Buffer from tracker
+// for this call (tracker nullptr: uncounted).
 // Throws: QLFT_ERR_INVALID_ARGUMENT for bad sizes/strides, QLFT_ERR_BACKEND for a oneDNN failure
 // (the message carries oneDNN's status and text).
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C,
-               int64_t ldc, MemoryTracker* tracker = nullptr);
+               int64_t ldc, MemoryTracker* tracker = nullptr, void* scratchpad = nullptr);
+
+// Bytes of oneDNN scratchpad that gemm_bf16 needs for this shape (creates and caches the
+// primitive; 0 for an empty GEMM).
+size_t gemm_bf16_scratchpad_size(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                                 int64_t lda, int64_t ldb, int64_t ldc, float alpha, float beta);
 
 // True when the CPU runs bf16 dot products natively (AVX512-BF16 or AMX). Without them oneDNN
 // still computes the same values, much more slowly; callers then keep the fp32 path.
