@@ -13,6 +13,11 @@
 //         w.result=PATH             each rank appends "rank R status NAME seconds S" (the
 //                                   status of the training loop and how long its last step
 //                                   took), and the message
+//   dist_worker slow RESULT
+//       rank 1 reaches a barrier at 85% of a 4 s timeout (inside rank 0's liveness probe
+//       window), twice: the barriers must succeed, and the collectives after them, with stale
+//       probes
+//       about. (Mismatched collectives cannot be tested: MPI may match them with each other.)
 //   dist_worker compare A B TOL [FIRST_STEP]
 //       the curves agree step by step within relative TOL (from FIRST_STEP on).
 // Exit 0 on success, 1 on a failed check, 2 on a usage error.
@@ -118,6 +123,26 @@ int check_comm(const std::string& result) {
   for (const std::string& e : errors) std::fprintf(f, "FAIL %s\n", e.c_str());
   std::fclose(f);
   return errors.empty() ? 0 : 1;
+}
+
+int check_slow(const std::string& result) {
+  auto comm = dist::make_communicator("mpi", 4.0);
+  const int r = comm->rank();
+  std::string outcome = "ok";
+  try {
+    for (int round = 0; round < 2; ++round) {
+      if (r == 1) ::usleep(3400 * 1000);  // 0.85 x timeout: inside the probe window
+      comm->barrier();
+      if (comm->sum(int64_t{1}) != comm->world()) outcome = "bad sum";
+    }
+  } catch (const Error& e) {
+    outcome = std::string("slow peer failed: ") + e.what();
+  }
+  std::FILE* f = std::fopen((result + "." + std::to_string(r)).c_str(), "w");
+  if (!f) return 1;
+  std::fprintf(f, "%s\n", outcome.c_str());
+  std::fclose(f);
+  return outcome == "ok" ? 0 : 1;
 }
 
 std::map<int, std::vector<double>> read_curve(const std::string& path) {
@@ -255,6 +280,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> a(argv + 1, argv + argc);
   try {
     if (a.size() == 2 && a[0] == "comm") return check_comm(a[1]);
+    if (a.size() == 2 && a[0] == "slow") return check_slow(a[1]);
     if (a.size() >= 4 && a[0] == "train")
       return train(a[1], a[2], a[3], std::vector<std::string>(a.begin() + 4, a.end()));
     if ((a.size() == 4 || a.size() == 5) && a[0] == "compare")
