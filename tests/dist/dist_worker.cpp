@@ -150,10 +150,14 @@ std::map<int, std::vector<double>> read_curve(const std::string& path) {
   std::ifstream in(path);
   std::string line;
   while (std::getline(in, line)) {
-    std::istringstream ls(line);
-    int step;
-    double loss, norm;
-    if (ls >> step >> loss >> norm) m[step] = {loss, norm};
+    // strtod, not >>: a skipped step's grad_norm is "inf".
+    char* p = nullptr;
+    long step = std::strtol(line.c_str(), &p, 10);
+    char* q = nullptr;
+    double loss = std::strtod(p, &q);
+    char* e = nullptr;
+    double norm = std::strtod(q, &e);
+    if (p != line.c_str() && q != p && e != q) m[static_cast<int>(step)] = {loss, norm};
   }
   return m;
 }
@@ -170,7 +174,8 @@ int compare(const std::string& a, const std::string& b, double tol, int first) {
       continue;
     }
     for (int k = 0; k < 2; ++k) {
-      double rel = std::fabs(v[k] - it->second[k]) / std::max(std::fabs(it->second[k]), 1e-12);
+      const double a = v[k], b = it->second[k];
+      double rel = a == b ? 0.0 : std::fabs(a - b) / std::max(std::fabs(b), 1e-12);
       if (!(rel <= tol)) {
         std::printf("step %d %s: %.9g vs %.9g (relative %.3g > %.3g)\n", step,
                     k ? "grad_norm" : "loss", v[k], it->second[k], rel, tol);

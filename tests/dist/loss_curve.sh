@@ -12,3 +12,13 @@ for stage in 0 1 2; do
   echo "ZeRO-$stage:"
   "$worker" compare "$work/z$stage.txt" "$work/ref.txt" 1e-4
 done
+# fp16 with a first step that overflows (skipped on every rank: the inf check is all-reduced)
+# and 8-bit AdamW, ZeRO-2.
+fp16=(train.max_steps=5 train.micro_batch=2 train.precision=fp16 quant.type=nf4
+      optim.name=adamw8bit scaler.init_scale=1e12 scaler.backoff_factor=1e-6)
+"$worker" train "$model" "$data" "$work/ref16.txt" "${fp16[@]}" train.accumulation=2
+grep -q '^1 .* inf$' "$work/ref16.txt" || { echo "step 1 was expected to overflow"; exit 1; }
+timeout 120 "${mpi[@]}" "$worker" train "$model" "$data" "$work/z16.txt" "${fp16[@]}" \
+  train.accumulation=1 dist.backend=mpi dist.zero_stage=2 dist.timeout_s=60
+echo "fp16 + adamw8bit, ZeRO-2:"
+"$worker" compare "$work/z16.txt" "$work/ref16.txt" 1e-4
