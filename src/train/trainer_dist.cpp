@@ -37,6 +37,11 @@ void Trainer::init_dist(const Config& cfg, std::vector<ParamRef> params) {
                   "state in files under offload.dir)",
                   key);
   }
+  if (ds.backend == "nccl")
+    throw_error(QLFT_ERR_UNSUPPORTED,
+                "dist.backend=nccl: the NCCL communicator is built, but the trainer's gradient "
+                "exchange stages through host buffers and is not wired to it yet; use "
+                "dist.backend=mpi");
   dp_ = std::make_unique<dist::DataParallel>(dist::make_communicator(ds.backend, ds.timeout_s),
                                              ds.zero_stage, std::move(params), tracker_);
   if (world() > 1) {
