@@ -120,7 +120,8 @@ const KeyDef kKeys[] = {
      "as they are created); empty = the system temp dir ($TMPDIR or /tmp)."},
     {"dist.backend", KeyType::Enum, "none", 0, 0, "none|mpi|nccl",
      "How ranks talk: none (one process), mpi (CPU ranks started by mpirun; needs a build with "
-     "QLFT_MPI) or nccl (GPU ranks; NCCL's id is sent over MPI). Each rank reads a disjoint "
+     "QLFT_MPI) or nccl (GPU ranks, NCCL's id sent over MPI; the communicator is built but not "
+     "yet used by the trainer, which refuses it). Each rank reads a disjoint "
      "shard of every global batch; only rank 0 writes logs, checkpoints and adapters."},
     {"dist.zero_stage", KeyType::Int, "0", 0, 3, "",
      "ZeRO sharding across ranks: 0 data parallel (gradients all-reduced), 1 also shards the "
