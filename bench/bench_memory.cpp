@@ -1,6 +1,7 @@
 // Activation-memory scaling of a training step, from the MemoryTracker (issue 10, Done-when 3).
 //
-//   OMP_WAIT_POLICY=passive build-bench/bench/bench_memory [model.gguf ...]
+//   OMP_WAIT_POLICY=passive build-bench/bench/bench_memory [--layers N] [--no-ckpt] [model.gguf
+//   ...]
 //
 // For each model (default: shared/models/stories260K.gguf and, when present,
 // /opt/qlft-models/smollm2-135m-instruct-q4_1.gguf), one forward + backward of batch 1 at
@@ -8,6 +9,9 @@
 // train.precision = bf16), without and with gradient checkpointing; prints the peak bytes in
 // `activations` and `workspace` during the step and the 4096 / 2048 ratios. Then the fused
 // cross-entropy head's workspace at two vocabulary sizes (synthetic heads, 64 rows, dim 576).
+// --layers N keeps only the first N layers of each model (0: all): activations are per layer
+// plus the residual stream, so the ratio is the same and a slow machine gets there sooner.
+// --no-ckpt skips the runs with gradient checkpointing.
 // Threads: QLFT_BENCH_THREADS (default 2). Not a Google Benchmark: nothing is timed repeatedly.
 #include <chrono>
 #include <cstdio>
@@ -65,7 +69,7 @@ Peaks step(const Model& m, MemoryTracker& tr, int seq, bool ckpt) {
   return p;
 }
 
-void model_scaling(const std::string& path) {
+void model_scaling(const std::string& path, int layers, bool with_ckpt) {
   MemoryTracker tr;
   LoadOptions lo;
   lo.quant_type = "keep";
@@ -76,11 +80,17 @@ void model_scaling(const std::string& path) {
     std::printf("%s: skipped (%s)\n", path.c_str(), e.what());
     return;
   }
-  std::printf("\n%s (%d layers, dim %d, vocab %d), batch 1, LoRA r=16, bf16 autocast\n",
-              path.c_str(), m->cfg.n_layers, m->cfg.dim, m->cfg.vocab);
+  const int all = m->cfg.n_layers;
+  if (layers > 0 && layers < all) {
+    m->layers.resize(size_t(layers));
+    m->cfg.n_layers = layers;
+  }
+  std::printf("\n%s (%d of %d layers, dim %d, vocab %d), batch 1, LoRA r=16, bf16 autocast\n",
+              path.c_str(), m->cfg.n_layers, all, m->cfg.dim, m->cfg.vocab);
   std::printf("%-14s %6s %14s %14s %8s\n", "checkpointing", "seq", "activations", "workspace",
               "seconds");
   for (bool ckpt : {false, true}) {
+    if (ckpt && !with_ckpt) continue;
     Peaks p[2];
     const int seqs[2] = {2048, 4096};
     for (int i = 0; i < 2; ++i) {
@@ -130,14 +140,24 @@ int main(int argc, char** argv) {
   const char* th = std::getenv("QLFT_BENCH_THREADS");
   set_num_threads(th && *th ? std::atoi(th) : 2);
   std::vector<std::string> models;
-  for (int i = 1; i < argc; ++i) models.push_back(argv[i]);
+  int layers = 0;
+  bool ckpt = true;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--layers" && i + 1 < argc)
+      layers = std::atoi(argv[++i]);
+    else if (a == "--no-ckpt")
+      ckpt = false;
+    else
+      models.push_back(a);
+  }
   if (models.empty()) {
     const char* e = std::getenv("QLFT_SHARED_DIR");
     models.push_back(std::string(e && *e ? e : QLFT_SHARED_DIR_DEFAULT) +
                      "/models/stories260K.gguf");
     models.push_back("/opt/qlft-models/smollm2-135m-instruct-q4_1.gguf");
   }
-  for (const std::string& m : models) model_scaling(m);
+  for (const std::string& m : models) model_scaling(m, layers, ckpt);
   head_workspace();
   return 0;
 }

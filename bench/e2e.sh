@@ -2,7 +2,8 @@
 # End-to-end LoRA fine-tuning throughput and memory: qlft against PyTorch + PEFT, one after the
 # other in the same run, same model, same data, same shape of training step.
 #
-#   bench/e2e.sh [--steps N] [--warmup W] [--threads T] [--model M.gguf] [--data D.txt]
+#   bench/e2e.sh [--steps N] [--warmup W] [--micro-batch B] [--threads T] [--model M.gguf]
+#                [--data D.txt]
 #                [--qlft path/to/qlft-finetune] [--python /opt/qlft-ref/bin/python]
 #                [--kernels path/to/bench_kernels | --peak GFLOPS --f32-peak GFLOPS]
 #                [--torch "bf16 fp32"] [--torch-extra "ARGS"] [--skip-torch]
@@ -10,7 +11,7 @@
 #
 # Both sides: SmolLM2-135M-Instruct Q4_1 GGUF (qlft keeps the Q4_1 blocks; transformers
 # dequantizes them to float32), tinyshakespeare as one document cut into rows of 512 tokens,
-# LoRA r=16 alpha=32 dropout 0 on q,k,v,o,gate,up,down, bf16 autocast, micro-batch 4 x 512,
+# LoRA r=16 alpha=32 dropout 0 on q,k,v,o,gate,up,down, bf16 autocast, micro-batch B (4) x 512,
 # AdamW lr 2e-4, gradient clipping at 1.0, T threads (default 2). The first W steps (default 2)
 # are warm-up and not timed; tokens/s is over the next N steps (default 8), optimizer included.
 # Tokens per CPU-second (CPU time of the process over the same steps, all threads) is printed
@@ -30,6 +31,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 steps=8
 warmup=2
+mb=4
 threads=2
 model=/opt/qlft-models/smollm2-135m-instruct-q4_1.gguf
 data=${QLFT_SHARED_DIR:-$root/../shared}/data/tinyshakespeare.txt
@@ -38,6 +40,7 @@ python=/opt/qlft-ref/bin/python
 kernels=""
 peak=""
 f32_peak=""
+cpu_peaks="0 0"
 torch_cfgs="bf16 fp32"
 qlft_cfgs="bf16"
 torch_extra=""
@@ -46,6 +49,7 @@ while (($#)); do
   case "$1" in
     --steps) steps=$2; shift 2 ;;
     --warmup) warmup=$2; shift 2 ;;
+    --micro-batch) mb=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
     --model) model=$2; shift 2 ;;
     --data) data=$2; shift 2 ;;
@@ -82,7 +86,7 @@ echo "== machine"
 echo "date:    $(date -u '+%Y-%m-%d %H:%M UTC')"
 echo "cpu:     $(lscpu | sed -n 's/^Model name: *//p') ($(nproc) cores visible), $(free -g | awk '/Mem:/{print $2}') GiB"
 echo "load:    $(cut -d' ' -f1-3 /proc/loadavg) (1/5/15 min) at start"
-echo "threads: $threads, OMP_WAIT_POLICY=$OMP_WAIT_POLICY, steps: $warmup warm-up + $steps timed"
+echo "threads: $threads, OMP_WAIT_POLICY=$OMP_WAIT_POLICY, micro-batch $mb x 512, steps: $warmup warm-up + $steps timed"
 
 if [ -z "$peak" ]; then
   if [ -n "$kernels" ]; then
@@ -91,6 +95,7 @@ if [ -z "$peak" ]; then
     grep 'GEMM peak' "$work/peak.txt" | sed 's/^/  /'
     peak=$(sed -n 's/^bf16 GEMM peak.*: \([0-9.]*\) GFLOP\/s$/\1/p' "$work/peak.txt")
     f32_peak=$(sed -n 's/^fp32 GEMM peak.*: \([0-9.]*\) GFLOP\/s$/\1/p' "$work/peak.txt")
+    cpu_peaks=$(sed -n 's/^GEMM peaks per CPU-second.*: bf16 \([0-9.]*\) fp32 \([0-9.]*\) GFLOP\/s$/\1 \2/p' "$work/peak.txt")
   else
     echo "e2e.sh: no bench_kernels found and no --peak given: MFU not computed" >&2
   fi
@@ -105,7 +110,7 @@ for cfg in $qlft_cfgs; do
   /usr/bin/time -v -o "$work/qlft-$cfg.time" "$qlft" train --model "$model" --data "$data" \
     --train.output_dir "$work/qlft-$cfg" --threads "$threads" --quant.type keep \
     --lora.r 16 --lora.alpha 32 --lora.dropout 0 --data.seq_len 512 --data.separator none \
-    --data.eval_fraction 0 --train.micro_batch 4 --train.accumulation 1 \
+    --data.eval_fraction 0 --train.micro_batch "$mb" --train.accumulation 1 \
     --train.max_steps "$total" --train.precision "$cfg" --optim.name adamw --optim.lr 2e-4 \
     --optim.max_grad_norm 1 >"$work/qlft-$cfg.out" 2>"$work/qlft-$cfg.err" &
   tpid=$!
@@ -114,11 +119,12 @@ for cfg in $qlft_cfgs; do
   cpu_w="" cpu_n="" qpid=""
   while kill -0 "$tpid" 2>/dev/null; do
     [ -n "$qpid" ] || qpid=$(pgrep -P "$tpid" | head -1 || true)
-    n=$(cat "$work/qlft-$cfg/metrics.jsonl" 2>/dev/null | wc -l)
+    n=0
+    [ -f "$work/qlft-$cfg/metrics.jsonl" ] && n=$(wc -l <"$work/qlft-$cfg/metrics.jsonl")
     if [ -n "$qpid" ] && [ -r "/proc/$qpid/stat" ]; then
       ticks=$(awk '{print $14 + $15}' "/proc/$qpid/stat" 2>/dev/null || true)
-      [ -z "$cpu_w" ] && ((n >= warmup)) && cpu_w=$ticks
-      [ -z "$cpu_n" ] && ((n >= total)) && cpu_n=$ticks
+      if [ -n "$ticks" ] && [ -z "$cpu_w" ] && ((n >= warmup)); then cpu_w=$ticks; fi
+      if [ -n "$ticks" ] && [ -z "$cpu_n" ] && ((n >= total)); then cpu_n=$ticks; fi
     fi
     sleep 0.2
   done
@@ -126,7 +132,9 @@ for cfg in $qlft_cfgs; do
   cpu_s=""
   [ -n "$cpu_w" ] && [ -n "$cpu_n" ] && cpu_s=$(awk -v a="$cpu_w" -v b="$cpu_n" -v t="$(getconf CLK_TCK)" 'BEGIN{printf "%.3f", (b - a) / t}')
   grep -h '^step ' "$work/qlft-$cfg.err" | sed 's/^/  /'
-  grep -hi 'peak' "$work/qlft-$cfg.out" "$work/qlft-$cfg.err" | sed 's/^/  /' || true
+  # The CLI's memory report (predicted and measured per category, process peak RSS).
+  sed -n '/^adapter:/,$p' "$work/qlft-$cfg.out" | tail -n +2 | sed 's/^/  /'
+  grep -h 'predicted memory peak' "$work/qlft-$cfg.err" | sed 's/^/  /' || true
   qlft_args+=(--qlft "qlft $cfg:$work/qlft-$cfg/metrics.jsonl:$work/qlft-$cfg.time:${cpu_s:-0}")
 done
 
@@ -136,7 +144,7 @@ if ! ((skip_torch)); then
     echo "== PyTorch + PEFT, $cfg ($python bench/peer_torch.py --precision $cfg $torch_extra)"
     # shellcheck disable=SC2086
     /usr/bin/time -v -o "$work/torch-$cfg.time" "$python" "$here/peer_torch.py" --model "$model" \
-      --data "$data" --seq 512 --micro-batch 4 --steps "$steps" --warmup "$warmup" \
+      --data "$data" --seq 512 --micro-batch "$mb" --steps "$steps" --warmup "$warmup" \
       --threads "$threads" --r 16 --alpha 32 --precision "$cfg" $torch_extra \
       >"$work/torch-$cfg.out" 2>"$work/torch-$cfg.err" || {
       echo "torch ($cfg) failed:" >&2; tail -20 "$work/torch-$cfg.err" >&2; exit 1; }
@@ -148,4 +156,4 @@ fi
 echo "load:    $(cut -d' ' -f1-3 /proc/loadavg) (1/5/15 min) at the end"
 "$python" "$here/e2e_report.py" --model "$model" --seq 512 --warmup "$warmup" --threads "$threads" \
   "${qlft_args[@]}" "${torch_args[@]}" \
-  --peak "$peak" --f32-peak "$f32_peak" --r 16
+  --peak "$peak" --f32-peak "$f32_peak" --cpu-peaks ${cpu_peaks:-0 0} --r 16
