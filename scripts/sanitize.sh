@@ -9,7 +9,8 @@
 #          multi-threaded kernel tests (test_backend_*), the tokenizer's concurrent encode, and
 #          the C API used from several threads (test_api_threads). GCC's libgomp is not
 #          TSan-aware (its barriers are invisible to TSan, so every parallel region reports false
-#          races); libomp carries TSan annotations. OpenBLAS and oneDNN (Debian's, GNU OpenMP)
+#          races); libomp with its Archer tool (libarcher.so, OMP_TOOL_LIBRARIES) annotates its
+#          fork/join and barriers for TSan. OpenBLAS and oneDNN (Debian's, GNU OpenMP)
 #          still run their own uninstrumented libgomp threads: ignore_noninstrumented_modules=1
 #          and tests/fuzz/tsan.supp drop reports *inside* those libraries only, never in qlft.
 # Both builds turn MPI off (-DQLFT_MPI=OFF): Open MPI's own allocations are reported as leaks
@@ -58,6 +59,13 @@ run_tsan() {
     [ -f "$root/tests/unit/$t.cpp" ] || [ -f "$root/tests/api/$t.cpp" ] && present+=("$t")
   done
   cmake --build "$b" -j "$jobs" --target "${present[@]}" || return 1
+  # Archer (LLVM's OMPT tool for TSan) tells TSan about OpenMP fork/join and barriers; without
+  # it libomp's internal synchronization is invisible and a worker reading what the master wrote
+  # before the region (e.g. a loop bound on the master's stack) is reported as a race whenever
+  # the team was forked from a non-main thread (test_api_threads).
+  local archer
+  archer=$(ls /usr/lib/llvm-*/lib/libarcher.so 2>/dev/null | sort -V | tail -1)
+  [ -n "$archer" ] || echo "tsan: libarcher.so not found (package libomp-dev); OpenMP races may be false"
   local rc=0
   for t in "${present[@]}"; do
     local filter='*'
@@ -65,7 +73,7 @@ run_tsan() {
     local exe=$b/tests/$t
     echo "tsan: $t ($filter)"
     TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ignore_noninstrumented_modules=1 suppressions=$root/tests/fuzz/tsan.supp" \
-      OMP_NUM_THREADS=2 OMP_WAIT_POLICY=passive QLFT_SOURCE_DIR="$root" \
+      OMP_TOOL_LIBRARIES="$archer" OMP_NUM_THREADS=2 OMP_WAIT_POLICY=passive QLFT_SOURCE_DIR="$root" \
       "$exe" --gtest_brief=1 --gtest_filter="$filter" || rc=1
   done
   return $rc
