@@ -66,6 +66,24 @@ struct HeapPeak {
 };
 }  // namespace
 
+// Every non-aligned form is replaced, nothrow ones included (std::stable_sort uses them), so new
+// and delete always pair up (ASan checks that); the aligned forms are left alone together.
+void* operator new(size_t n, const std::nothrow_t&) noexcept {
+  void* p = std::malloc(n ? n : 1);
+  note_alloc(p);
+  return p;
+}
+void* operator new[](size_t n, const std::nothrow_t& t) noexcept {
+  return operator new(n, t);
+}
+void operator delete(void* p, const std::nothrow_t&) noexcept {
+  note_free(p);
+  std::free(p);
+}
+void operator delete[](void* p, const std::nothrow_t&) noexcept {
+  note_free(p);
+  std::free(p);
+}
 void* operator new(size_t n) {
   return counted_new(n);
 }
