@@ -62,7 +62,7 @@ while (($#)); do
     --qlft-precision) qlft_cfgs=$2; shift 2 ;;
     --torch-extra) torch_extra=$2; shift 2 ;;
     --skip-torch) skip_torch=1; shift ;;
-    -h|--help) sed -n 2,25p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,27p "$0"; exit 0 ;;
     *) echo "e2e.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -154,6 +154,7 @@ if ! ((skip_torch)); then
 fi
 
 echo "load:    $(cut -d' ' -f1-3 /proc/loadavg) (1/5/15 min) at the end"
+# shellcheck disable=SC2086  # cpu_peaks is two numbers, split on purpose
 "$python" "$here/e2e_report.py" --model "$model" --seq 512 --warmup "$warmup" --threads "$threads" \
   "${qlft_args[@]}" "${torch_args[@]}" \
   --peak "$peak" --f32-peak "$f32_peak" --cpu-peaks ${cpu_peaks:-0 0} --r 16
