@@ -13,7 +13,9 @@ namespace qlft::cpu {
 // (truncation error below 1e-8 relative) and 2^n built in the exponent bits.
 inline float exp_approx(float x) {
   const float hi = 88.3f, lo = -87.3f;
-  float xc = x > hi ? hi : (x < lo ? lo : x);
+  // NaN fails every comparison: it is clamped to lo for the arithmetic (the float-to-int step
+  // below is undefined behaviour for NaN, found by UBSan) and returned unchanged at the end.
+  float xc = x > hi ? hi : (x >= lo ? x : lo);
   float n = std::nearbyint(xc * 1.44269504088896341f);
   float r = xc - n * 0.693145751953125f;
   r = r - n * 1.428606765330187e-06f;
@@ -26,7 +28,7 @@ inline float exp_approx(float x) {
   p = p * r + 1.f;
   p = p * r + 1.f;
   int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  return x < lo ? 0.f : p * std::bit_cast<float>(bits);
+  return x != x ? x : (x < lo ? 0.f : p * std::bit_cast<float>(bits));
 }
 
 // The reductions below keep kLanes independent partial results in a fixed-size array (the
