@@ -194,9 +194,9 @@ void FaultSweep::sweep(const Config& c, const char* label) {
   // With a stride the last attempt only bounds the count: the step has n - 1 or fewer.
   const uint64_t allocations = n - 1;
   std::printf(
-      "[ fault sweep ] %s: %llu tracked allocations in one step + checkpoint, each failed "
-      "in turn\n",
-      label, static_cast<unsigned long long>(allocations));
+      "[ fault sweep ] %s: %llu tracked allocations in one step + checkpoint, failed in turn"
+      " (every %llu-th index)\n",
+      label, static_cast<unsigned long long>(allocations), static_cast<unsigned long long>(stride));
   EXPECT_GT(allocations, 50u) << "a step of a 5-layer model allocates far more than this";
 }
 
