@@ -59,6 +59,7 @@ class LlamaRunner {
   // lora_projs: LoRA-targeted projections per layer, each keeping rows x lora_r of xa.
   static RunnerFootprint footprint(const ModelConfig& c, int lora_r, int lora_projs, int64_t rows,
                                    bool training, bool doc_ids);
+
   // lora may be nullptr (base model only). Neither model nor lora is owned.
   LlamaRunner(const Model& model, Backend& backend, LoraAdapter* lora);
   ~LlamaRunner();
@@ -86,13 +87,13 @@ class LlamaRunner {
   // Frees the stored activations and scratch (they are re-made on the next call).
   void release();
 
-  const Model& model() const { return model_; }
   // Diagnostic for train.on_nonfinite=stop: reruns the training forward and backward of b with
   // every layer's activations kept, and names the first tensor in computation order that holds
   // a NaN or inf (e.g. "layer 3 mlp down_proj output (forward)"); "" when all are finite.
   // Overwrites the LoRA gradients and frees the activations: use it on a discarded step only.
   std::string locate_nonfinite(const TokenBatch& b, float grad_scale, uint64_t dropout_seed);
 
+  const Model& model() const { return model_; }
   Backend& backend() { return be_; }
   LoraAdapter* lora() { return lora_; }
 
