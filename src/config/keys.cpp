@@ -163,7 +163,8 @@ const KeyDef kKeys[] = {
      "Where the CLI writes checkpoints, metrics.jsonl and the adapter."},
     {"train.on_nonfinite", KeyType::Enum, "skip", 0, 0, "skip|stop",
      "A step with inf/nan gradients is skipped and counted; with stop, training ends after "
-     "train.max_nonfinite such steps in a row."},
+     "train.max_nonfinite such steps in a row, with QLFT_ERR_NUMERICAL naming the layer and "
+     "tensor where the first NaN/inf appeared."},
     {"train.max_nonfinite", KeyType::Int, "10", 1, 1e9, "",
      "Consecutive non-finite steps tolerated before train.on_nonfinite=stop ends training."},
     {"lora.init_from", KeyType::String, "", 0, 0, "",
