@@ -7,28 +7,13 @@
 #include <cmath>
 #include <string>
 
+#include "api/api_session.h"
 #include "qlft.h"
 #include "support/test_support.h"
 
 namespace {
 
-struct Session {
-  qlft_config* cfg = nullptr;
-  qlft_runtime* rt = nullptr;
-  qlft_model* model = nullptr;
-  qlft_dataset* data = nullptr;
-  qlft_trainer* trainer = nullptr;
-  ~Session() {
-    qlft_trainer_free(trainer);
-    qlft_dataset_free(data);
-    qlft_model_free(model);
-    qlft_runtime_free(rt);
-    qlft_config_free(cfg);
-  }
-  void set(const char* k, const char* v) {
-    ASSERT_EQ(qlft_config_set(cfg, k, v), QLFT_OK) << k << ": " << qlft_last_error();
-  }
-};
+using qlft_test::Session;
 
 int32_t count_steps(const qlft_step_stats* s, void* user) {
   EXPECT_GE(s->struct_size, sizeof(uint32_t));
