@@ -21,6 +21,18 @@ namespace qlft {
 
 namespace {
 
+// The model's view of a data batch (no copies; empty positions/doc ids mean plain causal).
+TokenBatch token_batch(const data::Batch& b) {
+  TokenBatch tb;
+  tb.batch = b.micro_batch;
+  tb.seq = b.seq_len;
+  tb.tokens = b.tokens.data();
+  tb.targets = b.targets.data();
+  tb.positions = b.positions.empty() ? nullptr : b.positions.data();
+  tb.doc_ids = b.doc_ids.empty() ? nullptr : b.doc_ids.data();
+  return tb;
+}
+
 // Where a step's non-finite value first appeared: each micro-batch is rerun layer by layer
 // (LlamaRunner::locate_nonfinite) until one shows it. Never throws: a failure to diagnose is
 // reported in the text instead of replacing the numerical error.
@@ -31,13 +43,7 @@ std::string locate_nonfinite(LlamaRunner& runner, const std::vector<data::Batch>
     for (size_t i = 0; i < batches.size(); ++i) {
       const data::Batch& b = batches[i];
       if (b.trained_tokens == 0) continue;
-      TokenBatch tb;
-      tb.batch = b.micro_batch;
-      tb.seq = b.seq_len;
-      tb.tokens = b.tokens.data();
-      tb.targets = b.targets.data();
-      tb.positions = b.positions.empty() ? nullptr : b.positions.data();
-      tb.doc_ids = b.doc_ids.empty() ? nullptr : b.doc_ids.data();
+      TokenBatch tb = token_batch(b);
       std::string where = runner.locate_nonfinite(tb, grad_scale, seed(static_cast<int>(i)));
       if (!where.empty())
         return batches.size() > 1 ? strf("%s, micro-batch %zu", where.c_str(), i) : where;
@@ -184,13 +190,7 @@ void Trainer::step_on(const std::vector<data::Batch>& batches, StepReport* out) 
       const data::Batch& b = batches[i];
       r.tokens += static_cast<int64_t>(b.rows) * b.seq_len;
       if (b.trained_tokens == 0) continue;
-      TokenBatch tb;
-      tb.batch = b.micro_batch;
-      tb.seq = b.seq_len;
-      tb.tokens = b.tokens.data();
-      tb.targets = b.targets.data();
-      tb.positions = b.positions.empty() ? nullptr : b.positions.data();
-      tb.doc_ids = b.doc_ids.empty() ? nullptr : b.doc_ids.data();
+      TokenBatch tb = token_batch(b);
       tracker_->set_phase("forward");
       LossResult lr = runner_->forward(tb, scale / static_cast<float>(n),
                                        // the global micro-batch index: the same
@@ -261,14 +261,7 @@ EvalReport Trainer::evaluate(const data::Dataset& d, bool eval_split) {
   try {
     while (it.next(b)) {
       if (b.trained_tokens == 0) continue;
-      TokenBatch tb;
-      tb.batch = b.micro_batch;
-      tb.seq = b.seq_len;
-      tb.tokens = b.tokens.data();
-      tb.targets = b.targets.data();
-      tb.positions = b.positions.data();
-      tb.doc_ids = b.doc_ids.data();
-      LossResult lr = runner_->eval_loss(tb);
+      LossResult lr = runner_->eval_loss(token_batch(b));
       sum += lr.loss_sum;
       e.tokens += lr.count;
     }
