@@ -74,8 +74,7 @@ class NcclCommunicator final : public Communicator {
     wait_stream("all_reduce", n * sizeof(double));
   }
   void reduce_scatter(const float* in, float* out, size_t n, ReduceOp op) override {
-    nccl_start(ncclReduceScatter(in, out, n, ncclFloat, red(op), comm_, stream_),
-               "reduce_scatter");
+    nccl_start(ncclReduceScatter(in, out, n, ncclFloat, red(op), comm_, stream_), "reduce_scatter");
     wait_stream("reduce_scatter", n * world_ * sizeof(float));
   }
   void all_gather(const float* in, float* out, size_t n) override {
@@ -104,8 +103,7 @@ class NcclCommunicator final : public Communicator {
                   cudaGetErrorString(e));
   }
   void nccl(ncclResult_t r, const char* what) {
-    if (r != ncclSuccess)
-      fail(strf("%s on rank %d: %s", what, rank_, ncclGetErrorString(r)));
+    if (r != ncclSuccess) fail(strf("%s on rank %d: %s", what, rank_, ncclGetErrorString(r)));
   }
   void nccl_start(ncclResult_t r, const char* what) {
     if (broken_)
@@ -129,9 +127,10 @@ class NcclCommunicator final : public Communicator {
                   ncclGetErrorString(async)));
       const double waited = std::chrono::duration<double>(clock::now() - t0).count();
       if (waited > timeout_s_)
-        fail(strf("%s (%zu bytes) timed out after %.1f s (dist.timeout_s) on rank %d of %d: a "
-                  "peer died or hangs; resume from the last checkpoint",
-                  what, bytes, waited, rank_, world_));
+        fail(
+            strf("%s (%zu bytes) timed out after %.1f s (dist.timeout_s) on rank %d of %d: a "
+                 "peer died or hangs; resume from the last checkpoint",
+                 what, bytes, waited, rank_, world_));
       if (polls < 256) {
         sched_yield();
       } else {

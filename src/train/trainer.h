@@ -35,8 +35,8 @@ class DataParallel;
 struct TrainSettings {
   int micro_batch = 4;
   int accumulation = 1;
-  bool micro_batch_auto = false;  // train.micro_batch=auto: train/autotune.h picks it
-  int64_t effective_batch = 0;    // train.effective_batch (0: micro_batch x accumulation)
+  bool micro_batch_auto = false;    // train.micro_batch=auto: train/autotune.h picks it
+  int64_t effective_batch = 0;      // train.effective_batch (0: micro_batch x accumulation)
   int64_t max_steps = 0;            // 0: one pass over data.epochs
   std::string precision = "fp32";   // fp32 | bf16 | fp16
   int checkpoint_every_layers = 0;  // gradient checkpointing: 0 off, 1 every layer, N every N-th

@@ -159,8 +159,13 @@ TEST(HdHelpers, QuantDecodeHelpers) {
 TEST(HdHelpers, AdamWUpdatesAgainstDoubleFormula) {
   float p = 0.5f, m = 0.01f, v = 0.002f;
   const float g = 0.3f;
-  AdamWTorchCoeffs c{float(1.0 - 1e-3 * 0.01), 0.1f, 0.999f, float(1.0 - 0.999),
-                     float(std::sqrt(1.0 - 0.999 * 0.999)), 1e-8f, float(-1e-3 / (1.0 - 0.81))};
+  AdamWTorchCoeffs c{float(1.0 - 1e-3 * 0.01),
+                     0.1f,
+                     0.999f,
+                     float(1.0 - 0.999),
+                     float(std::sqrt(1.0 - 0.999 * 0.999)),
+                     1e-8f,
+                     float(-1e-3 / (1.0 - 0.81))};
   double pd = 0.5 * (1.0 - 1e-3 * 0.01), md = 0.9 * 0.01 + 0.1 * 0.3,
          vd = 0.999 * 0.002 + 0.001 * 0.09;
   pd += -1e-3 / (1.0 - 0.81) * md / (std::sqrt(vd) / std::sqrt(1.0 - 0.999 * 0.999) + 1e-8);

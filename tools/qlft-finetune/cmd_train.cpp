@@ -184,7 +184,7 @@ int cmd_train(int argc, char** argv) {
   if (st == QLFT_ERR_CANCELLED) {
     if (writer)
       std::fprintf(stderr, "cancelled; checkpoint written to %s (continue with --resume)\n",
-                 ckpt.c_str());
+                   ckpt.c_str());
     return kCancelled;
   }
   if (st != QLFT_OK) return fail("training", st);
