@@ -15,6 +15,20 @@ namespace {
 
 using qlft_test::Session;
 
+// stories260K on Shakespeare, 32-token rows, one thread: a trainer that steps in milliseconds.
+void open_small_trainer(Session& s, const std::string& model_path, const std::string& text,
+                        const char* max_steps) {
+  ASSERT_EQ(qlft_config_create(&s.cfg), QLFT_OK);
+  s.set("quant.type", "keep");
+  s.set("train.max_steps", max_steps);
+  s.set("data.seq_len", "32");
+  s.set("threads", "1");
+  ASSERT_EQ(qlft_runtime_create(s.cfg, &s.rt), QLFT_OK);
+  ASSERT_EQ(qlft_model_load(s.rt, model_path.c_str(), s.cfg, &s.model), QLFT_OK);
+  ASSERT_EQ(qlft_dataset_load(s.model, text.c_str(), s.cfg, &s.data), QLFT_OK);
+  ASSERT_EQ(qlft_trainer_create(s.model, s.data, s.cfg, &s.trainer), QLFT_OK);
+}
+
 int32_t count_steps(const qlft_step_stats* s, void* user) {
   EXPECT_GE(s->struct_size, sizeof(uint32_t));
   EXPECT_TRUE(std::isfinite(s->loss));
@@ -81,15 +95,8 @@ TEST(ApiTrain, ProgressCallbackCancelsAndTrainingResumesAfterwards) {
   QLFT_NEED_SHARED(model_path, "models/stories260K.gguf");
   QLFT_NEED_SHARED(text, "data/tinyshakespeare.txt");
   Session s;
-  ASSERT_EQ(qlft_config_create(&s.cfg), QLFT_OK);
-  s.set("quant.type", "keep");
-  s.set("train.max_steps", "6");
-  s.set("data.seq_len", "32");
-  s.set("threads", "1");
-  ASSERT_EQ(qlft_runtime_create(s.cfg, &s.rt), QLFT_OK);
-  ASSERT_EQ(qlft_model_load(s.rt, model_path.c_str(), s.cfg, &s.model), QLFT_OK);
-  ASSERT_EQ(qlft_dataset_load(s.model, text.c_str(), s.cfg, &s.data), QLFT_OK);
-  ASSERT_EQ(qlft_trainer_create(s.model, s.data, s.cfg, &s.trainer), QLFT_OK);
+  open_small_trainer(s, model_path, text, "6");
+  if (HasFatalFailure()) return;
   EXPECT_EQ(qlft_trainer_train(s.trainer, cancel_at_3, nullptr), QLFT_ERR_CANCELLED);
   EXPECT_NE(std::string(qlft_last_error()).find("cancel"), std::string::npos);
   qlft_step_stats st{};
@@ -107,15 +114,8 @@ TEST(ApiTrain, CancelWhileIdleIsDiscarded) {
   QLFT_NEED_SHARED(model_path, "models/stories260K.gguf");
   QLFT_NEED_SHARED(text, "data/tinyshakespeare.txt");
   Session s;
-  ASSERT_EQ(qlft_config_create(&s.cfg), QLFT_OK);
-  s.set("quant.type", "keep");
-  s.set("train.max_steps", "3");
-  s.set("data.seq_len", "32");
-  s.set("threads", "1");
-  ASSERT_EQ(qlft_runtime_create(s.cfg, &s.rt), QLFT_OK);
-  ASSERT_EQ(qlft_model_load(s.rt, model_path.c_str(), s.cfg, &s.model), QLFT_OK);
-  ASSERT_EQ(qlft_dataset_load(s.model, text.c_str(), s.cfg, &s.data), QLFT_OK);
-  ASSERT_EQ(qlft_trainer_create(s.model, s.data, s.cfg, &s.trainer), QLFT_OK);
+  open_small_trainer(s, model_path, text, "3");
+  if (HasFatalFailure()) return;
   qlft_trainer_cancel(s.trainer);
   qlft_step_stats st{};
   st.struct_size = sizeof st;
