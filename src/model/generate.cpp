@@ -16,6 +16,7 @@ Buffer act(MemoryTracker* t, int64_t floats, const char* what) {
 
 Generator::Generator(const Model& model, Backend& backend, const LoraAdapter* lora, int max_len)
     : model_(model), be_(backend), lora_(lora) {
+  model.require_resident("generation");
   const ModelConfig& c = model.cfg;
   max_len_ = max_len > 0 ? max_len : (c.context_length > 0 ? c.context_length : 2048);
   QLFT_CHECK_ARG(max_len_ > 0 && max_len_ <= (1 << 24), "generation length %d is out of range",

@@ -281,9 +281,18 @@ LossResult LlamaRunner::run_forward(const TokenBatch& b, bool training, float gr
   have_forward_ = false;
   prepare(b, training);
   const int64_t R = rows_;
-  be_.embedding_fwd(model_.tok_embd, b.tokens, mat(resid_[0], R, c.dim));
-  for (int l = 0; l < c.n_layers; ++l)
+  // Units in the order they are used (model/weight_stream.h); each one names the next.
+  WeightStream* ws = model_.stream.get();
+  {
+    UnitUse use(ws, kEmbeddingUnit, layer_unit(0));
+    be_.embedding_fwd(model_.tok_embd, b.tokens, mat(resid_[0], R, c.dim));
+  }
+  for (int l = 0; l < c.n_layers; ++l) {
+    UnitUse use(ws, layer_unit(l), l + 1 < c.n_layers ? layer_unit(l + 1) : head_unit(c.n_layers));
     layer_fwd(l, acts_for(l, training), resid_[l].as<float>(), resid_[l + 1].as<float>());
+  }
+  // Training comes back to the head first in backward (for the final norm).
+  UnitUse head_use(ws, head_unit(c.n_layers), training ? head_unit(c.n_layers) : kNoUnit);
   be_.rmsnorm_fwd(cmat(resid_[c.n_layers], R, c.dim), model_.output_norm.as<float>(), c.rms_eps,
                   mat(xnf_, R, c.dim), rstdf_.as<float>());
   if (logits.data) be_.head_logits(model_.head(), cmat(xnf_, R, c.dim), logits);
@@ -398,9 +407,14 @@ void LlamaRunner::backward() {
     grads_ = std::move(g);
   }
   zero(grads_->G);
-  be_.rmsnorm_bwd(cmat(resid_[c.n_layers], R, c.dim), model_.output_norm.as<float>(),
-                  rstdf_.as<float>(), cmat(dxnf_, R, c.dim), mat(grads_->G, R, c.dim));
+  WeightStream* ws = model_.stream.get();
+  {
+    UnitUse use(ws, head_unit(c.n_layers), layer_unit(c.n_layers - 1));
+    be_.rmsnorm_bwd(cmat(resid_[c.n_layers], R, c.dim), model_.output_norm.as<float>(),
+                    rstdf_.as<float>(), cmat(dxnf_, R, c.dim), mat(grads_->G, R, c.dim));
+  }
   for (int l = c.n_layers - 1; l >= 0; --l) {
+    UnitUse use(ws, layer_unit(l), l > 0 ? layer_unit(l - 1) : kNoUnit);
     LayerActs* a;
     if (ckpt_[l]) {
       // Recompute this layer's activations from its saved input (same dropout masks).

@@ -8,6 +8,7 @@
 #include "core/memory.h"
 #include "formats/gguf.h"
 #include "quant/qweight.h"
+#include "model/weight_stream.h"
 
 namespace qlft {
 
@@ -46,8 +47,14 @@ struct Model {
   std::vector<LayerWeights> layers;
   std::unique_ptr<GgufFile> gguf;  // kept open for tokenizer metadata (GGUF sources)
   std::string hf_dir;              // directory of config.json / tokenizer.json (HF sources)
+  // Set when the base weights are not all resident (ZeRO-3 shards, NVMe offload): only a
+  // LlamaRunner that acquires units through it may read the weights' storage. Generation and
+  // merged export refuse such a model (see model/weight_stream.h).
+  std::shared_ptr<WeightStream> stream;
 
   const QWeight& head() const { return output.rows ? output : tok_embd; }
+  // Throws QLFT_ERR_UNSUPPORTED naming `what` when the weights are streamed (stream set).
+  void require_resident(const char* what) const;
   uint64_t n_params() const;
   uint64_t weight_bytes() const;
 };

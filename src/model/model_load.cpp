@@ -36,6 +36,14 @@ uint64_t Model::n_params() const {
   return n;
 }
 
+void Model::require_resident(const char* what) const {
+  if (stream)
+    throw_error(QLFT_ERR_UNSUPPORTED,
+                "%s: %s needs all base weights in memory, but a trainer streams them (%s); load "
+                "the model again for it",
+                path.c_str(), what, stream->describe().c_str());
+}
+
 uint64_t Model::weight_bytes() const {
   uint64_t n = tok_embd.bytes() + output.bytes() + output_norm.size();
   for (const LayerWeights& l : layers) {

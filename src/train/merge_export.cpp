@@ -302,6 +302,7 @@ std::vector<float> merged_weight(const Model& m, const LoraAdapter* lora, int la
 void export_merged(const Model& model, const LoraAdapter* lora, const std::string& path,
                    const std::string& format) {
   QLFT_CHECK_ARG(!path.empty(), "export_merged: empty path");
+  model.require_resident("merged export");
   if (lora)
     QLFT_CHECK_ARG(lora->n_layers() == model.cfg.n_layers,
                    "export_merged: the adapter has %d layers but the model %d", lora->n_layers(),

@@ -1,0 +1,59 @@
+// Base weights that are not all resident in this process: ZeRO-3 keeps 1/N of them on each
+// rank, NVMe offload keeps them in files. The Model then keeps every tensor's shape and type but
+// leaves the storage Buffers of a streamed unit empty, except while a LlamaRunner has that unit
+// acquired: the stream fills them before use and frees them after.
+//
+// A unit is what one step of the forward pass reads: the token embedding, one decoder layer, or
+// the final norm with the output head. The runner announces the unit it will ask for next, so a
+// stream can fetch it (all-gather, file read) while the current one computes.
+#pragma once
+
+#include <string>
+
+namespace qlft {
+
+constexpr int kEmbeddingUnit = 0;
+inline int layer_unit(int layer) {
+  return layer + 1;
+}
+inline int head_unit(int n_layers) {
+  return n_layers + 1;
+}
+inline int unit_count(int n_layers) {
+  return n_layers + 2;
+}
+constexpr int kNoUnit = -1;
+
+class WeightStream {
+ public:
+  virtual ~WeightStream() = default;
+  // Makes unit u's storage complete in the model until release(u). next is the unit the runner
+  // will acquire after this one (kNoUnit if it does not know); the stream may start fetching it.
+  // Throws (QLFT_ERR_DISTRIBUTED, QLFT_ERR_IO, ...) when the weights cannot be had; the model
+  // is then as before the call. Every rank of a ZeRO-3 run must acquire the same units in the
+  // same order (the runner does: it is a function of the batch shape only).
+  virtual void acquire(int u, int next) = 0;
+  // Frees what acquire(u) filled in. Never throws.
+  virtual void release(int u) noexcept = 0;
+  // One line for messages: "ZeRO-3 shards over 2 ranks", "NVMe offload in /scratch/qlft".
+  virtual std::string describe() const = 0;
+};
+
+// Holds a unit for the length of a scope (no-op without a stream).
+class UnitUse {
+ public:
+  UnitUse(WeightStream* ws, int u, int next) : ws_(ws), u_(u) {
+    if (ws_) ws_->acquire(u_, next);
+  }
+  ~UnitUse() {
+    if (ws_) ws_->release(u_);
+  }
+  UnitUse(const UnitUse&) = delete;
+  UnitUse& operator=(const UnitUse&) = delete;
+
+ private:
+  WeightStream* ws_;
+  int u_;
+};
+
+}  // namespace qlft
