@@ -106,6 +106,7 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
     }
   OptimSettings os = OptimSettings::from_config(cfg);
   init_dist(cfg, std::move(params));
+  init_offload(cfg);
   opt_ = make_optimizer(os, dp_->owned_params(), tracker);
   // train.micro_batch=auto / train.effective_batch: trial steps (or the cache) set the batch
   // shape before the data batches are made; the trainer is left as if none had run.

@@ -116,6 +116,8 @@ class Trainer {
   // trainer_dist.cpp: the communicator and ZeRO partition, and this rank's micro-batches of
   // the next global batch (micro_batch x accumulation x world rows).
   void init_dist(const Config& cfg, std::vector<ParamRef> params);
+  // trainer_offload.cpp: offload.optimizer / offload.params, before the optimizer is made.
+  void init_offload(const Config& cfg);
   size_t next_global_batches(std::vector<data::Batch>& mine);
   uint64_t dropout_seed(int64_t step, int micro) const;
   std::string fingerprint() const;

@@ -23,20 +23,6 @@ void Trainer::init_dist(const Config& cfg, std::vector<ParamRef> params) {
     throw_error(QLFT_ERR_UNSUPPORTED,
                 "dist.zero_stage=3 (sharded frozen base weights) is not implemented yet; use "
                 "stage 0, 1 or 2");
-  for (const auto& [key, value] :
-       {std::pair<const char*, std::string>{"offload.optimizer", ds.offload_optimizer},
-        {"offload.params", ds.offload_params}}) {
-    if (value == "cpu")
-      log_message(QLFT_LOG_WARN,
-                  "%s=cpu means nothing on the cpu backend (the state already lives in host "
-                  "memory): treated as none",
-                  key);
-    else if (value == "nvme")
-      throw_error(QLFT_ERR_UNSUPPORTED,
-                  "%s=nvme is not implemented yet (optim.name=paged_adamw8bit keeps optimizer "
-                  "state in files under offload.dir)",
-                  key);
-  }
   if (ds.backend == "nccl")
     throw_error(QLFT_ERR_UNSUPPORTED,
                 "dist.backend=nccl: the NCCL communicator is built, but the trainer's gradient "
