@@ -1,5 +1,6 @@
 #include "model/llama.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -7,6 +8,7 @@
 
 #include "backend/dropout.h"
 #include "core/error.h"
+#include "core/half.h"
 
 namespace qlft {
 
@@ -30,9 +32,43 @@ void add_inplace(float* y, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
 }
 
-// Bytes the tracker counts for a buffer of n floats (Buffer rounds to 64).
-uint64_t counted(int64_t floats) {
-  return (static_cast<uint64_t>(floats) * sizeof(float) + 63) / 64 * 64;
+// Bytes the tracker counts for a buffer of n elements of `bytes` each (Buffer rounds to 64).
+uint64_t counted(int64_t n, int64_t bytes = sizeof(float)) {
+  return (static_cast<uint64_t>(n) * static_cast<uint64_t>(bytes) + 63) / 64 * 64;
+}
+
+// Which of layer_act_counts' buffers stay fp32 with 16-bit storage: the norm statistics, the
+// softmax log-sum-exp and the residual x_mid (torch autocast keeps these fp32 as well).
+// In order: xn1, rstd1, q, k, v, att, lse, x_mid, xn2, rstd2, gate, up, hact.
+constexpr bool kActFp32[13] = {false, true,  false, false, false, false, true,
+                               true,  false, true,  false, false, false};
+
+// 16-bit <-> fp32 conversions of activation tensors, parallel over chunks.
+constexpr int64_t kConvChunk = 1 << 15;
+void to_16(DType t, const float* src, uint16_t* dst, int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; i += kConvChunk) {
+    const size_t m = static_cast<size_t>(std::min(kConvChunk, n - i));
+    if (t == DType::BF16)
+      f32_to_bf16_n(src + i, dst + i, m);
+    else
+      f32_to_f16_n(src + i, dst + i, m);
+  }
+}
+void from_16(DType t, const uint16_t* src, float* dst, int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; i += kConvChunk) {
+    const size_t m = static_cast<size_t>(std::min(kConvChunk, n - i));
+    if (t == DType::BF16)
+      bf16_to_f32_n(src + i, dst + i, m);
+    else
+      f16_to_f32_n(src + i, dst + i, m);
+  }
+}
+void round_16(DType t, float* x, int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; i += kConvChunk)
+    round_through_n(t, x + i, x + i, static_cast<size_t>(std::min(kConvChunk, n - i)));
 }
 
 // Element counts of LayerActs' buffers in declaration order (xn1 .. hact); each xa is rows * r.
@@ -58,11 +94,45 @@ uint64_t proj_seed(uint64_t step_seed, int layer, Proj p) {
 
 }  // namespace
 
+DType activation_dtype(const std::string& precision) {
+  if (precision == "bf16") return DType::BF16;
+  if (precision == "fp16") return DType::F16;
+  return DType::F32;
+}
+
 // Everything one layer's backward reads. xa[p] holds drop(x) A^T of projection p.
+// half: the tensors of halves() hold 16-bit values (a packed stored layer), the rest fp32.
 struct LlamaRunner::LayerActs {
   Buffer xn1, rstd1, q, k, v, att, lse, x_mid, xn2, rstd2, gate, up, hact;
   Buffer xa[kProjCount];
+  bool half = false;
+
+  // The tensors 16-bit storage keeps in 16 bits (xa entries may be empty), and the fp32 ones.
+  std::array<Buffer*, 9 + kProjCount> halves() {
+    std::array<Buffer*, 9 + kProjCount> h = {&xn1, &q, &k, &v, &att, &xn2, &gate, &up, &hact};
+    for (int p = 0; p < kProjCount; ++p) h[9 + p] = &xa[p];
+    return h;
+  }
+  std::array<Buffer*, 4> fulls() { return {&rstd1, &lse, &x_mid, &rstd2}; }
 };
+
+namespace {
+// Lends a packed layer's fp32 tensors to the fp32 scratch set while a layer runs there (the
+// Buffers change owners, nothing is copied or allocated), and gives them back.
+class LendFulls {
+ public:
+  LendFulls(std::array<Buffer*, 4> a, std::array<Buffer*, 4> b) : a_(a), b_(b) { swap(); }
+  ~LendFulls() { swap(); }
+  LendFulls(const LendFulls&) = delete;
+  LendFulls& operator=(const LendFulls&) = delete;
+
+ private:
+  void swap() {
+    for (size_t i = 0; i < a_.size(); ++i) std::swap(*a_[i], *b_[i]);
+  }
+  std::array<Buffer*, 4> a_, b_;
+};
+}  // namespace
 
 // Backward temporaries (workspace).
 struct LlamaRunner::Grads {
@@ -70,11 +140,18 @@ struct LlamaRunner::Grads {
 };
 
 RunnerFootprint LlamaRunner::footprint(const ModelConfig& c, int lora_r, int lora_projs,
-                                       int64_t rows, bool training, bool doc_ids) {
+                                       int64_t rows, bool training, bool doc_ids, DType acts) {
   const int64_t R = rows;
+  const int64_t es = acts == DType::F32 ? 4 : 2;  // bytes of a 16-bit-storable element
   RunnerFootprint f;
-  for (int64_t n : layer_act_counts(c, R)) f.layer_acts += counted(n);
+  const std::array<int64_t, 13> n = layer_act_counts(c, R);
+  for (size_t i = 0; i < n.size(); ++i) {
+    f.layer_acts += counted(n[i]);
+    f.layer_store += counted(n[i], kActFp32[i] ? 4 : es);
+  }
   f.layer_acts += static_cast<uint64_t>(lora_projs) * counted(R * lora_r);
+  f.layer_store += static_cast<uint64_t>(lora_projs) * counted(R * lora_r, es);
+  f.scratch_always = acts != DType::F32;
   // As prepare() allocates: positions, targets (and doc ids) of 4-byte ints, the residual
   // stream, the final norm output and rstd, and its gradient when training.
   f.stream = 2 * counted(R) + (doc_ids ? counted(R) : 0) +
@@ -111,6 +188,14 @@ void LlamaRunner::set_checkpoint_all(bool on) {
   have_forward_ = false;
 }
 
+void LlamaRunner::set_activation_dtype(DType t) {
+  QLFT_CHECK_ARG(t == DType::F32 || t == DType::BF16 || t == DType::F16,
+                 "activations are stored as F32, BF16 or F16, not %s", dtype_name(t));
+  act_dtype_ = t;
+  stored_.clear();
+  have_forward_ = false;
+}
+
 void LlamaRunner::release() {
   stored_.clear();
   scratch_.reset();
@@ -137,7 +222,8 @@ LoraRef LlamaRunner::lora_ref(int l, Proj p, bool* has) const {
 LlamaRunner::LayerActs& LlamaRunner::acts_for(int layer, bool store) {
   const ModelConfig& c = model_.cfg;
   std::unique_ptr<LayerActs>* slot;
-  if (store && !ckpt_[layer]) {
+  const bool stored = store && !ckpt_[layer];
+  if (stored) {
     if (stored_.size() != static_cast<size_t>(c.n_layers)) stored_.resize(c.n_layers);
     slot = &stored_[layer];
   } else {
@@ -149,25 +235,62 @@ LlamaRunner::LayerActs& LlamaRunner::acts_for(int layer, bool store) {
   const int64_t R = rows_;
   const std::array<int64_t, 13> n = layer_act_counts(c, R);
   auto a = std::make_unique<LayerActs>();
-  a->xn1 = make(t, A, n[0], "attn norm out");
+  // A stored layer under 16-bit storage keeps its halves() in 2 bytes an element; the fp32
+  // scratch set holds every layer while it runs.
+  a->half = stored && act_dtype_ != DType::F32;
+  const size_t es = a->half ? 2 : 4;
+  auto make16 = [&](int64_t count, const char* what) {
+    return Buffer(t, A, static_cast<size_t>(count) * es, what);
+  };
+  a->xn1 = make16(n[0], "attn norm out");
   a->rstd1 = make(t, A, n[1], "attn norm rstd");
-  a->q = make(t, A, n[2], "q");
-  a->k = make(t, A, n[3], "k");
-  a->v = make(t, A, n[4], "v");
-  a->att = make(t, A, n[5], "attention out");
+  a->q = make16(n[2], "q");
+  a->k = make16(n[3], "k");
+  a->v = make16(n[4], "v");
+  a->att = make16(n[5], "attention out");
   a->lse = make(t, A, n[6], "attention lse");
   a->x_mid = make(t, A, n[7], "residual mid");
-  a->xn2 = make(t, A, n[8], "ffn norm out");
+  a->xn2 = make16(n[8], "ffn norm out");
   a->rstd2 = make(t, A, n[9], "ffn norm rstd");
-  a->gate = make(t, A, n[10], "gate");
-  a->up = make(t, A, n[11], "up");
-  a->hact = make(t, A, n[12], "swiglu out");
+  a->gate = make16(n[10], "gate");
+  a->up = make16(n[11], "up");
+  a->hact = make16(n[12], "swiglu out");
   if (lora_)
     for (int p = 0; p < kProjCount; ++p)
       if (lora_->slot(layer, static_cast<Proj>(p)).active())
-        a->xa[p] = make(t, A, R * lora_->config().r, "lora xa");
+        a->xa[p] = make16(R * lora_->config().r, "lora xa");
   *slot = std::move(a);
   return **slot;
+}
+
+LlamaRunner::LayerActs& LlamaRunner::scratch() {
+  // Any layer index gives the same scratch shape (the LoRA targets are the same in every layer).
+  return acts_for(0, false);
+}
+
+void LlamaRunner::pack(LayerActs& from, LayerActs& to) {
+  auto src = from.halves();
+  auto dst = to.halves();
+  for (size_t i = 0; i < dst.size(); ++i)
+    if (!dst[i]->empty())
+      to_16(act_dtype_, src[i]->as<float>(), dst[i]->as<uint16_t>(),
+            static_cast<int64_t>(dst[i]->size() / 2));
+}
+
+void LlamaRunner::unpack(LayerActs& from, LayerActs& to) {
+  auto src = from.halves();
+  auto dst = to.halves();
+  for (size_t i = 0; i < src.size(); ++i)
+    if (!src[i]->empty())
+      from_16(act_dtype_, src[i]->as<uint16_t>(), dst[i]->as<float>(),
+              static_cast<int64_t>(src[i]->size() / 2));
+}
+
+// A checkpointed layer recomputed into the scratch: the same 16-bit values a stored layer's
+// backward would unpack, so checkpointing does not change the arithmetic.
+void LlamaRunner::round_stored(LayerActs& a) {
+  for (Buffer* b : a.halves())
+    if (!b->empty()) round_16(act_dtype_, b->as<float>(), static_cast<int64_t>(b->size() / 4));
 }
 
 void LlamaRunner::prepare(const TokenBatch& b, bool training) {
@@ -262,6 +385,9 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
     LoraRef ref = lora_ref(l, static_cast<Proj>(p), &has);
     be_.linear_fwd(L.proj[p], nullptr, has ? &ref : nullptr, cmat(a.xn2, R, c.dim),
                    mat(*ffn_outs[j], R, c.ffn_dim), has ? a.xa[p].as<float>() : nullptr);
+    // 16-bit storage keeps gate and up in 16 bits: SwiGLU's forward takes those values too
+    // (autocast's matmul outputs), so forward and backward agree.
+    if (act_dtype_ != DType::F32) round_16(act_dtype_, ffn_outs[j]->as<float>(), R * c.ffn_dim);
   }
   be_.swiglu_fwd(cmat(a.gate, R, c.ffn_dim), cmat(a.up, R, c.ffn_dim), mat(a.hact, R, c.ffn_dim));
   {
@@ -289,7 +415,16 @@ LossResult LlamaRunner::run_forward(const TokenBatch& b, bool training, float gr
   }
   for (int l = 0; l < c.n_layers; ++l) {
     UnitUse use(ws, layer_unit(l), l + 1 < c.n_layers ? layer_unit(l + 1) : head_unit(c.n_layers));
-    layer_fwd(l, acts_for(l, training), resid_[l].as<float>(), resid_[l + 1].as<float>());
+    LayerActs& a = acts_for(l, training);
+    if (!a.half) {
+      layer_fwd(l, a, resid_[l].as<float>(), resid_[l + 1].as<float>());
+      continue;
+    }
+    // 16-bit storage: run in the fp32 scratch (with this layer's own fp32 tensors), then pack.
+    LayerActs& s = scratch();
+    LendFulls lend(a.fulls(), s.fulls());
+    layer_fwd(l, s, resid_[l].as<float>(), resid_[l + 1].as<float>());
+    pack(s, a);
   }
   // Training comes back to the head first in backward (for the final norm).
   UnitUse head_use(ws, head_unit(c.n_layers), training ? head_unit(c.n_layers) : kNoUnit);
@@ -415,16 +550,23 @@ void LlamaRunner::backward() {
   }
   for (int l = c.n_layers - 1; l >= 0; --l) {
     UnitUse use(ws, layer_unit(l), l > 0 ? layer_unit(l - 1) : kNoUnit);
-    LayerActs* a;
     if (ckpt_[l]) {
       // Recompute this layer's activations from its saved input (same dropout masks).
-      a = &acts_for(l, true);
-      Buffer tmp = make(be_.tracker(), MemCategory::Workspace, R * c.dim, "recompute out");
-      layer_fwd(l, *a, resid_[l].as<float>(), tmp.as<float>());
+      LayerActs& a = acts_for(l, true);
+      {
+        Buffer tmp = make(be_.tracker(), MemCategory::Workspace, R * c.dim, "recompute out");
+        layer_fwd(l, a, resid_[l].as<float>(), tmp.as<float>());
+      }
+      if (act_dtype_ != DType::F32) round_stored(a);
+      layer_bwd(l, a, resid_[l].as<float>(), l > 0);
+    } else if (stored_[l]->half) {
+      LayerActs& s = scratch();
+      LendFulls lend(stored_[l]->fulls(), s.fulls());
+      unpack(*stored_[l], s);
+      layer_bwd(l, s, resid_[l].as<float>(), l > 0);
     } else {
-      a = stored_[l].get();
+      layer_bwd(l, *stored_[l], resid_[l].as<float>(), l > 0);
     }
-    layer_bwd(l, *a, resid_[l].as<float>(), l > 0);
   }
   have_forward_ = false;
 }
@@ -439,6 +581,14 @@ bool has_nonfinite(const float* p, int64_t n) {
 }
 bool has_nonfinite(const Buffer& b) {
   return has_nonfinite(b.as<float>(), static_cast<int64_t>(b.size() / sizeof(float)));
+}
+// A 16-bit buffer: all exponent bits set is inf or NaN.
+bool has_nonfinite16(const Buffer& b, DType t) {
+  const uint16_t mask = t == DType::BF16 ? 0x7f80 : 0x7c00;
+  const uint16_t* p = b.as<uint16_t>();
+  for (size_t i = 0; i < b.size() / 2; ++i)
+    if ((p[i] & mask) == mask) return true;
+  return false;
 }
 }  // namespace
 
@@ -463,7 +613,12 @@ std::string LlamaRunner::locate_nonfinite(const TokenBatch& b, float grad_scale,
     auto fwd = [&]() -> std::string {
       if (has_nonfinite(resid_[0])) return "token embedding output (forward)";
       for (int l = 0; l < c.n_layers; ++l) {
-        const LayerActs& a = *stored_[l];
+        LayerActs& a = *stored_[l];
+        auto halves = a.halves();
+        auto nonfinite = [&](const Buffer* b) {
+          const bool half = a.half && std::find(halves.begin(), halves.end(), b) != halves.end();
+          return half ? has_nonfinite16(*b, act_dtype_) : has_nonfinite(*b);
+        };
         const std::pair<const Buffer*, const char*> order[] = {
             {&a.xn1, "input_layernorm output"},
             {&a.q, "self_attn q_proj output"},
@@ -477,7 +632,7 @@ std::string LlamaRunner::locate_nonfinite(const TokenBatch& b, float grad_scale,
             {&a.hact, "mlp SwiGLU output"},
             {&resid_[l + 1], "mlp down_proj output (after the residual add)"}};
         for (const auto& [buf, name] : order)
-          if (has_nonfinite(*buf)) return strf("layer %d %s (forward)", l, name);
+          if (nonfinite(buf)) return strf("layer %d %s (forward)", l, name);
       }
       if (has_nonfinite(xnf_)) return "final norm output (forward)";
       if (!std::isfinite(res.loss_sum)) return "cross-entropy loss of the output head";

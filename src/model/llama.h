@@ -11,6 +11,12 @@
 // Activation memory: a layer either stores everything its backward needs (MemCategory::
 // Activations), or, when checkpointed, stores only its input and recomputes its forward into a
 // shared scratch set during backward (same dropout masks: they are functions of a seed).
+// With 16-bit activation storage (set_activation_dtype, train.precision bf16 / fp16, as torch
+// autocast keeps them) a stored layer keeps the matmul inputs and outputs (norm outputs, q, k,
+// v, attention output, gate, up, SwiGLU output, LoRA xa) in bf16 / f16 and only the residual
+// x_mid and the norm / softmax statistics in fp32: the kernels still see fp32, since each layer
+// is computed in the fp32 scratch set and packed after its forward, and unpacked into the
+// scratch before its backward.
 #pragma once
 
 #include <cstdint>
@@ -19,12 +25,17 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "core/dtype.h"
 #include "model/lora.h"
 #include "model/model.h"
 
 namespace qlft {
 
 constexpr int32_t kIgnoreIndex = -100;
+
+// How train.precision ("fp32", "bf16", "fp16") stores the activations backward keeps:
+// DType::F32, DType::BF16 or DType::F16. The trainer and the memory planner both ask here.
+DType activation_dtype(const std::string& precision);
 
 // A batch of token rows: row = b * seq + t.
 struct TokenBatch {
@@ -47,18 +58,29 @@ struct LossResult {
 // them (each buffer rounded up to 64). The memory planner (train/planner.h) predicts from these
 // and the runner allocates with the same element counts, so the two cannot drift.
 struct RunnerFootprint {
-  uint64_t layer_acts = 0;    // one layer's activations (stored, or the shared checkpoint scratch)
-  uint64_t stream = 0;        // residual stream, final norm, positions, targets, doc ids, and
-                              // d(final norm) when training (activations)
-  uint64_t backward_ws = 0;   // backward temporaries, held through backward() (workspace)
-  uint64_t recompute_ws = 0;  // a checkpointed layer's recomputed output (workspace)
+  uint64_t layer_acts = 0;      // one layer's fp32 activation set (the shared scratch; a stored
+                                // layer with fp32 storage)
+  uint64_t layer_store = 0;     // one stored layer (layer_acts, or less with 16-bit storage)
+  bool scratch_always = false;  // 16-bit storage: stored layers run in the scratch set too
+  uint64_t stream = 0;          // residual stream, final norm, positions, targets, doc ids, and
+                                // d(final norm) when training (activations)
+  uint64_t backward_ws = 0;     // backward temporaries, held through backward() (workspace)
+  uint64_t recompute_ws = 0;    // a checkpointed layer's recomputed output (workspace)
+
+  // Activations of a training step with `stored` layers keeping their activations and `ckpt`
+  // checkpointed ones.
+  uint64_t activations(int stored, int ckpt) const {
+    const bool scratch = ckpt > 0 || (scratch_always && stored > 0);
+    return stream + static_cast<uint64_t>(stored) * layer_store + (scratch ? layer_acts : 0);
+  }
 };
 
 class LlamaRunner {
  public:
   // lora_projs: LoRA-targeted projections per layer, each keeping rows x lora_r of xa.
+  // acts: the activation storage type (activation_dtype(precision)).
   static RunnerFootprint footprint(const ModelConfig& c, int lora_r, int lora_projs, int64_t rows,
-                                   bool training, bool doc_ids);
+                                   bool training, bool doc_ids, DType acts);
 
   // lora may be nullptr (base model only). Neither model nor lora is owned.
   LlamaRunner(const Model& model, Backend& backend, LoraAdapter* lora);
@@ -70,6 +92,13 @@ class LlamaRunner {
   void set_checkpoint(int layer, bool on);
   void set_checkpoint_all(bool on);
   bool checkpointed(int layer) const { return ckpt_[layer]; }
+
+  // Storage type of the activations stored layers keep for backward: DType::F32 (default),
+  // BF16 or F16. With a 16-bit type, the gate and up projection outputs are rounded to it in
+  // every forward (as autocast's matmul outputs are), and every layer's backward, checkpointed
+  // or not, sees the 16-bit values of the stored tensors. Frees the stored activations.
+  void set_activation_dtype(DType t);
+  DType activation_dtype() const { return act_dtype_; }
 
   // Training forward: runs the model, keeps what backward() needs, and returns the loss sum
   // and count. grad_scale multiplies d(loss_sum) in backward; 0 means 1 / count (the gradient
@@ -103,7 +132,11 @@ class LlamaRunner {
 
   void prepare(const TokenBatch& b, bool training);
   LayerActs& acts_for(int layer, bool store);
+  LayerActs& scratch();
   void layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out);
+  void pack(LayerActs& from, LayerActs& to);
+  void unpack(LayerActs& from, LayerActs& to);
+  void round_stored(LayerActs& a);
   void layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx);
   LossResult run_forward(const TokenBatch& b, bool training, float grad_scale, MatF logits);
   LoraRef lora_ref(int l, Proj p, bool* has) const;
@@ -112,6 +145,7 @@ class LlamaRunner {
   Backend& be_;
   LoraAdapter* lora_;
   std::vector<bool> ckpt_;
+  DType act_dtype_ = DType::F32;
 
   // Shape of the current batch.
   int64_t rows_ = 0;

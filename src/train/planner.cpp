@@ -368,12 +368,12 @@ MemoryPlan plan_memory(const ModelConfig& c, const WeightFootprint& w, const Pla
   cat[int(MemCategory::Optimizer)] = optim * c.n_layers;
 
   // Activations: the runner's own sizes.
-  const RunnerFootprint f = LlamaRunner::footprint(c, lc.r, projs, R, true, /*doc_ids=*/true);
+  const RunnerFootprint f = LlamaRunner::footprint(c, lc.r, projs, R, true, /*doc_ids=*/true,
+                                                   activation_dtype(s.precision));
   int ckpt = 0;
   if (s.checkpoint_every > 0) ckpt = (c.n_layers + s.checkpoint_every - 1) / s.checkpoint_every;
   const int stored = c.n_layers - ckpt;
-  cat[int(MemCategory::Activations)] =
-      f.stream + uint64_t(stored) * f.layer_acts + (ckpt > 0 ? f.layer_acts : 0);
+  cat[int(MemCategory::Activations)] = f.activations(stored, ckpt);
 
   // Workspace: the largest set alive at once. Forward holds one kernel's scratch at a time; the
   // head's cross-entropy runs at the end of forward; backward adds its temporaries to one

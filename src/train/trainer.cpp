@@ -91,6 +91,7 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
   lora_ = std::make_unique<LoraAdapter>(tracker, model.cfg, lc);
   if (!init_from.empty()) load_peft_adapter(*lora_, init_from);
   runner_ = std::make_unique<LlamaRunner>(model, *backend_, lora_.get());
+  runner_->set_activation_dtype(activation_dtype(ts_.precision));
   if (ts_.checkpoint_every_layers > 0)
     for (int l = 0; l < model.cfg.n_layers; ++l)
       runner_->set_checkpoint(l, l % ts_.checkpoint_every_layers == 0);
