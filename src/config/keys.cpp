@@ -110,11 +110,17 @@ const KeyDef kKeys[] = {
      "fp16 only: clean steps in a row before the scale grows."},
     {"offload.optimizer", KeyType::Enum, "none", 0, 0, "none|cpu|nvme",
      "Where LoRA optimizer state lives. cpu: host memory (on the cpu backend it already is, so "
-     "cpu is treated as none, with a warning). nvme is not implemented yet and is refused "
-     "(optim.name=paged_adamw8bit keeps its state in files under offload.dir)."},
+     "cpu is treated as none, with a warning). nvme: in an unlinked file under offload.dir, "
+     "streamed tensor by tensor through offload.buffers buffers at each step (io_uring)."},
     {"offload.params", KeyType::Enum, "none", 0, 0, "none|cpu|nvme",
-     "Where frozen base-weight shards live between uses. cpu: host memory (treated as none on "
-     "the cpu backend, with a warning). nvme is not implemented yet and is refused."},
+     "Where frozen base weights live between uses. cpu: host memory (treated as none on "
+     "the cpu backend, with a warning). nvme: in an unlinked file under offload.dir; each unit "
+     "(embedding, layer, head) is read back while it is used, the next one read ahead "
+     "(io_uring). Generation and merged export then need the model loaded again."},
+    {"offload.buffers", KeyType::Int, "2", 1, 64, "",
+     "offload.*=nvme: buffers in flight besides the one in use (units of base weights read "
+     "ahead; optimizer tensors read ahead or written back). Bounds the memory NVMe offload "
+     "keeps resident."},
     {"offload.dir", KeyType::String, "", 0, 0, "",
      "Directory for paged optimizer state and other offloaded data (files are unlinked as soon "
      "as they are created); empty = the system temp dir ($TMPDIR or /tmp)."},

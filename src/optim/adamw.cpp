@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "optim/adamw_math.h"
+#include "optim/state_store.h"
 
 namespace qlft {
 
@@ -13,10 +14,12 @@ namespace {
 class AdamW final : public Optimizer {
  public:
   AdamW(const OptimSettings& s, std::vector<ParamRef> params, MemoryTracker* tracker)
-      : Optimizer(s, std::move(params)) {
-    for (const ParamRef& p : params_) {
-      m_.emplace_back(tracker, MemCategory::Optimizer, p.numel * sizeof(float), "adamw exp_avg");
-      v_.emplace_back(tracker, MemCategory::Optimizer, p.numel * sizeof(float), "adamw exp_avg_sq");
+      : Optimizer(s, std::move(params)), store_(make_optimizer_state_store(s, tracker, false)) {
+    // One state group per parameter (m then v), in step order.
+    for (size_t k = 0; k < params_.size(); ++k) {
+      const size_t bytes = params_[k].numel * sizeof(float);
+      m_.push_back(store_->add(static_cast<int>(k), bytes, "adamw exp_avg"));
+      v_.push_back(store_->add(static_cast<int>(k), bytes, "adamw exp_avg_sq"));
     }
   }
 
@@ -38,21 +41,20 @@ class AdamW final : public Optimizer {
     c.neg_step_size = static_cast<float>(-(lr / bc1));
     for (size_t k = 0; k < params_.size(); ++k) {
       const ParamRef& p = params_[k];
-      float* m = m_[k].as<float>();
-      float* v = v_[k].as<float>();
+      store_->begin(static_cast<int>(k), next_group(k));
+      float* m = static_cast<float*>(store_->data(m_[k]));
+      float* v = static_cast<float*>(store_->data(v_[k]));
       const int64_t n = static_cast<int64_t>(p.numel);
 #pragma omp parallel for schedule(static) if (n >= (1 << 16))
       for (int64_t i = 0; i < n; ++i) adamw_torch_update(p.data[i], m[i], v[i], p.grad[i], c);
+      store_->end(static_cast<int>(k), true);
     }
     step_ = t;
     return {};
   }
 
   uint64_t state_bytes() const override {
-    uint64_t b = 0;
-    // as the tracker counts Buffers: rounded up to 64 bytes
-    for (size_t k = 0; k < m_.size(); ++k) b += 2 * ((m_[k].size() + 63) / 64 * 64);
-    return b;
+    return store_->bytes();  // as the tracker counts it
   }
 
   void save_state(StateDict& out, const std::string& prefix) const override {
@@ -60,8 +62,12 @@ class AdamW final : public Optimizer {
     out.put_i64(prefix + "step", step_);
     for (size_t k = 0; k < params_.size(); ++k) {
       const std::string base = prefix + params_[k].name;
-      out.put_f32(base + ".exp_avg", m_[k].as<float>(), params_[k].numel);
-      out.put_f32(base + ".exp_avg_sq", v_[k].as<float>(), params_[k].numel);
+      store_->begin(static_cast<int>(k), next_group(k));
+      out.put_f32(base + ".exp_avg", static_cast<const float*>(store_->data(m_[k])),
+                  params_[k].numel);
+      out.put_f32(base + ".exp_avg_sq", static_cast<const float*>(store_->data(v_[k])),
+                  params_[k].numel);
+      store_->end(static_cast<int>(k), false);
     }
   }
 
@@ -81,14 +87,22 @@ class AdamW final : public Optimizer {
       src.push_back(&in.require(prefix + p.name + ".exp_avg_sq", DType::F32, shape));
     }
     for (size_t k = 0; k < params_.size(); ++k) {
-      std::memcpy(m_[k].data(), src[2 * k]->bytes.data(), src[2 * k]->bytes.size());
-      std::memcpy(v_[k].data(), src[2 * k + 1]->bytes.data(), src[2 * k + 1]->bytes.size());
+      store_->begin(static_cast<int>(k), next_group(k));
+      std::memcpy(store_->data(m_[k]), src[2 * k]->bytes.data(), src[2 * k]->bytes.size());
+      std::memcpy(store_->data(v_[k]), src[2 * k + 1]->bytes.data(), src[2 * k + 1]->bytes.size());
+      store_->end(static_cast<int>(k), true);
     }
     step_ = step;
   }
 
  private:
-  std::vector<Buffer> m_, v_;
+  int next_group(size_t k) const {
+    return k + 1 < params_.size() ? static_cast<int>(k) + 1 : -1;
+  }
+
+  // Mutable through const save_state(): reading a group back is not a change of state.
+  std::unique_ptr<StateStore> store_;
+  std::vector<int> m_, v_;  // the store's array ids
 };
 
 }  // namespace

@@ -22,6 +22,7 @@ struct ParamState {
   uint8_t* q2 = nullptr;
   float* absmax1 = nullptr;
   float* absmax2 = nullptr;
+  int ids[4] = {-1, -1, -1, -1};  // the store's arrays: q1 q2 absmax1 absmax2, or m32 v32
 };
 
 class AdamW8bit final : public Optimizer {
@@ -29,27 +30,25 @@ class AdamW8bit final : public Optimizer {
   AdamW8bit(const OptimSettings& s, std::vector<ParamRef> params, MemoryTracker* tracker,
             bool paged)
       : Optimizer(s, std::move(params)),
-        store_(paged ? make_paged_state_store(tracker, s.offload_dir)
-                     : make_host_state_store(tracker)),
+        store_(make_optimizer_state_store(s, tracker, paged)),
         qm_(create_dynamic_map(true)),
         qv_(create_dynamic_map(false)) {
-    for (const ParamRef& p : params_) {
+    // One state group per parameter, in step order.
+    for (size_t k = 0; k < params_.size(); ++k) {
+      const ParamRef& p = params_[k];
+      const int g = static_cast<int>(k);
       ParamState st;
       st.n = static_cast<int64_t>(p.numel);
       st.quantized = st.n >= kAdam8bitMinElements;
       if (st.quantized) {
         st.blocks = (st.n + kAdam8bitBlock - 1) / kAdam8bitBlock;
-        st.q1 = static_cast<uint8_t*>(store_->allocate(p.numel, "adamw8bit state1"));
-        st.q2 = static_cast<uint8_t*>(store_->allocate(p.numel, "adamw8bit state2"));
-        st.absmax1 =
-            static_cast<float*>(store_->allocate(st.blocks * sizeof(float), "adamw8bit absmax1"));
-        st.absmax2 =
-            static_cast<float*>(store_->allocate(st.blocks * sizeof(float), "adamw8bit absmax2"));
+        st.ids[0] = store_->add(g, p.numel, "adamw8bit state1");
+        st.ids[1] = store_->add(g, p.numel, "adamw8bit state2");
+        st.ids[2] = store_->add(g, st.blocks * sizeof(float), "adamw8bit absmax1");
+        st.ids[3] = store_->add(g, st.blocks * sizeof(float), "adamw8bit absmax2");
       } else {
-        st.m32 =
-            static_cast<float*>(store_->allocate(p.numel * sizeof(float), "adamw8bit exp_avg"));
-        st.v32 =
-            static_cast<float*>(store_->allocate(p.numel * sizeof(float), "adamw8bit exp_avg_sq"));
+        st.ids[0] = store_->add(g, p.numel * sizeof(float), "adamw8bit exp_avg");
+        st.ids[1] = store_->add(g, p.numel * sizeof(float), "adamw8bit exp_avg_sq");
       }
       state_.push_back(st);
     }
@@ -80,7 +79,7 @@ class AdamW8bit final : public Optimizer {
     OptimStepStats stats;
     for (size_t k = 0; k < params_.size(); ++k) {
       const ParamRef& p = params_[k];
-      const ParamState& st = state_[k];
+      const ParamState st = begin(k);
       int64_t skipped = 0;
       if (!st.quantized) {
         for (int64_t i = 0; i < st.n; ++i)
@@ -89,6 +88,7 @@ class AdamW8bit final : public Optimizer {
 #pragma omp parallel for schedule(static) reduction(+ : skipped) if (st.blocks >= 64)
         for (int64_t b = 0; b < st.blocks; ++b) skipped += step_block(p, st, b, c);
       }
+      store_->end(static_cast<int>(k), true);
       stats.skipped_elements += skipped;
     }
     step_ = t;
@@ -103,7 +103,7 @@ class AdamW8bit final : public Optimizer {
     out.put_string(prefix + "type", "adamw8bit");
     out.put_i64(prefix + "step", step_);
     for (size_t k = 0; k < params_.size(); ++k) {
-      const ParamState& st = state_[k];
+      const ParamState st = begin(k);
       const std::string base = prefix + params_[k].name;
       if (st.quantized) {
         out.put_u8(base + ".state1", st.q1, st.n);
@@ -114,6 +114,7 @@ class AdamW8bit final : public Optimizer {
         out.put_f32(base + ".exp_avg", st.m32, st.n);
         out.put_f32(base + ".exp_avg_sq", st.v32, st.n);
       }
+      store_->end(static_cast<int>(k), false);
     }
   }
 
@@ -127,30 +128,55 @@ class AdamW8bit final : public Optimizer {
     QLFT_CHECK_FORMAT(step >= 0, "checkpoint state: '%sstep' is negative (%lld)", prefix.c_str(),
                       static_cast<long long>(step));
     // Validate all, then copy: a failure changes nothing.
-    struct Copy {
-      void* dst;
-      const StateTensor* src;
-    };
-    std::vector<Copy> copies;
+    // The source of each of the group's arrays (ids[] order).
+    std::vector<std::vector<const StateTensor*>> src(params_.size());
     for (size_t k = 0; k < params_.size(); ++k) {
       const ParamState& st = state_[k];
       const std::string base = prefix + params_[k].name;
       const std::vector<int64_t> n{st.n}, nb{st.blocks};
       if (st.quantized) {
-        copies.push_back({st.q1, &in.require(base + ".state1", DType::U8, n)});
-        copies.push_back({st.q2, &in.require(base + ".state2", DType::U8, n)});
-        copies.push_back({st.absmax1, &in.require(base + ".absmax1", DType::F32, nb)});
-        copies.push_back({st.absmax2, &in.require(base + ".absmax2", DType::F32, nb)});
+        src[k] = {&in.require(base + ".state1", DType::U8, n),
+                  &in.require(base + ".state2", DType::U8, n),
+                  &in.require(base + ".absmax1", DType::F32, nb),
+                  &in.require(base + ".absmax2", DType::F32, nb)};
       } else {
-        copies.push_back({st.m32, &in.require(base + ".exp_avg", DType::F32, n)});
-        copies.push_back({st.v32, &in.require(base + ".exp_avg_sq", DType::F32, n)});
+        src[k] = {&in.require(base + ".exp_avg", DType::F32, n),
+                  &in.require(base + ".exp_avg_sq", DType::F32, n)};
       }
     }
-    for (const Copy& c : copies) std::memcpy(c.dst, c.src->bytes.data(), c.src->bytes.size());
+    for (size_t k = 0; k < params_.size(); ++k) {
+      store_->begin(static_cast<int>(k), next_group(k));
+      for (size_t a = 0; a < src[k].size(); ++a)
+        std::memcpy(store_->data(state_[k].ids[a]), src[k][a]->bytes.data(),
+                    src[k][a]->bytes.size());
+      store_->end(static_cast<int>(k), true);
+    }
     step_ = step;
   }
 
  private:
+  int next_group(size_t k) const {
+    return k + 1 < params_.size() ? static_cast<int>(k) + 1 : -1;
+  }
+
+  // Begins parameter k's state group and returns its state with the pointers filled in (valid
+  // until store_->end(k)).
+  ParamState begin(size_t k) const {
+    store_->begin(static_cast<int>(k), next_group(k));
+    ParamState st = state_[k];
+    auto at = [&](int i) { return store_->data(st.ids[i]); };
+    if (st.quantized) {
+      st.q1 = static_cast<uint8_t*>(at(0));
+      st.q2 = static_cast<uint8_t*>(at(1));
+      st.absmax1 = static_cast<float*>(at(2));
+      st.absmax2 = static_cast<float*>(at(3));
+    } else {
+      st.m32 = static_cast<float*>(at(0));
+      st.v32 = static_cast<float*>(at(1));
+    }
+    return st;
+  }
+
   // Dequantize -> update -> requantize one block of 256 (bnb's order); returns the number of
   // elements skipped for a non-finite gradient.
   int64_t step_block(const ParamRef& p, const ParamState& st, int64_t b,

@@ -7,6 +7,8 @@
 #include "core/error.h"
 #include "optim/adamw.h"
 #include "optim/adamw8bit.h"
+#include "optim/state_store.h"
+#include "offload/nvme_state_store.h"
 
 namespace qlft {
 
@@ -20,11 +22,20 @@ OptimSettings OptimSettings::from_config(const Config& cfg) {
   s.weight_decay = cfg.get_float("optim.weight_decay");
   s.max_grad_norm = cfg.get_float("optim.max_grad_norm");
   s.offload_dir = cfg.get("offload.dir");
+  s.offload_nvme = cfg.get("offload.optimizer") == "nvme";
+  s.offload_buffers = static_cast<int>(cfg.get_int("offload.buffers"));
   return s;
 }
 
 Optimizer::Optimizer(OptimSettings s, std::vector<ParamRef> params)
     : settings_(std::move(s)), params_(std::move(params)) {}
+
+std::unique_ptr<StateStore> make_optimizer_state_store(const OptimSettings& s,
+                                                       MemoryTracker* tracker, bool paged) {
+  if (s.offload_nvme) return make_nvme_state_store(tracker, s.offload_dir, s.offload_buffers);
+  if (paged) return make_paged_state_store(tracker, s.offload_dir);
+  return make_host_state_store(tracker);
+}
 
 std::unique_ptr<Optimizer> make_optimizer(const OptimSettings& s, std::vector<ParamRef> params,
                                           MemoryTracker* tracker) {

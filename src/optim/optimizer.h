@@ -24,8 +24,12 @@ struct OptimSettings {
   double weight_decay = 0.0;
   double max_grad_norm = 1.0;  // 0 disables clipping (used by the trainer, not the optimizer)
   std::string offload_dir;     // paged state files; "" = system temp dir
+  // offload.optimizer=nvme: the state lives in a file under offload_dir and each step streams
+  // it through offload_buffers in-flight buffers (src/offload/nvme_state_store.h).
+  bool offload_nvme = false;
+  int offload_buffers = 2;
 
-  // Reads optim.* and offload.dir from a validated config.
+  // Reads optim.*, offload.dir, offload.optimizer and offload.buffers from a validated config.
   static OptimSettings from_config(const Config& cfg);
 };
 
@@ -69,6 +73,12 @@ class Optimizer {
   std::vector<ParamRef> params_;
   int64_t step_ = 0;
 };
+
+class StateStore;
+// Where an optimizer's state lives: the NVMe store when s.offload_nvme, else a paged store
+// (paged_adamw8bit) or host memory.
+std::unique_ptr<StateStore> make_optimizer_state_store(const OptimSettings& s,
+                                                       MemoryTracker* tracker, bool paged);
 
 // Checks the settings and parameters (positive sizes, non-null pointers, unique names) and
 // builds the optimizer named by s.name; its state is allocated here, zeroed.

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/memory.h"
 
@@ -31,8 +32,35 @@ class StateStore {
   // Bytes handed out (what the tracker counts for this store).
   uint64_t bytes() const { return bytes_; }
 
+  // The optimizers' interface, which also fits a store that keeps the state elsewhere
+  // (offload.optimizer=nvme: src/offload/nvme_state_store.h). State comes in groups, one per
+  // parameter tensor, numbered from 0 in the order a step updates them:
+  //   add(group, bytes, what) declares a zeroed array and returns its id;
+  //   begin(group, next) makes the group's arrays addressable through data(id) until
+  //   end(group, modified), and may start fetching group `next` (-1: none);
+  //   end(group, true) keeps what was written (a streamed store writes it back).
+  // One group is begun at a time. For the resident stores here add() is allocate(), data() is
+  // valid for the store's lifetime and begin/end do nothing.
+  virtual int add(int group, size_t bytes, const char* what) {
+    (void)group;
+    ptrs_.push_back(allocate(bytes, what));
+    return static_cast<int>(ptrs_.size()) - 1;
+  }
+  virtual void* data(int id) { return ptrs_[static_cast<size_t>(id)]; }
+  virtual void begin(int group, int next) {
+    (void)group;
+    (void)next;
+  }
+  virtual void end(int group, bool modified) {
+    (void)group;
+    (void)modified;
+  }
+  // Bytes of state kept outside memory (0 for resident stores).
+  virtual uint64_t offloaded_bytes() const { return 0; }
+
  protected:
   uint64_t bytes_ = 0;
+  std::vector<void*> ptrs_;  // add()'s arrays in a resident store
 };
 
 std::unique_ptr<StateStore> make_host_state_store(MemoryTracker* tracker);

@@ -1,8 +1,16 @@
 // The trainer's offload settings (offload.optimizer, offload.params = none | cpu | nvme).
+//
+// offload.optimizer=nvme needs nothing here: OptimSettings::from_config reads it and the
+// optimizer puts its state in an NVMe store (src/offload/nvme_state_store.h).
+// offload.params=nvme moves the model's base weights into a file (src/offload/
+// nvme_weight_stream.h) before the first step.
+#include <memory>
+
 #include "config/config.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "dist/data_parallel.h"
+#include "offload/nvme_weight_stream.h"
 #include "train/trainer.h"
 
 namespace qlft {
@@ -17,12 +25,23 @@ void Trainer::init_offload(const Config& cfg) {
                   "%s=cpu means nothing on the cpu backend (the state already lives in host "
                   "memory): treated as none",
                   key);
-    else if (value == "nvme")
-      throw_error(QLFT_ERR_UNSUPPORTED,
-                  "%s=nvme is not implemented yet (optim.name=paged_adamw8bit keeps optimizer "
-                  "state in files under offload.dir)",
-                  key);
   }
+  if (ds.offload_params != "nvme") return;
+  // The trainer holds the model const because training never changes the base weights; moving
+  // their storage to a file changes where the bytes live, not their values, so the model is
+  // converted in place here, once. It stays converted after the trainer: model.stream owns the
+  // file, and generation / merged export refuse the model (Model::require_resident).
+  Model& model = const_cast<Model&>(model_);
+  const int read_ahead = static_cast<int>(cfg.get_int("offload.buffers"));
+  if (model.stream) {
+    // A second trainer on a model an earlier one offloaded: the weights are already in the file.
+    if (dynamic_cast<NvmeWeightStream*>(model.stream.get())) return;
+    throw_error(QLFT_ERR_UNSUPPORTED,
+                "offload.params=nvme: the base weights of %s are already streamed (%s); NVMe "
+                "offload of ZeRO-3 shards is not supported",
+                model.path.c_str(), model.stream->describe().c_str());
+  }
+  NvmeWeightStream::offload(model, tracker_, ds.offload_dir, read_ahead);
 }
 
 }  // namespace qlft
