@@ -8,11 +8,14 @@
 #include "backend/cpu/gemm_bf16.h"
 #include "backend/softmax_math.h"
 #include "config/config.h"
+#include "config/keys.h"
+#include "dist/communicator.h"
 #include "core/error.h"
 #include "formats/gguf.h"
 #include "formats/json_file.h"
 #include "formats/safetensors.h"
 #include "model/llama.h"
+#include "model/weight_stream.h"
 #include "optim/adamw8bit.h"
 #include "quant/ggml_types.h"
 #include "quant/nf4.h"
@@ -30,37 +33,47 @@ namespace {
 uint64_t rb(uint64_t n) {
   return (n + 63) / 64 * 64;
 }
-uint64_t rb(const Buffer& b) {
-  return rb(b.size());
-}
 uint64_t fl(int64_t floats) {
   return rb(static_cast<uint64_t>(floats) * 4);
 }
 
-uint64_t qweight_bytes(const QWeight& w) {
-  return rb(w.data) + rb(w.absmax) + rb(w.nested_absmax) + rb(w.code) + rb(w.nested_code) +
-         rb(w.scb);
-}
-
 // What qweight_from_f32 allocates for a [rows, cols] matrix of the target kind, and the staging
 // it holds meanwhile (the f32 copy is the caller's, counted separately).
+// Its buffers' sizes go to *slots (unrounded, as ZeRO-3 flattens them).
 uint64_t quantized_bytes(QuantKind k, int64_t rows, int64_t cols, int blocksize, bool dq,
-                         uint64_t* staging) {
+                         uint64_t* staging, std::vector<uint64_t>* slots) {
   const int64_t n = rows * cols;
   *staging = 0;
+  std::vector<uint64_t> b;
   switch (k) {
     case QuantKind::NF4: {
       const int64_t nb = nf4_num_blocks(n, blocksize);
-      uint64_t b = rb(nf4_packed_bytes(n)) + rb(16 * 4);
-      if (!dq) return b + fl(nb);
-      *staging = fl(nb);  // the float absmax before its second quantization
-      return b + rb(nb) + fl(nf4_num_blocks(nb, 256)) + rb(256 * 4);
+      b = {uint64_t(nf4_packed_bytes(n)), 16 * 4};
+      if (!dq) {
+        b.push_back(uint64_t(nb) * 4);
+      } else {
+        *staging = fl(nb);  // the float absmax before its second quantization
+        b.insert(b.end(), {uint64_t(nb), uint64_t(nf4_num_blocks(nb, 256)) * 4, 256 * 4});
+      }
+      break;
     }
     case QuantKind::INT8:
-      return rb(n) + fl(rows);
+      b = {uint64_t(n), uint64_t(rows) * 4};
+      break;
     default:
-      return fl(n);
+      b = {uint64_t(n) * 4};
   }
+  uint64_t total = 0;
+  for (uint64_t x : b) total += rb(x);
+  slots->insert(slots->end(), b.begin(), b.end());
+  return total;
+}
+
+// A buffer of `bytes` in group g of the footprint.
+void add_slot(WeightFootprint& w, size_t g, uint64_t bytes) {
+  if (bytes == 0) return;
+  w.bytes += rb(bytes);
+  w.groups[g].push_back(bytes);
 }
 
 QuantKind target_kind(const std::string& t) {
@@ -79,16 +92,32 @@ void proj_shapes(const ModelConfig& c, int64_t shapes[kProjCount][2]) {
 }
 
 // One linear weight of a file: kept (its own storage) or quantized at load (f32 staging).
-void add_linear(WeightFootprint& w, const LoadOptions& o, int64_t rows, int64_t cols,
+void add_linear(WeightFootprint& w, size_t g, const LoadOptions& o, int64_t rows, int64_t cols,
                 uint64_t kept_bytes) {
   if (o.quant_type == "keep") {
-    w.bytes += rb(kept_bytes);
+    add_slot(w, g, kept_bytes);
     return;
   }
   uint64_t inner = 0;
-  w.bytes +=
-      quantized_bytes(target_kind(o.quant_type), rows, cols, o.blocksize, o.double_quant, &inner);
+  w.bytes += quantized_bytes(target_kind(o.quant_type), rows, cols, o.blocksize, o.double_quant,
+                             &inner, &w.groups[g]);
   w.load_staging = std::max(w.load_staging, fl(rows * cols) + inner);
+}
+
+// The fixed buffers of a model file's footprint: embedding, norms, untied head (all f32).
+void add_fixed(WeightFootprint& w, const ModelConfig& c) {
+  w.groups.assign(static_cast<size_t>(c.n_layers) + 2, {});
+  w.tied = c.tied_embeddings;
+  const size_t head = static_cast<size_t>(c.n_layers) + 1;
+  add_slot(w, 0, uint64_t(c.vocab) * c.dim * 4);
+  add_slot(w, head, uint64_t(c.dim) * 4);
+  if (!c.tied_embeddings) add_slot(w, head, uint64_t(c.vocab) * c.dim * 4);
+}
+
+void add_biases(WeightFootprint& w, size_t g, const int64_t shapes[kProjCount][2]) {
+  add_slot(w, g, uint64_t(shapes[0][0]) * 4);
+  add_slot(w, g, uint64_t(shapes[1][0]) * 4);
+  add_slot(w, g, uint64_t(shapes[1][0]) * 4);
 }
 
 WeightFootprint gguf_footprint(const std::string& path, const LoadOptions& o, ModelConfig* cfg) {
@@ -116,12 +145,13 @@ WeightFootprint gguf_footprint(const std::string& path, const LoadOptions& o, Mo
   c.tied_embeddings = g->find_tensor("output.weight") == nullptr;
 
   WeightFootprint w;
-  w.bytes += fl(int64_t(c.vocab) * c.dim) + fl(c.dim);  // f32 embedding, output norm
-  if (!c.tied_embeddings) w.bytes += fl(int64_t(c.vocab) * c.dim);
+  add_fixed(w, c);  // f32 embedding, output norm (and head)
   int64_t shapes[kProjCount][2];
   proj_shapes(c, shapes);
   for (int l = 0; l < c.n_layers; ++l) {
-    w.bytes += 2 * fl(c.dim);
+    const size_t gi = static_cast<size_t>(l) + 1;
+    add_slot(w, gi, uint64_t(c.dim) * 4);
+    add_slot(w, gi, uint64_t(c.dim) * 4);
     const std::string b = "blk." + std::to_string(l) + ".";
     for (int p = 0; p < kProjCount; ++p) {
       const std::string n = b + proj_gguf_name(static_cast<Proj>(p)) + ".weight";
@@ -133,9 +163,9 @@ WeightFootprint gguf_footprint(const std::string& path, const LoadOptions& o, Mo
       const uint64_t kept = t->type == 0 /* F32 */
                                 ? uint64_t(rows * cols) * 4
                                 : uint64_t(rows * cols) / tr->block * tr->bytes;
-      add_linear(w, o, rows, cols, kept);
+      add_linear(w, gi, o, rows, cols, kept);
     }
-    if (c.qkv_bias) w.bytes += fl(shapes[0][0]) + 2 * fl(shapes[1][0]);
+    if (c.qkv_bias) add_biases(w, gi, shapes);
   }
   return w;
 }
@@ -166,12 +196,13 @@ WeightFootprint hf_footprint(const std::string& path, const LoadOptions& o, Mode
   c.qkv_bias = c.arch == "qwen2" || cj.get_bool("attention_bias", false) ||
                st->find("model.layers.0.self_attn.q_proj.bias") != nullptr;
   WeightFootprint w;
-  w.bytes += fl(int64_t(c.vocab) * c.dim) + fl(c.dim);
-  if (!c.tied_embeddings) w.bytes += fl(int64_t(c.vocab) * c.dim);
+  add_fixed(w, c);
   int64_t shapes[kProjCount][2];
   proj_shapes(c, shapes);
   for (int l = 0; l < c.n_layers; ++l) {
-    w.bytes += 2 * fl(c.dim);
+    const size_t g = static_cast<size_t>(l) + 1;
+    add_slot(w, g, uint64_t(c.dim) * 4);
+    add_slot(w, g, uint64_t(c.dim) * 4);
     const std::string b = "model.layers." + std::to_string(l) + ".";
     for (int p = 0; p < kProjCount; ++p) {
       const std::string n =
@@ -181,13 +212,14 @@ WeightFootprint hf_footprint(const std::string& path, const LoadOptions& o, Mode
       const int64_t rows = shapes[p][0], cols = shapes[p][1];
       if (t->dtype == DType::U8 || t->dtype == DType::I8) {
         // bitsandbytes pre-quantized: stored as in the file (plus small quant state).
-        w.bytes += rb(t->nbytes) + (t->dtype == DType::I8 ? fl(rows) : rb(16 * 4));
+        add_slot(w, g, t->nbytes);
+        add_slot(w, g, t->dtype == DType::I8 ? uint64_t(rows) * 4 : 16 * 4);
         continue;
       }
       const bool half = t->dtype == DType::F16 || t->dtype == DType::BF16;
-      add_linear(w, o, rows, cols, uint64_t(rows * cols) * (half ? 2 : 4));
+      add_linear(w, g, o, rows, cols, uint64_t(rows * cols) * (half ? 2 : 4));
     }
-    if (c.qkv_bias) w.bytes += fl(shapes[0][0]) + 2 * fl(shapes[1][0]);
+    if (c.qkv_bias) add_biases(w, g, shapes);
   }
   return w;
 }
@@ -297,11 +329,23 @@ uint64_t optimizer_bytes(const std::string& name, uint64_t numel) {
 
 WeightFootprint weight_footprint(const Model& m) {
   WeightFootprint w;
-  w.bytes = qweight_bytes(m.tok_embd) + qweight_bytes(m.output) + rb(m.output_norm);
-  for (const LayerWeights& l : m.layers) {
-    w.bytes += rb(l.attn_norm) + rb(l.ffn_norm);
+  const size_t L = m.layers.size();
+  w.groups.assign(L + 2, {});
+  w.tied = m.output.rows == 0;
+  auto buf = [&](size_t g, const Buffer& b) { add_slot(w, g, b.size()); };
+  auto qw = [&](size_t g, const QWeight& q) {
+    for (const Buffer* b : {&q.data, &q.absmax, &q.nested_absmax, &q.code, &q.nested_code, &q.scb})
+      buf(g, *b);
+  };
+  qw(0, m.tok_embd);
+  buf(L + 1, m.output_norm);
+  qw(L + 1, m.output);
+  for (size_t i = 0; i < L; ++i) {
+    const LayerWeights& l = m.layers[i];
+    buf(i + 1, l.attn_norm);
+    buf(i + 1, l.ffn_norm);
     for (const QWeight& q : l.proj) {
-      w.bytes += qweight_bytes(q);
+      qw(i + 1, q);
       if (q.kind == QuantKind::NF4 || q.kind == QuantKind::INT8) {
         const int64_t nb = nf4_num_blocks(q.numel(), q.blocksize);
         w.load_staging =
@@ -309,7 +353,7 @@ WeightFootprint weight_footprint(const Model& m) {
                      fl(q.numel()) + (q.kind == QuantKind::NF4 && q.double_quant ? fl(nb) : 0));
       }
     }
-    for (const Buffer& b : l.bias) w.bytes += rb(b);
+    for (const Buffer& b : l.bias) buf(i + 1, b);
   }
   return w;
 }
@@ -336,36 +380,228 @@ PlanSettings PlanSettings::from_config(const Config& c) {
   const std::string init_from = c.get("lora.init_from");
   if (!init_from.empty()) s.lora = read_peft_config(init_from);
   s.threads = static_cast<int>(c.get_int("threads"));
+  s.zero_stage = static_cast<int>(c.get_int("dist.zero_stage"));
+  s.world = c.get("dist.backend") == "none" ? 1 : dist::detect_launch().world;
+  s.offload_optimizer = c.get("offload.optimizer");
+  s.offload_params = c.get("offload.params");
+  // NVMe buffers in flight (where the build has the key).
+  if (find_key("offload.buffers"))
+    s.offload_buffers = static_cast<int>(c.get_int("offload.buffers"));
   return s;
 }
 
+std::vector<int> plan_lora_owners(const std::vector<uint64_t>& numel, int world) {
+  // dist::DataParallel's rule: tensor i goes to the rank whose equal share of the elements
+  // holds its first element.
+  world = std::max(world, 1);
+  uint64_t total = 0;
+  for (uint64_t n : numel) total += n;
+  std::vector<int> owner(numel.size(), 0);
+  uint64_t start = 0;
+  for (size_t i = 0; i < numel.size(); ++i) {
+    int o = total ? static_cast<int>((static_cast<unsigned __int128>(start) * world) / total) : 0;
+    owner[i] = std::min(o, world - 1);
+    start += numel[i];
+  }
+  return owner;
+}
+
+namespace {
+
+// The trainer's LoRA tensors in its order (layer-major, targeted projections, A then B).
+std::vector<uint64_t> lora_numels(const ModelConfig& c, const LoraConfig& lc) {
+  int64_t shapes[kProjCount][2];
+  proj_shapes(c, shapes);
+  std::vector<uint64_t> n;
+  for (int l = 0; l < c.n_layers; ++l)
+    for (int q = 0; q < kProjCount; ++q) {
+      if (!lc.targets[q]) continue;
+      n.push_back(uint64_t(lc.r) * uint64_t(shapes[q][1]));
+      n.push_back(uint64_t(shapes[q][0]) * uint64_t(lc.r));
+    }
+  return n;
+}
+
+// Optimizer bytes of each rank, and the exchange buffer's floats per rank segment.
+std::vector<uint64_t> optimizer_by_rank(const ModelConfig& c, const PlanSettings& s,
+                                        size_t* segment) {
+  const int W = std::max(s.world, 1);
+  const std::vector<uint64_t> numel = lora_numels(c, s.lora);
+  const std::vector<int> owner = plan_lora_owners(numel, W);
+  std::vector<uint64_t> fill(static_cast<size_t>(W), 0);
+  std::vector<std::vector<uint64_t>> state(static_cast<size_t>(W));
+  for (size_t i = 0; i < numel.size(); ++i) {
+    // The NVMe store rounds every array like host memory (also for paged_adamw8bit).
+    const bool nvme = s.offload_optimizer == "nvme";
+    const uint64_t b = optimizer_bytes(
+        nvme && s.optimizer == "paged_adamw8bit" ? "adamw8bit" : s.optimizer, numel[i]);
+    fill[static_cast<size_t>(owner[i])] += numel[i];
+    if (s.zero_stage == 0) {
+      for (auto& v : state) v.push_back(b);
+    } else {
+      state[static_cast<size_t>(owner[i])].push_back(b);
+    }
+  }
+  *segment = 0;
+  for (int r = 0; r < W; ++r) {
+    if (fill[static_cast<size_t>(r)] == 0 && s.zero_stage > 0)
+      throw_error(QLFT_ERR_INVALID_ARGUMENT,
+                  "dist.zero_stage %d over %d ranks: rank %d would own no LoRA tensor (%zu "
+                  "tensors); use fewer ranks or stage 0",
+                  s.zero_stage, W, r, numel.size());
+    *segment = std::max<size_t>(*segment, fill[static_cast<size_t>(r)]);
+  }
+  std::vector<uint64_t> out(static_cast<size_t>(W), 0);
+  for (int r = 0; r < W; ++r) {
+    std::vector<uint64_t>& v = state[static_cast<size_t>(r)];
+    if (s.offload_optimizer == "nvme") {
+      // In a file but for 1 + offload.buffers slots as large as the largest tensor's state.
+      const uint64_t largest = v.empty() ? 0 : *std::max_element(v.begin(), v.end());
+      out[static_cast<size_t>(r)] = uint64_t(1 + std::max(s.offload_buffers, 1)) * largest;
+      continue;
+    }
+    for (uint64_t b : v) out[static_cast<size_t>(r)] += b;
+  }
+  return out;
+}
+
+// The runner's unit order (model/weight_stream.h): (unit, next) of each acquire of a training
+// forward and backward.
+std::vector<std::pair<int, int>> training_unit_order(int L) {
+  std::vector<std::pair<int, int>> o;
+  o.push_back({kEmbeddingUnit, layer_unit(0)});
+  for (int l = 0; l < L; ++l)
+    o.push_back({layer_unit(l), l + 1 < L ? layer_unit(l + 1) : head_unit(L)});
+  o.push_back({head_unit(L), head_unit(L)});
+  o.push_back({head_unit(L), layer_unit(L - 1)});
+  for (int l = L - 1; l >= 0; --l)
+    o.push_back({layer_unit(l), l > 0 ? layer_unit(l - 1) : kNoUnit});
+  return o;
+}
+
+std::vector<size_t> unit_groups(const WeightFootprint& w, int u) {
+  const int L = static_cast<int>(w.groups.size()) - 2;
+  if (u == head_unit(L) && w.tied) return {static_cast<size_t>(L) + 1, 0};
+  return {static_cast<size_t>(u)};
+}
+
+uint64_t slots_bytes(const std::vector<uint64_t>& g) {
+  uint64_t n = 0;
+  for (uint64_t b : g) n += rb(b);
+  return n;
+}
+
+// ZeRO-3 (dist/zero3_stream.h): this rank's shards (weights) and the most gathered bytes alive
+// at once (communication).
+void zero3_bytes(const WeightFootprint& w, int world, uint64_t* shards, uint64_t* gathered) {
+  const size_t G = w.groups.size();
+  std::vector<uint64_t> recv(G), slots(G);
+  *shards = 0;
+  for (size_t g = 0; g < G; ++g) {
+    uint64_t total = 0;
+    for (uint64_t b : w.groups[g]) total += b;
+    const uint64_t share = (total + world - 1) / world, per_rank = (share + 63) / 64 * 64;
+    *shards += per_rank;
+    recv[g] = per_rank * world;
+    slots[g] = slots_bytes(w.groups[g]);
+  }
+  const int L = static_cast<int>(G) - 2;
+  *gathered = 0;
+  int installed = kNoUnit;
+  for (auto [u, next] : training_unit_order(L)) {
+    const std::vector<size_t> gs = unit_groups(w, u);
+    uint64_t in_use = 0;
+    for (size_t g : gs) in_use += slots[g];
+    if (u != installed) {
+      // Installing: group k's copies beside the receive buffers of groups k.. (earlier ones
+      // are freed as their copies are made).
+      for (size_t k = 0; k < gs.size(); ++k) {
+        uint64_t b = 0;
+        for (size_t j = 0; j < gs.size(); ++j)
+          b += (j <= k ? slots[gs[j]] : 0) + (j >= k ? recv[gs[j]] : 0);
+        *gathered = std::max(*gathered, b);
+      }
+      installed = u;
+    }
+    uint64_t ahead = 0;
+    if (next != kNoUnit && next != u)
+      for (size_t g : unit_groups(w, next)) ahead += recv[g];
+    *gathered = std::max(*gathered, in_use + ahead);
+  }
+}
+
+// offload.params=nvme: the most unit storage resident at once (the unit in use and read_ahead
+// units after it in use order; a buffer two units share counted once).
+uint64_t nvme_resident_bytes(const WeightFootprint& w, int read_ahead) {
+  const int L = static_cast<int>(w.groups.size()) - 2;
+  std::vector<int> seq;
+  for (auto [u, next] : training_unit_order(L))
+    if (seq.empty() || seq.back() != u) seq.push_back(u);
+  uint64_t most = 0;
+  for (size_t i = 0; i < seq.size(); ++i) {
+    std::vector<bool> in(w.groups.size(), false);
+    for (size_t j = i; j < seq.size() && j <= i + static_cast<size_t>(std::max(read_ahead, 0)); ++j)
+      for (size_t g : unit_groups(w, seq[j])) in[g] = true;
+    uint64_t b = 0;
+    for (size_t g = 0; g < in.size(); ++g)
+      if (in[g]) b += slots_bytes(w.groups[g]);
+    most = std::max(most, b);
+  }
+  return most;
+}
+
+}  // namespace
+
 MemoryPlan plan_memory(const ModelConfig& c, const WeightFootprint& w, const PlanSettings& s) {
+  size_t segment = 0;
+  const std::vector<uint64_t> opt = optimizer_by_rank(c, s, &segment);
+  // Only the optimizer state differs between ranks: the rank with the most is the peak.
+  const int r = static_cast<int>(std::max_element(opt.begin(), opt.end()) - opt.begin());
+  return plan_memory_of_rank(c, w, s, r);
+}
+
+MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
+                               const PlanSettings& s, int rank) {
   QLFT_CHECK_ARG(s.micro_batch > 0 && s.seq_len > 0,
                  "memory plan: micro_batch %d and seq_len %d "
                  "must be positive",
                  s.micro_batch, s.seq_len);
+  QLFT_CHECK_ARG(
+      s.world >= 1 && rank >= 0 && rank < s.world && s.zero_stage >= 0 && s.zero_stage <= 3,
+      "memory plan: rank %d of world %d, zero stage %d", rank, s.world, s.zero_stage);
   const int64_t B = s.micro_batch, T = s.seq_len, R = B * T;
   const LoraConfig& lc = s.lora;
   int projs = 0;
   for (bool t : lc.targets) projs += t ? 1 : 0;
 
   MemoryPlan p;
+  p.world = s.world;
+  p.peak_rank = rank;
   auto& cat = p.train;
+  const bool have_groups = w.groups.size() == static_cast<size_t>(c.n_layers) + 2;
   cat[int(MemCategory::Weights)] = w.bytes;
+  if (have_groups && s.zero_stage == 3) {
+    zero3_bytes(w, s.world, &cat[int(MemCategory::Weights)], &cat[int(MemCategory::Communication)]);
+  } else if (have_groups && s.offload_params == "nvme") {
+    cat[int(MemCategory::Weights)] = nvme_resident_bytes(w, s.offload_buffers);
+  }
 
-  // LoRA A [r, in], B [out, r] per targeted projection, their gradients, optimizer state.
+  // LoRA A [r, in], B [out, r] per targeted projection, their gradients (whole on every rank),
+  // this rank's optimizer state.
   int64_t shapes[kProjCount][2];
   proj_shapes(c, shapes);
-  uint64_t adapter = 0, optim = 0;
+  uint64_t adapter = 0;
   for (int q = 0; q < kProjCount; ++q) {
     if (!lc.targets[q]) continue;
-    const int64_t a = int64_t(lc.r) * shapes[q][1], b = shapes[q][0] * int64_t(lc.r);
-    adapter += fl(a) + fl(b);
-    optim += optimizer_bytes(s.optimizer, a) + optimizer_bytes(s.optimizer, b);
+    adapter += fl(int64_t(lc.r) * shapes[q][1]) + fl(shapes[q][0] * int64_t(lc.r));
   }
   cat[int(MemCategory::Adapter)] = adapter * c.n_layers;
   cat[int(MemCategory::Gradients)] = adapter * c.n_layers;
-  cat[int(MemCategory::Optimizer)] = optim * c.n_layers;
+  size_t segment = 0;
+  cat[int(MemCategory::Optimizer)] = optimizer_by_rank(c, s, &segment)[static_cast<size_t>(rank)];
+  // The gradient/parameter exchange buffer of dist::DataParallel.
+  if (s.world > 1)
+    cat[int(MemCategory::Communication)] += rb((uint64_t(s.world) + 1) * segment * 4);
 
   // Activations: the runner's own sizes.
   const RunnerFootprint f = LlamaRunner::footprint(c, lc.r, projs, R, true, /*doc_ids=*/true,

@@ -15,11 +15,28 @@
 // The training peak is reached in backward with every activation alive, so it is the sum of the
 // persistent categories, the activations and the workspace peak. Loading holds the weights and
 // an f32 staging copy of one tensor being quantized (workspace); that is the load peak.
+//
+// Sharding and offload (PlanSettings::world, zero_stage, offload_*), for one rank:
+//  - ZeRO-1/2/3: optimizer state only for this rank's LoRA tensors. Ownership is that of
+//    dist::DataParallel (whole tensors in trainer order, contiguous runs balanced by elements:
+//    tensor i goes to rank floor(start_i x world / total)), computed here the same way; the
+//    prediction is the rank with the largest total. Gradients stay whole (the runtime keeps full
+//    dA/dB on every rank, stage 2 included). With world > 1 the gradient/parameter exchange
+//    buffer ((world + 1) x the largest rank's elements, f32) is `communication`.
+//  - ZeRO-3 (dist/zero3_stream.h): weights = this rank's slice of each unit (embedding, each
+//    layer, final norm + untied head), ceil(unit bytes / world) rounded up to 64; communication
+//    adds the gathered unit in use (its buffers as copies) plus the one gathered ahead (world x
+//    slice bytes), the largest pair along the runner's forward and backward unit order.
+//  - offload.params=nvme (offload/nvme_weight_stream.h): weights = the units resident at once,
+//    the one in use and offload.buffers units read ahead, the largest such window.
+//  - offload.optimizer=nvme (offload/nvme_state_store.h): the state leaves RAM but for
+//    1 + offload.buffers slots, each as large as this rank's largest tensor state.
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/memory.h"
@@ -34,6 +51,10 @@ class Config;
 struct WeightFootprint {
   uint64_t bytes = 0;         // every weight buffer, rounded as the tracker counts it
   uint64_t load_staging = 0;  // the most workspace held at once while loading
+  // The storage buffers' sizes (unrounded, empty ones left out) per group, as ZeRO-3 groups
+  // them: 0 the embedding, 1..n_layers the layers, n_layers + 1 the final norm and untied head.
+  std::vector<std::vector<uint64_t>> groups;
+  bool tied = false;  // the head unit also reads group 0
 };
 
 // Of a loaded model (exact for bytes; staging assumes the linears were quantized at load when
@@ -54,9 +75,15 @@ struct PlanSettings {
   LoraConfig lora;
   int threads = 0;  // kernel threads; 0: what OpenMP would use now
   cpu::CpuTuning tune;
+  int world = 1;                                                    // ranks
+  int zero_stage = 0;                                               // dist.zero_stage
+  std::string offload_optimizer = "none", offload_params = "none";  // none | cpu | nvme
+  int offload_buffers = 2;  // offload.buffers: NVMe buffers in flight besides the one in use
 
   // train.precision, train.grad_checkpointing, data.seq_len, train.micro_batch (auto gives 1),
-  // optim.name, lora.* (or lora.init_from's adapter_config.json), threads.
+  // optim.name, lora.* (or lora.init_from's adapter_config.json), threads, dist.zero_stage,
+  // offload.optimizer/params; world: the launcher's (dist::detect_launch) when dist.backend is
+  // set, else 1.
   static PlanSettings from_config(const Config& c);
 };
 
@@ -66,9 +93,18 @@ struct MemoryPlan {
   uint64_t train_peak = 0;                          // total during a training step
   uint64_t load_peak = 0;                           // total while loading the weights
   uint64_t total_peak = 0;                          // max(train_peak, load_peak)
+  int world = 1;                                    // ranks planned for
+  int peak_rank = 0;  // the rank whose prediction this is (the largest train_peak)
 };
 
+// Owner rank of each of the trainer's LoRA tensors (layer-major, targeted projections in order,
+// A then B), as dist::DataParallel assigns them: numel[i] elements each.
+std::vector<int> plan_lora_owners(const std::vector<uint64_t>& numel, int world);
+
 MemoryPlan plan_memory(const ModelConfig& mc, const WeightFootprint& w, const PlanSettings& s);
+// The same for one rank (rank in [0, s.world)); plan_memory is the largest of these.
+MemoryPlan plan_memory_of_rank(const ModelConfig& mc, const WeightFootprint& w,
+                               const PlanSettings& s, int rank);
 
 // The largest micro-batch in [1, upper] whose predicted training peak is at most budget; 0 when
 // not even 1 fits. The peak grows with the micro-batch, so this is a binary search.

@@ -10,15 +10,22 @@
 // done-when 5). The matrix runs for base weights kept as f32 and quantized to NF4.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <cstdio>
 #include <memory>
 #include <string>
 
 #include "config/config.h"
+#include "core/error.h"
 #include "core/threads.h"
 #include "data/dataset.h"
 #include "data/tokenizer_encoder.h"
+#include "dist/data_parallel.h"
+#include "model/lora.h"
+#include "optim/optimizer.h"
 #include "model/model.h"
 #include "support/test_support.h"
 #include "tokenizer/tokenizer.h"
@@ -232,4 +239,204 @@ TEST_F(PlannerTest, MaxMicroBatchIsTheLargestThatFits) {
   EXPECT_EQ(plan_max_micro_batch(model->cfg, w, s, budget, 64), 5);
   EXPECT_EQ(plan_max_micro_batch(model->cfg, w, s, budget, 3), 3);
   EXPECT_EQ(plan_max_micro_batch(model->cfg, w, s, 1000, 64), 0);
+}
+
+// ---- sharding (ZeRO) and offload --------------------------------------------------------------
+
+namespace {
+
+// A rank of a world of `world` in which every rank has the same values: sums multiply by the
+// world, gathers repeat this rank's block. Enough to build DataParallel and ZeRO-3 streams
+// exactly as a real rank would (their allocations do not depend on the other ranks' data).
+class MirrorCommunicator final : public dist::Communicator {
+ public:
+  MirrorCommunicator(int rank, int world) : rank_(rank), world_(world) {}
+  const char* backend() const override { return "mirror"; }
+  int rank() const override { return rank_; }
+  int world() const override { return world_; }
+  int local_rank() const override { return rank_; }
+  void all_reduce(float* d, size_t n, dist::ReduceOp op) override {
+    if (op == dist::ReduceOp::Sum)
+      for (size_t i = 0; i < n; ++i) d[i] *= static_cast<float>(world_);
+  }
+  void all_reduce(double* d, size_t n, dist::ReduceOp op) override {
+    if (op == dist::ReduceOp::Sum)
+      for (size_t i = 0; i < n; ++i) d[i] *= world_;
+  }
+  void reduce_scatter(const float* in, float* out, size_t n, dist::ReduceOp) override {
+    std::memmove(out, in + size_t(rank_) * n, n * sizeof(float));
+  }
+  void all_gather(const float* in, float* out, size_t n) override {
+    for (int r = 0; r < world_; ++r) std::memmove(out + size_t(r) * n, in, n * sizeof(float));
+  }
+  void broadcast(void*, size_t, int) override {}
+  void barrier() override {}
+
+ private:
+  int rank_, world_;
+};
+
+// The trainer's LoRA tensors (layer-major, active projections, A then B) from a real adapter.
+std::vector<ParamRef> lora_params(LoraAdapter& a) {
+  std::vector<ParamRef> params;
+  for (int l = 0; l < a.n_layers(); ++l)
+    for (int p = 0; p < kProjCount; ++p) {
+      LoraSlot& s = a.slot(l, static_cast<Proj>(p));
+      if (!s.active()) continue;
+      std::string base = "lora." + std::to_string(l) + "." + proj_peft_name(static_cast<Proj>(p));
+      params.push_back({base + ".A", s.A.as<float>(), s.dA.as<float>(), s.A.size() / 4});
+      params.push_back({base + ".B", s.B.as<float>(), s.dB.as<float>(), s.B.size() / 4});
+    }
+  return params;
+}
+
+ModelConfig small_model() {
+  ModelConfig c;
+  c.arch = "llama";
+  c.n_layers = 5;
+  c.dim = 96;
+  c.n_heads = 6;
+  c.n_kv_heads = 2;
+  c.head_dim = 16;
+  c.ffn_dim = 256;
+  c.vocab = 300;
+  return c;
+}
+
+uint64_t r64(uint64_t n) {
+  return (n + 63) / 64 * 64;
+}
+
+}  // namespace
+
+// ZeRO-1/2 on world sizes 1..7: this rank's optimizer state and the exchange buffer predicted
+// exactly as dist::DataParallel and the optimizer allocate them for that rank, and the
+// prediction (plan_memory) is the largest rank.
+TEST(PlannerZero, OptimizerAndExchangeBufferPerRankMatchTheRuntime) {
+  const ModelConfig mc = small_model();
+  WeightFootprint w;
+  w.bytes = 4096;
+  for (const char* optim : {"adamw", "adamw8bit"})
+    for (const char* targets : {"", "q_proj,down_proj"})
+      for (int stage : {0, 1, 2})
+        for (int world : {1, 2, 3, 4, 7}) {
+          SCOPED_TRACE(std::string(optim) + " targets=" + targets + " stage " +
+                       std::to_string(stage) + " world " + std::to_string(world));
+          Config c;
+          c.set("optim.name", optim);
+          c.set("lora.r", "8");
+          if (*targets) c.set("lora.target_modules", targets);
+          c.set("dist.zero_stage", std::to_string(stage));
+          c.set("data.seq_len", "16");
+          c.set("train.micro_batch", "1");
+          PlanSettings s = PlanSettings::from_config(c);
+          s.world = world;
+          uint64_t most = 0;
+          int most_rank = 0;
+          for (int r = 0; r < world; ++r) {
+            MemoryTracker t;
+            LoraAdapter a(&t, mc, lora_config_from(c));
+            const uint64_t before = t.snapshot().reserved[QLFT_MEM_OPTIMIZER];
+            dist::DataParallel dp(std::make_unique<MirrorCommunicator>(r, world), stage,
+                                  lora_params(a), &t);
+            auto opt = make_optimizer(OptimSettings::from_config(c), dp.owned_params(), &t);
+            const MemorySnapshot m = t.snapshot();
+            const MemoryPlan p = plan_memory_of_rank(mc, w, s, r);
+            EXPECT_EQ(p.train[QLFT_MEM_OPTIMIZER], m.reserved[QLFT_MEM_OPTIMIZER] - before)
+                << "rank " << r;
+            EXPECT_EQ(p.train[QLFT_MEM_COMMUNICATION], m.reserved[QLFT_MEM_COMMUNICATION])
+                << "rank " << r;
+            EXPECT_EQ(p.train[QLFT_MEM_GRADIENTS], m.reserved[QLFT_MEM_GRADIENTS]);
+            if (p.train_peak > most) {
+              most = p.train_peak;
+              most_rank = r;
+            }
+          }
+          const MemoryPlan all = plan_memory(mc, w, s);
+          EXPECT_EQ(all.train_peak, most);
+          EXPECT_EQ(all.peak_rank, most_rank);
+        }
+}
+
+// The ownership formula against an independent computation: each rank's elements are a
+// contiguous run, balanced (no rank's share differs from total / world by more than the largest
+// tensor), and for adamw a rank's optimizer bytes are 2 x its tensors' f32 bytes.
+TEST(PlannerZero, OwnershipIsContiguousBalancedRuns) {
+  const ModelConfig mc = small_model();
+  const uint64_t r = 8;
+  std::vector<uint64_t> numel;  // from the shapes, written out here
+  const uint64_t q = 6 * 16, kv = 2 * 16;
+  const uint64_t in_out[7][2] = {{96, q},   {96, kv},  {96, kv}, {q, 96},
+                                 {96, 256}, {96, 256}, {256, 96}};
+  for (int l = 0; l < mc.n_layers; ++l)
+    for (const auto& io : in_out) {
+      numel.push_back(r * io[0]);
+      numel.push_back(io[1] * r);
+    }
+  uint64_t total = 0, largest = 0;
+  for (uint64_t n : numel) total += n, largest = std::max(largest, n);
+  WeightFootprint w;
+  for (int world : {1, 2, 3, 5, 8}) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    const std::vector<int> owner = plan_lora_owners(numel, world);
+    ASSERT_EQ(owner.size(), numel.size());
+    std::vector<uint64_t> share(size_t(world), 0), adam(size_t(world), 0);
+    for (size_t i = 0; i < numel.size(); ++i) {
+      if (i) EXPECT_GE(owner[i], owner[i - 1]);  // contiguous runs in order
+      share[size_t(owner[i])] += numel[i];
+      adam[size_t(owner[i])] += 2 * r64(numel[i] * 4);
+    }
+    for (int k = 0; k < world; ++k)
+      EXPECT_LE(std::llabs(int64_t(share[size_t(k)]) - int64_t(total / world)), int64_t(largest));
+    Config c;
+    c.set("lora.r", "8");
+    c.set("dist.zero_stage", "1");
+    c.set("data.seq_len", "16");
+    c.set("train.micro_batch", "1");
+    PlanSettings s = PlanSettings::from_config(c);
+    s.world = world;
+    for (int k = 0; k < world; ++k)
+      EXPECT_EQ(plan_memory_of_rank(mc, w, s, k).train[QLFT_MEM_OPTIMIZER], adam[size_t(k)]);
+    // The exchange buffer: (world + 1) x the largest rank's share, f32.
+    const uint64_t seg = *std::max_element(share.begin(), share.end());
+    EXPECT_EQ(plan_memory(mc, w, s).train[QLFT_MEM_COMMUNICATION],
+              world > 1 ? r64((world + 1) * seg * 4) : 0);
+  }
+  // Stage 0 keeps every tensor's state on every rank; too many ranks for the tensors is refused
+  // as DataParallel refuses it.
+  Config c;
+  c.set("lora.r", "8");
+  c.set("lora.target_modules", "q_proj");
+  c.set("dist.zero_stage", "2");
+  c.set("data.seq_len", "16");
+  c.set("train.micro_batch", "1");
+  PlanSettings s = PlanSettings::from_config(c);
+  s.world = 64;
+  EXPECT_THROW(plan_memory(mc, w, s), Error);
+}
+
+// 1-rank ZeRO-1/2 through the trainer (the single communicator): exact against the tracker.
+TEST_F(PlannerTest, ZeroStagesOnOneRankMatchTheTracker) {
+  MemoryTracker tracker;
+  LoadOptions lo;
+  lo.quant_type = "nf4";
+  auto model = load_model(&tracker, model_path_, lo);
+  const WeightFootprint w = weight_footprint(*model);
+  for (int stage : {1, 2}) {
+    Config c = config_of(kCases[0]);
+    c.set("dist.zero_stage", std::to_string(stage));
+    const MemoryPlan plan = plan_memory(model->cfg, w, PlanSettings::from_config(c));
+    EXPECT_EQ(plan.world, 1);
+    tracker.reset_peaks();
+    {
+      Trainer t(*model, &tracker, nullptr, c);
+      StepReport r;
+      t.step_on({full_batch(1, 64, model->cfg.vocab, 0), full_batch(1, 64, model->cfg.vocab, 1)},
+                &r);
+    }
+    const MemorySnapshot m = tracker.snapshot();
+    for (int cat = 0; cat < kMemCategoryCount; ++cat)
+      EXPECT_EQ(plan.train[cat], m.peak[cat]) << mem_category_name(MemCategory(cat));
+    EXPECT_EQ(plan.train_peak, m.total_peak);
+  }
 }
