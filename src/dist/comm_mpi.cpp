@@ -60,6 +60,22 @@ std::string mpi_error_text(int rc) {
 // MPI counts are int: large buffers go in chunks of this many elements.
 constexpr size_t kMaxChunk = size_t{1} << 28;
 constexpr int kDiagTag = 7301;
+// Byte gathers move 64-byte units (a contiguous datatype) so that an int count reaches 128 GiB.
+constexpr size_t kGatherUnit = 64;
+
+class MpiCommunicator;
+
+class MpiPending final : public PendingCollective {
+ public:
+  MpiPending(MpiCommunicator* c, MPI_Request r, size_t bytes) : comm_(c), req_(r), bytes_(bytes) {}
+  ~MpiPending() override;
+  void wait() override;
+
+ private:
+  MpiCommunicator* comm_;
+  MPI_Request req_;
+  size_t bytes_;
+};
 
 class MpiCommunicator final : public Communicator {
  public:
@@ -70,6 +86,9 @@ class MpiCommunicator final : public Communicator {
     check(MPI_Comm_dup(MPI_COMM_WORLD, &ctl_), "MPI_Comm_dup");
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_set_errhandler(ctl_, MPI_ERRORS_RETURN);
+    check(MPI_Type_contiguous(static_cast<int>(kGatherUnit), MPI_BYTE, &unit_type_),
+          "MPI_Type_contiguous");
+    check(MPI_Type_commit(&unit_type_), "MPI_Type_commit");
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &world_);
     LaunchInfo li = detect_launch();
@@ -99,6 +118,7 @@ class MpiCommunicator final : public Communicator {
         MPI_Cancel(&r);
         MPI_Request_free(&r);
       }
+    MPI_Type_free(&unit_type_);
     MPI_Comm_free(&ctl_);
     MPI_Comm_free(&comm_);
   }
@@ -164,6 +184,28 @@ class MpiCommunicator final : public Communicator {
     wait(&req, "all_gather", n * world_ * sizeof(float));
   }
 
+  std::unique_ptr<PendingCollective> start_all_gather_raw(const void* in, void* out,
+                                                          size_t bytes) override {
+    MPI_Datatype type = MPI_BYTE;
+    size_t count = bytes;
+    if (bytes % kGatherUnit == 0) {
+      type = unit_type_;
+      count = bytes / kGatherUnit;
+    }
+    QLFT_CHECK_ARG(count <= static_cast<size_t>(INT_MAX),
+                   "all_gather_raw: %zu bytes per rank is too many for one call (a multiple of "
+                   "%zu goes up to 128 GiB)",
+                   bytes, kGatherUnit);
+    MPI_Request req = MPI_REQUEST_NULL;
+    if (bytes) {
+      const bool in_place = in == static_cast<const char*>(out) + bytes * rank_;
+      start(MPI_Iallgather(in_place ? MPI_IN_PLACE : in, static_cast<int>(count), type, out,
+                           static_cast<int>(count), type, comm_, &req),
+            "all_gather (bytes)");
+    }
+    return std::make_unique<MpiPending>(this, req, bytes * world_);
+  }
+
   void broadcast(void* data, size_t bytes, int root) override {
     QLFT_CHECK_ARG(root >= 0 && root < world_, "broadcast: root %d is not a rank (world %d)", root,
                    world_);
@@ -183,6 +225,7 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
+  friend class MpiPending;
   void check(int rc, const char* what) {
     if (rc != MPI_SUCCESS)
       fail(strf("%s failed on rank %d: %s", what, rank_, mpi_error_text(rc).c_str()));
@@ -291,6 +334,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL, ctl_ = MPI_COMM_NULL;
+  MPI_Datatype unit_type_ = MPI_DATATYPE_NULL;
   int rank_ = 0, world_ = 1, local_rank_ = 0;
   uint64_t seq_ = 0;  // collectives started: the same sequence on every rank
   // Liveness probes (see wait): per peer the posted receive, its buffer and the newest
@@ -299,6 +343,24 @@ class MpiCommunicator final : public Communicator {
   std::vector<MPI_Request> probe_req_;
   std::deque<uint64_t> probe_out_;
 };
+
+void MpiPending::wait() {
+  if (req_ == MPI_REQUEST_NULL) return;
+  // The same polling and timeout as the blocking collectives; on failure the request is left
+  // to MPI (the communicator is broken and never freed).
+  MPI_Request r = req_;
+  req_ = MPI_REQUEST_NULL;
+  comm_->wait(&r, "all_gather (bytes)", bytes_);
+}
+
+MpiPending::~MpiPending() {
+  if (req_ == MPI_REQUEST_NULL || comm_->broken()) return;
+  try {
+    wait();
+  } catch (...) {
+    // Destructors do not throw; the communicator is broken now and the next call says so.
+  }
+}
 
 }  // namespace
 

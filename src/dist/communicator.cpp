@@ -23,6 +23,11 @@ int env_int(const char* name) {
   return static_cast<int>(x);
 }
 
+class DonePending final : public PendingCollective {
+ public:
+  void wait() override {}
+};
+
 class SingleCommunicator final : public Communicator {
  public:
   const char* backend() const override { return "none"; }
@@ -36,6 +41,11 @@ class SingleCommunicator final : public Communicator {
   }
   void all_gather(const float* in, float* out, size_t n) override {
     if (n && in != out) std::memmove(out, in, n * sizeof(float));
+  }
+  std::unique_ptr<PendingCollective> start_all_gather_raw(const void* in, void* out,
+                                                          size_t bytes) override {
+    if (bytes && in != out) std::memmove(out, in, bytes);
+    return std::make_unique<DonePending>();
   }
   void broadcast(void*, size_t, int root) override {
     QLFT_CHECK_ARG(root == 0, "broadcast: root %d is not a rank of a 1-rank world", root);
@@ -71,6 +81,14 @@ LaunchInfo detect_launch() {
   }
   li.source = "none";
   return li;
+}
+
+std::unique_ptr<PendingCollective> Communicator::start_all_gather_raw(const void*, void*,
+                                                                      size_t bytes) {
+  throw_error(QLFT_ERR_UNSUPPORTED,
+              "the %s communicator has no byte all-gather (%zu bytes per rank asked): ZeRO-3 "
+              "needs dist.backend=mpi",
+              backend(), bytes);
 }
 
 double Communicator::sum(double v) {

@@ -21,6 +21,18 @@ namespace qlft::dist {
 
 enum class ReduceOp { Sum, Avg };
 
+// A collective that was started and not yet waited for (Communicator::start_all_gather_raw).
+// Its buffers must stay valid until wait() returns or the object is destroyed. Destroying it
+// unwaited waits for it (bounded by timeout_s; an error is then swallowed) unless the
+// communicator is already broken.
+class PendingCollective {
+ public:
+  virtual ~PendingCollective() = default;
+  // Blocks until the collective completed, bounded by the communicator's timeout_s
+  // (QLFT_ERR_DISTRIBUTED past it, or when a peer failed). A second call returns at once.
+  virtual void wait() = 0;
+};
+
 // Where this process sits, as the launcher says: mpirun (OMPI_COMM_WORLD_*, PMI_*), or
 // RANK / WORLD_SIZE / LOCAL_RANK for other launchers. world = 1 when nothing is set.
 struct LaunchInfo {
@@ -44,6 +56,16 @@ class Communicator {
   virtual void reduce_scatter(const float* in, float* out, size_t n_per_rank, ReduceOp op) = 0;
   // in holds n_per_rank values; out receives world * n_per_rank, block r from rank r.
   virtual void all_gather(const float* in, float* out, size_t n_per_rank) = 0;
+  // Bytes: in holds bytes_per_rank bytes; out receives world * bytes_per_rank, block r from
+  // rank r. The start form returns at once so that the transfer overlaps computation (ZeRO-3
+  // prefetches the next unit's weights with it); nothing may touch in or out until wait().
+  // Every rank starts the same gathers in the same order, interleaved with the other
+  // collectives in the same order. Implementations without it throw QLFT_ERR_UNSUPPORTED.
+  virtual std::unique_ptr<PendingCollective> start_all_gather_raw(const void* in, void* out,
+                                                                  size_t bytes_per_rank);
+  void all_gather_raw(const void* in, void* out, size_t bytes_per_rank) {
+    start_all_gather_raw(in, out, bytes_per_rank)->wait();
+  }
   // bytes from root to every rank.
   virtual void broadcast(void* data, size_t bytes, int root) = 0;
   virtual void barrier() = 0;

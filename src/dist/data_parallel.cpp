@@ -1,11 +1,13 @@
 #include "dist/data_parallel.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "config/config.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "dist/zero3_stream.h"
 
 namespace qlft::dist {
 
@@ -23,9 +25,8 @@ DistSettings DistSettings::from_config(const Config& c) {
 DataParallel::DataParallel(std::unique_ptr<Communicator> comm, int zero_stage,
                            std::vector<ParamRef> params, MemoryTracker* tracker)
     : comm_(std::move(comm)), stage_(zero_stage), params_(std::move(params)) {
-  QLFT_CHECK_ARG(stage_ >= 0 && stage_ <= 2,
-                 "dist.zero_stage %d: this trainer shards up to stage 2 (stage 3 is not built yet)",
-                 stage_);
+  // Stage 3 treats the LoRA tensors as stage 2 does; its base-weight sharding is Zero3Stream.
+  QLFT_CHECK_ARG(stage_ >= 0 && stage_ <= 3, "dist.zero_stage %d: stages are 0 to 3", stage_);
   const int w = comm_->world();
   size_t total = 0;
   uint64_t layout = 1469598103934665603ull;  // FNV-1a over names and sizes: ranks must agree
@@ -63,7 +64,26 @@ DataParallel::DataParallel(std::unique_ptr<Communicator> comm, int zero_stage,
                    "gradient/parameter exchange buffer");
 }
 
-DataParallel::~DataParallel() = default;
+DataParallel::~DataParallel() {
+  // Before the communicator goes: the model keeps the stream, which must not reach it.
+  if (zero3_) zero3_->detach();
+}
+
+void DataParallel::set_zero3_stream(std::shared_ptr<Zero3Stream> s) {
+  zero3_ = std::move(s);
+}
+
+int DataParallel::missing_passes(int passes) {
+  if (!zero3_ || world() == 1) return 0;
+  std::vector<double> n(static_cast<size_t>(world()), 0.0);
+  n[static_cast<size_t>(rank())] = passes;
+  comm_->all_reduce(n.data(), n.size(), ReduceOp::Sum);
+  return static_cast<int>(*std::max_element(n.begin(), n.end())) - passes;
+}
+
+void DataParallel::replay_passes(int n) {
+  for (int i = 0; i < n; ++i) zero3_->replay_training_pass();
+}
 
 std::vector<ParamRef> DataParallel::owned_params() const {
   if (stage_ == 0) return params_;

@@ -9,6 +9,8 @@
 //            owns and updates only them; an all-gather then hands every rank every tensor.
 //   stage 2: gradients reduce-scattered: each rank receives only its owned tensors' sums; the
 //            global norm for clipping is an all-reduce of the shards' squared sums.
+//   stage 3: stage 2 for the LoRA tensors, and the frozen base weights sharded across ranks
+//            (dist/zero3_stream.h; the trainer installs the stream).
 //
 // Ownership is by whole tensors, a contiguous run per rank balanced by element count: each
 // tensor's optimizer math (including 8-bit AdamW's per-tensor blocks) is then exactly the
@@ -32,6 +34,8 @@ class Config;
 }
 
 namespace qlft::dist {
+
+class Zero3Stream;
 
 struct DistSettings {
   std::string backend = "none";  // none | mpi | nccl
@@ -78,6 +82,18 @@ class DataParallel {
   // Every rank's optimizer state merged into one dict with the 1-rank layout (on every rank).
   StateDict gather_state(const StateDict& mine);
 
+  // ZeRO-3: the base-weight stream this trainer installed in the model. It is detached (its
+  // later acquires throw) when this object goes, before the communicator.
+  void set_zero3_stream(std::shared_ptr<Zero3Stream> s);
+  Zero3Stream* zero3_stream() const { return zero3_.get(); }
+  // ZeRO-3, before a step's forward/backward passes: how many fewer passes this rank runs than
+  // the rank with the most (no micro-batch of a short last global batch, or one whose targets
+  // are all masked). After its own passes the rank calls replay_passes with it: it joins the
+  // others' remaining weight gathers without computing. missing_passes is collective; both
+  // are no-ops (0) without ZeRO-3 or with one rank.
+  int missing_passes(int passes);
+  void replay_passes(int n);
+
  private:
   void pack(bool grads);
   void unpack(bool grads, int only_rank);
@@ -89,6 +105,7 @@ class DataParallel {
   std::vector<size_t> offset_;  // of params_[i] in the flat buffer (its owner's segment)
   size_t segment_ = 0;          // floats per rank segment (the largest rank's share)
   Buffer flat_;                 // world x segment floats, MemCategory::Communication
+  std::shared_ptr<Zero3Stream> zero3_;
 };
 
 // The bytes of a state dict and back (gathering state across ranks).

@@ -180,8 +180,14 @@ void Trainer::step_on(const std::vector<data::Batch>& batches, StepReport* out) 
   try {
     lora_->zero_grad();  // the previous step's gradients stay readable until here
     int64_t n = 0;
-    for (const data::Batch& b : batches) n += b.trained_tokens;
+    int passes = 0;  // forward/backward passes this rank runs
+    for (const data::Batch& b : batches) {
+      n += b.trained_tokens;
+      passes += b.trained_tokens > 0;
+    }
     n = dp_->global_sum(n);  // every rank scales by the global token count
+    // ZeRO-3: a rank with fewer passes than another joins its weight gathers after its own.
+    const int replays = dp_->missing_passes(passes);
     const bool fp16 = ts_.precision == "fp16";
     const float scale = fp16 ? scaler_->scale() : 1.0f;
     double loss_sum = 0;
@@ -202,6 +208,7 @@ void Trainer::step_on(const std::vector<data::Batch>& batches, StepReport* out) 
       tracker_->set_phase("backward");
       runner_->backward();
     }
+    dp_->replay_passes(replays);
     runner_->release();
     tracker_->set_phase("optimizer");
     dp_->reduce_gradients();

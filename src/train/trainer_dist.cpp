@@ -1,14 +1,50 @@
 // The trainer's distributed parts (dist.*, offload.*): building the communicator and the ZeRO
-// partition, sharding each global batch across ranks, and rank-0 checkpoint writes.
+// partition (stage 3: the base weights sharded, dist/zero3_stream.h), sharding each global
+// batch across ranks, and rank-0 checkpoint writes.
 #include <cstring>
 
 #include "config/config.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "dist/data_parallel.h"
+#include "dist/zero3_stream.h"
 #include "train/trainer.h"
 
 namespace qlft {
+
+namespace {
+
+// dist.zero_stage=3: the model's base weights become this rank's shards and a stream that
+// gathers them (dist/zero3_stream.h).
+void install_zero3(const Model& model, const TrainSettings& ts, dist::DataParallel& dp,
+                   MemoryTracker* tracker) {
+  if (model.stream)
+    throw_error(QLFT_ERR_UNSUPPORTED,
+                "dist.zero_stage=3: the model's base weights are already streamed (%s); load the "
+                "model again for this trainer",
+                model.stream->describe().c_str());
+  // The micro-batch auto-tuner runs trial steps on each rank independently: under ZeRO-3 a
+  // trial step gathers weights, a collective the other ranks would not join.
+  if (dp.world() > 1 && (ts.micro_batch_auto || ts.effective_batch > 0))
+    throw_error(QLFT_ERR_UNSUPPORTED,
+                "dist.zero_stage=3 with %d ranks: train.micro_batch=auto and "
+                "train.effective_batch (the auto-tuner's trial steps run per rank) are not "
+                "supported; set train.micro_batch and train.accumulation",
+                dp.world());
+  // The trainer takes the model as const, but ZeRO-3 is a conversion of the model itself: its
+  // full weight Buffers are replaced by this rank's shards and the stream that gathers them.
+  // The model stays sharded after the trainer ends (its stream then refuses; see
+  // Zero3Stream::detach): the caller must load it again for generation, export or another
+  // trainer. The stream lives in the model; DataParallel detaches it before the communicator
+  // goes.
+  Model& m = const_cast<Model&>(model);
+  auto zs = std::make_shared<dist::Zero3Stream>(m, &dp.comm(), tracker);
+  m.stream = zs;
+  dp.set_zero3_stream(zs);
+  log_message(QLFT_LOG_INFO, "rank %d: %s", dp.rank(), zs->describe().c_str());
+}
+
+}  // namespace
 
 int Trainer::rank() const {
   return dp_ ? dp_->rank() : 0;
@@ -19,10 +55,6 @@ int Trainer::world() const {
 
 void Trainer::init_dist(const Config& cfg, std::vector<ParamRef> params) {
   dist::DistSettings ds = dist::DistSettings::from_config(cfg);
-  if (ds.zero_stage == 3)
-    throw_error(QLFT_ERR_UNSUPPORTED,
-                "dist.zero_stage=3 (sharded frozen base weights) is not implemented yet; use "
-                "stage 0, 1 or 2");
   if (ds.backend == "nccl")
     throw_error(QLFT_ERR_UNSUPPORTED,
                 "dist.backend=nccl: the NCCL communicator is built, but the trainer's gradient "
@@ -45,6 +77,7 @@ void Trainer::init_dist(const Config& cfg, std::vector<ParamRef> params) {
                 rank(), world(), dp_->comm().backend(), ds.zero_stage, dp_->owned_params().size(),
                 dp_->params().size());
   }
+  if (ds.zero_stage == 3) install_zero3(model_, ts_, *dp_, tracker_);
 }
 
 size_t Trainer::next_global_batches(std::vector<data::Batch>& mine) {

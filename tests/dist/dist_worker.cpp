@@ -13,6 +13,12 @@
 //         w.result=PATH             each rank appends "rank R status NAME seconds S" (the
 //                                   status of the training loop and how long its last step
 //                                   took), and the message
+//         w.die_acquire=N           rank w.die_rank SIGKILLs itself at its N-th weight-unit
+//                                   acquire (ZeRO-3: inside a step, when the peers are gathering)
+//         w.mem=PATH                each rank writes to PATH.R the tracker's weights and
+//                                   communication bytes (allocated, and peak since the trainer
+//                                   was built), and with ZeRO-3 whether the model refuses use
+//                                   after the trainer ended
 //   dist_worker slow RESULT
 //       rank 1 reaches a barrier at 85% of a 4 s timeout (inside rank 0's liveness probe
 //       window), twice: the barriers must succeed, and the collectives after them, with stale
@@ -43,6 +49,7 @@
 #include "data/tokenizer_encoder.h"
 #include "dist/communicator.h"
 #include "model/model.h"
+#include "model/weight_stream.h"
 #include "tokenizer/tokenizer.h"
 #include "train/trainer.h"
 
@@ -145,6 +152,23 @@ int check_slow(const std::string& result) {
   return outcome == "ok" ? 0 : 1;
 }
 
+// Delegates to the trainer's stream; kills this process at the n-th acquire (rank failure
+// inside a ZeRO-3 weight gather).
+class DieAtAcquire final : public WeightStream {
+ public:
+  DieAtAcquire(std::shared_ptr<WeightStream> inner, long n) : inner_(std::move(inner)), n_(n) {}
+  void acquire(int u, int next) override {
+    if (++count_ == n_) ::kill(::getpid(), SIGKILL);
+    inner_->acquire(u, next);
+  }
+  void release(int u) noexcept override { inner_->release(u); }
+  std::string describe() const override { return inner_->describe(); }
+
+ private:
+  std::shared_ptr<WeightStream> inner_;
+  long n_, count_ = 0;
+};
+
 std::map<int, std::vector<double>> read_curve(const std::string& path) {
   std::map<int, std::vector<double>> m;
   std::ifstream in(path);
@@ -230,9 +254,13 @@ int train(const std::string& model_path, const std::string& data_path, const std
   std::string message;
   double last_step_s = 0;
   std::FILE* out = nullptr;
+  std::string mem;
   try {
     Trainer t(*model, &tracker, ds.get(), c);
     rank = t.rank();
+    tracker.reset_peaks();  // w.mem: what training holds, not the full load before sharding
+    if (w.count("w.die_acquire") && rank == wint("w.die_rank", -1))
+      model->stream = std::make_shared<DieAtAcquire>(model->stream, wint("w.die_acquire", 0));
     if (w.count("w.resume")) t.resume(w["w.resume"]);
     if (t.is_writer()) {
       out = std::fopen(curve.c_str(), w.count("w.resume") ? "a" : "w");
@@ -257,9 +285,40 @@ int train(const std::string& model_path, const std::string& data_path, const std
       }
       if (r.step == save_at || save_every > 0) t.save_checkpoint(w["w.ckpt"]);
     }
+    if (w.count("w.mem")) {
+      MemorySnapshot m = tracker.snapshot();
+      const int wt = static_cast<int>(MemCategory::Weights);
+      const int cm = static_cast<int>(MemCategory::Communication);
+      mem = strf(
+          "rank %d weights_allocated %llu weights_peak %llu communication_peak %llu "
+          "peak_rss %llu",
+          rank, static_cast<unsigned long long>(m.allocated[wt]),
+          static_cast<unsigned long long>(m.peak[wt]), static_cast<unsigned long long>(m.peak[cm]),
+          static_cast<unsigned long long>(process_peak_rss()));
+    }
   } catch (const Error& e) {
     status = e.status();
     message = e.what();
+  }
+  if (w.count("w.mem") && status == QLFT_OK) {
+    // After the trainer: a sharded model's stream must refuse with a clear error.
+    std::string after = "resident";
+    if (model->stream) {
+      try {
+        model->stream->acquire(kEmbeddingUnit, kNoUnit);
+        after = "acquire-did-not-throw";
+      } catch (const Error& e) {
+        after =
+            e.status() == QLFT_ERR_UNSUPPORTED && std::strstr(e.what(), "trainer that has ended")
+                ? "refused"
+                : std::string("wrong-error:") + e.what();
+      }
+    }
+    std::FILE* f = std::fopen((w["w.mem"] + "." + std::to_string(rank)).c_str(), "w");
+    if (f) {
+      std::fprintf(f, "%s after_end %s\n", mem.c_str(), after.c_str());
+      std::fclose(f);
+    }
   }
   if (out) std::fclose(out);
   if (w.count("w.result")) {

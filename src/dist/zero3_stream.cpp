@@ -1,0 +1,219 @@
+#include "dist/zero3_stream.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace qlft::dist {
+
+namespace {
+constexpr size_t kAlign = 64;  // per-rank slices: whole 64-byte units for the MPI gather
+}
+
+Zero3Stream::Zero3Stream(Model& model, Communicator* comm, MemoryTracker* tracker)
+    : comm_(comm), tracker_(tracker), rank_(comm->rank()), world_(comm->world()) {
+  const int L = model.cfg.n_layers;
+  // Groups: 0 the embedding, 1..L the layers, L+1 the final norm and untied output head.
+  groups_.resize(static_cast<size_t>(L) + 2);
+  add_qweight(groups_[0], model.tok_embd);
+  for (int l = 0; l < L; ++l) {
+    LayerWeights& lw = model.layers[static_cast<size_t>(l)];
+    Group& g = groups_[static_cast<size_t>(l) + 1];
+    add_buffer(g, lw.attn_norm);
+    add_buffer(g, lw.ffn_norm);
+    for (QWeight& w : lw.proj) add_qweight(g, w);
+    for (Buffer& b : lw.bias) add_buffer(g, b);
+  }
+  Group& fin = groups_[static_cast<size_t>(L) + 1];
+  add_buffer(fin, model.output_norm);
+  if (model.output.rows) add_qweight(fin, model.output);
+  unit_groups_.resize(static_cast<size_t>(unit_count(L)));
+  unit_groups_[kEmbeddingUnit] = {0};
+  for (int l = 0; l < L; ++l) unit_groups_[static_cast<size_t>(layer_unit(l))] = {l + 1};
+  unit_groups_[static_cast<size_t>(head_unit(L))] = {L + 1};
+  if (!model.output.rows) unit_groups_[static_cast<size_t>(head_unit(L))].push_back(0);
+
+  // Every shard first (an out-of-memory here leaves the model whole), then the full Buffers go.
+  for (Group& g : groups_) {
+    const size_t share = (g.total + static_cast<size_t>(world_) - 1) / static_cast<size_t>(world_);
+    g.per_rank = (share + kAlign - 1) / kAlign * kAlign;
+    if (g.total) g.shard = Buffer(tracker_, MemCategory::Weights, g.per_rank, "ZeRO-3 shard");
+  }
+  for (Group& g : groups_) {
+    const size_t lo = g.per_rank * static_cast<size_t>(rank_), hi = lo + g.per_rank;
+    size_t off = 0;  // of the slot in the group's byte stream
+    for (const Slot& s : g.slots) {
+      const size_t a = std::max(lo, off), b = std::min(hi, off + s.bytes);
+      if (a < b)
+        std::memcpy(g.shard.as<char>() + (a - lo), s.buf->as<const char>() + (a - off), b - a);
+      off += s.bytes;
+    }
+  }
+  for (Group& g : groups_)
+    for (const Slot& s : g.slots) s.buf->reset();
+}
+
+Zero3Stream::~Zero3Stream() {
+  detach();
+}
+
+void Zero3Stream::add_buffer(Group& g, Buffer& b) {
+  if (b.empty()) return;  // absent (no bias, no scales): stays empty
+  g.slots.push_back({&b, b.size()});
+  g.total += b.size();
+}
+
+void Zero3Stream::add_qweight(Group& g, QWeight& w) {
+  for (Buffer* b : {&w.data, &w.absmax, &w.nested_absmax, &w.code, &w.nested_code, &w.scb})
+    add_buffer(g, *b);
+}
+
+uint64_t Zero3Stream::shard_bytes() const {
+  uint64_t n = 0;
+  for (const Group& g : groups_) n += g.shard.size();
+  return n;
+}
+
+uint64_t Zero3Stream::full_bytes() const {
+  uint64_t n = 0;
+  for (const Group& g : groups_) n += g.total;
+  return n;
+}
+
+std::string Zero3Stream::describe() const {
+  if (detached_) return "ZeRO-3 shards of a trainer that has ended";
+  return strf("ZeRO-3 shards over %d ranks (%s of %s here)", world_,
+              format_bytes(shard_bytes()).c_str(), format_bytes(full_bytes()).c_str());
+}
+
+Zero3Stream::Fetch Zero3Stream::start(int u) {
+  Fetch f;
+  f.unit = u;
+  for (int gi : groups_of(u)) {
+    Group& g = groups_[static_cast<size_t>(gi)];
+    f.recv.emplace_back(tracker_, MemCategory::Communication, g.per_rank * world_, "gathered unit");
+    if (g.total)
+      f.pending.push_back(
+          comm_->start_all_gather_raw(g.shard.data(), f.recv.back().data(), g.per_rank));
+  }
+  ++gathers_;
+  return f;
+}
+
+void Zero3Stream::finish(Fetch& f) {
+  for (auto& p : f.pending) p->wait();
+  f.pending.clear();
+}
+
+void Zero3Stream::install(Fetch& f) {
+  const std::vector<int>& gs = groups_of(f.unit);
+  try {
+    for (size_t k = 0; k < gs.size(); ++k) {
+      Group& g = groups_[static_cast<size_t>(gs[k])];
+      size_t off = 0;
+      for (const Slot& s : g.slots) {
+        Buffer b(tracker_, MemCategory::Communication, s.bytes, "gathered unit");
+        std::memcpy(b.data(), f.recv[k].as<const char>() + off, s.bytes);
+        *s.buf = std::move(b);
+        off += s.bytes;
+      }
+      f.recv[k].reset();  // the next group's copies may reuse it
+    }
+  } catch (...) {
+    uninstall(f.unit);
+    throw;
+  }
+  installed_ = f.unit;
+}
+
+void Zero3Stream::uninstall(int u) noexcept {
+  for (int gi : groups_of(u))
+    for (const Slot& s : groups_[static_cast<size_t>(gi)].slots) s.buf->reset();
+  if (installed_ == u) installed_ = kNoUnit;
+}
+
+void Zero3Stream::drop_ahead() noexcept {
+  // Its destructor waits for a gather still in flight (every rank started it, so it completes),
+  // unless the communicator is broken.
+  ahead_.reset();
+}
+
+void Zero3Stream::retire_ahead() {
+  if (!ahead_) return;
+  std::unique_ptr<Fetch> a = std::move(ahead_);
+  finish(*a);  // a timeout or peer failure is reported here, not swallowed
+}
+
+void Zero3Stream::acquire(int u, int next) {
+  if (detached_)
+    throw_error(QLFT_ERR_UNSUPPORTED,
+                "base weights were sharded by a ZeRO-3 trainer that has ended; load the model "
+                "again");
+  QLFT_CHECK_ARG(u >= 0 && u < static_cast<int>(unit_groups_.size()),
+                 "ZeRO-3: unit %d does not exist (%zu units)", u, unit_groups_.size());
+  if (held_ != kNoUnit && held_ != u)
+    throw_error(QLFT_ERR_INTERNAL, "ZeRO-3: unit %d acquired while unit %d is still held", u,
+                held_);
+  try {
+    if (installed_ != u) {
+      if (installed_ != kNoUnit) uninstall(installed_);
+      std::unique_ptr<Fetch> f;
+      if (ahead_ && ahead_->unit == u) {
+        f = std::move(ahead_);
+        ++hits_;
+      } else {
+        retire_ahead();  // a prefetch the runner did not ask for after all
+        f = std::make_unique<Fetch>(start(u));
+      }
+      finish(*f);
+      install(*f);
+    }
+    held_ = u;
+    keep_ = next == u;
+    if (next != kNoUnit && next != u && !(ahead_ && ahead_->unit == next)) {
+      QLFT_CHECK_ARG(next >= 0 && next < static_cast<int>(unit_groups_.size()),
+                     "ZeRO-3: next unit %d does not exist", next);
+      retire_ahead();
+      ahead_ = std::make_unique<Fetch>(start(next));
+    }
+  } catch (...) {
+    // The model as before the call: nothing of u installed, no prefetch pending.
+    if (installed_ == u) uninstall(u);
+    held_ = kNoUnit;
+    drop_ahead();
+    throw;
+  }
+}
+
+void Zero3Stream::release(int u) noexcept {
+  if (held_ != u) return;
+  held_ = kNoUnit;
+  if (!keep_ && installed_ == u) uninstall(u);
+}
+
+void Zero3Stream::replay_training_pass() {
+  // LlamaRunner::run_forward (training) then backward: the same acquires with the same hints.
+  const int L = static_cast<int>(unit_groups_.size()) - 2;
+  auto use = [this](int u, int next) {
+    acquire(u, next);
+    release(u);
+  };
+  use(kEmbeddingUnit, layer_unit(0));
+  for (int l = 0; l < L; ++l) use(layer_unit(l), l + 1 < L ? layer_unit(l + 1) : head_unit(L));
+  use(head_unit(L), head_unit(L));
+  use(head_unit(L), layer_unit(L - 1));
+  for (int l = L - 1; l >= 0; --l) use(layer_unit(l), l > 0 ? layer_unit(l - 1) : kNoUnit);
+}
+
+void Zero3Stream::detach() noexcept {
+  if (detached_) return;
+  drop_ahead();
+  if (installed_ != kNoUnit) uninstall(installed_);
+  held_ = kNoUnit;
+  for (Group& g : groups_) g.shard.reset();
+  comm_ = nullptr;
+  detached_ = true;
+}
+
+}  // namespace qlft::dist

@@ -1,0 +1,100 @@
+// ZeRO stage 3 for the frozen base weights: each rank keeps a 1/world slice of every unit's
+// bytes (model/weight_stream.h: the token embedding, each decoder layer, the final norm with the
+// output head) and all-gathers a unit when the runner acquires it.
+//
+// Layout: a unit's storage Buffers (QWeight data and scales, norms, biases) are flattened in a
+// fixed order into one byte stream, padded to world x per_rank bytes (per_rank a multiple of
+// 64); rank r keeps bytes [r * per_rank, (r + 1) * per_rank) in a Buffer counted as `weights`.
+// Sharding is local (every rank loaded the full model), so it needs no communication. The
+// gathered copies of an acquired unit are counted as `communication` ("gathered unit").
+//
+// With tied embeddings the head unit is the final norm plus the embedding's group: the
+// embedding is stored once and gathered for both units.
+//
+// Prefetch: acquire(u, next) starts a non-blocking gather of next, which overlaps u's compute
+// (as far as MPI progresses it: OpenMPI moves data only inside MPI calls, so large transfers
+// complete mostly at the wait). At most the acquired unit and one prefetched unit are alive.
+// acquire(u, u) (the head before backward) keeps u installed after its release.
+//
+// Every rank must acquire the same units in the same order (the runner does); a collective
+// inside a gather is bounded by dist.timeout_s like every other.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/memory.h"
+#include "dist/communicator.h"
+#include "model/model.h"
+#include "model/weight_stream.h"
+
+namespace qlft::dist {
+
+class Zero3Stream final : public WeightStream {
+ public:
+  // Shards model's weights now (the full Buffers are freed once every shard is allocated; on
+  // an exception the model is left as it was). comm must outlive the stream or detach() must be
+  // called before it goes.
+  Zero3Stream(Model& model, Communicator* comm, MemoryTracker* tracker);
+  ~Zero3Stream() override;
+
+  void acquire(int u, int next) override;
+  void release(int u) noexcept override;
+  std::string describe() const override;
+
+  // The acquires of one training forward and backward of the runner, without compute: a rank
+  // with fewer micro-batches than its peers joins their gathers with it.
+  void replay_training_pass();
+
+  // The communicator is going away (the trainer ended): gathered copies and shards are freed;
+  // every later acquire throws QLFT_ERR_UNSUPPORTED. Never throws.
+  void detach() noexcept;
+
+  // Counters for reports and tests.
+  uint64_t shard_bytes() const;  // this rank's kept bytes
+  uint64_t full_bytes() const;   // the unpadded bytes of every unit (the model's weights)
+  int64_t gathers() const { return gathers_; }
+  int64_t prefetch_hits() const { return hits_; }
+
+ private:
+  struct Slot {
+    Buffer* buf;
+    size_t bytes;
+  };
+  struct Group {
+    std::vector<Slot> slots;
+    size_t total = 0, per_rank = 0;
+    Buffer shard;
+  };
+  struct Fetch {
+    int unit = kNoUnit;
+    std::vector<Buffer> recv;  // one per group of the unit
+    std::vector<std::unique_ptr<PendingCollective>> pending;
+  };
+
+  void add_qweight(Group& g, QWeight& w);
+  void add_buffer(Group& g, Buffer& b);
+  const std::vector<int>& groups_of(int u) const { return unit_groups_[static_cast<size_t>(u)]; }
+  Fetch start(int u);
+  void finish(Fetch& f);           // waits for every gather of f
+  void install(Fetch& f);          // copies f's bytes into the model's Buffers
+  void uninstall(int u) noexcept;  // frees them
+  void retire_ahead();             // waits for the prefetch and frees it
+  void drop_ahead() noexcept;      // the same, errors swallowed (cleanup paths)
+
+  Communicator* comm_;
+  MemoryTracker* tracker_;
+  int rank_, world_;
+  std::vector<Group> groups_;
+  std::vector<std::vector<int>> unit_groups_;
+  int installed_ = kNoUnit;  // unit whose Buffers are filled in the model
+  int held_ = kNoUnit;       // unit acquired and not yet released
+  bool keep_ = false;        // installed_ stays after its release (acquire(u, u))
+  std::unique_ptr<Fetch> ahead_;
+  int64_t gathers_ = 0, hits_ = 0;
+  bool detached_ = false;
+};
+
+}  // namespace qlft::dist
