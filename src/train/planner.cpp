@@ -530,18 +530,18 @@ void zero3_bytes(const WeightFootprint& w, int world, uint64_t* shards, uint64_t
   }
 }
 
-// offload.params=nvme: the most unit storage resident at once (the unit in use and read_ahead
-// units after it in use order; a buffer two units share counted once).
+// offload.params=nvme: the most unit storage resident at once. The stream keeps the unit in use
+// and reads ahead only the runner's hint (others it read ahead are dropped as stale), so that is
+// the unit and the next one of each acquire (one unit without read-ahead); a buffer two units
+// share (tied embeddings) is counted once.
 uint64_t nvme_resident_bytes(const WeightFootprint& w, int read_ahead) {
   const int L = static_cast<int>(w.groups.size()) - 2;
-  std::vector<int> seq;
-  for (auto [u, next] : training_unit_order(L))
-    if (seq.empty() || seq.back() != u) seq.push_back(u);
   uint64_t most = 0;
-  for (size_t i = 0; i < seq.size(); ++i) {
+  for (auto [u, next] : training_unit_order(L)) {
     std::vector<bool> in(w.groups.size(), false);
-    for (size_t j = i; j < seq.size() && j <= i + static_cast<size_t>(std::max(read_ahead, 0)); ++j)
-      for (size_t g : unit_groups(w, seq[j])) in[g] = true;
+    for (size_t g : unit_groups(w, u)) in[g] = true;
+    if (read_ahead > 0 && next != kNoUnit)
+      for (size_t g : unit_groups(w, next)) in[g] = true;
     uint64_t b = 0;
     for (size_t g = 0; g < in.size(); ++g)
       if (in[g]) b += slots_bytes(w.groups[g]);

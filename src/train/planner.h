@@ -27,8 +27,9 @@
 //    layer, final norm + untied head), ceil(unit bytes / world) rounded up to 64; communication
 //    adds the gathered unit in use (its buffers as copies) plus the one gathered ahead (world x
 //    slice bytes), the largest pair along the runner's forward and backward unit order.
-//  - offload.params=nvme (offload/nvme_weight_stream.h): weights = the units resident at once,
-//    the one in use and offload.buffers units read ahead, the largest such window.
+//  - offload.params=nvme (offload/nvme_weight_stream.h): weights = the units resident at once:
+//    the one in use and the next one the runner names (read ahead when offload.buffers > 0),
+//    the largest such pair.
 //  - offload.optimizer=nvme (offload/nvme_state_store.h): the state leaves RAM but for
 //    1 + offload.buffers slots, each as large as this rank's largest tensor state.
 #pragma once

@@ -440,3 +440,34 @@ TEST_F(PlannerTest, ZeroStagesOnOneRankMatchTheTracker) {
     EXPECT_EQ(plan.train_peak, m.total_peak);
   }
 }
+
+// offload.params=nvme and offload.optimizer=nvme on one rank: the resident weight units and the
+// optimizer's state slots against the tracker during a real step (the model is converted after
+// loading, so the peaks restart once the trainer exists).
+TEST_F(PlannerTest, NvmeOffloadMatchesTheTracker) {
+  for (const char* buffers : {"1", "3"})
+    for (const char* optim : {"adamw", "adamw8bit"}) {
+      SCOPED_TRACE(std::string("offload.buffers ") + buffers + " " + optim);
+      MemoryTracker tracker;
+      LoadOptions lo;
+      lo.quant_type = "nf4";
+      auto model = load_model(&tracker, model_path_, lo);
+      const WeightFootprint w = weight_footprint(*model);
+      Config c = config_of(kCases[0]);
+      c.set("optim.name", optim);
+      c.set("offload.params", "nvme");
+      c.set("offload.optimizer", "nvme");
+      c.set("offload.buffers", buffers);
+      c.set("offload.dir", qlft_test::temp_dir("planner-nvme"));
+      const MemoryPlan plan = plan_memory(model->cfg, w, PlanSettings::from_config(c));
+      Trainer t(*model, &tracker, nullptr, c);
+      tracker.reset_peaks();
+      StepReport r;
+      t.step_on({full_batch(1, 64, model->cfg.vocab, 0), full_batch(1, 64, model->cfg.vocab, 1)},
+                &r);
+      const MemorySnapshot m = tracker.snapshot();
+      EXPECT_LT(plan.train[QLFT_MEM_WEIGHTS], w.bytes);
+      for (int cat = 0; cat < kMemCategoryCount; ++cat)
+        EXPECT_EQ(plan.train[cat], m.peak[cat]) << mem_category_name(MemCategory(cat));
+    }
+}
