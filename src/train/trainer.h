@@ -110,6 +110,9 @@ class Trainer {
   int world() const;
   bool is_writer() const { return rank() == 0; }
   int64_t nonfinite_in_row() const { return nonfinite_in_row_; }
+  // The communicator and ZeRO partition (world 1 without dist.backend): the auto-tuner agrees
+  // on its trial steps' outcomes through it.
+  dist::DataParallel& data_parallel() { return *dp_; }
 
  private:
   std::vector<GradSpan> grad_spans();
