@@ -1,10 +1,12 @@
 #include "train/autotune.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -13,6 +15,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "data/dataset.h"
+#include "dist/data_parallel.h"
 #include "formats/atomic_file.h"
 #include "train/planner.h"
 #include "train/trainer.h"
@@ -82,6 +85,33 @@ void write_cache(const std::string& path, const std::string& key, const Autotune
   } catch (const std::exception& e) {
     QLFT_LOG_W("could not write the auto-tune cache %s: %s", path.c_str(), e.what());
   }
+}
+
+// Every rank's value, in rank order (world 1: just this one).
+std::vector<std::string> gather(dist::Communicator& comm, const std::string& mine) {
+  if (comm.world() == 1) return {mine};
+  return comm.all_gather_bytes(mine);
+}
+
+int64_t min_over_ranks(dist::Communicator& comm, int64_t v) {
+  for (const std::string& s : gather(comm, std::to_string(v))) v = std::min<int64_t>(v, std::stoll(s));
+  return v;
+}
+
+// How many ranks share this machine (and so its free RAM).
+int ranks_on_this_host(dist::Communicator& comm) {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  int n = 0;
+  for (const std::string& h : gather(comm, host)) n += h == host ? 1 : 0;
+  return std::max(n, 1);
+}
+
+// How many ranks raised a flag (one all-reduce; 0 with one rank and no flag).
+int count_over_ranks(dist::Communicator& comm, bool flag) {
+  double v = flag ? 1.0 : 0.0;
+  if (comm.world() > 1) comm.all_reduce(&v, 1, dist::ReduceOp::Sum);
+  return static_cast<int>(v + 0.5);
 }
 
 // The largest divisor of n that is at most cap (>= 1).
@@ -181,19 +211,22 @@ bool autotune_trial(Trainer& t, int micro_batch, int seq_len, bool second_forwar
   return true;
 }
 
-std::string autotune_cache_key(const Trainer& t, const Config& cfg, int ranks) {
+namespace {
+
+// limits: memory.limit of every rank ("a,b" with several; "free-ram" for a 0).
+std::string cache_key(const Trainer& t, const Config& cfg, int ranks, const std::string& limits) {
   const Model& m = t.model();
   const TrainSettings& ts = t.settings();
   int threads = 1;
 #ifdef _OPENMP
   threads = omp_get_max_threads();
 #endif
-  const uint64_t limit = t.tracker()->limit();
   Trainer& mt = const_cast<Trainer&>(t);
   return strf(
       "model=%s weights=%llu arch=%s layers=%d dim=%d vocab=%d; precision=%s "
       "grad_checkpointing=%s seq_len=%s lora.r=%s lora.targets=%s lora.dropout=%s optim=%s "
-      "effective_batch=%lld accumulation=%d ranks=%d margin=%s; backend=%s threads=%d; "
+      "effective_batch=%lld accumulation=%d ranks=%d margin=%s; zero_stage=%s "
+      "offload.params=%s offload.optimizer=%s offload.buffers=%s; backend=%s threads=%d; "
       "memory.limit=%s",
       m.path.c_str(), static_cast<unsigned long long>(weight_footprint(m).bytes),
       m.cfg.arch.c_str(), m.cfg.n_layers, m.cfg.dim, m.cfg.vocab, ts.precision.c_str(),
@@ -201,8 +234,19 @@ std::string autotune_cache_key(const Trainer& t, const Config& cfg, int ranks) {
       cfg.get("lora.r").c_str(), mt.lora().config().targets_string().c_str(),
       cfg.get("lora.dropout").c_str(), cfg.get("optim.name").c_str(),
       static_cast<long long>(ts.effective_batch), ts.accumulation, ranks,
-      cfg.get("train.autotune_margin").c_str(), mt.runner().backend().name(), threads,
-      limit ? std::to_string(limit).c_str() : "free-ram");
+      cfg.get("train.autotune_margin").c_str(), cfg.get("dist.zero_stage").c_str(),
+      cfg.get("offload.params").c_str(), cfg.get("offload.optimizer").c_str(),
+      cfg.get("offload.buffers").c_str(), mt.runner().backend().name(), threads, limits.c_str());
+}
+
+std::string limit_text(uint64_t limit) {
+  return limit ? std::to_string(limit) : "free-ram";
+}
+
+}  // namespace
+
+std::string autotune_cache_key(const Trainer& t, const Config& cfg, int ranks) {
+  return cache_key(t, cfg, ranks, limit_text(t.tracker()->limit()));
 }
 
 AutotuneResult autotune_batch_shape(Trainer& t, const Config& cfg, int ranks) {
@@ -240,60 +284,131 @@ AutotuneResult autotune_batch_shape(Trainer& t, const Config& cfg, int ranks) {
     upper = std::min<int64_t>(
         upper, std::max<int64_t>(1, static_cast<int64_t>(t.train_data()->train().rows())));
 
+  // With several ranks every rank runs the same search and ends with the same shape: the
+  // cache is rank 0's, the start and bounds are agreed (the smallest), and a trial fits only
+  // when it fits on every rank (one all-reduce after each; no rank leaves a trial early while
+  // another is inside a collective of it).
   MemoryTracker* tr = t.tracker();
+  dist::DataParallel& dp = t.data_parallel();
+  dist::Communicator& comm = dp.comm();
+  const int world = dp.world();
+  upper = min_over_ranks(comm, upper);
+  std::string limits;
+  for (const std::string& l : gather(comm, limit_text(tr->limit())))
+    limits += (limits.empty() ? "" : ",") + l;
   const std::string cache = cache_path_of(cfg);
-  const std::string key = autotune_cache_key(t, cfg, ranks);
-  if (!cache.empty()) {
-    nlohmann::json j = read_cache(cache);
-    if (j.contains("entries") && j["entries"].contains(key)) {
-      const nlohmann::json& e = j["entries"][key];
-      if (e.is_object() && e.value("micro_batch", 0) >= 1 && e.value("accumulation", 0) >= 1 &&
-          e.value("micro_batch", 0) <= upper) {
-        r.micro_batch = e.value("micro_batch", 0);
-        r.accumulation = e.value("accumulation", 0);
-        r.max_fit = e.value("max_fit", r.micro_batch);
-        r.first_fail = e.value("first_fail", 0);
-        r.from_cache = true;
-        t.set_batch_shape(r.micro_batch, r.accumulation);
-        QLFT_LOG_I("auto-tune: micro_batch %d, accumulation %d (from %s)", r.micro_batch,
-                   r.accumulation, cache.c_str());
-        return r;
+  const std::string key = cache_key(t, cfg, ranks, limits);
+  {
+    // Rank 0 reads the cache; every rank takes its answer.
+    int32_t hit[4] = {0, 0, 0, 0};  // micro_batch, accumulation, max_fit, first_fail
+    if (!cache.empty() && dp.is_writer()) {
+      nlohmann::json j = read_cache(cache);
+      if (j.contains("entries") && j["entries"].contains(key)) {
+        const nlohmann::json& e = j["entries"][key];
+        if (e.is_object() && e.value("micro_batch", 0) >= 1 && e.value("accumulation", 0) >= 1 &&
+            e.value("micro_batch", 0) <= upper) {
+          hit[0] = e.value("micro_batch", 0);
+          hit[1] = e.value("accumulation", 0);
+          hit[2] = e.value("max_fit", hit[0]);
+          hit[3] = e.value("first_fail", 0);
+        }
       }
+    }
+    if (world > 1) comm.broadcast(hit, sizeof hit, 0);
+    if (hit[0] >= 1) {
+      r.micro_batch = hit[0];
+      r.accumulation = hit[1];
+      r.max_fit = hit[2];
+      r.first_fail = hit[3];
+      r.from_cache = true;
+      t.set_batch_shape(r.micro_batch, r.accumulation);
+      QLFT_LOG_I("auto-tune: micro_batch %d, accumulation %d (from %s)", r.micro_batch,
+                 r.accumulation, cache.c_str());
+      return r;
     }
   }
 
-  // The budget: memory.limit, or what is tracked now plus what the OS still has.
+  // The budget: memory.limit, or what is tracked now plus this rank's part of what the OS still
+  // has (ranks on one machine share it).
   const uint64_t limit = tr->limit();
   const uint64_t reserved = tr->total_reserved();
-  const uint64_t budget = limit ? limit : reserved + mem_available();
+  const uint64_t sharing = static_cast<uint64_t>(ranks_on_this_host(comm));  // collective
+  const uint64_t budget = limit ? limit : reserved + mem_available() / sharing;
   const double margin = cfg.get_float("train.autotune_margin");
   const uint64_t trial_limit = static_cast<uint64_t>(static_cast<double>(budget) * (1.0 - margin));
-  if (trial_limit <= reserved)
+  const bool full = trial_limit <= reserved;
+  if (count_over_ranks(comm, full) > 0) {
+    if (full)
+      throw_error(QLFT_ERR_OUT_OF_MEMORY,
+                  "auto-tune: the memory budget (%s, less a %.0f%% margin) is already taken by "
+                  "the model, adapter and optimizer (%s)%s; raise memory.limit",
+                  format_bytes(budget).c_str(), margin * 100, format_bytes(reserved).c_str(),
+                  world > 1 ? strf(" on rank %d", dp.rank()).c_str() : "");
     throw_error(QLFT_ERR_OUT_OF_MEMORY,
-                "auto-tune: the memory budget (%s, less a %.0f%% margin) is already taken by the "
-                "model, adapter and optimizer (%s); raise memory.limit",
-                format_bytes(budget).c_str(), margin * 100, format_bytes(reserved).c_str());
+                "auto-tune: on another rank the memory budget is already taken by the model, "
+                "adapter and optimizer; raise memory.limit there");
+  }
 
-  // Start where the planner says the largest fit is. What the tracker holds beyond the
-  // planner's persistent categories (another model, say) comes off the budget.
+  // Start where the planner says the largest fit is (the smallest over ranks). What the tracker
+  // holds beyond the planner's persistent categories (another model, say) comes off the budget.
   const bool accumulates_anyway = per_rank == 0 && ts.accumulation > 1;
   PlanSettings ps = PlanSettings::from_config(cfg);
+  ps.world = world;
   ps.accumulation = (per_rank > 0 || ts.accumulation > 1) ? 2 : 1;
   const WeightFootprint w = weight_footprint(t.model());
   ps.micro_batch = 1;
-  const MemoryPlan one = plan_memory(t.model().cfg, w, ps);
-  const uint64_t persistent =
+  const MemoryPlan one = plan_memory_of_rank(t.model().cfg, w, ps, dp.rank());
+  uint64_t persistent =
       one.train[int(MemCategory::Weights)] + one.train[int(MemCategory::Adapter)] +
       one.train[int(MemCategory::Gradients)] + one.train[int(MemCategory::Optimizer)];
+  const int stage = static_cast<int>(cfg.get_int("dist.zero_stage"));
+  // The exchange buffer is allocated by now; ZeRO-3's gathered units are not.
+  if (stage < 3) persistent += one.train[int(MemCategory::Communication)];
   const uint64_t other = reserved > persistent ? reserved - persistent : 0;
-  const int start =
-      plan_max_micro_batch(t.model().cfg, w, ps, trial_limit - other, static_cast<int>(upper));
+  const int start = static_cast<int>(min_over_ranks(
+      comm,
+      plan_max_micro_batch(t.model().cfg, w, ps, trial_limit - other, static_cast<int>(upper))));
 
+  // ZeRO-3 over several ranks gathers weights inside the trial: a rank that ran out of memory
+  // halfway would leave the others waiting in a gather. There the trial runs without the limit
+  // and fits when its measured peak is within it; sizes the planner puts past the whole budget
+  // on some rank are not run at all (agreed first).
+  const bool measured = stage == 3 && world > 1;
   LimitGuard guard{tr, limit};
-  tr->set_limit(trial_limit);
+  tr->set_limit(measured ? 0 : trial_limit);
   auto fits = [&](int m, uint64_t* peak) {
     const bool second = accumulates_anyway || (per_rank > 0 && m < per_rank);
-    return autotune_trial(t, m, seq, second, peak);
+    if (measured) {
+      PlanSettings pm = ps;
+      pm.micro_batch = m;
+      const bool past =
+          plan_memory_of_rank(t.model().cfg, w, pm, dp.rank()).train_peak + other > budget;
+      if (count_over_ranks(comm, past) > 0) return false;
+    }
+    int outcome = 0;  // 0 fit, 1 out of memory, 2 another error
+    std::exception_ptr err;
+    uint64_t pk = 0;
+    try {
+      outcome = autotune_trial(t, m, seq, second, &pk) ? 0 : 1;
+      if (measured && outcome == 0 && pk > trial_limit) outcome = 1;
+    } catch (...) {
+      err = std::current_exception();
+      outcome = 2;
+    }
+    if (world > 1) {
+      double v[2] = {outcome == 1 ? 1.0 : 0.0, outcome == 2 ? 1.0 : 0.0};
+      comm.all_reduce(v, 2, dist::ReduceOp::Sum);
+      if (v[1] > 0) {
+        if (err) std::rethrow_exception(err);
+        throw_error(QLFT_ERR_DISTRIBUTED,
+                    "auto-tune: another rank failed in its trial step of micro-batch %d", m);
+      }
+      if (v[0] > 0) return false;
+    } else if (err) {
+      std::rethrow_exception(err);
+    }
+    if (peak) *peak = pk;
+    return outcome == 0;
   };
   AutotuneResult s = search_micro_batch(fits, std::max(start, 1), static_cast<int>(upper));
   s.predicted = start;
@@ -316,7 +431,7 @@ AutotuneResult autotune_batch_shape(Trainer& t, const Config& cfg, int ranks) {
       "predicted %d; trials:%s; budget %s)",
       s.micro_batch, s.accumulation, s.max_fit, s.first_fail, start, tried.c_str(),
       format_bytes(trial_limit).c_str());
-  if (!cache.empty()) write_cache(cache, key, s);
+  if (!cache.empty() && dp.is_writer()) write_cache(cache, key, s);
   return s;
 }
 

@@ -20,6 +20,17 @@
 // ranks not above m and accumulation = E / (ranks x micro_batch), so every step sees exactly E
 // rows. Without it accumulation stays train.accumulation.
 //
+// Several ranks (dist.backend): every rank runs the same trial sequence and ends with the same
+// micro-batch and accumulation. The start is the smallest of the ranks' planner predictions, a
+// trial fits only when it fits on every rank (each rank's own budget: its memory.limit, or its
+// share of the machine's MemAvailable among the ranks on that host), agreed by one all-reduce
+// after the trial, before any other collective; an error other than out-of-memory in one rank's
+// trial ends every rank (that rank's error, QLFT_ERR_DISTRIBUTED on the others). Under ZeRO-3
+// (collectives inside the trial) the trial runs without the limit and fits when its measured
+// peak is within it; sizes the planner puts past a rank's whole budget are not run. Rank 0 reads
+// and writes the cache and hands its answer to the others; the key has the world size, the ZeRO
+// stage, the offload settings and every rank's memory.limit.
+//
 // Every trial leaves the trainer as it was: gradients zeroed, activations and workspace freed,
 // no optimizer step, no data consumed (batches are synthetic), no RNG drawn (dropout masks are
 // functions of the step). The tracker's peaks restart after the search. The result is cached in
@@ -70,7 +81,8 @@ bool autotune_trial(Trainer& t, int micro_batch, int seq_len, bool second_forwar
 // validates the effective batch, searches (or reads the cache) and calls t.set_batch_shape.
 AutotuneResult autotune_batch_shape(Trainer& t, const Config& cfg, int ranks);
 
-// The cache key of a trainer's search (model, settings, device, memory.limit).
+// The cache key of a trainer's search (model, settings, ranks, ZeRO stage, offload, device,
+// memory.limit) with this rank's memory.limit (the search itself keys on every rank's).
 std::string autotune_cache_key(const Trainer& t, const Config& cfg, int ranks);
 
 }  // namespace qlft
