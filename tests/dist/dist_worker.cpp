@@ -255,6 +255,8 @@ int train(const std::string& model_path, const std::string& data_path, const std
   double last_step_s = 0;
   std::FILE* out = nullptr;
   std::string mem;
+  double step_s_sum = 0;
+  int steps_run = 0;
   try {
     Trainer t(*model, &tracker, ds.get(), c);
     rank = t.rank();
@@ -279,6 +281,8 @@ int train(const std::string& model_path, const std::string& data_path, const std
         throw;
       }
       last_step_s = r.seconds;
+      step_s_sum += r.seconds;
+      ++steps_run;
       if (out) {
         std::fprintf(out, "%lld %.9g %.9g\n", static_cast<long long>(r.step), r.loss, r.grad_norm);
         std::fflush(out);
@@ -291,10 +295,11 @@ int train(const std::string& model_path, const std::string& data_path, const std
       const int cm = static_cast<int>(MemCategory::Communication);
       mem = strf(
           "rank %d weights_allocated %llu weights_peak %llu communication_peak %llu "
-          "peak_rss %llu",
+          "peak_rss %llu mean_step_s %.4f",
           rank, static_cast<unsigned long long>(m.allocated[wt]),
           static_cast<unsigned long long>(m.peak[wt]), static_cast<unsigned long long>(m.peak[cm]),
-          static_cast<unsigned long long>(process_peak_rss()));
+          static_cast<unsigned long long>(process_peak_rss()),
+          steps_run ? step_s_sum / steps_run : 0.0);
     }
   } catch (const Error& e) {
     status = e.status();
