@@ -1,5 +1,7 @@
 #include "offload/nvme_weight_stream.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <map>
 
@@ -24,6 +26,12 @@ NvmeWeightStream::NvmeWeightStream(Model& model, MemoryTracker* tracker, std::st
     : model_(model), tracker_(tracker), dir_(std::move(dir)), read_ahead_(read_ahead) {}
 
 NvmeWeightStream::~NvmeWeightStream() {
+  if (file_)
+    log_message(QLFT_LOG_INFO,
+                "offload.params=nvme: %s read back from %s; at most %s of base weights were "
+                "resident at once",
+                format_bytes(file_->bytes_read()).c_str(), file_->name().c_str(),
+                format_bytes(peak_resident_).c_str());
   // The model may outlive its stream only by being destroyed with it (model.stream owns it);
   // whatever is still resident stays in the model.
   for (Record& r : records_)
@@ -84,6 +92,14 @@ std::shared_ptr<NvmeWeightStream> NvmeWeightStream::offload(Model& model, Memory
   for (const Record& r : s->records_) s->file_->write_async(r.slot->data(), r.bytes, r.off);
   s->file_->wait_all();  // throws QLFT_ERR_IO with the model untouched
   for (const Record& r : s->records_) r.slot->reset();
+#ifdef __GLIBC__
+  // Freeing a large block makes glibc raise its mmap threshold to that block's size (up to 32
+  // MiB), after which blocks up to that size come from the heap, where freed memory stays
+  // resident: the activations freed after each step would then keep their pages and eat the
+  // saving (measured: 90 MiB of the 171 MiB on SmolLM2-135M). Setting the threshold fixes it
+  // at glibc's default (128 KiB): large buffers keep their own mappings, returned when freed.
+  mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+#endif
   model.stream = s;
   log_message(QLFT_LOG_INFO,
               "offload.params=nvme: %s of base weights moved to %s (%s, %d units read ahead)",
