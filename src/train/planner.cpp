@@ -492,40 +492,57 @@ uint64_t slots_bytes(const std::vector<uint64_t>& g) {
 }
 
 // ZeRO-3 (dist/zero3_stream.h): this rank's shards (weights) and the most gathered bytes alive
-// at once (communication).
+// at once (communication). A buffer of 64 KiB or more is sliced on its own (ceil(bytes / world)
+// rounded up to 64 per rank) and gathered straight into the buffer the model gets back (world x
+// slice bytes); the smaller ones of a group are packed into one slice, gathered into one buffer
+// and copied out into buffers of their own sizes.
 void zero3_bytes(const WeightFootprint& w, int world, uint64_t* shards, uint64_t* gathered) {
+  constexpr uint64_t kLargeSlot = 64 << 10;
+  auto slice = [world](uint64_t bytes) {
+    const uint64_t share = (bytes + world - 1) / world;
+    return (share + 63) / 64 * 64;
+  };
   const size_t G = w.groups.size();
-  std::vector<uint64_t> recv(G), slots(G);
+  // packed: the small slots' gather buffer; large: the large slots' gathered buffers; copies:
+  // the small slots' own buffers once installed.
+  std::vector<uint64_t> packed(G), large(G), copies(G);
   *shards = 0;
   for (size_t g = 0; g < G; ++g) {
-    uint64_t total = 0;
-    for (uint64_t b : w.groups[g]) total += b;
-    const uint64_t share = (total + world - 1) / world, per_rank = (share + 63) / 64 * 64;
-    *shards += per_rank;
-    recv[g] = per_rank * world;
-    slots[g] = slots_bytes(w.groups[g]);
+    uint64_t small = 0;
+    for (uint64_t b : w.groups[g]) {
+      if (b >= kLargeSlot) {
+        *shards += slice(b);
+        large[g] += slice(b) * world;
+      } else {
+        small += b;
+        copies[g] += rb(b);
+      }
+    }
+    if (small) *shards += slice(small);
+    packed[g] = small ? slice(small) * world : 0;
   }
+  auto fetched = [&](size_t g) { return packed[g] + large[g]; };
+  auto installed = [&](size_t g) { return large[g] + copies[g]; };
   const int L = static_cast<int>(G) - 2;
   *gathered = 0;
-  int installed = kNoUnit;
+  int current = kNoUnit;
   for (auto [u, next] : training_unit_order(L)) {
     const std::vector<size_t> gs = unit_groups(w, u);
     uint64_t in_use = 0;
-    for (size_t g : gs) in_use += slots[g];
-    if (u != installed) {
-      // Installing: group k's copies beside the receive buffers of groups k.. (earlier ones
-      // are freed as their copies are made).
+    for (size_t g : gs) in_use += installed(g);
+    if (u != current) {
+      // Installing group k: the earlier groups installed, k's copies beside its packed buffer,
+      // the later groups still as fetched.
       for (size_t k = 0; k < gs.size(); ++k) {
-        uint64_t b = 0;
-        for (size_t j = 0; j < gs.size(); ++j)
-          b += (j <= k ? slots[gs[j]] : 0) + (j >= k ? recv[gs[j]] : 0);
+        uint64_t b = packed[gs[k]];
+        for (size_t j = 0; j < gs.size(); ++j) b += j <= k ? installed(gs[j]) : fetched(gs[j]);
         *gathered = std::max(*gathered, b);
       }
-      installed = u;
+      current = u;
     }
     uint64_t ahead = 0;
     if (next != kNoUnit && next != u)
-      for (size_t g : unit_groups(w, next)) ahead += recv[g];
+      for (size_t g : unit_groups(w, next)) ahead += fetched(g);
     *gathered = std::max(*gathered, in_use + ahead);
   }
 }
@@ -638,7 +655,13 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
 
   for (uint64_t v : cat) p.train_peak += v;
   p.load_peak = w.bytes + w.load_staging;
+  // Every rank loads the whole model first; ZeRO-3 then makes its shards before the full
+  // buffers go (NVMe offload writes them out and frees them).
+  uint64_t loaded = w.bytes;
+  if (have_groups && s.zero_stage == 3) loaded += cat[int(MemCategory::Weights)];
+  p.load_peak = std::max(p.load_peak, loaded);
   p.peak = cat;
+  p.peak[int(MemCategory::Weights)] = std::max(p.peak[int(MemCategory::Weights)], loaded);
   p.peak[int(MemCategory::Workspace)] =
       std::max(p.peak[int(MemCategory::Workspace)], w.load_staging);
   p.total_peak = std::max(p.train_peak, p.load_peak);

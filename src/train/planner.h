@@ -23,10 +23,11 @@
 //    prediction is the rank with the largest total. Gradients stay whole (the runtime keeps full
 //    dA/dB on every rank, stage 2 included). With world > 1 the gradient/parameter exchange
 //    buffer ((world + 1) x the largest rank's elements, f32) is `communication`.
-//  - ZeRO-3 (dist/zero3_stream.h): weights = this rank's slice of each unit (embedding, each
-//    layer, final norm + untied head), ceil(unit bytes / world) rounded up to 64; communication
-//    adds the gathered unit in use (its buffers as copies) plus the one gathered ahead (world x
-//    slice bytes), the largest pair along the runner's forward and backward unit order.
+//  - ZeRO-3 (dist/zero3_stream.h): weights = this rank's slices: each buffer of 64 KiB or more
+//    on its own and the smaller ones of each unit packed together, ceil(bytes / world) rounded
+//    up to 64 each; communication adds the gathered unit in use plus the one gathered ahead, the
+//    largest pair along the runner's forward and backward unit order (units: embedding, each
+//    layer, final norm + untied head).
 //  - offload.params=nvme (offload/nvme_weight_stream.h): weights = the units resident at once:
 //    the one in use and the next one the runner names (read ahead when offload.buffers > 0),
 //    the largest such pair.
@@ -89,7 +90,9 @@ struct PlanSettings {
 };
 
 struct MemoryPlan {
-  std::array<uint64_t, kMemCategoryCount> peak{};   // per category, over loading and training
+  // per category, over loading and training (weights: the whole model as loaded, plus the
+  // ZeRO-3 shards made from it, when that is more than training holds)
+  std::array<uint64_t, kMemCategoryCount> peak{};
   std::array<uint64_t, kMemCategoryCount> train{};  // per category at the training peak
   uint64_t train_peak = 0;                          // total during a training step
   uint64_t load_peak = 0;                           // total while loading the weights
