@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <unordered_map>
@@ -66,6 +67,12 @@ struct UringFile::Impl {
 UringFile::UringFile(int fd, std::string name)
     : fd_(fd), name_(std::move(name)), impl_(std::make_unique<Impl>()) {
 #if QLFT_HAVE_URING
+  // QLFT_OFFLOAD_NO_URING=1 asks for the fallback (tests, or a system where io_uring misbehaves).
+  const char* no = std::getenv("QLFT_OFFLOAD_NO_URING");
+  if (no && *no && std::strcmp(no, "0") != 0) {
+    log_engine_once("pread/pwrite", " (QLFT_OFFLOAD_NO_URING is set)");
+    return;
+  }
   int rc = io_uring_queue_init(kQueueDepth, &impl_->ring, 0);
   if (rc == 0) {
     impl_->uring = true;

@@ -10,7 +10,8 @@
 //
 // Builds without liburing (QLFT_URING=OFF), and kernels or sandboxes that refuse io_uring, use
 // plain pread/pwrite instead: each transfer then runs synchronously when it is queued, and wait()
-// reports its result. engine() says which path runs; the choice is logged once per process.
+// reports its result (so does any file made while QLFT_OFFLOAD_NO_URING=1 is set). engine() says
+// which path runs; the choice is logged once per process.
 //
 // Not thread-safe: one owner thread queues and waits. Buffers handed to read_async/write_async
 // must stay valid until their ticket has been waited for (the destructor waits for everything).

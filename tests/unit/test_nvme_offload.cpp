@@ -7,10 +7,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <memory>
 #include <random>
+#include <cstdlib>
 
 #include "config/config.h"
 #include "core/error.h"
@@ -49,10 +51,31 @@ int32_t status_of(const std::function<void()>& f, std::string* msg) {
 
 }  // namespace
 
-TEST(UringFile, RoundTripsManyTransfersInFlight) {
+// Every file test runs on io_uring (where the build and the kernel have it) and on the
+// pread/pwrite fallback (QLFT_OFFLOAD_NO_URING=1).
+class UringFileTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override {
+    if (GetParam())
+      setenv("QLFT_OFFLOAD_NO_URING", "1", 1);
+    else
+      unsetenv("QLFT_OFFLOAD_NO_URING");
+  }
+  void TearDown() override { unsetenv("QLFT_OFFLOAD_NO_URING"); }
+};
+INSTANTIATE_TEST_SUITE_P(Engines, UringFileTest, ::testing::Values(false, true),
+                         [](const auto& i) { return i.param ? "fallback" : "default"; });
+
+TEST_P(UringFileTest, RoundTripsManyTransfersInFlight) {
   const std::string dir = qlft_test::temp_dir("uring-rt");
   auto f = UringFile::create_temp(dir, "test");
-  EXPECT_TRUE(std::string(f->engine()) == "io_uring" || std::string(f->engine()) == "pread/pwrite");
+  if (GetParam()) {
+    EXPECT_STREQ(f->engine(), "pread/pwrite");
+  } else {
+    std::printf("offload files use %s here\n", f->engine());
+    EXPECT_TRUE(std::string(f->engine()) == "io_uring" ||
+                std::string(f->engine()) == "pread/pwrite");
+  }
   // Sizes around the chunk size, unaligned lengths, several transfers queued before any wait.
   const size_t sizes[] = {
       1, 4095, 4096, UringFile::kChunk - 3, UringFile::kChunk, 3 * UringFile::kChunk + 777};
@@ -85,7 +108,7 @@ TEST(UringFile, RoundTripsManyTransfersInFlight) {
   EXPECT_TRUE(std::filesystem::is_empty(dir));
 }
 
-TEST(UringFile, ShortReadIsAnIoErrorNamingTheFileAndOffset) {
+TEST_P(UringFileTest, ShortReadIsAnIoErrorNamingTheFileAndOffset) {
   const std::string dir = qlft_test::temp_dir("uring-short");
   auto f = UringFile::create_temp(dir, "short");
   std::vector<uint8_t> d = pattern(4096, 3), back(3 * 4096);
@@ -101,7 +124,7 @@ TEST(UringFile, ShortReadIsAnIoErrorNamingTheFileAndOffset) {
   EXPECT_EQ(ok, d);
 }
 
-TEST(UringFile, UnusableDirectoryAndFullDeviceAreIoErrors) {
+TEST_P(UringFileTest, UnusableDirectoryAndFullDeviceAreIoErrors) {
   std::string msg;
   EXPECT_EQ(QLFT_ERR_IO,
             status_of([&] { UringFile::create_temp("/nonexistent/qlft-offload", "x"); }, &msg));
