@@ -8,8 +8,21 @@
 namespace qlft::dist {
 
 namespace {
-constexpr size_t kAlign = 64;  // per-rank slices: whole 64-byte units for the MPI gather
+constexpr size_t kAlign = 64;            // per-rank slices: whole 64-byte units for the MPI gather
+constexpr size_t kLargeSlot = 64 << 10;  // gathered in place, not packed
+
+size_t slice_bytes(size_t total, int world) {
+  const size_t share = (total + static_cast<size_t>(world) - 1) / static_cast<size_t>(world);
+  return (share + kAlign - 1) / kAlign * kAlign;
 }
+
+// Copies the part of src (bytes [off, off + n) of a stream) that falls in [lo, hi) to dst + (.. -
+// lo).
+void copy_overlap(char* dst, size_t lo, size_t hi, const char* src, size_t off, size_t n) {
+  const size_t a = std::max(lo, off), b = std::min(hi, off + n);
+  if (a < b) std::memcpy(dst + (a - lo), src + (a - off), b - a);
+}
+}  // namespace
 
 Zero3Stream::Zero3Stream(Model& model, Communicator* comm, MemoryTracker* tracker)
     : comm_(comm), tracker_(tracker), rank_(comm->rank()), world_(comm->world()) {
@@ -36,22 +49,32 @@ Zero3Stream::Zero3Stream(Model& model, Communicator* comm, MemoryTracker* tracke
 
   // Every shard first (an out-of-memory here leaves the model whole), then the full Buffers go.
   for (Group& g : groups_) {
-    const size_t share = (g.total + static_cast<size_t>(world_) - 1) / static_cast<size_t>(world_);
-    g.per_rank = (share + kAlign - 1) / kAlign * kAlign;
+    for (Slot& sl : g.slots)
+      if (sl.bytes >= kLargeSlot) {
+        sl.per_rank = slice_bytes(sl.bytes, world_);
+        sl.shard = Buffer(tracker_, MemCategory::Weights, sl.per_rank, "ZeRO-3 shard");
+      } else {
+        g.total += sl.bytes;
+      }
+    g.per_rank = slice_bytes(g.total, world_);
     if (g.total) g.shard = Buffer(tracker_, MemCategory::Weights, g.per_rank, "ZeRO-3 shard");
   }
   for (Group& g : groups_) {
     const size_t lo = g.per_rank * static_cast<size_t>(rank_), hi = lo + g.per_rank;
-    size_t off = 0;  // of the slot in the group's byte stream
-    for (const Slot& s : g.slots) {
-      const size_t a = std::max(lo, off), b = std::min(hi, off + s.bytes);
-      if (a < b)
-        std::memcpy(g.shard.as<char>() + (a - lo), s.buf->as<const char>() + (a - off), b - a);
-      off += s.bytes;
+    size_t off = 0;  // of a small slot in the group's packed stream
+    for (Slot& sl : g.slots) {
+      const char* src = sl.buf->as<const char>();
+      if (sl.per_rank) {
+        const size_t l = sl.per_rank * static_cast<size_t>(rank_);
+        copy_overlap(sl.shard.as<char>(), l, l + sl.per_rank, src, 0, sl.bytes);
+      } else {
+        copy_overlap(g.shard.as<char>(), lo, hi, src, off, sl.bytes);
+        off += sl.bytes;
+      }
     }
   }
   for (Group& g : groups_)
-    for (const Slot& s : g.slots) s.buf->reset();
+    for (const Slot& sl : g.slots) sl.buf->reset();
 }
 
 Zero3Stream::~Zero3Stream() {
@@ -61,7 +84,6 @@ Zero3Stream::~Zero3Stream() {
 void Zero3Stream::add_buffer(Group& g, Buffer& b) {
   if (b.empty()) return;  // absent (no bias, no scales): stays empty
   g.slots.push_back({&b, b.size()});
-  g.total += b.size();
 }
 
 void Zero3Stream::add_qweight(Group& g, QWeight& w) {
@@ -71,13 +93,17 @@ void Zero3Stream::add_qweight(Group& g, QWeight& w) {
 
 uint64_t Zero3Stream::shard_bytes() const {
   uint64_t n = 0;
-  for (const Group& g : groups_) n += g.shard.size();
+  for (const Group& g : groups_) {
+    n += g.shard.size();
+    for (const Slot& sl : g.slots) n += sl.shard.size();
+  }
   return n;
 }
 
 uint64_t Zero3Stream::full_bytes() const {
   uint64_t n = 0;
-  for (const Group& g : groups_) n += g.total;
+  for (const Group& g : groups_)
+    for (const Slot& sl : g.slots) n += sl.bytes;
   return n;
 }
 
@@ -90,12 +116,24 @@ std::string Zero3Stream::describe() const {
 Zero3Stream::Fetch Zero3Stream::start(int u) {
   Fetch f;
   f.unit = u;
+  const size_t w = static_cast<size_t>(world_);
   for (int gi : groups_of(u)) {
     Group& g = groups_[static_cast<size_t>(gi)];
-    f.recv.emplace_back(tracker_, MemCategory::Communication, g.per_rank * world_, "gathered unit");
-    if (g.total)
+    f.packed.emplace_back();
+    if (g.total) {
+      f.packed.back() =
+          Buffer(tracker_, MemCategory::Communication, g.per_rank * w, "gathered unit");
       f.pending.push_back(
-          comm_->start_all_gather_raw(g.shard.data(), f.recv.back().data(), g.per_rank));
+          comm_->start_all_gather_raw(g.shard.data(), f.packed.back().data(), g.per_rank));
+    }
+    f.full.emplace_back();
+    for (Slot& sl : g.slots) {
+      f.full.back().emplace_back();
+      if (!sl.per_rank) continue;
+      Buffer& b = f.full.back().back();
+      b = Buffer(tracker_, MemCategory::Communication, sl.per_rank * w, "gathered unit");
+      f.pending.push_back(comm_->start_all_gather_raw(sl.shard.data(), b.data(), sl.per_rank));
+    }
   }
   ++gathers_;
   return f;
@@ -112,13 +150,19 @@ void Zero3Stream::install(Fetch& f) {
     for (size_t k = 0; k < gs.size(); ++k) {
       Group& g = groups_[static_cast<size_t>(gs[k])];
       size_t off = 0;
-      for (const Slot& s : g.slots) {
-        Buffer b(tracker_, MemCategory::Communication, s.bytes, "gathered unit");
-        std::memcpy(b.data(), f.recv[k].as<const char>() + off, s.bytes);
-        *s.buf = std::move(b);
-        off += s.bytes;
+      for (size_t i = 0; i < g.slots.size(); ++i) {
+        const Slot& sl = g.slots[i];
+        if (sl.per_rank) {
+          // The gathered Buffer itself: sl.bytes of data, then padding nothing reads.
+          *sl.buf = std::move(f.full[k][i]);
+        } else {
+          Buffer b(tracker_, MemCategory::Communication, sl.bytes, "gathered unit");
+          std::memcpy(b.data(), f.packed[k].as<const char>() + off, sl.bytes);
+          *sl.buf = std::move(b);
+          off += sl.bytes;
+        }
       }
-      f.recv[k].reset();  // the next group's copies may reuse it
+      f.packed[k].reset();
     }
   } catch (...) {
     uninstall(f.unit);
@@ -211,7 +255,10 @@ void Zero3Stream::detach() noexcept {
   drop_ahead();
   if (installed_ != kNoUnit) uninstall(installed_);
   held_ = kNoUnit;
-  for (Group& g : groups_) g.shard.reset();
+  for (Group& g : groups_) {
+    g.shard.reset();
+    for (Slot& sl : g.slots) sl.shard.reset();
+  }
   comm_ = nullptr;
   detached_ = true;
 }

@@ -2,11 +2,13 @@
 // bytes (model/weight_stream.h: the token embedding, each decoder layer, the final norm with the
 // output head) and all-gathers a unit when the runner acquires it.
 //
-// Layout: a unit's storage Buffers (QWeight data and scales, norms, biases) are flattened in a
-// fixed order into one byte stream, padded to world x per_rank bytes (per_rank a multiple of
-// 64); rank r keeps bytes [r * per_rank, (r + 1) * per_rank) in a Buffer counted as `weights`.
-// Sharding is local (every rank loaded the full model), so it needs no communication. The
-// gathered copies of an acquired unit are counted as `communication` ("gathered unit").
+// Layout: each storage Buffer of 64 KiB or more (QWeight codes, large scale arrays) is split on
+// its own: padded to world x per_rank bytes (per_rank a multiple of 64), rank r keeps bytes
+// [r * per_rank, (r + 1) * per_rank) in a Buffer counted as `weights`, and the gather lands
+// directly in the Buffer handed back to the model. The small ones of a unit (norms, biases,
+// code books, small scales) are flattened in a fixed order into one stream split the same way,
+// gathered at once and copied out. Sharding is local (every rank loaded the full model), so it
+// needs no communication. Gathered copies are counted as `communication` ("gathered unit").
 //
 // With tied embeddings the head unit is the final norm plus the embedding's group: the
 // embedding is stored once and gathered for both units.
@@ -59,18 +61,25 @@ class Zero3Stream final : public WeightStream {
   int64_t prefetch_hits() const { return hits_; }
 
  private:
+  // A storage Buffer of the model. A large one is sliced on its own and gathered straight into
+  // the Buffer the model gets back (a few padding bytes past its size, never read): no second
+  // copy of the big tensors. Small ones (norms, biases, scales, code books) are packed per group
+  // into one slice and one gather, then copied out.
   struct Slot {
     Buffer* buf;
     size_t bytes;
+    size_t per_rank = 0;  // large slots: this rank's slice
+    Buffer shard;         // large slots
   };
   struct Group {
     std::vector<Slot> slots;
-    size_t total = 0, per_rank = 0;
+    size_t total = 0, per_rank = 0;  // of the packed small slots
     Buffer shard;
   };
   struct Fetch {
     int unit = kNoUnit;
-    std::vector<Buffer> recv;  // one per group of the unit
+    std::vector<Buffer> packed;             // per group of the unit
+    std::vector<std::vector<Buffer>> full;  // per group, per large slot (empty for small ones)
     std::vector<std::unique_ptr<PendingCollective>> pending;
   };
 

@@ -16,21 +16,14 @@ namespace {
 
 // dist.zero_stage=3: the model's base weights become this rank's shards and a stream that
 // gathers them (dist/zero3_stream.h).
-void install_zero3(const Model& model, const TrainSettings& ts, dist::DataParallel& dp,
-                   MemoryTracker* tracker) {
+void install_zero3(const Model& model, dist::DataParallel& dp, MemoryTracker* tracker) {
   if (model.stream)
     throw_error(QLFT_ERR_UNSUPPORTED,
                 "dist.zero_stage=3: the model's base weights are already streamed (%s); load the "
                 "model again for this trainer",
                 model.stream->describe().c_str());
-  // The micro-batch auto-tuner runs trial steps on each rank independently: under ZeRO-3 a
-  // trial step gathers weights, a collective the other ranks would not join.
-  if (dp.world() > 1 && (ts.micro_batch_auto || ts.effective_batch > 0))
-    throw_error(QLFT_ERR_UNSUPPORTED,
-                "dist.zero_stage=3 with %d ranks: train.micro_batch=auto and "
-                "train.effective_batch (the auto-tuner's trial steps run per rank) are not "
-                "supported; set train.micro_batch and train.accumulation",
-                dp.world());
+  // The micro-batch auto-tuner (train/autotune.h) runs the same trial steps on every rank, so
+  // its trials' weight gathers match across ranks.
   // The trainer takes the model as const, but ZeRO-3 is a conversion of the model itself: its
   // full weight Buffers are replaced by this rank's shards and the stream that gathers them.
   // The model stays sharded after the trainer ends (its stream then refuses; see
@@ -77,7 +70,7 @@ void Trainer::init_dist(const Config& cfg, std::vector<ParamRef> params) {
                 rank(), world(), dp_->comm().backend(), ds.zero_stage, dp_->owned_params().size(),
                 dp_->params().size());
   }
-  if (ds.zero_stage == 3) install_zero3(model_, ts_, *dp_, tracker_);
+  if (ds.zero_stage == 3) install_zero3(model_, *dp_, tracker_);
 }
 
 size_t Trainer::next_global_batches(std::vector<data::Batch>& mine) {
