@@ -54,6 +54,14 @@ for cat in optimizer communication; do
   line=$(grep "^\[1,0\]<stdout>:$cat " "$work/mixed.log") || { echo "no $cat line"; exit 1; }
   echo "$line" | awk -v c="$cat" '{ if ($2 $3 != $4 $5) { print c ": predicted " $2 $3 " measured " $4 $5; exit 1 } }'
 done
+# qlft-finetune estimate --world 2 (no mpirun) predicts the same per-rank shares.
+est=$("$cli" estimate --model "$model" --world 2 --dist.zero_stage 1 --quant.type nf4 \
+  --data.seq_len 64 --lora.r 4)
+for cat in optimizer communication; do
+  want=$(grep "^\[1,0\]<stdout>:$cat " "$work/mixed.log" | awk '{print $4 $5}')
+  got=$(echo "$est" | awk -v c="$cat" '$1 == c {print $2 $3}')
+  [ "$want" = "$got" ] || { echo "estimate --world 2: $cat $got, measured $want"; exit 1; }
+done
 stage=3
 probe=$(run sym3 "$tight" "$tight")
 if [ -n "$probe" ]; then

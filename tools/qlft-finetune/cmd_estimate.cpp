@@ -1,8 +1,11 @@
-// qlft-finetune estimate --model M [--config run.yaml] [--key value ...]
+// qlft-finetune estimate --model M [--world N] [--config run.yaml] [--key value ...]
 //
 // Predicts the memory a training run will hold, per category, without loading the weights
 // (qlft_estimate_memory on the model file: GGUF header or config.json + safetensors headers).
+// With several ranks (dist.backend under mpirun, or --world N) it is the memory of the rank that
+// needs the most (ZeRO shards the optimizer state and, at stage 3, the base weights).
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "cli.h"
@@ -44,19 +47,40 @@ void print_memory_table(FILE* f, const qlft_memory_estimate& e, const qlft_memor
 int cmd_estimate(int argc, char** argv) {
   Args a;
   std::string err;
-  if (!parse_args(argc, argv, 2, {"model", "config"}, {"help"}, &a, &err) ||
+  if (!parse_args(argc, argv, 2, {"model", "config", "world"}, {"help"}, &a, &err) ||
       a.flags.count("help") || !a.flags.count("model")) {
     if (!err.empty()) std::fprintf(stderr, "qlft-finetune: %s\n", err.c_str());
     std::fprintf(stderr,
-                 "usage: qlft-finetune estimate --model MODEL [--config run.yaml] [--key value "
-                 "...]\n  predicts per-category memory of training (train.precision, "
+                 "usage: qlft-finetune estimate --model MODEL [--world N] [--config run.yaml] "
+                 "[--key value ...]\n  predicts per-category memory of training (train.precision, "
                  "train.grad_checkpointing, data.seq_len, train.micro_batch, optim.name, lora.*, "
-                 "quant.*, memory.limit) without loading the weights\n");
+                 "quant.*, dist.zero_stage, offload.*, memory.limit) without loading the weights; "
+                 "--world N: for one of N ranks (as under mpirun with dist.backend=mpi; the rank "
+                 "that needs the most)\n");
     return a.flags.count("help") && err.empty() ? kOk : kUsage;
   }
   int code = kOk;
   ConfigPtr cfg = make_config(a, &code);
   if (!cfg) return code;
+  if (a.flags.count("world")) {
+    // The planner reads the world from the launcher's environment, as a training rank would.
+    const std::string w = a.flags["world"];
+    char* end = nullptr;
+    const long n = std::strtol(w.c_str(), &end, 10);
+    if (w.empty() || *end || n < 1 || n > 1 << 20) {
+      std::fprintf(stderr, "qlft-finetune: --world wants a positive rank count, got '%s'\n",
+                   w.c_str());
+      return kUsage;
+    }
+    if (std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE")) {
+      std::fprintf(stderr, "qlft-finetune: --world: already started by mpirun (its world wins)\n");
+      return kUsage;
+    }
+    ::setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
+    ::setenv("RANK", "0", 1);
+    if (setting(cfg.get(), "dist.backend") == "none" && n > 1)
+      qlft_config_set(cfg.get(), "dist.backend", "mpi");
+  }
   const std::string model = a.flags["model"];
   qlft_memory_estimate e{};
   e.struct_size = sizeof e;
@@ -71,6 +95,12 @@ int cmd_estimate(int argc, char** argv) {
       setting(c, "train.grad_checkpointing").c_str(), setting(c, "optim.name").c_str(),
       setting(c, "lora.r").c_str(), setting(c, "lora.target_modules").c_str(),
       setting(c, "quant.type").c_str());
+  if (setting(c, "dist.backend") != "none")
+    std::printf(
+        "per rank (dist.zero_stage %s, offload.params %s, offload.optimizer %s; the rank "
+        "that needs the most)\n",
+        setting(c, "dist.zero_stage").c_str(), setting(c, "offload.params").c_str(),
+        setting(c, "offload.optimizer").c_str());
   print_memory_table(stdout, e, nullptr);
   std::printf("%-14s %12s\n%-14s %12s\n", "training step", human_bytes(e.train_peak).c_str(),
               "loading", human_bytes(e.load_peak).c_str());
