@@ -258,3 +258,53 @@ TEST(AutotuneConfig, MicroBatchAcceptsAuto) {
   c.set("train.micro_batch", "7");
   EXPECT_EQ(c.get_int("train.micro_batch"), 7);
 }
+
+// The cache tells sharded and offloaded runs apart (their memory differs), and a ZeRO stage on
+// one rank searches like stage 0 there (same state, no exchange buffer), ending in a step that
+// fits the limit.
+TEST_F(AutotuneTest, CacheKeyHasRanksStageAndOffload) {
+  const std::string out = qlft_test::temp_dir("autotune-zero");
+  Config c = base_config(out);
+  c.set("train.micro_batch", "2");
+  std::string keys[3];
+  const char* stages[3] = {"0", "1", "3"};
+  for (int i = 0; i < 3; ++i) {
+    MemoryTracker tr;
+    LoadOptions lo;
+    lo.quant_type = "keep";
+    auto m = load_model(&tr, qlft_test::shared_file("models/stories260K.gguf"), lo);
+    c.set("dist.zero_stage", stages[i]);
+    Trainer t(*m, &tr, nullptr, c);
+    keys[i] = autotune_cache_key(t, c, 1);
+    EXPECT_NE(keys[i].find(std::string("zero_stage=") + stages[i]), std::string::npos) << keys[i];
+    EXPECT_NE(keys[i].find("ranks=1"), std::string::npos);
+  }
+  EXPECT_NE(keys[0], keys[1]);
+  EXPECT_NE(keys[1], keys[2]);
+  c.set("dist.zero_stage", "0");
+  c.set("offload.optimizer", "nvme");
+  c.set("offload.dir", out);
+  {
+    Trainer t(*model_, &tracker_, nullptr, c);
+    EXPECT_NE(autotune_cache_key(t, c, 1), keys[0]);
+  }
+
+  // micro_batch=auto at stage 0 and stage 2 under the same limit: the same shape.
+  Config a = base_config(out + "/s0");
+  a.set("train.micro_batch", "auto");
+  a.set("train.autotune_cache", "off");
+  PlanSettings ps = PlanSettings::from_config(a);
+  ps.micro_batch = 3;
+  tracker_.set_limit(plan_memory(model_->cfg, weight_footprint(*model_), ps).train_peak * 11 / 10);
+  int micro[2];
+  for (int i = 0; i < 2; ++i) {
+    a.set("dist.zero_stage", i ? "2" : "0");
+    Trainer t(*model_, &tracker_, data_.get(), a);
+    micro[i] = t.settings().micro_batch;
+    StepReport r;
+    ASSERT_TRUE(t.step(&r));
+  }
+  EXPECT_EQ(micro[0], micro[1]);
+  EXPECT_GE(micro[0], 2);
+  tracker_.set_limit(0);
+}
