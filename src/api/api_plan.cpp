@@ -4,6 +4,7 @@
 #include "api/handles.h"
 #include "config/config.h"
 #include "core/error.h"
+#include "dist/communicator.h"
 #include "train/planner.h"
 #include "train/trainer.h"
 
@@ -41,7 +42,13 @@ int32_t qlft_estimate_memory(const qlft_model* model, const char* model_path,
       w = qlft::weight_footprint_of_file(model_path, opt, &mc);
     }
     const qlft::PlanSettings ps = qlft::PlanSettings::from_config(c);
-    const qlft::MemoryPlan p = qlft::plan_memory(mc, w, ps);
+    // A loaded model is this process's own run: under a launcher, this rank's share (what its
+    // tracker will measure). A model file: the rank that needs the most.
+    int rank = -1;
+    if (model && ps.world > 1) rank = qlft::dist::detect_launch().rank;
+    const qlft::MemoryPlan p = rank >= 0 && rank < ps.world
+                                   ? qlft::plan_memory_of_rank(mc, w, ps, rank)
+                                   : qlft::plan_memory(mc, w, ps);
     qlft_memory_estimate f{};
     f.struct_size = sizeof(f);
     for (int i = 0; i < QLFT_MEM_CATEGORY_COUNT; ++i) {
