@@ -188,25 +188,43 @@ UringFile::Ticket UringFile::submit(bool write, void* buf, size_t len, uint64_t 
     return t;
   }
 #if QLFT_HAVE_URING
-  for (size_t pos = 0; pos < len; pos += kChunk) {
-    const size_t n = std::min(kChunk, len - pos);
-    io_uring_sqe* sqe = io_uring_get_sqe(&m.ring);
-    while (!sqe) {
-      // The submission queue is full: let a request complete first.
-      io_uring_submit(&m.ring);
-      reap_one();
-      sqe = io_uring_get_sqe(&m.ring);
+  try {
+    for (size_t pos = 0; pos < len; pos += kChunk) {
+      const size_t n = std::min(kChunk, len - pos);
+      // At most kQueueDepth requests queued or in flight, so the completion queue (twice that)
+      // never overflows: past it, let one complete first.
+      while (m.in_flight >= kQueueDepth) {
+        io_uring_submit(&m.ring);
+        reap_one();
+      }
+      io_uring_sqe* sqe = io_uring_get_sqe(&m.ring);
+      if (!sqe) {
+        io_uring_submit(&m.ring);
+        sqe = io_uring_get_sqe(&m.ring);
+      }
+      if (!sqe)
+        throw_error(QLFT_ERR_IO, "offload file '%s': no io_uring submission slot", name_.c_str());
+      auto op = std::make_unique<Op>(Op{t, write, p + pos, n, off + pos});
+      if (write)
+        io_uring_prep_write(sqe, fd_, op->buf, static_cast<unsigned>(n), op->off);
+      else
+        io_uring_prep_read(sqe, fd_, op->buf, static_cast<unsigned>(n), op->off);
+      io_uring_sqe_set_data(sqe, op.get());
+      ++ts.pending;
+      ++m.in_flight;
+      Op* key = op.get();
+      m.ops.emplace(key, std::move(op));
     }
-    auto op = std::make_unique<Op>(Op{t, write, p + pos, n, off + pos});
-    if (write)
-      io_uring_prep_write(sqe, fd_, op->buf, static_cast<unsigned>(n), op->off);
-    else
-      io_uring_prep_read(sqe, fd_, op->buf, static_cast<unsigned>(n), op->off);
-    io_uring_sqe_set_data(sqe, op.get());
-    ++ts.pending;
-    ++m.in_flight;
-    Op* key = op.get();
-    m.ops.emplace(key, std::move(op));
+  } catch (...) {
+    // The caller never gets this ticket: the requests already queued must end before the
+    // buffer can be released.
+    io_uring_submit(&m.ring);
+    try {
+      while (m.tickets[t].pending > 0) reap_one();
+    } catch (...) {
+    }
+    m.tickets.erase(t);
+    throw;
   }
   io_uring_submit(&m.ring);
 #endif
@@ -238,6 +256,17 @@ void UringFile::reap_one() {
     op->len -= static_cast<size_t>(res);
     op->off += static_cast<uint64_t>(res);
     io_uring_sqe* sqe = io_uring_get_sqe(&m.ring);
+    if (!sqe) {
+      io_uring_submit(&m.ring);
+      sqe = io_uring_get_sqe(&m.ring);
+    }
+    if (!sqe) {
+      if (s.error.empty())
+        s.error = io_failure(name_, op->write, op->len, op->off, "no io_uring submission slot");
+      --s.pending;
+      m.ops.erase(oi);
+      return;
+    }
     if (op->write)
       io_uring_prep_write(sqe, fd_, op->buf, static_cast<unsigned>(op->len), op->off);
     else

@@ -99,6 +99,19 @@ TEST_P(UringFileTest, RoundTripsManyTransfersInFlight) {
   f->wait_all();
   for (size_t i = 0; i < std::size(sizes); ++i) EXPECT_EQ(back[i], data[i]) << "transfer " << i;
   EXPECT_EQ(f->bytes_read(), f->bytes_written());
+  // More requests than the queue holds (64), all queued before the first wait.
+  std::vector<std::vector<uint8_t>> many;
+  tickets.clear();
+  for (int i = 0; i < 200; ++i) {
+    many.push_back(pattern(4096, 1000 + i));
+    tickets.push_back(f->write_async(many.back().data(), 4096, off + 4096 * uint64_t(i)));
+  }
+  f->wait_all();
+  std::vector<std::vector<uint8_t>> many_back(200, std::vector<uint8_t>(4096));
+  for (int i = 0; i < 200; ++i) f->read_async(many_back[i].data(), 4096, off + 4096 * uint64_t(i));
+  f->wait_all();
+  EXPECT_EQ(many_back, many);
+  off += 200 * 4096;
   // A resized file reads zeros past what was written.
   f->resize(off + 8192);
   std::vector<uint8_t> z(8192, 0xff);
