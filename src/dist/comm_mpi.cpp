@@ -250,7 +250,10 @@ class MpiCommunicator final : public Communicator {
   // keeps polling the collective, which may still complete; at the timeout the ranks that sent
   // no probe for this collective are named. A peer stuck in the same collective probes at about
   // the same moment; a dead one never does. The whole failure stays within dist.timeout_s.
-  void wait(MPI_Request* req, const char* what, size_t bytes) {
+  // max_sleep_ns: bulk transfers (ZeRO-3 weight gathers) progress only while this rank polls
+  // (OpenMPI moves a large message fragment by fragment inside MPI calls), so they poll at
+  // least every 50 us instead of every 1 ms.
+  void wait(MPI_Request* req, const char* what, size_t bytes, long max_sleep_ns = 1000000L) {
     using clock = std::chrono::steady_clock;
     const auto t0 = clock::now();
     const uint64_t seq = ++seq_;
@@ -273,7 +276,7 @@ class MpiCommunicator final : public Communicator {
       if (polls < 256) {
         sched_yield();
       } else {
-        sleep_ns = std::min(1000000L, sleep_ns ? sleep_ns * 2 : 20000L);
+        sleep_ns = std::min(max_sleep_ns, sleep_ns ? sleep_ns * 2 : 20000L);
         timespec ts{0, sleep_ns};
         nanosleep(&ts, nullptr);
       }
@@ -350,7 +353,7 @@ void MpiPending::wait() {
   // to MPI (the communicator is broken and never freed).
   MPI_Request r = req_;
   req_ = MPI_REQUEST_NULL;
-  comm_->wait(&r, "all_gather (bytes)", bytes_);
+  comm_->wait(&r, "all_gather (bytes)", bytes_, bytes_ >= (size_t{1} << 20) ? 50000L : 1000000L);
 }
 
 MpiPending::~MpiPending() {
