@@ -24,21 +24,15 @@ int32_t qlft_estimate_memory(const qlft_model* model, const char* model_path,
     const qlft::Config& c = qlft::config_or_default(config);
     qlft::ModelConfig mc;
     qlft::WeightFootprint w;
-    qlft::LoadOptions opt;
-    opt.quant_type = c.get("quant.type");
-    opt.double_quant = c.get_bool("quant.double_quant");
-    opt.blocksize = static_cast<int>(c.get_int("quant.blocksize"));
-    if (model && !model->model->stream) {
+    if (model) {
+      // (From the file when a trainer streams the model's weights.)
       mc = model->model->cfg;
-      w = qlft::weight_footprint(*model->model);
-    } else if (model) {
-      // A trainer streams this model's weights (ZeRO-3 shards, NVMe offload): its buffers are
-      // empty now, so the footprint comes from its file with the quant.* settings it was
-      // loaded with.
-      qlft::ModelConfig from_file;
-      mc = model->model->cfg;
-      w = qlft::weight_footprint_of_file(model->model->path, opt, &from_file);
+      w = qlft::weight_footprint_for_plan(*model->model, c);
     } else {
+      qlft::LoadOptions opt;
+      opt.quant_type = c.get("quant.type");
+      opt.double_quant = c.get_bool("quant.double_quant");
+      opt.blocksize = static_cast<int>(c.get_int("quant.blocksize"));
       w = qlft::weight_footprint_of_file(model_path, opt, &mc);
     }
     const qlft::PlanSettings ps = qlft::PlanSettings::from_config(c);

@@ -94,7 +94,8 @@ std::vector<std::string> gather(dist::Communicator& comm, const std::string& min
 }
 
 int64_t min_over_ranks(dist::Communicator& comm, int64_t v) {
-  for (const std::string& s : gather(comm, std::to_string(v))) v = std::min<int64_t>(v, std::stoll(s));
+  for (const std::string& s : gather(comm, std::to_string(v)))
+    v = std::min<int64_t>(v, std::stoll(s));
   return v;
 }
 
@@ -228,7 +229,7 @@ std::string cache_key(const Trainer& t, const Config& cfg, int ranks, const std:
       "effective_batch=%lld accumulation=%d ranks=%d margin=%s; zero_stage=%s "
       "offload.params=%s offload.optimizer=%s offload.buffers=%s; backend=%s threads=%d; "
       "memory.limit=%s",
-      m.path.c_str(), static_cast<unsigned long long>(weight_footprint(m).bytes),
+      m.path.c_str(), static_cast<unsigned long long>(weight_footprint_for_plan(m, cfg).bytes),
       m.cfg.arch.c_str(), m.cfg.n_layers, m.cfg.dim, m.cfg.vocab, ts.precision.c_str(),
       cfg.get("train.grad_checkpointing").c_str(), cfg.get("data.seq_len").c_str(),
       cfg.get("lora.r").c_str(), mt.lora().config().targets_string().c_str(),
@@ -355,7 +356,7 @@ AutotuneResult autotune_batch_shape(Trainer& t, const Config& cfg, int ranks) {
   PlanSettings ps = PlanSettings::from_config(cfg);
   ps.world = world;
   ps.accumulation = (per_rank > 0 || ts.accumulation > 1) ? 2 : 1;
-  const WeightFootprint w = weight_footprint(t.model());
+  const WeightFootprint w = weight_footprint_for_plan(t.model(), cfg);
   ps.micro_batch = 1;
   const MemoryPlan one = plan_memory_of_rank(t.model().cfg, w, ps, dp.rank());
   uint64_t persistent =

@@ -367,6 +367,16 @@ WeightFootprint weight_footprint_of_file(const std::string& path, const LoadOpti
   return gguf ? gguf_footprint(path, opt, cfg) : hf_footprint(path, opt, cfg);
 }
 
+WeightFootprint weight_footprint_for_plan(const Model& m, const Config& c) {
+  if (!m.stream) return weight_footprint(m);
+  LoadOptions opt;
+  opt.quant_type = c.get("quant.type");
+  opt.double_quant = c.get_bool("quant.double_quant");
+  opt.blocksize = static_cast<int>(c.get_int("quant.blocksize"));
+  ModelConfig from_file;
+  return weight_footprint_of_file(m.path, opt, &from_file);
+}
+
 PlanSettings PlanSettings::from_config(const Config& c) {
   PlanSettings s;
   s.precision = c.get("train.precision");

@@ -62,6 +62,10 @@ struct WeightFootprint {
 // Of a loaded model (exact for bytes; staging assumes the linears were quantized at load when
 // they are NF4/INT8, which over-states it for pre-quantized bitsandbytes files).
 WeightFootprint weight_footprint(const Model& m);
+// Of a loaded model as a plan needs it: weight_footprint(m), or, when a trainer streams its
+// weights (ZeRO-3 shards, NVMe offload: its buffers are empty now), the footprint of its file
+// with the quant.* settings of c (those it was loaded with).
+WeightFootprint weight_footprint_for_plan(const Model& m, const Config& c);
 // From a model file without loading its weights: a .gguf file (header only) or an HF model
 // (config.json + safetensors headers). Fills *cfg with the model's shape.
 WeightFootprint weight_footprint_of_file(const std::string& path, const LoadOptions& opt,
