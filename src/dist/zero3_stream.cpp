@@ -117,22 +117,33 @@ Zero3Stream::Fetch Zero3Stream::start(int u) {
   Fetch f;
   f.unit = u;
   const size_t w = static_cast<size_t>(world_);
+  // Every receive Buffer first: an out-of-memory then throws before this rank started any of
+  // the unit's gathers, not after some (which would leave the peers waiting in the others).
   for (int gi : groups_of(u)) {
-    Group& g = groups_[static_cast<size_t>(gi)];
+    const Group& g = groups_[static_cast<size_t>(gi)];
     f.packed.emplace_back();
-    if (g.total) {
+    if (g.total)
       f.packed.back() =
           Buffer(tracker_, MemCategory::Communication, g.per_rank * w, "gathered unit");
-      f.pending.push_back(
-          comm_->start_all_gather_raw(g.shard.data(), f.packed.back().data(), g.per_rank));
-    }
     f.full.emplace_back();
-    for (Slot& sl : g.slots) {
+    for (const Slot& sl : g.slots) {
       f.full.back().emplace_back();
-      if (!sl.per_rank) continue;
-      Buffer& b = f.full.back().back();
-      b = Buffer(tracker_, MemCategory::Communication, sl.per_rank * w, "gathered unit");
-      f.pending.push_back(comm_->start_all_gather_raw(sl.shard.data(), b.data(), sl.per_rank));
+      if (sl.per_rank)
+        f.full.back().back() =
+            Buffer(tracker_, MemCategory::Communication, sl.per_rank * w, "gathered unit");
+    }
+  }
+  const std::vector<int>& gs = groups_of(u);
+  for (size_t k = 0; k < gs.size(); ++k) {
+    Group& g = groups_[static_cast<size_t>(gs[k])];
+    if (g.total)
+      f.pending.push_back(
+          comm_->start_all_gather_raw(g.shard.data(), f.packed[k].data(), g.per_rank));
+    for (size_t i = 0; i < g.slots.size(); ++i) {
+      Slot& sl = g.slots[i];
+      if (sl.per_rank)
+        f.pending.push_back(
+            comm_->start_all_gather_raw(sl.shard.data(), f.full[k][i].data(), sl.per_rank));
     }
   }
   ++gathers_;

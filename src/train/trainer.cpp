@@ -228,10 +228,13 @@ void Trainer::step_on(const std::vector<data::Batch>& batches, StepReport* out) 
       r.skipped = true;
       ++nonfinite_in_row_;
       if (ts_.stop_on_nonfinite && nonfinite_in_row_ >= ts_.max_nonfinite_in_row)
-        nonfinite_where = n == 0
-                              ? "no trained tokens in the step (every target is masked)"
-                              : locate_nonfinite(*runner_, batches, scale / static_cast<float>(n),
-                                                 [&](int i) { return dropout_seed(step_, i); });
+        nonfinite_where =
+            n == 0 ? "no trained tokens in the step (every target is masked)"
+            // Its reruns stop where each rank finds the value: ZeRO-3 gathers would not match.
+            : world() > 1 && dp_->zero3_stream()
+                ? "not located (dist.zero_stage=3 with several ranks; rerun on one rank)"
+                : locate_nonfinite(*runner_, batches, scale / static_cast<float>(n),
+                                   [&](int i) { return dropout_seed(step_, i); });
     } else {
       opt_->step(r.lr);
       dp_->gather_params();  // ZeRO 1-2: every rank gets the tensors others updated

@@ -7,6 +7,11 @@ source "$(dirname "$0")/common.sh"
 common=(train.max_steps=6 train.micro_batch=2 lora.dropout=0.1 optim.max_grad_norm=0.05
         quant.type=nf4)
 "$worker" train "$model" "$data" "$work/ref.txt" "${common[@]}" train.accumulation=2
+# ZeRO-3 on one rank (the single-rank communicator's byte gather): the same bits as no ZeRO.
+"$worker" train "$model" "$data" "$work/z3one.txt" "${common[@]}" train.accumulation=2 \
+  dist.zero_stage=3
+echo "ZeRO-3 on 1 rank:"
+"$worker" compare "$work/z3one.txt" "$work/ref.txt" 0
 for stage in 0 1 2 3; do
   timeout 120 "${mpi[@]}" "$worker" train "$model" "$data" "$work/z$stage.txt" "${common[@]}" \
     train.accumulation=1 dist.backend=mpi dist.zero_stage=$stage dist.timeout_s=60
