@@ -22,3 +22,13 @@ paste <(loss "$work/one/metrics.jsonl") <(loss "$work/two/metrics.jsonl") |
   awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-4 * $1 || NF != 2) bad = 1; print }
        END { exit bad }'
 echo "CLI under mpirun: rank 0 alone wrote, same losses"
+# ZeRO-3 with an eval split: every rank joins the evaluations (they gather weights), rank 0
+# prints them; the run ends well within dist.timeout_s (a rank evaluating alone would wait it out).
+timeout 120 "${mpi[@]}" "$cli" train "${args[@]}" --train.accumulation 1 --dist.backend mpi \
+  --dist.zero_stage 3 --dist.timeout_s 60 --data.eval_fraction 0.1 \
+  --train.output_dir "$work/three" >"$work/three.out" 2>"$work/three.err" ||
+  { cat "$work/three.err"; exit 1; }
+grep -q "eval loss after" "$work/three.out" || { echo "ZeRO-3: no eval after"; cat "$work/three.out"; exit 1; }
+[ "$(grep -c 'eval loss after' "$work/three.out")" = 1 ]
+[ -f "$work/three/adapter/adapter_model.safetensors" ]
+echo "CLI under mpirun with ZeRO-3: every rank evaluated, rank 0 printed"

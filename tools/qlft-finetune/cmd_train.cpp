@@ -188,14 +188,15 @@ int cmd_train(int argc, char** argv) {
     return kCancelled;
   }
   if (st != QLFT_OK) return fail("training", st);
-  if (!writer) return kOk;  // rank 0 evaluates and writes the adapters
-
+  // Every rank evaluates (under ZeRO-3 evaluation gathers weights, a collective); rank 0
+  // prints and writes the adapters.
   if (have_eval) {
     qlft_eval_result after{};
     after.struct_size = sizeof after;
-    if (qlft_trainer_evaluate(s.trainer.get(), nullptr, &after) == QLFT_OK)
+    if (qlft_trainer_evaluate(s.trainer.get(), nullptr, &after) == QLFT_OK && writer)
       std::printf("eval loss after:  %.4f (perplexity %.2f)\n", after.loss, after.perplexity);
   }
+  if (!writer) return kOk;
   std::string peft = std::string(outdir) + "/adapter";
   std::string gguf = std::string(outdir) + "/adapter.gguf";
   if ((st = qlft_trainer_save_adapter(s.trainer.get(), peft.c_str(), "peft")) != QLFT_OK)
