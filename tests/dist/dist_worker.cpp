@@ -110,6 +110,29 @@ int check_comm(const std::string& result) {
   for (int b = 0; b < w; ++b)
     expect(blobs[b] == std::string(b * 3 + 1, 'a' + b),
            "all_gather_bytes from " + std::to_string(b));
+  // Byte gathers: a size in 64-byte units and an odd one, two in flight at once (the ZeRO-3
+  // prefetch), byte i of rank b's block is (b * 31 + i) % 251.
+  {
+    const size_t sizes[2] = {4096, 1001};
+    std::vector<std::vector<unsigned char>> in(2), outb(2);
+    std::vector<std::unique_ptr<dist::PendingCollective>> pend;
+    for (int k = 0; k < 2; ++k) {
+      in[k].resize(sizes[k]);
+      outb[k].assign(sizes[k] * w, 0);
+      for (size_t i = 0; i < sizes[k]; ++i)
+        in[k][i] = static_cast<unsigned char>((r * 31 + i) % 251);
+      pend.push_back(comm->start_all_gather_raw(in[k].data(), outb[k].data(), sizes[k]));
+    }
+    for (auto& p : pend) p->wait();
+    for (int k = 0; k < 2; ++k)
+      for (int b = 0; b < w; ++b)
+        for (size_t i = 0; i < sizes[k]; ++i)
+          if (outb[k][b * sizes[k] + i] != static_cast<unsigned char>((b * 31 + i) % 251)) {
+            expect(false, "all_gather_raw of " + std::to_string(sizes[k]) + " bytes");
+            b = w;
+            break;
+          }
+  }
   comm->barrier();
   expect(comm->sum(static_cast<int64_t>(r + 1)) == static_cast<int64_t>(w) * (w + 1) / 2,
          "sum(int64)");
