@@ -11,8 +11,8 @@
 // as well, as torch.autocast and bitsandbytes' bf16 compute dtype do, and the cross-entropy's
 // dlogits enter its dh GEMM as bf16. Attention keeps the emulation below.
 // native = false (or fp16, or another inner backend): the emulation everywhere, the reference
-// the native path is tested against. The memory saving of storing activations in 16 bits belongs
-// to the kernels behind this interface.
+// the native path is tested against. Storing the kept activations in 16 bits is the runner's
+// (LlamaRunner::set_activation_dtype), not this wrapper's.
 #pragma once
 
 #include <memory>
