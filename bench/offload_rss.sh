@@ -82,7 +82,7 @@ r1=$(rss nvme)
 echo "model            $model (quant.type keep), seq $seq, micro-batch 1, $steps steps, $optim"
 echo "io               offload.dir $dir"
 echo "offloaded        weights $w MiB + optimizer state $o0 MiB (resident run's tracker)"
-echo "state buffers    $o1 MiB (optimizer, NVMe run)"
+printf "state buffers    %.2f MiB (optimizer, NVMe run)\n" "$o1"
 awk -v a="$r0" -v b="$r1" -v w="$w" -v o="$o0" 'BEGIN {
   d = a - b; off = w + o;
   printf "peak RSS         none %.1f MiB, nvme %.1f MiB: drop %.1f MiB\n", a, b, d;
