@@ -3,7 +3,8 @@
 //
 //   OMP_WAIT_POLICY=passive build-bench/bench/bench_kernels [--benchmark_filter=linear]
 //
-// Shapes: dim 576, ffn 1536, 9 query / 3 KV heads of 64, vocab 49152, rows = 4 x 512 = 2048,
+// Shapes: dim 576, ffn 1536, 9 query / 3 KV heads of 64, vocab 49152, rows = 4 x 512 = 2048
+// (QLFT_BENCH_ROWS overrides),
 // LoRA r = 16 (alpha 32). Threads: QLFT_BENCH_THREADS (default 2).
 //
 // Before any benchmark runs, main() measures the machine's bf16 GEMM peak: the largest GFLOP/s
@@ -49,7 +50,12 @@ namespace {
 using namespace qlft;
 
 constexpr int kDim = 576, kFfn = 1536, kHeads = 9, kKvHeads = 3, kHeadDim = 64, kVocab = 49152;
-constexpr int kRows = 4 * 512, kRank = 16;
+constexpr int kRank = 16;
+// Rows of the activations: QLFT_BENCH_ROWS, default 4 x 512 (a micro-batch of 4 at seq 512).
+const int kRows = [] {
+  const char* r = std::getenv("QLFT_BENCH_ROWS");
+  return r && std::atoi(r) > 0 ? std::atoi(r) : 4 * 512;
+}();
 constexpr float kTheta = 100000.f;
 
 double g_peak_gflops = 0;  // measured (or given) bf16 GEMM peak
@@ -115,10 +121,30 @@ using Clock = std::chrono::steady_clock;
 
 // Counters from wall time measured around the timing loop: Google Benchmark's rate counters
 // divide by the main thread's CPU time, which is wrong for kernels running on several threads.
+// Process CPU seconds (all threads): with other work on the machine, wall time is noise, while
+// the CPU time a kernel burns (spinning and yielding included) is not.
+double process_cpu_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+// Set by each benchmark just before its timing loop (with t0).
+thread_local double g_cpu0 = 0;
+
+Clock::time_point start_clock() {
+  g_cpu0 = process_cpu_s();
+  return Clock::now();
+}
+
 void report(benchmark::State& st, double flops_per_iter, Clock::time_point t0) {
   const double s = std::chrono::duration<double>(Clock::now() - t0).count();
   const double gflops = flops_per_iter * double(st.iterations()) / s * 1e-9;
   st.counters["GFLOP/s"] = gflops;
+  // Model FLOPs per CPU-second (summed over threads): x threads gives the GFLOP/s an idle
+  // machine would show if the threads never waited.
+  const double cpu = process_cpu_s() - g_cpu0;
+  if (cpu > 0) st.counters["GFLOP/cpu_s"] = flops_per_iter * double(st.iterations()) / cpu * 1e-9;
   if (g_peak_gflops > 0) st.counters["peak_frac"] = gflops / g_peak_gflops;
   if (g_best_gflops > 0) st.counters["best_frac"] = gflops / g_best_gflops;
 }
@@ -135,7 +161,7 @@ void BM_sgemm(benchmark::State& st) {
   const int64_t M = st.range(0), N = st.range(1), K = st.range(2);
   std::vector<float> A = randn(size_t(M * K), 1, 1), B = randn(size_t(N * K), 1, 2),
                      C(size_t(M * N));
-  const Clock::time_point t0 = Clock::now();
+  const Clock::time_point t0 = start_clock();
   for (auto _ : st) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(M), int(N), int(K), 1.f, A.data(),
                 int(K), B.data(), int(K), 0.f, C.data(), int(N));
@@ -156,7 +182,7 @@ void BM_gemm_bf16(benchmark::State& st) {
                         B = to_bf16(randn(size_t(N * K), 1, 2));
   std::vector<float> C(size_t(M * N));
   st.SetLabel(cpu::gemm_bf16_impl(false, true, M, N, K, K, K, N));
-  const Clock::time_point t0 = Clock::now();
+  const Clock::time_point t0 = start_clock();
   for (auto _ : st) {
     cpu::gemm_bf16(false, true, M, N, K, 1.f, A.data(), K, B.data(), K, 0.f, C.data(), N);
     benchmark::DoNotOptimize(C.data());
@@ -270,7 +296,7 @@ void BM_linear(benchmark::State& st) {
   LinearCase c(kind, in, out);
   CMatF x(c.x.data(), kRows, in);
   if (bwd) be->linear_fwd(c.W, nullptr, &c.lora, x, MatF(c.y.data(), kRows, out), c.xa.data());
-  const Clock::time_point t0 = Clock::now();
+  const Clock::time_point t0 = start_clock();
   for (auto _ : st) {
     if (!bwd) {
       be->linear_fwd(c.W, nullptr, &c.lora, x, MatF(c.y.data(), kRows, out), c.xa.data());
@@ -306,7 +332,7 @@ void BM_attention(benchmark::State& st) {
                      dv(v.size());
   CMatF Q(q.data(), R, qc), K(k.data(), R, kc), V(v.data(), R, kc);
   be->attention_fwd(s, Q, K, V, MatF(o.data(), R, qc), lse.data());
-  const Clock::time_point t0 = Clock::now();
+  const Clock::time_point t0 = start_clock();
   for (auto _ : st) {
     if (!bwd)
       be->attention_fwd(s, Q, K, V, MatF(o.data(), R, qc), lse.data());
@@ -333,7 +359,7 @@ void BM_linear_cross_entropy(benchmark::State& st) {
   std::mt19937 rng(13);
   for (int32_t& t : tgt) t = int32_t(rng() % kVocab);
   int64_t count = 0;
-  const Clock::time_point t0 = Clock::now();
+  const Clock::time_point t0 = start_clock();
   for (auto _ : st) {
     double loss =
         be->linear_cross_entropy(head, CMatF(h.data(), kRows, kDim), tgt.data(), -100, 1.f / kRows,
@@ -354,7 +380,7 @@ void BM_rmsnorm(benchmark::State& st) {
                      rstd(kRows), dy = randn(x.size(), 1, 3), dx(x.size());
   be->rmsnorm_fwd(CMatF(x.data(), kRows, kDim), w.data(), 1e-5f, MatF(y.data(), kRows, kDim),
                   rstd.data());
-  const Clock::time_point t0 = Clock::now();
+  const Clock::time_point t0 = start_clock();
   for (auto _ : st) {
     if (!bwd)
       be->rmsnorm_fwd(CMatF(x.data(), kRows, kDim), w.data(), 1e-5f, MatF(y.data(), kRows, kDim),
@@ -375,7 +401,7 @@ void BM_rope(benchmark::State& st) {
   std::vector<float> x = randn(size_t(kRows * qc), 1, 1);
   std::vector<int32_t> pos(kRows);
   for (int i = 0; i < kRows; ++i) pos[i] = i % 512;
-  const Clock::time_point t0 = Clock::now();
+  const Clock::time_point t0 = start_clock();
   for (auto _ : st) {
     be->rope(MatF(x.data(), kRows, qc), pos.data(), kHeads, kHeadDim, kTheta, false, false);
     benchmark::ClobberMemory();
@@ -389,7 +415,7 @@ void BM_swiglu(benchmark::State& st) {
   auto be = make_backend(false);
   const size_t n = size_t(kRows) * kFfn;
   std::vector<float> g = randn(n, 1, 1), u = randn(n, 1, 2), o(n), d = randn(n, 1, 3), dg(n), du(n);
-  const Clock::time_point t0 = Clock::now();
+  const Clock::time_point t0 = start_clock();
   for (auto _ : st) {
     if (!bwd)
       be->swiglu_fwd(CMatF(g.data(), kRows, kFfn), CMatF(u.data(), kRows, kFfn),

@@ -204,8 +204,22 @@ void gemm_lp(const CpuBackend& be, bool trans_a, bool trans_b, int64_t M, int64_
     gemm_bf16(trans_a, trans_b, M, N, K, alpha, static_cast<const uint16_t*>(A), lda,
               static_cast<const uint16_t*>(B), ldb, beta, C, ldc, be.tracker(), sp.data());
   } else
-    sgemm(trans_a, trans_b, M, N, K, alpha, static_cast<const float*>(A), lda,
-          static_cast<const float*>(B), ldb, beta, C, ldc);
+    gemm_f32(be, trans_a, trans_b, M, N, K, alpha, static_cast<const float*>(A), lda,
+             static_cast<const float*>(B), ldb, beta, C, ldc);
+}
+
+void gemm_f32(const CpuBackend& be, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+              float alpha, const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
+              float* C, int64_t ldc) {
+  if (!be.tune.f32_xwt_onednn || trans_a || !trans_b || M <= 0 || N <= 0 || K <= 0) {
+    sgemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  const size_t pad =
+      gemm_f32_onednn_scratchpad_size(trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta);
+  ScratchLease sp = be.scratch(Scratch::GemmPad, pad, "oneDNN matmul scratchpad");
+  gemm_f32_onednn(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, be.tracker(),
+                  sp.data());
 }
 
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
@@ -242,7 +256,8 @@ void matmul_xwt(const CpuBackend& be, const QWeight& W, CMatF x, MatF y, const c
   for (int64_t p0 = 0; p0 < W.rows; p0 += P) {
     int64_t n = std::min(P, W.rows - p0);
     dequant_panel(W, p0, n, pw);
-    sgemm(false, true, x.rows, n, K, 1.f, x.data, x.stride, pw, K, 0.f, y.data + p0, y.stride);
+    gemm_f32(be, false, true, x.rows, n, K, 1.f, x.data, x.stride, pw, K, 0.f, y.data + p0,
+             y.stride);
   }
 }
 

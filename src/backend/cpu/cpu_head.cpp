@@ -111,7 +111,7 @@ double CpuBackend::linear_cross_entropy(const QWeight& head, CMatF h, const int3
         gemm_lp(*this, false, true, rc, n, H, 1.f, hl, H, pl, H, 0.f, L, n);
       } else {
         dequant_panel(head, p0, n, pw);
-        sgemm(false, true, rc, n, H, 1.f, hc, H, pw, H, 0.f, L, n);
+        gemm_f32(*this, false, true, rc, n, H, 1.f, hc, H, pw, H, 0.f, L, n);
       }
     };
     // Pass 1: online log-sum-exp and the target logit.

@@ -16,9 +16,10 @@ struct Key {
   int64_t M, N, K, lda, ldb, ldc;
   uint32_t alpha, beta;  // bit patterns
   bool ta, tb;
+  bool f32 = false;  // fp32 A and B instead of bf16
   bool operator==(const Key& o) const {
     return M == o.M && N == o.N && K == o.K && lda == o.lda && ldb == o.ldb && ldc == o.ldc &&
-           alpha == o.alpha && beta == o.beta && ta == o.ta && tb == o.tb;
+           alpha == o.alpha && beta == o.beta && ta == o.ta && tb == o.tb && f32 == o.f32;
   }
 };
 
@@ -33,7 +34,7 @@ struct KeyHash {
     mix(uint64_t(k.ldb));
     mix(uint64_t(k.ldc));
     mix((uint64_t(k.alpha) << 32) | k.beta);
-    mix(uint64_t(k.ta) * 2 + uint64_t(k.tb));
+    mix(uint64_t(k.f32) * 4 + uint64_t(k.ta) * 2 + uint64_t(k.tb));
     return size_t(h);
   }
 };
@@ -72,10 +73,10 @@ uint32_t bits(float f) {
 
 [[noreturn]] void rethrow_dnnl(const dnnl::error& e, const Key& k) {
   throw_error(QLFT_ERR_BACKEND,
-              "oneDNN bf16 matmul [M %lld, N %lld, K %lld, trans_a %d, trans_b %d] failed: %s "
+              "oneDNN %s matmul [M %lld, N %lld, K %lld, trans_a %d, trans_b %d] failed: %s "
               "(dnnl status %d)",
-              (long long)k.M, (long long)k.N, (long long)k.K, int(k.ta), int(k.tb), e.what(),
-              int(e.status));
+              k.f32 ? "fp32" : "bf16", (long long)k.M, (long long)k.N, (long long)k.K, int(k.ta),
+              int(k.tb), e.what(), int(e.status));
 }
 
 std::shared_ptr<Entry> get_entry(const Key& k, float alpha, float beta) {
@@ -90,11 +91,14 @@ std::shared_ptr<Entry> get_entry(const Key& k, float alpha, float beta) {
   auto e = std::make_shared<Entry>();
   try {
     // Row-major op(A) [M, K]: element (m, k) at m * lda + k, or (trans_a) k * lda + m.
-    e->a_md = dnnl::memory::desc(dims{k.M, k.K}, dt::bf16, k.ta ? dims{1, k.lda} : dims{k.lda, 1});
-    e->b_md = dnnl::memory::desc(dims{k.K, k.N}, dt::bf16, k.tb ? dims{1, k.ldb} : dims{k.ldb, 1});
+    const dt in = k.f32 ? dt::f32 : dt::bf16;
+    e->a_md = dnnl::memory::desc(dims{k.M, k.K}, in, k.ta ? dims{1, k.lda} : dims{k.lda, 1});
+    e->b_md = dnnl::memory::desc(dims{k.K, k.N}, in, k.tb ? dims{1, k.ldb} : dims{k.ldb, 1});
     e->c_md = dnnl::memory::desc(dims{k.M, k.N}, dt::f32, dims{k.ldc, 1});
     dnnl::primitive_attr attr;
-    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    // fp32: oneDNN keeps its own scratchpad (B packing, a few hundred KB per primitive), as
+    // OpenBLAS keeps its packing buffers: the workspace the planner models is unchanged.
+    if (!k.f32) attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     if (alpha != 1.f) attr.set_output_scales(0, {alpha});
     if (beta != 0.f) {
       dnnl::post_ops po;
@@ -132,14 +136,15 @@ Key make_key(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, int64_
 
 }  // namespace
 
-void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-               const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C,
-               int64_t ldc, MemoryTracker* tracker, void* scratchpad) {
-  const Key k = make_key(trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta);
-  if (M == 0 || N == 0) return;
-  if (K == 0) {  // op(A) op(B) is empty: C = beta * C
-    for (int64_t i = 0; i < M; ++i)
-      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.f ? 0.f : beta * C[i * ldc + j];
+namespace {
+
+void run(const Key& k, float alpha, float beta, const void* A, const void* B, float* C,
+         MemoryTracker* tracker, void* scratchpad) {
+  if (k.M == 0 || k.N == 0) return;
+  if (k.K == 0) {  // op(A) op(B) is empty: C = beta * C
+    for (int64_t i = 0; i < k.M; ++i)
+      for (int64_t j = 0; j < k.N; ++j)
+        C[i * k.ldc + j] = beta == 0.f ? 0.f : beta * C[i * k.ldc + j];
     return;
   }
   std::shared_ptr<Entry> e = get_entry(k, alpha, beta);
@@ -152,8 +157,8 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
     dnnl::engine& eng = engine();
     // A stream per thread: a stream is not meant to be shared by concurrent callers.
     thread_local dnnl::stream stream(eng);
-    dnnl::memory a(e->a_md, eng, const_cast<uint16_t*>(A));
-    dnnl::memory b(e->b_md, eng, const_cast<uint16_t*>(B));
+    dnnl::memory a(e->a_md, eng, const_cast<void*>(A));
+    dnnl::memory b(e->b_md, eng, const_cast<void*>(B));
     dnnl::memory c(e->c_md, eng, C);
     std::unordered_map<int, dnnl::memory> args{
         {DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}};
@@ -164,6 +169,37 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
   } catch (const dnnl::error& err) {
     rethrow_dnnl(err, k);
   }
+}
+
+Key make_key_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, int64_t lda,
+                 int64_t ldb, int64_t ldc, float alpha, float beta) {
+  Key k = make_key(trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta);
+  k.f32 = true;
+  return k;
+}
+
+}  // namespace
+
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+               const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C,
+               int64_t ldc, MemoryTracker* tracker, void* scratchpad) {
+  run(make_key(trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta), alpha, beta, A, B, C,
+      tracker, scratchpad);
+}
+
+void gemm_f32_onednn(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                     const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+                     int64_t ldc, MemoryTracker* tracker, void* scratchpad) {
+  run(make_key_f32(trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta), alpha, beta, A, B, C,
+      tracker, scratchpad);
+}
+
+size_t gemm_f32_onednn_scratchpad_size(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                                       int64_t lda, int64_t ldb, int64_t ldc, float alpha,
+                                       float beta) {
+  const Key k = make_key_f32(trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta);
+  if (M == 0 || N == 0 || K == 0) return 0;
+  return get_entry(k, alpha, beta)->scratch_bytes;
 }
 
 bool gemm_bf16_native() {

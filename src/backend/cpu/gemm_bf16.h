@@ -29,6 +29,17 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
                const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C,
                int64_t ldc, MemoryTracker* tracker = nullptr, void* scratchpad = nullptr);
 
+// The same GEMM on fp32 A and B through oneDNN's fp32 matmul (brgemm). On AVX-512 CPUs it beats
+// OpenBLAS sgemm on the x W^T shapes of the linear layers (see CpuTuning::f32_xwt_onednn).
+// Its scratchpad is oneDNN's own (uncounted, like OpenBLAS's packing buffers), so the scratchpad
+// size is 0 and `scratchpad` is ignored.
+void gemm_f32_onednn(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                     const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+                     int64_t ldc, MemoryTracker* tracker = nullptr, void* scratchpad = nullptr);
+size_t gemm_f32_onednn_scratchpad_size(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                                       int64_t lda, int64_t ldb, int64_t ldc, float alpha,
+                                       float beta);
+
 // Bytes of oneDNN scratchpad that gemm_bf16 needs for this shape (creates and caches the
 // primitive; 0 for an empty GEMM).
 size_t gemm_bf16_scratchpad_size(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
