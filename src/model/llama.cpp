@@ -43,32 +43,32 @@ uint64_t counted(int64_t n, int64_t bytes = sizeof(float)) {
 constexpr bool kActFp32[13] = {false, true,  false, false, false, false, true,
                                true,  false, true,  false, false, false};
 
-// 16-bit <-> fp32 conversions of activation tensors, parallel over chunks.
+// 16-bit <-> fp32 conversions of activation tensors, parallel over chunks: f(offset, count).
 constexpr int64_t kConvChunk = 1 << 15;
-void to_16(DType t, const float* src, uint16_t* dst, int64_t n) {
+template <class F>
+void for_chunks(int64_t n, const F& f) {
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; i += kConvChunk) {
-    const size_t m = static_cast<size_t>(std::min(kConvChunk, n - i));
+  for (int64_t i = 0; i < n; i += kConvChunk)
+    f(i, static_cast<size_t>(std::min(kConvChunk, n - i)));
+}
+void to_16(DType t, const float* src, uint16_t* dst, int64_t n) {
+  for_chunks(n, [&](int64_t i, size_t m) {
     if (t == DType::BF16)
       f32_to_bf16_n(src + i, dst + i, m);
     else
       f32_to_f16_n(src + i, dst + i, m);
-  }
+  });
 }
 void from_16(DType t, const uint16_t* src, float* dst, int64_t n) {
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; i += kConvChunk) {
-    const size_t m = static_cast<size_t>(std::min(kConvChunk, n - i));
+  for_chunks(n, [&](int64_t i, size_t m) {
     if (t == DType::BF16)
       bf16_to_f32_n(src + i, dst + i, m);
     else
       f16_to_f32_n(src + i, dst + i, m);
-  }
+  });
 }
 void round_16(DType t, float* x, int64_t n) {
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; i += kConvChunk)
-    round_through_n(t, x + i, x + i, static_cast<size_t>(std::min(kConvChunk, n - i)));
+  for_chunks(n, [&](int64_t i, size_t m) { round_through_n(t, x + i, x + i, m); });
 }
 
 // Element counts of LayerActs' buffers in declaration order (xn1 .. hact); each xa is rows * r.
