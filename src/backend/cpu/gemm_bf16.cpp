@@ -1,5 +1,6 @@
 #include "backend/cpu/gemm_bf16.h"
 
+#include <atomic>
 #include <cstring>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -17,9 +18,14 @@ struct Key {
   uint32_t alpha, beta;  // bit patterns
   bool ta, tb;
   bool f32 = false;  // fp32 A and B instead of bf16
+  // fp32 primitives use oneDNN's library-managed scratchpad, which one primitive cannot share
+  // between concurrent executions: each calling thread gets its own (0 for bf16, whose
+  // scratchpad the caller passes).
+  uint64_t thread = 0;
   bool operator==(const Key& o) const {
     return M == o.M && N == o.N && K == o.K && lda == o.lda && ldb == o.ldb && ldc == o.ldc &&
-           alpha == o.alpha && beta == o.beta && ta == o.ta && tb == o.tb && f32 == o.f32;
+           alpha == o.alpha && beta == o.beta && ta == o.ta && tb == o.tb && f32 == o.f32 &&
+           thread == o.thread;
   }
 };
 
@@ -35,6 +41,7 @@ struct KeyHash {
     mix(uint64_t(k.ldc));
     mix((uint64_t(k.alpha) << 32) | k.beta);
     mix(uint64_t(k.f32) * 4 + uint64_t(k.ta) * 2 + uint64_t(k.tb));
+    mix(k.thread);
     return size_t(h);
   }
 };
@@ -63,6 +70,13 @@ Cache& cache() {
 dnnl::engine& engine() {
   static dnnl::engine e(dnnl::engine::kind::cpu, 0);
   return e;
+}
+
+// A small id per thread that ever calls (never reused, so a cached primitive is never shared).
+uint64_t calling_thread_id() {
+  static std::atomic<uint64_t> next{1};
+  thread_local const uint64_t id = next.fetch_add(1);
+  return id;
 }
 
 uint32_t bits(float f) {
@@ -175,6 +189,7 @@ Key make_key_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, in
                  int64_t ldb, int64_t ldc, float alpha, float beta) {
   Key k = make_key(trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta);
   k.f32 = true;
+  k.thread = calling_thread_id();
   return k;
 }
 
