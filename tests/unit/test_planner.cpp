@@ -112,6 +112,12 @@ class PlannerTest : public ::testing::Test {
     if (model_path_.empty()) GTEST_SKIP() << "stories260K.gguf not found (set QLFT_SHARED_DIR)";
     set_num_threads(2);
   }
+  // stories260K loaded with quant.type = quant into tracker.
+  std::unique_ptr<Model> load(MemoryTracker& tracker, const char* quant) const {
+    LoadOptions lo;
+    lo.quant_type = quant;
+    return load_model(&tracker, model_path_, lo);
+  }
   std::string model_path_;
 };
 
@@ -120,9 +126,7 @@ INSTANTIATE_TEST_SUITE_P(Quant, PlannerMatrix, ::testing::Values("keep", "nf4"))
 
 TEST_P(PlannerMatrix, MatchesTrackerOnFullBatches) {
   MemoryTracker tracker;
-  LoadOptions lo;
-  lo.quant_type = GetParam();
-  auto model = load_model(&tracker, model_path_, lo);
+  auto model = load(tracker, GetParam());
   const WeightFootprint w = weight_footprint(*model);
   ASSERT_EQ(w.bytes, tracker.snapshot().reserved[QLFT_MEM_WEIGHTS]);
   int n = 0;
@@ -167,9 +171,7 @@ TEST_P(PlannerMatrix, MatchesTrackerOnFullBatches) {
 TEST_F(PlannerTest, WithinTenPercentOnRealData) {
   QLFT_NEED_SHARED(text, "data/tinyshakespeare.txt");
   MemoryTracker tracker;
-  LoadOptions lo;
-  lo.quant_type = "keep";
-  auto model = load_model(&tracker, model_path_, lo);
+  auto model = load(tracker, "keep");
   auto tok = Tokenizer::from_gguf(*model->gguf);
   data::TokenizerEncoder enc(*tok);
   const WeightFootprint w = weight_footprint(*model);
@@ -230,9 +232,7 @@ TEST_F(PlannerTest, WeightsFromFileMatchLoading) {
 
 TEST_F(PlannerTest, MaxMicroBatchIsTheLargestThatFits) {
   MemoryTracker tracker;
-  LoadOptions lo;
-  lo.quant_type = "keep";
-  auto model = load_model(&tracker, model_path_, lo);
+  auto model = load(tracker, "keep");
   const WeightFootprint w = weight_footprint(*model);
   PlanSettings s = PlanSettings::from_config(config_of(kCases[1]));
   s.micro_batch = 5;
@@ -419,9 +419,7 @@ TEST(PlannerZero, OwnershipIsContiguousBalancedRuns) {
 // 1-rank ZeRO-1/2 through the trainer (the single communicator): exact against the tracker.
 TEST_F(PlannerTest, ZeroStagesOnOneRankMatchTheTracker) {
   MemoryTracker tracker;
-  LoadOptions lo;
-  lo.quant_type = "nf4";
-  auto model = load_model(&tracker, model_path_, lo);
+  auto model = load(tracker, "nf4");
   const WeightFootprint w = weight_footprint(*model);
   for (int stage : {1, 2}) {
     Config c = config_of(kCases[0]);
@@ -450,9 +448,7 @@ TEST_F(PlannerTest, NvmeOffloadMatchesTheTracker) {
     for (const char* optim : {"adamw", "adamw8bit"}) {
       SCOPED_TRACE(std::string("offload.buffers ") + buffers + " " + optim);
       MemoryTracker tracker;
-      LoadOptions lo;
-      lo.quant_type = "nf4";
-      auto model = load_model(&tracker, model_path_, lo);
+      auto model = load(tracker, "nf4");
       const WeightFootprint w = weight_footprint(*model);
       Config c = config_of(kCases[0]);
       c.set("optim.name", optim);
@@ -515,9 +511,7 @@ TEST_F(PlannerTest, Zero3ShardsAndGatheredUnitsMatchTheStream) {
     for (int world : {1, 2, 3, 5}) {
       SCOPED_TRACE(std::string(q) + " world " + std::to_string(world));
       MemoryTracker tracker;
-      LoadOptions lo;
-      lo.quant_type = q;
-      auto model = load_model(&tracker, model_path_, lo);
+      auto model = load(tracker, q);
       const WeightFootprint w = weight_footprint(*model);
       Config c = config_of(kCases[0]);
       c.set("dist.zero_stage", "3");
@@ -543,9 +537,7 @@ TEST_F(PlannerTest, Zero3ShardsAndGatheredUnitsMatchTheStream) {
 // during a real step.
 TEST_F(PlannerTest, Zero3OnOneRankMatchesTheTracker) {
   MemoryTracker tracker;
-  LoadOptions lo;
-  lo.quant_type = "nf4";
-  auto model = load_model(&tracker, model_path_, lo);
+  auto model = load(tracker, "nf4");
   const WeightFootprint w = weight_footprint(*model);
   Config c = config_of(kCases[1]);
   c.set("dist.zero_stage", "3");
