@@ -1,6 +1,8 @@
 // Versioning, status strings, last error and logging.
 #include <cstring>
+#include <string>
 
+#include "core/cpu_isa.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "qlft.h"
@@ -32,10 +34,22 @@ const char* qlft_version_string(void) {
 }
 
 const char* qlft_build_info(void) {
-  static const char* info = "qlft " QLFT_STR(QLFT_VERSION_MAJOR) "." QLFT_STR(
-      QLFT_VERSION_MINOR) "." QLFT_STR(QLFT_VERSION_PATCH) " cuda=" QLFT_STR(QLFT_HAVE_CUDA)
-      " mpi=" QLFT_STR(QLFT_HAVE_MPI) " simd=" QLFT_SIMD " blas=openblas threads=openmp";
-  return info;
+  // simd: what the compiler may use everywhere; cpu: the level found at run time; isa: the level
+  // the dispatched kernels use (cpu capped by QLFT_CPU_ISA).
+  static const std::string info = [] {
+    std::string isa;
+    try {
+      isa = qlft::cpu_isa_name(qlft::cpu_isa());
+    } catch (const qlft::Error&) {
+      isa = "invalid-QLFT_CPU_ISA";
+    }
+    return std::string("qlft " QLFT_STR(QLFT_VERSION_MAJOR) "." QLFT_STR(
+               QLFT_VERSION_MINOR) "." QLFT_STR(QLFT_VERSION_PATCH) " cuda=" QLFT_STR(QLFT_HAVE_CUDA)
+                           " mpi=" QLFT_STR(QLFT_HAVE_MPI) " simd=" QLFT_SIMD " cpu=") +
+           qlft::cpu_isa_name(qlft::cpu_isa_detected()) + " isa=" + isa +
+           " blas=openblas threads=openmp";
+  }();
+  return info.c_str();
 }
 
 const char* qlft_status_string(int32_t status) {

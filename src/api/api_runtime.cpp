@@ -3,6 +3,7 @@
 
 #include "api/handles.h"
 #include "backend/cuda_entry.h"
+#include "core/cpu_isa.h"
 #include "core/error.h"
 #include "core/threads.h"
 
@@ -15,6 +16,7 @@ int32_t qlft_runtime_create(const qlft_config* config, qlft_runtime** out) {
     QLFT_CHECK_ARG(out, "qlft_runtime_create: out is NULL");
     *out = nullptr;
     const qlft::Config& c = qlft::config_or_default(config);
+    qlft::cpu_isa();  // a bad QLFT_CPU_ISA fails here, naming the variable
     auto rt = std::make_unique<qlft_runtime>();
     rt->backend = c.get("backend");
     if (rt->backend == "cuda") {

@@ -19,7 +19,9 @@ QLFT_HD inline float bits_f32(uint32_t u) {
   return f;
 }
 
-// Round to nearest even, NaN kept quiet (same as torch and the AVX512-BF16 instructions).
+// Round to nearest even with subnormals kept (as torch's c10::BFloat16 does), NaN made quiet
+// keeping its sign and top payload bits (as VCVTNEPS2BF16 does). The native instruction flushes
+// subnormal inputs to zero, so the bulk path fixes those lanes up (core/half_bulk.cpp).
 QLFT_HD inline uint16_t f32_to_bf16(float f) {
   uint32_t u = f32_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
@@ -30,13 +32,15 @@ QLFT_HD inline float bf16_to_f32(uint16_t h) {
   return bits_f32(static_cast<uint32_t>(h) << 16);
 }
 
-// IEEE half, round to nearest even, overflow to inf, subnormals kept.
+// IEEE half, round to nearest even, overflow to inf, subnormals kept: bit for bit what the F16C
+// instructions give (the bulk paths use them), NaN included.
 QLFT_HD inline uint16_t f32_to_f16(float f) {
   uint32_t x = f32_bits(f);
   uint32_t sign = (x >> 16) & 0x8000u;
   uint32_t ax = x & 0x7fffffffu;
-  if (ax >= 0x7f800000u)
-    return static_cast<uint16_t>(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0));
+  // NaN keeps its sign and top payload bits and is made quiet, as F16C's VCVTPS2PH does.
+  if (ax > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
+  if (ax == 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00u);
   if (ax >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to >= 65520
   if (ax < 0x38800000u) {  // below the smallest normal half: produce a subnormal
     if (ax < 0x33000000u) return static_cast<uint16_t>(sign);  // < 2^-25 rounds to zero
@@ -63,7 +67,9 @@ QLFT_HD inline float f16_to_f32(uint16_t h) {
     float v = static_cast<float>(m) * 5.9604644775390625e-08f;
     return sign ? -v : v;
   }
-  if (e == 31) return bits_f32(sign | 0x7f800000u | (m << 13));
+  if (e == 31) {  // inf, or NaN made quiet with its payload kept (as VCVTPH2PS does)
+    return bits_f32(sign | 0x7f800000u | (m != 0 ? 0x400000u : 0u) | (m << 13));
+  }
   return bits_f32(sign | ((e + 112) << 23) | (m << 13));
 }
 

@@ -4,6 +4,7 @@
 // errors, and weights in storage formats other than f32.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "backend/cpu/cpu_backend.h"
@@ -12,6 +13,7 @@
 #include "core/threads.h"
 #include "quant/ggml_types.h"
 #include "quant/qweight.h"
+#include "support/test_support.h"
 #include "test_backend_util.h"
 
 using namespace qlft;
@@ -250,17 +252,33 @@ std::vector<FVec> run_everything(int threads) {
 }
 }  // namespace
 
+// Run to run at one thread count every output is bit-identical (what resume relies on). Across
+// thread counts qlft's own kernels (attention, norms, the cross-entropy's loss reduction) are
+// bit-identical too; the outputs of library GEMMs (y, xa, dx, dA, dB, dh: OpenBLAS / oneDNN) are
+// bit-identical only where the library's thread partition keeps its sums: OpenBLAS 0.3.21's Zen
+// sgemm sums a column-split C differently in the last bits (measured on a Zen 3: ~1400 of 49152
+// elements, 4e-6 apart), so those are held to 1e-5 relative instead.
 TEST(BackendDeterminism, IdenticalAcrossRunsAndThreadCounts) {
   const int cores = available_cores();
   std::vector<FVec> a = run_everything(1), b = run_everything(1);
   std::vector<FVec> c = run_everything(std::max(2, cores));
+  std::vector<FVec> d = run_everything(std::max(2, cores));
   set_num_threads(0);
   ASSERT_EQ(a.size(), c.size());
+  const std::vector<size_t> library_gemm = {0, 1, 2, 3, 4, 10};  // y, xa, dx, dA, dB, dh
   for (size_t i = 0; i < a.size(); ++i) {
     EXPECT_EQ(0, std::memcmp(a[i].data(), b[i].data(), a[i].size() * 4))
-        << "output " << i << " run to run";
-    EXPECT_EQ(0, std::memcmp(a[i].data(), c[i].data(), a[i].size() * 4))
-        << "output " << i << " 1 vs N threads";
+        << "output " << i << " run to run, 1 thread";
+    EXPECT_EQ(0, std::memcmp(c[i].data(), d[i].data(), c[i].size() * 4))
+        << "output " << i << " run to run, N threads";
+    const bool same = std::memcmp(a[i].data(), c[i].data(), a[i].size() * 4) == 0;
+    if (std::find(library_gemm.begin(), library_gemm.end(), i) == library_gemm.end()) {
+      EXPECT_TRUE(same) << "output " << i << " 1 vs N threads";
+    } else if (!same) {
+      std::printf("output %zu: library GEMM sums differ across thread counts on this CPU\n", i);
+      EXPECT_LT(qlft_test::max_rel_error(a[i].data(), c[i].data(), a[i].size()), 1e-5)
+          << "output " << i;
+    }
   }
 }
 

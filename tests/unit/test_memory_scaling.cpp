@@ -172,7 +172,10 @@ TEST(MemoryScalingHead, CrossEntropyWorkspaceIndependentOfVocab) {
       std::printf("cross-entropy workspace %s vocab %d: %s (full logits %s)\n",
                   bf16 ? "bf16" : "fp32", vocabs[i], format_bytes(ws[i]).c_str(),
                   format_bytes(full_logits).c_str());
-      if (i == 1) EXPECT_LT(ws[i], full_logits / 8);
+      // A kernel that materialized the logits would need at least full_logits; the panel
+      // engines need a fixed panel plus their GEMM's scratch (oneDNN's bf16 path on an AMX CPU:
+      // 1.15 MiB here, against 8 MiB of logits), so a quarter bounds every engine.
+      if (i == 1) EXPECT_LT(ws[i], full_logits / 4);
     }
     EXPECT_GT(ws[0], 0u);
     EXPECT_EQ(ws[0], ws[1]) << (bf16 ? "bf16" : "fp32");

@@ -7,6 +7,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "core/cpu_isa.h"
 #include "core/error.h"
 
 namespace qlft::cpu {
@@ -67,7 +68,31 @@ Cache& cache() {
   return c;
 }
 
+// oneDNN's own ISA limit follows QLFT_CPU_ISA, so a capped run exercises the kernels a CPU of
+// that level would get. oneDNN accepts the limit only before it dispatches its first kernel,
+// hence here, where every use of oneDNN starts (engine creation and the ISA query).
+void cap_onednn_isa() {
+  static const bool done = [] {
+    using isa = dnnl::cpu_isa;
+    const CpuIsa level = cpu_isa();
+    if (level >= cpu_isa_detected()) return true;  // not capped: oneDNN takes what it finds
+    const isa cap = level == CpuIsa::Baseline ? isa::sse41
+                    : level == CpuIsa::Avx2   ? isa::avx2
+                    : level == CpuIsa::Avx512 ? isa::avx512_core_vnni
+                                              : isa::avx512_core_bf16;
+    try {
+      dnnl::set_max_cpu_isa(cap);
+    } catch (const dnnl::error&) {
+      // Already dispatched, or ONEDNN_MAX_CPU_ISA set: oneDNN keeps its own limit, and
+      // gemm_bf16_native() still follows cpu_isa().
+    }
+    return true;
+  }();
+  (void)done;
+}
+
 dnnl::engine& engine() {
+  cap_onednn_isa();
   static dnnl::engine e(dnnl::engine::kind::cpu, 0);
   return e;
 }
@@ -195,9 +220,20 @@ Key make_key_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, in
 
 }  // namespace
 
+// The bf16 entry points refuse clearly where oneDNN has no bf16 matmul (rather than failing in
+// primitive creation with oneDNN's "could not create a primitive descriptor iterator").
+static void require_bf16_matmul() {
+  if (!gemm_bf16_available())
+    throw_error(QLFT_ERR_UNSUPPORTED,
+                "oneDNN has no bf16 matmul on this CPU (isa %s, found %s): it needs AVX-512; use "
+                "the sgemm engine for bf16 (CpuTuning::Bf16Gemm::Sgemm, the default there)",
+                cpu_isa_name(cpu_isa()), cpu_isa_name(cpu_isa_detected()));
+}
+
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C,
                int64_t ldc, MemoryTracker* tracker, void* scratchpad) {
+  require_bf16_matmul();
   run(make_key(trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta), alpha, beta, A, B, C,
       tracker, scratchpad);
 }
@@ -223,6 +259,8 @@ bool gemm_bf16_native() {
       // oneDNN's ISA values are bit sets, each a superset of the ones below it (AMX includes
       // AVX512-BF16). Without AVX512-BF16 oneDNN falls back to gemm:jit, which converts bf16 to
       // fp32 in software: measured 4x slower than OpenBLAS sgemm on a Cascade Lake.
+      if (cpu_isa() < CpuIsa::Avx512Bf16) return false;
+      cap_onednn_isa();
       const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
       const auto bf16 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
       return (isa & bf16) == bf16;
@@ -233,10 +271,26 @@ bool gemm_bf16_native() {
   return native;
 }
 
+bool gemm_bf16_available() {
+  // oneDNN 2.x implements bf16 matmul from avx512_core up (gemm:jit converting in software,
+  // brgemm with AVX512-BF16 or AMX); below that no implementation accepts bf16 inputs.
+  static const bool available = [] {
+    if (cpu_isa() < CpuIsa::Avx512) return false;
+    try {
+      get_entry(make_key(false, false, 4, 4, 4, 4, 4, 4, 1.f, 0.f), 1.f, 0.f);
+      return true;
+    } catch (const Error&) {
+      return false;
+    }
+  }();
+  return available;
+}
+
 std::string gemm_bf16_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, int64_t lda,
                            int64_t ldb, int64_t ldc, float alpha, float beta) {
   const Key k = make_key(trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta);
   QLFT_CHECK_ARG(M > 0 && N > 0 && K > 0, "gemm_bf16_impl: empty GEMM");
+  require_bf16_matmul();
   return get_entry(k, alpha, beta)->impl;
 }
 
@@ -244,6 +298,7 @@ size_t gemm_bf16_scratchpad_size(bool trans_a, bool trans_b, int64_t M, int64_t 
                                  int64_t lda, int64_t ldb, int64_t ldc, float alpha, float beta) {
   const Key k = make_key(trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta);
   if (M == 0 || N == 0 || K == 0) return 0;
+  require_bf16_matmul();
   return get_entry(k, alpha, beta)->scratch_bytes;
 }
 

@@ -49,6 +49,11 @@ size_t gemm_bf16_scratchpad_size(bool trans_a, bool trans_b, int64_t M, int64_t 
 // still computes the same values, much more slowly; callers then keep the fp32 path.
 bool gemm_bf16_native();
 
+// True when oneDNN has a bf16 matmul on this CPU at all (oneDNN 2.x: AVX-512 or better; none on
+// an AVX2-only CPU such as a Zen 3, nor under QLFT_CPU_ISA=avx2). gemm_bf16 throws
+// QLFT_ERR_UNSUPPORTED saying so where it is false.
+bool gemm_bf16_available();
+
 // oneDNN's name for the kernel it picked for this GEMM shape (e.g. "brg:avx512_core_bf16"), for
 // benchmarks and tests. Creates (and caches) the primitive.
 std::string gemm_bf16_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, int64_t lda,
