@@ -206,7 +206,10 @@ int32_t qlft_trainer_save_adapter(qlft_trainer* trainer, const char* path, const
                    "qlft_trainer_save_adapter: trainer and path must be given");
     std::string f = format ? format : "peft";
     if (f == "peft")
-      qlft::save_peft_adapter(trainer->trainer->lora(), path, trainer->model->model->path);
+      qlft::save_peft_adapter(trainer->trainer->lora(), path, trainer->model->model->path,
+                              qlft::BaseStorage{trainer->cfg.get("quant.type"),
+                                                trainer->cfg.get_bool("quant.double_quant"),
+                                                trainer->cfg.get_int("quant.blocksize")});
     else if (f == "gguf")
       qlft::save_gguf_lora_adapter(trainer->trainer->lora(), path);
     else

@@ -2,6 +2,8 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <map>
+
 #include "core/error.h"
 #include "formats/mapped_file.h"
 
@@ -9,8 +11,12 @@ namespace qlft {
 
 namespace {
 
+// Setting name -> line that set it: a setting given twice (a duplicate key, or `train:` with
+// `lr` beside `train.lr`) is refused instead of silently taking the last value.
+using SeenKeys = std::map<std::string, int>;
+
 void flatten(const YAML::Node& node, const std::string& prefix, const std::string& name,
-             Config& staged) {
+             Config& staged, SeenKeys& seen) {
   const int line = node.Mark().line + 1;
   if (node.IsMap()) {
     for (const auto& kv : node) {
@@ -21,10 +27,14 @@ void flatten(const YAML::Node& node, const std::string& prefix, const std::strin
         throw_error(QLFT_ERR_INVALID_ARGUMENT, "%s:%d: keys must be strings", name.c_str(),
                     kv.first.Mark().line + 1);
       }
-      flatten(kv.second, prefix.empty() ? key : prefix + "." + key, name, staged);
+      flatten(kv.second, prefix.empty() ? key : prefix + "." + key, name, staged, seen);
     }
     return;
   }
+  auto [it, fresh] = seen.emplace(prefix, line);
+  if (!fresh)
+    throw_error(QLFT_ERR_INVALID_ARGUMENT, "%s:%d: %s is set twice (first at line %d)",
+                name.c_str(), line, prefix.c_str(), it->second);
   if (prefix.empty())
     throw_error(QLFT_ERR_INVALID_ARGUMENT, "%s:%d: expected a map of settings at the top level",
                 name.c_str(), line);
@@ -62,7 +72,8 @@ void load_config_text(Config& cfg, const std::string& text, const std::string& n
   }
   if (root.IsNull()) return;  // an empty file sets nothing
   Config staged = cfg;        // all-or-nothing
-  flatten(root, "", name, staged);
+  SeenKeys seen;
+  flatten(root, "", name, staged, seen);
   cfg = std::move(staged);
 }
 

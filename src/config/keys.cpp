@@ -88,8 +88,9 @@ const KeyDef kKeys[] = {
     {"optim.lr", KeyType::Float, "2e-4", 0, 10, "", "Peak learning rate (after warmup)."},
     {"optim.beta1", KeyType::Float, "0.9", 0, 0.999999, "", "AdamW first-moment decay."},
     {"optim.beta2", KeyType::Float, "0.999", 0, 0.999999999, "", "AdamW second-moment decay."},
-    {"optim.eps", KeyType::Float, "1e-8", 0, 1, "",
-     "AdamW epsilon, added outside the square root."},
+    {"optim.eps", KeyType::Float, "1e-8", 1e-30, 1, "",
+     "AdamW epsilon, added outside the square root (above 0: a zero gradient would divide 0 "
+     "by 0)."},
     {"optim.weight_decay", KeyType::Float, "0", 0, 10, "",
      "Decoupled weight decay: each step multiplies parameters by 1 - lr * weight_decay."},
     {"optim.max_grad_norm", KeyType::Float, "1", 0, 1e9, "",
@@ -208,8 +209,11 @@ bool in_choices(const char* choices, const std::string& v) {
 }
 
 std::string range_text(const KeyDef& k) {
-  auto num = [](double d) {
-    if (d == std::floor(d) && std::fabs(d) < 1e15) return strf("%lld", static_cast<long long>(d));
+  // Integer limits are printed whole (9007199254740991, not 9.0072e+15, which is not the limit).
+  const double whole_below = k.type == KeyType::Int ? 9.3e18 : 1e15;
+  auto num = [whole_below](double d) {
+    if (d == std::floor(d) && std::fabs(d) < whole_below)
+      return strf("%lld", static_cast<long long>(d));
     return strf("%g", d);
   };
   if (k.min <= kNoMin && k.max >= kNoMax) return "";
@@ -280,6 +284,16 @@ std::string validate_value(const KeyDef& k, const std::string& raw) {
       errno = 0;
       char* end = nullptr;
       long long x = std::strtoll(v.c_str(), &end, 10);
+      if (!v.empty() && *end != '\0' && errno == 0) {
+        // Exponent notation ("1e15", as range_text prints large limits) for a whole number.
+        char* dend = nullptr;
+        double d = std::strtod(v.c_str(), &dend);
+        if (*dend == '\0' && std::isfinite(d) && d == std::floor(d) &&
+            std::fabs(d) < 9.22e18) {  // below 2^63
+          x = static_cast<long long>(d);
+          end = dend;
+        }
+      }
       if (v.empty() || *end != '\0' || errno != 0)
         throw_error(QLFT_ERR_INVALID_ARGUMENT, "%s must be an integer, got '%s'", k.name,
                     raw.c_str());

@@ -27,7 +27,7 @@ void MemoryTracker::acquire(MemCategory c, uint64_t bytes, const char* what) {
     throw_error(QLFT_ERR_OUT_OF_MEMORY,
                 "memory.limit exceeded during %s: allocating %s of %s (%s) would bring the total "
                 "to %s of %s; lower train.micro_batch or the sequence length, enable "
-                "train.checkpointing, offload optimizer state, or raise memory.limit%s",
+                "train.grad_checkpointing, offload optimizer state, or raise memory.limit%s",
                 phase_, format_bytes(bytes).c_str(), mem_category_name(c), what ? what : "",
                 format_bytes(total_ + bytes).c_str(), format_bytes(limit_).c_str(),
                 injected ? " [injected fault]" : "");

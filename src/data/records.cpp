@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "formats/mapped_file.h"
+#include "tokenizer/utf8.h"
 
 namespace qlft::data {
 
@@ -234,6 +235,23 @@ std::string_view trim_newlines(std::string_view s) {
   return s.substr(b, e - b);
 }
 
+// Offset of the first byte of s that is not valid UTF-8, or npos. (JSONL text is checked by the
+// JSON parser; a .txt must meet the same bar, or binary garbage trains silently.)
+size_t first_invalid_utf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto* p = reinterpret_cast<const uint8_t*>(s.data()) + i;
+    if (*p < 0x80) {
+      ++i;
+      continue;
+    }
+    int len = tok::utf8_valid_prefix(p, s.size() - i);
+    if (len <= 0) return i;
+    i += static_cast<size_t>(len);
+  }
+  return std::string_view::npos;
+}
+
 void read_txt(const std::string& path, std::string_view s, const ReadOptions& opt, DropLog& log,
               std::vector<Record>& out) {
   // Takes a view into the mapped file and copies only a document that is kept, so an oversized
@@ -245,6 +263,15 @@ void read_txt(const std::string& path, std::string_view s, const ReadOptions& op
       bad_record(opt, log, "too_long", where,
                  strf("document of %zu bytes is longer than data.max_record_bytes (%llu)",
                       text.size(), static_cast<unsigned long long>(opt.max_record_bytes)));
+      return;
+    }
+    size_t bad = first_invalid_utf8(text);
+    if (bad != std::string_view::npos) {
+      size_t bad_line =
+          line + static_cast<size_t>(std::count(text.begin(), text.begin() + bad, '\n'));
+      bad_record(opt, log, "invalid_utf8", path + ":" + std::to_string(bad_line),
+                 strf("byte 0x%02x is not valid UTF-8 (is this a text file?)",
+                      static_cast<unsigned>(static_cast<uint8_t>(text[bad]))));
       return;
     }
     Record r;

@@ -1,6 +1,7 @@
 #include "formats/atomic_file.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -8,6 +9,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/error.h"
@@ -58,6 +60,7 @@ AtomicFile::AtomicFile(const std::string& path)
   if (fd_ < 0)
     throw_error(QLFT_ERR_IO, "%s: cannot create %s: %s", path_.c_str(), tmp_.c_str(),
                 std::strerror(errno));
+  crash_point();
 }
 
 AtomicFile::~AtomicFile() {
@@ -75,6 +78,7 @@ void AtomicFile::fail(const char* what, int err) {
 
 void AtomicFile::write_all(const char* p, size_t left) {
   while (left > 0) {
+    crash_point();
     ssize_t n = write_with_faults(fd_, p, left);
     if (n < 0) {
       if (errno == EINTR) continue;
@@ -115,7 +119,9 @@ void AtomicFile::commit() {
   if (committed_) return;
   if (fd_ < 0) throw_error(QLFT_ERR_INTERNAL, "%s: commit after failure", path_.c_str());
   flush_buffer();
+  crash_point();
   if (fsync_with_faults(fd_) != 0) fail("fsync", errno);
+  crash_point();
   int fd = fd_;
   fd_ = -1;
   if (::close(fd) != 0) {
@@ -130,6 +136,7 @@ void AtomicFile::commit() {
                 std::strerror(e));
   }
   committed_ = true;
+  crash_point();
   // Make the rename itself durable. Failure here cannot undo the rename; the file is complete.
   int dfd = ::open(dirname_of(path_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
@@ -142,6 +149,16 @@ void write_file_atomic(const std::string& path, std::string_view content) {
   AtomicFile f(path);
   f.write(content);
   f.commit();
+}
+
+void crash_point() {
+  static const long at = [] {
+    const char* v = std::getenv("QLFT_TEST_CRASH_AT");
+    return v ? std::atol(v) : 0L;
+  }();
+  if (at <= 0) return;
+  static std::atomic<long> n{0};
+  if (++n == at) ::kill(::getpid(), SIGKILL);
 }
 
 void set_io_fault_for_testing(const IoFault& f) {

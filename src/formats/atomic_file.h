@@ -62,4 +62,10 @@ struct IoFault {
 };
 void set_io_fault_for_testing(const IoFault& f);
 
+// Test-only crash injection for the end-to-end tests: with QLFT_TEST_CRASH_AT=N in the
+// environment, the N-th crash point the process reaches (every create, write, fsync and rename
+// of an AtomicFile, and each rename of a PEFT adapter directory) SIGKILLs the process there.
+// A no-op without the variable.
+void crash_point();
+
 }  // namespace qlft

@@ -1,12 +1,17 @@
 #include "train/adapter_io.h"
 
+#include <fcntl.h>
+#include <stdio.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "config/keys.h"
 #include "core/error.h"
 #include "formats/atomic_file.h"
 #include "formats/gguf_writer.h"
@@ -25,19 +30,108 @@ std::string peft_key(int layer, Proj p, const char* ab) {
 }
 
 void make_dir(const std::string& dir) {
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
+  if (::mkdir(dir.c_str(), 0755) != 0)
     throw_error(QLFT_ERR_IO, "%s: cannot create directory: %s", dir.c_str(), std::strerror(errno));
+}
+
+void fsync_dir(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+std::string parent_of(const std::string& p) {
+  size_t s = p.find_last_not_of('/');
+  s = s == std::string::npos ? std::string::npos : p.rfind('/', s);
+  if (s == std::string::npos) return ".";
+  return s == 0 ? "/" : p.substr(0, s);
+}
+
+// Puts the complete directory tmp at dir in one step: a reader sees the old adapter or the new
+// one, never a mix. An existing dir is swapped out atomically (renameat2 RENAME_EXCHANGE) and
+// removed; where the file system cannot exchange, the old directory is moved aside to
+// <dir>.old.<pid> first (a crash in that window leaves it there; the CLI's run directory puts
+// it back on its next start).
+void install_dir(const std::string& tmp, const std::string& dir) {
+  crash_point();
   struct stat st;
-  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+  const bool exists = ::lstat(dir.c_str(), &st) == 0;
+  if (exists && !S_ISDIR(st.st_mode))
     throw_error(QLFT_ERR_IO, "%s: exists and is not a directory", dir.c_str());
+  if (!exists) {
+    if (::rename(tmp.c_str(), dir.c_str()) != 0)
+      throw_error(QLFT_ERR_IO, "%s: rename from %s failed: %s", dir.c_str(), tmp.c_str(),
+                  std::strerror(errno));
+  } else if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0) {
+    crash_point();
+    std::error_code ec;
+    std::filesystem::remove_all(tmp, ec);  // now the old adapter; a leftover is only garbage
+  } else {
+    const std::string old = dir + ".old." + std::to_string(::getpid());
+    if (::rename(dir.c_str(), old.c_str()) != 0)
+      throw_error(QLFT_ERR_IO, "%s: cannot move the old adapter aside: %s", dir.c_str(),
+                  std::strerror(errno));
+    crash_point();
+    if (::rename(tmp.c_str(), dir.c_str()) != 0) {
+      int e = errno;
+      ::rename(old.c_str(), dir.c_str());
+      throw_error(QLFT_ERR_IO, "%s: rename from %s failed: %s", dir.c_str(), tmp.c_str(),
+                  std::strerror(e));
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(old, ec);
+  }
+  crash_point();
+  fsync_dir(parent_of(dir));
+}
+
+// Removes a half-written temporary adapter directory when saving fails.
+struct TempDir {
+  std::string path;
+  bool keep = false;
+  ~TempDir() {
+    if (keep) return;
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+void check_finite(const std::vector<float>& v, const std::string& what) {
+  for (float x : v)
+    if (!std::isfinite(x))
+      throw_error(QLFT_ERR_NUMERICAL,
+                  "%s holds a non-finite value: the adapter is not written (training diverged; "
+                  "the last finite checkpoint is kept)",
+                  what.c_str());
+}
+
+// A value of adapter_config.json held to the range of the setting it corresponds to.
+double checked_number(const JsonFile& j, const char* field, double fallback, const char* key) {
+  const KeyDef* k = find_key(key);
+  double v = j.get_float(field, fallback);
+  QLFT_CHECK_FORMAT(std::isfinite(v) && (!k || (v >= k->min && v <= k->max)),
+                    "%s: %s is %g, outside %s (the range of the setting %s)", j.path().c_str(),
+                    field, v, k ? key_allowed(*k).c_str() : "finite", key);
+  return v;
 }
 
 }  // namespace
 
 void save_peft_adapter(const LoraAdapter& lora, const std::string& dir,
-                       const std::string& base_model) {
+                       const std::string& base_model, const BaseStorage& base) {
+  QLFT_CHECK_ARG(!dir.empty(), "the adapter directory path is empty");
   const LoraConfig& c = lora.config();
-  make_dir(dir);
+  // Everything goes into <dir>.tmp.<pid> first, then one rename puts it at dir.
+  std::string target = dir;
+  while (target.size() > 1 && target.back() == '/') target.pop_back();
+  TempDir tmp{target + ".tmp." + std::to_string(::getpid())};
+  {
+    std::error_code ec;
+    std::filesystem::remove_all(tmp.path, ec);  // a leftover of this pid's earlier failure
+  }
+  make_dir(tmp.path);
   SafetensorsWriter w;
   w.set_metadata("format", "pt");
   for (int l = 0; l < lora.n_layers(); ++l)
@@ -47,6 +141,8 @@ void save_peft_adapter(const LoraAdapter& lora, const std::string& dir,
       const LoraSlot& s = lora.slot(l, p);
       std::vector<float> a = lora.get_hf(l, p, LoraAdapter::Part::A);
       std::vector<float> b = lora.get_hf(l, p, LoraAdapter::Part::B);
+      check_finite(a, peft_key(l, p, "A"));
+      check_finite(b, peft_key(l, p, "B"));
       w.add_f32(peft_key(l, p, "A"), {c.r, s.in}, a.data());
       w.add_f32(peft_key(l, p, "B"), {s.out, c.r}, b.data());
     }
@@ -74,12 +170,36 @@ void save_peft_adapter(const LoraAdapter& lora, const std::string& dir,
       {"use_dora", false},
       {"revision", nullptr},
   };
-  // Tensors first: a reader that finds adapter_config.json finds complete weights beside it.
-  w.write(dir + "/adapter_model.safetensors");
-  write_file_atomic(dir + "/adapter_config.json", j.dump(2) + "\n");
+  try {
+    w.write(tmp.path + "/adapter_model.safetensors");
+    write_file_atomic(tmp.path + "/adapter_config.json", j.dump(2) + "\n");
+    // How the base was stored while training, as settings (JSON is YAML: the CLI loads this
+    // file as a config fragment); PEFT ignores files it does not know.
+    if (!base.quant_type.empty()) {
+      nlohmann::json b = {{"quant.type", base.quant_type},
+                          {"quant.double_quant", base.double_quant},
+                          {"quant.blocksize", base.blocksize}};
+      write_file_atomic(tmp.path + "/" + kBaseStorageFile, b.dump(2) + "\n");
+    }
+  } catch (const Error& e) {
+    throw_error(e.status(), "%s: the adapter was not saved (the previous one is kept): %s",
+                target.c_str(), e.what());
+  }
+  fsync_dir(tmp.path);
+  install_dir(tmp.path, target);
+  tmp.keep = true;
 }
 
 LoraConfig read_peft_config(const std::string& dir) {
+  struct stat st;
+  if (::stat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode))
+    throw_error(QLFT_ERR_INVALID_ARGUMENT,
+                "%s: not a directory; an adapter here is a PEFT directory (adapter_config.json + "
+                "adapter_model.safetensors, as train writes to train.output_dir/adapter)%s",
+                dir.c_str(),
+                dir.size() > 5 && dir.compare(dir.size() - 5, 5, ".gguf") == 0
+                    ? "; a .gguf adapter is for llama.cpp (llama-cli --lora)"
+                    : "");
   JsonFile j = JsonFile::load(dir + "/adapter_config.json");
   std::string type = j.get_string("peft_type", "LORA");
   QLFT_CHECK_FORMAT(type == "LORA", "%s: peft_type is '%s', only LORA is supported",
@@ -87,8 +207,8 @@ LoraConfig read_peft_config(const std::string& dir) {
   LoraConfig c;
   c.r = static_cast<int>(j.get_int("r"));
   QLFT_CHECK_FORMAT(c.r > 0 && c.r <= 65536, "%s: r must be in 1..65536", j.path().c_str());
-  c.alpha = static_cast<float>(j.get_float("lora_alpha", c.r));
-  c.dropout = static_cast<float>(j.get_float("lora_dropout", 0.0));
+  c.alpha = static_cast<float>(checked_number(j, "lora_alpha", c.r, "lora.alpha"));
+  c.dropout = static_cast<float>(checked_number(j, "lora_dropout", 0.0, "lora.dropout"));
   c.use_rslora = j.get_bool("use_rslora", false);
   QLFT_CHECK_FORMAT(!j.get_bool("use_dora", false), "%s: DoRA adapters are not supported",
                     j.path().c_str());
@@ -192,6 +312,8 @@ void save_gguf_lora_adapter(const LoraAdapter& lora, const std::string& path) {
       const LoraSlot& s = lora.slot(l, p);
       std::vector<float> a = lora.get_hf(l, p, LoraAdapter::Part::A);
       std::vector<float> b = lora.get_hf(l, p, LoraAdapter::Part::B);
+      check_finite(a, "blk." + std::to_string(l) + "." + proj_gguf_name(p) + ".lora_a");
+      check_finite(b, "blk." + std::to_string(l) + "." + proj_gguf_name(p) + ".lora_b");
       if (adjacent && (p == Proj::Q || p == Proj::K)) {
         std::vector<float> perm(b.size());
         int heads = p == Proj::Q ? m.n_heads : m.n_kv_heads;

@@ -225,7 +225,7 @@ std::string cache_key(const Trainer& t, const Config& cfg, int ranks, const std:
   Trainer& mt = const_cast<Trainer&>(t);
   return strf(
       "model=%s weights=%llu arch=%s layers=%d dim=%d vocab=%d; precision=%s "
-      "grad_checkpointing=%s seq_len=%s lora.r=%s lora.targets=%s lora.dropout=%s optim=%s "
+      "grad_checkpointing=%s seq_len=%s lora.r=%s lora.target_modules=%s lora.dropout=%s optim=%s "
       "effective_batch=%lld accumulation=%d ranks=%d margin=%s; zero_stage=%s "
       "offload.params=%s offload.optimizer=%s offload.buffers=%s; backend=%s threads=%d; "
       "memory.limit=%s",

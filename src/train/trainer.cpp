@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -52,6 +53,42 @@ std::string locate_nonfinite(LlamaRunner& runner, const std::vector<data::Batch>
   } catch (const std::exception& e) {
     return strf("could not be located (%s)", e.what());
   }
+}
+
+// A checksum of a checkpoint's tensors (name and bytes, in name order), stored in its metadata
+// and verified on resume: a bit flipped on disk is refused instead of training on garbage.
+// 64-bit words mixed with a multiply-xorshift (not cryptographic; it catches corruption).
+struct TensorBytes {
+  std::string name;
+  const uint8_t* data;
+  size_t size;
+};
+std::string checksum_of(std::vector<TensorBytes> ts) {
+  std::sort(ts.begin(), ts.end(),
+            [](const TensorBytes& a, const TensorBytes& b) { return a.name < b.name; });
+  uint64_t h = 0x9e3779b97f4a7c15ull;
+  auto mix = [&h](uint64_t w) {
+    h ^= w + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+  };
+  auto bytes = [&](const uint8_t* p, size_t n) {
+    mix(n);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      uint64_t w;
+      std::memcpy(&w, p + i, 8);
+      mix(w);
+    }
+    uint64_t tail = 0;
+    std::memcpy(&tail, p + i, n - i);
+    mix(tail);
+  };
+  for (const TensorBytes& t : ts) {
+    bytes(reinterpret_cast<const uint8_t*>(t.name.data()), t.name.size());
+    bytes(t.data, t.size);
+  }
+  return strf("%016llx", static_cast<unsigned long long>(h));
 }
 
 }  // namespace
@@ -316,14 +353,28 @@ void Trainer::save_checkpoint(const std::string& path) const {
 }
 
 void Trainer::write_checkpoint_file(const std::string& path, StateDict& sd) const {
+  // A diverged adapter is never written over the last finite checkpoint.
+  for (const ParamRef& p : dp_->params())
+    for (size_t i = 0; i < p.numel; ++i)
+      if (!std::isfinite(p.data[i]))
+        throw_error(QLFT_ERR_NUMERICAL,
+                    "%s: not written at step %lld: LoRA tensor '%s' holds a non-finite value "
+                    "(training diverged; the last finite checkpoint is kept)",
+                    path.c_str(), static_cast<long long>(step_), p.name.c_str());
   sched_->save_state(sd, "sched.");
   scaler_->save_state(sd, "scaler.");
   SafetensorsWriter w;
-  for (const auto& kv : sd.tensors())
+  std::vector<TensorBytes> sums;
+  for (const auto& kv : sd.tensors()) {
     w.add(kv.first, kv.second.dtype, kv.second.shape, kv.second.bytes.data(),
           kv.second.bytes.size(), /*copy=*/false);
-  for (const ParamRef& p : dp_->params())
+    sums.push_back({kv.first, kv.second.bytes.data(), kv.second.bytes.size()});
+  }
+  for (const ParamRef& p : dp_->params()) {
     w.add(p.name, DType::F32, {static_cast<int64_t>(p.numel)}, p.data, p.numel * 4, false);
+    sums.push_back({p.name, reinterpret_cast<const uint8_t*>(p.data), p.numel * 4});
+  }
+  w.set_metadata("qlft.checksum", checksum_of(std::move(sums)));
   w.set_metadata("qlft.checkpoint", "1");
   w.set_metadata("qlft.fingerprint", fingerprint());
   w.set_metadata("qlft.step", std::to_string(step_));
@@ -353,6 +404,18 @@ void Trainer::resume(const std::string& path) {
   QLFT_CHECK_FORMAT(*end == '\0' && step >= 0, "%s: bad qlft.step '%s'", path.c_str(),
                     step_text.c_str());
   long long nonfinite = std::strtoll(meta("qlft.nonfinite_in_row").c_str(), nullptr, 10);
+  // Checkpoints written before the checksum existed have none and load as before.
+  auto sum = md.find("qlft.checksum");
+  if (sum != md.end()) {
+    std::vector<TensorBytes> ts;
+    for (const SafeTensorInfo& t : f->tensors())
+      ts.push_back({t.name, static_cast<const uint8_t*>(t.data), t.nbytes});
+    const std::string got = checksum_of(std::move(ts));
+    QLFT_CHECK_FORMAT(got == sum->second,
+                      "%s: the checkpoint's data is corrupted (checksum %s, recorded %s); "
+                      "delete it to start over or restore it from a copy",
+                      path.c_str(), got.c_str(), sum->second.c_str());
+  }
 
   StateDict in;
   std::map<std::string, const SafeTensorInfo*> params;

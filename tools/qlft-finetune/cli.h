@@ -19,6 +19,7 @@ enum Exit : int {
   kIo = 3,           // file missing or unreadable/unwritable
   kFormat = 4,       // a model or data file is malformed
   kOutOfMemory = 5,  // memory.limit or the OS refused
+  kNumerical = 6,    // training diverged (non-finite loss or adapter); last finite checkpoint kept
   kCancelled = 130,  // Ctrl-C / cancelled
 };
 int exit_code_for(int32_t status);
@@ -79,11 +80,15 @@ struct Args {
   std::map<std::string, std::string> flags;                   // non-config flags (e.g. --model)
   std::vector<std::pair<std::string, std::string>> settings;  // config keys in order
 };
-// known_flags: subcommand flags that are not config keys; bool_flags take no value.
+// known_flags: subcommand flags that are not config keys; bool_flags take no value. More than
+// max_positional plain words is an error naming the first extra one (`--data a.txt b.txt`
+// would otherwise train on a.txt alone).
 bool parse_args(int argc, char** argv, int first, const std::vector<std::string>& known_flags,
-                const std::vector<std::string>& bool_flags, Args* out, std::string* error);
-// Builds a config: the --config YAML file first, then the --key value settings over it.
-// Prints the error and returns nullptr on failure.
+                const std::vector<std::string>& bool_flags, Args* out, std::string* error,
+                size_t max_positional = 0);
+// Builds a config: with --adapter DIR, the settings that DIR records for its base
+// (qlft_base_config.json: how the base was stored in training) first, then the --config YAML
+// file, then the --key value settings over it. Prints the error and returns nullptr on failure.
 ConfigPtr make_config(const Args& a, int* exit_code);
 
 int cmd_inspect(int argc, char** argv);

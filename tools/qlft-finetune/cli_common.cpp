@@ -19,6 +19,8 @@ int exit_code_for(int32_t status) {
       return kOutOfMemory;
     case QLFT_ERR_CANCELLED:
       return kCancelled;
+    case QLFT_ERR_NUMERICAL:
+      return kNumerical;
     default:
       return kFailure;
   }
@@ -64,7 +66,9 @@ bool contains(const std::vector<std::string>& v, const std::string& s) {
 }  // namespace
 
 bool parse_args(int argc, char** argv, int first, const std::vector<std::string>& known_flags,
-                const std::vector<std::string>& bool_flags, Args* out, std::string* error) {
+                const std::vector<std::string>& bool_flags, Args* out, std::string* error,
+                size_t max_positional) {
+  std::string previous;  // the option before a stray word, for the message
   for (int i = first; i < argc; ++i) {
     std::string a = argv[i];
     if (a.size() > 2 && a.compare(0, 2, "--") == 0) {
@@ -77,6 +81,7 @@ bool parse_args(int argc, char** argv, int first, const std::vector<std::string>
       }
       if (contains(bool_flags, key)) {
         out->flags[key] = has_value ? value : "true";
+        previous.clear();
         continue;
       }
       bool known = contains(known_flags, key);
@@ -95,9 +100,20 @@ bool parse_args(int argc, char** argv, int first, const std::vector<std::string>
         out->flags[key] = value;
       else
         out->settings.emplace_back(key, value);
+      previous = "--" + key + " " + value;
+      continue;
     } else {
+      if (out->positional.size() >= max_positional) {
+        *error = "unexpected argument '" + a + "'" +
+                 (previous.empty() ? std::string()
+                                   : " after " + previous +
+                                         " (an option takes one value; quote a value with "
+                                         "spaces)");
+        return false;
+      }
       out->positional.push_back(a);
     }
+    previous.clear();
   }
   return true;
 }
@@ -110,6 +126,24 @@ ConfigPtr make_config(const Args& a, int* exit_code) {
     return nullptr;
   }
   ConfigPtr cfg(raw);
+  // --adapter DIR (generate/eval/export pass it on as lora.init_from).
+  std::string adapter;
+  if (a.flags.count("adapter")) adapter = a.flags.at("adapter");
+  for (const auto& kv : a.settings)
+    if (kv.first == "lora.init_from") adapter = kv.second;
+  if (!adapter.empty()) {
+    // The base as the adapter was trained on it (quant.type keep or nf4...), unless the YAML or
+    // the command line below says otherwise. Adapters from elsewhere have no such file.
+    const std::string base = adapter + "/qlft_base_config.json";
+    if (FILE* f = std::fopen(base.c_str(), "rb")) {
+      std::fclose(f);
+      st = qlft_config_load_file(cfg.get(), base.c_str());
+      if (st != QLFT_OK) {
+        *exit_code = fail(base.c_str(), st);
+        return nullptr;
+      }
+    }
+  }
   auto file = a.flags.find("config");
   if (file != a.flags.end()) {
     st = qlft_config_load_file(cfg.get(), file->second.c_str());

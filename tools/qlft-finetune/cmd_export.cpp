@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cli.h"
+#include "run_dir.h"
 
 namespace cli {
 
@@ -31,19 +32,31 @@ int cmd_export(int argc, char** argv) {
     std::fprintf(stderr, "qlft-finetune: unknown --format '%s'\n", fmt.c_str());
     return kUsage;
   }
-  a.settings.emplace_back("lora.init_from", a.flags["adapter"]);
+  const std::string out = a.flags["out"];
+  // The output must not replace what this command reads.
+  for (const char* in : {"model", "adapter"}) {
+    const std::string& p = a.flags[in];
+    if (same_file(p, out) || is_inside(p, out)) {
+      std::fprintf(stderr, "qlft-finetune: --out %s is the --%s it reads (%s); write elsewhere\n",
+                   out.c_str(), in, p.c_str());
+      return kUsage;
+    }
+  }
+  const std::string adapter = a.flags["adapter"];
+  a.settings.emplace_back("lora.init_from", adapter);
   a.flags.erase("adapter");
-  // Merge into the weights as stored in the file (the usual QLoRA merge into the original
-  // base), not into NF4-quantized copies; --quant.type nf4 merges into those instead.
+  // The base as stored while the adapter trained (its qlft_base_config.json, read by
+  // make_config); an adapter without that record merges into the weights as stored in the file
+  // (the usual QLoRA merge into the original base). --quant.type overrides both.
   bool quant_set = false;
   for (const auto& kv : a.settings) quant_set |= kv.first == "quant.type";
-  if (!quant_set) a.settings.emplace_back("quant.type", "keep");
+  if (!quant_set && !file_exists(adapter + "/qlft_base_config.json"))
+    a.settings.emplace_back("quant.type", "keep");
   int code = kOk;
   ConfigPtr cfg = make_config(a, &code);
   if (!cfg) return code;
   TrainSession s;
   if ((code = open_session(a, cfg.get(), &s, false)) != kOk) return code;
-  const std::string out = a.flags["out"];
   int32_t st = merged ? qlft_trainer_export_merged(s.trainer.get(), out.c_str(), merged_fmt.c_str())
                       : qlft_trainer_save_adapter(s.trainer.get(), out.c_str(), fmt.c_str());
   if (st != QLFT_OK) return fail(out.c_str(), st);

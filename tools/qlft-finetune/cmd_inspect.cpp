@@ -8,7 +8,7 @@ namespace cli {
 int cmd_inspect(int argc, char** argv) {
   Args a;
   std::string err;
-  if (!parse_args(argc, argv, 2, {}, {"help"}, &a, &err) || a.flags.count("help") ||
+  if (!parse_args(argc, argv, 2, {}, {"help"}, &a, &err, 1) || a.flags.count("help") ||
       a.positional.size() != 1) {
     std::fprintf(stderr, "%s%susage: qlft-finetune inspect MODEL [--quant.type nf4|int8|keep]\n",
                  err.c_str(), err.empty() ? "" : "\n");

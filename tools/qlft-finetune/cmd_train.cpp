@@ -1,8 +1,11 @@
 // qlft-finetune train --model M --data D [--config run.yaml] [--resume] [--setting value ...]
 //
-// Trains a LoRA adapter and writes, under train.output_dir: checkpoint.safetensors (every
-// train.save_every steps, at the end and on Ctrl-C), metrics.jsonl (one record per step),
-// adapter/ (PEFT) and adapter.gguf (llama.cpp). Prints eval loss before and after.
+// Trains a LoRA adapter and writes, under train.output_dir (a locked unit, see run_dir.h):
+// checkpoint.safetensors (every train.save_every steps, at the end and on Ctrl-C), metrics.jsonl
+// (one record per step, checked writes; a resumed run rewrites the steps after its checkpoint),
+// adapter/ (PEFT, replaced whole) and adapter.gguf (llama.cpp). Prints eval loss before and
+// after. A failed write stops the run keeping the last checkpoint; a diverged run exits 6
+// (QLFT_ERR_NUMERICAL) keeping the last finite checkpoint.
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -10,10 +13,12 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
 #include "cli.h"
+#include "run_dir.h"
 
 namespace cli {
 
@@ -27,9 +32,24 @@ void on_sigint(int) {
 }
 
 struct Progress {
-  FILE* metrics = nullptr;
+  qlft_trainer* trainer = nullptr;
   bool tty = false;
   bool quiet = false;  // a rank other than 0 of a distributed run: rank 0 reports
+  bool distributed = false;
+  // metrics.jsonl: opened at the first step, keeping the records before it (a resumed run
+  // rewrites the steps after its checkpoint).
+  std::string metrics_path;
+  MetricsLog metrics;
+  // Checkpoints every save_every steps, written here after the step's metrics record (so a
+  // checkpoint never runs ahead of metrics.jsonl).
+  std::string ckpt;
+  int64_t save_every = 0;
+  uint64_t last_saved = 0;  // step of the last checkpoint written (0: none this run)
+  uint64_t steps = 0, skipped = 0, last_step = 0;
+  bool last_loss_finite = true;
+  // Set when a write failed: the run stops and says so.
+  std::string failure;
+  int32_t failure_status = QLFT_OK;
 };
 
 std::string fmt_duration(double s) {
@@ -42,23 +62,67 @@ std::string fmt_duration(double s) {
   return buf;
 }
 
+// One metrics.jsonl record. JSON has no NaN or infinity: such a value is null and the record
+// says "nonfinite": true.
+std::string metrics_record(const qlft_step_stats* s) {
+  const bool nonfinite = !std::isfinite(s->loss) || !std::isfinite(s->grad_norm) ||
+                         !std::isfinite(s->learning_rate) ||
+                         (!std::isnan(s->eval_loss) && !std::isfinite(s->eval_loss));
+  char head[64];
+  std::snprintf(head, sizeof head, "{\"step\": %llu", static_cast<unsigned long long>(s->step));
+  std::string r = head;
+  r += ", \"loss\": " + json_number(s->loss, "%.6f");
+  r += ", \"lr\": " + json_number(s->learning_rate, "%.6g");
+  r += ", \"grad_norm\": " + json_number(s->grad_norm, "%.6g");
+  r += ", \"loss_scale\": " + json_number(s->loss_scale, "%g");
+  char rest[256];
+  std::snprintf(rest, sizeof rest,
+                ", \"skipped\": %u, \"tokens\": %llu, \"tokens_per_s\": %.1f, \"elapsed_s\": "
+                "%.3f, \"memory_bytes\": %llu, \"memory_peak_bytes\": %llu",
+                s->skipped, static_cast<unsigned long long>(s->tokens), s->tokens_per_second,
+                s->elapsed_seconds, static_cast<unsigned long long>(s->memory_reserved),
+                static_cast<unsigned long long>(s->memory_peak));
+  r += rest;
+  if (!std::isnan(s->eval_loss)) r += ", \"eval_loss\": " + json_number(s->eval_loss, "%.6f");
+  if (nonfinite) r += ", \"nonfinite\": true";
+  r += "}";
+  return r;
+}
+
 int32_t on_progress(const qlft_step_stats* s, void* user) {
   Progress* p = static_cast<Progress*>(user);
-  if (p->quiet) return 0;
-  if (p->metrics) {
-    std::fprintf(p->metrics,
-                 "{\"step\": %llu, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6g, "
-                 "\"loss_scale\": %g, \"skipped\": %u, \"tokens\": %llu, \"tokens_per_s\": %.1f, "
-                 "\"elapsed_s\": %.3f, \"memory_bytes\": %llu, \"memory_peak_bytes\": %llu",
-                 static_cast<unsigned long long>(s->step), s->loss, s->learning_rate, s->grad_norm,
-                 s->loss_scale, s->skipped, static_cast<unsigned long long>(s->tokens),
-                 s->tokens_per_second, s->elapsed_seconds,
-                 static_cast<unsigned long long>(s->memory_reserved),
-                 static_cast<unsigned long long>(s->memory_peak));
-    if (!std::isnan(s->eval_loss)) std::fprintf(p->metrics, ", \"eval_loss\": %.6f", s->eval_loss);
-    std::fprintf(p->metrics, "}\n");
-    std::fflush(p->metrics);
+  ++p->steps;
+  p->skipped += s->skipped ? 1 : 0;
+  p->last_step = s->step;
+  bool metrics_ok = true;
+  if (!p->quiet) {
+    std::string err;
+    if (!p->metrics.is_open() && !p->metrics.open(p->metrics_path, s->step, &err)) {
+      metrics_ok = false;
+    } else if (!p->metrics.append(metrics_record(s), &err)) {
+      metrics_ok = false;
+    }
+    if (!metrics_ok) {
+      p->failure = err;
+      p->failure_status = QLFT_ERR_IO;
+    }
   }
+  // A step whose loss is not finite has diverged: its state is not checkpointed (the last
+  // good checkpoint stays; every rank sees the same loss, so they skip the collective alike).
+  p->last_loss_finite = std::isfinite(s->loss);
+  if (p->save_every > 0 && s->step % static_cast<uint64_t>(p->save_every) == 0 &&
+      p->last_loss_finite &&
+      (metrics_ok || p->distributed)) {  // (the save is collective: every rank joins it)
+    int32_t st = qlft_trainer_save_checkpoint(p->trainer, p->ckpt.c_str());
+    if (st == QLFT_OK) {
+      p->last_saved = s->step;
+    } else if (p->failure.empty()) {
+      p->failure = std::string(p->ckpt) + ": " + qlft_last_error();
+      p->failure_status = st;
+    }
+  }
+  if (!p->failure.empty()) return 1;  // stop after this step
+  if (p->quiet) return 0;
   if (p->tty) {
     int width = 24;
     int done = s->total_steps ? static_cast<int>(width * s->step / s->total_steps) : 0;
@@ -81,9 +145,25 @@ int32_t on_progress(const qlft_step_stats* s, void* user) {
   return 0;
 }
 
-bool file_exists(const std::string& p) {
-  struct stat st;
-  return ::stat(p.c_str(), &st) == 0;
+// The rank this process will have in a distributed run, from the launcher's environment (the
+// trainer confirms it later): only rank 0 owns the run directory.
+int launcher_rank(const qlft_config* cfg) {
+  char backend[32] = "";
+  size_t need = 0;
+  qlft_config_get(cfg, "dist.backend", backend, sizeof backend, &need);
+  if (std::strcmp(backend, "none") == 0 || !*backend) return 0;
+  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK"})
+    if (const char* r = std::getenv(v)) return std::atoi(r);
+  return 0;
+}
+
+std::string config_string(const qlft_config* cfg, const char* key) {
+  size_t need = 0;
+  qlft_config_get(cfg, key, nullptr, 0, &need);
+  std::string v(need, '\0');
+  if (need) qlft_config_get(cfg, key, v.data(), v.size(), &need);
+  if (!v.empty() && v.back() == '\0') v.pop_back();
+  return v;
 }
 
 }  // namespace
@@ -91,19 +171,61 @@ bool file_exists(const std::string& p) {
 int cmd_train(int argc, char** argv) {
   Args a;
   std::string err;
-  if (!parse_args(argc, argv, 2, {"model", "data", "config"}, {"resume", "help"}, &a, &err) ||
+  if (!parse_args(argc, argv, 2, {"model", "data", "config"}, {"resume", "overwrite", "help"}, &a,
+                  &err) ||
       a.flags.count("help") || !a.flags.count("model") || !a.flags.count("data")) {
     if (!err.empty()) std::fprintf(stderr, "qlft-finetune: %s\n", err.c_str());
     std::fprintf(stderr,
                  "usage: qlft-finetune train --model MODEL --data FILE [--config run.yaml] "
-                 "[--resume] [--key value ...]\n");
+                 "[--resume | --overwrite] [--key value ...]\n");
     return a.flags.count("help") && err.empty() ? kOk : kUsage;
   }
+  const bool resume = a.flags.count("resume") != 0;
   int code = kOk;
   ConfigPtr cfg = make_config(a, &code);
   if (!cfg) return code;
+
+  // The run directory is made ready (created, locked, writable, no run of another kind in it)
+  // before the model loads, so a bad train.output_dir costs seconds, not a whole run.
+  const std::string outdir = config_string(cfg.get(), "train.output_dir");
+  RunDir run;
+  if (launcher_rank(cfg.get()) == 0) {
+    RunDirOptions ro;
+    ro.resume = resume;
+    ro.overwrite = a.flags.count("overwrite") != 0;
+    if (!run.open(outdir, ro, &err)) {
+      std::fprintf(stderr, "qlft-finetune: %s\n", err.c_str());
+      return run.refused() ? kUsage : kIo;
+    }
+    for (const std::string& r : run.removed())
+      std::fprintf(stderr, "removed %s (left by a run that died)\n", r.c_str());
+  }
+  const std::string data = a.flags["data"];
+  if (same_file(data, outdir) || is_inside(outdir, data)) {
+    std::fprintf(stderr,
+                 "qlft-finetune: --data %s holds train.output_dir %s: the run's own files "
+                 "(metrics.jsonl) would be read as data; choose another train.output_dir\n",
+                 data.c_str(), outdir.c_str());
+    return kUsage;
+  }
+  const std::string ckpt = outdir + "/" + kCheckpointFile;
+  // Checkpoints every train.save_every steps are written by on_progress, after the step's
+  // metrics record; the library's own periodic save is turned off.
+  const int64_t save_every = std::atoll(config_string(cfg.get(), "train.save_every").c_str());
+  qlft_config_set(cfg.get(), "train.save_every", "0");
+
   TrainSession s;
   if (int rc = open_session(a, cfg.get(), &s, /*need_data=*/true)) return rc;
+
+  qlft_model_details md{};
+  md.struct_size = sizeof md;
+  const long long seq_len = std::atoll(config_string(cfg.get(), "data.seq_len").c_str());
+  if (qlft_model_info(s.model.get(), &md) == QLFT_OK && md.context_length > 0 &&
+      seq_len > static_cast<long long>(md.context_length))
+    std::fprintf(stderr,
+                 "warning: data.seq_len %lld is longer than the model's context (%llu tokens): "
+                 "positions past it were never trained\n",
+                 seq_len, static_cast<unsigned long long>(md.context_length));
 
   // The memory planner's prediction for the batch shape in use (train.micro_batch=auto has
   // chosen it by now); the tracker's measurement is printed beside it at the end.
@@ -131,13 +253,7 @@ int cmd_train(int argc, char** argv) {
   const bool writer = rank == 0;
   if (writer && world > 1) std::printf("distributed: %d ranks\n", world);
 
-  char outdir[4096];
-  size_t need = 0;
-  qlft_config_get(cfg.get(), "train.output_dir", outdir, sizeof outdir, &need);
-  ::mkdir(outdir, 0755);
-  const std::string ckpt = std::string(outdir) + "/checkpoint.safetensors";
-
-  if (a.flags.count("resume")) {
+  if (resume) {
     if (file_exists(ckpt)) {
       int32_t st = qlft_trainer_resume(s.trainer.get(), ckpt.c_str());
       if (st != QLFT_OK) return fail(ckpt.c_str(), st);
@@ -156,12 +272,13 @@ int cmd_train(int argc, char** argv) {
   std::fflush(stdout);
 
   Progress p;
+  p.trainer = s.trainer.get();
   p.tty = ::isatty(STDERR_FILENO);
   p.quiet = !writer;
-  std::string metrics = std::string(outdir) + "/metrics.jsonl";
-  if (writer) p.metrics = std::fopen(metrics.c_str(), a.flags.count("resume") ? "a" : "w");
-  if (writer && !p.metrics)
-    std::fprintf(stderr, "qlft-finetune: cannot write %s\n", metrics.c_str());
+  p.distributed = world > 1;
+  p.metrics_path = outdir + "/" + kMetricsFile;
+  p.ckpt = ckpt;
+  p.save_every = save_every;
 
   g_trainer.store(s.trainer.get());
   struct sigaction sa {};
@@ -172,14 +289,58 @@ int cmd_train(int argc, char** argv) {
   sigaction(SIGINT, &sa, &old_int);
   sigaction(SIGTERM, &sa, &old_term);
   int32_t st = qlft_trainer_train(s.trainer.get(), on_progress, &p);
+  const std::string train_error = st != QLFT_OK ? qlft_last_error() : "";
   sigaction(SIGINT, &old_int, nullptr);
   sigaction(SIGTERM, &old_term, nullptr);
   g_trainer.store(nullptr);
   if (p.tty && writer) std::fprintf(stderr, "\n");
-  if (p.metrics) std::fclose(p.metrics);
+  p.metrics.close();
 
-  // A checkpoint at the end and on cancel, so --resume continues from here.
+  auto kept = [&]() -> std::string {
+    if (p.last_saved) return "the checkpoint of step " + std::to_string(p.last_saved) + " is kept";
+    if (file_exists(ckpt)) return "the checkpoint written before this run stopped is kept";
+    return "no checkpoint was written";
+  };
+  // A write that failed (disk full, I/O error) stopped the run: nothing more is written.
+  if (!p.failure.empty()) {
+    std::fprintf(stderr,
+                 "qlft-finetune: stopped after step %llu: %s\n  %s in %s; free space or fix the "
+                 "cause and continue with --resume\n",
+                 static_cast<unsigned long long>(p.last_step), p.failure.c_str(), kept().c_str(),
+                 outdir.c_str());
+    return exit_code_for(p.failure_status);
+  }
+  if (st == QLFT_ERR_NUMERICAL) {
+    std::fprintf(stderr, "qlft-finetune: training: %s (%s)\n  %s\n", train_error.c_str(),
+                 qlft_status_string(st), kept().c_str());
+    return kNumerical;
+  }
+  if (st != QLFT_OK && st != QLFT_ERR_CANCELLED) {
+    std::fprintf(stderr, "qlft-finetune: training: %s (%s)\n", train_error.c_str(),
+                 qlft_status_string(st));
+    return exit_code_for(st);
+  }
+  // A run that learned nothing (every step skipped) or ended diverged (the last step's loss is
+  // not finite) is a failure, not a result: no checkpoint or adapter of it is written.
+  if (p.steps > 0 && (p.skipped == p.steps || !p.last_loss_finite)) {
+    std::fprintf(stderr,
+                 "qlft-finetune: training diverged: %s (train.on_nonfinite=skip skipped %llu of "
+                 "%llu steps); lower optim.lr or use train.precision=bf16 (%s)\n  %s\n",
+                 p.skipped == p.steps ? "every step had non-finite gradients"
+                                      : "the last step's loss is not finite",
+                 static_cast<unsigned long long>(p.skipped),
+                 static_cast<unsigned long long>(p.steps), qlft_status_string(QLFT_ERR_NUMERICAL),
+                 kept().c_str());
+    return kNumerical;
+  }
+  // A checkpoint at the end and on cancel, so --resume continues from here. A diverged adapter
+  // is refused (QLFT_ERR_NUMERICAL) and the last finite checkpoint stays.
   int32_t cst = qlft_trainer_save_checkpoint(s.trainer.get(), ckpt.c_str());
+  if (cst == QLFT_ERR_NUMERICAL) {
+    std::fprintf(stderr, "qlft-finetune: %s (%s)\n  %s\n", qlft_last_error(),
+                 qlft_status_string(cst), kept().c_str());
+    return kNumerical;
+  }
   if (cst != QLFT_OK) return fail(ckpt.c_str(), cst);
   if (st == QLFT_ERR_CANCELLED) {
     if (writer)
@@ -187,7 +348,6 @@ int cmd_train(int argc, char** argv) {
                    ckpt.c_str());
     return kCancelled;
   }
-  if (st != QLFT_OK) return fail("training", st);
   // Every rank evaluates (under ZeRO-3 evaluation gathers weights, a collective); rank 0
   // prints and writes the adapters.
   if (have_eval) {
@@ -197,8 +357,8 @@ int cmd_train(int argc, char** argv) {
       std::printf("eval loss after:  %.4f (perplexity %.2f)\n", after.loss, after.perplexity);
   }
   if (!writer) return kOk;
-  std::string peft = std::string(outdir) + "/adapter";
-  std::string gguf = std::string(outdir) + "/adapter.gguf";
+  std::string peft = outdir + "/" + kAdapterDir;
+  std::string gguf = outdir + "/" + kAdapterGguf;
   if ((st = qlft_trainer_save_adapter(s.trainer.get(), peft.c_str(), "peft")) != QLFT_OK)
     return fail(peft.c_str(), st);
   if ((st = qlft_trainer_save_adapter(s.trainer.get(), gguf.c_str(), "gguf")) != QLFT_OK)
