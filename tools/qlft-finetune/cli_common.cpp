@@ -1,3 +1,5 @@
+#include <sys/stat.h>
+
 #include <cstdio>
 #include <cstring>
 
@@ -162,7 +164,32 @@ ConfigPtr make_config(const Args& a, int* exit_code) {
   return cfg;
 }
 
+namespace {
+// A regular file that is neither GGUF (by its magic) nor .safetensors cannot be a model; the
+// loader would take it for a Hugging Face directory and complain about config.json.
+bool looks_like_model(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return true;  // the loader says
+  const std::string ext = ".safetensors";
+  if (path.size() >= ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0)
+    return true;
+  char magic[4] = {0};
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return true;
+  size_t n = std::fread(magic, 1, 4, f);
+  std::fclose(f);
+  return n == 4 && std::memcmp(magic, "GGUF", 4) == 0;
+}
+}  // namespace
+
 int open_model(const std::string& path, const qlft_config* cfg, TrainSession* s) {
+  if (!looks_like_model(path)) {
+    std::fprintf(stderr,
+                 "qlft-finetune: %s: not a model (expected a .gguf file, a .safetensors file "
+                 "beside its config.json, or a Hugging Face model directory)\n",
+                 path.c_str());
+    return kFormat;
+  }
   qlft_runtime* rt = nullptr;
   int32_t st = qlft_runtime_create(cfg, &rt);
   if (st != QLFT_OK) return fail("runtime", st);

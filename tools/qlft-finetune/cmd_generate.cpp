@@ -2,6 +2,7 @@
 //   [--temperature T] [--top-k K] [--top-p P] [--seed S]
 // Prints only the generated text on stdout (streamed as it is produced).
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "cli.h"
@@ -53,6 +54,24 @@ int cmd_generate(int argc, char** argv) {
     s.trainer.reset(t);
   }
   std::string prompt = a.flags.count("prompt") ? a.flags["prompt"] : "";
+  // qlft_generate stops at the model's context: say so before, not by a silent cut.
+  qlft_model_details md{};
+  md.struct_size = sizeof md;
+  size_t n_prompt = 0;
+  char max_tokens[32] = "";
+  size_t need = 0;
+  if (qlft_model_info(m, &md) == QLFT_OK && md.context_length > 0 &&
+      qlft_tokenize(m, prompt.data(), prompt.size(), 1, 1, nullptr, 0, &n_prompt) == QLFT_OK &&
+      qlft_config_get(cfg.get(), "generate.max_tokens", max_tokens, sizeof max_tokens, &need) ==
+          QLFT_OK &&
+      n_prompt + std::strtoull(max_tokens, nullptr, 10) > md.context_length)
+    std::fprintf(stderr,
+                 "warning: generation stops at the model's context (%u tokens): the prompt has "
+                 "%zu, so at most %llu of generate.max_tokens %s are generated\n",
+                 md.context_length, n_prompt,
+                 static_cast<unsigned long long>(
+                     n_prompt < md.context_length ? md.context_length - n_prompt : 0),
+                 max_tokens);
   st = qlft_generate(m, s.trainer.get(), prompt.c_str(), cfg.get(), print_text, nullptr);
   std::printf("\n");
   if (st != QLFT_OK) return fail("generate", st);
