@@ -91,6 +91,38 @@ std::string checksum_of(std::vector<TensorBytes> ts) {
   return strf("%016llx", static_cast<unsigned long long>(h));
 }
 
+// A field of a data iterator state ("qlft-data v1 pos=N rows=N seed=N fp=HEX"), or "".
+std::string state_field(const std::string& state, const char* key) {
+  const std::string k = std::string(" ") + key + "=";
+  size_t b = state.find(k);
+  if (state.rfind("qlft-data v1 ", 0) != 0 || b == std::string::npos) return "";
+  b += k.size();
+  return state.substr(b, state.find(' ', b) - b);
+}
+
+// Refuses to resume on other data, naming what differs: the row count (the data, data.seq_len,
+// packing or data.eval_fraction changed), the shuffling seed (data.seed), or, with the same
+// count, the tokens themselves (the data's content, the tokenizer or the template changed).
+void check_same_data(const std::string& path, const std::string& saved, const std::string& now) {
+  std::string diffs;
+  auto differs = [&](const char* key, const char* what) {
+    std::string a = state_field(saved, key), b = state_field(now, key);
+    if (a.empty() || b.empty() || a == b) return;
+    diffs += strf("%s%s: %s in the checkpoint, %s now", diffs.empty() ? "" : "; ", what, a.c_str(),
+                  b.c_str());
+  };
+  differs("rows",
+          "training rows (the data, data.seq_len, data.pack, data.overflow or "
+          "data.eval_fraction)");
+  differs("seed", "data.seed");
+  if (diffs.empty())
+    differs("fp", "token fingerprint (the data's content, the tokenizer or data.template)");
+  if (!diffs.empty())
+    throw_error(QLFT_ERR_INVALID_ARGUMENT,
+                "%s: cannot resume: the training data differs from the checkpoint's: %s",
+                path.c_str(), diffs.c_str());
+}
+
 }  // namespace
 
 TrainSettings TrainSettings::from_config(const Config& c) {
@@ -398,6 +430,7 @@ void Trainer::resume(const std::string& path) {
                  "%s: checkpoint was made with different settings (%s) than this trainer (%s)",
                  path.c_str(), meta("qlft.fingerprint").c_str(), fingerprint().c_str());
   const std::string data_state = meta("qlft.data");
+  if (it_) check_same_data(path, data_state, it_->state());
   char* end = nullptr;
   const std::string step_text = meta("qlft.step");
   long long step = std::strtoll(step_text.c_str(), &end, 10);

@@ -114,6 +114,19 @@ r genctx generate --model "$model" --prompt "Once" --max-tokens 5000 --threads 1
 grep -q "generation stops at the model's context" genctx.err
 check "generation cut at the context warned" $? genctx.err
 
+# --- resume on other data names what differs ---------------------------------------------------
+r res1 train "${args[@]}" --data small.txt --train.max_steps 4 --train.save_every 2 \
+  --train.output_dir resumed --data.seed 1
+r res2 train "${args[@]}" --data small.txt --train.max_steps 4 --train.output_dir resumed \
+  --data.seed 2 --resume
+[ $rc = 2 ] && grep -q "data.seed: 1 in the checkpoint, 2 now" res2.err
+check "resume with another data.seed names it" $? res2.err
+head -c 30000 small.txt >shorter.txt
+r res3 train "${args[@]}" --data shorter.txt --train.max_steps 4 --train.output_dir resumed \
+  --data.seed 1 --resume
+[ $rc = 2 ] && grep -q "training rows (the data, data.seq_len.*): [0-9]* in the checkpoint, [0-9]* now" res3.err
+check "resume on other data names the row counts" $? res3.err
+
 # --- a diverged run -----------------------------------------------------------------------------
 r nan train "${args[@]}" --data small.txt --train.max_steps 30 --optim.lr 10 \
   --optim.weight_decay 10 --train.save_every 5 --train.output_dir div
