@@ -1,3 +1,3 @@
-module qlft
+module qlft.dev/qlft
 
 go 1.19

@@ -13,13 +13,16 @@
 // Errors are *Error values; the library's message is read with runtime.LockOSThread held
 // around the failing call, because qlft_last_error is thread-local and goroutines migrate.
 //
-// Build: cgo reads the header from ../../include and links libqlft.so from ../../build (rpath
-// set). For another build directory D: CGO_LDFLAGS="-L$D -Wl,-rpath,$D" go test ./...
+// Build: cgo finds the header and libqlft.so through pkg-config (qlft.pc): an install prefix P
+// with PKG_CONFIG_PATH=P/lib/pkgconfig, a CMake build tree B with PKG_CONFIG_PATH=B/pkgconfig.
+// No path is written into products: a program finds libqlft.so at run time through the
+// dynamic loader's default directories, or a RUNPATH its build adds
+// (CGO_LDFLAGS="-Wl,-rpath,$(pkg-config --variable=libdir qlft)"), or LD_LIBRARY_PATH.
+// See README.md.
 package qlft
 
 /*
-#cgo CFLAGS: -I${SRCDIR}/../../include
-#cgo LDFLAGS: -L${SRCDIR}/../../build -Wl,-rpath,${SRCDIR}/../../build -lqlft
+#cgo pkg-config: qlft
 #include <stdint.h>
 #include <stdlib.h>
 #include "qlft.h"

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"qlft"
+	"qlft.dev/qlft"
 )
 
 func shared(t *testing.T, rel string) string {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ctest bindings_go: `go vet` + `go test ./...`, the struct layout compared with the C
 # compiler's, and the C example's fine-tune repeated from Go with a byte-identical adapter.
-# cgo links libqlft.so from $QLFT_LIB_DIR (the CMake build dir) via CGO_LDFLAGS.
+# cgo finds this build through its build-tree qlft.pc ($PKG_CONFIG_PATH); the rpath for the
+# test binaries comes from CGO_LDFLAGS, as a product's build would add it.
 set -euo pipefail
 src=$1
 if ! command -v go > /dev/null; then
@@ -11,7 +12,8 @@ fi
 cd "$src/bindings/go"
 export CGO_ENABLED=1
 export GOPATH=${GOPATH:-${QLFT_BINDINGS_OUT:?}/gopath}  # CI may run without HOME
-export CGO_LDFLAGS="-L${QLFT_LIB_DIR:?} -Wl,-rpath,$QLFT_LIB_DIR"
+export PKG_CONFIG_PATH=${QLFT_PKG_CONFIG_PATH:?}
+export CGO_LDFLAGS="-Wl,-rpath,${QLFT_LIB_DIR:?}"
 export GOCACHE=${GOCACHE:-${QLFT_BINDINGS_OUT:?}/go-cache}
 out=${QLFT_BINDINGS_OUT:?}/go
 rm -rf "$out" && mkdir -p "$out"

@@ -8,7 +8,7 @@ import (
 	"fmt"
 	"os"
 
-	"qlft"
+	"qlft.dev/qlft"
 )
 
 func run() error {

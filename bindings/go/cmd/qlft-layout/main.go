@@ -5,7 +5,7 @@ package main
 import (
 	"fmt"
 
-	"qlft"
+	"qlft.dev/qlft"
 )
 
 func main() {
