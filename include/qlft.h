@@ -342,6 +342,50 @@ QLFT_API int32_t qlft_generate(const qlft_model* model, const qlft_trainer* trai
                                const char* prompt, const qlft_config* config, qlft_text_fn on_text,
                                void* user_data);
 
+/* Streaming generation, one token per call (the same ids as qlft_generate for the same
+ * arguments). Why a generation ended: */
+#define QLFT_FINISH_NONE 0      /* not ended: more tokens follow */
+#define QLFT_FINISH_EOS 1       /* the end-of-sequence token (generate.stop_at_eos) */
+#define QLFT_FINISH_LENGTH 2    /* generate.max_tokens tokens, or the model's context is full */
+#define QLFT_FINISH_STOP 3      /* the text reached one of the stop strings */
+#define QLFT_FINISH_CANCELLED 4 /* qlft_generation_cancel */
+
+typedef struct qlft_generation qlft_generation;
+
+typedef struct qlft_generated_token {
+  uint32_t struct_size;
+  int32_t id;            /* the sampled token id; -1 when this event ends a cancelled generation */
+  uint32_t index;        /* 0 for the first generated token */
+  int32_t finish_reason; /* QLFT_FINISH_NONE, or why the generation ended with this event */
+  const char* text;      /* the text that became final with this token: complete UTF-8,
+                            NUL-terminated, often "" (a character or a possible stop string not
+                            yet complete); owned by the generation, valid until the next call */
+  size_t text_len;
+} qlft_generated_token;
+
+/* Starts generating from prompt with the generate.* settings, with the trainer's adapter when
+ * trainer is not NULL (the trainer must not train, load or resume until the generation is
+ * freed). stop: n_stop strings (stop may be NULL when n_stop is 0); the generation ends at the
+ * first occurrence of any of them in the generated text, which is not delivered (text that
+ * might begin a stop string is held back until it cannot). Nothing is computed before the
+ * first qlft_generation_next. The generation must not outlive the model or the trainer. */
+QLFT_API int32_t qlft_generation_create(const qlft_model* model, const qlft_trainer* trainer,
+                                        const char* prompt, const qlft_config* config,
+                                        const char* const* stop, size_t n_stop,
+                                        qlft_generation** out);
+/* Computes the next token. The event with finish_reason != QLFT_FINISH_NONE is the last one
+ * (it carries the final token, if any, and the rest of the text); later calls return it again
+ * with id -1 and text "". One thread at a time. */
+QLFT_API int32_t qlft_generation_next(qlft_generation* generation, qlft_generated_token* out);
+/* Ends the generation: the next (or the running) qlft_generation_next returns
+ * QLFT_FINISH_CANCELLED with id -1 and the text held back so far; a token being computed when
+ * the cancel arrives is discarded, so at most one token is delivered after this returns.
+ * Unlike a trainer (which is idle between calls), a generation is running from its creation to
+ * its last event, so a cancel is never discarded. Safe from another thread and from a signal
+ * handler. */
+QLFT_API void qlft_generation_cancel(qlft_generation* generation);
+QLFT_API void qlft_generation_free(qlft_generation* generation);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,5 +1,8 @@
-// qlft_generate: text in, streamed text out, with or without a trainer's adapter.
+// qlft_generate (text callback) and qlft_generation_* (one token per call): text in, tokens
+// out, with or without a trainer's adapter. Both step the same TokenStream.
+#include <atomic>
 #include <cstring>
+#include <memory>
 
 #include "api/handles.h"
 #include "backend/backend.h"
@@ -10,40 +13,118 @@
 
 using qlft::guard;
 
+namespace {
+
+// The prompt's ids, the options and the KV cache length of one generation.
+struct Prepared {
+  std::vector<int32_t> ids;
+  qlft::GenerateOptions opt;
+  int max_len = 0;
+};
+
+Prepared prepare(const qlft_model* model, const qlft_trainer* trainer, const char* prompt,
+                 const qlft_config* config, const char* fn) {
+  QLFT_CHECK_ARG(model && prompt, "%s: model and prompt must be given", fn);
+  QLFT_CHECK_ARG(!trainer || trainer->model == model,
+                 "%s: the trainer belongs to a different model", fn);
+  const qlft::Config& c = qlft::config_or_default(config);
+  const qlft::Tokenizer& tok = model->need_tokenizer();
+  Prepared p;
+  p.ids = tok.encode(prompt, /*add_bos=*/true, false, /*parse_special=*/false);
+  QLFT_CHECK_ARG(!p.ids.empty(), "%s: the prompt is empty and the vocabulary has no BOS token", fn);
+  p.opt.max_tokens = static_cast<int>(c.get_int("generate.max_tokens"));
+  p.opt.sampler.temperature = static_cast<float>(c.get_float("generate.temperature"));
+  p.opt.sampler.top_k = static_cast<int>(c.get_int("generate.top_k"));
+  p.opt.sampler.top_p = static_cast<float>(c.get_float("generate.top_p"));
+  p.opt.sampler.seed = static_cast<uint64_t>(c.get_int("generate.seed"));
+  p.opt.eos_id = c.get_bool("generate.stop_at_eos") ? tok.eos_id() : -1;
+  const int ctx = model->model->cfg.context_length;
+  QLFT_CHECK_ARG(static_cast<int64_t>(p.ids.size()) < ctx,
+                 "%s: the prompt has %zu tokens, the context holds %d", fn, p.ids.size(), ctx);
+  p.max_len = static_cast<int>(
+      std::min<int64_t>(ctx, static_cast<int64_t>(p.ids.size()) + p.opt.max_tokens));
+  return p;
+}
+
+const qlft::LoraAdapter* lora_of(const qlft_trainer* trainer) {
+  return trainer ? &trainer->trainer->lora() : nullptr;
+}
+
+}  // namespace
+
+struct qlft_generation {
+  std::unique_ptr<qlft::Backend> backend;
+  std::unique_ptr<qlft::Generator> gen;
+  std::unique_ptr<qlft::TokenStream> stream;
+  std::unique_ptr<qlft::StreamDecoder> dec;
+  int32_t eos_id = -1;
+  std::vector<std::string> stops;
+  std::string held;   // decoded text not delivered yet: it may begin a stop string
+  std::string piece;  // the text of the last event (what qlft_generated_token::text points at)
+  std::atomic<bool> cancelled{false};
+  int32_t finish = QLFT_FINISH_NONE;
+  uint32_t index = 0;
+
+  // Moves the part of `held` that cannot begin a stop string into `piece`; if a stop string
+  // occurs in `held`, the text before its first occurrence instead, and returns true.
+  bool release_text() {
+    size_t first = std::string::npos;
+    for (const std::string& s : stops) first = std::min(first, held.find(s));
+    if (first != std::string::npos) {
+      piece = held.substr(0, first);
+      held.clear();
+      return true;
+    }
+    // The longest suffix of held that is a proper prefix of some stop string stays held.
+    size_t keep = 0;
+    for (const std::string& s : stops)
+      for (size_t n = std::min(held.size(), s.size() - 1); n > keep; --n)
+        if (held.compare(held.size() - n, n, s, 0, n) == 0) {
+          keep = n;
+          break;
+        }
+    piece = held.substr(0, held.size() - keep);
+    held.erase(0, held.size() - keep);
+    return false;
+  }
+
+  // Ends the generation: what is still held back follows the text already in `piece`.
+  void end(int32_t reason) {
+    finish = reason;
+    piece += held + dec->flush();
+    held.clear();
+  }
+};
+
+namespace {
+
+void fill(const qlft_generation* g, int32_t id, uint32_t index, qlft_generated_token* out) {
+  qlft_generated_token full{};
+  full.struct_size = sizeof(full);
+  full.id = id;
+  full.index = index;
+  full.finish_reason = g->finish;
+  full.text = g->piece.c_str();
+  full.text_len = g->piece.size();
+  uint32_t n = out->struct_size < sizeof(full) ? out->struct_size : uint32_t(sizeof(full));
+  std::memcpy(out, &full, n);
+  out->struct_size = n;
+}
+
+}  // namespace
+
 extern "C" {
 
 int32_t qlft_generate(const qlft_model* model, const qlft_trainer* trainer, const char* prompt,
                       const qlft_config* config, qlft_text_fn on_text, void* user_data) {
   return guard([&] {
-    QLFT_CHECK_ARG(model && prompt, "qlft_generate: model and prompt must be given");
-    QLFT_CHECK_ARG(!trainer || trainer->model == model,
-                   "qlft_generate: the trainer belongs to a different model");
-    const qlft::Config& c = qlft::config_or_default(config);
-    const qlft::Tokenizer& tok = model->need_tokenizer();
-    std::vector<int32_t> ids = tok.encode(prompt, /*add_bos=*/true, false, /*parse_special=*/false);
-    QLFT_CHECK_ARG(!ids.empty(),
-                   "qlft_generate: the prompt is empty and the vocabulary has no BOS token");
-    qlft::GenerateOptions opt;
-    opt.max_tokens = static_cast<int>(c.get_int("generate.max_tokens"));
-    opt.sampler.temperature = static_cast<float>(c.get_float("generate.temperature"));
-    opt.sampler.top_k = static_cast<int>(c.get_int("generate.top_k"));
-    opt.sampler.top_p = static_cast<float>(c.get_float("generate.top_p"));
-    opt.sampler.seed = static_cast<uint64_t>(c.get_int("generate.seed"));
-    opt.eos_id = c.get_bool("generate.stop_at_eos") ? tok.eos_id() : -1;
-    qlft::MemoryTracker* tracker = &model->runtime->tracker;
-    auto backend = qlft::make_cpu_backend(tracker);
-    const qlft::LoraAdapter* lora = trainer ? &trainer->trainer->lora() : nullptr;
-    const int ctx = model->model->cfg.context_length;
-    QLFT_CHECK_ARG(static_cast<int64_t>(ids.size()) < ctx,
-                   "qlft_generate: the prompt has %zu tokens, the context holds %d", ids.size(),
-                   ctx);
-    int max_len =
-        static_cast<int>(std::min<int64_t>(ctx, static_cast<int64_t>(ids.size()) + opt.max_tokens));
-    qlft::Generator gen(*model->model, *backend, lora, max_len);
-    qlft::StreamDecoder dec(tok);
+    Prepared p = prepare(model, trainer, prompt, config, "qlft_generate");
+    auto backend = qlft::make_cpu_backend(&model->runtime->tracker);
+    qlft::Generator gen(*model->model, *backend, lora_of(trainer), p.max_len);
+    qlft::StreamDecoder dec(model->need_tokenizer());
     bool stopped = false;
-    gen.generate(ids, opt, [&](int32_t id) {
-      if (id == opt.eos_id) return false;
+    gen.generate(p.ids, p.opt, [&](int32_t id) {
+      if (id == p.opt.eos_id) return false;
       std::string piece = dec.push(id);
       if (!piece.empty() && on_text && on_text(piece.c_str(), user_data) != 0) stopped = true;
       return !stopped;
@@ -51,6 +132,70 @@ int32_t qlft_generate(const qlft_model* model, const qlft_trainer* trainer, cons
     std::string rest = dec.flush();
     if (!stopped && !rest.empty() && on_text) on_text(rest.c_str(), user_data);
   });
+}
+
+int32_t qlft_generation_create(const qlft_model* model, const qlft_trainer* trainer,
+                               const char* prompt, const qlft_config* config,
+                               const char* const* stop, size_t n_stop, qlft_generation** out) {
+  return guard([&] {
+    QLFT_CHECK_ARG(out, "qlft_generation_create: out is NULL");
+    *out = nullptr;
+    QLFT_CHECK_ARG(stop || n_stop == 0, "qlft_generation_create: stop is NULL but n_stop is %zu",
+                   n_stop);
+    Prepared p = prepare(model, trainer, prompt, config, "qlft_generation_create");
+    auto g = std::make_unique<qlft_generation>();
+    for (size_t i = 0; i < n_stop; ++i) {
+      QLFT_CHECK_ARG(stop[i] && *stop[i],
+                     "qlft_generation_create: stop string %zu is NULL or empty", i);
+      g->stops.emplace_back(stop[i]);
+    }
+    g->backend = qlft::make_cpu_backend(&model->runtime->tracker);
+    g->gen =
+        std::make_unique<qlft::Generator>(*model->model, *g->backend, lora_of(trainer), p.max_len);
+    g->stream = std::make_unique<qlft::TokenStream>(*g->gen, std::move(p.ids), p.opt);
+    g->dec = std::make_unique<qlft::StreamDecoder>(model->need_tokenizer());
+    g->eos_id = p.opt.eos_id;
+    *out = g.release();
+  });
+}
+
+int32_t qlft_generation_next(qlft_generation* g, qlft_generated_token* out) {
+  return guard([&] {
+    QLFT_CHECK_ARG(g, "qlft_generation_next: generation is NULL");
+    QLFT_CHECK_ARG(out && out->struct_size >= sizeof(uint32_t),
+                   "qlft_generation_next: out is NULL or out->struct_size is not set (use "
+                   "sizeof(qlft_generated_token))");
+    if (g->finish != QLFT_FINISH_NONE) {  // ended: the end again, without token or text
+      g->piece.clear();
+      return fill(g, -1, g->index, out);
+    }
+    int32_t id = g->cancelled.load() ? -1 : g->stream->next();
+    // A cancel that arrived while the token was computed discards it.
+    if (g->cancelled.load()) {
+      g->piece.clear();
+      g->end(QLFT_FINISH_CANCELLED);
+      return fill(g, -1, g->index, out);
+    }
+    if (id < 0)
+      qlft::throw_error(QLFT_ERR_INTERNAL, "qlft_generation_next: the stream ended early");
+    const uint32_t index = g->index++;
+    if (id != g->eos_id) g->held += g->dec->push(id);
+    if (g->release_text()) {
+      g->finish = QLFT_FINISH_STOP;
+    } else if (g->stream->end() != qlft::TokenStream::End::None) {
+      g->end(g->stream->end() == qlft::TokenStream::End::Eos ? QLFT_FINISH_EOS
+                                                             : QLFT_FINISH_LENGTH);
+    }
+    fill(g, id, index, out);
+  });
+}
+
+void qlft_generation_cancel(qlft_generation* generation) {
+  if (generation) generation->cancelled.store(true);
+}
+
+void qlft_generation_free(qlft_generation* generation) {
+  delete generation;
 }
 
 }  // extern "C"

@@ -161,25 +161,45 @@ void Generator::feed(const int32_t* tokens, int n, float* logits, bool last_only
 std::vector<int32_t> Generator::generate(const std::vector<int32_t>& prompt,
                                          const GenerateOptions& opt,
                                          const std::function<bool(int32_t)>& on_token) {
-  QLFT_CHECK_ARG(!prompt.empty(), "generate: the prompt must hold at least one token (BOS)");
-  QLFT_CHECK_ARG(opt.max_tokens >= 0, "max_tokens must be >= 0, got %d", opt.max_tokens);
-  reset();
-  Sampler sampler(opt.sampler);
-  std::vector<float> logits(model_.cfg.vocab);
+  TokenStream stream(*this, prompt, opt);
   std::vector<int32_t> out;
-  if (opt.max_tokens == 0) return out;
-  QLFT_CHECK_ARG(static_cast<int>(prompt.size()) < max_len_,
-                 "the prompt (%zu tokens) does not fit the context of %d", prompt.size(), max_len_);
-  feed(prompt.data(), static_cast<int>(prompt.size()), logits.data(), true);
-  while (true) {
-    int32_t id = sampler.sample(logits.data(), model_.cfg.vocab);
+  for (int32_t id = stream.next(); id >= 0; id = stream.next()) {
     out.push_back(id);
     if (on_token && !on_token(id)) break;
-    if (id == opt.eos_id) break;
-    if (static_cast<int>(out.size()) >= opt.max_tokens || len_ >= max_len_) break;
-    feed(&id, 1, logits.data(), true);
   }
   return out;
+}
+
+TokenStream::TokenStream(Generator& gen, std::vector<int32_t> prompt, const GenerateOptions& opt)
+    : gen_(gen), prompt_(std::move(prompt)), opt_(opt), sampler_(opt.sampler) {
+  QLFT_CHECK_ARG(!prompt_.empty(), "generate: the prompt must hold at least one token (BOS)");
+  QLFT_CHECK_ARG(opt.max_tokens >= 0, "max_tokens must be >= 0, got %d", opt.max_tokens);
+  gen_.reset();
+  if (opt.max_tokens == 0) {
+    end_ = End::Length;
+    return;
+  }
+  QLFT_CHECK_ARG(static_cast<int>(prompt_.size()) < gen_.max_length(),
+                 "the prompt (%zu tokens) does not fit the context of %d", prompt_.size(),
+                 gen_.max_length());
+}
+
+int32_t TokenStream::next() {
+  if (end_ != End::None) return -1;
+  const int vocab = gen_.model_vocab();
+  if (produced_ == 0) {
+    logits_.resize(vocab);
+    gen_.feed(prompt_.data(), static_cast<int>(prompt_.size()), logits_.data(), true);
+  } else {
+    gen_.feed(&last_, 1, logits_.data(), true);
+  }
+  last_ = sampler_.sample(logits_.data(), vocab);
+  ++produced_;
+  if (last_ == opt_.eos_id)
+    end_ = End::Eos;
+  else if (produced_ >= opt_.max_tokens || gen_.length() >= gen_.max_length())
+    end_ = End::Length;
+  return last_;
 }
 
 }  // namespace qlft

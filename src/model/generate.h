@@ -37,9 +37,10 @@ class Generator {
   void reset() { len_ = 0; }
   int length() const { return len_; }
   int max_length() const { return max_len_; }
+  int model_vocab() const { return model_.cfg.vocab; }
 
   // Feeds the prompt (must be non-empty), then samples up to max_tokens new ids. on_token may
-  // return false to stop. Returns the generated ids (prompt excluded).
+  // return false to stop. Returns the generated ids (prompt excluded). A TokenStream loop.
   std::vector<int32_t> generate(const std::vector<int32_t>& prompt, const GenerateOptions& opt,
                                 const std::function<bool(int32_t)>& on_token = {});
 
@@ -55,6 +56,33 @@ class Generator {
   std::vector<Buffer> kcache_, vcache_;  // per layer [max_len, n_kv_heads * head_dim]
   int rows_cap_ = 0;
   Buffer x_, xn_, q_, k_, v_, att_, mid_, gate_, up_, h_, pos_, logits_;
+};
+
+// Sampling one id at a time: the loop of Generator::generate, and what the C ABI's streaming
+// generation (qlft_generation_next) steps through. The prompt is fed by the first next(), and
+// each later next() feeds the previous id first, so no forward pass runs for an id nobody
+// asked for (a cancel between two next() calls costs nothing).
+class TokenStream {
+ public:
+  enum class End { None, Eos, Length };
+  // Resets gen; prompt must be non-empty and shorter than gen.max_length().
+  TokenStream(Generator& gen, std::vector<int32_t> prompt, const GenerateOptions& opt);
+  // The next sampled id, or -1 once the stream has ended (end() says why).
+  int32_t next();
+  // Why the stream ended: Eos (the last id was opt.eos_id), Length (max_tokens ids, or the
+  // context is full), None while it can go on.
+  End end() const { return end_; }
+  int produced() const { return produced_; }
+
+ private:
+  Generator& gen_;
+  std::vector<int32_t> prompt_;
+  GenerateOptions opt_;
+  Sampler sampler_;
+  std::vector<float> logits_;
+  int produced_ = 0;
+  int32_t last_ = -1;
+  End end_ = End::None;
 };
 
 }  // namespace qlft
