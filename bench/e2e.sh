@@ -9,6 +9,9 @@
 #                [--torch "bf16 fp32"] [--torch-extra "ARGS"] [--skip-torch]
 #                [--qlft-precision "bf16 fp32"]
 #
+# Needs the reference environment: `bash scripts/setup-reference.sh` creates the venv
+# /opt/qlft-ref (torch, transformers, peft) and /opt/qlft-models/smollm2-135m-instruct-q4_1.gguf.
+#
 # Both sides: SmolLM2-135M-Instruct Q4_1 GGUF (qlft keeps the Q4_1 blocks; transformers
 # dequantizes them to float32), tinyshakespeare as one document cut into rows of 512 tokens,
 # LoRA r=16 alpha=32 dropout 0 on q,k,v,o,gate,up,down, bf16 autocast, micro-batch B (4) x 512,
@@ -62,7 +65,7 @@ while (($#)); do
     --qlft-precision) qlft_cfgs=$2; shift 2 ;;
     --torch-extra) torch_extra=$2; shift 2 ;;
     --skip-torch) skip_torch=1; shift ;;
-    -h|--help) sed -n 2,27p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,30p "$0"; exit 0 ;;
     *) echo "e2e.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -74,7 +77,10 @@ find_exe() {  # first existing build output among the usual build directories
 [ -n "$qlft" ] || qlft=$(find_exe tools/qlft-finetune/qlft-finetune)
 [ -n "$kernels" ] || kernels=$(find_exe bench/bench_kernels)
 for f in "$model" "$data" "$qlft" "$python"; do
-  [ -e "$f" ] || { echo "e2e.sh: missing $f" >&2; exit 2; }
+  [ -e "$f" ] || {
+    echo "e2e.sh: missing $f (the model and venv: bash scripts/setup-reference.sh)" >&2
+    exit 2
+  }
 done
 
 # Spinning OpenMP workers would steal the cores of whatever else runs; both sides get the same.

@@ -4,6 +4,7 @@ encodes, with the same vocabularies as tokenizer.json (built from the GGUF files
 gen_tokenizer_fixtures.py does; the full GPT-2 vocabulary, not the cut-down fixture).
 
     /opt/qlft-ref/bin/python tests/reference/bench_tokenizers_peer.py [--threads 1]
+(The reference venv /opt/qlft-ref: `bash scripts/setup-reference.sh` creates it.)
 
 Reports input bytes/s for the whole file in one encode() call and for encode_batch() over its
 lines (RAYON_NUM_THREADS threads; 1 by default to compare with our single-threaded encoder).

@@ -9,6 +9,7 @@ random q at positions up to 8191 and q after LlamaRotaryEmbedding + apply_rotary
 "t{i}.pos" [rows] int32, "t{i}.meta" [theta, head_dim, heads] float32.
 
 Run: /opt/qlft-ref/bin/python tests/reference/gen_backend_fixtures.py
+(The reference venv /opt/qlft-ref: `bash scripts/setup-reference.sh` creates it.)
 """
 import os
 

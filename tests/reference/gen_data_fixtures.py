@@ -14,6 +14,7 @@ trained when its character offsets overlap a trained span (Hugging Face's
 return_assistant_tokens_mask works the same way, through offsets).
 
 Run: /opt/qlft-ref/bin/python tests/reference/gen_data_fixtures.py
+(The reference venv /opt/qlft-ref: `bash scripts/setup-reference.sh` creates it.)
 Writes tests/reference/fixtures/data/templates.json (offsets are UTF-8 byte offsets).
 """
 import json

@@ -3,6 +3,7 @@
 
     /opt/qlft-ref/bin/python tests/reference/gen_formats_fixtures.py          # writes fixtures
     /opt/qlft-ref/bin/python tests/reference/gen_formats_fixtures.py --check DIR
+(The reference venv /opt/qlft-ref: `bash scripts/setup-reference.sh` creates it.)
 
 Outputs (tests/reference/fixtures/formats/):
   all_types.gguf / all_types.json   every GGUF metadata value type (scalars, arrays of each,

@@ -23,6 +23,7 @@ LoRA tensors are stored in HF (rotate-half) q/k row order under "l{layer}.{proj}
 All weights are rounded to values exact in fp16 so the F16 files hold the fp32 model exactly.
 
 Run: /opt/qlft-ref/bin/python tests/reference/gen_model_fixtures.py
+(The reference venv /opt/qlft-ref: `bash scripts/setup-reference.sh` creates it.)
 """
 import json
 import os

@@ -2,6 +2,7 @@
 """Reference fixtures for src/optim (AdamW, 8-bit AdamW, clipping, schedules, loss scaler).
 
 Run with the reference venv:  /opt/qlft-ref/bin/python tests/reference/gen_optim_fixtures.py
+(The reference venv /opt/qlft-ref: `bash scripts/setup-reference.sh` creates it.)
 Every expected value comes from the real peer running on CPU:
   - torch.optim.AdamW (single-tensor path, the CPU default)
   - bitsandbytes.optim.AdamW8bit 0.50.2 (its CPU backend: fp32 state under 4096 elements,

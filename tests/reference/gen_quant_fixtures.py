@@ -2,6 +2,7 @@
 """Reference fixtures for src/quant (NF4, blockwise 8-bit, INT8, GGUF blocks, bnb serialization).
 
 Run with the reference venv:  /opt/qlft-ref/bin/python tests/reference/gen_quant_fixtures.py
+(The reference venv /opt/qlft-ref: `bash scripts/setup-reference.sh` creates it.)
 Every expected value comes from the real peer: bitsandbytes 0.50.2 on CPU (quantize_4bit,
 quantize_blockwise, create_dynamic_map, int8_vectorwise_quant, Linear4bit state dicts), torch
 (mean) and gguf-py (quants.quantize / quants.dequantize). Outputs are safetensors files under

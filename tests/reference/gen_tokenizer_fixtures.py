@@ -3,6 +3,7 @@
 shared/, and the ids the `tokenizers` package gives for the test inputs.
 
     /opt/qlft-ref/bin/python tests/reference/gen_tokenizer_fixtures.py
+(The reference venv /opt/qlft-ref: `bash scripts/setup-reference.sh` creates it.)
 
 For each GGUF vocabulary a `tokenizers.Tokenizer` is built from its metadata, the way the
 original Hugging Face tokenizers look:

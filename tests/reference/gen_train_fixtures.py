@@ -20,6 +20,7 @@ peft_adapter/, adapter.gguf, adapter_rslora.gguf and merged/ are written by OUR 
 test_adapter_export with QLFT_WRITE_TRAIN_FIXTURES=1); this script only reads them.
 
 Run: /opt/qlft-ref/bin/python tests/reference/gen_train_fixtures.py
+(The reference venv /opt/qlft-ref: `bash scripts/setup-reference.sh` creates it.)
 """
 import json
 import math
