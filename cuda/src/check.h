@@ -14,6 +14,15 @@
 
 #include "core/error.h"
 
+// A kernel's dynamic shared memory (`extern __shared__ T name[]` under nvcc). The CPU emulator
+// (QLFT_CUDA_EMULATE, cuda/emu) hands out a per-launch buffer instead: a block-scope extern
+// declaration cannot be pointed at it.
+#if defined(QLFT_CUDA_EMULATE)
+#define QLFT_DYNAMIC_SHARED(T, name) T* const name = static_cast<T*>(::qlft_emu::dynamic_shared())
+#else
+#define QLFT_DYNAMIC_SHARED(T, name) extern __shared__ T name[]
+#endif
+
 namespace qlft::cu {
 
 [[noreturn]] void throw_cuda(cudaError_t e, const char* expr, const char* file, int line);
@@ -57,7 +66,11 @@ template <class... Params, class... Args>
 void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
             Args&&... args) {
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;  // nothing to do (an empty launch errors)
-  kernel<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);
+#if defined(QLFT_CUDA_EMULATE)
+  ::qlft_emu::launch(kernel, grid, block, smem, stream, std::forward<Args>(args)...);
+#else
+  kernel<<<grid, block, smem, stream> > >(std::forward<Args>(args)...);
+#endif
   QLFT_CUDA_CHECK(cudaGetLastError());
 }
 

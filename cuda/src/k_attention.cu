@@ -28,7 +28,7 @@ __device__ __forceinline__ bool attends(const AttnArgs& a, int64_t base, int qi,
 template <int NC>
 __global__ void __launch_bounds__(128)
     k_attn_fwd(AttnArgs a, const float* q, const float* k, const float* v, float* out, float* lse) {
-  extern __shared__ float smem[];
+  QLFT_DYNAMIC_SHARED(float, smem);
   const int D = a.head_dim, Dp = D + 1;
   float* Qs = smem;                // [kFwdRows][Dp], pre-scaled by 1/sqrt(D)
   float* Ks = Qs + kFwdRows * Dp;  // [kKeys][Dp]
@@ -140,7 +140,7 @@ template <int NC>
 __global__ void __launch_bounds__(128)
     k_attn_bwd(AttnArgs a, const float* q, const float* k, const float* v, const float* lse,
                const float* delta, const float* dout, float* dq, float* dk, float* dv) {
-  extern __shared__ float smem[];
+  QLFT_DYNAMIC_SHARED(float, smem);
   const int D = a.head_dim, Dp = D + 1;
   float* Ks = smem;                 // [kKeys][Dp]
   float* Vs = Ks + kKeys * Dp;      // [kKeys][Dp]

@@ -66,7 +66,7 @@ template <TileType T, int QK>
 __global__ void __launch_bounds__(128)
     k_dequant_ggml(DevWeight w, const int32_t* row_ids, int64_t r0, int64_t n, void* out,
                    uint32_t block_bytes) {
-  extern __shared__ float scratch[];  // blockDim.x * QK floats
+  QLFT_DYNAMIC_SHARED(float, scratch);  // blockDim.x * QK floats
   const int64_t bpr = w.cols / QK;    // ggml blocks per row
   const int64_t total = n * bpr;
   for (int64_t base = int64_t(blockIdx.x) * blockDim.x; base < total;

@@ -4,7 +4,10 @@
 // TF32, attention is fp32, so only summation order differs).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -15,7 +18,9 @@
 namespace {
 
 std::vector<double> loss_curve(const char* backend, const std::string& model_path,
-                               const std::string& text) {
+                               const std::string& text,
+                               const std::vector<std::pair<const char*, const char*>>& extra = {},
+                               int steps = 12) {
   std::vector<double> out;
   qlft_config* cfg = nullptr;
   EXPECT_EQ(qlft_config_create(&cfg), QLFT_OK);
@@ -31,6 +36,9 @@ std::vector<double> loss_curve(const char* backend, const std::string& model_pat
                          {"threads", "1"},
                          {"seed", "7"}};
   for (auto& p : kv) EXPECT_EQ(qlft_config_set(cfg, p[0], p[1]), QLFT_OK) << p[0];
+  for (auto& p : extra) EXPECT_EQ(qlft_config_set(cfg, p.first, p.second), QLFT_OK) << p.first;
+  const std::string max_steps = std::to_string(steps);
+  EXPECT_EQ(qlft_config_set(cfg, "train.max_steps", max_steps.c_str()), QLFT_OK);
   qlft_runtime* rt = nullptr;
   qlft_model* model = nullptr;
   qlft_dataset* data = nullptr;
@@ -39,14 +47,14 @@ std::vector<double> loss_curve(const char* backend, const std::string& model_pat
       qlft_model_load(rt, model_path.c_str(), cfg, &model) == QLFT_OK &&
       qlft_dataset_load(model, text.c_str(), cfg, &data) == QLFT_OK &&
       qlft_trainer_create(model, data, cfg, &tr) == QLFT_OK) {
-    for (int i = 0; i < 12; ++i) {
+    for (int i = 0; i < steps; ++i) {
       qlft_step_stats s{};
       s.struct_size = sizeof s;
       if (qlft_trainer_step(tr, &s) != QLFT_OK) break;
       out.push_back(s.loss);
     }
   }
-  EXPECT_EQ(out.size(), 12u) << backend << ": " << qlft_last_error();
+  EXPECT_EQ(out.size(), size_t(steps)) << backend << ": " << qlft_last_error();
   qlft_trainer_free(tr);
   qlft_dataset_free(data);
   qlft_model_free(model);
@@ -68,3 +76,37 @@ TEST(CudaFineTune, Stories260KLossCurveFollowsCpu) {
     EXPECT_NEAR(gpu[i], cpu[i], 1e-3 * std::fabs(cpu[i])) << "step " << i + 1;
   EXPECT_LT(gpu.back(), gpu.front());  // and it learns
 }
+
+// Issue 17, Done-when 2: the whole QLoRA step on backend=cuda (NF4 base, LoRA on all seven
+// projections, 8-bit AdamW, gradient checkpointing every layer) for 20 steps against backend=cpu.
+// fp32: within 1e-4 relative per step (only summation order differs). bf16: both backends round
+// the same tensors to bf16 and accumulate in fp32, so the curves differ only where a different
+// fp32 summation order flips a bf16 rounding; held to 1e-3 relative per step (see
+// docs/ARCHITECTURE.md, "CUDA emulator", for why not the CPU's 1e-6 against its own oracle).
+class CudaFineTuneFull : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CudaFineTuneFull, NF4LoraAllSevenAdamW8bitCheckpointingFollowsCpu) {
+  QLFT_NEED_GPU();
+  QLFT_NEED_SHARED(model_path, "models/stories260K.gguf");
+  QLFT_NEED_SHARED(text, "data/tinyshakespeare.txt");
+  const std::string precision = GetParam();
+  const std::vector<std::pair<const char*, const char*>> extra = {
+      {"train.precision", GetParam()},
+      {"optim.name", "adamw8bit"},
+      {"train.grad_checkpointing", "1"},
+      {"lora.target_modules", "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"}};
+  const std::vector<double> cpu = loss_curve("cpu", model_path, text, extra, 20);
+  const std::vector<double> gpu = loss_curve("cuda", model_path, text, extra, 20);
+  ASSERT_EQ(cpu.size(), gpu.size());
+  const double tol = precision == "fp32" ? 1e-4 : 1e-3;
+  double worst = 0;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    EXPECT_NEAR(gpu[i], cpu[i], tol * std::fabs(cpu[i])) << "step " << i + 1;
+    worst = std::max(worst, std::fabs(gpu[i] - cpu[i]) / std::fabs(cpu[i]));
+  }
+  std::printf("%s: worst relative loss difference over %zu steps: %.3g\n", GetParam(), cpu.size(),
+              worst);
+  EXPECT_LT(gpu.back(), gpu.front());
+}
+
+INSTANTIATE_TEST_SUITE_P(Precision, CudaFineTuneFull, ::testing::Values("fp32", "bf16"));

@@ -1,0 +1,212 @@
+// The CUDA runtime subset qlft's backend calls, served on the host by the emulator
+// (QLFT_CUDA_EMULATE; cuda/emu/src/runtime.cpp). Enum values and signatures mirror CUDA 13's
+// headers so the unchanged cuda/src code compiles against this file with g++.
+//
+// Device memory lives in an arena that is PROT_NONE whenever host code runs: a host dereference
+// of a device pointer, a copy in the wrong direction or a use after free faults or fails here.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <tuple>
+#include <utility>
+
+#include "qlft_emu_device.h"
+
+enum cudaError_t {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorMemoryAllocation = 2,
+  cudaErrorInvalidConfiguration = 9,
+  cudaErrorInvalidDevicePointer = 17,
+  cudaErrorInvalidMemcpyDirection = 21,
+  cudaErrorInvalidDeviceFunction = 98,
+  cudaErrorNoDevice = 100,
+  cudaErrorInvalidDevice = 101,
+  cudaErrorInvalidResourceHandle = 400,
+  cudaErrorNotReady = 600,
+  cudaErrorIllegalAddress = 700,
+  cudaErrorLaunchOutOfResources = 701,
+  cudaErrorLaunchFailure = 719,
+  cudaErrorNotSupported = 801,
+  cudaErrorUnknown = 999
+};
+typedef cudaError_t cudaError;
+
+enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_64F = 1, CUDA_R_16F = 2, CUDA_R_16BF = 14 };
+typedef cudaDataType_t cudaDataType;
+
+enum cudaMemcpyKind {
+  cudaMemcpyHostToHost = 0,
+  cudaMemcpyHostToDevice = 1,
+  cudaMemcpyDeviceToHost = 2,
+  cudaMemcpyDeviceToDevice = 3,
+  cudaMemcpyDefault = 4
+};
+
+enum cudaFuncAttribute {
+  cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
+  cudaFuncAttributePreferredSharedMemoryCarveout = 9
+};
+
+enum cudaDeviceAttr {
+  cudaDevAttrMaxThreadsPerBlock = 1,
+  cudaDevAttrMaxSharedMemoryPerBlock = 8,
+  cudaDevAttrWarpSize = 10,
+  cudaDevAttrClockRate = 13,
+  cudaDevAttrMultiProcessorCount = 16,
+  cudaDevAttrComputeCapabilityMajor = 75,
+  cudaDevAttrComputeCapabilityMinor = 76,
+  cudaDevAttrMaxSharedMemoryPerBlockOptin = 97
+};
+
+enum cudaMemoryAdvise {
+  cudaMemAdviseSetReadMostly = 1,
+  cudaMemAdviseUnsetReadMostly = 2,
+  cudaMemAdviseSetPreferredLocation = 3,
+  cudaMemAdviseUnsetPreferredLocation = 4,
+  cudaMemAdviseSetAccessedBy = 5,
+  cudaMemAdviseUnsetAccessedBy = 6
+};
+
+enum cudaMemLocationType {
+  cudaMemLocationTypeInvalid = 0,
+  cudaMemLocationTypeDevice = 1,
+  cudaMemLocationTypeHost = 2
+};
+struct cudaMemLocation {
+  cudaMemLocationType type;
+  int id;
+};
+
+#define cudaMemAttachGlobal 0x01
+#define cudaMemAttachHost 0x02
+#define cudaStreamDefault 0x00
+#define cudaStreamNonBlocking 0x01
+#define cudaEventDefault 0x00
+#define cudaEventDisableTiming 0x02
+
+struct qlft_emu_stream;
+struct qlft_emu_event;
+typedef qlft_emu_stream* cudaStream_t;
+typedef qlft_emu_event* cudaEvent_t;
+
+struct cudaDeviceProp {
+  char name[256];
+  size_t totalGlobalMem;
+  size_t sharedMemPerBlock;
+  size_t sharedMemPerBlockOptin;
+  int regsPerBlock;
+  int warpSize;
+  int maxThreadsPerBlock;
+  int maxThreadsDim[3];
+  int maxGridSize[3];
+  int major;
+  int minor;
+  int multiProcessorCount;
+  int maxThreadsPerMultiProcessor;
+  size_t sharedMemPerMultiprocessor;
+  size_t totalConstMem;
+  int l2CacheSize;
+  int managedMemory;
+  int concurrentManagedAccess;
+};
+
+struct cudaFuncAttributes {
+  size_t sharedSizeBytes;
+  size_t constSizeBytes;
+  size_t localSizeBytes;
+  int maxThreadsPerBlock;
+  int numRegs;
+  int ptxVersion;
+  int binaryVersion;
+  int maxDynamicSharedSizeBytes;
+};
+
+cudaError_t cudaGetDeviceCount(int* n);
+cudaError_t cudaSetDevice(int d);
+cudaError_t cudaGetDevice(int* d);
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d);
+cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr a, int d);
+cudaError_t cudaDeviceSynchronize();
+cudaError_t cudaGetLastError();
+cudaError_t cudaPeekAtLastError();
+const char* cudaGetErrorName(cudaError_t e);
+const char* cudaGetErrorString(cudaError_t e);
+
+cudaError_t cudaMalloc(void** p, size_t bytes);
+cudaError_t cudaFree(void* p);
+cudaError_t cudaMallocManaged(void** p, size_t bytes, unsigned flags = cudaMemAttachGlobal);
+cudaError_t cudaMemGetInfo(size_t* free_b, size_t* total_b);
+cudaError_t cudaMemAdvise(const void* p, size_t bytes, cudaMemoryAdvise advice,
+                          cudaMemLocation loc);
+cudaError_t cudaMemPrefetchAsync(const void* p, size_t bytes, cudaMemLocation loc, unsigned flags,
+                                 cudaStream_t s = nullptr);
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t s = nullptr);
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch,
+                              size_t width, size_t height, cudaMemcpyKind kind,
+                              cudaStream_t s = nullptr);
+cudaError_t cudaMemset(void* p, int value, size_t bytes);
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s = nullptr);
+cudaError_t cudaMemset2DAsync(void* p, size_t pitch, int value, size_t width, size_t height,
+                              cudaStream_t s = nullptr);
+
+cudaError_t cudaStreamCreate(cudaStream_t* s);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t s);
+cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaStreamQuery(cudaStream_t s);
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags = 0);
+cudaError_t cudaEventCreate(cudaEvent_t* e);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags);
+cudaError_t cudaEventDestroy(cudaEvent_t e);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr);
+cudaError_t cudaEventSynchronize(cudaEvent_t e);
+cudaError_t cudaEventQuery(cudaEvent_t e);
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
+
+namespace qlft_emu {
+
+cudaError_t func_set_attribute(const void* f, cudaFuncAttribute a, int v);
+cudaError_t func_get_attributes(cudaFuncAttributes* attr, const void* f);
+// Chooses the fiber order between synchronization points (tests; the environment variables
+// QLFT_EMU_SCHEDULE=forward|reverse|random and QLFT_EMU_SEED set it for a whole process).
+void set_schedule(const char* order, uint64_t seed);
+// Runs a grid: validates the configuration against the device limits, then every block's
+// threads as fibers. Sets the last error (as a launch would) instead of returning it.
+void run_grid(const void* f, dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+              const std::function<void()>& thread_body);
+
+// The emulated kernel<<<grid, block, smem, stream>>>(args...): arguments are converted to the
+// kernel's parameter types once, by value, as the real launch copies them.
+template <class... Params, class... Args>
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+            Args&&... args) {
+  std::tuple<std::decay_t<Params>...> p(std::forward<Args>(args)...);
+  run_grid(reinterpret_cast<const void*>(kernel), grid, block, smem, s,
+           [&] { std::apply(kernel, p); });
+}
+
+}  // namespace qlft_emu
+
+// The C++ API's typed overloads (cuda_runtime.h has them too).
+template <class T>
+cudaError_t cudaMalloc(T** p, size_t bytes) {
+  return cudaMalloc(reinterpret_cast<void**>(p), bytes);
+}
+template <class T>
+cudaError_t cudaMallocManaged(T** p, size_t bytes, unsigned flags = cudaMemAttachGlobal) {
+  return cudaMallocManaged(reinterpret_cast<void**>(p), bytes, flags);
+}
+
+template <class F>
+cudaError_t cudaFuncSetAttribute(F* f, cudaFuncAttribute a, int v) {
+  return qlft_emu::func_set_attribute(reinterpret_cast<const void*>(f), a, v);
+}
+template <class F>
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, F* f) {
+  return qlft_emu::func_get_attributes(attr, reinterpret_cast<const void*>(f));
+}

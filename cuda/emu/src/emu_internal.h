@@ -1,0 +1,46 @@
+// Internals shared by the emulator's runtime (runtime.cpp), launcher (launch.cpp) and cuBLASLt
+// (cublaslt.cpp).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <mutex>
+#include <string>
+
+namespace qlft_emu {
+
+// One lock for everything that opens the device arena: kernels, copies, GEMMs. Device work is
+// serialized process-wide (streams are executed in issue order, synchronously).
+std::recursive_mutex& device_lock();
+
+// The device arena. Every allocation sits right-aligned (to 256 bytes) before a PROT_NONE guard
+// page; addresses are never reused, so a freed allocation stays PROT_NONE forever.
+bool is_device(const void* p);                 // inside the arena (live or freed)
+bool is_managed(const void* p, size_t bytes);  // inside one managed allocation
+// Checks [p, p+bytes) lies in one live device allocation; "" or the reason it does not.
+std::string check_device_range(const void* p, size_t bytes);
+// Opens (read/write) every live device allocation, or closes them again. Nested opens count.
+void open_device_memory();
+void close_device_memory();
+struct DeviceOpen {
+  DeviceOpen() { open_device_memory(); }
+  ~DeviceOpen() { close_device_memory(); }
+  DeviceOpen(const DeviceOpen&) = delete;
+  DeviceOpen& operator=(const DeviceOpen&) = delete;
+};
+
+bool stream_is_valid(cudaStream_t s);  // null (the default stream) or a live stream
+void set_last_error(cudaError_t e);
+// The guard page after the running launch's dynamic shared memory (named by the fault handler).
+void set_shared_guard(const void* guard, size_t smem_bytes);
+// Reports an emulator finding (stderr, with the schedule and seed) and records `e`.
+void report(cudaError_t e, const std::string& msg);
+std::string schedule_description();
+
+// Device limits (H100 SXM).
+constexpr int kMaxThreadsPerBlock = 1024;
+constexpr size_t kStaticSharedLimit = 48 * 1024;
+constexpr size_t kSharedOptinLimit = 227 * 1024;
+
+}  // namespace qlft_emu

@@ -1,0 +1,255 @@
+// The CUDA emulator can fail (issue 17, Done-when 3): kernels with the bugs a GPU would punish
+// are reported, not silently computed. Built only with -DQLFT_CUDA_EMULATE=ON (label cuda-emu).
+//
+// - block_sum with its first __syncthreads deleted (a copy of cuda/src/reduce.cuh's) reads the
+//   NaN-filled shared array before the other warps wrote it, under every schedule;
+// - reading one float past the dynamic shared buffer, a host dereference of a device pointer and
+//   a kernel touching freed device memory die with the emulator's message;
+// - shuffles exchange lanes as hardware does; a shuffle naming an exited lane, a deadlocked
+//   barrier, a launch over __launch_bounds__ or over the shared-memory limit fail the launch;
+// - copies in the wrong direction and past an allocation are refused.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "check.h"
+#include "reduce.cuh"
+
+namespace {
+
+using qlft::cu::launch;
+
+// ---- A copy of qlft::cu::block_sum (reduce.cuh) with the first __syncthreads deleted ----------
+__device__ float block_sum_missing_barrier(float v, float* shared) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = qlft::cu::warp_sum(v);
+  if (lane == 0) shared[warp] = v;
+  // __syncthreads();   <- deleted: lanes read shared[] before every warp wrote it
+  float r = lane < nw ? shared[lane] : 0.f;
+  r = qlft::cu::warp_sum(r);
+  __syncthreads();
+  return r;
+}
+
+template <bool kBroken>
+__global__ void __launch_bounds__(256) k_row_sums(const float* x, float* out, int cols) {
+  __shared__ float red[32];
+  float s = 0.f;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) s += x[blockIdx.x * cols + c];
+  s = kBroken ? block_sum_missing_barrier(s, red) : qlft::cu::block_sum(s, red);
+  if (threadIdx.x == 0) out[blockIdx.x] = s;
+}
+
+struct Dev {
+  float* p = nullptr;
+  size_t n = 0;
+  explicit Dev(size_t count) : n(count) { QLFT_CUDA_CHECK(cudaMalloc(&p, n * 4)); }
+  ~Dev() { QLFT_CUDA_WARN(cudaFree(p)); }
+  void put(const std::vector<float>& v) {
+    QLFT_CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+  }
+  std::vector<float> get() const {
+    std::vector<float> v(n);
+    QLFT_CUDA_CHECK(cudaMemcpy(v.data(), p, n * 4, cudaMemcpyDeviceToHost));
+    return v;
+  }
+};
+
+std::vector<float> row_sums(bool broken, const std::vector<float>& x, int rows, int cols) {
+  Dev dx(x.size());
+  Dev dout{size_t(rows)};
+  dx.put(x);
+  if (broken)
+    launch(k_row_sums<true>, dim3(rows), dim3(256), 0, nullptr, dx.p, dout.p, cols);
+  else
+    launch(k_row_sums<false>, dim3(rows), dim3(256), 0, nullptr, dx.p, dout.p, cols);
+  QLFT_CUDA_CHECK(cudaDeviceSynchronize());
+  return dout.get();
+}
+
+class EmuSchedule : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(EmuSchedule, DeletedSyncthreadsIsCaughtAndIntactKernelIsExact) {
+  qlft_emu::set_schedule(GetParam(), 12345);
+  const int rows = 5, cols = 1000;  // ragged: 1000 = 3 * 256 + 232
+  std::vector<float> x(size_t(rows) * cols);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i % 7) - 3);  // small integers: exact
+  std::vector<double> want(rows, 0.0);
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) want[r] += x[size_t(r) * cols + c];
+  const std::vector<float> good = row_sums(false, x, rows, cols);
+  for (int r = 0; r < rows; ++r) EXPECT_EQ(good[r], float(want[r])) << "row " << r;
+  const std::vector<float> bad = row_sums(true, x, rows, cols);
+  int wrong = 0;
+  for (int r = 0; r < rows; ++r) wrong += !(bad[r] == float(want[r]));
+  EXPECT_EQ(wrong, rows) << "the missing barrier went unnoticed under " << GetParam();
+}
+
+INSTANTIATE_TEST_SUITE_P(Orders, EmuSchedule, ::testing::Values("forward", "reverse", "random"));
+
+// ---- Shuffles -------------------------------------------------------------------------------
+__global__ void __launch_bounds__(64) k_shuffles(int* out) {
+  const int t = threadIdx.x, lane = t & 31;
+  const int x = __shfl_xor_sync(0xffffffffu, t * 10, 5);
+  const int d = __shfl_down_sync(0xffffffffu, t, 3, 16);
+  const int u = __shfl_up_sync(0xffffffffu, t, 2);
+  const int b = __shfl_sync(0xffffffffu, t, 7);
+  out[4 * t + 0] = x;
+  out[4 * t + 1] = d;
+  out[4 * t + 2] = u;
+  out[4 * t + 3] = b;
+  (void)lane;
+}
+
+TEST(EmuWarp, ShufflesExchangeLanesAsDocumented) {
+  int* d = nullptr;
+  QLFT_CUDA_CHECK(cudaMalloc(&d, 64 * 4 * sizeof(int)));
+  launch(k_shuffles, dim3(1), dim3(64), 0, nullptr, d);
+  std::vector<int> h(256);
+  QLFT_CUDA_CHECK(cudaMemcpy(h.data(), d, h.size() * 4, cudaMemcpyDeviceToHost));
+  for (int t = 0; t < 64; ++t) {
+    const int lane = t & 31, w = t - lane;
+    EXPECT_EQ(h[4 * t + 0], (w + (lane ^ 5)) * 10) << t;
+    const int seg = lane / 16 * 16;
+    EXPECT_EQ(h[4 * t + 1], lane + 3 < seg + 16 ? t + 3 : t) << t;  // own value past the segment
+    EXPECT_EQ(h[4 * t + 2], lane >= 2 ? t - 2 : t) << t;
+    EXPECT_EQ(h[4 * t + 3], w + 7) << t;
+  }
+  QLFT_CUDA_CHECK(cudaFree(d));
+}
+
+__global__ void __launch_bounds__(32) k_shfl_exited_lane(int* out) {
+  if (threadIdx.x == 31) return;  // lane 31 leaves, then the others name it in the mask
+  out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, int(threadIdx.x), 1);
+}
+
+__global__ void __launch_bounds__(64) k_barrier_deadlock(int* out) {
+  if (threadIdx.x < 32) {
+    __syncthreads();  // warp 0 waits here while warp 1 waits at a shuffle: never completes
+  } else {
+    out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1, 1);
+    __syncthreads();
+    __syncwarp();
+  }
+}
+
+TEST(EmuWarp, ExitedLaneAndDivergentBarrierFailTheLaunch) {
+  int* d = nullptr;
+  QLFT_CUDA_CHECK(cudaMalloc(&d, 64 * sizeof(int)));
+  try {
+    launch(k_shfl_exited_lane, dim3(1), dim3(32), 0, nullptr, d);
+    ADD_FAILURE() << "a shuffle naming an exited lane ran";
+  } catch (const qlft::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cudaErrorLaunchFailure"), std::string::npos) << e.what();
+  }
+  try {
+    launch(k_barrier_deadlock, dim3(1), dim3(64), 0, nullptr, d);
+    ADD_FAILURE() << "a deadlocked barrier ran";
+  } catch (const qlft::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cudaErrorLaunchFailure"), std::string::npos) << e.what();
+  }
+  QLFT_CUDA_CHECK(cudaFree(d));
+}
+
+// ---- Launch limits ----------------------------------------------------------------------------
+__global__ void __launch_bounds__(128) k_fill(float* p, float v, int n) {
+  QLFT_DYNAMIC_SHARED(float, s);
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) p[i] = v;
+  (void)s;
+}
+
+TEST(EmuLaunch, LimitsOfTheDeviceAndTheKernelAreEnforced) {
+  Dev d(1024);
+  EXPECT_THROW(launch(k_fill, dim3(1), dim3(256), 0, nullptr, d.p, 1.f, 1024), qlft::Error)
+      << "256 threads on a __launch_bounds__(128) kernel";
+  EXPECT_THROW(launch(k_fill, dim3(1), dim3(2048), 0, nullptr, d.p, 1.f, 1024), qlft::Error);
+  EXPECT_THROW(launch(k_fill, dim3(1), dim3(1, 1, 65), 0, nullptr, d.p, 1.f, 1024), qlft::Error);
+  EXPECT_THROW(launch(k_fill, dim3(1), dim3(128), 64 * 1024, nullptr, d.p, 1.f, 1024), qlft::Error)
+      << "64 KiB of dynamic shared memory without cudaFuncSetAttribute";
+  QLFT_CUDA_CHECK(
+      cudaFuncSetAttribute(k_fill, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024));
+  EXPECT_NO_THROW(launch(k_fill, dim3(8), dim3(128), 64 * 1024, nullptr, d.p, 2.f, 1024));
+  EXPECT_NE(cudaFuncSetAttribute(k_fill, cudaFuncAttributeMaxDynamicSharedMemorySize, 228 * 1024),
+            cudaSuccess);
+  (void)cudaGetLastError();
+  for (float v : d.get()) ASSERT_EQ(v, 2.f);
+}
+
+// ---- Memory faults ----------------------------------------------------------------------------
+__global__ void __launch_bounds__(32) k_read_past_shared(float* out, int n) {
+  QLFT_DYNAMIC_SHARED(float, s);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) s[i] = 1.f;
+  __syncthreads();
+  if (threadIdx.x == 0) out[0] = s[n];  // one element past the n floats launched with
+}
+
+__global__ void __launch_bounds__(32) k_copy(const float* in, float* out, int n) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = in[i];
+}
+
+using EmuDeathTest = ::testing::Test;
+
+TEST(EmuDeathTest, ReadOnePastDynamicSharedFaults) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto run = [] {
+    Dev d(4);
+    launch(k_read_past_shared, dim3(1), dim3(32), 64 * 4, nullptr, d.p, 64);
+  };
+  EXPECT_DEATH(run(), "dynamic shared memory");
+}
+
+TEST(EmuDeathTest, HostDereferenceOfDevicePointerFaults) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto run = [] {
+    Dev d(16);
+    volatile float x = d.p[3];
+    (void)x;
+  };
+  EXPECT_DEATH(run(), "host code dereferenced device pointer");
+}
+
+TEST(EmuDeathTest, KernelUseAfterFreeFaults) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto run = [] {
+    float *a = nullptr, *b = nullptr;
+    QLFT_CUDA_CHECK(cudaMalloc(&a, 4096));
+    QLFT_CUDA_CHECK(cudaMalloc(&b, 4096));
+    QLFT_CUDA_CHECK(cudaFree(a));
+    launch(k_copy, dim3(1), dim3(32), 0, nullptr, a, b, 64);
+  };
+  EXPECT_DEATH(run(), "use after free");
+}
+
+TEST(EmuDeathTest, KernelOutOfBoundsDeviceReadFaults) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto run = [] {
+    Dev a(1024), b(2048);
+    launch(k_copy, dim3(1), dim3(32), 0, nullptr, a.p, b.p, 2048);
+  };
+  EXPECT_DEATH(run(), "past the end of an allocation");
+}
+
+TEST(EmuMemory, CopiesInTheWrongDirectionOrPastAnAllocationAreRefused) {
+  Dev d(64);
+  std::vector<float> h(128, 1.f);
+  EXPECT_EQ(cudaMemcpy(h.data(), d.p, 64 * 4, cudaMemcpyHostToDevice), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaMemcpy(d.p, h.data(), 64 * 4, cudaMemcpyDeviceToHost), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaMemcpy(d.p, h.data(), 65 * 4, cudaMemcpyHostToDevice), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaMemcpy(d.p, h.data(), 64 * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  float* freed = nullptr;
+  ASSERT_EQ(cudaMalloc(&freed, 256), cudaSuccess);
+  ASSERT_EQ(cudaFree(freed), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(h.data(), freed, 16, cudaMemcpyDeviceToHost), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaFree(freed), cudaErrorInvalidValue) << "double free";
+  (void)cudaGetLastError();
+}
+
+TEST(EmuMemory, FreshDeviceMemoryAndSharedMemoryAreNotZero) {
+  Dev d(8);
+  for (float v : d.get()) EXPECT_TRUE(std::isnan(v));
+}
+
+}  // namespace
