@@ -29,12 +29,31 @@ if [ -x /usr/local/cuda/bin/nvcc ]; then
   cmake -S . -B "$build-cuda" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQLFT_CUDA=ON \
     -DQLFT_BUILD_TESTS=ON
   cuda_tests=$(cd tests/cuda && ls test_*.cpp | sed 's/\.cpp$//')
+  # The NCCL communicator's test (tests/dist) exists when MPI is on too; unbuilt, ctest would
+  # register an unlabelled test_dist_nccl_NOT_BUILT that `-L cuda` silently leaves out.
+  if ninja -C "$build-cuda" -t targets all 2>/dev/null | grep -q '^test_dist_nccl:'; then
+    cuda_tests="$cuda_tests test_dist_nccl"
+  fi
+  # A machine with an NVIDIA device node must run the GPU tests: QLFT_REQUIRE_GPU=1 turns each
+  # "no usable CUDA device" skip into a failure (a broken driver must not look green).
+  if compgen -G '/dev/nvidia[0-9]*' >/dev/null; then export QLFT_REQUIRE_GPU=${QLFT_REQUIRE_GPU:-1}; fi
   # shellcheck disable=SC2086
   cmake --build "$build-cuda" -j "$jobs" --target qlft qlft-finetune $cuda_tests
   "$build-cuda/tools/qlft-finetune/qlft-finetune" version | grep -q "cuda=1"
   echo "cuda build: ok ($("$build-cuda/tools/qlft-finetune/qlft-finetune" version))"
   (cd "$build-cuda" && ctest -L cuda --output-on-failure --timeout 600)
 fi
+
+# ---- CUDA emulator (issue 17) -------------------------------------------------------------------
+# The same cuda/src sources compiled as host C++ against cuda/emu (no toolkit needed): every CUDA
+# kernel, cuBLASLt call and the whole backend=cuda training step run on the CPU and are compared
+# with the CPU backend; the emulator's own tests show it catches barrier races and bad accesses.
+cmake -S . -B "$build-cuda-emu" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQLFT_CUDA_EMULATE=ON \
+  -DQLFT_BUILD_TESTS=ON
+emu_tests="test_cuda_emulator $(cd tests/cuda && ls test_cuda_*.cpp | sed 's/\.cpp$//' | tr '\n' ' ')"
+# shellcheck disable=SC2086
+cmake --build "$build-cuda-emu" -j "$jobs" --target $emu_tests
+(cd "$build-cuda-emu" && ctest -L cuda-emu -j "$jobs" --output-on-failure --timeout 600)
 
 root=$PWD
 (cd "$build" && ctest -j "$jobs" --output-on-failure --timeout 600)

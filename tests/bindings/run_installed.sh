@@ -10,14 +10,12 @@
 # generation. Caches (cargo target, Go build cache) live in the build directory.
 #   run_installed.sh SOURCE_DIR BUILD_DIR
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../support/skip.sh"
 src=$(cd "$1" && pwd)
 build=$(cd "$2" && pwd)
 shared=${QLFT_SHARED_DIR:?}
 model=$shared/models/stories260K.gguf
-if [[ ! -f $model ]]; then
-  if [[ ${QLFT_REQUIRE_SHARED:-0} == 1 ]]; then echo "FAIL: missing $model"; exit 1; fi
-  echo "SKIP: $model is absent"; exit 77
-fi
+[[ -f $model ]] || qlft_skip shared-missing "$model is absent"
 cache=${QLFT_BINDINGS_OUT:?}/installed-cache
 mkdir -p "$cache"
 work=$(mktemp -d "${TMPDIR:-/tmp}/qlft-installed.XXXXXX")
@@ -118,7 +116,6 @@ else
 fi
 
 if ((${#skipped[@]})); then
-  echo "SKIP: ${skipped[*]} toolchain(s) absent (scripts/setup.sh installs them)"
-  exit 77
+  qlft_skip toolchain-missing "${skipped[*]} toolchain(s) absent (scripts/setup.sh installs them)"
 fi
 echo OK

@@ -5,21 +5,17 @@ worker=$1
 shared=$2
 model="$shared/models/stories260K.gguf"
 text="$shared/data/tinyshakespeare.txt"
-require=0
-if [ "${QLFT_REQUIRE_SHARED:-0}" = 1 ] || [ "${CI:-}" = true ]; then require=1; fi
-skip() {
-  if [ "$require" = 1 ]; then echo "FAIL (required in CI): $1"; exit 1; fi
-  echo "SKIP: $1"; exit 77
-}
+source "$(dirname "${BASH_SOURCE[0]}")/../support/skip.sh"
 # A build configured without MPI skips even in CI (a deliberate choice, e.g. the sanitizer builds).
 case "${QLFT_MPI_BUILD:-ON}" in
   ON | 1 | TRUE | true) ;;
-  *) echo "SKIP: built without MPI (QLFT_MPI=OFF)"; exit 77 ;;
+  *) qlft_skip mpi-off-build "built without MPI (QLFT_MPI=OFF)" ;;
 esac
 if [ "${no_data:-0}" != 1 ]; then
-  [ -f "$model" ] && [ -f "$text" ] || skip "shared data not found ($model, $text)"
+  [ -f "$model" ] && [ -f "$text" ] || qlft_skip shared-missing "shared data not found ($model, $text)"
 fi
-command -v mpirun >/dev/null 2>&1 || skip "mpirun not found (apt-get install openmpi-bin)"
+command -v mpirun >/dev/null 2>&1 ||
+  qlft_skip toolchain-missing "mpirun not found (apt-get install openmpi-bin)"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # A small slice of the text keeps tokenizing fast; seq_len 64 gives a few hundred rows.

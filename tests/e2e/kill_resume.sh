@@ -7,10 +7,8 @@ cli=$1
 shared=$2
 model="$shared/models/stories260K.gguf"
 text="$shared/data/tinyshakespeare.txt"
-if [ ! -f "$model" ] || [ ! -f "$text" ]; then
-  if [ "${QLFT_REQUIRE_SHARED:-0}" = 1 ]; then echo "missing $model or $text"; exit 1; fi
-  echo "SKIP: shared data not found"; exit 77
-fi
+source "$(dirname "${BASH_SOURCE[0]}")/../support/skip.sh"
+[ -f "$model" ] && [ -f "$text" ] || qlft_skip shared-missing "$model or $text not found"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 args=(--model "$model" --data "$text" --quant.type keep --threads 1 --seed 11

@@ -13,10 +13,8 @@ shared=$(realpath "$2")
 section=${3:-all}
 model="$shared/models/stories260K.gguf"
 text="$shared/data/tinyshakespeare.txt"
-if [ ! -f "$model" ] || [ ! -f "$text" ]; then
-  if [ "${QLFT_REQUIRE_SHARED:-0}" = 1 ]; then echo "missing $model or $text"; exit 1; fi
-  echo "SKIP: shared data not found"; exit 77
-fi
+source "$(dirname "${BASH_SOURCE[0]}")/../support/skip.sh"
+[ -f "$model" ] && [ -f "$text" ] || qlft_skip shared-missing "$model or $text not found"
 work=$(mktemp -d)
 mounts=()
 cleanup() {
