@@ -184,9 +184,14 @@ QLFT_API int32_t qlft_model_info(const qlft_model* model, qlft_model_details* ou
 /* ---- Tokenizer -------------------------------------------------------------------------- */
 
 /* Encodes text (text_len bytes, not NUL-terminated necessarily) with the model's tokenizer.
- * add_bos: prepend BOS when the vocabulary has one; parse_special: spellings of special tokens
- * in the text become their ids. Writes up to capacity ids; *n_ids receives the full count (call
- * with capacity 0 to size the buffer; too small a buffer is QLFT_ERR_INVALID_ARGUMENT). */
+ * add_bos: 1 prepends BOS when the vocabulary has one, 0 adds nothing, QLFT_ADD_SPECIAL_AS_MODEL
+ * (-1) adds BOS and EOS as the model's own tokenizer does (GGUF tokenizer.ggml.add_bos_token /
+ * add_eos_token or llama.cpp's default for the vocabulary; tokenizer_config.json's flags or
+ * tokenizer.json's post-processor): the ids llama.cpp and transformers give. parse_special:
+ * spellings of special tokens in the text become their ids. Writes up to capacity ids; *n_ids
+ * receives the full count (call with capacity 0 to size the buffer; too small a buffer is
+ * QLFT_ERR_INVALID_ARGUMENT). */
+#define QLFT_ADD_SPECIAL_AS_MODEL (-1)
 QLFT_API int32_t qlft_tokenize(const qlft_model* model, const char* text, size_t text_len,
                                int32_t add_bos, int32_t parse_special, int32_t* ids,
                                size_t capacity, size_t* n_ids);
@@ -194,6 +199,19 @@ QLFT_API int32_t qlft_tokenize(const qlft_model* model, const char* text, size_t
  * the size with the NUL. */
 QLFT_API int32_t qlft_detokenize(const qlft_model* model, const int32_t* ids, size_t n_ids,
                                  char* buf, size_t buf_size, size_t* needed);
+
+/* A tokenizer loaded alone, without the model's weights: path is a GGUF file (only its
+ * tokenizer.ggml.* metadata is read, so a vocabulary-only GGUF works), a Hugging Face model
+ * directory or .safetensors file (the tokenizer.json beside it, with tokenizer_config.json when
+ * present), or a tokenizer.json. _encode and _decode behave as qlft_tokenize / qlft_detokenize. */
+typedef struct qlft_tokenizer qlft_tokenizer;
+QLFT_API int32_t qlft_tokenizer_load(const char* path, qlft_tokenizer** out);
+QLFT_API void qlft_tokenizer_free(qlft_tokenizer* tokenizer);
+QLFT_API int32_t qlft_tokenizer_encode(const qlft_tokenizer* tokenizer, const char* text,
+                                       size_t text_len, int32_t add_bos, int32_t parse_special,
+                                       int32_t* ids, size_t capacity, size_t* n_ids);
+QLFT_API int32_t qlft_tokenizer_decode(const qlft_tokenizer* tokenizer, const int32_t* ids,
+                                       size_t n_ids, char* buf, size_t buf_size, size_t* needed);
 
 /* ---- Dataset ---------------------------------------------------------------------------- */
 

@@ -30,7 +30,10 @@ Prepared prepare(const qlft_model* model, const qlft_trainer* trainer, const cha
   const qlft::Config& c = qlft::config_or_default(config);
   const qlft::Tokenizer& tok = model->need_tokenizer();
   Prepared p;
-  p.ids = tok.encode(prompt, /*add_bos=*/true, false, /*parse_special=*/false);
+  // BOS/EOS as the model's tokenizer adds them (SmolLM2's adds none); an empty prompt still
+  // starts from BOS when the vocabulary has one.
+  p.ids = tok.encode_as_model(prompt, /*parse_special=*/false);
+  if (p.ids.empty() && tok.bos_id() >= 0) p.ids.push_back(tok.bos_id());
   QLFT_CHECK_ARG(!p.ids.empty(), "%s: the prompt is empty and the vocabulary has no BOS token", fn);
   p.opt.max_tokens = static_cast<int>(c.get_int("generate.max_tokens"));
   p.opt.sampler.temperature = static_cast<float>(c.get_float("generate.temperature"));

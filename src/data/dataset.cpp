@@ -59,6 +59,10 @@ ChatTemplate resolve_template(TemplateKind requested, const TextEncoder& enc, st
                           : "default: the model's chat template was not recognized";
     }
   }
+  // qlft's own templates (alpaca, none) start with BOS only where the model's tokenizer puts one
+  // before a text (add_bos_token); the model templates spell bos_token where their Jinja does.
+  if ((t.kind == TemplateKind::Alpaca || t.kind == TemplateKind::None) && !enc.wants_bos())
+    t.bos.clear();
   if (source) *source = why;
   return t;
 }
@@ -69,7 +73,9 @@ void tokenize_record(const Record& r, const ChatTemplate& t, TrainOn train_on,
   ids.clear();
   trained.clear();
   if (r.format == DataFormat::Text) {
-    // Plain text: every token is a target. BOS as the model wants it, EOS so it learns to stop.
+    // Plain text: every token is a target. BOS where the model's tokenizer adds one
+    // (add_bos_token), EOS always: it marks the document's end, so the model learns to stop
+    // and packed documents stay apart.
     if (enc.wants_bos() && enc.bos_id() >= 0) ids.push_back(enc.bos_id());
     enc.encode(r.text, false, !ids.empty(), ids);
     if (enc.eos_id() >= 0) ids.push_back(enc.eos_id());

@@ -45,9 +45,13 @@ class SplitRegex {
   void* code_ = nullptr;  // pcre2_code_8*
 };
 
-// The pre-tokenizer regex list llama.cpp uses for a `tokenizer.ggml.pre` name; empty if the
-// name is unknown. ignore_merges is set for the Llama-3 family (as llama.cpp does).
-bool gguf_pre_regexes(const std::string& pre, std::vector<std::string>& out, bool& ignore_merges);
+// The pre-tokenizer regex list llama.cpp uses for a `tokenizer.ggml.pre` name (applied in
+// sequence: each regex splits the pieces the previous one produced); false if the name is
+// unknown. ignore_merges: set for the Llama-3 family, as llama.cpp does. add_bos: llama.cpp's
+// default for tokenizer.ggml.add_bos_token when the file does not say (true for the Llama-3
+// family, false for the other byte-level vocabularies).
+bool gguf_pre_regexes(const std::string& pre, std::vector<std::string>& out, bool& ignore_merges,
+                      bool& add_bos);
 
 // GPT-2's pattern (Hugging Face ByteLevel pre-tokenizer with use_regex=true).
 extern const char* const kGpt2Pattern;

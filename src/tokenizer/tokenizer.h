@@ -61,6 +61,10 @@ class Tokenizer {
   static std::unique_ptr<Tokenizer> from_hf_json_text(const std::string& json,
                                                       const std::string& config_json,
                                                       const std::string& what);
+  // Only the vocabulary of a model, whatever its form: a GGUF file (its tokenizer.ggml.*
+  // metadata; no tensor is read, so a vocabulary-only GGUF works), a Hugging Face model
+  // directory or the directory of a .safetensors file (its tokenizer.json), or a tokenizer.json.
+  static std::unique_ptr<Tokenizer> from_path(const std::string& path);
 
   ~Tokenizer();
 
@@ -70,12 +74,21 @@ class Tokenizer {
   int32_t eos_id() const { return eos_; }
   int32_t pad_id() const { return pad_; }
   int32_t unk_id() const { return unk_; }
-  // What the model's metadata asks for (tokenizer.ggml.add_bos_token / add_eos_token).
-  bool wants_bos() const { return add_bos_; }
-  bool wants_eos() const { return add_eos_; }
+  // Whether the model's tokenizer adds BOS / EOS around a text: GGUF
+  // tokenizer.ggml.add_bos_token / add_eos_token, else llama.cpp's default for the vocabulary
+  // (SentencePiece: BOS; byte-level BPE: BOS for the Llama-3 family only; never EOS); for
+  // tokenizer.json, tokenizer_config.json's add_bos_token / add_eos_token, else the
+  // post-processor template. False when the vocabulary has no such token.
+  bool wants_bos() const { return add_bos_ && bos_ >= 0; }
+  bool wants_eos() const { return add_eos_ && eos_ >= 0; }
 
   std::vector<int32_t> encode(std::string_view text, bool add_bos, bool add_eos,
                               bool parse_special) const;
+  // encode() with BOS/EOS as the model's tokenizer adds them (wants_bos()/wants_eos()): the ids
+  // llama.cpp's tokenize(add_special=true) and transformers' tokenizer(text) give.
+  std::vector<int32_t> encode_as_model(std::string_view text, bool parse_special) const {
+    return encode(text, wants_bos(), wants_eos(), parse_special);
+  }
   // Appends the ids of text. continuation: text continues an earlier encode_append() call, so the
   // prefix added at the start of a text (SentencePiece "▁", ByteLevel add_prefix_space,
   // Metaspace "first") is not added to its first fragment; fragments after a special token

@@ -111,7 +111,7 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& g) {
     t->bos_ = id_key(g, "tokenizer.ggml.bos_token_id", 1, n);
     t->eos_ = id_key(g, "tokenizer.ggml.eos_token_id", 2, n);
     t->unk_ = id_key(g, "tokenizer.ggml.unknown_token_id", 0, n);
-    t->add_bos_ = g.get_bool("tokenizer.ggml.add_bos_token", true);
+    t->add_bos_ = g.get_bool("tokenizer.ggml.add_bos_token", true);  // llama.cpp's SPM default
   } else if (model == "gpt2") {
     t->algo_ = Algo::Bpe;
     t->byte_level_ = true;
@@ -128,8 +128,8 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& g) {
     }
     std::string pre = g.get_string("tokenizer.ggml.pre", "default");
     std::vector<std::string> rx;
-    bool ignore = false;
-    if (!tok::gguf_pre_regexes(pre, rx, ignore))
+    bool ignore = false, bos_default = false;
+    if (!tok::gguf_pre_regexes(pre, rx, ignore, bos_default))
       throw_error(QLFT_ERR_UNSUPPORTED,
                   "%s: pre-tokenizer 'tokenizer.ggml.pre' = '%s' is not "
                   "supported",
@@ -140,7 +140,7 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& g) {
     t->bos_ = id_key(g, "tokenizer.ggml.bos_token_id", -1, n);
     t->eos_ = id_key(g, "tokenizer.ggml.eos_token_id", -1, n);
     t->unk_ = id_key(g, "tokenizer.ggml.unknown_token_id", -1, n);
-    t->add_bos_ = g.get_bool("tokenizer.ggml.add_bos_token", false);
+    t->add_bos_ = g.get_bool("tokenizer.ggml.add_bos_token", bos_default);
   } else {
     throw_error(QLFT_ERR_UNSUPPORTED,
                 "%s: tokenizer model 'tokenizer.ggml.model' = '%s' is not "
@@ -148,6 +148,7 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& g) {
                 path, model.c_str());
   }
   t->pad_ = id_key(g, "tokenizer.ggml.padding_token_id", -1, n);
+  // llama.cpp's default for both SPM and BPE vocabularies.
   t->add_eos_ = g.get_bool("tokenizer.ggml.add_eos_token", false);
   t->finalize();
   return t;

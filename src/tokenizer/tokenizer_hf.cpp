@@ -2,6 +2,8 @@
 // pre-tokenizer, or SentencePiece-style with a Prepend/Replace "▁" normalizer or Metaspace and
 // byte_fallback), Split/Digits/ByteLevel/Metaspace pre-tokenizers, and added tokens.
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 
@@ -57,6 +59,30 @@ std::unique_ptr<Tokenizer> Tokenizer::from_hf_json_file(const std::string& path)
   std::error_code ec;
   if (std::filesystem::exists(cfg_path, ec)) cfg = read_text_file(cfg_path.string());
   return from_hf_json_text(text, cfg, path);
+}
+
+std::unique_ptr<Tokenizer> Tokenizer::from_path(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path p(path);
+  if (fs::is_directory(p, ec)) {
+    fs::path j = p / "tokenizer.json";
+    QLFT_CHECK_FORMAT(fs::exists(j, ec), "%s: no tokenizer.json in this directory", path.c_str());
+    return from_hf_json_file(j.string());
+  }
+  // The loader names a missing or unreadable file; a GGUF file is known by its magic.
+  char magic[4] = {0};
+  if (FILE* f = std::fopen(path.c_str(), "rb")) {
+    size_t n = std::fread(magic, 1, sizeof magic, f);
+    std::fclose(f);
+    if (n == 4 && std::memcmp(magic, "GGUF", 4) == 0) return from_gguf_file(path);
+  }
+  if (p.extension() == ".safetensors") {
+    fs::path j = p.parent_path() / "tokenizer.json";
+    QLFT_CHECK_FORMAT(fs::exists(j, ec), "%s: no tokenizer.json beside this file", path.c_str());
+    return from_hf_json_file(j.string());
+  }
+  return from_hf_json_file(path);
 }
 
 std::unique_ptr<Tokenizer> Tokenizer::from_hf_json_text(const std::string& text,
@@ -296,25 +322,30 @@ std::unique_ptr<Tokenizer> Tokenizer::from_hf_json_text(const std::string& text,
   t->bos_ = find_text(config_token(cfg, "bos_token"));
   t->eos_ = find_text(config_token(cfg, "eos_token"));
   t->pad_ = find_text(config_token(cfg, "pad_token"));
-  // The post-processor template says which special tokens wrap a single sequence.
+  // The post-processor template (TemplateProcessing, alone or in a Sequence as Llama-3's is)
+  // says which special tokens wrap a single sequence.
   bool tmpl_bos = false, tmpl_eos = false;
+  const json* single = nullptr;
   if (const json* pp = member(root, "post_processor")) {
-    const json* single = member(*pp, "single");
-    if (single && single->is_array()) {
-      bool seen_seq = false;
-      for (const json& e : *single) {
-        if (member(e, "Sequence")) {
-          seen_seq = true;
-        } else if (const json* st = member(e, "SpecialToken")) {
-          int32_t id = find_text(str_member(*st, "id", what + " post_processor"));
-          if (id < 0) continue;
-          if (!seen_seq) {
-            tmpl_bos = true;
-            if (t->bos_ < 0) t->bos_ = id;
-          } else {
-            tmpl_eos = true;
-            if (t->eos_ < 0) t->eos_ = id;
-          }
+    single = member(*pp, "single");
+    if (const json* list = member(*pp, "processors"); list && list->is_array())
+      for (const json& x : *list)
+        if (const json* s = member(x, "single")) single = s;
+  }
+  if (single && single->is_array()) {
+    bool seen_seq = false;
+    for (const json& e : *single) {
+      if (member(e, "Sequence")) {
+        seen_seq = true;
+      } else if (const json* st = member(e, "SpecialToken")) {
+        int32_t id = find_text(str_member(*st, "id", what + " post_processor"));
+        if (id < 0) continue;
+        if (!seen_seq) {
+          tmpl_bos = true;
+          if (t->bos_ < 0) t->bos_ = id;
+        } else {
+          tmpl_eos = true;
+          if (t->eos_ < 0) t->eos_ = id;
         }
       }
     }
@@ -322,6 +353,8 @@ std::unique_ptr<Tokenizer> Tokenizer::from_hf_json_text(const std::string& text,
   if (t->bos_ < 0) t->bos_ = first_of({"<s>", "<|begin_of_text|>", "<bos>", "<|startoftext|>"});
   if (t->eos_ < 0)
     t->eos_ = first_of({"</s>", "<|end_of_text|>", "<|endoftext|>", "<eos>", "<|im_end|>"});
+  // tokenizer_config.json's flags win over the template: transformers rebuilds the template from
+  // them (add_bos_token / add_eos_token); without them the template is what it applies.
   t->add_bos_ = bool_member(cfg, "add_bos_token", what + " tokenizer_config", tmpl_bos);
   t->add_eos_ = bool_member(cfg, "add_eos_token", what + " tokenizer_config", tmpl_eos);
 

@@ -84,6 +84,13 @@ TEST(TokenizerVectors, LlamaSpmMatchesLlamaCpp) {
 TEST(TokenizerVectors, Gpt2MatchesLlamaCpp) {
   check_vectors("ggml-vocab-gpt-2");
 }
+// deepseek-coder: five regexes in sequence, each splitting the previous one's pieces.
+TEST(TokenizerVectors, DeepseekCoderMatchesLlamaCpp) {
+  check_vectors("ggml-vocab-deepseek-coder");
+}
+TEST(TokenizerVectors, DeepseekCoderRoundTrip) {
+  check_round_trip("ggml-vocab-deepseek-coder");
+}
 TEST(TokenizerVectors, LlamaSpmRoundTrip) {
   check_round_trip("ggml-vocab-llama-spm");
 }
@@ -484,6 +491,111 @@ TEST(TokenizerMalformed, TinyGgufVocabsWork) {
   }));
   // Bytes outside this tiny alphabet have no token and no <unk>: they are dropped.
   EXPECT_EQ(bpe->encode("ab 11", false, false, false), (std::vector<int32_t>{2, 4, 3, 3}));
+}
+
+// BOS/EOS as each model's tokenizer adds them: the GGUF flags, else llama.cpp's defaults
+// (SentencePiece: BOS; byte-level BPE: BOS only for the Llama-3 family; EOS never).
+TEST(TokenizerSpecials, GgufFlagsAndLlamaCppDefaults) {
+  const std::vector<std::string> spm_tokens = {"<unk>", "<s>", "</s>", "a", "\xe2\x96\x81"};
+  auto spm = [&](std::function<void(GgufWriter&)> more) {
+    return Tokenizer::from_gguf_file(write_vocab([&](GgufWriter& w) {
+      w.add_string("tokenizer.ggml.model", "llama");
+      w.add_string_array("tokenizer.ggml.tokens", spm_tokens);
+      w.add_array("tokenizer.ggml.token_type", std::vector<int32_t>{2, 3, 3, 1, 1});
+      more(w);
+    }));
+  };
+  auto spm_default = spm([](GgufWriter&) {});
+  EXPECT_TRUE(spm_default->wants_bos());
+  EXPECT_FALSE(spm_default->wants_eos());
+  EXPECT_EQ(spm_default->encode_as_model("a", false), (std::vector<int32_t>{1, 4, 3}));
+  auto spm_flags = spm([](GgufWriter& w) {
+    w.add_bool("tokenizer.ggml.add_bos_token", false);
+    w.add_bool("tokenizer.ggml.add_eos_token", true);
+  });
+  EXPECT_EQ(spm_flags->encode_as_model("a", false), (std::vector<int32_t>{4, 3, 2}));
+
+  auto bpe = [](const char* pre, std::function<void(GgufWriter&)> more) {
+    return Tokenizer::from_gguf_file(write_vocab([&](GgufWriter& w) {
+      w.add_string("tokenizer.ggml.model", "gpt2");
+      w.add_string("tokenizer.ggml.pre", pre);
+      w.add_string_array("tokenizer.ggml.tokens", {"a", "b", "ab", "<|begin|>", "<|end|>"});
+      w.add_array("tokenizer.ggml.token_type", std::vector<int32_t>{1, 1, 1, 3, 3});
+      w.add_string_array("tokenizer.ggml.merges", {"a b"});
+      w.add_u32("tokenizer.ggml.bos_token_id", 3);
+      w.add_u32("tokenizer.ggml.eos_token_id", 4);
+      more(w);
+    }));
+  };
+  for (const char* pre :
+       {"gpt-2", "qwen2", "smollm", "deepseek-coder", "deepseek-llm", "deepseek-v3", "falcon"}) {
+    SCOPED_TRACE(pre);
+    EXPECT_EQ(bpe(pre, [](GgufWriter&) {})->encode_as_model("ab", false),
+              (std::vector<int32_t>{2}));
+  }
+  for (const char* pre : {"llama3", "llama-bpe"})
+    EXPECT_EQ(bpe(pre, [](GgufWriter&) {})->encode_as_model("ab", false),
+              (std::vector<int32_t>{3, 2}))
+        << pre;
+  // SmolLM2's GGUF says add_bos_token = false; its BOS (<|im_start|>) is never prepended.
+  EXPECT_EQ(bpe("smollm", [](GgufWriter& w) { w.add_bool("tokenizer.ggml.add_bos_token", false); })
+                ->encode_as_model("ab", false),
+            (std::vector<int32_t>{2}));
+  EXPECT_EQ(bpe("llama3",
+                [](GgufWriter& w) {
+                  w.add_bool("tokenizer.ggml.add_bos_token", false);
+                  w.add_bool("tokenizer.ggml.add_eos_token", true);
+                })
+                ->encode_as_model("ab", false),
+            (std::vector<int32_t>{2, 4}));
+}
+
+TEST(TokenizerSpecials, DeepseekCoderGgufAddsItsBos) {
+  QLFT_NEED_SHARED(gguf, "tokenizer-vectors/ggml-vocab-deepseek-coder.gguf");
+  auto t = Tokenizer::from_gguf_file(gguf);  // add_bos_token = true in the file
+  auto ids = t->encode_as_model("Hello", false);
+  ASSERT_FALSE(ids.empty());
+  EXPECT_EQ(ids.front(), t->bos_id());
+  EXPECT_EQ(t->token_text(t->bos_id()),
+            "<\xef\xbd\x9c"
+            "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>");
+}
+
+// tokenizer.json: tokenizer_config.json's add_bos_token / add_eos_token, else the
+// post-processor's template, alone or inside a Sequence (as Llama-3's is).
+TEST(TokenizerSpecials, HfConfigFlagsAndPostProcessor) {
+  const std::string model =
+      R"("model":{"type":"BPE","vocab":{"a":0,"b":1,"ab":2},"merges":["a b"]},)"
+      R"("added_tokens":[{"id":3,"content":"<s>","special":true},)"
+      R"({"id":4,"content":"</s>","special":true}],)"
+      R"("pre_tokenizer":{"type":"ByteLevel","add_prefix_space":false,"use_regex":true})";
+  const std::string tmpl =
+      R"({"type":"TemplateProcessing","single":[{"SpecialToken":{"id":"<s>","type_id":0}},)"
+      R"({"Sequence":{"id":"A","type_id":0}},{"SpecialToken":{"id":"</s>","type_id":0}}],)"
+      R"("pair":[],"special_tokens":{}})";
+  auto ids = [&](const std::string& pp, const std::string& cfg) {
+    std::string j = "{" + model + (pp.empty() ? "" : ",\"post_processor\":" + pp) + "}";
+    return Tokenizer::from_hf_json_text(j, cfg, "t.json")->encode_as_model("ab", false);
+  };
+  EXPECT_EQ(ids("", ""), (std::vector<int32_t>{2}));
+  EXPECT_EQ(ids(tmpl, ""), (std::vector<int32_t>{3, 2, 4}));
+  EXPECT_EQ(ids(R"({"type":"Sequence","processors":[{"type":"ByteLevel"},)" + tmpl + "]}", ""),
+            (std::vector<int32_t>{3, 2, 4}));
+  EXPECT_EQ(ids(tmpl, R"({"add_bos_token":false,"add_eos_token":false})"),
+            (std::vector<int32_t>{2}));
+  EXPECT_EQ(ids("", R"({"bos_token":"<s>","add_bos_token":true})"), (std::vector<int32_t>{3, 2}));
+}
+
+// The vocabulary alone from any form of a model: vocabulary-only GGUF, directory, tokenizer.json.
+TEST(TokenizerSpecials, FromPathLoadsOnlyTheVocabulary) {
+  QLFT_NEED_SHARED(gguf, "tokenizer-vectors/ggml-vocab-deepseek-coder.gguf");
+  EXPECT_GT(Tokenizer::from_path(gguf)->vocab_size(), 32000);
+  const std::string dir = qlft_test::fixture_path("tokenizer/gpt-2");
+  EXPECT_EQ(Tokenizer::from_path(dir)->vocab_size(),
+            Tokenizer::from_path(dir + "/tokenizer.json")->vocab_size());
+  const std::string empty = qlft_test::temp_dir("tok_from_path");
+  expect_error([&] { Tokenizer::from_path(empty); }, QLFT_ERR_FORMAT, "no tokenizer.json");
+  expect_error([&] { Tokenizer::from_path(empty + "/missing.gguf"); }, QLFT_ERR_IO, "missing.gguf");
 }
 
 TEST(TokenizerMalformed, TokenizerJsonErrors) {

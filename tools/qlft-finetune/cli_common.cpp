@@ -29,8 +29,14 @@ int exit_code_for(int32_t status) {
 }
 
 int fail(const char* what, int32_t status) {
-  std::fprintf(stderr, "qlft-finetune: %s: %s (%s)\n", what, qlft_last_error(),
-               qlft_status_string(status));
+  // Errors about a file usually begin with its path already: say it once ("x: ...", not
+  // "x: x: ...").
+  const char* msg = qlft_last_error();
+  const size_t n = std::strlen(what);
+  if (std::strncmp(msg, what, n) == 0 && msg[n] == ':')
+    std::fprintf(stderr, "qlft-finetune: %s (%s)\n", msg, qlft_status_string(status));
+  else
+    std::fprintf(stderr, "qlft-finetune: %s: %s (%s)\n", what, msg, qlft_status_string(status));
   return exit_code_for(status);
 }
 

@@ -1,9 +1,15 @@
 // qlft-finetune tokenize --model M [--text T | --file F | stdin] [--no-bos] [--ids]
-//   --ids: one line of space-separated ids per input line; otherwise "id<TAB>piece" lines.
+//   BOS/EOS as the model's tokenizer adds them (--no-bos: none). --file: the file's bytes, all
+//   of them, as one text; stdin: one text per line. Only the vocabulary is loaded (a GGUF's
+//   metadata, or tokenizer.json), so vocabulary-only GGUF files work.
+//   --ids: one line of space-separated ids per text; otherwise "id<TAB>piece" lines.
 // qlft-finetune data-stats --model M --data FILE [--data.* settings]
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -14,12 +20,17 @@ namespace cli {
 
 namespace {
 
-int emit(qlft_model* model, const std::string& text, bool bos, bool ids_only) {
+struct TokenizerFree {
+  void operator()(qlft_tokenizer* t) const { qlft_tokenizer_free(t); }
+};
+
+int emit(const qlft_tokenizer* tok, const std::string& text, int32_t add_special, bool ids_only) {
   size_t n = 0;
-  int32_t st = qlft_tokenize(model, text.data(), text.size(), bos, 0, nullptr, 0, &n);
+  int32_t st = qlft_tokenizer_encode(tok, text.data(), text.size(), add_special, 0, nullptr, 0, &n);
   if (st != QLFT_OK) return fail("tokenize", st);
   std::vector<int32_t> ids(n);
-  st = qlft_tokenize(model, text.data(), text.size(), bos, 0, ids.data(), ids.size(), &n);
+  st = qlft_tokenizer_encode(tok, text.data(), text.size(), add_special, 0, ids.data(), ids.size(),
+                             &n);
   if (st != QLFT_OK) return fail("tokenize", st);
   if (ids_only) {
     for (size_t i = 0; i < n; ++i) std::printf(i ? " %d" : "%d", ids[i]);
@@ -29,7 +40,7 @@ int emit(qlft_model* model, const std::string& text, bool bos, bool ids_only) {
   for (size_t i = 0; i < n; ++i) {
     char buf[256];
     size_t need = 0;
-    if (qlft_detokenize(model, &ids[i], 1, buf, sizeof buf, &need) != QLFT_OK) buf[0] = '\0';
+    if (qlft_tokenizer_decode(tok, &ids[i], 1, buf, sizeof buf, &need) != QLFT_OK) buf[0] = '\0';
     std::printf("%d\t%s\n", ids[i], buf);
   }
   return kOk;
@@ -45,30 +56,45 @@ int cmd_tokenize(int argc, char** argv) {
     if (!err.empty()) std::fprintf(stderr, "qlft-finetune: %s\n", err.c_str());
     std::fprintf(stderr,
                  "usage: qlft-finetune tokenize --model MODEL [--text TEXT | --file FILE] "
-                 "[--no-bos] [--ids]\n  without --text/--file, reads stdin; one input per line\n");
+                 "[--no-bos] [--ids]\n"
+                 "  BOS/EOS as the model's tokenizer adds them; --no-bos: none\n"
+                 "  --file: the whole file as one text; without --text/--file, reads stdin, one "
+                 "text per line\n");
     return a.flags.count("help") && err.empty() ? kOk : kUsage;
   }
+  if (a.flags.count("text") && a.flags.count("file")) {
+    std::fprintf(stderr, "qlft-finetune: tokenize takes --text or --file, not both\n");
+    return kUsage;
+  }
   int code = kOk;
-  ConfigPtr cfg = make_config(a, &code);
+  ConfigPtr cfg = make_config(a, &code);  // rejects unknown settings; tokenizing needs none
   if (!cfg) return code;
-  TrainSession session;
-  if (int rc = open_model(a.flags["model"], cfg.get(), &session)) return rc;
-  qlft_model* m = session.model.get();
-  const bool bos = !a.flags.count("no-bos"), ids = a.flags.count("ids") != 0;
-  if (a.flags.count("text")) return emit(m, a.flags["text"], bos, ids);
-  std::istream* in = &std::cin;
-  std::ifstream f;
+  const std::string& model = a.flags["model"];
+  qlft_tokenizer* t = nullptr;
+  if (int32_t st = qlft_tokenizer_load(model.c_str(), &t); st != QLFT_OK)
+    return fail(model.c_str(), st);
+  std::unique_ptr<qlft_tokenizer, TokenizerFree> tok(t);
+  const int32_t add = a.flags.count("no-bos") ? 0 : QLFT_ADD_SPECIAL_AS_MODEL;
+  const bool ids = a.flags.count("ids") != 0;
+  if (a.flags.count("text")) return emit(t, a.flags["text"], add, ids);
   if (a.flags.count("file")) {
-    f.open(a.flags["file"]);
+    const std::string& path = a.flags["file"];
+    std::ifstream f(path, std::ios::binary);
     if (!f) {
-      std::fprintf(stderr, "qlft-finetune: %s: cannot open\n", a.flags["file"].c_str());
+      std::fprintf(stderr, "qlft-finetune: %s: cannot open (%s)\n", path.c_str(),
+                   std::strerror(errno));
       return kIo;
     }
-    in = &f;
+    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    if (f.bad()) {
+      std::fprintf(stderr, "qlft-finetune: %s: read error\n", path.c_str());
+      return kIo;
+    }
+    return emit(t, text, add, ids);
   }
   std::string line;
-  while (std::getline(*in, line))
-    if (int rc = emit(m, line, bos, ids)) return rc;
+  while (std::getline(std::cin, line))
+    if (int rc = emit(t, line, add, ids)) return rc;
   return kOk;
 }
 
