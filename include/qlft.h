@@ -80,7 +80,9 @@ QLFT_API const char* qlft_last_error(void);
 typedef void (*qlft_log_fn)(int32_t level, const char* message, void* user_data);
 
 /* Process-wide. Messages above max_level are dropped. fn = NULL restores the default, which
- * writes warnings and errors to stderr. The callback may be called from any thread. */
+ * writes warnings and errors to stderr. The callback may be called from any thread. A config
+ * that sets log.level changes max_level (process-wide too) when qlft_runtime_create gets it;
+ * the last of the two wins. */
 QLFT_API void qlft_set_log_callback(qlft_log_fn fn, void* user_data, int32_t max_level);
 
 /* ---- Settings --------------------------------------------------------------------------- */
@@ -265,7 +267,10 @@ typedef struct qlft_step_stats {
 } qlft_step_stats;
 
 /* Return nonzero to stop training after this step (qlft_trainer_train returns
- * QLFT_ERR_CANCELLED). */
+ * QLFT_ERR_CANCELLED). The callback may save, evaluate, export, generate with, query or cancel
+ * its trainer; qlft_trainer_step, _train, _load_adapter and _resume on it return
+ * QLFT_ERR_INVALID_ARGUMENT there, and qlft_trainer_free is carried out when the callback
+ * returns (training then ends with QLFT_ERR_CANCELLED). */
 typedef int32_t (*qlft_progress_fn)(const qlft_step_stats* stats, void* user_data);
 
 /* Creates LoRA adapters (lora.*) on the model and an optimizer (optim.*). train_data may be

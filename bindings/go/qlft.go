@@ -10,6 +10,14 @@
 // Trainer serializes its own methods with a mutex, and Trainer.Cancel may be called from any
 // goroutine at any time. Config, Runtime and Dataset must be used by one goroutine at a time.
 //
+// Cancellation has one meaning in C, Rust and Go: a cancel stops the operation in progress. A
+// Trainer is in progress only inside Train / Step (stopped after the current step, or at the
+// step's next micro-batch, rolled back); a Trainer.Cancel while neither runs is discarded when
+// the next one starts. A Generation is in progress from NewGeneration to its last token, so its
+// Cancel is never discarded. Calls that may take long (Train, Step, Generate, Generation.Next
+// and Tokens) take a context.Context whose end cancels them that way. Loading (LoadModel,
+// LoadDataset) cannot be interrupted: the C ABI has no cancel for it.
+//
 // Errors are *Error values; the library's message is read with runtime.LockOSThread held
 // around the failing call, because qlft_last_error is thread-local and goroutines migrate.
 //
@@ -210,11 +218,15 @@ func (c *Config) Close() error {
 	return nil
 }
 
-func cfgPtr(c *Config) *C.qlft_config {
+// cfgPtr is c's C config (nil: the defaults). A closed *Config is an error, never the defaults.
+func cfgPtr(c *Config) (*C.qlft_config, error) {
 	if c == nil {
-		return nil
+		return nil, nil
 	}
-	return c.raw
+	if c.raw == nil {
+		return nil, goError(1, "the *Config was closed (pass nil for the defaults)")
+	}
+	return c.raw, nil
 }
 
 // ConfigKey is one entry of the settings table.
@@ -269,7 +281,11 @@ type Runtime struct {
 // NewRuntime reads backend, threads and memory.limit from config (nil: defaults).
 func NewRuntime(config *Config) (*Runtime, error) {
 	r := &Runtime{}
-	err := call(func() C.int32_t { return C.qlft_runtime_create(cfgPtr(config), &r.raw) })
+	cfgRaw, err := cfgPtr(config)
+	if err != nil {
+		return nil, err
+	}
+	err = call(func() C.int32_t { return C.qlft_runtime_create(cfgRaw, &r.raw) })
 	runtime.KeepAlive(config)
 	if err != nil {
 		return nil, err
@@ -327,7 +343,11 @@ func (r *Runtime) LoadModel(path string, config *Config) (*Model, error) {
 	cp := C.CString(path)
 	defer C.free(unsafe.Pointer(cp))
 	m := &Model{rt: r}
-	err := call(func() C.int32_t { return C.qlft_model_load(r.raw, cp, cfgPtr(config), &m.raw) })
+	cfgRaw, err := cfgPtr(config)
+	if err != nil {
+		return nil, err
+	}
+	err = call(func() C.int32_t { return C.qlft_model_load(r.raw, cp, cfgRaw, &m.raw) })
 	runtime.KeepAlive(config)
 	if err != nil {
 		return nil, err
@@ -444,7 +464,11 @@ func (m *Model) LoadDataset(path string, config *Config) (*Dataset, error) {
 	cp := C.CString(path)
 	defer C.free(unsafe.Pointer(cp))
 	d := &Dataset{model: m}
-	err := call(func() C.int32_t { return C.qlft_dataset_load(m.raw, cp, cfgPtr(config), &d.raw) })
+	cfgRaw, err := cfgPtr(config)
+	if err != nil {
+		return nil, err
+	}
+	err = call(func() C.int32_t { return C.qlft_dataset_load(m.raw, cp, cfgRaw, &d.raw) })
 	runtime.KeepAlive(config)
 	if err != nil {
 		return nil, err
@@ -522,6 +546,20 @@ type Trainer struct {
 	raw      *C.qlft_trainer
 	model    *Model
 	data     *Dataset
+	// 1 while Train's progress callback runs: the trainer's own calls from it are refused
+	// (they would wait for the Train that waits for them).
+	inProgress  int32
+	generations int32 // open Generations using the adapter
+}
+
+// lock takes the trainer for op, or refuses op from the trainer's own progress callback.
+func (t *Trainer) lock(op string) error {
+	if atomic.LoadInt32(&t.inProgress) != 0 {
+		return goError(1, "Trainer.%s called while the trainer's progress callback runs (from "+
+			"inside Train); only Cancel may be called there", op)
+	}
+	t.mu.Lock()
+	return nil
 }
 
 // NewTrainer creates adapters (lora.*) and an optimizer (optim.*); data may be nil for a
@@ -532,7 +570,11 @@ func (m *Model) NewTrainer(data *Dataset, config *Config) (*Trainer, error) {
 	if data != nil {
 		draw = data.raw
 	}
-	err := call(func() C.int32_t { return C.qlft_trainer_create(m.raw, draw, cfgPtr(config), &t.raw) })
+	cfgRaw, err := cfgPtr(config)
+	if err != nil {
+		return nil, err
+	}
+	err = call(func() C.int32_t { return C.qlft_trainer_create(m.raw, draw, cfgRaw, &t.raw) })
 	runtime.KeepAlive(config)
 	if err != nil {
 		return nil, err
@@ -545,14 +587,52 @@ func (m *Model) NewTrainer(data *Dataset, config *Config) (*Trainer, error) {
 	return t, nil
 }
 
-// Step runs one optimizer step.
-func (t *Trainer) Step() (StepStats, error) {
-	t.mu.Lock()
+// Step runs one optimizer step. When ctx is done the step stops at its next micro-batch, rolled
+// back, and the error is ErrCancelled unwrapping to ctx.Err().
+func (t *Trainer) Step(ctx context.Context) (StepStats, error) {
+	if err := t.lock("Step"); err != nil {
+		return StepStats{}, err
+	}
 	defer t.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return StepStats{}, &Error{Code: 7, Message: "step not started: " + err.Error(), cause: err}
+	}
 	var s C.qlft_step_stats
 	s.struct_size = C.uint32_t(unsafe.Sizeof(s))
+	stop := watch(ctx, t.Cancel)
 	err := call(func() C.int32_t { return C.qlft_trainer_step(t.raw, &s) })
-	return stepStats(&s), err
+	return stepStats(&s), withCause(err, stop(), ctx)
+}
+
+// watch calls cancel when ctx is done before the returned stop function is called; stop
+// reports whether it did.
+func watch(ctx context.Context, cancel func()) (stop func() bool) {
+	if ctx.Done() == nil {
+		return func() bool { return false }
+	}
+	done := make(chan struct{})
+	fired := make(chan bool, 1)
+	go func() {
+		select {
+		case <-ctx.Done():
+			cancel()
+			fired <- true
+		case <-done:
+			fired <- false
+		}
+	}()
+	return func() bool {
+		close(done)
+		return <-fired
+	}
+}
+
+// withCause makes a cancellation error that the context caused unwrap to ctx.Err().
+func withCause(err error, byCtx bool, ctx context.Context) error {
+	if e, ok := err.(*Error); ok && e.Code == 7 && byCtx {
+		e.cause = ctx.Err()
+	}
+	return err
 }
 
 type progressCtx struct {
@@ -578,45 +658,49 @@ func qlftGoProgress(stats *C.qlft_step_stats, handle C.uintptr_t) (ret C.int32_t
 	return 1
 }
 
+// runProgress runs the user's progress callback with the trainer marked as inside it.
+func (t *Trainer) runProgress(fn func(StepStats) bool) func(StepStats) bool {
+	if fn == nil {
+		return nil
+	}
+	return func(s StepStats) bool {
+		atomic.StoreInt32(&t.inProgress, 1)
+		defer atomic.StoreInt32(&t.inProgress, 0)
+		return fn(s)
+	}
+}
+
 // Train steps until train.max_steps / train.epochs. progress (may be nil) runs after each step
 // and returns false to stop. When ctx is done, training stops after the current step. A stop
 // is an *Error with code ErrCancelled (unwrapping to ctx.Err() when the context caused it). A
 // panic in progress cancels training and is re-raised here.
+//
+// Calling the trainer's other methods (except Cancel) from progress returns an
+// ErrInvalidArgument error instead of deadlocking; so do calls from other goroutines while
+// progress runs.
 func (t *Trainer) Train(ctx context.Context, progress func(StepStats) bool) error {
-	t.mu.Lock()
+	if err := t.lock("Train"); err != nil {
+		return err
+	}
 	defer t.mu.Unlock()
 	if err := ctx.Err(); err != nil {
 		return &Error{Code: 7, Message: "training not started: " + err.Error(), cause: err}
 	}
-	pc := &progressCtx{fn: progress}
+	pc := &progressCtx{fn: t.runProgress(progress)}
 	h := cgo.NewHandle(pc)
 	defer h.Delete()
-	done := make(chan struct{})
-	watcher := make(chan bool, 1)
-	go func() {
-		select {
-		case <-ctx.Done():
-			t.Cancel()
-			watcher <- true
-		case <-done:
-			watcher <- false
-		}
-	}()
+	stop := watch(ctx, t.Cancel)
 	err := call(func() C.int32_t { return C.train_with(t.raw, C.uintptr_t(h)) })
-	close(done)
-	byCtx := <-watcher
+	byCtx := stop()
 	if pc.panicV != nil {
 		panic(pc.panicV)
 	}
-	if e, ok := err.(*Error); ok && e.Code == 7 && byCtx {
-		e.cause = ctx.Err()
-	}
-	return err
+	return withCause(err, byCtx, ctx)
 }
 
-// Cancel asks a running Train to stop after the current step; safe from any goroutine. The C
-// ABI has no way to withdraw a request, so a Cancel while no Train runs stops the next
-// Train/Step after its first step.
+// Cancel asks a running Train to stop after the current step (a running Step at its next
+// micro-batch); safe from any goroutine, also from the progress callback. A Cancel while
+// neither runs is discarded when the next one starts (the C ABI's rule; see the package doc).
 func (t *Trainer) Cancel() {
 	t.cancelMu.Lock()
 	defer t.cancelMu.Unlock()
@@ -627,7 +711,9 @@ func (t *Trainer) Cancel() {
 
 // Evaluate runs the model with the adapter on data (nil: the training data's held-out split).
 func (t *Trainer) Evaluate(data *Dataset) (EvalResult, error) {
-	t.mu.Lock()
+	if err := t.lock("Evaluate"); err != nil {
+		return EvalResult{}, err
+	}
 	defer t.mu.Unlock()
 	var r C.qlft_eval_result
 	r.struct_size = C.uint32_t(unsafe.Sizeof(r))
@@ -640,8 +726,10 @@ func (t *Trainer) Evaluate(data *Dataset) (EvalResult, error) {
 	return EvalResult{float64(r.loss), float64(r.perplexity), uint64(r.tokens)}, err
 }
 
-func (t *Trainer) pathCall(path string, f func(*C.char) C.int32_t) error {
-	t.mu.Lock()
+func (t *Trainer) pathCall(op, path string, f func(*C.char) C.int32_t) error {
+	if err := t.lock(op); err != nil {
+		return err
+	}
 	defer t.mu.Unlock()
 	cp := C.CString(path)
 	defer C.free(unsafe.Pointer(cp))
@@ -652,34 +740,36 @@ func (t *Trainer) pathCall(path string, f func(*C.char) C.int32_t) error {
 func (t *Trainer) SaveAdapter(path, format string) error {
 	cf := C.CString(format)
 	defer C.free(unsafe.Pointer(cf))
-	return t.pathCall(path, func(p *C.char) C.int32_t { return C.qlft_trainer_save_adapter(t.raw, p, cf) })
+	return t.pathCall("SaveAdapter", path, func(p *C.char) C.int32_t { return C.qlft_trainer_save_adapter(t.raw, p, cf) })
 }
 
 // LoadAdapter loads a PEFT adapter directory.
 func (t *Trainer) LoadAdapter(path string) error {
-	return t.pathCall(path, func(p *C.char) C.int32_t { return C.qlft_trainer_load_adapter(t.raw, p) })
+	return t.pathCall("LoadAdapter", path, func(p *C.char) C.int32_t { return C.qlft_trainer_load_adapter(t.raw, p) })
 }
 
 // SaveCheckpoint writes a resumable checkpoint.
 func (t *Trainer) SaveCheckpoint(path string) error {
-	return t.pathCall(path, func(p *C.char) C.int32_t { return C.qlft_trainer_save_checkpoint(t.raw, p) })
+	return t.pathCall("SaveCheckpoint", path, func(p *C.char) C.int32_t { return C.qlft_trainer_save_checkpoint(t.raw, p) })
 }
 
 // Resume continues from a checkpoint.
 func (t *Trainer) Resume(path string) error {
-	return t.pathCall(path, func(p *C.char) C.int32_t { return C.qlft_trainer_resume(t.raw, p) })
+	return t.pathCall("Resume", path, func(p *C.char) C.int32_t { return C.qlft_trainer_resume(t.raw, p) })
 }
 
 // ExportMerged writes base + adapter: "safetensors", "gguf-f16" or "gguf-bf16".
 func (t *Trainer) ExportMerged(path, format string) error {
 	cf := C.CString(format)
 	defer C.free(unsafe.Pointer(cf))
-	return t.pathCall(path, func(p *C.char) C.int32_t { return C.qlft_trainer_export_merged(t.raw, p, cf) })
+	return t.pathCall("ExportMerged", path, func(p *C.char) C.int32_t { return C.qlft_trainer_export_merged(t.raw, p, cf) })
 }
 
 // MemoryReport is the trainer's memory use.
 func (t *Trainer) MemoryReport() (MemoryReport, error) {
-	t.mu.Lock()
+	if err := t.lock("MemoryReport"); err != nil {
+		return MemoryReport{}, err
+	}
 	defer t.mu.Unlock()
 	var m C.qlft_memory_report
 	m.struct_size = C.uint32_t(unsafe.Sizeof(m))
@@ -687,17 +777,23 @@ func (t *Trainer) MemoryReport() (MemoryReport, error) {
 	return memoryReport(&m), err
 }
 
-// Close frees the trainer (waiting for a running Train); later calls are no-ops.
+// Close frees the trainer (waiting for a running Train); its Generations must be closed first.
+// Later calls are no-ops.
 func (t *Trainer) Close() error {
 	if t == nil {
 		return nil
 	}
-	t.mu.Lock()
+	if err := t.lock("Close"); err != nil {
+		return err
+	}
 	defer t.mu.Unlock()
 	t.cancelMu.Lock()
 	defer t.cancelMu.Unlock()
 	if t.raw == nil {
 		return nil
+	}
+	if n := atomic.LoadInt32(&t.generations); n > 0 {
+		return goError(1, "trainer is still used by %d generation(s)", n)
 	}
 	C.qlft_trainer_free(t.raw)
 	t.raw = nil
@@ -732,23 +828,47 @@ func qlftGoText(text *C.char, handle C.uintptr_t) (ret C.int32_t) {
 }
 
 // Generate samples from prompt (generate.* settings), with trainer's adapter when not nil.
-// onText receives complete UTF-8 pieces and returns false to stop.
-func (m *Model) Generate(trainer *Trainer, prompt string, config *Config, onText func(string) bool) error {
+// onText receives complete UTF-8 pieces and returns false to stop. When ctx is done, it stops
+// at the next piece with ErrCancelled unwrapping to ctx.Err(). NewGeneration streams token
+// ids and the finish reason instead.
+func (m *Model) Generate(ctx context.Context, trainer *Trainer, prompt string, config *Config,
+	onText func(string) bool) error {
 	var traw *C.qlft_trainer
 	if trainer != nil {
-		trainer.mu.Lock()
+		if err := trainer.lock("Generate"); err != nil {
+			return err
+		}
 		defer trainer.mu.Unlock()
 		traw = trainer.raw
+	}
+	if err := ctx.Err(); err != nil {
+		return &Error{Code: 7, Message: "generation not started: " + err.Error(), cause: err}
+	}
+	byCtx := false
+	userFn := onText
+	onText = func(piece string) bool {
+		if ctx.Err() != nil {
+			byCtx = true
+			return false
+		}
+		return userFn(piece)
 	}
 	cp := C.CString(prompt)
 	defer C.free(unsafe.Pointer(cp))
 	tc := &textCtx{fn: onText}
 	h := cgo.NewHandle(tc)
 	defer h.Delete()
-	err := call(func() C.int32_t { return C.generate_with(m.raw, traw, cp, cfgPtr(config), C.uintptr_t(h)) })
+	cfgRaw, err := cfgPtr(config)
+	if err != nil {
+		return err
+	}
+	err = call(func() C.int32_t { return C.generate_with(m.raw, traw, cp, cfgRaw, C.uintptr_t(h)) })
 	runtime.KeepAlive(config)
 	if tc.panicV != nil {
 		panic(tc.panicV)
+	}
+	if err == nil && byCtx { // qlft_generate ends normally when the callback stops it
+		err = &Error{Code: 7, Message: "generation cancelled: " + ctx.Err().Error(), cause: ctx.Err()}
 	}
 	return err
 }

@@ -116,7 +116,7 @@ func TestTrainsAFewStepsAndSavesAnAdapter(t *testing.T) {
 	gen, _ := qlft.NewConfigFrom(map[string]string{"generate.max_tokens": "8", "threads": "1"})
 	defer gen.Close()
 	var out strings.Builder
-	if err := s.model.Generate(s.tr, "Once", gen, func(p string) bool { out.WriteString(p); return true }); err != nil {
+	if err := s.model.Generate(context.Background(), s.tr, "Once", gen, func(p string) bool { out.WriteString(p); return true }); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -209,7 +209,7 @@ func TestCancellation(t *testing.T) {
 		_ = s.tr.Train(context.Background(), func(qlft.StepStats) bool { panic("boom") })
 	}()
 	// Training goes on afterwards.
-	if st, err := s.tr.Step(); err != nil || st.Step < 4 {
+	if st, err := s.tr.Step(context.Background()); err != nil || st.Step < 4 {
 		t.Fatalf("step after cancels: %+v, %v", st, err)
 	}
 }

@@ -5,6 +5,7 @@
 #include "backend/cuda_entry.h"
 #include "core/cpu_isa.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "core/threads.h"
 
 using qlft::guard;
@@ -32,6 +33,9 @@ int32_t qlft_runtime_create(const qlft_config* config, qlft_runtime** out) {
           "backend=cuda: this libqlft was built without CUDA (configure with -DQLFT_CUDA=ON)");
 #endif
     }
+    // Logging is process-wide: a config that sets log.level changes the level for everything
+    // (the last of this and qlft_set_log_callback's max_level wins).
+    if (c.is_set("log.level")) qlft::set_log_level(qlft::log_level_from_name(c.get("log.level")));
     rt->threads = static_cast<int>(c.get_int("threads"));
     rt->tracker.set_limit(c.get_size("memory.limit"));
     qlft::set_num_threads(rt->threads);

@@ -53,6 +53,26 @@ void fill_stats(const qlft_trainer* t, const qlft::StepReport& r, qlft_step_stat
   copy_out(full, s);
 }
 
+// The trainer whose qlft_trainer_train is running its progress callback on this thread (the
+// callback runs on the thread that called qlft_trainer_train). The step is complete then, so
+// saving, evaluating, exporting, generating and the queries are fine (the CLI checkpoints from
+// its callback), but calls that step or replace the state under the running loop (step, train,
+// load_adapter, resume) are refused, and qlft_trainer_free is deferred to the loop's end.
+struct InProgress {
+  const qlft_trainer* trainer = nullptr;
+  bool free_requested = false;
+};
+thread_local InProgress t_in_progress;
+
+void refuse_reentry(const qlft_trainer* t, const char* fn) {
+  if (t && t == t_in_progress.trainer)
+    qlft::throw_error(QLFT_ERR_INVALID_ARGUMENT,
+                      "%s: called from the trainer's own progress callback (inside "
+                      "qlft_trainer_train), where the trainer may be saved, evaluated or "
+                      "cancelled but not stepped, trained, loaded or resumed",
+                      fn);
+}
+
 }  // namespace
 
 extern "C" {
@@ -129,12 +149,18 @@ int32_t qlft_trainer_create(qlft_model* model, qlft_dataset* train_data, const q
 }
 
 void qlft_trainer_free(qlft_trainer* trainer) {
+  if (trainer && trainer == t_in_progress.trainer) {  // freed when qlft_trainer_train returns
+    t_in_progress.free_requested = true;
+    trainer->trainer->cancel();
+    return;
+  }
   delete trainer;
 }
 
 int32_t qlft_trainer_step(qlft_trainer* trainer, qlft_step_stats* out) {
   return guard([&] {
     QLFT_CHECK_ARG(trainer, "qlft_trainer_step: trainer is NULL");
+    refuse_reentry(trainer, "qlft_trainer_step");
     trainer->trainer->clear_cancel();  // a cancel sent while idle does not outlive the idle time
     qlft::StepReport r;
     if (!trainer->trainer->step(&r))
@@ -148,6 +174,7 @@ int32_t qlft_trainer_step(qlft_trainer* trainer, qlft_step_stats* out) {
 int32_t qlft_trainer_train(qlft_trainer* trainer, qlft_progress_fn progress, void* user_data) {
   return guard([&] {
     QLFT_CHECK_ARG(trainer, "qlft_trainer_train: trainer is NULL");
+    refuse_reentry(trainer, "qlft_trainer_train");
     qlft::Trainer& t = *trainer->trainer;
     t.clear_cancel();  // only a cancel sent while this call runs stops it
     const qlft::TrainSettings& ts = t.settings();
@@ -164,7 +191,21 @@ int32_t qlft_trainer_train(qlft_trainer* trainer, qlft_progress_fn progress, voi
         s.eval_loss = static_cast<float>(t.evaluate(*trainer->data->data).loss);
       if (ts.save_every > 0 && r.step % ts.save_every == 0)
         t.save_checkpoint(ts.output_dir + "/checkpoint.safetensors");
-      if (progress && progress(&s, user_data) != 0) t.cancel();
+      if (progress) {
+        InProgress saved = t_in_progress;
+        t_in_progress = {trainer, false};
+        int32_t stop = progress(&s, user_data);
+        bool free_requested = t_in_progress.free_requested;
+        t_in_progress = saved;
+        if (free_requested) {  // qlft_trainer_free from the callback: free it now, on the way out
+          delete trainer;
+          qlft::throw_error(QLFT_ERR_CANCELLED,
+                            "training stopped after step %lld: the progress callback freed the "
+                            "trainer",
+                            static_cast<long long>(r.step));
+        }
+        if (stop != 0) t.cancel();
+      }
       if (t.cancel_requested()) {
         t.clear_cancel();
         qlft::throw_error(QLFT_ERR_CANCELLED, "training cancelled after step %lld",
@@ -223,6 +264,7 @@ int32_t qlft_trainer_load_adapter(qlft_trainer* trainer, const char* path) {
   return guard([&] {
     QLFT_CHECK_ARG(trainer && path && *path,
                    "qlft_trainer_load_adapter: trainer and path must be given");
+    refuse_reentry(trainer, "qlft_trainer_load_adapter");
     qlft::load_peft_adapter(trainer->trainer->lora(), path);
   });
 }
@@ -238,6 +280,7 @@ int32_t qlft_trainer_save_checkpoint(qlft_trainer* trainer, const char* path) {
 int32_t qlft_trainer_resume(qlft_trainer* trainer, const char* path) {
   return guard([&] {
     QLFT_CHECK_ARG(trainer && path && *path, "qlft_trainer_resume: trainer and path must be given");
+    refuse_reentry(trainer, "qlft_trainer_resume");
     trainer->trainer->resume(path);
   });
 }

@@ -31,6 +31,17 @@ void set_log_callback(qlft_log_fn fn, void* user, int32_t max_level) {
   g_max_level.store(fn ? max_level : QLFT_LOG_WARN);
 }
 
+void set_log_level(int32_t max_level) {
+  g_max_level.store(max_level);
+}
+
+int32_t log_level_from_name(const std::string& name) {
+  static const char* names[] = {"error", "warn", "info", "debug"};
+  for (int32_t i = 0; i < 4; ++i)
+    if (name == names[i]) return i;
+  return -1;
+}
+
 void log_message(int32_t level, const char* fmt, ...) {
   if (!log_enabled(level)) return;
   char buf[2048];

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "qlft.h"
 
@@ -10,6 +11,11 @@ namespace qlft {
 void log_message(int32_t level, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 bool log_enabled(int32_t level);
 void set_log_callback(qlft_log_fn fn, void* user, int32_t max_level);
+// Changes only the most verbose level passed on (the log.level setting, applied by
+// qlft_runtime_create when a config sets it).
+void set_log_level(int32_t max_level);
+// QLFT_LOG_* of a log.level value ("error", "warn", "info", "debug"); -1 if none of them.
+int32_t log_level_from_name(const std::string& name);
 
 }  // namespace qlft
 

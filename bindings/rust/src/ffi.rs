@@ -274,4 +274,42 @@ extern "C" {
         on_text: qlft_text_fn,
         user: *mut c_void,
     ) -> i32;
+
+    pub fn qlft_generation_create(
+        model: *const qlft_model,
+        trainer: *const qlft_trainer,
+        prompt: *const c_char,
+        config: *const qlft_config,
+        stop: *const *const c_char,
+        n_stop: usize,
+        out: *mut *mut qlft_generation,
+    ) -> i32;
+    pub fn qlft_generation_next(
+        generation: *mut qlft_generation,
+        out: *mut qlft_generated_token,
+    ) -> i32;
+    pub fn qlft_generation_cancel(generation: *mut qlft_generation);
+    pub fn qlft_generation_free(generation: *mut qlft_generation);
+}
+
+pub const QLFT_FINISH_NONE: i32 = 0;
+pub const QLFT_FINISH_EOS: i32 = 1;
+pub const QLFT_FINISH_LENGTH: i32 = 2;
+pub const QLFT_FINISH_STOP: i32 = 3;
+pub const QLFT_FINISH_CANCELLED: i32 = 4;
+
+#[repr(C)]
+pub struct qlft_generation {
+    _p: [u8; 0],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct qlft_generated_token {
+    pub struct_size: u32,
+    pub id: i32,
+    pub index: u32,
+    pub finish_reason: i32,
+    pub text: *const c_char,
+    pub text_len: usize,
 }

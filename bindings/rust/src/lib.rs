@@ -13,10 +13,18 @@
 //!   thread) but not `Sync` (no two threads may use one handle at once).
 //! - [`Model`] is `Send + Sync`: its `&self` methods are the header's read-only (`const`) uses,
 //!   and several trainers on several threads may share it.
-//! - A [`Canceller`] only *asks* a running `train` to stop; a cancel that arrives when no
-//!   `train` runs stops the next `train`/`step` after its first step (the C ABI has no reset).
 //! - [`Canceller`] is `Send + Sync + Clone` and outlives nothing: it stops a running `train` from
 //!   any thread, and does nothing once its trainer is dropped.
+//! - [`Generation`] (streaming generation, an [`Iterator`] over [`Token`]s) is `Send`; its
+//!   [`GenerationCanceller`] is `Send + Sync + Clone` like a trainer's.
+//!
+//! # Cancellation (the same everywhere: C, Rust, Go)
+//! A cancel stops the operation in progress. A trainer is in progress only inside `train` /
+//! `step` (stopped after the current step, or at the step's next micro-batch, rolled back); a
+//! cancel sent while neither runs is discarded when the next one starts. A [`Generation`] is in
+//! progress from its creation to its last token, so its cancel is never discarded: the next
+//! (or the running) token ends it with [`FinishReason::Cancelled`], and at most one token is
+//! delivered after `cancel` returns.
 //!
 //! ```compile_fail
 //! fn need_sync<T: Sync>() {}
@@ -26,6 +34,10 @@
 //! fn need_sync<T: Sync>() {}
 //! need_sync::<qlft::Dataset<'static>>();
 //! ```
+//!
+//! Calling into a trainer from its own progress callback (which the C ABI refuses for step,
+//! train, load and resume) cannot be written here: `train` holds `&mut self` while the closure
+//! runs. A [`Generation`] borrows its trainer, so the trainer cannot train while it is alive.
 //!
 //! Lifetimes encode "must not outlive": `Model<'r>` borrows its runtime, `Dataset<'m>` its model,
 //! and `Trainer<'m>` its model (shared) and its training dataset (exclusively).
@@ -544,6 +556,186 @@ impl<'r> Model<'r> {
             ));
         }
         r
+    }
+}
+
+// ---- streaming generation -----------------------------------------------------------------
+
+/// Why a generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FinishReason {
+    /// The end-of-sequence token (generate.stop_at_eos).
+    Eos,
+    /// generate.max_tokens tokens, or the model's context is full.
+    Length,
+    /// The text reached a stop string (not delivered).
+    Stop,
+    /// [`Generation::cancel`] / [`GenerationCanceller::cancel`].
+    Cancelled,
+}
+
+/// One event of a [`Generation`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Token {
+    /// The sampled id; None on the event that ends a cancelled generation.
+    pub id: Option<i32>,
+    /// 0 for the first generated token.
+    pub index: u32,
+    /// The text that became final with this token (often empty: an unfinished UTF-8 character
+    /// or a possible stop string is held back until it is decided).
+    pub text: String,
+    /// Set on the last event only.
+    pub finish: Option<FinishReason>,
+}
+
+/// Streaming generation: an iterator over [`Token`]s that ends after the event whose `finish`
+/// is set. The same ids as [`Model::generate`] for the same settings. Borrows the model and the
+/// trainer whose adapter it uses (so the trainer cannot train meanwhile).
+pub struct Generation<'a> {
+    raw: *mut ffi::qlft_generation,
+    shared: Arc<Mutex<SendGen>>,
+    finish: Option<FinishReason>,
+    _m: PhantomData<&'a ()>,
+}
+// SAFETY: the C generation may move between threads; it is used by one at a time (&mut self).
+unsafe impl Send for Generation<'_> {}
+
+struct SendGen(*mut ffi::qlft_generation);
+// SAFETY: only used for qlft_generation_cancel (safe from any thread), ordered against the free
+// by the mutex.
+unsafe impl Send for SendGen {}
+
+/// Cancels a [`Generation`] from any thread; does nothing once the generation is dropped.
+#[derive(Clone)]
+pub struct GenerationCanceller {
+    shared: Arc<Mutex<SendGen>>,
+}
+
+impl GenerationCanceller {
+    pub fn cancel(&self) {
+        let g = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+        if !g.0.is_null() {
+            unsafe { ffi::qlft_generation_cancel(g.0) }
+        }
+    }
+}
+
+fn finish_reason(code: i32) -> Option<FinishReason> {
+    match code {
+        ffi::QLFT_FINISH_EOS => Some(FinishReason::Eos),
+        ffi::QLFT_FINISH_LENGTH => Some(FinishReason::Length),
+        ffi::QLFT_FINISH_STOP => Some(FinishReason::Stop),
+        ffi::QLFT_FINISH_CANCELLED => Some(FinishReason::Cancelled),
+        _ => None,
+    }
+}
+
+impl<'r> Model<'r> {
+    /// Starts a streaming generation from `prompt` (generate.* settings), with `trainer`'s
+    /// adapter if given; it ends at the first of the `stop` strings. Nothing runs before the
+    /// first token is asked for.
+    pub fn generation<'a>(
+        &'a self,
+        trainer: Option<&'a Trainer<'_>>,
+        prompt: &str,
+        config: Option<&Config>,
+        stop: &[&str],
+    ) -> Result<Generation<'a>> {
+        let pr = c_string(prompt)?;
+        let stops = stop
+            .iter()
+            .map(|s| c_string(s))
+            .collect::<Result<Vec<CString>>>()?;
+        let ptrs: Vec<*const c_char> = stops.iter().map(|s| s.as_ptr()).collect();
+        let mut raw = ptr::null_mut();
+        check(unsafe {
+            ffi::qlft_generation_create(
+                self.raw,
+                trainer.map_or(ptr::null(), |t| t.raw),
+                pr.as_ptr(),
+                opt_cfg(config),
+                if ptrs.is_empty() {
+                    ptr::null()
+                } else {
+                    ptrs.as_ptr()
+                },
+                ptrs.len(),
+                &mut raw,
+            )
+        })?;
+        Ok(Generation {
+            raw,
+            shared: Arc::new(Mutex::new(SendGen(raw))),
+            finish: None,
+            _m: PhantomData,
+        })
+    }
+}
+
+impl Generation<'_> {
+    /// Computes the next event (after the last one: the end again, with no id and no text).
+    pub fn next_token(&mut self) -> Result<Token> {
+        let mut t = ffi::qlft_generated_token {
+            struct_size: std::mem::size_of::<ffi::qlft_generated_token>() as u32,
+            id: -1,
+            index: 0,
+            finish_reason: 0,
+            text: ptr::null(),
+            text_len: 0,
+        };
+        check(unsafe { ffi::qlft_generation_next(self.raw, &mut t) })?;
+        let text = if t.text.is_null() {
+            String::new()
+        } else {
+            let b = unsafe { std::slice::from_raw_parts(t.text.cast::<u8>(), t.text_len) };
+            String::from_utf8_lossy(b).into_owned()
+        };
+        let tok = Token {
+            id: (t.id >= 0).then_some(t.id),
+            index: t.index,
+            text,
+            finish: finish_reason(t.finish_reason),
+        };
+        self.finish = self.finish.or(tok.finish);
+        Ok(tok)
+    }
+    /// Why the generation ended (None while it goes on).
+    pub fn finish_reason(&self) -> Option<FinishReason> {
+        self.finish
+    }
+    /// Ends the generation (see the crate docs on cancellation).
+    pub fn cancel(&self) {
+        unsafe { ffi::qlft_generation_cancel(self.raw) }
+    }
+    /// A handle that cancels this generation from another thread.
+    pub fn canceller(&self) -> GenerationCanceller {
+        GenerationCanceller {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+/// Yields every event up to and including the one that ends the generation; an error ends the
+/// iteration after it is yielded.
+impl Iterator for Generation<'_> {
+    type Item = Result<Token>;
+    fn next(&mut self) -> Option<Result<Token>> {
+        if self.finish.is_some() {
+            return None;
+        }
+        let r = self.next_token();
+        if r.is_err() {
+            self.finish = Some(FinishReason::Cancelled);
+        }
+        Some(r)
+    }
+}
+
+impl Drop for Generation<'_> {
+    fn drop(&mut self) {
+        let mut g = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+        g.0 = ptr::null_mut();
+        unsafe { ffi::qlft_generation_free(self.raw) }
     }
 }
 

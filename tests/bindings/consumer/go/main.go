@@ -4,6 +4,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 
@@ -27,7 +28,7 @@ func run(model, prompt, n string) error {
 	}
 	defer m.Close()
 	fmt.Print("text: ")
-	err = m.Generate(nil, prompt, cfg, func(piece string) bool {
+	err = m.Generate(context.Background(), nil, prompt, cfg, func(piece string) bool {
 		fmt.Print(piece)
 		return true
 	})
