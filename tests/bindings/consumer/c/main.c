@@ -1,5 +1,6 @@
 /* A program outside the qlft tree, built against an installed qlft (pkg-config or
- * find_package): prints the library version, then greedy-generates N tokens from a prompt.
+ * find_package): prints the library version, then greedy-generates N tokens from a prompt
+ * (qlft_generate's text, then the streamed ids and finish reason).
  *   qlft-consumer MODEL PROMPT N */
 #include <qlft.h>
 #include <stdio.h>
@@ -36,6 +37,23 @@ int main(int argc, char** argv) {
   if ((st = qlft_generate(model, NULL, argv[2], cfg, print_text, NULL)) != QLFT_OK)
     return fail("generate", st);
   fputs("\n", stdout);
+  /* The same generation streamed: every token's id, and why it ended. */
+  {
+    static const char* const reasons[] = {"none", "eos", "length", "stop", "cancelled"};
+    qlft_generation* gen = NULL;
+    qlft_generated_token tok;
+    tok.finish_reason = QLFT_FINISH_NONE;
+    if ((st = qlft_generation_create(model, NULL, argv[2], cfg, NULL, 0, &gen)) != QLFT_OK)
+      return fail("generation", st);
+    fputs("ids:", stdout);
+    while (tok.finish_reason == QLFT_FINISH_NONE) {
+      tok.struct_size = sizeof tok;
+      if ((st = qlft_generation_next(gen, &tok)) != QLFT_OK) return fail("next", st);
+      if (tok.id >= 0) printf(" %d", (int)tok.id);
+    }
+    printf("\nfinish: %s\n", reasons[tok.finish_reason]);
+    qlft_generation_free(gen);
+  }
   qlft_model_free(model);
   qlft_runtime_free(rt);
   qlft_config_free(cfg);

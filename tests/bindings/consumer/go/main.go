@@ -33,7 +33,23 @@ func run(model, prompt, n string) error {
 		return true
 	})
 	fmt.Println()
-	return err
+	if err != nil {
+		return err
+	}
+	// The same generation streamed: every token's id, and why it ended.
+	g, err := m.NewGeneration(nil, prompt, cfg, nil)
+	if err != nil {
+		return err
+	}
+	defer g.Close()
+	fmt.Print("ids:")
+	for tok := range g.Tokens(context.Background()) {
+		if tok.ID >= 0 {
+			fmt.Print(" ", tok.ID)
+		}
+	}
+	fmt.Printf("\nfinish: %v\n", g.Finish())
+	return g.Err()
 }
 
 func main() {

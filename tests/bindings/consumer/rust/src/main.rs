@@ -1,4 +1,5 @@
-//! Prints the library version, then greedy-generates N tokens: qlft-consumer MODEL PROMPT N
+//! Prints the library version, then greedy-generates N tokens (the text, then the streamed ids
+//! and finish reason): qlft-consumer MODEL PROMPT N
 use std::io::Write;
 
 fn main() -> Result<(), qlft::Error> {
@@ -18,5 +19,15 @@ fn main() -> Result<(), qlft::Error> {
         true
     })?;
     writeln!(out).unwrap();
+    // The same generation streamed: every token's id, and why it ended.
+    write!(out, "ids:").unwrap();
+    let mut g = model.generation(None, &a[2], Some(&cfg), &[])?;
+    for t in &mut g {
+        if let Some(id) = t?.id {
+            write!(out, " {id}").unwrap();
+        }
+    }
+    let finish = format!("{:?}", g.finish_reason().unwrap()).to_lowercase();
+    writeln!(out, "\nfinish: {finish}").unwrap();
     Ok(())
 }
