@@ -87,5 +87,13 @@ func LayoutLines() []string {
 	f("qlft_eval_result.loss", unsafe.Offsetof(v_qlft_eval_result.loss))
 	f("qlft_eval_result.perplexity", unsafe.Offsetof(v_qlft_eval_result.perplexity))
 	f("qlft_eval_result.tokens", unsafe.Offsetof(v_qlft_eval_result.tokens))
+	var v_qlft_generated_token C.qlft_generated_token
+	v = append(v, fmt.Sprintf("qlft_generated_token size %d", unsafe.Sizeof(v_qlft_generated_token)))
+	f("qlft_generated_token.struct_size", unsafe.Offsetof(v_qlft_generated_token.struct_size))
+	f("qlft_generated_token.id", unsafe.Offsetof(v_qlft_generated_token.id))
+	f("qlft_generated_token.index", unsafe.Offsetof(v_qlft_generated_token.index))
+	f("qlft_generated_token.finish_reason", unsafe.Offsetof(v_qlft_generated_token.finish_reason))
+	f("qlft_generated_token.text", unsafe.Offsetof(v_qlft_generated_token.text))
+	f("qlft_generated_token.text_len", unsafe.Offsetof(v_qlft_generated_token.text_len))
 	return v
 }

@@ -82,5 +82,13 @@ int main(void) {
   F(qlft_eval_result, loss);
   F(qlft_eval_result, perplexity);
   F(qlft_eval_result, tokens);
+
+  S(qlft_generated_token);
+  F(qlft_generated_token, struct_size);
+  F(qlft_generated_token, id);
+  F(qlft_generated_token, index);
+  F(qlft_generated_token, finish_reason);
+  F(qlft_generated_token, text);
+  F(qlft_generated_token, text_len);
   return 0;
 }

@@ -1004,5 +1004,12 @@ pub fn layout_lines() -> Vec<String> {
     f!(qlft_eval_result, loss);
     f!(qlft_eval_result, perplexity);
     f!(qlft_eval_result, tokens);
+    s!(qlft_generated_token);
+    f!(qlft_generated_token, struct_size);
+    f!(qlft_generated_token, id);
+    f!(qlft_generated_token, index);
+    f!(qlft_generated_token, finish_reason);
+    f!(qlft_generated_token, text);
+    f!(qlft_generated_token, text_len);
     v
 }
