@@ -104,8 +104,6 @@ TEST(ApiModel, Stories260KDefaultNf4) {
   Rt rt;
   qlft_model* m = nullptr;
   int32_t st = qlft_model_load(rt.rt, path.c_str(), nullptr, &m);
-  if (st == QLFT_ERR_UNSUPPORTED)
-    GTEST_SKIP() << "default quant.type=nf4 not implemented yet: " << qlft_last_error();
   ASSERT_EQ(st, QLFT_OK) << qlft_last_error();
   const qlft_model_details d = info_of(m);
   EXPECT_STREQ(d.quant_type, "nf4");

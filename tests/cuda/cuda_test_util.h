@@ -8,13 +8,15 @@
 #include <vector>
 
 #include "backend/cuda_entry.h"
+#include "support/test_support.h"
 
-// Skips the test (reported as skipped by ctest) when no CUDA device can be used.
-#define QLFT_NEED_GPU()                                                       \
-  do {                                                                        \
-    std::string qlft_why_;                                                    \
-    if (qlft::cuda_device_count(&qlft_why_) == 0)                             \
-      GTEST_SKIP() << "no usable CUDA device (" << qlft_why_ << "): skipped"; \
+// Skips the test (reported as skipped by ctest) when no CUDA device can be used; fails instead
+// under QLFT_REQUIRE_GPU=1 (a GPU machine with a broken driver must not look green).
+#define QLFT_NEED_GPU()                                                              \
+  do {                                                                               \
+    std::string qlft_why_;                                                           \
+    if (qlft::cuda_device_count(&qlft_why_) == 0)                                    \
+      QLFT_SKIP("no-gpu") << "no usable CUDA device (" << qlft_why_ << "): skipped"; \
   } while (0)
 
 namespace qlft_cuda_test {

@@ -43,7 +43,8 @@ TEST(CudaSelection, BackendCudaWithoutDeviceFailsClearly) {
 }
 
 TEST(CudaSelection, FactoryWithoutDeviceThrowsBackendError) {
-  if (have_gpu()) GTEST_SKIP() << "a CUDA device is present: this case covers machines without one";
+  if (have_gpu())
+    QLFT_SKIP("gpu-present") << "a CUDA device is present: this case covers machines without one";
   qlft::MemoryTracker t;
   try {
     auto be = qlft::make_backend("cuda", &t, "fp32");

@@ -5,7 +5,8 @@
 //       collectives checked against closed-form values (sums of rank-dependent data).
 //   dist_worker train MODEL DATA CURVE [key=value ...]
 //       a stories260K LoRA fine-tune with the qlft config keys given; rank 0 writes one
-//       "step loss grad_norm" line per step to CURVE. Worker keys:
+//       "step loss grad_norm" line per step to CURVE, and when training ends normally the final
+//       LoRA weights (every A and B, HF order, raw float32) to CURVE.lora. Worker keys:
 //         w.save_at=K w.ckpt=PATH   save a checkpoint after step K (every rank calls it)
 //         w.save_every=1            save after every step to w.ckpt
 //         w.resume=PATH             resume from PATH first
@@ -25,7 +26,9 @@
 //       probes
 //       about. (Mismatched collectives cannot be tested: MPI may match them with each other.)
 //   dist_worker compare A B TOL [FIRST_STEP]
-//       the curves agree step by step within relative TOL (from FIRST_STEP on).
+//       the curves hold the same steps (from FIRST_STEP on: a truncated run fails) and agree
+//       step by step within relative TOL, and the final LoRA weights A.lora and B.lora agree
+//       within TOL (max |a-b| / max |b|; TOL 0: bit for bit).
 // Exit 0 on success, 1 on a failed check, 2 on a usage error.
 #include <signal.h>
 #include <unistd.h>
@@ -209,9 +212,56 @@ std::map<int, std::vector<double>> read_curve(const std::string& path) {
   return m;
 }
 
+std::vector<float> read_floats(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return {};
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<float> v(bytes.size() / 4);
+  std::memcpy(v.data(), bytes.data(), v.size() * 4);
+  return v;
+}
+
+// The final LoRA weights of two runs: same count, max |a-b| / max |b| within tol.
+int compare_weights(const std::string& a, const std::string& b, double tol) {
+  const std::vector<float> x = read_floats(a), y = read_floats(b);
+  if (x.empty() || y.empty()) {
+    std::printf("final LoRA weights missing (%s: %zu floats, %s: %zu floats)\n", a.c_str(),
+                x.size(), b.c_str(), y.size());
+    return 1;
+  }
+  if (x.size() != y.size()) {
+    std::printf("final LoRA weights: %zu vs %zu floats\n", x.size(), y.size());
+    return 1;
+  }
+  double scale = 1e-30, err = 0;
+  size_t worst = 0;
+  for (size_t i = 0; i < y.size(); ++i) scale = std::max(scale, double(std::fabs(y[i])));
+  for (size_t i = 0; i < y.size(); ++i) {
+    const double d =
+        std::isnan(x[i]) != std::isnan(y[i]) ? INFINITY : std::fabs(double(x[i]) - y[i]);
+    if (!(d <= err)) err = d, worst = i;
+  }
+  const double rel = err / scale;
+  std::printf(
+      "final LoRA weights: %zu floats, max difference %.3g of max |w| %.3g (relative %.3g)\n",
+      y.size(), err, scale, rel);
+  if (!(rel <= tol)) {
+    std::printf("final LoRA weights differ: [%zu] %.9g vs %.9g (relative %.3g > %.3g)\n", worst,
+                x[worst], y[worst], rel, tol);
+    return 1;
+  }
+  return 0;
+}
+
 int compare(const std::string& a, const std::string& b, double tol, int first) {
   auto x = read_curve(a), y = read_curve(b);
   int compared = 0, bad = 0;
+  for (const auto& [step, v] : y) {
+    if (step >= first && !x.count(step)) {
+      std::printf("step %d missing from %s (a truncated run?)\n", step, a.c_str());
+      ++bad;
+    }
+  }
   for (const auto& [step, v] : x) {
     if (step < first) continue;
     auto it = y.find(step);
@@ -236,7 +286,24 @@ int compare(const std::string& a, const std::string& b, double tol, int first) {
     return 1;
   }
   std::printf("%d steps compared, %d mismatches\n", compared, bad);
+  if (compare_weights(a + ".lora", b + ".lora", tol) != 0) ++bad;
   return bad ? 1 : 0;
+}
+
+// CURVE.lora: every A and B in the adapter's fixed order (layer, projection, A then B).
+void write_final_lora(const LoraAdapter& lora, const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f) throw_error(QLFT_ERR_IO, "cannot write %s", path.c_str());
+  for (int l = 0; l < lora.n_layers(); ++l)
+    for (int p = 0; p < kProjCount; ++p) {
+      if (!lora.targets(static_cast<Proj>(p))) continue;
+      for (auto part : {LoraAdapter::Part::A, LoraAdapter::Part::B}) {
+        const std::vector<float> v = lora.get_hf(l, static_cast<Proj>(p), part);
+        if (std::fwrite(v.data(), 4, v.size(), f) != v.size())
+          throw_error(QLFT_ERR_IO, "cannot write %s", path.c_str());
+      }
+    }
+  if (std::fclose(f) != 0) throw_error(QLFT_ERR_IO, "cannot write %s", path.c_str());
 }
 
 int train(const std::string& model_path, const std::string& data_path, const std::string& curve,
@@ -312,6 +379,7 @@ int train(const std::string& model_path, const std::string& data_path, const std
       }
       if (r.step == save_at || save_every > 0) t.save_checkpoint(w["w.ckpt"]);
     }
+    if (t.is_writer()) write_final_lora(t.lora(), curve + ".lora");
     if (w.count("w.mem")) {
       MemorySnapshot m = tracker.snapshot();
       const int wt = static_cast<int>(MemCategory::Weights);

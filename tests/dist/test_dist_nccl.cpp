@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "dist/communicator.h"
+#include "support/test_support.h"
 
 using namespace qlft;
 
@@ -27,7 +28,7 @@ bool have_device(std::string* why) {
 
 TEST(DistNccl, CollectivesOnDeviceBuffers) {
   std::string why;
-  if (!have_device(&why)) GTEST_SKIP() << why;
+  if (!have_device(&why)) QLFT_SKIP("no-gpu") << why;
   auto c = dist::make_communicator("nccl", 60);
   ASSERT_STREQ(c->backend(), "nccl");
   const int r = c->rank(), w = c->world();

@@ -28,6 +28,36 @@ std::string shared_file(const std::string& rel) {
   return "";
 }
 
+namespace {
+bool env_is(const char* name, const char* value) {
+  const char* e = std::getenv(name);
+  return e && std::string(e) == value;
+}
+}  // namespace
+
+bool skip_expected(const std::string& category) {
+  static const std::vector<std::string> listed = [] {
+    std::vector<std::string> v;
+    const std::string path = std::string(QLFT_SOURCE_DIR) + "/tests/support/expected_skips.txt";
+    std::ifstream f(path);
+    if (!f) ADD_FAILURE() << "cannot read the expected-skip list " << path;
+    std::string line;
+    while (std::getline(f, line)) {
+      if (line.empty() || line[0] == '#') continue;
+      v.push_back(line.substr(0, line.find_first_of(" \t")));
+    }
+    return v;
+  }();
+  return std::find(listed.begin(), listed.end(), category) != listed.end();
+}
+
+bool skip_fails(const std::string& category) {
+  if (category == "no-gpu" && env_is("QLFT_REQUIRE_GPU", "1")) return true;
+  const bool strict = env_is("CI", "true") || env_is("QLFT_REQUIRE_SHARED", "1") ||
+                      env_is("QLFT_STRICT_SKIPS", "1");
+  return strict && !skip_expected(category);
+}
+
 std::string fixture_path(const std::string& rel) {
   return std::string(QLFT_SOURCE_DIR) + "/tests/reference/fixtures/" + rel;
 }

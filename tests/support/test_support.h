@@ -41,7 +41,31 @@ double max_rel_error(const float* a, const float* b, size_t n, double floor = 1e
 
 }  // namespace qlft_test
 
-// Skips (or fails under QLFT_REQUIRE_SHARED=1) when a shared file is absent.
+namespace qlft_test {
+// True when `category` is listed in tests/support/expected_skips.txt, the one list of reasons a
+// test may skip under CI=true.
+bool skip_expected(const std::string& category);
+// True when a skip for `category` must fail instead: strict mode (CI=true, QLFT_REQUIRE_SHARED=1
+// or QLFT_STRICT_SKIPS=1) and the category is not in the list; QLFT_REQUIRE_GPU=1 also makes
+// "no-gpu" fail.
+bool skip_fails(const std::string& category);
+}  // namespace qlft_test
+
+// The only way a test skips (tests/support/skip_guard.sh rejects a raw GTEST_SKIP): skips for a
+// listed category, fails in strict mode for any other. Use as: QLFT_SKIP("isa-absent") << why;
+#define QLFT_SKIP(category)                                                              \
+  switch (0)                                                                             \
+  case 0:                                                                                \
+  default:                                                                               \
+    if (::qlft_test::skip_fails(category))                                               \
+      GTEST_FAIL() << "skip for '" << (category)                                         \
+                   << "' is not allowed here (not in tests/support/expected_skips.txt, " \
+                      "strict mode): ";                                                  \
+    else                                                                                 \
+      GTEST_SKIP() << "[skip: " << (category) << "] "
+
+// Skips (or fails in strict mode, as in CI) when a shared file is absent.
 #define QLFT_NEED_SHARED(var, rel)                 \
   std::string var = ::qlft_test::shared_file(rel); \
-  if (var.empty()) GTEST_SKIP() << "shared file " << rel << " not found (set QLFT_SHARED_DIR)"
+  if (var.empty())                                 \
+  QLFT_SKIP("shared-missing") << "shared file " << rel << " not found (set QLFT_SHARED_DIR)"

@@ -120,7 +120,8 @@ class AdapterExport : public ::testing::Test {
 }  // namespace
 
 TEST_F(AdapterExport, WriteFixtures) {
-  if (!std::getenv("QLFT_WRITE_TRAIN_FIXTURES")) GTEST_SKIP() << "QLFT_WRITE_TRAIN_FIXTURES unset";
+  if (!std::getenv("QLFT_WRITE_TRAIN_FIXTURES"))
+    QLFT_SKIP("fixture-writer") << "QLFT_WRITE_TRAIN_FIXTURES unset";
   save_peft_adapter(*lora, train_fixture("peft_adapter"), "stories260K");
   save_gguf_lora_adapter(*lora, train_fixture("adapter.gguf"));
   LoraAdapter rs(&tracker, model->cfg, export_config(true));

@@ -96,7 +96,8 @@ class AutotuneTest : public ::testing::Test {
   void SetUp() override {
     std::string m = qlft_test::shared_file("models/stories260K.gguf");
     text_ = qlft_test::shared_file("data/tinyshakespeare.txt");
-    if (m.empty() || text_.empty()) GTEST_SKIP() << "stories260K.gguf or tinyshakespeare.txt";
+    if (m.empty() || text_.empty())
+      QLFT_SKIP("shared-missing") << "stories260K.gguf or tinyshakespeare.txt";
     set_num_threads(2);
     LoadOptions lo;
     lo.quant_type = "keep";

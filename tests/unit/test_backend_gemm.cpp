@@ -88,12 +88,12 @@ void run_gemm(const GemmCase& c, uint64_t seed) {
 
 // oneDNN has no bf16 matmul below AVX-512 (an AVX2-only CPU, or QLFT_CPU_ISA=avx2): the tests of
 // that engine report the absent ISA path as skipped; the sgemm engine is tested everywhere.
-#define SKIP_WITHOUT_ONEDNN_BF16()                                                             \
-  do {                                                                                         \
-    if (!cpu::gemm_bf16_available())                                                           \
-      GTEST_SKIP() << "ISA path absent: oneDNN has no bf16 matmul at isa "                     \
-                   << cpu_isa_name(cpu_isa()) << " (CPU: " << cpu_isa_name(cpu_isa_detected()) \
-                   << ")";                                                                     \
+#define SKIP_WITHOUT_ONEDNN_BF16()                                                     \
+  do {                                                                                 \
+    if (!cpu::gemm_bf16_available())                                                   \
+      QLFT_SKIP("isa-absent") << "ISA path absent: oneDNN has no bf16 matmul at isa "  \
+                              << cpu_isa_name(cpu_isa())                               \
+                              << " (CPU: " << cpu_isa_name(cpu_isa_detected()) << ")"; \
   } while (0)
 
 TEST(GemmBf16, MatchesDoubleOracleOnRandomShapes) {
@@ -161,7 +161,7 @@ TEST(GemmBf16, CachesPrimitivesAndRejectsBadStrides) {
 }
 
 TEST(GemmBf16, ReportsTheKernel) {
-  if (!cpu::gemm_bf16_native()) GTEST_SKIP() << "no native bf16 on this CPU";
+  if (!cpu::gemm_bf16_native()) QLFT_SKIP("isa-absent") << "no native bf16 on this CPU";
   for (int ta = 0; ta < 2; ++ta)
     for (int tb = 0; tb < 2; ++tb) {
       const int64_t M = 512, N = 576, K = 576;

@@ -223,7 +223,8 @@ class Bf16Acts : public ::testing::Test {
  protected:
   void SetUp() override {
     path_ = qlft_test::shared_file("models/stories260K.gguf");
-    if (path_.empty()) GTEST_SKIP() << "stories260K.gguf not found (set QLFT_SHARED_DIR)";
+    if (path_.empty())
+      QLFT_SKIP("shared-missing") << "stories260K.gguf not found (set QLFT_SHARED_DIR)";
     set_num_threads(2);
   }
   std::string path_;

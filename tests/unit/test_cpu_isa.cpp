@@ -16,6 +16,7 @@
 #include "core/cpu_isa.h"
 #include "core/half_bulk.h"
 #include "qlft.h"
+#include "support/test_support.h"
 
 extern char** environ;
 
@@ -138,9 +139,9 @@ TEST(IsaConvert, EveryPathBelowTheNativeOneMatchesTheScalarRules) {
 // ties, NaN and infinities. Needs a CPU with AVX512-BF16 (and no QLFT_CPU_ISA cap below it).
 TEST(IsaConvert, NativeBf16PathMatchesTheFallbackBits) {
   if (cpu_isa() < CpuIsa::Avx512Bf16)
-    GTEST_SKIP() << "ISA path absent: this CPU (capped: " << cpu_isa_name(cpu_isa())
-                 << ", found: " << cpu_isa_name(cpu_isa_detected())
-                 << ") has no AVX512-BF16; the native bf16 conversion cannot run here";
+    QLFT_SKIP("isa-absent") << "ISA path absent: this CPU (capped: " << cpu_isa_name(cpu_isa())
+                            << ", found: " << cpu_isa_name(cpu_isa_detected())
+                            << ") has no AVX512-BF16; the native bf16 conversion cannot run here";
   ASSERT_EQ(bulk_convert_path(CpuIsa::Avx512Bf16, BulkOp::F32ToBf16), CpuIsa::Avx512Bf16);
   ASSERT_TRUE(check_level(CpuIsa::Avx512Bf16, BulkOp::F32ToBf16));
   ASSERT_TRUE(check_level(CpuIsa::Avx512Bf16, BulkOp::RoundThroughBf16));

@@ -119,7 +119,8 @@ class FaultSweep : public ::testing::Test {
   void SetUp() override {
     if (!shared_) {
       if (std::getenv("QLFT_REQUIRE_SHARED")) FAIL() << "stories260K.gguf / tinyshakespeare.txt";
-      GTEST_SKIP() << "stories260K.gguf or tinyshakespeare.txt not found (set QLFT_SHARED_DIR)";
+      QLFT_SKIP("shared-missing")
+          << "stories260K.gguf or tinyshakespeare.txt not found (set QLFT_SHARED_DIR)";
     }
   }
   void sweep(const Config& c, const char* label);

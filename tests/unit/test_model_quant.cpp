@@ -13,20 +13,6 @@ using qlft_test::max_rel_error;
 
 namespace {
 
-// Loads the model; skips ONLY if this quantization is not implemented (QLFT_ERR_UNSUPPORTED).
-std::unique_ptr<Model> load_or_skip(MemoryTracker* tr, const std::string& path,
-                                    const LoadOptions& o, bool* skipped) {
-  *skipped = false;
-  try {
-    return load_model(tr, path, o);
-  } catch (const Error& e) {
-    if (e.status() != QLFT_ERR_UNSUPPORTED) throw;
-    *skipped = true;
-    std::printf("[quant] %s: %s\n", path.c_str(), e.what());
-    return nullptr;
-  }
-}
-
 void check_quant(const std::string& model_rel, const char* quant_type, const char* ref_name,
                  const char* expect_type) {
   MemoryTracker tr;
@@ -34,9 +20,8 @@ void check_quant(const std::string& model_rel, const char* quant_type, const cha
   o.quant_type = quant_type;
   o.double_quant = true;
   o.blocksize = 64;
-  bool skipped;
-  auto model = load_or_skip(&tr, model_fixture(model_rel), o, &skipped);
-  if (skipped) GTEST_SKIP() << quant_type << " quantization is not implemented yet";
+  // Every quantization here is implemented: QLFT_ERR_UNSUPPORTED (or any error) fails the test.
+  auto model = load_model(&tr, model_fixture(model_rel), o);
   EXPECT_EQ(model->quant_summary, expect_type);
   Fixture f(model_fixture("syn_llama.quant.safetensors"));
   auto be = make_cpu_backend(&tr);

@@ -109,7 +109,8 @@ class PlannerTest : public ::testing::Test {
  protected:
   void SetUp() override {
     model_path_ = qlft_test::shared_file("models/stories260K.gguf");
-    if (model_path_.empty()) GTEST_SKIP() << "stories260K.gguf not found (set QLFT_SHARED_DIR)";
+    if (model_path_.empty())
+      QLFT_SKIP("shared-missing") << "stories260K.gguf not found (set QLFT_SHARED_DIR)";
     set_num_threads(2);
   }
   // stories260K loaded with quant.type = quant into tracker.

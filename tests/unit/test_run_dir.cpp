@@ -81,8 +81,9 @@ TEST(RunDir, ReadOnlyFileSystemIsRefusedWithTheRealReason) {
   const std::string mnt = root + "/ro";
   fs::create_directory(mnt);
   if (::mount("tmpfs", mnt.c_str(), "tmpfs", MS_RDONLY, "size=64k") != 0)
-    GTEST_SKIP() << "cannot mount a read-only tmpfs here (needs root); tests/e2e/run_dir.sh "
-                    "covers the non-root case with chmod";
+    QLFT_SKIP("needs-root")
+        << "cannot mount a read-only tmpfs here (needs root); tests/e2e/run_dir.sh "
+           "covers the non-root case with chmod";
   for (const std::string& dir : {mnt, mnt + "/new/run"}) {
     RunDir r;
     std::string err;

@@ -88,7 +88,8 @@ class TrainerTest : public ::testing::Test {
   }
   void SetUp() override {
     if (!shared_)
-      GTEST_SKIP() << "stories260K.gguf or tinyshakespeare.txt not found (set QLFT_SHARED_DIR)";
+      QLFT_SKIP("shared-missing")
+          << "stories260K.gguf or tinyshakespeare.txt not found (set QLFT_SHARED_DIR)";
   }
   static Fixture* shared_;
   static Fixture& none() {
