@@ -87,6 +87,28 @@ void install_dir(const std::string& tmp, const std::string& dir) {
   fsync_dir(parent_of(dir));
 }
 
+// An existing directory at the adapter's path is replaced whole, so it must hold an adapter and
+// nothing else: a directory with other files (a model, data) is refused, never deleted.
+void check_replaceable(const std::string& dir) {
+  struct stat st;
+  if (::lstat(dir.c_str(), &st) != 0) return;
+  if (!S_ISDIR(st.st_mode))
+    throw_error(QLFT_ERR_IO, "%s: exists and is not a directory", dir.c_str());
+  static const char* kAdapterFiles[] = {"adapter_config.json", "adapter_model.safetensors",
+                                        "adapter_model.bin", "README.md", kBaseStorageFile};
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    bool ok = n.find(".tmp.") != std::string::npos;
+    for (const char* a : kAdapterFiles) ok |= n == a;
+    if (!ok)
+      throw_error(QLFT_ERR_INVALID_ARGUMENT,
+                  "%s: exists and holds '%s', which is not part of a PEFT adapter; the adapter "
+                  "directory is replaced whole, so choose an empty or new path",
+                  dir.c_str(), n.c_str());
+  }
+}
+
 // Removes a half-written temporary adapter directory when saving fails.
 struct TempDir {
   std::string path;
@@ -126,6 +148,7 @@ void save_peft_adapter(const LoraAdapter& lora, const std::string& dir,
   // Everything goes into <dir>.tmp.<pid> first, then one rename puts it at dir.
   std::string target = dir;
   while (target.size() > 1 && target.back() == '/') target.pop_back();
+  check_replaceable(target);
   TempDir tmp{target + ".tmp." + std::to_string(::getpid())};
   {
     std::error_code ec;

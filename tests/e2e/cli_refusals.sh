@@ -71,10 +71,10 @@ check "generate --adapter defaults to the trained base" $? gen_default.err
 cp "$model" m.gguf
 sum=$(md5sum <m.gguf)
 r exp export --model m.gguf --adapter run/adapter --format merged-gguf-f16 --out m.gguf
-[ $rc = 2 ] && grep -q "is the --model it reads" exp.err && [ "$(md5sum <m.gguf)" = "$sum" ]
+[ $rc = 2 ] && grep -q "is, or holds, the --model it reads" exp.err && [ "$(md5sum <m.gguf)" = "$sum" ]
 check "export --out equal to --model refused, the model untouched" $? exp.err
 r exp2 export --model m.gguf --adapter run/adapter --format peft --out run/adapter
-[ $rc = 2 ] && grep -q "is the --adapter it reads" exp2.err
+[ $rc = 2 ] && grep -q "is, or holds, the --adapter it reads" exp2.err
 check "export --out equal to --adapter refused" $? exp2.err
 
 # --- data ---------------------------------------------------------------------------------------
@@ -83,9 +83,9 @@ r utf train "${args[@]}" --data bad.txt --train.max_steps 1 --train.output_dir o
 [ $rc = 4 ] && grep -q "bad.txt:3: byte 0xff is not valid UTF-8" utf.err
 check "invalid UTF-8 in a .txt refused naming file:line" $? utf.err
 mkdir datadir && cp small.txt datadir/
-r own train "${args[@]}" --data datadir --train.max_steps 1 --train.output_dir datadir/out
-[ $rc = 2 ] && grep -q "holds train.output_dir" own.err
-check "a data directory holding the output directory refused" $? own.err
+r own train "${args[@]}" --data datadir --train.max_steps 1 --train.output_dir datadir/
+[ $rc = 2 ] && grep -q "is train.output_dir" own.err && [ "$(ls -A datadir)" = small.txt ]
+check "a data directory that is the output directory refused, nothing written" $? own.err
 
 # --- settings -----------------------------------------------------------------------------------
 printf 'lora:\n  r: 4\nthreads: 1\nlora:\n  r: 16\n' >dup.yaml

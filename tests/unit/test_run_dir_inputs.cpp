@@ -246,11 +246,11 @@ TEST_F(RunInputsModel, ThePeftDirectoryIsReplacedWholeWithItsBaseRecord) {
   const std::string dir = parent + "/adapter";
   Trainer t(*model_, &tracker_, nullptr, config());
   save_peft_adapter(t.lora(), dir, "m", BaseStorage{"nf4", true, 64});
-  write_text(dir + "/stray.txt", "from the old directory");
+  write_text(dir + "/adapter_model.bin", "an older adapter's weights");
   t.lora().params()[0].w[0] += 1.0f;
   save_peft_adapter(t.lora(), dir, "m", BaseStorage{"keep", false, 128});
   // A new directory, not files written into the old one.
-  EXPECT_FALSE(fs::exists(dir + "/stray.txt"));
+  EXPECT_FALSE(fs::exists(dir + "/adapter_model.bin"));
   std::set<std::string> names;
   for (const auto& e : fs::directory_iterator(parent)) names.insert(e.path().filename().string());
   EXPECT_EQ(names, std::set<std::string>{"adapter"});
@@ -263,4 +263,13 @@ TEST_F(RunInputsModel, ThePeftDirectoryIsReplacedWholeWithItsBaseRecord) {
   Trainer back(*model_, &tracker_, nullptr, config());
   load_peft_adapter(back.lora(), dir);
   EXPECT_EQ(back.lora().params()[0].w[0], t.lora().params()[0].w[0]);
+
+  // A directory holding anything else (here a model) is refused, never replaced.
+  const std::string other = parent + "/models";
+  fs::create_directories(other);
+  write_text(other + "/m.gguf", "GGUF...");
+  expect_error([&] { save_peft_adapter(t.lora(), other, "m"); }, QLFT_ERR_INVALID_ARGUMENT,
+               {other, "m.gguf", "not part of a PEFT adapter"});
+  EXPECT_EQ(read_text(other + "/m.gguf"), "GGUF...");
+  EXPECT_FALSE(fs::exists(other + "/adapter_config.json"));
 }

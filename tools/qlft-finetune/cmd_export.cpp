@@ -37,7 +37,9 @@ int cmd_export(int argc, char** argv) {
   for (const char* in : {"model", "adapter"}) {
     const std::string& p = a.flags[in];
     if (same_file(p, out) || is_inside(p, out)) {
-      std::fprintf(stderr, "qlft-finetune: --out %s is the --%s it reads (%s); write elsewhere\n",
+      std::fprintf(stderr,
+                   "qlft-finetune: --out %s is, or holds, the --%s it reads (%s); write "
+                   "elsewhere\n",
                    out.c_str(), in, p.c_str());
       return kUsage;
     }

@@ -188,6 +188,14 @@ int cmd_train(int argc, char** argv) {
   // The run directory is made ready (created, locked, writable, no run of another kind in it)
   // before the model loads, so a bad train.output_dir costs seconds, not a whole run.
   const std::string outdir = config_string(cfg.get(), "train.output_dir");
+  const std::string data = a.flags["data"];
+  if (same_file(data, outdir)) {  // a data directory is read without its subdirectories
+    std::fprintf(stderr,
+                 "qlft-finetune: --data %s is train.output_dir: the run's own files "
+                 "(metrics.jsonl) would be read as data; choose another train.output_dir\n",
+                 data.c_str());
+    return kUsage;
+  }
   RunDir run;
   if (launcher_rank(cfg.get()) == 0) {
     RunDirOptions ro;
@@ -199,14 +207,6 @@ int cmd_train(int argc, char** argv) {
     }
     for (const std::string& r : run.removed())
       std::fprintf(stderr, "removed %s (left by a run that died)\n", r.c_str());
-  }
-  const std::string data = a.flags["data"];
-  if (same_file(data, outdir) || is_inside(outdir, data)) {
-    std::fprintf(stderr,
-                 "qlft-finetune: --data %s holds train.output_dir %s: the run's own files "
-                 "(metrics.jsonl) would be read as data; choose another train.output_dir\n",
-                 data.c_str(), outdir.c_str());
-    return kUsage;
   }
   const std::string ckpt = outdir + "/" + kCheckpointFile;
   // Checkpoints every train.save_every steps are written by on_progress, after the step's

@@ -176,7 +176,8 @@ bool RunDir::open(const std::string& dir_in, const RunDirOptions& opt, std::stri
     if (is_temp_name(name, ".old.", &base) && base == kAdapterDir && !exists(file(kAdapterDir))) {
       if (::rename(p.c_str(), file(kAdapterDir).c_str()) == 0) continue;
     }
-    if (is_temp_name(name, ".tmp.", nullptr) || is_temp_name(name, ".old.", nullptr)) {
+    const bool old_adapter = is_temp_name(name, ".old.", &base) && base == kAdapterDir;
+    if (is_temp_name(name, ".tmp.", nullptr) || old_adapter) {
       std::error_code ec;
       std::filesystem::remove_all(p, ec);
       removed_.push_back(p);

@@ -7,8 +7,9 @@
 //    file system, not a directory, permission denied);
 //  - a directory holding a started or finished run (checkpoint, metrics, adapters) is refused
 //    unless the run is resumed or overwrite is asked for (then those files are removed first);
-//  - temporary files and directories of dead runs (`*.tmp.<pid>`, a PEFT adapter moved aside
-//    as `adapter.old.<pid>`) are removed; the lock guarantees no live run owns them.
+//  - temporary files and directories of dead runs (`*.tmp.<pid>` of the atomic writers, a PEFT
+//    adapter moved aside as `adapter.old.<pid>`: put back when no adapter replaced it) are
+//    removed; the lock guarantees no live qlft run owns them.
 // Plain POSIX; no qlft.h (tests compile it on its own).
 #pragma once
 
