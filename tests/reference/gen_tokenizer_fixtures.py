@@ -112,6 +112,40 @@ EXTRA = [
 ]
 
 
+# llama.cpp's multi-regex pre-tokenizers (src/llama-vocab.cpp), run in sequence, each splitting
+# the pieces of the one before, as a Sequence of isolated Splits does. Spelled with \x{...}
+# escapes; "\s+$" (std::regex: end of the piece) as "\s+\z".
+DEEPSEEK_CJK = r"[\x{4e00}-\x{9fa5}\x{800}-\x{4e00}\x{ac00}-\x{d7ff}]+"
+MULTI_REGEX = {
+    "falcon": [r"[\p{P}\$\+<=>\^~\|`]+",
+               r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)",
+               r"[0-9][0-9][0-9]"],
+    "deepseek-llm": [
+        "[\r\n]",
+        r"\s?[A-Za-z\x{b5}\x{c0}-\x{d6}\x{d8}-\x{f6}\x{f8}-\x{1ba}\x{1bc}-\x{1bf}\x{1c4}-\x{293}"
+        r"\x{295}-\x{2af}\x{370}-\x{373}\x{376}\x{377}\x{37b}-\x{37d}\x{37f}\x{386}\x{388}-\x{38a}"
+        r"\x{38c}\x{38e}-\x{3a1}\x{3a3}-\x{3f5}\x{3f7}-\x{481}\x{48a}-\x{52f}\x{531}-\x{556}"
+        r"\x{10a0}-\x{10c5}\x{13a0}-\x{13f5}\x{13f8}-\x{13fd}\x{1c90}-\x{1cba}\x{1cbd}-\x{1cbf}"
+        r"\x{1d00}-\x{1d2b}\x{1d6b}-\x{1d77}\x{1d79}-\x{1d9a}\x{1e00}-\x{1f15}\x{1f18}-\x{1f1d}"
+        r"\x{1f20}-\x{1f45}\x{1f48}-\x{1f4d}\x{1f50}-\x{1f57}\x{1f59}\x{1f5b}\x{1f5d}\x{1f5f}-\x{1f7d}"
+        r"\x{1f80}-\x{1fb4}\x{1fb6}-\x{1fbc}\x{1fbe}\x{1fc2}-\x{1fc4}\x{1fc6}-\x{1fcc}\x{1fd0}-\x{1fd3}"
+        r"\x{1fd6}-\x{1fdb}\x{1fe0}-\x{1fec}\x{1ff2}-\x{1ff4}\x{1ff6}-\x{1ffc}\x{2102}\x{2107}"
+        r"\x{210a}-\x{2113}\x{2115}\x{2119}-\x{211d}\x{2124}\x{2126}\x{2128}\x{212a}-\x{212d}"
+        r"\x{212f}-\x{2134}\x{2139}\x{213c}-\x{213f}\x{2145}-\x{2149}\x{214e}\x{2183}\x{2184}"
+        r"\x{2c00}-\x{2c7b}\x{2c7e}-\x{2ce4}\x{2ceb}-\x{2cee}\x{2cf2}\x{2cf3}\x{a640}-\x{a66d}"
+        r"\x{a680}-\x{a69b}\x{a722}-\x{a76f}\x{a771}-\x{a787}\x{a78b}-\x{a78e}\x{ab70}-\x{abbf}"
+        r"\x{fb00}-\x{fb06}\x{fb13}-\x{fb17}\x{ff21}-\x{ff3a}\x{ff41}-\x{ff5a}\x{10400}-\x{1044f}"
+        r"\x{104b0}-\x{104d3}\x{104d8}-\x{104fb}\x{10c80}-\x{10cb2}\x{10cc0}-\x{10cf2}"
+        r"\x{118a0}-\x{118df}\x{1e900}-\x{1e943}]+",
+        r"\s?[!-/:-~\x{ff01}-\x{ff0f}\x{ff1a}-\x{ff5e}\x{2018}-\x{201f}\x{3000}-\x{3002}]+",
+        r"\s+\z", DEEPSEEK_CJK, r"\p{N}+"],
+    "deepseek-v3": [
+        r"\p{N}{1,3}", r"[\x{4e00}-\x{9fa5}\x{3040}-\x{309f}\x{30a0}-\x{30ff}]+",
+        r"""[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"""
+        r"""| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""],
+}
+
+
 def build_pre_variant(v, pre):
     """The GPT-2 vocabulary and merges with another llama.cpp pre-tokenizer, spelled the way
     that model family's tokenizer.json spells it."""
@@ -119,7 +153,11 @@ def build_pre_variant(v, pre):
     vocab = {t: i for i, t in enumerate(tokens)}
     merges = [tuple(m.split(" ", 1)) for m in v["merges"]]
     tk = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=(pre == "llama3")))
-    if pre == "smollm":
+    if pre in MULTI_REGEX:
+        tk.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in MULTI_REGEX[pre]] +
+            [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    elif pre == "smollm":
         tk.pre_tokenizer = pre_tokenizers.Sequence([
             pre_tokenizers.Digits(individual_digits=True),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
@@ -258,7 +296,7 @@ def main():
 
     gpt2 = read_vocab(os.path.join(SHARED, "tokenizer-vectors", "ggml-vocab-gpt-2.gguf"))
     texts = vector_inputs("gpt-2") + EXTRA
-    for pre in ("llama3", "qwen2", "smollm"):
+    for pre in ("llama3", "qwen2", "smollm", "falcon", "deepseek-llm", "deepseek-v3"):
         tk = build_pre_variant(gpt2, pre)
         ids = ids_of(tk, texts)
         small = cut_down(tk, gpt2, texts)

@@ -260,7 +260,8 @@ TEST(TokenizerHfParity, WholeTinyShakespeare) {
 }
 
 // The other llama.cpp pre-tokenizers (PCRE2 vs the `tokenizers` package's regex engine): the
-// GPT-2 vocabulary re-labelled with tokenizer.ggml.pre = llama3 / qwen2 / smollm, against the
+// GPT-2 vocabulary re-labelled with tokenizer.ggml.pre = llama3 / qwen2 / smollm, and the
+// multi-regex falcon / deepseek-llm / deepseek-v3 (a Sequence of isolated Splits), against the
 // ids of a tokenizer.json spelled the way those model families spell it.
 TEST(TokenizerHfParity, PreTokenizerVariants) {
   QLFT_NEED_SHARED(gpt2, "tokenizer-vectors/ggml-vocab-gpt-2.gguf");
@@ -277,7 +278,7 @@ TEST(TokenizerHfParity, PreTokenizerVariants) {
   std::vector<int32_t> types;
   const GgufValue* tv = src->find("tokenizer.ggml.token_type");
   for (uint64_t i = 0; i < tv->count; ++i) types.push_back(static_cast<int32_t>(tv->array_i(i)));
-  for (const char* pre : {"llama3", "qwen2", "smollm"}) {
+  for (const char* pre : {"llama3", "qwen2", "smollm", "falcon", "deepseek-llm", "deepseek-v3"}) {
     const std::string name = std::string("gpt-2-") + pre;
     SCOPED_TRACE(name);
     auto json = Tokenizer::from_hf_json_file(
