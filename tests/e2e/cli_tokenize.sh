@@ -10,14 +10,10 @@ set -euo pipefail
 cli=$1
 shared=${QLFT_SHARED_DIR:-${2:-$(cd "$(dirname "$0")/../../.." && pwd)/shared}}
 vec=$shared/tokenizer-vectors
-if [ ! -f "$vec/ggml-vocab-deepseek-coder.gguf.inp" ]; then
-  if [ "${QLFT_REQUIRE_SHARED:-0}" = 1 ]; then
-    echo "cli_tokenize: $vec missing (QLFT_REQUIRE_SHARED=1)" >&2
-    exit 1
-  fi
-  echo "cli_tokenize: $vec missing: skipped"
-  exit 77
-fi
+# shellcheck source=../support/skip.sh
+source "$(dirname "$0")/../support/skip.sh"
+[ -f "$vec/ggml-vocab-deepseek-coder.gguf.inp" ] ||
+  qlft_skip shared-missing "$vec not found (set QLFT_SHARED_DIR)"
 work=$(mktemp -d /tmp/qlft-cli-tokenize.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 fails=0

@@ -52,8 +52,7 @@ std::string show(const std::vector<int32_t>& v) {
 }
 
 void check_vectors(const std::string& name) {
-  std::string gguf = qlft_test::shared_file("tokenizer-vectors/" + name + ".gguf");
-  if (gguf.empty()) GTEST_SKIP() << "shared tokenizer vectors not found";
+  QLFT_NEED_SHARED(gguf, "tokenizer-vectors/" + name + ".gguf");
   auto cases = load_cases(gguf + ".inp", gguf + ".out");
   ASSERT_EQ(cases.size(), 46u);
   auto tok = Tokenizer::from_gguf_file(gguf);
@@ -65,8 +64,7 @@ void check_vectors(const std::string& name) {
 }
 
 void check_round_trip(const std::string& name) {
-  std::string gguf = qlft_test::shared_file("tokenizer-vectors/" + name + ".gguf");
-  if (gguf.empty()) GTEST_SKIP() << "shared tokenizer vectors not found";
+  QLFT_NEED_SHARED(gguf, "tokenizer-vectors/" + name + ".gguf");
   auto cases = load_cases(gguf + ".inp", gguf + ".out");
   auto tok = Tokenizer::from_gguf_file(gguf);
   for (const Case& c : cases) {
