@@ -4,6 +4,9 @@
 //    seq x seq scores or probabilities would need about 4x);
 //  - the fused linear + cross-entropy head's workspace is one chunk whatever the vocabulary
 //    size: the same bytes at vocab 16384 and 65536, and far below the full logits.
+//  - and what the operating system sees agrees (issue 23): the RSS growth from seq 2048 to 4096
+//    is the tracker's growth within a few MiB, so no untracked buffer grows with the sequence
+//    (an untracked seq x seq fp32 scratch would add 48 MiB).
 // A synthetic tiny Llama (random weights) keeps it fast at long sequences.
 #include <gtest/gtest.h>
 
@@ -19,6 +22,7 @@
 #include "model/lora.h"
 #include "model/model.h"
 #include "quant/qweight.h"
+#include "support/rss_check.h"
 
 using namespace qlft;
 
@@ -76,6 +80,7 @@ std::unique_ptr<Model> tiny_model(MemoryTracker* t, int vocab) {
 
 struct StepPeaks {
   uint64_t activations = 0, workspace = 0;
+  uint64_t total = 0;  // the tracker's peak over the step, every category
 };
 
 // Peak activation and workspace bytes of one forward + backward at batch 1 x seq.
@@ -108,6 +113,7 @@ StepPeaks step_peaks(bool bf16, bool checkpoint, int seq) {
   StepPeaks p;
   p.activations = s.peak[QLFT_MEM_ACTIVATIONS] - before.reserved[QLFT_MEM_ACTIVATIONS];
   p.workspace = s.peak[QLFT_MEM_WORKSPACE] - before.reserved[QLFT_MEM_WORKSPACE];
+  p.total = s.total_peak;
   return p;
 }
 
@@ -180,4 +186,26 @@ TEST(MemoryScalingHead, CrossEntropyWorkspaceIndependentOfVocab) {
     EXPECT_GT(ws[0], 0u);
     EXPECT_EQ(ws[0], ws[1]) << (bf16 ? "bf16" : "fp32");
   }
+}
+
+// The RSS-level check (tests/support/rss_check.h): each step runs in a forked child, its peak
+// RSS growth against the tracker's peak. Runs before this process starts any thread.
+TEST(MemoryScalingRss, SequenceGrowthIsTrackedGrowth) {
+  auto measure = [](int seq) {
+    return qlft_test::measure_rss_growth([seq]() -> uint64_t {
+      set_num_threads(1);
+      return step_peaks(false, false, seq).total;
+    });
+  };
+  const qlft_test::RssGrowth a = measure(2048), b = measure(4096);
+  ASSERT_EQ(a.error, "");
+  ASSERT_EQ(b.error, "");
+  const double d_rss = double(b.rss_growth) - double(a.rss_growth);
+  const double d_tracked = double(b.tracked) - double(a.tracked);
+  std::printf("[rss] seq 2048 -> 4096: RSS %+.1f MiB, tracked %+.1f MiB\n", d_rss / qlft_test::kMiB,
+              d_tracked / qlft_test::kMiB);
+  EXPECT_GT(d_tracked, 0.0);
+  EXPECT_LE(d_rss - d_tracked, 8.0 * qlft_test::kMiB);
+  EXPECT_EQ(qlft_test::check_untracked(b, qlft_test::kUntrackedBoundTrainStep, "seq 4096 step"),
+            "");
 }
