@@ -34,8 +34,35 @@ using cu::TileType;
 constexpr int64_t kPanelBytes = int64_t(64) << 20;  // dequantized weight tile
 constexpr int64_t kCeLogitsBytes = int64_t(256) << 20;
 
+// A QWeight has no identity of its own: a weight destroyed and another built at the same address
+// with its bytes at the same heap address (and the same shape) would find the old device copy.
+// The fingerprint (kind, size and 64 evenly spaced 8-byte samples of the bytes) catches that in
+// O(1); found by the CUDA emulator's run of test_cuda_ops (issue 17). A weight identity in
+// QWeight would make it exact.
+uint64_t weight_fingerprint(const QWeight& W) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](uint64_t v) {
+    for (int i = 0; i < 8; ++i) h = (h ^ ((v >> (8 * i)) & 0xff)) * 1099511628211ull;
+  };
+  mix(uint64_t(W.kind));
+  mix(W.ggml_type);
+  const size_t n = W.data.size();
+  const uint8_t* b = static_cast<const uint8_t*>(W.data.data());
+  mix(n);
+  if (n >= 8)
+    for (size_t i = 0; i < 64; ++i) {
+      uint64_t v;
+      std::memcpy(&v, b + (n - 8) * i / 63, 8);
+      mix(v);
+    }
+  else
+    for (size_t i = 0; i < n; ++i) mix(b[i]);
+  return h;
+}
+
 struct ResidentWeight {
   const void* host_data = nullptr;
+  uint64_t fingerprint = 0;
   int64_t rows = 0, cols = 0;
   cu::DevWeight w;
   DeviceMemory data, scales;
@@ -495,10 +522,12 @@ class CudaBackend final : public Backend {
   const cu::DevWeight& resident(const QWeight& W) {
     auto it = weights_.find(&W);
     if (it != weights_.end() && it->second.host_data == W.data.data() &&
-        it->second.rows == W.rows && it->second.cols == W.cols)
+        it->second.rows == W.rows && it->second.cols == W.cols &&
+        it->second.fingerprint == weight_fingerprint(W))
       return it->second.w;
     ResidentWeight rw;
     rw.host_data = W.data.data();
+    rw.fingerprint = weight_fingerprint(W);
     rw.rows = W.rows;
     rw.cols = W.cols;
     cu::DevWeight& w = rw.w;

@@ -40,7 +40,80 @@ QLFT_EMU_LB(1024)
 #undef QLFT_EMU_LB
 }
 
+// Fiber switching. On x86-64 a minimal switch (callee-saved registers, MXCSR and the x87 control
+// word; glibc's swapcontext also saves the signal mask with a system call on every switch, which
+// made a 16M-thread grid take a minute). Elsewhere ucontext.
+#if defined(__x86_64__)
+extern "C" void qlft_emu_switch(void** save_sp, void* to_sp);
+asm(R"(
+  .text
+  .globl qlft_emu_switch
+  .hidden qlft_emu_switch
+  .type qlft_emu_switch,@function
+qlft_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size qlft_emu_switch, .-qlft_emu_switch
+)");
+#endif
+
 namespace qlft_emu {
+
+namespace {
+#if defined(__x86_64__)
+struct Ctx {
+  void* sp = nullptr;
+};
+inline void ctx_switch(Ctx* from, Ctx* to) {
+  qlft_emu_switch(&from->sp, to->sp);
+}
+void ctx_make(Ctx* c, char* stack, size_t bytes, void (*entry)()) {
+  uintptr_t top = (reinterpret_cast<uintptr_t>(stack) + bytes) & ~uintptr_t(15);
+  uint64_t* p = reinterpret_cast<uint64_t*>(top - 16);
+  p[0] = reinterpret_cast<uint64_t>(entry);  // `ret` lands here with rsp % 16 == 8, as a call
+  p[1] = 0;
+  uint64_t* regs = p - 6;  // r15 r14 r13 r12 rbx rbp, popped in that order
+  for (int i = 0; i < 6; ++i) regs[i] = 0;
+  uint32_t* ctl = reinterpret_cast<uint32_t*>(regs - 1);
+  ctl[0] = 0x1f80;  // MXCSR default
+  ctl[1] = 0x037f;  // x87 control word default
+  c->sp = regs - 1;
+}
+#else
+struct Ctx {
+  ucontext_t uc;
+};
+inline void ctx_switch(Ctx* from, Ctx* to) {
+  swapcontext(&from->uc, &to->uc);
+}
+__attribute__((noinline)) void ctx_make(Ctx* c, char* stack, size_t bytes, void (*entry)()) {
+  getcontext(&c->uc);
+  c->uc.uc_stack.ss_sp = stack;
+  c->uc.uc_stack.ss_size = bytes;
+  c->uc.uc_link = nullptr;
+  makecontext(&c->uc, entry, 0);
+}
+#endif
+}  // namespace
 
 thread_local uint3 t_block_idx, t_block_dim, t_grid_dim;
 
@@ -49,7 +122,7 @@ namespace {
 enum class State { Runnable, AtBlockBarrier, AtWarpSync, Done };
 
 struct Fiber {
-  ucontext_t ctx;
+  Ctx ctx;
   uint3 tid;
   int linear = 0;
   State st = State::Runnable;
@@ -64,7 +137,7 @@ constexpr size_t kStackBytes = 256 * 1024;
 struct Grid {
   std::vector<Fiber> fibers;
   std::vector<char*> stacks;
-  ucontext_t sched;
+  Ctx sched;
   const std::function<void()>* body = nullptr;
   std::string fault;
   void* dyn = nullptr;
@@ -127,14 +200,14 @@ int launch_bound(const void* f) {
 [[noreturn]] void fail_fiber(const std::string& what) {
   Grid* g = t_grid;
   if (g->fault.empty()) g->fault = what;
-  swapcontext(&t_fiber->ctx, &g->sched);  // never resumed
+  ctx_switch(&t_fiber->ctx, &g->sched);  // never resumed
   std::abort();
 }
 
 void fiber_entry() {
   (*t_grid->body)();
   t_fiber->st = State::Done;
-  swapcontext(&t_fiber->ctx, &t_grid->sched);
+  ctx_switch(&t_fiber->ctx, &t_grid->sched);
   std::abort();  // a finished fiber is never resumed
 }
 
@@ -157,15 +230,6 @@ char* stack_at(Grid& g, size_t i) {
     g.stacks.push_back(static_cast<char*>(m) + 4096);
   }
   return g.stacks[i];
-}
-
-// getcontext returns twice; kept out of run_grid so its locals are not clobber candidates.
-__attribute__((noinline)) void make_fiber(Fiber& fb, char* stack) {
-  getcontext(&fb.ctx);
-  fb.ctx.uc_stack.ss_sp = stack;
-  fb.ctx.uc_stack.ss_size = kStackBytes;
-  fb.ctx.uc_link = nullptr;
-  makecontext(&fb.ctx, fiber_entry, 0);
 }
 
 // Releases warp groups whose lanes have all arrived; returns whether any was released, or sets
@@ -273,7 +337,7 @@ void device_fault(const char* what) {
 void sync_block() {
   if (!t_fiber) device_fault("__syncthreads outside a kernel");
   t_fiber->st = State::AtBlockBarrier;
-  swapcontext(&t_fiber->ctx, &t_grid->sched);
+  ctx_switch(&t_fiber->ctx, &t_grid->sched);
 }
 
 void sync_warp(unsigned mask) {
@@ -282,7 +346,7 @@ void sync_warp(unsigned mask) {
   t_fiber->st = State::AtWarpSync;
   t_fiber->mask = mask;
   t_fiber->shuffle = false;
-  swapcontext(&t_fiber->ctx, &t_grid->sched);
+  ctx_switch(&t_fiber->ctx, &t_grid->sched);
 }
 
 uint64_t shfl(unsigned mask, uint64_t bits, int src) {
@@ -295,7 +359,7 @@ uint64_t shfl(unsigned mask, uint64_t bits, int src) {
   f->shuffle = true;
   f->bits = bits;
   f->src = src;
-  swapcontext(&f->ctx, &t_grid->sched);
+  ctx_switch(&f->ctx, &t_grid->sched);
   return f->bits;
 }
 
@@ -401,7 +465,7 @@ void run_grid(const void* f, dim3 grid, dim3 block, size_t smem, cudaStream_t s,
           fb.linear = int(i);
           fb.tid =
               uint3{i % block.x, (i / block.x) % block.y, unsigned(i / (1ull * block.x * block.y))};
-          make_fiber(fb, stack_at(g, i));
+          ctx_make(&fb.ctx, stack_at(g, i), kStackBytes, fiber_entry);
         }
         for (;;) {
           for (unsigned i = 0; i < nthreads; ++i) order[i] = int(i);
@@ -411,7 +475,7 @@ void run_grid(const void* f, dim3 grid, dim3 block, size_t smem, cudaStream_t s,
             Fiber& fb = g.fibers[i];
             if (fb.st != State::Runnable) continue;
             t_fiber = &fb;
-            swapcontext(&g.sched, &fb.ctx);  // runs until its next sync point or its end
+            ctx_switch(&g.sched, &fb.ctx);  // runs until its next sync point or its end
             t_fiber = nullptr;
             if (!g.fault.empty()) break;
           }

@@ -2,7 +2,7 @@
 // are reported, not silently computed. Built only with -DQLFT_CUDA_EMULATE=ON (label cuda-emu).
 //
 // - block_sum with its first __syncthreads deleted (a copy of cuda/src/reduce.cuh's) reads the
-//   NaN-filled shared array before the other warps wrote it, under every schedule;
+//   NaN-filled shared array before the other warps wrote it (forward and random schedules);
 // - reading one float past the dynamic shared buffer, a host dereference of a device pointer and
 //   a kernel touching freed device memory die with the emulator's message;
 // - shuffles exchange lanes as hardware does; a shuffle naming an exited lane, a deadlocked
@@ -81,10 +81,15 @@ TEST_P(EmuSchedule, DeletedSyncthreadsIsCaughtAndIntactKernelIsExact) {
     for (int c = 0; c < cols; ++c) want[r] += x[size_t(r) * cols + c];
   const std::vector<float> good = row_sums(false, x, rows, cols);
   for (int r = 0; r < rows; ++r) EXPECT_EQ(good[r], float(want[r])) << "row " << r;
+  // Forward and random orders run a lane that reads shared[w] before warp w's lane 0 wrote it,
+  // so every row is wrong (NaN from the fill). Reverse happens to run the writers first: one
+  // fixed order never exposes every race, which is why random (a new order per pass, a new seed
+  // per run) is the default.
   const std::vector<float> bad = row_sums(true, x, rows, cols);
   int wrong = 0;
   for (int r = 0; r < rows; ++r) wrong += !(bad[r] == float(want[r]));
-  EXPECT_EQ(wrong, rows) << "the missing barrier went unnoticed under " << GetParam();
+  if (std::string(GetParam()) != "reverse")
+    EXPECT_EQ(wrong, rows) << "the missing barrier went unnoticed under " << GetParam();
 }
 
 INSTANTIATE_TEST_SUITE_P(Orders, EmuSchedule, ::testing::Values("forward", "reverse", "random"));
@@ -125,14 +130,13 @@ __global__ void __launch_bounds__(32) k_shfl_exited_lane(int* out) {
   out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, int(threadIdx.x), 1);
 }
 
-__global__ void __launch_bounds__(64) k_barrier_deadlock(int* out) {
-  if (threadIdx.x < 32) {
-    __syncthreads();  // warp 0 waits here while warp 1 waits at a shuffle: never completes
-  } else {
-    out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1, 1);
+__global__ void __launch_bounds__(32) k_barrier_deadlock(int* out) {
+  // Lanes 0-15 wait at __syncthreads while lanes 16-31 wait at a shuffle naming all 32 lanes:
+  // neither can complete (a hang or undefined behaviour on a GPU).
+  if (threadIdx.x < 16)
     __syncthreads();
-    __syncwarp();
-  }
+  else
+    out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1, 1);
 }
 
 TEST(EmuWarp, ExitedLaneAndDivergentBarrierFailTheLaunch) {
@@ -145,7 +149,7 @@ TEST(EmuWarp, ExitedLaneAndDivergentBarrierFailTheLaunch) {
     EXPECT_NE(std::string(e.what()).find("cudaErrorLaunchFailure"), std::string::npos) << e.what();
   }
   try {
-    launch(k_barrier_deadlock, dim3(1), dim3(64), 0, nullptr, d);
+    launch(k_barrier_deadlock, dim3(1), dim3(32), 0, nullptr, d);
     ADD_FAILURE() << "a deadlocked barrier ran";
   } catch (const qlft::Error& e) {
     EXPECT_NE(std::string(e.what()).find("cudaErrorLaunchFailure"), std::string::npos) << e.what();
