@@ -409,6 +409,58 @@ QLFT_API int32_t qlft_generation_next(qlft_generation* generation, qlft_generate
 QLFT_API void qlft_generation_cancel(qlft_generation* generation);
 QLFT_API void qlft_generation_free(qlft_generation* generation);
 
+/* ---- Training report -------------------------------------------------------------------- */
+
+/* One step of a run as qlft-finetune train logs it in <run dir>/metrics.jsonl: the data of the
+ * training report (loss, learning rate, speed and the memory timeline), for embedding products
+ * that draw their own. A value the record lacks or logged as null (not finite) is NaN; memory
+ * per category is 0 in records written before it was logged. */
+typedef struct qlft_metrics_record {
+  uint32_t struct_size;
+  uint64_t step;
+  double loss;
+  double learning_rate;
+  double grad_norm;
+  double loss_scale;
+  uint32_t skipped; /* 1 if the step was skipped (non-finite gradients) */
+  uint64_t tokens;
+  double tokens_per_second;
+  double elapsed_seconds;   /* since this process's run started (a resumed run restarts it) */
+  double eval_loss;         /* NaN unless an evaluation ran after this step */
+  double margin;            /* preference runs: chosen-minus-rejected margin; NaN otherwise */
+  uint64_t memory_reserved; /* runtime-owned bytes after the step */
+  uint64_t memory_peak;     /* highest runtime-owned bytes so far */
+  uint64_t memory[QLFT_MEM_CATEGORY_COUNT]; /* reserved bytes per category after the step */
+  /* the highest reserved bytes per category so far (what `predicted` predicts) */
+  uint64_t memory_category_peak[QLFT_MEM_CATEGORY_COUNT];
+  uint64_t predicted[QLFT_MEM_CATEGORY_COUNT]; /* the planner's step-peak bytes per category
+                                                  (qlft_memory_estimate.train) for the run */
+  uint64_t predicted_total;                    /* qlft_memory_estimate.train_peak; 0: unknown */
+} qlft_metrics_record;
+
+/* Reads a metrics.jsonl file (path) into records: records[0].struct_size must be set and is the
+ * stride of the array. Writes up to capacity records; *count receives the number in the file
+ * (call with capacity 0 and records NULL to size the array; too small an array is
+ * QLFT_ERR_INVALID_ARGUMENT). A last line still being written is left out; a malformed line is
+ * QLFT_ERR_FORMAT naming the file and line. */
+QLFT_API int32_t qlft_metrics_read(const char* path, qlft_metrics_record* records, size_t capacity,
+                                   size_t* count);
+
+typedef struct qlft_report_options {
+  uint32_t struct_size;
+  const char* output_path;  /* NULL or "": <run_dir>/report.html */
+  const char* status;       /* shown in the header ("finished", "cancelled"); NULL: derived */
+  uint32_t refresh_seconds; /* > 0: the page reloads itself every N seconds (a live view) */
+} qlft_report_options;
+
+/* Writes the training report of the run in run_dir (drawn from its metrics.jsonl alone): one
+ * self-contained HTML file with inline SVG charts (no scripts, no network loads) of training
+ * and evaluation loss with smoothing, learning rate, loss scale, tokens/s, gradient norm and
+ * skipped steps, memory per category against the planner's prediction, and a header with the
+ * model, adapter, data, run time, ETA and final figures. Written atomically, so it can be
+ * regenerated while the run trains. options may be NULL. */
+QLFT_API int32_t qlft_report_write(const char* run_dir, const qlft_report_options* options);
+
 #ifdef __cplusplus
 }
 #endif

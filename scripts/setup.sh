@@ -14,6 +14,8 @@ packages=(
   # Sanitizer and fuzz stages (scripts/sanitize.sh, scripts/fuzz.sh): clang with its sanitizer
   # and libFuzzer runtimes, llvm-symbolizer for readable reports, LLVM's TSan-aware libomp.
   clang llvm libclang-rt-dev libomp-dev
+  # The training report's render test (tests/e2e/report_chromium.sh): headless Chromium.
+  chromium
 )
 # The Rust bindings need cargo; Debian's (rustc 1.63) suffices where rustup's is absent.
 command -v cargo >/dev/null 2>&1 || [ -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo" ] || packages+=(cargo)

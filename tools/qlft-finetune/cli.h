@@ -100,6 +100,7 @@ int cmd_config_doc(int argc, char** argv);
 int cmd_eval(int argc, char** argv);
 int cmd_export(int argc, char** argv);
 int cmd_estimate(int argc, char** argv);
+int cmd_report(int argc, char** argv);
 // Predicted (and, when m is not NULL, measured) memory per category (cmd_estimate.cpp).
 void print_memory_table(FILE* f, const qlft_memory_estimate& e, const qlft_memory_report* m);
 

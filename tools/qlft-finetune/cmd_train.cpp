@@ -18,6 +18,7 @@
 #include <string>
 
 #include "cli.h"
+#include "report_fields.h"
 #include "run_dir.h"
 
 namespace cli {
@@ -46,6 +47,7 @@ struct Progress {
   int64_t save_every = 0;
   uint64_t last_saved = 0;  // step of the last checkpoint written (0: none this run)
   uint64_t steps = 0, skipped = 0, last_step = 0;
+  std::string run_members;  // the first record's "run" object (report_fields.h)
   bool last_loss_finite = true;
   // Set when a write failed: the run stops and says so.
   std::string failure;
@@ -64,7 +66,7 @@ std::string fmt_duration(double s) {
 
 // One metrics.jsonl record. JSON has no NaN or infinity: such a value is null and the record
 // says "nonfinite": true.
-std::string metrics_record(const qlft_step_stats* s) {
+std::string metrics_record(const qlft_step_stats* s, const std::string& report_fields) {
   const bool nonfinite = !std::isfinite(s->loss) || !std::isfinite(s->grad_norm) ||
                          !std::isfinite(s->learning_rate) ||
                          (!std::isnan(s->eval_loss) && !std::isfinite(s->eval_loss));
@@ -85,6 +87,7 @@ std::string metrics_record(const qlft_step_stats* s) {
   r += rest;
   if (!std::isnan(s->eval_loss)) r += ", \"eval_loss\": " + json_number(s->eval_loss, "%.6f");
   if (nonfinite) r += ", \"nonfinite\": true";
+  r += report_fields;
   r += "}";
   return r;
 }
@@ -99,7 +102,8 @@ int32_t on_progress(const qlft_step_stats* s, void* user) {
     std::string err;
     if (!p->metrics.is_open() && !p->metrics.open(p->metrics_path, s->step, &err)) {
       metrics_ok = false;
-    } else if (!p->metrics.append(metrics_record(s), &err)) {
+    } else if (!p->metrics.append(
+                   metrics_record(s, report_step_fields(p->trainer, s, &p->run_members)), &err)) {
       metrics_ok = false;
     }
     if (!metrics_ok) {
@@ -279,6 +283,11 @@ int cmd_train(int argc, char** argv) {
   p.metrics_path = outdir + "/" + kMetricsFile;
   p.ckpt = ckpt;
   p.save_every = save_every;
+  p.run_members = report_run_members(cfg.get(), s.model.get(), s.data.get(), a.flags["model"],
+                                     have_plan ? &predicted : nullptr);
+  if (writer)
+    std::fprintf(stderr, "report: `qlft-finetune report %s [--watch 10]` draws it while training\n",
+                 outdir.c_str());
 
   g_trainer.store(s.trainer.get());
   struct sigaction sa {};
@@ -295,6 +304,11 @@ int cmd_train(int argc, char** argv) {
   g_trainer.store(nullptr);
   if (p.tty && writer) std::fprintf(stderr, "\n");
   p.metrics.close();
+  if (writer && p.steps)  // the training report, of a cancelled or stopped run too
+    write_run_report(outdir, !p.failure.empty()         ? "stopped"
+                             : st == QLFT_OK            ? "finished"
+                             : st == QLFT_ERR_CANCELLED ? "cancelled"
+                                                        : "stopped");
 
   auto kept = [&]() -> std::string {
     if (p.last_saved) return "the checkpoint of step " + std::to_string(p.last_saved) + " is kept";

@@ -20,6 +20,7 @@ void usage(FILE* f) {
       "  export            --model M --adapter DIR --format peft|gguf|merged-safetensors|\n"
       "                    merged-gguf-f16|merged-gguf-bf16 --out PATH\n"
       "  estimate          --model M [--config Y]: predicted memory per category\n"
+      "  report RUN_DIR    write RUN_DIR/report.html from metrics.jsonl [--watch SECONDS]\n"
       "  config-doc        print the settings reference (docs/CONFIG.md)\n"
       "  version           print the version and build information\n\n"
       "Settings are the keys of docs/CONFIG.md, given as --key value.\n");
@@ -41,6 +42,7 @@ int main(int argc, char** argv) {
   if (cmd == "eval") return cli::cmd_eval(argc, argv);
   if (cmd == "export") return cli::cmd_export(argc, argv);
   if (cmd == "estimate") return cli::cmd_estimate(argc, argv);
+  if (cmd == "report") return cli::cmd_report(argc, argv);
   if (cmd == "version" || cmd == "--version") {
     std::printf("%s\n", qlft_build_info());
     return cli::kOk;
