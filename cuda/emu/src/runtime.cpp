@@ -150,6 +150,31 @@ void protect(const Alloc& al, int prot) {
   }
 }
 
+// Opens only the allocations a copy or memset touches (opening every live allocation per copy
+// made the training step spend its time in mprotect).
+class RangeOpen {
+ public:
+  RangeOpen(const void* a, const void* b) {
+    if (arena().open) return;  // inside an open region already
+    for (const void* p : {a, b}) {
+      if (!p || !is_device(p)) continue;
+      const Alloc* x = find_alloc(reinterpret_cast<uintptr_t>(p));
+      if (!x || x->freed || (n_ == 1 && open_[0] == x)) continue;
+      protect(*x, PROT_READ | PROT_WRITE);
+      open_[n_++] = x;
+    }
+  }
+  ~RangeOpen() {
+    for (int i = 0; i < n_; ++i) protect(*open_[i], PROT_NONE);
+  }
+  RangeOpen(const RangeOpen&) = delete;
+  RangeOpen& operator=(const RangeOpen&) = delete;
+
+ private:
+  const Alloc* open_[2] = {nullptr, nullptr};
+  int n_ = 0;
+};
+
 thread_local cudaError_t t_last = cudaSuccess;
 int g_device_count = -1;
 thread_local int t_device = 0;
@@ -557,7 +582,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   std::lock_guard<std::recursive_mutex> g(device_lock());
   const cudaError_t e = copy_check(dst, bytes, src, bytes, kind);
   if (e != cudaSuccess) return e;
-  DeviceOpen open;
+  RangeOpen open(dst, src);
   std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
@@ -575,7 +600,7 @@ cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t 
   const cudaError_t e =
       copy_check(dst, dpitch * (height - 1) + width, src, spitch * (height - 1) + width, kind);
   if (e != cudaSuccess) return e;
-  DeviceOpen open;
+  RangeOpen open(dst, src);
   for (size_t r = 0; r < height; ++r)
     std::memmove(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch,
                  width);
@@ -590,7 +615,7 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s) {
     report(cudaErrorInvalidValue, "cudaMemset: " + check_device_range(p, bytes));
     return cudaErrorInvalidValue;
   }
-  DeviceOpen open;
+  RangeOpen open(p, nullptr);
   std::memset(p, value, bytes);
   return cudaSuccess;
 }
@@ -610,7 +635,7 @@ cudaError_t cudaMemset2DAsync(void* p, size_t pitch, int value, size_t width, si
     report(cudaErrorInvalidValue, "cudaMemset2D: " + check_device_range(p, extent));
     return cudaErrorInvalidValue;
   }
-  DeviceOpen open;
+  RangeOpen open(p, nullptr);
   for (size_t r = 0; r < height; ++r) std::memset(static_cast<char*>(p) + r * pitch, value, width);
   return cudaSuccess;
 }
