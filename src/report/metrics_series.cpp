@@ -2,6 +2,10 @@
 // the ones tools/qlft-finetune/cmd_train.cpp and report_fields.cpp write.
 #include "report/metrics_series.h"
 
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -123,6 +127,11 @@ RunSeries parse_metrics(const std::string& text, const std::string& path) {
 }
 
 RunSeries read_metrics(const std::string& path) {
+  // Only a regular file: a device (a run logging to /dev/full) would be read forever.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    throw_error(QLFT_ERR_IO, "%s: cannot open: %s", path.c_str(), std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) throw_error(QLFT_ERR_IO, "%s: not a regular file", path.c_str());
   std::ifstream f(path, std::ios::binary);
   if (!f) throw_error(QLFT_ERR_IO, "%s: cannot open", path.c_str());
   std::ostringstream ss;
