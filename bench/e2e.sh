@@ -73,9 +73,21 @@ find_exe() {  # first existing build output among the usual build directories
   for d in "$root"/build-bench "$root"/build "$root"/build-*; do
     [ -x "$d/$1" ] && { echo "$d/$1"; return; }
   done
+  return 0  # nothing found: empty output (set -e must not end the script here)
 }
 [ -n "$qlft" ] || qlft=$(find_exe tools/qlft-finetune/qlft-finetune)
 [ -n "$kernels" ] || kernels=$(find_exe bench/bench_kernels)
+if [ -z "$qlft" ] || [ -z "$kernels" ]; then
+  # A fresh machine: install the build dependencies and build the CLI and the kernel benchmark
+  # (the peaks) in build-bench, so setup-reference.sh + this script is all it takes.
+  echo "== building qlft-finetune and bench_kernels in $root/build-bench"
+  bash "$root/scripts/setup.sh"
+  cmake -S "$root" -B "$root/build-bench" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DQLFT_BUILD_BENCH=ON >/dev/null
+  cmake --build "$root/build-bench" -j "$(nproc)" --target qlft-finetune bench_kernels >/dev/null
+  [ -n "$qlft" ] || qlft=$root/build-bench/tools/qlft-finetune/qlft-finetune
+  [ -n "$kernels" ] || kernels=$root/build-bench/bench/bench_kernels
+fi
 for f in "$model" "$data" "$qlft" "$python"; do
   [ -e "$f" ] || {
     echo "e2e.sh: missing $f (the model and venv: bash scripts/setup-reference.sh)" >&2

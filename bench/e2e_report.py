@@ -142,16 +142,16 @@ def main():
               f"GFLOP/s (measured by bench_kernels)")
         for x in qs + ts:
             g = f["total"] * x["tps"] / 1e9
-            frac_bf16 = f"{100 * g / a.peak:5.1f}% of bf16 peak" if a.peak else ""
-            print(f"  {x['name']:14s} {g:7.1f} GFLOP/s = {frac_bf16}, "
+            frac_bf16 = f"{100 * g / a.peak:5.1f}% of bf16 peak, " if a.peak else ""
+            print(f"  {x['name']:14s} {g:7.1f} GFLOP/s = {frac_bf16}"
                   f"{100 * g / best:5.1f}% of the better peak (wall time)")
             cb, cf = a.cpu_peaks
             if x["tpc"] and max(cb, cf) > 0:
                 # Both sides per CPU-second x threads: what the work reaches with every thread
                 # busy, against the GEMM peaks measured the same way.
                 g = f["total"] * x["tpc"] * a.threads / 1e9
-                frac_bf16 = f"{100 * g / cb:5.1f}% of bf16 peak" if cb else ""
-                print(f"  {'':14s} {g:7.1f} GFLOP/s = {frac_bf16}, "
+                frac_bf16 = f"{100 * g / cb:5.1f}% of bf16 peak, " if cb else ""
+                print(f"  {'':14s} {g:7.1f} GFLOP/s = {frac_bf16}"
                       f"{100 * g / max(cb, cf):5.1f}% of the better peak "
                       f"(per CPU-second x {a.threads}; peaks {cb:.1f} / {cf:.1f})")
     print("RESULT " + json.dumps({
