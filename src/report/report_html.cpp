@@ -106,9 +106,10 @@ std::string render_chart(const Chart& c, double xmin, double xmax) {
     o += "<p class=\"empty\" data-chart=\"" + c.id + "\">no values recorded</p></section>\n";
     return o;
   }
-  // 5% headroom; a flat series gets a band around its value.
+  // 5% headroom; a flat series (or one whose spread is rounding, such as a single loss and its
+  // smoothing) gets a band around its value.
   double pad = (hi - lo) * 0.05;
-  if (!(pad > 0)) pad = std::fabs(hi) > 0 ? std::fabs(hi) * 0.1 : 1;
+  if (!(pad > std::fabs(hi) * 1e-9)) pad = std::fabs(hi) > 0 ? std::fabs(hi) * 0.1 : 1;
   double ymin = lo - pad, ymax = hi + pad;
   if (lo >= 0 && ymin < 0) ymin = 0;  // counts, rates and bytes are not negative
   const Plot p(xmin, xmax, ymin, ymax);
@@ -120,7 +121,10 @@ std::string render_chart(const Chart& c, double xmin, double xmax) {
             kTop, kPlotW, kPlotH);
   // Grid and tick labels.
   const double ys = nice_step(ymax - ymin, 4);
-  for (double t = std::ceil(ymin / ys) * ys; t <= ymax + ys * 1e-9; t += ys) {
+  // (Ticks counted, not accumulated: at most a dozen whatever the rounding.)
+  const double y0 = std::ceil(ymin / ys) * ys;
+  for (int k = 0; k < 12 && y0 + k * ys <= ymax + ys * 1e-9; ++k) {
+    const double t = y0 + k * ys;
     const double y = p.py(t);
     o += strf("<line x1=\"%.0f\" x2=\"%.0f\" y1=\"%.2f\" y2=\"%.2f\" class=\"grid\"/>", kLeft,
               kLeft + kPlotW, y, y);
@@ -128,7 +132,9 @@ std::string render_chart(const Chart& c, double xmin, double xmax) {
               kLeft - 6, y + 4, esc(strf("%.4g", std::fabs(t) < ys * 1e-6 ? 0.0 : t)).c_str());
   }
   const double xs = std::max(1.0, nice_step(xmax - xmin, 6));
-  for (double t = std::ceil(xmin / xs) * xs; t <= xmax + 1e-9; t += xs) {
+  const double x0 = std::ceil(xmin / xs) * xs;
+  for (int k = 0; k < 16 && x0 + k * xs <= xmax + 1e-9; ++k) {
+    const double t = x0 + k * xs;
     const double x = p.px(t);
     o += strf("<line x1=\"%.2f\" x2=\"%.2f\" y1=\"%.0f\" y2=\"%.0f\" class=\"grid\"/>", x, x, kTop,
               kTop + kPlotH);

@@ -311,6 +311,19 @@ TEST(Report, DrawnPointsAreTheRecords) {
   EXPECT_NE(html.find("<th>skipped steps</th><td>1</td>"), std::string::npos);
 }
 
+// One step: the loss and its smoothing differ by rounding only (a hang in the tick loop once).
+TEST(Report, OneStepRunRenders) {
+  const std::string text =
+      "{\"step\": 1, \"loss\": 5.207968, \"lr\": 0.0002, \"grad_norm\": 6.11787, "
+      "\"loss_scale\": 1, \"skipped\": 0, \"tokens\": 128, \"tokens_per_s\": 29.2, "
+      "\"elapsed_s\": 4.391, \"memory_bytes\": 1541120, \"memory_peak_bytes\": 4767232}\n";
+  qlft::report::ReportOptions o;
+  o.generated_unix = 1.7e9;
+  const std::string html =
+      qlft::report::render_report_html(qlft::report::parse_metrics(text, "m.jsonl"), o);
+  expect_drawn_matches_records(html, text);
+}
+
 TEST(Report, SmoothingIsTheDebiasedEma) {
   const std::vector<double> y = {4, NAN, 2, 3};
   const std::vector<double> s = qlft::report::smooth_ema(y, 0.6);
