@@ -69,7 +69,9 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaS
 #if defined(QLFT_CUDA_EMULATE)
   ::qlft_emu::launch(kernel, grid, block, smem, stream, std::forward<Args>(args)...);
 #else
-  kernel<<<grid, block, smem, stream> > >(std::forward<Args>(args)...);
+  // clang-format off (clang-format reads a .h as C++ and would split the launch chevrons)
+  kernel<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);
+  // clang-format on
 #endif
   QLFT_CUDA_CHECK(cudaGetLastError());
 }
