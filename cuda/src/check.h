@@ -66,14 +66,14 @@ template <class... Params, class... Args>
 void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
             Args&&... args) {
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;  // nothing to do (an empty launch errors)
+  // clang-format off (clang-format reads a .h as C++ and would split the launch chevrons)
 #if defined(QLFT_CUDA_EMULATE)
   ::qlft_emu::launch(kernel, grid, block, smem, stream, std::forward<Args>(args)...);
 #else
-  // clang-format off (clang-format reads a .h as C++ and would split the launch chevrons)
   kernel<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);
-  // clang-format on
 #endif
   QLFT_CUDA_CHECK(cudaGetLastError());
+  // clang-format on
 }
 
 // Blocks of `threads` covering n items, capped so grid-stride loops take the rest.
