@@ -62,7 +62,7 @@ TEST(Half, Bf16RoundsToNearestEvenLikeHardware) {
     uint32_t u = f32_bits(v[i]);
     uint64_t lower = u & 0xffffu, upper = u >> 16;
     if (lower > 0x8000u || (lower == 0x8000u && (upper & 1))) upper += 1;
-    if ((u & 0x7fffffffu) == 0x7f800000u) upper = u >> 16;  // inf stays inf
+    if ((u & 0x7fffffffu) == 0x7f800000u) upper = u >> 16;           // inf stays inf
     if ((u & 0x7fffffffu) > 0x7f800000u) upper = (u >> 16) | 0x40u;  // NaN: quieted, payload kept
     ASSERT_EQ(f32_to_bf16(v[i]), static_cast<uint16_t>(upper)) << v[i];
     ASSERT_EQ(bulk[i], static_cast<uint16_t>(upper)) << v[i];
