@@ -1,5 +1,6 @@
 #include <sys/stat.h>
 
+#include <cmath>
 #include <cstring>
 #include <set>
 
@@ -72,6 +73,16 @@ bool is_dir(const std::string& p) {
 std::string dirname_of(const std::string& p) {
   size_t s = p.rfind('/');
   return s == std::string::npos ? "." : p.substr(0, s);
+}
+
+// Quantizing divides each block by its absmax: a NaN or Inf weight would turn every code of its
+// block into an out-of-range float-to-int conversion (undefined behaviour) and the model into
+// garbage. Refuse it where the file and tensor can still be named.
+void require_finite(const float* x, int64_t n, const char* file, const std::string& tensor) {
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(x[i]))
+      throw_error(QLFT_ERR_FORMAT, "%s: tensor '%s' holds a non-finite value (%g) at element %lld",
+                  file, tensor.c_str(), static_cast<double>(x[i]), static_cast<long long>(i));
 }
 
 QuantKind target_kind(const LoadOptions& o) {
@@ -280,6 +291,7 @@ class GgufLoader {
     }
     Buffer tmp(tracker_, MemCategory::Workspace, rows * cols * 4, "load staging");
     to_f32(t, tmp.as<float>());
+    require_finite(tmp.as<float>(), rows * cols, m_.gguf->path().c_str(), t.name);
     return qweight_from_f32(tracker_, tmp.as<float>(), rows, cols, target_kind(opt_),
                             opt_.blocksize, opt_.double_quant);
   }
@@ -444,6 +456,7 @@ class HfLoader {
     }
     Buffer tmp(tracker_, MemCategory::Workspace, rows * cols * 4, "load staging");
     to_f32_n(t.dtype, t.data, tmp.as<float>(), rows * cols);
+    require_finite(tmp.as<float>(), rows * cols, t.file->c_str(), name);
     return qweight_from_f32(tracker_, tmp.as<float>(), rows, cols, target_kind(opt_),
                             opt_.blocksize, opt_.double_quant);
   }

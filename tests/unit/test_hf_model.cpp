@@ -4,6 +4,8 @@
 // written; inconsistent directories fail with QLFT_ERR_FORMAT naming the tensor or key.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -43,10 +45,9 @@ json config_for(const Spec& s) {
 }
 
 // Writes the model; returns name -> the float values stored (after rounding to s.store).
-std::map<std::string, std::vector<float>> write_model(const std::string& dir, const Spec& s,
-                                                      const json& config,
-                                                      const std::string& skip = "",
-                                                      const std::string& reshape = "") {
+std::map<std::string, std::vector<float>> write_model(
+    const std::string& dir, const Spec& s, const json& config, const std::string& skip = "",
+    const std::string& reshape = "", const std::string& poison = "", float poison_value = 0.0f) {
   write_file_atomic(dir + "/config.json", config.dump(2));
   const int64_t hd = s.dim / s.heads, q = s.heads * hd, kv = s.kv_heads * hd;
   std::vector<std::pair<std::string, std::vector<int64_t>>> ts = {
@@ -80,6 +81,7 @@ std::map<std::string, std::vector<float>> write_model(const std::string& dir, co
     for (int64_t d : shape) n *= d;
     std::vector<float> v(n);
     for (int64_t i = 0; i < n; ++i) v[i] = 0.01f * static_cast<float>((i * 7 + k * 13) % 97) - 0.4f;
+    if (name == poison) v[5] = poison_value;
     if (s.store == DType::BF16)
       for (float& x : v) x = bf16_to_f32(f32_to_bf16(x));
     values[name] = v;
@@ -270,6 +272,43 @@ TEST(HfModel, WrongShapesAreNamed) {
   const std::string dir = qlft_test::temp_dir("hf-shape-cfg");
   write_model(dir, s, c);
   expect_format_error(dir, "model.layers.0.mlp.gate_proj.weight");
+}
+
+// Quantizing a NaN or Inf weight is undefined (float-to-int conversion out of range; found by
+// fuzz_hf_model): the load refuses it, naming file, tensor and element, and frees everything.
+TEST(HfModel, NonFiniteWeightIsRefusedWhenQuantizing) {
+  Spec s;
+  const std::string name = "model.layers.1.mlp.up_proj.weight";
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity()}) {
+    for (DType store : {DType::F32, DType::BF16}) {
+      s.store = store;
+      const std::string dir = qlft_test::temp_dir("hf-nonfinite");
+      write_model(dir, s, config_for(s), "", "", name, bad);
+      for (const char* quant : {"nf4", "int8"}) {
+        LoadOptions opt;
+        opt.quant_type = quant;
+        MemoryTracker tr;
+        Failure f;
+        try {
+          load_model(&tr, dir, opt);
+        } catch (const Error& e) {
+          f.status = e.status();
+          f.message = e.what();
+        }
+        EXPECT_EQ(f.status, QLFT_ERR_FORMAT) << quant << ": " << f.message;
+        EXPECT_NE(f.message.find(name), std::string::npos) << f.message;
+        EXPECT_NE(f.message.find("model.safetensors"), std::string::npos) << f.message;
+        EXPECT_NE(f.message.find("element 5"), std::string::npos) << f.message;
+        EXPECT_EQ(tr.total_reserved(), 0u);
+      }
+      // Kept unquantized, the value is loaded as stored (training then reports non-finite loss).
+      MemoryTracker tr;
+      auto m = load(tr, dir);
+      std::vector<float> up = rows_of(m->layers[1].proj[static_cast<int>(Proj::Up)]);
+      EXPECT_EQ(std::isnan(up[5]), std::isnan(bad));
+    }
+  }
 }
 
 TEST(HfModel, BadConfigValuesNameTheKey) {
