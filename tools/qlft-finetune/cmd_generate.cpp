@@ -54,14 +54,16 @@ int cmd_generate(int argc, char** argv) {
     s.trainer.reset(t);
   }
   std::string prompt = a.flags.count("prompt") ? a.flags["prompt"] : "";
-  // qlft_generate stops at the model's context: say so before, not by a silent cut.
+  // qlft_generate stops at the model's context: say so before, not by a silent cut. The prompt is
+  // counted as qlft_generate encodes it (the model's own BOS/EOS rule, special spellings as text).
   qlft_model_details md{};
   md.struct_size = sizeof md;
   size_t n_prompt = 0;
   char max_tokens[32] = "";
   size_t need = 0;
   if (qlft_model_info(m, &md) == QLFT_OK && md.context_length > 0 &&
-      qlft_tokenize(m, prompt.data(), prompt.size(), 1, 1, nullptr, 0, &n_prompt) == QLFT_OK &&
+      qlft_tokenize(m, prompt.data(), prompt.size(), QLFT_ADD_SPECIAL_AS_MODEL, 0, nullptr, 0,
+                    &n_prompt) == QLFT_OK &&
       qlft_config_get(cfg.get(), "generate.max_tokens", max_tokens, sizeof max_tokens, &need) ==
           QLFT_OK &&
       n_prompt + std::strtoull(max_tokens, nullptr, 10) > md.context_length)
