@@ -8,7 +8,8 @@
 // category of its current or last user, from cudaMalloc to cudaFree (the tracker's `reserved`);
 // a cached block moves to the category of its next user. Past the budget or on
 // cudaErrorMemoryAllocation the cache is emptied and the request retried once; then
-// QLFT_ERR_OUT_OF_MEMORY names the category and what the memory was for.
+// QLFT_ERR_OUT_OF_MEMORY names the category and what the memory was for. The cache is also
+// emptied when a tracker's last live block is freed (a pool never outlives its tracker's use).
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -137,6 +138,11 @@ class Pool {
     }
     free_.emplace(it->second.size, Free{p, it->second.cat});
     live_.erase(it);
+    // Nothing of this tracker's is on the device any more: return the cache now, while the
+    // tracker is certainly alive. Pools are keyed by tracker address, and a tracker destroyed
+    // with blocks still cached would hand them (and accounting it never acquired) to the next
+    // tracker at the same address (test_cuda_ops: a second call lowered reserved Weights).
+    if (live_.empty()) empty_locked();
   }
 
   void empty() noexcept {
