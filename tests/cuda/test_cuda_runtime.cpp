@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "backend/cuda_entry.h"
@@ -61,6 +62,9 @@ TEST(CudaAllocator, CountsCategoriesAndReusesBlocks) {
   QLFT_NEED_GPU();
   qlft::MemoryTracker t;
   void* first = nullptr;
+  // A live block keeps the pool's cache (a pool with nothing live returns it, checked below).
+  std::optional<qlft::DeviceMemory> keep;
+  keep.emplace(&t, qlft::MemCategory::Weights, 512, "test keeper");
   {
     qlft::DeviceMemory a(&t, qlft::MemCategory::Activations, 3 << 20, "test activations");
     first = a.data();
@@ -81,6 +85,15 @@ TEST(CudaAllocator, CountsCategoriesAndReusesBlocks) {
     EXPECT_GE(s.reserved[QLFT_MEM_WORKSPACE], uint64_t(3) << 20);
   }
   qlft::cuda_empty_cache(&t);
+  EXPECT_EQ(t.total_reserved(), 512u);
+  EXPECT_EQ(qlft::cuda_cached_bytes(&t), 512u);  // the keeper, still live
+  // The last live block freed: the cache goes back at once, so nothing outlives the tracker's
+  // use (pools are keyed by tracker address; a later tracker there starts empty).
+  {
+    qlft::DeviceMemory c(&t, qlft::MemCategory::Workspace, 3 << 20, "test workspace");
+  }
+  EXPECT_GT(qlft::cuda_cached_bytes(&t), 512u);
+  keep.reset();
   EXPECT_EQ(t.total_reserved(), 0u);
   EXPECT_EQ(qlft::cuda_cached_bytes(&t), 0u);
 }

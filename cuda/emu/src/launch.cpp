@@ -130,6 +130,7 @@ struct Fiber {
   bool shuffle = false;  // at a shuffle (else __syncwarp)
   uint64_t bits = 0;     // value offered / value received
   int src = 0;
+  int stack = -1;  // index into Grid::stacks once it first runs
 };
 
 constexpr size_t kStackBytes = 256 * 1024;
@@ -137,6 +138,10 @@ constexpr size_t kStackBytes = 256 * 1024;
 struct Grid {
   std::vector<Fiber> fibers;
   std::vector<char*> stacks;
+  // Stacks not held by a started, unfinished fiber. A fiber takes one when it first runs and
+  // gives it back when it ends, so a block whose threads never synchronize runs every thread on
+  // the same (cache-warm) stack; the order the fibers run in is the schedule's either way.
+  std::vector<int> free_stacks;
   Ctx sched;
   const std::function<void()>* body = nullptr;
   std::string fault;
@@ -436,16 +441,26 @@ void run_grid(const void* f, dim3 grid, dim3 block, size_t smem, cudaStream_t s,
   g.fibers.assign(nthreads, Fiber{});
   g.body = &body;
   g.fault.clear();
-  // Dynamic shared memory: exactly `smem` bytes (16-aligned) ending at a PROT_NONE page.
+  // Dynamic shared memory: exactly `smem` bytes (16-aligned) ending at a PROT_NONE page. One
+  // mapping, grown when a launch needs more, serves every launch (right-aligned in it).
   const size_t dyn_round = (smem + 15) & ~size_t(15);
   const size_t dyn_pages = (dyn_round + 4095) / 4096 * 4096;
-  char* dm = static_cast<char*>(
-      mmap(nullptr, dyn_pages + 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-  if (dm == MAP_FAILED) return report(cudaErrorMemoryAllocation, "dynamic shared memory");
-  mprotect(dm + dyn_pages, 4096, PROT_NONE);
-  g.dyn = dm + dyn_pages - dyn_round;
+  static char* dm = nullptr;
+  static size_t dm_pages = 0;
+  if (!dm || dyn_pages > dm_pages) {
+    if (dm) munmap(dm, dm_pages + 4096);
+    dm = static_cast<char*>(mmap(nullptr, dyn_pages + 4096, PROT_READ | PROT_WRITE,
+                                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    if (dm == MAP_FAILED) {
+      dm = nullptr;
+      return report(cudaErrorMemoryAllocation, "dynamic shared memory");
+    }
+    dm_pages = dyn_pages;
+    mprotect(dm + dm_pages, 4096, PROT_NONE);
+  }
+  g.dyn = dm + dm_pages - dyn_round;
   g.dyn_bytes = dyn_round;
-  set_shared_guard(dm + dyn_pages, smem);
+  set_shared_guard(dm + dm_pages, smem);
 
   Schedule& sch = schedule();
   DeviceOpen open;
@@ -465,8 +480,9 @@ void run_grid(const void* f, dim3 grid, dim3 block, size_t smem, cudaStream_t s,
           fb.linear = int(i);
           fb.tid =
               uint3{i % block.x, (i / block.x) % block.y, unsigned(i / (1ull * block.x * block.y))};
-          ctx_make(&fb.ctx, stack_at(g, i), kStackBytes, fiber_entry);
         }
+        g.free_stacks.clear();
+        for (size_t i = g.stacks.size(); i-- > 0;) g.free_stacks.push_back(int(i));
         for (;;) {
           for (unsigned i = 0; i < nthreads; ++i) order[i] = int(i);
           if (sch.order == Order::Reverse) std::reverse(order.begin(), order.end());
@@ -474,9 +490,19 @@ void run_grid(const void* f, dim3 grid, dim3 block, size_t smem, cudaStream_t s,
           for (int i : order) {
             Fiber& fb = g.fibers[i];
             if (fb.st != State::Runnable) continue;
+            if (fb.stack < 0) {  // first run: a stack no live fiber holds
+              if (g.free_stacks.empty()) {
+                stack_at(g, g.stacks.size());
+                g.free_stacks.push_back(int(g.stacks.size() - 1));
+              }
+              fb.stack = g.free_stacks.back();
+              g.free_stacks.pop_back();
+              ctx_make(&fb.ctx, g.stacks[size_t(fb.stack)], kStackBytes, fiber_entry);
+            }
             t_fiber = &fb;
             ctx_switch(&g.sched, &fb.ctx);  // runs until its next sync point or its end
             t_fiber = nullptr;
+            if (fb.st == State::Done) g.free_stacks.push_back(fb.stack);
             if (!g.fault.empty()) break;
           }
           if (!g.fault.empty()) break;
@@ -508,7 +534,6 @@ void run_grid(const void* f, dim3 grid, dim3 block, size_t smem, cudaStream_t s,
       }
   t_grid = nullptr;
   set_shared_guard(nullptr, 0);
-  munmap(dm, dyn_pages + 4096);
   if (!g.fault.empty())
     return report(cudaErrorLaunchFailure, std::string("kernel ") + cfg + ": " + g.fault);
 }
