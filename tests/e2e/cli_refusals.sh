@@ -12,8 +12,8 @@ shared=$(realpath "$2")
 model="$shared/models/stories260K.gguf"
 text="$shared/data/tinyshakespeare.txt"
 if [ ! -f "$model" ] || [ ! -f "$text" ]; then
-  if [ "${QLFT_REQUIRE_SHARED:-0}" = 1 ]; then echo "missing $model or $text"; exit 1; fi
-  echo "SKIP: shared data not found"; exit 77
+  source "$(dirname "$0")/../support/skip.sh"  # fails instead under CI=true
+  qlft_skip shared-missing "$model or $text not found (set QLFT_SHARED_DIR)"
 fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

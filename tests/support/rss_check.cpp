@@ -8,7 +8,11 @@
 #include <cstring>
 #include <exception>
 #include <fstream>
+#include <stdexcept>
 #include <string>
+#include <vector>
+
+#include "support/test_support.h"
 
 namespace qlft_test {
 namespace {
@@ -34,6 +38,14 @@ void write_all(int fd, const std::string& s) {
 
 }  // namespace
 
+void rss_mark() {
+  // Resets VmHWM to the current RSS (Linux >= 4.0).
+  int fd = ::open("/proc/self/clear_refs", O_WRONLY);
+  const bool ok = fd >= 0 && ::write(fd, "5", 1) == 1;
+  if (fd >= 0) ::close(fd);
+  if (!ok) throw std::runtime_error("cannot reset VmHWM (/proc/self/clear_refs)");
+}
+
 RssGrowth measure_rss_growth(const std::function<uint64_t()>& body) {
   RssGrowth g;
   int fds[2];
@@ -51,10 +63,7 @@ RssGrowth measure_rss_growth(const std::function<uint64_t()>& body) {
     ::close(fds[0]);
     std::string out;
     try {
-      // Resets VmHWM to the current RSS (Linux >= 4.0), so the peak below is the body's.
-      int fd = ::open("/proc/self/clear_refs", O_WRONLY);
-      if (fd < 0 || ::write(fd, "5", 1) != 1) throw std::runtime_error("cannot reset VmHWM");
-      ::close(fd);
+      rss_mark();  // so the peak below is the body's
       const uint64_t before = status_kib("VmRSS:");
       const uint64_t tracked = body();
       const uint64_t peak = status_kib("VmHWM:");
@@ -90,6 +99,15 @@ RssGrowth measure_rss_growth(const std::function<uint64_t()>& body) {
     g.error = msg.empty() ? "child reported nothing" : msg;
   }
   return g;
+}
+
+std::string text_slice(const std::string& text, size_t bytes) {
+  const std::string path = temp_dir("rss") + "/data.txt";
+  std::ifstream in(text, std::ios::binary);
+  std::vector<char> buf(bytes);
+  in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+  write_file(path, buf.data(), static_cast<size_t>(in.gcount()));
+  return path;
 }
 
 std::string check_untracked(const RssGrowth& g, uint64_t bound, const std::string& what) {

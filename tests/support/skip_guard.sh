@@ -16,16 +16,13 @@ trap 'rm -rf "$work"' EXIT
 unset CI QLFT_REQUIRE_SHARED QLFT_STRICT_SKIPS QLFT_REQUIRE_GPU
 
 # ---- 1. one route to a skip -------------------------------------------------------------------
-# Allowed exceptions, each guarded another way: their raw skip follows shared_file() /
-# a QLFT_REQUIRE_SHARED check, which already fail in strict mode. (Being converted by their owners;
-# remove them from here once they use QLFT_SKIP / qlft_skip.)
-allow='tests/unit/test_run_dir_inputs.cpp|tests/unit/test_tokenizer.cpp|tests/e2e/cli_refusals.sh|tests/e2e/cli_tokenize.sh'
+# No exceptions: test_support.h defines QLFT_SKIP on GTEST_SKIP, skip.sh is qlft_skip.
 raw=$(cd "$src" && grep -rn --include='*.cpp' --include='*.h' --include='*.cu' 'GTEST_SKIP(' tests |
-  grep -v '^tests/support/test_support.h:' | grep -Ev "^($allow):" || true)
+  grep -v '^tests/support/test_support.h:' || true)
 [ -z "$raw" ] || fail "raw GTEST_SKIP (use QLFT_SKIP with a category from expected_skips.txt):
 $raw"
 raw=$(cd "$src" && grep -rn --include='*.sh' -E 'exit 77' tests | grep -v '^tests/support/skip.sh:' |
-  grep -v '^tests/support/skip_guard.sh:' | grep -Ev "^($allow):" || true)
+  grep -v '^tests/support/skip_guard.sh:' || true)
 [ -z "$raw" ] || fail "raw 'exit 77' (use qlft_skip from tests/support/skip.sh):
 $raw"
 echo "ok: every skip goes through QLFT_SKIP / qlft_skip"

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <memory>
 #include <random>
+#include <stdexcept>
 #include <cstdlib>
 
 #include "config/config.h"
@@ -24,6 +25,7 @@
 #include "offload/nvme_weight_stream.h"
 #include "offload/uring_file.h"
 #include "optim/optimizer.h"
+#include "support/rss_check.h"
 #include "support/test_support.h"
 #include "tokenizer/tokenizer.h"
 #include "train/trainer.h"
@@ -391,4 +393,53 @@ TEST(NvmeOffloadTraining, SameLossCurveAndResumeWithWeightsAndStateInFiles) {
   EXPECT_EQ(QLFT_ERR_UNSUPPORTED,
             status_of([&] { off->model->require_resident("generation"); }, &msg));
   EXPECT_NE(msg.find("NVMe offload"), std::string::npos) << msg;
+}
+
+// The RSS-level check (issue 23, tests/support/rss_check.h; bench/offload_rss.sh's method, small):
+// SmolLM2-135M (quant.type keep: 171 MiB of weights) loaded and trained one step at seq 32 with
+// everything resident and with offload.params/optimizer = nvme, each in a forked child. Each
+// child's untracked RSS growth is bounded, and the drop in peak RSS between them must be the
+// drop the tracker claims, less 4 MiB of allocator slack (bench/offload_rss.sh's default).
+TEST(NvmeOffloadRss, PeakRssDropsByWhatTheTrackerSaves) {
+  QLFT_NEED_SHARED(model_path, "models/smollm2-135m-instruct-q4_1.gguf");
+  QLFT_NEED_SHARED(text, "data/tinyshakespeare.txt");
+  const std::string data = qlft_test::text_slice(text);
+  const std::string dir = qlft_test::temp_dir("nvme-rss");
+  auto measure = [&](bool offload) {
+    return qlft_test::measure_rss_growth([&]() -> uint64_t {
+      set_num_threads(1);
+      MemoryTracker tracker;
+      LoadOptions lo;
+      lo.quant_type = "keep";
+      auto m = load_model(&tracker, model_path, lo);
+      auto tok = Tokenizer::from_gguf(*m->gguf);
+      data::TokenizerEncoder enc(*tok);
+      Config c = train_config(offload, dir);
+      c.set("data.path", data);
+      c.set("data.seq_len", "32");
+      c.set("train.micro_batch", "1");
+      c.set("train.accumulation", "1");
+      c.set("train.max_steps", "1");
+      auto ds = std::make_unique<data::Dataset>(
+          data::Dataset::build(data::DataOptions::from_config(c), enc));
+      Trainer t(*m, &tracker, ds.get(), c);  // offloads the weights
+      // The step's peak, not loading's (every weight is resident while loading in both runs).
+      tracker.reset_peaks();
+      qlft_test::rss_mark();
+      StepReport r;
+      if (!t.step(&r)) throw std::runtime_error("no step ran");
+      return tracker.snapshot().total_peak;
+    });
+  };
+  const qlft_test::RssGrowth none = measure(false), nvme = measure(true);
+  using qlft_test::kMiB;
+  const uint64_t bound = qlft_test::kUntrackedBoundSmolLM2Step;
+  EXPECT_EQ(qlft_test::check_untracked(none, bound, "SmolLM2 step, resident"), "");
+  EXPECT_EQ(qlft_test::check_untracked(nvme, bound, "SmolLM2 step, NVMe offload"), "");
+  const double rss_drop = double(none.rss_growth) - double(nvme.rss_growth);
+  const double tracked_drop = double(none.tracked) - double(nvme.tracked);
+  std::printf("[rss] NVMe offload: peak RSS drop %.1f MiB, tracker's drop %.1f MiB\n",
+              rss_drop / kMiB, tracked_drop / kMiB);
+  EXPECT_GE(tracked_drop, 32.0 * kMiB) << "the offload saves too little for the check to mean much";
+  EXPECT_GE(rss_drop, tracked_drop - 4.0 * kMiB);
 }

@@ -5,9 +5,10 @@
 //
 // Exact by construction: weights, adapter, gradients, optimizer, activations (they count the
 // same buffers). Workspace is a model of the CPU kernels' scratch; the test holds it to exact
-// too for fp32 and fp16 on batches where every target is trained (the planner's worst case);
-// for bf16 (oneDNN scratchpads) the total is held to 15% and at least 8 configurations of the
-// matrix to 10% (issue 10, done-when 5); on real data batches the total must be within 10%.
+// too for fp32, fp16 and bf16 on sgemm on batches where every target is trained (the planner's
+// worst case); for bf16 on oneDNN (AVX512-BF16/AMX CPUs: its scratchpads) the total is held to
+// 15% and at least 8 configurations of the matrix to 10% (issue 10, done-when 5); on real data
+// batches the total must be within 10%.
 // The matrix runs for base weights kept as f32 and quantized to NF4.
 #include <gtest/gtest.h>
 
@@ -17,8 +18,10 @@
 #include <cstring>
 #include <cstdio>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
+#include "backend/cpu/gemm_bf16.h"
 #include "config/config.h"
 #include "core/error.h"
 #include "core/threads.h"
@@ -29,6 +32,7 @@
 #include "model/lora.h"
 #include "optim/optimizer.h"
 #include "model/model.h"
+#include "support/rss_check.h"
 #include "support/test_support.h"
 #include "tokenizer/tokenizer.h"
 #include "train/planner.h"
@@ -154,17 +158,19 @@ TEST_P(PlannerMatrix, MatchesTrackerOnFullBatches) {
                   (unsigned long long)plan.train[cat], (unsigned long long)m.peak[cat]);
     std::printf(" total %llu/%llu\n", (unsigned long long)plan.train_peak,
                 (unsigned long long)m.total_peak);
-    // bf16 GEMMs run on oneDNN, whose scratchpad (and the backend's kept scratch) the model
-    // does not follow byte for byte: there workspace is not exact.
-    const bool bf16 = std::string(k.precision) == "bf16";
+    // bf16 GEMMs on oneDNN (CPUs with AVX512-BF16 or AMX) have a scratchpad (and the backend's
+    // kept scratch) the model does not follow byte for byte: there workspace is not exact.
+    // Elsewhere bf16 runs on sgemm and is held exact like fp32 (measured on an AVX2 EPYC: every
+    // bf16 configuration predicted to the byte).
+    const bool bf16_onednn = std::string(k.precision) == "bf16" && cpu::gemm_bf16_native();
     for (int cat = 0; cat < QLFT_MEM_COMMUNICATION; ++cat)
-      if (!(bf16 && cat == QLFT_MEM_WORKSPACE))
+      if (!(bf16_onednn && cat == QLFT_MEM_WORKSPACE))
         EXPECT_EQ(plan.train[cat], m.peak[cat]) << mem_category_name(MemCategory(cat));
-    if (!bf16) EXPECT_EQ(plan.train_peak, m.total_peak);
+    if (!bf16_onednn) EXPECT_EQ(plan.train_peak, m.total_peak);
     const double err = std::fabs(double(plan.train_peak) - double(m.total_peak)) / m.total_peak;
-    // Every configuration within 15%; the issue asks 10% of at least 8 of them (bf16 workspace
-    // is where the model and the kernels' kept scratch may part).
-    EXPECT_LE(err, bf16 ? 0.15 : 0.10);
+    // Every configuration within 15%; the issue asks 10% of at least 8 of them (oneDNN's bf16
+    // workspace is where the model and the kernels' kept scratch may part).
+    EXPECT_LE(err, bf16_onednn ? 0.15 : 0.10);
     if (err <= 0.10) ++n;
   }
   EXPECT_GE(n, 8);
@@ -555,4 +561,41 @@ TEST_F(PlannerTest, Zero3OnOneRankMatchesTheTracker) {
   // bounds the total from above.
   EXPECT_GE(plan.train_peak, m.total_peak);
   EXPECT_LE(double(plan.train_peak - m.total_peak) / m.total_peak, 0.10);
+}
+
+// The RSS-level check (issue 23, tests/support/rss_check.h): load + one step of a matrix case in
+// a forked child, whose tracker must equal the plan (load and training peaks) and whose peak RSS
+// growth may exceed that tracked figure only by the untracked bound of a stories260K step. So
+// the planner's prediction is what the operating system sees, up to that bound.
+TEST_F(PlannerTest, PredictionIsWhatTheOsSees) {
+  const std::string path = model_path_;
+  for (const char* quant : {"keep", "nf4"})
+    for (const Case& k : {kCases[1], kCases[5]}) {
+      SCOPED_TRACE(std::string(quant) + " " + describe(k));
+      const qlft_test::RssGrowth g = qlft_test::measure_rss_growth([&]() -> uint64_t {
+        set_num_threads(1);
+        MemoryTracker tracker;
+        LoadOptions lo;
+        lo.quant_type = quant;
+        auto model = load_model(&tracker, path, lo);
+        const Config c = config_of(k);
+        const MemoryPlan plan =
+            plan_memory(model->cfg, weight_footprint(*model), PlanSettings::from_config(c));
+        const uint64_t load_peak = tracker.snapshot().total_peak;
+        tracker.reset_peaks();
+        Trainer t(*model, &tracker, nullptr, c);
+        StepReport r;
+        t.step_on({full_batch(k.micro, k.seq, model->cfg.vocab, 0),
+                   full_batch(k.micro, k.seq, model->cfg.vocab, 1)},
+                  &r);
+        const uint64_t train_peak = tracker.snapshot().total_peak;
+        if (train_peak != plan.train_peak)  // fp32 cases: exact (MatchesTrackerOnFullBatches)
+          throw std::runtime_error("training peak " + std::to_string(train_peak) + " != plan " +
+                                   std::to_string(plan.train_peak));
+        return std::max(load_peak, train_peak);
+      });
+      EXPECT_EQ(qlft_test::check_untracked(g, qlft_test::kUntrackedBoundTrainStep,
+                                           std::string("planner ") + quant + " " + describe(k)),
+                "");
+    }
 }

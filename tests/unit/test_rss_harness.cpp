@@ -25,16 +25,6 @@ using qlft_test::kMiB;
 
 namespace {
 
-// A 40 KB slice of the text keeps tokenizing fast (as tests/dist does).
-std::string text_slice(const std::string& text) {
-  const std::string path = qlft_test::temp_dir("rss") + "/data.txt";
-  std::ifstream in(text, std::ios::binary);
-  std::vector<char> buf(40000);
-  in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-  qlft_test::write_file(path, buf.data(), static_cast<size_t>(in.gcount()));
-  return path;
-}
-
 struct StepRun {
   std::string model, data;
   int seq_len = 64, micro_batch = 2;
@@ -77,7 +67,7 @@ class RssHarness : public ::testing::Test {
     const std::string text = qlft_test::shared_file("data/tinyshakespeare.txt");
     if (run_.model.empty() || text.empty())
       QLFT_SKIP("shared-missing") << "stories260K.gguf or tinyshakespeare.txt not found";
-    run_.data = text_slice(text);
+    run_.data = qlft_test::text_slice(text);  // 40 KB: tokenizing stays fast
   }
   StepRun run_;
 };

@@ -187,7 +187,8 @@ class RunInputsModel : public ::testing::Test {
  protected:
   void SetUp() override {
     std::string m = qlft_test::shared_file("models/stories260K.gguf");
-    if (m.empty()) GTEST_SKIP() << "stories260K.gguf not found (set QLFT_SHARED_DIR)";
+    if (m.empty())
+      QLFT_SKIP("shared-missing") << "stories260K.gguf not found (set QLFT_SHARED_DIR)";
     LoadOptions lo;
     lo.quant_type = "keep";
     model_ = load_model(&tracker_, m, lo);
