@@ -141,7 +141,7 @@ typedef struct qlft_memory_report {
   uint64_t allocated[QLFT_MEM_CATEGORY_COUNT]; /* bytes in live buffers now */
   uint64_t reserved[QLFT_MEM_CATEGORY_COUNT];  /* bytes held from the OS now (>= allocated) */
   uint64_t peak[QLFT_MEM_CATEGORY_COUNT];      /* highest `reserved` seen */
-  uint64_t total_reserved;                     /* sum of reserved */
+  uint64_t total_reserved;                     /* sum of reserved + freed blocks kept for reuse */
   uint64_t total_peak;                         /* highest total reserved seen */
   uint64_t process_peak_rss;                   /* from the OS, bytes */
 } qlft_memory_report;

@@ -19,8 +19,11 @@ const char* mem_category_name(MemCategory c) {
   return (i >= 0 && i < kMemCategoryCount) ? names[i] : "unknown";
 }
 
-void MemoryTracker::acquire(MemCategory c, uint64_t bytes, const char* what) {
-  std::lock_guard<std::mutex> lock(mu_);
+MemoryTracker::~MemoryTracker() {
+  trim_host_cache();
+}
+
+void MemoryTracker::check_limit(MemCategory c, uint64_t bytes, const char* what) {
   bool injected = false;
   if (fail_countdown_ > 0 && --fail_countdown_ == 0) injected = true;
   if (injected || (limit_ > 0 && total_ + bytes > limit_)) {
@@ -32,10 +35,20 @@ void MemoryTracker::acquire(MemCategory c, uint64_t bytes, const char* what) {
                 format_bytes(total_ + bytes).c_str(), format_bytes(limit_).c_str(),
                 injected ? " [injected fault]" : "");
   }
+}
+
+void MemoryTracker::count_in(MemCategory c, uint64_t bytes) {
   int i = static_cast<int>(c);
   allocated_[i] += bytes;
   reserved_[i] += bytes;
   if (reserved_[i] > peak_[i]) peak_[i] = reserved_[i];
+}
+
+void MemoryTracker::acquire(MemCategory c, uint64_t bytes, const char* what) {
+  std::lock_guard<std::mutex> lock(mu_);
+  evict_for(bytes);
+  check_limit(c, bytes, what);
+  count_in(c, bytes);
   total_ += bytes;
   if (total_ > total_peak_) total_peak_ = total_;
 }
@@ -48,7 +61,82 @@ void MemoryTracker::release(MemCategory c, uint64_t bytes) noexcept {
   total_ -= bytes;
 }
 
+void* MemoryTracker::acquire_block(MemCategory c, uint64_t bytes, const char* what) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = cache_.find(bytes);
+  if (it == cache_.end()) {
+    evict_for(bytes);
+    check_limit(c, bytes, what);
+    count_in(c, bytes);
+    total_ += bytes;
+    if (total_ > total_peak_) total_peak_ = total_;
+    return nullptr;
+  }
+  // A hit moves bytes from `cached` into the category; the total held from the OS is unchanged.
+  check_limit(c, 0, what);  // fault injection counts every acquire
+  void* block = it->second;
+  cache_.erase(it);
+  cached_ -= bytes;
+  count_in(c, bytes);
+  return block;
+}
+
+bool MemoryTracker::release_block(MemCategory c, uint64_t bytes, void* block) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  int i = static_cast<int>(c);
+  allocated_[i] -= bytes;
+  reserved_[i] -= bytes;
+  if (cache_holders_ > 0 && bytes >= kHostCacheMinBytes) {
+    try {
+      cache_.emplace(bytes, block);
+      cached_ += bytes;
+      return true;
+    } catch (...) {  // no room for the map node: free the block as without a cache
+    }
+  }
+  total_ -= bytes;
+  return false;
+}
+
+// Returns cached blocks, largest first, until `bytes` more fit within both the total peak so far
+// (so the cache never raises a peak) and the limit.
+void MemoryTracker::evict_for(uint64_t bytes) noexcept {
+  while (!cache_.empty() &&
+         (total_ + bytes > total_peak_ || (limit_ > 0 && total_ + bytes > limit_))) {
+    auto last = std::prev(cache_.end());
+    std::free(last->second);
+    cached_ -= last->first;
+    total_ -= last->first;
+    cache_.erase(last);
+  }
+}
+
+void MemoryTracker::hold_host_cache() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++cache_holders_;
+}
+
+void MemoryTracker::drop_host_cache() noexcept {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cache_holders_ > 0) --cache_holders_;
+    if (cache_holders_ > 0) return;
+  }
+  trim_host_cache();
+}
+
+void MemoryTracker::trim_host_cache() noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [bytes, block] : cache_) {
+    std::free(block);
+    total_ -= bytes;
+  }
+  cache_.clear();
+  cached_ = 0;
+}
+
 void MemoryTracker::reset_peaks() {
+  trim_host_cache();
   std::lock_guard<std::mutex> lock(mu_);
   peak_ = reserved_;
   total_peak_ = total_;
@@ -63,6 +151,7 @@ MemorySnapshot MemoryTracker::snapshot() const {
   s.peak = peak_;
   s.total_reserved = total_;
   s.total_peak = total_peak_;
+  s.cached = cached_;
   return s;
 }
 
@@ -75,8 +164,8 @@ Buffer::Buffer(MemoryTracker* tracker, MemCategory c, size_t bytes, const char* 
     : tracker_(tracker), cat_(c) {
   if (bytes == 0) return;
   size_t rounded = (bytes + 63) / 64 * 64;
-  if (tracker_) tracker_->acquire(c, rounded, what);
-  data_ = std::aligned_alloc(64, rounded);
+  if (tracker_) data_ = tracker_->acquire_block(c, rounded, what);
+  if (!data_) data_ = std::aligned_alloc(64, rounded);
   if (!data_) {
     if (tracker_) tracker_->release(c, rounded);
     throw_error(QLFT_ERR_OUT_OF_MEMORY, "the OS refused %s of %s (%s)",
@@ -92,8 +181,8 @@ Buffer::~Buffer() {
 
 void Buffer::reset() noexcept {
   if (data_) {
-    std::free(data_);
-    if (tracker_) tracker_->release(cat_, (size_ + 63) / 64 * 64);
+    const size_t rounded = (size_ + 63) / 64 * 64;
+    if (!tracker_ || !tracker_->release_block(cat_, rounded, data_)) std::free(data_);
   }
   data_ = nullptr;
   size_ = 0;

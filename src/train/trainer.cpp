@@ -145,7 +145,11 @@ TrainSettings TrainSettings::from_config(const Config& c) {
 
 Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset* train,
                  const Config& cfg)
-    : model_(model), tracker_(tracker), train_(train), ts_(TrainSettings::from_config(cfg)) {
+    : model_(model),
+      tracker_(tracker),
+      host_cache_(tracker),
+      train_(train),
+      ts_(TrainSettings::from_config(cfg)) {
   backend_ = make_backend(cfg.get("backend"), tracker, ts_.precision);
   if (ts_.precision == "bf16" || ts_.precision == "fp16")
     backend_ = make_autocast_backend(std::move(backend_),

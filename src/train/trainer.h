@@ -130,6 +130,7 @@ class Trainer {
 
   const Model& model_;
   MemoryTracker* tracker_;
+  HostCacheHold host_cache_;  // before every buffer the trainer owns: outlives them
   const data::Dataset* train_;
   TrainSettings ts_;
   std::unique_ptr<Backend> backend_;

@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <memory>
 #include <random>
 
 #include "config/config.h"
@@ -112,6 +115,85 @@ TEST(Memory, InjectedFaultFailsExactlyTheNthAcquire) {
   EXPECT_THROW(Buffer(&t, MemCategory::Workspace, 10, "3"), Error);
   Buffer d(&t, MemCategory::Workspace, 10, "4");
   EXPECT_EQ(t.snapshot().reserved[QLFT_MEM_WORKSPACE], 3u * 64u);
+}
+
+// The host block cache (a trainer holds it): a freed large block is reused for the same size,
+// zeroed again; it is counted as `cached` (total reserved, no category); it never raises the
+// total peak or passes the limit; small blocks, and blocks without a holder, go back to the OS.
+TEST(MemoryHostCache, ReusesSameSizeBlockZeroedAndCountsIt) {
+  const uint64_t mib = 1 << 20;
+  MemoryTracker t;
+  void* first = nullptr;
+  {
+    HostCacheHold hold(&t);
+    {
+      Buffer a(&t, MemCategory::Activations, mib, "a");
+      first = a.data();
+      std::memset(a.data(), 0xab, mib);
+      Buffer small(&t, MemCategory::Activations, 4096, "small");
+    }
+    MemorySnapshot s = t.snapshot();
+    EXPECT_EQ(s.cached, mib);  // the 4 KiB block is below kHostCacheMinBytes: freed
+    EXPECT_EQ(s.total_reserved, mib);
+    EXPECT_EQ(s.reserved[QLFT_MEM_ACTIVATIONS], 0u);
+    EXPECT_EQ(s.allocated[QLFT_MEM_ACTIVATIONS], 0u);
+    Buffer b(&t, MemCategory::Workspace, mib, "b");  // any category may take it
+    EXPECT_EQ(b.data(), first);
+    const auto* p = b.as<unsigned char>();
+    EXPECT_EQ(std::count(p, p + mib, 0), static_cast<long>(mib));
+    s = t.snapshot();
+    EXPECT_EQ(s.cached, 0u);
+    EXPECT_EQ(s.reserved[QLFT_MEM_WORKSPACE], mib);
+    EXPECT_EQ(s.total_reserved, mib);
+    EXPECT_EQ(s.total_peak, mib + 4096);
+  }
+  EXPECT_EQ(t.total_reserved(), 0u);  // the last holder gone: every cached block returned
+  EXPECT_EQ(t.snapshot().cached, 0u);
+}
+
+TEST(MemoryHostCache, NeverRaisesThePeakOrPassesTheLimit) {
+  const uint64_t mib = 1 << 20;
+  MemoryTracker t(3 * mib);
+  HostCacheHold hold(&t);
+  {
+    Buffer a(&t, MemCategory::Activations, 2 * mib, "a");
+    Buffer b(&t, MemCategory::Activations, mib, "b");
+  }
+  EXPECT_EQ(t.snapshot().cached, 3 * mib);
+  EXPECT_EQ(t.snapshot().total_peak, 3 * mib);
+  {
+    // A miss: 3 MiB cached + 1.5 MiB would pass the peak (and the limit): the 2 MiB block goes.
+    Buffer c(&t, MemCategory::Activations, 3 * mib / 2, "c");
+    MemorySnapshot s = t.snapshot();
+    EXPECT_EQ(s.cached, mib);
+    EXPECT_EQ(s.total_reserved, 5 * mib / 2);
+    EXPECT_EQ(s.total_peak, 3 * mib);
+  }
+  // A lower limit: the cache gives way instead of failing the allocation.
+  t.set_limit(2 * mib);
+  Buffer d(&t, MemCategory::Activations, 2 * mib, "d");
+  EXPECT_EQ(t.snapshot().cached, 0u);
+  EXPECT_EQ(t.total_reserved(), 2 * mib);
+  EXPECT_THROW(Buffer(&t, MemCategory::Activations, mib, "e"), Error);  // nothing left to give
+}
+
+TEST(MemoryHostCache, NestedHoldersResetPeaksAndInjectedFaults) {
+  const uint64_t mib = 1 << 20;
+  MemoryTracker t;
+  auto outer = std::make_unique<HostCacheHold>(&t);
+  { HostCacheHold inner(&t); }
+  { Buffer a(&t, MemCategory::Activations, mib, "a"); }
+  EXPECT_EQ(t.snapshot().cached, mib);  // the inner holder's end did not trim
+  t.fail_nth_acquire(1);
+  EXPECT_THROW(Buffer(&t, MemCategory::Activations, mib, "hit"), Error);  // a hit counts too
+  EXPECT_EQ(t.snapshot().cached, mib);
+  t.reset_peaks();  // a fresh measurement (auto-tuner trials) starts without cached blocks
+  EXPECT_EQ(t.snapshot().cached, 0u);
+  EXPECT_EQ(t.snapshot().total_peak, 0u);
+  outer.reset();
+  { Buffer b(&t, MemCategory::Activations, mib, "b"); }
+  EXPECT_EQ(t.snapshot().cached, 0u);  // no holder: freed
+  EXPECT_EQ(t.total_reserved(), 0u);
 }
 
 TEST(Memory, ParseBytes) {
