@@ -89,9 +89,7 @@ TEST(CudaAllocator, CountsCategoriesAndReusesBlocks) {
   EXPECT_EQ(qlft::cuda_cached_bytes(&t), 512u);  // the keeper, still live
   // The last live block freed: the cache goes back at once, so nothing outlives the tracker's
   // use (pools are keyed by tracker address; a later tracker there starts empty).
-  {
-    qlft::DeviceMemory c(&t, qlft::MemCategory::Workspace, 3 << 20, "test workspace");
-  }
+  { qlft::DeviceMemory c(&t, qlft::MemCategory::Workspace, 3 << 20, "test workspace"); }
   EXPECT_GT(qlft::cuda_cached_bytes(&t), 512u);
   keep.reset();
   EXPECT_EQ(t.total_reserved(), 0u);

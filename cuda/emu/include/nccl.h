@@ -1,6 +1,5 @@
-// The NCCL subset cuda/src/comm_nccl.cu calls. In the emulated build these calls are not
-// carried anywhere yet (cuda/emu/src/nccl.cpp): every communicator call fails with
-// ncclInvalidUsage and says so, so dist.backend=nccl is refused clearly instead of pretending.
+// The NCCL subset cuda/src/comm_nccl.cu calls (enum values as NCCL 2.x's nccl.h). In the
+// emulated build they are carried by MPI between the ranks (cuda/emu/src/nccl.cpp).
 #pragma once
 
 #include <cuda_runtime.h>

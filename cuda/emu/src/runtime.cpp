@@ -77,7 +77,7 @@ const Alloc* find_alloc(uintptr_t x) {
 struct sigaction g_prev_segv;
 std::atomic<bool> g_handler_installed{false};
 
-int g_pkey = -2;                      // device_pkey(): -2 not decided yet, -1 mprotect mode
+int g_pkey = -2;                       // device_pkey(): -2 not decided yet, -1 mprotect mode
 thread_local bool t_key_open = false;  // this thread holds the key open
 
 std::atomic<uintptr_t> g_guard{0};
@@ -181,8 +181,8 @@ void set_key_open(bool open) {
 // A live allocation's pages: readable and writable under the key, or opened / closed by mprotect.
 void map_live(const Alloc& al) {
   if (device_pkey() >= 0) {
-    if (pkey_mprotect(reinterpret_cast<void*>(al.region), al.region_bytes,
-                      PROT_READ | PROT_WRITE, g_pkey) != 0) {
+    if (pkey_mprotect(reinterpret_cast<void*>(al.region), al.region_bytes, PROT_READ | PROT_WRITE,
+                      g_pkey) != 0) {
       std::perror("qlft CUDA emulator: pkey_mprotect");
       std::abort();
     }
