@@ -119,7 +119,12 @@ QLFT_API int32_t qlft_config_key_at(size_t index, qlft_config_key* out);
 
 typedef struct qlft_runtime qlft_runtime;
 
-/* Reads backend, threads and memory.limit from config (may be NULL for defaults). */
+/* Reads backend, threads and memory.limit from config (may be NULL for defaults).
+ * `threads` belongs to the runtime: each call that computes with it or with objects made from it
+ * runs its kernels and GEMMs on exactly that many OS threads (the calling thread and threads - 1
+ * OpenMP workers of that thread), whichever thread calls. Nothing process-wide is changed: the
+ * calling thread's omp_get_max_threads() and OpenBLAS's thread count stay as the program set
+ * them, so runtimes with different counts and the program's own OpenMP/BLAS code coexist. */
 QLFT_API int32_t qlft_runtime_create(const qlft_config* config, qlft_runtime** out);
 QLFT_API void qlft_runtime_free(qlft_runtime* runtime);
 

@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "train/merge_export.h"
 #include "train/trainer.h"
+#include "core/threads.h"
 
 using qlft::guard;
 
@@ -13,6 +14,7 @@ int32_t qlft_trainer_export_merged(qlft_trainer* trainer, const char* path, cons
                    "qlft_trainer_export_merged: trainer and path must be given");
     QLFT_CHECK_ARG(format && *format,
                    "qlft_trainer_export_merged: format must be safetensors, gguf-f16 or gguf-bf16");
+    qlft::ThreadScope threads(trainer->model->runtime->threads);
     qlft::export_merged(trainer->trainer->model(), &trainer->trainer->lora(), path, format);
   });
 }

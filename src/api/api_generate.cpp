@@ -7,6 +7,7 @@
 #include "api/handles.h"
 #include "backend/backend.h"
 #include "core/error.h"
+#include "core/threads.h"
 #include "model/generate.h"
 #include "tokenizer/stream_decoder.h"
 #include "train/trainer.h"
@@ -60,6 +61,7 @@ struct qlft_generation {
   std::unique_ptr<qlft::Generator> gen;
   std::unique_ptr<qlft::TokenStream> stream;
   std::unique_ptr<qlft::StreamDecoder> dec;
+  int threads = 0;  // the model's runtime's (core/threads.h), for every qlft_generation_next
   int32_t eos_id = -1;
   std::vector<std::string> stops;
   std::string held;   // decoded text not delivered yet: it may begin a stop string
@@ -122,6 +124,7 @@ int32_t qlft_generate(const qlft_model* model, const qlft_trainer* trainer, cons
                       const qlft_config* config, qlft_text_fn on_text, void* user_data) {
   return guard([&] {
     Prepared p = prepare(model, trainer, prompt, config, "qlft_generate");
+    qlft::ThreadScope threads(model->runtime->threads);
     auto backend = qlft::make_cpu_backend(&model->runtime->tracker);
     qlft::Generator gen(*model->model, *backend, lora_of(trainer), p.max_len);
     qlft::StreamDecoder dec(model->need_tokenizer());
@@ -158,6 +161,7 @@ int32_t qlft_generation_create(const qlft_model* model, const qlft_trainer* trai
     g->stream = std::make_unique<qlft::TokenStream>(*g->gen, std::move(p.ids), p.opt);
     g->dec = std::make_unique<qlft::StreamDecoder>(model->need_tokenizer());
     g->eos_id = p.opt.eos_id;
+    g->threads = model->runtime->threads;
     *out = g.release();
   });
 }
@@ -168,6 +172,7 @@ int32_t qlft_generation_next(qlft_generation* g, qlft_generated_token* out) {
     QLFT_CHECK_ARG(out && out->struct_size >= sizeof(uint32_t),
                    "qlft_generation_next: out is NULL or out->struct_size is not set (use "
                    "sizeof(qlft_generated_token))");
+    qlft::ThreadScope threads(g->threads);
     if (g->finish != QLFT_FINISH_NONE) {  // ended: the end again, without token or text
       g->piece.clear();
       return fill(g, -1, g->index, out);

@@ -3,6 +3,7 @@
 
 #include "api/handles.h"
 #include "core/error.h"
+#include "core/threads.h"
 
 using qlft::guard;
 
@@ -28,6 +29,7 @@ int32_t qlft_model_load(qlft_runtime* runtime, const char* path, const qlft_conf
     QLFT_CHECK_ARG(runtime, "qlft_model_load: runtime is NULL");
     QLFT_CHECK_ARG(path && *path, "qlft_model_load: path is NULL or empty");
     const qlft::Config& c = qlft::config_or_default(config);
+    qlft::ThreadScope threads(runtime->threads);  // quantizing runs the runtime's kernels
     qlft::LoadOptions opt;
     opt.quant_type = c.get("quant.type");
     opt.double_quant = c.get_bool("quant.double_quant");

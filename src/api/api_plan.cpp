@@ -7,6 +7,7 @@
 #include "dist/communicator.h"
 #include "train/planner.h"
 #include "train/trainer.h"
+#include "core/threads.h"
 
 using qlft::guard;
 
@@ -22,6 +23,9 @@ int32_t qlft_estimate_memory(const qlft_model* model, const char* model_path,
     QLFT_CHECK_ARG((model != nullptr) != has_path,
                    "qlft_estimate_memory: give exactly one of model and model_path");
     const qlft::Config& c = qlft::config_or_default(config);
+    // A loaded model plans for its runtime's threads (per-thread scratch); a file for the
+    // config's.
+    qlft::ThreadScope threads(model ? model->runtime->threads : 0);
     qlft::ModelConfig mc;
     qlft::WeightFootprint w;
     if (model) {

@@ -36,9 +36,11 @@ int32_t qlft_runtime_create(const qlft_config* config, qlft_runtime** out) {
     // Logging is process-wide: a config that sets log.level changes the level for everything
     // (the last of this and qlft_set_log_callback's max_level wins).
     if (c.is_set("log.level")) qlft::set_log_level(qlft::log_level_from_name(c.get("log.level")));
-    rt->threads = static_cast<int>(c.get_int("threads"));
+    // Only recorded: each C API call that computes gives it to its own OS thread for the call
+    // (qlft::ThreadScope), so nothing process-wide (OpenMP, OpenBLAS) changes here.
+    const int threads = static_cast<int>(c.get_int("threads"));
+    rt->threads = threads > 0 ? threads : qlft::available_cores();
     rt->tracker.set_limit(c.get_size("memory.limit"));
-    qlft::set_num_threads(rt->threads);
     *out = rt.release();
   });
 }

@@ -11,6 +11,7 @@
 #include "data/tokenizer_encoder.h"
 #include "train/adapter_io.h"
 #include "train/trainer.h"
+#include "core/threads.h"
 
 using qlft::guard;
 
@@ -85,6 +86,7 @@ int32_t qlft_dataset_load(const qlft_model* model, const char* path, const qlft_
     QLFT_CHECK_ARG(model && path && *path, "qlft_dataset_load: model and path must be given");
     qlft::Config c = qlft::config_or_default(config);
     c.set("data.path", path);
+    qlft::ThreadScope threads(model->runtime->threads);  // tokenizing runs on the runtime's threads
     auto d = std::make_unique<qlft_dataset>();
     d->model = model;
     d->encoder = std::make_unique<qlft::data::TokenizerEncoder>(
@@ -141,6 +143,7 @@ int32_t qlft_trainer_create(qlft_model* model, qlft_dataset* train_data, const q
     t->model = model;
     t->data = train_data;
     t->cfg = qlft::config_or_default(config);
+    qlft::ThreadScope threads(model->runtime->threads);
     t->trainer =
         std::make_unique<qlft::Trainer>(*model->model, &model->runtime->tracker,
                                         train_data ? train_data->data.get() : nullptr, t->cfg);
@@ -161,6 +164,7 @@ int32_t qlft_trainer_step(qlft_trainer* trainer, qlft_step_stats* out) {
   return guard([&] {
     QLFT_CHECK_ARG(trainer, "qlft_trainer_step: trainer is NULL");
     refuse_reentry(trainer, "qlft_trainer_step");
+    qlft::ThreadScope threads(trainer->model->runtime->threads);
     trainer->trainer->clear_cancel();  // a cancel sent while idle does not outlive the idle time
     qlft::StepReport r;
     if (!trainer->trainer->step(&r))
@@ -175,6 +179,7 @@ int32_t qlft_trainer_train(qlft_trainer* trainer, qlft_progress_fn progress, voi
   return guard([&] {
     QLFT_CHECK_ARG(trainer, "qlft_trainer_train: trainer is NULL");
     refuse_reentry(trainer, "qlft_trainer_train");
+    qlft::ThreadScope threads(trainer->model->runtime->threads);
     qlft::Trainer& t = *trainer->trainer;
     t.clear_cancel();  // only a cancel sent while this call runs stops it
     const qlft::TrainSettings& ts = t.settings();
@@ -225,6 +230,7 @@ int32_t qlft_trainer_evaluate(qlft_trainer* trainer, qlft_dataset* data, qlft_ev
     QLFT_CHECK_STRUCT(out, qlft_eval_result);
     qlft_dataset* d = data ? data : trainer->data;
     QLFT_CHECK_ARG(d, "qlft_trainer_evaluate: no dataset given and the trainer has none");
+    qlft::ThreadScope threads(trainer->model->runtime->threads);
     bool eval_split = data == nullptr;
     if (eval_split)
       QLFT_CHECK_ARG(d->data->eval().rows() > 0,
@@ -245,6 +251,7 @@ int32_t qlft_trainer_save_adapter(qlft_trainer* trainer, const char* path, const
   return guard([&] {
     QLFT_CHECK_ARG(trainer && path && *path,
                    "qlft_trainer_save_adapter: trainer and path must be given");
+    qlft::ThreadScope threads(trainer->model->runtime->threads);
     std::string f = format ? format : "peft";
     if (f == "peft")
       qlft::save_peft_adapter(trainer->trainer->lora(), path, trainer->model->model->path,
@@ -265,6 +272,7 @@ int32_t qlft_trainer_load_adapter(qlft_trainer* trainer, const char* path) {
     QLFT_CHECK_ARG(trainer && path && *path,
                    "qlft_trainer_load_adapter: trainer and path must be given");
     refuse_reentry(trainer, "qlft_trainer_load_adapter");
+    qlft::ThreadScope threads(trainer->model->runtime->threads);
     qlft::load_peft_adapter(trainer->trainer->lora(), path);
   });
 }
@@ -273,6 +281,7 @@ int32_t qlft_trainer_save_checkpoint(qlft_trainer* trainer, const char* path) {
   return guard([&] {
     QLFT_CHECK_ARG(trainer && path && *path,
                    "qlft_trainer_save_checkpoint: trainer and path must be given");
+    qlft::ThreadScope threads(trainer->model->runtime->threads);
     trainer->trainer->save_checkpoint(path);
   });
 }
@@ -281,6 +290,7 @@ int32_t qlft_trainer_resume(qlft_trainer* trainer, const char* path) {
   return guard([&] {
     QLFT_CHECK_ARG(trainer && path && *path, "qlft_trainer_resume: trainer and path must be given");
     refuse_reentry(trainer, "qlft_trainer_resume");
+    qlft::ThreadScope threads(trainer->model->runtime->threads);
     trainer->trainer->resume(path);
   });
 }

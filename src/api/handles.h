@@ -22,7 +22,7 @@ struct qlft_config {
 
 struct qlft_runtime {
   std::string backend;  // "cpu"
-  int threads = 0;
+  int threads = 1;      // `threads`, 0 resolved to the cores the process may use
   qlft::MemoryTracker tracker;
 };
 

@@ -2,41 +2,68 @@
 
 #include <sched.h>
 
-#include <atomic>
-
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
-extern "C" void openblas_set_num_threads(int num_threads);
-
 namespace qlft {
 
 namespace {
-std::atomic<int> g_threads{0};
+// 0: no count set on this thread (the default, available_cores(), applies).
+thread_local int t_threads = 0;
+
+int normalized(int n) {
+  return n > 0 ? n : available_cores();
 }
+}  // namespace
 
 int available_cores() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) {
-    int n = CPU_COUNT(&set);
-    if (n > 0) return n;
-  }
-  return 1;
+  static const int cores = [] {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+      int n = CPU_COUNT(&set);
+      if (n > 0) return n;
+    }
+    return 1;
+  }();
+  return cores;
 }
 
 void set_num_threads(int n) {
-  if (n <= 0) n = available_cores();
-  g_threads.store(n);
-#ifdef _OPENMP
-  omp_set_num_threads(n);
-#endif
-  openblas_set_num_threads(n);
+  t_threads = normalized(n);
 }
 
 int num_threads() {
-  int n = g_threads.load();
+  const int n = t_threads;
   return n > 0 ? n : available_cores();
 }
+
+ThreadScope::ThreadScope(int n) : prev_(t_threads) {
+  t_threads = normalized(n);
+}
+
+ThreadScope::~ThreadScope() {
+  t_threads = prev_;
+}
+
+#ifdef _OPENMP
+OmpIcvScope::OmpIcvScope(int n) : prev_(omp_get_max_threads()) {
+  if (n != prev_) omp_set_num_threads(n);
+}
+
+OmpIcvScope::~OmpIcvScope() {
+  if (omp_get_max_threads() != prev_) omp_set_num_threads(prev_);
+}
+
+int call_threads() {
+  return omp_in_parallel() ? 1 : num_threads();
+}
+#else
+OmpIcvScope::OmpIcvScope(int) : prev_(1) {}
+OmpIcvScope::~OmpIcvScope() = default;
+int call_threads() {
+  return 1;
+}
+#endif
 
 }  // namespace qlft

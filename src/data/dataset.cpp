@@ -6,6 +6,7 @@
 
 #include "config/config.h"
 #include "core/error.h"
+#include "core/threads.h"
 
 namespace qlft::data {
 
@@ -189,7 +190,7 @@ Built build_docs(const DataOptions& opt, const TextEncoder& enc) {
     const size_t n = std::min(kChunk, recs.size() - c0);
     int32_t fail_status = QLFT_OK;
     std::string fail_msg;
-#pragma omp parallel for schedule(dynamic, 16)
+#pragma omp parallel for num_threads(qlft::num_threads()) schedule(dynamic, 16)
     for (size_t i = 0; i < n; ++i) {
       Record& r = recs[c0 + i];
       Tokenized& t = out_chunk[i];

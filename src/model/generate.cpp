@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/threads.h"
 
 namespace qlft {
 
@@ -71,7 +72,7 @@ void Generator::attend(int layer, int n) {
   // Threads only when there is enough work: a parallel region costs more than one token's
   // attention on a small model.
   const bool par = static_cast<int64_t>(n) * c.n_heads * total * hd >= (1 << 16);
-#pragma omp parallel for schedule(static) collapse(2) if (par)
+#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static) collapse(2) if (par)
   for (int i = 0; i < n; ++i)
     for (int h = 0; h < c.n_heads; ++h) {
       std::vector<float> s(total);

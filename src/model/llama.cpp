@@ -9,6 +9,7 @@
 #include "backend/dropout.h"
 #include "core/error.h"
 #include "core/half.h"
+#include "core/threads.h"
 
 namespace qlft {
 
@@ -47,7 +48,7 @@ constexpr bool kActFp32[13] = {false, true,  false, false, false, false, true,
 constexpr int64_t kConvChunk = 1 << 15;
 template <class F>
 void for_chunks(int64_t n, const F& f) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
   for (int64_t i = 0; i < n; i += kConvChunk)
     f(i, static_cast<size_t>(std::min(kConvChunk, n - i)));
 }

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "optim/adamw_math.h"
 #include "optim/state_store.h"
+#include "core/threads.h"
 
 namespace qlft {
 
@@ -45,7 +46,7 @@ class AdamW final : public Optimizer {
       float* m = static_cast<float*>(store_->data(m_[k]));
       float* v = static_cast<float*>(store_->data(v_[k]));
       const int64_t n = static_cast<int64_t>(p.numel);
-#pragma omp parallel for schedule(static) if (n >= (1 << 16))
+#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static) if (n >= (1 << 16))
       for (int64_t i = 0; i < n; ++i) adamw_torch_update(p.data[i], m[i], v[i], p.grad[i], c);
       store_->end(static_cast<int>(k), true);
     }

@@ -8,6 +8,7 @@
 #include "optim/adamw_math.h"
 #include "optim/state_store.h"
 #include "quant/blockwise8.h"
+#include "core/threads.h"
 
 namespace qlft {
 
@@ -85,7 +86,8 @@ class AdamW8bit final : public Optimizer {
         for (int64_t i = 0; i < st.n; ++i)
           skipped += !adam_bnb_32bit_update(p.data[i], st.m32[i], st.v32[i], p.grad[i], c);
       } else {
-#pragma omp parallel for schedule(static) reduction(+ : skipped) if (st.blocks >= 64)
+        const int nt = qlft::num_threads();
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(+ : skipped) if (st.blocks >= 64)
         for (int64_t b = 0; b < st.blocks; ++b) skipped += step_block(p, st, b, c);
       }
       store_->end(static_cast<int>(k), true);

@@ -1,4 +1,5 @@
 #include "optim/grad_clip.h"
+#include "core/threads.h"
 
 #include <algorithm>
 #include <cmath>
@@ -15,7 +16,7 @@ double global_grad_norm(const std::vector<GradSpan>& grads) {
     const int64_t chunks = (n + kChunk - 1) / kChunk;
     std::vector<double> part(static_cast<size_t>(chunks), 0.0);
     const float* x = g.data;
-#pragma omp parallel for schedule(static) if (chunks >= 4)
+#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static) if (chunks >= 4)
     for (int64_t c = 0; c < chunks; ++c) {
       double s = 0.0;
       const int64_t end = std::min(n, (c + 1) * kChunk);
@@ -40,7 +41,7 @@ ClipResult clip_grad_norm(const std::vector<GradSpan>& grads, double max_norm) {
   const float cf = static_cast<float>(coef);
   for (const GradSpan& g : grads) {
     const int64_t n = static_cast<int64_t>(g.n);
-#pragma omp parallel for schedule(static) if (n >= (1 << 16))
+#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static) if (n >= (1 << 16))
     for (int64_t i = 0; i < n; ++i) g.data[i] *= cf;
   }
   return r;

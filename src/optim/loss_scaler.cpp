@@ -4,6 +4,7 @@
 
 #include "config/config.h"
 #include "core/error.h"
+#include "core/threads.h"
 
 namespace qlft {
 
@@ -22,7 +23,8 @@ bool unscale_and_check(const std::vector<GradSpan>& grads, float inv_scale) {
     const int64_t n = static_cast<int64_t>(g.n);
     float* x = g.data;
     int bad = 0;
-#pragma omp parallel for schedule(static) reduction(| : bad) if (n >= (1 << 16))
+    const int nt = qlft::num_threads();
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(| : bad) if (n >= (1 << 16))
     for (int64_t i = 0; i < n; ++i) {
       const float v = x[i];
       bad |= !std::isfinite(v);

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "quant/nf4_math.h"
+#include "core/threads.h"
 
 namespace qlft {
 
@@ -98,7 +99,7 @@ void Blockwise8Quantizer::quantize(const float* x, int64_t n, int64_t blocksize,
                                    float* absmax) const {
   QLFT_CHECK_ARG(blocksize > 0, "blockwise quantization: blocksize must be positive");
   const int64_t nblocks = (n + blocksize - 1) / blocksize;
-#pragma omp parallel for schedule(static) if (nblocks > 64)
+#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static) if (nblocks > 64)
   for (int64_t b = 0; b < nblocks; ++b) {
     const int64_t s = b * blocksize, len = std::min(blocksize, n - s);
     absmax[b] = quantize_block(x + s, len, codes + s);

@@ -4,11 +4,13 @@
 #include <cmath>
 
 #include "quant/nf4_math.h"
+#include "core/threads.h"
 
 namespace qlft {
 
 void int8_quantize_rows(const float* x, int64_t rows, int64_t cols, int8_t* codes, float* scb) {
-#pragma omp parallel for schedule(static) if (rows * cols > (1 << 16))
+  const int nt = qlft::num_threads();
+#pragma omp parallel for num_threads(nt) schedule(static) if (rows * cols > (1 << 16))
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * cols;
     float am = 0.0f;

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "quant/blockwise8.h"
 #include "quant/nf4_math.h"
+#include "core/threads.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
@@ -105,7 +106,7 @@ void nf4_quantize(const float* x, int64_t n, int64_t blocksize, uint8_t* packed,
   const int64_t nb = nf4_num_blocks(n, blocksize);
   const int64_t full = n / blocksize;
   // Blocks hold an even number of elements, so no byte is shared between blocks (threads).
-#pragma omp parallel for schedule(static) if (nb > 256)
+#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static) if (nb > 256)
   for (int64_t b = 0; b < nb; ++b) {
     const int64_t s = b * blocksize;
     quantize_block(x + s, std::min(blocksize, n - s), b >= full, packed + s / 2, &absmax[b]);

@@ -14,15 +14,12 @@
 #include "config/config.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/threads.h"
 #include "data/dataset.h"
 #include "dist/data_parallel.h"
 #include "formats/atomic_file.h"
 #include "train/planner.h"
 #include "train/trainer.h"
-
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 namespace qlft {
 
@@ -218,10 +215,7 @@ namespace {
 std::string cache_key(const Trainer& t, const Config& cfg, int ranks, const std::string& limits) {
   const Model& m = t.model();
   const TrainSettings& ts = t.settings();
-  int threads = 1;
-#ifdef _OPENMP
-  threads = omp_get_max_threads();
-#endif
+  const int threads = num_threads();
   Trainer& mt = const_cast<Trainer&>(t);
   return strf(
       "model=%s weights=%llu arch=%s layers=%d dim=%d vocab=%d; precision=%s "

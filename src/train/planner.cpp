@@ -11,6 +11,7 @@
 #include "config/keys.h"
 #include "dist/communicator.h"
 #include "core/error.h"
+#include "core/threads.h"
 #include "formats/gguf.h"
 #include "formats/json_file.h"
 #include "formats/safetensors.h"
@@ -20,10 +21,6 @@
 #include "quant/ggml_types.h"
 #include "quant/nf4.h"
 #include "train/adapter_io.h"
-
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 namespace qlft {
 
@@ -641,11 +638,7 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
   // Workspace: the largest set alive at once. Forward holds one kernel's scratch at a time; the
   // head's cross-entropy runs at the end of forward; backward adds its temporaries to one
   // kernel's scratch (or to a checkpointed layer's recompute).
-  int threads = s.threads;
-#ifdef _OPENMP
-  if (threads <= 0) threads = omp_get_max_threads();
-#endif
-  if (threads <= 0) threads = 1;
+  const int threads = s.threads > 0 ? s.threads : num_threads();
   // bf16 runs the CPU backend's own bf16 GEMMs (as the trainer sets it up); fp16 autocasts.
   const bool bf16 = s.precision == "bf16";
   const int64_t eb = bf16 && cpu::gemm_bf16_native() ? 2 : 4;

@@ -12,6 +12,7 @@
 #include "backend/cpu/vec_math.h"
 #include "backend/softmax_math.h"
 #include "core/error.h"
+#include "core/threads.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -22,11 +23,7 @@ namespace qlft::cpu {
 namespace {
 
 int max_threads() {
-#ifdef _OPENMP
-  return omp_get_max_threads();
-#else
-  return 1;
-#endif
+  return qlft::num_threads();
 }
 int thread_id() {
 #ifdef _OPENMP

@@ -6,6 +6,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/gemm_bf16.h"
 #include "core/error.h"
+#include "core/threads.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -32,10 +33,7 @@ namespace {
 // per-call overhead stays small); the first exception is carried out of the parallel region.
 template <class F>
 void split_rows(int64_t n, F&& f) {
-  int nt = 1;
-#ifdef _OPENMP
-  nt = omp_get_max_threads();
-#endif
+  const int nt = qlft::num_threads();
   int64_t pieces = std::min<int64_t>(nt, std::max<int64_t>(1, n / 8));
   if (pieces <= 1) {
     f(int64_t(0), n);
@@ -134,11 +132,11 @@ LpMat to_lp(const CpuBackend& be, CMatF x, Scratch slot, const char* what) {
   const int64_t C = x.cols;
   if (m.bf16) {
     uint16_t* d = m.buf.as<uint16_t>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
     for (int64_t i = 0; i < x.rows; ++i) f32_to_bf16_n(x.row(i), d + i * C, size_t(C));
   } else {
     float* d = m.buf.as<float>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
     for (int64_t i = 0; i < x.rows; ++i)
       round_through_n(DType::BF16, x.row(i), d + i * C, size_t(C));
   }
@@ -157,10 +155,10 @@ RoundedF32 rounded_f32(const CpuBackend& be, CMatF x, const LpMat* lp, Scratch s
   const int64_t C = x.cols;
   if (lp) {  // widening the bf16 copy is exact and cheaper than rounding again
     const uint16_t* s = static_cast<const uint16_t*>(lp->data());
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
     for (int64_t i = 0; i < x.rows; ++i) bf16_to_f32_n(s + i * C, d + i * C, size_t(C));
   } else {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
     for (int64_t i = 0; i < x.rows; ++i)
       round_through_n(DType::BF16, x.row(i), d + i * C, size_t(C));
   }
@@ -235,9 +233,40 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
     throw_error(QLFT_ERR_INVALID_ARGUMENT,
                 "sgemm: dimension too large for BLAS (%lld x %lld x %lld)", (long long)M,
                 (long long)N, (long long)K);
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, int(M), int(N), int(K), alpha, A, int(lda), B,
-              int(ldb), beta, C, int(ldc));
+  const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans,
+                        tb = trans_b ? CblasTrans : CblasNoTrans;
+  // Threads: the runtime's count, per call, without touching OpenBLAS's process-wide count. The
+  // OpenMP build of OpenBLAS (Debian's libopenblas0-openmp) takes its team size from the caller's
+  // omp_get_max_threads() and, when that differs from its global blas_cpu_number, rewrites the
+  // global (goto_set_num_threads): racy between runtimes and visible to the host program. It runs
+  // on one thread, touching nothing, when the caller's ICV is 1 or when called inside an active
+  // OpenMP region (common_thread.h num_cpu_avail). So one thread: ICV 1 for the call; several: our
+  // own team, each thread one contiguous block of C's rows or columns as its own sequential sgemm.
+  const int nt = call_threads();
+  const int64_t D = N >= M ? N : M;  // the dimension split between threads
+  constexpr int64_t kAlign = 16;     // a block is a multiple of the kernels' register tile
+  const int64_t pieces = std::min<int64_t>(nt, D / kAlign);
+  if (pieces <= 1 || M * N * K < (int64_t(1) << 18)) {  // small: threads would cost more
+    OmpIcvScope one(1);
+    cblas_sgemm(CblasRowMajor, ta, tb, int(M), int(N), int(K), alpha, A, int(lda), B, int(ldb),
+                beta, C, int(ldc));
+    return;
+  }
+  const bool by_n = N >= M;
+  const int64_t per = ((D + pieces - 1) / pieces + kAlign - 1) / kAlign * kAlign;
+#pragma omp parallel for num_threads(int(pieces)) schedule(static, 1)
+  for (int64_t p = 0; p < pieces; ++p) {
+    const int64_t a = p * per, b = std::min(D, a + per);
+    if (a >= b) continue;
+    OmpIcvScope one(1);  // sequential also if the team came out smaller than asked
+    if (by_n)            // columns [a, b) of op(B) and C
+      cblas_sgemm(CblasRowMajor, ta, tb, int(M), int(b - a), int(K), alpha, A, int(lda),
+                  trans_b ? B + a * ldb : B + a, int(ldb), beta, C + a, int(ldc));
+    else  // rows [a, b) of op(A) and C
+      cblas_sgemm(CblasRowMajor, ta, tb, int(b - a), int(N), int(K), alpha,
+                  trans_a ? A + a : A + a * lda, int(lda), B, int(ldb), beta, C + a * ldc,
+                  int(ldc));
+  }
 }
 
 void matmul_xwt(const CpuBackend& be, const QWeight& W, CMatF x, MatF y, const char* what) {

@@ -13,6 +13,7 @@
 #include "backend/cpu/vec_math.h"
 #include "backend/softmax_math.h"
 #include "core/error.h"
+#include "core/threads.h"
 
 namespace qlft::cpu {
 
@@ -25,7 +26,7 @@ void CpuBackend::embedding_fwd(const QWeight& emb, const int32_t* tokens, MatF o
                   "token id %d at position %lld is outside the vocabulary of %lld tokens",
                   tokens[i], (long long)i, (long long)emb.rows);
   std::exception_ptr err;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
   for (int64_t i = 0; i < out.rows; ++i) {
     try {
       emb.dequantize_rows(tokens[i], 1, out.row(i));
@@ -94,7 +95,7 @@ double CpuBackend::linear_cross_entropy(const QWeight& head, CMatF h, const int3
   for (int64_t c0 = 0; c0 < n_valid; c0 += Rc) {
     const int64_t rc = std::min(Rc, n_valid - c0);
     const int64_t* rows = valid.data() + c0;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
     for (int64_t i = 0; i < rc; ++i) {
       if (!lp)
         std::copy(h.row(rows[i]), h.row(rows[i]) + H, hc + i * H);
@@ -118,7 +119,7 @@ double CpuBackend::linear_cross_entropy(const QWeight& head, CMatF h, const int3
     for (int64_t p0 = 0; p0 < V; p0 += P) {
       const int64_t n = std::min(P, V - p0);
       logits(p0, n);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
       for (int64_t i = 0; i < rc; ++i) {
         const float* l = L + i * n;
         const float m = max_of(l, n);
@@ -138,7 +139,7 @@ double CpuBackend::linear_cross_entropy(const QWeight& head, CMatF h, const int3
     for (int64_t p0 = 0; p0 < V; p0 += P) {
       const int64_t n = std::min(P, V - p0);
       logits(p0, n);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
       for (int64_t i = 0; i < rc; ++i) {
         float* l = L + i * n;
         const float li = lse[i];
@@ -158,7 +159,7 @@ double CpuBackend::linear_cross_entropy(const QWeight& head, CMatF h, const int3
       else
         sgemm(false, false, rc, H, n, 1.f, L, n, pw, H, beta, dhc, H);
     }
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
     for (int64_t i = 0; i < rc; ++i) {
       float* d = dh.row(rows[i]);
       const float* g = dhc + i * H;

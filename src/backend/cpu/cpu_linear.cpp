@@ -7,6 +7,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/dropout.h"
 #include "core/error.h"
+#include "core/threads.h"
 
 namespace qlft::cpu {
 
@@ -22,7 +23,7 @@ void apply_dropout(CMatF x, int64_t row0, int64_t n, const LoraRef& l, float* ou
   const float p = l.dropout_p, inv = 1.f / (1.f - p);
   const uint64_t seed = l.dropout_seed;
   const int64_t C = x.cols;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float* xr = x.row(row0 + i);
     float* o = out + i * C;
@@ -99,7 +100,7 @@ void lora_bwd(const CpuBackend& be, const QWeight& W, const LoraRef& l, CMatF x,
     const int64_t n = std::min(R, M - r0);
     // t = g_chunk A
     if (want_dx) sgemm(false, false, n, K, r, 1.f, g + r0 * r, r, l.A, K, 0.f, t, K);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
     for (int64_t i = 0; i < n; ++i) {
       const int64_t row = r0 + i;
       const float* xr = x.row(row);
@@ -122,7 +123,7 @@ void linear_fwd_tail(const CpuBackend& be, const QWeight& W, const float* bias, 
                      CMatF x, MatF y, float* xa) {
   const int64_t M = x.rows, N = W.rows;
   if (bias) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
     for (int64_t i = 0; i < M; ++i) {
       float* yr = y.row(i);
       for (int64_t j = 0; j < N; ++j) yr[j] += bias[j];

@@ -10,6 +10,7 @@
 #include "backend/norm_math.h"
 #include "backend/rope_math.h"
 #include "core/error.h"
+#include "core/threads.h"
 
 namespace qlft::cpu {
 
@@ -31,7 +32,7 @@ inline float sigmoid_vec(float g) {
 void CpuBackend::rmsnorm_fwd(CMatF x, const float* w, float eps, MatF y, float* rstd) {
   check_same(x, y.as_const(), "rmsnorm_fwd", "x", "y");
   const int64_t C = x.cols;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
   for (int64_t i = 0; i < x.rows; ++i) {
     const float* xr = x.row(i);
     double ss = 0;
@@ -49,7 +50,7 @@ void CpuBackend::rmsnorm_bwd(CMatF x, const float* w, const float* rstd, CMatF d
   check_same(x, dx.as_const(), "rmsnorm_bwd", "x", "dx");
   QLFT_CHECK_ARG(rstd != nullptr, "rmsnorm_bwd: the forward pass's rstd is required");
   const int64_t C = x.cols;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
   for (int64_t i = 0; i < x.rows; ++i) {
     const float* xr = x.row(i);
     const float* dyr = dy.row(i);
@@ -91,7 +92,7 @@ void CpuBackend::rope(MatF x, const int32_t* pos, int n_heads, int head_dim, flo
   float* cs = table.as<float>();  // [n_tab][half] cos, then [n_tab][half] sin
   float* sn = cs + n_tab * half;
   const float* fr = inv_freq.data();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
   for (int64_t t = 0; t < n_tab; ++t) {
     const int p = use_table ? int(t) : pos[t];
     for (int i = 0; i < half; ++i) {
@@ -100,7 +101,7 @@ void CpuBackend::rope(MatF x, const int32_t* pos, int n_heads, int head_dim, flo
       sn[t * half + i] = inverse ? -sinf(ang) : sinf(ang);
     }
   }
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
   for (int64_t row = 0; row < x.rows; ++row) {
     float* xr = x.row(row);
     const int64_t t = use_table ? pos[row] : row;
@@ -122,7 +123,7 @@ void CpuBackend::swiglu_fwd(CMatF gate, CMatF up, MatF out) {
   check_same(gate, up, "swiglu_fwd", "gate", "up");
   check_same(gate, out.as_const(), "swiglu_fwd", "gate", "out");
   const int64_t C = gate.cols;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
   for (int64_t i = 0; i < gate.rows; ++i) {
     const float* g = gate.row(i);
     const float* u = up.row(i);
@@ -138,7 +139,7 @@ void CpuBackend::swiglu_bwd(CMatF gate, CMatF up, CMatF dout, MatF dgate, MatF d
   check_same(gate, dgate.as_const(), "swiglu_bwd", "gate", "dgate");
   check_same(gate, dup.as_const(), "swiglu_bwd", "gate", "dup");
   const int64_t C = gate.cols;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
   for (int64_t i = 0; i < gate.rows; ++i) {
     const float* g = gate.row(i);
     const float* u = up.row(i);

@@ -9,6 +9,7 @@
 
 #include "core/cpu_isa.h"
 #include "core/error.h"
+#include "core/threads.h"
 
 namespace qlft::cpu {
 
@@ -23,10 +24,15 @@ struct Key {
   // between concurrent executions: each calling thread gets its own (0 for bf16, whose
   // scratchpad the caller passes).
   uint64_t thread = 0;
+  // The team size: oneDNN's OpenMP runtime reads the caller's omp_get_max_threads() when it
+  // creates a primitive (its blocking and its parallel(nthr, ...) count are fixed then) and when
+  // it runs one, so a primitive is made and run under one count (the calling runtime's, set as
+  // the caller's ICV for the call: OmpIcvScope) and cached per count.
+  int threads = 1;
   bool operator==(const Key& o) const {
     return M == o.M && N == o.N && K == o.K && lda == o.lda && ldb == o.ldb && ldc == o.ldc &&
            alpha == o.alpha && beta == o.beta && ta == o.ta && tb == o.tb && f32 == o.f32 &&
-           thread == o.thread;
+           thread == o.thread && threads == o.threads;
   }
 };
 
@@ -43,6 +49,7 @@ struct KeyHash {
     mix((uint64_t(k.alpha) << 32) | k.beta);
     mix(uint64_t(k.f32) * 4 + uint64_t(k.ta) * 2 + uint64_t(k.tb));
     mix(k.thread);
+    mix(uint64_t(k.threads));
     return size_t(h);
   }
 };
@@ -145,6 +152,7 @@ std::shared_ptr<Entry> get_entry(const Key& k, float alpha, float beta) {
       attr.set_post_ops(po);
     }
     dnnl::matmul::desc d(e->a_md, e->b_md, e->c_md);
+    OmpIcvScope team(k.threads);
     dnnl::matmul::primitive_desc pd(d, attr, engine());
     e->scratch_md = pd.scratchpad_desc();
     e->scratch_bytes = e->scratch_md.get_size();
@@ -170,7 +178,9 @@ Key make_key(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, int64_
                  "M %lld, N %lld, K %lld (trans_a %d, trans_b %d)",
                  (long long)lda, (long long)ldb, (long long)ldc, (long long)M, (long long)N,
                  (long long)K, int(trans_a), int(trans_b));
-  return Key{M, N, K, lda, ldb, ldc, bits(alpha), bits(beta), trans_a, trans_b};
+  Key k{M, N, K, lda, ldb, ldc, bits(alpha), bits(beta), trans_a, trans_b};
+  k.threads = call_threads();
+  return k;
 }
 
 }  // namespace
@@ -203,6 +213,7 @@ void run(const Key& k, float alpha, float beta, const void* A, const void* B, fl
         {DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}};
     if (e->scratch_bytes)
       args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(e->scratch_md, eng, scratchpad));
+    OmpIcvScope team(k.threads);
     e->prim.execute(stream, args);
     stream.wait();
   } catch (const dnnl::error& err) {

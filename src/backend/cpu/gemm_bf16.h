@@ -4,8 +4,9 @@
 // order.
 //
 // Primitives are created once per (shape, strides, transposes, alpha, beta) and cached: creating
-// one costs far more than running a small GEMM. Threads: the caller's OpenMP thread count (same
-// libgomp as the rest of qlft); called inside a parallel region it runs on one thread.
+// one costs far more than running a small GEMM, and per team size. Threads: qlft::num_threads()
+// of the calling OS thread (the runtime's), given to oneDNN as that thread's OpenMP ICV for the
+// call and restored after; called inside a parallel region it runs on one thread.
 #pragma once
 
 #include <cstddef>
