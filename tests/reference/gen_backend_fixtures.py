@@ -18,6 +18,8 @@ from safetensors.torch import save_file
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
+import fixture_versions
+
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "backend")
 os.makedirs(OUT, exist_ok=True)
 torch.manual_seed(0)
@@ -44,3 +46,4 @@ for i, (theta, hd, heads) in enumerate([(10000.0, 64, 2), (500000.0, 128, 1)]):
 
 save_file(tensors, os.path.join(OUT, "rope.safetensors"))
 print("wrote", os.path.join(OUT, "rope.safetensors"))
+fixture_versions.write(OUT, __file__)

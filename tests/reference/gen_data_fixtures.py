@@ -178,6 +178,7 @@ def token_mask(tok, text, spans):
 
 def main():
     sys.path.insert(0, HERE)
+    import fixture_versions
     import gen_tokenizer_fixtures as gt
     toks = {k: PreTrainedTokenizerFast(tokenizer_object=gt.build(gt.read_vocab(
         os.path.join(SHARED, rel)))) for k, rel in TOKENIZERS.items()}
@@ -216,6 +217,7 @@ def main():
                   ensure_ascii=False)
         f.write("\n")
     print(f"{len(cases)} cases -> {OUT}/templates.json")
+    fixture_versions.write(OUT, __file__, inputs=[os.path.join(SHARED, r) for r in TOKENIZERS.values()])
 
 
 if __name__ == "__main__":

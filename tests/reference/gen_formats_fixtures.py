@@ -264,3 +264,6 @@ if __name__ == "__main__":
     safetensors_fixture()
     stories_fixture()
     print("wrote", OUT)
+    stories = os.path.join(SHARED, "models", "stories260K.gguf")
+    import fixture_versions
+    fixture_versions.write(OUT, __file__, inputs=[stories] if os.path.exists(stories) else [])

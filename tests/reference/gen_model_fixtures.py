@@ -39,6 +39,8 @@ from peft import LoraConfig, get_peft_model
 from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+import fixture_versions
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "fixtures", "model")
 SHARED = os.environ.get("QLFT_SHARED_DIR", os.path.join(HERE, "..", "..", "..", "shared"))
@@ -350,6 +352,7 @@ def main():
         "q4_0": quant_logits("llama", llama, sd, tok, lambda w: gguf_roundtrip(w, Q.Q4_0), False),
     }
     save_file(qref, os.path.join(OUT, "syn_llama.quant.safetensors"))
+    fixture_versions.write(OUT, __file__, inputs=[os.path.join(SHARED, "models", "stories260K.gguf")])
     for f in sorted(os.listdir(OUT)):
         p = os.path.join(OUT, f)
         print(f, os.path.getsize(p) if os.path.isfile(p) else "dir")

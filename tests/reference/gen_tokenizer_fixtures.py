@@ -39,6 +39,8 @@ from tokenizers import Regex
 from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_PRE_TOKENIZER_SPLITS
 from transformers.tokenization_utils_base import generate_merges
 
+import fixture_versions
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHARED = os.environ.get("QLFT_SHARED_DIR", os.path.join(ROOT, "..", "shared"))
 OUT = os.path.join(ROOT, "tests", "reference", "fixtures", "tokenizer")
@@ -335,6 +337,13 @@ def main():
     write_json(os.path.join(OUT, "expected_ids.json"), expected, compact=True)
     total = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(OUT) for f in fs)
     print(f"wrote {OUT} ({total / 1024:.0f} KiB)")
+    tv = os.path.join(SHARED, "tokenizer-vectors")
+    fixture_versions.write(OUT, __file__, inputs=[
+        *(os.path.join(tv, f"ggml-vocab-{n}.gguf{x}") for n in ("llama-spm", "gpt-2")
+          for x in ("", ".inp", ".out")),
+        os.path.join(SHARED, "models", "stories260K.gguf"),
+        os.path.join(SHARED, "data", "tinyshakespeare.txt"),
+        os.path.join(SHARED, "data", "tinystories-sample.txt")])
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from transformers import LlamaForCausalLM, get_linear_schedule_with_warmup
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import fixture_versions  # noqa: E402
 import gen_model_fixtures as gm  # noqa: E402  (stories260K -> HF conversion, q/k permutations)
 
 OUT = os.path.join(HERE, "fixtures", "train")
@@ -285,6 +286,7 @@ def main():
         print(json.dumps(checks, indent=2))
     else:
         print("peft_adapter/ not written yet: run test_adapter_export with QLFT_WRITE_TRAIN_FIXTURES=1")
+    fixture_versions.write(OUT, __file__, inputs=[GGUF_PATH])
     for f in sorted(os.listdir(OUT)):
         p = os.path.join(OUT, f)
         print(f, os.path.getsize(p) if os.path.isfile(p) else "dir")
