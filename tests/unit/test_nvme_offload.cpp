@@ -399,7 +399,8 @@ TEST(NvmeOffloadTraining, SameLossCurveAndResumeWithWeightsAndStateInFiles) {
 // SmolLM2-135M (quant.type keep: 171 MiB of weights) loaded and trained one step at seq 32 with
 // everything resident and with offload.params/optimizer = nvme, each in a forked child. Each
 // child's untracked RSS growth is bounded, and the drop in peak RSS between them must be the
-// drop the tracker claims, less 4 MiB of allocator slack (bench/offload_rss.sh's default).
+// drop the tracker claims, less 8 MiB of allocator slack (the gap measured 3.0-3.1 MiB on an EPYC
+// and 3.2-4.9 MiB on a Sapphire Rapids guest across the ISA caps; 4 MiB failed there once).
 TEST(NvmeOffloadRss, PeakRssDropsByWhatTheTrackerSaves) {
   QLFT_NEED_SHARED(model_path, "models/smollm2-135m-instruct-q4_1.gguf");
   QLFT_NEED_SHARED(text, "data/tinyshakespeare.txt");
@@ -441,5 +442,5 @@ TEST(NvmeOffloadRss, PeakRssDropsByWhatTheTrackerSaves) {
   std::printf("[rss] NVMe offload: peak RSS drop %.1f MiB, tracker's drop %.1f MiB\n",
               rss_drop / kMiB, tracked_drop / kMiB);
   EXPECT_GE(tracked_drop, 32.0 * kMiB) << "the offload saves too little for the check to mean much";
-  EXPECT_GE(rss_drop, tracked_drop - 4.0 * kMiB);
+  EXPECT_GE(rss_drop, tracked_drop - 8.0 * kMiB);
 }
