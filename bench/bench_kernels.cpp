@@ -433,6 +433,61 @@ void BM_swiglu(benchmark::State& st) {
   report(st, double(n) * (bwd ? 10 : 5), t0);
 }
 
+// ---- dequantization ---------------------------------------------------------------------------
+
+// Random GGUF blocks of any type: random bytes, with each f16 scale rewritten to a small normal
+// value (random bytes could be NaN or inf).
+QWeight make_ggml(GgmlType type, int64_t rows, int64_t cols, uint32_t seed) {
+  const GgmlTypeTraits* t = ggml_type_traits(uint32_t(type));
+  const int64_t nb = rows * cols / t->block;
+  std::vector<uint8_t> blocks(size_t(nb) * t->bytes);
+  std::mt19937 rng(seed);
+  for (uint8_t& b : blocks) b = uint8_t(rng());
+  const std::vector<size_t> f16_at = type == GgmlType::Q6_K ? std::vector<size_t>{208}
+                                     : (type == GgmlType::Q4_0 || type == GgmlType::Q8_0)
+                                         ? std::vector<size_t>{0}
+                                         : std::vector<size_t>{0, 2};
+  for (int64_t b = 0; b < nb; ++b)
+    for (size_t o : f16_at) {
+      const uint16_t h = f32_to_f16(0.01f);
+      std::memcpy(blocks.data() + b * t->bytes + o, &h, 2);
+    }
+  return qweight_from_ggml(&tracker(), uint32_t(type), blocks.data(), rows, cols);
+}
+
+const char* kDequantKinds[] = {"nf4", "int8", "q4_0", "q4_1", "q8_0", "q4_k", "q6_k"};
+
+// A whole [ffn, dim] weight ([dim, ffn] for the K-quants) to fp32, as the linear layers' panels do
+// (one thread: the kernels themselves, per ISA path; QLFT_CPU_ISA picks the path). GB/s of fp32
+// output.
+void BM_dequant(benchmark::State& st) {
+  const std::string kind = kDequantKinds[st.range(0)];
+  // K-quant rows are whole 256-element super-blocks: those take the weight as [dim, ffn].
+  const bool k_quant = kind == "q4_k" || kind == "q6_k";
+  const int64_t rows = k_quant ? kDim : kFfn, cols = k_quant ? kFfn : kDim;
+  QWeight w;
+  if (kind == "nf4" || kind == "int8") {
+    std::vector<float> f = randn(size_t(rows * cols), 0.04f, 21);
+    w = qweight_from_f32(&tracker(), f.data(), rows, cols,
+                         kind == "nf4" ? QuantKind::NF4 : QuantKind::INT8);
+  } else {
+    const GgmlType t = kind == "q4_0"   ? GgmlType::Q4_0
+                       : kind == "q4_1" ? GgmlType::Q4_1
+                       : kind == "q8_0" ? GgmlType::Q8_0
+                       : kind == "q4_k" ? GgmlType::Q4_K
+                                        : GgmlType::Q6_K;
+    w = make_ggml(t, rows, cols, 22);
+  }
+  std::vector<float> out(size_t(rows * cols));
+  const Clock::time_point t0 = start_clock();
+  for (auto _ : st) {
+    w.dequantize_rows(0, rows, out.data());
+    benchmark::ClobberMemory();
+  }
+  report_bytes(st, double(out.size()) * 4, t0);
+  st.SetLabel(kind + " " + std::to_string(rows) + "x" + std::to_string(cols));
+}
+
 template <class Fn>
 benchmark::internal::Benchmark* reg(const char* name, Fn fn) {
   return benchmark::RegisterBenchmark(name, fn)->UseRealTime()->Unit(benchmark::kMillisecond);
@@ -456,6 +511,7 @@ void register_all() {
     for (int dh = 0; dh < 2; ++dh)
       reg("linear_cross_entropy", BM_linear_cross_entropy)
           ->Args({bf16, dh, 3});  // the model's head is its Q8_0 token embedding (tied)
+  for (int k = 0; k < 7; ++k) reg("dequant", BM_dequant)->Arg(k);
   reg("rmsnorm_fwd", BM_rmsnorm)->Arg(0);
   reg("rmsnorm_bwd", BM_rmsnorm)->Arg(1);
   reg("rope", BM_rope);

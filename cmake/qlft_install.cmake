@@ -1,6 +1,7 @@
 # Installation and packaging of libqlft (included from the top-level CMakeLists.txt after the
 # targets exist). `cmake --install <build> --prefix P` gives, for any P and wherever P is moved:
 #   P/include/qlft.h, P/<libdir>/libqlft.so*, P/bin/qlft-finetune (RUNPATH $ORIGIN/../<libdir>),
+#   P/<libdir>/libqlft-mpi.so             (the MPI plugin, when built: QLFT_MPI),
 #   P/<libdir>/pkgconfig/qlft.pc          (paths relative to ${pcfiledir}),
 #   P/<libdir>/cmake/qlft/qlftConfig.cmake + qlftConfigVersion.cmake + qlftTargets*.cmake
 #                                         (find_package(qlft CONFIG) -> imported target qlft::qlft).
@@ -26,6 +27,12 @@ install(TARGETS qlft EXPORT qlftTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(FILES ${PROJECT_SOURCE_DIR}/include/qlft.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+# The MPI plugin goes beside libqlft, where libqlft looks for it (src/dist/mpi_plugin_loader.h);
+# like libqlft it keeps only its dependencies' non-system directories as RUNPATH.
+if(TARGET qlft-mpi)
+  set_target_properties(qlft-mpi PROPERTIES BUILD_WITH_INSTALL_RPATH ON INSTALL_RPATH_USE_LINK_PATH ON)
+  install(TARGETS qlft-mpi LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+endif()
 install(EXPORT qlftTargets NAMESPACE qlft:: DESTINATION ${QLFT_CMAKE_DIR})
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/qlftConfig.cmake.in
                               ${CMAKE_BINARY_DIR}/install-pkg/qlftConfig.cmake

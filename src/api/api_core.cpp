@@ -19,6 +19,8 @@ constexpr const char* kVersion =
 #define QLFT_SIMD "avx512"
 #elif defined(__AVX2__)
 #define QLFT_SIMD "avx2"
+#elif defined(__SSE4_2__) && defined(__POPCNT__)
+#define QLFT_SIMD "x86-64-v2"
 #else
 #define QLFT_SIMD "generic"
 #endif

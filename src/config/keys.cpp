@@ -126,8 +126,9 @@ const KeyDef kKeys[] = {
      "Directory for paged optimizer state and other offloaded data (files are unlinked as soon "
      "as they are created); empty = the system temp dir ($TMPDIR or /tmp)."},
     {"dist.backend", KeyType::Enum, "none", 0, 0, "none|mpi|nccl",
-     "How ranks talk: none (one process), mpi (CPU ranks started by mpirun; needs a build with "
-     "QLFT_MPI) or nccl (GPU ranks, NCCL's id sent over MPI; the communicator is built but not "
+     "How ranks talk: none (one process), mpi (CPU ranks started by mpirun; opens the MPI "
+     "plugin libqlft-mpi.so beside libqlft, or $QLFT_MPI_PLUGIN, built with QLFT_MPI) or "
+     "nccl (GPU ranks, NCCL's id sent over MPI; the communicator is built but not "
      "yet used by the trainer, which refuses it). Each rank reads a disjoint "
      "shard of every global batch; only rank 0 writes logs, checkpoints and adapters."},
     {"dist.zero_stage", KeyType::Int, "0", 0, 3, "",

@@ -12,12 +12,7 @@
 #include <cstring>
 
 #include "core/half.h"
-
-#define QLFT_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define QLFT_TARGET_AVX512 \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
-#define QLFT_TARGET_AVX512BF16 \
-  __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+#include "core/isa_target.h"
 
 namespace qlft {
 namespace {

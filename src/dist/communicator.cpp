@@ -4,7 +4,6 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "dist/nccl_entry.h"
 
 namespace qlft::dist {
 
@@ -138,39 +137,6 @@ std::vector<std::string> Communicator::all_gather_bytes(const std::string& mine)
 
 std::unique_ptr<Communicator> make_single_communicator() {
   return std::make_unique<SingleCommunicator>();
-}
-
-std::unique_ptr<Communicator> make_communicator(const std::string& backend, double timeout_s) {
-  std::unique_ptr<Communicator> c;
-  if (backend == "none") {
-    LaunchInfo li = detect_launch();
-    if (li.world > 1)
-      throw_error(QLFT_ERR_INVALID_ARGUMENT,
-                  "this process was launched as rank %d of %d (%s) but dist.backend is none: set "
-                  "dist.backend=mpi (or nccl), or launch one process",
-                  li.rank, li.world, li.source.c_str());
-    c = make_single_communicator();
-  } else if (backend == "mpi") {
-#if QLFT_HAVE_MPI
-    c = make_mpi_communicator(timeout_s);
-#else
-    throw_error(QLFT_ERR_UNSUPPORTED,
-                "dist.backend=mpi needs a build with MPI (cmake -DQLFT_MPI=ON, OpenMPI installed)");
-#endif
-  } else if (backend == "nccl") {
-#if QLFT_HAVE_CUDA && QLFT_HAVE_MPI
-    // NCCL's unique id travels over MPI; the MPI communicator stays as NCCL's bootstrap.
-    c = make_nccl_communicator(make_mpi_communicator(timeout_s), timeout_s);
-#else
-    throw_error(QLFT_ERR_UNSUPPORTED,
-                "dist.backend=nccl needs a build with CUDA and MPI (-DQLFT_CUDA=ON -DQLFT_MPI=ON)");
-#endif
-  } else {
-    throw_error(QLFT_ERR_INVALID_ARGUMENT, "dist.backend '%s' is not one of none|mpi|nccl",
-                backend.c_str());
-  }
-  c->set_timeout(timeout_s);
-  return c;
 }
 
 }  // namespace qlft::dist

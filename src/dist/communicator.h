@@ -1,6 +1,7 @@
 // Collective communication between training ranks: the one interface data parallelism and ZeRO
 // are written against. Implementations: a single-rank one (every collective is the identity),
-// MPI (src/dist/comm_mpi.cpp, built with QLFT_MPI=ON) and NCCL (cuda/src/comm_nccl.cpp).
+// MPI (src/dist/comm_mpi.cpp, compiled only into the plugin libqlft-mpi.so, which libqlft opens
+// at run time: mpi_plugin_loader.h) and NCCL (cuda/src/comm_nccl.cpp).
 //
 // Every collective is bounded by timeout_s: a peer that died or hangs ends the call with
 // QLFT_ERR_DISTRIBUTED naming the ranks that did not answer, never a silent hang and never an
@@ -91,12 +92,12 @@ class Communicator {
 // The identity communicator of a single process (world 1).
 std::unique_ptr<Communicator> make_single_communicator();
 
-// backend: "none" | "mpi" | "nccl". mpi needs a build with QLFT_MPI=ON, nccl one with QLFT_CUDA
-// and NCCL; otherwise QLFT_ERR_UNSUPPORTED. timeout_s bounds every collective (0: no bound).
+// backend: "none" | "mpi" | "nccl" (comm_select.cpp). mpi and nccl load the MPI plugin
+// (QLFT_ERR_UNSUPPORTED naming the file and the loader's reason when it cannot be opened); nccl
+// also needs a build with QLFT_CUDA. timeout_s bounds every collective (0: no bound).
 std::unique_ptr<Communicator> make_communicator(const std::string& backend, double timeout_s);
 
-#if QLFT_HAVE_MPI
+// comm_mpi.cpp, compiled into the MPI plugin only (libqlft reaches it through the plugin table).
 std::unique_ptr<Communicator> make_mpi_communicator(double timeout_s);
-#endif
 
 }  // namespace qlft::dist

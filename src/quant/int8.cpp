@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "quant/nf4_math.h"
+#include "quant/quant_kernels.h"
 #include "core/threads.h"
 
 namespace qlft {
@@ -24,12 +25,7 @@ void int8_quantize_rows(const float* x, int64_t rows, int64_t cols, int8_t* code
 
 void int8_dequantize_rows(const int8_t* codes, const float* scb, int64_t r0, int64_t n,
                           int64_t cols, float* out) {
-  for (int64_t r = 0; r < n; ++r) {
-    const int8_t* q = codes + (r0 + r) * cols;
-    const float s = scb[r0 + r];
-    float* o = out + r * cols;
-    for (int64_t c = 0; c < cols; ++c) o[c] = int8_decode(q[c], s);
-  }
+  quant_kernels().int8_dequantize_rows(codes, scb, r0, n, cols, out);
 }
 
 }  // namespace qlft

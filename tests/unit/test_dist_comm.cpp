@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "dist/communicator.h"
 #include "dist/data_parallel.h"
+#include "dist/mpi_plugin_loader.h"
 
 using namespace qlft;
 
@@ -114,12 +115,41 @@ TEST(DistComm, BackendNoneRefusesAMultiRankLaunch) {
 TEST(DistComm, UnknownBackendIsAnError) {
   CleanLaunchEnv clean;
   EXPECT_EQ(status_of([] { dist::make_communicator("gloo", 10); }), QLFT_ERR_INVALID_ARGUMENT);
-#if !QLFT_HAVE_MPI
-  EXPECT_EQ(status_of([] { dist::make_communicator("mpi", 10); }), QLFT_ERR_UNSUPPORTED);
-#endif
-#if !QLFT_HAVE_CUDA || !QLFT_HAVE_MPI
+#if !QLFT_HAVE_CUDA
   EXPECT_EQ(status_of([] { dist::make_communicator("nccl", 10); }), QLFT_ERR_UNSUPPORTED);
 #endif
+}
+
+// The MPI communicator is a plugin (libqlft-mpi.so) opened at run time: where it is not
+// installed, dist.backend=mpi is refused naming the file it looked for, dlopen's reason and the
+// override, and asking again looks again (a failure is not cached).
+TEST(DistComm, MissingMpiPluginIsAClearError) {
+  CleanLaunchEnv clean;
+  const char* path = "/nonexistent-qlft-test/lib/libqlft-mpi.so";
+  EnvVar p("QLFT_MPI_PLUGIN", path);
+  EXPECT_EQ(dist::mpi_plugin_path(), path);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    try {
+      dist::make_communicator("mpi", 10);
+      FAIL() << "dist.backend=mpi worked without its plugin";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_EQ(e.status(), QLFT_ERR_UNSUPPORTED) << m;
+      EXPECT_NE(m.find(path), std::string::npos) << m;
+      EXPECT_NE(m.find("No such file"), std::string::npos) << m;
+      EXPECT_NE(m.find("QLFT_MPI_PLUGIN"), std::string::npos) << m;
+    }
+  }
+  // A file that exists but is no plugin: named, with the reason.
+  const std::string not_elf = QLFT_SOURCE_DIR "/CMakeLists.txt";
+  EnvVar q("QLFT_MPI_PLUGIN", not_elf.c_str());
+  try {
+    dist::make_communicator("mpi", 10);
+    FAIL() << "a non-library was taken for the MPI plugin";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), QLFT_ERR_UNSUPPORTED) << e.what();
+    EXPECT_NE(std::string(e.what()).find(not_elf), std::string::npos) << e.what();
+  }
 }
 
 TEST(DistComm, SingleRankCollectivesAreTheIdentity) {

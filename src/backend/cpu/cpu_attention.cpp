@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/vec_kernels.h"
 #include "backend/cpu/vec_math.h"
 #include "backend/softmax_math.h"
 #include "core/error.h"
@@ -115,8 +116,8 @@ void tile_probs(const AttnShape& s, const Tile& t, CMatF q, CMatF k, float scale
     float L;
     const int64_t lidx = int64_t(t.h) * rows + base + qi;
     if (!lse_in) {
-      const float m = max_of(sr, jend);
-      const double sum = sum_exp_shifted(sr, jend, m);
+      const float m = vec_kernels().max_of(sr, jend);
+      const double sum = vec_kernels().sum_exp_shifted(sr, jend, m);
       OnlineSoftmax<double> st;
       online_softmax_merge(st, m, sum);
       L = online_softmax_lse(st);
@@ -124,8 +125,7 @@ void tile_probs(const AttnShape& s, const Tile& t, CMatF q, CMatF k, float scale
     } else {
       L = lse_in[lidx];
     }
-#pragma omp simd
-    for (int64_t j = 0; j < kw; ++j) sr[j] = exp_approx(sr[j] - L);
+    vec_kernels().exp_shifted(sr, kw, L, 1.f);
   }
 }
 
@@ -216,8 +216,7 @@ void CpuBackend::attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, CM
             float* ds = dS + i * kw;
             const float* p = P + i * kw;
             const float di = Dr[i];
-#pragma omp simd
-            for (int64_t j = 0; j < kw; ++j) ds[j] = p[j] * (ds[j] - di);
+            vec_kernels().softmax_bwd_row(ds, p, di, kw);
           }
           // dQ += scale dS K ; dK += scale dS^T Q ; dV += P^T dO
           sgemm(false, false, t.nq, D, kw, scale, dS, kw, Kt, k.stride, 1.f,

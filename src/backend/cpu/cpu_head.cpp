@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/vec_kernels.h"
 #include "backend/cpu/vec_math.h"
 #include "backend/softmax_math.h"
 #include "core/error.h"
@@ -122,8 +123,8 @@ double CpuBackend::linear_cross_entropy(const QWeight& head, CMatF h, const int3
 #pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
       for (int64_t i = 0; i < rc; ++i) {
         const float* l = L + i * n;
-        const float m = max_of(l, n);
-        const double sum = sum_exp_shifted(l, n, m);
+        const float m = vec_kernels().max_of(l, n);
+        const double sum = vec_kernels().sum_exp_shifted(l, n, m);
         online_softmax_merge(st[i], m, sum);
         const int64_t t = targets[rows[i]];
         if (t >= p0 && t < p0 + n) tl[i] = l[t - p0];
@@ -143,8 +144,7 @@ double CpuBackend::linear_cross_entropy(const QWeight& head, CMatF h, const int3
       for (int64_t i = 0; i < rc; ++i) {
         float* l = L + i * n;
         const float li = lse[i];
-#pragma omp simd
-        for (int64_t j = 0; j < n; ++j) l[j] = exp_approx(l[j] - li) * grad_scale;
+        vec_kernels().exp_shifted(l, n, li, grad_scale);
         const int64_t t = targets[rows[i]];
         if (t >= p0 && t < p0 + n) l[t - p0] -= grad_scale;
         if (lp16)

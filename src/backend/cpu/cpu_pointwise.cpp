@@ -6,6 +6,7 @@
 
 #include "backend/activation_math.h"
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/vec_kernels.h"
 #include "backend/cpu/vec_math.h"
 #include "backend/norm_math.h"
 #include "backend/rope_math.h"
@@ -20,13 +21,6 @@ void check_same(CMatF a, CMatF b, const char* op, const char* an, const char* bn
                  "%s: %s is [%lld, %lld] but %s is [%lld, %lld]", op, an, (long long)a.rows,
                  (long long)a.cols, bn, (long long)b.rows, (long long)b.cols);
 }
-// sigmoid(g) with the vectorizable exp (about 1 ulp from activation_math.h's expf form). The
-// argument is clamped first so a NaN gate cannot reach exp_approx's float-to-int step; the NaN
-// still reaches the outputs through the factor g.
-inline float sigmoid_vec(float g) {
-  float t = std::min(87.f, std::max(-87.f, -g));
-  return 1.f / (1.f + exp_approx(t));
-}
 }  // namespace
 
 void CpuBackend::rmsnorm_fwd(CMatF x, const float* w, float eps, MatF y, float* rstd) {
@@ -34,14 +28,7 @@ void CpuBackend::rmsnorm_fwd(CMatF x, const float* w, float eps, MatF y, float* 
   const int64_t C = x.cols;
 #pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
   for (int64_t i = 0; i < x.rows; ++i) {
-    const float* xr = x.row(i);
-    double ss = 0;
-#pragma omp simd reduction(+ : ss)
-    for (int64_t c = 0; c < C; ++c) ss += double(xr[c]) * xr[c];
-    float r = rmsnorm_rstd(ss, long(C), eps);
-    if (rstd) rstd[i] = r;
-    float* yr = y.row(i);
-    for (int64_t c = 0; c < C; ++c) yr[c] = rmsnorm_apply(xr[c], w[c], r);
+    vec_kernels().rmsnorm_fwd_row(x.row(i), w, eps, y.row(i), rstd ? &rstd[i] : nullptr, C);
   }
 }
 
@@ -52,15 +39,7 @@ void CpuBackend::rmsnorm_bwd(CMatF x, const float* w, const float* rstd, CMatF d
   const int64_t C = x.cols;
 #pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
   for (int64_t i = 0; i < x.rows; ++i) {
-    const float* xr = x.row(i);
-    const float* dyr = dy.row(i);
-    float r = rstd[i];
-    double dot = 0;
-#pragma omp simd reduction(+ : dot)
-    for (int64_t c = 0; c < C; ++c) dot += double(dyr[c]) * w[c] * xr[c];
-    float coef = rmsnorm_bwd_coef(dot, long(C), r);
-    float* dxr = dx.row(i);
-    for (int64_t c = 0; c < C; ++c) dxr[c] += rmsnorm_bwd_elem(xr[c], w[c], dyr[c], r, coef);
+    vec_kernels().rmsnorm_bwd_row(x.row(i), w, rstd[i], dy.row(i), dx.row(i), C);
   }
 }
 
@@ -103,19 +82,8 @@ void CpuBackend::rope(MatF x, const int32_t* pos, int n_heads, int head_dim, flo
   }
 #pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
   for (int64_t row = 0; row < x.rows; ++row) {
-    float* xr = x.row(row);
     const int64_t t = use_table ? pos[row] : row;
-    const float* c = cs + t * half;
-    const float* sr = sn + t * half;
-    for (int h = 0; h < n_heads; ++h) {
-      float* xh = xr + int64_t(h) * head_dim;
-      if (adjacent) {
-        for (int i = 0; i < half; ++i) rope_rotate_pair(xh[2 * i], xh[2 * i + 1], c[i], sr[i]);
-      } else {
-#pragma omp simd
-        for (int i = 0; i < half; ++i) rope_rotate_pair(xh[i], xh[i + half], c[i], sr[i]);
-      }
-    }
+    vec_kernels().rope_row(x.row(row), cs + t * half, sn + t * half, n_heads, head_dim, adjacent);
   }
 }
 
@@ -128,8 +96,7 @@ void CpuBackend::swiglu_fwd(CMatF gate, CMatF up, MatF out) {
     const float* g = gate.row(i);
     const float* u = up.row(i);
     float* o = out.row(i);
-#pragma omp simd
-    for (int64_t c = 0; c < C; ++c) o[c] = swiglu_from_sigmoid(g[c], u[c], sigmoid_vec(g[c]));
+    vec_kernels().swiglu_fwd_row(g, u, o, C);
   }
 }
 
@@ -146,9 +113,7 @@ void CpuBackend::swiglu_bwd(CMatF gate, CMatF up, CMatF dout, MatF dgate, MatF d
     const float* d = dout.row(i);
     float* dg = dgate.row(i);
     float* du = dup.row(i);
-#pragma omp simd
-    for (int64_t c = 0; c < C; ++c)
-      swiglu_bwd_from_sigmoid(g[c], u[c], d[c], sigmoid_vec(g[c]), dg[c], du[c]);
+    vec_kernels().swiglu_bwd_row(g, u, d, dg, du, C);
   }
 }
 

@@ -8,10 +8,14 @@
 
 namespace qlft::cpu {
 
+// Always inlined: vec_kernels.cpp compiles these into one function per ISA level (target
+// attributes), and an out-of-line copy would be baseline code shared by every level.
+#define QLFT_VEC_INLINE inline __attribute__((always_inline))
+
 // exp(x) to about 1 ulp for x in [-87.3, 88.3]; 0 below (so exp(-inf) = 0), clamped above.
 // Cody-Waite reduction x = n ln2 + r, |r| <= ln2 / 2, then a degree-7 Taylor polynomial
 // (truncation error below 1e-8 relative) and 2^n built in the exponent bits.
-inline float exp_approx(float x) {
+QLFT_VEC_INLINE float exp_approx(float x) {
   const float hi = 88.3f, lo = -87.3f;
   // NaN fails every comparison: it is clamped to lo for the arithmetic (the float-to-int step
   // below is undefined behaviour for NaN, found by UBSan) and returned unchanged at the end.
@@ -38,7 +42,7 @@ inline float exp_approx(float x) {
 constexpr int kLanes = 16;
 
 // max of x[0, n); -inf for n = 0.
-inline float max_of(const float* x, int64_t n) {
+QLFT_VEC_INLINE float max_of(const float* x, int64_t n) {
   float acc[kLanes];
   for (int l = 0; l < kLanes; ++l) acc[l] = -INFINITY;
   int64_t j = 0;
@@ -51,7 +55,7 @@ inline float max_of(const float* x, int64_t n) {
 }
 
 // sum of exp(x[j] - m) over j < n: float lanes within blocks of 512, blocks added in double.
-inline double sum_exp_shifted(const float* x, int64_t n, float m) {
+QLFT_VEC_INLINE double sum_exp_shifted(const float* x, int64_t n, float m) {
   double total = 0;
   int64_t j = 0;
   while (j + kLanes <= n) {

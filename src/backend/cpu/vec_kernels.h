@@ -1,0 +1,50 @@
+// The CPU backend's elementwise hot loops (softmax rows of attention and cross-entropy, SwiGLU,
+// RMSNorm and RoPE rows),
+// one set per ISA level, chosen at run time like quant/quant_kernels.h.
+//
+// vec_kernels.cpp compiles vec_kernels.inc for the build's baseline, for AVX2 + FMA + F16C and
+// for AVX-512 (target attributes, core/isa_target.h); the loops are vec_math.h's, vectorized by
+// the compiler for each level. Unlike src/quant this code may contract a*b+c into FMAs where the
+// level has them (as the -march=native build did), so levels agree to rounding, not bit for bit;
+// each level is deterministic and independent of the thread count.
+#pragma once
+
+#include <cstdint>
+
+#include "core/cpu_isa.h"
+
+namespace qlft::cpu {
+
+struct VecKernels {
+  CpuIsa isa;  // the level this set was compiled for (Baseline, Avx2 or Avx512)
+  float (*max_of)(const float* x, int64_t n);                     // vec_math.h max_of
+  double (*sum_exp_shifted)(const float* x, int64_t n, float m);  // vec_math.h
+  // x[j] = exp(x[j] - m) * scale (exp_approx)
+  void (*exp_shifted)(float* x, int64_t n, float m, float scale);
+  // ds[j] = p[j] * (ds[j] - d): the softmax backward of one attention row
+  void (*softmax_bwd_row)(float* ds, const float* p, float d, int64_t n);
+  // out = silu(gate) * up, and its gradients (activation_math.h's formulas, sigmoid from
+  // exp_approx)
+  void (*swiglu_fwd_row)(const float* g, const float* u, float* o, int64_t n);
+  void (*swiglu_bwd_row)(const float* g, const float* u, const float* d, float* dg, float* du,
+                         int64_t n);
+  // One RMSNorm row of n (norm_math.h): y = x * rstd * w, *rstd_out = rstd (when not null);
+  // backward dx += ... from the forward's rstd.
+  void (*rmsnorm_fwd_row)(const float* x, const float* w, float eps, float* y, float* rstd_out,
+                          int64_t n);
+  void (*rmsnorm_bwd_row)(const float* x, const float* w, float rstd, const float* dy, float* dx,
+                          int64_t n);
+  // RoPE on one row of n_heads heads of head_dim (rope_math.h) with this position's cos / sin
+  // tables of head_dim / 2; adjacent: llama.cpp's pair order, else rotate-half.
+  void (*rope_row)(float* x, const float* cos, const float* sin, int n_heads, int head_dim,
+                   bool adjacent);
+};
+
+// The set for cpu_isa() (the CPU's level capped by QLFT_CPU_ISA), chosen once per process.
+const VecKernels& vec_kernels();
+
+// The set for ISA level `isa` (the best one at or below it); null when this CPU (with the cap)
+// cannot run that level.
+const VecKernels* vec_kernels_at(CpuIsa isa);
+
+}  // namespace qlft::cpu

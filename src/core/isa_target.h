@@ -1,0 +1,14 @@
+// Function attributes that compile one function for a higher ISA level than the build's
+// baseline (-march=x86-64-v3 by default), for kernels that carry a path per level and pick one at
+// run time from cpu_isa() (core/cpu_isa.h). A function with such an attribute may inline the
+// baseline helpers it calls (a subset of its ISA); out-of-line copies of shared inline functions
+// stay baseline code, so nothing compiled for a higher level leaks into code every CPU runs (which
+// compiling whole translation units with -mavx2 would risk through the linker's choice of one
+// copy of each inline function). Lambdas do not inherit the attribute: kernels use none.
+#pragma once
+
+#define QLFT_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define QLFT_TARGET_AVX512 \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+#define QLFT_TARGET_AVX512BF16 \
+  __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))

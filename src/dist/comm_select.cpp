@@ -1,0 +1,40 @@
+// dist.backend -> a communicator: the single-rank one, MPI through its plugin
+// (mpi_plugin_loader.h), or NCCL (CUDA builds) bootstrapped over MPI. Only in libqlft, never in
+// the MPI plugin (which compiles communicator.cpp for the base class).
+#include <string>
+
+#include "core/error.h"
+#include "dist/communicator.h"
+#include "dist/mpi_plugin_loader.h"
+#include "dist/nccl_entry.h"
+
+namespace qlft::dist {
+
+std::unique_ptr<Communicator> make_communicator(const std::string& backend, double timeout_s) {
+  std::unique_ptr<Communicator> c;
+  if (backend == "none") {
+    LaunchInfo li = detect_launch();
+    if (li.world > 1)
+      throw_error(QLFT_ERR_INVALID_ARGUMENT,
+                  "this process was launched as rank %d of %d (%s) but dist.backend is none: set "
+                  "dist.backend=mpi (or nccl), or launch one process",
+                  li.rank, li.world, li.source.c_str());
+    c = make_single_communicator();
+  } else if (backend == "mpi") {
+    c = make_mpi_communicator_from_plugin(timeout_s);
+  } else if (backend == "nccl") {
+#if QLFT_HAVE_CUDA
+    // NCCL's unique id travels over MPI; the MPI communicator stays as NCCL's bootstrap.
+    c = make_nccl_communicator(make_mpi_communicator_from_plugin(timeout_s), timeout_s);
+#else
+    throw_error(QLFT_ERR_UNSUPPORTED, "dist.backend=nccl needs a build with CUDA (-DQLFT_CUDA=ON)");
+#endif
+  } else {
+    throw_error(QLFT_ERR_INVALID_ARGUMENT, "dist.backend '%s' is not one of none|mpi|nccl",
+                backend.c_str());
+  }
+  c->set_timeout(timeout_s);
+  return c;
+}
+
+}  // namespace qlft::dist
