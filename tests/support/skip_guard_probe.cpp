@@ -9,31 +9,6 @@
 
 namespace {
 
-// Sets (or, for nullptr, unsets) an environment variable for one scope.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    const char* old = std::getenv(name);
-    had_ = old != nullptr;
-    if (had_) old_ = old;
-    if (value)
-      ::setenv(name, value, 1);
-    else
-      ::unsetenv(name);
-  }
-  ~ScopedEnv() {
-    if (had_)
-      ::setenv(name_, old_.c_str(), 1);
-    else
-      ::unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  bool had_ = false;
-  std::string old_;
-};
-
 TEST(SkipGuard, ListIsReadAndHoldsOnlyTheDocumentedReasons) {
   for (const char* c :
        {"fixture-writer", "isa-absent", "no-gpu", "gpu-present", "needs-root", "mpi-off-build"})
@@ -43,18 +18,18 @@ TEST(SkipGuard, ListIsReadAndHoldsOnlyTheDocumentedReasons) {
 }
 
 TEST(SkipGuard, StrictModeFailsUnlistedReasonsOnly) {
-  ScopedEnv ci("CI", nullptr), req("QLFT_REQUIRE_SHARED", nullptr),
+  qlft_test::ScopedEnv ci("CI", nullptr), req("QLFT_REQUIRE_SHARED", nullptr),
       strict("QLFT_STRICT_SKIPS", nullptr), gpu("QLFT_REQUIRE_GPU", nullptr);
   EXPECT_FALSE(qlft_test::skip_fails("not-implemented"));  // a local run may skip
   EXPECT_FALSE(qlft_test::skip_fails("no-gpu"));
   for (const char* var : {"CI", "QLFT_REQUIRE_SHARED", "QLFT_STRICT_SKIPS"}) {
-    ScopedEnv on(var, std::string(var) == "CI" ? "true" : "1");
+    qlft_test::ScopedEnv on(var, std::string(var) == "CI" ? "true" : "1");
     EXPECT_TRUE(qlft_test::skip_fails("not-implemented")) << var;
     EXPECT_TRUE(qlft_test::skip_fails("shared-missing")) << var;
     EXPECT_FALSE(qlft_test::skip_fails("isa-absent")) << var;
     EXPECT_FALSE(qlft_test::skip_fails("no-gpu")) << var;
   }
-  ScopedEnv on("QLFT_REQUIRE_GPU", "1");
+  qlft_test::ScopedEnv on("QLFT_REQUIRE_GPU", "1");
   EXPECT_TRUE(qlft_test::skip_fails("no-gpu"));
   EXPECT_FALSE(qlft_test::skip_fails("isa-absent"));
 }

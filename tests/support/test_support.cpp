@@ -117,4 +117,21 @@ double max_rel_error(const float* a, const float* b, size_t n, double floor) {
   return err / mx;
 }
 
+ScopedEnv::ScopedEnv(const char* name, const char* value) : name_(name) {
+  const char* old = std::getenv(name);
+  had_ = old != nullptr;
+  if (had_) old_ = old;
+  if (value)
+    ::setenv(name, value, 1);
+  else
+    ::unsetenv(name);
+}
+
+ScopedEnv::~ScopedEnv() {
+  if (had_)
+    ::setenv(name_, old_.c_str(), 1);
+  else
+    ::unsetenv(name_);
+}
+
 }  // namespace qlft_test

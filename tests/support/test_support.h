@@ -36,6 +36,21 @@ class AppendFile {
   int fd_ = -1;
 };
 
+// Sets (or, for nullptr, unsets) an environment variable for one scope; the old value (or its
+// absence) comes back at the end of the scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value);
+  ~ScopedEnv();
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string old_;
+};
+
 // max |a-b| / max(max|b|, floor): normalized error used by the parity tests.
 double max_rel_error(const float* a, const float* b, size_t n, double floor = 1e-6);
 

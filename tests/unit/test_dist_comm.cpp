@@ -13,35 +13,11 @@
 #include "dist/communicator.h"
 #include "dist/data_parallel.h"
 #include "dist/mpi_plugin_loader.h"
+#include "support/test_support.h"
 
 using namespace qlft;
 
 namespace {
-
-// Sets (or clears, for nullptr) an environment variable for one scope.
-class EnvVar {
- public:
-  EnvVar(const char* name, const char* value) : name_(name) {
-    const char* old = std::getenv(name);
-    had_ = old != nullptr;
-    if (had_) old_ = old;
-    if (value)
-      ::setenv(name, value, 1);
-    else
-      ::unsetenv(name);
-  }
-  ~EnvVar() {
-    if (had_)
-      ::setenv(name_, old_.c_str(), 1);
-    else
-      ::unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  bool had_ = false;
-  std::string old_;
-};
 
 int32_t status_of(const std::function<void()>& f) {
   try {
@@ -54,7 +30,7 @@ int32_t status_of(const std::function<void()>& f) {
 
 // Launcher variables from the environment this test might itself run under.
 struct CleanLaunchEnv {
-  EnvVar a{"OMPI_COMM_WORLD_RANK", nullptr}, b{"OMPI_COMM_WORLD_SIZE", nullptr},
+  qlft_test::ScopedEnv a{"OMPI_COMM_WORLD_RANK", nullptr}, b{"OMPI_COMM_WORLD_SIZE", nullptr},
       c{"PMI_RANK", nullptr}, d{"PMI_SIZE", nullptr}, e{"RANK", nullptr}, f{"WORLD_SIZE", nullptr},
       g{"LOCAL_RANK", nullptr};
 };
@@ -71,7 +47,7 @@ TEST(DistLaunch, NothingSetIsOneRank) {
 
 TEST(DistLaunch, ReadsRankWorldLocalRank) {
   CleanLaunchEnv clean;
-  EnvVar r("RANK", "3"), w("WORLD_SIZE", "4"), l("LOCAL_RANK", "1");
+  qlft_test::ScopedEnv r("RANK", "3"), w("WORLD_SIZE", "4"), l("LOCAL_RANK", "1");
   dist::LaunchInfo li = dist::detect_launch();
   EXPECT_EQ(li.rank, 3);
   EXPECT_EQ(li.world, 4);
@@ -81,8 +57,8 @@ TEST(DistLaunch, ReadsRankWorldLocalRank) {
 
 TEST(DistLaunch, OpenMpiVariablesWin) {
   CleanLaunchEnv clean;
-  EnvVar r("OMPI_COMM_WORLD_RANK", "1"), w("OMPI_COMM_WORLD_SIZE", "2"), e("RANK", "0"),
-      ew("WORLD_SIZE", "8");
+  qlft_test::ScopedEnv r("OMPI_COMM_WORLD_RANK", "1"), w("OMPI_COMM_WORLD_SIZE", "2"),
+      e("RANK", "0"), ew("WORLD_SIZE", "8");
   dist::LaunchInfo li = dist::detect_launch();
   EXPECT_EQ(li.rank, 1);
   EXPECT_EQ(li.world, 2);
@@ -93,22 +69,22 @@ TEST(DistLaunch, OpenMpiVariablesWin) {
 TEST(DistLaunch, InconsistentOrMalformedIsAnError) {
   CleanLaunchEnv clean;
   {
-    EnvVar r("RANK", "2"), w("WORLD_SIZE", "2");
+    qlft_test::ScopedEnv r("RANK", "2"), w("WORLD_SIZE", "2");
     EXPECT_EQ(status_of([] { dist::detect_launch(); }), QLFT_ERR_INVALID_ARGUMENT);
   }
   {
-    EnvVar r("RANK", "x1"), w("WORLD_SIZE", "2");
+    qlft_test::ScopedEnv r("RANK", "x1"), w("WORLD_SIZE", "2");
     EXPECT_EQ(status_of([] { dist::detect_launch(); }), QLFT_ERR_INVALID_ARGUMENT);
   }
   {
-    EnvVar w("WORLD_SIZE", "2");  // a size without a rank
+    qlft_test::ScopedEnv w("WORLD_SIZE", "2");  // a size without a rank
     EXPECT_EQ(status_of([] { dist::detect_launch(); }), QLFT_ERR_INVALID_ARGUMENT);
   }
 }
 
 TEST(DistComm, BackendNoneRefusesAMultiRankLaunch) {
   CleanLaunchEnv clean;
-  EnvVar r("RANK", "0"), w("WORLD_SIZE", "2");
+  qlft_test::ScopedEnv r("RANK", "0"), w("WORLD_SIZE", "2");
   EXPECT_EQ(status_of([] { dist::make_communicator("none", 10); }), QLFT_ERR_INVALID_ARGUMENT);
 }
 
@@ -126,7 +102,7 @@ TEST(DistComm, UnknownBackendIsAnError) {
 TEST(DistComm, MissingMpiPluginIsAClearError) {
   CleanLaunchEnv clean;
   const char* path = "/nonexistent-qlft-test/lib/libqlft-mpi.so";
-  EnvVar p("QLFT_MPI_PLUGIN", path);
+  qlft_test::ScopedEnv p("QLFT_MPI_PLUGIN", path);
   EXPECT_EQ(dist::mpi_plugin_path(), path);
   for (int attempt = 0; attempt < 2; ++attempt) {
     try {
@@ -142,7 +118,7 @@ TEST(DistComm, MissingMpiPluginIsAClearError) {
   }
   // A file that exists but is no plugin: named, with the reason.
   const std::string not_elf = QLFT_SOURCE_DIR "/CMakeLists.txt";
-  EnvVar q("QLFT_MPI_PLUGIN", not_elf.c_str());
+  qlft_test::ScopedEnv q("QLFT_MPI_PLUGIN", not_elf.c_str());
   try {
     dist::make_communicator("mpi", 10);
     FAIL() << "a non-library was taken for the MPI plugin";
