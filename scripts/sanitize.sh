@@ -7,9 +7,11 @@
 #          such as test_hd_helpers, new labels by default) except those excluded below, with
 #          leak checking on. Excluded: dist (this build has no MPI), bindings (Rust/Go toolchain
 #          builds; example_c_finetune_lsan runs the C example under LSan), e2e and isa (the CLI
-#          scripts and the ISA-capped reruns: not yet measured under ASan, CI time), and the
-#          RSS-level checks (RssHarness, MemoryScalingRss: ASan's shadow memory is RSS the
-#          tracker cannot see).
+#          scripts and the ISA-capped reruns: not yet measured under ASan, CI time), the
+#          RSS-level checks (RssHarness, MemoryScalingRss, NvmeOffloadRss,
+#          PredictionIsWhatTheOsSees: ASan's shadow memory is RSS the tracker cannot see), and
+#          ApiThreadOwnership (it counts teams through GNU OpenMP's GOMP_parallel entry, which
+#          a clang build using LLVM's libomp never calls; the main suite runs it).
 #   tsan : build-tsan: -DQLFT_SANITIZE=thread with clang + LLVM's libomp (-fopenmp=libomp): the
 #          multi-threaded kernel tests (test_backend_*), the tokenizer's concurrent encode, and
 #          the C API used from several threads (test_api_threads). GCC's libgomp is not
@@ -48,7 +50,8 @@ run_asan() {
   # Leak checks on; OpenMP threads wait passively (two tests at a time on two cores).
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=0 \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 OMP_WAIT_POLICY=passive \
-    ctest --test-dir "$b" -LE 'dist|bindings|e2e|isa' -E 'RssHarness|MemoryScalingRss' -j "$jobs" \
+    ctest --test-dir "$b" -LE 'dist|bindings|e2e|isa' \
+    -E 'RssHarness|MemoryScalingRss|NvmeOffloadRss|PredictionIsWhatTheOsSees|ApiThreadOwnership' -j "$jobs" \
     --output-on-failure --timeout 900
 }
 
