@@ -160,7 +160,18 @@ uint64_t MemoryTracker::total_reserved() const {
   return total_;
 }
 
-Buffer::Buffer(MemoryTracker* tracker, MemCategory c, size_t bytes, const char* what)
+namespace {
+bool poison_uninit() {
+  static const bool on = [] {
+    const char* v = std::getenv("QLFT_POISON_UNINIT");
+    return v && std::strcmp(v, "1") == 0;
+  }();
+  return on;
+}
+}  // namespace
+
+Buffer::Buffer(MemoryTracker* tracker, MemCategory c, size_t bytes, const char* what,
+               BufferInit init)
     : tracker_(tracker), cat_(c) {
   if (bytes == 0) return;
   size_t rounded = (bytes + 63) / 64 * 64;
@@ -171,7 +182,10 @@ Buffer::Buffer(MemoryTracker* tracker, MemCategory c, size_t bytes, const char* 
     throw_error(QLFT_ERR_OUT_OF_MEMORY, "the OS refused %s of %s (%s)",
                 format_bytes(rounded).c_str(), mem_category_name(c), what ? what : "");
   }
-  std::memset(data_, 0, rounded);
+  if (init == BufferInit::Zero)
+    std::memset(data_, 0, rounded);
+  else if (poison_uninit())
+    std::memset(data_, 0xff, rounded);
   size_ = bytes;
 }
 

@@ -96,11 +96,19 @@ class MemoryTracker {
   void evict_for(uint64_t bytes) noexcept;  // with mu_ held
 };
 
-// A move-only, 64-byte aligned, zero-initialized host buffer counted in a tracker.
+// How a new Buffer's bytes start: zeroed, or left as the allocator gives them, for scratch that
+// its users overwrite before they read it (the memset of large per-call scratch was 5% of a bf16
+// training step). Uninit buffers are filled with 0xff bytes (NaN as floats) when the environment
+// sets QLFT_POISON_UNINIT=1, as the test suite does, so a reader of unwritten scratch fails there.
+enum class BufferInit : uint8_t { Zero, Uninit };
+
+// A move-only, 64-byte aligned host buffer (zero-initialized unless asked otherwise) counted in a
+// tracker.
 class Buffer {
  public:
   Buffer() = default;
-  Buffer(MemoryTracker* tracker, MemCategory c, size_t bytes, const char* what);
+  Buffer(MemoryTracker* tracker, MemCategory c, size_t bytes, const char* what,
+         BufferInit init = BufferInit::Zero);
   ~Buffer();
   Buffer(Buffer&& o) noexcept;
   Buffer& operator=(Buffer&& o) noexcept;

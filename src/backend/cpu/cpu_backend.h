@@ -118,7 +118,11 @@ class CpuBackend final : public Backend {
   Buffer workspace(size_t bytes, const char* what) const {
     return Buffer(tracker_, MemCategory::Workspace, bytes, what);
   }
-  // At least `bytes` of reusable scratch of kind s (see CpuTuning::reuse_scratch).
+  // Uninitialized scratch counted as workspace, for users that write before they read.
+  Buffer scratch_buffer(size_t bytes, const char* what) const {
+    return Buffer(tracker_, MemCategory::Workspace, bytes, what, BufferInit::Uninit);
+  }
+  // At least `bytes` of reusable scratch of kind s (see CpuTuning::reuse_scratch), not zeroed.
   ScratchLease scratch(Scratch s, size_t bytes, const char* what) const;
   // Frees the kept scratch buffers (they come back on the next call that needs them).
   void release_scratch();

@@ -88,14 +88,14 @@ ScratchLease CpuBackend::scratch(Scratch s, size_t bytes, const char* what) cons
   if (bytes == 0) return l;
   // A slot already leased (a nested or concurrent use) or reuse off: a Buffer of its own.
   if (!tune.reuse_scratch || busy_[i].exchange(true, std::memory_order_acquire)) {
-    l.own_ = workspace(bytes, what);
+    l.own_ = scratch_buffer(bytes, what);
     l.p_ = l.own_.data();
     return l;
   }
   l.busy_ = &busy_[i];  // released by l, also if the allocation below throws
   if (slots_[i].size() < bytes) {
     slots_[i].reset();  // the old one is not counted twice
-    slots_[i] = workspace(bytes, what);
+    slots_[i] = scratch_buffer(bytes, what);
   }
   l.p_ = slots_[i].data();
   return l;
