@@ -378,9 +378,10 @@ std::string render_report_html(const RunSeries& run, const ReportOptions& opt) {
              (long long)in.accumulation, (long long)in.seq_len));
   if (in.present)
     row(&o, "data",
-        strf("%llu records, %llu tokens, %llu train / %llu eval sequences",
-             (unsigned long long)in.data_records, (unsigned long long)in.data_tokens,
-             (unsigned long long)in.train_sequences, (unsigned long long)in.eval_sequences));
+        strf("%llu %s, %llu tokens, %llu train / %llu eval sequences",
+             (unsigned long long)in.data_records, in.data_records == 1 ? "record" : "records",
+             (unsigned long long)in.data_tokens, (unsigned long long)in.train_sequences,
+             (unsigned long long)in.eval_sequences));
   o += "</table>";
 
   // Progress and final figures.
