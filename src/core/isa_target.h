@@ -7,8 +7,21 @@
 // copy of each inline function). Lambdas do not inherit the attribute: kernels use none.
 #pragma once
 
+#include "core/cpu_isa.h"
+
 #define QLFT_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define QLFT_TARGET_AVX512 \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 #define QLFT_TARGET_AVX512BF16 \
   __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+
+namespace qlft {
+
+// The kernel sets compiled from one source per level (quant/quant_kernels.h,
+// backend/cpu/vec_kernels.h) are kept in the order baseline, AVX2, AVX-512: the index of the set
+// that runs at level isa (the best one at or below it).
+inline int kernel_set_index(CpuIsa isa) {
+  return isa >= CpuIsa::Avx512 ? 2 : isa >= CpuIsa::Avx2 ? 1 : 0;
+}
+
+}  // namespace qlft

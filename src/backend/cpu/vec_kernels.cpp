@@ -44,7 +44,7 @@ const VecKernels kSets[] = {QLFT_KERNEL_SET(CpuIsa::Baseline, isa_baseline),
 #undef QLFT_KERNEL_SET
 
 const VecKernels& set_for(CpuIsa isa) {
-  return isa >= CpuIsa::Avx512 ? kSets[2] : isa >= CpuIsa::Avx2 ? kSets[1] : kSets[0];
+  return kSets[kernel_set_index(isa)];
 }
 
 }  // namespace
