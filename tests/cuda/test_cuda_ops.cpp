@@ -1,7 +1,8 @@
 // Every CudaBackend op against the CPU backend on the same inputs, by normalized error
 // (||cuda - cpu|| / ||cpu||): fp32 GEMM mode to 1e-5, bf16 mode to 2e-2. Weights in every storage
-// format the device dequantizes; LoRA with dropout; GQA and packed-document attention with head
-// dims 8, 64 and 128 and ragged sequence lengths; cross-entropy with ignored targets.
+// format the device dequantizes (a fixed ragged shape and seeded drawn ones); LoRA with dropout;
+// GQA and packed-document attention with head dims 8, 64 and 128 and ragged sequence lengths;
+// cross-entropy with ignored targets.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -32,6 +33,9 @@ struct Rng {
     for (auto& x : v) x = d(g);
     return v;
   }
+  // A size drawn uniformly from [lo, hi] (the shapes below are drawn, seeded, so ragged tails
+  // of every kernel's tiling are hit in different places; the trace names each shape).
+  int64_t size(int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(g); }
 };
 
 struct Pair {
@@ -109,38 +113,43 @@ std::vector<WeightCase> weight_cases() {
 void linear_case(const char* precision, double tol) {
   Pair p(precision);
   Rng rng(1);
-  const int64_t M = 37, K = 256, N = 96;  // K a multiple of 256 for the K-quants
   const int r = 8;
-  for (const WeightCase& wc : weight_cases()) {
-    SCOPED_TRACE(wc.name + std::string(" ") + precision);
-    FVec wv = rng.normal(size_t(N * K), 0.05f);
-    qlft::QWeight W = wc.make(&p.tracker, wv, N, K);
-    FVec x = rng.normal(size_t(M * K)), bias = rng.normal(static_cast<size_t>(N));
-    FVec A = rng.normal(size_t(r * K), 0.1f), B = rng.normal(size_t(N * r), 0.1f);
-    qlft::LoraRef l;
-    l.A = A.data();
-    l.B = B.data();
-    l.r = r;
-    l.scale = 2.f;
-    l.dropout_p = 0.1f;
-    l.dropout_seed = 42;
-    FVec y0(size_t(M * N)), y1(size_t(M * N)), xa0(size_t(M * r)), xa1(size_t(M * r));
-    p.cpu->linear_fwd(W, bias.data(), &l, cmat(x, M, K), mat(y0, M, N), xa0.data());
-    p.gpu->linear_fwd(W, bias.data(), &l, cmat(x, M, K), mat(y1, M, N), xa1.data());
-    EXPECT_LT(norm_err(y1, y0), tol);
-    EXPECT_LT(norm_err(xa1, xa0), 1e-5);  // the LoRA path is fp32 in both modes
+  // The fixed ragged shape, then two drawn ones per weight format (K a multiple of 256 for the
+  // K-quants).
+  for (int shape = 0; shape < 3; ++shape)
+    for (const WeightCase& wc : weight_cases()) {
+      const int64_t M = shape ? rng.size(1, 80) : 37, K = shape ? 256 * rng.size(1, 2) : 256,
+                    N = shape ? rng.size(1, 130) : 96;
+      SCOPED_TRACE(wc.name + std::string(" ") + precision + " M " + std::to_string(M) + " K " +
+                   std::to_string(K) + " N " + std::to_string(N));
+      FVec wv = rng.normal(size_t(N * K), 0.05f);
+      qlft::QWeight W = wc.make(&p.tracker, wv, N, K);
+      FVec x = rng.normal(size_t(M * K)), bias = rng.normal(static_cast<size_t>(N));
+      FVec A = rng.normal(size_t(r * K), 0.1f), B = rng.normal(size_t(N * r), 0.1f);
+      qlft::LoraRef l;
+      l.A = A.data();
+      l.B = B.data();
+      l.r = r;
+      l.scale = 2.f;
+      l.dropout_p = 0.1f;
+      l.dropout_seed = 42;
+      FVec y0(size_t(M * N)), y1(size_t(M * N)), xa0(size_t(M * r)), xa1(size_t(M * r));
+      p.cpu->linear_fwd(W, bias.data(), &l, cmat(x, M, K), mat(y0, M, N), xa0.data());
+      p.gpu->linear_fwd(W, bias.data(), &l, cmat(x, M, K), mat(y1, M, N), xa1.data());
+      EXPECT_LT(norm_err(y1, y0), tol);
+      EXPECT_LT(norm_err(xa1, xa0), 1e-5);  // the LoRA path is fp32 in both modes
 
-    FVec dy = rng.normal(size_t(M * N));
-    FVec dx0 = rng.normal(size_t(M * K)), dx1 = dx0;  // accumulate into the same start
-    FVec dA0(size_t(r * K), 0.5f), dA1 = dA0, dB0(size_t(N * r), -0.5f), dB1 = dB0;
-    p.cpu->linear_bwd(W, &l, cmat(x, M, K), xa0.data(), cmat(dy, M, N), mat(dx0, M, K), dA0.data(),
-                      dB0.data());
-    p.gpu->linear_bwd(W, &l, cmat(x, M, K), xa1.data(), cmat(dy, M, N), mat(dx1, M, K), dA1.data(),
-                      dB1.data());
-    EXPECT_LT(norm_err(dx1, dx0), tol);
-    EXPECT_LT(norm_err(dA1, dA0), 1e-5);
-    EXPECT_LT(norm_err(dB1, dB0), 1e-5);
-  }
+      FVec dy = rng.normal(size_t(M * N));
+      FVec dx0 = rng.normal(size_t(M * K)), dx1 = dx0;  // accumulate into the same start
+      FVec dA0(size_t(r * K), 0.5f), dA1 = dA0, dB0(size_t(N * r), -0.5f), dB1 = dB0;
+      p.cpu->linear_bwd(W, &l, cmat(x, M, K), xa0.data(), cmat(dy, M, N), mat(dx0, M, K),
+                        dA0.data(), dB0.data());
+      p.gpu->linear_bwd(W, &l, cmat(x, M, K), xa1.data(), cmat(dy, M, N), mat(dx1, M, K),
+                        dA1.data(), dB1.data());
+      EXPECT_LT(norm_err(dx1, dx0), tol);
+      EXPECT_LT(norm_err(dA1, dA0), 1e-5);
+      EXPECT_LT(norm_err(dB1, dB0), 1e-5);
+    }
 }
 
 }  // namespace
@@ -159,39 +168,44 @@ TEST(CudaOps, RmsNormRopeSwiglu) {
   QLFT_NEED_GPU();
   Pair p;
   Rng rng(2);
-  const int64_t M = 45, C = 192;
-  FVec x = rng.normal(size_t(M * C)), w = rng.normal(static_cast<size_t>(C)),
-       dy = rng.normal(size_t(M * C));
-  FVec y0(x.size()), y1(x.size()), r0(static_cast<size_t>(M)), r1(static_cast<size_t>(M));
-  p.cpu->rmsnorm_fwd(cmat(x, M, C), w.data(), 1e-5f, mat(y0, M, C), r0.data());
-  p.gpu->rmsnorm_fwd(cmat(x, M, C), w.data(), 1e-5f, mat(y1, M, C), r1.data());
-  EXPECT_LT(norm_err(y1, y0), 1e-6);
-  EXPECT_LT(norm_err(r1, r0), 1e-6);
-  FVec dx0(x.size(), 1.f), dx1 = dx0;
-  p.cpu->rmsnorm_bwd(cmat(x, M, C), w.data(), r0.data(), cmat(dy, M, C), mat(dx0, M, C));
-  p.gpu->rmsnorm_bwd(cmat(x, M, C), w.data(), r0.data(), cmat(dy, M, C), mat(dx1, M, C));
-  EXPECT_LT(norm_err(dx1, dx0), 1e-6);
+  // The fixed ragged shape, then three drawn ones (C = heads x head_dim 64 for RoPE).
+  for (int shape = 0; shape < 4; ++shape) {
+    const int64_t M = shape ? rng.size(1, 100) : 45, heads = shape ? rng.size(1, 5) : 3,
+                  C = heads * 64;
+    SCOPED_TRACE("M " + std::to_string(M) + " C " + std::to_string(C));
+    FVec x = rng.normal(size_t(M * C)), w = rng.normal(static_cast<size_t>(C)),
+         dy = rng.normal(size_t(M * C));
+    FVec y0(x.size()), y1(x.size()), r0(static_cast<size_t>(M)), r1(static_cast<size_t>(M));
+    p.cpu->rmsnorm_fwd(cmat(x, M, C), w.data(), 1e-5f, mat(y0, M, C), r0.data());
+    p.gpu->rmsnorm_fwd(cmat(x, M, C), w.data(), 1e-5f, mat(y1, M, C), r1.data());
+    EXPECT_LT(norm_err(y1, y0), 1e-6);
+    EXPECT_LT(norm_err(r1, r0), 1e-6);
+    FVec dx0(x.size(), 1.f), dx1 = dx0;
+    p.cpu->rmsnorm_bwd(cmat(x, M, C), w.data(), r0.data(), cmat(dy, M, C), mat(dx0, M, C));
+    p.gpu->rmsnorm_bwd(cmat(x, M, C), w.data(), r0.data(), cmat(dy, M, C), mat(dx1, M, C));
+    EXPECT_LT(norm_err(dx1, dx0), 1e-6);
 
-  std::vector<int32_t> pos(static_cast<size_t>(M));
-  for (int64_t i = 0; i < M; ++i) pos[size_t(i)] = int32_t((i * 7) % 300);
-  for (bool adjacent : {false, true})
-    for (bool inverse : {false, true}) {
-      FVec a = x, b = x;
-      p.cpu->rope(mat(a, M, C), pos.data(), 3, 64, 10000.f, adjacent, inverse);
-      p.gpu->rope(mat(b, M, C), pos.data(), 3, 64, 10000.f, adjacent, inverse);
-      EXPECT_LT(norm_err(b, a), 1e-5) << adjacent << inverse;
-    }
+    std::vector<int32_t> pos(static_cast<size_t>(M));
+    for (int64_t i = 0; i < M; ++i) pos[size_t(i)] = int32_t((i * 7) % 300);
+    for (bool adjacent : {false, true})
+      for (bool inverse : {false, true}) {
+        FVec a = x, b = x;
+        p.cpu->rope(mat(a, M, C), pos.data(), int(heads), 64, 10000.f, adjacent, inverse);
+        p.gpu->rope(mat(b, M, C), pos.data(), int(heads), 64, 10000.f, adjacent, inverse);
+        EXPECT_LT(norm_err(b, a), 1e-5) << adjacent << inverse;
+      }
 
-  FVec g = rng.normal(x.size()), u = rng.normal(x.size());
-  FVec o0(x.size()), o1(x.size());
-  p.cpu->swiglu_fwd(cmat(g, M, C), cmat(u, M, C), mat(o0, M, C));
-  p.gpu->swiglu_fwd(cmat(g, M, C), cmat(u, M, C), mat(o1, M, C));
-  EXPECT_LT(norm_err(o1, o0), 1e-6);
-  FVec dg0(x.size()), du0(x.size()), dg1(x.size()), du1(x.size());
-  p.cpu->swiglu_bwd(cmat(g, M, C), cmat(u, M, C), cmat(dy, M, C), mat(dg0, M, C), mat(du0, M, C));
-  p.gpu->swiglu_bwd(cmat(g, M, C), cmat(u, M, C), cmat(dy, M, C), mat(dg1, M, C), mat(du1, M, C));
-  EXPECT_LT(norm_err(dg1, dg0), 1e-6);
-  EXPECT_LT(norm_err(du1, du0), 1e-6);
+    FVec g = rng.normal(x.size()), u = rng.normal(x.size());
+    FVec o0(x.size()), o1(x.size());
+    p.cpu->swiglu_fwd(cmat(g, M, C), cmat(u, M, C), mat(o0, M, C));
+    p.gpu->swiglu_fwd(cmat(g, M, C), cmat(u, M, C), mat(o1, M, C));
+    EXPECT_LT(norm_err(o1, o0), 1e-6);
+    FVec dg0(x.size()), du0(x.size()), dg1(x.size()), du1(x.size());
+    p.cpu->swiglu_bwd(cmat(g, M, C), cmat(u, M, C), cmat(dy, M, C), mat(dg0, M, C), mat(du0, M, C));
+    p.gpu->swiglu_bwd(cmat(g, M, C), cmat(u, M, C), cmat(dy, M, C), mat(dg1, M, C), mat(du1, M, C));
+    EXPECT_LT(norm_err(dg1, dg0), 1e-6);
+    EXPECT_LT(norm_err(du1, du0), 1e-6);
+  }
 }
 
 TEST(CudaOps, AttentionCausalGqaPackedForwardBackward) {
