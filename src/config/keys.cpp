@@ -133,8 +133,9 @@ const KeyDef kKeys[] = {
      "shard of every global batch; only rank 0 writes logs, checkpoints and adapters."},
     {"dist.zero_stage", KeyType::Int, "0", 0, 3, "",
      "ZeRO sharding across ranks: 0 data parallel (gradients all-reduced), 1 also shards the "
-     "LoRA optimizer state, 2 also reduce-scatters the gradients. 3 (also sharding the frozen "
-     "base weights) is not implemented yet and is refused."},
+     "LoRA optimizer state, 2 also reduce-scatters the gradients, 3 also shards the frozen "
+     "base weights (each rank keeps a 1/world slice and all-gathers a layer while it is used, "
+     "the next one prefetched)."},
     {"dist.timeout_s", KeyType::Float, "300", 0.1, 1e7, "",
      "Seconds any collective may wait for the other ranks; past it every rank stops with "
      "QLFT_ERR_DISTRIBUTED naming the rank that did not answer."},
