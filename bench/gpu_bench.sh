@@ -2,11 +2,15 @@
 # GPU training benchmark (backend=cuda), ready for the first machine with a device; not run in CI.
 #
 #   bench/gpu_bench.sh [MODEL] [DATA] [STEPS]
-#     MODEL  default /opt/qlft-models/smollm2-135m-instruct-q4_1.gguf
+#     MODEL  a GGUF file or a Hugging Face directory; default
+#            /opt/qlft-models/smollm2-135m-instruct-q4_1.gguf (a machine that cannot be sent it
+#            uses bench/make_smollm2_shaped.py: same shapes, random weights)
 #     DATA   default ../shared/data/tinyshakespeare.txt
 #     STEPS  default 30 (the first 5 are warm-up and not counted)
 #   Env: QLFT_CUDA_BUILD (default build-cuda), PRECISION (bf16), MICRO_BATCH (8), SEQ (512),
-#        PEAK_TFLOPS (the device's dense bf16 peak; default from the device name below).
+#        QUANT (nf4), PEAK_TFLOPS (the device's dense bf16 peak; default from the device name
+#        below), PEER_PYTHON (a python with torch + transformers + peft; default python3; set
+#        PEER_PYTHON=none to skip the PyTorch+PEFT side).
 #
 # Reports tokens/s (mean over the counted steps, from metrics.jsonl), peak device memory
 # (nvidia-smi memory.used sampled every 200 ms, and the runtime's own peak), and MFU:
@@ -23,6 +27,8 @@ build=${QLFT_CUDA_BUILD:-build-cuda}
 precision=${PRECISION:-bf16}
 mb=${MICRO_BATCH:-8}
 seq=${SEQ:-512}
+quant=${QUANT:-nf4}
+peer_python=${PEER_PYTHON:-python3}
 cli=$build/tools/qlft-finetune/qlft-finetune
 command -v nvidia-smi >/dev/null || { echo "gpu_bench: nvidia-smi not found (no GPU here)" >&2; exit 77; }
 [ -x "$cli" ] || { echo "gpu_bench: build $cli first (-DQLFT_CUDA=ON)" >&2; exit 1; }
@@ -42,12 +48,13 @@ if [ -z "${PEAK_TFLOPS:-}" ]; then
 fi
 
 out=$(mktemp -d)
+export OUTDIR=$out
 trap 'kill "$smi" 2>/dev/null || true; rm -rf "$out"' EXIT
 nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$out/smi.txt" &
 smi=$!
 
 "$cli" train --model "$model" --data "$data" --backend cuda --train.precision "$precision" \
-  --quant.type nf4 --train.micro_batch "$mb" --data.seq_len "$seq" --train.max_steps "$steps" \
+  --quant.type "$quant" --train.micro_batch "$mb" --data.seq_len "$seq" --train.max_steps "$steps" \
   --train.save_every 0 --train.output_dir "$out/run" 2> "$out/train.log" || {
   tail -20 "$out/train.log" >&2
   exit 1
@@ -78,4 +85,26 @@ awk -v N="$N" -v L="$L" -v D="$D" -v S="$seq" -v peak="$PEAK_TFLOPS" -v name="$n
     printf "FLOPs/token     %.3g (4N + 6LSD, N=%d L=%d S=%d D=%d)\n", fpt, N, L, S, D
     printf "MFU             %.2f%%\n", 100 * tps * fpt / (peak * 1e12)
     printf "peak device mem %d MiB (nvidia-smi), runtime peak %.1f MiB\n", m, mp / 1048576
+    printf "QLFT tps=%.1f mfu=%.4f smi_mib=%d\n", tps, tps * fpt / (peak * 1e12), m > (ENVIRON["OUTDIR"] "/qlft.txt")
+    printf "%.6g\n", fpt > (ENVIRON["OUTDIR"] "/fpt.txt")
   }' "$out/run/metrics.jsonl"
+[ -n "${GPU_BENCH_KEEP:-}" ] && cp "$out/run/metrics.jsonl" "$GPU_BENCH_KEEP/qlft_metrics.jsonl"
+
+# ---- PyTorch + PEFT on the same device: bf16 base weights (bitsandbytes 4-bit where installed
+# is not used: the comparison is the plain bf16 LoRA a PEFT user runs first), LoRA r 16 on all
+# seven projections, autocast bf16, fused AdamW, same data and shapes.
+[ "$peer_python" = none ] && exit 0
+"$peer_python" bench/peer_torch.py --device cuda --model "$model" --data "$data" --seq "$seq" \
+  --micro-batch "$mb" --warmup 5 --steps $((steps - 5)) --base-dtype bfloat16 --precision bf16 \
+  > "$out/peer.txt" 2> "$out/peer.log" || { tail -20 "$out/peer.log" >&2; exit 1; }
+res=$(sed -n 's/^RESULT //p' "$out/peer.txt")
+[ -n "${GPU_BENCH_KEEP:-}" ] && echo "$res" > "$GPU_BENCH_KEEP/peer_result.json"
+"$peer_python" - "$res" "$(cat "$out/fpt.txt")" "$PEAK_TFLOPS" "$(cat "$out/qlft.txt")" <<'PY'
+import json, sys
+r = json.loads(sys.argv[1]); fpt = float(sys.argv[2]); peak = float(sys.argv[3])
+q = dict(kv.split("=") for kv in sys.argv[4].split()[1:])
+tps = r["tokens_per_s"]
+print(f"torch+peft      {tps:.0f} tokens/s, MFU {100 * tps * fpt / (peak * 1e12):.2f}%, "
+      f"peak device mem {r['peak_device_bytes'] / 2**20:.0f} MiB (torch {r['torch']})")
+print(f"qlft / torch    tokens/s {float(q['tps']) / tps:.3f}x")
+PY

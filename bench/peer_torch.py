@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The PyTorch + PEFT side of bench/e2e.sh: LoRA fine-tuning of a GGUF model on CPU.
+"""The PyTorch + PEFT side of bench/e2e.sh (CPU) and bench/gpu_bench.sh (--device cuda): LoRA
+fine-tuning of a GGUF file or a Hugging Face model directory.
 
 It is configured the way a user would pick for CPU LoRA training, and the same way as the qlft
 run it is compared with:
@@ -25,7 +26,10 @@ import time
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True, help="a .gguf file")
+    ap.add_argument("--model", required=True, help="a .gguf file or a Hugging Face model directory")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="cuda: the model on GPU 0, autocast(cuda), peak memory from "
+                         "torch.cuda.max_memory_allocated")
     ap.add_argument("--data", required=True, help="a text file")
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--micro-batch", type=int, default=4)
@@ -52,10 +56,15 @@ def main():
     from peft import LoraConfig, get_peft_model
 
     t_load = time.perf_counter()
-    mdir, mfile = os.path.split(os.path.abspath(args.model))
-    tok = AutoTokenizer.from_pretrained(mdir, gguf_file=mfile)
     dtype = getattr(torch, args.base_dtype)
-    model = AutoModelForCausalLM.from_pretrained(mdir, gguf_file=mfile, dtype=dtype)
+    if os.path.isdir(args.model):
+        tok = AutoTokenizer.from_pretrained(args.model)
+        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype)
+    else:
+        mdir, mfile = os.path.split(os.path.abspath(args.model))
+        tok = AutoTokenizer.from_pretrained(mdir, gguf_file=mfile)
+        model = AutoModelForCausalLM.from_pretrained(mdir, gguf_file=mfile, dtype=dtype)
+    model.to(args.device)
     model.config.use_cache = False
     if args.grad_checkpointing:
         model.gradient_checkpointing_enable()
@@ -76,7 +85,7 @@ def main():
         text = f.read()
     ids = tok(text, add_special_tokens=False, return_tensors="pt")["input_ids"][0]
     rows = ids.numel() // args.seq
-    data = ids[: rows * args.seq].view(rows, args.seq)
+    data = ids[: rows * args.seq].view(rows, args.seq).to(args.device)
     load_s = time.perf_counter() - t_load
 
     params = [p for p in model.parameters() if p.requires_grad]
@@ -95,7 +104,7 @@ def main():
         b0 = (i * args.micro_batch) % (rows - args.micro_batch)
         x = data[b0: b0 + args.micro_batch]
         if args.precision == "bf16":
-            with torch.autocast("cpu", dtype=torch.bfloat16):
+            with torch.autocast(args.device, dtype=torch.bfloat16):
                 loss = fwd(input_ids=x, labels=x).loss
         else:
             loss = fwd(input_ids=x, labels=x).loss
@@ -104,7 +113,7 @@ def main():
             torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return float(loss)
+        return float(loss)  # waits for the device: the step time includes all of its work
 
     step_s = []
     cpu_s = []
@@ -139,6 +148,9 @@ def main():
         "last_loss": losses[-1],
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }
+    if args.device == "cuda":
+        res["device"] = torch.cuda.get_device_name(0)
+        res["peak_device_bytes"] = torch.cuda.max_memory_allocated(0)
     print("RESULT " + json.dumps(res), flush=True)
 
 

@@ -269,6 +269,12 @@ typedef struct qlft_step_stats {
   uint64_t memory_reserved; /* runtime-owned bytes now */
   uint64_t memory_peak;     /* highest runtime-owned bytes so far */
   float eval_loss;          /* NaN unless an evaluation ran after this step */
+  /* Fields after eval_loss (struct_size says whether the library filled them): what this step
+   * moved between host and device memory and how often the host waited for the device; all 0
+   * on backend=cpu. */
+  uint64_t host_to_device_bytes;
+  uint64_t device_to_host_bytes;
+  uint64_t device_syncs;
 } qlft_step_stats;
 
 /* Return nonzero to stop training after this step (qlft_trainer_train returns

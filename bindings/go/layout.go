@@ -81,6 +81,9 @@ func LayoutLines() []string {
 	f("qlft_step_stats.memory_reserved", unsafe.Offsetof(v_qlft_step_stats.memory_reserved))
 	f("qlft_step_stats.memory_peak", unsafe.Offsetof(v_qlft_step_stats.memory_peak))
 	f("qlft_step_stats.eval_loss", unsafe.Offsetof(v_qlft_step_stats.eval_loss))
+	f("qlft_step_stats.host_to_device_bytes", unsafe.Offsetof(v_qlft_step_stats.host_to_device_bytes))
+	f("qlft_step_stats.device_to_host_bytes", unsafe.Offsetof(v_qlft_step_stats.device_to_host_bytes))
+	f("qlft_step_stats.device_syncs", unsafe.Offsetof(v_qlft_step_stats.device_syncs))
 	var v_qlft_eval_result C.qlft_eval_result
 	v = append(v, fmt.Sprintf("qlft_eval_result size %d", unsafe.Sizeof(v_qlft_eval_result)))
 	f("qlft_eval_result.struct_size", unsafe.Offsetof(v_qlft_eval_result.struct_size))

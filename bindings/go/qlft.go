@@ -522,6 +522,8 @@ type StepStats struct {
 	TokensPerSecond, ElapsedSeconds, EtaSeconds float64
 	MemoryReserved, MemoryPeak                  uint64
 	EvalLoss                                    float32
+	// Host<->device traffic of the step (0 on backend=cpu).
+	HostToDeviceBytes, DeviceToHostBytes, DeviceSyncs uint64
 }
 
 func stepStats(s *C.qlft_step_stats) StepStats {
@@ -530,7 +532,9 @@ func stepStats(s *C.qlft_step_stats) StepStats {
 		LossScale: float32(s.loss_scale), Skipped: s.skipped != 0, Tokens: uint64(s.tokens),
 		TokensPerSecond: float64(s.tokens_per_second), ElapsedSeconds: float64(s.elapsed_seconds),
 		EtaSeconds: float64(s.eta_seconds), MemoryReserved: uint64(s.memory_reserved),
-		MemoryPeak: uint64(s.memory_peak), EvalLoss: float32(s.eval_loss)}
+		MemoryPeak: uint64(s.memory_peak), EvalLoss: float32(s.eval_loss),
+		HostToDeviceBytes: uint64(s.host_to_device_bytes),
+		DeviceToHostBytes: uint64(s.device_to_host_bytes), DeviceSyncs: uint64(s.device_syncs)}
 }
 
 // EvalResult is qlft_eval_result.

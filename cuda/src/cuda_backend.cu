@@ -1,14 +1,17 @@
 // CudaBackend: the Backend interface on one CUDA device.
 //
-// The interface passes host arrays (the model code keeps activations in host buffers), so each
-// call stages its inputs into device buffers from the caching allocator, runs the kernels and
-// cuBLASLt GEMMs on the backend's stream, and copies the results back. Frozen base weights are
-// uploaded once and stay resident (cached by QWeight address, shape and storage pointer).
-// Keeping activations on the device needs device-resident tensors in the interface (a later
-// step); the kernels below already work on device pointers only.
+// Tensors made by Backend::alloc live in device memory (BackendMemory below): an operation given
+// such arrays runs its kernels and cuBLASLt GEMMs on them in place, on the backend's one stream,
+// and returns without waiting for the device. Host arrays (tests, generation, the LoRA tensors
+// until they move too) are staged through allocator buffers and copied back, which waits; every
+// such byte and wait is counted (transfers(), metrics h2d_bytes / d2h_bytes / device_syncs).
+// Frozen base weights are uploaded once and stay resident (cached by QWeight address, shape,
+// storage pointer and a content fingerprint).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <unordered_map>
 #include <vector>
 
@@ -68,22 +71,117 @@ struct ResidentWeight {
   DeviceMemory data, scales;
 };
 
+// The device memory Backend::alloc hands out: blocks of the caching allocator, registered by
+// address so an operation can tell its own device buffers (used in place) from host arrays
+// (staged). Copies and fills run on the backend's stream.
+class BackendMemory final : public DeviceAllocator {
+ public:
+  BackendMemory(MemoryTracker* t, const cudaStream_t* s, TransferCounts* moved)
+      : tracker_(t), stream_(s), moved_(moved) {}
+  ~BackendMemory() = default;
+
+  void* allocate(MemCategory c, size_t bytes, const char* what) override {
+    DeviceMemory m(tracker_, c, bytes, what);
+    void* p = m.data();
+    std::lock_guard<std::mutex> lk(mu_);
+    blocks_.emplace(reinterpret_cast<uintptr_t>(p), std::move(m));
+    return p;
+  }
+  void release(void* p) noexcept override {
+    std::lock_guard<std::mutex> lk(mu_);
+    blocks_.erase(reinterpret_cast<uintptr_t>(p));
+  }
+  void fill(void* p, uint8_t byte, size_t bytes) override {
+    if (bytes) QLFT_CUDA_CHECK(cudaMemsetAsync(p, byte, bytes, *stream_));
+  }
+  void to_device(void* dst, const void* src, size_t bytes) override {
+    if (!bytes) return;
+    moved_->host_to_device += bytes;
+    QLFT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, *stream_));
+  }
+  void to_host(void* dst, const void* src, size_t bytes) override {
+    if (!bytes) return;
+    moved_->device_to_host += bytes;
+    ++moved_->syncs;
+    QLFT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, *stream_));
+    QLFT_CUDA_CHECK(cudaStreamSynchronize(*stream_));
+  }
+  // True when [p, p + bytes) lies inside one block this allocator handed out.
+  bool holds(const void* p, int64_t bytes) const {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = blocks_.upper_bound(a);
+    if (it == blocks_.begin()) return false;
+    --it;
+    return a + uint64_t(std::max<int64_t>(bytes, 0)) <= it->first + it->second.size();
+  }
+
+ private:
+  MemoryTracker* tracker_;
+  const cudaStream_t* stream_;
+  TransferCounts* moved_;
+  mutable std::mutex mu_;
+  std::map<uintptr_t, DeviceMemory> blocks_;
+};
+
+// An operand of one operation on the device: the caller's array itself when it lives in this
+// backend's memory (nothing copied), else a staged device copy (counted in transfers()).
+struct Dev {
+  DeviceMemory own;
+  void* p = nullptr;
+  void* data() const { return p; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+  bool staged() const { return own.data() != nullptr; }
+};
+
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(MemoryTracker* tracker, const CudaBackendOptions& o) : Backend(tracker), opt_(o) {
+  CudaBackend(MemoryTracker* tracker, const CudaBackendOptions& o)
+      : Backend(tracker, &mem_), opt_(o), mem_(tracker, &stream_, &moved_) {
     QLFT_CUDA_CHECK(cudaSetDevice(o.device));
     QLFT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     tile_ = o.gemm_precision == "bf16"   ? TileType::BF16
             : o.gemm_precision == "fp16" ? TileType::F16
                                          : TileType::F32;
+    round_ = o.autocast && tile_ != TileType::F32;
     gemm_ = std::make_unique<cu::LtGemm>(tracker, stream_);
   }
   ~CudaBackend() override {
     weights_.clear();
     gemm_.reset();
-    if (stream_) QLFT_CUDA_WARN(cudaStreamDestroy(stream_));
+    if (stream_) {
+      QLFT_CUDA_WARN(cudaStreamSynchronize(stream_));
+      QLFT_CUDA_WARN(cudaStreamDestroy(stream_));
+    }
   }
   const char* name() const override { return "cuda"; }
+  TransferCounts transfers() const override { return moved_; }
+
+  // ---- elementwise glue -----------------------------------------------------------------------
+
+  void add(float* y, const float* x, int64_t n) override {
+    if (n <= 0) return;
+    if (!mine(y, n * 4) || !mine(x, n * 4)) return Backend::add(y, x, n);
+    cu::accumulate(y, x, n, stream_);
+  }
+  void to_16(DType t, const float* src, uint16_t* dst, int64_t n) override {
+    if (n <= 0) return;
+    if (!mine(src, n * 4) || !mine(dst, n * 2)) return Backend::to_16(t, src, dst, n);
+    cu::convert_tile(src, 1, n, n, dst, tile_of(t), stream_);
+  }
+  void from_16(DType t, const uint16_t* src, float* dst, int64_t n) override {
+    if (n <= 0) return;
+    if (!mine(src, n * 2) || !mine(dst, n * 4)) return Backend::from_16(t, src, dst, n);
+    cu::widen_tile(src, tile_of(t), n, dst, stream_);
+  }
+  void round_16(DType t, float* x, int64_t n) override {
+    if (n <= 0) return;
+    if (!mine(x, n * 4)) return Backend::round_16(t, x, n);
+    cu::round_through(x, n, tile_of(t), x, stream_);
+  }
 
   // ---- linear ---------------------------------------------------------------------------------
 
@@ -95,26 +193,27 @@ class CudaBackend final : public Backend {
                    (long long)x.rows, (long long)x.cols, (long long)N, (long long)K,
                    (long long)y.rows, (long long)y.cols);
     if (M == 0) return;
-    DeviceMemory X = upload(x, K, MemCategory::Activations, "linear input");
-    DeviceMemory Y = dev(M * N * 4, MemCategory::Activations, "linear output");
+    Dev X = autocast(in(x, K, MemCategory::Activations, "linear input"), M * K);
+    Dev Y = out(y, N, MemCategory::Activations, "linear output");
     matmul_xwt(W, X.as<float>(), M, Y.as<float>());
     if (bias) {
-      DeviceMemory Bd = upload_vec(bias, N, "linear bias");
+      Dev Bd = in_raw(bias, N * 4, "linear bias");
       cu::add_bias(Y.as<float>(), M, N, N, Bd.as<float>(), stream_);
     }
     if (lora && lora->r > 0) {
       check_lora(*lora);
       const int r = lora->r;
-      DeviceMemory Ad = upload_vec(lora->A, int64_t(r) * K, "lora A");
-      DeviceMemory Bd = upload_vec(lora->B, N * r, "lora B");
-      DeviceMemory XA = dev(M * r * 4, MemCategory::Activations, "lora xa");
+      Dev Ad = in_raw(lora->A, int64_t(r) * K * 4, "lora A");
+      Dev Bd = in_raw(lora->B, N * r * 4, "lora B");
+      Dev XA = xa ? out_raw(xa, M * r * 4, MemCategory::Activations, "lora xa")
+                  : scratch(M * r * 4, "lora xa");
       lora_down(*lora, X.as<float>(), M, K, Ad.as<float>(), XA.as<float>());
       // y += scale * xa B^T
       gemm_->run(M, N, r, lora->scale, f32(XA.data(), r, false), f32(Bd.data(), r, true), 1.f,
                  Y.as<float>(), N);
-      if (xa) copy_down(xa, XA.data(), M * r * 4);
+      if (xa) finish_raw(XA, xa, M * r * 4);
     }
-    download(Y, N, y);
+    finish(Y, N, y);
   }
 
   void linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, const float* xa, CMatF dy,
@@ -133,10 +232,10 @@ class CudaBackend final : public Backend {
     if (M == 0) return;
     const bool has_lora = lora && lora->r > 0;
     if (has_lora) check_lora(*lora);
-    DeviceMemory dY = upload(dy, N, MemCategory::Activations, "linear_bwd dy");
-    DeviceMemory DX;
+    Dev dY = autocast(in(dy, N, MemCategory::Activations, "linear_bwd dy"), M * N);
+    Dev DX;
     if (want_dx) {
-      DX = upload(dx.as_const(), K, MemCategory::Activations, "linear_bwd dx");
+      DX = inout(dx, K, MemCategory::Activations, "linear_bwd dx");
       // dx += dy W, panel by panel of W rows (columns of dy).
       DeviceMemory dYh;
       const void* dyp = dY.data();
@@ -145,7 +244,8 @@ class CudaBackend final : public Backend {
         cu::convert_tile(dY.as<float>(), M, N, N, dYh.data(), tile_, stream_);
         dyp = dYh.data();
       }
-      const int64_t P = panel_rows(K);
+      // A panel of at most kPanelBytes, and no larger than the weight itself.
+      const int64_t P = std::min(panel_rows(K), std::max<int64_t>(N, 1));
       DeviceMemory T = dev(P * K * int64_t(cu::tile_elem_bytes(tile_)), MemCategory::Workspace,
                            "linear_bwd weight panel");
       const cu::DevWeight& dw = resident(W);
@@ -160,27 +260,28 @@ class CudaBackend final : public Backend {
     if (has_lora) {
       const LoraRef& l = *lora;
       const int r = l.r;
-      DeviceMemory Ad = upload_vec(l.A, int64_t(r) * K, "lora A");
-      DeviceMemory Bd = upload_vec(l.B, N * r, "lora B");
+      Dev Ad = in_raw(l.A, int64_t(r) * K * 4, "lora A");
+      Dev Bd = in_raw(l.B, N * r * 4, "lora B");
       // g = dy B: [M, r]
       DeviceMemory G = dev(M * r * 4, MemCategory::Workspace, "lora dy B");
       gemm_->run(M, r, N, 1.f, f32(dY.data(), N, false), f32(Bd.data(), r, false), 0.f,
                  G.as<float>(), r);
-      DeviceMemory X;
+      Dev X;
       const bool need_x = dA || (dB && !xa);
-      if (need_x) X = upload(x, K, MemCategory::Activations, "linear_bwd x");
+      if (need_x) X = autocast(in(x, K, MemCategory::Activations, "linear_bwd x"), M * K);
       if (dB) {
-        DeviceMemory XA = dev(M * r * 4, MemCategory::Workspace, "lora xa");
+        Dev XA;
         if (xa) {
-          copy_up(XA.data(), xa, M * r * 4);
+          XA = in_raw(xa, M * r * 4, "lora xa");
         } else {
+          XA = scratch(M * r * 4, "lora xa");
           lora_down(l, X.as<float>(), M, K, Ad.as<float>(), XA.as<float>());
         }
-        DeviceMemory dBd = upload_vec(dB, N * r, "lora dB");
+        Dev dBd = inout_raw(dB, N * r * 4, "lora dB");
         // dB += scale * dy^T xa
         gemm_->run(N, r, M, l.scale, f32(dY.data(), N, true), f32(XA.data(), r, false), 1.f,
                    dBd.as<float>(), r);
-        copy_down(dB, dBd.data(), N * r * 4);
+        finish_raw(dBd, dB, N * r * 4);
       }
       if (dA) {
         DeviceMemory XD;
@@ -191,11 +292,11 @@ class CudaBackend final : public Backend {
                             stream_);
           xin = XD.as<float>();
         }
-        DeviceMemory dAd = upload_vec(dA, int64_t(r) * K, "lora dA");
+        Dev dAd = inout_raw(dA, int64_t(r) * K * 4, "lora dA");
         // dA += scale * g^T drop(x)
         gemm_->run(r, K, M, l.scale, f32(G.data(), r, true), f32(xin, K, false), 1.f,
                    dAd.as<float>(), K);
-        copy_down(dA, dAd.data(), int64_t(r) * K * 4);
+        finish_raw(dAd, dA, int64_t(r) * K * 4);
       }
       if (want_dx) {
         if (l.dropout_p == 0.f) {
@@ -210,8 +311,7 @@ class CudaBackend final : public Backend {
         }
       }
     }
-    if (want_dx) download(DX, K, dx);
-    sync();
+    if (want_dx) finish(DX, K, dx);
   }
 
   // ---- pointwise ----------------------------------------------------------------------------
@@ -220,14 +320,15 @@ class CudaBackend final : public Backend {
     check_same(x, y.as_const(), "rmsnorm_fwd");
     const int64_t M = x.rows, C = x.cols;
     if (M == 0) return;
-    DeviceMemory X = upload(x, C, MemCategory::Activations, "rmsnorm x");
-    DeviceMemory Wd = upload_vec(w, C, "rmsnorm weight");
-    DeviceMemory Y = dev(M * C * 4, MemCategory::Activations, "rmsnorm y");
-    DeviceMemory R = dev(M * 4, MemCategory::Activations, "rmsnorm rstd");
+    Dev X = in(x, C, MemCategory::Activations, "rmsnorm x");
+    Dev Wd = in_raw(w, C * 4, "rmsnorm weight");
+    Dev Y = out(y, C, MemCategory::Activations, "rmsnorm y");
+    Dev R = rstd ? out_raw(rstd, M * 4, MemCategory::Activations, "rmsnorm rstd")
+                 : scratch(M * 4, "rmsnorm rstd");
     cu::rmsnorm_fwd(X.as<float>(), Wd.as<float>(), eps, Y.as<float>(), R.as<float>(), M, C,
                     stream_);
-    download(Y, C, y);
-    if (rstd) copy_down(rstd, R.data(), M * 4);
+    finish(Y, C, y);
+    if (rstd) finish_raw(R, rstd, M * 4);
   }
 
   void rmsnorm_bwd(CMatF x, const float* w, const float* rstd, CMatF dy, MatF dx) override {
@@ -236,14 +337,14 @@ class CudaBackend final : public Backend {
     QLFT_CHECK_ARG(rstd != nullptr, "rmsnorm_bwd: the forward pass's rstd is required");
     const int64_t M = x.rows, C = x.cols;
     if (M == 0) return;
-    DeviceMemory X = upload(x, C, MemCategory::Activations, "rmsnorm x");
-    DeviceMemory dY = upload(dy, C, MemCategory::Activations, "rmsnorm dy");
-    DeviceMemory DX = upload(dx.as_const(), C, MemCategory::Activations, "rmsnorm dx");
-    DeviceMemory Wd = upload_vec(w, C, "rmsnorm weight");
-    DeviceMemory R = upload_vec(rstd, M, "rmsnorm rstd");
+    Dev X = in(x, C, MemCategory::Activations, "rmsnorm x");
+    Dev dY = in(dy, C, MemCategory::Activations, "rmsnorm dy");
+    Dev DX = inout(dx, C, MemCategory::Activations, "rmsnorm dx");
+    Dev Wd = in_raw(w, C * 4, "rmsnorm weight");
+    Dev R = in_raw(rstd, M * 4, "rmsnorm rstd");
     cu::rmsnorm_bwd(X.as<float>(), Wd.as<float>(), R.as<float>(), dY.as<float>(), DX.as<float>(), M,
                     C, stream_);
-    download(DX, C, dx);
+    finish(DX, C, dx);
   }
 
   void rope(MatF x, const int32_t* pos, int n_heads, int head_dim, float theta, bool adjacent,
@@ -255,27 +356,25 @@ class CudaBackend final : public Backend {
                    (long long)x.cols);
     if (x.rows == 0) return;
     const int half = head_dim / 2;
-    std::vector<float> inv(half);
-    for (int i = 0; i < half; ++i) inv[i] = rope_inv_freq(theta, i, head_dim);
     const int64_t W = int64_t(n_heads) * head_dim;
-    DeviceMemory X = upload(x.as_const(), W, MemCategory::Activations, "rope x");
-    DeviceMemory P = upload_raw(pos, x.rows * 4, "rope positions");
-    DeviceMemory F = upload_vec(inv.data(), half, "rope frequencies");
-    cu::rope(X.as<float>(), W, P.as<int32_t>(), F.as<float>(), x.rows, n_heads, head_dim, adjacent,
-             inverse, stream_);
-    download(X, W, x);
+    Dev X = inout(x, W, MemCategory::Activations, "rope x");
+    Dev P = in_raw(pos, x.rows * 4, "rope positions");
+    cu::rope(X.as<float>(), W, P.as<int32_t>(), inv_freq(theta, head_dim), x.rows, n_heads,
+             head_dim, adjacent, inverse, stream_);
+    (void)half;
+    finish(X, W, x);
   }
 
-  void swiglu_fwd(CMatF gate, CMatF up, MatF out) override {
+  void swiglu_fwd(CMatF gate, CMatF up, MatF out_) override {
     check_same(gate, up, "swiglu_fwd");
-    check_same(gate, out.as_const(), "swiglu_fwd");
+    check_same(gate, out_.as_const(), "swiglu_fwd");
     const int64_t M = gate.rows, C = gate.cols;
     if (M == 0) return;
-    DeviceMemory G = upload(gate, C, MemCategory::Activations, "swiglu gate");
-    DeviceMemory U = upload(up, C, MemCategory::Activations, "swiglu up");
-    DeviceMemory O = dev(M * C * 4, MemCategory::Activations, "swiglu out");
+    Dev G = in(gate, C, MemCategory::Activations, "swiglu gate");
+    Dev U = in(up, C, MemCategory::Activations, "swiglu up");
+    Dev O = out(out_, C, MemCategory::Activations, "swiglu out");
     cu::swiglu_fwd(G.as<float>(), U.as<float>(), O.as<float>(), M * C, stream_);
-    download(O, C, out);
+    finish(O, C, out_);
   }
 
   void swiglu_bwd(CMatF gate, CMatF up, CMatF dout, MatF dgate, MatF dup) override {
@@ -285,89 +384,98 @@ class CudaBackend final : public Backend {
     check_same(gate, dup.as_const(), "swiglu_bwd");
     const int64_t M = gate.rows, C = gate.cols;
     if (M == 0) return;
-    DeviceMemory G = upload(gate, C, MemCategory::Activations, "swiglu gate");
-    DeviceMemory U = upload(up, C, MemCategory::Activations, "swiglu up");
-    DeviceMemory D = upload(dout, C, MemCategory::Activations, "swiglu dout");
-    DeviceMemory DG = dev(M * C * 4, MemCategory::Activations, "swiglu dgate");
-    DeviceMemory DU = dev(M * C * 4, MemCategory::Activations, "swiglu dup");
+    Dev G = in(gate, C, MemCategory::Activations, "swiglu gate");
+    Dev U = in(up, C, MemCategory::Activations, "swiglu up");
+    Dev D = in(dout, C, MemCategory::Activations, "swiglu dout");
+    Dev DG = out(dgate, C, MemCategory::Activations, "swiglu dgate");
+    Dev DU = out(dup, C, MemCategory::Activations, "swiglu dup");
     cu::swiglu_bwd(G.as<float>(), U.as<float>(), D.as<float>(), DG.as<float>(), DU.as<float>(),
                    M * C, stream_);
-    download(DG, C, dgate);
-    download(DU, C, dup);
+    finish(DG, C, dgate);
+    finish(DU, C, dup);
   }
 
   // ---- attention ------------------------------------------------------------------------------
 
-  void attention_fwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out, float* lse) override {
+  void attention_fwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out_,
+                     float* lse) override {
     check_attn(s, q, k, v, "attention_fwd");
-    QLFT_CHECK_ARG(out.rows == q.rows && out.cols >= int64_t(s.n_heads) * s.head_dim,
+    QLFT_CHECK_ARG(out_.rows == q.rows && out_.cols >= int64_t(s.n_heads) * s.head_dim,
                    "attention_fwd: out shape does not match q");
     const int64_t rows = q.rows, Wq = int64_t(s.n_heads) * s.head_dim,
                   Wk = int64_t(s.n_kv_heads) * s.head_dim;
     AttnStage st = stage_attn(s, q, k, v);
-    DeviceMemory O = dev(rows * Wq * 4, MemCategory::Activations, "attention out");
-    DeviceMemory L = dev(int64_t(s.n_heads) * rows * 4, MemCategory::Activations, "attention lse");
+    Dev O = out(out_, Wq, MemCategory::Activations, "attention out");
+    const int64_t nl = int64_t(s.n_heads) * rows * 4;
+    Dev L = lse ? out_raw(lse, nl, MemCategory::Activations, "attention lse")
+                : scratch(nl, "attention lse");
     cu::AttnArgs a = args(s, Wq, Wk, st);
     cu::attention_fwd(a, st.Q.as<float>(), st.K.as<float>(), st.V.as<float>(), O.as<float>(),
                       L.as<float>(), stream_);
-    download(O, Wq, out);
-    if (lse) copy_down(lse, L.data(), int64_t(s.n_heads) * rows * 4);
+    finish(O, Wq, out_);
+    if (lse) finish_raw(L, lse, nl);
   }
 
-  void attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out, const float* lse,
+  void attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out_, const float* lse,
                      CMatF dout, MatF dq, MatF dk, MatF dv) override {
     check_attn(s, q, k, v, "attention_bwd");
-    QLFT_CHECK_ARG(out.rows == q.rows && dout.rows == q.rows && dq.rows == q.rows &&
+    QLFT_CHECK_ARG(out_.rows == q.rows && dout.rows == q.rows && dq.rows == q.rows &&
                        dk.rows == k.rows && dv.rows == v.rows,
                    "attention_bwd: gradient shapes do not match q/k/v");
     QLFT_CHECK_ARG(lse != nullptr, "attention_bwd: the forward pass's lse is required");
     const int64_t rows = q.rows, Wq = int64_t(s.n_heads) * s.head_dim,
                   Wk = int64_t(s.n_kv_heads) * s.head_dim;
     AttnStage st = stage_attn(s, q, k, v);
-    DeviceMemory O = upload(out, Wq, MemCategory::Activations, "attention out");
-    DeviceMemory dO = upload(dout, Wq, MemCategory::Activations, "attention dout");
-    DeviceMemory L = upload_vec(lse, int64_t(s.n_heads) * rows, "attention lse");
-    DeviceMemory dQ = upload(dq.as_const(), Wq, MemCategory::Activations, "attention dq");
-    DeviceMemory dK = upload(dk.as_const(), Wk, MemCategory::Activations, "attention dk");
-    DeviceMemory dV = upload(dv.as_const(), Wk, MemCategory::Activations, "attention dv");
+    Dev O = in(out_, Wq, MemCategory::Activations, "attention out");
+    Dev dO = autocast(in(dout, Wq, MemCategory::Activations, "attention dout"), rows * Wq);
+    Dev L = in_raw(lse, int64_t(s.n_heads) * rows * 4, "attention lse");
+    Dev dQ = inout(dq, Wq, MemCategory::Activations, "attention dq");
+    Dev dK = inout(dk, Wk, MemCategory::Activations, "attention dk");
+    Dev dV = inout(dv, Wk, MemCategory::Activations, "attention dv");
     DeviceMemory delta =
         dev(int64_t(s.n_heads) * rows * 4, MemCategory::Workspace, "attention delta");
     cu::AttnArgs a = args(s, Wq, Wk, st);
     cu::attention_bwd(a, st.Q.as<float>(), st.K.as<float>(), st.V.as<float>(), O.as<float>(),
                       L.as<float>(), dO.as<float>(), dQ.as<float>(), dK.as<float>(), dV.as<float>(),
                       delta.as<float>(), stream_);
-    download(dQ, Wq, dq);
-    download(dK, Wk, dk);
-    download(dV, Wk, dv);
+    finish(dQ, Wq, dq);
+    finish(dK, Wk, dk);
+    finish(dV, Wk, dv);
   }
 
   // ---- embedding and head ---------------------------------------------------------------------
 
-  void embedding_fwd(const QWeight& emb, const int32_t* tokens, MatF out) override {
-    QLFT_CHECK_ARG(out.cols == emb.cols, "embedding_fwd: output has %lld columns, embedding %lld",
-                   (long long)out.cols, (long long)emb.cols);
-    for (int64_t i = 0; i < out.rows; ++i)
-      if (tokens[i] < 0 || tokens[i] >= emb.rows)
-        throw_error(QLFT_ERR_INVALID_ARGUMENT,
-                    "token id %d at position %lld is outside the vocabulary of %lld tokens",
-                    tokens[i], (long long)i, (long long)emb.rows);
-    if (out.rows == 0) return;
-    DeviceMemory T = upload_raw(tokens, out.rows * 4, "embedding tokens");
-    DeviceMemory O = dev(out.rows * out.cols * 4, MemCategory::Activations, "embedding out");
-    cu::dequant_rows(resident(emb), T.as<int32_t>(), 0, out.rows, O.data(), TileType::F32, stream_);
-    download(O, out.cols, out);
+  void embedding_fwd(const QWeight& emb, const int32_t* tokens, MatF out_) override {
+    QLFT_CHECK_ARG(out_.cols == emb.cols, "embedding_fwd: output has %lld columns, embedding %lld",
+                   (long long)out_.cols, (long long)emb.cols);
+    if (out_.rows == 0) return;
+    // Ids in this backend's memory were checked where they were made (the runner's batch).
+    if (!mine(tokens, out_.rows * 4))
+      for (int64_t i = 0; i < out_.rows; ++i)
+        if (tokens[i] < 0 || tokens[i] >= emb.rows)
+          throw_error(QLFT_ERR_INVALID_ARGUMENT,
+                      "token id %d at position %lld is outside the vocabulary of %lld tokens",
+                      tokens[i], (long long)i, (long long)emb.rows);
+    Dev T = in_raw(tokens, out_.rows * 4, "embedding tokens");
+    Dev O = out(out_, out_.cols, MemCategory::Activations, "embedding out");
+    cu::dequant_rows(resident(emb), T.as<int32_t>(), 0, out_.rows, O.data(), TileType::F32,
+                     stream_);
+    finish(O, out_.cols, out_);
   }
 
   void head_logits(const QWeight& head, CMatF h, MatF logits) override {
     QLFT_CHECK_ARG(h.cols == head.cols && logits.rows == h.rows && logits.cols == head.rows,
                    "head_logits: shape mismatch");
     if (h.rows == 0) return;
-    DeviceMemory H = upload(h, h.cols, MemCategory::Activations, "head input");
-    DeviceMemory L = dev(h.rows * head.rows * 4, MemCategory::Activations, "head logits");
+    Dev H = autocast(in(h, h.cols, MemCategory::Activations, "head input"), h.rows * h.cols);
+    Dev L = out(logits, head.rows, MemCategory::Activations, "head logits");
     matmul_xwt(head, H.as<float>(), h.rows, L.as<float>());
-    download(L, head.rows, logits);
+    finish(L, head.rows, logits);
   }
 
+  // Every row is computed; rows whose target is ignore_index contribute 0 to the loss and the
+  // gradient (the kernels mask them), so targets in device memory never come to the host. The
+  // loss is summed on the device in row order (the CPU's order): one 16-byte download.
   double linear_cross_entropy(const QWeight& head, CMatF h, const int32_t* targets,
                               int32_t ignore_index, float grad_scale, MatF dh,
                               int64_t* count) override {
@@ -377,55 +485,48 @@ class CudaBackend final : public Backend {
     const bool want_dh = dh.data != nullptr;
     if (want_dh)
       QLFT_CHECK_ARG(dh.rows == M && dh.cols == H, "linear_cross_entropy: dh shape mismatch");
-    std::vector<int64_t> valid;
-    std::vector<int32_t> vt;
-    for (int64_t i = 0; i < M; ++i) {
-      if (targets[i] == ignore_index) continue;
-      if (targets[i] < 0 || targets[i] >= V)
-        throw_error(QLFT_ERR_INVALID_ARGUMENT,
-                    "target id %d at position %lld is outside the vocabulary of %lld tokens",
-                    targets[i], (long long)i, (long long)V);
-      valid.push_back(i);
-      vt.push_back(targets[i]);
-    }
-    if (count) *count = int64_t(valid.size());
-    if (valid.empty() || V == 0) return 0.0;
-    const int64_t nv = int64_t(valid.size());
+    if (!mine(targets, M * 4))
+      for (int64_t i = 0; i < M; ++i)
+        if (targets[i] != ignore_index && (targets[i] < 0 || targets[i] >= V))
+          throw_error(QLFT_ERR_INVALID_ARGUMENT,
+                      "target id %d at position %lld is outside the vocabulary of %lld tokens",
+                      targets[i], (long long)i, (long long)V);
+    if (count) *count = 0;
+    if (M == 0 || V == 0) return 0.0;
     const int64_t P = panel_rows(H);
-    const int64_t Rc = std::clamp<int64_t>(kCeLogitsBytes / (std::min(P, V) * 4), 1, nv);
+    const int64_t Rc = std::clamp<int64_t>(kCeLogitsBytes / (std::min(P, V) * 4), 1, M);
     const size_t eb = cu::tile_elem_bytes(tile_);
     const cu::DevWeight& dw = resident(head);
 
+    Dev Hd = autocast(in(h, H, MemCategory::Activations, "ce hidden"), M * H);
+    Dev Tg = in_raw(targets, M * 4, "ce targets");
+    Dev DH;
+    if (want_dh) DH = inout(dh, H, MemCategory::Activations, "ce hidden grads");
     DeviceMemory Tw =
         dev(std::min(P, V) * H * int64_t(eb), MemCategory::Workspace, "ce head panel");
     DeviceMemory L = dev(Rc * std::min(P, V) * 4, MemCategory::Workspace, "ce logits chunk");
     DeviceMemory Lh;
     if (tile_ != TileType::F32)
       Lh = dev(Rc * std::min(P, V) * 2, MemCategory::Workspace, "ce logits chunk (16-bit)");
-    DeviceMemory HC = dev(Rc * H * 4, MemCategory::Workspace, "ce hidden rows");
     DeviceMemory HCh;
     if (tile_ != TileType::F32) HCh = dev(Rc * H * 2, MemCategory::Workspace, "ce hidden (16-bit)");
     DeviceMemory DHC;
-    if (want_dh) DHC = dev(Rc * H * 4, MemCategory::Workspace, "ce hidden grads");
-    DeviceMemory Tg = dev(Rc * 4, MemCategory::Workspace, "ce targets");
+    if (want_dh) DHC = dev(Rc * H * 4, MemCategory::Workspace, "ce hidden grads chunk");
     DeviceMemory Mx = dev(Rc * 4, MemCategory::Workspace, "ce row max");
     DeviceMemory Sm = dev(Rc * 8, MemCategory::Workspace, "ce row sum");
     DeviceMemory TL = dev(Rc * 4, MemCategory::Workspace, "ce target logit");
     DeviceMemory LS = dev(Rc * 4, MemCategory::Workspace, "ce row lse");
     DeviceMemory LT = dev(Rc * 8, MemCategory::Workspace, "ce loss terms");
-    std::vector<float> hrows(size_t(Rc * H)), grows(want_dh ? size_t(Rc * H) : 0);
-    std::vector<double> terms(static_cast<size_t>(Rc));
+    DeviceMemory Acc = dev(16, MemCategory::Workspace, "ce loss sum and count");
+    QLFT_CUDA_CHECK(cudaMemsetAsync(Acc.data(), 0, 16, stream_));
 
-    double loss = 0;
-    for (int64_t c0 = 0; c0 < nv; c0 += Rc) {
-      const int64_t rc = std::min(Rc, nv - c0);
-      for (int64_t i = 0; i < rc; ++i)
-        std::memcpy(&hrows[size_t(i * H)], h.row(valid[size_t(c0 + i)]), size_t(H) * 4);
-      copy_up(HC.data(), hrows.data(), rc * H * 4);
-      copy_up(Tg.data(), vt.data() + c0, rc * 4);
-      const void* hin = HC.data();
+    for (int64_t c0 = 0; c0 < M; c0 += Rc) {
+      const int64_t rc = std::min(Rc, M - c0);
+      const float* hc = Hd.as<float>() + c0 * H;
+      const int32_t* tc = Tg.as<int32_t>() + c0;
+      const void* hin = hc;
       if (tile_ != TileType::F32) {
-        cu::convert_tile(HC.as<float>(), rc, H, H, HCh.data(), tile_, stream_);
+        cu::convert_tile(hc, rc, H, H, HCh.data(), tile_, stream_);
         hin = HCh.data();
       }
       for (int64_t p0 = 0; p0 < V; p0 += P) {  // pass 1: online log-sum-exp
@@ -433,20 +534,20 @@ class CudaBackend final : public Backend {
         cu::dequant_rows(dw, nullptr, p0, n, Tw.data(), tile_, stream_);
         gemm_->run(rc, n, H, 1.f, {hin, tile_, H, false}, {Tw.data(), tile_, H, true}, 0.f,
                    L.as<float>(), n);
-        cu::ce_merge_panel(L.as<float>(), rc, n, p0, Tg.as<int32_t>(), Mx.as<float>(),
-                           Sm.as<double>(), TL.as<float>(), stream_);
+        cu::ce_merge_panel(L.as<float>(), rc, n, p0, tc, Mx.as<float>(), Sm.as<double>(),
+                           TL.as<float>(), stream_);
       }
-      cu::ce_finish(Mx.as<float>(), Sm.as<double>(), TL.as<float>(), rc, LS.as<float>(),
-                    LT.as<double>(), stream_);
-      copy_down(terms.data(), LT.data(), rc * 8);
-      for (int64_t i = 0; i < rc; ++i) loss += terms[size_t(i)];  // row order, as the CPU
+      cu::ce_finish(Mx.as<float>(), Sm.as<double>(), TL.as<float>(), tc, ignore_index, rc,
+                    LS.as<float>(), LT.as<double>(), stream_);
+      cu::ce_sum(LT.as<double>(), tc, rc, ignore_index, Acc.as<double>(),
+                 reinterpret_cast<unsigned long long*>(Acc.as<double>() + 1), stream_);
       if (!want_dh) continue;
       for (int64_t p0 = 0; p0 < V; p0 += P) {  // pass 2: dh = (softmax - onehot) * s * panel
         const int64_t n = std::min(P, V - p0);
         cu::dequant_rows(dw, nullptr, p0, n, Tw.data(), tile_, stream_);
         gemm_->run(rc, n, H, 1.f, {hin, tile_, H, false}, {Tw.data(), tile_, H, true}, 0.f,
                    L.as<float>(), n);
-        cu::ce_grad_panel(L.as<float>(), rc, n, p0, Tg.as<int32_t>(), LS.as<float>(), grad_scale,
+        cu::ce_grad_panel(L.as<float>(), rc, n, p0, tc, ignore_index, LS.as<float>(), grad_scale,
                           stream_);
         const void* lin = L.data();
         if (tile_ != TileType::F32) {
@@ -456,62 +557,169 @@ class CudaBackend final : public Backend {
         gemm_->run(rc, H, n, 1.f, {lin, tile_, n, false}, {Tw.data(), tile_, H, false},
                    p0 == 0 ? 0.f : 1.f, DHC.as<float>(), H);
       }
-      copy_down(grows.data(), DHC.data(), rc * H * 4);
-      for (int64_t i = 0; i < rc; ++i) {
-        float* d = dh.row(valid[size_t(c0 + i)]);
-        const float* g = &grows[size_t(i * H)];
-        for (int64_t c = 0; c < H; ++c) d[c] += g[c];
-      }
+      cu::accumulate(DH.as<float>() + c0 * H, DHC.as<float>(), rc * H, stream_);
     }
-    return loss;
+    if (want_dh) finish(DH, H, dh);
+    double acc[2];
+    copy_down(acc, Acc.data(), 16);
+    unsigned long long n_counted;
+    std::memcpy(&n_counted, &acc[1], 8);
+    if (count) *count = int64_t(n_counted);
+    return acc[0];
   }
 
  private:
   struct AttnStage {
-    DeviceMemory Q, K, V, doc, first;
+    Dev Q, K, V, doc, first;
   };
+
+  // ---- operands ---------------------------------------------------------------------------------
+
+  bool mine(const void* p, int64_t bytes) const { return p && mem_.holds(p, bytes); }
+  static int64_t extent(CMatF m, int64_t cols) {  // bytes from m.data to its last used element
+    return m.rows > 0 ? ((m.rows - 1) * m.stride + cols) * 4 : 0;
+  }
+  static Dev view(const void* p) {
+    Dev d;
+    d.p = const_cast<void*>(p);
+    return d;
+  }
+  static Dev owned(DeviceMemory m) {
+    Dev d;
+    d.p = m.data();
+    d.own = std::move(m);
+    return d;
+  }
+  Dev scratch(int64_t bytes, const char* what) {
+    return owned(dev(bytes, MemCategory::Workspace, what));
+  }
+  // The first `cols` columns of m as a compact [rows, cols] device array.
+  Dev in(CMatF m, int64_t cols, MemCategory c, const char* what) {
+    if (mine(m.data, extent(m, cols))) {
+      if (m.stride == cols) return view(m.data);
+      DeviceMemory d = dev(m.rows * cols * 4, c, what);
+      QLFT_CUDA_CHECK(cudaMemcpy2DAsync(d.data(), size_t(cols) * 4, m.data, size_t(m.stride) * 4,
+                                        size_t(cols) * 4, size_t(m.rows), cudaMemcpyDeviceToDevice,
+                                        stream_));
+      return owned(std::move(d));
+    }
+    return owned(upload(m, cols, c, what));
+  }
+  Dev in_raw(const void* p, int64_t bytes, const char* what) {
+    if (mine(p, bytes)) return view(p);
+    return owned(upload_raw(p, bytes, what));
+  }
+  // Where an operation writes the first `cols` columns of m (finish() puts them there).
+  Dev out(MatF m, int64_t cols, MemCategory c, const char* what) {
+    if (m.stride == cols && mine(m.data, extent(m.as_const(), cols))) return view(m.data);
+    return owned(dev(m.rows * cols * 4, c, what));
+  }
+  Dev out_raw(void* p, int64_t bytes, MemCategory c, const char* what) {
+    if (mine(p, bytes)) return view(p);
+    return owned(dev(bytes, c, what));
+  }
+  // Read and written (the accumulating gradients).
+  Dev inout(MatF m, int64_t cols, MemCategory c, const char* what) {
+    if (m.stride == cols && mine(m.data, extent(m.as_const(), cols))) return view(m.data);
+    return in(m.as_const(), cols, c, what);
+  }
+  Dev inout_raw(void* p, int64_t bytes, const char* what) { return in_raw(p, bytes, what); }
+  void finish(const Dev& d, int64_t cols, MatF m) {
+    if (!d.staged() || m.rows == 0 || cols == 0) return;
+    if (mine(m.data, extent(m.as_const(), cols))) {
+      QLFT_CUDA_CHECK(cudaMemcpy2DAsync(m.data, size_t(m.stride) * 4, d.data(), size_t(cols) * 4,
+                                        size_t(cols) * 4, size_t(m.rows), cudaMemcpyDeviceToDevice,
+                                        stream_));
+      return;
+    }
+    download(d.own, cols, m);
+  }
+  void finish_raw(const Dev& d, void* p, int64_t bytes) {
+    if (!d.staged() || bytes == 0) return;
+    if (mine(p, bytes)) {
+      QLFT_CUDA_CHECK(
+          cudaMemcpyAsync(p, d.data(), size_t(bytes), cudaMemcpyDeviceToDevice, stream_));
+      return;
+    }
+    copy_down(p, d.data(), bytes);
+  }
+  // Autocast (train.precision bf16 / fp16): the operand rounded through the 16-bit type, as
+  // torch.autocast rounds a matmul's inputs; a copy, since the caller's tensor is kept as it is.
+  Dev autocast(Dev d, int64_t n) {
+    if (!round_ || n == 0) return d;
+    if (d.staged()) {  // already a private copy: round it in place
+      cu::round_through(d.as<float>(), n, tile_, d.as<float>(), stream_);
+      return d;
+    }
+    Dev r = owned(dev(n * 4, MemCategory::Workspace, "autocast copy"));
+    cu::round_through(d.as<float>(), n, tile_, r.as<float>(), stream_);
+    return r;
+  }
+  static TileType tile_of(DType t) {
+    QLFT_CHECK_ARG(t == DType::BF16 || t == DType::F16, "16-bit storage is BF16 or F16, not %s",
+                   dtype_name(t));
+    return t == DType::BF16 ? TileType::BF16 : TileType::F16;
+  }
+  // RoPE inverse frequencies of (theta, head_dim), uploaded once.
+  const float* inv_freq(float theta, int head_dim) {
+    const std::pair<float, int> key(theta, head_dim);
+    auto it = inv_freq_.find(key);
+    if (it != inv_freq_.end()) return it->second.as<float>();
+    const int half = head_dim / 2;
+    std::vector<float> inv(half);
+    for (int i = 0; i < half; ++i) inv[i] = rope_inv_freq(theta, i, head_dim);
+    DeviceMemory d(tracker_, MemCategory::Weights, size_t(half) * 4, "rope frequencies");
+    copy_up(d.data(), inv.data(), int64_t(half) * 4);
+    sync();  // `inv` is a local
+    return inv_freq_.emplace(key, std::move(d)).first->second.as<float>();
+  }
 
   // ---- staging --------------------------------------------------------------------------------
 
   DeviceMemory dev(int64_t bytes, MemCategory c, const char* what) {
     return DeviceMemory(tracker_, c, size_t(std::max<int64_t>(bytes, 1)), what);
   }
-  // The first `cols` columns of m into a compact [rows, cols] device array.
+  // The first `cols` columns of host matrix m into a compact [rows, cols] device array.
   DeviceMemory upload(CMatF m, int64_t cols, MemCategory c, const char* what) {
     DeviceMemory d = dev(m.rows * cols * 4, c, what);
+    moved_.host_to_device += uint64_t(m.rows) * uint64_t(std::max<int64_t>(cols, 0)) * 4;
     if (m.rows > 0 && cols > 0)
       QLFT_CUDA_CHECK(cudaMemcpy2DAsync(d.data(), size_t(cols) * 4, m.data, size_t(m.stride) * 4,
                                         size_t(cols) * 4, size_t(m.rows), cudaMemcpyHostToDevice,
                                         stream_));
     return d;
   }
-  DeviceMemory upload_vec(const float* p, int64_t n, const char* what) {
-    return upload_raw(p, n * 4, what);
-  }
   DeviceMemory upload_raw(const void* p, int64_t bytes, const char* what) {
     DeviceMemory d = dev(bytes, MemCategory::Workspace, what);
     copy_up(d.data(), p, bytes);
     return d;
   }
+  // (From pageable host memory the copy has read the source when the call returns.)
   void copy_up(void* d, const void* h, int64_t bytes) {
+    moved_.host_to_device += uint64_t(std::max<int64_t>(bytes, 0));
     if (bytes > 0)
       QLFT_CUDA_CHECK(cudaMemcpyAsync(d, h, size_t(bytes), cudaMemcpyHostToDevice, stream_));
   }
   // Synchronous: the host reads the result right after.
   void copy_down(void* h, const void* d, int64_t bytes) {
+    moved_.device_to_host += uint64_t(std::max<int64_t>(bytes, 0));
     if (bytes > 0)
       QLFT_CUDA_CHECK(cudaMemcpyAsync(h, d, size_t(bytes), cudaMemcpyDeviceToHost, stream_));
     sync();
   }
-  // Compact [rows, cols] device array into the first `cols` columns of m.
+  // Compact [rows, cols] device array into the first `cols` columns of host matrix m.
   void download(const DeviceMemory& d, int64_t cols, MatF m) {
+    moved_.device_to_host += uint64_t(m.rows) * uint64_t(std::max<int64_t>(cols, 0)) * 4;
     if (m.rows > 0 && cols > 0)
       QLFT_CUDA_CHECK(cudaMemcpy2DAsync(m.data, size_t(m.stride) * 4, d.data(), size_t(cols) * 4,
                                         size_t(cols) * 4, size_t(m.rows), cudaMemcpyDeviceToHost,
                                         stream_));
     sync();
   }
-  void sync() { QLFT_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  void sync() {
+    ++moved_.syncs;
+    QLFT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
 
   static GemmOperand f32(const void* p, int64_t ld, bool trans) {
     return {p, TileType::F32, ld, trans};
@@ -607,8 +815,8 @@ class CudaBackend final : public Backend {
       cu::dropout_apply(X, M, K, K, 0, l.dropout_p, l.dropout_seed, XD.as<float>(), stream_);
       xin = XD.as<float>();
     }
+    // XD goes back to the cache on return: work queued later on this stream runs after it.
     gemm_->run(M, l.r, K, 1.f, f32(xin, K, false), f32(A, K, true), 0.f, XA, l.r);
-    sync();  // XD is released (to the cache) on return; keep the stream order explicit
   }
 
   static void check_lora(const LoraRef& l) {
@@ -640,25 +848,18 @@ class CudaBackend final : public Backend {
   }
 
   AttnStage stage_attn(const AttnShape& s, CMatF q, CMatF k, CMatF v) {
-    const int64_t rows = q.rows;
+    const int64_t rows = q.rows, Wq = int64_t(s.n_heads) * s.head_dim,
+                  Wk = int64_t(s.n_kv_heads) * s.head_dim;
     AttnStage st;
-    st.Q = upload(q, int64_t(s.n_heads) * s.head_dim, MemCategory::Activations, "attention q");
-    st.K = upload(k, int64_t(s.n_kv_heads) * s.head_dim, MemCategory::Activations, "attention k");
-    st.V = upload(v, int64_t(s.n_kv_heads) * s.head_dim, MemCategory::Activations, "attention v");
+    st.Q = autocast(in(q, Wq, MemCategory::Activations, "attention q"), rows * Wq);
+    st.K = autocast(in(k, Wk, MemCategory::Activations, "attention k"), rows * Wk);
+    st.V = autocast(in(v, Wk, MemCategory::Activations, "attention v"), rows * Wk);
     if (s.doc_ids) {
       // first[row]: the first position of the same document in this batch element (bounds the
       // key range of a query tile, as on the CPU).
-      std::vector<int32_t> first(static_cast<size_t>(rows));
-      for (int b = 0; b < s.batch; ++b) {
-        std::unordered_map<int32_t, int32_t> seen;
-        for (int t = 0; t < s.seq; ++t) {
-          const int64_t row = int64_t(b) * s.seq + t;
-          first[size_t(row)] = seen.emplace(s.doc_ids[row], t).first->second;
-        }
-      }
-      st.doc = upload_raw(s.doc_ids, rows * 4, "attention doc ids");
-      st.first = upload_raw(first.data(), rows * 4, "attention doc starts");
-      sync();  // `first` is a local
+      st.doc = in_raw(s.doc_ids, rows * 4, "attention doc ids");
+      st.first = scratch(rows * 4, "attention doc starts");
+      cu::doc_first(st.doc.as<int32_t>(), s.batch, s.seq, st.first.as<int32_t>(), stream_);
     }
     return st;
   }
@@ -681,9 +882,13 @@ class CudaBackend final : public Backend {
 
   CudaBackendOptions opt_;
   cudaStream_t stream_ = nullptr;
+  TransferCounts moved_;  // every staging copy and wait counts here
+  BackendMemory mem_;     // what alloc() hands out; outlives nothing that uses it (see ~Trainer)
   TileType tile_ = TileType::F32;
+  bool round_ = false;  // autocast: 16-bit rounding of matmul and attention operands
   std::unique_ptr<cu::LtGemm> gemm_;
   std::unordered_map<const QWeight*, ResidentWeight> weights_;
+  std::map<std::pair<float, int>, DeviceMemory> inv_freq_;
 };
 
 }  // namespace

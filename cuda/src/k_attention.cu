@@ -304,7 +304,30 @@ void check_args(const AttnArgs& a) {
                  "cuda attention: batch %d or heads %d beyond the grid limit", a.batch, a.n_heads);
 }
 
+// first[row] = the first position t' of batch element b whose document id equals row's (the
+// start of its document when documents are contiguous, as packing makes them).
+__global__ void __launch_bounds__(256)
+    k_doc_first(const int32_t* doc, int batch, int seq, int32_t* first) {
+  const int64_t rows = int64_t(batch) * seq;
+  for (int64_t row = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; row < rows;
+       row += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t b0 = row / seq * seq;
+    const int32_t d = doc[row];
+    int32_t f = int32_t(row - b0);
+    for (int64_t t = 0; t < row - b0; ++t)
+      if (doc[b0 + t] == d) {
+        f = int32_t(t);
+        break;
+      }
+    first[row] = f;
+  }
+}
+
 }  // namespace
+
+void doc_first(const int32_t* doc, int batch, int seq, int32_t* first, cudaStream_t s) {
+  launch(k_doc_first, grid_for(int64_t(batch) * seq, 256), 256, 0, s, doc, batch, seq, first);
+}
 
 void attention_fwd(const AttnArgs& a, const float* q, const float* k, const float* v, float* out,
                    float* lse, cudaStream_t s) {

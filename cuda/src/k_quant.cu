@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(128)
     k_dequant_ggml(DevWeight w, const int32_t* row_ids, int64_t r0, int64_t n, void* out,
                    uint32_t block_bytes) {
   QLFT_DYNAMIC_SHARED(float, scratch);  // blockDim.x * QK floats
-  const int64_t bpr = w.cols / QK;    // ggml blocks per row
+  const int64_t bpr = w.cols / QK;      // ggml blocks per row
   const int64_t total = n * bpr;
   for (int64_t base = int64_t(blockIdx.x) * blockDim.x; base < total;
        base += int64_t(gridDim.x) * blockDim.x) {
@@ -117,6 +117,22 @@ __global__ void __launch_bounds__(256)
     const int64_t r = i / cols, c = i - r * cols;
     store<T>(out, i, x[r * ld + c]);
   }
+}
+
+// out = 16-bit values (T = BF16 / F16) widened to fp32.
+template <TileType T>
+__global__ void __launch_bounds__(256) k_widen(const uint16_t* x, int64_t n, float* out) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = T == TileType::BF16 ? bf16_to_f32(x[i]) : f16_to_f32(x[i]);
+}
+
+// out = x rounded through T (to nearest even) and back: the value a 16-bit store keeps.
+template <TileType T>
+__global__ void __launch_bounds__(256) k_round16(const float* x, int64_t n, float* out) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = T == TileType::BF16 ? bf16_to_f32(f32_to_bf16(x[i])) : f16_to_f32(f32_to_f16(x[i]));
 }
 
 __global__ void __launch_bounds__(256)
@@ -218,6 +234,19 @@ void convert_tile(const float* x, int64_t rows, int64_t cols, int64_t ld, void* 
     case TileType::F16:
       return launch(k_convert<TileType::F16>, g, 256, 0, s, x, rows, cols, ld, out);
   }
+}
+
+void widen_tile(const void* x, TileType t, int64_t n, float* out, cudaStream_t s) {
+  const uint16_t* h = static_cast<const uint16_t*>(x);
+  if (t == TileType::BF16)
+    return launch(k_widen<TileType::BF16>, grid_for(n, 256), 256, 0, s, h, n, out);
+  launch(k_widen<TileType::F16>, grid_for(n, 256), 256, 0, s, h, n, out);
+}
+
+void round_through(const float* x, int64_t n, TileType t, float* out, cudaStream_t s) {
+  if (t == TileType::BF16)
+    return launch(k_round16<TileType::BF16>, grid_for(n, 256), 256, 0, s, x, n, out);
+  launch(k_round16<TileType::F16>, grid_for(n, 256), 256, 0, s, x, n, out);
 }
 
 void add_bias(float* y, int64_t rows, int64_t cols, int64_t ld, const float* bias, cudaStream_t s) {

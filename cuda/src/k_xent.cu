@@ -41,8 +41,9 @@ __global__ void __launch_bounds__(256)
 }
 
 __global__ void __launch_bounds__(256)
-    k_ce_finish(const float* m, const double* sum, const float* target_logit, int64_t rc,
-                float* lse, double* loss_terms) {
+    k_ce_finish(const float* m, const double* sum, const float* target_logit,
+                const int32_t* targets, int32_t ignore_index, int64_t rc, float* lse,
+                double* loss_terms) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < rc;
        i += int64_t(gridDim.x) * blockDim.x) {
     OnlineSoftmax<double> st;
@@ -50,17 +51,36 @@ __global__ void __launch_bounds__(256)
     st.s = sum[i];
     const double l = double(st.m) + log(st.s);  // as the CPU: lse in double for the loss
     lse[i] = float(l);
-    loss_terms[i] = l - double(target_logit[i]);
+    loss_terms[i] = targets[i] == ignore_index ? 0.0 : l - double(target_logit[i]);
   }
+}
+
+__global__ void __launch_bounds__(32)
+    k_ce_sum(const double* loss_terms, const int32_t* targets, int64_t rc, int32_t ignore_index,
+             double* acc, unsigned long long* count) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  double a = acc[0];
+  unsigned long long c = count[0];
+  for (int64_t i = 0; i < rc; ++i) {
+    if (targets[i] == ignore_index) continue;
+    a += loss_terms[i];
+    ++c;
+  }
+  acc[0] = a;
+  count[0] = c;
 }
 
 __global__ void __launch_bounds__(256)
     k_ce_grad(float* logits, int64_t rc, int64_t n, int64_t p0, const int32_t* targets,
-              const float* lse, float grad_scale) {
+              int32_t ignore_index, const float* lse, float grad_scale) {
   const int64_t total = rc * n;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / n, j = i - r * n;
+    if (targets[r] == ignore_index) {
+      logits[i] = 0.f;
+      continue;
+    }
     float g = softmax_prob(logits[i], lse[r]) * grad_scale;
     if (targets[r] == p0 + j) g -= grad_scale;
     logits[i] = g;
@@ -75,14 +95,21 @@ void ce_merge_panel(const float* logits, int64_t rc, int64_t n, int64_t p0, cons
          m, sum, target_logit);
 }
 
-void ce_finish(const float* m, const double* sum, const float* target_logit, int64_t rc, float* lse,
-               double* loss_terms, cudaStream_t s) {
-  launch(k_ce_finish, grid_for(rc, 256), 256, 0, s, m, sum, target_logit, rc, lse, loss_terms);
+void ce_finish(const float* m, const double* sum, const float* target_logit, const int32_t* targets,
+               int32_t ignore_index, int64_t rc, float* lse, double* loss_terms, cudaStream_t s) {
+  launch(k_ce_finish, grid_for(rc, 256), 256, 0, s, m, sum, target_logit, targets, ignore_index, rc,
+         lse, loss_terms);
 }
 
 void ce_grad_panel(float* logits, int64_t rc, int64_t n, int64_t p0, const int32_t* targets,
-                   const float* lse, float grad_scale, cudaStream_t s) {
-  launch(k_ce_grad, grid_for(rc * n, 256), 256, 0, s, logits, rc, n, p0, targets, lse, grad_scale);
+                   int32_t ignore_index, const float* lse, float grad_scale, cudaStream_t s) {
+  launch(k_ce_grad, grid_for(rc * n, 256), 256, 0, s, logits, rc, n, p0, targets, ignore_index, lse,
+         grad_scale);
+}
+
+void ce_sum(const double* loss_terms, const int32_t* targets, int64_t rc, int32_t ignore_index,
+            double* acc, unsigned long long* count, cudaStream_t s) {
+  launch(k_ce_sum, 1, 32, 0, s, loss_terms, targets, rc, ignore_index, acc, count);
 }
 
 }  // namespace qlft::cu

@@ -34,6 +34,10 @@ void dequant_rows(const DevWeight& w, const int32_t* row_ids, int64_t r0, int64_
 // out (compact [rows, cols], type t) = x (fp32, leading dimension ld), rounded to nearest even.
 void convert_tile(const float* x, int64_t rows, int64_t cols, int64_t ld, void* out, TileType t,
                   cudaStream_t s);
+// out[i] = 16-bit x[i] (t = BF16 / F16) as fp32.
+void widen_tile(const void* x, TileType t, int64_t n, float* out, cudaStream_t s);
+// out[i] = x[i] rounded through t (BF16 / F16) to nearest even; out may be x.
+void round_through(const float* x, int64_t n, TileType t, float* out, cudaStream_t s);
 // y[i, j] += bias[j].
 void add_bias(float* y, int64_t rows, int64_t cols, int64_t ld, const float* bias, cudaStream_t s);
 // out (compact) = LoRA dropout of x rows [0, rows) whose global row index starts at row0.
@@ -71,18 +75,25 @@ void attention_fwd(const AttnArgs& a, const float* q, const float* k, const floa
 void attention_bwd(const AttnArgs& a, const float* q, const float* k, const float* v,
                    const float* out, const float* lse, const float* dout, float* dq, float* dk,
                    float* dv, float* delta, cudaStream_t s);
+// first[row] = the first position in row's batch element with row's document id.
+void doc_first(const int32_t* doc, int batch, int seq, int32_t* first, cudaStream_t s);
 
 // ---- k_xent.cu -------------------------------------------------------------------------------
 // Per row of a logits chunk [rc, n] (columns p0 .. p0 + n of the vocabulary): merges the chunk
 // into the row's online softmax state (m, sum) and records the target logit if it lies here.
 void ce_merge_panel(const float* logits, int64_t rc, int64_t n, int64_t p0, const int32_t* targets,
                     float* m, double* sum, float* target_logit, cudaStream_t s);
-// lse[i] = m[i] + log(sum[i]); loss_terms[i] = lse[i] - target_logit[i] (double).
-void ce_finish(const float* m, const double* sum, const float* target_logit, int64_t rc, float* lse,
-               double* loss_terms, cudaStream_t s);
-// logits[i, j] = (softmax - onehot(target)) * grad_scale, in place.
+// lse[i] = m[i] + log(sum[i]); loss_terms[i] = lse[i] - target_logit[i] (double), or 0 for a
+// row whose target is ignore_index.
+void ce_finish(const float* m, const double* sum, const float* target_logit, const int32_t* targets,
+               int32_t ignore_index, int64_t rc, float* lse, double* loss_terms, cudaStream_t s);
+// logits[i, j] = (softmax - onehot(target)) * grad_scale in place; 0 on ignored rows.
 void ce_grad_panel(float* logits, int64_t rc, int64_t n, int64_t p0, const int32_t* targets,
-                   const float* lse, float grad_scale, cudaStream_t s);
+                   int32_t ignore_index, const float* lse, float grad_scale, cudaStream_t s);
+// acc[0] += the rc loss terms in row order, count[0] += rows whose target is not ignore_index
+// (one thread: the CPU's summation order, so the loss is the same double).
+void ce_sum(const double* loss_terms, const int32_t* targets, int64_t rc, int32_t ignore_index,
+            double* acc, unsigned long long* count, cudaStream_t s);
 
 // ---- k_optim.cu ------------------------------------------------------------------------------
 void adamw_torch(float* p, float* m, float* v, const float* g, int64_t n, const AdamWTorchCoeffs& c,

@@ -51,6 +51,9 @@ void fill_stats(const qlft_trainer* t, const qlft::StepReport& r, qlft_step_stat
   full.memory_reserved = m.total_reserved;
   full.memory_peak = m.total_peak;
   full.eval_loss = NAN;
+  full.host_to_device_bytes = r.moved.host_to_device;
+  full.device_to_host_bytes = r.moved.device_to_host;
+  full.device_syncs = r.moved.syncs;
   copy_out(full, s);
 }
 

@@ -12,6 +12,10 @@ class AutocastBackend final : public Backend {
  public:
   AutocastBackend(std::unique_ptr<Backend> inner, DType t, bool native)
       : Backend(inner->tracker()), inner_(std::move(inner)), t_(t) {
+    // The rounding below runs on the host: a device backend rounds its own operands.
+    QLFT_CHECK_ARG(!inner_->device_memory(),
+                   "autocast: backend %s keeps its tensors on a device and rounds them itself",
+                   inner_->name());
     name_ = std::string(inner_->name()) + (t == DType::BF16 ? "+bf16" : "+fp16");
     auto* cpu = dynamic_cast<cpu::CpuBackend*>(inner_.get());
     if (native && t == DType::BF16 && cpu) {
@@ -23,6 +27,15 @@ class AutocastBackend final : public Backend {
     }
   }
   const char* name() const override { return name_.c_str(); }
+  TransferCounts transfers() const override { return inner_->transfers(); }
+  void add(float* y, const float* x, int64_t n) override { inner_->add(y, x, n); }
+  void to_16(DType t, const float* src, uint16_t* dst, int64_t n) override {
+    inner_->to_16(t, src, dst, n);
+  }
+  void from_16(DType t, const uint16_t* src, float* dst, int64_t n) override {
+    inner_->from_16(t, src, dst, n);
+  }
+  void round_16(DType t, float* x, int64_t n) override { inner_->round_16(t, x, n); }
 
   void linear_fwd(const QWeight& W, const float* bias, const LoraRef* lora, CMatF x, MatF y,
                   float* xa) override {

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "core/dtype.h"
 #include "core/memory.h"
 #include "core/tensor.h"
 #include "quant/qweight.h"
@@ -44,11 +45,43 @@ struct AttnShape {
   const int32_t* doc_ids = nullptr;
 };
 
+// What a backend with its own memory moved between host and device, and how often the host
+// waited for the device, since the backend was made. The trainer reports the per-step difference
+// (metrics.jsonl h2d_bytes / d2h_bytes / device_syncs); the CPU backend moves nothing.
+struct TransferCounts {
+  uint64_t host_to_device = 0;
+  uint64_t device_to_host = 0;
+  uint64_t syncs = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
   MemoryTracker* tracker() const { return tracker_; }
+  virtual TransferCounts transfers() const { return {}; }
+
+  // ---- the memory the operations work in ----------------------------------------------------
+  // A buffer in the backend's memory: host memory on the CPU, device memory on a GPU. The runner
+  // keeps its activations there, so a device backend moves nothing per operation; host code
+  // reaches such a buffer only through Buffer's zero and copies. Every operation below also
+  // takes host arrays (a device backend stages them, counted in transfers()).
+  Buffer alloc(MemCategory c, size_t bytes, const char* what,
+               BufferInit init = BufferInit::Zero) const {
+    return device_ ? Buffer(device_, c, bytes, what, init) : Buffer(tracker_, c, bytes, what, init);
+  }
+  // The device memory alloc() hands out; nullptr for host memory.
+  DeviceAllocator* device_memory() const { return device_; }
+
+  // ---- elementwise glue between the layer operations ------------------------------------------
+  // (Host loops here, backend/backend.cpp; a device backend overrides them.)
+  // y += x over n elements (the residual connections).
+  virtual void add(float* y, const float* x, int64_t n);
+  // Activation storage: fp32 -> t (BF16 or F16, round to nearest even), back to fp32, and fp32
+  // values rounded through t in place.
+  virtual void to_16(DType t, const float* src, uint16_t* dst, int64_t n);
+  virtual void from_16(DType t, const uint16_t* src, float* dst, int64_t n);
+  virtual void round_16(DType t, float* x, int64_t n);
 
   // ---- linear with LoRA -------------------------------------------------------------------
   // y = x W^T + bias + scale * drop(x) A^T B^T. x: [rows, in], y: [rows, out] (overwritten).
@@ -101,8 +134,10 @@ class Backend {
                                       int64_t* count) = 0;
 
  protected:
-  explicit Backend(MemoryTracker* tracker) : tracker_(tracker) {}
+  explicit Backend(MemoryTracker* tracker, DeviceAllocator* device = nullptr)
+      : tracker_(tracker), device_(device) {}
   MemoryTracker* tracker_;
+  DeviceAllocator* device_;
 };
 
 std::unique_ptr<Backend> make_cpu_backend(MemoryTracker* tracker);

@@ -46,10 +46,14 @@ struct CudaBackendOptions {
   // "fp32": fp32 GEMMs (no TF32), the parity mode; "bf16" / "fp16": weights dequantized into
   // 16-bit tiles and activations rounded to 16 bits for the base GEMMs (fp32 accumulation).
   std::string gemm_precision = "fp32";
+  // Autocast training (train.precision bf16 / fp16): also round the LoRA and attention operands
+  // through the 16-bit type, as torch.autocast does (the CPU path's AutocastBackend).
+  bool autocast = false;
 };
 // Throws QLFT_ERR_BACKEND without a device, QLFT_ERR_UNSUPPORTED for a precision the device
-// lacks. The Backend interface passes host arrays; this backend stages them through device
-// buffers (counted in `tracker`) and keeps frozen weights resident on the device.
+// lacks. Its alloc() hands out device memory: operations on such tensors run in place and do
+// not wait; host arrays are staged through device buffers (counted in `tracker` and in
+// transfers()). Frozen weights stay resident on the device.
 std::unique_ptr<Backend> make_cuda_backend(MemoryTracker* tracker, const CudaBackendOptions& opt);
 
 // Optimizer state in managed memory (cudaMallocManaged, preferred on the device, prefetched):
@@ -121,6 +125,7 @@ inline std::unique_ptr<Backend> make_backend(const std::string& name, MemoryTrac
 #if QLFT_HAVE_CUDA
     CudaBackendOptions o;
     o.gemm_precision = precision;
+    o.autocast = precision == "bf16" || precision == "fp16";
     return make_cuda_backend(tracker, o);
 #else
     (void)precision;

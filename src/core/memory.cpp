@@ -189,12 +189,27 @@ Buffer::Buffer(MemoryTracker* tracker, MemCategory c, size_t bytes, const char* 
   size_ = bytes;
 }
 
+Buffer::Buffer(DeviceAllocator* device, MemCategory c, size_t bytes, const char* what,
+               BufferInit init)
+    : device_(device), cat_(c) {
+  if (bytes == 0) return;
+  const size_t rounded = (bytes + 63) / 64 * 64;
+  data_ = device_->allocate(c, rounded, what);
+  size_ = bytes;
+  if (init == BufferInit::Zero)
+    device_->fill(data_, 0, rounded);
+  else if (poison_uninit())
+    device_->fill(data_, 0xff, rounded);
+}
+
 Buffer::~Buffer() {
   reset();
 }
 
 void Buffer::reset() noexcept {
-  if (data_) {
+  if (data_ && device_) {
+    device_->release(data_);
+  } else if (data_) {
     const size_t rounded = (size_ + 63) / 64 * 64;
     if (!tracker_ || !tracker_->release_block(cat_, rounded, data_)) std::free(data_);
   }
@@ -202,8 +217,34 @@ void Buffer::reset() noexcept {
   size_ = 0;
 }
 
+void Buffer::zero() {
+  if (!data_) return;
+  if (device_)
+    device_->fill(data_, 0, size_);
+  else
+    std::memset(data_, 0, size_);
+}
+
+void Buffer::copy_from_host(const void* src, size_t bytes) {
+  QLFT_CHECK_ARG(bytes <= size_, "copy of %zu bytes into a buffer of %zu", bytes, size_);
+  if (bytes == 0) return;
+  if (device_)
+    device_->to_device(data_, src, bytes);
+  else
+    std::memcpy(data_, src, bytes);
+}
+
+void Buffer::copy_to_host(void* dst, size_t bytes) const {
+  QLFT_CHECK_ARG(bytes <= size_, "copy of %zu bytes out of a buffer of %zu", bytes, size_);
+  if (bytes == 0) return;
+  if (device_)
+    device_->to_host(dst, data_, bytes);
+  else
+    std::memcpy(dst, data_, bytes);
+}
+
 Buffer::Buffer(Buffer&& o) noexcept
-    : tracker_(o.tracker_), cat_(o.cat_), data_(o.data_), size_(o.size_) {
+    : tracker_(o.tracker_), device_(o.device_), cat_(o.cat_), data_(o.data_), size_(o.size_) {
   o.data_ = nullptr;
   o.size_ = 0;
 }
@@ -212,6 +253,7 @@ Buffer& Buffer::operator=(Buffer&& o) noexcept {
   if (this != &o) {
     reset();
     tracker_ = o.tracker_;
+    device_ = o.device_;
     cat_ = o.cat_;
     data_ = o.data_;
     size_ = o.size_;

@@ -102,12 +102,30 @@ class MemoryTracker {
 // sets QLFT_POISON_UNINIT=1, as the test suite does, so a reader of unwritten scratch fails there.
 enum class BufferInit : uint8_t { Zero, Uninit };
 
-// A move-only, 64-byte aligned host buffer (zero-initialized unless asked otherwise) counted in a
-// tracker.
+// Memory outside host RAM that a backend computes in (a GPU's). A Buffer made on it (through
+// Backend::alloc) holds a device address: only that backend's operations and the copies below
+// touch its bytes. The allocator counts its blocks in its own tracker.
+class DeviceAllocator {
+ public:
+  virtual void* allocate(MemCategory c, size_t bytes, const char* what) = 0;
+  virtual void release(void* p) noexcept = 0;
+  virtual void fill(void* p, uint8_t byte, size_t bytes) = 0;
+  // Ordered after the backend's queued work; to_host returns once the bytes are there.
+  virtual void to_device(void* dst, const void* src, size_t bytes) = 0;
+  virtual void to_host(void* dst, const void* src, size_t bytes) = 0;
+
+ protected:
+  ~DeviceAllocator() = default;
+};
+
+// A move-only, 64-byte aligned buffer (zero-initialized unless asked otherwise) counted in a
+// tracker: host memory, or a DeviceAllocator's memory.
 class Buffer {
  public:
   Buffer() = default;
   Buffer(MemoryTracker* tracker, MemCategory c, size_t bytes, const char* what,
+         BufferInit init = BufferInit::Zero);
+  Buffer(DeviceAllocator* device, MemCategory c, size_t bytes, const char* what,
          BufferInit init = BufferInit::Zero);
   ~Buffer();
   Buffer(Buffer&& o) noexcept;
@@ -128,10 +146,17 @@ class Buffer {
   size_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
   MemCategory category() const { return cat_; }
+  bool on_device() const { return device_ != nullptr; }
   void reset() noexcept;
+
+  // Wherever the bytes live: zero them, or copy `bytes` (<= size()) in from / out to host memory.
+  void zero();
+  void copy_from_host(const void* src, size_t bytes);
+  void copy_to_host(void* dst, size_t bytes) const;
 
  private:
   MemoryTracker* tracker_ = nullptr;
+  DeviceAllocator* device_ = nullptr;
   MemCategory cat_ = MemCategory::Workspace;
   void* data_ = nullptr;
   size_t size_ = 0;

@@ -15,8 +15,9 @@ namespace qlft {
 
 namespace {
 
-Buffer make(MemoryTracker* t, MemCategory c, int64_t floats, const char* what) {
-  return Buffer(t, c, static_cast<size_t>(floats) * sizeof(float), what);
+// Runner tensors live in the backend's memory (device memory on a GPU).
+Buffer make(const Backend& be, MemCategory c, int64_t floats, const char* what) {
+  return be.alloc(c, static_cast<size_t>(floats) * sizeof(float), what);
 }
 MatF mat(Buffer& b, int64_t rows, int64_t cols) {
   return MatF(b.as<float>(), rows, cols);
@@ -25,12 +26,7 @@ CMatF cmat(const Buffer& b, int64_t rows, int64_t cols) {
   return CMatF(b.as<float>(), rows, cols);
 }
 void zero(Buffer& b) {
-  std::memset(b.data(), 0, b.size());
-}
-
-// y += x elementwise (the residual connections).
-void add_inplace(float* y, const float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+  b.zero();
 }
 
 // Bytes the tracker counts for a buffer of n elements of `bytes` each (Buffer rounds to 64).
@@ -43,34 +39,6 @@ uint64_t counted(int64_t n, int64_t bytes = sizeof(float)) {
 // In order: xn1, rstd1, q, k, v, att, lse, x_mid, xn2, rstd2, gate, up, hact.
 constexpr bool kActFp32[13] = {false, true,  false, false, false, false, true,
                                true,  false, true,  false, false, false};
-
-// 16-bit <-> fp32 conversions of activation tensors, parallel over chunks: f(offset, count).
-constexpr int64_t kConvChunk = 1 << 15;
-template <class F>
-void for_chunks(int64_t n, const F& f) {
-#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
-  for (int64_t i = 0; i < n; i += kConvChunk)
-    f(i, static_cast<size_t>(std::min(kConvChunk, n - i)));
-}
-void to_16(DType t, const float* src, uint16_t* dst, int64_t n) {
-  for_chunks(n, [&](int64_t i, size_t m) {
-    if (t == DType::BF16)
-      f32_to_bf16_n(src + i, dst + i, m);
-    else
-      f32_to_f16_n(src + i, dst + i, m);
-  });
-}
-void from_16(DType t, const uint16_t* src, float* dst, int64_t n) {
-  for_chunks(n, [&](int64_t i, size_t m) {
-    if (t == DType::BF16)
-      bf16_to_f32_n(src + i, dst + i, m);
-    else
-      f16_to_f32_n(src + i, dst + i, m);
-  });
-}
-void round_16(DType t, float* x, int64_t n) {
-  for_chunks(n, [&](int64_t i, size_t m) { round_through_n(t, x + i, x + i, m); });
-}
 
 // Element counts of LayerActs' buffers in declaration order (xn1 .. hact); each xa is rows * r.
 std::array<int64_t, 13> layer_act_counts(const ModelConfig& c, int64_t R) {
@@ -153,9 +121,9 @@ RunnerFootprint LlamaRunner::footprint(const ModelConfig& c, int lora_r, int lor
   f.layer_acts += static_cast<uint64_t>(lora_projs) * counted(R * lora_r);
   f.layer_store += static_cast<uint64_t>(lora_projs) * counted(R * lora_r, es);
   f.scratch_always = acts != DType::F32;
-  // As prepare() allocates: positions, targets (and doc ids) of 4-byte ints, the residual
-  // stream, the final norm output and rstd, and its gradient when training.
-  f.stream = 2 * counted(R) + (doc_ids ? counted(R) : 0) +
+  // As prepare() allocates: tokens, positions, targets (and doc ids) of 4-byte ints, the
+  // residual stream, the final norm output and rstd, and its gradient when training.
+  f.stream = 3 * counted(R) + (doc_ids ? counted(R) : 0) +
              static_cast<uint64_t>(c.n_layers + 1) * counted(R * c.dim) + counted(R * c.dim) +
              counted(R) + (training ? counted(R * c.dim) : 0);
   for (int64_t n : grad_counts(c, R)) f.backward_ws += counted(n);
@@ -208,6 +176,9 @@ void LlamaRunner::release() {
   pos_.reset();
   docs_.reset();
   targets_.reset();
+  tokens_.reset();
+  pos_host_.clear();
+  if (!lora_g_.empty()) lora_g_.zero();  // a backward that threw may have left some behind
   rows_ = 0;
   have_forward_ = false;
 }
@@ -217,7 +188,55 @@ LoraRef LlamaRunner::lora_ref(int l, Proj p, bool* has) const {
   if (!*has) return LoraRef{};
   LoraRef r = lora_->ref(l, p, proj_seed(dropout_seed_, l, p));
   if (!training_) r.dropout_p = 0.f;  // inference: dropout is the identity
+  if (!lora_w_.empty()) {
+    const std::array<int64_t, 2>& o = lora_off_[static_cast<size_t>(l * kProjCount + int(p))];
+    r.A = lora_w_.as<float>() + o[0];
+    r.B = lora_w_.as<float>() + o[1];
+  }
   return r;
+}
+
+void LlamaRunner::lora_to_device() {
+  if (!lora_ || !be_.device_memory()) return;
+  const int L = lora_->n_layers();
+  std::vector<float> host;
+  lora_off_.assign(static_cast<size_t>(L) * kProjCount, {0, 0});
+  for (int l = 0; l < L; ++l)
+    for (int p = 0; p < kProjCount; ++p) {
+      const LoraSlot& s = lora_->slot(l, static_cast<Proj>(p));
+      if (!s.active()) continue;
+      std::array<int64_t, 2>& o = lora_off_[static_cast<size_t>(l * kProjCount + p)];
+      o[0] = static_cast<int64_t>(host.size());
+      host.insert(host.end(), s.A.as<float>(), s.A.as<float>() + s.A.size() / 4);
+      o[1] = static_cast<int64_t>(host.size());
+      host.insert(host.end(), s.B.as<float>(), s.B.as<float>() + s.B.size() / 4);
+    }
+  if (host.empty()) return;
+  const size_t bytes = host.size() * 4;
+  if (lora_w_.size() != bytes) {
+    lora_w_ = be_.alloc(MemCategory::Adapter, bytes, "lora A/B (device copy)", BufferInit::Uninit);
+    lora_g_ = be_.alloc(MemCategory::Gradients, bytes, "lora dA/dB (device)");
+  }
+  lora_w_.copy_from_host(host.data(), bytes);
+}
+
+void LlamaRunner::lora_grads_to_host() {
+  if (lora_g_.empty()) return;
+  std::vector<float> g(lora_g_.size() / 4);
+  lora_g_.copy_to_host(g.data(), lora_g_.size());
+  lora_g_.zero();
+  for (int l = 0; l < lora_->n_layers(); ++l)
+    for (int p = 0; p < kProjCount; ++p) {
+      LoraSlot& s = lora_->slot(l, static_cast<Proj>(p));
+      if (!s.active()) continue;
+      const std::array<int64_t, 2>& o = lora_off_[static_cast<size_t>(l * kProjCount + p)];
+      float* dA = s.dA.as<float>();
+      float* dB = s.dB.as<float>();
+      const float* gA = g.data() + o[0];
+      const float* gB = g.data() + o[1];
+      for (size_t i = 0; i < s.dA.size() / 4; ++i) dA[i] += gA[i];
+      for (size_t i = 0; i < s.dB.size() / 4; ++i) dB[i] += gB[i];
+    }
 }
 
 LlamaRunner::LayerActs& LlamaRunner::acts_for(int layer, bool store) {
@@ -231,7 +250,6 @@ LlamaRunner::LayerActs& LlamaRunner::acts_for(int layer, bool store) {
     slot = &scratch_;
   }
   if (*slot) return **slot;
-  MemoryTracker* t = be_.tracker();
   const MemCategory A = MemCategory::Activations;
   const int64_t R = rows_;
   const std::array<int64_t, 13> n = layer_act_counts(c, R);
@@ -241,18 +259,18 @@ LlamaRunner::LayerActs& LlamaRunner::acts_for(int layer, bool store) {
   a->half = stored && act_dtype_ != DType::F32;
   const size_t es = a->half ? 2 : 4;
   auto make16 = [&](int64_t count, const char* what) {
-    return Buffer(t, A, static_cast<size_t>(count) * es, what);
+    return be_.alloc(A, static_cast<size_t>(count) * es, what);
   };
   a->xn1 = make16(n[0], "attn norm out");
-  a->rstd1 = make(t, A, n[1], "attn norm rstd");
+  a->rstd1 = make(be_, A, n[1], "attn norm rstd");
   a->q = make16(n[2], "q");
   a->k = make16(n[3], "k");
   a->v = make16(n[4], "v");
   a->att = make16(n[5], "attention out");
-  a->lse = make(t, A, n[6], "attention lse");
-  a->x_mid = make(t, A, n[7], "residual mid");
+  a->lse = make(be_, A, n[6], "attention lse");
+  a->x_mid = make(be_, A, n[7], "residual mid");
   a->xn2 = make16(n[8], "ffn norm out");
-  a->rstd2 = make(t, A, n[9], "ffn norm rstd");
+  a->rstd2 = make(be_, A, n[9], "ffn norm rstd");
   a->gate = make16(n[10], "gate");
   a->up = make16(n[11], "up");
   a->hact = make16(n[12], "swiglu out");
@@ -274,8 +292,8 @@ void LlamaRunner::pack(LayerActs& from, LayerActs& to) {
   auto dst = to.halves();
   for (size_t i = 0; i < dst.size(); ++i)
     if (!dst[i]->empty())
-      to_16(act_dtype_, src[i]->as<float>(), dst[i]->as<uint16_t>(),
-            static_cast<int64_t>(dst[i]->size() / 2));
+      be_.to_16(act_dtype_, src[i]->as<float>(), dst[i]->as<uint16_t>(),
+                static_cast<int64_t>(dst[i]->size() / 2));
 }
 
 void LlamaRunner::unpack(LayerActs& from, LayerActs& to) {
@@ -283,15 +301,15 @@ void LlamaRunner::unpack(LayerActs& from, LayerActs& to) {
   auto dst = to.halves();
   for (size_t i = 0; i < src.size(); ++i)
     if (!src[i]->empty())
-      from_16(act_dtype_, src[i]->as<uint16_t>(), dst[i]->as<float>(),
-              static_cast<int64_t>(src[i]->size() / 2));
+      be_.from_16(act_dtype_, src[i]->as<uint16_t>(), dst[i]->as<float>(),
+                  static_cast<int64_t>(src[i]->size() / 2));
 }
 
 // A checkpointed layer recomputed into the scratch: the same 16-bit values a stored layer's
 // backward would unpack, so checkpointing does not change the arithmetic.
 void LlamaRunner::round_stored(LayerActs& a) {
   for (Buffer* b : a.halves())
-    if (!b->empty()) round_16(act_dtype_, b->as<float>(), static_cast<int64_t>(b->size() / 4));
+    if (!b->empty()) be_.round_16(act_dtype_, b->as<float>(), static_cast<int64_t>(b->size() / 4));
 }
 
 void LlamaRunner::prepare(const TokenBatch& b, bool training) {
@@ -303,30 +321,42 @@ void LlamaRunner::prepare(const TokenBatch& b, bool training) {
     release();
     rows_ = R;
   }
-  MemoryTracker* t = be_.tracker();
+  // The batch is checked here, on the host (a device backend cannot check what it never sees),
+  // and copied into the backend's memory: tokens and targets every time, positions when they
+  // change (the same for every batch of one shape unless packing supplies them).
+  const MemCategory A = MemCategory::Activations;
   if (pos_.empty()) {
-    pos_ = Buffer(t, MemCategory::Activations, R * 4, "positions");
-    targets_ = Buffer(t, MemCategory::Activations, R * 4, "targets");
+    pos_ = be_.alloc(A, R * 4, "positions");
+    targets_ = be_.alloc(A, R * 4, "targets");
+    tokens_ = be_.alloc(A, R * 4, "tokens");
   }
-  int32_t* pos = pos_.as<int32_t>();
+  for (int64_t r = 0; r < R; ++r)
+    QLFT_CHECK_ARG(b.tokens[r] >= 0 && b.tokens[r] < c.vocab,
+                   "token id %d at position %lld is outside the vocabulary of %d tokens",
+                   b.tokens[r], static_cast<long long>(r), c.vocab);
+  tokens_.copy_from_host(b.tokens, R * 4);
+  std::vector<int32_t> pos(static_cast<size_t>(R));
   for (int64_t r = 0; r < R; ++r) {
     int32_t p = b.positions ? b.positions[r] : static_cast<int32_t>(r % b.seq);
     QLFT_CHECK_ARG(p >= 0, "position %d of row %lld is negative", p, static_cast<long long>(r));
-    pos[r] = p;
+    pos[static_cast<size_t>(r)] = p;
+  }
+  if (pos != pos_host_) {
+    pos_.copy_from_host(pos.data(), R * 4);
+    pos_host_ = std::move(pos);
   }
   if (b.doc_ids) {
-    if (docs_.empty()) docs_ = Buffer(t, MemCategory::Activations, R * 4, "doc ids");
-    std::memcpy(docs_.data(), b.doc_ids, R * 4);
+    if (docs_.empty()) docs_ = be_.alloc(A, R * 4, "doc ids");
+    docs_.copy_from_host(b.doc_ids, R * 4);
   }
   if (b.targets) {
-    int32_t* tg = targets_.as<int32_t>();
     for (int64_t r = 0; r < R; ++r) {
       int32_t v = b.targets[r];
       QLFT_CHECK_ARG(v == kIgnoreIndex || (v >= 0 && v < c.vocab),
                      "target %d at row %lld is outside the vocabulary (0..%d) and not %d", v,
                      static_cast<long long>(r), c.vocab - 1, kIgnoreIndex);
-      tg[r] = v;
     }
+    targets_.copy_from_host(b.targets, R * 4);
   }
   shape_.batch = b.batch;
   shape_.seq = b.seq;
@@ -336,12 +366,23 @@ void LlamaRunner::prepare(const TokenBatch& b, bool training) {
   shape_.doc_ids = b.doc_ids ? docs_.as<int32_t>() : nullptr;
   if (resid_.empty()) {
     resid_.resize(c.n_layers + 1);
-    for (Buffer& x : resid_) x = make(t, MemCategory::Activations, R * c.dim, "residual");
-    xnf_ = make(t, MemCategory::Activations, R * c.dim, "final norm out");
-    rstdf_ = make(t, MemCategory::Activations, R, "final norm rstd");
+    for (Buffer& x : resid_) x = make(be_, A, R * c.dim, "residual");
+    xnf_ = make(be_, A, R * c.dim, "final norm out");
+    rstdf_ = make(be_, A, R, "final norm rstd");
   }
-  if (training && dxnf_.empty())
-    dxnf_ = make(t, MemCategory::Activations, R * c.dim, "d final norm");
+  if (training && dxnf_.empty()) dxnf_ = make(be_, A, R * c.dim, "d final norm");
+}
+
+const float* LlamaRunner::frozen(const Buffer& host) {
+  if (!be_.device_memory() || host.empty()) return host.as<float>();
+  auto it = frozen_.find(host.data());
+  if (it == frozen_.end()) {
+    Buffer d = be_.alloc(MemCategory::Weights, host.size(), "norm weight / bias (device copy)",
+                         BufferInit::Uninit);
+    d.copy_from_host(host.data(), host.size());
+    it = frozen_.emplace(host.data(), std::move(d)).first;
+  }
+  return it->second.as<float>();
 }
 
 void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out) {
@@ -352,15 +393,14 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
   const int32_t* pos = pos_.as<int32_t>();
   CMatF xin(x_in, R, c.dim);
 
-  be_.rmsnorm_fwd(xin, L.attn_norm.as<float>(), c.rms_eps, mat(a.xn1, R, c.dim),
-                  a.rstd1.as<float>());
+  be_.rmsnorm_fwd(xin, frozen(L.attn_norm), c.rms_eps, mat(a.xn1, R, c.dim), a.rstd1.as<float>());
   Buffer* outs[3] = {&a.q, &a.k, &a.v};
   const int64_t widths[3] = {qd, kvd, kvd};
   for (int j = 0; j < 3; ++j) {
     Proj p = static_cast<Proj>(j);
     bool has;
     LoraRef ref = lora_ref(l, p, &has);
-    const float* bias = L.bias[j].empty() ? nullptr : L.bias[j].as<float>();
+    const float* bias = L.bias[j].empty() ? nullptr : frozen(L.bias[j]);
     be_.linear_fwd(L.proj[j], bias, has ? &ref : nullptr, cmat(a.xn1, R, c.dim),
                    mat(*outs[j], R, widths[j]), has ? a.xa[j].as<float>() : nullptr);
   }
@@ -375,9 +415,9 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
     be_.linear_fwd(L.proj[o], nullptr, has ? &ref : nullptr, cmat(a.att, R, qd),
                    mat(a.x_mid, R, c.dim), has ? a.xa[o].as<float>() : nullptr);
   }
-  add_inplace(a.x_mid.as<float>(), x_in, R * c.dim);
+  be_.add(a.x_mid.as<float>(), x_in, R * c.dim);
 
-  be_.rmsnorm_fwd(cmat(a.x_mid, R, c.dim), L.ffn_norm.as<float>(), c.rms_eps, mat(a.xn2, R, c.dim),
+  be_.rmsnorm_fwd(cmat(a.x_mid, R, c.dim), frozen(L.ffn_norm), c.rms_eps, mat(a.xn2, R, c.dim),
                   a.rstd2.as<float>());
   Buffer* ffn_outs[2] = {&a.gate, &a.up};
   for (int j = 0; j < 2; ++j) {
@@ -388,7 +428,7 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
                    mat(*ffn_outs[j], R, c.ffn_dim), has ? a.xa[p].as<float>() : nullptr);
     // 16-bit storage keeps gate and up in 16 bits: SwiGLU's forward takes those values too
     // (autocast's matmul outputs), so forward and backward agree.
-    if (act_dtype_ != DType::F32) round_16(act_dtype_, ffn_outs[j]->as<float>(), R * c.ffn_dim);
+    if (act_dtype_ != DType::F32) be_.round_16(act_dtype_, ffn_outs[j]->as<float>(), R * c.ffn_dim);
   }
   be_.swiglu_fwd(cmat(a.gate, R, c.ffn_dim), cmat(a.up, R, c.ffn_dim), mat(a.hact, R, c.ffn_dim));
   {
@@ -398,7 +438,7 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
     be_.linear_fwd(L.proj[d], nullptr, has ? &ref : nullptr, cmat(a.hact, R, c.ffn_dim),
                    MatF(x_out, R, c.dim), has ? a.xa[d].as<float>() : nullptr);
   }
-  add_inplace(x_out, a.x_mid.as<float>(), R * c.dim);
+  be_.add(x_out, a.x_mid.as<float>(), R * c.dim);
 }
 
 LossResult LlamaRunner::run_forward(const TokenBatch& b, bool training, float grad_scale,
@@ -407,12 +447,13 @@ LossResult LlamaRunner::run_forward(const TokenBatch& b, bool training, float gr
   training_ = training;
   have_forward_ = false;
   prepare(b, training);
+  lora_to_device();
   const int64_t R = rows_;
   // Units in the order they are used (model/weight_stream.h); each one names the next.
   WeightStream* ws = model_.stream.get();
   {
     UnitUse use(ws, kEmbeddingUnit, layer_unit(0));
-    be_.embedding_fwd(model_.tok_embd, b.tokens, mat(resid_[0], R, c.dim));
+    be_.embedding_fwd(model_.tok_embd, tokens_.as<int32_t>(), mat(resid_[0], R, c.dim));
   }
   for (int l = 0; l < c.n_layers; ++l) {
     UnitUse use(ws, layer_unit(l), l + 1 < c.n_layers ? layer_unit(l + 1) : head_unit(c.n_layers));
@@ -429,15 +470,15 @@ LossResult LlamaRunner::run_forward(const TokenBatch& b, bool training, float gr
   }
   // Training comes back to the head first in backward (for the final norm).
   UnitUse head_use(ws, head_unit(c.n_layers), training ? head_unit(c.n_layers) : kNoUnit);
-  be_.rmsnorm_fwd(cmat(resid_[c.n_layers], R, c.dim), model_.output_norm.as<float>(), c.rms_eps,
+  be_.rmsnorm_fwd(cmat(resid_[c.n_layers], R, c.dim), frozen(model_.output_norm), c.rms_eps,
                   mat(xnf_, R, c.dim), rstdf_.as<float>());
   if (logits.data) be_.head_logits(model_.head(), cmat(xnf_, R, c.dim), logits);
 
   LossResult res;
   if (!b.targets) return res;
   int64_t count = 0;
+  for (int64_t r = 0; r < R; ++r) count += b.targets[r] != kIgnoreIndex;
   const int32_t* tg = targets_.as<int32_t>();
-  for (int64_t r = 0; r < R; ++r) count += tg[r] != kIgnoreIndex;
   MatF dh;
   if (training) {
     zero(dxnf_);
@@ -486,6 +527,11 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
     LoraRef ref = lora_ref(l, p, &has);
     float* dA = has ? lora_->slot(l, p).dA.as<float>() : nullptr;
     float* dB = has ? lora_->slot(l, p).dB.as<float>() : nullptr;
+    if (has && !lora_g_.empty()) {  // the device copies (lora_grads_to_host adds them up)
+      const std::array<int64_t, 2>& o = lora_off_[static_cast<size_t>(l * kProjCount + pi)];
+      dA = lora_g_.as<float>() + o[0];
+      dB = lora_g_.as<float>() + o[1];
+    }
     be_.linear_bwd(L.proj[pi], has ? &ref : nullptr, x, has ? a.xa[pi].as<float>() : nullptr, dy,
                    dx, dA, dB);
   };
@@ -498,7 +544,7 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
   zero(g.dxn);
   lin_bwd(Proj::Gate, cmat(a.xn2, R, c.dim), cmat(g.dgate, R, c.ffn_dim), mat(g.dxn, R, c.dim));
   lin_bwd(Proj::Up, cmat(a.xn2, R, c.dim), cmat(g.dup, R, c.ffn_dim), mat(g.dxn, R, c.dim));
-  be_.rmsnorm_bwd(cmat(a.x_mid, R, c.dim), L.ffn_norm.as<float>(), a.rstd2.as<float>(),
+  be_.rmsnorm_bwd(cmat(a.x_mid, R, c.dim), frozen(L.ffn_norm), a.rstd2.as<float>(),
                   cmat(g.dxn, R, c.dim), G);
 
   // Attention branch: G is now d/d(x_mid).
@@ -517,7 +563,7 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
   lin_bwd(Proj::K, cmat(a.xn1, R, c.dim), cmat(g.dk, R, kvd), mat(g.dxn, R, c.dim));
   lin_bwd(Proj::V, cmat(a.xn1, R, c.dim), cmat(g.dv, R, kvd), mat(g.dxn, R, c.dim));
   if (need_dx)
-    be_.rmsnorm_bwd(CMatF(x_in, R, c.dim), L.attn_norm.as<float>(), a.rstd1.as<float>(),
+    be_.rmsnorm_bwd(CMatF(x_in, R, c.dim), frozen(L.attn_norm), a.rstd1.as<float>(),
                     cmat(g.dxn, R, c.dim), G);
 }
 
@@ -527,7 +573,7 @@ void LlamaRunner::backward() {
   const ModelConfig& c = model_.cfg;
   const int64_t R = rows_;
   if (!grads_) {
-    MemoryTracker* t = be_.tracker();
+    const Backend& t = be_;
     const MemCategory W = MemCategory::Workspace;
     const std::array<int64_t, 9> n = grad_counts(c, R);
     auto g = std::make_unique<Grads>();
@@ -546,7 +592,7 @@ void LlamaRunner::backward() {
   WeightStream* ws = model_.stream.get();
   {
     UnitUse use(ws, head_unit(c.n_layers), layer_unit(c.n_layers - 1));
-    be_.rmsnorm_bwd(cmat(resid_[c.n_layers], R, c.dim), model_.output_norm.as<float>(),
+    be_.rmsnorm_bwd(cmat(resid_[c.n_layers], R, c.dim), frozen(model_.output_norm),
                     rstdf_.as<float>(), cmat(dxnf_, R, c.dim), mat(grads_->G, R, c.dim));
   }
   for (int l = c.n_layers - 1; l >= 0; --l) {
@@ -555,7 +601,7 @@ void LlamaRunner::backward() {
       // Recompute this layer's activations from its saved input (same dropout masks).
       LayerActs& a = acts_for(l, true);
       {
-        Buffer tmp = make(be_.tracker(), MemCategory::Workspace, R * c.dim, "recompute out");
+        Buffer tmp = make(be_, MemCategory::Workspace, R * c.dim, "recompute out");
         layer_fwd(l, a, resid_[l].as<float>(), tmp.as<float>());
       }
       if (act_dtype_ != DType::F32) round_stored(a);
@@ -569,6 +615,7 @@ void LlamaRunner::backward() {
       layer_bwd(l, *stored_[l], resid_[l].as<float>(), l > 0);
     }
   }
+  lora_grads_to_host();
   have_forward_ = false;
 }
 
@@ -580,15 +627,22 @@ bool has_nonfinite(const float* p, int64_t n) {
     if (!std::isfinite(p[i])) return true;
   return false;
 }
+// A host copy of a buffer's elements wherever it lives (the diagnosis reads every tensor).
+template <class T>
+std::vector<T> host_values(const Buffer& b) {
+  std::vector<T> v(b.size() / sizeof(T));
+  b.copy_to_host(v.data(), v.size() * sizeof(T));
+  return v;
+}
 bool has_nonfinite(const Buffer& b) {
-  return has_nonfinite(b.as<float>(), static_cast<int64_t>(b.size() / sizeof(float)));
+  const std::vector<float> v = host_values<float>(b);
+  return has_nonfinite(v.data(), static_cast<int64_t>(v.size()));
 }
 // A 16-bit buffer: all exponent bits set is inf or NaN.
 bool has_nonfinite16(const Buffer& b, DType t) {
   const uint16_t mask = t == DType::BF16 ? 0x7f80 : 0x7c00;
-  const uint16_t* p = b.as<uint16_t>();
-  for (size_t i = 0; i < b.size() / 2; ++i)
-    if ((p[i] & mask) == mask) return true;
+  for (uint16_t x : host_values<uint16_t>(b))
+    if ((x & mask) == mask) return true;
   return false;
 }
 }  // namespace

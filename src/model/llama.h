@@ -19,9 +19,11 @@
 // scratch before its backward.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "backend/backend.h"
@@ -140,6 +142,14 @@ class LlamaRunner {
   void layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx);
   LossResult run_forward(const TokenBatch& b, bool training, float grad_scale, MatF logits);
   LoraRef lora_ref(int l, Proj p, bool* has) const;
+  // A frozen fp32 vector of the model (norm weight, bias) where the backend computes: the host
+  // array itself, or its device copy (made once per runner).
+  const float* frozen(const Buffer& host);
+  // Device backends: the adapter's A and B copied into device memory at each forward (one copy),
+  // its gradients accumulated there and added into the adapter's dA / dB after each backward
+  // (one copy). Host backends use the adapter's buffers directly.
+  void lora_to_device();
+  void lora_grads_to_host();
 
   const Model& model_;
   Backend& be_;
@@ -150,7 +160,11 @@ class LlamaRunner {
   // Shape of the current batch.
   int64_t rows_ = 0;
   AttnShape shape_;
-  Buffer pos_, docs_, targets_;
+  Buffer pos_, docs_, targets_, tokens_;
+  std::vector<int32_t> pos_host_;  // what pos_ holds
+  std::unordered_map<const void*, Buffer> frozen_;
+  Buffer lora_w_, lora_g_;  // device copies of every A and B, and of every dA and dB
+  std::vector<std::array<int64_t, 2>> lora_off_;  // per layer * kProjCount + p: A's offset, B's
   std::vector<Buffer> resid_;  // [n_layers + 1] residual stream, rows x dim each
   std::vector<std::unique_ptr<LayerActs>> stored_;
   std::unique_ptr<LayerActs> scratch_;

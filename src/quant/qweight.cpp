@@ -118,8 +118,8 @@ void QWeight::dequantize_rows_bf16(int64_t r0, int64_t n, uint16_t* out) const {
   float* tile = stack_tile;
   int64_t per = kTile / cols;
   if (per == 0) {  // rows longer than the stack tile
-    heap_tile =
-        Buffer(nullptr, MemCategory::Workspace, static_cast<size_t>(cols) * 4, "bf16 dequant row");
+    heap_tile = Buffer(static_cast<MemoryTracker*>(nullptr), MemCategory::Workspace,
+                       static_cast<size_t>(cols) * 4, "bf16 dequant row");
     tile = heap_tile.as<float>();
     per = 1;
   }

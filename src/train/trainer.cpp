@@ -151,7 +151,8 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
       train_(train),
       ts_(TrainSettings::from_config(cfg)) {
   backend_ = make_backend(cfg.get("backend"), tracker, ts_.precision);
-  if (ts_.precision == "bf16" || ts_.precision == "fp16")
+  // A device backend rounds its 16-bit operands itself (make_backend passed it the precision).
+  if ((ts_.precision == "bf16" || ts_.precision == "fp16") && !backend_->device_memory())
     backend_ = make_autocast_backend(std::move(backend_),
                                      ts_.precision == "bf16" ? DType::BF16 : DType::F16);
   LoraConfig lc = lora_config_from(cfg);
@@ -248,6 +249,7 @@ void Trainer::step_on(const std::vector<data::Batch>& batches, StepReport* out) 
   // the collectives.
   QLFT_CHECK_ARG(!batches.empty() || world() > 1, "step_on: no micro-batches");
   auto t0 = std::chrono::steady_clock::now();
+  const TransferCounts moved0 = backend_->transfers();
   StepReport r;
   std::string nonfinite_where;  // set when this step ends training (train.on_nonfinite=stop)
   try {
@@ -326,6 +328,10 @@ void Trainer::step_on(const std::vector<data::Batch>& batches, StepReport* out) 
   }
   r.step = step_;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const TransferCounts moved1 = backend_->transfers();
+  r.moved.host_to_device = moved1.host_to_device - moved0.host_to_device;
+  r.moved.device_to_host = moved1.device_to_host - moved0.device_to_host;
+  r.moved.syncs = moved1.syncs - moved0.syncs;
   if (out) *out = r;
   if (r.skipped && ts_.stop_on_nonfinite && nonfinite_in_row_ >= ts_.max_nonfinite_in_row)
     throw_error(QLFT_ERR_NUMERICAL,

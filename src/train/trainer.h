@@ -58,6 +58,7 @@ struct StepReport {
   int64_t trained_tokens = 0;
   int64_t tokens = 0;  // non-padding tokens processed
   double seconds = 0;
+  TransferCounts moved;  // host<->device bytes and waits of this step (device backends)
 };
 
 struct EvalReport {

@@ -76,6 +76,9 @@ int main(void) {
   F(qlft_step_stats, memory_reserved);
   F(qlft_step_stats, memory_peak);
   F(qlft_step_stats, eval_loss);
+  F(qlft_step_stats, host_to_device_bytes);
+  F(qlft_step_stats, device_to_host_bytes);
+  F(qlft_step_stats, device_syncs);
 
   S(qlft_eval_result);
   F(qlft_eval_result, struct_size);

@@ -255,9 +255,9 @@ TEST_F(Bf16Acts, TrackerCountsHalfSizedStoredTensors) {
                          int64_t(kProjCount) * R * kRank;
   const uint64_t layer32 = 4 * uint64_t(fp32_kept + halves);
   const uint64_t layer16 = 4 * uint64_t(fp32_kept) + 2 * uint64_t(halves);
-  // Positions and targets (int32), the residual stream, the final norm's output, rstd and
-  // gradient.
-  const uint64_t stream = 4 * uint64_t(2 * R + (L + 1) * R * c.dim + R * c.dim + R + R * c.dim);
+  // Token ids, positions and targets (int32: the batch in the backend's memory), the residual
+  // stream, the final norm's output, rstd and gradient.
+  const uint64_t stream = 4 * uint64_t(3 * R + (L + 1) * R * c.dim + R * c.dim + R + R * c.dim);
 
   const uint64_t a32 = step_activations(s, DType::F32, 0);
   const uint64_t a16 = step_activations(s, DType::BF16, 0);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -86,6 +87,16 @@ std::string metrics_record(const qlft_step_stats* s, const std::string& report_f
                 static_cast<unsigned long long>(s->memory_peak));
   r += rest;
   if (!std::isnan(s->eval_loss)) r += ", \"eval_loss\": " + json_number(s->eval_loss, "%.6f");
+  // Device backends: the step's host<->device traffic (older libraries leave the fields out).
+  if (s->struct_size >= offsetof(qlft_step_stats, device_syncs) + sizeof(s->device_syncs) &&
+      s->host_to_device_bytes + s->device_to_host_bytes + s->device_syncs > 0) {
+    std::snprintf(rest, sizeof rest,
+                  ", \"h2d_bytes\": %llu, \"d2h_bytes\": %llu, \"device_syncs\": %llu",
+                  static_cast<unsigned long long>(s->host_to_device_bytes),
+                  static_cast<unsigned long long>(s->device_to_host_bytes),
+                  static_cast<unsigned long long>(s->device_syncs));
+    r += rest;
+  }
   if (nonfinite) r += ", \"nonfinite\": true";
   r += report_fields;
   r += "}";

@@ -144,6 +144,9 @@ pub struct qlft_step_stats {
     pub memory_reserved: u64,
     pub memory_peak: u64,
     pub eval_loss: f32,
+    pub host_to_device_bytes: u64,
+    pub device_to_host_bytes: u64,
+    pub device_syncs: u64,
 }
 
 #[repr(C)]

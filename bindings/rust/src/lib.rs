@@ -999,6 +999,9 @@ pub fn layout_lines() -> Vec<String> {
     f!(qlft_step_stats, memory_reserved);
     f!(qlft_step_stats, memory_peak);
     f!(qlft_step_stats, eval_loss);
+    f!(qlft_step_stats, host_to_device_bytes);
+    f!(qlft_step_stats, device_to_host_bytes);
+    f!(qlft_step_stats, device_syncs);
     s!(qlft_eval_result);
     f!(qlft_eval_result, struct_size);
     f!(qlft_eval_result, loss);

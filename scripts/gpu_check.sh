@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The device check for a lent GPU machine (never CI): the CUDA build's GPU tests on a real
+# device, then bench/gpu_bench.sh (qlft and PyTorch+PEFT on the same card).
+#
+#   bash scripts/gpu_check.sh pack [BUILD]   here: BUILD (default build-gpu, -DQLFT_CUDA=ON) into
+#                                            .gpu/bundle.tar.xz (binaries, the shared libraries
+#                                            a bare CUDA image lacks, stories260K, Shakespeare)
+#   bash scripts/gpu_check.sh run            there (run with carry [".gpu"]): logs under $OUT
+#
+# The 98 MB SmolLM2 GGUF cannot travel (64 MiB per call), so the benchmark builds a
+# SmolLM2-135M-shaped model with random weights there (bench/make_smollm2_shaped.py).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:?pack or run}
+
+if [ "$mode" = pack ]; then
+  set -e
+  build=${2:-build-gpu}
+  shared=${QLFT_SHARED_DIR:-../shared}
+  stage=$(mktemp -d)
+  mkdir -p "$stage/bin" "$stage/lib" "$stage/tools/qlft-finetune" "$stage/shared/models" \
+    "$stage/shared/data"
+  for t in test_cuda_runtime test_cuda_ops test_cuda_optim test_cuda_finetune; do
+    cp "$build/tests/cuda/$t" "$stage/bin/"
+  done
+  cp "$build/tools/qlft-finetune/qlft-finetune" "$stage/tools/qlft-finetune/"
+  cp -L "$build/libqlft.so.0" "$stage/lib/"
+  # Every non-system library the binaries need except the CUDA ones (the image has those).
+  ldd "$stage"/bin/* "$stage/lib/libqlft.so.0" | awk '/=> \// {print $3}' | sort -u |
+    grep -v -E 'libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|ld-linux|libcublas|libnccl|libcuda' |
+    xargs -I{} cp -L {} "$stage/lib/"
+  cp "$shared/models/stories260K.gguf" "$stage/shared/models/"
+  cp "$shared/data/tinyshakespeare.txt" "$stage/shared/data/"
+  mkdir -p .gpu
+  tar -C "$stage" -cJf .gpu/bundle.tar.xz .
+  rm -rf "$stage"
+  ls -la .gpu/bundle.tar.xz
+  exit 0
+fi
+
+[ "$mode" = run ] || { echo "gpu_check: pack or run" >&2; exit 2; }
+: "${OUT:?run it through the device tool}"
+root=/tmp/qlft-gpu
+mkdir -p "$root" && tar -C "$root" -xJf .gpu/bundle.tar.xz
+cublas=$(find /usr/local /opt -name 'libcublasLt.so.13*' 2>/dev/null | head -1)
+# python (torch) keeps the image's own libraries: the peer runs without the bundle's path.
+printf '#!/bin/sh\nunset LD_LIBRARY_PATH\nexec python3 "$@"\n' > /tmp/peer-python
+chmod +x /tmp/peer-python
+python3 bench/make_smollm2_shaped.py /tmp/smol > "$OUT/make_model.log" 2>&1 &
+make_model=$!
+export LD_LIBRARY_PATH=$root/lib:$(dirname "${cublas:-/x}")
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$OUT/device.txt"
+export QLFT_SHARED_DIR=$root/shared QLFT_REQUIRE_SHARED=1 QLFT_REQUIRE_GPU=1
+for t in test_cuda_runtime test_cuda_ops test_cuda_optim test_cuda_finetune; do
+  s=$(date +%s)
+  timeout 200 "$root/bin/$t" > "$OUT/$t.log" 2>&1
+  echo "$t rc=$? $(( $(date +%s) - s ))s $(grep -c '^\[       OK' "$OUT/$t.log") ok"
+  grep -E '^\[  (FAILED|SKIPPED) ' "$OUT/$t.log" | sort -u | head -20
+done
+s=$(date +%s)
+wait "$make_model" || tail -5 "$OUT/make_model.log"
+mkdir -p "$OUT/bench"
+GPU_BENCH_KEEP=$OUT/bench QLFT_CUDA_BUILD=$root PEER_PYTHON=/tmp/peer-python MICRO_BATCH=${MICRO_BATCH:-8} \
+  timeout 300 bash bench/gpu_bench.sh /tmp/smol "$root/shared/data/tinyshakespeare.txt" \
+  "${STEPS:-10}" 2>&1 | tee "$OUT/gpu_bench.log"
+echo "bench $(( $(date +%s) - s ))s"
+grep -o "\"h2d_bytes\": [0-9]*, \"d2h_bytes\": [0-9]*, \"device_syncs\": [0-9]*" "$OUT/bench/qlft_metrics.jsonl" | head -3

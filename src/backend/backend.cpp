@@ -1,0 +1,48 @@
+// The Backend's host implementations of the elementwise glue (the CPU backend uses them as they
+// are; a device backend overrides them with kernels).
+#include "backend/backend.h"
+
+#include <algorithm>
+
+#include "core/half.h"
+#include "core/threads.h"
+
+namespace qlft {
+
+namespace {
+// Parallel over chunks of kChunk elements: f(offset, count).
+constexpr int64_t kChunk = 1 << 15;
+template <class F>
+void for_chunks(int64_t n, const F& f) {
+#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
+  for (int64_t i = 0; i < n; i += kChunk) f(i, static_cast<size_t>(std::min(kChunk, n - i)));
+}
+}  // namespace
+
+void Backend::add(float* y, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+void Backend::to_16(DType t, const float* src, uint16_t* dst, int64_t n) {
+  for_chunks(n, [&](int64_t i, size_t m) {
+    if (t == DType::BF16)
+      f32_to_bf16_n(src + i, dst + i, m);
+    else
+      f32_to_f16_n(src + i, dst + i, m);
+  });
+}
+
+void Backend::from_16(DType t, const uint16_t* src, float* dst, int64_t n) {
+  for_chunks(n, [&](int64_t i, size_t m) {
+    if (t == DType::BF16)
+      bf16_to_f32_n(src + i, dst + i, m);
+    else
+      f16_to_f32_n(src + i, dst + i, m);
+  });
+}
+
+void Backend::round_16(DType t, float* x, int64_t n) {
+  for_chunks(n, [&](int64_t i, size_t m) { round_through_n(t, x + i, x + i, m); });
+}
+
+}  // namespace qlft
