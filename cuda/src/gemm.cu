@@ -11,6 +11,7 @@ namespace qlft::cu {
 namespace {
 
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+constexpr size_t kMaxPlans = 4096;
 
 cudaDataType_t data_type(TileType t) {
   switch (t) {
@@ -49,6 +50,11 @@ struct Descs {
 
 }  // namespace
 
+struct LtGemm::Plan {
+  Descs d;
+  cublasLtMatmulAlgo_t algo{};
+};
+
 LtGemm::LtGemm(MemoryTracker* tracker, cudaStream_t stream)
     : stream_(stream),
       workspace_(tracker, MemCategory::Workspace, kWorkspaceBytes, "cuBLASLt workspace") {
@@ -56,6 +62,7 @@ LtGemm::LtGemm(MemoryTracker* tracker, cudaStream_t stream)
 }
 
 LtGemm::~LtGemm() {
+  plans_.clear();
   if (handle_) QLFT_CUBLAS_WARN(cublasLtDestroy(handle_));
 }
 
@@ -69,8 +76,26 @@ void LtGemm::run(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand
       QLFT_CUDA_CHECK(cudaMemset2DAsync(C, size_t(ldc) * 4, 0, size_t(N) * 4, size_t(M), stream_));
     return;
   }
+  const uint32_t al_a = alignment(B.ptr), al_b = alignment(A.ptr), al_c = alignment(C);
+  const PlanKey key = {M,    N,    K,   int64_t(A.type), A.trans, B.trans, A.ld, B.ld, ldc,
+                       al_a, al_b, al_c};
+  auto it = plans_.find(key);
+  if (it == plans_.end() && plans_.size() >= kMaxPlans) plans_.clear();  // (generation: M grows)
+  if (it == plans_.end())
+    it = plans_.emplace(key, make_plan(M, N, K, A, B, ldc, al_a, al_b, al_c)).first;
+  const Plan& p = *it->second;
+  QLFT_CUBLAS_CHECK(cublasLtMatmul(handle_, p.d.op, &alpha, B.ptr, p.d.a, A.ptr, p.d.b, &beta, C,
+                                   p.d.c, C, p.d.c, &p.algo, workspace_.data(), workspace_.size(),
+                                   stream_));
+}
+
+std::unique_ptr<LtGemm::Plan> LtGemm::make_plan(int64_t M, int64_t N, int64_t K,
+                                                const GemmOperand& A, const GemmOperand& B,
+                                                int64_t ldc, uint32_t al_a, uint32_t al_b,
+                                                uint32_t al_c) {
   const cudaDataType_t dt = data_type(A.type);
-  Descs d;
+  auto plan = std::make_unique<Plan>();
+  Descs& d = plan->d;
   QLFT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   // First operand: our B (op(B)^T is [N, K]); second: our A (op(A)^T is [K, M]).
   const cublasOperation_t opa = B.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -87,7 +112,6 @@ void LtGemm::run(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand
   const uint64_t ws = workspace_.size();
   QLFT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
       d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-  const uint32_t al_a = alignment(B.ptr), al_b = alignment(A.ptr), al_c = alignment(C);
   QLFT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
       d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a));
   QLFT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
@@ -105,8 +129,8 @@ void LtGemm::run(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand
   if (found == 0)
     throw_error(QLFT_ERR_BACKEND, "cuBLASLt has no algorithm for a %lldx%lldx%lld GEMM",
                 static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K));
-  QLFT_CUBLAS_CHECK(cublasLtMatmul(handle_, d.op, &alpha, B.ptr, d.a, A.ptr, d.b, &beta, C, d.c, C,
-                                   d.c, &h.algo, workspace_.data(), ws, stream_));
+  plan->algo = h.algo;
+  return plan;
 }
 
 }  // namespace qlft::cu

@@ -5,6 +5,10 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <array>
+#include <map>
+#include <memory>
+
 #include "backend/cuda_entry.h"
 #include "kernels.h"
 
@@ -29,9 +33,19 @@ class LtGemm {
            float beta, float* C, int64_t ldc);
 
  private:
+  // The descriptors and the heuristic's algorithm of one GEMM shape (sizes, types, transposes,
+  // leading dimensions and pointer alignments), made on its first use and reused: asking the
+  // heuristic costs more host time than launching the GEMM.
+  struct Plan;
+  using PlanKey = std::array<int64_t, 12>;
+  std::unique_ptr<Plan> make_plan(int64_t M, int64_t N, int64_t K, const GemmOperand& A,
+                                  const GemmOperand& B, int64_t ldc, uint32_t al_a, uint32_t al_b,
+                                  uint32_t al_c);
+
   cublasLtHandle_t handle_ = nullptr;
   cudaStream_t stream_;
   DeviceMemory workspace_;
+  std::map<PlanKey, std::unique_ptr<Plan>> plans_;
 };
 
 }  // namespace qlft::cu

@@ -6,6 +6,7 @@
 
 #include "api/handles.h"
 #include "backend/backend.h"
+#include "backend/cuda_entry.h"
 #include "core/error.h"
 #include "core/threads.h"
 #include "model/generate.h"
@@ -21,6 +22,7 @@ struct Prepared {
   std::vector<int32_t> ids;
   qlft::GenerateOptions opt;
   int max_len = 0;
+  std::string backend;  // the `backend` key
 };
 
 Prepared prepare(const qlft_model* model, const qlft_trainer* trainer, const char* prompt,
@@ -47,7 +49,15 @@ Prepared prepare(const qlft_model* model, const qlft_trainer* trainer, const cha
                  "%s: the prompt has %zu tokens, the context holds %d", fn, p.ids.size(), ctx);
   p.max_len = static_cast<int>(
       std::min<int64_t>(ctx, static_cast<int64_t>(p.ids.size()) + p.opt.max_tokens));
+  p.backend = c.get("backend");
   return p;
+}
+
+// The `backend` key of the call's config (cpu by default). Generation runs fp32 GEMMs on either:
+// its KV cache and attention are host loops (model/generate.h), the layer ops run on the backend
+// (staged through device buffers on cuda).
+std::unique_ptr<qlft::Backend> generation_backend(const qlft_model* model, const Prepared& p) {
+  return qlft::make_backend(p.backend, &model->runtime->tracker, "fp32");
 }
 
 const qlft::LoraAdapter* lora_of(const qlft_trainer* trainer) {
@@ -125,7 +135,7 @@ int32_t qlft_generate(const qlft_model* model, const qlft_trainer* trainer, cons
   return guard([&] {
     Prepared p = prepare(model, trainer, prompt, config, "qlft_generate");
     qlft::ThreadScope threads(model->runtime->threads);
-    auto backend = qlft::make_cpu_backend(&model->runtime->tracker);
+    auto backend = generation_backend(model, p);
     qlft::Generator gen(*model->model, *backend, lora_of(trainer), p.max_len);
     qlft::StreamDecoder dec(model->need_tokenizer());
     bool stopped = false;
@@ -155,7 +165,7 @@ int32_t qlft_generation_create(const qlft_model* model, const qlft_trainer* trai
                      "qlft_generation_create: stop string %zu is NULL or empty", i);
       g->stops.emplace_back(stop[i]);
     }
-    g->backend = qlft::make_cpu_backend(&model->runtime->tracker);
+    g->backend = generation_backend(model, p);
     g->gen =
         std::make_unique<qlft::Generator>(*model->model, *g->backend, lora_of(trainer), p.max_len);
     g->stream = std::make_unique<qlft::TokenStream>(*g->gen, std::move(p.ids), p.opt);
