@@ -183,6 +183,41 @@ class CudaBackend final : public Backend {
     cu::round_through(x, n, tile_of(t), x, stream_);
   }
 
+  // ---- optimizer arithmetic (device arrays; host arrays take the host loops) ------------------
+
+  double sum_squares(const float* x, int64_t n) override {
+    if (n <= 0) return 0;
+    if (!mine(x, n * 4)) return Backend::sum_squares(x, n);
+    DeviceMemory acc = dev(8, MemCategory::Workspace, "sum of squares");
+    QLFT_CUDA_CHECK(cudaMemsetAsync(acc.data(), 0, 8, stream_));
+    cu::sum_squares(x, n, acc.as<double>(), stream_);
+    double s = 0;
+    copy_down(&s, acc.data(), 8);
+    return s;
+  }
+  void scale(float* x, int64_t n, float s) override {
+    if (n <= 0) return;
+    if (!mine(x, n * 4)) return Backend::scale(x, n, s);
+    cu::scale(x, n, s, stream_);
+  }
+  int64_t count_nonfinite(const float* x, int64_t n) override {
+    if (n <= 0) return 0;
+    if (!mine(x, n * 4)) return Backend::count_nonfinite(x, n);
+    DeviceMemory acc = dev(8, MemCategory::Workspace, "non-finite count");
+    QLFT_CUDA_CHECK(cudaMemsetAsync(acc.data(), 0, 8, stream_));
+    cu::count_nonfinite(x, n, acc.as<unsigned long long>(), stream_);
+    unsigned long long c = 0;
+    copy_down(&c, acc.data(), 8);
+    return int64_t(c);
+  }
+  void adamw_torch(float* p, float* m, float* v, const float* g, int64_t n,
+                   const AdamWTorchCoeffs& c) override {
+    if (n <= 0) return;
+    if (!mine(p, n * 4) || !mine(m, n * 4) || !mine(v, n * 4) || !mine(g, n * 4))
+      return Backend::adamw_torch(p, m, v, g, n, c);
+    cu::adamw_torch(p, m, v, g, n, c, stream_);
+  }
+
   // ---- linear ---------------------------------------------------------------------------------
 
   void linear_fwd(const QWeight& W, const float* bias, const LoraRef* lora, CMatF x, MatF y,

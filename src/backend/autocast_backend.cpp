@@ -36,6 +36,15 @@ class AutocastBackend final : public Backend {
     inner_->from_16(t, src, dst, n);
   }
   void round_16(DType t, float* x, int64_t n) override { inner_->round_16(t, x, n); }
+  double sum_squares(const float* x, int64_t n) override { return inner_->sum_squares(x, n); }
+  void scale(float* x, int64_t n, float s) override { inner_->scale(x, n, s); }
+  int64_t count_nonfinite(const float* x, int64_t n) override {
+    return inner_->count_nonfinite(x, n);
+  }
+  void adamw_torch(float* p, float* m, float* v, const float* g, int64_t n,
+                   const AdamWTorchCoeffs& c) override {
+    inner_->adamw_torch(p, m, v, g, n, c);
+  }
 
   void linear_fwd(const QWeight& W, const float* bias, const LoraRef* lora, CMatF x, MatF y,
                   float* xa) override {

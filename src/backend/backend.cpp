@@ -3,6 +3,7 @@
 #include "backend/backend.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/half.h"
 #include "core/threads.h"
@@ -43,6 +44,27 @@ void Backend::from_16(DType t, const uint16_t* src, float* dst, int64_t n) {
 
 void Backend::round_16(DType t, float* x, int64_t n) {
   for_chunks(n, [&](int64_t i, size_t m) { round_through_n(t, x + i, x + i, m); });
+}
+
+double Backend::sum_squares(const float* x, int64_t n) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  return s;
+}
+
+void Backend::scale(float* x, int64_t n, float s) {
+  for (int64_t i = 0; i < n; ++i) x[i] *= s;
+}
+
+int64_t Backend::count_nonfinite(const float* x, int64_t n) {
+  int64_t c = 0;
+  for (int64_t i = 0; i < n; ++i) c += !std::isfinite(x[i]);
+  return c;
+}
+
+void Backend::adamw_torch(float* p, float* m, float* v, const float* g, int64_t n,
+                          const AdamWTorchCoeffs& c) {
+  for (int64_t i = 0; i < n; ++i) adamw_torch_update(p[i], m[i], v[i], g[i], c);
 }
 
 }  // namespace qlft

@@ -19,6 +19,7 @@
 #include "core/dtype.h"
 #include "core/memory.h"
 #include "core/tensor.h"
+#include "optim/adamw_math.h"
 #include "quant/qweight.h"
 
 namespace qlft {
@@ -82,6 +83,18 @@ class Backend {
   virtual void to_16(DType t, const float* src, uint16_t* dst, int64_t n);
   virtual void from_16(DType t, const uint16_t* src, float* dst, int64_t n);
   virtual void round_16(DType t, float* x, int64_t n);
+
+  // ---- the optimizer's arithmetic, on parameters and gradients in the backend's memory --------
+  // (The trainer's device step, train/device_adamw.h; the host path keeps its own loops.)
+  // Sum of the squares of n values, in double.
+  virtual double sum_squares(const float* x, int64_t n);
+  // x *= s over n values.
+  virtual void scale(float* x, int64_t n, float s);
+  // How many of n values are inf or NaN.
+  virtual int64_t count_nonfinite(const float* x, int64_t n);
+  // torch.optim.AdamW over n elements (adamw_torch_update on each).
+  virtual void adamw_torch(float* p, float* m, float* v, const float* g, int64_t n,
+                           const AdamWTorchCoeffs& c);
 
   // ---- linear with LoRA -------------------------------------------------------------------
   // y = x W^T + bias + scale * drop(x) A^T B^T. x: [rows, in], y: [rows, out] (overwritten).

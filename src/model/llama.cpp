@@ -178,32 +178,74 @@ void LlamaRunner::release() {
   targets_.reset();
   tokens_.reset();
   pos_host_.clear();
-  if (!lora_g_.empty()) lora_g_.zero();  // a backward that threw may have left some behind
   rows_ = 0;
   have_forward_ = false;
 }
 
 LoraRef LlamaRunner::lora_ref(int l, Proj p, bool* has) const {
-  *has = lora_ && lora_->slot(l, p).active();
+  *has = lora_ && lora_->active(l, p);
   if (!*has) return LoraRef{};
-  LoraRef r = lora_->ref(l, p, proj_seed(dropout_seed_, l, p));
-  if (!training_) r.dropout_p = 0.f;  // inference: dropout is the identity
-  if (!lora_w_.empty()) {
+  LoraRef r;
+  if (!lora_w_.empty()) {  // the device copy (no host access: it may be stale)
     const std::array<int64_t, 2>& o = lora_off_[static_cast<size_t>(l * kProjCount + int(p))];
     r.A = lora_w_.as<float>() + o[0];
     r.B = lora_w_.as<float>() + o[1];
+    r.r = lora_->config().r;
+    r.scale = lora_->config().scale();
+    r.dropout_p = lora_->config().dropout;
+    r.dropout_seed = proj_seed(dropout_seed_, l, p);
+  } else {
+    r = lora_->ref(l, p, proj_seed(dropout_seed_, l, p));
   }
+  if (!training_) r.dropout_p = 0.f;  // inference: dropout is the identity
   return r;
+}
+
+void LlamaRunner::keep_lora_on_device() {
+  if (!lora_ || !be_.device_memory()) return;
+  lora_resident_ = true;
+  lora_to_device();
+}
+
+void LlamaRunner::zero_lora_grads() {
+  if (lora_resident_ && !lora_g_.empty()) {
+    // The device copy takes the host's writes first: once the hook below is set, the device
+    // holds the newest values of everything (a host write clears the hook by refreshing).
+    lora_to_device();
+    lora_g_.zero();
+    lora_->set_host_stale([this] { lora_device_to_host(); });
+  } else if (lora_) {
+    lora_->zero_grad();
+  }
+}
+
+void LlamaRunner::lora_device_to_host() {
+  std::vector<float> w(lora_w_.size() / 4), g(lora_g_.size() / 4);
+  lora_w_.copy_to_host(w.data(), lora_w_.size());
+  lora_g_.copy_to_host(g.data(), lora_g_.size());
+  for (int l = 0; l < lora_->n_layers(); ++l)
+    for (int p = 0; p < kProjCount; ++p) {
+      if (!lora_->active(l, static_cast<Proj>(p))) continue;
+      LoraSlot& s = lora_->slot(l, static_cast<Proj>(p));
+      const std::array<int64_t, 2>& o = lora_off_[static_cast<size_t>(l * kProjCount + p)];
+      std::memcpy(s.A.data(), w.data() + o[0], s.A.size());
+      std::memcpy(s.B.data(), w.data() + o[1], s.B.size());
+      std::memcpy(s.dA.data(), g.data() + o[0], s.dA.size());
+      std::memcpy(s.dB.data(), g.data() + o[1], s.dB.size());
+    }
+  lora_copied_at_ = lora_->host_writes();  // the host now equals the device copy
 }
 
 void LlamaRunner::lora_to_device() {
   if (!lora_ || !be_.device_memory()) return;
-  const int L = lora_->n_layers();
+  if (lora_resident_ && !lora_w_.empty() && lora_copied_at_ == lora_->host_writes()) return;
+  const LoraAdapter& lora = *lora_;  // reads only (the const slot() counts no write)
+  const int L = lora.n_layers();
   std::vector<float> host;
   lora_off_.assign(static_cast<size_t>(L) * kProjCount, {0, 0});
   for (int l = 0; l < L; ++l)
     for (int p = 0; p < kProjCount; ++p) {
-      const LoraSlot& s = lora_->slot(l, static_cast<Proj>(p));
+      const LoraSlot& s = lora.slot(l, static_cast<Proj>(p));
       if (!s.active()) continue;
       std::array<int64_t, 2>& o = lora_off_[static_cast<size_t>(l * kProjCount + p)];
       o[0] = static_cast<int64_t>(host.size());
@@ -218,10 +260,15 @@ void LlamaRunner::lora_to_device() {
     lora_g_ = be_.alloc(MemCategory::Gradients, bytes, "lora dA/dB (device)");
   }
   lora_w_.copy_from_host(host.data(), bytes);
+  lora_copied_at_ = lora_->host_writes();
 }
 
 void LlamaRunner::lora_grads_to_host() {
   if (lora_g_.empty()) return;
+  if (lora_resident_) {  // they stay on the device; a host read copies them out
+    lora_->set_host_stale([this] { lora_device_to_host(); });
+    return;
+  }
   std::vector<float> g(lora_g_.size() / 4);
   lora_g_.copy_to_host(g.data(), lora_g_.size());
   lora_g_.zero();
@@ -276,7 +323,7 @@ LlamaRunner::LayerActs& LlamaRunner::acts_for(int layer, bool store) {
   a->hact = make16(n[12], "swiglu out");
   if (lora_)
     for (int p = 0; p < kProjCount; ++p)
-      if (lora_->slot(layer, static_cast<Proj>(p)).active())
+      if (lora_->active(layer, static_cast<Proj>(p)))
         a->xa[p] = make16(R * lora_->config().r, "lora xa");
   *slot = std::move(a);
   return **slot;
@@ -525,12 +572,14 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
     const int pi = static_cast<int>(p);
     bool has;
     LoraRef ref = lora_ref(l, p, &has);
-    float* dA = has ? lora_->slot(l, p).dA.as<float>() : nullptr;
-    float* dB = has ? lora_->slot(l, p).dB.as<float>() : nullptr;
-    if (has && !lora_g_.empty()) {  // the device copies (lora_grads_to_host adds them up)
+    float *dA = nullptr, *dB = nullptr;
+    if (has && !lora_g_.empty()) {  // the device copies (see lora_grads_to_host)
       const std::array<int64_t, 2>& o = lora_off_[static_cast<size_t>(l * kProjCount + pi)];
       dA = lora_g_.as<float>() + o[0];
       dB = lora_g_.as<float>() + o[1];
+    } else if (has) {
+      dA = lora_->slot(l, p).dA.as<float>();
+      dB = lora_->slot(l, p).dB.as<float>();
     }
     be_.linear_bwd(L.proj[pi], has ? &ref : nullptr, x, has ? a.xa[pi].as<float>() : nullptr, dy,
                    dx, dA, dB);
@@ -569,6 +618,9 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
 
 void LlamaRunner::backward() {
   QLFT_CHECK_ARG(have_forward_, "backward() needs a training forward() first");
+  // Copies in: a backward that threw may have left partial sums (resident ones are zeroed by
+  // zero_lora_grads at the step's start).
+  if (!lora_resident_ && !lora_g_.empty()) lora_g_.zero();
   be_.tracker()->set_phase("backward");
   const ModelConfig& c = model_.cfg;
   const int64_t R = rows_;
@@ -662,7 +714,7 @@ std::string LlamaRunner::locate_nonfinite(const TokenBatch& b, float grad_scale,
     // order is where the value appeared.
     for (int l = 0; l < c.n_layers; ++l) ckpt_[l] = false;
     stored_.clear();
-    if (lora_) lora_->zero_grad();
+    zero_lora_grads();
     dropout_seed_ = dropout_seed;
     LossResult res = run_forward(b, true, grad_scale, MatF());
     auto fwd = [&]() -> std::string {

@@ -128,6 +128,21 @@ class LlamaRunner {
   Backend& backend() { return be_; }
   LoraAdapter* lora() { return lora_; }
 
+  // Device backends: keep the adapter in device memory between steps (the device optimizer
+  // updates it there). The device copy becomes the newest one: it is copied in again only after
+  // host writes (LoraAdapter::host_writes), gradients stay on the device, and the adapter's host
+  // buffers are refreshed from it when read (LoraAdapter::set_host_stale). Off (the default):
+  // A and B are copied in at every forward and the gradients added into the host ones after
+  // every backward.
+  void keep_lora_on_device();
+  // The device copies (n floats each, A and B of every targeted projection back to back in
+  // (layer, projection) order); nullptr without a device backend.
+  float* lora_device_weights() { return lora_w_.empty() ? nullptr : lora_w_.as<float>(); }
+  float* lora_device_grads() { return lora_g_.empty() ? nullptr : lora_g_.as<float>(); }
+  int64_t lora_device_count() const { return static_cast<int64_t>(lora_w_.size() / 4); }
+  // Zeroes the LoRA gradients where they accumulate (the device copy or the adapter).
+  void zero_lora_grads();
+
  private:
   struct LayerActs;
   struct Grads;
@@ -150,6 +165,7 @@ class LlamaRunner {
   // (one copy). Host backends use the adapter's buffers directly.
   void lora_to_device();
   void lora_grads_to_host();
+  void lora_device_to_host();  // keep_lora_on_device: the adapter's host refresh
 
   const Model& model_;
   Backend& be_;
@@ -164,8 +180,10 @@ class LlamaRunner {
   std::vector<int32_t> pos_host_;  // what pos_ holds
   std::unordered_map<const void*, Buffer> frozen_;
   Buffer lora_w_, lora_g_;  // device copies of every A and B, and of every dA and dB
+  bool lora_resident_ = false;
+  uint64_t lora_copied_at_ = ~0ull;  // LoraAdapter::host_writes() when lora_w_ was copied in
   std::vector<std::array<int64_t, 2>> lora_off_;  // per layer * kProjCount + p: A's offset, B's
-  std::vector<Buffer> resid_;  // [n_layers + 1] residual stream, rows x dim each
+  std::vector<Buffer> resid_;                     // [n_layers + 1] residual stream, rows x dim each
   std::vector<std::unique_ptr<LayerActs>> stored_;
   std::unique_ptr<LayerActs> scratch_;
   Buffer xnf_, rstdf_, dxnf_;  // final norm output, its rstd, and d(loss)/d(xnf)

@@ -113,6 +113,8 @@ LoraAdapter::LoraAdapter(MemoryTracker* tracker, const ModelConfig& m, const Lor
 }
 
 void LoraAdapter::init(uint64_t seed) {
+  refresh();
+  ++host_writes_;
   for (int l = 0; l < n_layers(); ++l)
     for (int p = 0; p < kProjCount; ++p) {
       LoraSlot& s = slots_[l][p];
@@ -132,6 +134,8 @@ void LoraAdapter::init(uint64_t seed) {
 }
 
 void LoraAdapter::zero_grad() {
+  refresh();
+  ++host_writes_;
   for (auto& layer : slots_)
     for (LoraSlot& s : layer)
       if (s.active()) {
@@ -193,7 +197,7 @@ std::vector<float> LoraAdapter::get_hf(int layer, Proj p, Part part) const {
 }
 
 uint64_t LoraAdapter::n_params() const {
-  uint64_t n = 0;
+  uint64_t n = 0;  // (sizes only: no refresh)
   for (const auto& layer : slots_)
     for (const LoraSlot& s : layer)
       if (s.active()) n += (s.A.size() + s.B.size()) / 4;
@@ -201,6 +205,8 @@ uint64_t LoraAdapter::n_params() const {
 }
 
 std::vector<LoraAdapter::Param> LoraAdapter::params() {
+  refresh();
+  ++host_writes_;
   std::vector<Param> v;
   for (auto& layer : slots_)
     for (LoraSlot& s : layer)

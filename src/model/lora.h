@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -59,8 +60,36 @@ class LoraAdapter {
   const ModelConfig& model_config() const { return mcfg_; }
   int n_layers() const { return static_cast<int>(slots_.size()); }
   bool targets(Proj p) const { return cfg_.targets[static_cast<int>(p)]; }
-  LoraSlot& slot(int layer, Proj p) { return slots_[layer][static_cast<int>(p)]; }
-  const LoraSlot& slot(int layer, Proj p) const { return slots_[layer][static_cast<int>(p)]; }
+  // Host access to a slot's buffers: brings them up to date first when a device holds newer
+  // values (set_host_stale); the writable form counts as a host write.
+  LoraSlot& slot(int layer, Proj p) {
+    refresh();
+    ++host_writes_;
+    return slots_[layer][static_cast<int>(p)];
+  }
+  const LoraSlot& slot(int layer, Proj p) const {
+    refresh();
+    return slots_[layer][static_cast<int>(p)];
+  }
+  // Whether (layer, p) is targeted; touches no values.
+  bool active(int layer, Proj p) const { return slots_[layer][static_cast<int>(p)].active(); }
+  // Elements of A and of B of (layer, p); 0 when not targeted.
+  int64_t a_size(int layer, Proj p) const {
+    return static_cast<int64_t>(slots_[layer][static_cast<int>(p)].A.size() / 4);
+  }
+  int64_t b_size(int layer, Proj p) const {
+    return static_cast<int64_t>(slots_[layer][static_cast<int>(p)].B.size() / 4);
+  }
+
+  // Device training (the CUDA trainer step): the newest A, B, dA and dB live in a runner's
+  // device copies and the host buffers are stale until `refresh` has copied them back, which
+  // every host access above and below does first. set_host_stale(nullptr) drops the hook.
+  void set_host_stale(std::function<void()> refresh) const { refresh_ = std::move(refresh); }
+  // Counts host writes through this class (init, set_hf, zero_grad, writable slot or params): a
+  // device copy made at one count is current while the count stays the same.
+  uint64_t host_writes() const { return host_writes_; }
+  // Brings the host buffers up to date (for code holding raw pointers from params()).
+  void sync_host() const { refresh(); }
 
   // PEFT init: A ~ kaiming_uniform(a = sqrt(5)) = U(-1/sqrt(in), 1/sqrt(in)), B = 0, drawn from
   // a counter-based stream of (seed, layer, projection, index): independent of threading.
@@ -87,12 +116,20 @@ class LoraAdapter {
   std::vector<Param> params();
 
  private:
+  void refresh() const {
+    if (!refresh_) return;
+    auto f = std::move(refresh_);
+    refresh_ = nullptr;
+    f();
+  }
   bool permuted(Proj p) const;
   int heads_of(Proj p) const;
 
   LoraConfig cfg_;
   ModelConfig mcfg_;
   std::vector<std::vector<LoraSlot>> slots_;
+  mutable std::function<void()> refresh_;
+  uint64_t host_writes_ = 0;
 };
 
 }  // namespace qlft

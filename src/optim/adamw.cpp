@@ -26,20 +26,7 @@ class AdamW final : public Optimizer {
 
   OptimStepStats step(double lr) override {
     const int64_t t = step_ + 1;
-    QLFT_CHECK_ARG(std::isfinite(lr) && lr >= 0,
-                   "optimizer step: lr must be a finite number >= 0, got %g", lr);
-    const OptimSettings& s = settings_;
-    // The scalars as torch computes them in Python (double), then as float tensor operands.
-    AdamWTorchCoeffs c;
-    c.decay = s.weight_decay != 0 ? static_cast<float>(1.0 - lr * s.weight_decay) : 1.0f;
-    c.w1 = static_cast<float>(1.0 - s.beta1);
-    c.beta2 = static_cast<float>(s.beta2);
-    c.one_m_beta2 = static_cast<float>(1.0 - s.beta2);
-    const double bc1 = 1.0 - std::pow(s.beta1, static_cast<double>(t));
-    const double bc2 = 1.0 - std::pow(s.beta2, static_cast<double>(t));
-    c.bc2_sqrt = static_cast<float>(std::pow(bc2, 0.5));
-    c.eps = static_cast<float>(s.eps);
-    c.neg_step_size = static_cast<float>(-(lr / bc1));
+    const AdamWTorchCoeffs c = adamw_torch_coeffs(settings_, lr, t);
     for (size_t k = 0; k < params_.size(); ++k) {
       const ParamRef& p = params_[k];
       store_->begin(static_cast<int>(k), next_group(k));
@@ -107,6 +94,23 @@ class AdamW final : public Optimizer {
 };
 
 }  // namespace
+
+AdamWTorchCoeffs adamw_torch_coeffs(const OptimSettings& s, double lr, int64_t t) {
+  QLFT_CHECK_ARG(std::isfinite(lr) && lr >= 0,
+                 "optimizer step: lr must be a finite number >= 0, got %g", lr);
+  // The scalars as torch computes them in Python (double), then as float tensor operands.
+  AdamWTorchCoeffs c;
+  c.decay = s.weight_decay != 0 ? static_cast<float>(1.0 - lr * s.weight_decay) : 1.0f;
+  c.w1 = static_cast<float>(1.0 - s.beta1);
+  c.beta2 = static_cast<float>(s.beta2);
+  c.one_m_beta2 = static_cast<float>(1.0 - s.beta2);
+  const double bc1 = 1.0 - std::pow(s.beta1, static_cast<double>(t));
+  const double bc2 = 1.0 - std::pow(s.beta2, static_cast<double>(t));
+  c.bc2_sqrt = static_cast<float>(std::pow(bc2, 0.5));
+  c.eps = static_cast<float>(s.eps);
+  c.neg_step_size = static_cast<float>(-(lr / bc1));
+  return c;
+}
 
 std::unique_ptr<Optimizer> make_adamw(const OptimSettings& s, std::vector<ParamRef> params,
                                       MemoryTracker* tracker) {

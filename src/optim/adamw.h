@@ -7,9 +7,14 @@
 #include <memory>
 #include <vector>
 
+#include "optim/adamw_math.h"
 #include "optim/optimizer.h"
 
 namespace qlft {
+
+// The per-step scalars of step t (1-based) at learning rate lr, as torch computes them; throws
+// QLFT_ERR_INVALID_ARGUMENT for a negative or non-finite lr. (The host and device AdamW share it.)
+AdamWTorchCoeffs adamw_torch_coeffs(const OptimSettings& s, double lr, int64_t t);
 
 std::unique_ptr<Optimizer> make_adamw(const OptimSettings& s, std::vector<ParamRef> params,
                                       MemoryTracker* tracker);

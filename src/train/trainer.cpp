@@ -7,6 +7,7 @@
 
 #include "backend/autocast_backend.h"
 #include "backend/cuda_entry.h"
+#include "train/device_adamw.h"
 #include "backend/dropout.h"
 #include "config/config.h"
 #include "core/error.h"
@@ -182,7 +183,17 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
   OptimSettings os = OptimSettings::from_config(cfg);
   init_dist(cfg, std::move(params));
   init_offload(cfg);
-  opt_ = make_optimizer(os, dp_->owned_params(), tracker);
+  // A device backend on one rank with AdamW keeps the adapter, its gradients and the optimizer
+  // state in device memory (a step moves only the batch and a few scalars); the other optimizers
+  // and several ranks step on the host, the adapter copied in and its gradients out per pass.
+  if (backend_->device_memory() && world() == 1 && os.name == "adamw" && !os.offload_nvme) {
+    runner_->keep_lora_on_device();
+    if (runner_->lora_device_count() > 0)
+      opt_ = make_device_adamw(os, dp_->owned_params(), *backend_, runner_->lora_device_weights(),
+                               runner_->lora_device_grads(), runner_->lora_device_count());
+  }
+  device_step_ = opt_ != nullptr;
+  if (!opt_) opt_ = make_optimizer(os, dp_->owned_params(), tracker);
   // train.micro_batch=auto / train.effective_batch: trial steps (or the cache) set the batch
   // shape before the data batches are made; the trainer is left as if none had run.
   if (ts_.micro_batch_auto || ts_.effective_batch > 0) autotune_batch_shape(*this, cfg, world());
@@ -253,7 +264,7 @@ void Trainer::step_on(const std::vector<data::Batch>& batches, StepReport* out) 
   StepReport r;
   std::string nonfinite_where;  // set when this step ends training (train.on_nonfinite=stop)
   try {
-    lora_->zero_grad();  // the previous step's gradients stay readable until here
+    runner_->zero_lora_grads();  // the previous step's gradients stay readable until here
     int64_t n = 0;
     int passes = 0;  // forward/backward passes this rank runs
     for (const data::Batch& b : batches) {
@@ -292,11 +303,19 @@ void Trainer::step_on(const std::vector<data::Batch>& batches, StepReport* out) 
     r.trained_tokens = n;
     r.loss = n ? loss_sum / static_cast<double>(n) : 0.0;
     r.loss_scale = scale;
-    std::vector<GradSpan> grads = grad_spans();
     bool found_inf = false;
-    if (fp16) found_inf = dp_->any(scaler_->unscale_and_check(grads));
     ClipResult clip{};
-    if (!found_inf) clip = dp_->clip(grads, opt_->settings().max_grad_norm);
+    if (device_step_) {  // one rank: nothing to agree on
+      float* g = runner_->lora_device_grads();
+      const int64_t ng = runner_->lora_device_count();
+      if (fp16) found_inf = device_unscale_and_check(*backend_, g, ng, scaler_->scale());
+      if (!found_inf)
+        clip = device_clip_grad_norm(*backend_, g, ng, opt_->settings().max_grad_norm);
+    } else {
+      std::vector<GradSpan> grads = grad_spans();
+      if (fp16) found_inf = dp_->any(scaler_->unscale_and_check(grads));
+      if (!found_inf) clip = dp_->clip(grads, opt_->settings().max_grad_norm);
+    }
     r.grad_norm = found_inf ? INFINITY : clip.norm;
     r.lr = sched_->current_lr();
     if (found_inf || !clip.finite || n == 0) {
@@ -321,7 +340,7 @@ void Trainer::step_on(const std::vector<data::Batch>& batches, StepReport* out) 
     tracker_->set_phase("setup");
   } catch (...) {
     // Leave the trainer as before the step: no partial gradients, activations freed.
-    lora_->zero_grad();
+    runner_->zero_lora_grads();
     runner_->release();
     tracker_->set_phase("setup");
     throw;
@@ -395,6 +414,7 @@ void Trainer::save_checkpoint(const std::string& path) const {
 }
 
 void Trainer::write_checkpoint_file(const std::string& path, StateDict& sd) const {
+  lora_->sync_host();  // the ParamRef pointers below are the adapter's host buffers
   // A diverged adapter is never written over the last finite checkpoint.
   for (const ParamRef& p : dp_->params())
     for (size_t i = 0; i < p.numel; ++i)
@@ -483,6 +503,7 @@ void Trainer::resume(const std::string& path) {
   sched_->save_state(backup, "sched.");
   scaler_->save_state(backup, "scaler.");
   std::vector<std::vector<float>> old_params;
+  lora_->sync_host();  // (the zero_grad below counts the writes: a device copy is made again)
   for (const ParamRef& p : dp_->params()) old_params.emplace_back(p.data, p.data + p.numel);
   const std::string old_data = it_ ? it_->state() : "";
   try {

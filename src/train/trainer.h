@@ -137,6 +137,7 @@ class Trainer {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<LoraAdapter> lora_;
   std::unique_ptr<LlamaRunner> runner_;
+  bool device_step_ = false;  // adapter, gradients and AdamW state in the backend's device memory
   std::unique_ptr<dist::DataParallel> dp_;  // always set (world 1 without dist.backend)
   std::unique_ptr<Optimizer> opt_;          // over this rank's ZeRO share of the LoRA tensors
   std::unique_ptr<LrSchedule> sched_;

@@ -116,6 +116,44 @@ TEST_P(CudaFineTuneFull, NF4LoraAllSevenAdamW8bitCheckpointingFollowsCpu) {
 
 INSTANTIATE_TEST_SUITE_P(Precision, CudaFineTuneFull, ::testing::Values("fp32", "bf16"));
 
+// Issue 18, done-when 2: gradient accumulation (device gradients added into the adapter after
+// every micro-batch's backward) with paged 8-bit AdamW, fp32: the CPU curve within 1e-4.
+TEST(CudaFineTune, AccumulationPagedAdamW8bitFollowsCpu) {
+  QLFT_NEED_GPU();
+  QLFT_NEED_SHARED(model_path, "models/stories260K.gguf");
+  QLFT_NEED_SHARED(text, "data/tinyshakespeare.txt");
+  const std::vector<std::pair<const char*, const char*>> extra = {
+      {"train.accumulation", "3"}, {"train.micro_batch", "2"}, {"optim.name", "paged_adamw8bit"}};
+  const std::vector<double> cpu = loss_curve("cpu", model_path, text, extra, 6);
+  const std::vector<double> gpu = loss_curve("cuda", model_path, text, extra, 6);
+  ASSERT_EQ(cpu.size(), gpu.size());
+  for (size_t i = 0; i < cpu.size(); ++i)
+    EXPECT_NEAR(gpu[i], cpu[i], 1e-4 * std::fabs(cpu[i])) << "step " << i + 1;
+}
+
+// fp16 with a loss scale so large that the first steps overflow: the same steps are skipped, the
+// scale backs off the same way, and the curve follows the CPU's fp16 curve (2e-3, as bf16).
+TEST(CudaFineTune, Fp16OverflowStepsSkippedAsOnCpu) {
+  QLFT_NEED_GPU();
+  QLFT_NEED_SHARED(model_path, "models/stories260K.gguf");
+  QLFT_NEED_SHARED(text, "data/tinyshakespeare.txt");
+  const std::vector<std::pair<const char*, const char*>> extra = {
+      {"train.precision", "fp16"},
+      {"scaler.init_scale", "1e12"},
+      {"scaler.backoff_factor", "1e-6"}};
+  std::vector<qlft_step_stats> c, g;
+  const std::vector<double> cpu = loss_curve("cpu", model_path, text, extra, 6, &c);
+  const std::vector<double> gpu = loss_curve("cuda", model_path, text, extra, 6, &g);
+  ASSERT_EQ(cpu.size(), gpu.size());
+  ASSERT_EQ(c.size(), g.size());
+  EXPECT_EQ(c[0].skipped, 1u);  // 1e12 overflows the fp16 gradients: the setup works
+  for (size_t i = 0; i < c.size(); ++i) {
+    EXPECT_EQ(g[i].skipped, c[i].skipped) << "step " << i + 1;
+    EXPECT_EQ(g[i].loss_scale, c[i].loss_scale) << "step " << i + 1;
+    EXPECT_NEAR(gpu[i], cpu[i], 2e-3 * std::fabs(cpu[i])) << "step " << i + 1;
+  }
+}
+
 // Issue 18: the runner's activations live in the device backend's memory, so a step moves only
 // the batch (token ids, labels, positions, document ids), the adapter's A and B (copied in once per
 // forward) and its gradients (copied out once per backward), plus a few scalars (the loss sum and
@@ -202,4 +240,55 @@ TEST(CudaGenerate, GreedyTextEqualsCpu) {
   qlft_model_free(model);
   qlft_runtime_free(rt);
   qlft_config_free(cfg);
+}
+
+// The device step keeps the adapter and the AdamW state in device memory: a checkpoint written
+// after 3 steps (the host buffers refreshed from the device, the state copied out) and resumed
+// by a new trainer gives the uninterrupted run's next 3 losses, bit for bit.
+TEST(CudaFineTune, DeviceStateCheckpointResumesExactly) {
+  QLFT_NEED_GPU();
+  QLFT_NEED_SHARED(model_path, "models/stories260K.gguf");
+  QLFT_NEED_SHARED(text, "data/tinyshakespeare.txt");
+  const std::string ckpt = qlft_test::temp_dir("cuda_ckpt") + "/ckpt.safetensors";
+  auto run = [&](bool save_at_3, bool resume, std::vector<double>* losses) {
+    qlft_config* cfg = nullptr;
+    ASSERT_EQ(qlft_config_create(&cfg), QLFT_OK);
+    const char* kv[][2] = {
+        {"backend", "cuda"},      {"quant.type", "nf4"},      {"lora.r", "4"},
+        {"optim.lr", "5e-3"},     {"train.micro_batch", "2"}, {"data.seq_len", "64"},
+        {"train.max_steps", "6"}, {"threads", "1"},           {"seed", "11"}};
+    for (auto& p : kv) ASSERT_EQ(qlft_config_set(cfg, p[0], p[1]), QLFT_OK) << p[0];
+    qlft_runtime* rt = nullptr;
+    qlft_model* model = nullptr;
+    qlft_dataset* data = nullptr;
+    qlft_trainer* tr = nullptr;
+    ASSERT_EQ(qlft_runtime_create(cfg, &rt), QLFT_OK);
+    ASSERT_EQ(qlft_model_load(rt, model_path.c_str(), cfg, &model), QLFT_OK) << qlft_last_error();
+    ASSERT_EQ(qlft_dataset_load(model, text.c_str(), cfg, &data), QLFT_OK) << qlft_last_error();
+    ASSERT_EQ(qlft_trainer_create(model, data, cfg, &tr), QLFT_OK) << qlft_last_error();
+    if (resume) {
+      ASSERT_EQ(qlft_trainer_resume(tr, ckpt.c_str()), QLFT_OK) << qlft_last_error();
+    }
+    for (int i = resume ? 3 : 0; i < 6; ++i) {
+      qlft_step_stats s{};
+      s.struct_size = sizeof s;
+      ASSERT_EQ(qlft_trainer_step(tr, &s), QLFT_OK) << qlft_last_error();
+      losses->push_back(s.loss);
+      if (save_at_3 && i == 2) {
+        ASSERT_EQ(qlft_trainer_save_checkpoint(tr, ckpt.c_str()), QLFT_OK) << qlft_last_error();
+      }
+    }
+    qlft_trainer_free(tr);
+    qlft_dataset_free(data);
+    qlft_model_free(model);
+    qlft_runtime_free(rt);
+    qlft_config_free(cfg);
+  };
+  std::vector<double> whole, resumed;
+  run(true, false, &whole);
+  run(false, true, &resumed);
+  ASSERT_EQ(whole.size(), 6u);
+  ASSERT_EQ(resumed.size(), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(resumed[i], whole[3 + i]) << "step " << 4 + i;
+  EXPECT_NE(whole[3], whole[2]);  // it trains
 }
