@@ -149,15 +149,9 @@ ClipResult DataParallel::clip(const std::vector<GradSpan>& grads, double max_nor
   const double local = global_grad_norm(grads);
   double sq = local * local;
   comm_->all_reduce(&sq, 1, ReduceOp::Sum);
-  ClipResult r;
-  r.norm = std::sqrt(sq);
-  r.finite = std::isfinite(r.norm);
-  if (!r.finite || max_norm <= 0) return r;
-  const double coef = max_norm / (r.norm + 1e-6);
-  if (coef >= 1.0) return r;
-  r.clipped = true;
-  r.coef = coef;
-  const float cf = static_cast<float>(coef);
+  const ClipResult r = clip_rule(std::sqrt(sq), max_norm);
+  if (!r.clipped) return r;
+  const float cf = static_cast<float>(r.coef);
   for (const GradSpan& g : grads)
     for (size_t i = 0; i < g.n; ++i) g.data[i] *= cf;
   return r;

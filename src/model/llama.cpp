@@ -15,9 +15,12 @@ namespace qlft {
 
 namespace {
 
-// Runner tensors live in the backend's memory (device memory on a GPU).
+// Runner tensors live in the backend's memory (device memory on a GPU). Uninitialized: each is
+// written whole before it is read (an op's output, or zeroed right before an accumulation);
+// the test suite poisons such memory with NaN (QLFT_POISON_UNINIT), so a read before the write
+// fails the oracle tests. Zeroing them cost ~5% of a CPU step and a launch per tensor on a GPU.
 Buffer make(const Backend& be, MemCategory c, int64_t floats, const char* what) {
-  return be.alloc(c, static_cast<size_t>(floats) * sizeof(float), what);
+  return be.alloc(c, static_cast<size_t>(floats) * sizeof(float), what, BufferInit::Uninit);
 }
 MatF mat(Buffer& b, int64_t rows, int64_t cols) {
   return MatF(b.as<float>(), rows, cols);
@@ -306,7 +309,7 @@ LlamaRunner::LayerActs& LlamaRunner::acts_for(int layer, bool store) {
   a->half = stored && act_dtype_ != DType::F32;
   const size_t es = a->half ? 2 : 4;
   auto make16 = [&](int64_t count, const char* what) {
-    return be_.alloc(A, static_cast<size_t>(count) * es, what);
+    return be_.alloc(A, static_cast<size_t>(count) * es, what, BufferInit::Uninit);
   };
   a->xn1 = make16(n[0], "attn norm out");
   a->rstd1 = make(be_, A, n[1], "attn norm rstd");
@@ -373,9 +376,9 @@ void LlamaRunner::prepare(const TokenBatch& b, bool training) {
   // change (the same for every batch of one shape unless packing supplies them).
   const MemCategory A = MemCategory::Activations;
   if (pos_.empty()) {
-    pos_ = be_.alloc(A, R * 4, "positions");
-    targets_ = be_.alloc(A, R * 4, "targets");
-    tokens_ = be_.alloc(A, R * 4, "tokens");
+    pos_ = be_.alloc(A, R * 4, "positions", BufferInit::Uninit);
+    targets_ = be_.alloc(A, R * 4, "targets", BufferInit::Uninit);
+    tokens_ = be_.alloc(A, R * 4, "tokens", BufferInit::Uninit);
   }
   for (int64_t r = 0; r < R; ++r)
     QLFT_CHECK_ARG(b.tokens[r] >= 0 && b.tokens[r] < c.vocab,
@@ -393,7 +396,7 @@ void LlamaRunner::prepare(const TokenBatch& b, bool training) {
     pos_host_ = std::move(pos);
   }
   if (b.doc_ids) {
-    if (docs_.empty()) docs_ = be_.alloc(A, R * 4, "doc ids");
+    if (docs_.empty()) docs_ = be_.alloc(A, R * 4, "doc ids", BufferInit::Uninit);
     docs_.copy_from_host(b.doc_ids, R * 4);
   }
   if (b.targets) {

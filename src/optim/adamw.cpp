@@ -46,8 +46,7 @@ class AdamW final : public Optimizer {
   }
 
   void save_state(StateDict& out, const std::string& prefix) const override {
-    out.put_string(prefix + "type", "adamw");
-    out.put_i64(prefix + "step", step_);
+    save_adamw_header(out, prefix, step_);
     for (size_t k = 0; k < params_.size(); ++k) {
       const std::string base = prefix + params_[k].name;
       store_->begin(static_cast<int>(k), next_group(k));
@@ -60,14 +59,7 @@ class AdamW final : public Optimizer {
   }
 
   void load_state(const StateDict& in, const std::string& prefix) override {
-    const std::string type = in.get_string(prefix + "type");
-    if (type != "adamw")
-      throw_error(QLFT_ERR_FORMAT,
-                  "checkpoint state: '%stype' is '%s' but the optimizer is adamw (optim.name)",
-                  prefix.c_str(), type.c_str());
-    const int64_t step = in.get_i64(prefix + "step");
-    QLFT_CHECK_FORMAT(step >= 0, "checkpoint state: '%sstep' is negative (%lld)", prefix.c_str(),
-                      static_cast<long long>(step));
+    const int64_t step = load_adamw_header(in, prefix);
     std::vector<const StateTensor*> src;
     for (const ParamRef& p : params_) {
       const std::vector<int64_t> shape{static_cast<int64_t>(p.numel)};
@@ -94,6 +86,23 @@ class AdamW final : public Optimizer {
 };
 
 }  // namespace
+
+void save_adamw_header(StateDict& out, const std::string& prefix, int64_t step) {
+  out.put_string(prefix + "type", "adamw");
+  out.put_i64(prefix + "step", step);
+}
+
+int64_t load_adamw_header(const StateDict& in, const std::string& prefix) {
+  const std::string type = in.get_string(prefix + "type");
+  if (type != "adamw")
+    throw_error(QLFT_ERR_FORMAT,
+                "checkpoint state: '%stype' is '%s' but the optimizer is adamw (optim.name)",
+                prefix.c_str(), type.c_str());
+  const int64_t step = in.get_i64(prefix + "step");
+  QLFT_CHECK_FORMAT(step >= 0, "checkpoint state: '%sstep' is negative (%lld)", prefix.c_str(),
+                    static_cast<long long>(step));
+  return step;
+}
 
 AdamWTorchCoeffs adamw_torch_coeffs(const OptimSettings& s, double lr, int64_t t) {
   QLFT_CHECK_ARG(std::isfinite(lr) && lr >= 0,

@@ -16,6 +16,11 @@ namespace qlft {
 // QLFT_ERR_INVALID_ARGUMENT for a negative or non-finite lr. (The host and device AdamW share it.)
 AdamWTorchCoeffs adamw_torch_coeffs(const OptimSettings& s, double lr, int64_t t);
 
+// The checkpoint entries every AdamW writes first ("<prefix>type" = "adamw", "<prefix>step"), and
+// their check on load: returns the step, throws QLFT_ERR_FORMAT naming what is wrong.
+void save_adamw_header(StateDict& out, const std::string& prefix, int64_t step);
+int64_t load_adamw_header(const StateDict& in, const std::string& prefix);
+
 std::unique_ptr<Optimizer> make_adamw(const OptimSettings& s, std::vector<ParamRef> params,
                                       MemoryTracker* tracker);
 

@@ -29,16 +29,22 @@ double global_grad_norm(const std::vector<GradSpan>& grads) {
   return std::sqrt(total);
 }
 
-ClipResult clip_grad_norm(const std::vector<GradSpan>& grads, double max_norm) {
+ClipResult clip_rule(double norm, double max_norm) {
   ClipResult r;
-  r.norm = global_grad_norm(grads);
-  r.finite = std::isfinite(r.norm);
+  r.norm = norm;
+  r.finite = std::isfinite(norm);
   if (!r.finite || max_norm <= 0) return r;
-  const double coef = max_norm / (r.norm + 1e-6);
+  const double coef = max_norm / (norm + 1e-6);
   if (coef >= 1.0) return r;
   r.clipped = true;
   r.coef = coef;
-  const float cf = static_cast<float>(coef);
+  return r;
+}
+
+ClipResult clip_grad_norm(const std::vector<GradSpan>& grads, double max_norm) {
+  const ClipResult r = clip_rule(global_grad_norm(grads), max_norm);
+  if (!r.clipped) return r;
+  const float cf = static_cast<float>(r.coef);
   for (const GradSpan& g : grads) {
     const int64_t n = static_cast<int64_t>(g.n);
 #pragma omp parallel for num_threads(qlft::num_threads()) schedule(static) if (n >= (1 << 16))

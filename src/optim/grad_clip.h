@@ -22,6 +22,10 @@ struct ClipResult {
 
 double global_grad_norm(const std::vector<GradSpan>& grads);
 
+// torch.nn.utils.clip_grad_norm_'s rule for a global norm: clipped (by coef = max_norm /
+// (norm + 1e-6)) when the norm is finite, max_norm > 0 and coef < 1. The caller scales.
+ClipResult clip_rule(double norm, double max_norm);
+
 // max_norm <= 0 only measures. A non-finite norm is reported and leaves the gradients as they
 // are (the caller skips the step), unlike torch, which would multiply them by nan.
 ClipResult clip_grad_norm(const std::vector<GradSpan>& grads, double max_norm);

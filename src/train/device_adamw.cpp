@@ -41,8 +41,7 @@ class DeviceAdamW final : public Optimizer {
     std::vector<float> m(static_cast<size_t>(n_)), v(static_cast<size_t>(n_));
     m_.copy_to_host(m.data(), m.size() * 4);
     v_.copy_to_host(v.data(), v.size() * 4);
-    out.put_string(prefix + "type", "adamw");
-    out.put_i64(prefix + "step", step_);
+    save_adamw_header(out, prefix, step_);
     for (size_t k = 0; k < params_.size(); ++k) {
       const std::string base = prefix + params_[k].name;
       out.put_f32(base + ".exp_avg", m.data() + offset_[k], params_[k].numel);
@@ -51,14 +50,7 @@ class DeviceAdamW final : public Optimizer {
   }
 
   void load_state(const StateDict& in, const std::string& prefix) override {
-    const std::string type = in.get_string(prefix + "type");
-    if (type != "adamw")
-      throw_error(QLFT_ERR_FORMAT,
-                  "checkpoint state: '%stype' is '%s' but the optimizer is adamw (optim.name)",
-                  prefix.c_str(), type.c_str());
-    const int64_t step = in.get_i64(prefix + "step");
-    QLFT_CHECK_FORMAT(step >= 0, "checkpoint state: '%sstep' is negative (%lld)", prefix.c_str(),
-                      static_cast<long long>(step));
+    const int64_t step = load_adamw_header(in, prefix);
     std::vector<float> m(static_cast<size_t>(n_)), v(static_cast<size_t>(n_));
     for (size_t k = 0; k < params_.size(); ++k) {  // everything checked before anything changes
       const ParamRef& p = params_[k];
@@ -97,15 +89,8 @@ bool device_unscale_and_check(Backend& be, float* g, int64_t n, float scale) {
 }
 
 ClipResult device_clip_grad_norm(Backend& be, float* g, int64_t n, double max_norm) {
-  ClipResult r;
-  r.norm = std::sqrt(be.sum_squares(g, n));
-  r.finite = std::isfinite(r.norm);
-  if (!r.finite || max_norm <= 0) return r;
-  const double coef = max_norm / (r.norm + 1e-6);
-  if (coef >= 1.0) return r;
-  r.clipped = true;
-  r.coef = coef;
-  be.scale(g, n, static_cast<float>(coef));
+  const ClipResult r = clip_rule(std::sqrt(be.sum_squares(g, n)), max_norm);
+  if (r.clipped) be.scale(g, n, static_cast<float>(r.coef));
   return r;
 }
 

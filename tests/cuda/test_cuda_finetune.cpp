@@ -17,6 +17,27 @@
 
 namespace {
 
+// A runtime, model, dataset and trainer made from cfg through the C API, freed in reverse.
+struct ApiRun {
+  qlft_runtime* rt = nullptr;
+  qlft_model* model = nullptr;
+  qlft_dataset* data = nullptr;
+  qlft_trainer* tr = nullptr;
+  bool ok = false;
+  ApiRun(const qlft_config* cfg, const std::string& model_path, const std::string& text) {
+    ok = qlft_runtime_create(cfg, &rt) == QLFT_OK &&
+         qlft_model_load(rt, model_path.c_str(), cfg, &model) == QLFT_OK &&
+         qlft_dataset_load(model, text.c_str(), cfg, &data) == QLFT_OK &&
+         qlft_trainer_create(model, data, cfg, &tr) == QLFT_OK;
+  }
+  ~ApiRun() {
+    qlft_trainer_free(tr);
+    qlft_dataset_free(data);
+    qlft_model_free(model);
+    qlft_runtime_free(rt);
+  }
+};
+
 std::vector<double> loss_curve(const char* backend, const std::string& model_path,
                                const std::string& text,
                                const std::vector<std::pair<const char*, const char*>>& extra = {},
@@ -39,27 +60,17 @@ std::vector<double> loss_curve(const char* backend, const std::string& model_pat
   for (auto& p : extra) EXPECT_EQ(qlft_config_set(cfg, p.first, p.second), QLFT_OK) << p.first;
   const std::string max_steps = std::to_string(steps);
   EXPECT_EQ(qlft_config_set(cfg, "train.max_steps", max_steps.c_str()), QLFT_OK);
-  qlft_runtime* rt = nullptr;
-  qlft_model* model = nullptr;
-  qlft_dataset* data = nullptr;
-  qlft_trainer* tr = nullptr;
-  if (qlft_runtime_create(cfg, &rt) == QLFT_OK &&
-      qlft_model_load(rt, model_path.c_str(), cfg, &model) == QLFT_OK &&
-      qlft_dataset_load(model, text.c_str(), cfg, &data) == QLFT_OK &&
-      qlft_trainer_create(model, data, cfg, &tr) == QLFT_OK) {
-    for (int i = 0; i < steps; ++i) {
+  {
+    ApiRun run(cfg, model_path, text);
+    for (int i = 0; run.ok && i < steps; ++i) {
       qlft_step_stats s{};
       s.struct_size = sizeof s;
-      if (qlft_trainer_step(tr, &s) != QLFT_OK) break;
+      if (qlft_trainer_step(run.tr, &s) != QLFT_OK) break;
       out.push_back(s.loss);
       if (stats) stats->push_back(s);
     }
+    EXPECT_EQ(out.size(), size_t(steps)) << backend << ": " << qlft_last_error();
   }
-  EXPECT_EQ(out.size(), size_t(steps)) << backend << ": " << qlft_last_error();
-  qlft_trainer_free(tr);
-  qlft_dataset_free(data);
-  qlft_model_free(model);
-  qlft_runtime_free(rt);
   qlft_config_free(cfg);
   return out;
 }
@@ -196,14 +207,11 @@ TEST(CudaGenerate, GreedyTextEqualsCpu) {
       {"quant.type", "nf4"},  {"lora.r", "8"},  {"optim.lr", "1e-2"}, {"train.micro_batch", "2"},
       {"data.seq_len", "64"}, {"threads", "1"}, {"seed", "3"}};
   for (auto& p : kv) ASSERT_EQ(qlft_config_set(cfg, p[0], p[1]), QLFT_OK) << p[0];
-  qlft_runtime* rt = nullptr;
-  qlft_model* model = nullptr;
-  qlft_dataset* data = nullptr;
-  qlft_trainer* tr = nullptr;
-  ASSERT_EQ(qlft_runtime_create(cfg, &rt), QLFT_OK);
-  ASSERT_EQ(qlft_model_load(rt, model_path.c_str(), cfg, &model), QLFT_OK) << qlft_last_error();
-  ASSERT_EQ(qlft_dataset_load(model, text.c_str(), cfg, &data), QLFT_OK) << qlft_last_error();
-  ASSERT_EQ(qlft_trainer_create(model, data, cfg, &tr), QLFT_OK) << qlft_last_error();
+  ApiRun run(cfg, model_path, text);
+  qlft_config_free(cfg);
+  ASSERT_TRUE(run.ok) << qlft_last_error();
+  qlft_model* model = run.model;
+  qlft_trainer* tr = run.tr;
   for (int i = 0; i < 4; ++i) {
     qlft_step_stats s{};
     s.struct_size = sizeof s;
@@ -230,11 +238,6 @@ TEST(CudaGenerate, GreedyTextEqualsCpu) {
   EXPECT_GT(cpu.size(), 20u);
   EXPECT_EQ(gpu, cpu);
   std::printf("greedy continuation (both backends): %s\n", cpu.c_str());
-  qlft_trainer_free(tr);
-  qlft_dataset_free(data);
-  qlft_model_free(model);
-  qlft_runtime_free(rt);
-  qlft_config_free(cfg);
 }
 
 // The device step keeps the adapter and the AdamW state in device memory: a checkpoint written
@@ -253,14 +256,10 @@ TEST(CudaFineTune, DeviceStateCheckpointResumesExactly) {
         {"optim.lr", "5e-3"},     {"train.micro_batch", "2"}, {"data.seq_len", "64"},
         {"train.max_steps", "6"}, {"threads", "1"},           {"seed", "11"}};
     for (auto& p : kv) ASSERT_EQ(qlft_config_set(cfg, p[0], p[1]), QLFT_OK) << p[0];
-    qlft_runtime* rt = nullptr;
-    qlft_model* model = nullptr;
-    qlft_dataset* data = nullptr;
-    qlft_trainer* tr = nullptr;
-    ASSERT_EQ(qlft_runtime_create(cfg, &rt), QLFT_OK);
-    ASSERT_EQ(qlft_model_load(rt, model_path.c_str(), cfg, &model), QLFT_OK) << qlft_last_error();
-    ASSERT_EQ(qlft_dataset_load(model, text.c_str(), cfg, &data), QLFT_OK) << qlft_last_error();
-    ASSERT_EQ(qlft_trainer_create(model, data, cfg, &tr), QLFT_OK) << qlft_last_error();
+    ApiRun run(cfg, model_path, text);
+    qlft_config_free(cfg);
+    ASSERT_TRUE(run.ok) << qlft_last_error();
+    qlft_trainer* tr = run.tr;
     if (resume) {
       ASSERT_EQ(qlft_trainer_resume(tr, ckpt.c_str()), QLFT_OK) << qlft_last_error();
     }
@@ -273,11 +272,6 @@ TEST(CudaFineTune, DeviceStateCheckpointResumesExactly) {
         ASSERT_EQ(qlft_trainer_save_checkpoint(tr, ckpt.c_str()), QLFT_OK) << qlft_last_error();
       }
     }
-    qlft_trainer_free(tr);
-    qlft_dataset_free(data);
-    qlft_model_free(model);
-    qlft_runtime_free(rt);
-    qlft_config_free(cfg);
   };
   std::vector<double> whole, resumed;
   run(true, false, &whole);
