@@ -147,7 +147,7 @@ class CudaBackend final : public Backend {
             : o.gemm_precision == "fp16" ? TileType::F16
                                          : TileType::F32;
     round_ = o.autocast && tile_ != TileType::F32;
-    gemm_ = std::make_unique<cu::LtGemm>(tracker, stream_);
+    gemm_ = std::make_unique<cu::LtGemm>(tracker, stream_, o.tf32);
   }
   ~CudaBackend() override {
     weights_.clear();

@@ -55,8 +55,9 @@ struct LtGemm::Plan {
   cublasLtMatmulAlgo_t algo{};
 };
 
-LtGemm::LtGemm(MemoryTracker* tracker, cudaStream_t stream)
+LtGemm::LtGemm(MemoryTracker* tracker, cudaStream_t stream, bool tf32)
     : stream_(stream),
+      tf32_(tf32),
       workspace_(tracker, MemCategory::Workspace, kWorkspaceBytes, "cuBLASLt workspace") {
   QLFT_CUBLAS_CHECK(cublasLtCreate(&handle_));
 }
@@ -96,7 +97,9 @@ std::unique_ptr<LtGemm::Plan> LtGemm::make_plan(int64_t M, int64_t N, int64_t K,
   const cudaDataType_t dt = data_type(A.type);
   auto plan = std::make_unique<Plan>();
   Descs& d = plan->d;
-  QLFT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasComputeType_t compute =
+      tf32_ && A.type == TileType::F32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  QLFT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, compute, CUDA_R_32F));
   // First operand: our B (op(B)^T is [N, K]); second: our A (op(A)^T is [K, M]).
   const cublasOperation_t opa = B.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t opb = A.trans ? CUBLAS_OP_T : CUBLAS_OP_N;

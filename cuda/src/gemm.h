@@ -23,7 +23,8 @@ struct GemmOperand {
 
 class LtGemm {
  public:
-  LtGemm(MemoryTracker* tracker, cudaStream_t stream);
+  // tf32: fp32 operands multiply on TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32).
+  LtGemm(MemoryTracker* tracker, cudaStream_t stream, bool tf32 = false);
   ~LtGemm();
   LtGemm(const LtGemm&) = delete;
   LtGemm& operator=(const LtGemm&) = delete;
@@ -44,6 +45,7 @@ class LtGemm {
 
   cublasLtHandle_t handle_ = nullptr;
   cudaStream_t stream_;
+  bool tf32_;
   DeviceMemory workspace_;
   std::map<PlanKey, std::unique_ptr<Plan>> plans_;
 };

@@ -49,6 +49,8 @@ struct CudaBackendOptions {
   // Autocast training (train.precision bf16 / fp16): also round the LoRA and attention operands
   // through the 16-bit type, as torch.autocast does (the CPU path's AutocastBackend).
   bool autocast = false;
+  // cuda.tf32: fp32 GEMMs on TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32).
+  bool tf32 = false;
 };
 // Throws QLFT_ERR_BACKEND without a device, QLFT_ERR_UNSUPPORTED for a precision the device
 // lacks. Its alloc() hands out device memory: operations on such tensors run in place and do
@@ -120,15 +122,18 @@ int64_t cuda_count_nonfinite(const float* g, int64_t n);
 
 // name: the `backend` key. precision: train.precision ("fp32", "bf16", "fp16").
 inline std::unique_ptr<Backend> make_backend(const std::string& name, MemoryTracker* tracker,
-                                             const std::string& precision = "fp32") {
+                                             const std::string& precision = "fp32",
+                                             bool tf32 = false) {
   if (name == "cuda") {
 #if QLFT_HAVE_CUDA
     CudaBackendOptions o;
     o.gemm_precision = precision;
     o.autocast = precision == "bf16" || precision == "fp16";
+    o.tf32 = tf32;
     return make_cuda_backend(tracker, o);
 #else
     (void)precision;
+    (void)tf32;
     throw_error(
         QLFT_ERR_UNSUPPORTED,
         "backend=cuda: this libqlft was built without CUDA (configure with -DQLFT_CUDA=ON)");

@@ -151,7 +151,7 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
       host_cache_(tracker),
       train_(train),
       ts_(TrainSettings::from_config(cfg)) {
-  backend_ = make_backend(cfg.get("backend"), tracker, ts_.precision);
+  backend_ = make_backend(cfg.get("backend"), tracker, ts_.precision, cfg.get_bool("cuda.tf32"));
   // A device backend rounds its 16-bit operands itself (make_backend passed it the precision).
   if ((ts_.precision == "bf16" || ts_.precision == "fp16") && !backend_->device_memory())
     backend_ = make_autocast_backend(std::move(backend_),

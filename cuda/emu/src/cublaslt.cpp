@@ -45,6 +45,16 @@ size_t elem_bytes(cudaDataType_t t) {
   return t == CUDA_R_32F ? 4 : 2;
 }
 
+// fp32 rounded to TF32 (10 mantissa bits, to nearest even): what the tensor cores multiply
+// under CUBLAS_COMPUTE_32F_FAST_TF32. Inf and NaN pass unchanged.
+float to_tf32(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0xfffu + ((u >> 13) & 1u)) & ~0x1fffu;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
 float load(const void* p, cudaDataType_t t, size_t i) {
   if (t == CUDA_R_32F) return static_cast<const float*>(p)[i];
   const uint16_t h = static_cast<const uint16_t*>(p)[i];
@@ -62,7 +72,8 @@ cublasStatus_t problem(const qlft_emu_lt_desc* op, const qlft_emu_lt_layout* a,
                        const qlft_emu_lt_layout* b, const qlft_emu_lt_layout* c,
                        const qlft_emu_lt_layout* d, Problem* pr) {
   if (!op || !a || !b || !c || !d) return refuse(CUBLAS_STATUS_INVALID_VALUE, "null descriptor");
-  if (op->compute != CUBLAS_COMPUTE_32F && op->compute != CUBLAS_COMPUTE_32F_PEDANTIC)
+  if (op->compute != CUBLAS_COMPUTE_32F && op->compute != CUBLAS_COMPUTE_32F_PEDANTIC &&
+      op->compute != CUBLAS_COMPUTE_32F_FAST_TF32)
     return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "compute type " + std::to_string(op->compute));
   if (op->scale != CUDA_R_32F) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "scale type");
   if (a->type != b->type) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "A and B types differ");
@@ -283,6 +294,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
   qlft_emu::DeviceOpen open;
   const cudaDataType_t t = Ad->type;
+  const bool tf32 = op->compute == CUBLAS_COMPUTE_32F_FAST_TF32 && t == CUDA_R_32F;
+  auto in = [&](const void* p, size_t i) { return tf32 ? to_tf32(load(p, t, i)) : load(p, t, i); };
   std::vector<float> out(pr.m * pr.n);
   for (uint64_t j = 0; j < pr.n; ++j)
     for (uint64_t i = 0; i < pr.m; ++i) {
@@ -290,7 +303,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
       for (uint64_t p = 0; p < pr.k; ++p) {
         const size_t ia = pr.ta == CUBLAS_OP_N ? i + p * Ad->ld : p + i * Ad->ld;
         const size_t ib = pr.tb == CUBLAS_OP_N ? p + j * Bd->ld : j + p * Bd->ld;
-        acc += double(load(A, t, ia)) * double(load(B, t, ib));
+        acc += double(in(A, ia)) * double(in(B, ib));
       }
       double r = double(al) * acc;
       // beta == 0: C is not read (it may hold NaN), as in BLAS.
