@@ -10,7 +10,8 @@
 #   Env: QLFT_CUDA_BUILD (default build-cuda), PRECISION (bf16), MICRO_BATCH (8), SEQ (512),
 #        QUANT (nf4), PEAK_TFLOPS (the device's dense bf16 peak; default from the device name
 #        below), PEER_PYTHON (a python with torch + transformers + peft; default python3; set
-#        PEER_PYTHON=none to skip the PyTorch+PEFT side).
+#        PEER_PYTHON=none to skip the PyTorch+PEFT side), QLFT_EXTRA (more qlft-finetune
+#        options, e.g. "--cuda.tf32 true").
 #
 # Reports tokens/s (mean over the counted steps, from metrics.jsonl), peak device memory
 # (nvidia-smi memory.used sampled every 200 ms, and the runtime's own peak), and MFU:
@@ -55,7 +56,7 @@ smi=$!
 
 "$cli" train --model "$model" --data "$data" --backend cuda --train.precision "$precision" \
   --quant.type "$quant" --train.micro_batch "$mb" --data.seq_len "$seq" --train.max_steps "$steps" \
-  --train.save_every 0 --train.output_dir "$out/run" 2> "$out/train.log" || {
+  --train.save_every 0 --train.output_dir "$out/run" ${QLFT_EXTRA:-} 2> "$out/train.log" || {
   tail -20 "$out/train.log" >&2
   exit 1
 }

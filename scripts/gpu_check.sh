@@ -64,4 +64,11 @@ GPU_BENCH_KEEP=$OUT/bench QLFT_CUDA_BUILD=$root PEER_PYTHON=/tmp/peer-python MIC
   timeout 300 bash bench/gpu_bench.sh /tmp/smol "$root/shared/data/tinyshakespeare.txt" \
   "${STEPS:-10}" 2>&1 | tee "$OUT/gpu_bench.log"
 echo "bench $(( $(date +%s) - s ))s"
+# fp32 GEMMs, exact and on TF32 tensor cores (qlft only).
+for extra in "" "--cuda.tf32 true"; do
+  echo "fp32 ${extra:-(exact)}:"
+  QLFT_CUDA_BUILD=$root PEER_PYTHON=none PRECISION=fp32 QLFT_EXTRA="$extra" \
+    MICRO_BATCH=${MICRO_BATCH:-8} timeout 200 bash bench/gpu_bench.sh /tmp/smol \
+    "$root/shared/data/tinyshakespeare.txt" "${STEPS:-10}" 2>&1 | grep -E "tokens/s|MFU"
+done
 grep -o "\"h2d_bytes\": [0-9]*, \"d2h_bytes\": [0-9]*, \"device_syncs\": [0-9]*" "$OUT/bench/qlft_metrics.jsonl" | head -3
