@@ -6,6 +6,9 @@
 #                                            .gpu/bundle.tar.xz (binaries, the shared libraries
 #                                            a bare CUDA image lacks, stories260K, Shakespeare)
 #   bash scripts/gpu_check.sh run            there (run with carry [".gpu"]): logs under $OUT
+#   bash scripts/gpu_check.sh transfers      there: qlft alone on SmolLM2 shapes at micro-batch
+#                                            1 x 128 (issue 18's done-when 1 shape), fp32 and
+#                                            bf16, printing each step's host<->device traffic
 #
 # The 98 MB SmolLM2 GGUF cannot travel (64 MiB per call), so the benchmark builds a
 # SmolLM2-135M-shaped model with random weights there (bench/make_smollm2_shaped.py).
@@ -38,7 +41,7 @@ if [ "$mode" = pack ]; then
   exit 0
 fi
 
-[ "$mode" = run ] || { echo "gpu_check: pack or run" >&2; exit 2; }
+[ "$mode" = run ] || [ "$mode" = transfers ] || { echo "gpu_check: pack, run or transfers" >&2; exit 2; }
 : "${OUT:?run it through the device tool}"
 root=/tmp/qlft-gpu
 mkdir -p "$root" && tar -C "$root" -xJf .gpu/bundle.tar.xz
@@ -51,6 +54,20 @@ make_model=$!
 export LD_LIBRARY_PATH=$root/lib:$(dirname "${cublas:-/x}")
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$OUT/device.txt"
 export QLFT_SHARED_DIR=$root/shared QLFT_REQUIRE_SHARED=1 QLFT_REQUIRE_GPU=1
+if [ "$mode" = transfers ]; then
+  wait "$make_model" || tail -5 "$OUT/make_model.log"
+  for precision in fp32 bf16; do
+    "$root/tools/qlft-finetune/qlft-finetune" train --model /tmp/smol \
+      --data "$root/shared/data/tinyshakespeare.txt" --backend cuda --train.precision "$precision" \
+      --quant.type nf4 --train.micro_batch 1 --data.seq_len 128 --train.max_steps 4 \
+      --train.save_every 0 --train.output_dir "/tmp/transfers-$precision" > /dev/null 2>&1 ||
+      echo "train ($precision) failed"
+    echo "$precision, micro-batch 1 x 128:"
+    grep -o '"step": [0-9]*\|"h2d_bytes": [0-9]*, "d2h_bytes": [0-9]*, "device_syncs": [0-9]*' \
+      "/tmp/transfers-$precision/metrics.jsonl" | paste - -
+  done
+  exit 0
+fi
 for t in test_cuda_runtime test_cuda_ops test_cuda_optim test_cuda_finetune; do
   s=$(date +%s)
   timeout 200 "$root/bin/$t" > "$OUT/$t.log" 2>&1
