@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backend/cuda_entry.h"
+#include "backend/op_checks.h"
 #include "backend/rope_math.h"
 #include "check.h"
 #include "core/log.h"
@@ -223,10 +224,7 @@ class CudaBackend final : public Backend {
   void linear_fwd(const QWeight& W, const float* bias, const LoraRef* lora, CMatF x, MatF y,
                   float* xa) override {
     const int64_t M = x.rows, K = W.cols, N = W.rows;
-    QLFT_CHECK_ARG(x.cols == K && y.rows == M && y.cols == N,
-                   "linear_fwd: x [%lld, %lld], weight [%lld, %lld], y [%lld, %lld]",
-                   (long long)x.rows, (long long)x.cols, (long long)N, (long long)K,
-                   (long long)y.rows, (long long)y.cols);
+    op_checks::linear(W, x, y.as_const(), "linear_fwd");
     if (M == 0) return;
     Dev X = autocast(in(x, K, MemCategory::Activations, "linear input"), M * K);
     Dev Y = out(y, N, MemCategory::Activations, "linear output");
@@ -236,7 +234,7 @@ class CudaBackend final : public Backend {
       cu::add_bias(Y.as<float>(), M, N, N, Bd.as<float>(), stream_);
     }
     if (lora && lora->r > 0) {
-      check_lora(*lora);
+      op_checks::lora(*lora);
       const int r = lora->r;
       Dev Ad = in_raw(lora->A, int64_t(r) * K * 4, "lora A");
       Dev Bd = in_raw(lora->B, N * r * 4, "lora B");
@@ -254,19 +252,11 @@ class CudaBackend final : public Backend {
   void linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, const float* xa, CMatF dy,
                   MatF dx, float* dA, float* dB) override {
     const int64_t M = dy.rows, N = W.rows, K = W.cols;
-    QLFT_CHECK_ARG(dy.cols == N && x.cols == K && x.rows == M,
-                   "linear_bwd: shape mismatch: x [%lld, %lld], weight [%lld, %lld], dy [%lld, "
-                   "%lld]",
-                   (long long)x.rows, (long long)x.cols, (long long)N, (long long)K,
-                   (long long)dy.rows, (long long)dy.cols);
+    op_checks::linear_bwd(W, x, dy, dx.as_const());
     const bool want_dx = dx.data != nullptr;
-    if (want_dx)
-      QLFT_CHECK_ARG(dx.rows == M && dx.cols == K,
-                     "linear_bwd: dx is [%lld, %lld], want [%lld, %lld]", (long long)dx.rows,
-                     (long long)dx.cols, (long long)M, (long long)K);
     if (M == 0) return;
     const bool has_lora = lora && lora->r > 0;
-    if (has_lora) check_lora(*lora);
+    if (has_lora) op_checks::lora(*lora);
     Dev dY = autocast(in(dy, N, MemCategory::Activations, "linear_bwd dy"), M * N);
     Dev DX;
     if (want_dx) {
@@ -352,7 +342,7 @@ class CudaBackend final : public Backend {
   // ---- pointwise ----------------------------------------------------------------------------
 
   void rmsnorm_fwd(CMatF x, const float* w, float eps, MatF y, float* rstd) override {
-    check_same(x, y.as_const(), "rmsnorm_fwd");
+    op_checks::same_shape(x, y.as_const(), "rmsnorm_fwd", "x", "y");
     const int64_t M = x.rows, C = x.cols;
     if (M == 0) return;
     Dev X = in(x, C, MemCategory::Activations, "rmsnorm x");
@@ -367,9 +357,9 @@ class CudaBackend final : public Backend {
   }
 
   void rmsnorm_bwd(CMatF x, const float* w, const float* rstd, CMatF dy, MatF dx) override {
-    check_same(x, dy, "rmsnorm_bwd");
-    check_same(x, dx.as_const(), "rmsnorm_bwd");
-    QLFT_CHECK_ARG(rstd != nullptr, "rmsnorm_bwd: the forward pass's rstd is required");
+    op_checks::same_shape(x, dy, "rmsnorm_bwd", "x", "dy");
+    op_checks::same_shape(x, dx.as_const(), "rmsnorm_bwd", "x", "dx");
+    op_checks::rstd_given(rstd);
     const int64_t M = x.rows, C = x.cols;
     if (M == 0) return;
     Dev X = in(x, C, MemCategory::Activations, "rmsnorm x");
@@ -384,11 +374,7 @@ class CudaBackend final : public Backend {
 
   void rope(MatF x, const int32_t* pos, int n_heads, int head_dim, float theta, bool adjacent,
             bool inverse) override {
-    QLFT_CHECK_ARG(head_dim > 0 && head_dim % 2 == 0, "rope: head_dim must be even, got %d",
-                   head_dim);
-    QLFT_CHECK_ARG(n_heads > 0 && int64_t(n_heads) * head_dim <= x.cols,
-                   "rope: %d heads of %d do not fit rows of %lld", n_heads, head_dim,
-                   (long long)x.cols);
+    op_checks::rope(x.cols, n_heads, head_dim);
     if (x.rows == 0) return;
     const int half = head_dim / 2;
     const int64_t W = int64_t(n_heads) * head_dim;
@@ -401,8 +387,8 @@ class CudaBackend final : public Backend {
   }
 
   void swiglu_fwd(CMatF gate, CMatF up, MatF out_) override {
-    check_same(gate, up, "swiglu_fwd");
-    check_same(gate, out_.as_const(), "swiglu_fwd");
+    op_checks::same_shape(gate, up, "swiglu_fwd", "gate", "up");
+    op_checks::same_shape(gate, out_.as_const(), "swiglu_fwd", "gate", "out");
     const int64_t M = gate.rows, C = gate.cols;
     if (M == 0) return;
     Dev G = in(gate, C, MemCategory::Activations, "swiglu gate");
@@ -413,10 +399,10 @@ class CudaBackend final : public Backend {
   }
 
   void swiglu_bwd(CMatF gate, CMatF up, CMatF dout, MatF dgate, MatF dup) override {
-    check_same(gate, up, "swiglu_bwd");
-    check_same(gate, dout, "swiglu_bwd");
-    check_same(gate, dgate.as_const(), "swiglu_bwd");
-    check_same(gate, dup.as_const(), "swiglu_bwd");
+    op_checks::same_shape(gate, up, "swiglu_bwd", "gate", "up");
+    op_checks::same_shape(gate, dout, "swiglu_bwd", "gate", "dout");
+    op_checks::same_shape(gate, dgate.as_const(), "swiglu_bwd", "gate", "dgate");
+    op_checks::same_shape(gate, dup.as_const(), "swiglu_bwd", "gate", "dup");
     const int64_t M = gate.rows, C = gate.cols;
     if (M == 0) return;
     Dev G = in(gate, C, MemCategory::Activations, "swiglu gate");
@@ -435,8 +421,7 @@ class CudaBackend final : public Backend {
   void attention_fwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out_,
                      float* lse) override {
     check_attn(s, q, k, v, "attention_fwd");
-    QLFT_CHECK_ARG(out_.rows == q.rows && out_.cols >= int64_t(s.n_heads) * s.head_dim,
-                   "attention_fwd: out shape does not match q");
+    op_checks::attention_fwd_out(s, q, out_.as_const());
     const int64_t rows = q.rows, Wq = int64_t(s.n_heads) * s.head_dim,
                   Wk = int64_t(s.n_kv_heads) * s.head_dim;
     AttnStage st = stage_attn(s, q, k, v);
@@ -454,10 +439,8 @@ class CudaBackend final : public Backend {
   void attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out_, const float* lse,
                      CMatF dout, MatF dq, MatF dk, MatF dv) override {
     check_attn(s, q, k, v, "attention_bwd");
-    QLFT_CHECK_ARG(out_.rows == q.rows && dout.rows == q.rows && dq.rows == q.rows &&
-                       dk.rows == k.rows && dv.rows == v.rows,
-                   "attention_bwd: gradient shapes do not match q/k/v");
-    QLFT_CHECK_ARG(lse != nullptr, "attention_bwd: the forward pass's lse is required");
+    op_checks::attention_bwd_grads(q, k, v, out_, dout, dq.as_const(), dk.as_const(), dv.as_const(),
+                                   lse);
     const int64_t rows = q.rows, Wq = int64_t(s.n_heads) * s.head_dim,
                   Wk = int64_t(s.n_kv_heads) * s.head_dim;
     AttnStage st = stage_attn(s, q, k, v);
@@ -481,16 +464,10 @@ class CudaBackend final : public Backend {
   // ---- embedding and head ---------------------------------------------------------------------
 
   void embedding_fwd(const QWeight& emb, const int32_t* tokens, MatF out_) override {
-    QLFT_CHECK_ARG(out_.cols == emb.cols, "embedding_fwd: output has %lld columns, embedding %lld",
-                   (long long)out_.cols, (long long)emb.cols);
+    op_checks::embedding(emb, out_.as_const());
     if (out_.rows == 0) return;
     // Ids in this backend's memory were checked where they were made (the runner's batch).
-    if (!mine(tokens, out_.rows * 4))
-      for (int64_t i = 0; i < out_.rows; ++i)
-        if (tokens[i] < 0 || tokens[i] >= emb.rows)
-          throw_error(QLFT_ERR_INVALID_ARGUMENT,
-                      "token id %d at position %lld is outside the vocabulary of %lld tokens",
-                      tokens[i], (long long)i, (long long)emb.rows);
+    if (!mine(tokens, out_.rows * 4)) op_checks::token_ids(tokens, out_.rows, emb.rows);
     Dev T = in_raw(tokens, out_.rows * 4, "embedding tokens");
     Dev O = out(out_, out_.cols, MemCategory::Activations, "embedding out");
     cu::dequant_rows(resident(emb), T.as<int32_t>(), 0, out_.rows, O.data(), TileType::F32,
@@ -499,8 +476,7 @@ class CudaBackend final : public Backend {
   }
 
   void head_logits(const QWeight& head, CMatF h, MatF logits) override {
-    QLFT_CHECK_ARG(h.cols == head.cols && logits.rows == h.rows && logits.cols == head.rows,
-                   "head_logits: shape mismatch");
+    op_checks::linear(head, h, logits.as_const(), "head_logits");
     if (h.rows == 0) return;
     Dev H = autocast(in(h, h.cols, MemCategory::Activations, "head input"), h.rows * h.cols);
     Dev L = out(logits, head.rows, MemCategory::Activations, "head logits");
@@ -515,17 +491,9 @@ class CudaBackend final : public Backend {
                               int32_t ignore_index, float grad_scale, MatF dh,
                               int64_t* count) override {
     const int64_t M = h.rows, V = head.rows, H = head.cols;
-    QLFT_CHECK_ARG(h.cols == H, "linear_cross_entropy: hidden has %lld columns, head %lld",
-                   (long long)h.cols, (long long)H);
+    op_checks::cross_entropy(head, h, dh.as_const());
     const bool want_dh = dh.data != nullptr;
-    if (want_dh)
-      QLFT_CHECK_ARG(dh.rows == M && dh.cols == H, "linear_cross_entropy: dh shape mismatch");
-    if (!mine(targets, M * 4))
-      for (int64_t i = 0; i < M; ++i)
-        if (targets[i] != ignore_index && (targets[i] < 0 || targets[i] >= V))
-          throw_error(QLFT_ERR_INVALID_ARGUMENT,
-                      "target id %d at position %lld is outside the vocabulary of %lld tokens",
-                      targets[i], (long long)i, (long long)V);
+    if (!mine(targets, M * 4)) op_checks::targets(targets, M, V, ignore_index);
     if (count) *count = 0;
     if (M == 0 || V == 0) return 0.0;
     const int64_t P = panel_rows(H);
@@ -854,29 +822,8 @@ class CudaBackend final : public Backend {
     gemm_->run(M, l.r, K, 1.f, f32(xin, K, false), f32(A, K, true), 0.f, XA, l.r);
   }
 
-  static void check_lora(const LoraRef& l) {
-    QLFT_CHECK_ARG(l.r >= 0 && (l.r == 0 || (l.A && l.B)),
-                   "linear: LoRA adapter with r = %d but no A/B", l.r);
-    QLFT_CHECK_ARG(l.dropout_p >= 0.f && l.dropout_p < 1.f,
-                   "linear: LoRA dropout must be in [0, 1), got %g", double(l.dropout_p));
-  }
-  static void check_same(CMatF a, CMatF b, const char* op) {
-    QLFT_CHECK_ARG(a.rows == b.rows && a.cols == b.cols,
-                   "%s: shapes [%lld, %lld] and [%lld, %lld] differ", op, (long long)a.rows,
-                   (long long)a.cols, (long long)b.rows, (long long)b.cols);
-  }
   static void check_attn(const AttnShape& s, CMatF q, CMatF k, CMatF v, const char* op) {
-    QLFT_CHECK_ARG(s.batch > 0 && s.seq > 0 && s.n_heads > 0 && s.n_kv_heads > 0 &&
-                       s.head_dim > 0 && s.n_heads % s.n_kv_heads == 0,
-                   "%s: bad shape (batch %d, seq %d, heads %d, kv heads %d, head_dim %d)", op,
-                   s.batch, s.seq, s.n_heads, s.n_kv_heads, s.head_dim);
-    const int64_t rows = int64_t(s.batch) * s.seq;
-    QLFT_CHECK_ARG(q.rows == rows && k.rows == rows && v.rows == rows &&
-                       q.cols >= int64_t(s.n_heads) * s.head_dim &&
-                       k.cols >= int64_t(s.n_kv_heads) * s.head_dim &&
-                       v.cols >= int64_t(s.n_kv_heads) * s.head_dim,
-                   "%s: q/k/v shapes do not match batch %d x seq %d with %d/%d heads of %d", op,
-                   s.batch, s.seq, s.n_heads, s.n_kv_heads, s.head_dim);
+    op_checks::attention(s, q, k, v, op);
     if (s.head_dim > cu::kAttnMaxHeadDim)
       throw_error(QLFT_ERR_UNSUPPORTED, "%s: head_dim %d is above the CUDA kernels' %d", op,
                   s.head_dim, cu::kAttnMaxHeadDim);

@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/op_checks.h"
 #include "backend/cpu/vec_kernels.h"
 #include "backend/cpu/vec_math.h"
 #include "backend/softmax_math.h"
@@ -32,20 +33,6 @@ int thread_id() {
 #else
   return 0;
 #endif
-}
-
-void check_shape(const AttnShape& s, CMatF q, CMatF k, CMatF v, const char* op) {
-  QLFT_CHECK_ARG(s.batch > 0 && s.seq > 0 && s.n_heads > 0 && s.n_kv_heads > 0 && s.head_dim > 0 &&
-                     s.n_heads % s.n_kv_heads == 0,
-                 "%s: bad shape (batch %d, seq %d, heads %d, kv heads %d, head_dim %d)", op,
-                 s.batch, s.seq, s.n_heads, s.n_kv_heads, s.head_dim);
-  const int64_t rows = int64_t(s.batch) * s.seq;
-  QLFT_CHECK_ARG(q.rows == rows && k.rows == rows && v.rows == rows &&
-                     q.cols >= int64_t(s.n_heads) * s.head_dim &&
-                     k.cols >= int64_t(s.n_kv_heads) * s.head_dim &&
-                     v.cols >= int64_t(s.n_kv_heads) * s.head_dim,
-                 "%s: q/k/v shapes do not match batch %d x seq %d with %d/%d heads of %d", op,
-                 s.batch, s.seq, s.n_heads, s.n_kv_heads, s.head_dim);
 }
 
 // first[row] = the first position j of the same batch element with doc[j] == doc[row]: no key
@@ -133,9 +120,8 @@ void tile_probs(const AttnShape& s, const Tile& t, CMatF q, CMatF k, float scale
 
 void CpuBackend::attention_fwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out,
                                float* lse) {
-  check_shape(s, q, k, v, "attention_fwd");
-  QLFT_CHECK_ARG(out.rows == q.rows && out.cols >= int64_t(s.n_heads) * s.head_dim,
-                 "attention_fwd: out shape does not match q");
+  op_checks::attention(s, q, k, v, "attention_fwd");
+  op_checks::attention_fwd_out(s, q, out.as_const());
   const int D = s.head_dim;
   const float scale = 1.0f / std::sqrt(float(D));
   const int64_t bq = std::max<int64_t>(1, tune.attn_block_q);
@@ -165,11 +151,9 @@ void CpuBackend::attention_fwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, Ma
 
 void CpuBackend::attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out,
                                const float* lse, CMatF dout, MatF dq, MatF dk, MatF dv) {
-  check_shape(s, q, k, v, "attention_bwd");
-  QLFT_CHECK_ARG(out.rows == q.rows && dout.rows == q.rows && dq.rows == q.rows &&
-                     dk.rows == k.rows && dv.rows == v.rows,
-                 "attention_bwd: gradient shapes do not match q/k/v");
-  QLFT_CHECK_ARG(lse != nullptr, "attention_bwd: the forward pass's lse is required");
+  op_checks::attention(s, q, k, v, "attention_bwd");
+  op_checks::attention_bwd_grads(q, k, v, out, dout, dq.as_const(), dk.as_const(), dv.as_const(),
+                                 lse);
   const int D = s.head_dim;
   const float scale = 1.0f / std::sqrt(float(D));
   const int group = s.n_heads / s.n_kv_heads;

@@ -4,6 +4,7 @@
 #include <climits>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/op_checks.h"
 #include "backend/cpu/gemm_bf16.h"
 #include "core/error.h"
 #include "core/threads.h"
@@ -270,10 +271,7 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
 }
 
 void matmul_xwt(const CpuBackend& be, const QWeight& W, CMatF x, MatF y, const char* what) {
-  QLFT_CHECK_ARG(x.cols == W.cols && y.cols == W.rows && y.rows == x.rows,
-                 "%s: shape mismatch: x [%lld, %lld], weight [%lld, %lld], y [%lld, %lld]", what,
-                 (long long)x.rows, (long long)x.cols, (long long)W.rows, (long long)W.cols,
-                 (long long)y.rows, (long long)y.cols);
+  op_checks::linear(W, x, y.as_const(), what);
   if (x.rows == 0 || W.rows == 0) return;
   if (be.precision() == DType::BF16) {
     matmul_xwt_lp(be, W, to_lp(be, x, Scratch::In, "bf16 activations"), y);

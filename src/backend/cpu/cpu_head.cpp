@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/op_checks.h"
 #include "backend/cpu/vec_kernels.h"
 #include "backend/cpu/vec_math.h"
 #include "backend/softmax_math.h"
@@ -19,13 +20,8 @@
 namespace qlft::cpu {
 
 void CpuBackend::embedding_fwd(const QWeight& emb, const int32_t* tokens, MatF out) {
-  QLFT_CHECK_ARG(out.cols == emb.cols, "embedding_fwd: output has %lld columns, embedding %lld",
-                 (long long)out.cols, (long long)emb.cols);
-  for (int64_t i = 0; i < out.rows; ++i)
-    if (tokens[i] < 0 || tokens[i] >= emb.rows)
-      throw_error(QLFT_ERR_INVALID_ARGUMENT,
-                  "token id %d at position %lld is outside the vocabulary of %lld tokens",
-                  tokens[i], (long long)i, (long long)emb.rows);
+  op_checks::embedding(emb, out.as_const());
+  op_checks::token_ids(tokens, out.rows, emb.rows);
   std::exception_ptr err;
 #pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
   for (int64_t i = 0; i < out.rows; ++i) {
@@ -43,19 +39,13 @@ double CpuBackend::linear_cross_entropy(const QWeight& head, CMatF h, const int3
                                         int32_t ignore_index, float grad_scale, MatF dh,
                                         int64_t* count) {
   const int64_t M = h.rows, V = head.rows, H = head.cols;
-  QLFT_CHECK_ARG(h.cols == H, "linear_cross_entropy: hidden has %lld columns, head %lld",
-                 (long long)h.cols, (long long)H);
+  op_checks::cross_entropy(head, h, dh.as_const());
+  op_checks::targets(targets, M, V, ignore_index);
   const bool want_dh = dh.data != nullptr;
-  if (want_dh)
-    QLFT_CHECK_ARG(dh.rows == M && dh.cols == H, "linear_cross_entropy: dh shape mismatch");
   std::vector<int64_t> valid;
   valid.reserve(size_t(M));
   for (int64_t i = 0; i < M; ++i) {
     if (targets[i] == ignore_index) continue;
-    if (targets[i] < 0 || targets[i] >= V)
-      throw_error(QLFT_ERR_INVALID_ARGUMENT,
-                  "target id %d at position %lld is outside the vocabulary of %lld tokens",
-                  targets[i], (long long)i, (long long)V);
     valid.push_back(i);
   }
   if (count) *count = int64_t(valid.size());

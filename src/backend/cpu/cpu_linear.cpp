@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/op_checks.h"
 #include "backend/dropout.h"
 #include "core/error.h"
 #include "core/threads.h"
@@ -34,10 +35,7 @@ void apply_dropout(CMatF x, int64_t row0, int64_t n, const LoraRef& l, float* ou
 }
 
 void check_lora(const LoraRef& l, const QWeight& W) {
-  QLFT_CHECK_ARG(l.r >= 0 && (l.r == 0 || (l.A && l.B)),
-                 "linear: LoRA adapter with r = %d but no A/B", l.r);
-  QLFT_CHECK_ARG(l.dropout_p >= 0.f && l.dropout_p < 1.f,
-                 "linear: LoRA dropout must be in [0, 1), got %g", double(l.dropout_p));
+  op_checks::lora(l);
   (void)W;
 }
 
@@ -149,11 +147,7 @@ void CpuBackend::linear_fwd(const QWeight& W, const float* bias, const LoraRef* 
   if (precision_ != DType::BF16) {
     matmul_xwt(*this, W, x, y, "linear_fwd");
   } else {
-    QLFT_CHECK_ARG(x.cols == W.cols && y.cols == W.rows && y.rows == x.rows,
-                   "linear_fwd: shape mismatch: x [%lld, %lld], weight [%lld, %lld], y [%lld, "
-                   "%lld]",
-                   (long long)x.rows, (long long)x.cols, (long long)W.rows, (long long)W.cols,
-                   (long long)y.rows, (long long)y.cols);
+    op_checks::linear(W, x, y.as_const(), "linear_fwd");
     // x rounded to bf16 once: the base GEMM takes it as is, the LoRA GEMMs as fp32.
     LpMat xl = to_lp(*this, x, Scratch::In, "bf16 linear input");
     matmul_xwt_lp(*this, W, xl, y);
@@ -169,15 +163,8 @@ void CpuBackend::linear_fwd(const QWeight& W, const float* bias, const LoraRef* 
 void CpuBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, const float* xa,
                             CMatF dy, MatF dx, float* dA, float* dB) {
   const int64_t M = dy.rows, N = W.rows, K = W.cols;
-  QLFT_CHECK_ARG(dy.cols == N && x.cols == K && x.rows == M,
-                 "linear_bwd: shape mismatch: x [%lld, %lld], weight [%lld, %lld], dy [%lld, %lld]",
-                 (long long)x.rows, (long long)x.cols, (long long)N, (long long)K,
-                 (long long)dy.rows, (long long)dy.cols);
+  op_checks::linear_bwd(W, x, dy, dx.as_const());
   const bool want_dx = dx.data != nullptr;
-  if (want_dx)
-    QLFT_CHECK_ARG(dx.rows == M && dx.cols == K,
-                   "linear_bwd: dx is [%lld, %lld], want [%lld, %lld]", (long long)dx.rows,
-                   (long long)dx.cols, (long long)M, (long long)K);
   if (M == 0) return;
   const bool has_lora = lora && lora->r > 0;
 

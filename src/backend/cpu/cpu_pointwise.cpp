@@ -6,6 +6,7 @@
 
 #include "backend/activation_math.h"
 #include "backend/cpu/cpu_backend.h"
+#include "backend/op_checks.h"
 #include "backend/cpu/vec_kernels.h"
 #include "backend/cpu/vec_math.h"
 #include "backend/norm_math.h"
@@ -15,16 +16,8 @@
 
 namespace qlft::cpu {
 
-namespace {
-void check_same(CMatF a, CMatF b, const char* op, const char* an, const char* bn) {
-  QLFT_CHECK_ARG(a.rows == b.rows && a.cols == b.cols,
-                 "%s: %s is [%lld, %lld] but %s is [%lld, %lld]", op, an, (long long)a.rows,
-                 (long long)a.cols, bn, (long long)b.rows, (long long)b.cols);
-}
-}  // namespace
-
 void CpuBackend::rmsnorm_fwd(CMatF x, const float* w, float eps, MatF y, float* rstd) {
-  check_same(x, y.as_const(), "rmsnorm_fwd", "x", "y");
+  op_checks::same_shape(x, y.as_const(), "rmsnorm_fwd", "x", "y");
   const int64_t C = x.cols;
 #pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
   for (int64_t i = 0; i < x.rows; ++i) {
@@ -33,9 +26,9 @@ void CpuBackend::rmsnorm_fwd(CMatF x, const float* w, float eps, MatF y, float* 
 }
 
 void CpuBackend::rmsnorm_bwd(CMatF x, const float* w, const float* rstd, CMatF dy, MatF dx) {
-  check_same(x, dy, "rmsnorm_bwd", "x", "dy");
-  check_same(x, dx.as_const(), "rmsnorm_bwd", "x", "dx");
-  QLFT_CHECK_ARG(rstd != nullptr, "rmsnorm_bwd: the forward pass's rstd is required");
+  op_checks::same_shape(x, dy, "rmsnorm_bwd", "x", "dy");
+  op_checks::same_shape(x, dx.as_const(), "rmsnorm_bwd", "x", "dx");
+  op_checks::rstd_given(rstd);
   const int64_t C = x.cols;
 #pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
   for (int64_t i = 0; i < x.rows; ++i) {
@@ -45,11 +38,7 @@ void CpuBackend::rmsnorm_bwd(CMatF x, const float* w, const float* rstd, CMatF d
 
 void CpuBackend::rope(MatF x, const int32_t* pos, int n_heads, int head_dim, float theta,
                       bool adjacent, bool inverse) {
-  QLFT_CHECK_ARG(head_dim > 0 && head_dim % 2 == 0, "rope: head_dim must be even, got %d",
-                 head_dim);
-  QLFT_CHECK_ARG(n_heads > 0 && int64_t(n_heads) * head_dim <= x.cols,
-                 "rope: %d heads of %d do not fit rows of %lld", n_heads, head_dim,
-                 (long long)x.cols);
+  op_checks::rope(x.cols, n_heads, head_dim);
   const int half = head_dim / 2;
   std::vector<float> inv_freq(half);
   for (int i = 0; i < half; ++i) inv_freq[i] = rope_inv_freq(theta, i, head_dim);
@@ -88,8 +77,8 @@ void CpuBackend::rope(MatF x, const int32_t* pos, int n_heads, int head_dim, flo
 }
 
 void CpuBackend::swiglu_fwd(CMatF gate, CMatF up, MatF out) {
-  check_same(gate, up, "swiglu_fwd", "gate", "up");
-  check_same(gate, out.as_const(), "swiglu_fwd", "gate", "out");
+  op_checks::same_shape(gate, up, "swiglu_fwd", "gate", "up");
+  op_checks::same_shape(gate, out.as_const(), "swiglu_fwd", "gate", "out");
   const int64_t C = gate.cols;
 #pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
   for (int64_t i = 0; i < gate.rows; ++i) {
@@ -101,10 +90,10 @@ void CpuBackend::swiglu_fwd(CMatF gate, CMatF up, MatF out) {
 }
 
 void CpuBackend::swiglu_bwd(CMatF gate, CMatF up, CMatF dout, MatF dgate, MatF dup) {
-  check_same(gate, up, "swiglu_bwd", "gate", "up");
-  check_same(gate, dout, "swiglu_bwd", "gate", "dout");
-  check_same(gate, dgate.as_const(), "swiglu_bwd", "gate", "dgate");
-  check_same(gate, dup.as_const(), "swiglu_bwd", "gate", "dup");
+  op_checks::same_shape(gate, up, "swiglu_bwd", "gate", "up");
+  op_checks::same_shape(gate, dout, "swiglu_bwd", "gate", "dout");
+  op_checks::same_shape(gate, dgate.as_const(), "swiglu_bwd", "gate", "dgate");
+  op_checks::same_shape(gate, dup.as_const(), "swiglu_bwd", "gate", "dup");
   const int64_t C = gate.cols;
 #pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
   for (int64_t i = 0; i < gate.rows; ++i) {
