@@ -57,7 +57,8 @@ if ninja -C "$build-cuda-emu" -t targets all 2>/dev/null | grep -q '^nccl_emu_wo
 fi
 # shellcheck disable=SC2086
 cmake --build "$build-cuda-emu" -j "$jobs" --target $emu_tests
-# The emulated training-step tests (CudaFineTune*) take about 2.5 min of the stage on 2 cores.
+# The emulated training-step tests (CudaFineTune*, CudaGenerate*) take about 4 min of the stage
+# on 2 cores.
 (cd "$build-cuda-emu" && ctest -L cuda-emu -j "$jobs" --output-on-failure --timeout 600)
 
 root=$PWD
