@@ -6,6 +6,9 @@
 #                                            .gpu/bundle.tar.xz (binaries, the shared libraries
 #                                            a bare CUDA image lacks, stories260K, Shakespeare)
 #   bash scripts/gpu_check.sh run            there (run with carry [".gpu"]): logs under $OUT
+#   bash scripts/gpu_check.sh profile        there: Nsight Compute's duration of 400 consecutive
+#                                            kernels in the middle of a bf16 SmolLM2-shape step
+#                                            (about two layers), summed per kernel name
 #   bash scripts/gpu_check.sh transfers      there: qlft alone on SmolLM2 shapes at micro-batch
 #                                            1 x 128 (issue 18's done-when 1 shape), fp32 and
 #                                            bf16, printing each step's host<->device traffic
@@ -41,7 +44,7 @@ if [ "$mode" = pack ]; then
   exit 0
 fi
 
-[ "$mode" = run ] || [ "$mode" = transfers ] || { echo "gpu_check: pack, run or transfers" >&2; exit 2; }
+case "$mode" in run | transfers | profile) ;; *) echo "gpu_check: pack, run, transfers or profile" >&2; exit 2 ;; esac
 : "${OUT:?run it through the device tool}"
 root=/tmp/qlft-gpu
 mkdir -p "$root" && tar -C "$root" -xJf .gpu/bundle.tar.xz
@@ -54,6 +57,33 @@ make_model=$!
 export LD_LIBRARY_PATH=$root/lib:$(dirname "${cublas:-/x}")
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$OUT/device.txt"
 export QLFT_SHARED_DIR=$root/shared QLFT_REQUIRE_SHARED=1 QLFT_REQUIRE_GPU=1
+if [ "$mode" = profile ]; then
+  wait "$make_model" || tail -5 "$OUT/make_model.log"
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  s=$(date +%s)
+  timeout 400 "$ncu" --launch-skip 6000 --launch-count 400 --metrics gpu__time_duration.sum --print-units base --csv \
+    "$root/tools/qlft-finetune/qlft-finetune" train --model /tmp/smol \
+    --data "$root/shared/data/tinyshakespeare.txt" --backend cuda --train.precision bf16 \
+    --quant.type nf4 --train.micro_batch 8 --data.seq_len 512 --train.max_steps 2 \
+    --train.save_every 0 --train.output_dir /tmp/profile > "$OUT/ncu.csv" 2> "$OUT/ncu.log"
+  echo "ncu rc=$? $(( $(date +%s) - s ))s"
+  python3 - "$OUT/ncu.csv" <<'PY'
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+head = rows[0]; rows = rows[1:]
+ki, mi, vi = head.index("Kernel Name"), head.index("Metric Name"), head.index("Metric Value")
+tot = collections.defaultdict(float); cnt = collections.Counter()
+for r in rows:
+    if r[mi] != "gpu__time_duration.sum": continue
+    name = r[ki].split("(")[0].split("<")[0][:60]
+    tot[name] += float(r[vi].replace(",", "")); cnt[name] += 1
+all_ns = sum(tot.values())
+print(f"{sum(cnt.values())} kernels, {all_ns / 1e3:.0f} us of kernel time")
+for n, t in sorted(tot.items(), key=lambda kv: -kv[1])[:18]:
+    print(f"{t / 1e3:9.1f} us {100 * t / all_ns:5.1f}% {cnt[n]:4d}x {n}")
+PY
+  exit 0
+fi
 if [ "$mode" = transfers ]; then
   wait "$make_model" || tail -5 "$OUT/make_model.log"
   for precision in fp32 bf16; do
