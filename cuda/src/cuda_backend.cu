@@ -376,13 +376,11 @@ class CudaBackend final : public Backend {
             bool inverse) override {
     op_checks::rope(x.cols, n_heads, head_dim);
     if (x.rows == 0) return;
-    const int half = head_dim / 2;
     const int64_t W = int64_t(n_heads) * head_dim;
     Dev X = inout(x, W, MemCategory::Activations, "rope x");
     Dev P = in_raw(pos, x.rows * 4, "rope positions");
     cu::rope(X.as<float>(), W, P.as<int32_t>(), inv_freq(theta, head_dim), x.rows, n_heads,
              head_dim, adjacent, inverse, stream_);
-    (void)half;
     finish(X, W, x);
   }
 

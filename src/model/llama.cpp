@@ -222,20 +222,24 @@ void LlamaRunner::zero_lora_grads() {
   }
 }
 
+template <class F>
+void LlamaRunner::each_lora_slot(const F& f) {
+  for (int l = 0; l < lora_->n_layers(); ++l)
+    for (int p = 0; p < kProjCount; ++p)
+      if (lora_->active(l, static_cast<Proj>(p)))
+        f(lora_->slot(l, static_cast<Proj>(p)), lora_off_[static_cast<size_t>(l * kProjCount + p)]);
+}
+
 void LlamaRunner::lora_device_to_host() {
   std::vector<float> w(lora_w_.size() / 4), g(lora_g_.size() / 4);
   lora_w_.copy_to_host(w.data(), lora_w_.size());
   lora_g_.copy_to_host(g.data(), lora_g_.size());
-  for (int l = 0; l < lora_->n_layers(); ++l)
-    for (int p = 0; p < kProjCount; ++p) {
-      if (!lora_->active(l, static_cast<Proj>(p))) continue;
-      LoraSlot& s = lora_->slot(l, static_cast<Proj>(p));
-      const std::array<int64_t, 2>& o = lora_off_[static_cast<size_t>(l * kProjCount + p)];
-      std::memcpy(s.A.data(), w.data() + o[0], s.A.size());
-      std::memcpy(s.B.data(), w.data() + o[1], s.B.size());
-      std::memcpy(s.dA.data(), g.data() + o[0], s.dA.size());
-      std::memcpy(s.dB.data(), g.data() + o[1], s.dB.size());
-    }
+  each_lora_slot([&](LoraSlot& s, const std::array<int64_t, 2>& o) {
+    std::memcpy(s.A.data(), w.data() + o[0], s.A.size());
+    std::memcpy(s.B.data(), w.data() + o[1], s.B.size());
+    std::memcpy(s.dA.data(), g.data() + o[0], s.dA.size());
+    std::memcpy(s.dB.data(), g.data() + o[1], s.dB.size());
+  });
   lora_copied_at_ = lora_->host_writes();  // the host now equals the device copy
 }
 
@@ -275,18 +279,12 @@ void LlamaRunner::lora_grads_to_host() {
   std::vector<float> g(lora_g_.size() / 4);
   lora_g_.copy_to_host(g.data(), lora_g_.size());
   lora_g_.zero();
-  for (int l = 0; l < lora_->n_layers(); ++l)
-    for (int p = 0; p < kProjCount; ++p) {
-      LoraSlot& s = lora_->slot(l, static_cast<Proj>(p));
-      if (!s.active()) continue;
-      const std::array<int64_t, 2>& o = lora_off_[static_cast<size_t>(l * kProjCount + p)];
-      float* dA = s.dA.as<float>();
-      float* dB = s.dB.as<float>();
-      const float* gA = g.data() + o[0];
-      const float* gB = g.data() + o[1];
-      for (size_t i = 0; i < s.dA.size() / 4; ++i) dA[i] += gA[i];
-      for (size_t i = 0; i < s.dB.size() / 4; ++i) dB[i] += gB[i];
-    }
+  each_lora_slot([&](LoraSlot& s, const std::array<int64_t, 2>& o) {
+    float* dA = s.dA.as<float>();
+    float* dB = s.dB.as<float>();
+    for (size_t i = 0; i < s.dA.size() / 4; ++i) dA[i] += g[size_t(o[0]) + i];
+    for (size_t i = 0; i < s.dB.size() / 4; ++i) dB[i] += g[size_t(o[1]) + i];
+  });
 }
 
 LlamaRunner::LayerActs& LlamaRunner::acts_for(int layer, bool store) {

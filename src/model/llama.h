@@ -166,6 +166,9 @@ class LlamaRunner {
   void lora_to_device();
   void lora_grads_to_host();
   void lora_device_to_host();  // keep_lora_on_device: the adapter's host refresh
+  // f(slot, {A's offset, B's offset}) for every targeted projection, in device-copy order.
+  template <class F>
+  void each_lora_slot(const F& f);
 
   const Model& model_;
   Backend& be_;

@@ -119,8 +119,13 @@ class LoraAdapter {
   void refresh() const {
     if (!refresh_) return;
     auto f = std::move(refresh_);
-    refresh_ = nullptr;
-    f();
+    refresh_ = nullptr;  // (the copy reads the buffers through this class)
+    try {
+      f();
+    } catch (...) {
+      refresh_ = std::move(f);  // still stale: the next access tries again
+      throw;
+    }
   }
   bool permuted(Proj p) const;
   int heads_of(Proj p) const;
