@@ -350,6 +350,14 @@ typedef struct qlft_memory_estimate {
   uint32_t micro_batch;     /* the micro-batch estimated (train.micro_batch; 1 for auto) */
   uint32_t max_micro_batch; /* largest micro-batch predicted to fit memory.limit; 0 when no
                                limit is set or not even 1 fits */
+  /* Added with backend=cuda planning (a smaller struct_size leaves them out): the part of `train`
+   * in device memory (the runner's tensors, the kernels' scratch and the cuBLASLt workspace,
+   * resident weight copies, the adapter's device copy and gradients, the device AdamW state),
+   * also counted in `train` and `train_peak`, which add host and device. All 0 on the CPU
+   * backend. With backend=cuda memory.limit budgets device_train_peak (and max_micro_batch is
+   * against it). */
+  uint64_t device_train[QLFT_MEM_CATEGORY_COUNT];
+  uint64_t device_train_peak;
 } qlft_memory_estimate;
 
 /* Predicts what training will hold, before anything is allocated: weights, adapter, gradients
@@ -358,7 +366,7 @@ typedef struct qlft_memory_estimate {
  * loaded model) and model_path (a .gguf file or an HF model directory: only headers and
  * config.json are read; quant.* settings apply). Settings used: train.precision,
  * train.grad_checkpointing, data.seq_len, train.micro_batch, train.accumulation, optim.name,
- * lora.*, threads, memory.limit. config may be NULL. */
+ * lora.*, threads, backend, memory.limit. config may be NULL. */
 QLFT_API int32_t qlft_estimate_memory(const qlft_model* model, const char* model_path,
                                       const qlft_config* config, qlft_memory_estimate* out);
 /* The trainer's micro-batch and accumulation (what train.micro_batch = auto chose). */

@@ -4,12 +4,13 @@
 // Caching: freed blocks go to a per-tracker free list keyed by rounded size and are handed out
 // again without a driver call (cudaMalloc/cudaFree synchronize the device). Blocks are used on
 // one stream per backend, so a block freed by host code after its last kernel was queued is safe
-// to reuse by later work on that stream (stream order). Accounting: a block counts, in the
-// category of its current or last user, from cudaMalloc to cudaFree (the tracker's `reserved`);
-// a cached block moves to the category of its next user. Past the budget or on
-// cudaErrorMemoryAllocation the cache is emptied and the request retried once; then
-// QLFT_ERR_OUT_OF_MEMORY names the category and what the memory was for. The cache is also
-// emptied when a tracker's last live block is freed (a pool never outlives its tracker's use).
+// to reuse by later work on that stream (stream order). Accounting (MemSpace::Device): a live
+// block counts in its user's category; a cached one in the tracker's `device_cached` (no
+// category: the planner predicts live bytes, and a budget is met by returning the cache), from
+// cudaMalloc to cudaFree in the totals. Sizes round as cuda_alloc_round (backend/cuda_sizes.h).
+// Past the budget or on cudaErrorMemoryAllocation the cache is emptied and the request retried
+// once; then QLFT_ERR_OUT_OF_MEMORY names the category and what the memory was for. The cache is
+// also emptied when a tracker's last live block is freed (a pool never outlives its tracker's use).
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "backend/cuda_entry.h"
+#include "backend/cuda_sizes.h"
 #include "check.h"
 #include "core/log.h"
 #include "optim/state_store.h"
@@ -52,13 +54,8 @@ void warn_cublas(cublasStatus_t s, const char* expr, const char* file, int line)
 
 namespace {
 
-constexpr size_t kSmallRound = 512;              // sizes under 1 MiB round to 512 bytes
-constexpr size_t kLargeRound = size_t(2) << 20;  // larger ones to 2 MiB
-
 size_t round_size(size_t bytes) {
-  if (bytes == 0) bytes = 1;
-  const size_t r = bytes < (size_t(1) << 20) ? kSmallRound : kLargeRound;
-  return (bytes + r - 1) / r * r;
+  return static_cast<size_t>(cuda_alloc_round(bytes));
 }
 
 struct Block {
@@ -80,23 +77,19 @@ class Pool {
       void* p = it->second.ptr;
       Block b{it->first, it->second.cat};
       free_.erase(it);
-      if (b.cat != c) {  // move its accounting to the new user (net zero on the total)
-        tracker_->release(b.cat, b.size);
-        try {
-          tracker_->acquire(c, b.size, what);
-        } catch (...) {
-          tracker_->acquire(b.cat, b.size, "cached device block");
-          free_.emplace(b.size, Free{p, b.cat});
-          throw;
-        }
-        b.cat = c;
+      try {  // from the cache to the new user's category (net zero on the total)
+        tracker_->from_device_cache(c, b.size, what);
+      } catch (...) {
+        free_.emplace(b.size, Free{p, b.cat});
+        throw;
       }
+      b.cat = c;
       live_[p] = b;
       return p;
     }
     for (int attempt = 0;; ++attempt) {
       try {
-        tracker_->acquire(c, size, what);
+        tracker_->acquire(c, size, what, MemSpace::Device);
       } catch (const Error&) {
         if (attempt == 0 && !free_.empty()) {
           empty_locked();
@@ -111,7 +104,7 @@ class Pool {
         held_ += size;
         return p;
       }
-      tracker_->release(c, size);
+      tracker_->release(c, size, MemSpace::Device);
       (void)cudaGetLastError();  // clear the allocation error before retrying or reporting
       if (e == cudaErrorMemoryAllocation && attempt == 0 && !free_.empty()) {
         empty_locked();
@@ -137,6 +130,7 @@ class Pool {
       return;
     }
     free_.emplace(it->second.size, Free{p, it->second.cat});
+    tracker_->to_device_cache(it->second.cat, it->second.size);
     live_.erase(it);
     // Nothing of this tracker's is on the device any more: return the cache now, while the
     // tracker is certainly alive. Pools are keyed by tracker address, and a tracker destroyed
@@ -164,7 +158,7 @@ class Pool {
     // cudaFree synchronizes the device, so no queued kernel still uses a cached block.
     for (auto& f : free_) {
       QLFT_CUDA_WARN(cudaFree(f.second.ptr));
-      tracker_->release(f.second.cat, f.first);
+      tracker_->device_cache_freed(f.first);
       held_ -= f.first;
     }
     free_.clear();
@@ -250,6 +244,12 @@ void cuda_empty_cache(MemoryTracker* tracker) {
   pool_for(tracker).empty();
 }
 
+uint64_t cuda_device_available(MemoryTracker* tracker) {
+  size_t free_b = 0, total_b = 0;
+  QLFT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  return uint64_t(free_b) + tracker->snapshot().device_cached;
+}
+
 // ---- managed-memory state store --------------------------------------------------------------
 
 namespace {
@@ -260,17 +260,17 @@ class ManagedStateStore final : public StateStore {
   ~ManagedStateStore() override {
     for (auto& a : allocs_) {
       QLFT_CUDA_WARN(cudaFree(a.first));
-      tracker_->release(MemCategory::Optimizer, a.second);
+      tracker_->release(MemCategory::Optimizer, a.second, MemSpace::Device);
     }
   }
 
   void* allocate(size_t bytes, const char* what) override {
     QLFT_CHECK_ARG(bytes > 0, "managed state store: zero-byte allocation for %s", what);
-    tracker_->acquire(MemCategory::Optimizer, bytes, what);
+    tracker_->acquire(MemCategory::Optimizer, bytes, what, MemSpace::Device);
     void* p = nullptr;
     const cudaError_t e = cudaMallocManaged(&p, bytes, cudaMemAttachGlobal);
     if (e != cudaSuccess) {
-      tracker_->release(MemCategory::Optimizer, bytes);
+      tracker_->release(MemCategory::Optimizer, bytes, MemSpace::Device);
       (void)cudaGetLastError();
       if (e == cudaErrorMemoryAllocation)
         throw_error(QLFT_ERR_OUT_OF_MEMORY,

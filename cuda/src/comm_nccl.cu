@@ -2,6 +2,10 @@
 // buffers. Rank 0 makes NCCL's unique id and sends it to the others through the bootstrap
 // communicator (MPI); each rank drives CUDA device local_rank % device count.
 //
+// Host buffers (scalars, settings checks, gathered optimizer state) go to the bootstrap
+// communicator (host()). A device backend's work is ordered before each collective by an event
+// on its stream (follow_stream), so a gradient the backward pass is still writing is never sent.
+//
 // Timeouts as in the MPI communicator: the communicator is created non-blocking, every
 // collective is enqueued on the communicator's stream and then polled (cudaStreamQuery and
 // ncclCommGetAsyncError) until done, failed or past dist.timeout_s; a failure aborts the NCCL
@@ -16,7 +20,6 @@
 #include <memory>
 #include <string>
 
-#include "check.h"
 #include "check.h"
 #include "core/error.h"
 #include "dist/nccl_entry.h"
@@ -40,6 +43,7 @@ class NcclCommunicator final : public Communicator {
     device_ = local_rank_ % count;
     cuda(cudaSetDevice(device_), "cudaSetDevice");
     cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    cuda(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
 
     ncclUniqueId id{};
     if (rank_ == 0) nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
@@ -57,6 +61,7 @@ class NcclCommunicator final : public Communicator {
       else
         ncclCommDestroy(comm_);
     }
+    if (ready_) QLFT_CUDA_WARN(cudaEventDestroy(ready_));
     if (stream_) QLFT_CUDA_WARN(cudaStreamDestroy(stream_));
   }
 
@@ -66,32 +71,52 @@ class NcclCommunicator final : public Communicator {
   int local_rank() const override { return local_rank_; }
 
   void all_reduce(float* data, size_t n, ReduceOp op) override {
+    after_compute();
     nccl_start(ncclAllReduce(data, data, n, ncclFloat, red(op), comm_, stream_), "all_reduce");
     wait_stream("all_reduce", n * sizeof(float));
   }
   void all_reduce(double* data, size_t n, ReduceOp op) override {
+    after_compute();
     nccl_start(ncclAllReduce(data, data, n, ncclDouble, red(op), comm_, stream_), "all_reduce");
     wait_stream("all_reduce", n * sizeof(double));
   }
   void reduce_scatter(const float* in, float* out, size_t n, ReduceOp op) override {
+    after_compute();
     nccl_start(ncclReduceScatter(in, out, n, ncclFloat, red(op), comm_, stream_), "reduce_scatter");
     wait_stream("reduce_scatter", n * world_ * sizeof(float));
   }
   void all_gather(const float* in, float* out, size_t n) override {
+    after_compute();
     nccl_start(ncclAllGather(in, out, n, ncclFloat, comm_, stream_), "all_gather");
     wait_stream("all_gather", n * world_ * sizeof(float));
   }
   void broadcast(void* data, size_t bytes, int root) override {
     QLFT_CHECK_ARG(root >= 0 && root < world_, "broadcast: root %d is not a rank (world %d)", root,
                    world_);
+    after_compute();
     nccl_start(ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, stream_), "broadcast");
     wait_stream("broadcast", bytes);
   }
+  // ZeRO-3's unit gathers: started on the stream, waited for by polling (bounded as above).
+  std::unique_ptr<PendingCollective> start_all_gather_raw(const void* in, void* out,
+                                                          size_t bytes) override;
   // Host-side: the bootstrap's barrier (no device buffer needed).
   void barrier() override { boot_->barrier(); }
 
+  bool device_buffers() const override { return true; }
+  Communicator& host() override { return *boot_; }
+  void follow_stream(void* stream) override { compute_ = static_cast<cudaStream_t>(stream); }
+  int device() const { return device_; }
+
  private:
   static ncclRedOp_t red(ReduceOp op) { return op == ReduceOp::Avg ? ncclAvg : ncclSum; }
+
+  // The device backend's queued work (the gradients it is writing) before the next collective.
+  void after_compute() {
+    if (!compute_) return;
+    cuda(cudaEventRecord(ready_, compute_), "cudaEventRecord");
+    cuda(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
+  }
 
   [[noreturn]] void fail(const std::string& msg) {
     broken_ = true;
@@ -147,6 +172,8 @@ class NcclCommunicator final : public Communicator {
       return s == ncclSuccess;
     });
   }
+
+ public:
   void wait_stream(const char* what, size_t bytes) {
     poll(what, bytes, [&] {
       cudaError_t e = cudaStreamQuery(stream_);
@@ -157,11 +184,45 @@ class NcclCommunicator final : public Communicator {
     });
   }
 
+ private:
   std::unique_ptr<Communicator> boot_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
+  cudaStream_t compute_ = nullptr;  // follow_stream
+  cudaEvent_t ready_ = nullptr;
   int rank_ = 0, world_ = 1, local_rank_ = 0, device_ = 0;
 };
+
+// A started gather: waiting polls the communicator's stream (which also finishes any gather
+// started after it: they are queued behind).
+class NcclPending final : public PendingCollective {
+ public:
+  NcclPending(NcclCommunicator* c, size_t bytes) : c_(c), bytes_(bytes) {}
+  ~NcclPending() override {
+    if (waited_ || c_->broken()) return;
+    try {
+      wait();
+    } catch (...) {  // reported by the next collective, which finds the communicator broken
+    }
+  }
+  void wait() override {
+    if (waited_) return;
+    waited_ = true;
+    c_->wait_stream("all_gather (bytes)", bytes_);
+  }
+
+ private:
+  NcclCommunicator* c_;
+  size_t bytes_;
+  bool waited_ = false;
+};
+
+std::unique_ptr<PendingCollective> NcclCommunicator::start_all_gather_raw(const void* in, void* out,
+                                                                          size_t bytes) {
+  after_compute();
+  nccl_start(ncclAllGather(in, out, bytes, ncclUint8, comm_, stream_), "all_gather (bytes)");
+  return std::make_unique<NcclPending>(this, bytes * world_);
+}
 
 }  // namespace
 

@@ -16,10 +16,12 @@
 #include <vector>
 
 #include "backend/cuda_entry.h"
+#include "backend/cuda_sizes.h"
 #include "backend/op_checks.h"
 #include "backend/rope_math.h"
 #include "check.h"
 #include "core/log.h"
+#include "dist/communicator.h"
 #include "gemm.h"
 #include "kernels.h"
 #include "quant/ggml_types.h"
@@ -35,8 +37,9 @@ namespace {
 using cu::GemmOperand;
 using cu::TileType;
 
-constexpr int64_t kPanelBytes = int64_t(64) << 20;  // dequantized weight tile
-constexpr int64_t kCeLogitsBytes = int64_t(256) << 20;
+// Shared with the memory planner's model of this backend (backend/cuda_workspace.cpp).
+constexpr int64_t kPanelBytes = kCudaPanelBytes;  // dequantized weight tile
+constexpr int64_t kCeLogitsBytes = kCudaCeLogitsBytes;
 
 // A QWeight has no identity of its own: a weight destroyed and another built at the same address
 // with its bytes at the same heap address (and the same shape) would find the old device copy.
@@ -107,6 +110,10 @@ class BackendMemory final : public DeviceAllocator {
     QLFT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, *stream_));
     QLFT_CUDA_CHECK(cudaStreamSynchronize(*stream_));
   }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes)
+      QLFT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, *stream_));
+  }
   // True when [p, p + bytes) lies inside one block this allocator handed out.
   bool holds(const void* p, int64_t bytes) const {
     const uintptr_t a = reinterpret_cast<uintptr_t>(p);
@@ -152,6 +159,7 @@ class CudaBackend final : public Backend {
   }
   ~CudaBackend() override {
     weights_.clear();
+    in_place_ = ResidentWeight();
     gemm_.reset();
     if (stream_) {
       QLFT_CUDA_WARN(cudaStreamSynchronize(stream_));
@@ -163,6 +171,21 @@ class CudaBackend final : public Backend {
 
   // ---- elementwise glue -----------------------------------------------------------------------
 
+  int device_index() const override { return opt_.device; }
+  void* native_stream() const override { return stream_; }
+  void copy(float* dst, const float* src, int64_t n) override {
+    if (n <= 0) return;
+    const size_t bytes = size_t(n) * 4;
+    const bool d = mine(dst, n * 4), s = mine(src, n * 4);
+    if (d && s)
+      QLFT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+    else if (d)
+      mem_.to_device(dst, src, bytes);
+    else if (s)
+      mem_.to_host(dst, src, bytes);
+    else
+      Backend::copy(dst, src, n);
+  }
   void add(float* y, const float* x, int64_t n) override {
     if (n <= 0) return;
     if (!mine(y, n * 4) || !mine(x, n * 4)) return Backend::add(y, x, n);
@@ -728,18 +751,9 @@ class CudaBackend final : public Backend {
 
   // ---- weights --------------------------------------------------------------------------------
 
-  const cu::DevWeight& resident(const QWeight& W) {
-    auto it = weights_.find(&W);
-    if (it != weights_.end() && it->second.host_data == W.data.data() &&
-        it->second.rows == W.rows && it->second.cols == W.cols &&
-        it->second.fingerprint == weight_fingerprint(W))
-      return it->second.w;
-    ResidentWeight rw;
-    rw.host_data = W.data.data();
-    rw.fingerprint = weight_fingerprint(W);
-    rw.rows = W.rows;
-    rw.cols = W.cols;
-    cu::DevWeight& w = rw.w;
+  // The kernels' view of W's kind and shape (data and scales not set).
+  static cu::DevWeight describe(const QWeight& W) {
+    cu::DevWeight w;
     w.kind = W.kind;
     w.ggml_type = W.ggml_type;
     w.rows = W.rows;
@@ -757,6 +771,55 @@ class CudaBackend final : public Backend {
                                       : QuantKind::BF16;
       }
     }
+    return w;
+  }
+
+  // A weight whose storage already lives in this backend's memory (ZeRO-3 over NCCL gathers
+  // units there): used in place, never cached (the next gather reuses the memory). A double-
+  // quantized NF4 weight's block absmax is decoded into one scratch array that every such weight
+  // shares: the stream orders each decode after the previous weight's kernels.
+  const cu::DevWeight& in_place(const QWeight& W) {
+    auto held = [&](const Buffer& b) {
+      QLFT_CHECK_ARG(b.empty() || mem_.holds(b.data(), int64_t(b.size())),
+                     "cuda backend: a %s weight is partly in device memory, partly on the host",
+                     W.type_name().c_str());
+    };
+    for (const Buffer* b : {&W.absmax, &W.nested_absmax, &W.nested_code, &W.scb}) held(*b);
+    cu::DevWeight& w = in_place_.w;
+    w = describe(W);
+    w.data = W.data.data();
+    w.scales = nullptr;
+    if (W.kind == QuantKind::NF4 && !W.double_quant) {
+      w.scales = W.absmax.as<float>();
+    } else if (W.kind == QuantKind::NF4) {
+      const int64_t nb = (W.numel() + W.blocksize - 1) / W.blocksize;
+      if (in_place_.scales.size() < size_t(nb) * 4)
+        in_place_.scales =
+            DeviceMemory(tracker_, MemCategory::Workspace, size_t(nb) * 4, "nf4 absmax (decoded)");
+      cu::nf4_absmax_decode(W.absmax.as<uint8_t>(), W.nested_absmax.as<float>(),
+                            W.nested_code.as<float>(), W.nested_blocksize, W.nested_offset, nb,
+                            in_place_.scales.as<float>(), stream_);
+      w.scales = in_place_.scales.as<float>();
+    } else if (W.kind == QuantKind::INT8) {
+      w.scales = W.scb.as<float>();
+    }
+    return w;
+  }
+
+  const cu::DevWeight& resident(const QWeight& W) {
+    if (!W.data.empty() && mem_.holds(W.data.data(), int64_t(W.data.size()))) return in_place(W);
+    auto it = weights_.find(&W);
+    if (it != weights_.end() && it->second.host_data == W.data.data() &&
+        it->second.rows == W.rows && it->second.cols == W.cols &&
+        it->second.fingerprint == weight_fingerprint(W))
+      return it->second.w;
+    ResidentWeight rw;
+    rw.host_data = W.data.data();
+    rw.fingerprint = weight_fingerprint(W);
+    rw.rows = W.rows;
+    rw.cols = W.cols;
+    cu::DevWeight& w = rw.w;
+    w = describe(W);
     rw.data = DeviceMemory(tracker_, MemCategory::Weights, std::max<size_t>(W.data.size(), 1),
                            "device weight");
     copy_up(rw.data.data(), W.data.data(), int64_t(W.data.size()));
@@ -781,7 +844,7 @@ class CudaBackend final : public Backend {
 
   int64_t panel_rows(int64_t cols) const {
     const int64_t eb = int64_t(cu::tile_elem_bytes(tile_));
-    return std::max<int64_t>(64, kPanelBytes / std::max<int64_t>(1, cols * eb));
+    return std::max<int64_t>(kCudaPanelMinRows, kPanelBytes / std::max<int64_t>(1, cols * eb));
   }
 
   // Y [M, N] = X W^T (X fp32 compact [M, K] on the device), panel by panel of W rows.
@@ -868,16 +931,20 @@ class CudaBackend final : public Backend {
   bool round_ = false;  // autocast: 16-bit rounding of matmul and attention operands
   std::unique_ptr<cu::LtGemm> gemm_;
   std::unordered_map<const QWeight*, ResidentWeight> weights_;
+  ResidentWeight in_place_;  // the view of the last device-held weight (in_place)
   std::map<std::pair<float, int>, DeviceMemory> inv_freq_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend(MemoryTracker* tracker, const CudaBackendOptions& opt) {
+std::unique_ptr<Backend> make_cuda_backend(MemoryTracker* tracker, const CudaBackendOptions& o) {
   std::string why;
   const int n = cuda_device_count(&why);
   if (n == 0)
     throw_error(QLFT_ERR_BACKEND, "backend=cuda: no usable CUDA device (%s)", why.c_str());
+  CudaBackendOptions opt = o;
+  // As the NCCL communicator picks its device (comm_nccl.cu): one GPU per process of a node.
+  if (opt.device < 0) opt.device = dist::detect_launch().local_rank % n;
   QLFT_CHECK_ARG(opt.device >= 0 && opt.device < n, "backend=cuda: device %d of %d", opt.device, n);
   QLFT_CUDA_CHECK(cudaSetDevice(opt.device));
   cuda_check_precision(opt.device, opt.gemm_precision);

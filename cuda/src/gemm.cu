@@ -3,6 +3,7 @@
 // column-major C^T = op(B)^T op(A)^T (B passed first). Every cuBLASLt call is checked.
 #include <cstdint>
 
+#include "backend/cuda_sizes.h"
 #include "check.h"
 #include "gemm.h"
 
@@ -10,7 +11,7 @@ namespace qlft::cu {
 
 namespace {
 
-constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+constexpr size_t kWorkspaceBytes = kCudaLtWorkspaceBytes;  // (the planner predicts with it)
 constexpr size_t kMaxPlans = 4096;
 
 cudaDataType_t data_type(TileType t) {

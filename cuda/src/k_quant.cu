@@ -174,6 +174,14 @@ __global__ void __launch_bounds__(256) k_accumulate(float* dst, const float* src
     dst[i] += src[i];
 }
 
+__global__ void __launch_bounds__(256)
+    k_nf4_absmax(const uint8_t* q, const float* nested_absmax, const float* nested_code,
+                 int32_t nested_blocksize, float offset, int64_t nb, float* out) {
+  for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < nb;
+       b += int64_t(gridDim.x) * blockDim.x)
+    out[b] = nested_absmax_decode(nested_code, q[b], nested_absmax[b / nested_blocksize], offset);
+}
+
 template <TileType T>
 void dequant_typed(const DevWeight& w, const int32_t* row_ids, int64_t r0, int64_t n, void* out,
                    cudaStream_t s) {
@@ -221,6 +229,14 @@ void dequant_rows(const DevWeight& w, const int32_t* row_ids, int64_t r0, int64_
     case TileType::F16:
       return dequant_typed<TileType::F16>(w, row_ids, r0, n, out, s);
   }
+}
+
+void nf4_absmax_decode(const uint8_t* q, const float* nested_absmax, const float* nested_code,
+                       int32_t nested_blocksize, float offset, int64_t nb, float* out,
+                       cudaStream_t s) {
+  if (nb <= 0) return;
+  launch(k_nf4_absmax, grid_for(nb, 256), 256, 0, s, q, nested_absmax, nested_code,
+         nested_blocksize, offset, nb, out);
 }
 
 void convert_tile(const float* x, int64_t rows, int64_t cols, int64_t ld, void* out, TileType t,

@@ -31,6 +31,11 @@ struct DevWeight {
 // out[i, :] = row (row_ids ? row_ids[i] : r0 + i) of W, dequantized, for i < n (n * cols values).
 void dequant_rows(const DevWeight& w, const int32_t* row_ids, int64_t r0, int64_t n, void* out,
                   TileType t, cudaStream_t s);
+// out[b] = the NF4 block absmax b of a double-quantized weight (QWeight::nf4_block_absmax) from
+// its codes q, nested absmax and nested code book, all in device memory, for b < nb.
+void nf4_absmax_decode(const uint8_t* q, const float* nested_absmax, const float* nested_code,
+                       int32_t nested_blocksize, float offset, int64_t nb, float* out,
+                       cudaStream_t s);
 // out (compact [rows, cols], type t) = x (fp32, leading dimension ld), rounded to nearest even.
 void convert_tile(const float* x, int64_t rows, int64_t cols, int64_t ld, void* out, TileType t,
                   cudaStream_t s);

@@ -56,6 +56,8 @@ int32_t qlft_estimate_memory(const qlft_model* model, const char* model_path,
     f.train_peak = p.train_peak;
     f.load_peak = p.load_peak;
     f.total_peak = p.total_peak;
+    for (int i = 0; i < QLFT_MEM_CATEGORY_COUNT; ++i) f.device_train[i] = p.device_train[i];
+    f.device_train_peak = p.device_train_peak;
     f.micro_batch = static_cast<uint32_t>(ps.micro_batch);
     const uint64_t limit = c.get_size("memory.limit");
     if (limit)

@@ -41,6 +41,9 @@ int32_t qlft_runtime_create(const qlft_config* config, qlft_runtime** out) {
     const int threads = static_cast<int>(c.get_int("threads"));
     rt->threads = threads > 0 ? threads : qlft::available_cores();
     rt->tracker.set_limit(c.get_size("memory.limit"));
+    // memory.limit is the GPU's budget with backend=cuda: device bytes only (the host keeps the
+    // loaded weights and the adapter's host copy outside it).
+    if (c.get("backend") == "cuda") rt->tracker.set_limit_space(qlft::MemSpace::Device);
     *out = rt.release();
   });
 }

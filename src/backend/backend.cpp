@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "core/half.h"
 #include "core/threads.h"
@@ -22,6 +23,10 @@ void for_chunks(int64_t n, const F& f) {
 
 void Backend::add(float* y, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+void Backend::copy(float* dst, const float* src, int64_t n) {
+  if (n > 0) std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
 }
 
 void Backend::to_16(DType t, const float* src, uint16_t* dst, int64_t n) {

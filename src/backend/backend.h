@@ -73,11 +73,19 @@ class Backend {
   }
   // The device memory alloc() hands out; nullptr for host memory.
   DeviceAllocator* device_memory() const { return device_; }
+  // The device the operations run on (-1: the host) and the queue they are ordered on (a
+  // cudaStream_t for CUDA; nullptr on the host), for a communicator that must follow it
+  // (dist::Communicator::follow_stream).
+  virtual int device_index() const { return -1; }
+  virtual void* native_stream() const { return nullptr; }
 
   // ---- elementwise glue between the layer operations ------------------------------------------
   // (Host loops here, backend/backend.cpp; a device backend overrides them.)
   // y += x over n elements (the residual connections).
   virtual void add(float* y, const float* x, int64_t n);
+  // dst = src over n elements (no overlap), within the backend's memory (gradient and weight
+  // exchange between ranks) or between it and the host.
+  virtual void copy(float* dst, const float* src, int64_t n);
   // Activation storage: fp32 -> t (BF16 or F16, round to nearest even), back to fp32, and fp32
   // values rounded through t in place.
   virtual void to_16(DType t, const float* src, uint16_t* dst, int64_t n);

@@ -42,7 +42,9 @@ void cuda_check_precision(int device, const std::string& precision);
 // ---- backend ---------------------------------------------------------------------------------
 
 struct CudaBackendOptions {
-  int device = 0;
+  // -1: the launcher's local rank modulo the device count (dist::detect_launch; 0 for a single
+  // process), so ranks on one node use one GPU each, as the NCCL communicator does.
+  int device = -1;
   // "fp32": fp32 GEMMs (no TF32), the parity mode; "bf16" / "fp16": weights dequantized into
   // 16-bit tiles and activations rounded to 16 bits for the base GEMMs (fp32 accumulation).
   std::string gemm_precision = "fp32";
@@ -98,6 +100,9 @@ class DeviceMemory {
 // blocks back to the driver.
 uint64_t cuda_cached_bytes(MemoryTracker* tracker);
 void cuda_empty_cache(MemoryTracker* tracker);
+// Device bytes still to be had for `tracker` (the auto-tuner's budget when memory.limit is 0):
+// the current device's free memory plus the blocks its cache keeps (returned on demand).
+uint64_t cuda_device_available(MemoryTracker* tracker);
 
 // ---- optimizer and loss-scaler kernels (device pointers, synchronous) --------------------------
 

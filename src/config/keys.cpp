@@ -114,12 +114,14 @@ const KeyDef kKeys[] = {
     {"scaler.growth_interval", KeyType::Int, "2000", 1, 1e12, "",
      "fp16 only: clean steps in a row before the scale grows."},
     {"offload.optimizer", KeyType::Enum, "none", 0, 0, "none|cpu|nvme",
-     "Where LoRA optimizer state lives. cpu: host memory (on the cpu backend it already is, so "
-     "cpu is treated as none, with a warning). nvme: in an unlinked file under offload.dir, "
+     "Where LoRA optimizer state lives. cpu: host memory; on backend=cuda the optimizer then "
+     "steps on the host (gradients copied out per pass; on the cpu backend the state already "
+     "is in host memory, so cpu is treated as none, with a warning). nvme: in an unlinked file under offload.dir, "
      "streamed tensor by tensor through offload.buffers buffers at each step (io_uring)."},
     {"offload.params", KeyType::Enum, "none", 0, 0, "none|cpu|nvme",
-     "Where frozen base weights live between uses. cpu: host memory (treated as none on "
-     "the cpu backend, with a warning). nvme: in an unlinked file under offload.dir; each unit "
+     "Where frozen base weights live between uses. cpu: host memory; on backend=cuda each "
+     "unit (embedding, layer, head) is copied to the device while it is used, the next one "
+     "queued behind it (treated as none on the cpu backend, with a warning). nvme: in an unlinked file under offload.dir; each unit "
      "(embedding, layer, head) is read back while it is used, the next one read ahead "
      "(io_uring). Generation and merged export then need the model loaded again."},
     {"offload.buffers", KeyType::Int, "2", 1, 64, "",
@@ -132,8 +134,9 @@ const KeyDef kKeys[] = {
     {"dist.backend", KeyType::Enum, "none", 0, 0, "none|mpi|nccl",
      "How ranks talk: none (one process), mpi (CPU ranks started by mpirun; opens the MPI "
      "plugin libqlft-mpi.so beside libqlft, or $QLFT_MPI_PLUGIN, built with QLFT_MPI) or "
-     "nccl (GPU ranks, NCCL's id sent over MPI; the communicator is built but not "
-     "yet used by the trainer, which refuses it). Each rank reads a disjoint "
+     "nccl (GPU ranks with backend=cuda, each on device local_rank % devices; NCCL's id "
+     "sent over MPI; with optim.name=adamw gradients, optimizer step, weight exchange and "
+     "ZeRO-3 shards stay on the devices). Each rank reads a disjoint "
      "shard of every global batch; only rank 0 writes logs, checkpoints and adapters."},
     {"dist.zero_stage", KeyType::Int, "0", 0, 3, "",
      "ZeRO sharding across ranks: 0 data parallel (gradients all-reduced), 1 also shards the "
@@ -145,8 +148,9 @@ const KeyDef kKeys[] = {
      "QLFT_ERR_DISTRIBUTED naming the rank that did not answer."},
     {"train.micro_batch", KeyType::Int, "4", 1, 65536, "auto",
      "Sequences per micro-batch (one forward/backward), or auto: the largest that fits "
-     "memory.limit (the free RAM when 0), found by trial steps that back off on out-of-memory "
-     "and cached in train.autotune_cache."},
+     "memory.limit (the free RAM when 0; with backend=cuda the device's budget, its free memory "
+     "when 0), found by trial steps that back off on out-of-memory and cached in "
+     "train.autotune_cache."},
     {"train.accumulation", KeyType::Int, "1", 1, 65536, "",
      "Micro-batches per optimizer step; the effective batch is micro_batch x accumulation x "
      "ranks."},

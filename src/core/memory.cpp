@@ -2,6 +2,7 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
@@ -23,17 +24,19 @@ MemoryTracker::~MemoryTracker() {
   trim_host_cache();
 }
 
-void MemoryTracker::check_limit(MemCategory c, uint64_t bytes, const char* what) {
+void MemoryTracker::check_limit(MemCategory c, uint64_t bytes, const char* what, MemSpace s) {
   bool injected = false;
   if (fail_countdown_ > 0 && --fail_countdown_ == 0) injected = true;
-  if (injected || (limit_ > 0 && total_ + bytes > limit_)) {
+  const bool device = limit_space_ == MemSpace::Device;
+  const uint64_t total = device ? dev_total_ : total_;
+  if (injected || (limited(s) && total + bytes > limit_)) {
     throw_error(QLFT_ERR_OUT_OF_MEMORY,
-                "memory.limit exceeded during %s: allocating %s of %s (%s) would bring the total "
+                "memory.limit exceeded during %s: allocating %s of %s (%s) would bring the %s "
                 "to %s of %s; lower train.micro_batch or the sequence length, enable "
                 "train.grad_checkpointing, offload optimizer state, or raise memory.limit%s",
                 phase_, format_bytes(bytes).c_str(), mem_category_name(c), what ? what : "",
-                format_bytes(total_ + bytes).c_str(), format_bytes(limit_).c_str(),
-                injected ? " [injected fault]" : "");
+                device ? "device memory" : "total", format_bytes(total + bytes).c_str(),
+                format_bytes(limit_).c_str(), injected ? " [injected fault]" : "");
   }
 }
 
@@ -44,20 +47,60 @@ void MemoryTracker::count_in(MemCategory c, uint64_t bytes) {
   if (reserved_[i] > peak_[i]) peak_[i] = reserved_[i];
 }
 
-void MemoryTracker::acquire(MemCategory c, uint64_t bytes, const char* what) {
+void MemoryTracker::count_device(MemCategory c, uint64_t bytes) {
+  const int i = static_cast<int>(c);
+  dev_reserved_[i] += bytes;
+  dev_peak_[i] = std::max(dev_peak_[i], dev_reserved_[i]);
+  dev_live_peak_ = std::max(dev_live_peak_, dev_total_ - dev_cached_);
+  dev_total_peak_ = std::max(dev_total_peak_, dev_total_);
+}
+
+void MemoryTracker::acquire(MemCategory c, uint64_t bytes, const char* what, MemSpace s) {
   std::lock_guard<std::mutex> lock(mu_);
   evict_for(bytes);
-  check_limit(c, bytes, what);
+  check_limit(c, bytes, what, s);
   count_in(c, bytes);
   total_ += bytes;
   if (total_ > total_peak_) total_peak_ = total_;
+  if (s == MemSpace::Device) {
+    dev_total_ += bytes;
+    count_device(c, bytes);
+  }
 }
 
-void MemoryTracker::release(MemCategory c, uint64_t bytes) noexcept {
+void MemoryTracker::release(MemCategory c, uint64_t bytes, MemSpace s) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
   int i = static_cast<int>(c);
   allocated_[i] -= bytes;
   reserved_[i] -= bytes;
+  total_ -= bytes;
+  if (s == MemSpace::Device) {
+    dev_reserved_[i] -= bytes;
+    dev_total_ -= bytes;
+  }
+}
+
+void MemoryTracker::to_device_cache(MemCategory c, uint64_t bytes) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int i = static_cast<int>(c);
+  allocated_[i] -= bytes;
+  reserved_[i] -= bytes;
+  dev_reserved_[i] -= bytes;
+  dev_cached_ += bytes;
+}
+
+void MemoryTracker::from_device_cache(MemCategory c, uint64_t bytes, const char* what) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_limit(c, 0, what, MemSpace::Device);  // fault injection counts every acquire
+  dev_cached_ -= bytes;
+  count_in(c, bytes);
+  count_device(c, bytes);
+}
+
+void MemoryTracker::device_cache_freed(uint64_t bytes) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  dev_cached_ -= bytes;
+  dev_total_ -= bytes;
   total_ -= bytes;
 }
 
@@ -66,14 +109,14 @@ void* MemoryTracker::acquire_block(MemCategory c, uint64_t bytes, const char* wh
   auto it = cache_.find(bytes);
   if (it == cache_.end()) {
     evict_for(bytes);
-    check_limit(c, bytes, what);
+    check_limit(c, bytes, what, MemSpace::Host);
     count_in(c, bytes);
     total_ += bytes;
     if (total_ > total_peak_) total_peak_ = total_;
     return nullptr;
   }
   // A hit moves bytes from `cached` into the category; the total held from the OS is unchanged.
-  check_limit(c, 0, what);  // fault injection counts every acquire
+  check_limit(c, 0, what, MemSpace::Host);  // fault injection counts every acquire
   void* block = it->second;
   cache_.erase(it);
   cached_ -= bytes;
@@ -102,7 +145,7 @@ bool MemoryTracker::release_block(MemCategory c, uint64_t bytes, void* block) no
 // (so the cache never raises a peak) and the limit.
 void MemoryTracker::evict_for(uint64_t bytes) noexcept {
   while (!cache_.empty() &&
-         (total_ + bytes > total_peak_ || (limit_ > 0 && total_ + bytes > limit_))) {
+         (total_ + bytes > total_peak_ || (limited(MemSpace::Host) && total_ + bytes > limit_))) {
     auto last = std::prev(cache_.end());
     std::free(last->second);
     cached_ -= last->first;
@@ -140,6 +183,9 @@ void MemoryTracker::reset_peaks() {
   std::lock_guard<std::mutex> lock(mu_);
   peak_ = reserved_;
   total_peak_ = total_;
+  dev_peak_ = dev_reserved_;
+  dev_live_peak_ = dev_total_ - dev_cached_;
+  dev_total_peak_ = dev_total_;
 }
 
 MemorySnapshot MemoryTracker::snapshot() const {
@@ -152,12 +198,29 @@ MemorySnapshot MemoryTracker::snapshot() const {
   s.total_reserved = total_;
   s.total_peak = total_peak_;
   s.cached = cached_;
+  s.limit_device = limit_space_ == MemSpace::Device;
+  s.device_reserved = dev_reserved_;
+  s.device_peak = dev_peak_;
+  s.device_total = dev_total_;
+  s.device_cached = dev_cached_;
+  s.device_live_peak = dev_live_peak_;
+  s.device_total_peak = dev_total_peak_;
   return s;
 }
 
 uint64_t MemoryTracker::total_reserved() const {
   std::lock_guard<std::mutex> lock(mu_);
   return total_;
+}
+
+uint64_t MemoryTracker::budgeted_reserved() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return limit_space_ == MemSpace::Device ? dev_total_ : total_;
+}
+
+uint64_t MemoryTracker::budgeted_peak() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return limit_space_ == MemSpace::Device ? dev_live_peak_ : total_peak_;
 }
 
 namespace {
@@ -232,6 +295,19 @@ void Buffer::copy_from_host(const void* src, size_t bytes) {
     device_->to_device(data_, src, bytes);
   else
     std::memcpy(data_, src, bytes);
+}
+
+void Buffer::copy_from(const Buffer& src, size_t src_off, size_t bytes) {
+  QLFT_CHECK_ARG(bytes <= size_ && src_off <= src.size_ && bytes <= src.size_ - src_off,
+                 "copy of %zu bytes at %zu of a %zu-byte buffer into one of %zu", bytes, src_off,
+                 src.size_, size_);
+  QLFT_CHECK_ARG(device_ == src.device_, "copy between host and device buffers");
+  if (bytes == 0) return;
+  const char* from = static_cast<const char*>(src.data_) + src_off;
+  if (device_)
+    device_->copy(data_, from, bytes);
+  else
+    std::memcpy(data_, from, bytes);
 }
 
 void Buffer::copy_to_host(void* dst, size_t bytes) const {

@@ -12,6 +12,13 @@
 // are kept and reused for the same size. They are counted in `cached` (part of total reserved, in
 // no category) and never raise the total peak: a miss first returns cached blocks until the new
 // total stays within the peak so far and the limit.
+//
+// Device memory (a GPU backend's caching allocator, MemSpace::Device) is counted in the same
+// categories and totals, and also on its own: the planner's device prediction and a device budget
+// are checked against it. Blocks the caching allocator keeps after their user freed them are
+// `device_cached` (in the totals, in no category): with backend=cuda memory.limit budgets device
+// bytes only (set_limit_space), and past it the allocator returns its cache before failing, so what
+// must fit is the live device bytes.
 #pragma once
 
 #include <array>
@@ -38,11 +45,21 @@ enum class MemCategory : int {
 constexpr int kMemCategoryCount = QLFT_MEM_CATEGORY_COUNT;
 const char* mem_category_name(MemCategory c);
 
+// Where a tracked block lives: host RAM, or a backend's device memory.
+enum class MemSpace : uint8_t { Host, Device };
+
 struct MemorySnapshot {
   uint64_t limit = 0;
   std::array<uint64_t, kMemCategoryCount> allocated{}, reserved{}, peak{};
   uint64_t total_reserved = 0, total_peak = 0;
   uint64_t cached = 0;  // freed host blocks kept for reuse (in total_reserved, in no category)
+  // Device memory alone (also counted above): live blocks per category, and the device totals.
+  bool limit_device = false;  // the limit budgets device bytes only (backend=cuda)
+  std::array<uint64_t, kMemCategoryCount> device_reserved{}, device_peak{};
+  uint64_t device_total = 0;       // device bytes held now: live + cached
+  uint64_t device_cached = 0;      // freed device blocks the caching allocator keeps
+  uint64_t device_live_peak = 0;   // the most device bytes in live blocks at once
+  uint64_t device_total_peak = 0;  // the most device bytes held at once (live + cached)
 };
 
 constexpr uint64_t kHostCacheMinBytes = 256 * 1024;
@@ -55,8 +72,16 @@ class MemoryTracker {
   MemoryTracker& operator=(const MemoryTracker&) = delete;
 
   // Counts bytes as reserved and allocated; throws QLFT_ERR_OUT_OF_MEMORY if over the limit.
-  void acquire(MemCategory c, uint64_t bytes, const char* what);
-  void release(MemCategory c, uint64_t bytes) noexcept;
+  void acquire(MemCategory c, uint64_t bytes, const char* what, MemSpace s = MemSpace::Host);
+  void release(MemCategory c, uint64_t bytes, MemSpace s = MemSpace::Host) noexcept;
+
+  // The device caching allocator: a freed block kept for reuse leaves its category for
+  // `device_cached` (to_device_cache); reused, it joins the new user's category
+  // (from_device_cache: no limit check, the total is unchanged, but fault injection counts it);
+  // returned to the driver, it leaves the totals (device_cache_freed).
+  void to_device_cache(MemCategory c, uint64_t bytes) noexcept;
+  void from_device_cache(MemCategory c, uint64_t bytes, const char* what);
+  void device_cache_freed(uint64_t bytes) noexcept;
 
   // Host blocks (Buffer's storage): acquire_block counts like acquire and returns a cached block
   // of exactly `bytes` when there is one (nullptr: the caller allocates); release_block counts
@@ -70,6 +95,15 @@ class MemoryTracker {
 
   void set_limit(uint64_t limit) { limit_ = limit; }
   uint64_t limit() const { return limit_; }
+  // What the limit budgets: every tracked byte (Host, the default: the CPU backend's memory is
+  // host RAM) or device bytes only (Device: backend=cuda, where memory.limit is the GPU budget and
+  // the host copies of the weights and adapter are not in it).
+  void set_limit_space(MemSpace s) { limit_space_ = s; }
+  MemSpace limit_space() const { return limit_space_; }
+  // The bytes the limit applies to now (total_reserved, or the device total), and their peak
+  // since the last reset_peaks (for the device: its live peak, what had to fit).
+  uint64_t budgeted_reserved() const;
+  uint64_t budgeted_peak() const;
   // The phase named in out-of-memory messages ("forward", "backward", "optimizer", "load").
   void set_phase(const char* phase) { phase_ = phase; }
   // Fault injection: the n-th acquire from now (1-based) fails as if over the limit; 0 disables.
@@ -91,7 +125,14 @@ class MemoryTracker {
   int cache_holders_ = 0;
   uint64_t cached_ = 0;
   std::multimap<uint64_t, void*> cache_;  // size -> free block
-  void check_limit(MemCategory c, uint64_t bytes, const char* what);
+  MemSpace limit_space_ = MemSpace::Host;
+  std::array<uint64_t, kMemCategoryCount> dev_reserved_{}, dev_peak_{};
+  uint64_t dev_total_ = 0, dev_cached_ = 0, dev_live_peak_ = 0, dev_total_peak_ = 0;
+  void check_limit(MemCategory c, uint64_t bytes, const char* what, MemSpace s);
+  void count_device(MemCategory c, uint64_t bytes);  // live device bytes in, peaks updated
+  bool limited(MemSpace s) const {
+    return limit_ > 0 && (limit_space_ == MemSpace::Host || s == MemSpace::Device);
+  }
   void count_in(MemCategory c, uint64_t bytes);
   void evict_for(uint64_t bytes) noexcept;  // with mu_ held
 };
@@ -113,6 +154,8 @@ class DeviceAllocator {
   // Ordered after the backend's queued work; to_host returns once the bytes are there.
   virtual void to_device(void* dst, const void* src, size_t bytes) = 0;
   virtual void to_host(void* dst, const void* src, size_t bytes) = 0;
+  // Within device memory, ordered after the queued work; does not wait.
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
 
  protected:
   ~DeviceAllocator() = default;
@@ -153,6 +196,9 @@ class Buffer {
   void zero();
   void copy_from_host(const void* src, size_t bytes);
   void copy_to_host(void* dst, size_t bytes) const;
+  // bytes of src from offset src_off into the start of this buffer; both in the same memory
+  // (host, or one DeviceAllocator's).
+  void copy_from(const Buffer& src, size_t src_off, size_t bytes);
 
  private:
   MemoryTracker* tracker_ = nullptr;

@@ -90,19 +90,21 @@ std::unique_ptr<PendingCollective> Communicator::start_all_gather_raw(const void
               backend(), bytes);
 }
 
+// The helpers below pass host buffers: a device communicator hands them to its host one.
 double Communicator::sum(double v) {
-  all_reduce(&v, 1, ReduceOp::Sum);
+  host().all_reduce(&v, 1, ReduceOp::Sum);
   return v;
 }
 
 int64_t Communicator::sum(int64_t v) {
   double d = static_cast<double>(v);
-  all_reduce(&d, 1, ReduceOp::Sum);
+  host().all_reduce(&d, 1, ReduceOp::Sum);
   return static_cast<int64_t>(d);
 }
 
 void Communicator::check_same(uint64_t value, const char* what) {
   if (world() == 1) return;
+  if (&host() != this) return host().check_same(value, what);
   // Two 32-bit halves as doubles (exact): compare each rank's with the sum / world.
   double v[2] = {static_cast<double>(value >> 32), static_cast<double>(value & 0xffffffffu)};
   double s[2] = {v[0], v[1]};
@@ -117,6 +119,7 @@ void Communicator::check_same(uint64_t value, const char* what) {
 }
 
 std::vector<std::string> Communicator::all_gather_bytes(const std::string& mine) {
+  if (&host() != this) return host().all_gather_bytes(mine);
   const int w = world();
   std::vector<std::string> out(w);
   if (w == 1) {

@@ -71,6 +71,16 @@ class Communicator {
   virtual void broadcast(void* data, size_t bytes, int root) = 0;
   virtual void barrier() = 0;
 
+  // Where the buffers of the collectives above live: host memory (none, mpi) or device memory
+  // (nccl). A device communicator has a host one beside it for host buffers (scalars, settings
+  // checks, gathered optimizer state): host() (itself for host communicators).
+  virtual bool device_buffers() const { return false; }
+  virtual Communicator& host() { return *this; }
+  // A device communicator orders every later collective after the work already queued on
+  // `stream` (a cudaStream_t of the device backend, Backend::native_stream) when it starts, and
+  // the host waits for the collective to end, so work queued afterwards sees its result.
+  virtual void follow_stream(void* stream) { (void)stream; }
+
   double timeout_s() const { return timeout_s_; }
   void set_timeout(double seconds) { timeout_s_ = seconds > 0 ? seconds : 1e9; }
   bool broken() const { return broken_; }

@@ -24,7 +24,10 @@ DistSettings DistSettings::from_config(const Config& c) {
 
 DataParallel::DataParallel(std::unique_ptr<Communicator> comm, int zero_stage,
                            std::vector<ParamRef> params, MemoryTracker* tracker)
-    : comm_(std::move(comm)), stage_(zero_stage), params_(std::move(params)) {
+    : comm_(std::move(comm)),
+      host_(&comm_->host()),
+      stage_(zero_stage),
+      params_(std::move(params)) {
   // Stage 3 treats the LoRA tensors as stage 2 does; its base-weight sharding is Zero3Stream.
   QLFT_CHECK_ARG(stage_ >= 0 && stage_ <= 3, "dist.zero_stage %d: stages are 0 to 3", stage_);
   const int w = comm_->world();
@@ -58,6 +61,7 @@ DataParallel::DataParallel(std::unique_ptr<Communicator> comm, int zero_stage,
                   stage_, w, r, params_.size());
     segment_ = std::max(segment_, fill[r]);
   }
+  fill_ = fill;
   if (w > 1)
     flat_ = Buffer(tracker, MemCategory::Communication,
                    (static_cast<size_t>(w) + 1) * segment_ * sizeof(float),
@@ -77,7 +81,7 @@ int DataParallel::missing_passes(int passes) {
   if (!zero3_ || world() == 1) return 0;
   std::vector<double> n(static_cast<size_t>(world()), 0.0);
   n[static_cast<size_t>(rank())] = passes;
-  comm_->all_reduce(n.data(), n.size(), ReduceOp::Sum);
+  host_->all_reduce(n.data(), n.size(), ReduceOp::Sum);
   return static_cast<int>(*std::max_element(n.begin(), n.end())) - passes;
 }
 
@@ -96,7 +100,7 @@ std::vector<ParamRef> DataParallel::owned_params() const {
 bool DataParallel::any(bool flag) {
   if (world() == 1) return flag;
   double v = flag ? 1.0 : 0.0;
-  comm_->all_reduce(&v, 1, ReduceOp::Sum);
+  host_->all_reduce(&v, 1, ReduceOp::Sum);
   return v > 0;
 }
 
@@ -122,14 +126,15 @@ void DataParallel::unpack(bool grads, int only_rank) {
 
 void DataParallel::reduce_gradients() {
   if (world() == 1) return;
+  if (dev_) return reduce_device_gradients();
   pack(true);
   float* f = flat_.as<float>();
   if (stage_ < 2) {
-    comm_->all_reduce(f, static_cast<size_t>(world()) * segment_, ReduceOp::Sum);
+    host_->all_reduce(f, static_cast<size_t>(world()) * segment_, ReduceOp::Sum);
     unpack(true, -1);
   } else {
     // The last segment of flat_ receives this rank's block.
-    comm_->reduce_scatter(f, f + world() * segment_, segment_, ReduceOp::Sum);
+    host_->reduce_scatter(f, f + world() * segment_, segment_, ReduceOp::Sum);
     unpack(true, rank());
   }
 }
@@ -148,7 +153,7 @@ ClipResult DataParallel::clip(const std::vector<GradSpan>& grads, double max_nor
   if (stage_ < 2 || world() == 1) return clip_grad_norm(grads, max_norm);
   const double local = global_grad_norm(grads);
   double sq = local * local;
-  comm_->all_reduce(&sq, 1, ReduceOp::Sum);
+  host_->all_reduce(&sq, 1, ReduceOp::Sum);
   const ClipResult r = clip_rule(std::sqrt(sq), max_norm);
   if (!r.clipped) return r;
   const float cf = static_cast<float>(r.coef);
@@ -159,16 +164,17 @@ ClipResult DataParallel::clip(const std::vector<GradSpan>& grads, double max_nor
 
 void DataParallel::gather_params() {
   if (stage_ == 0 || world() == 1) return;
+  if (dev_) return gather_device_params();
   pack(false);
   float* f = flat_.as<float>();
-  comm_->all_gather(f + rank() * segment_, f, segment_);
+  host_->all_gather(f + rank() * segment_, f, segment_);
   for (int r = 0; r < world(); ++r)
     if (r != rank()) unpack(false, r);
 }
 
 StateDict DataParallel::gather_state(const StateDict& mine) {
   if (stage_ == 0 || world() == 1) return mine;
-  std::vector<std::string> all = comm_->all_gather_bytes(serialize_state(mine));
+  std::vector<std::string> all = host_->all_gather_bytes(serialize_state(mine));
   StateDict merged;
   for (const std::string& blob : all) deserialize_state(blob, merged);
   return merged;

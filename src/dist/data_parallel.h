@@ -16,6 +16,14 @@
 // tensor's optimizer math (including 8-bit AdamW's per-tensor blocks) is then exactly the
 // 1-rank math, so a checkpoint's gathered state has the 1-rank layout and resumes at any world
 // size.
+//
+// Device-resident exchange (dist.backend=nccl with a device backend, attach_device): the LoRA
+// weights and gradients are the runner's device copies, one flat array each with params() back
+// to back, so a rank's owned tensors are one range of them. reduce_gradients, device_clip and
+// gather_params then run NCCL collectives on those arrays (packed into a device exchange buffer
+// where ranks' ranges must be equal blocks), ordered after the backend's stream; nothing goes
+// through the host but the scalars. The host-buffer collectives (scalars, state gathering) use
+// the communicator's host() side.
 #pragma once
 
 #include <cstdint>
@@ -31,7 +39,8 @@
 
 namespace qlft {
 class Config;
-}
+class Backend;
+}  // namespace qlft
 
 namespace qlft::dist {
 
@@ -52,7 +61,10 @@ class DataParallel {
                MemoryTracker* tracker);
   ~DataParallel();
 
-  Communicator& comm() { return *comm_; }
+  // The communicator for host buffers (the MPI bootstrap under NCCL).
+  Communicator& comm() { return *host_; }
+  // The communicator as made (NCCL's device buffers, or the same as comm()).
+  Communicator& device_comm() { return *comm_; }
   int rank() const { return comm_->rank(); }
   int world() const { return comm_->world(); }
   int zero_stage() const { return stage_; }
@@ -82,6 +94,20 @@ class DataParallel {
   // Every rank's optimizer state merged into one dict with the 1-rank layout (on every rank).
   StateDict gather_state(const StateDict& mine);
 
+  // ---- device-resident exchange -----------------------------------------------------------
+  // w and g: the params' values and gradients back to back (n floats) in be's memory. Needs a
+  // communicator with device buffers (dist.backend=nccl). From then on reduce_gradients and
+  // gather_params work on these arrays.
+  void attach_device(Backend& be, float* w, float* g, int64_t n);
+  bool on_device() const { return dev_ != nullptr; }
+  // This rank's owned range of the flat arrays, in elements (everything at stage 0).
+  int64_t owned_begin() const;
+  int64_t owned_count() const;
+  // The gradients this rank checks and clips (device arrays): all at stages 0-1, the owned
+  // range at stages 2-3. Global-norm clipping of them, the same result on every rank.
+  float* device_grads(int64_t* n) const;
+  ClipResult device_clip(double max_norm);
+
   // ZeRO-3: the base-weight stream this trainer installed in the model. It is detached (its
   // later acquires throw) when this object goes, before the communicator.
   void set_zero3_stream(std::shared_ptr<Zero3Stream> s);
@@ -98,13 +124,23 @@ class DataParallel {
   void pack(bool grads);
   void unpack(bool grads, int only_rank);
 
+  void reduce_device_gradients();
+  void gather_device_params();
+
   std::unique_ptr<Communicator> comm_;
+  Communicator* host_;  // comm_->host()
   int stage_;
   std::vector<ParamRef> params_;
   std::vector<int> owner_;
   std::vector<size_t> offset_;  // of params_[i] in the flat buffer (its owner's segment)
   size_t segment_ = 0;          // floats per rank segment (the largest rank's share)
-  Buffer flat_;                 // world x segment floats, MemCategory::Communication
+  std::vector<size_t> fill_;    // elements per rank (its owned tensors)
+  Buffer flat_;                 // (world + 1) x segment floats, MemCategory::Communication
+  // attach_device: the backend, its flat arrays and a device exchange buffer like flat_.
+  Backend* dev_ = nullptr;
+  float *dev_w_ = nullptr, *dev_g_ = nullptr;
+  int64_t dev_n_ = 0;
+  Buffer dev_flat_;
   std::shared_ptr<Zero3Stream> zero3_;
 };
 

@@ -24,8 +24,13 @@ void copy_overlap(char* dst, size_t lo, size_t hi, const char* src, size_t off, 
 }
 }  // namespace
 
-Zero3Stream::Zero3Stream(Model& model, Communicator* comm, MemoryTracker* tracker)
-    : comm_(comm), tracker_(tracker), rank_(comm->rank()), world_(comm->world()) {
+Zero3Stream::Zero3Stream(Model& model, Communicator* comm, MemoryTracker* tracker,
+                         DeviceAllocator* device)
+    : comm_(comm), tracker_(tracker), device_(device), rank_(comm->rank()), world_(comm->world()) {
+  QLFT_CHECK_ARG(!device_ == !comm_->device_buffers(),
+                 "ZeRO-3: %s memory for the shards but a %s communicator (%s)",
+                 device_ ? "device" : "host", comm_->device_buffers() ? "device" : "host",
+                 comm_->backend());
   const int L = model.cfg.n_layers;
   // Groups: 0 the embedding, 1..L the layers, L+1 the final norm and untied output head.
   groups_.resize(static_cast<size_t>(L) + 2);
@@ -52,29 +57,46 @@ Zero3Stream::Zero3Stream(Model& model, Communicator* comm, MemoryTracker* tracke
     for (Slot& sl : g.slots)
       if (sl.bytes >= kLargeSlot) {
         sl.per_rank = slice_bytes(sl.bytes, world_);
-        sl.shard = Buffer(tracker_, MemCategory::Weights, sl.per_rank, "ZeRO-3 shard");
+        sl.shard = make(MemCategory::Weights, sl.per_rank, "ZeRO-3 shard");
       } else {
         g.total += sl.bytes;
       }
     g.per_rank = slice_bytes(g.total, world_);
-    if (g.total) g.shard = Buffer(tracker_, MemCategory::Weights, g.per_rank, "ZeRO-3 shard");
+    if (g.total) g.shard = make(MemCategory::Weights, g.per_rank, "ZeRO-3 shard");
   }
+  // write(dst) fills a shard's bytes: in place on the host, through a host copy on the device.
+  auto fill = [&](Buffer& shard, const auto& write) {
+    if (!device_) return write(shard.as<char>());
+    std::vector<char> h(shard.size(), 0);
+    write(h.data());
+    shard.copy_from_host(h.data(), h.size());
+  };
   for (Group& g : groups_) {
     const size_t lo = g.per_rank * static_cast<size_t>(rank_), hi = lo + g.per_rank;
-    size_t off = 0;  // of a small slot in the group's packed stream
-    for (Slot& sl : g.slots) {
-      const char* src = sl.buf->as<const char>();
+    for (Slot& sl : g.slots)
       if (sl.per_rank) {
         const size_t l = sl.per_rank * static_cast<size_t>(rank_);
-        copy_overlap(sl.shard.as<char>(), l, l + sl.per_rank, src, 0, sl.bytes);
-      } else {
-        copy_overlap(g.shard.as<char>(), lo, hi, src, off, sl.bytes);
-        off += sl.bytes;
+        fill(sl.shard, [&](char* dst) {
+          copy_overlap(dst, l, l + sl.per_rank, sl.buf->as<const char>(), 0, sl.bytes);
+        });
       }
-    }
+    if (!g.total) continue;
+    fill(g.shard, [&](char* dst) {
+      size_t off = 0;  // of a small slot in the group's packed stream
+      for (const Slot& sl : g.slots)
+        if (!sl.per_rank) {
+          copy_overlap(dst, lo, hi, sl.buf->as<const char>(), off, sl.bytes);
+          off += sl.bytes;
+        }
+    });
   }
   for (Group& g : groups_)
     for (const Slot& sl : g.slots) sl.buf->reset();
+}
+
+Buffer Zero3Stream::make(MemCategory c, size_t bytes, const char* what) const {
+  return device_ ? Buffer(device_, c, bytes, what, BufferInit::Uninit)
+                 : Buffer(tracker_, c, bytes, what);
 }
 
 Zero3Stream::~Zero3Stream() {
@@ -123,14 +145,12 @@ Zero3Stream::Fetch Zero3Stream::start(int u) {
     const Group& g = groups_[static_cast<size_t>(gi)];
     f.packed.emplace_back();
     if (g.total)
-      f.packed.back() =
-          Buffer(tracker_, MemCategory::Communication, g.per_rank * w, "gathered unit");
+      f.packed.back() = make(MemCategory::Communication, g.per_rank * w, "gathered unit");
     f.full.emplace_back();
     for (const Slot& sl : g.slots) {
       f.full.back().emplace_back();
       if (sl.per_rank)
-        f.full.back().back() =
-            Buffer(tracker_, MemCategory::Communication, sl.per_rank * w, "gathered unit");
+        f.full.back().back() = make(MemCategory::Communication, sl.per_rank * w, "gathered unit");
     }
   }
   const std::vector<int>& gs = groups_of(u);
@@ -167,8 +187,8 @@ void Zero3Stream::install(Fetch& f) {
           // The gathered Buffer itself: sl.bytes of data, then padding nothing reads.
           *sl.buf = std::move(f.full[k][i]);
         } else {
-          Buffer b(tracker_, MemCategory::Communication, sl.bytes, "gathered unit");
-          std::memcpy(b.data(), f.packed[k].as<const char>() + off, sl.bytes);
+          Buffer b = make(MemCategory::Communication, sl.bytes, "gathered unit");
+          b.copy_from(f.packed[k], off, sl.bytes);
           *sl.buf = std::move(b);
           off += sl.bytes;
         }

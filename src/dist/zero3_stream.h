@@ -20,6 +20,11 @@
 //
 // Every rank must acquire the same units in the same order (the runner does); a collective
 // inside a gather is bounded by dist.timeout_s like every other.
+//
+// On the device (a device communicator, NCCL, and the device backend's memory): the shards and
+// the gathered units live in device memory, the gathers run device to device, and the model's
+// Buffers are handed device memory (the CUDA backend uses such weights in place). The bytes go
+// through the host once, when the shards are made.
 #pragma once
 
 #include <cstdint>
@@ -39,7 +44,10 @@ class Zero3Stream final : public WeightStream {
   // Shards model's weights now (the full Buffers are freed once every shard is allocated; on
   // an exception the model is left as it was). comm must outlive the stream or detach() must be
   // called before it goes.
-  Zero3Stream(Model& model, Communicator* comm, MemoryTracker* tracker);
+  // device: the device memory for shards and gathered units (comm must then have device
+  // buffers); nullptr keeps them in host memory.
+  Zero3Stream(Model& model, Communicator* comm, MemoryTracker* tracker,
+              DeviceAllocator* device = nullptr);
   ~Zero3Stream() override;
 
   void acquire(int u, int next) override;
@@ -90,11 +98,13 @@ class Zero3Stream final : public WeightStream {
   void finish(Fetch& f);           // waits for every gather of f
   void install(Fetch& f);          // copies f's bytes into the model's Buffers
   void uninstall(int u) noexcept;  // frees them
-  void retire_ahead();             // waits for the prefetch and frees it
-  void drop_ahead() noexcept;      // the same, errors swallowed (cleanup paths)
+  Buffer make(MemCategory c, size_t bytes, const char* what) const;  // host or device memory
+  void retire_ahead();         // waits for the prefetch and frees it
+  void drop_ahead() noexcept;  // the same, errors swallowed (cleanup paths)
 
   Communicator* comm_;
   MemoryTracker* tracker_;
+  DeviceAllocator* device_;
   int rank_, world_;
   std::vector<Group> groups_;
   std::vector<std::vector<int>> unit_groups_;

@@ -112,8 +112,14 @@ struct LlamaRunner::Grads {
 };
 
 RunnerFootprint LlamaRunner::footprint(const ModelConfig& c, int lora_r, int lora_projs,
-                                       int64_t rows, bool training, bool doc_ids, DType acts) {
+                                       int64_t rows, bool training, bool doc_ids, DType acts,
+                                       uint64_t (*round)(uint64_t)) {
   const int64_t R = rows;
+  // A device allocator rounds each buffer further (size classes): per buffer, not per total.
+  auto counted = [round](int64_t n, int64_t bytes = sizeof(float)) {
+    const uint64_t b = qlft::counted(n, bytes);
+    return round ? round(b) : b;
+  };
   const int64_t es = acts == DType::F32 ? 4 : 2;  // bytes of a 16-bit-storable element
   RunnerFootprint f;
   const std::array<int64_t, 13> n = layer_act_counts(c, R);
@@ -422,13 +428,18 @@ void LlamaRunner::prepare(const TokenBatch& b, bool training) {
 }
 
 const float* LlamaRunner::frozen(const Buffer& host) {
-  if (!be_.device_memory() || host.empty()) return host.as<float>();
-  auto it = frozen_.find(host.data());
-  if (it == frozen_.end()) {
+  if (!be_.device_memory() || host.empty() || host.on_device()) return host.as<float>();
+  // Keyed by the model's Buffer (one per norm / bias). Streamed weights (ZeRO-3 over MPI, NVMe
+  // offload) get new bytes, possibly at a freed unit's old address, at every acquire: copied
+  // again each time.
+  auto it = frozen_.find(&host);
+  if (it == frozen_.end() || it->second.size() != host.size()) {
     Buffer d = be_.alloc(MemCategory::Weights, host.size(), "norm weight / bias (device copy)",
                          BufferInit::Uninit);
     d.copy_from_host(host.data(), host.size());
-    it = frozen_.emplace(host.data(), std::move(d)).first;
+    it = frozen_.insert_or_assign(&host, std::move(d)).first;
+  } else if (model_.stream) {
+    it->second.copy_from_host(host.data(), host.size());
   }
   return it->second.as<float>();
 }

@@ -81,8 +81,11 @@ class LlamaRunner {
  public:
   // lora_projs: LoRA-targeted projections per layer, each keeping rows x lora_r of xa.
   // acts: the activation storage type (activation_dtype(precision)).
+  // round: the bytes the backend's allocator holds for a buffer of n bytes (already rounded to
+  // 64 as Buffer does); nullptr: host memory (64-byte rounding only).
   static RunnerFootprint footprint(const ModelConfig& c, int lora_r, int lora_projs, int64_t rows,
-                                   bool training, bool doc_ids, DType acts);
+                                   bool training, bool doc_ids, DType acts,
+                                   uint64_t (*round)(uint64_t) = nullptr);
 
   // lora may be nullptr (base model only). Neither model nor lora is owned.
   LlamaRunner(const Model& model, Backend& backend, LoraAdapter* lora);

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "backend/cuda_entry.h"
 #include "config/config.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -34,6 +35,29 @@ uint64_t mem_available() {
   while (f >> key >> kib >> unit)
     if (key == "MemAvailable:") return kib * 1024;
   return 0;
+}
+
+// What a budget of 0 may still use: the device's free memory for a device budget, else the
+// OS's MemAvailable.
+uint64_t available(MemoryTracker* tr, bool device) {
+  if (!device) return mem_available();
+#if QLFT_HAVE_CUDA
+  return cuda_device_available(tr);
+#else
+  (void)tr;
+  throw_error(QLFT_ERR_UNSUPPORTED, "auto-tune: a device memory budget needs a CUDA build");
+#endif
+}
+
+// A device backend's trial starts with its caching allocator's free blocks returned: the
+// allocator hands a request a cached block of up to twice its size, so blocks left by a larger
+// trial would inflate a smaller one and make a trial's outcome depend on the trials before it.
+void empty_device_cache(Trainer& t) {
+#if QLFT_HAVE_CUDA
+  if (t.runner().backend().device_memory()) cuda_empty_cache(t.tracker());
+#else
+  (void)t;
+#endif
 }
 
 // Restores the tracker's limit and phase however the search ends.
@@ -189,6 +213,7 @@ bool autotune_trial(Trainer& t, int micro_batch, int seq_len, bool second_forwar
     t.lora().zero_grad();
     tr->set_phase("setup");
   };
+  empty_device_cache(t);
   tr->reset_peaks();
   try {
     const float scale = 1.f / static_cast<float>(R);
@@ -204,7 +229,7 @@ bool autotune_trial(Trainer& t, int micro_batch, int seq_len, bool second_forwar
     undo();
     throw;
   }
-  if (peak) *peak = tr->snapshot().total_peak;
+  if (peak) *peak = tr->budgeted_peak();
   undo();
   return true;
 }
@@ -324,11 +349,13 @@ AutotuneResult autotune_batch_shape(Trainer& t, const Config& cfg, int ranks) {
   }
 
   // The budget: memory.limit, or what is tracked now plus this rank's part of what the OS still
-  // has (ranks on one machine share it).
+  // has (ranks on one machine share it). With a device budget (backend=cuda: the tracker's limit
+  // counts device bytes only) that is device memory: what the device has free.
   const uint64_t limit = tr->limit();
-  const uint64_t reserved = tr->total_reserved();
+  const bool device = tr->limit_space() == MemSpace::Device;
+  const uint64_t reserved = tr->budgeted_reserved();
   const uint64_t sharing = static_cast<uint64_t>(ranks_on_this_host(comm));  // collective
-  const uint64_t budget = limit ? limit : reserved + mem_available() / sharing;
+  const uint64_t budget = limit ? limit : reserved + available(tr, device) / sharing;
   const double margin = cfg.get_float("train.autotune_margin");
   const uint64_t trial_limit = static_cast<uint64_t>(static_cast<double>(budget) * (1.0 - margin));
   const bool full = trial_limit <= reserved;
@@ -353,12 +380,16 @@ AutotuneResult autotune_batch_shape(Trainer& t, const Config& cfg, int ranks) {
   const WeightFootprint w = weight_footprint_for_plan(t.model(), cfg);
   ps.micro_batch = 1;
   const MemoryPlan one = plan_memory_of_rank(t.model().cfg, w, ps, dp.rank());
-  uint64_t persistent =
-      one.train[int(MemCategory::Weights)] + one.train[int(MemCategory::Adapter)] +
-      one.train[int(MemCategory::Gradients)] + one.train[int(MemCategory::Optimizer)];
+  // The categories the budget counts: the device's (a device budget and plan), else all.
+  const auto& held = device && one.device ? one.device_train : one.train;
+  uint64_t persistent = held[int(MemCategory::Weights)] + held[int(MemCategory::Adapter)] +
+                        held[int(MemCategory::Gradients)] + held[int(MemCategory::Optimizer)];
+  // A device backend uploads its weights at their first use (not yet), and holds its fixed
+  // workspace (cuBLASLt's) from the start.
+  if (device && one.device) persistent += one.device_fixed - held[int(MemCategory::Weights)];
   const int stage = static_cast<int>(cfg.get_int("dist.zero_stage"));
   // The exchange buffer is allocated by now; ZeRO-3's gathered units are not.
-  if (stage < 3) persistent += one.train[int(MemCategory::Communication)];
+  if (stage < 3) persistent += held[int(MemCategory::Communication)];
   const uint64_t other = reserved > persistent ? reserved - persistent : 0;
   const int start = static_cast<int>(min_over_ranks(
       comm,
@@ -377,7 +408,7 @@ AutotuneResult autotune_batch_shape(Trainer& t, const Config& cfg, int ranks) {
       PlanSettings pm = ps;
       pm.micro_batch = m;
       const bool past =
-          plan_memory_of_rank(t.model().cfg, w, pm, dp.rank()).train_peak + other > budget;
+          plan_memory_of_rank(t.model().cfg, w, pm, dp.rank()).budgeted_peak() + other > budget;
       if (count_over_ranks(comm, past) > 0) return false;
     }
     int outcome = 0;  // 0 fit, 1 out of memory, 2 another error
@@ -418,6 +449,7 @@ AutotuneResult autotune_batch_shape(Trainer& t, const Config& cfg, int ranks) {
   s.micro_batch = static_cast<int>(micro);
   s.accumulation = static_cast<int>(acc);
   t.set_batch_shape(s.micro_batch, s.accumulation);
+  empty_device_cache(t);  // the first step starts as the trials did
   tr->reset_peaks();
   std::string tried;
   for (const AutotuneTrial& x : s.trials) tried += strf(" %d%s", x.micro_batch, x.fits ? "" : "!");

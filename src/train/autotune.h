@@ -5,7 +5,11 @@
 // second forward beside the kept backward temporaries when the step will accumulate. A trial
 // "fits" when it peaks below (1 - train.autotune_margin) x the budget (memory.limit, or the
 // tracked bytes plus the OS's MemAvailable when the limit is 0); past it the tracker throws
-// QLFT_ERR_OUT_OF_MEMORY and the trial is undone.
+// QLFT_ERR_OUT_OF_MEMORY and the trial is undone. With backend=cuda the budget is the device's
+// (the tracker's limit counts device bytes; with memory.limit 0 the device's free memory), the
+// out-of-memory is the device allocator's, and each trial starts with the allocator's cache
+// returned (a cached block serves requests down to half its size: left by a larger trial it
+// would inflate a smaller one).
 //
 // Search: start at the memory planner's prediction. On failure go down, by 1, 2, 4, ... sizes
 // but never more than halving (the planner is usually off by little; far off this is plain

@@ -5,8 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "backend/cpu/gemm_bf16.h"
-#include "backend/softmax_math.h"
+#include "backend/workspace_model.h"
 #include "config/config.h"
 #include "config/keys.h"
 #include "dist/communicator.h"
@@ -88,13 +87,39 @@ void proj_shapes(const ModelConfig& c, int64_t shapes[kProjCount][2]) {
   std::memcpy(shapes, s, sizeof s);
 }
 
+// A block a device backend makes of a weight (its resident copy).
+void add_device(WeightFootprint& w, uint64_t bytes) {
+  if (bytes) w.device_slots.push_back(bytes);
+}
+
+// The resident copy of a [rows, cols] matrix of kind k: its data and its float scales (NF4
+// absmax one float per block, double quantization or not; INT8 one per row).
+void add_device_matrix(WeightFootprint& w, QuantKind k, int64_t rows, int64_t cols, int blocksize,
+                       uint64_t data_bytes) {
+  add_device(w, data_bytes);
+  if (k == QuantKind::NF4) add_device(w, uint64_t(nf4_num_blocks(rows * cols, blocksize)) * 4);
+  if (k == QuantKind::INT8) add_device(w, uint64_t(rows) * 4);
+}
+
+// A buffer of `bytes` in group g that a device backend also copies as it is (f32 norms, biases,
+// embedding and head).
+void add_slot_dev(WeightFootprint& w, size_t g, uint64_t bytes) {
+  add_slot(w, g, bytes);
+  add_device(w, bytes);
+}
+
 // One linear weight of a file: kept (its own storage) or quantized at load (f32 staging).
 void add_linear(WeightFootprint& w, size_t g, const LoadOptions& o, int64_t rows, int64_t cols,
                 uint64_t kept_bytes) {
   if (o.quant_type == "keep") {
     add_slot(w, g, kept_bytes);
+    add_device(w, kept_bytes);
     return;
   }
+  const QuantKind k = target_kind(o.quant_type);
+  add_device_matrix(
+      w, k, rows, cols, o.blocksize,
+      k == QuantKind::NF4 ? uint64_t(nf4_packed_bytes(rows * cols)) : uint64_t(rows * cols));
   uint64_t inner = 0;
   w.bytes += quantized_bytes(target_kind(o.quant_type), rows, cols, o.blocksize, o.double_quant,
                              &inner, &w.groups[g]);
@@ -106,15 +131,15 @@ void add_fixed(WeightFootprint& w, const ModelConfig& c) {
   w.groups.assign(static_cast<size_t>(c.n_layers) + 2, {});
   w.tied = c.tied_embeddings;
   const size_t head = static_cast<size_t>(c.n_layers) + 1;
-  add_slot(w, 0, uint64_t(c.vocab) * c.dim * 4);
-  add_slot(w, head, uint64_t(c.dim) * 4);
-  if (!c.tied_embeddings) add_slot(w, head, uint64_t(c.vocab) * c.dim * 4);
+  add_slot_dev(w, 0, uint64_t(c.vocab) * c.dim * 4);
+  add_slot_dev(w, head, uint64_t(c.dim) * 4);
+  if (!c.tied_embeddings) add_slot_dev(w, head, uint64_t(c.vocab) * c.dim * 4);
 }
 
 void add_biases(WeightFootprint& w, size_t g, const int64_t shapes[kProjCount][2]) {
-  add_slot(w, g, uint64_t(shapes[0][0]) * 4);
-  add_slot(w, g, uint64_t(shapes[1][0]) * 4);
-  add_slot(w, g, uint64_t(shapes[1][0]) * 4);
+  add_slot_dev(w, g, uint64_t(shapes[0][0]) * 4);
+  add_slot_dev(w, g, uint64_t(shapes[1][0]) * 4);
+  add_slot_dev(w, g, uint64_t(shapes[1][0]) * 4);
 }
 
 WeightFootprint gguf_footprint(const std::string& path, const LoadOptions& o, ModelConfig* cfg) {
@@ -147,8 +172,8 @@ WeightFootprint gguf_footprint(const std::string& path, const LoadOptions& o, Mo
   proj_shapes(c, shapes);
   for (int l = 0; l < c.n_layers; ++l) {
     const size_t gi = static_cast<size_t>(l) + 1;
-    add_slot(w, gi, uint64_t(c.dim) * 4);
-    add_slot(w, gi, uint64_t(c.dim) * 4);
+    add_slot_dev(w, gi, uint64_t(c.dim) * 4);
+    add_slot_dev(w, gi, uint64_t(c.dim) * 4);
     const std::string b = "blk." + std::to_string(l) + ".";
     for (int p = 0; p < kProjCount; ++p) {
       const std::string n = b + proj_gguf_name(static_cast<Proj>(p)) + ".weight";
@@ -198,8 +223,8 @@ WeightFootprint hf_footprint(const std::string& path, const LoadOptions& o, Mode
   proj_shapes(c, shapes);
   for (int l = 0; l < c.n_layers; ++l) {
     const size_t g = static_cast<size_t>(l) + 1;
-    add_slot(w, g, uint64_t(c.dim) * 4);
-    add_slot(w, g, uint64_t(c.dim) * 4);
+    add_slot_dev(w, g, uint64_t(c.dim) * 4);
+    add_slot_dev(w, g, uint64_t(c.dim) * 4);
     const std::string b = "model.layers." + std::to_string(l) + ".";
     for (int p = 0; p < kProjCount; ++p) {
       const std::string n =
@@ -211,6 +236,8 @@ WeightFootprint hf_footprint(const std::string& path, const LoadOptions& o, Mode
         // bitsandbytes pre-quantized: stored as in the file (plus small quant state).
         add_slot(w, g, t->nbytes);
         add_slot(w, g, t->dtype == DType::I8 ? uint64_t(rows) * 4 : 16 * 4);
+        add_device_matrix(w, t->dtype == DType::I8 ? QuantKind::INT8 : QuantKind::NF4, rows, cols,
+                          o.blocksize, t->nbytes);
         continue;
       }
       const bool half = t->dtype == DType::F16 || t->dtype == DType::BF16;
@@ -220,94 +247,6 @@ WeightFootprint hf_footprint(const std::string& path, const LoadOptions& o, Mode
   }
   return w;
 }
-
-// ---- workspace of the CPU backend's kernels ----------------------------------------------------
-
-struct WsModel {
-  const PlanSettings& s;
-  int threads;
-  bool autocast;  // fp16 (and bf16 without a native CPU path): rounded fp32 copies of inputs
-  bool lp;        // bf16: the CPU backend's own bf16 GEMM operands
-  int64_t eb;     // bytes of an lp element: 2 (oneDNN bf16) or 4 (rounded fp32 for sgemm)
-  int r;
-  bool dropout;
-
-  int64_t panel_rows(int64_t rows, int64_t cols) const {
-    int64_t p = s.tune.panel_bytes / std::max<int64_t>(1, cols * 4);
-    p = std::clamp<int64_t>(p, std::max<int64_t>(1, s.tune.panel_min_rows),
-                            std::max<int64_t>(1, s.tune.panel_max_rows));
-    return std::min<int64_t>(p, std::max<int64_t>(rows, 1));
-  }
-  // As cpu::panel_rows_lp: the same bytes, so bf16 panels hold twice the rows.
-  int64_t panel_rows_lp(int64_t rows, int64_t cols) const {
-    int64_t p = s.tune.panel_bytes / std::max<int64_t>(1, cols * eb);
-    const int64_t lo = std::max<int64_t>(1, s.tune.panel_min_rows);
-    const int64_t hi = std::max<int64_t>(1, s.tune.panel_max_rows * (4 / eb));
-    p = std::clamp<int64_t>(p, lo, std::max(lo, hi));
-    return std::min<int64_t>(p, std::max<int64_t>(rows, 1));
-  }
-  uint64_t lpm(int64_t elems) const { return rb(uint64_t(elems) * eb); }
-  int64_t drop_rows(int64_t M, int64_t K) const {
-    return std::min(M, std::max<int64_t>(1, s.tune.drop_chunk_bytes / std::max<int64_t>(1, K * 4)));
-  }
-  // linear_fwd of W [N, K] on M rows with xa kept by the caller: the weight panel, then (apart
-  // from it) the dropout chunk of the LoRA input; autocast holds a rounded copy of x.
-  uint64_t lin_fwd(int64_t N, int64_t K, int64_t M, bool lora) const {
-    const uint64_t drop = lora && dropout ? fl(drop_rows(M, K) * K) : 0;
-    if (lp) {
-      // x as lp, with the lp panel; then x widened to fp32 for the LoRA GEMMs (a copy only
-      // when lp holds bf16), briefly beside the lp x, then beside the dropout chunk.
-      const uint64_t xl = lpm(M * K), xr = lora && eb == 2 ? fl(M * K) : 0;
-      const uint64_t lora_part = lora ? std::max(xl + xr, (eb == 2 ? xr : xl) + drop) : 0;
-      return std::max(xl + lpm(panel_rows_lp(N, K) * K), lora_part);
-    }
-    const uint64_t ws = std::max(fl(panel_rows(N, K) * K), drop);
-    return ws + (autocast ? fl(M * K) : 0);
-  }
-  // linear_bwd with dx wanted: the panel; then dy B and the dropout chunks (for dA and dx).
-  uint64_t lin_bwd(int64_t N, int64_t K, int64_t M, bool lora) const {
-    const uint64_t lora_ws = lora ? fl(M * r) + (dropout ? 2 * fl(drop_rows(M, K) * K) : 0) : 0;
-    if (lp) {
-      // dy as lp with the lp panel; for LoRA dy widened (a copy when lp is bf16) beside it,
-      // then the lp dy goes and x rounded to fp32 joins for the LoRA gradients.
-      const uint64_t dyl = lpm(M * N), dyr = eb == 2 ? fl(M * N) : 0;
-      const uint64_t lora_part =
-          lora ? std::max(dyl + dyr, (eb == 2 ? dyr : dyl) + fl(M * K) + lora_ws) : 0;
-      return std::max(dyl + lpm(panel_rows_lp(N, K) * K), lora_part);
-    }
-    const uint64_t ws = std::max(fl(panel_rows(N, K) * K), lora_ws);
-    return ws + (autocast ? fl(M * K) + fl(M * N) : 0);
-  }
-  // The rope cos/sin table: one row per distinct position (positions 0 .. T-1 here).
-  uint64_t rope(const ModelConfig& c, int64_t T) const { return fl(T * (c.head_dim / 2) * 2); }
-  uint64_t attn_fwd(const ModelConfig& c, int64_t B, int64_t T) const {
-    const int64_t R = B * T, bq = std::max<int64_t>(1, s.tune.attn_block_q);
-    const int64_t nqb = (T + bq - 1) / bq;
-    const int64_t nt = std::min<int64_t>(threads, B * c.n_heads * nqb);
-    const int64_t qd = int64_t(c.n_heads) * c.head_dim, kvd = int64_t(c.n_kv_heads) * c.head_dim;
-    const bool round = autocast || lp;  // attention inputs are rounded copies either way
-    return rb(uint64_t(R) * 4) + fl(nt * bq * T) + (round ? fl(R * qd) + 2 * fl(R * kvd) : 0);
-  }
-  uint64_t attn_bwd(const ModelConfig& c, int64_t B, int64_t T) const {
-    const int64_t R = B * T, bq = std::max<int64_t>(1, s.tune.attn_block_q);
-    const int64_t nt = std::min<int64_t>(threads, B * c.n_kv_heads);
-    const int64_t qd = int64_t(c.n_heads) * c.head_dim, kvd = int64_t(c.n_kv_heads) * c.head_dim;
-    const bool round = autocast || lp;
-    return rb(uint64_t(R) * 4) + fl(nt * (2 * bq * T + bq)) +
-           (round ? 2 * fl(R * qd) + 2 * fl(R * kvd) : 0);
-  }
-  // Fused linear + cross-entropy with dh, every target trained (the most rows per chunk).
-  uint64_t cross_entropy(const ModelConfig& c, int64_t R) const {
-    const int64_t V = c.vocab, H = c.dim, P = lp ? panel_rows_lp(V, H) : panel_rows(V, H);
-    int64_t rc = std::min(s.tune.ce_logits_bytes / (P * 4),
-                          s.tune.ce_hidden_bytes / std::max<int64_t>(1, H * 4));
-    rc = std::clamp<int64_t>(rc, 1, R);
-    const int64_t e = lp ? eb : 4;
-    return rb(uint64_t(P * H * e)) + fl(rc * P) + rb(uint64_t(rc * H * e)) +
-           (lp && eb == 2 ? rb(uint64_t(rc * P) * 2) : 0) + fl(rc * H) +
-           rb(uint64_t(rc) * (sizeof(OnlineSoftmax<double>) + 8)) + (autocast ? fl(R * H) : 0);
-  }
-};
 
 uint64_t optimizer_bytes(const std::string& name, uint64_t numel) {
   if (name == "adamw") return 2 * fl(int64_t(numel));
@@ -329,10 +268,14 @@ WeightFootprint weight_footprint(const Model& m) {
   const size_t L = m.layers.size();
   w.groups.assign(L + 2, {});
   w.tied = m.output.rows == 0;
-  auto buf = [&](size_t g, const Buffer& b) { add_slot(w, g, b.size()); };
+  // Every buffer as loaded; the device copies of those the runner reads (an empty untied head
+  // has none).
+  auto buf = [&](size_t g, const Buffer& b) { add_slot_dev(w, g, b.size()); };
   auto qw = [&](size_t g, const QWeight& q) {
     for (const Buffer* b : {&q.data, &q.absmax, &q.nested_absmax, &q.code, &q.nested_code, &q.scb})
-      buf(g, *b);
+      add_slot(w, g, b->size());
+    if (q.rows > 0)
+      add_device_matrix(w, q.kind, q.rows, q.cols, q.blocksize, std::max<size_t>(q.data.size(), 1));
   };
   qw(0, m.tok_embd);
   buf(L + 1, m.output_norm);
@@ -387,8 +330,10 @@ PlanSettings PlanSettings::from_config(const Config& c) {
   const std::string init_from = c.get("lora.init_from");
   if (!init_from.empty()) s.lora = read_peft_config(init_from);
   s.threads = static_cast<int>(c.get_int("threads"));
+  s.backend = c.get("backend");
   s.zero_stage = static_cast<int>(c.get_int("dist.zero_stage"));
   s.world = c.get("dist.backend") == "none" ? 1 : dist::detect_launch().world;
+  s.dist_backend = c.get("dist.backend");
   s.offload_optimizer = c.get("offload.optimizer");
   s.offload_params = c.get("offload.params");
   // NVMe buffers in flight (where the build has the key).
@@ -576,6 +521,49 @@ uint64_t nvme_resident_bytes(const WeightFootprint& w, int read_ahead) {
 
 }  // namespace
 
+namespace {
+
+// The LoRA tensors' floats (A and B of every targeted projection of every layer).
+uint64_t lora_floats(const ModelConfig& c, const LoraConfig& lc) {
+  uint64_t n = 0;
+  for (uint64_t x : lora_numels(c, lc)) n += x;
+  return n;
+}
+
+// backend=cuda: the device blocks that outlive a step (resident weights, the adapter's device
+// copy and gradients, the device AdamW state), and the host's share of the optimizer state.
+// host_adapter: the host adapter's bytes (its gradients are as large).
+void plan_device_persistent(const ModelConfig& c, const WeightFootprint& w, const PlanSettings& s,
+                            const WorkspaceModel& m, uint64_t host_adapter, MemoryPlan* p) {
+  auto& d = p->device_train;
+  // Every weight the runner reads, uploaded once, and the rope table (head_dim / 2 floats).
+  uint64_t weights = m.round(rb(uint64_t(c.head_dim / 2) * 4));
+  const bool have_groups = w.groups.size() == static_cast<size_t>(c.n_layers) + 2;
+  if (s.offload_params == "cpu" && have_groups) {
+    // offload.params=cpu (offload/device_weight_stream.h): the unit in use and the next one,
+    // their storage as stored; the host keeps every weight.
+    weights += nvme_resident_bytes(w, 1);
+  } else {
+    for (uint64_t b : w.device_slots) weights += m.round(b);
+  }
+  d[int(MemCategory::Weights)] = weights;
+  // The runner's device copy of A/B and dA/dB: one flat array each (LlamaRunner::lora_to_device).
+  const uint64_t flat = lora_floats(c, s.lora) * 4;
+  if (flat == 0 || host_adapter == 0) return;
+  d[int(MemCategory::Adapter)] = m.round(rb(flat));
+  d[int(MemCategory::Gradients)] = m.round(rb(flat));
+  // The device optimizer step (trainer.cpp): AdamW on one rank or over NCCL, its state not
+  // offloaded. Its m and v are device arrays (this rank's tensors) and the host has none.
+  if ((s.world == 1 || s.dist_backend == "nccl") && s.optimizer == "adamw" &&
+      s.offload_optimizer == "none") {
+    uint64_t& host = p->train[int(MemCategory::Optimizer)];
+    d[int(MemCategory::Optimizer)] = s.world == 1 ? 2 * m.round(rb(flat)) : 2 * m.round(host / 2);
+    host = 0;
+  }
+}
+
+}  // namespace
+
 MemoryPlan plan_memory(const ModelConfig& c, const WeightFootprint& w, const PlanSettings& s) {
   size_t segment = 0;
   const std::vector<uint64_t> opt = optimizer_by_rank(c, s, &segment);
@@ -627,35 +615,47 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
   if (s.world > 1)
     cat[int(MemCategory::Communication)] += rb((uint64_t(s.world) + 1) * segment * 4);
 
+  // The backend's model of its memory: host (CPU) or device (CUDA) blocks.
+  WorkspaceModelSettings wss;
+  wss.precision = s.precision;
+  wss.threads = s.threads > 0 ? s.threads : num_threads();
+  wss.lora_r = lc.r;
+  wss.dropout = lc.dropout > 0.f;
+  const std::unique_ptr<WorkspaceModel> m = make_workspace_model(s.backend, wss);
+  p.device = m->device();
+  // Where the runner's tensors and the kernels' scratch live.
+  auto& act = p.device ? p.device_train : cat;
+
   // Activations: the runner's own sizes.
   const RunnerFootprint f = LlamaRunner::footprint(c, lc.r, projs, R, true, /*doc_ids=*/true,
-                                                   activation_dtype(s.precision));
+                                                   activation_dtype(s.precision), m->round_fn());
   int ckpt = 0;
   if (s.checkpoint_every > 0) ckpt = (c.n_layers + s.checkpoint_every - 1) / s.checkpoint_every;
   const int stored = c.n_layers - ckpt;
-  cat[int(MemCategory::Activations)] = f.activations(stored, ckpt);
+  act[int(MemCategory::Activations)] = f.activations(stored, ckpt);
 
   // Workspace: the largest set alive at once. Forward holds one kernel's scratch at a time; the
   // head's cross-entropy runs at the end of forward; backward adds its temporaries to one
   // kernel's scratch (or to a checkpointed layer's recompute).
-  const int threads = s.threads > 0 ? s.threads : num_threads();
-  // bf16 runs the CPU backend's own bf16 GEMMs (as the trainer sets it up); fp16 autocasts.
-  const bool bf16 = s.precision == "bf16";
-  const int64_t eb = bf16 && cpu::gemm_bf16_native() ? 2 : 4;
-  WsModel m{s, threads, s.precision == "fp16", bf16, eb, lc.r, lc.dropout > 0.f};
-  uint64_t fwd = std::max(m.attn_fwd(c, B, T), m.rope(c, T));
-  uint64_t bwd = std::max(m.attn_bwd(c, B, T), m.rope(c, T));
+  uint64_t fwd = std::max(m->attention_fwd(c, B, T), m->rope(c, T));
+  uint64_t bwd = std::max(m->attention_bwd(c, B, T), m->rope(c, T));
   for (int q = 0; q < kProjCount; ++q) {
-    fwd = std::max(fwd, m.lin_fwd(shapes[q][0], shapes[q][1], R, lc.targets[q]));
-    bwd = std::max(bwd, m.lin_bwd(shapes[q][0], shapes[q][1], R, lc.targets[q]));
+    fwd = std::max(fwd, m->linear_fwd(shapes[q][0], shapes[q][1], R, lc.targets[q]));
+    bwd = std::max(bwd, m->linear_bwd(shapes[q][0], shapes[q][1], R, lc.targets[q]));
   }
   // The backward temporaries stay allocated until the step ends: with accumulation, the next
   // micro-batch's forward runs beside them.
   const uint64_t held = s.accumulation > 1 ? f.backward_ws : 0;
   const uint64_t back = std::max(bwd, ckpt > 0 ? f.recompute_ws + fwd : 0);
-  cat[int(MemCategory::Workspace)] =
-      std::max({held + fwd, held + m.cross_entropy(c, R), f.backward_ws + back});
+  if (p.device) p.device_fixed = m->fixed();
+  act[int(MemCategory::Workspace)] =
+      m->fixed() + std::max({held + fwd, held + m->cross_entropy(c, R), f.backward_ws + back});
 
+  if (p.device) plan_device_persistent(c, w, s, *m, adapter * c.n_layers, &p);
+  for (int i = 0; i < kMemCategoryCount; ++i) {
+    p.device_train_peak += p.device_train[i];
+    if (p.device) cat[i] += p.device_train[i];
+  }
   for (uint64_t v : cat) p.train_peak += v;
   p.load_peak = w.bytes + w.load_staging;
   // Every rank loads the whole model first; ZeRO-3 then makes its shards before the full
@@ -677,7 +677,7 @@ int plan_max_micro_batch(const ModelConfig& mc, const WeightFootprint& w, PlanSe
   while (hi - lo > 1) {
     const int mid = lo + (hi - lo) / 2;
     s.micro_batch = mid;
-    if (plan_memory(mc, w, s).train_peak <= budget)
+    if (plan_memory(mc, w, s).budgeted_peak() <= budget)
       lo = mid;
     else
       hi = mid;

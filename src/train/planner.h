@@ -8,10 +8,22 @@
 //  - adapter, gradients, optimizer: the LoRA A/B shapes and the optimizer's state layout, exact;
 //  - activations: LlamaRunner::footprint(), the same element counts the runner allocates with,
 //    exact (stored layers, the shared checkpoint scratch, the residual stream);
-//  - workspace: the largest set of scratch buffers alive at once in the CPU backend's kernels
-//    (weight panels, attention tiles, cross-entropy chunks, autocast copies, sizes from
-//    CpuTuning and the thread count) plus the backward temporaries. The cross-entropy chunk
-//    assumes every target is trained (the worst case), so real data may use less.
+//  - workspace: the largest set of scratch buffers alive at once in the backend's kernels, as
+//    the backend's workspace model gives them (backend/workspace_model.h: CPU panels, attention
+//    tiles and cross-entropy chunks from CpuTuning and the thread count; CUDA panels, logits
+//    chunk, autocast copies and the cuBLASLt workspace) plus the backward temporaries. The
+//    cross-entropy chunk assumes every target is trained (the worst case), so real data may use
+//    less.
+//
+// backend=cuda (PlanSettings::backend): the runner's tensors and the backend's scratch are device
+// memory, each block rounded as the caching allocator rounds it (backend/cuda_sizes.h); the
+// device also holds a resident copy of every weight the runner uses (data and float scales,
+// norm weights, biases, the rope table), the adapter's device copy and its gradients, and with
+// the device optimizer step (one rank, optim.name=adamw, no NVMe state) the AdamW state. The host
+// keeps the loaded weights, the adapter and its gradients (and the optimizer state of a host
+// step). MemoryPlan::device_* is the device part; memory.limit budgets it (budgeted_peak()).
+// Cached free blocks of the caching allocator are not predicted: past a budget the allocator
+// returns them before it fails, so the live bytes are what must fit.
 // The training peak is reached in backward with every activation alive, so it is the sum of the
 // persistent categories, the activations and the workspace peak. Loading holds the weights and
 // an f32 staging copy of one tensor being quantized (workspace); that is the load peak.
@@ -40,7 +52,6 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/cpu_backend.h"
 #include "core/memory.h"
 #include "model/lora.h"
 #include "model/model.h"
@@ -57,6 +68,9 @@ struct WeightFootprint {
   // them: 0 the embedding, 1..n_layers the layers, n_layers + 1 the final norm and untied head.
   std::vector<std::vector<uint64_t>> groups;
   bool tied = false;  // the head unit also reads group 0
+  // The blocks a device backend makes of the weights the runner uses (unrounded): each matrix's
+  // data and its float scales (NF4 absmax as fp32, INT8 row scales), norm weights and biases.
+  std::vector<uint64_t> device_slots;
 };
 
 // Of a loaded model (exact for bytes; staging assumes the linears were quantized at load when
@@ -79,17 +93,18 @@ struct PlanSettings {
   int accumulation = 1;  // micro-batches per step (more than one keeps backward temporaries)
   std::string optimizer = "adamw";  // adamw | adamw8bit | paged_adamw8bit
   LoraConfig lora;
-  int threads = 0;  // kernel threads; 0: what OpenMP would use now
-  cpu::CpuTuning tune;
-  int world = 1;                                                    // ranks
-  int zero_stage = 0;                                               // dist.zero_stage
+  int threads = 0;                    // kernel threads; 0: what OpenMP would use now
+  std::string backend = "cpu";        // the `backend` key: cpu | cuda
+  int world = 1;                      // ranks
+  std::string dist_backend = "none";  // dist.backend: nccl keeps the AdamW step on the device
+  int zero_stage = 0;                 // dist.zero_stage
   std::string offload_optimizer = "none", offload_params = "none";  // none | cpu | nvme
   int offload_buffers = 2;  // offload.buffers: NVMe buffers in flight besides the one in use
 
   // train.precision, train.grad_checkpointing, data.seq_len, train.micro_batch (auto gives 1),
-  // optim.name, lora.* (or lora.init_from's adapter_config.json), threads, dist.zero_stage,
-  // offload.optimizer/params; world: the launcher's (dist::detect_launch) when dist.backend is
-  // set, else 1.
+  // optim.name, lora.* (or lora.init_from's adapter_config.json), threads, backend,
+  // dist.zero_stage, offload.optimizer/params; world: the launcher's (dist::detect_launch) when
+  // dist.backend is set, else 1.
   static PlanSettings from_config(const Config& c);
 };
 
@@ -103,6 +118,14 @@ struct MemoryPlan {
   uint64_t total_peak = 0;                          // max(train_peak, load_peak)
   int world = 1;                                    // ranks planned for
   int peak_rank = 0;  // the rank whose prediction this is (the largest train_peak)
+  // backend=cuda: the device memory alone (also counted in train / train_peak, which add host
+  // and device as the tracker's totals do). The host's part is train - device_train.
+  bool device = false;
+  std::array<uint64_t, kMemCategoryCount> device_train{};  // per category at the training peak
+  uint64_t device_train_peak = 0;
+  uint64_t device_fixed = 0;  // of device_train's workspace: held for the backend's life
+  // What memory.limit budgets: the device's training peak on a device backend, else the total.
+  uint64_t budgeted_peak() const { return device ? device_train_peak : train_peak; }
 };
 
 // Owner rank of each of the trainer's LoRA tensors (layer-major, targeted projections in order,
@@ -114,8 +137,9 @@ MemoryPlan plan_memory(const ModelConfig& mc, const WeightFootprint& w, const Pl
 MemoryPlan plan_memory_of_rank(const ModelConfig& mc, const WeightFootprint& w,
                                const PlanSettings& s, int rank);
 
-// The largest micro-batch in [1, upper] whose predicted training peak is at most budget; 0 when
-// not even 1 fits. The peak grows with the micro-batch, so this is a binary search.
+// The largest micro-batch in [1, upper] whose predicted budgeted peak (the device's training
+// peak on backend=cuda, else the total) is at most budget; 0 when not even 1 fits. The peak grows
+// with the micro-batch, so this is a binary search.
 int plan_max_micro_batch(const ModelConfig& mc, const WeightFootprint& w, PlanSettings s,
                          uint64_t budget, int upper);
 

@@ -183,35 +183,54 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
   OptimSettings os = OptimSettings::from_config(cfg);
   init_dist(cfg, std::move(params));
   init_offload(cfg);
-  // A device backend on one rank with AdamW keeps the adapter, its gradients and the optimizer
-  // state in device memory (a step moves only the batch and a few scalars); the other optimizers
-  // and several ranks step on the host, the adapter copied in and its gradients out per pass.
-  if (backend_->device_memory() && world() == 1 && os.name == "adamw" && !os.offload_nvme) {
-    runner_->keep_lora_on_device();
-    if (runner_->lora_device_count() > 0)
-      opt_ = make_device_adamw(os, dp_->owned_params(), *backend_, runner_->lora_device_weights(),
-                               runner_->lora_device_grads(), runner_->lora_device_count());
-  }
-  device_step_ = opt_ != nullptr;
-  if (!opt_) opt_ = make_optimizer(os, dp_->owned_params(), tracker);
-  // train.micro_batch=auto / train.effective_batch: trial steps (or the cache) set the batch
-  // shape before the data batches are made; the trainer is left as if none had run.
-  if (ts_.micro_batch_auto || ts_.effective_batch > 0) autotune_batch_shape(*this, cfg, world());
+  try {  // a constructor that throws runs no destructor: give streamed weights back here
+    // A device backend with AdamW, on one rank or on several over NCCL, keeps the adapter, its
+    // gradients and the optimizer state in device memory (a step moves only the batch and a few
+    // scalars; NCCL exchanges gradients and updated tensors between the devices). The other
+    // optimizers, and ranks over MPI, step on the host, the adapter copied in and its gradients
+    // out per pass.
+    const bool device_exchange = world() == 1 || dp_->device_comm().device_buffers();
+    const bool state_on_host = os.offload_nvme || cfg.get("offload.optimizer") == "cpu";
+    if (backend_->device_memory() && device_exchange && os.name == "adamw" && !state_on_host) {
+      runner_->keep_lora_on_device();
+      const int64_t n = runner_->lora_device_count();
+      float* w = runner_->lora_device_weights();
+      float* g = runner_->lora_device_grads();
+      if (n > 0 && world() == 1) {
+        opt_ = make_device_adamw(os, dp_->owned_params(), *backend_, w, g, n);
+      } else if (n > 0) {
+        dp_->attach_device(*backend_, w, g, n);
+        const int64_t b = dp_->owned_begin();
+        opt_ =
+            make_device_adamw(os, dp_->owned_params(), *backend_, w + b, g + b, dp_->owned_count());
+      }
+    }
+    device_step_ = opt_ != nullptr;
+    if (!opt_) opt_ = make_optimizer(os, dp_->owned_params(), tracker);
+    // train.micro_batch=auto / train.effective_batch: trial steps (or the cache) set the batch
+    // shape before the data batches are made; the trainer is left as if none had run.
+    if (ts_.micro_batch_auto || ts_.effective_batch > 0) autotune_batch_shape(*this, cfg, world());
 
-  if (train_) {
-    it_ = std::make_unique<data::BatchIterator>(train_->train_batches(ts_.micro_batch));
-    int64_t per_step = static_cast<int64_t>(ts_.micro_batch) * ts_.accumulation * world();
-    int64_t data_steps = static_cast<int64_t>((it_->total_rows() + per_step - 1) / per_step);
-    total_steps_ = ts_.max_steps > 0 ? ts_.max_steps : data_steps;
-  } else {
-    total_steps_ = ts_.max_steps;
+    if (train_) {
+      it_ = std::make_unique<data::BatchIterator>(train_->train_batches(ts_.micro_batch));
+      int64_t per_step = static_cast<int64_t>(ts_.micro_batch) * ts_.accumulation * world();
+      int64_t data_steps = static_cast<int64_t>((it_->total_rows() + per_step - 1) / per_step);
+      total_steps_ = ts_.max_steps > 0 ? ts_.max_steps : data_steps;
+    } else {
+      total_steps_ = ts_.max_steps;
+    }
+    sched_ = std::make_unique<LrSchedule>(ScheduleSettings::from_config(cfg), os.lr,
+                                          total_steps_ > 0 ? total_steps_ : 1);
+    scaler_ = std::make_unique<LossScaler>(ScalerSettings::from_config(cfg));
+  } catch (...) {
+    end_offload();
+    throw;
   }
-  sched_ = std::make_unique<LrSchedule>(ScheduleSettings::from_config(cfg), os.lr,
-                                        total_steps_ > 0 ? total_steps_ : 1);
-  scaler_ = std::make_unique<LossScaler>(ScalerSettings::from_config(cfg));
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  end_offload();
+}
 
 void Trainer::set_batch_shape(int micro_batch, int accumulation) {
   QLFT_CHECK_ARG(micro_batch >= 1 && accumulation >= 1,
@@ -305,7 +324,12 @@ void Trainer::step_on(const std::vector<data::Batch>& batches, StepReport* out) 
     r.loss_scale = scale;
     bool found_inf = false;
     ClipResult clip{};
-    if (device_step_) {  // one rank: nothing to agree on
+    if (device_step_ && dp_->on_device()) {  // several ranks over NCCL
+      int64_t ng = 0;
+      float* g = dp_->device_grads(&ng);
+      if (fp16) found_inf = dp_->any(device_unscale_and_check(*backend_, g, ng, scaler_->scale()));
+      if (!found_inf) clip = dp_->device_clip(opt_->settings().max_grad_norm);
+    } else if (device_step_) {  // one rank: nothing to agree on
       float* g = runner_->lora_device_grads();
       const int64_t ng = runner_->lora_device_count();
       if (fp16) found_inf = device_unscale_and_check(*backend_, g, ng, scaler_->scale());

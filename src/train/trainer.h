@@ -27,6 +27,8 @@
 
 namespace qlft {
 
+class DeviceWeightStream;
+
 class Config;
 namespace dist {
 class DataParallel;
@@ -98,6 +100,7 @@ class Trainer {
   LoraAdapter& lora() { return *lora_; }
   const LoraAdapter& lora() const { return *lora_; }
   LlamaRunner& runner() { return *runner_; }
+  const Backend& backend() const { return *backend_; }
   const TrainSettings& settings() const { return ts_; }
   // Sets micro_batch and accumulation; only before the trainer has data batches (the
   // auto-tuner calls it from the constructor, before they are made).
@@ -122,6 +125,7 @@ class Trainer {
   void init_dist(const Config& cfg, std::vector<ParamRef> params);
   // trainer_offload.cpp: offload.optimizer / offload.params, before the optimizer is made.
   void init_offload(const Config& cfg);
+  void end_offload() noexcept;  // ~Trainer: offload.params=cpu gives the model its weights back
   size_t next_global_batches(std::vector<data::Batch>& mine);
   uint64_t dropout_seed(int64_t step, int micro) const;
   std::string fingerprint() const;
@@ -138,8 +142,9 @@ class Trainer {
   std::unique_ptr<LoraAdapter> lora_;
   std::unique_ptr<LlamaRunner> runner_;
   bool device_step_ = false;  // adapter, gradients and AdamW state in the backend's device memory
-  std::unique_ptr<dist::DataParallel> dp_;  // always set (world 1 without dist.backend)
-  std::unique_ptr<Optimizer> opt_;          // over this rank's ZeRO share of the LoRA tensors
+  std::unique_ptr<dist::DataParallel> dp_;             // always set (world 1 without dist.backend)
+  std::shared_ptr<DeviceWeightStream> device_stream_;  // offload.params=cpu on a device backend
+  std::unique_ptr<Optimizer> opt_;  // over this rank's ZeRO share of the LoRA tensors
   std::unique_ptr<LrSchedule> sched_;
   std::unique_ptr<LossScaler> scaler_;
   std::unique_ptr<data::BatchIterator> it_;

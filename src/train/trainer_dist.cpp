@@ -16,7 +16,8 @@ namespace {
 
 // dist.zero_stage=3: the model's base weights become this rank's shards and a stream that
 // gathers them (dist/zero3_stream.h).
-void install_zero3(const Model& model, dist::DataParallel& dp, MemoryTracker* tracker) {
+void install_zero3(const Model& model, dist::DataParallel& dp, MemoryTracker* tracker,
+                   DeviceAllocator* device) {
   if (model.stream)
     throw_error(QLFT_ERR_UNSUPPORTED,
                 "dist.zero_stage=3: the model's base weights are already streamed (%s); load the "
@@ -31,7 +32,10 @@ void install_zero3(const Model& model, dist::DataParallel& dp, MemoryTracker* tr
   // trainer. The stream lives in the model; DataParallel detaches it before the communicator
   // goes.
   Model& m = const_cast<Model&>(model);
-  auto zs = std::make_shared<dist::Zero3Stream>(m, &dp.comm(), tracker);
+  // Over NCCL the shards and gathered units live in the device backend's memory.
+  const bool on_device = dp.device_comm().device_buffers();
+  auto zs = std::make_shared<dist::Zero3Stream>(m, on_device ? &dp.device_comm() : &dp.comm(),
+                                                tracker, on_device ? device : nullptr);
   m.stream = zs;
   dp.set_zero3_stream(zs);
   log_message(QLFT_LOG_INFO, "rank %d: %s", dp.rank(), zs->describe().c_str());
@@ -48,11 +52,13 @@ int Trainer::world() const {
 
 void Trainer::init_dist(const Config& cfg, std::vector<ParamRef> params) {
   dist::DistSettings ds = dist::DistSettings::from_config(cfg);
-  if (ds.backend == "nccl")
-    throw_error(QLFT_ERR_UNSUPPORTED,
-                "dist.backend=nccl: the NCCL communicator is built, but the trainer's gradient "
-                "exchange stages through host buffers and is not wired to it yet; use "
-                "dist.backend=mpi");
+  // NCCL collectives take device buffers: the gradients and weights they exchange are the
+  // device backend's (attach_device in the trainer), so a host backend has nothing to give them.
+  if (ds.backend == "nccl" && !backend_->device_memory())
+    throw_error(QLFT_ERR_INVALID_ARGUMENT,
+                "dist.backend=nccl exchanges device memory between GPUs; it needs backend=cuda "
+                "(backend is %s; use dist.backend=mpi for CPU ranks)",
+                backend_->name());
   dp_ = std::make_unique<dist::DataParallel>(dist::make_communicator(ds.backend, ds.timeout_s),
                                              ds.zero_stage, std::move(params), tracker_);
   if (world() > 1) {
@@ -66,11 +72,14 @@ void Trainer::init_dist(const Config& cfg, std::vector<ParamRef> params) {
     mix(ts_.seed);
     mix(train_ ? train_->train().rows() : 0);
     dp_->comm().check_same(h, "train.micro_batch/accumulation/max_steps, seed or the data");
-    log_message(QLFT_LOG_INFO, "rank %d of %d (%s, ZeRO stage %d): %zu of %zu LoRA tensors here",
-                rank(), world(), dp_->comm().backend(), ds.zero_stage, dp_->owned_params().size(),
-                dp_->params().size());
+    log_message(QLFT_LOG_INFO,
+                "rank %d of %d (%s, ZeRO stage %d, device %d): %zu of %zu LoRA tensors here",
+                rank(), world(), dp_->device_comm().backend(), ds.zero_stage,
+                backend_->device_index(), dp_->owned_params().size(), dp_->params().size());
   }
-  if (ds.zero_stage == 3) install_zero3(model_, *dp_, tracker_);
+  // NCCL's collectives wait for the backend's queued work (gradients, the weights in use).
+  dp_->device_comm().follow_stream(backend_->native_stream());
+  if (ds.zero_stage == 3) install_zero3(model_, *dp_, tracker_, backend_->device_memory());
 }
 
 size_t Trainer::next_global_batches(std::vector<data::Batch>& mine) {

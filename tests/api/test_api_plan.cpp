@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstddef>
 #include <string>
 
 #include "api/api_session.h"
@@ -109,4 +110,57 @@ TEST(ApiPlan, AutoMicroBatchHoldsTheEffectiveBatch) {
   EXPECT_GE(mb, 1u);
   EXPECT_EQ(mb * acc, 16u);
   EXPECT_EQ(qlft_trainer_step(s.trainer, nullptr), QLFT_OK) << qlft_last_error();
+}
+
+// backend=cuda (issue 18): the estimate names the device's part (the planner is plain C++: no
+// GPU needed), memory.limit's largest micro-batch is against the device part, and a caller
+// built before the device fields (a smaller struct_size) gets the fields it knows.
+TEST(ApiPlan, CudaEstimateReportsDeviceMemory) {
+  QLFT_NEED_SHARED(model_path, "models/stories260K.gguf");
+  Session s;
+  ASSERT_EQ(qlft_config_create(&s.cfg), QLFT_OK);
+  s.set("quant.type", "nf4");
+  s.set("data.seq_len", "64");
+  s.set("train.micro_batch", "4");
+  qlft_memory_estimate cpu{};
+  cpu.struct_size = sizeof cpu;
+  ASSERT_EQ(qlft_estimate_memory(nullptr, model_path.c_str(), s.cfg, &cpu), QLFT_OK);
+  EXPECT_EQ(cpu.device_train_peak, 0u);
+
+  s.set("backend", "cuda");
+  qlft_memory_estimate gpu{};
+  gpu.struct_size = sizeof gpu;
+  ASSERT_EQ(qlft_estimate_memory(nullptr, model_path.c_str(), s.cfg, &gpu), QLFT_OK)
+      << qlft_last_error();
+  uint64_t sum = 0;
+  for (int c = 0; c < QLFT_MEM_CATEGORY_COUNT; ++c) {
+    sum += gpu.device_train[c];
+    EXPECT_LE(gpu.device_train[c], gpu.train[c]) << c;
+  }
+  EXPECT_EQ(sum, gpu.device_train_peak);
+  // The runner's tensors and the scratch (with the 32 MiB cuBLASLt workspace) are on the device;
+  // the host keeps the loaded weights and the adapter.
+  EXPECT_EQ(gpu.device_train[QLFT_MEM_ACTIVATIONS], gpu.train[QLFT_MEM_ACTIVATIONS]);
+  EXPECT_GE(gpu.device_train[QLFT_MEM_WORKSPACE], uint64_t(32) << 20);
+  EXPECT_EQ(gpu.train[QLFT_MEM_WEIGHTS] - gpu.device_train[QLFT_MEM_WEIGHTS],
+            cpu.train[QLFT_MEM_WEIGHTS]);
+  EXPECT_LT(gpu.device_train_peak, gpu.train_peak);
+
+  // memory.limit budgets the device part: just above the device peak at micro-batch 4 allows 4
+  // (the host part on top would not fit).
+  const std::string limit = std::to_string(gpu.device_train_peak + 1024);
+  s.set("memory.limit", limit.c_str());
+  qlft_memory_estimate lim{};
+  lim.struct_size = sizeof lim;
+  ASSERT_EQ(qlft_estimate_memory(nullptr, model_path.c_str(), s.cfg, &lim), QLFT_OK);
+  EXPECT_EQ(lim.max_micro_batch, 4u);
+
+  // An older caller's struct ends before the device fields: they are left alone.
+  qlft_memory_estimate old{};
+  old.device_train_peak = 12345;
+  old.struct_size = offsetof(qlft_memory_estimate, device_train);
+  ASSERT_EQ(qlft_estimate_memory(nullptr, model_path.c_str(), s.cfg, &old), QLFT_OK);
+  EXPECT_EQ(old.struct_size, offsetof(qlft_memory_estimate, device_train));
+  EXPECT_EQ(old.train_peak, lim.train_peak);
+  EXPECT_EQ(old.device_train_peak, 12345u);
 }

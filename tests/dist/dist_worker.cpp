@@ -19,7 +19,9 @@
 //         w.mem=PATH                each rank writes to PATH.R the tracker's weights and
 //                                   communication bytes (allocated, and peak since the trainer
 //                                   was built), and with ZeRO-3 whether the model refuses use
-//                                   after the trainer ended
+//                                   after the trainer ended; its backend's device ordinal, the
+//                                   host<->device bytes of the steps after the first, and the
+//                                   device peaks of weights, optimizer state and all live bytes
 //   dist_worker slow RESULT
 //       rank 1 reaches a barrier at 85% of a 4 s timeout (inside rank 0's liveness probe
 //       window), twice: the barriers must succeed, and the collectives after them, with stale
@@ -347,6 +349,7 @@ int train(const std::string& model_path, const std::string& data_path, const std
   std::string mem;
   double step_s_sum = 0;
   int steps_run = 0;
+  uint64_t h2d_later = 0, d2h_later = 0;  // host<->device bytes of steps 2, 3, ...
   try {
     Trainer t(*model, &tracker, ds.get(), c);
     rank = t.rank();
@@ -372,6 +375,10 @@ int train(const std::string& model_path, const std::string& data_path, const std
       }
       last_step_s = r.seconds;
       step_s_sum += r.seconds;
+      if (steps_run > 0) {
+        h2d_later += r.moved.host_to_device;
+        d2h_later += r.moved.device_to_host;
+      }
       ++steps_run;
       if (out) {
         std::fprintf(out, "%lld %.9g %.9g\n", static_cast<long long>(r.step), r.loss, r.grad_norm);
@@ -386,11 +393,16 @@ int train(const std::string& model_path, const std::string& data_path, const std
       const int cm = static_cast<int>(MemCategory::Communication);
       mem = strf(
           "rank %d weights_allocated %llu weights_peak %llu communication_peak %llu "
-          "peak_rss %llu mean_step_s %.4f",
+          "peak_rss %llu mean_step_s %.4f device %d h2d_later %llu d2h_later %llu "
+          "device_weights_peak %llu device_optimizer_peak %llu device_live_peak %llu",
           rank, static_cast<unsigned long long>(m.allocated[wt]),
           static_cast<unsigned long long>(m.peak[wt]), static_cast<unsigned long long>(m.peak[cm]),
           static_cast<unsigned long long>(process_peak_rss()),
-          steps_run ? step_s_sum / steps_run : 0.0);
+          steps_run ? step_s_sum / steps_run : 0.0, t.backend().device_index(),
+          static_cast<unsigned long long>(h2d_later), static_cast<unsigned long long>(d2h_later),
+          static_cast<unsigned long long>(m.device_peak[wt]),
+          static_cast<unsigned long long>(m.device_peak[static_cast<int>(MemCategory::Optimizer)]),
+          static_cast<unsigned long long>(m.device_live_peak));
     }
   } catch (const Error& e) {
     status = e.status();

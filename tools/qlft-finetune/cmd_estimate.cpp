@@ -104,9 +104,20 @@ int cmd_estimate(int argc, char** argv) {
   print_memory_table(stdout, e, nullptr);
   std::printf("%-14s %12s\n%-14s %12s\n", "training step", human_bytes(e.train_peak).c_str(),
               "loading", human_bytes(e.load_peak).c_str());
+  if (e.device_train_peak) {
+    // backend=cuda: the device's share of the training step (what memory.limit budgets there).
+    std::printf("%-14s %12s\n", "device memory", "predicted");
+    for (int k = 0; k < QLFT_MEM_CATEGORY_COUNT; ++k)
+      if (e.device_train[k])
+        std::printf("%-14s %12s\n", qlft_memory_category_name(k),
+                    human_bytes(e.device_train[k]).c_str());
+    std::printf("%-14s %12s\n%-14s %12s\n", "device step", human_bytes(e.device_train_peak).c_str(),
+                "host step", human_bytes(e.train_peak - e.device_train_peak).c_str());
+  }
   if (e.max_micro_batch)
-    std::printf("largest micro-batch within memory.limit %s: %u\n",
-                setting(c, "memory.limit").c_str(), e.max_micro_batch);
+    std::printf("largest micro-batch within memory.limit %s%s: %u\n",
+                setting(c, "memory.limit").c_str(), e.device_train_peak ? " (device)" : "",
+                e.max_micro_batch);
   else if (setting(c, "memory.limit") != "0")
     std::printf("not even micro-batch 1 fits memory.limit %s\n",
                 setting(c, "memory.limit").c_str());

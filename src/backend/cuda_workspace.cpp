@@ -1,0 +1,110 @@
+// The CUDA backend's workspace model for the memory planner (backend/workspace_model.h), read off
+// cuda/src/cuda_backend.cu's operations on device tensors (the runner's own: views, nothing
+// staged but what is listed here) with the block sizes it allocates with (backend/cuda_sizes.h),
+// each block rounded as the caching allocator rounds it. What an operation holds at once:
+//  - autocast (bf16/fp16): a rounded fp32 copy of each matmul/attention input it reads;
+//  - base GEMMs: the 16-bit input copy and one dequantized weight panel (kCudaPanelBytes of rows,
+//    no more than the weight), freed before the LoRA GEMMs run;
+//  - LoRA (its A/B and dA/dB are device copies the runner keeps): the dropout input, dy B;
+//  - attention: the document-start table (forward), the softmax delta (backward);
+//  - fused cross-entropy: the head panel, the logits chunk (kCudaCeLogitsBytes over the panel's
+//    rows, at most every row), its 16-bit copy, the hidden rows' chunks and per-row statistics;
+//  - for the backend's life: the cuBLASLt workspace (fixed()).
+#include <algorithm>
+
+#include "backend/cuda_sizes.h"
+#include "backend/workspace_model.h"
+
+namespace qlft {
+
+namespace {
+
+uint64_t dr(int64_t bytes) {  // a device block of `bytes`
+  return cuda_alloc_round(static_cast<uint64_t>(std::max<int64_t>(bytes, 1)));
+}
+uint64_t round_block(uint64_t n) {
+  return cuda_alloc_round(n);
+}
+
+class CudaWorkspace final : public WorkspaceModel {
+ public:
+  explicit CudaWorkspace(const WorkspaceModelSettings& s)
+      : low_(s.precision == "bf16" || s.precision == "fp16"),
+        eb_(low_ ? 2 : 4),
+        r_(s.lora_r),
+        dropout_(s.dropout) {}
+
+  bool device() const override { return true; }
+  RoundFn round_fn() const override { return &round_block; }
+  uint64_t fixed() const override { return dr(int64_t(kCudaLtWorkspaceBytes)); }
+
+  uint64_t linear_fwd(int64_t N, int64_t K, int64_t M, bool lora) const override {
+    const uint64_t x = low_ ? dr(M * K * 4) : 0;  // autocast copy of x, held throughout
+    const uint64_t base = (low_ ? dr(M * K * 2) : 0) + panel(N, K);
+    const uint64_t lo = lora && dropout_ ? dr(M * K * 4) : 0;
+    return x + std::max(base, lo);
+  }
+
+  uint64_t linear_bwd(int64_t N, int64_t K, int64_t M, bool lora) const override {
+    const uint64_t dy = low_ ? dr(M * N * 4) : 0;  // autocast copy of dy, held throughout
+    const uint64_t base = (low_ ? dr(M * N * 2) : 0) + panel(N, K);
+    uint64_t lo = 0;
+    if (lora) {
+      // dy B and x's autocast copy; with dropout, the dropout input (dA), then the dx LoRA term.
+      lo = dr(M * r_ * 4) + (low_ ? dr(M * K * 4) : 0) + (dropout_ ? dr(M * K * 4) : 0);
+    }
+    return dy + std::max(base, lo);
+  }
+
+  // The inverse frequencies are uploaded once (weights); positions are the runner's.
+  uint64_t rope(const ModelConfig&, int64_t) const override { return 0; }
+
+  uint64_t attention_fwd(const ModelConfig& c, int64_t B, int64_t T) const override {
+    const int64_t R = B * T;
+    return stage(c, R) + dr(R * 4);  // + the document-start table
+  }
+
+  uint64_t attention_bwd(const ModelConfig& c, int64_t B, int64_t T) const override {
+    const int64_t R = B * T, qd = int64_t(c.n_heads) * c.head_dim;
+    return stage(c, R) + dr(R * 4) + (low_ ? dr(R * qd * 4) : 0) + dr(int64_t(c.n_heads) * R * 4);
+  }
+
+  uint64_t cross_entropy(const ModelConfig& c, int64_t M) const override {
+    const int64_t V = c.vocab, H = c.dim;
+    const int64_t P = std::min(panel_rows(H), int64_t(V));
+    const int64_t rc =
+        std::clamp<int64_t>(kCudaCeLogitsBytes / (P * 4), 1, std::max<int64_t>(M, 1));
+    uint64_t b = (low_ ? dr(M * H * 4) : 0) + dr(P * H * eb_) + dr(rc * P * 4) + dr(rc * H * 4) +
+                 dr(rc * 4) + dr(rc * 8) + dr(rc * 4) + dr(rc * 4) + dr(rc * 8) + dr(16);
+    if (low_) b += dr(rc * P * 2) + dr(rc * H * 2);
+    return b;
+  }
+
+ private:
+  int64_t panel_rows(int64_t cols) const {
+    return std::max<int64_t>(kCudaPanelMinRows, kCudaPanelBytes / std::max<int64_t>(1, cols * eb_));
+  }
+  // One dequantized panel of a weight [N, K]: no larger than the weight.
+  uint64_t panel(int64_t N, int64_t K) const {
+    return dr(std::min(panel_rows(K), std::max<int64_t>(N, 1)) * K * eb_);
+  }
+  // Attention's q, k, v as it reads them: autocast copies under bf16/fp16.
+  uint64_t stage(const ModelConfig& c, int64_t R) const {
+    if (!low_) return 0;
+    const int64_t qd = int64_t(c.n_heads) * c.head_dim, kvd = int64_t(c.n_kv_heads) * c.head_dim;
+    return dr(R * qd * 4) + 2 * dr(R * kvd * 4);
+  }
+
+  bool low_;    // bf16/fp16: 16-bit GEMM tiles and autocast copies
+  int64_t eb_;  // bytes of a tile element
+  int64_t r_;
+  bool dropout_;
+};
+
+}  // namespace
+
+std::unique_ptr<WorkspaceModel> make_cuda_workspace_model(const WorkspaceModelSettings& s) {
+  return std::make_unique<CudaWorkspace>(s);
+}
+
+}  // namespace qlft

@@ -1,0 +1,58 @@
+// What a backend's kernels hold as scratch (the `workspace` category), as the memory planner
+// (train/planner.h) asks it: the planner knows which tensors a training step keeps, each backend
+// knows what its own operations allocate beside them. Each method returns the most scratch bytes
+// one operation holds at once, in the bytes its allocator counts (round()).
+//
+// The CPU model is backend/cpu/cpu_workspace.cpp (its panels, attention tiles and cross-entropy
+// chunks, from CpuTuning's defaults and the thread count); the CUDA model is
+// backend/cuda_workspace.cpp, plain C++ on the block sizes the CUDA backend allocates with
+// (backend/cuda_sizes.h), so a plan for backend=cuda needs no GPU or CUDA build.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "model/model.h"
+
+namespace qlft {
+
+struct WorkspaceModelSettings {
+  std::string precision = "fp32";  // train.precision: fp32 | bf16 | fp16
+  int threads = 1;                 // kernel threads (the CPU's per-thread tiles)
+  int lora_r = 0;
+  bool dropout = false;  // lora.dropout > 0
+};
+
+class WorkspaceModel {
+ public:
+  virtual ~WorkspaceModel() = default;
+  // Whether this backend's tensors are device memory (counted apart from the host's).
+  virtual bool device() const = 0;
+  // How the allocator rounds a Buffer of n bytes (n already rounded to 64 as Buffer does): a
+  // plain function, as LlamaRunner::footprint takes it; nullptr: not beyond 64 (host memory).
+  using RoundFn = uint64_t (*)(uint64_t);
+  virtual RoundFn round_fn() const { return nullptr; }
+  uint64_t round(uint64_t n) const {
+    const RoundFn f = round_fn();
+    return f ? f(n) : n;
+  }
+  // Held for the backend's lifetime (the cuBLASLt workspace).
+  virtual uint64_t fixed() const { return 0; }
+  // linear_fwd / linear_bwd (dx wanted) of a weight [N, K] on M rows; lora: the projection has
+  // an adapter (its xa kept by the runner).
+  virtual uint64_t linear_fwd(int64_t N, int64_t K, int64_t M, bool lora) const = 0;
+  virtual uint64_t linear_bwd(int64_t N, int64_t K, int64_t M, bool lora) const = 0;
+  // rope over T positions (0 .. T-1), attention of B sequences of T tokens.
+  virtual uint64_t rope(const ModelConfig& c, int64_t T) const = 0;
+  virtual uint64_t attention_fwd(const ModelConfig& c, int64_t B, int64_t T) const = 0;
+  virtual uint64_t attention_bwd(const ModelConfig& c, int64_t B, int64_t T) const = 0;
+  // The fused head + cross-entropy with dh over R rows, every target trained.
+  virtual uint64_t cross_entropy(const ModelConfig& c, int64_t R) const = 0;
+};
+
+// backend: the `backend` key ("cpu" or "" / "cuda").
+std::unique_ptr<WorkspaceModel> make_workspace_model(const std::string& backend,
+                                                     const WorkspaceModelSettings& s);
+
+}  // namespace qlft

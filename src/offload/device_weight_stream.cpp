@@ -1,0 +1,137 @@
+#include "offload/device_weight_stream.h"
+
+#include "core/error.h"
+#include "model/model.h"
+
+namespace qlft {
+
+std::shared_ptr<DeviceWeightStream> DeviceWeightStream::offload(Model& model,
+                                                                DeviceAllocator* device) {
+  QLFT_CHECK_ARG(device, "offload.params=cpu streams weights to a device: no device memory");
+  QLFT_CHECK_ARG(!model.stream, "offload.params=cpu: the base weights of %s are already streamed",
+                 model.path.c_str());
+  std::shared_ptr<DeviceWeightStream> s(new DeviceWeightStream(model, device));
+  model.stream = s;
+  return s;
+}
+
+DeviceWeightStream::DeviceWeightStream(Model& model, DeviceAllocator* device)
+    : model_(&model), device_(device) {
+  const int L = model.cfg.n_layers;
+  groups_.resize(static_cast<size_t>(L) + 2);
+  auto add = [this](std::vector<Slot>& g, Buffer& b) {
+    if (b.empty()) return;  // absent (no bias, no scales): stays empty
+    host_bytes_ += b.size();
+    g.push_back({&b, std::move(b)});
+  };
+  auto add_qweight = [&](std::vector<Slot>& g, QWeight& w) {
+    for (Buffer* b : {&w.data, &w.absmax, &w.nested_absmax, &w.code, &w.nested_code, &w.scb})
+      add(g, *b);
+  };
+  add_qweight(groups_[0], model.tok_embd);
+  for (int l = 0; l < L; ++l) {
+    LayerWeights& lw = model.layers[static_cast<size_t>(l)];
+    std::vector<Slot>& g = groups_[static_cast<size_t>(l) + 1];
+    add(g, lw.attn_norm);
+    add(g, lw.ffn_norm);
+    for (QWeight& w : lw.proj) add_qweight(g, w);
+    for (Buffer& b : lw.bias) add(g, b);
+  }
+  std::vector<Slot>& fin = groups_[static_cast<size_t>(L) + 1];
+  add(fin, model.output_norm);
+  if (model.output.rows) add_qweight(fin, model.output);
+  unit_groups_.resize(static_cast<size_t>(unit_count(L)));
+  unit_groups_[kEmbeddingUnit] = {0};
+  for (int l = 0; l < L; ++l) unit_groups_[static_cast<size_t>(layer_unit(l))] = {l + 1};
+  unit_groups_[static_cast<size_t>(head_unit(L))] = {L + 1};
+  if (!model.output.rows) unit_groups_[static_cast<size_t>(head_unit(L))].push_back(0);
+}
+
+DeviceWeightStream::~DeviceWeightStream() {
+  restore();
+}
+
+template <class F>
+void DeviceWeightStream::each_slot(int u, const F& f) {
+  for (int g : unit_groups_[static_cast<size_t>(u)])
+    for (Slot& s : groups_[static_cast<size_t>(g)]) f(s);
+}
+
+DeviceWeightStream::Copy DeviceWeightStream::start(int u) {
+  Copy c;
+  c.unit = u;
+  each_slot(u, [&](Slot& s) {
+    c.bufs.emplace_back(device_, MemCategory::Weights, s.host.size(), "weights (offload.params)",
+                        BufferInit::Uninit);
+    c.bufs.back().copy_from_host(s.host.data(), s.host.size());
+    copied_bytes_ += s.host.size();
+  });
+  return c;
+}
+
+void DeviceWeightStream::install(Copy& c) {
+  size_t i = 0;
+  each_slot(c.unit, [&](Slot& s) { *s.model_buf = std::move(c.bufs[i++]); });
+  installed_.unit = c.unit;
+  c = Copy();
+}
+
+void DeviceWeightStream::uninstall() noexcept {
+  if (installed_.unit == kNoUnit) return;
+  each_slot(installed_.unit, [](Slot& s) { s.model_buf->reset(); });
+  installed_.unit = kNoUnit;
+}
+
+void DeviceWeightStream::acquire(int u, int next) {
+  QLFT_CHECK_ARG(!restored_, "offload.params=cpu: the trainer that streamed %s has ended",
+                 model_->path.c_str());
+  QLFT_CHECK_ARG(u >= 0 && u < static_cast<int>(unit_groups_.size()),
+                 "offload.params=cpu: unit %d does not exist (%zu units)", u, unit_groups_.size());
+  if (held_ != kNoUnit && held_ != u)
+    throw_error(QLFT_ERR_INTERNAL, "offload.params=cpu: unit %d acquired while unit %d is held", u,
+                held_);
+  try {
+    if (installed_.unit != u) {
+      uninstall();
+      Copy c = ahead_.unit == u ? std::move(ahead_) : start(u);
+      ahead_ = Copy();
+      install(c);
+    }
+    held_ = u;
+    keep_ = next == u;
+    if (next != kNoUnit && next != u && ahead_.unit != next) {
+      QLFT_CHECK_ARG(next >= 0 && next < static_cast<int>(unit_groups_.size()),
+                     "offload.params=cpu: next unit %d does not exist", next);
+      ahead_ = Copy();
+      ahead_ = start(next);
+    }
+  } catch (...) {
+    if (installed_.unit == u) uninstall();
+    held_ = kNoUnit;
+    ahead_ = Copy();
+    throw;
+  }
+}
+
+void DeviceWeightStream::release(int u) noexcept {
+  if (held_ != u) return;
+  held_ = kNoUnit;
+  if (!keep_ && installed_.unit == u) uninstall();
+}
+
+std::string DeviceWeightStream::describe() const {
+  return strf("offload.params=cpu (%s of weights in host memory, a unit at a time on the device)",
+              format_bytes(host_bytes_).c_str());
+}
+
+void DeviceWeightStream::restore() noexcept {
+  if (restored_) return;
+  ahead_ = Copy();
+  uninstall();
+  held_ = kNoUnit;
+  for (std::vector<Slot>& g : groups_)
+    for (Slot& s : g) *s.model_buf = std::move(s.host);
+  restored_ = true;
+}
+
+}  // namespace qlft

@@ -1,0 +1,250 @@
+// Issue 18, done-when 6: device-memory planning and train.micro_batch=auto on backend=cuda.
+//
+// memory.limit is the device's budget there (the runtime sets the tracker's limit on device
+// bytes; the host's weights and adapter copy are outside it). stories260K (NF4, r=8, AdamW on the
+// device) at seq 64:
+//  - PlannerPredictsTheDevicePeak: the planner's device training peak (MemoryPlan::
+//    device_train_peak, from the CUDA workspace model and the caching allocator's rounding) is
+//    within 10% of the tracker's measured device live peak of a real step, at three
+//    micro-batches.
+//  - ThreeDeviceBudgets: under three budgets placed between the planner's predictions for m and
+//    m + 1, the search ends on a size that trains while the next size up runs out of device
+//    memory (each proven again here by a trial step under the budget, and the failure shown to be
+//    the device allocator's out-of-memory), the three sizes differ, and a training step runs
+//    under the budget.
+//  - DISABLED_SmolLM2PlannerPredictsTheDevicePeak: the first check on SmolLM2-135M (minutes a
+//    step in the emulator; by hand or on a GPU).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "core/error.h"
+#include "core/threads.h"
+#include "cuda_test_util.h"
+#include "data/dataset.h"
+#include "data/tokenizer_encoder.h"
+#include "model/model.h"
+#include "support/test_support.h"
+#include "tokenizer/tokenizer.h"
+#include "train/autotune.h"
+#include "train/planner.h"
+#include "train/trainer.h"
+
+using namespace qlft;
+
+namespace {
+
+constexpr int kSeq = 64;
+
+Config base_config(const std::string& out) {
+  Config c;
+  c.set("backend", "cuda");
+  c.set("data.seq_len", std::to_string(kSeq));
+  c.set("lora.r", "8");
+  c.set("optim.name", "adamw");
+  c.set("optim.lr", "1e-3");
+  c.set("train.max_steps", "2");
+  c.set("train.output_dir", out);
+  c.set("threads", "1");
+  c.set("seed", "5");
+  return c;
+}
+
+std::string read_all(const std::string& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+double rel(uint64_t a, uint64_t b) {
+  return (double(a) - double(b)) / double(b);
+}
+
+class CudaAutotuneTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    QLFT_NEED_GPU();
+    text_ = qlft_test::shared_file("data/tinyshakespeare.txt");
+    if (text_.empty()) QLFT_SKIP("shared-missing") << "tinyshakespeare.txt";
+    set_num_threads(1);
+    // As qlft_runtime_create does for backend=cuda: memory.limit budgets device bytes.
+    tracker_.set_limit_space(MemSpace::Device);
+  }
+  void TearDown() override { tracker_.set_limit(0); }
+
+  // Loads models/<name> (NF4) and the Shakespeare text at seq; false (skipped) when absent.
+  bool load(const char* name, int seq) {
+    const std::string m = qlft_test::shared_file(std::string("models/") + name);
+    if (m.empty()) return false;
+    LoadOptions lo;
+    lo.quant_type = "nf4";
+    model_ = load_model(&tracker_, m, lo);
+    tok_ = Tokenizer::from_gguf(*model_->gguf);
+    enc_ = std::make_unique<data::TokenizerEncoder>(*tok_);
+    Config c = base_config("");
+    c.set("data.path", text_);
+    c.set("data.seq_len", std::to_string(seq));
+    data_ = std::make_unique<data::Dataset>(
+        data::Dataset::build(data::DataOptions::from_config(c), *enc_));
+    return true;
+  }
+
+  MemoryPlan plan(const Config& c, int micro_batch) const {
+    PlanSettings ps = PlanSettings::from_config(c);
+    ps.micro_batch = micro_batch;
+    return plan_memory(model_->cfg, weight_footprint(*model_), ps);
+  }
+
+  // One training step at micro-batch m: the planner's device peak against the tracker's device
+  // live peak (within 10%), the persistent device categories against the tracker's.
+  void check_device_plan(Config c, int m) {
+    SCOPED_TRACE("micro-batch " + std::to_string(m));
+    c.set("train.micro_batch", std::to_string(m));
+    const MemoryPlan p = plan(c, m);
+    ASSERT_TRUE(p.device);
+    Trainer t(*model_, &tracker_, data_.get(), c);
+    tracker_.reset_peaks();
+    StepReport r;
+    ASSERT_TRUE(t.step(&r));
+    const MemorySnapshot s = tracker_.snapshot();
+    std::printf(
+        "micro-batch %d: device planned %s, tracker live peak %s (%+.1f%%), with the "
+        "allocator's cache %s; host planned %s, host now %s\n",
+        m, format_bytes(p.device_train_peak).c_str(), format_bytes(s.device_live_peak).c_str(),
+        100 * rel(p.device_train_peak, s.device_live_peak),
+        format_bytes(s.device_total_peak).c_str(),
+        format_bytes(p.train_peak - p.device_train_peak).c_str(),
+        format_bytes(s.total_reserved - s.device_total).c_str());
+    for (int i = 0; i < kMemCategoryCount; ++i)
+      std::printf("  %-13s planned %12llu  tracker peak %12llu\n",
+                  mem_category_name(static_cast<MemCategory>(i)),
+                  static_cast<unsigned long long>(p.device_train[i]),
+                  static_cast<unsigned long long>(s.device_peak[i]));
+    EXPECT_LE(std::fabs(rel(p.device_train_peak, s.device_live_peak)), 0.10);
+    // The adapter's device copy, its gradients and the device AdamW state are made before any
+    // block is freed: exact. The weights are uploaded during the step, and the allocator may
+    // hand a weight a cached block of up to twice its size (seen: +2.5 KiB of 400 KiB).
+    for (MemCategory k : {MemCategory::Adapter, MemCategory::Gradients, MemCategory::Optimizer})
+      EXPECT_EQ(p.device_train[int(k)], s.device_reserved[int(k)]) << mem_category_name(k);
+    const int wi = int(MemCategory::Weights);
+    EXPECT_LE(std::fabs(rel(p.device_train[wi], s.device_reserved[wi])), 0.02);
+  }
+
+  MemoryTracker tracker_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Tokenizer> tok_;
+  std::unique_ptr<data::TokenizerEncoder> enc_;
+  std::unique_ptr<data::Dataset> data_;
+  std::string text_;
+};
+
+}  // namespace
+
+TEST_F(CudaAutotuneTest, PlannerPredictsTheDevicePeak) {
+  if (!load("stories260K.gguf", kSeq)) QLFT_SKIP("shared-missing") << "stories260K.gguf";
+  const std::string out = qlft_test::temp_dir("cuda-plan");
+  for (int m : {1, 4, 8}) check_device_plan(base_config(out), m);
+}
+
+// The same on SmolLM2-135M (q4_1 GGUF quantized to NF4) at micro-batch 1 and 2 x seq 128, where
+// the 64 MiB weight panels, the cross-entropy logits chunk over a 49,152-token vocabulary and the
+// allocator's 2 MiB rounding matter. Minutes a step in the emulator: run by hand
+// (--gtest_also_run_disabled_tests), or on a GPU.
+TEST_F(CudaAutotuneTest, DISABLED_SmolLM2PlannerPredictsTheDevicePeak) {
+  if (!load("smollm2-135m-instruct-q4_1.gguf", 128))
+    QLFT_SKIP("shared-missing") << "smollm2-135m-instruct-q4_1.gguf";
+  const std::string out = qlft_test::temp_dir("cuda-plan-smollm2");
+  Config c = base_config(out);
+  c.set("data.seq_len", "128");
+  for (int m : {1, 2}) check_device_plan(c, m);
+}
+
+TEST_F(CudaAutotuneTest, ThreeDeviceBudgets) {
+  if (!load("stories260K.gguf", kSeq)) QLFT_SKIP("shared-missing") << "stories260K.gguf";
+  const std::string dir = qlft_test::temp_dir("cuda-autotune");
+  std::set<int> found;
+  int n = 0;
+  for (int target : {1, 3, 6}) {
+    SCOPED_TRACE("budget for micro-batch " + std::to_string(target));
+    const std::string out = dir + "/run" + std::to_string(n++);
+    Config c = base_config(out);
+    c.set("train.micro_batch", "auto");
+    c.set("train.autotune_margin", "0");
+    // Halfway between the planner's device peaks for target and target + 1.
+    const uint64_t lo = plan(c, target).device_train_peak,
+                   hi = plan(c, target + 1).device_train_peak;
+    ASSERT_LT(lo, hi);
+    const uint64_t limit = lo + (hi - lo) / 2;
+    tracker_.set_limit(limit);
+    Trainer a(*model_, &tracker_, data_.get(), c);
+    const int micro = a.settings().micro_batch;
+
+    // The search's record, from its cache file.
+    const nlohmann::json j = nlohmann::json::parse(read_all(out + "/autotune.json"));
+    ASSERT_EQ(j["entries"].size(), 1u);
+    const nlohmann::json e = j["entries"].begin().value();
+    const int max_fit = e["max_fit"], first_fail = e["first_fail"];
+    EXPECT_EQ(micro, max_fit);
+    EXPECT_EQ(first_fail, max_fit + 1);
+    EXPECT_LE(e["trials"].get<int>(), 6);
+    found.insert(micro);
+
+    // Both ends again by trial steps under the budget: the largest fit trains, one more does not.
+    uint64_t peak = 0;
+    EXPECT_TRUE(autotune_trial(a, max_fit, kSeq, false, &peak));
+    EXPECT_LE(peak, limit);
+    EXPECT_FALSE(autotune_trial(a, max_fit + 1, kSeq, false, nullptr));
+    // The planner's device prediction at the size found, against the trial's measured peak.
+    const uint64_t planned = plan(c, max_fit).device_train_peak;
+    EXPECT_LE(std::fabs(rel(planned, peak)), 0.10);
+
+    // That failure is the device allocator's out-of-memory (the budget counts device bytes).
+    {
+      const int m = max_fit + 1;
+      std::vector<int32_t> tok(size_t(m) * kSeq), pos(tok.size()), docs(tok.size(), 0);
+      for (size_t i = 0; i < tok.size(); ++i) {
+        tok[i] = int32_t((i * 7 + 1) % model_->cfg.vocab);
+        pos[i] = int32_t(i % kSeq);
+      }
+      TokenBatch b;
+      b.batch = m;
+      b.seq = kSeq;
+      b.tokens = tok.data();
+      b.targets = tok.data();
+      b.positions = pos.data();
+      b.doc_ids = docs.data();
+      std::string msg;
+      try {
+        a.runner().forward(b, 1.f / float(tok.size()), 1);
+        a.runner().backward();
+      } catch (const Error& err) {
+        EXPECT_EQ(err.status(), QLFT_ERR_OUT_OF_MEMORY);
+        msg = err.what();
+      }
+      a.runner().release();
+      a.lora().zero_grad();
+      EXPECT_NE(msg.find("device memory"), std::string::npos) << msg;
+    }
+
+    // And training runs under the budget at the size found, from an empty allocator cache as
+    // after a search (the failed tries above left blocks of the larger size cached).
+    cuda_empty_cache(&tracker_);
+    StepReport r;
+    ASSERT_TRUE(a.step(&r));
+    EXPECT_LE(tracker_.snapshot().device_total, limit);
+    std::printf(
+        "budget %s: micro_batch %d (largest fit %d, first failure %d, %d trials; trial "
+        "peak %s, planned %s, %+.1f%%)\n",
+        format_bytes(limit).c_str(), micro, max_fit, first_fail, e["trials"].get<int>(),
+        format_bytes(peak).c_str(), format_bytes(planned).c_str(), 100 * rel(planned, peak));
+    tracker_.set_limit(0);
+  }
+  EXPECT_EQ(found.size(), 3u) << "each budget gives its own micro-batch";
+}
