@@ -17,6 +17,14 @@
 
 namespace qlft {
 
+// Bytes the tracker counts for a host Buffer of n bytes (rounded up to 64), and of n floats.
+inline uint64_t buffer_bytes(uint64_t n) {
+  return (n + 63) / 64 * 64;
+}
+inline uint64_t float_buffer_bytes(int64_t floats) {
+  return buffer_bytes(static_cast<uint64_t>(floats) * 4);
+}
+
 struct WorkspaceModelSettings {
   std::string precision = "fp32";  // train.precision: fp32 | bf16 | fp16
   int threads = 1;                 // kernel threads (the CPU's per-thread tiles)

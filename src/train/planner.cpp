@@ -25,13 +25,8 @@ namespace qlft {
 
 namespace {
 
-// Bytes the tracker counts for a buffer of n bytes (Buffer rounds up to 64).
-uint64_t rb(uint64_t n) {
-  return (n + 63) / 64 * 64;
-}
-uint64_t fl(int64_t floats) {
-  return rb(static_cast<uint64_t>(floats) * 4);
-}
+constexpr auto rb = buffer_bytes;
+constexpr auto fl = float_buffer_bytes;
 
 // What qweight_from_f32 allocates for a [rows, cols] matrix of the target kind, and the staging
 // it holds meanwhile (the f32 copy is the caller's, counted separately).
