@@ -9,6 +9,10 @@
 #   bash scripts/gpu_check.sh profile        there: Nsight Compute's duration of 400 consecutive
 #                                            kernels in the middle of a bf16 SmolLM2-shape step
 #                                            (about two layers), summed per kernel name
+#   bash scripts/gpu_check.sh memory         there: the GPU tests, then the device-memory planner
+#                                            against the tracker on SmolLM2 shapes (fp32, bf16,
+#                                            offload.params/optimizer=cpu; test_cuda_autotune's
+#                                            DISABLED_SmolLM2ShapedOnDevice)
 #   bash scripts/gpu_check.sh transfers      there: qlft alone on SmolLM2 shapes at micro-batch
 #                                            1 x 128 (issue 18's done-when 1 shape), fp32 and
 #                                            bf16, printing each step's host<->device traffic
@@ -26,7 +30,7 @@ if [ "$mode" = pack ]; then
   stage=$(mktemp -d)
   mkdir -p "$stage/bin" "$stage/lib" "$stage/tools/qlft-finetune" "$stage/shared/models" \
     "$stage/shared/data"
-  for t in test_cuda_runtime test_cuda_ops test_cuda_optim test_cuda_finetune; do
+  for t in test_cuda_runtime test_cuda_ops test_cuda_optim test_cuda_finetune test_cuda_autotune; do
     cp "$build/tests/cuda/$t" "$stage/bin/"
   done
   cp "$build/tools/qlft-finetune/qlft-finetune" "$stage/tools/qlft-finetune/"
@@ -44,7 +48,7 @@ if [ "$mode" = pack ]; then
   exit 0
 fi
 
-case "$mode" in run | transfers | profile) ;; *) echo "gpu_check: pack, run, transfers or profile" >&2; exit 2 ;; esac
+case "$mode" in run | memory | transfers | profile) ;; *) echo "gpu_check: pack, run, memory, transfers or profile" >&2; exit 2 ;; esac
 : "${OUT:?run it through the device tool}"
 root=/tmp/qlft-gpu
 mkdir -p "$root" && tar -C "$root" -xJf .gpu/bundle.tar.xz
@@ -98,12 +102,21 @@ if [ "$mode" = transfers ]; then
   done
   exit 0
 fi
-for t in test_cuda_runtime test_cuda_ops test_cuda_optim test_cuda_finetune; do
+for t in test_cuda_runtime test_cuda_ops test_cuda_optim test_cuda_finetune test_cuda_autotune; do
   s=$(date +%s)
   timeout 200 "$root/bin/$t" > "$OUT/$t.log" 2>&1
   echo "$t rc=$? $(( $(date +%s) - s ))s $(grep -c '^\[       OK' "$OUT/$t.log") ok"
   grep -E '^\[  (FAILED|SKIPPED) ' "$OUT/$t.log" | sort -u | head -20
 done
+if [ "$mode" = memory ]; then
+  wait "$make_model" || tail -5 "$OUT/make_model.log"
+  s=$(date +%s)
+  QLFT_SMOL_DIR=/tmp/smol timeout 300 "$root/bin/test_cuda_autotune" --gtest_also_run_disabled_tests \
+    --gtest_filter='*SmolLM2ShapedOnDevice*' > "$OUT/smol_memory.log" 2>&1
+  echo "SmolLM2-shaped memory rc=$? $(( $(date +%s) - s ))s"
+  grep -E 'micro-batch|FAILED|OK \]|Failure|Expected|Which is|actual' "$OUT/smol_memory.log" | head -60
+  exit 0
+fi
 s=$(date +%s)
 wait "$make_model" || tail -5 "$OUT/make_model.log"
 mkdir -p "$OUT/bench"

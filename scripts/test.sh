@@ -50,15 +50,16 @@ fi
 # with the CPU backend; the emulator's own tests show it catches barrier races and bad accesses.
 cmake -S . -B "$build-cuda-emu" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQLFT_CUDA_EMULATE=ON \
   -DQLFT_BUILD_TESTS=ON
-emu_tests="test_cuda_emulator $(cd tests/cuda && ls test_cuda_*.cpp | sed 's/\.cpp$//' | tr '\n' ' ')"
+# dist_worker: the backend=cuda training scripts (NCCL ranks, offload) run it.
+emu_tests="test_cuda_emulator dist_worker $(cd tests/cuda && ls test_cuda_*.cpp | sed 's/\.cpp$//' | tr '\n' ' ')"
 # The emulated NCCL communicator's mpirun worker exists where MPI does (with the MPI plugin it uses).
 if ninja -C "$build-cuda-emu" -t targets all 2>/dev/null | grep -q '^nccl_emu_worker:'; then
   emu_tests="$emu_tests nccl_emu_worker"
 fi
 # shellcheck disable=SC2086
 cmake --build "$build-cuda-emu" -j "$jobs" --target $emu_tests
-# The emulated training-step tests (CudaFineTune*, CudaGenerate*) take about 4 min of the stage
-# on 2 cores.
+# The emulated training-step tests (CudaFineTune*, CudaGenerate*, CudaAutotuneTest*, the NCCL
+# loss curves and offload) take about 8 min of the stage on 2 cores.
 (cd "$build-cuda-emu" && ctest -L cuda-emu -j "$jobs" --output-on-failure --timeout 600)
 
 root=$PWD

@@ -31,26 +31,12 @@ Zero3Stream::Zero3Stream(Model& model, Communicator* comm, MemoryTracker* tracke
                  "ZeRO-3: %s memory for the shards but a %s communicator (%s)",
                  device_ ? "device" : "host", comm_->device_buffers() ? "device" : "host",
                  comm_->backend());
-  const int L = model.cfg.n_layers;
   // Groups: 0 the embedding, 1..L the layers, L+1 the final norm and untied output head.
-  groups_.resize(static_cast<size_t>(L) + 2);
-  add_qweight(groups_[0], model.tok_embd);
-  for (int l = 0; l < L; ++l) {
-    LayerWeights& lw = model.layers[static_cast<size_t>(l)];
-    Group& g = groups_[static_cast<size_t>(l) + 1];
-    add_buffer(g, lw.attn_norm);
-    add_buffer(g, lw.ffn_norm);
-    for (QWeight& w : lw.proj) add_qweight(g, w);
-    for (Buffer& b : lw.bias) add_buffer(g, b);
-  }
-  Group& fin = groups_[static_cast<size_t>(L) + 1];
-  add_buffer(fin, model.output_norm);
-  if (model.output.rows) add_qweight(fin, model.output);
-  unit_groups_.resize(static_cast<size_t>(unit_count(L)));
-  unit_groups_[kEmbeddingUnit] = {0};
-  for (int l = 0; l < L; ++l) unit_groups_[static_cast<size_t>(layer_unit(l))] = {l + 1};
-  unit_groups_[static_cast<size_t>(head_unit(L))] = {L + 1};
-  if (!model.output.rows) unit_groups_[static_cast<size_t>(head_unit(L))].push_back(0);
+  groups_.resize(model.layers.size() + 2);
+  for_each_weight_buffer(model, [this](int g, Buffer& b) {
+    if (!b.empty()) groups_[static_cast<size_t>(g)].slots.push_back({&b, b.size()});
+  });
+  unit_groups_ = weight_groups_of_units(model);
 
   // Every shard first (an out-of-memory here leaves the model whole), then the full Buffers go.
   for (Group& g : groups_) {
@@ -101,16 +87,6 @@ Buffer Zero3Stream::make(MemCategory c, size_t bytes, const char* what) const {
 
 Zero3Stream::~Zero3Stream() {
   detach();
-}
-
-void Zero3Stream::add_buffer(Group& g, Buffer& b) {
-  if (b.empty()) return;  // absent (no bias, no scales): stays empty
-  g.slots.push_back({&b, b.size()});
-}
-
-void Zero3Stream::add_qweight(Group& g, QWeight& w) {
-  for (Buffer* b : {&w.data, &w.absmax, &w.nested_absmax, &w.code, &w.nested_code, &w.scb})
-    add_buffer(g, *b);
 }
 
 uint64_t Zero3Stream::shard_bytes() const {

@@ -91,8 +91,6 @@ class Zero3Stream final : public WeightStream {
     std::vector<std::unique_ptr<PendingCollective>> pending;
   };
 
-  void add_qweight(Group& g, QWeight& w);
-  void add_buffer(Group& g, Buffer& b);
   const std::vector<int>& groups_of(int u) const { return unit_groups_[static_cast<size_t>(u)]; }
   Fetch start(int u);
   void finish(Fetch& f);           // waits for every gather of f

@@ -59,6 +59,33 @@ struct Model {
   uint64_t weight_bytes() const;
 };
 
+// Every storage Buffer of m's base weights with its weight group, the one enumeration the weight
+// streams and the planner share: group 0 the token embedding; 1..n_layers each layer (attn_norm,
+// ffn_norm, the projections, the biases); n_layers + 1 the final norm and the untied head. A
+// QWeight gives data, absmax, nested_absmax, code, nested_code, scb. Empty Buffers are included
+// (callers skip what they do not keep). f(int group, Buffer& b); M is Model or const Model.
+template <class M, class F>
+void for_each_weight_buffer(M& m, const F& f) {
+  auto qweight = [&](int g, auto& w) {
+    for (auto* b : {&w.data, &w.absmax, &w.nested_absmax, &w.code, &w.nested_code, &w.scb})
+      f(g, *b);
+  };
+  const int L = static_cast<int>(m.layers.size());
+  qweight(0, m.tok_embd);
+  for (int l = 0; l < L; ++l) {
+    auto& lw = m.layers[static_cast<size_t>(l)];
+    f(l + 1, lw.attn_norm);
+    f(l + 1, lw.ffn_norm);
+    for (auto& w : lw.proj) qweight(l + 1, w);
+    for (auto& b : lw.bias) f(l + 1, b);
+  }
+  f(L + 1, m.output_norm);
+  if (m.output.rows) qweight(L + 1, m.output);
+}
+// The weight groups unit u reads (model/weight_stream.h units): the head unit also reads the
+// embedding's group when the head is tied.
+std::vector<std::vector<int>> weight_groups_of_units(const Model& m);
+
 struct LoadOptions {
   std::string quant_type = "nf4";  // nf4 | int8 | keep
   bool double_quant = true;

@@ -37,6 +37,16 @@ uint64_t Model::n_params() const {
   return n;
 }
 
+std::vector<std::vector<int>> weight_groups_of_units(const Model& m) {
+  const int L = static_cast<int>(m.layers.size());
+  std::vector<std::vector<int>> u(static_cast<size_t>(unit_count(L)));
+  u[kEmbeddingUnit] = {0};
+  for (int l = 0; l < L; ++l) u[static_cast<size_t>(layer_unit(l))] = {l + 1};
+  u[static_cast<size_t>(head_unit(L))] = {L + 1};
+  if (!m.output.rows) u[static_cast<size_t>(head_unit(L))].push_back(0);
+  return u;
+}
+
 void Model::require_resident(const char* what) const {
   if (stream)
     throw_error(QLFT_ERR_UNSUPPORTED,

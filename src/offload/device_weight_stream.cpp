@@ -17,34 +17,13 @@ std::shared_ptr<DeviceWeightStream> DeviceWeightStream::offload(Model& model,
 
 DeviceWeightStream::DeviceWeightStream(Model& model, DeviceAllocator* device)
     : model_(&model), device_(device) {
-  const int L = model.cfg.n_layers;
-  groups_.resize(static_cast<size_t>(L) + 2);
-  auto add = [this](std::vector<Slot>& g, Buffer& b) {
+  groups_.resize(model.layers.size() + 2);
+  for_each_weight_buffer(model, [this](int g, Buffer& b) {
     if (b.empty()) return;  // absent (no bias, no scales): stays empty
     host_bytes_ += b.size();
-    g.push_back({&b, std::move(b)});
-  };
-  auto add_qweight = [&](std::vector<Slot>& g, QWeight& w) {
-    for (Buffer* b : {&w.data, &w.absmax, &w.nested_absmax, &w.code, &w.nested_code, &w.scb})
-      add(g, *b);
-  };
-  add_qweight(groups_[0], model.tok_embd);
-  for (int l = 0; l < L; ++l) {
-    LayerWeights& lw = model.layers[static_cast<size_t>(l)];
-    std::vector<Slot>& g = groups_[static_cast<size_t>(l) + 1];
-    add(g, lw.attn_norm);
-    add(g, lw.ffn_norm);
-    for (QWeight& w : lw.proj) add_qweight(g, w);
-    for (Buffer& b : lw.bias) add(g, b);
-  }
-  std::vector<Slot>& fin = groups_[static_cast<size_t>(L) + 1];
-  add(fin, model.output_norm);
-  if (model.output.rows) add_qweight(fin, model.output);
-  unit_groups_.resize(static_cast<size_t>(unit_count(L)));
-  unit_groups_[kEmbeddingUnit] = {0};
-  for (int l = 0; l < L; ++l) unit_groups_[static_cast<size_t>(layer_unit(l))] = {l + 1};
-  unit_groups_[static_cast<size_t>(head_unit(L))] = {L + 1};
-  if (!model.output.rows) unit_groups_[static_cast<size_t>(head_unit(L))].push_back(0);
+    groups_[static_cast<size_t>(g)].push_back({&b, std::move(b)});
+  });
+  unit_groups_ = weight_groups_of_units(model);
 }
 
 DeviceWeightStream::~DeviceWeightStream() {

@@ -514,6 +514,54 @@ uint64_t nvme_resident_bytes(const WeightFootprint& w, int read_ahead) {
   return most;
 }
 
+// offload.params=cpu: the bytes DeviceWeightStream copies in one training pass (a forward and
+// backward): a unit is copied when acquired neither installed nor read ahead, and the next one
+// is read ahead unless it is the same unit or already ahead; a release frees the unit unless it
+// was acquired as its own next. The stream copies each Buffer as stored (unrounded).
+uint64_t device_stream_bytes_per_pass(const WeightFootprint& w) {
+  const int L = static_cast<int>(w.groups.size()) - 2;
+  auto unit_bytes = [&](int u) {
+    uint64_t n = 0;
+    for (size_t g : unit_groups(w, u))
+      for (uint64_t b : w.groups[g]) n += b;
+    return n;
+  };
+  uint64_t bytes = 0;
+  int installed = kNoUnit, ahead = kNoUnit;
+  for (auto [u, next] : training_unit_order(L)) {
+    if (installed != u) {
+      if (ahead != u) bytes += unit_bytes(u);
+      ahead = kNoUnit;
+      installed = u;
+    }
+    if (next != kNoUnit && next != u && ahead != next) {
+      bytes += unit_bytes(next);
+      ahead = next;
+    }
+    if (next != u) installed = kNoUnit;  // the release
+  }
+  return bytes;
+}
+
+// offload.params=cpu: the most device bytes DeviceWeightStream holds at once (the acquired unit
+// and the one read ahead; a group two units share counted once).
+uint64_t device_stream_resident_bytes(const WeightFootprint& w, const WorkspaceModel& m) {
+  const int L = static_cast<int>(w.groups.size()) - 2;
+  uint64_t most = 0;
+  for (auto [u, next] : training_unit_order(L)) {
+    std::vector<bool> in(w.groups.size(), false);
+    for (size_t g : unit_groups(w, u)) in[g] = true;
+    if (next != kNoUnit)
+      for (size_t g : unit_groups(w, next)) in[g] = true;
+    uint64_t b = 0;
+    for (size_t g = 0; g < in.size(); ++g)
+      if (in[g])
+        for (uint64_t x : w.groups[g]) b += m.round(x);
+    most = std::max(most, b);
+  }
+  return most;
+}
+
 }  // namespace
 
 namespace {
@@ -528,6 +576,13 @@ uint64_t lora_floats(const ModelConfig& c, const LoraConfig& lc) {
 // backend=cuda: the device blocks that outlive a step (resident weights, the adapter's device
 // copy and gradients, the device AdamW state), and the host's share of the optimizer state.
 // host_adapter: the host adapter's bytes (its gradients are as large).
+// The trainer's device step (trainer.cpp): AdamW on one rank or over NCCL, its state not
+// offloaded.
+bool device_optimizer_step(const PlanSettings& s) {
+  return (s.world == 1 || s.dist_backend == "nccl") && s.optimizer == "adamw" &&
+         s.offload_optimizer == "none";
+}
+
 void plan_device_persistent(const ModelConfig& c, const WeightFootprint& w, const PlanSettings& s,
                             const WorkspaceModel& m, uint64_t host_adapter, MemoryPlan* p) {
   auto& d = p->device_train;
@@ -535,9 +590,9 @@ void plan_device_persistent(const ModelConfig& c, const WeightFootprint& w, cons
   uint64_t weights = m.round(rb(uint64_t(c.head_dim / 2) * 4));
   const bool have_groups = w.groups.size() == static_cast<size_t>(c.n_layers) + 2;
   if (s.offload_params == "cpu" && have_groups) {
-    // offload.params=cpu (offload/device_weight_stream.h): the unit in use and the next one,
-    // their storage as stored; the host keeps every weight.
-    weights += nvme_resident_bytes(w, 1);
+    // offload.params=cpu (offload/device_weight_stream.h): the unit in use and the next one
+    // read ahead, each storage Buffer a device block as stored; the host keeps every weight.
+    weights += device_stream_resident_bytes(w, m);
   } else {
     for (uint64_t b : w.device_slots) weights += m.round(b);
   }
@@ -549,8 +604,7 @@ void plan_device_persistent(const ModelConfig& c, const WeightFootprint& w, cons
   d[int(MemCategory::Gradients)] = m.round(rb(flat));
   // The device optimizer step (trainer.cpp): AdamW on one rank or over NCCL, its state not
   // offloaded. Its m and v are device arrays (this rank's tensors) and the host has none.
-  if ((s.world == 1 || s.dist_backend == "nccl") && s.optimizer == "adamw" &&
-      s.offload_optimizer == "none") {
+  if (device_optimizer_step(s)) {
     uint64_t& host = p->train[int(MemCategory::Optimizer)];
     d[int(MemCategory::Optimizer)] = s.world == 1 ? 2 * m.round(rb(flat)) : 2 * m.round(host / 2);
     host = 0;
@@ -646,7 +700,15 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
   act[int(MemCategory::Workspace)] =
       m->fixed() + std::max({held + fwd, held + m->cross_entropy(c, R), f.backward_ws + back});
 
-  if (p.device) plan_device_persistent(c, w, s, *m, adapter * c.n_layers, &p);
+  if (p.device) {
+    plan_device_persistent(c, w, s, *m, adapter * c.n_layers, &p);
+    // Per micro-batch: four int32 arrays of R (LlamaRunner::prepare), the streamed units, the
+    // adapter's A/B for a host step (LlamaRunner::lora_to_device).
+    uint64_t pass = 4 * uint64_t(R) * 4;
+    if (s.offload_params == "cpu" && have_groups) pass += device_stream_bytes_per_pass(w);
+    if (!device_optimizer_step(s)) pass += lora_floats(c, lc) * 4;
+    p.device_h2d_per_step = pass * uint64_t(std::max(s.accumulation, 1));
+  }
   for (int i = 0; i < kMemCategoryCount; ++i) {
     p.device_train_peak += p.device_train[i];
     if (p.device) cat[i] += p.device_train[i];

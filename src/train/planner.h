@@ -124,6 +124,11 @@ struct MemoryPlan {
   std::array<uint64_t, kMemCategoryCount> device_train{};  // per category at the training peak
   uint64_t device_train_peak = 0;
   uint64_t device_fixed = 0;  // of device_train's workspace: held for the backend's life
+  // backend=cuda: host -> device bytes of a training step after the first: each micro-batch's
+  // ids, labels, positions and document ids; with offload.params=cpu the units the weight
+  // stream copies (a pass's acquires, read ahead by one); with a host optimizer step the
+  // adapter's A/B per micro-batch. (The first step adds the one-time uploads.)
+  uint64_t device_h2d_per_step = 0;
   // What memory.limit budgets: the device's training peak on a device backend, else the total.
   uint64_t budgeted_peak() const { return device ? device_train_peak : train_peak; }
 };

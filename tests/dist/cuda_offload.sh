@@ -3,6 +3,7 @@
 # CUDA emulator, stories260K): the same loss curve and final weights as without offload within
 # 1e-4; no optimizer state on the device (the step runs on the host); the device's weight peak
 # below the run without offload's (a unit and the next one on the device, not the model); the
+# host->device bytes per step equal the planner's prediction (streamed units, batches); the
 # model holds its weights again after the trainer (generation and export can use it).
 # usage: cuda_offload.sh WORKER SHARED_DIR (from the emulated build: QLFT_CUDA_EMULATE=ON)
 source "$(dirname "$0")/common.sh"
@@ -24,5 +25,14 @@ off_w=$(field "$work/off.0" device_weights_peak)
 awk -v a="$off_w" -v b="$ref_w" 'BEGIN { exit !(b > 0 && a < 0.6 * b) }' ||
   { echo "FAIL: device weights peak $off_w with offload.params=cpu, not below 0.6 x $ref_w"; exit 1; }
 echo "device weights peak: $off_w of $ref_w = $(awk -v a="$off_w" -v b="$ref_w" 'BEGIN { printf "%.3f", a / b }')x"
+# The host->device bytes of steps 2-4 are the planner's prediction exactly (batches; with
+# offload the streamed units and the host step's A/B per micro-batch).
+for run in ref off; do
+  h2d=$(field "$work/$run.0" h2d_later)
+  plan=$(field "$work/$run.0" planned_h2d_per_step)
+  [ "$h2d" = "$((3 * plan))" ] ||
+    { echo "FAIL: $run moved $h2d B host->device in steps 2-4, the planner says 3 x $plan"; exit 1; }
+  echo "$run: host->device per step $((h2d / 3)) B = planned $plan B"
+done
 grep -q "after_end resident" "$work/off.0" ||
   { echo "FAIL: the model did not get its weights back after the trainer"; exit 1; }

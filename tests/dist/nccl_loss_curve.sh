@@ -5,8 +5,9 @@
 # own device ordinal (rank r on device r); gradients, the AdamW step and the weight exchange stay
 # on the devices (after the first step a rank's host->device bytes are at most its token ids and
 # labels plus 4 KiB a step); ZeRO-3 keeps at most 0.55x of the model's base-weight bytes per rank
-# (shards in device memory, the host copy freed). An fp16 run whose first step overflows, at
-# ZeRO 2, equals the host-step path over MPI. dist.backend=nccl with backend=cpu is refused.
+# (shards in device memory, the host copy freed), and its checkpoint resumes on one rank. An
+# fp16 run whose first step overflows, at ZeRO 2, equals the host-step path over MPI.
+# dist.backend=nccl with backend=cpu is refused.
 # usage: nccl_loss_curve.sh WORKER SHARED_DIR (from the emulated build: QLFT_CUDA_EMULATE=ON)
 source "$(dirname "$0")/common.sh"
 export QLFT_EMU_DEVICE_COUNT=2
@@ -24,9 +25,12 @@ field() { tr ' ' '\n' <"$1" | grep -A1 -x "$2" | tail -n1; }
 # Per step and rank: ids and labels (int32, mb x seq each) plus 4 KiB.
 bound=$(((steps - 1) * (2 * mb * seq * 4 + 4096)))
 for stage in 0 1 2 3; do
+  # ZeRO-3 also writes a checkpoint after step 2 (device state gathered to rank 0), resumed below.
+  ckpt=()
+  [ "$stage" = 3 ] && ckpt=(w.save_at=2 "w.ckpt=$work/ckpt.safetensors")
   timeout 200 "${mpi[@]}" "$worker" train "$model" "$data" "$work/z$stage.txt" "${common[@]}" \
     train.accumulation=1 dist.backend=nccl dist.zero_stage=$stage dist.timeout_s=60 \
-    "w.mem=$work/mem$stage"
+    "w.mem=$work/mem$stage" "${ckpt[@]}"
   echo "NCCL, ZeRO-$stage:"
   "$worker" compare "$work/z$stage.txt" "$work/ref.txt" 1e-4
   for r in 0 1; do
@@ -44,6 +48,14 @@ for stage in 0 1 2 3; do
     fi
   done
 done
+# The ZeRO-3 NCCL checkpoint resumes on one rank (backend=cuda, the same effective batch) at
+# step 3 with the 2-rank run's next steps within 1e-4.
+[ -f "$work/ckpt.safetensors" ] || { echo "no checkpoint written"; exit 1; }
+"$worker" train "$model" "$data" "$work/resume1.txt" "${common[@]}" train.accumulation=2 \
+  "w.resume=$work/ckpt.safetensors"
+[ "$(head -n1 "$work/resume1.txt" | cut -d' ' -f1)" = 3 ] || { echo "did not resume at step 3"; exit 1; }
+echo "NCCL ZeRO-3 checkpoint resumed on 1 rank:"
+"$worker" compare "$work/resume1.txt" "$work/z3.txt" 1e-4 3
 # fp16 whose first step overflows (skipped on both ranks: the device inf check is agreed over
 # MPI), ZeRO-2: the host-step path over MPI within 1e-6 (2 ranks each; the device AdamW rounds
 # like the host one up to the last bit). (Against one rank
