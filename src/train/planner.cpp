@@ -702,12 +702,14 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
 
   if (p.device) {
     plan_device_persistent(c, w, s, *m, adapter * c.n_layers, &p);
-    // Per micro-batch: four int32 arrays of R (LlamaRunner::prepare), the streamed units, the
-    // adapter's A/B for a host step (LlamaRunner::lora_to_device).
+    // Per micro-batch: four int32 arrays of R (LlamaRunner::prepare), the streamed units, and
+    // for a host step the adapter's A/B in (LlamaRunner::lora_to_device), its gradients out.
     uint64_t pass = 4 * uint64_t(R) * 4;
     if (s.offload_params == "cpu" && have_groups) pass += device_stream_bytes_per_pass(w);
-    if (!device_optimizer_step(s)) pass += lora_floats(c, lc) * 4;
-    p.device_h2d_per_step = pass * uint64_t(std::max(s.accumulation, 1));
+    const uint64_t host_step = device_optimizer_step(s) ? 0 : lora_floats(c, lc) * 4;
+    const uint64_t passes = uint64_t(std::max(s.accumulation, 1));
+    p.device_h2d_per_step = (pass + host_step) * passes;
+    p.device_d2h_per_step = host_step * passes;  // LlamaRunner::lora_grads_to_host
   }
   for (int i = 0; i < kMemCategoryCount; ++i) {
     p.device_train_peak += p.device_train[i];

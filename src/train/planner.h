@@ -129,6 +129,10 @@ struct MemoryPlan {
   // stream copies (a pass's acquires, read ahead by one); with a host optimizer step the
   // adapter's A/B per micro-batch. (The first step adds the one-time uploads.)
   uint64_t device_h2d_per_step = 0;
+  // backend=cuda: device -> host bytes of a step: the gradients of a host optimizer step, per
+  // micro-batch (the scalars read besides, the loss and the norm, are not in it: a few dozen
+  // bytes a step).
+  uint64_t device_d2h_per_step = 0;
   // What memory.limit budgets: the device's training peak on a device backend, else the total.
   uint64_t budgeted_peak() const { return device ? device_train_peak : train_peak; }
 };

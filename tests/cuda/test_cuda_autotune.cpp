@@ -142,6 +142,9 @@ class CudaAutotuneTest : public ::testing::Test {
                   static_cast<unsigned long long>(r2.moved.host_to_device),
                   static_cast<unsigned long long>(p.device_h2d_per_step));
       EXPECT_EQ(r2.moved.host_to_device, p.device_h2d_per_step);
+      // Device -> host: the host step's gradients, plus the scalars (loss, norm).
+      EXPECT_GE(r2.moved.device_to_host, p.device_d2h_per_step);
+      EXPECT_LE(r2.moved.device_to_host, p.device_d2h_per_step + 64);
     }
     const MemorySnapshot s = tracker_.snapshot();
     std::printf(

@@ -26,13 +26,19 @@ awk -v a="$off_w" -v b="$ref_w" 'BEGIN { exit !(b > 0 && a < 0.6 * b) }' ||
   { echo "FAIL: device weights peak $off_w with offload.params=cpu, not below 0.6 x $ref_w"; exit 1; }
 echo "device weights peak: $off_w of $ref_w = $(awk -v a="$off_w" -v b="$ref_w" 'BEGIN { printf "%.3f", a / b }')x"
 # The host->device bytes of steps 2-4 are the planner's prediction exactly (batches; with
-# offload the streamed units and the host step's A/B per micro-batch).
+# offload the streamed units and the host step's A/B per micro-batch); device->host bytes are
+# its prediction (the host step's gradients) plus the scalars, under 64 B a step.
 for run in ref off; do
   h2d=$(field "$work/$run.0" h2d_later)
   plan=$(field "$work/$run.0" planned_h2d_per_step)
   [ "$h2d" = "$((3 * plan))" ] ||
     { echo "FAIL: $run moved $h2d B host->device in steps 2-4, the planner says 3 x $plan"; exit 1; }
-  echo "$run: host->device per step $((h2d / 3)) B = planned $plan B"
+  d2h=$(field "$work/$run.0" d2h_later)
+  dplan=$(field "$work/$run.0" planned_d2h_per_step)
+  extra=$((d2h - 3 * dplan))
+  [ "$extra" -ge 0 ] && [ "$extra" -le $((3 * 64)) ] ||
+    { echo "FAIL: $run moved $d2h B device->host in steps 2-4, the planner says 3 x $dplan + scalars"; exit 1; }
+  echo "$run: per step host->device $((h2d / 3)) B = planned $plan B; device->host $((d2h / 3)) B = planned $dplan B + $((extra / 3)) B of scalars"
 done
 grep -q "after_end resident" "$work/off.0" ||
   { echo "FAIL: the model did not get its weights back after the trainer"; exit 1; }

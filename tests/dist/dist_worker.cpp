@@ -22,7 +22,7 @@
 //                                   after the trainer ended; its backend's device ordinal, the
 //                                   host<->device bytes of the steps after the first, and the
 //                                   device peaks of weights, optimizer state and all live bytes,
-//                                   and the planner's host->device bytes per step
+//                                   and the planner's host<->device bytes per step
 //   dist_worker slow RESULT
 //       rank 1 reaches a barrier at 85% of a 4 s timeout (inside rank 0's liveness probe
 //       window), twice: the barriers must succeed, and the collectives after them, with stale
@@ -353,10 +353,9 @@ int train(const std::string& model_path, const std::string& data_path, const std
   int steps_run = 0;
   uint64_t h2d_later = 0, d2h_later = 0;  // host<->device bytes of steps 2, 3, ...
   try {
-    // The planner's host->device bytes of a step (backend=cuda), from the resident model.
-    const uint64_t planned_h2d =
-        plan_memory(model->cfg, weight_footprint(*model), PlanSettings::from_config(c))
-            .device_h2d_per_step;
+    // The planner's host<->device bytes of a step (backend=cuda), from the resident model.
+    const MemoryPlan plan =
+        plan_memory(model->cfg, weight_footprint(*model), PlanSettings::from_config(c));
     Trainer t(*model, &tracker, ds.get(), c);
     rank = t.rank();
     tracker.reset_peaks();  // w.mem: what training holds, not the full load before sharding
@@ -401,7 +400,7 @@ int train(const std::string& model_path, const std::string& data_path, const std
           "rank %d weights_allocated %llu weights_peak %llu communication_peak %llu "
           "peak_rss %llu mean_step_s %.4f device %d h2d_later %llu d2h_later %llu "
           "device_weights_peak %llu device_optimizer_peak %llu device_live_peak %llu "
-          "planned_h2d_per_step %llu",
+          "planned_h2d_per_step %llu planned_d2h_per_step %llu",
           rank, static_cast<unsigned long long>(m.allocated[wt]),
           static_cast<unsigned long long>(m.peak[wt]), static_cast<unsigned long long>(m.peak[cm]),
           static_cast<unsigned long long>(process_peak_rss()),
@@ -410,7 +409,8 @@ int train(const std::string& model_path, const std::string& data_path, const std
           static_cast<unsigned long long>(m.device_peak[wt]),
           static_cast<unsigned long long>(m.device_peak[static_cast<int>(MemCategory::Optimizer)]),
           static_cast<unsigned long long>(m.device_live_peak),
-          static_cast<unsigned long long>(planned_h2d));
+          static_cast<unsigned long long>(plan.device_h2d_per_step),
+          static_cast<unsigned long long>(plan.device_d2h_per_step));
     }
   } catch (const Error& e) {
     status = e.status();
