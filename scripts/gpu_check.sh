@@ -60,7 +60,7 @@ python3 bench/make_smollm2_shaped.py /tmp/smol > "$OUT/make_model.log" 2>&1 &
 make_model=$!
 export LD_LIBRARY_PATH=$root/lib:$(dirname "${cublas:-/x}")
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$OUT/device.txt"
-export QLFT_SHARED_DIR=$root/shared QLFT_REQUIRE_SHARED=1 QLFT_REQUIRE_GPU=1
+export QLFT_SHARED_DIR=$root/shared QLFT_REQUIRE_SHARED=1 QLFT_REQUIRE_GPU=1 QLFT_SOURCE_DIR=$PWD
 if [ "$mode" = profile ]; then
   wait "$make_model" || tail -5 "$OUT/make_model.log"
   ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
