@@ -11,8 +11,9 @@
 #                                            (about two layers), summed per kernel name
 #   bash scripts/gpu_check.sh memory         there: the GPU tests, then the device-memory planner
 #                                            against the tracker on SmolLM2 shapes (fp32, bf16,
-#                                            offload.params/optimizer=cpu; test_cuda_autotune's
-#                                            DISABLED_SmolLM2ShapedOnDevice)
+#                                            offload.params/optimizer=cpu) and the loss curves
+#                                            against backend=cpu (test_cuda_autotune's
+#                                            DISABLED_SmolLM2Shaped*)
 #   bash scripts/gpu_check.sh transfers      there: qlft alone on SmolLM2 shapes at micro-batch
 #                                            1 x 128 (issue 18's done-when 1 shape), fp32 and
 #                                            bf16, printing each step's host<->device traffic
@@ -112,9 +113,9 @@ if [ "$mode" = memory ]; then
   wait "$make_model" || tail -5 "$OUT/make_model.log"
   s=$(date +%s)
   QLFT_SMOL_DIR=/tmp/smol timeout 300 "$root/bin/test_cuda_autotune" --gtest_also_run_disabled_tests \
-    --gtest_filter='*SmolLM2ShapedOnDevice*' > "$OUT/smol_memory.log" 2>&1
+    --gtest_filter='*SmolLM2Shaped*' > "$OUT/smol_memory.log" 2>&1
   echo "SmolLM2-shaped memory rc=$? $(( $(date +%s) - s ))s"
-  grep -E 'micro-batch|FAILED|OK \]|Failure|Expected|Which is|actual' "$OUT/smol_memory.log" | head -60
+  grep -E 'micro-batch|step [0-9]:|FAILED|OK \]|Failure|Expected|Which is|actual' "$OUT/smol_memory.log" | head -60
   exit 0
 fi
 s=$(date +%s)
