@@ -5,7 +5,8 @@
 # own device ordinal (rank r on device r); gradients, the AdamW step and the weight exchange stay
 # on the devices (after the first step a rank's host->device bytes are at most its token ids and
 # labels plus 4 KiB a step); ZeRO-3 keeps at most 0.55x of the model's base-weight bytes per rank
-# (shards in device memory, the host copy freed), and its checkpoint resumes on one rank. An
+# (shards in device memory, the host copy freed), and its checkpoint resumes on one rank; paged
+# 8-bit AdamW (a host step) over NCCL ZeRO-3 gives the 1-rank curve. An
 # fp16 run whose first step overflows, at ZeRO 2, equals the host-step path over MPI.
 # dist.backend=nccl with backend=cpu is refused.
 # usage: nccl_loss_curve.sh WORKER SHARED_DIR (from the emulated build: QLFT_CUDA_EMULATE=ON)
@@ -56,6 +57,15 @@ done
 [ "$(head -n1 "$work/resume1.txt" | cut -d' ' -f1)" = 3 ] || { echo "did not resume at step 3"; exit 1; }
 echo "NCCL ZeRO-3 checkpoint resumed on 1 rank:"
 "$worker" compare "$work/resume1.txt" "$work/z3.txt" 1e-4 3
+# paged 8-bit AdamW steps on the host (gradients out per pass, reduced over the MPI side) while
+# ZeRO-3's shards and gathers stay on the devices: the 1-rank curve within 1e-4.
+"$worker" train "$model" "$data" "$work/ref8.txt" "${common[@]}" train.accumulation=2 \
+  optim.name=paged_adamw8bit
+timeout 200 "${mpi[@]}" "$worker" train "$model" "$data" "$work/z8.txt" "${common[@]}" \
+  train.accumulation=1 optim.name=paged_adamw8bit dist.backend=nccl dist.zero_stage=3 \
+  dist.timeout_s=60
+echo "NCCL ZeRO-3, paged 8-bit AdamW (host step):"
+"$worker" compare "$work/z8.txt" "$work/ref8.txt" 1e-4
 # fp16 whose first step overflows (skipped on both ranks: the device inf check is agreed over
 # MPI), ZeRO-2: the host-step path over MPI within 1e-6 (2 ranks each; the device AdamW rounds
 # like the host one up to the last bit). (Against one rank
