@@ -36,7 +36,13 @@ void Trainer::init_offload(const Config& cfg) {
   // in host memory, gradients copied out per pass; see the constructor).
   Model& model = const_cast<Model&>(model_);  // storage moves, values do not (below)
   if (ds.offload_params == "cpu" && device) {
-    if (dynamic_cast<DeviceWeightStream*>(model.stream.get())) return;  // an earlier trainer's
+    // The stream's device memory is its trainer's backend's: a model streamed by a live trainer
+    // cannot serve another (a trainer gives the weights back when it ends).
+    if (model.stream)
+      throw_error(QLFT_ERR_UNSUPPORTED,
+                  "offload.params=cpu: the base weights of %s are already streamed (%s); end "
+                  "the other trainer first or load the model again",
+                  model.path.c_str(), model.stream->describe().c_str());
     device_stream_ = DeviceWeightStream::offload(model, backend_->device_memory());
     log_message(QLFT_LOG_INFO, "%s", device_stream_->describe().c_str());
     return;

@@ -282,6 +282,34 @@ TEST_F(CudaAutotuneTest, OffloadPlannerPredictsTheDevicePeakAndBytes) {
   check_device_plan(c, 4, /*streamed=*/true);
 }
 
+// offload.params=cpu lends the model's weights to one trainer's device memory: a second trainer
+// on the model while the first lives is refused with a message (not handed the first's device
+// pointers), and once the first ends the model is whole again and serves the next.
+TEST_F(CudaAutotuneTest, OffloadedModelServesOneTrainerAtATime) {
+  if (!load("stories260K.gguf", kSeq)) QLFT_SKIP("shared-missing") << "stories260K.gguf";
+  Config c = base_config(qlft_test::temp_dir("cuda-offload-two"));
+  c.set("offload.params", "cpu");
+  {
+    Trainer first(*model_, &tracker_, data_.get(), c);
+    EXPECT_TRUE(model_->stream != nullptr);
+    try {
+      Trainer second(*model_, &tracker_, data_.get(), c);
+      ADD_FAILURE() << "a second trainer took the streamed model";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), QLFT_ERR_UNSUPPORTED);
+      EXPECT_NE(std::string(e.what()).find("already streamed"), std::string::npos) << e.what();
+    }
+    StepReport r;
+    EXPECT_TRUE(first.step(&r));  // the first trainer is untouched by the refusal
+  }
+  EXPECT_TRUE(model_->stream == nullptr);
+  EXPECT_FALSE(model_->tok_embd.data.empty());
+  EXPECT_FALSE(model_->tok_embd.data.on_device());
+  Trainer next(*model_, &tracker_, data_.get(), c);
+  StepReport r;
+  EXPECT_TRUE(next.step(&r));
+}
+
 TEST_F(CudaAutotuneTest, ThreeDeviceBudgets) {
   if (!load("stories260K.gguf", kSeq)) QLFT_SKIP("shared-missing") << "stories260K.gguf";
   const std::string dir = qlft_test::temp_dir("cuda-autotune");
