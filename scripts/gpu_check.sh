@@ -14,6 +14,8 @@
 #                                            offload.params/optimizer=cpu) and the loss curves
 #                                            against backend=cpu (test_cuda_autotune's
 #                                            DISABLED_SmolLM2Shaped*)
+#   bash scripts/gpu_check.sh offload        there: qlft alone, bf16 SmolLM2 shapes, resident vs
+#                                            offload.params/optimizer=cpu (tokens/s, memory)
 #   bash scripts/gpu_check.sh transfers      there: qlft alone on SmolLM2 shapes at micro-batch
 #                                            1 x 128 (issue 18's done-when 1 shape), fp32 and
 #                                            bf16, printing each step's host<->device traffic
@@ -49,7 +51,7 @@ if [ "$mode" = pack ]; then
   exit 0
 fi
 
-case "$mode" in run | memory | transfers | profile) ;; *) echo "gpu_check: pack, run, memory, transfers or profile" >&2; exit 2 ;; esac
+case "$mode" in run | memory | offload | transfers | profile) ;; *) echo "gpu_check: pack, run, memory, offload, transfers or profile" >&2; exit 2 ;; esac
 : "${OUT:?run it through the device tool}"
 root=/tmp/qlft-gpu
 mkdir -p "$root" && tar -C "$root" -xJf .gpu/bundle.tar.xz
@@ -87,6 +89,17 @@ print(f"{sum(cnt.values())} kernels, {all_ns / 1e3:.0f} us of kernel time")
 for n, t in sorted(tot.items(), key=lambda kv: -kv[1])[:18]:
     print(f"{t / 1e3:9.1f} us {100 * t / all_ns:5.1f}% {cnt[n]:4d}x {n}")
 PY
+  exit 0
+fi
+if [ "$mode" = offload ]; then
+  # qlft alone, bf16, SmolLM2 shapes: resident, then offload.params=cpu + offload.optimizer=cpu.
+  wait "$make_model" || tail -5 "$OUT/make_model.log"
+  for extra in "" "--offload.params cpu --offload.optimizer cpu" "--offload.params cpu"; do
+    echo "bf16 ${extra:-(resident)}:"
+    QLFT_CUDA_BUILD=$root PEER_PYTHON=none QLFT_EXTRA="$extra" MICRO_BATCH=${MICRO_BATCH:-8} \
+      timeout 200 bash bench/gpu_bench.sh /tmp/smol "$root/shared/data/tinyshakespeare.txt" \
+      "${STEPS:-8}" 2>&1 | grep -E "tokens/s|peak device|runtime peak"
+  done
   exit 0
 fi
 if [ "$mode" = transfers ]; then
