@@ -86,29 +86,25 @@ class CudaAutotuneTest : public ::testing::Test {
   }
   void TearDown() override { tracker_.set_limit(0); }
 
-  // Loads models/<name> (NF4) and the Shakespeare text at seq; false (skipped) when absent.
+  // Loads models/<name> (NF4, its GGUF tokenizer) and the Shakespeare text at seq; false
+  // (skipped) when absent.
   bool load(const char* name, int seq) {
     const std::string m = qlft_test::shared_file(std::string("models/") + name);
     if (m.empty()) return false;
-    LoadOptions lo;
-    lo.quant_type = "nf4";
-    model_ = load_model(&tracker_, m, lo);
-    tok_ = Tokenizer::from_gguf(*model_->gguf);
-    enc_ = std::make_unique<data::TokenizerEncoder>(*tok_);
-    Config c = base_config("");
-    c.set("data.path", text_);
-    c.set("data.seq_len", std::to_string(seq));
-    data_ = std::make_unique<data::Dataset>(
-        data::Dataset::build(data::DataOptions::from_config(c), *enc_));
+    load_from(m, "", seq);
     return true;
   }
-
   // An HF model directory (tokenizer.json beside it), NF4, at seq.
-  void load_dir(const std::string& dir, int seq) {
+  void load_dir(const std::string& dir, int seq) { load_from(dir, dir + "/tokenizer.json", seq); }
+
+  // The model at path (NF4), the tokenizer from tokenizer_json or else the model's GGUF, and the
+  // Shakespeare text at seq.
+  void load_from(const std::string& path, const std::string& tokenizer_json, int seq) {
     LoadOptions lo;
     lo.quant_type = "nf4";
-    model_ = load_model(&tracker_, dir, lo);
-    tok_ = Tokenizer::from_hf_json_file(dir + "/tokenizer.json");
+    model_ = load_model(&tracker_, path, lo);
+    tok_ = tokenizer_json.empty() ? Tokenizer::from_gguf(*model_->gguf)
+                                  : Tokenizer::from_hf_json_file(tokenizer_json);
     enc_ = std::make_unique<data::TokenizerEncoder>(*tok_);
     Config c = base_config("");
     c.set("data.path", text_);
