@@ -443,7 +443,11 @@ uint64_t slots_bytes(const std::vector<uint64_t>& g) {
 // rounded up to 64 per rank) and gathered straight into the buffer the model gets back (world x
 // slice bytes); the smaller ones of a group are packed into one slice, gathered into one buffer
 // and copied out into buffers of their own sizes.
-void zero3_bytes(const WeightFootprint& w, int world, uint64_t* shards, uint64_t* gathered) {
+// held(n): the bytes the memory holding the buffers counts for a Buffer of n bytes (the host's
+// 64-byte rounding, or a device allocator's size classes on top of it: ZeRO-3 over NCCL).
+template <class Held>
+void zero3_bytes(const WeightFootprint& w, int world, const Held& held, uint64_t* shards,
+                 uint64_t* gathered) {
   constexpr uint64_t kLargeSlot = 64 << 10;
   auto slice = [world](uint64_t bytes) {
     const uint64_t share = (bytes + world - 1) / world;
@@ -458,15 +462,15 @@ void zero3_bytes(const WeightFootprint& w, int world, uint64_t* shards, uint64_t
     uint64_t small = 0;
     for (uint64_t b : w.groups[g]) {
       if (b >= kLargeSlot) {
-        *shards += slice(b);
-        large[g] += slice(b) * world;
+        *shards += held(slice(b));
+        large[g] += held(slice(b) * world);
       } else {
         small += b;
-        copies[g] += rb(b);
+        copies[g] += held(b);
       }
     }
-    if (small) *shards += slice(small);
-    packed[g] = small ? slice(small) * world : 0;
+    if (small) *shards += held(slice(small));
+    packed[g] = small ? held(slice(small) * world) : 0;
   }
   auto fetched = [&](size_t g) { return packed[g] + large[g]; };
   auto installed = [&](size_t g) { return large[g] + copies[g]; };
@@ -583,13 +587,28 @@ bool device_optimizer_step(const PlanSettings& s) {
          s.offload_optimizer == "none";
 }
 
+// segment: DataParallel's per-rank block of the exchange buffers, in floats.
 void plan_device_persistent(const ModelConfig& c, const WeightFootprint& w, const PlanSettings& s,
-                            const WorkspaceModel& m, uint64_t host_adapter, MemoryPlan* p) {
+                            const WorkspaceModel& m, uint64_t host_adapter, size_t segment,
+                            MemoryPlan* p) {
   auto& d = p->device_train;
   // Every weight the runner reads, uploaded once, and the rope table (head_dim / 2 floats).
   uint64_t weights = m.round(rb(uint64_t(c.head_dim / 2) * 4));
   const bool have_groups = w.groups.size() == static_cast<size_t>(c.n_layers) + 2;
-  if (s.offload_params == "cpu" && have_groups) {
+  const bool nccl = s.world > 1 && s.dist_backend == "nccl";
+  // The host's DataParallel exchange buffer (allocated on every rank of several).
+  const uint64_t host_exchange = s.world > 1 ? rb((uint64_t(s.world) + 1) * segment * 4) : 0;
+  if (nccl && s.zero_stage == 3 && have_groups) {
+    // ZeRO-3 over NCCL (dist/zero3_stream.h): shards and gathered units in device memory, used
+    // in place; the host keeps no weights after sharding.
+    uint64_t shards = 0, gathered = 0;
+    zero3_bytes(
+        w, s.world, [&m](uint64_t n) { return m.round(rb(n)); }, &shards, &gathered);
+    weights += shards;
+    d[int(MemCategory::Communication)] += gathered;
+    p->train[int(MemCategory::Weights)] = 0;
+    p->train[int(MemCategory::Communication)] = host_exchange;
+  } else if (s.offload_params == "cpu" && have_groups) {
     // offload.params=cpu (offload/device_weight_stream.h): the unit in use and the next one
     // read ahead, each storage Buffer a device block as stored; the host keeps every weight.
     weights += device_stream_resident_bytes(w, m);
@@ -608,6 +627,9 @@ void plan_device_persistent(const ModelConfig& c, const WeightFootprint& w, cons
     uint64_t& host = p->train[int(MemCategory::Optimizer)];
     d[int(MemCategory::Optimizer)] = s.world == 1 ? 2 * m.round(rb(flat)) : 2 * m.round(host / 2);
     host = 0;
+    // DataParallel::attach_device: the device exchange buffer of stages 1-3.
+    if (nccl && s.zero_stage > 0)
+      d[int(MemCategory::Communication)] += m.round(rb((uint64_t(s.world) + 1) * segment * 4));
   }
 }
 
@@ -642,7 +664,8 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
   const bool have_groups = w.groups.size() == static_cast<size_t>(c.n_layers) + 2;
   cat[int(MemCategory::Weights)] = w.bytes;
   if (have_groups && s.zero_stage == 3) {
-    zero3_bytes(w, s.world, &cat[int(MemCategory::Weights)], &cat[int(MemCategory::Communication)]);
+    zero3_bytes(w, s.world, rb, &cat[int(MemCategory::Weights)],
+                &cat[int(MemCategory::Communication)]);
   } else if (have_groups && s.offload_params == "nvme") {
     cat[int(MemCategory::Weights)] = nvme_resident_bytes(w, s.offload_buffers);
   }
@@ -701,7 +724,7 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
       m->fixed() + std::max({held + fwd, held + m->cross_entropy(c, R), f.backward_ws + back});
 
   if (p.device) {
-    plan_device_persistent(c, w, s, *m, adapter * c.n_layers, &p);
+    plan_device_persistent(c, w, s, *m, adapter * c.n_layers, segment, &p);
     // Per micro-batch: four int32 arrays of R (LlamaRunner::prepare), the streamed units, and
     // for a host step the adapter's A/B in (LlamaRunner::lora_to_device), its gradients out.
     uint64_t pass = 4 * uint64_t(R) * 4;

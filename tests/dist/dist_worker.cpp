@@ -22,7 +22,9 @@
 //                                   after the trainer ended; its backend's device ordinal, the
 //                                   host<->device bytes of the steps after the first, and the
 //                                   device peaks of weights, optimizer state and all live bytes,
-//                                   and the planner's host<->device bytes per step
+//                                   the planner's host<->device bytes per step, and its device
+//                                   training peak, weights and communication beside the
+//                                   tracker's device communication peak
 //   dist_worker slow RESULT
 //       rank 1 reaches a barrier at 85% of a 4 s timeout (inside rank 0's liveness probe
 //       window), twice: the barriers must succeed, and the collectives after them, with stale
@@ -400,7 +402,9 @@ int train(const std::string& model_path, const std::string& data_path, const std
           "rank %d weights_allocated %llu weights_peak %llu communication_peak %llu "
           "peak_rss %llu mean_step_s %.4f device %d h2d_later %llu d2h_later %llu "
           "device_weights_peak %llu device_optimizer_peak %llu device_live_peak %llu "
-          "planned_h2d_per_step %llu planned_d2h_per_step %llu",
+          "planned_h2d_per_step %llu planned_d2h_per_step %llu planned_device_peak %llu "
+          "planned_device_weights %llu planned_device_communication %llu "
+          "device_communication_peak %llu",
           rank, static_cast<unsigned long long>(m.allocated[wt]),
           static_cast<unsigned long long>(m.peak[wt]), static_cast<unsigned long long>(m.peak[cm]),
           static_cast<unsigned long long>(process_peak_rss()),
@@ -410,7 +414,11 @@ int train(const std::string& model_path, const std::string& data_path, const std
           static_cast<unsigned long long>(m.device_peak[static_cast<int>(MemCategory::Optimizer)]),
           static_cast<unsigned long long>(m.device_live_peak),
           static_cast<unsigned long long>(plan.device_h2d_per_step),
-          static_cast<unsigned long long>(plan.device_d2h_per_step));
+          static_cast<unsigned long long>(plan.device_d2h_per_step),
+          static_cast<unsigned long long>(plan.device_train_peak),
+          static_cast<unsigned long long>(plan.device_train[wt]),
+          static_cast<unsigned long long>(plan.device_train[cm]),
+          static_cast<unsigned long long>(m.device_peak[cm]));
     }
   } catch (const Error& e) {
     status = e.status();

@@ -5,7 +5,8 @@
 # own device ordinal (rank r on device r); gradients, the AdamW step and the weight exchange stay
 # on the devices (after the first step a rank's host->device bytes are at most its token ids and
 # labels plus 4 KiB a step); ZeRO-3 keeps at most 0.55x of the model's base-weight bytes per rank
-# (shards in device memory, the host copy freed), and its checkpoint resumes on one rank; paged
+# (shards in device memory, the host copy freed), and its checkpoint resumes on one rank; the
+# planner's device weights, communication and peak per rank match the tracker's; paged
 # 8-bit AdamW (a host step) over NCCL ZeRO-3 gives the 1-rank curve. An
 # fp16 run whose first step overflows, at ZeRO 2, equals the host-step path over MPI.
 # dist.backend=nccl with backend=cpu is refused.
@@ -39,6 +40,18 @@ for stage in 0 1 2 3; do
     [ -f "$f" ] || { echo "rank $r wrote no figures"; exit 1; }
     echo "  $(cat "$f")"
     [ "$(field "$f" device)" = "$r" ] || { echo "rank $r is not on device $r"; exit 1; }
+    # The planner's device figures for this rank (ZeRO-3: shards and gathered units on the
+    # device; stages 1-3: the device exchange buffer): weights and communication within 2%, the
+    # whole device peak within 10%.
+    for pair in "device_weights_peak planned_device_weights 0.02" \
+      "device_communication_peak planned_device_communication 0.02" \
+      "device_live_peak planned_device_peak 0.10"; do
+      set -- $pair
+      got=$(field "$f" "$1") want=$(field "$f" "$2")
+      awk -v a="$got" -v b="$want" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = -d;
+        exit !(b == 0 ? a == 0 : d <= t * b) }' ||
+        { echo "rank $r: $1 $got, planned $want (tolerance $3)"; exit 1; }
+    done
     h2d=$(field "$f" h2d_later)
     [ "$h2d" -le "$bound" ] || { echo "rank $r moved $h2d B host->device after step 1 (bound $bound)"; exit 1; }
     if [ "$stage" = 3 ]; then
