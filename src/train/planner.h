@@ -19,9 +19,13 @@
 // memory, each block rounded as the caching allocator rounds it (backend/cuda_sizes.h); the
 // device also holds a resident copy of every weight the runner uses (data and float scales,
 // norm weights, biases, the rope table), the adapter's device copy and its gradients, and with
-// the device optimizer step (one rank, optim.name=adamw, no NVMe state) the AdamW state. The host
-// keeps the loaded weights, the adapter and its gradients (and the optimizer state of a host
-// step). MemoryPlan::device_* is the device part; memory.limit budgets it (budgeted_peak()).
+// the device optimizer step (optim.name=adamw on one rank or over NCCL, its state not offloaded)
+// the AdamW state of this rank's tensors (and over NCCL at stages 1-3 the device exchange
+// buffer). The host keeps the loaded weights, the adapter and its gradients (and the optimizer
+// state of a host step). With offload.params=cpu the device holds the stream's unit pair
+// instead of every weight; with ZeRO-3 over NCCL the shards and the gathered units are device
+// memory and the host keeps none. MemoryPlan::device_* is the device part; memory.limit budgets
+// it (budgeted_peak()).
 // Cached free blocks of the caching allocator are not predicted: past a budget the allocator
 // returns them before it fails, so the live bytes are what must fit.
 // The training peak is reached in backward with every activation alive, so it is the sum of the
