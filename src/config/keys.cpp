@@ -116,12 +116,14 @@ const KeyDef kKeys[] = {
     {"offload.optimizer", KeyType::Enum, "none", 0, 0, "none|cpu|nvme",
      "Where LoRA optimizer state lives. cpu: host memory; on backend=cuda the optimizer then "
      "steps on the host (gradients copied out per pass; on the cpu backend the state already "
-     "is in host memory, so cpu is treated as none, with a warning). nvme: in an unlinked file under offload.dir, "
+     "is in host memory, so cpu is treated as none, with a warning). nvme: in an unlinked file "
+     "under offload.dir, "
      "streamed tensor by tensor through offload.buffers buffers at each step (io_uring)."},
     {"offload.params", KeyType::Enum, "none", 0, 0, "none|cpu|nvme",
      "Where frozen base weights live between uses. cpu: host memory; on backend=cuda each "
      "unit (embedding, layer, head) is copied to the device while it is used, the next one "
-     "queued behind it (treated as none on the cpu backend, with a warning). nvme: in an unlinked file under offload.dir; each unit "
+     "queued behind it (treated as none on the cpu backend, with a warning). nvme: in an unlinked "
+     "file under offload.dir; each unit "
      "(embedding, layer, head) is read back while it is used, the next one read ahead "
      "(io_uring). Generation and merged export then need the model loaded again."},
     {"offload.buffers", KeyType::Int, "2", 1, 64, "",

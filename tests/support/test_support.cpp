@@ -40,8 +40,8 @@ bool skip_expected(const std::string& category) {
     std::vector<std::string> v;
     // QLFT_SOURCE_DIR: where the binaries run from another checkout (scripts/gpu_check.sh).
     const char* src = std::getenv("QLFT_SOURCE_DIR");
-    const std::string path = std::string(src && *src ? src : QLFT_SOURCE_DIR) +
-                             "/tests/support/expected_skips.txt";
+    const std::string path =
+        std::string(src && *src ? src : QLFT_SOURCE_DIR) + "/tests/support/expected_skips.txt";
     std::ifstream f(path);
     if (!f) ADD_FAILURE() << "cannot read the expected-skip list " << path;
     std::string line;
