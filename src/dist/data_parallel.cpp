@@ -7,6 +7,7 @@
 #include "config/config.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "dist/zero2_grads.h"
 #include "dist/zero3_stream.h"
 
 namespace qlft::dist {
@@ -77,8 +78,12 @@ void DataParallel::set_zero3_stream(std::shared_ptr<Zero3Stream> s) {
   zero3_ = std::move(s);
 }
 
+void DataParallel::set_grad_shards(std::unique_ptr<Zero2Grads> g) {
+  grads_ = std::move(g);
+}
+
 int DataParallel::missing_passes(int passes) {
-  if (!zero3_ || world() == 1) return 0;
+  if ((!zero3_ && !grads_) || world() == 1) return 0;
   std::vector<double> n(static_cast<size_t>(world()), 0.0);
   n[static_cast<size_t>(rank())] = passes;
   host_->all_reduce(n.data(), n.size(), ReduceOp::Sum);
@@ -86,7 +91,16 @@ int DataParallel::missing_passes(int passes) {
 }
 
 void DataParallel::replay_passes(int n) {
-  for (int i = 0; i < n; ++i) zero3_->replay_training_pass();
+  // In the runner's order: each layer's gradient exchanges while its weights are held.
+  for (int i = 0; i < n; ++i) {
+    if (zero3_) {
+      zero3_->replay_training_pass([this](int layer) {
+        if (grads_) grads_->replay_layer(layer);
+      });
+    } else if (grads_) {
+      grads_->replay_pass();
+    }
+  }
 }
 
 std::vector<ParamRef> DataParallel::owned_params() const {
@@ -125,7 +139,7 @@ void DataParallel::unpack(bool grads, int only_rank) {
 }
 
 void DataParallel::reduce_gradients() {
-  if (world() == 1) return;
+  if (world() == 1 || grads_) return;
   if (dev_) return reduce_device_gradients();
   pack(true);
   float* f = flat_.as<float>();

@@ -7,8 +7,12 @@
 //            clips and steps every parameter identically.
 //   stage 1: the same all-reduce, but each rank's optimizer holds state only for the tensors it
 //            owns and updates only them; an all-gather then hands every rank every tensor.
-//   stage 2: gradients reduce-scattered: each rank receives only its owned tensors' sums; the
-//            global norm for clipping is an all-reduce of the shards' squared sums.
+//   stage 2: each rank holds only its owned tensors' gradients: on host backends the runner's
+//            backward hands each projection's gradients to dist/zero2_grads.h as soon as they
+//            are computed (summed across ranks at once; the owner keeps them), so no rank holds
+//            every dA / dB (set_grad_shards). Device backends keep full gradients and
+//            reduce-scatter them after backward. The global norm for clipping is an all-reduce
+//            of the shards' squared sums.
 //   stage 3: stage 2 for the LoRA tensors, and the frozen base weights sharded across ranks
 //            (dist/zero3_stream.h; the trainer installs the stream).
 //
@@ -45,6 +49,7 @@ class Backend;
 namespace qlft::dist {
 
 class Zero3Stream;
+class Zero2Grads;
 
 struct DistSettings {
   std::string backend = "none";  // none | mpi | nccl
@@ -82,8 +87,13 @@ class DataParallel {
   double global_sum(double v) { return comm_->sum(v); }
   bool any(bool flag);
 
+  // params()[i]'s gradient array (nullptr: this rank holds none, ZeRO-2 sharded gradients). The
+  // trainer sets them once the adapter's gradients are allocated, before any step.
+  void set_grad(size_t i, float* grad) { params_[i].grad = grad; }
+
   // After backward: gradients summed across ranks (all of them at stages 0-1, the owned ones at
-  // stage 2; the others then hold stale local values that nothing reads).
+  // stage 2; the others then hold stale local values that nothing reads). With sharded
+  // gradients (set_grad_shards) they were summed during backward: nothing to do.
   void reduce_gradients();
   // The gradients this rank clips, unscales and steps: all (stages 0-1) or owned (stage 2).
   std::vector<GradSpan> grad_spans() const;
@@ -112,11 +122,16 @@ class DataParallel {
   // later acquires throw) when this object goes, before the communicator.
   void set_zero3_stream(std::shared_ptr<Zero3Stream> s);
   Zero3Stream* zero3_stream() const { return zero3_.get(); }
-  // ZeRO-3, before a step's forward/backward passes: how many fewer passes this rank runs than
-  // the rank with the most (no micro-batch of a short last global batch, or one whose targets
-  // are all masked). After its own passes the rank calls replay_passes with it: it joins the
-  // others' remaining weight gathers without computing. missing_passes is collective; both
-  // are no-ops (0) without ZeRO-3 or with one rank.
+  // ZeRO-2 sharded gradients (host backends, world > 1): the runner's gradient sink, which
+  // holds the exchanges each backward runs. Kept here so that replay_passes can join them.
+  void set_grad_shards(std::unique_ptr<Zero2Grads> g);
+  Zero2Grads* grad_shards() const { return grads_.get(); }
+
+  // ZeRO-3 or sharded gradients, before a step's forward/backward passes: how many fewer passes
+  // this rank runs than the rank with the most (no micro-batch of a short last global batch, or
+  // one whose targets are all masked). After its own passes the rank calls replay_passes with
+  // it: it joins the others' remaining weight gathers and gradient exchanges without computing.
+  // missing_passes is collective; both are no-ops (0) without them or with one rank.
   int missing_passes(int passes);
   void replay_passes(int n);
 
@@ -142,6 +157,7 @@ class DataParallel {
   int64_t dev_n_ = 0;
   Buffer dev_flat_;
   std::shared_ptr<Zero3Stream> zero3_;
+  std::unique_ptr<Zero2Grads> grads_;
 };
 
 // The bytes of a state dict and back (gathering state across ranks).

@@ -243,7 +243,7 @@ void Zero3Stream::release(int u) noexcept {
   if (!keep_ && installed_ == u) uninstall(u);
 }
 
-void Zero3Stream::replay_training_pass() {
+void Zero3Stream::replay_training_pass(const std::function<void(int)>& backward_layer) {
   // LlamaRunner::run_forward (training) then backward: the same acquires with the same hints.
   const int L = static_cast<int>(unit_groups_.size()) - 2;
   auto use = [this](int u, int next) {
@@ -254,7 +254,16 @@ void Zero3Stream::replay_training_pass() {
   for (int l = 0; l < L; ++l) use(layer_unit(l), l + 1 < L ? layer_unit(l + 1) : head_unit(L));
   use(head_unit(L), head_unit(L));
   use(head_unit(L), layer_unit(L - 1));
-  for (int l = L - 1; l >= 0; --l) use(layer_unit(l), l > 0 ? layer_unit(l - 1) : kNoUnit);
+  for (int l = L - 1; l >= 0; --l) {
+    acquire(layer_unit(l), l > 0 ? layer_unit(l - 1) : kNoUnit);
+    try {
+      if (backward_layer) backward_layer(l);
+    } catch (...) {
+      release(layer_unit(l));
+      throw;
+    }
+    release(layer_unit(l));
+  }
 }
 
 void Zero3Stream::detach() noexcept {

@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -55,8 +56,10 @@ class Zero3Stream final : public WeightStream {
   std::string describe() const override;
 
   // The acquires of one training forward and backward of the runner, without compute: a rank
-  // with fewer micro-batches than its peers joins their gathers with it.
-  void replay_training_pass();
+  // with fewer micro-batches than its peers joins their gathers with it. backward_layer(l), when
+  // set, runs while layer l's unit is held in the backward half (ZeRO-2's gradient exchanges
+  // of that layer, dist/zero2_grads.h), as the runner's layer backward does.
+  void replay_training_pass(const std::function<void(int layer)>& backward_layer = {});
 
   // The communicator is going away (the trainer ended): gathered copies and shards are freed;
   // every later acquire throws QLFT_ERR_UNSUPPORTED. Never throws.

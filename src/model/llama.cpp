@@ -228,6 +228,14 @@ void LlamaRunner::zero_lora_grads() {
   }
 }
 
+void LlamaRunner::set_grad_sink(LoraGradSink* sink) {
+  QLFT_CHECK_ARG(!sink || !be_.device_memory(),
+                 "a LoRA gradient sink takes host arrays; the %s backend keeps its gradients on "
+                 "the device",
+                 be_.name());
+  sink_ = sink;
+}
+
 template <class F>
 void LlamaRunner::each_lora_slot(const F& f) {
   for (int l = 0; l < lora_->n_layers(); ++l)
@@ -585,7 +593,11 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
     bool has;
     LoraRef ref = lora_ref(l, p, &has);
     float *dA = nullptr, *dB = nullptr;
-    if (has && !lora_g_.empty()) {  // the device copies (see lora_grads_to_host)
+    if (has && sink_) {  // (host backends only: set_grad_sink)
+      const LoraGradTarget t = sink_->begin(l, p);
+      dA = t.dA;
+      dB = t.dB;
+    } else if (has && !lora_g_.empty()) {  // the device copies (see lora_grads_to_host)
       const std::array<int64_t, 2>& o = lora_off_[static_cast<size_t>(l * kProjCount + pi)];
       dA = lora_g_.as<float>() + o[0];
       dB = lora_g_.as<float>() + o[1];
@@ -595,8 +607,10 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
     }
     be_.linear_bwd(L.proj[pi], has ? &ref : nullptr, x, has ? a.xa[pi].as<float>() : nullptr, dy,
                    dx, dA, dB);
+    if (has && sink_) sink_->end(l, p);
   };
 
+  // The projections' backward runs in kBackwardProjOrder (model/lora_grad_sink.h).
   // FFN branch: G is d(loss)/d(x_out) = d/d(x_mid) through the residual, plus the branch.
   zero(g.dh);
   lin_bwd(Proj::Down, cmat(a.hact, R, c.ffn_dim), G.as_const(), mat(g.dh, R, c.ffn_dim));

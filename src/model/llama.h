@@ -29,6 +29,7 @@
 #include "backend/backend.h"
 #include "core/dtype.h"
 #include "model/lora.h"
+#include "model/lora_grad_sink.h"
 #include "model/model.h"
 
 namespace qlft {
@@ -146,6 +147,12 @@ class LlamaRunner {
   // Zeroes the LoRA gradients where they accumulate (the device copy or the adapter).
   void zero_lora_grads();
 
+  // Host backends: backward puts each projection's LoRA gradients where sink says
+  // (model/lora_grad_sink.h) instead of the adapter's dA / dB; nullptr (the default) restores
+  // the adapter. Not owned. ZeRO-2's sharded gradients (dist/zero2_grads.h) use it.
+  void set_grad_sink(LoraGradSink* sink);
+  LoraGradSink* grad_sink() const { return sink_; }
+
  private:
   struct LayerActs;
   struct Grads;
@@ -194,6 +201,7 @@ class LlamaRunner {
   std::unique_ptr<LayerActs> scratch_;
   Buffer xnf_, rstdf_, dxnf_;  // final norm output, its rstd, and d(loss)/d(xnf)
   std::unique_ptr<Grads> grads_;
+  LoraGradSink* sink_ = nullptr;
   bool have_forward_ = false;
   bool training_ = false;
   uint64_t dropout_seed_ = 0;

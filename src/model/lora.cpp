@@ -84,8 +84,9 @@ void permute_rows_adjacent_to_hf(const float* src, float* dst, int n_heads, int 
       }
 }
 
-LoraAdapter::LoraAdapter(MemoryTracker* tracker, const ModelConfig& m, const LoraConfig& cfg)
-    : cfg_(cfg), mcfg_(m) {
+LoraAdapter::LoraAdapter(MemoryTracker* tracker, const ModelConfig& m, const LoraConfig& cfg,
+                         bool gradients)
+    : cfg_(cfg), mcfg_(m), tracker_(tracker) {
   QLFT_CHECK_ARG(cfg.r > 0 && cfg.r <= 65536, "lora.r must be in 1..65536, got %d", cfg.r);
   QLFT_CHECK_ARG(cfg.dropout >= 0.f && cfg.dropout < 1.f, "lora.dropout must be in [0, 1), got %g",
                  cfg.dropout);
@@ -105,11 +106,28 @@ LoraAdapter::LoraAdapter(MemoryTracker* tracker, const ModelConfig& m, const Lor
                    b = static_cast<size_t>(s.out) * cfg.r * 4;
       s.A = Buffer(tracker, MemCategory::Adapter, a, "lora A");
       s.B = Buffer(tracker, MemCategory::Adapter, b, "lora B");
+      if (!gradients) continue;
       s.dA = Buffer(tracker, MemCategory::Gradients, a, "lora dA");
       s.dB = Buffer(tracker, MemCategory::Gradients, b, "lora dB");
     }
   }
   init(cfg.init_seed);
+}
+
+void LoraAdapter::allocate_gradients(const std::function<bool(int, Proj, bool)>& keep) {
+  refresh();
+  ++host_writes_;
+  for (int l = 0; l < n_layers(); ++l)
+    for (int p = 0; p < kProjCount; ++p) {
+      LoraSlot& s = slots_[l][p];
+      if (!s.active()) continue;
+      QLFT_CHECK_ARG(s.dA.empty() && s.dB.empty(),
+                     "allocate_gradients: the adapter already has its gradients");
+      if (keep(l, static_cast<Proj>(p), false))
+        s.dA = Buffer(tracker_, MemCategory::Gradients, s.A.size(), "lora dA");
+      if (keep(l, static_cast<Proj>(p), true))
+        s.dB = Buffer(tracker_, MemCategory::Gradients, s.B.size(), "lora dB");
+    }
 }
 
 void LoraAdapter::init(uint64_t seed) {
@@ -138,10 +156,8 @@ void LoraAdapter::zero_grad() {
   ++host_writes_;
   for (auto& layer : slots_)
     for (LoraSlot& s : layer)
-      if (s.active()) {
-        std::memset(s.dA.data(), 0, s.dA.size());
-        std::memset(s.dB.data(), 0, s.dB.size());
-      }
+      for (Buffer* g : {&s.dA, &s.dB})  // (empty where allocate_gradients left none)
+        if (!g->empty()) std::memset(g->data(), 0, g->size());
 }
 
 LoraRef LoraAdapter::ref(int layer, Proj p, uint64_t dropout_seed) const {
@@ -187,6 +203,7 @@ std::vector<float> LoraAdapter::get_hf(int layer, Proj p, Part part) const {
   const LoraSlot& s = slot(layer, p);
   if (!s.active()) return {};
   const Buffer& b = part == Part::A ? s.A : part == Part::B ? s.B : part == Part::dA ? s.dA : s.dB;
+  if (b.empty()) return {};
   std::vector<float> v(b.size() / 4);
   const bool rows_out = part == Part::B || part == Part::dB;
   if (rows_out && permuted(p))

@@ -53,8 +53,15 @@ struct LoraSlot {
 
 class LoraAdapter {
  public:
-  // Allocates A, B (and gradients) for every targeted projection and applies PEFT's init.
-  LoraAdapter(MemoryTracker* tracker, const ModelConfig& model, const LoraConfig& cfg);
+  // Allocates A, B (and, with gradients, dA and dB) for every targeted projection and applies
+  // PEFT's init. Without gradients, allocate_gradients makes them later.
+  LoraAdapter(MemoryTracker* tracker, const ModelConfig& model, const LoraConfig& cfg,
+              bool gradients = true);
+
+  // Allocates (zeroed) dA of every targeted (layer, p) where keep(layer, p, false) holds and dB
+  // where keep(layer, p, true) does; the others stay empty (ZeRO-2: this rank keeps only the
+  // gradients of the tensors it owns). Only on an adapter made without gradients.
+  void allocate_gradients(const std::function<bool(int layer, Proj p, bool b)>& keep);
 
   const LoraConfig& config() const { return cfg_; }
   const ModelConfig& model_config() const { return mcfg_; }
@@ -102,7 +109,8 @@ class LoraAdapter {
   // A [r, in], B [out, r] in Hugging Face row order (converted for q/k when the model uses the
   // adjacent convention). Sizes are checked; throws QLFT_ERR_INVALID_ARGUMENT.
   void set_hf(int layer, Proj p, const float* A, int64_t a_n, const float* B, int64_t b_n);
-  // Copies of A, B, dA or dB in Hugging Face row order.
+  // Copies of A, B, dA or dB in Hugging Face row order (empty for a gradient this adapter does
+  // not hold: allocate_gradients).
   enum class Part { A, B, dA, dB };
   std::vector<float> get_hf(int layer, Proj p, Part part) const;
 
@@ -133,6 +141,7 @@ class LoraAdapter {
   LoraConfig cfg_;
   ModelConfig mcfg_;
   std::vector<std::vector<LoraSlot>> slots_;
+  MemoryTracker* tracker_;
   mutable std::function<void()> refresh_;
   uint64_t host_writes_ = 0;
 };

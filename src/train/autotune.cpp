@@ -399,7 +399,8 @@ AutotuneResult autotune_batch_shape(Trainer& t, const Config& cfg, int ranks) {
   // halfway would leave the others waiting in a gather. There the trial runs without the limit
   // and fits when its measured peak is within it; sizes the planner puts past the whole budget
   // on some rank are not run at all (agreed first).
-  const bool measured = stage == 3 && world > 1;
+  // ZeRO-2's sharded gradients (host backends) exchange inside backward the same way.
+  const bool measured = (stage == 3 || dp.grad_shards() != nullptr) && world > 1;
   LimitGuard guard{tr, limit};
   tr->set_limit(measured ? 0 : trial_limit);
   auto fits = [&](int m, uint64_t* peak) {

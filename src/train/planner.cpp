@@ -369,6 +369,12 @@ std::vector<uint64_t> lora_numels(const ModelConfig& c, const LoraConfig& lc) {
   return n;
 }
 
+// ZeRO-2/3 on several ranks of a host backend: each rank keeps only its own tensors' gradients
+// (dist/zero2_grads.h; Trainer::init_grads). Device backends keep them whole.
+bool sharded_gradients(const PlanSettings& s) {
+  return s.world > 1 && s.zero_stage >= 2 && s.backend != "cuda";
+}
+
 // Optimizer bytes of each rank, and the exchange buffer's floats per rank segment.
 std::vector<uint64_t> optimizer_by_rank(const ModelConfig& c, const PlanSettings& s,
                                         size_t* segment) {
@@ -638,6 +644,16 @@ void plan_device_persistent(const ModelConfig& c, const WeightFootprint& w, cons
 MemoryPlan plan_memory(const ModelConfig& c, const WeightFootprint& w, const PlanSettings& s) {
   size_t segment = 0;
   const std::vector<uint64_t> opt = optimizer_by_rank(c, s, &segment);
+  if (sharded_gradients(s)) {
+    // The gradients differ between ranks too (each keeps its own tensors'): the rank with the
+    // largest total is the peak.
+    MemoryPlan best = plan_memory_of_rank(c, w, s, 0);
+    for (int r = 1; r < s.world; ++r) {
+      MemoryPlan p = plan_memory_of_rank(c, w, s, r);
+      if (p.total_peak > best.total_peak) best = std::move(p);
+    }
+    return best;
+  }
   // Only the optimizer state differs between ranks: the rank with the most is the peak.
   const int r = static_cast<int>(std::max_element(opt.begin(), opt.end()) - opt.begin());
   return plan_memory_of_rank(c, w, s, r);
@@ -670,8 +686,8 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
     cat[int(MemCategory::Weights)] = nvme_resident_bytes(w, s.offload_buffers);
   }
 
-  // LoRA A [r, in], B [out, r] per targeted projection, their gradients (whole on every rank),
-  // this rank's optimizer state.
+  // LoRA A [r, in], B [out, r] per targeted projection, their gradients (whole on every rank,
+  // but this rank's tensors' only with ZeRO-2/3 on a host backend), this rank's optimizer state.
   int64_t shapes[kProjCount][2];
   proj_shapes(c, shapes);
   uint64_t adapter = 0;
@@ -681,6 +697,21 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
   }
   cat[int(MemCategory::Adapter)] = adapter * c.n_layers;
   cat[int(MemCategory::Gradients)] = adapter * c.n_layers;
+  if (sharded_gradients(s)) {
+    // dist::Zero2Grads: the gradients of this rank's own tensors, and one reduce bucket as large
+    // as the largest projection's A + B (communication).
+    const std::vector<uint64_t> numel = lora_numels(c, lc);
+    const std::vector<int> owner = plan_lora_owners(numel, s.world);
+    uint64_t mine = 0;
+    for (size_t i = 0; i < numel.size(); ++i)
+      if (owner[i] == rank) mine += fl(int64_t(numel[i]));
+    cat[int(MemCategory::Gradients)] = mine;
+    uint64_t bucket = 0;
+    for (int q = 0; q < kProjCount; ++q)
+      if (lc.targets[q])
+        bucket = std::max<uint64_t>(bucket, uint64_t(lc.r) * uint64_t(shapes[q][1] + shapes[q][0]));
+    cat[int(MemCategory::Communication)] += bucket ? rb(bucket * 4) : 0;
+  }
   size_t segment = 0;
   cat[int(MemCategory::Optimizer)] = optimizer_by_rank(c, s, &segment)[static_cast<size_t>(rank)];
   // The gradient/parameter exchange buffer of dist::DataParallel.

@@ -36,8 +36,10 @@
 //  - ZeRO-1/2/3: optimizer state only for this rank's LoRA tensors. Ownership is that of
 //    dist::DataParallel (whole tensors in trainer order, contiguous runs balanced by elements:
 //    tensor i goes to rank floor(start_i x world / total)), computed here the same way; the
-//    prediction is the rank with the largest total. Gradients stay whole (the runtime keeps full
-//    dA/dB on every rank, stage 2 included). With world > 1 the gradient/parameter exchange
+//    prediction is the rank with the largest total. Gradients stay whole at stages 0-1 and on
+//    the cuda backend; ZeRO-2/3 on several ranks of a host backend keeps only this rank's
+//    tensors' gradients, plus a reduce bucket of the largest projection's A + B floats in
+//    `communication` (dist/zero2_grads.h). With world > 1 the gradient/parameter exchange
 //    buffer ((world + 1) x the largest rank's elements, f32) is `communication`.
 //  - ZeRO-3 (dist/zero3_stream.h): weights = this rank's slices: each buffer of 64 KiB or more
 //    on its own and the smaller ones of each unit packed together, ceil(bytes / world) rounded

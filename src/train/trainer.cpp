@@ -163,7 +163,9 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
     file.init_seed = lc.init_seed;
     lc = file;
   }
-  lora_ = std::make_unique<LoraAdapter>(tracker, model.cfg, lc);
+  // Its gradients come once the ZeRO partition is known (init_grads): ZeRO-2 keeps only this
+  // rank's share.
+  lora_ = std::make_unique<LoraAdapter>(tracker, model.cfg, lc, /*gradients=*/false);
   if (!init_from.empty()) load_peft_adapter(*lora_, init_from);
   runner_ = std::make_unique<LlamaRunner>(model, *backend_, lora_.get());
   runner_->set_activation_dtype(activation_dtype(ts_.precision));
@@ -177,11 +179,12 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
       LoraSlot& s = lora_->slot(l, static_cast<Proj>(p));
       if (!s.active()) continue;
       std::string base = "lora." + std::to_string(l) + "." + proj_peft_name(static_cast<Proj>(p));
-      params.push_back({base + ".A", s.A.as<float>(), s.dA.as<float>(), s.A.size() / 4});
-      params.push_back({base + ".B", s.B.as<float>(), s.dB.as<float>(), s.B.size() / 4});
+      params.push_back({base + ".A", s.A.as<float>(), nullptr, s.A.size() / 4});
+      params.push_back({base + ".B", s.B.as<float>(), nullptr, s.B.size() / 4});
     }
   OptimSettings os = OptimSettings::from_config(cfg);
   init_dist(cfg, std::move(params));
+  init_grads();
   init_offload(cfg);
   try {  // a constructor that throws runs no destructor: give streamed weights back here
     // A device backend with AdamW, on one rank or on several over NCCL, keeps the adapter, its
@@ -349,8 +352,9 @@ void Trainer::step_on(const std::vector<data::Batch>& batches, StepReport* out) 
         nonfinite_where =
             n == 0 ? "no trained tokens in the step (every target is masked)"
             // Its reruns stop where each rank finds the value: ZeRO-3 gathers would not match.
-            : world() > 1 && dp_->zero3_stream()
-                ? "not located (dist.zero_stage=3 with several ranks; rerun on one rank)"
+            : world() > 1 && (dp_->zero3_stream() || dp_->grad_shards())
+                ? strf("not located (dist.zero_stage=%d with several ranks; rerun on one rank)",
+                       dp_->zero_stage())
                 : locate_nonfinite(*runner_, batches, scale / static_cast<float>(n),
                                    [&](int i) { return dropout_seed(step_, i); });
     } else {

@@ -77,7 +77,8 @@ class Trainer {
 
   // One optimizer step; false (and nothing done) when the data or max_steps is exhausted.
   // The step's gradients (unscaled, after clipping) stay in the adapter's dA/dB until the
-  // next step starts, for inspection.
+  // next step starts, for inspection (with ZeRO-2 on several ranks, only this rank's share:
+  // the others' dA/dB are empty).
   bool step(StepReport* out);
   // The same step on explicit micro-batches (each [micro_batch, seq_len] with targets; positions
   // and doc ids may be empty), bypassing the dataset: for parity tests and custom loops.
@@ -123,6 +124,9 @@ class Trainer {
   // trainer_dist.cpp: the communicator and ZeRO partition, and this rank's micro-batches of
   // the next global batch (micro_batch x accumulation x world rows).
   void init_dist(const Config& cfg, std::vector<ParamRef> params);
+  // trainer_dist.cpp: the adapter's gradients, after init_dist: every dA / dB, or with ZeRO-2
+  // on several ranks and a host backend this rank's share and the runner's gradient sink.
+  void init_grads();
   // trainer_offload.cpp: offload.optimizer / offload.params, before the optimizer is made.
   void init_offload(const Config& cfg);
   void end_offload() noexcept;  // ~Trainer: offload.params=cpu gives the model its weights back

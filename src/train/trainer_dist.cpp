@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "dist/data_parallel.h"
+#include "dist/zero2_grads.h"
 #include "dist/zero3_stream.h"
 #include "train/trainer.h"
 
@@ -80,6 +81,30 @@ void Trainer::init_dist(const Config& cfg, std::vector<ParamRef> params) {
   // NCCL's collectives wait for the backend's queued work (gradients, the weights in use).
   dp_->device_comm().follow_stream(backend_->native_stream());
   if (ds.zero_stage == 3) install_zero3(model_, *dp_, tracker_, backend_->device_memory());
+}
+
+void Trainer::init_grads() {
+  // ZeRO-2 (and 3) on a host backend: this rank keeps the gradients of its own tensors only,
+  // and the runner hands each projection's gradients to the exchange as backward makes them
+  // (dist/zero2_grads.h). A device backend accumulates every gradient in its flat device array
+  // (LlamaRunner::lora_device_grads) and reduce-scatters after backward: full gradients there.
+  const bool shard = dp_->zero_stage() >= 2 && world() > 1 && !backend_->device_memory();
+  std::unique_ptr<dist::Zero2Grads> g =
+      dist::allocate_lora_gradients(*lora_, *dp_, shard, tracker_);
+  if (g) {
+    runner_->set_grad_sink(g.get());
+    log_message(QLFT_LOG_INFO,
+                "rank %d: ZeRO-%d sharded gradients: %zu of %zu LoRA gradients here, a %s reduce "
+                "bucket per projection",
+                rank(), dp_->zero_stage(), dp_->owned_params().size(), dp_->params().size(),
+                format_bytes(g->bucket_bytes()).c_str());
+    dp_->set_grad_shards(std::move(g));
+  } else if (dp_->zero_stage() >= 2 && world() > 1) {
+    log_message(QLFT_LOG_INFO,
+                "rank %d: ZeRO-%d on the %s backend keeps every LoRA gradient (reduce-scattered "
+                "after backward); sharded gradients are built for host backends",
+                rank(), dp_->zero_stage(), backend_->name());
+  }
 }
 
 size_t Trainer::next_global_batches(std::vector<data::Batch>& mine) {

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# A checkpoint written by 2 ranks (ZeRO-1 and ZeRO-3: optimizer state gathered to rank 0)
-# resumes on 2 ranks with the identical next steps, and on 1 rank (same effective batch) within
-# 1e-4 relative.
+# A checkpoint written by 2 ranks (ZeRO-1, ZeRO-2 with sharded gradients and ZeRO-3: optimizer
+# state gathered to rank 0) resumes on 2 ranks with the identical next steps, and on 1 rank (same
+# effective batch) within 1e-4 relative.
 source "$(dirname "$0")/common.sh"
-for stage in 1 3; do
+for stage in 1 2 3; do
   echo "ZeRO-$stage:"
   common=(train.max_steps=5 train.micro_batch=2 optim.name=adamw quant.type=nf4)
   two=("${common[@]}" train.accumulation=1 dist.backend=mpi dist.zero_stage=$stage dist.timeout_s=60)

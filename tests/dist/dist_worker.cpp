@@ -18,7 +18,9 @@
 //                                   acquire (ZeRO-3: inside a step, when the peers are gathering)
 //         w.mem=PATH                each rank writes to PATH.R the tracker's weights and
 //                                   communication bytes (allocated, and peak since the trainer
-//                                   was built), and with ZeRO-3 whether the model refuses use
+//                                   was built; gradients too, at the end of the line, with this
+//                                   rank's planned gradients and communication), and with
+//                                   ZeRO-3 whether the model refuses use
 //                                   after the trainer ended; its backend's device ordinal, the
 //                                   host<->device bytes of the steps after the first, and the
 //                                   device peaks of weights, optimizer state and all live bytes,
@@ -356,10 +358,13 @@ int train(const std::string& model_path, const std::string& data_path, const std
   uint64_t h2d_later = 0, d2h_later = 0;  // host<->device bytes of steps 2, 3, ...
   try {
     // The planner's host<->device bytes of a step (backend=cuda), from the resident model.
-    const MemoryPlan plan =
-        plan_memory(model->cfg, weight_footprint(*model), PlanSettings::from_config(c));
+    const WeightFootprint footprint = weight_footprint(*model);
+    const MemoryPlan plan = plan_memory(model->cfg, footprint, PlanSettings::from_config(c));
     Trainer t(*model, &tracker, ds.get(), c);
     rank = t.rank();
+    // This rank's own plan (ZeRO-2: its gradient share), beside what its tracker measures.
+    const MemoryPlan mine =
+        plan_memory_of_rank(model->cfg, footprint, PlanSettings::from_config(c), rank);
     tracker.reset_peaks();  // w.mem: what training holds, not the full load before sharding
     if (w.count("w.die_acquire") && rank == wint("w.die_rank", -1))
       model->stream = std::make_shared<DieAtAcquire>(model->stream, wint("w.die_acquire", 0));
@@ -404,7 +409,8 @@ int train(const std::string& model_path, const std::string& data_path, const std
           "device_weights_peak %llu device_optimizer_peak %llu device_live_peak %llu "
           "planned_h2d_per_step %llu planned_d2h_per_step %llu planned_device_peak %llu "
           "planned_device_weights %llu planned_device_communication %llu "
-          "device_communication_peak %llu",
+          "device_communication_peak %llu gradients_allocated %llu gradients_peak %llu "
+          "planned_gradients %llu communication_allocated %llu planned_communication %llu",
           rank, static_cast<unsigned long long>(m.allocated[wt]),
           static_cast<unsigned long long>(m.peak[wt]), static_cast<unsigned long long>(m.peak[cm]),
           static_cast<unsigned long long>(process_peak_rss()),
@@ -418,7 +424,12 @@ int train(const std::string& model_path, const std::string& data_path, const std
           static_cast<unsigned long long>(plan.device_train_peak),
           static_cast<unsigned long long>(plan.device_train[wt]),
           static_cast<unsigned long long>(plan.device_train[cm]),
-          static_cast<unsigned long long>(m.device_peak[cm]));
+          static_cast<unsigned long long>(m.device_peak[cm]),
+          static_cast<unsigned long long>(m.allocated[static_cast<int>(MemCategory::Gradients)]),
+          static_cast<unsigned long long>(m.peak[static_cast<int>(MemCategory::Gradients)]),
+          static_cast<unsigned long long>(mine.train[static_cast<int>(MemCategory::Gradients)]),
+          static_cast<unsigned long long>(m.allocated[cm]),
+          static_cast<unsigned long long>(mine.train[cm]));
     }
   } catch (const Error& e) {
     status = e.status();

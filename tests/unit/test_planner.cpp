@@ -28,6 +28,7 @@
 #include "data/dataset.h"
 #include "data/tokenizer_encoder.h"
 #include "dist/data_parallel.h"
+#include "dist/zero2_grads.h"
 #include "dist/zero3_stream.h"
 #include "model/lora.h"
 #include "optim/optimizer.h"
@@ -318,16 +319,17 @@ uint64_t r64(uint64_t n) {
 
 }  // namespace
 
-// ZeRO-1/2 on world sizes 1..7: this rank's optimizer state and the exchange buffer predicted
-// exactly as dist::DataParallel and the optimizer allocate them for that rank, and the
-// prediction (plan_memory) is the largest rank.
+// ZeRO-1/2 on world sizes 1..7: this rank's optimizer state, its gradients (ZeRO-2: its own
+// tensors') and the exchange buffers predicted exactly as dist::DataParallel, the gradient
+// shards (dist/zero2_grads.h) and the optimizer allocate them for that rank, and the prediction
+// (plan_memory) is the largest rank.
 TEST(PlannerZero, OptimizerAndExchangeBufferPerRankMatchTheRuntime) {
   const ModelConfig mc = small_model();
   WeightFootprint w;
   w.bytes = 4096;
   for (const char* optim : {"adamw", "adamw8bit"})
     for (const char* targets : {"", "q_proj,down_proj"})
-      for (int stage : {0, 1, 2})
+      for (int stage : {0, 1, 2, 3})
         for (int world : {1, 2, 3, 4, 7}) {
           SCOPED_TRACE(std::string(optim) + " targets=" + targets + " stage " +
                        std::to_string(stage) + " world " + std::to_string(world));
@@ -344,10 +346,14 @@ TEST(PlannerZero, OptimizerAndExchangeBufferPerRankMatchTheRuntime) {
           int most_rank = 0;
           for (int r = 0; r < world; ++r) {
             MemoryTracker t;
-            LoraAdapter a(&t, mc, lora_config_from(c));
+            // As the trainer makes them (Trainer::init_grads): gradients after the partition,
+            // this rank's share only at stage 2 over several ranks (a host backend).
+            LoraAdapter a(&t, mc, lora_config_from(c), /*gradients=*/false);
             const uint64_t before = t.snapshot().reserved[QLFT_MEM_OPTIMIZER];
             dist::DataParallel dp(std::make_unique<MirrorCommunicator>(r, world), stage,
                                   lora_params(a), &t);
+            auto sink = dist::allocate_lora_gradients(a, dp, stage >= 2 && world > 1, &t);
+            EXPECT_EQ(sink != nullptr, stage >= 2 && world > 1);
             auto opt = make_optimizer(OptimSettings::from_config(c), dp.owned_params(), &t);
             const MemorySnapshot m = t.snapshot();
             const MemoryPlan p = plan_memory_of_rank(mc, w, s, r);
@@ -526,7 +532,7 @@ TEST_F(PlannerTest, Zero3ShardsAndGatheredUnitsMatchTheStream) {
       PlanSettings s = PlanSettings::from_config(c);
       s.world = world;
       PlanSettings s1 = s;
-      s1.zero_stage = 1;
+      s1.zero_stage = 2;  // the exchange buffer and ZeRO-2's gradient reduce bucket, no units
       const MemoryPlan p = plan_memory_of_rank(model->cfg, w, s, world - 1);
       const uint64_t exchange =
           plan_memory_of_rank(model->cfg, w, s1, world - 1).train[QLFT_MEM_COMMUNICATION];
