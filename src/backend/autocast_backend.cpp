@@ -74,12 +74,14 @@ class AutocastBackend final : public Backend {
     inner_->swiglu_bwd(gate, up, dout, dgate, dup);
   }
   void attention_fwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out, float* lse) override {
+    if (native_linear_) return inner_->attention_fwd(s, q, k, v, out, lse);
     Buffer qr = rounded(q, "autocast q"), kr = rounded(k, "autocast k"),
            vr = rounded(v, "autocast v");
     inner_->attention_fwd(s, view(qr, q), view(kr, k), view(vr, v), out, lse);
   }
   void attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out, const float* lse,
                      CMatF dout, MatF dq, MatF dk, MatF dv) override {
+    if (native_linear_) return inner_->attention_bwd(s, q, k, v, out, lse, dout, dq, dk, dv);
     Buffer qr = rounded(q, "autocast q"), kr = rounded(k, "autocast k"),
            vr = rounded(v, "autocast v");
     Buffer dr = rounded(dout, "autocast dout");
@@ -120,7 +122,7 @@ class AutocastBackend final : public Backend {
 
   std::unique_ptr<Backend> inner_;
   DType t_;
-  bool native_linear_ = false;  // the inner CPU backend rounds its own linear/head inputs
+  bool native_linear_ = false;  // the inner CPU backend rounds its own matmul inputs
   std::string name_;
 };
 

@@ -3,7 +3,8 @@
 //    transposes, padded leading dimensions, alpha/beta, M = 1, K not a multiple of 16.
 //  - The backend with precision bf16 against the fp32 backend fed bf16-rounded activations and
 //    weights (the numerics bf16 autocast defines): linear_fwd / linear_bwd / head_logits /
-//    linear_cross_entropy for every weight kind, with LoRA and dropout.
+//    linear_cross_entropy for every weight kind; the LoRA path (bf16 GEMMs with its
+//    intermediates rounded) against a double oracle on grid values, with dropout.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,6 +13,7 @@
 #include "backend/autocast_backend.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/gemm_bf16.h"
+#include "backend/dropout.h"
 #include "core/cpu_isa.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -266,6 +268,74 @@ const char* engine_name(Engine e) {
 // Tolerance: same bf16 products, fp32 sums in another order.
 constexpr double kTol = 2e-5;
 
+// Values k * 2^-e with |k| <= 15: exact in bf16, and sums of their products are exact in fp32 in
+// any order. The LoRA path's fp32 intermediates (xa, g) are then the same bits on every engine and
+// summation order, so their bf16 rounding is deterministic and the oracle can reproduce it.
+FVec grid(Rng& rng, size_t n, int e) {
+  FVec v(n);
+  for (float& x : v) x = std::ldexp(float(rng.uniform_int(-15, 15)), -e);
+  return v;
+}
+
+double bf(double v) {
+  return bf16_to_f32(f32_to_bf16(float(v)));
+}
+
+// The LoRA part of a bf16 linear layer in double, as cpu_linear.cpp defines it: x (after dropout),
+// dy, A, B rounded to bf16 (grid values already are), xa and g rounded where they enter the next
+// GEMM. `round_mid` false: the intermediates not rounded (to show the rounding is visible).
+struct LoraOracle {
+  Vec y, xa, dx, dA, dB;  // contributions: y += y, dx += dx, dA += dA, dB += dB
+};
+LoraOracle lora_oracle(const FVec& x, const FVec& dy, const LoraRef& l, int M, int N, int K,
+                       bool round_mid) {
+  const int r = l.r;
+  const double inv = 1.0 / (1.0 - l.dropout_p);
+  auto drop = [&](int i, int k) {  // bf16 rounding of the dropped-out input
+    return lora_dropout_keep(l.dropout_seed, i, k, l.dropout_p) ? bf(x[size_t(i) * K + k] * inv)
+                                                                : 0.0;
+  };
+  auto mid = [&](double v) { return round_mid ? bf(v) : v; };
+  LoraOracle o;
+  o.xa.assign(size_t(M) * r, 0);
+  o.y.assign(size_t(M) * N, 0);
+  o.dx.assign(size_t(M) * K, 0);
+  o.dA.assign(size_t(r) * K, 0);
+  o.dB.assign(size_t(N) * r, 0);
+  Vec g(size_t(M) * r, 0);
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < r; ++j) {
+      for (int k = 0; k < K; ++k) o.xa[i * r + j] += drop(i, k) * l.A[j * K + k];
+      for (int n = 0; n < N; ++n) g[i * r + j] += double(dy[size_t(i) * N + n]) * l.B[n * r + j];
+    }
+  for (int i = 0; i < M; ++i)
+    for (int n = 0; n < N; ++n)
+      for (int j = 0; j < r; ++j) {
+        o.y[i * N + n] += l.scale * mid(o.xa[i * r + j]) * l.B[n * r + j];
+        o.dB[n * r + j] += l.scale * double(dy[size_t(i) * N + n]) * mid(o.xa[i * r + j]);
+      }
+  for (int i = 0; i < M; ++i)
+    for (int k = 0; k < K; ++k) {
+      const bool keep = lora_dropout_keep(l.dropout_seed, i, k, l.dropout_p);
+      for (int j = 0; j < r; ++j) {
+        o.dA[j * K + k] += l.scale * mid(g[i * r + j]) * drop(i, k);
+        if (keep) o.dx[i * K + k] += l.scale * inv * mid(g[i * r + j]) * l.A[j * K + k];
+      }
+    }
+  return o;
+}
+
+// got against base (the fp32 reference's values, without LoRA) + lora, relative to the largest.
+double err_with(const FVec& got, const FVec& base, const Vec& lora) {
+  double err = 0, scale = 1e-6;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double want = double(base[i]) + lora[i];
+    err = std::max(err, std::fabs(got[i] - want));
+    scale = std::max(scale, std::fabs(want));
+  }
+  return err / scale;
+}
+
 void run_linear_bf16(Engine e, const std::string& kind, int M, float p, uint64_t seed) {
   SCOPED_TRACE(::testing::Message() << engine_name(e) << " " << kind << " M " << M << " p " << p);
   Pair px(e, true);
@@ -274,55 +344,62 @@ void run_linear_bf16(Engine e, const std::string& kind, int M, float p, uint64_t
   KindWeight w = make_weight(&px.tr, kind, N, K, seed);
   QWeight wref = qweight_from_f32(&px.tr, rounded(w.deq).data(), N, K, QuantKind::F32);
   Rng rng(seed + 1);
-  FVec x = rng.normal(size_t(M) * K), bias = rng.normal(N);
-  FVec A = rng.normal(size_t(r) * K, 0.3f), B = rng.normal(size_t(N) * r, 0.3f);
+  // x and dy: normal in the base GEMMs' share (any value), grid values for the LoRA path.
+  FVec x = grid(rng, size_t(M) * K, 4), bias = rng.normal(N);
+  // A LoRA part about as large as the base part, so its rounding shows in y.
+  FVec A = grid(rng, size_t(r) * K, 4), B = grid(rng, size_t(N) * r, 4);
   LoraRef l;
   l.A = A.data();
   l.B = B.data();
   l.r = r;
-  l.scale = 1.5f;
+  l.scale = 4.f;
   l.dropout_p = p;
   l.dropout_seed = seed * 7 + 1;
-  const FVec xr = rounded(x);
+  FVec dy = grid(rng, size_t(M) * N, 6);
+  const LoraOracle o = lora_oracle(x, dy, l, M, N, K, true);
+  const LoraOracle u = lora_oracle(x, dy, l, M, N, K, false);
 
-  FVec y(size_t(M) * N), yr(y.size()), xa(size_t(M) * r), xar(xa.size());
+  // Base part: the fp32 backend on the rounded weight (x and dy are bf16 values already).
+  FVec y(size_t(M) * N), yb(y.size()), xa(size_t(M) * r);
   px.bf->linear_fwd(w.q, bias.data(), &l, CMatF(x.data(), M, K), MatF(y.data(), M, N), xa.data());
-  px.ref->linear_fwd(wref, bias.data(), &l, CMatF(xr.data(), M, K), MatF(yr.data(), M, N),
-                     xar.data());
-  EXPECT_LT(max_rel_error(y.data(), yr.data(), y.size()), kTol) << "y";
-  EXPECT_LT(max_rel_error(xa.data(), xar.data(), xa.size()), kTol) << "xa";
-  // The reference must be sharper than the rounding: unrounded weights and x differ by far more.
-  FVec yu(y.size());
+  px.ref->linear_fwd(wref, bias.data(), nullptr, CMatF(x.data(), M, K), MatF(yb.data(), M, N),
+                     nullptr);
+  EXPECT_LT(err_with(y, yb, o.y), kTol) << "y";
+  EXPECT_LT(err_with(xa, FVec(xa.size()), o.xa), 1e-7) << "xa";
+  // The rounding of xa is visible: the oracle without it is far off.
+  EXPECT_GT(err_with(y, yb, u.y), 10 * kTol) << "xa's rounding not visible";
+  // Without LoRA: the base part alone, and the unrounded weight is far off.
+  FVec y0(y.size()), yu(y.size());
+  px.bf->linear_fwd(w.q, bias.data(), nullptr, CMatF(x.data(), M, K), MatF(y0.data(), M, N),
+                    nullptr);
+  EXPECT_LT(max_rel_error(y0.data(), yb.data(), y0.size()), kTol) << "y without LoRA";
   QWeight wu = qweight_from_f32(&px.tr, w.deq.data(), N, K, QuantKind::F32);
-  px.ref->linear_fwd(wu, bias.data(), &l, CMatF(x.data(), M, K), MatF(yu.data(), M, N), nullptr);
-  EXPECT_GT(max_rel_error(y.data(), yu.data(), y.size()), 10 * kTol) << "rounding not visible";
+  px.ref->linear_fwd(wu, bias.data(), nullptr, CMatF(x.data(), M, K), MatF(yu.data(), M, N),
+                     nullptr);
+  EXPECT_GT(max_rel_error(y0.data(), yu.data(), y0.size()), 10 * kTol) << "rounding not visible";
 
-  FVec dy = rng.normal(size_t(M) * N);
-  const FVec dyr = rounded(dy);
-  FVec dx = rng.normal(size_t(M) * K), dA = rng.normal(A.size()), dB = rng.normal(B.size());
-  FVec dxr = dx, dAr = dA, dBr = dB;
+  const FVec dx0 = rng.normal(size_t(M) * K), dA0 = rng.normal(A.size()),
+             dB0 = rng.normal(B.size());
+  FVec dx = dx0, dA = dA0, dB = dB0, dxb = dx0;
   px.bf->linear_bwd(w.q, &l, CMatF(x.data(), M, K), xa.data(), CMatF(dy.data(), M, N),
                     MatF(dx.data(), M, K), dA.data(), dB.data());
-  px.ref->linear_bwd(wref, &l, CMatF(xr.data(), M, K), xar.data(), CMatF(dyr.data(), M, N),
-                     MatF(dxr.data(), M, K), dAr.data(), dBr.data());
-  EXPECT_LT(max_rel_error(dx.data(), dxr.data(), dx.size()), kTol) << "dx";
-  EXPECT_LT(max_rel_error(dA.data(), dAr.data(), dA.size()), kTol) << "dA";
-  EXPECT_LT(max_rel_error(dB.data(), dBr.data(), dB.size()), kTol) << "dB";
+  px.ref->linear_bwd(wref, nullptr, CMatF(x.data(), M, K), nullptr, CMatF(dy.data(), M, N),
+                     MatF(dxb.data(), M, K), nullptr, nullptr);
+  EXPECT_LT(err_with(dx, dxb, o.dx), kTol) << "dx";
+  EXPECT_LT(err_with(dA, dA0, o.dA), kTol) << "dA";
+  EXPECT_LT(err_with(dB, dB0, o.dB), kTol) << "dB";
+  EXPECT_GT(err_with(dA, dA0, u.dA), 10 * kTol) << "g's rounding not visible";
 
   // Without LoRA, without xa from the forward pass, without dx.
-  FVec dx2 = rng.normal(size_t(M) * K), dx2r = dx2;
+  FVec dx2 = dx0, dx2b = dx0;
   px.bf->linear_bwd(w.q, nullptr, CMatF(x.data(), M, K), nullptr, CMatF(dy.data(), M, N),
                     MatF(dx2.data(), M, K), nullptr, nullptr);
-  px.ref->linear_bwd(wref, nullptr, CMatF(xr.data(), M, K), nullptr, CMatF(dyr.data(), M, N),
-                     MatF(dx2r.data(), M, K), nullptr, nullptr);
-  EXPECT_LT(max_rel_error(dx2.data(), dx2r.data(), dx2.size()), kTol) << "dx without LoRA";
-  FVec dA3(A.size()), dB3(B.size()), dA3r(A.size()), dB3r(B.size());
+  EXPECT_LT(max_rel_error(dx2.data(), dxb.data(), dx2.size()), kTol) << "dx without LoRA";
+  FVec dA3(A.size()), dB3(B.size());
   px.bf->linear_bwd(w.q, &l, CMatF(x.data(), M, K), nullptr, CMatF(dy.data(), M, N), MatF(),
                     dA3.data(), dB3.data());
-  px.ref->linear_bwd(wref, &l, CMatF(xr.data(), M, K), nullptr, CMatF(dyr.data(), M, N), MatF(),
-                     dA3r.data(), dB3r.data());
-  EXPECT_LT(max_rel_error(dA3.data(), dA3r.data(), dA3.size()), kTol) << "dA, no dx";
-  EXPECT_LT(max_rel_error(dB3.data(), dB3r.data(), dB3.size()), kTol) << "dB, recomputed xa";
+  EXPECT_LT(err_with(dA3, FVec(dA3.size()), o.dA), kTol) << "dA, no dx";
+  EXPECT_LT(err_with(dB3, FVec(dB3.size()), o.dB), kTol) << "dB, recomputed xa";
 }
 
 class Bf16Kinds : public ::testing::TestWithParam<std::tuple<Engine, std::string>> {};
@@ -331,8 +408,8 @@ TEST_P(Bf16Kinds, LinearMatchesFp32OnRoundedValues) {
   auto [e, kind] = GetParam();
   if (e == Engine::OneDnn) SKIP_WITHOUT_ONEDNN_BF16();
   run_linear_bf16(e, kind, 37, 0.f, 11);
-  run_linear_bf16(e, kind, 37, 0.25f, 12);
-  run_linear_bf16(e, kind, 1, 0.1f, 13);
+  run_linear_bf16(e, kind, 37, 0.5f, 12);  // 1 / (1 - p) exact: dropped values stay on the grid
+  run_linear_bf16(e, kind, 1, 0.5f, 13);
 }
 
 // Cross-entropy: loss against the fp32 backend on rounded h and head (exact up to order); dh
@@ -400,6 +477,145 @@ TEST_P(Bf16Kinds, CrossEntropyAndLogits) {
   px.ref->head_logits(wref, CMatF(hr.data(), M, H), MatF(lgr.data(), M, V));
   EXPECT_LT(max_rel_error(lg.data(), lgr.data(), lg.size()), kTol) << "head_logits";
 }
+
+// ---- attention at precision bf16 ---------------------------------------------------------------
+
+// Causal GQA attention (optional document mask) in double as precision bf16 defines it: q, k, v,
+// dout are bf16 values already; P rounded where it enters P V and dV, dS where it enters dQ and
+// dK (`round_mid` false: neither, to show that the rounding is visible). D_i = dO_i . O_i takes
+// the O the backend's forward returned, as the backend's backward does.
+struct AttnOut {
+  Vec out, dq, dk, dv;
+};
+AttnOut attention_bf16_oracle(const AttnShape& s, const FVec& q, const FVec& k, const FVec& v,
+                              const FVec& o_fwd, const FVec& dout, const int32_t* doc,
+                              bool round_mid) {
+  const int T = s.seq, H = s.n_heads, KV = s.n_kv_heads, D = s.head_dim;
+  const int rows = s.batch * T, qc = H * D, kc = KV * D;
+  const double scale = 1.0 / std::sqrt(double(D));
+  auto mid = [&](double x) { return round_mid ? bf(x) : x; };
+  AttnOut r;
+  r.out.assign(size_t(rows) * qc, 0);
+  r.dq.assign(size_t(rows) * qc, 0);
+  r.dk.assign(size_t(rows) * kc, 0);
+  r.dv.assign(size_t(rows) * kc, 0);
+  Vec sc(static_cast<size_t>(T));
+  for (int b = 0; b < s.batch; ++b)
+    for (int h = 0; h < H; ++h) {
+      const int kh = h / (H / KV);
+      for (int i = 0; i < T; ++i) {
+        const int ri = b * T + i;
+        double m = -INFINITY;
+        for (int j = 0; j <= i; ++j) {
+          const int rj = b * T + j;
+          sc[j] = -INFINITY;
+          if (doc && doc[ri] != doc[rj]) continue;
+          double d = 0;
+          for (int e = 0; e < D; ++e) d += double(q[ri * qc + h * D + e]) * k[rj * kc + kh * D + e];
+          sc[j] = d * scale;
+          m = std::max(m, sc[j]);
+        }
+        double z = 0;
+        for (int j = 0; j <= i; ++j) z += std::exp(sc[j] - m);
+        double Di = 0;
+        for (int e = 0; e < D; ++e)
+          Di += double(dout[ri * qc + h * D + e]) * o_fwd[ri * qc + h * D + e];
+        for (int j = 0; j <= i; ++j) {
+          const int rj = b * T + j;
+          const double p = std::exp(sc[j] - m) / z, pr = mid(p);
+          double dp = 0;
+          for (int e = 0; e < D; ++e) {
+            r.out[ri * qc + h * D + e] += pr * v[rj * kc + kh * D + e];
+            dp += double(dout[ri * qc + h * D + e]) * v[rj * kc + kh * D + e];
+          }
+          const double ds = mid(p * (dp - Di));
+          for (int e = 0; e < D; ++e) {
+            r.dq[ri * qc + h * D + e] += scale * ds * k[rj * kc + kh * D + e];
+            r.dk[rj * kc + kh * D + e] += scale * ds * q[ri * qc + h * D + e];
+            r.dv[rj * kc + kh * D + e] += pr * dout[ri * qc + h * D + e];
+          }
+        }
+      }
+    }
+  return r;
+}
+
+// ||got - want|| / ||want||: an occasional bf16 rounding that lands on the other side (fp32 sums
+// and exp_approx against double) moves one element by 2^-8 and this norm by little; a rounding
+// left out moves every element.
+double rms_rel(const FVec& got, const Vec& want) {
+  double e = 0, w = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    e += (got[i] - want[i]) * (got[i] - want[i]);
+    w += want[i] * want[i];
+  }
+  return std::sqrt(e / std::max(w, 1e-300));
+}
+
+class Bf16Attention : public ::testing::TestWithParam<Engine> {};
+
+TEST_P(Bf16Attention, MatchesTheRoundingOracle) {
+  const Engine e = GetParam();
+  if (e == Engine::OneDnn) SKIP_WITHOUT_ONEDNN_BF16();
+  struct Case {
+    int batch, seq, heads, kv, hd;
+    bool docs;
+    int64_t block_q;
+  };
+  for (const Case c : {Case{2, 37, 4, 2, 16, false, 8}, Case{1, 50, 6, 2, 32, true, 16},
+                       Case{2, 9, 2, 1, 8, false, 64}}) {
+    SCOPED_TRACE(::testing::Message() << engine_name(e) << " seq " << c.seq << " heads " << c.heads
+                                      << "/" << c.kv << " hd " << c.hd << " docs " << c.docs);
+    Pair px(e, false);
+    static_cast<cpu::CpuBackend&>(*px.bf).tune.attn_block_q = c.block_q;
+    Rng rng(uint64_t(c.seq) * 31 + c.hd);
+    AttnShape s;
+    s.batch = c.batch;
+    s.seq = c.seq;
+    s.n_heads = c.heads;
+    s.n_kv_heads = c.kv;
+    s.head_dim = c.hd;
+    const int rows = c.batch * c.seq, qc = c.heads * c.hd, kc = c.kv * c.hd;
+    std::vector<int32_t> doc(static_cast<size_t>(rows));
+    for (int i = 0; i < rows; ++i) doc[size_t(i)] = (i % c.seq) / 12;  // documents of 12
+    if (c.docs) s.doc_ids = doc.data();
+    const FVec q = rng.normal(size_t(rows) * qc), k = rng.normal(size_t(rows) * kc),
+               v = rng.normal(size_t(rows) * kc), dout = rng.normal(size_t(rows) * qc);
+    FVec out(q.size()), lse(size_t(c.heads) * rows), dq(q.size()), dk(k.size()), dv(v.size());
+    px.bf->attention_fwd(s, CMatF(q.data(), rows, qc), CMatF(k.data(), rows, kc),
+                         CMatF(v.data(), rows, kc), MatF(out.data(), rows, qc), lse.data());
+    px.bf->attention_bwd(s, CMatF(q.data(), rows, qc), CMatF(k.data(), rows, kc),
+                         CMatF(v.data(), rows, kc), CMatF(out.data(), rows, qc), lse.data(),
+                         CMatF(dout.data(), rows, qc), MatF(dq.data(), rows, qc),
+                         MatF(dk.data(), rows, kc), MatF(dv.data(), rows, kc));
+    const FVec qr = rounded(q), kr = rounded(k), vr = rounded(v), dr = rounded(dout);
+    const int32_t* dp = c.docs ? doc.data() : nullptr;
+    const AttnOut want = attention_bf16_oracle(s, qr, kr, vr, out, dr, dp, true);
+    const AttnOut bare = attention_bf16_oracle(s, qr, kr, vr, out, dr, dp, false);
+    const double e_out = rms_rel(out, want.out), e_dq = rms_rel(dq, want.dq),
+                 e_dk = rms_rel(dk, want.dk), e_dv = rms_rel(dv, want.dv);
+    const double u_out = rms_rel(out, bare.out), u_dq = rms_rel(dq, bare.dq),
+                 u_dk = rms_rel(dk, bare.dk), u_dv = rms_rel(dv, bare.dv);
+    std::printf(
+        "%s: vs oracle out %.2g dq %.2g dk %.2g dv %.2g; vs unrounded P/dS %.2g %.2g %.2g %.2g\n",
+        engine_name(e), e_out, e_dq, e_dk, e_dv, u_out, u_dq, u_dk, u_dv);
+    EXPECT_LT(e_out, 1e-6);
+    EXPECT_LT(e_dq, 1e-6);
+    EXPECT_LT(e_dk, 1e-6);
+    EXPECT_LT(e_dv, 1e-6);
+    EXPECT_GT(u_out, 5 * e_out + 2e-4) << "P's rounding not visible in out";
+    EXPECT_GT(u_dq, 5 * e_dq + 2e-4) << "dS's rounding not visible in dq";
+    EXPECT_GT(u_dv, 5 * e_dv + 2e-4) << "P's rounding not visible in dv";
+    // lse: fp32 softmax statistics of the rounded scores, against the fp32 backend.
+    FVec out32(q.size()), lse32(lse.size());
+    px.ref->attention_fwd(s, CMatF(qr.data(), rows, qc), CMatF(kr.data(), rows, kc),
+                          CMatF(vr.data(), rows, kc), MatF(out32.data(), rows, qc), lse32.data());
+    EXPECT_LT(max_rel_error(lse.data(), lse32.data(), lse.size()), 1e-5) << "lse";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, Bf16Attention, ::testing::Values(Engine::OneDnn, Engine::Sgemm),
+                         [](const auto& info) { return std::string(engine_name(info.param)); });
 
 INSTANTIATE_TEST_SUITE_P(All, Bf16Kinds,
                          ::testing::Combine(::testing::Values(Engine::OneDnn, Engine::Sgemm),

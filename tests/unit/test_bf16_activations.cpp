@@ -319,11 +319,12 @@ TEST_P(Bf16ActsGrad, StepMatchesScalarOracleRounding) {
   EXPECT_NE(plain.loss, want.loss) << "gate / up rounding changes the forward";
 
   // And the 16-bit step still tracks fp32 arithmetic: 2^-8 relative per rounding, a handful of
-  // roundings on each path through a 5-layer model.
+  // roundings on each path through a 5-layer model (under bf16 also the LoRA intermediates and
+  // attention's P and dS: measured 0.108 against 0.082 before those were rounded).
   std::unique_ptr<Backend> f32 = s.backend(DType::F32, false);
   const StepResult exact = run_step(s, *f32, DType::F32);
   EXPECT_NEAR(got.loss, exact.loss, 0.01 * exact.loss);
-  EXPECT_LE(max_rel_error(got.grads.data(), exact.grads.data(), n), 0.1);
+  EXPECT_LE(max_rel_error(got.grads.data(), exact.grads.data(), n), 0.15);
 }
 
 TEST_P(Bf16ActsGrad, CheckpointedLayersGiveTheSameGradients) {

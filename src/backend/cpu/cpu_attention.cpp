@@ -3,10 +3,14 @@
 // is one [block, seq] score tile per thread (linear in sequence length) and only the log-sum-exp is
 // saved. Backward recomputes the tiles. Tasks write disjoint outputs and each runs sequentially, so
 // results do not depend on the thread count.
+// Precision bf16 (as torch's bf16 SDPA): every GEMM takes bf16 operands with fp32 accumulation:
+// q, k, v, dout rounded once per call, the probabilities P and the score gradients dS rounded
+// where they enter P V, dQ, dK and dV. Scores, softmax statistics and outputs stay fp32.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <unordered_map>
+#include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/op_checks.h"
@@ -77,42 +81,103 @@ Tile make_tile(const AttnShape& s, const int32_t* first, int64_t bq, int b, int 
   return t;
 }
 
+// q, k, v or dout as the tile GEMMs read them: element (row, head, d) at
+// p + head * head_stride + row * ld + d, in OpGemm's element type. fp32: the matrix itself
+// (head_stride = head_dim, ld = its row stride). lp: a head-major dense bf16 copy (head_stride =
+// rows * head_dim, ld = head_dim): oneDNN runs dense operands on its brgemm (AMX) kernels and
+// strided ones on a much slower path.
+struct Heads {
+  Buffer own;
+  const void* p = nullptr;
+  int64_t ld = 0, head_stride = 0;
+  const void* at(const OpGemm& mm, int64_t row, int head) const {
+    return mm.at(Operand{ScratchLease(), p, 0}, head * head_stride + row * ld);
+  }
+};
+
+Heads heads_of(const OpGemm& mm, CMatF m, int n_heads, int D, const char* what) {
+  Heads h;
+  if (!mm.lp) {
+    h.p = m.data;
+    h.ld = m.stride;
+    h.head_stride = D;
+    return h;
+  }
+  const int64_t R = m.rows;
+  const size_t eb = mm.elem_bytes();
+  h.own = mm.be.scratch_buffer(size_t(R * n_heads * D) * eb, what);
+  char* dst = static_cast<char*>(h.own.data());
+  const int nt = R * n_heads * D >= 4096 ? qlft::num_threads() : 1;
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t r = 0; r < R; ++r)
+    for (int hd = 0; hd < n_heads; ++hd)
+      mm.convert(m.row(r) + int64_t(hd) * D, dst + size_t((hd * R + r) * D) * eb, size_t(D));
+  h.p = dst;
+  h.ld = D;
+  h.head_stride = R * D;
+  return h;
+}
+
 // S = scale * Q K^T over the tile, then probabilities exp(S - lse) with masked entries 0.
 // With lse_in == nullptr the row log-sum-exps are computed (and stored in lse_out when it is
 // given: inference may pass none); otherwise lse_in is used. S is [nq, k1 - k0] contiguous.
-void tile_probs(const AttnShape& s, const Tile& t, CMatF q, CMatF k, float scale, float* S,
-                const float* lse_in, float* lse_out) {
+// With pbf the probabilities are also written there as bf16 bits, in the same pass; the forward
+// (lse_in null) then leaves S as exp(S - max), unnormalized.
+void tile_probs(const AttnShape& s, const Tile& t, const OpGemm& mm, const Heads& q, const Heads& k,
+                float scale, float* S, const float* lse_in, float* lse_out,
+                uint16_t* pbf = nullptr) {
   const int D = s.head_dim;
   const int64_t base = int64_t(t.b) * s.seq, kw = t.k1 - t.k0;
   const int64_t rows = int64_t(s.batch) * s.seq;
-  sgemm(false, true, t.nq, kw, D, scale, q.row(base + t.q0) + int64_t(t.h) * D, q.stride,
-        k.row(base + t.k0) + int64_t(t.kh) * D, k.stride, 0.f, S, kw);
+  mm.gemm(false, true, t.nq, kw, D, scale, q.at(mm, base + t.q0, t.h), q.ld,
+          k.at(mm, base + t.k0, t.kh), k.ld, 0.f, S, kw);
   for (int64_t i = 0; i < t.nq; ++i) {
     const int64_t qi = t.q0 + i;
     float* sr = S + i * kw;
     const int64_t jend = qi + 1 - t.k0;  // keys after qi are masked (causal)
     const float neg_inf = -std::numeric_limits<float>::infinity();
-#pragma omp simd
-    for (int64_t j = jend; j < kw; ++j) sr[j] = neg_inf;
     if (s.doc_ids) {
       const int32_t d = s.doc_ids[base + qi];
       const int32_t* dk = s.doc_ids + base + t.k0;
 #pragma omp simd
       for (int64_t j = 0; j < jend; ++j) sr[j] = dk[j] == d ? sr[j] : neg_inf;
     }
-    float L;
     const int64_t lidx = int64_t(t.h) * rows + base + qi;
-    if (!lse_in) {
-      const float m = vec_kernels().max_of(sr, jend);
-      const double sum = vec_kernels().sum_exp_shifted(sr, jend, m);
+    std::fill(sr + jend, sr + kw, 0.f);
+    uint16_t* pr = pbf ? pbf + i * kw : nullptr;
+    if (pr) std::fill(pr + jend, pr + kw, uint16_t(0));
+    if (lse_in) {
+      if (pr)
+        vec_kernels().exp_shifted_bf16(sr, jend, lse_in[lidx], pr);
+      else
+        vec_kernels().exp_shifted(sr, jend, lse_in[lidx], 1.f);
+      continue;
+    }
+    // One exp pass: e = exp(S - m) and its sum, then P = e / sum (= exp(S - lse) to rounding).
+    const float m = vec_kernels().max_of(sr, jend);
+    const double sum = vec_kernels().exp_sum_shifted(sr, jend, m);
+    if (lse_out) {
       OnlineSoftmax<double> st;
       online_softmax_merge(st, m, sum);
-      L = online_softmax_lse(st);
-      if (lse_out) lse_out[lidx] = L;
-    } else {
-      L = lse_in[lidx];
+      lse_out[lidx] = online_softmax_lse(st);
     }
-    vec_kernels().exp_shifted(sr, kw, L, 1.f);
+    const float inv = float(1.0 / sum);
+    if (pr) {
+      vec_kernels().scale_to_bf16(sr, jend, inv, pr);
+      continue;
+    }
+#pragma omp simd
+    for (int64_t j = 0; j < jend; ++j) sr[j] *= inv;
+  }
+}
+
+// dst rows [r0, r0 + n) at columns [c0, c0 + D) += src [n, D] dense.
+void add_rows(MatF dst, int64_t r0, int64_t c0, const float* src, int64_t n, int D) {
+  for (int64_t i = 0; i < n; ++i) {
+    float* d = dst.row(r0 + i) + c0;
+    const float* x = src + i * D;
+#pragma omp simd
+    for (int e = 0; e < D; ++e) d[e] += x[e];
   }
 }
 
@@ -129,24 +194,50 @@ void CpuBackend::attention_fwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, Ma
   const int64_t ntasks = int64_t(s.batch) * s.n_heads * nqb;
   Buffer first_buf = first_same_doc(*this, s);
   const int32_t* first = first_buf.as<int32_t>();
+  const OpGemm mm{*this, precision_ == DType::BF16};
+  // bf16 bits (oneDNN): the probabilities are rounded in the softmax pass itself.
+  const bool fused = mm.lp && bf16_onednn();
+  const Heads qh = heads_of(mm, q, s.n_heads, D, "bf16 attention q"),
+              kh = heads_of(mm, k, s.n_kv_heads, D, "bf16 attention k"),
+              vh = heads_of(mm, v, s.n_kv_heads, D, "bf16 attention v");
   const int nt = int(std::min<int64_t>(max_threads(), ntasks));
   const int64_t tile = bq * int64_t(s.seq);
-  Buffer ws = workspace(size_t(nt) * tile * 4, "attention score tiles");
+  // Per thread: the fp32 score tile; with lp also the probabilities in the GEMM's element type
+  // and a dense output tile (a dense C keeps oneDNN on its fast kernels).
+  const int64_t per = tile * 4 + (mm.lp ? tile * int64_t(mm.elem_bytes()) + bq * D * 4 : 0);
+  Buffer ws = scratch_buffer(size_t(nt * per), "attention score tiles");
+  TaskErrors errs;  // a oneDNN scratchpad past memory.limit throws inside the region
 #pragma omp parallel num_threads(nt)
   {
-    float* S = ws.as<float>() + thread_id() * tile;
+    char* mine = static_cast<char*>(ws.data()) + thread_id() * per;
+    float* S = reinterpret_cast<float*>(mine);
+    void* P = mm.lp ? mine + tile * 4 : static_cast<void*>(S);
+    float* O =
+        mm.lp ? reinterpret_cast<float*>(mine + tile * (4 + int64_t(mm.elem_bytes()))) : nullptr;
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < ntasks; ++task) {
-      // Latest query blocks first: they are the largest, which balances the dynamic schedule.
-      int64_t qb = nqb - 1 - task % nqb;
-      int64_t bh = task / nqb;
-      Tile t = make_tile(s, first, bq, int(bh / s.n_heads), int(bh % s.n_heads), qb);
-      tile_probs(s, t, q, k, scale, S, nullptr, lse);
-      const int64_t base = int64_t(t.b) * s.seq, kw = t.k1 - t.k0;
-      sgemm(false, false, t.nq, D, kw, 1.f, S, kw, v.row(base + t.k0) + int64_t(t.kh) * D, v.stride,
-            0.f, out.row(base + t.q0) + int64_t(t.h) * D, out.stride);
-    }
+    for (int64_t task = 0; task < ntasks; ++task)
+      errs.run([&] {
+        // Latest query blocks first: they are the largest, which balances the dynamic schedule.
+        int64_t qb = nqb - 1 - task % nqb;
+        int64_t bh = task / nqb;
+        Tile t = make_tile(s, first, bq, int(bh / s.n_heads), int(bh % s.n_heads), qb);
+        tile_probs(s, t, mm, qh, kh, scale, S, nullptr, lse,
+                   fused ? static_cast<uint16_t*>(P) : nullptr);
+        const int64_t base = int64_t(t.b) * s.seq, kw = t.k1 - t.k0;
+        float* o = out.row(base + t.q0) + int64_t(t.h) * D;
+        if (!mm.lp) {
+          mm.gemm(false, false, t.nq, D, kw, 1.f, P, kw, vh.at(mm, base + t.k0, t.kh), vh.ld, 0.f,
+                  o, out.stride);
+          return;
+        }
+        if (!fused) mm.convert(S, P, size_t(t.nq * kw));
+        mm.gemm(false, false, t.nq, D, kw, 1.f, P, kw, vh.at(mm, base + t.k0, t.kh), vh.ld, 0.f, O,
+                D);
+        for (int64_t i = 0; i < t.nq; ++i)
+          std::copy(O + i * D, O + (i + 1) * D, o + i * out.stride);
+      });
   }
+  errs.rethrow();
 }
 
 void CpuBackend::attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out,
@@ -164,55 +255,104 @@ void CpuBackend::attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, CM
   const int64_t ntasks = int64_t(s.batch) * s.n_kv_heads;
   Buffer first_buf = first_same_doc(*this, s);
   const int32_t* first = first_buf.as<int32_t>();
+  const OpGemm mm{*this, precision_ == DType::BF16};
+  const bool fused = mm.lp && bf16_onednn();
+  const Heads qh = heads_of(mm, q, s.n_heads, D, "bf16 attention q"),
+              kh_ = heads_of(mm, k, s.n_kv_heads, D, "bf16 attention k"),
+              vh = heads_of(mm, v, s.n_kv_heads, D, "bf16 attention v"),
+              doh = heads_of(mm, dout, s.n_heads, D, "bf16 attention dout");
   const int nt = int(std::min<int64_t>(max_threads(), ntasks));
-  const int64_t tile = bq * int64_t(s.seq);
-  Buffer ws = workspace(size_t(nt) * (2 * tile + bq) * 4, "attention backward tiles");
+  const int64_t tile = bq * int64_t(s.seq), T = s.seq;
+  // Per thread: P and dS in fp32 and D (one float per query row); with lp also P and dS in the
+  // GEMMs' element type and dense fp32 accumulators of the task's dQ tile and its dK, dV rows
+  // (dense C keeps oneDNN on its fast kernels).
+  const int64_t lpb = mm.lp ? 2 * tile * int64_t(mm.elem_bytes()) + (bq + 2 * T) * D * 4 : 0;
+  const int64_t per = (2 * tile + bq) * 4 + lpb;
+  Buffer ws = scratch_buffer(size_t(nt * per), "attention backward tiles");
+  TaskErrors errs;  // a oneDNN scratchpad past memory.limit throws inside the region
 #pragma omp parallel num_threads(nt)
   {
-    float* P = ws.as<float>() + thread_id() * (2 * tile + bq);
+    char* mine = static_cast<char*>(ws.data()) + thread_id() * per;
+    float* P = reinterpret_cast<float*>(mine);
     float* dS = P + tile;
     float* Dr = dS + tile;
+    char* lpm = mine + (2 * tile + bq) * 4;
+    void* Pl = mm.lp ? lpm : static_cast<void*>(P);
+    void* dSl = mm.lp ? lpm + tile * int64_t(mm.elem_bytes()) : static_cast<void*>(dS);
+    float* dQt =
+        mm.lp ? reinterpret_cast<float*>(lpm + 2 * tile * int64_t(mm.elem_bytes())) : nullptr;
+    float* dKt = mm.lp ? dQt + bq * D : nullptr;
+    float* dVt = mm.lp ? dKt + T * D : nullptr;
+    std::vector<float> dOr(static_cast<size_t>(D));
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < ntasks; ++task) {
-      const int b = int(task / s.n_kv_heads), kh = int(task % s.n_kv_heads);
-      const int64_t base = int64_t(b) * s.seq;
-      for (int h = kh * group; h < (kh + 1) * group; ++h) {
-        for (int64_t qb = 0; qb < nqb; ++qb) {
-          Tile t = make_tile(s, first, bq, b, h, qb);
-          const int64_t kw = t.k1 - t.k0;
-          tile_probs(s, t, q, k, scale, P, lse, nullptr);
-          const float* dO = dout.row(base + t.q0) + int64_t(h) * D;
-          const float* O = out.row(base + t.q0) + int64_t(h) * D;
-          const float* Vt = v.row(base + t.k0) + int64_t(kh) * D;
-          const float* Kt = k.row(base + t.k0) + int64_t(kh) * D;
-          const float* Qt = q.row(base + t.q0) + int64_t(h) * D;
-          // dP = dO V^T
-          sgemm(false, true, t.nq, kw, D, 1.f, dO, dout.stride, Vt, v.stride, 0.f, dS, kw);
-          // D_i = dO_i . O_i ; dS = P (dP - D_i)
-          for (int64_t i = 0; i < t.nq; ++i) {
-            const float* a = dO + i * dout.stride;
-            const float* o = O + i * out.stride;
-            double acc = 0;
-            for (int d = 0; d < D; ++d) acc += double(a[d]) * o[d];
-            Dr[i] = float(acc);
-          }
-          for (int64_t i = 0; i < t.nq; ++i) {
-            float* ds = dS + i * kw;
-            const float* p = P + i * kw;
-            const float di = Dr[i];
-            vec_kernels().softmax_bwd_row(ds, p, di, kw);
-          }
-          // dQ += scale dS K ; dK += scale dS^T Q ; dV += P^T dO
-          sgemm(false, false, t.nq, D, kw, scale, dS, kw, Kt, k.stride, 1.f,
-                dq.row(base + t.q0) + int64_t(h) * D, dq.stride);
-          sgemm(true, false, kw, D, t.nq, scale, dS, kw, Qt, q.stride, 1.f,
-                dk.row(base + t.k0) + int64_t(kh) * D, dk.stride);
-          sgemm(true, false, kw, D, t.nq, 1.f, P, kw, dO, dout.stride, 1.f,
-                dv.row(base + t.k0) + int64_t(kh) * D, dv.stride);
+    for (int64_t task = 0; task < ntasks; ++task)
+      errs.run([&] {
+        const int b = int(task / s.n_kv_heads), kh = int(task % s.n_kv_heads);
+        const int64_t base = int64_t(b) * s.seq;
+        if (mm.lp) {
+          std::fill(dKt, dKt + T * D, 0.f);
+          std::fill(dVt, dVt + T * D, 0.f);
         }
-      }
-    }
+        for (int h = kh * group; h < (kh + 1) * group; ++h) {
+          for (int64_t qb = 0; qb < nqb; ++qb) {
+            Tile t = make_tile(s, first, bq, b, h, qb);
+            const int64_t kw = t.k1 - t.k0;
+            tile_probs(s, t, mm, qh, kh_, scale, P, lse, nullptr,
+                       fused ? static_cast<uint16_t*>(Pl) : nullptr);
+            const int64_t qoff = base + t.q0, koff = base + t.k0;
+            const void* dO = doh.at(mm, qoff, h);
+            const void* Vt = vh.at(mm, koff, kh);
+            const void* Kt = kh_.at(mm, koff, kh);
+            const void* Qt = qh.at(mm, qoff, h);
+            // dP = dO V^T
+            mm.gemm(false, true, t.nq, kw, D, 1.f, dO, doh.ld, Vt, vh.ld, 0.f, dS, kw);
+            // D_i = dO_i . O_i (dO as the GEMMs take it); dS = P (dP - D_i)
+            for (int64_t i = 0; i < t.nq; ++i) {
+              const float* a = dout.row(qoff + i) + int64_t(h) * D;
+              if (mm.lp) {
+                round_through_n(DType::BF16, a, dOr.data(), size_t(D));
+                a = dOr.data();
+              }
+              const float* o = out.row(qoff + i) + int64_t(h) * D;
+              float acc = 0;
+#pragma omp simd reduction(+ : acc)
+              for (int d = 0; d < D; ++d) acc += a[d] * o[d];
+              Dr[i] = acc;
+            }
+            for (int64_t i = 0; i < t.nq; ++i) {
+              if (fused)
+                vec_kernels().softmax_bwd_row_bf16(dS + i * kw, P + i * kw, Dr[i], kw,
+                                                   static_cast<uint16_t*>(dSl) + i * kw);
+              else
+                vec_kernels().softmax_bwd_row(dS + i * kw, P + i * kw, Dr[i], kw);
+            }
+            // dQ += scale dS K ; dK += scale dS^T Q ; dV += P^T dO
+            if (!mm.lp) {
+              mm.gemm(false, false, t.nq, D, kw, scale, dS, kw, Kt, kh_.ld, 1.f,
+                      dq.row(qoff) + int64_t(h) * D, dq.stride);
+              mm.gemm(true, false, kw, D, t.nq, scale, dS, kw, Qt, qh.ld, 1.f,
+                      dk.row(koff) + int64_t(kh) * D, dk.stride);
+              mm.gemm(true, false, kw, D, t.nq, 1.f, P, kw, dO, doh.ld, 1.f,
+                      dv.row(koff) + int64_t(kh) * D, dv.stride);
+              continue;
+            }
+            if (!fused) {
+              mm.convert(P, Pl, size_t(t.nq * kw));
+              mm.convert(dS, dSl, size_t(t.nq * kw));
+            }
+            mm.gemm(false, false, t.nq, D, kw, scale, dSl, kw, Kt, kh_.ld, 0.f, dQt, D);
+            add_rows(dq, qoff, int64_t(h) * D, dQt, t.nq, D);
+            mm.gemm(true, false, kw, D, t.nq, scale, dSl, kw, Qt, qh.ld, 1.f, dKt + t.k0 * D, D);
+            mm.gemm(true, false, kw, D, t.nq, 1.f, Pl, kw, dO, doh.ld, 1.f, dVt + t.k0 * D, D);
+          }
+        }
+        if (mm.lp) {
+          add_rows(dk, base, int64_t(kh) * D, dKt, T, D);
+          add_rows(dv, base, int64_t(kh) * D, dVt, T, D);
+        }
+      });
   }
+  errs.rethrow();
 }
 
 }  // namespace qlft::cpu

@@ -10,6 +10,8 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <exception>
+#include <mutex>
 
 #include "backend/backend.h"
 #include "core/dtype.h"
@@ -47,7 +49,8 @@ struct CpuTuning {
 };
 
 // The reusable scratch buffers of CpuBackend (one of each kind in use at a time).
-enum class Scratch : int { Panel, In, Out, InF32, OutF32, GemmPad, Count };
+// Count as a slot: a buffer of the call's own (small operands).
+enum class Scratch : int { Panel, In, Out, Attn, GemmPad, Count };
 
 // Memory for one call: a kept slot of the backend, or (slot busy / reuse off) an own Buffer.
 // Not zeroed when reused: users overwrite what they read.
@@ -84,9 +87,10 @@ class CpuBackend final : public Backend {
   // the GEMMs of linear_fwd/linear_bwd (base weight: y and dx), head_logits and
   // linear_cross_entropy (logits and dh) take bf16 operands: activations, incoming gradients,
   // dequantized base weights and the cross-entropy's dlogits are rounded to bf16, products
-  // accumulate in fp32. The LoRA GEMMs run in fp32 on the rounded activations (fp32 master
-  // weights); everything else (norms, softmax, attention, outputs) stays fp32. This is what
-  // bf16 autocast defines, with the base weights rounded as torch.autocast rounds them.
+  // accumulate in fp32. The LoRA GEMMs take bf16 operands too (x, dy, A, B, and their fp32
+  // intermediates xa and g rounded where they enter the next GEMM; fp32 master weights, see
+  // cpu_linear.cpp); everything else (norms, softmax, attention, outputs) stays fp32. This is
+  // what bf16 autocast defines, with the base weights rounded as torch.autocast rounds them.
   void set_precision(DType t);
   DType precision() const { return precision_; }
   // True when the bf16 GEMMs run on oneDNN (per tune.bf16_gemm and the CPU).
@@ -135,6 +139,31 @@ class CpuBackend final : public Backend {
 
 // ---- helpers shared by the kernels (cpu_common.cpp) ----------------------------------------
 
+// Exceptions must not leave an OpenMP region: each task of one runs through run(), which keeps
+// the first exception and skips the tasks after it; rethrow() after the region.
+class TaskErrors {
+ public:
+  template <class F>
+  void run(F&& f) {
+    if (failed_.load(std::memory_order_relaxed)) return;
+    try {
+      f();
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!err_) err_ = std::current_exception();
+      failed_.store(true, std::memory_order_relaxed);
+    }
+  }
+  void rethrow() const {
+    if (err_) std::rethrow_exception(err_);
+  }
+
+ private:
+  std::mutex mu_;
+  std::exception_ptr err_;
+  std::atomic<bool> failed_{false};
+};
+
 // Rows of a weight dequantized at once: about tune.panel_bytes of floats, clamped.
 int64_t panel_rows(const CpuBackend& be, const QWeight& W);
 // Dequantizes rows [r0, r0 + n) of W into out (n * W.cols floats), split across threads.
@@ -165,6 +194,8 @@ struct LpMat {
 size_t lp_bytes(const CpuBackend& be);
 // x rounded to bf16 into a dense lp matrix in scratch slot s, rows split across threads.
 LpMat to_lp(const CpuBackend& be, CMatF x, Scratch s, const char* what);
+// The same into uninitialized workspace of its own (small operands: LoRA weights, xa, g).
+LpMat to_lp_own(const CpuBackend& be, CMatF x, const char* what);
 // Rows of W per lp panel: about tune.panel_bytes of lp elements (bf16 panels hold twice the rows).
 int64_t panel_rows_lp(const CpuBackend& be, const QWeight& W);
 // Rows [r0, r0 + n) of W rounded to bf16 into out (n * W.cols lp elements), split across threads.
@@ -179,11 +210,34 @@ inline const void* lp_at(const CpuBackend& be, const void* p, int64_t off) {
 }
 // matmul_xwt on an lp x (shapes checked by the caller).
 void matmul_xwt_lp(const CpuBackend& be, const QWeight& W, const LpMat& xl, MatF y);
-// x rounded to bf16, as fp32 (for the fp32 LoRA GEMMs). Reuses lp when it already holds fp32.
-struct RoundedF32 {
+
+// A GEMM operand in the element type of a call: the fp32 matrix itself, or (lp) its bf16 rounding
+// as gemm_lp takes it (dense, leading dimension = cols).
+struct Operand {
   ScratchLease buf;
-  CMatF view;
+  const void* p = nullptr;
+  int64_t ld = 0;
 };
-RoundedF32 rounded_f32(const CpuBackend& be, CMatF x, const LpMat* lp, Scratch s, const char* what);
+
+// GEMMs in one element type: fp32 (sgemm) or lp (precision bf16: gemm_lp). The LoRA path and
+// attention are written once over it.
+struct OpGemm {
+  const CpuBackend& be;
+  bool lp;
+
+  // m as an operand: itself (fp32), or rounded into scratch slot `slot` (Scratch::Count: a
+  // buffer of its own).
+  Operand operand(CMatF m, Scratch slot, const char* what) const;
+  // An operand already rounded (the base GEMM's lp copy of x or dy).
+  Operand borrow(const LpMat& l) const;
+  // o.p + off elements.
+  const void* at(const Operand& o, int64_t off) const;
+  // Bytes per element.
+  size_t elem_bytes() const { return lp ? lp_bytes(be) : 4; }
+  // n fp32 values into dst in the element type (lp: rounded; fp32: copied).
+  void convert(const float* src, void* dst, size_t n) const;
+  void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
+            int64_t lda, const void* B, int64_t ldb, float beta, float* C, int64_t ldc) const;
+};
 
 }  // namespace qlft::cpu

@@ -41,19 +41,13 @@ void split_rows(int64_t n, F&& f) {
     return;
   }
   int64_t per = (n + pieces - 1) / pieces;
-  std::exception_ptr err;
+  TaskErrors errs;
 #pragma omp parallel for num_threads(pieces) schedule(static, 1)
   for (int64_t i = 0; i < pieces; ++i) {
     int64_t a = i * per, b = std::min(n, a + per);
-    if (a >= b) continue;
-    try {
-      f(a, b);
-    } catch (...) {
-#pragma omp critical(qlft_dequant_err)
-      if (!err) err = std::current_exception();
-    }
+    if (a < b) errs.run([&] { f(a, b); });
   }
-  if (err) std::rethrow_exception(err);
+  errs.rethrow();
 }
 
 }  // namespace
@@ -87,8 +81,10 @@ ScratchLease CpuBackend::scratch(Scratch s, size_t bytes, const char* what) cons
   ScratchLease l;
   const size_t i = size_t(s);
   if (bytes == 0) return l;
-  // A slot already leased (a nested or concurrent use) or reuse off: a Buffer of its own.
-  if (!tune.reuse_scratch || busy_[i].exchange(true, std::memory_order_acquire)) {
+  // Scratch::Count, a slot already leased (a nested or concurrent use) or reuse off: a Buffer of
+  // its own.
+  if (s == Scratch::Count || !tune.reuse_scratch ||
+      busy_[i].exchange(true, std::memory_order_acquire)) {
     l.own_ = scratch_buffer(bytes, what);
     l.p_ = l.own_.data();
     return l;
@@ -124,47 +120,47 @@ size_t lp_bytes(const CpuBackend& be) {
   return be.bf16_onednn() ? 2 : 4;
 }
 
-LpMat to_lp(const CpuBackend& be, CMatF x, Scratch slot, const char* what) {
+namespace {
+
+// x rounded to bf16 into m.buf (m's shape and element kind already set), rows split across
+// threads.
+void fill_lp(CMatF x, LpMat& m) {
+  const int64_t C = x.cols;
+  const int nt = x.rows * C >= 4096 ? qlft::num_threads() : 1;
+  if (m.bf16) {
+    uint16_t* d = m.buf.as<uint16_t>();
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t i = 0; i < x.rows; ++i) f32_to_bf16_n(x.row(i), d + i * C, size_t(C));
+  } else {
+    float* d = m.buf.as<float>();
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t i = 0; i < x.rows; ++i)
+      round_through_n(DType::BF16, x.row(i), d + i * C, size_t(C));
+  }
+}
+
+LpMat lp_shape(const CpuBackend& be, CMatF x) {
   LpMat m;
   m.rows = x.rows;
   m.cols = x.cols;
   m.bf16 = be.bf16_onednn();
-  m.buf = be.scratch(slot, size_t(x.rows * x.cols) * lp_bytes(be), what);
-  const int64_t C = x.cols;
-  if (m.bf16) {
-    uint16_t* d = m.buf.as<uint16_t>();
-#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
-    for (int64_t i = 0; i < x.rows; ++i) f32_to_bf16_n(x.row(i), d + i * C, size_t(C));
-  } else {
-    float* d = m.buf.as<float>();
-#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
-    for (int64_t i = 0; i < x.rows; ++i)
-      round_through_n(DType::BF16, x.row(i), d + i * C, size_t(C));
-  }
   return m;
 }
 
-RoundedF32 rounded_f32(const CpuBackend& be, CMatF x, const LpMat* lp, Scratch slot,
-                       const char* what) {
-  RoundedF32 r;
-  if (lp && !lp->bf16) {
-    r.view = lp->f32();
-    return r;
-  }
-  r.buf = be.scratch(slot, size_t(x.rows * x.cols) * 4, what);
-  float* d = r.buf.as<float>();
-  const int64_t C = x.cols;
-  if (lp) {  // widening the bf16 copy is exact and cheaper than rounding again
-    const uint16_t* s = static_cast<const uint16_t*>(lp->data());
-#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
-    for (int64_t i = 0; i < x.rows; ++i) bf16_to_f32_n(s + i * C, d + i * C, size_t(C));
-  } else {
-#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
-    for (int64_t i = 0; i < x.rows; ++i)
-      round_through_n(DType::BF16, x.row(i), d + i * C, size_t(C));
-  }
-  r.view = CMatF(d, x.rows, x.cols);
-  return r;
+}  // namespace
+
+LpMat to_lp(const CpuBackend& be, CMatF x, Scratch slot, const char* what) {
+  LpMat m = lp_shape(be, x);
+  m.buf = be.scratch(slot, size_t(x.rows * x.cols) * lp_bytes(be), what);
+  fill_lp(x, m);
+  return m;
+}
+
+LpMat to_lp_own(const CpuBackend& be, CMatF x, const char* what) {
+  LpMat m = lp_shape(be, x);
+  m.buf = be.scratch(Scratch::Count, size_t(x.rows * x.cols) * lp_bytes(be), what);
+  fill_lp(x, m);
+  return m;
 }
 
 int64_t panel_rows_lp(const CpuBackend& be, const QWeight& W) {
@@ -191,6 +187,50 @@ void dequant_panel_lp(const CpuBackend& be, const QWeight& W, int64_t r0, int64_
       round_through_n(DType::BF16, p, p, size_t((b - a) * W.cols));
     });
   }
+}
+
+Operand OpGemm::operand(CMatF m, Scratch slot, const char* what) const {
+  Operand o;
+  if (!lp) {
+    o.p = m.data;
+    o.ld = m.stride;
+    return o;
+  }
+  LpMat l = slot == Scratch::Count ? to_lp_own(be, m, what) : to_lp(be, m, slot, what);
+  o.buf = std::move(l.buf);
+  o.p = o.buf.data();
+  o.ld = m.cols;
+  return o;
+}
+
+Operand OpGemm::borrow(const LpMat& l) const {
+  Operand o;
+  o.p = l.data();
+  o.ld = l.cols;
+  return o;
+}
+
+const void* OpGemm::at(const Operand& o, int64_t off) const {
+  return static_cast<const char*>(o.p) + off * int64_t(elem_bytes());
+}
+
+void OpGemm::convert(const float* src, void* dst, size_t n) const {
+  if (!lp)
+    std::copy(src, src + n, static_cast<float*>(dst));
+  else if (be.bf16_onednn())
+    f32_to_bf16_n(src, static_cast<uint16_t*>(dst), n);
+  else
+    round_through_n(DType::BF16, src, static_cast<float*>(dst), n);
+}
+
+void OpGemm::gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
+                  int64_t lda, const void* B, int64_t ldb, float beta, float* C,
+                  int64_t ldc) const {
+  if (lp)
+    gemm_lp(be, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  else
+    sgemm(ta, tb, M, N, K, alpha, static_cast<const float*>(A), lda, static_cast<const float*>(B),
+          ldb, beta, C, ldc);
 }
 
 void gemm_lp(const CpuBackend& be, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,

@@ -22,17 +22,11 @@ namespace qlft::cpu {
 void CpuBackend::embedding_fwd(const QWeight& emb, const int32_t* tokens, MatF out) {
   op_checks::embedding(emb, out.as_const());
   op_checks::token_ids(tokens, out.rows, emb.rows);
-  std::exception_ptr err;
+  TaskErrors errs;
 #pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
-  for (int64_t i = 0; i < out.rows; ++i) {
-    try {
-      emb.dequantize_rows(tokens[i], 1, out.row(i));
-    } catch (...) {
-#pragma omp critical(qlft_embedding_err)
-      if (!err) err = std::current_exception();
-    }
-  }
-  if (err) std::rethrow_exception(err);
+  for (int64_t i = 0; i < out.rows; ++i)
+    errs.run([&] { emb.dequantize_rows(tokens[i], 1, out.row(i)); });
+  errs.rethrow();
 }
 
 double CpuBackend::linear_cross_entropy(const QWeight& head, CMatF h, const int32_t* targets,

@@ -1,7 +1,10 @@
 // Quantized linear with LoRA: base GEMMs run panel by panel on dequantized weight rows; the LoRA
-// path is two thin GEMMs. Dropout on the LoRA input is recomputed from (seed, row, col).
-// Precision bf16: the base GEMMs take x / dy and the weight panels rounded to bf16 (oneDNN, or
-// sgemm on the rounded values); the LoRA GEMMs stay fp32 on the rounded x / dy.
+// path is thin GEMMs. Dropout on the LoRA input is recomputed from (seed, row, col).
+// Precision bf16 (what torch.autocast defines for a PEFT LoRA linear): every GEMM takes bf16
+// operands and accumulates in fp32. The base GEMMs take x / dy and the weight panels rounded to
+// bf16; the LoRA GEMMs take x (after dropout), dy, A and B rounded, and their fp32 intermediates
+// xa = drop(x) A^T and g = dy B rounded again where they enter the next GEMM, as lora_A's bf16
+// output enters lora_B. fp32 master weights, fp32 xa as kept for dB, fp32 outputs.
 #include <algorithm>
 
 #include "backend/cpu/cpu_backend.h"
@@ -34,16 +37,13 @@ void apply_dropout(CMatF x, int64_t row0, int64_t n, const LoraRef& l, float* ou
   }
 }
 
-void check_lora(const LoraRef& l, const QWeight& W) {
-  op_checks::lora(l);
-  (void)W;
-}
-
-// xa = drop(x) A^T, [rows, r] contiguous.
-void lora_down(const CpuBackend& be, const LoraRef& l, CMatF x, float* xa) {
+// xa = drop(x) A^T, [rows, r] contiguous. xo is x as an operand (used when there is no dropout).
+void lora_down(const OpGemm& mm, const LoraRef& l, CMatF x, const Operand& xo, const Operand& Ao,
+               float* xa) {
+  const CpuBackend& be = mm.be;
   const int64_t M = x.rows, K = x.cols;
   if (l.dropout_p == 0.f) {
-    sgemm(false, true, M, l.r, K, 1.f, x.data, x.stride, l.A, K, 0.f, xa, l.r);
+    mm.gemm(false, true, M, l.r, K, 1.f, xo.p, xo.ld, Ao.p, Ao.ld, 0.f, xa, l.r);
     return;
   }
   const int64_t R = std::min(M, drop_chunk_rows(be, K));
@@ -51,36 +51,47 @@ void lora_down(const CpuBackend& be, const LoraRef& l, CMatF x, float* xa) {
   for (int64_t r0 = 0; r0 < M; r0 += R) {
     int64_t n = std::min(R, M - r0);
     apply_dropout(x, r0, n, l, xd.as<float>());
-    sgemm(false, true, n, l.r, K, 1.f, xd.as<float>(), K, l.A, K, 0.f, xa + r0 * l.r, l.r);
+    Operand d = mm.operand(CMatF(xd.as<float>(), n, K), Scratch::Count, "lora dropout input");
+    mm.gemm(false, true, n, l.r, K, 1.f, d.p, d.ld, Ao.p, Ao.ld, 0.f, xa + r0 * l.r, l.r);
   }
 }
 
-// The LoRA part of linear_bwd (x and dy as the GEMMs take them: rounded under bf16).
-void lora_bwd(const CpuBackend& be, const QWeight& W, const LoraRef& l, CMatF x, const float* xa,
-              CMatF dy, MatF dx, float* dA, float* dB) {
-  check_lora(l, W);
-  const int64_t M = dy.rows, N = W.rows, K = W.cols;
+// The LoRA part of linear_bwd. dyo: dy as an operand.
+void lora_bwd(const OpGemm& mm, const QWeight& W, const LoraRef& l, CMatF x, const float* xa,
+              const Operand& dyo, MatF dx, float* dA, float* dB) {
+  op_checks::lora(l);
+  const CpuBackend& be = mm.be;
+  const int64_t M = x.rows, N = W.rows, K = W.cols;
   const bool want_dx = dx.data != nullptr;
   const int r = l.r;
+  const Operand Ao = mm.operand(CMatF(l.A, r, K), Scratch::Count, "lora A");
+  const Operand Bo = mm.operand(CMatF(l.B, N, r), Scratch::Count, "lora B");
   // g = dy B: [M, r]
-  Buffer g_buf = be.workspace(size_t(M * r) * 4, "lora dy B");
+  Buffer g_buf = be.scratch_buffer(size_t(M * r) * 4, "lora dy B");
   float* g = g_buf.as<float>();
-  sgemm(false, false, M, r, N, 1.f, dy.data, dy.stride, l.B, r, 0.f, g, r);
+  mm.gemm(false, false, M, r, N, 1.f, dyo.p, dyo.ld, Bo.p, Bo.ld, 0.f, g, r);
+  const Operand go = mm.operand(CMatF(g, M, r), Scratch::Count, "lora dy B");
 
+  // x as an operand, needed for dA without dropout and to recompute xa.
+  Operand xo;
+  const bool need_x = (dA && l.dropout_p == 0.f) || (dB && !xa);
+  if (need_x) xo = mm.operand(x, Scratch::In, "lora input");
   if (dB) {
     Buffer xa_ws;
     if (!xa) {  // not kept by the caller: recompute it (same mask, same values)
-      xa_ws = be.workspace(size_t(M * r) * 4, "lora xa");
-      lora_down(be, l, x, xa_ws.as<float>());
+      xa_ws = be.scratch_buffer(size_t(M * r) * 4, "lora xa");
+      lora_down(mm, l, x, xo, Ao, xa_ws.as<float>());
       xa = xa_ws.as<float>();
     }
+    const Operand xao = mm.operand(CMatF(xa, M, r), Scratch::Count, "lora xa");
     // dB += scale * dy^T xa: [N, r]
-    sgemm(true, false, N, r, M, l.scale, dy.data, dy.stride, xa, r, 1.f, dB, r);
+    mm.gemm(true, false, N, r, M, l.scale, dyo.p, dyo.ld, xao.p, xao.ld, 1.f, dB, r);
   }
 
   if (l.dropout_p == 0.f) {
-    if (dA) sgemm(true, false, r, K, M, l.scale, g, r, x.data, x.stride, 1.f, dA, K);
-    if (want_dx) sgemm(false, false, M, K, r, l.scale, g, r, l.A, K, 1.f, dx.data, dx.stride);
+    if (dA) mm.gemm(true, false, r, K, M, l.scale, go.p, go.ld, xo.p, xo.ld, 1.f, dA, K);
+    if (want_dx)
+      mm.gemm(false, false, M, K, r, l.scale, go.p, go.ld, Ao.p, Ao.ld, 1.f, dx.data, dx.stride);
     return;
   }
 
@@ -88,8 +99,8 @@ void lora_bwd(const CpuBackend& be, const QWeight& W, const LoraRef& l, CMatF x,
   // adds the masked scale * (g A) / (1 - p) into dx.
   const int64_t R = std::min(M, drop_chunk_rows(be, K));
   Buffer xd_buf, t_buf;
-  if (dA) xd_buf = be.workspace(size_t(R * K) * 4, "lora dropout input");
-  if (want_dx) t_buf = be.workspace(size_t(R * K) * 4, "lora dx chunk");
+  if (dA) xd_buf = be.scratch_buffer(size_t(R * K) * 4, "lora dropout input");
+  if (want_dx) t_buf = be.scratch_buffer(size_t(R * K) * 4, "lora dx chunk");
   float* xd = xd_buf.as<float>();
   float* t = t_buf.as<float>();
   const float p = l.dropout_p, inv = 1.f / (1.f - p), s = l.scale * inv;
@@ -97,7 +108,8 @@ void lora_bwd(const CpuBackend& be, const QWeight& W, const LoraRef& l, CMatF x,
   for (int64_t r0 = 0; r0 < M; r0 += R) {
     const int64_t n = std::min(R, M - r0);
     // t = g_chunk A
-    if (want_dx) sgemm(false, false, n, K, r, 1.f, g + r0 * r, r, l.A, K, 0.f, t, K);
+    if (want_dx)
+      mm.gemm(false, false, n, K, r, 1.f, mm.at(go, r0 * go.ld), go.ld, Ao.p, Ao.ld, 0.f, t, K);
 #pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
     for (int64_t i = 0; i < n; ++i) {
       const int64_t row = r0 + i;
@@ -112,13 +124,17 @@ void lora_bwd(const CpuBackend& be, const QWeight& W, const LoraRef& l, CMatF x,
       }
     }
     // dA += scale * g_chunk^T drop(x)_chunk: [r, K]
-    if (dA) sgemm(true, false, r, K, n, l.scale, g + r0 * r, r, xd, K, 1.f, dA, K);
+    if (dA) {
+      const Operand d = mm.operand(CMatF(xd, n, K), Scratch::Count, "lora dropout input");
+      mm.gemm(true, false, r, K, n, l.scale, mm.at(go, r0 * go.ld), go.ld, d.p, d.ld, 1.f, dA, K);
+    }
   }
 }
 
-// linear_fwd after the base GEMM: bias and the LoRA path (x as the LoRA GEMMs take it).
-void linear_fwd_tail(const CpuBackend& be, const QWeight& W, const float* bias, const LoraRef* lora,
-                     CMatF x, MatF y, float* xa) {
+// linear_fwd after the base GEMM: bias and the LoRA path. xo: x as an operand.
+void linear_fwd_tail(const OpGemm& mm, const QWeight& W, const float* bias, const LoraRef* lora,
+                     CMatF x, const Operand& xo, MatF y, float* xa) {
+  const CpuBackend& be = mm.be;
   const int64_t M = x.rows, N = W.rows;
   if (bias) {
 #pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
@@ -128,16 +144,19 @@ void linear_fwd_tail(const CpuBackend& be, const QWeight& W, const float* bias, 
     }
   }
   if (!lora || lora->r == 0 || M == 0) return;
-  check_lora(*lora, W);
+  op_checks::lora(*lora);
   const int r = lora->r;
   Buffer xa_ws;
   if (!xa) {
-    xa_ws = be.workspace(size_t(M * r) * 4, "lora xa");
+    xa_ws = be.scratch_buffer(size_t(M * r) * 4, "lora xa");
     xa = xa_ws.as<float>();
   }
-  lora_down(be, *lora, x, xa);
+  const Operand Ao = mm.operand(CMatF(lora->A, r, W.cols), Scratch::Count, "lora A");
+  lora_down(mm, *lora, x, xo, Ao, xa);
+  const Operand Bo = mm.operand(CMatF(lora->B, N, r), Scratch::Count, "lora B");
+  const Operand xao = mm.operand(CMatF(xa, M, r), Scratch::Count, "lora xa");
   // y += scale * xa B^T
-  sgemm(false, true, M, N, r, lora->scale, xa, r, lora->B, r, 1.f, y.data, y.stride);
+  mm.gemm(false, true, M, N, r, lora->scale, xao.p, xao.ld, Bo.p, Bo.ld, 1.f, y.data, y.stride);
 }
 
 }  // namespace
@@ -146,18 +165,16 @@ void CpuBackend::linear_fwd(const QWeight& W, const float* bias, const LoraRef* 
                             MatF y, float* xa) {
   if (precision_ != DType::BF16) {
     matmul_xwt(*this, W, x, y, "linear_fwd");
-  } else {
-    op_checks::linear(W, x, y.as_const(), "linear_fwd");
-    // x rounded to bf16 once: the base GEMM takes it as is, the LoRA GEMMs as fp32.
-    LpMat xl = to_lp(*this, x, Scratch::In, "bf16 linear input");
-    matmul_xwt_lp(*this, W, xl, y);
-    if (lora && lora->r > 0 && x.rows > 0) {
-      RoundedF32 xr = rounded_f32(*this, x, &xl, Scratch::InF32, "bf16-rounded linear input");
-      linear_fwd_tail(*this, W, bias, lora, xr.view, y, xa);
-      return;
-    }
+    const OpGemm mm{*this, false};
+    linear_fwd_tail(mm, W, bias, lora, x, mm.operand(x, Scratch::Count, ""), y, xa);
+    return;
   }
-  linear_fwd_tail(*this, W, bias, lora, x, y, xa);
+  op_checks::linear(W, x, y.as_const(), "linear_fwd");
+  // x rounded to bf16 once: the base GEMM and the LoRA down-projection both take it.
+  LpMat xl = to_lp(*this, x, Scratch::In, "bf16 linear input");
+  matmul_xwt_lp(*this, W, xl, y);
+  const OpGemm mm{*this, true};
+  linear_fwd_tail(mm, W, bias, lora, x, mm.borrow(xl), y, xa);
 }
 
 void CpuBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, const float* xa,
@@ -169,7 +186,7 @@ void CpuBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, cons
   const bool has_lora = lora && lora->r > 0;
 
   if (precision_ == DType::BF16) {
-    // dy rounded to bf16 once; x only matters to the LoRA gradients.
+    // dy rounded to bf16 once: the base dx GEMM and the LoRA GEMMs take it.
     LpMat dyl = to_lp(*this, dy, Scratch::Out, "bf16 linear output grad");
     if (want_dx && N > 0) {
       const int64_t P = panel_rows_lp(*this, W);
@@ -183,10 +200,8 @@ void CpuBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, cons
       }
     }
     if (!has_lora) return;
-    RoundedF32 dyr =
-        rounded_f32(*this, dy, &dyl, Scratch::OutF32, "bf16-rounded linear output grad");
-    RoundedF32 xr = rounded_f32(*this, x, nullptr, Scratch::InF32, "bf16-rounded linear input");
-    lora_bwd(*this, W, *lora, xr.view, xa, dyr.view, dx, dA, dB);
+    const OpGemm mm{*this, true};
+    lora_bwd(mm, W, *lora, x, xa, mm.borrow(dyl), dx, dA, dB);
     return;
   }
 
@@ -201,7 +216,9 @@ void CpuBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, cons
       sgemm(false, false, M, K, n, 1.f, dy.data + p0, dy.stride, pw, K, 1.f, dx.data, dx.stride);
     }
   }
-  if (has_lora) lora_bwd(*this, W, *lora, x, xa, dy, dx, dA, dB);
+  if (!has_lora) return;
+  const OpGemm mm{*this, false};
+  lora_bwd(mm, W, *lora, x, xa, mm.operand(dy, Scratch::Count, ""), dx, dA, dB);
 }
 
 void CpuBackend::head_logits(const QWeight& head, CMatF h, MatF logits) {

@@ -9,6 +9,7 @@
 #include "backend/norm_math.h"
 #include "backend/rope_math.h"
 #include "backend/cpu/vec_math.h"
+#include "core/half.h"
 #include "core/isa_target.h"
 
 namespace qlft::cpu {
@@ -32,11 +33,12 @@ namespace isa_avx512 {
 #undef QLFT_KT
 }  // namespace isa_avx512
 
-#define QLFT_KERNEL_SET(level, ns)                                                                \
-  VecKernels {                                                                                    \
-    level, ns::k_max_of, ns::k_sum_exp_shifted, ns::k_exp_shifted, ns::k_softmax_bwd_row,         \
-        ns::k_swiglu_fwd_row, ns::k_swiglu_bwd_row, ns::k_rmsnorm_fwd_row, ns::k_rmsnorm_bwd_row, \
-        ns::k_rope_row                                                                            \
+#define QLFT_KERNEL_SET(level, ns)                                                        \
+  VecKernels {                                                                            \
+    level, ns::k_max_of, ns::k_sum_exp_shifted, ns::k_exp_sum_shifted, ns::k_exp_shifted, \
+        ns::k_exp_shifted_bf16, ns::k_scale_to_bf16, ns::k_softmax_bwd_row,               \
+        ns::k_softmax_bwd_row_bf16, ns::k_swiglu_fwd_row, ns::k_swiglu_bwd_row,           \
+        ns::k_rmsnorm_fwd_row, ns::k_rmsnorm_bwd_row, ns::k_rope_row                      \
   }
 const VecKernels kSets[] = {QLFT_KERNEL_SET(CpuIsa::Baseline, isa_baseline),
                             QLFT_KERNEL_SET(CpuIsa::Avx2, isa_avx2),

@@ -19,10 +19,18 @@ struct VecKernels {
   CpuIsa isa;  // the level this set was compiled for (Baseline, Avx2 or Avx512)
   float (*max_of)(const float* x, int64_t n);                     // vec_math.h max_of
   double (*sum_exp_shifted)(const float* x, int64_t n, float m);  // vec_math.h
+  // x[j] = exp(x[j] - m), returning sum_exp_shifted's sum (vec_math.h)
+  double (*exp_sum_shifted)(float* x, int64_t n, float m);
   // x[j] = exp(x[j] - m) * scale (exp_approx)
   void (*exp_shifted)(float* x, int64_t n, float m, float scale);
+  // exp_shifted with scale 1 that also writes x as bf16 bits (core/half.h rounding) into out
+  void (*exp_shifted_bf16)(float* x, int64_t n, float m, uint16_t* out);
+  // out[j] = bf16 bits of x[j] * s
+  void (*scale_to_bf16)(const float* x, int64_t n, float s, uint16_t* out);
   // ds[j] = p[j] * (ds[j] - d): the softmax backward of one attention row
   void (*softmax_bwd_row)(float* ds, const float* p, float d, int64_t n);
+  // out[j] = bf16 bits of p[j] * (dp[j] - d)
+  void (*softmax_bwd_row_bf16)(const float* dp, const float* p, float d, int64_t n, uint16_t* out);
   // out = silu(gate) * up, and its gradients (activation_math.h's formulas, sigmoid from
   // exp_approx)
   void (*swiglu_fwd_row)(const float* g, const float* u, float* o, int64_t n);

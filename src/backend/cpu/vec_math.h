@@ -71,4 +71,28 @@ QLFT_VEC_INLINE double sum_exp_shifted(const float* x, int64_t n, float m) {
   return total;
 }
 
+// x[j] = exp(x[j] - m) for j < n, returning their sum exactly as sum_exp_shifted adds it (same
+// lanes, blocks and order): one exp pass where the softmax needs both the sum and the values.
+QLFT_VEC_INLINE double exp_sum_shifted(float* x, int64_t n, float m) {
+  double total = 0;
+  int64_t j = 0;
+  while (j + kLanes <= n) {
+    float acc[kLanes] = {};
+    const int64_t jend = n - j >= 512 ? j + 512 : j + (n - j) / kLanes * kLanes;
+    for (; j < jend; j += kLanes)
+      for (int l = 0; l < kLanes; ++l) {
+        x[j + l] = exp_approx(x[j + l] - m);
+        acc[l] += x[j + l];
+      }
+    float s = 0;
+    for (int l = 0; l < kLanes; ++l) s += acc[l];
+    total += s;
+  }
+  for (; j < n; ++j) {
+    x[j] = exp_approx(x[j] - m);
+    total += x[j];
+  }
+  return total;
+}
+
 }  // namespace qlft::cpu
