@@ -154,6 +154,23 @@ class MpiCommunicator final : public Communicator {
       for (size_t i = 0; i < n; ++i) data[i] /= world_;
   }
 
+  void reduce(float* data, size_t n, int root, ReduceOp op) override {
+    QLFT_CHECK_ARG(root >= 0 && root < world_, "reduce: root %d is not a rank of %d", root, world_);
+    for (size_t o = 0; o < n; o += kMaxChunk) {
+      const int c = static_cast<int>(std::min(kMaxChunk, n - o));
+      MPI_Request req;
+      // The root reduces in place; the others' buffers are only read.
+      start(MPI_Ireduce(rank_ == root ? MPI_IN_PLACE : data + o, rank_ == root ? data + o : nullptr,
+                        c, MPI_FLOAT, MPI_SUM, root, comm_, &req),
+            "reduce");
+      wait(&req, "reduce", n * sizeof(float));
+    }
+    if (op == ReduceOp::Avg && rank_ == root) {
+      const float s = 1.0f / static_cast<float>(world_);
+      for (size_t i = 0; i < n; ++i) data[i] *= s;
+    }
+  }
+
   void reduce_scatter(const float* in, float* out, size_t n, ReduceOp op) override {
     QLFT_CHECK_ARG(n <= kMaxChunk, "reduce_scatter: %zu values per rank is too many for one call",
                    n);

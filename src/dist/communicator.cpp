@@ -82,6 +82,11 @@ LaunchInfo detect_launch() {
   return li;
 }
 
+void Communicator::reduce(float* data, size_t n, int root, ReduceOp op) {
+  QLFT_CHECK_ARG(root >= 0 && root < world(), "reduce: root %d is not a rank of %d", root, world());
+  all_reduce(data, n, op);
+}
+
 std::unique_ptr<PendingCollective> Communicator::start_all_gather_raw(const void*, void*,
                                                                       size_t bytes) {
   throw_error(QLFT_ERR_UNSUPPORTED,

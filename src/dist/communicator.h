@@ -53,6 +53,10 @@ class Communicator {
   // In place over n values: every rank ends with the elementwise sum (or mean).
   virtual void all_reduce(float* data, size_t n, ReduceOp op) = 0;
   virtual void all_reduce(double* data, size_t n, ReduceOp op) = 0;
+  // In place over n values to one rank: root ends with the elementwise sum (or mean) of every
+  // rank's data; the others' data is left unspecified. Half an all-reduce's traffic (ZeRO-2
+  // sends each gradient to its owner). The default is an all-reduce.
+  virtual void reduce(float* data, size_t n, int root, ReduceOp op);
   // in holds world * n_per_rank values; rank r receives in out the reduction of block r.
   virtual void reduce_scatter(const float* in, float* out, size_t n_per_rank, ReduceOp op) = 0;
   // in holds n_per_rank values; out receives world * n_per_rank, block r from rank r.

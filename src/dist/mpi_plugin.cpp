@@ -118,6 +118,10 @@ const QlftMpiPlugin* table() {
       [](void* comm, char* err, size_t errlen) {
         return run(err, errlen, [&] { C(comm)->barrier(); });
       },
+      [](void* comm, float* data, size_t n, int root, int32_t avg, char* err, size_t errlen) {
+        return run(err, errlen,
+                   [&] { C(comm)->reduce(data, n, root, avg ? ReduceOp::Avg : ReduceOp::Sum); });
+      },
   };
   return &t;
 }

@@ -19,7 +19,7 @@ extern "C" {
 #endif
 
 /* Raised whenever the table changes; the library refuses a plugin with another number. */
-#define QLFT_MPI_PLUGIN_ABI_VERSION 1u
+#define QLFT_MPI_PLUGIN_ABI_VERSION 2u
 
 typedef struct QlftMpiPlugin {
   uint32_t abi_version;    /* QLFT_MPI_PLUGIN_ABI_VERSION */
@@ -44,6 +44,9 @@ typedef struct QlftMpiPlugin {
   void (*pending_free)(void* pending); /* waits first unless the communicator is broken */
   int32_t (*broadcast)(void* comm, void* data, size_t bytes, int root, char* err, size_t errlen);
   int32_t (*barrier)(void* comm, char* err, size_t errlen);
+  /* ABI 2: floats in place to root (its data receives the sum or mean). */
+  int32_t (*reduce)(void* comm, float* data, size_t n, int root, int32_t avg, char* err,
+                    size_t errlen);
 } QlftMpiPlugin;
 
 /* The one symbol the plugin exports. */

@@ -98,6 +98,11 @@ class PluginCommunicator final : public Communicator {
       return api_->all_reduce(comm_, data, n, 1, op == ReduceOp::Avg, e, l);
     });
   }
+  void reduce(float* data, size_t n, int root, ReduceOp op) override {
+    call([&](char* e, size_t l) {
+      return api_->reduce(comm_, data, n, root, op == ReduceOp::Avg, e, l);
+    });
+  }
   void reduce_scatter(const float* in, float* out, size_t n, ReduceOp op) override {
     call([&](char* e, size_t l) {
       return api_->reduce_scatter(comm_, in, out, n, op == ReduceOp::Avg, e, l);

@@ -53,7 +53,14 @@ LoraGradTarget Zero2Grads::begin(int layer, Proj p) {
 void Zero2Grads::end(int layer, Proj p) {
   const Proj_& e = at(layer, p);
   float* f = bucket_.as<float>();
-  if (comm_.world() > 1) comm_.all_reduce(f, static_cast<size_t>(e.a + e.b), ReduceOp::Sum);
+  // To the owners only: one reduce when one rank owns A and B, else one per tensor. (The
+  // others' bucket is left unspecified; they do not read it.)
+  if (comm_.world() > 1 && e.owner_a == e.owner_b) {
+    comm_.reduce(f, static_cast<size_t>(e.a + e.b), e.owner_a, ReduceOp::Sum);
+  } else if (comm_.world() > 1) {
+    comm_.reduce(f, static_cast<size_t>(e.a), e.owner_a, ReduceOp::Sum);
+    comm_.reduce(f + e.a, static_cast<size_t>(e.b), e.owner_b, ReduceOp::Sum);
+  }
   if (e.shard_a)
     for (int64_t i = 0; i < e.a; ++i) e.shard_a[i] += f[i];
   if (e.shard_b)

@@ -5,9 +5,10 @@
 // The runner's backward (model/lora_grad_sink.h) computes each projection's dA and dB of the
 // current micro-batch into one reduce bucket ([dA | dB], counted as `communication`, like
 // ZeRO-3's gathered units), zeroed first. As soon as that projection's backward is done, the
-// bucket is summed across ranks (an all-reduce of a + b floats), and the owner of A (of B) adds
-// its part into its gradient shard, the adapter's dA (dB) of that tensor. The others drop it
-// (the next projection overwrites the bucket). With accumulation the shard collects every
+// bucket is reduced to its owner (Communicator::reduce of a + b floats; A and B separately when
+// their owners differ), and the owner of A (of B) adds its part into its gradient shard, the
+// adapter's dA (dB) of that tensor. The others drop it (the next projection overwrites the
+// bucket). With accumulation the shard collects every
 // micro-batch's sums; the step's global gradient is then complete on its owner, and the trainer
 // clips (squared norms all-reduced) and steps the owned tensors as before.
 //

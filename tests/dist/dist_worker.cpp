@@ -101,6 +101,18 @@ int check_comm(const std::string& result) {
       expect(false, "reduce_scatter");
       break;
     }
+  // reduce to the last rank: element i of rank r is r + i; the root gets w (w - 1) / 2 + w i.
+  {
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>(r + i);
+    comm->reduce(v.data(), n, w - 1, dist::ReduceOp::Sum);
+    if (r == w - 1)
+      for (size_t i = 0; i < n; ++i)
+        if (v[i] != static_cast<float>(rank_sum + w * static_cast<double>(i))) {
+          expect(false, "reduce at " + std::to_string(i));
+          break;
+        }
+  }
   // all_gather: block b is rank b's values b + i / 1000.
   std::vector<float> mine(k), all(k * w);
   for (size_t i = 0; i < k; ++i) mine[i] = static_cast<float>(r + i / 1000.0);
