@@ -59,6 +59,8 @@ class AutocastBackend final : public Backend {
     Buffer dyr = rounded(dy, "autocast dy");
     inner_->linear_bwd(W, lora, view(xr, x), xa, view(dyr, dy), dx, dA, dB);
   }
+  void begin_shared_input(CMatF x) override { inner_->begin_shared_input(x); }
+  void end_shared_input() override { inner_->end_shared_input(); }
   void rmsnorm_fwd(CMatF x, const float* w, float eps, MatF y, float* rstd) override {
     inner_->rmsnorm_fwd(x, w, eps, y, rstd);
   }

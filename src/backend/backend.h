@@ -115,6 +115,13 @@ class Backend {
   virtual void linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, const float* xa, CMatF dy,
                           MatF dx, float* dA, float* dB) = 0;
 
+  // A hint: the linear_fwd / linear_bwd calls up to end_shared_input() that take x as their
+  // input take the same matrix, unchanged (q, k and v share the normed hidden state; gate and
+  // up too), so a backend that converts its input (the CPU backend's bf16 copy) may convert it
+  // once. The caller must not write x in between. Calls with other inputs are unaffected.
+  virtual void begin_shared_input(CMatF x) { (void)x; }
+  virtual void end_shared_input() {}
+
   // ---- normalization, position, activation -----------------------------------------------
   // y = x * rstd * w, rstd[row] = 1 / sqrt(mean(x^2) + eps). rstd may be nullptr.
   virtual void rmsnorm_fwd(CMatF x, const float* w, float eps, MatF y, float* rstd) = 0;
@@ -159,6 +166,18 @@ class Backend {
       : tracker_(tracker), device_(device) {}
   MemoryTracker* tracker_;
   DeviceAllocator* device_;
+};
+
+// begin_shared_input .. end_shared_input over a scope.
+class SharedInput {
+ public:
+  SharedInput(Backend& be, CMatF x) : be_(be) { be_.begin_shared_input(x); }
+  ~SharedInput() { be_.end_shared_input(); }
+  SharedInput(const SharedInput&) = delete;
+  SharedInput& operator=(const SharedInput&) = delete;
+
+ private:
+  Backend& be_;
 };
 
 std::unique_ptr<Backend> make_cpu_backend(MemoryTracker* tracker);

@@ -24,11 +24,13 @@ DistSettings DistSettings::from_config(const Config& c) {
 }
 
 DataParallel::DataParallel(std::unique_ptr<Communicator> comm, int zero_stage,
-                           std::vector<ParamRef> params, MemoryTracker* tracker)
+                           std::vector<ParamRef> params, MemoryTracker* tracker,
+                           bool host_gradient_shards)
     : comm_(std::move(comm)),
       host_(&comm_->host()),
       stage_(zero_stage),
-      params_(std::move(params)) {
+      params_(std::move(params)),
+      shard_grads_(host_gradient_shards && zero_stage >= 2 && comm_->world() > 1) {
   // Stage 3 treats the LoRA tensors as stage 2 does; its base-weight sharding is Zero3Stream.
   QLFT_CHECK_ARG(stage_ >= 0 && stage_ <= 3, "dist.zero_stage %d: stages are 0 to 3", stage_);
   const int w = comm_->world();
@@ -63,9 +65,11 @@ DataParallel::DataParallel(std::unique_ptr<Communicator> comm, int zero_stage,
     segment_ = std::max(segment_, fill[r]);
   }
   fill_ = fill;
+  // The last segment receives this rank's reduce-scattered gradients (stages 2-3), unless they
+  // are sharded during backward; the others hold every rank's share (all-gathers).
   if (w > 1)
     flat_ = Buffer(tracker, MemCategory::Communication,
-                   (static_cast<size_t>(w) + 1) * segment_ * sizeof(float),
+                   (static_cast<size_t>(w) + (shard_grads_ ? 0 : 1)) * segment_ * sizeof(float),
                    "gradient/parameter exchange buffer");
 }
 
@@ -79,6 +83,8 @@ void DataParallel::set_zero3_stream(std::shared_ptr<Zero3Stream> s) {
 }
 
 void DataParallel::set_grad_shards(std::unique_ptr<Zero2Grads> g) {
+  QLFT_CHECK_ARG(shard_grads_ == (g != nullptr),
+                 "ZeRO gradient shards must be announced when the partition is made");
   grads_ = std::move(g);
 }
 
@@ -140,6 +146,7 @@ void DataParallel::unpack(bool grads, int only_rank) {
 
 void DataParallel::reduce_gradients() {
   if (world() == 1 || grads_) return;
+  QLFT_CHECK_ARG(!shard_grads_, "ZeRO gradient shards were announced but never set");
   if (dev_) return reduce_device_gradients();
   pack(true);
   float* f = flat_.as<float>();

@@ -62,8 +62,13 @@ struct DistSettings {
 class DataParallel {
  public:
   // params: every trainable tensor, in the same order on every rank (checked).
+  // host_gradient_shards: at stages 2-3 on several ranks the gradients will be sharded as
+  // backward runs (set_grad_shards, before any step): the exchange buffer then has no segment
+  // for receiving a reduce-scatter (world x the largest share instead of world + 1).
   DataParallel(std::unique_ptr<Communicator> comm, int zero_stage, std::vector<ParamRef> params,
-               MemoryTracker* tracker);
+               MemoryTracker* tracker, bool host_gradient_shards = false);
+  // Whether the gradients are (to be) sharded during backward (host_gradient_shards applied).
+  bool shards_gradients() const { return shard_grads_; }
   ~DataParallel();
 
   // The communicator for host buffers (the MPI bootstrap under NCCL).
@@ -158,6 +163,7 @@ class DataParallel {
   Buffer dev_flat_;
   std::shared_ptr<Zero3Stream> zero3_;
   std::unique_ptr<Zero2Grads> grads_;
+  bool shard_grads_ = false;
 };
 
 // The bytes of a state dict and back (gathering state across ranks).

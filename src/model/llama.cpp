@@ -463,6 +463,7 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
   be_.rmsnorm_fwd(xin, frozen(L.attn_norm), c.rms_eps, mat(a.xn1, R, c.dim), a.rstd1.as<float>());
   Buffer* outs[3] = {&a.q, &a.k, &a.v};
   const int64_t widths[3] = {qd, kvd, kvd};
+  SharedInput shared_xn1(be_, cmat(a.xn1, R, c.dim));
   for (int j = 0; j < 3; ++j) {
     Proj p = static_cast<Proj>(j);
     bool has;
@@ -487,6 +488,7 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
   be_.rmsnorm_fwd(cmat(a.x_mid, R, c.dim), frozen(L.ffn_norm), c.rms_eps, mat(a.xn2, R, c.dim),
                   a.rstd2.as<float>());
   Buffer* ffn_outs[2] = {&a.gate, &a.up};
+  SharedInput shared_xn2(be_, cmat(a.xn2, R, c.dim));
   for (int j = 0; j < 2; ++j) {
     const int p = static_cast<int>(Proj::Gate) + j;
     bool has;
@@ -617,8 +619,11 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
   be_.swiglu_bwd(cmat(a.gate, R, c.ffn_dim), cmat(a.up, R, c.ffn_dim), cmat(g.dh, R, c.ffn_dim),
                  mat(g.dgate, R, c.ffn_dim), mat(g.dup, R, c.ffn_dim));
   zero(g.dxn);
-  lin_bwd(Proj::Gate, cmat(a.xn2, R, c.dim), cmat(g.dgate, R, c.ffn_dim), mat(g.dxn, R, c.dim));
-  lin_bwd(Proj::Up, cmat(a.xn2, R, c.dim), cmat(g.dup, R, c.ffn_dim), mat(g.dxn, R, c.dim));
+  {
+    SharedInput shared(be_, cmat(a.xn2, R, c.dim));
+    lin_bwd(Proj::Gate, cmat(a.xn2, R, c.dim), cmat(g.dgate, R, c.ffn_dim), mat(g.dxn, R, c.dim));
+    lin_bwd(Proj::Up, cmat(a.xn2, R, c.dim), cmat(g.dup, R, c.ffn_dim), mat(g.dxn, R, c.dim));
+  }
   be_.rmsnorm_bwd(cmat(a.x_mid, R, c.dim), frozen(L.ffn_norm), a.rstd2.as<float>(),
                   cmat(g.dxn, R, c.dim), G);
 
@@ -634,9 +639,12 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
   be_.rope(mat(g.dq, R, qd), pos, c.n_heads, c.head_dim, c.rope_theta, c.rope_adjacent, true);
   be_.rope(mat(g.dk, R, kvd), pos, c.n_kv_heads, c.head_dim, c.rope_theta, c.rope_adjacent, true);
   zero(g.dxn);
-  lin_bwd(Proj::Q, cmat(a.xn1, R, c.dim), cmat(g.dq, R, qd), mat(g.dxn, R, c.dim));
-  lin_bwd(Proj::K, cmat(a.xn1, R, c.dim), cmat(g.dk, R, kvd), mat(g.dxn, R, c.dim));
-  lin_bwd(Proj::V, cmat(a.xn1, R, c.dim), cmat(g.dv, R, kvd), mat(g.dxn, R, c.dim));
+  {
+    SharedInput shared(be_, cmat(a.xn1, R, c.dim));
+    lin_bwd(Proj::Q, cmat(a.xn1, R, c.dim), cmat(g.dq, R, qd), mat(g.dxn, R, c.dim));
+    lin_bwd(Proj::K, cmat(a.xn1, R, c.dim), cmat(g.dk, R, kvd), mat(g.dxn, R, c.dim));
+    lin_bwd(Proj::V, cmat(a.xn1, R, c.dim), cmat(g.dv, R, kvd), mat(g.dxn, R, c.dim));
+  }
   if (need_dx)
     be_.rmsnorm_bwd(CMatF(x_in, R, c.dim), frozen(L.attn_norm), a.rstd1.as<float>(),
                     cmat(g.dxn, R, c.dim), G);

@@ -714,9 +714,11 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
   }
   size_t segment = 0;
   cat[int(MemCategory::Optimizer)] = optimizer_by_rank(c, s, &segment)[static_cast<size_t>(rank)];
-  // The gradient/parameter exchange buffer of dist::DataParallel.
+  // The gradient/parameter exchange buffer of dist::DataParallel (no reduce-scatter segment
+  // when the gradients are sharded during backward).
   if (s.world > 1)
-    cat[int(MemCategory::Communication)] += rb((uint64_t(s.world) + 1) * segment * 4);
+    cat[int(MemCategory::Communication)] +=
+        rb((uint64_t(s.world) + (sharded_gradients(s) ? 0 : 1)) * segment * 4);
 
   // The backend's model of its memory: host (CPU) or device (CUDA) blocks.
   WorkspaceModelSettings wss;

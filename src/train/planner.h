@@ -40,7 +40,8 @@
 //    the cuda backend; ZeRO-2/3 on several ranks of a host backend keeps only this rank's
 //    tensors' gradients, plus a reduce bucket of the largest projection's A + B floats in
 //    `communication` (dist/zero2_grads.h). With world > 1 the gradient/parameter exchange
-//    buffer ((world + 1) x the largest rank's elements, f32) is `communication`.
+//    buffer ((world + 1) x the largest rank's elements, f32; world x with sharded gradients) is
+//    `communication`.
 //  - ZeRO-3 (dist/zero3_stream.h): weights = this rank's slices: each buffer of 64 KiB or more
 //    on its own and the smaller ones of each unit packed together, ceil(bytes / world) rounded
 //    up to 64 each; communication adds the gathered unit in use plus the one gathered ahead, the

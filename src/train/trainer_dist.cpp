@@ -60,8 +60,10 @@ void Trainer::init_dist(const Config& cfg, std::vector<ParamRef> params) {
                 "dist.backend=nccl exchanges device memory between GPUs; it needs backend=cuda "
                 "(backend is %s; use dist.backend=mpi for CPU ranks)",
                 backend_->name());
+  // ZeRO-2/3 on a host backend shards the gradients during backward (init_grads).
   dp_ = std::make_unique<dist::DataParallel>(dist::make_communicator(ds.backend, ds.timeout_s),
-                                             ds.zero_stage, std::move(params), tracker_);
+                                             ds.zero_stage, std::move(params), tracker_,
+                                             /*host_gradient_shards=*/!backend_->device_memory());
   if (world() > 1) {
     // Ranks that split batches or count steps differently would deadlock in a collective
     // later; catch it here with a message.
@@ -88,7 +90,7 @@ void Trainer::init_grads() {
   // and the runner hands each projection's gradients to the exchange as backward makes them
   // (dist/zero2_grads.h). A device backend accumulates every gradient in its flat device array
   // (LlamaRunner::lora_device_grads) and reduce-scatters after backward: full gradients there.
-  const bool shard = dp_->zero_stage() >= 2 && world() > 1 && !backend_->device_memory();
+  const bool shard = dp_->shards_gradients();
   std::unique_ptr<dist::Zero2Grads> g =
       dist::allocate_lora_gradients(*lora_, *dp_, shard, tracker_);
   if (g) {

@@ -351,8 +351,8 @@ TEST(PlannerZero, OptimizerAndExchangeBufferPerRankMatchTheRuntime) {
             LoraAdapter a(&t, mc, lora_config_from(c), /*gradients=*/false);
             const uint64_t before = t.snapshot().reserved[QLFT_MEM_OPTIMIZER];
             dist::DataParallel dp(std::make_unique<MirrorCommunicator>(r, world), stage,
-                                  lora_params(a), &t);
-            auto sink = dist::allocate_lora_gradients(a, dp, stage >= 2 && world > 1, &t);
+                                  lora_params(a), &t, /*host_gradient_shards=*/true);
+            auto sink = dist::allocate_lora_gradients(a, dp, dp.shards_gradients(), &t);
             EXPECT_EQ(sink != nullptr, stage >= 2 && world > 1);
             auto opt = make_optimizer(OptimSettings::from_config(c), dp.owned_params(), &t);
             const MemorySnapshot m = t.snapshot();

@@ -76,6 +76,17 @@ class ScratchLease {
   std::atomic<bool>* busy_ = nullptr;
 };
 
+// An lp matrix holds bf16 bit patterns (uint16_t) when the GEMMs run on oneDNN, or fp32 values
+// already rounded to bf16 when they run on sgemm; lp_bytes() is its element size.
+struct LpMat {
+  ScratchLease buf;
+  int64_t rows = 0, cols = 0;  // dense: row stride = cols
+  bool bf16 = false;
+  const void* data() const { return buf.data(); }
+  // The rounded values as fp32 (only when !bf16).
+  CMatF f32() const { return CMatF(buf.as<float>(), rows, cols); }
+};
+
 class CpuBackend final : public Backend {
  public:
   CpuTuning tune;
@@ -100,6 +111,9 @@ class CpuBackend final : public Backend {
                   float* xa) override;
   void linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, const float* xa, CMatF dy,
                   MatF dx, float* dA, float* dB) override;
+
+  void begin_shared_input(CMatF x) override;
+  void end_shared_input() override;
 
   void rmsnorm_fwd(CMatF x, const float* w, float eps, MatF y, float* rstd) override;
   void rmsnorm_bwd(CMatF x, const float* w, const float* rstd, CMatF dy, MatF dx) override;
@@ -131,7 +145,18 @@ class CpuBackend final : public Backend {
   // Frees the kept scratch buffers (they come back on the next call that needs them).
   void release_scratch();
 
+  // x in the lp element type: the shared input's copy when x is the begin_shared_input()
+  // matrix (converted on first use, kept until end_shared_input()), else a fresh copy in `slot`.
+  // Returns a view; `own` holds the fresh copy.
+  const LpMat& input_lp(CMatF x, Scratch slot, const char* what, LpMat& own) const;
+
  private:
+  struct SharedInput {
+    CMatF x;
+    bool held = false;
+    LpMat lp;  // empty until first used
+  };
+  mutable SharedInput shared_;
   DType precision_ = DType::F32;
   mutable std::array<Buffer, size_t(Scratch::Count)> slots_;
   mutable std::array<std::atomic<bool>, size_t(Scratch::Count)> busy_{};
@@ -181,16 +206,6 @@ void gemm_f32(const CpuBackend& be, bool trans_a, bool trans_b, int64_t M, int64
 void matmul_xwt(const CpuBackend& be, const QWeight& W, CMatF x, MatF y, const char* what);
 
 // ---- the bf16 ("low precision", lp) operands of precision bf16 ------------------------------
-// An lp matrix holds bf16 bit patterns (uint16_t) when the GEMMs run on oneDNN, or fp32 values
-// already rounded to bf16 when they run on sgemm; lp_bytes() is its element size.
-struct LpMat {
-  ScratchLease buf;
-  int64_t rows = 0, cols = 0;  // dense: row stride = cols
-  bool bf16 = false;
-  const void* data() const { return buf.data(); }
-  // The rounded values as fp32 (only when !bf16).
-  CMatF f32() const { return CMatF(buf.as<float>(), rows, cols); }
-};
 size_t lp_bytes(const CpuBackend& be);
 // x rounded to bf16 into a dense lp matrix in scratch slot s, rows split across threads.
 LpMat to_lp(const CpuBackend& be, CMatF x, Scratch s, const char* what);

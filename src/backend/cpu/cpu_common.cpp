@@ -189,6 +189,27 @@ void dequant_panel_lp(const CpuBackend& be, const QWeight& W, int64_t r0, int64_
   }
 }
 
+void CpuBackend::begin_shared_input(CMatF x) {
+  shared_ = SharedInput();
+  shared_.x = x;
+  shared_.held = true;
+}
+
+void CpuBackend::end_shared_input() {
+  shared_ = SharedInput();
+}
+
+const LpMat& CpuBackend::input_lp(CMatF x, Scratch slot, const char* what, LpMat& own) const {
+  const CMatF& s = shared_.x;
+  if (!shared_.held || x.data != s.data || x.rows != s.rows || x.cols != s.cols ||
+      x.stride != s.stride) {
+    own = to_lp(*this, x, slot, what);
+    return own;
+  }
+  if (!shared_.lp.buf.data()) shared_.lp = to_lp_own(*this, x, "bf16 shared linear input");
+  return shared_.lp;
+}
+
 Operand OpGemm::operand(CMatF m, Scratch slot, const char* what) const {
   Operand o;
   if (!lp) {

@@ -74,8 +74,12 @@ void lora_bwd(const OpGemm& mm, const QWeight& W, const LoraRef& l, CMatF x, con
 
   // x as an operand, needed for dA without dropout and to recompute xa.
   Operand xo;
+  LpMat x_own;
   const bool need_x = (dA && l.dropout_p == 0.f) || (dB && !xa);
-  if (need_x) xo = mm.operand(x, Scratch::In, "lora input");
+  if (need_x && mm.lp)
+    xo = mm.borrow(be.input_lp(x, Scratch::In, "lora input", x_own));
+  else if (need_x)
+    xo = mm.operand(x, Scratch::In, "lora input");
   if (dB) {
     Buffer xa_ws;
     if (!xa) {  // not kept by the caller: recompute it (same mask, same values)
@@ -171,7 +175,8 @@ void CpuBackend::linear_fwd(const QWeight& W, const float* bias, const LoraRef* 
   }
   op_checks::linear(W, x, y.as_const(), "linear_fwd");
   // x rounded to bf16 once: the base GEMM and the LoRA down-projection both take it.
-  LpMat xl = to_lp(*this, x, Scratch::In, "bf16 linear input");
+  LpMat x_own;
+  const LpMat& xl = input_lp(x, Scratch::In, "bf16 linear input", x_own);
   matmul_xwt_lp(*this, W, xl, y);
   const OpGemm mm{*this, true};
   linear_fwd_tail(mm, W, bias, lora, x, mm.borrow(xl), y, xa);
