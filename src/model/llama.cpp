@@ -463,14 +463,16 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
   be_.rmsnorm_fwd(xin, frozen(L.attn_norm), c.rms_eps, mat(a.xn1, R, c.dim), a.rstd1.as<float>());
   Buffer* outs[3] = {&a.q, &a.k, &a.v};
   const int64_t widths[3] = {qd, kvd, kvd};
-  SharedInput shared_xn1(be_, cmat(a.xn1, R, c.dim));
-  for (int j = 0; j < 3; ++j) {
-    Proj p = static_cast<Proj>(j);
-    bool has;
-    LoraRef ref = lora_ref(l, p, &has);
-    const float* bias = L.bias[j].empty() ? nullptr : frozen(L.bias[j]);
-    be_.linear_fwd(L.proj[j], bias, has ? &ref : nullptr, cmat(a.xn1, R, c.dim),
-                   mat(*outs[j], R, widths[j]), has ? a.xa[j].as<float>() : nullptr);
+  {
+    SharedInput shared(be_, cmat(a.xn1, R, c.dim));
+    for (int j = 0; j < 3; ++j) {
+      Proj p = static_cast<Proj>(j);
+      bool has;
+      LoraRef ref = lora_ref(l, p, &has);
+      const float* bias = L.bias[j].empty() ? nullptr : frozen(L.bias[j]);
+      be_.linear_fwd(L.proj[j], bias, has ? &ref : nullptr, cmat(a.xn1, R, c.dim),
+                     mat(*outs[j], R, widths[j]), has ? a.xa[j].as<float>() : nullptr);
+    }
   }
   be_.rope(mat(a.q, R, qd), pos, c.n_heads, c.head_dim, c.rope_theta, c.rope_adjacent, false);
   be_.rope(mat(a.k, R, kvd), pos, c.n_kv_heads, c.head_dim, c.rope_theta, c.rope_adjacent, false);
@@ -488,16 +490,19 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
   be_.rmsnorm_fwd(cmat(a.x_mid, R, c.dim), frozen(L.ffn_norm), c.rms_eps, mat(a.xn2, R, c.dim),
                   a.rstd2.as<float>());
   Buffer* ffn_outs[2] = {&a.gate, &a.up};
-  SharedInput shared_xn2(be_, cmat(a.xn2, R, c.dim));
-  for (int j = 0; j < 2; ++j) {
-    const int p = static_cast<int>(Proj::Gate) + j;
-    bool has;
-    LoraRef ref = lora_ref(l, static_cast<Proj>(p), &has);
-    be_.linear_fwd(L.proj[p], nullptr, has ? &ref : nullptr, cmat(a.xn2, R, c.dim),
-                   mat(*ffn_outs[j], R, c.ffn_dim), has ? a.xa[p].as<float>() : nullptr);
-    // 16-bit storage keeps gate and up in 16 bits: SwiGLU's forward takes those values too
-    // (autocast's matmul outputs), so forward and backward agree.
-    if (act_dtype_ != DType::F32) be_.round_16(act_dtype_, ffn_outs[j]->as<float>(), R * c.ffn_dim);
+  {
+    SharedInput shared(be_, cmat(a.xn2, R, c.dim));
+    for (int j = 0; j < 2; ++j) {
+      const int p = static_cast<int>(Proj::Gate) + j;
+      bool has;
+      LoraRef ref = lora_ref(l, static_cast<Proj>(p), &has);
+      be_.linear_fwd(L.proj[p], nullptr, has ? &ref : nullptr, cmat(a.xn2, R, c.dim),
+                     mat(*ffn_outs[j], R, c.ffn_dim), has ? a.xa[p].as<float>() : nullptr);
+      // 16-bit storage keeps gate and up in 16 bits: SwiGLU's forward takes those values too
+      // (autocast's matmul outputs), so forward and backward agree.
+      if (act_dtype_ != DType::F32)
+        be_.round_16(act_dtype_, ffn_outs[j]->as<float>(), R * c.ffn_dim);
+    }
   }
   be_.swiglu_fwd(cmat(a.gate, R, c.ffn_dim), cmat(a.up, R, c.ffn_dim), mat(a.hact, R, c.ffn_dim));
   {

@@ -336,9 +336,14 @@ double err_with(const FVec& got, const FVec& base, const Vec& lora) {
   return err / scale;
 }
 
-void run_linear_bf16(Engine e, const std::string& kind, int M, float p, uint64_t seed) {
-  SCOPED_TRACE(::testing::Message() << engine_name(e) << " " << kind << " M " << M << " p " << p);
-  Pair px(e, true);
+// scale 4 (a power of two) without dropout takes the fused LoRA GEMMs (cpu_linear.cpp), other
+// scales and dropout the separate ones; small_blocks: many weight panels (the backward then
+// keeps its GEMMs separate too).
+void run_linear_bf16(Engine e, const std::string& kind, int M, float p, uint64_t seed,
+                     float scale = 4.f, bool small_blocks = true) {
+  SCOPED_TRACE(::testing::Message() << engine_name(e) << " " << kind << " M " << M << " p " << p
+                                    << " scale " << scale << " small blocks " << small_blocks);
+  Pair px(e, small_blocks);
   const bool ggml = kind == "q8_0" || kind == "q4_1";
   const int K = ggml ? 64 : 50, N = 27, r = 4;
   KindWeight w = make_weight(&px.tr, kind, N, K, seed);
@@ -352,7 +357,7 @@ void run_linear_bf16(Engine e, const std::string& kind, int M, float p, uint64_t
   l.A = A.data();
   l.B = B.data();
   l.r = r;
-  l.scale = 4.f;
+  l.scale = scale;
   l.dropout_p = p;
   l.dropout_seed = seed * 7 + 1;
   FVec dy = grid(rng, size_t(M) * N, 6);
@@ -408,6 +413,8 @@ TEST_P(Bf16Kinds, LinearMatchesFp32OnRoundedValues) {
   auto [e, kind] = GetParam();
   if (e == Engine::OneDnn) SKIP_WITHOUT_ONEDNN_BF16();
   run_linear_bf16(e, kind, 37, 0.f, 11);
+  run_linear_bf16(e, kind, 37, 0.f, 14, 4.f, false);   // fused forward and backward
+  run_linear_bf16(e, kind, 37, 0.f, 15, 1.5f, false);  // separate LoRA GEMMs
   run_linear_bf16(e, kind, 37, 0.5f, 12);  // 1 / (1 - p) exact: dropped values stay on the grid
   run_linear_bf16(e, kind, 1, 0.5f, 13);
 }

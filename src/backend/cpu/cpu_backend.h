@@ -80,11 +80,10 @@ class ScratchLease {
 // already rounded to bf16 when they run on sgemm; lp_bytes() is its element size.
 struct LpMat {
   ScratchLease buf;
-  int64_t rows = 0, cols = 0;  // dense: row stride = cols
+  int64_t rows = 0, cols = 0;
+  int64_t ld = 0;  // row stride: cols, or more where columns were asked for beyond them
   bool bf16 = false;
   const void* data() const { return buf.data(); }
-  // The rounded values as fp32 (only when !bf16).
-  CMatF f32() const { return CMatF(buf.as<float>(), rows, cols); }
 };
 
 class CpuBackend final : public Backend {
@@ -148,7 +147,9 @@ class CpuBackend final : public Backend {
   // x in the lp element type: the shared input's copy when x is the begin_shared_input()
   // matrix (converted on first use, kept until end_shared_input()), else a fresh copy in `slot`.
   // Returns a view; `own` holds the fresh copy.
-  const LpMat& input_lp(CMatF x, Scratch slot, const char* what, LpMat& own) const;
+  // `extra`: as to_lp's (the shared copy serves only calls asking for the same).
+  const LpMat& input_lp(CMatF x, Scratch slot, const char* what, LpMat& own,
+                        int64_t extra = 0) const;
 
  private:
   struct SharedInput {
@@ -207,14 +208,18 @@ void matmul_xwt(const CpuBackend& be, const QWeight& W, CMatF x, MatF y, const c
 
 // ---- the bf16 ("low precision", lp) operands of precision bf16 ------------------------------
 size_t lp_bytes(const CpuBackend& be);
-// x rounded to bf16 into a dense lp matrix in scratch slot s, rows split across threads.
-LpMat to_lp(const CpuBackend& be, CMatF x, Scratch s, const char* what);
-// The same into uninitialized workspace of its own (small operands: LoRA weights, xa, g).
-LpMat to_lp_own(const CpuBackend& be, CMatF x, const char* what);
+// x rounded to bf16 into an lp matrix in scratch slot s (Scratch::Count: a buffer of its own),
+// rows split across threads; `extra` zeroed columns after x's (for the fused LoRA GEMMs).
+LpMat to_lp(const CpuBackend& be, CMatF x, Scratch s, const char* what, int64_t extra = 0);
+inline LpMat to_lp_own(const CpuBackend& be, CMatF x, const char* what) {
+  return to_lp(be, x, Scratch::Count, what);
+}
 // Rows of W per lp panel: about tune.panel_bytes of lp elements (bf16 panels hold twice the rows).
 int64_t panel_rows_lp(const CpuBackend& be, const QWeight& W);
-// Rows [r0, r0 + n) of W rounded to bf16 into out (n * W.cols lp elements), split across threads.
-void dequant_panel_lp(const CpuBackend& be, const QWeight& W, int64_t r0, int64_t n, void* out);
+// Rows [r0, r0 + n) of W rounded to bf16 into out (row stride ld >= W.cols lp elements; 0: W.cols),
+// split across threads.
+void dequant_panel_lp(const CpuBackend& be, const QWeight& W, int64_t r0, int64_t n, void* out,
+                      int64_t ld = 0);
 // C = alpha op(A) op(B) + beta C on lp operands (element offsets and leading dims in elements).
 void gemm_lp(const CpuBackend& be, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
              float alpha, const void* A, int64_t lda, const void* B, int64_t ldb, float beta,

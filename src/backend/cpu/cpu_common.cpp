@@ -122,43 +122,37 @@ size_t lp_bytes(const CpuBackend& be) {
 
 namespace {
 
-// x rounded to bf16 into m.buf (m's shape and element kind already set), rows split across
-// threads.
+// x rounded to bf16 into m.buf (m's shape, row stride and element kind already set), columns
+// past x's zeroed; rows split across threads.
 void fill_lp(CMatF x, LpMat& m) {
-  const int64_t C = x.cols;
+  const int64_t C = x.cols, ld = m.ld;
   const int nt = x.rows * C >= 4096 ? qlft::num_threads() : 1;
   if (m.bf16) {
     uint16_t* d = m.buf.as<uint16_t>();
 #pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t i = 0; i < x.rows; ++i) f32_to_bf16_n(x.row(i), d + i * C, size_t(C));
+    for (int64_t i = 0; i < x.rows; ++i) {
+      f32_to_bf16_n(x.row(i), d + i * ld, size_t(C));
+      std::fill(d + i * ld + C, d + (i + 1) * ld, uint16_t(0));
+    }
   } else {
     float* d = m.buf.as<float>();
 #pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t i = 0; i < x.rows; ++i)
-      round_through_n(DType::BF16, x.row(i), d + i * C, size_t(C));
+    for (int64_t i = 0; i < x.rows; ++i) {
+      round_through_n(DType::BF16, x.row(i), d + i * ld, size_t(C));
+      std::fill(d + i * ld + C, d + (i + 1) * ld, 0.f);
+    }
   }
-}
-
-LpMat lp_shape(const CpuBackend& be, CMatF x) {
-  LpMat m;
-  m.rows = x.rows;
-  m.cols = x.cols;
-  m.bf16 = be.bf16_onednn();
-  return m;
 }
 
 }  // namespace
 
-LpMat to_lp(const CpuBackend& be, CMatF x, Scratch slot, const char* what) {
-  LpMat m = lp_shape(be, x);
-  m.buf = be.scratch(slot, size_t(x.rows * x.cols) * lp_bytes(be), what);
-  fill_lp(x, m);
-  return m;
-}
-
-LpMat to_lp_own(const CpuBackend& be, CMatF x, const char* what) {
-  LpMat m = lp_shape(be, x);
-  m.buf = be.scratch(Scratch::Count, size_t(x.rows * x.cols) * lp_bytes(be), what);
+LpMat to_lp(const CpuBackend& be, CMatF x, Scratch slot, const char* what, int64_t extra) {
+  LpMat m;
+  m.rows = x.rows;
+  m.cols = x.cols;
+  m.ld = x.cols + extra;
+  m.bf16 = be.bf16_onednn();
+  m.buf = be.scratch(slot, size_t(x.rows * m.ld) * lp_bytes(be), what);
   fill_lp(x, m);
   return m;
 }
@@ -174,17 +168,29 @@ int64_t panel_rows_lp(const CpuBackend& be, const QWeight& W) {
   return std::min<int64_t>(p, std::max<int64_t>(W.rows, 1));
 }
 
-void dequant_panel_lp(const CpuBackend& be, const QWeight& W, int64_t r0, int64_t n, void* out) {
+void dequant_panel_lp(const CpuBackend& be, const QWeight& W, int64_t r0, int64_t n, void* out,
+                      int64_t ld) {
+  const int64_t K = W.cols;
+  if (ld == 0) ld = K;
+  // Dense rows: a chunk of rows per call; a wider stride: a row per call.
+  const int64_t per = ld == K ? 0 : 1;
+  auto rows = [&](int64_t a, int64_t b, auto&& one) {
+    if (per == 0) return one(a, b - a);
+    for (int64_t i = a; i < b; ++i) one(i, 1);
+  };
   if (be.bf16_onednn()) {
     uint16_t* o = static_cast<uint16_t*>(out);
-    split_rows(
-        n, [&](int64_t a, int64_t b) { W.dequantize_rows_bf16(r0 + a, b - a, o + a * W.cols); });
+    split_rows(n, [&](int64_t a, int64_t b) {
+      rows(a, b, [&](int64_t i, int64_t k) { W.dequantize_rows_bf16(r0 + i, k, o + i * ld); });
+    });
   } else {
     float* o = static_cast<float*>(out);
     split_rows(n, [&](int64_t a, int64_t b) {
-      float* p = o + a * W.cols;
-      W.dequantize_rows(r0 + a, b - a, p);
-      round_through_n(DType::BF16, p, p, size_t((b - a) * W.cols));
+      rows(a, b, [&](int64_t i, int64_t k) {
+        float* p = o + i * ld;
+        W.dequantize_rows(r0 + i, k, p);
+        round_through_n(DType::BF16, p, p, size_t(k * K));
+      });
     });
   }
 }
@@ -199,14 +205,16 @@ void CpuBackend::end_shared_input() {
   shared_ = SharedInput();
 }
 
-const LpMat& CpuBackend::input_lp(CMatF x, Scratch slot, const char* what, LpMat& own) const {
+const LpMat& CpuBackend::input_lp(CMatF x, Scratch slot, const char* what, LpMat& own,
+                                  int64_t extra) const {
   const CMatF& s = shared_.x;
+  const bool made = shared_.lp.buf.data() != nullptr;
   if (!shared_.held || x.data != s.data || x.rows != s.rows || x.cols != s.cols ||
-      x.stride != s.stride) {
-    own = to_lp(*this, x, slot, what);
+      x.stride != s.stride || (made && shared_.lp.ld != x.cols + extra)) {
+    own = to_lp(*this, x, slot, what, extra);
     return own;
   }
-  if (!shared_.lp.buf.data()) shared_.lp = to_lp_own(*this, x, "bf16 shared linear input");
+  if (!made) shared_.lp = to_lp(*this, x, Scratch::Count, "bf16 shared linear input", extra);
   return shared_.lp;
 }
 
@@ -217,7 +225,7 @@ Operand OpGemm::operand(CMatF m, Scratch slot, const char* what) const {
     o.ld = m.stride;
     return o;
   }
-  LpMat l = slot == Scratch::Count ? to_lp_own(be, m, what) : to_lp(be, m, slot, what);
+  LpMat l = to_lp(be, m, slot, what);
   o.buf = std::move(l.buf);
   o.p = o.buf.data();
   o.ld = m.cols;
@@ -227,7 +235,7 @@ Operand OpGemm::operand(CMatF m, Scratch slot, const char* what) const {
 Operand OpGemm::borrow(const LpMat& l) const {
   Operand o;
   o.p = l.data();
-  o.ld = l.cols;
+  o.ld = l.ld;
   return o;
 }
 
@@ -357,8 +365,8 @@ void matmul_xwt_lp(const CpuBackend& be, const QWeight& W, const LpMat& xl, MatF
   for (int64_t p0 = 0; p0 < W.rows; p0 += P) {
     int64_t n = std::min(P, W.rows - p0);
     dequant_panel_lp(be, W, p0, n, panel.data());
-    gemm_lp(be, false, true, xl.rows, n, K, 1.f, xl.data(), K, panel.data(), K, 0.f, y.data + p0,
-            y.stride);
+    gemm_lp(be, false, true, xl.rows, n, K, 1.f, xl.data(), xl.ld, panel.data(), K, 0.f,
+            y.data + p0, y.stride);
   }
 }
 

@@ -6,6 +6,8 @@
 // xa = drop(x) A^T and g = dy B rounded again where they enter the next GEMM, as lora_A's bf16
 // output enters lora_B. fp32 master weights, fp32 xa as kept for dB, fp32 outputs.
 #include <algorithm>
+#include <cmath>
+#include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/op_checks.h"
@@ -57,8 +59,9 @@ void lora_down(const OpGemm& mm, const LoraRef& l, CMatF x, const Operand& xo, c
 }
 
 // The LoRA part of linear_bwd. dyo: dy as an operand.
+// g_out: where g = dy B goes when the caller needs it (the fused dx GEMM), else scratch.
 void lora_bwd(const OpGemm& mm, const QWeight& W, const LoraRef& l, CMatF x, const float* xa,
-              const Operand& dyo, MatF dx, float* dA, float* dB) {
+              const Operand& dyo, MatF dx, float* dA, float* dB, float* g_out = nullptr) {
   op_checks::lora(l);
   const CpuBackend& be = mm.be;
   const int64_t M = x.rows, N = W.rows, K = W.cols;
@@ -67,8 +70,9 @@ void lora_bwd(const OpGemm& mm, const QWeight& W, const LoraRef& l, CMatF x, con
   const Operand Ao = mm.operand(CMatF(l.A, r, K), Scratch::Count, "lora A");
   const Operand Bo = mm.operand(CMatF(l.B, N, r), Scratch::Count, "lora B");
   // g = dy B: [M, r]
-  Buffer g_buf = be.scratch_buffer(size_t(M * r) * 4, "lora dy B");
-  float* g = g_buf.as<float>();
+  Buffer g_buf;
+  if (!g_out) g_buf = be.scratch_buffer(size_t(M * r) * 4, "lora dy B");
+  float* g = g_out ? g_out : g_buf.as<float>();
   mm.gemm(false, false, M, r, N, 1.f, dyo.p, dyo.ld, Bo.p, Bo.ld, 0.f, g, r);
   const Operand go = mm.operand(CMatF(g, M, r), Scratch::Count, "lora dy B");
 
@@ -157,10 +161,82 @@ void linear_fwd_tail(const OpGemm& mm, const QWeight& W, const float* bias, cons
   }
   const Operand Ao = mm.operand(CMatF(lora->A, r, W.cols), Scratch::Count, "lora A");
   lora_down(mm, *lora, x, xo, Ao, xa);
+  // y += scale * xa B^T
   const Operand Bo = mm.operand(CMatF(lora->B, N, r), Scratch::Count, "lora B");
   const Operand xao = mm.operand(CMatF(xa, M, r), Scratch::Count, "lora xa");
-  // y += scale * xa B^T
   mm.gemm(false, true, M, N, r, lora->scale, xao.p, xao.ld, Bo.p, Bo.ld, 1.f, y.data, y.stride);
+}
+
+// ---- the LoRA GEMMs of inner dimension r folded into the base GEMMs (precision bf16) ----------
+// A GEMM with inner dimension r only reads and writes its [M, N] output: memory-bound, several
+// times slower than the base GEMM's share of the same output. So y = x W^T + scale xa B^T runs
+// as one GEMM of [x | xa | 0] and [W | scale B | 0], and dx += dy W + scale g A as one of
+// [dy | g | 0] and [W ; scale A ; 0], the inner dimension padded to a multiple of 32 (oneDNN's
+// AMX tiles; unpadded it loses more than it saves). scale B rounds as B does only when scale is
+// a power of two, so other scales (and dropout, whose mask sits between xa and x) take the
+// separate GEMMs.
+
+constexpr int64_t kFusedAlign = 32;
+
+int64_t fused_width(int64_t k, int r) {
+  return (k + r + kFusedAlign - 1) / kFusedAlign * kFusedAlign;
+}
+
+bool fusable(const LoraRef* l) {
+  if (!l || l->r <= 0 || l->dropout_p != 0.f || !(l->scale != 0.f)) return false;
+  int e;
+  return std::fabs(std::frexp(l->scale, &e)) == 0.5f;
+}
+
+// cols [c0, c0 + cols) of each of m's rows (lp, row stride ld) = src [rows, cols] * s, rounded.
+void put_lp(const OpGemm& mm, void* m, int64_t ld, int64_t c0, const float* src, int64_t rows,
+            int64_t cols, float s) {
+  const size_t eb = mm.elem_bytes();
+  std::vector<float> t(static_cast<size_t>(cols));
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < cols; ++j) t[size_t(j)] = s * src[i * cols + j];
+    mm.convert(t.data(), static_cast<char*>(m) + size_t(i * ld + c0) * eb, size_t(cols));
+  }
+}
+
+// y = x W^T + bias + scale x A^T B^T with x as xl (its columns [K, ld) free for xa), xa kept.
+void linear_fwd_fused(const CpuBackend& be, const QWeight& W, const float* bias, const LoraRef& l,
+                      CMatF x, const LpMat& xl, MatF y, float* xa) {
+  const OpGemm mm{be, true};
+  const int64_t M = x.rows, N = W.rows, K = W.cols, Kp = xl.ld;
+  const int r = l.r;
+  Buffer xa_ws;
+  if (!xa) {
+    xa_ws = be.scratch_buffer(size_t(M * r) * 4, "lora xa");
+    xa = xa_ws.as<float>();
+  }
+  const Operand Ao = mm.operand(CMatF(l.A, r, K), Scratch::Count, "lora A");
+  mm.gemm(false, true, M, r, K, 1.f, xl.data(), xl.ld, Ao.p, Ao.ld, 0.f, xa, r);
+  // xl's spare columns are this call's (the shared copy's too: calls run one at a time).
+  put_lp(mm, const_cast<void*>(xl.data()), Kp, K, xa, M, r, 1.f);
+  const int64_t P = std::min<int64_t>(
+      N, std::max<int64_t>(1, be.tune.panel_bytes / (Kp * int64_t(mm.elem_bytes()))));
+  ScratchLease panel =
+      be.scratch(Scratch::Panel, size_t(P * Kp) * mm.elem_bytes(), "bf16 weight panel with LoRA B");
+  for (int64_t p0 = 0; p0 < N; p0 += P) {
+    const int64_t n = std::min(P, N - p0);
+    dequant_panel_lp(be, W, p0, n, panel.data(), Kp);
+    put_lp(mm, panel.data(), Kp, K, l.B + p0 * r, n, r, l.scale);
+    const std::vector<float> zero(size_t(Kp - K - r), 0.f);
+    for (int64_t i = 0; i < n; ++i)
+      mm.convert(zero.data(),
+                 static_cast<char*>(panel.data()) + size_t(i * Kp + K + r) * mm.elem_bytes(),
+                 zero.size());
+    mm.gemm(false, true, M, n, Kp, 1.f, xl.data(), Kp, panel.data(), Kp, 0.f, y.data + p0,
+            y.stride);
+  }
+  if (bias) {
+#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
+    for (int64_t i = 0; i < M; ++i) {
+      float* yr = y.row(i);
+      for (int64_t j = 0; j < N; ++j) yr[j] += bias[j];
+    }
+  }
 }
 
 }  // namespace
@@ -176,6 +252,13 @@ void CpuBackend::linear_fwd(const QWeight& W, const float* bias, const LoraRef* 
   op_checks::linear(W, x, y.as_const(), "linear_fwd");
   // x rounded to bf16 once: the base GEMM and the LoRA down-projection both take it.
   LpMat x_own;
+  if (fusable(lora) && x.rows > 0 && W.rows > 0) {
+    op_checks::lora(*lora);
+    const int64_t extra = fused_width(W.cols, lora->r) - W.cols;
+    const LpMat& xl = input_lp(x, Scratch::In, "bf16 linear input", x_own, extra);
+    linear_fwd_fused(*this, W, bias, *lora, x, xl, y, xa);
+    return;
+  }
   const LpMat& xl = input_lp(x, Scratch::In, "bf16 linear input", x_own);
   matmul_xwt_lp(*this, W, xl, y);
   const OpGemm mm{*this, true};
@@ -192,6 +275,27 @@ void CpuBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, cons
 
   if (precision_ == DType::BF16) {
     // dy rounded to bf16 once: the base dx GEMM and the LoRA GEMMs take it.
+    const OpGemm mm{*this, true};
+    const int64_t Np = has_lora ? fused_width(N, lora->r) : N;
+    if (want_dx && N > 0 && fusable(lora) && panel_rows_lp(*this, W) >= N) {
+      // [dy | g | 0] [W ; scale A ; 0] in one GEMM (one panel): the LoRA gradients first,
+      // which leave g for the spare columns.
+      LpMat dyl = to_lp(*this, dy, Scratch::Out, "bf16 linear output grad", Np - N);
+      const int r = lora->r;
+      Buffer g = scratch_buffer(size_t(M * r) * 4, "lora dy B");
+      lora_bwd(mm, W, *lora, x, xa, mm.borrow(dyl), MatF(), dA, dB, g.as<float>());
+      put_lp(mm, const_cast<void*>(dyl.data()), Np, N, g.as<float>(), M, r, 1.f);
+      ScratchLease panel = scratch(Scratch::Panel, size_t(Np * K) * lp_bytes(*this),
+                                   "bf16 linear_bwd weight panel with LoRA A");
+      dequant_panel_lp(*this, W, 0, N, panel.data());
+      char* extra_rows = static_cast<char*>(panel.data()) + size_t(N * K) * lp_bytes(*this);
+      put_lp(mm, extra_rows, K, 0, lora->A, r, K, lora->scale);
+      const std::vector<float> zero(size_t((Np - N - r) * K), 0.f);
+      mm.convert(zero.data(), extra_rows + size_t(r * K) * lp_bytes(*this), zero.size());
+      gemm_lp(*this, false, false, M, K, Np, 1.f, dyl.data(), Np, panel.data(), K, 1.f, dx.data,
+              dx.stride);
+      return;
+    }
     LpMat dyl = to_lp(*this, dy, Scratch::Out, "bf16 linear output grad");
     if (want_dx && N > 0) {
       const int64_t P = panel_rows_lp(*this, W);
@@ -200,12 +304,11 @@ void CpuBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, cons
       for (int64_t p0 = 0; p0 < N; p0 += P) {
         int64_t n = std::min(P, N - p0);
         dequant_panel_lp(*this, W, p0, n, panel.data());
-        gemm_lp(*this, false, false, M, K, n, 1.f, lp_at(*this, dyl.data(), p0), N, panel.data(), K,
-                1.f, dx.data, dx.stride);
+        gemm_lp(*this, false, false, M, K, n, 1.f, lp_at(*this, dyl.data(), p0), dyl.ld,
+                panel.data(), K, 1.f, dx.data, dx.stride);
       }
     }
     if (!has_lora) return;
-    const OpGemm mm{*this, true};
     lora_bwd(mm, W, *lora, x, xa, mm.borrow(dyl), dx, dA, dB);
     return;
   }
