@@ -38,14 +38,14 @@ class CudaWorkspace final : public WorkspaceModel {
   RoundFn round_fn() const override { return &round_block; }
   uint64_t fixed() const override { return dr(int64_t(kCudaLtWorkspaceBytes)); }
 
-  uint64_t linear_fwd(int64_t N, int64_t K, int64_t M, bool lora) const override {
+  uint64_t linear_fwd(int64_t N, int64_t K, int64_t M, bool lora, bool) const override {
     const uint64_t x = low_ ? dr(M * K * 4) : 0;  // autocast copy of x, held throughout
     const uint64_t base = (low_ ? dr(M * K * 2) : 0) + panel(N, K);
     const uint64_t lo = lora && dropout_ ? dr(M * K * 4) : 0;
     return x + std::max(base, lo);
   }
 
-  uint64_t linear_bwd(int64_t N, int64_t K, int64_t M, bool lora) const override {
+  uint64_t linear_bwd(int64_t N, int64_t K, int64_t M, bool lora, bool) const override {
     const uint64_t dy = low_ ? dr(M * N * 4) : 0;  // autocast copy of dy, held throughout
     const uint64_t base = (low_ ? dr(M * N * 2) : 0) + panel(N, K);
     uint64_t lo = 0;

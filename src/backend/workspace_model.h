@@ -29,7 +29,8 @@ struct WorkspaceModelSettings {
   std::string precision = "fp32";  // train.precision: fp32 | bf16 | fp16
   int threads = 1;                 // kernel threads (the CPU's per-thread tiles)
   int lora_r = 0;
-  bool dropout = false;  // lora.dropout > 0
+  float lora_scale = 0.f;  // LoraConfig::scale()
+  bool dropout = false;    // lora.dropout > 0
 };
 
 class WorkspaceModel {
@@ -48,9 +49,10 @@ class WorkspaceModel {
   // Held for the backend's lifetime (the cuBLASLt workspace).
   virtual uint64_t fixed() const { return 0; }
   // linear_fwd / linear_bwd (dx wanted) of a weight [N, K] on M rows; lora: the projection has
-  // an adapter (its xa kept by the runner).
-  virtual uint64_t linear_fwd(int64_t N, int64_t K, int64_t M, bool lora) const = 0;
-  virtual uint64_t linear_bwd(int64_t N, int64_t K, int64_t M, bool lora) const = 0;
+  // an adapter (its xa kept by the runner); shared: its input is shared with other projections
+  // (Backend::begin_shared_input: q/k/v, gate/up), whose converted copy a backend may hold.
+  virtual uint64_t linear_fwd(int64_t N, int64_t K, int64_t M, bool lora, bool shared) const = 0;
+  virtual uint64_t linear_bwd(int64_t N, int64_t K, int64_t M, bool lora, bool shared) const = 0;
   // rope over T positions (0 .. T-1), attention of B sequences of T tokens.
   virtual uint64_t rope(const ModelConfig& c, int64_t T) const = 0;
   virtual uint64_t attention_fwd(const ModelConfig& c, int64_t B, int64_t T) const = 0;

@@ -725,6 +725,7 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
   wss.precision = s.precision;
   wss.threads = s.threads > 0 ? s.threads : num_threads();
   wss.lora_r = lc.r;
+  wss.lora_scale = lc.scale();
   wss.dropout = lc.dropout > 0.f;
   const std::unique_ptr<WorkspaceModel> m = make_workspace_model(s.backend, wss);
   p.device = m->device();
@@ -745,8 +746,12 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
   uint64_t fwd = std::max(m->attention_fwd(c, B, T), m->rope(c, T));
   uint64_t bwd = std::max(m->attention_bwd(c, B, T), m->rope(c, T));
   for (int q = 0; q < kProjCount; ++q) {
-    fwd = std::max(fwd, m->linear_fwd(shapes[q][0], shapes[q][1], R, lc.targets[q]));
-    bwd = std::max(bwd, m->linear_bwd(shapes[q][0], shapes[q][1], R, lc.targets[q]));
+    // q/k/v share their input, gate/up theirs (LlamaRunner's SharedInput scopes).
+    const Proj p = static_cast<Proj>(q);
+    const bool shared =
+        p == Proj::Q || p == Proj::K || p == Proj::V || p == Proj::Gate || p == Proj::Up;
+    fwd = std::max(fwd, m->linear_fwd(shapes[q][0], shapes[q][1], R, lc.targets[q], shared));
+    bwd = std::max(bwd, m->linear_bwd(shapes[q][0], shapes[q][1], R, lc.targets[q], shared));
   }
   // The backward temporaries stay allocated until the step ends: with accumulation, the next
   // micro-batch's forward runs beside them.

@@ -9,6 +9,7 @@
 
 #include <array>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <exception>
 #include <mutex>
@@ -230,6 +231,18 @@ inline const void* lp_at(const CpuBackend& be, const void* p, int64_t off) {
 }
 // matmul_xwt on an lp x (shapes checked by the caller).
 void matmul_xwt_lp(const CpuBackend& be, const QWeight& W, const LpMat& xl, MatF y);
+
+// Precision bf16 folds a LoRA's rank-r GEMMs into the base GEMM (cpu_linear.cpp) when scale * B
+// and scale * A round as B and A do (scale a power of two) and no dropout mask sits between
+// x and xa; the inner dimension grows by r, padded to a multiple of kFusedAlign (AMX tiles).
+constexpr int64_t kFusedAlign = 32;
+inline bool lora_fusable(int r, float scale, float dropout_p) {
+  int e;
+  return r > 0 && dropout_p == 0.f && scale != 0.f && std::fabs(std::frexp(scale, &e)) == 0.5f;
+}
+inline int64_t fused_width(int64_t k, int r) {
+  return (k + r + kFusedAlign - 1) / kFusedAlign * kFusedAlign;
+}
 
 // A GEMM operand in the element type of a call: the fp32 matrix itself, or (lp) its bf16 rounding
 // as gemm_lp takes it (dense, leading dimension = cols).

@@ -172,20 +172,11 @@ void linear_fwd_tail(const OpGemm& mm, const QWeight& W, const float* bias, cons
 // times slower than the base GEMM's share of the same output. So y = x W^T + scale xa B^T runs
 // as one GEMM of [x | xa | 0] and [W | scale B | 0], and dx += dy W + scale g A as one of
 // [dy | g | 0] and [W ; scale A ; 0], the inner dimension padded to a multiple of 32 (oneDNN's
-// AMX tiles; unpadded it loses more than it saves). scale B rounds as B does only when scale is
-// a power of two, so other scales (and dropout, whose mask sits between xa and x) take the
-// separate GEMMs.
-
-constexpr int64_t kFusedAlign = 32;
-
-int64_t fused_width(int64_t k, int r) {
-  return (k + r + kFusedAlign - 1) / kFusedAlign * kFusedAlign;
-}
+// AMX tiles; unpadded it loses more than it saves). When (lora_fusable): see cpu_backend.h;
+// otherwise, and in the backward when W takes more than one panel, the separate GEMMs.
 
 bool fusable(const LoraRef* l) {
-  if (!l || l->r <= 0 || l->dropout_p != 0.f || !(l->scale != 0.f)) return false;
-  int e;
-  return std::fabs(std::frexp(l->scale, &e)) == 0.5f;
+  return l && lora_fusable(l->r, l->scale, l->dropout_p);
 }
 
 // cols [c0, c0 + cols) of each of m's rows (lp, row stride ld) = src [rows, cols] * s, rounded.

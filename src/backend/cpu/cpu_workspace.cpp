@@ -1,7 +1,7 @@
 // The CPU backend's workspace model for the memory planner (backend/workspace_model.h): the
 // largest scratch one of its kernels holds, from CpuTuning's defaults (what the trainer's
 // backend uses) and the thread count. Exact against the tracker for fp32/fp16 and for bf16 on
-// sgemm (test_planner); bf16 on oneDNN is modelled, not exact.
+// sgemm (test_planner); bf16 on oneDNN is modelled, not exact (its scratchpads).
 #include <algorithm>
 
 #include "backend/cpu/cpu_backend.h"
@@ -26,7 +26,8 @@ class CpuWorkspace final : public WorkspaceModel {
         lp(s.precision == "bf16"),
         eb(lp && cpu::gemm_bf16_native() ? 2 : 4),
         r(s.lora_r),
-        dropout(s.dropout) {}
+        dropout(s.dropout),
+        fused(lp && cpu::lora_fusable(s.lora_r, s.lora_scale, s.dropout ? 1.f : 0.f)) {}
 
   bool device() const override { return false; }
 
@@ -50,28 +51,44 @@ class CpuWorkspace final : public WorkspaceModel {
   }
   // linear_fwd of W [N, K] on M rows with xa kept by the caller: the weight panel, then (apart
   // from it) the dropout chunk of the LoRA input; autocast holds a rounded copy of x.
-  uint64_t linear_fwd(int64_t N, int64_t K, int64_t M, bool lora) const override {
+  uint64_t linear_fwd(int64_t N, int64_t K, int64_t M, bool lora, bool) const override {
     const uint64_t drop = lora && dropout ? fl(drop_rows(M, K) * K) : 0;
     if (lp) {
-      // x as lp, with the lp panel; then x widened to fp32 for the LoRA GEMMs (a copy only
-      // when lp holds bf16), briefly beside the lp x, then beside the dropout chunk.
-      const uint64_t xl = lpm(M * K), xr = lora && eb == 2 ? fl(M * K) : 0;
-      const uint64_t lora_part = lora ? std::max(xl + xr, (eb == 2 ? xr : xl) + drop) : 0;
-      return std::max(xl + lpm(panel_rows_lp(N, K) * K), lora_part);
+      // x as lp (the shared copy is the same size); fused: x with xa's columns beside A's lp
+      // copy and a panel of W with B's; else the lp panel, then A, the dropout chunk (fp32 and
+      // lp), B and xa as lp.
+      if (lora && fused) {
+        const int64_t Kp = cpu::fused_width(K, r);
+        const int64_t P = std::min<int64_t>(N, std::max<int64_t>(1, tune.panel_bytes / (Kp * eb)));
+        return lpm(M * Kp) + lpm(r * K) + lpm(P * Kp);
+      }
+      const uint64_t xl = lpm(M * K), base = xl + lpm(panel_rows_lp(N, K) * K);
+      if (!lora) return base;
+      const uint64_t A = lpm(r * K);
+      const uint64_t down = xl + A + (dropout ? drop + lpm(drop_rows(M, K) * K) : 0);
+      return std::max({base, down, xl + A + lpm(N * r) + lpm(M * r)});
     }
     const uint64_t ws = std::max(fl(panel_rows(N, K) * K), drop);
     return ws + (autocast ? fl(M * K) : 0);
   }
   // linear_bwd with dx wanted: the panel; then dy B and the dropout chunks (for dA and dx).
-  uint64_t linear_bwd(int64_t N, int64_t K, int64_t M, bool lora) const override {
+  uint64_t linear_bwd(int64_t N, int64_t K, int64_t M, bool lora, bool shared) const override {
     const uint64_t lora_ws = lora ? fl(M * r) + (dropout ? 2 * fl(drop_rows(M, K) * K) : 0) : 0;
     if (lp) {
-      // dy as lp with the lp panel; for LoRA dy widened (a copy when lp is bf16) beside it,
-      // then the lp dy goes and x rounded to fp32 joins for the LoRA gradients.
-      const uint64_t dyl = lpm(M * N), dyr = eb == 2 ? fl(M * N) : 0;
-      const uint64_t lora_part =
-          lora ? std::max(dyl + dyr, (eb == 2 ? dyr : dyl) + fl(M * K) + lora_ws) : 0;
-      return std::max(dyl + lpm(panel_rows_lp(N, K) * K), lora_part);
+      // The LoRA gradients hold A, B, g (fp32 and lp), x as lp (not with dropout, xa being
+      // kept) and xa as lp; a shared x's copy stays for the other projections of its group.
+      const uint64_t xl = lora && !dropout ? lpm(M * K) : 0, held = shared ? xl : 0;
+      const uint64_t grads = lpm(r * K) + lpm(N * r) + fl(M * r) + lpm(M * r) + xl;
+      if (lora && fused && panel_rows_lp(N, K) >= N) {  // [dy | g | 0] [W ; sA ; 0]
+        const int64_t Np = cpu::fused_width(N, r);
+        const uint64_t dyl = lpm(M * Np);  // g (fp32) is the caller's here, counted in grads
+        return std::max(dyl + grads + lpm(M * r), dyl + fl(M * r) + held + lpm(Np * K));
+      }
+      const uint64_t dyl = lpm(M * N), panel = dyl + lpm(panel_rows_lp(N, K) * K);
+      if (!lora) return panel;
+      const int64_t R = drop_rows(M, K);
+      const uint64_t tail = dropout ? 2 * fl(R * K) + lpm(R * K) : 0;
+      return std::max(panel + held, dyl + grads + std::max(lpm(M * r), tail));
     }
     const uint64_t ws = std::max(fl(panel_rows(N, K) * K), lora_ws);
     return ws + (autocast ? fl(M * K) + fl(M * N) : 0);
@@ -85,16 +102,27 @@ class CpuWorkspace final : public WorkspaceModel {
     const int64_t nqb = (T + bq - 1) / bq;
     const int64_t nt = std::min<int64_t>(threads, B * c.n_heads * nqb);
     const int64_t qd = int64_t(c.n_heads) * c.head_dim, kvd = int64_t(c.n_kv_heads) * c.head_dim;
-    const bool round = autocast || lp;  // attention inputs are rounded copies either way
-    return rb(uint64_t(R) * 4) + fl(nt * bq * T) + (round ? fl(R * qd) + 2 * fl(R * kvd) : 0);
+    // fp16: rounded fp32 copies of q, k, v; bf16: head-major lp copies, and per thread the
+    // probabilities as lp and a dense output tile beside the fp32 scores.
+    const int64_t tile = bq * T;
+    const int64_t per = tile * 4 + (lp ? tile * eb + bq * c.head_dim * 4 : 0);
+    const uint64_t copies = autocast ? fl(R * qd) + 2 * fl(R * kvd)
+                            : lp     ? lpm(R * qd) + 2 * lpm(R * kvd)
+                                     : 0;
+    return rb(uint64_t(R) * 4) + rb(uint64_t(nt * per)) + copies;
   }
   uint64_t attention_bwd(const ModelConfig& c, int64_t B, int64_t T) const override {
     const int64_t R = B * T, bq = std::max<int64_t>(1, tune.attn_block_q);
     const int64_t nt = std::min<int64_t>(threads, B * c.n_kv_heads);
     const int64_t qd = int64_t(c.n_heads) * c.head_dim, kvd = int64_t(c.n_kv_heads) * c.head_dim;
-    const bool round = autocast || lp;
-    return rb(uint64_t(R) * 4) + fl(nt * (2 * bq * T + bq)) +
-           (round ? 2 * fl(R * qd) + 2 * fl(R * kvd) : 0);
+    // As the forward, with dout too, and per thread P and dS as lp and dense dQ, dK, dV tiles.
+    const int64_t tile = bq * T;
+    const int64_t per =
+        (2 * tile + bq) * 4 + (lp ? 2 * tile * eb + (bq + 2 * T) * c.head_dim * 4 : 0);
+    const uint64_t copies = autocast ? 2 * fl(R * qd) + 2 * fl(R * kvd)
+                            : lp     ? 2 * lpm(R * qd) + 2 * lpm(R * kvd)
+                                     : 0;
+    return rb(uint64_t(R) * 4) + rb(uint64_t(nt * per)) + copies;
   }
   // Fused linear + cross-entropy with dh, every target trained (the most rows per chunk).
   uint64_t cross_entropy(const ModelConfig& c, int64_t R) const override {
@@ -116,6 +144,7 @@ class CpuWorkspace final : public WorkspaceModel {
   int64_t eb;     // bytes of an lp element: 2 (oneDNN bf16) or 4 (rounded fp32 for sgemm)
   int r;
   bool dropout;
+  bool fused;  // the LoRA GEMMs folded into the base ones (cpu::lora_fusable)
 };
 
 }  // namespace
