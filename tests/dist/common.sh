@@ -23,6 +23,8 @@ trap 'rm -rf "$work"' EXIT
 data="$work/data.txt"
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
 # Root in containers, 2 ranks on however few cores; no CPU binding (cores are shared); the
-# shared-memory and self transports only (one machine).
-mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2
-     --mca btl self,vader -x OMP_NUM_THREADS -x OMP_WAIT_POLICY)
+# shared-memory and self transports only (one machine). mpi4: the same with 4 ranks.
+mpi_opts=(--allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader
+          -x OMP_NUM_THREADS -x OMP_WAIT_POLICY)
+mpi=(mpirun "${mpi_opts[@]}" -np 2)
+mpi4=(mpirun "${mpi_opts[@]}" -np 4)
