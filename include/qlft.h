@@ -308,7 +308,10 @@ typedef struct qlft_eval_result {
   uint64_t tokens;
 } qlft_eval_result;
 
-/* Evaluates on data (or, if NULL, the held-out split of the training data). */
+/* Evaluates on data (or, if NULL, the held-out split of the training data). Distributed
+ * (dist.*): any rank may call it alone, e.g. rank 0 only (with dist.zero_stage=3 on CPU ranks it
+ * reads the base weights it lacks from the model file); with dist.backend=nccl and ZeRO-3 every
+ * rank must call it. */
 QLFT_API int32_t qlft_trainer_evaluate(qlft_trainer* trainer, qlft_dataset* data,
                                        qlft_eval_result* out);
 
@@ -379,7 +382,9 @@ QLFT_API int32_t qlft_trainer_batch_shape(const qlft_trainer* trainer, uint32_t*
 typedef int32_t (*qlft_text_fn)(const char* text, void* user_data);
 
 /* Generates from prompt with the generate.* settings (max_tokens, temperature, top_k, top_p,
- * seed); with the trainer's adapter when trainer is not NULL. */
+ * seed); with the trainer's adapter when trainer is not NULL. Under dist.zero_stage=3 on CPU
+ * ranks one rank may call it alone (the base weights are read from the model file per token:
+ * slow); NVMe-offloaded weights and NCCL ZeRO-3 are refused (QLFT_ERR_UNSUPPORTED). */
 QLFT_API int32_t qlft_generate(const qlft_model* model, const qlft_trainer* trainer,
                                const char* prompt, const qlft_config* config, qlft_text_fn on_text,
                                void* user_data);

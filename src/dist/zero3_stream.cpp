@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "model/file_unit_stream.h"
 
 namespace qlft::dist {
 
@@ -26,7 +27,12 @@ void copy_overlap(char* dst, size_t lo, size_t hi, const char* src, size_t off, 
 
 Zero3Stream::Zero3Stream(Model& model, Communicator* comm, MemoryTracker* tracker,
                          DeviceAllocator* device)
-    : comm_(comm), tracker_(tracker), device_(device), rank_(comm->rank()), world_(comm->world()) {
+    : model_(&model),
+      comm_(comm),
+      tracker_(tracker),
+      device_(device),
+      rank_(comm->rank()),
+      world_(comm->world()) {
   QLFT_CHECK_ARG(!device_ == !comm_->device_buffers(),
                  "ZeRO-3: %s memory for the shards but a %s communicator (%s)",
                  device_ ? "device" : "host", comm_->device_buffers() ? "device" : "host",
@@ -207,7 +213,7 @@ void Zero3Stream::acquire(int u, int next) {
     throw_error(QLFT_ERR_INTERNAL, "ZeRO-3: unit %d acquired while unit %d is still held", u,
                 held_);
   try {
-    if (installed_ != u) {
+    if (installed_ != u || !present(u)) {
       if (installed_ != kNoUnit) uninstall(installed_);
       std::unique_ptr<Fetch> f;
       if (ahead_ && ahead_->unit == u) {
@@ -235,6 +241,25 @@ void Zero3Stream::acquire(int u, int next) {
     drop_ahead();
     throw;
   }
+}
+
+bool Zero3Stream::present(int u) const {
+  for (int gi : groups_of(u))
+    for (const Slot& sl : groups_[static_cast<size_t>(gi)].slots)
+      if (sl.buf->empty()) return false;
+  return true;
+}
+
+std::shared_ptr<WeightStream> Zero3Stream::rank_local() {
+  if (device_) return nullptr;  // the device backend uses the gathered device Buffers in place
+  if (held_ != kNoUnit)
+    throw_error(QLFT_ERR_INTERNAL, "ZeRO-3: a rank-local stream asked for while unit %d is held",
+                held_);
+  if (!local_) local_ = std::make_shared<FileUnitStream>(*model_, tracker_);
+  drop_ahead();
+  if (installed_ != kNoUnit) uninstall(installed_);
+  keep_ = false;
+  return local_;
 }
 
 void Zero3Stream::release(int u) noexcept {

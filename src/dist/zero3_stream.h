@@ -54,6 +54,10 @@ class Zero3Stream final : public WeightStream {
   void acquire(int u, int next) override;
   void release(int u) noexcept override;
   std::string describe() const override;
+  // Reads of the model's file (model/file_unit_stream.h), made on first use: evaluation and
+  // generation on one rank without its peers (host shards; nullptr over a device
+  // communicator). Works after detach() too. Evicts what this stream installed.
+  std::shared_ptr<WeightStream> rank_local() override;
 
   // The acquires of one training forward and backward of the runner, without compute: a rank
   // with fewer micro-batches than its peers joins their gathers with it. backward_layer(l), when
@@ -103,8 +107,12 @@ class Zero3Stream final : public WeightStream {
   void retire_ahead();         // waits for the prefetch and frees it
   void drop_ahead() noexcept;  // the same, errors swallowed (cleanup paths)
 
+  bool present(int u) const;  // every Buffer of u is filled (a rank-local stream may empty them)
+
+  Model* model_;
   Communicator* comm_;
   MemoryTracker* tracker_;
+  std::shared_ptr<WeightStream> local_;  // rank_local()
   DeviceAllocator* device_;
   int rank_, world_;
   std::vector<Group> groups_;

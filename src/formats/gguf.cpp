@@ -390,6 +390,7 @@ void GgufFile::parse() {
   QLFT_CHECK_FORMAT(data_start <= file_->size() || tensors_.empty(),
                     "%s: truncated before the tensor data section", path.c_str());
   uint64_t data_size = data_start <= file_->size() ? file_->size() - data_start : 0;
+  data_start_ = data_start;
   for (GgufTensorInfo& t : tensors_) {
     QLFT_CHECK_FORMAT(t.offset % alignment_ == 0,
                       "%s: tensor '%s' offset %llu is not aligned to %llu", path.c_str(),

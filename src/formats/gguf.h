@@ -89,6 +89,9 @@ class GgufFile {
   bool get_bool(const std::string& key, bool def) const;
 
   const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }
+  // Takes the tensor data's pages out of the resident set (MappedFile::drop_pages): after the
+  // loader copied the weights out, the map only serves metadata. Never throws.
+  void drop_tensor_pages() const noexcept { file_->drop_pages(data_start_, file_->size()); }
   const GgufTensorInfo* find_tensor(const std::string& name) const;
 
  private:
@@ -98,6 +101,7 @@ class GgufFile {
   std::unique_ptr<MappedFile> file_;
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;
+  uint64_t data_start_ = 0;  // of the tensor data section
   std::vector<std::pair<std::string, GgufValue>> kv_;
   std::unordered_map<std::string, size_t> kv_index_;
   std::vector<GgufTensorInfo> tensors_;

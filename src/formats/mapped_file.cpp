@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -45,6 +46,16 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
 
 MappedFile::~MappedFile() {
   if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
+}
+
+void MappedFile::drop_pages(size_t offset, size_t n) const noexcept {
+  if (!data_ || offset >= size_) return;
+  n = std::min(n, size_ - offset);
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t a = reinterpret_cast<uintptr_t>(data_ + offset) / page * page;
+  const uintptr_t b = reinterpret_cast<uintptr_t>(data_ + offset + n);
+  // A private read-only mapping's pages are clean: dropping them loses nothing.
+  if (b > a) ::madvise(reinterpret_cast<void*>(a), b - a, MADV_DONTNEED);
 }
 
 std::string read_text_file(const std::string& path, size_t max_bytes) {

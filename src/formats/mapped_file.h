@@ -18,6 +18,10 @@ class MappedFile {
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  // Takes the pages of bytes [offset, offset + n) out of this process's resident set (they stay
+  // readable: a later read faults them in again from the page cache). For data read once, such
+  // as weights copied out at load time. Never throws.
+  void drop_pages(size_t offset, size_t n) const noexcept;
 
  private:
   std::string path_;

@@ -17,7 +17,8 @@ Buffer act(MemoryTracker* t, int64_t floats, const char* what) {
 
 Generator::Generator(const Model& model, Backend& backend, const LoraAdapter* lora, int max_len)
     : model_(model), be_(backend), lora_(lora) {
-  model.require_resident("generation");
+  if (model.stream) ws_ = model.stream->rank_local();
+  if (!ws_) model.require_resident("generation");
   const ModelConfig& c = model.cfg;
   max_len_ = max_len > 0 ? max_len : (c.context_length > 0 ? c.context_length : 2048);
   QLFT_CHECK_ARG(max_len_ > 0 && max_len_ <= (1 << 24), "generation length %d is out of range",
@@ -118,9 +119,14 @@ void Generator::feed(const int32_t* tokens, int n, float* logits, bool last_only
   MatF att(att_.as<float>(), n, qd);
   MatF gate(gate_.as<float>(), n, c.ffn_dim), up(up_.as<float>(), n, c.ffn_dim),
       h(h_.as<float>(), n, c.ffn_dim);
-  be_.embedding_fwd(model_.tok_embd, tokens, x);
+  WeightStream* ws = ws_.get();
+  {
+    UnitUse use(ws, kEmbeddingUnit, layer_unit(0));
+    be_.embedding_fwd(model_.tok_embd, tokens, x);
+  }
 
   for (int l = 0; l < c.n_layers; ++l) {
+    UnitUse use(ws, layer_unit(l), l + 1 < c.n_layers ? layer_unit(l + 1) : head_unit(c.n_layers));
     const LayerWeights& L = model_.layers[l];
     LoraRef refs[kProjCount];
     const LoraRef* rp[kProjCount] = {};
@@ -151,6 +157,7 @@ void Generator::feed(const int32_t* tokens, int n, float* logits, bool last_only
   }
   len_ += n;
   if (!logits) return;
+  UnitUse use(ws, head_unit(c.n_layers), kNoUnit);
   be_.rmsnorm_fwd(x.as_const(), model_.output_norm.as<float>(), c.rms_eps, xn, nullptr);
   if (last_only) {
     be_.head_logits(model_.head(), xn.as_const().row_slice(n - 1, 1), MatF(logits, 1, c.vocab));

@@ -27,7 +27,9 @@ struct GenerateOptions {
 class Generator {
  public:
   // lora may be nullptr. max_len caps prompt + generated tokens (<= 0: the model's context
-  // length).
+  // length). A model whose weights are streamed (ZeRO-3 shards) is read through its stream's
+  // rank_local() (each unit loaded from the model's file per feed: slow, but no collective, so
+  // one rank may generate alone); a stream without one is refused (QLFT_ERR_UNSUPPORTED).
   Generator(const Model& model, Backend& backend, const LoraAdapter* lora, int max_len = 0);
   ~Generator();
 
@@ -49,6 +51,7 @@ class Generator {
   void attend(int layer, int n);
 
   const Model& model_;
+  std::shared_ptr<WeightStream> ws_;  // rank-local stream of a streamed model, else null
   Backend& be_;
   const LoraAdapter* lora_;
   int max_len_;

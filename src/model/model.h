@@ -36,11 +36,18 @@ struct LayerWeights {
   Buffer bias[3];              // qwen2: f32 q/k/v biases, else empty
 };
 
+struct LoadOptions {
+  std::string quant_type = "nf4";  // nf4 | int8 | keep
+  bool double_quant = true;
+  int blocksize = 64;
+};
+
 struct Model {
   ModelConfig cfg;
   std::string path;           // what was loaded
   std::string source_format;  // "gguf" | "safetensors"
   std::string quant_summary;  // type of the linear weights, "mixed" if several
+  LoadOptions load_options;   // what load_model was given (WeightGroupSource loads alike)
   QWeight tok_embd;           // [vocab, dim]
   Buffer output_norm;         // f32 [dim]
   QWeight output;             // [vocab, dim]; empty (rows == 0) when tied to tok_embd
@@ -86,10 +93,16 @@ void for_each_weight_buffer(M& m, const F& f) {
 // embedding's group when the head is tied.
 std::vector<std::vector<int>> weight_groups_of_units(const Model& m);
 
-struct LoadOptions {
-  std::string quant_type = "nf4";  // nf4 | int8 | keep
-  bool double_quant = true;
-  int blocksize = 64;
+// Single weight groups (for_each_weight_buffer's numbering) loaded again from the file a model
+// came from, exactly as load_model made them (same reader, same quantization): a rank-local
+// source of streamed weights (ZeRO-3 evaluation and generation, dist/zero3_stream.h). Opens its
+// own reader of m.path; throws QLFT_ERR_IO when the file no longer matches the model.
+class WeightGroupSource {
+ public:
+  static std::unique_ptr<WeightGroupSource> open(MemoryTracker* tracker, const Model& m);
+  virtual ~WeightGroupSource() = default;
+  // Fills group's storage Buffers in m (counted as `weights`), replacing what they held.
+  virtual void load(Model& m, int group) = 0;
 };
 
 // Loads a .gguf file, a .safetensors file beside a config.json, or an HF model directory.

@@ -154,7 +154,8 @@ class GgufLoader {
  public:
   GgufLoader(MemoryTracker* t, const LoadOptions& o, Model& m) : tracker_(t), opt_(o), m_(m) {}
 
-  void load(const std::string& path) {
+  // The configuration and the tensors' presence and shapes; no weight storage (load_group).
+  void open(const std::string& path) {
     m_.gguf = GgufFile::open(path);
     const GgufFile& g = *m_.gguf;
     ModelConfig& c = m_.cfg;
@@ -200,33 +201,43 @@ class GgufLoader {
                       "%s: tensor 'token_embd.weight' has %lld rows, not a vocabulary size",
                       path.c_str(), static_cast<long long>(emb.ne[1]));
     c.vocab = static_cast<int>(emb.ne[1]);
-    m_.tok_embd = float_weight(emb, emb.ne[1], c.dim);
-    m_.output_norm = vector("output_norm.weight", c.dim);
-    if (const GgufTensorInfo* out = g.find_tensor("output.weight")) {
+    if (const GgufTensorInfo* out = g.find_tensor("output.weight"))
       expect_shape(*out, c.vocab, c.dim);
-      m_.output = float_weight(*out, c.vocab, c.dim);
-    } else {
+    else
       c.tied_embeddings = true;
+    m_.layers.resize(c.n_layers);
+  }
+
+  // The storage of weight group g (for_each_weight_buffer's numbering) into the model.
+  void load_group(int g) {
+    const ModelConfig& c = m_.cfg;
+    if (g == 0) {
+      m_.tok_embd = float_weight(tensor("token_embd.weight", c.vocab, c.dim), c.vocab, c.dim);
+      return;
     }
+    if (g == c.n_layers + 1) {
+      m_.output_norm = vector("output_norm.weight", c.dim);
+      if (!c.tied_embeddings)
+        m_.output = float_weight(tensor("output.weight", c.vocab, c.dim), c.vocab, c.dim);
+      return;
+    }
+    const int i = g - 1;
     const int q_out = c.n_heads * c.head_dim, kv_out = c.n_kv_heads * c.head_dim;
     const int64_t shapes[kProjCount][2] = {
         {q_out, c.dim},     {kv_out, c.dim},    {kv_out, c.dim},   {c.dim, q_out},
         {c.ffn_dim, c.dim}, {c.ffn_dim, c.dim}, {c.dim, c.ffn_dim}};
-    m_.layers.resize(c.n_layers);
-    for (int i = 0; i < c.n_layers; ++i) {
-      LayerWeights& L = m_.layers[i];
-      std::string b = "blk." + std::to_string(i) + ".";
-      L.attn_norm = vector(b + "attn_norm.weight", c.dim);
-      L.ffn_norm = vector(b + "ffn_norm.weight", c.dim);
-      for (int p = 0; p < kProjCount; ++p) {
-        std::string n = b + proj_gguf_name(static_cast<Proj>(p)) + ".weight";
-        const GgufTensorInfo& t = tensor(n, shapes[p][0], shapes[p][1]);
-        L.proj[p] = linear_weight(t, shapes[p][0], shapes[p][1]);
-      }
-      if (c.qkv_bias) {
-        const char* names[3] = {"attn_q.bias", "attn_k.bias", "attn_v.bias"};
-        for (int j = 0; j < 3; ++j) L.bias[j] = vector(b + names[j], shapes[j][0]);
-      }
+    LayerWeights& L = m_.layers[i];
+    std::string b = "blk." + std::to_string(i) + ".";
+    L.attn_norm = vector(b + "attn_norm.weight", c.dim);
+    L.ffn_norm = vector(b + "ffn_norm.weight", c.dim);
+    for (int p = 0; p < kProjCount; ++p) {
+      std::string n = b + proj_gguf_name(static_cast<Proj>(p)) + ".weight";
+      const GgufTensorInfo& t = tensor(n, shapes[p][0], shapes[p][1]);
+      L.proj[p] = linear_weight(t, shapes[p][0], shapes[p][1]);
+    }
+    if (c.qkv_bias) {
+      const char* names[3] = {"attn_q.bias", "attn_k.bias", "attn_v.bias"};
+      for (int j = 0; j < 3; ++j) L.bias[j] = vector(b + names[j], shapes[j][0]);
     }
   }
 
@@ -317,7 +328,8 @@ class HfLoader {
  public:
   HfLoader(MemoryTracker* t, const LoadOptions& o, Model& m) : tracker_(t), opt_(o), m_(m) {}
 
-  void load(const std::string& path) {
+  // The configuration and the tensors' presence; no weight storage (load_group).
+  void open(const std::string& path) {
     std::string dir = is_dir(path) ? path : dirname_of(path);
     m_.hf_dir = dir;
     JsonFile cj = JsonFile::load(dir + "/config.json");
@@ -374,36 +386,45 @@ class HfLoader {
     // Qwen2 always has q/k/v biases; llama only with attention_bias (o_proj bias unsupported).
     c.qkv_bias = c.arch == "qwen2" || cj.get_bool("attention_bias", false) ||
                  st_->find("model.layers.0.self_attn.q_proj.bias") != nullptr;
-    m_.tok_embd = float_weight("model.embed_tokens.weight", c.vocab, c.dim);
-    m_.output_norm = vector("model.norm.weight", c.dim);
-    if (st_->find("lm_head.weight") && !c.tied_embeddings) {
-      m_.output = float_weight("lm_head.weight", c.vocab, c.dim);
-    } else {
+    if (!st_->find("lm_head.weight") || c.tied_embeddings) {
       QLFT_CHECK_FORMAT(c.tied_embeddings || !tie_explicit,
                         "%s: tensor 'lm_head.weight' is missing and tie_word_embeddings is false",
                         m_.hf_dir.c_str());
       c.tied_embeddings = true;
     }
+    m_.layers.resize(c.n_layers);
+  }
+
+  // The storage of weight group g (for_each_weight_buffer's numbering) into the model.
+  void load_group(int g) {
+    const ModelConfig& c = m_.cfg;
+    if (g == 0) {
+      m_.tok_embd = float_weight("model.embed_tokens.weight", c.vocab, c.dim);
+      return;
+    }
+    if (g == c.n_layers + 1) {
+      m_.output_norm = vector("model.norm.weight", c.dim);
+      if (!c.tied_embeddings) m_.output = float_weight("lm_head.weight", c.vocab, c.dim);
+      return;
+    }
+    const int i = g - 1;
     const int q_out = c.n_heads * c.head_dim, kv_out = c.n_kv_heads * c.head_dim;
     const int64_t shapes[kProjCount][2] = {
         {q_out, c.dim},     {kv_out, c.dim},    {kv_out, c.dim},   {c.dim, q_out},
         {c.ffn_dim, c.dim}, {c.ffn_dim, c.dim}, {c.dim, c.ffn_dim}};
-    m_.layers.resize(c.n_layers);
-    for (int i = 0; i < c.n_layers; ++i) {
-      LayerWeights& L = m_.layers[i];
-      std::string b = "model.layers." + std::to_string(i) + ".";
-      L.attn_norm = vector(b + "input_layernorm.weight", c.dim);
-      L.ffn_norm = vector(b + "post_attention_layernorm.weight", c.dim);
-      for (int p = 0; p < kProjCount; ++p) {
-        const char* sub = p < 4 ? "self_attn." : "mlp.";
-        std::string prefix = b + sub + proj_peft_name(static_cast<Proj>(p));
-        L.proj[p] = linear_weight(prefix, shapes[p][0], shapes[p][1]);
-      }
-      if (c.qkv_bias) {
-        for (int j = 0; j < 3; ++j)
-          L.bias[j] = vector(b + "self_attn." + proj_peft_name(static_cast<Proj>(j)) + ".bias",
-                             shapes[j][0]);
-      }
+    LayerWeights& L = m_.layers[i];
+    std::string b = "model.layers." + std::to_string(i) + ".";
+    L.attn_norm = vector(b + "input_layernorm.weight", c.dim);
+    L.ffn_norm = vector(b + "post_attention_layernorm.weight", c.dim);
+    for (int p = 0; p < kProjCount; ++p) {
+      const char* sub = p < 4 ? "self_attn." : "mlp.";
+      std::string prefix = b + sub + proj_peft_name(static_cast<Proj>(p));
+      L.proj[p] = linear_weight(prefix, shapes[p][0], shapes[p][1]);
+    }
+    if (c.qkv_bias) {
+      for (int j = 0; j < 3; ++j)
+        L.bias[j] =
+            vector(b + "self_attn." + proj_peft_name(static_cast<Proj>(j)) + ".bias", shapes[j][0]);
     }
   }
 
@@ -477,6 +498,42 @@ class HfLoader {
   std::unique_ptr<SafetensorsSet> st_;
 };
 
+// A second loader over the model's file (its own map / reader), handing single groups' storage
+// to the model.
+template <class Loader>
+class LoaderGroupSource final : public WeightGroupSource {
+ public:
+  LoaderGroupSource(MemoryTracker* t, const Model& m)
+      : opt_(m.load_options), loader_(t, opt_, scratch_) {
+    loader_.open(m.path);
+    const ModelConfig &a = scratch_.cfg, &b = m.cfg;
+    if (a.n_layers != b.n_layers || a.dim != b.dim || a.ffn_dim != b.ffn_dim ||
+        a.vocab != b.vocab || a.n_heads != b.n_heads || a.n_kv_heads != b.n_kv_heads ||
+        a.tied_embeddings != b.tied_embeddings || a.qkv_bias != b.qkv_bias)
+      throw_error(QLFT_ERR_IO, "%s: the model file changed since it was loaded", m.path.c_str());
+  }
+  void load(Model& m, int group) override {
+    loader_.load_group(group);
+    if (scratch_.gguf) scratch_.gguf->drop_tensor_pages();
+    std::vector<Buffer*> from, to;
+    for_each_weight_buffer(scratch_, [&](int g, Buffer& b) {
+      if (g == group) from.push_back(&b);
+    });
+    for_each_weight_buffer(m, [&](int g, Buffer& b) {
+      if (g == group) to.push_back(&b);
+    });
+    if (from.size() != to.size())
+      throw_error(QLFT_ERR_INTERNAL, "weight group %d: %zu vs %zu buffers", group, from.size(),
+                  to.size());
+    for (size_t i = 0; i < from.size(); ++i) *to[i] = std::move(*from[i]);
+  }
+
+ private:
+  LoadOptions opt_;
+  Model scratch_;
+  Loader loader_;
+};
+
 bool has_gguf_magic(const std::string& path) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return false;  // no FIFO reads
@@ -490,6 +547,11 @@ bool has_gguf_magic(const std::string& path) {
 
 }  // namespace
 
+std::unique_ptr<WeightGroupSource> WeightGroupSource::open(MemoryTracker* tracker, const Model& m) {
+  if (m.source_format == "gguf") return std::make_unique<LoaderGroupSource<GgufLoader>>(tracker, m);
+  return std::make_unique<LoaderGroupSource<HfLoader>>(tracker, m);
+}
+
 std::unique_ptr<Model> load_model(MemoryTracker* tracker, const std::string& path,
                                   const LoadOptions& opt) {
   struct stat st;
@@ -500,12 +562,25 @@ std::unique_ptr<Model> load_model(MemoryTracker* tracker, const std::string& pat
   const char* prev_phase = "setup";
   tracker->set_phase("load");
   try {
+    // The file's order (embedding, final norm and head, layers): the planner's load peak
+    // (weight_footprint_of_file) follows it.
+    auto all = [&](auto&& loader) {
+      loader.open(path);
+      const int L = m->cfg.n_layers;
+      loader.load_group(0);
+      loader.load_group(L + 1);
+      for (int g = 1; g <= L; ++g) loader.load_group(g);
+      // The weights were copied out: the file's pages leave the resident set (the map stays
+      // for the tokenizer's metadata; every rank of a ZeRO-3 run would otherwise keep them).
+      if (m->gguf) m->gguf->drop_tensor_pages();
+    };
+    m->load_options = opt;
     if (ends_with(path, ".gguf") || has_gguf_magic(path)) {
       m->source_format = "gguf";
-      GgufLoader(tracker, opt, *m).load(path);
+      all(GgufLoader(tracker, opt, *m));
     } else {
       m->source_format = "safetensors";
-      HfLoader(tracker, opt, *m).load(path);
+      all(HfLoader(tracker, opt, *m));
     }
   } catch (...) {
     tracker->set_phase(prev_phase);

@@ -8,6 +8,7 @@
 // stream can fetch it (all-gather, file read) while the current one computes.
 #pragma once
 
+#include <memory>
 #include <string>
 
 namespace qlft {
@@ -37,6 +38,10 @@ class WeightStream {
   virtual void release(int u) noexcept = 0;
   // One line for messages: "ZeRO-3 shards over 2 ranks", "NVMe offload in /scratch/qlft".
   virtual std::string describe() const = 0;
+  // A stream over the same weights that this process can use alone (no collective: what one
+  // rank uses to evaluate or generate while its peers do something else), or nullptr when there
+  // is none. Using it leaves this stream's own state consistent (it evicts what it installed).
+  virtual std::shared_ptr<WeightStream> rank_local() { return nullptr; }
 };
 
 // Holds a unit for the length of a scope (no-op without a stream).

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "dist/data_parallel.h"
+#include "dist/zero3_stream.h"
 #include "formats/safetensors.h"
 #include "formats/safetensors_writer.h"
 #include "optim/grad_clip.h"
@@ -395,6 +396,24 @@ EvalReport Trainer::evaluate(const data::Dataset& d, bool eval_split) {
   EvalReport e;
   double sum = 0;
   data::Batch b;
+  // ZeRO-3 over several ranks: this rank reads the base weights from the model's file
+  // (Zero3Stream::rank_local), it does not gather them, so evaluation needs no peer: rank 0
+  // alone may call it (a progress callback, the C API), or every rank. The model's stream is
+  // swapped for the evaluation (the trainer's documented conversion of the model, see
+  // trainer_dist.cpp). Over a device communicator every rank must call (the gathers).
+  std::shared_ptr<WeightStream> local;
+  if (dp_ && world() > 1 && dp_->zero3_stream()) local = dp_->zero3_stream()->rank_local();
+  struct Swap {
+    Model& m;
+    std::shared_ptr<WeightStream> saved;
+    ~Swap() {
+      if (saved) m.stream = std::move(saved);
+    }
+  } swap{const_cast<Model&>(model_), nullptr};
+  if (local) {
+    swap.saved = model_.stream;
+    swap.m.stream = local;
+  }
   tracker_->set_phase("evaluation");
   try {
     while (it.next(b)) {

@@ -32,3 +32,21 @@ grep -q "eval loss after" "$work/three.out" || { echo "ZeRO-3: no eval after"; c
 [ "$(grep -c 'eval loss after' "$work/three.out")" = 1 ]
 [ -f "$work/three/adapter/adapter_model.safetensors" ]
 echo "CLI under mpirun with ZeRO-3: every rank evaluated, rank 0 printed"
+# `eval` and `generate --adapter` under mpirun with ZeRO-3: rank 0 alone prints (it reads the
+# weights it lacks from the model file), the same figures and text as one process.
+ev=(eval --model "$model" --data "$data" --adapter "$work/three/adapter" --quant.type nf4
+    --threads 1 --data.seq_len 64 --data.eval_fraction 0.1)
+"$cli" "${ev[@]}" >"$work/eval1.out" 2>&1 || { cat "$work/eval1.out"; exit 1; }
+timeout 120 "${mpi[@]}" "$cli" "${ev[@]}" --dist.backend mpi --dist.zero_stage 3 \
+  --dist.timeout_s 60 >"$work/eval2.out" 2>"$work/eval2.err" || { cat "$work/eval2.err"; exit 1; }
+[ "$(grep -c '^eval loss' "$work/eval2.out")" = 1 ] || { echo "eval printed by several ranks:"; cat "$work/eval2.out"; exit 1; }
+diff <(grep '^eval loss' "$work/eval1.out") <(grep '^eval loss' "$work/eval2.out")
+gen=(generate --model "$model" --adapter "$work/three/adapter" --quant.type nf4 --threads 1
+     --prompt "Once upon a time" --max-tokens 16)
+"$cli" "${gen[@]}" >"$work/gen1.out" 2>/dev/null
+grep -q '[a-z]' "$work/gen1.out" || { echo "nothing generated"; exit 1; }
+timeout 120 "${mpi[@]}" "$cli" "${gen[@]}" --dist.backend mpi --dist.zero_stage 3 \
+  --dist.timeout_s 60 >"$work/gen2.out" 2>"$work/gen2.err" || { cat "$work/gen2.err"; exit 1; }
+# Rank 1 prints nothing: the output is rank 0's alone, equal to one process's.
+cmp "$work/gen1.out" "$work/gen2.out" || { echo "generated:"; cat "$work/gen1.out" "$work/gen2.out"; exit 1; }
+echo "eval and generate under mpirun with ZeRO-3: rank 0 alone printed, as one process"

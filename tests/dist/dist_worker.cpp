@@ -16,6 +16,13 @@
 //                                   took), and the message
 //         w.die_acquire=N           rank w.die_rank SIGKILLs itself at its N-th weight-unit
 //                                   acquire (ZeRO-3: inside a step, when the peers are gathering)
+//         w.eval_rank=R             rank R alone (-1: every rank) evaluates the held-out split
+//                                   (set data.eval_fraction) after step w.eval_at (if given)
+//                                   and after the last step, while its peers go on; it writes
+//                                   "step loss tokens" lines to CURVE.eval
+//         w.gen=N                   then rank max(R, 0) alone generates N greedy tokens from
+//                                   the first 8 tokens of the data with the trained adapter and
+//                                   writes their ids to CURVE.gen
 //         w.mem=PATH                each rank writes to PATH.R the tracker's weights and
 //                                   communication bytes (allocated, and peak since the trainer
 //                                   was built; gradients too, at the end of the line, with this
@@ -59,6 +66,8 @@
 #include "data/dataset.h"
 #include "data/tokenizer_encoder.h"
 #include "dist/communicator.h"
+#include "backend/backend.h"
+#include "model/generate.h"
 #include "model/model.h"
 #include "model/weight_stream.h"
 #include "tokenizer/tokenizer.h"
@@ -387,6 +396,18 @@ int train(const std::string& model_path, const std::string& data_path, const std
     }
     const long save_at = wint("w.save_at", -1), save_every = wint("w.save_every", 0);
     const long die_rank = wint("w.die_rank", -1), die_at = wint("w.die_at", -1);
+    const bool evaluating = w.count("w.eval_rank") || w.count("w.gen");
+    const long eval_rank = wint("w.eval_rank", -1), eval_at = wint("w.eval_at", 0);
+    const int eval_writer = eval_rank < 0 ? 0 : static_cast<int>(eval_rank);
+    auto evaluate = [&](long step) {
+      if (!w.count("w.eval_rank") || (eval_rank >= 0 && rank != eval_rank)) return;
+      const EvalReport e = t.evaluate(*ds, true);
+      if (rank != eval_writer) return;
+      std::FILE* f = std::fopen((curve + ".eval").c_str(), "a");
+      if (!f) throw_error(QLFT_ERR_IO, "cannot write %s.eval", curve.c_str());
+      std::fprintf(f, "%ld %.9g %lld\n", step, e.loss, static_cast<long long>(e.tokens));
+      std::fclose(f);
+    };
     while (!t.done()) {
       if (t.rank() == die_rank && t.steps_done() + 1 == die_at) ::kill(::getpid(), SIGKILL);
       StepReport r;
@@ -409,6 +430,25 @@ int train(const std::string& model_path, const std::string& data_path, const std
         std::fflush(out);
       }
       if (r.step == save_at || save_every > 0) t.save_checkpoint(w["w.ckpt"]);
+      if (evaluating && eval_at > 0 && r.step == eval_at) evaluate(r.step);
+    }
+    if (evaluating) evaluate(t.steps_done());
+    if (w.count("w.gen") && rank == eval_writer) {
+      auto be = make_cpu_backend(&tracker);
+      Generator g(*model, *be, &t.lora());
+      const int sl = ds->train().seq_len();
+      std::vector<int32_t> row(static_cast<size_t>(sl) * 4);
+      ds->train().fill_row(0, 0, row.data(), row.data() + sl, row.data() + 2 * sl,
+                           row.data() + 3 * sl);
+      const std::vector<int32_t> prompt(row.begin(), row.begin() + 8);
+      GenerateOptions go;
+      go.max_tokens = static_cast<int>(wint("w.gen", 8));
+      const std::vector<int32_t> ids = g.generate(prompt, go);
+      std::FILE* f = std::fopen((curve + ".gen").c_str(), "w");
+      if (!f) throw_error(QLFT_ERR_IO, "cannot write %s.gen", curve.c_str());
+      for (int32_t id : ids) std::fprintf(f, "%d ", id);
+      std::fprintf(f, "\n");
+      std::fclose(f);
     }
     if (t.is_writer()) write_final_lora(t.lora(), curve + ".lora");
     if (w.count("w.mem")) {

@@ -34,6 +34,11 @@ int cmd_eval(int argc, char** argv) {
   r.struct_size = sizeof r;
   int32_t st = qlft_trainer_evaluate(s.trainer.get(), s.data.get(), &r);
   if (st != QLFT_OK) return fail("eval", st);
+  // Under a launcher with dist.* settings every rank evaluates (needed over NCCL ZeRO-3, whose
+  // evaluation gathers weights; elsewhere each rank reads its own); rank 0 alone prints.
+  int32_t rank = 0, world = 1;
+  qlft_trainer_dist_info(s.trainer.get(), &rank, &world);
+  if (rank != 0) return kOk;
   qlft_dataset_stats ds{};
   ds.struct_size = sizeof ds;
   const bool held_out = qlft_dataset_get_stats(s.data.get(), &ds) == QLFT_OK && ds.eval_sequences;

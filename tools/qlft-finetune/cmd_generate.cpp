@@ -52,6 +52,11 @@ int cmd_generate(int argc, char** argv) {
     st = qlft_trainer_create(m, nullptr, cfg.get(), &t);
     if (st != QLFT_OK) return fail(a.flags["adapter"].c_str(), st);
     s.trainer.reset(t);
+    // Under a launcher with dist.* settings (ZeRO-3 shards the base weights), rank 0 alone
+    // generates and prints: it reads the weights it lacks from the model file, no peer needed.
+    int32_t rank = 0, world = 1;
+    qlft_trainer_dist_info(t, &rank, &world);
+    if (rank != 0) return kOk;
   }
   std::string prompt = a.flags.count("prompt") ? a.flags["prompt"] : "";
   // qlft_generate stops at the model's context: say so before, not by a silent cut. The prompt is
