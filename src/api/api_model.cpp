@@ -4,6 +4,7 @@
 #include "api/handles.h"
 #include "core/error.h"
 #include "core/threads.h"
+#include "train/trainer.h"
 
 using qlft::guard;
 
@@ -36,6 +37,9 @@ int32_t qlft_model_load(qlft_runtime* runtime, const char* path, const qlft_conf
     opt.blocksize = static_cast<int>(c.get_int("quant.blocksize"));
     QLFT_CHECK_ARG((opt.blocksize & (opt.blocksize - 1)) == 0,
                    "quant.blocksize must be a power of two, got %d", opt.blocksize);
+    // Under a launcher with ZeRO-3 over MPI each rank reads only what it keeps (a trainer with
+    // the same settings shards it from the file).
+    opt.deferred = qlft::load_into_shards(c);
     auto m = std::make_unique<qlft_model>();
     m->runtime = runtime;
     m->model = qlft::load_model(&runtime->tracker, path, opt);

@@ -26,7 +26,7 @@ void copy_overlap(char* dst, size_t lo, size_t hi, const char* src, size_t off, 
 }  // namespace
 
 Zero3Stream::Zero3Stream(Model& model, Communicator* comm, MemoryTracker* tracker,
-                         DeviceAllocator* device)
+                         DeviceAllocator* device, WeightGroupSource* source)
     : model_(&model),
       comm_(comm),
       tracker_(tracker),
@@ -39,23 +39,7 @@ Zero3Stream::Zero3Stream(Model& model, Communicator* comm, MemoryTracker* tracke
                  comm_->backend());
   // Groups: 0 the embedding, 1..L the layers, L+1 the final norm and untied output head.
   groups_.resize(model.layers.size() + 2);
-  for_each_weight_buffer(model, [this](int g, Buffer& b) {
-    if (!b.empty()) groups_[static_cast<size_t>(g)].slots.push_back({&b, b.size()});
-  });
   unit_groups_ = weight_groups_of_units(model);
-
-  // Every shard first (an out-of-memory here leaves the model whole), then the full Buffers go.
-  for (Group& g : groups_) {
-    for (Slot& sl : g.slots)
-      if (sl.bytes >= kLargeSlot) {
-        sl.per_rank = slice_bytes(sl.bytes, world_);
-        sl.shard = make(MemCategory::Weights, sl.per_rank, "ZeRO-3 shard");
-      } else {
-        g.total += sl.bytes;
-      }
-    g.per_rank = slice_bytes(g.total, world_);
-    if (g.total) g.shard = make(MemCategory::Weights, g.per_rank, "ZeRO-3 shard");
-  }
   // write(dst) fills a shard's bytes: in place on the host, through a host copy on the device.
   auto fill = [&](Buffer& shard, const auto& write) {
     if (!device_) return write(shard.as<char>());
@@ -63,27 +47,53 @@ Zero3Stream::Zero3Stream(Model& model, Communicator* comm, MemoryTracker* tracke
     write(h.data());
     shard.copy_from_host(h.data(), h.size());
   };
-  for (Group& g : groups_) {
-    const size_t lo = g.per_rank * static_cast<size_t>(rank_), hi = lo + g.per_rank;
-    for (Slot& sl : g.slots)
-      if (sl.per_rank) {
-        const size_t l = sl.per_rank * static_cast<size_t>(rank_);
-        fill(sl.shard, [&](char* dst) {
-          copy_overlap(dst, l, l + sl.per_rank, sl.buf->as<const char>(), 0, sl.bytes);
-        });
-      }
-    if (!g.total) continue;
-    fill(g.shard, [&](char* dst) {
-      size_t off = 0;  // of a small slot in the group's packed stream
-      for (const Slot& sl : g.slots)
-        if (!sl.per_rank) {
-          copy_overlap(dst, lo, hi, sl.buf->as<const char>(), off, sl.bytes);
-          off += sl.bytes;
+  // Group by group: with a source (a deferred load) the group is loaded, sliced and freed, so
+  // no more than one group is ever whole here; else every shard is made before any full Buffer
+  // goes (an out-of-memory leaves the model whole).
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    Group& g = groups_[gi];
+    if (source) source->load(model, static_cast<int>(gi));
+    try {
+      for_each_weight_buffer(model, [&](int bg, Buffer& b) {
+        if (bg == static_cast<int>(gi) && !b.empty()) g.slots.push_back({&b, b.size(), 0, {}});
+      });
+      for (Slot& sl : g.slots)
+        if (sl.bytes >= kLargeSlot) {
+          sl.per_rank = slice_bytes(sl.bytes, world_);
+          sl.shard = make(MemCategory::Weights, sl.per_rank, "ZeRO-3 shard");
+        } else {
+          g.total += sl.bytes;
         }
-    });
+      g.per_rank = slice_bytes(g.total, world_);
+      if (g.total) g.shard = make(MemCategory::Weights, g.per_rank, "ZeRO-3 shard");
+      const size_t lo = g.per_rank * static_cast<size_t>(rank_), hi = lo + g.per_rank;
+      for (Slot& sl : g.slots)
+        if (sl.per_rank) {
+          const size_t l = sl.per_rank * static_cast<size_t>(rank_);
+          fill(sl.shard, [&](char* dst) {
+            copy_overlap(dst, l, l + sl.per_rank, sl.buf->as<const char>(), 0, sl.bytes);
+          });
+        }
+      if (g.total)
+        fill(g.shard, [&](char* dst) {
+          size_t off = 0;  // of a small slot in the group's packed stream
+          for (const Slot& sl : g.slots)
+            if (!sl.per_rank) {
+              copy_overlap(dst, lo, hi, sl.buf->as<const char>(), off, sl.bytes);
+              off += sl.bytes;
+            }
+        });
+    } catch (...) {
+      if (source)
+        for (const Slot& sl : g.slots) sl.buf->reset();
+      throw;
+    }
+    if (source)
+      for (const Slot& sl : g.slots) sl.buf->reset();
   }
-  for (Group& g : groups_)
-    for (const Slot& sl : g.slots) sl.buf->reset();
+  if (!source)
+    for (Group& g : groups_)
+      for (const Slot& sl : g.slots) sl.buf->reset();
 }
 
 Buffer Zero3Stream::make(MemCategory c, size_t bytes, const char* what) const {

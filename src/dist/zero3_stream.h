@@ -7,8 +7,9 @@
 // [r * per_rank, (r + 1) * per_rank) in a Buffer counted as `weights`, and the gather lands
 // directly in the Buffer handed back to the model. The small ones of a unit (norms, biases,
 // code books, small scales) are flattened in a fixed order into one stream split the same way,
-// gathered at once and copied out. Sharding is local (every rank loaded the full model), so it
-// needs no communication. Gathered copies are counted as `communication` ("gathered unit").
+// gathered at once and copied out. Sharding is local (each rank has the full model, or each
+// group in turn from the file when the load was deferred), so it needs no communication.
+// Gathered copies are counted as `communication` ("gathered unit").
 //
 // With tied embeddings the head unit is the final norm plus the embedding's group: the
 // embedding is stored once and gathered for both units.
@@ -47,8 +48,10 @@ class Zero3Stream final : public WeightStream {
   // called before it goes.
   // device: the device memory for shards and gathered units (comm must then have device
   // buffers); nullptr keeps them in host memory.
+  // source: the model was loaded deferred (LoadOptions::deferred, its Buffers empty): each
+  // group is loaded from it, sliced and freed in turn.
   Zero3Stream(Model& model, Communicator* comm, MemoryTracker* tracker,
-              DeviceAllocator* device = nullptr);
+              DeviceAllocator* device = nullptr, WeightGroupSource* source = nullptr);
   ~Zero3Stream() override;
 
   void acquire(int u, int next) override;

@@ -15,7 +15,8 @@
 
 namespace qlft {
 
-class FileUnitStream final : public WeightStream {
+class FileUnitStream final : public WeightStream,
+                             public std::enable_shared_from_this<FileUnitStream> {
  public:
   // Opens its own reader of model.path (throws QLFT_ERR_IO when the file no longer matches).
   FileUnitStream(Model& model, MemoryTracker* tracker);
@@ -24,6 +25,11 @@ class FileUnitStream final : public WeightStream {
   void acquire(int u, int next) override;
   void release(int u) noexcept override;
   std::string describe() const override;
+  // Itself: it needs no other process.
+  std::shared_ptr<WeightStream> rank_local() override { return shared_from_this(); }
+
+  // Where the bytes come from (a ZeRO-3 trainer shards a deferred load's groups from it).
+  WeightGroupSource& source() { return *source_; }
 
   // Frees an installed unit (another stream is about to fill the same Buffers). Never throws.
   void evict() noexcept;

@@ -40,6 +40,11 @@ struct LoadOptions {
   std::string quant_type = "nf4";  // nf4 | int8 | keep
   bool double_quant = true;
   int blocksize = 64;
+  // Load no weights for good: each group is loaded once (for its shapes and types) and freed,
+  // and the model reads them through a FileUnitStream (model/file_unit_stream.h) until a ZeRO-3
+  // trainer shards them straight from the file (dist/zero3_stream.h), so no process ever holds
+  // the whole model (train/trainer.h load_into_shards says when).
+  bool deferred = false;
 };
 
 struct Model {
@@ -58,6 +63,8 @@ struct Model {
   // LlamaRunner that acquires units through it may read the weights' storage. Generation and
   // merged export refuse such a model (see model/weight_stream.h).
   std::shared_ptr<WeightStream> stream;
+  // LoadOptions::deferred: the weight bytes a full load would hold (weight_bytes() reports it).
+  uint64_t deferred_weight_bytes = 0;
 
   const QWeight& head() const { return output.rows ? output : tok_embd; }
   // Throws QLFT_ERR_UNSUPPORTED naming `what` when the weights are streamed (stream set).

@@ -10,6 +10,7 @@
 #include "formats/json_file.h"
 #include "formats/safetensors.h"
 #include "model/model.h"
+#include "model/file_unit_stream.h"
 #include "quant/bnb.h"
 #include "quant/ggml_dequant.h"
 #include "quant/ggml_types.h"
@@ -48,6 +49,12 @@ std::vector<std::vector<int>> weight_groups_of_units(const Model& m) {
 }
 
 void Model::require_resident(const char* what) const {
+  if (stream && load_options.deferred)
+    throw_error(QLFT_ERR_UNSUPPORTED,
+                "%s: %s needs all base weights in memory, but the model was loaded for ZeRO-3 "
+                "shards (%s: dist.zero_stage=3 under a launcher); load it without those "
+                "settings for it",
+                path.c_str(), what, stream->describe().c_str());
   if (stream)
     throw_error(QLFT_ERR_UNSUPPORTED,
                 "%s: %s needs all base weights in memory, but a trainer streams them (%s); load "
@@ -56,6 +63,7 @@ void Model::require_resident(const char* what) const {
 }
 
 uint64_t Model::weight_bytes() const {
+  if (load_options.deferred) return deferred_weight_bytes;
   uint64_t n = tok_embd.bytes() + output.bytes() + output_norm.size();
   for (const LayerWeights& l : layers) {
     n += l.attn_norm.size() + l.ffn_norm.size();
@@ -567,9 +575,20 @@ std::unique_ptr<Model> load_model(MemoryTracker* tracker, const std::string& pat
     auto all = [&](auto&& loader) {
       loader.open(path);
       const int L = m->cfg.n_layers;
-      loader.load_group(0);
-      loader.load_group(L + 1);
-      for (int g = 1; g <= L; ++g) loader.load_group(g);
+      // Deferred: each group is freed once loaded (its shapes and types stay).
+      auto group = [&](int g) {
+        loader.load_group(g);
+        if (!opt.deferred) return;
+        for_each_weight_buffer(*m, [&](int bg, Buffer& b) {
+          if (bg != g) return;
+          m->deferred_weight_bytes += b.size();
+          b.reset();
+        });
+        if (m->gguf) m->gguf->drop_tensor_pages();
+      };
+      group(0);
+      group(L + 1);
+      for (int g = 1; g <= L; ++g) group(g);
       // The weights were copied out: the file's pages leave the resident set (the map stays
       // for the tokenizer's metadata; every rank of a ZeRO-3 run would otherwise keep them).
       if (m->gguf) m->gguf->drop_tensor_pages();
@@ -587,6 +606,7 @@ std::unique_ptr<Model> load_model(MemoryTracker* tracker, const std::string& pat
     throw;
   }
   tracker->set_phase(prev_phase);
+  if (opt.deferred) m->stream = std::make_shared<FileUnitStream>(*m, tracker);
   std::set<std::string> kinds;
   for (const LayerWeights& l : m->layers)
     for (const QWeight& w : l.proj) kinds.insert(w.type_name());

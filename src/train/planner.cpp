@@ -444,6 +444,32 @@ uint64_t slots_bytes(const std::vector<uint64_t>& g) {
   return n;
 }
 
+// A deferred ZeRO-3 load (dist/zero3_stream.h, host shards): the most weight bytes alive, when
+// a group is whole beside the shards of the groups before it and its own (or alone, in the
+// load's first pass).
+uint64_t zero3_deferred_load_peak(const WeightFootprint& w, int world) {
+  constexpr uint64_t kLargeSlot = 64 << 10;
+  auto slice = [world](uint64_t bytes) {
+    const uint64_t share = (bytes + world - 1) / world;
+    return (share + 63) / 64 * 64;
+  };
+  uint64_t shards = 0, peak = 0;
+  for (const std::vector<uint64_t>& g : w.groups) {
+    uint64_t full = 0, small = 0, mine = 0;
+    for (uint64_t b : g) {
+      full += rb(b);
+      if (b >= kLargeSlot)
+        mine += rb(slice(b));
+      else
+        small += b;
+    }
+    if (small) mine += rb(slice(small));
+    peak = std::max(peak, shards + full + mine);
+    shards += mine;
+  }
+  return peak;
+}
+
 // ZeRO-3 (dist/zero3_stream.h): this rank's shards (weights) and the most gathered bytes alive
 // at once (communication). A buffer of 64 KiB or more is sliced on its own (ceil(bytes / world)
 // rounded up to 64 per rank) and gathered straight into the buffer the model gets back (world x
@@ -779,9 +805,16 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
   for (uint64_t v : cat) p.train_peak += v;
   p.load_peak = w.bytes + w.load_staging;
   // Every rank loads the whole model first; ZeRO-3 then makes its shards before the full
-  // buffers go (NVMe offload writes them out and frees them).
+  // buffers go (NVMe offload writes them out and frees them). ZeRO-3 over MPI with several
+  // ranks loads deferred (train/trainer.h load_into_shards): each group once alone, then group
+  // by group beside the shards made so far.
   uint64_t loaded = w.bytes;
-  if (have_groups && s.zero_stage == 3) loaded += cat[int(MemCategory::Weights)];
+  if (have_groups && s.zero_stage == 3 && s.world > 1 && s.dist_backend == "mpi") {
+    loaded = zero3_deferred_load_peak(w, s.world);
+    p.load_peak = loaded + w.load_staging;
+  } else if (have_groups && s.zero_stage == 3) {
+    loaded += cat[int(MemCategory::Weights)];
+  }
   p.load_peak = std::max(p.load_peak, loaded);
   p.peak = cat;
   p.peak[int(MemCategory::Weights)] = std::max(p.peak[int(MemCategory::Weights)], loaded);

@@ -34,6 +34,11 @@ namespace dist {
 class DataParallel;
 }
 
+// Whether a model loaded for these settings should be loaded deferred (LoadOptions::deferred):
+// dist.zero_stage=3 over MPI with several ranks launched, so each rank shards the weights
+// straight from the file and none holds the whole model (dist/zero3_stream.h).
+bool load_into_shards(const Config& c);
+
 struct TrainSettings {
   int micro_batch = 4;
   int accumulation = 1;

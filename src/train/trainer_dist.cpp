@@ -9,6 +9,7 @@
 #include "dist/data_parallel.h"
 #include "dist/zero2_grads.h"
 #include "dist/zero3_stream.h"
+#include "model/file_unit_stream.h"
 #include "train/trainer.h"
 
 namespace qlft {
@@ -19,7 +20,15 @@ namespace {
 // gathers them (dist/zero3_stream.h).
 void install_zero3(const Model& model, dist::DataParallel& dp, MemoryTracker* tracker,
                    DeviceAllocator* device) {
-  if (model.stream)
+  // A deferred load (LoadOptions::deferred) is read through its FileUnitStream: the shards are
+  // made from its source group by group, and the ZeRO-3 stream takes its place.
+  std::shared_ptr<WeightStream> deferred;
+  FileUnitStream* files = nullptr;
+  if (model.load_options.deferred && model.stream) {
+    deferred = model.stream;
+    files = dynamic_cast<FileUnitStream*>(deferred.get());
+  }
+  if (model.stream && !files)
     throw_error(QLFT_ERR_UNSUPPORTED,
                 "dist.zero_stage=3: the model's base weights are already streamed (%s); load the "
                 "model again for this trainer",
@@ -35,14 +44,23 @@ void install_zero3(const Model& model, dist::DataParallel& dp, MemoryTracker* tr
   Model& m = const_cast<Model&>(model);
   // Over NCCL the shards and gathered units live in the device backend's memory.
   const bool on_device = dp.device_comm().device_buffers();
+  if (files) files->evict();
   auto zs = std::make_shared<dist::Zero3Stream>(m, on_device ? &dp.device_comm() : &dp.comm(),
-                                                tracker, on_device ? device : nullptr);
+                                                tracker, on_device ? device : nullptr,
+                                                files ? &files->source() : nullptr);
   m.stream = zs;
   dp.set_zero3_stream(zs);
   log_message(QLFT_LOG_INFO, "rank %d: %s", dp.rank(), zs->describe().c_str());
 }
 
 }  // namespace
+
+bool load_into_shards(const Config& c) {
+  // ZeRO-3 over MPI with several ranks launched: shards are made from the file, group by group.
+  // (Over NCCL the shards are the device's and the host load is not the peak.)
+  return c.get_int("dist.zero_stage") == 3 && c.get("dist.backend") == "mpi" &&
+         dist::detect_launch().world > 1;
+}
 
 int Trainer::rank() const {
   return dp_ ? dp_->rank() : 0;

@@ -361,6 +361,7 @@ int train(const std::string& model_path, const std::string& data_path, const std
   MemoryTracker tracker;
   LoadOptions lo;
   lo.quant_type = c.get("quant.type");
+  lo.deferred = load_into_shards(c);  // as qlft_model_load decides it
   auto model = load_model(&tracker, model_path, lo);
   auto tok = Tokenizer::from_gguf(*model->gguf);
   data::TokenizerEncoder enc(*tok);
@@ -379,13 +380,16 @@ int train(const std::string& model_path, const std::string& data_path, const std
   uint64_t h2d_later = 0, d2h_later = 0;  // host<->device bytes of steps 2, 3, ...
   try {
     // The planner's host<->device bytes of a step (backend=cuda), from the resident model.
-    const WeightFootprint footprint = weight_footprint(*model);
+    const WeightFootprint footprint = weight_footprint_for_plan(*model, c);
     const MemoryPlan plan = plan_memory(model->cfg, footprint, PlanSettings::from_config(c));
     Trainer t(*model, &tracker, ds.get(), c);
     rank = t.rank();
     // This rank's own plan (ZeRO-2: its gradient share), beside what its tracker measures.
     const MemoryPlan mine =
         plan_memory_of_rank(model->cfg, footprint, PlanSettings::from_config(c), rank);
+    // The load and the sharding (a deferred load: one group at a time beside the shards).
+    const uint64_t setup_weights_peak =
+        tracker.snapshot().peak[static_cast<int>(MemCategory::Weights)];
     tracker.reset_peaks();  // w.mem: what training holds, not the full load before sharding
     if (w.count("w.die_acquire") && rank == wint("w.die_rank", -1))
       model->stream = std::make_shared<DieAtAcquire>(model->stream, wint("w.die_acquire", 0));
@@ -462,7 +466,8 @@ int train(const std::string& model_path, const std::string& data_path, const std
           "planned_h2d_per_step %llu planned_d2h_per_step %llu planned_device_peak %llu "
           "planned_device_weights %llu planned_device_communication %llu "
           "device_communication_peak %llu gradients_allocated %llu gradients_peak %llu "
-          "planned_gradients %llu communication_allocated %llu planned_communication %llu",
+          "planned_gradients %llu communication_allocated %llu planned_communication %llu "
+          "setup_weights_peak %llu deferred %d",
           rank, static_cast<unsigned long long>(m.allocated[wt]),
           static_cast<unsigned long long>(m.peak[wt]), static_cast<unsigned long long>(m.peak[cm]),
           static_cast<unsigned long long>(process_peak_rss()),
@@ -481,7 +486,8 @@ int train(const std::string& model_path, const std::string& data_path, const std
           static_cast<unsigned long long>(m.peak[static_cast<int>(MemCategory::Gradients)]),
           static_cast<unsigned long long>(mine.train[static_cast<int>(MemCategory::Gradients)]),
           static_cast<unsigned long long>(m.allocated[cm]),
-          static_cast<unsigned long long>(mine.train[cm]));
+          static_cast<unsigned long long>(mine.train[cm]),
+          static_cast<unsigned long long>(setup_weights_peak), lo.deferred ? 1 : 0);
     }
   } catch (const Error& e) {
     status = e.status();

@@ -3,6 +3,8 @@
 # while training) are at most 0.55x of the 1-rank figure, for f32 weights kept as in the GGUF
 # and for NF4 (codes, double-quantized scales, code books); the curves still agree with the
 # 1-rank run; after the trainer ends the sharded model refuses use with QLFT_ERR_UNSUPPORTED.
+# Each rank loads straight into its shards: its weights peak while loading stays below the
+# whole model's.
 source "$(dirname "$0")/common.sh"
 common=(train.max_steps=3 train.micro_batch=2)
 for quant in keep nf4; do
@@ -17,6 +19,14 @@ for quant in keep nf4; do
     [ -f "$f" ] || { echo "rank $r wrote no memory figures"; exit 1; }
     echo "quant.type=$quant, ZeRO-3 2 ranks: $(cat "$f")"
     grep -q "after_end refused" "$f" || { echo "rank $r: the model did not refuse after the trainer"; exit 1; }
+    # Loaded straight into shards (LoadOptions::deferred, one group at a time beside the
+    # shards): no rank ever held the whole model (a full load then sharding held 1.5x).
+    grep -q " deferred 1" "$f" || { echo "rank $r: the model was not loaded deferred"; exit 1; }
+    full=$(tr ' ' '\n' <"$work/mem1_$quant.0" | grep -A1 -x weights_peak | tail -n1)
+    setup=$(tr ' ' '\n' <"$f" | grep -A1 -x setup_weights_peak | tail -n1)
+    awk -v a="$setup" -v b="$full" 'BEGIN { exit !(b > 0 && a < b) }' ||
+      { echo "rank $r held $setup weight bytes while loading, the whole model is $full"; exit 1; }
+    echo "  rank $r load and sharding weights peak: $setup of $full = $(awk -v a="$setup" -v b="$full" 'BEGIN { printf "%.3f", a / b }')x"
     for key in weights_allocated weights_peak; do
       one=$(tr ' ' '\n' <"$work/mem1_$quant.0" | grep -A1 -x "$key" | tail -n1)
       two=$(tr ' ' '\n' <"$f" | grep -A1 -x "$key" | tail -n1)

@@ -227,6 +227,42 @@ TEST(HfModel, Qwen2BiasesTiedBf16Sharded) {
   EXPECT_EQ(m->quant_summary, "bf16");  // keep: bf16 linears stay bf16
 }
 
+// Single weight groups loaded again (WeightGroupSource, a deferred load) hold the bytes of the
+// full load: bf16 kept with biases over 3 shards, untied f32.
+TEST(HfModel, WeightGroupsLoadAgainAlike) {
+  for (bool qwen : {true, false}) {
+    Spec s;
+    s.arch = qwen ? "qwen2" : "llama";
+    s.store = qwen ? DType::BF16 : DType::F32;
+    s.shards = qwen ? 3 : 1;
+    SCOPED_TRACE(s.arch);
+    const std::string dir = qlft_test::temp_dir("hf-groups");
+    write_model(dir, s, config_for(s));
+    MemoryTracker tr;
+    LoadOptions opt;
+    opt.quant_type = "keep";
+    auto full = load_model(&tr, dir, opt);
+    opt.deferred = true;
+    auto lazy = load_model(&tr, dir, opt);
+    ASSERT_TRUE(lazy->stream);
+    EXPECT_EQ(lazy->weight_bytes(), full->weight_bytes());
+    auto bytes = [](Model& m, int g) {
+      std::vector<std::vector<uint8_t>> out;
+      for_each_weight_buffer(m, [&](int bg, Buffer& b) {
+        if (bg != g) return;
+        const auto* p = b.empty() ? nullptr : b.as<const uint8_t>();
+        out.emplace_back(p, p ? p + b.size() : p);
+      });
+      return out;
+    };
+    auto src = WeightGroupSource::open(&tr, *lazy);
+    for (int g = 0; g < s.layers + 2; ++g) {
+      src->load(*lazy, g);
+      EXPECT_EQ(bytes(*lazy, g), bytes(*full, g)) << "group " << g;
+    }
+  }
+}
+
 TEST(HfModel, HeadDimFromConfig) {
   Spec s;
   json c = config_for(s);

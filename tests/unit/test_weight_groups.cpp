@@ -1,0 +1,109 @@
+// Loading by weight groups (model.h WeightGroupSource, LoadOptions::deferred): every group loaded
+// again from the file holds the bytes load_model made (GGUF f32 kept and NF4, a Hugging Face
+// model), and a deferred model (no weights resident; read through its FileUnitStream) trains
+// and generates exactly as the resident one, on one process (the ZeRO-3 side is
+// tests/dist/zero3_memory.sh and eval_rank0.sh).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "config/config.h"
+#include "core/threads.h"
+#include "data/dataset.h"
+#include "data/tokenizer_encoder.h"
+#include "model/file_unit_stream.h"
+#include "model/generate.h"
+#include "model/model.h"
+#include "support/test_support.h"
+#include "tokenizer/tokenizer.h"
+#include "train/trainer.h"
+
+using namespace qlft;
+
+namespace {
+
+// Every storage Buffer of group g, in for_each_weight_buffer's order.
+std::vector<std::vector<uint8_t>> group_bytes(Model& m, int g) {
+  std::vector<std::vector<uint8_t>> out;
+  for_each_weight_buffer(m, [&](int bg, Buffer& b) {
+    if (bg != g) return;
+    const auto* p = b.empty() ? nullptr : b.as<const uint8_t>();
+    out.emplace_back(p, p ? p + b.size() : p);
+  });
+  return out;
+}
+
+void expect_groups_reload_alike(const std::string& path, const char* quant) {
+  SCOPED_TRACE(std::string(path) + " quant.type=" + quant);
+  MemoryTracker tracker;
+  LoadOptions lo;
+  lo.quant_type = quant;
+  auto full = load_model(&tracker, path, lo);
+  lo.deferred = true;
+  auto lazy = load_model(&tracker, path, lo);
+  ASSERT_TRUE(lazy->stream);
+  EXPECT_EQ(lazy->weight_bytes(), full->weight_bytes());
+  EXPECT_EQ(lazy->quant_summary, full->quant_summary);
+  const int G = full->cfg.n_layers + 2;
+  for (int g = 0; g < G; ++g)
+    for (const auto& b : group_bytes(*lazy, g)) EXPECT_TRUE(b.empty()) << "group " << g;
+  auto src = WeightGroupSource::open(&tracker, *lazy);
+  for (int g = 0; g < G; ++g) {
+    src->load(*lazy, g);
+    EXPECT_EQ(group_bytes(*lazy, g), group_bytes(*full, g)) << "group " << g;
+  }
+}
+
+}  // namespace
+
+TEST(WeightGroups, GroupsLoadedAgainEqualTheFullLoad) {
+  QLFT_NEED_SHARED(gguf, "models/stories260K.gguf");
+  set_num_threads(1);
+  expect_groups_reload_alike(gguf, "keep");
+  expect_groups_reload_alike(gguf, "nf4");
+}
+
+TEST(WeightGroups, DeferredModelTrainsAndGeneratesAsTheResidentOne) {
+  QLFT_NEED_SHARED(model_path, "models/stories260K.gguf");
+  QLFT_NEED_SHARED(text, "data/tinyshakespeare.txt");
+  set_num_threads(1);
+  std::vector<double> loss[2];
+  std::vector<int32_t> ids[2];
+  for (int deferred = 0; deferred < 2; ++deferred) {
+    MemoryTracker tracker;
+    LoadOptions lo;
+    lo.quant_type = "nf4";
+    lo.deferred = deferred == 1;
+    auto model = load_model(&tracker, model_path, lo);
+    auto tok = Tokenizer::from_gguf(*model->gguf);
+    data::TokenizerEncoder enc(*tok);
+    Config c;
+    c.set("data.path", text);
+    c.set("data.seq_len", "32");
+    c.set("lora.r", "4");
+    c.set("optim.lr", "3e-3");
+    c.set("train.micro_batch", "2");
+    c.set("train.max_steps", "3");
+    auto ds = std::make_unique<data::Dataset>(
+        data::Dataset::build(data::DataOptions::from_config(c), enc));
+    Trainer t(*model, &tracker, ds.get(), c);
+    StepReport r;
+    while (t.step(&r)) loss[deferred].push_back(r.loss);
+    auto be = make_cpu_backend(&tracker);
+    Generator gen(*model, *be, &t.lora());
+    GenerateOptions go;
+    go.max_tokens = 8;
+    ids[deferred] = gen.generate(tok->encode_as_model("Once upon", false), go);
+    if (deferred) {
+      // Nothing stays resident between uses.
+      for (int g = 0; g < model->cfg.n_layers + 2; ++g)
+        for (const auto& b : group_bytes(*model, g)) EXPECT_TRUE(b.empty()) << "group " << g;
+    }
+  }
+  ASSERT_EQ(loss[0].size(), 3u);
+  EXPECT_EQ(loss[1], loss[0]);
+  EXPECT_EQ(ids[1], ids[0]);
+}
