@@ -259,13 +259,19 @@ class CudaBackend final : public Backend {
     if (lora && lora->r > 0) {
       op_checks::lora(*lora);
       const int r = lora->r;
-      Dev Ad = in_raw(lora->A, int64_t(r) * K * 4, "lora A");
-      Dev Bd = in_raw(lora->B, N * r * 4, "lora B");
+      Dev Ad = lora_operand(in_raw(lora->A, int64_t(r) * K * 4, "lora A"), int64_t(r) * K);
+      Dev Bd = lora_operand(in_raw(lora->B, N * r * 4, "lora B"), N * r);
       Dev XA = xa ? out_raw(xa, M * r * 4, MemCategory::Activations, "lora xa")
                   : scratch(M * r * 4, "lora xa");
       lora_down(*lora, X.as<float>(), M, K, Ad.as<float>(), XA.as<float>());
-      // y += scale * xa B^T
-      gemm_->run(M, N, r, lora->scale, f32(XA.data(), r, false), f32(Bd.data(), r, true), 1.f,
+      // y += scale * xa B^T (xa rounded where it enters the GEMM under bf16; kept fp32)
+      Dev XAr;
+      const void* xap = XA.data();
+      if (round_lora_bf16()) {
+        XAr = rounded_copy(XA.as<float>(), M * r, "lora xa, rounded");
+        xap = XAr.data();
+      }
+      gemm_->run(M, N, r, lora->scale, f32(xap, r, false), f32(Bd.data(), r, true), 1.f,
                  Y.as<float>(), N);
       if (xa) finish_raw(XA, xa, M * r * 4);
     }
@@ -308,12 +314,13 @@ class CudaBackend final : public Backend {
     if (has_lora) {
       const LoraRef& l = *lora;
       const int r = l.r;
-      Dev Ad = in_raw(l.A, int64_t(r) * K * 4, "lora A");
-      Dev Bd = in_raw(l.B, N * r * 4, "lora B");
-      // g = dy B: [M, r]
+      Dev Ad = lora_operand(in_raw(l.A, int64_t(r) * K * 4, "lora A"), int64_t(r) * K);
+      Dev Bd = lora_operand(in_raw(l.B, N * r * 4, "lora B"), N * r);
+      // g = dy B: [M, r] (rounded under bf16: it only enters the dA and dx GEMMs)
       DeviceMemory G = dev(M * r * 4, MemCategory::Workspace, "lora dy B");
       gemm_->run(M, r, N, 1.f, f32(dY.data(), N, false), f32(Bd.data(), r, false), 0.f,
                  G.as<float>(), r);
+      if (round_lora_bf16()) cu::round_through(G.as<float>(), M * r, tile_, G.as<float>(), stream_);
       Dev X;
       const bool need_x = dA || (dB && !xa);
       if (need_x) X = autocast(in(x, K, MemCategory::Activations, "linear_bwd x"), M * K);
@@ -325,6 +332,7 @@ class CudaBackend final : public Backend {
           XA = scratch(M * r * 4, "lora xa");
           lora_down(l, X.as<float>(), M, K, Ad.as<float>(), XA.as<float>());
         }
+        XA = lora_operand(std::move(XA), M * r);
         Dev dBd = inout_raw(dB, N * r * 4, "lora dB");
         // dB += scale * dy^T xa
         gemm_->run(N, r, M, l.scale, f32(dY.data(), N, true), f32(XA.data(), r, false), 1.f,
@@ -474,6 +482,7 @@ class CudaBackend final : public Backend {
     DeviceMemory delta =
         dev(int64_t(s.n_heads) * rows * 4, MemCategory::Workspace, "attention delta");
     cu::AttnArgs a = args(s, Wq, Wk, st);
+    a.round_bf16 = round_lora_bf16();
     cu::attention_bwd(a, st.Q.as<float>(), st.K.as<float>(), st.V.as<float>(), O.as<float>(),
                       L.as<float>(), dO.as<float>(), dQ.as<float>(), dK.as<float>(), dV.as<float>(),
                       delta.as<float>(), stream_);
@@ -921,6 +930,19 @@ class CudaBackend final : public Backend {
     a.doc = st.doc.as<int32_t>();
     a.first = st.first.as<int32_t>();
     return a;
+  }
+  // Precision bf16 rounds more than the matmul inputs, as the CPU backend does (torch.autocast's
+  // bf16 LoRA and SDPA): LoRA's A, B and intermediates xa, g, and attention's P and dS.
+  bool round_lora_bf16() const { return round_ && tile_ == TileType::BF16; }
+  // A rounded copy of n floats (the original is kept: xa is the caller's fp32 tensor).
+  Dev rounded_copy(const float* d, int64_t n, const char* what) {
+    Dev r = owned(dev(n * 4, MemCategory::Workspace, what));
+    cu::round_through(d, n, tile_, r.as<float>(), stream_);
+    return r;
+  }
+  Dev lora_operand(Dev d, int64_t n) {
+    if (round_lora_bf16()) return autocast(std::move(d), n);
+    return d;
   }
 
   CudaBackendOptions opt_;

@@ -9,6 +9,7 @@
 // Shared math: online_softmax_merge / online_softmax_lse / softmax_prob (softmax_math.h).
 #include "backend/softmax_math.h"
 #include "check.h"
+#include "core/half.h"
 #include "kernels.h"
 #include "reduce.cuh"
 
@@ -198,6 +199,10 @@ __global__ void __launch_bounds__(128)
           }
           p = softmax_prob(s * scale, lse_s[i]);
           ds = p * (dp - delta_s[i]);
+        }
+        if (a.round_bf16) {
+          p = bf16_to_f32(f32_to_bf16(p));
+          ds = bf16_to_f32(f32_to_bf16(ds));
         }
         Ps[i * (kKeys + 1) + lane] = p;
         dSs[i * (kKeys + 1) + lane] = ds;

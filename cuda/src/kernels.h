@@ -72,6 +72,10 @@ struct AttnArgs {
   int64_t ldq, ldk, ldv, ldo;      // leading dimensions of q / dq, k / dk, v / dv, out / dout
   const int32_t* doc = nullptr;    // [rows] document ids or nullptr
   const int32_t* first = nullptr;  // [rows] first position of the same document
+  // Precision bf16: the backward's P and dS rounded to bf16 where they enter dV and dQ / dK, as
+  // the CPU backend's bf16 attention does (its forward also rounds P before P V, which this
+  // online-softmax forward cannot: it never holds the normalized P).
+  bool round_bf16 = false;
 };
 constexpr int kAttnMaxHeadDim = 128;
 void attention_fwd(const AttnArgs& a, const float* q, const float* k, const float* v, float* out,

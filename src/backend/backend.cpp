@@ -22,7 +22,10 @@ void for_chunks(int64_t n, const F& f) {
 }  // namespace
 
 void Backend::add(float* y, const float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+  for_chunks(n, [&](int64_t i, size_t m) {
+#pragma omp simd
+    for (size_t j = 0; j < m; ++j) y[i + int64_t(j)] += x[i + int64_t(j)];
+  });
 }
 
 void Backend::copy(float* dst, const float* src, int64_t n) {

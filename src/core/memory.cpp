@@ -10,6 +10,7 @@
 #include <new>
 
 #include "core/error.h"
+#include "core/threads.h"
 
 namespace qlft {
 
@@ -282,10 +283,20 @@ void Buffer::reset() noexcept {
 
 void Buffer::zero() {
   if (!data_) return;
-  if (device_)
+  if (device_) {
     device_->fill(data_, 0, size_);
-  else
-    std::memset(data_, 0, size_);
+    return;
+  }
+  // Large host buffers (the runner's gradient scratch, every layer) on the runtime's threads:
+  // one core's memset leaves the other idle.
+  constexpr size_t kChunk = size_t(1) << 18;
+  const int64_t chunks = int64_t((size_ + kChunk - 1) / kChunk);
+  char* p = static_cast<char*>(data_);
+#pragma omp parallel for num_threads(call_threads()) schedule(static) if (chunks > 4)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const size_t a = size_t(c) * kChunk;
+    std::memset(p + a, 0, std::min(kChunk, size_ - a));
+  }
 }
 
 void Buffer::copy_from_host(const void* src, size_t bytes) {
