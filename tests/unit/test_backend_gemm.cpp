@@ -576,12 +576,7 @@ TEST_P(Bf16Attention, MatchesTheRoundingOracle) {
     Pair px(e, false);
     static_cast<cpu::CpuBackend&>(*px.bf).tune.attn_block_q = c.block_q;
     Rng rng(uint64_t(c.seq) * 31 + c.hd);
-    AttnShape s;
-    s.batch = c.batch;
-    s.seq = c.seq;
-    s.n_heads = c.heads;
-    s.n_kv_heads = c.kv;
-    s.head_dim = c.hd;
+    AttnShape s = attn_shape(c.batch, c.seq, c.heads, c.kv, c.hd);
     const int rows = c.batch * c.seq, qc = c.heads * c.hd, kc = c.kv * c.hd;
     std::vector<int32_t> doc(static_cast<size_t>(rows));
     for (int i = 0; i < rows; ++i) doc[size_t(i)] = (i % c.seq) / 12;  // documents of 12

@@ -278,12 +278,7 @@ void run_attention(const AttnCase& c, uint64_t seed) {
   Fixture fx;
   fx.cpu().tune.attn_block_q = c.block_q;
   Rng rng(seed);
-  AttnShape s;
-  s.batch = c.batch;
-  s.seq = c.seq;
-  s.n_heads = c.heads;
-  s.n_kv_heads = c.kv;
-  s.head_dim = c.hd;
+  AttnShape s = attn_shape(c.batch, c.seq, c.heads, c.kv, c.hd);
   const int rows = c.batch * c.seq, qc = c.heads * c.hd, kc = c.kv * c.hd;
   std::vector<int32_t> doc(rows);
   if (c.docs) {  // documents of random lengths; ids restart per batch element

@@ -45,16 +45,6 @@ void expect_doubled(const FVec& init, const FVec& once, const FVec& twice, const
   EXPECT_LT(rel_err(twice, want), 1e-5) << what;
 }
 
-AttnShape attn_shape(int batch, int seq, int heads, int kv, int hd) {
-  AttnShape s;
-  s.batch = batch;
-  s.seq = seq;
-  s.n_heads = heads;
-  s.n_kv_heads = kv;
-  s.head_dim = hd;
-  return s;
-}
-
 }  // namespace
 
 TEST(BackendAccumulate, LinearBwdAddsIntoDxDaDb) {

@@ -156,6 +156,17 @@ inline double silu_d(double g) {
   return g / (1.0 + std::exp(-g));
 }
 
+// An attention shape (no document ids).
+inline qlft::AttnShape attn_shape(int batch, int seq, int heads, int kv, int head_dim) {
+  qlft::AttnShape s;
+  s.batch = batch;
+  s.seq = seq;
+  s.n_heads = heads;
+  s.n_kv_heads = kv;
+  s.head_dim = head_dim;
+  return s;
+}
+
 // out, lse of causal GQA attention with optional document mask.
 inline void attention_oracle(const qlft::AttnShape& s, const Vec& q, const Vec& k, const Vec& v,
                              const std::vector<int32_t>* doc, Vec& out, Vec* lse) {

@@ -54,26 +54,9 @@ QLFT_VEC_INLINE float max_of(const float* x, int64_t n) {
   return m;
 }
 
-// sum of exp(x[j] - m) over j < n: float lanes within blocks of 512, blocks added in double.
-QLFT_VEC_INLINE double sum_exp_shifted(const float* x, int64_t n, float m) {
-  double total = 0;
-  int64_t j = 0;
-  while (j + kLanes <= n) {
-    float acc[kLanes] = {};
-    const int64_t jend = n - j >= 512 ? j + 512 : j + (n - j) / kLanes * kLanes;
-    for (; j < jend; j += kLanes)
-      for (int l = 0; l < kLanes; ++l) acc[l] += exp_approx(x[j + l] - m);
-    float s = 0;
-    for (int l = 0; l < kLanes; ++l) s += acc[l];
-    total += s;
-  }
-  for (; j < n; ++j) total += exp_approx(x[j] - m);
-  return total;
-}
-
-// x[j] = exp(x[j] - m) for j < n, returning their sum exactly as sum_exp_shifted adds it (same
-// lanes, blocks and order): one exp pass where the softmax needs both the sum and the values.
-QLFT_VEC_INLINE double exp_sum_shifted(float* x, int64_t n, float m) {
+// sum of exp(x[j] - m) over j < n: float lanes within blocks of 512, blocks added in double;
+// with out, exp(x[j] - m) is also stored to out[j] (out may be x).
+QLFT_VEC_INLINE double exp_sum_into(const float* x, float* out, int64_t n, float m) {
   double total = 0;
   int64_t j = 0;
   while (j + kLanes <= n) {
@@ -81,18 +64,30 @@ QLFT_VEC_INLINE double exp_sum_shifted(float* x, int64_t n, float m) {
     const int64_t jend = n - j >= 512 ? j + 512 : j + (n - j) / kLanes * kLanes;
     for (; j < jend; j += kLanes)
       for (int l = 0; l < kLanes; ++l) {
-        x[j + l] = exp_approx(x[j + l] - m);
-        acc[l] += x[j + l];
+        const float e = exp_approx(x[j + l] - m);
+        if (out) out[j + l] = e;
+        acc[l] += e;
       }
     float s = 0;
     for (int l = 0; l < kLanes; ++l) s += acc[l];
     total += s;
   }
   for (; j < n; ++j) {
-    x[j] = exp_approx(x[j] - m);
-    total += x[j];
+    const float e = exp_approx(x[j] - m);
+    if (out) out[j] = e;
+    total += e;
   }
   return total;
+}
+
+QLFT_VEC_INLINE double sum_exp_shifted(const float* x, int64_t n, float m) {
+  return exp_sum_into(x, nullptr, n, m);
+}
+
+// x[j] = exp(x[j] - m) for j < n, returning their sum exactly as sum_exp_shifted adds it: one
+// exp pass where the softmax needs both the sum and the values.
+QLFT_VEC_INLINE double exp_sum_shifted(float* x, int64_t n, float m) {
+  return exp_sum_into(x, x, n, m);
 }
 
 }  // namespace qlft::cpu
