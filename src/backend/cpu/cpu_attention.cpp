@@ -91,7 +91,7 @@ struct Heads {
   const void* p = nullptr;
   int64_t ld = 0, head_stride = 0;
   const void* at(const OpGemm& mm, int64_t row, int head) const {
-    return mm.at(Operand{ScratchLease(), p, 0}, head * head_stride + row * ld);
+    return mm.at(p, head * head_stride + row * ld);
   }
 };
 

@@ -264,7 +264,10 @@ struct OpGemm {
   // An operand already rounded (the base GEMM's lp copy of x or dy).
   Operand borrow(const LpMat& l) const;
   // o.p + off elements.
-  const void* at(const Operand& o, int64_t off) const;
+  const void* at(const Operand& o, int64_t off) const { return at(o.p, off); }
+  const void* at(const void* p, int64_t off) const {
+    return static_cast<const char*>(p) + off * int64_t(elem_bytes());
+  }
   // Bytes per element.
   size_t elem_bytes() const { return lp ? lp_bytes(be) : 4; }
   // n fp32 values into dst in the element type (lp: rounded; fp32: copied).

@@ -239,10 +239,6 @@ Operand OpGemm::borrow(const LpMat& l) const {
   return o;
 }
 
-const void* OpGemm::at(const Operand& o, int64_t off) const {
-  return static_cast<const char*>(o.p) + off * int64_t(elem_bytes());
-}
-
 void OpGemm::convert(const float* src, void* dst, size_t n) const {
   if (!lp)
     std::copy(src, src + n, static_cast<float*>(dst));
