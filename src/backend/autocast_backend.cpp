@@ -108,6 +108,24 @@ class AutocastBackend final : public Backend {
     return inner_->linear_cross_entropy(head, view(hr, h), targets, ignore_index, grad_scale, dh,
                                         count);
   }
+  void cross_entropy_stats(const QWeight& slice, int64_t row0, int64_t vocab, CMatF h,
+                           const int32_t* targets, int32_t ignore_index,
+                           CrossEntropyRow* st) override {
+    if (native_linear_)
+      return inner_->cross_entropy_stats(slice, row0, vocab, h, targets, ignore_index, st);
+    Buffer hr = rounded(h, "autocast h");
+    inner_->cross_entropy_stats(slice, row0, vocab, view(hr, h), targets, ignore_index, st);
+  }
+  void cross_entropy_grad(const QWeight& slice, int64_t row0, int64_t vocab, CMatF h,
+                          const int32_t* targets, int32_t ignore_index, const float* lse,
+                          float grad_scale, MatF dh) override {
+    if (native_linear_)
+      return inner_->cross_entropy_grad(slice, row0, vocab, h, targets, ignore_index, lse,
+                                        grad_scale, dh);
+    Buffer hr = rounded(h, "autocast h");
+    inner_->cross_entropy_grad(slice, row0, vocab, view(hr, h), targets, ignore_index, lse,
+                               grad_scale, dh);
+  }
 
  private:
   // A dense rounded copy of m (rows x cols), counted as workspace.

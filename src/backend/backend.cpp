@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/error.h"
 #include "core/half.h"
 #include "core/threads.h"
 
@@ -73,6 +74,33 @@ int64_t Backend::count_nonfinite(const float* x, int64_t n) {
 void Backend::adamw_torch(float* p, float* m, float* v, const float* g, int64_t n,
                           const AdamWTorchCoeffs& c) {
   for (int64_t i = 0; i < n; ++i) adamw_torch_update(p[i], m[i], v[i], g[i], c);
+}
+
+void Backend::cross_entropy_stats(const QWeight&, int64_t, int64_t, CMatF, const int32_t*, int32_t,
+                                  CrossEntropyRow*) {
+  throw_error(QLFT_ERR_UNSUPPORTED, "backend %s has no cross-entropy over a head in slices",
+              name());
+}
+
+void Backend::cross_entropy_grad(const QWeight&, int64_t, int64_t, CMatF, const int32_t*, int32_t,
+                                 const float*, float, MatF) {
+  throw_error(QLFT_ERR_UNSUPPORTED, "backend %s has no cross-entropy over a head in slices",
+              name());
+}
+
+double cross_entropy_finish(const CrossEntropyRow* st, const int32_t* targets, int64_t rows,
+                            int32_t ignore_index, float* lse, int64_t* count) {
+  double loss = 0;
+  int64_t n = 0;
+  for (int64_t i = 0; i < rows; ++i) {  // in row order: the sum does not depend on threads
+    if (targets[i] == ignore_index) continue;
+    const double lse_d = double(st[i].sm.m) + std::log(st[i].sm.s);
+    lse[i] = float(lse_d);
+    loss += lse_d - double(st[i].target_logit);
+    ++n;
+  }
+  if (count) *count = n;
+  return loss;
 }
 
 }  // namespace qlft

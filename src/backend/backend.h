@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "backend/softmax_math.h"
 #include "core/dtype.h"
 #include "core/memory.h"
 #include "core/tensor.h"
@@ -49,6 +50,14 @@ struct AttnShape {
 // What a backend with its own memory moved between host and device, and how often the host
 // waited for the device, since the backend was made. The trainer reports the per-step difference
 // (metrics.jsonl h2d_bytes / d2h_bytes / device_syncs); the CPU backend moves nothing.
+// One row of a cross-entropy computed over a head in slices (Backend::cross_entropy_stats): the
+// running softmax over the vocabulary rows seen so far and the target's logit once its slice
+// was seen.
+struct CrossEntropyRow {
+  OnlineSoftmax<double> sm;
+  float target_logit = 0.f;
+};
+
 struct TransferCounts {
   uint64_t host_to_device = 0;
   uint64_t device_to_host = 0;
@@ -160,6 +169,19 @@ class Backend {
   virtual double linear_cross_entropy(const QWeight& head, CMatF h, const int32_t* targets,
                                       int32_t ignore_index, float grad_scale, MatF dh,
                                       int64_t* count) = 0;
+  // The same loss over a head given in row slices, one at a time (a ZeRO-3 row-sharded head,
+  // dist/zero3_stream.h, never whole in memory): `slice` holds head rows [row0, row0 +
+  // slice.rows) of a head of `vocab` rows. Pass 1 merges each slice's logits into st (one per
+  // row of h, rows whose target counts); cross_entropy_finish turns them into the loss and each
+  // row's log-sum-exp; pass 2 adds each slice's share of grad_scale * d(sum)/dh into dh.
+  // linear_cross_entropy is the two passes over one slice, the whole head. Host backends only:
+  // the default throws QLFT_ERR_UNSUPPORTED.
+  virtual void cross_entropy_stats(const QWeight& slice, int64_t row0, int64_t vocab, CMatF h,
+                                   const int32_t* targets, int32_t ignore_index,
+                                   CrossEntropyRow* st);
+  virtual void cross_entropy_grad(const QWeight& slice, int64_t row0, int64_t vocab, CMatF h,
+                                  const int32_t* targets, int32_t ignore_index, const float* lse,
+                                  float grad_scale, MatF dh);
 
  protected:
   explicit Backend(MemoryTracker* tracker, DeviceAllocator* device = nullptr)
@@ -167,6 +189,12 @@ class Backend {
   MemoryTracker* tracker_;
   DeviceAllocator* device_;
 };
+
+// The loss (sum over rows whose target counts, in row order) and lse[row] of a cross-entropy
+// whose pass 1 (Backend::cross_entropy_stats) has seen every slice of the head; *count gets the
+// number of counted rows.
+double cross_entropy_finish(const CrossEntropyRow* st, const int32_t* targets, int64_t rows,
+                            int32_t ignore_index, float* lse, int64_t* count);
 
 // begin_shared_input .. end_shared_input over a scope.
 class SharedInput {

@@ -17,6 +17,7 @@ DistSettings DistSettings::from_config(const Config& c) {
   s.backend = c.get("dist.backend");
   s.zero_stage = static_cast<int>(c.get_int("dist.zero_stage"));
   s.timeout_s = c.get_float("dist.timeout_s");
+  s.row_chunk_bytes = static_cast<uint64_t>(c.get_int("dist.row_chunk_kib")) << 10;
   s.offload_optimizer = c.get("offload.optimizer");
   s.offload_params = c.get("offload.params");
   s.offload_dir = c.get("offload.dir");

@@ -25,8 +25,33 @@ void copy_overlap(char* dst, size_t lo, size_t hi, const char* src, size_t off, 
 }
 }  // namespace
 
+RowChunks RowChunks::of(int64_t rows, uint64_t row_bytes, int world, uint64_t chunk_bytes) {
+  RowChunks c;
+  c.row_bytes = row_bytes;
+  const int64_t w = world;
+  const int64_t share = (rows + w - 1) / w;  // one chunk holds the whole matrix at most
+  const int64_t most =
+      std::clamp<int64_t>(static_cast<int64_t>(chunk_bytes / (uint64_t(w) * row_bytes)), 1,
+                          std::max<int64_t>(1, share));
+  c.chunks = (rows + w * most - 1) / (w * most);
+  c.per = (rows + w * c.chunks - 1) / (w * c.chunks);  // the chunks evened out: little padding
+  return c;
+}
+
+bool row_shardable(const QWeight& w) {
+  return w.kind == QuantKind::F32 && w.rows > 0 && w.absmax.empty() && w.nested_absmax.empty() &&
+         w.code.empty() && w.nested_code.empty() && w.scb.empty();
+}
+
+uint64_t row_lookup_bytes(int64_t rows, int64_t dim, int world) {
+  auto rb = [](uint64_t n) { return (n + 63) / 64 * 64; };
+  const uint64_t w = uint64_t(world), r = uint64_t(rows), d = uint64_t(dim);
+  return rb(w * r * 4) + rb(w * r * d * 4) + rb(r * d * 4);
+}
+
 Zero3Stream::Zero3Stream(Model& model, Communicator* comm, MemoryTracker* tracker,
-                         DeviceAllocator* device, WeightGroupSource* source)
+                         DeviceAllocator* device, WeightGroupSource* source,
+                         uint64_t row_chunk_bytes)
     : model_(&model),
       comm_(comm),
       tracker_(tracker),
@@ -47,6 +72,10 @@ Zero3Stream::Zero3Stream(Model& model, Communicator* comm, MemoryTracker* tracke
     write(h.data());
     shard.copy_from_host(h.data(), h.size());
   };
+  // The runner reads row-sharded storage through lookup_rows and each_head_slice together, so
+  // the embedding and the head are sharded by rows both or neither.
+  const bool by_rows = row_chunk_bytes && !device_ && row_shardable(model.tok_embd) &&
+                       (!model.output.rows || row_shardable(model.output));
   // Group by group: with a source (a deferred load) the group is loaded, sliced and freed, so
   // no more than one group is ever whole here; else every shard is made before any full Buffer
   // goes (an out-of-memory leaves the model whole).
@@ -55,15 +84,22 @@ Zero3Stream::Zero3Stream(Model& model, Communicator* comm, MemoryTracker* tracke
     if (source) source->load(model, static_cast<int>(gi));
     try {
       for_each_weight_buffer(model, [&](int bg, Buffer& b) {
-        if (bg == static_cast<int>(gi) && !b.empty()) g.slots.push_back({&b, b.size(), 0, {}});
+        if (bg == static_cast<int>(gi) && !b.empty()) g.slots.push_back({&b, b.size()});
       });
-      for (Slot& sl : g.slots)
-        if (sl.bytes >= kLargeSlot) {
+      for (Slot& sl : g.slots) {
+        // The f32 embedding and untied head by rows (host shards, host compute).
+        const bool emb = sl.buf == &model.tok_embd.data, head = sl.buf == &model.output.data;
+        if (by_rows && (emb || head)) {
+          const QWeight* w = emb ? &model.tok_embd : &model.output;
+          shard_rows(sl, *w, row_chunk_bytes);
+          (emb ? emb_rows_ : head_rows_) = &sl;
+        } else if (sl.bytes >= kLargeSlot) {
           sl.per_rank = slice_bytes(sl.bytes, world_);
           sl.shard = make(MemCategory::Weights, sl.per_rank, "ZeRO-3 shard");
         } else {
           g.total += sl.bytes;
         }
+      }
       g.per_rank = slice_bytes(g.total, world_);
       if (g.total) g.shard = make(MemCategory::Weights, g.per_rank, "ZeRO-3 shard");
       const size_t lo = g.per_rank * static_cast<size_t>(rank_), hi = lo + g.per_rank;
@@ -78,7 +114,7 @@ Zero3Stream::Zero3Stream(Model& model, Communicator* comm, MemoryTracker* tracke
         fill(g.shard, [&](char* dst) {
           size_t off = 0;  // of a small slot in the group's packed stream
           for (const Slot& sl : g.slots)
-            if (!sl.per_rank) {
+            if (sl.packed()) {
               copy_overlap(dst, lo, hi, sl.buf->as<const char>(), off, sl.bytes);
               off += sl.bytes;
             }
@@ -94,6 +130,24 @@ Zero3Stream::Zero3Stream(Model& model, Communicator* comm, MemoryTracker* tracke
   if (!source)
     for (Group& g : groups_)
       for (const Slot& sl : g.slots) sl.buf->reset();
+  if (by_rows && !model.output.rows) head_rows_ = emb_rows_;  // tied
+}
+
+void Zero3Stream::shard_rows(Slot& sl, const QWeight& w, uint64_t chunk_bytes) {
+  const uint64_t rb = uint64_t(w.cols) * 4;
+  sl.rows = RowChunks::of(w.rows, rb, world_, chunk_bytes);
+  sl.n_rows = w.rows;
+  sl.cols = w.cols;
+  sl.shard = make(MemCategory::Weights, sl.rows.shard_bytes(), "ZeRO-3 row shard");
+  // Of chunk c this rank keeps rows (c * world + rank) * per + [0, per).
+  const int64_t per = sl.rows.per, world = world_;
+  char* dst = sl.shard.as<char>();
+  const char* src = sl.buf->as<const char>();
+  for (int64_t c = 0; c < sl.rows.chunks; ++c)
+    for (int64_t j = 0; j < per; ++j) {
+      const int64_t row = (c * world + rank_) * per + j;
+      if (row < w.rows) std::memcpy(dst + (c * per + j) * rb, src + row * rb, rb);
+    }
 }
 
 Buffer Zero3Stream::make(MemCategory c, size_t bytes, const char* what) const {
@@ -123,8 +177,13 @@ uint64_t Zero3Stream::full_bytes() const {
 
 std::string Zero3Stream::describe() const {
   if (detached_) return "ZeRO-3 shards of a trainer that has ended";
-  return strf("ZeRO-3 shards over %d ranks (%s of %s here)", world_,
-              format_bytes(shard_bytes()).c_str(), format_bytes(full_bytes()).c_str());
+  std::string rows;
+  if (head_rows_)
+    rows = strf("; embedding and head by rows, gathered in %lld chunks",
+                static_cast<long long>(head_rows_->rows.chunks));
+  return strf("ZeRO-3 shards over %d ranks (%s of %s here%s)", world_,
+              format_bytes(shard_bytes()).c_str(), format_bytes(full_bytes()).c_str(),
+              rows.c_str());
 }
 
 Zero3Stream::Fetch Zero3Stream::start(int u) {
@@ -175,6 +234,7 @@ void Zero3Stream::install(Fetch& f) {
       size_t off = 0;
       for (size_t i = 0; i < g.slots.size(); ++i) {
         const Slot& sl = g.slots[i];
+        if (sl.rows.per) continue;  // never installed
         if (sl.per_rank) {
           // The gathered Buffer itself: sl.bytes of data, then padding nothing reads.
           *sl.buf = std::move(f.full[k][i]);
@@ -256,7 +316,7 @@ void Zero3Stream::acquire(int u, int next) {
 bool Zero3Stream::present(int u) const {
   for (int gi : groups_of(u))
     for (const Slot& sl : groups_[static_cast<size_t>(gi)].slots)
-      if (sl.buf->empty()) return false;
+      if (!sl.rows.per && sl.buf->empty()) return false;
   return true;
 }
 
@@ -278,6 +338,82 @@ void Zero3Stream::release(int u) noexcept {
   if (!keep_ && installed_ == u) uninstall(u);
 }
 
+void Zero3Stream::lookup_rows(const int32_t* tokens, int64_t n, float* out) {
+  QLFT_CHECK_ARG(emb_rows_ && comm_, "ZeRO-3: %s has no row-sharded embedding", describe().c_str());
+  const Slot& sl = *emb_rows_;
+  const int64_t per = sl.rows.per, w = world_, V = sl.n_rows;
+  const uint64_t rb = sl.rows.row_bytes;
+  // How many ids each rank looks up, then all of them (each rank's padded to the most).
+  std::vector<int64_t> counts(static_cast<size_t>(w));
+  comm_->all_gather_raw(&n, counts.data(), sizeof(int64_t));
+  const int64_t most = *std::max_element(counts.begin(), counts.end());
+  if (most == 0) return;
+  Buffer ids = make(MemCategory::Communication, size_t(w * most) * 4, "embedding lookup ids");
+  {
+    std::vector<int32_t> mine(static_cast<size_t>(most), 0);
+    std::copy(tokens, tokens + n, mine.begin());
+    comm_->all_gather_raw(mine.data(), ids.data(), size_t(most) * 4);
+  }
+  // Every rank checks every rank's ids, so a bad one fails all of them alike.
+  const int32_t* all = ids.as<int32_t>();
+  for (int64_t q = 0; q < w; ++q)
+    for (int64_t i = 0; i < counts[size_t(q)]; ++i) {
+      const int32_t t = all[q * most + i];
+      if (t < 0 || t >= V)
+        throw_error(QLFT_ERR_INVALID_ARGUMENT,
+                    "token id %d at position %lld of rank %lld is outside the vocabulary of %lld "
+                    "tokens",
+                    t, static_cast<long long>(i), static_cast<long long>(q),
+                    static_cast<long long>(V));
+    }
+  // Rows this rank keeps, at [asking rank, position]; a sum over ranks hands each its rows.
+  Buffer part = make(MemCategory::Communication, size_t(w * most) * rb, "embedding lookup rows");
+  const char* shard = sl.shard.as<const char>();
+  char* dst = part.as<char>();
+  for (int64_t k = 0; k < w * most; ++k) {
+    if (k % most >= counts[size_t(k / most)]) continue;
+    const int64_t t = all[k], c = t / (w * per), in = t % (w * per);
+    if (in / per != rank_) continue;
+    std::memcpy(dst + k * int64_t(rb), shard + (c * per + in % per) * int64_t(rb), rb);
+  }
+  Buffer mine = make(MemCategory::Communication, size_t(most) * rb, "embedding lookup sum");
+  comm_->reduce_scatter(part.as<float>(), mine.as<float>(), size_t(most) * (rb / 4), ReduceOp::Sum);
+  if (n) std::memcpy(out, mine.data(), size_t(n) * rb);
+}
+
+void Zero3Stream::each_head_slice(const std::function<void(const QWeight&, int64_t)>& f) {
+  QLFT_CHECK_ARG(head_rows_ && comm_, "ZeRO-3: %s has no row-sharded head", describe().c_str());
+  const Slot& sl = *head_rows_;
+  const RowChunks& rc = sl.rows;
+  const size_t part = size_t(rc.per) * rc.row_bytes;  // one rank's share of a chunk
+  struct Chunk {
+    Buffer rows;
+    std::unique_ptr<PendingCollective> pending;
+  };
+  auto start_chunk = [&](int64_t c) {
+    Chunk k;
+    k.rows = make(MemCategory::Communication, rc.gathered_bytes(world_), "gathered head rows");
+    k.pending = comm_->start_all_gather_raw(sl.shard.as<const char>() + size_t(c) * part,
+                                            k.rows.data(), part);
+    return k;
+  };
+  const int64_t span = int64_t(world_) * rc.per;  // rows of a chunk
+  Chunk cur = start_chunk(0);
+  for (int64_t c = 0; c < rc.chunks; ++c) {
+    Chunk next;
+    if (c + 1 < rc.chunks) next = start_chunk(c + 1);  // in flight while this one is used
+    cur.pending->wait();
+    cur.pending.reset();
+    QWeight slice;
+    slice.kind = QuantKind::F32;
+    slice.rows = std::min(span, sl.n_rows - c * span);
+    slice.cols = sl.cols;
+    slice.data = std::move(cur.rows);
+    f(slice, c * span);
+    cur = std::move(next);
+  }
+}
+
 void Zero3Stream::replay_training_pass(const std::function<void(int)>& backward_layer) {
   // LlamaRunner::run_forward (training) then backward: the same acquires with the same hints.
   const int L = static_cast<int>(unit_groups_.size()) - 2;
@@ -285,9 +421,16 @@ void Zero3Stream::replay_training_pass(const std::function<void(int)>& backward_
     acquire(u, next);
     release(u);
   };
-  use(kEmbeddingUnit, layer_unit(0));
+  {
+    UnitUse emb(this, kEmbeddingUnit, layer_unit(0));
+    if (rows_sharded()) lookup_rows(nullptr, 0, nullptr);  // no ids of its own
+  }
   for (int l = 0; l < L; ++l) use(layer_unit(l), l + 1 < L ? layer_unit(l + 1) : head_unit(L));
-  use(head_unit(L), head_unit(L));
+  {
+    UnitUse head(this, head_unit(L), head_unit(L));
+    if (rows_sharded())  // the cross-entropy's two passes (model/llama.cpp)
+      for (int pass = 0; pass < 2; ++pass) each_head_slice([](const QWeight&, int64_t) {});
+  }
   use(head_unit(L), layer_unit(L - 1));
   for (int l = L - 1; l >= 0; --l) {
     acquire(layer_unit(l), l > 0 ? layer_unit(l - 1) : kNoUnit);

@@ -14,6 +14,16 @@
 // With tied embeddings the head unit is the final norm plus the embedding's group: the
 // embedding is stored once and gathered for both units.
 //
+// Row sharding (row_chunk_bytes > 0, host shards, a host backend computing): the f32 token
+// embedding and the untied f32 head are never gathered whole. Each is cut into chunks of
+// world x per rows (RowChunks, about row_chunk_bytes gathered), and rank r keeps rows [r * per,
+// (r + 1) * per) of every chunk, so the gather of one chunk is consecutive rows of the matrix.
+// The lookup (lookup_rows) all-gathers every rank's token ids, each rank writes the rows it
+// keeps into a zeroed [world, rows, dim] buffer and a sum reduce-scatter hands each rank its own
+// rows (exact: one term of each sum is the row, the others +0). The head (each_head_slice) is
+// gathered chunk by chunk, the next one in flight while the current one is used. What is alive
+// at once is two chunks, not the matrix (108 MiB for SmolLM2-135M's tied embedding).
+//
 // Prefetch: acquire(u, next) starts a non-blocking gather of next, which overlaps u's compute
 // (as far as MPI progresses it: OpenMPI moves data only inside MPI calls, so large transfers
 // complete mostly at the wait). At most the acquired unit and one prefetched unit are alive.
@@ -41,6 +51,24 @@
 
 namespace qlft::dist {
 
+// The row chunks of a row-sharded matrix (see above): `per` rows of each of `chunks` chunks per
+// rank, so world * per * chunks >= rows (the last chunk padded with zero rows). The planner
+// (train/planner.cpp) sizes shards and gathers with it.
+struct RowChunks {
+  int64_t per = 0, chunks = 0;
+  uint64_t row_bytes = 0;
+  static RowChunks of(int64_t rows, uint64_t row_bytes, int world, uint64_t chunk_bytes);
+  uint64_t shard_bytes() const { return uint64_t(chunks * per) * row_bytes; }
+  uint64_t gathered_bytes(int world) const { return uint64_t(world) * uint64_t(per) * row_bytes; }
+};
+
+// Whether ZeRO-3 shards w by rows: a plain f32 matrix (no scales or codes).
+bool row_shardable(const QWeight& w);
+
+// The bytes lookup_rows holds while it looks up `rows` tokens on each of `world` ranks with
+// `dim`-wide rows: the gathered ids, the [world, rows, dim] partial rows and this rank's sum.
+uint64_t row_lookup_bytes(int64_t rows, int64_t dim, int world);
+
 class Zero3Stream final : public WeightStream {
  public:
   // Shards model's weights now (the full Buffers are freed once every shard is allocated; on
@@ -50,8 +78,11 @@ class Zero3Stream final : public WeightStream {
   // buffers); nullptr keeps them in host memory.
   // source: the model was loaded deferred (LoadOptions::deferred, its Buffers empty): each
   // group is loaded from it, sliced and freed in turn.
+  // row_chunk_bytes: > 0 row-shards the f32 embedding and head (host shards only; the runner
+  // must compute on the host: it gets their rows through lookup_rows and each_head_slice).
   Zero3Stream(Model& model, Communicator* comm, MemoryTracker* tracker,
-              DeviceAllocator* device = nullptr, WeightGroupSource* source = nullptr);
+              DeviceAllocator* device = nullptr, WeightGroupSource* source = nullptr,
+              uint64_t row_chunk_bytes = 0);
   ~Zero3Stream() override;
 
   void acquire(int u, int next) override;
@@ -61,6 +92,9 @@ class Zero3Stream final : public WeightStream {
   // generation on one rank without its peers (host shards; nullptr over a device
   // communicator). Works after detach() too. Evicts what this stream installed.
   std::shared_ptr<WeightStream> rank_local() override;
+  bool rows_sharded() const override { return emb_rows_ != nullptr; }
+  void lookup_rows(const int32_t* tokens, int64_t n, float* out) override;
+  void each_head_slice(const std::function<void(const QWeight&, int64_t)>& f) override;
 
   // The acquires of one training forward and backward of the runner, without compute: a rank
   // with fewer micro-batches than its peers joins their gathers with it. backward_layer(l), when
@@ -83,11 +117,16 @@ class Zero3Stream final : public WeightStream {
   // the Buffer the model gets back (a few padding bytes past its size, never read): no second
   // copy of the big tensors. Small ones (norms, biases, scales, code books) are packed per group
   // into one slice and one gather, then copied out.
+  // A row-sharded slot (rows.per > 0) keeps RowChunks' rows of the matrix in its shard and is
+  // never installed in the model: units skip it.
   struct Slot {
     Buffer* buf;
     size_t bytes;
     size_t per_rank = 0;  // large slots: this rank's slice
-    Buffer shard;         // large slots
+    Buffer shard;         // large slots, row-sharded slots
+    RowChunks rows;       // row-sharded slots
+    int64_t n_rows = 0, cols = 0;
+    bool packed() const { return !per_rank && !rows.per; }  // one of the group's small slots
   };
   struct Group {
     std::vector<Slot> slots;
@@ -111,6 +150,7 @@ class Zero3Stream final : public WeightStream {
   void drop_ahead() noexcept;  // the same, errors swallowed (cleanup paths)
 
   bool present(int u) const;  // every Buffer of u is filled (a rank-local stream may empty them)
+  void shard_rows(Slot& sl, const QWeight& w, uint64_t chunk_bytes);
 
   Model* model_;
   Communicator* comm_;
@@ -124,6 +164,8 @@ class Zero3Stream final : public WeightStream {
   int held_ = kNoUnit;       // unit acquired and not yet released
   bool keep_ = false;        // installed_ stays after its release (acquire(u, u))
   std::unique_ptr<Fetch> ahead_;
+  const Slot* emb_rows_ = nullptr;   // row-sharded embedding, or nullptr
+  const Slot* head_rows_ = nullptr;  // row-sharded head (the embedding's slot when tied)
   int64_t gathers_ = 0, hits_ = 0;
   bool detached_ = false;
 };

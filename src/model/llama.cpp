@@ -527,7 +527,10 @@ LossResult LlamaRunner::run_forward(const TokenBatch& b, bool training, float gr
   WeightStream* ws = model_.stream.get();
   {
     UnitUse use(ws, kEmbeddingUnit, layer_unit(0));
-    be_.embedding_fwd(model_.tok_embd, tokens_.as<int32_t>(), mat(resid_[0], R, c.dim));
+    if (ws && ws->rows_sharded())  // host memory (a host backend)
+      ws->lookup_rows(tokens_.as<int32_t>(), R, resid_[0].as<float>());
+    else
+      be_.embedding_fwd(model_.tok_embd, tokens_.as<int32_t>(), mat(resid_[0], R, c.dim));
   }
   for (int l = 0; l < c.n_layers; ++l) {
     UnitUse use(ws, layer_unit(l), l + 1 < c.n_layers ? layer_unit(l + 1) : head_unit(c.n_layers));
@@ -546,7 +549,16 @@ LossResult LlamaRunner::run_forward(const TokenBatch& b, bool training, float gr
   UnitUse head_use(ws, head_unit(c.n_layers), training ? head_unit(c.n_layers) : kNoUnit);
   be_.rmsnorm_fwd(cmat(resid_[c.n_layers], R, c.dim), frozen(model_.output_norm), c.rms_eps,
                   mat(xnf_, R, c.dim), rstdf_.as<float>());
-  if (logits.data) be_.head_logits(model_.head(), cmat(xnf_, R, c.dim), logits);
+  const bool sliced = ws && ws->rows_sharded();
+  if (logits.data && sliced)
+    ws->each_head_slice([&](const QWeight& slice, int64_t row0) {
+      Buffer part = make(be_, MemCategory::Workspace, R * slice.rows, "logits of a head slice");
+      be_.head_logits(slice, cmat(xnf_, R, c.dim), mat(part, R, slice.rows));
+      for (int64_t r = 0; r < R; ++r)
+        std::copy_n(part.as<float>() + r * slice.rows, slice.rows, logits.row(r) + row0);
+    });
+  else if (logits.data)
+    be_.head_logits(model_.head(), cmat(xnf_, R, c.dim), logits);
 
   LossResult res;
   if (!b.targets) return res;
@@ -560,11 +572,37 @@ LossResult LlamaRunner::run_forward(const TokenBatch& b, bool training, float gr
     if (grad_scale == 0.f) grad_scale = count ? 1.f / static_cast<float>(count) : 0.f;
   }
   int64_t got = 0;
-  res.loss_sum = be_.linear_cross_entropy(model_.head(), cmat(xnf_, R, c.dim), tg, kIgnoreIndex,
-                                          grad_scale, dh, &got);
+  if (sliced)
+    res.loss_sum = cross_entropy_by_slices(*ws, tg, grad_scale, dh, &got);
+  else
+    res.loss_sum = be_.linear_cross_entropy(model_.head(), cmat(xnf_, R, c.dim), tg, kIgnoreIndex,
+                                            grad_scale, dh, &got);
   res.count = got;
   have_forward_ = training;
   return res;
+}
+
+double LlamaRunner::cross_entropy_by_slices(WeightStream& ws, const int32_t* targets,
+                                            float grad_scale, MatF dh, int64_t* count) {
+  // The head's rows come a slice at a time (a row-sharded ZeRO-3 head): both passes walk them,
+  // the per-row state of pass 1 and the log-sum-exp of every row held between them.
+  const int64_t R = rows_, V = model_.cfg.vocab;
+  const CMatF h = cmat(xnf_, R, model_.cfg.dim);
+  Buffer state(be_.tracker(), MemCategory::Workspace, size_t(R) * sizeof(CrossEntropyRow),
+               "cross-entropy row stats");
+  Buffer lse(be_.tracker(), MemCategory::Workspace, size_t(R) * 4, "cross-entropy row lse");
+  auto* st = state.as<CrossEntropyRow>();
+  std::fill(st, st + R, CrossEntropyRow{});
+  ws.each_head_slice([&](const QWeight& slice, int64_t row0) {
+    be_.cross_entropy_stats(slice, row0, V, h, targets, kIgnoreIndex, st);
+  });
+  const double loss = cross_entropy_finish(st, targets, R, kIgnoreIndex, lse.as<float>(), count);
+  if (dh.data)
+    ws.each_head_slice([&](const QWeight& slice, int64_t row0) {
+      be_.cross_entropy_grad(slice, row0, V, h, targets, kIgnoreIndex, lse.as<float>(), grad_scale,
+                             dh);
+    });
+  return loss;
 }
 
 LossResult LlamaRunner::forward(const TokenBatch& b, float grad_scale, uint64_t dropout_seed) {

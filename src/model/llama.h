@@ -166,6 +166,10 @@ class LlamaRunner {
   void round_stored(LayerActs& a);
   void layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx);
   LossResult run_forward(const TokenBatch& b, bool training, float grad_scale, MatF logits);
+  // The fused cross-entropy (Backend::linear_cross_entropy) over a head ws hands out in row
+  // slices (WeightStream::rows_sharded). Host memory.
+  double cross_entropy_by_slices(WeightStream& ws, const int32_t* targets, float grad_scale,
+                                 MatF dh, int64_t* count);
   LoraRef lora_ref(int l, Proj p, bool* has) const;
   // A frozen fp32 vector of the model (norm weight, bias) where the backend computes: the host
   // array itself, or its device copy (made once per runner).

@@ -8,8 +8,12 @@
 // stream can fetch it (all-gather, file read) while the current one computes.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+
+#include "quant/qweight.h"
 
 namespace qlft {
 
@@ -42,6 +46,20 @@ class WeightStream {
   // rank uses to evaluate or generate while its peers do something else), or nullptr when there
   // is none. Using it leaves this stream's own state consistent (it evicts what it installed).
   virtual std::shared_ptr<WeightStream> rank_local() { return nullptr; }
+
+  // A stream may keep the token embedding and the output head sharded by rows and never whole
+  // (ZeRO-3 on host ranks, dist/zero3_stream.h): rows_sharded() says so. The embedding and head
+  // units then acquire no rows of them, and the runner instead looks its tokens up with
+  // lookup_rows (inside the embedding unit) and walks the head with each_head_slice (inside the
+  // head unit). Both are collectives when the stream's are: every rank calls them, in the same
+  // order, with its own rows (none is fine).
+  virtual bool rows_sharded() const { return false; }
+  // out[i] = embedding row tokens[i], i < n (n x dim floats in host memory). Throws
+  // QLFT_ERR_INVALID_ARGUMENT for an id outside the vocabulary (on every rank alike).
+  virtual void lookup_rows(const int32_t* tokens, int64_t n, float* out);
+  // f(slice, row0) for consecutive slices of the head (slice holds rows [row0, row0 +
+  // slice.rows), valid during the call), in row order, covering every row.
+  virtual void each_head_slice(const std::function<void(const QWeight& slice, int64_t row0)>& f);
 };
 
 // Holds a unit for the length of a scope (no-op without a stream).

@@ -9,6 +9,7 @@
 #include "config/config.h"
 #include "config/keys.h"
 #include "dist/communicator.h"
+#include "dist/zero3_stream.h"
 #include "core/error.h"
 #include "core/threads.h"
 #include "formats/gguf.h"
@@ -129,6 +130,8 @@ void add_fixed(WeightFootprint& w, const ModelConfig& c) {
   add_slot_dev(w, 0, uint64_t(c.vocab) * c.dim * 4);
   add_slot_dev(w, head, uint64_t(c.dim) * 4);
   if (!c.tied_embeddings) add_slot_dev(w, head, uint64_t(c.vocab) * c.dim * 4);
+  w.f32_rows = c.vocab;
+  w.row_bytes = uint64_t(c.dim) * 4;
 }
 
 void add_biases(WeightFootprint& w, size_t g, const int64_t shapes[kProjCount][2]) {
@@ -263,6 +266,10 @@ WeightFootprint weight_footprint(const Model& m) {
   const size_t L = m.layers.size();
   w.groups.assign(L + 2, {});
   w.tied = m.output.rows == 0;
+  if (dist::row_shardable(m.tok_embd) && (w.tied || dist::row_shardable(m.output))) {
+    w.f32_rows = m.tok_embd.rows;
+    w.row_bytes = uint64_t(m.tok_embd.cols) * 4;
+  }
   // Every buffer as loaded; the device copies of those the runner reads (an empty untied head
   // has none).
   auto buf = [&](size_t g, const Buffer& b) { add_slot_dev(w, g, b.size()); };
@@ -327,6 +334,7 @@ PlanSettings PlanSettings::from_config(const Config& c) {
   s.threads = static_cast<int>(c.get_int("threads"));
   s.backend = c.get("backend");
   s.zero_stage = static_cast<int>(c.get_int("dist.zero_stage"));
+  s.row_chunk_bytes = static_cast<uint64_t>(c.get_int("dist.row_chunk_kib")) << 10;
   s.world = c.get("dist.backend") == "none" ? 1 : dist::detect_launch().world;
   s.dist_backend = c.get("dist.backend");
   s.offload_optimizer = c.get("offload.optimizer");
@@ -444,69 +452,101 @@ uint64_t slots_bytes(const std::vector<uint64_t>& g) {
   return n;
 }
 
-// A deferred ZeRO-3 load (dist/zero3_stream.h, host shards): the most weight bytes alive, when
-// a group is whole beside the shards of the groups before it and its own (or alone, in the
-// load's first pass).
-uint64_t zero3_deferred_load_peak(const WeightFootprint& w, int world) {
-  constexpr uint64_t kLargeSlot = 64 << 10;
-  auto slice = [world](uint64_t bytes) {
+// How ZeRO-3 (dist/zero3_stream.h) keeps the footprint's buffers on one of `world` ranks:
+// a buffer of 64 KiB or more sliced on its own (ceil(bytes / world) rounded up to 64 per rank)
+// and gathered straight into the buffer the model gets back (world x slice bytes); the smaller
+// ones of a group packed into one slice, gathered into one buffer and copied out into buffers of
+// their own sizes; with row sharding (row_chunk > 0: host ranks computing on the host) the f32
+// embedding and untied head by rows (RowChunks), never gathered whole.
+struct Zero3Layout {
+  const WeightFootprint& w;
+  int world;
+  uint64_t row_chunk;  // 0: no row sharding
+
+  static constexpr uint64_t kLargeSlot = 64 << 10;
+  uint64_t slice(uint64_t bytes) const {
     const uint64_t share = (bytes + world - 1) / world;
     return (share + 63) / 64 * 64;
-  };
+  }
+  bool rows() const { return row_chunk && w.f32_rows > 0; }
+  dist::RowChunks chunks() const {
+    return dist::RowChunks::of(w.f32_rows, w.row_bytes, world, row_chunk);
+  }
+  // Slot i of group g is the embedding's or the untied head's f32 matrix, kept by rows.
+  bool by_rows(size_t g, size_t i) const {
+    return rows() && i == (g == 0 ? 0u : 1u) && (g == 0 || (!w.tied && g == w.groups.size() - 1));
+  }
+  bool large(size_t g, size_t i) const { return !by_rows(g, i) && w.groups[g][i] >= kLargeSlot; }
+  bool packed(size_t g, size_t i) const { return !by_rows(g, i) && !large(g, i); }
+  // This rank's kept bytes of slot (g, i) (0 for a packed one: see packed_share).
+  uint64_t share(size_t g, size_t i) const {
+    if (by_rows(g, i)) return rb(chunks().shard_bytes());
+    return large(g, i) ? rb(slice(w.groups[g][i])) : 0;
+  }
+  uint64_t packed_bytes(size_t g) const {
+    uint64_t n = 0;
+    for (size_t i = 0; i < w.groups[g].size(); ++i) n += packed(g, i) ? w.groups[g][i] : 0;
+    return n;
+  }
+};
+
+// A deferred ZeRO-3 load (host shards): the most weight bytes alive, when a group is whole
+// beside the shards of the groups before it and its own (or alone, in the load's first pass).
+uint64_t zero3_deferred_load_peak(const Zero3Layout& z) {
   uint64_t shards = 0, peak = 0;
-  for (const std::vector<uint64_t>& g : w.groups) {
-    uint64_t full = 0, small = 0, mine = 0;
-    for (uint64_t b : g) {
-      full += rb(b);
-      if (b >= kLargeSlot)
-        mine += rb(slice(b));
-      else
-        small += b;
+  for (size_t g = 0; g < z.w.groups.size(); ++g) {
+    uint64_t full = 0, mine = 0;
+    for (size_t i = 0; i < z.w.groups[g].size(); ++i) {
+      full += rb(z.w.groups[g][i]);
+      mine += z.share(g, i);
     }
-    if (small) mine += rb(slice(small));
+    if (const uint64_t small = z.packed_bytes(g)) mine += rb(z.slice(small));
     peak = std::max(peak, shards + full + mine);
     shards += mine;
   }
   return peak;
 }
 
-// ZeRO-3 (dist/zero3_stream.h): this rank's shards (weights) and the most gathered bytes alive
-// at once (communication). A buffer of 64 KiB or more is sliced on its own (ceil(bytes / world)
-// rounded up to 64 per rank) and gathered straight into the buffer the model gets back (world x
-// slice bytes); the smaller ones of a group are packed into one slice, gathered into one buffer
-// and copied out into buffers of their own sizes.
+// ZeRO-3: this rank's shards (weights) and the most gathered bytes alive at once
+// (communication) in a training pass of `rows` token rows.
 // held(n): the bytes the memory holding the buffers counts for a Buffer of n bytes (the host's
 // 64-byte rounding, or a device allocator's size classes on top of it: ZeRO-3 over NCCL).
 template <class Held>
-void zero3_bytes(const WeightFootprint& w, int world, const Held& held, uint64_t* shards,
-                 uint64_t* gathered) {
-  constexpr uint64_t kLargeSlot = 64 << 10;
-  auto slice = [world](uint64_t bytes) {
-    const uint64_t share = (bytes + world - 1) / world;
-    return (share + 63) / 64 * 64;
-  };
+void zero3_bytes(const Zero3Layout& z, const ModelConfig& c, int64_t rows, const Held& held,
+                 uint64_t* shards, uint64_t* gathered) {
+  const WeightFootprint& w = z.w;
   const size_t G = w.groups.size();
   // packed: the small slots' gather buffer; large: the large slots' gathered buffers; copies:
   // the small slots' own buffers once installed.
   std::vector<uint64_t> packed(G), large(G), copies(G);
   *shards = 0;
   for (size_t g = 0; g < G; ++g) {
-    uint64_t small = 0;
-    for (uint64_t b : w.groups[g]) {
-      if (b >= kLargeSlot) {
-        *shards += held(slice(b));
-        large[g] += held(slice(b) * world);
+    for (size_t i = 0; i < w.groups[g].size(); ++i) {
+      const uint64_t b = w.groups[g][i];
+      if (z.by_rows(g, i)) {
+        *shards += held(z.chunks().shard_bytes());
+      } else if (z.large(g, i)) {
+        *shards += held(z.slice(b));
+        large[g] += held(z.slice(b) * z.world);
       } else {
-        small += b;
         copies[g] += held(b);
       }
     }
-    if (small) *shards += held(slice(small));
-    packed[g] = small ? held(slice(small) * world) : 0;
+    const uint64_t small = z.packed_bytes(g);
+    if (small) *shards += held(z.slice(small));
+    packed[g] = small ? held(z.slice(small) * z.world) : 0;
   }
   auto fetched = [&](size_t g) { return packed[g] + large[g]; };
   auto installed = [&](size_t g) { return large[g] + copies[g]; };
   const int L = static_cast<int>(G) - 2;
+  // Row sharding: the lookup's buffers inside the embedding unit, and the head's chunks (the
+  // one in use and the next in flight) inside the head unit's first acquire.
+  uint64_t lookup = 0, head_chunks = 0;
+  if (z.rows()) {
+    const dist::RowChunks rc = z.chunks();
+    lookup = dist::row_lookup_bytes(rows, c.dim, z.world);
+    head_chunks = held(rc.gathered_bytes(z.world)) * uint64_t(std::min<int64_t>(rc.chunks, 2));
+  }
   *gathered = 0;
   int current = kNoUnit;
   for (auto [u, next] : training_unit_order(L)) {
@@ -526,6 +566,8 @@ void zero3_bytes(const WeightFootprint& w, int world, const Held& held, uint64_t
     uint64_t ahead = 0;
     if (next != kNoUnit && next != u)
       for (size_t g : unit_groups(w, next)) ahead += fetched(g);
+    if (u == kEmbeddingUnit) ahead += lookup;
+    if (u == head_unit(L) && next == u) ahead += head_chunks;
     *gathered = std::max(*gathered, in_use + ahead);
   }
 }
@@ -635,7 +677,8 @@ void plan_device_persistent(const ModelConfig& c, const WeightFootprint& w, cons
     // in place; the host keeps no weights after sharding.
     uint64_t shards = 0, gathered = 0;
     zero3_bytes(
-        w, s.world, [&m](uint64_t n) { return m.round(rb(n)); }, &shards, &gathered);
+        Zero3Layout{w, s.world, 0}, c, 0, [&m](uint64_t n) { return m.round(rb(n)); }, &shards,
+        &gathered);
     weights += shards;
     d[int(MemCategory::Communication)] += gathered;
     p->train[int(MemCategory::Weights)] = 0;
@@ -705,8 +748,10 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
   auto& cat = p.train;
   const bool have_groups = w.groups.size() == static_cast<size_t>(c.n_layers) + 2;
   cat[int(MemCategory::Weights)] = w.bytes;
+  // ZeRO-3 on host ranks (a host backend) keeps the f32 embedding and head by rows.
+  const Zero3Layout z3{w, s.world, s.backend == "cuda" ? 0 : s.row_chunk_bytes};
   if (have_groups && s.zero_stage == 3) {
-    zero3_bytes(w, s.world, rb, &cat[int(MemCategory::Weights)],
+    zero3_bytes(z3, c, R, rb, &cat[int(MemCategory::Weights)],
                 &cat[int(MemCategory::Communication)]);
   } else if (have_groups && s.offload_params == "nvme") {
     cat[int(MemCategory::Weights)] = nvme_resident_bytes(w, s.offload_buffers);
@@ -810,7 +855,7 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
   // by group beside the shards made so far.
   uint64_t loaded = w.bytes;
   if (have_groups && s.zero_stage == 3 && s.world > 1 && s.dist_backend == "mpi") {
-    loaded = zero3_deferred_load_peak(w, s.world);
+    loaded = zero3_deferred_load_peak(z3);
     p.load_peak = loaded + w.load_staging;
   } else if (have_groups && s.zero_stage == 3) {
     loaded += cat[int(MemCategory::Weights)];

@@ -75,6 +75,11 @@ struct WeightFootprint {
   // them: 0 the embedding, 1..n_layers the layers, n_layers + 1 the final norm and untied head.
   std::vector<std::vector<uint64_t>> groups;
   bool tied = false;  // the head unit also reads group 0
+  // The token embedding (group 0's first buffer) and an untied head (group n_layers + 1's
+  // second) as plain f32 matrices of this many rows of row_bytes each, which ZeRO-3 on host
+  // ranks shards by rows (dist/zero3_stream.h); 0 when they are not both plain f32.
+  int64_t f32_rows = 0;
+  uint64_t row_bytes = 0;
   // The blocks a device backend makes of the weights the runner uses (unrounded): each matrix's
   // data and its float scales (NF4 absmax as fp32, INT8 row scales), norm weights and biases.
   std::vector<uint64_t> device_slots;
@@ -100,11 +105,12 @@ struct PlanSettings {
   int accumulation = 1;  // micro-batches per step (more than one keeps backward temporaries)
   std::string optimizer = "adamw";  // adamw | adamw8bit | paged_adamw8bit
   LoraConfig lora;
-  int threads = 0;                    // kernel threads; 0: what OpenMP would use now
-  std::string backend = "cpu";        // the `backend` key: cpu | cuda
-  int world = 1;                      // ranks
-  std::string dist_backend = "none";  // dist.backend: nccl keeps the AdamW step on the device
-  int zero_stage = 0;                 // dist.zero_stage
+  int threads = 0;                     // kernel threads; 0: what OpenMP would use now
+  std::string backend = "cpu";         // the `backend` key: cpu | cuda
+  int world = 1;                       // ranks
+  std::string dist_backend = "none";   // dist.backend: nccl keeps the AdamW step on the device
+  int zero_stage = 0;                  // dist.zero_stage
+  uint64_t row_chunk_bytes = 8 << 20;  // dist.row_chunk_kib
   std::string offload_optimizer = "none", offload_params = "none";  // none | cpu | nvme
   int offload_buffers = 2;  // offload.buffers: NVMe buffers in flight besides the one in use
 

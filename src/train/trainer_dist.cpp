@@ -18,8 +18,10 @@ namespace {
 
 // dist.zero_stage=3: the model's base weights become this rank's shards and a stream that
 // gathers them (dist/zero3_stream.h).
+// host_compute: the backend computes in host memory, so the embedding and head can be
+// row-sharded (it reads their rows through the stream).
 void install_zero3(const Model& model, dist::DataParallel& dp, MemoryTracker* tracker,
-                   DeviceAllocator* device) {
+                   DeviceAllocator* device, bool host_compute, uint64_t row_chunk_bytes) {
   // A deferred load (LoadOptions::deferred) is read through its FileUnitStream: the shards are
   // made from its source group by group, and the ZeRO-3 stream takes its place.
   std::shared_ptr<WeightStream> deferred;
@@ -45,9 +47,9 @@ void install_zero3(const Model& model, dist::DataParallel& dp, MemoryTracker* tr
   // Over NCCL the shards and gathered units live in the device backend's memory.
   const bool on_device = dp.device_comm().device_buffers();
   if (files) files->evict();
-  auto zs = std::make_shared<dist::Zero3Stream>(m, on_device ? &dp.device_comm() : &dp.comm(),
-                                                tracker, on_device ? device : nullptr,
-                                                files ? &files->source() : nullptr);
+  auto zs = std::make_shared<dist::Zero3Stream>(
+      m, on_device ? &dp.device_comm() : &dp.comm(), tracker, on_device ? device : nullptr,
+      files ? &files->source() : nullptr, host_compute ? row_chunk_bytes : 0);
   m.stream = zs;
   dp.set_zero3_stream(zs);
   log_message(QLFT_LOG_INFO, "rank %d: %s", dp.rank(), zs->describe().c_str());
@@ -100,7 +102,9 @@ void Trainer::init_dist(const Config& cfg, std::vector<ParamRef> params) {
   }
   // NCCL's collectives wait for the backend's queued work (gradients, the weights in use).
   dp_->device_comm().follow_stream(backend_->native_stream());
-  if (ds.zero_stage == 3) install_zero3(model_, *dp_, tracker_, backend_->device_memory());
+  if (ds.zero_stage == 3)
+    install_zero3(model_, *dp_, tracker_, backend_->device_memory(),
+                  backend_->device_memory() == nullptr, ds.row_chunk_bytes);
 }
 
 void Trainer::init_grads() {

@@ -421,6 +421,30 @@ void run_ce(bool shrink, uint64_t seed) {
   double loss2 = fx.be->linear_cross_entropy(qh, cmat(h, M, H), t.data(), ignore, gs, MatF(), &c2);
   EXPECT_EQ(loss2, loss);
   EXPECT_EQ(c2, count);
+
+  // The same loss over the head in uneven row slices, one at a time (a ZeRO-3 row-sharded
+  // head): slices of 1, 39, 1 and 60 rows, targets in each, against the same oracle.
+  const int64_t cuts[] = {0, 1, 40, 41, V};
+  std::vector<QWeight> slices;
+  for (int k = 0; k < 4; ++k)
+    slices.push_back(qweight_from_f32(&fx.tracker, head.data() + cuts[k] * H, cuts[k + 1] - cuts[k],
+                                      H, QuantKind::F32));
+  std::vector<CrossEntropyRow> st(M);
+  for (int k = 0; k < 4; ++k)
+    fx.be->cross_entropy_stats(slices[k], cuts[k], V, cmat(h, M, H), t.data(), ignore, st.data());
+  FVec lse(M);
+  int64_t c3 = -1;
+  const double loss3 = cross_entropy_finish(st.data(), t.data(), M, ignore, lse.data(), &c3);
+  EXPECT_EQ(c3, ocount);
+  EXPECT_NEAR(loss3, lo, 1e-5 * std::fabs(lo));
+  FVec dh3(M * H, 0.f);
+  for (int k = 0; k < 4; ++k)
+    fx.be->cross_entropy_grad(slices[k], cuts[k], V, cmat(h, M, H), t.data(), ignore, lse.data(),
+                              gs, mat(dh3, M, H));
+  for (size_t i = 0; i < g.size(); ++i) g[i] = dh3[i] / gs;
+  check_grad(
+      "cross-entropy dh over slices",
+      [&](const Vec& x) { return ce_oracle(x, head, t, ignore, M, V, H); }, hd, g, seed + 2);
 }
 }  // namespace
 

@@ -131,6 +131,12 @@ class CpuBackend final : public Backend {
   double linear_cross_entropy(const QWeight& head, CMatF h, const int32_t* targets,
                               int32_t ignore_index, float grad_scale, MatF dh,
                               int64_t* count) override;
+  void cross_entropy_stats(const QWeight& slice, int64_t row0, int64_t vocab, CMatF h,
+                           const int32_t* targets, int32_t ignore_index,
+                           CrossEntropyRow* st) override;
+  void cross_entropy_grad(const QWeight& slice, int64_t row0, int64_t vocab, CMatF h,
+                          const int32_t* targets, int32_t ignore_index, const float* lse,
+                          float grad_scale, MatF dh) override;
 
   // A zeroed scratch buffer counted as workspace (throws QLFT_ERR_OUT_OF_MEMORY past the limit).
   Buffer workspace(size_t bytes, const char* what) const {

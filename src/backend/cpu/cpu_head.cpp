@@ -1,9 +1,10 @@
 // Token embedding lookup and the fused linear + cross-entropy head.
 //
 // The loss never materializes [rows, vocab]: rows whose target counts are gathered into chunks,
-// and for each chunk the head is walked in panels of vocab rows. Pass 1 keeps an online
-// log-sum-exp per row; pass 2 (only when dh is wanted) recomputes each logits panel, turns it
-// into (softmax - onehot) * grad_scale and accumulates its product with the panel into dh.
+// and for each chunk the head (or a slice of it: cross_entropy_stats / _grad) is walked in
+// panels of vocab rows. Pass 1 keeps an online log-sum-exp per row; pass 2 (only when dh is
+// wanted) recomputes each logits panel, turns it into (softmax - onehot) * grad_scale and
+// accumulates its product with the panel into dh.
 // Precision bf16 rounds both GEMMs' operands (h, head panels, dlogits) to bf16.
 #include <algorithm>
 #include <cmath>
@@ -29,127 +30,172 @@ void CpuBackend::embedding_fwd(const QWeight& emb, const int32_t* tokens, MatF o
   errs.rethrow();
 }
 
-double CpuBackend::linear_cross_entropy(const QWeight& head, CMatF h, const int32_t* targets,
-                                        int32_t ignore_index, float grad_scale, MatF dh,
-                                        int64_t* count) {
-  const int64_t M = h.rows, V = head.rows, H = head.cols;
-  op_checks::cross_entropy(head, h, dh.as_const());
-  op_checks::targets(targets, M, V, ignore_index);
-  const bool want_dh = dh.data != nullptr;
-  std::vector<int64_t> valid;
-  valid.reserve(size_t(M));
-  for (int64_t i = 0; i < M; ++i) {
-    if (targets[i] == ignore_index) continue;
-    valid.push_back(i);
+namespace {
+// What both passes over one slice of the head share: the rows whose target counts, the chunk of
+// them the logits tile holds, the head in panels of P rows, and the GEMM of one logits tile.
+// Precision bf16: h rows, head panels and dlogits rounded to bf16 (lp operands, eb bytes each);
+// logits, softmax statistics and dh stay fp32.
+class CeTiles {
+ public:
+  CeTiles(CpuBackend& be, const QWeight& slice, CMatF h, const int32_t* targets,
+          int32_t ignore_index, bool want_dh)
+      : be_(be), head_(slice), h_(h) {
+    const int64_t M = h.rows, H = slice.cols;
+    for (int64_t i = 0; i < M; ++i)
+      if (targets[i] != ignore_index) valid.push_back(i);
+    lp = be.precision() == DType::BF16;
+    eb = lp ? int64_t(lp_bytes(be)) : 4;
+    lp16 = lp && eb == 2;  // lp operands are bf16 bit patterns (oneDNN)
+    P = lp ? panel_rows_lp(be, slice) : panel_rows(be, slice);
+    // Rows per chunk: bounded by the logits tile and the gathered hidden rows.
+    Rc = std::min(be.tune.ce_logits_bytes / (P * 4),
+                  be.tune.ce_hidden_bytes / std::max<int64_t>(1, H * 4));
+    Rc = std::clamp<int64_t>(Rc, 1, std::max<int64_t>(1, int64_t(valid.size())));
+    if (valid.empty() || slice.rows == 0) return;
+    panel_ = be.scratch(Scratch::Panel, size_t(P * H * eb), "cross-entropy head panel");
+    logit_ = be.workspace(size_t(Rc * P) * 4, "cross-entropy logits chunk");
+    hc_ = be.workspace(size_t(Rc * H * eb), "cross-entropy hidden rows");
+    if (want_dh && lp16) logit16_ = be.workspace(size_t(Rc * P) * 2, "cross-entropy bf16 dlogits");
+    if (want_dh) dhc_ = be.workspace(size_t(Rc * H) * 4, "cross-entropy hidden grads");
   }
-  if (count) *count = int64_t(valid.size());
-  if (valid.empty() || V == 0) return 0.0;
 
-  // Precision bf16: h rows, head panels and dlogits rounded to bf16 (lp operands, eb bytes each);
-  // logits, softmax statistics and dh stay fp32.
-  const bool lp = precision_ == DType::BF16;
-  const int64_t eb = lp ? int64_t(lp_bytes(*this)) : 4;
-  const bool lp16 = lp && eb == 2;  // lp operands are bf16 bit patterns (oneDNN)
-  const int64_t P = lp ? panel_rows_lp(*this, head) : panel_rows(*this, head);
-  // Rows per chunk: bounded by the logits tile and the gathered hidden rows.
-  const int64_t n_valid = int64_t(valid.size());
-  int64_t Rc =
-      std::min(tune.ce_logits_bytes / (P * 4), tune.ce_hidden_bytes / std::max<int64_t>(1, H * 4));
-  Rc = std::clamp<int64_t>(Rc, 1, n_valid);
+  std::vector<int64_t> valid;  // rows of h whose target counts
+  bool lp = false, lp16 = false;
+  int64_t eb = 4, P = 1, Rc = 1;
 
-  ScratchLease panel_buf = scratch(Scratch::Panel, size_t(P * H * eb), "cross-entropy head panel");
-  Buffer logit_buf = workspace(size_t(Rc * P) * 4, "cross-entropy logits chunk");
-  Buffer hc_buf = workspace(size_t(Rc * H * eb), "cross-entropy hidden rows");
-  Buffer logit16_buf;  // bf16 dlogits for oneDNN (the sgemm path rounds L in place)
-  if (want_dh && lp16) logit16_buf = workspace(size_t(Rc * P) * 2, "cross-entropy bf16 dlogits");
-  Buffer dhc_buf;
-  if (want_dh) dhc_buf = workspace(size_t(Rc * H) * 4, "cross-entropy hidden grads");
-  Buffer stat_buf =
-      workspace(size_t(Rc) * (sizeof(OnlineSoftmax<double>) + 8), "cross-entropy row stats");
-  float* pw = panel_buf.as<float>();
-  void* pl = panel_buf.data();
-  float* L = logit_buf.as<float>();
-  float* hc = hc_buf.as<float>();
-  void* hl = hc_buf.data();
-  float* dhc = dhc_buf.as<float>();
-  auto* st = stat_buf.as<OnlineSoftmax<double>>();
-  float* tl = reinterpret_cast<float*>(st + Rc);  // target logit per row
-  float* lse = tl + Rc;
+  float* L() { return logit_.as<float>(); }
+  float* dhc() { return dhc_.as<float>(); }
+  uint16_t* L16() { return logit16_.as<uint16_t>(); }
 
-  double loss = 0;
-  for (int64_t c0 = 0; c0 < n_valid; c0 += Rc) {
-    const int64_t rc = std::min(Rc, n_valid - c0);
+  // Gathers rows valid[c0 .. c0 + rc) of h into the chunk (rounded for lp).
+  void load_rows(int64_t c0, int64_t rc) {
+    const int64_t H = head_.cols;
     const int64_t* rows = valid.data() + c0;
 #pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
     for (int64_t i = 0; i < rc; ++i) {
       if (!lp)
-        std::copy(h.row(rows[i]), h.row(rows[i]) + H, hc + i * H);
+        std::copy(h_.row(rows[i]), h_.row(rows[i]) + H, hc_.as<float>() + i * H);
       else if (lp16)
-        f32_to_bf16_n(h.row(rows[i]), hc_buf.as<uint16_t>() + i * H, size_t(H));
+        f32_to_bf16_n(h_.row(rows[i]), hc_.as<uint16_t>() + i * H, size_t(H));
       else
-        round_through_n(DType::BF16, h.row(rows[i]), hc + i * H, size_t(H));
-      st[i] = OnlineSoftmax<double>{};
+        round_through_n(DType::BF16, h_.row(rows[i]), hc_.as<float>() + i * H, size_t(H));
     }
-    // logits tile L = hc panel^T
-    auto logits = [&](int64_t p0, int64_t n) {
-      if (lp) {
-        dequant_panel_lp(*this, head, p0, n, pl);
-        gemm_lp(*this, false, true, rc, n, H, 1.f, hl, H, pl, H, 0.f, L, n);
-      } else {
-        dequant_panel(head, p0, n, pw);
-        gemm_f32(*this, false, true, rc, n, H, 1.f, hc, H, pw, H, 0.f, L, n);
-      }
-    };
-    // Pass 1: online log-sum-exp and the target logit.
-    for (int64_t p0 = 0; p0 < V; p0 += P) {
-      const int64_t n = std::min(P, V - p0);
-      logits(p0, n);
+  }
+  // L = chunk rows x panel rows [p0, p0 + n) of the slice, transposed (rc x n).
+  void logits(int64_t rc, int64_t p0, int64_t n) {
+    const int64_t H = head_.cols;
+    if (lp) {
+      dequant_panel_lp(be_, head_, p0, n, panel_.data());
+      gemm_lp(be_, false, true, rc, n, H, 1.f, hc_.data(), H, panel_.data(), H, 0.f, L(), n);
+    } else {
+      dequant_panel(head_, p0, n, panel_.as<float>());
+      gemm_f32(be_, false, true, rc, n, H, 1.f, hc_.as<float>(), H, panel_.as<float>(), H, 0.f, L(),
+               n);
+    }
+  }
+  // dhc (+)= dlogits (rc x n) x panel (n x H); beta 0 for the slice's first panel.
+  void accumulate_dh(int64_t rc, int64_t n, float beta) {
+    const int64_t H = head_.cols;
+    if (lp)
+      gemm_lp(be_, false, false, rc, H, n, 1.f, lp16 ? logit16_.data() : logit_.data(), n,
+              panel_.data(), H, beta, dhc(), H);
+    else
+      sgemm(false, false, rc, H, n, 1.f, L(), n, panel_.as<float>(), H, beta, dhc(), H);
+  }
+
+ private:
+  CpuBackend& be_;
+  const QWeight& head_;
+  CMatF h_;
+  ScratchLease panel_;
+  Buffer logit_, hc_, logit16_, dhc_;
+};
+}  // namespace
+
+void CpuBackend::cross_entropy_stats(const QWeight& slice, int64_t row0, int64_t vocab, CMatF h,
+                                     const int32_t* targets, int32_t ignore_index,
+                                     CrossEntropyRow* st) {
+  op_checks::cross_entropy(slice, h, CMatF());
+  op_checks::targets(targets, h.rows, vocab, ignore_index);
+  CeTiles t(*this, slice, h, targets, ignore_index, false);
+  const int64_t n_valid = int64_t(t.valid.size()), V = slice.rows;
+  if (n_valid == 0 || V == 0) return;
+  for (int64_t c0 = 0; c0 < n_valid; c0 += t.Rc) {
+    const int64_t rc = std::min(t.Rc, n_valid - c0);
+    const int64_t* rows = t.valid.data() + c0;
+    t.load_rows(c0, rc);
+    for (int64_t p0 = 0; p0 < V; p0 += t.P) {
+      const int64_t n = std::min(t.P, V - p0);
+      t.logits(rc, p0, n);
+      const float* L = t.L();
 #pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
       for (int64_t i = 0; i < rc; ++i) {
         const float* l = L + i * n;
         const float m = vec_kernels().max_of(l, n);
         const double sum = vec_kernels().sum_exp_shifted(l, n, m);
-        online_softmax_merge(st[i], m, sum);
-        const int64_t t = targets[rows[i]];
-        if (t >= p0 && t < p0 + n) tl[i] = l[t - p0];
+        CrossEntropyRow& s = st[rows[i]];
+        online_softmax_merge(s.sm, m, sum);
+        const int64_t tg = targets[rows[i]] - row0;
+        if (tg >= p0 && tg < p0 + n) s.target_logit = l[tg - p0];
       }
     }
-    for (int64_t i = 0; i < rc; ++i) {  // in row order: the sum does not depend on threads
-      double lse_d = double(st[i].m) + std::log(st[i].s);
-      lse[i] = float(lse_d);
-      loss += lse_d - double(tl[i]);
-    }
-    if (!want_dh) continue;
-    // Pass 2: dh_chunk = sum over panels of ((softmax - onehot) * grad_scale) panel.
-    for (int64_t p0 = 0; p0 < V; p0 += P) {
-      const int64_t n = std::min(P, V - p0);
-      logits(p0, n);
+  }
+}
+
+void CpuBackend::cross_entropy_grad(const QWeight& slice, int64_t row0, int64_t vocab, CMatF h,
+                                    const int32_t* targets, int32_t ignore_index, const float* lse,
+                                    float grad_scale, MatF dh) {
+  op_checks::cross_entropy(slice, h, dh.as_const());
+  op_checks::targets(targets, h.rows, vocab, ignore_index);
+  CeTiles t(*this, slice, h, targets, ignore_index, true);
+  const int64_t n_valid = int64_t(t.valid.size()), V = slice.rows, H = slice.cols;
+  if (n_valid == 0 || V == 0) return;
+  for (int64_t c0 = 0; c0 < n_valid; c0 += t.Rc) {
+    const int64_t rc = std::min(t.Rc, n_valid - c0);
+    const int64_t* rows = t.valid.data() + c0;
+    t.load_rows(c0, rc);
+    // dh_chunk = sum over panels of ((softmax - onehot) * grad_scale) panel.
+    for (int64_t p0 = 0; p0 < V; p0 += t.P) {
+      const int64_t n = std::min(t.P, V - p0);
+      t.logits(rc, p0, n);
+      float* L = t.L();
 #pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
       for (int64_t i = 0; i < rc; ++i) {
         float* l = L + i * n;
-        const float li = lse[i];
-        vec_kernels().exp_shifted(l, n, li, grad_scale);
-        const int64_t t = targets[rows[i]];
-        if (t >= p0 && t < p0 + n) l[t - p0] -= grad_scale;
-        if (lp16)
-          f32_to_bf16_n(l, logit16_buf.as<uint16_t>() + i * n, size_t(n));
-        else if (lp)
+        vec_kernels().exp_shifted(l, n, lse[rows[i]], grad_scale);
+        const int64_t tg = targets[rows[i]] - row0;
+        if (tg >= p0 && tg < p0 + n) l[tg - p0] -= grad_scale;
+        if (t.lp16)
+          f32_to_bf16_n(l, t.L16() + i * n, size_t(n));
+        else if (t.lp)
           round_through_n(DType::BF16, l, l, size_t(n));
       }
-      const float beta = p0 == 0 ? 0.f : 1.f;
-      if (lp)
-        gemm_lp(*this, false, false, rc, H, n, 1.f, lp16 ? logit16_buf.data() : L, n, pl, H, beta,
-                dhc, H);
-      else
-        sgemm(false, false, rc, H, n, 1.f, L, n, pw, H, beta, dhc, H);
+      t.accumulate_dh(rc, n, p0 == 0 ? 0.f : 1.f);
     }
+    const float* g = t.dhc();
 #pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
     for (int64_t i = 0; i < rc; ++i) {
       float* d = dh.row(rows[i]);
-      const float* g = dhc + i * H;
-      for (int64_t c = 0; c < H; ++c) d[c] += g[c];
+      for (int64_t c = 0; c < H; ++c) d[c] += g[i * H + c];
     }
   }
+}
+
+double CpuBackend::linear_cross_entropy(const QWeight& head, CMatF h, const int32_t* targets,
+                                        int32_t ignore_index, float grad_scale, MatF dh,
+                                        int64_t* count) {
+  const int64_t M = h.rows, V = head.rows;
+  op_checks::cross_entropy(head, h, dh.as_const());
+  op_checks::targets(targets, M, V, ignore_index);
+  // Per row: the pass-1 state and the log-sum-exp pass 2 reads.
+  Buffer rows = workspace(size_t(M) * sizeof(CrossEntropyRow), "cross-entropy row stats");
+  Buffer lse = workspace(size_t(M) * 4, "cross-entropy row lse");
+  auto* st = rows.as<CrossEntropyRow>();
+  std::fill(st, st + M, CrossEntropyRow{});
+  cross_entropy_stats(head, 0, V, h, targets, ignore_index, st);
+  const double loss = cross_entropy_finish(st, targets, M, ignore_index, lse.as<float>(), count);
+  if (dh.data && V > 0)
+    cross_entropy_grad(head, 0, V, h, targets, ignore_index, lse.as<float>(), grad_scale, dh);
   return loss;
 }
 

@@ -133,7 +133,7 @@ class CpuWorkspace final : public WorkspaceModel {
     const int64_t e = lp ? eb : 4;
     return rb(uint64_t(P * H * e)) + fl(rc * P) + rb(uint64_t(rc * H * e)) +
            (lp && eb == 2 ? rb(uint64_t(rc * P) * 2) : 0) + fl(rc * H) +
-           rb(uint64_t(rc) * (sizeof(OnlineSoftmax<double>) + 8)) + (autocast ? fl(R * H) : 0);
+           rb(uint64_t(R) * sizeof(CrossEntropyRow)) + fl(R) + (autocast ? fl(R * H) : 0);
   }
 
  private:
