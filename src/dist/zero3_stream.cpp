@@ -81,6 +81,16 @@ Zero3Stream::Zero3Stream(Model& model, Communicator* comm, MemoryTracker* tracke
   // goes (an out-of-memory leaves the model whole).
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     Group& g = groups_[gi];
+    if (gi == 0 && by_rows && source) {
+      // The embedding by rows straight from the file: never whole here.
+      g.slots.push_back({&model.tok_embd.data, size_t(model.tok_embd.numel()) * 4});
+      shard_rows(g.slots.back(), model.tok_embd, row_chunk_bytes,
+                 [&](int64_t r0, int64_t n, char* dst) {
+                   source->load_rows(false, r0, n, reinterpret_cast<float*>(dst));
+                 });
+      emb_rows_ = &g.slots.back();
+      continue;
+    }
     if (source) source->load(model, static_cast<int>(gi));
     try {
       for_each_weight_buffer(model, [&](int bg, Buffer& b) {
@@ -91,7 +101,10 @@ Zero3Stream::Zero3Stream(Model& model, Communicator* comm, MemoryTracker* tracke
         const bool emb = sl.buf == &model.tok_embd.data, head = sl.buf == &model.output.data;
         if (by_rows && (emb || head)) {
           const QWeight* w = emb ? &model.tok_embd : &model.output;
-          shard_rows(sl, *w, row_chunk_bytes);
+          shard_rows(sl, *w, row_chunk_bytes, [&sl](int64_t r0, int64_t n, char* dst) {
+            const size_t rb = sl.bytes / size_t(sl.n_rows);
+            std::memcpy(dst, sl.buf->as<const char>() + size_t(r0) * rb, size_t(n) * rb);
+          });
           (emb ? emb_rows_ : head_rows_) = &sl;
         } else if (sl.bytes >= kLargeSlot) {
           sl.per_rank = slice_bytes(sl.bytes, world_);
@@ -133,21 +146,20 @@ Zero3Stream::Zero3Stream(Model& model, Communicator* comm, MemoryTracker* tracke
   if (by_rows && !model.output.rows) head_rows_ = emb_rows_;  // tied
 }
 
-void Zero3Stream::shard_rows(Slot& sl, const QWeight& w, uint64_t chunk_bytes) {
+void Zero3Stream::shard_rows(Slot& sl, const QWeight& w, uint64_t chunk_bytes,
+                             const std::function<void(int64_t, int64_t, char*)>& read) {
   const uint64_t rb = uint64_t(w.cols) * 4;
   sl.rows = RowChunks::of(w.rows, rb, world_, chunk_bytes);
   sl.n_rows = w.rows;
   sl.cols = w.cols;
   sl.shard = make(MemCategory::Weights, sl.rows.shard_bytes(), "ZeRO-3 row shard");
-  // Of chunk c this rank keeps rows (c * world + rank) * per + [0, per).
-  const int64_t per = sl.rows.per, world = world_;
+  // Of chunk c this rank keeps rows (c * world + rank) * per + [0, per): one run of rows each.
+  const int64_t per = sl.rows.per;
   char* dst = sl.shard.as<char>();
-  const char* src = sl.buf->as<const char>();
-  for (int64_t c = 0; c < sl.rows.chunks; ++c)
-    for (int64_t j = 0; j < per; ++j) {
-      const int64_t row = (c * world + rank_) * per + j;
-      if (row < w.rows) std::memcpy(dst + (c * per + j) * rb, src + row * rb, rb);
-    }
+  for (int64_t c = 0; c < sl.rows.chunks; ++c) {
+    const int64_t row = (c * world_ + rank_) * per, n = std::min(per, w.rows - row);
+    if (n > 0) read(row, n, dst + c * per * int64_t(rb));
+  }
 }
 
 Buffer Zero3Stream::make(MemCategory c, size_t bytes, const char* what) const {

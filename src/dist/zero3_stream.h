@@ -150,7 +150,9 @@ class Zero3Stream final : public WeightStream {
   void drop_ahead() noexcept;  // the same, errors swallowed (cleanup paths)
 
   bool present(int u) const;  // every Buffer of u is filled (a rank-local stream may empty them)
-  void shard_rows(Slot& sl, const QWeight& w, uint64_t chunk_bytes);
+  // Makes sl's row shard of w; read(row0, n, dst) writes rows [row0, row0 + n) to dst.
+  void shard_rows(Slot& sl, const QWeight& w, uint64_t chunk_bytes,
+                  const std::function<void(int64_t, int64_t, char*)>& read);
 
   Model* model_;
   Communicator* comm_;

@@ -40,7 +40,8 @@ struct LoadOptions {
   std::string quant_type = "nf4";  // nf4 | int8 | keep
   bool double_quant = true;
   int blocksize = 64;
-  // Load no weights for good: each group is loaded once (for its shapes and types) and freed,
+  // Load no weights for good: each group is loaded once (for its shapes and types) and freed
+  // (the f32 embedding not even once: its shape is known from the header),
   // and the model reads them through a FileUnitStream (model/file_unit_stream.h) until a ZeRO-3
   // trainer shards them straight from the file (dist/zero3_stream.h), so no process ever holds
   // the whole model (train/trainer.h load_into_shards says when).
@@ -110,6 +111,9 @@ class WeightGroupSource {
   virtual ~WeightGroupSource() = default;
   // Fills group's storage Buffers in m (counted as `weights`), replacing what they held.
   virtual void load(Model& m, int group) = 0;
+  // Rows [row0, row0 + n) of the f32 token embedding (head: the untied output head) into out
+  // (n x dim floats), as load_model makes them: ZeRO-3's row shards, never the whole matrix.
+  virtual void load_rows(bool head, int64_t row0, int64_t n, float* out) = 0;
 };
 
 // Loads a .gguf file, a .safetensors file beside a config.json, or an HF model directory.

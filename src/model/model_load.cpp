@@ -248,6 +248,12 @@ class GgufLoader {
       for (int j = 0; j < 3; ++j) L.bias[j] = vector(b + names[j], shapes[j][0]);
     }
   }
+  // Rows [r0, r0 + n) of the f32 embedding (head: the untied head) as load_group makes them.
+  void float_rows(bool head, int64_t r0, int64_t n, float* out) {
+    const ModelConfig& c = m_.cfg;
+    const GgufTensorInfo& t = tensor(head ? "output.weight" : "token_embd.weight", c.vocab, c.dim);
+    to_f32(t, out, r0 * c.dim, n * c.dim);
+  }
 
  private:
   const GgufTensorInfo& tensor(const std::string& name, int64_t rows, int64_t cols) {
@@ -264,7 +270,9 @@ class GgufLoader {
                       static_cast<long long>(t.ne[1]), static_cast<long long>(cols),
                       static_cast<long long>(rows));
   }
-  void to_f32(const GgufTensorInfo& t, float* dst) {
+  // Elements [first, first + n) of t (n < 0: to the end); first is a multiple of the row length
+  // (rows are whole blocks in GGUF).
+  void to_f32(const GgufTensorInfo& t, float* dst, int64_t first = 0, int64_t n = -1) {
     const GgmlTypeTraits* tr = ggml_type_traits(t.type);
     switch (static_cast<GgmlType>(t.type)) {
       case GgmlType::I8:
@@ -281,7 +289,9 @@ class GgufLoader {
     if (!tr->dequantizable)
       throw_error(QLFT_ERR_UNSUPPORTED, "%s: tensor '%s' has type %s, which qlft cannot dequantize",
                   m_.gguf->path().c_str(), t.name.c_str(), tr->name);
-    ggml_dequantize(t.type, t.data, t.numel(), dst);
+    if (n < 0) n = t.numel() - first;
+    const uint8_t* at = t.data + first / tr->block * tr->bytes;
+    ggml_dequantize(t.type, at, n, dst);
   }
   Buffer vector(const std::string& name, int64_t n) {
     const GgufTensorInfo* t = m_.gguf->find_tensor(name);
@@ -436,6 +446,15 @@ class HfLoader {
     }
   }
 
+  // Rows [r0, r0 + n) of the f32 embedding (head: the untied head) as load_group makes them.
+  void float_rows(bool head, int64_t r0, int64_t n, float* out) {
+    const ModelConfig& c = m_.cfg;
+    const SafeTensorInfo& t =
+        tensor(head ? "lm_head.weight" : "model.embed_tokens.weight", c.vocab, c.dim);
+    const uint8_t* at = t.data + r0 * c.dim * int64_t(dtype_size(t.dtype));
+    to_f32_n(t.dtype, at, out, size_t(n * c.dim));
+  }
+
  private:
   const SafeTensorInfo& tensor(const std::string& name, int64_t rows, int64_t cols) {
     const SafeTensorInfo* t = st_->find(name);
@@ -461,6 +480,7 @@ class HfLoader {
     }
     return *t;
   }
+
   Buffer vector(const std::string& name, int64_t n) {
     const SafeTensorInfo& t = tensor(name, n, -1);
     Buffer b(tracker_, MemCategory::Weights, n * 4, name.c_str());
@@ -520,6 +540,10 @@ class LoaderGroupSource final : public WeightGroupSource {
         a.tied_embeddings != b.tied_embeddings || a.qkv_bias != b.qkv_bias)
       throw_error(QLFT_ERR_IO, "%s: the model file changed since it was loaded", m.path.c_str());
   }
+  void load_rows(bool head, int64_t row0, int64_t n, float* out) override {
+    loader_.float_rows(head, row0, n, out);
+    if (scratch_.gguf) scratch_.gguf->drop_tensor_pages();
+  }
   void load(Model& m, int group) override {
     loader_.load_group(group);
     if (scratch_.gguf) scratch_.gguf->drop_tensor_pages();
@@ -577,6 +601,15 @@ std::unique_ptr<Model> load_model(MemoryTracker* tracker, const std::string& pat
       const int L = m->cfg.n_layers;
       // Deferred: each group is freed once loaded (its shapes and types stay).
       auto group = [&](int g) {
+        if (opt.deferred && g == 0) {
+          // Its shape alone: the f32 embedding is never whole here (ZeRO-3 shards it by rows
+          // from the file, WeightGroupSource::load_rows, or loads the group when it needs it).
+          m->tok_embd.kind = QuantKind::F32;
+          m->tok_embd.rows = m->cfg.vocab;
+          m->tok_embd.cols = m->cfg.dim;
+          m->deferred_weight_bytes += uint64_t(m->cfg.vocab) * uint64_t(m->cfg.dim) * 4;
+          return;
+        }
         loader.load_group(g);
         if (!opt.deferred) return;
         for_each_weight_buffer(*m, [&](int bg, Buffer& b) {

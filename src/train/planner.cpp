@@ -492,12 +492,14 @@ struct Zero3Layout {
 
 // A deferred ZeRO-3 load (host shards): the most weight bytes alive, when a group is whole
 // beside the shards of the groups before it and its own (or alone, in the load's first pass).
+// The embedding is never whole: its shape comes from the header, and by rows its shard is read
+// straight from the file.
 uint64_t zero3_deferred_load_peak(const Zero3Layout& z) {
   uint64_t shards = 0, peak = 0;
   for (size_t g = 0; g < z.w.groups.size(); ++g) {
     uint64_t full = 0, mine = 0;
     for (size_t i = 0; i < z.w.groups[g].size(); ++i) {
-      full += rb(z.w.groups[g][i]);
+      if (!(g == 0 && z.by_rows(g, i))) full += rb(z.w.groups[g][i]);
       mine += z.share(g, i);
     }
     if (const uint64_t small = z.packed_bytes(g)) mine += rb(z.slice(small));
