@@ -181,6 +181,38 @@ std::string config_string(const qlft_config* cfg, const char* key) {
   return v;
 }
 
+// A run whose planned peak is over memory.limit is refused before the model loads, with the
+// planner's figures per category (per rank under a launcher: ZeRO-3 across more ranks may fit).
+// train.micro_batch=auto picks what fits instead; a model the planner cannot read is left to
+// the load to report.
+int refuse_over_limit(const std::string& model, qlft_config* cfg) {
+  const std::string limit = config_string(cfg, "memory.limit");
+  if (limit == "0" || config_string(cfg, "train.micro_batch") == "auto") return kOk;
+  qlft_memory_estimate e{};
+  e.struct_size = sizeof e;
+  if (qlft_estimate_memory(nullptr, model.c_str(), cfg, &e) != QLFT_OK) return kOk;
+  // The planner's own judgement against memory.limit (the host's bytes, or the device's with
+  // backend=cuda): the largest micro-batch that fits.
+  if (e.micro_batch <= e.max_micro_batch) return kOk;
+  const bool ranks = config_string(cfg, "dist.backend") != "none";
+  const uint64_t need = e.device_train_peak ? e.device_train_peak : e.total_peak;
+  std::fprintf(stderr,
+               "qlft-finetune: %s: the memory planner predicts a peak of %s%s%s (loading %s, "
+               "training step %s) for micro-batch %u, over memory.limit %s; nothing was "
+               "loaded:\n",
+               model.c_str(), human_bytes(need).c_str(),
+               e.device_train_peak ? " of device memory" : "", ranks ? " per rank" : "",
+               human_bytes(e.load_peak).c_str(), human_bytes(e.train_peak).c_str(), e.micro_batch,
+               limit.c_str());
+  print_memory_table(stderr, e, nullptr);
+  std::fprintf(stderr,
+               "lower train.micro_batch or data.seq_len, set train.micro_batch=auto, enable "
+               "train.grad_checkpointing, offload, shard across ranks (mpirun -np N ... "
+               "--dist.backend mpi --dist.zero_stage 3), or raise memory.limit "
+               "(QLFT_ERR_OUT_OF_MEMORY)\n");
+  return exit_code_for(QLFT_ERR_OUT_OF_MEMORY);
+}
+
 }  // namespace
 
 int cmd_train(int argc, char** argv) {
@@ -229,6 +261,7 @@ int cmd_train(int argc, char** argv) {
   const int64_t save_every = std::atoll(config_string(cfg.get(), "train.save_every").c_str());
   qlft_config_set(cfg.get(), "train.save_every", "0");
 
+  if (int rc = refuse_over_limit(a.flags["model"], cfg.get())) return rc;
   TrainSession s;
   if (int rc = open_session(a, cfg.get(), &s, /*need_data=*/true)) return rc;
 
