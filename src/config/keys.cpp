@@ -145,7 +145,7 @@ const KeyDef kKeys[] = {
      "LoRA optimizer state, 2 also reduce-scatters the gradients, 3 also shards the frozen "
      "base weights (each rank keeps a 1/world slice and all-gathers a layer while it is used, "
      "the next one prefetched)."},
-    {"dist.row_chunk_kib", KeyType::Int, "8192", 1, 1048576, "",
+    {"dist.row_chunk_kib", KeyType::Int, "2048", 1, 1048576, "",
      "ZeRO-3 on CPU ranks (dist.backend=mpi, backend=cpu): the f32 token embedding and output "
      "head are kept sharded by rows, never whole on a rank; the lookup exchanges only the rows "
      "each rank's tokens need, and the head is all-gathered for the cross-entropy in chunks of "

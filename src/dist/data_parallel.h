@@ -55,7 +55,7 @@ struct DistSettings {
   std::string backend = "none";  // none | mpi | nccl
   int zero_stage = 0;
   double timeout_s = 300;
-  uint64_t row_chunk_bytes = 8 << 20;  // dist.row_chunk_kib (ZeRO-3's row-sharded head)
+  uint64_t row_chunk_bytes = 2 << 20;  // dist.row_chunk_kib (ZeRO-3's row-sharded head)
   std::string offload_optimizer = "none", offload_params = "none", offload_dir;
   static DistSettings from_config(const Config& cfg);
 };

@@ -110,7 +110,7 @@ struct PlanSettings {
   int world = 1;                       // ranks
   std::string dist_backend = "none";   // dist.backend: nccl keeps the AdamW step on the device
   int zero_stage = 0;                  // dist.zero_stage
-  uint64_t row_chunk_bytes = 8 << 20;  // dist.row_chunk_kib
+  uint64_t row_chunk_bytes = 2 << 20;  // dist.row_chunk_kib
   std::string offload_optimizer = "none", offload_params = "none";  // none | cpu | nvme
   int offload_buffers = 2;  // offload.buffers: NVMe buffers in flight besides the one in use
 
