@@ -41,7 +41,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 if [ -z "$qlft" ]; then
-  for b in "$root"/build*/tools/qlft-finetune/qlft-finetune; do
+  for b in "$root"/build/tools/qlft-finetune/qlft-finetune \
+           "$root"/build*/tools/qlft-finetune/qlft-finetune; do
     if [ -x "$b" ]; then qlft=$b; break; fi
   done
 fi
