@@ -123,23 +123,28 @@ void Communicator::check_same(uint64_t value, const char* what) {
                 what, rank(), static_cast<unsigned long long>(value));
 }
 
-std::vector<std::string> Communicator::all_gather_bytes(const std::string& mine) {
-  if (&host() != this) return host().all_gather_bytes(mine);
+void Communicator::each_rank_bytes(const std::string& mine,
+                                   const std::function<void(int, std::string&)>& f) {
+  if (&host() != this) return host().each_rank_bytes(mine, f);
   const int w = world();
-  std::vector<std::string> out(w);
   if (w == 1) {
-    out[0] = mine;
-    return out;
+    std::string b = mine;
+    return f(0, b);
   }
   // Sizes first (as floats they would lose bits: gather them as doubles via a summed table).
   std::vector<double> sizes(w, 0.0);
   sizes[rank()] = static_cast<double>(mine.size());
   all_reduce(sizes.data(), sizes.size(), ReduceOp::Sum);
   for (int r = 0; r < w; ++r) {
-    out[r].resize(static_cast<size_t>(sizes[r]));
-    if (r == rank()) out[r] = mine;
-    if (!out[r].empty()) broadcast(out[r].data(), out[r].size(), r);
+    std::string b = r == rank() ? mine : std::string(static_cast<size_t>(sizes[r]), '\0');
+    if (!b.empty()) broadcast(b.data(), b.size(), r);
+    f(r, b);
   }
+}
+
+std::vector<std::string> Communicator::all_gather_bytes(const std::string& mine) {
+  std::vector<std::string> out(static_cast<size_t>(world()));
+  each_rank_bytes(mine, [&](int r, std::string& b) { out[static_cast<size_t>(r)] = std::move(b); });
   return out;
 }
 

@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -94,6 +95,9 @@ class Communicator {
   int64_t sum(int64_t v);  // exact below 2^53
   // Every rank's blob, in rank order, on every rank.
   std::vector<std::string> all_gather_bytes(const std::string& mine);
+  // The same bytes one rank at a time: f(r, rank r's bytes) on every rank, in rank order; only
+  // one other rank's bytes are alive at once (what a gather to one rank should hold).
+  void each_rank_bytes(const std::string& mine, const std::function<void(int, std::string&)>& f);
   // Throws QLFT_ERR_DISTRIBUTED unless every rank passes the same value (a cheap guard that the
   // ranks agree on sizes and settings before a collective whose sizes must match).
   void check_same(uint64_t value, const char* what);

@@ -196,9 +196,13 @@ void DataParallel::gather_params() {
 
 StateDict DataParallel::gather_state(const StateDict& mine) {
   if (stage_ == 0 || world() == 1) return mine;
-  std::vector<std::string> all = host_->all_gather_bytes(serialize_state(mine));
+  // Merged on rank 0 as each rank's share arrives; the others hold one share at a time.
   StateDict merged;
-  for (const std::string& blob : all) deserialize_state(blob, merged);
+  const bool root = rank() == 0;
+  host_->each_rank_bytes(serialize_state(mine), [&](int, std::string& blob) {
+    if (root) deserialize_state(blob, merged);
+    std::string().swap(blob);
+  });
   return merged;
 }
 

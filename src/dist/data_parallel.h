@@ -107,7 +107,8 @@ class DataParallel {
   ClipResult clip(const std::vector<GradSpan>& grads, double max_norm);
   // After the optimizer updated the owned tensors: every rank receives every tensor.
   void gather_params();
-  // Every rank's optimizer state merged into one dict with the 1-rank layout (on every rank).
+  // Every rank's optimizer state merged into one dict with the 1-rank layout, on rank 0 (the
+  // checkpoint's writer); the other ranks get an empty dict. A collective.
   StateDict gather_state(const StateDict& mine);
 
   // ---- device-resident exchange -----------------------------------------------------------
