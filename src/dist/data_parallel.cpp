@@ -194,13 +194,21 @@ void DataParallel::gather_params() {
     if (r != rank()) unpack(false, r);
 }
 
-StateDict DataParallel::gather_state(const StateDict& mine) {
+StateDict DataParallel::gather_state(StateDict mine) {
   if (stage_ == 0 || world() == 1) return mine;
-  // Merged on rank 0 as each rank's share arrives; the others hold one share at a time.
-  StateDict merged;
+  // Rank 0 keeps its own share as it is and merges each other rank's as it arrives; the others
+  // send theirs (their dict freed once it is bytes) and hold one foreign share at a time.
   const bool root = rank() == 0;
-  host_->each_rank_bytes(serialize_state(mine), [&](int, std::string& blob) {
-    if (root) deserialize_state(blob, merged);
+  StateDict merged;
+  std::string bytes;
+  if (root) {
+    merged = std::move(mine);
+  } else {
+    bytes = serialize_state(mine);
+    mine = StateDict();
+  }
+  host_->each_rank_bytes(bytes, [&](int r, std::string& blob) {
+    if (root && r != 0) deserialize_state(blob, merged);
     std::string().swap(blob);
   });
   return merged;

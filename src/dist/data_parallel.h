@@ -109,7 +109,7 @@ class DataParallel {
   void gather_params();
   // Every rank's optimizer state merged into one dict with the 1-rank layout, on rank 0 (the
   // checkpoint's writer); the other ranks get an empty dict. A collective.
-  StateDict gather_state(const StateDict& mine);
+  StateDict gather_state(StateDict mine);
 
   // ---- device-resident exchange -----------------------------------------------------------
   // w and g: the params' values and gradients back to back (n floats) in be's memory. Needs a

@@ -452,7 +452,7 @@ void Trainer::save_checkpoint(const std::string& path) const {
   // rank 0 alone writes.
   StateDict mine;
   opt_->save_state(mine, "optim.");
-  StateDict sd = dp_->gather_state(mine);
+  StateDict sd = dp_->gather_state(std::move(mine));
   if (world() > 1) {
     write_checkpoint_on_rank0([&] { write_checkpoint_file(path, sd); });
     return;
