@@ -82,12 +82,10 @@ Zero3Stream::Zero3Stream(Model& model, Communicator* comm, MemoryTracker* tracke
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     Group& g = groups_[gi];
     if (gi == 0 && by_rows && source) {
-      // The embedding by rows straight from the file: never whole here.
+      // The embedding by rows straight from the file, as stored: never whole here.
       g.slots.push_back({&model.tok_embd.data, size_t(model.tok_embd.numel()) * 4});
-      shard_rows(g.slots.back(), model.tok_embd, row_chunk_bytes,
-                 [&](int64_t r0, int64_t n, char* dst) {
-                   source->load_rows(false, r0, n, reinterpret_cast<float*>(dst));
-                 });
+      shard_rows(g.slots.back(), source->stored_rows(false), row_chunk_bytes,
+                 [&](int64_t r0, int64_t n, char* dst) { source->load_rows(false, r0, n, dst); });
       emb_rows_ = &g.slots.back();
       continue;
     }
@@ -101,7 +99,10 @@ Zero3Stream::Zero3Stream(Model& model, Communicator* comm, MemoryTracker* tracke
         const bool emb = sl.buf == &model.tok_embd.data, head = sl.buf == &model.output.data;
         if (by_rows && (emb || head)) {
           const QWeight* w = emb ? &model.tok_embd : &model.output;
-          shard_rows(sl, *w, row_chunk_bytes, [&sl](int64_t r0, int64_t n, char* dst) {
+          QWeight fmt;  // f32, as loaded
+          fmt.rows = w->rows;
+          fmt.cols = w->cols;
+          shard_rows(sl, fmt, row_chunk_bytes, [&sl](int64_t r0, int64_t n, char* dst) {
             const size_t rb = sl.bytes / size_t(sl.n_rows);
             std::memcpy(dst, sl.buf->as<const char>() + size_t(r0) * rb, size_t(n) * rb);
           });
@@ -146,18 +147,24 @@ Zero3Stream::Zero3Stream(Model& model, Communicator* comm, MemoryTracker* tracke
   if (by_rows && !model.output.rows) head_rows_ = emb_rows_;  // tied
 }
 
-void Zero3Stream::shard_rows(Slot& sl, const QWeight& w, uint64_t chunk_bytes,
+void Zero3Stream::shard_rows(Slot& sl, const QWeight& fmt, uint64_t chunk_bytes,
                              const std::function<void(int64_t, int64_t, char*)>& read) {
-  const uint64_t rb = uint64_t(w.cols) * 4;
-  sl.rows = RowChunks::of(w.rows, rb, world_, chunk_bytes);
-  sl.n_rows = w.rows;
-  sl.cols = w.cols;
-  sl.shard = make(MemCategory::Weights, sl.rows.shard_bytes(), "ZeRO-3 row shard");
+  const uint64_t rb = stored_row_bytes(fmt);
+  if (rb == 0)
+    throw_error(QLFT_ERR_INTERNAL, "ZeRO-3: a %s matrix cannot be sharded by rows",
+                fmt.type_name().c_str());
+  sl.rows = RowChunks::of(fmt.rows, rb, world_, chunk_bytes);
+  sl.n_rows = fmt.rows;
+  sl.rowq.kind = fmt.kind;
+  sl.rowq.ggml_type = fmt.ggml_type;
+  sl.rowq.rows = sl.rows.chunks * sl.rows.per;
+  sl.rowq.cols = fmt.cols;
+  sl.rowq.data = make(MemCategory::Weights, sl.rows.shard_bytes(), "ZeRO-3 row shard");
   // Of chunk c this rank keeps rows (c * world + rank) * per + [0, per): one run of rows each.
   const int64_t per = sl.rows.per;
-  char* dst = sl.shard.as<char>();
+  char* dst = sl.rowq.data.as<char>();
   for (int64_t c = 0; c < sl.rows.chunks; ++c) {
-    const int64_t row = (c * world_ + rank_) * per, n = std::min(per, w.rows - row);
+    const int64_t row = (c * world_ + rank_) * per, n = std::min(per, fmt.rows - row);
     if (n > 0) read(row, n, dst + c * per * int64_t(rb));
   }
 }
@@ -175,7 +182,7 @@ uint64_t Zero3Stream::shard_bytes() const {
   uint64_t n = 0;
   for (const Group& g : groups_) {
     n += g.shard.size();
-    for (const Slot& sl : g.slots) n += sl.shard.size();
+    for (const Slot& sl : g.slots) n += sl.shard.size() + sl.rowq.data.size();
   }
   return n;
 }
@@ -354,7 +361,6 @@ void Zero3Stream::lookup_rows(const int32_t* tokens, int64_t n, float* out) {
   QLFT_CHECK_ARG(emb_rows_ && comm_, "ZeRO-3: %s has no row-sharded embedding", describe().c_str());
   const Slot& sl = *emb_rows_;
   const int64_t per = sl.rows.per, w = world_, V = sl.n_rows;
-  const uint64_t rb = sl.rows.row_bytes;
   // How many ids each rank looks up, then all of them (each rank's padded to the most).
   std::vector<int64_t> counts(static_cast<size_t>(w));
   comm_->all_gather_raw(&n, counts.data(), sizeof(int64_t));
@@ -378,19 +384,19 @@ void Zero3Stream::lookup_rows(const int32_t* tokens, int64_t n, float* out) {
                     t, static_cast<long long>(i), static_cast<long long>(q),
                     static_cast<long long>(V));
     }
-  // Rows this rank keeps, at [asking rank, position]; a sum over ranks hands each its rows.
-  Buffer part = make(MemCategory::Communication, size_t(w * most) * rb, "embedding lookup rows");
-  const char* shard = sl.shard.as<const char>();
-  char* dst = part.as<char>();
+  // Rows this rank keeps (dequantized to f32), at [asking rank, position]; a sum over ranks
+  // hands each its rows.
+  const int64_t D = sl.rowq.cols;
+  Buffer part = make(MemCategory::Communication, size_t(w * most * D) * 4, "embedding lookup rows");
+  float* dst = part.as<float>();
   for (int64_t k = 0; k < w * most; ++k) {
     if (k % most >= counts[size_t(k / most)]) continue;
     const int64_t t = all[k], c = t / (w * per), in = t % (w * per);
-    if (in / per != rank_) continue;
-    std::memcpy(dst + k * int64_t(rb), shard + (c * per + in % per) * int64_t(rb), rb);
+    if (in / per == rank_) sl.rowq.dequantize_rows(c * per + in % per, 1, dst + k * D);
   }
-  Buffer mine = make(MemCategory::Communication, size_t(most) * rb, "embedding lookup sum");
-  comm_->reduce_scatter(part.as<float>(), mine.as<float>(), size_t(most) * (rb / 4), ReduceOp::Sum);
-  if (n) std::memcpy(out, mine.data(), size_t(n) * rb);
+  Buffer mine = make(MemCategory::Communication, size_t(most * D) * 4, "embedding lookup sum");
+  comm_->reduce_scatter(part.as<float>(), mine.as<float>(), size_t(most * D), ReduceOp::Sum);
+  if (n) std::memcpy(out, mine.data(), size_t(n * D) * 4);
 }
 
 void Zero3Stream::each_head_slice(const std::function<void(const QWeight&, int64_t)>& f) {
@@ -405,7 +411,7 @@ void Zero3Stream::each_head_slice(const std::function<void(const QWeight&, int64
   auto start_chunk = [&](int64_t c) {
     Chunk k;
     k.rows = make(MemCategory::Communication, rc.gathered_bytes(world_), "gathered head rows");
-    k.pending = comm_->start_all_gather_raw(sl.shard.as<const char>() + size_t(c) * part,
+    k.pending = comm_->start_all_gather_raw(sl.rowq.data.as<const char>() + size_t(c) * part,
                                             k.rows.data(), part);
     return k;
   };
@@ -417,9 +423,10 @@ void Zero3Stream::each_head_slice(const std::function<void(const QWeight&, int64
     cur.pending->wait();
     cur.pending.reset();
     QWeight slice;
-    slice.kind = QuantKind::F32;
+    slice.kind = sl.rowq.kind;
+    slice.ggml_type = sl.rowq.ggml_type;
     slice.rows = std::min(span, sl.n_rows - c * span);
-    slice.cols = sl.cols;
+    slice.cols = sl.rowq.cols;
     slice.data = std::move(cur.rows);
     f(slice, c * span);
     cur = std::move(next);
@@ -463,7 +470,10 @@ void Zero3Stream::detach() noexcept {
   held_ = kNoUnit;
   for (Group& g : groups_) {
     g.shard.reset();
-    for (Slot& sl : g.slots) sl.shard.reset();
+    for (Slot& sl : g.slots) {
+      sl.shard.reset();
+      sl.rowq.data.reset();
+    }
   }
   comm_ = nullptr;
   detached_ = true;

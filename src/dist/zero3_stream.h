@@ -15,7 +15,9 @@
 // embedding is stored once and gathered for both units.
 //
 // Row sharding (row_chunk_bytes > 0, host shards, a host backend computing): the f32 token
-// embedding and the untied f32 head are never gathered whole. Each is cut into chunks of
+// embedding and the untied f32 head are never gathered whole. Read from the file (a deferred
+// load) the embedding's rows are kept as the file stores them (GGUF blocks, f16, bf16: the
+// gathered chunks are dequantized where they are used, to the same values). Each is cut into
 // world x per rows (RowChunks, about row_chunk_bytes gathered), and rank r keeps rows [r * per,
 // (r + 1) * per) of every chunk, so the gather of one chunk is consecutive rows of the matrix.
 // The lookup (lookup_rows) all-gathers every rank's token ids, each rank writes the rows it
@@ -62,7 +64,8 @@ struct RowChunks {
   uint64_t gathered_bytes(int world) const { return uint64_t(world) * uint64_t(per) * row_bytes; }
 };
 
-// Whether ZeRO-3 shards w by rows: a plain f32 matrix (no scales or codes).
+// Whether ZeRO-3 shards w by rows: a plain f32 matrix (no scales or codes), as load_model makes
+// the embedding and head.
 bool row_shardable(const QWeight& w);
 
 // The bytes lookup_rows holds while it looks up `rows` tokens on each of `world` ranks with
@@ -117,15 +120,17 @@ class Zero3Stream final : public WeightStream {
   // the Buffer the model gets back (a few padding bytes past its size, never read): no second
   // copy of the big tensors. Small ones (norms, biases, scales, code books) are packed per group
   // into one slice and one gather, then copied out.
-  // A row-sharded slot (rows.per > 0) keeps RowChunks' rows of the matrix in its shard and is
+  // A row-sharded slot (rows.per > 0) keeps RowChunks' rows of the matrix in rowq (its kind:
+  // f32 made from the loaded matrix, or as the file stores it when read from the file) and is
   // never installed in the model: units skip it.
   struct Slot {
     Buffer* buf;
     size_t bytes;
     size_t per_rank = 0;  // large slots: this rank's slice
-    Buffer shard;         // large slots, row-sharded slots
+    Buffer shard;         // large slots
     RowChunks rows;       // row-sharded slots
-    int64_t n_rows = 0, cols = 0;
+    int64_t n_rows = 0;   // of the whole matrix
+    QWeight rowq;         // [rows.chunks * rows.per, cols] of this rank
     bool packed() const { return !per_rank && !rows.per; }  // one of the group's small slots
   };
   struct Group {
@@ -150,8 +155,9 @@ class Zero3Stream final : public WeightStream {
   void drop_ahead() noexcept;  // the same, errors swallowed (cleanup paths)
 
   bool present(int u) const;  // every Buffer of u is filled (a rank-local stream may empty them)
-  // Makes sl's row shard of w; read(row0, n, dst) writes rows [row0, row0 + n) to dst.
-  void shard_rows(Slot& sl, const QWeight& w, uint64_t chunk_bytes,
+  // Makes sl's row shard of a matrix stored as fmt (kind, ggml_type, rows, cols; no data);
+  // read(row0, n, dst) writes rows [row0, row0 + n) in that format to dst.
+  void shard_rows(Slot& sl, const QWeight& fmt, uint64_t chunk_bytes,
                   const std::function<void(int64_t, int64_t, char*)>& read);
 
   Model* model_;

@@ -111,9 +111,14 @@ class WeightGroupSource {
   virtual ~WeightGroupSource() = default;
   // Fills group's storage Buffers in m (counted as `weights`), replacing what they held.
   virtual void load(Model& m, int group) = 0;
-  // Rows [row0, row0 + n) of the f32 token embedding (head: the untied output head) into out
-  // (n x dim floats), as load_model makes them: ZeRO-3's row shards, never the whole matrix.
-  virtual void load_rows(bool head, int64_t row0, int64_t n, float* out) = 0;
+  // The token embedding (head: the untied output head) as the file stores it, without data:
+  // kind F32, F16, BF16 or GGML blocks (ggml_type), rows x cols. A type that is not stored row
+  // by row that way (f64) is given as F32.
+  virtual QWeight stored_rows(bool head) = 0;
+  // Its rows [row0, row0 + n) in that format (n x stored_row_bytes bytes) into out: ZeRO-3's
+  // row shards, read straight from the file, never the whole matrix. Dequantized, they are
+  // the values load_model gives.
+  virtual void load_rows(bool head, int64_t row0, int64_t n, void* out) = 0;
 };
 
 // Loads a .gguf file, a .safetensors file beside a config.json, or an HF model directory.

@@ -248,11 +248,28 @@ class GgufLoader {
       for (int j = 0; j < 3; ++j) L.bias[j] = vector(b + names[j], shapes[j][0]);
     }
   }
-  // Rows [r0, r0 + n) of the f32 embedding (head: the untied head) as load_group makes them.
-  void float_rows(bool head, int64_t r0, int64_t n, float* out) {
+  // The embedding (head: the untied head) as stored (WeightGroupSource::stored_rows), and its
+  // rows [r0, r0 + n) in that format.
+  QWeight stored_rows(bool head) {
     const ModelConfig& c = m_.cfg;
     const GgufTensorInfo& t = tensor(head ? "output.weight" : "token_embd.weight", c.vocab, c.dim);
-    to_f32(t, out, r0 * c.dim, n * c.dim);
+    QWeight w;
+    w.rows = c.vocab;
+    w.cols = c.dim;
+    if (static_cast<GgmlType>(t.type) != GgmlType::F32) {
+      w.kind = QuantKind::GGML;
+      w.ggml_type = t.type;
+    }
+    if (stored_row_bytes(w) == 0 || !ggml_type_traits(t.type)->dequantizable)
+      throw_error(QLFT_ERR_UNSUPPORTED, "%s: tensor '%s' has type %s, which qlft cannot use",
+                  m_.gguf->path().c_str(), t.name.c_str(), ggml_type_traits(t.type)->name);
+    return w;
+  }
+  void stored_row_bytes_of(bool head, int64_t r0, int64_t n, void* out) {
+    const ModelConfig& c = m_.cfg;
+    const GgufTensorInfo& t = tensor(head ? "output.weight" : "token_embd.weight", c.vocab, c.dim);
+    const uint64_t rb = stored_row_bytes(stored_rows(head));
+    std::memcpy(out, t.data + uint64_t(r0) * rb, uint64_t(n) * rb);
   }
 
  private:
@@ -270,9 +287,7 @@ class GgufLoader {
                       static_cast<long long>(t.ne[1]), static_cast<long long>(cols),
                       static_cast<long long>(rows));
   }
-  // Elements [first, first + n) of t (n < 0: to the end); first is a multiple of the row length
-  // (rows are whole blocks in GGUF).
-  void to_f32(const GgufTensorInfo& t, float* dst, int64_t first = 0, int64_t n = -1) {
+  void to_f32(const GgufTensorInfo& t, float* dst) {
     const GgmlTypeTraits* tr = ggml_type_traits(t.type);
     switch (static_cast<GgmlType>(t.type)) {
       case GgmlType::I8:
@@ -289,9 +304,7 @@ class GgufLoader {
     if (!tr->dequantizable)
       throw_error(QLFT_ERR_UNSUPPORTED, "%s: tensor '%s' has type %s, which qlft cannot dequantize",
                   m_.gguf->path().c_str(), t.name.c_str(), tr->name);
-    if (n < 0) n = t.numel() - first;
-    const uint8_t* at = t.data + first / tr->block * tr->bytes;
-    ggml_dequantize(t.type, at, n, dst);
+    ggml_dequantize(t.type, t.data, t.numel(), dst);
   }
   Buffer vector(const std::string& name, int64_t n) {
     const GgufTensorInfo* t = m_.gguf->find_tensor(name);
@@ -446,13 +459,29 @@ class HfLoader {
     }
   }
 
-  // Rows [r0, r0 + n) of the f32 embedding (head: the untied head) as load_group makes them.
-  void float_rows(bool head, int64_t r0, int64_t n, float* out) {
+  // The embedding (head: the untied head) as stored (WeightGroupSource::stored_rows), and its
+  // rows [r0, r0 + n) in that format (f64 converted to f32).
+  QWeight stored_rows(bool head) {
     const ModelConfig& c = m_.cfg;
     const SafeTensorInfo& t =
         tensor(head ? "lm_head.weight" : "model.embed_tokens.weight", c.vocab, c.dim);
-    const uint8_t* at = t.data + r0 * c.dim * int64_t(dtype_size(t.dtype));
-    to_f32_n(t.dtype, at, out, size_t(n * c.dim));
+    QWeight w;
+    w.rows = c.vocab;
+    w.cols = c.dim;
+    if (t.dtype == DType::F16) w.kind = QuantKind::F16;
+    if (t.dtype == DType::BF16) w.kind = QuantKind::BF16;
+    return w;
+  }
+  void stored_row_bytes_of(bool head, int64_t r0, int64_t n, void* out) {
+    const ModelConfig& c = m_.cfg;
+    const SafeTensorInfo& t =
+        tensor(head ? "lm_head.weight" : "model.embed_tokens.weight", c.vocab, c.dim);
+    const int64_t es = int64_t(dtype_size(t.dtype));
+    const uint8_t* at = t.data + r0 * c.dim * es;
+    if (t.dtype == DType::F64)
+      to_f32_n(t.dtype, at, static_cast<float*>(out), size_t(n * c.dim));
+    else
+      std::memcpy(out, at, size_t(n * c.dim * es));
   }
 
  private:
@@ -540,8 +569,9 @@ class LoaderGroupSource final : public WeightGroupSource {
         a.tied_embeddings != b.tied_embeddings || a.qkv_bias != b.qkv_bias)
       throw_error(QLFT_ERR_IO, "%s: the model file changed since it was loaded", m.path.c_str());
   }
-  void load_rows(bool head, int64_t row0, int64_t n, float* out) override {
-    loader_.float_rows(head, row0, n, out);
+  QWeight stored_rows(bool head) override { return loader_.stored_rows(head); }
+  void load_rows(bool head, int64_t row0, int64_t n, void* out) override {
+    loader_.stored_row_bytes_of(head, row0, n, out);
     if (scratch_.gguf) scratch_.gguf->drop_tensor_pages();
   }
   void load(Model& m, int group) override {

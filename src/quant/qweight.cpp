@@ -36,6 +36,23 @@ uint64_t QWeight::bytes() const {
          scb.size();
 }
 
+uint64_t stored_row_bytes(const QWeight& w) {
+  const uint64_t c = static_cast<uint64_t>(w.cols);
+  switch (w.kind) {
+    case QuantKind::F32:
+      return c * 4;
+    case QuantKind::F16:
+    case QuantKind::BF16:
+      return c * 2;
+    case QuantKind::GGML: {
+      const GgmlTypeTraits* t = ggml_type_traits(w.ggml_type);
+      return t && t->block && c % t->block == 0 ? c / t->block * t->bytes : 0;
+    }
+    default:
+      return 0;
+  }
+}
+
 std::string QWeight::type_name() const {
   if (kind == QuantKind::GGML) {
     const GgmlTypeTraits* t = ggml_type_traits(ggml_type);

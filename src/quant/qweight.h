@@ -58,6 +58,11 @@ struct QWeight {
 QWeight qweight_from_f32(MemoryTracker* tracker, const float* src, int64_t rows, int64_t cols,
                          QuantKind kind, int32_t blocksize = 64, bool double_quant = true);
 // Keeps GGUF blocks as they are (a copy of the bytes, counted as weights).
+// Bytes of one row of w's kind (F32, F16, BF16, GGML blocks) for a matrix of w.cols columns
+// stored row by row with nothing beside its data; 0 for the kinds with scales elsewhere (NF4,
+// INT8). Only w's kind, ggml_type and cols are read.
+uint64_t stored_row_bytes(const QWeight& w);
+
 QWeight qweight_from_ggml(MemoryTracker* tracker, uint32_t ggml_type, const void* blocks,
                           int64_t rows, int64_t cols);
 

@@ -166,6 +166,13 @@ WeightFootprint gguf_footprint(const std::string& path, const LoadOptions& o, Mo
 
   WeightFootprint w;
   add_fixed(w, c);  // f32 embedding, output norm (and head)
+  QWeight stored;   // the embedding as the file keeps it
+  stored.cols = c.dim;
+  if (emb->type != 0 /* F32 */) {
+    stored.kind = QuantKind::GGML;
+    stored.ggml_type = emb->type;
+  }
+  w.emb_stored_row_bytes = stored_row_bytes(stored);
   int64_t shapes[kProjCount][2];
   proj_shapes(c, shapes);
   for (int l = 0; l < c.n_layers; ++l) {
@@ -217,6 +224,9 @@ WeightFootprint hf_footprint(const std::string& path, const LoadOptions& o, Mode
                st->find("model.layers.0.self_attn.q_proj.bias") != nullptr;
   WeightFootprint w;
   add_fixed(w, c);
+  if (const SafeTensorInfo* e = st->find("model.embed_tokens.weight"))  // f64 is kept as f32
+    w.emb_stored_row_bytes =
+        uint64_t(c.dim) * (e->dtype == DType::F16 || e->dtype == DType::BF16 ? 2 : 4);
   int64_t shapes[kProjCount][2];
   proj_shapes(c, shapes);
   for (int l = 0; l < c.n_layers; ++l) {
@@ -461,7 +471,8 @@ uint64_t slots_bytes(const std::vector<uint64_t>& g) {
 struct Zero3Layout {
   const WeightFootprint& w;
   int world;
-  uint64_t row_chunk;  // 0: no row sharding
+  uint64_t row_chunk;      // 0: no row sharding
+  bool from_file = false;  // a deferred load: the embedding's rows as the file stores them
 
   static constexpr uint64_t kLargeSlot = 64 << 10;
   uint64_t slice(uint64_t bytes) const {
@@ -469,8 +480,11 @@ struct Zero3Layout {
     return (share + 63) / 64 * 64;
   }
   bool rows() const { return row_chunk && w.f32_rows > 0; }
-  dist::RowChunks chunks() const {
-    return dist::RowChunks::of(w.f32_rows, w.row_bytes, world, row_chunk);
+  // The row chunks of the embedding (group 0) or the untied head.
+  dist::RowChunks chunks(size_t g) const {
+    const bool stored = g == 0 && from_file && w.emb_stored_row_bytes;
+    return dist::RowChunks::of(w.f32_rows, stored ? w.emb_stored_row_bytes : w.row_bytes, world,
+                               row_chunk);
   }
   // Slot i of group g is the embedding's or the untied head's f32 matrix, kept by rows.
   bool by_rows(size_t g, size_t i) const {
@@ -480,7 +494,7 @@ struct Zero3Layout {
   bool packed(size_t g, size_t i) const { return !by_rows(g, i) && !large(g, i); }
   // This rank's kept bytes of slot (g, i) (0 for a packed one: see packed_share).
   uint64_t share(size_t g, size_t i) const {
-    if (by_rows(g, i)) return rb(chunks().shard_bytes());
+    if (by_rows(g, i)) return rb(chunks(g).shard_bytes());
     return large(g, i) ? rb(slice(w.groups[g][i])) : 0;
   }
   uint64_t packed_bytes(size_t g) const {
@@ -526,7 +540,7 @@ void zero3_bytes(const Zero3Layout& z, const ModelConfig& c, int64_t rows, const
     for (size_t i = 0; i < w.groups[g].size(); ++i) {
       const uint64_t b = w.groups[g][i];
       if (z.by_rows(g, i)) {
-        *shards += held(z.chunks().shard_bytes());
+        *shards += held(z.chunks(g).shard_bytes());
       } else if (z.large(g, i)) {
         *shards += held(z.slice(b));
         large[g] += held(z.slice(b) * z.world);
@@ -545,7 +559,7 @@ void zero3_bytes(const Zero3Layout& z, const ModelConfig& c, int64_t rows, const
   // one in use and the next in flight) inside the head unit's first acquire.
   uint64_t lookup = 0, head_chunks = 0;
   if (z.rows()) {
-    const dist::RowChunks rc = z.chunks();
+    const dist::RowChunks rc = z.chunks(w.tied ? 0 : G - 1);
     lookup = dist::row_lookup_bytes(rows, c.dim, z.world);
     head_chunks = held(rc.gathered_bytes(z.world)) * uint64_t(std::min<int64_t>(rc.chunks, 2));
   }
@@ -751,7 +765,9 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
   const bool have_groups = w.groups.size() == static_cast<size_t>(c.n_layers) + 2;
   cat[int(MemCategory::Weights)] = w.bytes;
   // ZeRO-3 on host ranks (a host backend) keeps the f32 embedding and head by rows.
-  const Zero3Layout z3{w, s.world, s.backend == "cuda" ? 0 : s.row_chunk_bytes};
+  // Several MPI ranks load deferred (train/trainer.h load_into_shards).
+  const Zero3Layout z3{w, s.world, s.backend == "cuda" ? 0 : s.row_chunk_bytes,
+                       s.world > 1 && s.dist_backend == "mpi"};
   if (have_groups && s.zero_stage == 3) {
     zero3_bytes(z3, c, R, rb, &cat[int(MemCategory::Weights)],
                 &cat[int(MemCategory::Communication)]);
