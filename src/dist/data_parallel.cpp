@@ -196,21 +196,36 @@ void DataParallel::gather_params() {
 
 StateDict DataParallel::gather_state(StateDict mine) {
   if (stage_ == 0 || world() == 1) return mine;
-  // Rank 0 keeps its own share as it is and merges each other rank's as it arrives; the others
-  // send theirs (their dict freed once it is bytes) and hold one foreign share at a time.
+  // Rank 0 keeps its own share as it is. Each other rank in turn sends its entries' names,
+  // dtypes and shapes, then each entry's bytes, broadcast straight into the entry rank 0 makes
+  // for it; the ranks that are neither receive one entry at a time and drop it. No rank holds
+  // more than its own share and rank 0's dict (the checkpoint it writes) at once.
   const bool root = rank() == 0;
   StateDict merged;
-  std::string bytes;
-  if (root) {
-    merged = std::move(mine);
-  } else {
-    bytes = serialize_state(mine);
-    mine = StateDict();
+  if (root) merged = std::move(mine);
+  std::vector<uint8_t> scratch;
+  for (int r = 1; r < world(); ++r) {
+    const bool sender = rank() == r;
+    std::string meta = sender ? serialize_state(mine, /*with_bytes=*/false) : std::string();
+    uint64_t n = meta.size();
+    host_->broadcast(&n, sizeof n, r);
+    meta.resize(static_cast<size_t>(n));
+    if (n) host_->broadcast(meta.data(), meta.size(), r);
+    auto sent = mine.tensors().begin();  // the sender's entries, in the order meta lists them
+    each_state_entry(meta, false,
+                     [&](const std::string& name, DType dt, std::vector<int64_t> shape, const char*,
+                         uint64_t nb) {
+                       void* at;
+                       if (sender)  // read, not written: the broadcast's source
+                         at = const_cast<uint8_t*>((sent++)->second.bytes.data());
+                       else if (root)
+                         at = merged.put_uninit(name, dt, std::move(shape));
+                       else
+                         at = (scratch.resize(static_cast<size_t>(nb)), scratch.data());
+                       if (nb) host_->broadcast(at, static_cast<size_t>(nb), r);
+                     });
+    if (sender) mine = StateDict();
   }
-  host_->each_rank_bytes(bytes, [&](int r, std::string& blob) {
-    if (root && r != 0) deserialize_state(blob, merged);
-    std::string().swap(blob);
-  });
   return merged;
 }
 
@@ -241,7 +256,7 @@ struct Reader {
 };
 }  // namespace
 
-std::string serialize_state(const StateDict& sd) {
+std::string serialize_state(const StateDict& sd, bool with_bytes) {
   std::string s;
   put_raw<uint64_t>(s, sd.size());
   for (const auto& [name, t] : sd.tensors()) {
@@ -251,12 +266,14 @@ std::string serialize_state(const StateDict& sd) {
     put_raw<uint32_t>(s, static_cast<uint32_t>(t.shape.size()));
     for (int64_t d : t.shape) put_raw<int64_t>(s, d);
     put_raw<uint64_t>(s, t.bytes.size());
-    s.append(reinterpret_cast<const char*>(t.bytes.data()), t.bytes.size());
+    if (with_bytes) s.append(reinterpret_cast<const char*>(t.bytes.data()), t.bytes.size());
   }
   return s;
 }
 
-void deserialize_state(const std::string& bytes, StateDict& out) {
+void each_state_entry(const std::string& bytes, bool with_bytes,
+                      const std::function<void(const std::string&, DType, std::vector<int64_t>,
+                                               const char*, uint64_t)>& f) {
   Reader r{bytes};
   const uint64_t n = r.get<uint64_t>();
   for (uint64_t i = 0; i < n; ++i) {
@@ -268,13 +285,20 @@ void deserialize_state(const std::string& bytes, StateDict& out) {
     std::vector<int64_t> shape(nd);
     for (auto& d : shape) d = r.get<int64_t>();
     const uint64_t nb = r.get<uint64_t>();
-    const char* data = r.take(nb);
+    const char* data = with_bytes ? r.take(nb) : nullptr;
     try {
-      out.put(name, static_cast<DType>(dt), shape, data, nb);
+      f(name, static_cast<DType>(dt), std::move(shape), data, nb);
     } catch (const Error& e) {
       throw_error(QLFT_ERR_FORMAT, "state exchange: %s", e.what());
     }
   }
+}
+
+void deserialize_state(const std::string& bytes, StateDict& out) {
+  each_state_entry(
+      bytes, true,
+      [&](const std::string& name, DType dt, std::vector<int64_t> shape, const char* data,
+          uint64_t nb) { out.put(name, dt, std::move(shape), data, static_cast<size_t>(nb)); });
 }
 
 }  // namespace qlft::dist

@@ -31,6 +31,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -169,7 +170,13 @@ class DataParallel {
 };
 
 // The bytes of a state dict and back (gathering state across ranks).
-std::string serialize_state(const StateDict& sd);
+// with_bytes false: names, dtypes, shapes and byte counts only (the bytes go separately).
+std::string serialize_state(const StateDict& sd, bool with_bytes = true);
 void deserialize_state(const std::string& bytes, StateDict& out);
+// f(name, dtype, shape, data, byte count) for each entry of serialize_state's bytes, in order
+// (data nullptr when they were made without bytes). Throws QLFT_ERR_FORMAT naming the problem.
+void each_state_entry(const std::string& bytes, bool with_bytes,
+                      const std::function<void(const std::string&, DType, std::vector<int64_t>,
+                                               const char*, uint64_t)>& f);
 
 }  // namespace qlft::dist
