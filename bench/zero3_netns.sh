@@ -5,13 +5,15 @@
 # and the bytes each rank sent (its veth's counters), beside the same run on 1 rank.
 #
 #   sudo bench/zero3_netns.sh [--qlft path/to/qlft-finetune] [--ranks N] [--model M.gguf]
-#                             [--data D.txt] [--steps S] [--local] [-- extra --key value settings]
+#                             [--data D.txt] [--steps S] [--batch E] [--local]
+#                             [-- extra --key value settings]
 #
 # --local: the ranks on this machine as mpirun starts them (shared memory; no root needed, no
 # byte counts).
 #
 # Defaults: 4 ranks, SmolLM2-135M-Instruct Q4_1 (quant.type keep), tinyshakespeare (first
-# 200 kB), seq 256, micro-batch 1, effective batch N (accumulation N on 1 rank), 2 steps,
+# 200 kB), seq 256, micro-batch 1, effective batch E = 4 (accumulation 4 on 1 rank, 4 / N on
+# N ranks), 2 steps,
 # 1 thread per rank, gradient checkpointing, dist.zero_stage 3. Needs root (ip netns) and
 # mpirun; everything it makes (namespaces qlftns*, bridge qlftbr0) is removed on exit.
 set -euo pipefail
@@ -19,6 +21,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 qlft=""
 ranks=4
+batch=4
 steps=2
 model=/opt/qlft-models/smollm2-135m-instruct-q4_1.gguf
 data=${QLFT_SHARED_DIR:-$root/../shared}/data/tinyshakespeare.txt
@@ -29,11 +32,12 @@ while (($#)); do
     --qlft) qlft=$2; shift 2 ;;
     --ranks) ranks=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
+    --batch) batch=$2; shift 2 ;;
     --model) model=$2; shift 2 ;;
     --data) data=$2; shift 2 ;;
     --local) local=1; shift ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n 2,17p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,19p "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -44,6 +48,7 @@ if [ -z "$qlft" ]; then
   done
 fi
 [ -x "$qlft" ] || { echo "qlft-finetune not found: pass --qlft" >&2; exit 1; }
+((batch % ranks == 0)) || { echo "--batch $batch is not a multiple of --ranks $ranks" >&2; exit 2; }
 [ "$local" = 1 ] || [ "$(id -u)" = 0 ] || { echo "needs root (ip netns), or --local" >&2; exit 1; }
 command -v mpirun >/dev/null || { echo "mpirun not found" >&2; exit 1; }
 
@@ -91,7 +96,7 @@ export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
 args=(train --model "$model" --data "$work/data.txt" --quant.type keep --threads 1
       --data.seq_len 256 --train.micro_batch 1 --train.max_steps "$steps"
       --train.grad_checkpointing 1 "${extra[@]}")
-/usr/bin/time -f "%M" -o "$work/one.rss" "$qlft" "${args[@]}" --train.accumulation "$ranks" \
+/usr/bin/time -f "%M" -o "$work/one.rss" "$qlft" "${args[@]}" --train.accumulation "$batch" \
   --train.output_dir "$work/one" >"$work/one.out" 2>"$work/one.err" ||
   { cat "$work/one.err" >&2; exit 1; }
 tx0=(); for ((i = 0; i < ranks; ++i)); do tx0+=("$(sent_bytes "$i")"); done
@@ -99,7 +104,7 @@ start=$(date +%s.%N)
 mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$ranks" "${where[@]}" \
   -x OMP_NUM_THREADS -x OMP_WAIT_POLICY \
   sh -c 'exec /usr/bin/time -f "%M" -o "$0.$OMPI_COMM_WORLD_RANK" "$@"' "$work/rank.rss" \
-  "$qlft" "${args[@]}" --train.accumulation 1 --dist.backend mpi --dist.zero_stage 3 \
+  "$qlft" "${args[@]}" --train.accumulation $((batch / ranks)) --dist.backend mpi --dist.zero_stage 3 \
   --train.output_dir "$work/many" >"$work/many.out" 2>"$work/many.err" ||
   { cat "$work/many.err" >&2; exit 1; }
 wall=$(echo "$(date +%s.%N) - $start" | bc)
@@ -107,7 +112,7 @@ losses() { sed -n 's/.*"loss": \([0-9.e+-]*\).*/\1/p' "$1/metrics.jsonl" | tr '\
 step_s() { sed -n 's/.*"tokens": \([0-9]*\), "tokens_per_s": \([0-9.]*\).*/\1 \2/p' "$1/metrics.jsonl" |
   awk '{ s += $1 / $2; n++ } END { printf "%.2f", s / n }'; }
 one=$(awk '{ printf "%.1f", $1 / 1024 }' "$work/one.rss")
-echo "model $model, seq 256, micro-batch 1, effective batch $ranks, $steps steps, ZeRO-3 $([ "$local" = 1 ] && echo "on this machine (shared memory)" || echo "over TCP (network namespaces)")"
+echo "model $model, seq 256, micro-batch 1, effective batch $batch, $steps steps, ZeRO-3 $([ "$local" = 1 ] && echo "on this machine (shared memory)" || echo "over TCP (network namespaces)")"
 echo "1 rank:  peak RSS $one MiB, step $(step_s "$work/one") s, losses $(losses "$work/one")"
 echo "$ranks ranks: step $(step_s "$work/many") s, losses $(losses "$work/many"), wall $wall s (setup included)"
 for ((i = 0; i < ranks; ++i)); do
