@@ -5,6 +5,8 @@
 // log-sum-exp per row; pass 2 (only when dh is wanted) recomputes each logits panel, turns it
 // into (softmax - onehot) * grad_scale and accumulates its product with the panel into dh.
 // Precision bf16 rounds both GEMMs' operands (h, head panels, dlogits) to bf16.
+// fp32 with dh walks the head once instead (ce_row_one_pass): the recomputed logits GEMM was a
+// third of the head's GEMM work and the head a fifth of a small model's step.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -18,6 +20,55 @@
 #include "core/threads.h"
 
 namespace qlft::cpu {
+
+namespace {
+
+void scale_row(float* x, int64_t n, float s) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) x[j] *= s;
+}
+
+// One logits row l (n entries of the panel starting at vocab row p0) of the one-pass walk: the
+// same statistics as pass 1 (so the loss is the one without dh, bit for bit), and l replaced by
+// E = exp(l - st.m), the shift the row's dh accumulator (acc, H floats) shares: when this panel
+// raises the row's max, acc is rescaled to it (it is unset at p0 = 0); otherwise E is.
+void ce_row_one_pass(float* l, int64_t n, int64_t p0, int64_t target, OnlineSoftmax<double>& st,
+                     float& target_logit, float* acc, int64_t H) {
+  if (target >= p0 && target < p0 + n) target_logit = l[target - p0];
+  const float m = vec_kernels().max_of(l, n);
+  const float old = st.m;
+  online_softmax_merge(st, m, vec_kernels().exp_sum_shifted(l, n, m));
+  if (st.m > old) {
+    if (p0 > 0) scale_row(acc, H, std::exp(old - st.m));
+  } else if (m < st.m) {
+    scale_row(l, n, std::exp(m - st.m));
+  }
+}
+
+// dh row += grad_scale (acc / sum - head[target]) for each of the chunk's rc rows, acc being the
+// row's sum of E panel over the whole head (ce_row_one_pass), so acc / sum = softmax head.
+void ce_dh_one_pass(const QWeight& head, const int64_t* rows, int64_t rc, const int32_t* targets,
+                    const OnlineSoftmax<double>* st, const float* acc, float grad_scale, MatF dh) {
+  const int64_t H = head.cols;
+  TaskErrors errs;
+#pragma omp parallel num_threads(qlft::num_threads())
+  {
+    std::vector<float> wt(static_cast<size_t>(H));
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < rc; ++i)
+      errs.run([&] {
+        head.dequantize_rows(targets[rows[i]], 1, wt.data());
+        const float a = float(double(grad_scale) / st[i].s);
+        float* d = dh.row(rows[i]);
+        const float* g = acc + i * H;
+#pragma omp simd
+        for (int64_t c = 0; c < H; ++c) d[c] += a * g[c] - grad_scale * wt[size_t(c)];
+      });
+  }
+  errs.rethrow();
+}
+
+}  // namespace
 
 void CpuBackend::embedding_fwd(const QWeight& emb, const int32_t* tokens, MatF out) {
   op_checks::embedding(emb, out.as_const());
@@ -50,6 +101,9 @@ double CpuBackend::linear_cross_entropy(const QWeight& head, CMatF h, const int3
   const bool lp = precision_ == DType::BF16;
   const int64_t eb = lp ? int64_t(lp_bytes(*this)) : 4;
   const bool lp16 = lp && eb == 2;  // lp operands are bf16 bit patterns (oneDNN)
+  // bf16 keeps two passes: its dlogits are rounded as torch rounds (softmax - onehot), which
+  // needs the row's final log-sum-exp before the dh GEMM.
+  const bool one_pass = !lp && want_dh;
   const int64_t P = lp ? panel_rows_lp(*this, head) : panel_rows(*this, head);
   // Rows per chunk: bounded by the logits tile and the gathered hidden rows.
   const int64_t n_valid = int64_t(valid.size());
@@ -77,6 +131,15 @@ double CpuBackend::linear_cross_entropy(const QWeight& head, CMatF h, const int3
   float* lse = tl + Rc;
 
   double loss = 0;
+  // The chunk's rows' log-sum-exps (lse) and their losses added in row order (the sum does not
+  // depend on threads).
+  auto add_chunk_loss = [&](int64_t rc) {
+    for (int64_t i = 0; i < rc; ++i) {
+      const double lse_d = double(st[i].m) + std::log(st[i].s);
+      lse[i] = float(lse_d);
+      loss += lse_d - double(tl[i]);
+    }
+  };
   for (int64_t c0 = 0; c0 < n_valid; c0 += Rc) {
     const int64_t rc = std::min(Rc, n_valid - c0);
     const int64_t* rows = valid.data() + c0;
@@ -100,6 +163,20 @@ double CpuBackend::linear_cross_entropy(const QWeight& head, CMatF h, const int3
         gemm_f32(*this, false, true, rc, n, H, 1.f, hc, H, pw, H, 0.f, L, n);
       }
     };
+    if (one_pass) {
+      // dh_chunk = grad_scale (sum over panels of E panel) / sum - grad_scale head[target].
+      for (int64_t p0 = 0; p0 < V; p0 += P) {
+        const int64_t n = std::min(P, V - p0);
+        logits(p0, n);
+#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
+        for (int64_t i = 0; i < rc; ++i)
+          ce_row_one_pass(L + i * n, n, p0, targets[rows[i]], st[i], tl[i], dhc + i * H, H);
+        sgemm(false, false, rc, H, n, 1.f, L, n, pw, H, p0 == 0 ? 0.f : 1.f, dhc, H);
+      }
+      add_chunk_loss(rc);
+      ce_dh_one_pass(head, rows, rc, targets, st, dhc, grad_scale, dh);
+      continue;
+    }
     // Pass 1: online log-sum-exp and the target logit.
     for (int64_t p0 = 0; p0 < V; p0 += P) {
       const int64_t n = std::min(P, V - p0);
@@ -114,11 +191,7 @@ double CpuBackend::linear_cross_entropy(const QWeight& head, CMatF h, const int3
         if (t >= p0 && t < p0 + n) tl[i] = l[t - p0];
       }
     }
-    for (int64_t i = 0; i < rc; ++i) {  // in row order: the sum does not depend on threads
-      double lse_d = double(st[i].m) + std::log(st[i].s);
-      lse[i] = float(lse_d);
-      loss += lse_d - double(tl[i]);
-    }
+    add_chunk_loss(rc);
     if (!want_dh) continue;
     // Pass 2: dh_chunk = sum over panels of ((softmax - onehot) * grad_scale) panel.
     for (int64_t p0 = 0; p0 < V; p0 += P) {
