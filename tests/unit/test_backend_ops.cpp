@@ -73,6 +73,11 @@ void run_linear(const LinearCase& c, uint64_t seed) {
   Vec Ad = to_d(A), Bd = to_d(B), xd = to_d(x);
   Vec yo = linear_oracle(xd, W, bp, Ad, Bd, r, scale, c.p, dseed, M, N, K);
   EXPECT_LT(rel_err(y, yo), 2e-6) << "linear_fwd";
+  if (r > 0) {  // without xa kept (inference): the same y
+    FVec y2(y.size());
+    fx.be->linear_fwd(qw, c.bias ? b.data() : nullptr, lp, cmat(x, M, K), mat(y2, M, N), nullptr);
+    EXPECT_EQ(y2, y) << "linear_fwd without xa";
+  }
 
   // Backward of L = sum(dy * y).
   FVec dy = rng.normal(size_t(M) * N);
@@ -104,6 +109,13 @@ void run_linear(const LinearCase& c, uint64_t seed) {
       << "workspace is released after each call";
 }
 
+// A LoRA as the merge rule sees it (rank and dropout only).
+const LoraRef kMergeProbe = [] {
+  LoraRef l;
+  l.r = 4;
+  return l;
+}();
+
 }  // namespace
 
 TEST(BackendLinear, NoLoraDefaultBlocks) {
@@ -114,6 +126,18 @@ TEST(BackendLinear, NoLoraSmallPanels) {
 }
 TEST(BackendLinear, LoraNoDropout) {
   run_linear({29, 40, 53, 4, 0.f, true, true}, 3);
+}
+// fp32 folds a LoRA without dropout into the weight panels where M >= K (forward) and M >= N
+// (dx): both here, over several panels split across threads ...
+TEST(BackendLinear, LoraMergedIntoPanels) {
+  ASSERT_TRUE(cpu::lora_merged(&kMergeProbe, 61, 53));
+  run_linear({61, 40, 53, 4, 0.f, true, true}, 6);
+}
+// ... the forward alone (M < N: dx keeps its rank-r GEMM), default blocks.
+TEST(BackendLinear, LoraMergedForwardOnly) {
+  ASSERT_TRUE(cpu::lora_merged(&kMergeProbe, 45, 40));
+  ASSERT_FALSE(cpu::lora_merged(&kMergeProbe, 45, 53));
+  run_linear({45, 40, 53, 5, 0.f, false, false}, 7);
 }
 TEST(BackendLinear, LoraDropout) {
   run_linear({29, 40, 53, 3, 0.3f, false, true}, 4);

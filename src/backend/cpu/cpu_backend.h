@@ -193,8 +193,11 @@ class TaskErrors {
 
 // Rows of a weight dequantized at once: about tune.panel_bytes of floats, clamped.
 int64_t panel_rows(const CpuBackend& be, const QWeight& W);
-// Dequantizes rows [r0, r0 + n) of W into out (n * W.cols floats), split across threads.
-void dequant_panel(const QWeight& W, int64_t r0, int64_t n, float* out);
+// Dequantizes rows [r0, r0 + n) of W into out (n * W.cols floats), split across threads. With
+// `merged` (fp32, see lora_merged) each thread then adds its rows of scale * B A while they are in
+// its cache: the rows of W + scale B A.
+void dequant_panel(const QWeight& W, int64_t r0, int64_t n, float* out,
+                   const LoraRef* merged = nullptr);
 // C[M, N] = alpha * op(A) op(B) + beta * C, row-major, through cblas_sgemm (checks int range).
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
@@ -204,8 +207,20 @@ void gemm_f32(const CpuBackend& be, bool trans_a, bool trans_b, int64_t M, int64
               float alpha, const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
               float* C, int64_t ldc);
 // y[:, p] = x W[p, :]^T for every row p of W (overwrites y), panel by panel. With precision bf16
-// x and W are rounded to bf16 first.
-void matmul_xwt(const CpuBackend& be, const QWeight& W, CMatF x, MatF y, const char* what);
+// x and W are rounded to bf16 first. `merged` (fp32 only): W + scale B A instead of W.
+void matmul_xwt(const CpuBackend& be, const QWeight& W, CMatF x, MatF y, const char* what,
+                const LoraRef* merged = nullptr);
+
+// fp32 (and fp16 autocast, which runs this path) folds a LoRA without dropout into the weight
+// panels: x A^T B^T = x (B A)^T, so y = x (W + s B A)^T and dx = dy (W + s B A) take the LoRA term
+// with no GEMM of inner dimension r over the whole output (memory-bound: it reads and writes all of
+// y or dx). The merge costs a rank-r update of each panel, [N, K] x r against [M, N] x r (y) or
+// [M, K] x r (dx) saved, so it runs when M is at least the output's other side (K forward, N
+// backward): training's M = batch x sequence, not generation's few rows. xa (for dB) and the
+// LoRA gradients still run their own GEMMs.
+inline bool lora_merged(const LoraRef* l, int64_t M, int64_t other) {
+  return l && l->r > 0 && l->dropout_p == 0.f && M >= other;
+}
 
 // ---- the bf16 ("low precision", lp) operands of precision bf16 ------------------------------
 size_t lp_bytes(const CpuBackend& be);

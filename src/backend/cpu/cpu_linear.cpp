@@ -1,5 +1,7 @@
 // Quantized linear with LoRA: base GEMMs run panel by panel on dequantized weight rows; the LoRA
 // path is thin GEMMs. Dropout on the LoRA input is recomputed from (seed, row, col).
+// fp32 without dropout adds scale B A to the weight panels instead of running the rank-r GEMMs
+// over the whole output, where that is cheaper (lora_merged, cpu_backend.h).
 // Precision bf16 (what torch.autocast defines for a PEFT LoRA linear): every GEMM takes bf16
 // operands and accumulates in fp32. The base GEMMs take x / dy and the weight panels rounded to
 // bf16; the LoRA GEMMs take x (after dropout), dy, A and B rounded, and their fp32 intermediates
@@ -139,18 +141,22 @@ void lora_bwd(const OpGemm& mm, const QWeight& W, const LoraRef& l, CMatF x, con
   }
 }
 
+// y[i, :] += bias for every row (nothing without a bias).
+void add_bias(MatF y, const float* bias) {
+  if (!bias) return;
+#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
+  for (int64_t i = 0; i < y.rows; ++i) {
+    float* yr = y.row(i);
+    for (int64_t j = 0; j < y.cols; ++j) yr[j] += bias[j];
+  }
+}
+
 // linear_fwd after the base GEMM: bias and the LoRA path. xo: x as an operand.
 void linear_fwd_tail(const OpGemm& mm, const QWeight& W, const float* bias, const LoraRef* lora,
                      CMatF x, const Operand& xo, MatF y, float* xa) {
   const CpuBackend& be = mm.be;
   const int64_t M = x.rows, N = W.rows;
-  if (bias) {
-#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
-    for (int64_t i = 0; i < M; ++i) {
-      float* yr = y.row(i);
-      for (int64_t j = 0; j < N; ++j) yr[j] += bias[j];
-    }
-  }
+  add_bias(y, bias);
   if (!lora || lora->r == 0 || M == 0) return;
   op_checks::lora(*lora);
   const int r = lora->r;
@@ -221,13 +227,20 @@ void linear_fwd_fused(const CpuBackend& be, const QWeight& W, const float* bias,
     mm.gemm(false, true, M, n, Kp, 1.f, xl.data(), Kp, panel.data(), Kp, 0.f, y.data + p0,
             y.stride);
   }
-  if (bias) {
-#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
-    for (int64_t i = 0; i < M; ++i) {
-      float* yr = y.row(i);
-      for (int64_t j = 0; j < N; ++j) yr[j] += bias[j];
-    }
+  add_bias(y, bias);
+}
+
+// fp32 y = x (W + scale B A)^T + bias (lora_merged), xa = x A^T when the caller keeps it.
+void linear_fwd_merged(const CpuBackend& be, const QWeight& W, const float* bias, const LoraRef& l,
+                       CMatF x, MatF y, float* xa) {
+  op_checks::lora(l);
+  if (xa) {
+    const OpGemm mm{be, false};
+    lora_down(mm, l, x, mm.operand(x, Scratch::Count, ""),
+              mm.operand(CMatF(l.A, l.r, W.cols), Scratch::Count, ""), xa);
   }
+  matmul_xwt(be, W, x, y, "linear_fwd", &l);
+  add_bias(y, bias);
 }
 
 }  // namespace
@@ -235,6 +248,10 @@ void linear_fwd_fused(const CpuBackend& be, const QWeight& W, const float* bias,
 void CpuBackend::linear_fwd(const QWeight& W, const float* bias, const LoraRef* lora, CMatF x,
                             MatF y, float* xa) {
   if (precision_ != DType::BF16) {
+    if (lora_merged(lora, x.rows, W.cols)) {
+      linear_fwd_merged(*this, W, bias, *lora, x, y, xa);
+      return;
+    }
     matmul_xwt(*this, W, x, y, "linear_fwd");
     const OpGemm mm{*this, false};
     linear_fwd_tail(mm, W, bias, lora, x, mm.operand(x, Scratch::Count, ""), y, xa);
@@ -304,20 +321,22 @@ void CpuBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, cons
     return;
   }
 
-  // dx += dy W, one panel of W rows (a slice of dy columns) at a time.
+  // dx += dy W, one panel of W rows (a slice of dy columns) at a time; merged: dy (W + s B A).
+  const bool merged = want_dx && lora_merged(lora, M, N);
+  if (merged) op_checks::lora(*lora);
   if (want_dx && N > 0) {
     const int64_t P = panel_rows(*this, W);
     ScratchLease panel = scratch(Scratch::Panel, size_t(P * K) * 4, "linear_bwd weight panel");
     float* pw = panel.as<float>();
     for (int64_t p0 = 0; p0 < N; p0 += P) {
       int64_t n = std::min(P, N - p0);
-      dequant_panel(W, p0, n, pw);
+      dequant_panel(W, p0, n, pw, merged ? lora : nullptr);
       sgemm(false, false, M, K, n, 1.f, dy.data + p0, dy.stride, pw, K, 1.f, dx.data, dx.stride);
     }
   }
   if (!has_lora) return;
   const OpGemm mm{*this, false};
-  lora_bwd(mm, W, *lora, x, xa, mm.operand(dy, Scratch::Count, ""), dx, dA, dB);
+  lora_bwd(mm, W, *lora, x, xa, mm.operand(dy, Scratch::Count, ""), merged ? MatF() : dx, dA, dB);
 }
 
 void CpuBackend::head_logits(const QWeight& head, CMatF h, MatF logits) {
