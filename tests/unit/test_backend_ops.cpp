@@ -45,11 +45,13 @@ struct LinearCase {
   float p;
   bool bias;
   bool shrink;
+  bool thin_sgemm = false;  // the LoRA's [M, r] products on OpenBLAS (CpuTuning::f32_thin_onednn)
 };
 
 void run_linear(const LinearCase& c, uint64_t seed) {
   Fixture fx;
   if (c.shrink) fx.shrink();
+  fx.cpu().tune.f32_thin_onednn = !c.thin_sgemm;
   Rng rng(seed);
   const int M = c.M, K = c.K, N = c.N, r = c.r;
   FVec x = rng.normal(size_t(M) * K), W = rng.normal(size_t(N) * K, 0.2f);
@@ -141,6 +143,10 @@ TEST(BackendLinear, LoraMergedForwardOnly) {
 }
 TEST(BackendLinear, LoraDropout) {
   run_linear({29, 40, 53, 3, 0.3f, false, true}, 4);
+}
+TEST(BackendLinear, LoraThinProductsOnSgemm) {
+  run_linear({29, 40, 53, 4, 0.f, true, true, true}, 8);
+  run_linear({29, 40, 53, 3, 0.3f, false, true, true}, 9);
 }
 TEST(BackendLinear, LoraDropoutDefaultBlocks) {
   run_linear({31, 33, 47, 8, 0.1f, true, false}, 5);

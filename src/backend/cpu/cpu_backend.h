@@ -47,6 +47,11 @@ struct CpuTuning {
   // of OpenBLAS: measured 7-16% more GFLOP per CPU-second at M 512, N/K 576..1536 on a Cascade
   // Lake. The dx (x W) GEMMs stay on OpenBLAS, which is faster there.
   bool f32_xwt_onednn = true;
+  // The fp32 LoRA products of r output columns (xa = x A^T, g = dy B: OpGemm::gemm_thin) on
+  // oneDNN's fp32 matmul too: measured 1.6-1.8x OpenBLAS's GFLOP per CPU-second at M 2048, r 16,
+  // K / N 576 and 1536 on a Sapphire Rapids guest capped at AVX512_CORE_VNNI (OpenBLAS packs the
+  // whole wide operand for 16 columns of output). The LoRA gradients dA, dB stay on OpenBLAS.
+  bool f32_thin_onednn = true;
 };
 
 // The reusable scratch buffers of CpuBackend (one of each kind in use at a time).
@@ -289,6 +294,10 @@ struct OpGemm {
   void convert(const float* src, void* dst, size_t n) const;
   void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
             int64_t lda, const void* B, int64_t ldb, float beta, float* C, int64_t ldc) const;
+  // gemm for an output of few columns (the LoRA's [M, r] xa and g; op(A) not transposed): fp32
+  // runs it on oneDNN where CpuTuning::f32_thin_onednn says so.
+  void gemm_thin(bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda,
+                 const void* B, int64_t ldb, float beta, float* C, int64_t ldc) const;
 };
 
 }  // namespace qlft::cpu

@@ -266,6 +266,17 @@ void OpGemm::gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha
           ldb, beta, C, ldc);
 }
 
+void OpGemm::gemm_thin(bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
+                       int64_t lda, const void* B, int64_t ldb, float beta, float* C,
+                       int64_t ldc) const {
+  if (lp || !be.tune.f32_thin_onednn || M <= 0 || N <= 0 || K <= 0) {
+    gemm(false, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  gemm_f32_onednn(false, tb, M, N, K, alpha, static_cast<const float*>(A), lda,
+                  static_cast<const float*>(B), ldb, beta, C, ldc, be.tracker());
+}
+
 void gemm_lp(const CpuBackend& be, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
              float alpha, const void* A, int64_t lda, const void* B, int64_t ldb, float beta,
              float* C, int64_t ldc) {

@@ -47,7 +47,7 @@ void lora_down(const OpGemm& mm, const LoraRef& l, CMatF x, const Operand& xo, c
   const CpuBackend& be = mm.be;
   const int64_t M = x.rows, K = x.cols;
   if (l.dropout_p == 0.f) {
-    mm.gemm(false, true, M, l.r, K, 1.f, xo.p, xo.ld, Ao.p, Ao.ld, 0.f, xa, l.r);
+    mm.gemm_thin(true, M, l.r, K, 1.f, xo.p, xo.ld, Ao.p, Ao.ld, 0.f, xa, l.r);
     return;
   }
   const int64_t R = std::min(M, drop_chunk_rows(be, K));
@@ -56,7 +56,7 @@ void lora_down(const OpGemm& mm, const LoraRef& l, CMatF x, const Operand& xo, c
     int64_t n = std::min(R, M - r0);
     apply_dropout(x, r0, n, l, xd.as<float>());
     Operand d = mm.operand(CMatF(xd.as<float>(), n, K), Scratch::Count, "lora dropout input");
-    mm.gemm(false, true, n, l.r, K, 1.f, d.p, d.ld, Ao.p, Ao.ld, 0.f, xa + r0 * l.r, l.r);
+    mm.gemm_thin(true, n, l.r, K, 1.f, d.p, d.ld, Ao.p, Ao.ld, 0.f, xa + r0 * l.r, l.r);
   }
 }
 
@@ -75,7 +75,7 @@ void lora_bwd(const OpGemm& mm, const QWeight& W, const LoraRef& l, CMatF x, con
   Buffer g_buf;
   if (!g_out) g_buf = be.scratch_buffer(size_t(M * r) * 4, "lora dy B");
   float* g = g_out ? g_out : g_buf.as<float>();
-  mm.gemm(false, false, M, r, N, 1.f, dyo.p, dyo.ld, Bo.p, Bo.ld, 0.f, g, r);
+  mm.gemm_thin(false, M, r, N, 1.f, dyo.p, dyo.ld, Bo.p, Bo.ld, 0.f, g, r);
   const Operand go = mm.operand(CMatF(g, M, r), Scratch::Count, "lora dy B");
 
   // x as an operand, needed for dA without dropout and to recompute xa.
