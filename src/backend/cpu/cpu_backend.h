@@ -47,10 +47,12 @@ struct CpuTuning {
   // of OpenBLAS: measured 7-16% more GFLOP per CPU-second at M 512, N/K 576..1536 on a Cascade
   // Lake. The dx (x W) GEMMs stay on OpenBLAS, which is faster there.
   bool f32_xwt_onednn = true;
-  // The fp32 LoRA products of r output columns (xa = x A^T, g = dy B: OpGemm::gemm_thin) on
-  // oneDNN's fp32 matmul too: measured 1.6-1.8x OpenBLAS's GFLOP per CPU-second at M 2048, r 16,
-  // K / N 576 and 1536 on a Sapphire Rapids guest capped at AVX512_CORE_VNNI (OpenBLAS packs the
-  // whole wide operand for 16 columns of output). The LoRA gradients dA, dB stay on OpenBLAS.
+  // The fp32 LoRA products with r output columns (xa = x A^T, g = dy B: OpGemm::gemm_thin) or r
+  // output rows (dA = s g^T x and dB^T = s xa^T dy: OpGemm::gemm_grad; dB is then added
+  // transposed from an [r, N] scratch) on oneDNN's fp32 matmul too. Measured at M 2048, r 16,
+  // K / N 576 and 1536 on a Sapphire Rapids guest capped at AVX512_CORE_VNNI, GFLOP per
+  // CPU-second against OpenBLAS: xa, g 1.6-1.8x, dA 1.45x, dB 1.25x (OpenBLAS packs the whole
+  // wide operand for 16 rows or columns of output).
   bool f32_thin_onednn = true;
 };
 
@@ -298,6 +300,12 @@ struct OpGemm {
   // runs it on oneDNN where CpuTuning::f32_thin_onednn says so.
   void gemm_thin(bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda,
                  const void* B, int64_t ldb, float beta, float* C, int64_t ldc) const;
+  // C = alpha A^T B + beta C for an output of few rows (a LoRA gradient summed over the K rows:
+  // A is [K, M], B [K, N], C [M, N]), on oneDNN like gemm_thin.
+  void gemm_grad(int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda,
+                 const void* B, int64_t ldb, float beta, float* C, int64_t ldc) const;
+  // Whether gemm_thin and gemm_grad run on oneDNN (fp32 with CpuTuning::f32_thin_onednn).
+  bool thin_onednn() const { return !lp && be.tune.f32_thin_onednn; }
 };
 
 }  // namespace qlft::cpu

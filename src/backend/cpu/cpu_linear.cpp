@@ -60,6 +60,22 @@ void lora_down(const OpGemm& mm, const LoraRef& l, CMatF x, const Operand& xo, c
   }
 }
 
+// dB [N, r] += scale * dy^T xa over the M rows. On oneDNN (OpGemm::thin_onednn) as dB^T =
+// scale * xa^T dy into an [r, N] scratch added transposed: oneDNN runs the few-row output form
+// faster.
+void lora_dB(const OpGemm& mm, int64_t M, int64_t N, int r, float scale, const Operand& dyo,
+             const Operand& xao, float* dB) {
+  if (!mm.thin_onednn()) {
+    mm.gemm(true, false, N, r, M, scale, dyo.p, dyo.ld, xao.p, xao.ld, 1.f, dB, r);
+    return;
+  }
+  Buffer t_buf = mm.be.scratch_buffer(size_t(N * r) * 4, "lora dB transposed");
+  float* t = t_buf.as<float>();
+  mm.gemm_grad(r, N, M, scale, xao.p, xao.ld, dyo.p, dyo.ld, 0.f, t, N);
+  for (int64_t n = 0; n < N; ++n)
+    for (int j = 0; j < r; ++j) dB[n * r + j] += t[j * N + n];
+}
+
 // The LoRA part of linear_bwd. dyo: dy as an operand.
 // g_out: where g = dy B goes when the caller needs it (the fused dx GEMM), else scratch.
 void lora_bwd(const OpGemm& mm, const QWeight& W, const LoraRef& l, CMatF x, const float* xa,
@@ -94,12 +110,11 @@ void lora_bwd(const OpGemm& mm, const QWeight& W, const LoraRef& l, CMatF x, con
       xa = xa_ws.as<float>();
     }
     const Operand xao = mm.operand(CMatF(xa, M, r), Scratch::Count, "lora xa");
-    // dB += scale * dy^T xa: [N, r]
-    mm.gemm(true, false, N, r, M, l.scale, dyo.p, dyo.ld, xao.p, xao.ld, 1.f, dB, r);
+    lora_dB(mm, M, N, r, l.scale, dyo, xao, dB);
   }
 
   if (l.dropout_p == 0.f) {
-    if (dA) mm.gemm(true, false, r, K, M, l.scale, go.p, go.ld, xo.p, xo.ld, 1.f, dA, K);
+    if (dA) mm.gemm_grad(r, K, M, l.scale, go.p, go.ld, xo.p, xo.ld, 1.f, dA, K);
     if (want_dx)
       mm.gemm(false, false, M, K, r, l.scale, go.p, go.ld, Ao.p, Ao.ld, 1.f, dx.data, dx.stride);
     return;
@@ -136,7 +151,7 @@ void lora_bwd(const OpGemm& mm, const QWeight& W, const LoraRef& l, CMatF x, con
     // dA += scale * g_chunk^T drop(x)_chunk: [r, K]
     if (dA) {
       const Operand d = mm.operand(CMatF(xd, n, K), Scratch::Count, "lora dropout input");
-      mm.gemm(true, false, r, K, n, l.scale, mm.at(go, r0 * go.ld), go.ld, d.p, d.ld, 1.f, dA, K);
+      mm.gemm_grad(r, K, n, l.scale, mm.at(go, r0 * go.ld), go.ld, d.p, d.ld, 1.f, dA, K);
     }
   }
 }
