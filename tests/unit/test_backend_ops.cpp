@@ -304,9 +304,12 @@ struct AttnCase {
   float q_sd = 1.f;  // large values give scores far apart: softmax stability
 };
 
-void run_attention(const AttnCase& c, uint64_t seed) {
+// fp32 tiles on oneDNN (the default, first keys rounded down to 64) or on OpenBLAS.
+void run_attention_on(const AttnCase& c, uint64_t seed, bool onednn) {
+  SCOPED_TRACE(onednn ? "tiles on oneDNN" : "tiles on OpenBLAS");
   Fixture fx;
   fx.cpu().tune.attn_block_q = c.block_q;
+  fx.cpu().tune.f32_attn_onednn = onednn;
   Rng rng(seed);
   AttnShape s = attn_shape(c.batch, c.seq, c.heads, c.kv, c.hd);
   const int rows = c.batch * c.seq, qc = c.heads * c.hd, kc = c.kv * c.hd;
@@ -354,6 +357,11 @@ void run_attention(const AttnCase& c, uint64_t seed) {
       "attention dv", [&](const Vec& x) { return L(qd, kd, x); }, vd, dv, seed + 3, 2e-4, 2, 8);
 }
 
+void run_attention(const AttnCase& c, uint64_t seed) {
+  run_attention_on(c, seed, true);
+  run_attention_on(c, seed, false);
+}
+
 }  // namespace
 
 TEST(BackendAttention, MhaSingleBlock) {
@@ -370,6 +378,11 @@ TEST(BackendAttention, DocIdsPacking) {
 }
 TEST(BackendAttention, DocIdsGqa4to1DefaultBlock) {
   run_attention({1, 70, 4, 1, 8, true, 64}, 45);
+}
+// Documents past key 64 in tiles of 16 queries: tiles whose first key rounds down to 64 or 128
+// across another document's keys (masked) on oneDNN.
+TEST(BackendAttention, DocIdsLongSequence) {
+  run_attention({1, 150, 2, 1, 8, true, 16}, 47);
 }
 TEST(BackendAttention, LargeScores) {
   run_attention({1, 33, 2, 1, 8, false, 16, 12.f}, 46);
