@@ -379,8 +379,8 @@ TEST(BackendAttention, DocIdsPacking) {
 TEST(BackendAttention, DocIdsGqa4to1DefaultBlock) {
   run_attention({1, 70, 4, 1, 8, true, 64}, 45);
 }
-// Documents past key 64 in tiles of 16 queries: tiles whose first key rounds down to 64 or 128
-// across another document's keys (masked) on oneDNN.
+// Packed documents in tiles of 16 queries: on oneDNN tiles whose first key rounds down to a
+// multiple of 16 across another document's keys (masked).
 TEST(BackendAttention, DocIdsLongSequence) {
   run_attention({1, 150, 2, 1, 8, true, 16}, 47);
 }

@@ -68,9 +68,6 @@ struct Tile {
   int64_t q0, nq, k0, k1;
 };
 
-// Tiles' first keys are multiples of this when their products run on oneDNN (OpGemm::tile_onednn).
-constexpr int64_t kOneDnnKeyAlign = 64;
-
 Tile make_tile(const AttnShape& s, const int32_t* first, int64_t bq, int b, int h, int64_t qb,
                int64_t key_align) {
   Tile t;
@@ -201,7 +198,10 @@ void CpuBackend::attention_fwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, Ma
   Buffer first_buf = first_same_doc(*this, s);
   const int32_t* first = first_buf.as<int32_t>();
   const OpGemm mm{*this, precision_ == DType::BF16};
-  const int64_t align = mm.tile_onednn() ? kOneDnnKeyAlign : 1;
+  // oneDNN tiles: first keys rounded down to a multiple of the query block (the keys added are
+  // other documents', masked), so packed documents give the tile shapes of one document and
+  // oneDNN few primitives to create.
+  const int64_t align = mm.tile_onednn() ? std::max<int64_t>(1, tune.attn_block_q) : 1;
   // bf16 bits (oneDNN): the probabilities are rounded in the softmax pass itself.
   const bool fused = mm.lp && bf16_onednn();
   const Heads qh = heads_of(mm, q, s.n_heads, D, "bf16 attention q"),
@@ -263,7 +263,10 @@ void CpuBackend::attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, CM
   Buffer first_buf = first_same_doc(*this, s);
   const int32_t* first = first_buf.as<int32_t>();
   const OpGemm mm{*this, precision_ == DType::BF16};
-  const int64_t align = mm.tile_onednn() ? kOneDnnKeyAlign : 1;
+  // oneDNN tiles: first keys rounded down to a multiple of the query block (the keys added are
+  // other documents', masked), so packed documents give the tile shapes of one document and
+  // oneDNN few primitives to create.
+  const int64_t align = mm.tile_onednn() ? std::max<int64_t>(1, tune.attn_block_q) : 1;
   const bool fused = mm.lp && bf16_onednn();
   const Heads qh = heads_of(mm, q, s.n_heads, D, "bf16 attention q"),
               kh_ = heads_of(mm, k, s.n_kv_heads, D, "bf16 attention k"),
