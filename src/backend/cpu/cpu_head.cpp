@@ -36,6 +36,10 @@ void ce_row_one_pass(float* l, int64_t n, int64_t p0, int64_t target, OnlineSoft
                      float& target_logit, float* acc, int64_t H) {
   if (target >= p0 && target < p0 + n) target_logit = l[target - p0];
   const float m = vec_kernels().max_of(l, n);
+  if (m == -INFINITY) {  // nothing to add (exp would give NaN): as online_softmax_merge skips it
+    std::fill(l, l + n, 0.f);
+    return;
+  }
   const float old = st.m;
   online_softmax_merge(st, m, vec_kernels().exp_sum_shifted(l, n, m));
   if (st.m > old) {
