@@ -45,11 +45,13 @@ struct LinearCase {
   float p;
   bool bias;
   bool shrink;
+  bool thin_sgemm = false;  // the LoRA's [M, r] products on OpenBLAS (CpuTuning::f32_thin_onednn)
 };
 
 void run_linear(const LinearCase& c, uint64_t seed) {
   Fixture fx;
   if (c.shrink) fx.shrink();
+  fx.cpu().tune.f32_thin_onednn = !c.thin_sgemm;
   Rng rng(seed);
   const int M = c.M, K = c.K, N = c.N, r = c.r;
   FVec x = rng.normal(size_t(M) * K), W = rng.normal(size_t(N) * K, 0.2f);
@@ -73,6 +75,11 @@ void run_linear(const LinearCase& c, uint64_t seed) {
   Vec Ad = to_d(A), Bd = to_d(B), xd = to_d(x);
   Vec yo = linear_oracle(xd, W, bp, Ad, Bd, r, scale, c.p, dseed, M, N, K);
   EXPECT_LT(rel_err(y, yo), 2e-6) << "linear_fwd";
+  if (r > 0) {  // without xa kept (inference): the same y
+    FVec y2(y.size());
+    fx.be->linear_fwd(qw, c.bias ? b.data() : nullptr, lp, cmat(x, M, K), mat(y2, M, N), nullptr);
+    EXPECT_EQ(y2, y) << "linear_fwd without xa";
+  }
 
   // Backward of L = sum(dy * y).
   FVec dy = rng.normal(size_t(M) * N);
@@ -104,6 +111,13 @@ void run_linear(const LinearCase& c, uint64_t seed) {
       << "workspace is released after each call";
 }
 
+// A LoRA as the merge rule sees it (rank and dropout only).
+const LoraRef kMergeProbe = [] {
+  LoraRef l;
+  l.r = 4;
+  return l;
+}();
+
 }  // namespace
 
 TEST(BackendLinear, NoLoraDefaultBlocks) {
@@ -115,8 +129,24 @@ TEST(BackendLinear, NoLoraSmallPanels) {
 TEST(BackendLinear, LoraNoDropout) {
   run_linear({29, 40, 53, 4, 0.f, true, true}, 3);
 }
+// fp32 folds a LoRA without dropout into the weight panels where M >= K (forward) and M >= N
+// (dx): both here, over several panels split across threads ...
+TEST(BackendLinear, LoraMergedIntoPanels) {
+  ASSERT_TRUE(cpu::lora_merged(&kMergeProbe, 61, 53));
+  run_linear({61, 40, 53, 4, 0.f, true, true}, 6);
+}
+// ... the forward alone (M < N: dx keeps its rank-r GEMM), default blocks.
+TEST(BackendLinear, LoraMergedForwardOnly) {
+  ASSERT_TRUE(cpu::lora_merged(&kMergeProbe, 45, 40));
+  ASSERT_FALSE(cpu::lora_merged(&kMergeProbe, 45, 53));
+  run_linear({45, 40, 53, 5, 0.f, false, false}, 7);
+}
 TEST(BackendLinear, LoraDropout) {
   run_linear({29, 40, 53, 3, 0.3f, false, true}, 4);
+}
+TEST(BackendLinear, LoraThinProductsOnSgemm) {
+  run_linear({29, 40, 53, 4, 0.f, true, true, true}, 8);
+  run_linear({29, 40, 53, 3, 0.3f, false, true, true}, 9);
 }
 TEST(BackendLinear, LoraDropoutDefaultBlocks) {
   run_linear({31, 33, 47, 8, 0.1f, true, false}, 5);
@@ -274,9 +304,12 @@ struct AttnCase {
   float q_sd = 1.f;  // large values give scores far apart: softmax stability
 };
 
-void run_attention(const AttnCase& c, uint64_t seed) {
+// fp32 tiles on oneDNN (the default, first keys rounded down to 64) or on OpenBLAS.
+void run_attention_on(const AttnCase& c, uint64_t seed, bool onednn) {
+  SCOPED_TRACE(onednn ? "tiles on oneDNN" : "tiles on OpenBLAS");
   Fixture fx;
   fx.cpu().tune.attn_block_q = c.block_q;
+  fx.cpu().tune.f32_attn_onednn = onednn;
   Rng rng(seed);
   AttnShape s = attn_shape(c.batch, c.seq, c.heads, c.kv, c.hd);
   const int rows = c.batch * c.seq, qc = c.heads * c.hd, kc = c.kv * c.hd;
@@ -324,6 +357,11 @@ void run_attention(const AttnCase& c, uint64_t seed) {
       "attention dv", [&](const Vec& x) { return L(qd, kd, x); }, vd, dv, seed + 3, 2e-4, 2, 8);
 }
 
+void run_attention(const AttnCase& c, uint64_t seed) {
+  run_attention_on(c, seed, true);
+  run_attention_on(c, seed, false);
+}
+
 }  // namespace
 
 TEST(BackendAttention, MhaSingleBlock) {
@@ -340,6 +378,11 @@ TEST(BackendAttention, DocIdsPacking) {
 }
 TEST(BackendAttention, DocIdsGqa4to1DefaultBlock) {
   run_attention({1, 70, 4, 1, 8, true, 64}, 45);
+}
+// Packed documents in tiles of 16 queries: on oneDNN tiles whose first key rounds down to a
+// multiple of 16 across another document's keys (masked).
+TEST(BackendAttention, DocIdsLongSequence) {
+  run_attention({1, 150, 2, 1, 8, true, 16}, 47);
 }
 TEST(BackendAttention, LargeScores) {
   run_attention({1, 33, 2, 1, 8, false, 16, 12.f}, 46);

@@ -6,6 +6,8 @@
 // Precision bf16 (as torch's bf16 SDPA): every GEMM takes bf16 operands with fp32 accumulation:
 // q, k, v, dout rounded once per call, the probabilities P and the score gradients dS rounded
 // where they enter P V, dQ, dK and dV. Scores, softmax statistics and outputs stay fp32.
+// fp32 runs Q K^T, P V, dO V^T and dS K on oneDNN (CpuTuning::f32_attn_onednn), dK and dV on
+// OpenBLAS.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -66,7 +68,8 @@ struct Tile {
   int64_t q0, nq, k0, k1;
 };
 
-Tile make_tile(const AttnShape& s, const int32_t* first, int64_t bq, int b, int h, int64_t qb) {
+Tile make_tile(const AttnShape& s, const int32_t* first, int64_t bq, int b, int h, int64_t qb,
+               int64_t key_align) {
   Tile t;
   t.b = b;
   t.h = h;
@@ -77,7 +80,7 @@ Tile make_tile(const AttnShape& s, const int32_t* first, int64_t bq, int b, int 
   int64_t base = int64_t(b) * s.seq;
   int64_t k0 = t.q0;
   for (int64_t i = 0; i < t.nq; ++i) k0 = std::min<int64_t>(k0, first[base + t.q0 + i]);
-  t.k0 = k0;
+  t.k0 = k0 / key_align * key_align;
   return t;
 }
 
@@ -129,8 +132,8 @@ void tile_probs(const AttnShape& s, const Tile& t, const OpGemm& mm, const Heads
   const int D = s.head_dim;
   const int64_t base = int64_t(t.b) * s.seq, kw = t.k1 - t.k0;
   const int64_t rows = int64_t(s.batch) * s.seq;
-  mm.gemm(false, true, t.nq, kw, D, scale, q.at(mm, base + t.q0, t.h), q.ld,
-          k.at(mm, base + t.k0, t.kh), k.ld, 0.f, S, kw);
+  mm.gemm_tile(true, t.nq, kw, D, scale, q.at(mm, base + t.q0, t.h), q.ld,
+               k.at(mm, base + t.k0, t.kh), k.ld, 0.f, S, kw);
   for (int64_t i = 0; i < t.nq; ++i) {
     const int64_t qi = t.q0 + i;
     float* sr = S + i * kw;
@@ -195,6 +198,10 @@ void CpuBackend::attention_fwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, Ma
   Buffer first_buf = first_same_doc(*this, s);
   const int32_t* first = first_buf.as<int32_t>();
   const OpGemm mm{*this, precision_ == DType::BF16};
+  // oneDNN tiles: first keys rounded down to a multiple of the query block (the keys added are
+  // other documents', masked), so packed documents give the tile shapes of one document and
+  // oneDNN few primitives to create.
+  const int64_t align = mm.tile_onednn() ? std::max<int64_t>(1, tune.attn_block_q) : 1;
   // bf16 bits (oneDNN): the probabilities are rounded in the softmax pass itself.
   const bool fused = mm.lp && bf16_onednn();
   const Heads qh = heads_of(mm, q, s.n_heads, D, "bf16 attention q"),
@@ -220,14 +227,14 @@ void CpuBackend::attention_fwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, Ma
         // Latest query blocks first: they are the largest, which balances the dynamic schedule.
         int64_t qb = nqb - 1 - task % nqb;
         int64_t bh = task / nqb;
-        Tile t = make_tile(s, first, bq, int(bh / s.n_heads), int(bh % s.n_heads), qb);
+        Tile t = make_tile(s, first, bq, int(bh / s.n_heads), int(bh % s.n_heads), qb, align);
         tile_probs(s, t, mm, qh, kh, scale, S, nullptr, lse,
                    fused ? static_cast<uint16_t*>(P) : nullptr);
         const int64_t base = int64_t(t.b) * s.seq, kw = t.k1 - t.k0;
         float* o = out.row(base + t.q0) + int64_t(t.h) * D;
         if (!mm.lp) {
-          mm.gemm(false, false, t.nq, D, kw, 1.f, P, kw, vh.at(mm, base + t.k0, t.kh), vh.ld, 0.f,
-                  o, out.stride);
+          mm.gemm_tile(false, t.nq, D, kw, 1.f, P, kw, vh.at(mm, base + t.k0, t.kh), vh.ld, 0.f, o,
+                       out.stride);
           return;
         }
         if (!fused) mm.convert(S, P, size_t(t.nq * kw));
@@ -256,6 +263,10 @@ void CpuBackend::attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, CM
   Buffer first_buf = first_same_doc(*this, s);
   const int32_t* first = first_buf.as<int32_t>();
   const OpGemm mm{*this, precision_ == DType::BF16};
+  // oneDNN tiles: first keys rounded down to a multiple of the query block (the keys added are
+  // other documents', masked), so packed documents give the tile shapes of one document and
+  // oneDNN few primitives to create.
+  const int64_t align = mm.tile_onednn() ? std::max<int64_t>(1, tune.attn_block_q) : 1;
   const bool fused = mm.lp && bf16_onednn();
   const Heads qh = heads_of(mm, q, s.n_heads, D, "bf16 attention q"),
               kh_ = heads_of(mm, k, s.n_kv_heads, D, "bf16 attention k"),
@@ -295,7 +306,7 @@ void CpuBackend::attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, CM
         }
         for (int h = kh * group; h < (kh + 1) * group; ++h) {
           for (int64_t qb = 0; qb < nqb; ++qb) {
-            Tile t = make_tile(s, first, bq, b, h, qb);
+            Tile t = make_tile(s, first, bq, b, h, qb, align);
             const int64_t kw = t.k1 - t.k0;
             tile_probs(s, t, mm, qh, kh_, scale, P, lse, nullptr,
                        fused ? static_cast<uint16_t*>(Pl) : nullptr);
@@ -305,7 +316,7 @@ void CpuBackend::attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, CM
             const void* Kt = kh_.at(mm, koff, kh);
             const void* Qt = qh.at(mm, qoff, h);
             // dP = dO V^T
-            mm.gemm(false, true, t.nq, kw, D, 1.f, dO, doh.ld, Vt, vh.ld, 0.f, dS, kw);
+            mm.gemm_tile(true, t.nq, kw, D, 1.f, dO, doh.ld, Vt, vh.ld, 0.f, dS, kw);
             // D_i = dO_i . O_i (dO as the GEMMs take it); dS = P (dP - D_i)
             for (int64_t i = 0; i < t.nq; ++i) {
               const float* a = dout.row(qoff + i) + int64_t(h) * D;
@@ -328,8 +339,8 @@ void CpuBackend::attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, CM
             }
             // dQ += scale dS K ; dK += scale dS^T Q ; dV += P^T dO
             if (!mm.lp) {
-              mm.gemm(false, false, t.nq, D, kw, scale, dS, kw, Kt, kh_.ld, 1.f,
-                      dq.row(qoff) + int64_t(h) * D, dq.stride);
+              mm.gemm_tile(false, t.nq, D, kw, scale, dS, kw, Kt, kh_.ld, 1.f,
+                           dq.row(qoff) + int64_t(h) * D, dq.stride);
               mm.gemm(true, false, kw, D, t.nq, scale, dS, kw, Qt, qh.ld, 1.f,
                       dk.row(koff) + int64_t(kh) * D, dk.stride);
               mm.gemm(true, false, kw, D, t.nq, 1.f, P, kw, dO, doh.ld, 1.f,

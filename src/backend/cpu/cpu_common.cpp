@@ -52,8 +52,16 @@ void split_rows(int64_t n, F&& f) {
 
 }  // namespace
 
-void dequant_panel(const QWeight& W, int64_t r0, int64_t n, float* out) {
-  split_rows(n, [&](int64_t a, int64_t b) { W.dequantize_rows(r0 + a, b - a, out + a * W.cols); });
+void dequant_panel(const QWeight& W, int64_t r0, int64_t n, float* out, const LoraRef* merged) {
+  const int64_t K = W.cols;
+  split_rows(n, [&](int64_t a, int64_t b) {
+    float* o = out + a * K;
+    W.dequantize_rows(r0 + a, b - a, o);
+    if (!merged) return;
+    const int r = merged->r;  // (inside the region's task sgemm runs on this thread alone)
+    sgemm(false, false, b - a, K, r, merged->scale, merged->B + (r0 + a) * r, r, merged->A, K, 1.f,
+          o, K);
+  });
 }
 
 // ---- scratch -----------------------------------------------------------------------------------
@@ -258,6 +266,38 @@ void OpGemm::gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha
           ldb, beta, C, ldc);
 }
 
+void OpGemm::gemm_thin(bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
+                       int64_t lda, const void* B, int64_t ldb, float beta, float* C,
+                       int64_t ldc) const {
+  if (!thin_onednn() || M <= 0 || N <= 0 || K <= 0) {
+    gemm(false, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  gemm_f32_onednn(false, tb, M, N, K, alpha, static_cast<const float*>(A), lda,
+                  static_cast<const float*>(B), ldb, beta, C, ldc, be.tracker());
+}
+
+void OpGemm::gemm_tile(bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
+                       int64_t lda, const void* B, int64_t ldb, float beta, float* C,
+                       int64_t ldc) const {
+  if (!tile_onednn() || M <= 0 || N <= 0 || K <= 0) {
+    gemm(false, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  gemm_f32_onednn(false, tb, M, N, K, alpha, static_cast<const float*>(A), lda,
+                  static_cast<const float*>(B), ldb, beta, C, ldc, be.tracker());
+}
+
+void OpGemm::gemm_grad(int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda,
+                       const void* B, int64_t ldb, float beta, float* C, int64_t ldc) const {
+  if (!thin_onednn() || M <= 0 || N <= 0 || K <= 0) {
+    gemm(true, false, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  gemm_f32_onednn(true, false, M, N, K, alpha, static_cast<const float*>(A), lda,
+                  static_cast<const float*>(B), ldb, beta, C, ldc, be.tracker());
+}
+
 void gemm_lp(const CpuBackend& be, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
              float alpha, const void* A, int64_t lda, const void* B, int64_t ldb, float beta,
              float* C, int64_t ldc) {
@@ -335,10 +375,12 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
   }
 }
 
-void matmul_xwt(const CpuBackend& be, const QWeight& W, CMatF x, MatF y, const char* what) {
+void matmul_xwt(const CpuBackend& be, const QWeight& W, CMatF x, MatF y, const char* what,
+                const LoraRef* merged) {
   op_checks::linear(W, x, y.as_const(), what);
   if (x.rows == 0 || W.rows == 0) return;
   if (be.precision() == DType::BF16) {
+    QLFT_CHECK_ARG(!merged, "matmul_xwt: a merged LoRA is for fp32 only");
     matmul_xwt_lp(be, W, to_lp(be, x, Scratch::In, "bf16 activations"), y);
     return;
   }
@@ -347,7 +389,7 @@ void matmul_xwt(const CpuBackend& be, const QWeight& W, CMatF x, MatF y, const c
   float* pw = panel.as<float>();
   for (int64_t p0 = 0; p0 < W.rows; p0 += P) {
     int64_t n = std::min(P, W.rows - p0);
-    dequant_panel(W, p0, n, pw);
+    dequant_panel(W, p0, n, pw, merged);
     gemm_f32(be, false, true, x.rows, n, K, 1.f, x.data, x.stride, pw, K, 0.f, y.data + p0,
              y.stride);
   }

@@ -6,6 +6,8 @@
 // wanted) recomputes each logits panel, turns it into (softmax - onehot) * grad_scale and
 // accumulates its product with the panel into dh.
 // Precision bf16 rounds both GEMMs' operands (h, head panels, dlogits) to bf16.
+// fp32 with dh over the whole head walks it once instead (ce_row_one_pass): the recomputed logits
+// GEMM was a third of the head's GEMM work and the head a fifth of a small model's step.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -31,6 +33,53 @@ void CpuBackend::embedding_fwd(const QWeight& emb, const int32_t* tokens, MatF o
 }
 
 namespace {
+
+void scale_row(float* x, int64_t n, float s) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) x[j] *= s;
+}
+
+// One logits row l (n entries of the panel starting at vocab row p0) of the one-pass walk: the
+// same statistics as pass 1 (so the loss is the one without dh, bit for bit), and l replaced by
+// E = exp(l - st.m), the shift the row's dh accumulator (acc, H floats) shares: when this panel
+// raises the row's max, acc is rescaled to it (it is unset at p0 = 0); otherwise E is.
+void ce_row_one_pass(float* l, int64_t n, int64_t p0, int64_t target, CrossEntropyRow& row,
+                     float* acc, int64_t H) {
+  OnlineSoftmax<double>& st = row.sm;
+  if (target >= p0 && target < p0 + n) row.target_logit = l[target - p0];
+  const float m = vec_kernels().max_of(l, n);
+  const float old = st.m;
+  online_softmax_merge(st, m, vec_kernels().exp_sum_shifted(l, n, m));
+  if (st.m > old) {
+    if (p0 > 0) scale_row(acc, H, std::exp(old - st.m));
+  } else if (m < st.m) {
+    scale_row(l, n, std::exp(m - st.m));
+  }
+}
+
+// dh row += grad_scale (acc / sum - head[target]) for each of the chunk's rc rows, acc being the
+// row's sum of E panel over the whole head (ce_row_one_pass), so acc / sum = softmax head.
+void ce_dh_one_pass(const QWeight& head, const int64_t* rows, int64_t rc, const int32_t* targets,
+                    const CrossEntropyRow* st, const float* acc, float grad_scale, MatF dh) {
+  const int64_t H = head.cols;
+  TaskErrors errs;
+#pragma omp parallel num_threads(qlft::num_threads())
+  {
+    std::vector<float> wt(static_cast<size_t>(H));
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < rc; ++i)
+      errs.run([&] {
+        head.dequantize_rows(targets[rows[i]], 1, wt.data());
+        const float a = float(double(grad_scale) / st[rows[i]].sm.s);
+        float* d = dh.row(rows[i]);
+        const float* g = acc + i * H;
+#pragma omp simd
+        for (int64_t c = 0; c < H; ++c) d[c] += a * g[c] - grad_scale * wt[size_t(c)];
+      });
+  }
+  errs.rethrow();
+}
+
 // What both passes over one slice of the head share: the rows whose target counts, the chunk of
 // them the logits tile holds, the head in panels of P rows, and the GEMM of one logits tile.
 // Precision bf16: h rows, head panels and dlogits rounded to bf16 (lp operands, eb bytes each);
@@ -181,6 +230,31 @@ void CpuBackend::cross_entropy_grad(const QWeight& slice, int64_t row0, int64_t 
   }
 }
 
+void CpuBackend::cross_entropy_one_walk(const QWeight& head, CMatF h, const int32_t* targets,
+                                        int32_t ignore_index, float grad_scale, MatF dh,
+                                        CrossEntropyRow* st) {
+  CeTiles t(*this, head, h, targets, ignore_index, true);
+  const int64_t n_valid = int64_t(t.valid.size()), V = head.rows, H = head.cols;
+  if (n_valid == 0 || V == 0) return;
+  for (int64_t c0 = 0; c0 < n_valid; c0 += t.Rc) {
+    const int64_t rc = std::min(t.Rc, n_valid - c0);
+    const int64_t* rows = t.valid.data() + c0;
+    t.load_rows(c0, rc);
+    // dh_chunk = grad_scale (sum over panels of E panel) / sum - grad_scale head[target].
+    for (int64_t p0 = 0; p0 < V; p0 += t.P) {
+      const int64_t n = std::min(t.P, V - p0);
+      t.logits(rc, p0, n);
+      float* L = t.L();
+      float* acc = t.dhc();
+#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
+      for (int64_t i = 0; i < rc; ++i)
+        ce_row_one_pass(L + i * n, n, p0, targets[rows[i]], st[rows[i]], acc + i * H, H);
+      t.accumulate_dh(rc, n, p0 == 0 ? 0.f : 1.f);
+    }
+    ce_dh_one_pass(head, rows, rc, targets, st, t.dhc(), grad_scale, dh);
+  }
+}
+
 double CpuBackend::linear_cross_entropy(const QWeight& head, CMatF h, const int32_t* targets,
                                         int32_t ignore_index, float grad_scale, MatF dh,
                                         int64_t* count) {
@@ -192,6 +266,12 @@ double CpuBackend::linear_cross_entropy(const QWeight& head, CMatF h, const int3
   Buffer lse = workspace(size_t(M) * 4, "cross-entropy row lse");
   auto* st = rows.as<CrossEntropyRow>();
   std::fill(st, st + M, CrossEntropyRow{});
+  // bf16 keeps two passes: its dlogits are rounded as torch rounds (softmax - onehot), which
+  // needs the row's final log-sum-exp before the dh GEMM.
+  if (dh.data && precision_ != DType::BF16) {
+    cross_entropy_one_walk(head, h, targets, ignore_index, grad_scale, dh, st);
+    return cross_entropy_finish(st, targets, M, ignore_index, lse.as<float>(), count);
+  }
   cross_entropy_stats(head, 0, V, h, targets, ignore_index, st);
   const double loss = cross_entropy_finish(st, targets, M, ignore_index, lse.as<float>(), count);
   if (dh.data && V > 0)

@@ -1,5 +1,7 @@
 // Quantized linear with LoRA: base GEMMs run panel by panel on dequantized weight rows; the LoRA
 // path is thin GEMMs. Dropout on the LoRA input is recomputed from (seed, row, col).
+// fp32 without dropout adds scale B A to the weight panels instead of running the rank-r GEMMs
+// over the whole output, where that is cheaper (lora_merged, cpu_backend.h).
 // Precision bf16 (what torch.autocast defines for a PEFT LoRA linear): every GEMM takes bf16
 // operands and accumulates in fp32. The base GEMMs take x / dy and the weight panels rounded to
 // bf16; the LoRA GEMMs take x (after dropout), dy, A and B rounded, and their fp32 intermediates
@@ -45,7 +47,7 @@ void lora_down(const OpGemm& mm, const LoraRef& l, CMatF x, const Operand& xo, c
   const CpuBackend& be = mm.be;
   const int64_t M = x.rows, K = x.cols;
   if (l.dropout_p == 0.f) {
-    mm.gemm(false, true, M, l.r, K, 1.f, xo.p, xo.ld, Ao.p, Ao.ld, 0.f, xa, l.r);
+    mm.gemm_thin(true, M, l.r, K, 1.f, xo.p, xo.ld, Ao.p, Ao.ld, 0.f, xa, l.r);
     return;
   }
   const int64_t R = std::min(M, drop_chunk_rows(be, K));
@@ -54,8 +56,24 @@ void lora_down(const OpGemm& mm, const LoraRef& l, CMatF x, const Operand& xo, c
     int64_t n = std::min(R, M - r0);
     apply_dropout(x, r0, n, l, xd.as<float>());
     Operand d = mm.operand(CMatF(xd.as<float>(), n, K), Scratch::Count, "lora dropout input");
-    mm.gemm(false, true, n, l.r, K, 1.f, d.p, d.ld, Ao.p, Ao.ld, 0.f, xa + r0 * l.r, l.r);
+    mm.gemm_thin(true, n, l.r, K, 1.f, d.p, d.ld, Ao.p, Ao.ld, 0.f, xa + r0 * l.r, l.r);
   }
+}
+
+// dB [N, r] += scale * dy^T xa over the M rows. On oneDNN (OpGemm::thin_onednn) as dB^T =
+// scale * xa^T dy into an [r, N] scratch added transposed: oneDNN runs the few-row output form
+// faster.
+void lora_dB(const OpGemm& mm, int64_t M, int64_t N, int r, float scale, const Operand& dyo,
+             const Operand& xao, float* dB) {
+  if (!mm.thin_onednn()) {
+    mm.gemm(true, false, N, r, M, scale, dyo.p, dyo.ld, xao.p, xao.ld, 1.f, dB, r);
+    return;
+  }
+  Buffer t_buf = mm.be.scratch_buffer(size_t(N * r) * 4, "lora dB transposed");
+  float* t = t_buf.as<float>();
+  mm.gemm_grad(r, N, M, scale, xao.p, xao.ld, dyo.p, dyo.ld, 0.f, t, N);
+  for (int64_t n = 0; n < N; ++n)
+    for (int j = 0; j < r; ++j) dB[n * r + j] += t[j * N + n];
 }
 
 // The LoRA part of linear_bwd. dyo: dy as an operand.
@@ -73,7 +91,7 @@ void lora_bwd(const OpGemm& mm, const QWeight& W, const LoraRef& l, CMatF x, con
   Buffer g_buf;
   if (!g_out) g_buf = be.scratch_buffer(size_t(M * r) * 4, "lora dy B");
   float* g = g_out ? g_out : g_buf.as<float>();
-  mm.gemm(false, false, M, r, N, 1.f, dyo.p, dyo.ld, Bo.p, Bo.ld, 0.f, g, r);
+  mm.gemm_thin(false, M, r, N, 1.f, dyo.p, dyo.ld, Bo.p, Bo.ld, 0.f, g, r);
   const Operand go = mm.operand(CMatF(g, M, r), Scratch::Count, "lora dy B");
 
   // x as an operand, needed for dA without dropout and to recompute xa.
@@ -92,12 +110,11 @@ void lora_bwd(const OpGemm& mm, const QWeight& W, const LoraRef& l, CMatF x, con
       xa = xa_ws.as<float>();
     }
     const Operand xao = mm.operand(CMatF(xa, M, r), Scratch::Count, "lora xa");
-    // dB += scale * dy^T xa: [N, r]
-    mm.gemm(true, false, N, r, M, l.scale, dyo.p, dyo.ld, xao.p, xao.ld, 1.f, dB, r);
+    lora_dB(mm, M, N, r, l.scale, dyo, xao, dB);
   }
 
   if (l.dropout_p == 0.f) {
-    if (dA) mm.gemm(true, false, r, K, M, l.scale, go.p, go.ld, xo.p, xo.ld, 1.f, dA, K);
+    if (dA) mm.gemm_grad(r, K, M, l.scale, go.p, go.ld, xo.p, xo.ld, 1.f, dA, K);
     if (want_dx)
       mm.gemm(false, false, M, K, r, l.scale, go.p, go.ld, Ao.p, Ao.ld, 1.f, dx.data, dx.stride);
     return;
@@ -134,8 +151,18 @@ void lora_bwd(const OpGemm& mm, const QWeight& W, const LoraRef& l, CMatF x, con
     // dA += scale * g_chunk^T drop(x)_chunk: [r, K]
     if (dA) {
       const Operand d = mm.operand(CMatF(xd, n, K), Scratch::Count, "lora dropout input");
-      mm.gemm(true, false, r, K, n, l.scale, mm.at(go, r0 * go.ld), go.ld, d.p, d.ld, 1.f, dA, K);
+      mm.gemm_grad(r, K, n, l.scale, mm.at(go, r0 * go.ld), go.ld, d.p, d.ld, 1.f, dA, K);
     }
+  }
+}
+
+// y[i, :] += bias for every row (nothing without a bias).
+void add_bias(MatF y, const float* bias) {
+  if (!bias) return;
+#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
+  for (int64_t i = 0; i < y.rows; ++i) {
+    float* yr = y.row(i);
+    for (int64_t j = 0; j < y.cols; ++j) yr[j] += bias[j];
   }
 }
 
@@ -144,13 +171,7 @@ void linear_fwd_tail(const OpGemm& mm, const QWeight& W, const float* bias, cons
                      CMatF x, const Operand& xo, MatF y, float* xa) {
   const CpuBackend& be = mm.be;
   const int64_t M = x.rows, N = W.rows;
-  if (bias) {
-#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
-    for (int64_t i = 0; i < M; ++i) {
-      float* yr = y.row(i);
-      for (int64_t j = 0; j < N; ++j) yr[j] += bias[j];
-    }
-  }
+  add_bias(y, bias);
   if (!lora || lora->r == 0 || M == 0) return;
   op_checks::lora(*lora);
   const int r = lora->r;
@@ -221,13 +242,20 @@ void linear_fwd_fused(const CpuBackend& be, const QWeight& W, const float* bias,
     mm.gemm(false, true, M, n, Kp, 1.f, xl.data(), Kp, panel.data(), Kp, 0.f, y.data + p0,
             y.stride);
   }
-  if (bias) {
-#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
-    for (int64_t i = 0; i < M; ++i) {
-      float* yr = y.row(i);
-      for (int64_t j = 0; j < N; ++j) yr[j] += bias[j];
-    }
+  add_bias(y, bias);
+}
+
+// fp32 y = x (W + scale B A)^T + bias (lora_merged), xa = x A^T when the caller keeps it.
+void linear_fwd_merged(const CpuBackend& be, const QWeight& W, const float* bias, const LoraRef& l,
+                       CMatF x, MatF y, float* xa) {
+  op_checks::lora(l);
+  if (xa) {
+    const OpGemm mm{be, false};
+    lora_down(mm, l, x, mm.operand(x, Scratch::Count, ""),
+              mm.operand(CMatF(l.A, l.r, W.cols), Scratch::Count, ""), xa);
   }
+  matmul_xwt(be, W, x, y, "linear_fwd", &l);
+  add_bias(y, bias);
 }
 
 }  // namespace
@@ -235,6 +263,10 @@ void linear_fwd_fused(const CpuBackend& be, const QWeight& W, const float* bias,
 void CpuBackend::linear_fwd(const QWeight& W, const float* bias, const LoraRef* lora, CMatF x,
                             MatF y, float* xa) {
   if (precision_ != DType::BF16) {
+    if (lora_merged(lora, x.rows, W.cols)) {
+      linear_fwd_merged(*this, W, bias, *lora, x, y, xa);
+      return;
+    }
     matmul_xwt(*this, W, x, y, "linear_fwd");
     const OpGemm mm{*this, false};
     linear_fwd_tail(mm, W, bias, lora, x, mm.operand(x, Scratch::Count, ""), y, xa);
@@ -304,20 +336,22 @@ void CpuBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, cons
     return;
   }
 
-  // dx += dy W, one panel of W rows (a slice of dy columns) at a time.
+  // dx += dy W, one panel of W rows (a slice of dy columns) at a time; merged: dy (W + s B A).
+  const bool merged = want_dx && lora_merged(lora, M, N);
+  if (merged) op_checks::lora(*lora);
   if (want_dx && N > 0) {
     const int64_t P = panel_rows(*this, W);
     ScratchLease panel = scratch(Scratch::Panel, size_t(P * K) * 4, "linear_bwd weight panel");
     float* pw = panel.as<float>();
     for (int64_t p0 = 0; p0 < N; p0 += P) {
       int64_t n = std::min(P, N - p0);
-      dequant_panel(W, p0, n, pw);
+      dequant_panel(W, p0, n, pw, merged ? lora : nullptr);
       sgemm(false, false, M, K, n, 1.f, dy.data + p0, dy.stride, pw, K, 1.f, dx.data, dx.stride);
     }
   }
   if (!has_lora) return;
   const OpGemm mm{*this, false};
-  lora_bwd(mm, W, *lora, x, xa, mm.operand(dy, Scratch::Count, ""), dx, dA, dB);
+  lora_bwd(mm, W, *lora, x, xa, mm.operand(dy, Scratch::Count, ""), merged ? MatF() : dx, dA, dB);
 }
 
 void CpuBackend::head_logits(const QWeight& head, CMatF h, MatF logits) {

@@ -71,9 +71,12 @@ class CpuWorkspace final : public WorkspaceModel {
     const uint64_t ws = std::max(fl(panel_rows(N, K) * K), drop);
     return ws + (autocast ? fl(M * K) : 0);
   }
-  // linear_bwd with dx wanted: the panel; then dy B and the dropout chunks (for dA and dx).
+  // linear_bwd with dx wanted: the panel; then dy B beside dB^T (fp32 on oneDNN: lora_dB) and
+  // then the dropout chunks (for dA and dx).
   uint64_t linear_bwd(int64_t N, int64_t K, int64_t M, bool lora, bool shared) const override {
-    const uint64_t lora_ws = lora ? fl(M * r) + (dropout ? 2 * fl(drop_rows(M, K) * K) : 0) : 0;
+    const uint64_t dBt = tune.f32_thin_onednn ? fl(N * r) : 0;
+    const uint64_t lora_ws =
+        lora ? fl(M * r) + std::max(dBt, dropout ? 2 * fl(drop_rows(M, K) * K) : 0) : 0;
     if (lp) {
       // The LoRA gradients hold A, B, g (fp32 and lp), x as lp (not with dropout, xa being
       // kept) and xa as lp; a shared x's copy stays for the other projections of its group.
