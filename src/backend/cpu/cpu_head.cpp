@@ -48,6 +48,10 @@ void ce_row_one_pass(float* l, int64_t n, int64_t p0, int64_t target, CrossEntro
   OnlineSoftmax<double>& st = row.sm;
   if (target >= p0 && target < p0 + n) row.target_logit = l[target - p0];
   const float m = vec_kernels().max_of(l, n);
+  if (m == -INFINITY) {  // nothing to add (exp would give NaN): as online_softmax_merge skips it
+    std::fill(l, l + n, 0.f);
+    return;
+  }
   const float old = st.m;
   online_softmax_merge(st, m, vec_kernels().exp_sum_shifted(l, n, m));
   if (st.m > old) {
