@@ -116,6 +116,17 @@ class AutocastBackend final : public Backend {
     Buffer hr = rounded(h, "autocast h");
     inner_->cross_entropy_stats(slice, row0, vocab, view(hr, h), targets, ignore_index, st);
   }
+  int cross_entropy_walks() const override { return inner_->cross_entropy_walks(); }
+  void cross_entropy_walk(const QWeight& slice, int64_t row0, int64_t vocab, CMatF h,
+                          const int32_t* targets, int32_t ignore_index, float grad_scale,
+                          CrossEntropyRow* st, float* acc, MatF dh) override {
+    if (native_linear_)
+      return inner_->cross_entropy_walk(slice, row0, vocab, h, targets, ignore_index, grad_scale,
+                                        st, acc, dh);
+    Buffer hr = rounded(h, "autocast h");
+    inner_->cross_entropy_walk(slice, row0, vocab, view(hr, h), targets, ignore_index, grad_scale,
+                               st, acc, dh);
+  }
   void cross_entropy_grad(const QWeight& slice, int64_t row0, int64_t vocab, CMatF h,
                           const int32_t* targets, int32_t ignore_index, const float* lse,
                           float grad_scale, MatF dh) override {

@@ -88,6 +88,25 @@ void Backend::cross_entropy_grad(const QWeight&, int64_t, int64_t, CMatF, const 
               name());
 }
 
+void Backend::cross_entropy_walk(const QWeight&, int64_t, int64_t, CMatF, const int32_t*, int32_t,
+                                 float, CrossEntropyRow*, float*, MatF) {
+  throw_error(QLFT_ERR_UNSUPPORTED, "backend %s has no one-walk cross-entropy over head slices",
+              name());
+}
+
+void cross_entropy_walk_end(const CrossEntropyRow* st, const int32_t* targets, int32_t ignore_index,
+                            float grad_scale, const float* acc, MatF dh) {
+  const int64_t H = dh.cols;
+  int64_t k = 0;  // acc's row: the k-th row whose target counts
+  for (int64_t i = 0; i < dh.rows; ++i) {
+    if (targets[i] == ignore_index) continue;
+    const float a = float(double(grad_scale) / st[i].sm.s);
+    float* d = dh.row(i);
+    const float* g = acc + k++ * H;
+    for (int64_t c = 0; c < H; ++c) d[c] += a * g[c];
+  }
+}
+
 double cross_entropy_finish(const CrossEntropyRow* st, const int32_t* targets, int64_t rows,
                             int32_t ignore_index, float* lse, int64_t* count) {
   double loss = 0;

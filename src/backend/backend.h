@@ -182,6 +182,17 @@ class Backend {
   virtual void cross_entropy_grad(const QWeight& slice, int64_t row0, int64_t vocab, CMatF h,
                                   const int32_t* targets, int32_t ignore_index, const float* lse,
                                   float grad_scale, MatF dh);
+  // The walks of a sliced head the loss with dh takes here: 1 when cross_entropy_walk does it
+  // (as linear_cross_entropy walks a whole fp32 head once), else 2 (stats, then grad).
+  virtual int cross_entropy_walks() const { return 2; }
+  // The one walk: per slice, pass 1's merge into st, and into acc (a row of h's width for each
+  // row whose target counts, in row order; zeroed before the first slice) the slice's
+  // exp(logits - the row's running max) times its rows (acc rescaled when a row's max rises),
+  // and dh -= grad_scale head[target] for the targets in the slice. After the last slice
+  // cross_entropy_walk_end adds grad_scale acc / sum into dh.
+  virtual void cross_entropy_walk(const QWeight& slice, int64_t row0, int64_t vocab, CMatF h,
+                                  const int32_t* targets, int32_t ignore_index, float grad_scale,
+                                  CrossEntropyRow* st, float* acc, MatF dh);
 
  protected:
   explicit Backend(MemoryTracker* tracker, DeviceAllocator* device = nullptr)
@@ -195,6 +206,10 @@ class Backend {
 // number of counted rows.
 double cross_entropy_finish(const CrossEntropyRow* st, const int32_t* targets, int64_t rows,
                             int32_t ignore_index, float* lse, int64_t* count);
+// dh += grad_scale acc / sum for each row whose target counts, after the last slice of
+// Backend::cross_entropy_walk (host memory).
+void cross_entropy_walk_end(const CrossEntropyRow* st, const int32_t* targets, int32_t ignore_index,
+                            float grad_scale, const float* acc, MatF dh);
 
 // begin_shared_input .. end_shared_input over a scope.
 class SharedInput {

@@ -97,13 +97,15 @@ int DataParallel::missing_passes(int passes) {
   return static_cast<int>(*std::max_element(n.begin(), n.end())) - passes;
 }
 
-void DataParallel::replay_passes(int n) {
+void DataParallel::replay_passes(int n, int head_walks) {
   // In the runner's order: each layer's gradient exchanges while its weights are held.
   for (int i = 0; i < n; ++i) {
     if (zero3_) {
-      zero3_->replay_training_pass([this](int layer) {
-        if (grads_) grads_->replay_layer(layer);
-      });
+      zero3_->replay_training_pass(
+          [this](int layer) {
+            if (grads_) grads_->replay_layer(layer);
+          },
+          head_walks);
     } else if (grads_) {
       grads_->replay_pass();
     }

@@ -141,7 +141,8 @@ class DataParallel {
   // it: it joins the others' remaining weight gathers and gradient exchanges without computing.
   // missing_passes is collective; both are no-ops (0) without them or with one rank.
   int missing_passes(int passes);
-  void replay_passes(int n);
+  // head_walks: Backend::cross_entropy_walks of the ranks' backend (ZeRO-3's row-sharded head).
+  void replay_passes(int n, int head_walks = 2);
 
  private:
   void pack(bool grads);

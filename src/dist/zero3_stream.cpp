@@ -433,7 +433,8 @@ void Zero3Stream::each_head_slice(const std::function<void(const QWeight&, int64
   }
 }
 
-void Zero3Stream::replay_training_pass(const std::function<void(int)>& backward_layer) {
+void Zero3Stream::replay_training_pass(const std::function<void(int)>& backward_layer,
+                                       int head_walks) {
   // LlamaRunner::run_forward (training) then backward: the same acquires with the same hints.
   const int L = static_cast<int>(unit_groups_.size()) - 2;
   auto use = [this](int u, int next) {
@@ -447,8 +448,8 @@ void Zero3Stream::replay_training_pass(const std::function<void(int)>& backward_
   for (int l = 0; l < L; ++l) use(layer_unit(l), l + 1 < L ? layer_unit(l + 1) : head_unit(L));
   {
     UnitUse head(this, head_unit(L), head_unit(L));
-    if (rows_sharded())  // the cross-entropy's two passes (model/llama.cpp)
-      for (int pass = 0; pass < 2; ++pass) each_head_slice([](const QWeight&, int64_t) {});
+    if (rows_sharded())  // the cross-entropy's walks (model/llama.cpp)
+      for (int walk = 0; walk < head_walks; ++walk) each_head_slice([](const QWeight&, int64_t) {});
   }
   use(head_unit(L), layer_unit(L - 1));
   for (int l = L - 1; l >= 0; --l) {

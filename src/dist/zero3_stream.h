@@ -103,7 +103,10 @@ class Zero3Stream final : public WeightStream {
   // with fewer micro-batches than its peers joins their gathers with it. backward_layer(l), when
   // set, runs while layer l's unit is held in the backward half (ZeRO-2's gradient exchanges
   // of that layer, dist/zero2_grads.h), as the runner's layer backward does.
-  void replay_training_pass(const std::function<void(int layer)>& backward_layer = {});
+  // head_walks: the walks of the row-sharded head the runner's cross-entropy takes
+  // (Backend::cross_entropy_walks).
+  void replay_training_pass(const std::function<void(int layer)>& backward_layer = {},
+                            int head_walks = 2);
 
   // The communicator is going away (the trainer ended): gathered copies and shards are freed;
   // every later acquire throws QLFT_ERR_UNSUPPORTED. Never throws.

@@ -593,6 +593,17 @@ double LlamaRunner::cross_entropy_by_slices(WeightStream& ws, const int32_t* tar
   Buffer lse(be_.tracker(), MemCategory::Workspace, size_t(R) * 4, "cross-entropy row lse");
   auto* st = state.as<CrossEntropyRow>();
   std::fill(st, st + R, CrossEntropyRow{});
+  if (dh.data && be_.cross_entropy_walks() == 1) {
+    // One walk: pass 1 and the dh accumulators together (Backend::cross_entropy_walk).
+    Buffer acc(be_.tracker(), MemCategory::Workspace, size_t(R * h.cols) * 4,
+               "cross-entropy dh accumulators");
+    ws.each_head_slice([&](const QWeight& slice, int64_t row0) {
+      be_.cross_entropy_walk(slice, row0, V, h, targets, kIgnoreIndex, grad_scale, st,
+                             acc.as<float>(), dh);
+    });
+    cross_entropy_walk_end(st, targets, kIgnoreIndex, grad_scale, acc.as<float>(), dh);
+    return cross_entropy_finish(st, targets, R, kIgnoreIndex, lse.as<float>(), count);
+  }
   ws.each_head_slice([&](const QWeight& slice, int64_t row0) {
     be_.cross_entropy_stats(slice, row0, V, h, targets, kIgnoreIndex, st);
   });

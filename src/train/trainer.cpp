@@ -317,7 +317,7 @@ void Trainer::step_on(const std::vector<data::Batch>& batches, StepReport* out) 
       tracker_->set_phase("backward");
       runner_->backward();
     }
-    dp_->replay_passes(replays);
+    dp_->replay_passes(replays, backend_->cross_entropy_walks());
     runner_->release();
     tracker_->set_phase("optimizer");
     dp_->reduce_gradients();

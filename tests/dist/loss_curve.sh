@@ -7,11 +7,13 @@ source "$(dirname "$0")/common.sh"
 common=(train.max_steps=6 train.micro_batch=2 lora.dropout=0.1 optim.max_grad_norm=0.05
         quant.type=nf4)
 "$worker" train "$model" "$data" "$work/ref.txt" "${common[@]}" train.accumulation=2
-# ZeRO-3 on one rank (the single-rank communicator's byte gather): the same bits as no ZeRO.
+# ZeRO-3 on one rank (the single-rank communicator's byte gather; the embedding and head by rows,
+# so the cross-entropy walks the head's slices and its sums group differently than over the
+# whole head): the same curve within 1e-4, as every ZeRO run.
 "$worker" train "$model" "$data" "$work/z3one.txt" "${common[@]}" train.accumulation=2 \
   dist.zero_stage=3
 echo "ZeRO-3 on 1 rank:"
-"$worker" compare "$work/z3one.txt" "$work/ref.txt" 0
+"$worker" compare "$work/z3one.txt" "$work/ref.txt" 1e-4
 # The comparison can fail (issue 23): a truncated run (its last step and final weights gone),
 # and a run whose final weights differ from the reference in one bit of one float.
 head -n -1 "$work/z3one.txt" >"$work/trunc.txt"
@@ -25,7 +27,7 @@ at=$(($(stat -c %s "$work/flip.txt.lora") / 2 / 4 * 4))  # a float in the middle
 byte=$(od -An -tu1 -j "$at" -N1 "$work/flip.txt.lora" | tr -d ' ')
 printf "\\$(printf %03o $((byte ^ 1)))" | dd of="$work/flip.txt.lora" bs=1 seek="$at" conv=notrunc \
   status=none
-if "$worker" compare "$work/flip.txt" "$work/ref.txt" 0; then
+if "$worker" compare "$work/flip.txt" "$work/z3one.txt" 0; then
   echo "FAIL: a perturbed final weight passed the comparison"; exit 1
 fi
 echo "a truncated run and a perturbed final weight fail the comparison"

@@ -488,6 +488,22 @@ void run_ce(bool shrink, uint64_t seed) {
   check_grad(
       "cross-entropy dh over slices",
       [&](const Vec& x) { return ce_oracle(x, head, t, ignore, M, V, H); }, hd, g, seed + 2);
+  // The one walk over the same slices (fp32: Backend::cross_entropy_walk), against the oracle.
+  ASSERT_EQ(fx.be->cross_entropy_walks(), 1);
+  std::vector<CrossEntropyRow> st4(M);
+  FVec acc(M * H, 0.f), dh4(M * H, 0.f);
+  for (int k = 0; k < 4; ++k)
+    fx.be->cross_entropy_walk(slices[k], cuts[k], V, cmat(h, M, H), t.data(), ignore, gs,
+                              st4.data(), acc.data(), mat(dh4, M, H));
+  cross_entropy_walk_end(st4.data(), t.data(), ignore, gs, acc.data(), mat(dh4, M, H));
+  int64_t c4 = -1;
+  EXPECT_NEAR(cross_entropy_finish(st4.data(), t.data(), M, ignore, lse.data(), &c4), lo,
+              1e-5 * std::fabs(lo));
+  EXPECT_EQ(c4, ocount);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = dh4[i] / gs;
+  check_grad(
+      "cross-entropy dh in one walk over slices",
+      [&](const Vec& x) { return ce_oracle(x, head, t, ignore, M, V, H); }, hd, g, seed + 3);
 }
 }  // namespace
 

@@ -42,9 +42,10 @@ void scale_row(float* x, int64_t n, float s) {
 // One logits row l (n entries of the panel starting at vocab row p0) of the one-pass walk: the
 // same statistics as pass 1 (so the loss is the one without dh, bit for bit), and l replaced by
 // E = exp(l - st.m), the shift the row's dh accumulator (acc, H floats) shares: when this panel
-// raises the row's max, acc is rescaled to it (it is unset at p0 = 0); otherwise E is.
+// raises the row's max, acc is rescaled to it (unless it is still unset: acc_set false); otherwise
+// E is. p0 is the panel's first vocabulary row.
 void ce_row_one_pass(float* l, int64_t n, int64_t p0, int64_t target, CrossEntropyRow& row,
-                     float* acc, int64_t H) {
+                     float* acc, int64_t H, bool acc_set) {
   OnlineSoftmax<double>& st = row.sm;
   if (target >= p0 && target < p0 + n) row.target_logit = l[target - p0];
   const float m = vec_kernels().max_of(l, n);
@@ -55,7 +56,7 @@ void ce_row_one_pass(float* l, int64_t n, int64_t p0, int64_t target, CrossEntro
   const float old = st.m;
   online_softmax_merge(st, m, vec_kernels().exp_sum_shifted(l, n, m));
   if (st.m > old) {
-    if (p0 > 0) scale_row(acc, H, std::exp(old - st.m));
+    if (acc_set) scale_row(acc, H, std::exp(old - st.m));
   } else if (m < st.m) {
     scale_row(l, n, std::exp(m - st.m));
   }
@@ -146,14 +147,16 @@ class CeTiles {
                n);
     }
   }
-  // dhc (+)= dlogits (rc x n) x panel (n x H); beta 0 for the slice's first panel.
-  void accumulate_dh(int64_t rc, int64_t n, float beta) {
+  // out (+)= dlogits (rc x n) x panel (n x H), out dhc unless given; beta 0 for the slice's
+  // first panel.
+  void accumulate_dh(int64_t rc, int64_t n, float beta, float* out = nullptr) {
     const int64_t H = head_.cols;
+    if (!out) out = dhc();
     if (lp)
       gemm_lp(be_, false, false, rc, H, n, 1.f, lp16 ? logit16_.data() : logit_.data(), n,
-              panel_.data(), H, beta, dhc(), H);
+              panel_.data(), H, beta, out, H);
     else
-      sgemm(false, false, rc, H, n, 1.f, L(), n, panel_.as<float>(), H, beta, dhc(), H);
+      sgemm(false, false, rc, H, n, 1.f, L(), n, panel_.as<float>(), H, beta, out, H);
   }
 
  private:
@@ -252,11 +255,54 @@ void CpuBackend::cross_entropy_one_walk(const QWeight& head, CMatF h, const int3
       float* acc = t.dhc();
 #pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
       for (int64_t i = 0; i < rc; ++i)
-        ce_row_one_pass(L + i * n, n, p0, targets[rows[i]], st[rows[i]], acc + i * H, H);
+        ce_row_one_pass(L + i * n, n, p0, targets[rows[i]], st[rows[i]], acc + i * H, H, p0 > 0);
       t.accumulate_dh(rc, n, p0 == 0 ? 0.f : 1.f);
     }
     ce_dh_one_pass(head, rows, rc, targets, st, t.dhc(), grad_scale, dh);
   }
+}
+
+void CpuBackend::cross_entropy_walk(const QWeight& slice, int64_t row0, int64_t vocab, CMatF h,
+                                    const int32_t* targets, int32_t ignore_index, float grad_scale,
+                                    CrossEntropyRow* st, float* acc, MatF dh) {
+  op_checks::cross_entropy(slice, h, dh.as_const());
+  op_checks::targets(targets, h.rows, vocab, ignore_index);
+  QLFT_CHECK_ARG(precision_ != DType::BF16, "cross_entropy_walk: bf16 takes two walks");
+  CeTiles t(*this, slice, h, targets, ignore_index, false);  // acc is the caller's
+  const int64_t n_valid = int64_t(t.valid.size()), V = slice.rows, H = slice.cols;
+  if (n_valid == 0 || V == 0) return;
+  for (int64_t c0 = 0; c0 < n_valid; c0 += t.Rc) {
+    const int64_t rc = std::min(t.Rc, n_valid - c0);
+    const int64_t* rows = t.valid.data() + c0;
+    float* a = acc + c0 * H;  // the chunk's rows, in valid order
+    t.load_rows(c0, rc);
+    for (int64_t p0 = 0; p0 < V; p0 += t.P) {
+      const int64_t n = std::min(t.P, V - p0);
+      t.logits(rc, p0, n);
+      float* L = t.L();
+#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
+      for (int64_t i = 0; i < rc; ++i)
+        ce_row_one_pass(L + i * n, n, row0 + p0, targets[rows[i]], st[rows[i]], a + i * H, H, true);
+      t.accumulate_dh(rc, n, 1.f, a);
+    }
+  }
+  // - grad_scale head[target] for the targets in this slice.
+  TaskErrors errs;
+#pragma omp parallel num_threads(qlft::num_threads())
+  {
+    std::vector<float> wt(static_cast<size_t>(H));
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < n_valid; ++i) {
+      const int64_t r = t.valid[size_t(i)], tg = targets[r] - row0;
+      if (tg < 0 || tg >= V) continue;
+      errs.run([&] {
+        slice.dequantize_rows(tg, 1, wt.data());
+        float* d = dh.row(r);
+        for (int64_t c = 0; c < H; ++c) d[c] -= grad_scale * wt[size_t(c)];
+      });
+    }
+  }
+  errs.rethrow();
 }
 
 double CpuBackend::linear_cross_entropy(const QWeight& head, CMatF h, const int32_t* targets,
