@@ -40,13 +40,7 @@ while [ $# -gt 0 ]; do
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
-if [ -z "$qlft" ]; then
-  for b in "$root"/build/tools/qlft-finetune/qlft-finetune \
-           "$root"/build*/tools/qlft-finetune/qlft-finetune; do
-    if [ -x "$b" ]; then qlft=$b; break; fi
-  done
-fi
-[ -x "$qlft" ] || { echo "qlft-finetune not found: pass --qlft" >&2; exit 1; }
+source "$here/find_cli.sh"
 [ -r "$model" ] || { echo "model $model not found" >&2; exit 1; }
 [ -r "$data" ] || { echo "data $data not found" >&2; exit 1; }
 [ -x /usr/bin/time ] || { echo "/usr/bin/time (GNU time) is needed" >&2; exit 1; }

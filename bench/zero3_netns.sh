@@ -41,13 +41,7 @@ while (($#)); do
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
-if [ -z "$qlft" ]; then
-  for b in "$root"/build/tools/qlft-finetune/qlft-finetune \
-           "$root"/build*/tools/qlft-finetune/qlft-finetune; do
-    if [ -x "$b" ]; then qlft=$b; break; fi
-  done
-fi
-[ -x "$qlft" ] || { echo "qlft-finetune not found: pass --qlft" >&2; exit 1; }
+source "$here/find_cli.sh"
 ((batch % ranks == 0)) || { echo "--batch $batch is not a multiple of --ranks $ranks" >&2; exit 2; }
 [ "$local" = 1 ] || [ "$(id -u)" = 0 ] || { echo "needs root (ip netns), or --local" >&2; exit 1; }
 command -v mpirun >/dev/null || { echo "mpirun not found" >&2; exit 1; }

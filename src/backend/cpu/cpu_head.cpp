@@ -158,6 +158,25 @@ class CeTiles {
     else
       sgemm(false, false, rc, H, n, 1.f, L(), n, panel_.as<float>(), H, beta, out, H);
   }
+  // The walk both passes make: for each chunk of the counted rows (c0, rc of them: rows), its
+  // hidden rows loaded, then for each panel [p0, p0 + n) of the slice its logits tile computed
+  // and panel(c0, rc, rows, p0, n, L) called; after the chunk's last panel, done(c0, rc, rows).
+  template <class Panel, class Done>
+  void walk(const Panel& panel, const Done& done) {
+    const int64_t n_valid = int64_t(valid.size()), V = head_.rows;
+    if (V == 0) return;
+    for (int64_t c0 = 0; c0 < n_valid; c0 += Rc) {
+      const int64_t rc = std::min(Rc, n_valid - c0);
+      const int64_t* rows = valid.data() + c0;
+      load_rows(c0, rc);
+      for (int64_t p0 = 0; p0 < V; p0 += P) {
+        const int64_t n = std::min(P, V - p0);
+        logits(rc, p0, n);
+        panel(c0, rc, rows, p0, n, L());
+      }
+      done(c0, rc, rows);
+    }
+  }
 
  private:
   CpuBackend& be_;
@@ -174,28 +193,20 @@ void CpuBackend::cross_entropy_stats(const QWeight& slice, int64_t row0, int64_t
   op_checks::cross_entropy(slice, h, CMatF());
   op_checks::targets(targets, h.rows, vocab, ignore_index);
   CeTiles t(*this, slice, h, targets, ignore_index, false);
-  const int64_t n_valid = int64_t(t.valid.size()), V = slice.rows;
-  if (n_valid == 0 || V == 0) return;
-  for (int64_t c0 = 0; c0 < n_valid; c0 += t.Rc) {
-    const int64_t rc = std::min(t.Rc, n_valid - c0);
-    const int64_t* rows = t.valid.data() + c0;
-    t.load_rows(c0, rc);
-    for (int64_t p0 = 0; p0 < V; p0 += t.P) {
-      const int64_t n = std::min(t.P, V - p0);
-      t.logits(rc, p0, n);
-      const float* L = t.L();
+  t.walk(
+      [&](int64_t, int64_t rc, const int64_t* rows, int64_t p0, int64_t n, const float* L) {
 #pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
-      for (int64_t i = 0; i < rc; ++i) {
-        const float* l = L + i * n;
-        const float m = vec_kernels().max_of(l, n);
-        const double sum = vec_kernels().sum_exp_shifted(l, n, m);
-        CrossEntropyRow& s = st[rows[i]];
-        online_softmax_merge(s.sm, m, sum);
-        const int64_t tg = targets[rows[i]] - row0;
-        if (tg >= p0 && tg < p0 + n) s.target_logit = l[tg - p0];
-      }
-    }
-  }
+        for (int64_t i = 0; i < rc; ++i) {
+          const float* l = L + i * n;
+          const float m = vec_kernels().max_of(l, n);
+          const double sum = vec_kernels().sum_exp_shifted(l, n, m);
+          CrossEntropyRow& s = st[rows[i]];
+          online_softmax_merge(s.sm, m, sum);
+          const int64_t tg = targets[rows[i]] - row0;
+          if (tg >= p0 && tg < p0 + n) s.target_logit = l[tg - p0];
+        }
+      },
+      [](int64_t, int64_t, const int64_t*) {});
 }
 
 void CpuBackend::cross_entropy_grad(const QWeight& slice, int64_t row0, int64_t vocab, CMatF h,
@@ -204,62 +215,50 @@ void CpuBackend::cross_entropy_grad(const QWeight& slice, int64_t row0, int64_t 
   op_checks::cross_entropy(slice, h, dh.as_const());
   op_checks::targets(targets, h.rows, vocab, ignore_index);
   CeTiles t(*this, slice, h, targets, ignore_index, true);
-  const int64_t n_valid = int64_t(t.valid.size()), V = slice.rows, H = slice.cols;
-  if (n_valid == 0 || V == 0) return;
-  for (int64_t c0 = 0; c0 < n_valid; c0 += t.Rc) {
-    const int64_t rc = std::min(t.Rc, n_valid - c0);
-    const int64_t* rows = t.valid.data() + c0;
-    t.load_rows(c0, rc);
-    // dh_chunk = sum over panels of ((softmax - onehot) * grad_scale) panel.
-    for (int64_t p0 = 0; p0 < V; p0 += t.P) {
-      const int64_t n = std::min(t.P, V - p0);
-      t.logits(rc, p0, n);
-      float* L = t.L();
+  const int64_t H = slice.cols;
+  // dh_chunk = sum over panels of ((softmax - onehot) * grad_scale) panel.
+  t.walk(
+      [&](int64_t, int64_t rc, const int64_t* rows, int64_t p0, int64_t n, float* L) {
 #pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
-      for (int64_t i = 0; i < rc; ++i) {
-        float* l = L + i * n;
-        vec_kernels().exp_shifted(l, n, lse[rows[i]], grad_scale);
-        const int64_t tg = targets[rows[i]] - row0;
-        if (tg >= p0 && tg < p0 + n) l[tg - p0] -= grad_scale;
-        if (t.lp16)
-          f32_to_bf16_n(l, t.L16() + i * n, size_t(n));
-        else if (t.lp)
-          round_through_n(DType::BF16, l, l, size_t(n));
-      }
-      t.accumulate_dh(rc, n, p0 == 0 ? 0.f : 1.f);
-    }
-    const float* g = t.dhc();
+        for (int64_t i = 0; i < rc; ++i) {
+          float* l = L + i * n;
+          vec_kernels().exp_shifted(l, n, lse[rows[i]], grad_scale);
+          const int64_t tg = targets[rows[i]] - row0;
+          if (tg >= p0 && tg < p0 + n) l[tg - p0] -= grad_scale;
+          if (t.lp16)
+            f32_to_bf16_n(l, t.L16() + i * n, size_t(n));
+          else if (t.lp)
+            round_through_n(DType::BF16, l, l, size_t(n));
+        }
+        t.accumulate_dh(rc, n, p0 == 0 ? 0.f : 1.f);
+      },
+      [&](int64_t, int64_t rc, const int64_t* rows) {
+        const float* g = t.dhc();
 #pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
-    for (int64_t i = 0; i < rc; ++i) {
-      float* d = dh.row(rows[i]);
-      for (int64_t c = 0; c < H; ++c) d[c] += g[i * H + c];
-    }
-  }
+        for (int64_t i = 0; i < rc; ++i) {
+          float* d = dh.row(rows[i]);
+          for (int64_t c = 0; c < H; ++c) d[c] += g[i * H + c];
+        }
+      });
 }
 
 void CpuBackend::cross_entropy_one_walk(const QWeight& head, CMatF h, const int32_t* targets,
                                         int32_t ignore_index, float grad_scale, MatF dh,
                                         CrossEntropyRow* st) {
   CeTiles t(*this, head, h, targets, ignore_index, true);
-  const int64_t n_valid = int64_t(t.valid.size()), V = head.rows, H = head.cols;
-  if (n_valid == 0 || V == 0) return;
-  for (int64_t c0 = 0; c0 < n_valid; c0 += t.Rc) {
-    const int64_t rc = std::min(t.Rc, n_valid - c0);
-    const int64_t* rows = t.valid.data() + c0;
-    t.load_rows(c0, rc);
-    // dh_chunk = grad_scale (sum over panels of E panel) / sum - grad_scale head[target].
-    for (int64_t p0 = 0; p0 < V; p0 += t.P) {
-      const int64_t n = std::min(t.P, V - p0);
-      t.logits(rc, p0, n);
-      float* L = t.L();
-      float* acc = t.dhc();
+  const int64_t H = head.cols;
+  // dh_chunk = grad_scale (sum over panels of E panel) / sum - grad_scale head[target].
+  t.walk(
+      [&](int64_t, int64_t rc, const int64_t* rows, int64_t p0, int64_t n, float* L) {
+        float* acc = t.dhc();
 #pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
-      for (int64_t i = 0; i < rc; ++i)
-        ce_row_one_pass(L + i * n, n, p0, targets[rows[i]], st[rows[i]], acc + i * H, H, p0 > 0);
-      t.accumulate_dh(rc, n, p0 == 0 ? 0.f : 1.f);
-    }
-    ce_dh_one_pass(head, rows, rc, targets, st, t.dhc(), grad_scale, dh);
-  }
+        for (int64_t i = 0; i < rc; ++i)
+          ce_row_one_pass(L + i * n, n, p0, targets[rows[i]], st[rows[i]], acc + i * H, H, p0 > 0);
+        t.accumulate_dh(rc, n, p0 == 0 ? 0.f : 1.f);
+      },
+      [&](int64_t, int64_t rc, const int64_t* rows) {
+        ce_dh_one_pass(head, rows, rc, targets, st, t.dhc(), grad_scale, dh);
+      });
 }
 
 void CpuBackend::cross_entropy_walk(const QWeight& slice, int64_t row0, int64_t vocab, CMatF h,
@@ -271,21 +270,16 @@ void CpuBackend::cross_entropy_walk(const QWeight& slice, int64_t row0, int64_t 
   CeTiles t(*this, slice, h, targets, ignore_index, false);  // acc is the caller's
   const int64_t n_valid = int64_t(t.valid.size()), V = slice.rows, H = slice.cols;
   if (n_valid == 0 || V == 0) return;
-  for (int64_t c0 = 0; c0 < n_valid; c0 += t.Rc) {
-    const int64_t rc = std::min(t.Rc, n_valid - c0);
-    const int64_t* rows = t.valid.data() + c0;
-    float* a = acc + c0 * H;  // the chunk's rows, in valid order
-    t.load_rows(c0, rc);
-    for (int64_t p0 = 0; p0 < V; p0 += t.P) {
-      const int64_t n = std::min(t.P, V - p0);
-      t.logits(rc, p0, n);
-      float* L = t.L();
+  t.walk(
+      [&](int64_t c0, int64_t rc, const int64_t* rows, int64_t p0, int64_t n, float* L) {
+        float* a = acc + c0 * H;  // the chunk's rows, in counted-row order
 #pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
-      for (int64_t i = 0; i < rc; ++i)
-        ce_row_one_pass(L + i * n, n, row0 + p0, targets[rows[i]], st[rows[i]], a + i * H, H, true);
-      t.accumulate_dh(rc, n, 1.f, a);
-    }
-  }
+        for (int64_t i = 0; i < rc; ++i)
+          ce_row_one_pass(L + i * n, n, row0 + p0, targets[rows[i]], st[rows[i]], a + i * H, H,
+                          true);
+        t.accumulate_dh(rc, n, 1.f, a);
+      },
+      [](int64_t, int64_t, const int64_t*) {});
   // - grad_scale head[target] for the targets in this slice.
   TaskErrors errs;
 #pragma omp parallel num_threads(qlft::num_threads())
