@@ -8,12 +8,12 @@ common=(train.max_steps=6 train.micro_batch=2 lora.dropout=0.1 optim.max_grad_no
         quant.type=nf4)
 "$worker" train "$model" "$data" "$work/ref.txt" "${common[@]}" train.accumulation=2
 # ZeRO-3 on one rank (the single-rank communicator's byte gather; the embedding and head by rows,
-# so the cross-entropy walks the head's slices and its sums group differently than over the
-# whole head): the same curve within 1e-4, as every ZeRO run.
+# one slice of stories260K's 512 rows at the default dist.row_chunk_kib, walked as the whole head
+# is): the same bits as no ZeRO.
 "$worker" train "$model" "$data" "$work/z3one.txt" "${common[@]}" train.accumulation=2 \
   dist.zero_stage=3
 echo "ZeRO-3 on 1 rank:"
-"$worker" compare "$work/z3one.txt" "$work/ref.txt" 1e-4
+"$worker" compare "$work/z3one.txt" "$work/ref.txt" 0
 # The comparison can fail (issue 23): a truncated run (its last step and final weights gone),
 # and a run whose final weights differ from the reference in one bit of one float.
 head -n -1 "$work/z3one.txt" >"$work/trunc.txt"
