@@ -96,7 +96,7 @@ class Communicator {
   // Every rank's blob, in rank order, on every rank.
   std::vector<std::string> all_gather_bytes(const std::string& mine);
   // The same bytes one rank at a time: f(r, rank r's bytes) on every rank, in rank order; only
-  // one other rank's bytes are alive at once (what a gather to one rank should hold).
+  // one other rank's bytes are alive at once, where a caller keeps only what it needs.
   void each_rank_bytes(const std::string& mine, const std::function<void(int, std::string&)>& f);
   // Throws QLFT_ERR_DISTRIBUTED unless every rank passes the same value (a cheap guard that the
   // ranks agree on sizes and settings before a collective whose sizes must match).
