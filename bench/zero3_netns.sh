@@ -96,7 +96,7 @@ args=(train --model "$model" --data "$work/data.txt" --quant.type keep --threads
 tx0=(); for ((i = 0; i < ranks; ++i)); do tx0+=("$(sent_bytes "$i")"); done
 start=$(date +%s.%N)
 mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$ranks" "${where[@]}" \
-  -x OMP_NUM_THREADS -x OMP_WAIT_POLICY \
+  -x OMP_NUM_THREADS -x OMP_WAIT_POLICY ${GLIBC_TUNABLES:+-x GLIBC_TUNABLES} \
   sh -c 'exec /usr/bin/time -f "%M" -o "$0.$OMPI_COMM_WORLD_RANK" "$@"' "$work/rank.rss" \
   "$qlft" "${args[@]}" --train.accumulation $((batch / ranks)) --dist.backend mpi --dist.zero_stage 3 \
   --train.output_dir "$work/many" >"$work/many.out" 2>"$work/many.err" ||

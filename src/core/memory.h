@@ -6,7 +6,8 @@
 // counters as they were.
 //
 // The host block cache: a training step frees and reallocates the same large activation and
-// workspace buffers every step; returned to the OS in between (glibc unmaps large blocks), each
+// workspace buffers every step; returned to the OS in between (blocks of at least
+// kHostCacheMinBytes are page-mapped and unmapped when freed, memory.cpp), each
 // step pays first-touch page faults on all of them (measured: 5% of samples in clear_page at
 // micro-batch 4). While a trainer holds the cache on, freed blocks of at least kHostCacheMinBytes
 // are kept and reused for the same size. They are counted in `cached` (part of total reserved, in

@@ -68,10 +68,20 @@ DataParallel::DataParallel(std::unique_ptr<Communicator> comm, int zero_stage,
   fill_ = fill;
   // The last segment receives this rank's reduce-scattered gradients (stages 2-3), unless they
   // are sharded during backward; the others hold every rank's share (all-gathers).
+  chunk_ = exchange_chunk_floats(segment_);
   if (w > 1)
-    flat_ = Buffer(tracker, MemCategory::Communication,
-                   (static_cast<size_t>(w) + (shard_grads_ ? 0 : 1)) * segment_ * sizeof(float),
-                   "gradient/parameter exchange buffer");
+    flat_ =
+        Buffer(tracker, MemCategory::Communication, host_exchange_bytes(w, segment_, shard_grads_),
+               "gradient/parameter exchange buffer");
+}
+
+size_t exchange_chunk_floats(size_t segment) {
+  return std::min(segment, kExchangeChunkFloats);
+}
+
+uint64_t host_exchange_bytes(int world, size_t segment, bool shard_grads) {
+  if (world <= 1) return 0;
+  return (uint64_t(world) + (shard_grads ? 0 : 1)) * exchange_chunk_floats(segment) * sizeof(float);
 }
 
 DataParallel::~DataParallel() {
@@ -127,39 +137,51 @@ bool DataParallel::any(bool flag) {
   return v > 0;
 }
 
-void DataParallel::pack(bool grads) {
-  float* f = flat_.as<float>();
+template <class F>
+void DataParallel::each_in_chunk(size_t lo, size_t n, F&& f) const {
+  // params()[i] holds elements [offset_i, offset_i + numel) of its owner's segment.
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (!grads && owner_[i] != rank()) continue;  // parameters: only what this rank updated
-    const float* src = grads ? params_[i].grad : params_[i].data;
-    std::memcpy(f + owner_[i] * segment_ + offset_[i], src, params_[i].numel * sizeof(float));
+    const size_t a = std::max(offset_[i], lo), b = std::min(offset_[i] + params_[i].numel, lo + n);
+    if (a < b) f(i, a - offset_[i], a - lo, b - a);
   }
 }
 
-void DataParallel::unpack(bool grads, int only_rank) {
+void DataParallel::pack(bool grads, size_t lo, size_t n) {
+  float* f = flat_.as<float>();
+  each_in_chunk(lo, n, [&](size_t i, size_t from, size_t at, size_t len) {
+    if (!grads && owner_[i] != rank()) return;  // parameters: only what this rank updated
+    const float* src = grads ? params_[i].grad : params_[i].data;
+    std::memcpy(f + owner_[i] * n + at, src + from, len * sizeof(float));
+  });
+}
+
+void DataParallel::unpack(bool grads, int only_rank, size_t lo, size_t n) {
   const float* f = flat_.as<float>();
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (only_rank >= 0 && owner_[i] != only_rank) continue;
+  each_in_chunk(lo, n, [&](size_t i, size_t to, size_t at, size_t len) {
+    if (only_rank >= 0 && owner_[i] != only_rank) return;
     float* dst = grads ? const_cast<float*>(params_[i].grad) : params_[i].data;
-    const float* src = only_rank >= 0 && grads ? f + world() * segment_ + offset_[i]
-                                               : f + owner_[i] * segment_ + offset_[i];
-    std::memcpy(dst, src, params_[i].numel * sizeof(float));
-  }
+    // A reduce-scatter leaves this rank's block after the world's blocks.
+    const float* src = only_rank >= 0 && grads ? f + world() * n + at : f + owner_[i] * n + at;
+    std::memcpy(dst + to, src, len * sizeof(float));
+  });
 }
 
 void DataParallel::reduce_gradients() {
   if (world() == 1 || grads_) return;
   QLFT_CHECK_ARG(!shard_grads_, "ZeRO gradient shards were announced but never set");
   if (dev_) return reduce_device_gradients();
-  pack(true);
+  // Chunk by chunk of every segment: the exchange buffer holds one chunk of each rank's.
   float* f = flat_.as<float>();
-  if (stage_ < 2) {
-    host_->all_reduce(f, static_cast<size_t>(world()) * segment_, ReduceOp::Sum);
-    unpack(true, -1);
-  } else {
-    // The last segment of flat_ receives this rank's block.
-    host_->reduce_scatter(f, f + world() * segment_, segment_, ReduceOp::Sum);
-    unpack(true, rank());
+  for (size_t lo = 0; lo < segment_; lo += chunk_) {
+    const size_t n = std::min(chunk_, segment_ - lo);
+    pack(true, lo, n);
+    if (stage_ < 2) {
+      host_->all_reduce(f, static_cast<size_t>(world()) * n, ReduceOp::Sum);
+      unpack(true, -1, lo, n);
+    } else {
+      host_->reduce_scatter(f, f + world() * n, n, ReduceOp::Sum);
+      unpack(true, rank(), lo, n);
+    }
   }
 }
 
@@ -189,11 +211,14 @@ ClipResult DataParallel::clip(const std::vector<GradSpan>& grads, double max_nor
 void DataParallel::gather_params() {
   if (stage_ == 0 || world() == 1) return;
   if (dev_) return gather_device_params();
-  pack(false);
   float* f = flat_.as<float>();
-  host_->all_gather(f + rank() * segment_, f, segment_);
-  for (int r = 0; r < world(); ++r)
-    if (r != rank()) unpack(false, r);
+  for (size_t lo = 0; lo < segment_; lo += chunk_) {
+    const size_t n = std::min(chunk_, segment_ - lo);
+    pack(false, lo, n);
+    host_->all_gather(f + rank() * n, f, n);
+    for (int r = 0; r < world(); ++r)
+      if (r != rank()) unpack(false, r, lo, n);
+  }
 }
 
 StateDict DataParallel::gather_state(StateDict mine) {

@@ -46,7 +46,7 @@ bool row_shardable(const QWeight& w) {
 uint64_t row_lookup_bytes(int64_t rows, int64_t dim, int world) {
   auto rb = [](uint64_t n) { return (n + 63) / 64 * 64; };
   const uint64_t w = uint64_t(world), r = uint64_t(rows), d = uint64_t(dim);
-  return rb(w * r * 4) + rb(w * r * d * 4) + rb(r * d * 4);
+  return rb(w * r * 4) + rb(r * d * 4);
 }
 
 Zero3Stream::Zero3Stream(Model& model, Communicator* comm, MemoryTracker* tracker,
@@ -384,19 +384,24 @@ void Zero3Stream::lookup_rows(const int32_t* tokens, int64_t n, float* out) {
                     t, static_cast<long long>(i), static_cast<long long>(q),
                     static_cast<long long>(V));
     }
-  // Rows this rank keeps (dequantized to f32), at [asking rank, position]; a sum over ranks
-  // hands each its rows.
+  // For each asking rank q in turn: the rows of q's ids this rank keeps (dequantized to f32),
+  // zero elsewhere, summed onto q (one buffer of q's rows, not one of every rank's).
   const int64_t D = sl.rowq.cols;
-  Buffer part = make(MemCategory::Communication, size_t(w * most * D) * 4, "embedding lookup rows");
+  Buffer part = make(MemCategory::Communication, size_t(most * D) * 4, "embedding lookup rows");
   float* dst = part.as<float>();
-  for (int64_t k = 0; k < w * most; ++k) {
-    if (k % most >= counts[size_t(k / most)]) continue;
-    const int64_t t = all[k], c = t / (w * per), in = t % (w * per);
-    if (in / per == rank_) sl.rowq.dequantize_rows(c * per + in % per, 1, dst + k * D);
+  for (int64_t q = 0; q < w; ++q) {
+    const int64_t m = counts[size_t(q)];
+    if (m == 0) continue;
+    for (int64_t i = 0; i < m; ++i) {
+      const int64_t t = all[q * most + i], c = t / (w * per), in = t % (w * per);
+      if (in / per == rank_)
+        sl.rowq.dequantize_rows(c * per + in % per, 1, dst + i * D);
+      else
+        std::fill(dst + i * D, dst + (i + 1) * D, 0.0f);
+    }
+    comm_->reduce(dst, size_t(m * D), static_cast<int>(q), ReduceOp::Sum);
+    if (q == rank_) std::memcpy(out, dst, size_t(n * D) * 4);
   }
-  Buffer mine = make(MemCategory::Communication, size_t(most * D) * 4, "embedding lookup sum");
-  comm_->reduce_scatter(part.as<float>(), mine.as<float>(), size_t(most * D), ReduceOp::Sum);
-  if (n) std::memcpy(out, mine.data(), size_t(n * D) * 4);
 }
 
 void Zero3Stream::each_head_slice(const std::function<void(const QWeight&, int64_t)>& f) {

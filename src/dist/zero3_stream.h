@@ -20,9 +20,10 @@
 // gathered chunks are dequantized where they are used, to the same values). Each is cut into
 // world x per rows (RowChunks, about row_chunk_bytes gathered), and rank r keeps rows [r * per,
 // (r + 1) * per) of every chunk, so the gather of one chunk is consecutive rows of the matrix.
-// The lookup (lookup_rows) all-gathers every rank's token ids, each rank writes the rows it
-// keeps into a zeroed [world, rows, dim] buffer and a sum reduce-scatter hands each rank its own
-// rows (exact: one term of each sum is the row, the others +0). The head (each_head_slice) is
+// The lookup (lookup_rows) all-gathers every rank's token ids; then for each rank in turn every
+// rank writes the rows of its ids it keeps (zero elsewhere) into one [rows, dim] buffer and a sum
+// reduce onto that rank hands it its rows (exact: one term of each sum is the row, the others
+// +0). The head (each_head_slice) is
 // gathered chunk by chunk, the next one in flight while the current one is used. What is alive
 // at once is two chunks, not the matrix (108 MiB for SmolLM2-135M's tied embedding).
 //
@@ -69,7 +70,7 @@ struct RowChunks {
 bool row_shardable(const QWeight& w);
 
 // The bytes lookup_rows holds while it looks up `rows` tokens on each of `world` ranks with
-// `dim`-wide rows: the gathered ids, the [world, rows, dim] partial rows and this rank's sum.
+// `dim`-wide rows: the gathered ids and one [rows, dim] buffer of partial rows.
 uint64_t row_lookup_bytes(int64_t rows, int64_t dim, int world);
 
 class Zero3Stream final : public WeightStream {

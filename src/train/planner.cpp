@@ -9,6 +9,7 @@
 #include "config/config.h"
 #include "config/keys.h"
 #include "dist/communicator.h"
+#include "dist/data_parallel.h"
 #include "dist/zero3_stream.h"
 #include "core/error.h"
 #include "core/threads.h"
@@ -687,7 +688,7 @@ void plan_device_persistent(const ModelConfig& c, const WeightFootprint& w, cons
   const bool have_groups = w.groups.size() == static_cast<size_t>(c.n_layers) + 2;
   const bool nccl = s.world > 1 && s.dist_backend == "nccl";
   // The host's DataParallel exchange buffer (allocated on every rank of several).
-  const uint64_t host_exchange = s.world > 1 ? rb((uint64_t(s.world) + 1) * segment * 4) : 0;
+  const uint64_t host_exchange = rb(dist::host_exchange_bytes(s.world, segment, false));
   if (nccl && s.zero_stage == 3 && have_groups) {
     // ZeRO-3 over NCCL (dist/zero3_stream.h): shards and gathered units in device memory, used
     // in place; the host keeps no weights after sharding.
@@ -805,9 +806,8 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
   cat[int(MemCategory::Optimizer)] = optimizer_by_rank(c, s, &segment)[static_cast<size_t>(rank)];
   // The gradient/parameter exchange buffer of dist::DataParallel (no reduce-scatter segment
   // when the gradients are sharded during backward).
-  if (s.world > 1)
-    cat[int(MemCategory::Communication)] +=
-        rb((uint64_t(s.world) + (sharded_gradients(s) ? 0 : 1)) * segment * 4);
+  cat[int(MemCategory::Communication)] +=
+      rb(dist::host_exchange_bytes(s.world, segment, sharded_gradients(s)));
 
   // The backend's model of its memory: host (CPU) or device (CUDA) blocks.
   WorkspaceModelSettings wss;
