@@ -150,6 +150,11 @@ const KeyDef kKeys[] = {
      "head are kept sharded by rows, never whole on a rank; the lookup exchanges only the rows "
      "each rank's tokens need, and the head is all-gathered for the cross-entropy in chunks of "
      "about this many KiB (two in memory at once). Smaller: less memory, more collectives."},
+    {"dist.bucket_kib", KeyType::Int, "256", 1, 1048576, "",
+     "Gradient and LoRA weight exchanges through host buffers (dist.backend=mpi) move at most "
+     "this many KiB of each rank's share at once, like DeepSpeed's reduce / allgather bucket "
+     "size: the exchange buffer holds world + 1 buckets. Smaller: less memory, more "
+     "collectives."},
     {"dist.timeout_s", KeyType::Float, "300", 0.1, 1e7, "",
      "Seconds any collective may wait for the other ranks; past it every rank stops with "
      "QLFT_ERR_DISTRIBUTED naming the rank that did not answer."},

@@ -18,6 +18,7 @@ DistSettings DistSettings::from_config(const Config& c) {
   s.zero_stage = static_cast<int>(c.get_int("dist.zero_stage"));
   s.timeout_s = c.get_float("dist.timeout_s");
   s.row_chunk_bytes = static_cast<uint64_t>(c.get_int("dist.row_chunk_kib")) << 10;
+  s.bucket_bytes = static_cast<uint64_t>(c.get_int("dist.bucket_kib")) << 10;
   s.offload_optimizer = c.get("offload.optimizer");
   s.offload_params = c.get("offload.params");
   s.offload_dir = c.get("offload.dir");
@@ -26,7 +27,7 @@ DistSettings DistSettings::from_config(const Config& c) {
 
 DataParallel::DataParallel(std::unique_ptr<Communicator> comm, int zero_stage,
                            std::vector<ParamRef> params, MemoryTracker* tracker,
-                           bool host_gradient_shards)
+                           bool host_gradient_shards, uint64_t bucket_bytes)
     : comm_(std::move(comm)),
       host_(&comm_->host()),
       stage_(zero_stage),
@@ -68,20 +69,21 @@ DataParallel::DataParallel(std::unique_ptr<Communicator> comm, int zero_stage,
   fill_ = fill;
   // The last segment receives this rank's reduce-scattered gradients (stages 2-3), unless they
   // are sharded during backward; the others hold every rank's share (all-gathers).
-  chunk_ = exchange_chunk_floats(segment_);
+  chunk_ = exchange_chunk_floats(segment_, bucket_bytes);
   if (w > 1)
-    flat_ =
-        Buffer(tracker, MemCategory::Communication, host_exchange_bytes(w, segment_, shard_grads_),
-               "gradient/parameter exchange buffer");
+    flat_ = Buffer(tracker, MemCategory::Communication,
+                   host_exchange_bytes(w, segment_, shard_grads_, bucket_bytes),
+                   "gradient/parameter exchange buffer");
 }
 
-size_t exchange_chunk_floats(size_t segment) {
-  return std::min(segment, kExchangeChunkFloats);
+size_t exchange_chunk_floats(size_t segment, uint64_t bucket_bytes) {
+  return std::min<size_t>(segment, std::max<uint64_t>(1, bucket_bytes / sizeof(float)));
 }
 
-uint64_t host_exchange_bytes(int world, size_t segment, bool shard_grads) {
+uint64_t host_exchange_bytes(int world, size_t segment, bool shard_grads, uint64_t bucket_bytes) {
   if (world <= 1) return 0;
-  return (uint64_t(world) + (shard_grads ? 0 : 1)) * exchange_chunk_floats(segment) * sizeof(float);
+  return (uint64_t(world) + (shard_grads ? 0 : 1)) * exchange_chunk_floats(segment, bucket_bytes) *
+         sizeof(float);
 }
 
 DataParallel::~DataParallel() {

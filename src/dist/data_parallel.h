@@ -57,6 +57,7 @@ struct DistSettings {
   int zero_stage = 0;
   double timeout_s = 300;
   uint64_t row_chunk_bytes = 2 << 20;  // dist.row_chunk_kib (ZeRO-3's row-sharded head)
+  uint64_t bucket_bytes = 256 << 10;   // dist.bucket_kib (the host exchange's buckets)
   std::string offload_optimizer = "none", offload_params = "none", offload_dir;
   static DistSettings from_config(const Config& cfg);
 };
@@ -67,8 +68,10 @@ class DataParallel {
   // host_gradient_shards: at stages 2-3 on several ranks the gradients will be sharded as
   // backward runs (set_grad_shards, before any step): the exchange buffer then has no segment
   // for receiving a reduce-scatter (world x the largest share instead of world + 1).
+  // bucket_bytes: dist.bucket_kib.
   DataParallel(std::unique_ptr<Communicator> comm, int zero_stage, std::vector<ParamRef> params,
-               MemoryTracker* tracker, bool host_gradient_shards = false);
+               MemoryTracker* tracker, bool host_gradient_shards = false,
+               uint64_t bucket_bytes = DistSettings().bucket_bytes);
   // Whether the gradients are (to be) sharded during backward (host_gradient_shards applied).
   bool shards_gradients() const { return shard_grads_; }
   ~DataParallel();
@@ -175,13 +178,12 @@ class DataParallel {
   bool shard_grads_ = false;
 };
 
-// The host exchange buffer (gradients, parameters) moves at most this many floats of each rank's
-// segment at once: it holds (world + 1) chunks (world with gradients sharded during backward),
-// not (world + 1) segments (measured: 9.9 of 14.4 MiB of communication on each of 4 ZeRO-3
-// ranks, SmolLM2 r 8, before it was chunked).
-constexpr size_t kExchangeChunkFloats = size_t(64) << 10;  // 256 KiB
-size_t exchange_chunk_floats(size_t segment);
-uint64_t host_exchange_bytes(int world, size_t segment, bool shard_grads);
+// The host exchange buffer (gradients, parameters) moves a bucket of at most bucket_bytes
+// (dist.bucket_kib) of each rank's segment at once: it holds (world + 1) buckets (world with
+// gradients sharded during backward), not (world + 1) segments (measured: 9.9 of 14.4 MiB of
+// communication on each of 4 ZeRO-3 ranks, SmolLM2 r 8, before it was bucketed).
+size_t exchange_chunk_floats(size_t segment, uint64_t bucket_bytes);
+uint64_t host_exchange_bytes(int world, size_t segment, bool shard_grads, uint64_t bucket_bytes);
 
 // The bytes of a state dict and back (gathering state across ranks).
 // with_bytes false: names, dtypes, shapes and byte counts only (the bytes go separately).

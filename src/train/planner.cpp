@@ -346,6 +346,7 @@ PlanSettings PlanSettings::from_config(const Config& c) {
   s.backend = c.get("backend");
   s.zero_stage = static_cast<int>(c.get_int("dist.zero_stage"));
   s.row_chunk_bytes = static_cast<uint64_t>(c.get_int("dist.row_chunk_kib")) << 10;
+  s.bucket_bytes = static_cast<uint64_t>(c.get_int("dist.bucket_kib")) << 10;
   s.world = c.get("dist.backend") == "none" ? 1 : dist::detect_launch().world;
   s.dist_backend = c.get("dist.backend");
   s.offload_optimizer = c.get("offload.optimizer");
@@ -688,7 +689,8 @@ void plan_device_persistent(const ModelConfig& c, const WeightFootprint& w, cons
   const bool have_groups = w.groups.size() == static_cast<size_t>(c.n_layers) + 2;
   const bool nccl = s.world > 1 && s.dist_backend == "nccl";
   // The host's DataParallel exchange buffer (allocated on every rank of several).
-  const uint64_t host_exchange = rb(dist::host_exchange_bytes(s.world, segment, false));
+  const uint64_t host_exchange =
+      rb(dist::host_exchange_bytes(s.world, segment, false, s.bucket_bytes));
   if (nccl && s.zero_stage == 3 && have_groups) {
     // ZeRO-3 over NCCL (dist/zero3_stream.h): shards and gathered units in device memory, used
     // in place; the host keeps no weights after sharding.
@@ -807,7 +809,7 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
   // The gradient/parameter exchange buffer of dist::DataParallel (no reduce-scatter segment
   // when the gradients are sharded during backward).
   cat[int(MemCategory::Communication)] +=
-      rb(dist::host_exchange_bytes(s.world, segment, sharded_gradients(s)));
+      rb(dist::host_exchange_bytes(s.world, segment, sharded_gradients(s), s.bucket_bytes));
 
   // The backend's model of its memory: host (CPU) or device (CUDA) blocks.
   WorkspaceModelSettings wss;

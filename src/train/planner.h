@@ -114,6 +114,7 @@ struct PlanSettings {
   std::string dist_backend = "none";   // dist.backend: nccl keeps the AdamW step on the device
   int zero_stage = 0;                  // dist.zero_stage
   uint64_t row_chunk_bytes = 2 << 20;  // dist.row_chunk_kib
+  uint64_t bucket_bytes = 256 << 10;   // dist.bucket_kib
   std::string offload_optimizer = "none", offload_params = "none";  // none | cpu | nvme
   int offload_buffers = 2;  // offload.buffers: NVMe buffers in flight besides the one in use
 

@@ -81,9 +81,9 @@ void Trainer::init_dist(const Config& cfg, std::vector<ParamRef> params) {
                 "(backend is %s; use dist.backend=mpi for CPU ranks)",
                 backend_->name());
   // ZeRO-2/3 on a host backend shards the gradients during backward (init_grads).
-  dp_ = std::make_unique<dist::DataParallel>(dist::make_communicator(ds.backend, ds.timeout_s),
-                                             ds.zero_stage, std::move(params), tracker_,
-                                             /*host_gradient_shards=*/!backend_->device_memory());
+  dp_ = std::make_unique<dist::DataParallel>(
+      dist::make_communicator(ds.backend, ds.timeout_s), ds.zero_stage, std::move(params), tracker_,
+      /*host_gradient_shards=*/!backend_->device_memory(), ds.bucket_bytes);
   if (world() > 1) {
     // Ranks that split batches or count steps differently would deadlock in a collective
     // later; catch it here with a message.

@@ -37,6 +37,16 @@ for stage in 0 1 2 3; do
   echo "ZeRO-$stage:"
   "$worker" compare "$work/z$stage.txt" "$work/ref.txt" 1e-4
 done
+# Exchanges in buckets of 1 KiB (256 floats of each rank's share at once: many buckets, LoRA
+# tensors split across them): ZeRO-1's all-reduced gradients and gathered weights, ZeRO-3's
+# gathered weights.
+for stage in 1 3; do
+  timeout 120 "${mpi[@]}" "$worker" train "$model" "$data" "$work/b$stage.txt" "${common[@]}" \
+    train.accumulation=1 dist.backend=mpi dist.zero_stage=$stage dist.timeout_s=60 \
+    dist.bucket_kib=1
+  echo "ZeRO-$stage, 1 KiB buckets:"
+  "$worker" compare "$work/b$stage.txt" "$work/ref.txt" 1e-4
+done
 # ZeRO-3 with the embedding and head in row chunks of 16 KiB (32 rows of stories260K's 512 per
 # rank and chunk: 8 chunks, each rank looking up rows the other keeps).
 timeout 120 "${mpi[@]}" "$worker" train "$model" "$data" "$work/z3rows.txt" "${common[@]}" \
