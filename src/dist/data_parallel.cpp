@@ -223,39 +223,47 @@ void DataParallel::gather_params() {
   }
 }
 
-StateDict DataParallel::gather_state(StateDict mine) {
-  if (stage_ == 0 || world() == 1) return mine;
-  // Rank 0 keeps its own share as it is. Each other rank in turn sends its entries' names,
-  // dtypes and shapes, then each entry's bytes, broadcast straight into the entry rank 0 makes
-  // for it; the ranks that are neither receive one entry at a time and drop it. No rank holds
-  // more than its own share and rank 0's dict (the checkpoint it writes) at once.
-  const bool root = rank() == 0;
-  StateDict merged;
-  if (root) merged = std::move(mine);
-  std::vector<uint8_t> scratch;
-  for (int r = 1; r < world(); ++r) {
-    const bool sender = rank() == r;
-    std::string meta = sender ? serialize_state(mine, /*with_bytes=*/false) : std::string();
+std::vector<StateEntry> DataParallel::state_catalog(const StateDict& mine) {
+  std::vector<StateEntry> all;
+  for (int r = 0; r < world(); ++r) {
+    std::string meta = r == rank() ? serialize_state(mine, /*with_bytes=*/false) : std::string();
     uint64_t n = meta.size();
-    host_->broadcast(&n, sizeof n, r);
-    meta.resize(static_cast<size_t>(n));
-    if (n) host_->broadcast(meta.data(), meta.size(), r);
-    auto sent = mine.tensors().begin();  // the sender's entries, in the order meta lists them
+    if (world() > 1) {
+      host_->broadcast(&n, sizeof n, r);
+      meta.resize(static_cast<size_t>(n));
+      if (n) host_->broadcast(meta.data(), meta.size(), r);
+    }
     each_state_entry(meta, false,
                      [&](const std::string& name, DType dt, std::vector<int64_t> shape, const char*,
                          uint64_t nb) {
-                       void* at;
-                       if (sender)  // read, not written: the broadcast's source
-                         at = const_cast<uint8_t*>((sent++)->second.bytes.data());
-                       else if (root)
-                         at = merged.put_uninit(name, dt, std::move(shape));
-                       else
-                         at = (scratch.resize(static_cast<size_t>(nb)), scratch.data());
-                       if (nb) host_->broadcast(at, static_cast<size_t>(nb), r);
+                       all.push_back({name, dt, std::move(shape), nb, r});
                      });
-    if (sender) mine = StateDict();
   }
-  return merged;
+  // Entries every rank holds (the step count) are written from the lowest rank's.
+  std::stable_sort(all.begin(), all.end(),
+                   [](const StateEntry& a, const StateEntry& b) { return a.name < b.name; });
+  all.erase(std::unique(all.begin(), all.end(),
+                        [](const StateEntry& a, const StateEntry& b) { return a.name == b.name; }),
+            all.end());
+  return all;
+}
+
+const void* DataParallel::fetch_state_entry(const StateEntry& e, const StateDict& mine,
+                                            std::vector<uint8_t>* scratch) {
+  const void* own = nullptr;
+  if (e.owner == rank()) {
+    auto it = mine.tensors().find(e.name);
+    QLFT_CHECK_ARG(it != mine.tensors().end() && it->second.bytes.size() == e.nbytes,
+                   "optimizer state entry '%s' changed after its catalog", e.name.c_str());
+    own = it->second.bytes.data();
+  }
+  if (e.owner == 0 || world() == 1) return own;  // rank 0 reads its own; no one else needs it
+  // Read, not written, on the owner: the broadcast's source.
+  void* at =
+      own ? const_cast<void*>(own)
+          : (scratch->resize(static_cast<size_t>(e.nbytes)), static_cast<void*>(scratch->data()));
+  if (e.nbytes) host_->broadcast(at, static_cast<size_t>(e.nbytes), e.owner);
+  return rank() == 0 || own ? at : nullptr;
 }
 
 // ---- state dict bytes: count, then per entry name, dtype, shape, bytes (little-endian) -------

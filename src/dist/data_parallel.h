@@ -52,6 +52,15 @@ namespace qlft::dist {
 class Zero3Stream;
 class Zero2Grads;
 
+// One optimizer state entry of one rank (DataParallel::state_catalog).
+struct StateEntry {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  uint64_t nbytes;
+  int owner;
+};
+
 struct DistSettings {
   std::string backend = "none";  // none | mpi | nccl
   int zero_stage = 0;
@@ -111,9 +120,15 @@ class DataParallel {
   ClipResult clip(const std::vector<GradSpan>& grads, double max_norm);
   // After the optimizer updated the owned tensors: every rank receives every tensor.
   void gather_params();
-  // Every rank's optimizer state merged into one dict with the 1-rank layout, on rank 0 (the
-  // checkpoint's writer); the other ranks get an empty dict. A collective.
-  StateDict gather_state(StateDict mine);
+  // ZeRO checkpoints: rank 0 writes every rank's optimizer state (the 1-rank layout) without
+  // holding it all. state_catalog lists every rank's entries of `mine`, in name order, the
+  // same list on every rank (a collective). Then every rank calls fetch_state_entry for the
+  // same entries in the same order (rank 0 writing its file, the others following): an entry
+  // of a rank other than 0 is broadcast from it. It returns the entry's bytes (valid until the
+  // next call) on its owner and on rank 0, nullptr elsewhere.
+  std::vector<StateEntry> state_catalog(const StateDict& mine);
+  const void* fetch_state_entry(const StateEntry& e, const StateDict& mine,
+                                std::vector<uint8_t>* scratch);
 
   // ---- device-resident exchange -----------------------------------------------------------
   // w and g: the params' values and gradients back to back (n floats) in be's memory. Needs a

@@ -14,8 +14,8 @@ void SafetensorsWriter::set_metadata(const std::string& key, const std::string& 
   metadata_[key] = value;
 }
 
-void SafetensorsWriter::add(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
-                            const void* data, uint64_t nbytes, bool copy) {
+void SafetensorsWriter::check_new(const std::string& name, DType dtype,
+                                  const std::vector<int64_t>& shape, uint64_t nbytes) const {
   QLFT_CHECK_ARG(!name.empty() && name != "__metadata__",
                  "safetensors writer: invalid tensor name '%s'", name.c_str());
   QLFT_CHECK_ARG(!tensors_.count(name), "safetensors writer: tensor '%s' added twice",
@@ -31,6 +31,11 @@ void SafetensorsWriter::add(const std::string& name, DType dtype, const std::vec
                  "safetensors writer: tensor '%s' has %llu bytes, shape and %s need %llu",
                  name.c_str(), static_cast<unsigned long long>(nbytes), dtype_name(dtype),
                  static_cast<unsigned long long>(n * dtype_size(dtype)));
+}
+
+void SafetensorsWriter::add(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
+                            const void* data, uint64_t nbytes, bool copy) {
+  check_new(name, dtype, shape, nbytes);
   QLFT_CHECK_ARG(data || nbytes == 0, "safetensors writer: tensor '%s' data is NULL", name.c_str());
   Tensor t{dtype, shape, static_cast<const uint8_t*>(data), nbytes, nullptr};
   if (copy) {
@@ -38,6 +43,12 @@ void SafetensorsWriter::add(const std::string& name, DType dtype, const std::vec
     t.data = t.owned->data();
   }
   tensors_.emplace(name, std::move(t));
+}
+
+void SafetensorsWriter::add_deferred(const std::string& name, DType dtype,
+                                     const std::vector<int64_t>& shape, uint64_t nbytes) {
+  check_new(name, dtype, shape, nbytes);
+  tensors_.emplace(name, Tensor{dtype, shape, nullptr, nbytes, nullptr, /*deferred=*/true});
 }
 
 void SafetensorsWriter::add_f32(const std::string& name, const std::vector<int64_t>& shape,
@@ -77,11 +88,21 @@ std::vector<std::string> SafetensorsWriter::names() const {
   return v;
 }
 
-void SafetensorsWriter::write(const std::string& path) const {
+bool safetensors_data_before(DType a, const std::string& a_name, DType b,
+                             const std::string& b_name) {
+  if (dtype_size(a) != dtype_size(b)) return dtype_size(a) > dtype_size(b);
+  return a_name < b_name;
+}
+
+void SafetensorsWriter::write(const std::string& path, const TensorFetch& fetch) const {
   std::vector<std::pair<const std::string*, const Tensor*>> order;
-  for (const auto& [name, t] : tensors_) order.emplace_back(&name, &t);
-  std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
-    return dtype_size(a.second->dtype) > dtype_size(b.second->dtype);
+  for (const auto& [name, t] : tensors_) {
+    QLFT_CHECK_ARG(!t.deferred || fetch, "safetensors writer: tensor '%s' has no bytes to write",
+                   name.c_str());
+    order.emplace_back(&name, &t);
+  }
+  std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+    return safetensors_data_before(a.second->dtype, *a.first, b.second->dtype, *b.first);
   });
   nlohmann::json h = nlohmann::json::object();
   if (!metadata_.empty()) h["__metadata__"] = metadata_;
@@ -99,7 +120,7 @@ void SafetensorsWriter::write(const std::string& path) const {
   uint64_t hlen = header.size();
   f.write(&hlen, 8);
   f.write(header);
-  for (const auto& [name, t] : order) f.write(t->data, t->nbytes);
+  for (const auto& [name, t] : order) f.write(t->deferred ? fetch(*name) : t->data, t->nbytes);
   f.commit();
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -21,6 +22,10 @@ class SafetensorsWriter {
   // copy=false keeps only the pointer, which must stay valid until write().
   void add(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
            const void* data, uint64_t nbytes, bool copy = true);
+  // A tensor whose bytes are asked for while write() runs (TensorFetch), in data order: they
+  // need not all be in memory at once (a checkpoint gathered from several ranks).
+  void add_deferred(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
+                    uint64_t nbytes);
   // Stores float values as F32, F16 or BF16 (round to nearest even).
   void add_f32(const std::string& name, const std::vector<int64_t>& shape, const float* values,
                DType store = DType::F32);
@@ -29,8 +34,11 @@ class SafetensorsWriter {
   // Sum of the tensor bytes (what an index's metadata.total_size counts).
   uint64_t data_bytes() const;
   std::vector<std::string> names() const;
-  // Writes the file atomically; throws QLFT_ERR_IO naming path on failure.
-  void write(const std::string& path) const;
+  // fetch(name): the nbytes of a deferred tensor, valid until the next call.
+  using TensorFetch = std::function<const void*(const std::string& name)>;
+  // Writes the file atomically; throws QLFT_ERR_IO naming path on failure. Deferred tensors are
+  // fetched in data order (safetensors_data_before), each once.
+  void write(const std::string& path, const TensorFetch& fetch = nullptr) const;
 
  private:
   struct Tensor {
@@ -39,10 +47,19 @@ class SafetensorsWriter {
     const uint8_t* data;
     uint64_t nbytes;
     std::shared_ptr<std::vector<uint8_t>> owned;
+    bool deferred = false;  // add_deferred: fetched while writing
   };
+  void check_new(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
+                 uint64_t nbytes) const;
+
   std::map<std::string, Tensor> tensors_;
   std::map<std::string, std::string> metadata_;
 };
+
+// The order of the tensors' data in the file: wider dtypes first (so every tensor is aligned to
+// its element size), then by name.
+bool safetensors_data_before(DType a, const std::string& a_name, DType b,
+                             const std::string& b_name);
 
 // Writes a model.safetensors.index.json: {"metadata": {"total_size": N}, "weight_map":
 // {tensor: shard file name}}.

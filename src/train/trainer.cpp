@@ -65,16 +65,22 @@ struct TensorBytes {
   const uint8_t* data;
   size_t size;
 };
-std::string checksum_of(std::vector<TensorBytes> ts) {
-  std::sort(ts.begin(), ts.end(),
-            [](const TensorBytes& a, const TensorBytes& b) { return a.name < b.name; });
-  uint64_t h = 0x9e3779b97f4a7c15ull;
-  auto mix = [&h](uint64_t w) {
-    h ^= w + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-    h *= 0xff51afd7ed558ccdull;
-    h ^= h >> 33;
-  };
-  auto bytes = [&](const uint8_t* p, size_t n) {
+class Checksum {
+ public:
+  // Tensors in name order.
+  void add(const std::string& name, const void* data, size_t n) {
+    bytes(reinterpret_cast<const uint8_t*>(name.data()), name.size());
+    bytes(static_cast<const uint8_t*>(data), n);
+  }
+  std::string hex() const { return strf("%016llx", static_cast<unsigned long long>(h_)); }
+
+ private:
+  void mix(uint64_t w) {
+    h_ ^= w + 0x9e3779b97f4a7c15ull + (h_ << 6) + (h_ >> 2);
+    h_ *= 0xff51afd7ed558ccdull;
+    h_ ^= h_ >> 33;
+  }
+  void bytes(const uint8_t* p, size_t n) {
     mix(n);
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
@@ -83,14 +89,17 @@ std::string checksum_of(std::vector<TensorBytes> ts) {
       mix(w);
     }
     uint64_t tail = 0;
-    std::memcpy(&tail, p + i, n - i);
+    if (n > i) std::memcpy(&tail, p + i, n - i);
     mix(tail);
-  };
-  for (const TensorBytes& t : ts) {
-    bytes(reinterpret_cast<const uint8_t*>(t.name.data()), t.name.size());
-    bytes(t.data, t.size);
   }
-  return strf("%016llx", static_cast<unsigned long long>(h));
+  uint64_t h_ = 0x9e3779b97f4a7c15ull;
+};
+std::string checksum_of(std::vector<TensorBytes> ts) {
+  std::sort(ts.begin(), ts.end(),
+            [](const TensorBytes& a, const TensorBytes& b) { return a.name < b.name; });
+  Checksum c;
+  for (const TensorBytes& t : ts) c.add(t.name, t.data, t.size);
+  return c.hex();
 }
 
 // A field of a data iterator state ("qlft-data v1 pos=N rows=N seed=N fp=HEX"), or "".
@@ -448,19 +457,62 @@ std::string Trainer::fingerprint() const {
 }
 
 void Trainer::save_checkpoint(const std::string& path) const {
-  // ZeRO: every rank's optimizer share is gathered into the 1-rank layout (a collective), and
-  // rank 0 alone writes.
   StateDict mine;
   opt_->save_state(mine, "optim.");
-  StateDict sd = dp_->gather_state(std::move(mine));
-  if (world() > 1) {
-    write_checkpoint_on_rank0([&] { write_checkpoint_file(path, sd); });
-    return;
-  }
-  write_checkpoint_file(path, sd);
+  if (world() == 1) return write_checkpoint_file(path, mine);
+  if (dp_->zero_stage() == 0)  // every rank holds the whole state: rank 0 writes its own
+    return write_checkpoint_on_rank0([&] { write_checkpoint_file(path, mine); });
+  // ZeRO: rank 0 writes every rank's optimizer share in the 1-rank layout without holding the
+  // others' shares: each of their entries is broadcast from its owner when the writer needs it,
+  // once in name order (the checksum, which the file's header holds), then in data order. Every
+  // rank makes the same broadcasts in the same order: the others by following that sequence,
+  // rank 0 by writing (and, if the write fails, by finishing the sequence before it reports).
+  const std::vector<dist::StateEntry> catalog = dp_->state_catalog(mine);
+  std::vector<const dist::StateEntry*> remote, by_data;
+  for (const dist::StateEntry& e : catalog)
+    if (e.owner != 0) remote.push_back(&e);
+  by_data = remote;
+  std::sort(by_data.begin(), by_data.end(),
+            [](const dist::StateEntry* a, const dist::StateEntry* b) {
+              return safetensors_data_before(a->dtype, a->name, b->dtype, b->name);
+            });
+  const size_t n = remote.size();
+  size_t done = 0;
+  std::vector<uint8_t> scratch;
+  auto fetch_next = [&] {
+    const dist::StateEntry& e = done < n ? *remote[done] : *by_data[done - n];
+    ++done;
+    return std::make_pair(&e, dp_->fetch_state_entry(e, mine, &scratch));
+  };
+  auto finish_sequence = [&] {
+    while (done < 2 * n) fetch_next();
+  };
+  if (!is_writer()) finish_sequence();
+  write_checkpoint_on_rank0([&] {
+    try {
+      write_checkpoint_file(path, mine, remote, [&](const std::string& name) {
+        if (done >= 2 * n)
+          throw_error(QLFT_ERR_INTERNAL, "checkpoint: entry '%s' asked for past the sequence",
+                      name.c_str());
+        auto [e, bytes] = fetch_next();
+        if (e->name != name)
+          throw_error(QLFT_ERR_INTERNAL,
+                      "checkpoint: entry '%s' asked for out of order (expected '%s')", name.c_str(),
+                      e->name.c_str());
+        return bytes;
+      });
+      if (done != 2 * n)
+        throw_error(QLFT_ERR_INTERNAL, "checkpoint: %zu of %zu entry fetches made", done, 2 * n);
+    } catch (...) {
+      finish_sequence();
+      throw;
+    }
+  });
 }
 
-void Trainer::write_checkpoint_file(const std::string& path, StateDict& sd) const {
+void Trainer::write_checkpoint_file(
+    const std::string& path, StateDict& sd, const std::vector<const dist::StateEntry*>& remote,
+    const std::function<const void*(const std::string&)>& fetch) const {
   lora_->sync_host();  // the ParamRef pointers below are the adapter's host buffers
   // A diverged adapter is never written over the last finite checkpoint.
   for (const ParamRef& p : dp_->params())
@@ -473,23 +525,32 @@ void Trainer::write_checkpoint_file(const std::string& path, StateDict& sd) cons
   sched_->save_state(sd, "sched.");
   scaler_->save_state(sd, "scaler.");
   SafetensorsWriter w;
+  // Every tensor (name, bytes; nullptr: another rank's, fetched) for the checksum.
   std::vector<TensorBytes> sums;
   for (const auto& kv : sd.tensors()) {
     w.add(kv.first, kv.second.dtype, kv.second.shape, kv.second.bytes.data(),
           kv.second.bytes.size(), /*copy=*/false);
     sums.push_back({kv.first, kv.second.bytes.data(), kv.second.bytes.size()});
   }
+  for (const dist::StateEntry* e : remote) {
+    w.add_deferred(e->name, e->dtype, e->shape, e->nbytes);
+    sums.push_back({e->name, nullptr, static_cast<size_t>(e->nbytes)});
+  }
   for (const ParamRef& p : dp_->params()) {
     w.add(p.name, DType::F32, {static_cast<int64_t>(p.numel)}, p.data, p.numel * 4, false);
     sums.push_back({p.name, reinterpret_cast<const uint8_t*>(p.data), p.numel * 4});
   }
-  w.set_metadata("qlft.checksum", checksum_of(std::move(sums)));
+  std::sort(sums.begin(), sums.end(),
+            [](const TensorBytes& a, const TensorBytes& b) { return a.name < b.name; });
+  Checksum sum;
+  for (const TensorBytes& t : sums) sum.add(t.name, t.data ? t.data : fetch(t.name), t.size);
+  w.set_metadata("qlft.checksum", sum.hex());
   w.set_metadata("qlft.checkpoint", "1");
   w.set_metadata("qlft.fingerprint", fingerprint());
   w.set_metadata("qlft.step", std::to_string(step_));
   w.set_metadata("qlft.nonfinite_in_row", std::to_string(nonfinite_in_row_));
   w.set_metadata("qlft.data", it_ ? it_->state() : "");
-  w.write(path);
+  w.write(path, fetch);
 }
 
 void Trainer::resume(const std::string& path) {

@@ -32,7 +32,8 @@ class DeviceWeightStream;
 class Config;
 namespace dist {
 class DataParallel;
-}
+struct StateEntry;
+}  // namespace dist
 
 // Whether a model loaded for these settings should be loaded deferred (LoadOptions::deferred):
 // dist.zero_stage=3 over MPI with several ranks launched, so each rank shards the weights
@@ -138,7 +139,13 @@ class Trainer {
   size_t next_global_batches(std::vector<data::Batch>& mine);
   uint64_t dropout_seed(int64_t step, int micro) const;
   std::string fingerprint() const;
-  void write_checkpoint_file(const std::string& path, StateDict& sd) const;
+  // sd: this rank's entries (its optimizer state; the scheduler's and scaler's are added).
+  // remote: other ranks' optimizer entries (ZeRO, on rank 0), in name order; fetch(name) gives
+  // their bytes, asked for once each in that order for the checksum, then in data order.
+  void write_checkpoint_file(
+      const std::string& path, StateDict& sd,
+      const std::vector<const dist::StateEntry*>& remote = {},
+      const std::function<const void*(const std::string&)>& fetch = nullptr) const;
   // Runs write on rank 0 only; every rank returns when it is done and throws if it failed.
   void write_checkpoint_on_rank0(const std::function<void()>& write) const;
 

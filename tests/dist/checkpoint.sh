@@ -24,6 +24,19 @@ for stage in 1 2 3; do
   echo "resumed on 1 rank:"
   "$worker" compare "$work/resume1.txt" "$work/full.txt" 1e-4 3
 done
+# Rank 0 cannot write the checkpoint (its directory is missing) while the other rank's
+# optimizer entries are streamed to it (ZeRO-3): both ranks stop with the error, rank 1 naming
+# rank 0, and neither waits out a collective (exit status 124 would be the timeout).
+set +e
+timeout 60 "${mpi[@]}" "$worker" train "$model" "$data" "$work/bad.txt" "${two[@]}" w.save_at=2 \
+  "w.ckpt=$work/missing/ckpt.safetensors" >"$work/bad.log" 2>&1
+status=$?
+set -e
+if [ "$status" = 0 ] || [ "$status" = 124 ] ||
+  ! grep -q "rank 0 failed to write the checkpoint: .*missing/ckpt.safetensors" "$work/bad.log"; then
+  echo "FAIL: a checkpoint rank 0 cannot write (exit status $status):"; cat "$work/bad.log"; exit 1
+fi
+echo "a checkpoint rank 0 cannot write fails both ranks with its error"
 # A checkpoint written by 4 ZeRO-3 ranks (base weights, gradients and optimizer state all in 4
 # shards) resumes on 2 ranks (ZeRO-3) and on 1 rank with the same effective batch; the resumed
 # curves continue the uninterrupted 4-rank curve within 1e-4 relative, and (AdamW) that curve is
