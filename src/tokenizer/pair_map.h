@@ -20,6 +20,7 @@ class PairMap {
 
   // Keeps the first value inserted for a key (the lowest rank when inserted in rank order).
   void insert(int32_t a, int32_t b, PairValue v) {
+    if (key(a, b) == kEmpty) return;  // (-1, -1): not token ids
     if ((size_ + 1) * 2 > slots_.size()) grow();
     if (place(key(a, b), v)) ++size_;
   }
@@ -30,7 +31,7 @@ class PairMap {
     size_t mask = slots_.size() - 1;
     for (size_t i = hash(k) & mask;; i = (i + 1) & mask) {
       const Slot& s = slots_[i];
-      if (!s.used) return nullptr;
+      if (s.k == kEmpty) return nullptr;
       if (s.k == k) return &s.v;
     }
   }
@@ -38,10 +39,12 @@ class PairMap {
   size_t size() const { return size_; }
 
  private:
+  // 16 bytes a slot (a SmolLM2 merge table: 2 MiB, not 3): an empty slot's key is that of the
+  // pair (-1, -1), which no token ids make.
+  static constexpr uint64_t kEmpty = ~uint64_t(0);
   struct Slot {
-    uint64_t k = 0;
+    uint64_t k = kEmpty;
     PairValue v;
-    bool used = false;
   };
   static uint64_t hash(uint64_t k) {
     k ^= k >> 33;
@@ -53,8 +56,8 @@ class PairMap {
     size_t mask = slots_.size() - 1;
     for (size_t i = hash(k) & mask;; i = (i + 1) & mask) {
       Slot& s = slots_[i];
-      if (!s.used) {
-        s = Slot{k, v, true};
+      if (s.k == kEmpty) {
+        s = Slot{k, v};
         return true;
       }
       if (s.k == k) return false;
@@ -65,7 +68,7 @@ class PairMap {
     old.swap(slots_);
     slots_.assign(old.empty() ? 1024 : old.size() * 2, Slot{});
     for (const Slot& s : old)
-      if (s.used) place(s.k, s.v);
+      if (s.k != kEmpty) place(s.k, s.v);
   }
 
   std::vector<Slot> slots_;

@@ -139,6 +139,9 @@ void Tokenizer::finalize() {
     }
   }
 
+  // The merge texts served only to build pairs_ (3 MiB of strings for SmolLM2's 49k merges).
+  std::vector<std::pair<std::string, std::string>>().swap(merges_);
+
   raw_to_id_.clear();
   pieces_.assign(tokens_.size(), std::string());
   for (int32_t i = 0; i < n; ++i) pieces_[i] = piece_of(i);

@@ -186,7 +186,8 @@ class Tokenizer {
 
   // Derived in finalize().
   tok::PairMap pairs_;  // BPE: (left,right)->(rank,merged); SPM: ->merged
-  std::vector<std::pair<std::string, std::string>> merges_;  // BPE merge list (texts)
+  // BPE merge list (texts), from the loader; finalize() builds pairs_ from it and frees it.
+  std::vector<std::pair<std::string, std::string>> merges_;
   int32_t byte_ids_[256];  // token for each byte (byte-level char or <0xNN>), -1
   bool isolated_[128];     // characters no merge can cross (see encode_word)
   bool has_isolated_ = false;
