@@ -258,6 +258,11 @@ const void* DataParallel::fetch_state_entry(const StateEntry& e, const StateDict
     own = it->second.bytes.data();
   }
   if (e.owner == 0 || world() == 1) return own;  // rank 0 reads its own; no one else needs it
+  // Flow control: the owner sends once rank 0 asks (a byte broadcast from rank 0), so it never
+  // runs ahead of the writer. Without it, over TCP, a rank's small entries (under the eager
+  // limit) piled up at rank 0 as unexpected messages: 30 MiB there for SmolLM2 at 2 ranks.
+  uint8_t ask = 1;
+  host_->broadcast(&ask, 1, 0);
   // Read, not written, on the owner: the broadcast's source.
   void* at =
       own ? const_cast<void*>(own)
