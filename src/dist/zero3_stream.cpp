@@ -89,7 +89,10 @@ Zero3Stream::Zero3Stream(Model& model, Communicator* comm, MemoryTracker* tracke
       emb_rows_ = &g.slots.back();
       continue;
     }
-    if (source) source->load(model, static_cast<int>(gi));
+    // An untied head likewise: the last group's final norm is loaded, the head read by rows.
+    const bool head_from_file =
+        by_rows && source && gi + 1 == groups_.size() && model.output.rows > 0;
+    if (source) source->load(model, static_cast<int>(gi), /*with_head=*/!head_from_file);
     try {
       for_each_weight_buffer(model, [&](int bg, Buffer& b) {
         if (bg == static_cast<int>(gi) && !b.empty()) g.slots.push_back({&b, b.size()});
@@ -133,6 +136,12 @@ Zero3Stream::Zero3Stream(Model& model, Communicator* comm, MemoryTracker* tracke
               off += sl.bytes;
             }
         });
+      if (head_from_file) {
+        g.slots.push_back({&model.output.data, size_t(model.output.numel()) * 4});
+        shard_rows(g.slots.back(), source->stored_rows(true), row_chunk_bytes,
+                   [&](int64_t r0, int64_t n, char* dst) { source->load_rows(true, r0, n, dst); });
+        head_rows_ = &g.slots.back();
+      }
     } catch (...) {
       if (source)
         for (const Slot& sl : g.slots) sl.buf->reset();

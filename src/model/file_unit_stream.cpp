@@ -52,7 +52,8 @@ void FileUnitStream::acquire(int u, int next) {
   if (installed_ != u || !present(u)) {
     if (installed_ != kNoUnit) uninstall(installed_);
     try {
-      for (int g : unit_groups_[static_cast<size_t>(u)]) source_->load(model_, g);
+      for (int g : unit_groups_[static_cast<size_t>(u)])
+        source_->load(model_, g, /*with_head=*/true);
     } catch (...) {
       uninstall(u);
       throw;

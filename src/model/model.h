@@ -110,7 +110,9 @@ class WeightGroupSource {
   static std::unique_ptr<WeightGroupSource> open(MemoryTracker* tracker, const Model& m);
   virtual ~WeightGroupSource() = default;
   // Fills group's storage Buffers in m (counted as `weights`), replacing what they held.
-  virtual void load(Model& m, int group) = 0;
+  // with_head false: the last group without the untied output head (its shape alone is kept;
+  // ZeRO-3 reads it by rows, load_rows).
+  virtual void load(Model& m, int group, bool with_head) = 0;
   // The token embedding (head: the untied output head) as the file stores it, without data:
   // kind F32, F16, BF16 or GGML blocks (ggml_type), rows x cols. A type that is not stored row
   // by row that way (f64) is given as F32.

@@ -217,7 +217,7 @@ class GgufLoader {
   }
 
   // The storage of weight group g (for_each_weight_buffer's numbering) into the model.
-  void load_group(int g) {
+  void load_group(int g, bool with_head = true) {
     const ModelConfig& c = m_.cfg;
     if (g == 0) {
       m_.tok_embd = float_weight(tensor("token_embd.weight", c.vocab, c.dim), c.vocab, c.dim);
@@ -225,7 +225,7 @@ class GgufLoader {
     }
     if (g == c.n_layers + 1) {
       m_.output_norm = vector("output_norm.weight", c.dim);
-      if (!c.tied_embeddings)
+      if (!c.tied_embeddings && with_head)
         m_.output = float_weight(tensor("output.weight", c.vocab, c.dim), c.vocab, c.dim);
       return;
     }
@@ -427,7 +427,7 @@ class HfLoader {
   }
 
   // The storage of weight group g (for_each_weight_buffer's numbering) into the model.
-  void load_group(int g) {
+  void load_group(int g, bool with_head = true) {
     const ModelConfig& c = m_.cfg;
     if (g == 0) {
       m_.tok_embd = float_weight("model.embed_tokens.weight", c.vocab, c.dim);
@@ -435,7 +435,8 @@ class HfLoader {
     }
     if (g == c.n_layers + 1) {
       m_.output_norm = vector("model.norm.weight", c.dim);
-      if (!c.tied_embeddings) m_.output = float_weight("lm_head.weight", c.vocab, c.dim);
+      if (!c.tied_embeddings && with_head)
+        m_.output = float_weight("lm_head.weight", c.vocab, c.dim);
       return;
     }
     const int i = g - 1;
@@ -574,9 +575,15 @@ class LoaderGroupSource final : public WeightGroupSource {
     loader_.stored_row_bytes_of(head, row0, n, out);
     if (scratch_.gguf) scratch_.gguf->drop_tensor_pages();
   }
-  void load(Model& m, int group) override {
-    loader_.load_group(group);
+  void load(Model& m, int group, bool with_head) override {
+    loader_.load_group(group, with_head);
     if (scratch_.gguf) scratch_.gguf->drop_tensor_pages();
+    if (!with_head && m.output.rows) {
+      // The head's shape, so that both models list its (empty) buffers alike.
+      scratch_.output.kind = m.output.kind;
+      scratch_.output.rows = m.output.rows;
+      scratch_.output.cols = m.output.cols;
+    }
     std::vector<Buffer*> from, to;
     for_each_weight_buffer(scratch_, [&](int g, Buffer& b) {
       if (g == group) from.push_back(&b);
@@ -631,16 +638,19 @@ std::unique_ptr<Model> load_model(MemoryTracker* tracker, const std::string& pat
       const int L = m->cfg.n_layers;
       // Deferred: each group is freed once loaded (its shapes and types stay).
       auto group = [&](int g) {
-        if (opt.deferred && g == 0) {
-          // Its shape alone: the f32 embedding is never whole here (ZeRO-3 shards it by rows
-          // from the file, WeightGroupSource::load_rows, or loads the group when it needs it).
-          m->tok_embd.kind = QuantKind::F32;
-          m->tok_embd.rows = m->cfg.vocab;
-          m->tok_embd.cols = m->cfg.dim;
+        // The f32 embedding and an untied head: their shapes alone, never whole here (ZeRO-3
+        // shards them by rows from the file, WeightGroupSource::load_rows, or loads the group
+        // when it needs it).
+        auto shape_only = [&](QWeight& w) {
+          w.kind = QuantKind::F32;
+          w.rows = m->cfg.vocab;
+          w.cols = m->cfg.dim;
           m->deferred_weight_bytes += uint64_t(m->cfg.vocab) * uint64_t(m->cfg.dim) * 4;
-          return;
-        }
-        loader.load_group(g);
+        };
+        if (opt.deferred && g == 0) return shape_only(m->tok_embd);
+        const bool head_by_shape = opt.deferred && g == L + 1 && !m->cfg.tied_embeddings;
+        loader.load_group(g, !head_by_shape);
+        if (head_by_shape) shape_only(m->output);
         if (!opt.deferred) return;
         for_each_weight_buffer(*m, [&](int bg, Buffer& b) {
           if (bg != g) return;

@@ -167,13 +167,19 @@ WeightFootprint gguf_footprint(const std::string& path, const LoadOptions& o, Mo
 
   WeightFootprint w;
   add_fixed(w, c);  // f32 embedding, output norm (and head)
-  QWeight stored;   // the embedding as the file keeps it
-  stored.cols = c.dim;
-  if (emb->type != 0 /* F32 */) {
-    stored.kind = QuantKind::GGML;
-    stored.ggml_type = emb->type;
-  }
-  w.emb_stored_row_bytes = stored_row_bytes(stored);
+  // The embedding and an untied head as the file keeps them.
+  auto stored_row = [&](const GgufTensorInfo* t) {
+    QWeight stored;
+    stored.cols = c.dim;
+    if (t->type != 0 /* F32 */) {
+      stored.kind = QuantKind::GGML;
+      stored.ggml_type = t->type;
+    }
+    return stored_row_bytes(stored);
+  };
+  w.emb_stored_row_bytes = stored_row(emb);
+  if (const GgufTensorInfo* head = g->find_tensor("output.weight"))
+    w.head_stored_row_bytes = stored_row(head);
   int64_t shapes[kProjCount][2];
   proj_shapes(c, shapes);
   for (int l = 0; l < c.n_layers; ++l) {
@@ -225,9 +231,12 @@ WeightFootprint hf_footprint(const std::string& path, const LoadOptions& o, Mode
                st->find("model.layers.0.self_attn.q_proj.bias") != nullptr;
   WeightFootprint w;
   add_fixed(w, c);
-  if (const SafeTensorInfo* e = st->find("model.embed_tokens.weight"))  // f64 is kept as f32
-    w.emb_stored_row_bytes =
-        uint64_t(c.dim) * (e->dtype == DType::F16 || e->dtype == DType::BF16 ? 2 : 4);
+  auto stored_row = [&](const SafeTensorInfo* t) {  // f64 is kept as f32
+    return uint64_t(c.dim) * (t->dtype == DType::F16 || t->dtype == DType::BF16 ? 2 : 4);
+  };
+  if (const SafeTensorInfo* e = st->find("model.embed_tokens.weight"))
+    w.emb_stored_row_bytes = stored_row(e);
+  if (const SafeTensorInfo* h = st->find("lm_head.weight")) w.head_stored_row_bytes = stored_row(h);
   int64_t shapes[kProjCount][2];
   proj_shapes(c, shapes);
   for (int l = 0; l < c.n_layers; ++l) {
@@ -474,7 +483,7 @@ struct Zero3Layout {
   const WeightFootprint& w;
   int world;
   uint64_t row_chunk;      // 0: no row sharding
-  bool from_file = false;  // a deferred load: the embedding's rows as the file stores them
+  bool from_file = false;  // a deferred load: the embedding's and head's rows as stored
 
   static constexpr uint64_t kLargeSlot = 64 << 10;
   uint64_t slice(uint64_t bytes) const {
@@ -484,9 +493,10 @@ struct Zero3Layout {
   bool rows() const { return row_chunk && w.f32_rows > 0; }
   // The row chunks of the embedding (group 0) or the untied head.
   dist::RowChunks chunks(size_t g) const {
-    const bool stored = g == 0 && from_file && w.emb_stored_row_bytes;
-    return dist::RowChunks::of(w.f32_rows, stored ? w.emb_stored_row_bytes : w.row_bytes, world,
-                               row_chunk);
+    const uint64_t stored = !from_file ? 0
+                            : g == 0   ? w.emb_stored_row_bytes
+                                       : w.head_stored_row_bytes;
+    return dist::RowChunks::of(w.f32_rows, stored ? stored : w.row_bytes, world, row_chunk);
   }
   // Slot i of group g is the embedding's or the untied head's f32 matrix, kept by rows.
   bool by_rows(size_t g, size_t i) const {
@@ -508,14 +518,14 @@ struct Zero3Layout {
 
 // A deferred ZeRO-3 load (host shards): the most weight bytes alive, when a group is whole
 // beside the shards of the groups before it and its own (or alone, in the load's first pass).
-// The embedding is never whole: its shape comes from the header, and by rows its shard is read
-// straight from the file.
+// The embedding and an untied head are never whole: their shapes come from the header, and by
+// rows their shards are read straight from the file.
 uint64_t zero3_deferred_load_peak(const Zero3Layout& z) {
   uint64_t shards = 0, peak = 0;
   for (size_t g = 0; g < z.w.groups.size(); ++g) {
     uint64_t full = 0, mine = 0;
     for (size_t i = 0; i < z.w.groups[g].size(); ++i) {
-      if (!(g == 0 && z.by_rows(g, i))) full += rb(z.w.groups[g][i]);
+      if (!z.by_rows(g, i)) full += rb(z.w.groups[g][i]);
       mine += z.share(g, i);
     }
     if (const uint64_t small = z.packed_bytes(g)) mine += rb(z.slice(small));

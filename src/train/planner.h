@@ -80,9 +80,9 @@ struct WeightFootprint {
   // ranks shards by rows (dist/zero3_stream.h); 0 when they are not both plain f32.
   int64_t f32_rows = 0;
   uint64_t row_bytes = 0;
-  // Bytes of one embedding row as the file stores it (weight_footprint_of_file; 0 otherwise):
-  // a deferred ZeRO-3 load keeps the embedding's row shards so.
-  uint64_t emb_stored_row_bytes = 0;
+  // Bytes of one embedding (untied head) row as the file stores it (weight_footprint_of_file; 0
+  // otherwise): a deferred ZeRO-3 load keeps their row shards so.
+  uint64_t emb_stored_row_bytes = 0, head_stored_row_bytes = 0;
   // The blocks a device backend makes of the weights the runner uses (unrounded): each matrix's
   // data and its float scales (NF4 absmax as fp32, INT8 row scales), norm weights and biases.
   std::vector<uint64_t> device_slots;

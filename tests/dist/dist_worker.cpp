@@ -33,7 +33,8 @@
 //                                   device peaks of weights, optimizer state and all live bytes,
 //                                   the planner's host<->device bytes per step, and its device
 //                                   training peak, weights and communication beside the
-//                                   tracker's device communication peak
+//                                   tracker's device communication peak; the weights peak
+//                                   while loading and sharding, and this rank's planned one
 //   dist_worker slow RESULT
 //       rank 1 reaches a barrier at 85% of a 4 s timeout (inside rank 0's liveness probe
 //       window), twice: the barriers must succeed, and the collectives after them, with stale
@@ -64,6 +65,7 @@
 #include "core/error.h"
 #include "core/threads.h"
 #include "data/dataset.h"
+#include "data/text_encoder.h"
 #include "data/tokenizer_encoder.h"
 #include "dist/communicator.h"
 #include "backend/backend.h"
@@ -363,11 +365,19 @@ int train(const std::string& model_path, const std::string& data_path, const std
   lo.quant_type = c.get("quant.type");
   lo.deferred = load_into_shards(c);  // as qlft_model_load decides it
   auto model = load_model(&tracker, model_path, lo);
-  auto tok = Tokenizer::from_gguf(*model->gguf);
-  data::TokenizerEncoder enc(*tok);
+  // A model file without a tokenizer (the synthetic fixtures) reads the text as bytes (ASCII
+  // text: ids below 128, within their vocabulary of 160).
+  std::unique_ptr<Tokenizer> tok;
+  std::unique_ptr<data::TextEncoder> enc;
+  if (model->gguf && model->gguf->find("tokenizer.ggml.model")) {
+    tok = Tokenizer::from_gguf(*model->gguf);
+    enc = std::make_unique<data::TokenizerEncoder>(*tok);
+  } else {
+    enc = std::make_unique<data::ByteEncoder>(std::vector<std::string>{});
+  }
   c.set("data.path", data_path);
-  auto ds =
-      std::make_unique<data::Dataset>(data::Dataset::build(data::DataOptions::from_config(c), enc));
+  auto ds = std::make_unique<data::Dataset>(
+      data::Dataset::build(data::DataOptions::from_config(c), *enc));
 
   int rank = 0;
   int32_t status = QLFT_OK;
@@ -467,7 +477,7 @@ int train(const std::string& model_path, const std::string& data_path, const std
           "planned_device_weights %llu planned_device_communication %llu "
           "device_communication_peak %llu gradients_allocated %llu gradients_peak %llu "
           "planned_gradients %llu communication_allocated %llu planned_communication %llu "
-          "setup_weights_peak %llu deferred %d",
+          "setup_weights_peak %llu deferred %d planned_weights_peak %llu",
           rank, static_cast<unsigned long long>(m.allocated[wt]),
           static_cast<unsigned long long>(m.peak[wt]), static_cast<unsigned long long>(m.peak[cm]),
           static_cast<unsigned long long>(process_peak_rss()),
@@ -487,7 +497,8 @@ int train(const std::string& model_path, const std::string& data_path, const std
           static_cast<unsigned long long>(mine.train[static_cast<int>(MemCategory::Gradients)]),
           static_cast<unsigned long long>(m.allocated[cm]),
           static_cast<unsigned long long>(mine.train[cm]),
-          static_cast<unsigned long long>(setup_weights_peak), lo.deferred ? 1 : 0);
+          static_cast<unsigned long long>(setup_weights_peak), lo.deferred ? 1 : 0,
+          static_cast<unsigned long long>(mine.peak[wt]));
     }
   } catch (const Error& e) {
     status = e.status();

@@ -257,7 +257,7 @@ TEST(HfModel, WeightGroupsLoadAgainAlike) {
     };
     auto src = WeightGroupSource::open(&tr, *lazy);
     for (int g = 0; g < s.layers + 2; ++g) {
-      src->load(*lazy, g);
+      src->load(*lazy, g, /*with_head=*/true);
       EXPECT_EQ(bytes(*lazy, g), bytes(*full, g)) << "group " << g;
     }
   }

@@ -17,6 +17,7 @@
 #include "model/file_unit_stream.h"
 #include "model/generate.h"
 #include "model/model.h"
+#include "quant/qweight.h"
 #include "support/test_support.h"
 #include "tokenizer/tokenizer.h"
 #include "train/trainer.h"
@@ -52,7 +53,7 @@ void expect_groups_reload_alike(const std::string& path, const char* quant) {
     for (const auto& b : group_bytes(*lazy, g)) EXPECT_TRUE(b.empty()) << "group " << g;
   auto src = WeightGroupSource::open(&tracker, *lazy);
   for (int g = 0; g < G; ++g) {
-    src->load(*lazy, g);
+    src->load(*lazy, g, /*with_head=*/true);
     EXPECT_EQ(group_bytes(*lazy, g), group_bytes(*full, g)) << "group " << g;
   }
 }
@@ -64,6 +65,51 @@ TEST(WeightGroups, GroupsLoadedAgainEqualTheFullLoad) {
   set_num_threads(1);
   expect_groups_reload_alike(gguf, "keep");
   expect_groups_reload_alike(gguf, "nf4");
+}
+
+// Rows read straight from the file as stored (ZeRO-3's row shards: WeightGroupSource::stored_rows
+// and load_rows), dequantized, equal the rows load_model makes: the embedding, and the untied
+// head (f32 and Q8_0 files). A deferred load keeps an untied head's shape alone, and the last
+// group loaded without the head holds the final norm and no head bytes.
+TEST(WeightGroups, RowsReadAsStoredEqualTheFullLoad) {
+  for (const char* name : {"syn_llama.gguf", "syn_llama_q8_0.gguf"}) {
+    const std::string path = qlft_test::fixture_path(std::string("model/") + name);
+    SCOPED_TRACE(path);
+    MemoryTracker tracker;
+    LoadOptions lo;
+    lo.quant_type = "keep";
+    auto full = load_model(&tracker, path, lo);
+    ASSERT_FALSE(full->cfg.tied_embeddings);
+    lo.deferred = true;
+    auto lazy = load_model(&tracker, path, lo);
+    EXPECT_EQ(lazy->weight_bytes(), full->weight_bytes());
+    EXPECT_EQ(lazy->output.rows, full->output.rows);
+    EXPECT_EQ(lazy->output.cols, full->output.cols);
+    EXPECT_TRUE(lazy->output.data.empty());
+    auto src = WeightGroupSource::open(&tracker, *lazy);
+    const int last = full->cfg.n_layers + 1;
+    src->load(*lazy, last, /*with_head=*/false);
+    EXPECT_TRUE(lazy->output.data.empty());
+    ASSERT_EQ(lazy->output_norm.size(), full->output_norm.size());
+    EXPECT_EQ(0, std::memcmp(lazy->output_norm.data(), full->output_norm.data(),
+                             lazy->output_norm.size()));
+    for (bool head : {false, true}) {
+      const QWeight& want = head ? full->output : full->tok_embd;
+      QWeight rows = src->stored_rows(head);
+      ASSERT_EQ(rows.rows, want.rows);
+      ASSERT_EQ(rows.cols, want.cols);
+      // Rows 3..3+n: an unaligned run, not from the start.
+      const int64_t r0 = 3, n = want.rows - 5;
+      rows.rows = n;
+      rows.data =
+          Buffer(&tracker, MemCategory::Weights, size_t(n * stored_row_bytes(rows)), "rows");
+      src->load_rows(head, r0, n, rows.data.data());
+      std::vector<float> got(size_t(n * want.cols)), ref(got.size());
+      rows.dequantize_rows(0, n, got.data());
+      want.dequantize_rows(r0, n, ref.data());
+      EXPECT_EQ(got, ref) << (head ? "head" : "embedding");
+    }
+  }
 }
 
 TEST(WeightGroups, DeferredModelTrainsAndGeneratesAsTheResidentOne) {
