@@ -99,8 +99,8 @@ void GgufWriter::add_string_array(const std::string& key, const std::vector<std:
   for (const std::string& s : v) put_str(r, s);
 }
 
-void GgufWriter::add_tensor(const std::string& name, GgmlType type, const std::vector<int64_t>& ne,
-                            const void* data, uint64_t nbytes, bool copy) {
+void GgufWriter::check_new(const std::string& name, GgmlType type, const std::vector<int64_t>& ne,
+                           uint64_t nbytes) const {
   const GgmlTypeTraits* tr = ggml_type_traits(static_cast<uint32_t>(type));
   QLFT_CHECK_ARG(tr, "GGUF writer: tensor '%s' has unknown ggml type %u", name.c_str(),
                  static_cast<uint32_t>(type));
@@ -121,14 +121,26 @@ void GgufWriter::add_tensor(const std::string& name, GgmlType type, const std::v
   QLFT_CHECK_ARG(nbytes == want, "GGUF writer: tensor '%s' has %llu bytes, shape and %s need %llu",
                  name.c_str(), static_cast<unsigned long long>(nbytes), tr->name,
                  static_cast<unsigned long long>(want));
+}
+
+void GgufWriter::add_tensor(const std::string& name, GgmlType type, const std::vector<int64_t>& ne,
+                            const void* data, uint64_t nbytes, bool copy) {
+  check_new(name, type, ne, nbytes);
   QLFT_CHECK_ARG(data, "GGUF writer: tensor '%s' data is NULL", name.c_str());
-  Tensor t{name, type, ne, static_cast<const uint8_t*>(data), nbytes, nullptr};
+  Tensor t{name, type, ne, static_cast<const uint8_t*>(data), nbytes, nullptr, false};
   if (copy) {
     t.owned = std::make_shared<std::vector<uint8_t>>(t.data, t.data + nbytes);
     t.data = t.owned->data();
   }
   names_.insert(name);
   tensors_.push_back(std::move(t));
+}
+
+void GgufWriter::add_tensor_deferred(const std::string& name, GgmlType type,
+                                     const std::vector<int64_t>& ne, uint64_t nbytes) {
+  check_new(name, type, ne, nbytes);
+  names_.insert(name);
+  tensors_.push_back(Tensor{name, type, ne, nullptr, nbytes, nullptr, /*deferred=*/true});
 }
 
 void GgufWriter::add_tensor_f32(const std::string& name, const std::vector<int64_t>& ne,
@@ -156,7 +168,10 @@ void GgufWriter::add_tensor_f32(const std::string& name, const std::vector<int64
   }
 }
 
-void GgufWriter::write(const std::string& path) const {
+void GgufWriter::write(const std::string& path, const TensorFetch& fetch) const {
+  for (const Tensor& t : tensors_)
+    QLFT_CHECK_ARG(!t.deferred || fetch, "GGUF writer: tensor '%s' has no bytes to write",
+                   t.name.c_str());
   std::string head;
   head.append("GGUF", 4);
   put<uint32_t>(head, 3);
@@ -183,7 +198,8 @@ void GgufWriter::write(const std::string& path) const {
     f.pad_to(alignment_);
     if (f.size() - data_start != offsets[i])
       throw_error(QLFT_ERR_INTERNAL, "%s: GGUF writer offset mismatch", path.c_str());
-    f.write(tensors_[i].data, tensors_[i].nbytes);
+    const Tensor& t = tensors_[i];
+    f.write(t.deferred ? fetch(t.name) : t.data, t.nbytes);
   }
   f.pad_to(alignment_);
   f.commit();

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -45,14 +46,21 @@ class GgufWriter {
   // which must then stay valid until write() (for large exports).
   void add_tensor(const std::string& name, GgmlType type, const std::vector<int64_t>& ne,
                   const void* data, uint64_t nbytes, bool copy = true);
+  // A tensor whose bytes are asked for while write() runs (TensorFetch), in file order: an
+  // export need not hold a copy of every tensor at once.
+  void add_tensor_deferred(const std::string& name, GgmlType type, const std::vector<int64_t>& ne,
+                           uint64_t nbytes);
   // Stores float values as F32, F16 or BF16 (round to nearest even).
   void add_tensor_f32(const std::string& name, const std::vector<int64_t>& ne, const float* values,
                       GgmlType store = GgmlType::F32);
 
   uint64_t alignment() const { return alignment_; }
   size_t tensor_count() const { return tensors_.size(); }
-  // Writes the file atomically; throws QLFT_ERR_IO naming path on failure.
-  void write(const std::string& path) const;
+  // fetch(name): the nbytes of a deferred tensor, valid until the next call.
+  using TensorFetch = std::function<const void*(const std::string& name)>;
+  // Writes the file atomically; throws QLFT_ERR_IO naming path on failure. Deferred tensors are
+  // fetched in the order they were added, each once.
+  void write(const std::string& path, const TensorFetch& fetch = nullptr) const;
 
  private:
   struct Tensor {
@@ -62,7 +70,10 @@ class GgufWriter {
     const uint8_t* data;
     uint64_t nbytes;
     std::shared_ptr<std::vector<uint8_t>> owned;
+    bool deferred = false;  // add_tensor_deferred: fetched while writing
   };
+  void check_new(const std::string& name, GgmlType type, const std::vector<int64_t>& ne,
+                 uint64_t nbytes) const;
   // Appends key + type + already encoded payload.
   std::string& begin_kv(const std::string& key, GgufType type);
 

@@ -37,7 +37,7 @@ void SafetensorsWriter::add(const std::string& name, DType dtype, const std::vec
                             const void* data, uint64_t nbytes, bool copy) {
   check_new(name, dtype, shape, nbytes);
   QLFT_CHECK_ARG(data || nbytes == 0, "safetensors writer: tensor '%s' data is NULL", name.c_str());
-  Tensor t{dtype, shape, static_cast<const uint8_t*>(data), nbytes, nullptr};
+  Tensor t{dtype, shape, static_cast<const uint8_t*>(data), nbytes, nullptr, false};
   if (copy) {
     t.owned = std::make_shared<std::vector<uint8_t>>(t.data, t.data + nbytes);
     t.data = t.owned->data();
