@@ -128,6 +128,7 @@ class Zero3Stream final : public WeightStream {
   // f32 made from the loaded matrix, or as the file stores it when read from the file) and is
   // never installed in the model: units skip it.
   struct Slot {
+    Slot(Buffer* b, size_t n) : buf(b), bytes(n) {}
     Buffer* buf;
     size_t bytes;
     size_t per_rank = 0;  // large slots: this rank's slice
