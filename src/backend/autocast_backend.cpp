@@ -60,6 +60,24 @@ class AutocastBackend final : public Backend {
     inner_->linear_bwd(W, lora, view(xr, x), xa, view(dyr, dy), dx, dA, dB);
   }
   void begin_shared_input(CMatF x) override { inner_->begin_shared_input(x); }
+  // The inner backend's bf16 GEMMs take the stored bf16 copy only when it runs them itself.
+  void begin_shared_input_16(CMatF x, DType t, const uint16_t* x16) override {
+    if (native_linear_)
+      inner_->begin_shared_input_16(x, t, x16);
+    else
+      inner_->begin_shared_input(x);
+  }
+  bool takes_input_16(DType t) const override {
+    return native_linear_ && inner_->takes_input_16(t);
+  }
+  void rmsnorm_fwd_16(CMatF x, const float* w, float eps, MatF y, float* rstd, DType t,
+                      uint16_t* y16) override {
+    inner_->rmsnorm_fwd_16(x, w, eps, y, rstd, t, y16);
+  }
+  void swiglu_fwd_16(MatF gate, MatF up, MatF out, DType t, uint16_t* g16, uint16_t* u16,
+                     uint16_t* o16) override {
+    inner_->swiglu_fwd_16(gate, up, out, t, g16, u16, o16);
+  }
   void end_shared_input() override { inner_->end_shared_input(); }
   void rmsnorm_fwd(CMatF x, const float* w, float eps, MatF y, float* rstd) override {
     inner_->rmsnorm_fwd(x, w, eps, y, rstd);

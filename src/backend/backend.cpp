@@ -55,6 +55,26 @@ void Backend::round_16(DType t, float* x, int64_t n) {
   for_chunks(n, [&](int64_t i, size_t m) { round_through_n(t, x + i, x + i, m); });
 }
 
+void Backend::rmsnorm_fwd_16(CMatF x, const float* w, float eps, MatF y, float* rstd, DType t,
+                             uint16_t* y16) {
+  rmsnorm_fwd(x, w, eps, y, rstd);
+  QLFT_CHECK_ARG(y.stride == y.cols, "rmsnorm_fwd_16: y must be dense");
+  to_16(t, y.data, y16, y.rows * y.cols);
+}
+
+void Backend::swiglu_fwd_16(MatF gate, MatF up, MatF out, DType t, uint16_t* g16, uint16_t* u16,
+                            uint16_t* o16) {
+  QLFT_CHECK_ARG(gate.stride == gate.cols && up.stride == up.cols && out.stride == out.cols,
+                 "swiglu_fwd_16: gate, up and out must be dense");
+  const int64_t n = gate.rows * gate.cols;
+  to_16(t, gate.data, g16, n);
+  from_16(t, g16, gate.data, n);
+  to_16(t, up.data, u16, n);
+  from_16(t, u16, up.data, n);
+  swiglu_fwd(gate.as_const(), up.as_const(), out);
+  to_16(t, out.data, o16, n);
+}
+
 double Backend::sum_squares(const float* x, int64_t n) {
   double s = 0;
   for (int64_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);

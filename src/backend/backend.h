@@ -130,6 +130,20 @@ class Backend {
   // once. The caller must not write x in between. Calls with other inputs are unaffected.
   virtual void begin_shared_input(CMatF x) { (void)x; }
   virtual void end_shared_input() {}
+  // The same scope with x's values already rounded to t (x16: [rows, cols] dense, as to_16
+  // writes them; the runner's stored 16-bit activation). A backend for which takes_input_16(t)
+  // holds takes the GEMM input of the scope's calls from x16 and reads x's fp32 values only
+  // for LoRA dropout, so without dropout x need not hold its values (the runner skips writing
+  // or unpacking them); any other backend sees begin_shared_input(x).
+  virtual void begin_shared_input_16(CMatF x, DType t, const uint16_t* x16) {
+    (void)t;
+    (void)x16;
+    begin_shared_input(x);
+  }
+  virtual bool takes_input_16(DType t) const {
+    (void)t;
+    return false;
+  }
 
   // ---- normalization, position, activation -----------------------------------------------
   // y = x * rstd * w, rstd[row] = 1 / sqrt(mean(x^2) + eps). rstd may be nullptr.
@@ -145,6 +159,14 @@ class Backend {
 
   // out = silu(gate) * up, all [rows, ffn].
   virtual void swiglu_fwd(CMatF gate, CMatF up, MatF out) = 0;
+  // 16-bit activation storage in one pass (the defaults are the separate ops):
+  // rmsnorm_fwd, and y16 = y rounded to t (to_16);
+  virtual void rmsnorm_fwd_16(CMatF x, const float* w, float eps, MatF y, float* rstd, DType t,
+                              uint16_t* y16);
+  // gate and up rounded to t in place and into g16 / u16, then swiglu_fwd of the rounded values
+  // and o16 = out rounded to t.
+  virtual void swiglu_fwd_16(MatF gate, MatF up, MatF out, DType t, uint16_t* g16, uint16_t* u16,
+                             uint16_t* o16);
   // dgate = dout * up * silu'(gate); dup = dout * silu(gate) (overwritten, not accumulated).
   virtual void swiglu_bwd(CMatF gate, CMatF up, CMatF dout, MatF dgate, MatF dup) = 0;
 
@@ -215,6 +237,13 @@ void cross_entropy_walk_end(const CrossEntropyRow* st, const int32_t* targets, i
 class SharedInput {
  public:
   SharedInput(Backend& be, CMatF x) : be_(be) { be_.begin_shared_input(x); }
+  // x16 == nullptr: as above.
+  SharedInput(Backend& be, CMatF x, DType t, const uint16_t* x16) : be_(be) {
+    if (x16)
+      be_.begin_shared_input_16(x, t, x16);
+    else
+      be_.begin_shared_input(x);
+  }
   ~SharedInput() { be_.end_shared_input(); }
   SharedInput(const SharedInput&) = delete;
   SharedInput& operator=(const SharedInput&) = delete;

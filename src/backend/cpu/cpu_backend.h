@@ -99,7 +99,8 @@ struct LpMat {
   int64_t rows = 0, cols = 0;
   int64_t ld = 0;  // row stride: cols, or more where columns were asked for beyond them
   bool bf16 = false;
-  const void* data() const { return buf.data(); }
+  const void* view = nullptr;  // borrowed bf16 values (Backend::begin_shared_input_16), no buf
+  const void* data() const { return view ? view : buf.data(); }
 };
 
 class CpuBackend final : public Backend {
@@ -129,6 +130,16 @@ class CpuBackend final : public Backend {
 
   void begin_shared_input(CMatF x) override;
   void end_shared_input() override;
+  // With precision bf16 the GEMM inputs come from x16 (borrowed as they are where no columns
+  // are added, else copied with them).
+  void begin_shared_input_16(CMatF x, DType t, const uint16_t* x16) override;
+  bool takes_input_16(DType t) const override {
+    return t == DType::BF16 && precision_ == DType::BF16;
+  }
+  void rmsnorm_fwd_16(CMatF x, const float* w, float eps, MatF y, float* rstd, DType t,
+                      uint16_t* y16) override;
+  void swiglu_fwd_16(MatF gate, MatF up, MatF out, DType t, uint16_t* g16, uint16_t* u16,
+                     uint16_t* o16) override;
 
   void rmsnorm_fwd(CMatF x, const float* w, float eps, MatF y, float* rstd) override;
   void rmsnorm_bwd(CMatF x, const float* w, const float* rstd, CMatF dy, MatF dx) override;
@@ -185,8 +196,12 @@ class CpuBackend final : public Backend {
   struct SharedInput {
     CMatF x;
     bool held = false;
-    LpMat lp;  // empty until first used
+    const uint16_t* x16 = nullptr;  // x rounded to bf16 (begin_shared_input_16)
+    LpMat lp;                       // empty until first used
   };
+  // An lp matrix of x16's values ([rows, cols] bf16) with `extra` zero columns.
+  LpMat lp_from_16(const uint16_t* x16, int64_t rows, int64_t cols, Scratch slot, const char* what,
+                   int64_t extra) const;
   mutable SharedInput shared_;
   DType precision_ = DType::F32;
   mutable std::array<Buffer, size_t(Scratch::Count)> slots_;

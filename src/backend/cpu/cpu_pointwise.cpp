@@ -11,6 +11,7 @@
 #include "backend/cpu/vec_math.h"
 #include "backend/norm_math.h"
 #include "backend/rope_math.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/threads.h"
 
@@ -22,6 +23,53 @@ void CpuBackend::rmsnorm_fwd(CMatF x, const float* w, float eps, MatF y, float* 
 #pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
   for (int64_t i = 0; i < x.rows; ++i) {
     vec_kernels().rmsnorm_fwd_row(x.row(i), w, eps, y.row(i), rstd ? &rstd[i] : nullptr, C);
+  }
+}
+
+namespace {
+// fp32 row -> t (BF16 or F16), as Backend::to_16 converts.
+void row_to_16(DType t, const float* src, uint16_t* dst, int64_t n) {
+  if (t == DType::BF16)
+    f32_to_bf16_n(src, dst, size_t(n));
+  else
+    f32_to_f16_n(src, dst, size_t(n));
+}
+void row_from_16(DType t, const uint16_t* src, float* dst, int64_t n) {
+  if (t == DType::BF16)
+    bf16_to_f32_n(src, dst, size_t(n));
+  else
+    f16_to_f32_n(src, dst, size_t(n));
+}
+}  // namespace
+
+// One pass per row: the norm and its 16-bit copy (the row still in cache), one parallel region.
+void CpuBackend::rmsnorm_fwd_16(CMatF x, const float* w, float eps, MatF y, float* rstd, DType t,
+                                uint16_t* y16) {
+  op_checks::same_shape(x, y.as_const(), "rmsnorm_fwd_16", "x", "y");
+  const int64_t C = x.cols;
+#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
+  for (int64_t i = 0; i < x.rows; ++i) {
+    vec_kernels().rmsnorm_fwd_row(x.row(i), w, eps, y.row(i), rstd ? &rstd[i] : nullptr, C);
+    row_to_16(t, y.row(i), y16 + i * C, C);
+  }
+}
+
+// gate and up rounded (in place and into g16 / u16), SwiGLU, its 16-bit copy: a row at a time.
+void CpuBackend::swiglu_fwd_16(MatF gate, MatF up, MatF out, DType t, uint16_t* g16, uint16_t* u16,
+                               uint16_t* o16) {
+  op_checks::same_shape(gate.as_const(), up.as_const(), "swiglu_fwd_16", "gate", "up");
+  op_checks::same_shape(gate.as_const(), out.as_const(), "swiglu_fwd_16", "gate", "out");
+  const int64_t C = gate.cols;
+#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
+  for (int64_t i = 0; i < gate.rows; ++i) {
+    float* g = gate.row(i);
+    float* u = up.row(i);
+    row_to_16(t, g, g16 + i * C, C);
+    row_from_16(t, g16 + i * C, g, C);
+    row_to_16(t, u, u16 + i * C, C);
+    row_from_16(t, u16 + i * C, u, C);
+    vec_kernels().swiglu_fwd_row(g, u, out.row(i), C);
+    row_to_16(t, out.row(i), o16 + i * C, C);
   }
 }
 
