@@ -13,10 +13,15 @@
 namespace qlft {
 
 namespace {
-// Parallel over chunks of kChunk elements: f(offset, count).
+// Parallel over chunks of kChunk elements: f(offset, count). Up to two chunks run on the calling
+// thread: waking a passive OpenMP worker costs about what converting a chunk does.
 constexpr int64_t kChunk = 1 << 15;
 template <class F>
 void for_chunks(int64_t n, const F& f) {
+  if (n <= 2 * kChunk) {
+    for (int64_t i = 0; i < n; i += kChunk) f(i, static_cast<size_t>(std::min(kChunk, n - i)));
+    return;
+  }
 #pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
   for (int64_t i = 0; i < n; i += kChunk) f(i, static_cast<size_t>(std::min(kChunk, n - i)));
 }

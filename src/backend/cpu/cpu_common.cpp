@@ -130,11 +130,15 @@ size_t lp_bytes(const CpuBackend& be) {
 
 namespace {
 
+// Elements from which a conversion into an lp matrix runs on every thread: below it (the LoRA
+// A and B, r-column intermediates) waking a passive OpenMP worker costs more than it saves.
+constexpr int64_t kParallelConvert = int64_t(1) << 16;
+
 // x rounded to bf16 into m.buf (m's shape, row stride and element kind already set), columns
 // past x's zeroed; rows split across threads.
 void fill_lp(CMatF x, LpMat& m) {
   const int64_t C = x.cols, ld = m.ld;
-  const int nt = x.rows * C >= 4096 ? qlft::num_threads() : 1;
+  const int nt = x.rows * C >= kParallelConvert ? qlft::num_threads() : 1;
   if (m.bf16) {
     uint16_t* d = m.buf.as<uint16_t>();
 #pragma omp parallel for num_threads(nt) schedule(static)
@@ -231,7 +235,7 @@ LpMat CpuBackend::lp_from_16(const uint16_t* x16, int64_t rows, int64_t cols, Sc
   }
   m.buf = scratch(slot, size_t(rows * m.ld) * lp_bytes(*this), what);
   const int64_t ld = m.ld;
-  const int nt = rows * cols >= 4096 ? qlft::num_threads() : 1;
+  const int nt = rows * cols >= kParallelConvert ? qlft::num_threads() : 1;
   if (m.bf16) {
     uint16_t* d = m.buf.as<uint16_t>();
 #pragma omp parallel for num_threads(nt) schedule(static)
