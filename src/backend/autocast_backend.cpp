@@ -79,6 +79,7 @@ class AutocastBackend final : public Backend {
     inner_->swiglu_fwd_16(gate, up, out, t, g16, u16, o16);
   }
   void end_shared_input() override { inner_->end_shared_input(); }
+  bool defer_zero(float* dx, int64_t n) override { return inner_->defer_zero(dx, n); }
   void rmsnorm_fwd(CMatF x, const float* w, float eps, MatF y, float* rstd) override {
     inner_->rmsnorm_fwd(x, w, eps, y, rstd);
   }

@@ -124,6 +124,16 @@ class Backend {
   virtual void linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, const float* xa, CMatF dy,
                           MatF dx, float* dA, float* dB) = 0;
 
+  // In place of zeroing dx (n floats, dense) before the linear_bwd that takes it as dx next:
+  // true when the backend makes that call write dx as if it had been zeroed (its first GEMM
+  // overwrites: no memset, no read of the old values); false: the caller zeroes it. A call
+  // with another dx (or none) in between zeroes it first.
+  virtual bool defer_zero(float* dx, int64_t n) {
+    (void)dx;
+    (void)n;
+    return false;
+  }
+
   // A hint: the linear_fwd / linear_bwd calls up to end_shared_input() that take x as their
   // input take the same matrix, unchanged (q, k and v share the normed hidden state; gate and
   // up too), so a backend that converts its input (the CPU backend's bf16 copy) may convert it

@@ -700,14 +700,18 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
   // FFN branch: G is d(loss)/d(x_out) = d/d(x_mid) through the residual, plus the branch.
   const DType t16 = act_dtype_;
   auto h16 = [st](Buffer& b) -> const uint16_t* { return st ? b.as<uint16_t>() : nullptr; };
-  zero(g.dh);
+  // The first linear_bwd into each dx buffer may overwrite it instead (Backend::defer_zero).
+  auto zero_dx = [&](Buffer& b, int64_t n) {
+    if (!be_.defer_zero(b.as<float>(), n)) zero(b);
+  };
+  zero_dx(g.dh, R * c.ffn_dim);
   {
     SharedInput shared(be_, cmat(a.hact, R, c.ffn_dim), t16, st ? h16(st->hact) : nullptr);
     lin_bwd(Proj::Down, cmat(a.hact, R, c.ffn_dim), G.as_const(), mat(g.dh, R, c.ffn_dim));
   }
   be_.swiglu_bwd(cmat(a.gate, R, c.ffn_dim), cmat(a.up, R, c.ffn_dim), cmat(g.dh, R, c.ffn_dim),
                  mat(g.dgate, R, c.ffn_dim), mat(g.dup, R, c.ffn_dim));
-  zero(g.dxn);
+  zero_dx(g.dxn, R * c.dim);
   {
     SharedInput shared(be_, cmat(a.xn2, R, c.dim), t16, st ? h16(st->xn2) : nullptr);
     lin_bwd(Proj::Gate, cmat(a.xn2, R, c.dim), cmat(g.dgate, R, c.ffn_dim), mat(g.dxn, R, c.dim));
@@ -717,7 +721,7 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
                   cmat(g.dxn, R, c.dim), G);
 
   // Attention branch: G is now d/d(x_mid).
-  zero(g.datt);
+  zero_dx(g.datt, R * qd);
   {
     SharedInput shared(be_, cmat(a.att, R, qd), t16, st ? h16(st->att) : nullptr);
     lin_bwd(Proj::O, cmat(a.att, R, qd), G.as_const(), mat(g.datt, R, qd));
@@ -730,7 +734,7 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
                     mat(g.dk, R, kvd), mat(g.dv, R, kvd));
   be_.rope(mat(g.dq, R, qd), pos, c.n_heads, c.head_dim, c.rope_theta, c.rope_adjacent, true);
   be_.rope(mat(g.dk, R, kvd), pos, c.n_kv_heads, c.head_dim, c.rope_theta, c.rope_adjacent, true);
-  zero(g.dxn);
+  zero_dx(g.dxn, R * c.dim);
   {
     SharedInput shared(be_, cmat(a.xn1, R, c.dim), t16, st ? h16(st->xn1) : nullptr);
     lin_bwd(Proj::Q, cmat(a.xn1, R, c.dim), cmat(g.dq, R, qd), mat(g.dxn, R, c.dim));

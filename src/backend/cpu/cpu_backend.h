@@ -133,6 +133,8 @@ class CpuBackend final : public Backend {
   // With precision bf16 the GEMM inputs come from x16 (borrowed as they are where no columns
   // are added, else copied with them).
   void begin_shared_input_16(CMatF x, DType t, const uint16_t* x16) override;
+  // Precision bf16: the next linear_bwd's first dx GEMM runs with beta 0.
+  bool defer_zero(float* dx, int64_t n) override;
   bool takes_input_16(DType t) const override {
     return t == DType::BF16 && precision_ == DType::BF16;
   }
@@ -203,6 +205,11 @@ class CpuBackend final : public Backend {
   LpMat lp_from_16(const uint16_t* x16, int64_t rows, int64_t cols, Scratch slot, const char* what,
                    int64_t extra) const;
   mutable SharedInput shared_;
+  // defer_zero's dx, until the linear_bwd that overwrites it (or zeroes it).
+  float* dx_pending_ = nullptr;
+  int64_t dx_pending_n_ = 0;
+  // Whether linear_bwd's dx is defer_zero's: ends the deferral, zeroing a different one.
+  bool take_pending_zero(MatF dx);
   DType precision_ = DType::F32;
   mutable std::array<Buffer, size_t(Scratch::Count)> slots_;
   mutable std::array<std::atomic<bool>, size_t(Scratch::Count)> busy_{};
