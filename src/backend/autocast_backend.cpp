@@ -75,8 +75,12 @@ class AutocastBackend final : public Backend {
     inner_->rmsnorm_fwd_16(x, w, eps, y, rstd, t, y16);
   }
   void swiglu_fwd_16(MatF gate, MatF up, MatF out, DType t, uint16_t* g16, uint16_t* u16,
-                     uint16_t* o16) override {
-    inner_->swiglu_fwd_16(gate, up, out, t, g16, u16, o16);
+                     uint16_t* o16, bool keep_rounded) override {
+    inner_->swiglu_fwd_16(gate, up, out, t, g16, u16, o16, keep_rounded);
+  }
+  void swiglu_bwd_16(MatF gate, MatF up, DType t, const uint16_t* g16, const uint16_t* u16,
+                     CMatF dout, MatF dgate, MatF dup) override {
+    inner_->swiglu_bwd_16(gate, up, t, g16, u16, dout, dgate, dup);
   }
   void end_shared_input() override { inner_->end_shared_input(); }
   bool defer_zero(float* dx, int64_t n) override { return inner_->defer_zero(dx, n); }

@@ -62,13 +62,26 @@ void Backend::round_16(DType t, float* x, int64_t n) {
 
 void Backend::rmsnorm_fwd_16(CMatF x, const float* w, float eps, MatF y, float* rstd, DType t,
                              uint16_t* y16) {
+  Buffer tmp;
+  if (!y.data) {
+    tmp = alloc(MemCategory::Workspace, size_t(y.rows * y.cols) * 4, "rmsnorm output",
+                BufferInit::Uninit);
+    y = MatF(tmp.as<float>(), y.rows, y.cols);
+  }
   rmsnorm_fwd(x, w, eps, y, rstd);
   QLFT_CHECK_ARG(y.stride == y.cols, "rmsnorm_fwd_16: y must be dense");
   to_16(t, y.data, y16, y.rows * y.cols);
 }
 
 void Backend::swiglu_fwd_16(MatF gate, MatF up, MatF out, DType t, uint16_t* g16, uint16_t* u16,
-                            uint16_t* o16) {
+                            uint16_t* o16, bool keep_rounded) {
+  (void)keep_rounded;
+  Buffer tmp;
+  if (!out.data) {
+    tmp = alloc(MemCategory::Workspace, size_t(out.rows * out.cols) * 4, "swiglu output",
+                BufferInit::Uninit);
+    out = MatF(tmp.as<float>(), out.rows, out.cols);
+  }
   QLFT_CHECK_ARG(gate.stride == gate.cols && up.stride == up.cols && out.stride == out.cols,
                  "swiglu_fwd_16: gate, up and out must be dense");
   const int64_t n = gate.rows * gate.cols;
@@ -78,6 +91,15 @@ void Backend::swiglu_fwd_16(MatF gate, MatF up, MatF out, DType t, uint16_t* g16
   from_16(t, u16, up.data, n);
   swiglu_fwd(gate.as_const(), up.as_const(), out);
   to_16(t, out.data, o16, n);
+}
+
+void Backend::swiglu_bwd_16(MatF gate, MatF up, DType t, const uint16_t* g16, const uint16_t* u16,
+                            CMatF dout, MatF dgate, MatF dup) {
+  QLFT_CHECK_ARG(gate.stride == gate.cols && up.stride == up.cols,
+                 "swiglu_bwd_16: gate and up must be dense");
+  from_16(t, g16, gate.data, gate.rows * gate.cols);
+  from_16(t, u16, up.data, up.rows * up.cols);
+  swiglu_bwd(gate.as_const(), up.as_const(), dout, dgate, dup);
 }
 
 double Backend::sum_squares(const float* x, int64_t n) {

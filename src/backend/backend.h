@@ -169,14 +169,21 @@ class Backend {
 
   // out = silu(gate) * up, all [rows, ffn].
   virtual void swiglu_fwd(CMatF gate, CMatF up, MatF out) = 0;
-  // 16-bit activation storage in one pass (the defaults are the separate ops):
+  // 16-bit activation storage in one pass (the defaults are the separate ops). A null fp32
+  // output (y.data, out.data) is not written where nothing reads it (the runner's direct16()
+  // path, whose GEMMs take the 16-bit copies); the defaults then use workspace.
   // rmsnorm_fwd, and y16 = y rounded to t (to_16);
   virtual void rmsnorm_fwd_16(CMatF x, const float* w, float eps, MatF y, float* rstd, DType t,
                               uint16_t* y16);
-  // gate and up rounded to t in place and into g16 / u16, then swiglu_fwd of the rounded values
-  // and o16 = out rounded to t.
+  // gate and up rounded to t into g16 / u16 (and in place), then swiglu_fwd of the rounded
+  // values and o16 = out rounded to t. keep_rounded = false: gate and up need not keep the
+  // rounded values (nothing reads them after).
   virtual void swiglu_fwd_16(MatF gate, MatF up, MatF out, DType t, uint16_t* g16, uint16_t* u16,
-                             uint16_t* o16);
+                             uint16_t* o16, bool keep_rounded = true);
+  // swiglu_bwd of gate and up given as g16 / u16 (16-bit, dense); gate and up: fp32 room the
+  // default fills with their values (a backend may leave them untouched).
+  virtual void swiglu_bwd_16(MatF gate, MatF up, DType t, const uint16_t* g16, const uint16_t* u16,
+                             CMatF dout, MatF dgate, MatF dup);
   // dgate = dout * up * silu'(gate); dup = dout * silu(gate) (overwritten, not accumulated).
   virtual void swiglu_bwd(CMatF gate, CMatF up, CMatF dout, MatF dgate, MatF dup) = 0;
 

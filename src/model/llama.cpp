@@ -350,9 +350,9 @@ LlamaRunner::LayerActs& LlamaRunner::scratch() {
 }
 
 // halves() written by layer_fwd's ops themselves when direct16(): xn1, att, xn2, gate, up, hact;
-// and those layer_bwd takes only as GEMM inputs, read in 16 bits there: xn1, xn2, hact.
+// and those layer_bwd reads in 16 bits (GEMM inputs, swiglu_bwd_16): xn1, xn2, gate, up, hact.
 constexpr bool kHalfWrittenDirect[9] = {true, false, false, false, true, true, true, true, true};
-constexpr bool kHalfReadDirect[9] = {true, false, false, false, false, true, false, false, true};
+constexpr bool kHalfReadDirect[9] = {true, false, false, false, false, true, true, true, true};
 
 bool LlamaRunner::direct16() const {
   // LoRA dropout reads the fp32 input (its scaled values round differently).
@@ -474,8 +474,10 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
   // The stored 16-bit copy of a tensor the ops write directly (nullptr: none).
   auto h16 = [st](Buffer& b) { return st ? b.as<uint16_t>() : nullptr; };
 
+  // With st the fp32 norm outputs, the rounded gate / up and the SwiGLU output are not written:
+  // the GEMMs take the 16-bit copies (Backend::takes_input_16).
   if (st)
-    be_.rmsnorm_fwd_16(xin, frozen(L.attn_norm), c.rms_eps, mat(a.xn1, R, c.dim),
+    be_.rmsnorm_fwd_16(xin, frozen(L.attn_norm), c.rms_eps, MatF(nullptr, R, c.dim),
                        a.rstd1.as<float>(), t16, st->xn1.as<uint16_t>());
   else
     be_.rmsnorm_fwd(xin, frozen(L.attn_norm), c.rms_eps, mat(a.xn1, R, c.dim), a.rstd1.as<float>());
@@ -508,8 +510,8 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
   be_.add(a.x_mid.as<float>(), x_in, R * c.dim);
 
   if (st)
-    be_.rmsnorm_fwd_16(cmat(a.x_mid, R, c.dim), frozen(L.ffn_norm), c.rms_eps, mat(a.xn2, R, c.dim),
-                       a.rstd2.as<float>(), t16, st->xn2.as<uint16_t>());
+    be_.rmsnorm_fwd_16(cmat(a.x_mid, R, c.dim), frozen(L.ffn_norm), c.rms_eps,
+                       MatF(nullptr, R, c.dim), a.rstd2.as<float>(), t16, st->xn2.as<uint16_t>());
   else
     be_.rmsnorm_fwd(cmat(a.x_mid, R, c.dim), frozen(L.ffn_norm), c.rms_eps, mat(a.xn2, R, c.dim),
                     a.rstd2.as<float>());
@@ -529,8 +531,9 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
     }
   }
   if (st)
-    be_.swiglu_fwd_16(mat(a.gate, R, c.ffn_dim), mat(a.up, R, c.ffn_dim), mat(a.hact, R, c.ffn_dim),
-                      t16, st->gate.as<uint16_t>(), st->up.as<uint16_t>(), st->hact.as<uint16_t>());
+    be_.swiglu_fwd_16(mat(a.gate, R, c.ffn_dim), mat(a.up, R, c.ffn_dim),
+                      MatF(nullptr, R, c.ffn_dim), t16, st->gate.as<uint16_t>(),
+                      st->up.as<uint16_t>(), st->hact.as<uint16_t>(), false);
   else
     be_.swiglu_fwd(cmat(a.gate, R, c.ffn_dim), cmat(a.up, R, c.ffn_dim), mat(a.hact, R, c.ffn_dim));
   {
@@ -709,8 +712,13 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
     SharedInput shared(be_, cmat(a.hact, R, c.ffn_dim), t16, st ? h16(st->hact) : nullptr);
     lin_bwd(Proj::Down, cmat(a.hact, R, c.ffn_dim), G.as_const(), mat(g.dh, R, c.ffn_dim));
   }
-  be_.swiglu_bwd(cmat(a.gate, R, c.ffn_dim), cmat(a.up, R, c.ffn_dim), cmat(g.dh, R, c.ffn_dim),
-                 mat(g.dgate, R, c.ffn_dim), mat(g.dup, R, c.ffn_dim));
+  if (st)
+    be_.swiglu_bwd_16(mat(a.gate, R, c.ffn_dim), mat(a.up, R, c.ffn_dim), t16,
+                      st->gate.as<uint16_t>(), st->up.as<uint16_t>(), cmat(g.dh, R, c.ffn_dim),
+                      mat(g.dgate, R, c.ffn_dim), mat(g.dup, R, c.ffn_dim));
+  else
+    be_.swiglu_bwd(cmat(a.gate, R, c.ffn_dim), cmat(a.up, R, c.ffn_dim), cmat(g.dh, R, c.ffn_dim),
+                   mat(g.dgate, R, c.ffn_dim), mat(g.dup, R, c.ffn_dim));
   zero_dx(g.dxn, R * c.dim);
   {
     SharedInput shared(be_, cmat(a.xn2, R, c.dim), t16, st ? h16(st->xn2) : nullptr);

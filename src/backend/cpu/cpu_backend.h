@@ -141,7 +141,9 @@ class CpuBackend final : public Backend {
   void rmsnorm_fwd_16(CMatF x, const float* w, float eps, MatF y, float* rstd, DType t,
                       uint16_t* y16) override;
   void swiglu_fwd_16(MatF gate, MatF up, MatF out, DType t, uint16_t* g16, uint16_t* u16,
-                     uint16_t* o16) override;
+                     uint16_t* o16, bool keep_rounded) override;
+  void swiglu_bwd_16(MatF gate, MatF up, DType t, const uint16_t* g16, const uint16_t* u16,
+                     CMatF dout, MatF dgate, MatF dup) override;
 
   void rmsnorm_fwd(CMatF x, const float* w, float eps, MatF y, float* rstd) override;
   void rmsnorm_bwd(CMatF x, const float* w, const float* rstd, CMatF dy, MatF dx) override;
