@@ -67,6 +67,10 @@ class AutocastBackend final : public Backend {
     else
       inner_->begin_shared_input(x);
   }
+  void attention_inputs_16(DType t, const uint16_t* q16, const uint16_t* k16,
+                           const uint16_t* v16) override {
+    if (native_linear_) inner_->attention_inputs_16(t, q16, k16, v16);
+  }
   bool takes_input_16(DType t) const override {
     return native_linear_ && inner_->takes_input_16(t);
   }

@@ -188,6 +188,17 @@ class Backend {
   virtual void swiglu_bwd(CMatF gate, CMatF up, CMatF dout, MatF dgate, MatF dup) = 0;
 
   // ---- attention --------------------------------------------------------------------------
+  // A hint for the next attention_fwd / attention_bwd: its q, k, v rounded to t (16-bit, dense,
+  // their layout). A backend that takes_input_16(t) then reads q, k and v only through these
+  // (their fp32 values need not be there: the runner's stored bf16 q / k / v); any other
+  // backend ignores it.
+  virtual void attention_inputs_16(DType t, const uint16_t* q16, const uint16_t* k16,
+                                   const uint16_t* v16) {
+    (void)t;
+    (void)q16;
+    (void)k16;
+    (void)v16;
+  }
   // out = softmax(q k^T / sqrt(head_dim) + mask) v per head. lse ([n_heads * rows], indexed
   // head * rows + row) receives the log-sum-exp of each score row for the backward pass; it may
   // be nullptr when no backward pass follows (generation).

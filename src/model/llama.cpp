@@ -349,10 +349,11 @@ LlamaRunner::LayerActs& LlamaRunner::scratch() {
   return acts_for(0, false);
 }
 
-// halves() written by layer_fwd's ops themselves when direct16(): xn1, att, xn2, gate, up, hact;
-// and those layer_bwd reads in 16 bits (GEMM inputs, swiglu_bwd_16): xn1, xn2, gate, up, hact.
-constexpr bool kHalfWrittenDirect[9] = {true, false, false, false, true, true, true, true, true};
-constexpr bool kHalfReadDirect[9] = {true, false, false, false, false, true, true, true, true};
+// halves() written by layer_fwd itself when direct16(): all but the LoRA xa; and those
+// layer_bwd reads in 16 bits (GEMM inputs, attention_inputs_16, swiglu_bwd_16): all but att
+// (attention_bwd's fp32 output) and xa.
+constexpr bool kHalfWrittenDirect[9] = {true, true, true, true, true, true, true, true, true};
+constexpr bool kHalfReadDirect[9] = {true, true, true, true, false, true, true, true, true};
 
 bool LlamaRunner::direct16() const {
   // LoRA dropout reads the fp32 input (its scaled values round differently).
@@ -496,6 +497,12 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
   }
   be_.rope(mat(a.q, R, qd), pos, c.n_heads, c.head_dim, c.rope_theta, c.rope_adjacent, false);
   be_.rope(mat(a.k, R, kvd), pos, c.n_kv_heads, c.head_dim, c.rope_theta, c.rope_adjacent, false);
+  if (st) {  // stored as they are, and attention's GEMMs take them (attention_inputs_16)
+    be_.to_16(t16, a.q.as<float>(), st->q.as<uint16_t>(), R * qd);
+    be_.to_16(t16, a.k.as<float>(), st->k.as<uint16_t>(), R * kvd);
+    be_.to_16(t16, a.v.as<float>(), st->v.as<uint16_t>(), R * kvd);
+    be_.attention_inputs_16(t16, st->q.as<uint16_t>(), st->k.as<uint16_t>(), st->v.as<uint16_t>());
+  }
   be_.attention_fwd(shape_, cmat(a.q, R, qd), cmat(a.k, R, kvd), cmat(a.v, R, kvd),
                     mat(a.att, R, qd), a.lse.as<float>());
   if (st) be_.to_16(t16, a.att.as<float>(), st->att.as<uint16_t>(), R * qd);
@@ -737,6 +744,8 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
   zero(g.dq);
   zero(g.dk);
   zero(g.dv);
+  if (st)  // q, k, v are not unpacked: attention reads the stored ones
+    be_.attention_inputs_16(t16, st->q.as<uint16_t>(), st->k.as<uint16_t>(), st->v.as<uint16_t>());
   be_.attention_bwd(shape_, cmat(a.q, R, qd), cmat(a.k, R, kvd), cmat(a.v, R, kvd),
                     cmat(a.att, R, qd), a.lse.as<float>(), cmat(g.datt, R, qd), mat(g.dq, R, qd),
                     mat(g.dk, R, kvd), mat(g.dv, R, kvd));

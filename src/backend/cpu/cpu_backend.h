@@ -135,6 +135,10 @@ class CpuBackend final : public Backend {
   void begin_shared_input_16(CMatF x, DType t, const uint16_t* x16) override;
   // Precision bf16: the next linear_bwd's first dx GEMM runs with beta 0.
   bool defer_zero(float* dx, int64_t n) override;
+  void attention_inputs_16(DType t, const uint16_t* q16, const uint16_t* k16,
+                           const uint16_t* v16) override {
+    if (takes_input_16(t)) attn16_ = {q16, k16, v16};
+  }
   bool takes_input_16(DType t) const override {
     return t == DType::BF16 && precision_ == DType::BF16;
   }
@@ -207,6 +211,8 @@ class CpuBackend final : public Backend {
   LpMat lp_from_16(const uint16_t* x16, int64_t rows, int64_t cols, Scratch slot, const char* what,
                    int64_t extra) const;
   mutable SharedInput shared_;
+  // attention_inputs_16's q, k, v for the next attention call (which clears them).
+  std::array<const uint16_t*, 3> attn16_{};
   // defer_zero's dx, until the linear_bwd that overwrites it (or zeroes it).
   float* dx_pending_ = nullptr;
   int64_t dx_pending_n_ = 0;
