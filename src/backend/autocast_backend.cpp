@@ -60,7 +60,34 @@ class AutocastBackend final : public Backend {
     inner_->linear_bwd(W, lora, view(xr, x), xa, view(dyr, dy), dx, dA, dB);
   }
   void begin_shared_input(CMatF x) override { inner_->begin_shared_input(x); }
+  // The inner backend's bf16 GEMMs take the stored bf16 copy only when it runs them itself.
+  void begin_shared_input_16(CMatF x, DType t, const uint16_t* x16) override {
+    if (native_linear_)
+      inner_->begin_shared_input_16(x, t, x16);
+    else
+      inner_->begin_shared_input(x);
+  }
+  void attention_inputs_16(DType t, const uint16_t* q16, const uint16_t* k16,
+                           const uint16_t* v16) override {
+    if (native_linear_) inner_->attention_inputs_16(t, q16, k16, v16);
+  }
+  bool takes_input_16(DType t) const override {
+    return native_linear_ && inner_->takes_input_16(t);
+  }
+  void rmsnorm_fwd_16(CMatF x, const float* w, float eps, MatF y, float* rstd, DType t,
+                      uint16_t* y16) override {
+    inner_->rmsnorm_fwd_16(x, w, eps, y, rstd, t, y16);
+  }
+  void swiglu_fwd_16(MatF gate, MatF up, MatF out, DType t, uint16_t* g16, uint16_t* u16,
+                     uint16_t* o16, bool keep_rounded) override {
+    inner_->swiglu_fwd_16(gate, up, out, t, g16, u16, o16, keep_rounded);
+  }
+  void swiglu_bwd_16(MatF gate, MatF up, DType t, const uint16_t* g16, const uint16_t* u16,
+                     CMatF dout, MatF dgate, MatF dup) override {
+    inner_->swiglu_bwd_16(gate, up, t, g16, u16, dout, dgate, dup);
+  }
   void end_shared_input() override { inner_->end_shared_input(); }
+  bool defer_zero(float* dx, int64_t n) override { return inner_->defer_zero(dx, n); }
   void rmsnorm_fwd(CMatF x, const float* w, float eps, MatF y, float* rstd) override {
     inner_->rmsnorm_fwd(x, w, eps, y, rstd);
   }

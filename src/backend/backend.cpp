@@ -13,10 +13,15 @@
 namespace qlft {
 
 namespace {
-// Parallel over chunks of kChunk elements: f(offset, count).
+// Parallel over chunks of kChunk elements: f(offset, count). Up to two chunks run on the calling
+// thread: waking a passive OpenMP worker costs about what converting a chunk does.
 constexpr int64_t kChunk = 1 << 15;
 template <class F>
 void for_chunks(int64_t n, const F& f) {
+  if (n <= 2 * kChunk) {
+    for (int64_t i = 0; i < n; i += kChunk) f(i, static_cast<size_t>(std::min(kChunk, n - i)));
+    return;
+  }
 #pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
   for (int64_t i = 0; i < n; i += kChunk) f(i, static_cast<size_t>(std::min(kChunk, n - i)));
 }
@@ -53,6 +58,48 @@ void Backend::from_16(DType t, const uint16_t* src, float* dst, int64_t n) {
 
 void Backend::round_16(DType t, float* x, int64_t n) {
   for_chunks(n, [&](int64_t i, size_t m) { round_through_n(t, x + i, x + i, m); });
+}
+
+void Backend::rmsnorm_fwd_16(CMatF x, const float* w, float eps, MatF y, float* rstd, DType t,
+                             uint16_t* y16) {
+  Buffer tmp;
+  if (!y.data) {
+    tmp = alloc(MemCategory::Workspace, size_t(y.rows * y.cols) * 4, "rmsnorm output",
+                BufferInit::Uninit);
+    y = MatF(tmp.as<float>(), y.rows, y.cols);
+  }
+  rmsnorm_fwd(x, w, eps, y, rstd);
+  QLFT_CHECK_ARG(y.stride == y.cols, "rmsnorm_fwd_16: y must be dense");
+  to_16(t, y.data, y16, y.rows * y.cols);
+}
+
+void Backend::swiglu_fwd_16(MatF gate, MatF up, MatF out, DType t, uint16_t* g16, uint16_t* u16,
+                            uint16_t* o16, bool keep_rounded) {
+  (void)keep_rounded;
+  Buffer tmp;
+  if (!out.data) {
+    tmp = alloc(MemCategory::Workspace, size_t(out.rows * out.cols) * 4, "swiglu output",
+                BufferInit::Uninit);
+    out = MatF(tmp.as<float>(), out.rows, out.cols);
+  }
+  QLFT_CHECK_ARG(gate.stride == gate.cols && up.stride == up.cols && out.stride == out.cols,
+                 "swiglu_fwd_16: gate, up and out must be dense");
+  const int64_t n = gate.rows * gate.cols;
+  to_16(t, gate.data, g16, n);
+  from_16(t, g16, gate.data, n);
+  to_16(t, up.data, u16, n);
+  from_16(t, u16, up.data, n);
+  swiglu_fwd(gate.as_const(), up.as_const(), out);
+  to_16(t, out.data, o16, n);
+}
+
+void Backend::swiglu_bwd_16(MatF gate, MatF up, DType t, const uint16_t* g16, const uint16_t* u16,
+                            CMatF dout, MatF dgate, MatF dup) {
+  QLFT_CHECK_ARG(gate.stride == gate.cols && up.stride == up.cols,
+                 "swiglu_bwd_16: gate and up must be dense");
+  from_16(t, g16, gate.data, gate.rows * gate.cols);
+  from_16(t, u16, up.data, up.rows * up.cols);
+  swiglu_bwd(gate.as_const(), up.as_const(), dout, dgate, dup);
 }
 
 double Backend::sum_squares(const float* x, int64_t n) {

@@ -124,12 +124,36 @@ class Backend {
   virtual void linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, const float* xa, CMatF dy,
                           MatF dx, float* dA, float* dB) = 0;
 
+  // In place of zeroing dx (n floats, dense) before the linear_bwd that takes it as dx next:
+  // true when the backend makes that call write dx as if it had been zeroed (its first GEMM
+  // overwrites: no memset, no read of the old values); false: the caller zeroes it. A call
+  // with another dx (or none) in between zeroes it first.
+  virtual bool defer_zero(float* dx, int64_t n) {
+    (void)dx;
+    (void)n;
+    return false;
+  }
+
   // A hint: the linear_fwd / linear_bwd calls up to end_shared_input() that take x as their
   // input take the same matrix, unchanged (q, k and v share the normed hidden state; gate and
   // up too), so a backend that converts its input (the CPU backend's bf16 copy) may convert it
   // once. The caller must not write x in between. Calls with other inputs are unaffected.
   virtual void begin_shared_input(CMatF x) { (void)x; }
   virtual void end_shared_input() {}
+  // The same scope with x's values already rounded to t (x16: [rows, cols] dense, as to_16
+  // writes them; the runner's stored 16-bit activation). A backend for which takes_input_16(t)
+  // holds takes the GEMM input of the scope's calls from x16 and reads x's fp32 values only
+  // for LoRA dropout, so without dropout x need not hold its values (the runner skips writing
+  // or unpacking them); any other backend sees begin_shared_input(x).
+  virtual void begin_shared_input_16(CMatF x, DType t, const uint16_t* x16) {
+    (void)t;
+    (void)x16;
+    begin_shared_input(x);
+  }
+  virtual bool takes_input_16(DType t) const {
+    (void)t;
+    return false;
+  }
 
   // ---- normalization, position, activation -----------------------------------------------
   // y = x * rstd * w, rstd[row] = 1 / sqrt(mean(x^2) + eps). rstd may be nullptr.
@@ -145,10 +169,36 @@ class Backend {
 
   // out = silu(gate) * up, all [rows, ffn].
   virtual void swiglu_fwd(CMatF gate, CMatF up, MatF out) = 0;
+  // 16-bit activation storage in one pass (the defaults are the separate ops). A null fp32
+  // output (y.data, out.data) is not written where nothing reads it (the runner's direct16()
+  // path, whose GEMMs take the 16-bit copies); the defaults then use workspace.
+  // rmsnorm_fwd, and y16 = y rounded to t (to_16);
+  virtual void rmsnorm_fwd_16(CMatF x, const float* w, float eps, MatF y, float* rstd, DType t,
+                              uint16_t* y16);
+  // gate and up rounded to t into g16 / u16 (and in place), then swiglu_fwd of the rounded
+  // values and o16 = out rounded to t. keep_rounded = false: gate and up need not keep the
+  // rounded values (nothing reads them after).
+  virtual void swiglu_fwd_16(MatF gate, MatF up, MatF out, DType t, uint16_t* g16, uint16_t* u16,
+                             uint16_t* o16, bool keep_rounded = true);
+  // swiglu_bwd of gate and up given as g16 / u16 (16-bit, dense); gate and up: fp32 room the
+  // default fills with their values (a backend may leave them untouched).
+  virtual void swiglu_bwd_16(MatF gate, MatF up, DType t, const uint16_t* g16, const uint16_t* u16,
+                             CMatF dout, MatF dgate, MatF dup);
   // dgate = dout * up * silu'(gate); dup = dout * silu(gate) (overwritten, not accumulated).
   virtual void swiglu_bwd(CMatF gate, CMatF up, CMatF dout, MatF dgate, MatF dup) = 0;
 
   // ---- attention --------------------------------------------------------------------------
+  // A hint for the next attention_fwd / attention_bwd: its q, k, v rounded to t (16-bit, dense,
+  // their layout). A backend that takes_input_16(t) then reads q, k and v only through these
+  // (their fp32 values need not be there: the runner's stored bf16 q / k / v); any other
+  // backend ignores it.
+  virtual void attention_inputs_16(DType t, const uint16_t* q16, const uint16_t* k16,
+                                   const uint16_t* v16) {
+    (void)t;
+    (void)q16;
+    (void)k16;
+    (void)v16;
+  }
   // out = softmax(q k^T / sqrt(head_dim) + mask) v per head. lse ([n_heads * rows], indexed
   // head * rows + row) receives the log-sum-exp of each score row for the backward pass; it may
   // be nullptr when no backward pass follows (generation).
@@ -215,6 +265,13 @@ void cross_entropy_walk_end(const CrossEntropyRow* st, const int32_t* targets, i
 class SharedInput {
  public:
   SharedInput(Backend& be, CMatF x) : be_(be) { be_.begin_shared_input(x); }
+  // x16 == nullptr: as above.
+  SharedInput(Backend& be, CMatF x, DType t, const uint16_t* x16) : be_(be) {
+    if (x16)
+      be_.begin_shared_input_16(x, t, x16);
+    else
+      be_.begin_shared_input(x);
+  }
   ~SharedInput() { be_.end_shared_input(); }
   SharedInput(const SharedInput&) = delete;
   SharedInput& operator=(const SharedInput&) = delete;

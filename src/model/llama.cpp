@@ -349,20 +349,32 @@ LlamaRunner::LayerActs& LlamaRunner::scratch() {
   return acts_for(0, false);
 }
 
-void LlamaRunner::pack(LayerActs& from, LayerActs& to) {
+// halves() written by layer_fwd itself when direct16(): all but the LoRA xa; and those
+// layer_bwd reads in 16 bits (GEMM inputs, attention_inputs_16, swiglu_bwd_16): all but att
+// (attention_bwd's fp32 output) and xa.
+constexpr bool kHalfWrittenDirect[9] = {true, true, true, true, true, true, true, true, true};
+constexpr bool kHalfReadDirect[9] = {true, true, true, true, false, true, true, true, true};
+
+bool LlamaRunner::direct16() const {
+  // LoRA dropout reads the fp32 input (its scaled values round differently).
+  return act_dtype_ != DType::F32 && be_.takes_input_16(act_dtype_) &&
+         !(lora_ && training_ && lora_->config().dropout > 0.f);
+}
+
+void LlamaRunner::pack(LayerActs& from, LayerActs& to, bool direct) {
   auto src = from.halves();
   auto dst = to.halves();
   for (size_t i = 0; i < dst.size(); ++i)
-    if (!dst[i]->empty())
+    if (!dst[i]->empty() && !(direct && i < 9 && kHalfWrittenDirect[i]))
       be_.to_16(act_dtype_, src[i]->as<float>(), dst[i]->as<uint16_t>(),
                 static_cast<int64_t>(dst[i]->size() / 2));
 }
 
-void LlamaRunner::unpack(LayerActs& from, LayerActs& to) {
+void LlamaRunner::unpack(LayerActs& from, LayerActs& to, bool direct) {
   auto src = from.halves();
   auto dst = to.halves();
   for (size_t i = 0; i < src.size(); ++i)
-    if (!src[i]->empty())
+    if (!src[i]->empty() && !(direct && i < 9 && kHalfReadDirect[i]))
       be_.from_16(act_dtype_, src[i]->as<uint16_t>(), dst[i]->as<float>(),
                   static_cast<int64_t>(src[i]->size() / 2));
 }
@@ -452,19 +464,28 @@ const float* LlamaRunner::frozen(const Buffer& host) {
   return it->second.as<float>();
 }
 
-void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out) {
+void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out, LayerActs* st) {
   const ModelConfig& c = model_.cfg;
   const LayerWeights& L = model_.layers[l];
   const int64_t R = rows_, qd = static_cast<int64_t>(c.n_heads) * c.head_dim,
                 kvd = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
   const int32_t* pos = pos_.as<int32_t>();
   CMatF xin(x_in, R, c.dim);
+  const DType t16 = act_dtype_;
+  // The stored 16-bit copy of a tensor the ops write directly (nullptr: none).
+  auto h16 = [st](Buffer& b) { return st ? b.as<uint16_t>() : nullptr; };
 
-  be_.rmsnorm_fwd(xin, frozen(L.attn_norm), c.rms_eps, mat(a.xn1, R, c.dim), a.rstd1.as<float>());
+  // With st the fp32 norm outputs, the rounded gate / up and the SwiGLU output are not written:
+  // the GEMMs take the 16-bit copies (Backend::takes_input_16).
+  if (st)
+    be_.rmsnorm_fwd_16(xin, frozen(L.attn_norm), c.rms_eps, MatF(nullptr, R, c.dim),
+                       a.rstd1.as<float>(), t16, st->xn1.as<uint16_t>());
+  else
+    be_.rmsnorm_fwd(xin, frozen(L.attn_norm), c.rms_eps, mat(a.xn1, R, c.dim), a.rstd1.as<float>());
   Buffer* outs[3] = {&a.q, &a.k, &a.v};
   const int64_t widths[3] = {qd, kvd, kvd};
   {
-    SharedInput shared(be_, cmat(a.xn1, R, c.dim));
+    SharedInput shared(be_, cmat(a.xn1, R, c.dim), t16, st ? h16(st->xn1) : nullptr);
     for (int j = 0; j < 3; ++j) {
       Proj p = static_cast<Proj>(j);
       bool has;
@@ -476,9 +497,17 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
   }
   be_.rope(mat(a.q, R, qd), pos, c.n_heads, c.head_dim, c.rope_theta, c.rope_adjacent, false);
   be_.rope(mat(a.k, R, kvd), pos, c.n_kv_heads, c.head_dim, c.rope_theta, c.rope_adjacent, false);
+  if (st) {  // stored as they are, and attention's GEMMs take them (attention_inputs_16)
+    be_.to_16(t16, a.q.as<float>(), st->q.as<uint16_t>(), R * qd);
+    be_.to_16(t16, a.k.as<float>(), st->k.as<uint16_t>(), R * kvd);
+    be_.to_16(t16, a.v.as<float>(), st->v.as<uint16_t>(), R * kvd);
+    be_.attention_inputs_16(t16, st->q.as<uint16_t>(), st->k.as<uint16_t>(), st->v.as<uint16_t>());
+  }
   be_.attention_fwd(shape_, cmat(a.q, R, qd), cmat(a.k, R, kvd), cmat(a.v, R, kvd),
                     mat(a.att, R, qd), a.lse.as<float>());
+  if (st) be_.to_16(t16, a.att.as<float>(), st->att.as<uint16_t>(), R * qd);
   {
+    SharedInput shared(be_, cmat(a.att, R, qd), t16, st ? h16(st->att) : nullptr);
     bool has;
     LoraRef ref = lora_ref(l, Proj::O, &has);
     const int o = static_cast<int>(Proj::O);
@@ -487,11 +516,15 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
   }
   be_.add(a.x_mid.as<float>(), x_in, R * c.dim);
 
-  be_.rmsnorm_fwd(cmat(a.x_mid, R, c.dim), frozen(L.ffn_norm), c.rms_eps, mat(a.xn2, R, c.dim),
-                  a.rstd2.as<float>());
+  if (st)
+    be_.rmsnorm_fwd_16(cmat(a.x_mid, R, c.dim), frozen(L.ffn_norm), c.rms_eps,
+                       MatF(nullptr, R, c.dim), a.rstd2.as<float>(), t16, st->xn2.as<uint16_t>());
+  else
+    be_.rmsnorm_fwd(cmat(a.x_mid, R, c.dim), frozen(L.ffn_norm), c.rms_eps, mat(a.xn2, R, c.dim),
+                    a.rstd2.as<float>());
   Buffer* ffn_outs[2] = {&a.gate, &a.up};
   {
-    SharedInput shared(be_, cmat(a.xn2, R, c.dim));
+    SharedInput shared(be_, cmat(a.xn2, R, c.dim), t16, st ? h16(st->xn2) : nullptr);
     for (int j = 0; j < 2; ++j) {
       const int p = static_cast<int>(Proj::Gate) + j;
       bool has;
@@ -499,13 +532,19 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
       be_.linear_fwd(L.proj[p], nullptr, has ? &ref : nullptr, cmat(a.xn2, R, c.dim),
                      mat(*ffn_outs[j], R, c.ffn_dim), has ? a.xa[p].as<float>() : nullptr);
       // 16-bit storage keeps gate and up in 16 bits: SwiGLU's forward takes those values too
-      // (autocast's matmul outputs), so forward and backward agree.
-      if (act_dtype_ != DType::F32)
+      // (autocast's matmul outputs), so forward and backward agree (with st: swiglu_fwd_16).
+      if (act_dtype_ != DType::F32 && !st)
         be_.round_16(act_dtype_, ffn_outs[j]->as<float>(), R * c.ffn_dim);
     }
   }
-  be_.swiglu_fwd(cmat(a.gate, R, c.ffn_dim), cmat(a.up, R, c.ffn_dim), mat(a.hact, R, c.ffn_dim));
+  if (st)
+    be_.swiglu_fwd_16(mat(a.gate, R, c.ffn_dim), mat(a.up, R, c.ffn_dim),
+                      MatF(nullptr, R, c.ffn_dim), t16, st->gate.as<uint16_t>(),
+                      st->up.as<uint16_t>(), st->hact.as<uint16_t>(), false);
+  else
+    be_.swiglu_fwd(cmat(a.gate, R, c.ffn_dim), cmat(a.up, R, c.ffn_dim), mat(a.hact, R, c.ffn_dim));
   {
+    SharedInput shared(be_, cmat(a.hact, R, c.ffn_dim), t16, st ? h16(st->hact) : nullptr);
     bool has;
     LoraRef ref = lora_ref(l, Proj::Down, &has);
     const int d = static_cast<int>(Proj::Down);
@@ -542,8 +581,9 @@ LossResult LlamaRunner::run_forward(const TokenBatch& b, bool training, float gr
     // 16-bit storage: run in the fp32 scratch (with this layer's own fp32 tensors), then pack.
     LayerActs& s = scratch();
     LendFulls lend(a.fulls(), s.fulls());
-    layer_fwd(l, s, resid_[l].as<float>(), resid_[l + 1].as<float>());
-    pack(s, a);
+    const bool direct = direct16();
+    layer_fwd(l, s, resid_[l].as<float>(), resid_[l + 1].as<float>(), direct ? &a : nullptr);
+    pack(s, a, direct);
   }
   // Training comes back to the head first in backward (for the final norm).
   UnitUse head_use(ws, head_unit(c.n_layers), training ? head_unit(c.n_layers) : kNoUnit);
@@ -635,7 +675,7 @@ LossResult LlamaRunner::eval_loss(const TokenBatch& b) {
   return run_forward(b, false, 0.f, MatF());
 }
 
-void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx) {
+void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx, LayerActs* st) {
   const ModelConfig& c = model_.cfg;
   const LayerWeights& L = model_.layers[l];
   const int64_t R = rows_, qd = static_cast<int64_t>(c.n_heads) * c.head_dim,
@@ -668,13 +708,27 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
 
   // The projections' backward runs in kBackwardProjOrder (model/lora_grad_sink.h).
   // FFN branch: G is d(loss)/d(x_out) = d/d(x_mid) through the residual, plus the branch.
-  zero(g.dh);
-  lin_bwd(Proj::Down, cmat(a.hact, R, c.ffn_dim), G.as_const(), mat(g.dh, R, c.ffn_dim));
-  be_.swiglu_bwd(cmat(a.gate, R, c.ffn_dim), cmat(a.up, R, c.ffn_dim), cmat(g.dh, R, c.ffn_dim),
-                 mat(g.dgate, R, c.ffn_dim), mat(g.dup, R, c.ffn_dim));
-  zero(g.dxn);
+  const DType t16 = act_dtype_;
+  auto h16 = [st](Buffer& b) -> const uint16_t* { return st ? b.as<uint16_t>() : nullptr; };
+  // The first linear_bwd into each dx buffer may overwrite it instead (Backend::defer_zero).
+  auto zero_dx = [&](Buffer& b, int64_t n) {
+    if (!be_.defer_zero(b.as<float>(), n)) zero(b);
+  };
+  zero_dx(g.dh, R * c.ffn_dim);
   {
-    SharedInput shared(be_, cmat(a.xn2, R, c.dim));
+    SharedInput shared(be_, cmat(a.hact, R, c.ffn_dim), t16, st ? h16(st->hact) : nullptr);
+    lin_bwd(Proj::Down, cmat(a.hact, R, c.ffn_dim), G.as_const(), mat(g.dh, R, c.ffn_dim));
+  }
+  if (st)
+    be_.swiglu_bwd_16(mat(a.gate, R, c.ffn_dim), mat(a.up, R, c.ffn_dim), t16,
+                      st->gate.as<uint16_t>(), st->up.as<uint16_t>(), cmat(g.dh, R, c.ffn_dim),
+                      mat(g.dgate, R, c.ffn_dim), mat(g.dup, R, c.ffn_dim));
+  else
+    be_.swiglu_bwd(cmat(a.gate, R, c.ffn_dim), cmat(a.up, R, c.ffn_dim), cmat(g.dh, R, c.ffn_dim),
+                   mat(g.dgate, R, c.ffn_dim), mat(g.dup, R, c.ffn_dim));
+  zero_dx(g.dxn, R * c.dim);
+  {
+    SharedInput shared(be_, cmat(a.xn2, R, c.dim), t16, st ? h16(st->xn2) : nullptr);
     lin_bwd(Proj::Gate, cmat(a.xn2, R, c.dim), cmat(g.dgate, R, c.ffn_dim), mat(g.dxn, R, c.dim));
     lin_bwd(Proj::Up, cmat(a.xn2, R, c.dim), cmat(g.dup, R, c.ffn_dim), mat(g.dxn, R, c.dim));
   }
@@ -682,19 +736,24 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
                   cmat(g.dxn, R, c.dim), G);
 
   // Attention branch: G is now d/d(x_mid).
-  zero(g.datt);
-  lin_bwd(Proj::O, cmat(a.att, R, qd), G.as_const(), mat(g.datt, R, qd));
+  zero_dx(g.datt, R * qd);
+  {
+    SharedInput shared(be_, cmat(a.att, R, qd), t16, st ? h16(st->att) : nullptr);
+    lin_bwd(Proj::O, cmat(a.att, R, qd), G.as_const(), mat(g.datt, R, qd));
+  }
   zero(g.dq);
   zero(g.dk);
   zero(g.dv);
+  if (st)  // q, k, v are not unpacked: attention reads the stored ones
+    be_.attention_inputs_16(t16, st->q.as<uint16_t>(), st->k.as<uint16_t>(), st->v.as<uint16_t>());
   be_.attention_bwd(shape_, cmat(a.q, R, qd), cmat(a.k, R, kvd), cmat(a.v, R, kvd),
                     cmat(a.att, R, qd), a.lse.as<float>(), cmat(g.datt, R, qd), mat(g.dq, R, qd),
                     mat(g.dk, R, kvd), mat(g.dv, R, kvd));
   be_.rope(mat(g.dq, R, qd), pos, c.n_heads, c.head_dim, c.rope_theta, c.rope_adjacent, true);
   be_.rope(mat(g.dk, R, kvd), pos, c.n_kv_heads, c.head_dim, c.rope_theta, c.rope_adjacent, true);
-  zero(g.dxn);
+  zero_dx(g.dxn, R * c.dim);
   {
-    SharedInput shared(be_, cmat(a.xn1, R, c.dim));
+    SharedInput shared(be_, cmat(a.xn1, R, c.dim), t16, st ? h16(st->xn1) : nullptr);
     lin_bwd(Proj::Q, cmat(a.xn1, R, c.dim), cmat(g.dq, R, qd), mat(g.dxn, R, c.dim));
     lin_bwd(Proj::K, cmat(a.xn1, R, c.dim), cmat(g.dk, R, kvd), mat(g.dxn, R, c.dim));
     lin_bwd(Proj::V, cmat(a.xn1, R, c.dim), cmat(g.dv, R, kvd), mat(g.dxn, R, c.dim));
@@ -749,8 +808,9 @@ void LlamaRunner::backward() {
     } else if (stored_[l]->half) {
       LayerActs& s = scratch();
       LendFulls lend(stored_[l]->fulls(), s.fulls());
-      unpack(*stored_[l], s);
-      layer_bwd(l, s, resid_[l].as<float>(), l > 0);
+      const bool direct = direct16();
+      unpack(*stored_[l], s, direct);
+      layer_bwd(l, s, resid_[l].as<float>(), l > 0, direct ? stored_[l].get() : nullptr);
     } else {
       layer_bwd(l, *stored_[l], resid_[l].as<float>(), l > 0);
     }

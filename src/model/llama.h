@@ -160,11 +160,14 @@ class LlamaRunner {
   void prepare(const TokenBatch& b, bool training);
   LayerActs& acts_for(int layer, bool store);
   LayerActs& scratch();
-  void layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out);
-  void pack(LayerActs& from, LayerActs& to);
-  void unpack(LayerActs& from, LayerActs& to);
+  // st: the stored 16-bit layer whose GEMM inputs and gate / up the ops write directly (and
+  // the backward reads directly) when the backend takes_input_16 (direct16()); else nullptr.
+  void layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out, LayerActs* st = nullptr);
+  bool direct16() const;
+  void pack(LayerActs& from, LayerActs& to, bool direct = false);
+  void unpack(LayerActs& from, LayerActs& to, bool direct = false);
   void round_stored(LayerActs& a);
-  void layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx);
+  void layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx, LayerActs* st = nullptr);
   LossResult run_forward(const TokenBatch& b, bool training, float grad_scale, MatF logits);
   // The fused cross-entropy (Backend::linear_cross_entropy) over a head ws hands out in row
   // slices (WeightStream::rows_sharded). Host memory.

@@ -9,9 +9,11 @@
 // fp32 runs Q K^T, P V, dO V^T and dS K on oneDNN (CpuTuning::f32_attn_onednn), dK and dV on
 // OpenBLAS.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
@@ -19,6 +21,7 @@
 #include "backend/cpu/vec_kernels.h"
 #include "backend/cpu/vec_math.h"
 #include "backend/softmax_math.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/threads.h"
 
@@ -98,7 +101,9 @@ struct Heads {
   }
 };
 
-Heads heads_of(const OpGemm& mm, CMatF m, int n_heads, int D, const char* what) {
+// m16: m's values as bf16 (Backend::attention_inputs_16), read instead of m where given.
+Heads heads_of(const OpGemm& mm, CMatF m, int n_heads, int D, const char* what,
+               const uint16_t* m16 = nullptr) {
   Heads h;
   if (!mm.lp) {
     h.p = m.data;
@@ -111,10 +116,19 @@ Heads heads_of(const OpGemm& mm, CMatF m, int n_heads, int D, const char* what) 
   h.own = mm.be.scratch_buffer(size_t(R * n_heads * D) * eb, what);
   char* dst = static_cast<char*>(h.own.data());
   const int nt = R * n_heads * D >= 4096 ? qlft::num_threads() : 1;
+  const int64_t C = int64_t(n_heads) * D;
+  const bool lp16 = eb == 2;
 #pragma omp parallel for num_threads(nt) schedule(static)
   for (int64_t r = 0; r < R; ++r)
-    for (int hd = 0; hd < n_heads; ++hd)
-      mm.convert(m.row(r) + int64_t(hd) * D, dst + size_t((hd * R + r) * D) * eb, size_t(D));
+    for (int hd = 0; hd < n_heads; ++hd) {
+      char* to = dst + size_t((hd * R + r) * D) * eb;
+      if (!m16)
+        mm.convert(m.row(r) + int64_t(hd) * D, to, size_t(D));
+      else if (lp16)  // the bits as they are
+        std::copy_n(m16 + r * C + int64_t(hd) * D, D, reinterpret_cast<uint16_t*>(to));
+      else  // sgemm's operands: widened (exact)
+        bf16_to_f32_n(m16 + r * C + int64_t(hd) * D, reinterpret_cast<float*>(to), size_t(D));
+    }
   h.p = dst;
   h.ld = D;
   h.head_stride = R * D;
@@ -188,6 +202,8 @@ void add_rows(MatF dst, int64_t r0, int64_t c0, const float* src, int64_t n, int
 
 void CpuBackend::attention_fwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out,
                                float* lse) {
+  // attention_inputs_16's copies are this call's alone.
+  const std::array<const uint16_t*, 3> in16 = std::exchange(attn16_, {});
   op_checks::attention(s, q, k, v, "attention_fwd");
   op_checks::attention_fwd_out(s, q, out.as_const());
   const int D = s.head_dim;
@@ -204,9 +220,9 @@ void CpuBackend::attention_fwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, Ma
   const int64_t align = mm.tile_onednn() ? std::max<int64_t>(1, tune.attn_block_q) : 1;
   // bf16 bits (oneDNN): the probabilities are rounded in the softmax pass itself.
   const bool fused = mm.lp && bf16_onednn();
-  const Heads qh = heads_of(mm, q, s.n_heads, D, "bf16 attention q"),
-              kh = heads_of(mm, k, s.n_kv_heads, D, "bf16 attention k"),
-              vh = heads_of(mm, v, s.n_kv_heads, D, "bf16 attention v");
+  const Heads qh = heads_of(mm, q, s.n_heads, D, "bf16 attention q", in16[0]),
+              kh = heads_of(mm, k, s.n_kv_heads, D, "bf16 attention k", in16[1]),
+              vh = heads_of(mm, v, s.n_kv_heads, D, "bf16 attention v", in16[2]);
   const int nt = int(std::min<int64_t>(max_threads(), ntasks));
   const int64_t tile = bq * int64_t(s.seq);
   // Per thread: the fp32 score tile; with lp also the probabilities in the GEMM's element type
@@ -249,6 +265,8 @@ void CpuBackend::attention_fwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, Ma
 
 void CpuBackend::attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out,
                                const float* lse, CMatF dout, MatF dq, MatF dk, MatF dv) {
+  // attention_inputs_16's copies are this call's alone.
+  const std::array<const uint16_t*, 3> in16 = std::exchange(attn16_, {});
   op_checks::attention(s, q, k, v, "attention_bwd");
   op_checks::attention_bwd_grads(q, k, v, out, dout, dq.as_const(), dk.as_const(), dv.as_const(),
                                  lse);
@@ -268,9 +286,9 @@ void CpuBackend::attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, CM
   // oneDNN few primitives to create.
   const int64_t align = mm.tile_onednn() ? std::max<int64_t>(1, tune.attn_block_q) : 1;
   const bool fused = mm.lp && bf16_onednn();
-  const Heads qh = heads_of(mm, q, s.n_heads, D, "bf16 attention q"),
-              kh_ = heads_of(mm, k, s.n_kv_heads, D, "bf16 attention k"),
-              vh = heads_of(mm, v, s.n_kv_heads, D, "bf16 attention v"),
+  const Heads qh = heads_of(mm, q, s.n_heads, D, "bf16 attention q", in16[0]),
+              kh_ = heads_of(mm, k, s.n_kv_heads, D, "bf16 attention k", in16[1]),
+              vh = heads_of(mm, v, s.n_kv_heads, D, "bf16 attention v", in16[2]),
               doh = heads_of(mm, dout, s.n_heads, D, "bf16 attention dout");
   const int nt = int(std::min<int64_t>(max_threads(), ntasks));
   const int64_t tile = bq * int64_t(s.seq), T = s.seq;

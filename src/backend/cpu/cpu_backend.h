@@ -99,7 +99,8 @@ struct LpMat {
   int64_t rows = 0, cols = 0;
   int64_t ld = 0;  // row stride: cols, or more where columns were asked for beyond them
   bool bf16 = false;
-  const void* data() const { return buf.data(); }
+  const void* view = nullptr;  // borrowed bf16 values (Backend::begin_shared_input_16), no buf
+  const void* data() const { return view ? view : buf.data(); }
 };
 
 class CpuBackend final : public Backend {
@@ -129,6 +130,24 @@ class CpuBackend final : public Backend {
 
   void begin_shared_input(CMatF x) override;
   void end_shared_input() override;
+  // With precision bf16 the GEMM inputs come from x16 (borrowed as they are where no columns
+  // are added, else copied with them).
+  void begin_shared_input_16(CMatF x, DType t, const uint16_t* x16) override;
+  // Precision bf16: the next linear_bwd's first dx GEMM runs with beta 0.
+  bool defer_zero(float* dx, int64_t n) override;
+  void attention_inputs_16(DType t, const uint16_t* q16, const uint16_t* k16,
+                           const uint16_t* v16) override {
+    if (takes_input_16(t)) attn16_ = {q16, k16, v16};
+  }
+  bool takes_input_16(DType t) const override {
+    return t == DType::BF16 && precision_ == DType::BF16;
+  }
+  void rmsnorm_fwd_16(CMatF x, const float* w, float eps, MatF y, float* rstd, DType t,
+                      uint16_t* y16) override;
+  void swiglu_fwd_16(MatF gate, MatF up, MatF out, DType t, uint16_t* g16, uint16_t* u16,
+                     uint16_t* o16, bool keep_rounded) override;
+  void swiglu_bwd_16(MatF gate, MatF up, DType t, const uint16_t* g16, const uint16_t* u16,
+                     CMatF dout, MatF dgate, MatF dup) override;
 
   void rmsnorm_fwd(CMatF x, const float* w, float eps, MatF y, float* rstd) override;
   void rmsnorm_bwd(CMatF x, const float* w, const float* rstd, CMatF dy, MatF dx) override;
@@ -185,9 +204,20 @@ class CpuBackend final : public Backend {
   struct SharedInput {
     CMatF x;
     bool held = false;
-    LpMat lp;  // empty until first used
+    const uint16_t* x16 = nullptr;  // x rounded to bf16 (begin_shared_input_16)
+    LpMat lp;                       // empty until first used
   };
+  // An lp matrix of x16's values ([rows, cols] bf16) with `extra` zero columns.
+  LpMat lp_from_16(const uint16_t* x16, int64_t rows, int64_t cols, Scratch slot, const char* what,
+                   int64_t extra) const;
   mutable SharedInput shared_;
+  // attention_inputs_16's q, k, v for the next attention call (which clears them).
+  std::array<const uint16_t*, 3> attn16_{};
+  // defer_zero's dx, until the linear_bwd that overwrites it (or zeroes it).
+  float* dx_pending_ = nullptr;
+  int64_t dx_pending_n_ = 0;
+  // Whether linear_bwd's dx is defer_zero's: ends the deferral, zeroing a different one.
+  bool take_pending_zero(MatF dx);
   DType precision_ = DType::F32;
   mutable std::array<Buffer, size_t(Scratch::Count)> slots_;
   mutable std::array<std::atomic<bool>, size_t(Scratch::Count)> busy_{};

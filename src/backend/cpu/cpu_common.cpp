@@ -130,11 +130,15 @@ size_t lp_bytes(const CpuBackend& be) {
 
 namespace {
 
+// Elements from which a conversion into an lp matrix runs on every thread: below it (the LoRA
+// A and B, r-column intermediates) waking a passive OpenMP worker costs more than it saves.
+constexpr int64_t kParallelConvert = int64_t(1) << 16;
+
 // x rounded to bf16 into m.buf (m's shape, row stride and element kind already set), columns
 // past x's zeroed; rows split across threads.
 void fill_lp(CMatF x, LpMat& m) {
   const int64_t C = x.cols, ld = m.ld;
-  const int nt = x.rows * C >= 4096 ? qlft::num_threads() : 1;
+  const int nt = x.rows * C >= kParallelConvert ? qlft::num_threads() : 1;
   if (m.bf16) {
     uint16_t* d = m.buf.as<uint16_t>();
 #pragma omp parallel for num_threads(nt) schedule(static)
@@ -209,20 +213,63 @@ void CpuBackend::begin_shared_input(CMatF x) {
   shared_.held = true;
 }
 
+void CpuBackend::begin_shared_input_16(CMatF x, DType t, const uint16_t* x16) {
+  begin_shared_input(x);
+  if (takes_input_16(t)) shared_.x16 = x16;
+}
+
 void CpuBackend::end_shared_input() {
   shared_ = SharedInput();
+}
+
+LpMat CpuBackend::lp_from_16(const uint16_t* x16, int64_t rows, int64_t cols, Scratch slot,
+                             const char* what, int64_t extra) const {
+  LpMat m;
+  m.rows = rows;
+  m.cols = cols;
+  m.ld = cols + extra;
+  m.bf16 = bf16_onednn();
+  if (m.bf16 && extra == 0) {  // the values as they are
+    m.view = x16;
+    return m;
+  }
+  m.buf = scratch(slot, size_t(rows * m.ld) * lp_bytes(*this), what);
+  const int64_t ld = m.ld;
+  const int nt = rows * cols >= kParallelConvert ? qlft::num_threads() : 1;
+  if (m.bf16) {
+    uint16_t* d = m.buf.as<uint16_t>();
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t i = 0; i < rows; ++i) {
+      std::copy_n(x16 + i * cols, cols, d + i * ld);
+      std::fill(d + i * ld + cols, d + (i + 1) * ld, uint16_t(0));
+    }
+  } else {  // sgemm's operands: the bf16 values widened (exact)
+    float* d = m.buf.as<float>();
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t i = 0; i < rows; ++i) {
+      bf16_to_f32_n(x16 + i * cols, d + i * ld, size_t(cols));
+      std::fill(d + i * ld + cols, d + (i + 1) * ld, 0.f);
+    }
+  }
+  return m;
 }
 
 const LpMat& CpuBackend::input_lp(CMatF x, Scratch slot, const char* what, LpMat& own,
                                   int64_t extra) const {
   const CMatF& s = shared_.x;
-  const bool made = shared_.lp.buf.data() != nullptr;
-  if (!shared_.held || x.data != s.data || x.rows != s.rows || x.cols != s.cols ||
-      x.stride != s.stride || (made && shared_.lp.ld != x.cols + extra)) {
-    own = to_lp(*this, x, slot, what, extra);
+  const bool same = shared_.held && x.data == s.data && x.rows == s.rows && x.cols == s.cols &&
+                    x.stride == s.stride;
+  const bool made = shared_.lp.data() != nullptr;
+  if (!same || (made && shared_.lp.ld != x.cols + extra)) {
+    // x's fp32 values may be unwritten where the scope has its bf16 copy.
+    own = same && shared_.x16 ? lp_from_16(shared_.x16, x.rows, x.cols, slot, what, extra)
+                              : to_lp(*this, x, slot, what, extra);
     return own;
   }
-  if (!made) shared_.lp = to_lp(*this, x, Scratch::Count, "bf16 shared linear input", extra);
+  if (!made)
+    shared_.lp = shared_.x16 ? lp_from_16(shared_.x16, x.rows, x.cols, Scratch::Count,
+                                          "bf16 shared linear input", extra)
+                             : to_lp(*this, x, Scratch::Count, "bf16 shared linear input", extra);
   return shared_.lp;
 }
 

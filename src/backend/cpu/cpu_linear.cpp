@@ -288,11 +288,34 @@ void CpuBackend::linear_fwd(const QWeight& W, const float* bias, const LoraRef* 
   linear_fwd_tail(mm, W, bias, lora, x, mm.borrow(xl), y, xa);
 }
 
+bool CpuBackend::defer_zero(float* dx, int64_t n) {
+  if (precision_ != DType::BF16 || !dx) return false;
+  take_pending_zero(MatF());  // (a deferral nobody took: zeroed)
+  dx_pending_ = dx;
+  dx_pending_n_ = n;
+  return true;
+}
+
+bool CpuBackend::take_pending_zero(MatF dx) {
+  if (!dx_pending_) return false;
+  float* p = dx_pending_;
+  const int64_t n = dx_pending_n_;
+  dx_pending_ = nullptr;
+  if (dx.data == p && dx.stride == dx.cols && dx.rows * dx.cols == n) return true;
+  constexpr int64_t kChunk = int64_t(1) << 16;
+  const int nt = n >= 2 * kChunk ? qlft::num_threads() : 1;
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t i = 0; i < n; i += kChunk) std::fill(p + i, p + std::min(n, i + kChunk), 0.f);
+  return false;
+}
+
 void CpuBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, const float* xa,
                             CMatF dy, MatF dx, float* dA, float* dB) {
   const int64_t M = dy.rows, N = W.rows, K = W.cols;
   op_checks::linear_bwd(W, x, dy, dx.as_const());
   const bool want_dx = dx.data != nullptr;
+  // dx as if zeroed (defer_zero): the first GEMM into it runs with beta 0.
+  const bool fresh = take_pending_zero(dx);
   if (M == 0) return;
   const bool has_lora = lora && lora->r > 0;
 
@@ -315,8 +338,8 @@ void CpuBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, cons
       put_lp(mm, extra_rows, K, 0, lora->A, r, K, lora->scale);
       const std::vector<float> zero(size_t((Np - N - r) * K), 0.f);
       mm.convert(zero.data(), extra_rows + size_t(r * K) * lp_bytes(*this), zero.size());
-      gemm_lp(*this, false, false, M, K, Np, 1.f, dyl.data(), Np, panel.data(), K, 1.f, dx.data,
-              dx.stride);
+      gemm_lp(*this, false, false, M, K, Np, 1.f, dyl.data(), Np, panel.data(), K,
+              fresh ? 0.f : 1.f, dx.data, dx.stride);
       return;
     }
     LpMat dyl = to_lp(*this, dy, Scratch::Out, "bf16 linear output grad");
@@ -328,14 +351,17 @@ void CpuBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, cons
         int64_t n = std::min(P, N - p0);
         dequant_panel_lp(*this, W, p0, n, panel.data());
         gemm_lp(*this, false, false, M, K, n, 1.f, lp_at(*this, dyl.data(), p0), dyl.ld,
-                panel.data(), K, 1.f, dx.data, dx.stride);
+                panel.data(), K, fresh && p0 == 0 ? 0.f : 1.f, dx.data, dx.stride);
       }
+    } else if (fresh) {
+      std::fill_n(dx.data, M * K, 0.f);  // (N == 0: no GEMM writes it)
     }
     if (!has_lora) return;
     lora_bwd(mm, W, *lora, x, xa, mm.borrow(dyl), dx, dA, dB);
     return;
   }
 
+  if (fresh) std::fill_n(dx.data, M * K, 0.f);  // (defer_zero takes bf16 only)
   // dx += dy W, one panel of W rows (a slice of dy columns) at a time; merged: dy (W + s B A).
   const bool merged = want_dx && lora_merged(lora, M, N);
   if (merged) op_checks::lora(*lora);

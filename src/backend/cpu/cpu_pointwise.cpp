@@ -11,6 +11,7 @@
 #include "backend/cpu/vec_math.h"
 #include "backend/norm_math.h"
 #include "backend/rope_math.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/threads.h"
 
@@ -22,6 +23,88 @@ void CpuBackend::rmsnorm_fwd(CMatF x, const float* w, float eps, MatF y, float* 
 #pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
   for (int64_t i = 0; i < x.rows; ++i) {
     vec_kernels().rmsnorm_fwd_row(x.row(i), w, eps, y.row(i), rstd ? &rstd[i] : nullptr, C);
+  }
+}
+
+namespace {
+// fp32 row -> t (BF16 or F16), as Backend::to_16 converts.
+void row_to_16(DType t, const float* src, uint16_t* dst, int64_t n) {
+  if (t == DType::BF16)
+    f32_to_bf16_n(src, dst, size_t(n));
+  else
+    f32_to_f16_n(src, dst, size_t(n));
+}
+void row_from_16(DType t, const uint16_t* src, float* dst, int64_t n) {
+  if (t == DType::BF16)
+    bf16_to_f32_n(src, dst, size_t(n));
+  else
+    f16_to_f32_n(src, dst, size_t(n));
+}
+}  // namespace
+
+// One pass per row: the norm and its 16-bit copy (the row still in cache), one parallel region.
+// A null y: each row goes through a row buffer of the thread's.
+void CpuBackend::rmsnorm_fwd_16(CMatF x, const float* w, float eps, MatF y, float* rstd, DType t,
+                                uint16_t* y16) {
+  op_checks::same_shape(x, y.as_const(), "rmsnorm_fwd_16", "x", "y");
+  const int64_t C = x.cols;
+#pragma omp parallel num_threads(qlft::num_threads())
+  {
+    std::vector<float> row(y.data ? 0 : size_t(C));
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < x.rows; ++i) {
+      float* yr = y.data ? y.row(i) : row.data();
+      vec_kernels().rmsnorm_fwd_row(x.row(i), w, eps, yr, rstd ? &rstd[i] : nullptr, C);
+      row_to_16(t, yr, y16 + i * C, C);
+    }
+  }
+}
+
+// gate and up rounded (into g16 / u16, and in place with keep_rounded), SwiGLU, its 16-bit copy:
+// a row at a time. keep_rounded = false and a null out: the rounded gate / up rows and the
+// output row live in row buffers of the thread's, nothing fp32 is written.
+void CpuBackend::swiglu_fwd_16(MatF gate, MatF up, MatF out, DType t, uint16_t* g16, uint16_t* u16,
+                               uint16_t* o16, bool keep_rounded) {
+  op_checks::same_shape(gate.as_const(), up.as_const(), "swiglu_fwd_16", "gate", "up");
+  op_checks::same_shape(gate.as_const(), out.as_const(), "swiglu_fwd_16", "gate", "out");
+  const int64_t C = gate.cols;
+#pragma omp parallel num_threads(qlft::num_threads())
+  {
+    std::vector<float> rows(size_t(keep_rounded ? 0 : 2 * C) + size_t(out.data ? 0 : C));
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < gate.rows; ++i) {
+      float* g = keep_rounded ? gate.row(i) : rows.data();
+      float* u = keep_rounded ? up.row(i) : rows.data() + C;
+      float* o = out.data ? out.row(i) : rows.data() + (keep_rounded ? 0 : 2 * C);
+      row_to_16(t, gate.row(i), g16 + i * C, C);
+      row_from_16(t, g16 + i * C, g, C);
+      row_to_16(t, up.row(i), u16 + i * C, C);
+      row_from_16(t, u16 + i * C, u, C);
+      vec_kernels().swiglu_fwd_row(g, u, o, C);
+      row_to_16(t, o, o16 + i * C, C);
+    }
+  }
+}
+
+// gate and up rows widened into row buffers of the thread's (gate and up untouched).
+void CpuBackend::swiglu_bwd_16(MatF gate, MatF up, DType t, const uint16_t* g16,
+                               const uint16_t* u16, CMatF dout, MatF dgate, MatF dup) {
+  op_checks::same_shape(gate.as_const(), dout, "swiglu_bwd_16", "gate", "dout");
+  op_checks::same_shape(up.as_const(), dout, "swiglu_bwd_16", "up", "dout");
+  op_checks::same_shape(dout, dgate.as_const(), "swiglu_bwd_16", "dout", "dgate");
+  op_checks::same_shape(dout, dup.as_const(), "swiglu_bwd_16", "dout", "dup");
+  const int64_t C = dout.cols;
+#pragma omp parallel num_threads(qlft::num_threads())
+  {
+    std::vector<float> rows(size_t(2 * C));
+    float* g = rows.data();
+    float* u = g + C;
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < dout.rows; ++i) {
+      row_from_16(t, g16 + i * C, g, C);
+      row_from_16(t, u16 + i * C, u, C);
+      vec_kernels().swiglu_bwd_row(g, u, dout.row(i), dgate.row(i), dup.row(i), C);
+    }
   }
 }
 
