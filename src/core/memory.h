@@ -85,10 +85,13 @@ class MemoryTracker {
   void device_cache_freed(uint64_t bytes) noexcept;
 
   // Host blocks (Buffer's storage): acquire_block counts like acquire and returns a cached block
-  // of exactly `bytes` when there is one (nullptr: the caller allocates); release_block counts
-  // like release and keeps the block (true) or leaves it to the caller to free (false).
-  void* acquire_block(MemCategory c, uint64_t bytes, const char* what);
-  bool release_block(MemCategory c, uint64_t bytes, void* block) noexcept;
+  // of exactly `bytes` when there is one (nullptr: the caller allocates), *mapped telling how it
+  // was allocated; release_block counts like release and keeps the block (true) or leaves it to
+  // the caller to free (false).
+  void* acquire_block(MemCategory c, uint64_t bytes, const char* what, bool* mapped);
+  bool release_block(MemCategory c, uint64_t bytes, void* block, bool mapped) noexcept;
+  // Whether a trainer holds the cache on (its steps are running).
+  bool host_cache_held() const;
   // Nested on/off (one per trainer): off at the outermost returns every cached block.
   void hold_host_cache();
   void drop_host_cache() noexcept;
@@ -125,7 +128,11 @@ class MemoryTracker {
   uint64_t total_ = 0, total_peak_ = 0;
   int cache_holders_ = 0;
   uint64_t cached_ = 0;
-  std::multimap<uint64_t, void*> cache_;  // size -> free block
+  struct CachedBlock {
+    void* block;
+    bool mapped;  // page-mapped (else malloc's)
+  };
+  std::multimap<uint64_t, CachedBlock> cache_;  // size -> free block
   MemSpace limit_space_ = MemSpace::Host;
   std::array<uint64_t, kMemCategoryCount> dev_reserved_{}, dev_peak_{};
   uint64_t dev_total_ = 0, dev_cached_ = 0, dev_live_peak_ = 0, dev_total_peak_ = 0;
@@ -207,6 +214,7 @@ class Buffer {
   MemCategory cat_ = MemCategory::Workspace;
   void* data_ = nullptr;
   size_t size_ = 0;
+  bool mapped_ = false;  // host storage page-mapped (memory.cpp host_block_alloc)
 };
 
 // Holds a tracker's host block cache on for its lifetime (a trainer's): declared before the
