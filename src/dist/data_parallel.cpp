@@ -148,6 +148,12 @@ void DataParallel::each_in_chunk(size_t lo, size_t n, F&& f) const {
   }
 }
 
+template <class F>
+void DataParallel::each_bucket(F&& f) const {
+  // Bucket by bucket of every segment: the exchange buffer holds one bucket of each rank's.
+  for (size_t lo = 0; lo < segment_; lo += chunk_) f(lo, std::min(chunk_, segment_ - lo));
+}
+
 void DataParallel::pack(bool grads, size_t lo, size_t n) {
   float* f = flat_.as<float>();
   each_in_chunk(lo, n, [&](size_t i, size_t from, size_t at, size_t len) {
@@ -172,10 +178,8 @@ void DataParallel::reduce_gradients() {
   if (world() == 1 || grads_) return;
   QLFT_CHECK_ARG(!shard_grads_, "ZeRO gradient shards were announced but never set");
   if (dev_) return reduce_device_gradients();
-  // Chunk by chunk of every segment: the exchange buffer holds one chunk of each rank's.
   float* f = flat_.as<float>();
-  for (size_t lo = 0; lo < segment_; lo += chunk_) {
-    const size_t n = std::min(chunk_, segment_ - lo);
+  each_bucket([&](size_t lo, size_t n) {
     pack(true, lo, n);
     if (stage_ < 2) {
       host_->all_reduce(f, static_cast<size_t>(world()) * n, ReduceOp::Sum);
@@ -184,7 +188,7 @@ void DataParallel::reduce_gradients() {
       host_->reduce_scatter(f, f + world() * n, n, ReduceOp::Sum);
       unpack(true, rank(), lo, n);
     }
-  }
+  });
 }
 
 std::vector<GradSpan> DataParallel::grad_spans() const {
@@ -214,13 +218,12 @@ void DataParallel::gather_params() {
   if (stage_ == 0 || world() == 1) return;
   if (dev_) return gather_device_params();
   float* f = flat_.as<float>();
-  for (size_t lo = 0; lo < segment_; lo += chunk_) {
-    const size_t n = std::min(chunk_, segment_ - lo);
+  each_bucket([&](size_t lo, size_t n) {
     pack(false, lo, n);
     host_->all_gather(f + rank() * n, f, n);
     for (int r = 0; r < world(); ++r)
       if (r != rank()) unpack(false, r, lo, n);
-  }
+  });
 }
 
 std::vector<StateEntry> DataParallel::state_catalog(const StateDict& mine) {

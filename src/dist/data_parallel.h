@@ -167,6 +167,8 @@ class DataParallel {
   // at flat_ + r n (and a reduce-scatter's result after them).
   template <class F>
   void each_in_chunk(size_t lo, size_t n, F&& f) const;  // f(param, its first, chunk's, count)
+  template <class F>
+  void each_bucket(F&& f) const;  // f(lo, n) for each chunk of the segments, in order
   void pack(bool grads, size_t lo, size_t n);
   void unpack(bool grads, int only_rank, size_t lo, size_t n);
 

@@ -37,15 +37,6 @@ void StateDict::put(const std::string& name, DType dtype, std::vector<int64_t> s
   tensors_[name] = std::move(t);
 }
 
-void* StateDict::put_uninit(const std::string& name, DType dtype, std::vector<int64_t> shape) {
-  StateTensor t;
-  t.dtype = dtype;
-  t.bytes.resize(numel(shape) * dtype_size(dtype));
-  t.shape = std::move(shape);
-  StateTensor& at = tensors_[name] = std::move(t);
-  return at.bytes.data();
-}
-
 void StateDict::put_f32(const std::string& name, const float* values, size_t n) {
   put(name, DType::F32, {static_cast<int64_t>(n)}, values, n * sizeof(float));
 }

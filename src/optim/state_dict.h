@@ -23,9 +23,6 @@ class StateDict {
   // Copies nbytes (= numel(shape) * dtype_size(dtype)) from data; replaces an existing entry.
   void put(const std::string& name, DType dtype, std::vector<int64_t> shape, const void* data,
            size_t nbytes);
-  // An entry of shape's bytes, zeroed, to be filled through the pointer returned (valid until
-  // the entry is replaced).
-  void* put_uninit(const std::string& name, DType dtype, std::vector<int64_t> shape);
   void put_f32(const std::string& name, const float* values, size_t n);
   void put_u8(const std::string& name, const uint8_t* values, size_t n);
   void put_i64(const std::string& name, int64_t value);                // shape [1]

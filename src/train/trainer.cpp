@@ -94,11 +94,13 @@ class Checksum {
   }
   uint64_t h_ = 0x9e3779b97f4a7c15ull;
 };
-std::string checksum_of(std::vector<TensorBytes> ts) {
+// data nullptr: the bytes are fetch(name)'s (another rank's, asked for in name order).
+std::string checksum_of(std::vector<TensorBytes> ts,
+                        const std::function<const void*(const std::string&)>& fetch = nullptr) {
   std::sort(ts.begin(), ts.end(),
             [](const TensorBytes& a, const TensorBytes& b) { return a.name < b.name; });
   Checksum c;
-  for (const TensorBytes& t : ts) c.add(t.name, t.data, t.size);
+  for (const TensorBytes& t : ts) c.add(t.name, t.data ? t.data : fetch(t.name), t.size);
   return c.hex();
 }
 
@@ -540,11 +542,7 @@ void Trainer::write_checkpoint_file(
     w.add(p.name, DType::F32, {static_cast<int64_t>(p.numel)}, p.data, p.numel * 4, false);
     sums.push_back({p.name, reinterpret_cast<const uint8_t*>(p.data), p.numel * 4});
   }
-  std::sort(sums.begin(), sums.end(),
-            [](const TensorBytes& a, const TensorBytes& b) { return a.name < b.name; });
-  Checksum sum;
-  for (const TensorBytes& t : sums) sum.add(t.name, t.data ? t.data : fetch(t.name), t.size);
-  w.set_metadata("qlft.checksum", sum.hex());
+  w.set_metadata("qlft.checksum", checksum_of(std::move(sums), fetch));
   w.set_metadata("qlft.checkpoint", "1");
   w.set_metadata("qlft.fingerprint", fingerprint());
   w.set_metadata("qlft.step", std::to_string(step_));
