@@ -29,7 +29,8 @@ bool TokenizerEncoder::encode_offsets(std::string_view text, std::vector<int32_t
   for (int32_t id : ids) {
     starts.push_back(static_cast<uint32_t>(pos));
     special.push_back(tok_.is_special(id));
-    std::string piece = tok_.is_special(id) ? tok_.token_text(id) : tok_.token_to_piece(id);
+    std::string piece =
+        tok_.is_special(id) ? std::string(tok_.token_text(id)) : tok_.token_to_piece(id);
     auto matches = [&](const char* p, size_t n) {
       return n <= text.size() - pos && std::memcmp(text.data() + pos, p, n) == 0;
     };
@@ -54,10 +55,10 @@ int32_t TokenizerEncoder::eos_id() const {
   return tok_.eos_id();
 }
 std::string TokenizerEncoder::bos_text() const {
-  return tok_.bos_id() >= 0 ? tok_.token_text(tok_.bos_id()) : std::string();
+  return tok_.bos_id() >= 0 ? std::string(tok_.token_text(tok_.bos_id())) : std::string();
 }
 std::string TokenizerEncoder::eos_text() const {
-  return tok_.eos_id() >= 0 ? tok_.token_text(tok_.eos_id()) : std::string();
+  return tok_.eos_id() >= 0 ? std::string(tok_.token_text(tok_.eos_id())) : std::string();
 }
 bool TokenizerEncoder::wants_bos() const {
   return tok_.wants_bos() && tok_.bos_id() >= 0;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <unordered_map>
 
 #include "core/error.h"
 #include "tokenizer/regex_split.h"
@@ -65,12 +66,26 @@ Tokenizer::Tokenizer() : serial_(g_serial.fetch_add(1)) {
 Tokenizer::~Tokenizer() = default;
 
 void Tokenizer::finalize() {
-  const int32_t n = vocab_size();
-  text_to_id_.clear();
-  text_to_id_.reserve(tokens_.size() * 2);
+  // The loaders' tokens move into the compact tables, one string at a time.
+  const int32_t n = static_cast<int32_t>(tokens_.size());
+  texts_.clear();
+  types_.assign(n, 0);
+  scores_.assign(algo_ == Algo::SpmScores ? n : 0, 0.f);
   for (int32_t i = 0; i < n; ++i) {
-    if (tokens_[i].type == TokenType::Unused && tokens_[i].text.empty()) continue;  // a hole
-    text_to_id_[tokens_[i].text] = i;  // a repeated spelling resolves to its last id (llama.cpp)
+    Token& t = tokens_[i];
+    QLFT_CHECK_FORMAT(texts_.push(t.text),
+                      "tokenizer: the vocabulary's texts pass 4 GiB at token %d", i);
+    types_[i] = static_cast<uint8_t>(t.type);
+    if (!scores_.empty()) scores_[i] = t.score;
+    std::string().swap(t.text);
+  }
+  std::vector<Token>().swap(tokens_);
+  texts_.shrink_to_fit();
+  text_to_id_.clear();
+  for (int32_t i = 0; i < n; ++i) {
+    if (type_of(i) == TokenType::Unused && texts_.at(i).empty()) continue;  // a hole
+    // A repeated spelling resolves to its last id (llama.cpp).
+    text_to_id_.insert(texts_, i, i, /*replace=*/true);
   }
   for (int32_t* id : {&bos_, &eos_, &pad_, &unk_})
     if (*id < 0 || *id >= n) *id = -1;
@@ -86,34 +101,35 @@ void Tokenizer::finalize() {
       snprintf(buf, sizeof(buf), "<0x%02X>", b);
       key = buf;
     }
-    auto it = text_to_id_.find(key);
-    if (it == text_to_id_.end() && !byte_level_ && algo_ == Algo::SpmScores)
-      it = text_to_id_.find(std::string(1, static_cast<char>(b)));
-    if (it != text_to_id_.end()) byte_ids_[b] = it->second;
+    int32_t id = id_of(key);
+    if (id < 0 && !byte_level_ && algo_ == Algo::SpmScores)
+      id = id_of(std::string(1, static_cast<char>(b)));
+    byte_ids_[b] = id;
   }
 
   pairs_ = tok::PairMap();
   if (algo_ == Algo::Bpe) {
     for (size_t r = 0; r < merges_.size(); ++r) {
       const auto& [a, b] = merges_[r];
-      auto ia = text_to_id_.find(a), ib = text_to_id_.find(b), im = text_to_id_.find(a + b);
+      int32_t ia = id_of(a), ib = id_of(b), im = id_of(a + b);
       // A merge whose parts or result are not tokens can never apply (Hugging Face rejects such
       // files; llama.cpp would produce an unknown symbol): skip it.
-      if (ia == text_to_id_.end() || ib == text_to_id_.end() || im == text_to_id_.end()) continue;
-      pairs_.insert(ia->second, ib->second, {static_cast<int32_t>(r), im->second});
+      if (ia < 0 || ib < 0 || im < 0) continue;
+      pairs_.insert(ia, ib, {static_cast<int32_t>(r), im});
     }
   } else {
     // Every way to cut a token into two tokens is a merge candidate; SPM picks among them by the
     // merged token's score. Symbols not in the vocabulary fall back to a text lookup.
-    for (const auto& [text, id] : text_to_id_) {
+    text_to_id_.for_each([&](int32_t key, int32_t id) {
+      std::string_view text = texts_.at(key);
       for (size_t k = 1; k < text.size(); ++k) {
-        auto ia = text_to_id_.find(std::string_view(text).substr(0, k));
-        if (ia == text_to_id_.end()) continue;
-        auto ib = text_to_id_.find(std::string_view(text).substr(k));
-        if (ib == text_to_id_.end()) continue;
-        pairs_.insert(ia->second, ib->second, {0, id});
+        int32_t ia = id_of(text.substr(0, k));
+        if (ia < 0) continue;
+        int32_t ib = id_of(text.substr(k));
+        if (ib < 0) continue;
+        pairs_.insert(ia, ib, {0, id});
       }
-    }
+    });
   }
 
   // Isolated characters: ASCII characters that have a token (or byte token) of their own, appear
@@ -123,17 +139,18 @@ void Tokenizer::finalize() {
   if (!byte_level_) {
     bool ok[128];
     std::fill(std::begin(ok), std::end(ok), true);
-    for (const auto& [text, id] : text_to_id_)
+    text_to_id_.for_each([&](int32_t key, int32_t) {
+      std::string_view text = texts_.at(key);
       if (text.size() > 1)
         for (char ch : text)
           if (static_cast<uint8_t>(ch) < 128) ok[static_cast<uint8_t>(ch)] = false;
+    });
     if (algo_ == Algo::Bpe)
       for (const auto& [a, b] : merges_)
         for (const std::string* part : {&a, &b})
           if (int v = tok::parse_byte_token(*part); v >= 0 && v < 128) ok[v] = false;
     for (int ch = 0; ch < 128; ++ch) {
-      bool has_token =
-          byte_ids_[ch] >= 0 || text_to_id_.count(std::string(1, static_cast<char>(ch)));
+      bool has_token = byte_ids_[ch] >= 0 || id_of(std::string(1, static_cast<char>(ch))) >= 0;
       isolated_[ch] = ok[ch] && has_token;
       has_isolated_ = has_isolated_ || isolated_[ch];
     }
@@ -142,24 +159,29 @@ void Tokenizer::finalize() {
   // The merge texts served only to build pairs_ (3 MiB of strings for SmolLM2's 49k merges).
   std::vector<std::pair<std::string, std::string>>().swap(merges_);
 
+  pieces_.clear();
+  for (int32_t i = 0; i < n; ++i)
+    QLFT_CHECK_FORMAT(pieces_.push(piece_of(i)),
+                      "tokenizer: the vocabulary's pieces pass 4 GiB at token %d", i);
+  pieces_.shrink_to_fit();
   raw_to_id_.clear();
-  pieces_.assign(tokens_.size(), std::string());
-  for (int32_t i = 0; i < n; ++i) pieces_[i] = piece_of(i);
   if (byte_level_ && ignore_merges_) {
-    for (int32_t i = 0; i < n; ++i)
-      if (tokens_[i].type == TokenType::Normal && text_to_id_.count(tokens_[i].text))
-        raw_to_id_.emplace(pieces_[i], text_to_id_.at(tokens_[i].text));
+    for (int32_t i = 0; i < n; ++i) {
+      int32_t id = type_of(i) == TokenType::Normal ? id_of(texts_.at(i)) : -1;
+      if (id >= 0) raw_to_id_.insert(pieces_, i, id, /*replace=*/false);
+    }
   }
 
   specials_.clear();
   for (auto& v : special_first_) v.clear();
   for (int32_t i = 0; i < n; ++i) {
-    const Token& t = tokens_[i];
-    if (t.text.empty()) continue;
-    if (t.type == TokenType::Control || t.type == TokenType::Unknown)
-      specials_.push_back({t.text, i, false});
-    else if (t.type == TokenType::UserDefined)
-      specials_.push_back({t.text, i, true});
+    std::string_view text = texts_.at(i);
+    TokenType type = type_of(i);
+    if (text.empty()) continue;
+    if (type == TokenType::Control || type == TokenType::Unknown)
+      specials_.push_back({std::string(text), i, false});
+    else if (type == TokenType::UserDefined)
+      specials_.push_back({std::string(text), i, true});
   }
   std::stable_sort(specials_.begin(), specials_.end(), [](const Special& a, const Special& b) {
     return a.text.size() > b.text.size();
@@ -169,41 +191,41 @@ void Tokenizer::finalize() {
 }
 
 std::string Tokenizer::piece_of(int32_t id) const {
-  const Token& t = tokens_[id];
-  switch (t.type) {
+  const std::string_view text = texts_.at(id);
+  switch (type_of(id)) {
     case TokenType::Byte: {
-      int b = tok::parse_byte_token(t.text);
+      int b = tok::parse_byte_token(text);
       if (b >= 0) return std::string(1, static_cast<char>(b));
       break;
     }
     case TokenType::Control:
     case TokenType::Unknown:
     case TokenType::UserDefined:
-      return t.text;
+      return std::string(text);
     default:
       break;
   }
   if (byte_level_) {
     std::string out;
-    for (size_t i = 0; i < t.text.size();) {
+    for (size_t i = 0; i < text.size();) {
       size_t at = i;
-      uint32_t cp = tok::utf8_next(t.text, i);
+      uint32_t cp = tok::utf8_next(text, i);
       int b = tok::cp_to_byte(cp);
       if (b >= 0)
         out.push_back(static_cast<char>(b));
       else
-        out.append(t.text, at, i - at);  // not in the byte alphabet: keep as written
+        out.append(text.substr(at, i - at));  // not in the byte alphabet: keep as written
     }
     return out;
   }
-  if (decode_space_.empty()) return t.text;
+  if (decode_space_.empty()) return std::string(text);
   std::string out;
-  for (size_t i = 0; i < t.text.size();) {
-    if (t.text.compare(i, decode_space_.size(), decode_space_) == 0) {
+  for (size_t i = 0; i < text.size();) {
+    if (text.compare(i, decode_space_.size(), decode_space_) == 0) {
       out.push_back(' ');
       i += decode_space_.size();
     } else {
-      out.push_back(t.text[i++]);
+      out.push_back(text[i++]);
     }
   }
   return out;
@@ -397,10 +419,9 @@ void Tokenizer::encode_cached(std::string_view word, std::vector<int32_t>& out) 
 
 void Tokenizer::bpe_encode(std::string_view word, std::vector<int32_t>& out) const {
   if (ignore_merges_) {
-    const StrMap& m = byte_level_ ? raw_to_id_ : text_to_id_;
-    auto it = m.find(word);
-    if (it != m.end()) {
-      out.push_back(it->second);
+    int32_t id = byte_level_ ? raw_to_id_.find(pieces_, word) : id_of(word);
+    if (id >= 0) {
+      out.push_back(id);
       return;
     }
   }
@@ -421,9 +442,8 @@ void Tokenizer::bpe_encode(std::string_view word, std::vector<int32_t>& out) con
       size_t len = tok::utf8_char_len(word.data() + i, word.size() - i);
       std::string_view ch = word.substr(i, len);
       i += len;
-      auto it = text_to_id_.find(ch);
-      if (it != text_to_id_.end()) {
-        ids.push_back(it->second);
+      if (int32_t id = id_of(ch); id >= 0) {
+        ids.push_back(id);
         continue;
       }
       if (byte_fallback_) {
@@ -495,8 +515,7 @@ void Tokenizer::spm_encode(std::string_view text, std::vector<int32_t>& out) con
   s.len.clear();
   for (size_t i = 0; i < text.size();) {
     size_t len = tok::utf8_char_len(text.data() + i, text.size() - i);
-    auto it = text_to_id_.find(text.substr(i, len));
-    s.ids.push_back(it == text_to_id_.end() ? -1 : it->second);
+    s.ids.push_back(id_of(text.substr(i, len)));
     s.start.push_back(static_cast<uint32_t>(i));
     s.len.push_back(static_cast<uint32_t>(len));
     i += len;
@@ -516,14 +535,13 @@ void Tokenizer::spm_encode(std::string_view text, std::vector<int32_t>& out) con
       const tok::PairValue* v = pairs_.find(s.ids[l], s.ids[r]);
       return v ? v->merged : -1;
     }
-    auto it = text_to_id_.find(text.substr(s.start[l], s.len[l] + s.len[r]));
-    return it == text_to_id_.end() ? -1 : it->second;
+    return id_of(text.substr(s.start[l], s.len[l] + s.len[r]));
   };
   auto add = [&](int32_t l, int32_t r, bool keep_heap) {
     if (l < 0 || r < 0) return;
     int32_t m = lookup(l, r);
     if (m < 0) return;
-    heap.push_back({tokens_[m].score, l, r, static_cast<int32_t>(s.len[l] + s.len[r]), m});
+    heap.push_back({scores_[m], l, r, static_cast<int32_t>(s.len[l] + s.len[r]), m});
     if (keep_heap) std::push_heap(heap.begin(), heap.end(), SpmAfter{});
   };
   for (int32_t i = 0; i + 1 < n; ++i) add(i, i + 1, false);
@@ -564,11 +582,9 @@ std::string Tokenizer::decode(const int32_t* ids, size_t n, bool skip_special) c
                    "the vocabulary (size %d)",
                    id, k, vocab_size());
     if (skip_special && is_special(id)) continue;
-    const std::string& p = pieces_[id];
-    if (strip && !p.empty() && p[0] == ' ')
-      out.append(p, 1, std::string::npos);
-    else
-      out.append(p);
+    std::string_view p = pieces_.at(id);
+    if (strip && !p.empty() && p[0] == ' ') p.remove_prefix(1);
+    out.append(p);
     strip = false;
   }
   return out;
@@ -578,30 +594,29 @@ std::string Tokenizer::token_to_piece(int32_t id, bool special) const {
   QLFT_CHECK_ARG(id >= 0 && id < vocab_size(), "token id %d is outside the vocabulary (size %d)",
                  id, vocab_size());
   if (!special && is_special(id)) return std::string();
-  return pieces_[id];
+  return std::string(pieces_.at(id));
 }
 
-const std::string& Tokenizer::token_text(int32_t id) const {
+std::string_view Tokenizer::token_text(int32_t id) const {
   QLFT_CHECK_ARG(id >= 0 && id < vocab_size(), "token id %d is outside the vocabulary (size %d)",
                  id, vocab_size());
-  return tokens_[id].text;
+  return texts_.at(id);
 }
 
 TokenType Tokenizer::token_type(int32_t id) const {
   QLFT_CHECK_ARG(id >= 0 && id < vocab_size(), "token id %d is outside the vocabulary (size %d)",
                  id, vocab_size());
-  return tokens_[id].type;
+  return type_of(id);
 }
 
 bool Tokenizer::is_special(int32_t id) const {
   if (id < 0 || id >= vocab_size()) return false;
-  TokenType t = tokens_[id].type;
+  TokenType t = type_of(id);
   return t == TokenType::Control || t == TokenType::Unknown;
 }
 
 int32_t Tokenizer::token_id(std::string_view text) const {
-  auto it = text_to_id_.find(text);
-  return it == text_to_id_.end() ? -1 : it->second;
+  return id_of(text);
 }
 
 }  // namespace qlft

@@ -20,10 +20,10 @@
 #include <memory>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "tokenizer/pair_map.h"
+#include "tokenizer/text_table.h"
 
 namespace qlft {
 
@@ -68,7 +68,7 @@ class Tokenizer {
 
   ~Tokenizer();
 
-  int32_t vocab_size() const { return static_cast<int32_t>(tokens_.size()); }
+  int32_t vocab_size() const { return static_cast<int32_t>(types_.size()); }
   // -1 where the vocabulary has none.
   int32_t bos_id() const { return bos_; }
   int32_t eos_id() const { return eos_; }
@@ -107,8 +107,8 @@ class Tokenizer {
   // text is mapped back to bytes). Control/unknown tokens give their text, or "" when
   // special is false.
   std::string token_to_piece(int32_t id, bool special = true) const;
-  // The token as the vocabulary spells it.
-  const std::string& token_text(int32_t id) const;
+  // The token as the vocabulary spells it (valid while the tokenizer lives).
+  std::string_view token_text(int32_t id) const;
   TokenType token_type(int32_t id) const;
   // Control or unknown tokens (what parse_special recognizes and decode skips).
   bool is_special(int32_t id) const;
@@ -123,16 +123,12 @@ class Tokenizer {
   enum class Algo { SpmScores, Bpe };
   enum class Prefix { None, Always, MetaAlways, MetaFirst };
 
+  // A token as a loader fills it in; finalize() moves the vocabulary into compact tables.
   struct Token {
     std::string text;
     float score = 0;
     TokenType type = TokenType::Normal;
   };
-  struct StrHash {
-    using is_transparent = void;
-    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-  };
-  using StrMap = std::unordered_map<std::string, int32_t, StrHash, std::equal_to<>>;
 
   // One pre-tokenizer stage: a regex split, or (pattern empty) a Metaspace stage.
   struct PreStep {
@@ -159,10 +155,18 @@ class Tokenizer {
   void bpe_merge(std::vector<int32_t>& ids, std::vector<int32_t>& out) const;
   void push_bytes(std::string_view s, std::vector<int32_t>& out) const;
   std::string piece_of(int32_t id) const;
+  TokenType type_of(int32_t id) const { return static_cast<TokenType>(types_[id]); }
+  int32_t id_of(std::string_view text) const { return text_to_id_.find(texts_, text); }
 
+  // The loaders' vocabulary; empty after finalize().
   std::vector<Token> tokens_;
-  StrMap text_to_id_;
-  std::vector<std::string> pieces_;  // token_to_piece cache
+  // The vocabulary after finalize(), by id: spellings, types, scores (SPM only) and pieces (what
+  // token_to_piece gives).
+  tok::TextTable texts_;
+  std::vector<uint8_t> types_;
+  std::vector<float> scores_;
+  tok::TextTable pieces_;
+  tok::TextIndex text_to_id_;  // keys in texts_; a repeated spelling gives its last id
 
   Algo algo_ = Algo::SpmScores;
   bool byte_level_ = false;     // GPT-2 byte alphabet
@@ -191,7 +195,7 @@ class Tokenizer {
   int32_t byte_ids_[256];  // token for each byte (byte-level char or <0xNN>), -1
   bool isolated_[128];     // characters no merge can cross (see encode_word)
   bool has_isolated_ = false;
-  StrMap raw_to_id_;                          // byte-level: decoded bytes -> id (for ignore_merges)
+  tok::TextIndex raw_to_id_;  // byte-level, ignore_merges: keys in pieces_ (decoded bytes) -> id
   std::vector<Special> specials_;             // longest first
   std::vector<uint32_t> special_first_[256];  // indices into specials_, by first byte
 };
