@@ -10,6 +10,7 @@ void attach_tokenizer(qlft_model& m) {
   try {
     if (m.model->gguf) {
       m.tokenizer = Tokenizer::from_gguf(*m.model->gguf);
+      m.model->gguf->drop_metadata_pages();  // read: the tokenizer holds what it needs
     } else {
       std::string p = m.model->hf_dir + "/tokenizer.json";
       struct stat st;

@@ -330,8 +330,17 @@ void GgufFile::parse() {
         QLFT_CHECK_FORMAT(v.count <= c.remaining() / 8,
                           "%s: metadata key '%s' claims %llu strings, more than the file holds",
                           path.c_str(), key.c_str(), static_cast<unsigned long long>(v.count));
-        v.strings.reserve(std::min(v.count, kMaxReserve));
-        for (uint64_t j = 0; j < v.count; ++j) v.strings.push_back(c.str(key.c_str()));
+        v.strings.offsets_.reserve(std::min(v.count, kMaxReserve));
+        const char* base = nullptr;
+        for (uint64_t j = 0; j < v.count; ++j) {
+          const char* at = c.str(key.c_str()).data() - sizeof(uint64_t);
+          if (j == 0) base = at;
+          QLFT_CHECK_FORMAT(at - base <= static_cast<std::ptrdiff_t>(UINT32_MAX),
+                            "%s: metadata key '%s' is a string array of more than 4 GiB",
+                            path.c_str(), key.c_str());
+          v.strings.offsets_.push_back(static_cast<uint32_t>(at - base));
+        }
+        v.strings.base_ = base;
       } else {
         size_t es = gguf_scalar_size(v.elem_type);
         QLFT_CHECK_FORMAT(v.count <= c.remaining() / es,

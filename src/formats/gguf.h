@@ -2,7 +2,10 @@
 // gets QLFT_ERR_FORMAT naming the file and the key or tensor, never an out-of-bounds read.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -32,8 +35,49 @@ const char* gguf_type_name(GgufType t);
 // Bytes of one scalar of type t; 0 for STRING and ARRAY.
 size_t gguf_scalar_size(GgufType t);
 
-// One metadata value. Scalars are decoded; arrays keep a pointer into the map (numbers) or a
-// list of views (strings), both valid while the GgufFile lives.
+// The elements of a STRING ARRAY, read from the map on access (valid while the GgufFile lives):
+// 4 bytes an element where a list of views took 16 (a tokenizer's 100k tokens and merges stay in
+// memory through a whole run).
+class GgufStrings {
+ public:
+  size_t size() const { return offsets_.size(); }
+  std::string_view operator[](size_t i) const {
+    uint64_t len;
+    std::memcpy(&len, base_ + offsets_[i], sizeof len);  // GGUF is little-endian, as qlft's hosts
+    return std::string_view(base_ + offsets_[i] + sizeof len, len);
+  }
+  class const_iterator {
+   public:
+    using iterator_category = std::forward_iterator_tag;
+    using value_type = std::string_view;
+    using difference_type = std::ptrdiff_t;
+    using pointer = void;
+    using reference = std::string_view;
+    const_iterator(const GgufStrings* s, size_t i) : s_(s), i_(i) {}
+    std::string_view operator*() const { return (*s_)[i_]; }
+    const_iterator& operator++() {
+      ++i_;
+      return *this;
+    }
+    const_iterator operator++(int) { return const_iterator(s_, i_++); }
+    bool operator==(const const_iterator& o) const { return i_ == o.i_; }
+    bool operator!=(const const_iterator& o) const { return i_ != o.i_; }
+
+   private:
+    const GgufStrings* s_;
+    size_t i_;
+  };
+  const_iterator begin() const { return const_iterator(this, 0); }
+  const_iterator end() const { return const_iterator(this, size()); }
+
+ private:
+  friend class GgufFile;
+  const char* base_ = nullptr;     // the first element's length field in the map
+  std::vector<uint32_t> offsets_;  // of each element's length field from base_
+};
+
+// One metadata value. Scalars are decoded; arrays keep a pointer into the map (numbers) or read
+// their strings from it (GgufStrings), both valid while the GgufFile lives.
 struct GgufValue {
   GgufType type = GgufType::U8;
   GgufType elem_type = GgufType::U8;    // for ARRAY (ARRAY: nested arrays, validated but not kept)
@@ -43,7 +87,7 @@ struct GgufValue {
   std::string_view str;                 // STRING
   uint64_t count = 0;                   // ARRAY length
   const uint8_t* array_data = nullptr;  // numeric ARRAY elements, packed little-endian
-  std::vector<std::string_view> strings;  // STRING ARRAY elements
+  GgufStrings strings;                  // STRING ARRAY elements
 
   bool is_integer() const;
   bool is_number() const;
@@ -92,6 +136,9 @@ class GgufFile {
   // Takes the tensor data's pages out of the resident set (MappedFile::drop_pages): after the
   // loader copied the weights out, the map only serves metadata. Never throws.
   void drop_tensor_pages() const noexcept { file_->drop_pages(data_start_, file_->size()); }
+  // The same for the metadata: once the tokenizer is built from it, the rest of a run reads a
+  // few keys at most (which page back in from the file). Never throws.
+  void drop_metadata_pages() const noexcept { file_->drop_pages(0, data_start_); }
   const GgufTensorInfo* find_tensor(const std::string& name) const;
 
  private:
