@@ -232,6 +232,34 @@ TEST_P(BackendRope, ForwardMatchesOracleAndInverseIsBackward) {
   fx.be->rope(mat(z, M, cols), pos.data(), heads, hd, theta, adjacent, true);
   EXPECT_LT(rel_err(z, xd), 1e-6);
 }
+// rope_to_16 (the bf16 forward's stored q / k): the bits of rope then bf16 rounding, x left as
+// it was, within one bf16 step of the double oracle; positions past the row count (a table per
+// row) and within it (a table per position).
+TEST_P(BackendRope, ToBf16MatchesRopeThenRounding) {
+  const bool adjacent = GetParam();
+  Fixture fx;
+  for (int max_pos : {2000, 10}) {
+    SCOPED_TRACE(max_pos);
+    Rng rng(uint64_t(23 + max_pos));
+    const int M = 23, heads = 3, hd = 16, cols = heads * hd;
+    const float theta = 10000.f;
+    std::vector<int32_t> pos(M);
+    for (int i = 0; i < M; ++i) pos[i] = rng.uniform_int(0, max_pos);
+    FVec x = rng.normal(size_t(M) * cols), y = x, keep = x;
+    fx.be->rope(mat(y, M, cols), pos.data(), heads, hd, theta, adjacent, false);
+    std::vector<uint16_t> x16(x.size());
+    fx.be->rope_to_16(mat(x, M, cols), pos.data(), heads, hd, theta, adjacent, DType::BF16,
+                      x16.data());
+    const Vec yo = rope_oracle(to_d(keep), pos, M, heads, hd, cols, theta, adjacent);
+    for (size_t i = 0; i < x.size(); ++i) {
+      ASSERT_EQ(x16[i], f32_to_bf16(y[i])) << i;
+      ASSERT_EQ(x[i], keep[i]) << "x written at " << i;
+      if (std::fabs(yo[i]) < 1e-3) continue;  // cancellation: relative error is meaningless
+      const uint16_t w = f32_to_bf16(float(yo[i]));
+      ASSERT_LE(std::abs(int(int16_t(x16[i])) - int(int16_t(w))), 1) << i;
+    }
+  }
+}
 INSTANTIATE_TEST_SUITE_P(Conventions, BackendRope, ::testing::Values(false, true));
 
 // Hugging Face computes inv_freq and the angles in float32; at positions in the thousands a
@@ -291,6 +319,63 @@ TEST(BackendSwiglu, ForwardAndBackward) {
       "swiglu dgate", [&](const Vec& gv) { return dot(dd, oracle(gv, ud)); }, gd, dg, 32);
   check_grad(
       "swiglu dup", [&](const Vec& uv) { return dot(dd, oracle(gd, uv)); }, ud, du, 33);
+}
+
+// swiglu_bwd_to_16 (the bf16 backward's dgate / dup, written as the gate / up dx GEMMs take
+// them): the bits of swiglu_bwd_16 then bf16 rounding, and within one bf16 step of a double
+// oracle rounded to bf16, on ragged shapes at a row stride wider than the columns (its spare
+// columns untouched). Every ISA level through the `isa` label.
+TEST(BackendSwiglu, BackwardToBf16) {
+  Fixture fx;
+  for (auto [M, C] : {std::pair{13, 45}, std::pair{3, 17}, std::pair{1, 64}}) {
+    SCOPED_TRACE(::testing::Message() << M << " x " << C);
+    Rng rng(uint64_t(M) * 100 + C);
+    FVec gf = rng.normal(size_t(M) * C, 3.f), uf = rng.normal(size_t(M) * C),
+         dout = rng.normal(size_t(M) * C);
+    gf[0] = 90.f;
+    if (gf.size() > 1) gf[1] = -90.f;
+    std::vector<uint16_t> g16(gf.size()), u16(uf.size());
+    for (size_t i = 0; i < gf.size(); ++i) {
+      g16[i] = f32_to_bf16(gf[i]);
+      u16[i] = f32_to_bf16(uf[i]);
+    }
+    // The separate ops.
+    FVec groom(gf.size()), uroom(uf.size()), dg(gf.size()), du(gf.size());
+    fx.be->swiglu_bwd_16(mat(groom, M, C), mat(uroom, M, C), DType::BF16, g16.data(), u16.data(),
+                         cmat(dout, M, C), mat(dg, M, C), mat(du, M, C));
+    const int64_t ld = C + 5;
+    std::vector<uint16_t> dg16(size_t(M * ld), 0x7fc1), du16(size_t(M * ld), 0x7fc1);
+    fx.be->swiglu_bwd_to_16(DType::BF16, g16.data(), u16.data(), cmat(dout, M, C),
+                            View2<uint16_t>(dg16.data(), M, C, ld),
+                            View2<uint16_t>(du16.data(), M, C, ld));
+    int off_by_one = 0;
+    for (int i = 0; i < M; ++i) {
+      for (int j = 0; j < C; ++j) {
+        const size_t e = size_t(i) * C + j, o = size_t(i * ld + j);
+        ASSERT_EQ(dg16[o], f32_to_bf16(dg[e])) << "dgate " << i << "," << j;
+        ASSERT_EQ(du16[o], f32_to_bf16(du[e])) << "dup " << i << "," << j;
+        // The double oracle on the bf16 gate / up values.
+        const double g = bf16_to_f32(g16[e]), u = bf16_to_f32(u16[e]), d = dout[e];
+        const double sg = 1.0 / (1.0 + std::exp(-g));
+        const double want_g = d * u * sg * (1.0 + g * (1.0 - sg)), want_u = d * g * sg;
+        for (auto [got, want] : {std::pair{dg16[o], want_g}, std::pair{du16[o], want_u}}) {
+          const uint16_t w = f32_to_bf16(float(want));
+          if (std::fabs(want) < 1e-30) {  // exp_approx's tail (a saturated gate) against exp
+            ASSERT_LT(std::fabs(bf16_to_f32(got)), 1e-30);
+            continue;
+          }
+          const int diff = std::abs(int(int16_t(got)) - int(int16_t(w)));  // same-sign steps
+          ASSERT_LE(diff, 1) << i << "," << j << " got " << bf16_to_f32(got) << " want " << want;
+          off_by_one += diff;
+        }
+      }
+      for (int64_t j = C; j < ld; ++j) {
+        ASSERT_EQ(dg16[size_t(i * ld + j)], 0x7fc1);
+        ASSERT_EQ(du16[size_t(i * ld + j)], 0x7fc1);
+      }
+    }
+    EXPECT_LE(off_by_one, 2 * M * C / 20) << "more than a few roundings on the other side";
+  }
 }
 
 // ---- attention --------------------------------------------------------------------------------
