@@ -78,6 +78,10 @@ class AutocastBackend final : public Backend {
                       uint16_t* y16) override {
     inner_->rmsnorm_fwd_16(x, w, eps, y, rstd, t, y16);
   }
+  void add_rmsnorm_fwd_16(MatF x, const float* r, const float* w, float eps, float* rstd, DType t,
+                          uint16_t* y16) override {
+    inner_->add_rmsnorm_fwd_16(x, r, w, eps, rstd, t, y16);
+  }
   void swiglu_fwd_16(MatF gate, MatF up, MatF out, DType t, uint16_t* g16, uint16_t* u16,
                      uint16_t* o16, bool keep_rounded) override {
     inner_->swiglu_fwd_16(gate, up, out, t, g16, u16, o16, keep_rounded);

@@ -73,6 +73,13 @@ void Backend::rmsnorm_fwd_16(CMatF x, const float* w, float eps, MatF y, float* 
   to_16(t, y.data, y16, y.rows * y.cols);
 }
 
+void Backend::add_rmsnorm_fwd_16(MatF x, const float* r, const float* w, float eps, float* rstd,
+                                 DType t, uint16_t* y16) {
+  QLFT_CHECK_ARG(x.stride == x.cols, "add_rmsnorm_fwd_16: x must be dense");
+  add(x.data, r, x.rows * x.cols);
+  rmsnorm_fwd_16(x.as_const(), w, eps, MatF(nullptr, x.rows, x.cols), rstd, t, y16);
+}
+
 void Backend::swiglu_fwd_16(MatF gate, MatF up, MatF out, DType t, uint16_t* g16, uint16_t* u16,
                             uint16_t* o16, bool keep_rounded) {
   (void)keep_rounded;

@@ -203,6 +203,10 @@ class Backend {
   // rmsnorm_fwd, and y16 = y rounded to t (to_16);
   virtual void rmsnorm_fwd_16(CMatF x, const float* w, float eps, MatF y, float* rstd, DType t,
                               uint16_t* y16);
+  // x += r (the residual add, x and r dense), then rmsnorm_fwd_16 of x without an fp32 output:
+  // the values add then rmsnorm_fwd_16 give, in one pass where the backend fuses them.
+  virtual void add_rmsnorm_fwd_16(MatF x, const float* r, const float* w, float eps, float* rstd,
+                                  DType t, uint16_t* y16);
   // gate and up rounded to t into g16 / u16 (and in place), then swiglu_fwd of the rounded
   // values and o16 = out rounded to t. keep_rounded = false: gate and up need not keep the
   // rounded values (nothing reads them after).

@@ -518,14 +518,14 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
     be_.linear_fwd(L.proj[o], nullptr, has ? &ref : nullptr, cmat(a.att, R, qd),
                    mat(a.x_mid, R, c.dim), has ? a.xa[o].as<float>() : nullptr);
   }
-  be_.add(a.x_mid.as<float>(), x_in, R * c.dim);
-
-  if (st)
-    be_.rmsnorm_fwd_16(cmat(a.x_mid, R, c.dim), frozen(L.ffn_norm), c.rms_eps,
-                       MatF(nullptr, R, c.dim), a.rstd2.as<float>(), t16, st->xn2.as<uint16_t>());
-  else
+  if (st) {  // the residual add and the norm in one pass
+    be_.add_rmsnorm_fwd_16(mat(a.x_mid, R, c.dim), x_in, frozen(L.ffn_norm), c.rms_eps,
+                           a.rstd2.as<float>(), t16, st->xn2.as<uint16_t>());
+  } else {
+    be_.add(a.x_mid.as<float>(), x_in, R * c.dim);
     be_.rmsnorm_fwd(cmat(a.x_mid, R, c.dim), frozen(L.ffn_norm), c.rms_eps, mat(a.xn2, R, c.dim),
                     a.rstd2.as<float>());
+  }
   Buffer* ffn_outs[2] = {&a.gate, &a.up};
   {
     SharedInput shared(be_, cmat(a.xn2, R, c.dim), t16, st ? h16(st->xn2) : nullptr);

@@ -3,6 +3,8 @@
 // every panel / chunk / tile loop runs more than once.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "formats/safetensors.h"
@@ -194,6 +196,35 @@ TEST(BackendRmsNorm, ForwardAndBackward) {
   check_grad(
       "rmsnorm dx", [&](const Vec& xv) { return dot(dyd, rmsnorm_oracle(xv, w, eps, M, C)); }, xd,
       dx, 12);
+}
+
+// add_rmsnorm_fwd_16 (the bf16 forward's residual add fused into the FFN norm): x + r and rstd
+// the bits of add then rmsnorm_fwd_16, the bf16 output too; within one bf16 step of the double
+// oracle of the norm on x + r. Ragged shapes.
+TEST(BackendRmsNorm, AddThenNormToBf16) {
+  Fixture fx;
+  for (auto [M, C] : {std::pair{19, 67}, std::pair{1, 16}, std::pair{5, 130}}) {
+    SCOPED_TRACE(::testing::Message() << M << " x " << C);
+    Rng rng(uint64_t(M * 1000 + C));
+    const float eps = 1e-5f;
+    FVec x = rng.normal(size_t(M) * C, 1.5f), r = rng.normal(size_t(M) * C), w = rng.normal(C);
+    FVec x2 = x, rstd(M), rstd2(M);
+    fx.be->add(x.data(), r.data(), int64_t(M) * C);
+    std::vector<uint16_t> y16(x.size()), z16(x.size());
+    fx.be->rmsnorm_fwd_16(cmat(x, M, C), w.data(), eps, MatF(nullptr, M, C), rstd.data(),
+                          DType::BF16, y16.data());
+    fx.be->add_rmsnorm_fwd_16(mat(x2, M, C), r.data(), w.data(), eps, rstd2.data(), DType::BF16,
+                              z16.data());
+    EXPECT_EQ(0, std::memcmp(x.data(), x2.data(), x.size() * 4)) << "x + r";
+    EXPECT_EQ(0, std::memcmp(rstd.data(), rstd2.data(), rstd.size() * 4)) << "rstd";
+    const Vec yo = rmsnorm_oracle(to_d(x), w, eps, M, C);
+    for (size_t i = 0; i < z16.size(); ++i) {
+      ASSERT_EQ(z16[i], y16[i]) << i;
+      if (std::fabs(yo[i]) < 1e-6) continue;
+      const uint16_t want = f32_to_bf16(float(yo[i]));
+      ASSERT_LE(std::abs(int(int16_t(z16[i])) - int(int16_t(want))), 1) << i;
+    }
+  }
 }
 
 class BackendRope : public ::testing::TestWithParam<bool> {};

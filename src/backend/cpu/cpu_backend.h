@@ -144,6 +144,9 @@ class CpuBackend final : public Backend {
   }
   void rmsnorm_fwd_16(CMatF x, const float* w, float eps, MatF y, float* rstd, DType t,
                       uint16_t* y16) override;
+  // A row at a time: the add, the norm into a row buffer, its rounding.
+  void add_rmsnorm_fwd_16(MatF x, const float* r, const float* w, float eps, float* rstd, DType t,
+                          uint16_t* y16) override;
   void swiglu_fwd_16(MatF gate, MatF up, MatF out, DType t, uint16_t* g16, uint16_t* u16,
                      uint16_t* o16, bool keep_rounded) override;
   void swiglu_bwd_16(MatF gate, MatF up, DType t, const uint16_t* g16, const uint16_t* u16,

@@ -60,6 +60,25 @@ void CpuBackend::rmsnorm_fwd_16(CMatF x, const float* w, float eps, MatF y, floa
   }
 }
 
+void CpuBackend::add_rmsnorm_fwd_16(MatF x, const float* r, const float* w, float eps, float* rstd,
+                                    DType t, uint16_t* y16) {
+  QLFT_CHECK_ARG(x.stride == x.cols, "add_rmsnorm_fwd_16: x must be dense");
+  const int64_t C = x.cols;
+#pragma omp parallel num_threads(qlft::num_threads())
+  {
+    std::vector<float> row(static_cast<size_t>(C));
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < x.rows; ++i) {
+      float* xr = x.row(i);
+      const float* rr = r + i * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) xr[c] += rr[c];
+      vec_kernels().rmsnorm_fwd_row(xr, w, eps, row.data(), rstd ? &rstd[i] : nullptr, C);
+      row_to_16(t, row.data(), y16 + i * C, C);
+    }
+  }
+}
+
 // gate and up rounded (into g16 / u16, and in place with keep_rounded), SwiGLU, its 16-bit copy:
 // a row at a time. keep_rounded = false and a null out: the rounded gate / up rows and the
 // output row live in row buffers of the thread's, nothing fp32 is written.
