@@ -688,7 +688,9 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
   const int32_t* pos = pos_.as<int32_t>();
   MatF G = mat(g.G, R, c.dim);
 
-  auto lin_bwd = [&](Proj p, CMatF x, CMatF dy, MatF dx) {
+  // dy16: dy's bf16 copy for the backend (Backend::next_dy_16), handed over right before the
+  // linear_bwd that takes it.
+  auto lin_bwd = [&](Proj p, CMatF x, CMatF dy, MatF dx, View2<uint16_t> dy16 = {}) {
     const int pi = static_cast<int>(p);
     bool has;
     LoraRef ref = lora_ref(l, p, &has);
@@ -705,6 +707,7 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
       dA = lora_->slot(l, p).dA.as<float>();
       dB = lora_->slot(l, p).dB.as<float>();
     }
+    if (dy16.data) be_.next_dy_16(act_dtype_, dy16);
     be_.linear_bwd(L.proj[pi], has ? &ref : nullptr, x, has ? a.xa[pi].as<float>() : nullptr, dy,
                    dx, dA, dB);
     if (has && sink_) sink_->end(l, p);
@@ -734,8 +737,7 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
     return View2<uint16_t>(b.as<uint16_t>(), R, cols, ld);
   };
   auto lin_bwd16 = [&](Proj p, CMatF x, View2<uint16_t> d16, Buffer& dfp, MatF dx) {
-    if (st) be_.next_dy_16(t16, d16);
-    lin_bwd(p, x, cmat(dfp, R, d16.cols), dx);
+    lin_bwd(p, x, cmat(dfp, R, d16.cols), dx, st ? d16 : View2<uint16_t>());
   };
   View2<uint16_t> dgate16, dup16;
   if (st) {

@@ -318,13 +318,13 @@ bool CpuBackend::take_pending_zero(MatF dx) {
 
 void CpuBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, const float* xa,
                             CMatF dy, MatF dx, float* dA, float* dB) {
+  // next_dy_16's copy of dy: this call's alone (taken first, so no throw below leaves it).
+  const View2<uint16_t> dy16 = std::exchange(dy16_, View2<uint16_t>());
   const int64_t M = dy.rows, N = W.rows, K = W.cols;
   op_checks::linear_bwd(W, x, dy, dx.as_const());
   const bool want_dx = dx.data != nullptr;
   // dx as if zeroed (defer_zero): the first GEMM into it runs with beta 0.
   const bool fresh = take_pending_zero(dx);
-  // next_dy_16's copy of dy: this call's alone.
-  const View2<uint16_t> dy16 = std::exchange(dy16_, View2<uint16_t>());
   QLFT_CHECK_ARG(!dy16.data || (dy16.rows == M && dy16.cols == N && dy16.stride >= N),
                  "linear_bwd: next_dy_16's dy is [%lld, %lld], dy [%lld, %lld]",
                  (long long)dy16.rows, (long long)dy16.cols, (long long)M, (long long)N);
