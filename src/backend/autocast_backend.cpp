@@ -78,6 +78,10 @@ class AutocastBackend final : public Backend {
                       uint16_t* y16) override {
     inner_->rmsnorm_fwd_16(x, w, eps, y, rstd, t, y16);
   }
+  void add_rmsnorm_fwd_16(MatF x, const float* r, const float* w, float eps, float* rstd, DType t,
+                          uint16_t* y16) override {
+    inner_->add_rmsnorm_fwd_16(x, r, w, eps, rstd, t, y16);
+  }
   void swiglu_fwd_16(MatF gate, MatF up, MatF out, DType t, uint16_t* g16, uint16_t* u16,
                      uint16_t* o16, bool keep_rounded) override {
     inner_->swiglu_fwd_16(gate, up, out, t, g16, u16, o16, keep_rounded);
@@ -85,6 +89,23 @@ class AutocastBackend final : public Backend {
   void swiglu_bwd_16(MatF gate, MatF up, DType t, const uint16_t* g16, const uint16_t* u16,
                      CMatF dout, MatF dgate, MatF dup) override {
     inner_->swiglu_bwd_16(gate, up, t, g16, u16, dout, dgate, dup);
+  }
+  int64_t grad_16_stride(const QWeight& W, const LoraRef* lora) const override {
+    return native_linear_ ? inner_->grad_16_stride(W, lora) : W.rows;
+  }
+  void next_dy_16(DType t, View2<uint16_t> dy16) override {
+    if (native_linear_) inner_->next_dy_16(t, dy16);
+  }
+  void swiglu_bwd_to_16(DType t, const uint16_t* g16, const uint16_t* u16, CMatF dout,
+                        View2<uint16_t> dg16, View2<uint16_t> du16) override {
+    inner_->swiglu_bwd_to_16(t, g16, u16, dout, dg16, du16);
+  }
+  void attention_bwd_16(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out, const float* lse,
+                        CMatF dout, const RopeArgs& rope, DType t, View2<uint16_t> dq16,
+                        View2<uint16_t> dk16, View2<uint16_t> dv16) override {
+    if (native_linear_)
+      return inner_->attention_bwd_16(s, q, k, v, out, lse, dout, rope, t, dq16, dk16, dv16);
+    Backend::attention_bwd_16(s, q, k, v, out, lse, dout, rope, t, dq16, dk16, dv16);
   }
   void end_shared_input() override { inner_->end_shared_input(); }
   bool defer_zero(float* dx, int64_t n) override { return inner_->defer_zero(dx, n); }
@@ -97,6 +118,10 @@ class AutocastBackend final : public Backend {
   void rope(MatF x, const int32_t* pos, int n_heads, int head_dim, float theta, bool adjacent,
             bool inverse) override {
     inner_->rope(x, pos, n_heads, head_dim, theta, adjacent, inverse);
+  }
+  void rope_to_16(MatF x, const int32_t* pos, int n_heads, int head_dim, float theta, bool adjacent,
+                  DType t, uint16_t* x16) override {
+    inner_->rope_to_16(x, pos, n_heads, head_dim, theta, adjacent, t, x16);
   }
   void swiglu_fwd(CMatF gate, CMatF up, MatF out) override { inner_->swiglu_fwd(gate, up, out); }
   void swiglu_bwd(CMatF gate, CMatF up, CMatF dout, MatF dgate, MatF dup) override {

@@ -73,6 +73,13 @@ void Backend::rmsnorm_fwd_16(CMatF x, const float* w, float eps, MatF y, float* 
   to_16(t, y.data, y16, y.rows * y.cols);
 }
 
+void Backend::add_rmsnorm_fwd_16(MatF x, const float* r, const float* w, float eps, float* rstd,
+                                 DType t, uint16_t* y16) {
+  QLFT_CHECK_ARG(x.stride == x.cols, "add_rmsnorm_fwd_16: x must be dense");
+  add(x.data, r, x.rows * x.cols);
+  rmsnorm_fwd_16(x.as_const(), w, eps, MatF(nullptr, x.rows, x.cols), rstd, t, y16);
+}
+
 void Backend::swiglu_fwd_16(MatF gate, MatF up, MatF out, DType t, uint16_t* g16, uint16_t* u16,
                             uint16_t* o16, bool keep_rounded) {
   (void)keep_rounded;
@@ -100,6 +107,57 @@ void Backend::swiglu_bwd_16(MatF gate, MatF up, DType t, const uint16_t* g16, co
   from_16(t, g16, gate.data, gate.rows * gate.cols);
   from_16(t, u16, up.data, up.rows * up.cols);
   swiglu_bwd(gate.as_const(), up.as_const(), dout, dgate, dup);
+}
+
+namespace {
+// src [rows, cols] dense fp32 -> dst (16-bit, its stride) through to_16.
+void to_16_rows(Backend& be, DType t, const float* src, View2<uint16_t> dst) {
+  if (dst.stride == dst.cols) {
+    be.to_16(t, src, dst.data, dst.rows * dst.cols);
+    return;
+  }
+  for (int64_t i = 0; i < dst.rows; ++i) be.to_16(t, src + i * dst.cols, dst.row(i), dst.cols);
+}
+}  // namespace
+
+void Backend::rope_to_16(MatF x, const int32_t* pos, int n_heads, int head_dim, float theta,
+                         bool adjacent, DType t, uint16_t* x16) {
+  rope(x, pos, n_heads, head_dim, theta, adjacent, false);
+  if (x.stride == x.cols)
+    to_16(t, x.data, x16, x.rows * x.cols);
+  else
+    for (int64_t i = 0; i < x.rows; ++i) to_16(t, x.row(i), x16 + i * x.cols, x.cols);
+}
+
+void Backend::swiglu_bwd_to_16(DType t, const uint16_t* g16, const uint16_t* u16, CMatF dout,
+                               View2<uint16_t> dg16, View2<uint16_t> du16) {
+  const int64_t R = dout.rows, C = dout.cols;
+  const size_t bytes = size_t(R * C) * 4;
+  Buffer g = alloc(MemCategory::Workspace, bytes, "swiglu gate", BufferInit::Uninit);
+  Buffer u = alloc(MemCategory::Workspace, bytes, "swiglu up", BufferInit::Uninit);
+  Buffer dg = alloc(MemCategory::Workspace, bytes, "swiglu d gate", BufferInit::Uninit);
+  Buffer du = alloc(MemCategory::Workspace, bytes, "swiglu d up", BufferInit::Uninit);
+  swiglu_bwd_16(MatF(g.as<float>(), R, C), MatF(u.as<float>(), R, C), t, g16, u16, dout,
+                MatF(dg.as<float>(), R, C), MatF(du.as<float>(), R, C));
+  to_16_rows(*this, t, dg.as<float>(), dg16);
+  to_16_rows(*this, t, du.as<float>(), du16);
+}
+
+void Backend::attention_bwd_16(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out,
+                               const float* lse, CMatF dout, const RopeArgs& rope, DType t,
+                               View2<uint16_t> dq16, View2<uint16_t> dk16, View2<uint16_t> dv16) {
+  const int64_t R = q.rows;
+  Buffer dq = alloc(MemCategory::Workspace, size_t(R * q.cols) * 4, "attention dq");
+  Buffer dk = alloc(MemCategory::Workspace, size_t(R * k.cols) * 4, "attention dk");
+  Buffer dv = alloc(MemCategory::Workspace, size_t(R * v.cols) * 4, "attention dv");
+  const MatF mq(dq.as<float>(), R, q.cols), mk(dk.as<float>(), R, k.cols),
+      mv(dv.as<float>(), R, v.cols);
+  attention_bwd(s, q, k, v, out, lse, dout, mq, mk, mv);
+  this->rope(mq, rope.pos, s.n_heads, s.head_dim, rope.theta, rope.adjacent, true);
+  this->rope(mk, rope.pos, s.n_kv_heads, s.head_dim, rope.theta, rope.adjacent, true);
+  to_16_rows(*this, t, mq.data, dq16);
+  to_16_rows(*this, t, mk.data, dk16);
+  to_16_rows(*this, t, mv.data, dv16);
 }
 
 double Backend::sum_squares(const float* x, int64_t n) {

@@ -58,6 +58,13 @@ struct CrossEntropyRow {
   float target_logit = 0.f;
 };
 
+// RoPE's position arguments, for an operation that applies it itself (Backend::attention_bwd_16).
+struct RopeArgs {
+  const int32_t* pos = nullptr;  // [rows]
+  float theta = 10000.f;
+  bool adjacent = false;  // as Backend::rope's
+};
+
 struct TransferCounts {
   uint64_t host_to_device = 0;
   uint64_t device_to_host = 0;
@@ -154,6 +161,21 @@ class Backend {
     (void)t;
     return false;
   }
+  // The output gradient of a linear_bwd in 16 bits (the runner's direct16() backward: SwiGLU's
+  // and attention's gradients written rounded, not in fp32). grad_16_stride: the row stride (in
+  // elements, >= W.rows) a dy should have for linear_bwd(W, lora, ...) with a dx; the columns
+  // past W.rows are the backend's to write (the CPU backend's fused LoRA GEMM puts dy B there).
+  // next_dy_16: a hint for the next linear_bwd, which takes it: its dy's values rounded to t
+  // are dy16 ([dy.rows, dy.cols], any stride >= dy.cols). A backend for which takes_input_16(t)
+  // holds reads them instead of dy's, which need not hold values; any other backend ignores it.
+  virtual int64_t grad_16_stride(const QWeight& W, const LoraRef* lora) const {
+    (void)lora;
+    return W.rows;
+  }
+  virtual void next_dy_16(DType t, View2<uint16_t> dy16) {
+    (void)t;
+    (void)dy16;
+  }
 
   // ---- normalization, position, activation -----------------------------------------------
   // y = x * rstd * w, rstd[row] = 1 / sqrt(mean(x^2) + eps). rstd may be nullptr.
@@ -167,6 +189,12 @@ class Backend {
   virtual void rope(MatF x, const int32_t* pos, int n_heads, int head_dim, float theta,
                     bool adjacent, bool inverse) = 0;
 
+  // rope (inverse = false) with the rotated rows written rounded to t into x16 ([rows, cols]
+  // dense; the values rope then to_16 give); x may be left unrotated (the runner's direct16()
+  // forward, whose attention takes q and k from the 16-bit copies). The default: rope, to_16.
+  virtual void rope_to_16(MatF x, const int32_t* pos, int n_heads, int head_dim, float theta,
+                          bool adjacent, DType t, uint16_t* x16);
+
   // out = silu(gate) * up, all [rows, ffn].
   virtual void swiglu_fwd(CMatF gate, CMatF up, MatF out) = 0;
   // 16-bit activation storage in one pass (the defaults are the separate ops). A null fp32
@@ -175,6 +203,10 @@ class Backend {
   // rmsnorm_fwd, and y16 = y rounded to t (to_16);
   virtual void rmsnorm_fwd_16(CMatF x, const float* w, float eps, MatF y, float* rstd, DType t,
                               uint16_t* y16);
+  // x += r (the residual add, x and r dense), then rmsnorm_fwd_16 of x without an fp32 output:
+  // the values add then rmsnorm_fwd_16 give, in one pass where the backend fuses them.
+  virtual void add_rmsnorm_fwd_16(MatF x, const float* r, const float* w, float eps, float* rstd,
+                                  DType t, uint16_t* y16);
   // gate and up rounded to t into g16 / u16 (and in place), then swiglu_fwd of the rounded
   // values and o16 = out rounded to t. keep_rounded = false: gate and up need not keep the
   // rounded values (nothing reads them after).
@@ -184,6 +216,11 @@ class Backend {
   // default fills with their values (a backend may leave them untouched).
   virtual void swiglu_bwd_16(MatF gate, MatF up, DType t, const uint16_t* g16, const uint16_t* u16,
                              CMatF dout, MatF dgate, MatF dup);
+  // swiglu_bwd_16 with dgate and dup written rounded to t into dg16 / du16 (the values
+  // swiglu_bwd_16 then to_16 give), no fp32 output: the dy of the gate / up linear_bwd
+  // (next_dy_16). The default goes through fp32 workspace.
+  virtual void swiglu_bwd_to_16(DType t, const uint16_t* g16, const uint16_t* u16, CMatF dout,
+                                View2<uint16_t> dg16, View2<uint16_t> du16);
   // dgate = dout * up * silu'(gate); dup = dout * silu(gate) (overwritten, not accumulated).
   virtual void swiglu_bwd(CMatF gate, CMatF up, CMatF dout, MatF dgate, MatF dup) = 0;
 
@@ -207,6 +244,14 @@ class Backend {
   // dq, dk, dv += gradients. out and lse from the forward pass.
   virtual void attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out,
                              const float* lse, CMatF dout, MatF dq, MatF dk, MatF dv) = 0;
+
+  // attention_bwd into zeroed dq, dk, dv, then rope(inverse) of dq and dk at rope's positions,
+  // the three written rounded to t into dq16 / dk16 / dv16 (overwritten; the values those ops
+  // then to_16 give), no fp32 gradients: the dy of the q / k / v linear_bwd (next_dy_16). The
+  // default goes through fp32 workspace.
+  virtual void attention_bwd_16(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out,
+                                const float* lse, CMatF dout, const RopeArgs& rope, DType t,
+                                View2<uint16_t> dq16, View2<uint16_t> dk16, View2<uint16_t> dv16);
 
   // ---- embedding and head ------------------------------------------------------------------
   // out[row] = emb[tokens[row]]. Throws QLFT_ERR_INVALID_ARGUMENT for an id outside the vocab.

@@ -57,6 +57,11 @@ class WorkspaceModel {
   virtual uint64_t rope(const ModelConfig& c, int64_t T) const = 0;
   virtual uint64_t attention_fwd(const ModelConfig& c, int64_t B, int64_t T) const = 0;
   virtual uint64_t attention_bwd(const ModelConfig& c, int64_t B, int64_t T) const = 0;
+  // attention_bwd of a stored layer (Backend::attention_bwd_16 where the runner's direct16()
+  // backward calls it); a checkpointed layer's is attention_bwd.
+  virtual uint64_t attention_bwd_stored(const ModelConfig& c, int64_t B, int64_t T) const {
+    return attention_bwd(c, B, T);
+  }
   // The fused head + cross-entropy with dh over R rows, every target trained.
   virtual uint64_t cross_entropy(const ModelConfig& c, int64_t R) const = 0;
 };

@@ -495,13 +495,17 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
                      mat(*outs[j], R, widths[j]), has ? a.xa[j].as<float>() : nullptr);
     }
   }
-  be_.rope(mat(a.q, R, qd), pos, c.n_heads, c.head_dim, c.rope_theta, c.rope_adjacent, false);
-  be_.rope(mat(a.k, R, kvd), pos, c.n_kv_heads, c.head_dim, c.rope_theta, c.rope_adjacent, false);
-  if (st) {  // stored as they are, and attention's GEMMs take them (attention_inputs_16)
-    be_.to_16(t16, a.q.as<float>(), st->q.as<uint16_t>(), R * qd);
-    be_.to_16(t16, a.k.as<float>(), st->k.as<uint16_t>(), R * kvd);
+  if (st) {  // stored as they are, and attention's GEMMs take them (attention_inputs_16); the
+             // fp32 q and k are not rotated (nothing reads them)
+    be_.rope_to_16(mat(a.q, R, qd), pos, c.n_heads, c.head_dim, c.rope_theta, c.rope_adjacent, t16,
+                   st->q.as<uint16_t>());
+    be_.rope_to_16(mat(a.k, R, kvd), pos, c.n_kv_heads, c.head_dim, c.rope_theta, c.rope_adjacent,
+                   t16, st->k.as<uint16_t>());
     be_.to_16(t16, a.v.as<float>(), st->v.as<uint16_t>(), R * kvd);
     be_.attention_inputs_16(t16, st->q.as<uint16_t>(), st->k.as<uint16_t>(), st->v.as<uint16_t>());
+  } else {
+    be_.rope(mat(a.q, R, qd), pos, c.n_heads, c.head_dim, c.rope_theta, c.rope_adjacent, false);
+    be_.rope(mat(a.k, R, kvd), pos, c.n_kv_heads, c.head_dim, c.rope_theta, c.rope_adjacent, false);
   }
   be_.attention_fwd(shape_, cmat(a.q, R, qd), cmat(a.k, R, kvd), cmat(a.v, R, kvd),
                     mat(a.att, R, qd), a.lse.as<float>());
@@ -514,14 +518,14 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
     be_.linear_fwd(L.proj[o], nullptr, has ? &ref : nullptr, cmat(a.att, R, qd),
                    mat(a.x_mid, R, c.dim), has ? a.xa[o].as<float>() : nullptr);
   }
-  be_.add(a.x_mid.as<float>(), x_in, R * c.dim);
-
-  if (st)
-    be_.rmsnorm_fwd_16(cmat(a.x_mid, R, c.dim), frozen(L.ffn_norm), c.rms_eps,
-                       MatF(nullptr, R, c.dim), a.rstd2.as<float>(), t16, st->xn2.as<uint16_t>());
-  else
+  if (st) {  // the residual add and the norm in one pass
+    be_.add_rmsnorm_fwd_16(mat(a.x_mid, R, c.dim), x_in, frozen(L.ffn_norm), c.rms_eps,
+                           a.rstd2.as<float>(), t16, st->xn2.as<uint16_t>());
+  } else {
+    be_.add(a.x_mid.as<float>(), x_in, R * c.dim);
     be_.rmsnorm_fwd(cmat(a.x_mid, R, c.dim), frozen(L.ffn_norm), c.rms_eps, mat(a.xn2, R, c.dim),
                     a.rstd2.as<float>());
+  }
   Buffer* ffn_outs[2] = {&a.gate, &a.up};
   {
     SharedInput shared(be_, cmat(a.xn2, R, c.dim), t16, st ? h16(st->xn2) : nullptr);
@@ -684,7 +688,9 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
   const int32_t* pos = pos_.as<int32_t>();
   MatF G = mat(g.G, R, c.dim);
 
-  auto lin_bwd = [&](Proj p, CMatF x, CMatF dy, MatF dx) {
+  // dy16: dy's bf16 copy for the backend (Backend::next_dy_16), handed over right before the
+  // linear_bwd that takes it.
+  auto lin_bwd = [&](Proj p, CMatF x, CMatF dy, MatF dx, View2<uint16_t> dy16 = {}) {
     const int pi = static_cast<int>(p);
     bool has;
     LoraRef ref = lora_ref(l, p, &has);
@@ -701,6 +707,7 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
       dA = lora_->slot(l, p).dA.as<float>();
       dB = lora_->slot(l, p).dB.as<float>();
     }
+    if (dy16.data) be_.next_dy_16(act_dtype_, dy16);
     be_.linear_bwd(L.proj[pi], has ? &ref : nullptr, x, has ? a.xa[pi].as<float>() : nullptr, dy,
                    dx, dA, dB);
     if (has && sink_) sink_->end(l, p);
@@ -719,18 +726,35 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
     SharedInput shared(be_, cmat(a.hact, R, c.ffn_dim), t16, st ? h16(st->hact) : nullptr);
     lin_bwd(Proj::Down, cmat(a.hact, R, c.ffn_dim), G.as_const(), mat(g.dh, R, c.ffn_dim));
   }
-  if (st)
-    be_.swiglu_bwd_16(mat(a.gate, R, c.ffn_dim), mat(a.up, R, c.ffn_dim), t16,
-                      st->gate.as<uint16_t>(), st->up.as<uint16_t>(), cmat(g.dh, R, c.ffn_dim),
-                      mat(g.dgate, R, c.ffn_dim), mat(g.dup, R, c.ffn_dim));
-  else
+  // With st (direct16()): the gradients that only enter linear_bwd as its dy (dgate, dup, dq,
+  // dk, dv) are written in 16 bits into their fp32 buffers' memory (Backend::next_dy_16), at
+  // the row stride the backend asks for (it fits: at most twice the columns).
+  auto dy16 = [&](Proj p, Buffer& b, int64_t cols) {
+    bool has;
+    const LoraRef ref = lora_ref(l, p, &has);
+    int64_t ld = be_.grad_16_stride(L.proj[static_cast<int>(p)], has ? &ref : nullptr);
+    if (ld < cols || ld > 2 * cols) ld = cols;
+    return View2<uint16_t>(b.as<uint16_t>(), R, cols, ld);
+  };
+  auto lin_bwd16 = [&](Proj p, CMatF x, View2<uint16_t> d16, Buffer& dfp, MatF dx) {
+    lin_bwd(p, x, cmat(dfp, R, d16.cols), dx, st ? d16 : View2<uint16_t>());
+  };
+  View2<uint16_t> dgate16, dup16;
+  if (st) {
+    dgate16 = dy16(Proj::Gate, g.dgate, c.ffn_dim);
+    dup16 = dy16(Proj::Up, g.dup, c.ffn_dim);
+    be_.swiglu_bwd_to_16(t16, st->gate.as<uint16_t>(), st->up.as<uint16_t>(),
+                         cmat(g.dh, R, c.ffn_dim), dgate16, dup16);
+  } else {
     be_.swiglu_bwd(cmat(a.gate, R, c.ffn_dim), cmat(a.up, R, c.ffn_dim), cmat(g.dh, R, c.ffn_dim),
                    mat(g.dgate, R, c.ffn_dim), mat(g.dup, R, c.ffn_dim));
+    dgate16 = dup16 = View2<uint16_t>(nullptr, R, c.ffn_dim);
+  }
   zero_dx(g.dxn, R * c.dim);
   {
     SharedInput shared(be_, cmat(a.xn2, R, c.dim), t16, st ? h16(st->xn2) : nullptr);
-    lin_bwd(Proj::Gate, cmat(a.xn2, R, c.dim), cmat(g.dgate, R, c.ffn_dim), mat(g.dxn, R, c.dim));
-    lin_bwd(Proj::Up, cmat(a.xn2, R, c.dim), cmat(g.dup, R, c.ffn_dim), mat(g.dxn, R, c.dim));
+    lin_bwd16(Proj::Gate, cmat(a.xn2, R, c.dim), dgate16, g.dgate, mat(g.dxn, R, c.dim));
+    lin_bwd16(Proj::Up, cmat(a.xn2, R, c.dim), dup16, g.dup, mat(g.dxn, R, c.dim));
   }
   be_.rmsnorm_bwd(cmat(a.x_mid, R, c.dim), frozen(L.ffn_norm), a.rstd2.as<float>(),
                   cmat(g.dxn, R, c.dim), G);
@@ -741,22 +765,35 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
     SharedInput shared(be_, cmat(a.att, R, qd), t16, st ? h16(st->att) : nullptr);
     lin_bwd(Proj::O, cmat(a.att, R, qd), G.as_const(), mat(g.datt, R, qd));
   }
-  zero(g.dq);
-  zero(g.dk);
-  zero(g.dv);
-  if (st)  // q, k, v are not unpacked: attention reads the stored ones
+  View2<uint16_t> dq16(nullptr, R, qd), dk16(nullptr, R, kvd), dv16(nullptr, R, kvd);
+  if (st) {  // q, k, v are not unpacked: attention reads the stored ones
     be_.attention_inputs_16(t16, st->q.as<uint16_t>(), st->k.as<uint16_t>(), st->v.as<uint16_t>());
-  be_.attention_bwd(shape_, cmat(a.q, R, qd), cmat(a.k, R, kvd), cmat(a.v, R, kvd),
-                    cmat(a.att, R, qd), a.lse.as<float>(), cmat(g.datt, R, qd), mat(g.dq, R, qd),
-                    mat(g.dk, R, kvd), mat(g.dv, R, kvd));
-  be_.rope(mat(g.dq, R, qd), pos, c.n_heads, c.head_dim, c.rope_theta, c.rope_adjacent, true);
-  be_.rope(mat(g.dk, R, kvd), pos, c.n_kv_heads, c.head_dim, c.rope_theta, c.rope_adjacent, true);
+    dq16 = dy16(Proj::Q, g.dq, qd);
+    dk16 = dy16(Proj::K, g.dk, kvd);
+    dv16 = dy16(Proj::V, g.dv, kvd);
+    RopeArgs ra;
+    ra.pos = pos;
+    ra.theta = c.rope_theta;
+    ra.adjacent = c.rope_adjacent;
+    be_.attention_bwd_16(shape_, cmat(a.q, R, qd), cmat(a.k, R, kvd), cmat(a.v, R, kvd),
+                         cmat(a.att, R, qd), a.lse.as<float>(), cmat(g.datt, R, qd), ra, t16, dq16,
+                         dk16, dv16);
+  } else {
+    zero(g.dq);
+    zero(g.dk);
+    zero(g.dv);
+    be_.attention_bwd(shape_, cmat(a.q, R, qd), cmat(a.k, R, kvd), cmat(a.v, R, kvd),
+                      cmat(a.att, R, qd), a.lse.as<float>(), cmat(g.datt, R, qd), mat(g.dq, R, qd),
+                      mat(g.dk, R, kvd), mat(g.dv, R, kvd));
+    be_.rope(mat(g.dq, R, qd), pos, c.n_heads, c.head_dim, c.rope_theta, c.rope_adjacent, true);
+    be_.rope(mat(g.dk, R, kvd), pos, c.n_kv_heads, c.head_dim, c.rope_theta, c.rope_adjacent, true);
+  }
   zero_dx(g.dxn, R * c.dim);
   {
     SharedInput shared(be_, cmat(a.xn1, R, c.dim), t16, st ? h16(st->xn1) : nullptr);
-    lin_bwd(Proj::Q, cmat(a.xn1, R, c.dim), cmat(g.dq, R, qd), mat(g.dxn, R, c.dim));
-    lin_bwd(Proj::K, cmat(a.xn1, R, c.dim), cmat(g.dk, R, kvd), mat(g.dxn, R, c.dim));
-    lin_bwd(Proj::V, cmat(a.xn1, R, c.dim), cmat(g.dv, R, kvd), mat(g.dxn, R, c.dim));
+    lin_bwd16(Proj::Q, cmat(a.xn1, R, c.dim), dq16, g.dq, mat(g.dxn, R, c.dim));
+    lin_bwd16(Proj::K, cmat(a.xn1, R, c.dim), dk16, g.dk, mat(g.dxn, R, c.dim));
+    lin_bwd16(Proj::V, cmat(a.xn1, R, c.dim), dv16, g.dv, mat(g.dxn, R, c.dim));
   }
   if (need_dx)
     be_.rmsnorm_bwd(CMatF(x_in, R, c.dim), frozen(L.attn_norm), a.rstd1.as<float>(),

@@ -845,7 +845,9 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
   // head's cross-entropy runs at the end of forward; backward adds its temporaries to one
   // kernel's scratch (or to a checkpointed layer's recompute).
   uint64_t fwd = std::max(m->attention_fwd(c, B, T), m->rope(c, T));
-  uint64_t bwd = std::max(m->attention_bwd(c, B, T), m->rope(c, T));
+  uint64_t bwd = std::max(stored > 0 ? m->attention_bwd_stored(c, B, T) : 0,
+                          ckpt > 0 ? m->attention_bwd(c, B, T) : 0);
+  bwd = std::max(bwd, m->rope(c, T));
   for (int q = 0; q < kProjCount; ++q) {
     // q/k/v share their input, gate/up theirs (LlamaRunner's SharedInput scopes).
     const Proj p = static_cast<Proj>(q);

@@ -395,6 +395,57 @@ void run_linear_bf16(Engine e, const std::string& kind, int M, float p, uint64_t
   EXPECT_LT(err_with(dB, dB0, o.dB), kTol) << "dB";
   EXPECT_GT(err_with(dA, dA0, u.dA), 10 * kTol) << "g's rounding not visible";
 
+  // dy given in bf16 (Backend::next_dy_16): dy's fp32 values never read (NaN here), the
+  // copy's spare columns NaN before the call (the fused path writes them). At the stride the
+  // backend asks for: the same bits; at a wider one the GEMMs see another leading dimension
+  // (oneDNN may then sum dB into its old values in another order).
+  const int64_t asked = px.bf->grad_16_stride(w.q, &l);
+  EXPECT_EQ(asked, scale == 4.f && p == 0.f && !small_blocks ? 32 : N);
+  for (int64_t ld : {asked, int64_t(N) + 7}) {
+    SCOPED_TRACE(::testing::Message() << "next_dy_16 stride " << ld);
+    ASSERT_GE(ld, N);
+    std::vector<uint16_t> dy16(size_t(M * ld), uint16_t(0x7fc1));
+    for (int i = 0; i < M; ++i)
+      for (int n = 0; n < N; ++n) dy16[size_t(i * ld + n)] = f32_to_bf16(dy[size_t(i) * N + n]);
+    const FVec nan_dy(dy.size(), NAN);
+    FVec dx16 = dx0, dA16 = dA0, dB16 = dB0;
+    px.bf->next_dy_16(DType::BF16, View2<uint16_t>(dy16.data(), M, N, ld));
+    px.bf->linear_bwd(w.q, &l, CMatF(x.data(), M, K), xa.data(), CMatF(nan_dy.data(), M, N),
+                      MatF(dx16.data(), M, K), dA16.data(), dB16.data());
+    if (ld == asked) {
+      EXPECT_EQ(0, std::memcmp(dx16.data(), dx.data(), dx.size() * 4)) << "dx";
+      EXPECT_EQ(0, std::memcmp(dA16.data(), dA.data(), dA.size() * 4)) << "dA";
+      EXPECT_EQ(0, std::memcmp(dB16.data(), dB.data(), dB.size() * 4)) << "dB";
+    } else {
+      EXPECT_LT(err_with(dx16, dxb, o.dx), kTol) << "dx";
+      EXPECT_LT(err_with(dA16, dA0, o.dA), kTol) << "dA";
+      EXPECT_LT(err_with(dB16, dB0, o.dB), kTol) << "dB";
+    }
+    for (int i = 0; i < M; ++i)  // dy's own columns untouched
+      for (int n = 0; n < N; ++n)
+        ASSERT_EQ(dy16[size_t(i * ld + n)], f32_to_bf16(dy[size_t(i) * N + n]));
+  }
+  // Without dx (no fused GEMM) and without LoRA.
+  {
+    std::vector<uint16_t> dy16(size_t(M) * N);
+    for (size_t i = 0; i < dy16.size(); ++i) dy16[i] = f32_to_bf16(dy[i]);
+    const FVec nan_dy(dy.size(), NAN);
+    FVec dA4 = dA0, dB4 = dB0, dA5 = dA0, dB5 = dB0, dx4 = dx0, dx5 = dx0;
+    px.bf->linear_bwd(w.q, &l, CMatF(x.data(), M, K), xa.data(), CMatF(dy.data(), M, N), MatF(),
+                      dA4.data(), dB4.data());
+    px.bf->next_dy_16(DType::BF16, View2<uint16_t>(dy16.data(), M, N));
+    px.bf->linear_bwd(w.q, &l, CMatF(x.data(), M, K), xa.data(), CMatF(nan_dy.data(), M, N), MatF(),
+                      dA5.data(), dB5.data());
+    EXPECT_EQ(0, std::memcmp(dA4.data(), dA5.data(), dA4.size() * 4)) << "dA, no dx";
+    EXPECT_EQ(0, std::memcmp(dB4.data(), dB5.data(), dB4.size() * 4)) << "dB, no dx";
+    px.bf->linear_bwd(w.q, nullptr, CMatF(x.data(), M, K), nullptr, CMatF(dy.data(), M, N),
+                      MatF(dx4.data(), M, K), nullptr, nullptr);
+    px.bf->next_dy_16(DType::BF16, View2<uint16_t>(dy16.data(), M, N));
+    px.bf->linear_bwd(w.q, nullptr, CMatF(x.data(), M, K), nullptr, CMatF(nan_dy.data(), M, N),
+                      MatF(dx5.data(), M, K), nullptr, nullptr);
+    EXPECT_EQ(0, std::memcmp(dx4.data(), dx5.data(), dx4.size() * 4)) << "dx, no LoRA";
+  }
+
   // Without LoRA, without xa from the forward pass, without dx.
   FVec dx2 = dx0, dx2b = dx0;
   px.bf->linear_bwd(w.q, nullptr, CMatF(x.data(), M, K), nullptr, CMatF(dy.data(), M, N),
@@ -613,6 +664,159 @@ TEST_P(Bf16Attention, MatchesTheRoundingOracle) {
     px.ref->attention_fwd(s, CMatF(qr.data(), rows, qc), CMatF(kr.data(), rows, kc),
                           CMatF(vr.data(), rows, kc), MatF(out32.data(), rows, qc), lse32.data());
     EXPECT_LT(max_rel_error(lse.data(), lse32.data(), lse.size()), 1e-5) << "lse";
+  }
+}
+
+// attention_bwd_16: dq, dk, dv rotated back and rounded in the kernel. Against the separate
+// ops (attention_bwd into zeroed fp32, rope inverse, bf16 rounding): the same bits; against the
+// double oracle rotated back in double and rounded: equal but for roundings that land on the
+// other side. q, k, v also given as attention_inputs_16 (the runner's way), whose fp32 copies
+// are then NaN. Strides wider than the columns, with their spare columns left as they were.
+void rope_inverse_double(Vec& x, const std::vector<int32_t>& pos, int heads, int D, float theta,
+                         bool adjacent) {
+  const int cols = heads * D, half = D / 2;
+  for (size_t row = 0; row < pos.size(); ++row)
+    for (int h = 0; h < heads; ++h) {
+      double* xh = x.data() + row * size_t(cols) + size_t(h) * D;
+      for (int i = 0; i < half; ++i) {
+        const double ang = double(pos[row]) * std::pow(double(theta), -2.0 * i / D);
+        const double c = std::cos(ang), sn = -std::sin(ang);
+        double& a = adjacent ? xh[2 * i] : xh[i];
+        double& b = adjacent ? xh[2 * i + 1] : xh[i + half];
+        const double a0 = a, b0 = b;
+        a = a0 * c - b0 * sn;
+        b = a0 * sn + b0 * c;
+      }
+    }
+}
+
+TEST_P(Bf16Attention, BackwardToBf16WithRope) {
+  const Engine e = GetParam();
+  if (e == Engine::OneDnn) SKIP_WITHOUT_ONEDNN_BF16();
+  struct Case {
+    int batch, seq, heads, kv, hd;
+    bool docs, adjacent;
+    int64_t block_q;
+  };
+  for (const Case c :
+       {Case{2, 37, 4, 2, 16, false, false, 8}, Case{1, 50, 6, 2, 32, true, true, 16},
+        Case{2, 9, 3, 3, 8, false, true, 64}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << engine_name(e) << " seq " << c.seq << " heads " << c.heads << "/" << c.kv
+                 << " hd " << c.hd << " docs " << c.docs << " adjacent " << c.adjacent);
+    Pair px(e, false);
+    static_cast<cpu::CpuBackend&>(*px.bf).tune.attn_block_q = c.block_q;
+    Rng rng(uint64_t(c.seq) * 17 + c.hd);
+    AttnShape s = attn_shape(c.batch, c.seq, c.heads, c.kv, c.hd);
+    const int rows = c.batch * c.seq, qc = c.heads * c.hd, kc = c.kv * c.hd;
+    std::vector<int32_t> doc(static_cast<size_t>(rows)), pos(static_cast<size_t>(rows));
+    for (int i = 0; i < rows; ++i) {
+      doc[size_t(i)] = (i % c.seq) / 12;
+      pos[size_t(i)] = c.docs ? (i % c.seq) % 12 : i % c.seq;  // positions restart per document
+    }
+    if (c.docs) s.doc_ids = doc.data();
+    RopeArgs ra;
+    ra.pos = pos.data();
+    ra.theta = 10000.f;
+    ra.adjacent = c.adjacent;
+    // bf16 values already (what the runner stores), so the fp32 and 16-bit inputs agree.
+    const FVec q = rounded(rng.normal(size_t(rows) * qc)),
+               k = rounded(rng.normal(size_t(rows) * kc)),
+               v = rounded(rng.normal(size_t(rows) * kc)), dout = rng.normal(size_t(rows) * qc);
+    FVec out(q.size()), lse(size_t(c.heads) * rows);
+    px.bf->attention_fwd(s, CMatF(q.data(), rows, qc), CMatF(k.data(), rows, kc),
+                         CMatF(v.data(), rows, kc), MatF(out.data(), rows, qc), lse.data());
+    // The separate ops.
+    FVec dq(q.size(), 0.f), dk(k.size(), 0.f), dv(v.size(), 0.f);
+    px.bf->attention_bwd(s, CMatF(q.data(), rows, qc), CMatF(k.data(), rows, kc),
+                         CMatF(v.data(), rows, kc), CMatF(out.data(), rows, qc), lse.data(),
+                         CMatF(dout.data(), rows, qc), MatF(dq.data(), rows, qc),
+                         MatF(dk.data(), rows, kc), MatF(dv.data(), rows, kc));
+    px.bf->rope(MatF(dq.data(), rows, qc), pos.data(), c.heads, c.hd, ra.theta, c.adjacent, true);
+    px.bf->rope(MatF(dk.data(), rows, kc), pos.data(), c.kv, c.hd, ra.theta, c.adjacent, true);
+    const std::vector<uint16_t> q16 = to_bf16(q), k16 = to_bf16(k), v16 = to_bf16(v);
+    const FVec nq(q.size(), NAN), nk(k.size(), NAN), nv(v.size(), NAN);
+    for (bool inputs16 : {false, true}) {
+      SCOPED_TRACE(inputs16 ? "attention_inputs_16" : "fp32 inputs");
+      const int64_t lq = qc + 3, lk = kc + 7, lv = kc;
+      std::vector<uint16_t> gq(size_t(rows * lq), 0x7fc1), gk(size_t(rows * lk), 0x7fc1),
+          gv(size_t(rows * lv), 0x7fc1);
+      if (inputs16) px.bf->attention_inputs_16(DType::BF16, q16.data(), k16.data(), v16.data());
+      px.bf->attention_bwd_16(
+          s, CMatF((inputs16 ? nq : q).data(), rows, qc),
+          CMatF((inputs16 ? nk : k).data(), rows, kc), CMatF((inputs16 ? nv : v).data(), rows, kc),
+          CMatF(out.data(), rows, qc), lse.data(), CMatF(dout.data(), rows, qc), ra, DType::BF16,
+          View2<uint16_t>(gq.data(), rows, qc, lq), View2<uint16_t>(gk.data(), rows, kc, lk),
+          View2<uint16_t>(gv.data(), rows, kc, lv));
+      auto same = [&](const std::vector<uint16_t>& g, int64_t ld, const FVec& want, int cols,
+                      const char* what) {
+        for (int i = 0; i < rows; ++i) {
+          for (int j = 0; j < cols; ++j)
+            ASSERT_EQ(g[size_t(i * ld + j)], f32_to_bf16(want[size_t(i) * cols + j]))
+                << what << " row " << i << " col " << j;
+          for (int64_t j = cols; j < ld; ++j)
+            ASSERT_EQ(g[size_t(i * ld + j)], 0x7fc1) << what << " spare column written";
+        }
+      };
+      same(gq, lq, dq, qc, "dq");
+      same(gk, lk, dk, kc, "dk");
+      same(gv, lv, dv, kc, "dv");
+      if (inputs16) continue;
+      // Backend's default (the separate ops through workspace), as a backend without native
+      // bf16 GEMMs runs it: autocast's emulation over the fp32 backend.
+      if (e == Engine::Sgemm) {
+        auto emu = make_autocast_backend(make_cpu_backend(&px.tr), DType::BF16, false);
+        FVec eq(q.size(), 0.f), ek(k.size(), 0.f), ev(v.size(), 0.f);
+        emu->attention_bwd(s, CMatF(q.data(), rows, qc), CMatF(k.data(), rows, kc),
+                           CMatF(v.data(), rows, kc), CMatF(out.data(), rows, qc), lse.data(),
+                           CMatF(dout.data(), rows, qc), MatF(eq.data(), rows, qc),
+                           MatF(ek.data(), rows, kc), MatF(ev.data(), rows, kc));
+        emu->rope(MatF(eq.data(), rows, qc), pos.data(), c.heads, c.hd, ra.theta, c.adjacent, true);
+        emu->rope(MatF(ek.data(), rows, kc), pos.data(), c.kv, c.hd, ra.theta, c.adjacent, true);
+        std::vector<uint16_t> hq(gq.size(), 0x7fc1), hk(gk.size(), 0x7fc1), hv(gv.size(), 0x7fc1);
+        emu->attention_bwd_16(
+            s, CMatF(q.data(), rows, qc), CMatF(k.data(), rows, kc), CMatF(v.data(), rows, kc),
+            CMatF(out.data(), rows, qc), lse.data(), CMatF(dout.data(), rows, qc), ra, DType::BF16,
+            View2<uint16_t>(hq.data(), rows, qc, lq), View2<uint16_t>(hk.data(), rows, kc, lk),
+            View2<uint16_t>(hv.data(), rows, kc, lv));
+        same(hq, lq, eq, qc, "default dq");
+        same(hk, lk, ek, kc, "default dk");
+        same(hv, lv, ev, kc, "default dv");
+      }
+      // The double oracle, rotated back in double, rounded to bf16.
+      const FVec dr = rounded(dout);
+      AttnOut want =
+          attention_bf16_oracle(s, q, k, v, out, dr, c.docs ? doc.data() : nullptr, true);
+      rope_inverse_double(want.dq, pos, c.heads, c.hd, ra.theta, c.adjacent);
+      rope_inverse_double(want.dk, pos, c.kv, c.hd, ra.theta, c.adjacent);
+      auto widened = [&](const std::vector<uint16_t>& g, int64_t ld, int cols) {
+        FVec o(size_t(rows) * cols);
+        for (int i = 0; i < rows; ++i)
+          for (int j = 0; j < cols; ++j)
+            o[size_t(i) * cols + j] = bf16_to_f32(g[size_t(i * ld + j)]);
+        return o;
+      };
+      auto bfv = [](Vec x) {
+        for (double& d : x) d = bf(d);
+        return x;
+      };
+      const double eq = rms_rel(widened(gq, lq, qc), bfv(want.dq)),
+                   ek = rms_rel(widened(gk, lk, kc), bfv(want.dk)),
+                   ev = rms_rel(widened(gv, lv, kc), bfv(want.dv));
+      std::printf("%s: bf16 grads vs rounded oracle dq %.2g dk %.2g dv %.2g\n", engine_name(e), eq,
+                  ek, ev);
+      // A rounding flipped by float noise moves an element by 2^-8 relative; the rms stays far
+      // below the 2^-9-ish of a rounding left out or a rotation missed.
+      EXPECT_LT(eq, 3e-4);
+      EXPECT_LT(ek, 3e-4);
+      EXPECT_LT(ev, 3e-4);
+      EXPECT_GT(rms_rel(widened(gq, lq, qc),
+                        bfv(attention_bf16_oracle(s, q, k, v, out, dr,
+                                                  c.docs ? doc.data() : nullptr, true)
+                                .dq)),
+                1e-2)
+          << "the rotation is visible";
+    }
   }
 }
 

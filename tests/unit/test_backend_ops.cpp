@@ -3,6 +3,8 @@
 // every panel / chunk / tile loop runs more than once.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "formats/safetensors.h"
@@ -196,6 +198,35 @@ TEST(BackendRmsNorm, ForwardAndBackward) {
       dx, 12);
 }
 
+// add_rmsnorm_fwd_16 (the bf16 forward's residual add fused into the FFN norm): x + r and rstd
+// the bits of add then rmsnorm_fwd_16, the bf16 output too; within one bf16 step of the double
+// oracle of the norm on x + r. Ragged shapes.
+TEST(BackendRmsNorm, AddThenNormToBf16) {
+  Fixture fx;
+  for (auto [M, C] : {std::pair{19, 67}, std::pair{1, 16}, std::pair{5, 130}}) {
+    SCOPED_TRACE(::testing::Message() << M << " x " << C);
+    Rng rng(uint64_t(M * 1000 + C));
+    const float eps = 1e-5f;
+    FVec x = rng.normal(size_t(M) * C, 1.5f), r = rng.normal(size_t(M) * C), w = rng.normal(C);
+    FVec x2 = x, rstd(M), rstd2(M);
+    fx.be->add(x.data(), r.data(), int64_t(M) * C);
+    std::vector<uint16_t> y16(x.size()), z16(x.size());
+    fx.be->rmsnorm_fwd_16(cmat(x, M, C), w.data(), eps, MatF(nullptr, M, C), rstd.data(),
+                          DType::BF16, y16.data());
+    fx.be->add_rmsnorm_fwd_16(mat(x2, M, C), r.data(), w.data(), eps, rstd2.data(), DType::BF16,
+                              z16.data());
+    EXPECT_EQ(0, std::memcmp(x.data(), x2.data(), x.size() * 4)) << "x + r";
+    EXPECT_EQ(0, std::memcmp(rstd.data(), rstd2.data(), rstd.size() * 4)) << "rstd";
+    const Vec yo = rmsnorm_oracle(to_d(x), w, eps, M, C);
+    for (size_t i = 0; i < z16.size(); ++i) {
+      ASSERT_EQ(z16[i], y16[i]) << i;
+      if (std::fabs(yo[i]) < 1e-6) continue;
+      const uint16_t want = f32_to_bf16(float(yo[i]));
+      ASSERT_LE(std::abs(int(int16_t(z16[i])) - int(int16_t(want))), 1) << i;
+    }
+  }
+}
+
 class BackendRope : public ::testing::TestWithParam<bool> {};
 
 TEST_P(BackendRope, ForwardMatchesOracleAndInverseIsBackward) {
@@ -231,6 +262,34 @@ TEST_P(BackendRope, ForwardMatchesOracleAndInverseIsBackward) {
   FVec z = y;
   fx.be->rope(mat(z, M, cols), pos.data(), heads, hd, theta, adjacent, true);
   EXPECT_LT(rel_err(z, xd), 1e-6);
+}
+// rope_to_16 (the bf16 forward's stored q / k): the bits of rope then bf16 rounding, x left as
+// it was, within one bf16 step of the double oracle; positions past the row count (a table per
+// row) and within it (a table per position).
+TEST_P(BackendRope, ToBf16MatchesRopeThenRounding) {
+  const bool adjacent = GetParam();
+  Fixture fx;
+  for (int max_pos : {2000, 10}) {
+    SCOPED_TRACE(max_pos);
+    Rng rng(uint64_t(23 + max_pos));
+    const int M = 23, heads = 3, hd = 16, cols = heads * hd;
+    const float theta = 10000.f;
+    std::vector<int32_t> pos(M);
+    for (int i = 0; i < M; ++i) pos[i] = rng.uniform_int(0, max_pos);
+    FVec x = rng.normal(size_t(M) * cols), y = x, keep = x;
+    fx.be->rope(mat(y, M, cols), pos.data(), heads, hd, theta, adjacent, false);
+    std::vector<uint16_t> x16(x.size());
+    fx.be->rope_to_16(mat(x, M, cols), pos.data(), heads, hd, theta, adjacent, DType::BF16,
+                      x16.data());
+    const Vec yo = rope_oracle(to_d(keep), pos, M, heads, hd, cols, theta, adjacent);
+    for (size_t i = 0; i < x.size(); ++i) {
+      ASSERT_EQ(x16[i], f32_to_bf16(y[i])) << i;
+      ASSERT_EQ(x[i], keep[i]) << "x written at " << i;
+      if (std::fabs(yo[i]) < 1e-3) continue;  // cancellation: relative error is meaningless
+      const uint16_t w = f32_to_bf16(float(yo[i]));
+      ASSERT_LE(std::abs(int(int16_t(x16[i])) - int(int16_t(w))), 1) << i;
+    }
+  }
 }
 INSTANTIATE_TEST_SUITE_P(Conventions, BackendRope, ::testing::Values(false, true));
 
@@ -291,6 +350,63 @@ TEST(BackendSwiglu, ForwardAndBackward) {
       "swiglu dgate", [&](const Vec& gv) { return dot(dd, oracle(gv, ud)); }, gd, dg, 32);
   check_grad(
       "swiglu dup", [&](const Vec& uv) { return dot(dd, oracle(gd, uv)); }, ud, du, 33);
+}
+
+// swiglu_bwd_to_16 (the bf16 backward's dgate / dup, written as the gate / up dx GEMMs take
+// them): the bits of swiglu_bwd_16 then bf16 rounding, and within one bf16 step of a double
+// oracle rounded to bf16, on ragged shapes at a row stride wider than the columns (its spare
+// columns untouched). Every ISA level through the `isa` label.
+TEST(BackendSwiglu, BackwardToBf16) {
+  Fixture fx;
+  for (auto [M, C] : {std::pair{13, 45}, std::pair{3, 17}, std::pair{1, 64}}) {
+    SCOPED_TRACE(::testing::Message() << M << " x " << C);
+    Rng rng(uint64_t(M) * 100 + C);
+    FVec gf = rng.normal(size_t(M) * C, 3.f), uf = rng.normal(size_t(M) * C),
+         dout = rng.normal(size_t(M) * C);
+    gf[0] = 90.f;
+    if (gf.size() > 1) gf[1] = -90.f;
+    std::vector<uint16_t> g16(gf.size()), u16(uf.size());
+    for (size_t i = 0; i < gf.size(); ++i) {
+      g16[i] = f32_to_bf16(gf[i]);
+      u16[i] = f32_to_bf16(uf[i]);
+    }
+    // The separate ops.
+    FVec groom(gf.size()), uroom(uf.size()), dg(gf.size()), du(gf.size());
+    fx.be->swiglu_bwd_16(mat(groom, M, C), mat(uroom, M, C), DType::BF16, g16.data(), u16.data(),
+                         cmat(dout, M, C), mat(dg, M, C), mat(du, M, C));
+    const int64_t ld = C + 5;
+    std::vector<uint16_t> dg16(size_t(M * ld), 0x7fc1), du16(size_t(M * ld), 0x7fc1);
+    fx.be->swiglu_bwd_to_16(DType::BF16, g16.data(), u16.data(), cmat(dout, M, C),
+                            View2<uint16_t>(dg16.data(), M, C, ld),
+                            View2<uint16_t>(du16.data(), M, C, ld));
+    int off_by_one = 0;
+    for (int i = 0; i < M; ++i) {
+      for (int j = 0; j < C; ++j) {
+        const size_t e = size_t(i) * C + j, o = size_t(i * ld + j);
+        ASSERT_EQ(dg16[o], f32_to_bf16(dg[e])) << "dgate " << i << "," << j;
+        ASSERT_EQ(du16[o], f32_to_bf16(du[e])) << "dup " << i << "," << j;
+        // The double oracle on the bf16 gate / up values.
+        const double g = bf16_to_f32(g16[e]), u = bf16_to_f32(u16[e]), d = dout[e];
+        const double sg = 1.0 / (1.0 + std::exp(-g));
+        const double want_g = d * u * sg * (1.0 + g * (1.0 - sg)), want_u = d * g * sg;
+        for (auto [got, want] : {std::pair{dg16[o], want_g}, std::pair{du16[o], want_u}}) {
+          const uint16_t w = f32_to_bf16(float(want));
+          if (std::fabs(want) < 1e-30) {  // exp_approx's tail (a saturated gate) against exp
+            ASSERT_LT(std::fabs(bf16_to_f32(got)), 1e-30);
+            continue;
+          }
+          const int diff = std::abs(int(int16_t(got)) - int(int16_t(w)));  // same-sign steps
+          ASSERT_LE(diff, 1) << i << "," << j << " got " << bf16_to_f32(got) << " want " << want;
+          off_by_one += diff;
+        }
+      }
+      for (int64_t j = C; j < ld; ++j) {
+        ASSERT_EQ(dg16[size_t(i * ld + j)], 0x7fc1);
+        ASSERT_EQ(du16[size_t(i * ld + j)], 0x7fc1);
+      }
+    }
+    EXPECT_LE(off_by_one, 2 * M * C / 20) << "more than a few roundings on the other side";
+  }
 }
 
 // ---- attention --------------------------------------------------------------------------------

@@ -12,6 +12,7 @@
 #include <array>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -265,11 +266,44 @@ void CpuBackend::attention_fwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, Ma
 
 void CpuBackend::attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out,
                                const float* lse, CMatF dout, MatF dq, MatF dk, MatF dv) {
+  attention_bwd_impl(s, q, k, v, out, lse, dout, dq, dk, dv, nullptr, {}, {}, {});
+}
+
+// Precision bf16: each task's dense fp32 dQ tile and dK, dV rows are what attention_bwd adds
+// into zeroed dq, dk, dv; here they are rotated back (RoPE inverse, rope's tables and row
+// kernel, head by head) and rounded into dq16 / dk16 / dv16, so the values are the bits of
+// attention_bwd, rope and to_16 in turn. Other precisions: the separate ops.
+void CpuBackend::attention_bwd_16(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out,
+                                  const float* lse, CMatF dout, const RopeArgs& rope, DType t,
+                                  View2<uint16_t> dq16, View2<uint16_t> dk16,
+                                  View2<uint16_t> dv16) {
+  if (!takes_input_16(t)) {
+    attn16_ = {};
+    Backend::attention_bwd_16(s, q, k, v, out, lse, dout, rope, t, dq16, dk16, dv16);
+    return;
+  }
+  auto fits = [](View2<uint16_t> g, CMatF m) {
+    return g.data && g.rows == m.rows && g.cols == m.cols && g.stride >= g.cols;
+  };
+  QLFT_CHECK_ARG(fits(dq16, q) && fits(dk16, k) && fits(dv16, v),
+                 "attention_bwd_16: dq16 / dk16 / dv16 must have q's / k's / v's shapes");
+  op_checks::rope(q.cols, s.n_heads, s.head_dim);
+  op_checks::rope(k.cols, s.n_kv_heads, s.head_dim);
+  attention_bwd_impl(s, q, k, v, out, lse, dout, MatF(nullptr, q.rows, q.cols),
+                     MatF(nullptr, k.rows, k.cols), MatF(nullptr, v.rows, v.cols), &rope, dq16,
+                     dk16, dv16);
+}
+
+void CpuBackend::attention_bwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out,
+                                    const float* lse, CMatF dout, MatF dq, MatF dk, MatF dv,
+                                    const RopeArgs* rope, View2<uint16_t> dq16,
+                                    View2<uint16_t> dk16, View2<uint16_t> dv16) {
   // attention_inputs_16's copies are this call's alone.
   const std::array<const uint16_t*, 3> in16 = std::exchange(attn16_, {});
   op_checks::attention(s, q, k, v, "attention_bwd");
-  op_checks::attention_bwd_grads(q, k, v, out, dout, dq.as_const(), dk.as_const(), dv.as_const(),
-                                 lse);
+  if (!rope)
+    op_checks::attention_bwd_grads(q, k, v, out, dout, dq.as_const(), dk.as_const(), dv.as_const(),
+                                   lse);
   const int D = s.head_dim;
   const float scale = 1.0f / std::sqrt(float(D));
   const int group = s.n_heads / s.n_kv_heads;
@@ -286,6 +320,26 @@ void CpuBackend::attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, CM
   // oneDNN few primitives to create.
   const int64_t align = mm.tile_onednn() ? std::max<int64_t>(1, tune.attn_block_q) : 1;
   const bool fused = mm.lp && bf16_onednn();
+  // attention_bwd_16 (precision bf16 only): the tiles rotated and rounded into dq16 etc.
+  std::unique_ptr<RopeTable> rtab;
+  if (rope) {
+    QLFT_CHECK_ARG(mm.lp, "attention_bwd_16: precision bf16 only");
+    rtab = std::make_unique<RopeTable>(*this, rope->pos, q.rows, D, rope->theta, true);
+  }
+  // n rows of src [n, D] dense from row r0 into g's columns [c0, c0 + D): 0 + src (as added
+  // into zeroed fp32), rotated back when `rot`, rounded.
+  auto put16 = [&](View2<uint16_t> g, int64_t r0, int64_t c0, const float* src, int64_t n, bool rot,
+                   float* tmp) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float* x = src + i * D;
+#pragma omp simd
+      for (int e = 0; e < D; ++e) tmp[e] = 0.f + x[e];
+      if (rot)
+        vec_kernels().rope_row(tmp, rtab->cos_of(r0 + i), rtab->sin_of(r0 + i), 1, D,
+                               rope->adjacent);
+      f32_to_bf16_n(tmp, g.row(r0 + i) + c0, size_t(D));
+    }
+  };
   const Heads qh = heads_of(mm, q, s.n_heads, D, "bf16 attention q", in16[0]),
               kh_ = heads_of(mm, k, s.n_kv_heads, D, "bf16 attention k", in16[1]),
               vh = heads_of(mm, v, s.n_kv_heads, D, "bf16 attention v", in16[2]),
@@ -370,12 +424,18 @@ void CpuBackend::attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, CM
               mm.convert(dS, dSl, size_t(t.nq * kw));
             }
             mm.gemm(false, false, t.nq, D, kw, scale, dSl, kw, Kt, kh_.ld, 0.f, dQt, D);
-            add_rows(dq, qoff, int64_t(h) * D, dQt, t.nq, D);
+            if (rope)
+              put16(dq16, qoff, int64_t(h) * D, dQt, t.nq, true, dOr.data());
+            else
+              add_rows(dq, qoff, int64_t(h) * D, dQt, t.nq, D);
             mm.gemm(true, false, kw, D, t.nq, scale, dSl, kw, Qt, qh.ld, 1.f, dKt + t.k0 * D, D);
             mm.gemm(true, false, kw, D, t.nq, 1.f, Pl, kw, dO, doh.ld, 1.f, dVt + t.k0 * D, D);
           }
         }
-        if (mm.lp) {
+        if (rope) {
+          put16(dk16, base, int64_t(kh) * D, dKt, T, true, dOr.data());
+          put16(dv16, base, int64_t(kh) * D, dVt, T, false, dOr.data());
+        } else if (mm.lp) {
           add_rows(dk, base, int64_t(kh) * D, dKt, T, D);
           add_rows(dv, base, int64_t(kh) * D, dVt, T, D);
         }

@@ -144,15 +144,32 @@ class CpuBackend final : public Backend {
   }
   void rmsnorm_fwd_16(CMatF x, const float* w, float eps, MatF y, float* rstd, DType t,
                       uint16_t* y16) override;
+  // A row at a time: the add, the norm into a row buffer, its rounding.
+  void add_rmsnorm_fwd_16(MatF x, const float* r, const float* w, float eps, float* rstd, DType t,
+                          uint16_t* y16) override;
   void swiglu_fwd_16(MatF gate, MatF up, MatF out, DType t, uint16_t* g16, uint16_t* u16,
                      uint16_t* o16, bool keep_rounded) override;
   void swiglu_bwd_16(MatF gate, MatF up, DType t, const uint16_t* g16, const uint16_t* u16,
                      CMatF dout, MatF dgate, MatF dup) override;
+  // Precision bf16: fused_width(W.rows, r) where linear_bwd takes the fused dx GEMM (room for
+  // its columns), else W.rows (the stride of the dy copy it would make itself).
+  int64_t grad_16_stride(const QWeight& W, const LoraRef* lora) const override;
+  void next_dy_16(DType t, View2<uint16_t> dy16) override {
+    dy16_ = takes_input_16(t) ? dy16 : View2<uint16_t>();
+  }
+  void swiglu_bwd_to_16(DType t, const uint16_t* g16, const uint16_t* u16, CMatF dout,
+                        View2<uint16_t> dg16, View2<uint16_t> du16) override;
+  void attention_bwd_16(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out, const float* lse,
+                        CMatF dout, const RopeArgs& rope, DType t, View2<uint16_t> dq16,
+                        View2<uint16_t> dk16, View2<uint16_t> dv16) override;
 
   void rmsnorm_fwd(CMatF x, const float* w, float eps, MatF y, float* rstd) override;
   void rmsnorm_bwd(CMatF x, const float* w, const float* rstd, CMatF dy, MatF dx) override;
   void rope(MatF x, const int32_t* pos, int n_heads, int head_dim, float theta, bool adjacent,
             bool inverse) override;
+  // One pass: each row rotated in a row buffer of the thread's and rounded (x untouched).
+  void rope_to_16(MatF x, const int32_t* pos, int n_heads, int head_dim, float theta, bool adjacent,
+                  DType t, uint16_t* x16) override;
   void swiglu_fwd(CMatF gate, CMatF up, MatF out) override;
   void swiglu_bwd(CMatF gate, CMatF up, CMatF dout, MatF dgate, MatF dup) override;
 
@@ -207,10 +224,18 @@ class CpuBackend final : public Backend {
     const uint16_t* x16 = nullptr;  // x rounded to bf16 (begin_shared_input_16)
     LpMat lp;                       // empty until first used
   };
-  // An lp matrix of x16's values ([rows, cols] bf16) with `extra` zero columns.
+  // An lp matrix of x16's values ([rows, cols] bf16, row stride src_ld; 0: cols) with `extra`
+  // zero columns.
   LpMat lp_from_16(const uint16_t* x16, int64_t rows, int64_t cols, Scratch slot, const char* what,
-                   int64_t extra) const;
+                   int64_t extra, int64_t src_ld = 0) const;
   mutable SharedInput shared_;
+  // next_dy_16's dy for the next linear_bwd (which clears it).
+  View2<uint16_t> dy16_;
+  // attention_bwd, and with rope given attention_bwd_16's outputs (dq16 etc.) instead of dq etc.
+  void attention_bwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out,
+                          const float* lse, CMatF dout, MatF dq, MatF dk, MatF dv,
+                          const RopeArgs* rope, View2<uint16_t> dq16, View2<uint16_t> dk16,
+                          View2<uint16_t> dv16);
   // attention_inputs_16's q, k, v for the next attention call (which clears them).
   std::array<const uint16_t*, 3> attn16_{};
   // defer_zero's dx, until the linear_bwd that overwrites it (or zeroes it).
@@ -280,6 +305,25 @@ void matmul_xwt(const CpuBackend& be, const QWeight& W, CMatF x, MatF y, const c
 inline bool lora_merged(const LoraRef* l, int64_t M, int64_t other) {
   return l && l->r > 0 && l->dropout_p == 0.f && M >= other;
 }
+
+// RoPE's cos / sin per position (cpu_pointwise.cpp): what CpuBackend::rope rotates with (the
+// same values, so a kernel that applies RoPE itself gives rope's bits). inverse: -sin.
+class RopeTable {
+ public:
+  RopeTable(const CpuBackend& be, const int32_t* pos, int64_t rows, int head_dim, float theta,
+            bool inverse);
+  // The tables of row `row`'s position (head_dim / 2 each).
+  const float* cos_of(int64_t row) const { return cs_ + index(row) * half_; }
+  const float* sin_of(int64_t row) const { return sn_ + index(row) * half_; }
+
+ private:
+  int64_t index(int64_t row) const { return by_pos_ ? pos_[row] : row; }
+  Buffer buf_;
+  const int32_t* pos_;
+  const float *cs_ = nullptr, *sn_ = nullptr;
+  int half_;
+  bool by_pos_ = true;
+};
 
 // ---- the bf16 ("low precision", lp) operands of precision bf16 ------------------------------
 size_t lp_bytes(const CpuBackend& be);

@@ -223,14 +223,16 @@ void CpuBackend::end_shared_input() {
 }
 
 LpMat CpuBackend::lp_from_16(const uint16_t* x16, int64_t rows, int64_t cols, Scratch slot,
-                             const char* what, int64_t extra) const {
+                             const char* what, int64_t extra, int64_t src_ld) const {
   LpMat m;
   m.rows = rows;
   m.cols = cols;
   m.ld = cols + extra;
   m.bf16 = bf16_onednn();
+  const int64_t sld = src_ld ? src_ld : cols;
   if (m.bf16 && extra == 0) {  // the values as they are
     m.view = x16;
+    m.ld = sld;
     return m;
   }
   m.buf = scratch(slot, size_t(rows * m.ld) * lp_bytes(*this), what);
@@ -240,14 +242,14 @@ LpMat CpuBackend::lp_from_16(const uint16_t* x16, int64_t rows, int64_t cols, Sc
     uint16_t* d = m.buf.as<uint16_t>();
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t i = 0; i < rows; ++i) {
-      std::copy_n(x16 + i * cols, cols, d + i * ld);
+      std::copy_n(x16 + i * sld, cols, d + i * ld);
       std::fill(d + i * ld + cols, d + (i + 1) * ld, uint16_t(0));
     }
   } else {  // sgemm's operands: the bf16 values widened (exact)
     float* d = m.buf.as<float>();
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t i = 0; i < rows; ++i) {
-      bf16_to_f32_n(x16 + i * cols, d + i * ld, size_t(cols));
+      bf16_to_f32_n(x16 + i * sld, d + i * ld, size_t(cols));
       std::fill(d + i * ld + cols, d + (i + 1) * ld, 0.f);
     }
   }

@@ -9,6 +9,7 @@
 // output enters lora_B. fp32 master weights, fp32 xa as kept for dB, fp32 outputs.
 #include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
@@ -288,6 +289,12 @@ void CpuBackend::linear_fwd(const QWeight& W, const float* bias, const LoraRef* 
   linear_fwd_tail(mm, W, bias, lora, x, mm.borrow(xl), y, xa);
 }
 
+int64_t CpuBackend::grad_16_stride(const QWeight& W, const LoraRef* lora) const {
+  const bool fused =
+      precision_ == DType::BF16 && W.rows > 0 && fusable(lora) && panel_rows_lp(*this, W) >= W.rows;
+  return fused ? fused_width(W.rows, lora->r) : W.rows;
+}
+
 bool CpuBackend::defer_zero(float* dx, int64_t n) {
   if (precision_ != DType::BF16 || !dx) return false;
   take_pending_zero(MatF());  // (a deferral nobody took: zeroed)
@@ -311,26 +318,52 @@ bool CpuBackend::take_pending_zero(MatF dx) {
 
 void CpuBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, const float* xa,
                             CMatF dy, MatF dx, float* dA, float* dB) {
+  // next_dy_16's copy of dy: this call's alone (taken first, so no throw below leaves it).
+  const View2<uint16_t> dy16 = std::exchange(dy16_, View2<uint16_t>());
   const int64_t M = dy.rows, N = W.rows, K = W.cols;
   op_checks::linear_bwd(W, x, dy, dx.as_const());
   const bool want_dx = dx.data != nullptr;
   // dx as if zeroed (defer_zero): the first GEMM into it runs with beta 0.
   const bool fresh = take_pending_zero(dx);
+  QLFT_CHECK_ARG(!dy16.data || (dy16.rows == M && dy16.cols == N && dy16.stride >= N),
+                 "linear_bwd: next_dy_16's dy is [%lld, %lld], dy [%lld, %lld]",
+                 (long long)dy16.rows, (long long)dy16.cols, (long long)M, (long long)N);
   if (M == 0) return;
   const bool has_lora = lora && lora->r > 0;
 
   if (precision_ == DType::BF16) {
-    // dy rounded to bf16 once: the base dx GEMM and the LoRA GEMMs take it.
+    // dy rounded to bf16 once: the base dx GEMM and the LoRA GEMMs take it. With next_dy_16
+    // it is that copy: borrowed as it is where it has the columns asked for (the spare ones
+    // written in place), else copied (widened for sgemm).
+    auto dy_lp = [&](int64_t extra) -> LpMat {
+      if (!dy16.data) return to_lp(*this, dy, Scratch::Out, "bf16 linear output grad", extra);
+      if (bf16_onednn() && dy16.stride >= N + extra) {
+        LpMat m;
+        m.rows = M;
+        m.cols = N;
+        m.ld = dy16.stride;
+        m.bf16 = true;
+        m.view = dy16.data;
+        return m;
+      }
+      return lp_from_16(dy16.data, M, N, Scratch::Out, "bf16 linear output grad", extra,
+                        dy16.stride);
+    };
     const OpGemm mm{*this, true};
     const int64_t Np = has_lora ? fused_width(N, lora->r) : N;
     if (want_dx && N > 0 && fusable(lora) && panel_rows_lp(*this, W) >= N) {
       // [dy | g | 0] [W ; scale A ; 0] in one GEMM (one panel): the LoRA gradients first,
       // which leave g for the spare columns.
-      LpMat dyl = to_lp(*this, dy, Scratch::Out, "bf16 linear output grad", Np - N);
+      LpMat dyl = dy_lp(Np - N);
       const int r = lora->r;
       Buffer g = scratch_buffer(size_t(M * r) * 4, "lora dy B");
       lora_bwd(mm, W, *lora, x, xa, mm.borrow(dyl), MatF(), dA, dB, g.as<float>());
-      put_lp(mm, const_cast<void*>(dyl.data()), Np, N, g.as<float>(), M, r, 1.f);
+      put_lp(mm, const_cast<void*>(dyl.data()), dyl.ld, N, g.as<float>(), M, r, 1.f);
+      if (dyl.view) {  // next_dy_16's copy: its spare columns past g zeroed here
+        uint16_t* d = static_cast<uint16_t*>(const_cast<void*>(dyl.view));
+        for (int64_t i = 0; i < M; ++i)
+          std::fill(d + i * dyl.ld + N + r, d + i * dyl.ld + Np, uint16_t(0));
+      }
       ScratchLease panel = scratch(Scratch::Panel, size_t(Np * K) * lp_bytes(*this),
                                    "bf16 linear_bwd weight panel with LoRA A");
       dequant_panel_lp(*this, W, 0, N, panel.data());
@@ -338,11 +371,11 @@ void CpuBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, cons
       put_lp(mm, extra_rows, K, 0, lora->A, r, K, lora->scale);
       const std::vector<float> zero(size_t((Np - N - r) * K), 0.f);
       mm.convert(zero.data(), extra_rows + size_t(r * K) * lp_bytes(*this), zero.size());
-      gemm_lp(*this, false, false, M, K, Np, 1.f, dyl.data(), Np, panel.data(), K,
+      gemm_lp(*this, false, false, M, K, Np, 1.f, dyl.data(), dyl.ld, panel.data(), K,
               fresh ? 0.f : 1.f, dx.data, dx.stride);
       return;
     }
-    LpMat dyl = to_lp(*this, dy, Scratch::Out, "bf16 linear output grad");
+    LpMat dyl = dy_lp(0);
     if (want_dx && N > 0) {
       const int64_t P = panel_rows_lp(*this, W);
       ScratchLease panel =

@@ -60,6 +60,25 @@ void CpuBackend::rmsnorm_fwd_16(CMatF x, const float* w, float eps, MatF y, floa
   }
 }
 
+void CpuBackend::add_rmsnorm_fwd_16(MatF x, const float* r, const float* w, float eps, float* rstd,
+                                    DType t, uint16_t* y16) {
+  QLFT_CHECK_ARG(x.stride == x.cols, "add_rmsnorm_fwd_16: x must be dense");
+  const int64_t C = x.cols;
+#pragma omp parallel num_threads(qlft::num_threads())
+  {
+    std::vector<float> row(static_cast<size_t>(C));
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < x.rows; ++i) {
+      float* xr = x.row(i);
+      const float* rr = r + i * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) xr[c] += rr[c];
+      vec_kernels().rmsnorm_fwd_row(xr, w, eps, row.data(), rstd ? &rstd[i] : nullptr, C);
+      row_to_16(t, row.data(), y16 + i * C, C);
+    }
+  }
+}
+
 // gate and up rounded (into g16 / u16, and in place with keep_rounded), SwiGLU, its 16-bit copy:
 // a row at a time. keep_rounded = false and a null out: the rounded gate / up rows and the
 // output row live in row buffers of the thread's, nothing fp32 is written.
@@ -108,6 +127,33 @@ void CpuBackend::swiglu_bwd_16(MatF gate, MatF up, DType t, const uint16_t* g16,
   }
 }
 
+// swiglu_bwd_16's rows into row buffers, rounded into dg16 / du16 (what to_lp would make of
+// swiglu_bwd_16's fp32 outputs).
+void CpuBackend::swiglu_bwd_to_16(DType t, const uint16_t* g16, const uint16_t* u16, CMatF dout,
+                                  View2<uint16_t> dg16, View2<uint16_t> du16) {
+  const int64_t C = dout.cols;
+  QLFT_CHECK_ARG(dg16.rows == dout.rows && dg16.cols == C && du16.rows == dout.rows &&
+                     du16.cols == C && dg16.stride >= C && du16.stride >= C,
+                 "swiglu_bwd_to_16: dgate / dup must be [%lld, %lld]", (long long)dout.rows,
+                 (long long)C);
+#pragma omp parallel num_threads(qlft::num_threads())
+  {
+    std::vector<float> rows(size_t(4 * C));
+    float* g = rows.data();
+    float* u = g + C;
+    float* dg = u + C;
+    float* du = dg + C;
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < dout.rows; ++i) {
+      row_from_16(t, g16 + i * C, g, C);
+      row_from_16(t, u16 + i * C, u, C);
+      vec_kernels().swiglu_bwd_row(g, u, dout.row(i), dg, du, C);
+      row_to_16(t, dg, dg16.row(i), C);
+      row_to_16(t, du, du16.row(i), C);
+    }
+  }
+}
+
 void CpuBackend::rmsnorm_bwd(CMatF x, const float* w, const float* rstd, CMatF dy, MatF dx) {
   op_checks::same_shape(x, dy, "rmsnorm_bwd", "x", "dy");
   op_checks::same_shape(x, dx.as_const(), "rmsnorm_bwd", "x", "dx");
@@ -119,30 +165,33 @@ void CpuBackend::rmsnorm_bwd(CMatF x, const float* w, const float* rstd, CMatF d
   }
 }
 
-void CpuBackend::rope(MatF x, const int32_t* pos, int n_heads, int head_dim, float theta,
-                      bool adjacent, bool inverse) {
-  op_checks::rope(x.cols, n_heads, head_dim);
-  const int half = head_dim / 2;
+RopeTable::RopeTable(const CpuBackend& be, const int32_t* pos, int64_t rows, int head_dim,
+                     float theta, bool inverse)
+    : pos_(pos), half_(head_dim / 2) {
+  const int half = half_;
   std::vector<float> inv_freq(half);
   for (int i = 0; i < half; ++i) inv_freq[i] = rope_inv_freq(theta, i, head_dim);
-  if (x.rows == 0) return;
+  if (rows == 0) return;
   // cos/sin per distinct position, not per row: rows repeat positions across the batch (and
   // across packed documents), and sincos dominates this op otherwise. Same formulas, so the
   // values are bit-identical to computing them per row.
   int32_t max_pos = 0;
-  for (int64_t row = 0; row < x.rows; ++row) {
+  for (int64_t row = 0; row < rows; ++row) {
     QLFT_CHECK_ARG(pos[row] >= 0, "rope: negative position %d at row %lld", pos[row],
                    (long long)row);
     max_pos = std::max(max_pos, pos[row]);
   }
   const int64_t n_pos = int64_t(max_pos) + 1;
   // Generation passes one row at a large position: there a table would cost more than it saves.
-  const bool use_table = n_pos <= x.rows;
-  const int64_t n_tab = use_table ? n_pos : x.rows;
-  Buffer table = workspace(size_t(n_tab) * half * 2 * sizeof(float), "rope cos/sin table");
-  float* cs = table.as<float>();  // [n_tab][half] cos, then [n_tab][half] sin
+  by_pos_ = n_pos <= rows;
+  const int64_t n_tab = by_pos_ ? n_pos : rows;
+  buf_ = be.workspace(size_t(n_tab) * half * 2 * sizeof(float), "rope cos/sin table");
+  float* cs = buf_.as<float>();  // [n_tab][half] cos, then [n_tab][half] sin
   float* sn = cs + n_tab * half;
+  cs_ = cs;
+  sn_ = sn;
   const float* fr = inv_freq.data();
+  const bool use_table = by_pos_;
 #pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
   for (int64_t t = 0; t < n_tab; ++t) {
     const int p = use_table ? int(t) : pos[t];
@@ -152,10 +201,34 @@ void CpuBackend::rope(MatF x, const int32_t* pos, int n_heads, int head_dim, flo
       sn[t * half + i] = inverse ? -sinf(ang) : sinf(ang);
     }
   }
+}
+
+void CpuBackend::rope(MatF x, const int32_t* pos, int n_heads, int head_dim, float theta,
+                      bool adjacent, bool inverse) {
+  op_checks::rope(x.cols, n_heads, head_dim);
+  if (x.rows == 0) return;
+  const RopeTable tab(*this, pos, x.rows, head_dim, theta, inverse);
 #pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
-  for (int64_t row = 0; row < x.rows; ++row) {
-    const int64_t t = use_table ? pos[row] : row;
-    vec_kernels().rope_row(x.row(row), cs + t * half, sn + t * half, n_heads, head_dim, adjacent);
+  for (int64_t row = 0; row < x.rows; ++row)
+    vec_kernels().rope_row(x.row(row), tab.cos_of(row), tab.sin_of(row), n_heads, head_dim,
+                           adjacent);
+}
+
+void CpuBackend::rope_to_16(MatF x, const int32_t* pos, int n_heads, int head_dim, float theta,
+                            bool adjacent, DType t, uint16_t* x16) {
+  op_checks::rope(x.cols, n_heads, head_dim);
+  if (x.rows == 0) return;
+  const RopeTable tab(*this, pos, x.rows, head_dim, theta, false);
+  const int64_t C = x.cols;
+#pragma omp parallel num_threads(qlft::num_threads())
+  {
+    std::vector<float> row(static_cast<size_t>(C));
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < x.rows; ++i) {
+      std::copy_n(x.row(i), C, row.data());
+      vec_kernels().rope_row(row.data(), tab.cos_of(i), tab.sin_of(i), n_heads, head_dim, adjacent);
+      row_to_16(t, row.data(), x16 + i * C, C);
+    }
   }
 }
 

@@ -127,6 +127,10 @@ class CpuWorkspace final : public WorkspaceModel {
                                      : 0;
     return rb(uint64_t(R) * 4) + rb(uint64_t(nt * per)) + copies;
   }
+  // bf16 without dropout (the runner's direct16()): attention_bwd_16 holds RoPE's table too.
+  uint64_t attention_bwd_stored(const ModelConfig& c, int64_t B, int64_t T) const override {
+    return attention_bwd(c, B, T) + (lp && !dropout ? rope(c, T) : 0);
+  }
   // Fused linear + cross-entropy with dh, every target trained (the most rows per chunk).
   uint64_t cross_entropy(const ModelConfig& c, int64_t R) const override {
     const int64_t V = c.vocab, H = c.dim, P = lp ? panel_rows_lp(V, H) : panel_rows(V, H);
