@@ -246,10 +246,12 @@ struct Pair {
   MemoryTracker tr;
   std::unique_ptr<Backend> bf = make_cpu_backend(&tr);   // precision bf16
   std::unique_ptr<Backend> ref = make_cpu_backend(&tr);  // fp32, fed rounded values
-  Pair(Engine e, bool small_blocks) {
+  // attn_block_q: the bf16 backend's attention tile rows (0: its default).
+  Pair(Engine e, bool small_blocks, int64_t attn_block_q = 0) {
     auto& c = static_cast<cpu::CpuBackend&>(*bf);
     c.set_precision(DType::BF16);
     c.tune.bf16_gemm = e;
+    if (attn_block_q > 0) c.tune.attn_block_q = attn_block_q;
     if (small_blocks)
       for (auto* b : {&c, &static_cast<cpu::CpuBackend&>(*ref)}) {
         b->tune.panel_bytes = 1;
@@ -624,8 +626,7 @@ TEST_P(Bf16Attention, MatchesTheRoundingOracle) {
                        Case{2, 9, 2, 1, 8, false, 64}}) {
     SCOPED_TRACE(::testing::Message() << engine_name(e) << " seq " << c.seq << " heads " << c.heads
                                       << "/" << c.kv << " hd " << c.hd << " docs " << c.docs);
-    Pair px(e, false);
-    static_cast<cpu::CpuBackend&>(*px.bf).tune.attn_block_q = c.block_q;
+    Pair px(e, false, c.block_q);
     Rng rng(uint64_t(c.seq) * 31 + c.hd);
     AttnShape s = attn_shape(c.batch, c.seq, c.heads, c.kv, c.hd);
     const int rows = c.batch * c.seq, qc = c.heads * c.hd, kc = c.kv * c.hd;
@@ -704,8 +705,7 @@ TEST_P(Bf16Attention, BackwardToBf16WithRope) {
     SCOPED_TRACE(::testing::Message()
                  << engine_name(e) << " seq " << c.seq << " heads " << c.heads << "/" << c.kv
                  << " hd " << c.hd << " docs " << c.docs << " adjacent " << c.adjacent);
-    Pair px(e, false);
-    static_cast<cpu::CpuBackend&>(*px.bf).tune.attn_block_q = c.block_q;
+    Pair px(e, false, c.block_q);
     Rng rng(uint64_t(c.seq) * 17 + c.hd);
     AttnShape s = attn_shape(c.batch, c.seq, c.heads, c.kv, c.hd);
     const int rows = c.batch * c.seq, qc = c.heads * c.hd, kc = c.kv * c.hd;
