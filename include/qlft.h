@@ -310,16 +310,19 @@ typedef struct qlft_eval_result {
 
 /* Evaluates on data (or, if NULL, the held-out split of the training data). Distributed
  * (dist.*): any rank may call it alone, e.g. rank 0 only (with dist.zero_stage=3 on CPU ranks it
- * reads the base weights it lacks from the model file); with dist.backend=nccl and ZeRO-3 every
- * rank must call it. */
+ * reads the base weights it lacks from the model file); with dist.backend=nccl and ZeRO-3, or
+ * with dist.zero3_shard_adapter, every rank must call it (one rank alone fails with
+ * QLFT_ERR_DISTRIBUTED after dist.timeout_s). */
 QLFT_API int32_t qlft_trainer_evaluate(qlft_trainer* trainer, qlft_dataset* data,
                                        qlft_eval_result* out);
 
 /* format: "peft" (a directory with adapter_model.safetensors + adapter_config.json),
- * "gguf" (a llama.cpp LoRA adapter file). Written atomically. */
+ * "gguf" (a llama.cpp LoRA adapter file). Written atomically. With dist.zero3_shard_adapter on
+ * several ranks every rank must call it: the adapter is gathered and rank 0 writes it. */
 QLFT_API int32_t qlft_trainer_save_adapter(qlft_trainer* trainer, const char* path,
                                            const char* format);
-/* Loads a PEFT adapter directory (its r, alpha and targets must match the trainer's). */
+/* Loads a PEFT adapter directory (its r, alpha and targets must match the trainer's). With
+ * dist.zero3_shard_adapter each rank must call it (each keeps its own tensors). */
 QLFT_API int32_t qlft_trainer_load_adapter(qlft_trainer* trainer, const char* path);
 /* A checkpoint holds LoRA weights, optimizer, scheduler, loss scaler, RNG and data position;
  * written atomically. Resuming continues exactly where the checkpoint was taken. */
@@ -329,7 +332,8 @@ QLFT_API int32_t qlft_trainer_resume(qlft_trainer* trainer, const char* path);
  * process's rank and the number of ranks (0 and 1 for a single process). Every rank must call
  * qlft_trainer_step / qlft_trainer_train, qlft_trainer_save_checkpoint (rank 0 alone writes the
  * file; the others send it their optimizer state) and qlft_trainer_resume; only rank 0 should
- * write adapters, logs and metrics. Either out pointer may be NULL. */
+ * write adapters, logs and metrics (with dist.zero3_shard_adapter every rank calls
+ * qlft_trainer_save_adapter and rank 0 writes). Either out pointer may be NULL. */
 QLFT_API int32_t qlft_trainer_dist_info(const qlft_trainer* trainer, int32_t* rank,
                                         int32_t* world_size);
 QLFT_API int32_t qlft_trainer_memory_report(const qlft_trainer* trainer, qlft_memory_report* out);

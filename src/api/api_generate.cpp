@@ -61,7 +61,13 @@ std::unique_ptr<qlft::Backend> generation_backend(const qlft_model* model, const
 }
 
 const qlft::LoraAdapter* lora_of(const qlft_trainer* trainer) {
-  return trainer ? &trainer->trainer->lora() : nullptr;
+  if (!trainer) return nullptr;
+  // Generation is one process's loop: it cannot gather the other ranks' LoRA tensors.
+  QLFT_CHECK_ARG(!trainer->trainer->adapter_sharded(),
+                 "generation with a trainer whose adapter is sharded across ranks "
+                 "(dist.zero3_shard_adapter) is not supported: save the adapter (every rank "
+                 "calls qlft_trainer_save_adapter) and generate with it");
+  return &trainer->trainer->lora();
 }
 
 }  // namespace

@@ -256,17 +256,19 @@ int32_t qlft_trainer_save_adapter(qlft_trainer* trainer, const char* path, const
                    "qlft_trainer_save_adapter: trainer and path must be given");
     qlft::ThreadScope threads(trainer->model->runtime->threads);
     std::string f = format ? format : "peft";
-    if (f == "peft")
-      qlft::save_peft_adapter(trainer->trainer->lora(), path, trainer->model->model->path,
-                              qlft::BaseStorage{trainer->cfg.get("quant.type"),
-                                                trainer->cfg.get_bool("quant.double_quant"),
-                                                trainer->cfg.get_int("quant.blocksize")});
-    else if (f == "gguf")
-      qlft::save_gguf_lora_adapter(trainer->trainer->lora(), path);
-    else
-      qlft::throw_error(QLFT_ERR_INVALID_ARGUMENT,
-                        "qlft_trainer_save_adapter: format must be \"peft\" or \"gguf\", got '%s'",
-                        f.c_str());
+    QLFT_CHECK_ARG(f == "peft" || f == "gguf",
+                   "qlft_trainer_save_adapter: format must be \"peft\" or \"gguf\", got '%s'",
+                   f.c_str());
+    // (a collective with dist.zero3_shard_adapter: Trainer::write_adapter)
+    trainer->trainer->write_adapter([&](const qlft::LoraAdapter& lora) {
+      if (f == "peft")
+        qlft::save_peft_adapter(lora, path, trainer->model->model->path,
+                                qlft::BaseStorage{trainer->cfg.get("quant.type"),
+                                                  trainer->cfg.get_bool("quant.double_quant"),
+                                                  trainer->cfg.get_int("quant.blocksize")});
+      else
+        qlft::save_gguf_lora_adapter(lora, path);
+    });
   });
 }
 
@@ -276,7 +278,8 @@ int32_t qlft_trainer_load_adapter(qlft_trainer* trainer, const char* path) {
                    "qlft_trainer_load_adapter: trainer and path must be given");
     refuse_reentry(trainer, "qlft_trainer_load_adapter");
     qlft::ThreadScope threads(trainer->model->runtime->threads);
-    qlft::load_peft_adapter(trainer->trainer->lora(), path);
+    trainer->trainer->load_adapter(
+        [&](qlft::LoraAdapter& lora) { qlft::load_peft_adapter(lora, path); });
   });
 }
 

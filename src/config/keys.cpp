@@ -145,6 +145,12 @@ const KeyDef kKeys[] = {
      "LoRA optimizer state, 2 also reduce-scatters the gradients, 3 also shards the frozen "
      "base weights (each rank keeps a 1/world slice and all-gathers a layer while it is used, "
      "the next one prefetched)."},
+    {"dist.zero3_shard_adapter", KeyType::Bool, "false", 0, 0, "",
+     "ZeRO-3 on CPU ranks (dist.backend=mpi, backend=cpu): each rank keeps only the LoRA "
+     "tensors it owns (their optimizer state and gradients are already its share) and receives "
+     "a layer's others from their owners while the layer runs, as DeepSpeed ZeRO-3 partitions "
+     "trainable parameters. Evaluation and saving the adapter then need every rank to call "
+     "them (the CLI does); one rank alone cannot evaluate, generate or export."},
     {"dist.row_chunk_kib", KeyType::Int, "2048", 1, 1048576, "",
      "ZeRO-3 on CPU ranks (dist.backend=mpi, backend=cpu): the f32 token embedding and output "
      "head are kept sharded by rows, never whole on a rank; the lookup exchanges only the rows "

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "dist/zero2_grads.h"
+#include "dist/zero3_lora.h"
 #include "dist/zero3_stream.h"
 
 namespace qlft::dist {
@@ -19,6 +20,7 @@ DistSettings DistSettings::from_config(const Config& c) {
   s.timeout_s = c.get_float("dist.timeout_s");
   s.row_chunk_bytes = static_cast<uint64_t>(c.get_int("dist.row_chunk_kib")) << 10;
   s.bucket_bytes = static_cast<uint64_t>(c.get_int("dist.bucket_kib")) << 10;
+  s.shard_adapter = c.get_bool("dist.zero3_shard_adapter");
   s.offload_optimizer = c.get("offload.optimizer");
   s.offload_params = c.get("offload.params");
   s.offload_dir = c.get("offload.dir");
@@ -88,7 +90,20 @@ uint64_t host_exchange_bytes(int world, size_t segment, bool shard_grads, uint64
 
 DataParallel::~DataParallel() {
   // Before the communicator goes: the model keeps the stream, which must not reach it.
-  if (zero3_) zero3_->detach();
+  if (zero3_) {
+    zero3_->detach();
+    zero3_->set_layer_extra(nullptr);
+  }
+}
+
+void DataParallel::set_adapter_shards(std::unique_ptr<Zero3Lora> a) {
+  QLFT_CHECK_ARG(zero3_ && shard_grads_ && !dev_,
+                 "a sharded adapter needs ZeRO-3 with gradients sharded on a host backend");
+  lora_ = std::move(a);
+  zero3_->set_layer_extra(lora_.get());
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (owner_[i] != rank()) params_[i].data = nullptr;
+  flat_.reset();
 }
 
 void DataParallel::set_zero3_stream(std::shared_ptr<Zero3Stream> s) {
@@ -137,6 +152,22 @@ bool DataParallel::any(bool flag) {
   double v = flag ? 1.0 : 0.0;
   host_->all_reduce(&v, 1, ReduceOp::Sum);
   return v > 0;
+}
+
+bool DataParallel::begin_collective(Collective what, bool flag) {
+  if (world() == 1) return flag;
+  // One all-reduce: the flag, and a count per kind of call, so that ranks in different calls
+  // learn it here, all of them alike, before any of the call's own collectives mismatch.
+  double v[3] = {flag ? 1.0 : 0.0, what == Collective::Step ? 1.0 : 0.0,
+                 what == Collective::Evaluate ? 1.0 : 0.0};
+  host_->all_reduce(v, 3, ReduceOp::Sum);
+  if (v[1] > 0 && v[2] > 0)
+    throw_error(QLFT_ERR_INVALID_ARGUMENT,
+                "%d of %d ranks evaluate while the others train a step: with the LoRA tensors "
+                "sharded (dist.zero3_shard_adapter) evaluation gathers them, so every rank must "
+                "call it at the same point",
+                static_cast<int>(v[2]), world());
+  return v[0] > 0;
 }
 
 template <class F>
@@ -215,7 +246,7 @@ ClipResult DataParallel::clip(const std::vector<GradSpan>& grads, double max_nor
 }
 
 void DataParallel::gather_params() {
-  if (stage_ == 0 || world() == 1) return;
+  if (stage_ == 0 || world() == 1 || lora_) return;
   if (dev_) return gather_device_params();
   float* f = flat_.as<float>();
   each_bucket([&](size_t lo, size_t n) {

@@ -51,6 +51,7 @@ namespace qlft::dist {
 
 class Zero3Stream;
 class Zero2Grads;
+class Zero3Lora;
 
 // One optimizer state entry of one rank (DataParallel::state_catalog).
 struct StateEntry {
@@ -67,6 +68,7 @@ struct DistSettings {
   double timeout_s = 300;
   uint64_t row_chunk_bytes = 2 << 20;  // dist.row_chunk_kib (ZeRO-3's row-sharded head)
   uint64_t bucket_bytes = 256 << 10;   // dist.bucket_kib (the host exchange's buckets)
+  bool shard_adapter = false;          // dist.zero3_shard_adapter (dist/zero3_lora.h)
   std::string offload_optimizer = "none", offload_params = "none", offload_dir;
   static DistSettings from_config(const Config& cfg);
 };
@@ -105,6 +107,12 @@ class DataParallel {
   int64_t global_sum(int64_t v) { return comm_->sum(v); }
   double global_sum(double v) { return comm_->sum(v); }
   bool any(bool flag);
+  // The first collective of a training step and of a collective evaluation: agrees on flag
+  // (any rank's) and checks that every rank is in the same kind of call. A rank evaluating alone
+  // while its peers start a step then fails with QLFT_ERR_INVALID_ARGUMENT on every rank, saying
+  // every rank must call it, instead of the two calls' collectives mismatching.
+  enum class Collective { Step, Evaluate };
+  bool begin_collective(Collective what, bool flag = false);
 
   // params()[i]'s gradient array (nullptr: this rank holds none, ZeRO-2 sharded gradients). The
   // trainer sets them once the adapter's gradients are allocated, before any step.
@@ -118,7 +126,8 @@ class DataParallel {
   std::vector<GradSpan> grad_spans() const;
   // Global-norm clipping over every rank's gradients; the same result on every rank.
   ClipResult clip(const std::vector<GradSpan>& grads, double max_norm);
-  // After the optimizer updated the owned tensors: every rank receives every tensor.
+  // After the optimizer updated the owned tensors: every rank receives every tensor (with a
+  // sharded adapter nobody holds the others' tensors between uses: nothing to do).
   void gather_params();
   // ZeRO checkpoints: rank 0 writes every rank's optimizer state (the 1-rank layout) without
   // holding it all. state_catalog lists every rank's entries of `mine`, in name order, the
@@ -152,6 +161,12 @@ class DataParallel {
   // holds the exchanges each backward runs. Kept here so that replay_passes can join them.
   void set_grad_shards(std::unique_ptr<Zero2Grads> g);
   Zero2Grads* grad_shards() const { return grads_.get(); }
+  // ZeRO-3 with a sharded adapter (dist.zero3_shard_adapter, dist/zero3_lora.h), after
+  // set_zero3_stream and set_grad_shards: the stream fills each layer's tensors from their
+  // owners, params()' values of the tensors other ranks own become nullptr, and gather_params
+  // has nothing to do (the owners step theirs in place), so the exchange buffer goes.
+  void set_adapter_shards(std::unique_ptr<Zero3Lora> a);
+  Zero3Lora* adapter_shards() const { return lora_.get(); }
 
   // ZeRO-3 or sharded gradients, before a step's forward/backward passes: how many fewer passes
   // this rank runs than the rank with the most (no micro-batch of a short last global batch, or
@@ -192,6 +207,7 @@ class DataParallel {
   Buffer dev_flat_;
   std::shared_ptr<Zero3Stream> zero3_;
   std::unique_ptr<Zero2Grads> grads_;
+  std::unique_ptr<Zero3Lora> lora_;
   bool shard_grads_ = false;
 };
 

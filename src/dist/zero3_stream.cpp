@@ -275,16 +275,18 @@ void Zero3Stream::install(Fetch& f) {
       }
       f.packed[k].reset();
     }
+    installed_ = f.unit;
+    if (extra_ && is_layer(f.unit)) extra_->fill(layer_of(f.unit));
   } catch (...) {
     uninstall(f.unit);
     throw;
   }
-  installed_ = f.unit;
 }
 
 void Zero3Stream::uninstall(int u) noexcept {
   for (int gi : groups_of(u))
     for (const Slot& s : groups_[static_cast<size_t>(gi)].slots) s.buf->reset();
+  if (extra_ && is_layer(u)) extra_->drop(layer_of(u));
   if (installed_ == u) installed_ = kNoUnit;
 }
 

@@ -73,6 +73,17 @@ bool row_shardable(const QWeight& w);
 // `dim`-wide rows: the gathered ids and one [rows, dim] buffer of partial rows.
 uint64_t row_lookup_bytes(int64_t rows, int64_t dim, int world);
 
+// What a layer unit holds besides its base weights (dist/zero3_lora.h: a sharded adapter's
+// tensors). The stream fills it after it installed the layer's weights (inside acquire, so every
+// rank, and a rank replaying passes, fills it at the same point: fill may be a collective) and
+// drops it when it frees them.
+class LayerExtra {
+ public:
+  virtual ~LayerExtra() = default;
+  virtual void fill(int layer) = 0;
+  virtual void drop(int layer) noexcept = 0;
+};
+
 class Zero3Stream final : public WeightStream {
  public:
   // Shards model's weights now (the full Buffers are freed once every shard is allocated; on
@@ -108,6 +119,10 @@ class Zero3Stream final : public WeightStream {
   // (Backend::cross_entropy_walks).
   void replay_training_pass(const std::function<void(int layer)>& backward_layer = {},
                             int head_walks = 2);
+
+  // extra (nullptr: none) is filled with each layer unit from now on; it must outlive the
+  // stream or be unset first.
+  void set_layer_extra(LayerExtra* extra) { extra_ = extra; }
 
   // The communicator is going away (the trainer ended): gathered copies and shards are freed;
   // every later acquire throws QLFT_ERR_UNSUPPORTED. Never throws.
@@ -181,6 +196,11 @@ class Zero3Stream final : public WeightStream {
   const Slot* head_rows_ = nullptr;  // row-sharded head (the embedding's slot when tied)
   int64_t gathers_ = 0, hits_ = 0;
   bool detached_ = false;
+  LayerExtra* extra_ = nullptr;
+  int layer_of(int u) const { return u - 1; }  // a layer unit's layer (weight_stream.h)
+  bool is_layer(int u) const {
+    return u >= layer_unit(0) && u < static_cast<int>(unit_groups_.size()) - 1;
+  }
 };
 
 }  // namespace qlft::dist

@@ -102,8 +102,8 @@ LoraAdapter::LoraAdapter(MemoryTracker* tracker, const ModelConfig& m, const Lor
       LoraSlot& s = slots_[l][p];
       s.out = dims[p][0];
       s.in = dims[p][1];
-      const size_t a = static_cast<size_t>(cfg.r) * s.in * 4,
-                   b = static_cast<size_t>(s.out) * cfg.r * 4;
+      s.r = cfg.r;
+      const size_t a = s.a_bytes(), b = s.b_bytes();
       s.A = Buffer(tracker, MemCategory::Adapter, a, "lora A");
       s.B = Buffer(tracker, MemCategory::Adapter, b, "lora B");
       if (!gradients) continue;
@@ -124,9 +124,9 @@ void LoraAdapter::allocate_gradients(const std::function<bool(int, Proj, bool)>&
       QLFT_CHECK_ARG(s.dA.empty() && s.dB.empty(),
                      "allocate_gradients: the adapter already has its gradients");
       if (keep(l, static_cast<Proj>(p), false))
-        s.dA = Buffer(tracker_, MemCategory::Gradients, s.A.size(), "lora dA");
+        s.dA = Buffer(tracker_, MemCategory::Gradients, s.a_bytes(), "lora dA");
       if (keep(l, static_cast<Proj>(p), true))
-        s.dB = Buffer(tracker_, MemCategory::Gradients, s.B.size(), "lora dB");
+        s.dB = Buffer(tracker_, MemCategory::Gradients, s.b_bytes(), "lora dB");
     }
 }
 
@@ -164,6 +164,13 @@ LoraRef LoraAdapter::ref(int layer, Proj p, uint64_t dropout_seed) const {
   const LoraSlot& s = slot(layer, p);
   LoraRef r;
   if (!s.active()) return r;
+  // A ZeRO-3 sharded adapter (dist/zero3_lora.h) holds another rank's tensors only while their
+  // layer is in use by the trainer's stream; anything else reading them is refused.
+  if (s.A.empty() || s.B.empty())
+    throw_error(QLFT_ERR_INVALID_ARGUMENT,
+                "LoRA tensors of layer %d %s are on another rank (dist.zero3_shard_adapter): "
+                "save the adapter (every rank calls it) and use the file",
+                layer, proj_peft_name(p));
   r.A = s.A.as<float>();
   r.B = s.B.as<float>();
   r.r = cfg_.r;
@@ -217,7 +224,7 @@ uint64_t LoraAdapter::n_params() const {
   uint64_t n = 0;  // (sizes only: no refresh)
   for (const auto& layer : slots_)
     for (const LoraSlot& s : layer)
-      if (s.active()) n += (s.A.size() + s.B.size()) / 4;
+      if (s.active()) n += (s.a_bytes() + s.b_bytes()) / 4;
   return n;
 }
 
@@ -228,8 +235,8 @@ std::vector<LoraAdapter::Param> LoraAdapter::params() {
   for (auto& layer : slots_)
     for (LoraSlot& s : layer)
       if (s.active()) {
-        v.push_back({s.A.as<float>(), s.dA.as<float>(), static_cast<int64_t>(s.A.size() / 4)});
-        v.push_back({s.B.as<float>(), s.dB.as<float>(), static_cast<int64_t>(s.B.size() / 4)});
+        v.push_back({s.A.as<float>(), s.dA.as<float>(), static_cast<int64_t>(s.a_bytes() / 4)});
+        v.push_back({s.B.as<float>(), s.dB.as<float>(), static_cast<int64_t>(s.b_bytes() / 4)});
       }
   return v;
 }

@@ -46,9 +46,14 @@ void permute_rows_adjacent_to_hf(const float* src, float* dst, int n_heads, int 
                                  int64_t cols);
 
 struct LoraSlot {
-  Buffer A, B, dA, dB;  // empty when the projection is not targeted
-  int in = 0, out = 0;
-  bool active() const { return !A.empty(); }
+  // Empty when the projection is not targeted. A and B may also be empty for a while on a
+  // targeted projection: ZeRO-3 with a sharded adapter (dist/zero3_lora.h) keeps only this
+  // rank's tensors and fills the others while their layer is in use.
+  Buffer A, B, dA, dB;
+  int in = 0, out = 0, r = 0;  // r = 0: not targeted
+  bool active() const { return r > 0; }
+  size_t a_bytes() const { return static_cast<size_t>(r) * in * 4; }
+  size_t b_bytes() const { return static_cast<size_t>(out) * r * 4; }
 };
 
 class LoraAdapter {
@@ -82,10 +87,10 @@ class LoraAdapter {
   bool active(int layer, Proj p) const { return slots_[layer][static_cast<int>(p)].active(); }
   // Elements of A and of B of (layer, p); 0 when not targeted.
   int64_t a_size(int layer, Proj p) const {
-    return static_cast<int64_t>(slots_[layer][static_cast<int>(p)].A.size() / 4);
+    return static_cast<int64_t>(slots_[layer][static_cast<int>(p)].a_bytes() / 4);
   }
   int64_t b_size(int layer, Proj p) const {
-    return static_cast<int64_t>(slots_[layer][static_cast<int>(p)].B.size() / 4);
+    return static_cast<int64_t>(slots_[layer][static_cast<int>(p)].b_bytes() / 4);
   }
 
   // Device training (the CUDA trainer step): the newest A, B, dA and dB live in a runner's

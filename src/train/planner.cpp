@@ -10,6 +10,7 @@
 #include "config/keys.h"
 #include "dist/communicator.h"
 #include "dist/data_parallel.h"
+#include "dist/zero3_lora.h"
 #include "dist/zero3_stream.h"
 #include "core/error.h"
 #include "core/threads.h"
@@ -356,6 +357,7 @@ PlanSettings PlanSettings::from_config(const Config& c) {
   s.zero_stage = static_cast<int>(c.get_int("dist.zero_stage"));
   s.row_chunk_bytes = static_cast<uint64_t>(c.get_int("dist.row_chunk_kib")) << 10;
   s.bucket_bytes = static_cast<uint64_t>(c.get_int("dist.bucket_kib")) << 10;
+  s.shard_adapter = c.get_bool("dist.zero3_shard_adapter");
   s.world = c.get("dist.backend") == "none" ? 1 : dist::detect_launch().world;
   s.dist_backend = c.get("dist.backend");
   s.offload_optimizer = c.get("offload.optimizer");
@@ -402,6 +404,11 @@ std::vector<uint64_t> lora_numels(const ModelConfig& c, const LoraConfig& lc) {
 // (dist/zero2_grads.h; Trainer::init_grads). Device backends keep them whole.
 bool sharded_gradients(const PlanSettings& s) {
   return s.world > 1 && s.zero_stage >= 2 && s.backend != "cuda";
+}
+
+// dist.zero3_shard_adapter as the trainer applies it (Trainer::shard_adapter).
+bool shard_adapter(const PlanSettings& s) {
+  return s.shard_adapter && s.zero_stage == 3 && sharded_gradients(s);
 }
 
 // Optimizer bytes of each rank, and the exchange buffer's floats per rank segment.
@@ -808,6 +815,14 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
     for (size_t i = 0; i < numel.size(); ++i)
       if (owner[i] == rank) mine += fl(int64_t(numel[i]));
     cat[int(MemCategory::Gradients)] = mine;
+    if (shard_adapter(s)) {
+      // dist::Zero3Lora: this rank's A / B, and one layer's others filled at a time.
+      std::vector<uint64_t> bytes;
+      for (uint64_t n : numel) bytes.push_back(n * 4);
+      cat[int(MemCategory::Adapter)] = mine;
+      cat[int(MemCategory::Communication)] += dist::Zero3Lora::fill_peak_bytes(
+          bytes, owner, bytes.size() / size_t(c.n_layers), rank, rb);
+    }
     uint64_t bucket = 0;
     for (int q = 0; q < kProjCount; ++q)
       if (lc.targets[q])
@@ -818,8 +833,9 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
   cat[int(MemCategory::Optimizer)] = optimizer_by_rank(c, s, &segment)[static_cast<size_t>(rank)];
   // The gradient/parameter exchange buffer of dist::DataParallel (no reduce-scatter segment
   // when the gradients are sharded during backward).
-  cat[int(MemCategory::Communication)] +=
-      rb(dist::host_exchange_bytes(s.world, segment, sharded_gradients(s), s.bucket_bytes));
+  if (!shard_adapter(s))  // (nothing to exchange after the step when owners keep theirs)
+    cat[int(MemCategory::Communication)] +=
+        rb(dist::host_exchange_bytes(s.world, segment, sharded_gradients(s), s.bucket_bytes));
 
   // The backend's model of its memory: host (CPU) or device (CUDA) blocks.
   WorkspaceModelSettings wss;

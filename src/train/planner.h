@@ -47,6 +47,10 @@
 //    up to 64 each; communication adds the gathered unit in use plus the one gathered ahead, the
 //    largest pair along the runner's forward and backward unit order (units: embedding, each
 //    layer, final norm + untied head).
+//  - dist.zero3_shard_adapter (dist/zero3_lora.h; ZeRO-3 with sharded gradients): adapter = this
+//    rank's own tensors; communication adds what filling one layer holds (the others' tensors
+//    of that layer and the staging buffer, the largest over the layers) and drops the exchange
+//    buffer.
 //  - offload.params=nvme (offload/nvme_weight_stream.h): weights = the units resident at once:
 //    the one in use and the next one the runner names (read ahead when offload.buffers > 0),
 //    the largest such pair.
@@ -115,6 +119,7 @@ struct PlanSettings {
   int zero_stage = 0;                  // dist.zero_stage
   uint64_t row_chunk_bytes = 2 << 20;  // dist.row_chunk_kib
   uint64_t bucket_bytes = 256 << 10;   // dist.bucket_kib
+  bool shard_adapter = false;          // dist.zero3_shard_adapter
   std::string offload_optimizer = "none", offload_params = "none";  // none | cpu | nvme
   int offload_buffers = 2;  // offload.buffers: NVMe buffers in flight besides the one in use
 

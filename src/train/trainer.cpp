@@ -193,10 +193,12 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
       std::string base = "lora." + std::to_string(l) + "." + proj_peft_name(static_cast<Proj>(p));
       params.push_back({base + ".A", s.A.as<float>(), nullptr, s.A.size() / 4});
       params.push_back({base + ".B", s.B.as<float>(), nullptr, s.B.size() / 4});
+      param_slots_.push_back({l, static_cast<Proj>(p), false});
+      param_slots_.push_back({l, static_cast<Proj>(p), true});
     }
   OptimSettings os = OptimSettings::from_config(cfg);
   init_dist(cfg, std::move(params));
-  init_grads();
+  init_grads(cfg);
   init_offload(cfg);
   try {  // a constructor that throws runs no destructor: give streamed weights back here
     // A device backend with AdamW, on one rank or on several over NCCL, keeps the adapter, its
@@ -274,7 +276,9 @@ bool Trainer::step(StepReport* out) {
   QLFT_CHECK_ARG(it_, "this trainer has no training data");
   if (done()) return false;
   // Every rank stops at the same step boundary when any of them was cancelled.
-  const bool cancel = world() > 1 ? dp_->any(cancel_requested()) : cancel_requested();
+  const bool cancel =
+      world() > 1 ? dp_->begin_collective(dist::DataParallel::Collective::Step, cancel_requested())
+                  : cancel_requested();
   if (cancel) throw_error(QLFT_ERR_CANCELLED, "training was cancelled");
   const uint64_t start_pos = it_->position();
   try {
@@ -412,8 +416,12 @@ EvalReport Trainer::evaluate(const data::Dataset& d, bool eval_split) {
   // alone may call it (a progress callback, the C API), or every rank. The model's stream is
   // swapped for the evaluation (the trainer's documented conversion of the model, see
   // trainer_dist.cpp). Over a device communicator every rank must call (the gathers).
+  // With a sharded adapter (dist.zero3_shard_adapter) the other ranks' LoRA tensors exist only
+  // on them: evaluation gathers them as training does, so every rank must call it.
   std::shared_ptr<WeightStream> local;
-  if (dp_ && world() > 1 && dp_->zero3_stream()) local = dp_->zero3_stream()->rank_local();
+  if (dp_ && world() > 1 && dp_->zero3_stream() && !adapter_sharded())
+    local = dp_->zero3_stream()->rank_local();
+  if (adapter_sharded()) dp_->begin_collective(dist::DataParallel::Collective::Evaluate);
   struct Swap {
     Model& m;
     std::shared_ptr<WeightStream> saved;
@@ -433,6 +441,15 @@ EvalReport Trainer::evaluate(const data::Dataset& d, bool eval_split) {
       sum += lr.loss_sum;
       e.tokens += lr.count;
     }
+  } catch (const Error& err) {
+    runner_->release();
+    tracker_->set_phase("setup");
+    if (err.status() == QLFT_ERR_DISTRIBUTED && adapter_sharded())
+      throw_error(err.status(),
+                  "evaluation with dist.zero3_shard_adapter gathers the LoRA tensors from every "
+                  "rank, so every rank must call it: %s",
+                  err.what());
+    throw;
   } catch (...) {
     runner_->release();
     tracker_->set_phase("setup");
@@ -464,6 +481,11 @@ void Trainer::save_checkpoint(const std::string& path) const {
   if (world() == 1) return write_checkpoint_file(path, mine);
   if (dp_->zero_stage() == 0)  // every rank holds the whole state: rank 0 writes its own
     return write_checkpoint_on_rank0([&] { write_checkpoint_file(path, mine); });
+  // A sharded adapter is gathered for the write (dist/zero3_lora.h), as for an adapter export.
+  with_whole_adapter([&] { write_sharded_checkpoint(path, mine); });
+}
+
+void Trainer::write_sharded_checkpoint(const std::string& path, StateDict& mine) const {
   // ZeRO: rank 0 writes every rank's optimizer share in the 1-rank layout without holding the
   // others' shares: each of their entries is broadcast from its owner when the writer needs it,
   // once in name order (the checksum, which the file's header holds), then in data order. Every
@@ -512,18 +534,30 @@ void Trainer::save_checkpoint(const std::string& path) const {
   });
 }
 
+const float* Trainer::param_values(size_t i) const {
+  const ParamSlot& ps = param_slots_.at(i);
+  const LoraSlot& s = lora_->slot(ps.layer, ps.p);
+  if ((ps.b ? s.B : s.A).empty())
+    throw_error(QLFT_ERR_INTERNAL, "LoRA tensor '%s' is not on this rank",
+                dp_->params()[i].name.c_str());
+  return (ps.b ? s.B : s.A).as<float>();
+}
+
 void Trainer::write_checkpoint_file(
     const std::string& path, StateDict& sd, const std::vector<const dist::StateEntry*>& remote,
     const std::function<const void*(const std::string&)>& fetch) const {
   lora_->sync_host();  // the ParamRef pointers below are the adapter's host buffers
   // A diverged adapter is never written over the last finite checkpoint.
-  for (const ParamRef& p : dp_->params())
+  for (size_t k = 0; k < dp_->params().size(); ++k) {
+    const ParamRef& p = dp_->params()[k];
+    const float* v = param_values(k);
     for (size_t i = 0; i < p.numel; ++i)
-      if (!std::isfinite(p.data[i]))
+      if (!std::isfinite(v[i]))
         throw_error(QLFT_ERR_NUMERICAL,
                     "%s: not written at step %lld: LoRA tensor '%s' holds a non-finite value "
                     "(training diverged; the last finite checkpoint is kept)",
                     path.c_str(), static_cast<long long>(step_), p.name.c_str());
+  }
   sched_->save_state(sd, "sched.");
   scaler_->save_state(sd, "scaler.");
   SafetensorsWriter w;
@@ -538,9 +572,11 @@ void Trainer::write_checkpoint_file(
     w.add_deferred(e->name, e->dtype, e->shape, e->nbytes);
     sums.push_back({e->name, nullptr, static_cast<size_t>(e->nbytes)});
   }
-  for (const ParamRef& p : dp_->params()) {
-    w.add(p.name, DType::F32, {static_cast<int64_t>(p.numel)}, p.data, p.numel * 4, false);
-    sums.push_back({p.name, reinterpret_cast<const uint8_t*>(p.data), p.numel * 4});
+  for (size_t k = 0; k < dp_->params().size(); ++k) {
+    const ParamRef& p = dp_->params()[k];
+    const float* v = param_values(k);
+    w.add(p.name, DType::F32, {static_cast<int64_t>(p.numel)}, v, p.numel * 4, false);
+    sums.push_back({p.name, reinterpret_cast<const uint8_t*>(v), p.numel * 4});
   }
   w.set_metadata("qlft.checksum", checksum_of(std::move(sums), fetch));
   w.set_metadata("qlft.checkpoint", "1");
@@ -610,14 +646,17 @@ void Trainer::resume(const std::string& path) {
   scaler_->save_state(backup, "scaler.");
   std::vector<std::vector<float>> old_params;
   lora_->sync_host();  // (the zero_grad below counts the writes: a device copy is made again)
-  for (const ParamRef& p : dp_->params()) old_params.emplace_back(p.data, p.data + p.numel);
+  // (with a sharded adapter each rank restores the tensors it owns: params()' others are null)
+  for (const ParamRef& p : dp_->params())
+    if (p.data) old_params.emplace_back(p.data, p.data + p.numel);
   const std::string old_data = it_ ? it_->state() : "";
   try {
     opt_->load_state(in, "optim.");
     sched_->load_state(in, "sched.");
     scaler_->load_state(in, "scaler.");
     if (it_) it_->restore(data_state);
-    for (const ParamRef& p : dp_->params()) std::memcpy(p.data, params[p.name]->data, p.numel * 4);
+    for (const ParamRef& p : dp_->params())
+      if (p.data) std::memcpy(p.data, params[p.name]->data, p.numel * 4);
   } catch (...) {
     opt_->load_state(backup, "optim.");
     sched_->load_state(backup, "sched.");
@@ -625,7 +664,7 @@ void Trainer::resume(const std::string& path) {
     if (it_) it_->restore(old_data);
     size_t i = 0;
     for (const ParamRef& p : dp_->params())
-      std::memcpy(p.data, old_params[i++].data(), p.numel * 4);
+      if (p.data) std::memcpy(p.data, old_params[i++].data(), p.numel * 4);
     throw;
   }
   lora_->zero_grad();

@@ -106,6 +106,20 @@ class Trainer {
 
   LoraAdapter& lora() { return *lora_; }
   const LoraAdapter& lora() const { return *lora_; }
+  // dist.zero3_shard_adapter on several ranks: this rank holds only its own LoRA tensors
+  // (dist/zero3_lora.h), so lora() lacks the others' values outside the calls below.
+  bool adapter_sharded() const;
+  // f with every LoRA tensor in rank 0's adapter: with dist.zero3_shard_adapter (a collective)
+  // the others' tensors are filled on rank 0 from their owners first and freed after; otherwise
+  // f as is.
+  void with_whole_adapter(const std::function<void()>& f) const;
+  // Writes the adapter (a PEFT or GGUF file): write(lora()) as is, or with a sharded adapter a
+  // collective: every rank calls it, the whole adapter is gathered and rank 0 alone writes;
+  // every rank throws if that failed.
+  void write_adapter(const std::function<void(const LoraAdapter&)>& write) const;
+  // Loads values into the adapter: load(lora()), or with a sharded adapter every tensor is made
+  // for the call and this rank keeps its own after it (each rank must call it; no collective).
+  void load_adapter(const std::function<void(LoraAdapter&)>& load);
   LlamaRunner& runner() { return *runner_; }
   const Backend& backend() const { return *backend_; }
   const TrainSettings& settings() const { return ts_; }
@@ -131,8 +145,10 @@ class Trainer {
   // the next global batch (micro_batch x accumulation x world rows).
   void init_dist(const Config& cfg, std::vector<ParamRef> params);
   // trainer_dist.cpp: the adapter's gradients, after init_dist: every dA / dB, or with ZeRO-2
-  // on several ranks and a host backend this rank's share and the runner's gradient sink.
-  void init_grads();
+  // on several ranks and a host backend this rank's share and the runner's gradient sink;
+  // with dist.zero3_shard_adapter also only this rank's A / B (dist/zero3_lora.h).
+  void init_grads(const Config& cfg);
+  void shard_adapter();
   // trainer_offload.cpp: offload.optimizer / offload.params, before the optimizer is made.
   void init_offload(const Config& cfg);
   void end_offload() noexcept;  // ~Trainer: offload.params=cpu gives the model its weights back
@@ -146,8 +162,12 @@ class Trainer {
       const std::string& path, StateDict& sd,
       const std::vector<const dist::StateEntry*>& remote = {},
       const std::function<const void*(const std::string&)>& fetch = nullptr) const;
+  // ZeRO 1-3 on several ranks: rank 0 writes every rank's share (the whole adapter present).
+  void write_sharded_checkpoint(const std::string& path, StateDict& mine) const;
   // Runs write on rank 0 only; every rank returns when it is done and throws if it failed.
-  void write_checkpoint_on_rank0(const std::function<void()>& write) const;
+  // what names the file in the other ranks' error ("the checkpoint").
+  void write_checkpoint_on_rank0(const std::function<void()>& write,
+                                 const char* what = "the checkpoint") const;
 
   const Model& model_;
   MemoryTracker* tracker_;
@@ -156,6 +176,14 @@ class Trainer {
   TrainSettings ts_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<LoraAdapter> lora_;
+  // Where params()[i] lives in the adapter (its values move under a sharded adapter).
+  struct ParamSlot {
+    int layer;
+    Proj p;
+    bool b;
+  };
+  std::vector<ParamSlot> param_slots_;
+  const float* param_values(size_t i) const;  // throws when this rank does not hold it
   std::unique_ptr<LlamaRunner> runner_;
   bool device_step_ = false;  // adapter, gradients and AdamW state in the backend's device memory
   std::unique_ptr<dist::DataParallel> dp_;             // always set (world 1 without dist.backend)

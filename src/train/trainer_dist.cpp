@@ -1,6 +1,8 @@
 // The trainer's distributed parts (dist.*, offload.*): building the communicator and the ZeRO
 // partition (stage 3: the base weights sharded, dist/zero3_stream.h), sharding each global
 // batch across ranks, and rank-0 checkpoint writes.
+#include <malloc.h>
+
 #include <cstring>
 
 #include "config/config.h"
@@ -8,6 +10,7 @@
 #include "core/log.h"
 #include "dist/data_parallel.h"
 #include "dist/zero2_grads.h"
+#include "dist/zero3_lora.h"
 #include "dist/zero3_stream.h"
 #include "model/file_unit_stream.h"
 #include "train/trainer.h"
@@ -52,6 +55,14 @@ void install_zero3(const Model& model, dist::DataParallel& dp, MemoryTracker* tr
       files ? &files->source() : nullptr, host_compute ? row_chunk_bytes : 0);
   m.stream = zs;
   dp.set_zero3_stream(zs);
+#ifdef __GLIBC__
+  // As for NVMe offload (offload/nvme_weight_stream.cpp): the gathered units and chunks are
+  // freed every layer, and each free of a large block raises glibc's mmap threshold to its
+  // size, after which such blocks come from the heap and their pages stay resident when freed
+  // (measured on 4 SmolLM2 ranks: 4-6 MiB of each rank's peak). Fixed at glibc's default, large
+  // blocks keep their own mappings and go back to the OS when freed.
+  if (!on_device) mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+#endif
   log_message(QLFT_LOG_INFO, "rank %d: %s", dp.rank(), zs->describe().c_str());
 }
 
@@ -107,7 +118,7 @@ void Trainer::init_dist(const Config& cfg, std::vector<ParamRef> params) {
                   backend_->device_memory() == nullptr, ds.row_chunk_bytes);
 }
 
-void Trainer::init_grads() {
+void Trainer::init_grads(const Config& cfg) {
   // ZeRO-2 (and 3) on a host backend: this rank keeps the gradients of its own tensors only,
   // and the runner hands each projection's gradients to the exchange as backward makes them
   // (dist/zero2_grads.h). A device backend accumulates every gradient in its flat device array
@@ -129,6 +140,27 @@ void Trainer::init_grads() {
                 "after backward); sharded gradients are built for host backends",
                 rank(), dp_->zero_stage(), backend_->name());
   }
+  if (cfg.get_bool("dist.zero3_shard_adapter") && world() > 1) shard_adapter();
+}
+
+void Trainer::shard_adapter() {
+  // The owners step their tensors in place and the ZeRO-3 stream hands the others' to the
+  // runner per layer, so only a host ZeRO-3 run with sharded gradients can drop them.
+  if (dp_->zero_stage() != 3 || !dp_->shards_gradients() || !dp_->zero3_stream())
+    throw_error(QLFT_ERR_INVALID_ARGUMENT,
+                "dist.zero3_shard_adapter needs dist.zero_stage=3 on CPU ranks "
+                "(dist.backend=mpi, backend=cpu); this run has dist.zero_stage=%d on the %s "
+                "backend",
+                dp_->zero_stage(), backend_->name());
+  std::vector<int> owners;
+  for (size_t i = 0; i < dp_->params().size(); ++i) owners.push_back(dp_->owner(i));
+  auto shards = std::make_unique<dist::Zero3Lora>(*lora_, owners, dp_->comm(), tracker_);
+  log_message(QLFT_LOG_INFO, "rank %d: ZeRO-3 sharded adapter: %s of LoRA weights here", rank(),
+              format_bytes(shards->owned_bytes()).c_str());
+  dp_->set_adapter_shards(std::move(shards));
+  // The freed tensors are small heap blocks in the middle of the heap: give their pages back
+  // now, or the allocator keeps them resident beside everything allocated later.
+  malloc_trim(0);
 }
 
 size_t Trainer::next_global_batches(std::vector<data::Batch>& mine) {
@@ -147,7 +179,49 @@ size_t Trainer::next_global_batches(std::vector<data::Batch>& mine) {
   return total;
 }
 
-void Trainer::write_checkpoint_on_rank0(const std::function<void()>& write) const {
+bool Trainer::adapter_sharded() const {
+  return dp_ && dp_->adapter_shards();
+}
+
+void Trainer::with_whole_adapter(const std::function<void()>& f) const {
+  dist::Zero3Lora* a = dp_ ? dp_->adapter_shards() : nullptr;
+  if (!a) return f();
+  // The runner's step buffers go first, and the blocks the tracker keeps for the next step
+  // (they are made again then), so the gathered tensors take their place rather than adding to
+  // the training peak. Only rank 0, the writer, keeps the tensors.
+  runner_->release();
+  tracker_->trim_host_cache();
+  a->fill_all(0);
+  try {
+    f();
+  } catch (...) {
+    a->drop_all();
+    throw;
+  }
+  a->drop_all();
+}
+
+void Trainer::write_adapter(const std::function<void(const LoraAdapter&)>& write) const {
+  if (!adapter_sharded()) return write(*lora_);
+  with_whole_adapter([&] { write_checkpoint_on_rank0([&] { write(*lora_); }, "the adapter"); });
+}
+
+void Trainer::load_adapter(const std::function<void(LoraAdapter&)>& load) {
+  dist::Zero3Lora* a = dp_ ? dp_->adapter_shards() : nullptr;
+  if (!a) return load(*lora_);
+  // Each rank reads the whole file and keeps its own tensors: no communication.
+  a->allocate_all();
+  try {
+    load(*lora_);
+  } catch (...) {
+    a->drop_all();
+    throw;
+  }
+  a->drop_all();
+}
+
+void Trainer::write_checkpoint_on_rank0(const std::function<void()>& write,
+                                        const char* what) const {
   // Rank 0's outcome is broadcast so that every rank returns only once the file exists, and
   // every rank fails when the write failed.
   int32_t status = QLFT_OK;
@@ -168,7 +242,8 @@ void Trainer::write_checkpoint_on_rank0(const std::function<void()>& write) cons
   dp_->comm().broadcast(&status, sizeof status, 0);
   dp_->comm().broadcast(text, sizeof text, 0);
   if (status != QLFT_OK)
-    throw_error(status, "%s%s", is_writer() ? "" : "rank 0 failed to write the checkpoint: ", text);
+    throw_error(status, "%s%s",
+                is_writer() ? "" : strf("rank 0 failed to write %s: ", what).c_str(), text);
 }
 
 }  // namespace qlft

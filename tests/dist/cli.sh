@@ -32,6 +32,17 @@ grep -q "eval loss after" "$work/three.out" || { echo "ZeRO-3: no eval after"; c
 [ "$(grep -c 'eval loss after' "$work/three.out")" = 1 ]
 [ -f "$work/three/adapter/adapter_model.safetensors" ]
 echo "CLI under mpirun with ZeRO-3: every rank evaluated, rank 0 printed"
+# The same with the LoRA tensors sharded (dist.zero3_shard_adapter): every rank joins the
+# evaluations and the adapter writes (gathered on rank 0), which hold the same bytes as the
+# replicated run's adapter files.
+timeout 120 "${mpi[@]}" "$cli" train "${args[@]}" --train.accumulation 1 --dist.backend mpi \
+  --dist.zero_stage 3 --dist.timeout_s 60 --data.eval_fraction 0.1 \
+  --dist.zero3_shard_adapter true --train.output_dir "$work/shard" >"$work/shard.out" \
+  2>"$work/shard.err" || { cat "$work/shard.err"; exit 1; }
+[ "$(grep -c 'eval loss after' "$work/shard.out")" = 1 ]
+cmp "$work/shard/adapter/adapter_model.safetensors" "$work/three/adapter/adapter_model.safetensors"
+cmp "$work/shard/adapter.gguf" "$work/three/adapter.gguf"
+echo "CLI under mpirun with a sharded adapter: the same adapter files as ZeRO-3 without it"
 # `eval` and `generate --adapter` under mpirun with ZeRO-3: rank 0 alone prints (it reads the
 # weights it lacks from the model file), the same figures and text as one process.
 ev=(eval --model "$model" --data "$data" --adapter "$work/three/adapter" --quant.type nf4

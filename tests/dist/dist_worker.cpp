@@ -464,7 +464,10 @@ int train(const std::string& model_path, const std::string& data_path, const std
       std::fprintf(f, "\n");
       std::fclose(f);
     }
-    if (t.is_writer()) write_final_lora(t.lora(), curve + ".lora");
+    // (a collective with a sharded adapter: the others' tensors are gathered on rank 0)
+    t.with_whole_adapter([&] {
+      if (t.is_writer()) write_final_lora(t.lora(), curve + ".lora");
+    });
     if (w.count("w.mem")) {
       MemorySnapshot m = tracker.snapshot();
       const int wt = static_cast<int>(MemCategory::Weights);

@@ -47,6 +47,13 @@ for stage in 1 3; do
   echo "ZeRO-$stage, 1 KiB buckets:"
   "$worker" compare "$work/b$stage.txt" "$work/ref.txt" 1e-4
 done
+# ZeRO-3 with the LoRA tensors sharded too (dist.zero3_shard_adapter): each layer's others
+# broadcast from their owners while it runs, the final weights gathered on rank 0.
+timeout 120 "${mpi[@]}" "$worker" train "$model" "$data" "$work/z3lora.txt" "${common[@]}" \
+  train.accumulation=1 dist.backend=mpi dist.zero_stage=3 dist.timeout_s=60 \
+  dist.zero3_shard_adapter=true
+echo "ZeRO-3, sharded adapter:"
+"$worker" compare "$work/z3lora.txt" "$work/ref.txt" 1e-4
 # ZeRO-3 with the embedding and head in row chunks of 16 KiB (32 rows of stories260K's 512 per
 # rank and chunk: 8 chunks, each rank looking up rows the other keeps).
 timeout 120 "${mpi[@]}" "$worker" train "$model" "$data" "$work/z3rows.txt" "${common[@]}" \

@@ -414,13 +414,17 @@ int cmd_train(int argc, char** argv) {
     if (qlft_trainer_evaluate(s.trainer.get(), nullptr, &after) == QLFT_OK && writer)
       std::printf("eval loss after:  %.4f (perplexity %.2f)\n", after.loss, after.perplexity);
   }
-  if (!writer) return kOk;
+  // A sharded adapter (dist.zero3_shard_adapter) is gathered for the write: every rank calls
+  // it and rank 0 writes.
+  const bool sharded = world > 1 && config_string(cfg.get(), "dist.zero3_shard_adapter") == "true";
+  if (!writer && !sharded) return kOk;
   std::string peft = outdir + "/" + kAdapterDir;
   std::string gguf = outdir + "/" + kAdapterGguf;
   if ((st = qlft_trainer_save_adapter(s.trainer.get(), peft.c_str(), "peft")) != QLFT_OK)
     return fail(peft.c_str(), st);
   if ((st = qlft_trainer_save_adapter(s.trainer.get(), gguf.c_str(), "gguf")) != QLFT_OK)
     return fail(gguf.c_str(), st);
+  if (!writer) return kOk;
   std::printf("adapter: %s (PEFT), %s (llama.cpp)\n", peft.c_str(), gguf.c_str());
   qlft_memory_report mem{};
   mem.struct_size = sizeof mem;
