@@ -22,6 +22,7 @@
 #include <string>
 
 #include "backend/cpu/gemm_bf16.h"
+#include "backend/workspace_model.h"
 #include "config/config.h"
 #include "core/error.h"
 #include "core/threads.h"
@@ -29,6 +30,7 @@
 #include "data/tokenizer_encoder.h"
 #include "dist/data_parallel.h"
 #include "dist/zero2_grads.h"
+#include "dist/zero3_lora.h"
 #include "dist/zero3_stream.h"
 #include "model/lora.h"
 #include "optim/optimizer.h"
@@ -566,6 +568,55 @@ TEST_F(PlannerTest, Zero3ShardsAndGatheredUnitsMatchTheStream) {
         most = std::max(most, tracker.snapshot().peak[QLFT_MEM_COMMUNICATION]);
         EXPECT_EQ(p.train[QLFT_MEM_COMMUNICATION] - exchange, most);
       }
+}
+
+// dist.zero3_shard_adapter against dist::Zero3Lora on each rank of worlds 2, 3 and 5: the
+// adapter bytes the rank keeps, and communication = the replicated plan's less the exchange
+// buffer (nothing is gathered after the step) plus the most one layer's fill holds (measured
+// over a fill and drop of every layer).
+TEST_F(PlannerTest, Zero3ShardedAdapterMatchesTheLoraShards) {
+  MemoryTracker tracker;
+  auto model = load(tracker, "nf4");
+  const WeightFootprint w = weight_footprint(*model);
+  Config c = config_of(kCases[0]);
+  c.set("dist.zero_stage", "3");
+  for (int world : {2, 3, 5})
+    for (int rank = 0; rank < world; ++rank) {
+      SCOPED_TRACE("world " + std::to_string(world) + " rank " + std::to_string(rank));
+      PlanSettings s = PlanSettings::from_config(c);
+      s.world = world;
+      PlanSettings sharded = s;
+      sharded.shard_adapter = true;
+      const MemoryPlan p = plan_memory_of_rank(model->cfg, w, s, rank);
+      const MemoryPlan q = plan_memory_of_rank(model->cfg, w, sharded, rank);
+      MemoryTracker t;
+      LoraAdapter lora(&t, model->cfg, s.lora, /*gradients=*/false);
+      std::vector<uint64_t> numel;
+      for (int l = 0; l < lora.n_layers(); ++l)
+        for (int k = 0; k < kProjCount; ++k)
+          if (lora.active(l, static_cast<Proj>(k))) {
+            numel.push_back(uint64_t(lora.a_size(l, static_cast<Proj>(k))));
+            numel.push_back(uint64_t(lora.b_size(l, static_cast<Proj>(k))));
+          }
+      const std::vector<int> owners = plan_lora_owners(numel, world);
+      std::vector<size_t> share(static_cast<size_t>(world), 0);
+      for (size_t i = 0; i < numel.size(); ++i) share[size_t(owners[i])] += numel[i];
+      MirrorGather comm(rank, world);
+      dist::Zero3Lora z(lora, owners, comm, &t);
+      EXPECT_EQ(q.train[QLFT_MEM_ADAPTER], t.snapshot().reserved[QLFT_MEM_ADAPTER]);
+      EXPECT_LT(q.train[QLFT_MEM_ADAPTER], p.train[QLFT_MEM_ADAPTER]);
+      t.reset_peaks();
+      for (int l = 0; l < lora.n_layers(); ++l) {
+        z.fill(l);
+        z.drop(l);
+      }
+      const uint64_t fill = t.snapshot().peak[QLFT_MEM_COMMUNICATION];
+      EXPECT_GT(fill, 0u);
+      EXPECT_EQ(fill, z.fill_peak_bytes(buffer_bytes));
+      const uint64_t exchange = buffer_bytes(dist::host_exchange_bytes(
+          world, *std::max_element(share.begin(), share.end()), true, s.bucket_bytes));
+      EXPECT_EQ(q.train[QLFT_MEM_COMMUNICATION] + exchange, p.train[QLFT_MEM_COMMUNICATION] + fill);
+    }
 }
 
 // A 1-rank ZeRO-3 trainer (the single communicator gathers by copying): every category exact
