@@ -570,6 +570,12 @@ TEST_F(PlannerTest, Zero3ShardsAndGatheredUnitsMatchTheStream) {
       }
 }
 
+Config zero3_config_of(const Case& k) {
+  Config c = config_of(k);
+  c.set("dist.zero_stage", "3");
+  return c;
+}
+
 // dist.zero3_shard_adapter against dist::Zero3Lora on each rank of worlds 2, 3 and 5: the
 // adapter bytes the rank keeps, and communication = the replicated plan's less the exchange
 // buffer (nothing is gathered after the step) plus the most one layer's fill holds (measured
@@ -578,8 +584,7 @@ TEST_F(PlannerTest, Zero3ShardedAdapterMatchesTheLoraShards) {
   MemoryTracker tracker;
   auto model = load(tracker, "nf4");
   const WeightFootprint w = weight_footprint(*model);
-  Config c = config_of(kCases[0]);
-  c.set("dist.zero_stage", "3");
+  const Config c = zero3_config_of(kCases[0]);
   for (int world : {2, 3, 5})
     for (int rank = 0; rank < world; ++rank) {
       SCOPED_TRACE("world " + std::to_string(world) + " rank " + std::to_string(rank));
@@ -625,8 +630,7 @@ TEST_F(PlannerTest, Zero3OnOneRankMatchesTheTracker) {
   MemoryTracker tracker;
   auto model = load(tracker, "nf4");
   const WeightFootprint w = weight_footprint(*model);
-  Config c = config_of(kCases[1]);
-  c.set("dist.zero_stage", "3");
+  const Config c = zero3_config_of(kCases[1]);
   const MemoryPlan plan = plan_memory(model->cfg, w, PlanSettings::from_config(c));
   Trainer t(*model, &tracker, nullptr, c);
   tracker.reset_peaks();  // sharding happened in the constructor
