@@ -69,6 +69,7 @@ struct DistSettings {
   uint64_t row_chunk_bytes = 2 << 20;  // dist.row_chunk_kib (ZeRO-3's row-sharded head)
   uint64_t bucket_bytes = 256 << 10;   // dist.bucket_kib (the host exchange's buckets)
   bool shard_adapter = false;          // dist.zero3_shard_adapter (dist/zero3_lora.h)
+  bool prefetch = true;                // dist.zero3_prefetch
   std::string offload_optimizer = "none", offload_params = "none", offload_dir;
   static DistSettings from_config(const Config& cfg);
 };

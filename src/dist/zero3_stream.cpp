@@ -328,7 +328,7 @@ void Zero3Stream::acquire(int u, int next) {
     }
     held_ = u;
     keep_ = next == u;
-    if (next != kNoUnit && next != u && !(ahead_ && ahead_->unit == next)) {
+    if (prefetch_ && next != kNoUnit && next != u && !(ahead_ && ahead_->unit == next)) {
       QLFT_CHECK_ARG(next >= 0 && next < static_cast<int>(unit_groups_.size()),
                      "ZeRO-3: next unit %d does not exist", next);
       retire_ahead();

@@ -120,6 +120,10 @@ class Zero3Stream final : public WeightStream {
   void replay_training_pass(const std::function<void(int layer)>& backward_layer = {},
                             int head_walks = 2);
 
+  // Whether acquire(u, next) starts gathering next (dist.zero3_prefetch; on by default). Off,
+  // at most the acquired unit is gathered (the head's row chunks still overlap).
+  void set_prefetch(bool on) { prefetch_ = on; }
+
   // extra (nullptr: none) is filled with each layer unit from now on; it must outlive the
   // stream or be unset first.
   void set_layer_extra(LayerExtra* extra) { extra_ = extra; }
@@ -197,6 +201,7 @@ class Zero3Stream final : public WeightStream {
   int64_t gathers_ = 0, hits_ = 0;
   bool detached_ = false;
   LayerExtra* extra_ = nullptr;
+  bool prefetch_ = true;
   int layer_of(int u) const { return u - 1; }  // a layer unit's layer (weight_stream.h)
   bool is_layer(int u) const {
     return u >= layer_unit(0) && u < static_cast<int>(unit_groups_.size()) - 1;

@@ -358,6 +358,7 @@ PlanSettings PlanSettings::from_config(const Config& c) {
   s.row_chunk_bytes = static_cast<uint64_t>(c.get_int("dist.row_chunk_kib")) << 10;
   s.bucket_bytes = static_cast<uint64_t>(c.get_int("dist.bucket_kib")) << 10;
   s.shard_adapter = c.get_bool("dist.zero3_shard_adapter");
+  s.zero3_prefetch = c.get_bool("dist.zero3_prefetch");
   s.world = c.get("dist.backend") == "none" ? 1 : dist::detect_launch().world;
   s.dist_backend = c.get("dist.backend");
   s.offload_optimizer = c.get("offload.optimizer");
@@ -491,6 +492,7 @@ struct Zero3Layout {
   int world;
   uint64_t row_chunk;      // 0: no row sharding
   bool from_file = false;  // a deferred load: the embedding's and head's rows as stored
+  bool prefetch = true;    // dist.zero3_prefetch: the next unit gathered while one is in use
 
   static constexpr uint64_t kLargeSlot = 64 << 10;
   uint64_t slice(uint64_t bytes) const {
@@ -599,7 +601,7 @@ void zero3_bytes(const Zero3Layout& z, const ModelConfig& c, int64_t rows, const
       current = u;
     }
     uint64_t ahead = 0;
-    if (next != kNoUnit && next != u)
+    if (z.prefetch && next != kNoUnit && next != u)
       for (size_t g : unit_groups(w, next)) ahead += fetched(g);
     if (u == kEmbeddingUnit) ahead += lookup;
     if (u == head_unit(L) && next == u) ahead += head_chunks;
@@ -713,8 +715,8 @@ void plan_device_persistent(const ModelConfig& c, const WeightFootprint& w, cons
     // in place; the host keeps no weights after sharding.
     uint64_t shards = 0, gathered = 0;
     zero3_bytes(
-        Zero3Layout{w, s.world, 0}, c, 0, [&m](uint64_t n) { return m.round(rb(n)); }, &shards,
-        &gathered);
+        Zero3Layout{w, s.world, 0, false, s.zero3_prefetch}, c, 0,
+        [&m](uint64_t n) { return m.round(rb(n)); }, &shards, &gathered);
     weights += shards;
     d[int(MemCategory::Communication)] += gathered;
     p->train[int(MemCategory::Weights)] = 0;
@@ -787,7 +789,7 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
   // ZeRO-3 on host ranks (a host backend) keeps the f32 embedding and head by rows.
   // Several MPI ranks load deferred (train/trainer.h load_into_shards).
   const Zero3Layout z3{w, s.world, s.backend == "cuda" ? 0 : s.row_chunk_bytes,
-                       s.world > 1 && s.dist_backend == "mpi"};
+                       s.world > 1 && s.dist_backend == "mpi", s.zero3_prefetch};
   if (have_groups && s.zero_stage == 3) {
     zero3_bytes(z3, c, R, rb, &cat[int(MemCategory::Weights)],
                 &cat[int(MemCategory::Communication)]);

@@ -44,8 +44,9 @@
 //    `communication`.
 //  - ZeRO-3 (dist/zero3_stream.h): weights = this rank's slices: each buffer of 64 KiB or more
 //    on its own and the smaller ones of each unit packed together, ceil(bytes / world) rounded
-//    up to 64 each; communication adds the gathered unit in use plus the one gathered ahead, the
-//    largest pair along the runner's forward and backward unit order (units: embedding, each
+//    up to 64 each; communication adds the gathered unit in use plus the one gathered ahead
+//    (none with dist.zero3_prefetch=false), the largest pair along the runner's forward and
+//    backward unit order (units: embedding, each
 //    layer, final norm + untied head).
 //  - dist.zero3_shard_adapter (dist/zero3_lora.h; ZeRO-3 with sharded gradients): adapter = this
 //    rank's own tensors; communication adds what filling one layer holds (the others' tensors
@@ -120,6 +121,7 @@ struct PlanSettings {
   uint64_t row_chunk_bytes = 2 << 20;  // dist.row_chunk_kib
   uint64_t bucket_bytes = 256 << 10;   // dist.bucket_kib
   bool shard_adapter = false;          // dist.zero3_shard_adapter
+  bool zero3_prefetch = true;          // dist.zero3_prefetch
   std::string offload_optimizer = "none", offload_params = "none";  // none | cpu | nvme
   int offload_buffers = 2;  // offload.buffers: NVMe buffers in flight besides the one in use
 

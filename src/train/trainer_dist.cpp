@@ -24,7 +24,8 @@ namespace {
 // host_compute: the backend computes in host memory, so the embedding and head can be
 // row-sharded (it reads their rows through the stream).
 void install_zero3(const Model& model, dist::DataParallel& dp, MemoryTracker* tracker,
-                   DeviceAllocator* device, bool host_compute, uint64_t row_chunk_bytes) {
+                   DeviceAllocator* device, bool host_compute, uint64_t row_chunk_bytes,
+                   bool prefetch) {
   // A deferred load (LoadOptions::deferred) is read through its FileUnitStream: the shards are
   // made from its source group by group, and the ZeRO-3 stream takes its place.
   std::shared_ptr<WeightStream> deferred;
@@ -53,6 +54,7 @@ void install_zero3(const Model& model, dist::DataParallel& dp, MemoryTracker* tr
   auto zs = std::make_shared<dist::Zero3Stream>(
       m, on_device ? &dp.device_comm() : &dp.comm(), tracker, on_device ? device : nullptr,
       files ? &files->source() : nullptr, host_compute ? row_chunk_bytes : 0);
+  zs->set_prefetch(prefetch);
   m.stream = zs;
   dp.set_zero3_stream(zs);
 #ifdef __GLIBC__
@@ -115,7 +117,7 @@ void Trainer::init_dist(const Config& cfg, std::vector<ParamRef> params) {
   dp_->device_comm().follow_stream(backend_->native_stream());
   if (ds.zero_stage == 3)
     install_zero3(model_, *dp_, tracker_, backend_->device_memory(),
-                  backend_->device_memory() == nullptr, ds.row_chunk_bytes);
+                  backend_->device_memory() == nullptr, ds.row_chunk_bytes, ds.prefetch);
 }
 
 void Trainer::init_grads(const Config& cfg) {

@@ -48,11 +48,12 @@ for stage in 1 3; do
   "$worker" compare "$work/b$stage.txt" "$work/ref.txt" 1e-4
 done
 # ZeRO-3 with the LoRA tensors sharded too (dist.zero3_shard_adapter): each layer's others
-# broadcast from their owners while it runs, the final weights gathered on rank 0.
+# broadcast from their owners while it runs, the final weights gathered on rank 0; and no unit
+# gathered ahead (dist.zero3_prefetch=false).
 timeout 120 "${mpi[@]}" "$worker" train "$model" "$data" "$work/z3lora.txt" "${common[@]}" \
   train.accumulation=1 dist.backend=mpi dist.zero_stage=3 dist.timeout_s=60 \
-  dist.zero3_shard_adapter=true
-echo "ZeRO-3, sharded adapter:"
+  dist.zero3_shard_adapter=true dist.zero3_prefetch=false
+echo "ZeRO-3, sharded adapter, no prefetch:"
 "$worker" compare "$work/z3lora.txt" "$work/ref.txt" 1e-4
 # ZeRO-3 with the embedding and head in row chunks of 16 KiB (32 rows of stories260K's 512 per
 # rank and chunk: 8 chunks, each rank looking up rows the other keeps).

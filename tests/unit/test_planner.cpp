@@ -526,48 +526,52 @@ class MirrorGather final : public dist::Communicator {
 TEST_F(PlannerTest, Zero3ShardsAndGatheredUnitsMatchTheStream) {
   for (const char* chunk_kib : {"8192", "16"})
     for (const char* q : {"keep", "nf4"})
-      for (int world : {1, 2, 3, 5}) {
-        SCOPED_TRACE(std::string(q) + " world " + std::to_string(world) + " chunk " + chunk_kib);
-        MemoryTracker tracker;
-        auto model = load(tracker, q);
-        const WeightFootprint w = weight_footprint(*model);
-        Config c = config_of(kCases[0]);
-        c.set("dist.zero_stage", "3");
-        c.set("dist.row_chunk_kib", chunk_kib);
-        PlanSettings s = PlanSettings::from_config(c);
-        s.world = world;
-        PlanSettings s1 = s;
-        s1.zero_stage = 2;  // the exchange buffer and ZeRO-2's gradient reduce bucket, no units
-        const MemoryPlan p = plan_memory_of_rank(model->cfg, w, s, world - 1);
-        const uint64_t exchange =
-            plan_memory_of_rank(model->cfg, w, s1, world - 1).train[QLFT_MEM_COMMUNICATION];
-        MirrorGather comm(world - 1, world);
-        dist::Zero3Stream zs(*model, &comm, &tracker, nullptr, nullptr, s.row_chunk_bytes);
-        ASSERT_TRUE(zs.rows_sharded());
-        EXPECT_EQ(p.train[QLFT_MEM_WEIGHTS], tracker.snapshot().reserved[QLFT_MEM_WEIGHTS]);
-        EXPECT_LT(
-            p.train[QLFT_MEM_WEIGHTS],
-            w.bytes / world + 64 * w.groups.size() +
-                uint64_t(
-                    dist::RowChunks::of(w.f32_rows, w.row_bytes, world, s.row_chunk_bytes).chunks +
-                    1) *
-                    w.row_bytes);
-        tracker.reset_peaks();
-        zs.replay_training_pass();
-        uint64_t most = tracker.snapshot().peak[QLFT_MEM_COMMUNICATION];
-        // The replay looks up no rows; a rank's micro-batch does, inside the embedding unit.
-        const int64_t R = int64_t(s.micro_batch) * s.seq_len;
-        std::vector<int32_t> ids(static_cast<size_t>(R));
-        for (int64_t i = 0; i < R; ++i) ids[size_t(i)] = int32_t(i * 7 % model->cfg.vocab);
-        std::vector<float> rows(static_cast<size_t>(R * model->cfg.dim));
-        tracker.reset_peaks();
-        {
-          UnitUse use(&zs, kEmbeddingUnit, layer_unit(0));
-          zs.lookup_rows(ids.data(), R, rows.data());
+      for (int world : {1, 2, 3, 5})
+        for (const char* prefetch : {"true", "false"}) {
+          SCOPED_TRACE(std::string(q) + " world " + std::to_string(world) + " chunk " + chunk_kib +
+                       " prefetch " + prefetch);
+          MemoryTracker tracker;
+          auto model = load(tracker, q);
+          const WeightFootprint w = weight_footprint(*model);
+          Config c = config_of(kCases[0]);
+          c.set("dist.zero_stage", "3");
+          c.set("dist.row_chunk_kib", chunk_kib);
+          c.set("dist.zero3_prefetch", prefetch);
+          PlanSettings s = PlanSettings::from_config(c);
+          s.world = world;
+          PlanSettings s1 = s;
+          s1.zero_stage = 2;  // the exchange buffer and ZeRO-2's gradient reduce bucket, no units
+          const MemoryPlan p = plan_memory_of_rank(model->cfg, w, s, world - 1);
+          const uint64_t exchange =
+              plan_memory_of_rank(model->cfg, w, s1, world - 1).train[QLFT_MEM_COMMUNICATION];
+          MirrorGather comm(world - 1, world);
+          dist::Zero3Stream zs(*model, &comm, &tracker, nullptr, nullptr, s.row_chunk_bytes);
+          zs.set_prefetch(s.zero3_prefetch);
+          ASSERT_TRUE(zs.rows_sharded());
+          EXPECT_EQ(p.train[QLFT_MEM_WEIGHTS], tracker.snapshot().reserved[QLFT_MEM_WEIGHTS]);
+          EXPECT_LT(
+              p.train[QLFT_MEM_WEIGHTS],
+              w.bytes / world + 64 * w.groups.size() +
+                  uint64_t(dist::RowChunks::of(w.f32_rows, w.row_bytes, world, s.row_chunk_bytes)
+                               .chunks +
+                           1) *
+                      w.row_bytes);
+          tracker.reset_peaks();
+          zs.replay_training_pass();
+          uint64_t most = tracker.snapshot().peak[QLFT_MEM_COMMUNICATION];
+          // The replay looks up no rows; a rank's micro-batch does, inside the embedding unit.
+          const int64_t R = int64_t(s.micro_batch) * s.seq_len;
+          std::vector<int32_t> ids(static_cast<size_t>(R));
+          for (int64_t i = 0; i < R; ++i) ids[size_t(i)] = int32_t(i * 7 % model->cfg.vocab);
+          std::vector<float> rows(static_cast<size_t>(R * model->cfg.dim));
+          tracker.reset_peaks();
+          {
+            UnitUse use(&zs, kEmbeddingUnit, layer_unit(0));
+            zs.lookup_rows(ids.data(), R, rows.data());
+          }
+          most = std::max(most, tracker.snapshot().peak[QLFT_MEM_COMMUNICATION]);
+          EXPECT_EQ(p.train[QLFT_MEM_COMMUNICATION] - exchange, most);
         }
-        most = std::max(most, tracker.snapshot().peak[QLFT_MEM_COMMUNICATION]);
-        EXPECT_EQ(p.train[QLFT_MEM_COMMUNICATION] - exchange, most);
-      }
 }
 
 Config zero3_config_of(const Case& k) {
