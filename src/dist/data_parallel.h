@@ -118,6 +118,9 @@ class DataParallel {
   // params()[i]'s gradient array (nullptr: this rank holds none, ZeRO-2 sharded gradients). The
   // trainer sets them once the adapter's gradients are allocated, before any step.
   void set_grad(size_t i, float* grad) { params_[i].grad = grad; }
+  // params()[i]'s values, for an adapter whose values are made after the partition (a sharded
+  // adapter's: only the owned ones).
+  void set_data(size_t i, float* data) { params_[i].data = data; }
 
   // After backward: gradients summed across ranks (all of them at stages 0-1, the owned ones at
   // stage 2; the others then hold stale local values that nothing reads). With sharded

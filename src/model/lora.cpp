@@ -85,7 +85,7 @@ void permute_rows_adjacent_to_hf(const float* src, float* dst, int n_heads, int 
 }
 
 LoraAdapter::LoraAdapter(MemoryTracker* tracker, const ModelConfig& m, const LoraConfig& cfg,
-                         bool gradients)
+                         bool gradients, bool values)
     : cfg_(cfg), mcfg_(m), tracker_(tracker) {
   QLFT_CHECK_ARG(cfg.r > 0 && cfg.r <= 65536, "lora.r must be in 1..65536, got %d", cfg.r);
   QLFT_CHECK_ARG(cfg.dropout >= 0.f && cfg.dropout < 1.f, "lora.dropout must be in [0, 1), got %g",
@@ -104,14 +104,35 @@ LoraAdapter::LoraAdapter(MemoryTracker* tracker, const ModelConfig& m, const Lor
       s.in = dims[p][1];
       s.r = cfg.r;
       const size_t a = s.a_bytes(), b = s.b_bytes();
-      s.A = Buffer(tracker, MemCategory::Adapter, a, "lora A");
-      s.B = Buffer(tracker, MemCategory::Adapter, b, "lora B");
+      if (values) {
+        s.A = Buffer(tracker, MemCategory::Adapter, a, "lora A");
+        s.B = Buffer(tracker, MemCategory::Adapter, b, "lora B");
+      }
       if (!gradients) continue;
       s.dA = Buffer(tracker, MemCategory::Gradients, a, "lora dA");
       s.dB = Buffer(tracker, MemCategory::Gradients, b, "lora dB");
     }
   }
   init(cfg.init_seed);
+}
+
+void LoraAdapter::allocate_values(const std::function<bool(int, Proj, bool)>& keep) {
+  for (int l = 0; l < n_layers(); ++l)
+    for (int p = 0; p < kProjCount; ++p) {
+      const LoraSlot& s = slots_[l][p];
+      QLFT_CHECK_ARG(!s.active() || (s.A.empty() && s.B.empty()),
+                     "allocate_values: the adapter already has its values");
+    }
+  for (int l = 0; l < n_layers(); ++l)
+    for (int p = 0; p < kProjCount; ++p) {
+      LoraSlot& s = slots_[l][p];
+      if (!s.active()) continue;
+      if (keep(l, static_cast<Proj>(p), false))
+        s.A = Buffer(tracker_, MemCategory::Adapter, s.a_bytes(), "lora A");
+      if (keep(l, static_cast<Proj>(p), true))
+        s.B = Buffer(tracker_, MemCategory::Adapter, s.b_bytes(), "lora B");
+    }
+  init(cfg_.init_seed);
 }
 
 void LoraAdapter::allocate_gradients(const std::function<bool(int, Proj, bool)>& keep) {
@@ -139,6 +160,8 @@ void LoraAdapter::init(uint64_t seed) {
       if (!s.active()) continue;
       const float bound = 1.f / std::sqrt(static_cast<float>(s.in));
       const uint64_t stream = mix64(seed ^ mix64((static_cast<uint64_t>(l) << 8) | p));
+      if (!s.B.empty()) std::memset(s.B.data(), 0, s.B.size());
+      if (s.A.empty()) continue;  // (another rank's: allocate_values, dist/zero3_lora.h)
       float* A = s.A.as<float>();
       const int64_t n = static_cast<int64_t>(cfg_.r) * s.in;
       for (int64_t i = 0; i < n; ++i) {
@@ -146,7 +169,6 @@ void LoraAdapter::init(uint64_t seed) {
         double u = static_cast<double>(h >> 11) * (1.0 / 9007199254740992.0);  // [0, 1)
         A[i] = static_cast<float>((2.0 * u - 1.0) * bound);
       }
-      std::memset(s.B.data(), 0, s.B.size());
     }
   zero_grad();
 }

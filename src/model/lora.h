@@ -60,8 +60,14 @@ class LoraAdapter {
  public:
   // Allocates A, B (and, with gradients, dA and dB) for every targeted projection and applies
   // PEFT's init. Without gradients, allocate_gradients makes them later.
+  // values false: no A / B yet (allocate_values makes them; ZeRO-3's sharded adapter makes only
+  // this rank's, after the partition is known).
   LoraAdapter(MemoryTracker* tracker, const ModelConfig& model, const LoraConfig& cfg,
-              bool gradients = true);
+              bool gradients = true, bool values = true);
+  // On an adapter made without values: allocates A and B of every targeted (layer, p) where
+  // keep(layer, p, false) / keep(layer, p, true) holds and applies PEFT's init to them (the same
+  // values as a whole adapter's: the draws are per tensor and index).
+  void allocate_values(const std::function<bool(int layer, Proj p, bool b)>& keep);
 
   // Allocates (zeroed) dA of every targeted (layer, p) where keep(layer, p, false) holds and dB
   // where keep(layer, p, true) does; the others stay empty (ZeRO-2: this rank keeps only the

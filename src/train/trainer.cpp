@@ -177,7 +177,13 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
   }
   // Its gradients come once the ZeRO partition is known (init_grads): ZeRO-2 keeps only this
   // rank's share.
-  lora_ = std::make_unique<LoraAdapter>(tracker, model.cfg, lc, /*gradients=*/false);
+  // A sharded adapter (dist.zero3_shard_adapter on several launched ranks) gets its values once
+  // the partition is known, only this rank's (Trainer::shard_adapter); unless lora.init_from
+  // loads them all first.
+  const bool later_values = cfg.get_bool("dist.zero3_shard_adapter") && init_from.empty() &&
+                            dist::detect_launch().world > 1;
+  lora_ = std::make_unique<LoraAdapter>(tracker, model.cfg, lc, /*gradients=*/false,
+                                        /*values=*/!later_values);
   if (!init_from.empty()) load_peft_adapter(*lora_, init_from);
   runner_ = std::make_unique<LlamaRunner>(model, *backend_, lora_.get());
   runner_->set_activation_dtype(activation_dtype(ts_.precision));
@@ -191,8 +197,8 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
       LoraSlot& s = lora_->slot(l, static_cast<Proj>(p));
       if (!s.active()) continue;
       std::string base = "lora." + std::to_string(l) + "." + proj_peft_name(static_cast<Proj>(p));
-      params.push_back({base + ".A", s.A.as<float>(), nullptr, s.A.size() / 4});
-      params.push_back({base + ".B", s.B.as<float>(), nullptr, s.B.size() / 4});
+      params.push_back({base + ".A", s.A.as<float>(), nullptr, s.a_bytes() / 4});
+      params.push_back({base + ".B", s.B.as<float>(), nullptr, s.b_bytes() / 4});
       param_slots_.push_back({l, static_cast<Proj>(p), false});
       param_slots_.push_back({l, static_cast<Proj>(p), true});
     }

@@ -149,6 +149,8 @@ class Trainer {
   // with dist.zero3_shard_adapter also only this rank's A / B (dist/zero3_lora.h).
   void init_grads(const Config& cfg);
   void shard_adapter();
+  // The adapter's values of params()[i] where keep(i), for an adapter made without them.
+  void make_adapter_values(const std::function<bool(size_t)>& keep);
   // trainer_offload.cpp: offload.optimizer / offload.params, before the optimizer is made.
   void init_offload(const Config& cfg);
   void end_offload() noexcept;  // ~Trainer: offload.params=cpu gives the model its weights back

@@ -142,7 +142,26 @@ void Trainer::init_grads(const Config& cfg) {
                 "after backward); sharded gradients are built for host backends",
                 rank(), dp_->zero_stage(), backend_->name());
   }
-  if (cfg.get_bool("dist.zero3_shard_adapter") && world() > 1) shard_adapter();
+  if (cfg.get_bool("dist.zero3_shard_adapter") && world() > 1) return shard_adapter();
+  // (values deferred for a sharding that does not happen: every tensor's)
+  if (!param_slots_.empty() && lora_->slot(param_slots_[0].layer, param_slots_[0].p).A.empty())
+    make_adapter_values([](size_t) { return true; });
+}
+
+void Trainer::make_adapter_values(const std::function<bool(size_t)>& keep) {
+  std::vector<size_t> param(param_slots_.size());  // by (layer, projection, b)
+  auto key = [](int layer, Proj p, bool b) {
+    return (static_cast<size_t>(layer) * kProjCount + static_cast<size_t>(p)) * 2 + (b ? 1 : 0);
+  };
+  param.resize(key(lora_->n_layers(), Proj::Q, false));
+  for (size_t i = 0; i < param_slots_.size(); ++i)
+    param[key(param_slots_[i].layer, param_slots_[i].p, param_slots_[i].b)] = i;
+  lora_->allocate_values([&](int layer, Proj p, bool b) { return keep(param[key(layer, p, b)]); });
+  for (size_t i = 0; i < param_slots_.size(); ++i) {
+    LoraSlot& s = lora_->slot(param_slots_[i].layer, param_slots_[i].p);
+    Buffer& v = param_slots_[i].b ? s.B : s.A;
+    dp_->set_data(i, v.empty() ? nullptr : v.as<float>());
+  }
 }
 
 void Trainer::shard_adapter() {
@@ -156,6 +175,9 @@ void Trainer::shard_adapter() {
                 dp_->zero_stage(), backend_->name());
   std::vector<int> owners;
   for (size_t i = 0; i < dp_->params().size(); ++i) owners.push_back(dp_->owner(i));
+  // Values made after the partition (no lora.init_from): only this rank's, never the others'.
+  if (!param_slots_.empty() && lora_->slot(param_slots_[0].layer, param_slots_[0].p).A.empty())
+    make_adapter_values([&](size_t i) { return dp_->owner(i) == rank(); });
   auto shards = std::make_unique<dist::Zero3Lora>(*lora_, owners, dp_->comm(), tracker_);
   log_message(QLFT_LOG_INFO, "rank %d: ZeRO-3 sharded adapter: %s of LoRA weights here", rank(),
               format_bytes(shards->owned_bytes()).c_str());
