@@ -86,6 +86,16 @@ class AutocastBackend final : public Backend {
                      uint16_t* o16, bool keep_rounded) override {
     inner_->swiglu_fwd_16(gate, up, out, t, g16, u16, o16, keep_rounded);
   }
+  // The inner backend writes the rounded output itself only when it runs the GEMMs itself.
+  void linear_fwd_to_16(const QWeight& W, const float* bias, const LoraRef* lora, CMatF x, MatF y,
+                        float* xa, DType t, uint16_t* y16) override {
+    if (native_linear_) return inner_->linear_fwd_to_16(W, bias, lora, x, y, xa, t, y16);
+    Backend::linear_fwd_to_16(W, bias, lora, x, y, xa, t, y16);
+  }
+  void swiglu_fwd_from_16(DType t, const uint16_t* g16, const uint16_t* u16, uint16_t* o16,
+                          int64_t rows, int64_t cols) override {
+    inner_->swiglu_fwd_from_16(t, g16, u16, o16, rows, cols);
+  }
   void swiglu_bwd_16(MatF gate, MatF up, DType t, const uint16_t* g16, const uint16_t* u16,
                      CMatF dout, MatF dgate, MatF dup) override {
     inner_->swiglu_bwd_16(gate, up, t, g16, u16, dout, dgate, dup);

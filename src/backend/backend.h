@@ -125,6 +125,13 @@ class Backend {
   // If lora and xa are given, xa ([rows, r]) receives drop(x) A^T for the backward pass.
   virtual void linear_fwd(const QWeight& W, const float* bias, const LoraRef* lora, CMatF x, MatF y,
                           float* xa) = 0;
+  // linear_fwd for an output that only enters 16-bit operands (the runner's gate / up): y's
+  // values rounded to t written to y16 ([x.rows, W.rows] dense). y is fp32 room the backend may
+  // leave unwritten. The default: linear_fwd, then to_16. The CPU backend at precision bf16 on
+  // oneDNN, fused LoRA path, no bias: the GEMM writes y16 itself (gemm_bf16_out16: the same fp32
+  // sums, maybe in another order, rounded in its kernel, subnormal results flushed to zero).
+  virtual void linear_fwd_to_16(const QWeight& W, const float* bias, const LoraRef* lora, CMatF x,
+                                MatF y, float* xa, DType t, uint16_t* y16);
   // dx += dy W + scale * (dy B) A (masked by the dropout mask, scaled by 1/(1-p));
   // dA += scale * (dy B)^T drop(x); dB += scale * dy^T xa.
   // dx may be empty (data == nullptr) when the input gradient is not needed.
@@ -212,6 +219,11 @@ class Backend {
   // rounded values (nothing reads them after).
   virtual void swiglu_fwd_16(MatF gate, MatF up, MatF out, DType t, uint16_t* g16, uint16_t* u16,
                              uint16_t* o16, bool keep_rounded = true);
+  // swiglu_fwd of gate and up given rounded to t (g16 / u16, [rows, cols] dense), its output
+  // rounded to t into o16: swiglu_fwd_16's o16 for gate / up that round to g16 / u16 (gate and up
+  // written rounded by linear_fwd_to_16). The default goes through fp32 workspace.
+  virtual void swiglu_fwd_from_16(DType t, const uint16_t* g16, const uint16_t* u16, uint16_t* o16,
+                                  int64_t rows, int64_t cols);
   // swiglu_bwd of gate and up given as g16 / u16 (16-bit, dense); gate and up: fp32 room the
   // default fills with their values (a backend may leave them untouched).
   virtual void swiglu_bwd_16(MatF gate, MatF up, DType t, const uint16_t* g16, const uint16_t* u16,

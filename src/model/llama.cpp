@@ -533,18 +533,25 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
       const int p = static_cast<int>(Proj::Gate) + j;
       bool has;
       LoraRef ref = lora_ref(l, static_cast<Proj>(p), &has);
+      // 16-bit storage keeps gate and up in 16 bits: SwiGLU's forward takes those values too
+      // (autocast's matmul outputs), so forward and backward agree. With st they are written
+      // rounded into the stored layer (linear_fwd_to_16: by the GEMM itself where it can).
+      Buffer* st_out = st ? (j == 0 ? &st->gate : &st->up) : nullptr;
+      if (st_out) {
+        be_.linear_fwd_to_16(L.proj[p], nullptr, has ? &ref : nullptr, cmat(a.xn2, R, c.dim),
+                             mat(*ffn_outs[j], R, c.ffn_dim), has ? a.xa[p].as<float>() : nullptr,
+                             t16, st_out->as<uint16_t>());
+        continue;
+      }
       be_.linear_fwd(L.proj[p], nullptr, has ? &ref : nullptr, cmat(a.xn2, R, c.dim),
                      mat(*ffn_outs[j], R, c.ffn_dim), has ? a.xa[p].as<float>() : nullptr);
-      // 16-bit storage keeps gate and up in 16 bits: SwiGLU's forward takes those values too
-      // (autocast's matmul outputs), so forward and backward agree (with st: swiglu_fwd_16).
-      if (act_dtype_ != DType::F32 && !st)
+      if (act_dtype_ != DType::F32)
         be_.round_16(act_dtype_, ffn_outs[j]->as<float>(), R * c.ffn_dim);
     }
   }
   if (st)
-    be_.swiglu_fwd_16(mat(a.gate, R, c.ffn_dim), mat(a.up, R, c.ffn_dim),
-                      MatF(nullptr, R, c.ffn_dim), t16, st->gate.as<uint16_t>(),
-                      st->up.as<uint16_t>(), st->hact.as<uint16_t>(), false);
+    be_.swiglu_fwd_from_16(t16, st->gate.as<uint16_t>(), st->up.as<uint16_t>(),
+                           st->hact.as<uint16_t>(), R, c.ffn_dim);
   else
     be_.swiglu_fwd(cmat(a.gate, R, c.ffn_dim), cmat(a.up, R, c.ffn_dim), mat(a.hact, R, c.ffn_dim));
   {

@@ -130,6 +130,73 @@ TEST(GemmBf16, LargerShapesWithTailsAcrossThreads) {
   run_gemm({true, false, 33, 257, 515, 0, 0, 0, 0.5f, 1.f}, 3);
 }
 
+// gemm_bf16_out16: C written as bf16 by oneDNN. Against gemm_bf16's fp32 C rounded (the same
+// sums, maybe in another order: within one bf16 step, nearly always the same bits) and within one
+// bf16 step of the double oracle rounded; C's padding columns untouched. Random ragged shapes.
+void run_gemm_out16(const GemmCase& c, uint64_t seed) {
+  SCOPED_TRACE(::testing::Message() << "ta " << c.ta << " tb " << c.tb << " M " << c.M << " N "
+                                    << c.N << " K " << c.K << " alpha " << c.alpha);
+  Rng rng(seed);
+  const int64_t a_rows = c.ta ? c.K : c.M, a_cols = c.ta ? c.M : c.K;
+  const int64_t b_rows = c.tb ? c.N : c.K, b_cols = c.tb ? c.K : c.N;
+  const int64_t lda = a_cols + c.pad_a, ldb = b_cols + c.pad_b, ldc = c.N + c.pad_c;
+  const auto A = to_bf16(rng.normal(size_t(a_rows * lda))),
+             B = to_bf16(rng.normal(size_t(b_rows * ldb)));
+  FVec C(size_t(c.M * ldc), NAN);
+  std::vector<uint16_t> C16(size_t(c.M * ldc), 0x7fc1);
+  MemoryTracker tr;
+  cpu::gemm_bf16(c.ta, c.tb, c.M, c.N, c.K, c.alpha, A.data(), lda, B.data(), ldb, 0.f, C.data(),
+                 ldc, &tr);
+  cpu::gemm_bf16_out16(c.ta, c.tb, c.M, c.N, c.K, c.alpha, A.data(), lda, B.data(), ldb, C16.data(),
+                       ldc, &tr);
+  EXPECT_GT(
+      cpu::gemm_bf16_out16_scratchpad_size(c.ta, c.tb, c.M, c.N, c.K, lda, ldb, ldc, c.alpha) + 1,
+      0u);
+  int off = 0;
+  auto step = [](uint16_t a, uint16_t b) { return std::abs(int(int16_t(a)) - int(int16_t(b))); };
+  for (int i = 0; i < c.M; ++i) {
+    for (int j = 0; j < c.N; ++j) {
+      const size_t e = size_t(i * ldc + j);
+      double s = 0;
+      for (int k = 0; k < c.K; ++k)
+        s += double(bf16_to_f32(c.ta ? A[size_t(k * lda + i)] : A[size_t(i * lda + k)])) *
+             bf16_to_f32(c.tb ? B[size_t(j * ldb + k)] : B[size_t(k * ldb + j)]);
+      const uint16_t want = f32_to_bf16(float(c.alpha * s));
+      ASSERT_LE(step(C16[e], f32_to_bf16(C[e])), 1) << "at (" << i << ", " << j << ")";
+      ASSERT_LE(step(C16[e], want), 1)
+          << "at (" << i << ", " << j << ") got " << bf16_to_f32(C16[e]) << " want " << c.alpha * s;
+      off += C16[e] != f32_to_bf16(C[e]);
+    }
+    for (int64_t j = c.N; j < ldc; ++j) ASSERT_EQ(C16[size_t(i * ldc + j)], 0x7fc1) << "pad";
+  }
+  EXPECT_LE(off, c.M * c.N / 50 + 1) << "more than a few roundings on the other side";
+}
+
+TEST(GemmBf16, Out16MatchesRoundedFp32OnRandomShapes) {
+  SKIP_WITHOUT_ONEDNN_BF16();
+  Rng rng(17);
+  int n = 0;
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb)
+      for (int rep = 0; rep < 4; ++rep) {
+        GemmCase c{};
+        c.ta = ta;
+        c.tb = tb;
+        c.M = rep == 0 ? 1 : rng.uniform_int(1, 70);
+        c.N = rep == 1 ? 1 : rng.uniform_int(1, 90);
+        c.K = rep == 2 ? 35 : rng.uniform_int(1, 100);
+        c.pad_a = rep % 2 ? rng.uniform_int(1, 9) : 0;
+        c.pad_b = rep % 3 ? rng.uniform_int(1, 9) : 0;
+        c.pad_c = rep % 2 ? 0 : rng.uniform_int(1, 5);
+        c.alpha = rep == 3 ? 0.375f : 1.f;
+        run_gemm_out16(c, 300 + n++);
+        if (HasFatalFailure()) return;
+      }
+  // Past the kernels' blocking, with ragged tails (the linear layers' shape: x W^T).
+  run_gemm_out16({false, true, 203, 517, 301, 0, 3, 1, 1.f, 0.f}, 1);
+  run_gemm_out16({false, true, 130, 96, 608, 0, 0, 0, 1.f, 0.f}, 2);
+}
+
 TEST(GemmBf16, BetaZeroIgnoresNaNInC) {
   SKIP_WITHOUT_ONEDNN_BF16();
   const int M = 3, N = 5, K = 17;
@@ -384,6 +451,44 @@ void run_linear_bf16(Engine e, const std::string& kind, int M, float p, uint64_t
   px.ref->linear_fwd(wu, bias.data(), nullptr, CMatF(x.data(), M, K), MatF(yu.data(), M, N),
                      nullptr);
   EXPECT_GT(max_rel_error(y0.data(), yu.data(), y0.size()), 10 * kTol) << "rounding not visible";
+
+  // linear_fwd_to_16: y without bias rounded to bf16. oneDNN's fused path (no bias, fusable
+  // LoRA) has its GEMM write the bf16 output (the same sums, maybe in another order: within
+  // one bf16 step of y's rounding, nearly always the same bits), y's fp32 room untouched; other
+  // paths give exactly y's rounding. With a bias: linear_fwd then rounding, bit for bit.
+  {
+    FVec yn(y.size()), ynb(y.size()), xan(xa.size());
+    px.bf->linear_fwd(w.q, nullptr, &l, CMatF(x.data(), M, K), MatF(yn.data(), M, N), xan.data());
+    px.ref->linear_fwd(wref, nullptr, nullptr, CMatF(x.data(), M, K), MatF(ynb.data(), M, N),
+                       nullptr);
+    const bool gemm_writes = e == Engine::OneDnn && scale == 4.f && p == 0.f;
+    for (const float* bias_p :
+         {static_cast<const float*>(nullptr), static_cast<const float*>(bias.data())}) {
+      SCOPED_TRACE(bias_p ? "linear_fwd_to_16 with bias" : "linear_fwd_to_16");
+      const FVec& want = bias_p ? y : yn;
+      std::vector<uint16_t> y16(y.size(), 0x7fc1);
+      FVec room(y.size(), NAN), xa16(xa.size(), NAN);
+      px.bf->linear_fwd_to_16(w.q, bias_p, &l, CMatF(x.data(), M, K), MatF(room.data(), M, N),
+                              xa16.data(), DType::BF16, y16.data());
+      EXPECT_EQ(0, std::memcmp(xa16.data(), xa.data(), xa.size() * 4)) << "xa";
+      int off = 0;
+      FVec widened(y.size());
+      for (size_t i = 0; i < y16.size(); ++i) {
+        const int d = std::abs(int(int16_t(y16[i])) - int(int16_t(f32_to_bf16(want[i]))));
+        ASSERT_LE(d, gemm_writes && !bias_p ? 1 : 0) << i;
+        off += d;
+        widened[i] = bf16_to_f32(y16[i]);
+        if (gemm_writes && !bias_p) {
+          ASSERT_TRUE(std::isnan(room[i])) << "y written " << i;
+        }
+      }
+      EXPECT_LE(off, int(y16.size()) / 50 + 1);
+      // Against the double oracle: within bf16's rounding of it.
+      if (!bias_p) {
+        EXPECT_LT(err_with(widened, ynb, o.y), 8e-3) << "y16 against the oracle";
+      }
+    }
+  }
 
   const FVec dx0 = rng.normal(size_t(M) * K), dA0 = rng.normal(A.size()),
              dB0 = rng.normal(B.size());

@@ -213,8 +213,10 @@ void put_lp(const OpGemm& mm, void* m, int64_t ld, int64_t c0, const float* src,
 }
 
 // y = x W^T + bias + scale x A^T B^T with x as xl (its columns [K, ld) free for xa), xa kept.
+// With y16 (no bias): y's values rounded to bf16 there ([M, N] dense) by the GEMM itself, y
+// untouched.
 void linear_fwd_fused(const CpuBackend& be, const QWeight& W, const float* bias, const LoraRef& l,
-                      CMatF x, const LpMat& xl, MatF y, float* xa) {
+                      CMatF x, const LpMat& xl, MatF y, float* xa, uint16_t* y16 = nullptr) {
   const OpGemm mm{be, true};
   const int64_t M = x.rows, N = W.rows, K = W.cols, Kp = xl.ld;
   const int r = l.r;
@@ -240,10 +242,13 @@ void linear_fwd_fused(const CpuBackend& be, const QWeight& W, const float* bias,
       mm.convert(zero.data(),
                  static_cast<char*>(panel.data()) + size_t(i * Kp + K + r) * mm.elem_bytes(),
                  zero.size());
-    mm.gemm(false, true, M, n, Kp, 1.f, xl.data(), Kp, panel.data(), Kp, 0.f, y.data + p0,
-            y.stride);
+    if (y16)
+      gemm_lp_out16(be, false, true, M, n, Kp, 1.f, xl.data(), Kp, panel.data(), Kp, y16 + p0, N);
+    else
+      mm.gemm(false, true, M, n, Kp, 1.f, xl.data(), Kp, panel.data(), Kp, 0.f, y.data + p0,
+              y.stride);
   }
-  add_bias(y, bias);
+  if (!y16) add_bias(y, bias);
 }
 
 // fp32 y = x (W + scale B A)^T + bias (lora_merged), xa = x A^T when the caller keeps it.
@@ -287,6 +292,21 @@ void CpuBackend::linear_fwd(const QWeight& W, const float* bias, const LoraRef* 
   matmul_xwt_lp(*this, W, xl, y);
   const OpGemm mm{*this, true};
   linear_fwd_tail(mm, W, bias, lora, x, mm.borrow(xl), y, xa);
+}
+
+void CpuBackend::linear_fwd_to_16(const QWeight& W, const float* bias, const LoraRef* lora, CMatF x,
+                                  MatF y, float* xa, DType t, uint16_t* y16) {
+  if (precision_ != DType::BF16 || t != DType::BF16 || !bf16_onednn() || bias || !fusable(lora) ||
+      x.rows == 0 || W.rows == 0) {
+    Backend::linear_fwd_to_16(W, bias, lora, x, y, xa, t, y16);
+    return;
+  }
+  op_checks::linear(W, x, y.as_const(), "linear_fwd_to_16");
+  op_checks::lora(*lora);
+  LpMat x_own;
+  const int64_t extra = fused_width(W.cols, lora->r) - W.cols;
+  const LpMat& xl = input_lp(x, Scratch::In, "bf16 linear input", x_own, extra);
+  linear_fwd_fused(*this, W, nullptr, *lora, x, xl, y, xa, y16);
 }
 
 int64_t CpuBackend::grad_16_stride(const QWeight& W, const LoraRef* lora) const {
