@@ -110,6 +110,14 @@ class AutocastBackend final : public Backend {
                         View2<uint16_t> dg16, View2<uint16_t> du16) override {
     inner_->swiglu_bwd_to_16(t, g16, u16, dout, dg16, du16);
   }
+  void attention_fwd_to_16(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out, float* lse,
+                           DType t, uint16_t* out16) override {
+    if (native_linear_) return inner_->attention_fwd_to_16(s, q, k, v, out, lse, t, out16);
+    Backend::attention_fwd_to_16(s, q, k, v, out, lse, t, out16);
+  }
+  void attention_out_16(DType t, const uint16_t* out16) override {
+    if (native_linear_) inner_->attention_out_16(t, out16);
+  }
   void attention_bwd_16(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out, const float* lse,
                         CMatF dout, const RopeArgs& rope, DType t, View2<uint16_t> dq16,
                         View2<uint16_t> dk16, View2<uint16_t> dv16) override {

@@ -107,6 +107,13 @@ void Backend::linear_fwd_to_16(const QWeight& W, const float* bias, const LoraRe
   to_16(t, y.data, y16, y.rows * y.cols);
 }
 
+void Backend::attention_fwd_to_16(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out,
+                                  float* lse, DType t, uint16_t* out16) {
+  QLFT_CHECK_ARG(out.stride == out.cols, "attention_fwd_to_16: out must be dense");
+  attention_fwd(s, q, k, v, out, lse);
+  to_16(t, out.data, out16, out.rows * out.cols);
+}
+
 void Backend::swiglu_fwd_from_16(DType t, const uint16_t* g16, const uint16_t* u16, uint16_t* o16,
                                  int64_t rows, int64_t cols) {
   const size_t n = size_t(rows * cols);

@@ -256,6 +256,18 @@ class Backend {
   // dq, dk, dv += gradients. out and lse from the forward pass.
   virtual void attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out,
                              const float* lse, CMatF dout, MatF dq, MatF dk, MatF dv) = 0;
+  // attention_fwd with out's values rounded to t written to out16 ([rows, n_heads * head_dim]
+  // dense; the runner's stored attention output). out is fp32 room the backend may leave
+  // unwritten. The default: attention_fwd, then to_16.
+  virtual void attention_fwd_to_16(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out,
+                                   float* lse, DType t, uint16_t* out16);
+  // A hint for the next attention_bwd / attention_bwd_16: its out rounded to t (out16, dense, out's
+  // layout; out's values are the rounded ones). A backend that takes_input_16(t) then reads out
+  // only through it (out's fp32 values need not be there); any other backend ignores it.
+  virtual void attention_out_16(DType t, const uint16_t* out16) {
+    (void)t;
+    (void)out16;
+  }
 
   // attention_bwd into zeroed dq, dk, dv, then rope(inverse) of dq and dk at rope's positions,
   // the three written rounded to t into dq16 / dk16 / dv16 (overwritten; the values those ops

@@ -350,10 +350,10 @@ LlamaRunner::LayerActs& LlamaRunner::scratch() {
 }
 
 // halves() written by layer_fwd itself when direct16(): all but the LoRA xa; and those
-// layer_bwd reads in 16 bits (GEMM inputs, attention_inputs_16, swiglu_bwd_16): all but att
-// (attention_bwd's fp32 output) and xa.
+// layer_bwd reads in 16 bits (GEMM inputs, attention_inputs_16, attention_out_16,
+// swiglu_bwd_16): all but xa.
 constexpr bool kHalfWrittenDirect[9] = {true, true, true, true, true, true, true, true, true};
-constexpr bool kHalfReadDirect[9] = {true, true, true, true, false, true, true, true, true};
+constexpr bool kHalfReadDirect[9] = {true, true, true, true, true, true, true, true, true};
 
 bool LlamaRunner::direct16() const {
   // LoRA dropout reads the fp32 input (its scaled values round differently).
@@ -507,9 +507,12 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
     be_.rope(mat(a.q, R, qd), pos, c.n_heads, c.head_dim, c.rope_theta, c.rope_adjacent, false);
     be_.rope(mat(a.k, R, kvd), pos, c.n_kv_heads, c.head_dim, c.rope_theta, c.rope_adjacent, false);
   }
-  be_.attention_fwd(shape_, cmat(a.q, R, qd), cmat(a.k, R, kvd), cmat(a.v, R, kvd),
-                    mat(a.att, R, qd), a.lse.as<float>());
-  if (st) be_.to_16(t16, a.att.as<float>(), st->att.as<uint16_t>(), R * qd);
+  if (st)  // the output rounded into the stored layer (no fp32 copy: backward reads that one)
+    be_.attention_fwd_to_16(shape_, cmat(a.q, R, qd), cmat(a.k, R, kvd), cmat(a.v, R, kvd),
+                            mat(a.att, R, qd), a.lse.as<float>(), t16, st->att.as<uint16_t>());
+  else
+    be_.attention_fwd(shape_, cmat(a.q, R, qd), cmat(a.k, R, kvd), cmat(a.v, R, kvd),
+                      mat(a.att, R, qd), a.lse.as<float>());
   {
     SharedInput shared(be_, cmat(a.att, R, qd), t16, st ? h16(st->att) : nullptr);
     bool has;
@@ -773,8 +776,9 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
     lin_bwd(Proj::O, cmat(a.att, R, qd), G.as_const(), mat(g.datt, R, qd));
   }
   View2<uint16_t> dq16(nullptr, R, qd), dk16(nullptr, R, kvd), dv16(nullptr, R, kvd);
-  if (st) {  // q, k, v are not unpacked: attention reads the stored ones
+  if (st) {  // q, k, v and the output are not unpacked: attention reads the stored ones
     be_.attention_inputs_16(t16, st->q.as<uint16_t>(), st->k.as<uint16_t>(), st->v.as<uint16_t>());
+    be_.attention_out_16(t16, st->att.as<uint16_t>());
     dq16 = dy16(Proj::Q, g.dq, qd);
     dk16 = dy16(Proj::K, g.dk, kvd);
     dv16 = dy16(Proj::V, g.dv, kvd);

@@ -831,6 +831,48 @@ TEST_P(Bf16Attention, BackwardToBf16WithRope) {
     FVec out(q.size()), lse(size_t(c.heads) * rows);
     px.bf->attention_fwd(s, CMatF(q.data(), rows, qc), CMatF(k.data(), rows, kc),
                          CMatF(v.data(), rows, kc), MatF(out.data(), rows, qc), lse.data());
+    // attention_fwd_to_16: out's rounding (the tiles rounded in the kernel; out's fp32 room
+    // untouched), the same lse; the Backend default (autocast's emulation) likewise.
+    {
+      const std::vector<uint16_t> want16 = to_bf16(out);
+      std::vector<uint16_t> o16(out.size(), 0x7fc1);
+      FVec room(out.size(), NAN), lse2(lse.size());
+      px.bf->attention_fwd_to_16(s, CMatF(q.data(), rows, qc), CMatF(k.data(), rows, kc),
+                                 CMatF(v.data(), rows, kc), MatF(room.data(), rows, qc),
+                                 lse2.data(), DType::BF16, o16.data());
+      ASSERT_EQ(o16, want16) << "attention_fwd_to_16";
+      ASSERT_EQ(0, std::memcmp(lse2.data(), lse.data(), lse.size() * 4));
+      for (float x : room) ASSERT_TRUE(std::isnan(x)) << "out written";
+      auto emu = make_autocast_backend(make_cpu_backend(&px.tr), DType::BF16, false);
+      FVec eo(out.size()), el(lse.size()), eroom(out.size());
+      std::vector<uint16_t> e16(out.size());
+      emu->attention_fwd(s, CMatF(q.data(), rows, qc), CMatF(k.data(), rows, kc),
+                         CMatF(v.data(), rows, kc), MatF(eo.data(), rows, qc), el.data());
+      emu->attention_fwd_to_16(s, CMatF(q.data(), rows, qc), CMatF(k.data(), rows, kc),
+                               CMatF(v.data(), rows, kc), MatF(eroom.data(), rows, qc), el.data(),
+                               DType::BF16, e16.data());
+      ASSERT_EQ(e16, to_bf16(eo)) << "default attention_fwd_to_16";
+    }
+    // attention_out_16: out read only through its bf16 copy (fp32 out NaN): the bits of the
+    // fp32 out holding the rounded values.
+    {
+      const std::vector<uint16_t> q16 = to_bf16(q), k16 = to_bf16(k), v16 = to_bf16(v),
+                                  out16 = to_bf16(out);
+      const FVec outr = rounded(out), nout(out.size(), NAN);
+      std::vector<uint16_t> g[2][3];
+      for (int hint = 0; hint < 2; ++hint) {
+        for (int j = 0; j < 3; ++j) g[hint][j].assign(size_t(rows) * (j ? kc : qc), 0x7fc1);
+        px.bf->attention_inputs_16(DType::BF16, q16.data(), k16.data(), v16.data());
+        if (hint) px.bf->attention_out_16(DType::BF16, out16.data());
+        px.bf->attention_bwd_16(
+            s, CMatF(q.data(), rows, qc), CMatF(k.data(), rows, kc), CMatF(v.data(), rows, kc),
+            CMatF((hint ? nout : outr).data(), rows, qc), lse.data(), CMatF(dout.data(), rows, qc),
+            ra, DType::BF16, View2<uint16_t>(g[hint][0].data(), rows, qc),
+            View2<uint16_t>(g[hint][1].data(), rows, kc),
+            View2<uint16_t>(g[hint][2].data(), rows, kc));
+      }
+      for (int j = 0; j < 3; ++j) ASSERT_EQ(g[0][j], g[1][j]) << "attention_out_16, output " << j;
+    }
     // The separate ops.
     FVec dq(q.size(), 0.f), dk(k.size(), 0.f), dv(v.size(), 0.f);
     px.bf->attention_bwd(s, CMatF(q.data(), rows, qc), CMatF(k.data(), rows, kc),

@@ -181,6 +181,13 @@ class CpuBackend final : public Backend {
   void swiglu_bwd(CMatF gate, CMatF up, CMatF dout, MatF dgate, MatF dup) override;
 
   void attention_fwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out, float* lse) override;
+  // Precision bf16: each task's dense output tile rounded into out16's rows (out untouched).
+  void attention_fwd_to_16(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out, float* lse,
+                           DType t, uint16_t* out16) override;
+  // Precision bf16: D_i's out rows widened from out16.
+  void attention_out_16(DType t, const uint16_t* out16) override {
+    if (takes_input_16(t)) attn_out16_ = out16;
+  }
   void attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out, const float* lse,
                      CMatF dout, MatF dq, MatF dk, MatF dv) override;
 
@@ -245,6 +252,11 @@ class CpuBackend final : public Backend {
                           View2<uint16_t> dv16);
   // attention_inputs_16's q, k, v for the next attention call (which clears them).
   std::array<const uint16_t*, 3> attn16_{};
+  // attention_out_16's out for the next attention backward (which clears it).
+  const uint16_t* attn_out16_ = nullptr;
+  // attention_fwd, and with out16 its output rounded there instead of written to out.
+  void attention_fwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out, float* lse,
+                          uint16_t* out16);
   // defer_zero's dx, until the linear_bwd that overwrites it (or zeroes it).
   float* dx_pending_ = nullptr;
   int64_t dx_pending_n_ = 0;
