@@ -115,8 +115,11 @@ class AutocastBackend final : public Backend {
     if (native_linear_) return inner_->attention_fwd_to_16(s, q, k, v, out, lse, t, out16);
     Backend::attention_fwd_to_16(s, q, k, v, out, lse, t, out16);
   }
-  void attention_out_16(DType t, const uint16_t* out16) override {
-    if (native_linear_) inner_->attention_out_16(t, out16);
+  void attention_out_16(DType t, const uint16_t* out16, const uint16_t* dout16) override {
+    if (native_linear_) inner_->attention_out_16(t, out16, dout16);
+  }
+  bool next_dx_16(DType t, uint16_t* dx16, const QWeight& W, const LoraRef* lora) override {
+    return native_linear_ && inner_->next_dx_16(t, dx16, W, lora);
   }
   void attention_bwd_16(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out, const float* lse,
                         CMatF dout, const RopeArgs& rope, DType t, View2<uint16_t> dq16,

@@ -183,6 +183,18 @@ class Backend {
     (void)t;
     (void)dy16;
   }
+  // The input gradient of a linear_bwd in 16 bits, for a dx that only enters 16-bit operands
+  // (the o projection's, attention's dout). True when the backend takes the hint: the next
+  // linear_bwd(W, lora, ...), whose dx was handed to defer_zero, writes dx's values rounded to t
+  // into dx16 ([dx.rows, dx.cols] dense) and leaves dx unwritten; false: no hint taken (the
+  // default; the CPU backend at precision bf16 on oneDNN takes it for the fused LoRA dx GEMM).
+  virtual bool next_dx_16(DType t, uint16_t* dx16, const QWeight& W, const LoraRef* lora) {
+    (void)t;
+    (void)dx16;
+    (void)W;
+    (void)lora;
+    return false;
+  }
 
   // ---- normalization, position, activation -----------------------------------------------
   // y = x * rstd * w, rstd[row] = 1 / sqrt(mean(x^2) + eps). rstd may be nullptr.
@@ -264,9 +276,12 @@ class Backend {
   // A hint for the next attention_bwd / attention_bwd_16: its out rounded to t (out16, dense, out's
   // layout; out's values are the rounded ones). A backend that takes_input_16(t) then reads out
   // only through it (out's fp32 values need not be there); any other backend ignores it.
-  virtual void attention_out_16(DType t, const uint16_t* out16) {
+  // dout16: likewise the next attention backward's dout rounded to t (dout's values need not be
+  // there), e.g. written by next_dx_16; either may be null.
+  virtual void attention_out_16(DType t, const uint16_t* out16, const uint16_t* dout16 = nullptr) {
     (void)t;
     (void)out16;
+    (void)dout16;
   }
 
   // attention_bwd into zeroed dq, dk, dv, then rope(inverse) of dq and dk at rope's positions,

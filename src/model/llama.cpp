@@ -769,16 +769,23 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
   be_.rmsnorm_bwd(cmat(a.x_mid, R, c.dim), frozen(L.ffn_norm), a.rstd2.as<float>(),
                   cmat(g.dxn, R, c.dim), G);
 
-  // Attention branch: G is now d/d(x_mid).
+  // Attention branch: G is now d/d(x_mid). With st, datt may come rounded into its buffer's
+  // memory from the o projection's dx GEMM (Backend::next_dx_16), for attention to take as is.
   zero_dx(g.datt, R * qd);
+  const uint16_t* datt16 = nullptr;
   {
     SharedInput shared(be_, cmat(a.att, R, qd), t16, st ? h16(st->att) : nullptr);
+    bool has;
+    const LoraRef ref = lora_ref(l, Proj::O, &has);
+    if (st && be_.next_dx_16(t16, g.datt.as<uint16_t>(), L.proj[static_cast<int>(Proj::O)],
+                             has ? &ref : nullptr))
+      datt16 = g.datt.as<uint16_t>();
     lin_bwd(Proj::O, cmat(a.att, R, qd), G.as_const(), mat(g.datt, R, qd));
   }
   View2<uint16_t> dq16(nullptr, R, qd), dk16(nullptr, R, kvd), dv16(nullptr, R, kvd);
   if (st) {  // q, k, v and the output are not unpacked: attention reads the stored ones
     be_.attention_inputs_16(t16, st->q.as<uint16_t>(), st->k.as<uint16_t>(), st->v.as<uint16_t>());
-    be_.attention_out_16(t16, st->att.as<uint16_t>());
+    be_.attention_out_16(t16, st->att.as<uint16_t>(), datt16);
     dq16 = dy16(Proj::Q, g.dq, qd);
     dk16 = dy16(Proj::K, g.dk, kvd);
     dv16 = dy16(Proj::V, g.dv, kvd);

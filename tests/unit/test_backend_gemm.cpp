@@ -532,6 +532,38 @@ void run_linear_bf16(Engine e, const std::string& kind, int M, float p, uint64_t
       for (int n = 0; n < N; ++n)
         ASSERT_EQ(dy16[size_t(i * ld + n)], f32_to_bf16(dy[size_t(i) * N + n]));
   }
+  // next_dx_16 (after defer_zero, as the runner calls them): where taken (the fused dx GEMM on
+  // oneDNN) the GEMM writes dx rounded (within one bf16 step of the fresh fp32 dx's rounding,
+  // nearly always the same bits) and leaves dx unwritten; dA and dB as without it.
+  {
+    FVec dxf(dx0.size(), NAN), dAf = dA0, dBf = dB0;
+    ASSERT_TRUE(px.bf->defer_zero(dxf.data(), int64_t(dxf.size())));
+    px.bf->linear_bwd(w.q, &l, CMatF(x.data(), M, K), xa.data(), CMatF(dy.data(), M, N),
+                      MatF(dxf.data(), M, K), dAf.data(), dBf.data());
+    std::vector<uint16_t> dx16(dx0.size(), 0x7fc1);
+    FVec dxn(dx0.size(), NAN), dAn = dA0, dBn = dB0;
+    ASSERT_TRUE(px.bf->defer_zero(dxn.data(), int64_t(dxn.size())));
+    const bool takes = px.bf->next_dx_16(DType::BF16, dx16.data(), w.q, &l);
+    EXPECT_EQ(takes, e == Engine::OneDnn && scale == 4.f && p == 0.f && !small_blocks);
+    px.bf->linear_bwd(w.q, &l, CMatF(x.data(), M, K), xa.data(), CMatF(dy.data(), M, N),
+                      MatF(dxn.data(), M, K), dAn.data(), dBn.data());
+    EXPECT_EQ(0, std::memcmp(dAn.data(), dAf.data(), dAf.size() * 4)) << "dA, next_dx_16";
+    EXPECT_EQ(0, std::memcmp(dBn.data(), dBf.data(), dBf.size() * 4)) << "dB, next_dx_16";
+    int off = 0;
+    for (size_t i = 0; i < dxf.size(); ++i) {
+      if (!takes) {
+        ASSERT_EQ(dx16[i], 0x7fc1) << i;
+        ASSERT_EQ(f32_bits(dxn[i]), f32_bits(dxf[i])) << i;
+        continue;
+      }
+      const int d = std::abs(int(int16_t(dx16[i])) - int(int16_t(f32_to_bf16(dxf[i]))));
+      ASSERT_LE(d, 1) << i;
+      off += d;
+      ASSERT_TRUE(std::isnan(dxn[i])) << "dx written " << i;
+    }
+    EXPECT_LE(off, int(dxf.size()) / 50 + 1);
+  }
+
   // Without dx (no fused GEMM) and without LoRA.
   {
     std::vector<uint16_t> dy16(size_t(M) * N);
@@ -853,25 +885,30 @@ TEST_P(Bf16Attention, BackwardToBf16WithRope) {
                                DType::BF16, e16.data());
       ASSERT_EQ(e16, to_bf16(eo)) << "default attention_fwd_to_16";
     }
-    // attention_out_16: out read only through its bf16 copy (fp32 out NaN): the bits of the
-    // fp32 out holding the rounded values.
+    // attention_out_16: out (hint 1) and dout (hint 2, as next_dx_16 writes it) read only
+    // through their bf16 copies (fp32 values NaN): the bits of fp32 out / dout holding the
+    // rounded values.
     {
       const std::vector<uint16_t> q16 = to_bf16(q), k16 = to_bf16(k), v16 = to_bf16(v),
-                                  out16 = to_bf16(out);
-      const FVec outr = rounded(out), nout(out.size(), NAN);
-      std::vector<uint16_t> g[2][3];
-      for (int hint = 0; hint < 2; ++hint) {
+                                  out16 = to_bf16(out), dout16 = to_bf16(dout);
+      const FVec outr = rounded(out), doutr = rounded(dout), nan_q(out.size(), NAN);
+      std::vector<uint16_t> g[3][3];
+      for (int hint = 0; hint < 3; ++hint) {
         for (int j = 0; j < 3; ++j) g[hint][j].assign(size_t(rows) * (j ? kc : qc), 0x7fc1);
         px.bf->attention_inputs_16(DType::BF16, q16.data(), k16.data(), v16.data());
-        if (hint) px.bf->attention_out_16(DType::BF16, out16.data());
-        px.bf->attention_bwd_16(
-            s, CMatF(q.data(), rows, qc), CMatF(k.data(), rows, kc), CMatF(v.data(), rows, kc),
-            CMatF((hint ? nout : outr).data(), rows, qc), lse.data(), CMatF(dout.data(), rows, qc),
-            ra, DType::BF16, View2<uint16_t>(g[hint][0].data(), rows, qc),
-            View2<uint16_t>(g[hint][1].data(), rows, kc),
-            View2<uint16_t>(g[hint][2].data(), rows, kc));
+        if (hint)
+          px.bf->attention_out_16(DType::BF16, out16.data(), hint == 2 ? dout16.data() : nullptr);
+        px.bf->attention_bwd_16(s, CMatF(q.data(), rows, qc), CMatF(k.data(), rows, kc),
+                                CMatF(v.data(), rows, kc),
+                                CMatF((hint ? nan_q : outr).data(), rows, qc), lse.data(),
+                                CMatF((hint == 2 ? nan_q : doutr).data(), rows, qc), ra,
+                                DType::BF16, View2<uint16_t>(g[hint][0].data(), rows, qc),
+                                View2<uint16_t>(g[hint][1].data(), rows, kc),
+                                View2<uint16_t>(g[hint][2].data(), rows, kc));
       }
-      for (int j = 0; j < 3; ++j) ASSERT_EQ(g[0][j], g[1][j]) << "attention_out_16, output " << j;
+      for (int hint = 1; hint < 3; ++hint)
+        for (int j = 0; j < 3; ++j)
+          ASSERT_EQ(g[0][j], g[hint][j]) << "attention_out_16 " << hint << ", output " << j;
     }
     // The separate ops.
     FVec dq(q.size(), 0.f), dk(k.size(), 0.f), dv(v.size(), 0.f);

@@ -321,7 +321,7 @@ void CpuBackend::attention_bwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
                                     View2<uint16_t> dk16, View2<uint16_t> dv16) {
   // attention_inputs_16's copies and attention_out_16's out are this call's alone.
   const std::array<const uint16_t*, 3> in16 = std::exchange(attn16_, {});
-  const uint16_t* out16 = std::exchange(attn_out16_, nullptr);
+  const auto [out16, dout16] = std::exchange(attn_out16_, {});
   op_checks::attention(s, q, k, v, "attention_bwd");
   if (!rope)
     op_checks::attention_bwd_grads(q, k, v, out, dout, dq.as_const(), dk.as_const(), dv.as_const(),
@@ -365,7 +365,7 @@ void CpuBackend::attention_bwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
   const Heads qh = heads_of(mm, q, s.n_heads, D, "bf16 attention q", in16[0]),
               kh_ = heads_of(mm, k, s.n_kv_heads, D, "bf16 attention k", in16[1]),
               vh = heads_of(mm, v, s.n_kv_heads, D, "bf16 attention v", in16[2]),
-              doh = heads_of(mm, dout, s.n_heads, D, "bf16 attention dout");
+              doh = heads_of(mm, dout, s.n_heads, D, "bf16 attention dout", dout16);
   const int nt = int(std::min<int64_t>(max_threads(), ntasks));
   const int64_t tile = bq * int64_t(s.seq), T = s.seq;
   // Per thread: P and dS in fp32 and D (one float per query row); with lp also P and dS in the
@@ -414,14 +414,17 @@ void CpuBackend::attention_bwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
             // D_i = dO_i . O_i (dO as the GEMMs take it); dS = P (dP - D_i)
             for (int64_t i = 0; i < t.nq; ++i) {
               const float* a = dout.row(qoff + i) + int64_t(h) * D;
-              if (mm.lp) {
+              if (dout16) {  // the rounded values as they are, widened
+                bf16_to_f32_n(dout16 + (qoff + i) * dout.cols + int64_t(h) * D, dOr.data(),
+                              size_t(D));
+                a = dOr.data();
+              } else if (mm.lp) {
                 round_through_n(DType::BF16, a, dOr.data(), size_t(D));
                 a = dOr.data();
               }
               const float* o = out.row(qoff + i) + int64_t(h) * D;
               if (out16) {  // the same values, widened (exact), through the same sum below
-                bf16_to_f32_n(out16 + (qoff + i) * out.cols + int64_t(h) * D, Or.data(),
-                              size_t(D));
+                bf16_to_f32_n(out16 + (qoff + i) * out.cols + int64_t(h) * D, Or.data(), size_t(D));
                 o = Or.data();
               }
               float acc = 0;

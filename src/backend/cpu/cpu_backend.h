@@ -164,6 +164,8 @@ class CpuBackend final : public Backend {
   void next_dy_16(DType t, View2<uint16_t> dy16) override {
     dy16_ = takes_input_16(t) ? dy16 : View2<uint16_t>();
   }
+  // Where linear_bwd takes the fused dx GEMM on oneDNN: that GEMM writes dx16 (beta 0).
+  bool next_dx_16(DType t, uint16_t* dx16, const QWeight& W, const LoraRef* lora) override;
   void swiglu_bwd_to_16(DType t, const uint16_t* g16, const uint16_t* u16, CMatF dout,
                         View2<uint16_t> dg16, View2<uint16_t> du16) override;
   void attention_bwd_16(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out, const float* lse,
@@ -185,8 +187,8 @@ class CpuBackend final : public Backend {
   void attention_fwd_to_16(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out, float* lse,
                            DType t, uint16_t* out16) override;
   // Precision bf16: D_i's out rows widened from out16.
-  void attention_out_16(DType t, const uint16_t* out16) override {
-    if (takes_input_16(t)) attn_out16_ = out16;
+  void attention_out_16(DType t, const uint16_t* out16, const uint16_t* dout16) override {
+    if (takes_input_16(t)) attn_out16_ = {out16, dout16};
   }
   void attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out, const float* lse,
                      CMatF dout, MatF dq, MatF dk, MatF dv) override;
@@ -252,8 +254,10 @@ class CpuBackend final : public Backend {
                           View2<uint16_t> dv16);
   // attention_inputs_16's q, k, v for the next attention call (which clears them).
   std::array<const uint16_t*, 3> attn16_{};
-  // attention_out_16's out for the next attention backward (which clears it).
-  const uint16_t* attn_out16_ = nullptr;
+  // attention_out_16's out and dout for the next attention backward (which clears them).
+  std::array<const uint16_t*, 2> attn_out16_{};
+  // next_dx_16's dx for the next linear_bwd (which clears it).
+  uint16_t* dx16_ = nullptr;
   // attention_fwd, and with out16 its output rounded there instead of written to out.
   void attention_fwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out, float* lse,
                           uint16_t* out16);

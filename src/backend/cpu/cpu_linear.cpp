@@ -315,6 +315,15 @@ int64_t CpuBackend::grad_16_stride(const QWeight& W, const LoraRef* lora) const 
   return fused ? fused_width(W.rows, lora->r) : W.rows;
 }
 
+bool CpuBackend::next_dx_16(DType t, uint16_t* dx16, const QWeight& W, const LoraRef* lora) {
+  dx16_ = nullptr;
+  if (!takes_input_16(t) || !bf16_onednn() || W.rows == 0 || !fusable(lora) ||
+      panel_rows_lp(*this, W) < W.rows)
+    return false;
+  dx16_ = dx16;
+  return true;
+}
+
 bool CpuBackend::defer_zero(float* dx, int64_t n) {
   if (precision_ != DType::BF16 || !dx) return false;
   take_pending_zero(MatF());  // (a deferral nobody took: zeroed)
@@ -340,11 +349,15 @@ void CpuBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, cons
                             CMatF dy, MatF dx, float* dA, float* dB) {
   // next_dy_16's copy of dy: this call's alone (taken first, so no throw below leaves it).
   const View2<uint16_t> dy16 = std::exchange(dy16_, View2<uint16_t>());
+  uint16_t* const dx16 = std::exchange(dx16_, nullptr);  // next_dx_16's, likewise
   const int64_t M = dy.rows, N = W.rows, K = W.cols;
   op_checks::linear_bwd(W, x, dy, dx.as_const());
   const bool want_dx = dx.data != nullptr;
   // dx as if zeroed (defer_zero): the first GEMM into it runs with beta 0.
   const bool fresh = take_pending_zero(dx);
+  QLFT_CHECK_ARG(!dx16 || (fresh && precision_ == DType::BF16 && want_dx && N > 0 &&
+                           fusable(lora) && panel_rows_lp(*this, W) >= N),
+                 "linear_bwd: next_dx_16 needs the fused dx GEMM and dx handed to defer_zero");
   QLFT_CHECK_ARG(!dy16.data || (dy16.rows == M && dy16.cols == N && dy16.stride >= N),
                  "linear_bwd: next_dy_16's dy is [%lld, %lld], dy [%lld, %lld]",
                  (long long)dy16.rows, (long long)dy16.cols, (long long)M, (long long)N);
@@ -391,8 +404,12 @@ void CpuBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, cons
       put_lp(mm, extra_rows, K, 0, lora->A, r, K, lora->scale);
       const std::vector<float> zero(size_t((Np - N - r) * K), 0.f);
       mm.convert(zero.data(), extra_rows + size_t(r * K) * lp_bytes(*this), zero.size());
-      gemm_lp(*this, false, false, M, K, Np, 1.f, dyl.data(), dyl.ld, panel.data(), K,
-              fresh ? 0.f : 1.f, dx.data, dx.stride);
+      if (dx16)  // next_dx_16: rounded by the GEMM, dx unwritten
+        gemm_lp_out16(*this, false, false, M, K, Np, 1.f, dyl.data(), dyl.ld, panel.data(), K, dx16,
+                      K);
+      else
+        gemm_lp(*this, false, false, M, K, Np, 1.f, dyl.data(), dyl.ld, panel.data(), K,
+                fresh ? 0.f : 1.f, dx.data, dx.stride);
       return;
     }
     LpMat dyl = dy_lp(0);
