@@ -86,6 +86,16 @@ class AutocastBackend final : public Backend {
                      uint16_t* o16, bool keep_rounded) override {
     inner_->swiglu_fwd_16(gate, up, out, t, g16, u16, o16, keep_rounded);
   }
+  // The inner backend writes the rounded output itself only when it runs the GEMMs itself.
+  void linear_fwd_to_16(const QWeight& W, const float* bias, const LoraRef* lora, CMatF x, MatF y,
+                        float* xa, DType t, uint16_t* y16) override {
+    if (native_linear_) return inner_->linear_fwd_to_16(W, bias, lora, x, y, xa, t, y16);
+    Backend::linear_fwd_to_16(W, bias, lora, x, y, xa, t, y16);
+  }
+  void swiglu_fwd_from_16(DType t, const uint16_t* g16, const uint16_t* u16, uint16_t* o16,
+                          int64_t rows, int64_t cols) override {
+    inner_->swiglu_fwd_from_16(t, g16, u16, o16, rows, cols);
+  }
   void swiglu_bwd_16(MatF gate, MatF up, DType t, const uint16_t* g16, const uint16_t* u16,
                      CMatF dout, MatF dgate, MatF dup) override {
     inner_->swiglu_bwd_16(gate, up, t, g16, u16, dout, dgate, dup);
@@ -99,6 +109,17 @@ class AutocastBackend final : public Backend {
   void swiglu_bwd_to_16(DType t, const uint16_t* g16, const uint16_t* u16, CMatF dout,
                         View2<uint16_t> dg16, View2<uint16_t> du16) override {
     inner_->swiglu_bwd_to_16(t, g16, u16, dout, dg16, du16);
+  }
+  void attention_fwd_to_16(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out, float* lse,
+                           DType t, uint16_t* out16) override {
+    if (native_linear_) return inner_->attention_fwd_to_16(s, q, k, v, out, lse, t, out16);
+    Backend::attention_fwd_to_16(s, q, k, v, out, lse, t, out16);
+  }
+  void attention_out_16(DType t, const uint16_t* out16, const uint16_t* dout16) override {
+    if (native_linear_) inner_->attention_out_16(t, out16, dout16);
+  }
+  bool next_dx_16(DType t, uint16_t* dx16, const QWeight& W, const LoraRef* lora) override {
+    return native_linear_ && inner_->next_dx_16(t, dx16, W, lora);
   }
   void attention_bwd_16(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out, const float* lse,
                         CMatF dout, const RopeArgs& rope, DType t, View2<uint16_t> dq16,

@@ -100,6 +100,34 @@ void Backend::swiglu_fwd_16(MatF gate, MatF up, MatF out, DType t, uint16_t* g16
   to_16(t, out.data, o16, n);
 }
 
+void Backend::linear_fwd_to_16(const QWeight& W, const float* bias, const LoraRef* lora, CMatF x,
+                               MatF y, float* xa, DType t, uint16_t* y16) {
+  QLFT_CHECK_ARG(y.stride == y.cols, "linear_fwd_to_16: y must be dense");
+  linear_fwd(W, bias, lora, x, y, xa);
+  to_16(t, y.data, y16, y.rows * y.cols);
+}
+
+void Backend::attention_fwd_to_16(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out,
+                                  float* lse, DType t, uint16_t* out16) {
+  QLFT_CHECK_ARG(out.stride == out.cols, "attention_fwd_to_16: out must be dense");
+  attention_fwd(s, q, k, v, out, lse);
+  to_16(t, out.data, out16, out.rows * out.cols);
+}
+
+void Backend::swiglu_fwd_from_16(DType t, const uint16_t* g16, const uint16_t* u16, uint16_t* o16,
+                                 int64_t rows, int64_t cols) {
+  const size_t n = size_t(rows * cols);
+  Buffer tmp =
+      alloc(MemCategory::Workspace, 3 * n * 4, "swiglu_fwd_from_16 rows", BufferInit::Uninit);
+  float* g = tmp.as<float>();
+  float* u = g + n;
+  float* o = u + n;
+  from_16(t, g16, g, int64_t(n));
+  from_16(t, u16, u, int64_t(n));
+  swiglu_fwd(CMatF(g, rows, cols), CMatF(u, rows, cols), MatF(o, rows, cols));
+  to_16(t, o, o16, int64_t(n));
+}
+
 void Backend::swiglu_bwd_16(MatF gate, MatF up, DType t, const uint16_t* g16, const uint16_t* u16,
                             CMatF dout, MatF dgate, MatF dup) {
   QLFT_CHECK_ARG(gate.stride == gate.cols && up.stride == up.cols,

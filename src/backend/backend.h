@@ -125,6 +125,13 @@ class Backend {
   // If lora and xa are given, xa ([rows, r]) receives drop(x) A^T for the backward pass.
   virtual void linear_fwd(const QWeight& W, const float* bias, const LoraRef* lora, CMatF x, MatF y,
                           float* xa) = 0;
+  // linear_fwd for an output that only enters 16-bit operands (the runner's gate / up): y's
+  // values rounded to t written to y16 ([x.rows, W.rows] dense). y is fp32 room the backend may
+  // leave unwritten. The default: linear_fwd, then to_16. The CPU backend at precision bf16 on
+  // oneDNN, fused LoRA path, no bias: the GEMM writes y16 itself (gemm_bf16_out16: the same fp32
+  // sums, maybe in another order, rounded in its kernel, subnormal results flushed to zero).
+  virtual void linear_fwd_to_16(const QWeight& W, const float* bias, const LoraRef* lora, CMatF x,
+                                MatF y, float* xa, DType t, uint16_t* y16);
   // dx += dy W + scale * (dy B) A (masked by the dropout mask, scaled by 1/(1-p));
   // dA += scale * (dy B)^T drop(x); dB += scale * dy^T xa.
   // dx may be empty (data == nullptr) when the input gradient is not needed.
@@ -176,6 +183,18 @@ class Backend {
     (void)t;
     (void)dy16;
   }
+  // The input gradient of a linear_bwd in 16 bits, for a dx that only enters 16-bit operands
+  // (the o projection's, attention's dout). True when the backend takes the hint: the next
+  // linear_bwd(W, lora, ...), whose dx was handed to defer_zero, writes dx's values rounded to t
+  // into dx16 ([dx.rows, dx.cols] dense) and leaves dx unwritten; false: no hint taken (the
+  // default; the CPU backend at precision bf16 on oneDNN takes it for the fused LoRA dx GEMM).
+  virtual bool next_dx_16(DType t, uint16_t* dx16, const QWeight& W, const LoraRef* lora) {
+    (void)t;
+    (void)dx16;
+    (void)W;
+    (void)lora;
+    return false;
+  }
 
   // ---- normalization, position, activation -----------------------------------------------
   // y = x * rstd * w, rstd[row] = 1 / sqrt(mean(x^2) + eps). rstd may be nullptr.
@@ -212,6 +231,11 @@ class Backend {
   // rounded values (nothing reads them after).
   virtual void swiglu_fwd_16(MatF gate, MatF up, MatF out, DType t, uint16_t* g16, uint16_t* u16,
                              uint16_t* o16, bool keep_rounded = true);
+  // swiglu_fwd of gate and up given rounded to t (g16 / u16, [rows, cols] dense), its output
+  // rounded to t into o16: swiglu_fwd_16's o16 for gate / up that round to g16 / u16 (gate and up
+  // written rounded by linear_fwd_to_16). The default goes through fp32 workspace.
+  virtual void swiglu_fwd_from_16(DType t, const uint16_t* g16, const uint16_t* u16, uint16_t* o16,
+                                  int64_t rows, int64_t cols);
   // swiglu_bwd of gate and up given as g16 / u16 (16-bit, dense); gate and up: fp32 room the
   // default fills with their values (a backend may leave them untouched).
   virtual void swiglu_bwd_16(MatF gate, MatF up, DType t, const uint16_t* g16, const uint16_t* u16,
@@ -244,6 +268,21 @@ class Backend {
   // dq, dk, dv += gradients. out and lse from the forward pass.
   virtual void attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out,
                              const float* lse, CMatF dout, MatF dq, MatF dk, MatF dv) = 0;
+  // attention_fwd with out's values rounded to t written to out16 ([rows, n_heads * head_dim]
+  // dense; the runner's stored attention output). out is fp32 room the backend may leave
+  // unwritten. The default: attention_fwd, then to_16.
+  virtual void attention_fwd_to_16(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out,
+                                   float* lse, DType t, uint16_t* out16);
+  // A hint for the next attention_bwd / attention_bwd_16: its out rounded to t (out16, dense, out's
+  // layout; out's values are the rounded ones). A backend that takes_input_16(t) then reads out
+  // only through it (out's fp32 values need not be there); any other backend ignores it.
+  // dout16: likewise the next attention backward's dout rounded to t (dout's values need not be
+  // there), e.g. written by next_dx_16; either may be null.
+  virtual void attention_out_16(DType t, const uint16_t* out16, const uint16_t* dout16 = nullptr) {
+    (void)t;
+    (void)out16;
+    (void)dout16;
+  }
 
   // attention_bwd into zeroed dq, dk, dv, then rope(inverse) of dq and dk at rope's positions,
   // the three written rounded to t into dq16 / dk16 / dv16 (overwritten; the values those ops

@@ -350,10 +350,10 @@ LlamaRunner::LayerActs& LlamaRunner::scratch() {
 }
 
 // halves() written by layer_fwd itself when direct16(): all but the LoRA xa; and those
-// layer_bwd reads in 16 bits (GEMM inputs, attention_inputs_16, swiglu_bwd_16): all but att
-// (attention_bwd's fp32 output) and xa.
+// layer_bwd reads in 16 bits (GEMM inputs, attention_inputs_16, attention_out_16,
+// swiglu_bwd_16): all but xa.
 constexpr bool kHalfWrittenDirect[9] = {true, true, true, true, true, true, true, true, true};
-constexpr bool kHalfReadDirect[9] = {true, true, true, true, false, true, true, true, true};
+constexpr bool kHalfReadDirect[9] = {true, true, true, true, true, true, true, true, true};
 
 bool LlamaRunner::direct16() const {
   // LoRA dropout reads the fp32 input (its scaled values round differently).
@@ -507,9 +507,12 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
     be_.rope(mat(a.q, R, qd), pos, c.n_heads, c.head_dim, c.rope_theta, c.rope_adjacent, false);
     be_.rope(mat(a.k, R, kvd), pos, c.n_kv_heads, c.head_dim, c.rope_theta, c.rope_adjacent, false);
   }
-  be_.attention_fwd(shape_, cmat(a.q, R, qd), cmat(a.k, R, kvd), cmat(a.v, R, kvd),
-                    mat(a.att, R, qd), a.lse.as<float>());
-  if (st) be_.to_16(t16, a.att.as<float>(), st->att.as<uint16_t>(), R * qd);
+  if (st)  // the output rounded into the stored layer (no fp32 copy: backward reads that one)
+    be_.attention_fwd_to_16(shape_, cmat(a.q, R, qd), cmat(a.k, R, kvd), cmat(a.v, R, kvd),
+                            mat(a.att, R, qd), a.lse.as<float>(), t16, st->att.as<uint16_t>());
+  else
+    be_.attention_fwd(shape_, cmat(a.q, R, qd), cmat(a.k, R, kvd), cmat(a.v, R, kvd),
+                      mat(a.att, R, qd), a.lse.as<float>());
   {
     SharedInput shared(be_, cmat(a.att, R, qd), t16, st ? h16(st->att) : nullptr);
     bool has;
@@ -533,18 +536,25 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
       const int p = static_cast<int>(Proj::Gate) + j;
       bool has;
       LoraRef ref = lora_ref(l, static_cast<Proj>(p), &has);
+      // 16-bit storage keeps gate and up in 16 bits: SwiGLU's forward takes those values too
+      // (autocast's matmul outputs), so forward and backward agree. With st they are written
+      // rounded into the stored layer (linear_fwd_to_16: by the GEMM itself where it can).
+      Buffer* st_out = st ? (j == 0 ? &st->gate : &st->up) : nullptr;
+      if (st_out) {
+        be_.linear_fwd_to_16(L.proj[p], nullptr, has ? &ref : nullptr, cmat(a.xn2, R, c.dim),
+                             mat(*ffn_outs[j], R, c.ffn_dim), has ? a.xa[p].as<float>() : nullptr,
+                             t16, st_out->as<uint16_t>());
+        continue;
+      }
       be_.linear_fwd(L.proj[p], nullptr, has ? &ref : nullptr, cmat(a.xn2, R, c.dim),
                      mat(*ffn_outs[j], R, c.ffn_dim), has ? a.xa[p].as<float>() : nullptr);
-      // 16-bit storage keeps gate and up in 16 bits: SwiGLU's forward takes those values too
-      // (autocast's matmul outputs), so forward and backward agree (with st: swiglu_fwd_16).
-      if (act_dtype_ != DType::F32 && !st)
+      if (act_dtype_ != DType::F32)
         be_.round_16(act_dtype_, ffn_outs[j]->as<float>(), R * c.ffn_dim);
     }
   }
   if (st)
-    be_.swiglu_fwd_16(mat(a.gate, R, c.ffn_dim), mat(a.up, R, c.ffn_dim),
-                      MatF(nullptr, R, c.ffn_dim), t16, st->gate.as<uint16_t>(),
-                      st->up.as<uint16_t>(), st->hact.as<uint16_t>(), false);
+    be_.swiglu_fwd_from_16(t16, st->gate.as<uint16_t>(), st->up.as<uint16_t>(),
+                           st->hact.as<uint16_t>(), R, c.ffn_dim);
   else
     be_.swiglu_fwd(cmat(a.gate, R, c.ffn_dim), cmat(a.up, R, c.ffn_dim), mat(a.hact, R, c.ffn_dim));
   {
@@ -759,15 +769,23 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
   be_.rmsnorm_bwd(cmat(a.x_mid, R, c.dim), frozen(L.ffn_norm), a.rstd2.as<float>(),
                   cmat(g.dxn, R, c.dim), G);
 
-  // Attention branch: G is now d/d(x_mid).
+  // Attention branch: G is now d/d(x_mid). With st, datt may come rounded into its buffer's
+  // memory from the o projection's dx GEMM (Backend::next_dx_16), for attention to take as is.
   zero_dx(g.datt, R * qd);
+  const uint16_t* datt16 = nullptr;
   {
     SharedInput shared(be_, cmat(a.att, R, qd), t16, st ? h16(st->att) : nullptr);
+    bool has;
+    const LoraRef ref = lora_ref(l, Proj::O, &has);
+    if (st && be_.next_dx_16(t16, g.datt.as<uint16_t>(), L.proj[static_cast<int>(Proj::O)],
+                             has ? &ref : nullptr))
+      datt16 = g.datt.as<uint16_t>();
     lin_bwd(Proj::O, cmat(a.att, R, qd), G.as_const(), mat(g.datt, R, qd));
   }
   View2<uint16_t> dq16(nullptr, R, qd), dk16(nullptr, R, kvd), dv16(nullptr, R, kvd);
-  if (st) {  // q, k, v are not unpacked: attention reads the stored ones
+  if (st) {  // q, k, v and the output are not unpacked: attention reads the stored ones
     be_.attention_inputs_16(t16, st->q.as<uint16_t>(), st->k.as<uint16_t>(), st->v.as<uint16_t>());
+    be_.attention_out_16(t16, st->att.as<uint16_t>(), datt16);
     dq16 = dy16(Proj::Q, g.dq, qd);
     dk16 = dy16(Proj::K, g.dk, kvd);
     dv16 = dy16(Proj::V, g.dv, kvd);

@@ -130,6 +130,73 @@ TEST(GemmBf16, LargerShapesWithTailsAcrossThreads) {
   run_gemm({true, false, 33, 257, 515, 0, 0, 0, 0.5f, 1.f}, 3);
 }
 
+// gemm_bf16_out16: C written as bf16 by oneDNN. Against gemm_bf16's fp32 C rounded (the same
+// sums, maybe in another order: within one bf16 step, nearly always the same bits) and within one
+// bf16 step of the double oracle rounded; C's padding columns untouched. Random ragged shapes.
+void run_gemm_out16(const GemmCase& c, uint64_t seed) {
+  SCOPED_TRACE(::testing::Message() << "ta " << c.ta << " tb " << c.tb << " M " << c.M << " N "
+                                    << c.N << " K " << c.K << " alpha " << c.alpha);
+  Rng rng(seed);
+  const int64_t a_rows = c.ta ? c.K : c.M, a_cols = c.ta ? c.M : c.K;
+  const int64_t b_rows = c.tb ? c.N : c.K, b_cols = c.tb ? c.K : c.N;
+  const int64_t lda = a_cols + c.pad_a, ldb = b_cols + c.pad_b, ldc = c.N + c.pad_c;
+  const auto A = to_bf16(rng.normal(size_t(a_rows * lda))),
+             B = to_bf16(rng.normal(size_t(b_rows * ldb)));
+  FVec C(size_t(c.M * ldc), NAN);
+  std::vector<uint16_t> C16(size_t(c.M * ldc), 0x7fc1);
+  MemoryTracker tr;
+  cpu::gemm_bf16(c.ta, c.tb, c.M, c.N, c.K, c.alpha, A.data(), lda, B.data(), ldb, 0.f, C.data(),
+                 ldc, &tr);
+  cpu::gemm_bf16_out16(c.ta, c.tb, c.M, c.N, c.K, c.alpha, A.data(), lda, B.data(), ldb, C16.data(),
+                       ldc, &tr);
+  EXPECT_GT(
+      cpu::gemm_bf16_out16_scratchpad_size(c.ta, c.tb, c.M, c.N, c.K, lda, ldb, ldc, c.alpha) + 1,
+      0u);
+  int off = 0;
+  auto step = [](uint16_t a, uint16_t b) { return std::abs(int(int16_t(a)) - int(int16_t(b))); };
+  for (int i = 0; i < c.M; ++i) {
+    for (int j = 0; j < c.N; ++j) {
+      const size_t e = size_t(i * ldc + j);
+      double s = 0;
+      for (int k = 0; k < c.K; ++k)
+        s += double(bf16_to_f32(c.ta ? A[size_t(k * lda + i)] : A[size_t(i * lda + k)])) *
+             bf16_to_f32(c.tb ? B[size_t(j * ldb + k)] : B[size_t(k * ldb + j)]);
+      const uint16_t want = f32_to_bf16(float(c.alpha * s));
+      ASSERT_LE(step(C16[e], f32_to_bf16(C[e])), 1) << "at (" << i << ", " << j << ")";
+      ASSERT_LE(step(C16[e], want), 1)
+          << "at (" << i << ", " << j << ") got " << bf16_to_f32(C16[e]) << " want " << c.alpha * s;
+      off += C16[e] != f32_to_bf16(C[e]);
+    }
+    for (int64_t j = c.N; j < ldc; ++j) ASSERT_EQ(C16[size_t(i * ldc + j)], 0x7fc1) << "pad";
+  }
+  EXPECT_LE(off, c.M * c.N / 50 + 1) << "more than a few roundings on the other side";
+}
+
+TEST(GemmBf16, Out16MatchesRoundedFp32OnRandomShapes) {
+  SKIP_WITHOUT_ONEDNN_BF16();
+  Rng rng(17);
+  int n = 0;
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb)
+      for (int rep = 0; rep < 4; ++rep) {
+        GemmCase c{};
+        c.ta = ta;
+        c.tb = tb;
+        c.M = rep == 0 ? 1 : rng.uniform_int(1, 70);
+        c.N = rep == 1 ? 1 : rng.uniform_int(1, 90);
+        c.K = rep == 2 ? 35 : rng.uniform_int(1, 100);
+        c.pad_a = rep % 2 ? rng.uniform_int(1, 9) : 0;
+        c.pad_b = rep % 3 ? rng.uniform_int(1, 9) : 0;
+        c.pad_c = rep % 2 ? 0 : rng.uniform_int(1, 5);
+        c.alpha = rep == 3 ? 0.375f : 1.f;
+        run_gemm_out16(c, 300 + n++);
+        if (HasFatalFailure()) return;
+      }
+  // Past the kernels' blocking, with ragged tails (the linear layers' shape: x W^T).
+  run_gemm_out16({false, true, 203, 517, 301, 0, 3, 1, 1.f, 0.f}, 1);
+  run_gemm_out16({false, true, 130, 96, 608, 0, 0, 0, 1.f, 0.f}, 2);
+}
+
 TEST(GemmBf16, BetaZeroIgnoresNaNInC) {
   SKIP_WITHOUT_ONEDNN_BF16();
   const int M = 3, N = 5, K = 17;
@@ -385,6 +452,44 @@ void run_linear_bf16(Engine e, const std::string& kind, int M, float p, uint64_t
                      nullptr);
   EXPECT_GT(max_rel_error(y0.data(), yu.data(), y0.size()), 10 * kTol) << "rounding not visible";
 
+  // linear_fwd_to_16: y without bias rounded to bf16. oneDNN's fused path (no bias, fusable
+  // LoRA) has its GEMM write the bf16 output (the same sums, maybe in another order: within
+  // one bf16 step of y's rounding, nearly always the same bits), y's fp32 room untouched; other
+  // paths give exactly y's rounding. With a bias: linear_fwd then rounding, bit for bit.
+  {
+    FVec yn(y.size()), ynb(y.size()), xan(xa.size());
+    px.bf->linear_fwd(w.q, nullptr, &l, CMatF(x.data(), M, K), MatF(yn.data(), M, N), xan.data());
+    px.ref->linear_fwd(wref, nullptr, nullptr, CMatF(x.data(), M, K), MatF(ynb.data(), M, N),
+                       nullptr);
+    const bool gemm_writes = e == Engine::OneDnn && scale == 4.f && p == 0.f;
+    for (const float* bias_p :
+         {static_cast<const float*>(nullptr), static_cast<const float*>(bias.data())}) {
+      SCOPED_TRACE(bias_p ? "linear_fwd_to_16 with bias" : "linear_fwd_to_16");
+      const FVec& want = bias_p ? y : yn;
+      std::vector<uint16_t> y16(y.size(), 0x7fc1);
+      FVec room(y.size(), NAN), xa16(xa.size(), NAN);
+      px.bf->linear_fwd_to_16(w.q, bias_p, &l, CMatF(x.data(), M, K), MatF(room.data(), M, N),
+                              xa16.data(), DType::BF16, y16.data());
+      EXPECT_EQ(0, std::memcmp(xa16.data(), xa.data(), xa.size() * 4)) << "xa";
+      int off = 0;
+      FVec widened(y.size());
+      for (size_t i = 0; i < y16.size(); ++i) {
+        const int d = std::abs(int(int16_t(y16[i])) - int(int16_t(f32_to_bf16(want[i]))));
+        ASSERT_LE(d, gemm_writes && !bias_p ? 1 : 0) << i;
+        off += d;
+        widened[i] = bf16_to_f32(y16[i]);
+        if (gemm_writes && !bias_p) {
+          ASSERT_TRUE(std::isnan(room[i])) << "y written " << i;
+        }
+      }
+      EXPECT_LE(off, int(y16.size()) / 50 + 1);
+      // Against the double oracle: within bf16's rounding of it.
+      if (!bias_p) {
+        EXPECT_LT(err_with(widened, ynb, o.y), 8e-3) << "y16 against the oracle";
+      }
+    }
+  }
+
   const FVec dx0 = rng.normal(size_t(M) * K), dA0 = rng.normal(A.size()),
              dB0 = rng.normal(B.size());
   FVec dx = dx0, dA = dA0, dB = dB0, dxb = dx0;
@@ -427,6 +532,38 @@ void run_linear_bf16(Engine e, const std::string& kind, int M, float p, uint64_t
       for (int n = 0; n < N; ++n)
         ASSERT_EQ(dy16[size_t(i * ld + n)], f32_to_bf16(dy[size_t(i) * N + n]));
   }
+  // next_dx_16 (after defer_zero, as the runner calls them): where taken (the fused dx GEMM on
+  // oneDNN) the GEMM writes dx rounded (within one bf16 step of the fresh fp32 dx's rounding,
+  // nearly always the same bits) and leaves dx unwritten; dA and dB as without it.
+  {
+    FVec dxf(dx0.size(), NAN), dAf = dA0, dBf = dB0;
+    ASSERT_TRUE(px.bf->defer_zero(dxf.data(), int64_t(dxf.size())));
+    px.bf->linear_bwd(w.q, &l, CMatF(x.data(), M, K), xa.data(), CMatF(dy.data(), M, N),
+                      MatF(dxf.data(), M, K), dAf.data(), dBf.data());
+    std::vector<uint16_t> dx16(dx0.size(), 0x7fc1);
+    FVec dxn(dx0.size(), NAN), dAn = dA0, dBn = dB0;
+    ASSERT_TRUE(px.bf->defer_zero(dxn.data(), int64_t(dxn.size())));
+    const bool takes = px.bf->next_dx_16(DType::BF16, dx16.data(), w.q, &l);
+    EXPECT_EQ(takes, e == Engine::OneDnn && scale == 4.f && p == 0.f && !small_blocks);
+    px.bf->linear_bwd(w.q, &l, CMatF(x.data(), M, K), xa.data(), CMatF(dy.data(), M, N),
+                      MatF(dxn.data(), M, K), dAn.data(), dBn.data());
+    EXPECT_EQ(0, std::memcmp(dAn.data(), dAf.data(), dAf.size() * 4)) << "dA, next_dx_16";
+    EXPECT_EQ(0, std::memcmp(dBn.data(), dBf.data(), dBf.size() * 4)) << "dB, next_dx_16";
+    int off = 0;
+    for (size_t i = 0; i < dxf.size(); ++i) {
+      if (!takes) {
+        ASSERT_EQ(dx16[i], 0x7fc1) << i;
+        ASSERT_EQ(f32_bits(dxn[i]), f32_bits(dxf[i])) << i;
+        continue;
+      }
+      const int d = std::abs(int(int16_t(dx16[i])) - int(int16_t(f32_to_bf16(dxf[i]))));
+      ASSERT_LE(d, 1) << i;
+      off += d;
+      ASSERT_TRUE(std::isnan(dxn[i])) << "dx written " << i;
+    }
+    EXPECT_LE(off, int(dxf.size()) / 50 + 1);
+  }
+
   // Without dx (no fused GEMM) and without LoRA.
   {
     std::vector<uint16_t> dy16(size_t(M) * N);
@@ -726,6 +863,53 @@ TEST_P(Bf16Attention, BackwardToBf16WithRope) {
     FVec out(q.size()), lse(size_t(c.heads) * rows);
     px.bf->attention_fwd(s, CMatF(q.data(), rows, qc), CMatF(k.data(), rows, kc),
                          CMatF(v.data(), rows, kc), MatF(out.data(), rows, qc), lse.data());
+    // attention_fwd_to_16: out's rounding (the tiles rounded in the kernel; out's fp32 room
+    // untouched), the same lse; the Backend default (autocast's emulation) likewise.
+    {
+      const std::vector<uint16_t> want16 = to_bf16(out);
+      std::vector<uint16_t> o16(out.size(), 0x7fc1);
+      FVec room(out.size(), NAN), lse2(lse.size());
+      px.bf->attention_fwd_to_16(s, CMatF(q.data(), rows, qc), CMatF(k.data(), rows, kc),
+                                 CMatF(v.data(), rows, kc), MatF(room.data(), rows, qc),
+                                 lse2.data(), DType::BF16, o16.data());
+      ASSERT_EQ(o16, want16) << "attention_fwd_to_16";
+      ASSERT_EQ(0, std::memcmp(lse2.data(), lse.data(), lse.size() * 4));
+      for (float x : room) ASSERT_TRUE(std::isnan(x)) << "out written";
+      auto emu = make_autocast_backend(make_cpu_backend(&px.tr), DType::BF16, false);
+      FVec eo(out.size()), el(lse.size()), eroom(out.size());
+      std::vector<uint16_t> e16(out.size());
+      emu->attention_fwd(s, CMatF(q.data(), rows, qc), CMatF(k.data(), rows, kc),
+                         CMatF(v.data(), rows, kc), MatF(eo.data(), rows, qc), el.data());
+      emu->attention_fwd_to_16(s, CMatF(q.data(), rows, qc), CMatF(k.data(), rows, kc),
+                               CMatF(v.data(), rows, kc), MatF(eroom.data(), rows, qc), el.data(),
+                               DType::BF16, e16.data());
+      ASSERT_EQ(e16, to_bf16(eo)) << "default attention_fwd_to_16";
+    }
+    // attention_out_16: out (hint 1) and dout (hint 2, as next_dx_16 writes it) read only
+    // through their bf16 copies (fp32 values NaN): the bits of fp32 out / dout holding the
+    // rounded values.
+    {
+      const std::vector<uint16_t> q16 = to_bf16(q), k16 = to_bf16(k), v16 = to_bf16(v),
+                                  out16 = to_bf16(out), dout16 = to_bf16(dout);
+      const FVec outr = rounded(out), doutr = rounded(dout), nan_q(out.size(), NAN);
+      std::vector<uint16_t> g[3][3];
+      for (int hint = 0; hint < 3; ++hint) {
+        for (int j = 0; j < 3; ++j) g[hint][j].assign(size_t(rows) * (j ? kc : qc), 0x7fc1);
+        px.bf->attention_inputs_16(DType::BF16, q16.data(), k16.data(), v16.data());
+        if (hint)
+          px.bf->attention_out_16(DType::BF16, out16.data(), hint == 2 ? dout16.data() : nullptr);
+        px.bf->attention_bwd_16(s, CMatF(q.data(), rows, qc), CMatF(k.data(), rows, kc),
+                                CMatF(v.data(), rows, kc),
+                                CMatF((hint ? nan_q : outr).data(), rows, qc), lse.data(),
+                                CMatF((hint == 2 ? nan_q : doutr).data(), rows, qc), ra,
+                                DType::BF16, View2<uint16_t>(g[hint][0].data(), rows, qc),
+                                View2<uint16_t>(g[hint][1].data(), rows, kc),
+                                View2<uint16_t>(g[hint][2].data(), rows, kc));
+      }
+      for (int hint = 1; hint < 3; ++hint)
+        for (int j = 0; j < 3; ++j)
+          ASSERT_EQ(g[0][j], g[hint][j]) << "attention_out_16 " << hint << ", output " << j;
+    }
     // The separate ops.
     FVec dq(q.size(), 0.f), dk(k.size(), 0.f), dv(v.size(), 0.f);
     px.bf->attention_bwd(s, CMatF(q.data(), rows, qc), CMatF(k.data(), rows, kc),

@@ -352,6 +352,48 @@ TEST(BackendSwiglu, ForwardAndBackward) {
       "swiglu dup", [&](const Vec& uv) { return dot(dd, oracle(gd, uv)); }, ud, du, 33);
 }
 
+// swiglu_fwd_from_16 (gate and up arriving rounded, as linear_fwd_to_16 writes them): the bits
+// of swiglu_fwd_16's output on the fp32 gate / up those round from, the Backend default's bits
+// too, and within one bf16 step of a double oracle, on ragged shapes. Every ISA level through
+// the `isa` label.
+TEST(BackendSwiglu, ForwardFromBf16) {
+  Fixture fx;
+  for (auto [M, C] : {std::pair{13, 45}, std::pair{3, 17}, std::pair{1, 64}, std::pair{6, 1}}) {
+    SCOPED_TRACE(::testing::Message() << M << " x " << C);
+    Rng rng(uint64_t(M) * 1000 + C);
+    FVec gf = rng.normal(size_t(M) * C, 3.f), uf = rng.normal(size_t(M) * C);
+    gf[0] = 90.f;
+    if (gf.size() > 1) gf[1] = -90.f;
+    const size_t n = gf.size();
+    std::vector<uint16_t> g16(n), u16(n), want16(n), got16(n, 0x7fc1), def16(n, 0x7fc1);
+    for (size_t i = 0; i < n; ++i) {
+      g16[i] = f32_to_bf16(gf[i]);
+      u16[i] = f32_to_bf16(uf[i]);
+    }
+    // swiglu_fwd_16 on the fp32 values (it rounds them itself).
+    std::vector<uint16_t> g16b(n), u16b(n);
+    FVec gc = gf, uc = uf;
+    fx.be->swiglu_fwd_16(mat(gc, M, C), mat(uc, M, C), MatF(nullptr, M, C), DType::BF16,
+                         g16b.data(), u16b.data(), want16.data(), false);
+    ASSERT_EQ(g16b, g16);
+    ASSERT_EQ(u16b, u16);
+    fx.be->swiglu_fwd_from_16(DType::BF16, g16.data(), u16.data(), got16.data(), M, C);
+    fx.be->Backend::swiglu_fwd_from_16(DType::BF16, g16.data(), u16.data(), def16.data(), M, C);
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(got16[i], want16[i]) << i;
+      ASSERT_EQ(def16[i], want16[i]) << i;
+      const double g = bf16_to_f32(g16[i]), u = bf16_to_f32(u16[i]);
+      const double want = g / (1.0 + std::exp(-g)) * u;
+      if (std::fabs(want) < 1e-30) {  // exp_approx's tail (a saturated gate) against exp
+        ASSERT_LT(std::fabs(bf16_to_f32(got16[i])), 1e-30);
+        continue;
+      }
+      const int diff = std::abs(int(int16_t(got16[i])) - int(int16_t(f32_to_bf16(float(want)))));
+      ASSERT_LE(diff, 1) << i << " got " << bf16_to_f32(got16[i]) << " want " << want;
+    }
+  }
+}
+
 // swiglu_bwd_to_16 (the bf16 backward's dgate / dup, written as the gate / up dx GEMMs take
 // them): the bits of swiglu_bwd_16 then bf16 rounding, and within one bf16 step of a double
 // oracle rounded to bf16, on ragged shapes at a row stride wider than the columns (its spare

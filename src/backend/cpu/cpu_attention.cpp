@@ -203,6 +203,20 @@ void add_rows(MatF dst, int64_t r0, int64_t c0, const float* src, int64_t n, int
 
 void CpuBackend::attention_fwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out,
                                float* lse) {
+  attention_fwd_impl(s, q, k, v, out, lse, nullptr);
+}
+
+void CpuBackend::attention_fwd_to_16(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out,
+                                     float* lse, DType t, uint16_t* out16) {
+  if (!takes_input_16(t)) {
+    Backend::attention_fwd_to_16(s, q, k, v, out, lse, t, out16);
+    return;
+  }
+  attention_fwd_impl(s, q, k, v, out, lse, out16);
+}
+
+void CpuBackend::attention_fwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out,
+                                    float* lse, uint16_t* out16) {
   // attention_inputs_16's copies are this call's alone.
   const std::array<const uint16_t*, 3> in16 = std::exchange(attn16_, {});
   op_checks::attention(s, q, k, v, "attention_fwd");
@@ -224,6 +238,7 @@ void CpuBackend::attention_fwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, Ma
   const Heads qh = heads_of(mm, q, s.n_heads, D, "bf16 attention q", in16[0]),
               kh = heads_of(mm, k, s.n_kv_heads, D, "bf16 attention k", in16[1]),
               vh = heads_of(mm, v, s.n_kv_heads, D, "bf16 attention v", in16[2]);
+  QLFT_CHECK_ARG(!out16 || mm.lp, "attention_fwd_to_16: precision bf16 only");
   const int nt = int(std::min<int64_t>(max_threads(), ntasks));
   const int64_t tile = bq * int64_t(s.seq);
   // Per thread: the fp32 score tile; with lp also the probabilities in the GEMM's element type
@@ -257,6 +272,12 @@ void CpuBackend::attention_fwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, Ma
         if (!fused) mm.convert(S, P, size_t(t.nq * kw));
         mm.gemm(false, false, t.nq, D, kw, 1.f, P, kw, vh.at(mm, base + t.k0, t.kh), vh.ld, 0.f, O,
                 D);
+        if (out16) {  // (dense: the row stride is out's columns)
+          uint16_t* o16 = out16 + (base + t.q0) * out.cols + int64_t(t.h) * D;
+          for (int64_t i = 0; i < t.nq; ++i)
+            f32_to_bf16_n(O + i * D, o16 + i * out.cols, size_t(D));
+          return;
+        }
         for (int64_t i = 0; i < t.nq; ++i)
           std::copy(O + i * D, O + (i + 1) * D, o + i * out.stride);
       });
@@ -298,8 +319,9 @@ void CpuBackend::attention_bwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
                                     const float* lse, CMatF dout, MatF dq, MatF dk, MatF dv,
                                     const RopeArgs* rope, View2<uint16_t> dq16,
                                     View2<uint16_t> dk16, View2<uint16_t> dv16) {
-  // attention_inputs_16's copies are this call's alone.
+  // attention_inputs_16's copies and attention_out_16's out are this call's alone.
   const std::array<const uint16_t*, 3> in16 = std::exchange(attn16_, {});
+  const auto [out16, dout16] = std::exchange(attn_out16_, {});
   op_checks::attention(s, q, k, v, "attention_bwd");
   if (!rope)
     op_checks::attention_bwd_grads(q, k, v, out, dout, dq.as_const(), dk.as_const(), dv.as_const(),
@@ -343,7 +365,7 @@ void CpuBackend::attention_bwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
   const Heads qh = heads_of(mm, q, s.n_heads, D, "bf16 attention q", in16[0]),
               kh_ = heads_of(mm, k, s.n_kv_heads, D, "bf16 attention k", in16[1]),
               vh = heads_of(mm, v, s.n_kv_heads, D, "bf16 attention v", in16[2]),
-              doh = heads_of(mm, dout, s.n_heads, D, "bf16 attention dout");
+              doh = heads_of(mm, dout, s.n_heads, D, "bf16 attention dout", dout16);
   const int nt = int(std::min<int64_t>(max_threads(), ntasks));
   const int64_t tile = bq * int64_t(s.seq), T = s.seq;
   // Per thread: P and dS in fp32 and D (one float per query row); with lp also P and dS in the
@@ -366,7 +388,7 @@ void CpuBackend::attention_bwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
         mm.lp ? reinterpret_cast<float*>(lpm + 2 * tile * int64_t(mm.elem_bytes())) : nullptr;
     float* dKt = mm.lp ? dQt + bq * D : nullptr;
     float* dVt = mm.lp ? dKt + T * D : nullptr;
-    std::vector<float> dOr(static_cast<size_t>(D));
+    std::vector<float> dOr(static_cast<size_t>(D)), Or(out16 ? static_cast<size_t>(D) : 0);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < ntasks; ++task)
       errs.run([&] {
@@ -392,11 +414,19 @@ void CpuBackend::attention_bwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
             // D_i = dO_i . O_i (dO as the GEMMs take it); dS = P (dP - D_i)
             for (int64_t i = 0; i < t.nq; ++i) {
               const float* a = dout.row(qoff + i) + int64_t(h) * D;
-              if (mm.lp) {
+              if (dout16) {  // the rounded values as they are, widened
+                bf16_to_f32_n(dout16 + (qoff + i) * dout.cols + int64_t(h) * D, dOr.data(),
+                              size_t(D));
+                a = dOr.data();
+              } else if (mm.lp) {
                 round_through_n(DType::BF16, a, dOr.data(), size_t(D));
                 a = dOr.data();
               }
               const float* o = out.row(qoff + i) + int64_t(h) * D;
+              if (out16) {  // the same values, widened (exact), through the same sum below
+                bf16_to_f32_n(out16 + (qoff + i) * out.cols + int64_t(h) * D, Or.data(), size_t(D));
+                o = Or.data();
+              }
               float acc = 0;
 #pragma omp simd reduction(+ : acc)
               for (int d = 0; d < D; ++d) acc += a[d] * o[d];

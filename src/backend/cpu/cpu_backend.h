@@ -127,6 +127,10 @@ class CpuBackend final : public Backend {
                   float* xa) override;
   void linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, const float* xa, CMatF dy,
                   MatF dx, float* dA, float* dB) override;
+  // Precision bf16 on oneDNN, t bf16, the fused LoRA path (or no LoRA), no bias: the GEMM writes
+  // y16 (gemm_bf16_out16), y untouched. Otherwise Backend's default.
+  void linear_fwd_to_16(const QWeight& W, const float* bias, const LoraRef* lora, CMatF x, MatF y,
+                        float* xa, DType t, uint16_t* y16) override;
 
   void begin_shared_input(CMatF x) override;
   void end_shared_input() override;
@@ -149,6 +153,9 @@ class CpuBackend final : public Backend {
                           uint16_t* y16) override;
   void swiglu_fwd_16(MatF gate, MatF up, MatF out, DType t, uint16_t* g16, uint16_t* u16,
                      uint16_t* o16, bool keep_rounded) override;
+  // A row at a time: gate and up widened into row buffers, SwiGLU, its rounding.
+  void swiglu_fwd_from_16(DType t, const uint16_t* g16, const uint16_t* u16, uint16_t* o16,
+                          int64_t rows, int64_t cols) override;
   void swiglu_bwd_16(MatF gate, MatF up, DType t, const uint16_t* g16, const uint16_t* u16,
                      CMatF dout, MatF dgate, MatF dup) override;
   // Precision bf16: fused_width(W.rows, r) where linear_bwd takes the fused dx GEMM (room for
@@ -157,6 +164,8 @@ class CpuBackend final : public Backend {
   void next_dy_16(DType t, View2<uint16_t> dy16) override {
     dy16_ = takes_input_16(t) ? dy16 : View2<uint16_t>();
   }
+  // Where linear_bwd takes the fused dx GEMM on oneDNN: that GEMM writes dx16 (beta 0).
+  bool next_dx_16(DType t, uint16_t* dx16, const QWeight& W, const LoraRef* lora) override;
   void swiglu_bwd_to_16(DType t, const uint16_t* g16, const uint16_t* u16, CMatF dout,
                         View2<uint16_t> dg16, View2<uint16_t> du16) override;
   void attention_bwd_16(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out, const float* lse,
@@ -174,6 +183,13 @@ class CpuBackend final : public Backend {
   void swiglu_bwd(CMatF gate, CMatF up, CMatF dout, MatF dgate, MatF dup) override;
 
   void attention_fwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out, float* lse) override;
+  // Precision bf16: each task's dense output tile rounded into out16's rows (out untouched).
+  void attention_fwd_to_16(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out, float* lse,
+                           DType t, uint16_t* out16) override;
+  // Precision bf16: D_i's out rows widened from out16.
+  void attention_out_16(DType t, const uint16_t* out16, const uint16_t* dout16) override {
+    if (takes_input_16(t)) attn_out16_ = {out16, dout16};
+  }
   void attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out, const float* lse,
                      CMatF dout, MatF dq, MatF dk, MatF dv) override;
 
@@ -238,6 +254,13 @@ class CpuBackend final : public Backend {
                           View2<uint16_t> dv16);
   // attention_inputs_16's q, k, v for the next attention call (which clears them).
   std::array<const uint16_t*, 3> attn16_{};
+  // attention_out_16's out and dout for the next attention backward (which clears them).
+  std::array<const uint16_t*, 2> attn_out16_{};
+  // next_dx_16's dx for the next linear_bwd (which clears it).
+  uint16_t* dx16_ = nullptr;
+  // attention_fwd, and with out16 its output rounded there instead of written to out.
+  void attention_fwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out, float* lse,
+                          uint16_t* out16);
   // defer_zero's dx, until the linear_bwd that overwrites it (or zeroes it).
   float* dx_pending_ = nullptr;
   int64_t dx_pending_n_ = 0;
@@ -343,6 +366,10 @@ void dequant_panel_lp(const CpuBackend& be, const QWeight& W, int64_t r0, int64_
 void gemm_lp(const CpuBackend& be, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
              float alpha, const void* A, int64_t lda, const void* B, int64_t ldb, float beta,
              float* C, int64_t ldc);
+// gemm_lp with beta 0 and C written as bf16 [M, N] (gemm_bf16_out16; bf16 on oneDNN only).
+void gemm_lp_out16(const CpuBackend& be, bool trans_a, bool trans_b, int64_t M, int64_t N,
+                   int64_t K, float alpha, const void* A, int64_t lda, const void* B, int64_t ldb,
+                   uint16_t* C, int64_t ldc);
 // p + off elements of the lp element type.
 inline const void* lp_at(const CpuBackend& be, const void* p, int64_t off) {
   return static_cast<const char*>(p) + off * int64_t(lp_bytes(be));

@@ -361,6 +361,17 @@ void gemm_lp(const CpuBackend& be, bool trans_a, bool trans_b, int64_t M, int64_
              static_cast<const float*>(B), ldb, beta, C, ldc);
 }
 
+void gemm_lp_out16(const CpuBackend& be, bool trans_a, bool trans_b, int64_t M, int64_t N,
+                   int64_t K, float alpha, const void* A, int64_t lda, const void* B, int64_t ldb,
+                   uint16_t* C, int64_t ldc) {
+  QLFT_CHECK_ARG(be.bf16_onednn(), "gemm_lp_out16: bf16 GEMMs on oneDNN only");
+  const size_t pad =
+      gemm_bf16_out16_scratchpad_size(trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha);
+  ScratchLease sp = be.scratch(Scratch::GemmPad, pad, "oneDNN matmul scratchpad");
+  gemm_bf16_out16(trans_a, trans_b, M, N, K, alpha, static_cast<const uint16_t*>(A), lda,
+                  static_cast<const uint16_t*>(B), ldb, C, ldc, be.tracker(), sp.data());
+}
+
 void gemm_f32(const CpuBackend& be, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
               float alpha, const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
               float* C, int64_t ldc) {

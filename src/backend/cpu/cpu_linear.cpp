@@ -213,8 +213,10 @@ void put_lp(const OpGemm& mm, void* m, int64_t ld, int64_t c0, const float* src,
 }
 
 // y = x W^T + bias + scale x A^T B^T with x as xl (its columns [K, ld) free for xa), xa kept.
+// With y16 (no bias): y's values rounded to bf16 there ([M, N] dense) by the GEMM itself, y
+// untouched.
 void linear_fwd_fused(const CpuBackend& be, const QWeight& W, const float* bias, const LoraRef& l,
-                      CMatF x, const LpMat& xl, MatF y, float* xa) {
+                      CMatF x, const LpMat& xl, MatF y, float* xa, uint16_t* y16 = nullptr) {
   const OpGemm mm{be, true};
   const int64_t M = x.rows, N = W.rows, K = W.cols, Kp = xl.ld;
   const int r = l.r;
@@ -240,10 +242,13 @@ void linear_fwd_fused(const CpuBackend& be, const QWeight& W, const float* bias,
       mm.convert(zero.data(),
                  static_cast<char*>(panel.data()) + size_t(i * Kp + K + r) * mm.elem_bytes(),
                  zero.size());
-    mm.gemm(false, true, M, n, Kp, 1.f, xl.data(), Kp, panel.data(), Kp, 0.f, y.data + p0,
-            y.stride);
+    if (y16)
+      gemm_lp_out16(be, false, true, M, n, Kp, 1.f, xl.data(), Kp, panel.data(), Kp, y16 + p0, N);
+    else
+      mm.gemm(false, true, M, n, Kp, 1.f, xl.data(), Kp, panel.data(), Kp, 0.f, y.data + p0,
+              y.stride);
   }
-  add_bias(y, bias);
+  if (!y16) add_bias(y, bias);
 }
 
 // fp32 y = x (W + scale B A)^T + bias (lora_merged), xa = x A^T when the caller keeps it.
@@ -289,10 +294,34 @@ void CpuBackend::linear_fwd(const QWeight& W, const float* bias, const LoraRef* 
   linear_fwd_tail(mm, W, bias, lora, x, mm.borrow(xl), y, xa);
 }
 
+void CpuBackend::linear_fwd_to_16(const QWeight& W, const float* bias, const LoraRef* lora, CMatF x,
+                                  MatF y, float* xa, DType t, uint16_t* y16) {
+  if (precision_ != DType::BF16 || t != DType::BF16 || !bf16_onednn() || bias || !fusable(lora) ||
+      x.rows == 0 || W.rows == 0) {
+    Backend::linear_fwd_to_16(W, bias, lora, x, y, xa, t, y16);
+    return;
+  }
+  op_checks::linear(W, x, y.as_const(), "linear_fwd_to_16");
+  op_checks::lora(*lora);
+  LpMat x_own;
+  const int64_t extra = fused_width(W.cols, lora->r) - W.cols;
+  const LpMat& xl = input_lp(x, Scratch::In, "bf16 linear input", x_own, extra);
+  linear_fwd_fused(*this, W, nullptr, *lora, x, xl, y, xa, y16);
+}
+
 int64_t CpuBackend::grad_16_stride(const QWeight& W, const LoraRef* lora) const {
   const bool fused =
       precision_ == DType::BF16 && W.rows > 0 && fusable(lora) && panel_rows_lp(*this, W) >= W.rows;
   return fused ? fused_width(W.rows, lora->r) : W.rows;
+}
+
+bool CpuBackend::next_dx_16(DType t, uint16_t* dx16, const QWeight& W, const LoraRef* lora) {
+  dx16_ = nullptr;
+  if (!takes_input_16(t) || !bf16_onednn() || W.rows == 0 || !fusable(lora) ||
+      panel_rows_lp(*this, W) < W.rows)
+    return false;
+  dx16_ = dx16;
+  return true;
 }
 
 bool CpuBackend::defer_zero(float* dx, int64_t n) {
@@ -320,11 +349,15 @@ void CpuBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, cons
                             CMatF dy, MatF dx, float* dA, float* dB) {
   // next_dy_16's copy of dy: this call's alone (taken first, so no throw below leaves it).
   const View2<uint16_t> dy16 = std::exchange(dy16_, View2<uint16_t>());
+  uint16_t* const dx16 = std::exchange(dx16_, nullptr);  // next_dx_16's, likewise
   const int64_t M = dy.rows, N = W.rows, K = W.cols;
   op_checks::linear_bwd(W, x, dy, dx.as_const());
   const bool want_dx = dx.data != nullptr;
   // dx as if zeroed (defer_zero): the first GEMM into it runs with beta 0.
   const bool fresh = take_pending_zero(dx);
+  QLFT_CHECK_ARG(!dx16 || (fresh && precision_ == DType::BF16 && want_dx && N > 0 &&
+                           fusable(lora) && panel_rows_lp(*this, W) >= N),
+                 "linear_bwd: next_dx_16 needs the fused dx GEMM and dx handed to defer_zero");
   QLFT_CHECK_ARG(!dy16.data || (dy16.rows == M && dy16.cols == N && dy16.stride >= N),
                  "linear_bwd: next_dy_16's dy is [%lld, %lld], dy [%lld, %lld]",
                  (long long)dy16.rows, (long long)dy16.cols, (long long)M, (long long)N);
@@ -371,8 +404,12 @@ void CpuBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, cons
       put_lp(mm, extra_rows, K, 0, lora->A, r, K, lora->scale);
       const std::vector<float> zero(size_t((Np - N - r) * K), 0.f);
       mm.convert(zero.data(), extra_rows + size_t(r * K) * lp_bytes(*this), zero.size());
-      gemm_lp(*this, false, false, M, K, Np, 1.f, dyl.data(), dyl.ld, panel.data(), K,
-              fresh ? 0.f : 1.f, dx.data, dx.stride);
+      if (dx16)  // next_dx_16: rounded by the GEMM, dx unwritten
+        gemm_lp_out16(*this, false, false, M, K, Np, 1.f, dyl.data(), dyl.ld, panel.data(), K, dx16,
+                      K);
+      else
+        gemm_lp(*this, false, false, M, K, Np, 1.f, dyl.data(), dyl.ld, panel.data(), K,
+                fresh ? 0.f : 1.f, dx.data, dx.stride);
       return;
     }
     LpMat dyl = dy_lp(0);

@@ -105,6 +105,25 @@ void CpuBackend::swiglu_fwd_16(MatF gate, MatF up, MatF out, DType t, uint16_t* 
   }
 }
 
+void CpuBackend::swiglu_fwd_from_16(DType t, const uint16_t* g16, const uint16_t* u16,
+                                    uint16_t* o16, int64_t rows, int64_t cols) {
+  const int64_t C = cols;
+#pragma omp parallel num_threads(qlft::num_threads())
+  {
+    std::vector<float> buf(size_t(3 * C));
+    float* g = buf.data();
+    float* u = g + C;
+    float* o = u + C;
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < rows; ++i) {
+      row_from_16(t, g16 + i * C, g, C);
+      row_from_16(t, u16 + i * C, u, C);
+      vec_kernels().swiglu_fwd_row(g, u, o, C);
+      row_to_16(t, o, o16 + i * C, C);
+    }
+  }
+}
+
 // gate and up rows widened into row buffers of the thread's (gate and up untouched).
 void CpuBackend::swiglu_bwd_16(MatF gate, MatF up, DType t, const uint16_t* g16,
                                const uint16_t* u16, CMatF dout, MatF dgate, MatF dup) {

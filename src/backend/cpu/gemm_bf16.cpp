@@ -20,6 +20,7 @@ struct Key {
   uint32_t alpha, beta;  // bit patterns
   bool ta, tb;
   bool f32 = false;  // fp32 A and B instead of bf16
+  bool c16 = false;  // bf16 C instead of fp32 (gemm_bf16_out16)
   // fp32 primitives use oneDNN's library-managed scratchpad, which one primitive cannot share
   // between concurrent executions: each calling thread gets its own (0 for bf16, whose
   // scratchpad the caller passes).
@@ -32,7 +33,7 @@ struct Key {
   bool operator==(const Key& o) const {
     return M == o.M && N == o.N && K == o.K && lda == o.lda && ldb == o.ldb && ldc == o.ldc &&
            alpha == o.alpha && beta == o.beta && ta == o.ta && tb == o.tb && f32 == o.f32 &&
-           thread == o.thread && threads == o.threads;
+           c16 == o.c16 && thread == o.thread && threads == o.threads;
   }
 };
 
@@ -47,7 +48,7 @@ struct KeyHash {
     mix(uint64_t(k.ldb));
     mix(uint64_t(k.ldc));
     mix((uint64_t(k.alpha) << 32) | k.beta);
-    mix(uint64_t(k.f32) * 4 + uint64_t(k.ta) * 2 + uint64_t(k.tb));
+    mix(uint64_t(k.c16) * 8 + uint64_t(k.f32) * 4 + uint64_t(k.ta) * 2 + uint64_t(k.tb));
     mix(k.thread);
     mix(uint64_t(k.threads));
     return size_t(h);
@@ -140,7 +141,7 @@ std::shared_ptr<Entry> get_entry(const Key& k, float alpha, float beta) {
     const dt in = k.f32 ? dt::f32 : dt::bf16;
     e->a_md = dnnl::memory::desc(dims{k.M, k.K}, in, k.ta ? dims{1, k.lda} : dims{k.lda, 1});
     e->b_md = dnnl::memory::desc(dims{k.K, k.N}, in, k.tb ? dims{1, k.ldb} : dims{k.ldb, 1});
-    e->c_md = dnnl::memory::desc(dims{k.M, k.N}, dt::f32, dims{k.ldc, 1});
+    e->c_md = dnnl::memory::desc(dims{k.M, k.N}, k.c16 ? dt::bf16 : dt::f32, dims{k.ldc, 1});
     dnnl::primitive_attr attr;
     // fp32: oneDNN keeps its own scratchpad (B packing, a few hundred KB per primitive), as
     // OpenBLAS keeps its packing buffers: the workspace the planner models is unchanged.
@@ -187,13 +188,19 @@ Key make_key(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, int64_
 
 namespace {
 
-void run(const Key& k, float alpha, float beta, const void* A, const void* B, float* C,
+void run(const Key& k, float alpha, float beta, const void* A, const void* B, void* Cv,
          MemoryTracker* tracker, void* scratchpad) {
   if (k.M == 0 || k.N == 0) return;
-  if (k.K == 0) {  // op(A) op(B) is empty: C = beta * C
+  if (k.K == 0) {  // op(A) op(B) is empty: C = beta * C (bf16 C: beta is 0)
     for (int64_t i = 0; i < k.M; ++i)
-      for (int64_t j = 0; j < k.N; ++j)
+      for (int64_t j = 0; j < k.N; ++j) {
+        if (k.c16) {
+          static_cast<uint16_t*>(Cv)[i * k.ldc + j] = 0;
+          continue;
+        }
+        float* C = static_cast<float*>(Cv);
         C[i * k.ldc + j] = beta == 0.f ? 0.f : beta * C[i * k.ldc + j];
+      }
     return;
   }
   std::shared_ptr<Entry> e = get_entry(k, alpha, beta);
@@ -208,7 +215,7 @@ void run(const Key& k, float alpha, float beta, const void* A, const void* B, fl
     thread_local dnnl::stream stream(eng);
     dnnl::memory a(e->a_md, eng, const_cast<void*>(A));
     dnnl::memory b(e->b_md, eng, const_cast<void*>(B));
-    dnnl::memory c(e->c_md, eng, C);
+    dnnl::memory c(e->c_md, eng, Cv);
     std::unordered_map<int, dnnl::memory> args{
         {DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}};
     if (e->scratch_bytes)
@@ -311,6 +318,24 @@ size_t gemm_bf16_scratchpad_size(bool trans_a, bool trans_b, int64_t M, int64_t 
   if (M == 0 || N == 0 || K == 0) return 0;
   require_bf16_matmul();
   return get_entry(k, alpha, beta)->scratch_bytes;
+}
+
+void gemm_bf16_out16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                     const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, uint16_t* C,
+                     int64_t ldc, MemoryTracker* tracker, void* scratchpad) {
+  require_bf16_matmul();
+  Key k = make_key(trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, 0.f);
+  k.c16 = true;
+  run(k, alpha, 0.f, A, B, C, tracker, scratchpad);
+}
+
+size_t gemm_bf16_out16_scratchpad_size(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                                       int64_t lda, int64_t ldb, int64_t ldc, float alpha) {
+  Key k = make_key(trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, 0.f);
+  k.c16 = true;
+  if (M == 0 || N == 0 || K == 0) return 0;
+  require_bf16_matmul();
+  return get_entry(k, alpha, 0.f)->scratch_bytes;
 }
 
 size_t gemm_bf16_cache_size() {

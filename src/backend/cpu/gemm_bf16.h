@@ -30,6 +30,16 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
                const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C,
                int64_t ldc, MemoryTracker* tracker = nullptr, void* scratchpad = nullptr);
 
+// gemm_bf16 with beta 0 and C written as bf16 bit patterns [M, N] (row stride ldc): oneDNN rounds
+// the fp32 accumulation to nearest even in its kernel (VCVTNEPS2BF16, which flushes subnormal
+// results to zero, unlike f32_to_bf16), so a GEMM whose output only enters bf16 operands needs no
+// fp32 output and no rounding pass. The sums are fp32 as gemm_bf16's, possibly in another order.
+void gemm_bf16_out16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                     const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, uint16_t* C,
+                     int64_t ldc, MemoryTracker* tracker = nullptr, void* scratchpad = nullptr);
+size_t gemm_bf16_out16_scratchpad_size(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                                       int64_t lda, int64_t ldb, int64_t ldc, float alpha = 1.f);
+
 // The same GEMM on fp32 A and B through oneDNN's fp32 matmul (brgemm). On AVX-512 CPUs it beats
 // OpenBLAS sgemm on the x W^T shapes of the linear layers (see CpuTuning::f32_xwt_onednn).
 // Its scratchpad is oneDNN's own (uncounted, like OpenBLAS's packing buffers), so the scratchpad
