@@ -542,7 +542,8 @@ void Trainer::write_sharded_checkpoint(const std::string& path, StateDict& mine)
 
 const float* Trainer::param_values(size_t i) const {
   const ParamSlot& ps = param_slots_.at(i);
-  const LoraSlot& s = lora_->slot(ps.layer, ps.p);
+  // (the const slot(): a read, not a host write that would make a device copy stale)
+  const LoraSlot& s = static_cast<const LoraAdapter&>(*lora_).slot(ps.layer, ps.p);
   if ((ps.b ? s.B : s.A).empty())
     throw_error(QLFT_ERR_INTERNAL, "LoRA tensor '%s' is not on this rank",
                 dp_->params()[i].name.c_str());

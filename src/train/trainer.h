@@ -151,6 +151,7 @@ class Trainer {
   void shard_adapter();
   // The adapter's values of params()[i] where keep(i), for an adapter made without them.
   void make_adapter_values(const std::function<bool(size_t)>& keep);
+  bool adapter_has_values() const;  // false: made without them (values after the partition)
   // trainer_offload.cpp: offload.optimizer / offload.params, before the optimizer is made.
   void init_offload(const Config& cfg);
   void end_offload() noexcept;  // ~Trainer: offload.params=cpu gives the model its weights back

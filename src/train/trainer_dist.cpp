@@ -144,8 +144,13 @@ void Trainer::init_grads(const Config& cfg) {
   }
   if (cfg.get_bool("dist.zero3_shard_adapter") && world() > 1) return shard_adapter();
   // (values deferred for a sharding that does not happen: every tensor's)
-  if (!param_slots_.empty() && lora_->slot(param_slots_[0].layer, param_slots_[0].p).A.empty())
-    make_adapter_values([](size_t) { return true; });
+  if (!adapter_has_values()) make_adapter_values([](size_t) { return true; });
+}
+
+bool Trainer::adapter_has_values() const {
+  if (param_slots_.empty()) return true;
+  const ParamSlot& ps = param_slots_[0];
+  return !static_cast<const LoraAdapter&>(*lora_).slot(ps.layer, ps.p).A.empty();
 }
 
 void Trainer::make_adapter_values(const std::function<bool(size_t)>& keep) {
@@ -176,8 +181,7 @@ void Trainer::shard_adapter() {
   std::vector<int> owners;
   for (size_t i = 0; i < dp_->params().size(); ++i) owners.push_back(dp_->owner(i));
   // Values made after the partition (no lora.init_from): only this rank's, never the others'.
-  if (!param_slots_.empty() && lora_->slot(param_slots_[0].layer, param_slots_[0].p).A.empty())
-    make_adapter_values([&](size_t i) { return dp_->owner(i) == rank(); });
+  if (!adapter_has_values()) make_adapter_values([&](size_t i) { return dp_->owner(i) == rank(); });
   auto shards = std::make_unique<dist::Zero3Lora>(*lora_, owners, dp_->comm(), tracker_);
   log_message(QLFT_LOG_INFO, "rank %d: ZeRO-3 sharded adapter: %s of LoRA weights here", rank(),
               format_bytes(shards->owned_bytes()).c_str());
