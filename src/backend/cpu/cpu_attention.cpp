@@ -321,7 +321,11 @@ void CpuBackend::attention_bwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
                                     View2<uint16_t> dk16, View2<uint16_t> dv16) {
   // attention_inputs_16's copies and attention_out_16's out are this call's alone.
   const std::array<const uint16_t*, 3> in16 = std::exchange(attn16_, {});
-  const auto [out16, dout16] = std::exchange(attn_out16_, {});
+  // (plain variables, not a structured binding: the tile lambda below captures them, which
+  // clang before 16 refuses for bindings)
+  const std::array<const uint16_t*, 2> out16s = std::exchange(attn_out16_, {});
+  const uint16_t* const out16 = out16s[0];
+  const uint16_t* const dout16 = out16s[1];
   op_checks::attention(s, q, k, v, "attention_bwd");
   if (!rope)
     op_checks::attention_bwd_grads(q, k, v, out, dout, dq.as_const(), dk.as_const(), dv.as_const(),
