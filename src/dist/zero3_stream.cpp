@@ -17,11 +17,12 @@ size_t slice_bytes(size_t total, int world) {
   return (share + kAlign - 1) / kAlign * kAlign;
 }
 
-// Copies the part of src (bytes [off, off + n) of a stream) that falls in [lo, hi) to dst + (.. -
-// lo).
-void copy_overlap(char* dst, size_t lo, size_t hi, const char* src, size_t off, size_t n) {
+// Copies the part of a source's bytes (bytes [off, off + n) of a stream) that falls in [lo, hi)
+// to dst + (.. - lo); read(from, count, to) copies the source's bytes [from, from + count).
+template <class Read>
+void copy_overlap(char* dst, size_t lo, size_t hi, size_t off, size_t n, const Read& read) {
   const size_t a = std::max(lo, off), b = std::min(hi, off + n);
-  if (a < b) std::memcpy(dst + (a - lo), src + (a - off), b - a);
+  if (a < b) read(a - off, b - a, dst + (a - lo));
 }
 }  // namespace
 
@@ -76,9 +77,11 @@ Zero3Stream::Zero3Stream(Model& model, Communicator* comm, MemoryTracker* tracke
   // the embedding and the head are sharded by rows both or neither.
   const bool by_rows = row_chunk_bytes && !device_ && row_shardable(model.tok_embd) &&
                        (!model.output.rows || row_shardable(model.output));
-  // Group by group: with a source (a deferred load) the group is loaded, sliced and freed, so
-  // no more than one group is ever whole here; else every shard is made before any full Buffer
-  // goes (an out-of-memory leaves the model whole).
+  // Group by group: with a source (a deferred load) this rank's slices of a group the file
+  // stores as the model keeps it are read by range (WeightGroupSource::stored_group), other
+  // groups are loaded, sliced and freed, so no more than one group is ever whole here; without
+  // one every shard is made before any full Buffer goes (an out-of-memory leaves the model
+  // whole).
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     Group& g = groups_[gi];
     if (gi == 0 && by_rows && source) {
@@ -92,15 +95,48 @@ Zero3Stream::Zero3Stream(Model& model, Communicator* comm, MemoryTracker* tracke
     // An untied head likewise: the last group's final norm is loaded, the head read by rows.
     const bool head_from_file =
         by_rows && source && gi + 1 == groups_.size() && model.output.rows > 0;
-    if (source) source->load(model, static_cast<int>(gi), /*with_head=*/!head_from_file);
+    const std::vector<size_t> stored =
+        source ? source->stored_group(static_cast<int>(gi), !head_from_file)
+               : std::vector<size_t>{};
+    if (source && stored.empty()) source->load(model, static_cast<int>(gi), !head_from_file);
+    // A slot's bytes [from, from + count) to `to`: from the file, or from its loaded Buffer.
+    auto read = [&](const Slot& sl) {
+      return [&sl, source](size_t from, size_t count, char* to) {
+        if (sl.stored >= 0)
+          source->read_stored(size_t(sl.stored), from, count, to);
+        else
+          std::memcpy(to, sl.buf->as<const char>() + from, count);
+      };
+    };
     try {
+      int i = 0;  // of the group's Buffers
       for_each_weight_buffer(model, [&](int bg, Buffer& b) {
-        if (bg == static_cast<int>(gi) && !b.empty()) g.slots.push_back({&b, b.size()});
+        if (bg != static_cast<int>(gi)) return;
+        if (!stored.empty()) {
+          if (size_t(i) >= stored.size())
+            throw_error(QLFT_ERR_INTERNAL,
+                        "ZeRO-3: weight group %zu lists %zu stored Buffers, the model more", gi,
+                        stored.size());
+          if (const size_t n = stored[size_t(i)]) {
+            g.slots.push_back({&b, n});
+            g.slots.back().stored = i;
+          }
+        } else if (!b.empty()) {
+          g.slots.push_back({&b, b.size()});
+        }
+        ++i;
       });
+      if (!stored.empty() && size_t(i) != stored.size())
+        throw_error(QLFT_ERR_INTERNAL,
+                    "ZeRO-3: weight group %zu lists %zu stored Buffers, the model %d", gi,
+                    stored.size(), i);
       for (Slot& sl : g.slots) {
         // The f32 embedding and untied head by rows (host shards, host compute).
         const bool emb = sl.buf == &model.tok_embd.data, head = sl.buf == &model.output.data;
         if (by_rows && (emb || head)) {
+          if (sl.stored >= 0)
+            throw_error(QLFT_ERR_INTERNAL,
+                        "ZeRO-3: the f32 embedding or head by rows is read through load_rows");
           const QWeight* w = emb ? &model.tok_embd : &model.output;
           QWeight fmt;  // f32, as loaded
           fmt.rows = w->rows;
@@ -123,16 +159,15 @@ Zero3Stream::Zero3Stream(Model& model, Communicator* comm, MemoryTracker* tracke
       for (Slot& sl : g.slots)
         if (sl.per_rank) {
           const size_t l = sl.per_rank * static_cast<size_t>(rank_);
-          fill(sl.shard, [&](char* dst) {
-            copy_overlap(dst, l, l + sl.per_rank, sl.buf->as<const char>(), 0, sl.bytes);
-          });
+          fill(sl.shard,
+               [&](char* dst) { copy_overlap(dst, l, l + sl.per_rank, 0, sl.bytes, read(sl)); });
         }
       if (g.total)
         fill(g.shard, [&](char* dst) {
           size_t off = 0;  // of a small slot in the group's packed stream
           for (const Slot& sl : g.slots)
             if (sl.packed()) {
-              copy_overlap(dst, lo, hi, sl.buf->as<const char>(), off, sl.bytes);
+              copy_overlap(dst, lo, hi, off, sl.bytes, read(sl));
               off += sl.bytes;
             }
         });

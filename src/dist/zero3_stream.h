@@ -155,6 +155,7 @@ class Zero3Stream final : public WeightStream {
     RowChunks rows;       // row-sharded slots
     int64_t n_rows = 0;   // of the whole matrix
     QWeight rowq;         // [rows.chunks * rows.per, cols] of this rank
+    int stored = -1;      // read by range: its index in the source's stored_group list
     bool packed() const { return !per_rank && !rows.per; }  // one of the group's small slots
   };
   struct Group {

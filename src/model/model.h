@@ -40,8 +40,9 @@ struct LoadOptions {
   std::string quant_type = "nf4";  // nf4 | int8 | keep
   bool double_quant = true;
   int blocksize = 64;
-  // Load no weights for good: each group is loaded once (for its shapes and types) and freed
-  // (the f32 embedding not even once: its shape is known from the header),
+  // Load no weights for good: each group's shapes and types are taken from the header when its
+  // Buffers hold the file's bytes unchanged (gguf_kept_as_stored), else the group is loaded once
+  // and freed (the f32 embedding not even once: its shape is known from the header),
   // and the model reads them through a FileUnitStream (model/file_unit_stream.h) until a ZeRO-3
   // trainer shards them straight from the file (dist/zero3_stream.h), so no process ever holds
   // the whole model (train/trainer.h load_into_shards says when).
@@ -64,8 +65,11 @@ struct Model {
   // LlamaRunner that acquires units through it may read the weights' storage. Generation and
   // merged export refuse such a model (see model/weight_stream.h).
   std::shared_ptr<WeightStream> stream;
-  // LoadOptions::deferred: the weight bytes a full load would hold (weight_bytes() reports it).
+  // LoadOptions::deferred: the weight bytes a full load would hold (weight_bytes() reports it),
+  // and how many groups the load read whole for their shapes (made on load: quantized or
+  // converted; the others' shapes came from the header alone).
   uint64_t deferred_weight_bytes = 0;
+  int deferred_groups_read = 0;
 
   const QWeight& head() const { return output.rows ? output : tok_embd; }
   // Throws QLFT_ERR_UNSUPPORTED naming `what` when the weights are streamed (stream set).
@@ -101,6 +105,12 @@ void for_each_weight_buffer(M& m, const F& f) {
 // embedding's group when the head is tied.
 std::vector<std::vector<int>> weight_groups_of_units(const Model& m);
 
+// Whether load_model keeps GGUF tensor t's bytes exactly as the file stores them: f32, or (a
+// projection, linear) blocks kept with quant.type=keep. A deferred ZeRO-3 load then reads each
+// rank's slices of them straight from the file (WeightGroupSource::stored_group); the planner
+// follows the same rule (WeightFootprint::ranged).
+bool gguf_kept_as_stored(const GgufTensorInfo& t, bool linear, const LoadOptions& o);
+
 // Single weight groups (for_each_weight_buffer's numbering) loaded again from the file a model
 // came from, exactly as load_model made them (same reader, same quantization): a rank-local
 // source of streamed weights (ZeRO-3 evaluation and generation, dist/zero3_stream.h). Opens its
@@ -121,6 +131,23 @@ class WeightGroupSource {
   // row shards, read straight from the file, never the whole matrix. Dequantized, they are
   // the values load_model gives.
   virtual void load_rows(bool head, int64_t row0, int64_t n, void* out) = 0;
+  // The group's storage without loading it, when load() would copy each of its Buffers
+  // unchanged from the file (gguf_kept_as_stored): the size of each of the group's Buffers in
+  // for_each_weight_buffer's order (0 for one load() leaves empty), their bytes to be read by
+  // range (read_stored). Empty when a Buffer of the group is made on load (quantized,
+  // converted) or the file is not GGUF: load() the group instead. Throws as load() does.
+  virtual std::vector<size_t> stored_group(int group, bool with_head) = 0;
+  // Bytes [off, off + n) of Buffer i of the last stored_group's list, read from the file.
+  virtual void read_stored(size_t i, size_t off, size_t n, void* out) = 0;
+
+  // What this source read from the file so far: weight bytes by range (read_stored,
+  // load_rows), and the groups load()ed whole.
+  uint64_t bytes_read_by_range() const { return ranged_bytes_; }
+  int64_t groups_loaded() const { return groups_loaded_; }
+
+ protected:
+  uint64_t ranged_bytes_ = 0;
+  int64_t groups_loaded_ = 0;
 };
 
 // Loads a .gguf file, a .safetensors file beside a config.json, or an HF model directory.

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <set>
+#include <unordered_map>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -156,6 +157,16 @@ void reject_rope_scaling(const JsonFile& cj) {
   }
 }
 
+}  // namespace
+
+bool gguf_kept_as_stored(const GgufTensorInfo& t, bool linear, const LoadOptions& o) {
+  if (static_cast<GgmlType>(t.type) == GgmlType::F32) return true;
+  const GgmlTypeTraits* tr = ggml_type_traits(t.type);
+  return linear && o.quant_type == "keep" && tr && tr->dequantizable;
+}
+
+namespace {
+
 // ---- GGUF ---------------------------------------------------------------------------------
 
 class GgufLoader {
@@ -220,13 +231,13 @@ class GgufLoader {
   void load_group(int g, bool with_head = true) {
     const ModelConfig& c = m_.cfg;
     if (g == 0) {
-      m_.tok_embd = float_weight(tensor("token_embd.weight", c.vocab, c.dim), c.vocab, c.dim);
+      float_weight(m_.tok_embd, tensor("token_embd.weight", c.vocab, c.dim), c.vocab, c.dim);
       return;
     }
     if (g == c.n_layers + 1) {
-      m_.output_norm = vector("output_norm.weight", c.dim);
+      vector(m_.output_norm, "output_norm.weight", c.dim);
       if (!c.tied_embeddings && with_head)
-        m_.output = float_weight(tensor("output.weight", c.vocab, c.dim), c.vocab, c.dim);
+        float_weight(m_.output, tensor("output.weight", c.vocab, c.dim), c.vocab, c.dim);
       return;
     }
     const int i = g - 1;
@@ -236,17 +247,38 @@ class GgufLoader {
         {c.ffn_dim, c.dim}, {c.ffn_dim, c.dim}, {c.dim, c.ffn_dim}};
     LayerWeights& L = m_.layers[i];
     std::string b = "blk." + std::to_string(i) + ".";
-    L.attn_norm = vector(b + "attn_norm.weight", c.dim);
-    L.ffn_norm = vector(b + "ffn_norm.weight", c.dim);
+    vector(L.attn_norm, b + "attn_norm.weight", c.dim);
+    vector(L.ffn_norm, b + "ffn_norm.weight", c.dim);
     for (int p = 0; p < kProjCount; ++p) {
       std::string n = b + proj_gguf_name(static_cast<Proj>(p)) + ".weight";
       const GgufTensorInfo& t = tensor(n, shapes[p][0], shapes[p][1]);
-      L.proj[p] = linear_weight(t, shapes[p][0], shapes[p][1]);
+      linear_weight(L.proj[p], t, shapes[p][0], shapes[p][1]);
     }
     if (c.qkv_bias) {
       const char* names[3] = {"attn_q.bias", "attn_k.bias", "attn_v.bias"};
-      for (int j = 0; j < 3; ++j) L.bias[j] = vector(b + names[j], shapes[j][0]);
+      for (int j = 0; j < 3; ++j) vector(L.bias[j], b + names[j], shapes[j][0]);
     }
+  }
+  // load_group without reading a weight: the group's shapes and types set in the model and, for
+  // each storage Buffer a load would fill, where its bytes lie in the map (span). False when a
+  // Buffer of the group is made on load (gguf_kept_as_stored): then load_group it.
+  bool plan_group(int g, bool with_head) {
+    plan_ = Plan{};
+    plan_.on = true;
+    try {
+      load_group(g, with_head);
+    } catch (...) {
+      plan_.on = false;
+      throw;
+    }
+    plan_.on = false;
+    return plan_.whole;
+  }
+  // Of the last plan_group: Buffer b's bytes in the map and their count (nullptr, 0: b stays
+  // empty).
+  std::pair<const uint8_t*, size_t> span(const Buffer* b) const {
+    auto it = plan_.at.find(b);
+    return it == plan_.at.end() ? std::pair<const uint8_t*, size_t>{nullptr, 0} : it->second;
   }
   // The embedding (head: the untied head) as stored (WeightGroupSource::stored_rows), and its
   // rows [r0, r0 + n) in that format.
@@ -306,51 +338,85 @@ class GgufLoader {
                   m_.gguf->path().c_str(), t.name.c_str(), tr->name);
     ggml_dequantize(t.type, t.data, t.numel(), dst);
   }
-  Buffer vector(const std::string& name, int64_t n) {
+  // plan_group: b's bytes are t's first n, or (kept false) b is made on load.
+  void note(Buffer& b, const GgufTensorInfo& t, uint64_t n, bool kept) {
+    if (!kept) {
+      plan_.whole = false;
+      return;
+    }
+    QLFT_CHECK_FORMAT(n <= t.nbytes, "%s: tensor '%s' holds %llu bytes, %llu expected",
+                      m_.gguf->path().c_str(), t.name.c_str(),
+                      static_cast<unsigned long long>(t.nbytes),
+                      static_cast<unsigned long long>(n));
+    plan_.at[&b] = {t.data, size_t(n)};
+  }
+  void vector(Buffer& dst, const std::string& name, int64_t n) {
     const GgufTensorInfo* t = m_.gguf->find_tensor(name);
     QLFT_CHECK_FORMAT(t, "%s: tensor '%s' is missing", m_.gguf->path().c_str(), name.c_str());
     QLFT_CHECK_FORMAT(t->numel() == n && t->ne[0] == n,
                       "%s: tensor '%s' has %lld elements, expected %lld", m_.gguf->path().c_str(),
                       name.c_str(), static_cast<long long>(t->numel()), static_cast<long long>(n));
-    Buffer b(tracker_, MemCategory::Weights, n * 4, name.c_str());
-    to_f32(*t, b.as<float>());
-    return b;
+    if (plan_.on) return note(dst, *t, uint64_t(n) * 4, gguf_kept_as_stored(*t, false, opt_));
+    dst = Buffer(tracker_, MemCategory::Weights, n * 4, name.c_str());
+    to_f32(*t, dst.as<float>());
   }
   // Dequantizes straight into the weight buffer: no staging copy, and an over-budget load fails
   // on the weights it was asked to hold.
-  QWeight float_weight(const GgufTensorInfo& t, int64_t rows, int64_t cols) {
-    QWeight w;
+  void float_weight(QWeight& w, const GgufTensorInfo& t, int64_t rows, int64_t cols) {
+    w = QWeight{};
     w.kind = QuantKind::F32;
     w.rows = rows;
     w.cols = cols;
-    w.data = Buffer(tracker_, MemCategory::Weights, rows * cols * 4, t.name.c_str());
+    const uint64_t n = uint64_t(rows * cols) * 4;
+    if (plan_.on) return note(w.data, t, n, gguf_kept_as_stored(t, false, opt_));
+    w.data = Buffer(tracker_, MemCategory::Weights, n, t.name.c_str());
     to_f32(t, w.data.as<float>());
-    return w;
   }
-  QWeight linear_weight(const GgufTensorInfo& t, int64_t rows, int64_t cols) {
+  void linear_weight(QWeight& w, const GgufTensorInfo& t, int64_t rows, int64_t cols) {
     if (opt_.quant_type == "keep") {
-      switch (static_cast<GgmlType>(t.type)) {
-        case GgmlType::F32:
-          return float_weight(t, rows, cols);
-        default: {
-          const GgmlTypeTraits* tr = ggml_type_traits(t.type);
-          if (!tr->dequantizable)
-            throw_error(QLFT_ERR_UNSUPPORTED, "%s: tensor '%s' has type %s, which qlft cannot use",
-                        m_.gguf->path().c_str(), t.name.c_str(), tr->name);
-          return qweight_from_ggml(tracker_, t.type, t.data, rows, cols);
-        }
+      if (static_cast<GgmlType>(t.type) == GgmlType::F32) return float_weight(w, t, rows, cols);
+      const GgmlTypeTraits* tr = ggml_type_traits(t.type);
+      if (!tr->dequantizable)
+        throw_error(QLFT_ERR_UNSUPPORTED, "%s: tensor '%s' has type %s, which qlft cannot use",
+                    m_.gguf->path().c_str(), t.name.c_str(), tr->name);
+      if (!plan_.on) {
+        w = qweight_from_ggml(tracker_, t.type, t.data, rows, cols);
+        return;
       }
+      QLFT_CHECK_FORMAT(
+          cols % tr->block == 0,
+          "%s: tensor '%s': row length %lld is not a multiple of the %s block size %u",
+          m_.gguf->path().c_str(), t.name.c_str(), static_cast<long long>(cols), tr->name,
+          tr->block);
+      w = QWeight{};
+      w.kind = QuantKind::GGML;
+      w.ggml_type = t.type;
+      w.rows = rows;
+      w.cols = cols;
+      return note(w.data, t, uint64_t(rows * cols) / tr->block * tr->bytes,
+                  gguf_kept_as_stored(t, true, opt_));
+    }
+    if (plan_.on) {
+      plan_.whole = false;  // quantized on load
+      return;
     }
     Buffer tmp(tracker_, MemCategory::Workspace, rows * cols * 4, "load staging");
     to_f32(t, tmp.as<float>());
     require_finite(tmp.as<float>(), rows * cols, m_.gguf->path().c_str(), t.name);
-    return qweight_from_f32(tracker_, tmp.as<float>(), rows, cols, target_kind(opt_),
-                            opt_.blocksize, opt_.double_quant);
+    w = qweight_from_f32(tracker_, tmp.as<float>(), rows, cols, target_kind(opt_), opt_.blocksize,
+                         opt_.double_quant);
   }
+
+  // plan_group's state: on while it runs; whole while every Buffer so far is a span.
+  struct Plan {
+    bool on = false, whole = true;
+    std::unordered_map<const Buffer*, std::pair<const uint8_t*, size_t>> at;
+  };
 
   MemoryTracker* tracker_;
   const LoadOptions& opt_;
   Model& m_;
+  Plan plan_;
 };
 
 // ---- Hugging Face safetensors + config.json --------------------------------------------------
@@ -459,6 +525,10 @@ class HfLoader {
             vector(b + "self_attn." + proj_peft_name(static_cast<Proj>(j)) + ".bias", shapes[j][0]);
     }
   }
+
+  // Safetensors groups are loaded whole (GgufLoader::plan_group reads GGUF groups by range).
+  bool plan_group(int, bool) { return false; }
+  std::pair<const uint8_t*, size_t> span(const Buffer*) const { return {nullptr, 0}; }
 
   // The embedding (head: the untied head) as stored (WeightGroupSource::stored_rows), and its
   // rows [r0, r0 + n) in that format (f64 converted to f32).
@@ -573,9 +643,36 @@ class LoaderGroupSource final : public WeightGroupSource {
   QWeight stored_rows(bool head) override { return loader_.stored_rows(head); }
   void load_rows(bool head, int64_t row0, int64_t n, void* out) override {
     loader_.stored_row_bytes_of(head, row0, n, out);
+    ranged_bytes_ += uint64_t(n) * stored_row_bytes(loader_.stored_rows(head));
+    if (scratch_.gguf) scratch_.gguf->drop_tensor_pages();
+  }
+  std::vector<size_t> stored_group(int group, bool with_head) override {
+    spans_.clear();
+    if (!loader_.plan_group(group, with_head)) return {};
+    if (!with_head && !scratch_.cfg.tied_embeddings) {
+      // The head's shape, so that the list has its (empty) Buffers as the model lists them.
+      scratch_.output = QWeight{};
+      scratch_.output.rows = scratch_.cfg.vocab;
+      scratch_.output.cols = scratch_.cfg.dim;
+    }
+    std::vector<size_t> sizes;
+    for_each_weight_buffer(scratch_, [&](int g, Buffer& b) {
+      if (g != group) return;
+      spans_.push_back(loader_.span(&b));
+      sizes.push_back(spans_.back().second);
+    });
+    return sizes;
+  }
+  void read_stored(size_t i, size_t off, size_t n, void* out) override {
+    QLFT_CHECK_ARG(i < spans_.size() && off <= spans_[i].second && n <= spans_[i].second - off,
+                   "read_stored: bytes [%zu, %zu) of stored Buffer %zu (of %zu) are not there", off,
+                   off + n, i, spans_.size());
+    std::memcpy(out, spans_[i].first + off, n);
+    ranged_bytes_ += n;
     if (scratch_.gguf) scratch_.gguf->drop_tensor_pages();
   }
   void load(Model& m, int group, bool with_head) override {
+    ++groups_loaded_;
     loader_.load_group(group, with_head);
     if (scratch_.gguf) scratch_.gguf->drop_tensor_pages();
     if (!with_head && m.output.rows) {
@@ -601,6 +698,7 @@ class LoaderGroupSource final : public WeightGroupSource {
   LoadOptions opt_;
   Model scratch_;
   Loader loader_;
+  std::vector<std::pair<const uint8_t*, size_t>> spans_;  // of the last stored_group
 };
 
 bool has_gguf_magic(const std::string& path) {
@@ -649,9 +747,18 @@ std::unique_ptr<Model> load_model(MemoryTracker* tracker, const std::string& pat
         };
         if (opt.deferred && g == 0) return shape_only(m->tok_embd);
         const bool head_by_shape = opt.deferred && g == L + 1 && !m->cfg.tied_embeddings;
+        if (opt.deferred && loader.plan_group(g, !head_by_shape)) {
+          // Kept as the file stores it: the header gave the shapes; nothing read.
+          for_each_weight_buffer(*m, [&](int bg, Buffer& b) {
+            if (bg == g) m->deferred_weight_bytes += loader.span(&b).second;
+          });
+          if (head_by_shape) shape_only(m->output);
+          return;
+        }
         loader.load_group(g, !head_by_shape);
         if (head_by_shape) shape_only(m->output);
         if (!opt.deferred) return;
+        ++m->deferred_groups_read;
         for_each_weight_buffer(*m, [&](int bg, Buffer& b) {
           if (bg != g) return;
           m->deferred_weight_bytes += b.size();

@@ -63,11 +63,16 @@ uint64_t quantized_bytes(QuantKind k, int64_t rows, int64_t cols, int blocksize,
   return total;
 }
 
-// A buffer of `bytes` in group g of the footprint.
-void add_slot(WeightFootprint& w, size_t g, uint64_t bytes) {
+// A buffer of `bytes` in group g of the footprint (kept: the file's bytes unchanged).
+void add_slot(WeightFootprint& w, size_t g, uint64_t bytes, bool kept = false) {
   if (bytes == 0) return;
   w.bytes += rb(bytes);
   w.groups[g].push_back(bytes);
+  if (kept) {
+    w.kept.resize(w.groups.size());
+    w.kept[g].resize(w.groups[g].size(), 0);
+    w.kept[g].back() = 1;
+  }
 }
 
 QuantKind target_kind(const std::string& t) {
@@ -101,16 +106,16 @@ void add_device_matrix(WeightFootprint& w, QuantKind k, int64_t rows, int64_t co
 
 // A buffer of `bytes` in group g that a device backend also copies as it is (f32 norms, biases,
 // embedding and head).
-void add_slot_dev(WeightFootprint& w, size_t g, uint64_t bytes) {
-  add_slot(w, g, bytes);
+void add_slot_dev(WeightFootprint& w, size_t g, uint64_t bytes, bool kept = false) {
+  add_slot(w, g, bytes, kept);
   add_device(w, bytes);
 }
 
 // One linear weight of a file: kept (its own storage) or quantized at load (f32 staging).
 void add_linear(WeightFootprint& w, size_t g, const LoadOptions& o, int64_t rows, int64_t cols,
-                uint64_t kept_bytes) {
+                uint64_t kept_bytes, bool kept_as_stored = false) {
   if (o.quant_type == "keep") {
-    add_slot(w, g, kept_bytes);
+    add_slot(w, g, kept_bytes, kept_as_stored);
     add_device(w, kept_bytes);
     return;
   }
@@ -136,10 +141,10 @@ void add_fixed(WeightFootprint& w, const ModelConfig& c) {
   w.row_bytes = uint64_t(c.dim) * 4;
 }
 
-void add_biases(WeightFootprint& w, size_t g, const int64_t shapes[kProjCount][2]) {
-  add_slot_dev(w, g, uint64_t(shapes[0][0]) * 4);
-  add_slot_dev(w, g, uint64_t(shapes[1][0]) * 4);
-  add_slot_dev(w, g, uint64_t(shapes[1][0]) * 4);
+// kept[j]: bias j is the file's bytes unchanged.
+void add_biases(WeightFootprint& w, size_t g, const int64_t shapes[kProjCount][2],
+                const bool kept[3] = nullptr) {
+  for (int j = 0; j < 3; ++j) add_slot_dev(w, g, uint64_t(shapes[j][0]) * 4, kept && kept[j]);
 }
 
 WeightFootprint gguf_footprint(const std::string& path, const LoadOptions& o, ModelConfig* cfg) {
@@ -168,6 +173,16 @@ WeightFootprint gguf_footprint(const std::string& path, const LoadOptions& o, Mo
 
   WeightFootprint w;
   add_fixed(w, c);  // f32 embedding, output norm (and head)
+  // Which buffers a load holds as the file's bytes (model/model.h gguf_kept_as_stored).
+  auto kept = [&](const std::string& name, bool linear) {
+    const GgufTensorInfo* t = g->find_tensor(name);
+    return t && gguf_kept_as_stored(*t, linear, o);
+  };
+  const size_t last = static_cast<size_t>(c.n_layers) + 1;
+  w.kept.assign(w.groups.size(), {});
+  w.kept[0] = {uint8_t(kept("token_embd.weight", false))};
+  w.kept[last] = {uint8_t(kept("output_norm.weight", false))};
+  if (!c.tied_embeddings) w.kept[last].push_back(uint8_t(kept("output.weight", false)));
   // The embedding and an untied head as the file keeps them.
   auto stored_row = [&](const GgufTensorInfo* t) {
     QWeight stored;
@@ -185,9 +200,9 @@ WeightFootprint gguf_footprint(const std::string& path, const LoadOptions& o, Mo
   proj_shapes(c, shapes);
   for (int l = 0; l < c.n_layers; ++l) {
     const size_t gi = static_cast<size_t>(l) + 1;
-    add_slot_dev(w, gi, uint64_t(c.dim) * 4);
-    add_slot_dev(w, gi, uint64_t(c.dim) * 4);
     const std::string b = "blk." + std::to_string(l) + ".";
+    add_slot_dev(w, gi, uint64_t(c.dim) * 4, kept(b + "attn_norm.weight", false));
+    add_slot_dev(w, gi, uint64_t(c.dim) * 4, kept(b + "ffn_norm.weight", false));
     for (int p = 0; p < kProjCount; ++p) {
       const std::string n = b + proj_gguf_name(static_cast<Proj>(p)) + ".weight";
       const GgufTensorInfo* t = g->find_tensor(n);
@@ -195,12 +210,16 @@ WeightFootprint gguf_footprint(const std::string& path, const LoadOptions& o, Mo
       const GgmlTypeTraits* tr = ggml_type_traits(t->type);
       QLFT_CHECK_FORMAT(tr, "%s: tensor '%s' has an unknown type", path.c_str(), n.c_str());
       const int64_t rows = shapes[p][0], cols = shapes[p][1];
-      const uint64_t kept = t->type == 0 /* F32 */
-                                ? uint64_t(rows * cols) * 4
-                                : uint64_t(rows * cols) / tr->block * tr->bytes;
-      add_linear(w, gi, o, rows, cols, kept);
+      const uint64_t kept_bytes = t->type == 0 /* F32 */
+                                      ? uint64_t(rows * cols) * 4
+                                      : uint64_t(rows * cols) / tr->block * tr->bytes;
+      add_linear(w, gi, o, rows, cols, kept_bytes, gguf_kept_as_stored(*t, true, o));
     }
-    if (c.qkv_bias) add_biases(w, gi, shapes);
+    if (c.qkv_bias) {
+      const bool kb[3] = {kept(b + "attn_q.bias", false), kept(b + "attn_k.bias", false),
+                          kept(b + "attn_v.bias", false)};
+      add_biases(w, gi, shapes, kb);
+    }
   }
   return w;
 }
@@ -528,15 +547,22 @@ struct Zero3Layout {
 // A deferred ZeRO-3 load (host shards): the most weight bytes alive, when a group is whole
 // beside the shards of the groups before it and its own (or alone, in the load's first pass).
 // The embedding and an untied head are never whole: their shapes come from the header, and by
-// rows their shards are read straight from the file.
+// rows their shards are read straight from the file. Nor is a group whose buffers are all the
+// file's bytes (WeightFootprint::kept): its header gives the shapes, and the rank's slices are
+// read by range.
 uint64_t zero3_deferred_load_peak(const Zero3Layout& z) {
   uint64_t shards = 0, peak = 0;
   for (size_t g = 0; g < z.w.groups.size(); ++g) {
     uint64_t full = 0, mine = 0;
+    bool ranged = true;
     for (size_t i = 0; i < z.w.groups[g].size(); ++i) {
-      if (!z.by_rows(g, i)) full += rb(z.w.groups[g][i]);
+      if (!z.by_rows(g, i)) {
+        full += rb(z.w.groups[g][i]);
+        ranged = ranged && z.w.kept_as_stored(g, i);
+      }
       mine += z.share(g, i);
     }
+    if (ranged) full = 0;
     if (const uint64_t small = z.packed_bytes(g)) mine += rb(z.slice(small));
     peak = std::max(peak, shards + full + mine);
     shards += mine;

@@ -79,6 +79,13 @@ struct WeightFootprint {
   // The storage buffers' sizes (unrounded, empty ones left out) per group, as ZeRO-3 groups
   // them: 0 the embedding, 1..n_layers the layers, n_layers + 1 the final norm and untied head.
   std::vector<std::vector<uint64_t>> groups;
+  // Per group, per buffer of groups: 1 when the load holds the file's bytes unchanged
+  // (gguf_kept_as_stored; weight_footprint_of_file of a GGUF file only): a deferred ZeRO-3 load
+  // reads a rank's slices of a group of such buffers by range and never holds it whole.
+  std::vector<std::vector<uint8_t>> kept;
+  bool kept_as_stored(size_t g, size_t i) const {
+    return g < kept.size() && i < kept[g].size() && kept[g][i];
+  }
   bool tied = false;  // the head unit also reads group 0
   // The token embedding (group 0's first buffer) and an untied head (group n_layers + 1's
   // second) as plain f32 matrices of this many rows of row_bytes each, which ZeRO-3 on host

@@ -32,6 +32,7 @@
 #include "dist/zero2_grads.h"
 #include "dist/zero3_lora.h"
 #include "dist/zero3_stream.h"
+#include "model/file_unit_stream.h"
 #include "model/lora.h"
 #include "optim/optimizer.h"
 #include "model/model.h"
@@ -572,6 +573,81 @@ TEST_F(PlannerTest, Zero3ShardsAndGatheredUnitsMatchTheStream) {
           most = std::max(most, tracker.snapshot().peak[QLFT_MEM_COMMUNICATION]);
           EXPECT_EQ(p.train[QLFT_MEM_COMMUNICATION] - exchange, most);
         }
+}
+
+namespace {
+
+// A source that never offers a stored list: every group is loaded whole (the path before
+// byte-range reads), the second path the range reads are checked against.
+class WholeGroups final : public WeightGroupSource {
+ public:
+  explicit WholeGroups(WeightGroupSource& s) : s_(s) {}
+  void load(Model& m, int group, bool with_head) override { s_.load(m, group, with_head); }
+  QWeight stored_rows(bool head) override { return s_.stored_rows(head); }
+  void load_rows(bool head, int64_t r0, int64_t n, void* out) override {
+    s_.load_rows(head, r0, n, out);
+  }
+  std::vector<size_t> stored_group(int, bool) override { return {}; }
+  void read_stored(size_t, size_t, size_t, void*) override { ADD_FAILURE() << "no stored list"; }
+
+ private:
+  WeightGroupSource& s_;
+};
+
+// Every storage Buffer of the groups of unit u, in for_each_weight_buffer's order.
+std::vector<std::vector<uint8_t>> unit_bytes(Model& m, int u) {
+  std::vector<std::vector<uint8_t>> out;
+  const std::vector<std::vector<int>> groups = weight_groups_of_units(m);
+  for (int g : groups[size_t(u)])
+    for_each_weight_buffer(m, [&](int bg, Buffer& b) {
+      if (bg != g) return;
+      const auto* p = b.empty() ? nullptr : b.as<const uint8_t>();
+      out.emplace_back(p, p ? p + b.size() : p);
+    });
+  return out;
+}
+
+}  // namespace
+
+// A deferred load's shards read by byte range (f32 kept as stored: every group) against the
+// shards of the same rank made from whole loaded groups: the same kept bytes, the same bytes
+// gathered for every unit, no group read whole, no more read from the file than the rank keeps,
+// and the weights peak while sharding at the planner's load peak (which the whole-group path
+// exceeds by a layer).
+TEST_F(PlannerTest, Zero3ShardsReadByRangeEqualTheLoadedGroups) {
+  LoadOptions lo;
+  lo.quant_type = "keep";
+  lo.deferred = true;
+  for (int world : {2, 3})
+    for (int rank = 0; rank < world; ++rank) {
+      SCOPED_TRACE("world " + std::to_string(world) + " rank " + std::to_string(rank));
+      Config c = config_of(kCases[0]);
+      c.set("dist.zero_stage", "3");
+      c.set("quant.type", "keep");
+      PlanSettings s = PlanSettings::from_config(c);
+      s.world = world;
+      s.dist_backend = "mpi";  // several MPI ranks load deferred
+      MemoryTracker ta, tb;
+      auto a = load_model(&ta, model_path_, lo), b = load_model(&tb, model_path_, lo);
+      ASSERT_EQ(a->deferred_groups_read, 0);
+      WeightGroupSource& src = dynamic_cast<FileUnitStream&>(*a->stream).source();
+      WholeGroups whole(dynamic_cast<FileUnitStream&>(*b->stream).source());
+      MirrorGather ca(rank, world), cb(rank, world);
+      ta.reset_peaks();
+      tb.reset_peaks();
+      dist::Zero3Stream za(*a, &ca, &ta, nullptr, &src, s.row_chunk_bytes);
+      dist::Zero3Stream zb(*b, &cb, &tb, nullptr, &whole, s.row_chunk_bytes);
+      EXPECT_EQ(src.groups_loaded(), 0);
+      EXPECT_EQ(za.shard_bytes(), zb.shard_bytes());
+      EXPECT_LE(src.bytes_read_by_range(), za.shard_bytes());
+      const MemoryPlan p = plan_memory_of_rank(a->cfg, weight_footprint_for_plan(*a, c), s, rank);
+      EXPECT_EQ(ta.snapshot().peak[QLFT_MEM_WEIGHTS], p.peak[QLFT_MEM_WEIGHTS]);
+      EXPECT_GT(tb.snapshot().peak[QLFT_MEM_WEIGHTS], p.peak[QLFT_MEM_WEIGHTS]);
+      for (int u = 0; u < unit_count(a->cfg.n_layers); ++u) {
+        UnitUse ua(&za, u, kNoUnit), ub(&zb, u, kNoUnit);
+        EXPECT_EQ(unit_bytes(*a, u), unit_bytes(*b, u)) << "unit " << u;
+      }
+    }
 }
 
 Config zero3_config_of(const Case& k) {

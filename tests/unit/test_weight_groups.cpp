@@ -11,6 +11,7 @@
 
 #include "backend/backend.h"
 #include "config/config.h"
+#include "core/error.h"
 #include "core/threads.h"
 #include "data/dataset.h"
 #include "data/tokenizer_encoder.h"
@@ -110,6 +111,79 @@ TEST(WeightGroups, RowsReadAsStoredEqualTheFullLoad) {
       EXPECT_EQ(got, ref) << (head ? "head" : "embedding");
     }
   }
+}
+
+// Groups the file stores as the model keeps them (GGUF f32, blocks with quant.type=keep) are
+// read by byte range (ZeRO-3's slices, WeightGroupSource::stored_group / read_stored) and never
+// read for the deferred load's shapes: every range read equals the bytes of the Buffer a full
+// load made, the list has the full load's Buffer sizes (0 where it has none), and the bytes
+// counted are the bytes asked for. A group quantized on load (NF4) has no list and is read whole,
+// once, for its shapes.
+TEST(WeightGroups, StoredGroupsReadByRangeEqualTheFullLoad) {
+  QLFT_NEED_SHARED(stories, "models/stories260K.gguf");
+  const std::string q8 = qlft_test::fixture_path("model/syn_llama_q8_0.gguf");
+  for (const std::string& path : {stories, q8}) {
+    SCOPED_TRACE(path);
+    MemoryTracker tracker;
+    LoadOptions lo;
+    lo.quant_type = "keep";
+    auto full = load_model(&tracker, path, lo);
+    lo.deferred = true;
+    auto lazy = load_model(&tracker, path, lo);
+    EXPECT_EQ(lazy->deferred_groups_read, 0);
+    EXPECT_EQ(lazy->weight_bytes(), full->weight_bytes());
+    auto src = WeightGroupSource::open(&tracker, *lazy);
+    uint64_t asked = 0;
+    const int G = full->cfg.n_layers + 2;
+    for (int g = 0; g < G; ++g) {
+      SCOPED_TRACE("group " + std::to_string(g));
+      const auto want = group_bytes(*full, g);
+      const std::vector<size_t> sizes = src->stored_group(g, /*with_head=*/true);
+      // The Q8_0 embedding and head are dequantized to f32 on load: their groups are not
+      // stored as kept (ZeRO-3 reads them by rows); without the head the final norm is.
+      const bool made_on_load = path == q8 && (g == 0 || g == G - 1);
+      if (made_on_load) {
+        EXPECT_TRUE(sizes.empty());
+        if (g == G - 1) EXPECT_EQ(src->stored_group(g, /*with_head=*/false).size(), want.size());
+        continue;
+      }
+      ASSERT_EQ(sizes.size(), want.size());
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        ASSERT_EQ(sizes[i], want[i].size()) << "Buffer " << i;
+        if (!sizes[i]) continue;
+        // The whole Buffer, then ranges that start and end off any alignment, and an empty one.
+        const size_t n = sizes[i];
+        const std::pair<size_t, size_t> ranges[] = {
+            {0, n}, {1, n - 2}, {n / 2 + 3, n / 4}, {n / 3, 0}};
+        for (auto [off, len] : ranges) {
+          if (n < 8) break;
+          std::vector<uint8_t> got(len + 1, 0xA5);
+          src->read_stored(i, off, len, got.data());
+          asked += len;
+          EXPECT_EQ(0, std::memcmp(got.data(), want[i].data() + off, len))
+              << "Buffer " << i << " bytes [" << off << ", " << off + len << ")";
+          EXPECT_EQ(got[len], 0xA5) << "wrote past the range";
+        }
+      }
+    }
+    EXPECT_EQ(src->bytes_read_by_range(), asked);
+    EXPECT_EQ(src->groups_loaded(), 0);
+    // A range past a Buffer's end is refused, not read.
+    const std::vector<size_t> sizes = src->stored_group(1, true);
+    std::vector<uint8_t> sink(sizes[0] + 1);
+    EXPECT_THROW(src->read_stored(0, 1, sizes[0], sink.data()), qlft::Error);
+  }
+  // Quantized on load: no list; the deferred load read each layer once for its shapes (the
+  // final norm group, f32 as stored, was not read).
+  MemoryTracker tracker;
+  LoadOptions lo;
+  lo.quant_type = "nf4";
+  lo.deferred = true;
+  auto lazy = load_model(&tracker, stories, lo);
+  EXPECT_EQ(lazy->deferred_groups_read, lazy->cfg.n_layers);
+  auto src = WeightGroupSource::open(&tracker, *lazy);
+  EXPECT_TRUE(src->stored_group(1, true).empty());
+  EXPECT_FALSE(src->stored_group(lazy->cfg.n_layers + 1, true).empty());
 }
 
 TEST(WeightGroups, DeferredModelTrainsAndGeneratesAsTheResidentOne) {
