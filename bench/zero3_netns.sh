@@ -116,4 +116,4 @@ for ((i = 0; i < ranks; ++i)); do
     printf "  rank %s: peak RSS %.1f MiB (%.3fx of 1 rank), sent %.1f MiB (%.1f MiB per step)\n",
            r, m, m / o, b / 1048576, b / 1048576 / s }'
 done
-grep -h "^total peak" "$work/one.out" "$work/many.out" | sed 's/^/  tracker (1 rank, then rank 0): /'
+grep -h -E "^(total peak|untracked|peak RSS)" "$work/one.out" "$work/many.out" | sed 's/^/  tracker (1 rank, then rank 0): /'

@@ -365,6 +365,16 @@ typedef struct qlft_memory_estimate {
    * against it). */
   uint64_t device_train[QLFT_MEM_CATEGORY_COUNT];
   uint64_t device_train_peak;
+  /* Added with process accounting: this process's resident bytes outside the categories when
+   * the estimate was made (program and library pages, the runtime's tables and the tokenizer,
+   * MPI's and oneDNN's own memory): its resident set less the host bytes its runtime counts
+   * (with a loaded model; with a model path, this process's resident set, a lower bound: a
+   * training run also loads the tokenizer and touches more of its libraries). process_peak_rss:
+   * the predicted peak resident set, process_base + total_peak less device bytes + what the
+   * first step maps beyond them on the CPU backend (compute library code and JIT kernels,
+   * allocator slack: 12 MiB). */
+  uint64_t process_base;
+  uint64_t process_peak_rss;
 } qlft_memory_estimate;
 
 /* Predicts what training will hold, before anything is allocated: weights, adapter, gradients

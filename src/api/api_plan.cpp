@@ -1,4 +1,5 @@
 // The memory planner and the trainer's batch shape through the C ABI.
+#include <algorithm>
 #include <cstring>
 
 #include "api/handles.h"
@@ -59,6 +60,17 @@ int32_t qlft_estimate_memory(const qlft_model* model, const char* model_path,
     for (int i = 0; i < QLFT_MEM_CATEGORY_COUNT; ++i) f.device_train[i] = p.device_train[i];
     f.device_train_peak = p.device_train_peak;
     f.micro_batch = static_cast<uint32_t>(ps.micro_batch);
+    // What the OS sees beside the categories: measured now, in this process.
+    const uint64_t rss = qlft::process_rss();
+    uint64_t counted = 0;
+    if (model) {
+      const qlft::MemorySnapshot m = model->runtime->tracker.snapshot();
+      counted = m.total_reserved - m.device_total;
+    }
+    f.process_base = rss > counted ? rss - counted : 0;
+    uint64_t host_peak = p.total_peak;
+    for (uint64_t d : p.device_train) host_peak -= std::min(host_peak, d);
+    f.process_peak_rss = f.process_base + host_peak + (p.device ? 0 : qlft::kCpuFirstStepUntracked);
     const uint64_t limit = c.get_size("memory.limit");
     if (limit)
       f.max_micro_batch =

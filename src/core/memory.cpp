@@ -2,10 +2,12 @@
 
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -454,6 +456,16 @@ uint64_t parse_bytes(const std::string& text, const char* key) {
   if (b > 1.8e19)
     throw_error(QLFT_ERR_INVALID_ARGUMENT, "%s: size '%s' is too large", key, text.c_str());
   return static_cast<uint64_t>(b);
+}
+
+uint64_t process_rss() {
+  // statm: size, resident, ... in pages.
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  unsigned long long size = 0, resident = 0;
+  const int n = std::fscanf(f, "%llu %llu", &size, &resident);
+  std::fclose(f);
+  return n == 2 ? resident * static_cast<uint64_t>(sysconf(_SC_PAGESIZE)) : 0;
 }
 
 uint64_t process_peak_rss() {

@@ -240,5 +240,7 @@ std::string format_bytes(uint64_t bytes);
 uint64_t parse_bytes(const std::string& text, const char* key);
 // Peak resident set size of the process from the OS, in bytes.
 uint64_t process_peak_rss();
+// The process's resident set now, from the OS (0 where /proc is not there).
+uint64_t process_rss();
 
 }  // namespace qlft

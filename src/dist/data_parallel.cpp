@@ -13,6 +13,11 @@
 
 namespace qlft::dist {
 
+bool zero3_prefetch_setting(const Config& c) {
+  const std::string p = c.get("dist.zero3_prefetch");
+  return p == "auto" ? c.get("dist.backend") != "mpi" : p == "true";
+}
+
 DistSettings DistSettings::from_config(const Config& c) {
   DistSettings s;
   s.backend = c.get("dist.backend");
@@ -21,7 +26,7 @@ DistSettings DistSettings::from_config(const Config& c) {
   s.row_chunk_bytes = static_cast<uint64_t>(c.get_int("dist.row_chunk_kib")) << 10;
   s.bucket_bytes = static_cast<uint64_t>(c.get_int("dist.bucket_kib")) << 10;
   s.shard_adapter = c.get_bool("dist.zero3_shard_adapter");
-  s.prefetch = c.get_bool("dist.zero3_prefetch");
+  s.prefetch = zero3_prefetch_setting(c);
   s.offload_optimizer = c.get("offload.optimizer");
   s.offload_params = c.get("offload.params");
   s.offload_dir = c.get("offload.dir");

@@ -62,6 +62,9 @@ struct StateEntry {
   int owner;
 };
 
+// dist.zero3_prefetch with auto resolved (on over NCCL, off over MPI).
+bool zero3_prefetch_setting(const Config& c);
+
 struct DistSettings {
   std::string backend = "none";  // none | mpi | nccl
   int zero_stage = 0;

@@ -377,7 +377,7 @@ PlanSettings PlanSettings::from_config(const Config& c) {
   s.row_chunk_bytes = static_cast<uint64_t>(c.get_int("dist.row_chunk_kib")) << 10;
   s.bucket_bytes = static_cast<uint64_t>(c.get_int("dist.bucket_kib")) << 10;
   s.shard_adapter = c.get_bool("dist.zero3_shard_adapter");
-  s.zero3_prefetch = c.get_bool("dist.zero3_prefetch");
+  s.zero3_prefetch = dist::zero3_prefetch_setting(c);
   s.world = c.get("dist.backend") == "none" ? 1 : dist::detect_launch().world;
   s.dist_backend = c.get("dist.backend");
   s.offload_optimizer = c.get("offload.optimizer");

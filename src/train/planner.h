@@ -172,6 +172,13 @@ struct MemoryPlan {
 // A then B), as dist::DataParallel assigns them: numel[i] elements each.
 std::vector<int> plan_lora_owners(const std::vector<uint64_t>& numel, int world);
 
+// What a process training on the CPU maps on its first step beyond what it held untracked when
+// it planned (qlft_memory_estimate::process_base): the compute library's code pages and JIT
+// kernels (oneDNN: 4.6 MiB of libdnnl's pages, about 1 MiB of JIT code) and the allocator's
+// slack from the step's small blocks (about 5 MiB): 12 MiB, measured on SmolLM2-135M at 1, 2
+// and 4 ZeRO-3 ranks (docs/PERFORMANCE.md, "Scale-out memory").
+constexpr uint64_t kCpuFirstStepUntracked = uint64_t(12) << 20;
+
 MemoryPlan plan_memory(const ModelConfig& mc, const WeightFootprint& w, const PlanSettings& s);
 // The same for one rank (rank in [0, s.world)); plan_memory is the largest of these.
 MemoryPlan plan_memory_of_rank(const ModelConfig& mc, const WeightFootprint& w,

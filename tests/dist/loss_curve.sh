@@ -56,10 +56,12 @@ timeout 120 "${mpi[@]}" "$worker" train "$model" "$data" "$work/z3lora.txt" "${c
 echo "ZeRO-3, sharded adapter, no prefetch:"
 "$worker" compare "$work/z3lora.txt" "$work/ref.txt" 1e-4
 # ZeRO-3 with the embedding and head in row chunks of 16 KiB (32 rows of stories260K's 512 per
-# rank and chunk: 8 chunks, each rank looking up rows the other keeps).
+# rank and chunk: 8 chunks, each rank looking up rows the other keeps), and the next unit
+# gathered while one computes (dist.zero3_prefetch=true; auto is false over MPI).
 timeout 120 "${mpi[@]}" "$worker" train "$model" "$data" "$work/z3rows.txt" "${common[@]}" \
-  train.accumulation=1 dist.backend=mpi dist.zero_stage=3 dist.timeout_s=60 dist.row_chunk_kib=16
-echo "ZeRO-3, row chunks of 16 KiB:"
+  train.accumulation=1 dist.backend=mpi dist.zero_stage=3 dist.timeout_s=60 dist.row_chunk_kib=16 \
+  dist.zero3_prefetch=true
+echo "ZeRO-3, row chunks of 16 KiB, prefetch:"
 "$worker" compare "$work/z3rows.txt" "$work/ref.txt" 1e-4
 # fp16 with a first step that overflows (skipped on every rank: the inf check is all-reduced)
 # and 8-bit AdamW, ZeRO-2.

@@ -3,7 +3,7 @@
 # memory.limit is refused before anything loads (the planner's figures per category on
 # stderr), and the same run on 4 ZeRO-3 ranks under the same limit fits it and trains to the
 # 1-rank loss curve (metrics.jsonl, within 1e-4); the planner's per-rank peak is within 10% of
-# the tracker's measured peak of rank 0. usage: memory_limit.sh QLFT_FINETUNE SHARED_DIR
+# the tracker's measured peak of rank 0, and its predicted peak RSS near rank 0's peak RSS. usage: memory_limit.sh QLFT_FINETUNE SHARED_DIR
 source "$(dirname "$0")/common.sh"
 cli=$worker
 smol="$shared/models/smollm2-135m-instruct-q4_1.gguf"
@@ -44,3 +44,14 @@ grep "^total peak" "$work/four.out" | awk '{
   p = $3; if ($4 == "GiB") p *= 1024; m = $5; if ($6 == "GiB") m *= 1024;
   r = p / m; printf "rank 0: predicted %.1f MiB, measured %.1f MiB (%.3fx)\n", p, m, r;
   exit !(r >= 0.9 && r <= 1.1) }' || { echo "FAIL: the plan is not within 10% of the tracker"; exit 1; }
+# The same against the OS: rank 0's predicted peak resident set (the planner's total, what the
+# process held untracked when it planned, and what the first step maps beyond that) against
+# its peak RSS ("peak RSS  predicted  measured"). 0.956x on the Sapphire Rapids guest of
+# session 12; held to 15% here because the library pages a step touches differ by CPU (another
+# ISA's kernels), while leaving out the untracked base (~40 MiB) or the first step's share (12
+# MiB) misses by more.
+grep "^peak RSS" "$work/four.out" | awk '{
+  p = $3; if ($4 == "GiB") p *= 1024; m = $5; if ($6 == "GiB") m *= 1024;
+  r = p / m; printf "rank 0: predicted peak RSS %.1f MiB, measured %.1f MiB (%.3fx)\n", p, m, r;
+  exit !(r >= 0.85 && r <= 1.15) }' ||
+  { echo "FAIL: the predicted peak RSS is not within 15% of rank 0's"; cat "$work/four.out"; exit 1; }
