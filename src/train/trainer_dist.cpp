@@ -154,11 +154,10 @@ bool Trainer::adapter_has_values() const {
 }
 
 void Trainer::make_adapter_values(const std::function<bool(size_t)>& keep) {
-  std::vector<size_t> param(param_slots_.size());  // by (layer, projection, b)
   auto key = [](int layer, Proj p, bool b) {
     return (static_cast<size_t>(layer) * kProjCount + static_cast<size_t>(p)) * 2 + (b ? 1 : 0);
   };
-  param.resize(key(lora_->n_layers(), Proj::Q, false));
+  std::vector<size_t> param(key(lora_->n_layers(), Proj::Q, false));  // by (layer, projection, b)
   for (size_t i = 0; i < param_slots_.size(); ++i)
     param[key(param_slots_[i].layer, param_slots_[i].p, param_slots_[i].b)] = i;
   lora_->allocate_values([&](int layer, Proj p, bool b) { return keep(param[key(layer, p, b)]); });
@@ -186,8 +185,9 @@ void Trainer::shard_adapter() {
   log_message(QLFT_LOG_INFO, "rank %d: ZeRO-3 sharded adapter: %s of LoRA weights here", rank(),
               format_bytes(shards->owned_bytes()).c_str());
   dp_->set_adapter_shards(std::move(shards));
-  // The freed tensors are small heap blocks in the middle of the heap: give their pages back
-  // now, or the allocator keeps them resident beside everything allocated later.
+  // With lora.init_from the other ranks' tensors were made and are freed now: small heap blocks
+  // in the middle of the heap, whose pages the allocator would keep resident beside everything
+  // allocated later. (Otherwise only this rank's were ever made and this gives little back.)
   malloc_trim(0);
 }
 
