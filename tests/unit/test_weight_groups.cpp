@@ -38,14 +38,22 @@ std::vector<std::vector<uint8_t>> group_bytes(Model& m, int g) {
   return out;
 }
 
+// path loaded whole and deferred (LoadOptions::deferred) with quant.type = quant.
+struct FullAndDeferred {
+  std::unique_ptr<Model> full, lazy;
+  FullAndDeferred(MemoryTracker& tracker, const std::string& path, const char* quant) {
+    LoadOptions lo;
+    lo.quant_type = quant;
+    full = load_model(&tracker, path, lo);
+    lo.deferred = true;
+    lazy = load_model(&tracker, path, lo);
+  }
+};
+
 void expect_groups_reload_alike(const std::string& path, const char* quant) {
   SCOPED_TRACE(std::string(path) + " quant.type=" + quant);
   MemoryTracker tracker;
-  LoadOptions lo;
-  lo.quant_type = quant;
-  auto full = load_model(&tracker, path, lo);
-  lo.deferred = true;
-  auto lazy = load_model(&tracker, path, lo);
+  auto [full, lazy] = FullAndDeferred(tracker, path, quant);
   ASSERT_TRUE(lazy->stream);
   EXPECT_EQ(lazy->weight_bytes(), full->weight_bytes());
   EXPECT_EQ(lazy->quant_summary, full->quant_summary);
@@ -77,12 +85,8 @@ TEST(WeightGroups, RowsReadAsStoredEqualTheFullLoad) {
     const std::string path = qlft_test::fixture_path(std::string("model/") + name);
     SCOPED_TRACE(path);
     MemoryTracker tracker;
-    LoadOptions lo;
-    lo.quant_type = "keep";
-    auto full = load_model(&tracker, path, lo);
+    auto [full, lazy] = FullAndDeferred(tracker, path, "keep");
     ASSERT_FALSE(full->cfg.tied_embeddings);
-    lo.deferred = true;
-    auto lazy = load_model(&tracker, path, lo);
     EXPECT_EQ(lazy->weight_bytes(), full->weight_bytes());
     EXPECT_EQ(lazy->output.rows, full->output.rows);
     EXPECT_EQ(lazy->output.cols, full->output.cols);
@@ -125,11 +129,7 @@ TEST(WeightGroups, StoredGroupsReadByRangeEqualTheFullLoad) {
   for (const std::string& path : {stories, q8}) {
     SCOPED_TRACE(path);
     MemoryTracker tracker;
-    LoadOptions lo;
-    lo.quant_type = "keep";
-    auto full = load_model(&tracker, path, lo);
-    lo.deferred = true;
-    auto lazy = load_model(&tracker, path, lo);
+    auto [full, lazy] = FullAndDeferred(tracker, path, "keep");
     EXPECT_EQ(lazy->deferred_groups_read, 0);
     EXPECT_EQ(lazy->weight_bytes(), full->weight_bytes());
     auto src = WeightGroupSource::open(&tracker, *lazy);
