@@ -68,8 +68,7 @@ int32_t qlft_estimate_memory(const qlft_model* model, const char* model_path,
       counted = m.total_reserved - m.device_total;
     }
     f.process_base = rss > counted ? rss - counted : 0;
-    uint64_t host_peak = p.total_peak;
-    for (uint64_t d : p.device_train) host_peak -= std::min(host_peak, d);
+    const uint64_t host_peak = p.total_peak - std::min(p.total_peak, p.device_train_peak);
     f.process_peak_rss = f.process_base + host_peak + (p.device ? 0 : qlft::kCpuFirstStepUntracked);
     const uint64_t limit = c.get_size("memory.limit");
     if (limit)

@@ -109,27 +109,19 @@ Zero3Stream::Zero3Stream(Model& model, Communicator* comm, MemoryTracker* tracke
       };
     };
     try {
-      int i = 0;  // of the group's Buffers
+      std::vector<Buffer*> bufs;  // the group's, in for_each_weight_buffer's order
       for_each_weight_buffer(model, [&](int bg, Buffer& b) {
-        if (bg != static_cast<int>(gi)) return;
-        if (!stored.empty()) {
-          if (size_t(i) >= stored.size())
-            throw_error(QLFT_ERR_INTERNAL,
-                        "ZeRO-3: weight group %zu lists %zu stored Buffers, the model more", gi,
-                        stored.size());
-          if (const size_t n = stored[size_t(i)]) {
-            g.slots.push_back({&b, n});
-            g.slots.back().stored = i;
-          }
-        } else if (!b.empty()) {
-          g.slots.push_back({&b, b.size()});
-        }
-        ++i;
+        if (bg == static_cast<int>(gi)) bufs.push_back(&b);
       });
-      if (!stored.empty() && size_t(i) != stored.size())
+      if (!stored.empty() && stored.size() != bufs.size())
         throw_error(QLFT_ERR_INTERNAL,
-                    "ZeRO-3: weight group %zu lists %zu stored Buffers, the model %d", gi,
-                    stored.size(), i);
+                    "ZeRO-3: weight group %zu lists %zu stored Buffers, the model %zu", gi,
+                    stored.size(), bufs.size());
+      for (size_t i = 0; i < bufs.size(); ++i)
+        if (const size_t n = stored.empty() ? bufs[i]->size() : stored[i]) {
+          g.slots.push_back({bufs[i], n});
+          if (!stored.empty()) g.slots.back().stored = static_cast<int>(i);
+        }
       for (Slot& sl : g.slots) {
         // The f32 embedding and untied head by rows (host shards, host compute).
         const bool emb = sl.buf == &model.tok_embd.data, head = sl.buf == &model.output.data;

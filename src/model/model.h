@@ -108,7 +108,7 @@ std::vector<std::vector<int>> weight_groups_of_units(const Model& m);
 // Whether load_model keeps GGUF tensor t's bytes exactly as the file stores them: f32, or (a
 // projection, linear) blocks kept with quant.type=keep. A deferred ZeRO-3 load then reads each
 // rank's slices of them straight from the file (WeightGroupSource::stored_group); the planner
-// follows the same rule (WeightFootprint::ranged).
+// follows the same rule (WeightFootprint::kept).
 bool gguf_kept_as_stored(const GgufTensorInfo& t, bool linear, const LoadOptions& o);
 
 // Single weight groups (for_each_weight_buffer's numbering) loaded again from the file a model

@@ -383,18 +383,9 @@ class GgufLoader {
         w = qweight_from_ggml(tracker_, t.type, t.data, rows, cols);
         return;
       }
-      QLFT_CHECK_FORMAT(
-          cols % tr->block == 0,
-          "%s: tensor '%s': row length %lld is not a multiple of the %s block size %u",
-          m_.gguf->path().c_str(), t.name.c_str(), static_cast<long long>(cols), tr->name,
-          tr->block);
-      w = QWeight{};
-      w.kind = QuantKind::GGML;
-      w.ggml_type = t.type;
-      w.rows = rows;
-      w.cols = cols;
-      return note(w.data, t, uint64_t(rows * cols) / tr->block * tr->bytes,
-                  gguf_kept_as_stored(t, true, opt_));
+      uint64_t nb = 0;
+      w = qweight_ggml_shape(t.type, rows, cols, &nb);
+      return note(w.data, t, nb, gguf_kept_as_stored(t, true, opt_));
     }
     if (plan_.on) {
       plan_.whole = false;  // quantized on load

@@ -215,8 +215,7 @@ QWeight qweight_from_f32(MemoryTracker* tracker, const float* src, int64_t rows,
   throw_error(QLFT_ERR_INTERNAL, "qweight_from_f32: unknown kind %d", static_cast<int>(kind));
 }
 
-QWeight qweight_from_ggml(MemoryTracker* tracker, uint32_t ggml_type, const void* blocks,
-                          int64_t rows, int64_t cols) {
+QWeight qweight_ggml_shape(uint32_t ggml_type, int64_t rows, int64_t cols, uint64_t* bytes) {
   const GgmlTypeTraits* t = ggml_type_traits(ggml_type);
   if (!t) throw_error(QLFT_ERR_FORMAT, "unknown ggml type %u", ggml_type);
   if (!t->dequantizable)
@@ -230,7 +229,14 @@ QWeight qweight_from_ggml(MemoryTracker* tracker, uint32_t ggml_type, const void
   w.ggml_type = ggml_type;
   w.rows = rows;
   w.cols = cols;
-  const uint64_t nb = static_cast<uint64_t>(rows * cols) / t->block * t->bytes;
+  *bytes = static_cast<uint64_t>(rows * cols) / t->block * t->bytes;
+  return w;
+}
+
+QWeight qweight_from_ggml(MemoryTracker* tracker, uint32_t ggml_type, const void* blocks,
+                          int64_t rows, int64_t cols) {
+  uint64_t nb = 0;
+  QWeight w = qweight_ggml_shape(ggml_type, rows, cols, &nb);
   w.data = Buffer(tracker, MemCategory::Weights, nb, "gguf weight");
   std::memcpy(w.data.data(), blocks, nb);
   return w;

@@ -65,5 +65,8 @@ uint64_t stored_row_bytes(const QWeight& w);
 
 QWeight qweight_from_ggml(MemoryTracker* tracker, uint32_t ggml_type, const void* blocks,
                           int64_t rows, int64_t cols);
+// The same weight's kind and shape without its data (checked as qweight_from_ggml checks them),
+// and in *bytes the size its data would have.
+QWeight qweight_ggml_shape(uint32_t ggml_type, int64_t rows, int64_t cols, uint64_t* bytes);
 
 }  // namespace qlft

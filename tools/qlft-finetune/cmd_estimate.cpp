@@ -46,18 +46,17 @@ void print_memory_table(FILE* f, const qlft_memory_estimate& e, const qlft_memor
   // The process beside the categories (library pages, tokenizer, MPI, allocator slack) and the
   // resident set it gives: predicted from what this process held untracked when it planned;
   // measured as the OS's peak, less the tracked peak for the untracked row.
+  const uint64_t untracked = e.process_peak_rss - std::min(e.process_peak_rss, e.total_peak);
   if (m && m->process_peak_rss) {
     // (backend=cuda: the tracked peak holds device bytes too, so this row is then too low.)
     const uint64_t rss = m->process_peak_rss;
-    const uint64_t untracked = e.process_peak_rss - std::min(e.process_peak_rss, e.total_peak);
     std::fprintf(f, "%-14s %12s %12s\n", "untracked", human_bytes(untracked).c_str(),
                  human_bytes(rss - std::min(rss, m->total_peak)).c_str());
     std::fprintf(f, "%-14s %12s %12s\n", "peak RSS", human_bytes(e.process_peak_rss).c_str(),
                  human_bytes(m->process_peak_rss).c_str());
   } else if (!m) {
-    std::fprintf(
-        f, "%-14s %12s  (this process now + the first step's: a lower bound)\n", "untracked",
-        human_bytes(e.process_peak_rss - std::min(e.process_peak_rss, e.total_peak)).c_str());
+    std::fprintf(f, "%-14s %12s  (this process now + the first step's: a lower bound)\n",
+                 "untracked", human_bytes(untracked).c_str());
     std::fprintf(f, "%-14s %12s\n", "peak RSS", human_bytes(e.process_peak_rss).c_str());
   }
 }
