@@ -3,7 +3,7 @@
 # other in the same run, same model, same data, same shape of training step.
 #
 #   bench/e2e.sh [--steps N] [--warmup W] [--micro-batch B] [--threads T] [--model M.gguf]
-#                [--data D.txt]
+#                [--data D.txt] [--torch-model M]
 #                [--qlft path/to/qlft-finetune] [--python /opt/qlft-ref/bin/python]
 #                [--kernels path/to/bench_kernels | --peak GFLOPS --f32-peak GFLOPS]
 #                [--torch "bf16 fp32"] [--torch-extra "ARGS"] [--skip-torch]
@@ -20,6 +20,8 @@
 # Tokens per CPU-second (CPU time of the process over the same steps, all threads) is printed
 # too: on a machine shared with other work it is the figure that does not depend on the load.
 # Peak RSS is the whole process's (/usr/bin/time -v), model loading included.
+# --torch-model gives the peer a model of the same shapes where it cannot read the GGUF itself
+# (a Hugging Face directory, bench/make_smollm2_shaped.py; scripts/cpu_check.sh on a lent host).
 #
 # --torch lists the PyTorch configurations to run: bf16 (autocast, the matched configuration)
 # and fp32 (no autocast: on a CPU without AVX512-BF16 torch's bf16 GEMMs are emulated and fp32 is
@@ -37,6 +39,7 @@ warmup=2
 mb=4
 threads=2
 model=/opt/qlft-models/smollm2-135m-instruct-q4_1.gguf
+torch_model=""
 data=${QLFT_SHARED_DIR:-$root/../shared}/data/tinyshakespeare.txt
 qlft=""
 python=/opt/qlft-ref/bin/python
@@ -55,6 +58,7 @@ while (($#)); do
     --micro-batch) mb=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
     --model) model=$2; shift 2 ;;
+    --torch-model) torch_model=$2; shift 2 ;;
     --data) data=$2; shift 2 ;;
     --qlft) qlft=$2; shift 2 ;;
     --python) python=$2; shift 2 ;;
@@ -161,7 +165,7 @@ if ! ((skip_torch)); then
   for cfg in $torch_cfgs; do
     echo "== PyTorch + PEFT, $cfg ($python bench/peer_torch.py --precision $cfg $torch_extra)"
     # shellcheck disable=SC2086
-    /usr/bin/time -v -o "$work/torch-$cfg.time" "$python" "$here/peer_torch.py" --model "$model" \
+    /usr/bin/time -v -o "$work/torch-$cfg.time" "$python" "$here/peer_torch.py" --model "${torch_model:-$model}" \
       --data "$data" --seq 512 --micro-batch "$mb" --steps "$steps" --warmup "$warmup" \
       --threads "$threads" --r 16 --alpha 32 --precision "$cfg" $torch_extra \
       >"$work/torch-$cfg.out" 2>"$work/torch-$cfg.err" || {

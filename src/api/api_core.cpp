@@ -2,6 +2,7 @@
 #include <cstring>
 #include <string>
 
+#include "backend/cpu/f32_blas.h"
 #include "core/cpu_isa.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -37,11 +38,13 @@ const char* qlft_version_string(void) {
 
 const char* qlft_build_info(void) {
   // simd: what the compiler may use everywhere; cpu: the level found at run time; isa: the level
-  // the dispatched kernels use (cpu capped by QLFT_CPU_ISA).
+  // the dispatched kernels use (cpu capped by QLFT_CPU_ISA); blas: OpenBLAS's kernel set, and
+  // the library the fp32 GEMMs use (backend/cpu/f32_blas.h).
   static const std::string info = [] {
-    std::string isa;
+    std::string isa, sgemm = "?";
     try {
       isa = qlft::cpu_isa_name(qlft::cpu_isa());
+      sgemm = qlft::cpu::f32_blas_onednn_auto() ? "onednn" : "openblas";
     } catch (const qlft::Error&) {
       isa = "invalid-QLFT_CPU_ISA";
     }
@@ -49,7 +52,7 @@ const char* qlft_build_info(void) {
                QLFT_VERSION_MINOR) "." QLFT_STR(QLFT_VERSION_PATCH) " cuda=" QLFT_STR(QLFT_HAVE_CUDA)
                            " mpi=" QLFT_STR(QLFT_HAVE_MPI) " simd=" QLFT_SIMD " cpu=") +
            qlft::cpu_isa_name(qlft::cpu_isa_detected()) + " isa=" + isa +
-           " blas=openblas threads=openmp";
+           " blas=openblas:" + qlft::cpu::openblas_core() + " sgemm=" + sgemm + " threads=openmp";
   }();
   return info.c_str();
 }

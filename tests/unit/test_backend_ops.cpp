@@ -47,13 +47,15 @@ struct LinearCase {
   float p;
   bool bias;
   bool shrink;
-  bool thin_sgemm = false;  // the LoRA's [M, r] products on OpenBLAS (CpuTuning::f32_thin_onednn)
+  bool thin_sgemm = false;   // the LoRA's [M, r] products on OpenBLAS (CpuTuning::f32_thin_onednn)
+  bool blas_onednn = false;  // sgemm() on oneDNN's dnnl_sgemm (CpuTuning::f32_blas)
 };
 
 void run_linear(const LinearCase& c, uint64_t seed) {
   Fixture fx;
   if (c.shrink) fx.shrink();
   fx.cpu().tune.f32_thin_onednn = !c.thin_sgemm;
+  if (c.blas_onednn) fx.cpu().tune.f32_blas = cpu::CpuTuning::F32Blas::OneDnn;
   Rng rng(seed);
   const int M = c.M, K = c.K, N = c.N, r = c.r;
   FVec x = rng.normal(size_t(M) * K), W = rng.normal(size_t(N) * K, 0.2f);
@@ -149,6 +151,13 @@ TEST(BackendLinear, LoraDropout) {
 TEST(BackendLinear, LoraThinProductsOnSgemm) {
   run_linear({29, 40, 53, 4, 0.f, true, true, true}, 8);
   run_linear({29, 40, 53, 3, 0.3f, false, true, true}, 9);
+}
+// Every sgemm() of the layer on oneDNN (as where OpenBLAS's kernels are older than the CPU): the
+// LoRA merged into the panels, dropout, the thin products, and a two-thread split without LoRA.
+TEST(BackendLinear, SgemmOnOneDnn) {
+  run_linear({61, 40, 53, 4, 0.f, true, true, true, true}, 10);
+  run_linear({29, 40, 53, 3, 0.3f, false, true, true, true}, 11);
+  run_linear({37, 70, 300, 0, 0.f, true, false, false, true}, 12);
 }
 TEST(BackendLinear, LoraDropoutDefaultBlocks) {
   run_linear({31, 33, 47, 8, 0.1f, true, false}, 5);
@@ -462,12 +471,16 @@ struct AttnCase {
   float q_sd = 1.f;  // large values give scores far apart: softmax stability
 };
 
-// fp32 tiles on oneDNN (the default, first keys rounded down to 64) or on OpenBLAS.
-void run_attention_on(const AttnCase& c, uint64_t seed, bool onednn) {
-  SCOPED_TRACE(onednn ? "tiles on oneDNN" : "tiles on OpenBLAS");
+// fp32 tiles on oneDNN (the default, first keys rounded down to 64) or on sgemm(): OpenBLAS, or
+// with blas_onednn oneDNN's dnnl_sgemm.
+void run_attention_on(const AttnCase& c, uint64_t seed, bool onednn, bool blas_onednn = false) {
+  SCOPED_TRACE(onednn        ? "tiles on oneDNN"
+               : blas_onednn ? "tiles on sgemm, oneDNN"
+                             : "tiles on sgemm, OpenBLAS");
   Fixture fx;
   fx.cpu().tune.attn_block_q = c.block_q;
   fx.cpu().tune.f32_attn_onednn = onednn;
+  if (blas_onednn) fx.cpu().tune.f32_blas = cpu::CpuTuning::F32Blas::OneDnn;
   Rng rng(seed);
   AttnShape s = attn_shape(c.batch, c.seq, c.heads, c.kv, c.hd);
   const int rows = c.batch * c.seq, qc = c.heads * c.hd, kc = c.kv * c.hd;
@@ -518,6 +531,7 @@ void run_attention_on(const AttnCase& c, uint64_t seed, bool onednn) {
 void run_attention(const AttnCase& c, uint64_t seed) {
   run_attention_on(c, seed, true);
   run_attention_on(c, seed, false);
+  run_attention_on(c, seed, false, true);
 }
 
 }  // namespace
@@ -588,9 +602,10 @@ TEST(BackendHead, LogitsMatchOracle) {
 }
 
 namespace {
-void run_ce(bool shrink, uint64_t seed) {
+void run_ce(bool shrink, uint64_t seed, bool blas_onednn = false) {
   Fixture fx;
   if (shrink) fx.shrink();
+  if (blas_onednn) fx.cpu().tune.f32_blas = cpu::CpuTuning::F32Blas::OneDnn;
   Rng rng(seed);
   const int V = 101, H = 24, M = 29;
   const int32_t ignore = -100;
@@ -670,4 +685,7 @@ TEST(BackendCrossEntropy, DefaultBlocks) {
 }
 TEST(BackendCrossEntropy, SmallPanelsAndChunks) {
   run_ce(true, 72);
+}
+TEST(BackendCrossEntropy, SgemmOnOneDnn) {
+  run_ce(true, 73, true);
 }

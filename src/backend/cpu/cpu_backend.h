@@ -62,6 +62,13 @@ struct CpuTuning {
   // Sapphire Rapids guest at batch 4 x 512, 9 heads (3 KV) of 64: forward -17%, backward -8%
   // CPU time.
   bool f32_attn_onednn = true;
+  // The library under sgemm() (the fp32 GEMMs not routed above: dx = dy W, the head's dh, the
+  // LoRA merge, dK and dV, and all of them when the flags above are off). Auto = OpenBLAS, unless
+  // the kernels it chose are older than the CPU (f32_blas.h: f32_blas_onednn_auto), then oneDNN's
+  // dnnl_sgemm. Measured on a Zen 3, where OpenBLAS knows the CPU: dnnl_sgemm equal at the
+  // layers' shapes (170-188 GFLOP/s both on 2 threads), so Auto keeps OpenBLAS where it fits.
+  enum class F32Blas : uint8_t { Auto, OpenBlas, OneDnn };
+  F32Blas f32_blas = F32Blas::Auto;
 };
 
 // The reusable scratch buffers of CpuBackend (one of each kind in use at a time).
@@ -303,11 +310,13 @@ int64_t panel_rows(const CpuBackend& be, const QWeight& W);
 // Dequantizes rows [r0, r0 + n) of W into out (n * W.cols floats), split across threads. With
 // `merged` (fp32, see lora_merged) each thread then adds its rows of scale * B A while they are in
 // its cache: the rows of W + scale B A.
-void dequant_panel(const QWeight& W, int64_t r0, int64_t n, float* out,
+void dequant_panel(const CpuBackend& be, const QWeight& W, int64_t r0, int64_t n, float* out,
                    const LoraRef* merged = nullptr);
-// C[M, N] = alpha * op(A) op(B) + beta * C, row-major, through cblas_sgemm (checks int range).
-void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+// C[M, N] = alpha * op(A) op(B) + beta * C, row-major, through cblas_sgemm or, per
+// tune.f32_blas, oneDNN's dnnl_sgemm (checks int range).
+void sgemm(const CpuBackend& be, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+           float alpha, const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
+           float* C, int64_t ldc);
 // sgemm, except that A B^T (trans_b only) runs on oneDNN's fp32 matmul when
 // tune.f32_xwt_onednn is set.
 void gemm_f32(const CpuBackend& be, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,

@@ -4,6 +4,7 @@
 #include <climits>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/f32_blas.h"
 #include "backend/op_checks.h"
 #include "backend/cpu/gemm_bf16.h"
 #include "core/error.h"
@@ -52,15 +53,16 @@ void split_rows(int64_t n, F&& f) {
 
 }  // namespace
 
-void dequant_panel(const QWeight& W, int64_t r0, int64_t n, float* out, const LoraRef* merged) {
+void dequant_panel(const CpuBackend& be, const QWeight& W, int64_t r0, int64_t n, float* out,
+                   const LoraRef* merged) {
   const int64_t K = W.cols;
   split_rows(n, [&](int64_t a, int64_t b) {
     float* o = out + a * K;
     W.dequantize_rows(r0 + a, b - a, o);
     if (!merged) return;
     const int r = merged->r;  // (inside the region's task sgemm runs on this thread alone)
-    sgemm(false, false, b - a, K, r, merged->scale, merged->B + (r0 + a) * r, r, merged->A, K, 1.f,
-          o, K);
+    sgemm(be, false, false, b - a, K, r, merged->scale, merged->B + (r0 + a) * r, r, merged->A, K,
+          1.f, o, K);
   });
 }
 
@@ -311,8 +313,8 @@ void OpGemm::gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha
   if (lp)
     gemm_lp(be, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   else
-    sgemm(ta, tb, M, N, K, alpha, static_cast<const float*>(A), lda, static_cast<const float*>(B),
-          ldb, beta, C, ldc);
+    sgemm(be, ta, tb, M, N, K, alpha, static_cast<const float*>(A), lda,
+          static_cast<const float*>(B), ldb, beta, C, ldc);
 }
 
 void OpGemm::gemm_thin(bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
@@ -376,7 +378,7 @@ void gemm_f32(const CpuBackend& be, bool trans_a, bool trans_b, int64_t M, int64
               float alpha, const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
               float* C, int64_t ldc) {
   if (!be.tune.f32_xwt_onednn || trans_a || !trans_b || M <= 0 || N <= 0 || K <= 0) {
-    sgemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    sgemm(be, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
   const size_t pad =
@@ -386,8 +388,9 @@ void gemm_f32(const CpuBackend& be, bool trans_a, bool trans_b, int64_t M, int64
                   sp.data());
 }
 
-void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+void sgemm(const CpuBackend& be, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+           float alpha, const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
+           float* C, int64_t ldc) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {
     // op(A) op(B) is empty: C = beta * C.
@@ -399,8 +402,17 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
     throw_error(QLFT_ERR_INVALID_ARGUMENT,
                 "sgemm: dimension too large for BLAS (%lld x %lld x %lld)", (long long)M,
                 (long long)N, (long long)K);
-  const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans,
-                        tb = trans_b ? CblasTrans : CblasNoTrans;
+  const bool onednn = be.tune.f32_blas == CpuTuning::F32Blas::OneDnn ||
+                      (be.tune.f32_blas == CpuTuning::F32Blas::Auto && f32_blas_onednn_auto());
+  // One sequential GEMM of C's block [m, n) from op(A)'s rows / op(B)'s columns at A, B.
+  auto block = [&](int64_t m, int64_t n, const float* a, const float* b, float* c) {
+    if (onednn)
+      sgemm_onednn(trans_a, trans_b, m, n, K, alpha, a, lda, b, ldb, beta, c, ldc);
+    else
+      cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                  trans_b ? CblasTrans : CblasNoTrans, int(m), int(n), int(K), alpha, a, int(lda),
+                  b, int(ldb), beta, c, int(ldc));
+  };
   // Threads: the runtime's count, per call, without touching OpenBLAS's process-wide count. The
   // OpenMP build of OpenBLAS (Debian's libopenblas0-openmp) takes its team size from the caller's
   // omp_get_max_threads() and, when that differs from its global blas_cpu_number, rewrites the
@@ -408,31 +420,32 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
   // on one thread, touching nothing, when the caller's ICV is 1 or when called inside an active
   // OpenMP region (common_thread.h num_cpu_avail). So one thread: ICV 1 for the call; several: our
   // own team, each thread one contiguous block of C's rows or columns as its own sequential sgemm.
+  // dnnl_sgemm runs the same way (its team is the caller's ICV, one thread inside a region).
   const int nt = call_threads();
   const int64_t D = N >= M ? N : M;  // the dimension split between threads
   constexpr int64_t kAlign = 16;     // a block is a multiple of the kernels' register tile
   const int64_t pieces = std::min<int64_t>(nt, D / kAlign);
   if (pieces <= 1 || M * N * K < (int64_t(1) << 18)) {  // small: threads would cost more
     OmpIcvScope one(1);
-    cblas_sgemm(CblasRowMajor, ta, tb, int(M), int(N), int(K), alpha, A, int(lda), B, int(ldb),
-                beta, C, int(ldc));
+    block(M, N, A, B, C);
     return;
   }
   const bool by_n = N >= M;
   const int64_t per = ((D + pieces - 1) / pieces + kAlign - 1) / kAlign * kAlign;
+  TaskErrors errs;
 #pragma omp parallel for num_threads(int(pieces)) schedule(static, 1)
   for (int64_t p = 0; p < pieces; ++p) {
     const int64_t a = p * per, b = std::min(D, a + per);
     if (a >= b) continue;
-    OmpIcvScope one(1);  // sequential also if the team came out smaller than asked
-    if (by_n)            // columns [a, b) of op(B) and C
-      cblas_sgemm(CblasRowMajor, ta, tb, int(M), int(b - a), int(K), alpha, A, int(lda),
-                  trans_b ? B + a * ldb : B + a, int(ldb), beta, C + a, int(ldc));
-    else  // rows [a, b) of op(A) and C
-      cblas_sgemm(CblasRowMajor, ta, tb, int(b - a), int(N), int(K), alpha,
-                  trans_a ? A + a : A + a * lda, int(lda), B, int(ldb), beta, C + a * ldc,
-                  int(ldc));
+    errs.run([&] {
+      OmpIcvScope one(1);  // sequential also if the team came out smaller than asked
+      if (by_n)            // columns [a, b) of op(B) and C
+        block(M, b - a, A, trans_b ? B + a * ldb : B + a, C + a);
+      else  // rows [a, b) of op(A) and C
+        block(b - a, N, trans_a ? A + a : A + a * lda, B, C + a * ldc);
+    });
   }
+  errs.rethrow();
 }
 
 void matmul_xwt(const CpuBackend& be, const QWeight& W, CMatF x, MatF y, const char* what,
@@ -449,7 +462,7 @@ void matmul_xwt(const CpuBackend& be, const QWeight& W, CMatF x, MatF y, const c
   float* pw = panel.as<float>();
   for (int64_t p0 = 0; p0 < W.rows; p0 += P) {
     int64_t n = std::min(P, W.rows - p0);
-    dequant_panel(W, p0, n, pw, merged);
+    dequant_panel(be, W, p0, n, pw, merged);
     gemm_f32(be, false, true, x.rows, n, K, 1.f, x.data, x.stride, pw, K, 0.f, y.data + p0,
              y.stride);
   }

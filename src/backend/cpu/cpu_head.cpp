@@ -142,7 +142,7 @@ class CeTiles {
       dequant_panel_lp(be_, head_, p0, n, panel_.data());
       gemm_lp(be_, false, true, rc, n, H, 1.f, hc_.data(), H, panel_.data(), H, 0.f, L(), n);
     } else {
-      dequant_panel(head_, p0, n, panel_.as<float>());
+      dequant_panel(be_, head_, p0, n, panel_.as<float>());
       gemm_f32(be_, false, true, rc, n, H, 1.f, hc_.as<float>(), H, panel_.as<float>(), H, 0.f, L(),
                n);
     }
@@ -156,7 +156,7 @@ class CeTiles {
       gemm_lp(be_, false, false, rc, H, n, 1.f, lp16 ? logit16_.data() : logit_.data(), n,
               panel_.data(), H, beta, out, H);
     else
-      sgemm(false, false, rc, H, n, 1.f, L(), n, panel_.as<float>(), H, beta, out, H);
+      sgemm(be_, false, false, rc, H, n, 1.f, L(), n, panel_.as<float>(), H, beta, out, H);
   }
   // The walk both passes make: for each chunk of the counted rows (c0, rc of them: rows), its
   // hidden rows loaded, then for each panel [p0, p0 + n) of the slice its logits tile computed

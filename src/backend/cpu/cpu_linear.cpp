@@ -441,8 +441,9 @@ void CpuBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, cons
     float* pw = panel.as<float>();
     for (int64_t p0 = 0; p0 < N; p0 += P) {
       int64_t n = std::min(P, N - p0);
-      dequant_panel(W, p0, n, pw, merged ? lora : nullptr);
-      sgemm(false, false, M, K, n, 1.f, dy.data + p0, dy.stride, pw, K, 1.f, dx.data, dx.stride);
+      dequant_panel(*this, W, p0, n, pw, merged ? lora : nullptr);
+      sgemm(*this, false, false, M, K, n, 1.f, dy.data + p0, dy.stride, pw, K, 1.f, dx.data,
+            dx.stride);
     }
   }
   if (!has_lora) return;

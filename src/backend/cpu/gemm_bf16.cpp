@@ -271,6 +271,19 @@ size_t gemm_f32_onednn_scratchpad_size(bool trans_a, bool trans_b, int64_t M, in
   return get_entry(k, alpha, beta)->scratch_bytes;
 }
 
+void sgemm_onednn(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                  const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+                  int64_t ldc) {
+  cap_onednn_isa();  // before its first kernel, as for the matmul primitives
+  const dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, A,
+                                      lda, B, ldb, beta, C, ldc);
+  if (st != dnnl_success)
+    throw_error(QLFT_ERR_BACKEND,
+                "oneDNN sgemm [M %lld, N %lld, K %lld, trans_a %d, trans_b %d] failed (dnnl "
+                "status %d)",
+                (long long)M, (long long)N, (long long)K, int(trans_a), int(trans_b), int(st));
+}
+
 bool gemm_bf16_native() {
   static const bool native = [] {
     try {

@@ -51,6 +51,14 @@ size_t gemm_f32_onednn_scratchpad_size(bool trans_a, bool trans_b, int64_t M, in
                                        int64_t lda, int64_t ldb, int64_t ldc, float alpha,
                                        float beta);
 
+// The same fp32 GEMM through oneDNN's BLAS-like dnnl_sgemm (its gemm:jit kernels, chosen from
+// CPUID features; no primitive to create or cache, so any shape costs nothing extra). Threads: the
+// calling thread's OpenMP ICV, one inside a parallel region. CpuTuning::f32_blas says when sgemm()
+// uses it. Throws QLFT_ERR_BACKEND for a oneDNN failure.
+void sgemm_onednn(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                  const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+                  int64_t ldc);
+
 // Bytes of oneDNN scratchpad that gemm_bf16 needs for this shape (creates and caches the
 // primitive; 0 for an empty GEMM).
 size_t gemm_bf16_scratchpad_size(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,

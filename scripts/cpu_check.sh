@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The CPU benchmark on a lent machine's host CPU (never CI): bench/e2e.sh, qlft against
+# PyTorch+PEFT on 2 pinned cores, for a CPU class the session's own machine is not (issue 19:
+# an AMX host when this machine is an AVX2-only Zen 3, say).
+#
+#   bash scripts/cpu_check.sh pack [BUILD]   here: BUILD (default build-bench, a CPU build with
+#                                            bench_kernels) into .cpu/bundle.tar.xz: qlft-finetune,
+#                                            bench_kernels, their non-system libraries,
+#                                            /usr/bin/time, Shakespeare, the gguf Python package of
+#                                            /opt/qlft-ref, and the SmolLM2 GGUF with its tensor
+#                                            bytes patterned (bench/make_smollm2_pattern_gguf.py:
+#                                            same header, tokenizer, types and shapes; xz packs it)
+#   bash scripts/cpu_check.sh run [E2E ARGS]  there (run with carry [".cpu"]): lscpu, then
+#                                            bench/e2e.sh pinned to two cores with the
+#                                            machine's own python3 (torch, transformers, peft) as
+#                                            the peer; E2E ARGS default to
+#                                            "--warmup 1 --steps 4 --micro-batch 4". Logs under $OUT.
+#   QLFT_CHECK_CORES: the CPUs both sides are pinned to (default: two CPUs after CPU 0 on
+#   different physical cores, from lscpu -p).
+#   QLFT_CHECK_CAPPED=1 adds a second e2e run capped at AVX-512 without native bf16
+#   (QLFT_CPU_ISA=avx512 ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI, fp32 on both sides).
+#
+# Where the machine's transformers cannot read the GGUF, the peer loads a SmolLM2-shaped float32
+# Hugging Face directory instead (bench/make_smollm2_shaped.py): the same shapes and FLOPs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:?pack or run}
+shift
+
+if [ "$mode" = pack ]; then
+  build=${1:-build-bench}
+  shared=${QLFT_SHARED_DIR:-../shared}
+  ref=${QLFT_REF_VENV:-/opt/qlft-ref}
+  stage=$(mktemp -d)
+  trap 'rm -rf "$stage"' EXIT
+  mkdir -p "$stage/bin" "$stage/lib" "$stage/py" "$stage/data"
+  cp "$build/tools/qlft-finetune/qlft-finetune" "$build/bench/bench_kernels" /usr/bin/time \
+    "$stage/bin/"
+  ldd "$stage/bin/qlft-finetune" "$stage/bin/bench_kernels" | awk '/=> \// {print $3}' | sort -u |
+    grep -v -E 'libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|ld-linux' |
+    xargs -I{} cp -L {} "$stage/lib/"
+  cp -r "$ref"/lib/python3*/site-packages/gguf "$stage/py/"
+  "$ref/bin/python" bench/make_smollm2_pattern_gguf.py \
+    "${QLFT_SMOLLM2:-/opt/qlft-models/smollm2-135m-instruct-q4_1.gguf}" "$stage/data/smollm2.gguf"
+  cp "$shared/data/tinyshakespeare.txt" "$stage/data/"
+  mkdir -p .cpu
+  tar -C "$stage" -cf - . | xz -9 -T2 > .cpu/bundle.tar.xz
+  ls -la .cpu/bundle.tar.xz
+  exit 0
+fi
+
+[ "$mode" = run ] || { echo "cpu_check: pack or run" >&2; exit 2; }
+: "${OUT:?run it through the device tool}"
+root=/tmp/qlft-cpu
+mkdir -p "$root" && tar -C "$root" -xJf .cpu/bundle.tar.xz
+[ -x /usr/bin/time ] || cp "$root/bin/time" /usr/bin/time
+lscpu > "$OUT/lscpu.txt"
+grep -E '^(Model name|CPU\(s\)|Flags)' "$OUT/lscpu.txt" | cut -c1-400
+# The peer keeps the machine's own libraries; the bundle's gguf package is on its path.
+printf '#!/bin/sh\nunset LD_LIBRARY_PATH\nexport PYTHONPATH=%s/py\nexec python3 "$@"\n' "$root" \
+  > "$root/peer-python"
+chmod +x "$root/peer-python"
+"$root/peer-python" -c 'import torch, transformers, peft; print("peer:", torch.__version__, transformers.__version__, peft.__version__)' |
+  tee "$OUT/peer.txt"
+model=$root/data/smollm2.gguf
+torch_model=()
+if ! "$root/peer-python" -c "import sys; from transformers import AutoConfig; AutoConfig.from_pretrained('$root/data', gguf_file='smollm2.gguf')" \
+  > "$OUT/gguf_probe.log" 2>&1; then
+  echo "transformers cannot read the GGUF here (gguf_probe.log): the peer loads an HF directory"
+  "$root/peer-python" bench/make_smollm2_shaped.py "$root/hf" --dtype float32 > "$OUT/make_model.log" 2>&1
+  torch_model=(--torch-model "$root/hf")
+fi
+cores=${QLFT_CHECK_CORES:-$(lscpu -p=CPU,CORE | grep -v '^#' | awk -F, '$1 > 0 && !seen[$2]++ {print $1}' | head -2 | paste -sd,)}
+[[ $cores == *,* ]] || cores=0,1
+echo "pinned to CPUs $cores" | tee "$OUT/cores.txt"
+export LD_LIBRARY_PATH=$root/lib
+args=("$@")
+[ ${#args[@]} -gt 0 ] || args=(--warmup 1 --steps 4 --micro-batch 4)
+e2e() {
+  taskset -c "$cores" bash bench/e2e.sh --model "$model" "${torch_model[@]}" \
+    --data "$root/data/tinyshakespeare.txt" --python "$root/peer-python" \
+    --qlft "$root/bin/qlft-finetune" --kernels "$root/bin/bench_kernels" "$@"
+}
+e2e "${args[@]}" 2>&1 | tee "$OUT/e2e.log"
+if [ "${QLFT_CHECK_CAPPED:-0}" = 1 ]; then
+  QLFT_CPU_ISA=avx512 ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI e2e "${args[@]}" --qlft-precision fp32 \
+    --torch fp32 2>&1 | tee "$OUT/e2e-capped.log"
+fi
