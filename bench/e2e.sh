@@ -92,7 +92,7 @@ if [ -z "$qlft" ] || [ -z "$kernels" ]; then
   [ -n "$qlft" ] || qlft=$root/build-bench/tools/qlft-finetune/qlft-finetune
   [ -n "$kernels" ] || kernels=$root/build-bench/bench/bench_kernels
 fi
-for f in "$model" "$data" "$qlft" "$python"; do
+for f in "$model" "$data" "$qlft" "$python" ${torch_model:+"$torch_model"}; do
   [ -e "$f" ] || {
     echo "e2e.sh: missing $f (the model and venv: bash scripts/setup-reference.sh)" >&2
     exit 2
