@@ -609,8 +609,92 @@ TEST_P(Bf16Kinds, LinearMatchesFp32OnRoundedValues) {
   run_linear_bf16(e, kind, 1, 0.5f, 13);
 }
 
+// dh as precision bf16's one walk over the head defines it, in double (h and the head rows W
+// already bf16 values; `panels`: the [p0, p0 + n) vocabulary ranges in walk order): per row,
+// E = bf16(exp(logit - running max)) times the panel rows summed (acc rescaled when a panel
+// raises the max), then dh += gs (acc / sum - W[target]). tol: each element's bound, 1e-5 of
+// the sum of its terms' magnitudes (fp32 sums, the backend's fp32 logits and exp) plus, for each
+// E within 3e-5 (relative) of a bf16 rounding boundary, its rounding step: the backend's fp32
+// value of that one may round either way.
+struct CeDhOracle {
+  Vec want, tol;
+};
+CeDhOracle ce_dh_one_walk_oracle(const FVec& h, const FVec& W, const std::vector<int32_t>& t, int M,
+                                 int H, const std::vector<std::pair<int, int>>& panels, float gs,
+                                 const FVec& dh0) {
+  CeDhOracle o;
+  o.want.assign(h.size(), 0.0);
+  o.tol.assign(h.size(), 0.0);
+  for (size_t i = 0; i < h.size(); ++i) {
+    o.want[i] = dh0[i];
+    o.tol[i] = 1e-6 * std::fabs(dh0[i]);
+  }
+  for (int i = 0; i < M; ++i) {
+    if (t[size_t(i)] == -100) continue;
+    double m = -INFINITY, sum = 0;
+    Vec acc(size_t(H), 0.0), mag(size_t(H), 0.0), amb(size_t(H), 0.0);
+    for (auto [p0, n] : panels) {
+      Vec lg(static_cast<size_t>(n));
+      double pm = -INFINITY;
+      for (int v = 0; v < n; ++v) {
+        double s = 0;
+        for (int c = 0; c < H; ++c) s += double(h[size_t(i * H + c)]) * W[size_t((p0 + v) * H + c)];
+        lg[size_t(v)] = s;
+        pm = std::max(pm, s);
+      }
+      if (pm > m) {  // rescale what came before to the new max
+        const double r = std::exp(m - pm);
+        for (int c = 0; c < H; ++c) acc[size_t(c)] *= r, mag[size_t(c)] *= r, amb[size_t(c)] *= r;
+        sum *= r;
+        m = pm;
+      }
+      for (int v = 0; v < n; ++v) {
+        const double e = std::exp(lg[size_t(v)] - m), er = bf(e);
+        sum += e;
+        // The bf16 step at e, and whether e is near the midpoint between two bf16 values.
+        const double step = std::ldexp(1.0, std::ilogb(e) - 7);
+        const double frac =
+            (e - std::ldexp(std::floor(std::ldexp(e, 7 - std::ilogb(e))), std::ilogb(e) - 7)) /
+            step;
+        const bool near = std::fabs(frac - 0.5) < 3e-5 * e / step;
+        for (int c = 0; c < H; ++c) {
+          const double w = W[size_t((p0 + v) * H + c)];
+          acc[size_t(c)] += er * w;
+          mag[size_t(c)] += std::fabs(er * w);
+          if (near) amb[size_t(c)] += step * std::fabs(w);
+        }
+      }
+    }
+    const int tg = t[size_t(i)];
+    for (int c = 0; c < H; ++c) {
+      const double w = W[size_t(tg * H + c)];
+      o.want[size_t(i * H + c)] += gs * (acc[size_t(c)] / sum - w);
+      o.tol[size_t(i * H + c)] +=
+          gs * (1e-5 * (mag[size_t(c)] / sum + std::fabs(w)) + amb[size_t(c)] / sum);
+    }
+  }
+  return o;
+}
+
+// Elements of dh outside the oracle's bounds (at most 5 reported).
+int ce_dh_outside(const FVec& dh, const CeDhOracle& o, const char* what) {
+  int bad = 0;
+  for (size_t i = 0; i < dh.size(); ++i)
+    if (!(std::fabs(dh[i] - o.want[i]) <= o.tol[i]) && ++bad <= 5)
+      ADD_FAILURE() << what << " [" << i << "]: " << dh[i] << " vs " << o.want[i] << " +- "
+                    << o.tol[i];
+  return bad;
+}
+
+// The [p0, p0 + n) panels of rows [r0, r1) of the head, P rows each.
+void add_panels(std::vector<std::pair<int, int>>& out, int r0, int r1, int64_t P) {
+  for (int p0 = r0; p0 < r1; p0 += int(P)) out.push_back({p0, int(std::min<int64_t>(P, r1 - p0))});
+}
+
 // Cross-entropy: loss against the fp32 backend on rounded h and head (exact up to order); dh
-// against a double oracle that rounds dlogits to bf16 as the bf16 dh GEMM does.
+// (one walk over the head, and over uneven row slices of it as a ZeRO-3 head is walked) against
+// the double oracle above, which rounds the exponentials as the bf16 dh GEMM's operand and can
+// tell them rounded from not (the bound is far below a bf16 step).
 TEST_P(Bf16Kinds, CrossEntropyAndLogits) {
   auto [e, kind] = GetParam();
   if (e == Engine::OneDnn) SKIP_WITHOUT_ONEDNN_BF16();
@@ -626,6 +710,7 @@ TEST_P(Bf16Kinds, CrossEntropyAndLogits) {
   const FVec hr = rounded(h);
   std::vector<int32_t> t(M);
   for (int i = 0; i < M; ++i) t[i] = i % 5 == 3 ? -100 : rng.uniform_int(0, V - 1);
+  t[0] = V - 1;  // in the last panel
 
   FVec dh = rng.normal(h.size());
   const FVec dh0 = dh;
@@ -636,38 +721,35 @@ TEST_P(Bf16Kinds, CrossEntropyAndLogits) {
                                                MatF(), &cnt_r);
   EXPECT_EQ(cnt, cnt_r);
   EXPECT_NEAR(loss, loss_r, 1e-5 * std::fabs(loss_r));
+  auto& cpu = static_cast<cpu::CpuBackend&>(*px.bf);
+  std::vector<std::pair<int, int>> panels;
+  add_panels(panels, 0, V, cpu::panel_rows_lp(cpu, w.q));
+  ASSERT_GT(panels.size(), 2u);
+  EXPECT_EQ(ce_dh_outside(dh, ce_dh_one_walk_oracle(hr, Wr, t, M, H, panels, gs, dh0), "dh"), 0);
 
-  // Oracle for dh.
-  Vec want(h.size());
-  for (size_t i = 0; i < want.size(); ++i) want[i] = dh0[i];
-  for (int i = 0; i < M; ++i) {
-    if (t[i] == -100) continue;
-    Vec lg(V);
-    double mx = -1e300, se = 0;
-    for (int v = 0; v < V; ++v) {
-      double s = 0;
-      for (int c = 0; c < H; ++c) s += double(hr[i * H + c]) * Wr[v * H + c];
-      lg[v] = s;
-      mx = std::max(mx, s);
-    }
-    for (int v = 0; v < V; ++v) se += std::exp(lg[v] - mx);
-    const double lse = mx + std::log(se);
-    for (int v = 0; v < V; ++v) {
-      float g = float(std::exp(lg[v] - lse) * gs - (v == t[i] ? gs : 0.0));
-      const double gr = bf16_to_f32(f32_to_bf16(g));
-      for (int c = 0; c < H; ++c) want[i * H + c] += gr * Wr[v * H + c];
-    }
+  // Row slices of 1, 17, 1 and 26 rows (the head's dequantized values as f32 slices, which the
+  // backend rounds as it rounds the kind's panels), one walk each, then walk_end.
+  ASSERT_EQ(px.bf->cross_entropy_walks(), 1);
+  const int cuts[] = {0, 1, 18, 19, V};
+  std::vector<QWeight> slices;
+  panels.clear();
+  for (int k = 0; k < 4; ++k) {
+    slices.push_back(qweight_from_f32(&px.tr, w.deq.data() + cuts[k] * H, cuts[k + 1] - cuts[k], H,
+                                      QuantKind::F32));
+    add_panels(panels, cuts[k], cuts[k + 1], cpu::panel_rows_lp(cpu, slices.back()));
   }
-  FVec diff(h.size());
-  Vec delta(h.size());  // the gradient alone (without dh0), as the error scale
-  for (size_t i = 0; i < h.size(); ++i) delta[i] = want[i] - dh0[i];
-  double err = 0, scale = 0;
-  for (size_t i = 0; i < h.size(); ++i) {
-    err = std::max(err, std::fabs(dh[i] - want[i]));
-    scale = std::max(scale, std::fabs(delta[i]));
-  }
-  // exp_approx vs exp can flip a dlogit's bf16 rounding by one ulp (2^-8 relative) now and then.
-  EXPECT_LT(err / scale, 2e-3) << "dh";
+  std::vector<CrossEntropyRow> st(M);
+  FVec acc(h.size(), 0.f), dh2 = dh0, lse(M);
+  for (int k = 0; k < 4; ++k)
+    px.bf->cross_entropy_walk(slices[size_t(k)], cuts[k], V, CMatF(h.data(), M, H), t.data(), -100,
+                              gs, st.data(), acc.data(), MatF(dh2.data(), M, H));
+  cross_entropy_walk_end(st.data(), t.data(), -100, gs, acc.data(), MatF(dh2.data(), M, H));
+  int64_t cnt2 = 0;
+  EXPECT_NEAR(cross_entropy_finish(st.data(), t.data(), M, -100, lse.data(), &cnt2), loss_r,
+              1e-5 * std::fabs(loss_r));
+  EXPECT_EQ(cnt2, cnt_r);
+  EXPECT_EQ(
+      ce_dh_outside(dh2, ce_dh_one_walk_oracle(hr, Wr, t, M, H, panels, gs, dh0), "sliced dh"), 0);
 
   FVec lg(size_t(M) * V), lgr(lg.size());
   px.bf->head_logits(w.q, CMatF(h.data(), M, H), MatF(lg.data(), M, V));

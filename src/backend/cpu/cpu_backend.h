@@ -211,12 +211,12 @@ class CpuBackend final : public Backend {
   void cross_entropy_grad(const QWeight& slice, int64_t row0, int64_t vocab, CMatF h,
                           const int32_t* targets, int32_t ignore_index, const float* lse,
                           float grad_scale, MatF dh) override;
-  int cross_entropy_walks() const override { return precision_ == DType::BF16 ? 2 : 1; }
+  int cross_entropy_walks() const override { return 1; }
   void cross_entropy_walk(const QWeight& slice, int64_t row0, int64_t vocab, CMatF h,
                           const int32_t* targets, int32_t ignore_index, float grad_scale,
                           CrossEntropyRow* st, float* acc, MatF dh) override;
-  // fp32 with dh over the whole head: pass 1's states into st and dh in one walk (the loss from
-  // st is pass 1's, bit for bit).
+  // With dh over the whole head: pass 1's states into st and dh in one walk (the loss from st is
+  // pass 1's, bit for bit).
   void cross_entropy_one_walk(const QWeight& head, CMatF h, const int32_t* targets,
                               int32_t ignore_index, float grad_scale, MatF dh, CrossEntropyRow* st);
 

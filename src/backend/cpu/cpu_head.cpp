@@ -5,9 +5,12 @@
 // panels of vocab rows. Pass 1 keeps an online log-sum-exp per row; pass 2 (only when dh is
 // wanted) recomputes each logits panel, turns it into (softmax - onehot) * grad_scale and
 // accumulates its product with the panel into dh.
-// Precision bf16 rounds both GEMMs' operands (h, head panels, dlogits) to bf16.
-// fp32 with dh over the whole head walks it once instead (ce_row_one_pass): the recomputed logits
-// GEMM was a third of the head's GEMM work and the head a fifth of a small model's step.
+// With dh the head is walked once instead (ce_row_one_pass, cross_entropy_walk): the recomputed
+// logits GEMM was a third of the head's GEMM work and the head a fifth of a small model's step.
+// Precision bf16 rounds both GEMMs' operands (h, head panels, dlogits) to bf16; in the one walk
+// the dlogits operand is exp(logit - running max), rounded, and the row's 1 / sum and the target
+// row (rounded as the panels are) are applied in fp32 at the end, so only the exponentials are
+// rounded (torch rounds softmax - onehot: within one bf16 step of each other).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -62,10 +65,17 @@ void ce_row_one_pass(float* l, int64_t n, int64_t p0, int64_t target, CrossEntro
   }
 }
 
+// Row r of the head into w (head.cols floats), rounded to bf16 where the panels are (lp).
+void target_row(const QWeight& head, int64_t r, bool lp, float* w) {
+  head.dequantize_rows(r, 1, w);
+  if (lp) round_through_n(DType::BF16, w, w, size_t(head.cols));
+}
+
 // dh row += grad_scale (acc / sum - head[target]) for each of the chunk's rc rows, acc being the
 // row's sum of E panel over the whole head (ce_row_one_pass), so acc / sum = softmax head.
-void ce_dh_one_pass(const QWeight& head, const int64_t* rows, int64_t rc, const int32_t* targets,
-                    const CrossEntropyRow* st, const float* acc, float grad_scale, MatF dh) {
+void ce_dh_one_pass(const QWeight& head, bool lp, const int64_t* rows, int64_t rc,
+                    const int32_t* targets, const CrossEntropyRow* st, const float* acc,
+                    float grad_scale, MatF dh) {
   const int64_t H = head.cols;
   TaskErrors errs;
 #pragma omp parallel num_threads(qlft::num_threads())
@@ -74,7 +84,7 @@ void ce_dh_one_pass(const QWeight& head, const int64_t* rows, int64_t rc, const 
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < rc; ++i)
       errs.run([&] {
-        head.dequantize_rows(targets[rows[i]], 1, wt.data());
+        target_row(head, targets[rows[i]], lp, wt.data());
         const float a = float(double(grad_scale) / st[rows[i]].sm.s);
         float* d = dh.row(rows[i]);
         const float* g = acc + i * H;
@@ -89,10 +99,13 @@ void ce_dh_one_pass(const QWeight& head, const int64_t* rows, int64_t rc, const 
 // them the logits tile holds, the head in panels of P rows, and the GEMM of one logits tile.
 // Precision bf16: h rows, head panels and dlogits rounded to bf16 (lp operands, eb bytes each);
 // logits, softmax statistics and dh stay fp32.
+// Which dh accumulators a walk uses: none (the loss only), the caller's, or the tiles' own chunk.
+enum class DhAcc { None, Caller, Own };
+
 class CeTiles {
  public:
   CeTiles(CpuBackend& be, const QWeight& slice, CMatF h, const int32_t* targets,
-          int32_t ignore_index, bool want_dh)
+          int32_t ignore_index, DhAcc dh_acc)
       : be_(be), head_(slice), h_(h) {
     const int64_t M = h.rows, H = slice.cols;
     for (int64_t i = 0; i < M; ++i)
@@ -109,8 +122,9 @@ class CeTiles {
     panel_ = be.scratch(Scratch::Panel, size_t(P * H * eb), "cross-entropy head panel");
     logit_ = be.workspace(size_t(Rc * P) * 4, "cross-entropy logits chunk");
     hc_ = be.workspace(size_t(Rc * H * eb), "cross-entropy hidden rows");
-    if (want_dh && lp16) logit16_ = be.workspace(size_t(Rc * P) * 2, "cross-entropy bf16 dlogits");
-    if (want_dh) dhc_ = be.workspace(size_t(Rc * H) * 4, "cross-entropy hidden grads");
+    if (dh_acc != DhAcc::None && lp16)
+      logit16_ = be.workspace(size_t(Rc * P) * 2, "cross-entropy bf16 dlogits");
+    if (dh_acc == DhAcc::Own) dhc_ = be.workspace(size_t(Rc * H) * 4, "cross-entropy hidden grads");
   }
 
   std::vector<int64_t> valid;  // rows of h whose target counts
@@ -118,6 +132,13 @@ class CeTiles {
   int64_t eb = 4, P = 1, Rc = 1;
 
   float* L() { return logit_.as<float>(); }
+  // Precision bf16: the dlogits row l (row i of the tile) rounded as the dh GEMM's operand.
+  void round_dlogits(float* l, int64_t i, int64_t n) {
+    if (lp16)
+      f32_to_bf16_n(l, L16() + i * n, size_t(n));
+    else if (lp)
+      round_through_n(DType::BF16, l, l, size_t(n));
+  }
   float* dhc() { return dhc_.as<float>(); }
   uint16_t* L16() { return logit16_.as<uint16_t>(); }
 
@@ -192,7 +213,7 @@ void CpuBackend::cross_entropy_stats(const QWeight& slice, int64_t row0, int64_t
                                      CrossEntropyRow* st) {
   op_checks::cross_entropy(slice, h, CMatF());
   op_checks::targets(targets, h.rows, vocab, ignore_index);
-  CeTiles t(*this, slice, h, targets, ignore_index, false);
+  CeTiles t(*this, slice, h, targets, ignore_index, DhAcc::None);
   t.walk(
       [&](int64_t, int64_t rc, const int64_t* rows, int64_t p0, int64_t n, const float* L) {
 #pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
@@ -214,7 +235,7 @@ void CpuBackend::cross_entropy_grad(const QWeight& slice, int64_t row0, int64_t 
                                     float grad_scale, MatF dh) {
   op_checks::cross_entropy(slice, h, dh.as_const());
   op_checks::targets(targets, h.rows, vocab, ignore_index);
-  CeTiles t(*this, slice, h, targets, ignore_index, true);
+  CeTiles t(*this, slice, h, targets, ignore_index, DhAcc::Own);
   const int64_t H = slice.cols;
   // dh_chunk = sum over panels of ((softmax - onehot) * grad_scale) panel.
   t.walk(
@@ -225,10 +246,7 @@ void CpuBackend::cross_entropy_grad(const QWeight& slice, int64_t row0, int64_t 
           vec_kernels().exp_shifted(l, n, lse[rows[i]], grad_scale);
           const int64_t tg = targets[rows[i]] - row0;
           if (tg >= p0 && tg < p0 + n) l[tg - p0] -= grad_scale;
-          if (t.lp16)
-            f32_to_bf16_n(l, t.L16() + i * n, size_t(n));
-          else if (t.lp)
-            round_through_n(DType::BF16, l, l, size_t(n));
+          t.round_dlogits(l, i, n);
         }
         t.accumulate_dh(rc, n, p0 == 0 ? 0.f : 1.f);
       },
@@ -245,19 +263,21 @@ void CpuBackend::cross_entropy_grad(const QWeight& slice, int64_t row0, int64_t 
 void CpuBackend::cross_entropy_one_walk(const QWeight& head, CMatF h, const int32_t* targets,
                                         int32_t ignore_index, float grad_scale, MatF dh,
                                         CrossEntropyRow* st) {
-  CeTiles t(*this, head, h, targets, ignore_index, true);
+  CeTiles t(*this, head, h, targets, ignore_index, DhAcc::Own);
   const int64_t H = head.cols;
   // dh_chunk = grad_scale (sum over panels of E panel) / sum - grad_scale head[target].
   t.walk(
       [&](int64_t, int64_t rc, const int64_t* rows, int64_t p0, int64_t n, float* L) {
         float* acc = t.dhc();
 #pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
-        for (int64_t i = 0; i < rc; ++i)
+        for (int64_t i = 0; i < rc; ++i) {
           ce_row_one_pass(L + i * n, n, p0, targets[rows[i]], st[rows[i]], acc + i * H, H, p0 > 0);
+          t.round_dlogits(L + i * n, i, n);
+        }
         t.accumulate_dh(rc, n, p0 == 0 ? 0.f : 1.f);
       },
       [&](int64_t, int64_t rc, const int64_t* rows) {
-        ce_dh_one_pass(head, rows, rc, targets, st, t.dhc(), grad_scale, dh);
+        ce_dh_one_pass(head, t.lp, rows, rc, targets, st, t.dhc(), grad_scale, dh);
       });
 }
 
@@ -266,17 +286,18 @@ void CpuBackend::cross_entropy_walk(const QWeight& slice, int64_t row0, int64_t 
                                     CrossEntropyRow* st, float* acc, MatF dh) {
   op_checks::cross_entropy(slice, h, dh.as_const());
   op_checks::targets(targets, h.rows, vocab, ignore_index);
-  QLFT_CHECK_ARG(precision_ != DType::BF16, "cross_entropy_walk: bf16 takes two walks");
-  CeTiles t(*this, slice, h, targets, ignore_index, false);  // acc is the caller's
+  CeTiles t(*this, slice, h, targets, ignore_index, DhAcc::Caller);
   const int64_t n_valid = int64_t(t.valid.size()), V = slice.rows, H = slice.cols;
   if (n_valid == 0 || V == 0) return;
   t.walk(
       [&](int64_t c0, int64_t rc, const int64_t* rows, int64_t p0, int64_t n, float* L) {
         float* a = acc + c0 * H;  // the chunk's rows, in counted-row order
 #pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
-        for (int64_t i = 0; i < rc; ++i)
+        for (int64_t i = 0; i < rc; ++i) {
           ce_row_one_pass(L + i * n, n, row0 + p0, targets[rows[i]], st[rows[i]], a + i * H, H,
                           true);
+          t.round_dlogits(L + i * n, i, n);
+        }
         t.accumulate_dh(rc, n, 1.f, a);
       },
       [](int64_t, int64_t, const int64_t*) {});
@@ -290,7 +311,7 @@ void CpuBackend::cross_entropy_walk(const QWeight& slice, int64_t row0, int64_t 
       const int64_t r = t.valid[size_t(i)], tg = targets[r] - row0;
       if (tg < 0 || tg >= V) continue;
       errs.run([&] {
-        slice.dequantize_rows(tg, 1, wt.data());
+        target_row(slice, tg, t.lp, wt.data());
         float* d = dh.row(r);
         for (int64_t c = 0; c < H; ++c) d[c] -= grad_scale * wt[size_t(c)];
       });
@@ -310,9 +331,7 @@ double CpuBackend::linear_cross_entropy(const QWeight& head, CMatF h, const int3
   Buffer lse = workspace(size_t(M) * 4, "cross-entropy row lse");
   auto* st = rows.as<CrossEntropyRow>();
   std::fill(st, st + M, CrossEntropyRow{});
-  // bf16 keeps two passes: its dlogits are rounded as torch rounds (softmax - onehot), which
-  // needs the row's final log-sum-exp before the dh GEMM.
-  if (dh.data && precision_ != DType::BF16) {
+  if (dh.data) {
     cross_entropy_one_walk(head, h, targets, ignore_index, grad_scale, dh, st);
     return cross_entropy_finish(st, targets, M, ignore_index, lse.as<float>(), count);
   }
