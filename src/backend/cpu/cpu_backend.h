@@ -165,7 +165,7 @@ class CpuBackend final : public Backend {
                           int64_t rows, int64_t cols) override;
   void swiglu_bwd_16(MatF gate, MatF up, DType t, const uint16_t* g16, const uint16_t* u16,
                      CMatF dout, MatF dgate, MatF dup) override;
-  // Precision bf16: fused_width(W.rows, r) where linear_bwd takes the fused dx GEMM (room for
+  // Precision bf16: fused_width(W.rows, r, ...) where linear_bwd takes the fused dx GEMM (room for
   // its columns), else W.rows (the stride of the dy copy it would make itself).
   int64_t grad_16_stride(const QWeight& W, const LoraRef* lora) const override;
   void next_dy_16(DType t, View2<uint16_t> dy16) override {
@@ -388,14 +388,18 @@ void matmul_xwt_lp(const CpuBackend& be, const QWeight& W, const LpMat& xl, MatF
 
 // Precision bf16 folds a LoRA's rank-r GEMMs into the base GEMM (cpu_linear.cpp) when scale * B
 // and scale * A round as B and A do (scale a power of two) and no dropout mask sits between
-// x and xa; the inner dimension grows by r, padded to a multiple of kFusedAlign (AMX tiles).
+// x and xa; the inner dimension grows by r, padded to a multiple of kFusedAlign where the
+// operands are bf16 (oneDNN: AMX tiles; the unpadded concatenation was slower there than the
+// separate GEMMs). The sgemm engine's fp32 operands (lp elements of 4 bytes) take k + r as it is:
+// the padding's zeros were about 2% of a bf16 step on a Zen 3 (issue 19's shape).
 constexpr int64_t kFusedAlign = 32;
 inline bool lora_fusable(int r, float scale, float dropout_p) {
   int e;
   return r > 0 && dropout_p == 0.f && scale != 0.f && std::fabs(std::frexp(scale, &e)) == 0.5f;
 }
-inline int64_t fused_width(int64_t k, int r) {
-  return (k + r + kFusedAlign - 1) / kFusedAlign * kFusedAlign;
+inline int64_t fused_width(int64_t k, int r, size_t lp_elem_bytes) {
+  const int64_t a = lp_elem_bytes == 2 ? kFusedAlign : 1;
+  return (k + r + a - 1) / a * a;
 }
 
 // A GEMM operand in the element type of a call: the fp32 matrix itself, or (lp) its bf16 rounding

@@ -283,7 +283,7 @@ void CpuBackend::linear_fwd(const QWeight& W, const float* bias, const LoraRef* 
   LpMat x_own;
   if (fusable(lora) && x.rows > 0 && W.rows > 0) {
     op_checks::lora(*lora);
-    const int64_t extra = fused_width(W.cols, lora->r) - W.cols;
+    const int64_t extra = fused_width(W.cols, lora->r, lp_bytes(*this)) - W.cols;
     const LpMat& xl = input_lp(x, Scratch::In, "bf16 linear input", x_own, extra);
     linear_fwd_fused(*this, W, bias, *lora, x, xl, y, xa);
     return;
@@ -304,7 +304,7 @@ void CpuBackend::linear_fwd_to_16(const QWeight& W, const float* bias, const Lor
   op_checks::linear(W, x, y.as_const(), "linear_fwd_to_16");
   op_checks::lora(*lora);
   LpMat x_own;
-  const int64_t extra = fused_width(W.cols, lora->r) - W.cols;
+  const int64_t extra = fused_width(W.cols, lora->r, lp_bytes(*this)) - W.cols;
   const LpMat& xl = input_lp(x, Scratch::In, "bf16 linear input", x_own, extra);
   linear_fwd_fused(*this, W, nullptr, *lora, x, xl, y, xa, y16);
 }
@@ -312,7 +312,7 @@ void CpuBackend::linear_fwd_to_16(const QWeight& W, const float* bias, const Lor
 int64_t CpuBackend::grad_16_stride(const QWeight& W, const LoraRef* lora) const {
   const bool fused =
       precision_ == DType::BF16 && W.rows > 0 && fusable(lora) && panel_rows_lp(*this, W) >= W.rows;
-  return fused ? fused_width(W.rows, lora->r) : W.rows;
+  return fused ? fused_width(W.rows, lora->r, lp_bytes(*this)) : W.rows;
 }
 
 bool CpuBackend::next_dx_16(DType t, uint16_t* dx16, const QWeight& W, const LoraRef* lora) {
@@ -383,7 +383,7 @@ void CpuBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, cons
                         dy16.stride);
     };
     const OpGemm mm{*this, true};
-    const int64_t Np = has_lora ? fused_width(N, lora->r) : N;
+    const int64_t Np = has_lora ? fused_width(N, lora->r, lp_bytes(*this)) : N;
     if (want_dx && N > 0 && fusable(lora) && panel_rows_lp(*this, W) >= N) {
       // [dy | g | 0] [W ; scale A ; 0] in one GEMM (one panel): the LoRA gradients first,
       // which leave g for the spare columns.

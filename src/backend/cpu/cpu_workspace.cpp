@@ -58,7 +58,7 @@ class CpuWorkspace final : public WorkspaceModel {
       // copy and a panel of W with B's; else the lp panel, then A, the dropout chunk (fp32 and
       // lp), B and xa as lp.
       if (lora && fused) {
-        const int64_t Kp = cpu::fused_width(K, r);
+        const int64_t Kp = cpu::fused_width(K, r, size_t(eb));
         const int64_t P = std::min<int64_t>(N, std::max<int64_t>(1, tune.panel_bytes / (Kp * eb)));
         return lpm(M * Kp) + lpm(r * K) + lpm(P * Kp);
       }
@@ -83,7 +83,7 @@ class CpuWorkspace final : public WorkspaceModel {
       const uint64_t xl = lora && !dropout ? lpm(M * K) : 0, held = shared ? xl : 0;
       const uint64_t grads = lpm(r * K) + lpm(N * r) + fl(M * r) + lpm(M * r) + xl;
       if (lora && fused && panel_rows_lp(N, K) >= N) {  // [dy | g | 0] [W ; sA ; 0]
-        const int64_t Np = cpu::fused_width(N, r);
+        const int64_t Np = cpu::fused_width(N, r, size_t(eb));
         const uint64_t dyl = lpm(M * Np);  // g (fp32) is the caller's here, counted in grads
         return std::max(dyl + grads + lpm(M * r), dyl + fl(M * r) + held + lpm(Np * K));
       }
