@@ -95,13 +95,13 @@ void ce_dh_one_pass(const QWeight& head, bool lp, const int64_t* rows, int64_t r
   errs.rethrow();
 }
 
+// Which dh accumulators a walk uses: none (the loss only), the caller's, or the tiles' own chunk.
+enum class DhAcc { None, Caller, Own };
+
 // What both passes over one slice of the head share: the rows whose target counts, the chunk of
 // them the logits tile holds, the head in panels of P rows, and the GEMM of one logits tile.
 // Precision bf16: h rows, head panels and dlogits rounded to bf16 (lp operands, eb bytes each);
 // logits, softmax statistics and dh stay fp32.
-// Which dh accumulators a walk uses: none (the loss only), the caller's, or the tiles' own chunk.
-enum class DhAcc { None, Caller, Own };
-
 class CeTiles {
  public:
   CeTiles(CpuBackend& be, const QWeight& slice, CMatF h, const int32_t* targets,
