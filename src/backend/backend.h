@@ -308,7 +308,7 @@ class Backend {
   // slice.rows) of a head of `vocab` rows. Pass 1 merges each slice's logits into st (one per
   // row of h, rows whose target counts); cross_entropy_finish turns them into the loss and each
   // row's log-sum-exp; pass 2 adds each slice's share of grad_scale * d(sum)/dh into dh.
-  // linear_cross_entropy is the two passes over one slice, the whole head. Host backends only:
+  // linear_cross_entropy: the same loss over one slice, the whole head. Host backends only:
   // the default throws QLFT_ERR_UNSUPPORTED.
   virtual void cross_entropy_stats(const QWeight& slice, int64_t row0, int64_t vocab, CMatF h,
                                    const int32_t* targets, int32_t ignore_index,
@@ -317,7 +317,7 @@ class Backend {
                                   const int32_t* targets, int32_t ignore_index, const float* lse,
                                   float grad_scale, MatF dh);
   // The walks of a sliced head the loss with dh takes here: 1 when cross_entropy_walk does it
-  // (as linear_cross_entropy walks a whole fp32 head once), else 2 (stats, then grad).
+  // (the CPU backend in every precision, as its whole head), else 2 (stats, then grad).
   virtual int cross_entropy_walks() const { return 2; }
   // The one walk: per slice, pass 1's merge into st, and into acc (a row of h's width for each
   // row whose target counts, in row order; zeroed before the first slice) the slice's
