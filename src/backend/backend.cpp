@@ -233,7 +233,7 @@ void cross_entropy_walk_end(const CrossEntropyRow* st, const int32_t* targets, i
   int64_t k = 0;  // acc's row: the k-th row whose target counts
   for (int64_t i = 0; i < dh.rows; ++i) {
     if (targets[i] == ignore_index) continue;
-    const float a = float(double(grad_scale) / st[i].sm.s);
+    const float a = ce_acc_factor(st[i], grad_scale);
     float* d = dh.row(i);
     const float* g = acc + k++ * H;
     for (int64_t c = 0; c < H; ++c) d[c] += a * g[c];

@@ -13,6 +13,8 @@
 //    buffer, and accumulate into LoRA gradients (+=) so micro-batches can accumulate.
 #pragma once
 
+#include <climits>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 
@@ -52,11 +54,27 @@ struct AttnShape {
 // (metrics.jsonl h2d_bytes / d2h_bytes / device_syncs); the CPU backend moves nothing.
 // One row of a cross-entropy computed over a head in slices (Backend::cross_entropy_stats): the
 // running softmax over the vocabulary rows seen so far and the target's logit once its slice
-// was seen.
+// was seen; for the one walk (Backend::cross_entropy_walk) the shift of the row's dh
+// accumulator, shift ln 2 (ce_acc_shift; INT32_MIN until the row's first finite logit).
 struct CrossEntropyRow {
   OnlineSoftmax<double> sm;
   float target_logit = 0.f;
+  int32_t shift = INT32_MIN;
 };
+
+// The one walk's accumulator shift for a running max m: the least k with k ln 2 >= m. Shifts are
+// multiples of ln 2 so that a raised max rescales the accumulator by an exact power of two and an
+// exponential rounded to bf16 under one shift is the one rounded under the final shift: the walk's
+// rounded dh operand does not depend on how the head is cut into panels or slices.
+inline int32_t ce_acc_shift(float m) {
+  return static_cast<int32_t>(std::ceil(double(m) * 1.4426950408889634));
+}
+// What turns a row's accumulator (sum of exp(logit - shift ln 2) x head rows) into
+// grad_scale softmax x head: grad_scale exp(shift ln 2 - max) / sum.
+inline float ce_acc_factor(const CrossEntropyRow& row, float grad_scale) {
+  return float(double(grad_scale) * std::exp(double(row.shift) * 0.6931471805599453 - row.sm.m) /
+               row.sm.s);
+}
 
 // RoPE's position arguments, for an operation that applies it itself (Backend::attention_bwd_16).
 struct RopeArgs {
@@ -321,9 +339,9 @@ class Backend {
   virtual int cross_entropy_walks() const { return 2; }
   // The one walk: per slice, pass 1's merge into st, and into acc (a row of h's width for each
   // row whose target counts, in row order; zeroed before the first slice) the slice's
-  // exp(logits - the row's running max) times its rows (acc rescaled when a row's max rises),
-  // and dh -= grad_scale head[target] for the targets in the slice. After the last slice
-  // cross_entropy_walk_end adds grad_scale acc / sum into dh.
+  // exp(logits - shift ln 2) times its rows (ce_acc_shift of the row's running max; acc
+  // rescaled by a power of two when it rises), and dh -= grad_scale head[target] for the targets
+  // in the slice. After the last slice cross_entropy_walk_end adds ce_acc_factor acc into dh.
   virtual void cross_entropy_walk(const QWeight& slice, int64_t row0, int64_t vocab, CMatF h,
                                   const int32_t* targets, int32_t ignore_index, float grad_scale,
                                   CrossEntropyRow* st, float* acc, MatF dh);
@@ -340,7 +358,7 @@ class Backend {
 // number of counted rows.
 double cross_entropy_finish(const CrossEntropyRow* st, const int32_t* targets, int64_t rows,
                             int32_t ignore_index, float* lse, int64_t* count);
-// dh += grad_scale acc / sum for each row whose target counts, after the last slice of
+// dh += ce_acc_factor(row) acc for each row whose target counts, after the last slice of
 // Backend::cross_entropy_walk (host memory).
 void cross_entropy_walk_end(const CrossEntropyRow* st, const int32_t* targets, int32_t ignore_index,
                             float grad_scale, const float* acc, MatF dh);

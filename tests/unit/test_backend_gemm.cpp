@@ -612,18 +612,18 @@ TEST_P(Bf16Kinds, LinearMatchesFp32OnRoundedValues) {
 }
 
 // dh as precision bf16's one walk over the head defines it, in double (h and the head rows W
-// already bf16 values; `panels`: the [p0, p0 + n) vocabulary ranges in walk order): per row,
-// E = bf16(exp(logit - running max)) times the panel rows summed (acc rescaled when a panel
-// raises the max), then dh += gs (acc / sum - W[target]). tol: each element's bound, 1e-5 of
-// the sum of its terms' magnitudes (fp32 sums, the backend's fp32 logits and exp) plus, for each
-// E within 3e-5 (relative) of a bf16 rounding boundary, its rounding step: the backend's fp32
-// value of that one may round either way.
+// already bf16 values): per row, E = bf16(exp(logit - K ln 2)) for K = ceil(max / ln 2), summed
+// times the head rows, then dh += gs (acc / sum of exp(logit - K ln 2) - W[target]). No panels:
+// the backend's shifts are multiples of ln 2 (ce_acc_shift), so its rounding is this one however
+// the head is cut. tol: each element's bound, 1e-5 of the sum of its terms' magnitudes (fp32
+// sums, the backend's fp32 logits and exp) plus, for each E within 3e-5 (relative) of a bf16
+// rounding midpoint, its rounding step: the backend's fp32 value of that one may round either
+// way.
 struct CeDhOracle {
   Vec want, tol;
 };
 CeDhOracle ce_dh_one_walk_oracle(const FVec& h, const FVec& W, const std::vector<int32_t>& t, int M,
-                                 int H, const std::vector<std::pair<int, int>>& panels, float gs,
-                                 const FVec& dh0) {
+                                 int H, int V, float gs, const FVec& dh0) {
   CeDhOracle o;
   o.want.assign(h.size(), 0.0);
   o.tol.assign(h.size(), 0.0);
@@ -633,38 +633,29 @@ CeDhOracle ce_dh_one_walk_oracle(const FVec& h, const FVec& W, const std::vector
   }
   for (int i = 0; i < M; ++i) {
     if (t[size_t(i)] == -100) continue;
-    double m = -INFINITY, sum = 0;
+    Vec lg(static_cast<size_t>(V));
+    double m = -INFINITY;
+    for (int v = 0; v < V; ++v) {
+      double s = 0;
+      for (int c = 0; c < H; ++c) s += double(h[size_t(i * H + c)]) * W[size_t(v * H + c)];
+      lg[size_t(v)] = s;
+      m = std::max(m, s);
+    }
+    const double shift = std::ceil(m / std::log(2.0)) * std::log(2.0);
+    double sum = 0;
     Vec acc(size_t(H), 0.0), mag(size_t(H), 0.0), amb(size_t(H), 0.0);
-    for (auto [p0, n] : panels) {
-      Vec lg(static_cast<size_t>(n));
-      double pm = -INFINITY;
-      for (int v = 0; v < n; ++v) {
-        double s = 0;
-        for (int c = 0; c < H; ++c) s += double(h[size_t(i * H + c)]) * W[size_t((p0 + v) * H + c)];
-        lg[size_t(v)] = s;
-        pm = std::max(pm, s);
-      }
-      if (pm > m) {  // rescale what came before to the new max
-        const double r = std::exp(m - pm);
-        for (int c = 0; c < H; ++c) acc[size_t(c)] *= r, mag[size_t(c)] *= r, amb[size_t(c)] *= r;
-        sum *= r;
-        m = pm;
-      }
-      for (int v = 0; v < n; ++v) {
-        const double e = std::exp(lg[size_t(v)] - m), er = bf(e);
-        sum += e;
-        // The bf16 step at e, and whether e is near the midpoint between two bf16 values.
-        const double step = std::ldexp(1.0, std::ilogb(e) - 7);
-        const double frac =
-            (e - std::ldexp(std::floor(std::ldexp(e, 7 - std::ilogb(e))), std::ilogb(e) - 7)) /
-            step;
-        const bool near = std::fabs(frac - 0.5) < 3e-5 * e / step;
-        for (int c = 0; c < H; ++c) {
-          const double w = W[size_t((p0 + v) * H + c)];
-          acc[size_t(c)] += er * w;
-          mag[size_t(c)] += std::fabs(er * w);
-          if (near) amb[size_t(c)] += step * std::fabs(w);
-        }
+    for (int v = 0; v < V; ++v) {
+      const double e = std::exp(lg[size_t(v)] - shift), er = bf(e);
+      sum += e;
+      // The bf16 step at e, and whether e is near the midpoint between two bf16 values.
+      const double step = std::ldexp(1.0, std::ilogb(e) - 7);
+      const double frac = (e - std::floor(e / step) * step) / step;
+      const bool near = std::fabs(frac - 0.5) < 3e-5 * e / step;
+      for (int c = 0; c < H; ++c) {
+        const double w = W[size_t(v * H + c)];
+        acc[size_t(c)] += er * w;
+        mag[size_t(c)] += std::fabs(er * w);
+        if (near) amb[size_t(c)] += step * std::fabs(w);
       }
     }
     const int tg = t[size_t(i)];
@@ -688,15 +679,10 @@ int ce_dh_outside(const FVec& dh, const CeDhOracle& o, const char* what) {
   return bad;
 }
 
-// The [p0, p0 + n) panels of rows [r0, r1) of the head, P rows each.
-void add_panels(std::vector<std::pair<int, int>>& out, int r0, int r1, int64_t P) {
-  for (int p0 = r0; p0 < r1; p0 += int(P)) out.push_back({p0, int(std::min<int64_t>(P, r1 - p0))});
-}
-
 // Cross-entropy: loss against the fp32 backend on rounded h and head (exact up to order); dh
-// (one walk over the head, and over uneven row slices of it as a ZeRO-3 head is walked) against
-// the double oracle above, which rounds the exponentials as the bf16 dh GEMM's operand and can
-// tell them rounded from not (the bound is far below a bf16 step).
+// (one walk over the head in panels, and over uneven row slices of it as a ZeRO-3 head is
+// walked) against the one double oracle above, which rounds the exponentials as the bf16 dh
+// GEMM's operand and can tell them rounded from not (the bound is far below a bf16 step).
 TEST_P(Bf16Kinds, CrossEntropyAndLogits) {
   auto [e, kind] = GetParam();
   if (e == Engine::OneDnn) SKIP_WITHOUT_ONEDNN_BF16();
@@ -724,22 +710,18 @@ TEST_P(Bf16Kinds, CrossEntropyAndLogits) {
   EXPECT_EQ(cnt, cnt_r);
   EXPECT_NEAR(loss, loss_r, 1e-5 * std::fabs(loss_r));
   auto& cpu = static_cast<cpu::CpuBackend&>(*px.bf);
-  std::vector<std::pair<int, int>> panels;
-  add_panels(panels, 0, V, cpu::panel_rows_lp(cpu, w.q));
-  ASSERT_GT(panels.size(), 2u);
-  EXPECT_EQ(ce_dh_outside(dh, ce_dh_one_walk_oracle(hr, Wr, t, M, H, panels, gs, dh0), "dh"), 0);
+  ASSERT_LT(cpu::panel_rows_lp(cpu, w.q), V / 2) << "several panels";
+  const CeDhOracle oracle = ce_dh_one_walk_oracle(hr, Wr, t, M, H, V, gs, dh0);
+  EXPECT_EQ(ce_dh_outside(dh, oracle, "dh"), 0);
 
   // Row slices of 1, 17, 1 and 26 rows (the head's dequantized values as f32 slices, which the
   // backend rounds as it rounds the kind's panels), one walk each, then walk_end.
   ASSERT_EQ(px.bf->cross_entropy_walks(), 1);
   const int cuts[] = {0, 1, 18, 19, V};
   std::vector<QWeight> slices;
-  panels.clear();
-  for (int k = 0; k < 4; ++k) {
+  for (int k = 0; k < 4; ++k)
     slices.push_back(qweight_from_f32(&px.tr, w.deq.data() + cuts[k] * H, cuts[k + 1] - cuts[k], H,
                                       QuantKind::F32));
-    add_panels(panels, cuts[k], cuts[k + 1], cpu::panel_rows_lp(cpu, slices.back()));
-  }
   std::vector<CrossEntropyRow> st(M);
   FVec acc(h.size(), 0.f), dh2 = dh0, lse(M);
   for (int k = 0; k < 4; ++k)
@@ -750,8 +732,7 @@ TEST_P(Bf16Kinds, CrossEntropyAndLogits) {
   EXPECT_NEAR(cross_entropy_finish(st.data(), t.data(), M, -100, lse.data(), &cnt2), loss_r,
               1e-5 * std::fabs(loss_r));
   EXPECT_EQ(cnt2, cnt_r);
-  EXPECT_EQ(
-      ce_dh_outside(dh2, ce_dh_one_walk_oracle(hr, Wr, t, M, H, panels, gs, dh0), "sliced dh"), 0);
+  EXPECT_EQ(ce_dh_outside(dh2, oracle, "sliced dh"), 0);
 
   FVec lg(size_t(M) * V), lgr(lg.size());
   px.bf->head_logits(w.q, CMatF(h.data(), M, H), MatF(lg.data(), M, V));

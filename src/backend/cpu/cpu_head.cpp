@@ -8,9 +8,9 @@
 // With dh the head is walked once instead (ce_row_one_pass, cross_entropy_walk): the recomputed
 // logits GEMM was a third of the head's GEMM work and the head a fifth of a small model's step.
 // Precision bf16 rounds both GEMMs' operands (h, head panels, dlogits) to bf16; in the one walk
-// the dlogits operand is exp(logit - running max), rounded, and the row's 1 / sum and the target
-// row (rounded as the panels are) are applied in fp32 at the end, so only the exponentials are
-// rounded (torch rounds softmax - onehot: within one bf16 step of each other).
+// the dlogits operand is exp(logit - shift ln 2), rounded, and the row's ce_acc_factor and the
+// target row (rounded as the panels are) are applied in fp32 at the end, so only the
+// exponentials are rounded (torch rounds softmax - onehot: within one bf16 step of each other).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -44,11 +44,11 @@ void scale_row(float* x, int64_t n, float s) {
 
 // One logits row l (n entries of the panel starting at vocab row p0) of the one-pass walk: the
 // same statistics as pass 1 (so the loss is the one without dh, bit for bit), and l replaced by
-// E = exp(l - st.m), the shift the row's dh accumulator (acc, H floats) shares: when this panel
-// raises the row's max, acc is rescaled to it (unless it is still unset: acc_set false); otherwise
-// E is. p0 is the panel's first vocabulary row.
+// E = exp(l - row.shift ln 2), the shift the row's dh accumulator (acc, H floats) shares
+// (ce_acc_shift of the running max): when this panel raises it, acc is rescaled by the power of
+// two between the shifts (unless still unset: the row's first finite panel).
 void ce_row_one_pass(float* l, int64_t n, int64_t p0, int64_t target, CrossEntropyRow& row,
-                     float* acc, int64_t H, bool acc_set) {
+                     float* acc, int64_t H) {
   OnlineSoftmax<double>& st = row.sm;
   if (target >= p0 && target < p0 + n) row.target_logit = l[target - p0];
   const float m = vec_kernels().max_of(l, n);
@@ -56,13 +56,15 @@ void ce_row_one_pass(float* l, int64_t n, int64_t p0, int64_t target, CrossEntro
     std::fill(l, l + n, 0.f);
     return;
   }
-  const float old = st.m;
   online_softmax_merge(st, m, vec_kernels().exp_sum_shifted(l, n, m));
-  if (st.m > old) {
-    if (acc_set) scale_row(acc, H, std::exp(old - st.m));
-  } else if (m < st.m) {
-    scale_row(l, n, std::exp(m - st.m));
+  const int32_t k = ce_acc_shift(st.m);
+  if (row.shift == INT32_MIN) {
+    row.shift = k;
+  } else if (k > row.shift) {
+    scale_row(acc, H, std::ldexp(1.f, row.shift - k));
+    row.shift = k;
   }
+  scale_row(l, n, float(std::exp(double(m) - double(row.shift) * 0.6931471805599453)));
 }
 
 // Row r of the head into w (head.cols floats), rounded to bf16 where the panels are (lp).
@@ -85,7 +87,7 @@ void ce_dh_one_pass(const QWeight& head, bool lp, const int64_t* rows, int64_t r
     for (int64_t i = 0; i < rc; ++i)
       errs.run([&] {
         target_row(head, targets[rows[i]], lp, wt.data());
-        const float a = float(double(grad_scale) / st[rows[i]].sm.s);
+        const float a = ce_acc_factor(st[rows[i]], grad_scale);
         float* d = dh.row(rows[i]);
         const float* g = acc + i * H;
 #pragma omp simd
@@ -271,7 +273,7 @@ void CpuBackend::cross_entropy_one_walk(const QWeight& head, CMatF h, const int3
         float* acc = t.dhc();
 #pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
         for (int64_t i = 0; i < rc; ++i) {
-          ce_row_one_pass(L + i * n, n, p0, targets[rows[i]], st[rows[i]], acc + i * H, H, p0 > 0);
+          ce_row_one_pass(L + i * n, n, p0, targets[rows[i]], st[rows[i]], acc + i * H, H);
           t.round_dlogits(L + i * n, i, n);
         }
         t.accumulate_dh(rc, n, p0 == 0 ? 0.f : 1.f);
@@ -294,8 +296,7 @@ void CpuBackend::cross_entropy_walk(const QWeight& slice, int64_t row0, int64_t 
         float* a = acc + c0 * H;  // the chunk's rows, in counted-row order
 #pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
         for (int64_t i = 0; i < rc; ++i) {
-          ce_row_one_pass(L + i * n, n, row0 + p0, targets[rows[i]], st[rows[i]], a + i * H, H,
-                          true);
+          ce_row_one_pass(L + i * n, n, row0 + p0, targets[rows[i]], st[rows[i]], a + i * H, H);
           t.round_dlogits(L + i * n, i, n);
         }
         t.accumulate_dh(rc, n, 1.f, a);
