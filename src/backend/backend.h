@@ -13,7 +13,6 @@
 //    buffer, and accumulate into LoRA gradients (+=) so micro-batches can accumulate.
 #pragma once
 
-#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -69,11 +68,13 @@ struct CrossEntropyRow {
 inline int32_t ce_acc_shift(float m) {
   return static_cast<int32_t>(std::ceil(double(m) * 1.4426950408889634));
 }
+inline double ce_shift_value(int32_t shift) {
+  return double(shift) * 0.6931471805599453;
+}
 // What turns a row's accumulator (sum of exp(logit - shift ln 2) x head rows) into
 // grad_scale softmax x head: grad_scale exp(shift ln 2 - max) / sum.
 inline float ce_acc_factor(const CrossEntropyRow& row, float grad_scale) {
-  return float(double(grad_scale) * std::exp(double(row.shift) * 0.6931471805599453 - row.sm.m) /
-               row.sm.s);
+  return float(double(grad_scale) * std::exp(ce_shift_value(row.shift) - row.sm.m) / row.sm.s);
 }
 
 // RoPE's position arguments, for an operation that applies it itself (Backend::attention_bwd_16).

@@ -64,7 +64,7 @@ void ce_row_one_pass(float* l, int64_t n, int64_t p0, int64_t target, CrossEntro
     scale_row(acc, H, std::ldexp(1.f, row.shift - k));
     row.shift = k;
   }
-  scale_row(l, n, float(std::exp(double(m) - double(row.shift) * 0.6931471805599453)));
+  scale_row(l, n, float(std::exp(double(m) - ce_shift_value(row.shift))));
 }
 
 // Row r of the head into w (head.cols floats), rounded to bf16 where the panels are (lp).
