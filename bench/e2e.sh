@@ -7,7 +7,7 @@
 #                [--qlft path/to/qlft-finetune] [--python /opt/qlft-ref/bin/python]
 #                [--kernels path/to/bench_kernels | --peak GFLOPS --f32-peak GFLOPS]
 #                [--torch "bf16 fp32"] [--torch-extra "ARGS"] [--skip-torch]
-#                [--qlft-precision "bf16 fp32"]
+#                [--qlft-precision "bf16 fp32"] [--qlft-profile DIR]
 #
 # Needs the reference environment: `bash scripts/setup-reference.sh` creates the venv
 # /opt/qlft-ref (torch, transformers, peft) and /opt/qlft-models/smollm2-135m-instruct-q4_1.gguf.
@@ -22,6 +22,10 @@
 # Peak RSS is the whole process's (/usr/bin/time -v), model loading included.
 # --torch-model gives the peer a model of the same shapes where it cannot read the GGUF itself
 # (a Hugging Face directory, bench/make_smollm2_shaped.py; scripts/cpu_check.sh on a lent host).
+#
+# --qlft-profile DIR: each qlft run writes its op profile (QLFT_PROFILE: host wall time per op,
+# the steps after the first) to DIR/profile-qlft-<precision>.tsv, and its largest rows by name are
+# printed. The instrumentation costs well under 1% of a step (docs/PERFORMANCE.md).
 #
 # --torch lists the PyTorch configurations to run: bf16 (autocast, the matched configuration)
 # and fp32 (no autocast: on a CPU without AVX512-BF16 torch's bf16 GEMMs are emulated and fp32 is
@@ -51,6 +55,7 @@ torch_cfgs="bf16 fp32"
 qlft_cfgs="bf16"
 torch_extra=""
 skip_torch=0
+profile_dir=""
 while (($#)); do
   case "$1" in
     --steps) steps=$2; shift 2 ;;
@@ -69,6 +74,7 @@ while (($#)); do
     --qlft-precision) qlft_cfgs=$2; shift 2 ;;
     --torch-extra) torch_extra=$2; shift 2 ;;
     --skip-torch) skip_torch=1; shift ;;
+    --qlft-profile) profile_dir=$2; shift 2 ;;
     -h|--help) sed -n 2,30p "$0"; exit 0 ;;
     *) echo "e2e.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -100,7 +106,11 @@ for f in "$model" "$data" "$qlft" "$python" ${torch_model:+"$torch_model"}; do
 done
 
 # Spinning OpenMP workers would steal the cores of whatever else runs; both sides get the same.
+# OMP_WAIT_POLICY=default leaves it unset for both: GNU OpenMP's own default (spin a while, then
+# sleep), what a program that sets nothing gets. On a lent VM host passive cost qlft a third of
+# its speed (docs/PERFORMANCE.md, "Emerald Rapids host ... session 15").
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+[ "$OMP_WAIT_POLICY" != default ] || unset OMP_WAIT_POLICY
 work=$(mktemp -d /tmp/qlft-e2e.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
@@ -108,7 +118,7 @@ echo "== machine"
 echo "date:    $(date -u '+%Y-%m-%d %H:%M UTC')"
 echo "cpu:     $(lscpu | sed -n 's/^Model name: *//p') ($(nproc) cores visible), $(free -g | awk '/Mem:/{print $2}') GiB"
 echo "load:    $(cut -d' ' -f1-3 /proc/loadavg) (1/5/15 min) at start"
-echo "threads: $threads, OMP_WAIT_POLICY=$OMP_WAIT_POLICY, micro-batch $mb x 512, steps: $warmup warm-up + $steps timed"
+echo "threads: $threads, OMP_WAIT_POLICY=${OMP_WAIT_POLICY-unset}, micro-batch $mb x 512, steps: $warmup warm-up + $steps timed"
 
 if [ -z "$peak" ]; then
   if [ -n "$kernels" ]; then
@@ -129,7 +139,9 @@ total=$((warmup + steps))
 qlft_args=()
 for cfg in $qlft_cfgs; do
   echo "== qlft, $cfg ($qlft)"
-  /usr/bin/time -v -o "$work/qlft-$cfg.time" "$qlft" train --model "$model" --data "$data" \
+  prof=""
+  [ -z "$profile_dir" ] || prof=$(mkdir -p "$profile_dir" && cd "$profile_dir" && pwd)/profile-qlft-$cfg.tsv
+  QLFT_PROFILE=$prof /usr/bin/time -v -o "$work/qlft-$cfg.time" "$qlft" train --model "$model" --data "$data" \
     --train.output_dir "$work/qlft-$cfg" --threads "$threads" --quant.type keep \
     --lora.r 16 --lora.alpha 32 --lora.dropout 0 --data.seq_len 512 --data.separator none \
     --data.eval_fraction 0 --train.micro_batch "$mb" --train.accumulation 1 \
@@ -157,6 +169,10 @@ for cfg in $qlft_cfgs; do
   # The CLI's memory report (predicted and measured per category, process peak RSS).
   sed -n '/^adapter:/,$p' "$work/qlft-$cfg.out" | tail -n +2 | sed 's/^/  /'
   grep -h 'predicted memory peak' "$work/qlft-$cfg.err" | sed 's/^/  /' || true
+  if [ -n "$prof" ]; then
+    echo "  op profile ($prof), self time by name, largest first:"
+    sed -n '/^by name/,$p' "$prof" | head -16 | sed 's/^/    /'
+  fi
   qlft_args+=(--qlft "qlft $cfg:$work/qlft-$cfg/metrics.jsonl:$work/qlft-$cfg.time:${cpu_s:-0}")
 done
 

@@ -15,10 +15,17 @@
 #                                            machine's own python3 (torch, transformers, peft) as
 #                                            the peer; E2E ARGS default to
 #                                            "--warmup 1 --steps 4 --micro-batch 4". Logs under $OUT.
+#   QLFT_CHECK_TESTS (pack): test binaries of BUILD_TESTS (default build) to bundle, default
+#   "test_backend_gemm test_backend_ops test_backend_props test_quant_isa test_cpu_isa" (none needs
+#   shared files); run executes each at the
+#   machine's own ISA into $OUT/tests.log, so the kernels this CPU class selects (AMX, AVX512-BF16)
+#   pass their oracle tests there too.
 #   QLFT_CHECK_CORES: the CPUs both sides are pinned to (default: two CPUs after CPU 0 on
 #   different physical cores, from lscpu -p).
 #   QLFT_CHECK_CAPPED=1 adds a second e2e run capped at AVX-512 without native bf16
 #   (QLFT_CPU_ISA=avx512 ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI, fp32 on both sides).
+#   QLFT_CHECK_PROFILE=1: the qlft runs write their op profiles (e2e.sh --qlft-profile), packed
+#   into $OUT/profiles.tgz (the device tool returns at most 8 files).
 #
 # Where the machine's transformers cannot read the GGUF, the peer loads a SmolLM2-shaped float32
 # Hugging Face directory instead (bench/make_smollm2_shaped.py): the same shapes and FLOPs.
@@ -33,10 +40,14 @@ if [ "$mode" = pack ]; then
   ref=${QLFT_REF_VENV:-/opt/qlft-ref}
   stage=$(mktemp -d)
   trap 'rm -rf "$stage"' EXIT
-  mkdir -p "$stage/bin" "$stage/lib" "$stage/py" "$stage/data"
+  mkdir -p "$stage/bin" "$stage/lib" "$stage/py" "$stage/data" "$stage/tests"
   cp "$build/tools/qlft-finetune/qlft-finetune" "$build/bench/bench_kernels" /usr/bin/time \
     "$stage/bin/"
-  ldd "$stage/bin/qlft-finetune" "$stage/bin/bench_kernels" | awk '/=> \// {print $3}' | sort -u |
+  for t in ${QLFT_CHECK_TESTS-test_backend_gemm test_backend_ops test_backend_props test_quant_isa test_cpu_isa}; do
+    cp "${BUILD_TESTS:-build}/tests/$t" "$stage/tests/"
+  done
+  ldd "$stage"/bin/qlft-finetune "$stage"/bin/bench_kernels "$stage"/tests/* 2>/dev/null |
+    awk '/=> \// {print $3}' | sort -u |
     grep -v -E 'libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|ld-linux' |
     xargs -I{} cp -L {} "$stage/lib/"
   cp -r "$ref"/lib/python3*/site-packages/gguf "$stage/py/"
@@ -56,12 +67,12 @@ mkdir -p "$root" && tar -C "$root" -xJf .cpu/bundle.tar.xz
 [ -x /usr/bin/time ] || cp "$root/bin/time" /usr/bin/time
 lscpu > "$OUT/lscpu.txt"
 grep -E '^(Model name|CPU\(s\)|Flags)' "$OUT/lscpu.txt" | cut -c1-400
-# The peer keeps the machine's own libraries; the bundle's gguf package is on its path.
-printf '#!/bin/sh\nunset LD_LIBRARY_PATH\nexport PYTHONPATH=%s/py\nexec python3 "$@"\n' "$root" \
+# The peer keeps the machine's own libraries; the bundle's gguf package is on its path. (e2e.sh
+# alone reads OMP_WAIT_POLICY=default, libgomp would reject it.)
+printf '#!/bin/sh\nunset LD_LIBRARY_PATH\n[ "$OMP_WAIT_POLICY" != default ] || unset OMP_WAIT_POLICY\nexport PYTHONPATH=%s/py\nexec python3 "$@"\n' "$root" \
   > "$root/peer-python"
 chmod +x "$root/peer-python"
-"$root/peer-python" -c 'import torch, transformers, peft; print("peer:", torch.__version__, transformers.__version__, peft.__version__)' |
-  tee "$OUT/peer.txt"
+"$root/peer-python" -c 'import torch, transformers, peft; print("peer:", torch.__version__, transformers.__version__, peft.__version__)'
 model=$root/data/smollm2.gguf
 torch_model=()
 if ! "$root/peer-python" -c "import sys; from transformers import AutoConfig; AutoConfig.from_pretrained('$root/data', gguf_file='smollm2.gguf')" \
@@ -72,8 +83,14 @@ if ! "$root/peer-python" -c "import sys; from transformers import AutoConfig; Au
 fi
 cores=${QLFT_CHECK_CORES:-$(lscpu -p=CPU,CORE | grep -v '^#' | awk -F, '$1 > 0 && !seen[$2]++ {print $1}' | head -2 | paste -sd,)}
 [[ $cores == *,* ]] || cores=0,1
-echo "pinned to CPUs $cores" | tee "$OUT/cores.txt"
+echo "pinned to CPUs $cores"
 export LD_LIBRARY_PATH=$root/lib
+for t in "$root"/tests/*; do
+  [ -x "$t" ] || continue
+  echo "== $(basename "$t") at this CPU's ISA"
+  OMP_WAIT_POLICY=passive QLFT_POISON_UNINIT=1 taskset -c "$cores" "$t" --gtest_brief=1 ||
+    echo "FAILED: $(basename "$t")"
+done 2>&1 | tee "$OUT/tests.log" | grep -E '^(==|FAILED|\[  (PASSED|FAILED|SKIPPED))' || true
 args=("$@")
 [ ${#args[@]} -gt 0 ] || args=(--warmup 1 --steps 4 --micro-batch 4)
 e2e() {
@@ -81,8 +98,13 @@ e2e() {
     --data "$root/data/tinyshakespeare.txt" --python "$root/peer-python" \
     --qlft "$root/bin/qlft-finetune" --kernels "$root/bin/bench_kernels" "$@"
 }
-e2e "${args[@]}" 2>&1 | tee "$OUT/e2e.log"
+profiles=$root/profiles
+prof_args() { [ "${QLFT_CHECK_PROFILE:-0}" = 1 ] && echo "--qlft-profile $profiles/$1" || true; }
+# shellcheck disable=SC2046  # prof_args is two words or none
+e2e "${args[@]}" $(prof_args native) 2>&1 | tee "$OUT/e2e.log"
 if [ "${QLFT_CHECK_CAPPED:-0}" = 1 ]; then
+  # shellcheck disable=SC2046
   QLFT_CPU_ISA=avx512 ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI e2e "${args[@]}" --qlft-precision fp32 \
-    --torch fp32 2>&1 | tee "$OUT/e2e-capped.log"
+    --torch fp32 $(prof_args capped) 2>&1 | tee "$OUT/e2e-capped.log"
 fi
+[ ! -d "$profiles" ] || tar -C "$profiles" -czf "$OUT/profiles.tgz" .

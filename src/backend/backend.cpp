@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "core/threads.h"
+#include "core/profile.h"
 
 namespace qlft {
 
@@ -28,6 +29,7 @@ void for_chunks(int64_t n, const F& f) {
 }  // namespace
 
 void Backend::add(float* y, const float* x, int64_t n) {
+  QLFT_PROFILE_SCOPE("add");
   for_chunks(n, [&](int64_t i, size_t m) {
 #pragma omp simd
     for (size_t j = 0; j < m; ++j) y[i + int64_t(j)] += x[i + int64_t(j)];
@@ -35,10 +37,12 @@ void Backend::add(float* y, const float* x, int64_t n) {
 }
 
 void Backend::copy(float* dst, const float* src, int64_t n) {
+  QLFT_PROFILE_SCOPE("copy");
   if (n > 0) std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
 }
 
 void Backend::to_16(DType t, const float* src, uint16_t* dst, int64_t n) {
+  QLFT_PROFILE_SCOPE("to_16");
   for_chunks(n, [&](int64_t i, size_t m) {
     if (t == DType::BF16)
       f32_to_bf16_n(src + i, dst + i, m);
@@ -48,6 +52,7 @@ void Backend::to_16(DType t, const float* src, uint16_t* dst, int64_t n) {
 }
 
 void Backend::from_16(DType t, const uint16_t* src, float* dst, int64_t n) {
+  QLFT_PROFILE_SCOPE("from_16");
   for_chunks(n, [&](int64_t i, size_t m) {
     if (t == DType::BF16)
       bf16_to_f32_n(src + i, dst + i, m);
@@ -57,6 +62,7 @@ void Backend::from_16(DType t, const uint16_t* src, float* dst, int64_t n) {
 }
 
 void Backend::round_16(DType t, float* x, int64_t n) {
+  QLFT_PROFILE_SCOPE("round_16");
   for_chunks(n, [&](int64_t i, size_t m) { round_through_n(t, x + i, x + i, m); });
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "backend/autocast_backend.h"
@@ -12,8 +13,10 @@
 #include "config/config.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/profile.h"
 #include "dist/data_parallel.h"
 #include "dist/zero3_stream.h"
+#include "formats/atomic_file.h"
 #include "formats/safetensors.h"
 #include "formats/safetensors_writer.h"
 #include "optim/grad_clip.h"
@@ -163,6 +166,10 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
       host_cache_(tracker),
       train_(train),
       ts_(TrainSettings::from_config(cfg)) {
+  if (const char* p = std::getenv("QLFT_PROFILE"); p && *p) {
+    profile_path_ = p;
+    prof::set_enabled(true);
+  }
   backend_ = make_backend(cfg.get("backend"), tracker, ts_.precision, cfg.get_bool("cuda.tf32"));
   // A device backend rounds its 16-bit operands itself (make_backend passed it the precision).
   if ((ts_.precision == "bf16" || ts_.precision == "fp16") && !backend_->device_memory())
@@ -253,6 +260,24 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
 
 Trainer::~Trainer() {
   end_offload();
+  write_profile();
+}
+
+void Trainer::write_profile() const noexcept {
+  if (profile_path_.empty()) return;
+  // Several ranks in one job each write their own file.
+  const std::string path =
+      world() > 1 ? profile_path_ + ".rank" + std::to_string(rank()) : profile_path_;
+  try {
+    write_file_atomic(path,
+                      "# qlft host op profile: wall time of the steps after this trainer's "
+                      "first (" +
+                          std::to_string(steps_run_ > 0 ? steps_run_ - 1 : 0) + " steps)\n" +
+                          prof::format_table(prof::snapshot()));
+    QLFT_LOG_I("op profile written to %s", path.c_str());
+  } catch (const std::exception& e) {
+    QLFT_LOG_W("QLFT_PROFILE: the op profile was not written: %s", e.what());
+  }
 }
 
 void Trainer::set_batch_shape(int micro_batch, int accumulation) {
@@ -303,6 +328,9 @@ void Trainer::step_on(const std::vector<data::Batch>& batches, StepReport* out) 
   // With several ranks, one may have no micro-batch of the last global batch: it still joins
   // the collectives.
   QLFT_CHECK_ARG(!batches.empty() || world() > 1, "step_on: no micro-batches");
+  // QLFT_PROFILE leaves out the first step (page faults, oneDNN's JIT, first-touch caches).
+  if (steps_run_++ == 1 && !profile_path_.empty()) prof::reset();
+  QLFT_PROFILE_SCOPE("step");
   auto t0 = std::chrono::steady_clock::now();
   const TransferCounts moved0 = backend_->transfers();
   StepReport r;
@@ -330,17 +358,22 @@ void Trainer::step_on(const std::vector<data::Batch>& batches, StepReport* out) 
       if (b.trained_tokens == 0) continue;
       TokenBatch tb = token_batch(b);
       tracker_->set_phase("forward");
-      LossResult lr = runner_->forward(tb, scale / static_cast<float>(n),
-                                       // the global micro-batch index: the same
-                                       // masks at any world size
-                                       dropout_seed(step_, static_cast<int>(i) * world() + rank()));
-      loss_sum += lr.loss_sum;
+      {
+        QLFT_PROFILE_SCOPE("forward");
+        LossResult lr =
+            runner_->forward(tb, scale / static_cast<float>(n),
+                             // the global micro-batch index: the same masks at any world size
+                             dropout_seed(step_, static_cast<int>(i) * world() + rank()));
+        loss_sum += lr.loss_sum;
+      }
       tracker_->set_phase("backward");
+      QLFT_PROFILE_SCOPE("backward");
       runner_->backward();
     }
     dp_->replay_passes(replays, backend_->cross_entropy_walks());
     runner_->release();
     tracker_->set_phase("optimizer");
+    QLFT_PROFILE_SCOPE("optimizer");
     dp_->reduce_gradients();
     loss_sum = dp_->global_sum(loss_sum);
     r.tokens = dp_->global_sum(r.tokens);

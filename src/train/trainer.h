@@ -198,6 +198,9 @@ class Trainer {
   int64_t step_ = 0;
   int64_t total_steps_ = 0;
   int64_t nonfinite_in_row_ = 0;
+  int64_t steps_run_ = 0;     // step_on calls on this trainer (trial steps included)
+  std::string profile_path_;  // QLFT_PROFILE: where the destructor writes the op profile
+  void write_profile() const noexcept;
   std::atomic<bool> cancel_{false};
 };
 

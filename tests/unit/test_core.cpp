@@ -1,5 +1,5 @@
 // Core: dtype conversions against the hardware's own conversion instructions, the budgeted
-// allocator, size parsing and the settings table.
+// allocator, size parsing, the settings table and the op profile's bookkeeping.
 #include <gtest/gtest.h>
 #include <immintrin.h>
 
@@ -9,12 +9,17 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "config/config.h"
 #include "config/keys.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/memory.h"
+#include "core/profile.h"
 
 using namespace qlft;
 
@@ -253,4 +258,98 @@ TEST(Config, EveryDefaultValidates) {
     EXPECT_NO_THROW(validate_value(k, k.default_value)) << k.name;
     EXPECT_TRUE(k.doc && *k.doc) << k.name;
   }
+}
+
+namespace {
+const prof::Entry* find_entry(const std::vector<prof::Entry>& es, const std::string& path) {
+  for (const prof::Entry& e : es)
+    if (e.path == path) return &e;
+  return nullptr;
+}
+}  // namespace
+
+TEST(Profile, NestsCountsAndSplitsSelfTime) {
+  prof::set_enabled(false);
+  { prof::Scope off("t.off"); }
+  prof::set_enabled(true);
+  prof::reset();
+  volatile double sink = 0;
+  auto work = [&] {
+    for (int i = 0; i < 20000; ++i) sink = sink + std::sqrt(double(i));
+  };
+  for (int rep = 0; rep < 2; ++rep) {
+    prof::Scope a("t.a");
+    work();
+    for (int i = 0; i < 3; ++i) {
+      prof::Scope b("t.b");
+      work();
+    }
+    prof::Scope c("t.c");
+    { prof::Scope b("t.b"); }  // the same name under another parent: its own node
+  }
+  // Inside a parallel region nothing records: the caller's scope holds the region's time.
+  {
+    prof::Scope p("t.par");
+#pragma omp parallel num_threads(2)
+    { prof::Scope w("t.worker"); }
+  }
+  // Another thread with no scope open starts a root of its own.
+  std::thread([] { prof::Scope r("t.thread"); }).join();
+  prof::set_enabled(false);
+  const std::vector<prof::Entry> es = prof::snapshot();
+  EXPECT_EQ(find_entry(es, "t.off"), nullptr);
+  const prof::Entry* a = find_entry(es, "t.a");
+  const prof::Entry* b = find_entry(es, "t.a/t.b");
+  const prof::Entry* c = find_entry(es, "t.a/t.c");
+  const prof::Entry* cb = find_entry(es, "t.a/t.c/t.b");
+  ASSERT_TRUE(a && b && c && cb);
+  EXPECT_EQ(a->calls, 2);
+  EXPECT_EQ(b->calls, 6);
+  EXPECT_EQ(c->calls, 2);
+  EXPECT_EQ(cb->calls, 2);
+  EXPECT_EQ(a->depth, 0);
+  EXPECT_EQ(cb->depth, 2);
+  // Self is total less the children's totals, to the nanosecond.
+  EXPECT_EQ(a->self_ns, a->total_ns - b->total_ns - c->total_ns);
+  EXPECT_EQ(c->self_ns, c->total_ns - cb->total_ns);
+  EXPECT_EQ(b->self_ns, b->total_ns);
+  EXPECT_GT(b->self_ns, 0);
+  EXPECT_GT(a->self_ns, 0);  // its own work() between the children
+  ASSERT_NE(find_entry(es, "t.par"), nullptr);
+  EXPECT_EQ(find_entry(es, "t.par/t.worker"), nullptr);
+  EXPECT_EQ(find_entry(es, "t.worker"), nullptr);
+  const prof::Entry* th = find_entry(es, "t.thread");
+  ASSERT_NE(th, nullptr);
+  EXPECT_EQ(th->depth, 0);
+
+  // The table: the self percentages of every row add up to 100, and "by name" sums t.b's two
+  // nodes.
+  const std::string table = prof::format_table(es);
+  std::istringstream in(table);
+  std::string line;
+  std::getline(in, line);
+  EXPECT_EQ(line, "path\tcalls\ttotal_ms\tself_ms\tself_pct");
+  double pct = 0;
+  while (std::getline(in, line) && !line.empty()) {
+    std::vector<std::string> f;
+    std::istringstream ls(line);
+    for (std::string x; std::getline(ls, x, '\t');) f.push_back(x);
+    ASSERT_EQ(f.size(), 5u) << line;
+    pct += std::stod(f[4]);
+  }
+  EXPECT_NEAR(pct, 100.0, 0.01 * double(es.size()));
+  std::getline(in, line);
+  EXPECT_EQ(line.rfind("by name\t", 0), 0u) << line;
+  bool saw_b = false;
+  while (std::getline(in, line)) {
+    if (line.rfind("t.b\t", 0) != 0) continue;
+    saw_b = true;
+    const double ms = std::stod(line.substr(4));
+    EXPECT_NEAR(ms, (b->self_ns + cb->self_ns) * 1e-6, 1e-3);
+  }
+  EXPECT_TRUE(saw_b);
+
+  // reset keeps the nodes but drops their counts.
+  prof::reset();
+  EXPECT_EQ(find_entry(prof::snapshot(), "t.a"), nullptr);
 }

@@ -4,10 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <map>
 #include <memory>
+#include <sstream>
 
 #include "config/config.h"
 #include "core/error.h"
+#include "core/profile.h"
 #include "core/threads.h"
 #include "data/dataset.h"
 #include "data/tokenizer_encoder.h"
@@ -302,4 +306,53 @@ TEST_F(TrainerTest, Bf16TracksFp32) {
     any_diff |= loss[1][i] != loss[0][i];
   }
   EXPECT_TRUE(any_diff) << "bf16 autocast should change the arithmetic";
+}
+
+TEST_F(TrainerTest, ProfileCountsEveryOpOfTheStepsAfterTheFirst) {
+  // QLFT_PROFILE: the file the trainer writes when it goes. The counts come from the model's
+  // shape: each micro-batch runs one forward and one backward linear per projection and layer.
+  const std::string path = qlft_test::temp_dir("profile") + "/profile.tsv";
+  ASSERT_EQ(setenv("QLFT_PROFILE", path.c_str(), 1), 0);
+  const int steps = 3, micro = 2;
+  {
+    Config c = base_config();
+    c.set("train.micro_batch", "2");
+    c.set("train.accumulation", std::to_string(micro));
+    c.set("train.max_steps", std::to_string(steps));
+    Trainer t(*f.model, &f.tracker, f.data.get(), c);
+    StepReport r;
+    while (t.step(&r)) {
+    }
+  }
+  unsetenv("QLFT_PROFILE");
+  prof::set_enabled(false);
+  const std::vector<uint8_t> bytes = qlft_test::read_file(path);
+  std::istringstream in(std::string(bytes.begin(), bytes.end()));
+  std::string line;
+  std::getline(in, line);
+  EXPECT_NE(line.find("(2 steps)"), std::string::npos) << line;
+  std::getline(in, line);                           // the header
+  std::map<std::string, std::vector<double>> rows;  // path: calls, total, self, pct
+  while (std::getline(in, line) && !line.empty()) {
+    std::istringstream ls(line);
+    std::string p, x;
+    std::getline(ls, p, '\t');
+    while (std::getline(ls, x, '\t')) rows[p].push_back(std::stod(x));
+  }
+  const int64_t passes = int64_t(steps - 1) * micro;
+  const int64_t linears = passes * kProjCount * f.model->cfg.n_layers;
+  ASSERT_EQ(rows.count("step"), 1u);
+  EXPECT_EQ(rows["step"][0], steps - 1);
+  EXPECT_EQ(rows["step/forward"][0], passes);
+  EXPECT_EQ(rows["step/backward"][0], passes);
+  EXPECT_EQ(rows["step/optimizer"][0], steps - 1);
+  EXPECT_EQ(rows["step/forward/linear_fwd"][0], linears);
+  EXPECT_EQ(rows["step/backward/linear_bwd"][0], linears);
+  EXPECT_EQ(rows["step/forward/attention_fwd"][0], passes * f.model->cfg.n_layers);
+  EXPECT_EQ(rows["step/backward/attention_bwd"][0], passes * f.model->cfg.n_layers);
+  EXPECT_EQ(rows["step/forward/linear_cross_entropy"][0], passes);
+  // The rows' self times add up to the steps' wall time.
+  double self = 0;
+  for (const auto& [p, v] : rows) self += v[2];
+  EXPECT_NEAR(self, rows["step"][1], 1e-3 * double(rows.size()) + 1e-6 * rows["step"][1]);
 }

@@ -24,6 +24,7 @@
 #include "backend/softmax_math.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/profile.h"
 #include "core/threads.h"
 
 #ifdef _OPENMP
@@ -203,11 +204,13 @@ void add_rows(MatF dst, int64_t r0, int64_t c0, const float* src, int64_t n, int
 
 void CpuBackend::attention_fwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out,
                                float* lse) {
+  QLFT_PROFILE_SCOPE("attention_fwd");
   attention_fwd_impl(s, q, k, v, out, lse, nullptr);
 }
 
 void CpuBackend::attention_fwd_to_16(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out,
                                      float* lse, DType t, uint16_t* out16) {
+  QLFT_PROFILE_SCOPE("attention_fwd_to_16");
   if (!takes_input_16(t)) {
     Backend::attention_fwd_to_16(s, q, k, v, out, lse, t, out16);
     return;
@@ -287,6 +290,7 @@ void CpuBackend::attention_fwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
 
 void CpuBackend::attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out,
                                const float* lse, CMatF dout, MatF dq, MatF dk, MatF dv) {
+  QLFT_PROFILE_SCOPE("attention_bwd");
   attention_bwd_impl(s, q, k, v, out, lse, dout, dq, dk, dv, nullptr, {}, {}, {});
 }
 
@@ -298,6 +302,7 @@ void CpuBackend::attention_bwd_16(const AttnShape& s, CMatF q, CMatF k, CMatF v,
                                   const float* lse, CMatF dout, const RopeArgs& rope, DType t,
                                   View2<uint16_t> dq16, View2<uint16_t> dk16,
                                   View2<uint16_t> dv16) {
+  QLFT_PROFILE_SCOPE("attention_bwd_16");
   if (!takes_input_16(t)) {
     attn16_ = {};
     Backend::attention_bwd_16(s, q, k, v, out, lse, dout, rope, t, dq16, dk16, dv16);

@@ -8,6 +8,7 @@
 #include "backend/op_checks.h"
 #include "backend/cpu/gemm_bf16.h"
 #include "core/error.h"
+#include "core/profile.h"
 #include "core/threads.h"
 
 #ifdef _OPENMP
@@ -55,6 +56,7 @@ void split_rows(int64_t n, F&& f) {
 
 void dequant_panel(const CpuBackend& be, const QWeight& W, int64_t r0, int64_t n, float* out,
                    const LoraRef* merged) {
+  QLFT_PROFILE_SCOPE("dequant");
   const int64_t K = W.cols;
   split_rows(n, [&](int64_t a, int64_t b) {
     float* o = out + a * K;
@@ -139,6 +141,7 @@ constexpr int64_t kParallelConvert = int64_t(1) << 16;
 // x rounded to bf16 into m.buf (m's shape, row stride and element kind already set), columns
 // past x's zeroed; rows split across threads.
 void fill_lp(CMatF x, LpMat& m) {
+  QLFT_PROFILE_SCOPE("round_bf16");
   const int64_t C = x.cols, ld = m.ld;
   const int nt = x.rows * C >= kParallelConvert ? qlft::num_threads() : 1;
   if (m.bf16) {
@@ -184,6 +187,7 @@ int64_t panel_rows_lp(const CpuBackend& be, const QWeight& W) {
 
 void dequant_panel_lp(const CpuBackend& be, const QWeight& W, int64_t r0, int64_t n, void* out,
                       int64_t ld) {
+  QLFT_PROFILE_SCOPE("dequant");
   const int64_t K = W.cols;
   if (ld == 0) ld = K;
   // Dense rows: a chunk of rows per call; a wider stride: a row per call.
@@ -226,6 +230,7 @@ void CpuBackend::end_shared_input() {
 
 LpMat CpuBackend::lp_from_16(const uint16_t* x16, int64_t rows, int64_t cols, Scratch slot,
                              const char* what, int64_t extra, int64_t src_ld) const {
+  QLFT_PROFILE_SCOPE("lp_from_16");
   LpMat m;
   m.rows = rows;
   m.cols = cols;
@@ -324,6 +329,7 @@ void OpGemm::gemm_thin(bool tb, int64_t M, int64_t N, int64_t K, float alpha, co
     gemm(false, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
+  QLFT_PROFILE_SCOPE("gemm.f32_onednn");
   gemm_f32_onednn(false, tb, M, N, K, alpha, static_cast<const float*>(A), lda,
                   static_cast<const float*>(B), ldb, beta, C, ldc, be.tracker());
 }
@@ -335,6 +341,7 @@ void OpGemm::gemm_tile(bool tb, int64_t M, int64_t N, int64_t K, float alpha, co
     gemm(false, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
+  QLFT_PROFILE_SCOPE("gemm.f32_onednn");
   gemm_f32_onednn(false, tb, M, N, K, alpha, static_cast<const float*>(A), lda,
                   static_cast<const float*>(B), ldb, beta, C, ldc, be.tracker());
 }
@@ -345,6 +352,7 @@ void OpGemm::gemm_grad(int64_t M, int64_t N, int64_t K, float alpha, const void*
     gemm(true, false, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
+  QLFT_PROFILE_SCOPE("gemm.f32_onednn");
   gemm_f32_onednn(true, false, M, N, K, alpha, static_cast<const float*>(A), lda,
                   static_cast<const float*>(B), ldb, beta, C, ldc, be.tracker());
 }
@@ -353,6 +361,7 @@ void gemm_lp(const CpuBackend& be, bool trans_a, bool trans_b, int64_t M, int64_
              float alpha, const void* A, int64_t lda, const void* B, int64_t ldb, float beta,
              float* C, int64_t ldc) {
   if (be.bf16_onednn()) {
+    QLFT_PROFILE_SCOPE("gemm.bf16");
     const size_t pad =
         gemm_bf16_scratchpad_size(trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta);
     ScratchLease sp = be.scratch(Scratch::GemmPad, pad, "oneDNN matmul scratchpad");
@@ -367,6 +376,7 @@ void gemm_lp_out16(const CpuBackend& be, bool trans_a, bool trans_b, int64_t M, 
                    int64_t K, float alpha, const void* A, int64_t lda, const void* B, int64_t ldb,
                    uint16_t* C, int64_t ldc) {
   QLFT_CHECK_ARG(be.bf16_onednn(), "gemm_lp_out16: bf16 GEMMs on oneDNN only");
+  QLFT_PROFILE_SCOPE("gemm.bf16");
   const size_t pad =
       gemm_bf16_out16_scratchpad_size(trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha);
   ScratchLease sp = be.scratch(Scratch::GemmPad, pad, "oneDNN matmul scratchpad");
@@ -381,6 +391,7 @@ void gemm_f32(const CpuBackend& be, bool trans_a, bool trans_b, int64_t M, int64
     sgemm(be, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
+  QLFT_PROFILE_SCOPE("gemm.f32_onednn");
   const size_t pad =
       gemm_f32_onednn_scratchpad_size(trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta);
   ScratchLease sp = be.scratch(Scratch::GemmPad, pad, "oneDNN matmul scratchpad");
@@ -392,6 +403,7 @@ void sgemm(const CpuBackend& be, bool trans_a, bool trans_b, int64_t M, int64_t 
            float alpha, const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
            float* C, int64_t ldc) {
   if (M <= 0 || N <= 0) return;
+  QLFT_PROFILE_SCOPE("gemm.sgemm");
   if (K <= 0) {
     // op(A) op(B) is empty: C = beta * C.
     for (int64_t i = 0; i < M; ++i)

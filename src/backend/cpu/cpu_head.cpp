@@ -22,10 +22,12 @@
 #include "backend/softmax_math.h"
 #include "core/error.h"
 #include "core/threads.h"
+#include "core/profile.h"
 
 namespace qlft::cpu {
 
 void CpuBackend::embedding_fwd(const QWeight& emb, const int32_t* tokens, MatF out) {
+  QLFT_PROFILE_SCOPE("embedding_fwd");
   op_checks::embedding(emb, out.as_const());
   op_checks::token_ids(tokens, out.rows, emb.rows);
   TaskErrors errs;
@@ -213,6 +215,7 @@ class CeTiles {
 void CpuBackend::cross_entropy_stats(const QWeight& slice, int64_t row0, int64_t vocab, CMatF h,
                                      const int32_t* targets, int32_t ignore_index,
                                      CrossEntropyRow* st) {
+  QLFT_PROFILE_SCOPE("cross_entropy_stats");
   op_checks::cross_entropy(slice, h, CMatF());
   op_checks::targets(targets, h.rows, vocab, ignore_index);
   CeTiles t(*this, slice, h, targets, ignore_index, DhAcc::None);
@@ -235,6 +238,7 @@ void CpuBackend::cross_entropy_stats(const QWeight& slice, int64_t row0, int64_t
 void CpuBackend::cross_entropy_grad(const QWeight& slice, int64_t row0, int64_t vocab, CMatF h,
                                     const int32_t* targets, int32_t ignore_index, const float* lse,
                                     float grad_scale, MatF dh) {
+  QLFT_PROFILE_SCOPE("cross_entropy_grad");
   op_checks::cross_entropy(slice, h, dh.as_const());
   op_checks::targets(targets, h.rows, vocab, ignore_index);
   CeTiles t(*this, slice, h, targets, ignore_index, DhAcc::Own);
@@ -286,6 +290,7 @@ void CpuBackend::cross_entropy_one_walk(const QWeight& head, CMatF h, const int3
 void CpuBackend::cross_entropy_walk(const QWeight& slice, int64_t row0, int64_t vocab, CMatF h,
                                     const int32_t* targets, int32_t ignore_index, float grad_scale,
                                     CrossEntropyRow* st, float* acc, MatF dh) {
+  QLFT_PROFILE_SCOPE("cross_entropy_walk");
   op_checks::cross_entropy(slice, h, dh.as_const());
   op_checks::targets(targets, h.rows, vocab, ignore_index);
   CeTiles t(*this, slice, h, targets, ignore_index, DhAcc::Caller);
@@ -324,6 +329,7 @@ void CpuBackend::cross_entropy_walk(const QWeight& slice, int64_t row0, int64_t 
 double CpuBackend::linear_cross_entropy(const QWeight& head, CMatF h, const int32_t* targets,
                                         int32_t ignore_index, float grad_scale, MatF dh,
                                         int64_t* count) {
+  QLFT_PROFILE_SCOPE("linear_cross_entropy");
   const int64_t M = h.rows, V = head.rows;
   op_checks::cross_entropy(head, h, dh.as_const());
   op_checks::targets(targets, M, V, ignore_index);

@@ -17,6 +17,7 @@
 #include "backend/dropout.h"
 #include "core/error.h"
 #include "core/threads.h"
+#include "core/profile.h"
 
 namespace qlft::cpu {
 
@@ -268,6 +269,7 @@ void linear_fwd_merged(const CpuBackend& be, const QWeight& W, const float* bias
 
 void CpuBackend::linear_fwd(const QWeight& W, const float* bias, const LoraRef* lora, CMatF x,
                             MatF y, float* xa) {
+  QLFT_PROFILE_SCOPE("linear_fwd");
   if (precision_ != DType::BF16) {
     if (lora_merged(lora, x.rows, W.cols)) {
       linear_fwd_merged(*this, W, bias, *lora, x, y, xa);
@@ -296,6 +298,7 @@ void CpuBackend::linear_fwd(const QWeight& W, const float* bias, const LoraRef* 
 
 void CpuBackend::linear_fwd_to_16(const QWeight& W, const float* bias, const LoraRef* lora, CMatF x,
                                   MatF y, float* xa, DType t, uint16_t* y16) {
+  QLFT_PROFILE_SCOPE("linear_fwd_to_16");
   if (precision_ != DType::BF16 || t != DType::BF16 || !bf16_onednn() || bias || !fusable(lora) ||
       x.rows == 0 || W.rows == 0) {
     Backend::linear_fwd_to_16(W, bias, lora, x, y, xa, t, y16);
@@ -333,6 +336,7 @@ bool CpuBackend::defer_zero(float* dx, int64_t n) {
 }
 
 bool CpuBackend::take_pending_zero(MatF dx) {
+  QLFT_PROFILE_SCOPE("take_pending_zero");
   if (!dx_pending_) return false;
   float* p = dx_pending_;
   const int64_t n = dx_pending_n_;
@@ -347,6 +351,7 @@ bool CpuBackend::take_pending_zero(MatF dx) {
 
 void CpuBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, const float* xa,
                             CMatF dy, MatF dx, float* dA, float* dB) {
+  QLFT_PROFILE_SCOPE("linear_bwd");
   // next_dy_16's copy of dy: this call's alone (taken first, so no throw below leaves it).
   const View2<uint16_t> dy16 = std::exchange(dy16_, View2<uint16_t>());
   uint16_t* const dx16 = std::exchange(dx16_, nullptr);  // next_dx_16's, likewise
@@ -452,6 +457,7 @@ void CpuBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, cons
 }
 
 void CpuBackend::head_logits(const QWeight& head, CMatF h, MatF logits) {
+  QLFT_PROFILE_SCOPE("head_logits");
   matmul_xwt(*this, head, h, logits, "head_logits");
 }
 

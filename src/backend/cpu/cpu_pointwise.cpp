@@ -14,10 +14,12 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/threads.h"
+#include "core/profile.h"
 
 namespace qlft::cpu {
 
 void CpuBackend::rmsnorm_fwd(CMatF x, const float* w, float eps, MatF y, float* rstd) {
+  QLFT_PROFILE_SCOPE("rmsnorm_fwd");
   op_checks::same_shape(x, y.as_const(), "rmsnorm_fwd", "x", "y");
   const int64_t C = x.cols;
 #pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
@@ -46,6 +48,7 @@ void row_from_16(DType t, const uint16_t* src, float* dst, int64_t n) {
 // A null y: each row goes through a row buffer of the thread's.
 void CpuBackend::rmsnorm_fwd_16(CMatF x, const float* w, float eps, MatF y, float* rstd, DType t,
                                 uint16_t* y16) {
+  QLFT_PROFILE_SCOPE("rmsnorm_fwd_16");
   op_checks::same_shape(x, y.as_const(), "rmsnorm_fwd_16", "x", "y");
   const int64_t C = x.cols;
 #pragma omp parallel num_threads(qlft::num_threads())
@@ -62,6 +65,7 @@ void CpuBackend::rmsnorm_fwd_16(CMatF x, const float* w, float eps, MatF y, floa
 
 void CpuBackend::add_rmsnorm_fwd_16(MatF x, const float* r, const float* w, float eps, float* rstd,
                                     DType t, uint16_t* y16) {
+  QLFT_PROFILE_SCOPE("add_rmsnorm_fwd_16");
   QLFT_CHECK_ARG(x.stride == x.cols, "add_rmsnorm_fwd_16: x must be dense");
   const int64_t C = x.cols;
 #pragma omp parallel num_threads(qlft::num_threads())
@@ -84,6 +88,7 @@ void CpuBackend::add_rmsnorm_fwd_16(MatF x, const float* r, const float* w, floa
 // output row live in row buffers of the thread's, nothing fp32 is written.
 void CpuBackend::swiglu_fwd_16(MatF gate, MatF up, MatF out, DType t, uint16_t* g16, uint16_t* u16,
                                uint16_t* o16, bool keep_rounded) {
+  QLFT_PROFILE_SCOPE("swiglu_fwd_16");
   op_checks::same_shape(gate.as_const(), up.as_const(), "swiglu_fwd_16", "gate", "up");
   op_checks::same_shape(gate.as_const(), out.as_const(), "swiglu_fwd_16", "gate", "out");
   const int64_t C = gate.cols;
@@ -107,6 +112,7 @@ void CpuBackend::swiglu_fwd_16(MatF gate, MatF up, MatF out, DType t, uint16_t* 
 
 void CpuBackend::swiglu_fwd_from_16(DType t, const uint16_t* g16, const uint16_t* u16,
                                     uint16_t* o16, int64_t rows, int64_t cols) {
+  QLFT_PROFILE_SCOPE("swiglu_fwd_from_16");
   const int64_t C = cols;
 #pragma omp parallel num_threads(qlft::num_threads())
   {
@@ -127,6 +133,7 @@ void CpuBackend::swiglu_fwd_from_16(DType t, const uint16_t* g16, const uint16_t
 // gate and up rows widened into row buffers of the thread's (gate and up untouched).
 void CpuBackend::swiglu_bwd_16(MatF gate, MatF up, DType t, const uint16_t* g16,
                                const uint16_t* u16, CMatF dout, MatF dgate, MatF dup) {
+  QLFT_PROFILE_SCOPE("swiglu_bwd_16");
   op_checks::same_shape(gate.as_const(), dout, "swiglu_bwd_16", "gate", "dout");
   op_checks::same_shape(up.as_const(), dout, "swiglu_bwd_16", "up", "dout");
   op_checks::same_shape(dout, dgate.as_const(), "swiglu_bwd_16", "dout", "dgate");
@@ -150,6 +157,7 @@ void CpuBackend::swiglu_bwd_16(MatF gate, MatF up, DType t, const uint16_t* g16,
 // swiglu_bwd_16's fp32 outputs).
 void CpuBackend::swiglu_bwd_to_16(DType t, const uint16_t* g16, const uint16_t* u16, CMatF dout,
                                   View2<uint16_t> dg16, View2<uint16_t> du16) {
+  QLFT_PROFILE_SCOPE("swiglu_bwd_to_16");
   const int64_t C = dout.cols;
   QLFT_CHECK_ARG(dg16.rows == dout.rows && dg16.cols == C && du16.rows == dout.rows &&
                      du16.cols == C && dg16.stride >= C && du16.stride >= C,
@@ -174,6 +182,7 @@ void CpuBackend::swiglu_bwd_to_16(DType t, const uint16_t* g16, const uint16_t* 
 }
 
 void CpuBackend::rmsnorm_bwd(CMatF x, const float* w, const float* rstd, CMatF dy, MatF dx) {
+  QLFT_PROFILE_SCOPE("rmsnorm_bwd");
   op_checks::same_shape(x, dy, "rmsnorm_bwd", "x", "dy");
   op_checks::same_shape(x, dx.as_const(), "rmsnorm_bwd", "x", "dx");
   op_checks::rstd_given(rstd);
@@ -224,6 +233,7 @@ RopeTable::RopeTable(const CpuBackend& be, const int32_t* pos, int64_t rows, int
 
 void CpuBackend::rope(MatF x, const int32_t* pos, int n_heads, int head_dim, float theta,
                       bool adjacent, bool inverse) {
+  QLFT_PROFILE_SCOPE("rope");
   op_checks::rope(x.cols, n_heads, head_dim);
   if (x.rows == 0) return;
   const RopeTable tab(*this, pos, x.rows, head_dim, theta, inverse);
@@ -235,6 +245,7 @@ void CpuBackend::rope(MatF x, const int32_t* pos, int n_heads, int head_dim, flo
 
 void CpuBackend::rope_to_16(MatF x, const int32_t* pos, int n_heads, int head_dim, float theta,
                             bool adjacent, DType t, uint16_t* x16) {
+  QLFT_PROFILE_SCOPE("rope_to_16");
   op_checks::rope(x.cols, n_heads, head_dim);
   if (x.rows == 0) return;
   const RopeTable tab(*this, pos, x.rows, head_dim, theta, false);
@@ -252,6 +263,7 @@ void CpuBackend::rope_to_16(MatF x, const int32_t* pos, int n_heads, int head_di
 }
 
 void CpuBackend::swiglu_fwd(CMatF gate, CMatF up, MatF out) {
+  QLFT_PROFILE_SCOPE("swiglu_fwd");
   op_checks::same_shape(gate, up, "swiglu_fwd", "gate", "up");
   op_checks::same_shape(gate, out.as_const(), "swiglu_fwd", "gate", "out");
   const int64_t C = gate.cols;
@@ -265,6 +277,7 @@ void CpuBackend::swiglu_fwd(CMatF gate, CMatF up, MatF out) {
 }
 
 void CpuBackend::swiglu_bwd(CMatF gate, CMatF up, CMatF dout, MatF dgate, MatF dup) {
+  QLFT_PROFILE_SCOPE("swiglu_bwd");
   op_checks::same_shape(gate, up, "swiglu_bwd", "gate", "up");
   op_checks::same_shape(gate, dout, "swiglu_bwd", "gate", "dout");
   op_checks::same_shape(gate, dgate.as_const(), "swiglu_bwd", "gate", "dgate");
