@@ -107,8 +107,8 @@ done
 
 # Spinning OpenMP workers would steal the cores of whatever else runs; both sides get the same.
 # OMP_WAIT_POLICY=default leaves it unset for both: GNU OpenMP's own default (spin a while, then
-# sleep), what a program that sets nothing gets. On a lent VM host passive cost qlft a third of
-# its speed (docs/PERFORMANCE.md, "Emerald Rapids host ... session 15").
+# sleep), what a program that sets nothing gets (docs/PERFORMANCE.md, session 15: passive looked
+# 5-17% slower for qlft on a lent VM host, nil for torch).
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 [ "$OMP_WAIT_POLICY" != default ] || unset OMP_WAIT_POLICY
 work=$(mktemp -d /tmp/qlft-e2e.XXXXXX)
