@@ -26,6 +26,12 @@
 #   (QLFT_CPU_ISA=avx512 ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI, fp32 on both sides).
 #   QLFT_CHECK_PROFILE=1: the qlft runs write their op profiles (e2e.sh --qlft-profile), packed
 #   into $OUT/profiles.tgz (the device tool returns at most 8 files).
+#   QLFT_CHECK_BASE=DIR (pack): also bundle DIR's qlft-finetune and libqlft (a build of the
+#   revision to compare against, e.g. from `git archive`, configured as BUILD).
+#   QLFT_CHECK_AB=N (run): then N rounds alternating that base build and this one, qlft alone
+#   (e2e.sh --skip-torch with the first run's peaks), into $OUT/ab.log; QLFT_CHECK_AB_POLICY=1
+#   adds a third side, this build with OMP_WAIT_POLICY unset. One call A/Bs a change on a CPU
+#   class this machine is not.
 #
 # Where the machine's transformers cannot read the GGUF, the peer loads a SmolLM2-shaped float32
 # Hugging Face directory instead (bench/make_smollm2_shaped.py): the same shapes and FLOPs.
@@ -43,6 +49,11 @@ if [ "$mode" = pack ]; then
   mkdir -p "$stage/bin" "$stage/lib" "$stage/py" "$stage/data" "$stage/tests"
   cp "$build/tools/qlft-finetune/qlft-finetune" "$build/bench/bench_kernels" /usr/bin/time \
     "$stage/bin/"
+  if [ -n "${QLFT_CHECK_BASE:-}" ]; then
+    mkdir -p "$stage/base"
+    cp "$QLFT_CHECK_BASE/tools/qlft-finetune/qlft-finetune" "$stage/base/"
+    cp -L "$QLFT_CHECK_BASE/libqlft.so.0" "$stage/base/"
+  fi
   for t in ${QLFT_CHECK_TESTS-test_backend_gemm test_backend_ops test_backend_props test_quant_isa test_cpu_isa}; do
     cp "${BUILD_TESTS:-build}/tests/$t" "$stage/tests/"
   done
@@ -106,5 +117,23 @@ if [ "${QLFT_CHECK_CAPPED:-0}" = 1 ]; then
   # shellcheck disable=SC2046
   QLFT_CPU_ISA=avx512 ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI e2e "${args[@]}" --qlft-precision fp32 \
     --torch fp32 $(prof_args capped) 2>&1 | tee "$OUT/e2e-capped.log"
+fi
+if [ "${QLFT_CHECK_AB:-0}" -gt 0 ]; then
+  [ -x "$root/base/qlft-finetune" ] || { echo "cpu_check: no base build (pack with QLFT_CHECK_BASE)" >&2; exit 2; }
+  peaks=$(sed -n 's/^RESULT .*"bf16_peak_gflops": \([0-9.]*\), "f32_peak_gflops": \([0-9.]*\).*/--peak \1 --f32-peak \2/p' "$OUT/e2e.log")
+  sides="base new"
+  [ "${QLFT_CHECK_AB_POLICY:-0}" != 1 ] || sides="base new new-unset"
+  for r in $(seq 1 "$QLFT_CHECK_AB"); do
+    for side in $sides; do
+      bin=$root/bin/qlft-finetune lib=$root/lib policy=${OMP_WAIT_POLICY:-passive}
+      [ "$side" != base ] || { bin=$root/base/qlft-finetune; lib=$root/base:$root/lib; }
+      [ "$side" != new-unset ] || policy=default
+      # shellcheck disable=SC2086  # peaks: four words
+      tps=$(LD_LIBRARY_PATH=$lib OMP_WAIT_POLICY=$policy e2e "${args[@]}" --skip-torch $peaks \
+        --qlft "$bin" 2>&1 | sed -n 's/^RESULT {"sides": \[{"name": "[^"]*", "tps": \([0-9.]*\).*/\1/p') ||
+        true
+      echo "round $r $side: ${tps:-failed} tokens/s ($(date -u +%H:%M:%S))"
+    done
+  done | tee "$OUT/ab.log"
 fi
 [ ! -d "$profiles" ] || tar -C "$profiles" -czf "$OUT/profiles.tgz" .
