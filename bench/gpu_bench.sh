@@ -33,7 +33,7 @@ peer_python=${PEER_PYTHON:-python3}
 cli=$build/tools/qlft-finetune/qlft-finetune
 command -v nvidia-smi >/dev/null || { echo "gpu_bench: nvidia-smi not found (no GPU here)" >&2; exit 77; }
 [ -x "$cli" ] || { echo "gpu_bench: build $cli first (-DQLFT_CUDA=ON)" >&2; exit 1; }
-"$cli" version | grep -q "cuda=1" || { echo "gpu_bench: $cli was built without CUDA" >&2; exit 1; }
+"$cli" version | grep "cuda=1" >/dev/null || { echo "gpu_bench: $cli was built without CUDA" >&2; exit 1; }
 
 name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 if [ -z "${PEAK_TFLOPS:-}" ]; then

@@ -31,7 +31,9 @@ if [ -x /usr/local/cuda/bin/nvcc ]; then
   cuda_tests=$(cd tests/cuda && ls test_*.cpp | sed 's/\.cpp$//')
   # The NCCL communicator's test (tests/dist) exists when MPI is on too; unbuilt, ctest would
   # register an unlabelled test_dist_nccl_NOT_BUILT that `-L cuda` silently leaves out.
-  if ninja -C "$build-cuda" -t targets all 2>/dev/null | grep -q '^test_dist_nccl:'; then
+  # (grep reads all of ninja's list: `grep -q` would exit at the match, and under pipefail the
+  # SIGPIPE it leaves ninja makes the test false at random.)
+  if ninja -C "$build-cuda" -t targets all 2>/dev/null | grep '^test_dist_nccl:' >/dev/null; then
     cuda_tests="$cuda_tests test_dist_nccl"
   fi
   # A machine with an NVIDIA device node must run the GPU tests: QLFT_REQUIRE_GPU=1 turns each
@@ -39,7 +41,7 @@ if [ -x /usr/local/cuda/bin/nvcc ]; then
   if compgen -G '/dev/nvidia[0-9]*' >/dev/null; then export QLFT_REQUIRE_GPU=${QLFT_REQUIRE_GPU:-1}; fi
   # shellcheck disable=SC2086
   cmake --build "$build-cuda" -j "$jobs" --target qlft qlft-finetune $cuda_tests
-  "$build-cuda/tools/qlft-finetune/qlft-finetune" version | grep -q "cuda=1"
+  "$build-cuda/tools/qlft-finetune/qlft-finetune" version | grep "cuda=1" >/dev/null
   echo "cuda build: ok ($("$build-cuda/tools/qlft-finetune/qlft-finetune" version))"
   (cd "$build-cuda" && ctest -L cuda --output-on-failure --timeout 600)
 fi
@@ -53,7 +55,8 @@ cmake -S . -B "$build-cuda-emu" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQLF
 # dist_worker: the backend=cuda training scripts (NCCL ranks, offload) run it.
 emu_tests="test_cuda_emulator dist_worker $(cd tests/cuda && ls test_cuda_*.cpp | sed 's/\.cpp$//' | tr '\n' ' ')"
 # The emulated NCCL communicator's mpirun worker exists where MPI does (with the MPI plugin it uses).
-if ninja -C "$build-cuda-emu" -t targets all 2>/dev/null | grep -q '^nccl_emu_worker:'; then
+# (grep without -q: see the CUDA build's test above; a SIGPIPE dropped the worker in one CI run.)
+if ninja -C "$build-cuda-emu" -t targets all 2>/dev/null | grep '^nccl_emu_worker:' >/dev/null; then
   emu_tests="$emu_tests nccl_emu_worker"
 fi
 # shellcheck disable=SC2086
