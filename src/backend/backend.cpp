@@ -8,8 +8,8 @@
 
 #include "core/error.h"
 #include "core/half.h"
-#include "core/threads.h"
 #include "core/profile.h"
+#include "core/threads.h"
 
 namespace qlft {
 

@@ -155,6 +155,7 @@ class Trainer {
   // trainer_offload.cpp: offload.optimizer / offload.params, before the optimizer is made.
   void init_offload(const Config& cfg);
   void end_offload() noexcept;  // ~Trainer: offload.params=cpu gives the model its weights back
+  void write_profile() const noexcept;  // ~Trainer: the op profile to profile_path_, if set
   size_t next_global_batches(std::vector<data::Batch>& mine);
   uint64_t dropout_seed(int64_t step, int micro) const;
   std::string fingerprint() const;
@@ -200,7 +201,6 @@ class Trainer {
   int64_t nonfinite_in_row_ = 0;
   int64_t steps_run_ = 0;     // step_on calls on this trainer (trial steps included)
   std::string profile_path_;  // QLFT_PROFILE: where the destructor writes the op profile
-  void write_profile() const noexcept;
   std::atomic<bool> cancel_{false};
 };
 

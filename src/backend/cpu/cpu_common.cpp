@@ -329,7 +329,6 @@ void OpGemm::gemm_thin(bool tb, int64_t M, int64_t N, int64_t K, float alpha, co
     gemm(false, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
-  QLFT_PROFILE_SCOPE("gemm.f32_onednn");
   gemm_f32_onednn(false, tb, M, N, K, alpha, static_cast<const float*>(A), lda,
                   static_cast<const float*>(B), ldb, beta, C, ldc, be.tracker());
 }
@@ -341,7 +340,6 @@ void OpGemm::gemm_tile(bool tb, int64_t M, int64_t N, int64_t K, float alpha, co
     gemm(false, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
-  QLFT_PROFILE_SCOPE("gemm.f32_onednn");
   gemm_f32_onednn(false, tb, M, N, K, alpha, static_cast<const float*>(A), lda,
                   static_cast<const float*>(B), ldb, beta, C, ldc, be.tracker());
 }
@@ -352,7 +350,6 @@ void OpGemm::gemm_grad(int64_t M, int64_t N, int64_t K, float alpha, const void*
     gemm(true, false, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
-  QLFT_PROFILE_SCOPE("gemm.f32_onednn");
   gemm_f32_onednn(true, false, M, N, K, alpha, static_cast<const float*>(A), lda,
                   static_cast<const float*>(B), ldb, beta, C, ldc, be.tracker());
 }
@@ -361,7 +358,6 @@ void gemm_lp(const CpuBackend& be, bool trans_a, bool trans_b, int64_t M, int64_
              float alpha, const void* A, int64_t lda, const void* B, int64_t ldb, float beta,
              float* C, int64_t ldc) {
   if (be.bf16_onednn()) {
-    QLFT_PROFILE_SCOPE("gemm.bf16");
     const size_t pad =
         gemm_bf16_scratchpad_size(trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta);
     ScratchLease sp = be.scratch(Scratch::GemmPad, pad, "oneDNN matmul scratchpad");
@@ -376,7 +372,6 @@ void gemm_lp_out16(const CpuBackend& be, bool trans_a, bool trans_b, int64_t M, 
                    int64_t K, float alpha, const void* A, int64_t lda, const void* B, int64_t ldb,
                    uint16_t* C, int64_t ldc) {
   QLFT_CHECK_ARG(be.bf16_onednn(), "gemm_lp_out16: bf16 GEMMs on oneDNN only");
-  QLFT_PROFILE_SCOPE("gemm.bf16");
   const size_t pad =
       gemm_bf16_out16_scratchpad_size(trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha);
   ScratchLease sp = be.scratch(Scratch::GemmPad, pad, "oneDNN matmul scratchpad");
@@ -391,7 +386,6 @@ void gemm_f32(const CpuBackend& be, bool trans_a, bool trans_b, int64_t M, int64
     sgemm(be, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
-  QLFT_PROFILE_SCOPE("gemm.f32_onednn");
   const size_t pad =
       gemm_f32_onednn_scratchpad_size(trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta);
   ScratchLease sp = be.scratch(Scratch::GemmPad, pad, "oneDNN matmul scratchpad");

@@ -21,8 +21,8 @@
 #include "backend/cpu/vec_math.h"
 #include "backend/softmax_math.h"
 #include "core/error.h"
-#include "core/threads.h"
 #include "core/profile.h"
+#include "core/threads.h"
 
 namespace qlft::cpu {
 

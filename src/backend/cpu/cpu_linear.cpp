@@ -16,8 +16,8 @@
 #include "backend/op_checks.h"
 #include "backend/dropout.h"
 #include "core/error.h"
-#include "core/threads.h"
 #include "core/profile.h"
+#include "core/threads.h"
 
 namespace qlft::cpu {
 

@@ -13,8 +13,8 @@
 #include "backend/rope_math.h"
 #include "core/dtype.h"
 #include "core/error.h"
-#include "core/threads.h"
 #include "core/profile.h"
+#include "core/threads.h"
 
 namespace qlft::cpu {
 

@@ -9,6 +9,7 @@
 
 #include "core/cpu_isa.h"
 #include "core/error.h"
+#include "core/profile.h"
 #include "core/threads.h"
 
 namespace qlft::cpu {
@@ -191,6 +192,8 @@ namespace {
 void run(const Key& k, float alpha, float beta, const void* A, const void* B, void* Cv,
          MemoryTracker* tracker, void* scratchpad) {
   if (k.M == 0 || k.N == 0) return;
+  // Every oneDNN matmul of the backend runs here: the op profile's GEMM engines (core/profile.h).
+  QLFT_PROFILE_SCOPE(k.f32 ? "gemm.f32_onednn" : "gemm.bf16");
   if (k.K == 0) {  // op(A) op(B) is empty: C = beta * C (bf16 C: beta is 0)
     for (int64_t i = 0; i < k.M; ++i)
       for (int64_t j = 0; j < k.N; ++j) {
