@@ -313,12 +313,14 @@ struct Pair {
   MemoryTracker tr;
   std::unique_ptr<Backend> bf = make_cpu_backend(&tr);   // precision bf16
   std::unique_ptr<Backend> ref = make_cpu_backend(&tr);  // fp32, fed rounded values
-  // attn_block_q: the bf16 backend's attention tile rows (0: its default).
-  Pair(Engine e, bool small_blocks, int64_t attn_block_q = 0) {
+  // attn_block_q, attn_stair_rows: the bf16 backend's attention tile rows and staircase steps
+  // (0: its defaults).
+  Pair(Engine e, bool small_blocks, int64_t attn_block_q = 0, int64_t attn_stair_rows = 0) {
     auto& c = static_cast<cpu::CpuBackend&>(*bf);
     c.set_precision(DType::BF16);
     c.tune.bf16_gemm = e;
     if (attn_block_q > 0) c.tune.attn_block_q = attn_block_q;
+    if (attn_stair_rows > 0) c.tune.attn_stair_rows = attn_stair_rows;
     if (small_blocks)
       for (auto* b : {&c, &static_cast<cpu::CpuBackend&>(*ref)}) {
         b->tune.panel_bytes = 1;
@@ -822,13 +824,14 @@ TEST_P(Bf16Attention, MatchesTheRoundingOracle) {
   struct Case {
     int batch, seq, heads, kv, hd;
     bool docs;
-    int64_t block_q;
+    int64_t block_q, stair;
   };
-  for (const Case c : {Case{2, 37, 4, 2, 16, false, 8}, Case{1, 50, 6, 2, 32, true, 16},
-                       Case{2, 9, 2, 1, 8, false, 64}}) {
-    SCOPED_TRACE(::testing::Message() << engine_name(e) << " seq " << c.seq << " heads " << c.heads
-                                      << "/" << c.kv << " hd " << c.hd << " docs " << c.docs);
-    Pair px(e, false, c.block_q);
+  for (const Case c : {Case{2, 37, 4, 2, 16, false, 8, 3}, Case{1, 50, 6, 2, 32, true, 16, 5},
+                       Case{2, 9, 2, 1, 8, false, 64, 0}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << engine_name(e) << " seq " << c.seq << " heads " << c.heads << "/" << c.kv
+                 << " hd " << c.hd << " docs " << c.docs << " stair " << c.stair);
+    Pair px(e, false, c.block_q, c.stair);
     Rng rng(uint64_t(c.seq) * 31 + c.hd);
     AttnShape s = attn_shape(c.batch, c.seq, c.heads, c.kv, c.hd);
     const int rows = c.batch * c.seq, qc = c.heads * c.hd, kc = c.kv * c.hd;
@@ -899,15 +902,15 @@ TEST_P(Bf16Attention, BackwardToBf16WithRope) {
   struct Case {
     int batch, seq, heads, kv, hd;
     bool docs, adjacent;
-    int64_t block_q;
+    int64_t block_q, stair;
   };
   for (const Case c :
-       {Case{2, 37, 4, 2, 16, false, false, 8}, Case{1, 50, 6, 2, 32, true, true, 16},
-        Case{2, 9, 3, 3, 8, false, true, 64}}) {
+       {Case{2, 37, 4, 2, 16, false, false, 8, 3}, Case{1, 50, 6, 2, 32, true, true, 16, 5},
+        Case{2, 9, 3, 3, 8, false, true, 64, 0}}) {
     SCOPED_TRACE(::testing::Message()
                  << engine_name(e) << " seq " << c.seq << " heads " << c.heads << "/" << c.kv
                  << " hd " << c.hd << " docs " << c.docs << " adjacent " << c.adjacent);
-    Pair px(e, false, c.block_q);
+    Pair px(e, false, c.block_q, c.stair);
     Rng rng(uint64_t(c.seq) * 17 + c.hd);
     AttnShape s = attn_shape(c.batch, c.seq, c.heads, c.kv, c.hd);
     const int rows = c.batch * c.seq, qc = c.heads * c.hd, kc = c.kv * c.hd;

@@ -468,7 +468,8 @@ struct AttnCase {
   int batch, seq, heads, kv, hd;
   bool docs;
   int64_t block_q;
-  float q_sd = 1.f;  // large values give scores far apart: softmax stability
+  int64_t stair = 0;  // CpuTuning::attn_stair_rows (0: whole tiles)
+  float q_sd = 1.f;   // large values give scores far apart: softmax stability
 };
 
 // fp32 tiles on oneDNN (the default, first keys rounded down to 64) or on sgemm(): OpenBLAS, or
@@ -479,6 +480,7 @@ void run_attention_on(const AttnCase& c, uint64_t seed, bool onednn, bool blas_o
                              : "tiles on sgemm, OpenBLAS");
   Fixture fx;
   fx.cpu().tune.attn_block_q = c.block_q;
+  fx.cpu().tune.attn_stair_rows = c.stair;
   fx.cpu().tune.f32_attn_onednn = onednn;
   if (blas_onednn) fx.cpu().tune.f32_blas = cpu::CpuTuning::F32Blas::OneDnn;
   Rng rng(seed);
@@ -539,25 +541,34 @@ void run_attention(const AttnCase& c, uint64_t seed) {
 TEST(BackendAttention, MhaSingleBlock) {
   run_attention({1, 13, 2, 2, 8, false, 64}, 41);
 }
+TEST(BackendAttention, MhaSingleBlockStairs) {  // a ragged last step
+  run_attention({1, 13, 2, 2, 8, false, 64, 5}, 48);
+}
 TEST(BackendAttention, Gqa8to4Ragged) {
   run_attention({2, 21, 8, 4, 8, false, 8}, 42);
 }
+TEST(BackendAttention, Gqa8to4RaggedStairs) {
+  run_attention({2, 21, 8, 4, 8, false, 8, 3}, 49);
+}
 TEST(BackendAttention, Gqa4to1) {
-  run_attention({2, 19, 4, 1, 16, false, 5}, 43);
+  run_attention({2, 19, 4, 1, 16, false, 5, 2}, 43);
 }
 TEST(BackendAttention, DocIdsPacking) {
-  run_attention({2, 27, 4, 2, 8, true, 8}, 44);
+  run_attention({2, 27, 4, 2, 8, true, 8, 3}, 44);
 }
 TEST(BackendAttention, DocIdsGqa4to1DefaultBlock) {
   run_attention({1, 70, 4, 1, 8, true, 64}, 45);
 }
+TEST(BackendAttention, DocIdsGqa4to1DefaultStairs) {  // the defaults' ratio: 2 steps of a tile
+  run_attention({1, 70, 4, 1, 8, true, 32, 16}, 50);
+}
 // Packed documents in tiles of 16 queries: on oneDNN tiles whose first key rounds down to a
 // multiple of 16 across another document's keys (masked).
 TEST(BackendAttention, DocIdsLongSequence) {
-  run_attention({1, 150, 2, 1, 8, true, 16}, 47);
+  run_attention({1, 150, 2, 1, 8, true, 16, 5}, 47);
 }
 TEST(BackendAttention, LargeScores) {
-  run_attention({1, 33, 2, 1, 8, false, 16, 12.f}, 46);
+  run_attention({1, 33, 2, 1, 8, false, 16, 4, 12.f}, 46);
 }
 
 // ---- embedding, head, cross-entropy -----------------------------------------------------------

@@ -31,6 +31,10 @@ struct CpuTuning {
   int64_t ce_logits_bytes = int64_t(8) << 20;   // cross-entropy logits tile
   int64_t ce_hidden_bytes = int64_t(16) << 20;  // cross-entropy gathered hidden rows
   int64_t attn_block_q = 128;                   // query rows per attention task
+  // Rows per step of the causal staircase in a task's diagonal block (cpu_attention.cpp:
+  // for_stairs; 0 or >= attn_block_q: whole tiles): smaller steps skip more masked keys in
+  // more, smaller GEMM calls. The fp32 GEMM engines only; oneDNN's bf16 tiles stay whole.
+  int64_t attn_stair_rows = 64;
   // With precision bf16, which GEMM runs the bf16 operands: Auto = oneDNN when the CPU has
   // native bf16 dot products (gemm_bf16_native()), else OpenBLAS sgemm on the bf16 values
   // widened to fp32 (same products, same fp32 accumulation; only the summation order differs).

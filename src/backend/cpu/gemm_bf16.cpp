@@ -2,10 +2,12 @@
 
 #include <atomic>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "core/cpu_isa.h"
 #include "core/error.h"
@@ -56,11 +58,21 @@ struct KeyHash {
   }
 };
 
+// The memory objects of one execution, pointed at each call's data.
+struct Args {
+  dnnl::memory a, b, c, scratch;
+};
+
 struct Entry {
   dnnl::matmul prim;
   dnnl::memory::desc a_md, b_md, c_md, scratch_md;
   size_t scratch_bytes = 0;
   std::string impl;
+  // Args made once and reused: making them per call (memory objects and an argument map) was a
+  // third of a small attention tile's time (M 32, N 32, K 64 fp32: 3.6 against 2.4 us on a
+  // Zen 3). A free list, since the threads of a team may run one bf16 primitive at once.
+  std::mutex args_mu;
+  std::vector<std::unique_ptr<Args>> idle;
 };
 
 // Past this many shapes the cache is dropped and refilled: shapes come from a model's fixed
@@ -216,16 +228,39 @@ void run(const Key& k, float alpha, float beta, const void* A, const void* B, vo
     dnnl::engine& eng = engine();
     // A stream per thread: a stream is not meant to be shared by concurrent callers.
     thread_local dnnl::stream stream(eng);
-    dnnl::memory a(e->a_md, eng, const_cast<void*>(A));
-    dnnl::memory b(e->b_md, eng, const_cast<void*>(B));
-    dnnl::memory c(e->c_md, eng, Cv);
-    std::unordered_map<int, dnnl::memory> args{
-        {DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}};
-    if (e->scratch_bytes)
-      args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(e->scratch_md, eng, scratchpad));
+    std::unique_ptr<Args> m;
+    {
+      std::lock_guard<std::mutex> lock(e->args_mu);
+      if (!e->idle.empty()) {
+        m = std::move(e->idle.back());
+        e->idle.pop_back();
+      }
+    }
+    if (!m) {
+      m = std::make_unique<Args>();
+      m->a = dnnl::memory(e->a_md, eng, DNNL_MEMORY_NONE);
+      m->b = dnnl::memory(e->b_md, eng, DNNL_MEMORY_NONE);
+      m->c = dnnl::memory(e->c_md, eng, DNNL_MEMORY_NONE);
+      if (e->scratch_bytes) m->scratch = dnnl::memory(e->scratch_md, eng, DNNL_MEMORY_NONE);
+    }
+    m->a.set_data_handle(const_cast<void*>(A));
+    m->b.set_data_handle(const_cast<void*>(B));
+    m->c.set_data_handle(Cv);
+    dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, m->a.get()},
+                               {DNNL_ARG_WEIGHTS, m->b.get()},
+                               {DNNL_ARG_DST, m->c.get()},
+                               {DNNL_ARG_SCRATCHPAD, nullptr}};
+    int nargs = 3;
+    if (e->scratch_bytes) {
+      m->scratch.set_data_handle(scratchpad);
+      args[nargs++].memory = m->scratch.get();
+    }
     OmpIcvScope team(k.threads);
-    e->prim.execute(stream, args);
+    dnnl::error::wrap_c_api(dnnl_primitive_execute(e->prim.get(), stream.get(), nargs, args),
+                            "could not execute a matmul");
     stream.wait();
+    std::lock_guard<std::mutex> lock(e->args_mu);
+    e->idle.push_back(std::move(m));
   } catch (const dnnl::error& err) {
     rethrow_dnnl(err, k);
   }
