@@ -31,6 +31,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -38,6 +39,7 @@
 
 #include "backend/autocast_backend.h"
 #include "backend/backend.h"
+#include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/gemm_bf16.h"
 #include "core/half.h"
 #include "core/memory.h"
@@ -111,8 +113,11 @@ QWeight make_weight(const std::string& kind, int64_t rows, int64_t cols, uint32_
                           kind == "nf4" ? QuantKind::NF4 : QuantKind::F32);
 }
 
-std::unique_ptr<Backend> make_backend(bool bf16) {
+// tune: sets the CPU backend's tuning before the bf16 wrapper goes on.
+std::unique_ptr<Backend> make_backend(bool bf16,
+                                      const std::function<void(cpu::CpuTuning&)>& tune = {}) {
   std::unique_ptr<Backend> be = make_cpu_backend(&tracker());
+  if (tune) tune(static_cast<cpu::CpuBackend&>(*be).tune);
   if (bf16) be = make_autocast_backend(std::move(be), DType::BF16);
   return be;
 }
@@ -329,12 +334,17 @@ void BM_linear(benchmark::State& st) {
 
 // ---- attention --------------------------------------------------------------------------------
 
+// stair: the causal staircase's step rows on every engine (CpuTuning::attn_stair_rows and
+// attn_stair_rows_bf16); -1 whole tiles; 0 the backend's defaults.
 void BM_attention(benchmark::State& st) {
   const int seq = int(st.range(0));
   const bool bf16 = st.range(1) != 0, bwd = st.range(2) != 0;
+  const int64_t stair = st.range(3);
   const int batch = kRows / seq > 0 ? kRows / seq : 1;
   const int64_t R = int64_t(batch) * seq, qc = kHeads * kHeadDim, kc = kKvHeads * kHeadDim;
-  auto be = make_backend(bf16);
+  auto be = make_backend(bf16, [&](cpu::CpuTuning& t) {
+    if (stair != 0) t.attn_stair_rows = t.attn_stair_rows_bf16 = std::max<int64_t>(0, stair);
+  });
   AttnShape s;
   s.batch = batch;
   s.seq = seq;
@@ -359,7 +369,10 @@ void BM_attention(benchmark::State& st) {
   const double fwd = 2.0 * 2.0 * kHeadDim * kHeads * batch * (double(seq) * (seq + 1) / 2);
   report(st, bwd ? 2 * fwd : fwd, t0);
   st.SetLabel("batch " + std::to_string(batch) + " x seq " + std::to_string(seq) +
-              (bf16 ? " bf16" : " fp32") + (bwd ? " bwd" : " fwd"));
+              (bf16 ? " bf16" : " fp32") + (bwd ? " bwd" : " fwd") +
+              (stair < 0   ? " whole tiles"
+               : stair > 0 ? " steps of " + std::to_string(stair)
+                           : ""));
 }
 
 // ---- fused linear + cross-entropy -------------------------------------------------------------
@@ -518,7 +531,10 @@ void register_all() {
   for (int seq : {512, 2048})
     for (int bf16 = 0; bf16 < 2; ++bf16)
       for (int bwd = 0; bwd < 2; ++bwd)
-        reg(bwd ? "attention_bwd" : "attention_fwd", BM_attention)->Args({seq, bf16, bwd});
+        for (int stair : {0, -1, 64, 32})
+          if (seq == 512 || stair == 0)  // the staircase's steps at the e2e shape
+            reg(bwd ? "attention_bwd" : "attention_fwd", BM_attention)
+                ->Args({seq, bf16, bwd, stair});
   for (int bf16 = 0; bf16 < 2; ++bf16)
     for (int dh = 0; dh < 2; ++dh)
       reg("linear_cross_entropy", BM_linear_cross_entropy)

@@ -32,6 +32,9 @@
 #   (e2e.sh --skip-torch with the first run's peaks), into $OUT/ab.log; QLFT_CHECK_AB_POLICY=1
 #   adds a third side, this build with OMP_WAIT_POLICY unset. One call A/Bs a change on a CPU
 #   class this machine is not.
+#   QLFT_CHECK_KERNELS=REGEX (run): first bench_kernels' benchmarks matching REGEX, pinned, 2
+#   threads, 3 repetitions, into $OUT/kernels.log (e.g. 'attention_(fwd|bwd)/512/1/' for the bf16
+#   attention tiles, whole against the staircase's steps).
 #
 # Where the machine's transformers cannot read the GGUF, the peer loads a SmolLM2-shaped float32
 # Hugging Face directory instead (bench/make_smollm2_shaped.py): the same shapes and FLOPs.
@@ -102,6 +105,11 @@ for t in "$root"/tests/*; do
   OMP_WAIT_POLICY=passive QLFT_POISON_UNINIT=1 taskset -c "$cores" "$t" --gtest_brief=1 ||
     echo "FAILED: $(basename "$t")"
 done 2>&1 | tee "$OUT/tests.log" | grep -E '^(==|FAILED|\[  (PASSED|FAILED|SKIPPED))' || true
+if [ -n "${QLFT_CHECK_KERNELS:-}" ]; then
+  OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive} QLFT_BENCH_THREADS=2 taskset -c "$cores" \
+    "$root/bin/bench_kernels" --benchmark_filter="$QLFT_CHECK_KERNELS" --benchmark_repetitions=3 \
+    --benchmark_report_aggregates_only=true 2>&1 | tee "$OUT/kernels.log" | grep -E 'median|rror' || true
+fi
 args=("$@")
 [ ${#args[@]} -gt 0 ] || args=(--warmup 1 --steps 4 --micro-batch 4)
 e2e() {

@@ -320,7 +320,7 @@ struct Pair {
     c.set_precision(DType::BF16);
     c.tune.bf16_gemm = e;
     if (attn_block_q > 0) c.tune.attn_block_q = attn_block_q;
-    if (attn_stair_rows > 0) c.tune.attn_stair_rows = attn_stair_rows;
+    if (attn_stair_rows > 0) c.tune.attn_stair_rows = c.tune.attn_stair_rows_bf16 = attn_stair_rows;
     if (small_blocks)
       for (auto* b : {&c, &static_cast<cpu::CpuBackend&>(*ref)}) {
         b->tune.panel_bytes = 1;

@@ -118,11 +118,11 @@ void for_stairs_by_column(const Tile& t, int64_t step, Fn&& fn) {
   for (int64_t c = 0; c < t.nq; c += step) fn(c, t.nq - c, d + c, std::min(step, t.nq - c));
 }
 
-// The staircase step of the backend's tiles: CpuTuning::attn_stair_rows on the fp32 GEMM
-// engines; whole tiles on oneDNN's bf16 ones (AMX), where a call costs more against its FLOPs
-// and the steps are unmeasured.
+// The staircase step of the backend's tiles (0: whole tiles): CpuTuning::attn_stair_rows on the
+// fp32 GEMM engines, attn_stair_rows_bf16 on oneDNN's bf16 ones.
 int64_t stair_step(const CpuTuning& tune, bool bf16_onednn, int64_t bq) {
-  return bf16_onednn || tune.attn_stair_rows <= 0 ? bq : tune.attn_stair_rows;
+  const int64_t rows = bf16_onednn ? tune.attn_stair_rows_bf16 : tune.attn_stair_rows;
+  return rows <= 0 ? bq : rows;
 }
 
 Tile make_tile(const AttnShape& s, const int32_t* first, int64_t bq, int b, int h, int64_t qb,

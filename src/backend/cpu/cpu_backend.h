@@ -33,8 +33,11 @@ struct CpuTuning {
   int64_t attn_block_q = 128;                   // query rows per attention task
   // Rows per step of the causal staircase in a task's diagonal block (cpu_attention.cpp:
   // for_stairs; 0 or >= attn_block_q: whole tiles): smaller steps skip more masked keys in
-  // more, smaller GEMM calls. The fp32 GEMM engines only; oneDNN's bf16 tiles stay whole.
+  // more, smaller GEMM calls. attn_stair_rows for the fp32 GEMM engines (fp32, bf16 on sgemm);
+  // attn_stair_rows_bf16 for oneDNN's bf16 tiles (AVX512-BF16, AMX), whole until measured there:
+  // an AMX call costs more against its FLOPs (bench_kernels attention_fwd|bwd's stair argument).
   int64_t attn_stair_rows = 64;
+  int64_t attn_stair_rows_bf16 = 0;
   // With precision bf16, which GEMM runs the bf16 operands: Auto = oneDNN when the CPU has
   // native bf16 dot products (gemm_bf16_native()), else OpenBLAS sgemm on the bf16 values
   // widened to fp32 (same products, same fp32 accumulation; only the summation order differs).
