@@ -82,40 +82,31 @@ struct Tile {
 
 // The causal staircase of a tile, the region its products run over. With step < nq: the keys
 // before the diagonal block for all nq rows (one piece), then the diagonal block in steps of
-// `step` rows, each to the key of its last row. Keys past a step's end are masked for all its
-// rows and are neither computed nor read: two steps skip a quarter of the diagonal block, four
-// three eighths. With step >= nq: the whole tile in one piece (the masked half of its diagonal
-// block computed, then zeroed or ignored). fn(r0, nr, c0, nc): rows [r0, r0 + nr) x tile
-// columns [c0, c0 + nc); products over the columns (P V, dS K) add the diagonal steps to what
-// the first piece wrote.
+// `step`: by rows, each step's rows to the key of its last row; by_column (for the products that
+// sum over the rows: dS^T Q, P^T dO), each step's columns from its first row on. Keys past a row
+// step's end are masked for all its rows and are neither computed nor read: two steps skip a
+// quarter of the diagonal block, four three eighths. With step >= nq: the whole tile in one
+// piece (the masked half of its diagonal block computed, then zeroed or ignored).
+// fn(r0, nr, c0, nc): rows [r0, r0 + nr) x tile columns [c0, c0 + nc); products over the columns
+// (P V, dS K) add the diagonal steps to what the first piece wrote.
 // Each piece is a GEMM call: the steps pay where a call's fixed cost is small against its
-// FLOPs (measured on a Zen 3, fp32 at SmolLM2's shape, attention_fwd|bwd/512: 64-row steps in
-// 128-row tiles 3.5% / 5% faster than whole tiles, 32-row steps no faster).
+// FLOPs (measured on a Zen 3, fp32 at SmolLM2's shape, attention_fwd|bwd/512: steps of 64 rows
+// in 128-row tiles 3-4% faster than whole tiles, steps of 32 no faster).
 template <class Fn>
-void for_stairs(const Tile& t, int64_t step, Fn&& fn) {
+void for_stairs(const Tile& t, int64_t step, bool by_column, Fn&& fn) {
   const int64_t d = t.diag();
   if (step >= t.nq) {
     fn(int64_t(0), t.nq, int64_t(0), d + t.nq);
     return;
   }
   if (d > 0) fn(int64_t(0), t.nq, int64_t(0), d);
-  for (int64_t r = 0; r < t.nq; r += step) {
-    const int64_t n = std::min(step, t.nq - r);
-    fn(r, n, d, r + n);
+  for (int64_t i = 0; i < t.nq; i += step) {
+    const int64_t n = std::min(step, t.nq - i);
+    if (by_column)
+      fn(i, t.nq - i, d + i, n);
+    else
+      fn(i, n, d, i + n);
   }
-}
-
-// The same region cut by columns, for the products that sum over the rows (dS^T Q, P^T dO): the
-// diagonal block in steps of `step` columns, each from its first row on.
-template <class Fn>
-void for_stairs_by_column(const Tile& t, int64_t step, Fn&& fn) {
-  const int64_t d = t.diag();
-  if (step >= t.nq) {
-    fn(int64_t(0), t.nq, int64_t(0), d + t.nq);
-    return;
-  }
-  if (d > 0) fn(int64_t(0), t.nq, int64_t(0), d);
-  for (int64_t c = 0; c < t.nq; c += step) fn(c, t.nq - c, d + c, std::min(step, t.nq - c));
 }
 
 // The staircase step of the backend's tiles (0: whole tiles): CpuTuning::attn_stair_rows on the
@@ -201,7 +192,7 @@ void tile_probs(const AttnShape& s, const Tile& t, int64_t step, const OpGemm& m
   const int D = s.head_dim;
   const int64_t base = int64_t(t.b) * s.seq, kw = t.k1 - t.k0;
   const int64_t rows = int64_t(s.batch) * s.seq;
-  for_stairs(t, step, [&](int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
+  for_stairs(t, step, /*by_column=*/false, [&](int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
     mm.gemm_tile(true, nr, nc, D, scale, q.at(mm, base + t.q0 + r0, t.h), q.ld,
                  k.at(mm, base + t.k0 + c0, t.kh), k.ld, 0.f, S + r0 * kw + c0, kw);
   });
@@ -333,16 +324,17 @@ void CpuBackend::attention_fwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
           for (int64_t i = 0; i < t.nq; ++i)
             mm.convert(S + i * kw, elem_at(mm, P, i * kw), size_t(t.row_width(i, step)));
         // O = P V over the staircase; the diagonal steps add to the first piece's rows.
-        for_stairs(t, step, [&](int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
-          const void* p = mm.at(P, r0 * kw + c0);
-          const void* v = vh.at(mm, base + t.k0 + c0, t.kh);
-          const float beta = c0 > 0 ? 1.f : 0.f;
-          if (mm.lp)
-            mm.gemm(false, false, nr, D, nc, 1.f, p, kw, v, vh.ld, beta, O + r0 * D, D);
-          else
-            mm.gemm_tile(false, nr, D, nc, 1.f, p, kw, v, vh.ld, beta, o + r0 * out.stride,
-                         out.stride);
-        });
+        for_stairs(t, step, /*by_column=*/false,
+                   [&](int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
+                     const void* p = mm.at(P, r0 * kw + c0);
+                     const void* v = vh.at(mm, base + t.k0 + c0, t.kh);
+                     const float beta = c0 > 0 ? 1.f : 0.f;
+                     if (mm.lp)
+                       mm.gemm(false, false, nr, D, nc, 1.f, p, kw, v, vh.ld, beta, O + r0 * D, D);
+                     else
+                       mm.gemm_tile(false, nr, D, nc, 1.f, p, kw, v, vh.ld, beta,
+                                    o + r0 * out.stride, out.stride);
+                   });
         if (!mm.lp) return;
         if (out16) {  // (dense: the row stride is out's columns)
           uint16_t* o16 = out16 + (base + t.q0) * out.cols + int64_t(t.h) * D;
@@ -485,10 +477,11 @@ void CpuBackend::attention_bwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
                        fused ? static_cast<uint16_t*>(Pl) : nullptr);
             const int64_t qoff = base + t.q0, koff = base + t.k0;
             // dP = dO V^T
-            for_stairs(t, step, [&](int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
-              mm.gemm_tile(true, nr, nc, D, 1.f, doh.at(mm, qoff + r0, h), doh.ld,
-                           vh.at(mm, koff + c0, kh), vh.ld, 0.f, dS + r0 * kw + c0, kw);
-            });
+            for_stairs(t, step, /*by_column=*/false,
+                       [&](int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
+                         mm.gemm_tile(true, nr, nc, D, 1.f, doh.at(mm, qoff + r0, h), doh.ld,
+                                      vh.at(mm, koff + c0, kh), vh.ld, 0.f, dS + r0 * kw + c0, kw);
+                       });
             // D_i = dO_i . O_i (dO as the GEMMs take it); dS = P (dP - D_i)
             for (int64_t i = 0; i < t.nq; ++i) {
               const float* a = dout.row(qoff + i) + int64_t(h) * D;
@@ -526,16 +519,17 @@ void CpuBackend::attention_bwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
             // steps adding to the first piece's rows)
             const void* dSg = mm.lp ? dSl : static_cast<void*>(dS);
             const void* Pg = mm.lp ? Pl : static_cast<void*>(P);
-            for_stairs(t, step, [&](int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
-              const void* a = mm.at(dSg, r0 * kw + c0);
-              const void* kt = kh_.at(mm, koff + c0, kh);
-              if (mm.lp)
-                mm.gemm(false, false, nr, D, nc, scale, a, kw, kt, kh_.ld, c0 > 0 ? 1.f : 0.f,
-                        dQt + r0 * D, D);
-              else
-                mm.gemm_tile(false, nr, D, nc, scale, a, kw, kt, kh_.ld, 1.f,
-                             dq.row(qoff + r0) + int64_t(h) * D, dq.stride);
-            });
+            for_stairs(t, step, /*by_column=*/false,
+                       [&](int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
+                         const void* a = mm.at(dSg, r0 * kw + c0);
+                         const void* kt = kh_.at(mm, koff + c0, kh);
+                         if (mm.lp)
+                           mm.gemm(false, false, nr, D, nc, scale, a, kw, kt, kh_.ld,
+                                   c0 > 0 ? 1.f : 0.f, dQt + r0 * D, D);
+                         else
+                           mm.gemm_tile(false, nr, D, nc, scale, a, kw, kt, kh_.ld, 1.f,
+                                        dq.row(qoff + r0) + int64_t(h) * D, dq.stride);
+                       });
             if (mm.lp) {
               if (rope)
                 put16(dq16, qoff, int64_t(h) * D, dQt, t.nq, true, dOr.data());
@@ -543,17 +537,18 @@ void CpuBackend::attention_bwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
                 add_rows(dq, qoff, int64_t(h) * D, dQt, t.nq, D);
             }
             // dK += scale dS^T Q ; dV += P^T dO, by the staircase's columns
-            for_stairs_by_column(t, step, [&](int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
-              const void* qt = qh.at(mm, qoff + r0, h);
-              const void* dot = doh.at(mm, qoff + r0, h);
-              float* dkr = mm.lp ? dKt + (t.k0 + c0) * D : dk.row(koff + c0) + int64_t(kh) * D;
-              float* dvr = mm.lp ? dVt + (t.k0 + c0) * D : dv.row(koff + c0) + int64_t(kh) * D;
-              const int64_t ldk = mm.lp ? D : dk.stride, ldv = mm.lp ? D : dv.stride;
-              mm.gemm(true, false, nc, D, nr, scale, mm.at(dSg, r0 * kw + c0), kw, qt, qh.ld, 1.f,
-                      dkr, ldk);
-              mm.gemm(true, false, nc, D, nr, 1.f, mm.at(Pg, r0 * kw + c0), kw, dot, doh.ld, 1.f,
-                      dvr, ldv);
-            });
+            for_stairs(
+                t, step, /*by_column=*/true, [&](int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
+                  const void* qt = qh.at(mm, qoff + r0, h);
+                  const void* dot = doh.at(mm, qoff + r0, h);
+                  float* dkr = mm.lp ? dKt + (t.k0 + c0) * D : dk.row(koff + c0) + int64_t(kh) * D;
+                  float* dvr = mm.lp ? dVt + (t.k0 + c0) * D : dv.row(koff + c0) + int64_t(kh) * D;
+                  const int64_t ldk = mm.lp ? D : dk.stride, ldv = mm.lp ? D : dv.stride;
+                  mm.gemm(true, false, nc, D, nr, scale, mm.at(dSg, r0 * kw + c0), kw, qt, qh.ld,
+                          1.f, dkr, ldk);
+                  mm.gemm(true, false, nc, D, nr, 1.f, mm.at(Pg, r0 * kw + c0), kw, dot, doh.ld,
+                          1.f, dvr, ldv);
+                });
           }
         }
         if (rope) {
