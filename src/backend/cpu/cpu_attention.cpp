@@ -323,17 +323,15 @@ void CpuBackend::attention_fwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
         if (mm.lp && !fused)
           for (int64_t i = 0; i < t.nq; ++i)
             mm.convert(S + i * kw, elem_at(mm, P, i * kw), size_t(t.row_width(i, step)));
-        // O = P V over the staircase; the diagonal steps add to the first piece's rows.
+        // O = P V over the staircase (lp: into the dense tile O); the diagonal steps add to the
+        // first piece's rows.
+        float* const od = mm.lp ? O : o;
+        const int64_t ldo = mm.lp ? D : out.stride;
         for_stairs(t, step, /*by_column=*/false,
                    [&](int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
-                     const void* p = mm.at(P, r0 * kw + c0);
-                     const void* v = vh.at(mm, base + t.k0 + c0, t.kh);
-                     const float beta = c0 > 0 ? 1.f : 0.f;
-                     if (mm.lp)
-                       mm.gemm(false, false, nr, D, nc, 1.f, p, kw, v, vh.ld, beta, O + r0 * D, D);
-                     else
-                       mm.gemm_tile(false, nr, D, nc, 1.f, p, kw, v, vh.ld, beta,
-                                    o + r0 * out.stride, out.stride);
+                     mm.gemm_tile(false, nr, D, nc, 1.f, mm.at(P, r0 * kw + c0), kw,
+                                  vh.at(mm, base + t.k0 + c0, t.kh), vh.ld, c0 > 0 ? 1.f : 0.f,
+                                  od + r0 * ldo, ldo);
                    });
         if (!mm.lp) return;
         if (out16) {  // (dense: the row stride is out's columns)
@@ -516,19 +514,14 @@ void CpuBackend::attention_bwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
               }
             }
             // dQ += scale dS K over the staircase (lp: into the task's dQ tile, the diagonal
-            // steps adding to the first piece's rows)
-            const void* dSg = mm.lp ? dSl : static_cast<void*>(dS);
-            const void* Pg = mm.lp ? Pl : static_cast<void*>(P);
+            // steps adding to the first piece's rows; fp32: into dq, zeroed by the caller)
+            float* const dqd = mm.lp ? dQt : dq.row(qoff) + int64_t(h) * D;
+            const int64_t ldq = mm.lp ? D : dq.stride;
             for_stairs(t, step, /*by_column=*/false,
                        [&](int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
-                         const void* a = mm.at(dSg, r0 * kw + c0);
-                         const void* kt = kh_.at(mm, koff + c0, kh);
-                         if (mm.lp)
-                           mm.gemm(false, false, nr, D, nc, scale, a, kw, kt, kh_.ld,
-                                   c0 > 0 ? 1.f : 0.f, dQt + r0 * D, D);
-                         else
-                           mm.gemm_tile(false, nr, D, nc, scale, a, kw, kt, kh_.ld, 1.f,
-                                        dq.row(qoff + r0) + int64_t(h) * D, dq.stride);
+                         mm.gemm_tile(false, nr, D, nc, scale, mm.at(dSl, r0 * kw + c0), kw,
+                                      kh_.at(mm, koff + c0, kh), kh_.ld,
+                                      mm.lp && c0 == 0 ? 0.f : 1.f, dqd + r0 * ldq, ldq);
                        });
             if (mm.lp) {
               if (rope)
@@ -544,9 +537,9 @@ void CpuBackend::attention_bwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
                   float* dkr = mm.lp ? dKt + (t.k0 + c0) * D : dk.row(koff + c0) + int64_t(kh) * D;
                   float* dvr = mm.lp ? dVt + (t.k0 + c0) * D : dv.row(koff + c0) + int64_t(kh) * D;
                   const int64_t ldk = mm.lp ? D : dk.stride, ldv = mm.lp ? D : dv.stride;
-                  mm.gemm(true, false, nc, D, nr, scale, mm.at(dSg, r0 * kw + c0), kw, qt, qh.ld,
+                  mm.gemm(true, false, nc, D, nr, scale, mm.at(dSl, r0 * kw + c0), kw, qt, qh.ld,
                           1.f, dkr, ldk);
-                  mm.gemm(true, false, nc, D, nr, 1.f, mm.at(Pg, r0 * kw + c0), kw, dot, doh.ld,
+                  mm.gemm(true, false, nc, D, nr, 1.f, mm.at(Pl, r0 * kw + c0), kw, dot, doh.ld,
                           1.f, dvr, ldv);
                 });
           }
