@@ -335,15 +335,17 @@ void BM_linear(benchmark::State& st) {
 // ---- attention --------------------------------------------------------------------------------
 
 // stair: the causal staircase's step rows on every engine (CpuTuning::attn_stair_rows and
-// attn_stair_rows_bf16); -1 whole tiles; 0 the backend's defaults.
+// attn_stair_rows_bf16); -1 whole tiles; 0 the backend's defaults. bq: query rows per tile
+// (CpuTuning::attn_block_q), 0 the default.
 void BM_attention(benchmark::State& st) {
   const int seq = int(st.range(0));
   const bool bf16 = st.range(1) != 0, bwd = st.range(2) != 0;
-  const int64_t stair = st.range(3);
+  const int64_t stair = st.range(3), bq = st.range(4);
   const int batch = kRows / seq > 0 ? kRows / seq : 1;
   const int64_t R = int64_t(batch) * seq, qc = kHeads * kHeadDim, kc = kKvHeads * kHeadDim;
   auto be = make_backend(bf16, [&](cpu::CpuTuning& t) {
     if (stair != 0) t.attn_stair_rows = t.attn_stair_rows_bf16 = std::max<int64_t>(0, stair);
+    if (bq > 0) t.attn_block_q = bq;
   });
   AttnShape s;
   s.batch = batch;
@@ -357,6 +359,11 @@ void BM_attention(benchmark::State& st) {
                      dv(v.size());
   CMatF Q(q.data(), R, qc), K(k.data(), R, kc), V(v.data(), R, kc);
   be->attention_fwd(s, Q, K, V, MatF(o.data(), R, qc), lse.data());
+  // The backward's oneDNN primitives made before the clock starts, as the forward's are: the
+  // loop may run only a few iterations.
+  if (bwd)
+    be->attention_bwd(s, Q, K, V, CMatF(o.data(), R, qc), lse.data(), CMatF(dout.data(), R, qc),
+                      MatF(dq.data(), R, qc), MatF(dk.data(), R, kc), MatF(dv.data(), R, kc));
   const Clock::time_point t0 = start_clock();
   for (auto _ : st) {
     if (!bwd)
@@ -372,7 +379,8 @@ void BM_attention(benchmark::State& st) {
               (bf16 ? " bf16" : " fp32") + (bwd ? " bwd" : " fwd") +
               (stair < 0   ? " whole tiles"
                : stair > 0 ? " steps of " + std::to_string(stair)
-                           : ""));
+                           : "") +
+              (bq > 0 ? " tiles of " + std::to_string(bq) : ""));
 }
 
 // ---- fused linear + cross-entropy -------------------------------------------------------------
@@ -532,9 +540,12 @@ void register_all() {
     for (int bf16 = 0; bf16 < 2; ++bf16)
       for (int bwd = 0; bwd < 2; ++bwd)
         for (int stair : {0, -1, 64, 32})
-          if (seq == 512 || stair == 0)  // the staircase's steps at the e2e shape
-            reg(bwd ? "attention_bwd" : "attention_fwd", BM_attention)
-                ->Args({seq, bf16, bwd, stair});
+          for (int bq : {0, 64, 256})
+            // At the e2e shape: the staircase's steps, and the tile rows with the steps at their
+            // defaults.
+            if ((seq == 512 || stair == 0) && (bq == 0 || (seq == 512 && stair == 0)))
+              reg(bwd ? "attention_bwd" : "attention_fwd", BM_attention)
+                  ->Args({seq, bf16, bwd, stair, bq});
   for (int bf16 = 0; bf16 < 2; ++bf16)
     for (int dh = 0; dh < 2; ++dh)
       reg("linear_cross_entropy", BM_linear_cross_entropy)

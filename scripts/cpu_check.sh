@@ -34,7 +34,14 @@
 #   class this machine is not.
 #   QLFT_CHECK_KERNELS=REGEX (run): first bench_kernels' benchmarks matching REGEX, pinned, 2
 #   threads, 3 repetitions, into $OUT/kernels.log (e.g. 'attention_(fwd|bwd)/512/1/' for the bf16
-#   attention tiles, whole against the staircase's steps).
+#   attention tiles, whole against the staircase's steps); QLFT_CHECK_KERNELS_CAPPED=REGEX the
+#   same capped as QLFT_CHECK_CAPPED caps, into $OUT/kernels-capped.log.
+#   QLFT_CHECK_TUNES='SPEC;SPEC;...' (run): then one qlft-only e2e run per SPEC with the backend
+#   tuning QLFT_CPU_TUNE=SPEC ("-": the defaults) and its op profile, tokens/s and attention's
+#   times into $OUT/tunes.log; "capped:SPEC" runs capped (as QLFT_CHECK_CAPPED) in fp32.
+#   QLFT_CHECK_TUNE_PEAKS / _PEAKS_CAPPED="--peak X --f32-peak Y" skip e2e.sh's peak probes.
+#   QLFT_CHECK_NATIVE=0 (run) skips the e2e run at the CPU's own ISA (with QLFT_CHECK_CAPPED=1:
+#   the capped one alone); QLFT_CHECK_TESTS_LAST=1 runs the test binaries after everything else.
 #
 # Where the machine's transformers cannot read the GGUF, the peer loads a SmolLM2-shaped float32
 # Hugging Face directory instead (bench/make_smollm2_shaped.py): the same shapes and FLOPs.
@@ -64,7 +71,10 @@ if [ "$mode" = pack ]; then
     awk '/=> \// {print $3}' | sort -u |
     grep -v -E 'libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|ld-linux' |
     xargs -I{} cp -L {} "$stage/lib/"
-  cp -r "$ref"/lib/python3*/site-packages/gguf "$stage/py/"
+  # With its dist-info: transformers reads gguf's version from the package metadata and refuses
+  # the GGUF without it (InvalidVersion 'N/A'), falling back to the shaped float32 directory.
+  cp -r "$ref"/lib/python3*/site-packages/gguf "$ref"/lib/python3*/site-packages/gguf-*.dist-info \
+    "$stage/py/"
   "$ref/bin/python" bench/make_smollm2_pattern_gguf.py \
     "${QLFT_SMOLLM2:-/opt/qlft-models/smollm2-135m-instruct-q4_1.gguf}" "$stage/data/smollm2.gguf"
   cp "$shared/data/tinyshakespeare.txt" "$stage/data/"
@@ -99,16 +109,29 @@ cores=${QLFT_CHECK_CORES:-$(lscpu -p=CPU,CORE | grep -v '^#' | awk -F, '$1 > 0 &
 [[ $cores == *,* ]] || cores=0,1
 echo "pinned to CPUs $cores"
 export LD_LIBRARY_PATH=$root/lib
-for t in "$root"/tests/*; do
-  [ -x "$t" ] || continue
-  echo "== $(basename "$t") at this CPU's ISA"
-  OMP_WAIT_POLICY=passive QLFT_POISON_UNINIT=1 taskset -c "$cores" "$t" --gtest_brief=1 ||
-    echo "FAILED: $(basename "$t")"
-done 2>&1 | tee "$OUT/tests.log" | grep -E '^(==|FAILED|\[  (PASSED|FAILED|SKIPPED))' || true
-if [ -n "${QLFT_CHECK_KERNELS:-}" ]; then
-  OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive} QLFT_BENCH_THREADS=2 taskset -c "$cores" \
-    "$root/bin/bench_kernels" --benchmark_filter="$QLFT_CHECK_KERNELS" --benchmark_repetitions=3 \
-    --benchmark_report_aggregates_only=true 2>&1 | tee "$OUT/kernels.log" | grep -E 'median|rror' || true
+run_tests() {
+  for t in "$root"/tests/*; do
+    [ -x "$t" ] || continue
+    echo "== $(basename "$t") at this CPU's ISA"
+    OMP_WAIT_POLICY=passive QLFT_POISON_UNINIT=1 taskset -c "$cores" "$t" --gtest_brief=1 ||
+      echo "FAILED: $(basename "$t")"
+  done 2>&1 | tee "$OUT/tests.log" | grep -E '^(==|FAILED|\[  (PASSED|FAILED|SKIPPED))' || true
+}
+# bench_kernels' benchmarks matching $1 into $OUT/$2.
+kernels() {
+  # OMP_WAIT_POLICY=default (e2e.sh's word for libgomp's own default) is unset for libgomp.
+  local wait_env=(env OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}")
+  [ "${OMP_WAIT_POLICY:-}" != default ] || wait_env=(env -u OMP_WAIT_POLICY)
+  "${wait_env[@]}" QLFT_BENCH_THREADS=2 taskset -c "$cores" \
+    "$root/bin/bench_kernels" --benchmark_filter="$1" --benchmark_repetitions=3 \
+    --benchmark_report_aggregates_only=true 2>&1 | tee "$OUT/$2" | grep -E 'median|rror' || true
+}
+[ "${QLFT_CHECK_TESTS_LAST:-0}" = 1 ] || run_tests
+[ -z "${QLFT_CHECK_KERNELS:-}" ] || kernels "$QLFT_CHECK_KERNELS" kernels.log
+if [ -n "${QLFT_CHECK_KERNELS_CAPPED:-}" ]; then
+  echo "== capped to AVX-512 without native bf16"
+  QLFT_CPU_ISA=avx512 ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI kernels "$QLFT_CHECK_KERNELS_CAPPED" \
+    kernels-capped.log
 fi
 args=("$@")
 [ ${#args[@]} -gt 0 ] || args=(--warmup 1 --steps 4 --micro-batch 4)
@@ -120,7 +143,7 @@ e2e() {
 profiles=$root/profiles
 prof_args() { [ "${QLFT_CHECK_PROFILE:-0}" = 1 ] && echo "--qlft-profile $profiles/$1" || true; }
 # shellcheck disable=SC2046  # prof_args is two words or none
-e2e "${args[@]}" $(prof_args native) 2>&1 | tee "$OUT/e2e.log"
+[ "${QLFT_CHECK_NATIVE:-1}" = 0 ] || e2e "${args[@]}" $(prof_args native) 2>&1 | tee "$OUT/e2e.log"
 if [ "${QLFT_CHECK_CAPPED:-0}" = 1 ]; then
   # shellcheck disable=SC2046
   QLFT_CPU_ISA=avx512 ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI e2e "${args[@]}" --qlft-precision fp32 \
@@ -144,4 +167,37 @@ if [ "${QLFT_CHECK_AB:-0}" -gt 0 ]; then
     done
   done | tee "$OUT/ab.log"
 fi
+if [ -n "${QLFT_CHECK_TUNES:-}" ]; then
+  # Each spec a qlft-only e2e run (QLFT_CPU_TUNE=spec, "-" for none) with its op profile; a spec
+  # "capped:SPEC" runs capped, in fp32. Peaks: QLFT_CHECK_TUNE_PEAKS and _PEAKS_CAPPED ("--peak X
+  # --f32-peak Y"), else e2e.sh measures them each run.
+  IFS=';' read -ra tunes <<< "$QLFT_CHECK_TUNES"
+  mkdir -p "$profiles"
+  i=0
+  for tune in "${tunes[@]}"; do
+    i=$((i + 1))
+    spec=${tune#capped:}
+    [ "$spec" != - ] || spec=
+    rm -rf "$profiles/tune$i"
+    # shellcheck disable=SC2086  # the peaks: four words or none
+    res=$(
+      extra=()
+      peaks=${QLFT_CHECK_TUNE_PEAKS:-}
+      if [[ $tune == capped:* ]]; then
+        export QLFT_CPU_ISA=avx512 ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI
+        extra=(--qlft-precision fp32)
+        peaks=${QLFT_CHECK_TUNE_PEAKS_CAPPED:-}
+      fi
+      QLFT_CPU_TUNE="$spec" e2e "${args[@]}" "${extra[@]}" --skip-torch $peaks \
+        --qlft-profile "$profiles/tune$i" 2>&1 | tee "$profiles/tune$i.log" |
+        sed -n 's/^RESULT {"sides": \[{"name": "[^"]*", "tps": \([0-9.]*\).*/\1/p'
+    ) || true
+    # The profile's GEMM and attention self times (by name): this host's speed drifts between
+    # runs, so a tuning's effect on attention is read against its own run's GEMM time.
+    att=$(awk -F'\t' '$1 ~ /^gemm\./ {g += $2} $1 ~ /^attention/ {a = a sprintf("%s %s ms; ", $1, $2)}
+      END {printf "gemm %.0f ms; %s", g, a}' "$profiles/tune$i"/*.tsv 2>/dev/null)
+    echo "tune $i [$tune]: ${res:-failed} tokens/s; $att($(date -u +%H:%M:%S))"
+  done | tee "$OUT/tunes.log"
+fi
+[ "${QLFT_CHECK_TESTS_LAST:-0}" != 1 ] || run_tests
 [ ! -d "$profiles" ] || tar -C "$profiles" -czf "$OUT/profiles.tgz" .

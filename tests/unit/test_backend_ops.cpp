@@ -3,10 +3,13 @@
 // every panel / chunk / tile loop runs more than once.
 #include <gtest/gtest.h>
 
+#include <immintrin.h>
+
 #include <cstring>
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
+#include "core/fp_env.h"
 #include "formats/safetensors.h"
 #include "quant/qweight.h"
 #include "test_backend_util.h"
@@ -537,6 +540,56 @@ void run_attention(const AttnCase& c, uint64_t seed) {
 }
 
 }  // namespace
+
+// The tiles flush subnormals on their threads (CpuTuning::flush_denormals) and leave the calling
+// thread's floating-point environment as it was, flushing or not.
+TEST(BackendAttention, CallerFloatEnvironmentKept) {
+  Fixture fx;
+  fx.cpu().tune.attn_block_q = 4;
+  AttnShape s = attn_shape(1, 9, 2, 1, 8);
+  Rng rng(61);
+  const int rows = 9, qc = 16, kc = 8;
+  FVec q = rng.normal(size_t(rows) * qc), k = rng.normal(size_t(rows) * kc),
+       v = rng.normal(size_t(rows) * kc), out(size_t(rows) * qc), lse(size_t(2) * rows),
+       dout = rng.normal(size_t(rows) * qc), dq(q.size()), dk(k.size()), dv(v.size());
+  // MXCSR's control bits (its low six are sticky exception flags the arithmetic sets)
+  auto control = [] { return _mm_getcsr() & ~0x3Fu; };
+  const unsigned before = _mm_getcsr();
+  for (const unsigned csr : {before & ~kMxcsrFtzDaz & ~0x3Fu, (before | kMxcsrFtzDaz) & ~0x3Fu}) {
+    _mm_setcsr(csr);
+    fx.be->attention_fwd(s, cmat(q, rows, qc), cmat(k, rows, kc), cmat(v, rows, kc),
+                         mat(out, rows, qc), lse.data());
+    EXPECT_EQ(control(), csr) << "after attention_fwd";
+    fx.be->attention_bwd(s, cmat(q, rows, qc), cmat(k, rows, kc), cmat(v, rows, kc),
+                         cmat(out, rows, qc), lse.data(), cmat(dout, rows, qc), mat(dq, rows, qc),
+                         mat(dk, rows, kc), mat(dv, rows, kc));
+    EXPECT_EQ(control(), csr) << "after attention_bwd";
+  }
+  _mm_setcsr(before);
+}
+
+// QLFT_CPU_TUNE's parsing: fields by name, bad names and values refused naming them.
+TEST(CpuTuningEnv, SetsFieldsAndRefusesUnknownNames) {
+  cpu::CpuTuning t;
+  cpu::apply_tuning_env(t, "attn_block_q=32,flush_denormals=0,,attn_stair_rows_bf16=16");
+  EXPECT_EQ(t.attn_block_q, 32);
+  EXPECT_FALSE(t.flush_denormals);
+  EXPECT_EQ(t.attn_stair_rows_bf16, 16);
+  EXPECT_EQ(t.attn_stair_rows, cpu::CpuTuning().attn_stair_rows);
+  auto refused = [&](const char* spec, const char* says) {
+    try {
+      cpu::apply_tuning_env(t, spec);
+      ADD_FAILURE() << spec << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), QLFT_ERR_INVALID_ARGUMENT);
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  };
+  refused("attn_blockq=32", "unknown setting 'attn_blockq'");
+  refused("flush_denormals=yes", "flush_denormals=yes must be 0 or 1");
+  refused("attn_block_q=3x", "attn_block_q=3x is not an integer");
+  refused("attn_block_q", "'attn_block_q' is not name=value");
+}
 
 TEST(BackendAttention, MhaSingleBlock) {
   run_attention({1, 13, 2, 2, 8, false, 64}, 41);

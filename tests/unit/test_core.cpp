@@ -18,6 +18,7 @@
 #include "config/keys.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/fp_env.h"
 #include "core/memory.h"
 #include "core/profile.h"
 
@@ -79,6 +80,34 @@ TEST(Half, Bf16RoundsToNearestEvenLikeHardware) {
     ASSERT_EQ(f32_bits(bf16_to_f32(bulk[i])), static_cast<uint32_t>(upper) << 16);
   }
   EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(NAN))));
+}
+
+// Subnormal results and inputs are zero inside the scope (FTZ, DAZ), as they are not outside
+// it, and the thread's MXCSR is the caller's again after it (the library runs on its caller's
+// threads).
+TEST(FpEnv, ScopedFlushDenormalsFlushesInsideAndRestores) {
+  volatile float tiny = 1e-30f, small = 1e-10f;
+  // MXCSR's control bits (its low six are sticky exception flags the arithmetic sets)
+  auto control = [] { return _mm_getcsr() & ~0x3Fu; };
+  const unsigned before = control();
+  ASSERT_NE(before & kMxcsrFtzDaz, kMxcsrFtzDaz) << "the test thread already flushes";
+  const float sub = tiny * small;  // 1e-40: subnormal
+  ASSERT_EQ(std::fpclassify(sub), FP_SUBNORMAL);
+  volatile float vsub = sub, one = 1.f;
+  {
+    const ScopedFlushDenormals flush;
+    EXPECT_EQ(control() & kMxcsrFtzDaz, kMxcsrFtzDaz);
+    EXPECT_EQ(tiny * small, 0.f) << "FTZ: a subnormal result is zero";
+    EXPECT_EQ(vsub * one, 0.f) << "DAZ: a subnormal input is zero";
+  }
+  EXPECT_EQ(control(), before);
+  EXPECT_EQ(std::fpclassify(tiny * small), FP_SUBNORMAL);
+  {
+    const ScopedFlushDenormals off(false);
+    EXPECT_EQ(control(), before);
+    EXPECT_EQ(vsub * one, sub);
+  }
+  EXPECT_EQ(control(), before);
 }
 
 TEST(Memory, LimitIsEnforcedNamingCategoryAndCountersRestore) {

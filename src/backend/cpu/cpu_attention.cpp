@@ -25,6 +25,7 @@
 #include "backend/softmax_math.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/fp_env.h"
 #include "core/profile.h"
 #include "core/threads.h"
 
@@ -304,6 +305,8 @@ void CpuBackend::attention_fwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
   TaskErrors errs;  // a oneDNN scratchpad past memory.limit throws inside the region
 #pragma omp parallel num_threads(nt)
   {
+    // (core/fp_env.h: subnormal products cost Intel cores)
+    const ScopedFlushDenormals flush(tune.flush_denormals);
     char* mine = static_cast<char*>(ws.data()) + thread_id() * per;
     float* S = reinterpret_cast<float*>(mine);
     void* P = mm.lp ? mine + tile * 4 : static_cast<void*>(S);
@@ -446,6 +449,7 @@ void CpuBackend::attention_bwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
   TaskErrors errs;  // a oneDNN scratchpad past memory.limit throws inside the region
 #pragma omp parallel num_threads(nt)
   {
+    const ScopedFlushDenormals flush(tune.flush_denormals);
     char* mine = static_cast<char*>(ws.data()) + thread_id() * per;
     float* P = reinterpret_cast<float*>(mine);
     float* dS = P + tile;

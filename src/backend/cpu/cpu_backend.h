@@ -69,6 +69,10 @@ struct CpuTuning {
   // Sapphire Rapids guest at batch 4 x 512, 9 heads (3 KV) of 64: forward -17%, backward -8%
   // CPU time.
   bool f32_attn_onednn = true;
+  // Attention's tiles run with subnormals flushed to zero (FTZ / DAZ, core/fp_env.h) on their
+  // threads. Measured on an Emerald Rapids guest (e2e.sh, SmolLM2): the fp32 backward (capped
+  // to AVX-512) took half the time against the step's GEMMs, the AMX bf16 one about a fifth less.
+  bool flush_denormals = true;
   // The library under sgemm() (the fp32 GEMMs not routed above: dx = dy W, the head's dh, the
   // LoRA merge, dK and dV, and all of them when the flags above are off). Auto = OpenBLAS, unless
   // the kernels it chose are older than the CPU (f32_blas.h: f32_blas_onednn_auto), then oneDNN's
@@ -77,6 +81,12 @@ struct CpuTuning {
   enum class F32Blas : uint8_t { Auto, OpenBlas, OneDnn };
   F32Blas f32_blas = F32Blas::Auto;
 };
+
+// Developer overrides of t from QLFT_CPU_TUNE ("name=value,..."; the fields above by name, bools
+// as 0 / 1), for A/B runs of a setting on a lent machine without a rebuild. Not a user setting:
+// the defaults are what the benchmarks chose. Throws QLFT_ERR_INVALID_ARGUMENT naming an unknown
+// name or a bad value.
+void apply_tuning_env(CpuTuning& t, const char* spec);
 
 // The reusable scratch buffers of CpuBackend (one of each kind in use at a time).
 // Count as a slot: a buffer of the call's own (small operands).

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/f32_blas.h"
@@ -18,7 +19,10 @@
 namespace qlft {
 
 std::unique_ptr<Backend> make_cpu_backend(MemoryTracker* tracker) {
-  return std::make_unique<cpu::CpuBackend>(tracker);
+  auto be = std::make_unique<cpu::CpuBackend>(tracker);
+  if (const char* spec = std::getenv("QLFT_CPU_TUNE"); spec && *spec)
+    cpu::apply_tuning_env(be->tune, spec);
+  return be;
 }
 
 namespace cpu {
