@@ -1,8 +1,11 @@
 // The floating-point environment of one thread for the span of a kernel.
 //
-// Why: attention's tiles meet subnormal fp32 values (below 2^-126), and Intel cores take a
-// microcode assist for each subnormal input or result of an SSE / AVX multiply or FMA unless
-// MXCSR's DAZ (inputs as zero) and FTZ (results to zero) bits are set; AMD Zen cores take none.
+// Why: attention's backward multiplies probabilities down to exp(-87) by gradients of 1e-6 and
+// less inside its GEMMs (dV = P^T dO, dQ = dS K, dK = dS^T Q), so their products fall below
+// 2^-126 (subnormal) even where the sums do not: 4% of the P x dO products in a SmolLM2 step
+// (a count on a Zen 3). Intel cores take a microcode assist for each subnormal input or result of
+// an SSE / AVX multiply or FMA unless MXCSR's DAZ (inputs as zero) and FTZ (results to zero) bits
+// are set; AMD Zen cores take none.
 // Measured on an Emerald Rapids guest (docs/PERFORMANCE.md, session 17): the fp32 attention
 // backward of a SmolLM2 step took half the time with the bits set, the AMX bf16 one about a fifth
 // less; on a Zen 3 the same runs are unchanged. The values flushed are below 1.2e-38, far under
