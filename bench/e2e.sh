@@ -33,7 +33,8 @@
 #
 # Prints every side, the ratios qlft / torch, the model FLOPs per token and the fraction of the
 # machine's measured bf16 GEMM peak (from bench_kernels, or --peak) that each side reaches, and
-# of the better of the bf16 and fp32 GEMM peaks.
+# of the better of the bf16 and fp32 GEMM peaks. Peaks it measured itself it measures again at
+# the end and prints their drift: above 5%, the sides ran at different speeds.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -120,13 +121,20 @@ echo "cpu:     $(lscpu | sed -n 's/^Model name: *//p') ($(nproc) cores visible),
 echo "load:    $(cut -d' ' -f1-3 /proc/loadavg) (1/5/15 min) at start"
 echo "threads: $threads, OMP_WAIT_POLICY=${OMP_WAIT_POLICY-unset}, micro-batch $mb x 512, steps: $warmup warm-up + $steps timed"
 
+# The GEMM peaks into $work/$1 (bench_kernels' probe alone).
+probe_peaks() {
+  QLFT_BENCH_THREADS=$threads "$kernels" --benchmark_filter='^$' >"$work/$1" 2>&1 || true
+  grep 'GEMM peak' "$work/$1" | sed 's/^/  /'
+}
+peak_of() { sed -n "s/^$1 GEMM peak.*: \([0-9.]*\) GFLOP\/s\$/\1/p" "$work/$2"; }
+probed=0
 if [ -z "$peak" ]; then
   if [ -n "$kernels" ]; then
     echo "== GEMM peaks ($kernels, nothing else benchmarked)"
-    QLFT_BENCH_THREADS=$threads "$kernels" --benchmark_filter='^$' >"$work/peak.txt" 2>&1 || true
-    grep 'GEMM peak' "$work/peak.txt" | sed 's/^/  /'
-    peak=$(sed -n 's/^bf16 GEMM peak.*: \([0-9.]*\) GFLOP\/s$/\1/p' "$work/peak.txt")
-    f32_peak=$(sed -n 's/^fp32 GEMM peak.*: \([0-9.]*\) GFLOP\/s$/\1/p' "$work/peak.txt")
+    probe_peaks peak.txt
+    probed=1
+    peak=$(peak_of bf16 peak.txt)
+    f32_peak=$(peak_of fp32 peak.txt)
     cpu_peaks=$(sed -n 's/^GEMM peaks per CPU-second.*: bf16 \([0-9.]*\) fp32 \([0-9.]*\) GFLOP\/s$/\1 \2/p' "$work/peak.txt")
   else
     echo "e2e.sh: no bench_kernels found and no --peak given: MFU not computed" >&2
@@ -192,6 +200,21 @@ if ! ((skip_torch)); then
 fi
 
 echo "load:    $(cut -d' ' -f1-3 /proc/loadavg) (1/5/15 min) at the end"
+if ((probed)); then
+  # Probed again after both sides: on a host whose speed drifts (a lent VM's moved by a third
+  # within minutes, docs/PERFORMANCE.md session 17) sides measured minutes apart ran at
+  # different speeds, and the ratios below say so only through this.
+  echo "== GEMM peaks again, at the end"
+  probe_peaks peak-end.txt
+  awk -v b0="$peak" -v f0="$f32_peak" -v b1="$(peak_of bf16 peak-end.txt)" \
+    -v f1="$(peak_of fp32 peak-end.txt)" 'BEGIN {
+      d = 0
+      if (b0 > 0 && b1 > 0) d = (b1 - b0) / b0
+      if (f0 > 0 && f1 > 0 && (f1 - f0) / f0 * (f1 - f0) / f0 > d * d) d = (f1 - f0) / f0
+      printf "  drift of the peaks over the run: %+.1f%%%s\n", 100 * d,
+        (d > 0.05 || d < -0.05) ? " (more than 5%: the sides ran at different speeds)" : ""
+    }'
+fi
 # shellcheck disable=SC2086  # cpu_peaks is two numbers, split on purpose
 "$python" "$here/e2e_report.py" --model "$model" --seq 512 --warmup "$warmup" --threads "$threads" \
   "${qlft_args[@]}" "${torch_args[@]}" \
