@@ -576,6 +576,12 @@ TEST(CpuTuningEnv, SetsFieldsAndRefusesUnknownNames) {
   EXPECT_FALSE(t.flush_denormals);
   EXPECT_EQ(t.attn_stair_rows_bf16, 16);
   EXPECT_EQ(t.attn_stair_rows, cpu::CpuTuning().attn_stair_rows);
+  cpu::apply_tuning_env(t, "bf16_gemm=sgemm,f32_blas=onednn");
+  EXPECT_EQ(t.bf16_gemm, cpu::CpuTuning::Bf16Gemm::Sgemm);
+  EXPECT_EQ(t.f32_blas, cpu::CpuTuning::F32Blas::OneDnn);
+  cpu::apply_tuning_env(t, "f32_blas=openblas,bf16_gemm=auto");
+  EXPECT_EQ(t.bf16_gemm, cpu::CpuTuning::Bf16Gemm::Auto);
+  EXPECT_EQ(t.f32_blas, cpu::CpuTuning::F32Blas::OpenBlas);
   auto refused = [&](const char* spec, const char* says) {
     try {
       cpu::apply_tuning_env(t, spec);
@@ -589,6 +595,7 @@ TEST(CpuTuningEnv, SetsFieldsAndRefusesUnknownNames) {
   refused("flush_denormals=yes", "flush_denormals=yes must be 0 or 1");
   refused("attn_block_q=3x", "attn_block_q=3x is not an integer");
   refused("attn_block_q", "'attn_block_q' is not name=value");
+  refused("bf16_gemm=openblas", "bf16_gemm=openblas must be auto, onednn or sgemm");
 }
 
 TEST(BackendAttention, MhaSingleBlock) {

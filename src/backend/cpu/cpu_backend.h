@@ -83,7 +83,8 @@ struct CpuTuning {
 };
 
 // Developer overrides of t from QLFT_CPU_TUNE ("name=value,..."; the fields above by name, bools
-// as 0 / 1), for A/B runs of a setting on a lent machine without a rebuild. Not a user setting:
+// as 0 / 1, bf16_gemm and f32_blas as their enumerators in lower case: auto, onednn, sgemm or
+// openblas), for A/B runs of a setting on a lent machine without a rebuild. Not a user setting:
 // the defaults are what the benchmarks chose. Throws QLFT_ERR_INVALID_ARGUMENT naming an unknown
 // name or a bad value.
 void apply_tuning_env(CpuTuning& t, const char* spec);

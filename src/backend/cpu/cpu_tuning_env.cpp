@@ -52,6 +52,24 @@ void set_field(CpuTuning& t, const std::string& name, const std::string& v) {
       t.*f.field = parse_bool(name, v);
       return;
     }
+  // The engine choices, by their enumerators' names in lower case.
+  if (name == "bf16_gemm" || name == "f32_blas") {
+    const bool bf16 = name == "bf16_gemm";
+    const char* third = bf16 ? "sgemm" : "openblas";
+    QLFT_CHECK_ARG(v == "auto" || v == "onednn" || v == third,
+                   "QLFT_CPU_TUNE: %s=%s must be auto, onednn or %s", name.c_str(), v.c_str(),
+                   third);
+    const int i = v == "auto" ? 0 : v == "onednn" ? 1 : 2;
+    if (bf16)
+      t.bf16_gemm = i == 0   ? CpuTuning::Bf16Gemm::Auto
+                    : i == 1 ? CpuTuning::Bf16Gemm::OneDnn
+                             : CpuTuning::Bf16Gemm::Sgemm;
+    else
+      t.f32_blas = i == 0   ? CpuTuning::F32Blas::Auto
+                   : i == 1 ? CpuTuning::F32Blas::OneDnn
+                            : CpuTuning::F32Blas::OpenBlas;
+    return;
+  }
   QLFT_CHECK_ARG(false, "QLFT_CPU_TUNE: unknown setting '%s'", name.c_str());
 }
 
