@@ -24,8 +24,10 @@
 
 namespace qlft {
 
-// MXCSR's flush-to-zero (bit 15) and denormals-are-zero (bit 6).
+// MXCSR's flush-to-zero (bit 15) and denormals-are-zero (bit 6); its low six bits are sticky
+// exception flags the arithmetic sets, not controls.
 inline constexpr unsigned kMxcsrFtzDaz = 0x8040u;
+inline constexpr unsigned kMxcsrFlags = 0x3Fu;
 
 // With on: sets FTZ and DAZ on this thread for the scope's life, restoring the thread's MXCSR at
 // its end (a no-op where there is no MXCSR). Each thread of a parallel region makes its own.

@@ -552,10 +552,10 @@ TEST(BackendAttention, CallerFloatEnvironmentKept) {
   FVec q = rng.normal(size_t(rows) * qc), k = rng.normal(size_t(rows) * kc),
        v = rng.normal(size_t(rows) * kc), out(size_t(rows) * qc), lse(size_t(2) * rows),
        dout = rng.normal(size_t(rows) * qc), dq(q.size()), dk(k.size()), dv(v.size());
-  // MXCSR's control bits (its low six are sticky exception flags the arithmetic sets)
-  auto control = [] { return _mm_getcsr() & ~0x3Fu; };
+  auto control = [] { return _mm_getcsr() & ~kMxcsrFlags; };  // MXCSR's control bits
   const unsigned before = _mm_getcsr();
-  for (const unsigned csr : {before & ~kMxcsrFtzDaz & ~0x3Fu, (before | kMxcsrFtzDaz) & ~0x3Fu}) {
+  for (const unsigned csr :
+       {before & ~kMxcsrFtzDaz & ~kMxcsrFlags, (before | kMxcsrFtzDaz) & ~kMxcsrFlags}) {
     _mm_setcsr(csr);
     fx.be->attention_fwd(s, cmat(q, rows, qc), cmat(k, rows, kc), cmat(v, rows, kc),
                          mat(out, rows, qc), lse.data());

@@ -87,8 +87,7 @@ TEST(Half, Bf16RoundsToNearestEvenLikeHardware) {
 // threads).
 TEST(FpEnv, ScopedFlushDenormalsFlushesInsideAndRestores) {
   volatile float tiny = 1e-30f, small = 1e-10f;
-  // MXCSR's control bits (its low six are sticky exception flags the arithmetic sets)
-  auto control = [] { return _mm_getcsr() & ~0x3Fu; };
+  auto control = [] { return _mm_getcsr() & ~kMxcsrFlags; };  // MXCSR's control bits
   const unsigned before = control();
   ASSERT_NE(before & kMxcsrFtzDaz, kMxcsrFtzDaz) << "the test thread already flushes";
   const float sub = tiny * small;  // 1e-40: subnormal

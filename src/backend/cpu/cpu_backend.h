@@ -86,7 +86,7 @@ struct CpuTuning {
 // as 0 / 1, bf16_gemm and f32_blas as their enumerators in lower case: auto, onednn, sgemm or
 // openblas), for A/B runs of a setting on a lent machine without a rebuild. Not a user setting:
 // the defaults are what the benchmarks chose. Throws QLFT_ERR_INVALID_ARGUMENT naming an unknown
-// name or a bad value.
+// name or a bad value, leaving t as it was.
 void apply_tuning_env(CpuTuning& t, const char* spec);
 
 // The reusable scratch buffers of CpuBackend (one of each kind in use at a time).

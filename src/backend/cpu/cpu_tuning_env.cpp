@@ -1,6 +1,9 @@
 // QLFT_CPU_TUNE: developer overrides of CpuTuning by field name (cpu_backend.h).
+#include <cerrno>
 #include <cstdlib>
+#include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
@@ -11,10 +14,27 @@ namespace {
 
 int64_t parse_int(const std::string& name, const std::string& v) {
   char* end = nullptr;
+  errno = 0;
   const long long x = std::strtoll(v.c_str(), &end, 10);
-  QLFT_CHECK_ARG(!v.empty() && end && *end == '\0', "QLFT_CPU_TUNE: %s=%s is not an integer",
-                 name.c_str(), v.c_str());
+  QLFT_CHECK_ARG(!v.empty() && end && *end == '\0' && errno != ERANGE,
+                 "QLFT_CPU_TUNE: %s=%s is not an integer", name.c_str(), v.c_str());
   return int64_t(x);
+}
+
+// v as one of the choices' names (an engine enum), refused listing them.
+template <class E>
+E parse_choice(const std::string& name, const std::string& v,
+               std::initializer_list<std::pair<const char*, E>> choices) {
+  std::string names;  // "a, b or c"
+  size_t i = 0;
+  for (const auto& [n, e] : choices) {
+    if (v == n) return e;
+    if (i > 0) names += i + 1 == choices.size() ? " or " : ", ";
+    names += n;
+    ++i;
+  }
+  QLFT_CHECK_ARG(false, "QLFT_CPU_TUNE: %s=%s must be %s", name.c_str(), v.c_str(), names.c_str());
+  return choices.begin()->second;  // (not reached)
 }
 
 bool parse_bool(const std::string& name, const std::string& v) {
@@ -53,21 +73,16 @@ void set_field(CpuTuning& t, const std::string& name, const std::string& v) {
       return;
     }
   // The engine choices, by their enumerators' names in lower case.
-  if (name == "bf16_gemm" || name == "f32_blas") {
-    const bool bf16 = name == "bf16_gemm";
-    const char* third = bf16 ? "sgemm" : "openblas";
-    QLFT_CHECK_ARG(v == "auto" || v == "onednn" || v == third,
-                   "QLFT_CPU_TUNE: %s=%s must be auto, onednn or %s", name.c_str(), v.c_str(),
-                   third);
-    const int i = v == "auto" ? 0 : v == "onednn" ? 1 : 2;
-    if (bf16)
-      t.bf16_gemm = i == 0   ? CpuTuning::Bf16Gemm::Auto
-                    : i == 1 ? CpuTuning::Bf16Gemm::OneDnn
-                             : CpuTuning::Bf16Gemm::Sgemm;
-    else
-      t.f32_blas = i == 0   ? CpuTuning::F32Blas::Auto
-                   : i == 1 ? CpuTuning::F32Blas::OneDnn
-                            : CpuTuning::F32Blas::OpenBlas;
+  using B = CpuTuning::Bf16Gemm;
+  using F = CpuTuning::F32Blas;
+  if (name == "bf16_gemm") {
+    t.bf16_gemm =
+        parse_choice<B>(name, v, {{"auto", B::Auto}, {"onednn", B::OneDnn}, {"sgemm", B::Sgemm}});
+    return;
+  }
+  if (name == "f32_blas") {
+    t.f32_blas = parse_choice<F>(
+        name, v, {{"auto", F::Auto}, {"onednn", F::OneDnn}, {"openblas", F::OpenBlas}});
     return;
   }
   QLFT_CHECK_ARG(false, "QLFT_CPU_TUNE: unknown setting '%s'", name.c_str());
@@ -76,6 +91,7 @@ void set_field(CpuTuning& t, const std::string& name, const std::string& v) {
 }  // namespace
 
 void apply_tuning_env(CpuTuning& t, const char* spec) {
+  CpuTuning out = t;  // t changes only when the whole spec parses
   const std::string s(spec);
   size_t pos = 0;
   while (pos <= s.size()) {
@@ -86,8 +102,9 @@ void apply_tuning_env(CpuTuning& t, const char* spec) {
     if (item.empty()) continue;
     const size_t eq = item.find('=');
     QLFT_CHECK_ARG(eq != std::string::npos, "QLFT_CPU_TUNE: '%s' is not name=value", item.c_str());
-    set_field(t, item.substr(0, eq), item.substr(eq + 1));
+    set_field(out, item.substr(0, eq), item.substr(eq + 1));
   }
+  t = out;
 }
 
 }  // namespace qlft::cpu
