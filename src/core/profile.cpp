@@ -105,6 +105,41 @@ void Scope::end() {
   node_->self_ns += dt - child_ns_;
 }
 
+void add_child_time(const char* name, int64_t calls, int64_t ns) {
+  Scope* open = t_open;
+  if (!enabled() || !open || in_parallel_region() || calls <= 0) return;
+  open->child_ns_ += ns;
+  std::lock_guard<std::mutex> lock(g_mu);
+  Node* n = child_of(open->node_, name);
+  n->calls += calls;
+  n->total_ns += ns;
+  n->self_ns += ns;
+}
+
+TeamTimes::TeamTimes(int threads)
+    : on_(enabled()), slots_(on_ ? static_cast<size_t>(std::max(1, threads)) : 0) {}
+
+int64_t TeamTimes::start() const {
+  return on_ ? now_ns() : 0;
+}
+
+void TeamTimes::add(int slot, int64_t t0) {
+  if (!on_ || slot < 0 || static_cast<size_t>(slot) >= slots_.size()) return;
+  Slot& s = slots_[static_cast<size_t>(slot)];
+  s.ns += now_ns() - t0;
+  s.calls += 1;
+}
+
+void TeamTimes::report(const char* name) const {
+  if (!on_) return;
+  int64_t ns = 0, calls = 0;
+  for (const Slot& s : slots_) {
+    ns += s.ns;
+    calls += s.calls;
+  }
+  add_child_time(name, calls, ns / static_cast<int64_t>(slots_.size()));
+}
+
 std::vector<Entry> snapshot() {
   std::lock_guard<std::mutex> lock(g_mu);
   std::vector<Entry> out;

@@ -21,6 +21,13 @@ void set_enabled(bool on);
 // Drops every count (the nodes' names stay); scopes open now record into the fresh counts.
 void reset();
 
+// Records ns of time as a child `name` of the calling thread's open scope, as if a scope of that
+// name had run `calls` times for ns in all (nothing outside an open scope, inside a parallel
+// region, or when off). For work timed inside a parallel region, where scopes do not record:
+// the caller sums its threads' times and passes the sum over the team size (TeamTimes), so the
+// tree stays a split of wall time.
+void add_child_time(const char* name, int64_t calls, int64_t ns);
+
 class Scope {
  public:
   // name: a string literal (kept by pointer). Names are compared by content, so the same name
@@ -37,6 +44,7 @@ class Scope {
  private:
   void begin(const char* name);
   void end();
+  friend void add_child_time(const char* name, int64_t calls, int64_t ns);
   struct Node* node_ = nullptr;
   Scope* parent_ = nullptr;  // the thread's enclosing open scope
   int64_t t0_ = 0;           // steady clock, ns
@@ -49,6 +57,25 @@ struct Entry {
   int64_t calls = 0;
   int64_t total_ns = 0, self_ns = 0;
 };
+// Per-thread time of one kind of work inside a parallel region (an OpenMP team's threads, by
+// slot), reported after the region as a child of the caller's scope (add_child_time). Off (the
+// profiler disabled when made), start() and add() cost a branch and read no clock.
+class TeamTimes {
+ public:
+  explicit TeamTimes(int threads);
+  int64_t start() const;           // a time stamp for add (0 when off)
+  void add(int slot, int64_t t0);  // the time since t0 counted for thread slot, one call
+  // The slots' total over the team size and their calls, as add_child_time(name, ...).
+  void report(const char* name) const;
+
+ private:
+  struct alignas(64) Slot {  // a cache line each: the threads write their own
+    int64_t ns = 0, calls = 0;
+  };
+  bool on_;
+  std::vector<Slot> slots_;
+};
+
 // Every node with a call, depth first, children in order of first call.
 std::vector<Entry> snapshot();
 

@@ -4,6 +4,8 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -13,6 +15,9 @@
 #include <string>
 #include <thread>
 #include <vector>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "config/config.h"
 #include "config/keys.h"
@@ -380,4 +385,71 @@ TEST(Profile, NestsCountsAndSplitsSelfTime) {
   // reset keeps the nodes but drops their counts.
   prof::reset();
   EXPECT_EQ(find_entry(prof::snapshot(), "t.a"), nullptr);
+}
+
+// Time measured inside a parallel region is recorded after it as a child of the caller's scope:
+// the threads' sum over the team size, every call counted, the parent's self time reduced by it.
+TEST(Profile, TeamTimesAddAChildOfTheCallersScope) {
+  prof::set_enabled(true);
+  prof::reset();
+  volatile double sink = 0;
+  auto work = [&] {
+    double s = 0;
+    for (int i = 0; i < 200000; ++i) s += std::sqrt(double(i));
+    sink = sink + s;
+  };
+  int64_t outside_ns = 0;
+  {
+    prof::Scope p("t.team");
+    prof::TeamTimes tt(2);
+    std::array<int64_t, 2> mine{};
+#pragma omp parallel num_threads(2)
+    {
+#ifdef _OPENMP
+      const int id = omp_get_thread_num();
+#else
+      const int id = 0;
+#endif
+      for (int rep = 0; rep < 3; ++rep) {
+        const auto c0 = std::chrono::steady_clock::now();
+        const int64_t t0 = tt.start();
+        work();
+        tt.add(id, t0);
+        mine[size_t(id)] += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                std::chrono::steady_clock::now() - c0)
+                                .count();
+      }
+    }
+    outside_ns = (mine[0] + mine[1]) / 2;
+    tt.report("t.kernel");
+    prof::add_child_time("t.direct", 4, 1000);
+  }
+  // Off: nothing is made or recorded, whatever the calls.
+  prof::set_enabled(false);
+  {
+    prof::TeamTimes off(2);
+    off.add(0, off.start());
+    off.report("t.off_kernel");
+  }
+  const std::vector<prof::Entry> es = prof::snapshot();
+  const prof::Entry* p = find_entry(es, "t.team");
+  const prof::Entry* k = find_entry(es, "t.team/t.kernel");
+  const prof::Entry* d = find_entry(es, "t.team/t.direct");
+  ASSERT_TRUE(p && k && d);
+  EXPECT_EQ(find_entry(es, "t.off_kernel"), nullptr);
+#ifdef _OPENMP
+  EXPECT_EQ(k->calls, 6);
+#else
+  EXPECT_EQ(k->calls, 3);
+#endif
+  EXPECT_EQ(d->calls, 4);
+  EXPECT_EQ(d->total_ns, 1000);
+  EXPECT_EQ(k->self_ns, k->total_ns);
+  EXPECT_EQ(p->self_ns, p->total_ns - k->total_ns - d->total_ns);
+  // The team's mean, within the clock reads around it (the test's own clock brackets each one).
+  EXPECT_GT(k->total_ns, 0);
+  EXPECT_LE(k->total_ns, outside_ns);
+  EXPECT_GT(k->total_ns, outside_ns / 2);
+  EXPECT_LT(k->total_ns, p->total_ns);
+  prof::reset();
 }

@@ -351,6 +351,17 @@ TEST_F(TrainerTest, ProfileCountsEveryOpOfTheStepsAfterTheFirst) {
   EXPECT_EQ(rows["step/forward/attention_fwd"][0], passes * f.model->cfg.n_layers);
   EXPECT_EQ(rows["step/backward/attention_bwd"][0], passes * f.model->cfg.n_layers);
   EXPECT_EQ(rows["step/forward/linear_cross_entropy"][0], passes);
+  // Work timed inside attention's parallel regions (prof::TeamTimes) and the LoRA products:
+  // children of their ops, within them.
+  for (const char* op : {"step/forward/attention_fwd", "step/backward/attention_bwd"}) {
+    const std::string child = std::string(op) + "/tile_gemm";
+    ASSERT_EQ(rows.count(child), 1u) << child;
+    EXPECT_GE(rows[child][0], rows[op][0]) << child;  // at least one product per call
+    EXPECT_GT(rows[child][1], 0.0) << child;
+    EXPECT_LT(rows[child][1], rows[op][1]) << child;
+  }
+  ASSERT_EQ(rows.count("step/backward/linear_bwd/lora_grads"), 1u);
+  EXPECT_GT(rows["step/backward/linear_bwd/lora_grads"][0], 0.0);
   // The rows' self times add up to the steps' wall time.
   double self = 0;
   for (const auto& [p, v] : rows) self += v[2];

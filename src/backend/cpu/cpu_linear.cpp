@@ -46,6 +46,7 @@ void apply_dropout(CMatF x, int64_t row0, int64_t n, const LoraRef& l, float* ou
 // xa = drop(x) A^T, [rows, r] contiguous. xo is x as an operand (used when there is no dropout).
 void lora_down(const OpGemm& mm, const LoraRef& l, CMatF x, const Operand& xo, const Operand& Ao,
                float* xa) {
+  QLFT_PROFILE_SCOPE("lora_down");
   const CpuBackend& be = mm.be;
   const int64_t M = x.rows, K = x.cols;
   if (l.dropout_p == 0.f) {
@@ -82,6 +83,8 @@ void lora_dB(const OpGemm& mm, int64_t M, int64_t N, int r, float scale, const O
 // g_out: where g = dy B goes when the caller needs it (the fused dx GEMM), else scratch.
 void lora_bwd(const OpGemm& mm, const QWeight& W, const LoraRef& l, CMatF x, const float* xa,
               const Operand& dyo, MatF dx, float* dA, float* dB, float* g_out = nullptr) {
+  // (op profile: the rank-r products' share of linear_bwd)
+  QLFT_PROFILE_SCOPE("lora_grads");
   op_checks::lora(l);
   const CpuBackend& be = mm.be;
   const int64_t M = x.rows, N = W.rows, K = W.cols;
@@ -226,10 +229,13 @@ void linear_fwd_fused(const CpuBackend& be, const QWeight& W, const float* bias,
     xa_ws = be.scratch_buffer(size_t(M * r) * 4, "lora xa");
     xa = xa_ws.as<float>();
   }
-  const Operand Ao = mm.operand(CMatF(l.A, r, K), Scratch::Count, "lora A");
-  mm.gemm(false, true, M, r, K, 1.f, xl.data(), xl.ld, Ao.p, Ao.ld, 0.f, xa, r);
-  // xl's spare columns are this call's (the shared copy's too: calls run one at a time).
-  put_lp(mm, const_cast<void*>(xl.data()), Kp, K, xa, M, r, 1.f);
+  {
+    QLFT_PROFILE_SCOPE("lora_down");
+    const Operand Ao = mm.operand(CMatF(l.A, r, K), Scratch::Count, "lora A");
+    mm.gemm(false, true, M, r, K, 1.f, xl.data(), xl.ld, Ao.p, Ao.ld, 0.f, xa, r);
+    // xl's spare columns are this call's (the shared copy's too: calls run one at a time).
+    put_lp(mm, const_cast<void*>(xl.data()), Kp, K, xa, M, r, 1.f);
+  }
   const int64_t P = std::min<int64_t>(
       N, std::max<int64_t>(1, be.tune.panel_bytes / (Kp * int64_t(mm.elem_bytes()))));
   ScratchLease panel =
