@@ -466,6 +466,31 @@ void BM_swiglu(benchmark::State& st) {
   report(st, double(n) * (bwd ? 10 : 5), t0);
 }
 
+// The bf16 step's SwiGLU: gate and up as stored bf16 copies, the output (fwd) or the gate / up
+// gradients (bwd) written as bf16 (swiglu_fwd_from_16, swiglu_bwd_to_16).
+void BM_swiglu_16(benchmark::State& st) {
+  const bool bwd = st.range(0) != 0;
+  auto be = make_backend(true);
+  const size_t n = size_t(kRows) * kFfn;
+  std::vector<uint16_t> g16(n), u16(n), o16(n), dg16(n), du16(n);
+  std::vector<float> g = randn(n, 1, 1), u = randn(n, 1, 2), d = randn(n, 1e-3f, 3);
+  f32_to_bf16_n(g.data(), g16.data(), n);
+  f32_to_bf16_n(u.data(), u16.data(), n);
+  const Clock::time_point t0 = start_clock();
+  for (auto _ : st) {
+    if (!bwd)
+      be->swiglu_fwd_from_16(DType::BF16, g16.data(), u16.data(), o16.data(), kRows, kFfn);
+    else
+      be->swiglu_bwd_to_16(DType::BF16, g16.data(), u16.data(), CMatF(d.data(), kRows, kFfn),
+                           View2<uint16_t>(dg16.data(), kRows, kFfn),
+                           View2<uint16_t>(du16.data(), kRows, kFfn));
+    benchmark::ClobberMemory();
+  }
+  // fwd reads 2 and writes 1 bf16 tensor; bwd reads 2 bf16 and the fp32 dout, writes 2 bf16.
+  report_bytes(st, double(n) * (bwd ? 2 * 4 + 4 : 2 * 3), t0);
+  report(st, double(n) * (bwd ? 10 : 5), t0);
+}
+
 // ---- dequantization ---------------------------------------------------------------------------
 
 // Random GGUF blocks of any type: random bytes, with each f16 scale rewritten to a small normal
@@ -511,14 +536,21 @@ void BM_dequant(benchmark::State& st) {
                                         : GgmlType::Q6_K;
     w = make_ggml(t, rows, cols, 22);
   }
-  std::vector<float> out(size_t(rows * cols));
+  // bf16: straight into the bf16 panels the oneDNN GEMMs take (dequantize_rows_bf16).
+  const bool bf16 = st.range(1) != 0;
+  std::vector<float> out(bf16 ? 0 : size_t(rows * cols));
+  std::vector<uint16_t> out16(bf16 ? size_t(rows * cols) : 0);
   const Clock::time_point t0 = start_clock();
   for (auto _ : st) {
-    w.dequantize_rows(0, rows, out.data());
+    if (bf16)
+      w.dequantize_rows_bf16(0, rows, out16.data());
+    else
+      w.dequantize_rows(0, rows, out.data());
     benchmark::ClobberMemory();
   }
-  report_bytes(st, double(out.size()) * 4, t0);
-  st.SetLabel(kind + " " + std::to_string(rows) + "x" + std::to_string(cols));
+  report_bytes(st, double(rows * cols) * (bf16 ? 2 : 4), t0);
+  st.SetLabel(kind + " " + std::to_string(rows) + "x" + std::to_string(cols) +
+              (bf16 ? " to bf16" : ""));
 }
 
 template <class Fn>
@@ -550,12 +582,15 @@ void register_all() {
     for (int dh = 0; dh < 2; ++dh)
       reg("linear_cross_entropy", BM_linear_cross_entropy)
           ->Args({bf16, dh, 3});  // the model's head is its Q8_0 token embedding (tied)
-  for (int k = 0; k < 7; ++k) reg("dequant", BM_dequant)->Arg(k);
+  for (int k = 0; k < 7; ++k)
+    for (int bf16 = 0; bf16 < 2; ++bf16) reg("dequant", BM_dequant)->Args({k, bf16});
   reg("rmsnorm_fwd", BM_rmsnorm)->Arg(0);
   reg("rmsnorm_bwd", BM_rmsnorm)->Arg(1);
   reg("rope", BM_rope);
   reg("swiglu_fwd", BM_swiglu)->Arg(0);
   reg("swiglu_bwd", BM_swiglu)->Arg(1);
+  reg("swiglu_fwd_16", BM_swiglu_16)->Arg(0);
+  reg("swiglu_bwd_16", BM_swiglu_16)->Arg(1);
 }
 
 }  // namespace

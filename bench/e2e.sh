@@ -7,7 +7,7 @@
 #                [--qlft path/to/qlft-finetune] [--python /opt/qlft-ref/bin/python]
 #                [--kernels path/to/bench_kernels | --peak GFLOPS --f32-peak GFLOPS]
 #                [--torch "bf16 fp32"] [--torch-extra "ARGS"] [--skip-torch]
-#                [--qlft-precision "bf16 fp32"] [--qlft-profile DIR]
+#                [--qlft-precision "bf16 fp32"] [--qlft-profile DIR] [--qlft-out DIR]
 #
 # Needs the reference environment: `bash scripts/setup-reference.sh` creates the venv
 # /opt/qlft-ref (torch, transformers, peft) and /opt/qlft-models/smollm2-135m-instruct-q4_1.gguf.
@@ -26,6 +26,8 @@
 # --qlft-profile DIR: each qlft run writes its op profile (QLFT_PROFILE: host wall time per op,
 # the steps after the first) to DIR/profile-qlft-<precision>.tsv, and its largest rows by name are
 # printed. The instrumentation costs well under 1% of a step (docs/PERFORMANCE.md).
+# --qlft-out DIR: each qlft run's stdout and stderr are kept as DIR/qlft-<precision>.out / .err
+# (what the run's environment made it print: ONEDNN_VERBOSE's lines, say).
 #
 # --torch lists the PyTorch configurations to run: bf16 (autocast, the matched configuration)
 # and fp32 (no autocast: on a CPU without AVX512-BF16 torch's bf16 GEMMs are emulated and fp32 is
@@ -57,6 +59,7 @@ qlft_cfgs="bf16"
 torch_extra=""
 skip_torch=0
 profile_dir=""
+out_dir=""
 while (($#)); do
   case "$1" in
     --steps) steps=$2; shift 2 ;;
@@ -76,7 +79,8 @@ while (($#)); do
     --torch-extra) torch_extra=$2; shift 2 ;;
     --skip-torch) skip_torch=1; shift ;;
     --qlft-profile) profile_dir=$2; shift 2 ;;
-    -h|--help) sed -n 2,30p "$0"; exit 0 ;;
+    --qlft-out) out_dir=$2; shift 2 ;;
+    -h|--help) sed -n 2,39p "$0"; exit 0 ;;
     *) echo "e2e.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -170,7 +174,10 @@ for cfg in $qlft_cfgs; do
     fi
     sleep 0.2
   done
-  wait "$tpid" || { echo "qlft ($cfg) failed:" >&2; tail -20 "$work/qlft-$cfg.err" >&2; exit 1; }
+  status=0
+  wait "$tpid" || status=$?
+  [ -z "$out_dir" ] || { mkdir -p "$out_dir" && cp "$work/qlft-$cfg.out" "$work/qlft-$cfg.err" "$out_dir/"; }
+  [ "$status" = 0 ] || { echo "qlft ($cfg) failed:" >&2; tail -20 "$work/qlft-$cfg.err" >&2; exit 1; }
   cpu_s=""
   [ -n "$cpu_w" ] && [ -n "$cpu_n" ] && cpu_s=$(awk -v a="$cpu_w" -v b="$cpu_n" -v t="$(getconf CLK_TCK)" 'BEGIN{printf "%.3f", (b - a) / t}')
   grep -h '^step ' "$work/qlft-$cfg.err" | sed 's/^/  /'

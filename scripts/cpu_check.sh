@@ -40,6 +40,10 @@
 #   tuning QLFT_CPU_TUNE=SPEC ("-": the defaults) and its op profile, tokens/s and attention's
 #   times into $OUT/tunes.log; "capped:SPEC" runs capped (as QLFT_CHECK_CAPPED) in fp32.
 #   QLFT_CHECK_TUNE_PEAKS / _PEAKS_CAPPED="--peak X --f32-peak Y" skip e2e.sh's peak probes.
+#   QLFT_CHECK_DNNL=1 (run): then one qlft-only e2e run of 1 + 1 steps at the CPU's own ISA with
+#   ONEDNN_VERBOSE=1, its oneDNN executions summed by kernel, layouts and shapes
+#   (scripts/dnnl_verbose_summary.sh) into $OUT/dnnl.log: which kernel each GEMM of the step
+#   gets there (AMX brgemm, gemm:jit) and its time.
 #   QLFT_CHECK_NATIVE=0 (run) skips the e2e run at the CPU's own ISA (with QLFT_CHECK_CAPPED=1:
 #   the capped one alone); QLFT_CHECK_TESTS_LAST=1 runs the test binaries after everything else.
 #
@@ -198,6 +202,15 @@ if [ -n "${QLFT_CHECK_TUNES:-}" ]; then
       END {printf "gemm %.0f ms; %s", g, a}' "$profiles/tune$i"/*.tsv 2>/dev/null)
     echo "tune $i [$tune]: ${res:-failed} tokens/s; $att($(date -u +%H:%M:%S))"
   done | tee "$OUT/tunes.log"
+fi
+if [ "${QLFT_CHECK_DNNL:-0}" = 1 ]; then
+  # shellcheck disable=SC2086  # the peaks: four words or none
+  ONEDNN_VERBOSE=1 e2e --warmup 1 --steps 1 --micro-batch 4 --skip-torch \
+    ${QLFT_CHECK_TUNE_PEAKS:-} --qlft-out "$root/dnnl" > "$root/dnnl-e2e.log" 2>&1 ||
+    echo "cpu_check: the verbose run failed (tail of $root/dnnl-e2e.log below)"
+  tail -3 "$root/dnnl-e2e.log"
+  bash scripts/dnnl_verbose_summary.sh "$root/dnnl/qlft-bf16.out" 60 > "$OUT/dnnl.log" 2>&1 || true
+  head -12 "$OUT/dnnl.log"
 fi
 [ "${QLFT_CHECK_TESTS_LAST:-0}" != 1 ] || run_tests
 [ ! -d "$profiles" ] || tar -C "$profiles" -czf "$OUT/profiles.tgz" .
