@@ -409,12 +409,15 @@ double err_with(const FVec& got, const FVec& base, const Vec& lora) {
 
 // scale 4 (a power of two) without dropout takes the fused LoRA GEMMs (cpu_linear.cpp), other
 // scales and dropout the separate ones; small_blocks: many weight panels (the backward then
-// keeps its GEMMs separate too).
+// keeps its GEMMs separate too); db_rows: CpuTuning::bf16_lora_db_rows (dB through its
+// transpose).
 void run_linear_bf16(Engine e, const std::string& kind, int M, float p, uint64_t seed,
-                     float scale = 4.f, bool small_blocks = true) {
-  SCOPED_TRACE(::testing::Message() << engine_name(e) << " " << kind << " M " << M << " p " << p
-                                    << " scale " << scale << " small blocks " << small_blocks);
+                     float scale = 4.f, bool small_blocks = true, bool db_rows = false) {
+  SCOPED_TRACE(::testing::Message()
+               << engine_name(e) << " " << kind << " M " << M << " p " << p << " scale " << scale
+               << " small blocks " << small_blocks << " dB by rows " << db_rows);
   Pair px(e, small_blocks);
+  static_cast<cpu::CpuBackend&>(*px.bf).tune.bf16_lora_db_rows = db_rows;
   const bool ggml = kind == "q8_0" || kind == "q4_1";
   const int K = ggml ? 64 : 50, N = 27, r = 4;
   KindWeight w = make_weight(&px.tr, kind, N, K, seed);
@@ -611,6 +614,8 @@ TEST_P(Bf16Kinds, LinearMatchesFp32OnRoundedValues) {
   run_linear_bf16(e, kind, 37, 0.f, 15, 1.5f, false);  // separate LoRA GEMMs
   run_linear_bf16(e, kind, 37, 0.5f, 12);  // 1 / (1 - p) exact: dropped values stay on the grid
   run_linear_bf16(e, kind, 1, 0.5f, 13);
+  run_linear_bf16(e, kind, 37, 0.f, 16, 4.f, false, true);  // dB by rows: fused,
+  run_linear_bf16(e, kind, 37, 0.5f, 17, 4.f, true, true);  // separate with dropout
 }
 
 // dh as precision bf16's one walk over the head defines it, in double (h and the head rows W

@@ -579,7 +579,8 @@ TEST(CpuTuningEnv, SetsFieldsAndRefusesUnknownNames) {
   cpu::apply_tuning_env(t, "bf16_gemm=sgemm,f32_blas=onednn");
   EXPECT_EQ(t.bf16_gemm, cpu::CpuTuning::Bf16Gemm::Sgemm);
   EXPECT_EQ(t.f32_blas, cpu::CpuTuning::F32Blas::OneDnn);
-  cpu::apply_tuning_env(t, "f32_blas=openblas,bf16_gemm=auto");
+  cpu::apply_tuning_env(t, "f32_blas=openblas,bf16_gemm=auto,bf16_lora_db_rows=1");
+  EXPECT_TRUE(t.bf16_lora_db_rows);
   EXPECT_EQ(t.bf16_gemm, cpu::CpuTuning::Bf16Gemm::Auto);
   EXPECT_EQ(t.f32_blas, cpu::CpuTuning::F32Blas::OpenBlas);
   auto refused = [&](const char* spec, const char* says) {

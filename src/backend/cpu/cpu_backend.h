@@ -61,6 +61,12 @@ struct CpuTuning {
   // CPU-second against OpenBLAS: xa, g 1.6-1.8x, dA 1.45x, dB 1.25x (OpenBLAS packs the whole
   // wide operand for 16 rows or columns of output).
   bool f32_thin_onednn = true;
+  // Precision bf16: the LoRA gradient dB as dB^T = s xa^T dy ([r, N], the narrow xa the
+  // transposed operand) added transposed, as the fp32 oneDNN path does, instead of
+  // dB = s dy^T xa (the wide dy transposed, [N, r]). The same bf16 products in another order.
+  // Off until measured on AMX, where oneDNN copies a transposed operand before its tiles (an A/B
+  // knob for QLFT_CPU_TUNE: the op profile's linear_bwd/lora_grads).
+  bool bf16_lora_db_rows = false;
   // fp32 attention's tile products with a plain left operand (Q K^T, P V, dO V^T, dS K:
   // OpGemm::gemm_tile) on oneDNN's fp32 matmul, on the strided q / k / v / dout as they are;
   // each tile's first key is then rounded down to a multiple of attn_block_q (the keys added are

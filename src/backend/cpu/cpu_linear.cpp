@@ -63,12 +63,12 @@ void lora_down(const OpGemm& mm, const LoraRef& l, CMatF x, const Operand& xo, c
   }
 }
 
-// dB [N, r] += scale * dy^T xa over the M rows. On oneDNN (OpGemm::thin_onednn) as dB^T =
-// scale * xa^T dy into an [r, N] scratch added transposed: oneDNN runs the few-row output form
-// faster.
+// dB [N, r] += scale * dy^T xa over the M rows. On oneDNN's fp32 (OpGemm::thin_onednn) as
+// dB^T = scale * xa^T dy into an [r, N] scratch added transposed: oneDNN runs the few-row output
+// form faster. Precision bf16 likewise with CpuTuning::bf16_lora_db_rows.
 void lora_dB(const OpGemm& mm, int64_t M, int64_t N, int r, float scale, const Operand& dyo,
              const Operand& xao, float* dB) {
-  if (!mm.thin_onednn()) {
+  if (!mm.thin_onednn() && !(mm.lp && mm.be.tune.bf16_lora_db_rows)) {
     mm.gemm(true, false, N, r, M, scale, dyo.p, dyo.ld, xao.p, xao.ld, 1.f, dB, r);
     return;
   }

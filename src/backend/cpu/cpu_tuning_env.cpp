@@ -58,6 +58,7 @@ constexpr IntField kIntFields[] = {{"attn_block_q", &CpuTuning::attn_block_q},
 constexpr BoolField kBoolFields[] = {{"reuse_scratch", &CpuTuning::reuse_scratch},
                                      {"f32_xwt_onednn", &CpuTuning::f32_xwt_onednn},
                                      {"f32_thin_onednn", &CpuTuning::f32_thin_onednn},
+                                     {"bf16_lora_db_rows", &CpuTuning::bf16_lora_db_rows},
                                      {"f32_attn_onednn", &CpuTuning::f32_attn_onednn},
                                      {"flush_denormals", &CpuTuning::flush_denormals}};
 
