@@ -196,10 +196,13 @@ if [ -n "${QLFT_CHECK_TUNES:-}" ]; then
         --qlft-profile "$profiles/tune$i" 2>&1 | tee "$profiles/tune$i.log" |
         sed -n 's/^RESULT {"sides": \[{"name": "[^"]*", "tps": \([0-9.]*\).*/\1/p'
     ) || true
-    # The profile's GEMM and attention self times (by name): this host's speed drifts between
-    # runs, so a tuning's effect on attention is read against its own run's GEMM time.
-    att=$(awk -F'\t' '$1 ~ /^gemm\./ {g += $2} $1 ~ /^attention/ {a = a sprintf("%s %s ms; ", $1, $2)}
-      END {printf "gemm %.0f ms; %s", g, a}' "$profiles/tune$i"/*.tsv 2>/dev/null)
+    # The profile's GEMM, attention (its own and its tile products') and LoRA self times (by
+    # name): this host's speed drifts between runs, so a tuning's effect is read against its
+    # own run's GEMM time.
+    att=$(awk -F'\t' 'NF == 5 && $1 ~ /\/lora_grads$/ {lg += $3} NF == 5 && $1 ~ /\/lora_down$/ {ld += $3}
+      NF == 3 && $1 ~ /^gemm\./ {g += $2} NF == 3 && $1 ~ /^(attention|tile_)/ {a = a sprintf("%s %s ms; ", $1, $2)}
+      END {printf "gemm %.0f ms (LoRA: lora_grads %.0f, lora_down %.0f); %s", g, lg, ld, a}' \
+      "$profiles/tune$i"/*.tsv 2>/dev/null)
     echo "tune $i [$tune]: ${res:-failed} tokens/s; $att($(date -u +%H:%M:%S))"
   done | tee "$OUT/tunes.log"
 fi
