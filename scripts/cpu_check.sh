@@ -39,7 +39,8 @@
 #   QLFT_CHECK_TUNES='SPEC;SPEC;...' (run): then one qlft-only e2e run per SPEC with the backend
 #   tuning QLFT_CPU_TUNE=SPEC ("-": the defaults) and its op profile, tokens/s and attention's
 #   times into $OUT/tunes.log; "capped:SPEC" runs capped (as QLFT_CHECK_CAPPED) in fp32.
-#   QLFT_CHECK_TUNE_PEAKS / _PEAKS_CAPPED="--peak X --f32-peak Y" skip e2e.sh's peak probes.
+#   QLFT_CHECK_TUNE_PEAKS / _PEAKS_CAPPED="--peak X --f32-peak Y" skip e2e.sh's peak probes (by
+#   default the peaks this call's native / capped e2e run measured, where it ran).
 #   QLFT_CHECK_DNNL=1 (run): then one qlft-only e2e run of 1 + 1 steps at the CPU's own ISA with
 #   ONEDNN_VERBOSE=1, its oneDNN executions summed by kernel, layouts and shapes
 #   (scripts/dnnl_verbose_summary.sh) into $OUT/dnnl.log: which kernel each GEMM of the step
@@ -145,6 +146,12 @@ e2e() {
     --qlft "$root/bin/qlft-finetune" --kernels "$root/bin/bench_kernels" "$@"
 }
 profiles=$root/profiles
+# The GEMM peaks an e2e run of this call measured ($1: its log under $OUT), as e2e.sh's
+# "--peak X --f32-peak Y"; nothing when there is none.
+peaks_of() {
+  [ -f "$OUT/$1" ] || return 0
+  sed -n 's/^RESULT .*"bf16_peak_gflops": \([0-9.]*\), "f32_peak_gflops": \([0-9.]*\).*/--peak \1 --f32-peak \2/p' "$OUT/$1"
+}
 prof_args() { [ "${QLFT_CHECK_PROFILE:-0}" = 1 ] && echo "--qlft-profile $profiles/$1" || true; }
 # shellcheck disable=SC2046  # prof_args is two words or none
 [ "${QLFT_CHECK_NATIVE:-1}" = 0 ] || e2e "${args[@]}" $(prof_args native) 2>&1 | tee "$OUT/e2e.log"
@@ -155,7 +162,7 @@ if [ "${QLFT_CHECK_CAPPED:-0}" = 1 ]; then
 fi
 if [ "${QLFT_CHECK_AB:-0}" -gt 0 ]; then
   [ -x "$root/base/qlft-finetune" ] || { echo "cpu_check: no base build (pack with QLFT_CHECK_BASE)" >&2; exit 2; }
-  peaks=$(sed -n 's/^RESULT .*"bf16_peak_gflops": \([0-9.]*\), "f32_peak_gflops": \([0-9.]*\).*/--peak \1 --f32-peak \2/p' "$OUT/e2e.log")
+  peaks=$(peaks_of e2e.log)
   sides="base new"
   [ "${QLFT_CHECK_AB_POLICY:-0}" != 1 ] || sides="base new new-unset"
   for r in $(seq 1 "$QLFT_CHECK_AB"); do
@@ -186,11 +193,11 @@ if [ -n "${QLFT_CHECK_TUNES:-}" ]; then
     # shellcheck disable=SC2086  # the peaks: four words or none
     res=$(
       extra=()
-      peaks=${QLFT_CHECK_TUNE_PEAKS:-}
+      peaks=${QLFT_CHECK_TUNE_PEAKS:-$(peaks_of e2e.log)}
       if [[ $tune == capped:* ]]; then
         export QLFT_CPU_ISA=avx512 ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI
         extra=(--qlft-precision fp32)
-        peaks=${QLFT_CHECK_TUNE_PEAKS_CAPPED:-}
+        peaks=${QLFT_CHECK_TUNE_PEAKS_CAPPED:-$(peaks_of e2e-capped.log)}
       fi
       QLFT_CPU_TUNE="$spec" e2e "${args[@]}" "${extra[@]}" --skip-torch $peaks \
         --qlft-profile "$profiles/tune$i" 2>&1 | tee "$profiles/tune$i.log" |
@@ -209,7 +216,7 @@ fi
 if [ "${QLFT_CHECK_DNNL:-0}" = 1 ]; then
   # shellcheck disable=SC2086  # the peaks: four words or none
   ONEDNN_VERBOSE=1 e2e --warmup 1 --steps 1 --micro-batch 4 --skip-torch \
-    ${QLFT_CHECK_TUNE_PEAKS:-} --qlft-out "$root/dnnl" > "$root/dnnl-e2e.log" 2>&1 ||
+    ${QLFT_CHECK_TUNE_PEAKS:-$(peaks_of e2e.log)} --qlft-out "$root/dnnl" > "$root/dnnl-e2e.log" 2>&1 ||
     echo "cpu_check: the verbose run failed (tail of $root/dnnl-e2e.log below)"
   tail -3 "$root/dnnl-e2e.log"
   bash scripts/dnnl_verbose_summary.sh "$root/dnnl/qlft-bf16.out" 60 > "$OUT/dnnl.log" 2>&1 || true
