@@ -16,8 +16,8 @@ summary() {  # $1: the awk expression of the key
       for (k in n) printf "%10.1f ms %5.1f%% %8d  %s\n", t[k], 100 * t[k] / (all ? all : 1), n[k], k
     }' "$file" | sort -rn
 }
-# shellcheck disable=SC2016  # the keys are awk expressions
 echo "== by primitive, kernel and layouts: ms, share, executions"
+# shellcheck disable=SC2016  # the keys are awk expressions
 summary '$4 " " $5 " " $7 " " $8'
 echo "== by those and the dimensions (largest $rows)"
 # shellcheck disable=SC2016
