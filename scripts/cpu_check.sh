@@ -37,8 +37,8 @@
 #   attention tiles, whole against the staircase's steps); QLFT_CHECK_KERNELS_CAPPED=REGEX the
 #   same capped as QLFT_CHECK_CAPPED caps, into $OUT/kernels-capped.log.
 #   QLFT_CHECK_TUNES='SPEC;SPEC;...' (run): then one qlft-only e2e run per SPEC with the backend
-#   tuning QLFT_CPU_TUNE=SPEC ("-": the defaults) and its op profile, tokens/s and attention's
-#   times into $OUT/tunes.log; "capped:SPEC" runs capped (as QLFT_CHECK_CAPPED) in fp32.
+#   tuning QLFT_CPU_TUNE=SPEC ("-": the defaults) and its op profile, tokens/s, attention's
+#   times (its tile products too) and the LoRA products' into $OUT/tunes.log; "capped:SPEC" runs capped (as QLFT_CHECK_CAPPED) in fp32.
 #   QLFT_CHECK_TUNE_PEAKS / _PEAKS_CAPPED="--peak X --f32-peak Y" skip e2e.sh's peak probes (by
 #   default the peaks this call's native / capped e2e run measured, where it ran).
 #   QLFT_CHECK_DNNL=1 (run): then one qlft-only e2e run of 1 + 1 steps at the CPU's own ISA with
@@ -203,9 +203,9 @@ if [ -n "${QLFT_CHECK_TUNES:-}" ]; then
         --qlft-profile "$profiles/tune$i" 2>&1 | tee "$profiles/tune$i.log" |
         sed -n 's/^RESULT {"sides": \[{"name": "[^"]*", "tps": \([0-9.]*\).*/\1/p'
     ) || true
-    # The profile's GEMM, attention (its own and its tile products') and LoRA self times (by
-    # name): this host's speed drifts between runs, so a tuning's effect is read against its
-    # own run's GEMM time.
+    # The profile's GEMM and attention self times (attention's own and its tile products', by
+    # name) and the LoRA products' totals (by path): this host's speed drifts between runs, so a
+    # tuning's effect is read against its own run's GEMM time.
     att=$(awk -F'\t' 'NF == 5 && $1 ~ /\/lora_grads$/ {lg += $3} NF == 5 && $1 ~ /\/lora_down$/ {ld += $3}
       NF == 3 && $1 ~ /^gemm\./ {g += $2} NF == 3 && $1 ~ /^(attention|tile_)/ {a = a sprintf("%s %s ms; ", $1, $2)}
       END {printf "gemm %.0f ms (LoRA: lora_grads %.0f, lora_down %.0f); %s", g, lg, ld, a}' \
