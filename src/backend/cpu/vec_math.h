@@ -12,14 +12,12 @@ namespace qlft::cpu {
 // attributes), and an out-of-line copy would be baseline code shared by every level.
 #define QLFT_VEC_INLINE inline __attribute__((always_inline))
 
-// exp(x) to about 1 ulp for x in [-87.3, 88.3]; 0 below (so exp(-inf) = 0), clamped above.
-// Cody-Waite reduction x = n ln2 + r, |r| <= ln2 / 2, then a degree-7 Taylor polynomial
-// (truncation error below 1e-8 relative) and 2^n built in the exponent bits.
-QLFT_VEC_INLINE float exp_approx(float x) {
-  const float hi = 88.3f, lo = -87.3f;
-  // NaN fails every comparison: it is clamped to lo for the arithmetic (the float-to-int step
-  // below is undefined behaviour for NaN, found by UBSan) and returned unchanged at the end.
-  float xc = x > hi ? hi : (x >= lo ? x : lo);
+// exp(x) for x already in [-87.3, 88.3] (no NaN): Cody-Waite reduction x = n ln2 + r,
+// |r| <= ln2 / 2, then a degree-7 Taylor polynomial (truncation error below 1e-8 relative) and
+// 2^n built in the exponent bits. Callers that bound their argument themselves (sigmoid_vec)
+// call it directly: exp_approx's range and NaN selects around it cost about a third of a
+// sigmoid, and GCC duplicates the sigmoid's division into both arms of the NaN select.
+QLFT_VEC_INLINE float exp_approx_in_range(float xc) {
   float n = std::nearbyint(xc * 1.44269504088896341f);
   float r = xc - n * 0.693145751953125f;
   r = r - n * 1.428606765330187e-06f;
@@ -32,7 +30,17 @@ QLFT_VEC_INLINE float exp_approx(float x) {
   p = p * r + 1.f;
   p = p * r + 1.f;
   int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  return x != x ? x : (x < lo ? 0.f : p * std::bit_cast<float>(bits));
+  return p * std::bit_cast<float>(bits);
+}
+
+// exp(x) to about 1 ulp for x in [-87.3, 88.3]; 0 below (so exp(-inf) = 0), clamped above.
+QLFT_VEC_INLINE float exp_approx(float x) {
+  const float hi = 88.3f, lo = -87.3f;
+  // NaN fails every comparison: it is clamped to lo for the arithmetic (the float-to-int step
+  // is undefined behaviour for NaN, found by UBSan) and returned unchanged at the end.
+  float xc = x > hi ? hi : (x >= lo ? x : lo);
+  const float e = exp_approx_in_range(xc);
+  return x != x ? x : (x < lo ? 0.f : e);
 }
 
 // The reductions below keep kLanes independent partial results in a fixed-size array (the
