@@ -41,6 +41,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/gemm_bf16.h"
+#include "backend/cpu/vec_kernels.h"
 #include "core/half.h"
 #include "core/memory.h"
 #include "core/threads.h"
@@ -491,6 +492,43 @@ void BM_swiglu_16(benchmark::State& st) {
   report(st, double(n) * (bwd ? 10 : 5), t0);
 }
 
+// The softmax passes of one attention score tile (128 query rows x 512 keys, fp32, in L2 as a
+// task's tile is), on one thread, through the CPU's vec_kernels set: 0 the bf16 forward (max,
+// exp and sum in place, probabilities scaled into bf16: tile_probs' fused path), 1 the bf16
+// backward (exp(S - lse) into bf16, then dS = P (dP - D) into bf16), 2 the fp32 forward (max,
+// exp and sum, scaled in place). ns/elem is per score. The forward leaves exponentials in the
+// tile, so later iterations see scores in [0, 1]: the kernels have no value-dependent branches.
+void BM_softmax_rows(benchmark::State& st) {
+  const int kind = int(st.range(0));
+  constexpr int64_t kTileRows = 128, kKeys = 512;
+  const cpu::VecKernels& vk = cpu::vec_kernels();
+  std::vector<float> s = randn(size_t(kTileRows * kKeys), 2, 1), dp = randn(s.size(), 1e-3f, 2);
+  std::vector<uint16_t> p16(s.size()), ds16(s.size());
+  const Clock::time_point t0 = start_clock();
+  for (auto _ : st) {
+    for (int64_t i = 0; i < kTileRows; ++i) {
+      float* row = s.data() + i * kKeys;
+      if (kind == 1) {
+        vk.exp_shifted_bf16(row, kKeys, 4.f, p16.data() + i * kKeys);
+        vk.softmax_bwd_row_bf16(dp.data() + i * kKeys, row, 1e-4f, kKeys,
+                                ds16.data() + i * kKeys);
+        continue;
+      }
+      const float m = vk.max_of(row, kKeys);
+      const float inv = float(1.0 / vk.exp_sum_shifted(row, kKeys, m));
+      if (kind == 0)
+        vk.scale_to_bf16(row, kKeys, inv, p16.data() + i * kKeys);
+      else
+        for (int64_t j = 0; j < kKeys; ++j) row[j] *= inv;
+    }
+    benchmark::ClobberMemory();
+  }
+  const double s_wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  st.counters["ns/elem"] = s_wall * 1e9 / (double(st.iterations()) * kTileRows * kKeys);
+  st.SetLabel(std::string(kind == 0 ? "bf16 fwd" : kind == 1 ? "bf16 bwd" : "fp32 fwd") +
+              " 128x512, 1 thread");
+}
+
 // ---- dequantization ---------------------------------------------------------------------------
 
 // Random GGUF blocks of any type: random bytes, with each f16 scale rewritten to a small normal
@@ -591,6 +629,7 @@ void register_all() {
   reg("swiglu_bwd", BM_swiglu)->Arg(1);
   reg("swiglu_fwd_16", BM_swiglu_16)->Arg(0);
   reg("swiglu_bwd_16", BM_swiglu_16)->Arg(1);
+  for (int kind = 0; kind < 3; ++kind) reg("softmax_rows", BM_softmax_rows)->Arg(kind);
 }
 
 }  // namespace

@@ -27,7 +27,7 @@ QLFT_HD inline float silu_grad(float g) {
 }
 
 // The SwiGLU formulas given s = sigmoid(gate), so a kernel can bring its own vectorized or
-// intrinsic sigmoid (the CPU backend's exp_approx, CUDA's __expf) and share the rest.
+// intrinsic sigmoid (the CPU backend's exp_approx_in_range, CUDA's __expf) and share the rest.
 QLFT_HD inline float swiglu_from_sigmoid(float gate, float up, float s) {
   return gate * s * up;
 }

@@ -396,7 +396,7 @@ TEST(BackendSwiglu, ForwardFromBf16) {
       ASSERT_EQ(def16[i], want16[i]) << i;
       const double g = bf16_to_f32(g16[i]), u = bf16_to_f32(u16[i]);
       const double want = g / (1.0 + std::exp(-g)) * u;
-      if (std::fabs(want) < 1e-30) {  // exp_approx's tail (a saturated gate) against exp
+      if (std::fabs(want) < 1e-30) {  // the clamped exp's tail (a saturated gate) against exp
         ASSERT_LT(std::fabs(bf16_to_f32(got16[i])), 1e-30);
         continue;
       }
@@ -445,7 +445,7 @@ TEST(BackendSwiglu, BackwardToBf16) {
         const double want_g = d * u * sg * (1.0 + g * (1.0 - sg)), want_u = d * g * sg;
         for (auto [got, want] : {std::pair{dg16[o], want_g}, std::pair{du16[o], want_u}}) {
           const uint16_t w = f32_to_bf16(float(want));
-          if (std::fabs(want) < 1e-30) {  // exp_approx's tail (a saturated gate) against exp
+          if (std::fabs(want) < 1e-30) {  // the clamped exp's tail (a saturated gate) against exp
             ASSERT_LT(std::fabs(bf16_to_f32(got)), 1e-30);
             continue;
           }
@@ -696,9 +696,11 @@ void run_ce(bool shrink, uint64_t seed, bool blas_onednn = false) {
   double lo = ce_oracle(hd, head, t, ignore, M, V, H, &ocount);
   EXPECT_EQ(count, ocount);
   EXPECT_NEAR(loss, lo, 1e-5 * std::fabs(lo));
-  for (int i = 0; i < M; ++i)
-    if (t[i] == ignore)
+  for (int i = 0; i < M; ++i) {
+    if (t[i] == ignore) {
       for (int c = 0; c < H; ++c) EXPECT_EQ(dh[i * H + c], 0.f) << "ignored row " << i;
+    }
+  }
   FVec g(dh.size());
   for (size_t i = 0; i < g.size(); ++i) g[i] = dh[i] / gs;
   check_grad(

@@ -9,6 +9,7 @@
 #include "backend/norm_math.h"
 #include "backend/rope_math.h"
 #include "backend/cpu/vec_math.h"
+#include "core/dtype.h"
 #include "core/half.h"
 #include "core/isa_target.h"
 

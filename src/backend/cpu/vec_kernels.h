@@ -21,7 +21,7 @@ struct VecKernels {
   double (*sum_exp_shifted)(const float* x, int64_t n, float m);  // vec_math.h
   // x[j] = exp(x[j] - m), returning sum_exp_shifted's sum (vec_math.h)
   double (*exp_sum_shifted)(float* x, int64_t n, float m);
-  // x[j] = exp(x[j] - m) * scale (exp_approx)
+  // x[j] = exp(x[j] - m) * scale (vec_math.h exp_approx_shifted)
   void (*exp_shifted)(float* x, int64_t n, float m, float scale);
   // exp_shifted with scale 1 that also writes x as bf16 bits (core/half.h rounding) into out
   void (*exp_shifted_bf16)(float* x, int64_t n, float m, uint16_t* out);
@@ -32,7 +32,7 @@ struct VecKernels {
   // out[j] = bf16 bits of p[j] * (dp[j] - d)
   void (*softmax_bwd_row_bf16)(const float* dp, const float* p, float d, int64_t n, uint16_t* out);
   // out = silu(gate) * up, and its gradients (activation_math.h's formulas, sigmoid from
-  // exp_approx)
+  // exp_approx_in_range)
   void (*swiglu_fwd_row)(const float* g, const float* u, float* o, int64_t n);
   void (*swiglu_bwd_row)(const float* g, const float* u, const float* d, float* dg, float* du,
                          int64_t n);

@@ -14,9 +14,10 @@ namespace qlft::cpu {
 
 // exp(x) for x already in [-87.3, 88.3] (no NaN): Cody-Waite reduction x = n ln2 + r,
 // |r| <= ln2 / 2, then a degree-7 Taylor polynomial (truncation error below 1e-8 relative) and
-// 2^n built in the exponent bits. Callers that bound their argument themselves (sigmoid_vec)
-// call it directly: exp_approx's range and NaN selects around it cost about a third of a
-// sigmoid, and GCC duplicates the sigmoid's division into both arms of the NaN select.
+// 2^n built in the exponent bits; about 1 ulp. Callers bound the argument themselves, each as
+// cheaply as its domain allows: range and NaN selects done in general cost a third of a sigmoid
+// and a fifth of a softmax's exp (a Zen 3), and GCC copied the sigmoid's division into both arms
+// of a NaN select.
 QLFT_VEC_INLINE float exp_approx_in_range(float xc) {
   float n = std::nearbyint(xc * 1.44269504088896341f);
   float r = xc - n * 0.693145751953125f;
@@ -33,14 +34,16 @@ QLFT_VEC_INLINE float exp_approx_in_range(float xc) {
   return p * std::bit_cast<float>(bits);
 }
 
-// exp(x) to about 1 ulp for x in [-87.3, 88.3]; 0 below (so exp(-inf) = 0), clamped above.
-QLFT_VEC_INLINE float exp_approx(float x) {
-  const float hi = 88.3f, lo = -87.3f;
-  // NaN fails every comparison: it is clamped to lo for the arithmetic (the float-to-int step
-  // is undefined behaviour for NaN, found by UBSan) and returned unchanged at the end.
-  float xc = x > hi ? hi : (x >= lo ? x : lo);
+// exp(x) for x <= 88.3: a score minus its row's maximum or log-sum-exp, as every softmax here
+// computes it. 0 below -87.3 (so exp(-inf) = 0); NaN gives itself.
+QLFT_VEC_INLINE float exp_approx_shifted(float x) {
+  const float lo = -87.3f;
+  // NaN fails the comparison: lo for the arithmetic (the float-to-int step is undefined
+  // behaviour for NaN, found by UBSan), and x itself returned.
+  const float xc = x > lo ? x : lo;
   const float e = exp_approx_in_range(xc);
-  return x != x ? x : (x < lo ? 0.f : e);
+  const float r = x >= lo ? e : 0.f;
+  return x != x ? x : r;
 }
 
 // The reductions below keep kLanes independent partial results in a fixed-size array (the
@@ -63,7 +66,9 @@ QLFT_VEC_INLINE float max_of(const float* x, int64_t n) {
 }
 
 // sum of exp(x[j] - m) over j < n: float lanes within blocks of 512, blocks added in double;
-// with out, exp(x[j] - m) is also stored to out[j] (out may be x).
+// with kStore, exp(x[j] - m) is also stored to out[j] (out may be x). A template argument, not a
+// null test: with the test in the loop GCC kept the lanes' sums in memory.
+template <bool kStore>
 QLFT_VEC_INLINE double exp_sum_into(const float* x, float* out, int64_t n, float m) {
   double total = 0;
   int64_t j = 0;
@@ -72,8 +77,8 @@ QLFT_VEC_INLINE double exp_sum_into(const float* x, float* out, int64_t n, float
     const int64_t jend = n - j >= 512 ? j + 512 : j + (n - j) / kLanes * kLanes;
     for (; j < jend; j += kLanes)
       for (int l = 0; l < kLanes; ++l) {
-        const float e = exp_approx(x[j + l] - m);
-        if (out) out[j + l] = e;
+        const float e = exp_approx_shifted(x[j + l] - m);
+        if constexpr (kStore) out[j + l] = e;
         acc[l] += e;
       }
     float s = 0;
@@ -81,21 +86,21 @@ QLFT_VEC_INLINE double exp_sum_into(const float* x, float* out, int64_t n, float
     total += s;
   }
   for (; j < n; ++j) {
-    const float e = exp_approx(x[j] - m);
-    if (out) out[j] = e;
+    const float e = exp_approx_shifted(x[j] - m);
+    if constexpr (kStore) out[j] = e;
     total += e;
   }
   return total;
 }
 
 QLFT_VEC_INLINE double sum_exp_shifted(const float* x, int64_t n, float m) {
-  return exp_sum_into(x, nullptr, n, m);
+  return exp_sum_into<false>(x, nullptr, n, m);
 }
 
 // x[j] = exp(x[j] - m) for j < n, returning their sum exactly as sum_exp_shifted adds it: one
 // exp pass where the softmax needs both the sum and the values.
 QLFT_VEC_INLINE double exp_sum_shifted(float* x, int64_t n, float m) {
-  return exp_sum_into(x, x, n, m);
+  return exp_sum_into<true>(x, x, n, m);
 }
 
 }  // namespace qlft::cpu
