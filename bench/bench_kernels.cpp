@@ -432,7 +432,10 @@ void BM_rmsnorm(benchmark::State& st) {
   report(st, double(x.size()) * (bwd ? 8 : 4), t0);
 }
 
+// Arg 1: pairs of adjacent elements (GGUF Llama models, as the e2e model), 0: the two halves of
+// each head (Hugging Face Llama, Qwen2).
 void BM_rope(benchmark::State& st) {
+  const bool adjacent = st.range(0) != 0;
   auto be = make_backend(false);
   const int64_t qc = kHeads * kHeadDim;
   std::vector<float> x = randn(size_t(kRows * qc), 1, 1);
@@ -440,7 +443,7 @@ void BM_rope(benchmark::State& st) {
   for (int i = 0; i < kRows; ++i) pos[i] = i % 512;
   const Clock::time_point t0 = start_clock();
   for (auto _ : st) {
-    be->rope(MatF(x.data(), kRows, qc), pos.data(), kHeads, kHeadDim, kTheta, false, false);
+    be->rope(MatF(x.data(), kRows, qc), pos.data(), kHeads, kHeadDim, kTheta, adjacent, false);
     benchmark::ClobberMemory();
   }
   report_bytes(st, double(x.size()) * 4 * 2, t0);
@@ -624,7 +627,7 @@ void register_all() {
     for (int bf16 = 0; bf16 < 2; ++bf16) reg("dequant", BM_dequant)->Args({k, bf16});
   reg("rmsnorm_fwd", BM_rmsnorm)->Arg(0);
   reg("rmsnorm_bwd", BM_rmsnorm)->Arg(1);
-  reg("rope", BM_rope);
+  reg("rope", BM_rope)->Arg(0)->Arg(1);
   reg("swiglu_fwd", BM_swiglu)->Arg(0);
   reg("swiglu_bwd", BM_swiglu)->Arg(1);
   reg("swiglu_fwd_16", BM_swiglu_16)->Arg(0);
