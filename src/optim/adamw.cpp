@@ -33,8 +33,12 @@ class AdamW final : public Optimizer {
       float* m = static_cast<float*>(store_->data(m_[k]));
       float* v = static_cast<float*>(store_->data(v_[k]));
       const int64_t n = static_cast<int64_t>(p.numel);
-#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static) if (n >= (1 << 16))
-      for (int64_t i = 0; i < n; ++i) adamw_torch_update(p.data[i], m[i], v[i], p.grad[i], c);
+      float* const w = p.data;  // (locals: through p the loop would reload them per element)
+      const float* const g = p.grad;
+      // simd: at -O2 GCC vectorizes no loop that needs an alias check (and this one only with
+      // CMakeLists.txt's -fno-math-errno -fno-trapping-math for this file).
+#pragma omp parallel for simd num_threads(qlft::num_threads()) schedule(static) if (n >= (1 << 16))
+      for (int64_t i = 0; i < n; ++i) adamw_torch_update(w[i], m[i], v[i], g[i], c);
       store_->end(static_cast<int>(k), true);
     }
     step_ = t;
