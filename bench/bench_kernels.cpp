@@ -513,8 +513,7 @@ void BM_softmax_rows(benchmark::State& st) {
       float* row = s.data() + i * kKeys;
       if (kind == 1) {
         vk.exp_shifted_bf16(row, kKeys, 4.f, p16.data() + i * kKeys);
-        vk.softmax_bwd_row_bf16(dp.data() + i * kKeys, row, 1e-4f, kKeys,
-                                ds16.data() + i * kKeys);
+        vk.softmax_bwd_row_bf16(dp.data() + i * kKeys, row, 1e-4f, kKeys, ds16.data() + i * kKeys);
         continue;
       }
       const float m = vk.max_of(row, kKeys);
@@ -528,7 +527,9 @@ void BM_softmax_rows(benchmark::State& st) {
   }
   const double s_wall = std::chrono::duration<double>(Clock::now() - t0).count();
   st.counters["ns/elem"] = s_wall * 1e9 / (double(st.iterations()) * kTileRows * kKeys);
-  st.SetLabel(std::string(kind == 0 ? "bf16 fwd" : kind == 1 ? "bf16 bwd" : "fp32 fwd") +
+  st.SetLabel(std::string(kind == 0   ? "bf16 fwd"
+                          : kind == 1 ? "bf16 bwd"
+                                      : "fp32 fwd") +
               " 128x512, 1 thread");
 }
 
