@@ -2,6 +2,7 @@
 // it instead of storing it. QLFT_HD so CUDA kernels draw the same mask.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "core/hd.h"
@@ -15,13 +16,32 @@ QLFT_HD inline uint64_t mix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
+// The row's share of the hash, computed once per row by the CPU loops.
+QLFT_HD inline uint64_t lora_dropout_row_base(int64_t row) {
+  return static_cast<uint64_t>(row) * 0x9e3779b97f4a7c15ull;
+}
+
+// The 24 random bits of element (row, col), row given by its base.
+QLFT_HD inline uint64_t lora_dropout_bits(uint64_t seed, uint64_t row_base, int64_t col) {
+  return mix64(seed ^ mix64(row_base + static_cast<uint64_t>(col))) >> 40;
+}
+
 // True if element (row, col) is kept under dropout probability p.
 QLFT_HD inline bool lora_dropout_keep(uint64_t seed, int64_t row, int64_t col, float p) {
-  uint64_t h = mix64(seed ^ mix64(static_cast<uint64_t>(row) * 0x9e3779b97f4a7c15ull +
-                                  static_cast<uint64_t>(col)));
   // 24 random bits -> [0, 1)
-  float u = static_cast<float>(h >> 40) * (1.0f / 16777216.0f);
+  float u = static_cast<float>(lora_dropout_bits(seed, lora_dropout_row_base(row), col)) *
+            (1.0f / 16777216.0f);
   return u >= p;
+}
+
+// lora_dropout_keep as an integer test, which the CPU's row loops vectorize:
+// lora_dropout_bits(...) >= lora_dropout_threshold(p). Exact: u = k 2^-24 with k < 2^24 is
+// exact in float, and p 2^24 in double, so u >= p iff k >= ceil(p 2^24). NaN p keeps nothing,
+// as u >= NaN.
+inline uint64_t lora_dropout_threshold(float p) {
+  if (!(p > 0.f)) return p == p ? 0 : uint64_t(1) << 24;
+  const double t = static_cast<double>(p) * 16777216.0;
+  return t >= 16777216.0 ? uint64_t(1) << 24 : static_cast<uint64_t>(std::ceil(t));
 }
 
 }  // namespace qlft

@@ -186,6 +186,35 @@ TEST(BackendLinear, DropoutReallyDrops) {
   EXPECT_GT(rel_err(xa1, to_d(xa0)), 0.1);
 }
 
+// The CPU loops' integer form of the mask (lora_dropout_threshold) against lora_dropout_keep's
+// float test: p on and beside multiples of 2^-24, the ends, a NaN, and random p.
+TEST(BackendLinear, DropoutThresholdFormMatchesTheFloatTest) {
+  std::vector<float> ps = {0.f,  -0.f,  1e-30f, 1e-7f, 0.05f, 0.1f,         0.3333f,
+                           0.5f, 0.99f, 1.f,    1.5f,  -0.2f, std::nanf("")};
+  for (uint32_t k : {1u, 2u, 12345u, 8388608u, 16777215u}) {
+    const float q = float(k) / 16777216.f;  // exactly k 2^-24
+    ps.push_back(q);
+    ps.push_back(std::nextafter(q, 0.f));
+    ps.push_back(std::nextafter(q, 1.f));
+  }
+  Rng rng(17);
+  for (int i = 0; i < 20; ++i) ps.push_back(float(rng.uniform_int(0, 1 << 20)) / float(1 << 20));
+  for (float p : ps) {
+    const uint64_t t = lora_dropout_threshold(p);
+    // Every 24-bit draw k against the threshold, as lora_dropout_keep decides it.
+    for (uint64_t k : {uint64_t(0), t > 0 ? t - 1 : 0, t, t + 1, uint64_t(16777215)}) {
+      if (k > 16777215) continue;
+      const bool want = float(k) * (1.0f / 16777216.0f) >= p;
+      EXPECT_EQ(k >= t, want) << "p " << p << " k " << k;
+    }
+    for (int64_t row = 0; row < 8; ++row)
+      for (int64_t c = 0; c < 300; ++c)
+        ASSERT_EQ(lora_dropout_bits(99, lora_dropout_row_base(row), c) >= t,
+                  lora_dropout_keep(99, row, c, p))
+            << "p " << p << " row " << row << " col " << c;
+  }
+}
+
 // ---- rmsnorm, rope, swiglu ---------------------------------------------------------------------
 
 TEST(BackendRmsNorm, ForwardAndBackward) {
