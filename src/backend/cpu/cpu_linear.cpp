@@ -14,6 +14,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/op_checks.h"
+#include "backend/cpu/vec_kernels.h"
 #include "backend/dropout.h"
 #include "core/error.h"
 #include "core/profile.h"
@@ -28,17 +29,6 @@ int64_t drop_chunk_rows(const CpuBackend& be, int64_t cols) {
   return std::max<int64_t>(1, be.tune.drop_chunk_bytes / std::max<int64_t>(1, cols * 4));
 }
 
-// f(c, keep) for the n columns of one row, keep = lora_dropout_keep(seed, row, c, p) in its
-// integer form (threshold: lora_dropout_threshold(p)), in a loop the compiler vectorizes: with
-// the float test GCC left the hash scalar. f must be branch-free and load unconditionally (a
-// load under the mask does not vectorize beside the 64-bit hash lanes).
-template <class F>
-inline void for_dropout_row(uint64_t seed, int64_t row, int64_t n, uint64_t threshold, F&& f) {
-  const uint64_t base = lora_dropout_row_base(row);
-#pragma omp simd
-  for (int64_t c = 0; c < n; ++c) f(c, lora_dropout_bits(seed, base, c) >= threshold);
-}
-
 // out[i, c] = keep(row0 + i, c) ? x[row0 + i, c] / (1 - p) : 0 for n rows.
 void apply_dropout(CMatF x, int64_t row0, int64_t n, const LoraRef& l, float* out) {
   const float p = l.dropout_p, inv = 1.f / (1.f - p);
@@ -48,10 +38,7 @@ void apply_dropout(CMatF x, int64_t row0, int64_t n, const LoraRef& l, float* ou
   for (int64_t i = 0; i < n; ++i) {
     const float* xr = x.row(row0 + i);
     float* o = out + i * C;
-    for_dropout_row(seed, row0 + i, C, threshold, [&](int64_t c, bool keep) {
-      const float v = xr[c] * inv;
-      o[c] = keep ? v : 0.f;
-    });
+    vec_kernels().dropout_row(xr, C, seed, lora_dropout_row_base(row0 + i), threshold, inv, o);
   }
 }
 
@@ -159,23 +146,8 @@ void lora_bwd(const OpGemm& mm, const QWeight& W, const LoraRef& l, CMatF x, con
       float* xdr = dA ? xd + i * K : nullptr;
       float* dxr = want_dx ? dx.row(row) : nullptr;
       const float* tr = want_dx ? t + i * K : nullptr;
-      // (one loop per case: for_dropout_row's body must not branch)
-      if (xdr && dxr)
-        for_dropout_row(seed, row, K, threshold, [&](int64_t c, bool keep) {
-          const float v = xr[c] * inv, d = dxr[c], a = d + s * tr[c];
-          xdr[c] = keep ? v : 0.f;
-          dxr[c] = keep ? a : d;
-        });
-      else if (xdr)
-        for_dropout_row(seed, row, K, threshold, [&](int64_t c, bool keep) {
-          const float v = xr[c] * inv;
-          xdr[c] = keep ? v : 0.f;
-        });
-      else if (dxr)
-        for_dropout_row(seed, row, K, threshold, [&](int64_t c, bool keep) {
-          const float d = dxr[c], a = d + s * tr[c];
-          dxr[c] = keep ? a : d;
-        });
+      vec_kernels().dropout_bwd_row(xr, tr, K, seed, lora_dropout_row_base(row), threshold, inv, s,
+                                    xdr, dxr);
     }
     // dA += scale * g_chunk^T drop(x)_chunk: [r, K]
     if (dA) {

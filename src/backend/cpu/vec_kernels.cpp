@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "backend/activation_math.h"
+#include "backend/dropout.h"
 #include "backend/norm_math.h"
 #include "backend/rope_math.h"
 #include "backend/cpu/vec_math.h"
@@ -39,7 +40,8 @@ namespace isa_avx512 {
     level, ns::k_max_of, ns::k_sum_exp_shifted, ns::k_exp_sum_shifted, ns::k_exp_shifted, \
         ns::k_exp_shifted_bf16, ns::k_scale_to_bf16, ns::k_softmax_bwd_row,               \
         ns::k_softmax_bwd_row_bf16, ns::k_swiglu_fwd_row, ns::k_swiglu_bwd_row,           \
-        ns::k_rmsnorm_fwd_row, ns::k_rmsnorm_bwd_row, ns::k_rope_row                      \
+        ns::k_rmsnorm_fwd_row, ns::k_rmsnorm_bwd_row, ns::k_rope_row, ns::k_dropout_row,  \
+        ns::k_dropout_bwd_row                                                             \
   }
 const VecKernels kSets[] = {QLFT_KERNEL_SET(CpuIsa::Baseline, isa_baseline),
                             QLFT_KERNEL_SET(CpuIsa::Avx2, isa_avx2),

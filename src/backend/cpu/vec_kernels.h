@@ -46,6 +46,15 @@ struct VecKernels {
   // tables of head_dim / 2; adjacent: llama.cpp's pair order, else rotate-half.
   void (*rope_row)(float* x, const float* cos, const float* sin, int n_heads, int head_dim,
                    bool adjacent);
+  // LoRA dropout over one row of n (backend/dropout.h's mask in its integer form: element c kept
+  // when lora_dropout_bits(seed, row_base, c) >= threshold). Forward: out = keep ? x * inv : 0.
+  // Backward: xd = keep ? x * inv : 0 (when xd is not null) and dx += keep ? s * t : 0 (when dx
+  // is not null). The hash's 64-bit products are native only with AVX-512 (vpmullq).
+  void (*dropout_row)(const float* x, int64_t n, uint64_t seed, uint64_t row_base,
+                      uint64_t threshold, float inv, float* out);
+  void (*dropout_bwd_row)(const float* x, const float* t, int64_t n, uint64_t seed,
+                          uint64_t row_base, uint64_t threshold, float inv, float s, float* xd,
+                          float* dx);
 };
 
 // The set for cpu_isa() (the CPU's level capped by QLFT_CPU_ISA), chosen once per process.
