@@ -16,10 +16,10 @@
 #                                            the peer; E2E ARGS default to
 #                                            "--warmup 1 --steps 4 --micro-batch 4". Logs under $OUT.
 #   QLFT_CHECK_TESTS (pack): test binaries of BUILD_TESTS (default build) to bundle, default
-#   "test_backend_gemm test_backend_ops test_backend_props test_quant_isa test_cpu_isa" (none needs
-#   shared files); run executes each at the
-#   machine's own ISA into $OUT/tests.log, so the kernels this CPU class selects (AMX, AVX512-BF16)
-#   pass their oracle tests there too.
+#   "test_backend_gemm test_backend_ops test_backend_props test_quant_isa test_cpu_isa
+#   test_vec_kernels" (none needs shared files); run executes each at the machine's own ISA into
+#   $OUT/tests.log, so the kernels this CPU class selects (AMX, AVX512-BF16) pass their oracle
+#   tests there too.
 #   QLFT_CHECK_CORES: the CPUs both sides are pinned to (default: two CPUs after CPU 0 on
 #   different physical cores, from lscpu -p).
 #   QLFT_CHECK_CAPPED=1 adds a second e2e run capped at AVX-512 without native bf16
@@ -69,7 +69,7 @@ if [ "$mode" = pack ]; then
     cp "$QLFT_CHECK_BASE/tools/qlft-finetune/qlft-finetune" "$stage/base/"
     cp -L "$QLFT_CHECK_BASE/libqlft.so.0" "$stage/base/"
   fi
-  for t in ${QLFT_CHECK_TESTS-test_backend_gemm test_backend_ops test_backend_props test_quant_isa test_cpu_isa}; do
+  for t in ${QLFT_CHECK_TESTS-test_backend_gemm test_backend_ops test_backend_props test_quant_isa test_cpu_isa test_vec_kernels}; do
     cp "${BUILD_TESTS:-build}/tests/$t" "$stage/tests/"
   done
   ldd "$stage"/bin/qlft-finetune "$stage"/bin/bench_kernels "$stage"/tests/* 2>/dev/null |
