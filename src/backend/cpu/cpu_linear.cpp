@@ -34,11 +34,12 @@ void apply_dropout(CMatF x, int64_t row0, int64_t n, const LoraRef& l, float* ou
   const float p = l.dropout_p, inv = 1.f / (1.f - p);
   const uint64_t seed = l.dropout_seed, threshold = lora_dropout_threshold(p);
   const int64_t C = x.cols;
+  const VecKernels& vk = vec_kernels();
 #pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float* xr = x.row(row0 + i);
     float* o = out + i * C;
-    vec_kernels().dropout_row(xr, C, seed, lora_dropout_row_base(row0 + i), threshold, inv, o);
+    vk.dropout_row(xr, C, seed, lora_dropout_row_base(row0 + i), threshold, inv, o);
   }
 }
 
@@ -134,6 +135,7 @@ void lora_bwd(const OpGemm& mm, const QWeight& W, const LoraRef& l, CMatF x, con
   float* t = t_buf.as<float>();
   const float p = l.dropout_p, inv = 1.f / (1.f - p), s = l.scale * inv;
   const uint64_t seed = l.dropout_seed, threshold = lora_dropout_threshold(p);
+  const VecKernels& vk = vec_kernels();
   for (int64_t r0 = 0; r0 < M; r0 += R) {
     const int64_t n = std::min(R, M - r0);
     // t = g_chunk A
@@ -146,8 +148,7 @@ void lora_bwd(const OpGemm& mm, const QWeight& W, const LoraRef& l, CMatF x, con
       float* xdr = dA ? xd + i * K : nullptr;
       float* dxr = want_dx ? dx.row(row) : nullptr;
       const float* tr = want_dx ? t + i * K : nullptr;
-      vec_kernels().dropout_bwd_row(xr, tr, K, seed, lora_dropout_row_base(row), threshold, inv, s,
-                                    xdr, dxr);
+      vk.dropout_bwd_row(xr, tr, K, seed, lora_dropout_row_base(row), threshold, inv, s, xdr, dxr);
     }
     // dA += scale * g_chunk^T drop(x)_chunk: [r, K]
     if (dA) {
