@@ -337,16 +337,15 @@ void BM_linear(benchmark::State& st) {
 
 // stair: the causal staircase's step rows on every engine (CpuTuning::attn_stair_rows and
 // attn_stair_rows_bf16); -1 whole tiles; 0 the backend's defaults. bq: query rows per tile
-// (CpuTuning::attn_block_q), 0 the default.
-void BM_attention(benchmark::State& st) {
-  const int seq = int(st.range(0));
-  const bool bf16 = st.range(1) != 0, bwd = st.range(2) != 0;
-  const int64_t stair = st.range(3), bq = st.range(4);
+// (CpuTuning::attn_block_q), 0 the default. amx: bf16 on the AMX tile path (attn_amx on).
+void run_attention(benchmark::State& st, int seq, bool bf16, bool bwd, int64_t stair, int64_t bq,
+                   bool amx) {
   const int batch = kRows / seq > 0 ? kRows / seq : 1;
   const int64_t R = int64_t(batch) * seq, qc = kHeads * kHeadDim, kc = kKvHeads * kHeadDim;
   auto be = make_backend(bf16, [&](cpu::CpuTuning& t) {
     if (stair != 0) t.attn_stair_rows = t.attn_stair_rows_bf16 = std::max<int64_t>(0, stair);
     if (bq > 0) t.attn_block_q = bq;
+    if (amx) t.attn_amx = cpu::CpuTuning::AttnAmx::On;
   });
   AttnShape s;
   s.batch = batch;
@@ -377,11 +376,22 @@ void BM_attention(benchmark::State& st) {
   const double fwd = 2.0 * 2.0 * kHeadDim * kHeads * batch * (double(seq) * (seq + 1) / 2);
   report(st, bwd ? 2 * fwd : fwd, t0);
   st.SetLabel("batch " + std::to_string(batch) + " x seq " + std::to_string(seq) +
-              (bf16 ? " bf16" : " fp32") + (bwd ? " bwd" : " fwd") +
+              (bf16 ? (amx ? " bf16 amx" : " bf16") : " fp32") + (bwd ? " bwd" : " fwd") +
               (stair < 0   ? " whole tiles"
                : stair > 0 ? " steps of " + std::to_string(stair)
                            : "") +
               (bq > 0 ? " tiles of " + std::to_string(bq) : ""));
+}
+
+void BM_attention(benchmark::State& st) {
+  run_attention(st, int(st.range(0)), st.range(1) != 0, st.range(2) != 0, st.range(3),
+                st.range(4), false);
+}
+
+// attention_amx_fwd|bwd/seq/bq: the bf16 attention on the AMX tile path (only where the CPU has
+// AMX), against attention_fwd|bwd/seq/1/... on oneDNN's tiles.
+void BM_attention_amx(benchmark::State& st) {
+  run_attention(st, int(st.range(0)), true, st.range(1) != 0, 0, st.range(2), true);
 }
 
 // ---- fused linear + cross-entropy -------------------------------------------------------------
@@ -620,6 +630,10 @@ void register_all() {
             if ((seq == 512 || stair == 0) && (bq == 0 || (seq == 512 && stair == 0)))
               reg(bwd ? "attention_bwd" : "attention_fwd", BM_attention)
                   ->Args({seq, bf16, bwd, stair, bq});
+  if (cpu::amx_hardware())
+    for (int bwd = 0; bwd < 2; ++bwd)
+      for (int bq : {0, 64, 256})
+        reg(bwd ? "attention_amx_bwd" : "attention_amx_fwd", BM_attention_amx)->Args({512, bwd, bq});
   for (int bf16 = 0; bf16 < 2; ++bf16)
     for (int dh = 0; dh < 2; ++dh)
       reg("linear_cross_entropy", BM_linear_cross_entropy)

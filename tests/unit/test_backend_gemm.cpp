@@ -270,6 +270,7 @@ TEST(GemmBf16, BulkConverterMatchesScalarRounding) {
 // ---- the backend at precision bf16 -------------------------------------------------------------
 
 using Engine = cpu::CpuTuning::Bf16Gemm;
+using AttnAmx = cpu::CpuTuning::AttnAmx;
 
 // A weight of each kind with its exact fp32 dequantization (the reference rounds that to bf16).
 struct KindWeight {
@@ -315,10 +316,12 @@ struct Pair {
   std::unique_ptr<Backend> ref = make_cpu_backend(&tr);  // fp32, fed rounded values
   // attn_block_q, attn_stair_rows: the bf16 backend's attention tile rows and staircase steps
   // (0: its defaults).
-  Pair(Engine e, bool small_blocks, int64_t attn_block_q = 0, int64_t attn_stair_rows = 0) {
+  Pair(Engine e, bool small_blocks, int64_t attn_block_q = 0, int64_t attn_stair_rows = 0,
+       AttnAmx amx = AttnAmx::Off) {
     auto& c = static_cast<cpu::CpuBackend&>(*bf);
     c.set_precision(DType::BF16);
     c.tune.bf16_gemm = e;
+    c.tune.attn_amx = amx;
     if (attn_block_q > 0) c.tune.attn_block_q = attn_block_q;
     if (attn_stair_rows > 0) c.tune.attn_stair_rows = c.tune.attn_stair_rows_bf16 = attn_stair_rows;
     if (small_blocks)
@@ -823,20 +826,33 @@ double rms_rel(const FVec& got, const Vec& want) {
 
 class Bf16Attention : public ::testing::TestWithParam<Engine> {};
 
-TEST_P(Bf16Attention, MatchesTheRoundingOracle) {
-  const Engine e = GetParam();
-  if (e == Engine::OneDnn) SKIP_WITHOUT_ONEDNN_BF16();
-  struct Case {
-    int batch, seq, heads, kv, hd;
-    bool docs;
-    int64_t block_q, stair;
-  };
-  for (const Case c : {Case{2, 37, 4, 2, 16, false, 8, 3}, Case{1, 50, 6, 2, 32, true, 16, 5},
-                       Case{2, 9, 2, 1, 8, false, 64, 0}}) {
+const char* amx_name(AttnAmx amx) {
+  return amx == AttnAmx::Off ? "" : amx == AttnAmx::On ? " amx" : " amx emulated";
+}
+
+// Ragged shapes, then (for the AMX tile path above all: its 2 x 2 tile blocks, causal blocks
+// skipped on and off the diagonal, several key blocks per tile) whole 32-row blocks, head_dim 64
+// and keys past 128. tol: the relative rms error against the oracle; at seq 200 a few roundings
+// of P and dS land on the other side of the double oracle's (4-7e-6 on every engine), still far
+// below a rounding left out (the "unrounded" checks, 1.6e-3).
+struct AttnCase {
+  int batch, seq, heads, kv, hd;
+  bool docs;
+  int64_t block_q, stair;
+  double tol;
+};
+std::vector<AttnCase> attn_cases() {
+  return {{2, 37, 4, 2, 16, false, 8, 3, 1e-6},     {1, 50, 6, 2, 32, true, 16, 5, 1e-6},
+          {2, 9, 2, 1, 8, false, 64, 0, 1e-6},      {1, 200, 2, 1, 64, false, 64, 0, 2e-5},
+          {1, 161, 2, 2, 64, true, 96, 32, 1e-6}};
+}
+
+void check_attention_oracle(Engine e, AttnAmx amx) {
+  for (const AttnCase c : attn_cases()) {
     SCOPED_TRACE(::testing::Message()
-                 << engine_name(e) << " seq " << c.seq << " heads " << c.heads << "/" << c.kv
-                 << " hd " << c.hd << " docs " << c.docs << " stair " << c.stair);
-    Pair px(e, false, c.block_q, c.stair);
+                 << engine_name(e) << amx_name(amx) << " seq " << c.seq << " heads " << c.heads
+                 << "/" << c.kv << " hd " << c.hd << " docs " << c.docs << " stair " << c.stair);
+    Pair px(e, false, c.block_q, c.stair, amx);
     Rng rng(uint64_t(c.seq) * 31 + c.hd);
     AttnShape s = attn_shape(c.batch, c.seq, c.heads, c.kv, c.hd);
     const int rows = c.batch * c.seq, qc = c.heads * c.hd, kc = c.kv * c.hd;
@@ -863,10 +879,10 @@ TEST_P(Bf16Attention, MatchesTheRoundingOracle) {
     std::printf(
         "%s: vs oracle out %.2g dq %.2g dk %.2g dv %.2g; vs unrounded P/dS %.2g %.2g %.2g %.2g\n",
         engine_name(e), e_out, e_dq, e_dk, e_dv, u_out, u_dq, u_dk, u_dv);
-    EXPECT_LT(e_out, 1e-6);
-    EXPECT_LT(e_dq, 1e-6);
-    EXPECT_LT(e_dk, 1e-6);
-    EXPECT_LT(e_dv, 1e-6);
+    EXPECT_LT(e_out, c.tol);
+    EXPECT_LT(e_dq, c.tol);
+    EXPECT_LT(e_dk, c.tol);
+    EXPECT_LT(e_dv, c.tol);
     EXPECT_GT(u_out, 5 * e_out + 2e-4) << "P's rounding not visible in out";
     EXPECT_GT(u_dq, 5 * e_dq + 2e-4) << "dS's rounding not visible in dq";
     EXPECT_GT(u_dv, 5 * e_dv + 2e-4) << "P's rounding not visible in dv";
@@ -876,6 +892,12 @@ TEST_P(Bf16Attention, MatchesTheRoundingOracle) {
                           CMatF(vr.data(), rows, kc), MatF(out32.data(), rows, qc), lse32.data());
     EXPECT_LT(max_rel_error(lse.data(), lse32.data(), lse.size()), 1e-5) << "lse";
   }
+}
+
+TEST_P(Bf16Attention, MatchesTheRoundingOracle) {
+  const Engine e = GetParam();
+  if (e == Engine::OneDnn) SKIP_WITHOUT_ONEDNN_BF16();
+  check_attention_oracle(e, AttnAmx::Off);
 }
 
 // attention_bwd_16: dq, dk, dv rotated back and rounded in the kernel. Against the separate
@@ -901,9 +923,7 @@ void rope_inverse_double(Vec& x, const std::vector<int32_t>& pos, int heads, int
     }
 }
 
-TEST_P(Bf16Attention, BackwardToBf16WithRope) {
-  const Engine e = GetParam();
-  if (e == Engine::OneDnn) SKIP_WITHOUT_ONEDNN_BF16();
+void check_attention_bwd16(Engine e, AttnAmx amx) {
   struct Case {
     int batch, seq, heads, kv, hd;
     bool docs, adjacent;
@@ -911,11 +931,12 @@ TEST_P(Bf16Attention, BackwardToBf16WithRope) {
   };
   for (const Case c :
        {Case{2, 37, 4, 2, 16, false, false, 8, 3}, Case{1, 50, 6, 2, 32, true, true, 16, 5},
-        Case{2, 9, 3, 3, 8, false, true, 64, 0}}) {
+        Case{2, 9, 3, 3, 8, false, true, 64, 0}, Case{1, 161, 2, 1, 64, true, true, 96, 32}}) {
     SCOPED_TRACE(::testing::Message()
-                 << engine_name(e) << " seq " << c.seq << " heads " << c.heads << "/" << c.kv
-                 << " hd " << c.hd << " docs " << c.docs << " adjacent " << c.adjacent);
-    Pair px(e, false, c.block_q, c.stair);
+                 << engine_name(e) << amx_name(amx) << " seq " << c.seq << " heads " << c.heads
+                 << "/" << c.kv << " hd " << c.hd << " docs " << c.docs << " adjacent "
+                 << c.adjacent);
+    Pair px(e, false, c.block_q, c.stair, amx);
     Rng rng(uint64_t(c.seq) * 17 + c.hd);
     AttnShape s = attn_shape(c.batch, c.seq, c.heads, c.kv, c.hd);
     const int rows = c.batch * c.seq, qc = c.heads * c.hd, kc = c.kv * c.hd;
@@ -1075,6 +1096,25 @@ TEST_P(Bf16Attention, BackwardToBf16WithRope) {
           << "the rotation is visible";
     }
   }
+}
+
+TEST_P(Bf16Attention, BackwardToBf16WithRope) {
+  const Engine e = GetParam();
+  if (e == Engine::OneDnn) SKIP_WITHOUT_ONEDNN_BF16();
+  check_attention_bwd16(e, AttnAmx::Off);
+}
+
+// The AMX tile path (CpuTuning::attn_amx) through the same checks: emulated on every CPU, on
+// the tiles themselves where the CPU has them.
+TEST(Bf16AttentionAmx, EmulatedMatchesTheRoundingOracle) {
+  check_attention_oracle(Engine::Sgemm, AttnAmx::Emulated);
+  check_attention_bwd16(Engine::Sgemm, AttnAmx::Emulated);
+}
+
+TEST(Bf16AttentionAmx, HardwareMatchesTheRoundingOracle) {
+  if (!cpu::amx_hardware()) GTEST_SKIP() << "no AMX tiles on this CPU (or QLFT_CPU_ISA)";
+  check_attention_oracle(Engine::OneDnn, AttnAmx::On);
+  check_attention_bwd16(Engine::OneDnn, AttnAmx::On);
 }
 
 INSTANTIATE_TEST_SUITE_P(All, Bf16Attention, ::testing::Values(Engine::OneDnn, Engine::Sgemm),

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/cpu/attention_tiles.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/op_checks.h"
 #include "backend/cpu/vec_kernels.h"
@@ -35,11 +36,8 @@
 
 namespace qlft::cpu {
 
-namespace {
+namespace attn {
 
-int max_threads() {
-  return qlft::num_threads();
-}
 int thread_id() {
 #ifdef _OPENMP
   return omp_get_thread_num();
@@ -48,8 +46,6 @@ int thread_id() {
 #endif
 }
 
-// first[row] = the first position j of the same batch element with doc[j] == doc[row]: no key
-// before it can be attended by this row, which bounds each tile's key range.
 Buffer first_same_doc(const CpuBackend& be, const AttnShape& s) {
   const int64_t rows = int64_t(s.batch) * s.seq;
   Buffer buf = be.workspace(size_t(rows) * sizeof(int32_t), "attention doc starts");
@@ -69,17 +65,82 @@ Buffer first_same_doc(const CpuBackend& be, const AttnShape& s) {
   return buf;
 }
 
-// One task's geometry: batch element b, head h, queries [q0, q0 + nq), keys [k0, k1). Its score
-// tile is [nq, k1 - k0]; the keys from q0 on are its diagonal block, masked above the diagonal.
-struct Tile {
-  int b, h, kh;
-  int64_t q0, nq, k0, k1;
-  int64_t diag() const { return q0 - k0; }  // the tile column where the diagonal block starts
-  // The columns of row i that the products compute and read: to its stair's end (for_stairs).
-  int64_t row_width(int64_t i, int64_t step) const {
-    return diag() + std::min(nq, (i / step + 1) * step);
+Tile make_tile(const AttnShape& s, const int32_t* first, int64_t bq, int b, int h, int64_t qb,
+               int64_t key_align) {
+  Tile t;
+  t.b = b;
+  t.h = h;
+  t.kh = h / (s.n_heads / s.n_kv_heads);
+  t.q0 = qb * bq;
+  t.nq = std::min<int64_t>(bq, s.seq - t.q0);
+  t.k1 = t.q0 + t.nq;  // causal
+  int64_t base = int64_t(b) * s.seq;
+  int64_t k0 = t.q0;
+  for (int64_t i = 0; i < t.nq; ++i) k0 = std::min<int64_t>(k0, first[base + t.q0 + i]);
+  t.k0 = k0 / key_align * key_align;
+  return t;
+}
+
+void tile_softmax_rows(const AttnShape& s, const Tile& t, int64_t step, int64_t pad_to,
+                       float prescale, float* S, int64_t ld, const float* lse_in, float* lse_out,
+                       uint16_t* pbf) {
+  const int64_t base = int64_t(t.b) * s.seq;
+  const int64_t rows = int64_t(s.batch) * s.seq;
+  for (int64_t i = 0; i < t.nq; ++i) {
+    const int64_t qi = t.q0 + i;
+    float* sr = S + i * ld;
+    const int64_t jend = qi + 1 - t.k0;  // keys after qi are masked (causal)
+    const float neg_inf = -std::numeric_limits<float>::infinity();
+    if (prescale != 1.f) {
+#pragma omp simd
+      for (int64_t j = 0; j < jend; ++j) sr[j] *= prescale;
+    }
+    if (s.doc_ids) {
+      const int32_t d = s.doc_ids[base + qi];
+      const int32_t* dk = s.doc_ids + base + t.k0;
+#pragma omp simd
+      for (int64_t j = 0; j < jend; ++j) sr[j] = dk[j] == d ? sr[j] : neg_inf;
+    }
+    const int64_t lidx = int64_t(t.h) * rows + base + qi;
+    const int64_t w = pad_to > 0 ? pad_to : t.row_width(i, step);  // masked from jend; read to w
+    std::fill(sr + jend, sr + w, 0.f);
+    uint16_t* pr = pbf ? pbf + i * ld : nullptr;
+    if (pr) std::fill(pr + jend, pr + w, uint16_t(0));
+    if (lse_in) {
+      if (pr)
+        vec_kernels().exp_shifted_bf16(sr, jend, lse_in[lidx], pr);
+      else
+        vec_kernels().exp_shifted(sr, jend, lse_in[lidx], 1.f);
+      continue;
+    }
+    // One exp pass: e = exp(S - m) and its sum, then P = e / sum (= exp(S - lse) to rounding).
+    const float m = vec_kernels().max_of(sr, jend);
+    const double sum = vec_kernels().exp_sum_shifted(sr, jend, m);
+    if (lse_out) {
+      OnlineSoftmax<double> st;
+      online_softmax_merge(st, m, sum);
+      lse_out[lidx] = online_softmax_lse(st);
+    }
+    const float inv = float(1.0 / sum);
+    if (pr) {
+      vec_kernels().scale_to_bf16(sr, jend, inv, pr);
+      continue;
+    }
+#pragma omp simd
+    for (int64_t j = 0; j < jend; ++j) sr[j] *= inv;
   }
-};
+}
+
+}  // namespace attn
+
+namespace {
+
+using attn::thread_id;
+using attn::Tile;
+
+int max_threads() {
+  return qlft::num_threads();
+}
 
 // The causal staircase of a tile, the region its products run over. With step < nq: the keys
 // before the diagonal block for all nq rows (one piece), then the diagonal block in steps of
@@ -117,21 +178,6 @@ int64_t stair_step(const CpuTuning& tune, bool bf16_onednn, int64_t bq) {
   return rows <= 0 ? bq : rows;
 }
 
-Tile make_tile(const AttnShape& s, const int32_t* first, int64_t bq, int b, int h, int64_t qb,
-               int64_t key_align) {
-  Tile t;
-  t.b = b;
-  t.h = h;
-  t.kh = h / (s.n_heads / s.n_kv_heads);
-  t.q0 = qb * bq;
-  t.nq = std::min<int64_t>(bq, s.seq - t.q0);
-  t.k1 = t.q0 + t.nq;  // causal
-  int64_t base = int64_t(b) * s.seq;
-  int64_t k0 = t.q0;
-  for (int64_t i = 0; i < t.nq; ++i) k0 = std::min<int64_t>(k0, first[base + t.q0 + i]);
-  t.k0 = k0 / key_align * key_align;
-  return t;
-}
 
 // q, k, v or dout as the tile GEMMs read them: element (row, head, d) at
 // p + head * head_stride + row * ld + d, in OpGemm's element type. fp32: the matrix itself
@@ -181,64 +227,22 @@ Heads heads_of(const OpGemm& mm, CMatF m, int n_heads, int D, const char* what,
   return h;
 }
 
-// S = scale * Q K^T over the tile, then probabilities exp(S - lse) with masked entries 0.
-// With lse_in == nullptr the row log-sum-exps are computed (and stored in lse_out when it is
-// given: inference may pass none); otherwise lse_in is used. S is [nq, k1 - k0] contiguous;
-// row i is written to t.row_width(i, step) (for_stairs), no further.
-// With pbf the probabilities are also written there as bf16 bits, in the same pass; the forward
-// (lse_in null) then leaves S as exp(S - max), unnormalized.
+// S = scale * Q K^T over the tile, then the softmax passes (attn::tile_softmax_rows; inference
+// may pass no lse_out). S is [nq, k1 - k0] contiguous; row i is written to t.row_width(i, step)
+// (for_stairs), no further.
 // gt: the Q K^T products' time is counted there (the op profile's tile_qk).
 void tile_probs(const AttnShape& s, const Tile& t, int64_t step, const OpGemm& mm, const Heads& q,
                 const Heads& k, float scale, float* S, const float* lse_in, float* lse_out,
                 prof::TeamTimes& gt, uint16_t* pbf = nullptr) {
   const int D = s.head_dim;
   const int64_t base = int64_t(t.b) * s.seq, kw = t.k1 - t.k0;
-  const int64_t rows = int64_t(s.batch) * s.seq;
   const int64_t g0 = gt.start();
   for_stairs(t, step, /*by_column=*/false, [&](int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
     mm.gemm_tile(true, nr, nc, D, scale, q.at(mm, base + t.q0 + r0, t.h), q.ld,
                  k.at(mm, base + t.k0 + c0, t.kh), k.ld, 0.f, S + r0 * kw + c0, kw);
   });
   gt.add(thread_id(), g0);
-  for (int64_t i = 0; i < t.nq; ++i) {
-    const int64_t qi = t.q0 + i;
-    float* sr = S + i * kw;
-    const int64_t jend = qi + 1 - t.k0;  // keys after qi are masked (causal)
-    const float neg_inf = -std::numeric_limits<float>::infinity();
-    if (s.doc_ids) {
-      const int32_t d = s.doc_ids[base + qi];
-      const int32_t* dk = s.doc_ids + base + t.k0;
-#pragma omp simd
-      for (int64_t j = 0; j < jend; ++j) sr[j] = dk[j] == d ? sr[j] : neg_inf;
-    }
-    const int64_t lidx = int64_t(t.h) * rows + base + qi;
-    const int64_t w = t.row_width(i, step);  // masked from jend; read to w
-    std::fill(sr + jend, sr + w, 0.f);
-    uint16_t* pr = pbf ? pbf + i * kw : nullptr;
-    if (pr) std::fill(pr + jend, pr + w, uint16_t(0));
-    if (lse_in) {
-      if (pr)
-        vec_kernels().exp_shifted_bf16(sr, jend, lse_in[lidx], pr);
-      else
-        vec_kernels().exp_shifted(sr, jend, lse_in[lidx], 1.f);
-      continue;
-    }
-    // One exp pass: e = exp(S - m) and its sum, then P = e / sum (= exp(S - lse) to rounding).
-    const float m = vec_kernels().max_of(sr, jend);
-    const double sum = vec_kernels().exp_sum_shifted(sr, jend, m);
-    if (lse_out) {
-      OnlineSoftmax<double> st;
-      online_softmax_merge(st, m, sum);
-      lse_out[lidx] = online_softmax_lse(st);
-    }
-    const float inv = float(1.0 / sum);
-    if (pr) {
-      vec_kernels().scale_to_bf16(sr, jend, inv, pr);
-      continue;
-    }
-#pragma omp simd
-    for (int64_t j = 0; j < jend; ++j) sr[j] *= inv;
-  }
+  attn::tile_softmax_rows(s, t, step, 0, 1.f, S, kw, lse_in, lse_out, pbf);
 }
 
 // p + off elements of mm's element type.
@@ -280,12 +284,16 @@ void CpuBackend::attention_fwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
   const std::array<const uint16_t*, 3> in16 = std::exchange(attn16_, {});
   op_checks::attention(s, q, k, v, "attention_fwd");
   op_checks::attention_fwd_out(s, q, out.as_const());
+  if (const std::optional<AmxExec> ex = attn_amx_exec()) {
+    attention_fwd_amx(s, q, k, v, out, lse, out16, in16, *ex);
+    return;
+  }
   const int D = s.head_dim;
   const float scale = 1.0f / std::sqrt(float(D));
   const int64_t bq = std::max<int64_t>(1, tune.attn_block_q);
   const int64_t nqb = (s.seq + bq - 1) / bq;
   const int64_t ntasks = int64_t(s.batch) * s.n_heads * nqb;
-  Buffer first_buf = first_same_doc(*this, s);
+  Buffer first_buf = attn::first_same_doc(*this, s);
   const int32_t* first = first_buf.as<int32_t>();
   const OpGemm mm{*this, precision_ == DType::BF16};
   // oneDNN tiles: first keys rounded down to a multiple of the query block (the keys added are
@@ -322,7 +330,7 @@ void CpuBackend::attention_fwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
         // Latest query blocks first: they are the largest, which balances the dynamic schedule.
         int64_t qb = nqb - 1 - task % nqb;
         int64_t bh = task / nqb;
-        Tile t = make_tile(s, first, bq, int(bh / s.n_heads), int(bh % s.n_heads), qb, align);
+        Tile t = attn::make_tile(s, first, bq, int(bh / s.n_heads), int(bh % s.n_heads), qb, align);
         tile_probs(s, t, step, mm, qh, kh, scale, S, nullptr, lse, gt_qk,
                    fused ? static_cast<uint16_t*>(P) : nullptr);
         const int64_t base = int64_t(t.b) * s.seq, kw = t.k1 - t.k0;
@@ -405,6 +413,11 @@ void CpuBackend::attention_bwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
   if (!rope)
     op_checks::attention_bwd_grads(q, k, v, out, dout, dq.as_const(), dk.as_const(), dv.as_const(),
                                    lse);
+  if (const std::optional<AmxExec> ex = attn_amx_exec()) {
+    attention_bwd_amx(s, q, k, v, out, lse, dout, dq, dk, dv, rope, dq16, dk16, dv16, in16, out16,
+                      dout16, *ex);
+    return;
+  }
   const int D = s.head_dim;
   const float scale = 1.0f / std::sqrt(float(D));
   const int group = s.n_heads / s.n_kv_heads;
@@ -413,7 +426,7 @@ void CpuBackend::attention_bwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
   // One task per (batch element, KV head): it alone writes that slice of dk/dv and the dq of
   // its query heads, so no two tasks touch the same output.
   const int64_t ntasks = int64_t(s.batch) * s.n_kv_heads;
-  Buffer first_buf = first_same_doc(*this, s);
+  Buffer first_buf = attn::first_same_doc(*this, s);
   const int32_t* first = first_buf.as<int32_t>();
   const OpGemm mm{*this, precision_ == DType::BF16};
   // oneDNN tiles: first keys rounded down to a multiple of the query block (the keys added are
@@ -483,7 +496,7 @@ void CpuBackend::attention_bwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
         }
         for (int h = kh * group; h < (kh + 1) * group; ++h) {
           for (int64_t qb = 0; qb < nqb; ++qb) {
-            Tile t = make_tile(s, first, bq, b, h, qb, align);
+            Tile t = attn::make_tile(s, first, bq, b, h, qb, align);
             const int64_t kw = t.k1 - t.k0;
             tile_probs(s, t, step, mm, qh, kh_, scale, P, lse, nullptr, gt_qk,
                        fused ? static_cast<uint16_t*>(Pl) : nullptr);

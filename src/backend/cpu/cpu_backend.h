@@ -13,8 +13,10 @@
 #include <cstdint>
 #include <exception>
 #include <mutex>
+#include <optional>
 
 #include "backend/backend.h"
+#include "backend/cpu/amx_gemm.h"
 #include "core/dtype.h"
 
 namespace qlft::cpu {
@@ -79,6 +81,15 @@ struct CpuTuning {
   // threads. Measured on an Emerald Rapids guest (e2e.sh, SmolLM2): the fp32 backward (capped
   // to AVX-512) took half the time against the step's GEMMs, the AMX bf16 one about a fifth less.
   bool flush_denormals = true;
+  // Precision bf16: attention's tile products on hand-written AMX tiles (amx_gemm.h,
+  // cpu_attention_amx.cpp: K and V packed once per head for all its query blocks, causal 32 x 32
+  // blocks skipped) instead of oneDNN's matmul, which repacks its B operand on every call and
+  // ran the bf16 attention at about a quarter of the GEMM peak on an Emerald Rapids host. On: where
+  // the CPU has AMX (elsewhere the tiles above). Emulated: the same code with the six tile
+  // instructions done in C++, on any CPU (slow; how tests run it without AMX). Off until measured
+  // on an AMX host.
+  enum class AttnAmx : uint8_t { Off, On, Emulated };
+  AttnAmx attn_amx = AttnAmx::Off;
   // The library under sgemm() (the fp32 GEMMs not routed above: dx = dy W, the head's dh, the
   // LoRA merge, dK and dV, and all of them when the flags above are off). Auto = OpenBLAS, unless
   // the kernels it chose are older than the CPU (f32_blas.h: f32_blas_onednn_auto), then oneDNN's
@@ -89,8 +100,8 @@ struct CpuTuning {
 };
 
 // Developer overrides of t from QLFT_CPU_TUNE ("name=value,..."; the fields above by name, bools
-// as 0 / 1, bf16_gemm and f32_blas as their enumerators in lower case: auto, onednn, sgemm or
-// openblas), for A/B runs of a setting on a lent machine without a rebuild. Not a user setting:
+// as 0 / 1, bf16_gemm, f32_blas and attn_amx as their enumerators in lower case: auto, onednn,
+// sgemm, openblas; off, on, emulated), for A/B runs of a setting on a lent machine without a rebuild. Not a user setting:
 // the defaults are what the benchmarks chose. Throws QLFT_ERR_INVALID_ARGUMENT naming an unknown
 // name or a bad value, leaving t as it was.
 void apply_tuning_env(CpuTuning& t, const char* spec);
@@ -289,6 +300,17 @@ class CpuBackend final : public Backend {
   std::array<const uint16_t*, 2> attn_out16_{};
   // next_dx_16's dx for the next linear_bwd (which clears it).
   uint16_t* dx16_ = nullptr;
+  // The AMX tiles' execution for attention (tune.attn_amx, precision bf16, the CPU), or none.
+  std::optional<AmxExec> attn_amx_exec() const;
+  // attention_fwd_impl and attention_bwd_impl on AMX tiles (cpu_attention_amx.cpp), with the
+  // 16-bit inputs they took.
+  void attention_fwd_amx(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out, float* lse,
+                         uint16_t* out16, const std::array<const uint16_t*, 3>& in16, AmxExec ex);
+  void attention_bwd_amx(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out,
+                         const float* lse, CMatF dout, MatF dq, MatF dk, MatF dv,
+                         const RopeArgs* rope, View2<uint16_t> dq16, View2<uint16_t> dk16,
+                         View2<uint16_t> dv16, const std::array<const uint16_t*, 3>& in16,
+                         const uint16_t* out16, const uint16_t* dout16, AmxExec ex);
   // attention_fwd, and with out16 its output rounded there instead of written to out.
   void attention_fwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out, float* lse,
                           uint16_t* out16);

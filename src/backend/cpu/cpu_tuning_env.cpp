@@ -81,6 +81,12 @@ void set_field(CpuTuning& t, const std::string& name, const std::string& v) {
         parse_choice<B>(name, v, {{"auto", B::Auto}, {"onednn", B::OneDnn}, {"sgemm", B::Sgemm}});
     return;
   }
+  if (name == "attn_amx") {
+    using A = CpuTuning::AttnAmx;
+    t.attn_amx = parse_choice<A>(name, v,
+                                 {{"off", A::Off}, {"on", A::On}, {"emulated", A::Emulated}});
+    return;
+  }
   if (name == "f32_blas") {
     t.f32_blas = parse_choice<F>(
         name, v, {{"auto", F::Auto}, {"onednn", F::OneDnn}, {"openblas", F::OpenBlas}});

@@ -1,0 +1,47 @@
+// What the CPU backend's two attention paths share (cpu_attention.cpp on oneDNN / sgemm tile
+// GEMMs, cpu_attention_amx.cpp on AMX tiles): the task geometry, the document starts and the
+// softmax passes over a tile's score rows.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu_backend.h"
+
+namespace qlft::cpu::attn {
+
+int thread_id();
+
+// first[row] = the first position j of the same batch element with doc[j] == doc[row]: no key
+// before it can be attended by this row, which bounds each tile's key range.
+Buffer first_same_doc(const CpuBackend& be, const AttnShape& s);
+
+// One task's geometry: batch element b, head h, queries [q0, q0 + nq), keys [k0, k1). Its score
+// tile is [nq, k1 - k0]; the keys from q0 on are its diagonal block, masked above the diagonal.
+struct Tile {
+  int b, h, kh;
+  int64_t q0, nq, k0, k1;
+  int64_t diag() const { return q0 - k0; }  // the tile column where the diagonal block starts
+  // The columns of row i that the products compute and read: to its stair's end (for_stairs).
+  int64_t row_width(int64_t i, int64_t step) const {
+    return diag() + std::min(nq, (i / step + 1) * step);
+  }
+};
+
+// The tile of query block qb (rows of bq) of head h in batch element b; its first key is the
+// earliest of its rows' documents, rounded down to a multiple of key_align.
+Tile make_tile(const AttnShape& s, const int32_t* first, int64_t bq, int b, int h, int64_t qb,
+               int64_t key_align);
+
+// The softmax passes over a tile's scores S (nq rows, row stride ld) after its Q K^T product:
+// each row i times `prescale` (when not 1), masked (other documents, keys past the diagonal),
+// then probabilities exp(S - lse) (lse_in given) or, with lse_in null, its log-sum-exp computed
+// (stored in lse_out when given) and exp(S - lse). Row i is written to width(i) =
+// row_width(i, step) when pad_to is 0, else pad_to columns, the masked ones 0. With pbf the
+// probabilities are also written there as bf16 bits (row stride ld), in the same pass; the
+// forward (lse_in null) then leaves S as exp(S - max), unnormalized.
+void tile_softmax_rows(const AttnShape& s, const Tile& t, int64_t step, int64_t pad_to,
+                       float prescale, float* S, int64_t ld, const float* lse_in, float* lse_out,
+                       uint16_t* pbf);
+
+}  // namespace qlft::cpu::attn
