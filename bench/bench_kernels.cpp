@@ -384,8 +384,8 @@ void run_attention(benchmark::State& st, int seq, bool bf16, bool bwd, int64_t s
 }
 
 void BM_attention(benchmark::State& st) {
-  run_attention(st, int(st.range(0)), st.range(1) != 0, st.range(2) != 0, st.range(3),
-                st.range(4), false);
+  run_attention(st, int(st.range(0)), st.range(1) != 0, st.range(2) != 0, st.range(3), st.range(4),
+                false);
 }
 
 // attention_amx_fwd|bwd/seq/bq: the bf16 attention on the AMX tile path (only where the CPU has
@@ -633,7 +633,8 @@ void register_all() {
   if (cpu::amx_hardware())
     for (int bwd = 0; bwd < 2; ++bwd)
       for (int bq : {0, 64, 256})
-        reg(bwd ? "attention_amx_bwd" : "attention_amx_fwd", BM_attention_amx)->Args({512, bwd, bq});
+        reg(bwd ? "attention_amx_bwd" : "attention_amx_fwd", BM_attention_amx)
+            ->Args({512, bwd, bq});
   for (int bf16 = 0; bf16 < 2; ++bf16)
     for (int dh = 0; dh < 2; ++dh)
       reg("linear_cross_entropy", BM_linear_cross_entropy)

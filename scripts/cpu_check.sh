@@ -17,7 +17,7 @@
 #                                            "--warmup 1 --steps 4 --micro-batch 4". Logs under $OUT.
 #   QLFT_CHECK_TESTS (pack): test binaries of BUILD_TESTS (default build) to bundle, default
 #   "test_backend_gemm test_backend_ops test_backend_props test_quant_isa test_cpu_isa
-#   test_vec_kernels" (none needs shared files); run executes each at the machine's own ISA into
+#   test_vec_kernels test_amx_gemm" (none needs shared files); run executes each at the machine's own ISA into
 #   $OUT/tests.log, so the kernels this CPU class selects (AMX, AVX512-BF16) pass their oracle
 #   tests there too.
 #   QLFT_CHECK_CORES: the CPUs both sides are pinned to (default: two CPUs after CPU 0 on
@@ -69,7 +69,7 @@ if [ "$mode" = pack ]; then
     cp "$QLFT_CHECK_BASE/tools/qlft-finetune/qlft-finetune" "$stage/base/"
     cp -L "$QLFT_CHECK_BASE/libqlft.so.0" "$stage/base/"
   fi
-  for t in ${QLFT_CHECK_TESTS-test_backend_gemm test_backend_ops test_backend_props test_quant_isa test_cpu_isa test_vec_kernels}; do
+  for t in ${QLFT_CHECK_TESTS-test_backend_gemm test_backend_ops test_backend_props test_quant_isa test_cpu_isa test_vec_kernels test_amx_gemm}; do
     cp "${BUILD_TESTS:-build}/tests/$t" "$stage/tests/"
   done
   ldd "$stage"/bin/qlft-finetune "$stage"/bin/bench_kernels "$stage"/tests/* 2>/dev/null |

@@ -13,6 +13,7 @@
 #include "backend/cpu/amx_gemm.h"
 #include "core/error.h"
 #include "core/half.h"
+#include "support/test_support.h"
 
 namespace {
 
@@ -65,9 +66,9 @@ std::pair<int64_t, int64_t> k_range(const Case& c, int64_t m, int64_t n) {
 }
 
 void check(AmxExec ex, const Case& c, uint32_t seed) {
-  SCOPED_TRACE(::testing::Message() << "M " << c.M << " N " << c.N << " K " << c.K << " causal "
-                                    << int(c.causal.kind) << " d " << c.causal.d << " accumulate "
-                                    << c.accumulate);
+  SCOPED_TRACE(::testing::Message()
+               << "M " << c.M << " N " << c.N << " K " << c.K << " causal " << int(c.causal.kind)
+               << " d " << c.causal.d << " accumulate " << c.accumulate);
   std::mt19937 rng(seed);
   const int64_t lda = c.K + 8, ldb = 2 * c.N + 32, ldc = c.N + 5;
   std::vector<float> a = grid(rng, c.M * lda, 3), b = grid(rng, c.K * c.N, 4);
@@ -113,7 +114,9 @@ TEST(AmxGemm, EmulatedMatchesTheExactProducts) {
 }
 
 TEST(AmxGemm, HardwareMatchesTheExactProducts) {
-  if (!qlft::cpu::amx_hardware()) GTEST_SKIP() << "no AMX tiles on this CPU (or QLFT_CPU_ISA)";
+  if (!qlft::cpu::amx_hardware()) {
+    QLFT_SKIP("isa-absent") << "no AMX tiles on this CPU (or QLFT_CPU_ISA)";
+  }
   uint32_t seed = 1;
   for (const Case& c : cases()) check(AmxExec::Hardware, c, seed++);
 }
@@ -154,8 +157,8 @@ TEST(AmxGemm, RejectsShapesOffTheTiles) {
   std::vector<float> c(64 * 64);
   for (auto [M, N, K] : {std::array<int64_t, 3>{15, 16, 32}, {16, 17, 32}, {16, 16, 31}}) {
     try {
-      qlft::cpu::amx_gemm_bf16(AmxExec::Emulated, M, N, K, a.data(), 64, b.data(), 64, c.data(),
-                               64, false);
+      qlft::cpu::amx_gemm_bf16(AmxExec::Emulated, M, N, K, a.data(), 64, b.data(), 64, c.data(), 64,
+                               false);
       FAIL() << "accepted M " << M << " N " << N << " K " << K;
     } catch (const qlft::Error& e) {
       EXPECT_EQ(e.status(), QLFT_ERR_INVALID_ARGUMENT);

@@ -92,10 +92,11 @@ void run_gemm(const GemmCase& c, uint64_t seed) {
 // that engine report the absent ISA path as skipped; the sgemm engine is tested everywhere.
 #define SKIP_WITHOUT_ONEDNN_BF16()                                                     \
   do {                                                                                 \
-    if (!cpu::gemm_bf16_available())                                                   \
+    if (!cpu::gemm_bf16_available()) {                                                 \
       QLFT_SKIP("isa-absent") << "ISA path absent: oneDNN has no bf16 matmul at isa "  \
                               << cpu_isa_name(cpu_isa())                               \
                               << " (CPU: " << cpu_isa_name(cpu_isa_detected()) << ")"; \
+    }                                                                                  \
   } while (0)
 
 TEST(GemmBf16, MatchesDoubleOracleOnRandomShapes) {
@@ -230,7 +231,9 @@ TEST(GemmBf16, CachesPrimitivesAndRejectsBadStrides) {
 }
 
 TEST(GemmBf16, ReportsTheKernel) {
-  if (!cpu::gemm_bf16_native()) QLFT_SKIP("isa-absent") << "no native bf16 on this CPU";
+  if (!cpu::gemm_bf16_native()) {
+    QLFT_SKIP("isa-absent") << "no native bf16 on this CPU";
+  }
   for (int ta = 0; ta < 2; ++ta)
     for (int tb = 0; tb < 2; ++tb) {
       const int64_t M = 512, N = 576, K = 576;
@@ -842,8 +845,10 @@ struct AttnCase {
   double tol;
 };
 std::vector<AttnCase> attn_cases() {
-  return {{2, 37, 4, 2, 16, false, 8, 3, 1e-6},     {1, 50, 6, 2, 32, true, 16, 5, 1e-6},
-          {2, 9, 2, 1, 8, false, 64, 0, 1e-6},      {1, 200, 2, 1, 64, false, 64, 0, 2e-5},
+  return {{2, 37, 4, 2, 16, false, 8, 3, 1e-6},
+          {1, 50, 6, 2, 32, true, 16, 5, 1e-6},
+          {2, 9, 2, 1, 8, false, 64, 0, 1e-6},
+          {1, 200, 2, 1, 64, false, 64, 0, 2e-5},
           {1, 161, 2, 2, 64, true, 96, 32, 1e-6}};
 }
 
@@ -932,10 +937,9 @@ void check_attention_bwd16(Engine e, AttnAmx amx) {
   for (const Case c :
        {Case{2, 37, 4, 2, 16, false, false, 8, 3}, Case{1, 50, 6, 2, 32, true, true, 16, 5},
         Case{2, 9, 3, 3, 8, false, true, 64, 0}, Case{1, 161, 2, 1, 64, true, true, 96, 32}}) {
-    SCOPED_TRACE(::testing::Message()
-                 << engine_name(e) << amx_name(amx) << " seq " << c.seq << " heads " << c.heads
-                 << "/" << c.kv << " hd " << c.hd << " docs " << c.docs << " adjacent "
-                 << c.adjacent);
+    SCOPED_TRACE(::testing::Message() << engine_name(e) << amx_name(amx) << " seq " << c.seq
+                                      << " heads " << c.heads << "/" << c.kv << " hd " << c.hd
+                                      << " docs " << c.docs << " adjacent " << c.adjacent);
     Pair px(e, false, c.block_q, c.stair, amx);
     Rng rng(uint64_t(c.seq) * 17 + c.hd);
     AttnShape s = attn_shape(c.batch, c.seq, c.heads, c.kv, c.hd);
@@ -1112,7 +1116,9 @@ TEST(Bf16AttentionAmx, EmulatedMatchesTheRoundingOracle) {
 }
 
 TEST(Bf16AttentionAmx, HardwareMatchesTheRoundingOracle) {
-  if (!cpu::amx_hardware()) GTEST_SKIP() << "no AMX tiles on this CPU (or QLFT_CPU_ISA)";
+  if (!cpu::amx_hardware()) {
+    QLFT_SKIP("isa-absent") << "no AMX tiles on this CPU (or QLFT_CPU_ISA)";
+  }
   check_attention_oracle(Engine::OneDnn, AttnAmx::On);
   check_attention_bwd16(Engine::OneDnn, AttnAmx::On);
 }

@@ -178,7 +178,6 @@ int64_t stair_step(const CpuTuning& tune, bool bf16_onednn, int64_t bq) {
   return rows <= 0 ? bq : rows;
 }
 
-
 // q, k, v or dout as the tile GEMMs read them: element (row, head, d) at
 // p + head * head_stride + row * ld + d, in OpGemm's element type. fp32: the matrix itself
 // (head_stride = head_dim, ld = its row stride). lp: a head-major dense bf16 copy (head_stride =

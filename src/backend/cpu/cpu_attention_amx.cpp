@@ -297,9 +297,8 @@ void CpuBackend::attention_fwd_amx(const AttnShape& s, CMatF q, CMatF k, CMatF v
 
 void CpuBackend::attention_bwd_amx(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out,
                                    const float* lse, CMatF dout, MatF dq, MatF dk, MatF dv,
-                                   const RopeArgs* rope, View2<uint16_t> dq16,
-                                   View2<uint16_t> dk16, View2<uint16_t> dv16,
-                                   const std::array<const uint16_t*, 3>& in16,
+                                   const RopeArgs* rope, View2<uint16_t> dq16, View2<uint16_t> dk16,
+                                   View2<uint16_t> dv16, const std::array<const uint16_t*, 3>& in16,
                                    const uint16_t* out16, const uint16_t* dout16, AmxExec ex) {
   const int D = s.head_dim, H = s.n_heads, KV = s.n_kv_heads, group = H / KV;
   const float scale = 1.0f / std::sqrt(float(D));
@@ -337,8 +336,7 @@ void CpuBackend::attention_bwd_amx(const AttnShape& s, CMatF q, CMatF k, CMatF v
 #pragma omp simd
       for (int e = 0; e < D; ++e) w.row2[e] = 0.f + mul * src[e];
       if (rot)
-        vec_kernels().rope_row(w.row2, rtab->cos_of(row), rtab->sin_of(row), 1, D,
-                               rope->adjacent);
+        vec_kernels().rope_row(w.row2, rtab->cos_of(row), rtab->sin_of(row), 1, D, rope->adjacent);
       f32_to_bf16_n(w.row2, g16.row(row) + c0, size_t(D));
     };
 #pragma omp for schedule(dynamic, 1)
@@ -405,8 +403,8 @@ void CpuBackend::attention_bwd_amx(const AttnShape& s, CMatF q, CMatF k, CMatF v
             pairs_of_rows(w.P16, nqp, Kp, Kp, w.Pv);
             amx_gemm_bf16(ex, Dp, Kp, nqp, w.qt + t.q0, Tp, w.dSv, 2 * Kp, w.dKt + t.k0, Tp, true,
                           {AmxCausal::KFromCol, d});
-            amx_gemm_bf16(ex, Dp, Kp, nqp, w.doutt + t.q0, Tp, w.Pv, 2 * Kp, w.dVt + t.k0, Tp,
-                          true, {AmxCausal::KFromCol, d});
+            amx_gemm_bf16(ex, Dp, Kp, nqp, w.doutt + t.q0, Tp, w.Pv, 2 * Kp, w.dVt + t.k0, Tp, true,
+                          {AmxCausal::KFromCol, d});
             gt_dkdv.add(attn::thread_id(), g0);
           }
         }

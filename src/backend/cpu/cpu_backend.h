@@ -101,9 +101,9 @@ struct CpuTuning {
 
 // Developer overrides of t from QLFT_CPU_TUNE ("name=value,..."; the fields above by name, bools
 // as 0 / 1, bf16_gemm, f32_blas and attn_amx as their enumerators in lower case: auto, onednn,
-// sgemm, openblas; off, on, emulated), for A/B runs of a setting on a lent machine without a rebuild. Not a user setting:
-// the defaults are what the benchmarks chose. Throws QLFT_ERR_INVALID_ARGUMENT naming an unknown
-// name or a bad value, leaving t as it was.
+// sgemm, openblas; off, on, emulated), for A/B runs of a setting on a lent machine without a
+// rebuild. Not a user setting: the defaults are what the benchmarks chose. Throws
+// QLFT_ERR_INVALID_ARGUMENT naming an unknown name or a bad value, leaving t as it was.
 void apply_tuning_env(CpuTuning& t, const char* spec);
 
 // The reusable scratch buffers of CpuBackend (one of each kind in use at a time).
@@ -306,11 +306,11 @@ class CpuBackend final : public Backend {
   // 16-bit inputs they took.
   void attention_fwd_amx(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out, float* lse,
                          uint16_t* out16, const std::array<const uint16_t*, 3>& in16, AmxExec ex);
-  void attention_bwd_amx(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out,
-                         const float* lse, CMatF dout, MatF dq, MatF dk, MatF dv,
-                         const RopeArgs* rope, View2<uint16_t> dq16, View2<uint16_t> dk16,
-                         View2<uint16_t> dv16, const std::array<const uint16_t*, 3>& in16,
-                         const uint16_t* out16, const uint16_t* dout16, AmxExec ex);
+  void attention_bwd_amx(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out, const float* lse,
+                         CMatF dout, MatF dq, MatF dk, MatF dv, const RopeArgs* rope,
+                         View2<uint16_t> dq16, View2<uint16_t> dk16, View2<uint16_t> dv16,
+                         const std::array<const uint16_t*, 3>& in16, const uint16_t* out16,
+                         const uint16_t* dout16, AmxExec ex);
   // attention_fwd, and with out16 its output rounded there instead of written to out.
   void attention_fwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out, float* lse,
                           uint16_t* out16);

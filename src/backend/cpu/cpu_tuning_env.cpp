@@ -83,8 +83,8 @@ void set_field(CpuTuning& t, const std::string& name, const std::string& v) {
   }
   if (name == "attn_amx") {
     using A = CpuTuning::AttnAmx;
-    t.attn_amx = parse_choice<A>(name, v,
-                                 {{"off", A::Off}, {"on", A::On}, {"emulated", A::Emulated}});
+    t.attn_amx =
+        parse_choice<A>(name, v, {{"off", A::Off}, {"on", A::On}, {"emulated", A::Emulated}});
     return;
   }
   if (name == "f32_blas") {
