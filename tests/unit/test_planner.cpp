@@ -180,6 +180,51 @@ TEST_P(PlannerMatrix, MatchesTrackerOnFullBatches) {
   EXPECT_GE(n, 8);
 }
 
+// The bf16 attention on AMX tiles (QLFT_CPU_TUNE=attn_amx=emulated: the same buffers as on the
+// tiles) predicted as exactly as the default path: the workspace model reads the same tuning as
+// the trainer's backend. Its prediction differs from the default's, so the branch is taken.
+TEST_F(PlannerTest, AttentionOnAmxTilesMatchesTheTracker) {
+  MemoryTracker tracker;
+  auto model = load(tracker, "keep");
+  const WeightFootprint w = weight_footprint(*model);
+  struct EnvTune {
+    EnvTune() { setenv("QLFT_CPU_TUNE", "attn_amx=emulated", 1); }
+    ~EnvTune() { unsetenv("QLFT_CPU_TUNE"); }
+  };
+  const bool bf16_onednn = cpu::gemm_bf16_native();  // (not exact there, as above)
+  int differs = 0;
+  for (const Case& k :
+       {Case{"bf16", 0, 256, 2, "adamw", 8, "", 0.f}, Case{"bf16", 1, 96, 3, "adamw", 16, "", 0.f},
+        Case{"bf16", 0, 64, 2, "adamw", 4, "q_proj,v_proj", 0.05f}}) {
+    SCOPED_TRACE(describe(k));
+    const Config c = config_of(k);
+    const MemoryPlan base = plan_memory(model->cfg, w, PlanSettings::from_config(c));
+    const EnvTune env;
+    const MemoryPlan plan = plan_memory(model->cfg, w, PlanSettings::from_config(c));
+    differs += plan.train[QLFT_MEM_WORKSPACE] != base.train[QLFT_MEM_WORKSPACE];
+    tracker.reset_peaks();
+    {
+      Trainer t(*model, &tracker, nullptr, c);
+      StepReport r;
+      t.step_on({full_batch(k.micro, k.seq, model->cfg.vocab, 0),
+                 full_batch(k.micro, k.seq, model->cfg.vocab, 1)},
+                &r);
+      EXPECT_TRUE(std::isfinite(r.loss));
+    }
+    const MemorySnapshot m = tracker.snapshot();
+    std::printf("%-80s workspace predicted/measured %llu/%llu (default path predicted %llu)\n",
+                describe(k).c_str(), (unsigned long long)plan.train[QLFT_MEM_WORKSPACE],
+                (unsigned long long)m.peak[QLFT_MEM_WORKSPACE],
+                (unsigned long long)base.train[QLFT_MEM_WORKSPACE]);
+    if (!bf16_onednn) {
+      for (int cat = 0; cat < QLFT_MEM_COMMUNICATION; ++cat)
+        EXPECT_EQ(plan.train[cat], m.peak[cat]) << mem_category_name(MemCategory(cat));
+      EXPECT_EQ(plan.train_peak, m.total_peak);
+    }
+  }
+  EXPECT_GT(differs, 0) << "the model never took the AMX path's sizes";
+}
+
 TEST_F(PlannerTest, WithinTenPercentOnRealData) {
   QLFT_NEED_SHARED(text, "data/tinyshakespeare.txt");
   MemoryTracker tracker;

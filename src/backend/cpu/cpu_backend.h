@@ -105,6 +105,9 @@ struct CpuTuning {
 // rebuild. Not a user setting: the defaults are what the benchmarks chose. Throws
 // QLFT_ERR_INVALID_ARGUMENT naming an unknown name or a bad value, leaving t as it was.
 void apply_tuning_env(CpuTuning& t, const char* spec);
+// The defaults with QLFT_CPU_TUNE applied: what make_cpu_backend's backends run and the memory
+// planner's workspace model (cpu_workspace.cpp) predicts.
+CpuTuning tuning_from_env();
 
 // The reusable scratch buffers of CpuBackend (one of each kind in use at a time).
 // Count as a slot: a buffer of the call's own (small operands).

@@ -20,12 +20,17 @@ namespace qlft {
 
 std::unique_ptr<Backend> make_cpu_backend(MemoryTracker* tracker) {
   auto be = std::make_unique<cpu::CpuBackend>(tracker);
-  if (const char* spec = std::getenv("QLFT_CPU_TUNE"); spec && *spec)
-    cpu::apply_tuning_env(be->tune, spec);
+  be->tune = cpu::tuning_from_env();
   return be;
 }
 
 namespace cpu {
+
+CpuTuning tuning_from_env() {
+  CpuTuning t;
+  if (const char* spec = std::getenv("QLFT_CPU_TUNE"); spec && *spec) apply_tuning_env(t, spec);
+  return t;
+}
 
 int64_t panel_rows(const CpuBackend& be, const QWeight& W) {
   int64_t p = be.tune.panel_bytes / std::max<int64_t>(1, W.cols * 4);

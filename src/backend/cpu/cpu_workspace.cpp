@@ -1,7 +1,8 @@
 // The CPU backend's workspace model for the memory planner (backend/workspace_model.h): the
-// largest scratch one of its kernels holds, from CpuTuning's defaults (what the trainer's
-// backend uses) and the thread count. Exact against the tracker for fp32/fp16 and for bf16 on
-// sgemm (test_planner); bf16 on oneDNN is modelled, not exact (its scratchpads).
+// largest scratch one of its kernels holds, from the tuning the trainer's backend runs
+// (CpuTuning's defaults with QLFT_CPU_TUNE applied) and the thread count. Exact against the tracker
+// for fp32/fp16 and for bf16 on sgemm (test_planner); bf16 on oneDNN is modelled, not exact (its
+// scratchpads).
 #include <algorithm>
 
 #include "backend/cpu/attention_amx.h"
@@ -20,7 +21,8 @@ constexpr auto fl = float_buffer_bytes;
 class CpuWorkspace final : public WorkspaceModel {
  public:
   explicit CpuWorkspace(const WorkspaceModelSettings& s)
-      : threads(std::max(s.threads, 1)),
+      : tune(cpu::tuning_from_env()),
+        threads(std::max(s.threads, 1)),
         // fp16 autocasts (rounded fp32 copies of the inputs); bf16 runs the CPU backend's own
         // bf16 GEMMs (as the trainer sets it up), with 2-byte operands on oneDNN.
         autocast(s.precision == "fp16"),
