@@ -1,7 +1,5 @@
 #include "backend/cpu/amx_gemm.h"
 
-#include <immintrin.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -19,64 +17,70 @@ namespace {
 constexpr int kRows = 16;
 constexpr int kColsb = 64;
 
-#define QLFT_AMX_OP __attribute__((always_inline))
+// The hardware tiles, in inline assembly: the instructions need only the assembler's AMX support,
+// not a target attribute on every function that inlines them (GCC's intrinsics are this assembly;
+// clang's are builtins that need the attribute). AT&T operand order: tdpbf16ps b, a, c computes
+// c += a b. Loads and stores clobber memory so no buffer access moves across them.
+#define QLFT_TILE_ZERO(t) __asm__ volatile("tilezero %%tmm" #t ::)
+#define QLFT_TILE_LOAD(t, p, s) \
+  __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #t ::"r"(p), "r"(s) : "memory")
+#define QLFT_TILE_STORE(t, p, s) \
+  __asm__ volatile("tilestored %%tmm" #t ", (%0,%1,1)" ::"r"(p), "r"(s) : "memory")
+#define QLFT_TILE_DP(c, a, b) __asm__ volatile("tdpbf16ps %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
 
-// The hardware tiles. The tile intrinsics are macros that paste the tile number into inline
-// assembly (so they need no target attribute, only the assembler's AMX support), and each
-// operation spells its numbers out.
 struct AmxHw {
   template <int T>
-  QLFT_AMX_OP static inline void zero() {
+  static inline __attribute__((always_inline)) void zero() {
     if constexpr (T == 0)
-      _tile_zero(0);
+      QLFT_TILE_ZERO(0);
     else if constexpr (T == 1)
-      _tile_zero(1);
+      QLFT_TILE_ZERO(1);
     else if constexpr (T == 2)
-      _tile_zero(2);
+      QLFT_TILE_ZERO(2);
     else
-      _tile_zero(3);
+      QLFT_TILE_ZERO(3);
   }
   template <int T>
-  QLFT_AMX_OP static inline void load(const void* p, int64_t stride) {
+  static inline __attribute__((always_inline)) void load(const void* p, int64_t s) {
     if constexpr (T == 0)
-      _tile_loadd(0, p, stride);
+      QLFT_TILE_LOAD(0, p, s);
     else if constexpr (T == 1)
-      _tile_loadd(1, p, stride);
+      QLFT_TILE_LOAD(1, p, s);
     else if constexpr (T == 2)
-      _tile_loadd(2, p, stride);
+      QLFT_TILE_LOAD(2, p, s);
     else if constexpr (T == 3)
-      _tile_loadd(3, p, stride);
+      QLFT_TILE_LOAD(3, p, s);
     else if constexpr (T == 4)
-      _tile_loadd(4, p, stride);
+      QLFT_TILE_LOAD(4, p, s);
     else if constexpr (T == 5)
-      _tile_loadd(5, p, stride);
+      QLFT_TILE_LOAD(5, p, s);
     else if constexpr (T == 6)
-      _tile_loadd(6, p, stride);
+      QLFT_TILE_LOAD(6, p, s);
     else
-      _tile_loadd(7, p, stride);
+      QLFT_TILE_LOAD(7, p, s);
   }
   template <int T>
-  QLFT_AMX_OP static inline void store(void* p, int64_t stride) {
+  static inline __attribute__((always_inline)) void store(void* p, int64_t s) {
     if constexpr (T == 0)
-      _tile_stored(0, p, stride);
+      QLFT_TILE_STORE(0, p, s);
     else if constexpr (T == 1)
-      _tile_stored(1, p, stride);
+      QLFT_TILE_STORE(1, p, s);
     else if constexpr (T == 2)
-      _tile_stored(2, p, stride);
+      QLFT_TILE_STORE(2, p, s);
     else
-      _tile_stored(3, p, stride);
+      QLFT_TILE_STORE(3, p, s);
   }
   // C tile 2 (a - 4) + (b - 6) += A tile a times B tile b.
   template <int A, int B>
-  QLFT_AMX_OP static inline void dp() {
+  static inline __attribute__((always_inline)) void dp() {
     if constexpr (A == 4 && B == 6)
-      _tile_dpbf16ps(0, 4, 6);
+      QLFT_TILE_DP(0, 4, 6);
     else if constexpr (A == 4 && B == 7)
-      _tile_dpbf16ps(1, 4, 7);
+      QLFT_TILE_DP(1, 4, 7);
     else if constexpr (A == 5 && B == 6)
-      _tile_dpbf16ps(2, 5, 6);
+      QLFT_TILE_DP(2, 5, 6);
     else
-      _tile_dpbf16ps(3, 5, 7);
+      QLFT_TILE_DP(3, 5, 7);
   }
 };
 
@@ -230,15 +234,16 @@ struct alignas(64) TileConfig {
 };
 static_assert(sizeof(TileConfig) == 64);
 
-__attribute__((target("amx-tile,amx-bf16"))) void run_hardware(const Args& g) {
+void run_hardware(const Args& g) {
   TileConfig cfg;
   for (int t = 0; t < 8; ++t) {
     cfg.colsb[t] = kColsb;
     cfg.rows[t] = kRows;
   }
-  _tile_loadconfig(&cfg);
+  __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
   run_blocks<AmxHw>(g);
-  _tile_release();  // the tile state is large; a released thread's context switches skip it
+  // The tile state is large; a released thread's context switches skip it.
+  __asm__ volatile("tilerelease" ::: "memory");
 }
 
 void run_emulated(const Args& g) {
