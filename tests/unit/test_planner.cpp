@@ -105,6 +105,21 @@ data::Batch full_batch(int micro, int seq, int vocab, int salt) {
   return b;
 }
 
+// The tracker's peaks over one step of two micro-batches of case k (the second forward runs
+// beside the kept backward temporaries; a further step allocates nothing new).
+MemorySnapshot step_peaks(Model& model, MemoryTracker& tracker, const Config& c, const Case& k) {
+  tracker.reset_peaks();
+  {
+    Trainer t(model, &tracker, nullptr, c);
+    StepReport r;
+    t.step_on({full_batch(k.micro, k.seq, model.cfg.vocab, 0),
+               full_batch(k.micro, k.seq, model.cfg.vocab, 1)},
+              &r);
+    EXPECT_TRUE(std::isfinite(r.loss));
+  }
+  return tracker.snapshot();
+}
+
 std::string describe(const Case& k) {
   return std::string(k.precision) + " ckpt=" + std::to_string(k.ckpt) +
          " seq=" + std::to_string(k.seq) + " micro=" + std::to_string(k.micro) + " " + k.optim +
@@ -144,18 +159,7 @@ TEST_P(PlannerMatrix, MatchesTrackerOnFullBatches) {
     SCOPED_TRACE(describe(k));
     Config c = config_of(k);
     const MemoryPlan plan = plan_memory(model->cfg, w, PlanSettings::from_config(c));
-    tracker.reset_peaks();
-    {
-      Trainer t(*model, &tracker, nullptr, c);
-      StepReport r;
-      // One step of two micro-batches (the second forward runs beside the kept backward
-      // temporaries; a further step allocates nothing new).
-      t.step_on({full_batch(k.micro, k.seq, model->cfg.vocab, 0),
-                 full_batch(k.micro, k.seq, model->cfg.vocab, 1)},
-                &r);
-      EXPECT_TRUE(std::isfinite(r.loss));
-    }
-    const MemorySnapshot m = tracker.snapshot();
+    const MemorySnapshot m = step_peaks(*model, tracker, c, k);
     std::printf("%-80s predicted/measured:", describe(k).c_str());
     for (int cat = 0; cat < QLFT_MEM_COMMUNICATION; ++cat)
       std::printf(" %s %llu/%llu", mem_category_name(MemCategory(cat)),
@@ -202,16 +206,7 @@ TEST_F(PlannerTest, AttentionOnAmxTilesMatchesTheTracker) {
     const EnvTune env;
     const MemoryPlan plan = plan_memory(model->cfg, w, PlanSettings::from_config(c));
     differs += plan.train[QLFT_MEM_WORKSPACE] != base.train[QLFT_MEM_WORKSPACE];
-    tracker.reset_peaks();
-    {
-      Trainer t(*model, &tracker, nullptr, c);
-      StepReport r;
-      t.step_on({full_batch(k.micro, k.seq, model->cfg.vocab, 0),
-                 full_batch(k.micro, k.seq, model->cfg.vocab, 1)},
-                &r);
-      EXPECT_TRUE(std::isfinite(r.loss));
-    }
-    const MemorySnapshot m = tracker.snapshot();
+    const MemorySnapshot m = step_peaks(*model, tracker, c, k);
     std::printf("%-80s workspace predicted/measured %llu/%llu (default path predicted %llu)\n",
                 describe(k).c_str(), (unsigned long long)plan.train[QLFT_MEM_WORKSPACE],
                 (unsigned long long)m.peak[QLFT_MEM_WORKSPACE],

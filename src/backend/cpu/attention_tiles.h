@@ -7,6 +7,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
+#include "core/profile.h"
 
 namespace qlft::cpu::attn {
 
@@ -43,5 +44,26 @@ Tile make_tile(const AttnShape& s, const int32_t* first, int64_t bq, int b, int 
 void tile_softmax_rows(const AttnShape& s, const Tile& t, int64_t step, int64_t pad_to,
                        float prescale, float* S, int64_t ld, const float* lse_in, float* lse_out,
                        uint16_t* pbf);
+
+// The tile products' times for the op profile (per-thread time over the team size): the
+// forward's Q K^T and P V; the backward's Q K^T recomputed, dO V^T, dS K, and dS^T Q with P^T dO.
+struct FwdTileTimes {
+  prof::TeamTimes qk, pv;
+  explicit FwdTileTimes(int nt) : qk(nt), pv(nt) {}
+  void report() const {
+    qk.report("tile_qk");
+    pv.report("tile_pv");
+  }
+};
+struct BwdTileTimes {
+  prof::TeamTimes qk, dp, dq, dkdv;
+  explicit BwdTileTimes(int nt) : qk(nt), dp(nt), dq(nt), dkdv(nt) {}
+  void report() const {
+    qk.report("tile_qk");
+    dp.report("tile_dp");
+    dq.report("tile_dq");
+    dkdv.report("tile_dkdv");
+  }
+};
 
 }  // namespace qlft::cpu::attn

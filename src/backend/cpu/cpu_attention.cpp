@@ -312,8 +312,8 @@ void CpuBackend::attention_fwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
   // and a dense output tile (a dense C keeps oneDNN on its fast kernels).
   const int64_t per = tile * 4 + (mm.lp ? tile * int64_t(mm.elem_bytes()) + bq * D * 4 : 0);
   Buffer ws = scratch_buffer(size_t(nt * per), "attention score tiles");
-  TaskErrors errs;  // a oneDNN scratchpad past memory.limit throws inside the region
-  prof::TeamTimes gt_qk(nt), gt_pv(nt);  // the tile products' shares (op profile)
+  TaskErrors errs;            // a oneDNN scratchpad past memory.limit throws inside the region
+  attn::FwdTileTimes gt(nt);  // the tile products' shares (op profile)
 #pragma omp parallel num_threads(nt)
   {
     // (core/fp_env.h: subnormal products cost Intel cores)
@@ -330,7 +330,7 @@ void CpuBackend::attention_fwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
         int64_t qb = nqb - 1 - task % nqb;
         int64_t bh = task / nqb;
         Tile t = attn::make_tile(s, first, bq, int(bh / s.n_heads), int(bh % s.n_heads), qb, align);
-        tile_probs(s, t, step, mm, qh, kh, scale, S, nullptr, lse, gt_qk,
+        tile_probs(s, t, step, mm, qh, kh, scale, S, nullptr, lse, gt.qk,
                    fused ? static_cast<uint16_t*>(P) : nullptr);
         const int64_t base = int64_t(t.b) * s.seq, kw = t.k1 - t.k0;
         float* o = out.row(base + t.q0) + int64_t(t.h) * D;
@@ -341,14 +341,14 @@ void CpuBackend::attention_fwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
         // first piece's rows.
         float* const od = mm.lp ? O : o;
         const int64_t ldo = mm.lp ? D : out.stride;
-        const int64_t g0 = gt_pv.start();
+        const int64_t g0 = gt.pv.start();
         for_stairs(t, step, /*by_column=*/false,
                    [&](int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
                      mm.gemm_tile(false, nr, D, nc, 1.f, mm.at(P, r0 * kw + c0), kw,
                                   vh.at(mm, base + t.k0 + c0, t.kh), vh.ld, c0 > 0 ? 1.f : 0.f,
                                   od + r0 * ldo, ldo);
                    });
-        gt_pv.add(thread_id(), g0);
+        gt.pv.add(thread_id(), g0);
         if (!mm.lp) return;
         if (out16) {  // (dense: the row stride is out's columns)
           uint16_t* o16 = out16 + (base + t.q0) * out.cols + int64_t(t.h) * D;
@@ -361,8 +361,7 @@ void CpuBackend::attention_fwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
       });
   }
   errs.rethrow();
-  gt_qk.report("tile_qk");
-  gt_pv.report("tile_pv");
+  gt.report();
 }
 
 void CpuBackend::attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out,
@@ -466,9 +465,8 @@ void CpuBackend::attention_bwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
   const int64_t lpb = mm.lp ? 2 * tile * int64_t(mm.elem_bytes()) + (bq + 2 * T) * D * 4 : 0;
   const int64_t per = (2 * tile + bq) * 4 + lpb;
   Buffer ws = scratch_buffer(size_t(nt * per), "attention backward tiles");
-  TaskErrors errs;  // a oneDNN scratchpad past memory.limit throws inside the region
-  // The tile products' shares (op profile): Q K^T recomputed, dO V^T, dS K, and dS^T Q with P^T dO.
-  prof::TeamTimes gt_qk(nt), gt_dp(nt), gt_dq(nt), gt_dkdv(nt);
+  TaskErrors errs;            // a oneDNN scratchpad past memory.limit throws inside the region
+  attn::BwdTileTimes gt(nt);  // the tile products' shares (op profile)
 #pragma omp parallel num_threads(nt)
   {
     const ScopedFlushDenormals flush(tune.flush_denormals);
@@ -497,17 +495,17 @@ void CpuBackend::attention_bwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
           for (int64_t qb = 0; qb < nqb; ++qb) {
             Tile t = attn::make_tile(s, first, bq, b, h, qb, align);
             const int64_t kw = t.k1 - t.k0;
-            tile_probs(s, t, step, mm, qh, kh_, scale, P, lse, nullptr, gt_qk,
+            tile_probs(s, t, step, mm, qh, kh_, scale, P, lse, nullptr, gt.qk,
                        fused ? static_cast<uint16_t*>(Pl) : nullptr);
             const int64_t qoff = base + t.q0, koff = base + t.k0;
             // dP = dO V^T
-            int64_t g0 = gt_dp.start();
+            int64_t g0 = gt.dp.start();
             for_stairs(t, step, /*by_column=*/false,
                        [&](int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
                          mm.gemm_tile(true, nr, nc, D, 1.f, doh.at(mm, qoff + r0, h), doh.ld,
                                       vh.at(mm, koff + c0, kh), vh.ld, 0.f, dS + r0 * kw + c0, kw);
                        });
-            gt_dp.add(thread_id(), g0);
+            gt.dp.add(thread_id(), g0);
             // D_i = dO_i . O_i (dO as the GEMMs take it); dS = P (dP - D_i)
             for (int64_t i = 0; i < t.nq; ++i) {
               const float* a = dout.row(qoff + i) + int64_t(h) * D;
@@ -545,14 +543,14 @@ void CpuBackend::attention_bwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
             // steps adding to the first piece's rows; fp32: into dq, zeroed by the caller)
             float* const dqd = mm.lp ? dQt : dq.row(qoff) + int64_t(h) * D;
             const int64_t ldq = mm.lp ? D : dq.stride;
-            g0 = gt_dq.start();
+            g0 = gt.dq.start();
             for_stairs(t, step, /*by_column=*/false,
                        [&](int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
                          mm.gemm_tile(false, nr, D, nc, scale, mm.at(dSl, r0 * kw + c0), kw,
                                       kh_.at(mm, koff + c0, kh), kh_.ld,
                                       mm.lp && c0 == 0 ? 0.f : 1.f, dqd + r0 * ldq, ldq);
                        });
-            gt_dq.add(thread_id(), g0);
+            gt.dq.add(thread_id(), g0);
             if (mm.lp) {
               if (rope)
                 put16(dq16, qoff, int64_t(h) * D, dQt, t.nq, true, dOr.data());
@@ -560,7 +558,7 @@ void CpuBackend::attention_bwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
                 add_rows(dq, qoff, int64_t(h) * D, dQt, t.nq, D);
             }
             // dK += scale dS^T Q ; dV += P^T dO, by the staircase's columns
-            g0 = gt_dkdv.start();
+            g0 = gt.dkdv.start();
             for_stairs(
                 t, step, /*by_column=*/true, [&](int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
                   const void* qt = qh.at(mm, qoff + r0, h);
@@ -573,7 +571,7 @@ void CpuBackend::attention_bwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
                   mm.gemm(true, false, nc, D, nr, 1.f, mm.at(Pl, r0 * kw + c0), kw, dot, doh.ld,
                           1.f, dvr, ldv);
                 });
-            gt_dkdv.add(thread_id(), g0);
+            gt.dkdv.add(thread_id(), g0);
           }
         }
         if (rope) {
@@ -586,10 +584,7 @@ void CpuBackend::attention_bwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
       });
   }
   errs.rethrow();
-  gt_qk.report("tile_qk");
-  gt_dp.report("tile_dp");
-  gt_dq.report("tile_dq");
-  gt_dkdv.report("tile_dkdv");
+  gt.report();
 }
 
 }  // namespace qlft::cpu

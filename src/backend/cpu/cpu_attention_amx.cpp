@@ -226,7 +226,7 @@ void CpuBackend::attention_fwd_amx(const AttnShape& s, CMatF q, CMatF k, CMatF v
   const size_t per = g.fwd_thread();
   Buffer ws = scratch_buffer(per * size_t(nt), "attention AMX tiles");
   TaskErrors errs;
-  prof::TeamTimes gt_qk(nt), gt_pv(nt);
+  attn::FwdTileTimes gt(nt);
 #pragma omp parallel num_threads(nt)
   {
     const ScopedFlushDenormals flush(tune.flush_denormals);
@@ -254,16 +254,16 @@ void CpuBackend::attention_fwd_amx(const AttnShape& s, CMatF q, CMatF k, CMatF v
         const Tile t = attn::make_tile(s, first, bq, int(bh / H), int(bh % H), qb, 32);
         const int64_t nqp = round_up(t.nq, 32), Kp = round_up(t.k1 - t.k0, 32), d = t.diag();
         const int64_t hb = int64_t(t.b) * H + t.h, kb = int64_t(t.b) * KV + t.kh;
-        int64_t g0 = gt_qk.start();
+        int64_t g0 = gt.qk.start();
         amx_gemm_bf16(ex, nqp, Kp, Dp, Qp + hb * pack + t.q0 * Dp, Dp, KTv + kb * pack + 2 * t.k0,
                       2 * Tp, w.S, Kp, false, {AmxCausal::ColsUpToRow, d});
-        gt_qk.add(attn::thread_id(), g0);
+        gt.qk.add(attn::thread_id(), g0);
         attn::tile_softmax_rows(s, t, 0, Kp, scale, w.S, Kp, nullptr, lse, w.P);
         zero_rows(w.P, t.nq, nqp, Kp);
-        g0 = gt_pv.start();
+        g0 = gt.pv.start();
         amx_gemm_bf16(ex, nqp, Dp, Kp, w.P, Kp, Vv + kb * pack + t.k0 * Dp, 2 * Dp, w.O, Dp, false,
                       {AmxCausal::KUpToRow, d});
-        gt_pv.add(attn::thread_id(), g0);
+        gt.pv.add(attn::thread_id(), g0);
         const int64_t r0 = int64_t(t.b) * s.seq + t.q0;
         for (int64_t i = 0; i < t.nq; ++i) {
           const float* o = w.O + i * Dp;
@@ -275,8 +275,7 @@ void CpuBackend::attention_fwd_amx(const AttnShape& s, CMatF q, CMatF k, CMatF v
       });
   }
   errs.rethrow();
-  gt_qk.report("tile_qk");
-  gt_pv.report("tile_pv");
+  gt.report();
 }
 
 void CpuBackend::attention_bwd_amx(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out,
@@ -301,7 +300,7 @@ void CpuBackend::attention_bwd_amx(const AttnShape& s, CMatF q, CMatF k, CMatF v
   const size_t per = g.bwd_thread();
   Buffer ws = scratch_buffer(per * size_t(nt), "attention backward AMX tiles");
   TaskErrors errs;
-  prof::TeamTimes gt_qk(nt), gt_dp(nt), gt_dq(nt), gt_dkdv(nt);
+  attn::BwdTileTimes gt(nt);
 #pragma omp parallel num_threads(nt)
   {
     const ScopedFlushDenormals flush(tune.flush_denormals);
@@ -345,17 +344,17 @@ void CpuBackend::attention_bwd_amx(const AttnShape& s, CMatF q, CMatF k, CMatF v
             const Tile t = attn::make_tile(s, first, bq, b, h, qb, 32);
             const int64_t nqp = round_up(t.nq, 32), Kp = round_up(t.k1 - t.k0, 32), d = t.diag();
             // P = exp(scale Q K^T - lse), in fp32 (w.S) and bf16 (w.P16)
-            int64_t g0 = gt_qk.start();
+            int64_t g0 = gt.qk.start();
             amx_gemm_bf16(ex, nqp, Kp, Dp, w.q + t.q0 * Dp, Dp, w.kt + 2 * t.k0, 2 * Tp, w.S, Kp,
                           false, {AmxCausal::ColsUpToRow, d});
-            gt_qk.add(attn::thread_id(), g0);
+            gt.qk.add(attn::thread_id(), g0);
             attn::tile_softmax_rows(s, t, 0, Kp, scale, w.S, Kp, lse, nullptr, w.P16);
             zero_rows(w.P16, t.nq, nqp, Kp);
             // dP = dO V^T
-            g0 = gt_dp.start();
+            g0 = gt.dp.start();
             amx_gemm_bf16(ex, nqp, Kp, Dp, w.dout + t.q0 * Dp, Dp, w.vt + 2 * t.k0, 2 * Tp, w.dS,
                           Kp, false, {AmxCausal::ColsUpToRow, d});
-            gt_dp.add(attn::thread_id(), g0);
+            gt.dp.add(attn::thread_id(), g0);
             // D_i = dO_i . O_i; dS = P (dP - D_i) as bf16 (w.dS16), masked keys 0
             for (int64_t i = 0; i < t.nq; ++i) {
               const int64_t r = base + t.q0 + i;
@@ -375,21 +374,21 @@ void CpuBackend::attention_bwd_amx(const AttnShape& s, CMatF q, CMatF k, CMatF v
             }
             zero_rows(w.dS16, t.nq, nqp, Kp);
             // dQ = scale dS K
-            g0 = gt_dq.start();
+            g0 = gt.dq.start();
             amx_gemm_bf16(ex, nqp, Dp, Kp, w.dS16, Kp, w.kv + t.k0 * Dp, 2 * Dp, w.dQt, Dp, false,
                           {AmxCausal::KUpToRow, d});
-            gt_dq.add(attn::thread_id(), g0);
+            gt.dq.add(attn::thread_id(), g0);
             for (int64_t i = 0; i < t.nq; ++i)
               put(dq, dq16, base + t.q0 + i, int64_t(h) * D, w.dQt + i * Dp, scale, rope);
             // dK^T += Q^T dS, dV^T += dO^T P (scaled on the way out)
-            g0 = gt_dkdv.start();
+            g0 = gt.dkdv.start();
             pairs_of_rows(w.dS16, nqp, Kp, Kp, w.dSv);
             pairs_of_rows(w.P16, nqp, Kp, Kp, w.Pv);
             amx_gemm_bf16(ex, Dp, Kp, nqp, w.qt + t.q0, Tp, w.dSv, 2 * Kp, w.dKt + t.k0, Tp, true,
                           {AmxCausal::KFromCol, d});
             amx_gemm_bf16(ex, Dp, Kp, nqp, w.doutt + t.q0, Tp, w.Pv, 2 * Kp, w.dVt + t.k0, Tp, true,
                           {AmxCausal::KFromCol, d});
-            gt_dkdv.add(attn::thread_id(), g0);
+            gt.dkdv.add(attn::thread_id(), g0);
           }
         }
         for (int64_t j = 0; j < T; ++j) {
@@ -401,10 +400,7 @@ void CpuBackend::attention_bwd_amx(const AttnShape& s, CMatF q, CMatF k, CMatF v
       });
   }
   errs.rethrow();
-  gt_qk.report("tile_qk");
-  gt_dp.report("tile_dp");
-  gt_dq.report("tile_dq");
-  gt_dkdv.report("tile_dkdv");
+  gt.report();
 }
 
 }  // namespace qlft::cpu
