@@ -215,6 +215,55 @@ TEST(BackendLinear, DropoutThresholdFormMatchesTheFloatTest) {
   }
 }
 
+// The mask as a random source, over 1024 x 1024 elements (a layer's input at micro-batch 2 x 512
+// and width 1024): each p's keep rate, adjacent columns and adjacent rows kept together at the
+// product of the rates, two seeds agreeing as independent masks do, and the 24 bits' high and low
+// nibbles uniform. Bounds at 5 standard deviations of N draws; a hash without its finalizer
+// (a Weyl sequence per row) keeps adjacent columns together at 0.12 for p 0.5, not 0.25.
+TEST(BackendLinear, DropoutMaskIsUniformAndIndependent) {
+  const int64_t R = 1024, C = 1024;
+  const double N = double(R) * C;
+  auto near = [&](double got, double q, double n, const char* what, float p) {
+    EXPECT_NEAR(got, q, 5 * std::sqrt(q * (1 - q) / n)) << what << ", p " << p;
+  };
+  for (float p : {0.05f, 0.1f, 0.5f}) {
+    const uint32_t t = lora_dropout_threshold(p);
+    double kept = 0, cols2 = 0, rows2 = 0, agree = 0;
+    std::vector<uint8_t> prev(size_t(C), 0);
+    for (int64_t r = 0; r < R; ++r) {
+      const uint64_t base = lora_dropout_row_base(r);
+      bool left = false;
+      for (int64_t c = 0; c < C; ++c) {
+        const bool k = lora_dropout_bits(7, base, c) >= t;
+        kept += k;
+        if (c > 0) cols2 += k && left;
+        if (r > 0) rows2 += k && prev[size_t(c)];
+        agree += k == (lora_dropout_bits(8, base, c) >= t);
+        left = k;
+        prev[size_t(c)] = k;
+      }
+    }
+    const double q = 1.0 - double(t) / 16777216.0;
+    near(kept / N, q, N, "keep rate", p);
+    near(cols2 / (R * (C - 1)), q * q, R * (C - 1), "adjacent columns kept", p);
+    near(rows2 / ((R - 1) * C), q * q, (R - 1) * C, "adjacent rows kept", p);
+    near(agree / N, q * q + (1 - q) * (1 - q), N, "two seeds agreeing", p);
+  }
+  std::vector<double> hi(16, 0), lo(16, 0);
+  for (int64_t r = 0; r < 256; ++r)
+    for (int64_t c = 0; c < 4096; ++c) {
+      const uint32_t b = lora_dropout_bits(11, lora_dropout_row_base(r), c);
+      ASSERT_LT(b, 1u << 24);
+      hi[b >> 20] += 1;
+      lo[b & 15] += 1;
+    }
+  for (const auto* h : {&hi, &lo}) {
+    double chi2 = 0;
+    for (double v : *h) chi2 += (v - 65536.0) * (v - 65536.0) / 65536.0;
+    EXPECT_LT(chi2, 50.0) << (h == &hi ? "high" : "low") << " nibble";  // 15 dof: p < 1e-5
+  }
+}
+
 // ---- rmsnorm, rope, swiglu ---------------------------------------------------------------------
 
 TEST(BackendRmsNorm, ForwardAndBackward) {

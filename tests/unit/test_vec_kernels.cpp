@@ -143,7 +143,8 @@ TEST(VecKernels, DropoutRowsMatchTheMaskOnEveryLevel) {
       for (int64_t n : kLengths) {
         SCOPED_TRACE("level " + std::to_string(int(k->isa)) + " p " + std::to_string(p) + " n " +
                      std::to_string(n));
-        const uint64_t seed = 0x1234567ull + uint64_t(n), t = qlft::lora_dropout_threshold(p);
+        const uint64_t seed = 0x1234567ull + uint64_t(n);
+        const uint32_t t = qlft::lora_dropout_threshold(p);
         const int64_t row = 77 + n;
         const uint64_t base = qlft::lora_dropout_row_base(row);
         const float inv = 1.f / (1.f - p), s = 0.75f;

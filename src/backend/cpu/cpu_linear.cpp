@@ -32,7 +32,8 @@ int64_t drop_chunk_rows(const CpuBackend& be, int64_t cols) {
 // out[i, c] = keep(row0 + i, c) ? x[row0 + i, c] / (1 - p) : 0 for n rows.
 void apply_dropout(CMatF x, int64_t row0, int64_t n, const LoraRef& l, float* out) {
   const float p = l.dropout_p, inv = 1.f / (1.f - p);
-  const uint64_t seed = l.dropout_seed, threshold = lora_dropout_threshold(p);
+  const uint64_t seed = l.dropout_seed;
+  const uint32_t threshold = lora_dropout_threshold(p);
   const int64_t C = x.cols;
   const VecKernels& vk = vec_kernels();
 #pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
@@ -134,7 +135,8 @@ void lora_bwd(const OpGemm& mm, const QWeight& W, const LoraRef& l, CMatF x, con
   float* xd = xd_buf.as<float>();
   float* t = t_buf.as<float>();
   const float p = l.dropout_p, inv = 1.f / (1.f - p), s = l.scale * inv;
-  const uint64_t seed = l.dropout_seed, threshold = lora_dropout_threshold(p);
+  const uint64_t seed = l.dropout_seed;
+  const uint32_t threshold = lora_dropout_threshold(p);
   const VecKernels& vk = vec_kernels();
   for (int64_t r0 = 0; r0 < M; r0 += R) {
     const int64_t n = std::min(R, M - r0);

@@ -51,9 +51,9 @@ struct VecKernels {
   // Backward: xd = keep ? x * inv : 0 (when xd is not null) and dx += keep ? s * t : 0 (when dx
   // is not null). The hash's 64-bit products are native only with AVX-512 (vpmullq).
   void (*dropout_row)(const float* x, int64_t n, uint64_t seed, uint64_t row_base,
-                      uint64_t threshold, float inv, float* out);
+                      uint32_t threshold, float inv, float* out);
   void (*dropout_bwd_row)(const float* x, const float* t, int64_t n, uint64_t seed,
-                          uint64_t row_base, uint64_t threshold, float inv, float s, float* xd,
+                          uint64_t row_base, uint32_t threshold, float inv, float s, float* xd,
                           float* dx);
 };
 
