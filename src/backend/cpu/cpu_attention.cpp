@@ -8,7 +8,8 @@
 // q, k, v, dout rounded once per call, the probabilities P and the score gradients dS rounded
 // where they enter P V, dQ, dK and dV. Scores, softmax statistics and outputs stay fp32.
 // fp32 runs Q K^T, P V, dO V^T and dS K on oneDNN (CpuTuning::f32_attn_onednn), dK and dV on
-// OpenBLAS.
+// OpenBLAS. With CpuTuning::attn_amx, precision bf16 hands both directions to
+// cpu_attention_amx.cpp (the same tasks and softmax passes on AMX tiles).
 #include <algorithm>
 #include <array>
 #include <cmath>
