@@ -184,10 +184,6 @@ struct Args {
   AmxCausal causal;
 };
 
-int64_t round_up(int64_t x, int64_t m) {
-  return (x + m - 1) / m * m;
-}
-
 // Every block of C in 32 x 32 steps (16 at the edges), each over its causal k range.
 template <class Ops>
 inline __attribute__((always_inline)) void run_blocks(const Args& g) {
@@ -199,8 +195,7 @@ inline __attribute__((always_inline)) void run_blocks(const Args& g) {
       const bool n2 = g.N - n0 >= 2 * kRows;
       if (cz.kind == AmxCausal::ColsUpToRow && n0 > cz.d + last_row) continue;
       int64_t k0 = 0, k1 = g.K;
-      if (cz.kind == AmxCausal::KUpToRow)
-        k1 = std::clamp<int64_t>(round_up(cz.d + last_row + 1, kAmxK), 0, g.K);
+      if (cz.kind == AmxCausal::KUpToRow) k1 = std::min<int64_t>(amx_pad(cz.d + last_row + 1), g.K);
       if (cz.kind == AmxCausal::KFromCol)
         k0 = std::min<int64_t>(std::max<int64_t>(n0 - cz.d, 0) / kAmxK * kAmxK, g.K);
       float* c = g.C + m0 * g.ldc + n0;

@@ -36,8 +36,15 @@ struct AmxCausal {
   int64_t d = 0;
 };
 
-// The k step of one tile product: 32 bf16 values (a tile row's 64 bytes).
+// The k step of one tile product: 32 bf16 values (a tile row's 64 bytes); also the side of the
+// blocks of C (2 x 2 tiles of 16) that AmxCausal skips.
 constexpr int64_t kAmxK = 32;
+
+// x rounded up to a multiple of kAmxK: how callers pad every dimension the tiles step over (0 for
+// x <= 0).
+inline int64_t amx_pad(int64_t x) {
+  return x <= 0 ? 0 : (x + kAmxK - 1) / kAmxK * kAmxK;
+}
 
 // B's VNNI pair layout: element (k, n) of a [K, N] operand at b[(k / 2) * ldb + 2 n + k % 2].
 inline int64_t amx_vnni_at(int64_t k, int64_t n, int64_t ldb) {

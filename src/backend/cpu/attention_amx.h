@@ -13,6 +13,12 @@ struct AmxAttnGeometry {
   int64_t Dp = 0;   // head_dim rounded up to 32 (a tile row's k step)
   int64_t nqp = 0;  // rows of a tile's buffers: the query block rounded up to 32
   int64_t heads = 0, kv_heads = 0, batch = 0;
+  int64_t q_blocks = 0;  // query blocks per head
+
+  // Threads of each direction's parallel region, out of `threads`: the forward's tasks (one per
+  // query block of a head) or packs (one per head), the backward's tasks (one per KV head).
+  int fwd_team(int threads) const;
+  int bwd_team(int threads) const;
 
   // Forward: Q as rows, K^T and V in the tiles' pair layout, for every head (one buffer).
   size_t fwd_operands() const;

@@ -284,7 +284,7 @@ void CpuBackend::attention_fwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
   const std::array<const uint16_t*, 3> in16 = std::exchange(attn16_, {});
   op_checks::attention(s, q, k, v, "attention_fwd");
   op_checks::attention_fwd_out(s, q, out.as_const());
-  if (const std::optional<AmxExec> ex = attn_amx_exec()) {
+  if (const std::optional<AmxExec> ex = attn_amx_exec(tune, precision_ == DType::BF16)) {
     attention_fwd_amx(s, q, k, v, out, lse, out16, in16, *ex);
     return;
   }
@@ -412,7 +412,7 @@ void CpuBackend::attention_bwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
   if (!rope)
     op_checks::attention_bwd_grads(q, k, v, out, dout, dq.as_const(), dk.as_const(), dv.as_const(),
                                    lse);
-  if (const std::optional<AmxExec> ex = attn_amx_exec()) {
+  if (const std::optional<AmxExec> ex = attn_amx_exec(tune, precision_ == DType::BF16)) {
     attention_bwd_amx(s, q, k, v, out, lse, dout, dq, dk, dv, rope, dq16, dk16, dv16, in16, out16,
                       dout16, *ex);
     return;

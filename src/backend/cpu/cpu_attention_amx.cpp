@@ -32,10 +32,6 @@ namespace {
 
 using attn::Tile;
 
-int64_t round_up(int64_t x, int64_t m) {
-  return (x + m - 1) / m * m;
-}
-
 // 64-byte aligned pieces of one buffer, in order; with a null base it only counts the bytes.
 class Carver {
  public:
@@ -43,7 +39,7 @@ class Carver {
   template <class T>
   T* take(int64_t n) {
     T* p = base_ ? reinterpret_cast<T*>(base_ + off_) : nullptr;
-    off_ += size_t(round_up(n * int64_t(sizeof(T)), 64));
+    off_ += (size_t(n) * sizeof(T) + 63) / 64 * 64;
     return p;
   }
   size_t bytes() const { return off_; }
@@ -175,13 +171,21 @@ AmxAttnGeometry amx_attn_geometry(int batch, int seq, int n_heads, int n_kv_head
                                   int64_t block_q) {
   AmxAttnGeometry g;
   const int64_t bq = std::max<int64_t>(1, block_q);
-  g.Tp = round_up(seq, 32) + (bq % 32 ? 32 : 0);
-  g.Dp = round_up(head_dim, 32);
-  g.nqp = round_up(std::min<int64_t>(bq, seq), 32);
+  g.Tp = amx_pad(seq) + (bq % kAmxK ? kAmxK : 0);
+  g.Dp = amx_pad(head_dim);
+  g.nqp = amx_pad(std::min<int64_t>(bq, seq));
   g.heads = n_heads;
   g.kv_heads = n_kv_heads;
   g.batch = batch;
+  g.q_blocks = (seq + bq - 1) / bq;
   return g;
+}
+
+int AmxAttnGeometry::fwd_team(int threads) const {
+  return int(std::min<int64_t>(threads, batch * std::max(heads * q_blocks, heads + kv_heads)));
+}
+int AmxAttnGeometry::bwd_team(int threads) const {
+  return int(std::min<int64_t>(threads, batch * kv_heads));
 }
 
 size_t AmxAttnGeometry::fwd_operands() const {
@@ -198,10 +202,10 @@ size_t AmxAttnGeometry::bwd_thread() const {
   return n;
 }
 
-std::optional<AmxExec> CpuBackend::attn_amx_exec() const {
-  if (precision_ != DType::BF16) return std::nullopt;
-  if (tune.attn_amx == CpuTuning::AttnAmx::Emulated) return AmxExec::Emulated;
-  if (tune.attn_amx == CpuTuning::AttnAmx::On && amx_hardware()) return AmxExec::Hardware;
+std::optional<AmxExec> attn_amx_exec(const CpuTuning& t, bool bf16) {
+  if (!bf16) return std::nullopt;
+  if (t.attn_amx == CpuTuning::AttnAmx::Emulated) return AmxExec::Emulated;
+  if (t.attn_amx == CpuTuning::AttnAmx::On && amx_hardware()) return AmxExec::Hardware;
   return std::nullopt;
 }
 
@@ -211,9 +215,8 @@ void CpuBackend::attention_fwd_amx(const AttnShape& s, CMatF q, CMatF k, CMatF v
   const int D = s.head_dim, H = s.n_heads, KV = s.n_kv_heads;
   const float scale = 1.0f / std::sqrt(float(D));
   const int64_t bq = std::max<int64_t>(1, tune.attn_block_q);
-  const int64_t nqb = (s.seq + bq - 1) / bq;
-  const int64_t ntasks = int64_t(s.batch) * H * nqb;
   const AmxAttnGeometry g = amx_attn_geometry(s.batch, s.seq, H, KV, D, bq);
+  const int64_t nqb = g.q_blocks, ntasks = int64_t(s.batch) * H * nqb;
   const int64_t Tp = g.Tp, Dp = g.Dp, pack = Tp * Dp;
   Buffer first_buf = attn::first_same_doc(*this, s);
   const int32_t* first = first_buf.as<int32_t>();
@@ -222,7 +225,7 @@ void CpuBackend::attention_fwd_amx(const AttnShape& s, CMatF q, CMatF k, CMatF v
   uint16_t* const KTv = Qp + int64_t(s.batch) * H * pack;
   uint16_t* const Vv = KTv + int64_t(s.batch) * KV * pack;
   const int64_t npack = int64_t(s.batch) * (H + KV);
-  const int nt = int(std::min<int64_t>(qlft::num_threads(), std::max(ntasks, npack)));
+  const int nt = g.fwd_team(qlft::num_threads());
   const size_t per = g.fwd_thread();
   Buffer ws = scratch_buffer(per * size_t(nt), "attention AMX tiles");
   TaskErrors errs;
@@ -251,8 +254,8 @@ void CpuBackend::attention_fwd_amx(const AttnShape& s, CMatF q, CMatF k, CMatF v
       errs.run([&] {
         // Latest query blocks first: they are the largest, which balances the dynamic schedule.
         const int64_t qb = nqb - 1 - task % nqb, bh = task / nqb;
-        const Tile t = attn::make_tile(s, first, bq, int(bh / H), int(bh % H), qb, 32);
-        const int64_t nqp = round_up(t.nq, 32), Kp = round_up(t.k1 - t.k0, 32), d = t.diag();
+        const Tile t = attn::make_tile(s, first, bq, int(bh / H), int(bh % H), qb, kAmxK);
+        const int64_t nqp = amx_pad(t.nq), Kp = amx_pad(t.k1 - t.k0), d = t.diag();
         const int64_t hb = int64_t(t.b) * H + t.h, kb = int64_t(t.b) * KV + t.kh;
         int64_t g0 = gt.qk.start();
         amx_gemm_bf16(ex, nqp, Kp, Dp, Qp + hb * pack + t.q0 * Dp, Dp, KTv + kb * pack + 2 * t.k0,
@@ -286,9 +289,8 @@ void CpuBackend::attention_bwd_amx(const AttnShape& s, CMatF q, CMatF k, CMatF v
   const int D = s.head_dim, H = s.n_heads, KV = s.n_kv_heads, group = H / KV;
   const float scale = 1.0f / std::sqrt(float(D));
   const int64_t bq = std::max<int64_t>(1, tune.attn_block_q);
-  const int64_t nqb = (s.seq + bq - 1) / bq, T = s.seq;
   const AmxAttnGeometry g = amx_attn_geometry(s.batch, s.seq, H, KV, D, bq);
-  const int64_t Tp = g.Tp, Dp = g.Dp;
+  const int64_t nqb = g.q_blocks, T = s.seq, Tp = g.Tp, Dp = g.Dp;
   // One task per (batch element, KV head): it alone writes that slice of dk / dv and the dq of
   // its query heads.
   const int64_t ntasks = int64_t(s.batch) * KV;
@@ -296,7 +298,7 @@ void CpuBackend::attention_bwd_amx(const AttnShape& s, CMatF q, CMatF k, CMatF v
   const int32_t* first = first_buf.as<int32_t>();
   std::unique_ptr<RopeTable> rtab;
   if (rope) rtab = std::make_unique<RopeTable>(*this, rope->pos, q.rows, D, rope->theta, true);
-  const int nt = int(std::min<int64_t>(qlft::num_threads(), ntasks));
+  const int nt = g.bwd_team(qlft::num_threads());
   const size_t per = g.bwd_thread();
   Buffer ws = scratch_buffer(per * size_t(nt), "attention backward AMX tiles");
   TaskErrors errs;
@@ -341,8 +343,8 @@ void CpuBackend::attention_bwd_amx(const AttnShape& s, CMatF q, CMatF k, CMatF v
           pack_rows(dout, dout16, s, b, h, D, g, w.dout);
           transpose16(w.dout, Tp, Dp, w.doutt);
           for (int64_t qb = 0; qb < nqb; ++qb) {
-            const Tile t = attn::make_tile(s, first, bq, b, h, qb, 32);
-            const int64_t nqp = round_up(t.nq, 32), Kp = round_up(t.k1 - t.k0, 32), d = t.diag();
+            const Tile t = attn::make_tile(s, first, bq, b, h, qb, kAmxK);
+            const int64_t nqp = amx_pad(t.nq), Kp = amx_pad(t.k1 - t.k0), d = t.diag();
             // P = exp(scale Q K^T - lse), in fp32 (w.S) and bf16 (w.P16)
             int64_t g0 = gt.qk.start();
             amx_gemm_bf16(ex, nqp, Kp, Dp, w.q + t.q0 * Dp, Dp, w.kt + 2 * t.k0, 2 * Tp, w.S, Kp,

@@ -108,6 +108,9 @@ void apply_tuning_env(CpuTuning& t, const char* spec);
 // The defaults with QLFT_CPU_TUNE applied: what make_cpu_backend's backends run and the memory
 // planner's workspace model (cpu_workspace.cpp) predicts.
 CpuTuning tuning_from_env();
+// The AMX tiles' execution for attention under tuning t at precision bf16 (t.attn_amx and the
+// CPU), or none (the oneDNN / sgemm tiles); what the backend runs and the workspace model counts.
+std::optional<AmxExec> attn_amx_exec(const CpuTuning& t, bool bf16);
 
 // The reusable scratch buffers of CpuBackend (one of each kind in use at a time).
 // Count as a slot: a buffer of the call's own (small operands).
@@ -303,8 +306,6 @@ class CpuBackend final : public Backend {
   std::array<const uint16_t*, 2> attn_out16_{};
   // next_dx_16's dx for the next linear_bwd (which clears it).
   uint16_t* dx16_ = nullptr;
-  // The AMX tiles' execution for attention (tune.attn_amx, precision bf16, the CPU), or none.
-  std::optional<AmxExec> attn_amx_exec() const;
   // attention_fwd_impl and attention_bwd_impl on AMX tiles (cpu_attention_amx.cpp), with the
   // 16-bit inputs they took.
   void attention_fwd_amx(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out, float* lse,

@@ -104,18 +104,14 @@ class CpuWorkspace final : public WorkspaceModel {
     return fl(T * (c.head_dim / 2) * 2);
   }
   // The AMX tile path (CpuTuning::attn_amx), where the trainer's backend would take it.
-  bool attn_amx() const {
-    using A = cpu::CpuTuning::AttnAmx;
-    return lp && (tune.attn_amx == A::Emulated || (tune.attn_amx == A::On && cpu::amx_hardware()));
-  }
+  bool attn_amx() const { return cpu::attn_amx_exec(tune, lp).has_value(); }
   uint64_t attention_fwd(const ModelConfig& c, int64_t B, int64_t T) const override {
     const int64_t R = B * T, bq = std::max<int64_t>(1, tune.attn_block_q);
     if (attn_amx()) {  // the operands packed for every head; scores per thread
       const cpu::AmxAttnGeometry g =
           cpu::amx_attn_geometry(int(B), int(T), c.n_heads, c.n_kv_heads, c.head_dim, bq);
-      const int64_t nt = std::min<int64_t>(
-          threads, std::max(B * c.n_heads * ((T + bq - 1) / bq), B * (c.n_heads + c.n_kv_heads)));
-      return rb(uint64_t(R) * 4) + rb(g.fwd_operands()) + rb(uint64_t(nt) * g.fwd_thread());
+      return rb(uint64_t(R) * 4) + rb(g.fwd_operands()) +
+             rb(uint64_t(g.fwd_team(threads)) * g.fwd_thread());
     }
     const int64_t nqb = (T + bq - 1) / bq;
     const int64_t nt = std::min<int64_t>(threads, B * c.n_heads * nqb);
@@ -131,12 +127,12 @@ class CpuWorkspace final : public WorkspaceModel {
   }
   uint64_t attention_bwd(const ModelConfig& c, int64_t B, int64_t T) const override {
     const int64_t R = B * T, bq = std::max<int64_t>(1, tune.attn_block_q);
-    const int64_t nt = std::min<int64_t>(threads, B * c.n_kv_heads);
     if (attn_amx()) {  // everything per thread (one KV head's packs and tiles)
       const cpu::AmxAttnGeometry g =
           cpu::amx_attn_geometry(int(B), int(T), c.n_heads, c.n_kv_heads, c.head_dim, bq);
-      return rb(uint64_t(R) * 4) + rb(uint64_t(nt) * g.bwd_thread());
+      return rb(uint64_t(R) * 4) + rb(uint64_t(g.bwd_team(threads)) * g.bwd_thread());
     }
+    const int64_t nt = std::min<int64_t>(threads, B * c.n_kv_heads);
     const int64_t qd = int64_t(c.n_heads) * c.head_dim, kvd = int64_t(c.n_kv_heads) * c.head_dim;
     // As the forward, with dout too, and per thread P and dS as lp and dense dQ, dK, dV tiles.
     const int64_t tile = bq * T;
