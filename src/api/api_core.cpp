@@ -3,6 +3,8 @@
 #include <string>
 
 #include "backend/cpu/f32_blas.h"
+#include "backend/cpu/gemm_bf16.h"
+#include "backend/cuda_plugin.h"
 #include "core/cpu_isa.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -39,20 +41,25 @@ const char* qlft_version_string(void) {
 const char* qlft_build_info(void) {
   // simd: what the compiler may use everywhere; cpu: the level found at run time; isa: the level
   // the dispatched kernels use (cpu capped by QLFT_CPU_ISA); blas: OpenBLAS's kernel set, and
-  // the library the fp32 GEMMs use (backend/cpu/f32_blas.h).
+  // the library the fp32 GEMMs use (backend/cpu/f32_blas.h); bf16gemm: the engine of the bf16
+  // GEMMs (cpu::gemm_bf16_native: oneDNN's native bf16, else sgemm on the rounded values), which
+  // tests that expect a path compare with (tests/support/path_expectation.sh). cuda: whether
+  // the CUDA plugin (backend/cuda_plugin.h) loads here, with the libraries it needs.
   static const std::string info = [] {
-    std::string isa, sgemm = "?";
+    std::string isa, sgemm = "?", bf16gemm = "?";
     try {
       isa = qlft::cpu_isa_name(qlft::cpu_isa());
       sgemm = qlft::cpu::f32_blas_onednn_auto() ? "onednn" : "openblas";
+      bf16gemm = qlft::cpu::gemm_bf16_native() ? "onednn" : "sgemm";
     } catch (const qlft::Error&) {
       isa = "invalid-QLFT_CPU_ISA";
     }
     return std::string("qlft " QLFT_STR(QLFT_VERSION_MAJOR) "." QLFT_STR(
-               QLFT_VERSION_MINOR) "." QLFT_STR(QLFT_VERSION_PATCH) " cuda=" QLFT_STR(QLFT_HAVE_CUDA)
-                           " mpi=" QLFT_STR(QLFT_HAVE_MPI) " simd=" QLFT_SIMD " cpu=") +
+               QLFT_VERSION_MINOR) "." QLFT_STR(QLFT_VERSION_PATCH) " cuda=") +
+           (qlft::cuda_plugin::loadable(nullptr) ? "1" : "0") +
+           " mpi=" QLFT_STR(QLFT_HAVE_MPI) " simd=" QLFT_SIMD " cpu=" +
            qlft::cpu_isa_name(qlft::cpu_isa_detected()) + " isa=" + isa +
-           " blas=openblas:" + qlft::cpu::openblas_core() + " sgemm=" + sgemm + " threads=openmp";
+           " blas=openblas:" + qlft::cpu::openblas_core() + " sgemm=" + sgemm + " bf16gemm=" + bf16gemm + " threads=openmp";
   }();
   return info.c_str();
 }
