@@ -403,14 +403,14 @@ class CudaBackend final : public Backend {
     finish(DX, C, dx);
   }
 
-  void rope(MatF x, const int32_t* pos, int n_heads, int head_dim, float theta, bool adjacent,
-            bool inverse) override {
-    op_checks::rope(x.cols, n_heads, head_dim);
+  void rope(MatF x, const int32_t* pos, int n_heads, int head_dim, const RopeFreqs& freqs,
+            bool adjacent, bool inverse) override {
+    op_checks::rope(x.cols, n_heads, head_dim, freqs);
     if (x.rows == 0) return;
     const int64_t W = int64_t(n_heads) * head_dim;
     Dev X = inout(x, W, MemCategory::Activations, "rope x");
     Dev P = in_raw(pos, x.rows * 4, "rope positions");
-    cu::rope(X.as<float>(), W, P.as<int32_t>(), inv_freq(theta, head_dim), x.rows, n_heads,
+    cu::rope(X.as<float>(), W, P.as<int32_t>(), inv_freq(freqs), freqs.scale, x.rows, n_heads,
              head_dim, adjacent, inverse, stream_);
     finish(X, W, x);
   }
@@ -693,18 +693,21 @@ class CudaBackend final : public Backend {
                    dtype_name(t));
     return t == DType::BF16 ? TileType::BF16 : TileType::F16;
   }
-  // RoPE inverse frequencies of (theta, head_dim), uploaded once.
-  const float* inv_freq(float theta, int head_dim) {
-    const std::pair<float, int> key(theta, head_dim);
-    auto it = inv_freq_.find(key);
+  // The table's inverse frequencies on the device, uploaded once per distinct table. Dynamic NTK
+  // makes a new table per sequence length (each generated token): past kRopeDeviceTables the
+  // cache is emptied after a sync (no queued kernel still reads a freed table).
+  const float* inv_freq(const RopeFreqs& f) {
+    auto it = inv_freq_.find(f.inv_freq);
     if (it != inv_freq_.end()) return it->second.as<float>();
-    const int half = head_dim / 2;
-    std::vector<float> inv(half);
-    for (int i = 0; i < half; ++i) inv[i] = rope_inv_freq(theta, i, head_dim);
-    DeviceMemory d(tracker_, MemCategory::Weights, size_t(half) * 4, "rope frequencies");
-    copy_up(d.data(), inv.data(), int64_t(half) * 4);
-    sync();  // `inv` is a local
-    return inv_freq_.emplace(key, std::move(d)).first->second.as<float>();
+    if (inv_freq_.size() >= size_t(kRopeDeviceTables)) {
+      sync();
+      inv_freq_.clear();
+    }
+    const size_t half = f.inv_freq.size();
+    DeviceMemory d(tracker_, MemCategory::Weights, half * 4, "rope frequencies");
+    copy_up(d.data(), f.inv_freq.data(), int64_t(half) * 4);
+    sync();  // the caller's table may not outlive the call
+    return inv_freq_.emplace(f.inv_freq, std::move(d)).first->second.as<float>();
   }
 
   // ---- staging --------------------------------------------------------------------------------
@@ -954,7 +957,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cu::LtGemm> gemm_;
   std::unordered_map<const QWeight*, ResidentWeight> weights_;
   ResidentWeight in_place_;  // the view of the last device-held weight (in_place)
-  std::map<std::pair<float, int>, DeviceMemory> inv_freq_;
+  std::map<std::vector<float>, DeviceMemory> inv_freq_;
 };
 
 }  // namespace

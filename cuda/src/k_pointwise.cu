@@ -43,8 +43,8 @@ __global__ void __launch_bounds__(256)
 
 // One thread per (row, pair, head).
 __global__ void __launch_bounds__(256)
-    k_rope(float* x, int64_t ld, const int32_t* pos, const float* inv_freq, int64_t rows,
-           int n_heads, int head_dim, bool adjacent, bool inverse) {
+    k_rope(float* x, int64_t ld, const int32_t* pos, const float* inv_freq, float scale,
+           int64_t rows, int n_heads, int head_dim, bool adjacent, bool inverse) {
   const int half = head_dim / 2;
   const int64_t total = rows * half * n_heads;
   for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < total;
@@ -53,7 +53,8 @@ __global__ void __launch_bounds__(256)
     const int i = int((t / n_heads) % half);
     const int64_t row = t / (int64_t(n_heads) * half);
     const float ang = rope_angle(pos[row], inv_freq[i]);
-    float c = cosf(ang), s = sinf(ang);
+    // times the table's scale (yarn's attention factor), as the CPU's RopeTable
+    float c = cosf(ang) * scale, s = sinf(ang) * scale;
     if (inverse) s = -s;
     const int a = adjacent ? 2 * i : i, b = adjacent ? 2 * i + 1 : i + half;
     float* xh = x + row * ld + int64_t(h) * head_dim;
@@ -102,11 +103,11 @@ void rmsnorm_bwd(const float* x, const float* w, const float* rstd, const float*
   }
 }
 
-void rope(float* x, int64_t ld, const int32_t* pos, const float* inv_freq, int64_t rows,
-          int n_heads, int head_dim, bool adjacent, bool inverse, cudaStream_t s) {
+void rope(float* x, int64_t ld, const int32_t* pos, const float* inv_freq, float scale,
+          int64_t rows, int n_heads, int head_dim, bool adjacent, bool inverse, cudaStream_t s) {
   const int64_t total = rows * (head_dim / 2) * n_heads;
-  launch(k_rope, grid_for(total, 256), 256, 0, s, x, ld, pos, inv_freq, rows, n_heads, head_dim,
-         adjacent, inverse);
+  launch(k_rope, grid_for(total, 256), 256, 0, s, x, ld, pos, inv_freq, scale, rows, n_heads,
+         head_dim, adjacent, inverse);
 }
 
 void swiglu_fwd(const float* gate, const float* up, float* out, int64_t n, cudaStream_t s) {

@@ -59,9 +59,10 @@ void rmsnorm_fwd(const float* x, const float* w, float eps, float* y, float* rst
                  int64_t cols, cudaStream_t s);
 void rmsnorm_bwd(const float* x, const float* w, const float* rstd, const float* dy, float* dx,
                  int64_t rows, int64_t cols, cudaStream_t s);
-// inv_freq: head_dim / 2 values (computed on the host with rope_inv_freq).
-void rope(float* x, int64_t ld, const int32_t* pos, const float* inv_freq, int64_t rows,
-          int n_heads, int head_dim, bool adjacent, bool inverse, cudaStream_t s);
+// inv_freq: head_dim / 2 values on the device (the host's RopeFreqs table, uploaded); cos and
+// sin are multiplied by scale.
+void rope(float* x, int64_t ld, const int32_t* pos, const float* inv_freq, float scale,
+          int64_t rows, int n_heads, int head_dim, bool adjacent, bool inverse, cudaStream_t s);
 void swiglu_fwd(const float* gate, const float* up, float* out, int64_t n, cudaStream_t s);
 void swiglu_bwd(const float* gate, const float* up, const float* dout, float* dgate, float* dup,
                 int64_t n, cudaStream_t s);

@@ -136,13 +136,13 @@ class AutocastBackend final : public Backend {
   void rmsnorm_bwd(CMatF x, const float* w, const float* rstd, CMatF dy, MatF dx) override {
     inner_->rmsnorm_bwd(x, w, rstd, dy, dx);
   }
-  void rope(MatF x, const int32_t* pos, int n_heads, int head_dim, float theta, bool adjacent,
-            bool inverse) override {
-    inner_->rope(x, pos, n_heads, head_dim, theta, adjacent, inverse);
+  void rope(MatF x, const int32_t* pos, int n_heads, int head_dim, const RopeFreqs& freqs,
+            bool adjacent, bool inverse) override {
+    inner_->rope(x, pos, n_heads, head_dim, freqs, adjacent, inverse);
   }
-  void rope_to_16(MatF x, const int32_t* pos, int n_heads, int head_dim, float theta, bool adjacent,
-                  DType t, uint16_t* x16) override {
-    inner_->rope_to_16(x, pos, n_heads, head_dim, theta, adjacent, t, x16);
+  void rope_to_16(MatF x, const int32_t* pos, int n_heads, int head_dim, const RopeFreqs& freqs,
+                  bool adjacent, DType t, uint16_t* x16) override {
+    inner_->rope_to_16(x, pos, n_heads, head_dim, freqs, adjacent, t, x16);
   }
   void swiglu_fwd(CMatF gate, CMatF up, MatF out) override { inner_->swiglu_fwd(gate, up, out); }
   void swiglu_bwd(CMatF gate, CMatF up, CMatF dout, MatF dgate, MatF dup) override {

@@ -154,9 +154,9 @@ void to_16_rows(Backend& be, DType t, const float* src, View2<uint16_t> dst) {
 }
 }  // namespace
 
-void Backend::rope_to_16(MatF x, const int32_t* pos, int n_heads, int head_dim, float theta,
-                         bool adjacent, DType t, uint16_t* x16) {
-  rope(x, pos, n_heads, head_dim, theta, adjacent, false);
+void Backend::rope_to_16(MatF x, const int32_t* pos, int n_heads, int head_dim,
+                         const RopeFreqs& freqs, bool adjacent, DType t, uint16_t* x16) {
+  rope(x, pos, n_heads, head_dim, freqs, adjacent, false);
   if (x.stride == x.cols)
     to_16(t, x.data, x16, x.rows * x.cols);
   else
@@ -187,8 +187,9 @@ void Backend::attention_bwd_16(const AttnShape& s, CMatF q, CMatF k, CMatF v, CM
   const MatF mq(dq.as<float>(), R, q.cols), mk(dk.as<float>(), R, k.cols),
       mv(dv.as<float>(), R, v.cols);
   attention_bwd(s, q, k, v, out, lse, dout, mq, mk, mv);
-  this->rope(mq, rope.pos, s.n_heads, s.head_dim, rope.theta, rope.adjacent, true);
-  this->rope(mk, rope.pos, s.n_kv_heads, s.head_dim, rope.theta, rope.adjacent, true);
+  QLFT_CHECK_ARG(rope.freqs, "attention_bwd_16: RopeArgs.freqs is required");
+  this->rope(mq, rope.pos, s.n_heads, s.head_dim, *rope.freqs, rope.adjacent, true);
+  this->rope(mk, rope.pos, s.n_kv_heads, s.head_dim, *rope.freqs, rope.adjacent, true);
   to_16_rows(*this, t, mq.data, dq16);
   to_16_rows(*this, t, mk.data, dk16);
   to_16_rows(*this, t, mv.data, dv16);

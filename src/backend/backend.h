@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "backend/rope_freqs.h"
 #include "backend/softmax_math.h"
 #include "core/dtype.h"
 #include "core/memory.h"
@@ -80,7 +81,7 @@ inline float ce_acc_factor(const CrossEntropyRow& row, float grad_scale) {
 // RoPE's position arguments, for an operation that applies it itself (Backend::attention_bwd_16).
 struct RopeArgs {
   const int32_t* pos = nullptr;  // [rows]
-  float theta = 10000.f;
+  const RopeFreqs* freqs = nullptr;  // the rotation table (as Backend::rope's)
   bool adjacent = false;  // as Backend::rope's
 };
 
@@ -223,15 +224,17 @@ class Backend {
 
   // Rotates x ([rows, n_heads * head_dim]) in place at positions pos[row]. adjacent = true
   // pairs (2i, 2i+1) (GGUF llama order), false pairs (i, i + head_dim/2) (HF rotate-half).
-  // inverse = true applies the transpose rotation (its backward).
-  virtual void rope(MatF x, const int32_t* pos, int n_heads, int head_dim, float theta,
+  // inverse = true applies the transpose rotation (its backward). freqs: the per-pair inverse
+  // frequencies (head_dim / 2) and the cos / sin scale, made by rope_freqs (model/rope_scaling.h);
+  // angle = float(pos) * inv_freq, cos and sin each times freqs.scale.
+  virtual void rope(MatF x, const int32_t* pos, int n_heads, int head_dim, const RopeFreqs& freqs,
                     bool adjacent, bool inverse) = 0;
 
   // rope (inverse = false) with the rotated rows written rounded to t into x16 ([rows, cols]
   // dense; the values rope then to_16 give); x may be left unrotated (the runner's direct16()
   // forward, whose attention takes q and k from the 16-bit copies). The default: rope, to_16.
-  virtual void rope_to_16(MatF x, const int32_t* pos, int n_heads, int head_dim, float theta,
-                          bool adjacent, DType t, uint16_t* x16);
+  virtual void rope_to_16(MatF x, const int32_t* pos, int n_heads, int head_dim,
+                          const RopeFreqs& freqs, bool adjacent, DType t, uint16_t* x16);
 
   // out = silu(gate) * up, all [rows, ffn].
   virtual void swiglu_fwd(CMatF gate, CMatF up, MatF out) = 0;

@@ -40,9 +40,12 @@ void rstd_given(const float* rstd) {
   QLFT_CHECK_ARG(rstd != nullptr, "rmsnorm_bwd: the forward pass's rstd is required");
 }
 
-void rope(int64_t cols, int n_heads, int head_dim) {
+void rope(int64_t cols, int n_heads, int head_dim, const RopeFreqs& freqs) {
   QLFT_CHECK_ARG(head_dim > 0 && head_dim % 2 == 0, "rope: head_dim must be even, got %d",
                  head_dim);
+  QLFT_CHECK_ARG(freqs.head_dim() == head_dim,
+                 "rope: the frequency table holds %zu pairs, head_dim %d needs %d",
+                 freqs.inv_freq.size(), head_dim, head_dim / 2);
   QLFT_CHECK_ARG(n_heads > 0 && int64_t(n_heads) * head_dim <= cols,
                  "rope: %d heads of %d do not fit rows of %lld", n_heads, head_dim,
                  (long long)cols);

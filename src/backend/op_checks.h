@@ -16,8 +16,8 @@ void lora(const LoraRef& l);
 void same_shape(CMatF a, CMatF b, const char* op, const char* an, const char* bn);
 // rmsnorm_bwd needs the forward pass's rstd.
 void rstd_given(const float* rstd);
-// n_heads heads of an even head_dim fit in rows of x.cols.
-void rope(int64_t cols, int n_heads, int head_dim);
+// n_heads heads of an even head_dim fit in rows of x.cols; freqs holds head_dim / 2 pairs.
+void rope(int64_t cols, int n_heads, int head_dim, const RopeFreqs& freqs);
 // The shape and q/k/v of an attention call; fwd: out matches q; bwd: the gradients match and
 // the forward pass's lse is given.
 void attention(const AttnShape& s, CMatF q, CMatF k, CMatF v, const char* op);

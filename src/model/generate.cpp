@@ -114,6 +114,9 @@ void Generator::feed(const int32_t* tokens, int n, float* logits, bool last_only
                 kvd = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
   int32_t* pos = pos_.as<int32_t>();
   for (int i = 0; i < n; ++i) pos[i] = len_ + i;
+  // Keys already cached keep the rotation they were stored with; with dynamic NTK the new rows
+  // take this call's length, as transformers' generate does.
+  const RopeFreqs rope = rope_freqs(c, int64_t(len_) + n);
   MatF x(x_.as<float>(), n, c.dim), xn(xn_.as<float>(), n, c.dim), mid(mid_.as<float>(), n, c.dim);
   MatF q(q_.as<float>(), n, qd), k(k_.as<float>(), n, kvd), v(v_.as<float>(), n, kvd);
   MatF att(att_.as<float>(), n, qd);
@@ -141,8 +144,8 @@ void Generator::feed(const int32_t* tokens, int n, float* logits, bool last_only
     be_.linear_fwd(L.proj[0], bias(0), rp[0], xn.as_const(), q, nullptr);
     be_.linear_fwd(L.proj[1], bias(1), rp[1], xn.as_const(), k, nullptr);
     be_.linear_fwd(L.proj[2], bias(2), rp[2], xn.as_const(), v, nullptr);
-    be_.rope(q, pos, c.n_heads, c.head_dim, c.rope_theta, c.rope_adjacent, false);
-    be_.rope(k, pos, c.n_kv_heads, c.head_dim, c.rope_theta, c.rope_adjacent, false);
+    be_.rope(q, pos, c.n_heads, c.head_dim, rope, c.rope_adjacent, false);
+    be_.rope(k, pos, c.n_kv_heads, c.head_dim, rope, c.rope_adjacent, false);
     std::memcpy(kcache_[l].as<float>() + static_cast<int64_t>(len_) * kvd, k.data, n * kvd * 4);
     std::memcpy(vcache_[l].as<float>() + static_cast<int64_t>(len_) * kvd, v.data, n * kvd * 4);
     attend(l, n);

@@ -410,11 +410,15 @@ void LlamaRunner::prepare(const TokenBatch& b, bool training) {
                    b.tokens[r], static_cast<long long>(r), c.vocab);
   tokens_.copy_from_host(b.tokens, R * 4);
   std::vector<int32_t> pos(static_cast<size_t>(R));
+  int32_t max_pos = 0;
   for (int64_t r = 0; r < R; ++r) {
     int32_t p = b.positions ? b.positions[r] : static_cast<int32_t>(r % b.seq);
     QLFT_CHECK_ARG(p >= 0, "position %d of row %lld is negative", p, static_cast<long long>(r));
     pos[static_cast<size_t>(r)] = p;
+    max_pos = std::max(max_pos, p);
   }
+  // As transformers: dynamic NTK takes its length from max(position_ids) + 1 of the batch.
+  rope_ = rope_freqs(c, int64_t(max_pos) + 1);
   if (pos != pos_host_) {
     pos_.copy_from_host(pos.data(), R * 4);
     pos_host_ = std::move(pos);
@@ -497,15 +501,15 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
   }
   if (st) {  // stored as they are, and attention's GEMMs take them (attention_inputs_16); the
              // fp32 q and k are not rotated (nothing reads them)
-    be_.rope_to_16(mat(a.q, R, qd), pos, c.n_heads, c.head_dim, c.rope_theta, c.rope_adjacent, t16,
+    be_.rope_to_16(mat(a.q, R, qd), pos, c.n_heads, c.head_dim, rope_, c.rope_adjacent, t16,
                    st->q.as<uint16_t>());
-    be_.rope_to_16(mat(a.k, R, kvd), pos, c.n_kv_heads, c.head_dim, c.rope_theta, c.rope_adjacent,
-                   t16, st->k.as<uint16_t>());
+    be_.rope_to_16(mat(a.k, R, kvd), pos, c.n_kv_heads, c.head_dim, rope_, c.rope_adjacent, t16,
+                   st->k.as<uint16_t>());
     be_.to_16(t16, a.v.as<float>(), st->v.as<uint16_t>(), R * kvd);
     be_.attention_inputs_16(t16, st->q.as<uint16_t>(), st->k.as<uint16_t>(), st->v.as<uint16_t>());
   } else {
-    be_.rope(mat(a.q, R, qd), pos, c.n_heads, c.head_dim, c.rope_theta, c.rope_adjacent, false);
-    be_.rope(mat(a.k, R, kvd), pos, c.n_kv_heads, c.head_dim, c.rope_theta, c.rope_adjacent, false);
+    be_.rope(mat(a.q, R, qd), pos, c.n_heads, c.head_dim, rope_, c.rope_adjacent, false);
+    be_.rope(mat(a.k, R, kvd), pos, c.n_kv_heads, c.head_dim, rope_, c.rope_adjacent, false);
   }
   if (st)  // the output rounded into the stored layer (no fp32 copy: backward reads that one)
     be_.attention_fwd_to_16(shape_, cmat(a.q, R, qd), cmat(a.k, R, kvd), cmat(a.v, R, kvd),
@@ -791,7 +795,7 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
     dv16 = dy16(Proj::V, g.dv, kvd);
     RopeArgs ra;
     ra.pos = pos;
-    ra.theta = c.rope_theta;
+    ra.freqs = &rope_;
     ra.adjacent = c.rope_adjacent;
     be_.attention_bwd_16(shape_, cmat(a.q, R, qd), cmat(a.k, R, kvd), cmat(a.v, R, kvd),
                          cmat(a.att, R, qd), a.lse.as<float>(), cmat(g.datt, R, qd), ra, t16, dq16,
@@ -803,8 +807,8 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
     be_.attention_bwd(shape_, cmat(a.q, R, qd), cmat(a.k, R, kvd), cmat(a.v, R, kvd),
                       cmat(a.att, R, qd), a.lse.as<float>(), cmat(g.datt, R, qd), mat(g.dq, R, qd),
                       mat(g.dk, R, kvd), mat(g.dv, R, kvd));
-    be_.rope(mat(g.dq, R, qd), pos, c.n_heads, c.head_dim, c.rope_theta, c.rope_adjacent, true);
-    be_.rope(mat(g.dk, R, kvd), pos, c.n_kv_heads, c.head_dim, c.rope_theta, c.rope_adjacent, true);
+    be_.rope(mat(g.dq, R, qd), pos, c.n_heads, c.head_dim, rope_, c.rope_adjacent, true);
+    be_.rope(mat(g.dk, R, kvd), pos, c.n_kv_heads, c.head_dim, rope_, c.rope_adjacent, true);
   }
   zero_dx(g.dxn, R * c.dim);
   {

@@ -8,6 +8,7 @@
 #include "core/memory.h"
 #include "formats/gguf.h"
 #include "quant/qweight.h"
+#include "model/rope_scaling.h"
 #include "model/weight_stream.h"
 
 namespace qlft {
@@ -15,8 +16,9 @@ namespace qlft {
 struct ModelConfig {
   std::string arch;  // "llama", "qwen2"
   int n_layers = 0, dim = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, ffn_dim = 0, vocab = 0;
-  int context_length = 0;
+  int context_length = 0;  // max_position_embeddings (dynamic NTK scales beyond it)
   float rope_theta = 10000.f, rms_eps = 1e-5f;
+  RopeScaling rope;  // RoPE scaling (model/rope_scaling.h); rope_freqs() makes the table
   bool tied_embeddings = false;
   // true: q/k rows are in GGUF llama order (RoPE rotates adjacent pairs); false: Hugging Face
   // order (rotate-half). Kept as the source has it.

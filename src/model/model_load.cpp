@@ -126,37 +126,6 @@ void check_config(const ModelConfig& c, const std::string& path) {
                     path.c_str());
 }
 
-// Refuses config.json RoPE scaling (rope_scaling, or rope_parameters with a rope_type other
-// than "default"): the kernels apply plain RoPE, and silently ignoring a scaled model's
-// frequencies would train it against the wrong positions.
-void reject_rope_scaling(const JsonFile& cj) {
-  auto type_of = [](const nlohmann::json& o) -> std::string {
-    for (const char* k : {"rope_type", "type"})
-      if (o.contains(k) && o[k].is_string()) return o[k].get<std::string>();
-    return "unknown";
-  };
-  const nlohmann::json& root = cj.root();
-  if (root.contains("rope_scaling") && !root["rope_scaling"].is_null()) {
-    const nlohmann::json& rs = root["rope_scaling"];
-    std::string t = rs.is_object() ? type_of(rs) : "unknown";
-    if (t != "default")
-      throw_error(QLFT_ERR_UNSUPPORTED,
-                  "%s: key 'rope_scaling' (type '%s'): RoPE scaling is not supported yet",
-                  cj.path().c_str(), t.c_str());
-  }
-  if (root.contains("rope_parameters") && root["rope_parameters"].is_object()) {
-    const nlohmann::json& rp = root["rope_parameters"];
-    if (rp.contains("rope_type") || rp.contains("type")) {
-      std::string t = type_of(rp);
-      if (t != "default")
-        throw_error(QLFT_ERR_UNSUPPORTED,
-                    "%s: key 'rope_parameters.rope_type' = '%s': RoPE scaling is not supported "
-                    "yet",
-                    cj.path().c_str(), t.c_str());
-    }
-  }
-}
-
 }  // namespace
 
 bool gguf_kept_as_stored(const GgufTensorInfo& t, bool linear, const LoadOptions& o) {
@@ -193,17 +162,7 @@ class GgufLoader {
     c.context_length = static_cast<int>(g.get_int_in(a + "context_length", 1, kMaxContext, 2048));
     c.rms_eps = static_cast<float>(g.get_float(a + "attention.layer_norm_rms_epsilon", 1e-5));
     c.rope_theta = static_cast<float>(g.get_float(a + "rope.freq_base", 10000.0));
-    // RoPE scaling changes every rotation frequency; training with plain RoPE on such a model
-    // would silently learn against the wrong positions, so it is refused until supported.
-    const std::string scaling = g.get_string(a + "rope.scaling.type", "none");
-    if (scaling != "none" && !scaling.empty())
-      throw_error(QLFT_ERR_UNSUPPORTED,
-                  "%s: '%srope.scaling.type' = '%s': RoPE scaling is not supported yet",
-                  path.c_str(), a.c_str(), scaling.c_str());
-    if (g.find_tensor("rope_freqs.weight"))
-      throw_error(QLFT_ERR_UNSUPPORTED,
-                  "%s: tensor 'rope_freqs.weight' (llama3-style RoPE scaling) is not supported yet",
-                  path.c_str());
+    c.rope = rope_scaling_from_gguf(g, a);
     QLFT_CHECK_FORMAT(c.n_heads > 0 && c.dim % c.n_heads == 0,
                       "%s: embedding length %d is not a multiple of the head count %d",
                       path.c_str(), c.dim, c.n_heads);
@@ -214,6 +173,17 @@ class GgufLoader {
     c.rope_adjacent = c.arch != "qwen2";
     c.qkv_bias = g.find_tensor("blk.0.attn_q.bias") != nullptr;
     check_config(c, path);
+    // llama.cpp's converter writes llama3 RoPE scaling as per-pair divisors of the frequencies.
+    if (g.find_tensor("rope_freqs.weight")) {
+      std::vector<float>& d = c.rope.freq_divisors;
+      d.resize(static_cast<size_t>(c.head_dim / 2));
+      vector_f32("rope_freqs.weight", d.data(), c.head_dim / 2);
+      for (size_t i = 0; i < d.size(); ++i)
+        QLFT_CHECK_FORMAT(std::isfinite(d[i]) && d[i] > 0,
+                          "%s: tensor 'rope_freqs.weight' holds %g at element %zu (divisors must "
+                          "be positive)",
+                          path.c_str(), static_cast<double>(d[i]), i);
+    }
 
     const GgufTensorInfo& emb = tensor("token_embd.weight", -1, c.dim);
     QLFT_CHECK_FORMAT(emb.ne[1] >= 1 && emb.ne[1] <= kMaxVocab,
@@ -350,6 +320,15 @@ class GgufLoader {
                       static_cast<unsigned long long>(n));
     plan_.at[&b] = {t.data, size_t(n)};
   }
+  // A small f32 vector read into host memory (rope_freqs.weight), checked like vector's.
+  void vector_f32(const std::string& name, float* dst, int64_t n) {
+    const GgufTensorInfo* t = m_.gguf->find_tensor(name);
+    QLFT_CHECK_FORMAT(t, "%s: tensor '%s' is missing", m_.gguf->path().c_str(), name.c_str());
+    QLFT_CHECK_FORMAT(t->numel() == n && t->ne[0] == n,
+                      "%s: tensor '%s' has %lld elements, expected %lld", m_.gguf->path().c_str(),
+                      name.c_str(), static_cast<long long>(t->numel()), static_cast<long long>(n));
+    to_f32(*t, dst);
+  }
   void vector(Buffer& dst, const std::string& name, int64_t n) {
     const GgufTensorInfo* t = m_.gguf->find_tensor(name);
     QLFT_CHECK_FORMAT(t, "%s: tensor '%s' is missing", m_.gguf->path().c_str(), name.c_str());
@@ -452,7 +431,7 @@ class HfLoader {
       if (rp.is_object() && rp.contains("rope_theta") && rp["rope_theta"].is_number())
         c.rope_theta = rp["rope_theta"].get<float>();
     }
-    reject_rope_scaling(cj);
+    c.rope = rope_scaling_from_hf(cj.root(), cj.path(), c.context_length);
     QLFT_CHECK_FORMAT(c.n_heads > 0 && c.dim % c.n_heads == 0,
                       "%s: hidden_size %d is not a multiple of num_attention_heads %d",
                       cj.path().c_str(), c.dim, c.n_heads);

@@ -76,6 +76,11 @@ const char* const kHfProj[kProjCount] = {"self_attn.q_proj", "self_attn.k_proj",
 const char* const kBiasProj[3] = {"q_proj", "k_proj", "v_proj"};
 
 void export_safetensors(const Model& m, const LoraAdapter* lora, const std::string& dir) {
+  if (!m.cfg.rope.freq_divisors.empty())
+    throw_error(QLFT_ERR_UNSUPPORTED,
+                "merged safetensors export: the model's RoPE scaling is GGUF's rope_freqs.weight "
+                "(llama.cpp's llama3 form), which has no transformers config; export to GGUF "
+                "instead");
   const ModelConfig& c = m.cfg;
   make_dir(dir);
   SafetensorsWriter w;
@@ -124,13 +129,17 @@ void export_safetensors(const Model& m, const LoraAdapter* lora, const std::stri
       {"vocab_size", c.vocab},
       {"rms_norm_eps", short_double(c.rms_eps)},
       {"rope_theta", short_double(c.rope_theta)},
-      {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", short_double(c.rope_theta)}}},
       {"max_position_embeddings", c.context_length > 0 ? c.context_length : 2048},
       {"tie_word_embeddings", m.output.rows == 0},
       {"hidden_act", "silu"},
       {"torch_dtype", "float32"},
   };
   if (!qwen) j["attention_bias"] = c.qkv_bias;
+  // RoPE scaling as transformers 5 writes it (rope_parameters) and, when scaled, as older
+  // readers expect it (rope_scaling beside rope_theta); transformers takes rope_scaling first.
+  j["rope_parameters"] = rope_parameters_json(c);
+  j["rope_parameters"]["rope_theta"] = short_double(c.rope_theta);
+  if (c.rope.type != RopeType::Default) j["rope_scaling"] = rope_scaling_json(c);
   if (m.gguf) {  // special token ids, so generation stops where the source model's does
     int64_t bos = m.gguf->get_int("tokenizer.ggml.bos_token_id", -1);
     int64_t eos = m.gguf->get_int("tokenizer.ggml.eos_token_id", -1);
@@ -205,6 +214,54 @@ void copy_kv(GgufWriter& w, const std::string& k, const GgufValue& v) {
   }
 }
 
+// RoPE scaling as llama.cpp's converter writes it: linear and yarn as rope.scaling.* keys, llama3
+// as the tensor rope_freqs.weight (per-pair divisors of the plain frequencies, computed here from
+// our table so llama.cpp rotates as transformers does). llama.cpp has no dynamic NTK and always
+// truncates yarn's ramp: those are refused rather than written as another model.
+void add_rope_scaling(GgufWriter& w, const std::string& a, const ModelConfig& c) {
+  const RopeScaling& s = c.rope;
+  switch (s.type) {
+    case RopeType::Default:
+    case RopeType::Llama3:  // rope_freqs.weight (export_gguf)
+      return;
+    case RopeType::Linear:
+      w.add_string(a + "rope.scaling.type", "linear");
+      w.add_f32(a + "rope.scaling.factor", static_cast<float>(s.factor));
+      return;
+    case RopeType::Yarn: {
+      if (!s.truncate)
+        throw_error(QLFT_ERR_UNSUPPORTED,
+                    "merged GGUF export: yarn RoPE scaling with truncate = false has no GGUF form");
+      w.add_string(a + "rope.scaling.type", "yarn");
+      w.add_f32(a + "rope.scaling.factor", static_cast<float>(s.factor));
+      w.add_u32(a + "rope.scaling.original_context_length",
+                static_cast<uint32_t>(s.original_context));
+      w.add_f32(a + "rope.scaling.yarn_beta_fast", static_cast<float>(s.beta_fast));
+      w.add_f32(a + "rope.scaling.yarn_beta_slow", static_cast<float>(s.beta_slow));
+      // llama.cpp multiplies attn_factor by 1 + 0.1 ln(factor) itself.
+      RopeScaling plain = s;
+      plain.has_attention_factor = false;
+      plain.mscale = plain.mscale_all_dim = 0;
+      const double ratio = rope_attention_factor(s) / rope_attention_factor(plain);
+      if (ratio != 1.0) w.add_f32(a + "rope.scaling.attn_factor", static_cast<float>(ratio));
+      return;
+    }
+    case RopeType::Dynamic:
+      throw_error(QLFT_ERR_UNSUPPORTED,
+                  "merged GGUF export: dynamic NTK RoPE scaling has no GGUF (llama.cpp) form; "
+                  "export to safetensors instead");
+  }
+}
+
+// llama3 scaling as llama.cpp's rope_freqs.weight: plain inverse frequency / scaled one.
+std::vector<float> llama3_divisors(const ModelConfig& c) {
+  const RopeFreqs plain = RopeFreqs::plain(c.rope_theta, c.head_dim);
+  const RopeFreqs scaled = rope_freqs(c, 0);
+  std::vector<float> d(plain.inv_freq.size());
+  for (size_t i = 0; i < d.size(); ++i) d[i] = plain.inv_freq[i] / scaled.inv_freq[i];
+  return d;
+}
+
 void export_gguf(const Model& m, const LoraAdapter* lora, const std::string& path, bool bf16) {
   const ModelConfig& c = m.cfg;
   const GgmlType store = bf16 ? GgmlType::BF16 : GgmlType::F16;
@@ -225,6 +282,7 @@ void export_gguf(const Model& m, const LoraAdapter* lora, const std::string& pat
   w.add_f32(a + "attention.layer_norm_rms_epsilon", c.rms_eps);
   w.add_f32(a + "rope.freq_base", c.rope_theta);
   w.add_u32(a + "rope.dimension_count", static_cast<uint32_t>(c.head_dim));
+  add_rope_scaling(w, a, c);
   if (c.head_dim * c.n_heads != c.dim) {
     w.add_u32(a + "attention.key_length", static_cast<uint32_t>(c.head_dim));
     w.add_u32(a + "attention.value_length", static_cast<uint32_t>(c.head_dim));
@@ -242,6 +300,10 @@ void export_gguf(const Model& m, const LoraAdapter* lora, const std::string& pat
   auto vec = [&](const std::string& name, const std::vector<float>& v) {
     w.add_tensor_f32(name, {static_cast<int64_t>(v.size())}, v.data(), GgmlType::F32);
   };
+  if (!c.rope.freq_divisors.empty())
+    vec("rope_freqs.weight", c.rope.freq_divisors);
+  else if (c.rope.type == RopeType::Llama3)
+    vec("rope_freqs.weight", llama3_divisors(c));
   mat("token_embd.weight", dequant(m.tok_embd), m.tok_embd.rows, m.tok_embd.cols);
   vec("output_norm.weight", copy_f32(m.output_norm));
   if (m.output.rows) mat("output.weight", dequant(m.output), m.output.rows, m.output.cols);

@@ -162,6 +162,7 @@ WeightFootprint gguf_footprint(const std::string& path, const LoadOptions& o, Mo
   c.head_dim =
       static_cast<int>(g->get_int_in(a + "attention.key_length", 1, 4096, c.dim / c.n_heads));
   c.context_length = static_cast<int>(g->get_int_in(a + "context_length", 1, 1 << 26, 2048));
+  c.rope = rope_scaling_from_gguf(*g, a);
   const GgufTensorInfo* emb = g->find_tensor("token_embd.weight");
   QLFT_CHECK_FORMAT(emb && emb->ne[0] == c.dim,
                     "%s: tensor 'token_embd.weight' is missing or "
@@ -245,6 +246,9 @@ WeightFootprint hf_footprint(const std::string& path, const LoadOptions& o, Mode
   QLFT_CHECK_FORMAT(c.dim % c.n_heads == 0, "%s: hidden_size %d is not a multiple of %d heads",
                     dir.c_str(), c.dim, c.n_heads);
   c.head_dim = static_cast<int>(cj.get_int_in("head_dim", 1, 4096, c.dim / c.n_heads));
+  c.context_length =
+      static_cast<int>(cj.get_int_in("max_position_embeddings", 1, 1 << 26, 2048));
+  c.rope = rope_scaling_from_hf(cj.root(), cj.path(), c.context_length);
   auto st = SafetensorsSet::open(is_dir(path) ? dir : path);
   c.tied_embeddings = cj.get_bool("tie_word_embeddings", false) || !st->find("lm_head.weight");
   c.qkv_bias = c.arch == "qwen2" || cj.get_bool("attention_bias", false) ||
@@ -729,8 +733,10 @@ void plan_device_persistent(const ModelConfig& c, const WeightFootprint& w, cons
                             const WorkspaceModel& m, uint64_t host_adapter, size_t segment,
                             MemoryPlan* p) {
   auto& d = p->device_train;
-  // Every weight the runner reads, uploaded once, and the rope table (head_dim / 2 floats).
-  uint64_t weights = m.round(rb(uint64_t(c.head_dim / 2) * 4));
+  // Every weight the runner reads, uploaded once, and the rope tables (head_dim / 2 floats each;
+  // dynamic NTK: up to kRopeDeviceTables, one per sequence length).
+  uint64_t weights = m.round(rb(uint64_t(c.head_dim / 2) * 4)) *
+                     uint64_t(rope_varies(c.rope) ? kRopeDeviceTables : 1);
   const bool have_groups = w.groups.size() == static_cast<size_t>(c.n_layers) + 2;
   const bool nccl = s.world > 1 && s.dist_backend == "nccl";
   // The host's DataParallel exchange buffer (allocated on every rank of several).

@@ -215,13 +215,19 @@ TEST(CudaOps, RmsNormRopeSwiglu) {
 
     std::vector<int32_t> pos(static_cast<size_t>(M));
     for (int64_t i = 0; i < M; ++i) pos[size_t(i)] = int32_t((i * 7) % 300);
-    for (bool adjacent : {false, true})
-      for (bool inverse : {false, true}) {
-        FVec a = x, b = x;
-        p.cpu->rope(mat(a, M, C), pos.data(), int(heads), 64, 10000.f, adjacent, inverse);
-        p.gpu->rope(mat(b, M, C), pos.data(), int(heads), 64, 10000.f, adjacent, inverse);
-        EXPECT_LT(norm_err(b, a), 1e-5) << adjacent << inverse;
-      }
+    // A plain table and a scaled one (other frequencies and a cos / sin factor, as yarn's):
+    // the device rotates with the table it is given.
+    RopeFreqs scaled = RopeFreqs::plain(10000.f, 64);
+    for (size_t i = 0; i < scaled.inv_freq.size(); ++i) scaled.inv_freq[i] /= float(1 + i % 3);
+    scaled.scale = 1.25f;
+    for (const RopeFreqs& f : {RopeFreqs::plain(10000.f, 64), scaled})
+      for (bool adjacent : {false, true})
+        for (bool inverse : {false, true}) {
+          FVec a = x, b = x;
+          p.cpu->rope(mat(a, M, C), pos.data(), int(heads), 64, f, adjacent, inverse);
+          p.gpu->rope(mat(b, M, C), pos.data(), int(heads), 64, f, adjacent, inverse);
+          EXPECT_LT(norm_err(b, a), 1e-5) << adjacent << inverse << f.scale;
+        }
 
     FVec g = rng.normal(x.size()), u = rng.normal(x.size());
     FVec o0(x.size()), o1(x.size());

@@ -950,9 +950,11 @@ void check_attention_bwd16(Engine e, AttnAmx amx) {
       pos[size_t(i)] = c.docs ? (i % c.seq) % 12 : i % c.seq;  // positions restart per document
     }
     if (c.docs) s.doc_ids = doc.data();
+    const float theta = 10000.f;
+    const RopeFreqs freqs = RopeFreqs::plain(theta, c.hd);
     RopeArgs ra;
     ra.pos = pos.data();
-    ra.theta = 10000.f;
+    ra.freqs = &freqs;
     ra.adjacent = c.adjacent;
     // bf16 values already (what the runner stores), so the fp32 and 16-bit inputs agree.
     const FVec q = rounded(rng.normal(size_t(rows) * qc)),
@@ -1014,8 +1016,8 @@ void check_attention_bwd16(Engine e, AttnAmx amx) {
                          CMatF(v.data(), rows, kc), CMatF(out.data(), rows, qc), lse.data(),
                          CMatF(dout.data(), rows, qc), MatF(dq.data(), rows, qc),
                          MatF(dk.data(), rows, kc), MatF(dv.data(), rows, kc));
-    px.bf->rope(MatF(dq.data(), rows, qc), pos.data(), c.heads, c.hd, ra.theta, c.adjacent, true);
-    px.bf->rope(MatF(dk.data(), rows, kc), pos.data(), c.kv, c.hd, ra.theta, c.adjacent, true);
+    px.bf->rope(MatF(dq.data(), rows, qc), pos.data(), c.heads, c.hd, freqs, c.adjacent, true);
+    px.bf->rope(MatF(dk.data(), rows, kc), pos.data(), c.kv, c.hd, freqs, c.adjacent, true);
     const std::vector<uint16_t> q16 = to_bf16(q), k16 = to_bf16(k), v16 = to_bf16(v);
     const FVec nq(q.size(), NAN), nk(k.size(), NAN), nv(v.size(), NAN);
     for (bool inputs16 : {false, true}) {
@@ -1053,8 +1055,8 @@ void check_attention_bwd16(Engine e, AttnAmx amx) {
                            CMatF(v.data(), rows, kc), CMatF(out.data(), rows, qc), lse.data(),
                            CMatF(dout.data(), rows, qc), MatF(eq.data(), rows, qc),
                            MatF(ek.data(), rows, kc), MatF(ev.data(), rows, kc));
-        emu->rope(MatF(eq.data(), rows, qc), pos.data(), c.heads, c.hd, ra.theta, c.adjacent, true);
-        emu->rope(MatF(ek.data(), rows, kc), pos.data(), c.kv, c.hd, ra.theta, c.adjacent, true);
+        emu->rope(MatF(eq.data(), rows, qc), pos.data(), c.heads, c.hd, freqs, c.adjacent, true);
+        emu->rope(MatF(ek.data(), rows, kc), pos.data(), c.kv, c.hd, freqs, c.adjacent, true);
         std::vector<uint16_t> hq(gq.size(), 0x7fc1), hk(gk.size(), 0x7fc1), hv(gv.size(), 0x7fc1);
         emu->attention_bwd_16(
             s, CMatF(q.data(), rows, qc), CMatF(k.data(), rows, kc), CMatF(v.data(), rows, kc),
@@ -1069,8 +1071,8 @@ void check_attention_bwd16(Engine e, AttnAmx amx) {
       const FVec dr = rounded(dout);
       AttnOut want =
           attention_bf16_oracle(s, q, k, v, out, dr, c.docs ? doc.data() : nullptr, true);
-      rope_inverse_double(want.dq, pos, c.heads, c.hd, ra.theta, c.adjacent);
-      rope_inverse_double(want.dk, pos, c.kv, c.hd, ra.theta, c.adjacent);
+      rope_inverse_double(want.dq, pos, c.heads, c.hd, theta, c.adjacent);
+      rope_inverse_double(want.dk, pos, c.kv, c.hd, theta, c.adjacent);
       auto widened = [&](const std::vector<uint16_t>& g, int64_t ld, int cols) {
         FVec o(size_t(rows) * cols);
         for (int i = 0; i < rows; ++i)

@@ -328,7 +328,7 @@ TEST_P(BackendRope, ForwardMatchesOracleAndInverseIsBackward) {
   std::vector<int32_t> pos(M);
   for (int i = 0; i < M; ++i) pos[i] = rng.uniform_int(0, 2000);
   FVec x = rng.normal(size_t(M) * cols), y = x;
-  fx.be->rope(mat(y, M, cols), pos.data(), heads, hd, theta, adjacent, false);
+  fx.be->rope(mat(y, M, cols), pos.data(), heads, hd, RopeFreqs::plain(theta, hd), adjacent, false);
   Vec xd = to_d(x);
   Vec yo = rope_oracle(xd, pos, M, heads, hd, cols, theta, adjacent);
   EXPECT_LT(rel_err(y, yo), 2e-6);
@@ -336,7 +336,7 @@ TEST_P(BackendRope, ForwardMatchesOracleAndInverseIsBackward) {
     for (int c = heads * hd; c < cols; ++c) EXPECT_EQ(y[i * cols + c], x[i * cols + c]);
   // The backward of a rotation is the inverse rotation: rope(dy, inverse) = d(sum dy*y)/dx.
   FVec dy = rng.normal(size_t(M) * cols), dx = dy;
-  fx.be->rope(mat(dx, M, cols), pos.data(), heads, hd, theta, adjacent, true);
+  fx.be->rope(mat(dx, M, cols), pos.data(), heads, hd, RopeFreqs::plain(theta, hd), adjacent, true);
   for (int i = 0; i < M; ++i)
     for (int c = heads * hd; c < cols; ++c) dx[i * cols + c] = 0.f;  // not part of rope
   Vec dyd = to_d(dy);
@@ -350,7 +350,7 @@ TEST_P(BackendRope, ForwardMatchesOracleAndInverseIsBackward) {
       xd, dx, 22);
   // Forward then inverse is the identity.
   FVec z = y;
-  fx.be->rope(mat(z, M, cols), pos.data(), heads, hd, theta, adjacent, true);
+  fx.be->rope(mat(z, M, cols), pos.data(), heads, hd, RopeFreqs::plain(theta, hd), adjacent, true);
   EXPECT_LT(rel_err(z, xd), 1e-6);
 }
 // rope_to_16 (the bf16 forward's stored q / k): the bits of rope then bf16 rounding, x left as
@@ -367,9 +367,9 @@ TEST_P(BackendRope, ToBf16MatchesRopeThenRounding) {
     std::vector<int32_t> pos(M);
     for (int i = 0; i < M; ++i) pos[i] = rng.uniform_int(0, max_pos);
     FVec x = rng.normal(size_t(M) * cols), y = x, keep = x;
-    fx.be->rope(mat(y, M, cols), pos.data(), heads, hd, theta, adjacent, false);
+    fx.be->rope(mat(y, M, cols), pos.data(), heads, hd, RopeFreqs::plain(theta, hd), adjacent, false);
     std::vector<uint16_t> x16(x.size());
-    fx.be->rope_to_16(mat(x, M, cols), pos.data(), heads, hd, theta, adjacent, DType::BF16,
+    fx.be->rope_to_16(mat(x, M, cols), pos.data(), heads, hd, RopeFreqs::plain(theta, hd), adjacent, DType::BF16,
                       x16.data());
     const Vec yo = rope_oracle(to_d(keep), pos, M, heads, hd, cols, theta, adjacent);
     for (size_t i = 0; i < x.size(); ++i) {
@@ -411,7 +411,7 @@ TEST(BackendRopeParity, MatchesTransformersAtLargePositions) {
            reinterpret_cast<const float*>(xt.data) + xt.numel());
     const float* y = reinterpret_cast<const float*>(yt.data);
     const int32_t* pos = reinterpret_cast<const int32_t*>(pt.data);
-    fx.be->rope(mat(x, rows, cols), pos, heads, hd, theta, false, false);
+    fx.be->rope(mat(x, rows, cols), pos, heads, hd, RopeFreqs::plain(theta, hd), false, false);
     double err = 0;
     for (int64_t j = 0; j < xt.numel(); ++j) err = std::max(err, double(std::fabs(x[j] - y[j])));
     EXPECT_LT(err, 1e-5) << "theta " << theta << " head_dim " << hd;

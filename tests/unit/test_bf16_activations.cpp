@@ -108,9 +108,9 @@ class OracleBackend final : public Backend {
   void rmsnorm_bwd(CMatF x, const float* w, const float* rstd, CMatF dy, MatF dx) override {
     in_->rmsnorm_bwd(x, w, rstd, dy, dx);
   }
-  void rope(MatF x, const int32_t* pos, int n_heads, int head_dim, float theta, bool adjacent,
-            bool inverse) override {
-    in_->rope(x, pos, n_heads, head_dim, theta, adjacent, inverse);
+  void rope(MatF x, const int32_t* pos, int n_heads, int head_dim, const RopeFreqs& freqs,
+            bool adjacent, bool inverse) override {
+    in_->rope(x, pos, n_heads, head_dim, freqs, adjacent, inverse);
   }
   void swiglu_fwd(CMatF gate, CMatF up, MatF out) override { in_->swiglu_fwd(gate, up, out); }
   void swiglu_bwd(CMatF gate, CMatF up, CMatF dout, MatF dgate, MatF dup) override {

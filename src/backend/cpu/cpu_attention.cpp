@@ -390,8 +390,9 @@ void CpuBackend::attention_bwd_16(const AttnShape& s, CMatF q, CMatF k, CMatF v,
   };
   QLFT_CHECK_ARG(fits(dq16, q) && fits(dk16, k) && fits(dv16, v),
                  "attention_bwd_16: dq16 / dk16 / dv16 must have q's / k's / v's shapes");
-  op_checks::rope(q.cols, s.n_heads, s.head_dim);
-  op_checks::rope(k.cols, s.n_kv_heads, s.head_dim);
+  QLFT_CHECK_ARG(rope.freqs, "attention_bwd_16: RopeArgs.freqs is required");
+  op_checks::rope(q.cols, s.n_heads, s.head_dim, *rope.freqs);
+  op_checks::rope(k.cols, s.n_kv_heads, s.head_dim, *rope.freqs);
   attention_bwd_impl(s, q, k, v, out, lse, dout, MatF(nullptr, q.rows, q.cols),
                      MatF(nullptr, k.rows, k.cols), MatF(nullptr, v.rows, v.cols), &rope, dq16,
                      dk16, dv16);
@@ -438,7 +439,7 @@ void CpuBackend::attention_bwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
   std::unique_ptr<RopeTable> rtab;
   if (rope) {
     QLFT_CHECK_ARG(mm.lp, "attention_bwd_16: precision bf16 only");
-    rtab = std::make_unique<RopeTable>(*this, rope->pos, q.rows, D, rope->theta, true);
+    rtab = std::make_unique<RopeTable>(*this, rope->pos, q.rows, D, *rope->freqs, true);
   }
   // n rows of src [n, D] dense from row r0 into g's columns [c0, c0 + D): 0 + src (as added
   // into zeroed fp32), rotated back when `rot`, rounded.

@@ -297,7 +297,7 @@ void CpuBackend::attention_bwd_amx(const AttnShape& s, CMatF q, CMatF k, CMatF v
   Buffer first_buf = attn::first_same_doc(*this, s);
   const int32_t* first = first_buf.as<int32_t>();
   std::unique_ptr<RopeTable> rtab;
-  if (rope) rtab = std::make_unique<RopeTable>(*this, rope->pos, q.rows, D, rope->theta, true);
+  if (rope) rtab = std::make_unique<RopeTable>(*this, rope->pos, q.rows, D, *rope->freqs, true);
   const int nt = g.bwd_team(qlft::num_threads());
   const size_t per = g.bwd_thread();
   Buffer ws = scratch_buffer(per * size_t(nt), "attention backward AMX tiles");

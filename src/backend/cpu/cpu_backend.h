@@ -222,11 +222,11 @@ class CpuBackend final : public Backend {
 
   void rmsnorm_fwd(CMatF x, const float* w, float eps, MatF y, float* rstd) override;
   void rmsnorm_bwd(CMatF x, const float* w, const float* rstd, CMatF dy, MatF dx) override;
-  void rope(MatF x, const int32_t* pos, int n_heads, int head_dim, float theta, bool adjacent,
-            bool inverse) override;
+  void rope(MatF x, const int32_t* pos, int n_heads, int head_dim, const RopeFreqs& freqs,
+            bool adjacent, bool inverse) override;
   // One pass: each row rotated in a row buffer of the thread's and rounded (x untouched).
-  void rope_to_16(MatF x, const int32_t* pos, int n_heads, int head_dim, float theta, bool adjacent,
-                  DType t, uint16_t* x16) override;
+  void rope_to_16(MatF x, const int32_t* pos, int n_heads, int head_dim, const RopeFreqs& freqs,
+                  bool adjacent, DType t, uint16_t* x16) override;
   void swiglu_fwd(CMatF gate, CMatF up, MatF out) override;
   void swiglu_bwd(CMatF gate, CMatF up, CMatF dout, MatF dgate, MatF dup) override;
 
@@ -389,11 +389,12 @@ inline bool lora_merged(const LoraRef* l, int64_t M, int64_t other) {
 }
 
 // RoPE's cos / sin per position (cpu_pointwise.cpp): what CpuBackend::rope rotates with (the
-// same values, so a kernel that applies RoPE itself gives rope's bits). inverse: -sin.
+// same values, so a kernel that applies RoPE itself gives rope's bits): cos(angle) * scale and
+// sin(angle) * scale from freqs. inverse: -sin.
 class RopeTable {
  public:
-  RopeTable(const CpuBackend& be, const int32_t* pos, int64_t rows, int head_dim, float theta,
-            bool inverse);
+  RopeTable(const CpuBackend& be, const int32_t* pos, int64_t rows, int head_dim,
+            const RopeFreqs& freqs, bool inverse);
   // The tables of row `row`'s position (head_dim / 2 each).
   const float* cos_of(int64_t row) const { return cs_ + index(row) * half_; }
   const float* sin_of(int64_t row) const { return sn_ + index(row) * half_; }

@@ -194,11 +194,9 @@ void CpuBackend::rmsnorm_bwd(CMatF x, const float* w, const float* rstd, CMatF d
 }
 
 RopeTable::RopeTable(const CpuBackend& be, const int32_t* pos, int64_t rows, int head_dim,
-                     float theta, bool inverse)
+                     const RopeFreqs& freqs, bool inverse)
     : pos_(pos), half_(head_dim / 2) {
   const int half = half_;
-  std::vector<float> inv_freq(half);
-  for (int i = 0; i < half; ++i) inv_freq[i] = rope_inv_freq(theta, i, head_dim);
   if (rows == 0) return;
   // cos/sin per distinct position, not per row: rows repeat positions across the batch (and
   // across packed documents), and sincos dominates this op otherwise. Same formulas, so the
@@ -218,37 +216,38 @@ RopeTable::RopeTable(const CpuBackend& be, const int32_t* pos, int64_t rows, int
   float* sn = cs + n_tab * half;
   cs_ = cs;
   sn_ = sn;
-  const float* fr = inv_freq.data();
+  const float* fr = freqs.inv_freq.data();
+  const float sc = freqs.scale;  // yarn's attention factor (1: the products are exact)
   const bool use_table = by_pos_;
 #pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
   for (int64_t t = 0; t < n_tab; ++t) {
     const int p = use_table ? int(t) : pos[t];
     for (int i = 0; i < half; ++i) {
       float ang = rope_angle(p, fr[i]);
-      cs[t * half + i] = cosf(ang);
-      sn[t * half + i] = inverse ? -sinf(ang) : sinf(ang);
+      cs[t * half + i] = cosf(ang) * sc;
+      sn[t * half + i] = inverse ? -(sinf(ang) * sc) : sinf(ang) * sc;
     }
   }
 }
 
-void CpuBackend::rope(MatF x, const int32_t* pos, int n_heads, int head_dim, float theta,
-                      bool adjacent, bool inverse) {
+void CpuBackend::rope(MatF x, const int32_t* pos, int n_heads, int head_dim,
+                      const RopeFreqs& freqs, bool adjacent, bool inverse) {
   QLFT_PROFILE_SCOPE("rope");
-  op_checks::rope(x.cols, n_heads, head_dim);
+  op_checks::rope(x.cols, n_heads, head_dim, freqs);
   if (x.rows == 0) return;
-  const RopeTable tab(*this, pos, x.rows, head_dim, theta, inverse);
+  const RopeTable tab(*this, pos, x.rows, head_dim, freqs, inverse);
 #pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
   for (int64_t row = 0; row < x.rows; ++row)
     vec_kernels().rope_row(x.row(row), tab.cos_of(row), tab.sin_of(row), n_heads, head_dim,
                            adjacent);
 }
 
-void CpuBackend::rope_to_16(MatF x, const int32_t* pos, int n_heads, int head_dim, float theta,
-                            bool adjacent, DType t, uint16_t* x16) {
+void CpuBackend::rope_to_16(MatF x, const int32_t* pos, int n_heads, int head_dim,
+                            const RopeFreqs& freqs, bool adjacent, DType t, uint16_t* x16) {
   QLFT_PROFILE_SCOPE("rope_to_16");
-  op_checks::rope(x.cols, n_heads, head_dim);
+  op_checks::rope(x.cols, n_heads, head_dim, freqs);
   if (x.rows == 0) return;
-  const RopeTable tab(*this, pos, x.rows, head_dim, theta, false);
+  const RopeTable tab(*this, pos, x.rows, head_dim, freqs, false);
   const int64_t C = x.cols;
 #pragma omp parallel num_threads(qlft::num_threads())
   {

@@ -1,0 +1,206 @@
+// RoPE scaling (llama3, linear, dynamic NTK, yarn) against transformers
+// (tests/reference/gen_rope_scaling_fixtures.py; regenerate with
+// /opt/qlft-ref/bin/python tests/reference/gen_rope_scaling_fixtures.py):
+//  - rope_freqs' table (inverse frequencies, cos / sin scale) equals the rotary module's;
+//  - a tiny Llama of each variant gives transformers' logits over 72 tokens (the scaling
+//    changes them by ~100%: the generator checks) and its greedy tokens on the CPU backend;
+//  - the llama3 GGUF as llama.cpp's converter writes it (rope_freqs.weight) gives the same;
+//  - merged exports keep the scaling: reloaded, they give transformers' logits again;
+//  - the backend's rotation with a scaled table against a double oracle (forward, inverse).
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "backend/backend.h"
+#include "core/error.h"
+#include "formats/json_file.h"
+#include "model/rope_scaling.h"
+#include "rope_scaling_util.h"
+#include "train/merge_export.h"
+
+using namespace qlft;
+using namespace rope_test;
+
+namespace {
+
+std::unique_ptr<Model> load(MemoryTracker* tr, const std::string& path) {
+  return load_model(tr, path, model_test::keep());
+}
+
+double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    m = std::max(m, std::fabs(double(a[i]) - double(b[i])) / std::fabs(double(b[i])));
+  return m;
+}
+
+void expect_logits_and_greedy(const Model& m, const std::string& v, double tol = 1e-4) {
+  MemoryTracker tr;
+  auto be = make_cpu_backend(&tr);
+  const std::vector<float> ours = logits_at_positions(m, *be);
+  const std::vector<float> want = reference().f32(v + ".logits");
+  ASSERT_EQ(ours.size(), want.size());
+  const double err = qlft_test::max_rel_error(ours.data(), want.data(), want.size());
+  std::printf("%s: logits vs transformers max rel error %.3g\n", v.c_str(), err);
+  EXPECT_LT(err, tol);
+  EXPECT_EQ(greedy(m, *be), reference().i32(v + ".greedy"));
+}
+
+}  // namespace
+
+TEST(RopeScaling, TablesMatchTransformers) {
+  const int64_t seq = int64_t(reference().i32("tokens").size());
+  for (const char* v : kVariants) {
+    SCOPED_TRACE(v);
+    MemoryTracker tr;
+    auto m = load(&tr, variant_dir(v));
+    EXPECT_STREQ(rope_type_name(m->cfg.rope.type), v);
+    const RopeFreqs f = rope_freqs(m->cfg, seq);
+    const std::vector<float> want = reference().f32(std::string(v) + ".inv_freq");
+    ASSERT_EQ(f.inv_freq.size(), want.size());
+    // torch's vectorized pow may differ from libm's by an ulp or two.
+    EXPECT_LT(max_rel_diff(f.inv_freq, want), 1e-6);
+    EXPECT_NEAR(f.scale, reference().f32(std::string(v) + ".attention_scaling")[0], 1e-6);
+    // Control: the table is not the unscaled one.
+    EXPECT_GT(max_rel_diff(f.inv_freq, RopeFreqs::plain(m->cfg.rope_theta, 16).inv_freq), 0.1);
+  }
+  // Dynamic NTK keeps the plain table up to max_position_embeddings (32 here).
+  MemoryTracker tr;
+  auto d = load(&tr, variant_dir("dynamic"));
+  EXPECT_TRUE(rope_freqs(d->cfg, 32) == RopeFreqs::plain(d->cfg.rope_theta, 16));
+  EXPECT_FALSE(rope_freqs(d->cfg, 33) == RopeFreqs::plain(d->cfg.rope_theta, 16));
+}
+
+TEST(RopeScaling, LogitsAndGreedyMatchTransformers) {
+  for (const char* v : kVariants) {
+    SCOPED_TRACE(v);
+    MemoryTracker tr;
+    auto m = load(&tr, variant_dir(v));
+    expect_logits_and_greedy(*m, v);
+  }
+}
+
+// llama.cpp's form of llama3 scaling: per-frequency divisors in rope_freqs.weight (computed by
+// the converter in float64 from the same parameters, so the table agrees to rounding).
+TEST(RopeScaling, Llama3GgufWithRopeFreqsMatchesTransformers) {
+  MemoryTracker tr;
+  auto m = load(&tr, fixture("llama3.gguf"));
+  ASSERT_EQ(m->cfg.rope.freq_divisors.size(), 8u);
+  EXPECT_TRUE(m->cfg.rope_adjacent);
+  const RopeFreqs f = rope_freqs(m->cfg, 72);
+  EXPECT_LT(max_rel_diff(f.inv_freq, reference().f32("llama3.inv_freq")), 1e-5);
+  expect_logits_and_greedy(*m, "llama3");
+}
+
+// Merged exports write the scaling (config.json rope_parameters and the legacy rope_scaling; GGUF
+// rope.scaling.* keys, rope_freqs.weight where the source had it) and load back to the same model.
+TEST(RopeScaling, MergedExportsKeepTheScaling) {
+  for (const char* v : kVariants) {
+    SCOPED_TRACE(v);
+    MemoryTracker tr;
+    auto m = load(&tr, variant_dir(v));
+    const std::string hf = qlft_test::temp_dir(std::string("rope_merged_hf_") + v);
+    export_merged(*m, nullptr, hf, "safetensors");
+    JsonFile cj = JsonFile::load(hf + "/config.json");
+    EXPECT_EQ(cj.root()["rope_parameters"]["rope_type"], v) << cj.root().dump();
+    EXPECT_EQ(cj.root()["rope_scaling"]["rope_type"], v);
+    auto back = load(&tr, hf);
+    EXPECT_TRUE(rope_freqs(back->cfg, 72) == rope_freqs(m->cfg, 72));
+    expect_logits_and_greedy(*back, v);
+
+    const std::string gg = qlft_test::temp_dir(std::string("rope_merged_gguf_") + v) + "/m.gguf";
+    if (std::string(v) == "dynamic") {  // llama.cpp has no dynamic NTK: refused, not dropped
+      try {
+        export_merged(*m, nullptr, gg, "gguf-f16");
+        ADD_FAILURE() << "a dynamic-NTK model exported to GGUF";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.status(), QLFT_ERR_UNSUPPORTED);
+        EXPECT_NE(std::string(e.what()).find("dynamic"), std::string::npos) << e.what();
+      }
+      continue;
+    }
+    export_merged(*m, nullptr, gg, "gguf-f16");
+    auto g = load(&tr, gg);
+    EXPECT_LT(max_rel_diff(rope_freqs(g->cfg, 72).inv_freq, rope_freqs(m->cfg, 72).inv_freq), 1e-6);
+    EXPECT_NEAR(rope_freqs(g->cfg, 72).scale, rope_freqs(m->cfg, 72).scale, 1e-6);
+    expect_logits_and_greedy(*g, v);
+  }
+  // The llama3 GGUF's rope_freqs.weight is written again by its GGUF export.
+  MemoryTracker tr;
+  auto m = load(&tr, fixture("llama3.gguf"));
+  const std::string gg = qlft_test::temp_dir("rope_merged_gguf_freqs") + "/m.gguf";
+  export_merged(*m, nullptr, gg, "gguf-f16");
+  auto g = load(&tr, gg);
+  EXPECT_EQ(g->cfg.rope.freq_divisors, m->cfg.rope.freq_divisors);
+  // ... and has no transformers config: the safetensors export refuses it, writing nothing.
+  const std::string hf = qlft_test::temp_dir("rope_merged_hf_freqs") + "/out";
+  EXPECT_THROW(export_merged(*m, nullptr, hf, "safetensors"), Error);
+  struct stat st;
+  EXPECT_NE(stat(hf.c_str(), &st), 0) << hf << " was created";
+}
+
+// The backend's rotation with a scaled table (other frequencies, a cos / sin factor) against a
+// double oracle, and its inverse as the transpose (the backward of a scaled rotation).
+TEST(RopeScaling, BackendRotatesWithTheTableAndScale) {
+  MemoryTracker tr;
+  auto be = make_cpu_backend(&tr);
+  const int M = 9, heads = 2, hd = 8, cols = heads * hd;
+  RopeFreqs f = RopeFreqs::plain(10000.f, hd);
+  for (size_t i = 0; i < f.inv_freq.size(); ++i) f.inv_freq[i] *= 0.3f + 0.2f * float(i);
+  f.scale = 1.3f;
+  std::vector<int32_t> pos(M);
+  for (int i = 0; i < M; ++i) pos[size_t(i)] = 7 * i;
+  for (bool adjacent : {false, true}) {
+    std::vector<float> x(size_t(M) * cols);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * float(i)) + 0.1f;
+    std::vector<float> y = x;
+    be->rope(MatF(y.data(), M, cols), pos.data(), heads, hd, f, adjacent, false);
+    double err = 0;
+    for (int r = 0; r < M; ++r)
+      for (int h = 0; h < heads; ++h)
+        for (int i = 0; i < hd / 2; ++i) {
+          const int a = adjacent ? 2 * i : i, b = adjacent ? 2 * i + 1 : i + hd / 2;
+          const double ang = double(pos[size_t(r)]) * double(f.inv_freq[size_t(i)]);
+          const double xa = x[size_t(r * cols + h * hd + a)], xb = x[size_t(r * cols + h * hd + b)];
+          const double ya = f.scale * (xa * std::cos(ang) - xb * std::sin(ang));
+          const double yb = f.scale * (xb * std::cos(ang) + xa * std::sin(ang));
+          err = std::max({err, std::fabs(ya - y[size_t(r * cols + h * hd + a)]),
+                          std::fabs(yb - y[size_t(r * cols + h * hd + b)])});
+        }
+    EXPECT_LT(err, 1e-5) << adjacent;
+    // inverse(forward(x)) = scale^2 x: the transpose of s R is s R^T.
+    be->rope(MatF(y.data(), M, cols), pos.data(), heads, hd, f, adjacent, true);
+    for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(y[i], 1.69f * x[i], 1e-5) << i;
+  }
+  // A table of another head size is refused.
+  std::vector<float> y(size_t(M) * cols);
+  EXPECT_THROW(be->rope(MatF(y.data(), M, cols), pos.data(), heads, hd, RopeFreqs::plain(1e4f, 4),
+                        false, false),
+               Error);
+}
+
+// config.json scaling that is malformed is refused naming the file and key.
+TEST(RopeScaling, ConfigErrorsNameTheKey) {
+  nlohmann::json cfg = {
+      {"max_position_embeddings", 32},
+      {"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}, {"truncate", 1}}}};
+  try {
+    rope_scaling_from_hf(cfg, "x/config.json", 32);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rope_scaling.truncate"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("x/config.json"), std::string::npos) << e.what();
+  }
+  cfg["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", 8.0},
+                         {"low_freq_factor", 4.0},
+                         {"high_freq_factor", 1.0}};
+  EXPECT_THROW(rope_scaling_from_hf(cfg, "x/config.json", 32), Error);
+  // transformers takes rope_scaling over rope_parameters when both are present.
+  cfg["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+  cfg["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  EXPECT_EQ(rope_scaling_from_hf(cfg, "x/config.json", 32).type, RopeType::Linear);
+}
