@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "formats/output_guard.h"
 #include "report/metrics_series.h"
 #include "report/report_html.h"
 
@@ -71,6 +72,12 @@ int32_t qlft_report_write(const char* run_dir, const qlft_report_options* option
     ro.refresh_seconds = o.refresh_seconds;
     const std::string out = o.output_path && *o.output_path ? std::string(o.output_path)
                                                             : std::string(run_dir) + "/report.html";
+    // The report never replaces what it is drawn from, nor another file of the run.
+    qlft::OutputGuard g;
+    g.add_input(std::string(run_dir) + "/metrics.jsonl", "the run's metrics");
+    g.add_run_dir(run_dir, nullptr);
+    const std::string why = g.refusal(out, "qlft_report_write");
+    QLFT_CHECK_ARG(why.empty(), "%s", why.c_str());
     qlft::report::write_report(run_dir, out, ro);
   });
 }

@@ -2,6 +2,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "api/api_outputs.h"
 #include "api/handles.h"
 #include "config/config.h"
 #include "core/error.h"
@@ -92,6 +93,7 @@ int32_t qlft_dataset_load(const qlft_model* model, const char* path, const qlft_
     qlft::ThreadScope threads(model->runtime->threads);  // tokenizing runs on the runtime's threads
     auto d = std::make_unique<qlft_dataset>();
     d->model = model;
+    d->path = path;
     d->encoder = std::make_unique<qlft::data::TokenizerEncoder>(
         model->need_tokenizer(), qlft::data::model_chat_template(*model->model));
     d->data = std::make_unique<qlft::data::Dataset>(
@@ -259,6 +261,8 @@ int32_t qlft_trainer_save_adapter(qlft_trainer* trainer, const char* path, const
     QLFT_CHECK_ARG(f == "peft" || f == "gguf",
                    "qlft_trainer_save_adapter: format must be \"peft\" or \"gguf\", got '%s'",
                    f.c_str());
+    qlft::check_trainer_output(*trainer, path, "qlft_trainer_save_adapter",
+                               f == "peft" ? "adapter" : "adapter.gguf", f == "peft");
     // (a collective with dist.zero3_shard_adapter: Trainer::write_adapter)
     trainer->trainer->write_adapter([&](const qlft::LoraAdapter& lora) {
       if (f == "peft")
@@ -287,6 +291,8 @@ int32_t qlft_trainer_save_checkpoint(qlft_trainer* trainer, const char* path) {
   return guard([&] {
     QLFT_CHECK_ARG(trainer && path && *path,
                    "qlft_trainer_save_checkpoint: trainer and path must be given");
+    qlft::check_trainer_output(*trainer, path, "qlft_trainer_save_checkpoint",
+                               "checkpoint.safetensors");
     qlft::ThreadScope threads(trainer->model->runtime->threads);
     trainer->trainer->save_checkpoint(path);
   });

@@ -38,6 +38,7 @@ struct qlft_model {
 
 struct qlft_dataset {
   const qlft_model* model = nullptr;
+  std::string path;  // what qlft_dataset_load read (an input no output may replace)
   std::unique_ptr<qlft::data::TextEncoder> encoder;
   std::unique_ptr<qlft::data::Dataset> data;
   ~qlft_dataset();

@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "formats/temp_marker.h"
 
 namespace qlft {
 
@@ -53,13 +54,31 @@ std::string dirname_of(const std::string& p) {
 }
 }  // namespace
 
-AtomicFile::AtomicFile(const std::string& path)
-    : path_(path), tmp_(path + ".tmp." + std::to_string(::getpid())) {
+AtomicFile::AtomicFile(const std::string& path) : path_(path), tmp_(temp::temp_path(path)) {
   if (path.empty()) throw_error(QLFT_ERR_IO, "cannot write a file with an empty path");
-  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd_ < 0)
+  // A killed writer's temporary of this same file (marked, its process gone) is removed first;
+  // anything else with a temporary's name is left alone.
+  const size_t slash = path_.rfind('/');
+  temp::remove_stale(dirname_of(path_),
+                     slash == std::string::npos ? path_ : path_.substr(slash + 1), false);
+  // Exclusive and without following links: nothing already at the temporary name (a planted
+  // symlink, a user's file) is opened or truncated.
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd_ < 0) {
+    const int e = errno;
+    if (e == EEXIST)
+      throw_error(QLFT_ERR_IO,
+                  "%s: cannot create %s: something is already there that is not a leftover of a "
+                  "finished qlft process (a live writer, or not made by qlft): remove it or "
+                  "write elsewhere",
+                  path_.c_str(), tmp_.c_str());
     throw_error(QLFT_ERR_IO, "%s: cannot create %s: %s", path_.c_str(), tmp_.c_str(),
-                std::strerror(errno));
+                std::strerror(e));
+  }
+  temp::mark(fd_, tmp_);
+  // The file it replaces keeps its permissions (a 0600 checkpoint stays 0600).
+  struct stat st;
+  if (::stat(path_.c_str(), &st) == 0 && S_ISREG(st.st_mode)) ::fchmod(fd_, st.st_mode & 07777);
   crash_point();
 }
 
@@ -136,6 +155,7 @@ void AtomicFile::commit() {
                 std::strerror(e));
   }
   committed_ = true;
+  temp::unmark_path(path_);  // the marker named the temporary; the file is the real one now
   crash_point();
   // Make the rename itself durable. Failure here cannot undo the rename; the file is complete.
   int dfd = ::open(dirname_of(path_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);

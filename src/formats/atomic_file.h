@@ -1,7 +1,9 @@
 // Crash-safe file writing: bytes go to `<path>.tmp.<pid>`, which is fsync'ed and renamed over
 // `path` only by commit(). A failure at any point removes the temporary file and throws
 // QLFT_ERR_IO naming the path, so `path` is either its old content or the complete new one,
-// never a half-written file.
+// never a half-written file. The temporary is created exclusively (never through a symlink),
+// carries qlft's marker (formats/temp_marker.h), so a later write of the same path removes a
+// killed writer's leftover and nothing else, and takes the permissions of the file it replaces.
 #pragma once
 
 #include <cerrno>

@@ -19,6 +19,7 @@
 #include "formats/json_file.h"
 #include "formats/safetensors.h"
 #include "formats/safetensors_writer.h"
+#include "formats/temp_marker.h"
 
 namespace qlft {
 
@@ -65,12 +66,14 @@ void install_dir(const std::string& tmp, const std::string& dir) {
     if (::rename(tmp.c_str(), dir.c_str()) != 0)
       throw_error(QLFT_ERR_IO, "%s: rename from %s failed: %s", dir.c_str(), tmp.c_str(),
                   std::strerror(errno));
-  } else if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0) {
+  } else if (temp::mark_path(dir, tmp),  // the old adapter lands at tmp: a marked leftover there
+             ::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0) {
     crash_point();
     std::error_code ec;
     std::filesystem::remove_all(tmp, ec);  // now the old adapter; a leftover is only garbage
   } else {
-    const std::string old = dir + ".old." + std::to_string(::getpid());
+    const std::string old = temp::old_path(dir);
+    temp::mark_path(dir, old);
     if (::rename(dir.c_str(), old.c_str()) != 0)
       throw_error(QLFT_ERR_IO, "%s: cannot move the old adapter aside: %s", dir.c_str(),
                   std::strerror(errno));
@@ -85,7 +88,22 @@ void install_dir(const std::string& tmp, const std::string& dir) {
     std::filesystem::remove_all(old, ec);
   }
   crash_point();
+  temp::unmark_path(dir);  // its marker named the temporary; this is the adapter now
   fsync_dir(parent_of(dir));
+}
+
+// The new adapter keeps the permissions of the one it replaces: the directory's and each file's
+// (a 0600 adapter stays 0600); new files keep the writers' default.
+void keep_modes(const std::string& old_dir, const std::string& tmp) {
+  struct stat st;
+  if (::stat(old_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return;
+  ::chmod(tmp.c_str(), st.st_mode & 07777);
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(tmp, ec)) {
+    const std::string old = old_dir + "/" + e.path().filename().string();
+    if (::stat(old.c_str(), &st) == 0 && S_ISREG(st.st_mode))
+      ::chmod(e.path().c_str(), st.st_mode & 07777);
+  }
 }
 
 // An existing directory at the adapter's path is replaced whole, so it must hold an adapter and
@@ -159,12 +177,11 @@ void save_peft_adapter(const LoraAdapter& lora, const std::string& dir,
   std::string target = dir;
   while (target.size() > 1 && target.back() == '/') target.pop_back();
   check_replaceable(target);
-  TempDir tmp{target + ".tmp." + std::to_string(::getpid())};
-  {
-    std::error_code ec;
-    std::filesystem::remove_all(tmp.path, ec);  // a leftover of this pid's earlier failure
-  }
+  TempDir tmp{temp::temp_path(target)};
+  // Killed saves' temporaries of this adapter (marked, their process gone); nothing else.
+  temp::remove_stale(parent_of(target), target.substr(target.rfind('/') + 1), false);
   make_dir(tmp.path);
+  temp::mark_path(tmp.path, tmp.path);
   // Each tensor's HF-order values are made when the writer reaches it, one at a time: no copy
   // of the whole adapter (with two, it was 9.8 MiB of rank 0's peak heap for SmolLM2, r 8).
   SafetensorsWriter w;
@@ -227,6 +244,7 @@ void save_peft_adapter(const LoraAdapter& lora, const std::string& dir,
     throw_error(e.status(), "%s: the adapter was not saved (the previous one is kept): %s",
                 target.c_str(), e.what());
   }
+  keep_modes(target, tmp.path);
   fsync_dir(tmp.path);
   install_dir(tmp.path, target);
   tmp.keep = true;

@@ -4,6 +4,8 @@
 // and written with checked writes, and JSON numbers that are never NaN.
 #include <gtest/gtest.h>
 #include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -11,6 +13,7 @@
 #include <fstream>
 #include <string>
 
+#include "formats/temp_marker.h"
 #include "run_dir.h"
 #include "support/test_support.h"
 
@@ -125,14 +128,30 @@ TEST(RunDir, AnExistingRunNeedsResumeOrOverwrite) {
   }
 }
 
+// A temporary as a writer that was killed leaves it: made and marked by a process that is gone.
+void dead_writers_temp(const std::string& path, bool dir) {
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (dir)
+      fs::create_directories(path);
+    else
+      touch(path);
+    ::_exit(qlft::temp::mark_path(path, path) ? 0 : 1);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "cannot mark " << path;
+}
+
 TEST(RunDir, LeftoversOfDeadRunsAreRemovedAndAMovedAsideAdapterComesBack) {
   const std::string dir = qlft_test::temp_dir("run_dir_leftovers");
-  touch(dir + "/checkpoint.safetensors.tmp.12345");
-  touch(dir + "/adapter.gguf.tmp.77");
-  fs::create_directories(dir + "/adapter.tmp.999");
+  dead_writers_temp(dir + "/checkpoint.safetensors.tmp.12345", false);
+  dead_writers_temp(dir + "/adapter.gguf.tmp.77", false);
+  dead_writers_temp(dir + "/adapter.tmp.999", true);
   touch(dir + "/adapter.tmp.999/adapter_model.safetensors");
   // A save that died between moving the old adapter aside and renaming the new one in.
-  fs::create_directories(dir + "/adapter.old.4242");
+  dead_writers_temp(dir + "/adapter.old.4242", true);
   touch(dir + "/adapter.old.4242/adapter_config.json", "{}");
   touch(dir + "/notes.tmp.txt");  // not a temporary of ours: kept
   RunDirOptions o;
@@ -147,6 +166,86 @@ TEST(RunDir, LeftoversOfDeadRunsAreRemovedAndAMovedAsideAdapterComesBack) {
   EXPECT_EQ(slurp(dir + "/adapter/adapter_config.json"), "{}");
   EXPECT_TRUE(fs::exists(dir + "/notes.tmp.txt"));
   EXPECT_EQ(r.removed().size(), 3u);
+}
+
+// Issue 44 item 4: names of the temporaries' form that qlft did not make (no marker), or whose
+// maker still runs, are a user's files: kept, whole.
+TEST(RunDir, UserFilesWithTemporaryNamesAreKept) {
+  const std::string dir = qlft_test::temp_dir("run_dir_user_tmp");
+  fs::create_directories(dir + "/backup.tmp.1");
+  touch(dir + "/backup.tmp.1/thesis.tex", "\\documentclass{article}");
+  touch(dir + "/notes.tmp.2024", "notes");
+  touch(dir + "/checkpoint.safetensors.tmp.5", "mine");
+  touch(dir + "/live.tmp.7", "a live writer's");
+  ASSERT_TRUE(qlft::temp::mark_path(dir + "/live.tmp.7", dir + "/live.tmp.7"));  // this process
+  // A marker naming another entry (a file renamed after it was marked) does not make it ours.
+  dead_writers_temp(dir + "/x.tmp.3", false);
+  fs::rename(dir + "/x.tmp.3", dir + "/renamed.tmp.4");
+  RunDir r;
+  std::string err;
+  ASSERT_TRUE(r.open(dir, {}, &err)) << err;
+  EXPECT_EQ(slurp(dir + "/backup.tmp.1/thesis.tex"), "\\documentclass{article}");
+  EXPECT_EQ(slurp(dir + "/notes.tmp.2024"), "notes");
+  EXPECT_EQ(slurp(dir + "/checkpoint.safetensors.tmp.5"), "mine");
+  EXPECT_EQ(slurp(dir + "/live.tmp.7"), "a live writer's");
+  EXPECT_TRUE(fs::exists(dir + "/renamed.tmp.4"));
+  EXPECT_TRUE(r.removed().empty());
+}
+
+// Issue 44 item 5: the lock file is never written through a symlink or a hard link.
+TEST(RunDir, ALockFileSymlinkOrHardLinkIsRefusedAndItsTargetKept) {
+  const std::string root = qlft_test::temp_dir("run_dir_lock_link");
+  touch(root + "/victim.txt", "precious");
+  fs::create_directories(root + "/sym");
+  fs::create_symlink("../victim.txt", root + "/sym/.qlft.lock");
+  RunDir r;
+  std::string err;
+  EXPECT_FALSE(r.open(root + "/sym", {}, &err));
+  EXPECT_TRUE(r.refused());
+  EXPECT_NE(err.find("is a symbolic link"), std::string::npos) << err;
+  EXPECT_EQ(slurp(root + "/victim.txt"), "precious");
+
+  fs::create_directories(root + "/hard");
+  fs::create_hard_link(root + "/victim.txt", root + "/hard/.qlft.lock");
+  RunDir h;
+  EXPECT_FALSE(h.open(root + "/hard", {}, &err));
+  EXPECT_TRUE(h.refused());
+  EXPECT_NE(err.find("other hard links"), std::string::npos) << err;
+  EXPECT_EQ(slurp(root + "/victim.txt"), "precious");
+
+  // A FIFO there does not hang the run.
+  fs::create_directories(root + "/fifo");
+  ASSERT_EQ(::mkfifo((root + "/fifo/.qlft.lock").c_str(), 0644), 0);
+  RunDir f;
+  EXPECT_FALSE(f.open(root + "/fifo", {}, &err));
+  EXPECT_NE(err.find("not a regular file"), std::string::npos) << err;
+}
+
+// Issue 44 item 5: deleting .qlft.lock while a run holds the directory lets no second run in.
+TEST(RunDir, DeletingTheLockFileLetsNoSecondRunIn) {
+  const std::string dir = qlft_test::temp_dir("run_dir_lock_deleted");
+  RunDir first;
+  std::string err;
+  ASSERT_TRUE(first.open(dir, {}, &err)) << err;
+  ASSERT_TRUE(fs::remove(dir + "/.qlft.lock"));
+  RunDirOptions o;
+  o.overwrite = true;
+  RunDir second;
+  EXPECT_FALSE(second.open(dir, o, &err));
+  EXPECT_TRUE(second.refused());
+  EXPECT_NE(err.find("in use by another run"), std::string::npos) << err;
+  EXPECT_FALSE(fs::exists(dir + "/.qlft.lock"));  // the refused run created nothing
+  // From another process too (flock is per open file; a child has its own).
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    RunDir child;
+    std::string e;
+    ::_exit(!child.open(dir, o, &e) && child.refused() ? 0 : 1);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
 TEST(RunDir, SameFileAndInside) {

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <string>
 
+#include "../../src/formats/output_guard.h"
 #include "cli.h"
 #include "run_dir.h"
 
@@ -33,16 +34,18 @@ int cmd_export(int argc, char** argv) {
     return kUsage;
   }
   const std::string out = a.flags["out"];
-  // The output must not replace what this command reads.
-  for (const char* in : {"model", "adapter"}) {
-    const std::string& p = a.flags[in];
-    if (same_file(p, out) || is_inside(p, out)) {
-      std::fprintf(stderr,
-                   "qlft-finetune: --out %s is, or holds, the --%s it reads (%s); write "
-                   "elsewhere\n",
-                   out.c_str(), in, p.c_str());
-      return kUsage;
-    }
+  // The output must not replace what this command reads (the library's rule, checked here
+  // before the model loads; the library checks again when it writes).
+  qlft::OutputGuard guard;
+  guard.add_input(a.flags["model"], "the --model");
+  guard.add_input(a.flags["adapter"], "the --adapter");
+  std::string why = guard.refusal(out, "export", fmt == "peft");
+  if (why.empty() && merged_fmt == "safetensors")
+    for (const char* f : {"/model.safetensors", "/config.json"})
+      if (why.empty()) why = guard.refusal(out + f, "export");
+  if (!why.empty()) {
+    std::fprintf(stderr, "qlft-finetune: %s\n", why.c_str());
+    return kUsage;
   }
   const std::string adapter = a.flags["adapter"];
   a.settings.emplace_back("lora.init_from", adapter);

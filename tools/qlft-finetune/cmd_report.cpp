@@ -5,6 +5,7 @@
 // SECONDS until Ctrl-C, and the page then reloads itself at that pace (a meta refresh, no
 // script).
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -66,10 +67,14 @@ int cmd_report(int argc, char** argv) {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
   std::fprintf(stderr, "report: %s, rewritten every %ld s (Ctrl-C stops)\n", out.c_str(), every);
+  const std::string metrics = dir + "/metrics.jsonl";
   while (!g_stop) {
-    // A run that has not written its first step yet is waited for, not an error.
-    if (int32_t st = qlft_report_write(dir.c_str(), &o); st != QLFT_OK && st != QLFT_ERR_IO)
-      return fail("report", st);
+    // A run that has not written its metrics yet is waited for; any other failure (the report
+    // cannot be written, a refused --out) stops the watch with its error.
+    struct stat ms;
+    const bool had_metrics = ::stat(metrics.c_str(), &ms) == 0;  // before: a run may create it
+    if (int32_t st = qlft_report_write(dir.c_str(), &o); st != QLFT_OK)
+      if (st != QLFT_ERR_IO || had_metrics) return fail("report", st);
     for (long i = 0; i < every * 10 && !g_stop; ++i) ::usleep(100000);
   }
   return kOk;

@@ -1,5 +1,7 @@
 #include "run_dir.h"
 
+#include "../../src/formats/temp_marker.h"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
@@ -24,18 +26,6 @@ std::string sys_error(const std::string& what, int err) {
 bool exists(const std::string& p) {
   struct stat st;
   return ::lstat(p.c_str(), &st) == 0;
-}
-
-// "<name>.tmp.<digits>" or "<name>.old.<digits>": a temporary of AtomicFile / the adapter writer.
-bool is_temp_name(const std::string& n, const char* marker, std::string* base) {
-  size_t m = n.rfind(marker);
-  if (m == std::string::npos || m == 0) return false;
-  size_t d = m + std::strlen(marker);
-  if (d >= n.size()) return false;
-  for (size_t i = d; i < n.size(); ++i)
-    if (n[i] < '0' || n[i] > '9') return false;
-  if (base) *base = n.substr(0, m);
-  return true;
 }
 
 std::vector<std::string> list_dir(const std::string& dir) {
@@ -118,8 +108,31 @@ bool is_inside(const std::string& inner, const std::string& outer_dir) {
 }
 
 RunDir::~RunDir() {
-  if (lock_fd_ >= 0) ::close(lock_fd_);  // closing releases the flock
+  if (lock_fd_ >= 0) ::close(lock_fd_);  // closing releases the flocks
+  if (dir_fd_ >= 0) ::close(dir_fd_);
 }
+
+void RunDir::release() {
+  if (lock_fd_ >= 0) ::close(lock_fd_);
+  if (dir_fd_ >= 0) ::close(dir_fd_);
+  lock_fd_ = dir_fd_ = -1;
+  dir_.clear();
+}
+
+namespace {
+// The holder's pid as its lock file says ("unknown" when the file is gone or unreadable); read
+// without following a symlink or blocking on a FIFO.
+std::string holder_pid(const std::string& lock) {
+  int fd = ::open(lock.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return "unknown: " + lock + " is gone";
+  char buf[32] = {0};
+  ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+  ::close(fd);
+  std::string pid = n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string("unknown");
+  while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
+  return pid;
+}
+}  // namespace
 
 bool RunDir::open(const std::string& dir_in, const RunDirOptions& opt, std::string* error) {
   refused_ = true;
@@ -134,25 +147,61 @@ bool RunDir::open(const std::string& dir_in, const RunDirOptions& opt, std::stri
     *error = "train.output_dir " + dir_in + ": " + *error;
     return false;
   }
-  // The lock file: creating it is the writability check, its flock the exclusion.
   const std::string lock = dir + "/" + kLockFile;
-  int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  // The exclusion is a flock on the directory itself, which no one can delete from under a run
+  // while it holds files (deleting .qlft.lock does not let a second run in). Where directories
+  // cannot be flocked (some network file systems) the lock file's own flock below remains.
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) {
+    *error = sys_error("train.output_dir " + dir + ": cannot open", errno);
+    return false;
+  }
+  if (::flock(dfd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+    ::close(dfd);
+    refused_ = true;
+    *error = "train.output_dir " + dir + " is in use by another run (pid " + holder_pid(lock) +
+             ", holding " + dir + "); wait for it or choose another train.output_dir";
+    return false;
+  }
+  dir_fd_ = dfd;
+  // The lock file holds the holder's pid (for that message) and, created here, is the
+  // writability check. It is never followed through a symlink nor truncated through a hard
+  // link: either would let the run overwrite a file outside the directory.
+  int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
   if (fd < 0) {
-    *error = "train.output_dir " + dir +
-             " is not writable: " + sys_error("cannot create " + lock, errno);
+    const int e = errno;
+    release();
+    if (e == ELOOP) {
+      refused_ = true;
+      *error = "train.output_dir " + dir + ": " + lock +
+               " is a symbolic link; qlft does not write through it (it would overwrite the "
+               "file it points to): remove it";
+    } else {
+      *error =
+          "train.output_dir " + dir + " is not writable: " + sys_error("cannot create " + lock, e);
+    }
+    return false;
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) {
+    const bool linked = S_ISREG(st.st_mode) && st.st_nlink != 1;
+    ::close(fd);
+    release();
+    refused_ = true;
+    *error = "train.output_dir " + dir + ": " + lock +
+             (linked ? " has other hard links; qlft does not overwrite it (that would change "
+                       "the other names' file): remove it"
+                     : " is not a regular file: remove it");
     return false;
   }
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     int e = errno;
-    char buf[32] = {0};
-    ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
     ::close(fd);
-    std::string pid = n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string("?");
-    while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
+    release();
     refused_ = e == EWOULDBLOCK;
     if (e == EWOULDBLOCK)
-      *error = "train.output_dir " + dir + " is in use by another run (pid " + pid + ", holding " +
-               lock + "); wait for it or choose another train.output_dir";
+      *error = "train.output_dir " + dir + " is in use by another run (pid " + holder_pid(lock) +
+               ", holding " + lock + "); wait for it or choose another train.output_dir";
     else
       *error = sys_error("cannot lock " + lock, e);
     return false;
@@ -162,34 +211,28 @@ bool RunDir::open(const std::string& dir_in, const RunDirOptions& opt, std::stri
   if (::ftruncate(fd, 0) != 0 || !write_all(fd, pid.data(), pid.size(), &err)) {
     if (!err) err = errno;
     ::close(fd);
+    release();
     *error = "train.output_dir " + dir + " is not writable: " + sys_error(lock, err);
     return false;
   }
   lock_fd_ = fd;
   dir_ = dir;
 
-  // Leftovers of dead runs (we hold the lock: no live qlft run owns them). An adapter moved
+  // Leftovers of killed runs: only what a qlft writer marked as its temporary and whose writer
+  // is gone (formats/temp_marker.h); a user's `notes.tmp.2024` is not touched. An adapter moved
   // aside by a save that died between its two renames is put back when none replaced it.
   for (const std::string& name : list_dir(dir)) {
-    std::string base;
+    std::string stem, kind;
+    if (!qlft::temp::parse_temp_name(name, kAdapterDir, &stem, &kind) || kind != "old" ||
+        exists(file(kAdapterDir)) || !qlft::temp::is_stale(dir, name))
+      continue;
     const std::string p = dir + "/" + name;
-    if (is_temp_name(name, ".old.", &base) && base == kAdapterDir && !exists(file(kAdapterDir))) {
-      if (::rename(p.c_str(), file(kAdapterDir).c_str()) == 0) continue;
-    }
-    const bool old_adapter = is_temp_name(name, ".old.", &base) && base == kAdapterDir;
-    if (is_temp_name(name, ".tmp.", nullptr) || old_adapter) {
-      std::error_code ec;
-      std::filesystem::remove_all(p, ec);
-      removed_.push_back(p);
-    }
+    if (::rename(p.c_str(), file(kAdapterDir).c_str()) == 0)
+      qlft::temp::unmark_path(file(kAdapterDir));
   }
-  for (const std::string& name : list_dir(file(kAdapterDir)))
-    if (is_temp_name(name, ".tmp.", nullptr)) {
-      const std::string p = file(kAdapterDir) + "/" + name;
-      std::error_code ec;
-      std::filesystem::remove_all(p, ec);
-      removed_.push_back(p);
-    }
+  for (const std::string& p : qlft::temp::remove_stale(dir, "", true)) removed_.push_back(p);
+  for (const std::string& p : qlft::temp::remove_stale(file(kAdapterDir), "", false))
+    removed_.push_back(p);
 
   std::vector<std::string> found;
   for (const char* n : {kCheckpointFile, kMetricsFile, kAdapterDir, kAdapterGguf})
@@ -203,9 +246,7 @@ bool RunDir::open(const std::string& dir_in, const RunDirOptions& opt, std::stri
       *error = "train.output_dir " + dir + " holds a run (" + list +
                "): continue it with --resume, replace it with --overwrite, or choose another "
                "train.output_dir";
-      ::close(lock_fd_);
-      lock_fd_ = -1;
-      dir_.clear();
+      release();
       return false;
     }
     for (const auto& f : found) {
@@ -213,9 +254,7 @@ bool RunDir::open(const std::string& dir_in, const RunDirOptions& opt, std::stri
       std::filesystem::remove_all(file(f.c_str()), ec);
       if (ec) {
         *error = "--overwrite: cannot remove " + file(f.c_str()) + ": " + ec.message();
-        ::close(lock_fd_);
-        lock_fd_ = -1;
-        dir_.clear();
+        release();
         return false;
       }
     }
@@ -268,7 +307,8 @@ bool MetricsLog::open(const std::string& path, uint64_t keep_before_step, std::s
   }
   // Rewritten in place (not renamed): the records kept are a prefix of what was there, and a
   // crash while writing them loses at most records a later resume rewrites anyway.
-  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // O_NOFOLLOW: a symlink planted at metrics.jsonl is refused, not truncated through.
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd_ < 0) {
     *error = sys_error("cannot write " + path, errno);
     return false;

@@ -1,15 +1,18 @@
 // The output directory of a training run as one unit (train.output_dir), prepared before the
 // model loads so a bad directory costs seconds, not a whole run:
 //  - the empty path is refused; the directory is created with its parents;
-//  - an advisory lock (flock on <dir>/.qlft.lock, which holds the holder's pid) is held for the
-//    run: a second run into the same directory is refused naming that pid. Creating the lock
-//    file is also the writability check, so the error is the system's real reason (read-only
-//    file system, not a directory, permission denied);
+//  - advisory locks are held for the run: flock on the directory itself (so deleting the lock
+//    file lets no second run in) and on <dir>/.qlft.lock, which holds the holder's pid: a
+//    second run into the same directory is refused naming that pid. Creating the lock file is
+//    also the writability check, so the error is the system's real reason (read-only file
+//    system, not a directory, permission denied); it is opened O_NOFOLLOW and must be a regular
+//    file with no other hard link (a planted symlink or link is refused, never written through);
 //  - a directory holding a started or finished run (checkpoint, metrics, adapters) is refused
 //    unless the run is resumed or overwrite is asked for (then those files are removed first);
-//  - temporary files and directories of dead runs (`*.tmp.<pid>` of the atomic writers, a PEFT
-//    adapter moved aside as `adapter.old.<pid>`: put back when no adapter replaced it) are
-//    removed; the lock guarantees no live qlft run owns them.
+//  - temporary files and directories of dead writers (`*.tmp.<pid>` of the atomic writers, a
+//    PEFT adapter moved aside as `adapter.old.<pid>`: put back when no adapter replaced it) are
+//    removed when they carry qlft's marker and their writer is gone (src/formats/temp_marker.h);
+//    nothing else with such a name is touched.
 // Plain POSIX; no qlft.h (tests compile it on its own).
 #pragma once
 
@@ -53,8 +56,11 @@ class RunDir {
   bool refused() const { return refused_; }
 
  private:
+  void release();  // closes the locks after a failed open()
+
   std::string dir_;
   int lock_fd_ = -1;
+  int dir_fd_ = -1;  // the directory, flocked
   bool had_run_ = false;
   bool refused_ = false;
   std::vector<std::string> removed_;
