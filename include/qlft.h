@@ -454,7 +454,9 @@ QLFT_API void qlft_generation_free(qlft_generation* generation);
 /* One step of a run as qlft-finetune train logs it in <run dir>/metrics.jsonl: the data of the
  * training report (loss, learning rate, speed and the memory timeline), for embedding products
  * that draw their own. A value the record lacks or logged as null (not finite) is NaN; memory
- * per category is 0 in records written before it was logged. */
+ * per category is 0 in records written before it was logged. An evaluation made outside a step
+ * (before training: step 0, or the checkpoint's step on resume; after the last step) is a record
+ * of its own with only step and eval_loss set (loss and learning_rate NaN, tokens 0). */
 typedef struct qlft_metrics_record {
   uint32_t struct_size;
   uint64_t step;

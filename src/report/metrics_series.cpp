@@ -58,7 +58,7 @@ RunInfo read_info(const json& r, const std::string& where) {
   i.lora_targets = str(r, "lora_targets");
   i.precision = str(r, "precision");
   i.lora_r = static_cast<int64_t>(count(r, "lora_r", where));
-  i.lora_alpha = static_cast<int64_t>(count(r, "lora_alpha", where));
+  i.lora_alpha = num(r, "lora_alpha", where);
   i.seq_len = static_cast<int64_t>(count(r, "seq_len", where));
   i.micro_batch = static_cast<int64_t>(count(r, "micro_batch", where));
   i.accumulation = static_cast<int64_t>(count(r, "accumulation", where));
@@ -111,6 +111,8 @@ RunSeries parse_metrics(const std::string& text, const std::string& path) {
     r.memory_bytes = count(j, "memory_bytes", where);
     r.memory_peak_bytes = count(j, "memory_peak_bytes", where);
     r.eval_loss = num(j, "eval_loss", where);
+    r.evaluation = !j.contains("loss") && j.contains("eval_loss");
+    r.eval_tokens = count(j, "eval_tokens", where);
     r.margin = num(j, "margin", where);
     if (j.contains("mem")) {
       r.has_mem = true;

@@ -20,6 +20,9 @@ constexpr double kW = 760, kH = 230;
 constexpr double kLeft = 78, kRight = 16, kTop = 30, kBottom = 34;
 constexpr double kPlotW = kW - kLeft - kRight, kPlotH = kH - kTop - kBottom;
 constexpr double kMiB = 1024.0 * 1024.0;
+// Evaluations listed in the header by step and loss (the first and last half of them when there
+// are more); the loss chart draws every one.
+constexpr size_t kEvalListed = 12;
 
 const char* const kCategoryColor[QLFT_MEM_CATEGORY_COUNT] = {
     "#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3"};
@@ -56,6 +59,10 @@ std::string human_bytes(double b) {
 
 std::string human_seconds(double s) {
   if (!std::isfinite(s) || s < 0) return "-";
+  // A time beyond a year (a corrupt elapsed_s, an ETA from a stalled pace) in years: the
+  // conversion to long below is only defined in range.
+  constexpr double kYear = 365.25 * 86400;
+  if (s >= kYear) return strf("%.3g years", s / kYear);
   long t = static_cast<long>(s + 0.5);
   if (t >= 3600) return strf("%ldh %02ldm %02lds", t / 3600, (t / 60) % 60, t % 60);
   if (t >= 60) return strf("%ldm %02lds", t / 60, t % 60);
@@ -207,8 +214,16 @@ Series line(const std::string& name, const std::string& label, const std::string
   return s;
 }
 
+// The training steps' records, without the evaluation records between them.
+std::vector<MetricsRecord> step_records(const RunSeries& run) {
+  std::vector<MetricsRecord> out;
+  for (const MetricsRecord& r : run.records)
+    if (!r.evaluation) out.push_back(r);
+  return out;
+}
+
 std::vector<Chart> build_charts(const RunSeries& run) {
-  const auto& rs = run.records;
+  const std::vector<MetricsRecord> rs = step_records(run);
   std::vector<double> steps, loss;
   for (const MetricsRecord& r : rs)
     steps.push_back(static_cast<double>(r.step)), loss.push_back(r.loss);
@@ -226,8 +241,10 @@ std::vector<Chart> build_charts(const RunSeries& run) {
       line("loss_smoothed", strf("training loss, smoothed (EMA %.1f)", kLossSmoothing), "#1f4e9c");
   sm.x = steps, sm.y = smooth_ema(loss, kLossSmoothing), sm.width = 2.2;
   Series ev = line("eval_loss", "evaluation loss", "#d1495b");
-  ev.kind = Series::kMarkers;
-  ev.x = steps, ev.y = each(&MetricsRecord::eval_loss);
+  ev.kind = Series::kMarkers;  // every evaluation: the steps' and those before and after them
+  for (const MetricsRecord& r : run.records)
+    if (std::isfinite(r.eval_loss))
+      ev.x.push_back(static_cast<double>(r.step)), ev.y.push_back(r.eval_loss);
   lc.series = {raw, sm, ev};
   charts.push_back(lc);
 
@@ -346,7 +363,7 @@ std::vector<double> smooth_ema(const std::vector<double>& y, double weight) {
 }
 
 std::string render_report_html(const RunSeries& run, const ReportOptions& opt) {
-  const auto& rs = run.records;
+  const std::vector<MetricsRecord> rs = step_records(run);
   const RunInfo& in = run.info;
   const double now = std::isfinite(opt.generated_unix) ? opt.generated_unix
                                                        : static_cast<double>(std::time(nullptr));
@@ -369,8 +386,8 @@ std::string render_report_html(const RunSeries& run, const ReportOptions& opt) {
     row(&o, "architecture", in.architecture + (in.quant_type.empty() ? "" : ", " + in.quant_type));
   if (in.lora_r)
     row(&o, "adapter",
-        strf("LoRA r %lld, alpha %lld, targets %s", (long long)in.lora_r, (long long)in.lora_alpha,
-             in.lora_targets.c_str()));
+        strf("LoRA r %lld, alpha %s, targets %s", (long long)in.lora_r,
+             num_or_dash(in.lora_alpha, "%g").c_str(), in.lora_targets.c_str()));
   if (!in.precision.empty()) row(&o, "precision", in.precision);
   if (in.micro_batch)
     row(&o, "batch",
@@ -387,17 +404,32 @@ std::string render_report_html(const RunSeries& run, const ReportOptions& opt) {
   // Progress and final figures.
   double tokens = 0;
   uint64_t skipped = 0;
-  double best_eval = kNaN, last_eval = kNaN;
   uint64_t mem_peak = 0;
   for (const MetricsRecord& r : rs) {
     tokens += static_cast<double>(r.tokens);
     skipped += r.skipped ? 1 : 0;
-    if (std::isfinite(r.eval_loss)) {
-      last_eval = r.eval_loss;
-      if (!(best_eval <= r.eval_loss)) best_eval = r.eval_loss;
-    }
     mem_peak = std::max(mem_peak, r.memory_peak_bytes);
   }
+  // Every evaluation, in file order: "step 0: 2.7068, step 30: 0.8263 (-69.5%)".
+  std::vector<const MetricsRecord*> evals;
+  double best_eval = kNaN;
+  for (const MetricsRecord& r : run.records)
+    if (std::isfinite(r.eval_loss)) {
+      evals.push_back(&r);
+      if (!(best_eval <= r.eval_loss)) best_eval = r.eval_loss;
+    }
+  std::string eval_list;
+  for (size_t i = 0; i < evals.size(); ++i) {
+    if (evals.size() > kEvalListed && i == kEvalListed / 2) {
+      eval_list += strf(", ... (%zu more)", evals.size() - kEvalListed);
+      i = evals.size() - kEvalListed / 2;
+    }
+    eval_list += strf("%sstep %llu: %.4f", eval_list.empty() ? "" : ", ",
+                      (unsigned long long)evals[i]->step, evals[i]->eval_loss);
+  }
+  if (evals.size() > 1 && evals.front()->eval_loss > 0)
+    eval_list +=
+        strf(" (%+.1f%%)", 100.0 * (evals.back()->eval_loss / evals.front()->eval_loss - 1));
   std::vector<double> loss;
   for (const MetricsRecord& r : rs) loss.push_back(r.loss);
   const std::vector<double> sm = smooth_ema(loss, kLossSmoothing);
@@ -422,7 +454,11 @@ std::string render_report_html(const RunSeries& run, const ReportOptions& opt) {
   }
   row(&o, "loss (last, smoothed)",
       rs.empty() ? "-" : num_or_dash(rs.back().loss) + ", " + num_or_dash(sm.back()));
-  row(&o, "eval loss (last, best)", num_or_dash(last_eval) + ", " + num_or_dash(best_eval));
+  row(&o, "eval loss (first, last, best)",
+      evals.empty() ? "-, -, -"
+                    : num_or_dash(evals.front()->eval_loss) + ", " +
+                          num_or_dash(evals.back()->eval_loss) + ", " + num_or_dash(best_eval));
+  row(&o, "evaluations", evals.empty() ? "none" : eval_list);
   row(&o, "tokens trained", strf("%.0f", tokens));
   row(&o, "skipped steps", strf("%llu", (unsigned long long)skipped));
   row(&o, "memory peak",
@@ -439,9 +475,12 @@ std::string render_report_html(const RunSeries& run, const ReportOptions& opt) {
   if (rs.empty()) {
     o += "<p class=\"empty\">no steps recorded yet</p>\n";
   } else {
-    const double xmin = static_cast<double>(rs.front().step);
+    double xmin = static_cast<double>(rs.front().step);
     double xmax = static_cast<double>(rs.back().step);
-    for (const MetricsRecord& r : rs) xmax = std::max(xmax, static_cast<double>(r.step));
+    for (const MetricsRecord& r : run.records) {  // the evaluation before training included
+      xmin = std::min(xmin, static_cast<double>(r.step));
+      xmax = std::max(xmax, static_cast<double>(r.step));
+    }
     if (!(xmax > xmin)) xmax = xmin + 1;
     for (const Chart& c : build_charts(run)) o += render_chart(c, xmin, xmax);
   }

@@ -171,6 +171,11 @@ std::map<std::string, std::vector<std::pair<double, double>>> expected_series(
     auto add = [&](const std::string& name, const json& v, double scale = 1) {
       if (v.is_number()) s[name].push_back({step, v.get<double>() / scale});
     };
+    // An evaluation outside a step (no "loss"): an eval_loss point and nothing else.
+    if (!r.contains("loss") && r.contains("eval_loss")) {
+      add("eval_loss", r["eval_loss"]);
+      continue;
+    }
     for (const char* k : {"loss", "lr", "loss_scale", "tokens_per_s", "grad_norm", "margin"})
       add(k, r.value(k, json()));
     add("eval_loss", r.value("eval_loss", json()));
@@ -322,6 +327,68 @@ TEST(Report, OneStepRunRenders) {
   const std::string html =
       qlft::report::render_report_html(qlft::report::parse_metrics(text, "m.jsonl"), o);
   expect_drawn_matches_records(html, text);
+}
+
+// qlft-finetune train logs its evaluations before training (step 0) and after the last step as
+// records of their own. The report draws and lists every evaluation (step 0's on the axis), and
+// the step figures (last loss, run time, memory) come from the steps, not from those records.
+TEST(Report, EvaluationsBeforeAndAfterTrainingAreShown) {
+  std::string text = "{\"step\": 0, \"eval_loss\": 2.706800, \"eval_tokens\": 498}\n";
+  for (int step = 1; step <= 4; ++step) {
+    json r;
+    r["step"] = step;
+    r["loss"] = 2.5 - 0.4 * step;
+    r["lr"] = 1e-3;
+    r["grad_norm"] = 0.9;
+    r["loss_scale"] = 1;
+    r["skipped"] = 0;
+    r["tokens"] = 1024;
+    r["tokens_per_s"] = 500.0 + step;
+    r["elapsed_s"] = 2.0 * step;
+    r["memory_bytes"] = 900000000 + step;
+    r["memory_peak_bytes"] = 930000000 + step;
+    if (step == 2) r["eval_loss"] = 1.9;  // train.eval_every 2
+    text += r.dump() + "\n";
+  }
+  text += "{\"step\": 4, \"eval_loss\": 0.826300, \"eval_tokens\": 498}\n";
+  const qlft::report::RunSeries run = qlft::report::parse_metrics(text, "m.jsonl");
+  ASSERT_EQ(run.records.size(), 6u);
+  EXPECT_TRUE(run.records[0].evaluation);
+  EXPECT_EQ(run.records[0].eval_tokens, 498u);
+  EXPECT_FALSE(run.records[2].evaluation);  // a step that evaluated stays a step
+  EXPECT_TRUE(run.records[5].evaluation);
+  qlft::report::ReportOptions o;
+  o.generated_unix = 1.7e9;
+  const std::string html = qlft::report::render_report_html(run, o);
+  expect_drawn_matches_records(html, text);
+  const std::vector<Plot> plots = plots_of(html);
+  ASSERT_FALSE(plots.empty());
+  EXPECT_EQ(plots[0].chart, "loss");
+  EXPECT_EQ(plots[0].xmin, 0);  // the evaluation before training is on the axis
+  EXPECT_EQ(drawn_of(plots[0]).points["eval_loss"].size(), 3u);
+  EXPECT_NE(html.find("<th>eval loss (first, last, best)</th><td>2.7068, 0.8263, 0.8263</td>"),
+            std::string::npos);
+  EXPECT_NE(html.find("<th>evaluations</th><td>step 0: 2.7068, step 2: 1.9000, step 4: 0.8263 "
+                      "(-69.5%)</td>"),
+            std::string::npos);
+  EXPECT_NE(html.find("<th>loss (last, smoothed)</th><td>0.9"), std::string::npos);
+  EXPECT_NE(html.find("<th>run time</th><td>8"), std::string::npos);
+  EXPECT_NE(html.find("<th>steps</th><td>4</td>"), std::string::npos);
+}
+
+// More evaluations than the header lists: the first and last ones and how many between.
+TEST(Report, ManyEvaluationsAreListedFirstAndLast) {
+  std::string text;
+  for (int step = 1; step <= 20; ++step)
+    text += "{\"step\": " + std::to_string(step) +
+            ", \"loss\": 1, \"eval_loss\": " + std::to_string(3.0 - 0.1 * step) + "}\n";
+  qlft::report::ReportOptions o;
+  o.generated_unix = 1.7e9;
+  const std::string html =
+      qlft::report::render_report_html(qlft::report::parse_metrics(text, "m.jsonl"), o);
+  EXPECT_NE(html.find("step 6: 2.4000, ... (8 more), step 15: 1.5000"), std::string::npos);
+  EXPECT_NE(html.find("step 20: 1.0000 (-65.5%)"), std::string::npos);
+  EXPECT_EQ(drawn_of(plots_of(html)[0]).points["eval_loss"].size(), 20u);
 }
 
 TEST(Report, SmoothingIsTheDebiasedEma) {

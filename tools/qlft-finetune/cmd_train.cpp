@@ -3,8 +3,9 @@
 // Trains a LoRA adapter and writes, under train.output_dir (a locked unit, see run_dir.h):
 // checkpoint.safetensors (every train.save_every steps, at the end and on Ctrl-C), metrics.jsonl
 // (one record per step, checked writes; a resumed run rewrites the steps after its checkpoint),
-// adapter/ (PEFT, replaced whole) and adapter.gguf (llama.cpp). Prints eval loss before and
-// after. A failed write stops the run keeping the last checkpoint; a diverged run exits 6
+// adapter/ (PEFT, replaced whole) and adapter.gguf (llama.cpp). Evaluates before and after
+// training, prints both and logs both in metrics.jsonl (evaluation records), so the report shows
+// them. A failed write stops the run keeping the last checkpoint; a diverged run exits 6
 // (QLFT_ERR_NUMERICAL) keeping the last finite checkpoint.
 #include <signal.h>
 #include <sys/stat.h>
@@ -49,6 +50,14 @@ struct Progress {
   uint64_t last_saved = 0;  // step of the last checkpoint written (0: none this run)
   uint64_t steps = 0, skipped = 0, last_step = 0;
   std::string run_members;  // the first record's "run" object (report_fields.h)
+  // The evaluation before training, logged as the first record (after the step it follows:
+  // 0, or the checkpoint's step on --resume) when the first step's record is written.
+  qlft_eval_result eval_before{};
+  bool have_eval_before = false;
+  // The last step that evaluated (train.eval_every) and its loss: the evaluation after
+  // training is not repeated for it.
+  uint64_t last_eval_step = 0;
+  double last_eval_loss = NAN;
   bool last_loss_finite = true;
   // Set when a write failed: the run stops and says so.
   std::string failure;
@@ -103,6 +112,13 @@ std::string metrics_record(const qlft_step_stats* s, const std::string& report_f
   return r;
 }
 
+// An evaluation made outside a step: the held-out loss with the weights after `step`
+// (metrics_series.h: a record with "eval_loss" and no "loss").
+std::string eval_record(uint64_t step, const qlft_eval_result& e) {
+  return "{\"step\": " + std::to_string(step) + ", \"eval_loss\": " + json_number(e.loss, "%.6f") +
+         ", \"eval_tokens\": " + std::to_string(e.tokens) + "}";
+}
+
 int32_t on_progress(const qlft_step_stats* s, void* user) {
   Progress* p = static_cast<Progress*>(user);
   ++p->steps;
@@ -111,7 +127,10 @@ int32_t on_progress(const qlft_step_stats* s, void* user) {
   bool metrics_ok = true;
   if (!p->quiet) {
     std::string err;
-    if (!p->metrics.is_open() && !p->metrics.open(p->metrics_path, s->step, &err)) {
+    if (!p->metrics.is_open() &&
+        (!p->metrics.open(p->metrics_path, s->step, &err) ||
+         (p->have_eval_before &&
+          !p->metrics.append(eval_record(s->step - 1, p->eval_before), &err)))) {
       metrics_ok = false;
     } else if (!p->metrics.append(
                    metrics_record(s, report_step_fields(p->trainer, s, &p->run_members)), &err)) {
@@ -125,6 +144,7 @@ int32_t on_progress(const qlft_step_stats* s, void* user) {
   // A step whose loss is not finite has diverged: its state is not checkpointed (the last
   // good checkpoint stays; every rank sees the same loss, so they skip the collective alike).
   p->last_loss_finite = std::isfinite(s->loss);
+  if (!std::isnan(s->eval_loss)) p->last_eval_step = s->step, p->last_eval_loss = s->eval_loss;
   if (p->save_every > 0 && s->step % static_cast<uint64_t>(p->save_every) == 0 &&
       p->last_loss_finite &&
       (metrics_ok || p->distributed)) {  // (the save is collective: every rank joins it)
@@ -329,6 +349,8 @@ int cmd_train(int argc, char** argv) {
   p.save_every = save_every;
   p.run_members = report_run_members(cfg.get(), s.model.get(), s.data.get(), a.flags["model"],
                                      have_plan ? &predicted : nullptr);
+  p.eval_before = before;
+  p.have_eval_before = have_eval;
   if (writer)
     std::fprintf(stderr, "report: `qlft-finetune report %s [--watch 10]` draws it while training\n",
                  outdir.c_str());
@@ -356,6 +378,27 @@ int cmd_train(int argc, char** argv) {
 
   auto kept = [&]() -> std::string {
     if (p.last_saved) return "the checkpoint of step " + std::to_string(p.last_saved) + " is kept";
+  // The evaluation after training (of a run that finished and did not diverge), logged before
+  // the report is drawn. Every rank evaluates (under ZeRO-3 evaluation gathers weights, a
+  // collective). A last step that evaluated (train.eval_every) already logged it.
+  const bool diverged = p.steps > 0 && (p.skipped == p.steps || !p.last_loss_finite);
+  qlft_eval_result after{};
+  after.struct_size = sizeof after;
+  bool have_after = false;
+  if (have_eval && st == QLFT_OK && p.failure.empty() && !diverged) {
+    if (p.steps > 0 && p.last_eval_step == p.last_step && std::isfinite(p.last_eval_loss)) {
+      after.loss = p.last_eval_loss;
+      after.perplexity = std::exp(after.loss);
+      have_after = true;
+    } else {
+      have_after = qlft_trainer_evaluate(s.trainer.get(), nullptr, &after) == QLFT_OK;
+      std::string werr;
+      if (have_after && writer && p.metrics.is_open() &&
+          !p.metrics.append(eval_record(p.last_step, after), &werr))
+        std::fprintf(stderr, "warning: the evaluation after training is not in %s: %s\n",
+                     p.metrics_path.c_str(), werr.c_str());
+    }
+  }
     if (file_exists(ckpt)) return "the checkpoint written before this run stopped is kept";
     return "no checkpoint was written";
   };
@@ -380,7 +423,7 @@ int cmd_train(int argc, char** argv) {
   }
   // A run that learned nothing (every step skipped) or ended diverged (the last step's loss is
   // not finite) is a failure, not a result: no checkpoint or adapter of it is written.
-  if (p.steps > 0 && (p.skipped == p.steps || !p.last_loss_finite)) {
+  if (diverged) {
     std::fprintf(stderr,
                  "qlft-finetune: training diverged: %s (train.on_nonfinite=skip skipped %llu of "
                  "%llu steps); lower optim.lr or use train.precision=bf16 (%s)\n  %s\n",
@@ -406,14 +449,8 @@ int cmd_train(int argc, char** argv) {
                    ckpt.c_str());
     return kCancelled;
   }
-  // Every rank evaluates (under ZeRO-3 evaluation gathers weights, a collective); rank 0
-  // prints and writes the adapters.
-  if (have_eval) {
-    qlft_eval_result after{};
-    after.struct_size = sizeof after;
-    if (qlft_trainer_evaluate(s.trainer.get(), nullptr, &after) == QLFT_OK && writer)
-      std::printf("eval loss after:  %.4f (perplexity %.2f)\n", after.loss, after.perplexity);
-  }
+  if (have_after && writer)
+    std::printf("eval loss after:  %.4f (perplexity %.2f)\n", after.loss, after.perplexity);
   // A sharded adapter (dist.zero3_shard_adapter) is gathered for the write: every rank calls
   // it and rank 0 writes.
   const bool sharded = world > 1 && config_string(cfg.get(), "dist.zero3_shard_adapter") == "true";
