@@ -369,15 +369,6 @@ int cmd_train(int argc, char** argv) {
   sigaction(SIGTERM, &old_term, nullptr);
   g_trainer.store(nullptr);
   if (p.tty && writer) std::fprintf(stderr, "\n");
-  p.metrics.close();
-  if (writer && p.steps)  // the training report, of a cancelled or stopped run too
-    write_run_report(outdir, !p.failure.empty()         ? "stopped"
-                             : st == QLFT_OK            ? "finished"
-                             : st == QLFT_ERR_CANCELLED ? "cancelled"
-                                                        : "stopped");
-
-  auto kept = [&]() -> std::string {
-    if (p.last_saved) return "the checkpoint of step " + std::to_string(p.last_saved) + " is kept";
   // The evaluation after training (of a run that finished and did not diverge), logged before
   // the report is drawn. Every rank evaluates (under ZeRO-3 evaluation gathers weights, a
   // collective). A last step that evaluated (train.eval_every) already logged it.
@@ -399,6 +390,15 @@ int cmd_train(int argc, char** argv) {
                      p.metrics_path.c_str(), werr.c_str());
     }
   }
+  p.metrics.close();
+  if (writer && p.steps)  // the training report, of a cancelled or stopped run too
+    write_run_report(outdir, !p.failure.empty()         ? "stopped"
+                             : st == QLFT_OK            ? "finished"
+                             : st == QLFT_ERR_CANCELLED ? "cancelled"
+                                                        : "stopped");
+
+  auto kept = [&]() -> std::string {
+    if (p.last_saved) return "the checkpoint of step " + std::to_string(p.last_saved) + " is kept";
     if (file_exists(ckpt)) return "the checkpoint written before this run stopped is kept";
     return "no checkpoint was written";
   };
