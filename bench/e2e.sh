@@ -112,8 +112,8 @@ done
 
 # Spinning OpenMP workers would steal the cores of whatever else runs; both sides get the same.
 # OMP_WAIT_POLICY=default leaves it unset for both: GNU OpenMP's own default (spin a while, then
-# sleep), what a program that sets nothing gets (docs/PERFORMANCE.md, session 15: passive looked
-# 5-17% slower for qlft on a lent VM host, nil for torch).
+# sleep), what a program that sets nothing gets (docs/PERFORMANCE.md, "OpenMP's wait policy":
+# passive looked 5-17% slower for qlft on a lent VM host, nil for torch).
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 [ "$OMP_WAIT_POLICY" != default ] || unset OMP_WAIT_POLICY
 work=$(mktemp -d /tmp/qlft-e2e.XXXXXX)
@@ -209,8 +209,8 @@ fi
 echo "load:    $(cut -d' ' -f1-3 /proc/loadavg) (1/5/15 min) at the end"
 if ((probed)); then
   # Probed again after both sides: on a host whose speed drifts (a lent VM's moved by a third
-  # within minutes, docs/PERFORMANCE.md session 17) sides measured minutes apart ran at
-  # different speeds, and the ratios below say so only through this.
+  # within minutes, docs/PERFORMANCE.md, "Subnormals in attention") sides measured minutes apart
+  # ran at different speeds, and the ratios below say so only through this.
   echo "== GEMM peaks again, at the end"
   probe_peaks peak-end.txt
   awk -v b0="$peak" -v f0="$f32_peak" -v b1="$(peak_of bf16 peak-end.txt)" \

@@ -6,10 +6,10 @@
 // (a count on a Zen 3). Intel cores take a microcode assist for each subnormal input or result of
 // an SSE / AVX multiply or FMA unless MXCSR's DAZ (inputs as zero) and FTZ (results to zero) bits
 // are set; AMD Zen cores take none.
-// Measured on an Emerald Rapids guest (docs/PERFORMANCE.md, session 17): the fp32 attention
-// backward of a SmolLM2 step took half the time with the bits set, the AMX bf16 one about a fifth
-// less; on a Zen 3 the same runs are unchanged. The values flushed are below 1.2e-38, far under
-// what any fp32 result here resolves (torch's and TensorFlow's CPU kernels run with flushing too).
+// Measured on an Emerald Rapids host (docs/PERFORMANCE.md, "Subnormals in attention"): the fp32
+// attention backward of a SmolLM2 step took half the time with the bits set, the AMX bf16 one about
+// a fifth less; on a Zen 3 the same runs are unchanged. The values flushed are below 1.2e-38, far
+// under what any fp32 result here resolves (torch's and TensorFlow's CPU kernels run with flushing too).
 //
 // The bits are set only inside the scope and restored when it ends: the library runs on its
 // caller's threads (the master thread of every OpenMP team), whose environment is theirs.
