@@ -9,7 +9,8 @@
 // Measured on an Emerald Rapids host (docs/PERFORMANCE.md, "Subnormals in attention"): the fp32
 // attention backward of a SmolLM2 step took half the time with the bits set, the AMX bf16 one about
 // a fifth less; on a Zen 3 the same runs are unchanged. The values flushed are below 1.2e-38, far
-// under what any fp32 result here resolves (torch's and TensorFlow's CPU kernels run with flushing too).
+// under what any fp32 result here resolves (torch's and TensorFlow's CPU kernels run with flushing
+// too).
 //
 // The bits are set only inside the scope and restored when it ends: the library runs on its
 // caller's threads (the master thread of every OpenMP team), whose environment is theirs.
