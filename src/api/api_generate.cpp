@@ -9,6 +9,9 @@
 #include "backend/cuda_entry.h"
 #include "core/error.h"
 #include "core/threads.h"
+#include "data/dataset.h"
+#include "data/model_template.h"
+#include "data/tokenizer_encoder.h"
 #include "model/generate.h"
 #include "tokenizer/stream_decoder.h"
 #include "train/trainer.h"
@@ -33,9 +36,17 @@ Prepared prepare(const qlft_model* model, const qlft_trainer* trainer, const cha
   const qlft::Config& c = qlft::config_or_default(config);
   const qlft::Tokenizer& tok = model->need_tokenizer();
   Prepared p;
-  // BOS/EOS as the model's tokenizer adds them (SmolLM2's adds none); an empty prompt still
-  // starts from BOS when the vocabulary has one.
-  p.ids = tok.encode_as_model(prompt, /*parse_special=*/false);
+  if (c.get_bool("generate.chat")) {
+    // A chat: the prompt as the user turn training renders, up to the assistant's header.
+    const qlft::data::TokenizerEncoder enc(tok, qlft::data::model_chat_template(*model->model));
+    const qlft::data::ChatTemplate t = qlft::data::resolve_template(
+        qlft::data::parse_template(c.get("data.template")), enc, nullptr);
+    p.ids = qlft::data::generation_prompt(prompt, t, enc);
+  } else {
+    // BOS/EOS as the model's tokenizer adds them (SmolLM2's adds none); an empty prompt still
+    // starts from BOS when the vocabulary has one.
+    p.ids = tok.encode_as_model(prompt, /*parse_special=*/false);
+  }
   if (p.ids.empty() && tok.bos_id() >= 0) p.ids.push_back(tok.bos_id());
   QLFT_CHECK_ARG(!p.ids.empty(), "%s: the prompt is empty and the vocabulary has no BOS token", fn);
   p.opt.max_tokens = static_cast<int>(c.get_int("generate.max_tokens"));

@@ -221,6 +221,11 @@ const KeyDef kKeys[] = {
     {"generate.seed", KeyType::Int, "0", 0, 9007199254740991.0, "", "Seed of the sampler."},
     {"generate.stop_at_eos", KeyType::Bool, "true", 0, 0, "",
      "Stop when the model emits its end-of-sequence token."},
+    {"generate.chat", KeyType::Bool, "false", 0, 0, "",
+     "Answer the prompt as a chat: it becomes one user turn of the template training uses "
+     "(data.template, with the model's default system prompt) followed by the assistant's "
+     "header, as transformers' apply_chat_template(add_generation_prompt=True). false: the "
+     "prompt is plain text."},
 };
 constexpr size_t kKeyCount = sizeof(kKeys) / sizeof(kKeys[0]);
 

@@ -68,6 +68,22 @@ ChatTemplate resolve_template(TemplateKind requested, const TextEncoder& enc, st
   return t;
 }
 
+std::vector<int32_t> generation_prompt(const std::string& instruction, const ChatTemplate& t,
+                                       const TextEncoder& enc) {
+  Record r;
+  r.format = DataFormat::Alpaca;
+  r.instruction = instruction;
+  r.where = "the prompt";
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> trained;
+  tokenize_record(r, t, TrainOn::Completion, enc, ids, trained);
+  // The empty answer's first trained token is the end of the assistant's turn.
+  size_t n = 0;
+  while (n < ids.size() && !trained[n]) ++n;
+  ids.resize(n);
+  return ids;
+}
+
 void tokenize_record(const Record& r, const ChatTemplate& t, TrainOn train_on,
                      const TextEncoder& enc, std::vector<int32_t>& ids,
                      std::vector<uint8_t>& trained) {

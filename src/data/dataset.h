@@ -79,6 +79,13 @@ void tokenize_record(const Record& r, const ChatTemplate& t, TrainOn train_on,
                      const TextEncoder& enc, std::vector<int32_t>& ids,
                      std::vector<uint8_t>& trained);
 
+// The ids a model reads before answering `instruction` as a chat: the alpaca record
+// {instruction, output ""} tokenized as training tokenizes it, up to its first trained token
+// (the template's user turn and the assistant's header; apply_chat_template with
+// add_generation_prompt=True).
+std::vector<int32_t> generation_prompt(const std::string& instruction, const ChatTemplate& t,
+                                       const TextEncoder& enc);
+
 // The template for alpaca/chat records: the named one, or the one recognized in the model's
 // chat template, else alpaca (it needs no special tokens). *source says which.
 ChatTemplate resolve_template(TemplateKind requested, const TextEncoder& enc, std::string* source);

@@ -12,6 +12,7 @@
 #include "data/model_template.h"
 #include "data/text_encoder.h"
 #include "data/tokenizer_encoder.h"
+#include "formats/gguf.h"
 #include "tokenizer/tokenizer.h"
 #include "support/test_support.h"
 
@@ -235,4 +236,25 @@ TEST(DataTemplates, ChatTemplateFromHfFiles) {
   EXPECT_EQ(hf_chat_template(dir), "");  // malformed: no template, no error
   put("chat_template.jinja", "<|start_header_id|>");
   EXPECT_EQ(hf_chat_template(dir), "<|start_header_id|>");
+}
+
+// generate.chat: the prompt of a chat (one user turn, then the assistant's header) is what
+// transformers' apply_chat_template(add_generation_prompt=True) gives SmolLM2-135M-Instruct with
+// the chat template its GGUF carries, default system prompt included (fixture from
+// tests/reference/gen_chat_prompt_fixtures.py).
+TEST(DataTemplates, GenerationPromptIsTransformersChatPrompt) {
+  QLFT_NEED_SHARED(path, "models/smollm2-135m-instruct-q4_1.gguf");
+  auto bytes = qlft_test::read_file(qlft_test::fixture_path("chat_prompt/prompts.json"));
+  const json cases = json::parse(bytes.begin(), bytes.end())["cases"];
+  ASSERT_GE(cases.size(), 5u);
+  auto tok = Tokenizer::from_gguf_file(path);
+  auto gguf = GgufFile::open(path);
+  TokenizerEncoder enc(*tok, gguf->get_string("tokenizer.chat_template"));
+  std::string source;
+  const ChatTemplate t = resolve_template(TemplateKind::Auto, enc, &source);
+  EXPECT_EQ(t.kind, TemplateKind::ChatML) << source;
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c["prompt"].get<std::string>());
+    EXPECT_EQ(generation_prompt(c["prompt"], t, enc), c["ids"].get<std::vector<int32_t>>());
+  }
 }

@@ -1,6 +1,7 @@
-// qlft-finetune generate --model M [--adapter DIR] --prompt TEXT [--max-tokens N]
+// qlft-finetune generate --model M [--adapter DIR] --prompt TEXT [--chat] [--max-tokens N]
 //   [--temperature T] [--top-k K] [--top-p P] [--seed S]
-// Prints only the generated text on stdout (streamed as it is produced).
+// Prints only the generated text on stdout (streamed as it is produced). --chat
+// (generate.chat) answers the prompt as a user turn of the model's chat template.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -22,13 +23,15 @@ int cmd_generate(int argc, char** argv) {
   std::string err;
   const std::vector<std::string> flags = {"model", "adapter", "prompt", "max-tokens", "temperature",
                                           "top-k", "top-p",   "seed",   "config"};
-  if (!parse_args(argc, argv, 2, flags, {"help"}, &a, &err) || a.flags.count("help") ||
+  if (!parse_args(argc, argv, 2, flags, {"help", "chat"}, &a, &err) || a.flags.count("help") ||
       !a.flags.count("model")) {
     if (!err.empty()) std::fprintf(stderr, "qlft-finetune: %s\n", err.c_str());
     std::fprintf(
         stderr,
-        "usage: qlft-finetune generate --model MODEL [--adapter PEFT_DIR] [--prompt TEXT]\n"
-        "         [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]\n");
+        "usage: qlft-finetune generate --model MODEL [--adapter PEFT_DIR] [--prompt TEXT] "
+        "[--chat]\n"
+        "         [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
+        "  --chat: the prompt is a user turn of the model's chat template (generate.chat)\n");
     return a.flags.count("help") && err.empty() ? kOk : kUsage;
   }
   // The short flags are the generate.* settings under their CLI names.
@@ -40,6 +43,7 @@ int cmd_generate(int argc, char** argv) {
                           {"adapter", "lora.init_from"}};
   for (auto& m : map)
     if (a.flags.count(m[0])) a.settings.emplace_back(m[1], a.flags[m[0]]);
+  if (a.flags.count("chat")) a.settings.emplace_back("generate.chat", a.flags["chat"]);
   int code = kOk;
   ConfigPtr cfg = make_config(a, &code);
   if (!cfg) return code;
