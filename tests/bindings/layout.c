@@ -93,5 +93,25 @@ int main(void) {
   F(qlft_generated_token, finish_reason);
   F(qlft_generated_token, text);
   F(qlft_generated_token, text_len);
+
+  S(qlft_metrics_record);
+  F(qlft_metrics_record, struct_size);
+  F(qlft_metrics_record, step);
+  F(qlft_metrics_record, loss);
+  F(qlft_metrics_record, learning_rate);
+  F(qlft_metrics_record, grad_norm);
+  F(qlft_metrics_record, loss_scale);
+  F(qlft_metrics_record, skipped);
+  F(qlft_metrics_record, tokens);
+  F(qlft_metrics_record, tokens_per_second);
+  F(qlft_metrics_record, elapsed_seconds);
+  F(qlft_metrics_record, eval_loss);
+  F(qlft_metrics_record, margin);
+  F(qlft_metrics_record, memory_reserved);
+  F(qlft_metrics_record, memory_peak);
+  F(qlft_metrics_record, memory);
+  F(qlft_metrics_record, memory_category_peak);
+  F(qlft_metrics_record, predicted);
+  F(qlft_metrics_record, predicted_total);
   return 0;
 }

@@ -158,6 +158,29 @@ pub struct qlft_eval_result {
     pub tokens: u64,
 }
 
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct qlft_metrics_record {
+    pub struct_size: u32,
+    pub step: u64,
+    pub loss: f64,
+    pub learning_rate: f64,
+    pub grad_norm: f64,
+    pub loss_scale: f64,
+    pub skipped: u32,
+    pub tokens: u64,
+    pub tokens_per_second: f64,
+    pub elapsed_seconds: f64,
+    pub eval_loss: f64,
+    pub margin: f64,
+    pub memory_reserved: u64,
+    pub memory_peak: u64,
+    pub memory: [u64; QLFT_MEM_CATEGORY_COUNT],
+    pub memory_category_peak: [u64; QLFT_MEM_CATEGORY_COUNT],
+    pub predicted: [u64; QLFT_MEM_CATEGORY_COUNT],
+    pub predicted_total: u64,
+}
+
 extern "C" {
     pub fn qlft_version_number() -> u32;
     pub fn qlft_version_string() -> *const c_char;
@@ -293,6 +316,13 @@ extern "C" {
     ) -> i32;
     pub fn qlft_generation_cancel(generation: *mut qlft_generation);
     pub fn qlft_generation_free(generation: *mut qlft_generation);
+
+    pub fn qlft_metrics_read(
+        path: *const c_char,
+        records: *mut qlft_metrics_record,
+        capacity: usize,
+        count: *mut usize,
+    ) -> i32;
 }
 
 pub const QLFT_FINISH_NONE: i32 = 0;

@@ -908,6 +908,100 @@ impl Drop for Trainer<'_> {
     }
 }
 
+// ---- training metrics ---------------------------------------------------------------------
+
+/// One step of a run as `qlft-finetune train` logs it in `<run dir>/metrics.jsonl`
+/// (`qlft_metrics_record`): loss, learning rate, speed and the memory timeline. A float the
+/// record lacks, or logged as null (not finite), is NaN; memory per category is 0 in records
+/// written before it was logged. The arrays are indexed by `ffi::QLFT_MEM_*`
+/// ([`memory_category_name`] names them). An evaluation made outside a step (before training,
+/// after the last step) is a record of its own with only `step` and `eval_loss` set (`loss`
+/// and `learning_rate` NaN, `tokens` 0).
+#[derive(Clone, Debug)]
+pub struct MetricsRecord {
+    pub step: u64,
+    pub loss: f64,
+    pub learning_rate: f64,
+    pub grad_norm: f64,
+    pub loss_scale: f64,
+    /// The step was skipped (non-finite gradients).
+    pub skipped: bool,
+    pub tokens: u64,
+    pub tokens_per_second: f64,
+    /// Since this process's run started (a resumed run restarts it).
+    pub elapsed_seconds: f64,
+    /// The held-out loss when an evaluation ran after this step (None otherwise, or when it
+    /// was not finite).
+    pub eval_loss: Option<f64>,
+    /// Preference runs: the chosen-minus-rejected margin (None in other runs).
+    pub margin: Option<f64>,
+    /// Runtime-owned bytes after the step.
+    pub memory_reserved: u64,
+    /// The highest runtime-owned bytes so far.
+    pub memory_peak: u64,
+    /// Reserved bytes per category after the step.
+    pub memory: [u64; ffi::QLFT_MEM_CATEGORY_COUNT],
+    /// The highest reserved bytes per category so far (what `predicted` predicts).
+    pub memory_category_peak: [u64; ffi::QLFT_MEM_CATEGORY_COUNT],
+    /// The planner's step-peak bytes per category for the run (the same in every record).
+    pub predicted: [u64; ffi::QLFT_MEM_CATEGORY_COUNT],
+    /// The planner's step-peak total for the run; 0: unknown.
+    pub predicted_total: u64,
+}
+
+impl MetricsRecord {
+    fn from_raw(r: &ffi::qlft_metrics_record) -> MetricsRecord {
+        let opt = |v: f64| if v.is_nan() { None } else { Some(v) };
+        MetricsRecord {
+            step: r.step,
+            loss: r.loss,
+            learning_rate: r.learning_rate,
+            grad_norm: r.grad_norm,
+            loss_scale: r.loss_scale,
+            skipped: r.skipped != 0,
+            tokens: r.tokens,
+            tokens_per_second: r.tokens_per_second,
+            elapsed_seconds: r.elapsed_seconds,
+            eval_loss: opt(r.eval_loss),
+            margin: opt(r.margin),
+            memory_reserved: r.memory_reserved,
+            memory_peak: r.memory_peak,
+            memory: r.memory,
+            memory_category_peak: r.memory_category_peak,
+            predicted: r.predicted,
+            predicted_total: r.predicted_total,
+        }
+    }
+}
+
+/// Reads a run's metrics.jsonl (`qlft_metrics_read`): one record per logged step, in file
+/// order. A last line still being written is left out, so this may be called while the run
+/// trains; a malformed line is an [`ErrorKind::Format`] error naming the file and line, an
+/// unreadable file an [`ErrorKind::Io`] error naming it.
+pub fn metrics_read(path: impl AsRef<Path>) -> Result<Vec<MetricsRecord>> {
+    let p = c_path(path.as_ref())?;
+    let mut n = 0usize;
+    check(unsafe { ffi::qlft_metrics_read(p.as_ptr(), ptr::null_mut(), 0, &mut n) })?;
+    loop {
+        // A live run appends records between the calls: leave room for some, and when more
+        // came than fit (the C call then reports the new count), read again.
+        let capacity = n + 64;
+        let mut raw = vec![
+            ffi::qlft_metrics_record {
+                struct_size: std::mem::size_of::<ffi::qlft_metrics_record>() as u32,
+                ..Default::default()
+            };
+            capacity
+        ];
+        let st = unsafe { ffi::qlft_metrics_read(p.as_ptr(), raw.as_mut_ptr(), capacity, &mut n) };
+        if st == ffi::QLFT_ERR_INVALID_ARGUMENT && n > capacity {
+            continue;
+        }
+        check(st)?;
+        return Ok(raw[..n].iter().map(MetricsRecord::from_raw).collect());
+    }
+}
+
 /// Size and field offsets of every result struct as canonical lines, for comparison with the
 /// C compiler's view (tests/bindings/layout.c).
 pub fn layout_lines() -> Vec<String> {
@@ -1014,5 +1108,24 @@ pub fn layout_lines() -> Vec<String> {
     f!(qlft_generated_token, finish_reason);
     f!(qlft_generated_token, text);
     f!(qlft_generated_token, text_len);
+    s!(qlft_metrics_record);
+    f!(qlft_metrics_record, struct_size);
+    f!(qlft_metrics_record, step);
+    f!(qlft_metrics_record, loss);
+    f!(qlft_metrics_record, learning_rate);
+    f!(qlft_metrics_record, grad_norm);
+    f!(qlft_metrics_record, loss_scale);
+    f!(qlft_metrics_record, skipped);
+    f!(qlft_metrics_record, tokens);
+    f!(qlft_metrics_record, tokens_per_second);
+    f!(qlft_metrics_record, elapsed_seconds);
+    f!(qlft_metrics_record, eval_loss);
+    f!(qlft_metrics_record, margin);
+    f!(qlft_metrics_record, memory_reserved);
+    f!(qlft_metrics_record, memory_peak);
+    f!(qlft_metrics_record, memory);
+    f!(qlft_metrics_record, memory_category_peak);
+    f!(qlft_metrics_record, predicted);
+    f!(qlft_metrics_record, predicted_total);
     v
 }
