@@ -14,7 +14,8 @@ secs=${1:-60}
 shift || true
 build=${FUZZ_BUILD:-$root/build-fuzz}
 all=(fuzz_gguf fuzz_safetensors fuzz_safetensors_index fuzz_hf_model fuzz_tokenizer_json
-  fuzz_tokenizer_text fuzz_records fuzz_config_yaml fuzz_checkpoint fuzz_cli_args)
+  fuzz_tokenizer_text fuzz_records fuzz_config_yaml fuzz_checkpoint fuzz_cli_args
+  fuzz_output_guard)
 targets=("${@:-${all[@]}}")
 [ $# -eq 0 ] && targets=("${all[@]}")
 

@@ -28,7 +28,8 @@ join_files() {  # join_files FILE... : parts separated by the separator line
 have() { [ -f "$1" ]; }
 
 for t in fuzz_gguf fuzz_safetensors fuzz_safetensors_index fuzz_hf_model fuzz_tokenizer_json \
-  fuzz_tokenizer_text fuzz_records fuzz_config_yaml fuzz_checkpoint fuzz_cli_args; do
+  fuzz_tokenizer_text fuzz_records fuzz_config_yaml fuzz_checkpoint fuzz_cli_args \
+  fuzz_output_guard; do
   mkdir -p "$out/$t"
   [ -d "$here/seeds/$t" ] && cp "$here/seeds/$t"/* "$out/$t/" 2>/dev/null || true
 done
