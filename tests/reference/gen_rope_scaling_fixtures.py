@@ -22,8 +22,17 @@ Runs transformers in fp32 on the CPU and writes tests/reference/fixtures/rope_sc
                          divisor per frequency, convert_hf_to_gguf.py's formula), no
                          rope.scaling.type key.
 
-Run: /opt/qlft-ref/bin/python tests/reference/gen_rope_scaling_fixtures.py
-(The reference venv /opt/qlft-ref: `bash scripts/setup-reference.sh` creates it.)
+  peft_adapter/          a LoRA (r=4, alpha=8, all 7 targets) qlft trained on the llama3 variant
+                         (6 AdamW steps on the 72 tokens): written by OUR code, the C++ test
+                         `QLFT_WRITE_ROPE_FIXTURES=1 test_rope_scaling --gtest_filter=*WriteFixtures*`.
+  peft.safetensors       (--peft) base_logits and peft_logits: the llama3 model's logits over the
+                         72 tokens (at `positions`) without and with
+                         PeftModel.from_pretrained(peft_adapter/).
+
+Run (the reference venv /opt/qlft-ref: `bash scripts/setup-reference.sh` creates it):
+  /opt/qlft-ref/bin/python tests/reference/gen_rope_scaling_fixtures.py
+  QLFT_WRITE_ROPE_FIXTURES=1 <build>/tests/test_rope_scaling --gtest_filter=*WriteFixtures*
+  /opt/qlft-ref/bin/python tests/reference/gen_rope_scaling_fixtures.py --peft
 """
 import json
 import math
@@ -32,7 +41,7 @@ import sys
 
 import numpy as np
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from transformers import LlamaForCausalLM
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -148,7 +157,29 @@ def write_llama3_gguf(path, sd):
     w.close()
 
 
+def peft_stage():
+    """PEFT's logits with the adapter qlft trained (peft_adapter/, see the module docstring)."""
+    from peft import PeftModel
+    tok = torch.tensor([load_file(os.path.join(OUT, "reference.safetensors"))["tokens"].tolist()])
+    base = load("llama3")
+    with torch.no_grad():
+        base_logits = base(input_ids=tok).logits[0].clone()
+    pm = PeftModel.from_pretrained(load("llama3"), os.path.join(OUT, "peft_adapter")).eval()
+    with torch.no_grad():
+        peft_logits = pm(input_ids=tok).logits[0].clone()
+    d = float((peft_logits - base_logits).abs().max() / peft_logits.abs().max())
+    print(f"peft: the adapter changes the logits by {d:.3g} (relative)")
+    assert d > 1e-2, d
+    save_file({"base_logits": base_logits[POSITIONS].clone(),
+               "peft_logits": peft_logits[POSITIONS].clone()},
+              os.path.join(OUT, "peft.safetensors"))
+
+
 def main():
+    if sys.argv[1:] == ["--peft"]:
+        peft_stage()
+        fixture_versions.write(OUT, __file__, inputs=[])
+        return
     os.makedirs(OUT, exist_ok=True)
     torch.manual_seed(4343)
     gen = torch.Generator().manual_seed(4343)

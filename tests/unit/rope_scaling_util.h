@@ -39,10 +39,11 @@ inline std::string variant_dir(const std::string& v) {
 }
 
 // The logits of the fixture's 72 tokens (one sequence) at the fixture's positions.
-inline std::vector<float> logits_at_positions(const Model& m, Backend& be) {
+inline std::vector<float> logits_at_positions(const Model& m, Backend& be,
+                                              LoraAdapter* lora = nullptr) {
   const std::vector<int32_t> tok = reference().i32("tokens");
   const std::vector<int32_t> at = reference().i32("positions");
-  LlamaRunner run(m, be, nullptr);
+  LlamaRunner run(m, be, lora);
   TokenBatch b;
   b.batch = 1;
   b.seq = static_cast<int>(tok.size());

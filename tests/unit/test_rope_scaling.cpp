@@ -6,12 +6,16 @@
 //    changes them by ~100%: the generator checks) and its greedy tokens on the CPU backend;
 //  - the llama3 GGUF as llama.cpp's converter writes it (rope_freqs.weight) gives the same;
 //  - merged exports keep the scaling: reloaded, they give transformers' logits again;
-//  - the backend's rotation with a scaled table against a double oracle (forward, inverse).
+//  - the backend's rotation with a scaled table against a double oracle (forward, inverse);
+//  - a LoRA adapter qlft trained on the llama3 model (peft_adapter/, written by WriteFixtures
+//    below with QLFT_WRITE_ROPE_FIXTURES=1, then read by the generator's --peft stage with
+//    PeftModel.from_pretrained) gives PEFT's logits when qlft loads it.
 #include <gtest/gtest.h>
 
 #include <sys/stat.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
@@ -19,7 +23,11 @@
 #include "formats/json_file.h"
 #include "model/rope_scaling.h"
 #include "rope_scaling_util.h"
+#include "config/config.h"
+#include "data/batches.h"
+#include "train/adapter_io.h"
 #include "train/merge_export.h"
+#include "train/trainer.h"
 
 using namespace qlft;
 using namespace rope_test;
@@ -47,6 +55,21 @@ void expect_logits_and_greedy(const Model& m, const std::string& v, double tol =
   std::printf("%s: logits vs transformers max rel error %.3g\n", v.c_str(), err);
   EXPECT_LT(err, tol);
   EXPECT_EQ(greedy(m, *be), reference().i32(v + ".greedy"));
+}
+
+Config peft_config() {
+  Config c;
+  c.set("lora.r", "4");
+  c.set("lora.alpha", "8");
+  c.set("lora.dropout", "0");
+  c.set("lora.target_modules", "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj");
+  c.set("optim.name", "adamw");
+  c.set("optim.lr", "1e-2");
+  c.set("train.max_steps", "6");
+  c.set("train.micro_batch", "1");
+  c.set("train.precision", "fp32");
+  c.set("seed", "43");
+  return c;
 }
 
 }  // namespace
@@ -203,4 +226,48 @@ TEST(RopeScaling, ConfigErrorsNameTheKey) {
   cfg["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
   cfg["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
   EXPECT_EQ(rope_scaling_from_hf(cfg, "x/config.json", 32).type, RopeType::Linear);
+}
+
+// Trains the adapter the PEFT comparison uses: 6 AdamW steps on the fixture's 72 tokens (next-token
+// targets) of the llama3 model, whose scaled RoPE forward and backward the steps run through.
+TEST(RopeScaling, WriteFixtures) {
+  if (!std::getenv("QLFT_WRITE_ROPE_FIXTURES"))
+    QLFT_SKIP("fixture-writer") << "QLFT_WRITE_ROPE_FIXTURES unset";
+  MemoryTracker tr;
+  auto m = load(&tr, variant_dir("llama3"));
+  Trainer t(*m, &tr, nullptr, peft_config());
+  const std::vector<int32_t> tok = reference().i32("tokens");
+  const int seq = static_cast<int>(tok.size()) - 1;
+  for (int s = 0; s < 6; ++s) {
+    std::vector<data::Batch> b(1);
+    b[0].micro_batch = b[0].rows = 1;
+    b[0].seq_len = seq;
+    b[0].tokens.assign(tok.begin(), tok.end() - 1);
+    b[0].targets.assign(tok.begin() + 1, tok.end());
+    b[0].trained_tokens = seq;
+    StepReport r;
+    t.step_on(b, &r);
+    ASSERT_FALSE(r.skipped);
+    std::printf("step %d loss %.5f\n", s + 1, r.loss);
+  }
+  save_peft_adapter(t.lora(), fixture("peft_adapter"), "qlft-rope-scaling-llama3");
+}
+
+TEST(RopeScaling, AdapterTrainedByQlftGivesPeftLogits) {
+  MemoryTracker tr;
+  auto m = load(&tr, variant_dir("llama3"));
+  const std::string dir = fixture("peft_adapter");
+  LoraAdapter lora(&tr, m->cfg, read_peft_config(dir));
+  load_peft_adapter(lora, dir);
+  const model_test::Fixture peft(fixture("peft.safetensors"));
+  auto be = make_cpu_backend(&tr);
+  const std::vector<float> ours = logits_at_positions(*m, *be, &lora);
+  const std::vector<float> want = peft.f32("peft_logits");
+  ASSERT_EQ(ours.size(), want.size());
+  const double err = qlft_test::max_rel_error(ours.data(), want.data(), want.size());
+  std::printf("logits with the adapter vs PeftModel.from_pretrained: max rel error %.3g\n", err);
+  EXPECT_LT(err, 1e-4);
+  // Control: the adapter changes the model (so this is no base-model comparison).
+  const std::vector<float> base = peft.f32("base_logits");
+  EXPECT_GT(qlft_test::max_rel_error(base.data(), want.data(), want.size()), 1e-2);
 }
