@@ -18,9 +18,11 @@ add_library(qlft::qlft ALIAS qlft)  # the same name for add_subdirectory() users
 # its dependencies' non-system directories (none on Debian, where MPI's libdir is also in
 # ld.so.conf; an OpenMPI or oneDNN from /opt would be listed).
 set_target_properties(qlft PROPERTIES BUILD_WITH_INSTALL_RPATH ON INSTALL_RPATH_USE_LINK_PATH ON)
-# The CLI finds libqlft beside itself in any prefix.
+# The installed CLI finds libqlft beside itself in any prefix. It is its own link of the CLI's
+# objects (tools/qlft-finetune), linked with this RUNPATH, so no binary is edited at install.
 file(RELATIVE_PATH _qlft_bin_to_lib "/P/${CMAKE_INSTALL_BINDIR}" "/P/${CMAKE_INSTALL_LIBDIR}")
-set_target_properties(qlft-finetune PROPERTIES INSTALL_RPATH "$ORIGIN/${_qlft_bin_to_lib}")
+set_target_properties(qlft-finetune-install PROPERTIES BUILD_WITH_INSTALL_RPATH ON
+                      INSTALL_RPATH "$ORIGIN/${_qlft_bin_to_lib}")
 
 set(QLFT_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/qlft)
 install(TARGETS qlft EXPORT qlftTargets
