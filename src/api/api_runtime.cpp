@@ -7,8 +7,36 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/threads.h"
+#include "dist/mpi_plugin_loader.h"
+#include "optim/state_store.h"
+#include "train/adapter_io.h"
 
 using qlft::guard;
+
+namespace qlft {
+// The report of a runtime's tracker; fn names the entry point in errors (the trainer's report
+// is its runtime's).
+void memory_report(const qlft_runtime* runtime, qlft_memory_report* out, const char* fn) {
+  QLFT_CHECK_ARG(out, "%s: out is NULL", fn);
+  QLFT_CHECK_ARG(out->struct_size >= sizeof(uint32_t) + sizeof(uint64_t),
+                 "%s: set out->struct_size = sizeof(qlft_memory_report)", fn);
+  MemorySnapshot s = runtime->tracker.snapshot();
+  qlft_memory_report r{};
+  r.struct_size = sizeof(r);
+  r.limit = s.limit;
+  for (int i = 0; i < QLFT_MEM_CATEGORY_COUNT; ++i) {
+    r.allocated[i] = s.allocated[i];
+    r.reserved[i] = s.reserved[i];
+    r.peak[i] = s.peak[i];
+  }
+  r.total_reserved = s.total_reserved;
+  r.total_peak = s.total_peak;
+  r.process_peak_rss = process_peak_rss();
+  uint32_t n = out->struct_size < sizeof(r) ? out->struct_size : sizeof(r);
+  std::memcpy(out, &r, n);
+  out->struct_size = n;
+}
+}  // namespace qlft
 
 extern "C" {
 
@@ -44,6 +72,10 @@ int32_t qlft_runtime_create(const qlft_config* config, qlft_runtime** out) {
     // memory.limit is the GPU's budget with backend=cuda: device bytes only (the host keeps the
     // loaded weights and the adapter's host copy outside it).
     if (c.get("backend") == "cuda") rt->tracker.set_limit_space(qlft::MemSpace::Device);
+    // What a run will need from outside the model and data, checked before they load.
+    if (!c.get("offload.dir").empty()) qlft::check_offload_dir(c.get("offload.dir"));
+    if (c.get("dist.backend") != "none") qlft::dist::require_mpi_plugin();  // mpi, nccl over mpi
+    if (!c.get("lora.init_from").empty()) qlft::read_peft_config(c.get("lora.init_from"));
     *out = rt.release();
   });
 }
@@ -59,24 +91,8 @@ const char* qlft_memory_category_name(int32_t category) {
 
 int32_t qlft_runtime_memory_report(const qlft_runtime* runtime, qlft_memory_report* out) {
   return guard([&] {
-    QLFT_CHECK_ARG(runtime && out, "qlft_runtime_memory_report: runtime and out must not be NULL");
-    QLFT_CHECK_ARG(out->struct_size >= sizeof(uint32_t) + sizeof(uint64_t),
-                   "qlft_runtime_memory_report: set out->struct_size = sizeof(qlft_memory_report)");
-    qlft::MemorySnapshot s = runtime->tracker.snapshot();
-    qlft_memory_report r{};
-    r.struct_size = sizeof(r);
-    r.limit = s.limit;
-    for (int i = 0; i < QLFT_MEM_CATEGORY_COUNT; ++i) {
-      r.allocated[i] = s.allocated[i];
-      r.reserved[i] = s.reserved[i];
-      r.peak[i] = s.peak[i];
-    }
-    r.total_reserved = s.total_reserved;
-    r.total_peak = s.total_peak;
-    r.process_peak_rss = qlft::process_peak_rss();
-    uint32_t n = out->struct_size < sizeof(r) ? out->struct_size : sizeof(r);
-    std::memcpy(out, &r, n);
-    out->struct_size = n;
+    QLFT_CHECK_ARG(runtime, "qlft_runtime_memory_report: runtime is NULL");
+    qlft::memory_report(runtime, out, "qlft_runtime_memory_report");
   });
 }
 

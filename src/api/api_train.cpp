@@ -28,9 +28,10 @@ void copy_out(const T& full, T* out) {
   out->struct_size = n;
 }
 
-#define QLFT_CHECK_STRUCT(p, T)                               \
+// fn: the entry point's name (inside guard's lambda __func__ would be "operator()").
+#define QLFT_CHECK_STRUCT(fn, p, T)                           \
   QLFT_CHECK_ARG((p) && (p)->struct_size >= sizeof(uint32_t), \
-                 "%s: out is NULL or out->struct_size is not set (use sizeof(" #T "))", __func__)
+                 fn ": out is NULL or out->struct_size is not set (use sizeof(" #T "))")
 
 void fill_stats(const qlft_trainer* t, const qlft::StepReport& r, qlft_step_stats* s,
                 double elapsed) {
@@ -109,7 +110,7 @@ void qlft_dataset_free(qlft_dataset* dataset) {
 int32_t qlft_dataset_get_stats(const qlft_dataset* dataset, qlft_dataset_stats* out) {
   return guard([&] {
     QLFT_CHECK_ARG(dataset, "qlft_dataset_get_stats: dataset is NULL");
-    QLFT_CHECK_STRUCT(out, qlft_dataset_stats);
+    QLFT_CHECK_STRUCT("qlft_dataset_get_stats", out, qlft_dataset_stats);
     const qlft::data::DataStats& s = dataset->data->stats();
     qlft_dataset_stats f{};
     f.struct_size = sizeof(f);
@@ -169,6 +170,9 @@ int32_t qlft_trainer_step(qlft_trainer* trainer, qlft_step_stats* out) {
   return guard([&] {
     QLFT_CHECK_ARG(trainer, "qlft_trainer_step: trainer is NULL");
     refuse_reentry(trainer, "qlft_trainer_step");
+    QLFT_CHECK_ARG(trainer->data,
+                   "qlft_trainer_step: the trainer has no training data (qlft_trainer_create "
+                   "was given none; such a trainer evaluates, generates and exports)");
     qlft::ThreadScope threads(trainer->model->runtime->threads);
     trainer->trainer->clear_cancel();  // a cancel sent while idle does not outlive the idle time
     qlft::StepReport r;
@@ -185,6 +189,9 @@ int32_t qlft_trainer_train(qlft_trainer* trainer, qlft_progress_fn progress, voi
     QLFT_CHECK_ARG(trainer, "qlft_trainer_train: trainer is NULL");
     refuse_reentry(trainer, "qlft_trainer_train");
     qlft::ThreadScope threads(trainer->model->runtime->threads);
+    QLFT_CHECK_ARG(trainer->data,
+                   "qlft_trainer_train: the trainer has no training data (qlft_trainer_create "
+                   "was given none; such a trainer evaluates, generates and exports)");
     qlft::Trainer& t = *trainer->trainer;
     t.clear_cancel();  // only a cancel sent while this call runs stops it
     const qlft::TrainSettings& ts = t.settings();
@@ -232,7 +239,7 @@ void qlft_trainer_cancel(qlft_trainer* trainer) {
 int32_t qlft_trainer_evaluate(qlft_trainer* trainer, qlft_dataset* data, qlft_eval_result* out) {
   return guard([&] {
     QLFT_CHECK_ARG(trainer, "qlft_trainer_evaluate: trainer is NULL");
-    QLFT_CHECK_STRUCT(out, qlft_eval_result);
+    QLFT_CHECK_STRUCT("qlft_trainer_evaluate", out, qlft_eval_result);
     qlft_dataset* d = data ? data : trainer->data;
     QLFT_CHECK_ARG(d, "qlft_trainer_evaluate: no dataset given and the trainer has none");
     qlft::ThreadScope threads(trainer->model->runtime->threads);
@@ -316,11 +323,10 @@ int32_t qlft_trainer_dist_info(const qlft_trainer* trainer, int32_t* rank, int32
 }
 
 int32_t qlft_trainer_memory_report(const qlft_trainer* trainer, qlft_memory_report* out) {
-  if (!trainer) {
-    qlft::set_last_error("qlft_trainer_memory_report: trainer is NULL");
-    return QLFT_ERR_INVALID_ARGUMENT;
-  }
-  return qlft_runtime_memory_report(trainer->model->runtime, out);
+  return guard([&] {
+    QLFT_CHECK_ARG(trainer, "qlft_trainer_memory_report: trainer is NULL");
+    qlft::memory_report(trainer->model->runtime, out, "qlft_trainer_memory_report");
+  });
 }
 
 }  // extern "C"

@@ -55,4 +55,6 @@ struct qlft_trainer {
 namespace qlft {
 // The settings of cfg, or the defaults when cfg is NULL.
 const Config& config_or_default(const qlft_config* cfg);
+// Fills out from runtime's tracker (api_runtime.cpp); fn names the C entry point in errors.
+void memory_report(const qlft_runtime* runtime, qlft_memory_report* out, const char* fn);
 }  // namespace qlft

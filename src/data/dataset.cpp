@@ -246,7 +246,9 @@ Built build_docs(const DataOptions& opt, const TextEncoder& enc) {
         continue;
       }
       if (std::find(t.trained.begin() + 1, t.trained.end(), 1) == t.trained.end()) {
-        log.add("no_trained_tokens", r.where + ": no token to train on (no assistant/response?)");
+        // A chat without an assistant turn (an alpaca record without output): a bad record.
+        bad_record(ro, log, "no_trained_tokens", r.where,
+                   "no token to train on (no assistant turn or response)");
         continue;
       }
       store.add(t.ids, t.trained);
@@ -291,10 +293,16 @@ Built build_docs(const DataOptions& opt, const TextEncoder& enc) {
   out.train_docs.assign(order.begin() + static_cast<ptrdiff_t>(n_eval), order.end());
   st.train_docs = out.train_docs.size();
   st.eval_docs = out.eval_docs.size();
-  if (out.train_docs.empty())
-    throw_error(QLFT_ERR_FORMAT, "%s: no usable training records (%llu read, %llu dropped)",
+  if (out.train_docs.empty()) {
+    // Why, not only how many: the drops by reason and the first of them with its line.
+    std::string why;
+    for (const auto& [reason, n] : st.dropped_by_reason)
+      why += strf("%s%llu %s", why.empty() ? ": " : ", ", (unsigned long long)n, reason.c_str());
+    if (!st.drop_examples.empty()) why += "; first: " + st.drop_examples.front();
+    throw_error(QLFT_ERR_FORMAT, "%s: no usable training records (%llu read, %llu dropped%s)",
                 opt.path.c_str(), (unsigned long long)st.records,
-                (unsigned long long)st.records_dropped);
+                (unsigned long long)st.records_dropped, why.c_str());
+  }
   return out;
 }
 

@@ -276,7 +276,10 @@ void read_txt(const std::string& path, std::string_view s, const ReadOptions& op
     }
     Record r;
     r.format = DataFormat::Text;
-    r.text = std::string(text);
+    // CRLF line ends read as LF: a file saved on Windows trains on the same tokens, not '\r's.
+    r.text.reserve(text.size());
+    for (size_t i = 0; i < text.size(); ++i)
+      if (text[i] != '\r' || i + 1 >= text.size() || text[i + 1] != '\n') r.text += text[i];
     r.where = std::move(where);
     out.push_back(std::move(r));
   };

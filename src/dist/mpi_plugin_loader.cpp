@@ -152,6 +152,10 @@ std::string mpi_plugin_path() {
   return dir.empty() ? std::string(kPluginFile) : dir + "/" + kPluginFile;
 }
 
+void require_mpi_plugin() {
+  load_plugin();
+}
+
 std::unique_ptr<Communicator> make_mpi_communicator_from_plugin(double timeout_s) {
   return std::make_unique<PluginCommunicator>(load_plugin(), timeout_s);
 }

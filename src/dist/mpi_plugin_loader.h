@@ -21,4 +21,8 @@ std::string mpi_plugin_path();
 // exit from inside it).
 std::unique_ptr<Communicator> make_mpi_communicator_from_plugin(double timeout_s);
 
+// Opens the plugin (as above) without starting MPI: qlft_runtime_create's check, so
+// dist.backend=mpi without a plugin fails before the model and data load.
+void require_mpi_plugin();
+
 }  // namespace qlft::dist

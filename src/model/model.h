@@ -113,6 +113,13 @@ std::vector<std::vector<int>> weight_groups_of_units(const Model& m);
 // follows the same rule (WeightFootprint::kept).
 bool gguf_kept_as_stored(const GgufTensorInfo& t, bool linear, const LoadOptions& o);
 
+// The shape sanity every reader of a model's hyperparameters applies (load_model, the planner
+// behind `estimate`): positive dimensions, heads a multiple of KV heads, an even head
+// dimension, finite rms eps and rope theta > 0. Throws QLFT_ERR_FORMAT naming path.
+void check_model_config(const ModelConfig& c, const std::string& path);
+// A GGUF's tokenizer must have one token per embedding row (when it has a tokenizer).
+void check_gguf_vocabulary(const GgufFile& g, int64_t embedding_rows);
+
 // Single weight groups (for_each_weight_buffer's numbering) loaded again from the file a model
 // came from, exactly as load_model made them (same reader, same quantization): a rank-local
 // source of streamed weights (ZeRO-3 evaluation and generation, dist/zero3_stream.h). Opens its

@@ -111,7 +111,9 @@ QuantKind target_kind(const LoadOptions& o) {
               o.quant_type.c_str());
 }
 
-void check_config(const ModelConfig& c, const std::string& path) {
+}  // namespace
+
+void check_model_config(const ModelConfig& c, const std::string& path) {
   QLFT_CHECK_FORMAT(c.n_layers > 0 && c.n_layers <= 1024, "%s: layer count %d is invalid",
                     path.c_str(), c.n_layers);
   QLFT_CHECK_FORMAT(c.dim > 0 && c.n_heads > 0 && c.n_kv_heads > 0 && c.ffn_dim > 0,
@@ -122,11 +124,23 @@ void check_config(const ModelConfig& c, const std::string& path) {
                     c.n_heads, c.n_kv_heads);
   QLFT_CHECK_FORMAT(c.head_dim > 0 && c.head_dim % 2 == 0, "%s: head dimension %d must be even",
                     path.c_str(), c.head_dim);
-  QLFT_CHECK_FORMAT(c.rms_eps > 0 && c.rope_theta > 0, "%s: rms eps and rope theta must be > 0",
-                    path.c_str());
+  QLFT_CHECK_FORMAT(
+      c.rms_eps > 0 && std::isfinite(c.rms_eps) && c.rope_theta > 0 && std::isfinite(c.rope_theta),
+      "%s: rms eps (%g) and rope theta (%g) must be finite and > 0", path.c_str(),
+      static_cast<double>(c.rms_eps), static_cast<double>(c.rope_theta));
 }
 
-}  // namespace
+void check_gguf_vocabulary(const GgufFile& g, int64_t embedding_rows) {
+  const GgufValue* t = g.find("tokenizer.ggml.tokens");
+  if (!t || t->type != GgufType::ARRAY) return;  // no tokenizer: nothing to disagree with
+  // llama.cpp's rule: one embedding row per token. Fewer tokens leave ids the model can emit
+  // but no tokenizer can decode; more give ids with no embedding row.
+  QLFT_CHECK_FORMAT(static_cast<int64_t>(t->count) == embedding_rows,
+                    "%s: the vocabulary has %llu tokens (tokenizer.ggml.tokens) but tensor "
+                    "'token_embd.weight' has %lld rows; they must be equal",
+                    g.path().c_str(), static_cast<unsigned long long>(t->count),
+                    static_cast<long long>(embedding_rows));
+}
 
 bool gguf_kept_as_stored(const GgufTensorInfo& t, bool linear, const LoadOptions& o) {
   if (static_cast<GgmlType>(t.type) == GgmlType::F32) return true;
@@ -172,7 +186,7 @@ class GgufLoader {
     // qwen2 keeps Hugging Face's rotate-half order (NEOX rope).
     c.rope_adjacent = c.arch != "qwen2";
     c.qkv_bias = g.find_tensor("blk.0.attn_q.bias") != nullptr;
-    check_config(c, path);
+    check_model_config(c, path);
     // llama.cpp's converter writes llama3 RoPE scaling as per-pair divisors of the frequencies.
     if (g.find_tensor("rope_freqs.weight")) {
       std::vector<float>& d = c.rope.freq_divisors;
@@ -190,6 +204,7 @@ class GgufLoader {
                       "%s: tensor 'token_embd.weight' has %lld rows, not a vocabulary size",
                       path.c_str(), static_cast<long long>(emb.ne[1]));
     c.vocab = static_cast<int>(emb.ne[1]);
+    check_gguf_vocabulary(g, emb.ne[1]);
     if (const GgufTensorInfo* out = g.find_tensor("output.weight"))
       expect_shape(*out, c.vocab, c.dim);
     else
@@ -446,7 +461,7 @@ class HfLoader {
     c.tied_embeddings = cj.get_bool("tie_word_embeddings", false);
     const bool tie_explicit = cj.has("tie_word_embeddings");
     c.rope_adjacent = false;
-    check_config(c, cj.path());
+    check_model_config(c, cj.path());
     QLFT_CHECK_FORMAT(c.vocab > 0, "%s: vocab_size must be positive", cj.path().c_str());
 
     st_ = SafetensorsSet::open(is_dir(path) ? dir : path);
@@ -744,7 +759,15 @@ std::unique_ptr<Model> load_model(MemoryTracker* tracker, const std::string& pat
       if (m->gguf) m->gguf->drop_tensor_pages();
     };
     m->load_options = opt;
-    if (ends_with(path, ".gguf") || has_gguf_magic(path)) {
+    // A regular file that is neither GGUF (by its magic) nor .safetensors / a shard index is not
+    // a model: the HF loader would look for a config.json beside it (any, not the user's).
+    const bool gguf = has_gguf_magic(path);
+    QLFT_CHECK_FORMAT(gguf || S_ISDIR(st.st_mode) || ends_with(path, ".safetensors") ||
+                          ends_with(path, ".json") || ends_with(path, ".gguf"),
+                      "%s: not a model (expected a .gguf file, a .safetensors file beside its "
+                      "config.json, or a Hugging Face model directory)",
+                      path.c_str());
+    if (ends_with(path, ".gguf") || gguf) {
       m->source_format = "gguf";
       all(GgufLoader(tracker, opt, *m));
     } else {

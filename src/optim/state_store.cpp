@@ -39,12 +39,7 @@ class PagedFileStore final : public StateStore {
  public:
   PagedFileStore(MemoryTracker* tracker, std::string dir)
       : tracker_(tracker), dir_(std::move(dir)) {
-    struct stat st;
-    if (::stat(dir_.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-      throw_error(QLFT_ERR_IO, "offload.dir '%s' is not a directory", dir_.c_str());
-    if (::access(dir_.c_str(), W_OK | X_OK) != 0)
-      throw_error(QLFT_ERR_IO, "offload.dir '%s' is not writable: %s", dir_.c_str(),
-                  std::strerror(errno));
+    check_offload_dir(dir_);
   }
   ~PagedFileStore() override {
     for (const Mapping& m : maps_) {
@@ -113,6 +108,15 @@ class PagedFileStore final : public StateStore {
 
 std::unique_ptr<StateStore> make_host_state_store(MemoryTracker* tracker) {
   return std::make_unique<HostStateStore>(tracker);
+}
+
+void check_offload_dir(const std::string& dir) {
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    throw_error(QLFT_ERR_IO, "offload.dir '%s' is not a directory", dir.c_str());
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    throw_error(QLFT_ERR_IO, "offload.dir '%s' is not writable: %s", dir.c_str(),
+                std::strerror(errno));
 }
 
 std::unique_ptr<StateStore> make_paged_state_store(MemoryTracker* tracker, const std::string& dir) {

@@ -68,4 +68,8 @@ std::unique_ptr<StateStore> make_host_state_store(MemoryTracker* tracker);
 // Throws QLFT_ERR_IO naming dir if it is not a writable directory.
 std::unique_ptr<StateStore> make_paged_state_store(MemoryTracker* tracker, const std::string& dir);
 
+// Throws QLFT_ERR_IO unless dir is a writable directory: the paged store's check, also run by
+// qlft_runtime_create so a bad offload.dir fails before the model and data load.
+void check_offload_dir(const std::string& dir);
+
 }  // namespace qlft

@@ -162,12 +162,20 @@ WeightFootprint gguf_footprint(const std::string& path, const LoadOptions& o, Mo
   c.head_dim =
       static_cast<int>(g->get_int_in(a + "attention.key_length", 1, 4096, c.dim / c.n_heads));
   c.context_length = static_cast<int>(g->get_int_in(a + "context_length", 1, 1 << 26, 2048));
+  // The loader's keys and defaults, and its checks (model.h): estimate refuses what load refuses.
+  c.rms_eps = static_cast<float>(g->get_float(a + "attention.layer_norm_rms_epsilon", 1e-5));
+  c.rope_theta = static_cast<float>(g->get_float(a + "rope.freq_base", 10000.0));
   c.rope = rope_scaling_from_gguf(*g, a);
+  check_model_config(c, path);
   const GgufTensorInfo* emb = g->find_tensor("token_embd.weight");
   QLFT_CHECK_FORMAT(emb && emb->ne[0] == c.dim,
                     "%s: tensor 'token_embd.weight' is missing or "
                     "has the wrong width",
                     path.c_str());
+  QLFT_CHECK_FORMAT(emb->ne[1] >= 1 && emb->ne[1] <= (int64_t(1) << 24),
+                    "%s: tensor 'token_embd.weight' has %lld rows, not a vocabulary size",
+                    path.c_str(), static_cast<long long>(emb->ne[1]));
+  check_gguf_vocabulary(*g, emb->ne[1]);
   c.vocab = static_cast<int>(emb->ne[1]);
   c.qkv_bias = g->find_tensor("blk.0.attn_q.bias") != nullptr;
   c.tied_embeddings = g->find_tensor("output.weight") == nullptr;
@@ -211,6 +219,11 @@ WeightFootprint gguf_footprint(const std::string& path, const LoadOptions& o, Mo
       const GgmlTypeTraits* tr = ggml_type_traits(t->type);
       QLFT_CHECK_FORMAT(tr, "%s: tensor '%s' has an unknown type", path.c_str(), n.c_str());
       const int64_t rows = shapes[p][0], cols = shapes[p][1];
+      QLFT_CHECK_FORMAT(t->ne[0] == cols && t->ne[1] == rows && t->ne[2] == 1 && t->ne[3] == 1,
+                        "%s: tensor '%s' has shape [%lld, %lld], expected [%lld, %lld]",
+                        path.c_str(), n.c_str(), static_cast<long long>(t->ne[0]),
+                        static_cast<long long>(t->ne[1]), static_cast<long long>(cols),
+                        static_cast<long long>(rows));
       const uint64_t kept_bytes = t->type == 0 /* F32 */
                                       ? uint64_t(rows * cols) * 4
                                       : uint64_t(rows * cols) / tr->block * tr->bytes;
@@ -246,9 +259,12 @@ WeightFootprint hf_footprint(const std::string& path, const LoadOptions& o, Mode
   QLFT_CHECK_FORMAT(c.dim % c.n_heads == 0, "%s: hidden_size %d is not a multiple of %d heads",
                     dir.c_str(), c.dim, c.n_heads);
   c.head_dim = static_cast<int>(cj.get_int_in("head_dim", 1, 4096, c.dim / c.n_heads));
+  c.rms_eps = static_cast<float>(cj.get_float("rms_norm_eps", 1e-6));
+  c.rope_theta = static_cast<float>(cj.get_float("rope_theta", 10000.0));
   c.context_length =
       static_cast<int>(cj.get_int_in("max_position_embeddings", 1, 1 << 26, 2048));
   c.rope = rope_scaling_from_hf(cj.root(), cj.path(), c.context_length);
+  check_model_config(c, cj.path());
   auto st = SafetensorsSet::open(is_dir(path) ? dir : path);
   c.tied_embeddings = cj.get_bool("tie_word_embeddings", false) || !st->find("lm_head.weight");
   c.qkv_bias = c.arch == "qwen2" || cj.get_bool("attention_bias", false) ||
@@ -282,6 +298,9 @@ WeightFootprint hf_footprint(const std::string& path, const LoadOptions& o, Mode
                           o.blocksize, t->nbytes);
         continue;
       }
+      QLFT_CHECK_FORMAT(t->shape.size() == 2 && t->shape[0] == rows && t->shape[1] == cols,
+                        "%s: tensor '%s' is not [%lld, %lld] as config.json implies", dir.c_str(),
+                        n.c_str(), static_cast<long long>(rows), static_cast<long long>(cols));
       const bool half = t->dtype == DType::F16 || t->dtype == DType::BF16;
       add_linear(w, g, o, rows, cols, uint64_t(rows * cols) * (half ? 2 : 4));
     }

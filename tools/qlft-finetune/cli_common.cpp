@@ -1,5 +1,6 @@
 #include <sys/stat.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 
@@ -170,32 +171,8 @@ ConfigPtr make_config(const Args& a, int* exit_code) {
   return cfg;
 }
 
-namespace {
-// A regular file that is neither GGUF (by its magic) nor .safetensors cannot be a model; the
-// loader would take it for a Hugging Face directory and complain about config.json.
-bool looks_like_model(const std::string& path) {
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return true;  // the loader says
-  const std::string ext = ".safetensors";
-  if (path.size() >= ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0)
-    return true;
-  char magic[4] = {0};
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) return true;
-  size_t n = std::fread(magic, 1, 4, f);
-  std::fclose(f);
-  return n == 4 && std::memcmp(magic, "GGUF", 4) == 0;
-}
-}  // namespace
-
 int open_model(const std::string& path, const qlft_config* cfg, TrainSession* s) {
-  if (!looks_like_model(path)) {
-    std::fprintf(stderr,
-                 "qlft-finetune: %s: not a model (expected a .gguf file, a .safetensors file "
-                 "beside its config.json, or a Hugging Face model directory)\n",
-                 path.c_str());
-    return kFormat;
-  }
+  // A file that is not a model is refused by qlft_model_load before it reads anything.
   qlft_runtime* rt = nullptr;
   int32_t st = qlft_runtime_create(cfg, &rt);
   if (st != QLFT_OK) return fail("runtime", st);
@@ -212,6 +189,30 @@ int open_session(const Args& a, const qlft_config* cfg, TrainSession* s, bool ne
   if (m == a.flags.end()) {
     std::fprintf(stderr, "qlft-finetune: --model is required\n");
     return kUsage;
+  }
+  // What the command needs besides the model and data, checked before they load (the
+  // runtime checks offload.dir and the MPI plugin): the adapter to start from.
+  auto ad = a.flags.find("adapter");
+  if (ad != a.flags.end()) {
+    struct stat st;
+    if (::stat(ad->second.c_str(), &st) != 0) {
+      std::fprintf(stderr, "qlft-finetune: %s: %s (--adapter)\n", ad->second.c_str(),
+                   std::strerror(errno));
+      return kIo;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+      std::fprintf(stderr,
+                   "qlft-finetune: %s: not a directory; --adapter is a PEFT adapter directory "
+                   "(adapter_config.json + adapter_model.safetensors, as train writes)\n",
+                   ad->second.c_str());
+      return kUsage;
+    }
+    const std::string peft_config = ad->second + "/adapter_config.json";
+    if (::stat(peft_config.c_str(), &st) != 0) {
+      std::fprintf(stderr, "qlft-finetune: %s: %s (--adapter: not a PEFT adapter directory)\n",
+                   peft_config.c_str(), std::strerror(errno));
+      return kIo;
+    }
   }
   if (int rc = open_model(m->second, cfg, s)) return rc;
   qlft_model* model = s->model.get();
@@ -242,7 +243,6 @@ int open_session(const Args& a, const qlft_config* cfg, TrainSession* s, bool ne
   st = qlft_trainer_create(model, s->data.get(), cfg, &t);
   if (st != QLFT_OK) return fail("trainer", st);
   s->trainer.reset(t);
-  auto ad = a.flags.find("adapter");
   if (ad != a.flags.end()) {
     st = qlft_trainer_load_adapter(t, ad->second.c_str());
     if (st != QLFT_OK) return fail(ad->second.c_str(), st);

@@ -359,14 +359,23 @@ int cmd_train(int argc, char** argv) {
   struct sigaction sa {};
   sa.sa_handler = on_sigint;
   sigemptyset(&sa.sa_mask);
+  // A closed terminal or ssh session (SIGHUP) stops the run like Ctrl-C and kill: a checkpoint,
+  // exit 130. Its stderr may be gone by then: from here on a write to it fails (EPIPE) instead
+  // of killing the run before its checkpoint.
   struct sigaction old_int {
-  }, old_term{};
+  }, old_term{}, old_hup{};
   sigaction(SIGINT, &sa, &old_int);
   sigaction(SIGTERM, &sa, &old_term);
+  sigaction(SIGHUP, &sa, &old_hup);
+  struct sigaction ign {};
+  ign.sa_handler = SIG_IGN;
+  sigemptyset(&ign.sa_mask);
+  sigaction(SIGPIPE, &ign, nullptr);
   int32_t st = qlft_trainer_train(s.trainer.get(), on_progress, &p);
   const std::string train_error = st != QLFT_OK ? qlft_last_error() : "";
   sigaction(SIGINT, &old_int, nullptr);
   sigaction(SIGTERM, &old_term, nullptr);
+  sigaction(SIGHUP, &old_hup, nullptr);
   g_trainer.store(nullptr);
   if (p.tty && writer) std::fprintf(stderr, "\n");
   // The evaluation after training (of a run that finished and did not diverge), logged before

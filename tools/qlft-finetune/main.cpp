@@ -33,17 +33,24 @@ int main(int argc, char** argv) {
     return cli::kUsage;
   }
   std::string cmd = argv[1];
+  // Commands that take no argument refuse one ("version extra" is a typo, not a version).
+  auto no_args = [&]() {
+    if (argc <= 2) return true;
+    std::fprintf(stderr, "qlft-finetune: %s takes no arguments, got '%s'\n", cmd.c_str(), argv[2]);
+    return false;
+  };
   if (cmd == "inspect") return cli::cmd_inspect(argc, argv);
   if (cmd == "train") return cli::cmd_train(argc, argv);
   if (cmd == "tokenize") return cli::cmd_tokenize(argc, argv);
   if (cmd == "generate") return cli::cmd_generate(argc, argv);
   if (cmd == "data-stats") return cli::cmd_data_stats(argc, argv);
-  if (cmd == "config-doc") return cli::cmd_config_doc(argc, argv);
+  if (cmd == "config-doc") return no_args() ? cli::cmd_config_doc(argc, argv) : cli::kUsage;
   if (cmd == "eval") return cli::cmd_eval(argc, argv);
   if (cmd == "export") return cli::cmd_export(argc, argv);
   if (cmd == "estimate") return cli::cmd_estimate(argc, argv);
   if (cmd == "report") return cli::cmd_report(argc, argv);
   if (cmd == "version" || cmd == "--version") {
+    if (!no_args()) return cli::kUsage;
     std::printf("%s\n", qlft_build_info());
     return cli::kOk;
   }

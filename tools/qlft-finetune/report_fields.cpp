@@ -1,6 +1,8 @@
 #include "report_fields.h"
 
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 
 namespace cli {
@@ -65,7 +67,15 @@ std::string report_run_members(const qlft_config* cfg, const qlft_model* model,
       o += std::string(", \"") + member + "\": " + v;
   };
   num_setting("lora_r", "lora.r");
-  num_setting("lora_alpha", "lora.alpha");
+  // lora.alpha is a real number (24.5): written as the JSON number it is.
+  const std::string alpha = setting(cfg, "lora.alpha");
+  char* end = nullptr;
+  const double av = std::strtod(alpha.c_str(), &end);
+  if (!alpha.empty() && end && *end == '\0' && std::isfinite(av)) {
+    char b[40];
+    std::snprintf(b, sizeof b, "%.17g", av);
+    o += std::string(", \"lora_alpha\": ") + b;
+  }
   o += ", \"lora_targets\": " + json_string(setting(cfg, "lora.target_modules"));
   o += ", \"precision\": " + json_string(setting(cfg, "train.precision"));
   num_setting("seq_len", "data.seq_len");

@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# What the CLI checks before it works, and what it says (issue 44, items 9, 12, 13, 14):
+#   SIGHUP (a closed terminal) checkpoints and exits 130 like SIGTERM, with save_every 0;
+#   `version extra` / `config-doc extra` are refused (exit 2);
+#   a bad offload.dir, a missing --adapter and a lora.init_from that is no adapter are refused
+#   before the model and the data load (no "data:" line, exit 3);
+#   lora.alpha 24.5 is reported as 24.5; an absurd elapsed_s shows as years, not 300 digits;
+#   a chat record without an assistant turn fails with its line and reason under on_error=fail,
+#   and "no usable training records" says why under skip; CRLF .txt files train on the same
+#   tokens as LF ones.
+# Each check is a defect the issue found. usage: cli_validation.sh QLFT_FINETUNE SHARED_DIR
+set -uo pipefail  # not -e: every check runs and reports
+cli=$(realpath "$1")
+shared=$(realpath "$2")
+model="$shared/models/stories260K.gguf"
+text="$shared/data/tinyshakespeare.txt"
+if [ ! -f "$model" ] || [ ! -f "$text" ]; then
+  source "$(dirname "$0")/../support/skip.sh"  # fails instead under CI=true
+  qlft_skip shared-missing "$model or $text not found (set QLFT_SHARED_DIR)"
+fi
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+head -c 40000 "$text" >small.txt
+args=(--model "$model" --quant.type keep --threads 1 --seed 5 --data.seq_len 64
+      --train.micro_batch 2 --lora.r 4)
+fails=0
+check() {  # check NAME STATUS [file to show on failure]
+  if [ "$2" = 0 ]; then echo "ok   $1"; else
+    echo "FAIL $1"; [ -n "${3:-}" ] && sed 's/^/     /' "$3"; fails=$((fails + 1)); fi
+}
+r() { local log=$1; shift; "$cli" "$@" >"$log.out" 2>"$log.err" && rc=0 || rc=$?; }
+
+# --- item 9: SIGHUP ------------------------------------------------------------------------------
+"$cli" train "${args[@]}" --data small.txt --train.max_steps 100000 --train.output_dir hup \
+  >hup.out 2>hup.err &
+pid=$!
+for _ in $(seq 1 3000); do  # up to 30 s for the first step
+  n=$(grep -c '"loss"' hup/metrics.jsonl 2>/dev/null || true)
+  [ "${n:-0}" -ge 2 ] && break
+  kill -0 "$pid" 2>/dev/null || break
+  sleep 0.01
+done
+kill -HUP "$pid"
+wait "$pid" && rc=0 || rc=$?
+[ $rc = 130 ] && [ -s hup/checkpoint.safetensors ] && grep -q "cancelled; checkpoint written" hup.err
+check "SIGHUP saves a checkpoint and exits 130 (save_every 0; rc $rc)" $? hup.err
+r hup_resume train "${args[@]}" --data small.txt --train.max_steps 3 --train.output_dir hup \
+  --resume
+grep -q "resumed from" hup_resume.err
+check "the run stopped by SIGHUP resumes" $? hup_resume.err
+
+# --- item 12: stray words after commands that take none ---------------------------------------
+r ver version extra
+[ $rc = 2 ] && grep -q "version takes no arguments, got 'extra'" ver.err && [ ! -s ver.out ]
+check "version extra refused (exit 2)" $? ver.err
+r cdoc config-doc extra
+[ $rc = 2 ] && grep -q "config-doc takes no arguments" cdoc.err && [ ! -s cdoc.out ]
+check "config-doc extra refused (exit 2)" $? cdoc.err
+r ver_ok version
+[ $rc = 0 ] && [ -s ver_ok.out ]
+check "version still prints" $? ver_ok.err
+
+# --- item 13: what a run needs is checked before the model and data load ----------------------
+r offl train "${args[@]}" --data small.txt --train.max_steps 1 --train.output_dir o_offl \
+  --optim.name paged_adamw8bit --offload.dir "$work/no-such-dir"
+[ $rc = 3 ] && grep -q "offload.dir '$work/no-such-dir' is not a directory" offl.err &&
+  ! grep -q "^data:" offl.err
+check "a missing offload.dir is refused before the data loads (exit 3)" $? offl.err
+r adp eval --model "$model" --data small.txt --adapter "$work/no-adapter" --threads 1 \
+  --data.seq_len 64 --data.eval_fraction 0.1
+[ $rc = 3 ] && grep -q "no-adapter" adp.err && ! grep -q "^data:" adp.err
+check "a missing --adapter is refused before the data loads (exit 3)" $? adp.err
+mkdir -p empty_adapter
+# The model named does not exist either: the adapter is what is checked first.
+r adp2 generate --model "$work/absent.gguf" --adapter "$work/empty_adapter" --prompt Once
+[ $rc = 3 ] && grep -q "empty_adapter/adapter_config.json" adp2.err && ! grep -q absent.gguf adp2.err
+check "generate --adapter without adapter_config.json is refused before the model (exit 3)" $? \
+  adp2.err
+
+# --- item 14: messages --------------------------------------------------------------------------
+r alpha train "${args[@]}" --data small.txt --train.max_steps 2 --train.output_dir o_alpha \
+  --lora.alpha 24.5
+[ $rc = 0 ] && grep -q '"lora_alpha": 24.5' o_alpha/metrics.jsonl &&
+  grep -q "alpha 24.5," o_alpha/report.html && ! grep -q "alpha 0," o_alpha/report.html
+check "lora.alpha 24.5 is logged and reported as 24.5" $? alpha.err
+
+mkdir -p farrun
+printf '%s\n' '{"step": 1, "loss": 2.5, "elapsed_s": 1e300, "run": {"total_steps": 10}}' \
+  >farrun/metrics.jsonl
+r far report farrun
+[ $rc = 0 ] && grep -q "years" farrun/report.html && ! grep -qE '[0-9]{40}' farrun/report.html
+check "elapsed_s 1e300 shows in years, not as a 300-digit time" $? far.err
+
+printf '%s\n' '{"messages": [{"role": "user", "content": "hello"}]}' >noasst.jsonl
+r noasst train "${args[@]}" --data noasst.jsonl --train.max_steps 1 --train.output_dir o_noasst
+[ $rc = 4 ] && grep -q "noasst.jsonl:1: no token to train on" noasst.err
+check "a chat record without an assistant turn names its line and reason (exit 4)" $? noasst.err
+r noasst2 train "${args[@]}" --data noasst.jsonl --train.max_steps 1 --train.output_dir o_noasst2 \
+  --data.on_error skip
+[ $rc = 4 ] && grep -q "no usable training records (1 read, 1 dropped: 1 no_trained_tokens" \
+  noasst2.err && grep -q "noasst.jsonl:1" noasst2.err
+check "no usable training records says why (on_error=skip)" $? noasst2.err
+
+sed 's/$/\r/' small.txt >crlf.txt
+r lf train "${args[@]}" --data small.txt --train.max_steps 1 --train.output_dir o_lf
+r crlf train "${args[@]}" --data crlf.txt --train.max_steps 1 --train.output_dir o_crlf
+lf_line=$(grep "^data:" lf.err) crlf_line=$(grep "^data:" crlf.err)
+[ -n "$lf_line" ] && [ "$lf_line" = "$crlf_line" ]
+check "a CRLF .txt gives the same records and tokens as LF ('$lf_line' / '$crlf_line')" $? crlf.err
+cmp -s o_lf/adapter/adapter_model.safetensors o_crlf/adapter/adapter_model.safetensors
+check "and the same adapter" $?
+
+echo "$fails failed"
+[ $fails = 0 ]
