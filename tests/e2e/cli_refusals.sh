@@ -71,10 +71,10 @@ check "generate --adapter defaults to the trained base" $? gen_default.err
 cp "$model" m.gguf
 sum=$(md5sum <m.gguf)
 r exp export --model m.gguf --adapter run/adapter --format merged-gguf-f16 --out m.gguf
-[ $rc = 2 ] && grep -q "is, or holds, the --model it reads" exp.err && [ "$(md5sum <m.gguf)" = "$sum" ]
+[ $rc = 2 ] && grep -q "m.gguf is the --model (m.gguf" exp.err && [ "$(md5sum <m.gguf)" = "$sum" ]
 check "export --out equal to --model refused, the model untouched" $? exp.err
 r exp2 export --model m.gguf --adapter run/adapter --format peft --out run/adapter
-[ $rc = 2 ] && grep -q "is, or holds, the --adapter it reads" exp2.err
+[ $rc = 2 ] && grep -q "run/adapter is the --adapter (run/adapter" exp2.err
 check "export --out equal to --adapter refused" $? exp2.err
 
 # --- data ---------------------------------------------------------------------------------------

@@ -95,6 +95,15 @@ echo mine >user/checkpoint.safetensors.tmp.7
   [ "$(cat user/checkpoint.safetensors.tmp.7)" = mine ] && ! grep -q "left by a run" user.err
 check "user files named *.tmp.<digits> are kept by the run's cleanup" $? user.err
 
+# A run file that is a hard link to the data: metrics.jsonl is rewritten in place on --resume.
+mkdir hl && ln small.txt hl/metrics.jsonl
+before=$(sum small.txt)
+"$cli" train "${args[@]}" --train.max_steps 1 --train.output_dir hl --resume >/dev/null \
+  2>hl.err && rc=0 || rc=$?
+[ $rc = 2 ] && grep -q "hl/metrics.jsonl is the --data" hl.err && [ "$(sum small.txt)" = "$before" ]
+check "a run whose metrics.jsonl is a hard link to --data is refused (exit 2), the data kept" $? \
+  hl.err
+
 # --- item 5: the lock ------------------------------------------------------------------------------
 echo precious >victim.txt
 mkdir locked && ln -s ../victim.txt locked/.qlft.lock

@@ -21,6 +21,7 @@
 
 #include "cli.h"
 #include "report_fields.h"
+#include "../../src/formats/output_guard.h"
 #include "run_dir.h"
 
 namespace cli {
@@ -262,6 +263,21 @@ int cmd_train(int argc, char** argv) {
                  "(metrics.jsonl) would be read as data; choose another train.output_dir\n",
                  data.c_str());
     return kUsage;
+  }
+  // Nothing the run writes (or --overwrite deletes) may be an input: metrics.jsonl is rewritten in
+  // place, so a hard link to the data would be truncated (formats/output_guard.h).
+  {
+    qlft::OutputGuard guard;
+    guard.add_input(a.flags["model"], "the --model");
+    guard.add_input(data, "the --data");
+    guard.add_input(config_string(cfg.get(), "lora.init_from"), "the adapter of lora.init_from");
+    for (const char* f : {kMetricsFile, kCheckpointFile, kAdapterGguf, kAdapterDir}) {
+      const std::string why = guard.refusal(outdir + "/" + f, "train", f == kAdapterDir);
+      if (!why.empty()) {
+        std::fprintf(stderr, "qlft-finetune: %s\n", why.c_str());
+        return kUsage;
+      }
+    }
   }
   RunDir run;
   if (launcher_rank(cfg.get()) == 0) {
