@@ -25,13 +25,8 @@ std::string real_path(const std::string& p) {
 
 void split(const std::string& p, std::string* dir, std::string* name) {
   const size_t s = p.rfind('/');
-  if (s == std::string::npos) {
-    *dir = ".";
-    *name = p;
-  } else {
-    *dir = s == 0 ? "/" : p.substr(0, s);
-    *name = p.substr(s + 1);
-  }
+  *name = s == std::string::npos ? p : p.substr(s + 1);
+  *dir = s == std::string::npos ? std::string(".") : p.substr(0, s == 0 ? 1 : s);
 }
 
 // The path as an absolute one without symlinks (the parent resolved when the path does not
