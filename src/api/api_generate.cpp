@@ -55,7 +55,7 @@ Prepared prepare(const qlft_model* model, const qlft_trainer* trainer, const cha
   p.opt.sampler.top_p = static_cast<float>(c.get_float("generate.top_p"));
   p.opt.sampler.seed = static_cast<uint64_t>(c.get_int("generate.seed"));
   p.opt.eos_id = c.get_bool("generate.stop_at_eos") ? tok.eos_id() : -1;
-  const int ctx = model->model->cfg.context_length;
+  const int ctx = qlft::rope_context_length(model->model->cfg);
   QLFT_CHECK_ARG(static_cast<int64_t>(p.ids.size()) < ctx,
                  "%s: the prompt has %zu tokens, the context holds %d", fn, p.ids.size(), ctx);
   p.max_len = static_cast<int>(

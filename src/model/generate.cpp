@@ -20,7 +20,7 @@ Generator::Generator(const Model& model, Backend& backend, const LoraAdapter* lo
   if (model.stream) ws_ = model.stream->rank_local();
   if (!ws_) model.require_resident("generation");
   const ModelConfig& c = model.cfg;
-  max_len_ = max_len > 0 ? max_len : (c.context_length > 0 ? c.context_length : 2048);
+  max_len_ = max_len > 0 ? max_len : rope_context_length(c);
   QLFT_CHECK_ARG(max_len_ > 0 && max_len_ <= (1 << 24), "generation length %d is out of range",
                  max_len_);
   if (lora) {

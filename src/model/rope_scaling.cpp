@@ -32,6 +32,9 @@ const char* rope_type_name(RopeType t) {
 namespace {
 
 constexpr double kPi = 3.14159265358979323846;
+// The largest scaling value accepted (factors, betas, lengths): it fits float and int, so no
+// conversion below can overflow; real models use factors up to ~64 and lengths up to ~1e6.
+constexpr double kMaxValue = 1e9;
 
 // A positive finite number under key k of object o (named `where` in errors); def when absent
 // or null, and required (def < 0 means none) otherwise.
@@ -45,8 +48,9 @@ double number(const nlohmann::json& o, const char* k, double def, const std::str
   QLFT_CHECK_FORMAT(o[k].is_number(), "%s: key '%s.%s' is not a number", path.c_str(),
                     where.c_str(), k);
   const double v = o[k].get<double>();
-  QLFT_CHECK_FORMAT(std::isfinite(v) && v > 0, "%s: key '%s.%s' = %g must be positive",
-                    path.c_str(), where.c_str(), k, v);
+  QLFT_CHECK_FORMAT(std::isfinite(v) && v > 0 && v <= kMaxValue,
+                    "%s: key '%s.%s' = %g must be in (0, %g]", path.c_str(), where.c_str(), k, v,
+                    kMaxValue);
   return v;
 }
 
@@ -123,8 +127,12 @@ RopeScaling rope_scaling_from_hf(const nlohmann::json& root, const std::string& 
       s.attention_factor = number(o, "attention_factor", -1, path, where);
       s.has_attention_factor = true;
     }
-    s.mscale = number(o, "mscale", 0, path, where);
-    s.mscale_all_dim = number(o, "mscale_all_dim", 0, path, where);
+    // 0 is allowed here: transformers treats it as absent.
+    for (auto [k, dst] : {std::pair{"mscale", &s.mscale}, {"mscale_all_dim", &s.mscale_all_dim}})
+      if (o.contains(k) && o[k].is_number() && o[k].get<double>() == 0.0)
+        *dst = 0;
+      else
+        *dst = number(o, k, 0, path, where);
     s.beta_fast = number(o, "beta_fast", 32, path, where);
     s.beta_slow = number(o, "beta_slow", 1, path, where);
     if (o.contains("truncate") && !o["truncate"].is_null()) {
@@ -152,8 +160,9 @@ RopeScaling rope_scaling_from_gguf(const GgufFile& g, const std::string& a) {
     QLFT_CHECK_FORMAT(def > 0 || g.find(k), "%s: '%s' is missing (RoPE scaling '%s' needs it)",
                       g.path().c_str(), k.c_str(), type.c_str());
     const double v = g.get_float(k, def);
-    QLFT_CHECK_FORMAT(std::isfinite(v) && v > 0, "%s: '%s' = %g must be positive", g.path().c_str(),
-                      k.c_str(), v);
+    QLFT_CHECK_FORMAT(std::isfinite(v) && v > 0 && v <= kMaxValue,
+                      "%s: '%s' = %g must be in (0, %g]", g.path().c_str(), k.c_str(), v,
+                      kMaxValue);
     return v;
   };
   if (type == "linear") {
@@ -269,6 +278,12 @@ RopeFreqs rope_freqs(const ModelConfig& c, int64_t seq_len) {
   if (!s.freq_divisors.empty())
     for (int i = 0; i < half; ++i) inv[i] /= s.freq_divisors[static_cast<size_t>(i)];
   return f;
+}
+
+int rope_context_length(const ModelConfig& c) {
+  const int n = c.context_length > 0 ? c.context_length : 2048;
+  if (c.rope.type != RopeType::Dynamic || c.rope.factor <= 1) return n;
+  return static_cast<int>(std::min(double(n) * c.rope.factor, double(1 << 24)));
 }
 
 nlohmann::json rope_scaling_json(const ModelConfig& c) {

@@ -61,6 +61,10 @@ RopeFreqs rope_freqs(const ModelConfig& c, int64_t seq_len);
 // up to kRopeDeviceTables of them.
 inline bool rope_varies(const RopeScaling& s) { return s.type == RopeType::Dynamic; }
 
+// The longest context c's positions are meant for: max_position_embeddings, times the factor for
+// dynamic NTK (whose config keeps the pretraining length and scales past it); 2048 when unknown.
+int rope_context_length(const ModelConfig& c);
+
 // What a merged Hugging Face export writes as config.json's rope_parameters (rope_theta and
 // rope_type included), and the legacy rope_scaling object (null when unscaled).
 nlohmann::json rope_parameters_json(const ModelConfig& c);

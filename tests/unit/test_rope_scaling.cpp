@@ -95,6 +95,9 @@ TEST(RopeScaling, TablesMatchTransformers) {
   auto d = load(&tr, variant_dir("dynamic"));
   EXPECT_TRUE(rope_freqs(d->cfg, 32) == RopeFreqs::plain(d->cfg.rope_theta, 16));
   EXPECT_FALSE(rope_freqs(d->cfg, 33) == RopeFreqs::plain(d->cfg.rope_theta, 16));
+  // Its positions are meant to reach factor x max_position_embeddings (generation's default cap).
+  EXPECT_EQ(rope_context_length(d->cfg), 64);
+  EXPECT_EQ(rope_context_length(load(&tr, variant_dir("llama3"))->cfg), 128);
 }
 
 TEST(RopeScaling, LogitsAndGreedyMatchTransformers) {
@@ -226,6 +229,16 @@ TEST(RopeScaling, ConfigErrorsNameTheKey) {
   cfg["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
   cfg["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
   EXPECT_EQ(rope_scaling_from_hf(cfg, "x/config.json", 32).type, RopeType::Linear);
+  // yarn's attention factor from mscale / mscale_all_dim (transformers' get_mscale ratio); a 0
+  // is "absent" there, leaving 0.1 ln(factor) + 1.
+  nlohmann::json y = {
+      {"rope_scaling",
+       {{"rope_type", "yarn"}, {"factor", 4.0}, {"mscale", 1.0}, {"mscale_all_dim", 0.5}}}};
+  const double l4 = std::log(4.0);
+  EXPECT_NEAR(rope_attention_factor(rope_scaling_from_hf(y, "x", 32)),
+              (0.1 * l4 + 1) / (0.05 * l4 + 1), 1e-6);
+  y["rope_scaling"]["mscale_all_dim"] = 0;
+  EXPECT_NEAR(rope_attention_factor(rope_scaling_from_hf(y, "x", 32)), 0.1 * l4 + 1, 1e-6);
 }
 
 // Trains the adapter the PEFT comparison uses: 6 AdamW steps on the fixture's 72 tokens (next-token
