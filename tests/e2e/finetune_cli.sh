@@ -23,7 +23,9 @@ before=$(sed -n 's/^eval loss before: \([0-9.]*\).*/\1/p' "$work/stdout")
 after=$(sed -n 's/^eval loss after: *\([0-9.]*\).*/\1/p' "$work/stdout")
 [ -n "$before" ] && [ -n "$after" ] || { echo "no eval losses printed"; cat "$work/stderr"; exit 1; }
 awk -v b="$before" -v a="$after" 'BEGIN { if (a > 0.7 * b) { print "loss fell only from " b " to " a; exit 1 } }'
-[ "$(grep -c '"step"' "$work/out/metrics.jsonl")" = 200 ] || { echo "metrics.jsonl incomplete"; exit 1; }
+# One record per step (with a "loss"), and the evaluations before and after training.
+[ "$(grep -c '"loss": ' "$work/out/metrics.jsonl")" = 200 ] || { echo "metrics.jsonl incomplete"; exit 1; }
+[ "$(grep -c '"eval_loss": ' "$work/out/metrics.jsonl")" = 2 ] || { echo "metrics.jsonl: not 2 evaluations"; exit 1; }
 for f in adapter/adapter_model.safetensors adapter/adapter_config.json adapter.gguf checkpoint.safetensors; do
   [ -s "$work/out/$f" ] || { echo "missing $f"; exit 1; }
 done
