@@ -2,6 +2,7 @@
 # targets exist). `cmake --install <build> --prefix P` gives, for any P and wherever P is moved:
 #   P/include/qlft.h, P/<libdir>/libqlft.so*, P/bin/qlft-finetune (RUNPATH $ORIGIN/../<libdir>),
 #   P/<libdir>/libqlft-mpi.so             (the MPI plugin, when built: QLFT_MPI),
+#   P/<libdir>/libqlft-cuda.so            (the CUDA plugin, when built: QLFT_CUDA / _EMULATE),
 #   P/<libdir>/pkgconfig/qlft.pc          (paths relative to ${pcfiledir}),
 #   P/<libdir>/cmake/qlft/qlftConfig.cmake + qlftConfigVersion.cmake + qlftTargets*.cmake
 #                                         (find_package(qlft CONFIG) -> imported target qlft::qlft).
@@ -34,6 +35,12 @@ install(FILES ${PROJECT_SOURCE_DIR}/include/qlft.h DESTINATION ${CMAKE_INSTALL_I
 if(TARGET qlft-mpi)
   set_target_properties(qlft-mpi PROPERTIES BUILD_WITH_INSTALL_RPATH ON INSTALL_RPATH_USE_LINK_PATH ON)
   install(TARGETS qlft-mpi LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+endif()
+# The CUDA plugin likewise (src/backend/cuda_plugin.h); its RUNPATH keeps the CUDA toolkit's
+# library directory (cuBLASLt, NCCL) when that is not a system one.
+if(TARGET qlft-cuda)
+  set_target_properties(qlft-cuda PROPERTIES BUILD_WITH_INSTALL_RPATH ON INSTALL_RPATH_USE_LINK_PATH ON)
+  install(TARGETS qlft-cuda LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 endif()
 install(EXPORT qlftTargets NAMESPACE qlft:: DESTINATION ${QLFT_CMAKE_DIR})
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/qlftConfig.cmake.in

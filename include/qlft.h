@@ -47,10 +47,12 @@ extern "C" {
 QLFT_API uint32_t qlft_version_number(void);
 QLFT_API const char* qlft_version_string(void);
 /* "qlft 0.1.0 cuda=0 mpi=0 simd=avx2 cpu=avx512_bf16 isa=avx2 blas=openblas:SkylakeX
- * sgemm=openblas threads=openmp": simd is what the build may use everywhere, cpu the level found
- * at run time, isa the level the dispatched kernels use (cpu capped by the environment variable
- * QLFT_CPU_ISA), blas the kernel set OpenBLAS chose for this CPU, sgemm the library that runs the
- * plain fp32 GEMMs (oneDNN where OpenBLAS's kernels are older than the CPU). */
+ * sgemm=openblas threads=openmp": cuda=1 when the CUDA backend's plugin (libqlft-cuda.so beside
+ * the library, or $QLFT_CUDA_PLUGIN) loads with the libraries it needs, simd is what the build
+ * may use everywhere, cpu the level found at run time, isa the level the dispatched kernels use
+ * (cpu capped by the environment variable QLFT_CPU_ISA), blas the kernel set OpenBLAS chose for
+ * this CPU, sgemm the library that runs the plain fp32 GEMMs (oneDNN where OpenBLAS's kernels are
+ * older than the CPU). */
 QLFT_API const char* qlft_build_info(void);
 
 /* ---- Status codes ----------------------------------------------------------------------- */

@@ -40,7 +40,8 @@ if [ -x /usr/local/cuda/bin/nvcc ]; then
   # "no usable CUDA device" skip into a failure (a broken driver must not look green).
   if compgen -G '/dev/nvidia[0-9]*' >/dev/null; then export QLFT_REQUIRE_GPU=${QLFT_REQUIRE_GPU:-1}; fi
   # shellcheck disable=SC2086
-  cmake --build "$build-cuda" -j "$jobs" --target qlft qlft-finetune $cuda_tests
+  # qlft builds the CUDA plugin (libqlft-cuda.so) beside it; `cuda=1` says the plugin loads.
+  cmake --build "$build-cuda" -j "$jobs" --target qlft qlft-finetune qlft_fake_cuda_plugin $cuda_tests
   "$build-cuda/tools/qlft-finetune/qlft-finetune" version | grep "cuda=1" >/dev/null
   echo "cuda build: ok ($("$build-cuda/tools/qlft-finetune/qlft-finetune" version))"
   (cd "$build-cuda" && ctest -L cuda --output-on-failure --timeout 600)
@@ -53,7 +54,9 @@ fi
 cmake -S . -B "$build-cuda-emu" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQLFT_CUDA_EMULATE=ON \
   -DQLFT_BUILD_TESTS=ON
 # dist_worker: the backend=cuda training scripts (NCCL ranks, offload) run it.
-emu_tests="test_cuda_emulator dist_worker $(cd tests/cuda && ls test_cuda_*.cpp | sed 's/\.cpp$//' | tr '\n' ' ')"
+# qlft-finetune and the fake plugin: cuda_plugin_absent (the CLI with the plugin beside libqlft,
+# and without the CUDA libraries).
+emu_tests="test_cuda_emulator dist_worker qlft-finetune qlft_fake_cuda_plugin $(cd tests/cuda && ls test_cuda_*.cpp | sed 's/\.cpp$//' | tr '\n' ' ')"
 # The emulated NCCL communicator's mpirun worker exists where MPI does (with the MPI plugin it uses).
 # (grep without -q: see the CUDA build's test above; a SIGPIPE dropped the worker in one CI run.)
 if ninja -C "$build-cuda-emu" -t targets all 2>/dev/null | grep '^nccl_emu_worker:' >/dev/null; then

@@ -1,7 +1,7 @@
 # QLFT_CUDA_EMULATE: cuda/src/*.cu compiled as host C++ (g++/clang) against the headers in
 # cuda/emu/include (cuda_runtime.h, cublasLt.h, nccl.h and the device built-ins, forced in with
 # -include), linked with the emulator's runtime (cuda/emu/src). Same library name and entry points
-# as the real build, so libqlft, the CLI and tests/cuda link the same way.
+# as the real build, so the CUDA plugin (libqlft-cuda.so) and tests/cuda link the same way.
 file(GLOB QLFT_CUDA_SOURCES CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/src/*.cu
      ${CMAKE_CURRENT_SOURCE_DIR}/src/*.cpp)
 file(GLOB QLFT_CUDA_EMU_SOURCES CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/emu/src/*.cpp)
@@ -17,4 +17,3 @@ set_source_files_properties(${QLFT_CUDA_SOURCES} PROPERTIES COMPILE_OPTIONS
 set_target_properties(qlft_cuda PROPERTIES POSITION_INDEPENDENT_CODE ON)
 target_compile_definitions(qlft_cuda PRIVATE QLFT_BUILDING QLFT_CUDA_EMULATE=1)
 target_link_libraries(qlft_cuda PUBLIC qlft_core)
-target_link_libraries(qlft_core PUBLIC qlft_cuda)

@@ -94,7 +94,9 @@ class Pool {
     for (int attempt = 0;; ++attempt) {
       try {
         tracker_->acquire(c, size, what, MemSpace::Device);
-      } catch (const Error&) {
+      } catch (const std::exception&) {
+        // The tracker's out-of-memory (caught as std::exception: in the CUDA plugin qlft::Error
+        // is libqlft's type, backend/cuda_plugin_abi.h).
         if (attempt == 0 && !free_.empty()) {
           empty_locked();
           continue;

@@ -42,7 +42,7 @@ std::string cuda_device_description(int device) {
                   i.cc_minor, static_cast<double>(i.total_memory) / (1024.0 * 1024 * 1024),
                   i.sm_count);
     return buf;
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {  // not by type: see allocator.cu
     return std::string("device ") + std::to_string(device) + ": " + e.what();
   }
 }

@@ -2,7 +2,7 @@
 #include <cstring>
 
 #include "api/handles.h"
-#include "backend/cuda_entry.h"
+#include "backend/cuda_plugin.h"
 #include "core/cpu_isa.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -49,17 +49,11 @@ int32_t qlft_runtime_create(const qlft_config* config, qlft_runtime** out) {
     auto rt = std::make_unique<qlft_runtime>();
     rt->backend = c.get("backend");
     if (rt->backend == "cuda") {
-#if QLFT_HAVE_CUDA
       std::string why;
-      int n = qlft::cuda_device_count(&why);
+      int n = qlft::cuda_plugin::get("backend=cuda").device_count(&why);
       if (n == 0)
         qlft::throw_error(QLFT_ERR_BACKEND, "backend=cuda: no usable CUDA device (%s)",
                           why.c_str());
-#else
-      qlft::throw_error(
-          QLFT_ERR_UNSUPPORTED,
-          "backend=cuda: this libqlft was built without CUDA (configure with -DQLFT_CUDA=ON)");
-#endif
     }
     // Logging is process-wide: a config that sets log.level changes the level for everything
     // (the last of this and qlft_set_log_callback's max_level wins).

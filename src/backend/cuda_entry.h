@@ -1,5 +1,7 @@
-// Plain C++ entry points into the CUDA backend library (cuda/). Declared here so src/ never
-// includes CUDA headers; defined only in builds with QLFT_CUDA=ON (the library qlft_cuda).
+// Plain C++ entry points into the CUDA backend library (cuda/). Declared here so cuda/ and its
+// tests share them without CUDA headers; defined in qlft_cuda (QLFT_CUDA=ON or the emulated
+// build). libqlft itself never calls them directly: it reaches them through the CUDA plugin
+// (backend/cuda_plugin.h), whose table forwards to them.
 // Pointers called "device" below are CUDA device (or managed) addresses, opaque to src/.
 #pragma once
 
@@ -9,6 +11,7 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "backend/backend_select.h"  // make_backend, for the files that used to find it here
 #include "core/error.h"
 #include "core/memory.h"
 #include "optim/adamw_math.h"
@@ -122,31 +125,5 @@ double cuda_sum_squares(const float* g, int64_t n);
 void cuda_scale(float* g, int64_t n, float s);
 // Number of non-finite values among n (the loss scaler's overflow check).
 int64_t cuda_count_nonfinite(const float* g, int64_t n);
-
-// ---- backend selection (the one place src/ chooses) -------------------------------------------
-
-// name: the `backend` key. precision: train.precision ("fp32", "bf16", "fp16").
-inline std::unique_ptr<Backend> make_backend(const std::string& name, MemoryTracker* tracker,
-                                             const std::string& precision = "fp32",
-                                             bool tf32 = false) {
-  if (name == "cuda") {
-#if QLFT_HAVE_CUDA
-    CudaBackendOptions o;
-    o.gemm_precision = precision;
-    o.autocast = precision == "bf16" || precision == "fp16";
-    o.tf32 = tf32;
-    return make_cuda_backend(tracker, o);
-#else
-    (void)precision;
-    (void)tf32;
-    throw_error(
-        QLFT_ERR_UNSUPPORTED,
-        "backend=cuda: this libqlft was built without CUDA (configure with -DQLFT_CUDA=ON)");
-#endif
-  }
-  QLFT_CHECK_ARG(name == "cpu" || name.empty(), "backend: unknown backend '%s' (cpu|cuda)",
-                 name.c_str());
-  return make_cpu_backend(tracker);
-}
 
 }  // namespace qlft

@@ -6,11 +6,15 @@
 #include <omp.h>
 #endif
 
+#include "core/thread_count_source.h"
+
 namespace qlft {
 
 namespace {
 // 0: no count set on this thread (the default, available_cores(), applies).
 thread_local int t_threads = 0;
+// Where num_threads() looks when t_threads is 0 (the CUDA plugin: libqlft's num_threads).
+int (*g_source)() = nullptr;
 
 int normalized(int n) {
   return n > 0 ? n : available_cores();
@@ -33,9 +37,14 @@ void set_num_threads(int n) {
   t_threads = normalized(n);
 }
 
+void set_thread_count_source(int (*source)()) {
+  g_source = source;
+}
+
 int num_threads() {
   const int n = t_threads;
-  return n > 0 ? n : available_cores();
+  if (n > 0) return n;
+  return g_source ? g_source() : available_cores();
 }
 
 ThreadScope::ThreadScope(int n) : prev_(t_threads) {

@@ -1,12 +1,12 @@
 // dist.backend -> a communicator: the single-rank one, MPI through its plugin
-// (mpi_plugin_loader.h), or NCCL (CUDA builds) bootstrapped over MPI. Only in libqlft, never in
-// the MPI plugin (which compiles communicator.cpp for the base class).
+// (mpi_plugin_loader.h), or NCCL (the CUDA plugin, backend/cuda_plugin.h) bootstrapped over MPI.
+// Only in libqlft, never in the MPI plugin (which compiles communicator.cpp for the base class).
 #include <string>
 
 #include "core/error.h"
 #include "dist/communicator.h"
 #include "dist/mpi_plugin_loader.h"
-#include "dist/nccl_entry.h"
+#include "backend/cuda_plugin.h"
 
 namespace qlft::dist {
 
@@ -23,12 +23,10 @@ std::unique_ptr<Communicator> make_communicator(const std::string& backend, doub
   } else if (backend == "mpi") {
     c = make_mpi_communicator_from_plugin(timeout_s);
   } else if (backend == "nccl") {
-#if QLFT_HAVE_CUDA
-    // NCCL's unique id travels over MPI; the MPI communicator stays as NCCL's bootstrap.
-    c = make_nccl_communicator(make_mpi_communicator_from_plugin(timeout_s), timeout_s);
-#else
-    throw_error(QLFT_ERR_UNSUPPORTED, "dist.backend=nccl needs a build with CUDA (-DQLFT_CUDA=ON)");
-#endif
+    // NCCL lives in the CUDA plugin; its unique id travels over MPI, and the MPI communicator
+    // stays as NCCL's bootstrap.
+    const CudaPlugin& cuda = cuda_plugin::get("dist.backend=nccl");
+    c = cuda.make_nccl_communicator(make_mpi_communicator_from_plugin(timeout_s), timeout_s);
   } else {
     throw_error(QLFT_ERR_INVALID_ARGUMENT, "dist.backend '%s' is not one of none|mpi|nccl",
                 backend.c_str());

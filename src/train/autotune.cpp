@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "backend/cuda_entry.h"
+#include "backend/cuda_plugin.h"
 #include "config/config.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -41,23 +41,14 @@ uint64_t mem_available() {
 // OS's MemAvailable.
 uint64_t available(MemoryTracker* tr, bool device) {
   if (!device) return mem_available();
-#if QLFT_HAVE_CUDA
-  return cuda_device_available(tr);
-#else
-  (void)tr;
-  throw_error(QLFT_ERR_UNSUPPORTED, "auto-tune: a device memory budget needs a CUDA build");
-#endif
+  return cuda_plugin::get("auto-tune's device budget").device_available(tr);
 }
 
 // A device backend's trial starts with its caching allocator's free blocks returned: the
 // allocator hands a request a cached block of up to twice its size, so blocks left by a larger
 // trial would inflate a smaller one and make a trial's outcome depend on the trials before it.
 void empty_device_cache(Trainer& t) {
-#if QLFT_HAVE_CUDA
-  if (t.runner().backend().device_memory()) cuda_empty_cache(t.tracker());
-#else
-  (void)t;
-#endif
+  if (t.runner().backend().device_memory()) cuda_plugin::get("auto-tune").empty_cache(t.tracker());
 }
 
 // Restores the tracker's limit and phase however the search ends.

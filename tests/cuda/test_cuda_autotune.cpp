@@ -31,7 +31,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda_entry.h"
+#include "backend/cuda_plugin.h"
 #include "config/config.h"
 #include "core/error.h"
 #include "core/threads.h"
@@ -130,7 +130,7 @@ class CudaAutotuneTest : public ::testing::Test {
     ASSERT_TRUE(p.device);
     // A fresh process's allocator: blocks cached by an earlier case (another precision or
     // micro-batch) would be handed out for requests down to half their size and counted whole.
-    cuda_empty_cache(&tracker_);
+    cuda_plugin::get("test").empty_cache(&tracker_);
     Trainer t(*model_, &tracker_, data_.get(), c);
     tracker_.reset_peaks();
     StepReport r;
@@ -375,7 +375,7 @@ TEST_F(CudaAutotuneTest, ThreeDeviceBudgets) {
 
     // And training runs under the budget at the size found, from an empty allocator cache as
     // after a search (the failed tries above left blocks of the larger size cached).
-    cuda_empty_cache(&tracker_);
+    cuda_plugin::get("test").empty_cache(&tracker_);
     StepReport r;
     ASSERT_TRUE(a.step(&r));
     EXPECT_LE(tracker_.snapshot().device_total, limit);

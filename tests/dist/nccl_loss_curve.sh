@@ -13,7 +13,7 @@
 # usage: nccl_loss_curve.sh WORKER SHARED_DIR (from the emulated build: QLFT_CUDA_EMULATE=ON)
 source "$(dirname "$0")/common.sh"
 export QLFT_EMU_DEVICE_COUNT=2
-mpi+=(-x QLFT_EMU_DEVICE_COUNT -x QLFT_MPI_PLUGIN)
+mpi+=(-x QLFT_EMU_DEVICE_COUNT -x QLFT_MPI_PLUGIN -x QLFT_CUDA_PLUGIN)
 steps=4 mb=2 seq=64
 common=(train.max_steps=$steps train.micro_batch=$mb data.seq_len=$seq lora.dropout=0.1
         optim.max_grad_norm=0.05 quant.type=nf4 backend=cuda)

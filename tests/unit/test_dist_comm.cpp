@@ -91,9 +91,9 @@ TEST(DistComm, BackendNoneRefusesAMultiRankLaunch) {
 TEST(DistComm, UnknownBackendIsAnError) {
   CleanLaunchEnv clean;
   EXPECT_EQ(status_of([] { dist::make_communicator("gloo", 10); }), QLFT_ERR_INVALID_ARGUMENT);
-#if !QLFT_HAVE_CUDA
+  // NCCL without the CUDA plugin (tests/support/cuda_plugin_absent.sh runs it through the CLI).
+  qlft_test::ScopedEnv no_plugin("QLFT_CUDA_PLUGIN", "/nonexistent-qlft-test/libqlft-cuda.so");
   EXPECT_EQ(status_of([] { dist::make_communicator("nccl", 10); }), QLFT_ERR_UNSUPPORTED);
-#endif
 }
 
 // The MPI communicator is a plugin (libqlft-mpi.so) opened at run time: where it is not
