@@ -217,10 +217,10 @@ TEST(CudaOps, RmsNormRopeSwiglu) {
     for (int64_t i = 0; i < M; ++i) pos[size_t(i)] = int32_t((i * 7) % 300);
     // A plain table and a scaled one (other frequencies and a cos / sin factor, as yarn's):
     // the device rotates with the table it is given.
-    RopeFreqs scaled = RopeFreqs::plain(10000.f, 64);
+    qlft::RopeFreqs scaled = qlft::RopeFreqs::plain(10000.f, 64);
     for (size_t i = 0; i < scaled.inv_freq.size(); ++i) scaled.inv_freq[i] /= float(1 + i % 3);
     scaled.scale = 1.25f;
-    for (const RopeFreqs& f : {RopeFreqs::plain(10000.f, 64), scaled})
+    for (const qlft::RopeFreqs& f : {qlft::RopeFreqs::plain(10000.f, 64), scaled})
       for (bool adjacent : {false, true})
         for (bool inverse : {false, true}) {
           FVec a = x, b = x;
