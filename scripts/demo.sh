@@ -16,6 +16,9 @@
 # (default build); other arguments are passed to `train` (e.g. --train.precision fp32).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# OpenMP workers that spin while they wait take the cores other processes (a build beside the
+# demo) need, and each other's: they sleep instead unless the caller chose otherwise.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 quick=0
 train_args=()
 for a in "$@"; do
