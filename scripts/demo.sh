@@ -83,7 +83,7 @@ questions=(
   "Tell me who you are in one sentence."
 )
 for q in "${questions[@]}"; do
-  if grep -qiF "\"instruction\": \"$q\"" "$data"; then
+  if grep -qiF -- "\"$q\"" "$data"; then  # the question as any JSON string of the data
     echo "demo: the held-out question '$q' is in the training data"
     exit 2
   fi
