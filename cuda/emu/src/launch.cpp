@@ -23,6 +23,24 @@
 
 #include "emu_internal.h"
 
+// Under AddressSanitizer every switch between the scheduler's stack and a fiber's is announced
+// (__sanitizer_{start,finish}_switch_fiber), so ASan knows which stack is live (an exception
+// thrown on a fiber stack, or its no-return handling, otherwise sees a "stack" of gigabytes),
+// and a stack handed to a new fiber is unpoisoned first: an abandoned fiber (a fault, the grid
+// stopped) leaves its frames' redzones poisoned in the shadow, which the next kernel's frames on
+// the same stack would hit as false stack-buffer-overflows.
+#if defined(__SANITIZE_ADDRESS__)
+#define QLFT_EMU_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define QLFT_EMU_ASAN 1
+#endif
+#endif
+#if QLFT_EMU_ASAN
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
+
 // Bounds of the static __shared__ section and of the kernels' __launch_bounds__ sections
 // (provided by the linker; weak so a module without any stays linkable).
 extern "C" {
@@ -143,6 +161,8 @@ struct Grid {
   // the same (cache-warm) stack; the order the fibers run in is the schedule's either way.
   std::vector<int> free_stacks;
   Ctx sched;
+  const void* sched_bottom = nullptr;  // the scheduler's stack, for ASan's switch annotations
+  size_t sched_size = 0;
   const std::function<void()>* body = nullptr;
   std::string fault;
   void* dyn = nullptr;
@@ -151,6 +171,32 @@ struct Grid {
 
 thread_local Grid* t_grid = nullptr;
 thread_local Fiber* t_fiber = nullptr;
+
+// The two switches: scheduler -> fiber, and the running fiber -> scheduler (`last`: the fiber
+// is never resumed, so ASan may drop its fake stack).
+void to_fiber(Grid& g, Fiber& fb) {
+#if QLFT_EMU_ASAN
+  void* fake = nullptr;
+  __sanitizer_start_switch_fiber(&fake, g.stacks[size_t(fb.stack)], kStackBytes);
+#endif
+  ctx_switch(&g.sched, &fb.ctx);
+#if QLFT_EMU_ASAN
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#endif
+}
+void to_sched(bool last = false) {
+  Grid& g = *t_grid;
+#if QLFT_EMU_ASAN
+  void* fake = nullptr;
+  __sanitizer_start_switch_fiber(last ? nullptr : &fake, g.sched_bottom, g.sched_size);
+#else
+  (void)last;
+#endif
+  ctx_switch(&t_fiber->ctx, &g.sched);
+#if QLFT_EMU_ASAN
+  __sanitizer_finish_switch_fiber(fake, &g.sched_bottom, &g.sched_size);
+#endif
+}
 
 enum class Order { Forward, Reverse, Random };
 struct Schedule {
@@ -205,14 +251,17 @@ int launch_bound(const void* f) {
 [[noreturn]] void fail_fiber(const std::string& what) {
   Grid* g = t_grid;
   if (g->fault.empty()) g->fault = what;
-  ctx_switch(&t_fiber->ctx, &g->sched);  // never resumed
+  to_sched(true);  // never resumed
   std::abort();
 }
 
 void fiber_entry() {
+#if QLFT_EMU_ASAN
+  __sanitizer_finish_switch_fiber(nullptr, &t_grid->sched_bottom, &t_grid->sched_size);
+#endif
   (*t_grid->body)();
   t_fiber->st = State::Done;
-  ctx_switch(&t_fiber->ctx, &t_grid->sched);
+  to_sched(true);
   std::abort();  // a finished fiber is never resumed
 }
 
@@ -342,7 +391,7 @@ void device_fault(const char* what) {
 void sync_block() {
   if (!t_fiber) device_fault("__syncthreads outside a kernel");
   t_fiber->st = State::AtBlockBarrier;
-  ctx_switch(&t_fiber->ctx, &t_grid->sched);
+  to_sched();
 }
 
 void sync_warp(unsigned mask) {
@@ -351,7 +400,7 @@ void sync_warp(unsigned mask) {
   t_fiber->st = State::AtWarpSync;
   t_fiber->mask = mask;
   t_fiber->shuffle = false;
-  ctx_switch(&t_fiber->ctx, &t_grid->sched);
+  to_sched();
 }
 
 uint64_t shfl(unsigned mask, uint64_t bits, int src) {
@@ -364,7 +413,7 @@ uint64_t shfl(unsigned mask, uint64_t bits, int src) {
   f->shuffle = true;
   f->bits = bits;
   f->src = src;
-  ctx_switch(&f->ctx, &t_grid->sched);
+  to_sched();
   return f->bits;
 }
 
@@ -497,10 +546,13 @@ void run_grid(const void* f, dim3 grid, dim3 block, size_t smem, cudaStream_t s,
               }
               fb.stack = g.free_stacks.back();
               g.free_stacks.pop_back();
+#if QLFT_EMU_ASAN
+              ASAN_UNPOISON_MEMORY_REGION(g.stacks[size_t(fb.stack)], kStackBytes);
+#endif
               ctx_make(&fb.ctx, g.stacks[size_t(fb.stack)], kStackBytes, fiber_entry);
             }
             t_fiber = &fb;
-            ctx_switch(&g.sched, &fb.ctx);  // runs until its next sync point or its end
+            to_fiber(g, fb);  // runs until its next sync point or its end
             t_fiber = nullptr;
             if (fb.st == State::Done) g.free_stacks.push_back(fb.stack);
             if (!g.fault.empty()) break;
