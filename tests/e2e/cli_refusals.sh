@@ -7,25 +7,9 @@
 # metrics.jsonl, seq_len above the context and generation cut at it without a word.
 # usage: cli_refusals.sh QLFT_FINETUNE SHARED_DIR
 set -uo pipefail  # not -e: every check runs and reports
-cli=$(realpath "$1")
-shared=$(realpath "$2")
-model="$shared/models/stories260K.gguf"
-text="$shared/data/tinyshakespeare.txt"
-if [ ! -f "$model" ] || [ ! -f "$text" ]; then
-  source "$(dirname "$0")/../support/skip.sh"  # fails instead under CI=true
-  qlft_skip shared-missing "$model or $text not found (set QLFT_SHARED_DIR)"
-fi
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-cd "$work"
-head -c 40000 "$text" >small.txt
+source "$(dirname "${BASH_SOURCE[0]}")/e2e_common.sh"
 args=(--model "$model" --quant.type keep --threads 1 --seed 5 --data.seq_len 64
       --train.micro_batch 2 --lora.r 4)
-fails=0
-check() {  # check NAME STATUS [file to show on failure]
-  if [ "$2" = 0 ]; then echo "ok   $1"; else
-    echo "FAIL $1"; [ -n "${3:-}" ] && sed 's/^/     /' "$3"; fails=$((fails + 1)); fi
-}
 run() {  # run LOG CMD...: runs, stderr+stdout to LOG, sets rc
   "$@" >"$1.out" 2>"$1.err" && rc=0 || rc=$?
 }

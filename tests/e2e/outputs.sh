@@ -7,23 +7,9 @@
 # permissions of what it rewrites; `report --watch` stops with an error when it cannot write.
 # usage: outputs.sh QLFT_FINETUNE SHARED_DIR
 set -uo pipefail  # not -e: every check runs and reports
-cli=$(realpath "$1")
-shared=$(realpath "$2")
-model="$shared/models/stories260K.gguf"
-text="$shared/data/tinyshakespeare.txt"
-source "$(dirname "${BASH_SOURCE[0]}")/../support/skip.sh"
-[ -f "$model" ] && [ -f "$text" ] || qlft_skip shared-missing "$model or $text not found"
-work=$(mktemp -d)
-trap 'chmod -R u+w "$work" 2>/dev/null; rm -rf "$work"' EXIT
-cd "$work" || exit 1
-head -c 20000 "$text" >small.txt
+E2E_SMALL_BYTES=20000 source "$(dirname "${BASH_SOURCE[0]}")/e2e_common.sh"
 args=(--model "$model" --data small.txt --quant.type keep --threads 1 --seed 5 --data.seq_len 64
       --train.micro_batch 2 --lora.r 4 --optim.lr 1e-3)
-fails=0
-check() {  # check NAME RESULT(0 = pass) [details file]
-  if [ "$2" = 0 ]; then echo "ok   $1"; else
-    echo "FAIL $1"; [ -n "${3:-}" ] && sed 's/^/     /' "$3"; fails=$((fails + 1)); fi
-}
 sum() { sha256sum "$1" | cut -d' ' -f1; }
 
 # A finished run to export from and report on.

@@ -5,17 +5,7 @@
 # train.eval_every that evaluates at its last step logs that evaluation once (no repeat).
 # usage: report_evals.sh QLFT_FINETUNE SHARED_DIR
 set -euo pipefail
-cli=$(realpath "$1")
-shared=$(realpath "$2")
-model="$shared/models/stories260K.gguf"
-text="$shared/data/tinyshakespeare.txt"
-# shellcheck source=../support/skip.sh
-source "$(dirname "${BASH_SOURCE[0]}")/../support/skip.sh"
-[ -f "$model" ] && [ -f "$text" ] || qlft_skip shared-missing "$model or $text not found"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-cd "$work"
-head -c 20000 "$text" >small.txt
+E2E_SMALL_BYTES=20000 source "$(dirname "${BASH_SOURCE[0]}")/e2e_common.sh"
 fail() { echo "FAIL: $*"; exit 1; }
 
 # train OUT [settings...]: a 6-step stories260K run with a held-out split.

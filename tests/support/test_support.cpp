@@ -85,6 +85,11 @@ std::vector<uint8_t> read_file(const std::string& path) {
                               std::istreambuf_iterator<char>());
 }
 
+std::string read_text(const std::string& path) {
+  const std::vector<uint8_t> b = read_file(path);
+  return std::string(b.begin(), b.end());
+}
+
 void write_file(const std::string& path, const void* data, size_t n) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   f.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));

@@ -19,6 +19,8 @@ std::string fixture_path(const std::string& rel);
 std::string temp_dir(const std::string& tag);
 std::vector<uint8_t> read_file(const std::string& path);
 void write_file(const std::string& path, const void* data, size_t n);
+// The file's bytes as a string (read_file for files compared as text).
+std::string read_text(const std::string& path);
 
 // A file that grows by appended writes (each append is visible to readers at once). Used to
 // test every prefix of a file without truncating it each time.

@@ -26,10 +26,6 @@ namespace {
 void touch(const std::string& p, const std::string& text = "x") {
   std::ofstream(p) << text;
 }
-std::string slurp(const std::string& p) {
-  std::vector<uint8_t> b = qlft_test::read_file(p);
-  return std::string(b.begin(), b.end());
-}
 bool refused(const OutputGuard& g, const std::string& out, bool whole = false) {
   return !g.refusal(out, "test", whole).empty();
 }
@@ -114,9 +110,9 @@ TEST(TempMarker, AKilledWritersTemporaryIsRemovedByTheNextWriteAndUserFilesAreNo
   touch(d + "/m.gguf.tmp.2024", "user's");  // the target's own pattern, but no marker
   qlft::write_file_atomic(out, "new");
   EXPECT_FALSE(fs::exists(leftover));
-  EXPECT_EQ(slurp(out), "new");
-  EXPECT_EQ(slurp(d + "/backup.tmp.1/thesis.tex"), "thesis");
-  EXPECT_EQ(slurp(d + "/m.gguf.tmp.2024"), "user's");
+  EXPECT_EQ(qlft_test::read_text(out), "new");
+  EXPECT_EQ(qlft_test::read_text(d + "/backup.tmp.1/thesis.tex"), "thesis");
+  EXPECT_EQ(qlft_test::read_text(d + "/m.gguf.tmp.2024"), "user's");
   // This process's own marked temporary is alive, not stale.
   touch(d + "/own.tmp.1");
   ASSERT_TRUE(qlft::temp::mark_path(d + "/own.tmp.1", "own.tmp.1"));
@@ -146,7 +142,7 @@ TEST(AtomicFileGuard, APlantedSymlinkAtTheTemporaryNameIsNotFollowed) {
   touch(d + "/victim", "precious");
   fs::create_symlink(d + "/victim", d + "/out.bin.tmp." + std::to_string(::getpid()));
   EXPECT_THROW(qlft::write_file_atomic(d + "/out.bin", "data"), qlft::Error);
-  EXPECT_EQ(slurp(d + "/victim"), "precious");
+  EXPECT_EQ(qlft_test::read_text(d + "/victim"), "precious");
   EXPECT_FALSE(fs::exists(d + "/out.bin"));
 }
 
@@ -158,7 +154,7 @@ TEST(AtomicFileGuard, TheReplacedFilesModeIsKept) {
   ASSERT_EQ(::chmod(p.c_str(), 0600), 0);
   qlft::write_file_atomic(p, "two");
   EXPECT_EQ(mode_of(p), 0600u);
-  EXPECT_EQ(slurp(p), "two");
+  EXPECT_EQ(qlft_test::read_text(p), "two");
   ASSERT_EQ(::chmod(p.c_str(), 0640), 0);
   qlft::write_file_atomic(p, "three");
   EXPECT_EQ(mode_of(p), 0640u);

@@ -26,10 +26,6 @@ namespace {
 void touch(const std::string& p, const std::string& text = "x") {
   std::ofstream(p) << text;
 }
-std::string slurp(const std::string& p) {
-  std::vector<uint8_t> b = qlft_test::read_file(p);
-  return std::string(b.begin(), b.end());
-}
 
 }  // namespace
 
@@ -48,7 +44,7 @@ TEST(RunDir, CreatesMissingParentsAndHoldsALockWithItsPid) {
   std::string err;
   ASSERT_TRUE(r.open(dir + "/", {}, &err)) << err;
   EXPECT_TRUE(fs::is_directory(dir));
-  EXPECT_EQ(slurp(dir + "/.qlft.lock"), std::to_string(::getpid()) + "\n");
+  EXPECT_EQ(qlft_test::read_text(dir + "/.qlft.lock"), std::to_string(::getpid()) + "\n");
 
   // A second run into it (flock is per open file, so this process conflicts with itself).
   RunDir second;
@@ -108,7 +104,7 @@ TEST(RunDir, AnExistingRunNeedsResumeOrOverwrite) {
     EXPECT_NE(err.find("holds a run (checkpoint.safetensors, metrics.jsonl)"), std::string::npos)
         << err;
     EXPECT_NE(err.find("--resume"), std::string::npos) << err;
-    EXPECT_EQ(slurp(dir + "/" + cli::kCheckpointFile), "ckpt");  // untouched
+    EXPECT_EQ(qlft_test::read_text(dir + "/" + cli::kCheckpointFile), "ckpt");  // untouched
   }
   {
     RunDirOptions o;
@@ -116,7 +112,8 @@ TEST(RunDir, AnExistingRunNeedsResumeOrOverwrite) {
     RunDir r;
     ASSERT_TRUE(r.open(dir, o, &err)) << err;
     EXPECT_TRUE(r.had_run());
-    EXPECT_EQ(slurp(dir + "/" + cli::kCheckpointFile), "ckpt");  // kept to resume from
+    EXPECT_EQ(qlft_test::read_text(dir + "/" + cli::kCheckpointFile),
+              "ckpt");  // kept to resume from
   }
   {
     RunDirOptions o;
@@ -163,7 +160,7 @@ TEST(RunDir, LeftoversOfDeadRunsAreRemovedAndAMovedAsideAdapterComesBack) {
   EXPECT_FALSE(fs::exists(dir + "/adapter.gguf.tmp.77"));
   EXPECT_FALSE(fs::exists(dir + "/adapter.tmp.999"));
   EXPECT_FALSE(fs::exists(dir + "/adapter.old.4242"));
-  EXPECT_EQ(slurp(dir + "/adapter/adapter_config.json"), "{}");
+  EXPECT_EQ(qlft_test::read_text(dir + "/adapter/adapter_config.json"), "{}");
   EXPECT_TRUE(fs::exists(dir + "/notes.tmp.txt"));
   EXPECT_EQ(r.removed().size(), 3u);
 }
@@ -184,10 +181,10 @@ TEST(RunDir, UserFilesWithTemporaryNamesAreKept) {
   RunDir r;
   std::string err;
   ASSERT_TRUE(r.open(dir, {}, &err)) << err;
-  EXPECT_EQ(slurp(dir + "/backup.tmp.1/thesis.tex"), "\\documentclass{article}");
-  EXPECT_EQ(slurp(dir + "/notes.tmp.2024"), "notes");
-  EXPECT_EQ(slurp(dir + "/checkpoint.safetensors.tmp.5"), "mine");
-  EXPECT_EQ(slurp(dir + "/live.tmp.7"), "a live writer's");
+  EXPECT_EQ(qlft_test::read_text(dir + "/backup.tmp.1/thesis.tex"), "\\documentclass{article}");
+  EXPECT_EQ(qlft_test::read_text(dir + "/notes.tmp.2024"), "notes");
+  EXPECT_EQ(qlft_test::read_text(dir + "/checkpoint.safetensors.tmp.5"), "mine");
+  EXPECT_EQ(qlft_test::read_text(dir + "/live.tmp.7"), "a live writer's");
   EXPECT_TRUE(fs::exists(dir + "/renamed.tmp.4"));
   EXPECT_TRUE(r.removed().empty());
 }
@@ -203,7 +200,7 @@ TEST(RunDir, ALockFileSymlinkOrHardLinkIsRefusedAndItsTargetKept) {
   EXPECT_FALSE(r.open(root + "/sym", {}, &err));
   EXPECT_TRUE(r.refused());
   EXPECT_NE(err.find("is a symbolic link"), std::string::npos) << err;
-  EXPECT_EQ(slurp(root + "/victim.txt"), "precious");
+  EXPECT_EQ(qlft_test::read_text(root + "/victim.txt"), "precious");
 
   fs::create_directories(root + "/hard");
   fs::create_hard_link(root + "/victim.txt", root + "/hard/.qlft.lock");
@@ -211,7 +208,7 @@ TEST(RunDir, ALockFileSymlinkOrHardLinkIsRefusedAndItsTargetKept) {
   EXPECT_FALSE(h.open(root + "/hard", {}, &err));
   EXPECT_TRUE(h.refused());
   EXPECT_NE(err.find("other hard links"), std::string::npos) << err;
-  EXPECT_EQ(slurp(root + "/victim.txt"), "precious");
+  EXPECT_EQ(qlft_test::read_text(root + "/victim.txt"), "precious");
 
   // A FIFO there does not hang the run.
   fs::create_directories(root + "/fifo");
@@ -282,7 +279,8 @@ TEST(Metrics, OpenOnResumeTrimsThenAppends) {
   ASSERT_TRUE(m.open(p, 3, &err)) << err;
   ASSERT_TRUE(m.append("{\"step\": 3, \"again\": true}", &err)) << err;
   m.close();
-  EXPECT_EQ(slurp(p), "{\"step\": 1}\n{\"step\": 2}\n{\"step\": 3, \"again\": true}\n");
+  EXPECT_EQ(qlft_test::read_text(p),
+            "{\"step\": 1}\n{\"step\": 2}\n{\"step\": 3, \"again\": true}\n");
 }
 
 TEST(Metrics, AFailedWriteIsReportedWithTheReason) {
