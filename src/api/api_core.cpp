@@ -59,7 +59,8 @@ const char* qlft_build_info(void) {
            (qlft::cuda_plugin::loadable(nullptr) ? "1" : "0") +
            " mpi=" QLFT_STR(QLFT_HAVE_MPI) " simd=" QLFT_SIMD " cpu=" +
            qlft::cpu_isa_name(qlft::cpu_isa_detected()) + " isa=" + isa +
-           " blas=openblas:" + qlft::cpu::openblas_core() + " sgemm=" + sgemm + " bf16gemm=" + bf16gemm + " threads=openmp";
+           " blas=openblas:" + qlft::cpu::openblas_core() + " sgemm=" + sgemm +
+           " bf16gemm=" + bf16gemm + " threads=openmp";
   }();
   return info.c_str();
 }

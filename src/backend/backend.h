@@ -80,9 +80,9 @@ inline float ce_acc_factor(const CrossEntropyRow& row, float grad_scale) {
 
 // RoPE's position arguments, for an operation that applies it itself (Backend::attention_bwd_16).
 struct RopeArgs {
-  const int32_t* pos = nullptr;  // [rows]
+  const int32_t* pos = nullptr;      // [rows]
   const RopeFreqs* freqs = nullptr;  // the rotation table (as Backend::rope's)
-  bool adjacent = false;  // as Backend::rope's
+  bool adjacent = false;             // as Backend::rope's
 };
 
 struct TransferCounts {

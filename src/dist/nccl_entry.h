@@ -1,5 +1,6 @@
 // The NCCL communicator's entry point, defined in cuda/src/comm_nccl.cu (qlft_cuda: the CUDA
-// plugin, and tests linking qlft_cuda). libqlft reaches it through the CUDA plugin. Declared here so src/ never includes CUDA or NCCL headers.
+// plugin, and tests linking qlft_cuda). libqlft reaches it through the CUDA plugin. Declared here
+// so src/ never includes CUDA or NCCL headers.
 #pragma once
 
 #include <memory>

@@ -198,7 +198,7 @@ class LlamaRunner {
   AttnShape shape_;
   Buffer pos_, docs_, targets_, tokens_;
   std::vector<int32_t> pos_host_;  // what pos_ holds
-  RopeFreqs rope_;  // the batch's RoPE table: rope_freqs(cfg, largest position + 1)
+  RopeFreqs rope_;                 // the batch's RoPE table: rope_freqs(cfg, largest position + 1)
   std::unordered_map<const void*, Buffer> frozen_;
   Buffer lora_w_, lora_g_;  // device copies of every A and B, and of every dA and dB
   bool lora_resident_ = false;

@@ -59,7 +59,9 @@ RopeFreqs rope_freqs(const ModelConfig& c, int64_t seq_len);
 
 // Whether c's table depends on the sequence length (dynamic NTK): a device backend then holds
 // up to kRopeDeviceTables of them.
-inline bool rope_varies(const RopeScaling& s) { return s.type == RopeType::Dynamic; }
+inline bool rope_varies(const RopeScaling& s) {
+  return s.type == RopeType::Dynamic;
+}
 
 // The longest context c's positions are meant for: max_position_embeddings, times the factor for
 // dynamic NTK (whose config keeps the pretraining length and scales past it); 2048 when unknown.

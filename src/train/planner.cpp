@@ -261,8 +261,7 @@ WeightFootprint hf_footprint(const std::string& path, const LoadOptions& o, Mode
   c.head_dim = static_cast<int>(cj.get_int_in("head_dim", 1, 4096, c.dim / c.n_heads));
   c.rms_eps = static_cast<float>(cj.get_float("rms_norm_eps", 1e-6));
   c.rope_theta = static_cast<float>(cj.get_float("rope_theta", 10000.0));
-  c.context_length =
-      static_cast<int>(cj.get_int_in("max_position_embeddings", 1, 1 << 26, 2048));
+  c.context_length = static_cast<int>(cj.get_int_in("max_position_embeddings", 1, 1 << 26, 2048));
   c.rope = rope_scaling_from_hf(cj.root(), cj.path(), c.context_length);
   check_model_config(c, cj.path());
   auto st = SafetensorsSet::open(is_dir(path) ? dir : path);

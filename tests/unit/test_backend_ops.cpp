@@ -367,10 +367,11 @@ TEST_P(BackendRope, ToBf16MatchesRopeThenRounding) {
     std::vector<int32_t> pos(M);
     for (int i = 0; i < M; ++i) pos[i] = rng.uniform_int(0, max_pos);
     FVec x = rng.normal(size_t(M) * cols), y = x, keep = x;
-    fx.be->rope(mat(y, M, cols), pos.data(), heads, hd, RopeFreqs::plain(theta, hd), adjacent, false);
+    fx.be->rope(mat(y, M, cols), pos.data(), heads, hd, RopeFreqs::plain(theta, hd), adjacent,
+                false);
     std::vector<uint16_t> x16(x.size());
-    fx.be->rope_to_16(mat(x, M, cols), pos.data(), heads, hd, RopeFreqs::plain(theta, hd), adjacent, DType::BF16,
-                      x16.data());
+    fx.be->rope_to_16(mat(x, M, cols), pos.data(), heads, hd, RopeFreqs::plain(theta, hd), adjacent,
+                      DType::BF16, x16.data());
     const Vec yo = rope_oracle(to_d(keep), pos, M, heads, hd, cols, theta, adjacent);
     for (size_t i = 0; i < x.size(); ++i) {
       ASSERT_EQ(x16[i], f32_to_bf16(y[i])) << i;

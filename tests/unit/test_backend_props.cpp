@@ -337,7 +337,9 @@ TEST(BackendErrors, BadArgumentsAreInvalidArgument) {
             }),
             QLFT_ERR_INVALID_ARGUMENT);
   std::vector<int32_t> pos = {0, 1, 2};
-  EXPECT_EQ(status_of([&] { be->rope(mat(y, 3, 6), pos.data(), 1, 5, RopeFreqs::plain(1e4f, 4), false, false); }),
+  EXPECT_EQ(status_of([&] {
+              be->rope(mat(y, 3, 6), pos.data(), 1, 5, RopeFreqs::plain(1e4f, 4), false, false);
+            }),
             QLFT_ERR_INVALID_ARGUMENT);
   // Attention for inference: no lse to keep gives the same output.
   {

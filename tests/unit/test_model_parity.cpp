@@ -172,8 +172,7 @@ TEST(ModelParity, RopeScalingIsReadOrRefused) {
          c["rope_scaling"] = {{"type", "linear"}, {"factor", -2.0}};
        },
        "rope_scaling.factor", QLFT_ERR_FORMAT},
-      {"partial_rotary",
-       [](nlohmann::json& c) { c["partial_rotary_factor"] = 0.5; },
+      {"partial_rotary", [](nlohmann::json& c) { c["partial_rotary_factor"] = 0.5; },
        "partial_rotary_factor"},
       {"linear_v4",
        [](nlohmann::json& c) {

@@ -230,8 +230,8 @@ RopeTable::RopeTable(const CpuBackend& be, const int32_t* pos, int64_t rows, int
   }
 }
 
-void CpuBackend::rope(MatF x, const int32_t* pos, int n_heads, int head_dim,
-                      const RopeFreqs& freqs, bool adjacent, bool inverse) {
+void CpuBackend::rope(MatF x, const int32_t* pos, int n_heads, int head_dim, const RopeFreqs& freqs,
+                      bool adjacent, bool inverse) {
   QLFT_PROFILE_SCOPE("rope");
   op_checks::rope(x.cols, n_heads, head_dim, freqs);
   if (x.rows == 0) return;
