@@ -1,4 +1,5 @@
-// The plugin's side of two core facilities, in place of core/error.cpp and core/log.cpp: every
+// The plugin's side of two core facilities, in place of core/error.cpp and core/log.cpp (strf and
+// vstrf come from core/strf.cpp, which the plugin shares with the core): every
 // error raised in libqlft-cuda.so is thrown by libqlft (CudaPluginHost::raise), so one
 // qlft::Error type exists in the process whatever the two DSOs' hidden typeinfo, and log lines
 // go to libqlft's logger (qlft_set_log_callback, log.level). The linker takes these definitions
@@ -17,42 +18,16 @@ namespace qlft {
 
 namespace {
 const CudaPluginHost* g_host = nullptr;
-
-std::string vformat(const char* fmt, va_list ap) {
-  va_list ap2;
-  va_copy(ap2, ap);
-  char small[512];
-  const int n = std::vsnprintf(small, sizeof small, fmt, ap);
-  std::string s;
-  if (n < 0) {
-    s = fmt;
-  } else if (size_t(n) < sizeof small) {
-    s.assign(small, size_t(n));
-  } else {
-    s.resize(size_t(n));
-    std::vsnprintf(s.data(), size_t(n) + 1, fmt, ap2);
-  }
-  va_end(ap2);
-  return s;
-}
 }  // namespace
 
 void set_plugin_host(const CudaPluginHost* host) {
   g_host = host;
 }
 
-std::string strf(const char* fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  std::string s = vformat(fmt, ap);
-  va_end(ap);
-  return s;
-}
-
 void throw_error(int32_t status, const char* fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  std::string s = vformat(fmt, ap);
+  std::string s = vstrf(fmt, ap);
   va_end(ap);
   g_host->raise(status, s.c_str());
   std::abort();  // raise throws
@@ -60,7 +35,7 @@ void throw_error(int32_t status, const char* fmt, ...) {
 
 // The rest of core/error.cpp, so that no object the plugin pulls from the static core needs that
 // file: the linker takes an archive member for any symbol it defines (Error's typeinfo included,
-// which core objects emit), and error.cpp's strf/throw_error beside these would then be defined
+// which core objects emit), and error.cpp's throw_error beside these would then be defined
 // twice. A status the plugin's own code returns carries its message in its Error; the plugin
 // never answers a C ABI call, so its last-error text is never read.
 namespace {
@@ -86,7 +61,7 @@ void log_message(int32_t level, const char* fmt, ...) {
   if (!log_enabled(level)) return;
   va_list ap;
   va_start(ap, fmt);
-  std::string s = vformat(fmt, ap);
+  std::string s = vstrf(fmt, ap);
   va_end(ap);
   g_host->log(level, s.c_str());
 }

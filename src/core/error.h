@@ -1,6 +1,7 @@
 // Errors inside the core: qlft::Error is thrown and converted to a status once, at the C ABI.
 #pragma once
 
+#include <cstdarg>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -19,8 +20,10 @@ class Error : public std::runtime_error {
   int32_t status_;
 };
 
-// printf-style formatting into a std::string (g++ 12 has no std::format).
+// printf-style formatting into a std::string (g++ 12 has no std::format); core/strf.cpp, on its
+// own so that the CUDA plugin, which brings its own throw_error, can link it.
 std::string strf(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+std::string vstrf(const char* fmt, va_list ap);
 
 [[noreturn]] void throw_error(int32_t status, const char* fmt, ...)
     __attribute__((format(printf, 2, 3)));
