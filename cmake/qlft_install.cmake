@@ -30,7 +30,7 @@ install(TARGETS qlft EXPORT qlftTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(FILES ${PROJECT_SOURCE_DIR}/include/qlft.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-# The MPI plugin goes beside libqlft, where libqlft looks for it (src/dist/mpi_plugin_loader.h);
+# The MPI plugin goes beside libqlft, where libqlft looks for it (src/parallel/mpi_plugin_loader.h);
 # like libqlft it keeps only its dependencies' non-system directories as RUNPATH.
 if(TARGET qlft-mpi)
   set_target_properties(qlft-mpi PROPERTIES BUILD_WITH_INSTALL_RPATH ON INSTALL_RPATH_USE_LINK_PATH ON)

@@ -8,7 +8,7 @@ packages=(
   libopenblas-openmp-dev libdnnl-dev
   nlohmann-json3-dev libcli11-dev libyaml-cpp-dev libpcre2-dev liburing-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  # Distributed training (src/dist, tests/dist): the MPI communicator and mpirun.
+  # Distributed training (src/parallel, tests/dist): the MPI communicator and mpirun.
   libopenmpi-dev openmpi-bin
   golang-go
   # Sanitizer and fuzz stages (scripts/sanitize.sh, scripts/fuzz.sh): clang with its sanitizer

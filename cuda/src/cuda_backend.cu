@@ -21,7 +21,7 @@
 #include "backend/rope_math.h"
 #include "check.h"
 #include "core/log.h"
-#include "dist/communicator.h"
+#include "parallel/communicator.h"
 #include "gemm.h"
 #include "kernels.h"
 #include "quant/ggml_types.h"

@@ -7,7 +7,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/threads.h"
-#include "dist/mpi_plugin_loader.h"
+#include "parallel/mpi_plugin_loader.h"
 #include "optim/state_store.h"
 #include "train/adapter_io.h"
 

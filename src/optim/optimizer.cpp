@@ -8,7 +8,7 @@
 #include "optim/adamw.h"
 #include "optim/adamw8bit.h"
 #include "optim/state_store.h"
-#include "offload/nvme_state_store.h"
+#include "parallel/nvme_state_store.h"
 
 namespace qlft {
 

@@ -25,7 +25,7 @@ struct OptimSettings {
   double max_grad_norm = 1.0;  // 0 disables clipping (used by the trainer, not the optimizer)
   std::string offload_dir;     // paged state files; "" = system temp dir
   // offload.optimizer=nvme: the state lives in a file under offload_dir and each step streams
-  // it through offload_buffers in-flight buffers (src/offload/nvme_state_store.h).
+  // it through offload_buffers in-flight buffers (src/parallel/nvme_state_store.h).
   bool offload_nvme = false;
   int offload_buffers = 2;
 

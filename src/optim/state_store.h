@@ -33,7 +33,7 @@ class StateStore {
   uint64_t bytes() const { return bytes_; }
 
   // The optimizers' interface, which also fits a store that keeps the state elsewhere
-  // (offload.optimizer=nvme: src/offload/nvme_state_store.h). State comes in groups, one per
+  // (offload.optimizer=nvme: src/parallel/nvme_state_store.h). State comes in groups, one per
   // parameter tensor, numbered from 0 in the order a step updates them:
   //   add(group, bytes, what) declares a zeroed array and returns its id;
   //   begin(group, next) makes the group's arrays addressable through data(id) until

@@ -17,7 +17,7 @@
 #include "core/log.h"
 #include "core/threads.h"
 #include "data/dataset.h"
-#include "dist/data_parallel.h"
+#include "parallel/data_parallel.h"
 #include "formats/atomic_file.h"
 #include "train/planner.h"
 #include "train/trainer.h"

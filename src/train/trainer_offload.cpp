@@ -5,17 +5,17 @@
 // offload.optimizer=cpu keeps the optimizer state and step on the host.
 //
 // offload.optimizer=nvme needs nothing here: OptimSettings::from_config reads it and the
-// optimizer puts its state in an NVMe store (src/offload/nvme_state_store.h).
-// offload.params=nvme moves the model's base weights into a file (src/offload/
+// optimizer puts its state in an NVMe store (src/parallel/nvme_state_store.h).
+// offload.params=nvme moves the model's base weights into a file (src/parallel/
 // nvme_weight_stream.h) before the first step.
 #include <memory>
 
 #include "config/config.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "dist/data_parallel.h"
-#include "offload/device_weight_stream.h"
-#include "offload/nvme_weight_stream.h"
+#include "parallel/data_parallel.h"
+#include "parallel/device_weight_stream.h"
+#include "parallel/nvme_weight_stream.h"
 #include "train/trainer.h"
 
 namespace qlft {

@@ -67,7 +67,7 @@
 #include "data/dataset.h"
 #include "data/text_encoder.h"
 #include "data/tokenizer_encoder.h"
-#include "dist/communicator.h"
+#include "parallel/communicator.h"
 #include "backend/backend.h"
 #include "model/generate.h"
 #include "model/model.h"

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "dist/communicator.h"
+#include "parallel/communicator.h"
 #include "support/test_support.h"
 
 using namespace qlft;

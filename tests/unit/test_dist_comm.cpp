@@ -1,4 +1,4 @@
-// The single-rank side of src/dist: launcher detection, the identity communicator, the ZeRO
+// The single-rank side of src/parallel: launcher detection, the identity communicator, the ZeRO
 // partition and the state-dict exchange format. (The MPI collectives run under mpirun in
 // tests/dist.)
 #include <gtest/gtest.h>
@@ -10,9 +10,9 @@
 #include <numeric>
 
 #include "core/error.h"
-#include "dist/communicator.h"
-#include "dist/data_parallel.h"
-#include "dist/mpi_plugin_loader.h"
+#include "parallel/communicator.h"
+#include "parallel/data_parallel.h"
+#include "parallel/mpi_plugin_loader.h"
 #include "support/test_support.h"
 
 using namespace qlft;

@@ -26,8 +26,8 @@
 #include <vector>
 
 #include "core/error.h"
-#include "dist/communicator.h"
-#include "dist/mpi_plugin_loader.h"
+#include "parallel/communicator.h"
+#include "parallel/mpi_plugin_loader.h"
 #include "emu_internal.h"
 
 struct qlft_emu_nccl_comm {

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "core/error.h"
-#include "dist/communicator.h"
-#include "dist/nccl_entry.h"
+#include "parallel/communicator.h"
+#include "parallel/nccl_entry.h"
 
 using namespace qlft;
 

@@ -23,7 +23,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "dist/communicator.h"
+#include "parallel/communicator.h"
 
 namespace qlft::dist {
 

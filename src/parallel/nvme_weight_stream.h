@@ -25,7 +25,7 @@
 
 #include "core/memory.h"
 #include "model/weight_stream.h"
-#include "offload/uring_file.h"
+#include "parallel/uring_file.h"
 
 namespace qlft {
 

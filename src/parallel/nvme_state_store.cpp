@@ -1,11 +1,11 @@
-#include "offload/nvme_state_store.h"
+#include "parallel/nvme_state_store.h"
 
 #include <algorithm>
 #include <vector>
 
 #include "core/error.h"
 #include "core/log.h"
-#include "offload/uring_file.h"
+#include "parallel/uring_file.h"
 
 namespace qlft {
 

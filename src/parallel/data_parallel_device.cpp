@@ -4,7 +4,7 @@
 
 #include "backend/backend.h"
 #include "core/error.h"
-#include "dist/data_parallel.h"
+#include "parallel/data_parallel.h"
 
 namespace qlft::dist {
 

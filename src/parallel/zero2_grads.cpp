@@ -1,10 +1,10 @@
-#include "dist/zero2_grads.h"
+#include "parallel/zero2_grads.h"
 
 #include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
-#include "dist/data_parallel.h"
+#include "parallel/data_parallel.h"
 
 namespace qlft::dist {
 

@@ -5,7 +5,7 @@
 
 #include <memory>
 
-#include "dist/communicator.h"
+#include "parallel/communicator.h"
 
 namespace qlft::dist {
 

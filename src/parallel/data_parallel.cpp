@@ -1,4 +1,4 @@
-#include "dist/data_parallel.h"
+#include "parallel/data_parallel.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,9 +7,9 @@
 #include "config/config.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "dist/zero2_grads.h"
-#include "dist/zero3_lora.h"
-#include "dist/zero3_stream.h"
+#include "parallel/zero2_grads.h"
+#include "parallel/zero3_lora.h"
+#include "parallel/zero3_stream.h"
 
 namespace qlft::dist {
 

@@ -1,4 +1,4 @@
-#include "dist/mpi_plugin_loader.h"
+#include "parallel/mpi_plugin_loader.h"
 
 #include <dlfcn.h>
 
@@ -7,7 +7,7 @@
 #include <string>
 
 #include "core/error.h"
-#include "dist/mpi_plugin_abi.h"
+#include "parallel/mpi_plugin_abi.h"
 
 namespace qlft::dist {
 

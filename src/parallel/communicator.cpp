@@ -1,4 +1,4 @@
-#include "dist/communicator.h"
+#include "parallel/communicator.h"
 
 #include <cstdlib>
 #include <cstring>

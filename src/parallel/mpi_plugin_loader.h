@@ -5,7 +5,7 @@
 #include <memory>
 #include <string>
 
-#include "dist/communicator.h"
+#include "parallel/communicator.h"
 
 namespace qlft::dist {
 

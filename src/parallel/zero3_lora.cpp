@@ -1,4 +1,4 @@
-#include "dist/zero3_lora.h"
+#include "parallel/zero3_lora.h"
 
 #include <algorithm>
 #include <cstring>

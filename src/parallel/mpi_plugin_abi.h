@@ -1,9 +1,9 @@
 /* The boundary between libqlft and its MPI plugin (libqlft-mpi.so): one C table of functions,
  * so the plugin and the library share no C++ object, exception or allocator across the boundary
  * (a plugin built with another compiler or standard library still loads), and libqlft itself
- * never links libmpi. The plugin (src/dist/mpi_plugin.cpp, built with comm_mpi.cpp) exports
+ * never links libmpi. The plugin (src/parallel/mpi_plugin.cpp, built with comm_mpi.cpp) exports
  * qlft_mpi_plugin(); the library finds and opens it when dist.backend=mpi (or nccl, whose id
- * travels over MPI) is asked for (src/dist/mpi_plugin_loader.cpp).
+ * travels over MPI) is asked for (src/parallel/mpi_plugin_loader.cpp).
  *
  * Every function that can fail returns 0 or a qlft_status code (include/qlft.h) and then writes
  * a NUL-terminated message of at most errlen bytes to err. Collectives follow

@@ -1,4 +1,4 @@
-#include "offload/device_weight_stream.h"
+#include "parallel/device_weight_stream.h"
 
 #include "core/error.h"
 #include "model/model.h"

@@ -12,8 +12,8 @@
 #include <string>
 
 #include "core/error.h"
-#include "dist/communicator.h"
-#include "dist/mpi_plugin_abi.h"
+#include "parallel/communicator.h"
+#include "parallel/mpi_plugin_abi.h"
 
 namespace {
 

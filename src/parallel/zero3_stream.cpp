@@ -1,4 +1,4 @@
-#include "dist/zero3_stream.h"
+#include "parallel/zero3_stream.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,6 +1,6 @@
 // Collective communication between training ranks: the one interface data parallelism and ZeRO
 // are written against. Implementations: a single-rank one (every collective is the identity),
-// MPI (src/dist/comm_mpi.cpp, compiled only into the plugin libqlft-mpi.so, which libqlft opens
+// MPI (src/parallel/comm_mpi.cpp, compiled only into the plugin libqlft-mpi.so, which libqlft opens
 // at run time: mpi_plugin_loader.h) and NCCL (cuda/src/comm_nccl.cpp).
 //
 // Every collective is bounded by timeout_s: a peer that died or hangs ends the call with

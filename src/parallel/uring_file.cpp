@@ -1,4 +1,4 @@
-#include "offload/uring_file.h"
+#include "parallel/uring_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

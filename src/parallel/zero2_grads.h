@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "core/memory.h"
-#include "dist/communicator.h"
+#include "parallel/communicator.h"
 #include "model/lora.h"
 #include "model/lora_grad_sink.h"
 

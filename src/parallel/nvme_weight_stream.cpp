@@ -1,4 +1,4 @@
-#include "offload/nvme_weight_stream.h"
+#include "parallel/nvme_weight_stream.h"
 
 #include <malloc.h>
 

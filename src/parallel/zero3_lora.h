@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "core/memory.h"
-#include "dist/communicator.h"
-#include "dist/zero3_stream.h"
+#include "parallel/communicator.h"
+#include "parallel/zero3_stream.h"
 #include "model/lora.h"
 
 namespace qlft::dist {

@@ -4,8 +4,8 @@
 #include <string>
 
 #include "core/error.h"
-#include "dist/communicator.h"
-#include "dist/mpi_plugin_loader.h"
+#include "parallel/communicator.h"
+#include "parallel/mpi_plugin_loader.h"
 #include "backend/cuda_plugin.h"
 
 namespace qlft::dist {
