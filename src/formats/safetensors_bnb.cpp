@@ -4,7 +4,7 @@
 // `.weight.nested_quant_map`, and `.weight.quant_state.bitsandbytes__nf4`: uint8 bytes of a JSON
 // object {quant_type, blocksize, dtype, shape, nested_blocksize, nested_offset, ...}.
 // INT8: `<p>.weight` int8 [out, in] + `<p>.SCB` per-row absmax.
-#include "quant/bnb.h"
+#include "formats/safetensors_bnb.h"
 
 #include <cmath>
 #include <cstring>

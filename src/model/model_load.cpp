@@ -10,9 +10,9 @@
 #include "core/log.h"
 #include "formats/json_file.h"
 #include "formats/safetensors.h"
+#include "formats/safetensors_bnb.h"
 #include "model/model.h"
 #include "model/file_unit_stream.h"
-#include "quant/bnb.h"
 #include "quant/ggml_dequant.h"
 #include "quant/ggml_types.h"
 

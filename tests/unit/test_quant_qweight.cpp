@@ -14,7 +14,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "formats/safetensors.h"
-#include "quant/bnb.h"
+#include "formats/safetensors_bnb.h"
 #include "quant/ggml_types.h"
 #include "quant/nf4.h"
 #include "quant/qweight.h"
