@@ -1,0 +1,151 @@
+// CudaBackend's linear layers: base GEMM on dequantized panels plus the LoRA path, forward and
+// backward.
+// (CudaBackend is declared in cuda_backend.h, which lists where each operation family lives.)
+#include <algorithm>
+
+#include "backend/op_checks.h"
+#include "cuda_backend.h"
+
+namespace qlft::cu {
+
+void CudaBackend::linear_fwd(const QWeight& W, const float* bias, const LoraRef* lora, CMatF x,
+                             MatF y, float* xa) {
+  const int64_t M = x.rows, K = W.cols, N = W.rows;
+  op_checks::linear(W, x, y.as_const(), "linear_fwd");
+  if (M == 0) return;
+  Dev X = autocast(in(x, K, MemCategory::Activations, "linear input"), M * K);
+  Dev Y = out(y, N, MemCategory::Activations, "linear output");
+  matmul_xwt(W, X.as<float>(), M, Y.as<float>());
+  if (bias) {
+    Dev Bd = in_raw(bias, N * 4, "linear bias");
+    cu::add_bias(Y.as<float>(), M, N, N, Bd.as<float>(), stream_);
+  }
+  if (lora && lora->r > 0) {
+    op_checks::lora(*lora);
+    const int r = lora->r;
+    Dev Ad = lora_operand(in_raw(lora->A, int64_t(r) * K * 4, "lora A"), int64_t(r) * K);
+    Dev Bd = lora_operand(in_raw(lora->B, N * r * 4, "lora B"), N * r);
+    Dev XA = xa ? out_raw(xa, M * r * 4, MemCategory::Activations, "lora xa")
+                : scratch(M * r * 4, "lora xa");
+    lora_down(*lora, X.as<float>(), M, K, Ad.as<float>(), XA.as<float>());
+    // y += scale * xa B^T (xa rounded where it enters the GEMM under bf16; kept fp32)
+    Dev XAr;
+    const void* xap = XA.data();
+    if (round_lora_bf16()) {
+      XAr = rounded_copy(XA.as<float>(), M * r, "lora xa, rounded");
+      xap = XAr.data();
+    }
+    gemm_->run(M, N, r, lora->scale, f32(xap, r, false), f32(Bd.data(), r, true), 1.f,
+               Y.as<float>(), N);
+    if (xa) finish_raw(XA, xa, M * r * 4);
+  }
+  finish(Y, N, y);
+}
+
+void CudaBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, const float* xa,
+                             CMatF dy, MatF dx, float* dA, float* dB) {
+  const int64_t M = dy.rows, N = W.rows, K = W.cols;
+  op_checks::linear_bwd(W, x, dy, dx.as_const());
+  const bool want_dx = dx.data != nullptr;
+  if (M == 0) return;
+  const bool has_lora = lora && lora->r > 0;
+  if (has_lora) op_checks::lora(*lora);
+  Dev dY = autocast(in(dy, N, MemCategory::Activations, "linear_bwd dy"), M * N);
+  Dev DX;
+  if (want_dx) {
+    DX = inout(dx, K, MemCategory::Activations, "linear_bwd dx");
+    // dx += dy W, panel by panel of W rows (columns of dy).
+    DeviceMemory dYh;
+    const void* dyp = dY.data();
+    if (tile_ != TileType::F32) {
+      dYh = dev(M * N * 2, MemCategory::Workspace, "linear_bwd dy (16-bit)");
+      cu::convert_tile(dY.as<float>(), M, N, N, dYh.data(), tile_, stream_);
+      dyp = dYh.data();
+    }
+    // A panel of at most kPanelBytes, and no larger than the weight itself.
+    const int64_t P = std::min(panel_rows(K), std::max<int64_t>(N, 1));
+    DeviceMemory T = dev(P * K * int64_t(cu::tile_elem_bytes(tile_)), MemCategory::Workspace,
+                         "linear_bwd weight panel");
+    const cu::DevWeight& dw = resident(W);
+    const size_t eb = cu::tile_elem_bytes(tile_);
+    for (int64_t p0 = 0; p0 < N; p0 += P) {
+      const int64_t n = std::min(P, N - p0);
+      cu::dequant_rows(dw, nullptr, p0, n, T.data(), tile_, stream_);
+      gemm_->run(M, K, n, 1.f, {static_cast<const char*>(dyp) + p0 * eb, tile_, N, false},
+                 {T.data(), tile_, K, false}, 1.f, DX.as<float>(), K);
+    }
+  }
+  if (has_lora) {
+    const LoraRef& l = *lora;
+    const int r = l.r;
+    Dev Ad = lora_operand(in_raw(l.A, int64_t(r) * K * 4, "lora A"), int64_t(r) * K);
+    Dev Bd = lora_operand(in_raw(l.B, N * r * 4, "lora B"), N * r);
+    // g = dy B: [M, r] (rounded under bf16: it only enters the dA and dx GEMMs)
+    DeviceMemory G = dev(M * r * 4, MemCategory::Workspace, "lora dy B");
+    gemm_->run(M, r, N, 1.f, f32(dY.data(), N, false), f32(Bd.data(), r, false), 0.f, G.as<float>(),
+               r);
+    if (round_lora_bf16()) cu::round_through(G.as<float>(), M * r, tile_, G.as<float>(), stream_);
+    Dev X;
+    const bool need_x = dA || (dB && !xa);
+    if (need_x) X = autocast(in(x, K, MemCategory::Activations, "linear_bwd x"), M * K);
+    if (dB) {
+      Dev XA;
+      if (xa) {
+        XA = in_raw(xa, M * r * 4, "lora xa");
+      } else {
+        XA = scratch(M * r * 4, "lora xa");
+        lora_down(l, X.as<float>(), M, K, Ad.as<float>(), XA.as<float>());
+      }
+      XA = lora_operand(std::move(XA), M * r);
+      Dev dBd = inout_raw(dB, N * r * 4, "lora dB");
+      // dB += scale * dy^T xa
+      gemm_->run(N, r, M, l.scale, f32(dY.data(), N, true), f32(XA.data(), r, false), 1.f,
+                 dBd.as<float>(), r);
+      finish_raw(dBd, dB, N * r * 4);
+    }
+    if (dA) {
+      DeviceMemory XD;
+      const float* xin = X.as<float>();
+      if (l.dropout_p > 0.f) {
+        XD = dev(M * K * 4, MemCategory::Workspace, "lora dropout input");
+        cu::dropout_apply(X.as<float>(), M, K, K, 0, l.dropout_p, l.dropout_seed, XD.as<float>(),
+                          stream_);
+        xin = XD.as<float>();
+      }
+      Dev dAd = inout_raw(dA, int64_t(r) * K * 4, "lora dA");
+      // dA += scale * g^T drop(x)
+      gemm_->run(r, K, M, l.scale, f32(G.data(), r, true), f32(xin, K, false), 1.f, dAd.as<float>(),
+                 K);
+      finish_raw(dAd, dA, int64_t(r) * K * 4);
+    }
+    if (want_dx) {
+      if (l.dropout_p == 0.f) {
+        gemm_->run(M, K, r, l.scale, f32(G.data(), r, false), f32(Ad.data(), K, false), 1.f,
+                   DX.as<float>(), K);
+      } else {
+        DeviceMemory Tm = dev(M * K * 4, MemCategory::Workspace, "lora dx");
+        gemm_->run(M, K, r, 1.f, f32(G.data(), r, false), f32(Ad.data(), K, false), 0.f,
+                   Tm.as<float>(), K);
+        cu::dropout_masked_add(DX.as<float>(), K, Tm.as<float>(), M, K, 0, l.dropout_p,
+                               l.dropout_seed, l.scale / (1.f - l.dropout_p), stream_);
+      }
+    }
+  }
+  if (want_dx) finish(DX, K, dx);
+}
+
+// xa = drop(x) A^T on the device.
+void CudaBackend::lora_down(const LoraRef& l, const float* X, int64_t M, int64_t K, const float* A,
+                            float* XA) {
+  const float* xin = X;
+  DeviceMemory XD;
+  if (l.dropout_p > 0.f) {
+    XD = dev(M * K * 4, MemCategory::Workspace, "lora dropout input");
+    cu::dropout_apply(X, M, K, K, 0, l.dropout_p, l.dropout_seed, XD.as<float>(), stream_);
+    xin = XD.as<float>();
+  }
+  // XD goes back to the cache on return: work queued later on this stream runs after it.
+  gemm_->run(M, l.r, K, 1.f, f32(xin, K, false), f32(A, K, true), 0.f, XA, l.r);
+}
+
+}  // namespace qlft::cu

@@ -1,0 +1,146 @@
+// CudaBackend's frozen weights: uploaded once and kept resident (keyed on address, shape,
+// storage and a content fingerprint), or used in place when they already lie in device memory;
+// X W^T panel by panel of dequantized rows.
+// (CudaBackend is declared in cuda_backend.h, which lists where each operation family lives.)
+#include <cstring>
+#include <vector>
+
+#include "cuda_backend.h"
+#include "quant/ggml_types.h"
+
+namespace qlft::cu {
+
+uint64_t weight_fingerprint(const QWeight& W) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](uint64_t v) {
+    for (int i = 0; i < 8; ++i) h = (h ^ ((v >> (8 * i)) & 0xff)) * 1099511628211ull;
+  };
+  mix(uint64_t(W.kind));
+  mix(W.ggml_type);
+  const size_t n = W.data.size();
+  const uint8_t* b = static_cast<const uint8_t*>(W.data.data());
+  mix(n);
+  if (n >= 8)
+    for (size_t i = 0; i < 64; ++i) {
+      uint64_t v;
+      std::memcpy(&v, b + (n - 8) * i / 63, 8);
+      mix(v);
+    }
+  else
+    for (size_t i = 0; i < n; ++i) mix(b[i]);
+  return h;
+}
+
+// The kernels' view of W's kind and shape (data and scales not set).
+DevWeight CudaBackend::describe(const QWeight& W) {
+  cu::DevWeight w;
+  w.kind = W.kind;
+  w.ggml_type = W.ggml_type;
+  w.rows = W.rows;
+  w.cols = W.cols;
+  w.blocksize = W.blocksize;
+  if (W.kind == QuantKind::GGML) {
+    const GgmlTypeTraits* t = ggml_type_traits(W.ggml_type);
+    QLFT_CHECK_ARG(t && t->dequantizable, "cuda backend: unknown GGUF type %u", W.ggml_type);
+    if (t->block == 1) {  // plain GGUF F32/F16/BF16 tensors kept as GGML: treat as such
+      const GgmlType g = static_cast<GgmlType>(W.ggml_type);
+      QLFT_CHECK_ARG(g == GgmlType::F32 || g == GgmlType::F16 || g == GgmlType::BF16,
+                     "cuda backend: GGUF type %s is not supported on the device", t->name);
+      w.kind = g == GgmlType::F32   ? QuantKind::F32
+               : g == GgmlType::F16 ? QuantKind::F16
+                                    : QuantKind::BF16;
+    }
+  }
+  return w;
+}
+
+// A weight whose storage already lives in this backend's memory (ZeRO-3 over NCCL gathers
+// units there): used in place, never cached (the next gather reuses the memory). A double-
+// quantized NF4 weight's block absmax is decoded into one scratch array that every such weight
+// shares: the stream orders each decode after the previous weight's kernels.
+const DevWeight& CudaBackend::in_place(const QWeight& W) {
+  auto held = [&](const Buffer& b) {
+    QLFT_CHECK_ARG(b.empty() || mem_.holds(b.data(), int64_t(b.size())),
+                   "cuda backend: a %s weight is partly in device memory, partly on the host",
+                   W.type_name().c_str());
+  };
+  for (const Buffer* b : {&W.absmax, &W.nested_absmax, &W.nested_code, &W.scb}) held(*b);
+  cu::DevWeight& w = in_place_.w;
+  w = describe(W);
+  w.data = W.data.data();
+  w.scales = nullptr;
+  if (W.kind == QuantKind::NF4 && !W.double_quant) {
+    w.scales = W.absmax.as<float>();
+  } else if (W.kind == QuantKind::NF4) {
+    const int64_t nb = (W.numel() + W.blocksize - 1) / W.blocksize;
+    if (in_place_.scales.size() < size_t(nb) * 4)
+      in_place_.scales =
+          DeviceMemory(tracker_, MemCategory::Workspace, size_t(nb) * 4, "nf4 absmax (decoded)");
+    cu::nf4_absmax_decode(W.absmax.as<uint8_t>(), W.nested_absmax.as<float>(),
+                          W.nested_code.as<float>(), W.nested_blocksize, W.nested_offset, nb,
+                          in_place_.scales.as<float>(), stream_);
+    w.scales = in_place_.scales.as<float>();
+  } else if (W.kind == QuantKind::INT8) {
+    w.scales = W.scb.as<float>();
+  }
+  return w;
+}
+
+const DevWeight& CudaBackend::resident(const QWeight& W) {
+  if (!W.data.empty() && mem_.holds(W.data.data(), int64_t(W.data.size()))) return in_place(W);
+  auto it = weights_.find(&W);
+  if (it != weights_.end() && it->second.host_data == W.data.data() && it->second.rows == W.rows &&
+      it->second.cols == W.cols && it->second.fingerprint == weight_fingerprint(W))
+    return it->second.w;
+  ResidentWeight rw;
+  rw.host_data = W.data.data();
+  rw.fingerprint = weight_fingerprint(W);
+  rw.rows = W.rows;
+  rw.cols = W.cols;
+  cu::DevWeight& w = rw.w;
+  w = describe(W);
+  rw.data = DeviceMemory(tracker_, MemCategory::Weights, std::max<size_t>(W.data.size(), 1),
+                         "device weight");
+  copy_up(rw.data.data(), W.data.data(), int64_t(W.data.size()));
+  if (W.kind == QuantKind::NF4) {
+    const int64_t nb = (W.numel() + W.blocksize - 1) / W.blocksize;
+    std::vector<float> am(size_t(std::max<int64_t>(nb, 1)));
+    for (int64_t b = 0; b < nb; ++b) am[size_t(b)] = W.nf4_block_absmax(b);
+    rw.scales = DeviceMemory(tracker_, MemCategory::Weights, am.size() * 4, "device nf4 absmax");
+    copy_up(rw.scales.data(), am.data(), nb * 4);
+  } else if (W.kind == QuantKind::INT8) {
+    rw.scales = DeviceMemory(tracker_, MemCategory::Weights, std::max<size_t>(W.scb.size(), 1),
+                             "device int8 scales");
+    copy_up(rw.scales.data(), W.scb.data(), int64_t(W.scb.size()));
+  }
+  sync();  // the host vectors above go out of scope
+  w.data = rw.data.data();
+  w.scales = rw.scales.as<float>();
+  auto& slot = weights_[&W];
+  slot = std::move(rw);
+  return slot.w;
+}
+
+// Y [M, N] = X W^T (X fp32 compact [M, K] on the device), panel by panel of W rows.
+void CudaBackend::matmul_xwt(const QWeight& W, const float* X, int64_t M, float* Y) {
+  const int64_t N = W.rows, K = W.cols;
+  const cu::DevWeight& dw = resident(W);
+  const void* xin = X;
+  DeviceMemory Xh;
+  if (tile_ != TileType::F32) {
+    Xh = dev(M * K * 2, MemCategory::Workspace, "linear input (16-bit)");
+    cu::convert_tile(X, M, K, K, Xh.data(), tile_, stream_);
+    xin = Xh.data();
+  }
+  const int64_t P = std::min(panel_rows(K), std::max<int64_t>(N, 1));
+  DeviceMemory T =
+      dev(P * K * int64_t(cu::tile_elem_bytes(tile_)), MemCategory::Workspace, "weight panel");
+  for (int64_t p0 = 0; p0 < N; p0 += P) {
+    const int64_t n = std::min(P, N - p0);
+    cu::dequant_rows(dw, nullptr, p0, n, T.data(), tile_, stream_);
+    gemm_->run(M, n, K, 1.f, {xin, tile_, K, false}, {T.data(), tile_, K, true}, 0.f, Y + p0, N);
+  }
+  if (K == 0 && N > 0) QLFT_CUDA_CHECK(cudaMemsetAsync(Y, 0, size_t(M * N) * 4, stream_));
+}
+
+}  // namespace qlft::cu

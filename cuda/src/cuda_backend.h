@@ -1,0 +1,270 @@
+// CudaBackend: the Backend interface on one CUDA device (private to cuda/src).
+//
+// Tensors made by Backend::alloc live in device memory (BackendMemory below): an operation given
+// such arrays runs its kernels and cuBLASLt GEMMs on them in place, on the backend's one stream,
+// and returns without waiting for the device. Host arrays (tests, generation, the LoRA tensors
+// until they move too) are staged through allocator buffers and copied back, which waits; every
+// such byte and wait is counted (transfers(), metrics h2d_bytes / d2h_bytes / device_syncs).
+// Frozen base weights are uploaded once and stay resident (cached by QWeight address, shape,
+// storage pointer and a content fingerprint).
+//
+// The class is declared once here and defined by operation family:
+//   cuda_backend.cu       construction, elementwise glue, optimizer arithmetic, make_cuda_backend
+//   backend_staging.cu    operands: device views of the caller's arrays, host staging, autocast
+//   backend_weights.cu    resident / in-place frozen weights, X W^T by dequantized panels
+//   backend_linear.cu     linear forward and backward with LoRA
+//   backend_pointwise.cu  RMSNorm, RoPE, SwiGLU
+//   backend_attention.cu  attention forward and backward
+//   backend_head.cu       embedding, head logits, fused linear + cross-entropy
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/cuda_entry.h"
+#include "backend/cuda_sizes.h"
+#include "check.h"
+#include "gemm.h"
+#include "kernels.h"
+
+namespace qlft::cu {
+
+// Shared with the memory planner's model of this backend (backend/cuda_workspace.cpp).
+constexpr int64_t kPanelBytes = kCudaPanelBytes;  // dequantized weight tile
+constexpr int64_t kCeLogitsBytes = kCudaCeLogitsBytes;
+
+// A QWeight has no identity of its own: a weight destroyed and another built at the same address
+// with its bytes at the same heap address (and the same shape) would find the old device copy.
+// The fingerprint (kind, size and 64 evenly spaced 8-byte samples of the bytes) catches that in
+// O(1); found by the CUDA emulator's run of test_cuda_ops (issue 17). A weight identity in
+// QWeight would make it exact.
+uint64_t weight_fingerprint(const QWeight& W);
+
+struct ResidentWeight {
+  const void* host_data = nullptr;
+  uint64_t fingerprint = 0;
+  int64_t rows = 0, cols = 0;
+  DevWeight w;
+  DeviceMemory data, scales;
+};
+
+// The device memory Backend::alloc hands out: blocks of the caching allocator, registered by
+// address so an operation can tell its own device buffers (used in place) from host arrays
+// (staged). Copies and fills run on the backend's stream.
+class BackendMemory final : public DeviceAllocator {
+ public:
+  BackendMemory(MemoryTracker* t, const cudaStream_t* s, TransferCounts* moved)
+      : tracker_(t), stream_(s), moved_(moved) {}
+  ~BackendMemory() = default;
+
+  void* allocate(MemCategory c, size_t bytes, const char* what) override {
+    DeviceMemory m(tracker_, c, bytes, what);
+    void* p = m.data();
+    std::lock_guard<std::mutex> lk(mu_);
+    blocks_.emplace(reinterpret_cast<uintptr_t>(p), std::move(m));
+    return p;
+  }
+  void release(void* p) noexcept override {
+    std::lock_guard<std::mutex> lk(mu_);
+    blocks_.erase(reinterpret_cast<uintptr_t>(p));
+  }
+  void fill(void* p, uint8_t byte, size_t bytes) override {
+    if (bytes) QLFT_CUDA_CHECK(cudaMemsetAsync(p, byte, bytes, *stream_));
+  }
+  void to_device(void* dst, const void* src, size_t bytes) override {
+    if (!bytes) return;
+    moved_->host_to_device += bytes;
+    QLFT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, *stream_));
+  }
+  void to_host(void* dst, const void* src, size_t bytes) override {
+    if (!bytes) return;
+    moved_->device_to_host += bytes;
+    ++moved_->syncs;
+    QLFT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, *stream_));
+    QLFT_CUDA_CHECK(cudaStreamSynchronize(*stream_));
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes)
+      QLFT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, *stream_));
+  }
+  // True when [p, p + bytes) lies inside one block this allocator handed out.
+  bool holds(const void* p, int64_t bytes) const {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = blocks_.upper_bound(a);
+    if (it == blocks_.begin()) return false;
+    --it;
+    return a + uint64_t(std::max<int64_t>(bytes, 0)) <= it->first + it->second.size();
+  }
+
+ private:
+  MemoryTracker* tracker_;
+  const cudaStream_t* stream_;
+  TransferCounts* moved_;
+  mutable std::mutex mu_;
+  std::map<uintptr_t, DeviceMemory> blocks_;
+};
+
+// An operand of one operation on the device: the caller's array itself when it lives in this
+// backend's memory (nothing copied), else a staged device copy (counted in transfers()).
+struct Dev {
+  DeviceMemory own;
+  void* p = nullptr;
+  void* data() const { return p; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+  bool staged() const { return own.data() != nullptr; }
+};
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(MemoryTracker* tracker, const CudaBackendOptions& o);
+  ~CudaBackend() override;
+  const char* name() const override { return "cuda"; }
+  TransferCounts transfers() const override { return moved_; }
+
+  // ---- elementwise glue (cuda_backend.cu) -----------------------------------------------------
+  int device_index() const override { return opt_.device; }
+  void* native_stream() const override { return stream_; }
+  void copy(float* dst, const float* src, int64_t n) override;
+  void add(float* y, const float* x, int64_t n) override;
+  void to_16(DType t, const float* src, uint16_t* dst, int64_t n) override;
+  void from_16(DType t, const uint16_t* src, float* dst, int64_t n) override;
+  void round_16(DType t, float* x, int64_t n) override;
+
+  // ---- optimizer arithmetic (cuda_backend.cu; host arrays take the host loops) ------------------
+  double sum_squares(const float* x, int64_t n) override;
+  void scale(float* x, int64_t n, float s) override;
+  int64_t count_nonfinite(const float* x, int64_t n) override;
+  void adamw_torch(float* p, float* m, float* v, const float* g, int64_t n,
+                   const AdamWTorchCoeffs& c) override;
+
+  // ---- linear (backend_linear.cu) -------------------------------------------------------------
+  void linear_fwd(const QWeight& W, const float* bias, const LoraRef* lora, CMatF x, MatF y,
+                  float* xa) override;
+  void linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, const float* xa, CMatF dy,
+                  MatF dx, float* dA, float* dB) override;
+
+  // ---- pointwise (backend_pointwise.cu) ---------------------------------------------------------
+  void rmsnorm_fwd(CMatF x, const float* w, float eps, MatF y, float* rstd) override;
+  void rmsnorm_bwd(CMatF x, const float* w, const float* rstd, CMatF dy, MatF dx) override;
+  void rope(MatF x, const int32_t* pos, int n_heads, int head_dim, const RopeFreqs& freqs,
+            bool adjacent, bool inverse) override;
+  void swiglu_fwd(CMatF gate, CMatF up, MatF out_) override;
+  void swiglu_bwd(CMatF gate, CMatF up, CMatF dout, MatF dgate, MatF dup) override;
+
+  // ---- attention (backend_attention.cu) ---------------------------------------------------------
+  void attention_fwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out_, float* lse) override;
+  void attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out_, const float* lse,
+                     CMatF dout, MatF dq, MatF dk, MatF dv) override;
+
+  // ---- embedding and head (backend_head.cu) -----------------------------------------------------
+  void embedding_fwd(const QWeight& emb, const int32_t* tokens, MatF out_) override;
+  void head_logits(const QWeight& head, CMatF h, MatF logits) override;
+  double linear_cross_entropy(const QWeight& head, CMatF h, const int32_t* targets,
+                              int32_t ignore_index, float grad_scale, MatF dh,
+                              int64_t* count) override;
+
+ private:
+  struct AttnStage {
+    Dev Q, K, V, doc, first;
+  };
+
+  // ---- operands (backend_staging.cu) ------------------------------------------------------------
+  bool mine(const void* p, int64_t bytes) const { return p && mem_.holds(p, bytes); }
+  static int64_t extent(CMatF m, int64_t cols) {  // bytes from m.data to its last used element
+    return m.rows > 0 ? ((m.rows - 1) * m.stride + cols) * 4 : 0;
+  }
+  static Dev view(const void* p);
+  static Dev owned(DeviceMemory m);
+  Dev scratch(int64_t bytes, const char* what) {
+    return owned(dev(bytes, MemCategory::Workspace, what));
+  }
+  // The first `cols` columns of m as a compact [rows, cols] device array.
+  Dev in(CMatF m, int64_t cols, MemCategory c, const char* what);
+  Dev in_raw(const void* p, int64_t bytes, const char* what);
+  // Where an operation writes the first `cols` columns of m (finish() puts them there).
+  Dev out(MatF m, int64_t cols, MemCategory c, const char* what);
+  Dev out_raw(void* p, int64_t bytes, MemCategory c, const char* what);
+  // Read and written (the accumulating gradients).
+  Dev inout(MatF m, int64_t cols, MemCategory c, const char* what);
+  Dev inout_raw(void* p, int64_t bytes, const char* what) { return in_raw(p, bytes, what); }
+  void finish(const Dev& d, int64_t cols, MatF m);
+  void finish_raw(const Dev& d, void* p, int64_t bytes);
+  // Autocast (train.precision bf16 / fp16): the operand rounded through the 16-bit type, as
+  // torch.autocast rounds a matmul's inputs; a copy, since the caller's tensor is kept as it is.
+  Dev autocast(Dev d, int64_t n);
+  static TileType tile_of(DType t);
+  // Precision bf16 rounds more than the matmul inputs, as the CPU backend does (torch.autocast's
+  // bf16 LoRA and SDPA): LoRA's A, B and intermediates xa, g, and attention's P and dS.
+  bool round_lora_bf16() const { return round_ && tile_ == TileType::BF16; }
+  // A rounded copy of n floats (the original is kept: xa is the caller's fp32 tensor).
+  Dev rounded_copy(const float* d, int64_t n, const char* what);
+  Dev lora_operand(Dev d, int64_t n) {
+    if (round_lora_bf16()) return autocast(std::move(d), n);
+    return d;
+  }
+
+  // ---- staging (backend_staging.cu) -------------------------------------------------------------
+  DeviceMemory dev(int64_t bytes, MemCategory c, const char* what) {
+    return DeviceMemory(tracker_, c, size_t(std::max<int64_t>(bytes, 1)), what);
+  }
+  // The first `cols` columns of host matrix m into a compact [rows, cols] device array.
+  DeviceMemory upload(CMatF m, int64_t cols, MemCategory c, const char* what);
+  DeviceMemory upload_raw(const void* p, int64_t bytes, const char* what);
+  // (From pageable host memory the copy has read the source when the call returns.)
+  void copy_up(void* d, const void* h, int64_t bytes);
+  // Synchronous: the host reads the result right after.
+  void copy_down(void* h, const void* d, int64_t bytes);
+  // Compact [rows, cols] device array into the first `cols` columns of host matrix m.
+  void download(const DeviceMemory& d, int64_t cols, MatF m);
+  void sync();
+  static GemmOperand f32(const void* p, int64_t ld, bool trans) {
+    return {p, TileType::F32, ld, trans};
+  }
+
+  // ---- weights (backend_weights.cu) -------------------------------------------------------------
+  // The kernels' view of W's kind and shape (data and scales not set).
+  static DevWeight describe(const QWeight& W);
+  // A weight whose storage already lives in this backend's memory, used in place.
+  const DevWeight& in_place(const QWeight& W);
+  // W on the device: in place, or its resident copy (uploaded on first use).
+  const DevWeight& resident(const QWeight& W);
+  int64_t panel_rows(int64_t cols) const {
+    const int64_t eb = int64_t(tile_elem_bytes(tile_));
+    return std::max<int64_t>(kCudaPanelMinRows, kPanelBytes / std::max<int64_t>(1, cols * eb));
+  }
+  // Y [M, N] = X W^T (X fp32 compact [M, K] on the device), panel by panel of W rows.
+  void matmul_xwt(const QWeight& W, const float* X, int64_t M, float* Y);
+
+  // ---- LoRA, RoPE table and attention staging ---------------------------------------------------
+  // xa = drop(x) A^T on the device (backend_linear.cu).
+  void lora_down(const LoraRef& l, const float* X, int64_t M, int64_t K, const float* A, float* XA);
+  // The table's inverse frequencies on the device (backend_pointwise.cu).
+  const float* inv_freq(const RopeFreqs& f);
+  static void check_attn(const AttnShape& s, CMatF q, CMatF k, CMatF v, const char* op);
+  AttnStage stage_attn(const AttnShape& s, CMatF q, CMatF k, CMatF v);
+  static AttnArgs args(const AttnShape& s, int64_t Wq, int64_t Wk, const AttnStage& st);
+
+  CudaBackendOptions opt_;
+  cudaStream_t stream_ = nullptr;
+  TransferCounts moved_;  // every staging copy and wait counts here
+  BackendMemory mem_;     // what alloc() hands out; outlives nothing that uses it (see ~Trainer)
+  TileType tile_ = TileType::F32;
+  bool round_ = false;  // autocast: 16-bit rounding of matmul and attention operands
+  std::unique_ptr<LtGemm> gemm_;
+  std::unordered_map<const QWeight*, ResidentWeight> weights_;
+  ResidentWeight in_place_;  // the view of the last device-held weight (in_place)
+  std::map<std::vector<float>, DeviceMemory> inv_freq_;
+};
+
+}  // namespace qlft::cu
