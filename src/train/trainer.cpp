@@ -192,7 +192,15 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
   lora_ = std::make_unique<LoraAdapter>(tracker, model.cfg, lc, /*gradients=*/false,
                                         /*values=*/!later_values);
   if (!init_from.empty()) load_peft_adapter(*lora_, init_from);
-  runner_ = std::make_unique<LlamaRunner>(model, *backend_, lora_.get());
+  // ZeRO-3, NVMe and device offload stream the base weights: this trainer's own copy of them
+  // (train/weight_placement.h), never the shared model's.
+  {
+    const dist::DistSettings ds = dist::DistSettings::from_config(cfg);
+    const bool streams = ds.zero_stage == 3 || ds.offload_params == "nvme" ||
+                         (ds.offload_params == "cpu" && backend_->device_memory());
+    placement_ = std::make_unique<WeightPlacement>(model, tracker, streams);
+  }
+  runner_ = std::make_unique<LlamaRunner>(placement_->model(), *backend_, lora_.get());
   runner_->set_activation_dtype(activation_dtype(ts_.precision));
   if (ts_.checkpoint_every_layers > 0)
     for (int l = 0; l < model.cfg.n_layers; ++l)
@@ -452,25 +460,26 @@ EvalReport Trainer::evaluate(const data::Dataset& d, bool eval_split) {
   data::Batch b;
   // ZeRO-3 over several ranks: this rank reads the base weights from the model's file
   // (Zero3Stream::rank_local), it does not gather them, so evaluation needs no peer: rank 0
-  // alone may call it (a progress callback, the C API), or every rank. The model's stream is
-  // swapped for the evaluation (the trainer's documented conversion of the model, see
-  // trainer_dist.cpp). Over a device communicator every rank must call (the gathers).
-  // With a sharded adapter (dist.zero3_shard_adapter) the other ranks' LoRA tensors exist only
-  // on them: evaluation gathers them as training does, so every rank must call it.
+  // alone may call it (a progress callback, the C API), or every rank. The stream of the
+  // trainer's own model is swapped for the evaluation. Over a device communicator every rank must
+  // call (the gathers). With a sharded adapter (dist.zero3_shard_adapter) the other ranks' LoRA
+  // tensors exist only on them: evaluation gathers them as training does, so every rank must call
+  // it.
   std::shared_ptr<WeightStream> local;
   if (dp_ && world() > 1 && dp_->zero3_stream() && !adapter_sharded())
     local = dp_->zero3_stream()->rank_local();
   if (adapter_sharded()) dp_->begin_collective(dist::DataParallel::Collective::Evaluate);
   struct Swap {
-    Model& m;
+    Model* m;
     std::shared_ptr<WeightStream> saved;
     ~Swap() {
-      if (saved) m.stream = std::move(saved);
+      if (saved) m->stream = std::move(saved);
     }
-  } swap{const_cast<Model&>(model_), nullptr};
-  if (local) {
-    swap.saved = model_.stream;
-    swap.m.stream = local;
+  } swap{nullptr, nullptr};
+  if (local) {  // ZeRO-3: the trainer's own model (train/weight_placement.h)
+    swap.m = &placement_->own();
+    swap.saved = swap.m->stream;
+    swap.m->stream = local;
   }
   tracker_->set_phase("evaluation");
   try {

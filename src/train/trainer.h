@@ -24,6 +24,7 @@
 #include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
+#include "train/weight_placement.h"
 
 namespace qlft {
 
@@ -77,6 +78,9 @@ struct EvalReport {
 class Trainer {
  public:
   // train may be nullptr (evaluation / adapter use only). Neither model nor train is owned.
+  // The model is only read: a trainer that streams its base weights (ZeRO-3, NVMe or device
+  // offload) streams its own copy (placement()), so generation, merged export and other
+  // trainers use the model while this one exists.
   Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset* train,
           const Config& cfg);
   ~Trainer();
@@ -128,6 +132,8 @@ class Trainer {
   void set_batch_shape(int micro_batch, int accumulation);
   const data::Dataset* train_data() const { return train_; }
   const Model& model() const { return model_; }
+  // Where this trainer's base weights live (its own streamed copy, or the model as loaded).
+  const WeightPlacement& placement() const { return *placement_; }
   MemoryTracker* tracker() const { return tracker_; }
   // Distributed training (dist.*): this process's rank, the world size, and whether it is the
   // rank that writes files (rank 0). save_checkpoint is collective: every rank must call it.
@@ -154,7 +160,7 @@ class Trainer {
   bool adapter_has_values() const;  // false: made without them (values after the partition)
   // trainer_offload.cpp: offload.optimizer / offload.params, before the optimizer is made.
   void init_offload(const Config& cfg);
-  void end_offload() noexcept;  // ~Trainer: offload.params=cpu gives the model its weights back
+  void end_offload() noexcept;          // ~Trainer: offload.params=cpu's device units freed
   void write_profile() const noexcept;  // ~Trainer: the op profile to profile_path_, if set
   size_t next_global_batches(std::vector<data::Batch>& mine);
   uint64_t dropout_seed(int64_t step, int micro) const;
@@ -178,6 +184,7 @@ class Trainer {
   HostCacheHold host_cache_;  // before every buffer the trainer owns: outlives them
   const data::Dataset* train_;
   TrainSettings ts_;
+  std::unique_ptr<WeightPlacement> placement_;  // what the runner reads; outlives it
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<LoraAdapter> lora_;
   // Where params()[i] lives in the adapter (its values move under a sharded adapter).

@@ -23,31 +23,26 @@ namespace {
 // gathers them (dist/zero3_stream.h).
 // host_compute: the backend computes in host memory, so the embedding and head can be
 // row-sharded (it reads their rows through the stream).
-void install_zero3(const Model& model, dist::DataParallel& dp, MemoryTracker* tracker,
+void install_zero3(Model& m, dist::DataParallel& dp, MemoryTracker* tracker,
                    DeviceAllocator* device, bool host_compute, uint64_t row_chunk_bytes,
                    bool prefetch) {
-  // A deferred load (LoadOptions::deferred) is read through its FileUnitStream: the shards are
-  // made from its source group by group, and the ZeRO-3 stream takes its place.
+  // m is the trainer's own model (train/weight_placement.h), never the shared one: its full
+  // weight Buffers are replaced by this rank's shards and the stream that gathers them, which
+  // ends with the trainer (DataParallel detaches it before the communicator goes).
+  // A deferred load is read through its FileUnitStream: the shards are made from its source
+  // group by group, and the ZeRO-3 stream takes its place.
   std::shared_ptr<WeightStream> deferred;
   FileUnitStream* files = nullptr;
-  if (model.load_options.deferred && model.stream) {
-    deferred = model.stream;
+  if (m.load_options.deferred && m.stream) {
+    deferred = m.stream;
     files = dynamic_cast<FileUnitStream*>(deferred.get());
   }
-  if (model.stream && !files)
-    throw_error(QLFT_ERR_UNSUPPORTED,
-                "dist.zero_stage=3: the model's base weights are already streamed (%s); load the "
-                "model again for this trainer",
-                model.stream->describe().c_str());
+  if (m.stream && !files)
+    throw_error(QLFT_ERR_INTERNAL,
+                "dist.zero_stage=3: the trainer's weights are already streamed (%s)",
+                m.stream->describe().c_str());
   // The micro-batch auto-tuner (train/autotune.h) runs the same trial steps on every rank, so
   // its trials' weight gathers match across ranks.
-  // The trainer takes the model as const, but ZeRO-3 is a conversion of the model itself: its
-  // full weight Buffers are replaced by this rank's shards and the stream that gathers them.
-  // The model stays sharded after the trainer ends (its stream then refuses; see
-  // Zero3Stream::detach): the caller must load it again for generation, export or another
-  // trainer. The stream lives in the model; DataParallel detaches it before the communicator
-  // goes.
-  Model& m = const_cast<Model&>(model);
   // Over NCCL the shards and gathered units live in the device backend's memory.
   const bool on_device = dp.device_comm().device_buffers();
   if (files) files->evict();
@@ -73,8 +68,11 @@ void install_zero3(const Model& model, dist::DataParallel& dp, MemoryTracker* tr
 bool load_into_shards(const Config& c) {
   // ZeRO-3 over MPI with several ranks launched: shards are made from the file, group by group.
   // (Over NCCL the shards are the device's and the host load is not the peak.)
-  return c.get_int("dist.zero_stage") == 3 && c.get("dist.backend") == "mpi" &&
-         dist::detect_launch().world > 1;
+  // offload.params=nvme: the trainer writes its own copy to the file (train/weight_placement.h),
+  // so a resident model would keep every weight in memory beside it.
+  return (c.get_int("dist.zero_stage") == 3 && c.get("dist.backend") == "mpi" &&
+          dist::detect_launch().world > 1) ||
+         c.get("offload.params") == "nvme";
 }
 
 int Trainer::rank() const {
@@ -116,7 +114,7 @@ void Trainer::init_dist(const Config& cfg, std::vector<ParamRef> params) {
   // NCCL's collectives wait for the backend's queued work (gradients, the weights in use).
   dp_->device_comm().follow_stream(backend_->native_stream());
   if (ds.zero_stage == 3)
-    install_zero3(model_, *dp_, tracker_, backend_->device_memory(),
+    install_zero3(placement_->own(), *dp_, tracker_, backend_->device_memory(),
                   backend_->device_memory() == nullptr, ds.row_chunk_bytes, ds.prefetch);
 }
 

@@ -20,6 +20,7 @@
 #include "core/threads.h"
 #include "data/dataset.h"
 #include "data/tokenizer_encoder.h"
+#include "model/file_unit_stream.h"
 #include "model/model.h"
 #include "parallel/nvme_state_store.h"
 #include "parallel/nvme_weight_stream.h"
@@ -273,10 +274,14 @@ struct Run {
   std::unique_ptr<data::Dataset> data;
 };
 
-std::unique_ptr<Run> open_run(const std::string& model_path, const std::string& text) {
+// deferred: the model holds no weights (as qlft_model_load loads it for offload.params=nvme,
+// load_into_shards); an offloading trainer loads its own copy's groups and writes them out.
+std::unique_ptr<Run> open_run(const std::string& model_path, const std::string& text,
+                              bool deferred = false) {
   auto r = std::make_unique<Run>();
   LoadOptions lo;
   lo.quant_type = "nf4";  // NF4 codes, double-quantized absmax and code books all go to the file
+  lo.deferred = deferred;
   r->model = load_model(&r->tracker, model_path, lo);
   r->tok = Tokenizer::from_gguf(*r->model->gguf);
   r->enc = std::make_unique<data::TokenizerEncoder>(*r->tok);
@@ -321,10 +326,11 @@ TEST(NvmeOffloadTraining, SameLossCurveAndResumeWithWeightsAndStateInFiles) {
   set_num_threads(1);
   const std::string dir = qlft_test::temp_dir("nvme-train");
   auto plain = open_run(model_path, text);
-  auto off = open_run(model_path, text);
-  const uint64_t weights_before = off->tracker.snapshot().reserved[QLFT_MEM_WEIGHTS];
+  auto off = open_run(model_path, text, /*deferred=*/true);
+  EXPECT_EQ(off->tracker.snapshot().reserved[QLFT_MEM_WEIGHTS], 0u);
+  const uint64_t weights_before = plain->tracker.snapshot().reserved[QLFT_MEM_WEIGHTS];
   // The largest unit: the output head (tied to the embedding here) or a layer.
-  const Model& m = *off->model;
+  const Model& m = *plain->model;
   uint64_t max_unit = m.tok_embd.bytes() + m.output.bytes() + m.output_norm.size();
   for (const LayerWeights& l : m.layers) {
     uint64_t b = l.attn_norm.size() + l.ffn_norm.size();
@@ -346,7 +352,7 @@ TEST(NvmeOffloadTraining, SameLossCurveAndResumeWithWeightsAndStateInFiles) {
   }
   {
     Trainer b(*off->model, &off->tracker, off->data.get(), train_config(true, dir));
-    ASSERT_TRUE(off->model->stream);
+    ASSERT_TRUE(b.placement().owns());  // its own copy of the model, in the file
     // Offloaded: nothing of the base weights is resident between steps.
     EXPECT_EQ(off->tracker.snapshot().reserved[QLFT_MEM_WEIGHTS], 0u);
     off->tracker.reset_peaks();
@@ -354,7 +360,7 @@ TEST(NvmeOffloadTraining, SameLossCurveAndResumeWithWeightsAndStateInFiles) {
     w[1] = weights_of(b);
     peak_weights = off->tracker.snapshot().peak[QLFT_MEM_WEIGHTS];
     opt_bytes[1] = off->tracker.snapshot().reserved[QLFT_MEM_OPTIMIZER];
-    auto* s = dynamic_cast<NvmeWeightStream*>(off->model->stream.get());
+    auto* s = dynamic_cast<NvmeWeightStream*>(b.placement().model().stream.get());
     ASSERT_NE(s, nullptr);
     EXPECT_GE(s->offloaded_bytes(), weights_before - 64 * 256);
     // In use + read ahead: two units at most (offload.buffers=2 allows three).
@@ -372,8 +378,8 @@ TEST(NvmeOffloadTraining, SameLossCurveAndResumeWithWeightsAndStateInFiles) {
   // The files were never named: nothing is left in offload.dir.
   EXPECT_TRUE(std::filesystem::is_empty(dir));
 
-  // Checkpoint after 3 offloaded steps (a new trainer on the already offloaded model: the stream
-  // outlives the trainer that made it), resume in a third one: the same end as the plain run.
+  // Checkpoint after 3 offloaded steps (a new trainer, which offloads its own copy again),
+  // resume in a third one: the same end as the plain run.
   const std::string ckpt = qlft_test::temp_dir("nvme-ckpt") + "/ck.safetensors";
   {
     Trainer first(*off->model, &off->tracker, off->data.get(), train_config(true, dir));
@@ -388,11 +394,9 @@ TEST(NvmeOffloadTraining, SameLossCurveAndResumeWithWeightsAndStateInFiles) {
   EXPECT_EQ(second.steps_done(), 6);
   std::vector<float> w2 = weights_of(second);
   EXPECT_EQ(0, std::memcmp(w[0].data(), w2.data(), w[0].size() * 4)) << "resumed run diverged";
-  // Generation would need the weights resident: refused with a clear error.
-  std::string msg;
-  EXPECT_EQ(QLFT_ERR_UNSUPPORTED,
-            status_of([&] { off->model->require_resident("generation"); }, &msg));
-  EXPECT_NE(msg.find("NVMe offload"), std::string::npos) << msg;
+  // The trainers streamed their own copies: the model still reads its weights from its file.
+  EXPECT_EQ(dynamic_cast<NvmeWeightStream*>(off->model->stream.get()), nullptr);
+  EXPECT_NE(dynamic_cast<FileUnitStream*>(off->model->stream.get()), nullptr);
 }
 
 // The RSS-level check (issue 23, tests/support/rss_check.h; bench/offload_rss.sh's method, small):
@@ -412,6 +416,7 @@ TEST(NvmeOffloadRss, PeakRssDropsByWhatTheTrackerSaves) {
       MemoryTracker tracker;
       LoadOptions lo;
       lo.quant_type = "keep";
+      lo.deferred = offload;  // as qlft_model_load loads it for offload.params=nvme
       auto m = load_model(&tracker, model_path, lo);
       auto tok = Tokenizer::from_gguf(*m->gguf);
       data::TokenizerEncoder enc(*tok);
@@ -423,7 +428,7 @@ TEST(NvmeOffloadRss, PeakRssDropsByWhatTheTrackerSaves) {
       c.set("train.max_steps", "1");
       auto ds = std::make_unique<data::Dataset>(
           data::Dataset::build(data::DataOptions::from_config(c), enc));
-      Trainer t(*m, &tracker, ds.get(), c);  // offloads the weights
+      Trainer t(*m, &tracker, ds.get(), c);  // offloads its copy of the weights
       // The step's peak, not loading's (every weight is resident while loading in both runs).
       tracker.reset_peaks();
       qlft_test::rss_mark();
