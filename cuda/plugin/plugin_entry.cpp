@@ -6,7 +6,7 @@
 #include "backend/cuda_plugin_abi.h"
 #include "core/thread_count_source.h"
 #include "plugin_host.h"
-#include "parallel/nccl_entry.h"
+#include "backend/nccl_entry.h"
 
 #define QLFT_PLUGIN_STR2(x) #x
 #define QLFT_PLUGIN_STR(x) QLFT_PLUGIN_STR2(x)

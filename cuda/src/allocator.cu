@@ -22,7 +22,7 @@
 #include "backend/cuda_sizes.h"
 #include "check.h"
 #include "core/log.h"
-#include "optim/state_store.h"
+#include "core/state_store.h"
 
 namespace qlft {
 

@@ -1,4 +1,4 @@
-// The NCCL communicator (src/parallel/nccl_entry.h): collectives between GPU ranks on device
+// The NCCL communicator (src/backend/nccl_entry.h): collectives between GPU ranks on device
 // buffers. Rank 0 makes NCCL's unique id and sends it to the others through the bootstrap
 // communicator (MPI); each rank drives CUDA device local_rank % device count.
 //
@@ -22,7 +22,7 @@
 
 #include "check.h"
 #include "core/error.h"
-#include "parallel/nccl_entry.h"
+#include "backend/nccl_entry.h"
 
 namespace qlft::dist {
 

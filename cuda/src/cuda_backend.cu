@@ -3,7 +3,7 @@
 // arrays, and make_cuda_backend, the entry point that picks and checks the device.
 #include "cuda_backend.h"
 #include "core/log.h"
-#include "parallel/communicator.h"
+#include "core/communicator.h"
 
 namespace qlft {
 

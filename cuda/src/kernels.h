@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "optim/adamw_math.h"
+#include "backend/adamw_math.h"
 #include "quant/qweight.h"
 
 namespace qlft::cu {

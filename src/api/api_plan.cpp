@@ -5,7 +5,7 @@
 #include "api/handles.h"
 #include "config/config.h"
 #include "core/error.h"
-#include "parallel/communicator.h"
+#include "core/communicator.h"
 #include "train/planner.h"
 #include "train/trainer.h"
 #include "core/threads.h"

@@ -8,7 +8,7 @@
 #include "core/log.h"
 #include "core/threads.h"
 #include "parallel/mpi_plugin_loader.h"
-#include "optim/state_store.h"
+#include "core/state_store.h"
 #include "train/adapter_io.h"
 
 using qlft::guard;

@@ -22,7 +22,7 @@
 #include "core/dtype.h"
 #include "core/memory.h"
 #include "core/tensor.h"
-#include "optim/adamw_math.h"
+#include "backend/adamw_math.h"
 #include "quant/qweight.h"
 
 namespace qlft {

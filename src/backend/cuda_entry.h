@@ -14,7 +14,7 @@
 #include "backend/backend_select.h"  // make_backend, for the files that used to find it here
 #include "core/error.h"
 #include "core/memory.h"
-#include "optim/adamw_math.h"
+#include "backend/adamw_math.h"
 
 namespace qlft {
 

@@ -33,7 +33,7 @@
 #include "backend/backend.h"
 #include "backend/cuda_entry.h"
 #include "core/memory.h"
-#include "parallel/communicator.h"
+#include "core/communicator.h"
 
 namespace qlft {
 

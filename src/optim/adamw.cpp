@@ -4,8 +4,8 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "optim/adamw_math.h"
-#include "optim/state_store.h"
+#include "backend/adamw_math.h"
+#include "core/state_store.h"
 #include "core/threads.h"
 
 namespace qlft {

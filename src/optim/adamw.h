@@ -7,7 +7,7 @@
 #include <memory>
 #include <vector>
 
-#include "optim/adamw_math.h"
+#include "backend/adamw_math.h"
 #include "optim/optimizer.h"
 
 namespace qlft {

@@ -5,8 +5,8 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "optim/adamw_math.h"
-#include "optim/state_store.h"
+#include "backend/adamw_math.h"
+#include "core/state_store.h"
 #include "quant/blockwise8.h"
 #include "core/threads.h"
 

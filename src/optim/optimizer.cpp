@@ -7,7 +7,7 @@
 #include "core/error.h"
 #include "optim/adamw.h"
 #include "optim/adamw8bit.h"
-#include "optim/state_store.h"
+#include "core/state_store.h"
 #include "parallel/nvme_state_store.h"
 
 namespace qlft {

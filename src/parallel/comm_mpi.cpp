@@ -23,7 +23,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "parallel/communicator.h"
+#include "core/communicator.h"
 
 namespace qlft::dist {
 

@@ -37,7 +37,7 @@
 #include <vector>
 
 #include "core/memory.h"
-#include "parallel/communicator.h"
+#include "core/communicator.h"
 #include "optim/grad_clip.h"
 #include "optim/optimizer.h"
 #include "optim/state_dict.h"

@@ -12,7 +12,7 @@
 #include <string>
 
 #include "core/error.h"
-#include "parallel/communicator.h"
+#include "core/communicator.h"
 #include "parallel/mpi_plugin_abi.h"
 
 namespace {

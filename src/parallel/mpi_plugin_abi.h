@@ -7,7 +7,7 @@
  *
  * Every function that can fail returns 0 or a qlft_status code (include/qlft.h) and then writes
  * a NUL-terminated message of at most errlen bytes to err. Collectives follow
- * dist/communicator.h's contract (same order and sizes on every rank, bounded by the timeout). */
+ * core/communicator.h's contract (same order and sizes on every rank, bounded by the timeout). */
 #ifndef QLFT_DIST_MPI_PLUGIN_ABI_H
 #define QLFT_DIST_MPI_PLUGIN_ABI_H
 

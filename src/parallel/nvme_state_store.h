@@ -13,7 +13,7 @@
 #include <memory>
 #include <string>
 
-#include "optim/state_store.h"
+#include "core/state_store.h"
 
 namespace qlft {
 

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "core/memory.h"
-#include "parallel/communicator.h"
+#include "core/communicator.h"
 #include "model/lora.h"
 #include "model/lora_grad_sink.h"
 

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "core/memory.h"
-#include "parallel/communicator.h"
+#include "core/communicator.h"
 #include "parallel/zero3_stream.h"
 #include "model/lora.h"
 

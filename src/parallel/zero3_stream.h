@@ -48,7 +48,7 @@
 #include <vector>
 
 #include "core/memory.h"
-#include "parallel/communicator.h"
+#include "core/communicator.h"
 #include "model/model.h"
 #include "model/weight_stream.h"
 

@@ -8,7 +8,7 @@
 #include "backend/workspace_model.h"
 #include "config/config.h"
 #include "config/keys.h"
-#include "parallel/communicator.h"
+#include "core/communicator.h"
 #include "parallel/data_parallel.h"
 #include "parallel/zero3_lora.h"
 #include "parallel/zero3_stream.h"

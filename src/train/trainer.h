@@ -134,6 +134,8 @@ class Trainer {
   const Model& model() const { return model_; }
   // Where this trainer's base weights live (its own streamed copy, or the model as loaded).
   const WeightPlacement& placement() const { return *placement_; }
+  // Tests wrap the stream of the trainer's own model (fault injection, tests/dist/dist_worker).
+  WeightPlacement& placement() { return *placement_; }
   MemoryTracker* tracker() const { return tracker_; }
   // Distributed training (dist.*): this process's rank, the world size, and whether it is the
   // rank that writes files (rank 0). save_checkpoint is collective: every rank must call it.

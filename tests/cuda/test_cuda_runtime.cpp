@@ -10,7 +10,7 @@
 #include "backend/cuda_entry.h"
 #include "core/error.h"
 #include "cuda_test_util.h"
-#include "optim/state_store.h"
+#include "core/state_store.h"
 #include "qlft.h"
 
 namespace {

@@ -17,7 +17,7 @@
 #include "backend/rope_math.h"
 #include "backend/softmax_math.h"
 #include "core/half.h"
-#include "optim/adamw_math.h"
+#include "backend/adamw_math.h"
 #include "quant/ggml_math.h"
 #include "quant/nf4_math.h"
 

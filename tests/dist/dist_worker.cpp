@@ -67,7 +67,7 @@
 #include "data/dataset.h"
 #include "data/text_encoder.h"
 #include "data/tokenizer_encoder.h"
-#include "parallel/communicator.h"
+#include "core/communicator.h"
 #include "backend/backend.h"
 #include "model/generate.h"
 #include "model/model.h"
@@ -402,7 +402,8 @@ int train(const std::string& model_path, const std::string& data_path, const std
         tracker.snapshot().peak[static_cast<int>(MemCategory::Weights)];
     tracker.reset_peaks();  // w.mem: what training holds, not the full load before sharding
     if (w.count("w.die_acquire") && rank == wint("w.die_rank", -1))
-      model->stream = std::make_shared<DieAtAcquire>(model->stream, wint("w.die_acquire", 0));
+      t.placement().own().stream =
+          std::make_shared<DieAtAcquire>(t.placement().own().stream, wint("w.die_acquire", 0));
     if (w.count("w.resume")) t.resume(w["w.resume"]);
     if (t.is_writer()) {
       out = std::fopen(curve.c_str(), w.count("w.resume") ? "a" : "w");
@@ -508,17 +509,15 @@ int train(const std::string& model_path, const std::string& data_path, const std
     message = e.what();
   }
   if (w.count("w.mem") && status == QLFT_OK) {
-    // After the trainer: a sharded model's stream must refuse with a clear error.
+    // After the trainer: the model is as loaded (the trainer sharded its own copy,
+    // train/weight_placement.h): resident, or a deferred load that still reads its units.
     std::string after = "resident";
     if (model->stream) {
       try {
-        model->stream->acquire(kEmbeddingUnit, kNoUnit);
-        after = "acquire-did-not-throw";
+        UnitUse u(model->stream.get(), kEmbeddingUnit, kNoUnit);
+        after = "usable";
       } catch (const Error& e) {
-        after =
-            e.status() == QLFT_ERR_UNSUPPORTED && std::strstr(e.what(), "trainer that has ended")
-                ? "refused"
-                : std::string("wrong-error:") + e.what();
+        after = std::string("failed:") + e.what();
       }
     }
     std::FILE* f = std::fopen((w["w.mem"] + "." + std::to_string(rank)).c_str(), "w");

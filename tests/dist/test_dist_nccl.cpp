@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "parallel/communicator.h"
+#include "core/communicator.h"
 #include "support/test_support.h"
 
 using namespace qlft;

@@ -10,7 +10,7 @@
 #include <numeric>
 
 #include "core/error.h"
-#include "parallel/communicator.h"
+#include "core/communicator.h"
 #include "parallel/data_parallel.h"
 #include "parallel/mpi_plugin_loader.h"
 #include "support/test_support.h"

@@ -17,7 +17,7 @@
 #include "core/memory.h"
 #include "optim/adamw8bit.h"
 #include "optim/optimizer.h"
-#include "optim/state_store.h"
+#include "core/state_store.h"
 #include "test_optim_util.h"
 
 using namespace qlft;

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "core/error.h"
-#include "parallel/communicator.h"
-#include "parallel/nccl_entry.h"
+#include "core/communicator.h"
+#include "backend/nccl_entry.h"
 
 using namespace qlft;
 

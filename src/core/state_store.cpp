@@ -1,4 +1,4 @@
-#include "optim/state_store.h"
+#include "core/state_store.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

@@ -1,4 +1,5 @@
-// Per-element AdamW arithmetic, shared by the CPU optimizers and future CUDA kernels.
+// Per-element AdamW arithmetic (QLFT_HD), shared by the CPU optimizers (optim/) and the CUDA
+// kernels (cuda/src/k_optim.cu): below both, in backend/, since each backend implements the step.
 //
 // Each function reproduces the operation order of its reference so results agree to the last
 // bit or two: hyperparameters arrive as the float values the reference's tensor ops use (it

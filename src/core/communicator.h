@@ -1,7 +1,9 @@
 // Collective communication between training ranks: the one interface data parallelism and ZeRO
 // are written against. Implementations: a single-rank one (every collective is the identity),
-// MPI (src/parallel/comm_mpi.cpp, compiled only into the plugin libqlft-mpi.so, which libqlft opens
-// at run time: mpi_plugin_loader.h) and NCCL (cuda/src/comm_nccl.cpp).
+// MPI (src/parallel/comm_mpi.cpp, compiled only into the plugin libqlft-mpi.so, which libqlft
+// opens at run time: parallel/mpi_plugin_loader.h) and NCCL (cuda/src/comm_nccl.cu). It lives in
+// core/, below the backends, because the NCCL communicator is the CUDA plugin's
+// (backend/nccl_entry.h, backend/cuda_plugin_abi.h).
 //
 // Every collective is bounded by timeout_s: a peer that died or hangs ends the call with
 // QLFT_ERR_DISTRIBUTED naming the ranks that did not answer, never a silent hang and never an

@@ -1,4 +1,4 @@
-#include "parallel/communicator.h"
+#include "core/communicator.h"
 
 #include <cstdlib>
 #include <cstring>

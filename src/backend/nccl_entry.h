@@ -5,7 +5,7 @@
 
 #include <memory>
 
-#include "parallel/communicator.h"
+#include "core/communicator.h"
 
 namespace qlft::dist {
 
