@@ -4,7 +4,7 @@
 #include <string>
 
 #include "core/error.h"
-#include "parallel/communicator.h"
+#include "core/communicator.h"
 #include "parallel/mpi_plugin_loader.h"
 #include "backend/cuda_plugin.h"
 
