@@ -89,7 +89,4 @@ AttnArgs CudaBackend::args(const AttnShape& s, int64_t Wq, int64_t Wk, const Att
   a.first = st.first.as<int32_t>();
   return a;
 }
-// Precision bf16 rounds more than the matmul inputs, as the CPU backend does (torch.autocast's
-// bf16 LoRA and SDPA): LoRA's A, B and intermediates xa, g, and attention's P and dS.
-
 }  // namespace qlft::cu
