@@ -1,5 +1,5 @@
-// Internals shared by the emulator's runtime (runtime.cpp), launcher (launch.cpp) and cuBLASLt
-// (cublaslt.cpp).
+// Internals shared by the emulator's runtime (runtime.cpp), device memory (device_memory.cpp),
+// launcher (launch.cpp) and cuBLASLt (cublaslt.cpp).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -38,7 +38,10 @@ void set_shared_guard(const void* guard, size_t smem_bytes);
 void report(cudaError_t e, const std::string& msg);
 std::string schedule_description();
 
+int device_count();  // QLFT_EMU_DEVICE_COUNT, default 1
+
 // Device limits (H100 SXM).
+constexpr size_t kDeviceBytes = size_t(80) << 30;  // what the device reports (H100 80 GB)
 constexpr int kMaxThreadsPerBlock = 1024;
 constexpr size_t kStaticSharedLimit = 48 * 1024;
 constexpr size_t kSharedOptinLimit = 227 * 1024;
