@@ -1,5 +1,6 @@
 // The NCCL subset cuda/src/comm_nccl.cu calls (enum values as NCCL 2.x's nccl.h). In the
-// emulated build they are carried by MPI between the ranks (cuda/emu/src/nccl.cpp).
+// emulated build they run between the ranks over the emulator's own transport
+// (cuda/emu/src/nccl.cpp).
 #pragma once
 
 #include <cuda_runtime.h>

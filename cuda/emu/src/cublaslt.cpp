@@ -7,12 +7,12 @@
 // algorithm-dependent order, so a GPU result differs by O(sqrt(K) * eps_fp32) relative.
 #include <cublasLt.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
 
-#include "core/half.h"
 #include "emu_internal.h"
 
 struct qlft_emu_lt_handle {
@@ -55,10 +55,30 @@ float to_tf32(float x) {
   return x;
 }
 
+// A 16-bit operand widened to fp32 (exact; the emulator keeps its own decoding rather than the
+// library's, so the GEMM reference does not share code with what it checks): bf16 is the top half
+// of an fp32; an IEEE half is (1024 + m) * 2^(e - 25), a subnormal m * 2^-24, e = 31 inf or NaN.
+float widen16(uint16_t h, bool bf16) {
+  uint32_t u = uint32_t(h) << 16;
+  float v;
+  if (bf16) {
+    std::memcpy(&v, &u, 4);
+    return v;
+  }
+  const int e = (h >> 10) & 31, m = h & 1023;
+  if (e == 31) {  // the payload kept, NaN made quiet
+    u = 0x7f800000u | (m ? 0x400000u | (uint32_t(m) << 13) : 0u);
+    std::memcpy(&v, &u, 4);
+  } else {
+    v = e == 0 ? std::ldexp(float(m), -24) : std::ldexp(float(1024 + m), e - 25);
+  }
+  return (h & 0x8000) ? -v : v;
+}
+
 float load(const void* p, cudaDataType_t t, size_t i) {
   if (t == CUDA_R_32F) return static_cast<const float*>(p)[i];
   const uint16_t h = static_cast<const uint16_t*>(p)[i];
-  return t == CUDA_R_16BF ? qlft::bf16_to_f32(h) : qlft::f16_to_f32(h);
+  return widen16(h, t == CUDA_R_16BF);
 }
 
 // The problem an algorithm was chosen for, checked again at matmul time.

@@ -1,18 +1,19 @@
-// NCCL in the emulated build, carried by MPI between the emulated ranks (one process per rank,
-// under mpirun). Each communicator owns its own MPI communicator from the plugin
-// (make_mpi_communicator_from_plugin: a duplicate of MPI_COMM_WORLD), separate from the bootstrap
-// comm_nccl.cu broadcasts the unique id over. A collective checks its buffers as a GPU would need
-// them (live device ranges of the right extent, cudaErrorInvalidValue-style refusal otherwise),
-// copies them to the host, runs the MPI communicator's collective, and copies the result back;
-// streams execute synchronously in the emulator, so the work is done when the call returns.
+// NCCL in the emulated build: the ranks (one process each, on one host) meet through the
+// emulator's own transport (nccl_transport.h: one file per rank and collective in a directory
+// named from the unique id), so the emulator needs no MPI of its own; comm_nccl.cu still sends
+// rank 0's unique id to the others over its bootstrap communicator, as with a real NCCL. A
+// collective checks its buffers as a GPU would need them (live device ranges of the right extent,
+// cudaErrorInvalidValue-style refusal otherwise), copies them to the host, exchanges them, reduces
+// in rank order, and copies the result back; streams execute synchronously in the emulator, so
+// the work is done when the call returns.
 //
 // What is checked that a real NCCL would also need: every rank passes the unique id rank 0 made
-// (the bootstrap broadcast worked), nranks equals the MPI world and rank the MPI rank, the root
-// of a broadcast is a rank, the data type and reduction are ones NCCL has. Non-blocking
-// communicators (config.blocking = 0) answer ncclInProgress from init and once from
-// ncclCommGetAsyncError, so the caller's polling path runs. Reduction order: NCCL's ring and
-// MPI's reduction both add two ranks' values in one operation (identical results at world 2);
-// with more ranks the order may differ in the last bit.
+// and the same nranks (a rank holding another id meets no one: the first round times out naming
+// the ranks missing), the root of a broadcast is a rank, the data type and reduction are ones NCCL
+// has. Non-blocking communicators (config.blocking = 0) answer ncclInProgress from init and once
+// from ncclCommGetAsyncError, so the caller's polling path runs. Reduction: rank 0's values plus
+// each other rank's in rank order, then Avg as the MPI communicator scales (float: times
+// 1/nranks; double: divided by nranks), so at two ranks the results are bit-identical to MPI's.
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <unistd.h>
@@ -25,13 +26,11 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
-#include "parallel/communicator.h"
-#include "parallel/mpi_plugin_loader.h"
 #include "emu_internal.h"
+#include "nccl_transport.h"
 
 struct qlft_emu_nccl_comm {
-  std::unique_ptr<qlft::dist::Communicator> mpi;
+  std::unique_ptr<qlft_emu::NcclTransport> net;
   int rank = 0, nranks = 1;
   bool blocking = true;
   int pending_polls = 0;  // non-blocking init: GetAsyncError answers InProgress this many times
@@ -41,6 +40,38 @@ struct qlft_emu_nccl_comm {
 namespace {
 
 constexpr char kIdTag[] = "qlft-emu-nccl-id";
+constexpr double kTimeoutS = 300;  // a round not complete by then fails (a rank is gone)
+
+// The meeting place of the ranks holding this id (its stamp: rank 0's pid and a time).
+std::string meeting_name(const ncclUniqueId& id) {
+  static const char hex[] = "0123456789abcdef";
+  std::string s = "qlft-emu-nccl-";
+  for (int i = 32; i < 48; ++i) {
+    const unsigned char b = static_cast<unsigned char>(id.internal[i]);
+    s += hex[b >> 4];
+    s += hex[b & 15];
+  }
+  return s;
+}
+
+// Every rank's n values of type T from one exchange, reduced into out in rank order (avg: scaled
+// as the MPI communicator scales). `offset` selects each rank's slice (reduce-scatter).
+template <class T>
+void reduce_ranks(const std::vector<std::string>& all, size_t offset, size_t n, bool avg, T* out) {
+  const int nranks = int(all.size());
+  std::memcpy(out, all[0].data() + offset * sizeof(T), n * sizeof(T));
+  for (int r = 1; r < nranks; ++r) {
+    const T* v = reinterpret_cast<const T*>(all[size_t(r)].data()) + offset;
+    for (size_t i = 0; i < n; ++i) out[i] += v[i];
+  }
+  if (!avg) return;
+  if constexpr (sizeof(T) == 4) {
+    const float s = 1.0f / static_cast<float>(nranks);
+    for (size_t i = 0; i < n; ++i) out[i] *= s;
+  } else {
+    for (size_t i = 0; i < n; ++i) out[i] /= nranks;
+  }
+}
 thread_local std::string t_last_error;
 
 ncclResult_t fail(ncclResult_t r, const std::string& msg) {
@@ -93,11 +124,11 @@ void upload(void* d, const std::vector<T>& h) {
     throw std::runtime_error("host to device copy failed");
 }
 
-// Runs f, turning a failure of the MPI transport into NCCL's remote error (the communicator is
+// Runs f, turning a failure of the transport into NCCL's remote error (the communicator is
 // then unusable, as after a real NCCL failure).
 template <class F>
 ncclResult_t carried(ncclComm_t comm, const char* call, F f) {
-  if (!comm || !comm->mpi)
+  if (!comm || !comm->net)
     return fail(ncclInvalidArgument, std::string(call) + ": no communicator");
   if (comm->async != ncclSuccess && comm->async != ncclInProgress)
     return fail(comm->async, std::string(call) + ": the communicator failed earlier");
@@ -105,7 +136,7 @@ ncclResult_t carried(ncclComm_t comm, const char* call, F f) {
     f();
   } catch (const std::exception& e) {
     comm->async = ncclRemoteError;
-    return fail(ncclRemoteError, std::string(call) + " over MPI: " + e.what());
+    return fail(ncclRemoteError, std::string(call) + ": " + e.what());
   }
   return ncclSuccess;
 }
@@ -164,21 +195,16 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId i
                 "ncclCommInitRank: rank " + std::to_string(rank) + " of " + std::to_string(nranks));
   auto c = std::make_unique<qlft_emu_nccl_comm>();
   try {
-    c->mpi = qlft::dist::make_mpi_communicator_from_plugin(300);
-    if (c->mpi->world() != nranks || c->mpi->rank() != rank)
-      return fail(ncclInvalidArgument, "ncclCommInitRank: rank " + std::to_string(rank) + " of " +
-                                           std::to_string(nranks) + " but MPI says rank " +
-                                           std::to_string(c->mpi->rank()) + " of " +
-                                           std::to_string(c->mpi->world()));
-    // Every rank must hold rank 0's id.
-    const std::vector<std::string> ids =
-        c->mpi->all_gather_bytes(std::string(id.internal, sizeof id.internal));
-    for (size_t r = 0; r < ids.size(); ++r)
-      if (ids[r] != ids[0])
+    c->net = std::make_unique<qlft_emu::NcclTransport>(meeting_name(id), rank, nranks, kTimeoutS);
+    // Every rank must hold rank 0's id and count the same ranks.
+    const std::string mine = std::string(id.internal, sizeof id.internal) + std::to_string(nranks);
+    const std::vector<std::string> all = c->net->exchange(mine.data(), mine.size());
+    for (size_t r = 0; r < all.size(); ++r)
+      if (all[r] != all[0])
         return fail(ncclInvalidUsage, "ncclCommInitRank: rank " + std::to_string(r) +
-                                          " passed another unique id than rank 0");
+                                          " passed another unique id or nranks than rank 0");
   } catch (const std::exception& e) {
-    return fail(ncclSystemError, std::string("ncclCommInitRank: MPI transport: ") + e.what());
+    return fail(ncclSystemError, std::string("ncclCommInitRank: transport: ") + e.what());
   }
   c->rank = rank;
   c->nranks = nranks;
@@ -221,17 +247,14 @@ ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataT
   for (const std::string& w :
        {check_buffer(send, bytes, "send"), check_buffer(recv, bytes, "recv")})
     if (!w.empty()) return fail(ncclInvalidArgument, "ncclAllReduce: " + w);
-  const auto rop = op == ncclAvg ? qlft::dist::ReduceOp::Avg : qlft::dist::ReduceOp::Sum;
   return carried(comm, "ncclAllReduce", [&] {
-    if (type == ncclFloat32) {
-      auto h = download<float>(send, count);
-      comm->mpi->all_reduce(h.data(), count, rop);
-      upload(recv, h);
-    } else {
-      auto h = download<double>(send, count);
-      comm->mpi->all_reduce(h.data(), count, rop);
-      upload(recv, h);
-    }
+    const auto all = comm->net->exchange(download<uint8_t>(send, bytes).data(), bytes);
+    std::vector<uint8_t> h(bytes);
+    if (type == ncclFloat32)
+      reduce_ranks(all, 0, count, op == ncclAvg, reinterpret_cast<float*>(h.data()));
+    else
+      reduce_ranks(all, 0, count, op == ncclAvg, reinterpret_cast<double*>(h.data()));
+    upload(recv, h);
   });
 }
 
@@ -247,11 +270,10 @@ ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count, ncclD
   for (const std::string& w :
        {check_buffer(send, n * 4, "send"), check_buffer(recv, count * 4, "recv")})
     if (!w.empty()) return fail(ncclInvalidArgument, "ncclReduceScatter: " + w);
-  const auto rop = op == ncclAvg ? qlft::dist::ReduceOp::Avg : qlft::dist::ReduceOp::Sum;
   return carried(comm, "ncclReduceScatter", [&] {
-    auto in = download<float>(send, n);
+    const auto all = comm->net->exchange(download<uint8_t>(send, n * 4).data(), n * 4);
     std::vector<float> out(count);
-    comm->mpi->reduce_scatter(in.data(), out.data(), count, rop);
+    reduce_ranks(all, count * size_t(comm->rank), count, op == ncclAvg, out.data());
     upload(recv, out);
   });
 }
@@ -270,7 +292,9 @@ ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataT
   return carried(comm, "ncclAllGather", [&] {
     auto in = download<uint8_t>(send, bytes);
     std::vector<uint8_t> out(total);
-    comm->mpi->all_gather_raw(in.data(), out.data(), bytes);
+    const auto all = comm->net->exchange(in.data(), bytes);
+    for (int r = 0; r < comm->nranks; ++r)
+      std::memcpy(out.data() + size_t(r) * bytes, all[size_t(r)].data(), bytes);
     upload(recv, out);
   });
 }
@@ -292,8 +316,10 @@ ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataT
         check_buffer(recv, bytes, "recv")})
     if (!w.empty()) return fail(ncclInvalidArgument, "ncclBroadcast: " + w);
   return carried(comm, "ncclBroadcast", [&] {
-    auto h = download<uint8_t>(comm->rank == root ? send : recv, bytes);
-    comm->mpi->broadcast(h.data(), bytes, root);
+    std::vector<uint8_t> h;
+    if (comm->rank == root) h = download<uint8_t>(send, bytes);
+    const auto all = comm->net->exchange(h.data(), h.size());
+    h.assign(all[size_t(root)].begin(), all[size_t(root)].end());
     upload(recv, h);
   });
 }
