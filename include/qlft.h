@@ -27,8 +27,14 @@
 extern "C" {
 #endif
 
-#if defined(_WIN32)
+/* On Windows the library's own build (which defines QLFT_BUILDING) exports each function and a
+ * client of the DLL imports it; a client linking a static build defines QLFT_STATIC. */
+#if defined(_WIN32) && defined(QLFT_STATIC)
+#define QLFT_API
+#elif defined(_WIN32) && defined(QLFT_BUILDING)
 #define QLFT_API __declspec(dllexport)
+#elif defined(_WIN32)
+#define QLFT_API __declspec(dllimport)
 #elif defined(__GNUC__)
 #define QLFT_API __attribute__((visibility("default")))
 #else

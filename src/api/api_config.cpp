@@ -83,9 +83,7 @@ int32_t qlft_config_key_at(size_t index, qlft_config_key* out) {
     full.default_value = k.default_value;
     full.allowed = allowed[index].c_str();
     full.doc = k.doc;
-    uint32_t n = out->struct_size < sizeof(full) ? out->struct_size : sizeof(full);
-    std::memcpy(out, &full, n);
-    out->struct_size = n;
+    qlft::copy_out(full, out);
   });
 }
 

@@ -138,9 +138,7 @@ void fill(const qlft_generation* g, int32_t id, uint32_t index, qlft_generated_t
   full.finish_reason = g->finish;
   full.text = g->piece.c_str();
   full.text_len = g->piece.size();
-  uint32_t n = out->struct_size < sizeof(full) ? out->struct_size : uint32_t(sizeof(full));
-  std::memcpy(out, &full, n);
-  out->struct_size = n;
+  qlft::copy_out(full, out);
 }
 
 }  // namespace

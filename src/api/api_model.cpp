@@ -77,9 +77,7 @@ int32_t qlft_model_info(const qlft_model* model, qlft_model_details* out) {
     d.rope_adjacent_pairs = m.cfg.rope_adjacent;
     d.n_params = m.n_params();
     d.weight_bytes = m.weight_bytes();
-    uint32_t n = out->struct_size < sizeof(d) ? out->struct_size : sizeof(d);
-    std::memcpy(out, &d, n);
-    out->struct_size = n;
+    qlft::copy_out(d, out);
   });
 }
 

@@ -1,6 +1,5 @@
 // The memory planner and the trainer's batch shape through the C ABI.
 #include <algorithm>
-#include <cstring>
 
 #include "api/handles.h"
 #include "config/config.h"
@@ -74,9 +73,7 @@ int32_t qlft_estimate_memory(const qlft_model* model, const char* model_path,
     if (limit)
       f.max_micro_batch =
           static_cast<uint32_t>(qlft::plan_max_micro_batch(mc, w, ps, limit, 65536));
-    const uint32_t n = out->struct_size < sizeof(f) ? out->struct_size : uint32_t(sizeof(f));
-    std::memcpy(out, &f, n);
-    out->struct_size = n;
+    qlft::copy_out(f, out);
   });
 }
 

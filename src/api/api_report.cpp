@@ -1,8 +1,8 @@
 // The training report and its data (metrics.jsonl records) through the C ABI; the reading and
 // drawing live in src/report.
-#include <cstring>
 #include <string>
 
+#include "api/handles.h"
 #include "core/error.h"
 #include "formats/output_guard.h"
 #include "report/metrics_series.h"
@@ -25,14 +25,12 @@ int32_t qlft_metrics_read(const char* path, qlft_metrics_record* records, size_t
     QLFT_CHECK_ARG(capacity >= run.records.size(),
                    "qlft_metrics_read: %s holds %zu records, the array %zu", path,
                    run.records.size(), capacity);
+    // The caller's records[0].struct_size is its array's stride.
     const uint32_t stride = records[0].struct_size;
-    const uint32_t n =
-        stride < sizeof(qlft_metrics_record) ? stride : uint32_t(sizeof(qlft_metrics_record));
     char* base = reinterpret_cast<char*>(records);
     for (size_t i = 0; i < run.records.size(); ++i) {
       const qlft::report::MetricsRecord& r = run.records[i];
       qlft_metrics_record f{};
-      f.struct_size = n;
       f.step = r.step;
       f.loss = r.loss;
       f.learning_rate = r.lr;
@@ -52,7 +50,7 @@ int32_t qlft_metrics_read(const char* path, qlft_metrics_record* records, size_t
         f.predicted[c] = run.info.mem_predicted[c];
       }
       f.predicted_total = run.info.mem_predicted_total;
-      std::memcpy(base + i * stride, &f, n);
+      qlft::copy_out(f, base + i * stride, stride);
     }
   });
 }
@@ -64,9 +62,7 @@ int32_t qlft_report_write(const char* run_dir, const qlft_report_options* option
                    "qlft_report_write: options->struct_size is not set (use "
                    "sizeof(qlft_report_options))");
     // Fields past the caller's struct_size are left at their defaults.
-    qlft_report_options o{};
-    if (options)
-      std::memcpy(&o, options, options->struct_size < sizeof o ? options->struct_size : sizeof o);
+    const qlft_report_options o = qlft::copy_in(options);
     qlft::report::ReportOptions ro;
     if (o.status) ro.status = o.status;
     ro.refresh_seconds = o.refresh_seconds;

@@ -1,6 +1,4 @@
 // qlft_runtime: backend choice, threads and the memory budget.
-#include <cstring>
-
 #include "api/handles.h"
 #include "backend/cuda_plugin.h"
 #include "core/cpu_isa.h"
@@ -32,9 +30,7 @@ void memory_report(const qlft_runtime* runtime, qlft_memory_report* out, const c
   r.total_reserved = s.total_reserved;
   r.total_peak = s.total_peak;
   r.process_peak_rss = process_peak_rss();
-  uint32_t n = out->struct_size < sizeof(r) ? out->struct_size : sizeof(r);
-  std::memcpy(out, &r, n);
-  out->struct_size = n;
+  copy_out(r, out);
 }
 }  // namespace qlft
 

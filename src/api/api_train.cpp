@@ -1,6 +1,5 @@
 // qlft_dataset and qlft_trainer: the training half of the C ABI.
 #include <cmath>
-#include <cstring>
 
 #include "api/api_outputs.h"
 #include "api/handles.h"
@@ -21,12 +20,7 @@ qlft_trainer::~qlft_trainer() = default;
 
 namespace {
 
-template <class T>
-void copy_out(const T& full, T* out) {
-  uint32_t n = out->struct_size < sizeof(T) ? out->struct_size : static_cast<uint32_t>(sizeof(T));
-  std::memcpy(out, &full, n);
-  out->struct_size = n;
-}
+using qlft::copy_out;
 
 // fn: the entry point's name (inside guard's lambda __func__ would be "operator()").
 #define QLFT_CHECK_STRUCT(fn, p, T)                           \

@@ -1,6 +1,9 @@
 // The structs behind the opaque C handles. Only src/api/ casts between them and the C names.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <memory>
 
 #include "config/config.h"
@@ -57,4 +60,40 @@ namespace qlft {
 const Config& config_or_default(const qlft_config* cfg);
 // Fills out from runtime's tracker (api_runtime.cpp); fn names the C entry point in errors.
 void memory_report(const qlft_runtime* runtime, qlft_memory_report* out, const char* fn);
+}  // namespace qlft
+
+// ---- versioned structs (qlft.h): each starts with uint32_t struct_size; fields are only appended,
+// so the caller's struct and the library's share their first min(caller's, ours) bytes.
+namespace qlft {
+
+// The bytes of a T that both sides know, given the caller's struct_size.
+template <class T>
+uint32_t struct_bytes(uint32_t caller_size) {
+  return caller_size < sizeof(T) ? caller_size : static_cast<uint32_t>(sizeof(T));
+}
+
+// Copies the library's filled struct to the caller's, whose struct_size is out_size (at least 4:
+// the entry point checks it): the known bytes only, then struct_size = how many were written, so
+// an older caller's shorter struct is never overrun and a newer caller sees what it got.
+template <class T>
+void copy_out(const T& full, void* out, uint32_t out_size) {
+  static_assert(offsetof(T, struct_size) == 0, "a versioned struct starts with struct_size");
+  const uint32_t n = struct_bytes<T>(out_size);
+  std::memcpy(out, &full, n);
+  std::memcpy(out, &n, sizeof n);
+}
+template <class T>
+void copy_out(const T& full, T* out) {
+  copy_out(full, out, out->struct_size);
+}
+
+// The caller's options struct (may be NULL): the fields past its struct_size keep T's zero
+// defaults.
+template <class T>
+T copy_in(const T* in) {
+  T o{};
+  if (in) std::memcpy(&o, in, struct_bytes<T>(in->struct_size));
+  return o;
+}
+
 }  // namespace qlft

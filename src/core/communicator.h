@@ -117,7 +117,6 @@ std::unique_ptr<Communicator> make_single_communicator();
 // also needs a build with QLFT_CUDA. timeout_s bounds every collective (0: no bound).
 std::unique_ptr<Communicator> make_communicator(const std::string& backend, double timeout_s);
 
-// comm_mpi.cpp, compiled into the MPI plugin only (libqlft reaches it through the plugin table).
-std::unique_ptr<Communicator> make_mpi_communicator(double timeout_s);
+// The MPI communicator: parallel/comm_mpi.h (the MPI plugin's).
 
 }  // namespace qlft::dist

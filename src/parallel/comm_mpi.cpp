@@ -24,6 +24,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/communicator.h"
+#include "parallel/comm_mpi.h"
 
 namespace qlft::dist {
 

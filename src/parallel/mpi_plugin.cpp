@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/communicator.h"
+#include "parallel/comm_mpi.h"
 #include "parallel/mpi_plugin_abi.h"
 
 namespace {
