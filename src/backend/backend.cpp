@@ -43,12 +43,7 @@ void Backend::copy(float* dst, const float* src, int64_t n) {
 
 void Backend::to_16(DType t, const float* src, uint16_t* dst, int64_t n) {
   QLFT_PROFILE_SCOPE("to_16");
-  for_chunks(n, [&](int64_t i, size_t m) {
-    if (t == DType::BF16)
-      f32_to_bf16_n(src + i, dst + i, m);
-    else
-      f32_to_f16_n(src + i, dst + i, m);
-  });
+  for_chunks(n, [&](int64_t i, size_t m) { f32_to_16_n(t, src + i, dst + i, m); });
 }
 
 void Backend::from_16(DType t, const uint16_t* src, float* dst, int64_t n) {

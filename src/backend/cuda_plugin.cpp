@@ -2,11 +2,11 @@
 
 #include <dlfcn.h>
 
-#include <cstdlib>
 #include <mutex>
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/plugin_path.h"
 #include "core/threads.h"
 
 #define QLFT_PLUGIN_STR2(x) #x
@@ -37,14 +37,6 @@ int host_num_threads() {
 const CudaPluginHost kHost = {
     kCudaPluginAbiVersion, kCudaPluginLayout, kVersion, host_raise, host_log,
     host_log_enabled,      host_num_threads};
-
-std::string dir_of_this_code() {
-  Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(&path), &info) == 0 || !info.dli_fname) return std::string();
-  const std::string f = info.dli_fname;
-  const size_t slash = f.rfind('/');
-  return slash == std::string::npos ? std::string(".") : f.substr(0, slash);
-}
 
 // Opened once and kept (objects it made may outlive any call); a failure is not remembered, so
 // each attempt reports the file it tried and a plugin installed later is found.
@@ -91,10 +83,7 @@ const CudaPlugin* open_plugin(std::string* why) {
 }  // namespace
 
 std::string path() {
-  const char* env = std::getenv(kPluginEnv);
-  if (env && *env) return env;
-  const std::string dir = dir_of_this_code();
-  return dir.empty() ? std::string(kPluginFile) : dir + "/" + kPluginFile;
+  return plugin_path(kPluginEnv, kPluginFile);
 }
 
 const CudaPlugin& get(const char* what) {

@@ -6,56 +6,45 @@
 
 namespace qlft {
 
+namespace {
+// Bytes of one element and the name, in DType's order.
+struct DTypeRow {
+  size_t size;
+  const char* name;
+};
+constexpr DTypeRow kDTypes[] = {{4, "F32"}, {2, "F16"}, {2, "BF16"}, {8, "F64"}, {1, "I8"},
+                                {1, "U8"},  {2, "I16"}, {4, "I32"},  {8, "I64"}, {1, "BOOL"}};
+static_assert(sizeof kDTypes / sizeof kDTypes[0] == static_cast<size_t>(DType::BOOL) + 1,
+              "a row per DType");
+const DTypeRow* dtype_row(DType t) {
+  const size_t i = static_cast<size_t>(t);
+  return i < sizeof kDTypes / sizeof kDTypes[0] ? &kDTypes[i] : nullptr;
+}
+}  // namespace
+
 size_t dtype_size(DType t) {
-  switch (t) {
-    case DType::F32:
-      return 4;
-    case DType::F16:
-      return 2;
-    case DType::BF16:
-      return 2;
-    case DType::F64:
-      return 8;
-    case DType::I8:
-      return 1;
-    case DType::U8:
-      return 1;
-    case DType::I16:
-      return 2;
-    case DType::I32:
-      return 4;
-    case DType::I64:
-      return 8;
-    case DType::BOOL:
-      return 1;
-  }
-  return 0;
+  const DTypeRow* r = dtype_row(t);
+  return r ? r->size : 0;
 }
 
 const char* dtype_name(DType t) {
-  switch (t) {
-    case DType::F32:
-      return "F32";
-    case DType::F16:
-      return "F16";
-    case DType::BF16:
-      return "BF16";
-    case DType::F64:
-      return "F64";
-    case DType::I8:
-      return "I8";
-    case DType::U8:
-      return "U8";
-    case DType::I16:
-      return "I16";
-    case DType::I32:
-      return "I32";
-    case DType::I64:
-      return "I64";
-    case DType::BOOL:
-      return "BOOL";
-  }
-  return "?";
+  const DTypeRow* r = dtype_row(t);
+  return r ? r->name : "?";
+}
+
+void f32_to_16_n(DType t, const float* src, uint16_t* dst, size_t n) {
+  if (t == DType::BF16)
+    f32_to_bf16_n(src, dst, n);
+  else
+    f32_to_f16_n(src, dst, n);
+}
+
+const void* f32_as_stored(DType t, const float* src, size_t n, std::vector<uint16_t>* buf) {
+  if (t == DType::F32) return src;
+  if (t != DType::F16 && t != DType::BF16) return nullptr;
+  buf->resize(n);
+  f32_to_16_n(t, src, buf->data(), n);
+  return buf->data();
 }
 
 namespace {
@@ -68,6 +57,18 @@ void cast_n(const void* src, float* dst, size_t n) {
     dst[i] = static_cast<float>(v);
   }
 }
+
+// F16 or BF16 elements: the bulk path where src is 2-byte aligned, else one at a time.
+template <void (*kBulk)(const uint16_t*, float*, size_t), float (*kOne)(uint16_t)>
+void halves_n(const void* src, float* dst, size_t n) {
+  if (reinterpret_cast<uintptr_t>(src) % 2 == 0)
+    return kBulk(static_cast<const uint16_t*>(src), dst, n);
+  for (size_t i = 0; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, static_cast<const char*>(src) + 2 * i, 2);
+    dst[i] = kOne(h);
+  }
+}
 }  // namespace
 
 void to_f32_n(DType t, const void* src, float* dst, size_t n) {
@@ -76,26 +77,10 @@ void to_f32_n(DType t, const void* src, float* dst, size_t n) {
     case DType::F32:
       std::memcpy(dst, src, n * 4);
       return;
-    case DType::F16: {
-      const uint16_t* s = static_cast<const uint16_t*>(src);
-      if (reinterpret_cast<uintptr_t>(s) % 2 == 0) return f16_to_f32_n(s, dst, n);
-      for (size_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, reinterpret_cast<const char*>(src) + 2 * i, 2);
-        dst[i] = f16_to_f32(h);
-      }
-      return;
-    }
-    case DType::BF16: {
-      const uint16_t* s = static_cast<const uint16_t*>(src);
-      if (reinterpret_cast<uintptr_t>(s) % 2 == 0) return bf16_to_f32_n(s, dst, n);
-      for (size_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, reinterpret_cast<const char*>(src) + 2 * i, 2);
-        dst[i] = bf16_to_f32(h);
-      }
-      return;
-    }
+    case DType::F16:
+      return halves_n<f16_to_f32_n, f16_to_f32>(src, dst, n);
+    case DType::BF16:
+      return halves_n<bf16_to_f32_n, bf16_to_f32>(src, dst, n);
     case DType::F64:
       return cast_n<double>(src, dst, n);
     case DType::I8:

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "core/half.h"
 
@@ -18,6 +19,12 @@ void f32_to_bf16_n(const float* src, uint16_t* dst, size_t n);
 void bf16_to_f32_n(const uint16_t* src, float* dst, size_t n);
 void f32_to_f16_n(const float* src, uint16_t* dst, size_t n);
 void f16_to_f32_n(const uint16_t* src, float* dst, size_t n);
+
+// f32_to_bf16_n for t = BF16, else f32_to_f16_n.
+void f32_to_16_n(DType t, const float* src, uint16_t* dst, size_t n);
+// n f32 values as a file stores them in type t (F32 as they are; F16, BF16 rounded to nearest
+// even into *buf): their bytes, n * dtype_size(t); nullptr when t is none of the three.
+const void* f32_as_stored(DType t, const float* src, size_t n, std::vector<uint16_t>* buf);
 
 // dst[i] = src[i] rounded to BF16 or F16 and back (autocast emulation: what a low-precision
 // matmul input holds). F16 overflow gives inf, as on hardware. F32 copies.

@@ -147,25 +147,16 @@ void GgufWriter::add_tensor_f32(const std::string& name, const std::vector<int64
                                 const float* values, GgmlType store) {
   uint64_t n = 1;
   for (int64_t d : ne) n *= static_cast<uint64_t>(d > 0 ? d : 0);
-  switch (store) {
-    case GgmlType::F32:
-      add_tensor(name, store, ne, values, n * 4);
-      return;
-    case GgmlType::F16:
-    case GgmlType::BF16: {
-      std::vector<uint16_t> h(n);
-      if (store == GgmlType::F16)
-        f32_to_f16_n(values, h.data(), n);
-      else
-        f32_to_bf16_n(values, h.data(), n);
-      add_tensor(name, store, ne, h.data(), n * 2);
-      return;
-    }
-    default:
-      throw_error(QLFT_ERR_INVALID_ARGUMENT,
-                  "GGUF writer: tensor '%s': add_tensor_f32 stores F32, F16 or BF16 only",
-                  name.c_str());
-  }
+  // The plain float types by their DType (BOOL: none of them, refused below).
+  const DType t = store == GgmlType::F32    ? DType::F32
+                  : store == GgmlType::F16  ? DType::F16
+                  : store == GgmlType::BF16 ? DType::BF16
+                                            : DType::BOOL;
+  std::vector<uint16_t> h;
+  const void* bytes = f32_as_stored(t, values, n, &h);
+  QLFT_CHECK_ARG(bytes, "GGUF writer: tensor '%s': add_tensor_f32 stores F32, F16 or BF16 only",
+                 name.c_str());
+  add_tensor(name, store, ne, bytes, n * dtype_size(t));
 }
 
 void GgufWriter::write(const std::string& path, const TensorFetch& fetch) const {

@@ -55,25 +55,11 @@ void SafetensorsWriter::add_f32(const std::string& name, const std::vector<int64
                                 const float* values, DType store) {
   uint64_t n = 1;
   for (int64_t d : shape) n *= static_cast<uint64_t>(d > 0 ? d : 0);
-  switch (store) {
-    case DType::F32:
-      add(name, store, shape, values, n * 4);
-      return;
-    case DType::F16:
-    case DType::BF16: {
-      std::vector<uint16_t> h(n);
-      if (store == DType::F16)
-        f32_to_f16_n(values, h.data(), n);
-      else
-        f32_to_bf16_n(values, h.data(), n);
-      add(name, store, shape, h.data(), n * 2);
-      return;
-    }
-    default:
-      throw_error(QLFT_ERR_INVALID_ARGUMENT,
-                  "safetensors writer: tensor '%s': add_f32 stores F32, F16 or BF16 only",
-                  name.c_str());
-  }
+  std::vector<uint16_t> h;
+  const void* bytes = f32_as_stored(store, values, n, &h);
+  QLFT_CHECK_ARG(bytes, "safetensors writer: tensor '%s': add_f32 stores F32, F16 or BF16 only",
+                 name.c_str());
+  add(name, store, shape, bytes, n * dtype_size(store));
 }
 
 uint64_t SafetensorsWriter::data_bytes() const {

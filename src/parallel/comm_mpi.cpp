@@ -130,27 +130,12 @@ class MpiCommunicator final : public Communicator {
   int local_rank() const override { return local_rank_; }
 
   void all_reduce(float* data, size_t n, ReduceOp op) override {
-    for (size_t o = 0; o < n; o += kMaxChunk) {
-      const int c = static_cast<int>(std::min(kMaxChunk, n - o));
-      MPI_Request req;
-      start(MPI_Iallreduce(MPI_IN_PLACE, data + o, c, MPI_FLOAT, MPI_SUM, comm_, &req),
-            "all_reduce");
-      wait(&req, "all_reduce", n * sizeof(float));
-    }
-    if (op == ReduceOp::Avg) {
-      const float s = 1.0f / static_cast<float>(world_);
-      for (size_t i = 0; i < n; ++i) data[i] *= s;
-    }
+    all_reduce_sum(data, n, MPI_FLOAT);
+    if (op == ReduceOp::Avg) average(data, n);
   }
 
   void all_reduce(double* data, size_t n, ReduceOp op) override {
-    for (size_t o = 0; o < n; o += kMaxChunk) {
-      const int c = static_cast<int>(std::min(kMaxChunk, n - o));
-      MPI_Request req;
-      start(MPI_Iallreduce(MPI_IN_PLACE, data + o, c, MPI_DOUBLE, MPI_SUM, comm_, &req),
-            "all_reduce");
-      wait(&req, "all_reduce", n * sizeof(double));
-    }
+    all_reduce_sum(data, n, MPI_DOUBLE);
     if (op == ReduceOp::Avg)
       for (size_t i = 0; i < n; ++i) data[i] /= world_;
   }
@@ -166,10 +151,7 @@ class MpiCommunicator final : public Communicator {
             "reduce");
       wait(&req, "reduce", n * sizeof(float));
     }
-    if (op == ReduceOp::Avg && rank_ == root) {
-      const float s = 1.0f / static_cast<float>(world_);
-      for (size_t i = 0; i < n; ++i) data[i] *= s;
-    }
+    if (op == ReduceOp::Avg && rank_ == root) average(data, n);
   }
 
   void reduce_scatter(const float* in, float* out, size_t n, ReduceOp op) override {
@@ -185,10 +167,7 @@ class MpiCommunicator final : public Communicator {
     start(MPI_Ireduce_scatter_block(in, out, static_cast<int>(n), MPI_FLOAT, MPI_SUM, comm_, &req),
           "reduce_scatter");
     wait(&req, "reduce_scatter", n * world_ * sizeof(float));
-    if (op == ReduceOp::Avg) {
-      const float s = 1.0f / static_cast<float>(world_);
-      for (size_t i = 0; i < n; ++i) out[i] *= s;
-    }
+    if (op == ReduceOp::Avg) average(out, n);
   }
 
   void all_gather(const float* in, float* out, size_t n) override {
@@ -244,6 +223,21 @@ class MpiCommunicator final : public Communicator {
 
  private:
   friend class MpiPending;
+  // Sums data over the ranks in place, in chunks whose counts fit MPI's int.
+  template <class T>
+  void all_reduce_sum(T* data, size_t n, MPI_Datatype type) {
+    for (size_t o = 0; o < n; o += kMaxChunk) {
+      const int c = static_cast<int>(std::min(kMaxChunk, n - o));
+      MPI_Request req;
+      start(MPI_Iallreduce(MPI_IN_PLACE, data + o, c, type, MPI_SUM, comm_, &req), "all_reduce");
+      wait(&req, "all_reduce", n * sizeof(T));
+    }
+  }
+  // ReduceOp::Avg of a float sum: times 1 / world.
+  void average(float* data, size_t n) const {
+    const float s = 1.0f / static_cast<float>(world_);
+    for (size_t i = 0; i < n; ++i) data[i] *= s;
+  }
   void check(int rc, const char* what) {
     if (rc != MPI_SUCCESS)
       fail(strf("%s failed on rank %d: %s", what, rank_, mpi_error_text(rc).c_str()));

@@ -2,11 +2,11 @@
 
 #include <dlfcn.h>
 
-#include <cstdlib>
 #include <mutex>
 #include <string>
 
 #include "core/error.h"
+#include "core/plugin_path.h"
 #include "parallel/mpi_plugin_abi.h"
 
 namespace qlft::dist {
@@ -15,15 +15,6 @@ namespace {
 
 constexpr const char* kPluginFile = "libqlft-mpi.so";
 constexpr const char* kPluginEnv = "QLFT_MPI_PLUGIN";
-
-std::string dir_of_this_code() {
-  Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(&mpi_plugin_path), &info) == 0 || !info.dli_fname)
-    return std::string();
-  const std::string f = info.dli_fname;
-  const size_t slash = f.rfind('/');
-  return slash == std::string::npos ? std::string(".") : f.substr(0, slash);
-}
 
 // Opened once and kept; a failure is not remembered, so each attempt reports the file it tried
 // (the environment may have changed) and a plugin installed later is found.
@@ -146,10 +137,7 @@ class PluginCommunicator final : public Communicator {
 }  // namespace
 
 std::string mpi_plugin_path() {
-  const char* env = std::getenv(kPluginEnv);
-  if (env && *env) return env;
-  const std::string dir = dir_of_this_code();
-  return dir.empty() ? std::string(kPluginFile) : dir + "/" + kPluginFile;
+  return plugin_path(kPluginEnv, kPluginFile);
 }
 
 void require_mpi_plugin() {

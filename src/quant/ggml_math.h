@@ -69,44 +69,38 @@ QLFT_HD inline void ggml_scale_min_k4(int j, const uint8_t* q, uint8_t* sc, uint
 // Q4_K, 256 elements in 144 bytes: f16 d, f16 dmin, 12 bytes of 6-bit scales/mins, 128 bytes of
 // nibbles. Each 64 elements: 32 low nibbles (sub-block 2k) then 32 high nibbles (2k + 1);
 // x = (d * sc) * q - (dmin * m).
-QLFT_HD inline void ggml_dequant_q4_k(const uint8_t* b, float* y) {
-  const float d = ggml_f16_at(b), dmin = ggml_f16_at(b + 2);
-  const uint8_t* scales = b + 4;
-  const uint8_t* q = b + 16;
-  for (int k = 0; k < 4; ++k) {
-    uint8_t sc, m;
-    ggml_scale_min_k4(2 * k, scales, &sc, &m);
-    const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
-    ggml_scale_min_k4(2 * k + 1, scales, &sc, &m);
-    const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(m);
-    for (int l = 0; l < 32; ++l) y[l] = ggml_mul(d1, static_cast<float>(q[l] & 0xF)) - m1;
-    for (int l = 0; l < 32; ++l) y[32 + l] = ggml_mul(d2, static_cast<float>(q[l] >> 4)) - m2;
-    q += 32;
-    y += 64;
-  }
-}
-
-// Q5_K, 256 elements in 176 bytes: f16 d, f16 dmin, 12 bytes scales, 32 bytes high bits (bit s of
-// qh[l] is the 5th bit of element l of sub-block s), 128 bytes nibbles laid out as Q4_K.
-QLFT_HD inline void ggml_dequant_q5_k(const uint8_t* b, float* y) {
+// Q5_K, 256 elements in 176 bytes: the same with 32 bytes of high bits before the nibbles (bit s
+// of qh[l] is the 5th bit of element l of sub-block s). kHigh picks Q5_K.
+template <bool kHigh>
+QLFT_HD inline void ggml_dequant_k45(const uint8_t* b, float* y) {
   const float d = ggml_f16_at(b), dmin = ggml_f16_at(b + 2);
   const uint8_t* scales = b + 4;
   const uint8_t* qh = b + 16;
-  const uint8_t* ql = b + 48;
+  const uint8_t* ql = b + (kHigh ? 48 : 16);
   for (int k = 0; k < 4; ++k) {
-    uint8_t sc, m;
-    ggml_scale_min_k4(2 * k, scales, &sc, &m);
-    const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
-    ggml_scale_min_k4(2 * k + 1, scales, &sc, &m);
-    const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(m);
     const int s1 = 2 * k, s2 = 2 * k + 1;
-    for (int l = 0; l < 32; ++l)
-      y[l] = ggml_mul(d1, static_cast<float>((ql[l] & 0xF) | (((qh[l] >> s1) & 1) << 4))) - m1;
-    for (int l = 0; l < 32; ++l)
-      y[32 + l] = ggml_mul(d2, static_cast<float>((ql[l] >> 4) | (((qh[l] >> s2) & 1) << 4))) - m2;
+    uint8_t sc, m;
+    ggml_scale_min_k4(s1, scales, &sc, &m);
+    const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
+    ggml_scale_min_k4(s2, scales, &sc, &m);
+    const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(m);
+    for (int l = 0; l < 32; ++l) {
+      const int h = kHigh ? ((qh[l] >> s1) & 1) << 4 : 0;
+      y[l] = ggml_mul(d1, static_cast<float>((ql[l] & 0xF) | h)) - m1;
+    }
+    for (int l = 0; l < 32; ++l) {
+      const int h = kHigh ? ((qh[l] >> s2) & 1) << 4 : 0;
+      y[32 + l] = ggml_mul(d2, static_cast<float>((ql[l] >> 4) | h)) - m2;
+    }
     ql += 32;
     y += 64;
   }
+}
+QLFT_HD inline void ggml_dequant_q4_k(const uint8_t* b, float* y) {
+  ggml_dequant_k45<false>(b, y);
+}
+QLFT_HD inline void ggml_dequant_q5_k(const uint8_t* b, float* y) {
+  ggml_dequant_k45<true>(b, y);
 }
 
 // Q6_K, 256 elements in 210 bytes: 128 bytes low nibbles, 64 bytes 2-bit highs, 16 int8 scales,

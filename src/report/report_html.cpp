@@ -248,23 +248,18 @@ std::vector<Chart> build_charts(const RunSeries& run) {
   lc.series = {raw, sm, ev};
   charts.push_back(lc);
 
-  Chart lr{"lr", "Learning rate", "lr", 1, {}};
-  Series l = line("lr", "learning rate", "#2a9d8f");
-  l.x = steps, l.y = each(&MetricsRecord::lr);
-  lr.series = {l};
-  charts.push_back(lr);
-
-  Chart ls{"loss_scale", "Loss scale (fp16; 1 otherwise)", "scale", 1, {}};
-  Series s = line("loss_scale", "loss scale", "#e9c46a");
-  s.x = steps, s.y = each(&MetricsRecord::loss_scale);
-  ls.series = {s};
-  charts.push_back(ls);
-
-  Chart tp{"tokens_per_s", "Throughput", "tokens/s", 1, {}};
-  Series t = line("tokens_per_s", "tokens per second", "#264653");
-  t.x = steps, t.y = each(&MetricsRecord::tokens_per_s);
-  tp.series = {t};
-  charts.push_back(tp);
+  // A chart of one field of the steps' records, its series named as the chart.
+  auto one_line = [&](const char* id, const char* title, const char* unit, const char* label,
+                      const char* color, double MetricsRecord::*field) {
+    Series l = line(id, label, color);
+    l.x = steps, l.y = each(field);
+    charts.push_back(Chart{id, title, unit, 1, {l}});
+  };
+  one_line("lr", "Learning rate", "lr", "learning rate", "#2a9d8f", &MetricsRecord::lr);
+  one_line("loss_scale", "Loss scale (fp16; 1 otherwise)", "scale", "loss scale", "#e9c46a",
+           &MetricsRecord::loss_scale);
+  one_line("tokens_per_s", "Throughput", "tokens/s", "tokens per second", "#264653",
+           &MetricsRecord::tokens_per_s);
 
   Chart gn{"grad_norm", "Gradient norm (before clipping) and skipped steps", "norm", 1, {}};
   Series g = line("grad_norm", "gradient norm", "#6a4c93");

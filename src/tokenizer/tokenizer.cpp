@@ -29,6 +29,17 @@ struct Scratch {
   std::vector<BpeEntry> bpe_heap;
   std::vector<SpmEntry> spm_heap;
   std::string norm;
+
+  // The n symbols being merged as a doubly linked list (-1 ends it both ways): a merge unlinks
+  // the right symbol in O(1).
+  void link(int32_t n) {
+    prev.resize(n);
+    next.resize(n);
+    for (int32_t i = 0; i < n; ++i) {
+      prev[i] = i - 1;
+      next[i] = i + 1 < n ? i + 1 : -1;
+    }
+  }
 };
 thread_local Scratch t_scratch;
 
@@ -467,12 +478,7 @@ void Tokenizer::bpe_merge(std::vector<int32_t>& ids, std::vector<int32_t>& out) 
     return;
   }
   Scratch& s = t_scratch;
-  s.prev.resize(n);
-  s.next.resize(n);
-  for (int32_t i = 0; i < n; ++i) {
-    s.prev[i] = i - 1;
-    s.next[i] = i + 1 < n ? i + 1 : -1;
-  }
+  s.link(n);
   auto& heap = s.bpe_heap;
   heap.clear();
   auto add = [&](int32_t l, int32_t r) {
@@ -522,12 +528,7 @@ void Tokenizer::spm_encode(std::string_view text, std::vector<int32_t>& out) con
   }
   const int32_t n = static_cast<int32_t>(s.ids.size());
   if (n == 0) return;
-  s.prev.resize(n);
-  s.next.resize(n);
-  for (int32_t i = 0; i < n; ++i) {
-    s.prev[i] = i - 1;
-    s.next[i] = i + 1 < n ? i + 1 : -1;
-  }
+  s.link(n);
   auto& heap = s.spm_heap;
   heap.clear();
   auto lookup = [&](int32_t l, int32_t r) -> int32_t {

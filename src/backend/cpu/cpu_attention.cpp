@@ -172,11 +172,28 @@ void for_stairs(const Tile& t, int64_t step, bool by_column, Fn&& fn) {
   }
 }
 
-// The staircase step of the backend's tiles (0: whole tiles): CpuTuning::attn_stair_rows on the
-// fp32 GEMM engines, attn_stair_rows_bf16 on oneDNN's bf16 ones.
-int64_t stair_step(const CpuTuning& tune, bool bf16_onednn, int64_t bq) {
-  const int64_t rows = bf16_onednn ? tune.attn_stair_rows_bf16 : tune.attn_stair_rows;
-  return rows <= 0 ? bq : rows;
+// How both passes block the queries of a sequence of seq rows.
+struct QueryBlocks {
+  int64_t bq;   // query rows a tile
+  int64_t nqb;  // blocks a sequence
+  // oneDNN tiles: first keys rounded down to a multiple of bq (the keys added are other
+  // documents', masked), so packed documents give the tile shapes of one document and oneDNN
+  // few primitives to create; 1 elsewhere.
+  int64_t align;
+  bool fused;    // bf16 bits on oneDNN: the probabilities are rounded in the softmax pass itself
+  int64_t step;  // the staircase step of the tiles: CpuTuning::attn_stair_rows on the fp32 GEMM
+                 // engines, attn_stair_rows_bf16 on oneDNN's bf16 ones (<= 0: whole tiles)
+};
+QueryBlocks query_blocks(const CpuBackend& be, const OpGemm& mm, int64_t seq) {
+  const CpuTuning& tune = be.tune;
+  QueryBlocks b;
+  b.bq = std::max<int64_t>(1, tune.attn_block_q);
+  b.nqb = (seq + b.bq - 1) / b.bq;
+  b.align = mm.tile_onednn() ? b.bq : 1;
+  b.fused = mm.lp && be.bf16_onednn();
+  const int64_t rows = b.fused ? tune.attn_stair_rows_bf16 : tune.attn_stair_rows;
+  b.step = rows <= 0 ? b.bq : rows;
+  return b;
 }
 
 // q, k, v or dout as the tile GEMMs read them: element (row, head, d) at
@@ -290,19 +307,13 @@ void CpuBackend::attention_fwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
   }
   const int D = s.head_dim;
   const float scale = 1.0f / std::sqrt(float(D));
-  const int64_t bq = std::max<int64_t>(1, tune.attn_block_q);
-  const int64_t nqb = (s.seq + bq - 1) / bq;
+  const OpGemm mm{*this, precision_ == DType::BF16};
+  const QueryBlocks qb = query_blocks(*this, mm, s.seq);
+  const int64_t bq = qb.bq, nqb = qb.nqb, align = qb.align, step = qb.step;
+  const bool fused = qb.fused;
   const int64_t ntasks = int64_t(s.batch) * s.n_heads * nqb;
   Buffer first_buf = attn::first_same_doc(*this, s);
   const int32_t* first = first_buf.as<int32_t>();
-  const OpGemm mm{*this, precision_ == DType::BF16};
-  // oneDNN tiles: first keys rounded down to a multiple of the query block (the keys added are
-  // other documents', masked), so packed documents give the tile shapes of one document and
-  // oneDNN few primitives to create.
-  const int64_t align = mm.tile_onednn() ? std::max<int64_t>(1, tune.attn_block_q) : 1;
-  // bf16 bits (oneDNN): the probabilities are rounded in the softmax pass itself.
-  const bool fused = mm.lp && bf16_onednn();
-  const int64_t step = stair_step(tune, fused, bq);
   const Heads qh = heads_of(mm, q, s.n_heads, D, "bf16 attention q", in16[0]),
               kh = heads_of(mm, k, s.n_kv_heads, D, "bf16 attention k", in16[1]),
               vh = heads_of(mm, v, s.n_kv_heads, D, "bf16 attention v", in16[2]);
@@ -421,20 +432,15 @@ void CpuBackend::attention_bwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
   const int D = s.head_dim;
   const float scale = 1.0f / std::sqrt(float(D));
   const int group = s.n_heads / s.n_kv_heads;
-  const int64_t bq = std::max<int64_t>(1, tune.attn_block_q);
-  const int64_t nqb = (s.seq + bq - 1) / bq;
+  const OpGemm mm{*this, precision_ == DType::BF16};
+  const QueryBlocks qb = query_blocks(*this, mm, s.seq);
+  const int64_t bq = qb.bq, nqb = qb.nqb, align = qb.align, step = qb.step;
+  const bool fused = qb.fused;
   // One task per (batch element, KV head): it alone writes that slice of dk/dv and the dq of
   // its query heads, so no two tasks touch the same output.
   const int64_t ntasks = int64_t(s.batch) * s.n_kv_heads;
   Buffer first_buf = attn::first_same_doc(*this, s);
   const int32_t* first = first_buf.as<int32_t>();
-  const OpGemm mm{*this, precision_ == DType::BF16};
-  // oneDNN tiles: first keys rounded down to a multiple of the query block (the keys added are
-  // other documents', masked), so packed documents give the tile shapes of one document and
-  // oneDNN few primitives to create.
-  const int64_t align = mm.tile_onednn() ? std::max<int64_t>(1, tune.attn_block_q) : 1;
-  const bool fused = mm.lp && bf16_onednn();
-  const int64_t step = stair_step(tune, fused, bq);
   // attention_bwd_16 (precision bf16 only): the tiles rotated and rounded into dq16 etc.
   std::unique_ptr<RopeTable> rtab;
   if (rope) {

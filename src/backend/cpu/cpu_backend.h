@@ -499,6 +499,9 @@ struct OpGemm {
   bool thin_onednn() const { return !lp && be.tune.f32_thin_onednn; }
   // Whether gemm_tile runs on oneDNN (fp32 with CpuTuning::f32_attn_onednn).
   bool tile_onednn() const { return !lp && be.tune.f32_attn_onednn; }
+  // gemm with op(A) not transposed, on oneDNN's fp32 GEMM when `onednn` (gemm_thin, gemm_tile).
+  void gemm_an(bool onednn, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
+               int64_t lda, const void* B, int64_t ldb, float beta, float* C, int64_t ldc) const;
 };
 
 }  // namespace qlft::cpu

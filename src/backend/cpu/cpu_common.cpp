@@ -331,10 +331,10 @@ void OpGemm::gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha
           static_cast<const float*>(B), ldb, beta, C, ldc);
 }
 
-void OpGemm::gemm_thin(bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
-                       int64_t lda, const void* B, int64_t ldb, float beta, float* C,
-                       int64_t ldc) const {
-  if (!thin_onednn() || M <= 0 || N <= 0 || K <= 0) {
+void OpGemm::gemm_an(bool onednn, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                     const void* A, int64_t lda, const void* B, int64_t ldb, float beta, float* C,
+                     int64_t ldc) const {
+  if (!onednn || M <= 0 || N <= 0 || K <= 0) {
     gemm(false, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
@@ -342,15 +342,16 @@ void OpGemm::gemm_thin(bool tb, int64_t M, int64_t N, int64_t K, float alpha, co
                   static_cast<const float*>(B), ldb, beta, C, ldc, be.tracker());
 }
 
+void OpGemm::gemm_thin(bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
+                       int64_t lda, const void* B, int64_t ldb, float beta, float* C,
+                       int64_t ldc) const {
+  gemm_an(thin_onednn(), tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
 void OpGemm::gemm_tile(bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
                        int64_t lda, const void* B, int64_t ldb, float beta, float* C,
                        int64_t ldc) const {
-  if (!tile_onednn() || M <= 0 || N <= 0 || K <= 0) {
-    gemm(false, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    return;
-  }
-  gemm_f32_onednn(false, tb, M, N, K, alpha, static_cast<const float*>(A), lda,
-                  static_cast<const float*>(B), ldb, beta, C, ldc, be.tracker());
+  gemm_an(tile_onednn(), tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 void OpGemm::gemm_grad(int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda,
