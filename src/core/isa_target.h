@@ -24,4 +24,15 @@ inline int kernel_set_index(CpuIsa isa) {
   return isa >= CpuIsa::Avx512 ? 2 : isa >= CpuIsa::Avx2 ? 1 : 0;
 }
 
+// Such a table of sets: the one this CPU runs, and the one of level isa, or nullptr when this CPU
+// cannot run it (what a test that expects a level's path asks).
+template <class Set>
+const Set& kernel_set_for_cpu(const Set (&sets)[3]) {
+  return sets[kernel_set_index(cpu_isa())];
+}
+template <class Set>
+const Set* kernel_set_at(const Set (&sets)[3], CpuIsa isa) {
+  return isa > cpu_isa() ? nullptr : &sets[kernel_set_index(isa)];
+}
+
 }  // namespace qlft

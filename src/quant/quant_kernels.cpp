@@ -54,20 +54,15 @@ const QuantKernels kSets[] = {QLFT_KERNEL_SET(CpuIsa::Baseline, isa_baseline),
                               QLFT_KERNEL_SET(CpuIsa::Avx512, isa_avx512)};
 #undef QLFT_KERNEL_SET
 
-const QuantKernels& set_for(CpuIsa isa) {
-  return kSets[kernel_set_index(isa)];
-}
-
 }  // namespace
 
 const QuantKernels& quant_kernels() {
-  static const QuantKernels& k = set_for(cpu_isa());
+  static const QuantKernels& k = kernel_set_for_cpu(kSets);
   return k;
 }
 
 const QuantKernels* quant_kernels_at(CpuIsa isa) {
-  if (isa > cpu_isa()) return nullptr;
-  return &set_for(isa);
+  return kernel_set_at(kSets, isa);
 }
 
 }  // namespace qlft

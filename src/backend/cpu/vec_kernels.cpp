@@ -48,20 +48,15 @@ const VecKernels kSets[] = {QLFT_KERNEL_SET(CpuIsa::Baseline, isa_baseline),
                             QLFT_KERNEL_SET(CpuIsa::Avx512, isa_avx512)};
 #undef QLFT_KERNEL_SET
 
-const VecKernels& set_for(CpuIsa isa) {
-  return kSets[kernel_set_index(isa)];
-}
-
 }  // namespace
 
 const VecKernels& vec_kernels() {
-  static const VecKernels& k = set_for(cpu_isa());
+  static const VecKernels& k = kernel_set_for_cpu(kSets);
   return k;
 }
 
 const VecKernels* vec_kernels_at(CpuIsa isa) {
-  if (isa > cpu_isa()) return nullptr;
-  return &set_for(isa);
+  return kernel_set_at(kSets, isa);
 }
 
 }  // namespace qlft::cpu
