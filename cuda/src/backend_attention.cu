@@ -10,8 +10,7 @@ void CudaBackend::attention_fwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, M
                                 float* lse) {
   check_attn(s, q, k, v, "attention_fwd");
   op_checks::attention_fwd_out(s, q, out_.as_const());
-  const int64_t rows = q.rows, Wq = int64_t(s.n_heads) * s.head_dim,
-                Wk = int64_t(s.n_kv_heads) * s.head_dim;
+  const int64_t rows = q.rows, Wq = s.q_dim(), Wk = s.kv_dim();
   AttnStage st = stage_attn(s, q, k, v);
   Dev O = out(out_, Wq, MemCategory::Activations, "attention out");
   const int64_t nl = int64_t(s.n_heads) * rows * 4;
@@ -29,8 +28,7 @@ void CudaBackend::attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, C
   check_attn(s, q, k, v, "attention_bwd");
   op_checks::attention_bwd_grads(q, k, v, out_, dout, dq.as_const(), dk.as_const(), dv.as_const(),
                                  lse);
-  const int64_t rows = q.rows, Wq = int64_t(s.n_heads) * s.head_dim,
-                Wk = int64_t(s.n_kv_heads) * s.head_dim;
+  const int64_t rows = q.rows, Wq = s.q_dim(), Wk = s.kv_dim();
   AttnStage st = stage_attn(s, q, k, v);
   Dev O = in(out_, Wq, MemCategory::Activations, "attention out");
   Dev dO = autocast(in(dout, Wq, MemCategory::Activations, "attention dout"), rows * Wq);
@@ -58,8 +56,7 @@ void CudaBackend::check_attn(const AttnShape& s, CMatF q, CMatF k, CMatF v, cons
 }
 
 CudaBackend::AttnStage CudaBackend::stage_attn(const AttnShape& s, CMatF q, CMatF k, CMatF v) {
-  const int64_t rows = q.rows, Wq = int64_t(s.n_heads) * s.head_dim,
-                Wk = int64_t(s.n_kv_heads) * s.head_dim;
+  const int64_t rows = q.rows, Wq = s.q_dim(), Wk = s.kv_dim();
   AttnStage st;
   st.Q = autocast(in(q, Wq, MemCategory::Activations, "attention q"), rows * Wq);
   st.K = autocast(in(k, Wk, MemCategory::Activations, "attention k"), rows * Wk);

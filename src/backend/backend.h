@@ -5,8 +5,8 @@
 // Layout conventions (all row-major, fp32 unless said):
 //  - Activations are [rows, features] with rows = batch * seq, sequence-major inside a batch
 //    element: row = b * seq + t.
-//  - Attention q is [rows, n_heads * head_dim], k and v are [rows, n_kv_heads * head_dim]; head h
-//    uses KV head h / (n_heads / n_kv_heads) (GQA).
+//  - Attention q is [rows, q_dim()], k and v are [rows, kv_dim()] (AttnShape's HeadGeometry,
+//    arch/model_shapes.h); head h uses KV head h / group() (GQA).
 //  - Base weights are QWeight [out, in]; y = x W^T.
 //  - LoRA A is [r, in], B is [out, r]; y += scale * dropout(x) A^T B^T (PEFT semantics).
 //  - "bwd" functions ACCUMULATE into input gradients (+=) so residual branches can share a
@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "arch/model_shapes.h"
 #include "backend/rope_freqs.h"
 #include "backend/softmax_math.h"
 #include "core/dtype.h"
@@ -40,10 +41,10 @@ struct LoraRef {
   uint64_t dropout_seed = 0;
 };
 
-// Attention shape and masking for one call.
-struct AttnShape {
+// Attention shape and masking for one call: the model's head geometry (arch/model_shapes.h)
+// over batch sequences of seq tokens.
+struct AttnShape : HeadGeometry {
   int batch = 1, seq = 1;  // rows = batch * seq
-  int n_heads = 1, n_kv_heads = 1, head_dim = 1;
   // Optional [rows] document id per position (sequence packing): position i may attend to j
   // iff j <= i (same batch element) and doc[i] == doc[j]. nullptr = plain causal.
   const int32_t* doc_ids = nullptr;

@@ -57,19 +57,19 @@ class CudaWorkspace final : public WorkspaceModel {
   }
 
   // The inverse frequencies are uploaded once (weights); positions are the runner's.
-  uint64_t rope(const ModelConfig&, int64_t) const override { return 0; }
+  uint64_t rope(const ModelShapes&, int64_t) const override { return 0; }
 
-  uint64_t attention_fwd(const ModelConfig& c, int64_t B, int64_t T) const override {
+  uint64_t attention_fwd(const ModelShapes& c, int64_t B, int64_t T) const override {
     const int64_t R = B * T;
     return stage(c, R) + dr(R * 4);  // + the document-start table
   }
 
-  uint64_t attention_bwd(const ModelConfig& c, int64_t B, int64_t T) const override {
-    const int64_t R = B * T, qd = int64_t(c.n_heads) * c.head_dim;
+  uint64_t attention_bwd(const ModelShapes& c, int64_t B, int64_t T) const override {
+    const int64_t R = B * T, qd = c.q_dim();
     return stage(c, R) + dr(R * 4) + (low_ ? dr(R * qd * 4) : 0) + dr(int64_t(c.n_heads) * R * 4);
   }
 
-  uint64_t cross_entropy(const ModelConfig& c, int64_t M) const override {
+  uint64_t cross_entropy(const ModelShapes& c, int64_t M) const override {
     const int64_t V = c.vocab, H = c.dim;
     const int64_t P = std::min(panel_rows(H), int64_t(V));
     const int64_t rc =
@@ -89,9 +89,9 @@ class CudaWorkspace final : public WorkspaceModel {
     return dr(std::min(panel_rows(K), std::max<int64_t>(N, 1)) * K * eb_);
   }
   // Attention's q, k, v as it reads them: autocast copies under bf16/fp16.
-  uint64_t stage(const ModelConfig& c, int64_t R) const {
+  uint64_t stage(const ModelShapes& c, int64_t R) const {
     if (!low_) return 0;
-    const int64_t qd = int64_t(c.n_heads) * c.head_dim, kvd = int64_t(c.n_kv_heads) * c.head_dim;
+    const int64_t qd = c.q_dim(), kvd = c.kv_dim();
     return dr(R * qd * 4) + 2 * dr(R * kvd * 4);
   }
 

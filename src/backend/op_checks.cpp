@@ -57,16 +57,14 @@ void attention(const AttnShape& s, CMatF q, CMatF k, CMatF v, const char* op) {
                  "%s: bad shape (batch %d, seq %d, heads %d, kv heads %d, head_dim %d)", op,
                  s.batch, s.seq, s.n_heads, s.n_kv_heads, s.head_dim);
   const int64_t rows = int64_t(s.batch) * s.seq;
-  QLFT_CHECK_ARG(q.rows == rows && k.rows == rows && v.rows == rows &&
-                     q.cols >= int64_t(s.n_heads) * s.head_dim &&
-                     k.cols >= int64_t(s.n_kv_heads) * s.head_dim &&
-                     v.cols >= int64_t(s.n_kv_heads) * s.head_dim,
+  QLFT_CHECK_ARG(q.rows == rows && k.rows == rows && v.rows == rows && q.cols >= s.q_dim() &&
+                     k.cols >= s.kv_dim() && v.cols >= s.kv_dim(),
                  "%s: q/k/v shapes do not match batch %d x seq %d with %d/%d heads of %d", op,
                  s.batch, s.seq, s.n_heads, s.n_kv_heads, s.head_dim);
 }
 
 void attention_fwd_out(const AttnShape& s, CMatF q, CMatF out) {
-  QLFT_CHECK_ARG(out.rows == q.rows && out.cols >= int64_t(s.n_heads) * s.head_dim,
+  QLFT_CHECK_ARG(out.rows == q.rows && out.cols >= s.q_dim(),
                  "attention_fwd: out shape does not match q");
 }
 

@@ -13,7 +13,7 @@
 #include <memory>
 #include <string>
 
-#include "model/model.h"
+#include "arch/model_shapes.h"
 
 namespace qlft {
 
@@ -54,16 +54,16 @@ class WorkspaceModel {
   virtual uint64_t linear_fwd(int64_t N, int64_t K, int64_t M, bool lora, bool shared) const = 0;
   virtual uint64_t linear_bwd(int64_t N, int64_t K, int64_t M, bool lora, bool shared) const = 0;
   // rope over T positions (0 .. T-1), attention of B sequences of T tokens.
-  virtual uint64_t rope(const ModelConfig& c, int64_t T) const = 0;
-  virtual uint64_t attention_fwd(const ModelConfig& c, int64_t B, int64_t T) const = 0;
-  virtual uint64_t attention_bwd(const ModelConfig& c, int64_t B, int64_t T) const = 0;
+  virtual uint64_t rope(const ModelShapes& c, int64_t T) const = 0;
+  virtual uint64_t attention_fwd(const ModelShapes& c, int64_t B, int64_t T) const = 0;
+  virtual uint64_t attention_bwd(const ModelShapes& c, int64_t B, int64_t T) const = 0;
   // attention_bwd of a stored layer (Backend::attention_bwd_16 where the runner's direct16()
   // backward calls it); a checkpointed layer's is attention_bwd.
-  virtual uint64_t attention_bwd_stored(const ModelConfig& c, int64_t B, int64_t T) const {
+  virtual uint64_t attention_bwd_stored(const ModelShapes& c, int64_t B, int64_t T) const {
     return attention_bwd(c, B, T);
   }
   // The fused head + cross-entropy with dh over R rows, every target trained.
-  virtual uint64_t cross_entropy(const ModelConfig& c, int64_t R) const = 0;
+  virtual uint64_t cross_entropy(const ModelShapes& c, int64_t R) const = 0;
 };
 
 // backend: the `backend` key ("cpu" or "" / "cuda").

@@ -24,13 +24,10 @@ Generator::Generator(const Model& model, Backend& backend, const LoraAdapter* lo
   QLFT_CHECK_ARG(max_len_ > 0 && max_len_ <= (1 << 24), "generation length %d is out of range",
                  max_len_);
   if (lora) {
-    const ModelConfig& a = lora->model_config();
-    QLFT_CHECK_ARG(a.n_layers == c.n_layers && a.dim == c.dim && a.ffn_dim == c.ffn_dim &&
-                       a.n_heads == c.n_heads && a.n_kv_heads == c.n_kv_heads &&
-                       a.rope_adjacent == c.rope_adjacent,
+    QLFT_CHECK_ARG(lora->model_shapes() == model.shapes,
                    "the LoRA adapter was made for a model of another shape");
   }
-  const int64_t kvd = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
+  const int64_t kvd = model.shapes.kv_dim();
   for (int l = 0; l < c.n_layers; ++l) {
     kcache_.push_back(act(be_.tracker(), max_len_ * kvd, "kv cache k"));
     vcache_.push_back(act(be_.tracker(), max_len_ * kvd, "kv cache v"));
@@ -42,8 +39,7 @@ Generator::~Generator() = default;
 void Generator::ensure_rows(int n) {
   if (n <= rows_cap_) return;
   const ModelConfig& c = model_.cfg;
-  const int64_t qd = static_cast<int64_t>(c.n_heads) * c.head_dim,
-                kvd = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
+  const int64_t qd = model_.shapes.q_dim(), kvd = model_.shapes.kv_dim();
   MemoryTracker* t = be_.tracker();
   x_ = act(t, n * c.dim, "decode x");
   xn_ = act(t, n * c.dim, "decode norm");
@@ -63,9 +59,8 @@ void Generator::ensure_rows(int n) {
 // att[i] = softmax(q_i K^T / sqrt(d)) V over cache positions [0, len_ + i], per head (GQA).
 void Generator::attend(int layer, int n) {
   const ModelConfig& c = model_.cfg;
-  const int hd = c.head_dim, group = c.n_heads / c.n_kv_heads;
-  const int64_t qd = static_cast<int64_t>(c.n_heads) * hd,
-                kvd = static_cast<int64_t>(c.n_kv_heads) * hd;
+  const int hd = c.head_dim, group = model_.shapes.group();
+  const int64_t qd = model_.shapes.q_dim(), kvd = model_.shapes.kv_dim();
   const float* K = kcache_[layer].as<float>();
   const float* V = vcache_[layer].as<float>();
   const float scale = 1.f / std::sqrt(static_cast<float>(hd));
@@ -110,8 +105,7 @@ void Generator::feed(const int32_t* tokens, int n, float* logits, bool last_only
                  n, max_len_);
   const ModelConfig& c = model_.cfg;
   ensure_rows(n);
-  const int64_t qd = static_cast<int64_t>(c.n_heads) * c.head_dim,
-                kvd = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
+  const int64_t qd = model_.shapes.q_dim(), kvd = model_.shapes.kv_dim();
   int32_t* pos = pos_.as<int32_t>();
   for (int i = 0; i < n; ++i) pos[i] = len_ + i;
   // Keys already cached keep the rotation they were stored with; with dynamic NTK the new rows

@@ -56,7 +56,7 @@ class Generator {
   const LoraAdapter* lora_;
   int max_len_;
   int len_ = 0;
-  std::vector<Buffer> kcache_, vcache_;  // per layer [max_len, n_kv_heads * head_dim]
+  std::vector<Buffer> kcache_, vcache_;  // per layer [max_len, kv_dim]
   int rows_cap_ = 0;
   Buffer x_, xn_, q_, k_, v_, att_, mid_, gate_, up_, h_, pos_, logits_;
 };

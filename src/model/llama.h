@@ -84,7 +84,7 @@ class LlamaRunner {
   // acts: the activation storage type (activation_dtype(precision)).
   // round: the bytes the backend's allocator holds for a buffer of n bytes (already rounded to
   // 64 as Buffer does); nullptr: host memory (64-byte rounding only).
-  static RunnerFootprint footprint(const ModelConfig& c, int lora_r, int lora_projs, int64_t rows,
+  static RunnerFootprint footprint(const ModelShapes& c, int lora_r, int lora_projs, int64_t rows,
                                    bool training, bool doc_ids, DType acts,
                                    uint64_t (*round)(uint64_t) = nullptr);
 

@@ -84,24 +84,21 @@ void permute_rows_adjacent_to_hf(const float* src, float* dst, int n_heads, int 
       }
 }
 
-LoraAdapter::LoraAdapter(MemoryTracker* tracker, const ModelConfig& m, const LoraConfig& cfg,
+LoraAdapter::LoraAdapter(MemoryTracker* tracker, const ModelShapes& m, const LoraConfig& cfg,
                          bool gradients, bool values)
-    : cfg_(cfg), mcfg_(m), tracker_(tracker) {
+    : cfg_(cfg), shapes_(m), tracker_(tracker) {
   QLFT_CHECK_ARG(cfg.r > 0 && cfg.r <= 65536, "lora.r must be in 1..65536, got %d", cfg.r);
   QLFT_CHECK_ARG(cfg.dropout >= 0.f && cfg.dropout < 1.f, "lora.dropout must be in [0, 1), got %g",
                  cfg.dropout);
-  const int q_out = m.n_heads * m.head_dim, kv_out = m.n_kv_heads * m.head_dim;
-  const int dims[kProjCount][2] = {{q_out, m.dim},    {kv_out, m.dim},    {kv_out, m.dim},
-                                   {m.dim, q_out},    {m.ffn_dim, m.dim}, {m.ffn_dim, m.dim},
-                                   {m.dim, m.ffn_dim}};
   slots_.resize(m.n_layers);
   for (int l = 0; l < m.n_layers; ++l) {
     slots_[l].resize(kProjCount);
     for (int p = 0; p < kProjCount; ++p) {
       if (!cfg.targets[p]) continue;
       LoraSlot& s = slots_[l][p];
-      s.out = dims[p][0];
-      s.in = dims[p][1];
+      const ProjShape& ps = m.proj(l, static_cast<Proj>(p));
+      s.out = static_cast<int>(ps.out);
+      s.in = static_cast<int>(ps.in);
       s.r = cfg.r;
       const size_t a = s.a_bytes(), b = s.b_bytes();
       if (values) {
@@ -203,10 +200,10 @@ LoraRef LoraAdapter::ref(int layer, Proj p, uint64_t dropout_seed) const {
 }
 
 bool LoraAdapter::permuted(Proj p) const {
-  return mcfg_.rope_adjacent && (p == Proj::Q || p == Proj::K);
+  return shapes_.qk_adjacent && (p == Proj::Q || p == Proj::K);
 }
 int LoraAdapter::heads_of(Proj p) const {
-  return p == Proj::Q ? mcfg_.n_heads : mcfg_.n_kv_heads;
+  return shapes_.heads_of(p);
 }
 
 void LoraAdapter::set_hf(int layer, Proj p, const float* A, int64_t a_n, const float* B,
@@ -222,7 +219,7 @@ void LoraAdapter::set_hf(int layer, Proj p, const float* A, int64_t a_n, const f
       static_cast<long long>(cfg_.r) * s.in, static_cast<long long>(s.out) * cfg_.r);
   std::memcpy(s.A.data(), A, a_n * 4);
   if (permuted(p))
-    permute_rows_hf_to_adjacent(B, s.B.as<float>(), heads_of(p), mcfg_.head_dim, cfg_.r);
+    permute_rows_hf_to_adjacent(B, s.B.as<float>(), heads_of(p), shapes_.head_dim, cfg_.r);
   else
     std::memcpy(s.B.data(), B, b_n * 4);
 }
@@ -236,7 +233,7 @@ std::vector<float> LoraAdapter::get_hf(int layer, Proj p, Part part) const {
   std::vector<float> v(b.size() / 4);
   const bool rows_out = part == Part::B || part == Part::dB;
   if (rows_out && permuted(p))
-    permute_rows_adjacent_to_hf(b.as<float>(), v.data(), heads_of(p), mcfg_.head_dim, cfg_.r);
+    permute_rows_adjacent_to_hf(b.as<float>(), v.data(), heads_of(p), shapes_.head_dim, cfg_.r);
   else
     std::memcpy(v.data(), b.data(), b.size());
   return v;

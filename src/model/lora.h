@@ -5,7 +5,7 @@
 // scale = alpha / r, or alpha / sqrt(r) with rsLoRA.
 //
 // Row order: B's rows (and dB's) follow the base model's q/k row order, which is the source's
-// RoPE convention (ModelConfig::rope_adjacent). PEFT files and the fixtures use Hugging Face
+// RoPE convention (ModelShapes::qk_adjacent). PEFT files and the fixtures use Hugging Face
 // (rotate-half) order; set_hf / get_hf convert q/k rows so callers never see the difference.
 #pragma once
 
@@ -62,7 +62,7 @@ class LoraAdapter {
   // PEFT's init. Without gradients, allocate_gradients makes them later.
   // values false: no A / B yet (allocate_values makes them; ZeRO-3's sharded adapter makes only
   // this rank's, after the partition is known).
-  LoraAdapter(MemoryTracker* tracker, const ModelConfig& model, const LoraConfig& cfg,
+  LoraAdapter(MemoryTracker* tracker, const ModelShapes& model, const LoraConfig& cfg,
               bool gradients = true, bool values = true);
   // On an adapter made without values: allocates A and B of every targeted (layer, p) where
   // keep(layer, p, false) / keep(layer, p, true) holds and applies PEFT's init to them (the same
@@ -75,7 +75,7 @@ class LoraAdapter {
   void allocate_gradients(const std::function<bool(int layer, Proj p, bool b)>& keep);
 
   const LoraConfig& config() const { return cfg_; }
-  const ModelConfig& model_config() const { return mcfg_; }
+  const ModelShapes& model_shapes() const { return shapes_; }
   int n_layers() const { return static_cast<int>(slots_.size()); }
   bool targets(Proj p) const { return cfg_.targets[static_cast<int>(p)]; }
   // Host access to a slot's buffers: brings them up to date first when a device holds newer
@@ -150,7 +150,7 @@ class LoraAdapter {
   int heads_of(Proj p) const;
 
   LoraConfig cfg_;
-  ModelConfig mcfg_;
+  ModelShapes shapes_;
   std::vector<std::vector<LoraSlot>> slots_;
   MemoryTracker* tracker_;
   mutable std::function<void()> refresh_;

@@ -1,10 +1,12 @@
-// A loaded Llama-family base model: its shape and its frozen (possibly quantized) weights.
+// A loaded Llama-family base model: its configuration and shape table (arch/) and its frozen
+// (possibly quantized) weights.
 #pragma once
 
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "arch/model_shapes.h"
 #include "core/memory.h"
 #include "formats/gguf.h"
 #include "quant/qweight.h"
@@ -12,25 +14,6 @@
 #include "model/weight_stream.h"
 
 namespace qlft {
-
-struct ModelConfig {
-  std::string arch;  // "llama", "qwen2"
-  int n_layers = 0, dim = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, ffn_dim = 0, vocab = 0;
-  int context_length = 0;  // max_position_embeddings (dynamic NTK scales beyond it)
-  float rope_theta = 10000.f, rms_eps = 1e-5f;
-  RopeScaling rope;  // RoPE scaling (model/rope_scaling.h); rope_freqs() makes the table
-  bool tied_embeddings = false;
-  // true: q/k rows are in GGUF llama order (RoPE rotates adjacent pairs); false: Hugging Face
-  // order (rotate-half). Kept as the source has it.
-  bool rope_adjacent = false;
-  bool qkv_bias = false;
-};
-
-// The seven LoRA-targetable projections, in PEFT names.
-enum class Proj : int { Q = 0, K, V, O, Gate, Up, Down };
-constexpr int kProjCount = 7;
-const char* proj_peft_name(Proj p);  // "q_proj"
-const char* proj_gguf_name(Proj p);  // "attn_q"
 
 struct LayerWeights {
   Buffer attn_norm, ffn_norm;  // f32 [dim]
@@ -53,6 +36,7 @@ struct LoadOptions {
 
 struct Model {
   ModelConfig cfg;
+  ModelShapes shapes;         // model_shapes(cfg), made by load_model; the loaders check by it
   std::string path;           // what was loaded
   std::string source_format;  // "gguf" | "safetensors"
   std::string quant_summary;  // type of the linear weights, "mixed" if several
@@ -113,10 +97,6 @@ std::vector<std::vector<int>> weight_groups_of_units(const Model& m);
 // follows the same rule (WeightFootprint::kept).
 bool gguf_kept_as_stored(const GgufTensorInfo& t, bool linear, const LoadOptions& o);
 
-// The shape sanity every reader of a model's hyperparameters applies (load_model, the planner
-// behind `estimate`): positive dimensions, heads a multiple of KV heads, an even head
-// dimension, finite rms eps and rope theta > 0. Throws QLFT_ERR_FORMAT naming path.
-void check_model_config(const ModelConfig& c, const std::string& path);
 // A GGUF's tokenizer must have one token per embedding row (when it has a tokenizer).
 void check_gguf_vocabulary(const GgufFile& g, int64_t embedding_rows);
 
@@ -158,6 +138,16 @@ class WeightGroupSource {
   uint64_t ranged_bytes_ = 0;
   int64_t groups_loaded_ = 0;
 };
+
+// The configuration of a GGUF file, and of a Hugging Face config.json with its weights (a
+// .safetensors file, a shard index or a directory; opened into *st after the JSON is read),
+// read and checked as load_model reads them: the planner behind `estimate` reads files with
+// them too. Throws naming the file and key.
+class JsonFile;
+class SafetensorsSet;
+ModelConfig read_gguf_config(const GgufFile& g);
+ModelConfig read_hf_config(const JsonFile& cj, const std::string& weights,
+                           std::unique_ptr<SafetensorsSet>* st);
 
 // Loads a .gguf file, a .safetensors file beside a config.json, or an HF model directory.
 // Every weight is counted in tracker as `weights`.

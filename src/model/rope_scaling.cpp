@@ -13,22 +13,6 @@
 
 namespace qlft {
 
-const char* rope_type_name(RopeType t) {
-  switch (t) {
-    case RopeType::Default:
-      return "default";
-    case RopeType::Linear:
-      return "linear";
-    case RopeType::Dynamic:
-      return "dynamic";
-    case RopeType::Llama3:
-      return "llama3";
-    case RopeType::Yarn:
-      return "yarn";
-  }
-  return "?";
-}
-
 namespace {
 
 constexpr double kPi = 3.14159265358979323846;

@@ -10,33 +10,12 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "arch/model_config.h"
 #include "backend/rope_freqs.h"
 
 namespace qlft {
 
 class GgufFile;
-struct ModelConfig;
-
-enum class RopeType : int { Default = 0, Linear, Dynamic, Llama3, Yarn };
-const char* rope_type_name(RopeType t);  // transformers' rope_type string
-
-struct RopeScaling {
-  RopeType type = RopeType::Default;
-  double factor = 1.0;                                   // linear, dynamic, llama3, yarn
-  double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
-  int original_context = 0;                  // original_max_position_embeddings (llama3, yarn)
-  double beta_fast = 32.0, beta_slow = 1.0;  // yarn
-  // yarn: the cos / sin factor as given (attention_factor), else derived from factor and
-  // mscale / mscale_all_dim (0: absent), as transformers does.
-  double attention_factor = 0.0, mscale = 0.0, mscale_all_dim = 0.0;
-  bool has_attention_factor = false;
-  bool truncate = true;  // yarn: floor / ceil the correction range
-  // GGUF rope_freqs.weight (llama.cpp's form of llama3 scaling): inv_freq[i] is divided by
-  // freq_divisors[i]. Empty otherwise.
-  std::vector<float> freq_divisors;
-
-  bool scaled() const { return type != RopeType::Default || !freq_divisors.empty(); }
-};
 
 // The scaling of a config.json (root): rope_scaling (legacy, which transformers prefers when both
 // are present) or rope_parameters, its type under rope_type or type. max_pos:

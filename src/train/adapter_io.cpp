@@ -12,6 +12,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "arch/families.h"
 #include "config/keys.h"
 #include "core/error.h"
 #include "formats/atomic_file.h"
@@ -353,18 +354,20 @@ void load_peft_adapter(LoraAdapter& lora, const std::string& dir) {
 
 void save_gguf_lora_adapter(const LoraAdapter& lora, const std::string& path) {
   const LoraConfig& c = lora.config();
-  const ModelConfig& m = lora.model_config();
+  const ModelShapes& m = lora.model_shapes();
+  const ArchFamily* fam = find_family(m.arch);
+  QLFT_CHECK_ARG(fam, "GGUF LoRA export: architecture '%s' is not supported", m.arch.c_str());
   GgufWriter w;
   // llama.cpp has no "mistral" architecture: its converter writes Mistral models as "llama",
   // and the loader requires the adapter's architecture to equal the base model's.
-  w.add_string("general.architecture", m.arch == "mistral" ? "llama" : m.arch);
+  w.add_string("general.architecture", fam->gguf_arch);
   w.add_string("general.type", "adapter");
   w.add_string("adapter.type", "lora");
   // llama.cpp scales by alpha / r; rsLoRA's alpha / sqrt(r) needs alpha * sqrt(r) there.
   float alpha = c.use_rslora ? c.alpha * std::sqrt(static_cast<float>(c.r)) : c.alpha;
   w.add_f32("adapter.lora.alpha", alpha);
   // llama.cpp's llama/mistral base weights have q/k rows permuted to adjacent pairs; qwen2's not.
-  const bool adjacent = m.arch != "qwen2";
+  const bool adjacent = fam->gguf_qk_adjacent;
   // As save_peft_adapter: each tensor made when the writer reaches it.
   std::map<std::string, AdapterPart> parts;
   for (int l = 0; l < lora.n_layers(); ++l)
@@ -386,8 +389,7 @@ void save_gguf_lora_adapter(const LoraAdapter& lora, const std::string& path) {
     scratch = lora.get_hf(at.layer, at.p, at.part);
     if (at.part == LoraAdapter::Part::B && adjacent && (at.p == Proj::Q || at.p == Proj::K)) {
       perm.resize(scratch.size());
-      const int heads = at.p == Proj::Q ? m.n_heads : m.n_kv_heads;
-      permute_rows_hf_to_adjacent(scratch.data(), perm.data(), heads, m.head_dim, c.r);
+      permute_rows_hf_to_adjacent(scratch.data(), perm.data(), m.heads_of(at.p), m.head_dim, c.r);
       return perm.data();
     }
     return scratch.data();

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "arch/families.h"
 #include "core/error.h"
 #include "formats/atomic_file.h"
 #include "formats/gguf_writer.h"
@@ -34,19 +35,15 @@ bool is_qk(Proj p) {
   return p == Proj::Q || p == Proj::K;
 }
 
-int heads_of(const ModelConfig& c, Proj p) {
-  return p == Proj::Q ? c.n_heads : c.n_kv_heads;
-}
-
 // Reorders q/k rows (or a q/k bias, cols = 1) from the model's order into the wanted one.
-void to_order(const ModelConfig& c, Proj p, std::vector<float>& w, int64_t cols,
+void to_order(const ModelShapes& s, Proj p, std::vector<float>& w, int64_t cols,
               bool want_adjacent) {
-  if (!is_qk(p) || c.rope_adjacent == want_adjacent) return;
+  if (!is_qk(p) || s.qk_adjacent == want_adjacent) return;
   std::vector<float> out(w.size());
   if (want_adjacent)
-    permute_rows_hf_to_adjacent(w.data(), out.data(), heads_of(c, p), c.head_dim, cols);
+    permute_rows_hf_to_adjacent(w.data(), out.data(), s.heads_of(p), s.head_dim, cols);
   else
-    permute_rows_adjacent_to_hf(w.data(), out.data(), heads_of(c, p), c.head_dim, cols);
+    permute_rows_adjacent_to_hf(w.data(), out.data(), s.heads_of(p), s.head_dim, cols);
   w.swap(out);
 }
 
@@ -104,21 +101,20 @@ void export_safetensors(const Model& m, const LoraAdapter* lora, const std::stri
       Proj p = static_cast<Proj>(pi);
       const QWeight& q = L.proj[pi];
       t = merged_weight(m, lora, l, p);
-      to_order(c, p, t, q.cols, false);
+      to_order(m.shapes, p, t, q.cols, false);
       w.add_f32(h + kHfProj[pi] + ".weight", {q.rows, q.cols}, t.data());
       if (pi < 3 && !L.bias[pi].empty()) {
         t = copy_f32(L.bias[pi]);
-        to_order(c, p, t, 1, false);
+        to_order(m.shapes, p, t, 1, false);
         w.add_f32(h + "self_attn." + kBiasProj[pi] + ".bias", {q.rows}, t.data());
       }
     }
   }
-  const bool qwen = c.arch == "qwen2";
+  const ArchFamily* fam = find_family(c.arch);
+  QLFT_CHECK_ARG(fam, "merged safetensors export: architecture '%s' is not supported",
+                 c.arch.c_str());
   nlohmann::json j = {
-      {"architectures",
-       {qwen                  ? "Qwen2ForCausalLM"
-        : c.arch == "mistral" ? "MistralForCausalLM"
-                              : "LlamaForCausalLM"}},
+      {"architectures", {fam->hf_class}},
       {"model_type", c.arch},
       {"hidden_size", c.dim},
       {"intermediate_size", c.ffn_dim},
@@ -134,7 +130,7 @@ void export_safetensors(const Model& m, const LoraAdapter* lora, const std::stri
       {"hidden_act", "silu"},
       {"torch_dtype", "float32"},
   };
-  if (!qwen) j["attention_bias"] = c.qkv_bias;
+  if (!fam->qkv_bias) j["attention_bias"] = c.qkv_bias;
   // RoPE scaling as transformers 5 writes it (rope_parameters) and, when scaled, as older
   // readers expect it (rope_scaling beside rope_theta); transformers takes rope_scaling first.
   j["rope_parameters"] = rope_parameters_json(c);
@@ -266,8 +262,10 @@ void export_gguf(const Model& m, const LoraAdapter* lora, const std::string& pat
   const ModelConfig& c = m.cfg;
   const GgmlType store = bf16 ? GgmlType::BF16 : GgmlType::F16;
   GgufWriter w;
-  // llama.cpp has no "mistral" architecture: its converter writes Mistral models as "llama".
-  const std::string arch = c.arch == "mistral" ? "llama" : c.arch;
+  // llama.cpp's name of the family (its converter writes Mistral models as "llama").
+  const ArchFamily* fam = find_family(c.arch);
+  QLFT_CHECK_ARG(fam, "merged GGUF export: architecture '%s' is not supported", c.arch.c_str());
+  const std::string arch = fam->gguf_arch;
   const std::string a = arch + ".";
   w.add_string("general.architecture", arch);
   w.add_string("general.name", "qlft merged model");
@@ -283,7 +281,7 @@ void export_gguf(const Model& m, const LoraAdapter* lora, const std::string& pat
   w.add_f32(a + "rope.freq_base", c.rope_theta);
   w.add_u32(a + "rope.dimension_count", static_cast<uint32_t>(c.head_dim));
   add_rope_scaling(w, a, c);
-  if (c.head_dim * c.n_heads != c.dim) {
+  if (m.shapes.q_dim() != c.dim) {
     w.add_u32(a + "attention.key_length", static_cast<uint32_t>(c.head_dim));
     w.add_u32(a + "attention.value_length", static_cast<uint32_t>(c.head_dim));
   }
@@ -293,7 +291,7 @@ void export_gguf(const Model& m, const LoraAdapter* lora, const std::string& pat
       if (kv.first.rfind("tokenizer.", 0) == 0) copy_kv(w, kv.first, kv.second);
 
   // llama.cpp's llama/mistral tensors keep q/k rows in adjacent pairs; qwen2 in rotate-half.
-  const bool adjacent = c.arch != "qwen2";
+  const bool adjacent = fam->gguf_qk_adjacent;
   auto mat = [&](const std::string& name, const std::vector<float>& v, int64_t rows, int64_t cols) {
     w.add_tensor_f32(name, {cols, rows}, v.data(), store);
   };
@@ -316,11 +314,11 @@ void export_gguf(const Model& m, const LoraAdapter* lora, const std::string& pat
       Proj p = static_cast<Proj>(pi);
       const QWeight& q = L.proj[pi];
       std::vector<float> t = merged_weight(m, lora, l, p);
-      to_order(c, p, t, q.cols, adjacent);
+      to_order(m.shapes, p, t, q.cols, adjacent);
       mat(b + proj_gguf_name(p) + ".weight", t, q.rows, q.cols);
       if (pi < 3 && !L.bias[pi].empty()) {
         t = copy_f32(L.bias[pi]);
-        to_order(c, p, t, 1, adjacent);
+        to_order(m.shapes, p, t, 1, adjacent);
         vec(b + proj_gguf_name(p) + ".bias", t);
       }
     }

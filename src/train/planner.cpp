@@ -81,15 +81,6 @@ QuantKind target_kind(const std::string& t) {
   throw_error(QLFT_ERR_INVALID_ARGUMENT, "quant.type '%s' has no target kind", t.c_str());
 }
 
-// The seven projections' [out, in] shapes.
-void proj_shapes(const ModelConfig& c, int64_t shapes[kProjCount][2]) {
-  const int64_t q = int64_t(c.n_heads) * c.head_dim, kv = int64_t(c.n_kv_heads) * c.head_dim;
-  const int64_t s[kProjCount][2] = {{q, c.dim},        {kv, c.dim},        {kv, c.dim},
-                                    {c.dim, q},        {c.ffn_dim, c.dim}, {c.ffn_dim, c.dim},
-                                    {c.dim, c.ffn_dim}};
-  std::memcpy(shapes, s, sizeof s);
-}
-
 // A block a device backend makes of a weight (its resident copy).
 void add_device(WeightFootprint& w, uint64_t bytes) {
   if (bytes) w.device_slots.push_back(bytes);
@@ -142,43 +133,17 @@ void add_fixed(WeightFootprint& w, const ModelConfig& c) {
 }
 
 // kept[j]: bias j is the file's bytes unchanged.
-void add_biases(WeightFootprint& w, size_t g, const int64_t shapes[kProjCount][2],
-                const bool kept[3] = nullptr) {
-  for (int j = 0; j < 3; ++j) add_slot_dev(w, g, uint64_t(shapes[j][0]) * 4, kept && kept[j]);
+void add_biases(WeightFootprint& w, size_t g, const LayerShapes& ls, const bool kept[3] = nullptr) {
+  for (int j = 0; j < 3; ++j) add_slot_dev(w, g, uint64_t(ls.proj[j].out) * 4, kept && kept[j]);
 }
 
 WeightFootprint gguf_footprint(const std::string& path, const LoadOptions& o, ModelConfig* cfg) {
   auto g = GgufFile::open(path);
+  // The loader's reading and checks (model.h): estimate refuses what load refuses.
   ModelConfig& c = *cfg;
-  c.arch = g->get_string("general.architecture");
-  const std::string a = c.arch + ".";
-  c.n_layers = static_cast<int>(g->get_int_in(a + "block_count", 1, 1024));
-  c.dim = static_cast<int>(g->get_int_in(a + "embedding_length", 1, 1 << 20));
-  c.ffn_dim = static_cast<int>(g->get_int_in(a + "feed_forward_length", 1, 1 << 20));
-  c.n_heads = static_cast<int>(g->get_int_in(a + "attention.head_count", 1, 4096));
-  c.n_kv_heads = static_cast<int>(g->get_int_in(a + "attention.head_count_kv", 1, 4096, c.n_heads));
-  QLFT_CHECK_FORMAT(c.dim % c.n_heads == 0, "%s: embedding length %d is not a multiple of %d heads",
-                    path.c_str(), c.dim, c.n_heads);
-  c.head_dim =
-      static_cast<int>(g->get_int_in(a + "attention.key_length", 1, 4096, c.dim / c.n_heads));
-  c.context_length = static_cast<int>(g->get_int_in(a + "context_length", 1, 1 << 26, 2048));
-  // The loader's keys and defaults, and its checks (model.h): estimate refuses what load refuses.
-  c.rms_eps = static_cast<float>(g->get_float(a + "attention.layer_norm_rms_epsilon", 1e-5));
-  c.rope_theta = static_cast<float>(g->get_float(a + "rope.freq_base", 10000.0));
-  c.rope = rope_scaling_from_gguf(*g, a);
-  check_model_config(c, path);
+  c = read_gguf_config(*g);
+  const ModelShapes sh = model_shapes(c);
   const GgufTensorInfo* emb = g->find_tensor("token_embd.weight");
-  QLFT_CHECK_FORMAT(emb && emb->ne[0] == c.dim,
-                    "%s: tensor 'token_embd.weight' is missing or "
-                    "has the wrong width",
-                    path.c_str());
-  QLFT_CHECK_FORMAT(emb->ne[1] >= 1 && emb->ne[1] <= (int64_t(1) << 24),
-                    "%s: tensor 'token_embd.weight' has %lld rows, not a vocabulary size",
-                    path.c_str(), static_cast<long long>(emb->ne[1]));
-  check_gguf_vocabulary(*g, emb->ne[1]);
-  c.vocab = static_cast<int>(emb->ne[1]);
-  c.qkv_bias = g->find_tensor("blk.0.attn_q.bias") != nullptr;
-  c.tied_embeddings = g->find_tensor("output.weight") == nullptr;
 
   WeightFootprint w;
   add_fixed(w, c);  // f32 embedding, output norm (and head)
@@ -205,8 +170,6 @@ WeightFootprint gguf_footprint(const std::string& path, const LoadOptions& o, Mo
   w.emb_stored_row_bytes = stored_row(emb);
   if (const GgufTensorInfo* head = g->find_tensor("output.weight"))
     w.head_stored_row_bytes = stored_row(head);
-  int64_t shapes[kProjCount][2];
-  proj_shapes(c, shapes);
   for (int l = 0; l < c.n_layers; ++l) {
     const size_t gi = static_cast<size_t>(l) + 1;
     const std::string b = "blk." + std::to_string(l) + ".";
@@ -218,7 +181,8 @@ WeightFootprint gguf_footprint(const std::string& path, const LoadOptions& o, Mo
       QLFT_CHECK_FORMAT(t, "%s: tensor '%s' is missing", path.c_str(), n.c_str());
       const GgmlTypeTraits* tr = ggml_type_traits(t->type);
       QLFT_CHECK_FORMAT(tr, "%s: tensor '%s' has an unknown type", path.c_str(), n.c_str());
-      const int64_t rows = shapes[p][0], cols = shapes[p][1];
+      const int64_t rows = sh.proj(l, static_cast<Proj>(p)).out,
+                    cols = sh.proj(l, static_cast<Proj>(p)).in;
       QLFT_CHECK_FORMAT(t->ne[0] == cols && t->ne[1] == rows && t->ne[2] == 1 && t->ne[3] == 1,
                         "%s: tensor '%s' has shape [%lld, %lld], expected [%lld, %lld]",
                         path.c_str(), n.c_str(), static_cast<long long>(t->ne[0]),
@@ -232,7 +196,7 @@ WeightFootprint gguf_footprint(const std::string& path, const LoadOptions& o, Mo
     if (c.qkv_bias) {
       const bool kb[3] = {kept(b + "attn_q.bias", false), kept(b + "attn_k.bias", false),
                           kept(b + "attn_v.bias", false)};
-      add_biases(w, gi, shapes, kb);
+      add_biases(w, gi, sh.layers[size_t(l)], kb);
     }
   }
   return w;
@@ -249,25 +213,9 @@ WeightFootprint hf_footprint(const std::string& path, const LoadOptions& o, Mode
                    : (path.rfind('/') == std::string::npos ? "." : path.substr(0, path.rfind('/')));
   JsonFile cj = JsonFile::load(dir + "/config.json");
   ModelConfig& c = *cfg;
-  c.arch = cj.get_string("model_type", "llama");
-  c.dim = static_cast<int>(cj.get_int_in("hidden_size", 1, 1 << 20));
-  c.ffn_dim = static_cast<int>(cj.get_int_in("intermediate_size", 1, 1 << 20));
-  c.n_layers = static_cast<int>(cj.get_int_in("num_hidden_layers", 1, 1024));
-  c.n_heads = static_cast<int>(cj.get_int_in("num_attention_heads", 1, 4096));
-  c.n_kv_heads = static_cast<int>(cj.get_int_in("num_key_value_heads", 1, 4096, c.n_heads));
-  c.vocab = static_cast<int>(cj.get_int_in("vocab_size", 1, 1 << 24));
-  QLFT_CHECK_FORMAT(c.dim % c.n_heads == 0, "%s: hidden_size %d is not a multiple of %d heads",
-                    dir.c_str(), c.dim, c.n_heads);
-  c.head_dim = static_cast<int>(cj.get_int_in("head_dim", 1, 4096, c.dim / c.n_heads));
-  c.rms_eps = static_cast<float>(cj.get_float("rms_norm_eps", 1e-6));
-  c.rope_theta = static_cast<float>(cj.get_float("rope_theta", 10000.0));
-  c.context_length = static_cast<int>(cj.get_int_in("max_position_embeddings", 1, 1 << 26, 2048));
-  c.rope = rope_scaling_from_hf(cj.root(), cj.path(), c.context_length);
-  check_model_config(c, cj.path());
-  auto st = SafetensorsSet::open(is_dir(path) ? dir : path);
-  c.tied_embeddings = cj.get_bool("tie_word_embeddings", false) || !st->find("lm_head.weight");
-  c.qkv_bias = c.arch == "qwen2" || cj.get_bool("attention_bias", false) ||
-               st->find("model.layers.0.self_attn.q_proj.bias") != nullptr;
+  std::unique_ptr<SafetensorsSet> st;
+  c = read_hf_config(cj, is_dir(path) ? dir : path, &st);
+  const ModelShapes sh = model_shapes(c);
   WeightFootprint w;
   add_fixed(w, c);
   auto stored_row = [&](const SafeTensorInfo* t) {  // f64 is kept as f32
@@ -276,8 +224,6 @@ WeightFootprint hf_footprint(const std::string& path, const LoadOptions& o, Mode
   if (const SafeTensorInfo* e = st->find("model.embed_tokens.weight"))
     w.emb_stored_row_bytes = stored_row(e);
   if (const SafeTensorInfo* h = st->find("lm_head.weight")) w.head_stored_row_bytes = stored_row(h);
-  int64_t shapes[kProjCount][2];
-  proj_shapes(c, shapes);
   for (int l = 0; l < c.n_layers; ++l) {
     const size_t g = static_cast<size_t>(l) + 1;
     add_slot_dev(w, g, uint64_t(c.dim) * 4);
@@ -288,7 +234,8 @@ WeightFootprint hf_footprint(const std::string& path, const LoadOptions& o, Mode
           b + (p < 4 ? "self_attn." : "mlp.") + proj_peft_name(static_cast<Proj>(p)) + ".weight";
       const SafeTensorInfo* t = st->find(n);
       QLFT_CHECK_FORMAT(t, "%s: tensor '%s' is missing", dir.c_str(), n.c_str());
-      const int64_t rows = shapes[p][0], cols = shapes[p][1];
+      const int64_t rows = sh.proj(l, static_cast<Proj>(p)).out,
+                    cols = sh.proj(l, static_cast<Proj>(p)).in;
       if (t->dtype == DType::U8 || t->dtype == DType::I8) {
         // bitsandbytes pre-quantized: stored as in the file (plus small quant state).
         add_slot(w, g, t->nbytes);
@@ -303,7 +250,7 @@ WeightFootprint hf_footprint(const std::string& path, const LoadOptions& o, Mode
       const bool half = t->dtype == DType::F16 || t->dtype == DType::BF16;
       add_linear(w, g, o, rows, cols, uint64_t(rows * cols) * (half ? 2 : 4));
     }
-    if (c.qkv_bias) add_biases(w, g, shapes);
+    if (c.qkv_bias) add_biases(w, g, sh.layers[size_t(l)]);
   }
   return w;
 }
@@ -430,14 +377,14 @@ namespace {
 
 // The trainer's LoRA tensors in its order (layer-major, targeted projections, A then B).
 std::vector<uint64_t> lora_numels(const ModelConfig& c, const LoraConfig& lc) {
-  int64_t shapes[kProjCount][2];
-  proj_shapes(c, shapes);
+  const ModelShapes sh = model_shapes(c);
   std::vector<uint64_t> n;
   for (int l = 0; l < c.n_layers; ++l)
     for (int q = 0; q < kProjCount; ++q) {
       if (!lc.targets[q]) continue;
-      n.push_back(uint64_t(lc.r) * uint64_t(shapes[q][1]));
-      n.push_back(uint64_t(shapes[q][0]) * uint64_t(lc.r));
+      const ProjShape& ps = sh.proj(l, static_cast<Proj>(q));
+      n.push_back(uint64_t(lc.r) * uint64_t(ps.in));
+      n.push_back(uint64_t(ps.out) * uint64_t(lc.r));
     }
   return n;
 }
@@ -849,15 +796,16 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
 
   // LoRA A [r, in], B [out, r] per targeted projection, their gradients (whole on every rank,
   // but this rank's tensors' only with ZeRO-2/3 on a host backend), this rank's optimizer state.
-  int64_t shapes[kProjCount][2];
-  proj_shapes(c, shapes);
+  const ModelShapes sh = model_shapes(c);
   uint64_t adapter = 0;
-  for (int q = 0; q < kProjCount; ++q) {
-    if (!lc.targets[q]) continue;
-    adapter += fl(int64_t(lc.r) * shapes[q][1]) + fl(shapes[q][0] * int64_t(lc.r));
-  }
-  cat[int(MemCategory::Adapter)] = adapter * c.n_layers;
-  cat[int(MemCategory::Gradients)] = adapter * c.n_layers;
+  for (int l = 0; l < sh.n_layers; ++l)
+    for (int q = 0; q < kProjCount; ++q) {
+      if (!lc.targets[q]) continue;
+      const ProjShape& ps = sh.proj(l, static_cast<Proj>(q));
+      adapter += fl(int64_t(lc.r) * ps.in) + fl(ps.out * int64_t(lc.r));
+    }
+  cat[int(MemCategory::Adapter)] = adapter;
+  cat[int(MemCategory::Gradients)] = adapter;
   if (sharded_gradients(s)) {
     // dist::Zero2Grads: the gradients of this rank's own tensors, and one reduce bucket as large
     // as the largest projection's A + B (communication).
@@ -876,9 +824,11 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
           bytes, owner, bytes.size() / size_t(c.n_layers), rank, rb);
     }
     uint64_t bucket = 0;
-    for (int q = 0; q < kProjCount; ++q)
-      if (lc.targets[q])
-        bucket = std::max<uint64_t>(bucket, uint64_t(lc.r) * uint64_t(shapes[q][1] + shapes[q][0]));
+    for (const LayerShapes& ls : sh.layers)
+      for (int q = 0; q < kProjCount; ++q)
+        if (lc.targets[q])
+          bucket =
+              std::max<uint64_t>(bucket, uint64_t(lc.r) * uint64_t(ls.proj[q].in + ls.proj[q].out));
     cat[int(MemCategory::Communication)] += bucket ? rb(bucket * 4) : 0;
   }
   size_t segment = 0;
@@ -902,7 +852,7 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
   auto& act = p.device ? p.device_train : cat;
 
   // Activations: the runner's own sizes.
-  const RunnerFootprint f = LlamaRunner::footprint(c, lc.r, projs, R, true, /*doc_ids=*/true,
+  const RunnerFootprint f = LlamaRunner::footprint(sh, lc.r, projs, R, true, /*doc_ids=*/true,
                                                    activation_dtype(s.precision), m->round_fn());
   int ckpt = 0;
   if (s.checkpoint_every > 0) ckpt = (c.n_layers + s.checkpoint_every - 1) / s.checkpoint_every;
@@ -912,17 +862,19 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
   // Workspace: the largest set alive at once. Forward holds one kernel's scratch at a time; the
   // head's cross-entropy runs at the end of forward; backward adds its temporaries to one
   // kernel's scratch (or to a checkpointed layer's recompute).
-  uint64_t fwd = std::max(m->attention_fwd(c, B, T), m->rope(c, T));
-  uint64_t bwd = std::max(stored > 0 ? m->attention_bwd_stored(c, B, T) : 0,
-                          ckpt > 0 ? m->attention_bwd(c, B, T) : 0);
-  bwd = std::max(bwd, m->rope(c, T));
-  for (int q = 0; q < kProjCount; ++q) {
+  uint64_t fwd = std::max(m->attention_fwd(sh, B, T), m->rope(sh, T));
+  uint64_t bwd = std::max(stored > 0 ? m->attention_bwd_stored(sh, B, T) : 0,
+                          ckpt > 0 ? m->attention_bwd(sh, B, T) : 0);
+  bwd = std::max(bwd, m->rope(sh, T));
+  for (int i = 0; i < sh.n_layers * kProjCount; ++i) {
+    const int q = i % kProjCount;
+    const ProjShape& ps = sh.proj(i / kProjCount, static_cast<Proj>(q));
     // q/k/v share their input, gate/up theirs (LlamaRunner's SharedInput scopes).
     const Proj p = static_cast<Proj>(q);
     const bool shared =
         p == Proj::Q || p == Proj::K || p == Proj::V || p == Proj::Gate || p == Proj::Up;
-    fwd = std::max(fwd, m->linear_fwd(shapes[q][0], shapes[q][1], R, lc.targets[q], shared));
-    bwd = std::max(bwd, m->linear_bwd(shapes[q][0], shapes[q][1], R, lc.targets[q], shared));
+    fwd = std::max(fwd, m->linear_fwd(ps.out, ps.in, R, lc.targets[q], shared));
+    bwd = std::max(bwd, m->linear_bwd(ps.out, ps.in, R, lc.targets[q], shared));
   }
   // The backward temporaries stay allocated until the step ends: with accumulation, the next
   // micro-batch's forward runs beside them.
@@ -930,7 +882,7 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
   const uint64_t back = std::max(bwd, ckpt > 0 ? f.recompute_ws + fwd : 0);
   if (p.device) p.device_fixed = m->fixed();
   act[int(MemCategory::Workspace)] =
-      m->fixed() + std::max({held + fwd, held + m->cross_entropy(c, R), f.backward_ws + back});
+      m->fixed() + std::max({held + fwd, held + m->cross_entropy(sh, R), f.backward_ws + back});
 
   if (p.device) {
     plan_device_persistent(c, w, s, *m, adapter * c.n_layers, segment, &p);

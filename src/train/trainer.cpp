@@ -189,7 +189,7 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
   // loads them all first.
   const bool later_values = cfg.get_bool("dist.zero3_shard_adapter") && init_from.empty() &&
                             dist::detect_launch().world > 1;
-  lora_ = std::make_unique<LoraAdapter>(tracker, model.cfg, lc, /*gradients=*/false,
+  lora_ = std::make_unique<LoraAdapter>(tracker, model.shapes, lc, /*gradients=*/false,
                                         /*values=*/!later_values);
   if (!init_from.empty()) load_peft_adapter(*lora_, init_from);
   // ZeRO-3, NVMe and device offload stream the base weights: this trainer's own copy of them

@@ -41,6 +41,7 @@ QWeight copy_qweight(MemoryTracker* tracker, const QWeight& w) {
 std::unique_ptr<Model> copy_model(MemoryTracker* tracker, const Model& m) {
   auto c = std::make_unique<Model>();
   c->cfg = m.cfg;
+  c->shapes = m.shapes;
   c->path = m.path;
   c->source_format = m.source_format;
   c->quant_summary = m.quant_summary;

@@ -48,7 +48,7 @@ TEST(CudaRopeScaling, BackwardFollowsCpu) {
     const int seq = static_cast<int>(tok.size()) - 1;
     std::vector<int32_t> in(tok.begin(), tok.end() - 1), tgt(tok.begin() + 1, tok.end());
     auto run = [&](Backend& be, std::vector<float>* grads) {
-      LoraAdapter lora(&tr, m->cfg, lc);
+      LoraAdapter lora(&tr, m->shapes, lc);
       lora.init(7);
       for (int l = 0; l < lora.n_layers(); ++l)  // B != 0, so dA carries the backward too
         for (Proj p : targets) {

@@ -109,7 +109,7 @@ class AdapterExport : public ::testing::Test {
     set_num_threads(1);  // tiny model: threads only add barrier waits
     QLFT_NEED_SHARED(path, "models/stories260K.gguf");
     model = load_model(&tracker, path, model_test::keep());
-    lora = std::make_unique<LoraAdapter>(&tracker, model->cfg, export_config(false));
+    lora = std::make_unique<LoraAdapter>(&tracker, model->shapes, export_config(false));
     fill_adapter(*lora);
   }
   MemoryTracker tracker;
@@ -124,7 +124,7 @@ TEST_F(AdapterExport, WriteFixtures) {
     QLFT_SKIP("fixture-writer") << "QLFT_WRITE_TRAIN_FIXTURES unset";
   save_peft_adapter(*lora, train_fixture("peft_adapter"), "stories260K");
   save_gguf_lora_adapter(*lora, train_fixture("adapter.gguf"));
-  LoraAdapter rs(&tracker, model->cfg, export_config(true));
+  LoraAdapter rs(&tracker, model->shapes, export_config(true));
   fill_adapter(rs);
   save_gguf_lora_adapter(rs, train_fixture("adapter_rslora.gguf"));
   export_merged(*model, lora.get(), train_fixture("merged"), "safetensors");
@@ -158,7 +158,7 @@ TEST_F(AdapterExport, LogitsMatchPeftFromPretrained) {
 }
 
 TEST_F(AdapterExport, PeftImportRoundTripsExactly) {
-  LoraAdapter b(&tracker, model->cfg, export_config(false));
+  LoraAdapter b(&tracker, model->shapes, export_config(false));
   b.init(99);
   load_peft_adapter(b, train_fixture("peft_adapter"));
   EXPECT_TRUE(all_weights(b) == all_weights(*lora));
@@ -191,7 +191,7 @@ TEST_F(AdapterExport, PeftImportRejectsBadDirectories) {
     return dir;
   };
   auto expect_error = [&](const std::string& dir, int32_t code, const std::string& needle) {
-    LoraAdapter b(&tracker, model->cfg, export_config(false));
+    LoraAdapter b(&tracker, model->shapes, export_config(false));
     b.init(99);
     std::vector<float> before = all_weights(b);
     try {
@@ -223,7 +223,7 @@ TEST_F(AdapterExport, GgufAdapterIsTheCheckedOne) {
   std::string dir = qlft_test::temp_dir("gguf_export");
   save_gguf_lora_adapter(*lora, dir + "/a.gguf");
   expect_same_file(dir + "/a.gguf", train_fixture("adapter.gguf"));
-  LoraAdapter rs(&tracker, model->cfg, export_config(true));
+  LoraAdapter rs(&tracker, model->shapes, export_config(true));
   fill_adapter(rs);
   save_gguf_lora_adapter(rs, dir + "/rs.gguf");
   expect_same_file(dir + "/rs.gguf", train_fixture("adapter_rslora.gguf"));
@@ -319,7 +319,7 @@ TEST(MergedExport, SyntheticLlamaAndQwen2AgainstPeftLogits) {
     MemoryTracker tracker;
     Fixture fx(model_test::model_fixture(std::string(name) + ".lora.safetensors"));
     auto model = load_model(&tracker, model_test::model_fixture(name), model_test::keep());
-    LoraAdapter lora(&tracker, model->cfg, model_test::lora_config_of(fx));
+    LoraAdapter lora(&tracker, model->shapes, model_test::lora_config_of(fx));
     model_test::load_lora(fx, lora);
     std::vector<int32_t> tok = fx.i32("tokens");
     std::vector<float> ref = fx.f32("logits");
@@ -395,7 +395,7 @@ TEST(MergedExport, MistralIsLlamaInGguf) {
   MemoryTracker tracker;
   auto model = load_model(&tracker, dir, model_test::keep());
   ASSERT_EQ(model->cfg.arch, "mistral");
-  LoraAdapter lora(&tracker, model->cfg, LoraConfig{});
+  LoraAdapter lora(&tracker, model->shapes, LoraConfig{});
   save_gguf_lora_adapter(lora, dir + "/a.gguf");
   export_merged(*model, &lora, dir + "/m.gguf", "gguf-f16");
   EXPECT_EQ(GgufFile::open(dir + "/a.gguf")->get_string("general.architecture"), "llama");

@@ -167,7 +167,7 @@ struct Rig {
     lc.alpha = 8;
     lc.dropout = dropout;
     lc.init_seed = 5;
-    lora = std::make_unique<LoraAdapter>(&tr, model->cfg, lc);
+    lora = std::make_unique<LoraAdapter>(&tr, model->shapes, lc);
     // Nonzero B so every A gets a gradient and the adapters change the forward.
     std::mt19937 rng(11);
     std::normal_distribution<float> nd(0.f, 0.3f);
@@ -280,7 +280,8 @@ TEST_F(Bf16Acts, TrackerCountsHalfSizedStoredTensors) {
 
   // The planner's numbers (LlamaRunner::footprint) agree with the tracker in every case.
   for (DType t : {DType::F32, DType::BF16, DType::F16}) {
-    const RunnerFootprint f = LlamaRunner::footprint(c, kRank, kProjCount, R, true, false, t);
+    const RunnerFootprint f =
+        LlamaRunner::footprint(s.model->shapes, kRank, kProjCount, R, true, false, t);
     EXPECT_EQ(f.activations(int(L), 0), t == DType::F32 ? a32 : a16) << dtype_name(t);
     EXPECT_EQ(f.activations(int(L - ckpt), int(ckpt)), t == DType::F32 ? a32c : a16c)
         << dtype_name(t);

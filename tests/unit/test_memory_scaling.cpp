@@ -61,6 +61,7 @@ std::unique_ptr<Model> tiny_model(MemoryTracker* t, int vocab) {
   c.vocab = vocab;
   c.context_length = 8192;
   c.tied_embeddings = true;
+  m->shapes = model_shapes(c);  // as load_model makes it
   m->tok_embd = weight(t, vocab, c.dim, 1);
   m->output_norm = ones(t, c.dim);
   const int qd = c.n_heads * c.head_dim, kvd = c.n_kv_heads * c.head_dim;
@@ -90,7 +91,7 @@ StepPeaks step_peaks(bool bf16, bool checkpoint, int seq) {
   LoraConfig lc;
   lc.r = 8;
   lc.alpha = 16;
-  LoraAdapter lora(&tr, m->cfg, lc);
+  LoraAdapter lora(&tr, m->shapes, lc);
   std::unique_ptr<Backend> be = make_cpu_backend(&tr);
   if (bf16) be = make_autocast_backend(std::move(be), DType::BF16);
   LlamaRunner run(*m, *be, &lora);

@@ -36,7 +36,7 @@ TEST(ModelGenerate, KvCacheLogitsEqualFullRecompute) {
     const std::string fx = std::string(name).substr(0, 9) + ".lora.safetensors";
     Fixture f(model_fixture(fx));
     auto be = make_cpu_backend(&tr);
-    LoraAdapter lora(&tr, model->cfg, lora_config_of(f));
+    LoraAdapter lora(&tr, model->shapes, lora_config_of(f));
     load_lora(f, lora);
     std::vector<int32_t> tok = f.i32("tokens");
     const int T = static_cast<int>(tok.size() / 2), V = model->cfg.vocab;
@@ -166,7 +166,7 @@ TEST(ModelGenerate, SeededSamplingIsReproducible) {
   auto model = load_model(&tr, model_fixture("syn_llama"), keep());
   Fixture f(model_fixture("syn_llama.lora.safetensors"));
   auto be = make_cpu_backend(&tr);
-  LoraAdapter lora(&tr, model->cfg, lora_config_of(f));
+  LoraAdapter lora(&tr, model->shapes, lora_config_of(f));
   load_lora(f, lora);
   Generator g(*model, *be, &lora);
   GenerateOptions o;

@@ -32,7 +32,7 @@ struct GradSetup {
     lc.alpha = 8;
     lc.dropout = dropout;
     lc.init_seed = 7;
-    lora = std::make_unique<LoraAdapter>(&tr, model->cfg, lc);
+    lora = std::make_unique<LoraAdapter>(&tr, model->shapes, lc);
     // Nonzero B so every A gets a gradient.
     std::mt19937 rng(3);
     std::normal_distribution<float> nd(0.f, 0.2f);

@@ -12,7 +12,7 @@ using namespace qlft;
 using namespace model_test;
 
 namespace {
-ModelConfig tiny() {
+ModelShapes tiny() {
   ModelConfig m;
   m.arch = "llama";
   m.n_layers = 2;
@@ -23,7 +23,7 @@ ModelConfig tiny() {
   m.ffn_dim = 96;
   m.vocab = 100;
   m.rope_adjacent = true;
-  return m;
+  return model_shapes(m);
 }
 }  // namespace
 

@@ -26,7 +26,7 @@ std::vector<float> check_parity(const std::string& model_path, const std::string
   auto model = load_model(&tr, model_path, keep());
   Fixture f(model_fixture(fixture_name));
   auto be = make_cpu_backend(&tr);
-  LoraAdapter lora(&tr, model->cfg, lora_config_of(f));
+  LoraAdapter lora(&tr, model->shapes, lora_config_of(f));
   load_lora(f, lora);
   LlamaRunner run(*model, *be, &lora);
 

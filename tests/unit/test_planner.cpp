@@ -228,9 +228,11 @@ TEST_F(PlannerTest, AttentionOnAmxTilesMatchesTheTracker) {
     const EnvTune env;
     ASSERT_TRUE(cpu::attn_amx_exec(cpu::tuning_from_env(), true).has_value());
     const auto amx_ws = make_workspace_model("cpu", wss);
-    EXPECT_NE(amx_ws->attention_fwd(mc, k.micro, k.seq), base_ws->attention_fwd(mc, k.micro, k.seq))
+    EXPECT_NE(amx_ws->attention_fwd(model->shapes, k.micro, k.seq),
+              base_ws->attention_fwd(model->shapes, k.micro, k.seq))
         << "the workspace model did not take the AMX path's sizes";
-    EXPECT_NE(amx_ws->attention_bwd(mc, k.micro, k.seq), base_ws->attention_bwd(mc, k.micro, k.seq))
+    EXPECT_NE(amx_ws->attention_bwd(model->shapes, k.micro, k.seq),
+              base_ws->attention_bwd(model->shapes, k.micro, k.seq))
         << "the workspace model did not take the AMX path's sizes";
     const MemoryPlan plan = plan_memory(mc, w, PlanSettings::from_config(c));
     const MemorySnapshot m = step_peaks(*model, tracker, c, k);
@@ -421,7 +423,7 @@ TEST(PlannerZero, OptimizerAndExchangeBufferPerRankMatchTheRuntime) {
             MemoryTracker t;
             // As the trainer makes them (Trainer::init_grads): gradients after the partition,
             // this rank's share only at stage 2 over several ranks (a host backend).
-            LoraAdapter a(&t, mc, lora_config_from(c), /*gradients=*/false);
+            LoraAdapter a(&t, model_shapes(mc), lora_config_from(c), /*gradients=*/false);
             const uint64_t before = t.snapshot().reserved[QLFT_MEM_OPTIMIZER];
             dist::DataParallel dp(std::make_unique<MirrorCommunicator>(r, world), stage,
                                   lora_params(a), &t, /*host_gradient_shards=*/true);
@@ -749,7 +751,7 @@ TEST_F(PlannerTest, Zero3ShardedAdapterMatchesTheLoraShards) {
       const MemoryPlan p = plan_memory_of_rank(model->cfg, w, s, rank);
       const MemoryPlan q = plan_memory_of_rank(model->cfg, w, sharded, rank);
       MemoryTracker t;
-      LoraAdapter lora(&t, model->cfg, s.lora, /*gradients=*/false);
+      LoraAdapter lora(&t, model->shapes, s.lora, /*gradients=*/false);
       std::vector<uint64_t> numel;
       for (int l = 0; l < lora.n_layers(); ++l)
         for (int k = 0; k < kProjCount; ++k)

@@ -270,7 +270,7 @@ TEST(RopeScaling, AdapterTrainedByQlftGivesPeftLogits) {
   MemoryTracker tr;
   auto m = load(&tr, variant_dir("llama3"));
   const std::string dir = fixture("peft_adapter");
-  LoraAdapter lora(&tr, m->cfg, read_peft_config(dir));
+  LoraAdapter lora(&tr, m->shapes, read_peft_config(dir));
   load_peft_adapter(lora, dir);
   const model_test::Fixture peft(fixture("peft.safetensors"));
   auto be = make_cpu_backend(&tr);

@@ -100,12 +100,12 @@ class CpuWorkspace final : public WorkspaceModel {
     return ws + (autocast ? fl(M * K) + fl(M * N) : 0);
   }
   // The rope cos/sin table: one row per distinct position (positions 0 .. T-1 here).
-  uint64_t rope(const ModelConfig& c, int64_t T) const override {
+  uint64_t rope(const ModelShapes& c, int64_t T) const override {
     return fl(T * (c.head_dim / 2) * 2);
   }
   // The AMX tile path (CpuTuning::attn_amx), where the trainer's backend would take it.
   bool attn_amx() const { return cpu::attn_amx_exec(tune, lp).has_value(); }
-  uint64_t attention_fwd(const ModelConfig& c, int64_t B, int64_t T) const override {
+  uint64_t attention_fwd(const ModelShapes& c, int64_t B, int64_t T) const override {
     const int64_t R = B * T, bq = std::max<int64_t>(1, tune.attn_block_q);
     if (attn_amx()) {  // the operands packed for every head; scores per thread
       const cpu::AmxAttnGeometry g =
@@ -115,7 +115,7 @@ class CpuWorkspace final : public WorkspaceModel {
     }
     const int64_t nqb = (T + bq - 1) / bq;
     const int64_t nt = std::min<int64_t>(threads, B * c.n_heads * nqb);
-    const int64_t qd = int64_t(c.n_heads) * c.head_dim, kvd = int64_t(c.n_kv_heads) * c.head_dim;
+    const int64_t qd = c.q_dim(), kvd = c.kv_dim();
     // fp16: rounded fp32 copies of q, k, v; bf16: head-major lp copies, and per thread the
     // probabilities as lp and a dense output tile beside the fp32 scores.
     const int64_t tile = bq * T;
@@ -125,7 +125,7 @@ class CpuWorkspace final : public WorkspaceModel {
                                      : 0;
     return rb(uint64_t(R) * 4) + rb(uint64_t(nt * per)) + copies;
   }
-  uint64_t attention_bwd(const ModelConfig& c, int64_t B, int64_t T) const override {
+  uint64_t attention_bwd(const ModelShapes& c, int64_t B, int64_t T) const override {
     const int64_t R = B * T, bq = std::max<int64_t>(1, tune.attn_block_q);
     if (attn_amx()) {  // everything per thread (one KV head's packs and tiles)
       const cpu::AmxAttnGeometry g =
@@ -133,7 +133,7 @@ class CpuWorkspace final : public WorkspaceModel {
       return rb(uint64_t(R) * 4) + rb(uint64_t(g.bwd_team(threads)) * g.bwd_thread());
     }
     const int64_t nt = std::min<int64_t>(threads, B * c.n_kv_heads);
-    const int64_t qd = int64_t(c.n_heads) * c.head_dim, kvd = int64_t(c.n_kv_heads) * c.head_dim;
+    const int64_t qd = c.q_dim(), kvd = c.kv_dim();
     // As the forward, with dout too, and per thread P and dS as lp and dense dQ, dK, dV tiles.
     const int64_t tile = bq * T;
     const int64_t per =
@@ -144,11 +144,11 @@ class CpuWorkspace final : public WorkspaceModel {
     return rb(uint64_t(R) * 4) + rb(uint64_t(nt * per)) + copies;
   }
   // bf16 without dropout (the runner's direct16()): attention_bwd_16 holds RoPE's table too.
-  uint64_t attention_bwd_stored(const ModelConfig& c, int64_t B, int64_t T) const override {
+  uint64_t attention_bwd_stored(const ModelShapes& c, int64_t B, int64_t T) const override {
     return attention_bwd(c, B, T) + (lp && !dropout ? rope(c, T) : 0);
   }
   // Fused linear + cross-entropy with dh, every target trained (the most rows per chunk).
-  uint64_t cross_entropy(const ModelConfig& c, int64_t R) const override {
+  uint64_t cross_entropy(const ModelShapes& c, int64_t R) const override {
     const int64_t V = c.vocab, H = c.dim, P = lp ? panel_rows_lp(V, H) : panel_rows(V, H);
     int64_t rc = std::min(tune.ce_logits_bytes / (P * 4),
                           tune.ce_hidden_bytes / std::max<int64_t>(1, H * 4));

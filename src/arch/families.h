@@ -1,0 +1,28 @@
+// One row per model family qlft trains: how each file format names it and the conventions its
+// files follow. The loaders, the planner and export look a family up here; its tensor shapes
+// are rows of arch/model_shapes.cpp and its computational deltas live in the runner
+// (docs/ARCHITECTURE.md, "add an architecture").
+#pragma once
+
+#include <string>
+
+namespace qlft {
+
+struct ArchFamily {
+  const char* name;       // ModelConfig::arch and config.json's model_type: "llama"
+  const char* hf_class;   // config.json architectures[0]: "LlamaForCausalLM"
+  const char* gguf_arch;  // general.architecture llama.cpp writes (mistral as "llama")
+  // llama.cpp's converter stores q/k rows in adjacent-pair RoPE order (true) or keeps Hugging
+  // Face's rotate-half order (false: NEOX rope).
+  bool gguf_qk_adjacent;
+  bool qkv_bias;  // q/k/v biases always (qwen2); otherwise attention_bias or the file says
+};
+
+// The family named name (ModelConfig::arch); nullptr when qlft does not train it.
+const ArchFamily* find_family(const std::string& name);
+// The family of a config.json: architectures[0] (cls) or model_type, in table order.
+const ArchFamily* find_family_hf(const std::string& cls, const std::string& model_type);
+// The families qlft trains, for error messages: "llama, mistral, qwen2".
+std::string family_names();
+
+}  // namespace qlft

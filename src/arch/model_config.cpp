@@ -1,0 +1,53 @@
+#include "arch/model_config.h"
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace qlft {
+
+const char* rope_type_name(RopeType t) {
+  switch (t) {
+    case RopeType::Default:
+      return "default";
+    case RopeType::Linear:
+      return "linear";
+    case RopeType::Dynamic:
+      return "dynamic";
+    case RopeType::Llama3:
+      return "llama3";
+    case RopeType::Yarn:
+      return "yarn";
+  }
+  return "?";
+}
+
+void check_model_config(const ModelConfig& c, const std::string& path) {
+  QLFT_CHECK_FORMAT(c.n_layers > 0 && c.n_layers <= 1024, "%s: layer count %d is invalid",
+                    path.c_str(), c.n_layers);
+  QLFT_CHECK_FORMAT(c.dim > 0 && c.n_heads > 0 && c.n_kv_heads > 0 && c.ffn_dim > 0,
+                    "%s: dimensions must be positive (dim %d, heads %d, kv heads %d, ffn %d)",
+                    path.c_str(), c.dim, c.n_heads, c.n_kv_heads, c.ffn_dim);
+  QLFT_CHECK_FORMAT(c.n_heads % c.n_kv_heads == 0,
+                    "%s: head count %d is not a multiple of the KV head count %d", path.c_str(),
+                    c.n_heads, c.n_kv_heads);
+  QLFT_CHECK_FORMAT(c.head_dim > 0 && c.head_dim % 2 == 0, "%s: head dimension %d must be even",
+                    path.c_str(), c.head_dim);
+  QLFT_CHECK_FORMAT(
+      c.rms_eps > 0 && std::isfinite(c.rms_eps) && c.rope_theta > 0 && std::isfinite(c.rope_theta),
+      "%s: rms eps (%g) and rope theta (%g) must be finite and > 0", path.c_str(),
+      static_cast<double>(c.rms_eps), static_cast<double>(c.rope_theta));
+}
+
+const char* proj_peft_name(Proj p) {
+  static const char* n[] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                            "gate_proj", "up_proj", "down_proj"};
+  return n[static_cast<int>(p)];
+}
+const char* proj_gguf_name(Proj p) {
+  static const char* n[] = {"attn_q",   "attn_k", "attn_v",  "attn_output",
+                            "ffn_gate", "ffn_up", "ffn_down"};
+  return n[static_cast<int>(p)];
+}
+
+}  // namespace qlft

@@ -1,0 +1,60 @@
+// A Llama-family model's hyperparameters as its file states them (ModelConfig), the RoPE
+// scaling it declares, and the names of its seven linear projections. The loaders (model/)
+// and the planner read these from GGUF metadata or config.json; everything derived from them
+// (every tensor's shape) is in arch/model_shapes.h.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace qlft {
+
+enum class RopeType : int { Default = 0, Linear, Dynamic, Llama3, Yarn };
+const char* rope_type_name(RopeType t);  // transformers' rope_type string
+
+// RoPE scaling as transformers declares it (parsed and turned into frequencies by
+// model/rope_scaling.h).
+struct RopeScaling {
+  RopeType type = RopeType::Default;
+  double factor = 1.0;                                   // linear, dynamic, llama3, yarn
+  double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
+  int original_context = 0;                  // original_max_position_embeddings (llama3, yarn)
+  double beta_fast = 32.0, beta_slow = 1.0;  // yarn
+  // yarn: the cos / sin factor as given (attention_factor), else derived from factor and
+  // mscale / mscale_all_dim (0: absent), as transformers does.
+  double attention_factor = 0.0, mscale = 0.0, mscale_all_dim = 0.0;
+  bool has_attention_factor = false;
+  bool truncate = true;  // yarn: floor / ceil the correction range
+  // GGUF rope_freqs.weight (llama.cpp's form of llama3 scaling): inv_freq[i] is divided by
+  // freq_divisors[i]. Empty otherwise.
+  std::vector<float> freq_divisors;
+
+  bool scaled() const { return type != RopeType::Default || !freq_divisors.empty(); }
+};
+
+struct ModelConfig {
+  std::string arch;  // "llama", "mistral", "qwen2"
+  int n_layers = 0, dim = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, ffn_dim = 0, vocab = 0;
+  int context_length = 0;  // max_position_embeddings (dynamic NTK scales beyond it)
+  float rope_theta = 10000.f, rms_eps = 1e-5f;
+  RopeScaling rope;  // RoPE scaling (model/rope_scaling.h); rope_freqs() makes the table
+  bool tied_embeddings = false;
+  // true: q/k rows are in GGUF llama order (RoPE rotates adjacent pairs); false: Hugging Face
+  // order (rotate-half). Kept as the source has it.
+  bool rope_adjacent = false;
+  bool qkv_bias = false;
+};
+
+// The shape sanity every reader of a model's hyperparameters applies (the loaders, the planner
+// behind `estimate`): positive dimensions, heads a multiple of KV heads, an even head
+// dimension, finite rms eps and rope theta > 0. Throws QLFT_ERR_FORMAT naming path.
+void check_model_config(const ModelConfig& c, const std::string& path);
+
+// The seven LoRA-targetable projections, in PEFT names.
+enum class Proj : int { Q = 0, K, V, O, Gate, Up, Down };
+constexpr int kProjCount = 7;
+const char* proj_peft_name(Proj p);  // "q_proj"
+const char* proj_gguf_name(Proj p);  // "attn_q"
+
+}  // namespace qlft

@@ -1,0 +1,70 @@
+// The one shape table of a model: every tensor's shape, derived once from its ModelConfig
+// (model_shapes) when the model is loaded (Model::shapes) or its file is planned
+// (train/planner.h). Loaders check the file's tensors against it, LoRA sizes its adapters by
+// it, the runner, the workspace models, the planner, export and the CUDA backend read their
+// dimensions from it: no other code multiplies heads by head_dim or lists projection shapes.
+//
+// A new architecture adds its rows here (model_shapes: e.g. per-layer shapes that differ,
+// fused projections, experts) and its deltas in the runner; see docs/ARCHITECTURE.md.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "arch/model_config.h"
+
+namespace qlft {
+
+// Attention's head geometry: n_heads query heads of head_dim share n_kv_heads key / value heads
+// (GQA: query head h reads KV head h / group()). q is [rows, q_dim()], k and v [rows, kv_dim()].
+struct HeadGeometry {
+  int n_heads = 1, n_kv_heads = 1, head_dim = 1;
+  // In 64 bits: products of them with row counts pass 2^31.
+  int64_t q_dim() const { return int64_t{1} * n_heads * head_dim; }
+  int64_t kv_dim() const { return int64_t{1} * n_kv_heads * head_dim; }
+  int group() const { return n_heads / n_kv_heads; }
+  bool operator==(const HeadGeometry&) const = default;
+};
+
+// A linear projection's weight [out, in] (y = x W^T).
+struct ProjShape {
+  int64_t out = 0, in = 0;
+  bool operator==(const ProjShape&) const = default;
+};
+
+// One layer's tensors: its projections, its two norms [norm], its q/k/v biases [proj out] when
+// the model has them.
+struct LayerShapes {
+  ProjShape proj[kProjCount];
+  int64_t norm = 0;       // attn_norm and ffn_norm length
+  bool qkv_bias = false;  // q, k, v biases of length proj[Q/K/V].out
+  bool operator==(const LayerShapes&) const = default;
+};
+
+struct ModelShapes : HeadGeometry {
+  std::string arch;  // the family whose row made the table (ModelConfig::arch)
+  int n_layers = 0, dim = 0, ffn_dim = 0, vocab = 0;
+  bool tied_head = false;  // the output head is the token embedding [vocab, dim]
+  // q/k rows in GGUF llama order (RoPE on adjacent pairs) rather than Hugging Face's
+  // rotate-half order (ModelConfig::rope_adjacent): LoRA and export permute q/k rows by it.
+  bool qk_adjacent = false;
+  std::vector<LayerShapes> layers;
+
+  const ProjShape& proj(int layer, Proj p) const {
+    return layers[static_cast<size_t>(layer)].proj[static_cast<int>(p)];
+  }
+  // The heads a projection's output rows are made of: q n_heads, k and v n_kv_heads, o and the
+  // MLP's none (0).
+  int heads_of(Proj p) const {
+    return p == Proj::Q ? n_heads : (p == Proj::K || p == Proj::V) ? n_kv_heads : 0;
+  }
+  // Embedding [vocab, dim] and head [vocab, dim] elements.
+  int64_t embedding_numel() const { return int64_t(vocab) * dim; }
+  bool operator==(const ModelShapes&) const = default;
+};
+
+// The shape table of c (c checked by check_model_config first).
+ModelShapes model_shapes(const ModelConfig& c);
+
+}  // namespace qlft

@@ -1,0 +1,308 @@
+// LlamaRunner: one layer's backward (recomputing checkpointed layers), the whole backward,
+// and the diagnosis of a non-finite loss or gradient.
+#include "model/llama.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "backend/dropout.h"
+#include "core/error.h"
+#include "core/half.h"
+#include "core/threads.h"
+#include "model/llama_internal.h"
+
+namespace qlft {
+
+using namespace runner_detail;
+
+void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx, LayerActs* st) {
+  const ModelConfig& c = model_.cfg;
+  const LayerWeights& L = model_.layers[l];
+  const int64_t R = rows_, qd = model_.shapes.q_dim(), kvd = model_.shapes.kv_dim();
+  Grads& g = *grads_;
+  const int32_t* pos = pos_.as<int32_t>();
+  MatF G = mat(g.G, R, c.dim);
+
+  // dy16: dy's bf16 copy for the backend (Backend::next_dy_16), handed over right before the
+  // linear_bwd that takes it.
+  auto lin_bwd = [&](Proj p, CMatF x, CMatF dy, MatF dx, View2<uint16_t> dy16 = {}) {
+    const int pi = static_cast<int>(p);
+    bool has;
+    LoraRef ref = lora_ref(l, p, &has);
+    float *dA = nullptr, *dB = nullptr;
+    if (has && sink_) {  // (host backends only: set_grad_sink)
+      const LoraGradTarget t = sink_->begin(l, p);
+      dA = t.dA;
+      dB = t.dB;
+    } else if (has && !lora_g_.empty()) {  // the device copies (see lora_grads_to_host)
+      const std::array<int64_t, 2>& o = lora_off_[static_cast<size_t>(l * kProjCount + pi)];
+      dA = lora_g_.as<float>() + o[0];
+      dB = lora_g_.as<float>() + o[1];
+    } else if (has) {
+      dA = lora_->slot(l, p).dA.as<float>();
+      dB = lora_->slot(l, p).dB.as<float>();
+    }
+    if (dy16.data) be_.next_dy_16(act_dtype_, dy16);
+    be_.linear_bwd(L.proj[pi], has ? &ref : nullptr, x, has ? a.xa[pi].as<float>() : nullptr, dy,
+                   dx, dA, dB);
+    if (has && sink_) sink_->end(l, p);
+  };
+
+  // The projections' backward runs in kBackwardProjOrder (model/lora_grad_sink.h).
+  // FFN branch: G is d(loss)/d(x_out) = d/d(x_mid) through the residual, plus the branch.
+  const DType t16 = act_dtype_;
+  auto h16 = [st](Buffer& b) -> const uint16_t* { return st ? b.as<uint16_t>() : nullptr; };
+  // The first linear_bwd into each dx buffer may overwrite it instead (Backend::defer_zero).
+  auto zero_dx = [&](Buffer& b, int64_t n) {
+    if (!be_.defer_zero(b.as<float>(), n)) zero(b);
+  };
+  zero_dx(g.dh, R * c.ffn_dim);
+  {
+    SharedInput shared(be_, cmat(a.hact, R, c.ffn_dim), t16, st ? h16(st->hact) : nullptr);
+    lin_bwd(Proj::Down, cmat(a.hact, R, c.ffn_dim), G.as_const(), mat(g.dh, R, c.ffn_dim));
+  }
+  // With st (direct16()): the gradients that only enter linear_bwd as its dy (dgate, dup, dq,
+  // dk, dv) are written in 16 bits into their fp32 buffers' memory (Backend::next_dy_16), at
+  // the row stride the backend asks for (it fits: at most twice the columns).
+  auto dy16 = [&](Proj p, Buffer& b, int64_t cols) {
+    bool has;
+    const LoraRef ref = lora_ref(l, p, &has);
+    int64_t ld = be_.grad_16_stride(L.proj[static_cast<int>(p)], has ? &ref : nullptr);
+    if (ld < cols || ld > 2 * cols) ld = cols;
+    return View2<uint16_t>(b.as<uint16_t>(), R, cols, ld);
+  };
+  auto lin_bwd16 = [&](Proj p, CMatF x, View2<uint16_t> d16, Buffer& dfp, MatF dx) {
+    lin_bwd(p, x, cmat(dfp, R, d16.cols), dx, st ? d16 : View2<uint16_t>());
+  };
+  View2<uint16_t> dgate16, dup16;
+  if (st) {
+    dgate16 = dy16(Proj::Gate, g.dgate, c.ffn_dim);
+    dup16 = dy16(Proj::Up, g.dup, c.ffn_dim);
+    be_.swiglu_bwd_to_16(t16, st->gate.as<uint16_t>(), st->up.as<uint16_t>(),
+                         cmat(g.dh, R, c.ffn_dim), dgate16, dup16);
+  } else {
+    be_.swiglu_bwd(cmat(a.gate, R, c.ffn_dim), cmat(a.up, R, c.ffn_dim), cmat(g.dh, R, c.ffn_dim),
+                   mat(g.dgate, R, c.ffn_dim), mat(g.dup, R, c.ffn_dim));
+    dgate16 = dup16 = View2<uint16_t>(nullptr, R, c.ffn_dim);
+  }
+  zero_dx(g.dxn, R * c.dim);
+  {
+    SharedInput shared(be_, cmat(a.xn2, R, c.dim), t16, st ? h16(st->xn2) : nullptr);
+    lin_bwd16(Proj::Gate, cmat(a.xn2, R, c.dim), dgate16, g.dgate, mat(g.dxn, R, c.dim));
+    lin_bwd16(Proj::Up, cmat(a.xn2, R, c.dim), dup16, g.dup, mat(g.dxn, R, c.dim));
+  }
+  be_.rmsnorm_bwd(cmat(a.x_mid, R, c.dim), frozen(L.ffn_norm), a.rstd2.as<float>(),
+                  cmat(g.dxn, R, c.dim), G);
+
+  // Attention branch: G is now d/d(x_mid). With st, datt may come rounded into its buffer's
+  // memory from the o projection's dx GEMM (Backend::next_dx_16), for attention to take as is.
+  zero_dx(g.datt, R * qd);
+  const uint16_t* datt16 = nullptr;
+  {
+    SharedInput shared(be_, cmat(a.att, R, qd), t16, st ? h16(st->att) : nullptr);
+    bool has;
+    const LoraRef ref = lora_ref(l, Proj::O, &has);
+    if (st && be_.next_dx_16(t16, g.datt.as<uint16_t>(), L.proj[static_cast<int>(Proj::O)],
+                             has ? &ref : nullptr))
+      datt16 = g.datt.as<uint16_t>();
+    lin_bwd(Proj::O, cmat(a.att, R, qd), G.as_const(), mat(g.datt, R, qd));
+  }
+  View2<uint16_t> dq16(nullptr, R, qd), dk16(nullptr, R, kvd), dv16(nullptr, R, kvd);
+  if (st) {  // q, k, v and the output are not unpacked: attention reads the stored ones
+    be_.attention_inputs_16(t16, st->q.as<uint16_t>(), st->k.as<uint16_t>(), st->v.as<uint16_t>());
+    be_.attention_out_16(t16, st->att.as<uint16_t>(), datt16);
+    dq16 = dy16(Proj::Q, g.dq, qd);
+    dk16 = dy16(Proj::K, g.dk, kvd);
+    dv16 = dy16(Proj::V, g.dv, kvd);
+    RopeArgs ra;
+    ra.pos = pos;
+    ra.freqs = &rope_;
+    ra.adjacent = c.rope_adjacent;
+    be_.attention_bwd_16(shape_, cmat(a.q, R, qd), cmat(a.k, R, kvd), cmat(a.v, R, kvd),
+                         cmat(a.att, R, qd), a.lse.as<float>(), cmat(g.datt, R, qd), ra, t16, dq16,
+                         dk16, dv16);
+  } else {
+    zero(g.dq);
+    zero(g.dk);
+    zero(g.dv);
+    be_.attention_bwd(shape_, cmat(a.q, R, qd), cmat(a.k, R, kvd), cmat(a.v, R, kvd),
+                      cmat(a.att, R, qd), a.lse.as<float>(), cmat(g.datt, R, qd), mat(g.dq, R, qd),
+                      mat(g.dk, R, kvd), mat(g.dv, R, kvd));
+    be_.rope(mat(g.dq, R, qd), pos, c.n_heads, c.head_dim, rope_, c.rope_adjacent, true);
+    be_.rope(mat(g.dk, R, kvd), pos, c.n_kv_heads, c.head_dim, rope_, c.rope_adjacent, true);
+  }
+  zero_dx(g.dxn, R * c.dim);
+  {
+    SharedInput shared(be_, cmat(a.xn1, R, c.dim), t16, st ? h16(st->xn1) : nullptr);
+    lin_bwd16(Proj::Q, cmat(a.xn1, R, c.dim), dq16, g.dq, mat(g.dxn, R, c.dim));
+    lin_bwd16(Proj::K, cmat(a.xn1, R, c.dim), dk16, g.dk, mat(g.dxn, R, c.dim));
+    lin_bwd16(Proj::V, cmat(a.xn1, R, c.dim), dv16, g.dv, mat(g.dxn, R, c.dim));
+  }
+  if (need_dx)
+    be_.rmsnorm_bwd(CMatF(x_in, R, c.dim), frozen(L.attn_norm), a.rstd1.as<float>(),
+                    cmat(g.dxn, R, c.dim), G);
+}
+
+void LlamaRunner::backward() {
+  QLFT_CHECK_ARG(have_forward_, "backward() needs a training forward() first");
+  // Copies in: a backward that threw may have left partial sums (resident ones are zeroed by
+  // zero_lora_grads at the step's start).
+  if (!lora_resident_ && !lora_g_.empty()) lora_g_.zero();
+  be_.tracker()->set_phase("backward");
+  const ModelConfig& c = model_.cfg;
+  const int64_t R = rows_;
+  if (!grads_) {
+    const Backend& t = be_;
+    const MemCategory W = MemCategory::Workspace;
+    const std::array<int64_t, 9> n = grad_counts(model_.shapes, R);
+    auto g = std::make_unique<Grads>();
+    g->G = make(t, W, n[0], "d residual");
+    g->dxn = make(t, W, n[1], "d norm out");
+    g->datt = make(t, W, n[2], "d attention out");
+    g->dq = make(t, W, n[3], "dq");
+    g->dk = make(t, W, n[4], "dk");
+    g->dv = make(t, W, n[5], "dv");
+    g->dh = make(t, W, n[6], "d swiglu out");
+    g->dgate = make(t, W, n[7], "d gate");
+    g->dup = make(t, W, n[8], "d up");
+    grads_ = std::move(g);
+  }
+  zero(grads_->G);
+  WeightStream* ws = model_.stream.get();
+  {
+    UnitUse use(ws, head_unit(c.n_layers), layer_unit(c.n_layers - 1));
+    be_.rmsnorm_bwd(cmat(resid_[c.n_layers], R, c.dim), frozen(model_.output_norm),
+                    rstdf_.as<float>(), cmat(dxnf_, R, c.dim), mat(grads_->G, R, c.dim));
+  }
+  for (int l = c.n_layers - 1; l >= 0; --l) {
+    UnitUse use(ws, layer_unit(l), l > 0 ? layer_unit(l - 1) : kNoUnit);
+    if (ckpt_[l]) {
+      // Recompute this layer's activations from its saved input (same dropout masks).
+      LayerActs& a = acts_for(l, true);
+      {
+        Buffer tmp = make(be_, MemCategory::Workspace, R * c.dim, "recompute out");
+        layer_fwd(l, a, resid_[l].as<float>(), tmp.as<float>());
+      }
+      if (act_dtype_ != DType::F32) round_stored(a);
+      layer_bwd(l, a, resid_[l].as<float>(), l > 0);
+    } else if (stored_[l]->half) {
+      LayerActs& s = scratch();
+      LendFulls lend(stored_[l]->fulls(), s.fulls());
+      const bool direct = direct16();
+      unpack(*stored_[l], s, direct);
+      layer_bwd(l, s, resid_[l].as<float>(), l > 0, direct ? stored_[l].get() : nullptr);
+    } else {
+      layer_bwd(l, *stored_[l], resid_[l].as<float>(), l > 0);
+    }
+  }
+  lora_grads_to_host();
+  have_forward_ = false;
+}
+
+// ---- non-finite diagnosis ----------------------------------------------------------------------
+
+namespace {
+bool has_nonfinite(const float* p, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(p[i])) return true;
+  return false;
+}
+// A host copy of a buffer's elements wherever it lives (the diagnosis reads every tensor).
+template <class T>
+std::vector<T> host_values(const Buffer& b) {
+  std::vector<T> v(b.size() / sizeof(T));
+  b.copy_to_host(v.data(), v.size() * sizeof(T));
+  return v;
+}
+bool has_nonfinite(const Buffer& b) {
+  const std::vector<float> v = host_values<float>(b);
+  return has_nonfinite(v.data(), static_cast<int64_t>(v.size()));
+}
+// A 16-bit buffer: all exponent bits set is inf or NaN.
+bool has_nonfinite16(const Buffer& b, DType t) {
+  const uint16_t mask = t == DType::BF16 ? 0x7f80 : 0x7c00;
+  for (uint16_t x : host_values<uint16_t>(b))
+    if ((x & mask) == mask) return true;
+  return false;
+}
+}  // namespace
+
+std::string LlamaRunner::locate_nonfinite(const TokenBatch& b, float grad_scale,
+                                          uint64_t dropout_seed) {
+  const ModelConfig& c = model_.cfg;
+  const std::vector<bool> saved_ckpt = ckpt_;
+  auto restore = [&] {
+    release();
+    ckpt_ = saved_ckpt;
+  };
+  std::string where;
+  try {
+    // Every layer stores its activations, so each can be inspected after one plain forward:
+    // each tensor is computed from earlier ones, so the first non-finite one in computation
+    // order is where the value appeared.
+    for (int l = 0; l < c.n_layers; ++l) ckpt_[l] = false;
+    stored_.clear();
+    zero_lora_grads();
+    dropout_seed_ = dropout_seed;
+    LossResult res = run_forward(b, true, grad_scale, MatF());
+    auto fwd = [&]() -> std::string {
+      if (has_nonfinite(resid_[0])) return "token embedding output (forward)";
+      for (int l = 0; l < c.n_layers; ++l) {
+        LayerActs& a = *stored_[l];
+        auto halves = a.halves();
+        auto nonfinite = [&](const Buffer* b) {
+          const bool half = a.half && std::find(halves.begin(), halves.end(), b) != halves.end();
+          return half ? has_nonfinite16(*b, act_dtype_) : has_nonfinite(*b);
+        };
+        const std::pair<const Buffer*, const char*> order[] = {
+            {&a.xn1, "input_layernorm output"},
+            {&a.q, "self_attn q_proj output"},
+            {&a.k, "self_attn k_proj output"},
+            {&a.v, "self_attn v_proj output"},
+            {&a.att, "self_attn attention output"},
+            {&a.x_mid, "self_attn o_proj output (after the residual add)"},
+            {&a.xn2, "post_attention_layernorm output"},
+            {&a.gate, "mlp gate_proj output"},
+            {&a.up, "mlp up_proj output"},
+            {&a.hact, "mlp SwiGLU output"},
+            {&resid_[l + 1], "mlp down_proj output (after the residual add)"}};
+        for (const auto& [buf, name] : order)
+          if (nonfinite(buf)) return strf("layer %d %s (forward)", l, name);
+      }
+      if (has_nonfinite(xnf_)) return "final norm output (forward)";
+      if (!std::isfinite(res.loss_sum)) return "cross-entropy loss of the output head";
+      if (has_nonfinite(dxnf_)) return "loss gradient at the output head (backward)";
+      return "";
+    };
+    where = fwd();
+    if (where.empty() && lora_) {
+      backward();
+      // Backward runs from the last layer down and a non-finite gradient spreads to every
+      // earlier layer, so the highest layer with one is where it appeared; inside a layer the
+      // projections' gradients are computed down, gate, up, o, then q, k, v.
+      const Proj order[] = {Proj::Down, Proj::Gate, Proj::Up, Proj::O, Proj::Q, Proj::K, Proj::V};
+      for (int l = c.n_layers - 1; l >= 0 && where.empty(); --l)
+        for (Proj p : order) {
+          const LoraSlot& s = lora_->slot(l, p);
+          if (!s.active()) continue;
+          const char* group = static_cast<int>(p) < 4 ? "self_attn" : "mlp";
+          const char* part = has_nonfinite(s.dB) ? "lora_B" : has_nonfinite(s.dA) ? "lora_A" : "";
+          if (*part) {
+            where =
+                strf("layer %d %s %s %s gradient (backward)", l, group, proj_peft_name(p), part);
+            break;
+          }
+        }
+    }
+  } catch (...) {
+    restore();
+    throw;
+  }
+  restore();
+  return where;
+}
+
+}  // namespace qlft

@@ -1,0 +1,245 @@
+// LlamaRunner: one layer's forward, the whole forward with the fused head and cross-entropy,
+// logits and evaluation loss.
+#include "model/llama.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "backend/dropout.h"
+#include "core/error.h"
+#include "core/half.h"
+#include "core/threads.h"
+#include "model/llama_internal.h"
+
+namespace qlft {
+
+using namespace runner_detail;
+
+void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out, LayerActs* st) {
+  const ModelConfig& c = model_.cfg;
+  const LayerWeights& L = model_.layers[l];
+  const int64_t R = rows_, qd = model_.shapes.q_dim(), kvd = model_.shapes.kv_dim();
+  const int32_t* pos = pos_.as<int32_t>();
+  CMatF xin(x_in, R, c.dim);
+  const DType t16 = act_dtype_;
+  // The stored 16-bit copy of a tensor the ops write directly (nullptr: none).
+  auto h16 = [st](Buffer& b) { return st ? b.as<uint16_t>() : nullptr; };
+
+  // With st the fp32 norm outputs, the rounded gate / up and the SwiGLU output are not written:
+  // the GEMMs take the 16-bit copies (Backend::takes_input_16).
+  if (st)
+    be_.rmsnorm_fwd_16(xin, frozen(L.attn_norm), c.rms_eps, MatF(nullptr, R, c.dim),
+                       a.rstd1.as<float>(), t16, st->xn1.as<uint16_t>());
+  else
+    be_.rmsnorm_fwd(xin, frozen(L.attn_norm), c.rms_eps, mat(a.xn1, R, c.dim), a.rstd1.as<float>());
+  Buffer* outs[3] = {&a.q, &a.k, &a.v};
+  const int64_t widths[3] = {qd, kvd, kvd};
+  {
+    SharedInput shared(be_, cmat(a.xn1, R, c.dim), t16, st ? h16(st->xn1) : nullptr);
+    for (int j = 0; j < 3; ++j) {
+      Proj p = static_cast<Proj>(j);
+      bool has;
+      LoraRef ref = lora_ref(l, p, &has);
+      const float* bias = L.bias[j].empty() ? nullptr : frozen(L.bias[j]);
+      be_.linear_fwd(L.proj[j], bias, has ? &ref : nullptr, cmat(a.xn1, R, c.dim),
+                     mat(*outs[j], R, widths[j]), has ? a.xa[j].as<float>() : nullptr);
+    }
+  }
+  if (st) {  // stored as they are, and attention's GEMMs take them (attention_inputs_16); the
+             // fp32 q and k are not rotated (nothing reads them)
+    be_.rope_to_16(mat(a.q, R, qd), pos, c.n_heads, c.head_dim, rope_, c.rope_adjacent, t16,
+                   st->q.as<uint16_t>());
+    be_.rope_to_16(mat(a.k, R, kvd), pos, c.n_kv_heads, c.head_dim, rope_, c.rope_adjacent, t16,
+                   st->k.as<uint16_t>());
+    be_.to_16(t16, a.v.as<float>(), st->v.as<uint16_t>(), R * kvd);
+    be_.attention_inputs_16(t16, st->q.as<uint16_t>(), st->k.as<uint16_t>(), st->v.as<uint16_t>());
+  } else {
+    be_.rope(mat(a.q, R, qd), pos, c.n_heads, c.head_dim, rope_, c.rope_adjacent, false);
+    be_.rope(mat(a.k, R, kvd), pos, c.n_kv_heads, c.head_dim, rope_, c.rope_adjacent, false);
+  }
+  if (st)  // the output rounded into the stored layer (no fp32 copy: backward reads that one)
+    be_.attention_fwd_to_16(shape_, cmat(a.q, R, qd), cmat(a.k, R, kvd), cmat(a.v, R, kvd),
+                            mat(a.att, R, qd), a.lse.as<float>(), t16, st->att.as<uint16_t>());
+  else
+    be_.attention_fwd(shape_, cmat(a.q, R, qd), cmat(a.k, R, kvd), cmat(a.v, R, kvd),
+                      mat(a.att, R, qd), a.lse.as<float>());
+  {
+    SharedInput shared(be_, cmat(a.att, R, qd), t16, st ? h16(st->att) : nullptr);
+    bool has;
+    LoraRef ref = lora_ref(l, Proj::O, &has);
+    const int o = static_cast<int>(Proj::O);
+    be_.linear_fwd(L.proj[o], nullptr, has ? &ref : nullptr, cmat(a.att, R, qd),
+                   mat(a.x_mid, R, c.dim), has ? a.xa[o].as<float>() : nullptr);
+  }
+  if (st) {  // the residual add and the norm in one pass
+    be_.add_rmsnorm_fwd_16(mat(a.x_mid, R, c.dim), x_in, frozen(L.ffn_norm), c.rms_eps,
+                           a.rstd2.as<float>(), t16, st->xn2.as<uint16_t>());
+  } else {
+    be_.add(a.x_mid.as<float>(), x_in, R * c.dim);
+    be_.rmsnorm_fwd(cmat(a.x_mid, R, c.dim), frozen(L.ffn_norm), c.rms_eps, mat(a.xn2, R, c.dim),
+                    a.rstd2.as<float>());
+  }
+  Buffer* ffn_outs[2] = {&a.gate, &a.up};
+  {
+    SharedInput shared(be_, cmat(a.xn2, R, c.dim), t16, st ? h16(st->xn2) : nullptr);
+    for (int j = 0; j < 2; ++j) {
+      const int p = static_cast<int>(Proj::Gate) + j;
+      bool has;
+      LoraRef ref = lora_ref(l, static_cast<Proj>(p), &has);
+      // 16-bit storage keeps gate and up in 16 bits: SwiGLU's forward takes those values too
+      // (autocast's matmul outputs), so forward and backward agree. With st they are written
+      // rounded into the stored layer (linear_fwd_to_16: by the GEMM itself where it can).
+      Buffer* st_out = st ? (j == 0 ? &st->gate : &st->up) : nullptr;
+      if (st_out) {
+        be_.linear_fwd_to_16(L.proj[p], nullptr, has ? &ref : nullptr, cmat(a.xn2, R, c.dim),
+                             mat(*ffn_outs[j], R, c.ffn_dim), has ? a.xa[p].as<float>() : nullptr,
+                             t16, st_out->as<uint16_t>());
+        continue;
+      }
+      be_.linear_fwd(L.proj[p], nullptr, has ? &ref : nullptr, cmat(a.xn2, R, c.dim),
+                     mat(*ffn_outs[j], R, c.ffn_dim), has ? a.xa[p].as<float>() : nullptr);
+      if (act_dtype_ != DType::F32)
+        be_.round_16(act_dtype_, ffn_outs[j]->as<float>(), R * c.ffn_dim);
+    }
+  }
+  if (st)
+    be_.swiglu_fwd_from_16(t16, st->gate.as<uint16_t>(), st->up.as<uint16_t>(),
+                           st->hact.as<uint16_t>(), R, c.ffn_dim);
+  else
+    be_.swiglu_fwd(cmat(a.gate, R, c.ffn_dim), cmat(a.up, R, c.ffn_dim), mat(a.hact, R, c.ffn_dim));
+  {
+    SharedInput shared(be_, cmat(a.hact, R, c.ffn_dim), t16, st ? h16(st->hact) : nullptr);
+    bool has;
+    LoraRef ref = lora_ref(l, Proj::Down, &has);
+    const int d = static_cast<int>(Proj::Down);
+    be_.linear_fwd(L.proj[d], nullptr, has ? &ref : nullptr, cmat(a.hact, R, c.ffn_dim),
+                   MatF(x_out, R, c.dim), has ? a.xa[d].as<float>() : nullptr);
+  }
+  be_.add(x_out, a.x_mid.as<float>(), R * c.dim);
+}
+
+LossResult LlamaRunner::run_forward(const TokenBatch& b, bool training, float grad_scale,
+                                    MatF logits) {
+  const ModelConfig& c = model_.cfg;
+  training_ = training;
+  have_forward_ = false;
+  prepare(b, training);
+  lora_to_device();
+  const int64_t R = rows_;
+  // Units in the order they are used (model/weight_stream.h); each one names the next.
+  WeightStream* ws = model_.stream.get();
+  {
+    UnitUse use(ws, kEmbeddingUnit, layer_unit(0));
+    if (ws && ws->rows_sharded())  // host memory (a host backend)
+      ws->lookup_rows(tokens_.as<int32_t>(), R, resid_[0].as<float>());
+    else
+      be_.embedding_fwd(model_.tok_embd, tokens_.as<int32_t>(), mat(resid_[0], R, c.dim));
+  }
+  for (int l = 0; l < c.n_layers; ++l) {
+    UnitUse use(ws, layer_unit(l), l + 1 < c.n_layers ? layer_unit(l + 1) : head_unit(c.n_layers));
+    LayerActs& a = acts_for(l, training);
+    if (!a.half) {
+      layer_fwd(l, a, resid_[l].as<float>(), resid_[l + 1].as<float>());
+      continue;
+    }
+    // 16-bit storage: run in the fp32 scratch (with this layer's own fp32 tensors), then pack.
+    LayerActs& s = scratch();
+    LendFulls lend(a.fulls(), s.fulls());
+    const bool direct = direct16();
+    layer_fwd(l, s, resid_[l].as<float>(), resid_[l + 1].as<float>(), direct ? &a : nullptr);
+    pack(s, a, direct);
+  }
+  // Training comes back to the head first in backward (for the final norm).
+  UnitUse head_use(ws, head_unit(c.n_layers), training ? head_unit(c.n_layers) : kNoUnit);
+  be_.rmsnorm_fwd(cmat(resid_[c.n_layers], R, c.dim), frozen(model_.output_norm), c.rms_eps,
+                  mat(xnf_, R, c.dim), rstdf_.as<float>());
+  const bool sliced = ws && ws->rows_sharded();
+  if (logits.data && sliced)
+    ws->each_head_slice([&](const QWeight& slice, int64_t row0) {
+      Buffer part = make(be_, MemCategory::Workspace, R * slice.rows, "logits of a head slice");
+      be_.head_logits(slice, cmat(xnf_, R, c.dim), mat(part, R, slice.rows));
+      for (int64_t r = 0; r < R; ++r)
+        std::copy_n(part.as<float>() + r * slice.rows, slice.rows, logits.row(r) + row0);
+    });
+  else if (logits.data)
+    be_.head_logits(model_.head(), cmat(xnf_, R, c.dim), logits);
+
+  LossResult res;
+  if (!b.targets) return res;
+  int64_t count = 0;
+  for (int64_t r = 0; r < R; ++r) count += b.targets[r] != kIgnoreIndex;
+  const int32_t* tg = targets_.as<int32_t>();
+  MatF dh;
+  if (training) {
+    zero(dxnf_);
+    dh = mat(dxnf_, R, c.dim);
+    if (grad_scale == 0.f) grad_scale = count ? 1.f / static_cast<float>(count) : 0.f;
+  }
+  int64_t got = 0;
+  if (sliced)
+    res.loss_sum = cross_entropy_by_slices(*ws, tg, grad_scale, dh, &got);
+  else
+    res.loss_sum = be_.linear_cross_entropy(model_.head(), cmat(xnf_, R, c.dim), tg, kIgnoreIndex,
+                                            grad_scale, dh, &got);
+  res.count = got;
+  have_forward_ = training;
+  return res;
+}
+
+double LlamaRunner::cross_entropy_by_slices(WeightStream& ws, const int32_t* targets,
+                                            float grad_scale, MatF dh, int64_t* count) {
+  // The head's rows come a slice at a time (a row-sharded ZeRO-3 head): both passes walk them,
+  // the per-row state of pass 1 and the log-sum-exp of every row held between them.
+  const int64_t R = rows_, V = model_.cfg.vocab;
+  const CMatF h = cmat(xnf_, R, model_.cfg.dim);
+  Buffer state(be_.tracker(), MemCategory::Workspace, size_t(R) * sizeof(CrossEntropyRow),
+               "cross-entropy row stats");
+  Buffer lse(be_.tracker(), MemCategory::Workspace, size_t(R) * 4, "cross-entropy row lse");
+  auto* st = state.as<CrossEntropyRow>();
+  std::fill(st, st + R, CrossEntropyRow{});
+  if (dh.data && be_.cross_entropy_walks() == 1) {
+    // One walk: pass 1 and the dh accumulators together (Backend::cross_entropy_walk).
+    Buffer acc(be_.tracker(), MemCategory::Workspace, size_t(R * h.cols) * 4,
+               "cross-entropy dh accumulators");
+    ws.each_head_slice([&](const QWeight& slice, int64_t row0) {
+      be_.cross_entropy_walk(slice, row0, V, h, targets, kIgnoreIndex, grad_scale, st,
+                             acc.as<float>(), dh);
+    });
+    cross_entropy_walk_end(st, targets, kIgnoreIndex, grad_scale, acc.as<float>(), dh);
+    return cross_entropy_finish(st, targets, R, kIgnoreIndex, lse.as<float>(), count);
+  }
+  ws.each_head_slice([&](const QWeight& slice, int64_t row0) {
+    be_.cross_entropy_stats(slice, row0, V, h, targets, kIgnoreIndex, st);
+  });
+  const double loss = cross_entropy_finish(st, targets, R, kIgnoreIndex, lse.as<float>(), count);
+  if (dh.data)
+    ws.each_head_slice([&](const QWeight& slice, int64_t row0) {
+      be_.cross_entropy_grad(slice, row0, V, h, targets, kIgnoreIndex, lse.as<float>(), grad_scale,
+                             dh);
+    });
+  return loss;
+}
+
+LossResult LlamaRunner::forward(const TokenBatch& b, float grad_scale, uint64_t dropout_seed) {
+  QLFT_CHECK_ARG(b.targets, "forward for training needs targets");
+  dropout_seed_ = dropout_seed;
+  be_.tracker()->set_phase("forward");
+  return run_forward(b, true, grad_scale, MatF());
+}
+
+LossResult LlamaRunner::logits(const TokenBatch& b, MatF out) {
+  QLFT_CHECK_ARG(out.data && out.rows == b.rows() && out.cols == model_.cfg.vocab,
+                 "logits: output must be [%lld, %d]", static_cast<long long>(b.rows()),
+                 model_.cfg.vocab);
+  return run_forward(b, false, 0.f, out);
+}
+
+LossResult LlamaRunner::eval_loss(const TokenBatch& b) {
+  QLFT_CHECK_ARG(b.targets, "eval_loss needs targets");
+  return run_forward(b, false, 0.f, MatF());
+}
+
+}  // namespace qlft

@@ -1,0 +1,288 @@
+// GGUF models (llama.cpp's files): the configuration from the metadata, each tensor by its
+// llama.cpp name, dequantized, quantized on load or kept as stored (quant.type=keep); a group
+// kept as stored can be planned from the header alone (plan_group, ZeRO-3's ranged reads).
+#include <cmath>
+#include <cstring>
+#include <unordered_map>
+
+#include "arch/families.h"
+#include "core/error.h"
+#include "model/model_load_internal.h"
+#include "quant/ggml_dequant.h"
+#include "quant/ggml_types.h"
+
+namespace qlft {
+
+namespace {
+
+const GgufTensorInfo& gguf_expect_shape(const GgufFile& g, const GgufTensorInfo& t, int64_t rows,
+                                        int64_t cols) {
+  bool ok = t.n_dims <= 2 && t.ne[0] == cols && (rows < 0 || t.ne[1] == rows);
+  QLFT_CHECK_FORMAT(
+      ok, "%s: tensor '%s' has shape [%lld, %lld], expected [%lld, %lld] (GGUF order)",
+      g.path().c_str(), t.name.c_str(), static_cast<long long>(t.ne[0]),
+      static_cast<long long>(t.ne[1]), static_cast<long long>(cols), static_cast<long long>(rows));
+  return t;
+}
+const GgufTensorInfo& gguf_tensor(const GgufFile& g, const std::string& name, int64_t rows,
+                                  int64_t cols) {
+  const GgufTensorInfo* t = g.find_tensor(name);
+  QLFT_CHECK_FORMAT(t, "%s: tensor '%s' is missing", g.path().c_str(), name.c_str());
+  return gguf_expect_shape(g, *t, rows, cols);
+}
+void gguf_to_f32(const GgufFile& g, const GgufTensorInfo& t, float* dst) {
+  const GgmlTypeTraits* tr = ggml_type_traits(t.type);
+  switch (static_cast<GgmlType>(t.type)) {
+    case GgmlType::I8:
+    case GgmlType::I16:
+    case GgmlType::I32:
+    case GgmlType::I64:
+      throw_error(QLFT_ERR_FORMAT,
+                  "%s: tensor '%s' has integer type %s, expected a float or "
+                  "quantized type",
+                  g.path().c_str(), t.name.c_str(), tr->name);
+    default:
+      break;
+  }
+  if (!tr->dequantizable)
+    throw_error(QLFT_ERR_UNSUPPORTED, "%s: tensor '%s' has type %s, which qlft cannot dequantize",
+                g.path().c_str(), t.name.c_str(), tr->name);
+  ggml_dequantize(t.type, t.data, t.numel(), dst);
+}
+
+}  // namespace
+
+void check_gguf_vocabulary(const GgufFile& g, int64_t embedding_rows) {
+  const GgufValue* t = g.find("tokenizer.ggml.tokens");
+  if (!t || t->type != GgufType::ARRAY) return;  // no tokenizer: nothing to disagree with
+  // llama.cpp's rule: one embedding row per token. Fewer tokens leave ids the model can emit
+  // but no tokenizer can decode; more give ids with no embedding row.
+  QLFT_CHECK_FORMAT(static_cast<int64_t>(t->count) == embedding_rows,
+                    "%s: the vocabulary has %llu tokens (tokenizer.ggml.tokens) but tensor "
+                    "'token_embd.weight' has %lld rows; they must be equal",
+                    g.path().c_str(), static_cast<unsigned long long>(t->count),
+                    static_cast<long long>(embedding_rows));
+}
+
+bool gguf_kept_as_stored(const GgufTensorInfo& t, bool linear, const LoadOptions& o) {
+  if (static_cast<GgmlType>(t.type) == GgmlType::F32) return true;
+  const GgmlTypeTraits* tr = ggml_type_traits(t.type);
+  return linear && o.quant_type == "keep" && tr && tr->dequantizable;
+}
+
+ModelConfig read_gguf_config(const GgufFile& g) {
+  const std::string& path = g.path();
+  ModelConfig c;
+  c.arch = g.get_string("general.architecture");
+  const ArchFamily* fam = find_family(c.arch);
+  QLFT_CHECK_FORMAT(fam, "%s: architecture '%s' is not supported (%s are)", path.c_str(),
+                    c.arch.c_str(), family_names().c_str());
+  const std::string a = c.arch + ".";
+  // Ranged getters: a hostile count must not wrap when narrowed to int.
+  c.n_layers = static_cast<int>(g.get_int_in(a + "block_count", 1, kMaxLayers));
+  c.dim = static_cast<int>(g.get_int_in(a + "embedding_length", 1, kMaxDim));
+  c.ffn_dim = static_cast<int>(g.get_int_in(a + "feed_forward_length", 1, kMaxDim));
+  c.n_heads = static_cast<int>(g.get_int_in(a + "attention.head_count", 1, kMaxHeads));
+  c.n_kv_heads =
+      static_cast<int>(g.get_int_in(a + "attention.head_count_kv", 1, kMaxHeads, c.n_heads));
+  c.context_length = static_cast<int>(g.get_int_in(a + "context_length", 1, kMaxContext, 2048));
+  c.rms_eps = static_cast<float>(g.get_float(a + "attention.layer_norm_rms_epsilon", 1e-5));
+  c.rope_theta = static_cast<float>(g.get_float(a + "rope.freq_base", 10000.0));
+  c.rope = rope_scaling_from_gguf(g, a);
+  QLFT_CHECK_FORMAT(c.n_heads > 0 && c.dim % c.n_heads == 0,
+                    "%s: embedding length %d is not a multiple of the head count %d", path.c_str(),
+                    c.dim, c.n_heads);
+  c.head_dim =
+      static_cast<int>(g.get_int_in(a + "attention.key_length", 1, kMaxHeadDim, c.dim / c.n_heads));
+  c.rope_adjacent = fam->gguf_qk_adjacent;
+  c.qkv_bias = g.find_tensor("blk.0.attn_q.bias") != nullptr;
+  check_model_config(c, path);
+  // llama.cpp's converter writes llama3 RoPE scaling as per-pair divisors of the frequencies.
+  if (const GgufTensorInfo* t = g.find_tensor("rope_freqs.weight")) {
+    const int64_t n = c.head_dim / 2;
+    QLFT_CHECK_FORMAT(t->numel() == n && t->ne[0] == n,
+                      "%s: tensor 'rope_freqs.weight' has %lld elements, expected %lld",
+                      path.c_str(), static_cast<long long>(t->numel()), static_cast<long long>(n));
+    std::vector<float>& d = c.rope.freq_divisors;
+    d.resize(static_cast<size_t>(n));
+    gguf_to_f32(g, *t, d.data());
+    for (size_t i = 0; i < d.size(); ++i)
+      QLFT_CHECK_FORMAT(std::isfinite(d[i]) && d[i] > 0,
+                        "%s: tensor 'rope_freqs.weight' holds %g at element %zu (divisors must "
+                        "be positive)",
+                        path.c_str(), static_cast<double>(d[i]), i);
+  }
+
+  const GgufTensorInfo& emb = gguf_tensor(g, "token_embd.weight", -1, c.dim);
+  QLFT_CHECK_FORMAT(emb.ne[1] >= 1 && emb.ne[1] <= kMaxVocab,
+                    "%s: tensor 'token_embd.weight' has %lld rows, not a vocabulary size",
+                    path.c_str(), static_cast<long long>(emb.ne[1]));
+  c.vocab = static_cast<int>(emb.ne[1]);
+  check_gguf_vocabulary(g, emb.ne[1]);
+  if (const GgufTensorInfo* out = g.find_tensor("output.weight"))
+    gguf_expect_shape(g, *out, c.vocab, c.dim);
+  else
+    c.tied_embeddings = true;
+  return c;
+}
+
+namespace {
+
+class GgufLoader final : public FormatLoader {
+ public:
+  GgufLoader(MemoryTracker* t, const LoadOptions& o, Model& m) : tracker_(t), opt_(o), m_(m) {}
+
+  void open(const std::string& path) override {
+    m_.gguf = GgufFile::open(path);
+    m_.cfg = read_gguf_config(*m_.gguf);
+  }
+
+  void embedding(QWeight& w, bool head) override {
+    const ModelConfig& c = m_.cfg;
+    float_weight(w, tensor(head ? "output.weight" : "token_embd.weight", c.vocab, c.dim), c.vocab,
+                 c.dim);
+  }
+  void norm(Buffer& dst, int l, NormRole r, int64_t n) override {
+    if (r == NormRole::Final) return vector(dst, "output_norm.weight", n);
+    vector(dst, layer(l) + (r == NormRole::Attn ? "attn_norm.weight" : "ffn_norm.weight"), n);
+  }
+  void linear(QWeight& w, int l, Proj p, const ProjShape& s) override {
+    const GgufTensorInfo& t = tensor(layer(l) + proj_gguf_name(p) + ".weight", s.out, s.in);
+    linear_weight(w, t, s.out, s.in);
+  }
+  void bias(Buffer& dst, int l, Proj p, int64_t n) override {
+    vector(dst, layer(l) + proj_gguf_name(p) + ".bias", n);
+  }
+  // load_group without reading a weight: the group's shapes and types set in the model and, for
+  // each storage Buffer a load would fill, where its bytes lie in the map (span). False when a
+  // Buffer of the group is made on load (gguf_kept_as_stored): then load_group it.
+  bool plan_group(int g, bool with_head) override {
+    plan_ = Plan{};
+    plan_.on = true;
+    try {
+      load_weight_group(*this, m_, g, with_head);
+    } catch (...) {
+      plan_.on = false;
+      throw;
+    }
+    plan_.on = false;
+    return plan_.whole;
+  }
+  // Of the last plan_group: Buffer b's bytes in the map and their count (nullptr, 0: b stays
+  // empty).
+  std::pair<const uint8_t*, size_t> span(const Buffer* b) const override {
+    auto it = plan_.at.find(b);
+    return it == plan_.at.end() ? std::pair<const uint8_t*, size_t>{nullptr, 0} : it->second;
+  }
+  // The embedding (head: the untied head) as stored (WeightGroupSource::stored_rows), and its
+  // rows [r0, r0 + n) in that format.
+  QWeight stored_rows(bool head) override {
+    const ModelConfig& c = m_.cfg;
+    const GgufTensorInfo& t = tensor(head ? "output.weight" : "token_embd.weight", c.vocab, c.dim);
+    QWeight w;
+    w.rows = c.vocab;
+    w.cols = c.dim;
+    if (static_cast<GgmlType>(t.type) != GgmlType::F32) {
+      w.kind = QuantKind::GGML;
+      w.ggml_type = t.type;
+    }
+    if (stored_row_bytes(w) == 0 || !ggml_type_traits(t.type)->dequantizable)
+      throw_error(QLFT_ERR_UNSUPPORTED, "%s: tensor '%s' has type %s, which qlft cannot use",
+                  m_.gguf->path().c_str(), t.name.c_str(), ggml_type_traits(t.type)->name);
+    return w;
+  }
+  void stored_row_bytes_of(bool head, int64_t r0, int64_t n, void* out) override {
+    const ModelConfig& c = m_.cfg;
+    const GgufTensorInfo& t = tensor(head ? "output.weight" : "token_embd.weight", c.vocab, c.dim);
+    const uint64_t rb = stored_row_bytes(stored_rows(head));
+    std::memcpy(out, t.data + uint64_t(r0) * rb, uint64_t(n) * rb);
+  }
+
+ private:
+  static std::string layer(int l) { return "blk." + std::to_string(l) + "."; }
+  const GgufTensorInfo& tensor(const std::string& name, int64_t rows, int64_t cols) {
+    return gguf_tensor(*m_.gguf, name, rows, cols);
+  }
+  void expect_shape(const GgufTensorInfo& t, int64_t rows, int64_t cols) {
+    gguf_expect_shape(*m_.gguf, t, rows, cols);
+  }
+  void to_f32(const GgufTensorInfo& t, float* dst) { gguf_to_f32(*m_.gguf, t, dst); }
+  // plan_group: b's bytes are t's first n, or (kept false) b is made on load.
+  void note(Buffer& b, const GgufTensorInfo& t, uint64_t n, bool kept) {
+    if (!kept) {
+      plan_.whole = false;
+      return;
+    }
+    QLFT_CHECK_FORMAT(n <= t.nbytes, "%s: tensor '%s' holds %llu bytes, %llu expected",
+                      m_.gguf->path().c_str(), t.name.c_str(),
+                      static_cast<unsigned long long>(t.nbytes),
+                      static_cast<unsigned long long>(n));
+    plan_.at[&b] = {t.data, size_t(n)};
+  }
+  void vector(Buffer& dst, const std::string& name, int64_t n) {
+    const GgufTensorInfo* t = m_.gguf->find_tensor(name);
+    QLFT_CHECK_FORMAT(t, "%s: tensor '%s' is missing", m_.gguf->path().c_str(), name.c_str());
+    QLFT_CHECK_FORMAT(t->numel() == n && t->ne[0] == n,
+                      "%s: tensor '%s' has %lld elements, expected %lld", m_.gguf->path().c_str(),
+                      name.c_str(), static_cast<long long>(t->numel()), static_cast<long long>(n));
+    if (plan_.on) return note(dst, *t, uint64_t(n) * 4, gguf_kept_as_stored(*t, false, opt_));
+    dst = Buffer(tracker_, MemCategory::Weights, n * 4, name.c_str());
+    to_f32(*t, dst.as<float>());
+  }
+  // Dequantizes straight into the weight buffer: no staging copy, and an over-budget load fails
+  // on the weights it was asked to hold.
+  void float_weight(QWeight& w, const GgufTensorInfo& t, int64_t rows, int64_t cols) {
+    w = QWeight{};
+    w.kind = QuantKind::F32;
+    w.rows = rows;
+    w.cols = cols;
+    const uint64_t n = uint64_t(rows * cols) * 4;
+    if (plan_.on) return note(w.data, t, n, gguf_kept_as_stored(t, false, opt_));
+    w.data = Buffer(tracker_, MemCategory::Weights, n, t.name.c_str());
+    to_f32(t, w.data.as<float>());
+  }
+  void linear_weight(QWeight& w, const GgufTensorInfo& t, int64_t rows, int64_t cols) {
+    if (opt_.quant_type == "keep") {
+      if (static_cast<GgmlType>(t.type) == GgmlType::F32) return float_weight(w, t, rows, cols);
+      const GgmlTypeTraits* tr = ggml_type_traits(t.type);
+      if (!tr->dequantizable)
+        throw_error(QLFT_ERR_UNSUPPORTED, "%s: tensor '%s' has type %s, which qlft cannot use",
+                    m_.gguf->path().c_str(), t.name.c_str(), tr->name);
+      if (!plan_.on) {
+        w = qweight_from_ggml(tracker_, t.type, t.data, rows, cols);
+        return;
+      }
+      uint64_t nb = 0;
+      w = qweight_ggml_shape(t.type, rows, cols, &nb);
+      return note(w.data, t, nb, gguf_kept_as_stored(t, true, opt_));
+    }
+    if (plan_.on) {
+      plan_.whole = false;  // quantized on load
+      return;
+    }
+    Buffer tmp(tracker_, MemCategory::Workspace, rows * cols * 4, "load staging");
+    to_f32(t, tmp.as<float>());
+    require_finite(tmp.as<float>(), rows * cols, m_.gguf->path().c_str(), t.name);
+    w = qweight_from_f32(tracker_, tmp.as<float>(), rows, cols, target_kind(opt_), opt_.blocksize,
+                         opt_.double_quant);
+  }
+
+  // plan_group's state: on while it runs; whole while every Buffer so far is a span.
+  struct Plan {
+    bool on = false, whole = true;
+    std::unordered_map<const Buffer*, std::pair<const uint8_t*, size_t>> at;
+  };
+
+  MemoryTracker* tracker_;
+  const LoadOptions& opt_;
+  Model& m_;
+  Plan plan_;
+};
+
+}  // namespace
+
+std::unique_ptr<FormatLoader> make_gguf_loader(MemoryTracker* t, const LoadOptions& o, Model& m) {
+  return std::make_unique<GgufLoader>(t, o, m);
+}
+
+}  // namespace qlft

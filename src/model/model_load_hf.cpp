@@ -1,0 +1,220 @@
+// Hugging Face models: config.json beside one or more safetensors files (sharded, or
+// bitsandbytes pre-quantized), each tensor by its transformers name, converted to f32,
+// quantized on load or kept as f16 / bf16 (quant.type=keep).
+#include <cstring>
+
+#include <nlohmann/json.hpp>
+
+#include "arch/families.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "formats/json_file.h"
+#include "formats/safetensors.h"
+#include "formats/safetensors_bnb.h"
+#include "model/model_load_internal.h"
+
+namespace qlft {
+
+ModelConfig read_hf_config(const JsonFile& cj, const std::string& weights,
+                           std::unique_ptr<SafetensorsSet>* st_out) {
+  ModelConfig c;
+  std::string arch_name;
+  if (cj.root().contains("architectures") && cj.root()["architectures"].is_array() &&
+      !cj.root()["architectures"].empty() && cj.root()["architectures"][0].is_string())
+    arch_name = cj.root()["architectures"][0].get<std::string>();
+  const std::string model_type = cj.get_string("model_type", "");
+  const ArchFamily* fam = find_family_hf(arch_name, model_type);
+  if (!fam)
+    throw_error(QLFT_ERR_UNSUPPORTED, "%s: architecture '%s' (model_type '%s') is not supported",
+                cj.path().c_str(), arch_name.c_str(), model_type.c_str());
+  c.arch = fam->name;
+  c.dim = static_cast<int>(cj.get_int_in("hidden_size", 1, kMaxDim));
+  c.ffn_dim = static_cast<int>(cj.get_int_in("intermediate_size", 1, kMaxDim));
+  c.n_layers = static_cast<int>(cj.get_int_in("num_hidden_layers", 1, kMaxLayers));
+  c.n_heads = static_cast<int>(cj.get_int_in("num_attention_heads", 1, kMaxHeads));
+  c.n_kv_heads = static_cast<int>(cj.get_int_in("num_key_value_heads", 1, kMaxHeads, c.n_heads));
+  c.vocab = static_cast<int>(cj.get_int_in("vocab_size", 1, kMaxVocab));
+  c.context_length =
+      static_cast<int>(cj.get_int_in("max_position_embeddings", 1, kMaxContext, 2048));
+  c.rms_eps = static_cast<float>(cj.get_float("rms_norm_eps", 1e-6));
+  c.rope_theta = static_cast<float>(cj.get_float("rope_theta", 10000.0));
+  // transformers >= 5 writes {"rope_parameters": {"rope_theta": ...}} instead of rope_theta.
+  if (!cj.has("rope_theta") && cj.root().contains("rope_parameters")) {
+    const nlohmann::json& rp = cj.root()["rope_parameters"];
+    if (rp.is_object() && rp.contains("rope_theta") && rp["rope_theta"].is_number())
+      c.rope_theta = rp["rope_theta"].get<float>();
+  }
+  c.rope = rope_scaling_from_hf(cj.root(), cj.path(), c.context_length);
+  QLFT_CHECK_FORMAT(c.n_heads > 0 && c.dim % c.n_heads == 0,
+                    "%s: hidden_size %d is not a multiple of num_attention_heads %d",
+                    cj.path().c_str(), c.dim, c.n_heads);
+  c.head_dim = static_cast<int>(cj.get_int_in("head_dim", 1, kMaxHeadDim, c.dim / c.n_heads));
+  QLFT_CHECK_FORMAT(c.n_heads % c.n_kv_heads == 0,
+                    "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d",
+                    cj.path().c_str(), c.n_heads, c.n_kv_heads);
+  QLFT_CHECK_FORMAT(c.rms_eps > 0 && c.rms_eps < 1, "%s: rms_norm_eps %g is out of range",
+                    cj.path().c_str(), c.rms_eps);
+  QLFT_CHECK_FORMAT(c.rope_theta > 0, "%s: rope_theta %g must be positive", cj.path().c_str(),
+                    c.rope_theta);
+  c.tied_embeddings = cj.get_bool("tie_word_embeddings", false);
+  const bool tie_explicit = cj.has("tie_word_embeddings");
+  c.rope_adjacent = false;
+  check_model_config(c, cj.path());
+  QLFT_CHECK_FORMAT(c.vocab > 0, "%s: vocab_size must be positive", cj.path().c_str());
+
+  *st_out = SafetensorsSet::open(weights);
+  const SafetensorsSet& st = **st_out;
+
+  // q/k/v biases: always for some families (qwen2); llama only with attention_bias (o_proj
+  // bias unsupported).
+  c.qkv_bias = fam->qkv_bias || cj.get_bool("attention_bias", false) ||
+               st.find("model.layers.0.self_attn.q_proj.bias") != nullptr;
+  if (!st.find("lm_head.weight") || c.tied_embeddings) {
+    QLFT_CHECK_FORMAT(c.tied_embeddings || !tie_explicit,
+                      "%s: tensor 'lm_head.weight' is missing and tie_word_embeddings is false",
+                      dirname_of(cj.path()).c_str());
+    c.tied_embeddings = true;
+  }
+  return c;
+}
+
+namespace {
+
+class HfLoader final : public FormatLoader {
+ public:
+  HfLoader(MemoryTracker* t, const LoadOptions& o, Model& m) : tracker_(t), opt_(o), m_(m) {}
+
+  void open(const std::string& path) override {
+    const std::string dir = is_dir(path) ? path : dirname_of(path);
+    m_.hf_dir = dir;
+    JsonFile cj = JsonFile::load(dir + "/config.json");
+    m_.cfg = read_hf_config(cj, is_dir(path) ? dir : path, &st_);
+  }
+
+  void embedding(QWeight& w, bool head) override {
+    w = float_weight(head ? "lm_head.weight" : "model.embed_tokens.weight", m_.cfg.vocab,
+                     m_.cfg.dim);
+  }
+  void norm(Buffer& dst, int l, NormRole r, int64_t n) override {
+    if (r == NormRole::Final) {
+      dst = vector("model.norm.weight", n);
+      return;
+    }
+    dst = vector(layer(l) + (r == NormRole::Attn ? "input_layernorm.weight"
+                                                 : "post_attention_layernorm.weight"),
+                 n);
+  }
+  void linear(QWeight& w, int l, Proj p, const ProjShape& s) override {
+    w = linear_weight(proj_prefix(l, p), s.out, s.in);
+  }
+  void bias(Buffer& dst, int l, Proj p, int64_t n) override {
+    dst = vector(proj_prefix(l, p) + ".bias", n);
+  }
+
+  // The embedding (head: the untied head) as stored (WeightGroupSource::stored_rows), and its
+  // rows [r0, r0 + n) in that format (f64 converted to f32).
+  QWeight stored_rows(bool head) override {
+    const ModelConfig& c = m_.cfg;
+    const SafeTensorInfo& t =
+        tensor(head ? "lm_head.weight" : "model.embed_tokens.weight", c.vocab, c.dim);
+    QWeight w;
+    w.rows = c.vocab;
+    w.cols = c.dim;
+    if (t.dtype == DType::F16) w.kind = QuantKind::F16;
+    if (t.dtype == DType::BF16) w.kind = QuantKind::BF16;
+    return w;
+  }
+  void stored_row_bytes_of(bool head, int64_t r0, int64_t n, void* out) override {
+    const ModelConfig& c = m_.cfg;
+    const SafeTensorInfo& t =
+        tensor(head ? "lm_head.weight" : "model.embed_tokens.weight", c.vocab, c.dim);
+    const int64_t es = int64_t(dtype_size(t.dtype));
+    const uint8_t* at = t.data + r0 * c.dim * es;
+    if (t.dtype == DType::F64)
+      to_f32_n(t.dtype, at, static_cast<float*>(out), size_t(n * c.dim));
+    else
+      std::memcpy(out, at, size_t(n * c.dim * es));
+  }
+
+ private:
+  static std::string layer(int l) { return "model.layers." + std::to_string(l) + "."; }
+  static std::string proj_prefix(int l, Proj p) {
+    return layer(l) + (p <= Proj::O ? "self_attn." : "mlp.") + proj_peft_name(p);
+  }
+  const SafeTensorInfo& tensor(const std::string& name, int64_t rows, int64_t cols) {
+    const SafeTensorInfo* t = st_->find(name);
+    QLFT_CHECK_FORMAT(t, "%s: tensor '%s' is missing", m_.hf_dir.c_str(), name.c_str());
+    bool ok = cols < 0 ? (t->shape.size() == 1 && t->shape[0] == rows)
+                       : (t->shape.size() == 2 && t->shape[0] == rows && t->shape[1] == cols);
+    if (!ok) {
+      std::string have, want = std::to_string(rows);
+      for (int64_t d : t->shape) have += (have.empty() ? "" : ", ") + std::to_string(d);
+      if (cols >= 0) want += ", " + std::to_string(cols);
+      throw_error(QLFT_ERR_FORMAT, "%s: tensor '%s' has shape [%s], expected [%s]",
+                  t->file->c_str(), name.c_str(), have.c_str(), want.c_str());
+    }
+    switch (t->dtype) {
+      case DType::F32:
+      case DType::F16:
+      case DType::BF16:
+      case DType::F64:
+        break;
+      default:
+        throw_error(QLFT_ERR_FORMAT, "%s: tensor '%s' has dtype %s, expected a float type",
+                    t->file->c_str(), name.c_str(), dtype_name(t->dtype));
+    }
+    return *t;
+  }
+
+  Buffer vector(const std::string& name, int64_t n) {
+    const SafeTensorInfo& t = tensor(name, n, -1);
+    Buffer b(tracker_, MemCategory::Weights, n * 4, name.c_str());
+    to_f32_n(t.dtype, t.data, b.as<float>(), n);
+    return b;
+  }
+  QWeight float_weight(const std::string& name, int64_t rows, int64_t cols) {
+    const SafeTensorInfo& t = tensor(name, rows, cols);
+    QWeight w;
+    w.kind = QuantKind::F32;
+    w.rows = rows;
+    w.cols = cols;
+    w.data = Buffer(tracker_, MemCategory::Weights, rows * cols * 4, name.c_str());
+    to_f32_n(t.dtype, t.data, w.data.as<float>(), rows * cols);
+    return w;
+  }
+  QWeight linear_weight(const std::string& prefix, int64_t rows, int64_t cols) {
+    QWeight w;
+    if (load_bnb_weight(tracker_, *st_, prefix, rows, cols, &w)) return w;
+    const std::string name = prefix + ".weight";
+    const SafeTensorInfo& t = tensor(name, rows, cols);
+    if (opt_.quant_type == "keep") {
+      if (t.dtype == DType::F16 || t.dtype == DType::BF16) {
+        w.kind = t.dtype == DType::F16 ? QuantKind::F16 : QuantKind::BF16;
+        w.rows = rows;
+        w.cols = cols;
+        w.data = Buffer(tracker_, MemCategory::Weights, t.nbytes, name.c_str());
+        std::memcpy(w.data.data(), t.data, t.nbytes);
+        return w;
+      }
+      return float_weight(name, rows, cols);
+    }
+    Buffer tmp(tracker_, MemCategory::Workspace, rows * cols * 4, "load staging");
+    to_f32_n(t.dtype, t.data, tmp.as<float>(), rows * cols);
+    require_finite(tmp.as<float>(), rows * cols, t.file->c_str(), name);
+    return qweight_from_f32(tracker_, tmp.as<float>(), rows, cols, target_kind(opt_),
+                            opt_.blocksize, opt_.double_quant);
+  }
+
+  MemoryTracker* tracker_;
+  const LoadOptions& opt_;
+  Model& m_;
+  std::unique_ptr<SafetensorsSet> st_;
+};
+
+}  // namespace
+
+std::unique_ptr<FormatLoader> make_hf_loader(MemoryTracker* t, const LoadOptions& o, Model& m) {
+  return std::make_unique<HfLoader>(t, o, m);
+}
+
+}  // namespace qlft

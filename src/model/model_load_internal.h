@@ -1,0 +1,65 @@
+// load_model's parts (model_load.cpp: the walk over weight groups, load_model, the group source;
+// model_load_gguf.cpp, model_load_hf.cpp: one format each). Only those files include it.
+//
+// A format supplies a FormatLoader: the configuration from its header, and each tensor by its
+// role (embedding, norm, projection, bias) under the format's names. The walk over the groups
+// and layers (load_weight_group) is written once, from the model's shape table (Model::shapes),
+// so both formats check and load the same shapes.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "model/model.h"
+
+namespace qlft {
+
+// Sanity bounds for shape settings read from files: generous for real models, small enough that
+// products of them never overflow.
+constexpr int64_t kMaxLayers = 1024, kMaxDim = int64_t(1) << 20, kMaxHeads = 4096,
+                  kMaxHeadDim = 4096, kMaxVocab = int64_t(1) << 24, kMaxContext = int64_t(1) << 26;
+
+// Refuses a NaN or Inf weight before it is quantized (it would turn its block's codes into
+// out-of-range conversions), naming file and tensor.
+void require_finite(const float* x, int64_t n, const char* file, const std::string& tensor);
+// The quantized kind of LoadOptions::quant_type (nf4, int8).
+QuantKind target_kind(const LoadOptions& o);
+bool is_dir(const std::string& p);
+std::string dirname_of(const std::string& p);
+
+enum class NormRole { Attn, Ffn, Final };
+
+class FormatLoader {
+ public:
+  virtual ~FormatLoader() = default;
+  // Reads the configuration into the model (Model::cfg) and checks the tensors it can check
+  // from the header; no weight storage.
+  virtual void open(const std::string& path) = 0;
+  // The tensors by role, layer l (norm: any l for Final), shapes from Model::shapes.
+  virtual void embedding(QWeight& w, bool head) = 0;  // head: the untied output head
+  virtual void norm(Buffer& dst, int l, NormRole r, int64_t n) = 0;
+  virtual void linear(QWeight& w, int l, Proj p, const ProjShape& s) = 0;
+  virtual void bias(Buffer& dst, int l, Proj p, int64_t n) = 0;
+
+  // load_weight_group without reading a weight (GGUF): the group's shapes and types set and each
+  // Buffer's bytes in the map (span). False when a Buffer is made on load: load it instead.
+  virtual bool plan_group(int, bool) { return false; }
+  virtual std::pair<const uint8_t*, size_t> span(const Buffer*) const { return {nullptr, 0}; }
+  // The embedding (head: the untied head) as stored (WeightGroupSource::stored_rows), and its
+  // rows [r0, r0 + n) in that format.
+  virtual QWeight stored_rows(bool head) = 0;
+  virtual void stored_row_bytes_of(bool head, int64_t r0, int64_t n, void* out) = 0;
+};
+
+std::unique_ptr<FormatLoader> make_gguf_loader(MemoryTracker* t, const LoadOptions& o, Model& m);
+std::unique_ptr<FormatLoader> make_hf_loader(MemoryTracker* t, const LoadOptions& o, Model& m);
+
+// Opens the file with f and makes the model's shape table (Model::shapes) and layers.
+void open_model(FormatLoader& f, Model& m, const std::string& path);
+// The storage of weight group g (for_each_weight_buffer's numbering) into the model, each
+// tensor of the shape Model::shapes gives it: the one walk of both formats.
+void load_weight_group(FormatLoader& f, Model& m, int g, bool with_head);
+
+}  // namespace qlft
