@@ -39,12 +39,17 @@ void f32_to_16_n(DType t, const float* src, uint16_t* dst, size_t n) {
     f32_to_f16_n(src, dst, n);
 }
 
-const void* f32_as_stored(DType t, const float* src, size_t n, std::vector<uint16_t>* buf) {
-  if (t == DType::F32) return src;
-  if (t != DType::F16 && t != DType::BF16) return nullptr;
+bool f32_as_stored(DType t, const float* src, size_t n, std::vector<uint16_t>* buf,
+                   const void** bytes) {
+  if (t == DType::F32) {
+    *bytes = src;
+    return true;
+  }
+  if (t != DType::F16 && t != DType::BF16) return false;
   buf->resize(n);
   f32_to_16_n(t, src, buf->data(), n);
-  return buf->data();
+  *bytes = buf->data();
+  return true;
 }
 
 namespace {

@@ -153,8 +153,9 @@ void GgufWriter::add_tensor_f32(const std::string& name, const std::vector<int64
                   : store == GgmlType::BF16 ? DType::BF16
                                             : DType::BOOL;
   std::vector<uint16_t> h;
-  const void* bytes = f32_as_stored(t, values, n, &h);
-  QLFT_CHECK_ARG(bytes, "GGUF writer: tensor '%s': add_tensor_f32 stores F32, F16 or BF16 only",
+  const void* bytes = nullptr;
+  QLFT_CHECK_ARG(f32_as_stored(t, values, n, &h, &bytes),
+                 "GGUF writer: tensor '%s': add_tensor_f32 stores F32, F16 or BF16 only",
                  name.c_str());
   add_tensor(name, store, ne, bytes, n * dtype_size(t));
 }
