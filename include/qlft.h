@@ -406,9 +406,11 @@ QLFT_API int32_t qlft_trainer_batch_shape(const qlft_trainer* trainer, uint32_t*
 typedef int32_t (*qlft_text_fn)(const char* text, void* user_data);
 
 /* Generates from prompt with the generate.* settings (max_tokens, temperature, top_k, top_p,
- * seed); with the trainer's adapter when trainer is not NULL. Under dist.zero_stage=3 on CPU
- * ranks one rank may call it alone (the base weights are read from the model file per token:
- * slow); NVMe-offloaded weights and NCCL ZeRO-3 are refused (QLFT_ERR_UNSUPPORTED). */
+ * seed); with the trainer's adapter when trainer is not NULL. Trainers never change the model
+ * (ZeRO-3 and offload stream their own copies of its weights). A model loaded deferred (its
+ * config had dist.zero_stage=3 over several MPI ranks, or offload.params=nvme) reads its base
+ * weights from the model file per token: slow, but no collective, so one rank may call it
+ * alone. */
 QLFT_API int32_t qlft_generate(const qlft_model* model, const qlft_trainer* trainer,
                                const char* prompt, const qlft_config* config, qlft_text_fn on_text,
                                void* user_data);

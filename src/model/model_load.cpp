@@ -35,16 +35,13 @@ std::vector<std::vector<int>> weight_groups_of_units(const Model& m) {
 }
 
 void Model::require_resident(const char* what) const {
-  if (stream && load_options.deferred)
-    throw_error(QLFT_ERR_UNSUPPORTED,
-                "%s: %s needs all base weights in memory, but the model was loaded for ZeRO-3 "
-                "shards (%s: dist.zero_stage=3 under a launcher); load it without those "
-                "settings for it",
-                path.c_str(), what, stream->describe().c_str());
+  // Only a deferred load streams a model (trainers stream their own copies,
+  // train/weight_placement.h).
   if (stream)
     throw_error(QLFT_ERR_UNSUPPORTED,
-                "%s: %s needs all base weights in memory, but a trainer streams them (%s); load "
-                "the model again for it",
+                "%s: %s needs all base weights in memory, but the model was loaded deferred (%s: "
+                "dist.zero_stage=3 over several MPI ranks, or offload.params=nvme); load it "
+                "without those settings for it",
                 path.c_str(), what, stream->describe().c_str());
 }
 
