@@ -14,11 +14,11 @@ CudaBackend::CudaBackend(MemoryTracker* tracker, const CudaBackendOptions& o)
     : Backend(tracker, &mem_), opt_(o), mem_(tracker, &stream_, &moved_) {
   QLFT_CUDA_CHECK(cudaSetDevice(o.device));
   QLFT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  tile_ = o.gemm_precision == "bf16"   ? TileType::BF16
-          : o.gemm_precision == "fp16" ? TileType::F16
-                                       : TileType::F32;
+  tile_ = o.spec.precision == Precision::BF16   ? TileType::BF16
+          : o.spec.precision == Precision::FP16 ? TileType::F16
+                                                : TileType::F32;
   round_ = o.autocast && tile_ != TileType::F32;
-  gemm_ = std::make_unique<LtGemm>(tracker, stream_, o.tf32);
+  gemm_ = std::make_unique<LtGemm>(tracker, stream_, o.spec.tf32);
 }
 
 CudaBackend::~CudaBackend() {
@@ -114,12 +114,12 @@ std::unique_ptr<Backend> make_cuda_backend(MemoryTracker* tracker, const CudaBac
   if (opt.device < 0) opt.device = dist::detect_launch().local_rank % n;
   QLFT_CHECK_ARG(opt.device >= 0 && opt.device < n, "backend=cuda: device %d of %d", opt.device, n);
   QLFT_CUDA_CHECK(cudaSetDevice(opt.device));
-  cuda_check_precision(opt.device, opt.gemm_precision);
+  cuda_check_precision(opt.device, opt.spec.precision);
   if (!cu::kernels_loadable(&why))
     throw_error(QLFT_ERR_UNSUPPORTED, "backend=cuda: %s: %s",
                 cuda_device_description(opt.device).c_str(), why.c_str());
   QLFT_LOG_I("cuda backend on %s, GEMM precision %s", cuda_device_description(opt.device).c_str(),
-             opt.gemm_precision.c_str());
+             name_of(opt.spec.precision));
   return std::make_unique<cu::CudaBackend>(tracker, opt);
 }
 

@@ -56,11 +56,9 @@ std::string cuda_runtime_info() {
   return s;
 }
 
-void cuda_check_precision(int device, const std::string& precision) {
-  QLFT_CHECK_ARG(precision == "fp32" || precision == "bf16" || precision == "fp16",
-                 "train.precision: '%s' is not fp32, bf16 or fp16", precision.c_str());
+void cuda_check_precision(int device, Precision precision) {
   const CudaDeviceInfo i = cuda_device_info(device);
-  if (precision == "bf16" && i.cc_major < 8)
+  if (precision == Precision::BF16 && i.cc_major < 8)
     throw_error(QLFT_ERR_UNSUPPORTED,
                 "train.precision=bf16 needs a GPU of compute capability 8.0 or newer, but %s is "
                 "sm_%d%d; use train.precision=fp16 (with loss scaling) or fp32",

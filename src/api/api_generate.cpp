@@ -6,7 +6,7 @@
 
 #include "api/handles.h"
 #include "backend/backend.h"
-#include "backend/cuda_entry.h"
+#include "backend/backend_select.h"
 #include "core/error.h"
 #include "core/threads.h"
 #include "data/dataset.h"
@@ -25,7 +25,7 @@ struct Prepared {
   std::vector<int32_t> ids;
   qlft::GenerateOptions opt;
   int max_len = 0;
-  std::string backend;  // the `backend` key
+  qlft::BackendSpec backend;  // what the layer ops run on (generation_backend)
 };
 
 Prepared prepare(const qlft_model* model, const qlft_trainer* trainer, const char* prompt,
@@ -34,13 +34,15 @@ Prepared prepare(const qlft_model* model, const qlft_trainer* trainer, const cha
   QLFT_CHECK_ARG(!trainer || trainer->model == model,
                  "%s: the trainer belongs to a different model", fn);
   const qlft::Config& c = qlft::config_or_default(config);
+  const qlft::RunSpec spec = qlft::parse_run_spec(c);
+  const qlft::GenerateSpec& gs = spec.generate;
   const qlft::Tokenizer& tok = model->need_tokenizer();
   Prepared p;
-  if (c.get_bool("generate.chat")) {
+  if (gs.chat) {
     // A chat: the prompt as the user turn training renders, up to the assistant's header.
     const qlft::data::TokenizerEncoder enc(tok, qlft::data::model_chat_template(*model->model));
-    const qlft::data::ChatTemplate t = qlft::data::resolve_template(
-        qlft::data::parse_template(c.get("data.template")), enc, nullptr);
+    const qlft::data::ChatTemplate t =
+        qlft::data::resolve_template(spec.data.chat_template, enc, nullptr);
     p.ids = qlft::data::generation_prompt(prompt, t, enc);
   } else {
     // BOS/EOS as the model's tokenizer adds them (SmolLM2's adds none); an empty prompt still
@@ -49,26 +51,32 @@ Prepared prepare(const qlft_model* model, const qlft_trainer* trainer, const cha
   }
   if (p.ids.empty() && tok.bos_id() >= 0) p.ids.push_back(tok.bos_id());
   QLFT_CHECK_ARG(!p.ids.empty(), "%s: the prompt is empty and the vocabulary has no BOS token", fn);
-  p.opt.max_tokens = static_cast<int>(c.get_int("generate.max_tokens"));
-  p.opt.sampler.temperature = static_cast<float>(c.get_float("generate.temperature"));
-  p.opt.sampler.top_k = static_cast<int>(c.get_int("generate.top_k"));
-  p.opt.sampler.top_p = static_cast<float>(c.get_float("generate.top_p"));
-  p.opt.sampler.seed = static_cast<uint64_t>(c.get_int("generate.seed"));
-  p.opt.eos_id = c.get_bool("generate.stop_at_eos") ? tok.eos_id() : -1;
+  p.opt.max_tokens = gs.max_tokens;
+  p.opt.sampler.temperature = gs.temperature;
+  p.opt.sampler.top_k = gs.top_k;
+  p.opt.sampler.top_p = gs.top_p;
+  p.opt.sampler.seed = gs.seed;
+  p.opt.eos_id = gs.stop_at_eos ? tok.eos_id() : -1;
   const int ctx = qlft::rope_context_length(model->model->cfg);
   QLFT_CHECK_ARG(static_cast<int64_t>(p.ids.size()) < ctx,
                  "%s: the prompt has %zu tokens, the context holds %d", fn, p.ids.size(), ctx);
   p.max_len = static_cast<int>(
       std::min<int64_t>(ctx, static_cast<int64_t>(p.ids.size()) + p.opt.max_tokens));
-  p.backend = c.get("backend");
+  // The runtime's backend, or the one the call's config names. Always plain fp32 (no TF32):
+  // train.precision and cuda.tf32 are the trainer's.
+  p.backend = model->runtime->backend;
+  if (c.is_set("backend")) p.backend.kind = spec.backend.kind;
+  p.backend.precision = qlft::Precision::FP32;
+  p.backend.tf32 = false;
   return p;
 }
 
-// The `backend` key of the call's config (cpu by default). Generation runs fp32 GEMMs on either:
-// its KV cache and attention are host loops (model/generate.h), the layer ops run on the backend
-// (staged through device buffers on cuda).
+// Generation runs fp32 GEMMs on either backend: its KV cache and attention are host loops
+// (model/generate.h), the layer ops run on the backend (staged through device buffers on cuda).
+// Each generation makes its own (from the runtime's BackendSpec): distinct handles may generate
+// from several threads at once, and a device backend keeps the weights it uploaded for its life.
 std::unique_ptr<qlft::Backend> generation_backend(const qlft_model* model, const Prepared& p) {
-  return qlft::make_backend(p.backend, &model->runtime->tracker, "fp32");
+  return qlft::make_backend(p.backend, &model->runtime->tracker);
 }
 
 const qlft::LoraAdapter* lora_of(const qlft_trainer* trainer) {

@@ -29,17 +29,14 @@ int32_t qlft_model_load(qlft_runtime* runtime, const char* path, const qlft_conf
     *out = nullptr;
     QLFT_CHECK_ARG(runtime, "qlft_model_load: runtime is NULL");
     QLFT_CHECK_ARG(path && *path, "qlft_model_load: path is NULL or empty");
-    const qlft::Config& c = qlft::config_or_default(config);
+    const qlft::RunSpec spec = qlft::parse_run_spec(qlft::config_or_default(config));
     qlft::ThreadScope threads(runtime->threads);  // quantizing runs the runtime's kernels
-    qlft::LoadOptions opt;
-    opt.quant_type = c.get("quant.type");
-    opt.double_quant = c.get_bool("quant.double_quant");
-    opt.blocksize = static_cast<int>(c.get_int("quant.blocksize"));
+    qlft::LoadOptions opt = qlft::load_options(spec.quant);
     QLFT_CHECK_ARG((opt.blocksize & (opt.blocksize - 1)) == 0,
                    "quant.blocksize must be a power of two, got %d", opt.blocksize);
     // Under a launcher with ZeRO-3 over MPI each rank reads only what it keeps (a trainer with
     // the same settings shards it from the file).
-    opt.deferred = qlft::load_into_shards(c);
+    opt.deferred = qlft::load_into_shards(spec);
     auto m = std::make_unique<qlft_model>();
     m->runtime = runtime;
     m->model = qlft::load_model(&runtime->tracker, path, opt);

@@ -2,7 +2,7 @@
 #include <algorithm>
 
 #include "api/handles.h"
-#include "config/config.h"
+#include "config/run_spec.h"
 #include "core/error.h"
 #include "core/communicator.h"
 #include "train/planner.h"
@@ -22,7 +22,7 @@ int32_t qlft_estimate_memory(const qlft_model* model, const char* model_path,
     const bool has_path = model_path && *model_path;
     QLFT_CHECK_ARG((model != nullptr) != has_path,
                    "qlft_estimate_memory: give exactly one of model and model_path");
-    const qlft::Config& c = qlft::config_or_default(config);
+    const qlft::RunSpec spec = qlft::parse_run_spec(qlft::config_or_default(config));
     // A loaded model plans for its runtime's threads (per-thread scratch); a file for the
     // config's.
     qlft::ThreadScope threads(model ? model->runtime->threads : 0);
@@ -31,15 +31,11 @@ int32_t qlft_estimate_memory(const qlft_model* model, const char* model_path,
     if (model) {
       // (From the file when a trainer streams the model's weights.)
       mc = model->model->cfg;
-      w = qlft::weight_footprint_for_plan(*model->model, c);
+      w = qlft::weight_footprint_for_plan(*model->model, spec.quant);
     } else {
-      qlft::LoadOptions opt;
-      opt.quant_type = c.get("quant.type");
-      opt.double_quant = c.get_bool("quant.double_quant");
-      opt.blocksize = static_cast<int>(c.get_int("quant.blocksize"));
-      w = qlft::weight_footprint_of_file(model_path, opt, &mc);
+      w = qlft::weight_footprint_of_file(model_path, qlft::load_options(spec.quant), &mc);
     }
-    const qlft::PlanSettings ps = qlft::PlanSettings::from_config(c);
+    const qlft::PlanSettings ps = qlft::PlanSettings::from_spec(spec);
     // A loaded model is this process's own run: under a launcher, this rank's share (what its
     // tracker will measure). A model file: the rank that needs the most.
     int rank = -1;
@@ -69,7 +65,7 @@ int32_t qlft_estimate_memory(const qlft_model* model, const char* model_path,
     f.process_base = rss > counted ? rss - counted : 0;
     const uint64_t host_peak = p.total_peak - std::min(p.total_peak, p.device_train_peak);
     f.process_peak_rss = f.process_base + host_peak + (p.device ? 0 : qlft::kCpuFirstStepUntracked);
-    const uint64_t limit = c.get_size("memory.limit");
+    const uint64_t limit = spec.memory.limit;
     if (limit)
       f.max_micro_batch =
           static_cast<uint32_t>(qlft::plan_max_micro_batch(mc, w, ps, limit, 65536));

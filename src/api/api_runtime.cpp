@@ -43,8 +43,11 @@ int32_t qlft_runtime_create(const qlft_config* config, qlft_runtime** out) {
     const qlft::Config& c = qlft::config_or_default(config);
     qlft::cpu_isa();  // a bad QLFT_CPU_ISA fails here, naming the variable
     auto rt = std::make_unique<qlft_runtime>();
-    rt->backend = c.get("backend");
-    if (rt->backend == "cuda") {
+    const qlft::RunSpec spec = qlft::parse_run_spec(c);
+    rt->backend = spec.backend;
+    rt->backend.precision = qlft::Precision::FP32;  // generation's; training brings its own
+    const bool cuda = spec.backend.kind == qlft::BackendKind::Cuda;
+    if (cuda) {
       std::string why;
       int n = qlft::cuda_plugin::get("backend=cuda").device_count(&why);
       if (n == 0)
@@ -53,19 +56,20 @@ int32_t qlft_runtime_create(const qlft_config* config, qlft_runtime** out) {
     }
     // Logging is process-wide: a config that sets log.level changes the level for everything
     // (the last of this and qlft_set_log_callback's max_level wins).
-    if (c.is_set("log.level")) qlft::set_log_level(qlft::log_level_from_name(c.get("log.level")));
+    if (spec.log.set) qlft::set_log_level(spec.log.level);
     // Only recorded: each C API call that computes gives it to its own OS thread for the call
     // (qlft::ThreadScope), so nothing process-wide (OpenMP, OpenBLAS) changes here.
-    const int threads = static_cast<int>(c.get_int("threads"));
+    const int threads = spec.backend.threads;
     rt->threads = threads > 0 ? threads : qlft::available_cores();
-    rt->tracker.set_limit(c.get_size("memory.limit"));
+    rt->tracker.set_limit(spec.memory.limit);
     // memory.limit is the GPU's budget with backend=cuda: device bytes only (the host keeps the
     // loaded weights and the adapter's host copy outside it).
-    if (c.get("backend") == "cuda") rt->tracker.set_limit_space(qlft::MemSpace::Device);
+    if (cuda) rt->tracker.set_limit_space(qlft::MemSpace::Device);
     // What a run will need from outside the model and data, checked before they load.
-    if (!c.get("offload.dir").empty()) qlft::check_offload_dir(c.get("offload.dir"));
-    if (c.get("dist.backend") != "none") qlft::dist::require_mpi_plugin();  // mpi, nccl over mpi
-    if (!c.get("lora.init_from").empty()) qlft::read_peft_config(c.get("lora.init_from"));
+    if (!spec.offload.dir.empty()) qlft::check_offload_dir(spec.offload.dir);
+    if (spec.dist.backend != qlft::DistBackend::None)
+      qlft::dist::require_mpi_plugin();  // mpi, nccl over mpi
+    if (!spec.lora.init_from.empty()) qlft::read_peft_config(spec.lora.init_from);
     *out = rt.release();
   });
 }

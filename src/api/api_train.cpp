@@ -92,7 +92,7 @@ int32_t qlft_dataset_load(const qlft_model* model, const char* path, const qlft_
     d->encoder = std::make_unique<qlft::data::TokenizerEncoder>(
         model->need_tokenizer(), qlft::data::model_chat_template(*model->model));
     d->data = std::make_unique<qlft::data::Dataset>(
-        qlft::data::Dataset::build(qlft::data::DataOptions::from_config(c), *d->encoder));
+        qlft::data::Dataset::build(qlft::parse_run_spec(c).data, *d->encoder));
     *out = d.release();
   });
 }
@@ -143,10 +143,11 @@ int32_t qlft_trainer_create(qlft_model* model, qlft_dataset* train_data, const q
     t->model = model;
     t->data = train_data;
     t->cfg = qlft::config_or_default(config);
+    t->spec = qlft::parse_run_spec(t->cfg);
     qlft::ThreadScope threads(model->runtime->threads);
     t->trainer =
         std::make_unique<qlft::Trainer>(*model->model, &model->runtime->tracker,
-                                        train_data ? train_data->data.get() : nullptr, t->cfg);
+                                        train_data ? train_data->data.get() : nullptr, t->spec);
     *out = t.release();
   });
 }
@@ -267,10 +268,10 @@ int32_t qlft_trainer_save_adapter(qlft_trainer* trainer, const char* path, const
     // (a collective with dist.zero3_shard_adapter: Trainer::write_adapter)
     trainer->trainer->write_adapter([&](const qlft::LoraAdapter& lora) {
       if (f == "peft")
-        qlft::save_peft_adapter(lora, path, trainer->model->model->path,
-                                qlft::BaseStorage{trainer->cfg.get("quant.type"),
-                                                  trainer->cfg.get_bool("quant.double_quant"),
-                                                  trainer->cfg.get_int("quant.blocksize")});
+        qlft::save_peft_adapter(
+            lora, path, trainer->model->model->path,
+            qlft::BaseStorage{qlft::name_of(trainer->spec.quant.type),
+                              trainer->spec.quant.double_quant, trainer->spec.quant.blocksize});
       else
         qlft::save_gguf_lora_adapter(lora, path);
     });

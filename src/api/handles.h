@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "config/config.h"
+#include "config/run_spec.h"
 #include "core/memory.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
@@ -24,8 +25,10 @@ struct qlft_config {
 };
 
 struct qlft_runtime {
-  std::string backend;  // "cpu"
-  int threads = 1;      // `threads`, 0 resolved to the cores the process may use
+  // backend, cuda.tf32 (validated at create): what generation computes on when its call's config
+  // does not name a backend (always fp32: train.precision is the trainer's).
+  qlft::BackendSpec backend;
+  int threads = 1;  // `threads`, 0 resolved to the cores the process may use
   qlft::MemoryTracker tracker;
 };
 
@@ -51,6 +54,7 @@ struct qlft_trainer {
   qlft_model* model = nullptr;
   qlft_dataset* data = nullptr;
   qlft::Config cfg;
+  qlft::RunSpec spec;  // parsed from cfg once, at create
   std::unique_ptr<qlft::Trainer> trainer;
   ~qlft_trainer();
 };

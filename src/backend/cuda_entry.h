@@ -11,7 +11,7 @@
 #include <string>
 
 #include "backend/backend.h"
-#include "backend/backend_select.h"  // make_backend, for the files that used to find it here
+#include "config/run_spec.h"
 #include "core/error.h"
 #include "core/memory.h"
 #include "backend/adamw_math.h"
@@ -38,9 +38,9 @@ CudaDeviceInfo cuda_device_info(int device);
 // "cuda devices=1 device0=NVIDIA H100 ... (sm_90, 79.1 GiB)" or "cuda devices=0 (why)".
 std::string cuda_runtime_info();
 
-// Throws QLFT_ERR_UNSUPPORTED when `precision` ("fp32", "bf16", "fp16") cannot run on the
-// device: bf16 tensor-core GEMMs need compute capability 8.0; fp16 with loss scaling is offered.
-void cuda_check_precision(int device, const std::string& precision);
+// Throws QLFT_ERR_UNSUPPORTED when `precision` cannot run on the device: bf16 tensor-core
+// GEMMs need compute capability 8.0; fp16 with loss scaling is offered.
+void cuda_check_precision(int device, Precision precision);
 
 // ---- backend ---------------------------------------------------------------------------------
 
@@ -48,14 +48,16 @@ struct CudaBackendOptions {
   // -1: the launcher's local rank modulo the device count (dist::detect_launch; 0 for a single
   // process), so ranks on one node use one GPU each, as the NCCL communicator does.
   int device = -1;
-  // "fp32": fp32 GEMMs (no TF32), the parity mode; "bf16" / "fp16": weights dequantized into
-  // 16-bit tiles and activations rounded to 16 bits for the base GEMMs (fp32 accumulation).
-  std::string gemm_precision = "fp32";
-  // Autocast training (train.precision bf16 / fp16): also round the LoRA and attention operands
-  // through the 16-bit type, as torch.autocast does (the CPU path's AutocastBackend).
+  // The backend's settings as parsed (spec.kind is Cuda): spec.precision FP32 runs fp32 GEMMs (no
+  // TF32), the parity mode; BF16 / FP16 dequantize weights into 16-bit tiles and round
+  // activations to 16 bits for the base GEMMs (fp32 accumulation); spec.tf32 runs fp32 GEMMs on
+  // TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32). A setting added to BackendSpec reaches the
+  // CUDA kernels here without further plumbing.
+  BackendSpec spec;
+  // Autocast training (make_backend sets it with a 16-bit precision): also round the LoRA and
+  // attention operands through the 16-bit type, as torch.autocast does (the CPU path's
+  // AutocastBackend). Off: only the base GEMMs are 16-bit (the kernel tests' mode).
   bool autocast = false;
-  // cuda.tf32: fp32 GEMMs on TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32).
-  bool tf32 = false;
 };
 // Throws QLFT_ERR_BACKEND without a device, QLFT_ERR_UNSUPPORTED for a precision the device
 // lacks. Its alloc() hands out device memory: operations on such tensors run in place and do

@@ -29,10 +29,7 @@ uint64_t round_block(uint64_t n) {
 class CudaWorkspace final : public WorkspaceModel {
  public:
   explicit CudaWorkspace(const WorkspaceModelSettings& s)
-      : low_(s.precision == "bf16" || s.precision == "fp16"),
-        eb_(low_ ? 2 : 4),
-        r_(s.lora_r),
-        dropout_(s.dropout) {}
+      : low_(is_low_precision(s.precision)), eb_(low_ ? 2 : 4), r_(s.lora_r), dropout_(s.dropout) {}
 
   bool device() const override { return true; }
   RoundFn round_fn() const override { return &round_block; }

@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 
+#include "config/run_spec.h"
 #include "arch/model_shapes.h"
 
 namespace qlft {
@@ -26,8 +27,8 @@ inline uint64_t float_buffer_bytes(int64_t floats) {
 }
 
 struct WorkspaceModelSettings {
-  std::string precision = "fp32";  // train.precision: fp32 | bf16 | fp16
-  int threads = 1;                 // kernel threads (the CPU's per-thread tiles)
+  Precision precision = Precision::FP32;  // train.precision
+  int threads = 1;                        // kernel threads (the CPU's per-thread tiles)
   int lora_r = 0;
   float lora_scale = 0.f;  // LoraConfig::scale()
   bool dropout = false;    // lora.dropout > 0
@@ -66,8 +67,6 @@ class WorkspaceModel {
   virtual uint64_t cross_entropy(const ModelShapes& c, int64_t R) const = 0;
 };
 
-// backend: the `backend` key ("cpu" or "" / "cuda").
-std::unique_ptr<WorkspaceModel> make_workspace_model(const std::string& backend,
-                                                     const WorkspaceModelSettings& s);
+// make_workspace_model(BackendKind, settings): backend/backend_select.h, beside make_backend.
 
 }  // namespace qlft

@@ -112,10 +112,7 @@ class Communicator {
 // The identity communicator of a single process (world 1).
 std::unique_ptr<Communicator> make_single_communicator();
 
-// backend: "none" | "mpi" | "nccl" (comm_select.cpp). mpi and nccl load the MPI plugin
-// (QLFT_ERR_UNSUPPORTED naming the file and the loader's reason when it cannot be opened); nccl
-// also needs a build with QLFT_CUDA. timeout_s bounds every collective (0: no bound).
-std::unique_ptr<Communicator> make_communicator(const std::string& backend, double timeout_s);
+// make_communicator (dist.backend -> a communicator): parallel/comm_select.h.
 
 // The MPI communicator: parallel/comm_mpi.h (the MPI plugin's).
 

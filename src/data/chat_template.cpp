@@ -24,16 +24,6 @@ const char* template_name(TemplateKind t) {
   return "?";
 }
 
-TemplateKind parse_template(const std::string& s) {
-  for (TemplateKind t :
-       {TemplateKind::Auto, TemplateKind::None, TemplateKind::ChatML, TemplateKind::Llama3,
-        TemplateKind::Llama2, TemplateKind::Mistral, TemplateKind::Alpaca})
-    if (s == template_name(t)) return t;
-  throw_error(QLFT_ERR_INVALID_ARGUMENT,
-              "data.template must be auto|chatml|llama3|llama2|mistral|alpaca|none, got '%s'",
-              s.c_str());
-}
-
 namespace {
 
 bool has(const std::string& s, const char* needle) {

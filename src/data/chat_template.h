@@ -28,10 +28,7 @@
 
 namespace qlft::data {
 
-enum class TemplateKind { Auto, None, ChatML, Llama3, Llama2, Mistral, Alpaca };
-const char* template_name(TemplateKind t);
-TemplateKind parse_template(
-    const std::string& s);  // "auto|none|chatml|llama3|llama2|mistral|alpaca"
+const char* template_name(TemplateKind t);  // TemplateKind: config/run_spec.h
 
 struct ChatTemplate {
   TemplateKind kind = TemplateKind::Alpaca;

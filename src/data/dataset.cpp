@@ -4,39 +4,10 @@
 #include <cmath>
 #include <numeric>
 
-#include "config/config.h"
 #include "core/error.h"
 #include "core/threads.h"
 
 namespace qlft::data {
-
-DataOptions DataOptions::from_config(const Config& cfg) {
-  DataOptions o;
-  o.path = cfg.get("data.path");
-  o.format = parse_format(cfg.get("data.format"));
-  o.chat_template = parse_template(cfg.get("data.template"));
-  o.train_on = cfg.get("data.train_on") == "all" ? TrainOn::All : TrainOn::Completion;
-  o.seq_len = static_cast<int>(cfg.get_int("data.seq_len"));
-  o.pack = cfg.get_bool("data.pack");
-  std::string ov = cfg.get("data.overflow");
-  o.overflow = ov == "truncate" ? Overflow::Truncate
-               : ov == "reject" ? Overflow::Reject
-                                : Overflow::Split;
-  std::string sep = cfg.get("data.separator");
-  o.separator = sep == "none" ? std::string() : unescape(sep);
-  o.eval_fraction = cfg.get_float("data.eval_fraction");
-  o.seed = static_cast<uint64_t>(cfg.get_int("data.seed"));
-  o.epochs = static_cast<int>(cfg.get_int("data.epochs"));
-  o.skip_bad = cfg.get("data.on_error") == "skip";
-  o.max_record_bytes = cfg.get_size("data.max_record_bytes");
-  for (const std::string& kv : cfg.get_list("data.vars")) {
-    size_t eq = kv.find('=');
-    if (eq == std::string::npos || eq == 0)
-      throw_error(QLFT_ERR_INVALID_ARGUMENT, "data.vars: '%s' is not key=value", kv.c_str());
-    o.vars.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
-  }
-  return o;
-}
 
 ChatTemplate resolve_template(TemplateKind requested, const TextEncoder& enc, std::string* source) {
   ChatTemplate t;

@@ -1,5 +1,5 @@
 // The dataset pipeline: files -> records -> rendered, masked token documents -> train/eval split
-// -> packed rows -> batches. Settings come from the data.* keys.
+// -> packed rows -> batches. Settings come from the data.* keys (DataSpec, config/run_spec.h).
 #pragma once
 
 #include <cstdint>
@@ -14,34 +14,10 @@
 #include "data/records.h"
 #include "data/text_encoder.h"
 
-namespace qlft {
-class Config;
-}
-
 namespace qlft::data {
 
-enum class TrainOn { Completion, All };
-
-struct DataOptions {
-  std::string path;
-  DataFormat format = DataFormat::Auto;
-  TemplateKind chat_template = TemplateKind::Auto;
-  TrainOn train_on = TrainOn::Completion;  // text documents always train on every token
-  int seq_len = 512;
-  bool pack = true;
-  Overflow overflow = Overflow::Split;
-  std::string separator = "\n\n";  // already unescaped; "" = one document per .txt file
-  double eval_fraction = 0.0;
-  uint64_t seed = 1234;
-  int epochs = 1;
-  bool skip_bad = false;
-  uint64_t max_record_bytes = 1 << 20;
-  // {{key}} -> value in every text field of every record (data.vars "key=value,...").
-  std::vector<std::pair<std::string, std::string>> vars;
-
-  // From the data.* keys of a config (defaults where unset).
-  static DataOptions from_config(const Config& cfg);
-};
+// The data.* settings (config/run_spec.h).
+using DataOptions = DataSpec;
 
 struct LengthBucket {
   uint64_t lo, hi;  // document lengths in tokens, [lo, hi)

@@ -12,6 +12,8 @@
 #include <memory>
 #include <vector>
 
+#include "config/run_spec.h"  // Overflow
+
 namespace qlft::data {
 
 constexpr int32_t kIgnoreIndex = -100;
@@ -31,8 +33,6 @@ struct Piece {
   uint32_t begin;  // first slot inside the document
   uint32_t len;    // slots
 };
-
-enum class Overflow { Split, Truncate, Reject };
 
 struct PackOptions {
   int seq_len = 512;

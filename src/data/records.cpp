@@ -27,15 +27,6 @@ const char* format_name(DataFormat f) {
   return "?";
 }
 
-DataFormat parse_format(const std::string& s) {
-  if (s == "auto") return DataFormat::Auto;
-  if (s == "text") return DataFormat::Text;
-  if (s == "alpaca") return DataFormat::Alpaca;
-  if (s == "chat") return DataFormat::Chat;
-  throw_error(QLFT_ERR_INVALID_ARGUMENT, "data.format must be auto|text|alpaca|chat, got '%s'",
-              s.c_str());
-}
-
 void DropLog::add(const std::string& reason, const std::string& message) {
   ++count;
   ++by_reason[reason];
@@ -48,30 +39,6 @@ void bad_record(const ReadOptions& opt, DropLog& log, const char* reason, const 
   if (!opt.skip_bad)
     throw_error(QLFT_ERR_FORMAT, "%s (set data.on_error=skip to skip bad records)", msg.c_str());
   log.add(reason, msg);
-}
-
-std::string unescape(const std::string& s) {
-  std::string out;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '\\' && i + 1 < s.size()) {
-      char c = s[++i];
-      if (c == 'n')
-        out += '\n';
-      else if (c == 't')
-        out += '\t';
-      else if (c == 'r')
-        out += '\r';
-      else if (c == '\\')
-        out += '\\';
-      else {
-        out += '\\';
-        out += c;
-      }
-    } else {
-      out += s[i];
-    }
-  }
-  return out;
 }
 
 namespace {

@@ -12,11 +12,11 @@
 #include <string>
 #include <vector>
 
+#include "config/run_spec.h"  // DataFormat, unescape
+
 namespace qlft::data {
 
-enum class DataFormat { Auto, Text, Alpaca, Chat };
 const char* format_name(DataFormat f);
-DataFormat parse_format(const std::string& s);  // "auto|text|alpaca|chat"
 
 struct Message {
   std::string role;  // system | user | assistant
@@ -57,8 +57,5 @@ void bad_record(const ReadOptions& opt, DropLog& log, const char* reason, const 
 // detected from the first record; *detected receives it (Text for .txt).
 std::vector<Record> read_records(const std::string& path, const ReadOptions& opt, DropLog& log,
                                  DataFormat* detected = nullptr);
-
-// "\n", "\t", "\r", "\\" escapes in a settings value (data.separator).
-std::string unescape(const std::string& s);
 
 }  // namespace qlft::data

@@ -17,9 +17,15 @@ namespace qlft {
 
 using namespace runner_detail;
 
-DType activation_dtype(const std::string& precision) {
-  if (precision == "bf16") return DType::BF16;
-  if (precision == "fp16") return DType::F16;
+DType activation_dtype(Precision precision) {
+  switch (precision) {
+    case Precision::BF16:
+      return DType::BF16;
+    case Precision::FP16:
+      return DType::F16;
+    case Precision::FP32:
+      break;
+  }
   return DType::F32;
 }
 

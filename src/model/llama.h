@@ -36,9 +36,9 @@ namespace qlft {
 
 constexpr int32_t kIgnoreIndex = -100;
 
-// How train.precision ("fp32", "bf16", "fp16") stores the activations backward keeps:
-// DType::F32, DType::BF16 or DType::F16. The trainer and the memory planner both ask here.
-DType activation_dtype(const std::string& precision);
+// How train.precision stores the activations backward keeps: DType::F32, DType::BF16 or
+// DType::F16. The trainer and the memory planner both ask here.
+DType activation_dtype(Precision precision);
 
 // A batch of token rows: row = b * seq + t.
 struct TokenBatch {

@@ -5,7 +5,6 @@
 #include <sstream>
 
 #include "backend/dropout.h"
-#include "config/config.h"
 #include "core/error.h"
 
 namespace qlft {
@@ -46,16 +45,16 @@ std::string LoraConfig::targets_string() const {
   return s;
 }
 
-LoraConfig lora_config_from(const Config& c) {
+LoraConfig lora_config_from(const LoraSpec& s) {
   LoraConfig l;
-  l.r = static_cast<int>(c.get_int("lora.r"));
-  l.alpha = static_cast<float>(c.get_float("lora.alpha"));
-  l.dropout = static_cast<float>(c.get_float("lora.dropout"));
-  l.use_rslora = c.get_bool("lora.use_rslora");
+  l.r = s.r;
+  l.alpha = s.alpha;
+  l.dropout = s.dropout;
+  l.use_rslora = s.use_rslora;
   std::string list;
-  for (const std::string& s : c.get_list("lora.target_modules")) list += s + ",";
+  for (const std::string& t : s.target_modules) list += t + ",";
   l.set_targets(list);
-  l.init_seed = static_cast<uint64_t>(c.get_int("seed"));
+  l.init_seed = s.seed;
   return l;
 }
 

@@ -15,11 +15,10 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "config/run_spec.h"
 #include "model/model.h"
 
 namespace qlft {
-
-class Config;
 
 struct LoraConfig {
   int r = 8;
@@ -35,8 +34,9 @@ struct LoraConfig {
   std::string targets_string() const;
 };
 
-// Reads lora.r, lora.alpha, lora.dropout, lora.target_modules, lora.use_rslora and seed.
-LoraConfig lora_config_from(const Config& c);
+// From lora.r, lora.alpha, lora.dropout, lora.target_modules, lora.use_rslora and seed
+// (lora.init_from is the caller's: its adapter_config.json replaces all but the seed).
+LoraConfig lora_config_from(const LoraSpec& s);
 
 // Rows of a q or k projection output: rotate-half (HF) order <-> adjacent-pair (GGUF) order,
 // for a [n_heads * head_dim, cols] row-major matrix. This is llama.cpp's converter permutation.

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "arch/model_shapes.h"
+#include "config/run_spec.h"
 #include "core/memory.h"
 #include "formats/gguf.h"
 #include "quant/qweight.h"
@@ -33,6 +34,14 @@ struct LoadOptions {
   // the whole model (train/trainer.h load_into_shards says when).
   bool deferred = false;
 };
+// The quant.* settings as load options (deferred: false).
+inline LoadOptions load_options(const QuantSpec& q) {
+  LoadOptions o;
+  o.quant_type = name_of(q.type);
+  o.double_quant = q.double_quant;
+  o.blocksize = q.blocksize;
+  return o;
+}
 
 struct Model {
   ModelConfig cfg;

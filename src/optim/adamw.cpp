@@ -14,8 +14,8 @@ namespace {
 
 class AdamW final : public Optimizer {
  public:
-  AdamW(const OptimSettings& s, std::vector<ParamRef> params, MemoryTracker* tracker)
-      : Optimizer(s, std::move(params)), store_(make_optimizer_state_store(s, tracker, false)) {
+  AdamW(const OptimSettings& s, std::vector<ParamRef> params, std::unique_ptr<StateStore> store)
+      : Optimizer(s, std::move(params)), store_(std::move(store)) {
     // One state group per parameter (m then v), in step order.
     for (size_t k = 0; k < params_.size(); ++k) {
       const size_t bytes = params_[k].numel * sizeof(float);
@@ -126,8 +126,8 @@ AdamWTorchCoeffs adamw_torch_coeffs(const OptimSettings& s, double lr, int64_t t
 }
 
 std::unique_ptr<Optimizer> make_adamw(const OptimSettings& s, std::vector<ParamRef> params,
-                                      MemoryTracker* tracker) {
-  return std::make_unique<AdamW>(s, std::move(params), tracker);
+                                      std::unique_ptr<StateStore> store) {
+  return std::make_unique<AdamW>(s, std::move(params), std::move(store));
 }
 
 }  // namespace qlft

@@ -21,7 +21,8 @@ AdamWTorchCoeffs adamw_torch_coeffs(const OptimSettings& s, double lr, int64_t t
 void save_adamw_header(StateDict& out, const std::string& prefix, int64_t step);
 int64_t load_adamw_header(const StateDict& in, const std::string& prefix);
 
+// store: where m and v live (make_optimizer's StateStoreFactory).
 std::unique_ptr<Optimizer> make_adamw(const OptimSettings& s, std::vector<ParamRef> params,
-                                      MemoryTracker* tracker);
+                                      std::unique_ptr<StateStore> store);
 
 }  // namespace qlft

@@ -28,10 +28,9 @@ struct ParamState {
 
 class AdamW8bit final : public Optimizer {
  public:
-  AdamW8bit(const OptimSettings& s, std::vector<ParamRef> params, MemoryTracker* tracker,
-            bool paged)
+  AdamW8bit(const OptimSettings& s, std::vector<ParamRef> params, std::unique_ptr<StateStore> store)
       : Optimizer(s, std::move(params)),
-        store_(make_optimizer_state_store(s, tracker, paged)),
+        store_(std::move(store)),
         qm_(create_dynamic_map(true)),
         qv_(create_dynamic_map(false)) {
     // One state group per parameter, in step order.
@@ -125,7 +124,7 @@ class AdamW8bit final : public Optimizer {
     if (type != "adamw8bit")
       throw_error(QLFT_ERR_FORMAT,
                   "checkpoint state: '%stype' is '%s' but the optimizer is %s (optim.name)",
-                  prefix.c_str(), type.c_str(), settings_.name.c_str());
+                  prefix.c_str(), type.c_str(), name());
     const int64_t step = in.get_i64(prefix + "step");
     QLFT_CHECK_FORMAT(step >= 0, "checkpoint state: '%sstep' is negative (%lld)", prefix.c_str(),
                       static_cast<long long>(step));
@@ -203,8 +202,8 @@ class AdamW8bit final : public Optimizer {
 }  // namespace
 
 std::unique_ptr<Optimizer> make_adamw8bit(const OptimSettings& s, std::vector<ParamRef> params,
-                                          MemoryTracker* tracker, bool paged) {
-  return std::make_unique<AdamW8bit>(s, std::move(params), tracker, paged);
+                                          std::unique_ptr<StateStore> store) {
+  return std::make_unique<AdamW8bit>(s, std::move(params), std::move(store));
 }
 
 }  // namespace qlft

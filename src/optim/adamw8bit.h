@@ -17,8 +17,8 @@ namespace qlft {
 constexpr int64_t kAdam8bitBlock = 256;         // bnb blocksize for optimizer state
 constexpr int64_t kAdam8bitMinElements = 4096;  // bnb min_8bit_size
 
-// paged: state lives in a paged store (make_paged_state_store(offload_dir)).
+// store: where the state lives (a paged one for paged_adamw8bit; make_optimizer's factory).
 std::unique_ptr<Optimizer> make_adamw8bit(const OptimSettings& s, std::vector<ParamRef> params,
-                                          MemoryTracker* tracker, bool paged);
+                                          std::unique_ptr<StateStore> store);
 
 }  // namespace qlft

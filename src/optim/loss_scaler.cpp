@@ -2,20 +2,10 @@
 
 #include <cmath>
 
-#include "config/config.h"
 #include "core/error.h"
 #include "core/threads.h"
 
 namespace qlft {
-
-ScalerSettings ScalerSettings::from_config(const Config& cfg) {
-  ScalerSettings s;
-  s.init_scale = cfg.get_float("scaler.init_scale");
-  s.growth_factor = cfg.get_float("scaler.growth_factor");
-  s.backoff_factor = cfg.get_float("scaler.backoff_factor");
-  s.growth_interval = cfg.get_int("scaler.growth_interval");
-  return s;
-}
 
 bool unscale_and_check(const std::vector<GradSpan>& grads, float inv_scale) {
   bool found = false;

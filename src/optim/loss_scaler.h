@@ -8,20 +8,14 @@
 #include <string>
 #include <vector>
 
+#include "config/run_spec.h"
 #include "optim/grad_clip.h"
 #include "optim/state_dict.h"
 
 namespace qlft {
 
-class Config;
-
-struct ScalerSettings {
-  double init_scale = 65536.0;
-  double growth_factor = 2.0;
-  double backoff_factor = 0.5;
-  int64_t growth_interval = 2000;
-  static ScalerSettings from_config(const Config& cfg);  // scaler.*
-};
+// scaler.* (config/run_spec.h).
+using ScalerSettings = ScalerSpec;
 
 // Multiplies every gradient by inv_scale (skipped when it is 1) and returns true if any input
 // value was inf or nan (torch._amp_foreach_non_finite_check_and_unscale_).

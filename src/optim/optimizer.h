@@ -5,33 +5,20 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "config/run_spec.h"
 #include "core/memory.h"
 #include "optim/state_dict.h"
 
 namespace qlft {
 
-class Config;
-
-struct OptimSettings {
-  std::string name = "adamw";  // adamw | adamw8bit | paged_adamw8bit
-  double lr = 2e-4;
-  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
-  double weight_decay = 0.0;
-  double max_grad_norm = 1.0;  // 0 disables clipping (used by the trainer, not the optimizer)
-  std::string offload_dir;     // paged state files; "" = system temp dir
-  // offload.optimizer=nvme: the state lives in a file under offload_dir and each step streams
-  // it through offload_buffers in-flight buffers (src/parallel/nvme_state_store.h).
-  bool offload_nvme = false;
-  int offload_buffers = 2;
-
-  // Reads optim.*, offload.dir, offload.optimizer and offload.buffers from a validated config.
-  static OptimSettings from_config(const Config& cfg);
-};
+// optim.* (config/run_spec.h): the optimizer kind and its hyper-parameters.
+using OptimSettings = OptimSpec;
 
 // One parameter tensor: numel fp32 values and their gradient, both owned by the caller and
 // valid for the optimizer's lifetime. name keys its state in checkpoints.
@@ -54,7 +41,7 @@ class Optimizer {
   virtual OptimStepStats step(double lr) = 0;
   // Completed steps (the bias-correction t of the next step is steps() + 1).
   int64_t steps() const { return step_; }
-  const std::string& name() const { return settings_.name; }
+  const char* name() const { return name_of(settings_.kind); }  // "adamw", ...
   const OptimSettings& settings() const { return settings_; }
   const std::vector<ParamRef>& params() const { return params_; }
   // Bytes of optimizer state (counted as optimizer memory in the tracker).
@@ -75,14 +62,18 @@ class Optimizer {
 };
 
 class StateStore;
-// Where an optimizer's state lives: the NVMe store when s.offload_nvme, else a paged store
-// (paged_adamw8bit) or host memory.
-std::unique_ptr<StateStore> make_optimizer_state_store(const OptimSettings& s,
-                                                       MemoryTracker* tracker, bool paged);
+// Makes an optimizer's state store; paged: paged_adamw8bit asks for a paged one. The caller
+// decides where state lives (host memory, a paged file, offload.optimizer=nvme's streamed file:
+// parallel/nvme_state_store.h), so optim/ names no store beyond its own (core/state_store.h).
+using StateStoreFactory = std::function<std::unique_ptr<StateStore>(MemoryTracker*, bool paged)>;
+// Host memory, or for paged a paged store of files in dir ("" = the system temp dir).
+StateStoreFactory host_or_paged_state_stores(std::string dir = "");
 
 // Checks the settings and parameters (positive sizes, non-null pointers, unique names) and
-// builds the optimizer named by s.name; its state is allocated here, zeroed.
-std::unique_ptr<Optimizer> make_optimizer(const OptimSettings& s, std::vector<ParamRef> params,
-                                          MemoryTracker* tracker);
+// builds the optimizer of kind s.kind; its state is allocated here, zeroed, in a store from
+// `stores`.
+std::unique_ptr<Optimizer> make_optimizer(
+    const OptimSettings& s, std::vector<ParamRef> params, MemoryTracker* tracker,
+    const StateStoreFactory& stores = host_or_paged_state_stores());
 
 }  // namespace qlft

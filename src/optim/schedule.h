@@ -11,18 +11,13 @@
 #include <cstdint>
 #include <string>
 
+#include "config/run_spec.h"
 #include "optim/state_dict.h"
 
 namespace qlft {
 
-class Config;
-
-struct ScheduleSettings {
-  std::string name = "linear";  // constant | linear | cosine
-  int64_t warmup_steps = 0;
-  double min_lr_ratio = 0.0;
-  static ScheduleSettings from_config(const Config& cfg);  // sched.*
-};
+// sched.* (config/run_spec.h).
+using ScheduleSettings = ScheduleSpec;
 
 class LrSchedule {
  public:

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstring>
 
-#include "config/config.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "parallel/zero2_grads.h"
@@ -12,26 +11,6 @@
 #include "parallel/zero3_stream.h"
 
 namespace qlft::dist {
-
-bool zero3_prefetch_setting(const Config& c) {
-  const std::string p = c.get("dist.zero3_prefetch");
-  return p == "auto" ? c.get("dist.backend") != "mpi" : p == "true";
-}
-
-DistSettings DistSettings::from_config(const Config& c) {
-  DistSettings s;
-  s.backend = c.get("dist.backend");
-  s.zero_stage = static_cast<int>(c.get_int("dist.zero_stage"));
-  s.timeout_s = c.get_float("dist.timeout_s");
-  s.row_chunk_bytes = static_cast<uint64_t>(c.get_int("dist.row_chunk_kib")) << 10;
-  s.bucket_bytes = static_cast<uint64_t>(c.get_int("dist.bucket_kib")) << 10;
-  s.shard_adapter = c.get_bool("dist.zero3_shard_adapter");
-  s.prefetch = zero3_prefetch_setting(c);
-  s.offload_optimizer = c.get("offload.optimizer");
-  s.offload_params = c.get("offload.params");
-  s.offload_dir = c.get("offload.dir");
-  return s;
-}
 
 DataParallel::DataParallel(std::unique_ptr<Communicator> comm, int zero_stage,
                            std::vector<ParamRef> params, MemoryTracker* tracker,

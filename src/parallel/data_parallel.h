@@ -37,13 +37,13 @@
 #include <vector>
 
 #include "core/memory.h"
+#include "config/run_spec.h"
 #include "core/communicator.h"
 #include "optim/grad_clip.h"
 #include "optim/optimizer.h"
 #include "optim/state_dict.h"
 
 namespace qlft {
-class Config;
 class Backend;
 }  // namespace qlft
 
@@ -62,21 +62,6 @@ struct StateEntry {
   int owner;
 };
 
-// dist.zero3_prefetch with auto resolved (on over NCCL, off over MPI).
-bool zero3_prefetch_setting(const Config& c);
-
-struct DistSettings {
-  std::string backend = "none";  // none | mpi | nccl
-  int zero_stage = 0;
-  double timeout_s = 300;
-  uint64_t row_chunk_bytes = 2 << 20;  // dist.row_chunk_kib (ZeRO-3's row-sharded head)
-  uint64_t bucket_bytes = 256 << 10;   // dist.bucket_kib (the host exchange's buckets)
-  bool shard_adapter = false;          // dist.zero3_shard_adapter (dist/zero3_lora.h)
-  bool prefetch = true;                // dist.zero3_prefetch
-  std::string offload_optimizer = "none", offload_params = "none", offload_dir;
-  static DistSettings from_config(const Config& cfg);
-};
-
 class DataParallel {
  public:
   // params: every trainable tensor, in the same order on every rank (checked).
@@ -86,7 +71,7 @@ class DataParallel {
   // bucket_bytes: dist.bucket_kib.
   DataParallel(std::unique_ptr<Communicator> comm, int zero_stage, std::vector<ParamRef> params,
                MemoryTracker* tracker, bool host_gradient_shards = false,
-               uint64_t bucket_bytes = DistSettings().bucket_bytes);
+               uint64_t bucket_bytes = DistSpec().bucket_bytes);
   // Whether the gradients are (to be) sharded during backward (host_gradient_shards applied).
   bool shards_gradients() const { return shard_grads_; }
   ~DataParallel();

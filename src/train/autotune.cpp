@@ -12,7 +12,6 @@
 #include <sstream>
 
 #include "backend/cuda_plugin.h"
-#include "config/config.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/threads.h"
@@ -60,13 +59,6 @@ struct LimitGuard {
     t->set_phase("setup");
   }
 };
-
-std::string cache_path_of(const Config& cfg) {
-  const std::string p = cfg.get("train.autotune_cache");
-  if (p == "off") return "";
-  if (!p.empty()) return p;
-  return cfg.get("train.output_dir") + "/autotune.json";
-}
 
 nlohmann::json read_cache(const std::string& path) {
   std::ifstream f(path);
@@ -228,26 +220,25 @@ bool autotune_trial(Trainer& t, int micro_batch, int seq_len, bool second_forwar
 namespace {
 
 // limits: memory.limit of every rank ("a,b" with several; "free-ram" for a 0).
-std::string cache_key(const Trainer& t, const Config& cfg, int ranks, const std::string& limits) {
+std::string cache_key(const Trainer& t, const RunSpec& s, int ranks, const std::string& limits) {
   const Model& m = t.model();
   const TrainSettings& ts = t.settings();
   const int threads = num_threads();
   Trainer& mt = const_cast<Trainer&>(t);
   return strf(
       "model=%s weights=%llu arch=%s layers=%d dim=%d vocab=%d; precision=%s "
-      "grad_checkpointing=%s seq_len=%s lora.r=%s lora.target_modules=%s lora.dropout=%s optim=%s "
-      "effective_batch=%lld accumulation=%d ranks=%d margin=%s; zero_stage=%s "
-      "offload.params=%s offload.optimizer=%s offload.buffers=%s; backend=%s threads=%d; "
+      "grad_checkpointing=%d seq_len=%d lora.r=%d lora.target_modules=%s lora.dropout=%g optim=%s "
+      "effective_batch=%lld accumulation=%d ranks=%d margin=%g; zero_stage=%d "
+      "offload.params=%s offload.optimizer=%s offload.buffers=%d; backend=%s threads=%d; "
       "memory.limit=%s",
-      m.path.c_str(), static_cast<unsigned long long>(weight_footprint_for_plan(m, cfg).bytes),
-      m.cfg.arch.c_str(), m.cfg.n_layers, m.cfg.dim, m.cfg.vocab, ts.precision.c_str(),
-      cfg.get("train.grad_checkpointing").c_str(), cfg.get("data.seq_len").c_str(),
-      cfg.get("lora.r").c_str(), mt.lora().config().targets_string().c_str(),
-      cfg.get("lora.dropout").c_str(), cfg.get("optim.name").c_str(),
-      static_cast<long long>(ts.effective_batch), ts.accumulation, ranks,
-      cfg.get("train.autotune_margin").c_str(), cfg.get("dist.zero_stage").c_str(),
-      cfg.get("offload.params").c_str(), cfg.get("offload.optimizer").c_str(),
-      cfg.get("offload.buffers").c_str(), mt.runner().backend().name(), threads, limits.c_str());
+      m.path.c_str(), static_cast<unsigned long long>(weight_footprint_for_plan(m, s.quant).bytes),
+      m.cfg.arch.c_str(), m.cfg.n_layers, m.cfg.dim, m.cfg.vocab, name_of(ts.precision),
+      s.train.grad_checkpointing, s.data.seq_len, s.lora.r,
+      mt.lora().config().targets_string().c_str(), static_cast<double>(s.lora.dropout),
+      name_of(s.optim.kind), static_cast<long long>(ts.effective_batch), ts.accumulation, ranks,
+      s.train.autotune_margin, s.dist.zero_stage, name_of(s.offload.params),
+      name_of(s.offload.optimizer), s.offload.buffers, mt.runner().backend().name(), threads,
+      limits.c_str());
 }
 
 std::string limit_text(uint64_t limit) {
@@ -256,11 +247,11 @@ std::string limit_text(uint64_t limit) {
 
 }  // namespace
 
-std::string autotune_cache_key(const Trainer& t, const Config& cfg, int ranks) {
-  return cache_key(t, cfg, ranks, limit_text(t.tracker()->limit()));
+std::string autotune_cache_key(const Trainer& t, const RunSpec& s, int ranks) {
+  return cache_key(t, s, ranks, limit_text(t.tracker()->limit()));
 }
 
-AutotuneResult autotune_batch_shape(Trainer& t, const Config& cfg, int ranks) {
+AutotuneResult autotune_batch_shape(Trainer& t, const RunSpec& spec, int ranks) {
   const TrainSettings ts = t.settings();
   ranks = std::max(ranks, 1);
   const int64_t E = ts.effective_batch;
@@ -273,7 +264,7 @@ AutotuneResult autotune_batch_shape(Trainer& t, const Config& cfg, int ranks) {
                    "rank(s)",
                    static_cast<long long>(E), ts.micro_batch, ranks);
     const int64_t acc = E / per;
-    QLFT_CHECK_ARG(!cfg.is_set("train.accumulation") || acc == ts.accumulation,
+    QLFT_CHECK_ARG(!spec.train.accumulation_set || acc == ts.accumulation,
                    "train.effective_batch %lld needs train.accumulation %lld with micro_batch %d "
                    "and %d rank(s), but it is set to %d; leave it unset",
                    static_cast<long long>(E), static_cast<long long>(acc), ts.micro_batch, ranks,
@@ -288,7 +279,7 @@ AutotuneResult autotune_batch_shape(Trainer& t, const Config& cfg, int ranks) {
   QLFT_CHECK_ARG(E % ranks == 0, "train.effective_batch %lld is not a multiple of the %d ranks",
                  static_cast<long long>(E), ranks);
   const int64_t per_rank = E / ranks;  // 0: nothing to hold
-  const int seq = static_cast<int>(cfg.get_int("data.seq_len"));
+  const int seq = spec.data.seq_len;
   int64_t upper = 65536;
   if (per_rank > 0) upper = std::min<int64_t>(upper, per_rank);
   if (t.train_data())
@@ -307,8 +298,8 @@ AutotuneResult autotune_batch_shape(Trainer& t, const Config& cfg, int ranks) {
   std::string limits;
   for (const std::string& l : gather(comm, limit_text(tr->limit())))
     limits += (limits.empty() ? "" : ",") + l;
-  const std::string cache = cache_path_of(cfg);
-  const std::string key = cache_key(t, cfg, ranks, limits);
+  const std::string& cache = spec.train.autotune_cache;  // "": off
+  const std::string key = cache_key(t, spec, ranks, limits);
   {
     // Rank 0 reads the cache; every rank takes its answer.
     int32_t hit[4] = {0, 0, 0, 0};  // micro_batch, accumulation, max_fit, first_fail
@@ -347,7 +338,7 @@ AutotuneResult autotune_batch_shape(Trainer& t, const Config& cfg, int ranks) {
   const uint64_t reserved = tr->budgeted_reserved();
   const uint64_t sharing = static_cast<uint64_t>(ranks_on_this_host(comm));  // collective
   const uint64_t budget = limit ? limit : reserved + available(tr, device) / sharing;
-  const double margin = cfg.get_float("train.autotune_margin");
+  const double margin = spec.train.autotune_margin;
   const uint64_t trial_limit = static_cast<uint64_t>(static_cast<double>(budget) * (1.0 - margin));
   const bool full = trial_limit <= reserved;
   if (count_over_ranks(comm, full) > 0) {
@@ -365,10 +356,10 @@ AutotuneResult autotune_batch_shape(Trainer& t, const Config& cfg, int ranks) {
   // Start where the planner says the largest fit is (the smallest over ranks). What the tracker
   // holds beyond the planner's persistent categories (another model, say) comes off the budget.
   const bool accumulates_anyway = per_rank == 0 && ts.accumulation > 1;
-  PlanSettings ps = PlanSettings::from_config(cfg);
+  PlanSettings ps = PlanSettings::from_spec(spec);
   ps.world = world;
   ps.accumulation = (per_rank > 0 || ts.accumulation > 1) ? 2 : 1;
-  const WeightFootprint w = weight_footprint_for_plan(t.model(), cfg);
+  const WeightFootprint w = weight_footprint_for_plan(t.model(), spec.quant);
   ps.micro_batch = 1;
   const MemoryPlan one = plan_memory_of_rank(t.model().cfg, w, ps, dp.rank());
   // The categories the budget counts: the device's (a device budget and plan), else all.
@@ -378,7 +369,7 @@ AutotuneResult autotune_batch_shape(Trainer& t, const Config& cfg, int ranks) {
   // A device backend uploads its weights at their first use (not yet), and holds its fixed
   // workspace (cuBLASLt's) from the start.
   if (device && one.device) persistent += one.device_fixed - held[int(MemCategory::Weights)];
-  const int stage = static_cast<int>(cfg.get_int("dist.zero_stage"));
+  const int stage = spec.dist.zero_stage;
   // The exchange buffer is allocated by now; ZeRO-3's gathered units are not.
   if (stage < 3) persistent += held[int(MemCategory::Communication)];
   const uint64_t other = reserved > persistent ? reserved - persistent : 0;

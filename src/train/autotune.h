@@ -46,9 +46,10 @@
 #include <string>
 #include <vector>
 
+#include "config/run_spec.h"
+
 namespace qlft {
 
-class Config;
 class Trainer;
 
 struct AutotuneTrial {
@@ -83,10 +84,10 @@ bool autotune_trial(Trainer& t, int micro_batch, int seq_len, bool second_forwar
 
 // What the trainer constructor calls for train.micro_batch=auto or train.effective_batch > 0:
 // validates the effective batch, searches (or reads the cache) and calls t.set_batch_shape.
-AutotuneResult autotune_batch_shape(Trainer& t, const Config& cfg, int ranks);
+AutotuneResult autotune_batch_shape(Trainer& t, const RunSpec& s, int ranks);
 
 // The cache key of a trainer's search (model, settings, ranks, ZeRO stage, offload, device,
 // memory.limit) with this rank's memory.limit (the search itself keys on every rank's).
-std::string autotune_cache_key(const Trainer& t, const Config& cfg, int ranks);
+std::string autotune_cache_key(const Trainer& t, const RunSpec& s, int ranks);
 
 }  // namespace qlft

@@ -5,9 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "backend/workspace_model.h"
-#include "config/config.h"
-#include "config/keys.h"
+#include "backend/backend_select.h"
 #include "core/communicator.h"
 #include "parallel/data_parallel.h"
 #include "parallel/zero3_lora.h"
@@ -255,12 +253,9 @@ WeightFootprint hf_footprint(const std::string& path, const LoadOptions& o, Mode
   return w;
 }
 
-uint64_t optimizer_bytes(const std::string& name, uint64_t numel) {
-  if (name == "adamw") return 2 * fl(int64_t(numel));
-  const bool paged = name == "paged_adamw8bit";
-  QLFT_CHECK_ARG(paged || name == "adamw8bit",
-                 "optim.name must be one of adamw|adamw8bit|paged_adamw8bit, got '%s'",
-                 name.c_str());
+uint64_t optimizer_bytes(OptimizerKind kind, uint64_t numel) {
+  if (kind == OptimizerKind::AdamW) return 2 * fl(int64_t(numel));
+  const bool paged = kind == OptimizerKind::PagedAdamW8bit;
   // The paged store counts exact bytes; the host store rounds like Buffer.
   auto cnt = [&](uint64_t b) { return paged ? b : rb(b); };
   if (static_cast<int64_t>(numel) < kAdam8bitMinElements) return 2 * cnt(numel * 4);
@@ -318,42 +313,34 @@ WeightFootprint weight_footprint_of_file(const std::string& path, const LoadOpti
   return gguf ? gguf_footprint(path, opt, cfg) : hf_footprint(path, opt, cfg);
 }
 
-WeightFootprint weight_footprint_for_plan(const Model& m, const Config& c) {
+WeightFootprint weight_footprint_for_plan(const Model& m, const QuantSpec& q) {
   if (!m.stream) return weight_footprint(m);
-  LoadOptions opt;
-  opt.quant_type = c.get("quant.type");
-  opt.double_quant = c.get_bool("quant.double_quant");
-  opt.blocksize = static_cast<int>(c.get_int("quant.blocksize"));
   ModelConfig from_file;
-  return weight_footprint_of_file(m.path, opt, &from_file);
+  return weight_footprint_of_file(m.path, load_options(q), &from_file);
 }
 
-PlanSettings PlanSettings::from_config(const Config& c) {
+PlanSettings PlanSettings::from_spec(const RunSpec& r) {
   PlanSettings s;
-  s.precision = c.get("train.precision");
-  s.checkpoint_every = static_cast<int>(c.get_int("train.grad_checkpointing"));
-  s.seq_len = static_cast<int>(c.get_int("data.seq_len"));
-  const std::string mb = c.get("train.micro_batch");
-  s.micro_batch = mb == "auto" ? 1 : static_cast<int>(c.get_int("train.micro_batch"));
-  s.accumulation = static_cast<int>(c.get_int("train.accumulation"));
-  s.optimizer = c.get("optim.name");
-  s.lora = lora_config_from(c);
-  const std::string init_from = c.get("lora.init_from");
-  if (!init_from.empty()) s.lora = read_peft_config(init_from);
-  s.threads = static_cast<int>(c.get_int("threads"));
-  s.backend = c.get("backend");
-  s.zero_stage = static_cast<int>(c.get_int("dist.zero_stage"));
-  s.row_chunk_bytes = static_cast<uint64_t>(c.get_int("dist.row_chunk_kib")) << 10;
-  s.bucket_bytes = static_cast<uint64_t>(c.get_int("dist.bucket_kib")) << 10;
-  s.shard_adapter = c.get_bool("dist.zero3_shard_adapter");
-  s.zero3_prefetch = dist::zero3_prefetch_setting(c);
-  s.world = c.get("dist.backend") == "none" ? 1 : dist::detect_launch().world;
-  s.dist_backend = c.get("dist.backend");
-  s.offload_optimizer = c.get("offload.optimizer");
-  s.offload_params = c.get("offload.params");
-  // NVMe buffers in flight (where the build has the key).
-  if (find_key("offload.buffers"))
-    s.offload_buffers = static_cast<int>(c.get_int("offload.buffers"));
+  s.precision = r.backend.precision;
+  s.checkpoint_every = r.train.grad_checkpointing;
+  s.seq_len = r.data.seq_len;
+  s.micro_batch = r.train.micro_batch.n;  // auto: 1
+  s.accumulation = r.train.accumulation;
+  s.optimizer = r.optim.kind;
+  s.lora = lora_config_from(r.lora);
+  if (!r.lora.init_from.empty()) s.lora = read_peft_config(r.lora.init_from);
+  s.threads = r.backend.threads;
+  s.backend = r.backend.kind;
+  s.zero_stage = r.dist.zero_stage;
+  s.row_chunk_bytes = r.dist.row_chunk_bytes;
+  s.bucket_bytes = r.dist.bucket_bytes;
+  s.shard_adapter = r.dist.shard_adapter;
+  s.zero3_prefetch = r.dist.prefetch;
+  s.world = r.dist.backend == DistBackend::None ? 1 : dist::detect_launch().world;
+  s.dist_backend = r.dist.backend;
+  s.offload_optimizer = r.offload.optimizer;
+  s.offload_params = r.offload.params;
+  s.offload_buffers = r.offload.buffers;
   return s;
 }
 
@@ -392,7 +379,7 @@ std::vector<uint64_t> lora_numels(const ModelConfig& c, const LoraConfig& lc) {
 // ZeRO-2/3 on several ranks of a host backend: each rank keeps only its own tensors' gradients
 // (dist/zero2_grads.h; Trainer::init_grads). Device backends keep them whole.
 bool sharded_gradients(const PlanSettings& s) {
-  return s.world > 1 && s.zero_stage >= 2 && s.backend != "cuda";
+  return s.world > 1 && s.zero_stage >= 2 && s.backend != BackendKind::Cuda;
 }
 
 // dist.zero3_shard_adapter as the trainer applies it (Trainer::shard_adapter).
@@ -410,9 +397,11 @@ std::vector<uint64_t> optimizer_by_rank(const ModelConfig& c, const PlanSettings
   std::vector<std::vector<uint64_t>> state(static_cast<size_t>(W));
   for (size_t i = 0; i < numel.size(); ++i) {
     // The NVMe store rounds every array like host memory (also for paged_adamw8bit).
-    const bool nvme = s.offload_optimizer == "nvme";
-    const uint64_t b = optimizer_bytes(
-        nvme && s.optimizer == "paged_adamw8bit" ? "adamw8bit" : s.optimizer, numel[i]);
+    const bool nvme = s.offload_optimizer == OffloadTarget::Nvme;
+    const uint64_t b = optimizer_bytes(nvme && s.optimizer == OptimizerKind::PagedAdamW8bit
+                                           ? OptimizerKind::AdamW8bit
+                                           : s.optimizer,
+                                       numel[i]);
     fill[static_cast<size_t>(owner[i])] += numel[i];
     if (s.zero_stage == 0) {
       for (auto& v : state) v.push_back(b);
@@ -432,7 +421,7 @@ std::vector<uint64_t> optimizer_by_rank(const ModelConfig& c, const PlanSettings
   std::vector<uint64_t> out(static_cast<size_t>(W), 0);
   for (int r = 0; r < W; ++r) {
     std::vector<uint64_t>& v = state[static_cast<size_t>(r)];
-    if (s.offload_optimizer == "nvme") {
+    if (s.offload_optimizer == OffloadTarget::Nvme) {
       // In a file but for 1 + offload.buffers slots as large as the largest tensor's state.
       const uint64_t largest = v.empty() ? 0 : *std::max_element(v.begin(), v.end());
       out[static_cast<size_t>(r)] = uint64_t(1 + std::max(s.offload_buffers, 1)) * largest;
@@ -689,8 +678,8 @@ uint64_t lora_floats(const ModelConfig& c, const LoraConfig& lc) {
 // The trainer's device step (trainer.cpp): AdamW on one rank or over NCCL, its state not
 // offloaded.
 bool device_optimizer_step(const PlanSettings& s) {
-  return (s.world == 1 || s.dist_backend == "nccl") && s.optimizer == "adamw" &&
-         s.offload_optimizer == "none";
+  return (s.world == 1 || s.dist_backend == DistBackend::Nccl) &&
+         s.optimizer == OptimizerKind::AdamW && s.offload_optimizer == OffloadTarget::None;
 }
 
 // segment: DataParallel's per-rank block of the exchange buffers, in floats.
@@ -703,7 +692,7 @@ void plan_device_persistent(const ModelConfig& c, const WeightFootprint& w, cons
   uint64_t weights = m.round(rb(uint64_t(c.head_dim / 2) * 4)) *
                      uint64_t(rope_varies(c.rope) ? kRopeDeviceTables : 1);
   const bool have_groups = w.groups.size() == static_cast<size_t>(c.n_layers) + 2;
-  const bool nccl = s.world > 1 && s.dist_backend == "nccl";
+  const bool nccl = s.world > 1 && s.dist_backend == DistBackend::Nccl;
   // The host's DataParallel exchange buffer (allocated on every rank of several).
   const uint64_t host_exchange =
       rb(dist::host_exchange_bytes(s.world, segment, false, s.bucket_bytes));
@@ -718,7 +707,7 @@ void plan_device_persistent(const ModelConfig& c, const WeightFootprint& w, cons
     d[int(MemCategory::Communication)] += gathered;
     p->train[int(MemCategory::Weights)] = 0;
     p->train[int(MemCategory::Communication)] = host_exchange;
-  } else if (s.offload_params == "cpu" && have_groups) {
+  } else if (s.offload_params == OffloadTarget::Cpu && have_groups) {
     // offload.params=cpu (offload/device_weight_stream.h): the unit in use and the next one
     // read ahead, each storage Buffer a device block as stored; the host keeps every weight.
     weights += device_stream_resident_bytes(w, m);
@@ -785,12 +774,12 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
   cat[int(MemCategory::Weights)] = w.bytes;
   // ZeRO-3 on host ranks (a host backend) keeps the f32 embedding and head by rows.
   // Several MPI ranks load deferred (train/trainer.h load_into_shards).
-  const Zero3Layout z3{w, s.world, s.backend == "cuda" ? 0 : s.row_chunk_bytes,
-                       s.world > 1 && s.dist_backend == "mpi", s.zero3_prefetch};
+  const Zero3Layout z3{w, s.world, s.backend == BackendKind::Cuda ? 0 : s.row_chunk_bytes,
+                       s.world > 1 && s.dist_backend == DistBackend::Mpi, s.zero3_prefetch};
   if (have_groups && s.zero_stage == 3) {
     zero3_bytes(z3, c, R, rb, &cat[int(MemCategory::Weights)],
                 &cat[int(MemCategory::Communication)]);
-  } else if (have_groups && s.offload_params == "nvme") {
+  } else if (have_groups && s.offload_params == OffloadTarget::Nvme) {
     cat[int(MemCategory::Weights)] = nvme_resident_bytes(w, s.offload_buffers);
   }
 
@@ -889,7 +878,8 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
     // Per micro-batch: four int32 arrays of R (LlamaRunner::prepare), the streamed units, and
     // for a host step the adapter's A/B in (LlamaRunner::lora_to_device), its gradients out.
     uint64_t pass = 4 * uint64_t(R) * 4;
-    if (s.offload_params == "cpu" && have_groups) pass += device_stream_bytes_per_pass(w);
+    if (s.offload_params == OffloadTarget::Cpu && have_groups)
+      pass += device_stream_bytes_per_pass(w);
     const uint64_t host_step = device_optimizer_step(s) ? 0 : lora_floats(c, lc) * 4;
     const uint64_t passes = uint64_t(std::max(s.accumulation, 1));
     p.device_h2d_per_step = (pass + host_step) * passes;
@@ -906,7 +896,7 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
   // ranks loads deferred (train/trainer.h load_into_shards): each group once alone, then group
   // by group beside the shards made so far.
   uint64_t loaded = w.bytes;
-  if (have_groups && s.zero_stage == 3 && s.world > 1 && s.dist_backend == "mpi") {
+  if (have_groups && s.zero_stage == 3 && s.world > 1 && s.dist_backend == DistBackend::Mpi) {
     loaded = zero3_deferred_load_peak(z3);
     p.load_peak = loaded + w.load_staging;
   } else if (have_groups && s.zero_stage == 3) {

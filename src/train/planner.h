@@ -64,13 +64,12 @@
 #include <string>
 #include <vector>
 
+#include "config/run_spec.h"
 #include "core/memory.h"
 #include "model/lora.h"
 #include "model/model.h"
 
 namespace qlft {
-
-class Config;
 
 // Weight storage of a model as loaded.
 struct WeightFootprint {
@@ -106,37 +105,37 @@ WeightFootprint weight_footprint(const Model& m);
 // Of a loaded model as a plan needs it: weight_footprint(m), or, when a trainer streams its
 // weights (ZeRO-3 shards, NVMe offload: its buffers are empty now), the footprint of its file
 // with the quant.* settings of c (those it was loaded with).
-WeightFootprint weight_footprint_for_plan(const Model& m, const Config& c);
+WeightFootprint weight_footprint_for_plan(const Model& m, const QuantSpec& q);
 // From a model file without loading its weights: a .gguf file (header only) or an HF model
 // (config.json + safetensors headers). Fills *cfg with the model's shape.
 WeightFootprint weight_footprint_of_file(const std::string& path, const LoadOptions& opt,
                                          ModelConfig* cfg);
 
 struct PlanSettings {
-  std::string precision = "fp32";  // fp32 | bf16 | fp16 (the low ones add autocast copies)
-  int checkpoint_every = 0;        // train.grad_checkpointing
+  Precision precision = Precision::FP32;  // bf16 / fp16 add autocast copies
+  int checkpoint_every = 0;               // train.grad_checkpointing
   int seq_len = 512;
   int micro_batch = 4;
   int accumulation = 1;  // micro-batches per step (more than one keeps backward temporaries)
-  std::string optimizer = "adamw";  // adamw | adamw8bit | paged_adamw8bit
+  OptimizerKind optimizer = OptimizerKind::AdamW;
   LoraConfig lora;
-  int threads = 0;                     // kernel threads; 0: what OpenMP would use now
-  std::string backend = "cpu";         // the `backend` key: cpu | cuda
-  int world = 1;                       // ranks
-  std::string dist_backend = "none";   // dist.backend: nccl keeps the AdamW step on the device
-  int zero_stage = 0;                  // dist.zero_stage
-  uint64_t row_chunk_bytes = 2 << 20;  // dist.row_chunk_kib
-  uint64_t bucket_bytes = 256 << 10;   // dist.bucket_kib
-  bool shard_adapter = false;          // dist.zero3_shard_adapter
-  bool zero3_prefetch = true;          // dist.zero3_prefetch
-  std::string offload_optimizer = "none", offload_params = "none";  // none | cpu | nvme
+  int threads = 0;  // kernel threads; 0: what OpenMP would use now
+  BackendKind backend = BackendKind::Cpu;
+  int world = 1;                                 // ranks
+  DistBackend dist_backend = DistBackend::None;  // nccl keeps the AdamW step on the device
+  int zero_stage = 0;                            // dist.zero_stage
+  uint64_t row_chunk_bytes = 2 << 20;            // dist.row_chunk_kib
+  uint64_t bucket_bytes = 256 << 10;             // dist.bucket_kib
+  bool shard_adapter = false;                    // dist.zero3_shard_adapter
+  bool zero3_prefetch = true;                    // dist.zero3_prefetch
+  OffloadTarget offload_optimizer = OffloadTarget::None, offload_params = OffloadTarget::None;
   int offload_buffers = 2;  // offload.buffers: NVMe buffers in flight besides the one in use
 
   // train.precision, train.grad_checkpointing, data.seq_len, train.micro_batch (auto gives 1),
   // optim.name, lora.* (or lora.init_from's adapter_config.json), threads, backend,
   // dist.zero_stage, offload.optimizer/params; world: the launcher's (dist::detect_launch) when
   // dist.backend is set, else 1.
-  static PlanSettings from_config(const Config& c);
+  static PlanSettings from_spec(const RunSpec& s);
 };
 
 struct MemoryPlan {

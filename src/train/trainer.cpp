@@ -6,15 +6,14 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "backend/autocast_backend.h"
-#include "backend/cuda_entry.h"
+#include "backend/backend_select.h"
 #include "train/device_adamw.h"
 #include "backend/dropout.h"
-#include "config/config.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/profile.h"
 #include "parallel/data_parallel.h"
+#include "parallel/nvme_state_store.h"
 #include "parallel/zero3_stream.h"
 #include "formats/atomic_file.h"
 #include "formats/safetensors.h"
@@ -26,6 +25,16 @@
 namespace qlft {
 
 namespace {
+
+// Where the optimizer state lives (offload.optimizer, offload.dir, offload.buffers): nvme
+// streams it through a file (parallel/nvme_state_store.h); otherwise host memory, or
+// paged_adamw8bit's paged files in offload.dir.
+StateStoreFactory state_stores(const OffloadSpec& o) {
+  if (o.optimizer != OffloadTarget::Nvme) return host_or_paged_state_stores(o.dir);
+  return [o](MemoryTracker* tracker, bool) {
+    return make_nvme_state_store(tracker, o.dir, o.buffers);
+  };
+}
 
 // The model's view of a data batch (no copies; empty positions/doc ids mean plain causal).
 TokenBatch token_batch(const data::Batch& b) {
@@ -141,42 +150,39 @@ void check_same_data(const std::string& path, const std::string& saved, const st
 
 }  // namespace
 
-TrainSettings TrainSettings::from_config(const Config& c) {
+TrainSettings TrainSettings::from_spec(const RunSpec& s) {
   TrainSettings t;
-  t.micro_batch_auto = c.get("train.micro_batch") == "auto";
-  t.micro_batch = t.micro_batch_auto ? 1 : static_cast<int>(c.get_int("train.micro_batch"));
-  t.effective_batch = c.get_int("train.effective_batch");
-  t.accumulation = static_cast<int>(c.get_int("train.accumulation"));
-  t.max_steps = c.get_int("train.max_steps");
-  t.precision = c.get("train.precision");
-  t.checkpoint_every_layers = static_cast<int>(c.get_int("train.grad_checkpointing"));
-  t.eval_every = c.get_int("train.eval_every");
-  t.save_every = c.get_int("train.save_every");
-  t.output_dir = c.get("train.output_dir");
-  t.seed = static_cast<uint64_t>(c.get_int("seed"));
-  t.stop_on_nonfinite = c.get("train.on_nonfinite") == "stop";
-  t.max_nonfinite_in_row = static_cast<int>(c.get_int("train.max_nonfinite"));
+  t.micro_batch_auto = s.train.micro_batch.is_auto;
+  t.micro_batch = s.train.micro_batch.n;
+  t.effective_batch = s.train.effective_batch;
+  t.accumulation = s.train.accumulation;
+  t.max_steps = s.train.max_steps;
+  t.precision = s.backend.precision;
+  t.checkpoint_every_layers = s.train.grad_checkpointing;
+  t.eval_every = s.train.eval_every;
+  t.save_every = s.train.save_every;
+  t.output_dir = s.train.output_dir;
+  t.seed = s.train.seed;
+  t.stop_on_nonfinite = s.train.stop_on_nonfinite;
+  t.max_nonfinite_in_row = s.train.max_nonfinite;
   return t;
 }
 
 Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset* train,
-                 const Config& cfg)
+                 const RunSpec& spec)
     : model_(model),
       tracker_(tracker),
       host_cache_(tracker),
       train_(train),
-      ts_(TrainSettings::from_config(cfg)) {
+      ts_(TrainSettings::from_spec(spec)) {
   if (const char* p = std::getenv("QLFT_PROFILE"); p && *p) {
     profile_path_ = p;
     prof::set_enabled(true);
   }
-  backend_ = make_backend(cfg.get("backend"), tracker, ts_.precision, cfg.get_bool("cuda.tf32"));
-  // A device backend rounds its 16-bit operands itself (make_backend passed it the precision).
-  if ((ts_.precision == "bf16" || ts_.precision == "fp16") && !backend_->device_memory())
-    backend_ = make_autocast_backend(std::move(backend_),
-                                     ts_.precision == "bf16" ? DType::BF16 : DType::F16);
-  LoraConfig lc = lora_config_from(cfg);
-  const std::string init_from = cfg.get("lora.init_from");
+  // train.precision reaches the kernels through the backend it is made with.
+  backend_ = make_backend(spec.backend, tracker);
+  LoraConfig lc = lora_config_from(spec.lora);
+  const std::string& init_from = spec.lora.init_from;
   if (!init_from.empty()) {
     LoraConfig file = read_peft_config(init_from);
     file.init_seed = lc.init_seed;
@@ -187,17 +193,17 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
   // A sharded adapter (dist.zero3_shard_adapter on several launched ranks) gets its values once
   // the partition is known, only this rank's (Trainer::shard_adapter); unless lora.init_from
   // loads them all first.
-  const bool later_values = cfg.get_bool("dist.zero3_shard_adapter") && init_from.empty() &&
-                            dist::detect_launch().world > 1;
+  const bool later_values =
+      spec.dist.shard_adapter && init_from.empty() && dist::detect_launch().world > 1;
   lora_ = std::make_unique<LoraAdapter>(tracker, model.shapes, lc, /*gradients=*/false,
                                         /*values=*/!later_values);
   if (!init_from.empty()) load_peft_adapter(*lora_, init_from);
   // ZeRO-3, NVMe and device offload stream the base weights: this trainer's own copy of them
   // (train/weight_placement.h), never the shared model's.
   {
-    const dist::DistSettings ds = dist::DistSettings::from_config(cfg);
-    const bool streams = ds.zero_stage == 3 || ds.offload_params == "nvme" ||
-                         (ds.offload_params == "cpu" && backend_->device_memory());
+    const OffloadTarget params = spec.offload.params;
+    const bool streams = spec.dist.zero_stage == 3 || params == OffloadTarget::Nvme ||
+                         (params == OffloadTarget::Cpu && backend_->device_memory());
     placement_ = std::make_unique<WeightPlacement>(model, tracker, streams);
   }
   runner_ = std::make_unique<LlamaRunner>(placement_->model(), *backend_, lora_.get());
@@ -217,10 +223,10 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
       param_slots_.push_back({l, static_cast<Proj>(p), false});
       param_slots_.push_back({l, static_cast<Proj>(p), true});
     }
-  OptimSettings os = OptimSettings::from_config(cfg);
-  init_dist(cfg, std::move(params));
-  init_grads(cfg);
-  init_offload(cfg);
+  const OptimSettings& os = spec.optim;
+  init_dist(spec, std::move(params));
+  init_grads(spec);
+  init_offload(spec);
   try {  // a constructor that throws runs no destructor: give streamed weights back here
     // A device backend with AdamW, on one rank or on several over NCCL, keeps the adapter, its
     // gradients and the optimizer state in device memory (a step moves only the batch and a few
@@ -228,8 +234,9 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
     // optimizers, and ranks over MPI, step on the host, the adapter copied in and its gradients
     // out per pass.
     const bool device_exchange = world() == 1 || dp_->device_comm().device_buffers();
-    const bool state_on_host = os.offload_nvme || cfg.get("offload.optimizer") == "cpu";
-    if (backend_->device_memory() && device_exchange && os.name == "adamw" && !state_on_host) {
+    const bool state_on_host = spec.offload.optimizer != OffloadTarget::None;
+    if (backend_->device_memory() && device_exchange && os.kind == OptimizerKind::AdamW &&
+        !state_on_host) {
       runner_->keep_lora_on_device();
       const int64_t n = runner_->lora_device_count();
       float* w = runner_->lora_device_weights();
@@ -244,10 +251,10 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
       }
     }
     device_step_ = opt_ != nullptr;
-    if (!opt_) opt_ = make_optimizer(os, dp_->owned_params(), tracker);
+    if (!opt_) opt_ = make_optimizer(os, dp_->owned_params(), tracker, state_stores(spec.offload));
     // train.micro_batch=auto / train.effective_batch: trial steps (or the cache) set the batch
     // shape before the data batches are made; the trainer is left as if none had run.
-    if (ts_.micro_batch_auto || ts_.effective_batch > 0) autotune_batch_shape(*this, cfg, world());
+    if (ts_.micro_batch_auto || ts_.effective_batch > 0) autotune_batch_shape(*this, spec, world());
 
     if (train_) {
       it_ = std::make_unique<data::BatchIterator>(train_->train_batches(ts_.micro_batch));
@@ -257,9 +264,8 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
     } else {
       total_steps_ = ts_.max_steps;
     }
-    sched_ = std::make_unique<LrSchedule>(ScheduleSettings::from_config(cfg), os.lr,
-                                          total_steps_ > 0 ? total_steps_ : 1);
-    scaler_ = std::make_unique<LossScaler>(ScalerSettings::from_config(cfg));
+    sched_ = std::make_unique<LrSchedule>(spec.sched, os.lr, total_steps_ > 0 ? total_steps_ : 1);
+    scaler_ = std::make_unique<LossScaler>(spec.scaler);
   } catch (...) {
     end_offload();
     throw;
@@ -354,7 +360,7 @@ void Trainer::step_on(const std::vector<data::Batch>& batches, StepReport* out) 
     n = dp_->global_sum(n);  // every rank scales by the global token count
     // ZeRO-3: a rank with fewer passes than another joins its weight gathers after its own.
     const int replays = dp_->missing_passes(passes);
-    const bool fp16 = ts_.precision == "fp16";
+    const bool fp16 = ts_.precision == Precision::FP16;
     const float scale = fp16 ? scaler_->scale() : 1.0f;
     double loss_sum = 0;
     for (size_t i = 0; i < batches.size(); ++i) {
@@ -517,7 +523,7 @@ std::string Trainer::fingerprint() const {
       "arch=%s layers=%d dim=%d lora.r=%d lora.alpha=%g targets=%s rslora=%d optim=%s "
       "batch=%lld",
       model_.cfg.arch.c_str(), model_.cfg.n_layers, model_.cfg.dim, c.r, c.alpha,
-      c.targets_string().c_str(), c.use_rslora ? 1 : 0, opt_->name().c_str(),
+      c.targets_string().c_str(), c.use_rslora ? 1 : 0, opt_->name(),
       // The effective batch, not its split into micro-batches, accumulation and ranks: a
       // checkpoint resumes with any split (another world size included).
       static_cast<long long>(ts_.micro_batch) * ts_.accumulation * world());

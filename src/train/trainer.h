@@ -18,6 +18,7 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "config/run_spec.h"
 #include "data/dataset.h"
 #include "model/llama.h"
 #include "model/lora.h"
@@ -30,7 +31,6 @@ namespace qlft {
 
 class DeviceWeightStream;
 
-class Config;
 namespace dist {
 class DataParallel;
 struct StateEntry;
@@ -39,22 +39,22 @@ struct StateEntry;
 // Whether a model loaded for these settings should be loaded deferred (LoadOptions::deferred):
 // dist.zero_stage=3 over MPI with several ranks launched, so each rank shards the weights
 // straight from the file and none holds the whole model (dist/zero3_stream.h).
-bool load_into_shards(const Config& c);
+bool load_into_shards(const RunSpec& s);
 
 struct TrainSettings {
   int micro_batch = 4;
   int accumulation = 1;
-  bool micro_batch_auto = false;    // train.micro_batch=auto: train/autotune.h picks it
-  int64_t effective_batch = 0;      // train.effective_batch (0: micro_batch x accumulation)
-  int64_t max_steps = 0;            // 0: one pass over data.epochs
-  std::string precision = "fp32";   // fp32 | bf16 | fp16
+  bool micro_batch_auto = false;  // train.micro_batch=auto: train/autotune.h picks it
+  int64_t effective_batch = 0;    // train.effective_batch (0: micro_batch x accumulation)
+  int64_t max_steps = 0;          // 0: one pass over data.epochs
+  Precision precision = Precision::FP32;
   int checkpoint_every_layers = 0;  // gradient checkpointing: 0 off, 1 every layer, N every N-th
   int64_t eval_every = 0, save_every = 0;
   std::string output_dir = "qlft-out";
   uint64_t seed = 42;
   bool stop_on_nonfinite = false;
   int max_nonfinite_in_row = 10;
-  static TrainSettings from_config(const Config& cfg);
+  static TrainSettings from_spec(const RunSpec& s);  // train.*, train.precision, seed
 };
 
 struct StepReport {
@@ -82,7 +82,7 @@ class Trainer {
   // offload) streams its own copy (placement()), so generation, merged export and other
   // trainers use the model while this one exists.
   Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset* train,
-          const Config& cfg);
+          const RunSpec& spec);
   ~Trainer();
 
   // One optimizer step; false (and nothing done) when the data or max_steps is exhausted.
@@ -151,17 +151,17 @@ class Trainer {
   std::vector<GradSpan> grad_spans();
   // trainer_dist.cpp: the communicator and ZeRO partition, and this rank's micro-batches of
   // the next global batch (micro_batch x accumulation x world rows).
-  void init_dist(const Config& cfg, std::vector<ParamRef> params);
+  void init_dist(const RunSpec& spec, std::vector<ParamRef> params);
   // trainer_dist.cpp: the adapter's gradients, after init_dist: every dA / dB, or with ZeRO-2
   // on several ranks and a host backend this rank's share and the runner's gradient sink;
   // with dist.zero3_shard_adapter also only this rank's A / B (dist/zero3_lora.h).
-  void init_grads(const Config& cfg);
+  void init_grads(const RunSpec& spec);
   void shard_adapter();
   // The adapter's values of params()[i] where keep(i), for an adapter made without them.
   void make_adapter_values(const std::function<bool(size_t)>& keep);
   bool adapter_has_values() const;  // false: made without them (values after the partition)
   // trainer_offload.cpp: offload.optimizer / offload.params, before the optimizer is made.
-  void init_offload(const Config& cfg);
+  void init_offload(const RunSpec& spec);
   void end_offload() noexcept;          // ~Trainer: offload.params=cpu's device units freed
   void write_profile() const noexcept;  // ~Trainer: the op profile to profile_path_, if set
   size_t next_global_batches(std::vector<data::Batch>& mine);

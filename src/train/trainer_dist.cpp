@@ -5,9 +5,9 @@
 
 #include <cstring>
 
-#include "config/config.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "parallel/comm_select.h"
 #include "parallel/data_parallel.h"
 #include "parallel/zero2_grads.h"
 #include "parallel/zero3_lora.h"
@@ -65,14 +65,14 @@ void install_zero3(Model& m, dist::DataParallel& dp, MemoryTracker* tracker,
 
 }  // namespace
 
-bool load_into_shards(const Config& c) {
+bool load_into_shards(const RunSpec& s) {
   // ZeRO-3 over MPI with several ranks launched: shards are made from the file, group by group.
   // (Over NCCL the shards are the device's and the host load is not the peak.)
   // offload.params=nvme: the trainer writes its own copy to the file (train/weight_placement.h),
   // so a resident model would keep every weight in memory beside it.
-  return (c.get_int("dist.zero_stage") == 3 && c.get("dist.backend") == "mpi" &&
+  return (s.dist.zero_stage == 3 && s.dist.backend == DistBackend::Mpi &&
           dist::detect_launch().world > 1) ||
-         c.get("offload.params") == "nvme";
+         s.offload.params == OffloadTarget::Nvme;
 }
 
 int Trainer::rank() const {
@@ -82,11 +82,11 @@ int Trainer::world() const {
   return dp_ ? dp_->world() : 1;
 }
 
-void Trainer::init_dist(const Config& cfg, std::vector<ParamRef> params) {
-  dist::DistSettings ds = dist::DistSettings::from_config(cfg);
+void Trainer::init_dist(const RunSpec& spec, std::vector<ParamRef> params) {
+  const DistSpec& ds = spec.dist;
   // NCCL collectives take device buffers: the gradients and weights they exchange are the
   // device backend's (attach_device in the trainer), so a host backend has nothing to give them.
-  if (ds.backend == "nccl" && !backend_->device_memory())
+  if (ds.backend == DistBackend::Nccl && !backend_->device_memory())
     throw_error(QLFT_ERR_INVALID_ARGUMENT,
                 "dist.backend=nccl exchanges device memory between GPUs; it needs backend=cuda "
                 "(backend is %s; use dist.backend=mpi for CPU ranks)",
@@ -118,7 +118,7 @@ void Trainer::init_dist(const Config& cfg, std::vector<ParamRef> params) {
                   backend_->device_memory() == nullptr, ds.row_chunk_bytes, ds.prefetch);
 }
 
-void Trainer::init_grads(const Config& cfg) {
+void Trainer::init_grads(const RunSpec& spec) {
   // ZeRO-2 (and 3) on a host backend: this rank keeps the gradients of its own tensors only,
   // and the runner hands each projection's gradients to the exchange as backward makes them
   // (dist/zero2_grads.h). A device backend accumulates every gradient in its flat device array
@@ -140,7 +140,7 @@ void Trainer::init_grads(const Config& cfg) {
                 "after backward); sharded gradients are built for host backends",
                 rank(), dp_->zero_stage(), backend_->name());
   }
-  if (cfg.get_bool("dist.zero3_shard_adapter") && world() > 1) return shard_adapter();
+  if (spec.dist.shard_adapter && world() > 1) return shard_adapter();
   // (values deferred for a sharding that does not happen: every tensor's)
   if (!adapter_has_values()) make_adapter_values([](size_t) { return true; });
 }

@@ -4,13 +4,12 @@
 // unit of base weights to the device while it is used (offload/device_weight_stream.h), and
 // offload.optimizer=cpu keeps the optimizer state and step on the host.
 //
-// offload.optimizer=nvme needs nothing here: OptimSettings::from_config reads it and the
-// optimizer puts its state in an NVMe store (src/parallel/nvme_state_store.h).
+// offload.optimizer=nvme needs nothing here: the trainer hands the optimizer an NVMe state store
+// (src/parallel/nvme_state_store.h; state_stores in trainer.cpp).
 // offload.params=nvme moves the base weights of the trainer's own model (train/
 // weight_placement.h) into a file (src/parallel/nvme_weight_stream.h) before the first step.
 #include <memory>
 
-#include "config/config.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "parallel/data_parallel.h"
@@ -20,13 +19,13 @@
 
 namespace qlft {
 
-void Trainer::init_offload(const Config& cfg) {
-  dist::DistSettings ds = dist::DistSettings::from_config(cfg);
+void Trainer::init_offload(const RunSpec& spec) {
+  const OffloadSpec& os = spec.offload;
   const bool device = backend_->device_memory() != nullptr;
   for (const auto& [key, value] :
-       {std::pair<const char*, std::string>{"offload.optimizer", ds.offload_optimizer},
-        {"offload.params", ds.offload_params}}) {
-    if (value == "cpu" && !device)
+       {std::pair<const char*, OffloadTarget>{"offload.optimizer", os.optimizer},
+        {"offload.params", os.params}}) {
+    if (value == OffloadTarget::Cpu && !device)
       log_message(QLFT_LOG_WARN,
                   "%s=cpu means nothing on the cpu backend (the state already lives in host "
                   "memory): treated as none",
@@ -34,7 +33,7 @@ void Trainer::init_offload(const Config& cfg) {
   }
   // offload.optimizer=cpu on a device backend: the trainer keeps the host step (optimizer state
   // in host memory, gradients copied out per pass; see the constructor).
-  if (ds.offload_params == "cpu" && device) {
+  if (os.params == OffloadTarget::Cpu && device) {
     // The trainer's own model (train/weight_placement.h): its host Buffers move into the stream,
     // whose device memory is this trainer's backend's.
     placement_->make_resident();
@@ -43,12 +42,11 @@ void Trainer::init_offload(const Config& cfg) {
     log_message(QLFT_LOG_INFO, "%s", device_stream_->describe().c_str());
     return;
   }
-  if (ds.offload_params != "nvme") return;
+  if (os.params != OffloadTarget::Nvme) return;
   // The trainer's own model goes to the file (a deferred copy loads its groups first); the
   // stream lives in that model and ends with the trainer.
-  const int read_ahead = static_cast<int>(cfg.get_int("offload.buffers"));
   placement_->make_resident();
-  NvmeWeightStream::offload(placement_->own(), tracker_, ds.offload_dir, read_ahead);
+  NvmeWeightStream::offload(placement_->own(), tracker_, os.dir, os.buffers);
 }
 
 void Trainer::end_offload() noexcept {

@@ -109,12 +109,12 @@ class CudaAutotuneTest : public ::testing::Test {
     Config c = base_config("");
     c.set("data.path", text_);
     c.set("data.seq_len", std::to_string(seq));
-    data_ = std::make_unique<data::Dataset>(
-        data::Dataset::build(data::DataOptions::from_config(c), *enc_));
+    data_ =
+        std::make_unique<data::Dataset>(data::Dataset::build(qlft::parse_run_spec(c).data, *enc_));
   }
 
   MemoryPlan plan(const Config& c, int micro_batch) const {
-    PlanSettings ps = PlanSettings::from_config(c);
+    PlanSettings ps = PlanSettings::from_spec(qlft::parse_run_spec(c));
     ps.micro_batch = micro_batch;
     return plan_memory(model_->cfg, weight_footprint(*model_), ps);
   }
@@ -131,7 +131,7 @@ class CudaAutotuneTest : public ::testing::Test {
     // A fresh process's allocator: blocks cached by an earlier case (another precision or
     // micro-batch) would be handed out for requests down to half their size and counted whole.
     cuda_plugin::get("test").empty_cache(&tracker_);
-    Trainer t(*model_, &tracker_, data_.get(), c);
+    Trainer t(*model_, &tracker_, data_.get(), qlft::parse_run_spec(c));
     tracker_.reset_peaks();
     StepReport r;
     ASSERT_TRUE(t.step(&r));
@@ -233,7 +233,7 @@ TEST_F(CudaAutotuneTest, DISABLED_SmolLM2ShapedCurvesFollowCpu) {
   load_dir(dir, 128);
   const std::string out = qlft_test::temp_dir("cuda-curves-smol");
   auto curve = [&](const Config& c) {
-    Trainer t(*model_, &tracker_, data_.get(), c);
+    Trainer t(*model_, &tracker_, data_.get(), qlft::parse_run_spec(c));
     std::vector<double> loss;
     StepReport r;
     while (t.step(&r)) loss.push_back(r.loss);
@@ -287,8 +287,8 @@ TEST_F(CudaAutotuneTest, OffloadedTrainersShareTheModel) {
   c.set("offload.params", "cpu");
   const void* embd = model_->tok_embd.data.data();
   {
-    Trainer first(*model_, &tracker_, data_.get(), c);
-    Trainer second(*model_, &tracker_, data_.get(), c);
+    Trainer first(*model_, &tracker_, data_.get(), qlft::parse_run_spec(c));
+    Trainer second(*model_, &tracker_, data_.get(), qlft::parse_run_spec(c));
     EXPECT_TRUE(model_->stream == nullptr);
     EXPECT_TRUE(first.placement().model().stream != nullptr);
     EXPECT_TRUE(second.placement().model().stream != nullptr);
@@ -300,7 +300,7 @@ TEST_F(CudaAutotuneTest, OffloadedTrainersShareTheModel) {
   EXPECT_TRUE(model_->stream == nullptr);
   EXPECT_EQ(model_->tok_embd.data.data(), embd);
   EXPECT_FALSE(model_->tok_embd.data.on_device());
-  Trainer next(*model_, &tracker_, data_.get(), c);
+  Trainer next(*model_, &tracker_, data_.get(), qlft::parse_run_spec(c));
   StepReport r;
   EXPECT_TRUE(next.step(&r));
 }
@@ -322,7 +322,7 @@ TEST_F(CudaAutotuneTest, ThreeDeviceBudgets) {
     ASSERT_LT(lo, hi);
     const uint64_t limit = lo + (hi - lo) / 2;
     tracker_.set_limit(limit);
-    Trainer a(*model_, &tracker_, data_.get(), c);
+    Trainer a(*model_, &tracker_, data_.get(), qlft::parse_run_spec(c));
     const int micro = a.settings().micro_batch;
 
     // The search's record, from its cache file.

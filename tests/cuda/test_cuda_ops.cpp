@@ -46,7 +46,10 @@ struct Pair {
   explicit Pair(const char* precision = "fp32") {
     cpu = qlft::make_cpu_backend(&tracker);
     qlft::CudaBackendOptions o;
-    o.gemm_precision = precision;
+    const std::string pr = precision;  // the test's labels: fp32, bf16, fp16
+    o.spec.precision = pr == "bf16"   ? qlft::Precision::BF16
+                       : pr == "fp16" ? qlft::Precision::FP16
+                                      : qlft::Precision::FP32;
     gpu = qlft::make_cuda_backend(&tracker, o);
   }
 };

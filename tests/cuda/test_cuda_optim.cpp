@@ -92,7 +92,7 @@ TEST(CudaOptim, AdamW8bitMatchesCpuOptimizer) {
   const size_t n = 256 * 20 + 77;  // a partial last block
   FVec p = normal(n, 2, 0.1f), grad(n);
   qlft::OptimSettings s;
-  s.name = "adamw8bit";
+  s.kind = qlft::OptimizerKind::AdamW8bit;
   s.lr = 1e-3;
   s.weight_decay = 0.01;
   auto opt = qlft::make_optimizer(s, {{"w", p.data(), grad.data(), n}}, &t);

@@ -19,7 +19,7 @@ TEST(CudaRopeScaling, LogitsAndGreedyMatchTransformers) {
     MemoryTracker tr;
     auto m = load_model(&tr, variant_dir(v), model_test::keep());
     CudaBackendOptions o;
-    o.gemm_precision = "fp32";
+    o.spec.precision = qlft::Precision::FP32;
     auto gpu = make_cuda_backend(&tr, o);
     const std::vector<float> ours = logits_at_positions(*m, *gpu);
     const std::vector<float> want = reference().f32(std::string(v) + ".logits");
@@ -75,7 +75,7 @@ TEST(CudaRopeScaling, BackwardFollowsCpu) {
     };
     auto cpu = make_cpu_backend(&tr);
     CudaBackendOptions o;
-    o.gemm_precision = "fp32";
+    o.spec.precision = qlft::Precision::FP32;
     auto gpu = make_cuda_backend(&tr, o);
     std::vector<float> gc, gg;
     const double lc_ = run(*cpu, &gc), lg = run(*gpu, &gg);

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "backend/backend_select.h"
 #include "backend/cuda_entry.h"
 #include "core/error.h"
 #include "cuda_test_util.h"
@@ -48,7 +49,9 @@ TEST(CudaSelection, FactoryWithoutDeviceThrowsBackendError) {
     QLFT_SKIP("gpu-present") << "a CUDA device is present: this case covers machines without one";
   qlft::MemoryTracker t;
   try {
-    auto be = qlft::make_backend("cuda", &t, "fp32");
+    qlft::BackendSpec spec;
+    spec.kind = qlft::BackendKind::Cuda;
+    auto be = qlft::make_backend(spec, &t);
     FAIL() << "make_backend(cuda) succeeded without a device";
   } catch (const qlft::Error& e) {
     EXPECT_EQ(e.status(), QLFT_ERR_BACKEND);
@@ -146,9 +149,9 @@ TEST(CudaDevice, PropertiesAndPrecisionCheck) {
   EXPECT_GT(i.sm_count, 0);
   EXPECT_NE(qlft::cuda_runtime_info().find("devices="), std::string::npos);
   if (i.cc_major >= 8) {
-    EXPECT_NO_THROW(qlft::cuda_check_precision(0, "bf16"));
+    EXPECT_NO_THROW(qlft::cuda_check_precision(0, qlft::Precision::BF16));
   } else {
-    EXPECT_THROW(qlft::cuda_check_precision(0, "bf16"), qlft::Error);
-    EXPECT_NO_THROW(qlft::cuda_check_precision(0, "fp16"));
+    EXPECT_THROW(qlft::cuda_check_precision(0, qlft::Precision::BF16), qlft::Error);
+    EXPECT_NO_THROW(qlft::cuda_check_precision(0, qlft::Precision::FP16));
   }
 }

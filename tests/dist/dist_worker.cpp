@@ -68,6 +68,7 @@
 #include "data/text_encoder.h"
 #include "data/tokenizer_encoder.h"
 #include "core/communicator.h"
+#include "parallel/comm_select.h"
 #include "backend/backend.h"
 #include "model/generate.h"
 #include "model/model.h"
@@ -80,7 +81,7 @@ using namespace qlft;
 namespace {
 
 int check_comm(const std::string& result) {
-  auto comm = dist::make_communicator("mpi", 20);
+  auto comm = dist::make_communicator(qlft::DistBackend::Mpi, 20);
   const int r = comm->rank(), w = comm->world();
   std::vector<std::string> errors;
   auto expect = [&](bool ok, const std::string& what) {
@@ -190,7 +191,7 @@ int check_comm(const std::string& result) {
 }
 
 int check_slow(const std::string& result) {
-  auto comm = dist::make_communicator("mpi", 4.0);
+  auto comm = dist::make_communicator(qlft::DistBackend::Mpi, 4.0);
   const int r = comm->rank();
   std::string outcome = "ok";
   try {
@@ -363,7 +364,7 @@ int train(const std::string& model_path, const std::string& data_path, const std
   MemoryTracker tracker;
   LoadOptions lo;
   lo.quant_type = c.get("quant.type");
-  lo.deferred = load_into_shards(c);  // as qlft_model_load decides it
+  lo.deferred = load_into_shards(qlft::parse_run_spec(c));  // as qlft_model_load decides it
   auto model = load_model(&tracker, model_path, lo);
   // A model file without a tokenizer (the synthetic fixtures) reads the text as bytes (ASCII
   // text: ids below 128, within their vocabulary of 160).
@@ -376,8 +377,8 @@ int train(const std::string& model_path, const std::string& data_path, const std
     enc = std::make_unique<data::ByteEncoder>(std::vector<std::string>{});
   }
   c.set("data.path", data_path);
-  auto ds = std::make_unique<data::Dataset>(
-      data::Dataset::build(data::DataOptions::from_config(c), *enc));
+  auto ds =
+      std::make_unique<data::Dataset>(data::Dataset::build(qlft::parse_run_spec(c).data, *enc));
 
   int rank = 0;
   int32_t status = QLFT_OK;
@@ -390,13 +391,15 @@ int train(const std::string& model_path, const std::string& data_path, const std
   uint64_t h2d_later = 0, d2h_later = 0;  // host<->device bytes of steps 2, 3, ...
   try {
     // The planner's host<->device bytes of a step (backend=cuda), from the resident model.
-    const WeightFootprint footprint = weight_footprint_for_plan(*model, c);
-    const MemoryPlan plan = plan_memory(model->cfg, footprint, PlanSettings::from_config(c));
-    Trainer t(*model, &tracker, ds.get(), c);
+    const WeightFootprint footprint =
+        weight_footprint_for_plan(*model, qlft::parse_run_spec(c).quant);
+    const MemoryPlan plan =
+        plan_memory(model->cfg, footprint, PlanSettings::from_spec(qlft::parse_run_spec(c)));
+    Trainer t(*model, &tracker, ds.get(), qlft::parse_run_spec(c));
     rank = t.rank();
     // This rank's own plan (ZeRO-2: its gradient share), beside what its tracker measures.
-    const MemoryPlan mine =
-        plan_memory_of_rank(model->cfg, footprint, PlanSettings::from_config(c), rank);
+    const MemoryPlan mine = plan_memory_of_rank(
+        model->cfg, footprint, PlanSettings::from_spec(qlft::parse_run_spec(c)), rank);
     // The load and the sharding (a deferred load: one group at a time beside the shards).
     const uint64_t setup_weights_peak =
         tracker.snapshot().peak[static_cast<int>(MemCategory::Weights)];

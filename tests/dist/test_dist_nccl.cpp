@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/communicator.h"
+#include "parallel/comm_select.h"
 #include "support/test_support.h"
 
 using namespace qlft;
@@ -29,7 +30,7 @@ bool have_device(std::string* why) {
 TEST(DistNccl, CollectivesOnDeviceBuffers) {
   std::string why;
   if (!have_device(&why)) QLFT_SKIP("no-gpu") << why;
-  auto c = dist::make_communicator("nccl", 60);
+  auto c = dist::make_communicator(qlft::DistBackend::Nccl, 60);
   ASSERT_STREQ(c->backend(), "nccl");
   const int r = c->rank(), w = c->world();
   const size_t n = 4096;

@@ -34,13 +34,14 @@ struct World {
     dc.set("data.seq_len", "32");
     dc.set("data.eval_fraction", "0");
     data = std::make_unique<qlft::data::Dataset>(
-        qlft::data::Dataset::build(qlft::data::DataOptions::from_config(dc), *enc));
+        qlft::data::Dataset::build(qlft::parse_run_spec(dc).data, *enc));
     cfg.set("lora.r", "2");
     cfg.set("lora.alpha", "4");
     cfg.set("train.micro_batch", "2");
     cfg.set("train.max_steps", "3");
     cfg.set("train.output_dir", qlft_fuzz::scratch_dir() + "/out");
-    trainer = std::make_unique<qlft::Trainer>(*model, &tracker, data.get(), cfg);
+    trainer =
+        std::make_unique<qlft::Trainer>(*model, &tracker, data.get(), qlft::parse_run_spec(cfg));
     // A genuine checkpoint as a seed: written where make_seeds.sh / fuzz.sh can pick it up.
     if (const char* dump = std::getenv("QLFT_FUZZ_WRITE_CHECKPOINT")) {
       qlft::StepReport r;

@@ -11,8 +11,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   qlft_fuzz::expect_only_qlft_errors([&] {
     qlft::Config cfg;
     qlft::load_config_text(cfg, text, "fuzz.yaml");
-    qlft_fuzz::expect_only_qlft_errors([&] { (void)qlft::TrainSettings::from_config(cfg); });
-    qlft_fuzz::expect_only_qlft_errors([&] { (void)qlft::data::DataOptions::from_config(cfg); });
+    qlft_fuzz::expect_only_qlft_errors(
+        [&] { (void)qlft::TrainSettings::from_spec(qlft::parse_run_spec(cfg)); });
+    qlft_fuzz::expect_only_qlft_errors([&] { (void)qlft::parse_run_spec(cfg).data; });
   });
   return 0;
 }

@@ -106,8 +106,8 @@ class AutotuneTest : public ::testing::Test {
     enc_ = std::make_unique<data::TokenizerEncoder>(*tok_);
     Config c = base_config("");
     c.set("data.path", text_);
-    data_ = std::make_unique<data::Dataset>(
-        data::Dataset::build(data::DataOptions::from_config(c), *enc_));
+    data_ =
+        std::make_unique<data::Dataset>(data::Dataset::build(qlft::parse_run_spec(c).data, *enc_));
   }
   MemoryTracker tracker_;
   std::unique_ptr<Model> model_;
@@ -125,7 +125,7 @@ TEST_F(AutotuneTest, ThreeBudgets) {
     int m;
     double margin;
   } budgets[] = {{2, 0.0}, {5, 0.0}, {9, 0.10}};
-  PlanSettings ps = PlanSettings::from_config(base_config(dir));
+  PlanSettings ps = PlanSettings::from_spec(qlft::parse_run_spec(base_config(dir)));
   ps.accumulation = 2;
   const WeightFootprint w = weight_footprint(*model_);
   int n = 0;
@@ -143,7 +143,7 @@ TEST_F(AutotuneTest, ThreeBudgets) {
     c.set("train.effective_batch", std::to_string(kEffective));
     c.set("train.autotune_margin", std::to_string(b.margin));
     tracker_.set_limit(limit);
-    Trainer a(*model_, &tracker_, data_.get(), c);
+    Trainer a(*model_, &tracker_, data_.get(), qlft::parse_run_spec(c));
     const int micro = a.settings().micro_batch, acc = a.settings().accumulation;
     EXPECT_EQ(micro * acc, kEffective);
 
@@ -173,7 +173,7 @@ TEST_F(AutotuneTest, ThreeBudgets) {
     Config cb = base_config(out + "-plain");
     cb.set("train.micro_batch", std::to_string(micro));
     cb.set("train.accumulation", std::to_string(acc));
-    Trainer bt(*model_, &other, data_.get(), cb);
+    Trainer bt(*model_, &other, data_.get(), qlft::parse_run_spec(cb));
     a.save_checkpoint(out + "/a.safetensors");
     bt.save_checkpoint(out + "/b.safetensors");
     EXPECT_EQ(read_all(out + "/a.safetensors"), read_all(out + "/b.safetensors"));
@@ -199,13 +199,13 @@ TEST_F(AutotuneTest, CacheSkipsTheSearch) {
   Config c = base_config(out);
   c.set("train.micro_batch", "auto");
   c.set("train.effective_batch", "8");
-  PlanSettings ps = PlanSettings::from_config(c);
+  PlanSettings ps = PlanSettings::from_spec(qlft::parse_run_spec(c));
   ps.accumulation = 2;
   ps.micro_batch = 3;
   const uint64_t limit =
       plan_memory(model_->cfg, weight_footprint(*model_), ps).train_peak * 21 / 20;
   tracker_.set_limit(limit);
-  { Trainer a(*model_, &tracker_, data_.get(), c); }
+  { Trainer a(*model_, &tracker_, data_.get(), qlft::parse_run_spec(c)); }
   const std::string cache = out + "/autotune.json";
   // Rewrite the entry with a result no search would give: the next trainer must take it.
   nlohmann::json j = nlohmann::json::parse(read_all(cache));
@@ -217,14 +217,14 @@ TEST_F(AutotuneTest, CacheSkipsTheSearch) {
   }
   qlft_test::write_file(cache, j.dump().data(), j.dump().size());
   {
-    Trainer b(*model_, &tracker_, data_.get(), c);
+    Trainer b(*model_, &tracker_, data_.get(), qlft::parse_run_spec(c));
     EXPECT_EQ(b.settings().micro_batch, 1);
     EXPECT_EQ(b.settings().accumulation, 8);
   }
   // Another memory.limit is another entry (a new search).
   tracker_.set_limit(limit * 2);
   {
-    Trainer b(*model_, &tracker_, data_.get(), c);
+    Trainer b(*model_, &tracker_, data_.get(), qlft::parse_run_spec(c));
     EXPECT_GE(b.settings().micro_batch, 2);
   }
   EXPECT_EQ(nlohmann::json::parse(read_all(cache))["entries"].size(), 2u);
@@ -236,16 +236,16 @@ TEST_F(AutotuneTest, EffectiveBatchWithFixedMicroBatch) {
   c.set("train.micro_batch", "4");
   c.set("train.effective_batch", "12");
   {
-    Trainer t(*model_, &tracker_, data_.get(), c);
+    Trainer t(*model_, &tracker_, data_.get(), qlft::parse_run_spec(c));
     EXPECT_EQ(t.settings().micro_batch, 4);
     EXPECT_EQ(t.settings().accumulation, 3);
   }
   c.set("train.accumulation", "2");  // disagrees with 12 / 4
-  EXPECT_THROW(Trainer(*model_, &tracker_, data_.get(), c), Error);
+  EXPECT_THROW(Trainer(*model_, &tracker_, data_.get(), qlft::parse_run_spec(c)), Error);
   c.set("train.accumulation", "3");
-  EXPECT_NO_THROW(Trainer(*model_, &tracker_, data_.get(), c));
+  EXPECT_NO_THROW(Trainer(*model_, &tracker_, data_.get(), qlft::parse_run_spec(c)));
   c.set("train.effective_batch", "10");  // not a multiple of 4
-  EXPECT_THROW(Trainer(*model_, &tracker_, data_.get(), c), Error);
+  EXPECT_THROW(Trainer(*model_, &tracker_, data_.get(), qlft::parse_run_spec(c)), Error);
 }
 
 TEST(AutotuneConfig, MicroBatchAcceptsAuto) {
@@ -275,8 +275,8 @@ TEST_F(AutotuneTest, CacheKeyHasRanksStageAndOffload) {
     lo.quant_type = "keep";
     auto m = load_model(&tr, qlft_test::shared_file("models/stories260K.gguf"), lo);
     c.set("dist.zero_stage", stages[i]);
-    Trainer t(*m, &tr, nullptr, c);
-    keys[i] = autotune_cache_key(t, c, 1);
+    Trainer t(*m, &tr, nullptr, qlft::parse_run_spec(c));
+    keys[i] = autotune_cache_key(t, qlft::parse_run_spec(c), 1);
     EXPECT_NE(keys[i].find(std::string("zero_stage=") + stages[i]), std::string::npos) << keys[i];
     EXPECT_NE(keys[i].find("ranks=1"), std::string::npos);
   }
@@ -286,21 +286,21 @@ TEST_F(AutotuneTest, CacheKeyHasRanksStageAndOffload) {
   c.set("offload.optimizer", "nvme");
   c.set("offload.dir", out);
   {
-    Trainer t(*model_, &tracker_, nullptr, c);
-    EXPECT_NE(autotune_cache_key(t, c, 1), keys[0]);
+    Trainer t(*model_, &tracker_, nullptr, qlft::parse_run_spec(c));
+    EXPECT_NE(autotune_cache_key(t, qlft::parse_run_spec(c), 1), keys[0]);
   }
 
   // micro_batch=auto at stage 0 and stage 2 under the same limit: the same shape.
   Config a = base_config(out + "/s0");
   a.set("train.micro_batch", "auto");
   a.set("train.autotune_cache", "off");
-  PlanSettings ps = PlanSettings::from_config(a);
+  PlanSettings ps = PlanSettings::from_spec(qlft::parse_run_spec(a));
   ps.micro_batch = 3;
   tracker_.set_limit(plan_memory(model_->cfg, weight_footprint(*model_), ps).train_peak * 11 / 10);
   int micro[2];
   for (int i = 0; i < 2; ++i) {
     a.set("dist.zero_stage", i ? "2" : "0");
-    Trainer t(*model_, &tracker_, data_.get(), a);
+    Trainer t(*model_, &tracker_, data_.get(), qlft::parse_run_spec(a));
     micro[i] = t.settings().micro_batch;
     StepReport r;
     ASSERT_TRUE(t.step(&r));

@@ -287,9 +287,9 @@ TEST_F(Bf16Acts, TrackerCountsHalfSizedStoredTensors) {
         << dtype_name(t);
   }
   EXPECT_EQ(step_activations(s, DType::F16, 0), a16);
-  EXPECT_EQ(activation_dtype("bf16"), DType::BF16);
-  EXPECT_EQ(activation_dtype("fp16"), DType::F16);
-  EXPECT_EQ(activation_dtype("fp32"), DType::F32);
+  EXPECT_EQ(activation_dtype(Precision::BF16), DType::BF16);
+  EXPECT_EQ(activation_dtype(Precision::FP16), DType::F16);
+  EXPECT_EQ(activation_dtype(Precision::FP32), DType::F32);
 }
 
 // ---- (2) gradients against the oracle ---------------------------------------------------------

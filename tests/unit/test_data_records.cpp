@@ -291,7 +291,7 @@ TEST(DataRecords, OptionsFromConfigKeys) {
   cfg.set("data.on_error", "skip");
   cfg.set("data.max_record_bytes", "2K");
   cfg.set("data.overflow", "truncate");
-  DataOptions o = DataOptions::from_config(cfg);
+  DataOptions o = qlft::parse_run_spec(cfg).data;
   EXPECT_EQ(o.path, "/x/y.jsonl");
   EXPECT_EQ(o.format, DataFormat::Chat);
   EXPECT_EQ(o.chat_template, TemplateKind::Llama3);
@@ -306,11 +306,11 @@ TEST(DataRecords, OptionsFromConfigKeys) {
   EXPECT_EQ(o.max_record_bytes, 2048u);
   EXPECT_EQ(o.overflow, Overflow::Truncate);
   Config def;
-  DataOptions d = DataOptions::from_config(def);
+  DataOptions d = qlft::parse_run_spec(def).data;
   EXPECT_EQ(d.separator, "\n\n");
   EXPECT_EQ(d.max_record_bytes, 1u << 20);
   def.set("data.separator", "none");
-  EXPECT_EQ(DataOptions::from_config(def).separator, "");
+  EXPECT_EQ(qlft::parse_run_spec(def).data.separator, "");
   EXPECT_THROW(cfg.set("data.template", "vicuna"), Error);
 }
 
@@ -371,7 +371,7 @@ TEST(DataRecords, VarsFillPlaceholders) {
   Config cfg;
   cfg.set("data.path", p);
   cfg.set("data.vars", "name=Qlft, author=the qlft team");
-  DataOptions o = DataOptions::from_config(cfg);
+  DataOptions o = qlft::parse_run_spec(cfg).data;
   ASSERT_EQ(o.vars.size(), 2u);
   ByteEncoder enc;
   Dataset ds = Dataset::build(o, enc);
@@ -381,5 +381,5 @@ TEST(DataRecords, VarsFillPlaceholders) {
     if (st.trained[i] && st.ids[i] < 256) text += static_cast<char>(st.ids[i]);
   EXPECT_EQ(text, "I am Qlft, made by the qlft team. Qlft!");
   cfg.set("data.vars", "oops");
-  EXPECT_THROW(DataOptions::from_config(cfg), Error);
+  EXPECT_THROW(qlft::parse_run_spec(cfg).data, Error);
 }

@@ -9,8 +9,10 @@
 #include <cstring>
 #include <numeric>
 
+#include "config/config.h"
 #include "core/error.h"
 #include "core/communicator.h"
+#include "parallel/comm_select.h"
 #include "parallel/data_parallel.h"
 #include "parallel/mpi_plugin_loader.h"
 #include "support/test_support.h"
@@ -85,15 +87,18 @@ TEST(DistLaunch, InconsistentOrMalformedIsAnError) {
 TEST(DistComm, BackendNoneRefusesAMultiRankLaunch) {
   CleanLaunchEnv clean;
   qlft_test::ScopedEnv r("RANK", "0"), w("WORLD_SIZE", "2");
-  EXPECT_EQ(status_of([] { dist::make_communicator("none", 10); }), QLFT_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(status_of([] { dist::make_communicator(qlft::DistBackend::None, 10); }),
+            QLFT_ERR_INVALID_ARGUMENT);
 }
 
 TEST(DistComm, UnknownBackendIsAnError) {
   CleanLaunchEnv clean;
-  EXPECT_EQ(status_of([] { dist::make_communicator("gloo", 10); }), QLFT_ERR_INVALID_ARGUMENT);
+  // An unknown dist.backend is refused where settings enter (the key table).
+  EXPECT_EQ(status_of([] { Config().set("dist.backend", "gloo"); }), QLFT_ERR_INVALID_ARGUMENT);
   // NCCL without the CUDA plugin (tests/support/cuda_plugin_absent.sh runs it through the CLI).
   qlft_test::ScopedEnv no_plugin("QLFT_CUDA_PLUGIN", "/nonexistent-qlft-test/libqlft-cuda.so");
-  EXPECT_EQ(status_of([] { dist::make_communicator("nccl", 10); }), QLFT_ERR_UNSUPPORTED);
+  EXPECT_EQ(status_of([] { dist::make_communicator(qlft::DistBackend::Nccl, 10); }),
+            QLFT_ERR_UNSUPPORTED);
 }
 
 // The MPI communicator is a plugin (libqlft-mpi.so) opened at run time: where it is not
@@ -106,7 +111,7 @@ TEST(DistComm, MissingMpiPluginIsAClearError) {
   EXPECT_EQ(dist::mpi_plugin_path(), path);
   for (int attempt = 0; attempt < 2; ++attempt) {
     try {
-      dist::make_communicator("mpi", 10);
+      dist::make_communicator(qlft::DistBackend::Mpi, 10);
       FAIL() << "dist.backend=mpi worked without its plugin";
     } catch (const Error& e) {
       const std::string m = e.what();
@@ -120,7 +125,7 @@ TEST(DistComm, MissingMpiPluginIsAClearError) {
   const std::string not_elf = QLFT_SOURCE_DIR "/CMakeLists.txt";
   qlft_test::ScopedEnv q("QLFT_MPI_PLUGIN", not_elf.c_str());
   try {
-    dist::make_communicator("mpi", 10);
+    dist::make_communicator(qlft::DistBackend::Mpi, 10);
     FAIL() << "a non-library was taken for the MPI plugin";
   } catch (const Error& e) {
     EXPECT_EQ(e.status(), QLFT_ERR_UNSUPPORTED) << e.what();
@@ -130,7 +135,7 @@ TEST(DistComm, MissingMpiPluginIsAClearError) {
 
 TEST(DistComm, SingleRankCollectivesAreTheIdentity) {
   CleanLaunchEnv clean;
-  auto c = dist::make_communicator("none", 10);
+  auto c = dist::make_communicator(qlft::DistBackend::None, 10);
   EXPECT_EQ(c->rank(), 0);
   EXPECT_EQ(c->world(), 1);
   EXPECT_STREQ(c->backend(), "none");
@@ -159,7 +164,8 @@ TEST(DistZero, OneRankOwnsEverythingAtEveryStage) {
     std::vector<ParamRef> params{{"a", w.data(), g.data(), 30},
                                  {"b", w.data() + 30, g.data() + 30, 70}};
     MemoryTracker tracker;
-    dist::DataParallel dp(dist::make_communicator("none", 10), stage, params, &tracker);
+    dist::DataParallel dp(dist::make_communicator(qlft::DistBackend::None, 10), stage, params,
+                          &tracker);
     EXPECT_EQ(dp.owned_params().size(), 2u);
     EXPECT_EQ(dp.grad_spans().size(), 2u);
     dp.reduce_gradients();  // identity
@@ -175,7 +181,8 @@ TEST(DistZero, OneRankOwnsEverythingAtEveryStage) {
   std::vector<ParamRef> none;
   MemoryTracker tracker;
   EXPECT_EQ(status_of([&] {
-              dist::DataParallel dp(dist::make_communicator("none", 10), 3, none, &tracker);
+              dist::DataParallel dp(dist::make_communicator(qlft::DistBackend::None, 10), 3, none,
+                                    &tracker);
             }),
             QLFT_ERR_INVALID_ARGUMENT);
 }

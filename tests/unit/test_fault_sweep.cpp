@@ -62,8 +62,8 @@ struct Fixture {
     c.set("data.path", slice);
     c.set("data.seq_len", "32");
     c.set("data.eval_fraction", "0");
-    data = std::make_unique<data::Dataset>(
-        data::Dataset::build(data::DataOptions::from_config(c), *enc));
+    data =
+        std::make_unique<data::Dataset>(data::Dataset::build(qlft::parse_run_spec(c).data, *enc));
     return true;
   }
 };
@@ -132,7 +132,7 @@ Fixture* FaultSweep::shared_ = nullptr;
 void FaultSweep::sweep(const Config& c, const char* label) {
   MemoryTracker& tr = f().tracker;
   // The undisturbed reference: one step, and its checkpoint.
-  Trainer ref(*f().model, &tr, f().data.get(), c);
+  Trainer ref(*f().model, &tr, f().data.get(), qlft::parse_run_spec(c));
   const std::vector<float> w_init = weights_of(ref);
   StepReport want;
   ASSERT_TRUE(ref.step(&want));
@@ -158,7 +158,7 @@ void FaultSweep::sweep(const Config& c, const char* label) {
   uint64_t n = 1;
   for (; n <= kMaxAllocs; n += stride) {
     const std::string at = std::string(label) + ", allocation " + std::to_string(n);
-    Trainer t(*f().model, &tr, f().data.get(), c);
+    Trainer t(*f().model, &tr, f().data.get(), qlft::parse_run_spec(c));
     const MemorySnapshot before = tr.snapshot();
     tr.fail_nth_acquire(n);
     StepReport got;
@@ -219,7 +219,7 @@ TEST_F(FaultSweep, NonFiniteStopNamesTheLayerWhereItAppeared) {
   c.set("train.grad_checkpointing", "1");  // the diagnosis must still see every layer
   c.set("train.on_nonfinite", "stop");
   c.set("train.max_nonfinite", "2");
-  Trainer t(*f().model, &f().tracker, f().data.get(), c);
+  Trainer t(*f().model, &f().tracker, f().data.get(), qlft::parse_run_spec(c));
   // Layer 2's down_proj LoRA: A and B huge, so x A^T B^T overflows float there and only there.
   LoraSlot& s = t.lora().slot(2, Proj::Down);
   ASSERT_TRUE(s.active());
@@ -247,7 +247,7 @@ TEST_F(FaultSweep, NonFiniteOnlyInBackwardIsNamedAsAGradient) {
   c.set("scaler.init_scale", "1e30");  // the scaled loss gradient overflows fp16 in backward
   c.set("train.on_nonfinite", "stop");
   c.set("train.max_nonfinite", "1");
-  Trainer t(*f().model, &f().tracker, f().data.get(), c);
+  Trainer t(*f().model, &f().tracker, f().data.get(), qlft::parse_run_spec(c));
   StepReport r;
   try {
     t.step(&r);
@@ -268,7 +268,7 @@ TEST_F(FaultSweep, SkipPolicyNeverStops) {
   Config c = sweep_config();
   c.set("train.on_nonfinite", "skip");
   c.set("train.max_nonfinite", "1");
-  Trainer t(*f().model, &f().tracker, f().data.get(), c);
+  Trainer t(*f().model, &f().tracker, f().data.get(), qlft::parse_run_spec(c));
   LoraSlot& s = t.lora().slot(0, Proj::Q);
   for (size_t i = 0; i < s.A.size() / 4; ++i) s.A.as<float>()[i] = NAN;
   StepReport r;

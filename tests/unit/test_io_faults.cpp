@@ -147,7 +147,7 @@ class IoFaultsModel : public ::testing::Test {
 TEST_F(IoFaultsModel, CheckpointSaveUnderDiskFullKeepsThePreviousCheckpoint) {
   const std::string dir = qlft_test::temp_dir("io_faults_ckpt");
   const std::string path = dir + "/checkpoint.safetensors";
-  Trainer t(*model_, &tracker_, nullptr, trainer_config());
+  Trainer t(*model_, &tracker_, nullptr, qlft::parse_run_spec(trainer_config()));
   set_weights(t.lora(), 0.01f);
   const std::vector<float> w_old = weights(t.lora());
   t.save_checkpoint(path);
@@ -163,13 +163,13 @@ TEST_F(IoFaultsModel, CheckpointSaveUnderDiskFullKeepsThePreviousCheckpoint) {
     expect_save_fails(f, path, [&] { t.save_checkpoint(path); });
     EXPECT_EQ(qlft_test::read_file(path), bytes_old);
     EXPECT_TRUE(leftovers(dir).empty());
-    Trainer fresh(*model_, &tracker_, nullptr, trainer_config());
+    Trainer fresh(*model_, &tracker_, nullptr, qlft::parse_run_spec(trainer_config()));
     fresh.resume(path);  // still loadable, and it is the previous state
     EXPECT_EQ(weights(fresh.lora()), w_old);
   }
   // With room again the new checkpoint replaces the old one.
   t.save_checkpoint(path);
-  Trainer fresh(*model_, &tracker_, nullptr, trainer_config());
+  Trainer fresh(*model_, &tracker_, nullptr, qlft::parse_run_spec(trainer_config()));
   fresh.resume(path);
   EXPECT_EQ(weights(fresh.lora()), weights(t.lora()));
 }
@@ -177,7 +177,7 @@ TEST_F(IoFaultsModel, CheckpointSaveUnderDiskFullKeepsThePreviousCheckpoint) {
 TEST_F(IoFaultsModel, PeftAdapterSaveUnderDiskFullKeepsThePreviousAdapter) {
   const std::string parent = qlft_test::temp_dir("io_faults_peft");
   const std::string dir = parent + "/adapter";
-  Trainer t(*model_, &tracker_, nullptr, trainer_config());
+  Trainer t(*model_, &tracker_, nullptr, qlft::parse_run_spec(trainer_config()));
   set_weights(t.lora(), 0.03f);
   const std::vector<float> w_old = weights(t.lora());
   save_peft_adapter(t.lora(), dir, "stories260K");
@@ -197,14 +197,14 @@ TEST_F(IoFaultsModel, PeftAdapterSaveUnderDiskFullKeepsThePreviousAdapter) {
     EXPECT_EQ(qlft_test::read_file(cfg), cfg_old);
     EXPECT_TRUE(leftovers(dir).empty());
     EXPECT_TRUE(leftovers(parent).empty());
-    Trainer fresh(*model_, &tracker_, nullptr, trainer_config());
+    Trainer fresh(*model_, &tracker_, nullptr, qlft::parse_run_spec(trainer_config()));
     load_peft_adapter(fresh.lora(), dir);
     EXPECT_EQ(weights(fresh.lora()), w_old);
   }
   // With room again the new adapter replaces the old one as a whole.
   save_peft_adapter(t.lora(), dir, "stories260K");
   EXPECT_TRUE(leftovers(parent).empty());
-  Trainer fresh(*model_, &tracker_, nullptr, trainer_config());
+  Trainer fresh(*model_, &tracker_, nullptr, qlft::parse_run_spec(trainer_config()));
   load_peft_adapter(fresh.lora(), dir);
   EXPECT_EQ(weights(fresh.lora()), weights(t.lora()));
 }
@@ -212,7 +212,7 @@ TEST_F(IoFaultsModel, PeftAdapterSaveUnderDiskFullKeepsThePreviousAdapter) {
 TEST_F(IoFaultsModel, GgufAdapterSaveUnderDiskFullKeepsThePreviousFile) {
   const std::string dir = qlft_test::temp_dir("io_faults_gguf");
   const std::string path = dir + "/adapter.gguf";
-  Trainer t(*model_, &tracker_, nullptr, trainer_config());
+  Trainer t(*model_, &tracker_, nullptr, qlft::parse_run_spec(trainer_config()));
   set_weights(t.lora(), 0.05f);
   save_gguf_lora_adapter(t.lora(), path);
   const std::vector<uint8_t> old = qlft_test::read_file(path);

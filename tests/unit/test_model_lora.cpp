@@ -98,7 +98,7 @@ TEST(ModelLora, ConfigFromKeys) {
   cfg.set("lora.use_rslora", "true");
   cfg.set("lora.target_modules", "gate_proj,up_proj,down_proj");
   cfg.set("seed", "77");
-  LoraConfig c = lora_config_from(cfg);
+  LoraConfig c = lora_config_from(qlft::parse_run_spec(cfg).lora);
   EXPECT_EQ(c.r, 12);
   EXPECT_FLOAT_EQ(c.alpha, 24.f);
   EXPECT_FLOAT_EQ(c.dropout, 0.05f);

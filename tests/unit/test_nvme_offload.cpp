@@ -220,16 +220,19 @@ TEST_P(NvmeOptimizer, StepsAndStateDictsAreBitIdenticalToHostMemory) {
   std::unique_ptr<Optimizer> opt[2];
   const std::string dir = qlft_test::temp_dir("nvme-optim");
   for (int k = 0; k < 2; ++k) {
-    OptimSettings s;
-    s.name = GetParam();
+    Config cfg;
+    cfg.set("optim.name", GetParam());
+    OptimSettings s = parse_run_spec(cfg).optim;
     s.weight_decay = 0.01;
-    s.offload_nvme = k == 1;
-    s.offload_dir = dir;
-    s.offload_buffers = 2;
     std::vector<ParamRef> ps;
     for (size_t i = 0; i < g.size(); ++i)
       ps.push_back({"p" + std::to_string(i), w[k][i].data(), g[i].data(), g[i].size()});
-    opt[k] = make_optimizer(s, ps, &tr[k]);
+    // k = 1: the state in an NVMe store (offload.optimizer=nvme, 2 buffers), as the trainer
+    // hands it to the optimizer.
+    StateStoreFactory nvme = [&dir](MemoryTracker* t, bool) {
+      return make_nvme_state_store(t, dir, 2);
+    };
+    opt[k] = make_optimizer(s, ps, &tr[k], k == 1 ? nvme : host_or_paged_state_stores(dir));
   }
   for (int step = 0; step < 4; ++step) {
     for (auto& gr : g)
@@ -289,8 +292,8 @@ std::unique_ptr<Run> open_run(const std::string& model_path, const std::string& 
   c.set("data.path", text);
   c.set("data.seq_len", "64");
   c.set("data.eval_fraction", "0.02");
-  r->data = std::make_unique<data::Dataset>(
-      data::Dataset::build(data::DataOptions::from_config(c), *r->enc));
+  r->data =
+      std::make_unique<data::Dataset>(data::Dataset::build(qlft::parse_run_spec(c).data, *r->enc));
   return r;
 }
 
@@ -345,13 +348,15 @@ TEST(NvmeOffloadTraining, SameLossCurveAndResumeWithWeightsAndStateInFiles) {
   std::vector<float> w[2];
   uint64_t opt_bytes[2], peak_weights = 0;
   {
-    Trainer a(*plain->model, &plain->tracker, plain->data.get(), train_config(false, dir));
+    Trainer a(*plain->model, &plain->tracker, plain->data.get(),
+              qlft::parse_run_spec(train_config(false, dir)));
     while (a.step(&r)) loss[0].push_back(r.loss);
     w[0] = weights_of(a);
     opt_bytes[0] = plain->tracker.snapshot().reserved[QLFT_MEM_OPTIMIZER];
   }
   {
-    Trainer b(*off->model, &off->tracker, off->data.get(), train_config(true, dir));
+    Trainer b(*off->model, &off->tracker, off->data.get(),
+              qlft::parse_run_spec(train_config(true, dir)));
     ASSERT_TRUE(b.placement().owns());  // its own copy of the model, in the file
     // Offloaded: nothing of the base weights is resident between steps.
     EXPECT_EQ(off->tracker.snapshot().reserved[QLFT_MEM_WEIGHTS], 0u);
@@ -382,12 +387,14 @@ TEST(NvmeOffloadTraining, SameLossCurveAndResumeWithWeightsAndStateInFiles) {
   // resume in a third one: the same end as the plain run.
   const std::string ckpt = qlft_test::temp_dir("nvme-ckpt") + "/ck.safetensors";
   {
-    Trainer first(*off->model, &off->tracker, off->data.get(), train_config(true, dir));
+    Trainer first(*off->model, &off->tracker, off->data.get(),
+                  qlft::parse_run_spec(train_config(true, dir)));
     for (int i = 0; i < 3; ++i) ASSERT_TRUE(first.step(&r));
     EXPECT_EQ(r.loss, loss[0][2]);
     first.save_checkpoint(ckpt);
   }
-  Trainer second(*off->model, &off->tracker, off->data.get(), train_config(true, dir));
+  Trainer second(*off->model, &off->tracker, off->data.get(),
+                 qlft::parse_run_spec(train_config(true, dir)));
   second.resume(ckpt);
   int i = 3;
   while (second.step(&r)) EXPECT_EQ(r.loss, loss[0][static_cast<size_t>(i++)]);
@@ -426,9 +433,10 @@ TEST(NvmeOffloadRss, PeakRssDropsByWhatTheTrackerSaves) {
       c.set("train.micro_batch", "1");
       c.set("train.accumulation", "1");
       c.set("train.max_steps", "1");
-      auto ds = std::make_unique<data::Dataset>(
-          data::Dataset::build(data::DataOptions::from_config(c), enc));
-      Trainer t(*m, &tracker, ds.get(), c);  // offloads its copy of the weights
+      auto ds =
+          std::make_unique<data::Dataset>(data::Dataset::build(qlft::parse_run_spec(c).data, enc));
+      Trainer t(*m, &tracker, ds.get(),
+                qlft::parse_run_spec(c));  // offloads its copy of the weights
       // The step's peak, not loading's (every weight is resident while loading in both runs).
       tracker.reset_peaks();
       qlft_test::rss_mark();

@@ -13,6 +13,8 @@
 #include <filesystem>
 #include <random>
 
+#include "config/config.h"
+#include "config/run_spec.h"
 #include "core/error.h"
 #include "core/memory.h"
 #include "optim/adamw8bit.h"
@@ -25,6 +27,13 @@ using optim_test::Fixture;
 
 namespace {
 
+// The optimizer of an optim.name value, through the settings parser (config/run_spec.h).
+OptimizerKind kind_of(const std::string& name) {
+  Config c;
+  c.set("optim.name", name);
+  return parse_run_spec(c).optim.kind;
+}
+
 struct OptRun {
   std::vector<std::vector<float>> p, g;
   std::unique_ptr<Optimizer> opt;
@@ -33,7 +42,7 @@ struct OptRun {
 OptimSettings fixture_settings(const std::string& name) {
   nlohmann::json hp = optim_test::fixture_json()["optim"]["hparams"];
   OptimSettings s;
-  s.name = name;
+  s.kind = kind_of(name);
   s.lr = hp["lr"];
   s.beta1 = hp["beta1"];
   s.beta2 = hp["beta2"];
@@ -49,7 +58,9 @@ size_t numel(const nlohmann::json& shape) {
 }
 
 // Parameters start from the fixture's initial values; gradients are copied in per step.
-OptRun start(const Fixture& fx, const std::string& tag, const OptimSettings& s, MemoryTracker* tr) {
+// dir: where a paged optimizer keeps its state files.
+OptRun start(const Fixture& fx, const std::string& tag, const OptimSettings& s, MemoryTracker* tr,
+             const std::string& dir = "") {
   nlohmann::json shapes = optim_test::fixture_json()["optim"][tag]["shapes"];
   OptRun r;
   std::vector<ParamRef> refs;
@@ -60,7 +71,7 @@ OptRun start(const Fixture& fx, const std::string& tag, const OptimSettings& s, 
   }
   for (size_t i = 0; i < r.p.size(); ++i)
     refs.push_back({"p" + std::to_string(i), r.p[i].data(), r.g[i].data(), r.p[i].size()});
-  r.opt = make_optimizer(s, std::move(refs), tr);
+  r.opt = make_optimizer(s, std::move(refs), tr, host_or_paged_state_stores(dir));
   return r;
 }
 
@@ -155,8 +166,7 @@ void check_adamw8bit(const std::string& name) {
   Fixture fx("adamw.safetensors");
   MemoryTracker tr;
   OptimSettings s = fixture_settings(name);
-  s.offload_dir = qlft_test::temp_dir("optim-paged");
-  OptRun r = start(fx, "adamw8bit", s, &tr);
+  OptRun r = start(fx, "adamw8bit", s, &tr, qlft_test::temp_dir("optim-paged"));
   std::vector<std::vector<float>> init = r.p;
   const int steps = optim_test::fixture_json()["optim"]["adamw8bit"]["steps"];
   for (int k = 0; k < steps; ++k) {
@@ -220,7 +230,7 @@ TEST(OptimAdamW, VaryingLrAndOtherHyperparametersMatchPeers) {
     const std::string t = tag;
     MemoryTracker tr;
     OptimSettings s;
-    s.name = t == "adamw_var" ? "adamw" : "adamw8bit";
+    s.kind = kind_of(t == "adamw_var" ? "adamw" : "adamw8bit");
     s.beta1 = j["var_hparams"]["beta1"];
     s.beta2 = j["var_hparams"]["beta2"];
     s.eps = j["var_hparams"]["eps"];
@@ -260,7 +270,7 @@ TEST(OptimAdamW8bit, StateIsQuantizedFromMin8bitSize) {
   MemoryTracker tr;
   std::vector<float> a(4095), ga(4095), b(4096), gb(4096);
   OptimSettings s;
-  s.name = "adamw8bit";
+  s.kind = kind_of("adamw8bit");
   auto opt = make_optimizer(
       s, {{"a", a.data(), ga.data(), a.size()}, {"b", b.data(), gb.data(), b.size()}}, &tr);
   StateDict st;
@@ -281,7 +291,7 @@ TEST(OptimAdamW8bit, NonFiniteGradientSkipsThatElement) {
     std::vector<float> p(n), g(n);
     for (auto& x : p) x = nd(rng);
     OptimSettings s;
-    s.name = "adamw8bit";
+    s.kind = kind_of("adamw8bit");
     s.lr = 1e-2;
     s.weight_decay = 0.1;
     auto opt = make_optimizer(s, {{"w", p.data(), g.data(), n}}, &tr);
@@ -340,7 +350,7 @@ void check_round_trip(const std::string& name) {
       for (auto& x : gs.back()) x = nd(rng) * 0.01f;
     }
   OptimSettings s;
-  s.name = name;
+  s.kind = kind_of(name);
   s.lr = 1e-3;
   s.weight_decay = 0.01;
   auto make = [&](std::vector<std::vector<float>>& p, std::vector<std::vector<float>>& g) {
@@ -393,7 +403,7 @@ TEST(OptimState, LoadRejectsMismatchesNamingThemAndChangesNothing) {
   MemoryTracker tr;
   std::vector<float> p(5000, 1.0f), g(5000, 0.5f), q(10, 1.0f), gq(10, 0.5f);
   OptimSettings s;
-  s.name = "adamw8bit";
+  s.kind = kind_of("adamw8bit");
   auto opt = make_optimizer(
       s, {{"big", p.data(), g.data(), 5000}, {"small", q.data(), gq.data(), 10}}, &tr);
   opt->step(1e-3);
@@ -437,7 +447,7 @@ TEST(OptimState, LoadRejectsMismatchesNamingThemAndChangesNothing) {
   {  // another optimizer's state
     MemoryTracker tr2;
     OptimSettings s2;
-    s2.name = "adamw";
+    s2.kind = kind_of("adamw");
     auto other = make_optimizer(
         s2, {{"big", p.data(), g.data(), 5000}, {"small", q.data(), gq.data(), 10}}, &tr2);
     StateDict d;
@@ -469,9 +479,9 @@ TEST(OptimPaged, StoreLeavesNoFileAndCountsOptimizerBytes) {
   {  // through the optimizer
     std::vector<float> p(70000, 1.0f), g(70000, 0.1f);
     OptimSettings s;
-    s.name = "paged_adamw8bit";
-    s.offload_dir = dir;
-    auto opt = make_optimizer(s, {{"w", p.data(), g.data(), p.size()}}, &tr);
+    s.kind = kind_of("paged_adamw8bit");
+    auto opt = make_optimizer(s, {{"w", p.data(), g.data(), p.size()}}, &tr,
+                              host_or_paged_state_stores(dir));
     opt->step(1e-3);
     EXPECT_TRUE(fs::is_empty(dir));
     EXPECT_GE(tr.snapshot().reserved[int(MemCategory::Optimizer)], 2 * 70000u);
@@ -530,7 +540,7 @@ TEST(OptimPaged, TrackerLimitFailsCleanly) {
   MemoryTracker tr(100000);
   std::vector<float> p(70000), g(70000);
   OptimSettings s;
-  s.name = "paged_adamw8bit";
+  s.kind = kind_of("paged_adamw8bit");
   try {
     make_optimizer(s, {{"w", p.data(), g.data(), p.size()}}, &tr);
     ADD_FAILURE() << "expected QLFT_ERR_OUT_OF_MEMORY";
@@ -544,9 +554,8 @@ TEST(OptimSettings, RejectsBadArguments) {
   MemoryTracker tr;
   std::vector<float> p(4), g(4);
   OptimSettings s;
-  s.name = "sgd";
-  EXPECT_THROW(make_optimizer(s, {{"w", p.data(), g.data(), 4}}, &tr), Error);
-  s.name = "adamw";
+  EXPECT_THROW(kind_of("sgd"), Error);  // an unknown optimizer never reaches make_optimizer
+  s.kind = kind_of("adamw");
   EXPECT_THROW(make_optimizer(s, {{"w", p.data(), g.data(), 4}, {"w", p.data(), g.data(), 4}}, &tr),
                Error);
   EXPECT_THROW(make_optimizer(s, {{"w", nullptr, g.data(), 4}}, &tr), Error);
@@ -554,7 +563,7 @@ TEST(OptimSettings, RejectsBadArguments) {
   EXPECT_THROW(make_optimizer(s, {{"w", p.data(), g.data(), 4}}, &tr), Error);
   s.beta2 = 0.999;
   for (const char* name : {"adamw", "adamw8bit"}) {
-    s.name = name;
+    s.kind = kind_of(name);
     auto opt = make_optimizer(s, {{"w", p.data(), g.data(), 4}}, &tr);
     EXPECT_THROW(opt->step(NAN), Error);
     EXPECT_THROW(opt->step(-1e-3), Error);

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "config/config.h"
+#include "config/run_spec.h"
 #include "core/error.h"
 #include "optim/grad_clip.h"
 #include "optim/loss_scaler.h"
@@ -33,8 +34,10 @@ TEST(OptimSchedule, MatchesTransformersSchedulers) {
                         {"linear_nowarmup", "linear", 0, 0.0}};
   for (const Case& c : cases) {
     SCOPED_TRACE(c.fixture);
+    Config cfg;  // the schedule named as the settings name it
+    cfg.set("sched.name", c.name);
     ScheduleSettings s;
-    s.name = c.name;
+    s.kind = parse_run_spec(cfg).sched.kind;
     s.warmup_steps = c.warmup;
     s.min_lr_ratio = c.min_ratio;
     LrSchedule sched(s, base, total);
@@ -50,7 +53,7 @@ TEST(OptimSchedule, MatchesTransformersSchedulers) {
 
 TEST(OptimSchedule, StateRoundTripAndValidation) {
   ScheduleSettings s;
-  s.name = "cosine";
+  s.kind = ScheduleKind::Cosine;
   s.warmup_steps = 3;
   LrSchedule a(s, 1e-3, 100);
   for (int i = 0; i < 17; ++i) a.advance();
@@ -60,7 +63,7 @@ TEST(OptimSchedule, StateRoundTripAndValidation) {
   b.load_state(d);
   EXPECT_EQ(b.step(), 17);
   EXPECT_EQ(b.current_lr(), a.current_lr());
-  s.name = "linear";
+  s.kind = ScheduleKind::Linear;
   LrSchedule c(s, 1e-3, 100);
   try {
     c.load_state(d);
@@ -70,8 +73,8 @@ TEST(OptimSchedule, StateRoundTripAndValidation) {
     EXPECT_NE(std::string(e.what()).find("sched.type"), std::string::npos) << e.what();
   }
   EXPECT_EQ(c.step(), 0);
-  s.name = "step";
-  EXPECT_THROW(LrSchedule(s, 1e-3, 10), Error);
+  Config cfg;  // an unknown schedule is refused where settings enter
+  EXPECT_THROW(cfg.set("sched.name", "step"), Error);
 }
 
 TEST(OptimClip, MatchesTorchClipGradNorm) {
@@ -212,10 +215,10 @@ TEST(OptimScaler, TinyInitialScaleRecoversByGrowing) {
 
 TEST(OptimConfig, SettingsComeFromTheKeyTable) {
   Config cfg;
-  OptimSettings d = OptimSettings::from_config(cfg);
-  EXPECT_EQ(d.name, "adamw");
+  OptimSettings d = qlft::parse_run_spec(cfg).optim;
+  EXPECT_EQ(d.kind, OptimizerKind::AdamW);
   EXPECT_EQ(d.beta2, 0.999);
-  ScalerSettings sd = ScalerSettings::from_config(cfg);
+  ScalerSettings sd = qlft::parse_run_spec(cfg).scaler;
   EXPECT_EQ(sd.init_scale, 65536.0);
   EXPECT_EQ(sd.backoff_factor, 0.5);
   EXPECT_EQ(sd.growth_factor, 2.0);
@@ -225,12 +228,12 @@ TEST(OptimConfig, SettingsComeFromTheKeyTable) {
   cfg.set("sched.name", "cosine");
   cfg.set("sched.warmup_steps", "10");
   cfg.set("offload.dir", "/tmp/x");
-  OptimSettings o = OptimSettings::from_config(cfg);
-  EXPECT_EQ(o.name, "paged_adamw8bit");
+  OptimSettings o = qlft::parse_run_spec(cfg).optim;
+  EXPECT_EQ(o.kind, OptimizerKind::PagedAdamW8bit);
   EXPECT_EQ(o.lr, 3e-4);
-  EXPECT_EQ(o.offload_dir, "/tmp/x");
-  ScheduleSettings ss = ScheduleSettings::from_config(cfg);
-  EXPECT_EQ(ss.name, "cosine");
+  EXPECT_EQ(qlft::parse_run_spec(cfg).offload.dir, "/tmp/x");
+  ScheduleSettings ss = qlft::parse_run_spec(cfg).sched;
+  EXPECT_EQ(ss.kind, ScheduleKind::Cosine);
   EXPECT_EQ(ss.warmup_steps, 10);
   EXPECT_THROW(cfg.set("optim.name", "sgd"), Error);
   EXPECT_THROW(cfg.set("scaler.backoff_factor", "2"), Error);

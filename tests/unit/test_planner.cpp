@@ -23,7 +23,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/gemm_bf16.h"
-#include "backend/workspace_model.h"
+#include "backend/backend_select.h"
 #include "config/config.h"
 #include "core/error.h"
 #include "core/threads.h"
@@ -111,7 +111,7 @@ data::Batch full_batch(int micro, int seq, int vocab, int salt) {
 MemorySnapshot step_peaks(Model& model, MemoryTracker& tracker, const Config& c, const Case& k) {
   tracker.reset_peaks();
   {
-    Trainer t(model, &tracker, nullptr, c);
+    Trainer t(model, &tracker, nullptr, qlft::parse_run_spec(c));
     StepReport r;
     t.step_on({full_batch(k.micro, k.seq, model.cfg.vocab, 0),
                full_batch(k.micro, k.seq, model.cfg.vocab, 1)},
@@ -159,7 +159,8 @@ TEST_P(PlannerMatrix, MatchesTrackerOnFullBatches) {
   for (const Case& k : kCases) {
     SCOPED_TRACE(describe(k));
     Config c = config_of(k);
-    const MemoryPlan plan = plan_memory(model->cfg, w, PlanSettings::from_config(c));
+    const MemoryPlan plan =
+        plan_memory(model->cfg, w, PlanSettings::from_spec(qlft::parse_run_spec(c)));
     const MemorySnapshot m = step_peaks(*model, tracker, c, k);
     std::printf("%-80s predicted/measured:", describe(k).c_str());
     for (int cat = 0; cat < QLFT_MEM_COMMUNICATION; ++cat)
@@ -215,7 +216,7 @@ TEST_F(PlannerTest, AttentionOnAmxTilesMatchesTheTracker) {
         Case{"bf16", 0, 64, 2, "adamw", 4, "q_proj,v_proj", 0.05f}}) {
     SCOPED_TRACE(describe(k));
     const Config c = config_of(k);
-    const PlanSettings ps = PlanSettings::from_config(c);
+    const PlanSettings ps = PlanSettings::from_spec(qlft::parse_run_spec(c));
     WorkspaceModelSettings wss;
     wss.precision = ps.precision;
     wss.threads = num_threads();
@@ -223,18 +224,18 @@ TEST_F(PlannerTest, AttentionOnAmxTilesMatchesTheTracker) {
     wss.lora_scale = ps.lora.scale();
     wss.dropout = ps.lora.dropout > 0.f;
     const ModelConfig& mc = model->cfg;
-    const auto base_ws = make_workspace_model("cpu", wss);
+    const auto base_ws = make_workspace_model(BackendKind::Cpu, wss);
     const MemoryPlan base = plan_memory(mc, w, ps);
     const EnvTune env;
     ASSERT_TRUE(cpu::attn_amx_exec(cpu::tuning_from_env(), true).has_value());
-    const auto amx_ws = make_workspace_model("cpu", wss);
+    const auto amx_ws = make_workspace_model(BackendKind::Cpu, wss);
     EXPECT_NE(amx_ws->attention_fwd(model->shapes, k.micro, k.seq),
               base_ws->attention_fwd(model->shapes, k.micro, k.seq))
         << "the workspace model did not take the AMX path's sizes";
     EXPECT_NE(amx_ws->attention_bwd(model->shapes, k.micro, k.seq),
               base_ws->attention_bwd(model->shapes, k.micro, k.seq))
         << "the workspace model did not take the AMX path's sizes";
-    const MemoryPlan plan = plan_memory(mc, w, PlanSettings::from_config(c));
+    const MemoryPlan plan = plan_memory(mc, w, PlanSettings::from_spec(qlft::parse_run_spec(c)));
     const MemorySnapshot m = step_peaks(*model, tracker, c, k);
     std::printf("%-80s workspace predicted/measured %llu/%llu (default path predicted %llu)\n",
                 describe(k).c_str(), (unsigned long long)plan.train[QLFT_MEM_WORKSPACE],
@@ -265,11 +266,12 @@ TEST_F(PlannerTest, WithinTenPercentOnRealData) {
     Config c = config_of(k);
     c.set("data.path", text);
     c.set("train.max_steps", "1");
-    data::Dataset d = data::Dataset::build(data::DataOptions::from_config(c), enc);
-    const MemoryPlan plan = plan_memory(model->cfg, w, PlanSettings::from_config(c));
+    data::Dataset d = data::Dataset::build(qlft::parse_run_spec(c).data, enc);
+    const MemoryPlan plan =
+        plan_memory(model->cfg, w, PlanSettings::from_spec(qlft::parse_run_spec(c)));
     tracker.reset_peaks();
     {
-      Trainer t(*model, &tracker, &d, c);
+      Trainer t(*model, &tracker, &d, qlft::parse_run_spec(c));
       StepReport r;
       while (t.step(&r)) {
       }
@@ -318,7 +320,7 @@ TEST_F(PlannerTest, MaxMicroBatchIsTheLargestThatFits) {
   MemoryTracker tracker;
   auto model = load(tracker, "keep");
   const WeightFootprint w = weight_footprint(*model);
-  PlanSettings s = PlanSettings::from_config(config_of(kCases[1]));
+  PlanSettings s = PlanSettings::from_spec(qlft::parse_run_spec(config_of(kCases[1])));
   s.micro_batch = 5;
   const uint64_t budget = plan_memory(model->cfg, w, s).train_peak + 100;
   EXPECT_EQ(plan_max_micro_batch(model->cfg, w, s, budget, 64), 5);
@@ -415,7 +417,7 @@ TEST(PlannerZero, OptimizerAndExchangeBufferPerRankMatchTheRuntime) {
           c.set("dist.zero_stage", std::to_string(stage));
           c.set("data.seq_len", "16");
           c.set("train.micro_batch", "1");
-          PlanSettings s = PlanSettings::from_config(c);
+          PlanSettings s = PlanSettings::from_spec(qlft::parse_run_spec(c));
           s.world = world;
           uint64_t most = 0;
           int most_rank = 0;
@@ -423,13 +425,14 @@ TEST(PlannerZero, OptimizerAndExchangeBufferPerRankMatchTheRuntime) {
             MemoryTracker t;
             // As the trainer makes them (Trainer::init_grads): gradients after the partition,
             // this rank's share only at stage 2 over several ranks (a host backend).
-            LoraAdapter a(&t, model_shapes(mc), lora_config_from(c), /*gradients=*/false);
+            LoraAdapter a(&t, model_shapes(mc), lora_config_from(qlft::parse_run_spec(c).lora),
+                          /*gradients=*/false);
             const uint64_t before = t.snapshot().reserved[QLFT_MEM_OPTIMIZER];
             dist::DataParallel dp(std::make_unique<MirrorCommunicator>(r, world), stage,
                                   lora_params(a), &t, /*host_gradient_shards=*/true);
             auto sink = dist::allocate_lora_gradients(a, dp, dp.shards_gradients(), &t);
             EXPECT_EQ(sink != nullptr, stage >= 2 && world > 1);
-            auto opt = make_optimizer(OptimSettings::from_config(c), dp.owned_params(), &t);
+            auto opt = make_optimizer(qlft::parse_run_spec(c).optim, dp.owned_params(), &t);
             const MemorySnapshot m = t.snapshot();
             const MemoryPlan p = plan_memory_of_rank(mc, w, s, r);
             EXPECT_EQ(p.train[QLFT_MEM_OPTIMIZER], m.reserved[QLFT_MEM_OPTIMIZER] - before)
@@ -483,7 +486,7 @@ TEST(PlannerZero, OwnershipIsContiguousBalancedRuns) {
     c.set("dist.zero_stage", "1");
     c.set("data.seq_len", "16");
     c.set("train.micro_batch", "1");
-    PlanSettings s = PlanSettings::from_config(c);
+    PlanSettings s = PlanSettings::from_spec(qlft::parse_run_spec(c));
     s.world = world;
     for (int k = 0; k < world; ++k)
       EXPECT_EQ(plan_memory_of_rank(mc, w, s, k).train[QLFT_MEM_OPTIMIZER], adam[size_t(k)]);
@@ -500,7 +503,7 @@ TEST(PlannerZero, OwnershipIsContiguousBalancedRuns) {
   c.set("dist.zero_stage", "2");
   c.set("data.seq_len", "16");
   c.set("train.micro_batch", "1");
-  PlanSettings s = PlanSettings::from_config(c);
+  PlanSettings s = PlanSettings::from_spec(qlft::parse_run_spec(c));
   s.world = 64;
   EXPECT_THROW(plan_memory(mc, w, s), Error);
 }
@@ -513,11 +516,12 @@ TEST_F(PlannerTest, ZeroStagesOnOneRankMatchTheTracker) {
   for (int stage : {1, 2}) {
     Config c = config_of(kCases[0]);
     c.set("dist.zero_stage", std::to_string(stage));
-    const MemoryPlan plan = plan_memory(model->cfg, w, PlanSettings::from_config(c));
+    const MemoryPlan plan =
+        plan_memory(model->cfg, w, PlanSettings::from_spec(qlft::parse_run_spec(c)));
     EXPECT_EQ(plan.world, 1);
     tracker.reset_peaks();
     {
-      Trainer t(*model, &tracker, nullptr, c);
+      Trainer t(*model, &tracker, nullptr, qlft::parse_run_spec(c));
       StepReport r;
       t.step_on({full_batch(1, 64, model->cfg.vocab, 0), full_batch(1, 64, model->cfg.vocab, 1)},
                 &r);
@@ -546,10 +550,11 @@ TEST_F(PlannerTest, NvmeOffloadMatchesTheTracker) {
       c.set("offload.optimizer", "nvme");
       c.set("offload.buffers", buffers);
       c.set("offload.dir", qlft_test::temp_dir("planner-nvme"));
-      const MemoryPlan plan = plan_memory(model->cfg, w, PlanSettings::from_config(c));
+      const MemoryPlan plan =
+          plan_memory(model->cfg, w, PlanSettings::from_spec(qlft::parse_run_spec(c)));
       const uint64_t shared = tracker.snapshot().reserved[QLFT_MEM_WEIGHTS];
       EXPECT_EQ(shared, w.bytes);
-      Trainer t(*model, &tracker, nullptr, c);
+      Trainer t(*model, &tracker, nullptr, qlft::parse_run_spec(c));
       tracker.reset_peaks();
       StepReport r;
       t.step_on({full_batch(1, 64, model->cfg.vocab, 0), full_batch(1, 64, model->cfg.vocab, 1)},
@@ -614,7 +619,7 @@ TEST_F(PlannerTest, Zero3ShardsAndGatheredUnitsMatchTheStream) {
           c.set("dist.zero_stage", "3");
           c.set("dist.row_chunk_kib", chunk_kib);
           c.set("dist.zero3_prefetch", prefetch);
-          PlanSettings s = PlanSettings::from_config(c);
+          PlanSettings s = PlanSettings::from_spec(qlft::parse_run_spec(c));
           s.world = world;
           PlanSettings s1 = s;
           s1.zero_stage = 2;  // the exchange buffer and ZeRO-2's gradient reduce bucket, no units
@@ -700,9 +705,9 @@ TEST_F(PlannerTest, Zero3ShardsReadByRangeEqualTheLoadedGroups) {
       Config c = config_of(kCases[0]);
       c.set("dist.zero_stage", "3");
       c.set("quant.type", "keep");
-      PlanSettings s = PlanSettings::from_config(c);
+      PlanSettings s = PlanSettings::from_spec(qlft::parse_run_spec(c));
       s.world = world;
-      s.dist_backend = "mpi";  // several MPI ranks load deferred
+      s.dist_backend = DistBackend::Mpi;  // several MPI ranks load deferred
       MemoryTracker ta, tb;
       auto a = load_model(&ta, model_path_, lo), b = load_model(&tb, model_path_, lo);
       ASSERT_EQ(a->deferred_groups_read, 0);
@@ -716,7 +721,8 @@ TEST_F(PlannerTest, Zero3ShardsReadByRangeEqualTheLoadedGroups) {
       EXPECT_EQ(src.groups_loaded(), 0);
       EXPECT_EQ(za.shard_bytes(), zb.shard_bytes());
       EXPECT_LE(src.bytes_read_by_range(), za.shard_bytes());
-      const MemoryPlan p = plan_memory_of_rank(a->cfg, weight_footprint_for_plan(*a, c), s, rank);
+      const MemoryPlan p = plan_memory_of_rank(
+          a->cfg, weight_footprint_for_plan(*a, qlft::parse_run_spec(c).quant), s, rank);
       EXPECT_EQ(ta.snapshot().peak[QLFT_MEM_WEIGHTS], p.peak[QLFT_MEM_WEIGHTS]);
       EXPECT_GT(tb.snapshot().peak[QLFT_MEM_WEIGHTS], p.peak[QLFT_MEM_WEIGHTS]);
       for (int u = 0; u < unit_count(a->cfg.n_layers); ++u) {
@@ -744,7 +750,7 @@ TEST_F(PlannerTest, Zero3ShardedAdapterMatchesTheLoraShards) {
   for (int world : {2, 3, 5})
     for (int rank = 0; rank < world; ++rank) {
       SCOPED_TRACE("world " + std::to_string(world) + " rank " + std::to_string(rank));
-      PlanSettings s = PlanSettings::from_config(c);
+      PlanSettings s = PlanSettings::from_spec(qlft::parse_run_spec(c));
       s.world = world;
       PlanSettings sharded = s;
       sharded.shard_adapter = true;
@@ -788,10 +794,11 @@ TEST_F(PlannerTest, Zero3OnOneRankMatchesTheTracker) {
   auto model = load(tracker, "nf4");
   const WeightFootprint w = weight_footprint(*model);
   const Config c = zero3_config_of(kCases[1]);
-  const MemoryPlan plan = plan_memory(model->cfg, w, PlanSettings::from_config(c));
+  const MemoryPlan plan =
+      plan_memory(model->cfg, w, PlanSettings::from_spec(qlft::parse_run_spec(c)));
   const uint64_t shared = tracker.snapshot().reserved[QLFT_MEM_WEIGHTS];
   EXPECT_EQ(shared, w.bytes);
-  Trainer t(*model, &tracker, nullptr, c);
+  Trainer t(*model, &tracker, nullptr, qlft::parse_run_spec(c));
   tracker.reset_peaks();  // sharding happened in the constructor
   StepReport r;
   t.step_on({full_batch(2, 128, model->cfg.vocab, 0), full_batch(2, 128, model->cfg.vocab, 1)}, &r);
@@ -822,11 +829,11 @@ TEST_F(PlannerTest, PredictionIsWhatTheOsSees) {
         lo.quant_type = quant;
         auto model = load_model(&tracker, path, lo);
         const Config c = config_of(k);
-        const MemoryPlan plan =
-            plan_memory(model->cfg, weight_footprint(*model), PlanSettings::from_config(c));
+        const MemoryPlan plan = plan_memory(model->cfg, weight_footprint(*model),
+                                            PlanSettings::from_spec(qlft::parse_run_spec(c)));
         const uint64_t load_peak = tracker.snapshot().total_peak;
         tracker.reset_peaks();
-        Trainer t(*model, &tracker, nullptr, c);
+        Trainer t(*model, &tracker, nullptr, qlft::parse_run_spec(c));
         StepReport r;
         t.step_on({full_batch(k.micro, k.seq, model->cfg.vocab, 0),
                    full_batch(k.micro, k.seq, model->cfg.vocab, 1)},

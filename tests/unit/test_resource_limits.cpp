@@ -262,7 +262,7 @@ TEST(ResourceLimits, HundredThousandTinyRecordsAreAllUsed) {
   c.set("data.seq_len", "64");
   HeapPeak heap;
   auto t0 = std::chrono::steady_clock::now();
-  data::Dataset d = data::Dataset::build(data::DataOptions::from_config(c), enc);
+  data::Dataset d = data::Dataset::build(qlft::parse_run_spec(c).data, enc);
   const double secs = seconds_since(t0);
   const data::DataStats& s = d.stats();
   EXPECT_EQ(s.records, static_cast<uint64_t>(kRecords));

@@ -248,7 +248,7 @@ TEST(RopeScaling, WriteFixtures) {
     QLFT_SKIP("fixture-writer") << "QLFT_WRITE_ROPE_FIXTURES unset";
   MemoryTracker tr;
   auto m = load(&tr, variant_dir("llama3"));
-  Trainer t(*m, &tr, nullptr, peft_config());
+  Trainer t(*m, &tr, nullptr, qlft::parse_run_spec(peft_config()));
   const std::vector<int32_t> tok = reference().i32("tokens");
   const int seq = static_cast<int>(tok.size()) - 1;
   for (int s = 0; s < 6; ++s) {

@@ -46,9 +46,9 @@ struct StepRun {
       c.set("train.micro_batch", std::to_string(micro_batch));
       c.set("train.max_steps", "1");
       c.set("lora.r", "4");
-      auto ds = std::make_unique<data::Dataset>(
-          data::Dataset::build(data::DataOptions::from_config(c), enc));
-      Trainer t(*m, &tracker, ds.get(), c);
+      auto ds =
+          std::make_unique<data::Dataset>(data::Dataset::build(qlft::parse_run_spec(c).data, enc));
+      Trainer t(*m, &tracker, ds.get(), qlft::parse_run_spec(c));
       std::vector<char> hidden(untracked_bytes);
       if (!hidden.empty()) std::memset(hidden.data(), 1, hidden.size());
       StepReport r;

@@ -206,13 +206,13 @@ class RunInputsModel : public ::testing::Test {
 
 TEST_F(RunInputsModel, ACorruptedCheckpointIsRefusedOnResume) {
   const std::string path = qlft_test::temp_dir("run_inputs_ckpt") + "/checkpoint.safetensors";
-  Trainer t(*model_, &tracker_, nullptr, config());
+  Trainer t(*model_, &tracker_, nullptr, qlft::parse_run_spec(config()));
   t.save_checkpoint(path);
   std::vector<uint8_t> bytes = qlft_test::read_file(path);
   // The last bytes are tensor data (the header is at the front): flip one bit there.
   bytes[bytes.size() - 3] ^= 0x10;
   qlft_test::write_file(path, bytes.data(), bytes.size());
-  Trainer fresh(*model_, &tracker_, nullptr, config());
+  Trainer fresh(*model_, &tracker_, nullptr, qlft::parse_run_spec(config()));
   expect_error([&] { fresh.resume(path); }, QLFT_ERR_FORMAT, {path, "corrupted", "checksum"});
   bytes[bytes.size() - 3] ^= 0x10;  // restored: loads
   qlft_test::write_file(path, bytes.data(), bytes.size());
@@ -222,7 +222,7 @@ TEST_F(RunInputsModel, ACorruptedCheckpointIsRefusedOnResume) {
 TEST_F(RunInputsModel, ADivergedAdapterIsNeverWrittenOverTheLastFiniteOne) {
   const std::string dir = qlft_test::temp_dir("run_inputs_nan");
   const std::string ckpt = dir + "/checkpoint.safetensors";
-  Trainer t(*model_, &tracker_, nullptr, config());
+  Trainer t(*model_, &tracker_, nullptr, qlft::parse_run_spec(config()));
   t.save_checkpoint(ckpt);
   save_peft_adapter(t.lora(), dir + "/adapter", "m");
   save_gguf_lora_adapter(t.lora(), dir + "/adapter.gguf");
@@ -245,7 +245,7 @@ TEST_F(RunInputsModel, ADivergedAdapterIsNeverWrittenOverTheLastFiniteOne) {
 TEST_F(RunInputsModel, ThePeftDirectoryIsReplacedWholeWithItsBaseRecord) {
   const std::string parent = qlft_test::temp_dir("run_inputs_peft_whole");
   const std::string dir = parent + "/adapter";
-  Trainer t(*model_, &tracker_, nullptr, config());
+  Trainer t(*model_, &tracker_, nullptr, qlft::parse_run_spec(config()));
   save_peft_adapter(t.lora(), dir, "m", BaseStorage{"nf4", true, 64});
   write_text(dir + "/adapter_model.bin", "an older adapter's weights");
   t.lora().params()[0].w[0] += 1.0f;
@@ -261,7 +261,7 @@ TEST_F(RunInputsModel, ThePeftDirectoryIsReplacedWholeWithItsBaseRecord) {
   EXPECT_EQ(c.get("quant.type"), "keep");
   EXPECT_FALSE(c.get_bool("quant.double_quant"));
   EXPECT_EQ(c.get_int("quant.blocksize"), 128);
-  Trainer back(*model_, &tracker_, nullptr, config());
+  Trainer back(*model_, &tracker_, nullptr, qlft::parse_run_spec(config()));
   load_peft_adapter(back.lora(), dir);
   EXPECT_EQ(back.lora().params()[0].w[0], t.lora().params()[0].w[0]);
 

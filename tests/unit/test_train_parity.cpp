@@ -49,7 +49,7 @@ TEST(TrainParity, TwentyStepsTrackPeftAndTorchAdamW) {
   MemoryTracker tracker;
   auto model = load_model(&tracker, path, model_test::keep());
   ASSERT_TRUE(model->cfg.rope_adjacent);  // q/k rows in GGUF order: set_hf/get_hf convert
-  Trainer t(*model, &tracker, nullptr, parity_config());
+  Trainer t(*model, &tracker, nullptr, qlft::parse_run_spec(parity_config()));
   LoraAdapter& lora = t.lora();
   ASSERT_EQ(lora.config().r, 8);
   ASSERT_FLOAT_EQ(lora.config().scale(), 2.0f);

@@ -43,8 +43,8 @@ struct Fixture {
     c.set("data.path", text_path);
     c.set("data.seq_len", std::to_string(seq_len));
     c.set("data.eval_fraction", "0.02");
-    data = std::make_unique<data::Dataset>(
-        data::Dataset::build(data::DataOptions::from_config(c), *enc));
+    data =
+        std::make_unique<data::Dataset>(data::Dataset::build(qlft::parse_run_spec(c).data, *enc));
     return true;
   }
 };
@@ -112,7 +112,7 @@ TEST_F(TrainerTest, AccumulationChangesNoGradient) {
     c.set("train.micro_batch", std::to_string(mb));
     c.set("train.accumulation", std::to_string(8 / mb));
     c.set("lora.init_from", "");
-    Trainer t(*f.model, &f.tracker, f.data.get(), c);
+    Trainer t(*f.model, &f.tracker, f.data.get(), qlft::parse_run_spec(c));
     // B starts at zero, which makes dA zero: take one step first so both are exercised, with
     // the same first step for every configuration (8 rows), then compare the second step.
     StepReport r;
@@ -135,7 +135,7 @@ TEST_F(TrainerTest, CheckpointingChangesNoGradientAndLowersPeakActivations) {
     Config c = base_config();
     c.set("train.micro_batch", "4");
     c.set("train.grad_checkpointing", ck ? "1" : "0");
-    Trainer t(*f.model, &f.tracker, f.data.get(), c);
+    Trainer t(*f.model, &f.tracker, f.data.get(), qlft::parse_run_spec(c));
     StepReport r;
     ASSERT_TRUE(t.step(&r));
     f.tracker.reset_peaks();
@@ -152,18 +152,18 @@ TEST_F(TrainerTest, ResumeFromCheckpointIsBitExact) {
   c.set("train.max_steps", "6");
   c.set("lora.dropout", "0.1");  // dropout masks must replay too
   c.set("optim.name", "adamw8bit");
-  Trainer straight(*f.model, &f.tracker, f.data.get(), c);
+  Trainer straight(*f.model, &f.tracker, f.data.get(), qlft::parse_run_spec(c));
   StepReport r;
   while (straight.step(&r)) {
   }
   std::string dir = qlft_test::temp_dir("resume");
   std::string ckpt = dir + "/ck.safetensors";
   {
-    Trainer first(*f.model, &f.tracker, f.data.get(), c);
+    Trainer first(*f.model, &f.tracker, f.data.get(), qlft::parse_run_spec(c));
     for (int i = 0; i < 3; ++i) ASSERT_TRUE(first.step(&r));
     first.save_checkpoint(ckpt);
   }
-  Trainer second(*f.model, &f.tracker, f.data.get(), c);
+  Trainer second(*f.model, &f.tracker, f.data.get(), qlft::parse_run_spec(c));
   second.resume(ckpt);
   EXPECT_EQ(second.steps_done(), 3);
   while (second.step(&r)) {
@@ -176,14 +176,14 @@ TEST_F(TrainerTest, ResumeFromCheckpointIsBitExact) {
 
 TEST_F(TrainerTest, ResumeRejectsMismatchAndCorruptionWithoutChangingState) {
   Config c = base_config();
-  Trainer t(*f.model, &f.tracker, f.data.get(), c);
+  Trainer t(*f.model, &f.tracker, f.data.get(), qlft::parse_run_spec(c));
   StepReport r;
   ASSERT_TRUE(t.step(&r));
   std::string dir = qlft_test::temp_dir("resume-bad");
   t.save_checkpoint(dir + "/ck.safetensors");
   Config other = c;
   other.set("lora.r", "2");
-  Trainer u(*f.model, &f.tracker, f.data.get(), other);
+  Trainer u(*f.model, &f.tracker, f.data.get(), qlft::parse_run_spec(other));
   std::vector<float> before = weights_of(u);
   try {
     u.resume(dir + "/ck.safetensors");
@@ -209,8 +209,8 @@ TEST_F(TrainerTest, ResumeRejectsMismatchAndCorruptionWithoutChangingState) {
 TEST_F(TrainerTest, OutOfMemoryStepLeavesTrainerUsable) {
   Config c = base_config();
   c.set("train.max_steps", "2");
-  Trainer t(*f.model, &f.tracker, f.data.get(), c);
-  Trainer ref(*f.model, &f.tracker, f.data.get(), c);
+  Trainer t(*f.model, &f.tracker, f.data.get(), qlft::parse_run_spec(c));
+  Trainer ref(*f.model, &f.tracker, f.data.get(), qlft::parse_run_spec(c));
   StepReport r;
   ASSERT_TRUE(ref.step(&r));
   // Fail the 5th allocation of the step, then retry with memory back.
@@ -235,7 +235,7 @@ TEST_F(TrainerTest, TrainingLowersHeldOutLoss) {
   c.set("optim.max_grad_norm", "1");
   c.set("lora.r", "8");
   c.set("lora.alpha", "16");
-  Trainer t(*f.model, &f.tracker, f.data.get(), c);
+  Trainer t(*f.model, &f.tracker, f.data.get(), qlft::parse_run_spec(c));
   double before = t.evaluate(*f.data).loss;
   StepReport r;
   while (t.step(&r)) {
@@ -250,7 +250,7 @@ TEST_F(TrainerTest, Fp16HugeScaleOverflowsSkipsBacksOffThenTrains) {
   c.set("train.precision", "fp16");
   c.set("train.max_steps", "40");
   c.set("scaler.init_scale", "1e12");  // dy * scale overflows fp16 -> inf -> skip + back off
-  Trainer t(*f.model, &f.tracker, f.data.get(), c);
+  Trainer t(*f.model, &f.tracker, f.data.get(), qlft::parse_run_spec(c));
   StepReport r;
   int skipped = 0, taken = 0;
   float last_scale = 2e30f;
@@ -278,7 +278,7 @@ TEST_F(TrainerTest, Fp16TinyScaleGrowsBackAndWeightsStayFinite) {
   c.set("train.max_steps", "12");
   c.set("scaler.init_scale", "1e-6");
   c.set("scaler.growth_interval", "1");
-  Trainer t(*f.model, &f.tracker, f.data.get(), c);
+  Trainer t(*f.model, &f.tracker, f.data.get(), qlft::parse_run_spec(c));
   StepReport r;
   std::vector<float> scales;
   while (t.step(&r)) {
@@ -295,7 +295,7 @@ TEST_F(TrainerTest, Bf16TracksFp32) {
     Config c = base_config();
     c.set("train.max_steps", "5");
     c.set("train.precision", p ? "bf16" : "fp32");
-    Trainer t(*f.model, &f.tracker, f.data.get(), c);
+    Trainer t(*f.model, &f.tracker, f.data.get(), qlft::parse_run_spec(c));
     StepReport r;
     while (t.step(&r)) loss[p].push_back(r.loss);
   }
@@ -319,7 +319,7 @@ TEST_F(TrainerTest, ProfileCountsEveryOpOfTheStepsAfterTheFirst) {
     c.set("train.micro_batch", "2");
     c.set("train.accumulation", std::to_string(micro));
     c.set("train.max_steps", std::to_string(steps));
-    Trainer t(*f.model, &f.tracker, f.data.get(), c);
+    Trainer t(*f.model, &f.tracker, f.data.get(), qlft::parse_run_spec(c));
     StepReport r;
     while (t.step(&r)) {
     }

@@ -207,9 +207,9 @@ TEST(WeightGroups, DeferredModelTrainsAndGeneratesAsTheResidentOne) {
     c.set("optim.lr", "3e-3");
     c.set("train.micro_batch", "2");
     c.set("train.max_steps", "3");
-    auto ds = std::make_unique<data::Dataset>(
-        data::Dataset::build(data::DataOptions::from_config(c), enc));
-    Trainer t(*model, &tracker, ds.get(), c);
+    auto ds =
+        std::make_unique<data::Dataset>(data::Dataset::build(qlft::parse_run_spec(c).data, enc));
+    Trainer t(*model, &tracker, ds.get(), qlft::parse_run_spec(c));
     StepReport r;
     while (t.step(&r)) loss[deferred].push_back(r.loss);
     auto be = make_cpu_backend(&tracker);

@@ -25,8 +25,8 @@ class CpuWorkspace final : public WorkspaceModel {
         threads(std::max(s.threads, 1)),
         // fp16 autocasts (rounded fp32 copies of the inputs); bf16 runs the CPU backend's own
         // bf16 GEMMs (as the trainer sets it up), with 2-byte operands on oneDNN.
-        autocast(s.precision == "fp16"),
-        lp(s.precision == "bf16"),
+        autocast(s.precision == Precision::FP16),
+        lp(s.precision == Precision::BF16),
         eb(lp && cpu::gemm_bf16_native() ? 2 : 4),
         r(s.lora_r),
         dropout(s.dropout),

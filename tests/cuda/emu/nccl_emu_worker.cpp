@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "core/communicator.h"
+#include "parallel/comm_select.h"
 #include "backend/nccl_entry.h"
 
 using namespace qlft;
@@ -58,13 +59,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    auto mpi = dist::make_communicator("mpi", 120);
+    auto mpi = dist::make_communicator(qlft::DistBackend::Mpi, 120);
     const int r = mpi->rank(), w = mpi->world();
     const std::string out = std::string(argv[1]) + "." + std::to_string(r);
     if (!std::freopen(out.c_str(), "w", stdout)) return 2;
     // This process's emulator made the device buffers below: the NCCL communicator must be its
     // own (qlft_cuda linked in), not the CUDA plugin's, whose emulator is another instance.
-    auto nccl = dist::make_nccl_communicator(dist::make_communicator("mpi", 120), 120);
+    auto nccl =
+        dist::make_nccl_communicator(dist::make_communicator(qlft::DistBackend::Mpi, 120), 120);
     nccl->set_timeout(120);
     check(std::strcmp(nccl->backend(), "nccl") == 0, "backend name", 0);
     check(nccl->rank() == r && nccl->world() == w, "rank/world", 0);
