@@ -1,3 +1,5 @@
+// The micro-batch auto-tuner (train/autotune.h): the effective-batch rule, the cache, the
+// budget, the planner's start and the agreed search over a "does this fit" callback.
 #include "train/autotune.h"
 
 #include <sys/stat.h>
@@ -11,44 +13,16 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "backend/cuda_plugin.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/threads.h"
-#include "data/dataset.h"
-#include "parallel/data_parallel.h"
 #include "formats/atomic_file.h"
+#include "parallel/data_parallel.h"
 #include "train/planner.h"
-#include "train/trainer.h"
 
 namespace qlft {
 
 namespace {
-
-// What the OS says could still be allocated without swapping (/proc/meminfo MemAvailable).
-uint64_t mem_available() {
-  std::ifstream f("/proc/meminfo");
-  std::string key;
-  uint64_t kib = 0;
-  std::string unit;
-  while (f >> key >> kib >> unit)
-    if (key == "MemAvailable:") return kib * 1024;
-  return 0;
-}
-
-// What a budget of 0 may still use: the device's free memory for a device budget, else the
-// OS's MemAvailable.
-uint64_t available(MemoryTracker* tr, bool device) {
-  if (!device) return mem_available();
-  return cuda_plugin::get("auto-tune's device budget").device_available(tr);
-}
-
-// A device backend's trial starts with its caching allocator's free blocks returned: the
-// allocator hands a request a cached block of up to twice its size, so blocks left by a larger
-// trial would inflate a smaller one and make a trial's outcome depend on the trials before it.
-void empty_device_cache(Trainer& t) {
-  if (t.runner().backend().device_memory()) cuda_plugin::get("auto-tune").empty_cache(t.tracker());
-}
 
 // Restores the tracker's limit and phase however the search ends.
 struct LimitGuard {
@@ -171,60 +145,16 @@ AutotuneResult search_micro_batch(const std::function<bool(int, uint64_t*)>& fit
   return r;
 }
 
-bool autotune_trial(Trainer& t, int micro_batch, int seq_len, bool second_forward, uint64_t* peak) {
-  MemoryTracker* tr = t.tracker();
-  const int vocab = t.model().cfg.vocab;
-  const int64_t R = static_cast<int64_t>(micro_batch) * seq_len;
-  // Synthetic rows, one document each, every target trained: the most a batch can hold (the
-  // cross-entropy chunk grows with the trained targets). Plain vectors, like data batches.
-  std::vector<int32_t> tokens(R), targets(R), pos(R), docs(R, 0);
-  for (int64_t i = 0; i < R; ++i) {
-    tokens[i] = static_cast<int32_t>((i * 7 + 1) % vocab);
-    targets[i] = static_cast<int32_t>((i * 13 + 5) % vocab);
-    pos[i] = static_cast<int32_t>(i % seq_len);
-  }
-  TokenBatch tb;
-  tb.batch = micro_batch;
-  tb.seq = seq_len;
-  tb.tokens = tokens.data();
-  tb.targets = targets.data();
-  tb.positions = pos.data();
-  tb.doc_ids = docs.data();
-  LlamaRunner& run = t.runner();
-  auto undo = [&] {
-    run.release();
-    t.lora().zero_grad();
-    tr->set_phase("setup");
-  };
-  empty_device_cache(t);
-  tr->reset_peaks();
-  try {
-    const float scale = 1.f / static_cast<float>(R);
-    run.forward(tb, scale, /*dropout_seed=*/1);
-    run.backward();
-    // With accumulation the next micro-batch's forward runs beside the backward temporaries.
-    if (second_forward) run.forward(tb, scale, 2);
-  } catch (const Error& e) {
-    undo();
-    if (e.status() == QLFT_ERR_OUT_OF_MEMORY) return false;
-    throw;
-  } catch (...) {
-    undo();
-    throw;
-  }
-  if (peak) *peak = tr->budgeted_peak();
-  undo();
-  return true;
-}
-
 namespace {
 
+std::string limit_text(uint64_t limit) {
+  return limit ? std::to_string(limit) : "free-ram";
+}
+
 // limits: memory.limit of every rank ("a,b" with several; "free-ram" for a 0).
-std::string cache_key(const Trainer& t, const RunSpec& s, int ranks, const std::string& limits) {
-  const Model& m = t.model();
-  const TrainSettings& ts = t.settings();
-  const int threads = num_threads();
-  Trainer& mt = const_cast<Trainer&>(t);
+std::string cache_key(const AutotuneInputs& in, const std::string& limits) {
+  const Model& m = in.model;
+  const RunSpec& s = in.spec;
   return strf(
       "model=%s weights=%llu arch=%s layers=%d dim=%d vocab=%d; precision=%s "
       "grad_checkpointing=%d seq_len=%d lora.r=%d lora.target_modules=%s lora.dropout=%g optim=%s "
@@ -232,217 +162,249 @@ std::string cache_key(const Trainer& t, const RunSpec& s, int ranks, const std::
       "offload.params=%s offload.optimizer=%s offload.buffers=%d; backend=%s threads=%d; "
       "memory.limit=%s",
       m.path.c_str(), static_cast<unsigned long long>(weight_footprint_for_plan(m, s.quant).bytes),
-      m.cfg.arch.c_str(), m.cfg.n_layers, m.cfg.dim, m.cfg.vocab, name_of(ts.precision),
-      s.train.grad_checkpointing, s.data.seq_len, s.lora.r,
-      mt.lora().config().targets_string().c_str(), static_cast<double>(s.lora.dropout),
-      name_of(s.optim.kind), static_cast<long long>(ts.effective_batch), ts.accumulation, ranks,
+      m.cfg.arch.c_str(), m.cfg.n_layers, m.cfg.dim, m.cfg.vocab, name_of(s.backend.precision),
+      s.train.grad_checkpointing, s.data.seq_len, s.lora.r, in.lora_targets.c_str(),
+      static_cast<double>(s.lora.dropout), name_of(s.optim.kind),
+      static_cast<long long>(s.train.effective_batch), s.train.accumulation, in.dp.world(),
       s.train.autotune_margin, s.dist.zero_stage, name_of(s.offload.params),
-      name_of(s.offload.optimizer), s.offload.buffers, mt.runner().backend().name(), threads,
+      name_of(s.offload.optimizer), s.offload.buffers, in.backend_name.c_str(), num_threads(),
       limits.c_str());
 }
 
-std::string limit_text(uint64_t limit) {
-  return limit ? std::to_string(limit) : "free-ram";
-}
-
-}  // namespace
-
-std::string autotune_cache_key(const Trainer& t, const RunSpec& s, int ranks) {
-  return cache_key(t, s, ranks, limit_text(t.tracker()->limit()));
-}
-
-AutotuneResult autotune_batch_shape(Trainer& t, const RunSpec& spec, int ranks) {
-  const TrainSettings ts = t.settings();
-  ranks = std::max(ranks, 1);
-  const int64_t E = ts.effective_batch;
+// A fixed micro-batch with train.effective_batch: accumulation follows from it.
+AutotuneResult fixed_micro_batch_shape(const AutotuneInputs& in) {
+  const TrainSpec& t = in.spec.train;
+  const int ranks = in.dp.world();
+  const int64_t E = t.effective_batch;
+  const int64_t per = static_cast<int64_t>(t.micro_batch.n) * ranks;
+  QLFT_CHECK_ARG(E % per == 0,
+                 "train.effective_batch %lld is not a multiple of train.micro_batch %d x %d "
+                 "rank(s)",
+                 static_cast<long long>(E), t.micro_batch.n, ranks);
+  const int64_t acc = E / per;
+  QLFT_CHECK_ARG(!t.accumulation_set || acc == t.accumulation,
+                 "train.effective_batch %lld needs train.accumulation %lld with micro_batch %d "
+                 "and %d rank(s), but it is set to %d; leave it unset",
+                 static_cast<long long>(E), static_cast<long long>(acc), t.micro_batch.n, ranks,
+                 t.accumulation);
+  QLFT_CHECK_ARG(acc <= 65536, "train.effective_batch %lld needs %lld micro-batches per step",
+                 static_cast<long long>(E), static_cast<long long>(acc));
   AutotuneResult r;
-  if (!ts.micro_batch_auto) {
-    // A fixed micro-batch: accumulation follows from the effective batch.
-    const int64_t per = static_cast<int64_t>(ts.micro_batch) * ranks;
-    QLFT_CHECK_ARG(E % per == 0,
-                   "train.effective_batch %lld is not a multiple of train.micro_batch %d x %d "
-                   "rank(s)",
-                   static_cast<long long>(E), ts.micro_batch, ranks);
-    const int64_t acc = E / per;
-    QLFT_CHECK_ARG(!spec.train.accumulation_set || acc == ts.accumulation,
-                   "train.effective_batch %lld needs train.accumulation %lld with micro_batch %d "
-                   "and %d rank(s), but it is set to %d; leave it unset",
-                   static_cast<long long>(E), static_cast<long long>(acc), ts.micro_batch, ranks,
-                   ts.accumulation);
-    QLFT_CHECK_ARG(acc <= 65536, "train.effective_batch %lld needs %lld micro-batches per step",
-                   static_cast<long long>(E), static_cast<long long>(acc));
-    t.set_batch_shape(ts.micro_batch, static_cast<int>(acc));
-    r.micro_batch = ts.micro_batch;
-    r.accumulation = static_cast<int>(acc);
-    return r;
-  }
-  QLFT_CHECK_ARG(E % ranks == 0, "train.effective_batch %lld is not a multiple of the %d ranks",
-                 static_cast<long long>(E), ranks);
-  const int64_t per_rank = E / ranks;  // 0: nothing to hold
-  const int seq = spec.data.seq_len;
-  int64_t upper = 65536;
-  if (per_rank > 0) upper = std::min<int64_t>(upper, per_rank);
-  if (t.train_data())
-    upper = std::min<int64_t>(
-        upper, std::max<int64_t>(1, static_cast<int64_t>(t.train_data()->train().rows())));
+  r.micro_batch = t.micro_batch.n;
+  r.accumulation = static_cast<int>(acc);
+  return r;
+}
 
-  // With several ranks every rank runs the same search and ends with the same shape: the
-  // cache is rank 0's, the start and bounds are agreed (the smallest), and a trial fits only
-  // when it fits on every rank (one all-reduce after each; no rank leaves a trial early while
-  // another is inside a collective of it).
-  MemoryTracker* tr = t.tracker();
-  dist::DataParallel& dp = t.data_parallel();
-  dist::Communicator& comm = dp.comm();
-  const int world = dp.world();
-  upper = min_over_ranks(comm, upper);
-  std::string limits;
-  for (const std::string& l : gather(comm, limit_text(tr->limit())))
-    limits += (limits.empty() ? "" : ",") + l;
-  const std::string& cache = spec.train.autotune_cache;  // "": off
-  const std::string key = cache_key(t, spec, ranks, limits);
-  {
-    // Rank 0 reads the cache; every rank takes its answer.
-    int32_t hit[4] = {0, 0, 0, 0};  // micro_batch, accumulation, max_fit, first_fail
-    if (!cache.empty() && dp.is_writer()) {
-      nlohmann::json j = read_cache(cache);
-      if (j.contains("entries") && j["entries"].contains(key)) {
-        const nlohmann::json& e = j["entries"][key];
-        if (e.is_object() && e.value("micro_batch", 0) >= 1 && e.value("accumulation", 0) >= 1 &&
-            e.value("micro_batch", 0) <= upper) {
-          hit[0] = e.value("micro_batch", 0);
-          hit[1] = e.value("accumulation", 0);
-          hit[2] = e.value("max_fit", hit[0]);
-          hit[3] = e.value("first_fail", 0);
-        }
+// Rank 0 reads the cache; every rank takes its answer (false: no entry for key within upper).
+bool cached_shape(const AutotuneInputs& in, const std::string& key, int64_t upper,
+                  AutotuneResult* r) {
+  const std::string& cache = in.spec.train.autotune_cache;  // "": off
+  int32_t hit[4] = {0, 0, 0, 0};  // micro_batch, accumulation, max_fit, first_fail
+  if (!cache.empty() && in.dp.is_writer()) {
+    nlohmann::json j = read_cache(cache);
+    if (j.contains("entries") && j["entries"].contains(key)) {
+      const nlohmann::json& e = j["entries"][key];
+      if (e.is_object() && e.value("micro_batch", 0) >= 1 && e.value("accumulation", 0) >= 1 &&
+          e.value("micro_batch", 0) <= upper) {
+        hit[0] = e.value("micro_batch", 0);
+        hit[1] = e.value("accumulation", 0);
+        hit[2] = e.value("max_fit", hit[0]);
+        hit[3] = e.value("first_fail", 0);
       }
     }
-    if (world > 1) comm.broadcast(hit, sizeof hit, 0);
-    if (hit[0] >= 1) {
-      r.micro_batch = hit[0];
-      r.accumulation = hit[1];
-      r.max_fit = hit[2];
-      r.first_fail = hit[3];
-      r.from_cache = true;
-      t.set_batch_shape(r.micro_batch, r.accumulation);
-      QLFT_LOG_I("auto-tune: micro_batch %d, accumulation %d (from %s)", r.micro_batch,
-                 r.accumulation, cache.c_str());
-      return r;
-    }
   }
+  if (in.dp.world() > 1) in.dp.comm().broadcast(hit, sizeof hit, 0);
+  if (hit[0] < 1) return false;
+  r->micro_batch = hit[0];
+  r->accumulation = hit[1];
+  r->max_fit = hit[2];
+  r->first_fail = hit[3];
+  r->from_cache = true;
+  QLFT_LOG_I("auto-tune: micro_batch %d, accumulation %d (from %s)", r->micro_batch,
+             r->accumulation, cache.c_str());
+  return true;
+}
 
-  // The budget: memory.limit, or what is tracked now plus this rank's part of what the OS still
-  // has (ranks on one machine share it). With a device budget (backend=cuda: the tracker's limit
-  // counts device bytes only) that is device memory: what the device has free.
-  const uint64_t limit = tr->limit();
-  const bool device = tr->limit_space() == MemSpace::Device;
-  const uint64_t reserved = tr->budgeted_reserved();
+// The memory the trials may use on this rank.
+struct Budget {
+  uint64_t limit = 0;     // the tracker's limit before the search (0: none)
+  bool device = false;    // a device budget (backend=cuda)
+  uint64_t reserved = 0;  // what is held already
+  uint64_t budget = 0;    // memory.limit, or what is held plus this rank's share of the free
+  uint64_t trials = 0;    // (1 - margin) x budget
+};
+
+// memory.limit, or what is tracked now plus this rank's part of what is still free (ranks on
+// one machine share it). Throws QLFT_ERR_OUT_OF_MEMORY on every rank when some rank's budget is
+// already taken.
+Budget trial_budget(const AutotuneInputs& in) {
+  MemoryTracker* tr = in.tracker;
+  dist::Communicator& comm = in.dp.comm();
+  Budget b;
+  b.limit = tr->limit();
+  b.device = tr->limit_space() == MemSpace::Device;
+  b.reserved = tr->budgeted_reserved();
   const uint64_t sharing = static_cast<uint64_t>(ranks_on_this_host(comm));  // collective
-  const uint64_t budget = limit ? limit : reserved + available(tr, device) / sharing;
-  const double margin = spec.train.autotune_margin;
-  const uint64_t trial_limit = static_cast<uint64_t>(static_cast<double>(budget) * (1.0 - margin));
-  const bool full = trial_limit <= reserved;
+  b.budget = b.limit ? b.limit : b.reserved + in.free_memory() / sharing;
+  const double margin = in.spec.train.autotune_margin;
+  b.trials = static_cast<uint64_t>(static_cast<double>(b.budget) * (1.0 - margin));
+  const bool full = b.trials <= b.reserved;
   if (count_over_ranks(comm, full) > 0) {
     if (full)
       throw_error(QLFT_ERR_OUT_OF_MEMORY,
                   "auto-tune: the memory budget (%s, less a %.0f%% margin) is already taken by "
                   "the model, adapter and optimizer (%s)%s; raise memory.limit",
-                  format_bytes(budget).c_str(), margin * 100, format_bytes(reserved).c_str(),
-                  world > 1 ? strf(" on rank %d", dp.rank()).c_str() : "");
+                  format_bytes(b.budget).c_str(), margin * 100, format_bytes(b.reserved).c_str(),
+                  in.dp.world() > 1 ? strf(" on rank %d", in.dp.rank()).c_str() : "");
     throw_error(QLFT_ERR_OUT_OF_MEMORY,
                 "auto-tune: on another rank the memory budget is already taken by the model, "
                 "adapter and optimizer; raise memory.limit there");
   }
+  return b;
+}
 
-  // Start where the planner says the largest fit is (the smallest over ranks). What the tracker
-  // holds beyond the planner's persistent categories (another model, say) comes off the budget.
-  const bool accumulates_anyway = per_rank == 0 && ts.accumulation > 1;
-  PlanSettings ps = PlanSettings::from_spec(spec);
-  ps.world = world;
-  ps.accumulation = (per_rank > 0 || ts.accumulation > 1) ? 2 : 1;
-  const WeightFootprint w = weight_footprint_for_plan(t.model(), spec.quant);
-  ps.micro_batch = 1;
-  const MemoryPlan one = plan_memory_of_rank(t.model().cfg, w, ps, dp.rank());
+// The planner's view of a trial: what it holds besides the persistent categories (`other`:
+// another model, say, comes off the budget) and each size's predicted peak.
+struct TrialPlan {
+  WeightFootprint w;
+  PlanSettings ps;
+  uint64_t other = 0;
+};
+
+TrialPlan trial_plan(const AutotuneInputs& in, const Budget& b, bool accumulates) {
+  TrialPlan p;
+  const RunSpec& s = in.spec;
+  p.ps = PlanSettings::from_spec(s);
+  p.ps.world = in.dp.world();
+  p.ps.accumulation = accumulates ? 2 : 1;
+  p.w = weight_footprint_for_plan(in.model, s.quant);
+  p.ps.micro_batch = 1;
+  const MemoryPlan one = plan_memory_of_rank(in.model.cfg, p.w, p.ps, in.dp.rank());
   // The categories the budget counts: the device's (a device budget and plan), else all.
-  const auto& held = device && one.device ? one.device_train : one.train;
+  const auto& held = b.device && one.device ? one.device_train : one.train;
   uint64_t persistent = held[int(MemCategory::Weights)] + held[int(MemCategory::Adapter)] +
                         held[int(MemCategory::Gradients)] + held[int(MemCategory::Optimizer)];
   // A device backend uploads its weights at their first use (not yet), and holds its fixed
   // workspace (cuBLASLt's) from the start.
-  if (device && one.device) persistent += one.device_fixed - held[int(MemCategory::Weights)];
-  const int stage = spec.dist.zero_stage;
+  if (b.device && one.device) persistent += one.device_fixed - held[int(MemCategory::Weights)];
   // The exchange buffer is allocated by now; ZeRO-3's gathered units are not.
-  if (stage < 3) persistent += held[int(MemCategory::Communication)];
-  const uint64_t other = reserved > persistent ? reserved - persistent : 0;
+  if (s.dist.zero_stage < 3) persistent += held[int(MemCategory::Communication)];
+  p.other = b.reserved > persistent ? b.reserved - persistent : 0;
+  return p;
+}
+
+// One trial as every rank sees it: it fits only when it fit on every rank (one all-reduce
+// after it, before any other collective); an error other than out-of-memory on one rank ends
+// every rank. measured (ZeRO-3, or ZeRO-2's sharded gradients, over several ranks: collectives
+// inside the trial, so no rank may leave it halfway): the trial runs without the limit and fits
+// when its measured peak is within it, and sizes the planner puts past some rank's whole budget
+// are not run (agreed first).
+bool agreed_trial(const AutotuneInputs& in, const AutotuneFits& fits, const Budget& b,
+                  const TrialPlan& p, bool measured, int m, bool second, uint64_t* peak) {
+  dist::Communicator& comm = in.dp.comm();
+  if (measured) {
+    PlanSettings pm = p.ps;
+    pm.micro_batch = m;
+    const bool past =
+        plan_memory_of_rank(in.model.cfg, p.w, pm, in.dp.rank()).budgeted_peak() + p.other >
+        b.budget;
+    if (count_over_ranks(comm, past) > 0) return false;
+  }
+  int outcome = 0;  // 0 fit, 1 out of memory, 2 another error
+  std::exception_ptr err;
+  uint64_t pk = 0;
+  try {
+    outcome = fits(m, second, &pk) ? 0 : 1;
+    if (measured && outcome == 0 && pk > b.trials) outcome = 1;
+  } catch (...) {
+    err = std::current_exception();
+    outcome = 2;
+  }
+  if (in.dp.world() > 1) {
+    double v[2] = {outcome == 1 ? 1.0 : 0.0, outcome == 2 ? 1.0 : 0.0};
+    comm.all_reduce(v, 2, dist::ReduceOp::Sum);
+    if (v[1] > 0) {
+      if (err) std::rethrow_exception(err);
+      throw_error(QLFT_ERR_DISTRIBUTED,
+                  "auto-tune: another rank failed in its trial step of micro-batch %d", m);
+    }
+    if (v[0] > 0) return false;
+  } else if (err) {
+    std::rethrow_exception(err);
+  }
+  if (peak) *peak = pk;
+  return outcome == 0;
+}
+
+}  // namespace
+
+std::string autotune_cache_key(const AutotuneInputs& in) {
+  return cache_key(in, limit_text(in.tracker->limit()));
+}
+
+AutotuneResult autotune_batch_shape(const AutotuneInputs& in, const AutotuneFits& fits) {
+  const RunSpec& s = in.spec;
+  const TrainSpec& ts = s.train;
+  if (!ts.micro_batch.is_auto) return fixed_micro_batch_shape(in);
+  const int ranks = in.dp.world();
+  const int64_t E = ts.effective_batch;
+  QLFT_CHECK_ARG(E % ranks == 0, "train.effective_batch %lld is not a multiple of the %d ranks",
+                 static_cast<long long>(E), ranks);
+  const int64_t per_rank = E / ranks;  // 0: nothing to hold
+  int64_t upper = 65536;
+  if (per_rank > 0) upper = std::min<int64_t>(upper, per_rank);
+  if (in.data_rows > 0) upper = std::min<int64_t>(upper, static_cast<int64_t>(in.data_rows));
+
+  // With several ranks every rank runs the same search and ends with the same shape: the
+  // cache is rank 0's, the start and bounds are agreed (the smallest), and a trial fits only
+  // when it fits on every rank.
+  MemoryTracker* tr = in.tracker;
+  dist::Communicator& comm = in.dp.comm();
+  upper = min_over_ranks(comm, upper);
+  std::string limits;
+  for (const std::string& l : gather(comm, limit_text(tr->limit())))
+    limits += (limits.empty() ? "" : ",") + l;
+  const std::string key = cache_key(in, limits);
+  AutotuneResult r;
+  if (cached_shape(in, key, upper, &r)) return r;
+
+  const Budget b = trial_budget(in);
+  // Start where the planner says the largest fit is (the smallest over ranks).
+  const bool accumulates_anyway = per_rank == 0 && ts.accumulation > 1;
+  const TrialPlan p = trial_plan(in, b, per_rank > 0 || ts.accumulation > 1);
   const int start = static_cast<int>(min_over_ranks(
       comm,
-      plan_max_micro_batch(t.model().cfg, w, ps, trial_limit - other, static_cast<int>(upper))));
-
-  // ZeRO-3 over several ranks gathers weights inside the trial: a rank that ran out of memory
-  // halfway would leave the others waiting in a gather. There the trial runs without the limit
-  // and fits when its measured peak is within it; sizes the planner puts past the whole budget
-  // on some rank are not run at all (agreed first).
-  // ZeRO-2's sharded gradients (host backends) exchange inside backward the same way.
-  const bool measured = (stage == 3 || dp.grad_shards() != nullptr) && world > 1;
-  LimitGuard guard{tr, limit};
-  tr->set_limit(measured ? 0 : trial_limit);
-  auto fits = [&](int m, uint64_t* peak) {
+      plan_max_micro_batch(in.model.cfg, p.w, p.ps, b.trials - p.other, static_cast<int>(upper))));
+  const bool measured =
+      (s.dist.zero_stage == 3 || in.dp.grad_shards() != nullptr) && in.dp.world() > 1;
+  LimitGuard guard{tr, b.limit};
+  tr->set_limit(measured ? 0 : b.trials);
+  auto fit = [&](int m, uint64_t* peak) {
     const bool second = accumulates_anyway || (per_rank > 0 && m < per_rank);
-    if (measured) {
-      PlanSettings pm = ps;
-      pm.micro_batch = m;
-      const bool past =
-          plan_memory_of_rank(t.model().cfg, w, pm, dp.rank()).budgeted_peak() + other > budget;
-      if (count_over_ranks(comm, past) > 0) return false;
-    }
-    int outcome = 0;  // 0 fit, 1 out of memory, 2 another error
-    std::exception_ptr err;
-    uint64_t pk = 0;
-    try {
-      outcome = autotune_trial(t, m, seq, second, &pk) ? 0 : 1;
-      if (measured && outcome == 0 && pk > trial_limit) outcome = 1;
-    } catch (...) {
-      err = std::current_exception();
-      outcome = 2;
-    }
-    if (world > 1) {
-      double v[2] = {outcome == 1 ? 1.0 : 0.0, outcome == 2 ? 1.0 : 0.0};
-      comm.all_reduce(v, 2, dist::ReduceOp::Sum);
-      if (v[1] > 0) {
-        if (err) std::rethrow_exception(err);
-        throw_error(QLFT_ERR_DISTRIBUTED,
-                    "auto-tune: another rank failed in its trial step of micro-batch %d", m);
-      }
-      if (v[0] > 0) return false;
-    } else if (err) {
-      std::rethrow_exception(err);
-    }
-    if (peak) *peak = pk;
-    return outcome == 0;
+    return agreed_trial(in, fits, b, p, measured, m, second, peak);
   };
-  AutotuneResult s = search_micro_batch(fits, std::max(start, 1), static_cast<int>(upper));
-  s.predicted = start;
-  s.budget = trial_limit;
-  int64_t micro = s.max_fit, acc = ts.accumulation;
+  r = search_micro_batch(fit, std::max(start, 1), static_cast<int>(upper));
+  r.predicted = start;
+  r.budget = b.trials;
+  r.searched = true;
+  int64_t micro = r.max_fit, acc = ts.accumulation;
   if (per_rank > 0) {
-    micro = largest_divisor_upto(per_rank, s.max_fit);
+    micro = largest_divisor_upto(per_rank, r.max_fit);
     acc = per_rank / micro;
     QLFT_CHECK_ARG(acc <= 65536, "train.effective_batch %lld needs %lld micro-batches per step",
                    static_cast<long long>(E), static_cast<long long>(acc));
   }
-  s.micro_batch = static_cast<int>(micro);
-  s.accumulation = static_cast<int>(acc);
-  t.set_batch_shape(s.micro_batch, s.accumulation);
-  empty_device_cache(t);  // the first step starts as the trials did
-  tr->reset_peaks();
+  r.micro_batch = static_cast<int>(micro);
+  r.accumulation = static_cast<int>(acc);
   std::string tried;
-  for (const AutotuneTrial& x : s.trials) tried += strf(" %d%s", x.micro_batch, x.fits ? "" : "!");
+  for (const AutotuneTrial& x : r.trials) tried += strf(" %d%s", x.micro_batch, x.fits ? "" : "!");
   QLFT_LOG_I(
       "auto-tune: micro_batch %d, accumulation %d (largest fit %d, first failure %d, planner "
       "predicted %d; trials:%s; budget %s)",
-      s.micro_batch, s.accumulation, s.max_fit, s.first_fail, start, tried.c_str(),
-      format_bytes(trial_limit).c_str());
-  if (!cache.empty() && dp.is_writer()) write_cache(cache, key, s);
-  return s;
+      r.micro_batch, r.accumulation, r.max_fit, r.first_fail, start, tried.c_str(),
+      format_bytes(b.trials).c_str());
+  if (!ts.autotune_cache.empty() && in.dp.is_writer()) write_cache(ts.autotune_cache, key, r);
+  return r;
 }
 
 }  // namespace qlft

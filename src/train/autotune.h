@@ -35,10 +35,12 @@
 // and writes the cache and hands its answer to the others; the key has the world size, the ZeRO
 // stage, the offload settings and every rank's memory.limit.
 //
-// Every trial leaves the trainer as it was: gradients zeroed, activations and workspace freed,
-// no optimizer step, no data consumed (batches are synthetic), no RNG drawn (dropout masks are
-// functions of the step). The tracker's peaks restart after the search. The result is cached in
-// a JSON file keyed by model, settings, device and memory.limit.
+// The search knows nothing of the step it sizes: its caller plans with it before the data
+// batches exist and gives a "does this fit" callback (the trainer's trial step, Trainer::
+// try_micro_batch), which must leave everything as it was: gradients zeroed, activations and
+// workspace freed, no optimizer step, no data consumed (batches are synthetic), no RNG drawn
+// (dropout masks are functions of the step). The result is cached in a JSON file keyed by
+// model, settings, device and memory.limit.
 #pragma once
 
 #include <cstdint>
@@ -47,10 +49,13 @@
 #include <vector>
 
 #include "config/run_spec.h"
+#include "model/model.h"
 
 namespace qlft {
 
-class Trainer;
+namespace dist {
+class DataParallel;
+}
 
 struct AutotuneTrial {
   int micro_batch = 0;
@@ -59,35 +64,50 @@ struct AutotuneTrial {
 };
 
 struct AutotuneResult {
-  int micro_batch = 0;   // what the trainer uses
-  int accumulation = 0;  // what the trainer uses
+  int micro_batch = 0;   // the batch shape to train with
+  int accumulation = 0;  // the batch shape to train with
   int max_fit = 0;       // the largest micro-batch that trained without running out of memory
   int first_fail = 0;    // the smallest that ran out (0: none did; max_fit is the upper bound)
   int predicted = 0;     // the planner's largest fit (the search's start)
   int upper = 0;         // the largest size considered
   uint64_t budget = 0;   // bytes the trials could use: (1 - margin) x memory budget
   bool from_cache = false;
+  bool searched = false;  // trials ran (the caller then restarts the tracker's peaks)
   std::vector<AutotuneTrial> trials;
 };
 
 constexpr int kAutotuneMaxTrials = 6;
 
-// The search alone over a fits(m) oracle: start in [1, upper]. Throws QLFT_ERR_OUT_OF_MEMORY
-// when not even 1 fits.
+// The search alone: fits(m, &peak) runs a trial of micro-batch m (true: it fit, peak set).
+// Throws QLFT_ERR_OUT_OF_MEMORY when not even 1 fits.
 AutotuneResult search_micro_batch(const std::function<bool(int, uint64_t*)>& fits, int start,
                                   int upper, int max_trials = kAutotuneMaxTrials);
 
-// One trial: a forward + backward (and with second_forward another forward) of micro_batch rows
-// of seq_len tokens on the trainer's runner, under its tracker's current limit. true if it fit
-// (*peak gets its peak total); false on QLFT_ERR_OUT_OF_MEMORY. Leaves the trainer as it was.
-bool autotune_trial(Trainer& t, int micro_batch, int seq_len, bool second_forward, uint64_t* peak);
+// "Does micro-batch m fit": one trial (second_forward: a second forward beside the kept
+// backward temporaries, as an accumulating step holds). true and *peak (the tracker's budgeted
+// peak) when it fit, false on QLFT_ERR_OUT_OF_MEMORY; other errors throw. Leaves nothing behind.
+using AutotuneFits = std::function<bool(int micro_batch, bool second_forward, uint64_t* peak)>;
 
-// What the trainer constructor calls for train.micro_batch=auto or train.effective_batch > 0:
-// validates the effective batch, searches (or reads the cache) and calls t.set_batch_shape.
-AutotuneResult autotune_batch_shape(Trainer& t, const RunSpec& s, int ranks);
+// What the search plans with, besides the trial callback.
+struct AutotuneInputs {
+  const Model& model;  // shapes and weight footprint (the planner's start) and the cache key
+  const RunSpec& spec;
+  MemoryTracker* tracker;    // its limit bounds the trials; the budget with memory.limit
+  dist::DataParallel& dp;    // the ranks agree through its communicator (world 1 alone)
+  uint64_t data_rows = 0;    // the training rows (0: no data; they bound the micro-batch)
+  std::string lora_targets;  // the adapter's target modules (the cache key)
+  std::string backend_name;  // the cache key
+  // What a budget of 0 may still use: the device's free memory for a device budget
+  // (tracker->limit_space() == Device), else the OS's MemAvailable.
+  std::function<uint64_t()> free_memory;
+};
 
-// The cache key of a trainer's search (model, settings, ranks, ZeRO stage, offload, device,
+// For train.micro_batch=auto or train.effective_batch > 0: validates the effective batch and
+// searches (or reads the cache) for the batch shape.
+AutotuneResult autotune_batch_shape(const AutotuneInputs& in, const AutotuneFits& fits);
+
+// The cache key of a search (model, settings, ranks, ZeRO stage, offload, device,
 // memory.limit) with this rank's memory.limit (the search itself keys on every rank's).
-std::string autotune_cache_key(const Trainer& t, const RunSpec& s, int ranks);
+std::string autotune_cache_key(const AutotuneInputs& in);
 
 }  // namespace qlft

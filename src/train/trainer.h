@@ -30,6 +30,7 @@
 namespace qlft {
 
 class DeviceWeightStream;
+struct AutotuneInputs;
 
 namespace dist {
 class DataParallel;
@@ -44,9 +45,9 @@ bool load_into_shards(const RunSpec& s);
 struct TrainSettings {
   int micro_batch = 4;
   int accumulation = 1;
-  bool micro_batch_auto = false;  // train.micro_batch=auto: train/autotune.h picks it
-  int64_t effective_batch = 0;    // train.effective_batch (0: micro_batch x accumulation)
-  int64_t max_steps = 0;          // 0: one pass over data.epochs
+  bool micro_batch_auto = false;    // train.micro_batch=auto: train/autotune.h picks it
+  int64_t effective_batch = 0;      // train.effective_batch (0: micro_batch x accumulation)
+  int64_t max_steps = 0;            // 0: one pass over data.epochs
   Precision precision = Precision::FP32;
   int checkpoint_every_layers = 0;  // gradient checkpointing: 0 off, 1 every layer, N every N-th
   int64_t eval_every = 0, save_every = 0;
@@ -128,8 +129,17 @@ class Trainer {
   const Backend& backend() const { return *backend_; }
   const TrainSettings& settings() const { return ts_; }
   // Sets micro_batch and accumulation; only before the trainer has data batches (the
-  // auto-tuner calls it from the constructor, before they are made).
+  // constructor plans them with the auto-tuner before they are made).
   void set_batch_shape(int micro_batch, int accumulation);
+  // trainer_trial.cpp: the auto-tuner's "does this fit" (train/autotune.h): one forward and
+  // backward of a synthetic micro-batch of micro_batch full-length rows (second_forward: a
+  // second forward beside the kept backward temporaries), under the tracker's current limit.
+  // true if it fit (*peak: its budgeted peak), false on QLFT_ERR_OUT_OF_MEMORY; leaves the
+  // trainer as it was (gradients zeroed, activations freed, no step, no data, no RNG).
+  bool try_micro_batch(int micro_batch, int seq_len, bool second_forward, uint64_t* peak);
+  // What the auto-tuner plans this trainer's batch shape with (its model, spec, tracker, ranks,
+  // data rows, adapter targets, backend).
+  AutotuneInputs autotune_inputs(const RunSpec& spec);
   const data::Dataset* train_data() const { return train_; }
   const Model& model() const { return model_; }
   // Where this trainer's base weights live (its own streamed copy, or the model as loaded).
@@ -162,8 +172,12 @@ class Trainer {
   bool adapter_has_values() const;  // false: made without them (values after the partition)
   // trainer_offload.cpp: offload.optimizer / offload.params, before the optimizer is made.
   void init_offload(const RunSpec& spec);
-  void end_offload() noexcept;          // ~Trainer: offload.params=cpu's device units freed
-  void write_profile() const noexcept;  // ~Trainer: the op profile to profile_path_, if set
+  void end_offload() noexcept;  // ~Trainer: offload.params=cpu's device units freed
+  void write_profile() const noexcept;
+  // trainer_trial.cpp: the batch shape from the auto-tuner (train.micro_batch=auto or
+  // train.effective_batch), before the data batches exist.
+  void plan_batch_shape(const RunSpec& spec);
+  void empty_device_cache();  // a device backend's cached free blocks returned  // ~Trainer: the op profile to profile_path_, if set
   size_t next_global_batches(std::vector<data::Batch>& mine);
   uint64_t dropout_seed(int64_t step, int micro) const;
   std::string fingerprint() const;

@@ -109,8 +109,8 @@ class CudaAutotuneTest : public ::testing::Test {
     Config c = base_config("");
     c.set("data.path", text_);
     c.set("data.seq_len", std::to_string(seq));
-    data_ =
-        std::make_unique<data::Dataset>(data::Dataset::build(qlft::parse_run_spec(c).data, *enc_));
+    data_ = std::make_unique<data::Dataset>(
+        data::Dataset::build(qlft::parse_run_spec(c).data, *enc_));
   }
 
   MemoryPlan plan(const Config& c, int micro_batch) const {
@@ -337,9 +337,9 @@ TEST_F(CudaAutotuneTest, ThreeDeviceBudgets) {
 
     // Both ends again by trial steps under the budget: the largest fit trains, one more does not.
     uint64_t peak = 0;
-    EXPECT_TRUE(autotune_trial(a, max_fit, kSeq, false, &peak));
+    EXPECT_TRUE(a.try_micro_batch(max_fit, kSeq, false, &peak));
     EXPECT_LE(peak, limit);
-    EXPECT_FALSE(autotune_trial(a, max_fit + 1, kSeq, false, nullptr));
+    EXPECT_FALSE(a.try_micro_batch(max_fit + 1, kSeq, false, nullptr));
     // The planner's device prediction at the size found, against the trial's measured peak.
     const uint64_t planned = plan(c, max_fit).device_train_peak;
     EXPECT_LE(std::fabs(rel(planned, peak)), 0.10);

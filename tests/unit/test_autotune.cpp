@@ -106,8 +106,8 @@ class AutotuneTest : public ::testing::Test {
     enc_ = std::make_unique<data::TokenizerEncoder>(*tok_);
     Config c = base_config("");
     c.set("data.path", text_);
-    data_ =
-        std::make_unique<data::Dataset>(data::Dataset::build(qlft::parse_run_spec(c).data, *enc_));
+    data_ = std::make_unique<data::Dataset>(
+        data::Dataset::build(qlft::parse_run_spec(c).data, *enc_));
   }
   MemoryTracker tracker_;
   std::unique_ptr<Model> model_;
@@ -162,9 +162,9 @@ TEST_F(AutotuneTest, ThreeBudgets) {
     const uint64_t trial_limit = static_cast<uint64_t>(double(limit) * (1.0 - b.margin));
     tracker_.set_limit(trial_limit);
     uint64_t peak = 0;
-    EXPECT_TRUE(autotune_trial(a, max_fit, kSeq, max_fit < kEffective, &peak));
+    EXPECT_TRUE(a.try_micro_batch(max_fit, kSeq, max_fit < kEffective, &peak));
     EXPECT_LE(peak, trial_limit);
-    EXPECT_FALSE(autotune_trial(a, max_fit + 1, kSeq, max_fit + 1 < kEffective, nullptr));
+    EXPECT_FALSE(a.try_micro_batch(max_fit + 1, kSeq, max_fit + 1 < kEffective, nullptr));
     EXPECT_TRUE(all_grads_zero(a));
     tracker_.set_limit(limit);
 
@@ -276,7 +276,7 @@ TEST_F(AutotuneTest, CacheKeyHasRanksStageAndOffload) {
     auto m = load_model(&tr, qlft_test::shared_file("models/stories260K.gguf"), lo);
     c.set("dist.zero_stage", stages[i]);
     Trainer t(*m, &tr, nullptr, qlft::parse_run_spec(c));
-    keys[i] = autotune_cache_key(t, qlft::parse_run_spec(c), 1);
+    keys[i] = autotune_cache_key(t.autotune_inputs(qlft::parse_run_spec(c)));
     EXPECT_NE(keys[i].find(std::string("zero_stage=") + stages[i]), std::string::npos) << keys[i];
     EXPECT_NE(keys[i].find("ranks=1"), std::string::npos);
   }
@@ -287,7 +287,7 @@ TEST_F(AutotuneTest, CacheKeyHasRanksStageAndOffload) {
   c.set("offload.dir", out);
   {
     Trainer t(*model_, &tracker_, nullptr, qlft::parse_run_spec(c));
-    EXPECT_NE(autotune_cache_key(t, qlft::parse_run_spec(c), 1), keys[0]);
+    EXPECT_NE(autotune_cache_key(t.autotune_inputs(qlft::parse_run_spec(c))), keys[0]);
   }
 
   // micro_batch=auto at stage 0 and stage 2 under the same limit: the same shape.
