@@ -178,7 +178,7 @@ TEST(CudaOps, Tf32SettingRoundsFp32Gemms) {
   auto cpu = qlft::make_cpu_backend(&t);
   qlft::CudaBackendOptions o;
   auto exact = qlft::make_cuda_backend(&t, o);
-  o.tf32 = true;
+  o.spec.tf32 = true;
   auto tf32 = qlft::make_cuda_backend(&t, o);
   Rng rng(31);
   const int64_t M = 37, N = 70, K = 256;
