@@ -1,6 +1,7 @@
 // The emulated NCCL's transport (nccl_transport.h): files in one directory per communicator.
 #include "nccl_transport.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -82,10 +83,24 @@ NcclTransport::NcclTransport(const std::string& name, int rank, int nranks, doub
 }
 
 NcclTransport::~NcclTransport() {
-  // The last two rounds' files are this rank's to remove; the last rank out removes the
-  // directory (rmdir fails while another rank's files remain).
-  for (long k = round_ - 2; k < round_; ++k)
-    if (k >= 0) ::unlink(file(k, rank_).c_str());
+  // A rank's last files may still be unread when it leaves (a peer can be behind in the last
+  // round), so nothing is removed until every rank has left: each leaves a marker, and a rank that
+  // finds every marker (the last to leave, or both of two leaving at once) removes the directory.
+  try {
+    write_file(dir_ + "/left." + std::to_string(rank_), "", 0);
+    for (int r = 0; r < nranks_; ++r) {
+      struct stat st;
+      if (stat((dir_ + "/left." + std::to_string(r)).c_str(), &st) != 0) return;
+    }
+  } catch (const std::exception&) {
+    return;  // the directory stays (a destructor does not throw)
+  }
+  if (DIR* d = opendir(dir_.c_str())) {
+    while (const dirent* e = readdir(d))
+      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0)
+        ::unlink((dir_ + "/" + e->d_name).c_str());
+    closedir(d);
+  }
   ::rmdir(dir_.c_str());
 }
 

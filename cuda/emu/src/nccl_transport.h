@@ -4,8 +4,8 @@
 // (written under a temporary name and renamed, so no reader sees it partly written) and reads
 // every rank's once all are there. Ranks call collectives in the same order (NCCL's contract), so
 // round numbers agree; a rank removes its own file of round k - 2 when it publishes round k (every
-// rank has reached round k - 1, so has read it). Nothing here knows MPI: the emulator needs no
-// library to run several ranks.
+// rank has reached round k - 1, so has read it), and the last rank to leave removes the rest.
+// Nothing here knows MPI: the emulator needs no library to run several ranks.
 #pragma once
 
 #include <string>
