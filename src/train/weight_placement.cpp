@@ -18,21 +18,24 @@ Buffer copy_buffer(MemoryTracker* tracker, const Buffer& b, const char* what) {
 }
 
 QWeight copy_qweight(MemoryTracker* tracker, const QWeight& w) {
-  QWeight c;
-  c.kind = w.kind;
-  c.ggml_type = w.ggml_type;
-  c.rows = w.rows;
-  c.cols = w.cols;
-  c.blocksize = w.blocksize;
-  c.double_quant = w.double_quant;
-  c.nested_blocksize = w.nested_blocksize;
-  c.nested_offset = w.nested_offset;
-  c.data = copy_buffer(tracker, w.data, "weights (trainer's copy)");
-  c.absmax = copy_buffer(tracker, w.absmax, "weights (trainer's copy)");
-  c.nested_absmax = copy_buffer(tracker, w.nested_absmax, "weights (trainer's copy)");
-  c.code = copy_buffer(tracker, w.code, "weights (trainer's copy)");
-  c.nested_code = copy_buffer(tracker, w.nested_code, "weights (trainer's copy)");
-  c.scb = copy_buffer(tracker, w.scb, "weights (trainer's copy)");
+  // The kind, shape and block settings; the storage Buffers follow, copied.
+  QWeight c{.kind = w.kind,
+            .ggml_type = w.ggml_type,
+            .rows = w.rows,
+            .cols = w.cols,
+            .data = {},
+            .blocksize = w.blocksize,
+            .double_quant = w.double_quant,
+            .absmax = {},
+            .nested_absmax = {},
+            .nested_blocksize = w.nested_blocksize,
+            .nested_offset = w.nested_offset,
+            .code = {},
+            .nested_code = {},
+            .scb = {}};
+  for (Buffer QWeight::*b : {&QWeight::data, &QWeight::absmax, &QWeight::nested_absmax,
+                             &QWeight::code, &QWeight::nested_code, &QWeight::scb})
+    c.*b = copy_buffer(tracker, w.*b, "weights (trainer's copy)");
   return c;
 }
 
@@ -67,21 +70,16 @@ std::unique_ptr<Model> copy_model(MemoryTracker* tracker, const Model& m) {
 
 // The copy is made inside the trainer's constructor, whose host block cache is held; its blocks
 // are freed as soon as a stream places them, so they are made as loading makes its blocks
-// (page-mapped and unmapped when freed, core/memory.h) and leave no resident heap behind.
-class CacheReleased {
- public:
-  explicit CacheReleased(MemoryTracker* t) : t_(t) {
-    if (t_) t_->drop_host_cache();
-  }
-  ~CacheReleased() {
-    if (t_) t_->hold_host_cache();
-  }
-  CacheReleased(const CacheReleased&) = delete;
-  CacheReleased& operator=(const CacheReleased&) = delete;
-
- private:
-  MemoryTracker* t_;
-};
+// (page-mapped and unmapped when freed, core/memory.h) and leave no resident heap behind:
+// make(), with this trainer's hold on the cache let go meanwhile.
+template <class F>
+void outside_cache_hold(MemoryTracker* tracker, const F& make) {
+  if (tracker) tracker->drop_host_cache();
+  // Held again however make() ends (a null tracker is never touched).
+  std::unique_ptr<MemoryTracker, void (*)(MemoryTracker*)> again(
+      tracker, [](MemoryTracker* t) { t->hold_host_cache(); });
+  make();
+}
 
 }  // namespace
 
@@ -91,8 +89,7 @@ WeightPlacement::WeightPlacement(const Model& shared, MemoryTracker* tracker, bo
   if (shared.stream && !shared.load_options.deferred)
     throw_error(QLFT_ERR_INTERNAL, "%s: a shared model is streamed only when loaded deferred",
                 shared.path.c_str());
-  CacheReleased unheld(tracker);
-  own_ = copy_model(tracker, shared);
+  outside_cache_hold(tracker, [&] { own_ = copy_model(tracker, shared); });
   // A deferred load: the copy reads its groups from the file through its own stream (the
   // shared model's stream fills the shared model's Buffers, not these).
   if (shared.stream) own_->stream = std::make_shared<FileUnitStream>(*own_, tracker);
@@ -113,9 +110,10 @@ void WeightPlacement::make_resident() {
   auto* files = dynamic_cast<FileUnitStream*>(m.stream.get());
   if (!files) return;
   files->evict();
-  CacheReleased unheld(tracker_);
   const int groups = static_cast<int>(m.layers.size()) + 2;
-  for (int g = 0; g < groups; ++g) files->source().load(m, g, /*with_head=*/true);
+  outside_cache_hold(tracker_, [&] {
+    for (int g = 0; g < groups; ++g) files->source().load(m, g, /*with_head=*/true);
+  });
   m.stream.reset();
 }
 
