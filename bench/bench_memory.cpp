@@ -43,7 +43,7 @@ Peaks step(const Model& m, MemoryTracker& tr, int seq, bool ckpt) {
   LoraConfig lc;
   lc.r = 16;
   lc.alpha = 32;
-  LoraAdapter lora(&tr, m.cfg, lc);
+  LoraAdapter lora(&tr, m.shapes, lc);
   std::unique_ptr<Backend> be = make_autocast_backend(make_cpu_backend(&tr), DType::BF16);
   LlamaRunner run(m, *be, &lora);
   run.set_checkpoint_all(ckpt);
@@ -72,7 +72,7 @@ Peaks step(const Model& m, MemoryTracker& tr, int seq, bool ckpt) {
 void model_scaling(const std::string& path, int layers, bool with_ckpt) {
   MemoryTracker tr;
   LoadOptions lo;
-  lo.quant_type = "keep";
+  lo.quant_type = qlft::QuantType::Keep;
   std::unique_ptr<Model> m;
   try {
     m = load_model(&tr, path, lo);

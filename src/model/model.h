@@ -8,6 +8,7 @@
 
 #include "arch/model_shapes.h"
 #include "config/run_spec.h"
+#include "core/error.h"
 #include "core/memory.h"
 #include "formats/gguf.h"
 #include "quant/qweight.h"
@@ -23,7 +24,7 @@ struct LayerWeights {
 };
 
 struct LoadOptions {
-  std::string quant_type = "nf4";  // nf4 | int8 | keep
+  QuantType quant_type = QuantType::NF4;  // quant.type
   bool double_quant = true;
   int blocksize = 64;
   // Load no weights for good: each group's shapes and types are taken from the header when its
@@ -34,10 +35,16 @@ struct LoadOptions {
   // the whole model (train/trainer.h load_into_shards says when).
   bool deferred = false;
 };
+// The storage a quant.type that quantizes gives linear weights (NF4, INT8); Keep has none.
+inline QuantKind quantized_kind(QuantType t) {
+  if (t == QuantType::INT8) return QuantKind::INT8;
+  QLFT_CHECK_ARG(t == QuantType::NF4, "quant.type %s has no quantized kind", name_of(t));
+  return QuantKind::NF4;
+}
 // The quant.* settings as load options (deferred: false).
 inline LoadOptions load_options(const QuantSpec& q) {
   LoadOptions o;
-  o.quant_type = name_of(q.type);
+  o.quant_type = q.type;
   o.double_quant = q.double_quant;
   o.blocksize = q.blocksize;
   return o;

@@ -76,10 +76,7 @@ void require_finite(const float* x, int64_t n, const char* file, const std::stri
 }
 
 QuantKind target_kind(const LoadOptions& o) {
-  if (o.quant_type == "nf4") return QuantKind::NF4;
-  if (o.quant_type == "int8") return QuantKind::INT8;
-  throw_error(QLFT_ERR_INVALID_ARGUMENT, "quant.type '%s' has no target kind",
-              o.quant_type.c_str());
+  return quantized_kind(o.quant_type);
 }
 
 void open_model(FormatLoader& f, Model& m, const std::string& path) {

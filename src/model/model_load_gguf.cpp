@@ -67,7 +67,7 @@ void check_gguf_vocabulary(const GgufFile& g, int64_t embedding_rows) {
 bool gguf_kept_as_stored(const GgufTensorInfo& t, bool linear, const LoadOptions& o) {
   if (static_cast<GgmlType>(t.type) == GgmlType::F32) return true;
   const GgmlTypeTraits* tr = ggml_type_traits(t.type);
-  return linear && o.quant_type == "keep" && tr && tr->dequantizable;
+  return linear && o.quant_type == QuantType::Keep && tr && tr->dequantizable;
 }
 
 ModelConfig read_gguf_config(const GgufFile& g) {
@@ -242,7 +242,7 @@ class GgufLoader final : public FormatLoader {
     to_f32(t, w.data.as<float>());
   }
   void linear_weight(QWeight& w, const GgufTensorInfo& t, int64_t rows, int64_t cols) {
-    if (opt_.quant_type == "keep") {
+    if (opt_.quant_type == QuantType::Keep) {
       if (static_cast<GgmlType>(t.type) == GgmlType::F32) return float_weight(w, t, rows, cols);
       const GgmlTypeTraits* tr = ggml_type_traits(t.type);
       if (!tr->dequantizable)

@@ -187,7 +187,7 @@ class HfLoader final : public FormatLoader {
     if (load_bnb_weight(tracker_, *st_, prefix, rows, cols, &w)) return w;
     const std::string name = prefix + ".weight";
     const SafeTensorInfo& t = tensor(name, rows, cols);
-    if (opt_.quant_type == "keep") {
+    if (opt_.quant_type == QuantType::Keep) {
       if (t.dtype == DType::F16 || t.dtype == DType::BF16) {
         w.kind = t.dtype == DType::F16 ? QuantKind::F16 : QuantKind::BF16;
         w.rows = rows;

@@ -69,12 +69,6 @@ void add_slot(WeightFootprint& w, size_t g, uint64_t bytes, bool kept = false) {
   }
 }
 
-QuantKind target_kind(const std::string& t) {
-  if (t == "nf4") return QuantKind::NF4;
-  if (t == "int8") return QuantKind::INT8;
-  throw_error(QLFT_ERR_INVALID_ARGUMENT, "quant.type '%s' has no target kind", t.c_str());
-}
-
 // A block a device backend makes of a weight (its resident copy).
 void add_device(WeightFootprint& w, uint64_t bytes) {
   if (bytes) w.device_slots.push_back(bytes);
@@ -99,17 +93,17 @@ void add_slot_dev(WeightFootprint& w, size_t g, uint64_t bytes, bool kept = fals
 // One linear weight of a file: kept (its own storage) or quantized at load (f32 staging).
 void add_linear(WeightFootprint& w, size_t g, const LoadOptions& o, int64_t rows, int64_t cols,
                 uint64_t kept_bytes, bool kept_as_stored = false) {
-  if (o.quant_type == "keep") {
+  if (o.quant_type == QuantType::Keep) {
     add_slot(w, g, kept_bytes, kept_as_stored);
     add_device(w, kept_bytes);
     return;
   }
-  const QuantKind k = target_kind(o.quant_type);
+  const QuantKind k = quantized_kind(o.quant_type);
   add_device_matrix(
       w, k, rows, cols, o.blocksize,
       k == QuantKind::NF4 ? uint64_t(nf4_packed_bytes(rows * cols)) : uint64_t(rows * cols));
   uint64_t inner = 0;
-  w.bytes += quantized_bytes(target_kind(o.quant_type), rows, cols, o.blocksize, o.double_quant,
+  w.bytes += quantized_bytes(quantized_kind(o.quant_type), rows, cols, o.blocksize, o.double_quant,
                              &inner, &w.groups[g]);
   w.load_staging = std::max(w.load_staging, fl(rows * cols) + inner);
 }

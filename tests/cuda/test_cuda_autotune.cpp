@@ -101,7 +101,7 @@ class CudaAutotuneTest : public ::testing::Test {
   // Shakespeare text at seq.
   void load_from(const std::string& path, const std::string& tokenizer_json, int seq) {
     LoadOptions lo;
-    lo.quant_type = "nf4";
+    lo.quant_type = qlft::QuantType::NF4;
     model_ = load_model(&tracker_, path, lo);
     tok_ = tokenizer_json.empty() ? Tokenizer::from_gguf(*model_->gguf)
                                   : Tokenizer::from_hf_json_file(tokenizer_json);
@@ -109,8 +109,8 @@ class CudaAutotuneTest : public ::testing::Test {
     Config c = base_config("");
     c.set("data.path", text_);
     c.set("data.seq_len", std::to_string(seq));
-    data_ = std::make_unique<data::Dataset>(
-        data::Dataset::build(qlft::parse_run_spec(c).data, *enc_));
+    data_ =
+        std::make_unique<data::Dataset>(data::Dataset::build(qlft::parse_run_spec(c).data, *enc_));
   }
 
   MemoryPlan plan(const Config& c, int micro_batch) const {

@@ -60,6 +60,7 @@
 #include <string>
 #include <vector>
 
+#include "support/settings.h"
 #include "config/config.h"
 #include "train/planner.h"
 #include "core/error.h"
@@ -363,7 +364,7 @@ int train(const std::string& model_path, const std::string& data_path, const std
   set_num_threads(1);
   MemoryTracker tracker;
   LoadOptions lo;
-  lo.quant_type = c.get("quant.type");
+  lo.quant_type = parse_run_spec(c).quant.type;
   lo.deferred = load_into_shards(qlft::parse_run_spec(c));  // as qlft_model_load decides it
   auto model = load_model(&tracker, model_path, lo);
   // A model file without a tokenizer (the synthetic fixtures) reads the text as bytes (ASCII

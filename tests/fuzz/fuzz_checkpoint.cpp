@@ -23,7 +23,7 @@ struct World {
   std::unique_ptr<qlft::Trainer> trainer;
   World() {
     qlft::LoadOptions lo;
-    lo.quant_type = "keep";
+    lo.quant_type = qlft::QuantType::Keep;
     model = qlft::load_model(&tracker, qlft_fuzz::shared_file("models/stories260K.gguf"), lo);
     tok = qlft::Tokenizer::from_gguf(*model->gguf);
     enc = std::make_unique<qlft::data::TokenizerEncoder>(*tok);

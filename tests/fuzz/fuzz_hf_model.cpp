@@ -14,7 +14,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   qlft_fuzz::expect_only_qlft_errors([&] {
     qlft::MemoryTracker tracker;
     qlft::LoadOptions opt;
-    opt.quant_type = (size & 1) ? "nf4" : "keep";
+    opt.quant_type = (size & 1) ? qlft::QuantType::NF4 : qlft::QuantType::Keep;
     auto m = qlft::load_model(&tracker, qlft_fuzz::scratch_dir(), opt);
     uint64_t sink = m->n_params() + m->weight_bytes();
     qlft_fuzz::keep(sink);

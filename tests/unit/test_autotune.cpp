@@ -100,14 +100,14 @@ class AutotuneTest : public ::testing::Test {
       QLFT_SKIP("shared-missing") << "stories260K.gguf or tinyshakespeare.txt";
     set_num_threads(2);
     LoadOptions lo;
-    lo.quant_type = "keep";
+    lo.quant_type = qlft::QuantType::Keep;
     model_ = load_model(&tracker_, m, lo);
     tok_ = Tokenizer::from_gguf(*model_->gguf);
     enc_ = std::make_unique<data::TokenizerEncoder>(*tok_);
     Config c = base_config("");
     c.set("data.path", text_);
-    data_ = std::make_unique<data::Dataset>(
-        data::Dataset::build(qlft::parse_run_spec(c).data, *enc_));
+    data_ =
+        std::make_unique<data::Dataset>(data::Dataset::build(qlft::parse_run_spec(c).data, *enc_));
   }
   MemoryTracker tracker_;
   std::unique_ptr<Model> model_;
@@ -272,7 +272,7 @@ TEST_F(AutotuneTest, CacheKeyHasRanksStageAndOffload) {
   for (int i = 0; i < 3; ++i) {
     MemoryTracker tr;
     LoadOptions lo;
-    lo.quant_type = "keep";
+    lo.quant_type = qlft::QuantType::Keep;
     auto m = load_model(&tr, qlft_test::shared_file("models/stories260K.gguf"), lo);
     c.set("dist.zero_stage", stages[i]);
     Trainer t(*m, &tr, nullptr, qlft::parse_run_spec(c));

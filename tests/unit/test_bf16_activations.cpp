@@ -160,7 +160,7 @@ struct Rig {
 
   Rig(const std::string& path, float dropout) {
     LoadOptions o;
-    o.quant_type = "keep";
+    o.quant_type = qlft::QuantType::Keep;
     model = load_model(&tr, path, o);
     LoraConfig lc;
     lc.r = kRank;

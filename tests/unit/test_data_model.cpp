@@ -24,7 +24,7 @@ TEST(DataModel, PackedDocumentsHaveTheLossTheyHaveAlone) {
   omp_set_num_threads(1);  // a 64-wide model: threads only add waiting on a busy machine
   MemoryTracker tr;
   LoadOptions lo;
-  lo.quant_type = "keep";
+  lo.quant_type = qlft::QuantType::Keep;
   auto model = load_model(&tr, model_path, lo);
   auto be = make_cpu_backend(&tr);
   LlamaRunner run(*model, *be, nullptr);

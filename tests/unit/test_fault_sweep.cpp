@@ -49,7 +49,7 @@ struct Fixture {
     std::string text = qlft_test::shared_file("data/tinyshakespeare.txt");
     if (m.empty() || text.empty()) return false;
     LoadOptions lo;
-    lo.quant_type = "keep";
+    lo.quant_type = qlft::QuantType::Keep;
     model = load_model(&tracker, m, lo);
     tok = Tokenizer::from_gguf(*model->gguf);
     enc = std::make_unique<data::TokenizerEncoder>(*tok);

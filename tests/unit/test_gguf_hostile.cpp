@@ -43,7 +43,7 @@ Outcome open_gguf(const std::string& p) {
 
 Outcome load(const std::string& p, MemoryTracker& tr) {
   LoadOptions opt;
-  opt.quant_type = "keep";
+  opt.quant_type = qlft::QuantType::Keep;
   return run([&] { load_model(&tr, p, opt); });
 }
 
@@ -61,7 +61,7 @@ TEST(GgufHostile, TinyModelIsValid) {
   const std::string p = write_tmp(dir, "tiny", qlft_test::tiny_llama_gguf().build());
   MemoryTracker tr;
   LoadOptions opt;
-  opt.quant_type = "keep";
+  opt.quant_type = qlft::QuantType::Keep;
   auto m = load_model(&tr, p, opt);
   EXPECT_EQ(m->cfg.dim, 8);
   EXPECT_EQ(m->cfg.n_layers, 1);

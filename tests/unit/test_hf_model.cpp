@@ -9,6 +9,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "support/settings.h"
 #include "core/error.h"
 #include "core/memory.h"
 #include "formats/atomic_file.h"
@@ -110,7 +111,7 @@ std::vector<float> rows_of(const QWeight& w) {
 
 std::unique_ptr<Model> load(MemoryTracker& tr, const std::string& path) {
   LoadOptions opt;
-  opt.quant_type = "keep";
+  opt.quant_type = qlft::QuantType::Keep;
   return load_model(&tr, path, opt);
 }
 
@@ -240,7 +241,7 @@ TEST(HfModel, WeightGroupsLoadAgainAlike) {
     write_model(dir, s, config_for(s));
     MemoryTracker tr;
     LoadOptions opt;
-    opt.quant_type = "keep";
+    opt.quant_type = qlft::QuantType::Keep;
     auto full = load_model(&tr, dir, opt);
     opt.deferred = true;
     auto lazy = load_model(&tr, dir, opt);
@@ -323,7 +324,7 @@ TEST(HfModel, NonFiniteWeightIsRefusedWhenQuantizing) {
       write_model(dir, s, config_for(s), "", "", name, bad);
       for (const char* quant : {"nf4", "int8"}) {
         LoadOptions opt;
-        opt.quant_type = quant;
+        opt.quant_type = qlft_test::quant_type(quant);
         MemoryTracker tr;
         Failure f;
         try {

@@ -5,6 +5,7 @@
 // the gguf package's quantize/dequantize).
 #include <gtest/gtest.h>
 
+#include "support/settings.h"
 #include "test_model_util.h"
 
 using namespace qlft;
@@ -17,7 +18,7 @@ void check_quant(const std::string& model_rel, const char* quant_type, const cha
                  const char* expect_type) {
   MemoryTracker tr;
   LoadOptions o;
-  o.quant_type = quant_type;
+  o.quant_type = qlft_test::quant_type(quant_type);
   o.double_quant = true;
   o.blocksize = 64;
   // Every quantization here is implemented: QLFT_ERR_UNSUPPORTED (or any error) fails the test.

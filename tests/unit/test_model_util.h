@@ -75,7 +75,7 @@ inline void load_lora(const Fixture& f, LoraAdapter& a) {
 
 inline LoadOptions keep() {
   LoadOptions o;
-  o.quant_type = "keep";
+  o.quant_type = qlft::QuantType::Keep;
   return o;
 }
 

@@ -283,7 +283,8 @@ std::unique_ptr<Run> open_run(const std::string& model_path, const std::string& 
                               bool deferred = false) {
   auto r = std::make_unique<Run>();
   LoadOptions lo;
-  lo.quant_type = "nf4";  // NF4 codes, double-quantized absmax and code books all go to the file
+  lo.quant_type =
+      qlft::QuantType::NF4;  // NF4 codes, double-quantized absmax and code books all go to the file
   lo.deferred = deferred;
   r->model = load_model(&r->tracker, model_path, lo);
   r->tok = Tokenizer::from_gguf(*r->model->gguf);
@@ -422,7 +423,7 @@ TEST(NvmeOffloadRss, PeakRssDropsByWhatTheTrackerSaves) {
       set_num_threads(1);
       MemoryTracker tracker;
       LoadOptions lo;
-      lo.quant_type = "keep";
+      lo.quant_type = qlft::QuantType::Keep;
       lo.deferred = offload;  // as qlft_model_load loads it for offload.params=nvme
       auto m = load_model(&tracker, model_path, lo);
       auto tok = Tokenizer::from_gguf(*m->gguf);

@@ -21,6 +21,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "support/settings.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/gemm_bf16.h"
 #include "backend/backend_select.h"
@@ -141,7 +142,7 @@ class PlannerTest : public ::testing::Test {
   // stories260K loaded with quant.type = quant into tracker.
   std::unique_ptr<Model> load(MemoryTracker& tracker, const char* quant) const {
     LoadOptions lo;
-    lo.quant_type = quant;
+    lo.quant_type = qlft_test::quant_type(quant);
     return load_model(&tracker, model_path_, lo);
   }
   std::string model_path_;
@@ -291,7 +292,7 @@ TEST_F(PlannerTest, WeightsFromFileMatchLoading) {
       if (std::string(q) != "nf4" && !dq) continue;
       SCOPED_TRACE(std::string(q) + (dq ? " double_quant" : ""));
       LoadOptions lo;
-      lo.quant_type = q;
+      lo.quant_type = qlft_test::quant_type(q);
       lo.double_quant = dq;
       ModelConfig cfg;
       const WeightFootprint f = weight_footprint_of_file(model_path_, lo, &cfg);
@@ -697,7 +698,7 @@ std::vector<std::vector<uint8_t>> unit_bytes(Model& m, int u) {
 // exceeds by a layer).
 TEST_F(PlannerTest, Zero3ShardsReadByRangeEqualTheLoadedGroups) {
   LoadOptions lo;
-  lo.quant_type = "keep";
+  lo.quant_type = qlft::QuantType::Keep;
   lo.deferred = true;
   for (int world : {2, 3})
     for (int rank = 0; rank < world; ++rank) {
@@ -826,7 +827,7 @@ TEST_F(PlannerTest, PredictionIsWhatTheOsSees) {
         set_num_threads(1);
         MemoryTracker tracker;
         LoadOptions lo;
-        lo.quant_type = quant;
+        lo.quant_type = qlft_test::quant_type(quant);
         auto model = load_model(&tracker, path, lo);
         const Config c = config_of(k);
         const MemoryPlan plan = plan_memory(model->cfg, weight_footprint(*model),

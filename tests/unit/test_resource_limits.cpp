@@ -174,7 +174,7 @@ TEST(ResourceLimits, TruncatedRealModelIsAFormatErrorWithNothingAllocated) {
     MemoryTracker tracker;
     try {
       LoadOptions lo;
-      lo.quant_type = "nf4";
+      lo.quant_type = qlft::QuantType::NF4;
       load_model(&tracker, path, lo);
       FAIL() << "a model cut at " << frac << " must not load";
     } catch (const Error& e) {

@@ -36,7 +36,7 @@ struct StepRun {
       set_num_threads(1);
       MemoryTracker tracker;
       LoadOptions lo;
-      lo.quant_type = "nf4";
+      lo.quant_type = qlft::QuantType::NF4;
       auto m = load_model(&tracker, model, lo);
       auto tok = Tokenizer::from_gguf(*m->gguf);
       data::TokenizerEncoder enc(*tok);

@@ -190,7 +190,7 @@ class RunInputsModel : public ::testing::Test {
     if (m.empty())
       QLFT_SKIP("shared-missing") << "stories260K.gguf not found (set QLFT_SHARED_DIR)";
     LoadOptions lo;
-    lo.quant_type = "keep";
+    lo.quant_type = qlft::QuantType::Keep;
     model_ = load_model(&tracker_, m, lo);
   }
   Config config() const {

@@ -36,7 +36,7 @@ Outcome run(F&& f) {
 
 Outcome load(const std::string& p, MemoryTracker& tr) {
   LoadOptions opt;
-  opt.quant_type = "keep";
+  opt.quant_type = qlft::QuantType::Keep;
   return run([&] { load_model(&tr, p, opt); });
 }
 

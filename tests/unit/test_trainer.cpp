@@ -35,7 +35,7 @@ struct Fixture {
     std::string m = qlft_test::shared_file("models/stories260K.gguf");
     if (m.empty() || text_path.empty()) return false;
     LoadOptions lo;
-    lo.quant_type = "keep";
+    lo.quant_type = qlft::QuantType::Keep;
     model = load_model(&tracker, m, lo);
     tok = Tokenizer::from_gguf(*model->gguf);
     enc = std::make_unique<data::TokenizerEncoder>(*tok);

@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "support/settings.h"
 #include "backend/backend.h"
 #include "config/config.h"
 #include "core/error.h"
@@ -43,7 +44,7 @@ struct FullAndDeferred {
   std::unique_ptr<Model> full, lazy;
   FullAndDeferred(MemoryTracker& tracker, const std::string& path, const char* quant) {
     LoadOptions lo;
-    lo.quant_type = quant;
+    lo.quant_type = qlft_test::quant_type(quant);
     full = load_model(&tracker, path, lo);
     lo.deferred = true;
     lazy = load_model(&tracker, path, lo);
@@ -177,7 +178,7 @@ TEST(WeightGroups, StoredGroupsReadByRangeEqualTheFullLoad) {
   // final norm group, f32 as stored, was not read).
   MemoryTracker tracker;
   LoadOptions lo;
-  lo.quant_type = "nf4";
+  lo.quant_type = qlft::QuantType::NF4;
   lo.deferred = true;
   auto lazy = load_model(&tracker, stories, lo);
   EXPECT_EQ(lazy->deferred_groups_read, lazy->cfg.n_layers);
@@ -195,7 +196,7 @@ TEST(WeightGroups, DeferredModelTrainsAndGeneratesAsTheResidentOne) {
   for (int deferred = 0; deferred < 2; ++deferred) {
     MemoryTracker tracker;
     LoadOptions lo;
-    lo.quant_type = "nf4";
+    lo.quant_type = qlft::QuantType::NF4;
     lo.deferred = deferred == 1;
     auto model = load_model(&tracker, model_path, lo);
     auto tok = Tokenizer::from_gguf(*model->gguf);
