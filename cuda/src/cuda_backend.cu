@@ -10,13 +10,25 @@ namespace qlft {
 namespace cu {
 bool kernels_loadable(std::string* why);  // k_probe.cu
 
+namespace {
+// The GEMM operand (tile) type a run's precision asks for, and its name for the log. (Not
+// name_of(Precision): that lives with the settings parser in config/run_spec.cpp, which would bring
+// the core's logger into the plugin, whose own logger forwards to the host's: cuda/plugin.)
+TileType gemm_tile(Precision p) {
+  return p == Precision::BF16   ? TileType::BF16
+         : p == Precision::FP16 ? TileType::F16
+                                : TileType::F32;
+}
+const char* tile_name(TileType t) {
+  return t == TileType::BF16 ? "bf16" : t == TileType::F16 ? "fp16" : "fp32";
+}
+}  // namespace
+
 CudaBackend::CudaBackend(MemoryTracker* tracker, const CudaBackendOptions& o)
     : Backend(tracker, &mem_), opt_(o), mem_(tracker, &stream_, &moved_) {
   QLFT_CUDA_CHECK(cudaSetDevice(o.device));
   QLFT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  tile_ = o.spec.precision == Precision::BF16   ? TileType::BF16
-          : o.spec.precision == Precision::FP16 ? TileType::F16
-                                                : TileType::F32;
+  tile_ = gemm_tile(o.spec.precision);
   round_ = o.autocast && tile_ != TileType::F32;
   gemm_ = std::make_unique<LtGemm>(tracker, stream_, o.spec.tf32);
 }
@@ -119,7 +131,7 @@ std::unique_ptr<Backend> make_cuda_backend(MemoryTracker* tracker, const CudaBac
     throw_error(QLFT_ERR_UNSUPPORTED, "backend=cuda: %s: %s",
                 cuda_device_description(opt.device).c_str(), why.c_str());
   QLFT_LOG_I("cuda backend on %s, GEMM precision %s", cuda_device_description(opt.device).c_str(),
-             name_of(opt.spec.precision));
+             cu::tile_name(cu::gemm_tile(opt.spec.precision)));
   return std::make_unique<cu::CudaBackend>(tracker, opt);
 }
 
