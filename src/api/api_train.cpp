@@ -142,8 +142,7 @@ int32_t qlft_trainer_create(qlft_model* model, qlft_dataset* train_data, const q
     auto t = std::make_unique<qlft_trainer>();
     t->model = model;
     t->data = train_data;
-    t->cfg = qlft::config_or_default(config);
-    t->spec = qlft::parse_run_spec(t->cfg);
+    t->spec = qlft::parse_run_spec(qlft::config_or_default(config));
     qlft::ThreadScope threads(model->runtime->threads);
     t->trainer =
         std::make_unique<qlft::Trainer>(*model->model, &model->runtime->tracker,

@@ -53,8 +53,7 @@ struct qlft_dataset {
 struct qlft_trainer {
   qlft_model* model = nullptr;
   qlft_dataset* data = nullptr;
-  qlft::Config cfg;
-  qlft::RunSpec spec;  // parsed from cfg once, at create
+  qlft::RunSpec spec;  // the trainer's config, parsed once at create
   std::unique_ptr<qlft::Trainer> trainer;
   ~qlft_trainer();
 };
