@@ -143,27 +143,19 @@ TrainSpec parse_train(const Config& c) {
 
 }  // namespace
 
-const char* name_of(BackendKind v) {
-  return name_in(kBackendNames, v);
-}
-const char* name_of(Precision v) {
-  return name_in(kPrecisionNames, v);
-}
-const char* name_of(QuantType v) {
-  return name_in(kQuantNames, v);
-}
-const char* name_of(OptimizerKind v) {
-  return name_in(kOptimizerNames, v);
-}
-const char* name_of(ScheduleKind v) {
-  return name_in(kScheduleNames, v);
-}
-const char* name_of(OffloadTarget v) {
-  return name_in(kOffloadNames, v);
-}
-const char* name_of(DistBackend v) {
-  return name_in(kDistNames, v);
-}
+// name_of for each enum: its spelling in the key table.
+#define QLFT_NAME_OF(E, names) \
+  const char* name_of(E v) {   \
+    return name_in(names, v);  \
+  }
+QLFT_NAME_OF(BackendKind, kBackendNames)
+QLFT_NAME_OF(Precision, kPrecisionNames)
+QLFT_NAME_OF(QuantType, kQuantNames)
+QLFT_NAME_OF(OptimizerKind, kOptimizerNames)
+QLFT_NAME_OF(ScheduleKind, kScheduleNames)
+QLFT_NAME_OF(OffloadTarget, kOffloadNames)
+QLFT_NAME_OF(DistBackend, kDistNames)
+#undef QLFT_NAME_OF
 
 RunSpec parse_run_spec(const Config& c) {
   RunSpec r;
