@@ -5,24 +5,46 @@
 
 namespace qlft {
 
-std::shared_ptr<DeviceWeightStream> DeviceWeightStream::offload(Model& model,
+std::shared_ptr<DeviceWeightStream> DeviceWeightStream::offload(Model& model, const Model& host,
                                                                 DeviceAllocator* device) {
   QLFT_CHECK_ARG(device, "offload.params=cpu streams weights to a device: no device memory");
   QLFT_CHECK_ARG(!model.stream, "offload.params=cpu: the base weights of %s are already streamed",
                  model.path.c_str());
-  std::shared_ptr<DeviceWeightStream> s(new DeviceWeightStream(model, device));
+  std::shared_ptr<DeviceWeightStream> s(new DeviceWeightStream(model, host, device));
   model.stream = s;
   return s;
 }
 
-DeviceWeightStream::DeviceWeightStream(Model& model, DeviceAllocator* device)
+DeviceWeightStream::DeviceWeightStream(Model& model, const Model& host, DeviceAllocator* device)
     : model_(&model), device_(device) {
   groups_.resize(model.layers.size() + 2);
-  for_each_weight_buffer(model, [this](int g, Buffer& b) {
-    if (b.empty()) return;  // absent (no bias, no scales): stays empty
-    host_bytes_ += b.size();
-    groups_[static_cast<size_t>(g)].push_back({&b, std::move(b)});
-  });
+  if (&host == &model) {
+    for_each_weight_buffer(model, [this](int g, Buffer& b) {
+      if (b.empty()) return;  // absent (no bias, no scales): stays empty
+      host_bytes_ += b.size();
+      groups_[static_cast<size_t>(g)].push_back({&b, std::move(b), nullptr});
+    });
+  } else {
+    // The same walk over both models pairs each of model's slots with host's Buffer.
+    std::vector<std::pair<int, const Buffer*>> from;
+    for_each_weight_buffer(host, [&](int g, const Buffer& b) { from.emplace_back(g, &b); });
+    size_t i = 0;
+    for_each_weight_buffer(model, [&](int g, Buffer& b) {
+      if (i >= from.size() || from[i].first != g || !b.empty())
+        throw_error(QLFT_ERR_INTERNAL, "offload.params=cpu: %s does not have %s's weight slots",
+                    model.path.c_str(), host.path.c_str());
+      const Buffer* h = from[i++].second;
+      if (h->empty()) return;
+      if (h->on_device())
+        throw_error(QLFT_ERR_INTERNAL, "offload.params=cpu: the weights of %s are not on the host",
+                    host.path.c_str());
+      host_bytes_ += h->size();
+      groups_[static_cast<size_t>(g)].push_back({&b, Buffer(), h});
+    });
+    if (i != from.size())
+      throw_error(QLFT_ERR_INTERNAL, "offload.params=cpu: %s does not have %s's weight slots",
+                  model.path.c_str(), host.path.c_str());
+  }
   unit_groups_ = weight_groups_of_units(model);
 }
 
@@ -40,10 +62,11 @@ DeviceWeightStream::Copy DeviceWeightStream::start(int u) {
   Copy c;
   c.unit = u;
   each_slot(u, [&](Slot& s) {
-    c.bufs.emplace_back(device_, MemCategory::Weights, s.host.size(), "weights (offload.params)",
+    const Buffer& h = s.host();
+    c.bufs.emplace_back(device_, MemCategory::Weights, h.size(), "weights (offload.params)",
                         BufferInit::Uninit);
-    c.bufs.back().copy_from_host(s.host.data(), s.host.size());
-    copied_bytes_ += s.host.size();
+    c.bufs.back().copy_from_host(h.data(), h.size());
+    copied_bytes_ += h.size();
   });
   return c;
 }
@@ -109,7 +132,8 @@ void DeviceWeightStream::restore() noexcept {
   uninstall();
   held_ = kNoUnit;
   for (std::vector<Slot>& g : groups_)
-    for (Slot& s : g) *s.model_buf = std::move(s.host);
+    for (Slot& s : g)
+      if (!s.read) *s.model_buf = std::move(s.moved);
   restored_ = true;
 }
 

@@ -44,7 +44,8 @@ NvmeWeightStream::~NvmeWeightStream() {
     }
 }
 
-std::shared_ptr<NvmeWeightStream> NvmeWeightStream::offload(Model& model, MemoryTracker* tracker,
+std::shared_ptr<NvmeWeightStream> NvmeWeightStream::offload(Model& model, const Model& host,
+                                                            MemoryTracker* tracker,
                                                             const std::string& dir,
                                                             int read_ahead) {
   QLFT_CHECK_ARG(!model.stream, "%s: the base weights are already streamed (%s)",
@@ -55,15 +56,34 @@ std::shared_ptr<NvmeWeightStream> NvmeWeightStream::offload(Model& model, Memory
   const int L = model.cfg.n_layers;
   s->units_.resize(unit_count(L));
   s->in_use_.assign(unit_count(L), 0);
+  // Each of model's storage Buffers with the one holding its bytes: the same walk over both.
+  std::map<const Buffer*, const Buffer*> bytes_of;
+  {
+    std::vector<std::pair<int, const Buffer*>> from;
+    for_each_weight_buffer(host, [&](int g, const Buffer& b) { from.emplace_back(g, &b); });
+    size_t i = 0;
+    for_each_weight_buffer(model, [&](int g, Buffer& b) {
+      if (i >= from.size() || from[i].first != g || (&host != &model && !b.empty()))
+        throw_error(QLFT_ERR_INTERNAL, "offload.params=nvme: %s does not have %s's weight slots",
+                    model.path.c_str(), host.path.c_str());
+      bytes_of[&b] = from[i++].second;
+    });
+    if (i != from.size())
+      throw_error(QLFT_ERR_INTERNAL, "offload.params=nvme: %s does not have %s's weight slots",
+                  model.path.c_str(), host.path.c_str());
+  }
   std::map<const Buffer*, int> index;  // a Buffer shared by two units is one record
+  std::vector<const Buffer*> source;   // per record: the bytes written
   auto add = [&](int u, Buffer& b, const char* what) {
-    if (b.empty()) return;
+    const Buffer& h = *bytes_of.at(&b);
+    if (h.empty()) return;
     auto it = index.find(&b);
     if (it == index.end()) {
-      Record r{&b, b.size(), s->file_bytes_, what};
-      s->file_bytes_ = align_up(s->file_bytes_ + b.size());
+      Record r{&b, h.size(), s->file_bytes_, what};
+      s->file_bytes_ = align_up(s->file_bytes_ + h.size());
       it = index.emplace(&b, static_cast<int>(s->records_.size())).first;
       s->records_.push_back(r);
+      source.push_back(&h);
     }
     s->units_[u].push_back(it->second);
   };
@@ -89,9 +109,13 @@ std::shared_ptr<NvmeWeightStream> NvmeWeightStream::offload(Model& model, Memory
 
   s->file_ = UringFile::create_temp(s->dir_, "base weights");
   s->file_->resize(s->file_bytes_);
-  for (const Record& r : s->records_) s->file_->write_async(r.slot->data(), r.bytes, r.off);
+  for (size_t i = 0; i < s->records_.size(); ++i) {
+    const Record& r = s->records_[i];
+    s->file_->write_async(source[i]->data(), r.bytes, r.off);
+  }
   s->file_->wait_all();  // throws QLFT_ERR_IO with the model untouched
-  for (const Record& r : s->records_) r.slot->reset();
+  if (&host == &model)
+    for (const Record& r : s->records_) r.slot->reset();
 #ifdef __GLIBC__
   // Freeing a large block makes glibc raise its mmap threshold to that block's size (up to 32
   // MiB), after which blocks up to that size come from the heap, where freed memory stays

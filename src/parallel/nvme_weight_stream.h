@@ -3,8 +3,10 @@
 // runner uses it, the next unit's read already in flight behind the current one's compute.
 //
 // offload() writes the storage of every unit (QWeight data/absmax/nested_absmax/code/
-// nested_code/scb, the norms, the biases) to the file, each Buffer at a 4 KiB-aligned offset,
-// and then frees it from the model: the tracker's weights fall to zero and so does their RSS.
+// nested_code/scb, the norms, the biases) to the file, each Buffer at a 4 KiB-aligned offset.
+// The bytes come from `host`: the model itself, whose storage is then freed (the tracker's
+// weights fall to zero and so does their RSS), or another model of the same shapes read in
+// place and left as it is (the shared model, train/weight_placement.h: no copy of it is made).
 // acquire(u, next) gives u's Buffers back (fresh Buffers, category weights: they are the
 // weights, and counting them there keeps "weights" equal to what is resident) and starts
 // reading `next` into fresh Buffers too; release(u) frees u's. At most 1 + read_ahead units are
@@ -33,11 +35,14 @@ struct Model;
 
 class NvmeWeightStream final : public WeightStream {
  public:
-  // Moves model's base weights into a file in dir ("" = system temp dir) and sets model.stream.
-  // model.stream must be empty. read_ahead >= 0: units read ahead of the one in use (0: every
-  // read is synchronous). Throws QLFT_ERR_IO (file) leaving the model as it was.
-  static std::shared_ptr<NvmeWeightStream> offload(Model& model, MemoryTracker* tracker,
-                                                   const std::string& dir, int read_ahead);
+  // Writes host's base weights into a file in dir ("" = system temp dir) and sets model.stream
+  // (which must be empty) to read them back into model. &host == &model: model's storage is
+  // freed once written; otherwise host has model's shapes and kinds, and model no storage.
+  // read_ahead >= 0: units read ahead of the one in use (0: every read is synchronous). Throws
+  // QLFT_ERR_IO (file) leaving the models as they were.
+  static std::shared_ptr<NvmeWeightStream> offload(Model& model, const Model& host,
+                                                   MemoryTracker* tracker, const std::string& dir,
+                                                   int read_ahead);
   ~NvmeWeightStream() override;
 
   void acquire(int u, int next) override;

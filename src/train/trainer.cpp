@@ -116,13 +116,17 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
   lora_ = std::make_unique<LoraAdapter>(tracker, model.shapes, lc, /*gradients=*/false,
                                         /*values=*/!later_values);
   if (!init_from.empty()) load_peft_adapter(*lora_, init_from);
-  // ZeRO-3, NVMe and device offload stream the base weights: this trainer's own copy of them
-  // (train/weight_placement.h), never the shared model's.
+  // ZeRO-3, NVMe and device offload stream the base weights: this trainer's own model
+  // (train/weight_placement.h), never the shared one. ZeRO-3 converts a copy of the weights;
+  // the offloads only read the host bytes, so theirs is a skeleton over the shared model's.
   {
     const OffloadTarget params = spec.offload.params;
-    const bool streams = spec.dist.zero_stage == 3 || params == OffloadTarget::Nvme ||
+    const bool offload = params == OffloadTarget::Nvme ||
                          (params == OffloadTarget::Cpu && backend_->device_memory());
-    placement_ = std::make_unique<WeightPlacement>(model, tracker, streams);
+    const WeightUse use = spec.dist.zero_stage == 3 ? WeightUse::Convert
+                          : offload                 ? WeightUse::Read
+                                                    : WeightUse::Shared;
+    placement_ = std::make_unique<WeightPlacement>(model, tracker, use);
   }
   runner_ = std::make_unique<LlamaRunner>(placement_->model(), *backend_, lora_.get());
   runner_->set_activation_dtype(activation_dtype(ts_.precision));

@@ -6,8 +6,8 @@
 //
 // offload.optimizer=nvme needs nothing here: the trainer hands the optimizer an NVMe state store
 // (src/parallel/nvme_state_store.h; state_stores in trainer.cpp).
-// offload.params=nvme moves the base weights of the trainer's own model (train/
-// weight_placement.h) into a file (src/parallel/nvme_weight_stream.h) before the first step.
+// offload.params=nvme writes the base weights into a file (src/parallel/nvme_weight_stream.h)
+// before the first step, read back into the trainer's own model (train/weight_placement.h).
 #include <memory>
 
 #include "core/error.h"
@@ -34,19 +34,21 @@ void Trainer::init_offload(const RunSpec& spec) {
   // offload.optimizer=cpu on a device backend: the trainer keeps the host step (optimizer state
   // in host memory, gradients copied out per pass; see the constructor).
   if (os.params == OffloadTarget::Cpu && device) {
-    // The trainer's own model (train/weight_placement.h): its host Buffers move into the stream,
-    // whose device memory is this trainer's backend's.
-    placement_->make_resident();
-    Model& own = placement_->own();
-    device_stream_ = DeviceWeightStream::offload(own, backend_->device_memory());
+    // The stream installs device Buffers in the trainer's own model (train/weight_placement.h)
+    // from the host bytes: the shared model's, read in place (the own model is a skeleton), or
+    // a deferred own model's, loaded and moved into the stream. Its device memory is this
+    // trainer's backend's.
+    const Model& host = placement_->make_resident();
+    device_stream_ =
+        DeviceWeightStream::offload(placement_->own(), host, backend_->device_memory());
     log_message(QLFT_LOG_INFO, "%s", device_stream_->describe().c_str());
     return;
   }
   if (os.params != OffloadTarget::Nvme) return;
-  // The trainer's own model goes to the file (a deferred copy loads its groups first); the
-  // stream lives in that model and ends with the trainer.
-  placement_->make_resident();
-  NvmeWeightStream::offload(placement_->own(), tracker_, os.dir, os.buffers);
+  // The host bytes (the shared model's, or a deferred own model's loaded first) go to the file;
+  // the stream lives in the trainer's own model and ends with the trainer.
+  const Model& host = placement_->make_resident();
+  NvmeWeightStream::offload(placement_->own(), host, tracker_, os.dir, os.buffers);
 }
 
 void Trainer::end_offload() noexcept {

@@ -8,17 +8,19 @@ namespace qlft {
 
 namespace {
 
-Buffer copy_buffer(MemoryTracker* tracker, const Buffer& b, const char* what) {
+// bytes false: an empty Buffer (a skeleton's slot, filled by its stream).
+Buffer copy_buffer(MemoryTracker* tracker, const Buffer& b, bool bytes, const char* what) {
   if (b.empty()) return Buffer();
   if (b.on_device())
     throw_error(QLFT_ERR_INTERNAL, "%s: a shared model's base weights are in host memory", what);
+  if (!bytes) return Buffer();
   Buffer out(tracker, b.category(), b.size(), what, BufferInit::Uninit);
   out.copy_from(b, 0, b.size());
   return out;
 }
 
-QWeight copy_qweight(MemoryTracker* tracker, const QWeight& w) {
-  // The kind, shape and block settings; the storage Buffers follow, copied.
+QWeight copy_qweight(MemoryTracker* tracker, const QWeight& w, bool bytes) {
+  // The kind, shape and block settings; the storage Buffers follow, copied (or left empty).
   QWeight c{.kind = w.kind,
             .ggml_type = w.ggml_type,
             .rows = w.rows,
@@ -35,13 +37,14 @@ QWeight copy_qweight(MemoryTracker* tracker, const QWeight& w) {
             .scb = {}};
   for (Buffer QWeight::*b : {&QWeight::data, &QWeight::absmax, &QWeight::nested_absmax,
                              &QWeight::code, &QWeight::nested_code, &QWeight::scb})
-    c.*b = copy_buffer(tracker, w.*b, "weights (trainer's copy)");
+    c.*b = copy_buffer(tracker, w.*b, bytes, "weights (trainer's copy)");
   return c;
 }
 
 // Everything the runner and the streams read; the GGUF reader (tokenizer metadata) stays with
-// the shared model. A deferred model's Buffers are empty, and so are the copy's.
-std::unique_ptr<Model> copy_model(MemoryTracker* tracker, const Model& m) {
+// the shared model. A deferred model's Buffers are empty, and so are the copy's; bytes false
+// leaves them empty anyway (a skeleton).
+std::unique_ptr<Model> copy_model(MemoryTracker* tracker, const Model& m, bool bytes) {
   auto c = std::make_unique<Model>();
   c->cfg = m.cfg;
   c->shapes = m.shapes;
@@ -52,18 +55,18 @@ std::unique_ptr<Model> copy_model(MemoryTracker* tracker, const Model& m) {
   c->hf_dir = m.hf_dir;
   c->deferred_weight_bytes = m.deferred_weight_bytes;
   c->deferred_groups_read = m.deferred_groups_read;
-  c->tok_embd = copy_qweight(tracker, m.tok_embd);
-  c->output_norm = copy_buffer(tracker, m.output_norm, "weights (trainer's copy)");
-  c->output = copy_qweight(tracker, m.output);
+  const char* what = "weights (trainer's copy)";
+  c->tok_embd = copy_qweight(tracker, m.tok_embd, bytes);
+  c->output_norm = copy_buffer(tracker, m.output_norm, bytes, what);
+  c->output = copy_qweight(tracker, m.output, bytes);
   c->layers.resize(m.layers.size());
   for (size_t l = 0; l < m.layers.size(); ++l) {
     const LayerWeights& s = m.layers[l];
     LayerWeights& d = c->layers[l];
-    d.attn_norm = copy_buffer(tracker, s.attn_norm, "weights (trainer's copy)");
-    d.ffn_norm = copy_buffer(tracker, s.ffn_norm, "weights (trainer's copy)");
-    for (int p = 0; p < kProjCount; ++p) d.proj[p] = copy_qweight(tracker, s.proj[p]);
-    for (int b = 0; b < 3; ++b)
-      d.bias[b] = copy_buffer(tracker, s.bias[b], "weights (trainer's copy)");
+    d.attn_norm = copy_buffer(tracker, s.attn_norm, bytes, what);
+    d.ffn_norm = copy_buffer(tracker, s.ffn_norm, bytes, what);
+    for (int p = 0; p < kProjCount; ++p) d.proj[p] = copy_qweight(tracker, s.proj[p], bytes);
+    for (int b = 0; b < 3; ++b) d.bias[b] = copy_buffer(tracker, s.bias[b], bytes, what);
   }
   return c;
 }
@@ -83,13 +86,18 @@ void outside_cache_hold(MemoryTracker* tracker, const F& make) {
 
 }  // namespace
 
-WeightPlacement::WeightPlacement(const Model& shared, MemoryTracker* tracker, bool own)
+WeightPlacement::WeightPlacement(const Model& shared, MemoryTracker* tracker, WeightUse use)
     : shared_(shared), tracker_(tracker) {
-  if (!own && !shared.stream) return;
+  if (use == WeightUse::Shared && !shared.stream) return;
   if (shared.stream && !shared.load_options.deferred)
     throw_error(QLFT_ERR_INTERNAL, "%s: a shared model is streamed only when loaded deferred",
                 shared.path.c_str());
-  outside_cache_hold(tracker, [&] { own_ = copy_model(tracker, shared); });
+  if (use == WeightUse::Read) {  // no bytes copied: the stream reads the shared model's
+    own_ = copy_model(tracker, shared, /*bytes=*/false);
+    skeleton_ = !shared.stream;
+  } else {
+    outside_cache_hold(tracker, [&] { own_ = copy_model(tracker, shared, /*bytes=*/true); });
+  }
   // A deferred load: the copy reads its groups from the file through its own stream (the
   // shared model's stream fills the shared model's Buffers, not these).
   if (shared.stream) own_->stream = std::make_shared<FileUnitStream>(*own_, tracker);
@@ -105,16 +113,18 @@ Model& WeightPlacement::own() {
   return *own_;
 }
 
-void WeightPlacement::make_resident() {
+const Model& WeightPlacement::make_resident() {
   Model& m = own();
+  if (skeleton_) return shared_;
   auto* files = dynamic_cast<FileUnitStream*>(m.stream.get());
-  if (!files) return;
+  if (!files) return m;
   files->evict();
   const int groups = static_cast<int>(m.layers.size()) + 2;
   outside_cache_hold(tracker_, [&] {
     for (int g = 0; g < groups; ++g) files->source().load(m, g, /*with_head=*/true);
   });
   m.stream.reset();
+  return m;
 }
 
 }  // namespace qlft

@@ -286,16 +286,30 @@ TEST_F(CudaAutotuneTest, OffloadedTrainersShareTheModel) {
   Config c = base_config(qlft_test::temp_dir("cuda-offload-two"));
   c.set("offload.params", "cpu");
   const void* embd = model_->tok_embd.data.data();
+  // The weights stay in host memory once: the trainers' streams read the model's bytes in place
+  // (no copy of them); only their device units come on top, in device memory. The tracker
+  // counts each host block in whole 64-byte lines.
+  uint64_t model_bytes = 0;
+  for_each_weight_buffer(static_cast<const Model&>(*model_),
+                         [&](int, const Buffer& b) { model_bytes += (b.size() + 63) / 64 * 64; });
+  auto host_weights = [&] {
+    const MemorySnapshot m = tracker_.snapshot();
+    return m.reserved[QLFT_MEM_WEIGHTS] - m.device_reserved[QLFT_MEM_WEIGHTS];
+  };
+  ASSERT_GT(model_bytes, 0u);
+  EXPECT_EQ(host_weights(), model_bytes);
   {
     Trainer first(*model_, &tracker_, data_.get(), qlft::parse_run_spec(c));
     Trainer second(*model_, &tracker_, data_.get(), qlft::parse_run_spec(c));
     EXPECT_TRUE(model_->stream == nullptr);
     EXPECT_TRUE(first.placement().model().stream != nullptr);
     EXPECT_TRUE(second.placement().model().stream != nullptr);
+    EXPECT_EQ(host_weights(), model_bytes);
     StepReport a, b;
     EXPECT_TRUE(first.step(&a));
     EXPECT_TRUE(second.step(&b));
     EXPECT_EQ(a.loss, b.loss);
+    EXPECT_EQ(host_weights(), model_bytes);
   }
   EXPECT_TRUE(model_->stream == nullptr);
   EXPECT_EQ(model_->tok_embd.data.data(), embd);
