@@ -60,7 +60,6 @@
 #include <string>
 #include <vector>
 
-#include "support/settings.h"
 #include "config/config.h"
 #include "train/planner.h"
 #include "core/error.h"
