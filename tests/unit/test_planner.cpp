@@ -535,9 +535,9 @@ TEST_F(PlannerTest, ZeroStagesOnOneRankMatchTheTracker) {
 }
 
 // offload.params=nvme and offload.optimizer=nvme on one rank: the resident weight units and the
-// optimizer's state slots against the tracker during a real step (the trainer converts its own
-// copy of the model, so the peaks restart once the trainer exists; the loaded model keeps its
-// weights beside it, `shared`).
+// optimizer's state slots against the tracker during a real step (the trainer writes the file
+// from the loaded model's bytes and reads it back into its own model, so the peaks restart once
+// the trainer exists; the loaded model keeps its weights beside it, `shared`).
 TEST_F(PlannerTest, NvmeOffloadMatchesTheTracker) {
   for (const char* buffers : {"1", "3"})
     for (const char* optim : {"adamw", "adamw8bit"}) {
@@ -555,7 +555,11 @@ TEST_F(PlannerTest, NvmeOffloadMatchesTheTracker) {
           plan_memory(model->cfg, w, PlanSettings::from_spec(qlft::parse_run_spec(c)));
       const uint64_t shared = tracker.snapshot().reserved[QLFT_MEM_WEIGHTS];
       EXPECT_EQ(shared, w.bytes);
+      // The file is written from the loaded model's bytes: no copy of them, not even for a
+      // moment (the trainer's own model is a skeleton, train/weight_placement.h).
+      tracker.reset_peaks();
       Trainer t(*model, &tracker, nullptr, qlft::parse_run_spec(c));
+      EXPECT_EQ(tracker.snapshot().peak[QLFT_MEM_WEIGHTS], shared);
       tracker.reset_peaks();
       StepReport r;
       t.step_on({full_batch(1, 64, model->cfg.vocab, 0), full_batch(1, 64, model->cfg.vocab, 1)},
