@@ -106,6 +106,11 @@ void for_each_weight_buffer(M& m, const F& f) {
 // The weight groups unit u reads (model/weight_stream.h units): the head unit also reads the
 // embedding's group when the head is tied.
 std::vector<std::vector<int>> weight_groups_of_units(const Model& m);
+// For each of model's storage Buffers (for_each_weight_buffer's order), the Buffer holding its
+// bytes in host: model's own when &host == &model, otherwise host's (a model of the same shapes
+// and kinds, model holding no storage: a trainer's skeleton over the loaded model, train/
+// weight_placement.h). Throws QLFT_ERR_INTERNAL, naming `what`, when the two do not pair.
+std::vector<const Buffer*> weight_bytes_in(const Model& host, const Model& model, const char* what);
 
 // Whether load_model keeps GGUF tensor t's bytes exactly as the file stores them: f32, or (a
 // projection, linear) blocks kept with quant.type=keep. A deferred ZeRO-3 load then reads each

@@ -3,6 +3,7 @@
 #include "model/weight_stream.h"
 
 #include "core/error.h"
+#include "model/model.h"
 
 namespace qlft {
 
@@ -12,6 +13,23 @@ void WeightStream::lookup_rows(const int32_t*, int64_t, float*) {
 
 void WeightStream::each_head_slice(const std::function<void(const QWeight&, int64_t)>&) {
   throw_error(QLFT_ERR_INTERNAL, "%s keeps no row-sharded head", describe().c_str());
+}
+
+std::vector<const Buffer*> weight_bytes_in(const Model& host, const Model& model,
+                                           const char* what) {
+  std::vector<std::pair<int, const Buffer*>> from;
+  for_each_weight_buffer(host, [&](int g, const Buffer& b) { from.emplace_back(g, &b); });
+  std::vector<const Buffer*> out;
+  bool paired = true;
+  for_each_weight_buffer(model, [&](int g, const Buffer& b) {
+    const size_t i = out.size();
+    paired = paired && i < from.size() && from[i].first == g && (&host == &model || b.empty());
+    out.push_back(i < from.size() ? from[i].second : nullptr);
+  });
+  if (!paired || out.size() != from.size())
+    throw_error(QLFT_ERR_INTERNAL, "%s: %s does not have the weight slots of %s", what,
+                model.path.c_str(), host.path.c_str());
+  return out;
 }
 
 }  // namespace qlft

@@ -18,33 +18,21 @@ std::shared_ptr<DeviceWeightStream> DeviceWeightStream::offload(Model& model, co
 DeviceWeightStream::DeviceWeightStream(Model& model, const Model& host, DeviceAllocator* device)
     : model_(&model), device_(device) {
   groups_.resize(model.layers.size() + 2);
-  if (&host == &model) {
-    for_each_weight_buffer(model, [this](int g, Buffer& b) {
-      if (b.empty()) return;  // absent (no bias, no scales): stays empty
-      host_bytes_ += b.size();
+  const std::vector<const Buffer*> bytes = weight_bytes_in(host, model, "offload.params=cpu");
+  const bool move = &host == &model;
+  size_t i = 0;
+  for_each_weight_buffer(model, [&](int g, Buffer& b) {
+    const Buffer* h = bytes[i++];
+    if (h->empty()) return;  // absent (no bias, no scales): stays empty
+    if (h->on_device())
+      throw_error(QLFT_ERR_INTERNAL, "offload.params=cpu: the weights of %s are not on the host",
+                  host.path.c_str());
+    host_bytes_ += h->size();
+    if (move)
       groups_[static_cast<size_t>(g)].push_back({&b, std::move(b), nullptr});
-    });
-  } else {
-    // The same walk over both models pairs each of model's slots with host's Buffer.
-    std::vector<std::pair<int, const Buffer*>> from;
-    for_each_weight_buffer(host, [&](int g, const Buffer& b) { from.emplace_back(g, &b); });
-    size_t i = 0;
-    for_each_weight_buffer(model, [&](int g, Buffer& b) {
-      if (i >= from.size() || from[i].first != g || !b.empty())
-        throw_error(QLFT_ERR_INTERNAL, "offload.params=cpu: %s does not have %s's weight slots",
-                    model.path.c_str(), host.path.c_str());
-      const Buffer* h = from[i++].second;
-      if (h->empty()) return;
-      if (h->on_device())
-        throw_error(QLFT_ERR_INTERNAL, "offload.params=cpu: the weights of %s are not on the host",
-                    host.path.c_str());
-      host_bytes_ += h->size();
+    else
       groups_[static_cast<size_t>(g)].push_back({&b, Buffer(), h});
-    });
-    if (i != from.size())
-      throw_error(QLFT_ERR_INTERNAL, "offload.params=cpu: %s does not have %s's weight slots",
-                  model.path.c_str(), host.path.c_str());
-  }
+  });
   unit_groups_ = weight_groups_of_units(model);
 }
 

@@ -56,21 +56,12 @@ std::shared_ptr<NvmeWeightStream> NvmeWeightStream::offload(Model& model, const 
   const int L = model.cfg.n_layers;
   s->units_.resize(unit_count(L));
   s->in_use_.assign(unit_count(L), 0);
-  // Each of model's storage Buffers with the one holding its bytes: the same walk over both.
+  // Each of model's storage Buffers with the one holding its bytes.
   std::map<const Buffer*, const Buffer*> bytes_of;
   {
-    std::vector<std::pair<int, const Buffer*>> from;
-    for_each_weight_buffer(host, [&](int g, const Buffer& b) { from.emplace_back(g, &b); });
+    const std::vector<const Buffer*> bytes = weight_bytes_in(host, model, "offload.params=nvme");
     size_t i = 0;
-    for_each_weight_buffer(model, [&](int g, Buffer& b) {
-      if (i >= from.size() || from[i].first != g || (&host != &model && !b.empty()))
-        throw_error(QLFT_ERR_INTERNAL, "offload.params=nvme: %s does not have %s's weight slots",
-                    model.path.c_str(), host.path.c_str());
-      bytes_of[&b] = from[i++].second;
-    });
-    if (i != from.size())
-      throw_error(QLFT_ERR_INTERNAL, "offload.params=nvme: %s does not have %s's weight slots",
-                  model.path.c_str(), host.path.c_str());
+    for_each_weight_buffer(model, [&](int, Buffer& b) { bytes_of[&b] = bytes[i++]; });
   }
   std::map<const Buffer*, int> index;  // a Buffer shared by two units is one record
   std::vector<const Buffer*> source;   // per record: the bytes written
