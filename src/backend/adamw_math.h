@@ -74,17 +74,24 @@ QLFT_HD inline void adam_bnb_moments(float& m, float& v, float g, const AdamBnbC
   v = v + (c.one_m_beta2 * g) * g;
 }
 
-// bnb blockwise 8-bit path, on dequantized state: moments, then decay, then the update.
-// A non-finite gradient leaves p untouched and restarts that element's state at zero, as
-// bitsandbytes' 8-bit blockwise kernel does. Returns false for such an element.
-QLFT_HD inline bool adam_bnb_8bit_update(float& p, float& m, float& v, float g,
-                                         const AdamBnbCoeffs& c) {
+// The moments of both bnb paths; a non-finite gradient instead restarts the element's state at
+// zero (bitsandbytes' kernels skip it) and returns false.
+QLFT_HD inline bool adam_bnb_finite_moments(float& m, float& v, float g, const AdamBnbCoeffs& c) {
   if (!optim_isfinite(g)) {
     m = 0.0f;
     v = 0.0f;
     return false;
   }
   adam_bnb_moments(m, v, g, c);
+  return true;
+}
+
+// bnb blockwise 8-bit path, on dequantized state: moments, then decay, then the update.
+// A non-finite gradient leaves p untouched and restarts that element's state at zero, as
+// bitsandbytes' 8-bit blockwise kernel does. Returns false for such an element.
+QLFT_HD inline bool adam_bnb_8bit_update(float& p, float& m, float& v, float g,
+                                         const AdamBnbCoeffs& c) {
+  if (!adam_bnb_finite_moments(m, v, g, c)) return false;
   float denom = sqrtf(v) / c.corr2 + c.eps;
   if (c.apply_decay) p = p * c.decay;
   p = p + (c.neg_lr_over_c1 * m) / denom;  // addcdiv, as above
@@ -94,12 +101,7 @@ QLFT_HD inline bool adam_bnb_8bit_update(float& p, float& m, float& v, float g,
 // bnb fp32-state path (its 32-bit optimizer, used for tensors under 4096 elements).
 QLFT_HD inline bool adam_bnb_32bit_update(float& p, float& m, float& v, float g,
                                           const AdamBnbCoeffs& c) {
-  if (!optim_isfinite(g)) {
-    m = 0.0f;
-    v = 0.0f;
-    return false;
-  }
-  adam_bnb_moments(m, v, g, c);
+  if (!adam_bnb_finite_moments(m, v, g, c)) return false;
   if (c.apply_decay) p = p * c.decay;
   float update = m / (sqrtf(v) + c.eps_corr2);
   p = fmaf(c.step_size_32, update, p);

@@ -58,29 +58,31 @@ LoraConfig lora_config_from(const LoraSpec& s) {
   return l;
 }
 
-// Within each head, HF row i*(hd/2) + j (half i, pair j) is GGUF row 2j + i.
-void permute_rows_hf_to_adjacent(const float* src, float* dst, int n_heads, int head_dim,
-                                 int64_t cols) {
+namespace {
+// Within each head, HF row i*(hd/2) + j (half i, pair j) is GGUF row 2j + i; to_adjacent says
+// which of the two orders src is in.
+void permute_rows(const float* src, float* dst, int n_heads, int head_dim, int64_t cols,
+                  bool to_adjacent) {
   const int half = head_dim / 2;
   for (int h = 0; h < n_heads; ++h)
     for (int i = 0; i < 2; ++i)
       for (int j = 0; j < half; ++j) {
-        const float* s = src + (static_cast<int64_t>(h) * head_dim + i * half + j) * cols;
-        float* d = dst + (static_cast<int64_t>(h) * head_dim + 2 * j + i) * cols;
-        std::memcpy(d, s, cols * sizeof(float));
+        const int64_t hf = static_cast<int64_t>(h) * head_dim + i * half + j;
+        const int64_t adj = static_cast<int64_t>(h) * head_dim + 2 * j + i;
+        std::memcpy(dst + (to_adjacent ? adj : hf) * cols, src + (to_adjacent ? hf : adj) * cols,
+                    cols * sizeof(float));
       }
+}
+}  // namespace
+
+void permute_rows_hf_to_adjacent(const float* src, float* dst, int n_heads, int head_dim,
+                                 int64_t cols) {
+  permute_rows(src, dst, n_heads, head_dim, cols, true);
 }
 
 void permute_rows_adjacent_to_hf(const float* src, float* dst, int n_heads, int head_dim,
                                  int64_t cols) {
-  const int half = head_dim / 2;
-  for (int h = 0; h < n_heads; ++h)
-    for (int i = 0; i < 2; ++i)
-      for (int j = 0; j < half; ++j) {
-        const float* s = src + (static_cast<int64_t>(h) * head_dim + 2 * j + i) * cols;
-        float* d = dst + (static_cast<int64_t>(h) * head_dim + i * half + j) * cols;
-        std::memcpy(d, s, cols * sizeof(float));
-      }
+  permute_rows(src, dst, n_heads, head_dim, cols, false);
 }
 
 LoraAdapter::LoraAdapter(MemoryTracker* tracker, const ModelShapes& m, const LoraConfig& cfg,

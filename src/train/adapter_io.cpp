@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <utility>
 #include <nlohmann/json.hpp>
 
 #include "arch/families.h"
@@ -158,6 +159,28 @@ void check_finite(const Buffer& values, const std::string& what) {
                   what.c_str());
 }
 
+// Both adapter writers: every adapted projection's A and B, named as the file names them
+// (names(layer, proj) -> {A's name, B's name}), checked finite, declared to the writer by add(),
+// and mapped back from name to part for the writer's deferred fetch of each tensor's values.
+template <class Names, class Add>
+std::map<std::string, AdapterPart> adapter_parts(const LoraAdapter& lora, const Names& names,
+                                                 const Add& add) {
+  std::map<std::string, AdapterPart> parts;
+  for (int l = 0; l < lora.n_layers(); ++l)
+    for (int pi = 0; pi < kProjCount; ++pi) {
+      const Proj p = static_cast<Proj>(pi);
+      if (!lora.targets(p)) continue;
+      const LoraSlot& s = lora.slot(l, p);
+      const auto [a, b] = names(l, p);
+      check_finite(s.A, a);
+      check_finite(s.B, b);
+      add(a, b, s);
+      parts[a] = {l, p, LoraAdapter::Part::A};
+      parts[b] = {l, p, LoraAdapter::Part::B};
+    }
+  return parts;
+}
+
 // A value of adapter_config.json held to the range of the setting it corresponds to.
 double checked_number(const JsonFile& j, const char* field, double fallback, const char* key) {
   const KeyDef* k = find_key(key);
@@ -187,19 +210,15 @@ void save_peft_adapter(const LoraAdapter& lora, const std::string& dir,
   // of the whole adapter (with two, it was 9.8 MiB of rank 0's peak heap for SmolLM2, r 8).
   SafetensorsWriter w;
   w.set_metadata("format", "pt");
-  std::map<std::string, AdapterPart> parts;
-  for (int l = 0; l < lora.n_layers(); ++l)
-    for (int pi = 0; pi < kProjCount; ++pi) {
-      Proj p = static_cast<Proj>(pi);
-      if (!lora.targets(p)) continue;
-      const LoraSlot& s = lora.slot(l, p);
-      check_finite(s.A, peft_key(l, p, "A"));
-      check_finite(s.B, peft_key(l, p, "B"));
-      w.add_deferred(peft_key(l, p, "A"), DType::F32, {c.r, s.in}, s.A.size());
-      w.add_deferred(peft_key(l, p, "B"), DType::F32, {s.out, c.r}, s.B.size());
-      parts[peft_key(l, p, "A")] = {l, p, LoraAdapter::Part::A};
-      parts[peft_key(l, p, "B")] = {l, p, LoraAdapter::Part::B};
-    }
+  std::map<std::string, AdapterPart> parts = adapter_parts(
+      lora,
+      [](int l, Proj p) {
+        return std::pair{peft_key(l, p, "A"), peft_key(l, p, "B")};
+      },
+      [&](const std::string& a, const std::string& b, const LoraSlot& s) {
+        w.add_deferred(a, DType::F32, {c.r, s.in}, s.A.size());
+        w.add_deferred(b, DType::F32, {s.out, c.r}, s.B.size());
+      });
   std::vector<float> scratch;
   auto fetch = [&](const std::string& name) -> const void* {
     const AdapterPart& at = parts.at(name);
@@ -369,20 +388,16 @@ void save_gguf_lora_adapter(const LoraAdapter& lora, const std::string& path) {
   // llama.cpp's llama/mistral base weights have q/k rows permuted to adjacent pairs; qwen2's not.
   const bool adjacent = fam->gguf_qk_adjacent;
   // As save_peft_adapter: each tensor made when the writer reaches it.
-  std::map<std::string, AdapterPart> parts;
-  for (int l = 0; l < lora.n_layers(); ++l)
-    for (int pi = 0; pi < kProjCount; ++pi) {
-      Proj p = static_cast<Proj>(pi);
-      if (!lora.targets(p)) continue;
-      const LoraSlot& s = lora.slot(l, p);
-      const std::string base = "blk." + std::to_string(l) + "." + proj_gguf_name(p);
-      check_finite(s.A, base + ".lora_a");
-      check_finite(s.B, base + ".lora_b");
-      w.add_tensor_deferred(base + ".weight.lora_a", GgmlType::F32, {s.in, c.r}, s.A.size());
-      w.add_tensor_deferred(base + ".weight.lora_b", GgmlType::F32, {c.r, s.out}, s.B.size());
-      parts[base + ".weight.lora_a"] = {l, p, LoraAdapter::Part::A};
-      parts[base + ".weight.lora_b"] = {l, p, LoraAdapter::Part::B};
-    }
+  std::map<std::string, AdapterPart> parts = adapter_parts(
+      lora,
+      [](int l, Proj p) {
+        const std::string base = "blk." + std::to_string(l) + "." + proj_gguf_name(p) + ".weight";
+        return std::pair{base + ".lora_a", base + ".lora_b"};
+      },
+      [&](const std::string& a, const std::string& b, const LoraSlot& s) {
+        w.add_tensor_deferred(a, GgmlType::F32, {s.in, c.r}, s.A.size());
+        w.add_tensor_deferred(b, GgmlType::F32, {c.r, s.out}, s.B.size());
+      });
   std::vector<float> scratch, perm;
   w.write(path, [&](const std::string& name) -> const void* {
     const AdapterPart& at = parts.at(name);
