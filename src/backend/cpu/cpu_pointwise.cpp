@@ -268,10 +268,7 @@ void CpuBackend::swiglu_fwd(CMatF gate, CMatF up, MatF out) {
   const int64_t C = gate.cols;
 #pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
   for (int64_t i = 0; i < gate.rows; ++i) {
-    const float* g = gate.row(i);
-    const float* u = up.row(i);
-    float* o = out.row(i);
-    vec_kernels().swiglu_fwd_row(g, u, o, C);
+    vec_kernels().swiglu_fwd_row(gate.row(i), up.row(i), out.row(i), C);
   }
 }
 
@@ -284,12 +281,7 @@ void CpuBackend::swiglu_bwd(CMatF gate, CMatF up, CMatF dout, MatF dgate, MatF d
   const int64_t C = gate.cols;
 #pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
   for (int64_t i = 0; i < gate.rows; ++i) {
-    const float* g = gate.row(i);
-    const float* u = up.row(i);
-    const float* d = dout.row(i);
-    float* dg = dgate.row(i);
-    float* du = dup.row(i);
-    vec_kernels().swiglu_bwd_row(g, u, d, dg, du, C);
+    vec_kernels().swiglu_bwd_row(gate.row(i), up.row(i), dout.row(i), dgate.row(i), dup.row(i), C);
   }
 }
 
