@@ -3,6 +3,7 @@
 // softmax passes over a tile's score rows.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "backend/backend.h"
@@ -12,6 +13,20 @@
 namespace qlft::cpu::attn {
 
 int thread_id();
+
+// Scratch for a team of nt threads, one slab of `per` bytes each: team thread t owns the slab at
+// t * per, so the threads' tiles never share bytes.
+class ThreadSlabs {
+ public:
+  ThreadSlabs(const CpuBackend& be, int nt, size_t per, const char* what)
+      : buf_(be.scratch_buffer(per * size_t(nt), what)), per_(per) {}
+  // The calling team thread's slab (inside the team's parallel region).
+  char* mine() { return static_cast<char*>(buf_.data()) + per_ * size_t(thread_id()); }
+
+ private:
+  Buffer buf_;
+  size_t per_;
+};
 
 // first[row] = the first position j of the same batch element with doc[j] == doc[row]: no key
 // before it can be attended by this row, which bounds each tile's key range.

@@ -323,14 +323,14 @@ void CpuBackend::attention_fwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
   // Per thread: the fp32 score tile; with lp also the probabilities in the GEMM's element type
   // and a dense output tile (a dense C keeps oneDNN on its fast kernels).
   const int64_t per = tile * 4 + (mm.lp ? tile * int64_t(mm.elem_bytes()) + bq * D * 4 : 0);
-  Buffer ws = scratch_buffer(size_t(nt * per), "attention score tiles");
+  attn::ThreadSlabs ws(*this, nt, size_t(per), "attention score tiles");
   TaskErrors errs;            // a oneDNN scratchpad past memory.limit throws inside the region
   attn::FwdTileTimes gt(nt);  // the tile products' shares (op profile)
 #pragma omp parallel num_threads(nt)
   {
     // (core/fp_env.h: subnormal products cost Intel cores)
     const ScopedFlushDenormals flush(tune.flush_denormals);
-    char* mine = static_cast<char*>(ws.data()) + thread_id() * per;
+    char* mine = ws.mine();
     float* S = reinterpret_cast<float*>(mine);
     void* P = mm.lp ? mine + tile * 4 : static_cast<void*>(S);
     float* O =
@@ -472,13 +472,13 @@ void CpuBackend::attention_bwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
   // (dense C keeps oneDNN on its fast kernels).
   const int64_t lpb = mm.lp ? 2 * tile * int64_t(mm.elem_bytes()) + (bq + 2 * T) * D * 4 : 0;
   const int64_t per = (2 * tile + bq) * 4 + lpb;
-  Buffer ws = scratch_buffer(size_t(nt * per), "attention backward tiles");
+  attn::ThreadSlabs ws(*this, nt, size_t(per), "attention backward tiles");
   TaskErrors errs;            // a oneDNN scratchpad past memory.limit throws inside the region
   attn::BwdTileTimes gt(nt);  // the tile products' shares (op profile)
 #pragma omp parallel num_threads(nt)
   {
     const ScopedFlushDenormals flush(tune.flush_denormals);
-    char* mine = static_cast<char*>(ws.data()) + thread_id() * per;
+    char* mine = ws.mine();
     float* P = reinterpret_cast<float*>(mine);
     float* dS = P + tile;
     float* Dr = dS + tile;

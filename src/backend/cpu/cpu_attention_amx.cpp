@@ -227,13 +227,13 @@ void CpuBackend::attention_fwd_amx(const AttnShape& s, CMatF q, CMatF k, CMatF v
   const int64_t npack = int64_t(s.batch) * (H + KV);
   const int nt = g.fwd_team(qlft::num_threads());
   const size_t per = g.fwd_thread();
-  Buffer ws = scratch_buffer(per * size_t(nt), "attention AMX tiles");
+  attn::ThreadSlabs ws(*this, nt, per, "attention AMX tiles");
   TaskErrors errs;
   attn::FwdTileTimes gt(nt);
 #pragma omp parallel num_threads(nt)
   {
     const ScopedFlushDenormals flush(tune.flush_denormals);
-    const FwdThread w = carve_fwd(g, static_cast<char*>(ws.data()) + per * attn::thread_id());
+    const FwdThread w = carve_fwd(g, ws.mine());
     // The packs: Q of every head as rows; K^T and V of every KV head in the pair layout.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t j = 0; j < npack; ++j)
@@ -300,13 +300,13 @@ void CpuBackend::attention_bwd_amx(const AttnShape& s, CMatF q, CMatF k, CMatF v
   if (rope) rtab = std::make_unique<RopeTable>(*this, rope->pos, q.rows, D, *rope->freqs, true);
   const int nt = g.bwd_team(qlft::num_threads());
   const size_t per = g.bwd_thread();
-  Buffer ws = scratch_buffer(per * size_t(nt), "attention backward AMX tiles");
+  attn::ThreadSlabs ws(*this, nt, per, "attention backward AMX tiles");
   TaskErrors errs;
   attn::BwdTileTimes gt(nt);
 #pragma omp parallel num_threads(nt)
   {
     const ScopedFlushDenormals flush(tune.flush_denormals);
-    const BwdThread w = carve_bwd(g, static_cast<char*>(ws.data()) + per * attn::thread_id());
+    const BwdThread w = carve_bwd(g, ws.mine());
     // Row `row` of a gradient from src (D values) times `mul`: added into the fp32 gradient
     // (zeroed by the caller), or with g16 given rotated back when `rot` and rounded there, as
     // attention_bwd, rope and to_16 would give it.
