@@ -18,6 +18,7 @@
 #include <memory>
 
 #include "arch/model_shapes.h"
+#include "config/run_spec.h"
 #include "backend/rope_freqs.h"
 #include "backend/softmax_math.h"
 #include "core/dtype.h"
@@ -387,6 +388,8 @@ class SharedInput {
   Backend& be_;
 };
 
-std::unique_ptr<Backend> make_cpu_backend(MemoryTracker* tracker);
+// The CPU backend. spec is kept whole (CpuBackend::spec), so a setting a CPU kernel reads goes
+// key table -> BackendSpec -> the kernel, as on CUDA (docs/ARCHITECTURE.md, "Settings").
+std::unique_ptr<Backend> make_cpu_backend(MemoryTracker* tracker, const BackendSpec& spec = {});
 
 }  // namespace qlft

@@ -20,7 +20,7 @@ std::unique_ptr<Backend> make_backend(const BackendSpec& s, MemoryTracker* track
       return cuda_plugin::get("backend=cuda").make_backend(tracker, o);
     }
     case BackendKind::Cpu: {
-      std::unique_ptr<Backend> b = make_cpu_backend(tracker);
+      std::unique_ptr<Backend> b = make_cpu_backend(tracker, s);
       if (!is_low_precision(s.precision)) return b;
       return make_autocast_backend(std::move(b),
                                    s.precision == Precision::BF16 ? DType::BF16 : DType::F16);

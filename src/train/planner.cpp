@@ -488,9 +488,10 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
   const bool have_groups = w.groups.size() == static_cast<size_t>(c.n_layers) + 2;
   cat[int(MemCategory::Weights)] = w.bytes;
   // ZeRO-3 on host ranks (a host backend) keeps the f32 embedding and head by rows.
-  // Several MPI ranks load deferred (train/trainer.h load_into_shards).
-  const Zero3Layout z3{w, s.world, s.backend == BackendKind::Cuda ? 0 : s.row_chunk_bytes,
-                       s.world > 1 && s.dist_backend == DistBackend::Mpi, s.zero3_prefetch};
+  // Several ranks load deferred (train/trainer.h load_into_shards).
+  const bool deferred = s.world > 1 && s.dist_backend != DistBackend::None;
+  const Zero3Layout z3{w, s.world, s.backend == BackendKind::Cuda ? 0 : s.row_chunk_bytes, deferred,
+                       s.zero3_prefetch};
   if (have_groups && s.zero_stage == 3) {
     zero3_bytes(z3, c, R, rb, &cat[int(MemCategory::Weights)],
                 &cat[int(MemCategory::Communication)]);
@@ -607,11 +608,11 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
   for (uint64_t v : cat) p.train_peak += v;
   p.load_peak = w.bytes + w.load_staging;
   // Every rank loads the whole model first; ZeRO-3 then makes its shards before the full
-  // buffers go (NVMe offload writes them out and frees them). ZeRO-3 over MPI with several
-  // ranks loads deferred (train/trainer.h load_into_shards): each group once alone, then group
-  // by group beside the shards made so far.
+  // buffers go (NVMe offload writes them out and frees them). ZeRO-3 with several ranks loads
+  // deferred (train/trainer.h load_into_shards): each group once alone, then group by group
+  // beside the shards made so far.
   uint64_t loaded = w.bytes;
-  if (have_groups && s.zero_stage == 3 && s.world > 1 && s.dist_backend == DistBackend::Mpi) {
+  if (have_groups && s.zero_stage == 3 && deferred) {
     loaded = zero3_deferred_load_peak(z3);
     p.load_peak = loaded + w.load_staging;
   } else if (have_groups && s.zero_stage == 3) {

@@ -66,11 +66,12 @@ void install_zero3(Model& m, dist::DataParallel& dp, MemoryTracker* tracker,
 }  // namespace
 
 bool load_into_shards(const RunSpec& s) {
-  // ZeRO-3 over MPI with several ranks launched: shards are made from the file, group by group.
-  // (Over NCCL the shards are the device's and the host load is not the peak.)
-  // offload.params=nvme: the trainer writes its own copy to the file (train/weight_placement.h),
-  // so a resident model would keep every weight in memory beside it.
-  return (s.dist.zero_stage == 3 && s.dist.backend == DistBackend::Mpi &&
+  // ZeRO-3 with several ranks launched (MPI or NCCL): shards are made from the file, group by
+  // group, and the loaded model keeps no weights beside them (it reads its units from the file
+  // for generation and export while the trainer holds the shards: train/weight_placement.h).
+  // offload.params=nvme: the trainer writes the file from the model's bytes; a deferred model
+  // reads them from the model file instead of keeping every weight in memory beside it.
+  return (s.dist.zero_stage == 3 && s.dist.backend != DistBackend::None &&
           dist::detect_launch().world > 1) ||
          s.offload.params == OffloadTarget::Nvme;
 }

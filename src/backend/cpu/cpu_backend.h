@@ -154,8 +154,10 @@ struct LpMat {
 class CpuBackend final : public Backend {
  public:
   CpuTuning tune;
+  BackendSpec spec;  // the run's backend settings (make_cpu_backend)
 
-  explicit CpuBackend(MemoryTracker* tracker) : Backend(tracker) {}
+  explicit CpuBackend(MemoryTracker* tracker, const BackendSpec& s = {})
+      : Backend(tracker), spec(s) {}
   const char* name() const override { return "cpu"; }
 
   // Compute precision of the linear layers and the head (DType::F32 or DType::BF16). With BF16

@@ -18,8 +18,8 @@
 
 namespace qlft {
 
-std::unique_ptr<Backend> make_cpu_backend(MemoryTracker* tracker) {
-  auto be = std::make_unique<cpu::CpuBackend>(tracker);
+std::unique_ptr<Backend> make_cpu_backend(MemoryTracker* tracker, const BackendSpec& spec) {
+  auto be = std::make_unique<cpu::CpuBackend>(tracker, spec);
   be->tune = cpu::tuning_from_env();
   return be;
 }
