@@ -45,9 +45,9 @@ bool load_into_shards(const RunSpec& s);
 struct TrainSettings {
   int micro_batch = 4;
   int accumulation = 1;
-  bool micro_batch_auto = false;    // train.micro_batch=auto: train/autotune.h picks it
-  int64_t effective_batch = 0;      // train.effective_batch (0: micro_batch x accumulation)
-  int64_t max_steps = 0;            // 0: one pass over data.epochs
+  bool micro_batch_auto = false;  // train.micro_batch=auto: train/autotune.h picks it
+  int64_t effective_batch = 0;    // train.effective_batch (0: micro_batch x accumulation)
+  int64_t max_steps = 0;          // 0: one pass over data.epochs
   Precision precision = Precision::FP32;
   int checkpoint_every_layers = 0;  // gradient checkpointing: 0 off, 1 every layer, N every N-th
   int64_t eval_every = 0, save_every = 0;
@@ -177,7 +177,8 @@ class Trainer {
   // trainer_trial.cpp: the batch shape from the auto-tuner (train.micro_batch=auto or
   // train.effective_batch), before the data batches exist.
   void plan_batch_shape(const RunSpec& spec);
-  void empty_device_cache();  // a device backend's cached free blocks returned  // ~Trainer: the op profile to profile_path_, if set
+  void empty_device_cache();  // a device backend's cached free blocks returned  // ~Trainer: the op
+                              // profile to profile_path_, if set
   size_t next_global_batches(std::vector<data::Batch>& mine);
   uint64_t dropout_seed(int64_t step, int micro) const;
   std::string fingerprint() const;
