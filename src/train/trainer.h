@@ -177,8 +177,7 @@ class Trainer {
   // trainer_trial.cpp: the batch shape from the auto-tuner (train.micro_batch=auto or
   // train.effective_batch), before the data batches exist.
   void plan_batch_shape(const RunSpec& spec);
-  void empty_device_cache();  // a device backend's cached free blocks returned  // ~Trainer: the op
-                              // profile to profile_path_, if set
+  void empty_device_cache();  // a device backend's cached free blocks returned
   size_t next_global_batches(std::vector<data::Batch>& mine);
   uint64_t dropout_seed(int64_t step, int micro) const;
   std::string fingerprint() const;
