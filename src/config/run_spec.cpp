@@ -157,6 +157,13 @@ QLFT_NAME_OF(OffloadTarget, kOffloadNames)
 QLFT_NAME_OF(DistBackend, kDistNames)
 #undef QLFT_NAME_OF
 
+const char* data::format_name(DataFormat f) {
+  return name_in(kFormatNames, f);
+}
+const char* data::template_name(TemplateKind t) {
+  return name_in(kTemplateNames, t);
+}
+
 RunSpec parse_run_spec(const Config& c) {
   RunSpec r;
   r.backend = parse_backend(c);

@@ -59,6 +59,10 @@ enum class DataFormat { Auto, Text, Alpaca, Chat };
 enum class TemplateKind { Auto, None, ChatML, Llama3, Llama2, Mistral, Alpaca };
 enum class TrainOn { Completion, All };
 enum class Overflow { Split, Truncate, Reject };
+
+// The key table's spelling (data.format, data.template), as name_of above.
+const char* format_name(DataFormat f);
+const char* template_name(TemplateKind t);
 // "\n" "\t" "\r" "\\" escapes of data.separator (others stay as written).
 std::string unescape(const std::string& s);
 }  // namespace qlft::data

@@ -4,26 +4,6 @@
 
 namespace qlft::data {
 
-const char* template_name(TemplateKind t) {
-  switch (t) {
-    case TemplateKind::Auto:
-      return "auto";
-    case TemplateKind::None:
-      return "none";
-    case TemplateKind::ChatML:
-      return "chatml";
-    case TemplateKind::Llama3:
-      return "llama3";
-    case TemplateKind::Llama2:
-      return "llama2";
-    case TemplateKind::Mistral:
-      return "mistral";
-    case TemplateKind::Alpaca:
-      return "alpaca";
-  }
-  return "?";
-}
-
 namespace {
 
 bool has(const std::string& s, const char* needle) {

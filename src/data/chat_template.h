@@ -28,8 +28,6 @@
 
 namespace qlft::data {
 
-const char* template_name(TemplateKind t);  // TemplateKind: config/run_spec.h
-
 struct ChatTemplate {
   TemplateKind kind = TemplateKind::Alpaca;
   std::string default_system;  // chatml: system turn added when the chat has none

@@ -13,20 +13,6 @@ namespace qlft::data {
 
 using nlohmann::json;
 
-const char* format_name(DataFormat f) {
-  switch (f) {
-    case DataFormat::Auto:
-      return "auto";
-    case DataFormat::Text:
-      return "text";
-    case DataFormat::Alpaca:
-      return "alpaca";
-    case DataFormat::Chat:
-      return "chat";
-  }
-  return "?";
-}
-
 void DropLog::add(const std::string& reason, const std::string& message) {
   ++count;
   ++by_reason[reason];

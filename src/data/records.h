@@ -16,8 +16,6 @@
 
 namespace qlft::data {
 
-const char* format_name(DataFormat f);
-
 struct Message {
   std::string role;  // system | user | assistant
   std::string content;
