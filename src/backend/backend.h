@@ -49,6 +49,10 @@ struct AttnShape : HeadGeometry {
   // Optional [rows] document id per position (sequence packing): position i may attend to j
   // iff j <= i (same batch element) and doc[i] == doc[j]. nullptr = plain causal.
   const int32_t* doc_ids = nullptr;
+  // Sliding-window attention (Mistral, Gemma 2/3's local layers): position i attends to key j
+  // only when j > i - window as well (transformers' sliding_window_overlay: the window keys up
+  // to and including i), positions counted within the batch element. 0: no window.
+  int window = 0;
 };
 
 // What a backend with its own memory moved between host and device, and how often the host
