@@ -260,11 +260,32 @@ uint64_t cuda_device_available(MemoryTracker* tracker) {
 
 namespace {
 
+// Every live managed allocation of the process (start -> bytes): CudaBackend's 8-bit AdamW
+// accepts state there besides its own device memory.
+std::mutex& managed_mu() {
+  static std::mutex m;
+  return m;
+}
+std::map<uintptr_t, size_t>& managed_table() {
+  static std::map<uintptr_t, size_t> t;
+  return t;
+}
+
+// bitsandbytes' paged optimizer state (its cudaMallocManaged "paged" tensors): preferred on the
+// device and prefetched there before each group's step on the step's stream, so a step finds it
+// resident; under memory pressure the driver migrates cold pages to the host, and the next
+// prefetch brings them back. Host code reads it only through copies ordered on that stream.
 class ManagedStateStore final : public StateStore {
  public:
-  ManagedStateStore(MemoryTracker* t, int device) : tracker_(t), device_(device) {}
+  ManagedStateStore(MemoryTracker* t, int device, cudaStream_t stream)
+      : tracker_(t), device_(device), stream_(stream) {}
   ~ManagedStateStore() override {
+    if (!allocs_.empty()) QLFT_CUDA_WARN(cudaStreamSynchronize(stream_));
     for (auto& a : allocs_) {
+      {
+        std::lock_guard<std::mutex> lk(managed_mu());
+        managed_table().erase(reinterpret_cast<uintptr_t>(a.first));
+      }
       QLFT_CUDA_WARN(cudaFree(a.first));
       tracker_->release(MemCategory::Optimizer, a.second, MemSpace::Device);
     }
@@ -286,34 +307,80 @@ class ManagedStateStore final : public StateStore {
     }
     allocs_.emplace_back(p, bytes);
     bytes_ += bytes;
+    {
+      std::lock_guard<std::mutex> lk(managed_mu());
+      managed_table()[reinterpret_cast<uintptr_t>(p)] = bytes;
+    }
     // Zeroed on the host side of the mapping, then preferred on and prefetched to the device:
     // under memory pressure the driver migrates cold pages back to the host (paging).
     std::memset(p, 0, bytes);
-    cudaMemLocation loc{};
-    loc.type = cudaMemLocationTypeDevice;
-    loc.id = device_;
-    QLFT_CUDA_CHECK(cudaMemAdvise(p, bytes, cudaMemAdviseSetPreferredLocation, loc));
-    QLFT_CUDA_CHECK(cudaMemPrefetchAsync(p, bytes, loc, 0, nullptr));
-    QLFT_CUDA_CHECK(cudaDeviceSynchronize());
+    QLFT_CUDA_CHECK(cudaMemAdvise(p, bytes, cudaMemAdviseSetPreferredLocation, device_loc()));
+    QLFT_CUDA_CHECK(cudaMemPrefetchAsync(p, bytes, device_loc(), 0, stream_));
+    QLFT_CUDA_CHECK(cudaStreamSynchronize(stream_));
     return p;
   }
   bool paged() const override { return true; }
   const char* kind() const override { return "cuda-managed"; }
 
+  int add(int group, size_t bytes, const char* what) override {
+    const int id = StateStore::add(group, bytes, what);
+    if (group >= static_cast<int>(groups_.size())) groups_.resize(size_t(group) + 1);
+    groups_[size_t(group)].emplace_back(data(id), bytes);
+    return id;
+  }
+  // As bitsandbytes' prefetch_state before each parameter's update: the group's arrays (unless
+  // the previous begin already asked for them) and the next group's, asynchronously on the
+  // stream the step's kernels follow.
+  void begin(int group, int next) override {
+    if (group != prefetched_) prefetch(group);
+    prefetch(next);
+    prefetched_ = next;
+  }
+
  private:
+  cudaMemLocation device_loc() const {
+    cudaMemLocation loc{};
+    loc.type = cudaMemLocationTypeDevice;
+    loc.id = device_;
+    return loc;
+  }
+  void prefetch(int group) {
+    if (group < 0 || group >= static_cast<int>(groups_.size())) return;
+    for (const auto& a : groups_[size_t(group)])
+      QLFT_CUDA_CHECK(cudaMemPrefetchAsync(a.first, a.second, device_loc(), 0, stream_));
+  }
+
   MemoryTracker* tracker_;
   int device_;
+  cudaStream_t stream_;
   std::vector<std::pair<void*, size_t>> allocs_;
+  std::vector<std::vector<std::pair<void*, size_t>>> groups_;  // add()'s arrays by group
+  int prefetched_ = -1;  // the group the last begin prefetched ahead
 };
 
 }  // namespace
 
-std::unique_ptr<StateStore> make_managed_state_store(MemoryTracker* tracker, int device) {
+namespace cu {
+// (declared in cuda_backend.h)
+bool managed_holds(const void* p, int64_t bytes) {
+  if (!p || bytes < 0) return false;
+  const uintptr_t x = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard<std::mutex> lk(managed_mu());
+  const auto& t = managed_table();
+  auto it = t.upper_bound(x);
+  if (it == t.begin()) return false;
+  --it;
+  return x >= it->first && x + uint64_t(bytes) <= it->first + it->second;
+}
+}  // namespace cu
+
+std::unique_ptr<StateStore> make_managed_state_store(MemoryTracker* tracker, int device,
+                                                     void* stream) {
   std::string why;
   if (cuda_device_count(&why) == 0)
     throw_error(QLFT_ERR_BACKEND, "managed state store: no usable CUDA device (%s)", why.c_str());
   QLFT_CUDA_CHECK(cudaSetDevice(device));
-  return std::make_unique<ManagedStateStore>(tracker, device);
+  return std::make_unique<ManagedStateStore>(tracker, device, static_cast<cudaStream_t>(stream));
 }
 
 }  // namespace qlft

@@ -4,6 +4,7 @@
 #include "cuda_backend.h"
 #include "core/log.h"
 #include "core/communicator.h"
+#include "core/state_store.h"
 
 namespace qlft {
 
@@ -112,6 +113,33 @@ void CudaBackend::adamw_torch(float* p, float* m, float* v, const float* g, int6
   if (!mine(p, n * 4) || !mine(m, n * 4) || !mine(v, n * 4) || !mine(g, n * 4))
     return Backend::adamw_torch(p, m, v, g, n, c);
   cu::adamw_torch(p, m, v, g, n, c, stream_);
+}
+// p and g in the backend's memory; the state there or in its managed state store (a GPU would
+// fault on host memory, the emulator would not notice).
+void CudaBackend::adamw_bnb8(float* p, uint8_t* q1, uint8_t* q2, float* absmax1, float* absmax2,
+                             const float* g, int64_t n, const AdamBnbCoeffs& c) {
+  if (n <= 0) return;
+  const int64_t nb = (n + 255) / 256 * 4;
+  auto state = [&](const void* a, int64_t bytes) {
+    return mine(a, bytes) || managed_holds(a, bytes);
+  };
+  if (!mine(p, n * 4) || !mine(g, n * 4) || !state(q1, n) || !state(q2, n) || !state(absmax1, nb) ||
+      !state(absmax2, nb))
+    return Backend::adamw_bnb8(p, q1, q2, absmax1, absmax2, g, n, c);
+  const cu::Bnb8Maps t = cu::bnb8_maps();
+  cu::adamw_bnb8(p, q1, q2, absmax1, absmax2, g, n, c, t.code1, t.code2, t.lut1, t.lut2, nullptr,
+                 stream_);
+}
+void CudaBackend::adamw_bnb32(float* p, float* m, float* v, const float* g, int64_t n,
+                              const AdamBnbCoeffs& c) {
+  if (n <= 0) return;
+  auto state = [&](const void* a) { return mine(a, n * 4) || managed_holds(a, n * 4); };
+  if (!mine(p, n * 4) || !mine(g, n * 4) || !state(m) || !state(v))
+    return Backend::adamw_bnb32(p, m, v, g, n, c);
+  cu::adamw_bnb32(p, m, v, g, n, c, nullptr, stream_);
+}
+std::unique_ptr<StateStore> CudaBackend::managed_state_store() {
+  return make_managed_state_store(tracker(), opt_.device, stream_);
 }
 
 }  // namespace cu

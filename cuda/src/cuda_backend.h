@@ -36,6 +36,9 @@
 
 namespace qlft::cu {
 
+// True when [p, p + bytes) lies in one allocation of a managed state store (allocator.cu).
+bool managed_holds(const void* p, int64_t bytes);
+
 // Shared with the memory planner's model of this backend (backend/cuda_workspace.cpp).
 constexpr int64_t kPanelBytes = kCudaPanelBytes;  // dequantized weight tile
 constexpr int64_t kCeLogitsBytes = kCudaCeLogitsBytes;
@@ -147,6 +150,12 @@ class CudaBackend final : public Backend {
   int64_t count_nonfinite(const float* x, int64_t n) override;
   void adamw_torch(float* p, float* m, float* v, const float* g, int64_t n,
                    const AdamWTorchCoeffs& c) override;
+  // The 8-bit state may also lie in managed_state_store()'s memory (allocator.cu).
+  void adamw_bnb8(float* p, uint8_t* q1, uint8_t* q2, float* absmax1, float* absmax2,
+                  const float* g, int64_t n, const AdamBnbCoeffs& c) override;
+  void adamw_bnb32(float* p, float* m, float* v, const float* g, int64_t n,
+                   const AdamBnbCoeffs& c) override;
+  std::unique_ptr<StateStore> managed_state_store() override;
 
   // ---- linear (backend_linear.cu) -------------------------------------------------------------
   void linear_fwd(const QWeight& W, const float* bias, const LoraRef* lora, CMatF x, MatF y,

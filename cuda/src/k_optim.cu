@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(256)
   if (threadIdx.x == 0) {
     absmax1[b] = am1;
     absmax2[b] = am2;
-    if (sk) atomicAdd(skipped, sk);
+    if (sk && skipped) atomicAdd(skipped, sk);
   }
 }
 
@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(256)
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     float pi = p[i], mi = m[i], vi = v[i];
-    if (!adam_bnb_32bit_update(pi, mi, vi, g[i], c)) atomicAdd(skipped, 1ull);
+    if (!adam_bnb_32bit_update(pi, mi, vi, g[i], c) && skipped) atomicAdd(skipped, 1ull);
     p[i] = pi;
     m[i] = mi;
     v[i] = vi;

@@ -108,13 +108,21 @@ void ce_sum(const double* loss_terms, const int32_t* targets, int64_t rc, int32_
 // ---- k_optim.cu ------------------------------------------------------------------------------
 void adamw_torch(float* p, float* m, float* v, const float* g, int64_t n, const AdamWTorchCoeffs& c,
                  cudaStream_t s);
-// skipped: device int64 counter incremented per non-finite gradient element.
+// skipped: device int64 counter incremented per non-finite gradient element (nullptr: not
+// counted; the trainer steps only finite gradients).
 void adamw_bnb8(float* p, uint8_t* q1, uint8_t* q2, float* absmax1, float* absmax2, const float* g,
                 int64_t n, const AdamBnbCoeffs& c, const float* code1, const float* code2,
                 const uint8_t* lut1, const uint8_t* lut2, unsigned long long* skipped,
                 cudaStream_t s);
 void adamw_bnb32(float* p, float* m, float* v, const float* g, int64_t n, const AdamBnbCoeffs& c,
                  unsigned long long* skipped, cudaStream_t s);
+// The bnb dynamic maps (signed for m, unsigned for v) and their quantization tables that
+// adamw_bnb8 takes, resident on the device once per process (optim_entry.cu).
+struct Bnb8Maps {
+  const float *code1, *code2;
+  const uint8_t *lut1, *lut2;
+};
+Bnb8Maps bnb8_maps();
 // *out += sum of g[i]^2 (double).
 void sum_squares(const float* g, int64_t n, double* out, cudaStream_t s);
 void scale(float* g, int64_t n, float f, cudaStream_t s);

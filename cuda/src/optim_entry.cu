@@ -58,6 +58,15 @@ const Bnb8Tables& bnb8_tables() {
   return *t;
 }
 
+}  // namespace
+
+cu::Bnb8Maps cu::bnb8_maps() {
+  const Bnb8Tables& t = bnb8_tables();
+  return {t.code1.as<float>(), t.code2.as<float>(), t.lut1.as<uint8_t>(), t.lut2.as<uint8_t>()};
+}
+
+namespace {
+
 // A device counter / accumulator for one call.
 struct Scalar {
   MemoryTracker tracker;

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "core/profile.h"
+#include "core/state_store.h"
 #include "core/threads.h"
 
 namespace qlft {
@@ -209,6 +210,19 @@ int64_t Backend::count_nonfinite(const float* x, int64_t n) {
 void Backend::adamw_torch(float* p, float* m, float* v, const float* g, int64_t n,
                           const AdamWTorchCoeffs& c) {
   for (int64_t i = 0; i < n; ++i) adamw_torch_update(p[i], m[i], v[i], g[i], c);
+}
+
+void Backend::adamw_bnb8(float*, uint8_t*, uint8_t*, float*, float*, const float*, int64_t,
+                         const AdamBnbCoeffs&) {
+  throw_error(QLFT_ERR_UNSUPPORTED, "backend %s has no device 8-bit AdamW step", name());
+}
+
+void Backend::adamw_bnb32(float*, float*, float*, const float*, int64_t, const AdamBnbCoeffs&) {
+  throw_error(QLFT_ERR_UNSUPPORTED, "backend %s has no device 8-bit AdamW step", name());
+}
+
+std::unique_ptr<StateStore> Backend::managed_state_store() {
+  return nullptr;
 }
 
 void Backend::cross_entropy_stats(const QWeight&, int64_t, int64_t, CMatF, const int32_t*, int32_t,

@@ -29,6 +29,8 @@
 
 namespace qlft {
 
+class StateStore;
+
 // A LoRA adapter on one linear layer, as the kernels see it.
 struct LoraRef {
   const float* A = nullptr;  // [r, in]
@@ -145,6 +147,19 @@ class Backend {
   // torch.optim.AdamW over n elements (adamw_torch_update on each).
   virtual void adamw_torch(float* p, float* m, float* v, const float* g, int64_t n,
                            const AdamWTorchCoeffs& c);
+  // bitsandbytes' 8-bit AdamW over one tensor of n elements (optim/adamw8bit.h): q1 / q2 the
+  // blockwise (256) codes of m and v, absmax1 / absmax2 their per-block scales, each block
+  // dequantized, updated (adam_bnb_8bit_update) and re-quantized; adamw_bnb32 the fp32-state
+  // path of small tensors. The state may also lie in managed_state_store()'s memory. No host
+  // default: the host optimizer keeps its own loops (optim/adamw8bit.cpp).
+  virtual void adamw_bnb8(float* p, uint8_t* q1, uint8_t* q2, float* absmax1, float* absmax2,
+                          const float* g, int64_t n, const AdamBnbCoeffs& c);
+  virtual void adamw_bnb32(float* p, float* m, float* v, const float* g, int64_t n,
+                           const AdamBnbCoeffs& c);
+  // Optimizer state the driver pages between the device and the host (paged_adamw8bit on a GPU:
+  // CUDA managed memory, prefetched to the device group by group as the step begins each);
+  // nullptr where the backend has none.
+  virtual std::unique_ptr<StateStore> managed_state_store();
 
   // ---- linear with LoRA -------------------------------------------------------------------
   // y = x W^T + bias + scale * drop(x) A^T B^T. x: [rows, in], y: [rows, out] (overwritten).

@@ -65,9 +65,13 @@ struct CudaBackendOptions {
 // transfers()). Frozen weights stay resident on the device.
 std::unique_ptr<Backend> make_cuda_backend(MemoryTracker* tracker, const CudaBackendOptions& opt);
 
-// Optimizer state in managed memory (cudaMallocManaged, preferred on the device, prefetched):
-// the CUDA form of the paged store; counted as optimizer memory.
-std::unique_ptr<StateStore> make_managed_state_store(MemoryTracker* tracker, int device = 0);
+// Optimizer state in managed memory (cudaMallocManaged, preferred on the device): the CUDA form
+// of the paged store (bitsandbytes' paged optimizers), counted as optimizer memory. The driver
+// pages it between device and host; begin(group, next) prefetches the group's arrays (and the
+// next group's) to the device on `stream` (a cudaStream_t; nullptr: the default stream), so a
+// step that follows on that stream finds them there.
+std::unique_ptr<StateStore> make_managed_state_store(MemoryTracker* tracker, int device = 0,
+                                                     void* stream = nullptr);
 
 // ---- device memory ---------------------------------------------------------------------------
 

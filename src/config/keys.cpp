@@ -88,7 +88,10 @@ const KeyDef kKeys[] = {
     {"optim.name", KeyType::Enum, "adamw", 0, 0, "adamw|adamw8bit|paged_adamw8bit",
      "Optimizer: AdamW with fp32 state (torch.optim.AdamW), 8-bit AdamW (bitsandbytes AdamW8bit: "
      "blockwise 8-bit state, fp32 for tensors under 4096 elements), or the same with its state "
-     "in a paged store (files in offload.dir on CPU, managed memory on CUDA)."},
+     "in a paged store (files in offload.dir on CPU; on CUDA managed memory that the driver "
+     "pages to the host under memory pressure, prefetched to the device each step, as "
+     "bitsandbytes' PagedAdamW8bit). On CUDA with one rank all three step on the device; "
+     "otherwise on the host."},
     {"optim.lr", KeyType::Float, "2e-4", 0, 10, "", "Peak learning rate (after warmup)."},
     {"optim.beta1", KeyType::Float, "0.9", 0, 0.999999, "", "AdamW first-moment decay."},
     {"optim.beta2", KeyType::Float, "0.999", 0, 0.999999999, "", "AdamW second-moment decay."},

@@ -10,12 +10,22 @@
 #include <memory>
 #include <vector>
 
+#include "backend/adamw_math.h"
 #include "optim/optimizer.h"
 
 namespace qlft {
 
 constexpr int64_t kAdam8bitBlock = 256;         // bnb blocksize for optimizer state
 constexpr int64_t kAdam8bitMinElements = 4096;  // bnb min_8bit_size
+
+// The per-step scalars of step t (1-based) at learning rate lr, as bitsandbytes' CPU backend
+// computes them (in double, used as float operands); throws QLFT_ERR_INVALID_ARGUMENT for a
+// negative or non-finite lr. (The host and device 8-bit AdamW share it.)
+AdamBnbCoeffs adam_bnb_coeffs(const OptimSettings& s, double lr, int64_t t);
+
+// A tensor of n elements keeps 8-bit blockwise state (else fp32 m and v), in this many blocks.
+inline bool adam8bit_quantized(int64_t n) { return n >= kAdam8bitMinElements; }
+inline int64_t adam8bit_blocks(int64_t n) { return (n + kAdam8bitBlock - 1) / kAdam8bitBlock; }
 
 // store: where the state lives (a paged one for paged_adamw8bit; make_optimizer's factory).
 std::unique_ptr<Optimizer> make_adamw8bit(const OptimSettings& s, std::vector<ParamRef> params,

@@ -17,6 +17,13 @@ namespace qlft {
 std::unique_ptr<Optimizer> make_device_adamw(const OptimSettings& s, std::vector<ParamRef> params,
                                              Backend& be, float* w, const float* g, int64_t n);
 
+// 8-bit AdamW on the same arrays (train/device_adamw8bit.cpp): s.kind adamw8bit keeps the
+// state in the backend's device memory, paged_adamw8bit in its managed_state_store(). The same
+// state and checkpoint entries as the host AdamW8bit (optim/adamw8bit.h).
+std::unique_ptr<Optimizer> make_device_adamw8bit(const OptimSettings& s,
+                                                 std::vector<ParamRef> params, Backend& be,
+                                                 float* w, const float* g, int64_t n);
+
 // The host step's gradient checks on n gradients in the backend's memory: LossScaler::
 // unscale_and_check (true when any value is inf or NaN; all multiplied by 1 / scale) and
 // clip_grad_norm (the same rule; the norm summed in the device's order).

@@ -22,14 +22,20 @@ namespace {
 constexpr auto rb = buffer_bytes;
 constexpr auto fl = float_buffer_bytes;
 
+// 8-bit AdamW's state of one tensor, each of its arrays counted as cnt(bytes) (its store's
+// rounding).
+template <class Count>
+uint64_t optimizer_bytes_with(uint64_t numel, Count cnt) {
+  if (!adam8bit_quantized(static_cast<int64_t>(numel))) return 2 * cnt(numel * 4);
+  const uint64_t blocks = static_cast<uint64_t>(adam8bit_blocks(static_cast<int64_t>(numel)));
+  return 2 * cnt(numel) + 2 * cnt(blocks * 4);
+}
+
 uint64_t optimizer_bytes(OptimizerKind kind, uint64_t numel) {
   if (kind == OptimizerKind::AdamW) return 2 * fl(int64_t(numel));
   const bool paged = kind == OptimizerKind::PagedAdamW8bit;
   // The paged store counts exact bytes; the host store rounds like Buffer.
-  auto cnt = [&](uint64_t b) { return paged ? b : rb(b); };
-  if (static_cast<int64_t>(numel) < kAdam8bitMinElements) return 2 * cnt(numel * 4);
-  const uint64_t blocks = (numel + kAdam8bitBlock - 1) / kAdam8bitBlock;
-  return 2 * cnt(numel) + 2 * cnt(blocks * 4);
+  return optimizer_bytes_with(numel, [&](uint64_t b) { return paged ? b : rb(b); });
 }
 
 }  // namespace
@@ -390,11 +396,12 @@ uint64_t lora_floats(const ModelConfig& c, const LoraConfig& lc) {
 // backend=cuda: the device blocks that outlive a step (resident weights, the adapter's device
 // copy and gradients, the device AdamW state), and the host's share of the optimizer state.
 // host_adapter: the host adapter's bytes (its gradients are as large).
-// The trainer's device step (trainer.cpp): AdamW on one rank or over NCCL, its state not
-// offloaded.
+// The trainer's device step (trainer.cpp): AdamW on one rank or over NCCL, or (paged) 8-bit
+// AdamW on one rank, its state not offloaded.
 bool device_optimizer_step(const PlanSettings& s) {
-  return (s.world == 1 || s.dist_backend == DistBackend::Nccl) &&
-         s.optimizer == OptimizerKind::AdamW && s.offload_optimizer == OffloadTarget::None;
+  if (s.offload_optimizer != OffloadTarget::None) return false;
+  if (s.optimizer != OptimizerKind::AdamW) return s.world == 1;
+  return s.world == 1 || s.dist_backend == DistBackend::Nccl;
 }
 
 // segment: DataParallel's per-rank block of the exchange buffers, in floats.
@@ -435,11 +442,22 @@ void plan_device_persistent(const ModelConfig& c, const WeightFootprint& w, cons
   if (flat == 0 || host_adapter == 0) return;
   d[int(MemCategory::Adapter)] = m.round(rb(flat));
   d[int(MemCategory::Gradients)] = m.round(rb(flat));
-  // The device optimizer step (trainer.cpp): AdamW on one rank or over NCCL, its state not
-  // offloaded. Its m and v are device arrays (this rank's tensors) and the host has none.
+  // The device optimizer step (trainer.cpp): AdamW on one rank or over NCCL, or 8-bit AdamW
+  // on one rank, its state not offloaded. AdamW's m and v are device arrays (this rank's
+  // tensors); 8-bit AdamW's arrays are device blocks per tensor (device_adamw8bit.cpp), or
+  // paged_adamw8bit's managed allocations, counted as device memory at their exact size. The
+  // host has none.
   if (device_optimizer_step(s)) {
     uint64_t& host = p->train[int(MemCategory::Optimizer)];
-    d[int(MemCategory::Optimizer)] = s.world == 1 ? 2 * m.round(rb(flat)) : 2 * m.round(host / 2);
+    uint64_t& dev = d[int(MemCategory::Optimizer)];
+    if (s.optimizer == OptimizerKind::AdamW) {
+      dev = s.world == 1 ? 2 * m.round(rb(flat)) : 2 * m.round(host / 2);
+    } else {
+      const bool paged = s.optimizer == OptimizerKind::PagedAdamW8bit;
+      dev = 0;
+      for (uint64_t n : lora_numels(c, s.lora))
+        dev += optimizer_bytes_with(n, [&](uint64_t b) { return paged ? b : m.round(rb(b)); });
+    }
     host = 0;
     // DataParallel::attach_device: the device exchange buffer of stages 1-3.
     if (nccl && s.zero_stage > 0)

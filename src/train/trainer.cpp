@@ -150,20 +150,25 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
   init_grads(spec);
   init_offload(spec);
   try {  // a constructor that throws runs no destructor: give streamed weights back here
-    // A device backend with AdamW, on one rank or on several over NCCL, keeps the adapter, its
-    // gradients and the optimizer state in device memory (a step moves only the batch and a few
-    // scalars; NCCL exchanges gradients and updated tensors between the devices). The other
-    // optimizers, and ranks over MPI, step on the host, the adapter copied in and its gradients
-    // out per pass.
+    // A device backend with AdamW, on one rank or on several over NCCL, or with (paged) 8-bit
+    // AdamW on one rank, keeps the adapter, its gradients and the optimizer state in device (or
+    // managed) memory (a step moves only the batch and a few scalars; NCCL exchanges gradients
+    // and updated tensors between the devices). Otherwise the optimizer steps on the host, the
+    // adapter copied in and its gradients out per pass.
     const bool device_exchange = world() == 1 || dp_->device_comm().device_buffers();
     const bool state_on_host = spec.offload.optimizer != OffloadTarget::None;
-    if (backend_->device_memory() && device_exchange && os.kind == OptimizerKind::AdamW &&
-        !state_on_host) {
+    // 8-bit AdamW (its state in device or managed memory) steps on the device on one rank.
+    const bool device_8bit = world() == 1 && (os.kind == OptimizerKind::AdamW8bit ||
+                                              os.kind == OptimizerKind::PagedAdamW8bit);
+    if (backend_->device_memory() && device_exchange &&
+        (os.kind == OptimizerKind::AdamW || device_8bit) && !state_on_host) {
       runner_->keep_lora_on_device();
       const int64_t n = runner_->lora_device_count();
       float* w = runner_->lora_device_weights();
       float* g = runner_->lora_device_grads();
-      if (n > 0 && world() == 1) {
+      if (n > 0 && device_8bit) {
+        opt_ = make_device_adamw8bit(os, dp_->owned_params(), *backend_, w, g, n);
+      } else if (n > 0 && world() == 1) {
         opt_ = make_device_adamw(os, dp_->owned_params(), *backend_, w, g, n);
       } else if (n > 0) {
         dp_->attach_device(*backend_, w, g, n);

@@ -191,6 +191,24 @@ TEST_F(CudaAutotuneTest, PlannerPredictsTheDevicePeak) {
   for (int m : {1, 4}) check_device_plan(bf16, m);
 }
 
+// 8-bit AdamW and paged 8-bit AdamW step on the device (train/device_adamw8bit.cpp): the
+// planner puts their state in device memory (per-tensor device blocks; paged: managed
+// allocations at their exact size) and none on the host. Rank 64: tensors on both state paths.
+TEST_F(CudaAutotuneTest, PlannerPredictsTheDevice8bitState) {
+  if (!load("stories260K.gguf", kSeq)) QLFT_SKIP("shared-missing") << "stories260K.gguf";
+  const std::string out = qlft_test::temp_dir("cuda-plan-8bit");
+  for (const char* optim : {"adamw8bit", "paged_adamw8bit"}) {
+    SCOPED_TRACE(optim);
+    Config c = base_config(out);
+    c.set("optim.name", optim);
+    c.set("lora.r", "64");
+    const MemoryPlan p = plan(c, 1);
+    EXPECT_EQ(p.train[int(MemCategory::Optimizer)], 0u);  // nothing of it on the host
+    EXPECT_GT(p.device_train[int(MemCategory::Optimizer)], 0u);
+    check_device_plan(c, 1);
+  }
+}
+
 // The same on SmolLM2-135M (q4_1 GGUF quantized to NF4) at micro-batch 1 and 2 x seq 128, where
 // the 64 MiB weight panels, the cross-entropy logits chunk over a 49,152-token vocabulary and the
 // allocator's 2 MiB rounding matter. Minutes a step in the emulator: run by hand

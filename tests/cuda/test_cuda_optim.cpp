@@ -5,13 +5,16 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backend/cuda_entry.h"
 #include "cuda_test_util.h"
 #include "optim/adamw8bit.h"
 #include "optim/optimizer.h"
+#include "train/device_adamw.h"
 
 using qlft_cuda_test::norm_err;
 
@@ -40,23 +43,9 @@ std::vector<T> from_dev(const qlft::DeviceMemory& d, size_t n) {
   return h;
 }
 
-// The coefficients the CPU AdamW8bit computes for step t (adamw8bit.cpp).
+// The coefficients the CPU AdamW8bit computes for step t.
 qlft::AdamBnbCoeffs bnb_coeffs(const qlft::OptimSettings& s, double lr, int64_t t) {
-  qlft::AdamBnbCoeffs c;
-  c.beta1 = float(s.beta1);
-  c.one_m_beta1 = float(1.0 - s.beta1);
-  c.beta2 = float(s.beta2);
-  c.one_m_beta2 = float(1.0 - s.beta2);
-  c.apply_decay = s.weight_decay > 0.0;
-  c.decay = float(1.0 - lr * s.weight_decay);
-  const double c1 = 1.0 - std::pow(s.beta1, double(t));
-  const double c2 = std::sqrt(1.0 - std::pow(s.beta2, double(t)));
-  c.corr2 = float(c2);
-  c.eps = float(s.eps);
-  c.neg_lr_over_c1 = float(-lr / c1);
-  c.step_size_32 = float(-lr * c2 / c1);
-  c.eps_corr2 = float(s.eps * c2);
-  return c;
+  return qlft::adam_bnb_coeffs(s, lr, t);
 }
 
 }  // namespace
@@ -150,3 +139,115 @@ TEST(CudaOptim, GradNormScaleAndNonFinite) {
   G.upload(h.data(), n * 4);
   EXPECT_EQ(qlft::cuda_count_nonfinite(G.as<float>(), int64_t(n)), 3);
 }
+
+// The trainer's device 8-bit AdamW (train/device_adamw8bit.cpp: Backend::adamw_bnb8 / adamw_bnb32
+// per tensor on one flat device array) against the host AdamW8bit (optim/adamw8bit.cpp) on the
+// same random gradients: a tensor with a partial last block, one under 4096 elements (fp32 state)
+// and one with a LoRA+ lr_scale; a NaN gradient element at step 2 (skipped, its state restarts).
+// Both write the same checkpoint entries; after 3 steps the 8-bit codes, absmax and those
+// tensors' parameters must be the same bits (the fp32-state path within 1e-6 normalized: FMA
+// contraction may differ by an ulp), and a device optimizer that loads the host's state steps as
+// the host does. Run for adamw8bit (device memory) and paged_adamw8bit (managed memory, prefetched
+// per tensor).
+class CudaDeviceAdamW8bit : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CudaDeviceAdamW8bit, StateAndParamsEqualHostOptimizer) {
+  QLFT_NEED_GPU();
+  qlft::MemoryTracker t;
+  qlft::CudaBackendOptions o;
+  auto be = qlft::make_cuda_backend(&t, o);
+  qlft::OptimSettings s;
+  s.kind = std::string(GetParam()) == "paged_adamw8bit" ? qlft::OptimizerKind::PagedAdamW8bit
+                                                        : qlft::OptimizerKind::AdamW8bit;
+  s.lr = 2e-3;
+  s.weight_decay = 0.01;
+  const std::vector<size_t> sizes = {256 * 20 + 77, 1000, 8192};
+  size_t n = 0;
+  for (size_t k : sizes) n += k;
+  FVec p = normal(n, 5, 0.1f), grad(n);
+  auto params = [&](float* data, const float* g) {
+    std::vector<qlft::ParamRef> ps;
+    size_t o = 0;
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      ps.push_back({"t" + std::to_string(k), data + o, g + o, sizes[k]});
+      o += sizes[k];
+    }
+    ps[2].lr_scale = 4.0;  // LoRA+: this tensor's lr is 4x
+    return ps;
+  };
+  // The host optimizer on host memory; a paged host store is files, so adamw8bit there.
+  qlft::OptimSettings hs = s;
+  hs.kind = qlft::OptimizerKind::AdamW8bit;
+  auto host = qlft::make_optimizer(hs, params(p.data(), grad.data()), &t);
+  qlft::Buffer w = be->alloc(qlft::MemCategory::Adapter, n * 4, "test params");
+  qlft::Buffer g = be->alloc(qlft::MemCategory::Gradients, n * 4, "test grads");
+  w.copy_from_host(p.data(), n * 4);
+  auto dev = qlft::make_device_adamw8bit(s, params(p.data(), grad.data()), *be, w.as<float>(),
+                                         g.as<float>(), int64_t(n));
+  auto step_both = [&](qlft::Optimizer& d, int step) {
+    const FVec r = normal(n, 40 + step, 0.01f);
+    std::copy(r.begin(), r.end(), grad.begin());  // in place: the host optimizer holds grad
+    if (step == 2) grad[300] = NAN;
+    g.copy_from_host(grad.data(), n * 4);
+    host->step(s.lr);
+    d.step(s.lr);
+  };
+  auto expect_same = [&](const qlft::Optimizer& d, const char* when) {
+    qlft::StateDict hd, dd;
+    host->save_state(hd, "o.");
+    d.save_state(dd, "o.");
+    ASSERT_EQ(hd.size(), dd.size()) << when;
+    for (const auto& [name, ht] : hd.tensors()) {
+      ASSERT_TRUE(dd.tensors().count(name)) << when << ": " << name;
+      const auto& dt = dd.tensors().at(name);
+      EXPECT_EQ(dt.dtype, ht.dtype) << when << ": " << name;
+      EXPECT_EQ(dt.shape, ht.shape) << when << ": " << name;
+      if (name.find(".exp_avg") == std::string::npos) {  // 8-bit codes, absmax, step
+        EXPECT_TRUE(dt.bytes == ht.bytes) << when << ": " << name << " differs from the host's";
+      } else {  // fp32 state: FMA contraction may differ by an ulp (as the kernel test's bound)
+        FVec a(dt.bytes.size() / 4), b(ht.bytes.size() / 4);
+        std::memcpy(a.data(), dt.bytes.data(), dt.bytes.size());
+        std::memcpy(b.data(), ht.bytes.data(), ht.bytes.size());
+        EXPECT_LT(norm_err(a, b), 1e-6) << when << ": " << name;
+      }
+    }
+    FVec dp(n);
+    w.copy_to_host(dp.data(), n * 4);
+    EXPECT_LT(norm_err(dp, p), 1e-6) << when << ": parameters";
+    // The 8-bit tensors' parameters are the host's bits.
+    size_t diff = 0;
+    for (size_t i = 0; i < n; ++i)
+      if (i < sizes[0] || i >= sizes[0] + sizes[1]) diff += std::memcmp(&dp[i], &p[i], 4) != 0;
+    EXPECT_EQ(diff, 0u) << when << ": 8-bit tensors' parameters differ from the host's";
+  };
+  for (int step = 1; step <= 3; ++step) step_both(*dev, step);
+  expect_same(*dev, "after 3 steps");
+  EXPECT_EQ(dev->steps(), 3);
+  EXPECT_GT(dev->state_bytes(), 0u);
+
+  // A device optimizer resumed from the host's checkpoint entries (its own state zero until then)
+  // steps as the host does.
+  qlft::StateDict hd;
+  host->save_state(hd, "o.");
+  auto resumed = qlft::make_device_adamw8bit(s, params(p.data(), grad.data()), *be, w.as<float>(),
+                                             g.as<float>(), int64_t(n));
+  resumed->load_state(hd, "o.");
+  EXPECT_EQ(resumed->steps(), 3);
+  step_both(*resumed, 4);
+  expect_same(*resumed, "after a step resumed from the host's state");
+
+  // A state entry of the wrong shape is refused, naming it, and changes nothing.
+  qlft::StateDict bad;
+  bad.put_string("o.type", "adamw8bit");
+  bad.put_i64("o.step", 1);
+  try {
+    resumed->load_state(bad, "o.");
+    ADD_FAILURE() << "a checkpoint without state entries was accepted";
+  } catch (const qlft::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("o.t0.state1"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(resumed->steps(), 4);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kind, CudaDeviceAdamW8bit,
+                         ::testing::Values("adamw8bit", "paged_adamw8bit"));
