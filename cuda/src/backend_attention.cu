@@ -1,10 +1,25 @@
 // CudaBackend's attention: staging Q/K/V (autocast, document starts) and the flash kernels'
-// arguments, forward and backward.
+// arguments, forward and backward. Precision bf16 with autocast and a head_dim the tensor-core
+// kernels take (cuda_attention_tensor_cores) runs k_attention_tc.cu on bf16 copies of the
+// operands; everything else the fp32 kernels of k_attention.cu.
 // (CudaBackend is declared in cuda_backend.h, which lists where each operation family lives.)
 #include "backend/op_checks.h"
 #include "cuda_backend.h"
 
 namespace qlft::cu {
+
+namespace {
+
+bool tensor_cores(const CudaBackendOptions& o, const AttnShape& s) {
+  return cuda_attention_tensor_cores(o.spec.precision, o.autocast, s.head_dim);
+}
+
+// dst (bf16, compact [rows, cols]) = src (fp32, compact) rounded to nearest even.
+void to_bf16(const Dev& src, const Dev& dst, int64_t rows, int64_t cols, cudaStream_t s) {
+  convert_tile(src.as<float>(), rows, cols, cols, dst.data(), TileType::BF16, s);
+}
+
+}  // namespace
 
 void CudaBackend::attention_fwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out_,
                                 float* lse) {
@@ -17,8 +32,12 @@ void CudaBackend::attention_fwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, M
   Dev L = lse ? out_raw(lse, nl, MemCategory::Activations, "attention lse")
               : scratch(nl, "attention lse");
   cu::AttnArgs a = args(s, Wq, Wk, st);
-  cu::attention_fwd(a, st.Q.as<float>(), st.K.as<float>(), st.V.as<float>(), O.as<float>(),
-                    L.as<float>(), stream_);
+  if (tensor_cores(opt_, s))
+    cu::attention_tc_fwd(a, st.Q.as<uint16_t>(), st.K.as<uint16_t>(), st.V.as<uint16_t>(),
+                         O.as<float>(), nullptr, L.as<float>(), stream_);
+  else
+    cu::attention_fwd(a, st.Q.as<float>(), st.K.as<float>(), st.V.as<float>(), O.as<float>(),
+                      L.as<float>(), stream_);
   finish(O, Wq, out_);
   if (lse) finish_raw(L, lse, nl);
 }
@@ -40,9 +59,18 @@ void CudaBackend::attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, C
       dev(int64_t(s.n_heads) * rows * 4, MemCategory::Workspace, "attention delta");
   cu::AttnArgs a = args(s, Wq, Wk, st);
   a.round_bf16 = round_lora_bf16();
-  cu::attention_bwd(a, st.Q.as<float>(), st.K.as<float>(), st.V.as<float>(), O.as<float>(),
-                    L.as<float>(), dO.as<float>(), dQ.as<float>(), dK.as<float>(), dV.as<float>(),
-                    delta.as<float>(), stream_);
+  if (tensor_cores(opt_, s)) {
+    Dev dO16 = scratch(rows * Wq * 2, "attention dout bf16");
+    to_bf16(dO, dO16, rows, Wq, stream_);
+    cu::attention_tc_bwd(a, st.Q.as<uint16_t>(), st.K.as<uint16_t>(), st.V.as<uint16_t>(),
+                         O.as<float>(), dO.as<float>(), dO16.as<uint16_t>(), L.as<float>(),
+                         dQ.as<float>(), dK.as<float>(), dV.as<float>(), delta.as<float>(),
+                         stream_);
+  } else {
+    cu::attention_bwd(a, st.Q.as<float>(), st.K.as<float>(), st.V.as<float>(), O.as<float>(),
+                      L.as<float>(), dO.as<float>(), dQ.as<float>(), dK.as<float>(), dV.as<float>(),
+                      delta.as<float>(), stream_);
+  }
   finish(dQ, Wq, dq);
   finish(dK, Wk, dk);
   finish(dV, Wk, dv);
@@ -58,9 +86,20 @@ void CudaBackend::check_attn(const AttnShape& s, CMatF q, CMatF k, CMatF v, cons
 CudaBackend::AttnStage CudaBackend::stage_attn(const AttnShape& s, CMatF q, CMatF k, CMatF v) {
   const int64_t rows = q.rows, Wq = s.q_dim(), Wk = s.kv_dim();
   AttnStage st;
-  st.Q = autocast(in(q, Wq, MemCategory::Activations, "attention q"), rows * Wq);
-  st.K = autocast(in(k, Wk, MemCategory::Activations, "attention k"), rows * Wk);
-  st.V = autocast(in(v, Wk, MemCategory::Activations, "attention v"), rows * Wk);
+  if (tensor_cores(opt_, s)) {  // Q, K, V are bf16 copies (rounded as autocast rounds)
+    auto bf16 = [&](CMatF m, int64_t cols, const char* what, const char* what16) {
+      Dev r = scratch(rows * cols * 2, what16);
+      to_bf16(in(m, cols, MemCategory::Activations, what), r, rows, cols, stream_);
+      return r;
+    };
+    st.Q = bf16(q, Wq, "attention q", "attention q bf16");
+    st.K = bf16(k, Wk, "attention k", "attention k bf16");
+    st.V = bf16(v, Wk, "attention v", "attention v bf16");
+  } else {
+    st.Q = autocast(in(q, Wq, MemCategory::Activations, "attention q"), rows * Wq);
+    st.K = autocast(in(k, Wk, MemCategory::Activations, "attention k"), rows * Wk);
+    st.V = autocast(in(v, Wk, MemCategory::Activations, "attention v"), rows * Wk);
+  }
   if (s.doc_ids) {
     // first[row]: the first position of the same document in this batch element (bounds the
     // key range of a query tile, as on the CPU).
@@ -84,6 +123,11 @@ AttnArgs CudaBackend::args(const AttnShape& s, int64_t Wq, int64_t Wk, const Att
   a.ldv = Wk;
   a.doc = st.doc.as<int32_t>();
   a.first = st.first.as<int32_t>();
+  a.window = s.window;
   return a;
 }
 }  // namespace qlft::cu
+
+bool qlft::cuda_attention_tensor_cores(Precision precision, bool autocast, int head_dim) {
+  return precision == Precision::BF16 && autocast && cu::attention_tc_supported(head_dim);
+}

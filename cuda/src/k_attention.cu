@@ -7,6 +7,7 @@
 // small by construction (forward: 4 rows x NC accumulators; backward: 8 keys x NC x 2), so no
 // variant spills (see docs/PERFORMANCE.md, "CUDA kernels: resource usage").
 // Shared math: online_softmax_merge / online_softmax_lse / softmax_prob (softmax_math.h).
+#include "attn_mask.cuh"
 #include "backend/softmax_math.h"
 #include "check.h"
 #include "core/half.h"
@@ -20,11 +21,6 @@ namespace {
 constexpr int kFwdRows = 16;  // query rows per forward block (4 per warp)
 constexpr int kKeys = 32;     // keys per tile (one per lane)
 constexpr int kBwdRows = 32;  // query rows per backward inner tile (8 per warp)
-
-__device__ __forceinline__ bool attends(const AttnArgs& a, int64_t base, int qi, int kj) {
-  if (kj > qi || qi >= a.seq || kj >= a.seq) return false;
-  return !a.doc || a.doc[base + kj] == a.doc[base + qi];
-}
 
 template <int NC>
 __global__ void __launch_bounds__(128)
@@ -298,7 +294,9 @@ void bwd_nc(const AttnArgs& a, const float* q, const float* k, const float* v, c
   launch(k_attn_bwd<NC>, grid, 128, smem, s, a, q, k, v, lse, delta, dout, dq, dk, dv);
 }
 
-void check_args(const AttnArgs& a) {
+}  // namespace
+
+void attention_check_args(const AttnArgs& a) {
   QLFT_CHECK_ARG(a.head_dim > 0 && a.head_dim <= kAttnMaxHeadDim,
                  "cuda attention: head_dim %d is not supported (1..%d)", a.head_dim,
                  kAttnMaxHeadDim);
@@ -308,6 +306,8 @@ void check_args(const AttnArgs& a) {
   QLFT_CHECK_ARG(a.batch <= 65535 && a.n_heads <= 65535,
                  "cuda attention: batch %d or heads %d beyond the grid limit", a.batch, a.n_heads);
 }
+
+namespace {
 
 // first[row] = the first position t' of batch element b whose document id equals row's (the
 // start of its document when documents are contiguous, as packing makes them).
@@ -334,9 +334,15 @@ void doc_first(const int32_t* doc, int batch, int seq, int32_t* first, cudaStrea
   launch(k_doc_first, grid_for(int64_t(batch) * seq, 256), 256, 0, s, doc, batch, seq, first);
 }
 
+void attention_delta(const AttnArgs& a, const float* out, const float* dout, float* delta,
+                     cudaStream_t s) {
+  const int64_t warps = int64_t(a.batch) * a.seq * a.n_heads;
+  launch(k_attn_delta, grid_for(warps * 32, 256, int64_t(1) << 31), 256, 0, s, a, out, dout, delta);
+}
+
 void attention_fwd(const AttnArgs& a, const float* q, const float* k, const float* v, float* out,
                    float* lse, cudaStream_t s) {
-  check_args(a);
+  attention_check_args(a);
   const int nc = (a.head_dim + 31) / 32;
   if (nc == 1) return fwd_nc<1>(a, q, k, v, out, lse, s);
   if (nc == 2) return fwd_nc<2>(a, q, k, v, out, lse, s);
@@ -346,9 +352,8 @@ void attention_fwd(const AttnArgs& a, const float* q, const float* k, const floa
 void attention_bwd(const AttnArgs& a, const float* q, const float* k, const float* v,
                    const float* out, const float* lse, const float* dout, float* dq, float* dk,
                    float* dv, float* delta, cudaStream_t s) {
-  check_args(a);
-  const int64_t warps = int64_t(a.batch) * a.seq * a.n_heads;
-  launch(k_attn_delta, grid_for(warps * 32, 256, int64_t(1) << 31), 256, 0, s, a, out, dout, delta);
+  attention_check_args(a);
+  attention_delta(a, out, dout, delta, s);
   const int nc = (a.head_dim + 31) / 32;
   if (nc == 1) return bwd_nc<1>(a, q, k, v, lse, delta, dout, dq, dk, dv, s);
   if (nc == 2) return bwd_nc<2>(a, q, k, v, lse, delta, dout, dq, dk, dv, s);

@@ -73,6 +73,7 @@ struct AttnArgs {
   int64_t ldq, ldk, ldv, ldo;      // leading dimensions of q / dq, k / dk, v / dv, out / dout
   const int32_t* doc = nullptr;    // [rows] document ids or nullptr
   const int32_t* first = nullptr;  // [rows] first position of the same document
+  int window = 0;                  // sliding window (AttnShape::window), 0: none
   // Precision bf16: the backward's P and dS rounded to bf16 where they enter dV and dQ / dK, as
   // the CPU backend's bf16 attention does (its forward also rounds P before P V, which this
   // online-softmax forward cannot: it never holds the normalized P).
@@ -87,6 +88,29 @@ void attention_bwd(const AttnArgs& a, const float* q, const float* k, const floa
                    float* dv, float* delta, cudaStream_t s);
 // first[row] = the first position in row's batch element with row's document id.
 void doc_first(const int32_t* doc, int batch, int seq, int32_t* first, cudaStream_t s);
+// Throws QLFT_ERR_INVALID_ARGUMENT for a shape the kernels (or the grid) cannot take.
+void attention_check_args(const AttnArgs& a);
+// delta[h * rows + row] = dout_row . out_row of head h (the backward's softmax correction).
+void attention_delta(const AttnArgs& a, const float* out, const float* dout, float* delta,
+                     cudaStream_t s);
+
+// ---- k_attention_tc.cu -----------------------------------------------------------------------
+// Flash attention on tensor cores (nvcuda::wmma, bf16 16x16x16, fp32 accumulation): q, k, v and
+// dout16 are bf16 (their bits, uint16_t) with AttnArgs' leading dimensions; head_dim one of
+// 64, 80, 96, 128 (attention_tc_supported). The same contract as attention_fwd / attention_bwd,
+// with P (forward and backward) and dS rounded to bf16 where they enter a product, as the CPU's
+// bf16 attention rounds them; dQ is accumulated without atomics (deterministic).
+bool attention_tc_supported(int head_dim);
+// out (fp32, ld a.ldo) and, when out16 is not null, out rounded to bf16 (ld a.ldo); lse as
+// attention_fwd's (may be null).
+void attention_tc_fwd(const AttnArgs& a, const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                      float* out, uint16_t* out16, float* lse, cudaStream_t s);
+// dq, dk, dv accumulate (+=), fp32. out / dout fp32 (dout's values bf16-rounded, dout16 its
+// bf16 copy) for delta, scratch of n_heads * rows floats.
+void attention_tc_bwd(const AttnArgs& a, const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                      const float* out, const float* dout, const uint16_t* dout16,
+                      const float* lse, float* dq, float* dk, float* dv, float* delta,
+                      cudaStream_t s);
 
 // ---- k_xent.cu -------------------------------------------------------------------------------
 // Per row of a logits chunk [rc, n] (columns p0 .. p0 + n of the vocabulary): merges the chunk

@@ -64,6 +64,10 @@ struct CudaBackendOptions {
 // not wait; host arrays are staged through device buffers (counted in `tracker` and in
 // transfers()). Frozen weights stay resident on the device.
 std::unique_ptr<Backend> make_cuda_backend(MemoryTracker* tracker, const CudaBackendOptions& opt);
+// Whether that backend's attention runs on the tensor-core (wmma bf16) kernels: precision BF16
+// with autocast and head_dim 64, 80, 96 or 128 (else the fp32 flash kernels). The backend and
+// the tests that expect either path ask this.
+bool cuda_attention_tensor_cores(Precision precision, bool autocast, int head_dim);
 
 // Optimizer state in managed memory (cudaMallocManaged, preferred on the device): the CUDA form
 // of the paged store (bitsandbytes' paged optimizers), counted as optimizer memory. The driver
