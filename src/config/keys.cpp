@@ -211,6 +211,27 @@ const KeyDef kKeys[] = {
      "tensor where the first NaN/inf appeared."},
     {"train.max_nonfinite", KeyType::Int, "10", 1, 1e9, "",
      "Consecutive non-finite steps tolerated before train.on_nonfinite=stop ends training."},
+    {"train.objective", KeyType::Enum, "sft", 0, 0, "sft|dpo|ipo|orpo|simpo|kto",
+     "What the adapter is trained to: sft (next-token loss on the trained tokens), or a "
+     "preference objective as TRL 1.16 computes it over pairs (data.format=preference): dpo "
+     "(DPOTrainer loss_type sigmoid), ipo (loss_type ipo), orpo (ORPOTrainer), simpo (CPOTrainer "
+     "loss_type simpo), or kto over unpaired examples (data.format=kto, KTOTrainer). DPO, IPO and "
+     "KTO take the reference log-probabilities from the same base with the adapter off."},
+    {"pref.beta", KeyType::Float, "0.1", 1e-6, 1e6, "",
+     "Preference objectives' beta (TRL's): DPO / KTO / SimPO temperature, IPO's regularization "
+     "tau, ORPO's lambda (weight of the odds-ratio term)."},
+    {"pref.label_smoothing", KeyType::Float, "0", 0, 0.5, "",
+     "simpo: CPOTrainer's label_smoothing (conservative loss: the pair's label flipped with this "
+     "probability)."},
+    {"pref.simpo_gamma", KeyType::Float, "0.5", 0, 1e6, "",
+     "simpo: target reward margin gamma (CPOConfig.simpo_gamma)."},
+    {"pref.cpo_alpha", KeyType::Float, "0", 0, 1e6, "",
+     "simpo: weight of the NLL term on the chosen answers (CPOConfig.cpo_alpha; TRL's default "
+     "1.0 is CPO's, SimPO uses 0)."},
+    {"pref.desirable_weight", KeyType::Float, "1", 0, 1e6, "",
+     "kto: weight of the desirable examples' losses (KTOConfig.desirable_weight)."},
+    {"pref.undesirable_weight", KeyType::Float, "1", 0, 1e6, "",
+     "kto: weight of the undesirable examples' losses (KTOConfig.undesirable_weight)."},
     {"lora.init_from", KeyType::String, "", 0, 0, "",
      "A PEFT adapter directory to start from: its r, alpha, target modules and rsLoRA setting "
      "replace lora.* and its weights are loaded (for generation, evaluation or further training)."},

@@ -19,6 +19,7 @@ const char* const kOptimizerNames[] = {"adamw", "adamw8bit", "paged_adamw8bit"};
 const char* const kScheduleNames[] = {"constant", "linear", "cosine"};
 const char* const kOffloadNames[] = {"none", "cpu", "nvme"};
 const char* const kDistNames[] = {"none", "mpi", "nccl"};
+const char* const kObjectiveNames[] = {"sft", "dpo", "ipo", "orpo", "simpo", "kto"};
 const char* const kFormatNames[] = {"auto", "text", "alpaca", "chat"};
 const char* const kTemplateNames[] = {"auto",   "none",    "chatml", "llama3",
                                       "llama2", "mistral", "alpaca"};
@@ -117,6 +118,18 @@ DistSpec parse_dist(const Config& c) {
   return s;
 }
 
+PrefSpec parse_pref(const Config& c) {
+  PrefSpec s;
+  s.objective = pick<Objective>(c, "train.objective", kObjectiveNames);
+  s.beta = c.get_float("pref.beta");
+  s.label_smoothing = c.get_float("pref.label_smoothing");
+  s.simpo_gamma = c.get_float("pref.simpo_gamma");
+  s.cpo_alpha = c.get_float("pref.cpo_alpha");
+  s.desirable_weight = c.get_float("pref.desirable_weight");
+  s.undesirable_weight = c.get_float("pref.undesirable_weight");
+  return s;
+}
+
 TrainSpec parse_train(const Config& c) {
   TrainSpec s;
   s.micro_batch = c.get("train.micro_batch") == "auto"
@@ -155,6 +168,7 @@ QLFT_NAME_OF(OptimizerKind, kOptimizerNames)
 QLFT_NAME_OF(ScheduleKind, kScheduleNames)
 QLFT_NAME_OF(OffloadTarget, kOffloadNames)
 QLFT_NAME_OF(DistBackend, kDistNames)
+QLFT_NAME_OF(Objective, kObjectiveNames)
 #undef QLFT_NAME_OF
 
 const char* data::format_name(DataFormat f) {
@@ -189,6 +203,7 @@ RunSpec parse_run_spec(const Config& c) {
   r.offload.dir = c.get("offload.dir");
   r.dist = parse_dist(c);
   r.train = parse_train(c);
+  r.pref = parse_pref(c);
   r.generate.max_tokens = as_int(c, "generate.max_tokens");
   r.generate.temperature = static_cast<float>(c.get_float("generate.temperature"));
   r.generate.top_k = as_int(c, "generate.top_k");

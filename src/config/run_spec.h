@@ -27,6 +27,7 @@ enum class OptimizerKind { AdamW, AdamW8bit, PagedAdamW8bit };  // optim.name
 enum class ScheduleKind { Constant, Linear, Cosine };           // sched.name
 enum class OffloadTarget { None, Cpu, Nvme };                   // offload.optimizer, offload.params
 enum class DistBackend { None, Mpi, Nccl };                     // dist.backend
+enum class Objective { Sft, Dpo, Ipo, Orpo, Simpo, Kto };       // train.objective
 
 // The key table's spelling of each value ("bf16", "paged_adamw8bit", ...): for messages,
 // checkpoints and cache keys, never for deciding anything.
@@ -37,6 +38,7 @@ const char* name_of(OptimizerKind v);
 const char* name_of(ScheduleKind v);
 const char* name_of(OffloadTarget v);
 const char* name_of(DistBackend v);
+const char* name_of(Objective v);
 
 // bf16 or fp16: matmul inputs and stored activations rounded to 16 bits (autocast).
 inline bool is_low_precision(Precision p) {
@@ -187,6 +189,18 @@ struct TrainSpec {
   uint64_t seed = 42;  // the `seed` key
 };
 
+// train.objective and pref.* (train/preference.h; TRL's DPOConfig / CPOConfig / ORPOConfig /
+// KTOConfig names).
+struct PrefSpec {
+  Objective objective = Objective::Sft;
+  double beta = 0.1;             // DPO / IPO / KTO / SimPO beta; ORPO's lambda (ORPOConfig.beta)
+  double label_smoothing = 0;    // SimPO (CPO's conservative loss)
+  double simpo_gamma = 0.5;      // SimPO's target margin
+  double cpo_alpha = 0;          // SimPO: weight of the NLL term on the chosen answers
+  double desirable_weight = 1;   // KTO
+  double undesirable_weight = 1;  // KTO
+};
+
 // generate.*.
 struct GenerateSpec {
   int max_tokens = 128;
@@ -211,6 +225,7 @@ struct RunSpec {
   OffloadSpec offload;
   DistSpec dist;
   TrainSpec train;
+  PrefSpec pref;
   GenerateSpec generate;
 };
 

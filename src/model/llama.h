@@ -21,6 +21,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -78,6 +79,20 @@ struct RunnerFootprint {
   }
 };
 
+// A loss over whole sequences (the preference objectives, train/preference.h): with one set
+// (LlamaRunner::set_seq_objective) every forward with targets also measures each batch row's
+// token cross-entropy alone (LlamaRunner::seq_losses: row i's sum and count), and a training
+// forward gives row i's summed cross-entropy the gradient scale weigh() returns for it in
+// place of the one grad_scale: the objective's d loss / d (row i's sum), known only once every
+// row's sum is. aux_targets (optional, [rows], host): a second target set over the same rows,
+// measured (aux_losses) and weighed likewise (ORPO's NLL also trains the prompt tokens).
+struct SeqObjective {
+  const int32_t* aux_targets = nullptr;
+  std::function<void(const std::vector<LossResult>& main, const std::vector<LossResult>& aux,
+                     std::vector<float>& main_scale, std::vector<float>& aux_scale)>
+      weigh;
+};
+
 class LlamaRunner {
  public:
   // lora_projs: LoRA-targeted projections per layer, each keeping rows x lora_r of xa.
@@ -128,6 +143,14 @@ class LlamaRunner {
   // Overwrites the LoRA gradients and frees the activations: use it on a discarded step only.
   std::string locate_nonfinite(const TokenBatch& b, float grad_scale, uint64_t dropout_seed);
 
+  // Preference objectives: the per-sequence losses above (nullptr: the token-mean loss; not
+  // owned), and the adapter switched off (false: forward runs the frozen base alone, the
+  // reference policy; inference forwards only).
+  void set_seq_objective(const SeqObjective* obj) { seq_obj_ = obj; }
+  const std::vector<LossResult>& seq_losses() const { return seq_main_; }
+  const std::vector<LossResult>& aux_losses() const { return seq_aux_; }
+  void set_lora_enabled(bool on) { lora_on_ = on; }
+
   const Model& model() const { return model_; }
   Backend& backend() { return be_; }
   LoraAdapter* lora() { return lora_; }
@@ -171,6 +194,8 @@ class LlamaRunner {
   LossResult run_forward(const TokenBatch& b, bool training, float grad_scale, MatF logits);
   // The fused cross-entropy (Backend::linear_cross_entropy) over a head ws hands out in row
   // slices (WeightStream::rows_sharded). Host memory.
+  // The loss and gradient of the head per batch row (a SeqObjective); the loss sum.
+  double seq_cross_entropy(const int32_t* targets, bool training, MatF dh, int64_t* count);
   double cross_entropy_by_slices(WeightStream& ws, const int32_t* targets, float grad_scale,
                                  MatF dh, int64_t* count);
   LoraRef lora_ref(int l, Proj p, bool* has) const;
@@ -210,6 +235,9 @@ class LlamaRunner {
   Buffer xnf_, rstdf_, dxnf_;  // final norm output, its rstd, and d(loss)/d(xnf)
   std::unique_ptr<Grads> grads_;
   LoraGradSink* sink_ = nullptr;
+  const SeqObjective* seq_obj_ = nullptr;
+  std::vector<LossResult> seq_main_, seq_aux_;
+  bool lora_on_ = true;
   bool have_forward_ = false;
   bool training_ = false;
   uint64_t dropout_seed_ = 0;

@@ -179,7 +179,12 @@ LossResult LlamaRunner::run_forward(const TokenBatch& b, bool training, float gr
     if (grad_scale == 0.f) grad_scale = count ? 1.f / static_cast<float>(count) : 0.f;
   }
   int64_t got = 0;
-  if (sliced)
+  if (seq_obj_) {
+    if (sliced)
+      throw_error(QLFT_ERR_UNSUPPORTED,
+                  "preference objectives need the whole head (not a row-sharded ZeRO-3 head)");
+    res.loss_sum = seq_cross_entropy(tg, training, dh, &got);
+  } else if (sliced)
     res.loss_sum = cross_entropy_by_slices(*ws, tg, grad_scale, dh, &got);
   else
     res.loss_sum = be_.linear_cross_entropy(model_.head(), cmat(xnf_, R, c.dim), tg, kIgnoreIndex,
@@ -187,6 +192,59 @@ LossResult LlamaRunner::run_forward(const TokenBatch& b, bool training, float gr
   res.count = got;
   have_forward_ = training;
   return res;
+}
+
+double LlamaRunner::seq_cross_entropy(const int32_t* targets, bool training, MatF dh,
+                                      int64_t* count) {
+  // Each batch row (one sequence) is its own call of the fused head + cross-entropy: first
+  // without dh to measure every row, then, training, again with the row's own gradient scale
+  // (the objective needs all rows' sums before any scale is known). Twice the head's work.
+  const int64_t S = shape_.seq, D = model_.cfg.dim;
+  const int B = shape_.batch;
+  const float* h = xnf_.as<float>();
+  Buffer aux;
+  const int32_t* aux_tg = nullptr;
+  if (seq_obj_->aux_targets) {
+    for (int64_t r = 0; r < rows_; ++r) {
+      const int32_t v = seq_obj_->aux_targets[r];
+      QLFT_CHECK_ARG(v == kIgnoreIndex || (v >= 0 && v < model_.cfg.vocab),
+                     "aux target %d at row %lld is outside the vocabulary", v,
+                     static_cast<long long>(r));
+    }
+    aux = be_.alloc(MemCategory::Activations, rows_ * 4, "aux targets", BufferInit::Uninit);
+    aux.copy_from_host(seq_obj_->aux_targets, rows_ * 4);
+    aux_tg = aux.as<int32_t>();
+  }
+  auto rows_ce = [&](const int32_t* tg, std::vector<LossResult>& out) {
+    out.assign(static_cast<size_t>(B), LossResult{});
+    for (int i = 0; i < B; ++i)
+      out[i].loss_sum =
+          be_.linear_cross_entropy(model_.head(), CMatF(h + i * S * D, S, D), tg + i * S,
+                                   kIgnoreIndex, 0.f, MatF(), &out[i].count);
+  };
+  rows_ce(targets, seq_main_);
+  if (aux_tg)
+    rows_ce(aux_tg, seq_aux_);
+  else
+    seq_aux_.clear();
+  double sum = 0;
+  *count = 0;
+  for (const LossResult& r : seq_main_) sum += r.loss_sum, *count += r.count;
+  if (!training) return sum;
+  std::vector<float> ms(static_cast<size_t>(B), 0.f), as(static_cast<size_t>(B), 0.f);
+  seq_obj_->weigh(seq_main_, seq_aux_, ms, as);
+  int64_t ignored = 0;
+  for (int i = 0; i < B; ++i) {
+    const CMatF hi(h + i * S * D, S, D);
+    const MatF dhi(dh.data + i * S * D, S, D);
+    if (ms[i] != 0.f)
+      be_.linear_cross_entropy(model_.head(), hi, targets + i * S, kIgnoreIndex, ms[i], dhi,
+                               &ignored);
+    if (aux_tg && as[i] != 0.f)
+      be_.linear_cross_entropy(model_.head(), hi, aux_tg + i * S, kIgnoreIndex, as[i], dhi,
+                               &ignored);
+  }
+  return sum;
 }
 
 double LlamaRunner::cross_entropy_by_slices(WeightStream& ws, const int32_t* targets,
@@ -225,6 +283,7 @@ double LlamaRunner::cross_entropy_by_slices(WeightStream& ws, const int32_t* tar
 
 LossResult LlamaRunner::forward(const TokenBatch& b, float grad_scale, uint64_t dropout_seed) {
   QLFT_CHECK_ARG(b.targets, "forward for training needs targets");
+  QLFT_CHECK_ARG(lora_on_, "forward for training with the adapter switched off");
   dropout_seed_ = dropout_seed;
   be_.tracker()->set_phase("forward");
   return run_forward(b, true, grad_scale, MatF());

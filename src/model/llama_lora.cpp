@@ -19,7 +19,7 @@ namespace qlft {
 using namespace runner_detail;
 
 LoraRef LlamaRunner::lora_ref(int l, Proj p, bool* has) const {
-  *has = lora_ && lora_->active(l, p);
+  *has = lora_ && lora_on_ && lora_->active(l, p);
   if (!*has) return LoraRef{};
   LoraRef r;
   if (!lora_w_.empty()) {  // the device copy (no host access: it may be stale)
