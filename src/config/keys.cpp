@@ -51,6 +51,11 @@ const KeyDef kKeys[] = {
      "Projections that get a LoRA adapter (PEFT names)."},
     {"lora.use_rslora", KeyType::Bool, "false", 0, 0, "",
      "Rank-stabilized LoRA: scale alpha / sqrt(r) instead of alpha / r."},
+    {"lora.init", KeyType::Enum, "default", 0, 0, "default|loftq",
+     "LoRA start: default is PEFT's (A kaiming-uniform, B zero); loftq (NF4 base, PEFT's "
+     "replace_lora_weights_loftq) sets s B A to the rank-r SVD of the quantization error "
+     "W - dequant(NF4(W)), W read again from the model file, so the adapter starts by cancelling "
+     "it (PEFT leaves out the scale s = alpha / r; both agree at alpha = r)."},
     {"data.path", KeyType::String, "", 0, 0, "",
      "Training data: a .txt, .jsonl or .json file, or a directory of them (read in name order)."},
     {"data.format", KeyType::Enum, "auto", 0, 0, "auto|text|alpaca|chat",
@@ -102,6 +107,9 @@ const KeyDef kKeys[] = {
      "Decoupled weight decay: each step multiplies parameters by 1 - lr * weight_decay."},
     {"optim.max_grad_norm", KeyType::Float, "1", 0, 1e9, "",
      "Clip gradients to this global L2 norm before each optimizer step; 0 disables clipping."},
+    {"optim.loraplus_lr_ratio", KeyType::Float, "1", 1e-6, 1e6, "",
+     "LoRA+ (PEFT's create_loraplus_optimizer): every lora_B's learning rate (and its weight "
+     "decay's) is this times optim.lr; 1 trains A and B at one rate (plain LoRA)."},
     {"sched.name", KeyType::Enum, "linear", 0, 0, "constant|linear|cosine",
      "Learning-rate schedule after the warmup (as transformers' get_*_schedule_with_warmup)."},
     {"sched.warmup_steps", KeyType::Int, "0", 0, 1e12, "",

@@ -19,6 +19,7 @@ const char* const kOptimizerNames[] = {"adamw", "adamw8bit", "paged_adamw8bit"};
 const char* const kScheduleNames[] = {"constant", "linear", "cosine"};
 const char* const kOffloadNames[] = {"none", "cpu", "nvme"};
 const char* const kDistNames[] = {"none", "mpi", "nccl"};
+const char* const kLoraInitNames[] = {"default", "loftq"};
 const char* const kObjectiveNames[] = {"sft", "dpo", "ipo", "orpo", "simpo", "kto"};
 const char* const kFormatNames[] = {"auto", "text", "alpaca", "chat"};
 const char* const kTemplateNames[] = {"auto",   "none",    "chatml", "llama3",
@@ -63,6 +64,7 @@ LoraSpec parse_lora(const Config& c) {
   s.use_rslora = c.get_bool("lora.use_rslora");
   s.target_modules = c.get_list("lora.target_modules");
   s.init_from = c.get("lora.init_from");
+  s.init = pick<LoraInit>(c, "lora.init", kLoraInitNames);
   s.seed = static_cast<uint64_t>(c.get_int("seed"));
   return s;
 }
@@ -101,6 +103,7 @@ OptimSpec parse_optim(const Config& c) {
   s.eps = c.get_float("optim.eps");
   s.weight_decay = c.get_float("optim.weight_decay");
   s.max_grad_norm = c.get_float("optim.max_grad_norm");
+  s.loraplus_lr_ratio = c.get_float("optim.loraplus_lr_ratio");
   return s;
 }
 
@@ -168,6 +171,7 @@ QLFT_NAME_OF(OptimizerKind, kOptimizerNames)
 QLFT_NAME_OF(ScheduleKind, kScheduleNames)
 QLFT_NAME_OF(OffloadTarget, kOffloadNames)
 QLFT_NAME_OF(DistBackend, kDistNames)
+QLFT_NAME_OF(LoraInit, kLoraInitNames)
 QLFT_NAME_OF(Objective, kObjectiveNames)
 #undef QLFT_NAME_OF
 

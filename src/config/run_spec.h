@@ -27,6 +27,7 @@ enum class OptimizerKind { AdamW, AdamW8bit, PagedAdamW8bit };  // optim.name
 enum class ScheduleKind { Constant, Linear, Cosine };           // sched.name
 enum class OffloadTarget { None, Cpu, Nvme };                   // offload.optimizer, offload.params
 enum class DistBackend { None, Mpi, Nccl };                     // dist.backend
+enum class LoraInit { Default, Loftq };                         // lora.init
 enum class Objective { Sft, Dpo, Ipo, Orpo, Simpo, Kto };       // train.objective
 
 // The key table's spelling of each value ("bf16", "paged_adamw8bit", ...): for messages,
@@ -38,6 +39,7 @@ const char* name_of(OptimizerKind v);
 const char* name_of(ScheduleKind v);
 const char* name_of(OffloadTarget v);
 const char* name_of(DistBackend v);
+const char* name_of(LoraInit v);
 const char* name_of(Objective v);
 
 // bf16 or fp16: matmul inputs and stored activations rounded to 16 bits (autocast).
@@ -107,6 +109,7 @@ struct LoraSpec {
   std::vector<std::string> target_modules = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                              "gate_proj", "up_proj", "down_proj"};
   std::string init_from;  // a PEFT adapter directory, or empty
+  LoraInit init = LoraInit::Default;
   uint64_t seed = 42;     // the `seed` key: LoRA init and dropout masks
 };
 
@@ -136,6 +139,7 @@ struct OptimSpec {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   double weight_decay = 0.0;
   double max_grad_norm = 1.0;  // 0 disables clipping (the trainer's, not the optimizer's)
+  double loraplus_lr_ratio = 1.0;  // LoRA+: B's learning rate is this times A's
 };
 
 // sched.*.

@@ -35,7 +35,11 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
                        a.rstd1.as<float>(), t16, st->xn1.as<uint16_t>());
   else
     be_.rmsnorm_fwd(xin, frozen(L.attn_norm), c.rms_eps, mat(a.xn1, R, c.dim), a.rstd1.as<float>());
-  Buffer* outs[3] = {&a.q, &a.k, &a.v};
+  // This layer's sliding window (0: none).
+  shape_.window = model_.shapes.layers[static_cast<size_t>(l)].window;
+  // Per-head q / k norms (qwen3): the projections go to qpre / kpre, their norms into q / k.
+  const bool qkn = model_.shapes.qk_norm();
+  Buffer* outs[3] = {qkn ? &a.qpre : &a.q, qkn ? &a.kpre : &a.k, &a.v};
   const int64_t widths[3] = {qd, kvd, kvd};
   {
     SharedInput shared(be_, cmat(a.xn1, R, c.dim), t16, st ? h16(st->xn1) : nullptr);
@@ -47,6 +51,13 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
       be_.linear_fwd(L.proj[j], bias, has ? &ref : nullptr, cmat(a.xn1, R, c.dim),
                      mat(*outs[j], R, widths[j]), has ? a.xa[j].as<float>() : nullptr);
     }
+  }
+  if (qkn) {  // each head's row of head_dim is one norm row
+    const int64_t hd = c.head_dim;
+    be_.rmsnorm_fwd(cmat(a.qpre, R * c.n_heads, hd), frozen(L.q_norm), c.rms_eps,
+                    mat(a.q, R * c.n_heads, hd), a.rstdq.as<float>());
+    be_.rmsnorm_fwd(cmat(a.kpre, R * c.n_kv_heads, hd), frozen(L.k_norm), c.rms_eps,
+                    mat(a.k, R * c.n_kv_heads, hd), a.rstdk.as<float>());
   }
   if (st) {  // stored as they are, and attention's GEMMs take them (attention_inputs_16); the
              // fp32 q and k are not rotated (nothing reads them)

@@ -2,6 +2,7 @@
 // (possibly quantized) weights.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -120,6 +121,14 @@ bool gguf_kept_as_stored(const GgufTensorInfo& t, bool linear, const LoadOptions
 
 // A GGUF's tokenizer must have one token per embedding row (when it has a tokenizer).
 void check_gguf_vocabulary(const GgufFile& g, int64_t embedding_rows);
+
+// The projection weights as the model's file stores them, before quant.type quantized them
+// (dequantized to f32 when the file itself stores them quantized: GGUF blocks), each row-major
+// [out, in] in the model's row order, one at a time: f(layer, p, W). LoftQ (model/lora_loftq.h)
+// measures the quantization error against them. Opens its own reader of m.path; throws
+// QLFT_ERR_IO when the file no longer matches the model.
+void for_each_source_projection(MemoryTracker* tracker, const Model& m,
+                                const std::function<void(int, Proj, const float*)>& f);
 
 // Single weight groups (for_each_weight_buffer's numbering) loaded again from the file a model
 // came from, exactly as load_model made them (same reader, same quantization): a rank-local

@@ -199,6 +199,32 @@ std::unique_ptr<WeightGroupSource> WeightGroupSource::open(MemoryTracker* tracke
   return std::make_unique<LoaderGroupSource>(tracker, m);
 }
 
+void for_each_source_projection(MemoryTracker* tracker, const Model& m,
+                                const std::function<void(int, Proj, const float*)>& f) {
+  LoadOptions keep = m.load_options;
+  keep.quant_type = QuantType::Keep;
+  keep.deferred = false;
+  Model scratch;
+  std::unique_ptr<FormatLoader> loader = m.source_format == "gguf"
+                                             ? make_gguf_loader(tracker, keep, scratch)
+                                             : make_hf_loader(tracker, keep, scratch);
+  open_model(*loader, scratch, m.path);
+  if (!(scratch.shapes == m.shapes))
+    throw_error(QLFT_ERR_IO, "%s: the model file changed since it was loaded", m.path.c_str());
+  std::vector<float> w;
+  for (int l = 0; l < m.shapes.n_layers; ++l)
+    for (int p = 0; p < kProjCount; ++p) {
+      const ProjShape& s = m.shapes.layers[static_cast<size_t>(l)].proj[p];
+      QWeight q;
+      loader->linear(q, l, static_cast<Proj>(p), s);
+      w.resize(static_cast<size_t>(q.numel()));
+      q.dequantize_rows(0, q.rows, w.data());
+      q = QWeight{};
+      if (scratch.gguf) scratch.gguf->drop_tensor_pages();
+      f(l, static_cast<Proj>(p), w.data());
+    }
+}
+
 std::unique_ptr<Model> load_model(MemoryTracker* tracker, const std::string& path,
                                   const LoadOptions& opt) {
   struct stat st;

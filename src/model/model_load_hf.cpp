@@ -15,6 +15,42 @@
 
 namespace qlft {
 
+namespace {
+
+// Sliding-window attention as transformers decides it: layer_types ("sliding_attention" /
+// "full_attention") when config.json lists them; else Qwen's use_sliding_window from layer
+// max_window_layers on; else (Mistral) every layer when sliding_window is set.
+void read_hf_sliding_window(const JsonFile& cj, const ArchFamily& fam, ModelConfig& c) {
+  const nlohmann::json& r = cj.root();
+  if (!cj.has("sliding_window")) return;
+  c.sliding_window = static_cast<int>(cj.get_int_in("sliding_window", 1, kMaxContext));
+  const std::string name = fam.name;
+  if (r.contains("layer_types") && r["layer_types"].is_array()) {
+    const nlohmann::json& t = r["layer_types"];
+    QLFT_CHECK_FORMAT(t.size() == size_t(c.n_layers),
+                      "%s: layer_types lists %zu layers, num_hidden_layers is %d",
+                      cj.path().c_str(), t.size(), c.n_layers);
+    for (size_t i = 0; i < t.size(); ++i) {
+      const std::string v = t[i].is_string() ? t[i].get<std::string>() : "?";
+      QLFT_CHECK_FORMAT(v == "sliding_attention" || v == "full_attention",
+                        "%s: layer_types[%zu] is '%s'; qlft trains sliding_attention and "
+                        "full_attention layers",
+                        cj.path().c_str(), i, v.c_str());
+      c.sliding_layers.push_back(v == "sliding_attention");
+    }
+  } else if (name == "qwen2" || name == "qwen3") {
+    const bool on = cj.get_bool("use_sliding_window", false);
+    const int64_t from = cj.get_int_in("max_window_layers", 0, kMaxLayers, c.n_layers);
+    for (int i = 0; i < c.n_layers; ++i) c.sliding_layers.push_back(on && i >= from);
+  }
+  bool any = c.sliding_layers.empty(), all = true;
+  for (bool b : c.sliding_layers) any = any || b, all = all && b;
+  if (!any) c.sliding_window = 0;             // one no layer uses (Qwen's, use_sliding_window off)
+  if (!any || all) c.sliding_layers.clear();  // empty: every layer when the window is set
+}
+
+}  // namespace
+
 ModelConfig read_hf_config(const JsonFile& cj, const std::string& weights,
                            std::unique_ptr<SafetensorsSet>* st_out) {
   ModelConfig c;
@@ -25,8 +61,8 @@ ModelConfig read_hf_config(const JsonFile& cj, const std::string& weights,
   const std::string model_type = cj.get_string("model_type", "");
   const ArchFamily* fam = find_family_hf(arch_name, model_type);
   if (!fam)
-    throw_error(QLFT_ERR_UNSUPPORTED, "%s: architecture '%s' (model_type '%s') is not supported",
-                cj.path().c_str(), arch_name.c_str(), model_type.c_str());
+    throw_error(QLFT_ERR_UNSUPPORTED, "%s: %s", cj.path().c_str(),
+                unsupported_architecture(arch_name, model_type).c_str());
   c.arch = fam->name;
   c.dim = static_cast<int>(cj.get_int_in("hidden_size", 1, kMaxDim));
   c.ffn_dim = static_cast<int>(cj.get_int_in("intermediate_size", 1, kMaxDim));
@@ -100,9 +136,11 @@ class HfLoader final : public FormatLoader {
       dst = vector("model.norm.weight", n);
       return;
     }
-    dst = vector(layer(l) + (r == NormRole::Attn ? "input_layernorm.weight"
-                                                 : "post_attention_layernorm.weight"),
-                 n);
+    const char* name = r == NormRole::Attn  ? "input_layernorm.weight"
+                       : r == NormRole::Ffn ? "post_attention_layernorm.weight"
+                       : r == NormRole::Q   ? "self_attn.q_norm.weight"
+                                            : "self_attn.k_norm.weight";
+    dst = vector(layer(l) + name, n);
   }
   void linear(QWeight& w, int l, Proj p, const ProjShape& s) override {
     w = linear_weight(proj_prefix(l, p), s.out, s.in);

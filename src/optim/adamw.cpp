@@ -26,9 +26,9 @@ class AdamW final : public Optimizer {
 
   OptimStepStats step(double lr) override {
     const int64_t t = step_ + 1;
-    const AdamWTorchCoeffs c = adamw_torch_coeffs(settings_, lr, t);
     for (size_t k = 0; k < params_.size(); ++k) {
       const ParamRef& p = params_[k];
+      const AdamWTorchCoeffs c = adamw_torch_coeffs(settings_, lr * p.lr_scale, t);
       store_->begin(static_cast<int>(k), next_group(k));
       float* m = static_cast<float*>(store_->data(m_[k]));
       float* v = static_cast<float*>(store_->data(v_[k]));

@@ -27,6 +27,9 @@ struct ParamRef {
   float* data = nullptr;
   const float* grad = nullptr;
   size_t numel = 0;
+  // This tensor's learning rate is the step's lr times lr_scale (its weight decay uses that lr,
+  // as a torch param group's lr does): LoRA+ gives every lora_B optim.loraplus_lr_ratio.
+  double lr_scale = 1.0;
 };
 
 struct OptimStepStats {
@@ -37,7 +40,7 @@ class Optimizer {
  public:
   virtual ~Optimizer() = default;
   // One update of every parameter with learning rate lr (the schedule's value for this step;
-  // weight decay uses it too, as in PyTorch).
+  // weight decay uses it too, as in PyTorch), times each parameter's lr_scale.
   virtual OptimStepStats step(double lr) = 0;
   // Completed steps (the bias-correction t of the next step is steps() + 1).
   int64_t steps() const { return step_; }

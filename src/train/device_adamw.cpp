@@ -29,8 +29,16 @@ class DeviceAdamW final : public Optimizer {
 
   OptimStepStats step(double lr) override {
     const int64_t t = step_ + 1;
-    be_.adamw_torch(w_, m_.as<float>(), v_.as<float>(), g_, n_,
-                    adamw_torch_coeffs(settings_, lr, t));
+    // One launch per run of consecutive parameters with the same lr_scale (one for the whole
+    // array without LoRA+; A and B alternate with it).
+    for (size_t k = 0; k < params_.size();) {
+      size_t e = k + 1;
+      while (e < params_.size() && params_[e].lr_scale == params_[k].lr_scale) ++e;
+      const int64_t o = offset_[k], n = (e < params_.size() ? offset_[e] : n_) - o;
+      be_.adamw_torch(w_ + o, m_.as<float>() + o, v_.as<float>() + o, g_ + o, n,
+                      adamw_torch_coeffs(settings_, lr * params_[k].lr_scale, t));
+      k = e;
+    }
     step_ = t;
     return {};
   }

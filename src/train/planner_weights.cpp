@@ -124,6 +124,13 @@ void add_fixed(WeightFootprint& w, const ModelConfig& c) {
 void add_biases(WeightFootprint& w, size_t g, const LayerShapes& ls, const bool kept[3] = nullptr) {
   for (int j = 0; j < 3; ++j) add_slot_dev(w, g, uint64_t(ls.proj[j].out) * 4, kept && kept[j]);
 }
+// The per-head q / k norms (qwen3), f32 [qk_norm] each, after the biases as the model lists
+// them (for_each_weight_buffer); kept[j]: norm j is the file's bytes unchanged.
+void add_qk_norms(WeightFootprint& w, size_t g, const LayerShapes& ls,
+                  const bool kept[2] = nullptr) {
+  if (!ls.qk_norm) return;
+  for (int j = 0; j < 2; ++j) add_slot_dev(w, g, uint64_t(ls.qk_norm) * 4, kept && kept[j]);
+}
 
 WeightFootprint gguf_footprint(const std::string& path, const LoadOptions& o, ModelConfig* cfg) {
   auto g = GgufFile::open(path);
@@ -186,6 +193,9 @@ WeightFootprint gguf_footprint(const std::string& path, const LoadOptions& o, Mo
                           kept(b + "attn_v.bias", false)};
       add_biases(w, gi, sh.layers[size_t(l)], kb);
     }
+    const bool kn[2] = {kept(b + "attn_q_norm.weight", false),
+                        kept(b + "attn_k_norm.weight", false)};
+    add_qk_norms(w, gi, sh.layers[size_t(l)], kn);
   }
   return w;
 }
@@ -300,3 +310,6 @@ WeightFootprint weight_footprint_for_plan(const Model& m, const QuantSpec& q) {
 }
 
 }  // namespace qlft
+    add_qk_norms(w, g, sh.layers[size_t(l)]);
+    buf(i + 1, l.q_norm);
+    buf(i + 1, l.k_norm);

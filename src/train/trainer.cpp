@@ -16,6 +16,7 @@
 #include "parallel/nvme_state_store.h"
 #include "parallel/zero3_stream.h"
 #include "formats/atomic_file.h"
+#include "model/lora_loftq.h"
 #include "optim/grad_clip.h"
 #include "train/adapter_io.h"
 
@@ -116,6 +117,12 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
   lora_ = std::make_unique<LoraAdapter>(tracker, model.shapes, lc, /*gradients=*/false,
                                         /*values=*/!later_values);
   if (!init_from.empty()) load_peft_adapter(*lora_, init_from);
+  if (spec.lora.init == LoraInit::Loftq) {
+    QLFT_CHECK_ARG(init_from.empty() && !later_values,
+                   "lora.init=loftq makes the adapter's values itself: it goes with neither "
+                   "lora.init_from nor a sharded adapter (dist.zero3_shard_adapter)");
+    loftq_init(*lora_, model, tracker);
+  }
   // ZeRO-3, NVMe and device offload stream the base weights: this trainer's own model
   // (train/weight_placement.h), never the shared one. ZeRO-3 converts a copy of the weights;
   // the offloads only read the host bytes, so theirs is a skeleton over the shared model's.
@@ -141,7 +148,8 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
       if (!s.active()) continue;
       std::string base = "lora." + std::to_string(l) + "." + proj_peft_name(static_cast<Proj>(p));
       params.push_back({base + ".A", s.A.as<float>(), nullptr, s.a_bytes() / 4});
-      params.push_back({base + ".B", s.B.as<float>(), nullptr, s.b_bytes() / 4});
+      params.push_back({base + ".B", s.B.as<float>(), nullptr, s.b_bytes() / 4,
+                        spec.optim.loraplus_lr_ratio});  // LoRA+
       param_slots_.push_back({l, static_cast<Proj>(p), false});
       param_slots_.push_back({l, static_cast<Proj>(p), true});
     }
