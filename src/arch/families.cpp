@@ -5,13 +5,57 @@ namespace qlft {
 namespace {
 
 const ArchFamily kFamilies[] = {
-    // name       hf_class               gguf_arch  gguf_qk_adjacent  qkv_bias
-    {"llama", "LlamaForCausalLM", "llama", true, false},
-    {"mistral", "MistralForCausalLM", "llama", true, false},
-    {"qwen2", "Qwen2ForCausalLM", "qwen2", false, true},
+    // name       hf_class               gguf_arch  gguf_qk_adjacent  qkv_bias  qk_norm
+    {"llama", "LlamaForCausalLM", "llama", true, false, false},
+    {"mistral", "MistralForCausalLM", "llama", true, false, false},
+    {"qwen2", "Qwen2ForCausalLM", "qwen2", false, true, false},
+    {"qwen3", "Qwen3ForCausalLM", "qwen3", false, false, true},
+};
+
+// Architectures people bring that qlft recognizes but does not train, with what it lacks for
+// them (matched on config.json's model_type or GGUF general.architecture, or the HF class).
+struct Missing {
+  const char* model_type;
+  const char* hf_class;
+  const char* what;
+};
+const Missing kMissing[] = {
+    {"qwen3_next", "Qwen3NextForCausalLM",
+     "hybrid linear-attention layers (Gated DeltaNet) and mixture-of-experts layers"},
+    {"qwen3_moe", "Qwen3MoeForCausalLM", "mixture-of-experts layers (router, top-k experts)"},
+    {"qwen2_moe", "Qwen2MoeForCausalLM", "mixture-of-experts layers (router, top-k experts)"},
+    {"mixtral", "MixtralForCausalLM", "mixture-of-experts layers (router, top-k experts)"},
+    {"gpt_oss", "GptOssForCausalLM", "mixture-of-experts layers and attention sinks"},
+    {"mamba", "MambaForCausalLM", "state-space (Mamba) layers instead of attention"},
+    {"mamba2", "Mamba2ForCausalLM", "state-space (Mamba) layers instead of attention"},
+    {"jamba", "JambaForCausalLM", "hybrid Mamba state-space and mixture-of-experts layers"},
+    {"falcon_h1", "FalconH1ForCausalLM", "hybrid Mamba state-space layers"},
+    {"rwkv", "RwkvForCausalLM", "RWKV recurrent layers instead of attention"},
+    {"gemma2", "Gemma2ForCausalLM",
+     "attention and final logit soft-capping, (1 + w) and post-block norms, GeGLU"},
+    {"gemma3", "Gemma3ForCausalLM",
+     "(1 + w) and post-block norms, GeGLU, per-layer RoPE bases of local / global layers"},
+    {"gemma3_text", "Gemma3ForCausalLM",
+     "(1 + w) and post-block norms, GeGLU, per-layer RoPE bases of local / global layers"},
+    {"phi3", "Phi3ForCausalLM", "fused qkv_proj and gate_up_proj projections"},
 };
 
 }  // namespace
+
+std::string missing_for(const std::string& cls, const std::string& model_type) {
+  for (const Missing& m : kMissing)
+    if ((!model_type.empty() && model_type == m.model_type) || (!cls.empty() && cls == m.hf_class))
+      return m.what;
+  return "";
+}
+
+std::string unsupported_architecture(const std::string& cls, const std::string& model_type) {
+  std::string s = "architecture '" + (cls.empty() ? model_type : cls) + "'";
+  if (!cls.empty() && !model_type.empty()) s += " (model_type '" + model_type + "')";
+  const std::string why = missing_for(cls, model_type);
+  s += why.empty() ? " is not one qlft trains" : " is not supported: qlft lacks its " + why;
+  return s + " (qlft trains " + family_names() + ")";
+}
 
 const ArchFamily* find_family(const std::string& name) {
   for (const ArchFamily& f : kFamilies)

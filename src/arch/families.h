@@ -16,13 +16,22 @@ struct ArchFamily {
   // Face's rotate-half order (false: NEOX rope).
   bool gguf_qk_adjacent;
   bool qkv_bias;  // q/k/v biases always (qwen2); otherwise attention_bias or the file says
+  // Per-head RMSNorm of q and k before RoPE (qwen3: q_norm / k_norm weights of head_dim).
+  bool qk_norm;
 };
 
 // The family named name (ModelConfig::arch); nullptr when qlft does not train it.
 const ArchFamily* find_family(const std::string& name);
 // The family of a config.json: architectures[0] (cls) or model_type, in table order.
 const ArchFamily* find_family_hf(const std::string& cls, const std::string& model_type);
-// The families qlft trains, for error messages: "llama, mistral, qwen2".
+// The families qlft trains, for error messages: "llama, mistral, qwen2, qwen3".
 std::string family_names();
+// Why qlft does not train an architecture it recognizes (its config.json architectures[0] /
+// model_type, or GGUF general.architecture): what the runner lacks for it, e.g. "hybrid
+// linear-attention layers (Gated DeltaNet) and mixture-of-experts layers"; "" when unknown.
+std::string missing_for(const std::string& cls, const std::string& model_type);
+// The message for an architecture qlft does not train: what it is, what is missing (when
+// known) and the families qlft does train.
+std::string unsupported_architecture(const std::string& cls, const std::string& model_type);
 
 }  // namespace qlft

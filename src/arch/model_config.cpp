@@ -37,6 +37,10 @@ void check_model_config(const ModelConfig& c, const std::string& path) {
       c.rms_eps > 0 && std::isfinite(c.rms_eps) && c.rope_theta > 0 && std::isfinite(c.rope_theta),
       "%s: rms eps (%g) and rope theta (%g) must be finite and > 0", path.c_str(),
       static_cast<double>(c.rms_eps), static_cast<double>(c.rope_theta));
+  QLFT_CHECK_FORMAT(c.sliding_window >= 0 &&
+                        (c.sliding_layers.empty() || c.sliding_layers.size() == size_t(c.n_layers)),
+                    "%s: sliding window %d over %zu layer types does not fit %d layers",
+                    path.c_str(), c.sliding_window, c.sliding_layers.size(), c.n_layers);
 }
 
 const char* proj_peft_name(Proj p) {

@@ -34,7 +34,7 @@ struct RopeScaling {
 };
 
 struct ModelConfig {
-  std::string arch;  // "llama", "mistral", "qwen2"
+  std::string arch;  // "llama", "mistral", "qwen2", "qwen3"
   int n_layers = 0, dim = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, ffn_dim = 0, vocab = 0;
   int context_length = 0;  // max_position_embeddings (dynamic NTK scales beyond it)
   float rope_theta = 10000.f, rms_eps = 1e-5f;
@@ -44,6 +44,14 @@ struct ModelConfig {
   // order (rotate-half). Kept as the source has it.
   bool rope_adjacent = false;
   bool qkv_bias = false;
+  bool qk_norm = false;  // q_norm / k_norm per head before RoPE (ArchFamily::qk_norm)
+  // Sliding-window attention: the window (0: none) and which layers use it (empty: all of them
+  // when the window is set). Query i attends key j only when j > i - sliding_window.
+  int sliding_window = 0;
+  std::vector<bool> sliding_layers;
+  bool layer_slides(int l) const {
+    return sliding_window > 0 && (sliding_layers.empty() || sliding_layers[static_cast<size_t>(l)]);
+  }
 };
 
 // The shape sanity every reader of a model's hyperparameters applies (the loaders, the planner

@@ -14,15 +14,18 @@ ModelShapes model_shapes(const ModelConfig& c) {
   s.vocab = c.vocab;
   s.tied_head = c.tied_embeddings;
   s.qk_adjacent = c.rope_adjacent;
-  // Llama's layer (mistral and qwen2 alike; qwen2 adds q/k/v biases): the projection-shape
-  // table, [out, in] in Proj order.
+  // Llama's layer (mistral, qwen2 and qwen3 alike; qwen2 adds q/k/v biases, qwen3 q/k norms): the
+  // projection-shape table, [out, in] in Proj order.
   const int64_t q = s.q_dim(), kv = s.kv_dim(), d = c.dim, f = c.ffn_dim;
   LayerShapes l;
   const ProjShape table[kProjCount] = {{q, d}, {kv, d}, {kv, d}, {d, q}, {f, d}, {f, d}, {d, f}};
   for (int p = 0; p < kProjCount; ++p) l.proj[p] = table[p];
   l.norm = d;
   l.qkv_bias = c.qkv_bias;
+  l.qk_norm = c.qk_norm ? c.head_dim : 0;
   s.layers.assign(static_cast<size_t>(c.n_layers), l);
+  for (int i = 0; i < c.n_layers; ++i)
+    s.layers[static_cast<size_t>(i)].window = c.layer_slides(i) ? c.sliding_window : 0;
   return s;
 }
 

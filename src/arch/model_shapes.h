@@ -33,12 +33,14 @@ struct ProjShape {
   bool operator==(const ProjShape&) const = default;
 };
 
-// One layer's tensors: its projections, its two norms [norm], its q/k/v biases [proj out] when
-// the model has them.
+// One layer's tensors: its projections, its two norms [norm], its q/k/v biases [proj out] and
+// its per-head q / k norms [qk_norm] when the model has them.
 struct LayerShapes {
   ProjShape proj[kProjCount];
   int64_t norm = 0;       // attn_norm and ffn_norm length
   bool qkv_bias = false;  // q, k, v biases of length proj[Q/K/V].out
+  int64_t qk_norm = 0;    // q_norm and k_norm length (head_dim; qwen3), 0: none
+  int window = 0;         // sliding-window attention's window (AttnShape::window), 0: none
   bool operator==(const LayerShapes&) const = default;
 };
 
@@ -59,6 +61,8 @@ struct ModelShapes : HeadGeometry {
   int heads_of(Proj p) const {
     return p == Proj::Q ? n_heads : (p == Proj::K || p == Proj::V) ? n_kv_heads : 0;
   }
+  // Whether q and k are RMS-normalized per head before RoPE (every layer alike).
+  bool qk_norm() const { return !layers.empty() && layers[0].qk_norm > 0; }
   // Embedding [vocab, dim] and head [vocab, dim] elements.
   int64_t embedding_numel() const { return int64_t(vocab) * dim; }
   bool operator==(const ModelShapes&) const = default;

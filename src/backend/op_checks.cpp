@@ -56,6 +56,7 @@ void attention(const AttnShape& s, CMatF q, CMatF k, CMatF v, const char* op) {
                      s.n_heads % s.n_kv_heads == 0,
                  "%s: bad shape (batch %d, seq %d, heads %d, kv heads %d, head_dim %d)", op,
                  s.batch, s.seq, s.n_heads, s.n_kv_heads, s.head_dim);
+  QLFT_CHECK_ARG(s.window >= 0, "%s: sliding window %d is negative", op, s.window);
   const int64_t rows = int64_t(s.batch) * s.seq;
   QLFT_CHECK_ARG(q.rows == rows && k.rows == rows && v.rows == rows && q.cols >= s.q_dim() &&
                      k.cols >= s.kv_dim() && v.cols >= s.kv_dim(),

@@ -65,6 +65,7 @@ void Generator::attend(int layer, int n) {
   const float* V = vcache_[layer].as<float>();
   const float scale = 1.f / std::sqrt(static_cast<float>(hd));
   const int total = len_ + n;
+  const int window = model_.shapes.layers[static_cast<size_t>(layer)].window;
   // Threads only when there is enough work: a parallel region costs more than one token's
   // attention on a small model.
   const bool par = static_cast<int64_t>(n) * c.n_heads * total * hd >= (1 << 16);
@@ -75,8 +76,10 @@ void Generator::attend(int layer, int n) {
       const float* q = q_.as<float>() + i * qd + static_cast<int64_t>(h) * hd;
       const int64_t koff = static_cast<int64_t>(h / group) * hd;
       const int upto = len_ + i + 1;
+      // Sliding window: keys j > position - window only (AttnShape::window).
+      const int from = window > 0 ? std::max(0, upto - window) : 0;
       float mx = -INFINITY;
-      for (int j = 0; j < upto; ++j) {
+      for (int j = from; j < upto; ++j) {
         const float* kr = K + j * kvd + koff;
         float d = 0;
         for (int e = 0; e < hd; ++e) d += q[e] * kr[e];
@@ -84,14 +87,14 @@ void Generator::attend(int layer, int n) {
         mx = std::max(mx, s[j]);
       }
       double sum = 0;
-      for (int j = 0; j < upto; ++j) {
+      for (int j = from; j < upto; ++j) {
         s[j] = std::exp(s[j] - mx);
         sum += s[j];
       }
       float* o = att_.as<float>() + i * qd + static_cast<int64_t>(h) * hd;
       std::fill(o, o + hd, 0.f);
       const float inv = static_cast<float>(1.0 / sum);
-      for (int j = 0; j < upto; ++j) {
+      for (int j = from; j < upto; ++j) {
         const float* vr = V + j * kvd + koff;
         const float w = s[j] * inv;
         for (int e = 0; e < hd; ++e) o[e] += w * vr[e];
@@ -138,6 +141,12 @@ void Generator::feed(const int32_t* tokens, int n, float* logits, bool last_only
     be_.linear_fwd(L.proj[0], bias(0), rp[0], xn.as_const(), q, nullptr);
     be_.linear_fwd(L.proj[1], bias(1), rp[1], xn.as_const(), k, nullptr);
     be_.linear_fwd(L.proj[2], bias(2), rp[2], xn.as_const(), v, nullptr);
+    if (model_.shapes.qk_norm()) {  // per-head q / k norms (qwen3), in place
+      const int hd = c.head_dim;
+      MatF qh(q.data, int64_t(n) * c.n_heads, hd), kh(k.data, int64_t(n) * c.n_kv_heads, hd);
+      be_.rmsnorm_fwd(qh.as_const(), L.q_norm.as<float>(), c.rms_eps, qh, nullptr);
+      be_.rmsnorm_fwd(kh.as_const(), L.k_norm.as<float>(), c.rms_eps, kh, nullptr);
+    }
     be_.rope(q, pos, c.n_heads, c.head_dim, rope, c.rope_adjacent, false);
     be_.rope(k, pos, c.n_kv_heads, c.head_dim, rope, c.rope_adjacent, false);
     std::memcpy(kcache_[l].as<float>() + static_cast<int64_t>(len_) * kvd, k.data, n * kvd * 4);

@@ -40,8 +40,9 @@ RunnerFootprint LlamaRunner::footprint(const ModelShapes& c, int lora_r, int lor
   };
   const int64_t es = acts == DType::F32 ? 4 : 2;  // bytes of a 16-bit-storable element
   RunnerFootprint f;
-  const std::array<int64_t, 13> n = layer_act_counts(c, R);
+  const std::array<int64_t, kLayerActs> n = layer_act_counts(c, R);
   for (size_t i = 0; i < n.size(); ++i) {
+    if (!n[i]) continue;  // not made for this model
     f.layer_acts += counted(n[i]);
     f.layer_store += counted(n[i], kActFp32[i] ? 4 : es);
   }
@@ -118,7 +119,7 @@ LlamaRunner::LayerActs& LlamaRunner::acts_for(int layer, bool store) {
   if (*slot) return **slot;
   const MemCategory A = MemCategory::Activations;
   const int64_t R = rows_;
-  const std::array<int64_t, 13> n = layer_act_counts(model_.shapes, R);
+  const std::array<int64_t, kLayerActs> n = layer_act_counts(model_.shapes, R);
   auto a = std::make_unique<LayerActs>();
   // A stored layer under 16-bit storage keeps its halves() in 2 bytes an element; the fp32
   // scratch set holds every layer while it runs.
@@ -140,6 +141,12 @@ LlamaRunner::LayerActs& LlamaRunner::acts_for(int layer, bool store) {
   a->gate = make16(n[10], "gate");
   a->up = make16(n[11], "up");
   a->hact = make16(n[12], "swiglu out");
+  if (n[13]) {  // per-head q / k norms: their inputs and statistics, fp32 in every layer
+    a->qpre = make(be_, A, n[13], "q before its norm");
+    a->kpre = make(be_, A, n[14], "k before its norm");
+    a->rstdq = make(be_, A, n[15], "q norm rstd");
+    a->rstdk = make(be_, A, n[16], "k norm rstd");
+  }
   if (lora_)
     for (int p = 0; p < kProjCount; ++p)
       if (lora_->active(layer, static_cast<Proj>(p)))
@@ -160,9 +167,10 @@ constexpr bool kHalfWrittenDirect[9] = {true, true, true, true, true, true, true
 constexpr bool kHalfReadDirect[9] = {true, true, true, true, true, true, true, true, true};
 
 bool LlamaRunner::direct16() const {
-  // LoRA dropout reads the fp32 input (its scaled values round differently).
+  // LoRA dropout reads the fp32 input (its scaled values round differently). The q / k norms'
+  // backward reads fp32 dq / dk, which the direct path's attention_bwd_16 does not write.
   return act_dtype_ != DType::F32 && be_.takes_input_16(act_dtype_) &&
-         !(lora_ && training_ && lora_->config().dropout > 0.f);
+         !(lora_ && training_ && lora_->config().dropout > 0.f) && !model_.shapes.qk_norm();
 }
 
 void LlamaRunner::pack(LayerActs& from, LayerActs& to, bool direct) {

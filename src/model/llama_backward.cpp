@@ -25,6 +25,8 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
   Grads& g = *grads_;
   const int32_t* pos = pos_.as<int32_t>();
   MatF G = mat(g.G, R, c.dim);
+  // This layer's sliding window (0: none).
+  shape_.window = model_.shapes.layers[static_cast<size_t>(l)].window;
 
   // dy16: dy's bf16 copy for the backend (Backend::next_dy_16), handed over right before the
   // linear_bwd that takes it.
@@ -134,11 +136,25 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
     be_.rope(mat(g.dq, R, qd), pos, c.n_heads, c.head_dim, rope_, c.rope_adjacent, true);
     be_.rope(mat(g.dk, R, kvd), pos, c.n_kv_heads, c.head_dim, rope_, c.rope_adjacent, true);
   }
+  // Per-head q / k norms (qwen3; never direct16(), so dq / dk are fp32 here): their backward
+  // into buffers free by now, datt for q and dq's (wider) room for k.
+  Buffer *dqb = &g.dq, *dkb = &g.dk;
+  if (model_.shapes.qk_norm()) {
+    const int64_t hd = c.head_dim, qr = R * c.n_heads, kr = R * c.n_kv_heads;
+    zero(g.datt);
+    be_.rmsnorm_bwd(cmat(a.qpre, qr, hd), frozen(L.q_norm), a.rstdq.as<float>(), cmat(g.dq, qr, hd),
+                    mat(g.datt, qr, hd));
+    dqb = &g.datt;
+    zero(g.dq);
+    be_.rmsnorm_bwd(cmat(a.kpre, kr, hd), frozen(L.k_norm), a.rstdk.as<float>(), cmat(g.dk, kr, hd),
+                    mat(g.dq, kr, hd));
+    dkb = &g.dq;
+  }
   zero_dx(g.dxn, R * c.dim);
   {
     SharedInput shared(be_, cmat(a.xn1, R, c.dim), t16, st ? h16(st->xn1) : nullptr);
-    lin_bwd16(Proj::Q, cmat(a.xn1, R, c.dim), dq16, g.dq, mat(g.dxn, R, c.dim));
-    lin_bwd16(Proj::K, cmat(a.xn1, R, c.dim), dk16, g.dk, mat(g.dxn, R, c.dim));
+    lin_bwd16(Proj::Q, cmat(a.xn1, R, c.dim), dq16, *dqb, mat(g.dxn, R, c.dim));
+    lin_bwd16(Proj::K, cmat(a.xn1, R, c.dim), dk16, *dkb, mat(g.dxn, R, c.dim));
     lin_bwd16(Proj::V, cmat(a.xn1, R, c.dim), dv16, g.dv, mat(g.dxn, R, c.dim));
   }
   if (need_dx)

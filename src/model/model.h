@@ -22,6 +22,7 @@ struct LayerWeights {
   Buffer attn_norm, ffn_norm;  // f32 [dim]
   QWeight proj[kProjCount];    // [out, in]
   Buffer bias[3];              // qwen2: f32 q/k/v biases, else empty
+  Buffer q_norm, k_norm;       // qwen3: f32 [head_dim] per-head q / k RMSNorm weights, else empty
 };
 
 struct LoadOptions {
@@ -83,9 +84,10 @@ struct Model {
 
 // Every storage Buffer of m's base weights with its weight group, the one enumeration the weight
 // streams and the planner share: group 0 the token embedding; 1..n_layers each layer (attn_norm,
-// ffn_norm, the projections, the biases); n_layers + 1 the final norm and the untied head. A
-// QWeight gives data, absmax, nested_absmax, code, nested_code, scb. Empty Buffers are included
-// (callers skip what they do not keep). f(int group, Buffer& b); M is Model or const Model.
+// ffn_norm, the projections, the biases, the q / k norms); n_layers + 1 the final norm and the
+// untied head. A QWeight gives data, absmax, nested_absmax, code, nested_code, scb. Empty Buffers
+// are included (callers skip what they do not keep). f(int group, Buffer& b); M is Model or const
+// Model.
 template <class M, class F>
 void for_each_weight_buffer(M& m, const F& f) {
   auto qweight = [&](int g, auto& w) {
@@ -100,6 +102,8 @@ void for_each_weight_buffer(M& m, const F& f) {
     f(l + 1, lw.ffn_norm);
     for (auto& w : lw.proj) qweight(l + 1, w);
     for (auto& b : lw.bias) f(l + 1, b);
+    f(l + 1, lw.q_norm);
+    f(l + 1, lw.k_norm);
   }
   f(L + 1, m.output_norm);
   if (m.output.rows) qweight(L + 1, m.output);
@@ -170,7 +174,8 @@ class WeightGroupSource {
 };
 
 // The configuration of a GGUF file, and of a Hugging Face config.json with its weights (a
-// .safetensors file, a shard index or a directory; opened into *st after the JSON is read),
+// .safetensors file, a shard index or a directory; opened into *st after the JSON is read;
+// st == nullptr: config.json alone, whose keys then decide the q/k/v biases and the tied head),
 // read and checked as load_model reads them: the planner behind `estimate` reads files with
 // them too. Throws naming the file and key.
 class JsonFile;

@@ -20,6 +20,7 @@ uint64_t Model::n_params() const {
     n += 2 * static_cast<uint64_t>(cfg.dim);
     for (const QWeight& w : l.proj) n += w.numel();
     for (const Buffer& b : l.bias) n += b.size() / 4;
+    n += (l.q_norm.size() + l.k_norm.size()) / 4;
   }
   return n;
 }
@@ -52,6 +53,7 @@ uint64_t Model::weight_bytes() const {
     n += l.attn_norm.size() + l.ffn_norm.size();
     for (const QWeight& w : l.proj) n += w.bytes();
     for (const Buffer& b : l.bias) n += b.size();
+    n += l.q_norm.size() + l.k_norm.size();
   }
   return n;
 }
@@ -101,6 +103,10 @@ void load_weight_group(FormatLoader& f, Model& m, int g, bool with_head) {
   for (int p = 0; p < kProjCount; ++p) f.linear(L.proj[p], l, static_cast<Proj>(p), ls.proj[p]);
   if (ls.qkv_bias)
     for (int j = 0; j < 3; ++j) f.bias(L.bias[j], l, static_cast<Proj>(j), ls.proj[j].out);
+  if (ls.qk_norm) {
+    f.norm(L.q_norm, l, NormRole::Q, ls.qk_norm);
+    f.norm(L.k_norm, l, NormRole::K, ls.qk_norm);
+  }
 }
 
 namespace {

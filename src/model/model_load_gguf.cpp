@@ -75,8 +75,9 @@ ModelConfig read_gguf_config(const GgufFile& g) {
   ModelConfig c;
   c.arch = g.get_string("general.architecture");
   const ArchFamily* fam = find_family(c.arch);
-  QLFT_CHECK_FORMAT(fam, "%s: architecture '%s' is not supported (%s are)", path.c_str(),
-                    c.arch.c_str(), family_names().c_str());
+  if (!fam)
+    throw_error(QLFT_ERR_UNSUPPORTED, "%s: %s (general.architecture)", path.c_str(),
+                unsupported_architecture("", c.arch).c_str());
   const std::string a = c.arch + ".";
   // Ranged getters: a hostile count must not wrap when narrowed to int.
   c.n_layers = static_cast<int>(g.get_int_in(a + "block_count", 1, kMaxLayers));
@@ -96,6 +97,10 @@ ModelConfig read_gguf_config(const GgufFile& g) {
       static_cast<int>(g.get_int_in(a + "attention.key_length", 1, kMaxHeadDim, c.dim / c.n_heads));
   c.rope_adjacent = fam->gguf_qk_adjacent;
   c.qkv_bias = g.find_tensor("blk.0.attn_q.bias") != nullptr;
+  c.qk_norm = fam->qk_norm;
+  // llama.cpp's key for the window; on every layer.
+  c.sliding_window =
+      static_cast<int>(g.get_int_in(a + "attention.sliding_window", 0, kMaxContext, 0));
   check_model_config(c, path);
   // llama.cpp's converter writes llama3 RoPE scaling as per-pair divisors of the frequencies.
   if (const GgufTensorInfo* t = g.find_tensor("rope_freqs.weight")) {
@@ -144,7 +149,11 @@ class GgufLoader final : public FormatLoader {
   }
   void norm(Buffer& dst, int l, NormRole r, int64_t n) override {
     if (r == NormRole::Final) return vector(dst, "output_norm.weight", n);
-    vector(dst, layer(l) + (r == NormRole::Attn ? "attn_norm.weight" : "ffn_norm.weight"), n);
+    const char* name = r == NormRole::Attn  ? "attn_norm.weight"
+                       : r == NormRole::Ffn ? "ffn_norm.weight"
+                       : r == NormRole::Q   ? "attn_q_norm.weight"
+                                            : "attn_k_norm.weight";
+    vector(dst, layer(l) + name, n);
   }
   void linear(QWeight& w, int l, Proj p, const ProjShape& s) override {
     const GgufTensorInfo& t = tensor(layer(l) + proj_gguf_name(p) + ".weight", s.out, s.in);

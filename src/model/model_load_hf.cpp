@@ -98,13 +98,15 @@ ModelConfig read_hf_config(const JsonFile& cj, const std::string& weights,
   check_model_config(c, cj.path());
   QLFT_CHECK_FORMAT(c.vocab > 0, "%s: vocab_size must be positive", cj.path().c_str());
 
-  *st_out = SafetensorsSet::open(weights);
-  const SafetensorsSet& st = **st_out;
-
   // q/k/v biases: always for some families (qwen2); llama only with attention_bias (o_proj
   // bias unsupported).
-  c.qkv_bias = fam->qkv_bias || cj.get_bool("attention_bias", false) ||
-               st.find("model.layers.0.self_attn.q_proj.bias") != nullptr;
+  c.qkv_bias = fam->qkv_bias || cj.get_bool("attention_bias", false);
+  c.qk_norm = fam->qk_norm;
+  read_hf_sliding_window(cj, *fam, c);
+  if (!st_out) return c;  // config.json alone (planning without weights): it says all
+  *st_out = SafetensorsSet::open(weights);
+  const SafetensorsSet& st = **st_out;
+  c.qkv_bias = c.qkv_bias || st.find("model.layers.0.self_attn.q_proj.bias") != nullptr;
   if (!st.find("lm_head.weight") || c.tied_embeddings) {
     QLFT_CHECK_FORMAT(c.tied_embeddings || !tie_explicit,
                       "%s: tensor 'lm_head.weight' is missing and tie_word_embeddings is false",

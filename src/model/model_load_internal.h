@@ -29,7 +29,7 @@ QuantKind target_kind(const LoadOptions& o);
 bool is_dir(const std::string& p);
 std::string dirname_of(const std::string& p);
 
-enum class NormRole { Attn, Ffn, Final };
+enum class NormRole { Attn, Ffn, Final, Q, K };  // Q, K: the per-head q / k norms (qwen3)
 
 class FormatLoader {
  public:

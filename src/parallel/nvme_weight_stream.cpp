@@ -93,6 +93,8 @@ std::shared_ptr<NvmeWeightStream> NvmeWeightStream::offload(Model& model, const 
     add(layer_unit(l), lw.ffn_norm, "ffn norm");
     for (QWeight& q : lw.proj) add_q(layer_unit(l), q, "projection");
     for (Buffer& b : lw.bias) add(layer_unit(l), b, "bias");
+    add(layer_unit(l), lw.q_norm, "q norm");
+    add(layer_unit(l), lw.k_norm, "k norm");
   }
   add(head_unit(L), model.output_norm, "output norm");
   // The head reads model.head(): the output matrix, or the embedding when they are tied.

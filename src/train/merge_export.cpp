@@ -109,6 +109,12 @@ void export_safetensors(const Model& m, const LoraAdapter* lora, const std::stri
         w.add_f32(h + "self_attn." + kBiasProj[pi] + ".bias", {q.rows}, t.data());
       }
     }
+    if (!L.q_norm.empty()) {  // qwen3's per-head norms
+      t = copy_f32(L.q_norm);
+      w.add_f32(h + "self_attn.q_norm.weight", {c.head_dim}, t.data());
+      t = copy_f32(L.k_norm);
+      w.add_f32(h + "self_attn.k_norm.weight", {c.head_dim}, t.data());
+    }
   }
   const ArchFamily* fam = find_family(c.arch);
   QLFT_CHECK_ARG(fam, "merged safetensors export: architecture '%s' is not supported",
@@ -131,6 +137,14 @@ void export_safetensors(const Model& m, const LoraAdapter* lora, const std::stri
       {"torch_dtype", "float32"},
   };
   if (!fam->qkv_bias) j["attention_bias"] = c.qkv_bias;
+  if (c.sliding_window > 0) {  // as transformers 5 reads it: the window and each layer's type
+    j["sliding_window"] = c.sliding_window;
+    j["use_sliding_window"] = true;  // Qwen's switch (layer_types decides)
+    nlohmann::json types = nlohmann::json::array();
+    for (int l = 0; l < c.n_layers; ++l)
+      types.push_back(c.layer_slides(l) ? "sliding_attention" : "full_attention");
+    j["layer_types"] = types;
+  }
   // RoPE scaling as transformers 5 writes it (rope_parameters) and, when scaled, as older
   // readers expect it (rope_scaling beside rope_theta); transformers takes rope_scaling first.
   j["rope_parameters"] = rope_parameters_json(c);
@@ -286,6 +300,11 @@ void export_gguf(const Model& m, const LoraAdapter* lora, const std::string& pat
     w.add_u32(a + "attention.value_length", static_cast<uint32_t>(c.head_dim));
   }
   w.add_u32(a + "vocab_size", static_cast<uint32_t>(c.vocab));
+  if (c.sliding_window > 0) {  // llama.cpp's key has no per-layer form
+    QLFT_CHECK_ARG(c.sliding_layers.empty(),
+                   "merged GGUF export: a sliding window on some layers only has no GGUF form");
+    w.add_u32(a + "attention.sliding_window", static_cast<uint32_t>(c.sliding_window));
+  }
   if (m.gguf)
     for (const auto& kv : m.gguf->metadata())
       if (kv.first.rfind("tokenizer.", 0) == 0) copy_kv(w, kv.first, kv.second);
@@ -321,6 +340,10 @@ void export_gguf(const Model& m, const LoraAdapter* lora, const std::string& pat
         to_order(m.shapes, p, t, 1, adjacent);
         vec(b + proj_gguf_name(p) + ".bias", t);
       }
+    }
+    if (!L.q_norm.empty()) {
+      vec(b + "attn_q_norm.weight", copy_f32(L.q_norm));
+      vec(b + "attn_k_norm.weight", copy_f32(L.k_norm));
     }
   }
   w.write(path);

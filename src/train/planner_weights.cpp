@@ -205,12 +205,76 @@ bool is_dir(const std::string& p) {
   return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+bool exists(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0;
+}
+
+// The bytes per element config.json says the checkpoint stores (transformers 5 writes "dtype",
+// earlier versions "torch_dtype"); bf16 when it says nothing, as published checkpoints are.
+int stored_element_bytes(const JsonFile& cj) {
+  const std::string key = cj.has("dtype") ? "dtype" : "torch_dtype";
+  const std::string t = cj.get_string(key.c_str(), "bfloat16");
+  if (t == "bfloat16" || t == "float16") return 2;
+  if (t == "float32") return 4;
+  throw_error(QLFT_ERR_FORMAT, "%s: %s '%s' is not bfloat16, float16 or float32", cj.path().c_str(),
+              key.c_str(), t.c_str());
+}
+
+// Planning from config.json alone (a directory without safetensors: "does it fit" before the
+// download): every tensor as config.json's dtype stores it, projections quantized on load by
+// the quant.* settings, or bitsandbytes 4-bit / 8-bit pre-quantized when its
+// quantization_config says so (packed as the bnb loader keeps them).
+WeightFootprint config_only_footprint(const JsonFile& cj, const LoadOptions& o,
+                                      const ModelConfig& c) {
+  const ModelShapes sh = model_shapes(c);
+  const uint64_t es = uint64_t(stored_element_bytes(cj));
+  QuantKind bnb = QuantKind::F32;  // F32: not pre-quantized
+  if (cj.root().contains("quantization_config")) {
+    const auto& q = cj.root()["quantization_config"];
+    if (q.is_object() && q.value("quant_method", "") == "bitsandbytes")
+      bnb = q.value("load_in_4bit", false)   ? QuantKind::NF4
+            : q.value("load_in_8bit", false) ? QuantKind::INT8
+                                             : QuantKind::F32;
+  }
+  WeightFootprint w;
+  add_fixed(w, c);
+  w.emb_stored_row_bytes = uint64_t(c.dim) * es;
+  if (!c.tied_embeddings) w.head_stored_row_bytes = uint64_t(c.dim) * es;
+  for (int l = 0; l < c.n_layers; ++l) {
+    const size_t g = static_cast<size_t>(l) + 1;
+    add_slot_dev(w, g, uint64_t(c.dim) * 4);
+    add_slot_dev(w, g, uint64_t(c.dim) * 4);
+    for (int p = 0; p < kProjCount; ++p) {
+      const int64_t rows = sh.proj(l, static_cast<Proj>(p)).out,
+                    cols = sh.proj(l, static_cast<Proj>(p)).in;
+      if (bnb != QuantKind::F32) {
+        const uint64_t packed =
+            bnb == QuantKind::NF4 ? uint64_t(rows * cols + 1) / 2 : uint64_t(rows * cols);
+        add_slot(w, g, packed);
+        add_slot(w, g, bnb == QuantKind::INT8 ? uint64_t(rows) * 4 : 16 * 4);
+        add_device_matrix(w, bnb, rows, cols, o.blocksize, packed);
+        continue;
+      }
+      add_linear(w, g, o, rows, cols, uint64_t(rows * cols) * es);
+    }
+    if (c.qkv_bias) add_biases(w, g, sh.layers[size_t(l)]);
+    add_qk_norms(w, g, sh.layers[size_t(l)]);
+  }
+  return w;
+}
+
 WeightFootprint hf_footprint(const std::string& path, const LoadOptions& o, ModelConfig* cfg) {
   const std::string dir =
       is_dir(path) ? path
                    : (path.rfind('/') == std::string::npos ? "." : path.substr(0, path.rfind('/')));
   JsonFile cj = JsonFile::load(dir + "/config.json");
   ModelConfig& c = *cfg;
+  if (is_dir(path) && !exists(dir + "/model.safetensors") &&
+      !exists(dir + "/model.safetensors.index.json")) {
+    c = read_hf_config(cj, dir, nullptr);
+    return config_only_footprint(cj, o, c);
+  }
   std::unique_ptr<SafetensorsSet> st;
   c = read_hf_config(cj, is_dir(path) ? dir : path, &st);
   const ModelShapes sh = model_shapes(c);
@@ -249,6 +313,7 @@ WeightFootprint hf_footprint(const std::string& path, const LoadOptions& o, Mode
       add_linear(w, g, o, rows, cols, uint64_t(rows * cols) * (half ? 2 : 4));
     }
     if (c.qkv_bias) add_biases(w, g, sh.layers[size_t(l)]);
+    add_qk_norms(w, g, sh.layers[size_t(l)]);
   }
   return w;
 }
@@ -290,6 +355,8 @@ WeightFootprint weight_footprint(const Model& m) {
       }
     }
     for (const Buffer& b : l.bias) buf(i + 1, b);
+    buf(i + 1, l.q_norm);
+    buf(i + 1, l.k_norm);
   }
   return w;
 }
@@ -310,6 +377,3 @@ WeightFootprint weight_footprint_for_plan(const Model& m, const QuantSpec& q) {
 }
 
 }  // namespace qlft
-    add_qk_norms(w, g, sh.layers[size_t(l)]);
-    buf(i + 1, l.q_norm);
-    buf(i + 1, l.k_norm);

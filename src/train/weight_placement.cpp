@@ -67,6 +67,8 @@ std::unique_ptr<Model> copy_model(MemoryTracker* tracker, const Model& m, bool b
     d.ffn_norm = copy_buffer(tracker, s.ffn_norm, bytes, what);
     for (int p = 0; p < kProjCount; ++p) d.proj[p] = copy_qweight(tracker, s.proj[p], bytes);
     for (int b = 0; b < 3; ++b) d.bias[b] = copy_buffer(tracker, s.bias[b], bytes, what);
+    d.q_norm = copy_buffer(tracker, s.q_norm, bytes, what);
+    d.k_norm = copy_buffer(tracker, s.k_norm, bytes, what);
   }
   return c;
 }

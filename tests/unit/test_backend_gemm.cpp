@@ -785,6 +785,7 @@ AttnOut attention_bf16_oracle(const AttnShape& s, const FVec& q, const FVec& k, 
           const int rj = b * T + j;
           sc[j] = -INFINITY;
           if (doc && doc[ri] != doc[rj]) continue;
+          if (s.window > 0 && j <= i - s.window) continue;  // outside the sliding window
           double d = 0;
           for (int e = 0; e < D; ++e) d += double(q[ri * qc + h * D + e]) * k[rj * kc + kh * D + e];
           sc[j] = d * scale;
@@ -843,23 +844,25 @@ struct AttnCase {
   bool docs;
   int64_t block_q, stair;
   double tol;
+  int window = 0;  // AttnShape::window (sliding-window attention)
 };
 std::vector<AttnCase> attn_cases() {
-  return {{2, 37, 4, 2, 16, false, 8, 3, 1e-6},
-          {1, 50, 6, 2, 32, true, 16, 5, 1e-6},
-          {2, 9, 2, 1, 8, false, 64, 0, 1e-6},
-          {1, 200, 2, 1, 64, false, 64, 0, 2e-5},
-          {1, 161, 2, 2, 64, true, 96, 32, 1e-6}};
+  return {{2, 37, 4, 2, 16, false, 8, 3, 1e-6},     {1, 50, 6, 2, 32, true, 16, 5, 1e-6},
+          {2, 9, 2, 1, 8, false, 64, 0, 1e-6},      {1, 200, 2, 1, 64, false, 64, 0, 2e-5},
+          {1, 161, 2, 2, 64, true, 96, 32, 1e-6},   {2, 45, 4, 2, 16, false, 8, 3, 1e-6, 7},
+          {1, 161, 2, 2, 64, true, 32, 8, 1e-6, 40}};
 }
 
 void check_attention_oracle(Engine e, AttnAmx amx) {
   for (const AttnCase c : attn_cases()) {
     SCOPED_TRACE(::testing::Message()
                  << engine_name(e) << amx_name(amx) << " seq " << c.seq << " heads " << c.heads
-                 << "/" << c.kv << " hd " << c.hd << " docs " << c.docs << " stair " << c.stair);
+                 << "/" << c.kv << " hd " << c.hd << " docs " << c.docs << " stair " << c.stair
+                 << " window " << c.window);
     Pair px(e, false, c.block_q, c.stair, amx);
     Rng rng(uint64_t(c.seq) * 31 + c.hd);
     AttnShape s = attn_shape(c.batch, c.seq, c.heads, c.kv, c.hd);
+    s.window = c.window;
     const int rows = c.batch * c.seq, qc = c.heads * c.hd, kc = c.kv * c.hd;
     std::vector<int32_t> doc(static_cast<size_t>(rows));
     for (int i = 0; i < rows; ++i) doc[size_t(i)] = (i % c.seq) / 12;  // documents of 12

@@ -552,6 +552,7 @@ struct AttnCase {
   int64_t block_q;
   int64_t stair = 0;  // CpuTuning::attn_stair_rows (0: whole tiles)
   float q_sd = 1.f;   // large values give scores far apart: softmax stability
+  int window = 0;     // AttnShape::window (sliding-window attention)
 };
 
 // fp32 tiles on oneDNN (the default, first keys rounded down to 64) or on sgemm(): OpenBLAS, or
@@ -567,6 +568,7 @@ void run_attention_on(const AttnCase& c, uint64_t seed, bool onednn, bool blas_o
   if (blas_onednn) fx.cpu().tune.f32_blas = cpu::CpuTuning::F32Blas::OneDnn;
   Rng rng(seed);
   AttnShape s = attn_shape(c.batch, c.seq, c.heads, c.kv, c.hd);
+  s.window = c.window;
   const int rows = c.batch * c.seq, qc = c.heads * c.hd, kc = c.kv * c.hd;
   std::vector<int32_t> doc(rows);
   if (c.docs) {  // documents of random lengths; ids restart per batch element
@@ -709,6 +711,18 @@ TEST(BackendAttention, DocIdsLongSequence) {
 }
 TEST(BackendAttention, LargeScores) {
   run_attention({1, 33, 2, 1, 8, false, 16, 4, 12.f}, 46);
+}
+// Sliding windows (Mistral, Gemma's local layers): shorter than a tile, across tiles and
+// stairs, with packed documents, and one longer than the sequence (no effect).
+TEST(BackendAttention, SlidingWindow) {
+  run_attention({2, 21, 4, 2, 8, false, 8, 3, 1.f, 5}, 52);
+  run_attention({1, 70, 4, 1, 8, false, 64, 0, 1.f, 2}, 53);
+  run_attention({1, 70, 4, 1, 8, false, 16, 5, 1.f, 23}, 54);
+  run_attention({1, 13, 2, 2, 8, false, 64, 0, 1.f, 40}, 55);
+}
+TEST(BackendAttention, SlidingWindowDocIds) {
+  run_attention({2, 27, 4, 2, 8, true, 8, 3, 1.f, 6}, 56);
+  run_attention({1, 150, 2, 1, 8, true, 16, 5, 1.f, 20}, 57);
 }
 
 // ---- embedding, head, cross-entropy -----------------------------------------------------------

@@ -184,7 +184,7 @@ inline void attention_oracle(const qlft::AttnShape& s, const Vec& q, const Vec& 
         double m = -INFINITY;
         for (int j = 0; j <= i; ++j) {
           int rj = b * T + j;
-          if (doc && (*doc)[ri] != (*doc)[rj]) {
+          if ((doc && (*doc)[ri] != (*doc)[rj]) || (s.window > 0 && j <= i - s.window)) {
             sc[j] = -INFINITY;
             continue;
           }

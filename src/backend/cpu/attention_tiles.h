@@ -45,12 +45,14 @@ struct Tile {
 };
 
 // The tile of query block qb (rows of bq) of head h in batch element b; its first key is the
-// earliest of its rows' documents, rounded down to a multiple of key_align.
+// earliest of its rows' first visible keys (document start, sliding window's start), rounded
+// down to a multiple of key_align.
 Tile make_tile(const AttnShape& s, const int32_t* first, int64_t bq, int b, int h, int64_t qb,
                int64_t key_align);
 
 // The softmax passes over a tile's scores S (nq rows, row stride ld) after its Q K^T product:
-// each row i times `prescale` (when not 1), masked (other documents, keys past the diagonal),
+// each row i times `prescale` (when not 1), masked (other documents, keys past the diagonal,
+// keys before the sliding window),
 // then probabilities exp(S - lse) (lse_in given) or, with lse_in null, its log-sum-exp computed
 // (stored in lse_out when given) and exp(S - lse). Row i is written to width(i) =
 // row_width(i, step) when pad_to is 0, else pad_to columns, the masked ones 0. With pbf the

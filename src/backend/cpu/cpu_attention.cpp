@@ -77,7 +77,11 @@ Tile make_tile(const AttnShape& s, const int32_t* first, int64_t bq, int b, int 
   t.k1 = t.q0 + t.nq;  // causal
   int64_t base = int64_t(b) * s.seq;
   int64_t k0 = t.q0;
-  for (int64_t i = 0; i < t.nq; ++i) k0 = std::min<int64_t>(k0, first[base + t.q0 + i]);
+  for (int64_t i = 0; i < t.nq; ++i) {
+    int64_t lo = first[base + t.q0 + i];
+    if (s.window > 0) lo = std::max<int64_t>(lo, t.q0 + i - s.window + 1);  // the window's start
+    k0 = std::min<int64_t>(k0, lo);
+  }
   t.k0 = k0 / key_align * key_align;
   return t;
 }
@@ -102,6 +106,8 @@ void tile_softmax_rows(const AttnShape& s, const Tile& t, int64_t step, int64_t 
 #pragma omp simd
       for (int64_t j = 0; j < jend; ++j) sr[j] = dk[j] == d ? sr[j] : neg_inf;
     }
+    if (s.window > 0)  // sliding window: keys up to qi - window are masked (j > qi - window)
+      std::fill(sr, sr + std::clamp<int64_t>(qi - s.window + 1 - t.k0, 0, jend), neg_inf);
     const int64_t lidx = int64_t(t.h) * rows + base + qi;
     const int64_t w = pad_to > 0 ? pad_to : t.row_width(i, step);  // masked from jend; read to w
     std::fill(sr + jend, sr + w, 0.f);

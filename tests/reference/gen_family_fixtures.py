@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""Reference fixtures for the model families beyond llama/qwen2 (issue 48).
+
+For each family a tiny model with random weights is made by transformers from the family's own
+config class (nothing downloaded), run in fp32 on the CPU with PEFT, and written to
+tests/reference/fixtures/families/:
+
+  syn_<family>/              config.json + model.safetensors (F16; every weight fp16-exact)
+  syn_<family>.gguf          the same model as llama.cpp's converter writes it (its metadata keys
+                             and tensor names for the architecture; F16 matrices, F32 vectors)
+  syn_<family>.lora.safetensors
+                             tokens, targets; with a PEFT LoRA (nonzero B): logits, loss, every
+                             LoRA A/B and gradient as l{layer}.{proj}.{A,B,gA,gB} (HF q/k row
+                             order); base_logits (no adapter); merged_logits (merge_and_unload);
+                             greedy: the base model's greedy continuation of `prompt`.
+                             Metadata: r, alpha, use_rslora, targets, peft_keys (the tensor names
+                             PEFT's save_pretrained wrote, comma-separated), greedy_min_margin.
+
+Families:
+  qwen3     per-head RMSNorm on q and k (q_norm / k_norm [head_dim], before RoPE), no q/k/v
+            bias, head_dim (16) wider than hidden / heads (8).
+  mistral   sliding-window attention (window 5 over 16-token rows and a 28-token greedy run:
+            transformers' mask keeps keys j > i - 5); its GGUF is llama.cpp's "llama" with q/k
+            rows permuted and llama.attention.sliding_window.
+
+Run: /opt/qlft-ref/bin/python tests/reference/gen_family_fixtures.py
+(The reference venv /opt/qlft-ref: `bash scripts/setup-reference.sh` creates it.)
+"""
+import json
+import os
+import sys
+import tempfile
+
+import numpy as np
+import torch
+
+import gguf
+from safetensors import safe_open
+from safetensors.torch import save_file
+from transformers import MistralConfig, MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+import fixture_versions
+from gen_model_fixtures import (GGUF_PROJ, PROJS, batch, greedy, lora_fixture, permute_hf_to_gguf,
+                                random_state)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.join(HERE, "fixtures", "families")
+
+torch.set_num_threads(2)
+
+# family -> (config class, model class, gguf arch, q/k rows permuted by llama.cpp's converter)
+FAMILIES = {
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM, "qwen3", False),
+    "mistral": (MistralConfig, MistralForCausalLM, "llama", True),
+}
+
+
+def hf_model(family, cfg):
+    conf_cls, model_cls, _, _ = FAMILIES[family]
+    c = conf_cls(**cfg)
+    c._attn_implementation = "eager"
+    return model_cls(c).float().eval()
+
+
+def save_hf_dir(model, path):
+    os.makedirs(path, exist_ok=True)
+    sd = {k: v.to(torch.float16).contiguous() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        sd.pop("lm_head.weight", None)
+    save_file(sd, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    cfg = model.config.to_dict()
+    cfg["architectures"] = [type(model).__name__]
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1, sort_keys=True, default=str)
+
+
+def write_gguf(path, family, cfg, sd):
+    """GGUF with llama.cpp's metadata keys and tensor names for the family's architecture."""
+    arch, permuted = FAMILIES[family][2], FAMILIES[family][3]
+    w = gguf.GGUFWriter(path, arch)
+    nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    w.add_name("qlft synthetic " + family)
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(nh)
+    w.add_head_count_kv(nkv)
+    w.add_key_length(cfg["head_dim"])
+    w.add_value_length(cfg["head_dim"])
+    w.add_rope_freq_base(cfg["rope_parameters"]["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    if cfg.get("sliding_window"):
+        w.add_sliding_window(cfg["sliding_window"])
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+
+    def mat(name, t, qk_heads=None):
+        a = t.numpy().astype(np.float32)
+        if qk_heads and permuted:
+            a = permute_hf_to_gguf(a, qk_heads)
+        w.add_tensor(name, a.astype(np.float16))
+
+    def vec(name, t):
+        w.add_tensor(name, t.numpy().astype(np.float32))
+
+    mat("token_embd.weight", sd["model.embed_tokens.weight"])
+    vec("output_norm.weight", sd["model.norm.weight"])
+    if not cfg["tie_word_embeddings"]:
+        mat("output.weight", sd["lm_head.weight"])
+    for i in range(cfg["num_hidden_layers"]):
+        h, b = f"model.layers.{i}.", f"blk.{i}."
+        vec(b + "attn_norm.weight", sd[h + "input_layernorm.weight"])
+        vec(b + "ffn_norm.weight", sd[h + "post_attention_layernorm.weight"])
+        for n in ("q_norm", "k_norm"):
+            if h + "self_attn." + n + ".weight" in sd:
+                vec(b + "attn_" + n + ".weight", sd[h + "self_attn." + n + ".weight"])
+        for p in PROJS:
+            sub = "self_attn." if p in PROJS[:4] else "mlp."
+            heads = nh if p == "q_proj" else nkv if p == "k_proj" else None
+            mat(b + GGUF_PROJ[p] + ".weight", sd[h + sub + p + ".weight"], heads)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def peft_keys(model, r, alpha, targets, rslora):
+    """The tensor names PEFT's save_pretrained writes for this adapter configuration."""
+    from peft import LoraConfig, get_peft_model
+    lc = LoraConfig(r=r, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0, bias="none",
+                    use_rslora=rslora)
+    pm = get_peft_model(model, lc)
+    with tempfile.TemporaryDirectory() as d:
+        pm.save_pretrained(d)
+        with safe_open(os.path.join(d, "adapter_model.safetensors"), "pt") as f:
+            keys = sorted(f.keys())
+    pm.unload()
+    return keys
+
+
+def merged_logits(model, out, tok, r, alpha, targets, rslora):
+    """PEFT's merge_and_unload of the fixture adapter, run on tok."""
+    import copy
+    from peft import LoraConfig, get_peft_model
+    lc = LoraConfig(r=r, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0, bias="none",
+                    use_rslora=rslora)
+    pm = get_peft_model(copy.deepcopy(model), lc).float().eval()
+    with torch.no_grad():
+        for name, mod in pm.named_modules():
+            if hasattr(mod, "lora_A") and "default" in getattr(mod, "lora_A", {}):
+                layer = int(name.split(".layers.")[1].split(".")[0])
+                key = f"l{layer}.{name.split('.')[-1]}."
+                mod.lora_A["default"].weight.copy_(out[key + "A"])
+                mod.lora_B["default"].weight.copy_(out[key + "B"])
+        merged = pm.merge_and_unload()
+        return merged(input_ids=tok).logits.reshape(-1, model.config.vocab_size).clone()
+
+
+def synthetic(family, cfg, r, alpha, targets, rslora, gen):
+    name = "syn_" + family
+    model = hf_model(family, cfg)
+    sd = random_state(model, gen)
+    model.load_state_dict(sd, strict=False)
+    if cfg["tie_word_embeddings"]:
+        model.tie_weights()
+    sd = {k: v.clone() for k, v in model.state_dict().items()}
+    save_hf_dir(model, os.path.join(OUT, name))
+    write_gguf(os.path.join(OUT, name + ".gguf"), family, cfg, sd)
+    prompt = [5, 17, 42, 9]
+    ids, margin = greedy(model, prompt, 24)
+    tok, tgt = batch(cfg["vocab_size"], gen)
+    keys = peft_keys(model, r, alpha, targets, rslora)
+    out, meta = lora_fixture(model, tok, tgt, r, alpha, targets, rslora, gen)
+    with torch.no_grad():
+        out["base_logits"] = model(input_ids=tok).logits.reshape(-1, cfg["vocab_size"]).clone()
+    out["merged_logits"] = merged_logits(model, out, tok, r, alpha, targets, rslora)
+    out["prompt"] = torch.tensor(prompt, dtype=torch.int32)
+    out["greedy"] = torch.tensor(ids, dtype=torch.int32)
+    meta["greedy_min_margin"] = "%g" % margin
+    meta["peft_keys"] = ",".join(keys)
+    save_file(out, os.path.join(OUT, name + ".lora.safetensors"), metadata=meta)
+    print(name, "loss", float(out["loss"]), "greedy", ids, "min margin %.3g" % margin)
+
+
+def main():
+    os.makedirs(OUT, exist_ok=True)
+    gen = torch.Generator().manual_seed(4848)
+    torch.manual_seed(4848)
+
+    qwen3 = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, vocab_size=160, rms_norm_eps=1e-6,
+                 max_position_embeddings=512, tie_word_embeddings=True,
+                 rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+    synthetic("qwen3", qwen3, 4, 8, PROJS, False, gen)
+
+    mistral = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=8, vocab_size=160,
+                   rms_norm_eps=1e-5, max_position_embeddings=512, tie_word_embeddings=False,
+                   sliding_window=5,
+                   rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    synthetic("mistral", mistral, 4, 8, PROJS, False, gen)
+
+    fixture_versions.write(OUT, __file__, inputs=[])
+    for f in sorted(os.listdir(OUT)):
+        p = os.path.join(OUT, f)
+        print(f, os.path.getsize(p) if os.path.isfile(p) else "dir")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

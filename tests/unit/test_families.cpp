@@ -1,0 +1,400 @@
+// The model families beyond llama / qwen2 (issue 48) against transformers + PEFT in fp32: for
+// each family's tiny random model (tests/reference/gen_family_fixtures.py, made from the
+// family's own config class), loaded from safetensors and from GGUF: logits, loss and every
+// LoRA gradient, the base model's logits, greedy generation, the PEFT adapter's tensor names and
+// the merged export's logits against merge_and_unload's.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "arch/families.h"
+#include "core/threads.h"
+#include "formats/safetensors.h"
+#include "model/generate.h"
+#include "test_model_util.h"
+#include "train/adapter_io.h"
+#include "train/planner.h"
+#include "train/merge_export.h"
+
+using namespace qlft;
+using namespace model_test;
+using qlft_test::max_rel_error;
+
+namespace {
+
+constexpr double kTol = 1e-4;
+
+std::string family_fixture(const std::string& rel) {
+  return qlft_test::fixture_path("families/" + rel);
+}
+
+// A copy of the synthetic Qwen3 directory with its config.json edited.
+std::string edited_qwen3(const std::function<void(nlohmann::json&)>& edit, const char* tag) {
+  const std::string src = family_fixture("syn_qwen3"), dir = qlft_test::temp_dir(tag);
+  const std::vector<uint8_t> cfg = qlft_test::read_file(src + "/config.json");
+  nlohmann::json j = nlohmann::json::parse(cfg.begin(), cfg.end());
+  edit(j);
+  const std::string text = j.dump();
+  qlft_test::write_file(dir + "/config.json", text.data(), text.size());
+  const std::vector<uint8_t> st = qlft_test::read_file(src + "/model.safetensors");
+  qlft_test::write_file(dir + "/model.safetensors", st.data(), st.size());
+  return dir;
+}
+
+TokenBatch batch_of(const Fixture& f, std::vector<int32_t>& tok, std::vector<int32_t>* tgt) {
+  tok = f.i32("tokens");
+  auto shp = f.shape("tokens");
+  TokenBatch b;
+  b.batch = static_cast<int>(shp[0]);
+  b.seq = static_cast<int>(shp[1]);
+  b.tokens = tok.data();
+  if (tgt) {
+    *tgt = f.i32("targets");
+    b.targets = tgt->data();
+  }
+  return b;
+}
+
+std::vector<float> logits_of(const Model& m, Backend& be, LoraAdapter* lora, const TokenBatch& b) {
+  LlamaRunner run(m, be, lora);
+  std::vector<float> out(static_cast<size_t>(b.rows()) * m.cfg.vocab);
+  run.logits(b, MatF(out.data(), b.rows(), m.cfg.vocab));
+  return out;
+}
+
+// Logits, loss and every LoRA gradient of model_path against the family's fixture; returns
+// the logits.
+std::vector<float> check_parity(const std::string& model_path, const std::string& family) {
+  SCOPED_TRACE(model_path);
+  MemoryTracker tr;
+  auto model = load_model(&tr, model_path, keep());
+  // llama.cpp writes Mistral as "llama" (ArchFamily::gguf_arch).
+  EXPECT_EQ(model->cfg.arch,
+            model->source_format == "gguf" && family == "mistral" ? "llama" : family);
+  Fixture f(family_fixture("syn_" + family + ".lora.safetensors"));
+  auto be = make_cpu_backend(&tr);
+  LoraAdapter lora(&tr, model->shapes, lora_config_of(f));
+  load_lora(f, lora);
+  LlamaRunner run(*model, *be, &lora);
+  std::vector<int32_t> tok, tgt;
+  TokenBatch b = batch_of(f, tok, &tgt);
+  const int V = model->cfg.vocab;
+  std::vector<float> logits(b.rows() * V);
+  LossResult lr = run.logits(b, MatF(logits.data(), b.rows(), V));
+  std::vector<float> ref = f.f32("logits");
+  EXPECT_EQ(ref.size(), logits.size());
+  EXPECT_LT(max_rel_error(logits.data(), ref.data(), ref.size()), kTol) << "logits";
+  const double loss_ref = f.f32("loss")[0];
+  EXPECT_NEAR(lr.mean(), loss_ref, kTol * std::fabs(loss_ref)) << "eval loss";
+  LossResult r = run.forward(b);
+  EXPECT_NEAR(r.mean(), loss_ref, kTol * std::fabs(loss_ref)) << "training loss";
+  run.backward();
+  int n = 0;
+  double worst = 0;
+  for (int l = 0; l < model->cfg.n_layers; ++l)
+    for (int p = 0; p < kProjCount; ++p) {
+      const std::string k =
+          "l" + std::to_string(l) + "." + proj_peft_name(static_cast<Proj>(p)) + ".";
+      if (!f.has(k + "gA")) continue;
+      for (auto [part, name] :
+           {std::pair{LoraAdapter::Part::dA, "gA"}, std::pair{LoraAdapter::Part::dB, "gB"}}) {
+        std::vector<float> g = lora.get_hf(l, static_cast<Proj>(p), part), gr = f.f32(k + name);
+        EXPECT_EQ(g.size(), gr.size()) << k << name;
+        if (g.size() != gr.size()) continue;
+        const double e = max_rel_error(g.data(), gr.data(), g.size());
+        EXPECT_LT(e, kTol) << k << name;
+        worst = std::max(worst, e);
+        ++n;
+      }
+    }
+  EXPECT_EQ(n, 2 * kProjCount * model->cfg.n_layers);
+  std::printf("[family] %s: %d LoRA gradients, worst normalized error %.2e\n", model_path.c_str(),
+              n, worst);
+  return logits;
+}
+
+// Everything a family's fixture checks, from its safetensors directory and its GGUF.
+void check_family(const std::string& family) {
+  set_num_threads(1);  // tiny model: threads only add barrier waits
+  const std::string name = "syn_" + family;
+  auto a = check_parity(family_fixture(name), family);
+  auto b = check_parity(family_fixture(name + ".gguf"), family);
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_LT(max_rel_error(b.data(), a.data(), a.size()), 1e-5) << "GGUF vs safetensors logits";
+
+  MemoryTracker tr;
+  Fixture f(family_fixture(name + ".lora.safetensors"));
+  auto be = make_cpu_backend(&tr);
+  for (const char* file : {"", ".gguf"}) {
+    SCOPED_TRACE(name + file);
+    auto model = load_model(&tr, family_fixture(name + file), keep());
+    std::vector<int32_t> tok;
+    TokenBatch bt = batch_of(f, tok, nullptr);
+    // The base model alone.
+    std::vector<float> base = logits_of(*model, *be, nullptr, bt), ref = f.f32("base_logits");
+    EXPECT_LT(max_rel_error(base.data(), ref.data(), ref.size()), kTol) << "base logits";
+    // Greedy generation with the KV cache: transformers' continuation of the prompt.
+    std::vector<int32_t> prompt = f.i32("prompt"), want = f.i32("greedy");
+    Generator gen(*model, *be, nullptr);
+    GenerateOptions o;
+    o.max_tokens = static_cast<int>(want.size());
+    EXPECT_EQ(gen.generate(prompt, o), want) << "greedy continuation";
+  }
+}
+
+// The PEFT adapter qlft writes for the family holds the tensor names PEFT's save_pretrained
+// writes (recorded by the generator) with the fixture's values; the merged export (safetensors
+// and GGUF F16), loaded back, gives merge_and_unload's logits.
+void check_exports(const std::string& family) {
+  set_num_threads(1);
+  const std::string name = "syn_" + family;
+  MemoryTracker tr;
+  Fixture f(family_fixture(name + ".lora.safetensors"));
+  auto model = load_model(&tr, family_fixture(name), keep());
+  LoraAdapter lora(&tr, model->shapes, lora_config_of(f));
+  load_lora(f, lora);
+  const std::string dir = qlft_test::temp_dir("family_export_" + family);
+  save_peft_adapter(lora, dir + "/peft", "base");
+  auto st = SafetensorsFile::open(dir + "/peft/adapter_model.safetensors");
+  std::set<std::string> ours, peft;
+  for (const SafeTensorInfo& t : st->tensors()) ours.insert(t.name);
+  std::stringstream keys(f.meta("peft_keys"));
+  for (std::string k; std::getline(keys, k, ',');) peft.insert(k);
+  EXPECT_EQ(ours, peft) << "adapter tensor names";
+  LoraAdapter back(&tr, model->shapes, lora_config_of(f));
+  load_peft_adapter(back, dir + "/peft");
+  for (int l = 0; l < model->cfg.n_layers; ++l)
+    for (int p = 0; p < kProjCount; ++p) {
+      const std::string k =
+          "l" + std::to_string(l) + "." + proj_peft_name(static_cast<Proj>(p)) + ".";
+      std::vector<float> A = back.get_hf(l, static_cast<Proj>(p), LoraAdapter::Part::A);
+      std::vector<float> ref = f.f32(k + "A");
+      EXPECT_EQ(A, ref) << k << "A";
+    }
+
+  auto be = make_cpu_backend(&tr);
+  std::vector<int32_t> tok;
+  TokenBatch bt = batch_of(f, tok, nullptr);
+  const std::vector<float> ref = f.f32("merged_logits");
+  export_merged(*model, &lora, dir + "/merged", "safetensors");
+  export_merged(*model, &lora, dir + "/merged.gguf", "gguf-f16");
+  auto ms = load_model(&tr, dir + "/merged", keep());
+  std::vector<float> a = logits_of(*ms, *be, nullptr, bt);
+  EXPECT_LT(max_rel_error(a.data(), ref.data(), ref.size()), kTol) << "merged safetensors";
+  auto mg = load_model(&tr, dir + "/merged.gguf", keep());
+  EXPECT_EQ(mg->cfg.arch, family == "mistral" ? "llama" : family);
+  for (size_t l = 0; l < mg->shapes.layers.size(); ++l) {  // llama.cpp's arch and row order aside
+    EXPECT_EQ(mg->shapes.layers[l].window, ms->shapes.layers[l].window) << "layer " << l;
+    EXPECT_EQ(mg->shapes.layers[l].qk_norm, ms->shapes.layers[l].qk_norm) << "layer " << l;
+  }
+  std::vector<float> g = logits_of(*mg, *be, nullptr, bt);
+  // F16 matrices: the merged weights rounded once.
+  EXPECT_LT(max_rel_error(g.data(), ref.data(), ref.size()), 4e-3) << "merged GGUF F16";
+}
+
+}  // namespace
+
+// Qwen3: per-head RMSNorm on q and k before RoPE, head_dim 16 with hidden 32 / 4 heads.
+TEST(Families, Qwen3MatchesTransformersAndPeft) {
+  check_family("qwen3");
+}
+
+TEST(Families, Qwen3ExportsLoadInPeft) {
+  check_exports("qwen3");
+}
+
+TEST(Families, Qwen3ShapesHaveQkNorms) {
+  MemoryTracker tr;
+  auto m = load_model(&tr, family_fixture("syn_qwen3"), keep());
+  EXPECT_EQ(m->shapes.head_dim, 16);
+  EXPECT_EQ(m->shapes.q_dim(), 64);
+  ASSERT_TRUE(m->shapes.qk_norm());
+  EXPECT_EQ(m->shapes.layers[0].qk_norm, 16);
+  EXPECT_FALSE(m->shapes.layers[0].qkv_bias);
+  EXPECT_EQ(m->layers[1].q_norm.size(), 16u * 4);
+  EXPECT_EQ(m->layers[1].k_norm.size(), 16u * 4);
+}
+
+// Checkpointed layers recompute the q / k norms: the same gradients as stored ones; and a bf16
+// step (16-bit activation storage, the q / k norms' inputs kept fp32) stays near the fp32 one.
+TEST(Families, Qwen3CheckpointingAndBf16Storage) {
+  set_num_threads(1);
+  MemoryTracker tr;
+  auto model = load_model(&tr, family_fixture("syn_qwen3"), keep());
+  Fixture f(family_fixture("syn_qwen3.lora.safetensors"));
+  auto be = make_cpu_backend(&tr);
+  LoraAdapter lora(&tr, model->shapes, lora_config_of(f));
+  load_lora(f, lora);
+  LlamaRunner run(*model, *be, &lora);
+  std::vector<int32_t> tok, tgt;
+  TokenBatch b = batch_of(f, tok, &tgt);
+  auto grads = [&] {
+    lora.zero_grad();
+    run.forward(b);
+    run.backward();
+    std::vector<float> g;
+    for (auto& p : lora.params()) g.insert(g.end(), p.g, p.g + p.n);
+    return g;
+  };
+  const std::vector<float> g0 = grads();
+  run.set_checkpoint_all(true);
+  EXPECT_EQ(grads(), g0) << "checkpointed";
+  run.set_checkpoint_all(false);
+  run.set_activation_dtype(DType::BF16);
+  const std::vector<float> g16 = grads();
+  const double e = max_rel_error(g16.data(), g0.data(), g0.size());
+  std::printf("[family] qwen3 bf16 storage vs fp32 gradients: %.3g\n", e);
+  EXPECT_LT(e, 3e-2);
+  EXPECT_GT(e, 0.0);  // the 16-bit storage was in use
+}
+
+// Mistral's sliding window (5 keys over 16-token rows): every layer masks keys j <= i - 5, in
+// training, inference and the KV-cache generation, from config.json and from the GGUF's
+// llama.attention.sliding_window.
+TEST(Families, MistralSlidingWindowMatchesTransformersAndPeft) {
+  check_family("mistral");
+}
+
+TEST(Families, MistralExportsLoadInPeft) {
+  check_exports("mistral");
+}
+
+// The window is what makes the match: without it the logits are transformers' no longer.
+TEST(Families, MistralWindowIsVisible) {
+  MemoryTracker tr;
+  auto m = load_model(&tr, family_fixture("syn_mistral"), keep());
+  ASSERT_EQ(m->cfg.sliding_window, 5);
+  for (const LayerShapes& l : m->shapes.layers) EXPECT_EQ(l.window, 5);
+  Fixture f(family_fixture("syn_mistral.lora.safetensors"));
+  auto be = make_cpu_backend(&tr);
+  std::vector<int32_t> tok;
+  TokenBatch bt = batch_of(f, tok, nullptr);
+  const std::vector<float> ref = f.f32("base_logits");
+  EXPECT_LT(max_rel_error(logits_of(*m, *be, nullptr, bt).data(), ref.data(), ref.size()), kTol);
+  for (LayerShapes& l : m->shapes.layers) l.window = 0;
+  EXPECT_GT(max_rel_error(logits_of(*m, *be, nullptr, bt).data(), ref.data(), ref.size()), 1e-2);
+}
+
+// Qwen's configs carry a sliding_window that use_sliding_window switches off, or layer_types
+// that say which layers slide; a layer type qlft does not train is refused naming it.
+TEST(Families, SlidingWindowFromConfigKeys) {
+  auto with = [&](const std::function<void(nlohmann::json&)>& edit) {
+    MemoryTracker tr;
+    return load_model(&tr, edited_qwen3(edit, "qwen3_window"), keep())->shapes;
+  };
+  ModelShapes s = with([](nlohmann::json& j) {
+    j["sliding_window"] = 4096;
+    j["use_sliding_window"] = false;
+    j.erase("layer_types");
+  });
+  for (const LayerShapes& l : s.layers) EXPECT_EQ(l.window, 0);
+  s = with([](nlohmann::json& j) {
+    j["sliding_window"] = 7;
+    j["use_sliding_window"] = true;
+    j["max_window_layers"] = 1;
+    j.erase("layer_types");
+  });
+  EXPECT_EQ(s.layers[0].window, 0);
+  EXPECT_EQ(s.layers[1].window, 7);
+  s = with([](nlohmann::json& j) {
+    j["sliding_window"] = 9;
+    j["layer_types"] = {"sliding_attention", "full_attention"};
+  });
+  EXPECT_EQ(s.layers[0].window, 9);
+  EXPECT_EQ(s.layers[1].window, 0);
+  try {
+    with([](nlohmann::json& j) {
+      j["sliding_window"] = 9;
+      j["layer_types"] = {"linear_attention", "full_attention"};
+    });
+    ADD_FAILURE() << "a linear_attention layer was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), QLFT_ERR_FORMAT);
+    EXPECT_NE(std::string(e.what()).find("layer_types[0] is 'linear_attention'"), std::string::npos)
+        << e.what();
+  }
+}
+
+// Done-when 5: an architecture qlft does not train is refused at load, naming it and what qlft
+// lacks for it (a hybrid linear-attention model, a Mamba hybrid, an unknown one), from
+// config.json and from a GGUF's general.architecture.
+TEST(Families, UnsupportedArchitectureNamesWhatIsMissing) {
+  auto refusal = [&](const char* cls, const char* type) {
+    const std::string dir = edited_qwen3(
+        [&](nlohmann::json& j) {
+          j["architectures"] = {cls};
+          j["model_type"] = type;
+        },
+        "unsupported_arch");
+    MemoryTracker tr;
+    try {
+      load_model(&tr, dir, keep());
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), QLFT_ERR_UNSUPPORTED);
+      return std::string(e.what());
+    }
+    ADD_FAILURE() << cls << " loaded";
+    return std::string();
+  };
+  std::string m = refusal("Qwen3NextForCausalLM", "qwen3_next");
+  EXPECT_NE(m.find("'Qwen3NextForCausalLM' (model_type 'qwen3_next')"), std::string::npos) << m;
+  EXPECT_NE(m.find("hybrid linear-attention layers (Gated DeltaNet)"), std::string::npos) << m;
+  EXPECT_NE(m.find("qlft trains llama, mistral, qwen2, qwen3"), std::string::npos) << m;
+  m = refusal("JambaForCausalLM", "jamba");
+  EXPECT_NE(m.find("Mamba state-space"), std::string::npos) << m;
+  m = refusal("FooForCausalLM", "foo");
+  EXPECT_NE(m.find("'FooForCausalLM' (model_type 'foo') is not one qlft trains"), std::string::npos)
+      << m;
+  EXPECT_NE(unsupported_architecture("", "mamba").find("state-space (Mamba) layers"),
+            std::string::npos);
+}
+
+// The planner knows the q / k norms: the weight footprint of the file (GGUF and safetensors,
+// with NF4 quantization) is what loading holds, group by group, and the runner's footprint is
+// the activations a training forward holds (the norms' inputs and statistics per layer).
+TEST(Families, Qwen3PlannerCountsQkNorms) {
+  for (const char* file : {"syn_qwen3", "syn_qwen3.gguf"}) {
+    SCOPED_TRACE(file);
+    MemoryTracker tr;
+    LoadOptions o;  // NF4, as training loads
+    auto m = load_model(&tr, family_fixture(file), o);
+    ModelConfig mc;
+    const WeightFootprint f = weight_footprint_of_file(family_fixture(file), o, &mc);
+    const WeightFootprint l = weight_footprint(*m);
+    EXPECT_EQ(f.bytes, tr.snapshot().allocated[size_t(MemCategory::Weights)]);
+    ASSERT_EQ(f.groups.size(), l.groups.size());
+    for (size_t g = 0; g < f.groups.size(); ++g) {  // the same buffers (a quantized weight's
+      std::vector<uint64_t> a = f.groups[g], b = l.groups[g];  // parts in another order)
+      std::sort(a.begin(), a.end());
+      std::sort(b.begin(), b.end());
+      EXPECT_EQ(a, b) << "group " << g;
+    }
+    EXPECT_TRUE(mc.qk_norm);
+  }
+  MemoryTracker tr;
+  auto m = load_model(&tr, family_fixture("syn_qwen3"), keep());
+  Fixture f(family_fixture("syn_qwen3.lora.safetensors"));
+  auto be = make_cpu_backend(&tr);
+  LoraAdapter lora(&tr, m->shapes, lora_config_of(f));
+  std::vector<int32_t> tok, tgt;
+  TokenBatch b = batch_of(f, tok, &tgt);
+  const uint64_t before = tr.snapshot().allocated[size_t(MemCategory::Activations)];
+  LlamaRunner run(*m, *be, &lora);
+  run.forward(b);
+  const uint64_t held = tr.snapshot().allocated[size_t(MemCategory::Activations)] - before;
+  const RunnerFootprint fp = LlamaRunner::footprint(m->shapes, lora.config().r, kProjCount,
+                                                    b.rows(), true, false, DType::F32);
+  EXPECT_EQ(held, fp.activations(m->cfg.n_layers, 0));
+  ModelShapes no_norms = m->shapes;
+  for (LayerShapes& l : no_norms.layers) l.qk_norm = 0;
+  EXPECT_LT(LlamaRunner::footprint(no_norms, lora.config().r, kProjCount, b.rows(), true, false,
+                                   DType::F32)
+                .activations(m->cfg.n_layers, 0),
+            held)
+      << "the q / k norms' activations are counted";
+}
