@@ -385,6 +385,10 @@ typedef struct qlft_memory_estimate {
    * allocator slack: 12 MiB). */
   uint64_t process_base;
   uint64_t process_peak_rss;
+  /* Added with context planning: the longest data.seq_len predicted to fit memory.limit at
+   * micro-batch 1 with the other settings as given (searched up to 4,194,304 tokens); 0 when no
+   * limit is set or not even one token fits. */
+  uint32_t max_seq_len;
 } qlft_memory_estimate;
 
 /* Predicts what training will hold, before anything is allocated: weights, adapter, gradients

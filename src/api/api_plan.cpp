@@ -66,9 +66,11 @@ int32_t qlft_estimate_memory(const qlft_model* model, const char* model_path,
     const uint64_t host_peak = p.total_peak - std::min(p.total_peak, p.device_train_peak);
     f.process_peak_rss = f.process_base + host_peak + (p.device ? 0 : qlft::kCpuFirstStepUntracked);
     const uint64_t limit = spec.memory.limit;
-    if (limit)
+    if (limit) {
       f.max_micro_batch =
           static_cast<uint32_t>(qlft::plan_max_micro_batch(mc, w, ps, limit, 65536));
+      f.max_seq_len = static_cast<uint32_t>(qlft::plan_max_seq_len(mc, w, ps, limit, 1 << 22));
+    }
     qlft::copy_out(f, out);
   });
 }

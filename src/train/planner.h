@@ -188,5 +188,9 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& mc, const WeightFootprint& w,
 // with the micro-batch, so this is a binary search.
 int plan_max_micro_batch(const ModelConfig& mc, const WeightFootprint& w, PlanSettings s,
                          uint64_t budget, int upper);
+// The longest data.seq_len in [1, upper] at micro-batch 1 whose budgeted peak is at most budget
+// (0: not even 1 token fits); the same search along the sequence ("the largest context").
+int plan_max_seq_len(const ModelConfig& mc, const WeightFootprint& w, PlanSettings s,
+                     uint64_t budget, int upper);
 
 }  // namespace qlft

@@ -329,6 +329,57 @@ TEST_F(PlannerTest, MaxMicroBatchIsTheLargestThatFits) {
   EXPECT_EQ(plan_max_micro_batch(model->cfg, w, s, 1000, 64), 0);
 }
 
+// Planning from config.json alone (no weights downloaded) gives the plan the weight files give:
+// the same shapes and stored dtype (the fixtures' F16 safetensors; their config.json names no
+// dtype, which plans as 2-byte bf16), the q/k/v biases and the tied head from the config keys.
+TEST(PlannerConfigOnly, ConfigJsonAloneMatchesTheWeightFiles) {
+  for (const char* model : {"model/syn_llama", "model/syn_qwen2"}) {
+    const std::string full = qlft_test::fixture_path(model);
+    const std::string alone = qlft_test::temp_dir("planner-config-only");
+    {
+      std::FILE* in = std::fopen((full + "/config.json").c_str(), "rb");
+      std::FILE* out = std::fopen((alone + "/config.json").c_str(), "wb");
+      ASSERT_TRUE(in && out);
+      char buf[4096];
+      for (size_t n; (n = std::fread(buf, 1, sizeof buf, in)) > 0;) std::fwrite(buf, 1, n, out);
+      std::fclose(in);
+      std::fclose(out);
+    }
+    for (const char* q : {"keep", "nf4", "int8"}) {
+      SCOPED_TRACE(std::string(model) + " " + q);
+      LoadOptions lo;
+      lo.quant_type = qlft_test::quant_type(q);
+      ModelConfig cf, ca;
+      const WeightFootprint ff = weight_footprint_of_file(full, lo, &cf);
+      const WeightFootprint fa = weight_footprint_of_file(alone, lo, &ca);
+      EXPECT_EQ(fa.bytes, ff.bytes);
+      EXPECT_EQ(fa.emb_stored_row_bytes, ff.emb_stored_row_bytes);
+      EXPECT_EQ(ca.qkv_bias, cf.qkv_bias);
+      EXPECT_EQ(ca.tied_embeddings, cf.tied_embeddings);
+      PlanSettings s;
+      s.seq_len = 16;
+      s.micro_batch = 2;
+      const MemoryPlan pf = plan_memory(cf, ff, s), pa = plan_memory(ca, fa, s);
+      EXPECT_EQ(pa.train_peak, pf.train_peak);
+      EXPECT_EQ(pa.load_peak, pf.load_peak);
+    }
+  }
+}
+
+TEST_F(PlannerTest, MaxSeqLenIsTheLongestThatFits) {
+  MemoryTracker tracker;
+  auto model = load(tracker, "keep");
+  const WeightFootprint w = weight_footprint(*model);
+  PlanSettings s = PlanSettings::from_spec(qlft::parse_run_spec(config_of(kCases[1])));
+  s.micro_batch = 1;
+  s.seq_len = 40;
+  const uint64_t budget = plan_memory(model->cfg, w, s).budgeted_peak();
+  s.micro_batch = 3;  // the search plans micro-batch 1 whatever the settings say
+  EXPECT_EQ(plan_max_seq_len(model->cfg, w, s, budget, 4096), 40);
+  EXPECT_EQ(plan_max_seq_len(model->cfg, w, s, budget, 25), 25);
+  EXPECT_EQ(plan_max_seq_len(model->cfg, w, s, 1000, 4096), 0);
+}
+
 // ---- sharding (ZeRO) and offload --------------------------------------------------------------
 
 namespace {
