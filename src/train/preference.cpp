@@ -255,6 +255,67 @@ void preference_logps(LlamaRunner& runner, const data::Batch& rows, bool referen
   }
 }
 
+namespace {
+
+struct RowSpec {
+  const std::vector<int32_t>* prompt;
+  const std::vector<int32_t>* answer;
+};
+
+// Rows of prompt + answer right-padded to seq: targets on the answer, prompt_targets (when
+// given) on the prompt's next tokens.
+data::Batch fill_rows(const std::vector<RowSpec>& rows, int seq, int32_t pad,
+                      std::vector<int32_t>* prompt_targets) {
+  data::Batch b;
+  b.micro_batch = b.rows = static_cast<int>(rows.size());
+  b.seq_len = seq;
+  const size_t n = rows.size() * static_cast<size_t>(seq);
+  b.tokens.assign(n, pad);
+  b.targets.assign(n, kIgnoreIndex);
+  if (prompt_targets) prompt_targets->assign(n, kIgnoreIndex);
+  for (size_t r = 0; r < rows.size(); ++r) {
+    std::vector<int32_t> ids = *rows[r].prompt;
+    ids.insert(ids.end(), rows[r].answer->begin(), rows[r].answer->end());
+    const size_t np = rows[r].prompt->size(), off = r * static_cast<size_t>(seq);
+    std::copy(ids.begin(), ids.end(), b.tokens.begin() + static_cast<std::ptrdiff_t>(off));
+    for (size_t t = 0; t + 1 < ids.size(); ++t) {
+      if (t + 1 >= np)
+        b.targets[off + t] = ids[t + 1];
+      else if (prompt_targets)
+        (*prompt_targets)[off + t] = ids[t + 1];
+    }
+  }
+  for (int32_t x : b.targets) b.trained_tokens += x != kIgnoreIndex;
+  return b;
+}
+
+}  // namespace
+
+PrefBatch make_pref_batch(const std::vector<const data::PrefExample*>& ex, Objective o,
+                          int32_t pad_id) {
+  QLFT_CHECK_ARG(!ex.empty(), "a preference micro-batch needs examples");
+  std::vector<RowSpec> rows, kl;
+  if (o == Objective::Kto) {
+    for (const data::PrefExample* e : ex) rows.push_back({&e->prompt, &e->chosen});
+    for (size_t j = 0; j < ex.size(); ++j)  // TRL: answers rotated by one
+      kl.push_back({&ex[j]->prompt, &ex[(j + ex.size() - 1) % ex.size()]->chosen});
+  } else {
+    for (const data::PrefExample* e : ex) rows.push_back({&e->prompt, &e->chosen});
+    for (const data::PrefExample* e : ex) rows.push_back({&e->prompt, &e->rejected});
+  }
+  size_t seq = 1;
+  for (const auto* v : {&rows, &kl})
+    for (const RowSpec& r : *v) seq = std::max(seq, r.prompt->size() + r.answer->size());
+  PrefBatch b;
+  b.rows = fill_rows(rows, static_cast<int>(seq), pad_id,
+                     o == Objective::Orpo ? &b.prompt_targets : nullptr);
+  if (o == Objective::Kto) {
+    b.kl_rows = fill_rows(kl, static_cast<int>(seq), pad_id, nullptr);
+    for (const data::PrefExample* e : ex) b.desirable.push_back(e->desirable ? 1 : 0);
+  }
+  return b;
+}
+
 PrefMetrics preference_forward_backward(LlamaRunner& runner, const PrefSpec& s, const PrefBatch& b,
                                         float grad_scale, uint64_t dropout_seed) {
   const Objective o = s.objective;

@@ -20,6 +20,7 @@
 
 #include "config/run_spec.h"
 #include "data/batches.h"
+#include "data/preference.h"
 
 namespace qlft {
 
@@ -70,6 +71,12 @@ struct PrefBatch {
   std::vector<uint8_t> desirable;       // KTO, per row
   data::Batch kl_rows;                  // KTO
 };
+
+// Examples as one micro-batch: paired objectives take pairs (rows: every chosen, then every
+// rejected), KTO examples (and their KL rows). Rows are prompt + answer, right-padded with pad_id
+// to the longest row; the answer tokens are the targets.
+PrefBatch make_pref_batch(const std::vector<const data::PrefExample*>& ex, Objective o,
+                          int32_t pad_id);
 
 // The micro-batch's reference pass, training forward and backward on `runner`: LoRA gradients
 // accumulate grad_scale x d loss / d weights. Returns the loss and metrics.

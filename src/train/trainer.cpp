@@ -93,7 +93,8 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
       tracker_(tracker),
       host_cache_(tracker),
       train_(train),
-      ts_(TrainSettings::from_spec(spec)) {
+      ts_(TrainSettings::from_spec(spec)),
+      pref_(spec.pref) {
   if (const char* p = std::getenv("QLFT_PROFILE"); p && *p) {
     profile_path_ = p;
     prof::set_enabled(true);
@@ -305,6 +306,13 @@ void Trainer::step_on(const std::vector<data::Batch>& batches, StepReport* out) 
       const data::Batch& b = batches[i];
       r.tokens += static_cast<int64_t>(b.rows) * b.seq_len;
       if (b.trained_tokens == 0) continue;
+      if (pref_batches_) {  // step_pref: the objective's passes (the scale: a mean of means)
+        tracker_->set_phase("forward");
+        pref_seen_.push_back(preference_forward_backward(
+            *runner_, pref_, (*pref_batches_)[i], scale / static_cast<float>(passes),
+            dropout_seed(step_, static_cast<int>(i))));
+        continue;
+      }
       TokenBatch tb = token_batch(b);
       tracker_->set_phase("forward");
       {

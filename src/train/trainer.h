@@ -25,6 +25,7 @@
 #include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
+#include "train/preference.h"
 #include "train/weight_placement.h"
 
 namespace qlft {
@@ -94,6 +95,11 @@ class Trainer {
   // The same step on explicit micro-batches (each [micro_batch, seq_len] with targets; positions
   // and doc ids may be empty), bypassing the dataset: for parity tests and custom loops.
   void step_on(const std::vector<data::Batch>& batches, StepReport* out);
+  // A step of the preference objective train.objective (train/preference.h) on explicit
+  // micro-batches (one rank): each micro-batch's loss is TRL's mean over its pairs or examples,
+  // the step's (StepReport::loss) their mean, as the gradient; *m gets the metrics' means.
+  void step_pref(const std::vector<PrefBatch>& batches, StepReport* out, PrefMetrics* m = nullptr);
+  const PrefSpec& pref() const { return pref_; }
   bool done() const;
   int64_t steps_done() const { return step_; }
   int64_t total_steps() const { return total_steps_; }
@@ -225,6 +231,9 @@ class Trainer {
   int64_t steps_run_ = 0;     // step_on calls on this trainer (trial steps included)
   std::string profile_path_;  // QLFT_PROFILE: where the destructor writes the op profile
   std::atomic<bool> cancel_{false};
+  PrefSpec pref_;
+  const std::vector<PrefBatch>* pref_batches_ = nullptr;  // step_pref's, during its step_on
+  std::vector<PrefMetrics> pref_seen_;                    // each micro-batch's, in that step
 };
 
 }  // namespace qlft
