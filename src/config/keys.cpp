@@ -221,10 +221,12 @@ const KeyDef kKeys[] = {
      "Consecutive non-finite steps tolerated before train.on_nonfinite=stop ends training."},
     {"train.objective", KeyType::Enum, "sft", 0, 0, "sft|dpo|ipo|orpo|simpo|kto",
      "What the adapter is trained to: sft (next-token loss on the trained tokens), or a "
-     "preference objective as TRL 1.16 computes it over pairs (data.format=preference): dpo "
-     "(DPOTrainer loss_type sigmoid), ipo (loss_type ipo), orpo (ORPOTrainer), simpo (CPOTrainer "
-     "loss_type simpo), or kto over unpaired examples (data.format=kto, KTOTrainer). DPO, IPO and "
-     "KTO take the reference log-probabilities from the same base with the adapter off."},
+     "preference objective as TRL 1.16 computes it: dpo (DPOTrainer loss_type sigmoid), ipo "
+     "(loss_type ipo), orpo (ORPOTrainer), simpo (CPOTrainer loss_type simpo) over "
+     "{prompt, chosen, rejected} pairs, or kto (KTOTrainer) over {prompt, completion, label} "
+     "examples. DPO, IPO and KTO take the reference log-probabilities from the same base with "
+     "the adapter off. Preference steps run through the C++ Trainer::step_pref; the CLI and "
+     "qlft_trainer_step train sft only and refuse another objective."},
     {"pref.beta", KeyType::Float, "0.1", 1e-6, 1e6, "",
      "Preference objectives' beta (TRL's): DPO / KTO / SimPO temperature, IPO's regularization "
      "tau, ORPO's lambda (weight of the odds-ratio term)."},

@@ -254,6 +254,10 @@ uint64_t Trainer::dropout_seed(int64_t step, int micro) const {
 }
 
 bool Trainer::step(StepReport* out) {
+  QLFT_CHECK_ARG(pref_.objective == Objective::Sft,
+                 "train.objective=%s trains on preference micro-batches (Trainer::step_pref); the "
+                 "dataset's packed rows are next-token data",
+                 name_of(pref_.objective));
   QLFT_CHECK_ARG(it_, "this trainer has no training data");
   if (done()) return false;
   // Every rank stops at the same step boundary when any of them was cancelled.
