@@ -68,14 +68,16 @@ struct Smem {
   static constexpr size_t f_s = 0, f_p = al(16 * LS * 4), f_o = f_p + al(16 * LP * 2);
   static constexpr size_t f_warp = f_o + al(16 * LO * 4);
   static constexpr size_t fwd = (3 * tile + 4 * f_warp + 255) / 256 * 256;
-  // Backward: four tiles, lse and delta of the 64 rows; per warp S and dP (fp32, reused for the
-  // final [16][D] write-out), P and dS (bf16).
+  // Backward: four tiles, lse and delta of the 64 rows; per warp S and dP (fp32), P and dS
+  // (bf16), the region reused at the end for the fp32 [16][D] write-outs of dV and dK (two
+  // tiles, so writing dK's never waits for dV's reads).
   static constexpr size_t b_rows = 4 * tile, b_warps = b_rows + al(2 * kRows * 4);
   static constexpr size_t b_s = 0, b_dp = al(16 * LS * 4), b_p = 2 * b_dp,
                           b_ds = b_p + al(16 * LP * 2);
-  static constexpr size_t b_warp = b_ds + al(16 * LP * 2);
+  static constexpr size_t b_out = al(16 * LO * 4);
+  static constexpr size_t b_warp = b_ds + al(16 * LP * 2) > 2 * b_out ? b_ds + al(16 * LP * 2)
+                                                                      : 2 * b_out;
   static constexpr size_t bwd = (b_warps + 4 * b_warp + 255) / 256 * 256;
-  static_assert(16 * LO * 4 <= 2 * al(16 * LS * 4), "write-out tile fits S and dP");
 };
 
 __device__ __forceinline__ const bf16* bfp(const uint16_t* p) {
@@ -260,12 +262,13 @@ __device__ void probs(const AttnArgs& a, int64_t base, int row0, int col0, const
 }
 
 // Stores a warp's [16][D] accumulators through `buf` and adds them (times `mul`) into dst rows
-// row0.. (those inside the sequence), columns col..col+D.
+// row0.. (those inside the sequence), columns col..col+D. buf's last readers (the S / dP row
+// pass) are ordered before by the __syncwarp that follows that pass, and the P / dS fragment
+// loads by the MMAs that consume them (mma_sync is executed by the converged warp).
 template <int D>
 __device__ void add_out(const FragC (&f)[D / 16], float* buf, float* dst, int64_t ld, int64_t base,
                         int row0, int seq, int64_t col, float mul) {
   constexpr int LO = D + 4;
-  __syncwarp();  // buf's previous contents are read
 #pragma unroll
   for (int dn = 0; dn < D / 16; ++dn)
     wmma::store_matrix_sync(buf + 16 * dn, f[dn], LO, wmma::mem_row_major);
@@ -351,8 +354,9 @@ __global__ void __launch_bounds__(kThreads)
   }
   if (!live) return;
   // This block alone owns these keys of KV head kh: plain read-modify-write.
-  add_out<D>(dV, Sw, dv, a.ldv, base, j0, a.seq, int64_t(kh) * D, 1.f);
-  add_out<D>(dK, Sw, dk, a.ldk, base, j0, a.seq, int64_t(kh) * D, scale);
+  add_out<D>(dV, reinterpret_cast<float*>(w), dv, a.ldv, base, j0, a.seq, int64_t(kh) * D, 1.f);
+  add_out<D>(dK, reinterpret_cast<float*>(w + L::b_out), dk, a.ldk, base, j0, a.seq,
+             int64_t(kh) * D, scale);
 }
 
 // dQ: block (query tile, head, batch element); warp w owns queries q0 + 16w .. + 15. S and dP
