@@ -21,7 +21,7 @@
 # too: on a machine shared with other work it is the figure that does not depend on the load.
 # Peak RSS is the whole process's (/usr/bin/time -v), model loading included.
 # --torch-model gives the peer a model of the same shapes where it cannot read the GGUF itself
-# (a Hugging Face directory, bench/make_smollm2_shaped.py; scripts/cpu_check.sh on a lent host).
+# (a Hugging Face directory, bench/make_shaped_model.py; scripts/cpu_check.sh on a lent host).
 #
 # --qlft-profile DIR: each qlft run writes its op profile (QLFT_PROFILE: host wall time per op,
 # the steps after the first) to DIR/profile-qlft-<precision>.tsv, and its largest rows by name are

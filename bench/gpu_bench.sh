@@ -4,10 +4,15 @@
 #   bench/gpu_bench.sh [MODEL] [DATA] [STEPS]
 #     MODEL  a GGUF file or a Hugging Face directory; default
 #            /opt/qlft-models/smollm2-135m-instruct-q4_1.gguf (a machine that cannot be sent it
-#            uses bench/make_smollm2_shaped.py: same shapes, random weights)
+#            uses bench/make_shaped_model.py: same shapes, random weights)
 #     DATA   default ../shared/data/tinyshakespeare.txt
 #     STEPS  default 30 (the first 5 are warm-up and not counted)
+#   bench/gpu_bench.sh --shape NAME [DATA] [STEPS]
+#     a model of NAME's shapes (bench/make_shaped_model.py: smollm2-135m, llama-3.1-8b) with
+#     random weights, made on this machine (nothing large travels) into /tmp/shaped-NAME
 #   Env: QLFT_CUDA_BUILD (default build-cuda), PRECISION (bf16), MICRO_BATCH (8), SEQ (512),
+#        LORA_R (16), PEER_BASES ("bfloat16"; "bfloat16 nf4" also runs PyTorch+PEFT on a
+#        bitsandbytes NF4 base, the QLoRA / Unsloth baseline, where bitsandbytes imports),
 #        QUANT (nf4), PEAK_TFLOPS (the device's dense bf16 peak; default from the device name
 #        below), PEER_PYTHON (a python with torch + transformers + peft; default python3; set
 #        PEER_PYTHON=none to skip the PyTorch+PEFT side), QLFT_EXTRA (more qlft-finetune
@@ -21,14 +26,24 @@
 # by the device's dense bf16 tensor-core peak.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-model=${1:-/opt/qlft-models/smollm2-135m-instruct-q4_1.gguf}
-data=${2:-../shared/data/tinyshakespeare.txt}
-steps=${3:-30}
+if [ "${1:-}" = --shape ]; then
+  shape=${2:?--shape NAME}
+  shift 2
+  model=/tmp/shaped-$shape
+  [ -f "$model/config.json" ] || ${PEER_PYTHON:-python3} bench/make_shaped_model.py "$model" \
+    --shape "$shape" >&2 || { echo "gpu_bench: could not make $model" >&2; exit 1; }
+else
+  model=${1:-/opt/qlft-models/smollm2-135m-instruct-q4_1.gguf}
+  shift || true
+fi
+data=${1:-../shared/data/tinyshakespeare.txt}
+steps=${2:-30}
 build=${QLFT_CUDA_BUILD:-build-cuda}
 precision=${PRECISION:-bf16}
 mb=${MICRO_BATCH:-8}
 seq=${SEQ:-512}
 quant=${QUANT:-nf4}
+lora_r=${LORA_R:-16}
 peer_python=${PEER_PYTHON:-python3}
 cli=$build/tools/qlft-finetune/qlft-finetune
 command -v nvidia-smi >/dev/null || { echo "gpu_bench: nvidia-smi not found (no GPU here)" >&2; exit 77; }
@@ -56,7 +71,8 @@ smi=$!
 
 "$cli" train --model "$model" --data "$data" --backend cuda --train.precision "$precision" \
   --quant.type "$quant" --train.micro_batch "$mb" --data.seq_len "$seq" --train.max_steps "$steps" \
-  --train.save_every 0 --train.output_dir "$out/run" ${QLFT_EXTRA:-} 2> "$out/train.log" || {
+  --train.save_every 0 --lora.r "$lora_r" --lora.alpha $((2 * lora_r)) \
+  --train.output_dir "$out/run" ${QLFT_EXTRA:-} 2> "$out/train.log" || {
   tail -20 "$out/train.log" >&2
   exit 1
 }
@@ -94,18 +110,27 @@ awk -v N="$N" -v L="$L" -v D="$D" -v S="$seq" -v peak="$PEAK_TFLOPS" -v name="$n
 # ---- PyTorch + PEFT on the same device: bf16 base weights (bitsandbytes 4-bit where installed
 # is not used: the comparison is the plain bf16 LoRA a PEFT user runs first), LoRA r 16 on all
 # seven projections, autocast bf16, fused AdamW, same data and shapes.
+# Kernel launches the host submitted per step (metrics.jsonl "launches", where the build counts them).
+grep -o '"launches": [0-9]*' "$out/run/metrics.jsonl" | tail -1 | sed 's/.*: /launches\/step    /'
 [ "$peer_python" = none ] && exit 0
-"$peer_python" bench/peer_torch.py --device cuda --model "$model" --data "$data" --seq "$seq" \
-  --micro-batch "$mb" --warmup 5 --steps $((steps - 5)) --base-dtype bfloat16 --precision bf16 \
-  > "$out/peer.txt" 2> "$out/peer.log" || { tail -20 "$out/peer.log" >&2; exit 1; }
-res=$(sed -n 's/^RESULT //p' "$out/peer.txt")
-[ -n "${GPU_BENCH_KEEP:-}" ] && echo "$res" > "$GPU_BENCH_KEEP/peer_result.json"
-"$peer_python" - "$res" "$(cat "$out/fpt.txt")" "$PEAK_TFLOPS" "$(cat "$out/qlft.txt")" <<'PY'
+for base in ${PEER_BASES:-bfloat16}; do
+  if [ "$base" = nf4 ] && ! "$peer_python" -c "import bitsandbytes" 2>/dev/null; then
+    echo "torch+peft nf4  skipped: bitsandbytes does not import here"
+    continue
+  fi
+  "$peer_python" bench/peer_torch.py --device cuda --model "$model" --data "$data" --seq "$seq" \
+    --micro-batch "$mb" --warmup 5 --steps $((steps - 5)) --base-dtype "$base" --precision bf16 \
+    --r "$lora_r" --alpha $((2 * lora_r)) > "$out/peer.txt" 2> "$out/peer.log" ||
+    { tail -20 "$out/peer.log" >&2; exit 1; }
+  res=$(sed -n 's/^RESULT //p' "$out/peer.txt")
+  [ -n "${GPU_BENCH_KEEP:-}" ] && echo "$res" > "$GPU_BENCH_KEEP/peer_result_$base.json"
+  "$peer_python" - "$res" "$(cat "$out/fpt.txt")" "$PEAK_TFLOPS" "$(cat "$out/qlft.txt")" "$base" <<'PY'
 import json, sys
 r = json.loads(sys.argv[1]); fpt = float(sys.argv[2]); peak = float(sys.argv[3])
 q = dict(kv.split("=") for kv in sys.argv[4].split()[1:])
 tps = r["tokens_per_s"]
-print(f"torch+peft      {tps:.0f} tokens/s, MFU {100 * tps * fpt / (peak * 1e12):.2f}%, "
+print(f"torch+peft {sys.argv[5]:<9s} {tps:.0f} tokens/s, MFU {100 * tps * fpt / (peak * 1e12):.2f}%, "
       f"peak device mem {r['peak_device_bytes'] / 2**20:.0f} MiB (torch {r['torch']})")
-print(f"qlft / torch    tokens/s {float(q['tps']) / tps:.3f}x")
+print(f"qlft / torch+peft {sys.argv[5]}: tokens/s {float(q['tps']) / tps:.3f}x")
 PY
+done

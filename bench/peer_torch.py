@@ -40,8 +40,10 @@ def main():
     ap.add_argument("--alpha", type=float, default=32)
     ap.add_argument("--lr", type=float, default=2e-4)
     ap.add_argument("--max-grad-norm", type=float, default=1.0, help="0 disables clipping")
-    ap.add_argument("--base-dtype", choices=["float32", "bfloat16"], default="float32",
-                    help="dtype of the frozen base weights (LoRA weights stay float32)")
+    ap.add_argument("--base-dtype", choices=["float32", "bfloat16", "nf4"], default="float32",
+                    help="dtype of the frozen base weights (LoRA weights stay float32); nf4: "
+                         "bitsandbytes 4-bit NF4 with double quantization and bf16 compute, "
+                         "as a QLoRA (Unsloth-baseline) run loads it; cuda only")
     ap.add_argument("--precision", choices=["bf16", "fp32"], default="bf16",
                     help="bf16: torch.autocast(cpu, bfloat16); fp32: no autocast")
     ap.add_argument("--compile", action="store_true", help="torch.compile the model")
@@ -56,15 +58,24 @@ def main():
     from peft import LoraConfig, get_peft_model
 
     t_load = time.perf_counter()
-    dtype = getattr(torch, args.base_dtype)
+    quant = {}
+    if args.base_dtype == "nf4":
+        from transformers import BitsAndBytesConfig
+        quant = dict(quantization_config=BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=torch.bfloat16), device_map={"": 0})
+        dtype = torch.bfloat16
+    else:
+        dtype = getattr(torch, args.base_dtype)
     if os.path.isdir(args.model):
         tok = AutoTokenizer.from_pretrained(args.model)
-        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype, **quant)
     else:
         mdir, mfile = os.path.split(os.path.abspath(args.model))
         tok = AutoTokenizer.from_pretrained(mdir, gguf_file=mfile)
         model = AutoModelForCausalLM.from_pretrained(mdir, gguf_file=mfile, dtype=dtype)
-    model.to(args.device)
+    if not quant:  # a bitsandbytes model is placed by device_map
+        model.to(args.device)
     model.config.use_cache = False
     if args.grad_checkpointing:
         model.gradient_checkpointing_enable()

@@ -49,7 +49,7 @@
 #   the capped one alone); QLFT_CHECK_TESTS_LAST=1 runs the test binaries after everything else.
 #
 # Where the machine's transformers cannot read the GGUF, the peer loads a SmolLM2-shaped float32
-# Hugging Face directory instead (bench/make_smollm2_shaped.py): the same shapes and FLOPs.
+# Hugging Face directory instead (bench/make_shaped_model.py): the same shapes and FLOPs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:?pack or run}
@@ -107,7 +107,7 @@ torch_model=()
 if ! "$root/peer-python" -c "import sys; from transformers import AutoConfig; AutoConfig.from_pretrained('$root/data', gguf_file='smollm2.gguf')" \
   > "$OUT/gguf_probe.log" 2>&1; then
   echo "transformers cannot read the GGUF here (gguf_probe.log): the peer loads an HF directory"
-  "$root/peer-python" bench/make_smollm2_shaped.py "$root/hf" --dtype float32 > "$OUT/make_model.log" 2>&1
+  "$root/peer-python" bench/make_shaped_model.py "$root/hf" --dtype float32 > "$OUT/make_model.log" 2>&1
   torch_model=(--torch-model "$root/hf")
 fi
 cores=${QLFT_CHECK_CORES:-$(lscpu -p=CPU,CORE | grep -v '^#' | awk -F, '$1 > 0 && !seen[$2]++ {print $1}' | head -2 | paste -sd,)}

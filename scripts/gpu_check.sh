@@ -19,9 +19,14 @@
 #   bash scripts/gpu_check.sh transfers      there: qlft alone on SmolLM2 shapes at micro-batch
 #                                            1 x 128 (issue 18's done-when 1 shape), fp32 and
 #                                            bf16, printing each step's host<->device traffic
+#   bash scripts/gpu_check.sh size           there: the GPU tests, then issue 45's criterion 3:
+#                                            Llama-3.1-8B shapes (random weights made there),
+#                                            NF4, LoRA r 32 on all seven, bf16, seq 2048, against
+#                                            PyTorch+PEFT on a bf16 base and on a bitsandbytes
+#                                            NF4 base; then SmolLM2 shapes (MFU)
 #
 # The 98 MB SmolLM2 GGUF cannot travel (64 MiB per call), so the benchmark builds a
-# SmolLM2-135M-shaped model with random weights there (bench/make_smollm2_shaped.py).
+# SmolLM2-135M-shaped model with random weights there (bench/make_shaped_model.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:?pack or run}
@@ -33,8 +38,10 @@ if [ "$mode" = pack ]; then
   stage=$(mktemp -d)
   mkdir -p "$stage/bin" "$stage/lib" "$stage/tools/qlft-finetune" "$stage/shared/models" \
     "$stage/shared/data"
-  for t in test_cuda_runtime test_cuda_ops test_cuda_optim test_cuda_finetune test_cuda_autotune; do
-    cp "$build/tests/cuda/$t" "$stage/bin/"
+  # Every GPU test binary the build made (test_cuda_*; the emulator's own tests are not built
+  # with -DQLFT_CUDA=ON).
+  for t in "$build"/tests/cuda/test_cuda_*; do
+    [ -x "$t" ] && cp "$t" "$stage/bin/"
   done
   cp "$build/tools/qlft-finetune/qlft-finetune" "$stage/tools/qlft-finetune/"
   cp -L "$build/libqlft.so.0" "$stage/lib/"
@@ -51,7 +58,7 @@ if [ "$mode" = pack ]; then
   exit 0
 fi
 
-case "$mode" in run | memory | offload | transfers | profile) ;; *) echo "gpu_check: pack, run, memory, offload, transfers or profile" >&2; exit 2 ;; esac
+case "$mode" in run | memory | offload | transfers | profile | size) ;; *) echo "gpu_check: pack, run, memory, offload, transfers, profile or size" >&2; exit 2 ;; esac
 : "${OUT:?run it through the device tool}"
 root=/tmp/qlft-gpu
 mkdir -p "$root" && tar -C "$root" -xJf .gpu/bundle.tar.xz
@@ -59,7 +66,7 @@ cublas=$(find /usr/local /opt -name 'libcublasLt.so.13*' 2>/dev/null | head -1)
 # python (torch) keeps the image's own libraries: the peer runs without the bundle's path.
 printf '#!/bin/sh\nunset LD_LIBRARY_PATH\nexec python3 "$@"\n' > /tmp/peer-python
 chmod +x /tmp/peer-python
-python3 bench/make_smollm2_shaped.py /tmp/smol > "$OUT/make_model.log" 2>&1 &
+python3 bench/make_shaped_model.py /tmp/smol > "$OUT/make_model.log" 2>&1 &
 make_model=$!
 export LD_LIBRARY_PATH=$root/lib:$(dirname "${cublas:-/x}")
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$OUT/device.txt"
@@ -116,12 +123,30 @@ if [ "$mode" = transfers ]; then
   done
   exit 0
 fi
-for t in test_cuda_runtime test_cuda_ops test_cuda_optim test_cuda_finetune test_cuda_autotune; do
+# SKIP_TESTS=1: straight to the mode's benchmark (the tests passed in an earlier call).
+for tb in "$root"/bin/test_cuda_*; do
+  [ -n "${SKIP_TESTS:-}" ] && break
+  t=$(basename "$tb")
   s=$(date +%s)
-  timeout 200 "$root/bin/$t" > "$OUT/$t.log" 2>&1
+  timeout 200 "$tb" > "$OUT/$t.log" 2>&1
   echo "$t rc=$? $(( $(date +%s) - s ))s $(grep -c '^\[       OK' "$OUT/$t.log") ok"
   grep -E '^\[  (FAILED|SKIPPED) ' "$OUT/$t.log" | sort -u | head -20
 done
+if [ "$mode" = size ]; then
+  # The 8B model is made on this machine (16 GB of bf16 safetensors on its disk; nothing travels).
+  wait "$make_model" || tail -5 "$OUT/make_model.log"
+  s=$(date +%s)
+  echo "Llama-3.1-8B shapes, NF4, r 32, bf16, seq 2048, micro-batch ${MICRO_BATCH_8B:-1}:"
+  QLFT_CUDA_BUILD=$root PEER_PYTHON=/tmp/peer-python PEER_BASES="bfloat16 nf4" LORA_R=32 \
+    SEQ=2048 MICRO_BATCH=${MICRO_BATCH_8B:-1} timeout 420 bash bench/gpu_bench.sh \
+    --shape llama-3.1-8b "$root/shared/data/tinyshakespeare.txt" "${STEPS:-10}" 2>&1 |
+    tee "$OUT/gpu_bench_8b.log"
+  echo "8B bench $(( $(date +%s) - s ))s"
+  echo "SmolLM2 shapes, NF4, r 16, bf16, seq 512, micro-batch 8 (qlft alone):"
+  QLFT_CUDA_BUILD=$root PEER_PYTHON=none timeout 120 bash bench/gpu_bench.sh /tmp/smol \
+    "$root/shared/data/tinyshakespeare.txt" "${STEPS:-10}" 2>&1 | grep -E "tokens/s|MFU|launches"
+  exit 0
+fi
 if [ "$mode" = memory ]; then
   wait "$make_model" || tail -5 "$OUT/make_model.log"
   s=$(date +%s)
