@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "launch_count.h"
 
 // A kernel's dynamic shared memory (`extern __shared__ T name[]` under nvcc). The CPU emulator
 // (QLFT_CUDA_EMULATE, cuda/emu) hands out a per-launch buffer instead: a block-scope extern
@@ -61,11 +62,12 @@ void warn_cublas(cublasStatus_t s, const char* expr, const char* file, int line)
 namespace qlft::cu {
 
 // Launches kernel<<<grid, block, smem, stream>>>(args...) and checks the launch. Asynchronous
-// faults surface at the next checked synchronizing call.
+// faults surface at the next checked synchronizing call. Every launch is counted (launch_count.h).
 template <class... Params, class... Args>
 void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
             Args&&... args) {
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;  // nothing to do (an empty launch errors)
+  count_launch(reinterpret_cast<const void*>(kernel));
   // clang-format off (clang-format reads a .h as C++ and would split the launch chevrons)
 #if defined(QLFT_CUDA_EMULATE)
   ::qlft_emu::launch(kernel, grid, block, smem, stream, std::forward<Args>(args)...);

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <tuple>
 #include <utility>
 
@@ -167,6 +168,8 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaEventQuery(cudaEvent_t e);
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
+// The kernel's mangled name (CUDA 12.3+; the emulator reads it from the symbol table).
+cudaError_t cudaFuncGetName(const char** name, const void* func);
 
 namespace qlft_emu {
 
@@ -175,6 +178,13 @@ cudaError_t func_get_attributes(cudaFuncAttributes* attr, const void* f);
 // Chooses the fiber order between synchronization points (tests; the environment variables
 // QLFT_EMU_SCHEDULE=forward|reverse|random and QLFT_EMU_SEED set it for a whole process).
 void set_schedule(const char* order, uint64_t seed);
+// What the runtime was asked to do, per stream (nullptr: the default stream), since the process
+// started (api_counts.cpp): the count that tests hold the backend's launch counting against.
+struct StreamCounts {
+  uint64_t kernels = 0, matmuls = 0, memcpys = 0, memsets = 0;
+};
+std::map<cudaStream_t, StreamCounts> stream_counts();
+std::map<const void*, uint64_t> kernel_counts();  // kernel launches by kernel (all streams)
 // Runs a grid: validates the configuration against the device limits, then every block's
 // threads as fibers. Sets the last error (as a launch would) instead of returning it.
 void run_grid(const void* f, dim3 grid, dim3 block, size_t smem, cudaStream_t s,

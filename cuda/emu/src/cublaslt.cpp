@@ -310,7 +310,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
                       (ed.empty() ? "ok" : ed));
   if (workspace_bytes > 0 && !qlft_emu::check_device_range(workspace, workspace_bytes).empty())
     return refuse(CUBLAS_STATUS_INVALID_VALUE, "workspace is not a live device range");
-  (void)stream;
+  qlft_emu::count_api(stream, qlft_emu::Api::Matmul);
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
   qlft_emu::DeviceOpen open;
   const cudaDataType_t t = Ad->type;

@@ -443,6 +443,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   if (e != cudaSuccess) return e;
   RangeOpen open(dst, src);
   std::memmove(dst, src, bytes);
+  count_api(s, Api::Memcpy);
   return cudaSuccess;
 }
 
@@ -463,6 +464,7 @@ cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t 
   for (size_t r = 0; r < height; ++r)
     std::memmove(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch,
                  width);
+  count_api(s, Api::Memcpy);
   return cudaSuccess;
 }
 
@@ -476,6 +478,7 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s) {
   }
   RangeOpen open(p, nullptr);
   std::memset(p, value, bytes);
+  count_api(s, Api::Memset);
   return cudaSuccess;
 }
 
@@ -496,5 +499,6 @@ cudaError_t cudaMemset2DAsync(void* p, size_t pitch, int value, size_t width, si
   }
   RangeOpen open(p, nullptr);
   for (size_t r = 0; r < height; ++r) std::memset(static_cast<char*>(p) + r * pitch, value, width);
+  count_api(s, Api::Memset);
   return cudaSuccess;
 }

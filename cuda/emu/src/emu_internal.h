@@ -40,6 +40,26 @@ std::string schedule_description();
 
 int device_count();  // QLFT_EMU_DEVICE_COUNT, default 1
 
+// Counts work the runtime accepted (api_counts.cpp; read with stream_counts / kernel_counts).
+enum class Api { Kernel, Matmul, Memcpy, Memset };
+void count_api(cudaStream_t s, Api a, const void* kernel = nullptr);
+
+// The (mangled) name of the function or object symbol covering `p` and the offset into it, or
+// nullptr (symbols.cpp: read from the .symtab of the object holding `p`).
+const char* symbol_name(const void* p, size_t* offset);
+
+// Shared-memory race detection (racecheck.cpp), driven by the launcher: a launch's kernel (whose
+// object holds its static __shared__ variables), dynamic shared buffer and thread count, each new
+// block, each released __syncthreads, each completed warp operation (lanes first..first+nlanes-1
+// of one warp, `mask` over them), the fiber about to run (-1: the scheduler), the launch's end.
+// racecheck_enabled (QLFT_EMU_RACECHECK is not 0) is in qlft_emu_device.h.
+void racecheck_launch(const void* kernel, void* dyn, size_t dyn_bytes, int nthreads);
+void racecheck_block();
+void racecheck_barrier();
+void racecheck_warp_sync(int first, unsigned mask, int nlanes);
+void racecheck_enter(int linear);
+void racecheck_end();
+
 // Device limits (H100 SXM).
 constexpr size_t kDeviceBytes = size_t(80) << 30;  // what the device reports (H100 80 GB)
 constexpr int kMaxThreadsPerBlock = 1024;

@@ -314,6 +314,7 @@ bool release_warps(Grid& g, int nthreads) {
       }
       if (!complete) continue;
       // Every lane of the mask is here: exchange (all reads see the values offered now).
+      racecheck_warp_sync(w0, f.mask, nl);
       uint64_t offered[32];
       for (int m = 0; m < nl; ++m) offered[m] = g.fibers[w0 + m].bits;
       for (int m = 0; m < nl; ++m) {
@@ -485,6 +486,7 @@ void run_grid(const void* f, dim3 grid, dim3 block, size_t smem, cudaStream_t s,
     return report(cudaErrorInvalidConfiguration,
                   "the static __shared__ variables exceed 48 KiB: " + std::to_string(stat));
 
+  count_api(s, Api::Kernel, f);
   static Grid* gp = new Grid;
   Grid& g = *gp;
   g.fibers.assign(nthreads, Fiber{});
@@ -510,6 +512,7 @@ void run_grid(const void* f, dim3 grid, dim3 block, size_t smem, cudaStream_t s,
   g.dyn = dm + dm_pages - dyn_round;
   g.dyn_bytes = dyn_round;
   set_shared_guard(dm + dm_pages, smem);
+  racecheck_launch(f, g.dyn, smem, int(nthreads));
 
   Schedule& sch = schedule();
   DeviceOpen open;
@@ -523,6 +526,7 @@ void run_grid(const void* f, dim3 grid, dim3 block, size_t smem, cudaStream_t s,
         t_block_idx = uint3{bx, by, bz};
         if (stat) std::memset(__start_qlft_emu_shared, 0xff, stat);
         if (smem) std::memset(g.dyn, 0xff, dyn_round);
+        racecheck_block();
         for (unsigned i = 0; i < nthreads; ++i) {
           Fiber& fb = g.fibers[i];
           fb = Fiber{};
@@ -552,7 +556,9 @@ void run_grid(const void* f, dim3 grid, dim3 block, size_t smem, cudaStream_t s,
               ctx_make(&fb.ctx, g.stacks[size_t(fb.stack)], kStackBytes, fiber_entry);
             }
             t_fiber = &fb;
+            racecheck_enter(i);
             to_fiber(g, fb);  // runs until its next sync point or its end
+            racecheck_enter(-1);
             t_fiber = nullptr;
             if (fb.st == State::Done) g.free_stacks.push_back(fb.stack);
             if (!g.fault.empty()) break;
@@ -567,6 +573,7 @@ void run_grid(const void* f, dim3 grid, dim3 block, size_t smem, cudaStream_t s,
           }
           if (done == nthreads) break;
           if (done + at_bar == nthreads) {  // exited threads count as arrived, as on hardware
+            racecheck_barrier();
             for (Fiber& fb : g.fibers)
               if (fb.st == State::AtBlockBarrier) fb.st = State::Runnable;
             continue;
@@ -585,6 +592,7 @@ void run_grid(const void* f, dim3 grid, dim3 block, size_t smem, cudaStream_t s,
         }
       }
   t_grid = nullptr;
+  racecheck_end();
   set_shared_guard(nullptr, 0);
   if (!g.fault.empty())
     return report(cudaErrorLaunchFailure, std::string("kernel ") + cfg + ": " + g.fault);

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -85,6 +86,19 @@ TEST_P(EmuSchedule, DeletedSyncthreadsIsCaughtAndIntactKernelIsExact) {
   // so every row is wrong (NaN from the fill). Reverse happens to run the writers first: one
   // fixed order never exposes every race, which is why random (a new order per pass, a new seed
   // per run) is the default.
+  // With the race check (racecheck.cpp) the launch fails under every order, reverse included:
+  // it sees the read of a word another thread wrote in the same barrier interval, whatever the
+  // values. Without it (an ASan build) only the NaN fill can show the bug.
+  if (QLFT_EMU_RACECHECK_BUILT && qlft_emu::racecheck_enabled()) {
+    try {
+      row_sums(true, x, rows, cols);
+      ADD_FAILURE() << "the race went unreported under " << GetParam();
+    } catch (const qlft::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("cudaErrorLaunchFailure"), std::string::npos)
+          << e.what();
+    }
+    return;
+  }
   const std::vector<float> bad = row_sums(true, x, rows, cols);
   int wrong = 0;
   for (int r = 0; r < rows; ++r) wrong += !(bad[r] == float(want[r]));
@@ -93,6 +107,154 @@ TEST_P(EmuSchedule, DeletedSyncthreadsIsCaughtAndIntactKernelIsExact) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Orders, EmuSchedule, ::testing::Values("forward", "reverse", "random"));
+
+// ---- Race check (cuda/emu/src/racecheck.cpp) -------------------------------------------------
+// A copy of block_sum without its trailing barrier, called twice on one shared array (as the
+// 8-bit AdamW kernel does): a warp that finishes the first sum writes shared[warp] for the second
+// while lanes of other warps may still read the first. Schedules that run the readers first give
+// the right sums, so the values alone miss it; the race check does not.
+__device__ float block_sum_no_trailing_barrier(float v, float* shared) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = qlft::cu::warp_sum(v);
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  float r = lane < nw ? shared[lane] : 0.f;
+  return qlft::cu::warp_sum(r);  // __syncthreads() deleted here
+}
+
+template <bool kBroken>
+__global__ void __launch_bounds__(256) k_sum_and_squares(const float* x, float* out, int cols) {
+  __shared__ float red[32];
+  float s = 0.f, q = 0.f;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float v = x[blockIdx.x * cols + c];
+    s += v;
+    q += v * v;
+  }
+  s = kBroken ? block_sum_no_trailing_barrier(s, red) : qlft::cu::block_sum(s, red);
+  q = kBroken ? block_sum_no_trailing_barrier(q, red) : qlft::cu::block_sum(q, red);
+  if (threadIdx.x == 0) {
+    out[2 * blockIdx.x] = s;
+    out[2 * blockIdx.x + 1] = q;
+  }
+}
+
+// Warp-level patterns on one static array. mode 0: lane 0 writes, __syncwarp, lane 5 reads
+// (ordered); 1: the same without __syncwarp (a race inside one warp); 2: with __syncwarp but the
+// reader in the other warp (a warp operation orders only its own lanes); 3: every thread
+// atomicAdds one word (atomics are not races); 4: a shuffle orders the write and the read.
+__global__ void __launch_bounds__(64) k_warp_patterns(int mode, int* out) {
+  __shared__ int s[2];
+  const int t = threadIdx.x;
+  if (mode == 3) {
+    if (t == 0) s[0] = 0;
+    __syncthreads();
+    atomicAdd(&s[0], 1);
+    __syncthreads();
+    out[t] = s[0];
+    return;
+  }
+  if (t == 0) s[1] = 7;
+  if (mode == 0 || mode == 2) __syncwarp();
+  if (mode == 4) out[t] = __shfl_sync(0xffffffffu, t, 0);
+  if (t == (mode == 2 ? 32 : 5)) out[0] = s[1];
+}
+
+// Dynamic shared memory: each thread writes its word and reads its neighbour's.
+__global__ void __launch_bounds__(64) k_neighbour(bool barrier, int* out) {
+  QLFT_DYNAMIC_SHARED(int, d);
+  const int t = threadIdx.x;
+  d[t] = t;
+  if (barrier) __syncthreads();
+  out[t] = d[t ^ 1];
+}
+
+// What a launch wrote on stderr if it failed (the emulator's report), else "".
+template <class F>
+std::string launch_failure(F run) {
+  testing::internal::CaptureStderr();
+  try {
+    run();
+  } catch (const qlft::Error& e) {
+    const std::string err = testing::internal::GetCapturedStderr();
+    return err.empty() ? std::string(e.what()) : err;
+  }
+  testing::internal::GetCapturedStderr();
+  return "";
+}
+
+#define QLFT_NEED_RACECHECK()                                       \
+  if (!(QLFT_EMU_RACECHECK_BUILT && qlft_emu::racecheck_enabled())) \
+  GTEST_SKIP() << "race check not built (a sanitizer build) or QLFT_EMU_RACECHECK=0"
+
+TEST_P(EmuSchedule, MissingTrailingBarrierIsARaceWhateverTheValues) {
+  QLFT_NEED_RACECHECK();
+  qlft_emu::set_schedule(GetParam(), 777);
+  const int rows = 3, cols = 700;
+  std::vector<float> x(size_t(rows) * cols);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i % 5) - 2);
+  Dev dx(x.size()), dout(2 * rows);
+  dx.put(x);
+  EXPECT_EQ(launch_failure([&] {
+              launch(k_sum_and_squares<false>, dim3(rows), dim3(256), 0, nullptr, dx.p, dout.p,
+                     cols);
+            }),
+            "");
+  const std::vector<float> got = dout.get();
+  for (int r = 0; r < rows; ++r) {
+    double s = 0, q = 0;
+    for (int c = 0; c < cols; ++c) {
+      const double v = x[size_t(r) * cols + c];
+      s += v;
+      q += v * v;
+    }
+    EXPECT_EQ(got[2 * r], float(s)) << r;
+    EXPECT_EQ(got[2 * r + 1], float(q)) << r;
+  }
+  const std::string err = launch_failure([&] {
+    launch(k_sum_and_squares<true>, dim3(rows), dim3(256), 0, nullptr, dx.p, dout.p, cols);
+  });
+  EXPECT_NE(err.find("shared-memory race (write after read)"), std::string::npos) << err;
+  EXPECT_NE(err.find("static __shared__"), std::string::npos) << err;
+}
+
+TEST(EmuRaceCheck, WarpSynchronizationAndAtomicsOrderOnlyWhatCudaSays) {
+  QLFT_NEED_RACECHECK();
+  Dev d(64);
+  int* out = reinterpret_cast<int*>(d.p);
+  auto run = [&](int mode) {
+    return launch_failure(
+        [&] { launch(k_warp_patterns, dim3(2), dim3(64), 0, nullptr, mode, out); });
+  };
+  for (const char* order : {"forward", "reverse", "random"}) {
+    qlft_emu::set_schedule(order, 99);
+    EXPECT_EQ(run(0), "") << order;
+    const std::string same_warp = run(1);
+    EXPECT_NE(same_warp.find("shared-memory race"), std::string::npos) << order << same_warp;
+    EXPECT_NE(same_warp.find("thread (0,0,0)"), std::string::npos) << order << same_warp;
+    EXPECT_NE(same_warp.find("thread (5,0,0)"), std::string::npos) << order << same_warp;
+    const std::string other_warp = run(2);
+    EXPECT_NE(other_warp.find("shared-memory race"), std::string::npos) << order << other_warp;
+    EXPECT_NE(other_warp.find("thread (32,0,0)"), std::string::npos) << order << other_warp;
+    EXPECT_EQ(run(3), "") << order;
+    std::vector<float> h = d.get();
+    int v = 0;
+    std::memcpy(&v, &h[0], 4);
+    EXPECT_EQ(v, 64) << "every thread's atomicAdd counted";
+    EXPECT_EQ(run(4), "") << order;
+  }
+}
+
+TEST(EmuRaceCheck, DynamicSharedMemoryIsCheckedToo) {
+  QLFT_NEED_RACECHECK();
+  Dev d(64);
+  int* out = reinterpret_cast<int*>(d.p);
+  EXPECT_EQ(
+      launch_failure([&] { launch(k_neighbour, dim3(1), dim3(64), 256, nullptr, true, out); }), "");
+  const std::string err =
+      launch_failure([&] { launch(k_neighbour, dim3(1), dim3(64), 256, nullptr, false, out); });
+  EXPECT_NE(err.find("dynamic shared"), std::string::npos) << err;
+}
 
 // ---- Shuffles -------------------------------------------------------------------------------
 __global__ void __launch_bounds__(64) k_shuffles(int* out) {

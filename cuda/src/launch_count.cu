@@ -1,0 +1,92 @@
+// Launch counting (launch_count.h).
+#include "launch_count.h"
+
+#include <cxxabi.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+
+#include "check.h"
+
+namespace qlft::cu {
+
+namespace {
+
+struct Counts {
+  std::mutex m;
+  std::unordered_map<const void*, uint64_t> kernels;
+  std::map<std::string, uint64_t> library;
+  std::atomic<uint64_t> total{0};
+};
+Counts& counts() {
+  static Counts* c = new Counts;  // never destroyed: launches may come during static teardown
+  return *c;
+}
+
+std::string kernel_name(const void* k) {
+  const char* mangled = nullptr;
+  QLFT_CUDA_CHECK(cudaFuncGetName(&mangled, k));
+  int ok = -1;
+  char* d = abi::__cxa_demangle(mangled, nullptr, nullptr, &ok);
+  const std::string full = ok == 0 && d ? d : mangled;
+  std::free(d);
+  return short_kernel_name(full);
+}
+
+}  // namespace
+
+void count_launch(const void* kernel) {
+  Counts& c = counts();
+  std::lock_guard<std::mutex> g(c.m);
+  ++c.kernels[kernel];
+  c.total.fetch_add(1, std::memory_order_relaxed);
+}
+
+void count_library_launch(const char* name) {
+  Counts& c = counts();
+  std::lock_guard<std::mutex> g(c.m);
+  ++c.library[name];
+  c.total.fetch_add(1, std::memory_order_relaxed);
+}
+
+uint64_t launches_total() {
+  return counts().total.load(std::memory_order_relaxed);
+}
+
+std::vector<LaunchCount> launch_counts() {
+  Counts& c = counts();
+  std::map<std::string, uint64_t> by_name;
+  {
+    std::lock_guard<std::mutex> g(c.m);
+    for (const auto& [k, n] : c.kernels) by_name[kernel_name(k)] += n;
+    for (const auto& [name, n] : c.library) by_name[name] += n;
+  }
+  std::vector<LaunchCount> out;
+  for (const auto& [name, n] : by_name) out.push_back(LaunchCount{name, n});
+  return out;
+}
+
+std::string short_kernel_name(const std::string& s) {
+  // The parameter list: the first '(' outside template brackets; the name: after the last "::"
+  // outside them (a return type, "void ", precedes a template instance's name).
+  int depth = 0;
+  size_t end = s.size(), start = 0;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char ch = s[i];
+    if (ch == '<') ++depth;
+    if (ch == '>') --depth;
+    if (depth == 0 && ch == '(') {
+      end = i;
+      break;
+    }
+    if (depth == 0 && (ch == ' ' || (ch == ':' && i + 1 < s.size() && s[i + 1] == ':')))
+      start = i + (ch == ' ' ? 1 : 2);
+  }
+  return s.substr(start, end - start);
+}
+
+}  // namespace qlft::cu

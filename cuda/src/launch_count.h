@@ -1,0 +1,32 @@
+// Counting of the device work the backend submits: every kernel launched through
+// qlft::cu::launch (check.h) and every cuBLASLt matmul (gemm.cu), by name, process-wide.
+//
+// Counted here, at the backend's own launch wrapper, rather than in the emulator: the same code
+// runs on a GPU and in the emulated build, so both report the same numbers (the emulator's
+// runtime-level count, qlft_emu::api_counts, is the independent check the tests compare with).
+// CudaBackend::transfers() reports the total, so the trainer's per-step difference is the
+// step's launches (metrics.jsonl "launches"). One process drives one device; two backends in one
+// process would share the count.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace qlft::cu {
+
+void count_launch(const void* kernel);        // a kernel launch (named later by cudaFuncGetName)
+void count_library_launch(const char* name);  // a library call that launches (a static string)
+uint64_t launches_total();
+
+struct LaunchCount {
+  std::string name;  // the kernel's unqualified name with template arguments ("k_attn_fwd<4>")
+  uint64_t count = 0;
+};
+// Launches so far by name (kernels of one name but different instances are listed apart only
+// when their template arguments differ), sorted by name.
+std::vector<LaunchCount> launch_counts();
+// Demangled "void qlft::cu::k_attn_fwd<4>(qlft::cu::AttnArgs, ...)" -> "k_attn_fwd<4>".
+std::string short_kernel_name(const std::string& demangled);
+
+}  // namespace qlft::cu
