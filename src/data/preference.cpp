@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "core/error.h"
+#include "data/dataset.h"  // tokenize_record
 #include "formats/mapped_file.h"
 
 namespace qlft::data {
@@ -14,9 +15,42 @@ namespace {
 
 using nlohmann::json;
 
+// A list of {"role", "content"} messages, or what is wrong with it.
+std::string messages_of(const json& v, const char* key, std::vector<Message>& out) {
+  if (!v.is_array() || v.empty())
+    return std::string("field \"") + key + "\" must be a string or a non-empty list of messages";
+  for (const json& m : v) {
+    auto role = m.is_object() ? m.find("role") : m.end();
+    auto content = m.is_object() ? m.find("content") : m.end();
+    if (!m.is_object() || role == m.end() || content == m.end() || !role->is_string() ||
+        !content->is_string())
+      return std::string("field \"") + key + "\": each message needs string role and content";
+    out.push_back({role->get<std::string>(), content->get<std::string>()});
+  }
+  return "";
+}
+
 // The record's fields, or a message naming what is wrong ("" when good).
 std::string to_pref(const json& j, bool kto, PrefRecord& r) {
   if (!j.is_object()) return "a record must be a JSON object";
+  if (auto p = j.find("prompt"); p != j.end() && p->is_array()) {  // conversational
+    r.chat = true;
+    std::string e = messages_of(*p, "prompt", r.prompt_msgs);
+    const std::vector<const char*> answers = kto ? std::vector<const char*>{"completion"}
+                                                 : std::vector<const char*>{"chosen", "rejected"};
+    for (const char* k : answers) {
+      if (!e.empty()) return e;
+      auto a = j.find(k);
+      if (a == j.end()) return std::string("missing field \"") + k + "\"";
+      e = messages_of(*a, k, std::string(k) == "rejected" ? r.rejected_msgs : r.chosen_msgs);
+    }
+    if (!e.empty() || !kto) return e;
+    auto it = j.find("label");
+    if (it == j.end()) return "missing field \"label\"";
+    if (!it->is_boolean()) return "field \"label\" must be true or false";
+    r.label = it->get<bool>();
+    return "";
+  }
   auto str = [&](const char* k, std::string& out) -> std::string {
     auto it = j.find(k);
     if (it == j.end()) return std::string("missing field \"") + k + "\"";
@@ -51,6 +85,26 @@ std::vector<int32_t> tokens_of(const std::string& text, const TextEncoder& enc) 
   std::vector<int32_t> ids;
   if (enc.wants_bos() && enc.bos_id() >= 0) ids.push_back(enc.bos_id());
   enc.encode(text, true, false, ids);
+  return ids;
+}
+
+// A conversation's ids and where its answer starts: the last run of trained tokens (the final
+// assistant turn), as tokenize_record masks it.
+std::vector<int32_t> chat_ids(const std::vector<Message>& prompt,
+                              const std::vector<Message>& answer, const ChatTemplate& t,
+                              const TextEncoder& enc, size_t* start) {
+  Record rec;
+  rec.format = DataFormat::Chat;
+  rec.messages = prompt;
+  rec.messages.insert(rec.messages.end(), answer.begin(), answer.end());
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> trained;
+  tokenize_record(rec, t, TrainOn::Completion, enc, ids, trained);
+  size_t e = ids.size();
+  while (e > 0 && !trained[e - 1]) --e;
+  size_t b = e;
+  while (b > 0 && trained[b - 1]) --b;
+  *start = b;
   return ids;
 }
 
@@ -94,10 +148,29 @@ std::vector<PrefRecord> read_preference_records(const std::string& path, bool kt
   return out;
 }
 
-PrefExample tokenize_preference(const PrefRecord& r, bool kto, const TextEncoder& enc) {
+PrefExample tokenize_preference(const PrefRecord& r, bool kto, const TextEncoder& enc,
+                                const ChatTemplate* chat) {
   PrefExample e;
   e.where = r.where;
   e.desirable = r.label;
+  if (r.chat) {
+    QLFT_CHECK_FORMAT(chat, "%s: a conversational record needs a chat template", r.where.c_str());
+    size_t sc = 0, sr = 0;
+    std::vector<int32_t> c, rj;
+    try {
+      c = chat_ids(r.prompt_msgs, r.chosen_msgs, *chat, enc, &sc);
+      if (!kto) rj = chat_ids(r.prompt_msgs, r.rejected_msgs, *chat, enc, &sr);
+    } catch (const Error& err) {
+      throw_error(QLFT_ERR_FORMAT, "%s: %s", r.where.c_str(), err.what());
+    }
+    size_t n = kto ? sc : std::min({sc, sr, common_prefix(c, rj)});
+    e.prompt.assign(c.begin(), c.begin() + static_cast<std::ptrdiff_t>(n));
+    e.chosen.assign(c.begin() + static_cast<std::ptrdiff_t>(n), c.end());
+    if (!kto) e.rejected.assign(rj.begin() + static_cast<std::ptrdiff_t>(n), rj.end());
+    QLFT_CHECK_FORMAT(!e.chosen.empty() && (kto || !e.rejected.empty()),
+                      "%s: an answer has no tokens", r.where.c_str());
+    return e;
+  }
   const std::string eos = enc.eos_text();
   auto with_eos = [&](const std::string& a) {
     return !eos.empty() &&

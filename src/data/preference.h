@@ -2,8 +2,10 @@
 // tokenized as TRL 1.16's DPOTrainer / KTOTrainer tokenize their non-conversational form.
 //
 // Paired records {"prompt", "chosen", "rejected"} (strings); KTO's unpaired records
-// {"prompt", "completion", "label": true|false}. A bad record is a QLFT_ERR_FORMAT naming the
-// file and line (data.on_error=skip counts it instead).
+// {"prompt", "completion", "label": true|false}. The conversational form (TRL's): "prompt" a
+// list of {"role", "content"} messages and each answer a list of messages (an assistant turn),
+// rendered through the chat template (data.template) as a chat record. A bad record is a
+// QLFT_ERR_FORMAT naming the file and line (data.on_error=skip counts it instead).
 //
 // Tokenization (TRL's tokenize_fn): EOS is appended to each answer as text; prompt and
 // prompt + answer are tokenized whole (BOS first when the model wants it), and the answer starts
@@ -15,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "data/chat_template.h"
 #include "data/records.h"
 #include "data/text_encoder.h"
 
@@ -24,7 +27,9 @@ struct PrefRecord {
   std::string prompt, chosen, rejected;  // paired
   std::string completion;                // KTO
   bool label = true;                     // KTO: desirable
-  std::string where;                     // "file.jsonl:12"
+  bool chat = false;                     // conversational: the messages below instead
+  std::vector<Message> prompt_msgs, chosen_msgs, rejected_msgs;  // KTO: completion in chosen
+  std::string where;                                             // "file.jsonl:12"
 };
 
 // kto: the unpaired form. Reads a .jsonl file (or a .json file of JSON lines).
@@ -38,6 +43,10 @@ struct PrefExample {
   std::string where;
 };
 
-PrefExample tokenize_preference(const PrefRecord& r, bool kto, const TextEncoder& enc);
+// chat: the template of conversational records (rendered as tokenize_record renders a chat
+// record; the answer is the conversation's last trained run of tokens and what follows it,
+// TRL's tokens after the generation prompt); may be null when no record is conversational.
+PrefExample tokenize_preference(const PrefRecord& r, bool kto, const TextEncoder& enc,
+                                const ChatTemplate* chat = nullptr);
 
 }  // namespace qlft::data

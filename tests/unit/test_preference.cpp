@@ -6,9 +6,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 
 #include "backend/backend.h"
+#include "core/error.h"
 #include "core/threads.h"
+#include "data/preference.h"
 #include "model/llama.h"
 #include "support/test_support.h"
 #include "test_model_util.h"
@@ -188,4 +191,125 @@ TEST(Preference, LossDerivativesMatchFiniteDifferences) {
       }
     }
   }
+}
+
+// ---- data: records and TRL's tokenization (a byte encoder: ids are the bytes) ----------------
+
+namespace {
+
+std::string write_jsonl(const std::string& name, const std::string& text) {
+  const std::string p = qlft_test::temp_dir("pref_data") + "/" + name;
+  FILE* f = std::fopen(p.c_str(), "wb");
+  std::fwrite(text.data(), 1, text.size(), f);
+  std::fclose(f);
+  return p;
+}
+
+std::vector<int32_t> bytes(const std::string& s) {
+  return {s.begin(), s.end()};
+}
+
+// The QLFT_ERR_FORMAT message reading path gives.
+std::string format_error(const std::string& path, bool kto) {
+  data::DropLog log;
+  try {
+    data::read_preference_records(path, kto, data::ReadOptions{}, log);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), QLFT_ERR_FORMAT);
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(PreferenceData, PairsTokenizeAsTrl) {
+  // BOS (256) + prompt, then the answer with EOS appended as text ("</s>", id 257).
+  const std::string p =
+      write_jsonl("pairs.jsonl",
+                  "{\"prompt\": \"ab\", \"chosen\": \"c\", \"rejected\": \"de\"}\n"
+                  "\n"
+                  "{\"prompt\": \"x\", \"chosen\": \"y</s>\", \"rejected\": \"z\"}\n");
+  data::DropLog log;
+  auto recs = data::read_preference_records(p, false, data::ReadOptions{}, log);
+  ASSERT_EQ(recs.size(), 2u);
+  EXPECT_EQ(recs[1].where, p + ":3");
+  data::ByteEncoder enc;
+  data::PrefExample e = data::tokenize_preference(recs[0], false, enc);
+  EXPECT_EQ(e.prompt, (std::vector<int32_t>{256, 'a', 'b'}));
+  EXPECT_EQ(e.chosen, (std::vector<int32_t>{'c', 257}));
+  EXPECT_EQ(e.rejected, (std::vector<int32_t>{'d', 'e', 257}));
+  e = data::tokenize_preference(recs[1], false, enc);  // an EOS already there is not doubled
+  EXPECT_EQ(e.chosen, (std::vector<int32_t>{'y', 257}));
+
+  // The batch: chosen rows, then rejected rows, right-padded; targets on the answers only.
+  data::PrefExample a = data::tokenize_preference(recs[0], false, enc);
+  PrefBatch b = make_pref_batch({&a}, Objective::Dpo, 0);
+  ASSERT_EQ(b.rows.micro_batch, 2);
+  ASSERT_EQ(b.rows.seq_len, 6);  // 256 a b d e 257
+  EXPECT_EQ(b.rows.tokens,
+            (std::vector<int32_t>{256, 'a', 'b', 'c', 257, 0, 256, 'a', 'b', 'd', 'e', 257}));
+  const int32_t I = kIgnoreIndex;
+  EXPECT_EQ(b.rows.targets, (std::vector<int32_t>{I, I, 'c', 257, I, I, I, I, 'd', 'e', 257, I}));
+  b = make_pref_batch({&a}, Objective::Orpo, 0);
+  EXPECT_EQ(b.prompt_targets, (std::vector<int32_t>{'a', 'b', I, I, I, I, 'a', 'b', I, I, I, I}));
+}
+
+TEST(PreferenceData, ConversationsTokenizeAfterTheGenerationPrompt) {
+  const std::string p = write_jsonl(
+      "chat.jsonl",
+      "{\"prompt\": [{\"role\": \"user\", \"content\": \"hi\"}], \"chosen\": [{\"role\": "
+      "\"assistant\", \"content\": \"yo\"}], \"rejected\": [{\"role\": \"assistant\", "
+      "\"content\": \"no\"}]}\n");
+  data::DropLog log;
+  auto recs = data::read_preference_records(p, false, data::ReadOptions{}, log);
+  ASSERT_EQ(recs.size(), 1u);
+  ASSERT_TRUE(recs[0].chat);
+  data::ByteEncoder enc({"<s>", "</s>", "<|im_start|>", "<|im_end|>"});
+  data::ChatTemplate t;
+  t.kind = data::TemplateKind::ChatML;
+  data::PrefExample e = data::tokenize_preference(recs[0], false, enc, &t);
+  const std::string prompt = enc.decode(e.prompt.data(), e.prompt.size());
+  EXPECT_NE(prompt.find("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"),
+            std::string::npos)
+      << prompt;
+  EXPECT_EQ(prompt.size() - prompt.rfind("assistant\n"), 10u) << prompt;  // ends there
+  EXPECT_EQ(enc.decode(e.chosen.data(), e.chosen.size()), "yo<|im_end|>\n");
+  EXPECT_EQ(enc.decode(e.rejected.data(), e.rejected.size()), "no<|im_end|>\n");
+  EXPECT_THROW(data::tokenize_preference(recs[0], false, enc, nullptr), Error);
+}
+
+TEST(PreferenceData, BadRecordsNameFileAndLine) {
+  std::string m =
+      format_error(write_jsonl("bad1.jsonl",
+                               "{\"prompt\": \"a\", \"chosen\": \"b\", \"rejected\": \"c\"}\n"
+                               "{\"prompt\": \"a\", \"chosen\": \"b\"}\n"),
+                   false);
+  EXPECT_NE(m.find("bad1.jsonl:2"), std::string::npos) << m;
+  EXPECT_NE(m.find("rejected"), std::string::npos) << m;
+  m = format_error(write_jsonl("bad2.jsonl",
+                               "{\"prompt\": \"a\", \"completion\": \"b\", "
+                               "\"label\": \"yes\"}\n"),
+                   true);
+  EXPECT_NE(m.find("bad2.jsonl:1"), std::string::npos) << m;
+  EXPECT_NE(m.find("label"), std::string::npos) << m;
+  m = format_error(write_jsonl("bad3.jsonl", "\n\n{\"prompt\": 3, \"chosen\"\n"), false);
+  EXPECT_NE(m.find("bad3.jsonl:3"), std::string::npos) << m;
+  m = format_error(write_jsonl("bad4.jsonl",
+                               "{\"prompt\": [{\"role\": \"user\"}], "
+                               "\"chosen\": \"b\", \"rejected\": \"c\"}\n"),
+                   false);
+  EXPECT_NE(m.find("bad4.jsonl:1"), std::string::npos) << m;
+  EXPECT_NE(m.find("content"), std::string::npos) << m;
+  // on_error=skip: counted, the good records kept.
+  data::ReadOptions skip;
+  skip.skip_bad = true;
+  data::DropLog log;
+  auto recs = data::read_preference_records(
+      write_jsonl("bad5.jsonl",
+                  "{\"prompt\": \"a\", \"chosen\": \"b\", \"rejected\": \"c\"}\n"
+                  "not json\n"),
+      false, skip, log);
+  EXPECT_EQ(recs.size(), 1u);
+  EXPECT_EQ(log.count, 1u);
 }
