@@ -5,11 +5,12 @@ namespace qlft {
 namespace {
 
 const ArchFamily kFamilies[] = {
-    // name       hf_class               gguf_arch  gguf_qk_adjacent  qkv_bias  qk_norm
-    {"llama", "LlamaForCausalLM", "llama", true, false, false},
-    {"mistral", "MistralForCausalLM", "llama", true, false, false},
-    {"qwen2", "Qwen2ForCausalLM", "qwen2", false, true, false},
-    {"qwen3", "Qwen3ForCausalLM", "qwen3", false, false, true},
+    // name       hf_class               gguf_arch  gguf_qk_adjacent  qkv_bias  qk_norm  fused
+    {"llama", "LlamaForCausalLM", "llama", true, false, false, false},
+    {"mistral", "MistralForCausalLM", "llama", true, false, false, false},
+    {"qwen2", "Qwen2ForCausalLM", "qwen2", false, true, false, false},
+    {"qwen3", "Qwen3ForCausalLM", "qwen3", false, false, true, false},
+    {"phi3", "Phi3ForCausalLM", "phi3", false, false, false, true},
 };
 
 // Architectures people bring that qlft recognizes but does not train, with what it lacks for
@@ -37,7 +38,6 @@ const Missing kMissing[] = {
      "(1 + w) and post-block norms, GeGLU, per-layer RoPE bases of local / global layers"},
     {"gemma3_text", "Gemma3ForCausalLM",
      "(1 + w) and post-block norms, GeGLU, per-layer RoPE bases of local / global layers"},
-    {"phi3", "Phi3ForCausalLM", "fused qkv_proj and gate_up_proj projections"},
 };
 
 }  // namespace

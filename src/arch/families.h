@@ -18,6 +18,9 @@ struct ArchFamily {
   bool qkv_bias;  // q/k/v biases always (qwen2); otherwise attention_bias or the file says
   // Per-head RMSNorm of q and k before RoPE (qwen3: q_norm / k_norm weights of head_dim).
   bool qk_norm;
+  // q / k / v stored as row blocks of one qkv_proj and gate / up of one gate_up_proj (phi3;
+  // llama.cpp's attn_qkv and ffn_up): the loaders split them into the seven projections.
+  bool fused;
 };
 
 // The family named name (ModelConfig::arch); nullptr when qlft does not train it.

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "arch/families.h"
 #include "backend/dropout.h"
 #include "core/error.h"
 
@@ -91,6 +92,15 @@ LoraAdapter::LoraAdapter(MemoryTracker* tracker, const ModelShapes& m, const Lor
   QLFT_CHECK_ARG(cfg.r > 0 && cfg.r <= 65536, "lora.r must be in 1..65536, got %d", cfg.r);
   QLFT_CHECK_ARG(cfg.dropout >= 0.f && cfg.dropout < 1.f, "lora.dropout must be in [0, 1), got %g",
                  cfg.dropout);
+  // A fused family (phi3) has one module for q / k / v (qkv_proj) and one for gate / up
+  // (gate_up_proj), which PEFT adapts with one A and B each: not the per-projection slots here.
+  if (const ArchFamily* fam = find_family(m.arch); fam && fam->fused)
+    for (Proj p : {Proj::Q, Proj::K, Proj::V, Proj::Gate, Proj::Up})
+      QLFT_CHECK_ARG(!cfg.targets[static_cast<int>(p)],
+                     "lora.target_modules: %s keeps q/k/v in one qkv_proj and gate/up in one "
+                     "gate_up_proj, and LoRA on those fused projections is not supported; target "
+                     "o_proj and down_proj (not %s)",
+                     m.arch.c_str(), proj_peft_name(p));
   slots_.resize(m.n_layers);
   for (int l = 0; l < m.n_layers; ++l) {
     slots_[l].resize(kProjCount);

@@ -140,6 +140,7 @@ class GgufLoader final : public FormatLoader {
   void open(const std::string& path) override {
     m_.gguf = GgufFile::open(path);
     m_.cfg = read_gguf_config(*m_.gguf);
+    fused_ = find_family(m_.cfg.arch)->fused;
   }
 
   void embedding(QWeight& w, bool head) override {
@@ -156,6 +157,7 @@ class GgufLoader final : public FormatLoader {
     vector(dst, layer(l) + name, n);
   }
   void linear(QWeight& w, int l, Proj p, const ProjShape& s) override {
+    if (fused_ && p != Proj::O && p != Proj::Down) return fused_rows(w, l, p, s);
     const GgufTensorInfo& t = tensor(layer(l) + proj_gguf_name(p) + ".weight", s.out, s.in);
     linear_weight(w, t, s.out, s.in);
   }
@@ -276,6 +278,43 @@ class GgufLoader final : public FormatLoader {
                          opt_.double_quant);
   }
 
+  // Phi-3: q / k / v are row blocks of attn_qkv, gate / up of ffn_up (gate first), each
+  // dequantized from its rows and kept as f32 (quant.type=keep) or quantized (never a span of
+  // the file: plan_group loads the group).
+  void fused_rows(QWeight& w, int l, Proj p, const ProjShape& s) {
+    const ModelShapes& sh = m_.shapes;
+    const bool att = p <= Proj::V;
+    const int64_t q = sh.proj(l, Proj::Q).out, k = sh.proj(l, Proj::K).out;
+    const int64_t total = att ? q + k + sh.proj(l, Proj::V).out : 2 * s.out;
+    const int64_t row0 = p == Proj::K ? q : p == Proj::V ? q + k : p == Proj::Up ? s.out : 0;
+    const GgufTensorInfo& t =
+        tensor(layer(l) + (att ? "attn_qkv.weight" : "ffn_up.weight"), total, s.in);
+    if (plan_.on) {
+      plan_.whole = false;
+      return;
+    }
+    const GgmlTypeTraits* tr = ggml_type_traits(t.type);
+    QLFT_CHECK_FORMAT(tr && tr->dequantizable && s.in % tr->block == 0,
+                      "%s: tensor '%s' has a type qlft cannot split into rows",
+                      m_.gguf->path().c_str(), t.name.c_str());
+    const uint8_t* at = t.data + uint64_t(row0) * uint64_t(s.in / tr->block) * tr->bytes;
+    const int64_t n = s.out * s.in;
+    if (opt_.quant_type == QuantType::Keep) {
+      w = QWeight{};
+      w.kind = QuantKind::F32;
+      w.rows = s.out;
+      w.cols = s.in;
+      w.data = Buffer(tracker_, MemCategory::Weights, n * 4, t.name.c_str());
+      ggml_dequantize(t.type, at, n, w.data.as<float>());
+      return;
+    }
+    Buffer tmp(tracker_, MemCategory::Workspace, n * 4, "load staging");
+    ggml_dequantize(t.type, at, n, tmp.as<float>());
+    require_finite(tmp.as<float>(), n, m_.gguf->path().c_str(), t.name);
+    w = qweight_from_f32(tracker_, tmp.as<float>(), s.out, s.in, target_kind(opt_), opt_.blocksize,
+                         opt_.double_quant);
+  }
+
   // plan_group's state: on while it runs; whole while every Buffer so far is a span.
   struct Plan {
     bool on = false, whole = true;
@@ -286,6 +325,7 @@ class GgufLoader final : public FormatLoader {
   const LoadOptions& opt_;
   Model& m_;
   Plan plan_;
+  bool fused_ = false;  // ArchFamily::fused (phi3)
 };
 
 }  // namespace

@@ -127,6 +127,7 @@ class HfLoader final : public FormatLoader {
     m_.hf_dir = dir;
     JsonFile cj = JsonFile::load(dir + "/config.json");
     m_.cfg = read_hf_config(cj, is_dir(path) ? dir : path, &st_);
+    fused_ = find_family(m_.cfg.arch)->fused;
   }
 
   void embedding(QWeight& w, bool head) override {
@@ -145,6 +146,18 @@ class HfLoader final : public FormatLoader {
     dst = vector(layer(l) + name, n);
   }
   void linear(QWeight& w, int l, Proj p, const ProjShape& s) override {
+    if (fused_ && p != Proj::O && p != Proj::Down) {
+      // Phi-3: q / k / v are row blocks of self_attn.qkv_proj, gate / up of mlp.gate_up_proj.
+      const ModelShapes& sh = m_.shapes;
+      const bool att = p <= Proj::V;
+      const int64_t q = sh.proj(l, Proj::Q).out, k = sh.proj(l, Proj::K).out;
+      const int64_t total = att ? q + k + sh.proj(l, Proj::V).out : 2 * s.out;
+      const int64_t row0 = p == Proj::K ? q : p == Proj::V ? q + k : p == Proj::Up ? s.out : 0;
+      const std::string name = layer(l) + (att ? "self_attn.qkv_proj" : "mlp.gate_up_proj");
+      const SafeTensorInfo& t = tensor(name + ".weight", total, s.in);
+      w = stored_weight(t, t.data + row0 * s.in * int64_t(dtype_size(t.dtype)), s.out, s.in);
+      return;
+    }
     w = linear_weight(proj_prefix(l, p), s.out, s.in);
   }
   void bias(Buffer& dst, int l, Proj p, int64_t n) override {
@@ -225,22 +238,31 @@ class HfLoader final : public FormatLoader {
   QWeight linear_weight(const std::string& prefix, int64_t rows, int64_t cols) {
     QWeight w;
     if (load_bnb_weight(tracker_, *st_, prefix, rows, cols, &w)) return w;
-    const std::string name = prefix + ".weight";
-    const SafeTensorInfo& t = tensor(name, rows, cols);
+    const SafeTensorInfo& t = tensor(prefix + ".weight", rows, cols);
+    return stored_weight(t, t.data, rows, cols);
+  }
+  // The [rows, cols] matrix of t's elements from `at` (all of t, or a fused tensor's row block):
+  // kept (quant.type=keep: f16 / bf16 as stored, else f32) or quantized.
+  QWeight stored_weight(const SafeTensorInfo& t, const uint8_t* at, int64_t rows, int64_t cols) {
+    QWeight w;
+    const int64_t n = rows * cols;
     if (opt_.quant_type == QuantType::Keep) {
+      w.rows = rows;
+      w.cols = cols;
       if (t.dtype == DType::F16 || t.dtype == DType::BF16) {
         w.kind = t.dtype == DType::F16 ? QuantKind::F16 : QuantKind::BF16;
-        w.rows = rows;
-        w.cols = cols;
-        w.data = Buffer(tracker_, MemCategory::Weights, t.nbytes, name.c_str());
-        std::memcpy(w.data.data(), t.data, t.nbytes);
+        w.data = Buffer(tracker_, MemCategory::Weights, n * 2, t.name.c_str());
+        std::memcpy(w.data.data(), at, size_t(n) * 2);
         return w;
       }
-      return float_weight(name, rows, cols);
+      w.kind = QuantKind::F32;
+      w.data = Buffer(tracker_, MemCategory::Weights, n * 4, t.name.c_str());
+      to_f32_n(t.dtype, at, w.data.as<float>(), n);
+      return w;
     }
-    Buffer tmp(tracker_, MemCategory::Workspace, rows * cols * 4, "load staging");
-    to_f32_n(t.dtype, t.data, tmp.as<float>(), rows * cols);
-    require_finite(tmp.as<float>(), rows * cols, t.file->c_str(), name);
+    Buffer tmp(tracker_, MemCategory::Workspace, n * 4, "load staging");
+    to_f32_n(t.dtype, at, tmp.as<float>(), n);
+    require_finite(tmp.as<float>(), n, t.file->c_str(), t.name);
     return qweight_from_f32(tracker_, tmp.as<float>(), rows, cols, target_kind(opt_),
                             opt_.blocksize, opt_.double_quant);
   }
@@ -249,6 +271,7 @@ class HfLoader final : public FormatLoader {
   const LoadOptions& opt_;
   Model& m_;
   std::unique_ptr<SafetensorsSet> st_;
+  bool fused_ = false;  // ArchFamily::fused (phi3)
 };
 
 }  // namespace

@@ -72,6 +72,27 @@ const char* const kHfProj[kProjCount] = {"self_attn.q_proj", "self_attn.k_proj",
                                          "mlp.down_proj"};
 const char* const kBiasProj[3] = {"q_proj", "k_proj", "v_proj"};
 
+// A fused family's (ArchFamily::fused: phi3) q / k / v and gate / up merged weights gathered
+// into one matrix each, as its files store them: on() takes a projection's rows (true when it is
+// one of a fused block), take() hands the block over once its last part (V, Up) is in.
+struct FusedRows {
+  bool fused = false;
+  std::vector<float> rows_data;
+  int64_t rows = 0;
+  bool on(Proj p, const std::vector<float>& t, int64_t n) {
+    if (!fused || p == Proj::O || p == Proj::Down) return false;
+    rows_data.insert(rows_data.end(), t.begin(), t.end());
+    rows += n;
+    return true;
+  }
+  std::vector<float> take() {
+    std::vector<float> out = std::move(rows_data);
+    rows_data.clear();
+    rows = 0;
+    return out;
+  }
+};
+
 void export_safetensors(const Model& m, const LoraAdapter* lora, const std::string& dir) {
   if (!m.cfg.rope.freq_divisors.empty())
     throw_error(QLFT_ERR_UNSUPPORTED,
@@ -79,6 +100,8 @@ void export_safetensors(const Model& m, const LoraAdapter* lora, const std::stri
                 "(llama.cpp's llama3 form), which has no transformers config; export to GGUF "
                 "instead");
   const ModelConfig& c = m.cfg;
+  FusedRows fused;
+  fused.fused = find_family(c.arch) && find_family(c.arch)->fused;
   make_dir(dir);
   SafetensorsWriter w;
   w.set_metadata("format", "pt");
@@ -102,6 +125,14 @@ void export_safetensors(const Model& m, const LoraAdapter* lora, const std::stri
       const QWeight& q = L.proj[pi];
       t = merged_weight(m, lora, l, p);
       to_order(m.shapes, p, t, q.cols, false);
+      if (fused.on(p, t, q.rows)) {  // phi3: q / k / v and gate / up as row blocks of one
+        if (p == Proj::V || p == Proj::Up) {
+          const int64_t rows = fused.rows;
+          w.add_f32(h + (p == Proj::V ? "self_attn.qkv_proj" : "mlp.gate_up_proj") + ".weight",
+                    {rows, q.cols}, fused.take().data());
+        }
+        continue;
+      }
       w.add_f32(h + kHfProj[pi] + ".weight", {q.rows, q.cols}, t.data());
       if (pi < 3 && !L.bias[pi].empty()) {
         t = copy_f32(L.bias[pi]);
@@ -274,6 +305,8 @@ std::vector<float> llama3_divisors(const ModelConfig& c) {
 
 void export_gguf(const Model& m, const LoraAdapter* lora, const std::string& path, bool bf16) {
   const ModelConfig& c = m.cfg;
+  FusedRows fused;
+  fused.fused = find_family(c.arch) && find_family(c.arch)->fused;
   const GgmlType store = bf16 ? GgmlType::BF16 : GgmlType::F16;
   GgufWriter w;
   // llama.cpp's name of the family (its converter writes Mistral models as "llama").
@@ -334,6 +367,12 @@ void export_gguf(const Model& m, const LoraAdapter* lora, const std::string& pat
       const QWeight& q = L.proj[pi];
       std::vector<float> t = merged_weight(m, lora, l, p);
       to_order(m.shapes, p, t, q.cols, adjacent);
+      if (fused.on(p, t, q.rows)) {  // phi3: llama.cpp's attn_qkv and ffn_up (gate first)
+        const int64_t rows = fused.rows;
+        if (p == Proj::V || p == Proj::Up)
+          mat(b + (p == Proj::V ? "attn_qkv" : "ffn_up") + ".weight", fused.take(), rows, q.cols);
+        continue;
+      }
       mat(b + proj_gguf_name(p) + ".weight", t, q.rows, q.cols);
       if (pi < 3 && !L.bias[pi].empty()) {
         t = copy_f32(L.bias[pi]);

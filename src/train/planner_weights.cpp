@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "arch/families.h"
 #include "backend/workspace_model.h"
 #include "core/error.h"
 #include "parallel/zero3_stream.h"
@@ -132,6 +133,27 @@ void add_qk_norms(WeightFootprint& w, size_t g, const LayerShapes& ls,
   for (int j = 0; j < 2; ++j) add_slot_dev(w, g, uint64_t(ls.qk_norm) * 4, kept && kept[j]);
 }
 
+// The file's tensor holding projection p of layer l (GGUF or HF name) and its row count: the
+// projection's own, or (ArchFamily::fused: phi3) the q / k / v or gate / up matrix it is a row
+// block of, which the loaders split (kept as f32 from GGUF, as stored from safetensors).
+std::pair<std::string, int64_t> proj_tensor(const ModelShapes& sh, int l, Proj p, bool gguf) {
+  const ArchFamily* fam = find_family(sh.arch);
+  const std::string b = (gguf ? "blk." : "model.layers.") + std::to_string(l) + ".";
+  if (fam && fam->fused && p != Proj::O && p != Proj::Down) {
+    if (p <= Proj::V)
+      return {b + (gguf ? "attn_qkv" : "self_attn.qkv_proj") + ".weight",
+              sh.proj(l, Proj::Q).out + sh.proj(l, Proj::K).out + sh.proj(l, Proj::V).out};
+    return {b + (gguf ? "ffn_up" : "mlp.gate_up_proj") + ".weight", 2 * sh.proj(l, p).out};
+  }
+  if (gguf) return {b + proj_gguf_name(p) + ".weight", sh.proj(l, p).out};
+  return {b + (p <= Proj::O ? "self_attn." : "mlp.") + proj_peft_name(p) + ".weight",
+          sh.proj(l, p).out};
+}
+bool fused_part(const ModelShapes& sh, Proj p) {
+  const ArchFamily* fam = find_family(sh.arch);
+  return fam && fam->fused && p != Proj::O && p != Proj::Down;
+}
+
 WeightFootprint gguf_footprint(const std::string& path, const LoadOptions& o, ModelConfig* cfg) {
   auto g = GgufFile::open(path);
   // The loader's reading and checks (model.h): estimate refuses what load refuses.
@@ -171,22 +193,23 @@ WeightFootprint gguf_footprint(const std::string& path, const LoadOptions& o, Mo
     add_slot_dev(w, gi, uint64_t(c.dim) * 4, kept(b + "attn_norm.weight", false));
     add_slot_dev(w, gi, uint64_t(c.dim) * 4, kept(b + "ffn_norm.weight", false));
     for (int p = 0; p < kProjCount; ++p) {
-      const std::string n = b + proj_gguf_name(static_cast<Proj>(p)) + ".weight";
+      const auto [n, file_rows] = proj_tensor(sh, l, static_cast<Proj>(p), true);
       const GgufTensorInfo* t = g->find_tensor(n);
       QLFT_CHECK_FORMAT(t, "%s: tensor '%s' is missing", path.c_str(), n.c_str());
       const GgmlTypeTraits* tr = ggml_type_traits(t->type);
       QLFT_CHECK_FORMAT(tr, "%s: tensor '%s' has an unknown type", path.c_str(), n.c_str());
       const int64_t rows = sh.proj(l, static_cast<Proj>(p)).out,
                     cols = sh.proj(l, static_cast<Proj>(p)).in;
-      QLFT_CHECK_FORMAT(t->ne[0] == cols && t->ne[1] == rows && t->ne[2] == 1 && t->ne[3] == 1,
+      QLFT_CHECK_FORMAT(t->ne[0] == cols && t->ne[1] == file_rows && t->ne[2] == 1 && t->ne[3] == 1,
                         "%s: tensor '%s' has shape [%lld, %lld], expected [%lld, %lld]",
                         path.c_str(), n.c_str(), static_cast<long long>(t->ne[0]),
                         static_cast<long long>(t->ne[1]), static_cast<long long>(cols),
-                        static_cast<long long>(rows));
-      const uint64_t kept_bytes = t->type == 0 /* F32 */
+                        static_cast<long long>(file_rows));
+      const bool fused = fused_part(sh, static_cast<Proj>(p));  // a row block, kept as f32
+      const uint64_t kept_bytes = t->type == 0 /* F32 */ || fused
                                       ? uint64_t(rows * cols) * 4
                                       : uint64_t(rows * cols) / tr->block * tr->bytes;
-      add_linear(w, gi, o, rows, cols, kept_bytes, gguf_kept_as_stored(*t, true, o));
+      add_linear(w, gi, o, rows, cols, kept_bytes, !fused && gguf_kept_as_stored(*t, true, o));
     }
     if (c.qkv_bias) {
       const bool kb[3] = {kept(b + "attn_q.bias", false), kept(b + "attn_k.bias", false),
@@ -290,10 +313,8 @@ WeightFootprint hf_footprint(const std::string& path, const LoadOptions& o, Mode
     const size_t g = static_cast<size_t>(l) + 1;
     add_slot_dev(w, g, uint64_t(c.dim) * 4);
     add_slot_dev(w, g, uint64_t(c.dim) * 4);
-    const std::string b = "model.layers." + std::to_string(l) + ".";
     for (int p = 0; p < kProjCount; ++p) {
-      const std::string n =
-          b + (p < 4 ? "self_attn." : "mlp.") + proj_peft_name(static_cast<Proj>(p)) + ".weight";
+      const auto [n, file_rows] = proj_tensor(sh, l, static_cast<Proj>(p), false);
       const SafeTensorInfo* t = st->find(n);
       QLFT_CHECK_FORMAT(t, "%s: tensor '%s' is missing", dir.c_str(), n.c_str());
       const int64_t rows = sh.proj(l, static_cast<Proj>(p)).out,
@@ -306,9 +327,9 @@ WeightFootprint hf_footprint(const std::string& path, const LoadOptions& o, Mode
                           o.blocksize, t->nbytes);
         continue;
       }
-      QLFT_CHECK_FORMAT(t->shape.size() == 2 && t->shape[0] == rows && t->shape[1] == cols,
+      QLFT_CHECK_FORMAT(t->shape.size() == 2 && t->shape[0] == file_rows && t->shape[1] == cols,
                         "%s: tensor '%s' is not [%lld, %lld] as config.json implies", dir.c_str(),
-                        n.c_str(), static_cast<long long>(rows), static_cast<long long>(cols));
+                        n.c_str(), static_cast<long long>(file_rows), static_cast<long long>(cols));
       const bool half = t->dtype == DType::F16 || t->dtype == DType::BF16;
       add_linear(w, g, o, rows, cols, uint64_t(rows * cols) * (half ? 2 : 4));
     }

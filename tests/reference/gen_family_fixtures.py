@@ -19,6 +19,8 @@ tests/reference/fixtures/families/:
 Families:
   qwen3     per-head RMSNorm on q and k (q_norm / k_norm [head_dim], before RoPE), no q/k/v
             bias, head_dim (16) wider than hidden / heads (8).
+  phi3      fused qkv_proj and gate_up_proj (q / k / v and gate / up are row blocks of one
+            matrix; llama.cpp's attn_qkv and ffn_up likewise), LoRA on o_proj and down_proj.
   mistral   sliding-window attention (window 5 over 16-token rows and a 28-token greedy run:
             transformers' mask keeps keys j > i - 5); its GGUF is llama.cpp's "llama" with q/k
             rows permuted and llama.attention.sliding_window.
@@ -37,7 +39,8 @@ import torch
 import gguf
 from safetensors import safe_open
 from safetensors.torch import save_file
-from transformers import MistralConfig, MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import (MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM,
+                          Qwen3Config, Qwen3ForCausalLM)
 
 import fixture_versions
 from gen_model_fixtures import (GGUF_PROJ, PROJS, batch, greedy, lora_fixture, permute_hf_to_gguf,
@@ -52,6 +55,7 @@ torch.set_num_threads(2)
 FAMILIES = {
     "qwen3": (Qwen3Config, Qwen3ForCausalLM, "qwen3", False),
     "mistral": (MistralConfig, MistralForCausalLM, "llama", True),
+    "phi3": (Phi3Config, Phi3ForCausalLM, "phi3", False),
 }
 
 
@@ -114,6 +118,12 @@ def write_gguf(path, family, cfg, sd):
         for n in ("q_norm", "k_norm"):
             if h + "self_attn." + n + ".weight" in sd:
                 vec(b + "attn_" + n + ".weight", sd[h + "self_attn." + n + ".weight"])
+        if h + "self_attn.qkv_proj.weight" in sd:  # phi3: llama.cpp keeps them fused
+            mat(b + "attn_qkv.weight", sd[h + "self_attn.qkv_proj.weight"])
+            mat(b + "attn_output.weight", sd[h + "self_attn.o_proj.weight"])
+            mat(b + "ffn_up.weight", sd[h + "mlp.gate_up_proj.weight"])
+            mat(b + "ffn_down.weight", sd[h + "mlp.down_proj.weight"])
+            continue
         for p in PROJS:
             sub = "self_attn." if p in PROJS[:4] else "mlp."
             heads = nh if p == "q_proj" else nkv if p == "k_proj" else None
@@ -199,6 +209,14 @@ def main():
                    sliding_window=5,
                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
     synthetic("mistral", mistral, 4, 8, PROJS, False, gen)
+
+    phi3 = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, vocab_size=160, rms_norm_eps=1e-5,
+                max_position_embeddings=512, original_max_position_embeddings=512,
+                tie_word_embeddings=False, sliding_window=None, pad_token_id=0, bos_token_id=1,
+                eos_token_id=2, head_dim=8,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    synthetic("phi3", phi3, 4, 8, ["o_proj", "down_proj"], False, gen)
 
     fixture_versions.write(OUT, __file__, inputs=[])
     for f in sorted(os.listdir(OUT)):
