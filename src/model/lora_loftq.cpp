@@ -1,11 +1,13 @@
 #include "model/lora_loftq.h"
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <numeric>
 
 #include "backend/dropout.h"
 #include "core/error.h"
+#include "core/threads.h"
 
 namespace qlft {
 
@@ -83,57 +85,92 @@ void truncated_svd(const float* x, int64_t m, int64_t n, int r, std::vector<doub
   const int64_t k = std::min(m, n);
   QLFT_CHECK_ARG(r >= 1 && r <= k, "truncated_svd: rank %d of a %lld x %lld matrix", r,
                  static_cast<long long>(m), static_cast<long long>(n));
-  // y: an orthonormal basis [m, p] whose span holds the leading r left singular vectors. A small
-  // matrix takes its whole column space (y = I when m <= n, else y = orth(x)), so the result is
-  // exact; a large one iterates z <- x^T orth(x z) from deterministic draws until the leading r
-  // directions stop moving.
-  const bool exact = k <= 256;
-  const int64_t p = exact ? k : std::min<int64_t>(k, 2 * r + 16);
-  std::vector<double> y(static_cast<size_t>(m * p), 0.0);
-  if (exact && m <= n) {
-    for (int64_t i = 0; i < m; ++i) y[i * p + i] = 1.0;
-  } else {
-    std::vector<double> z(static_cast<size_t>(n * p), 0.0);
-    for (int64_t i = 0; i < n * p; ++i)
-      z[i] = exact ? (i / p == i % p ? 1.0 : 0.0)
-                   : static_cast<double>(mix64(0x10f7ull + static_cast<uint64_t>(i)) >> 11) *
-                             (2.0 / 9007199254740992.0) -
-                         1.0;
-    const int iters = exact ? 1 : 24;
-    for (int it = 0; it < iters; ++it) {
-      orthonormalize(z, n, p);
-      std::fill(y.begin(), y.end(), 0.0);
-      for (int64_t i = 0; i < m; ++i)
-        for (int64_t c = 0; c < n; ++c) {
-          const double xv = x[i * n + c];
-          for (int64_t j = 0; j < p; ++j) y[i * p + j] += xv * z[c * p + j];
-        }
-      orthonormalize(y, m, p);
-      if (it + 1 == iters) break;
-      std::fill(z.begin(), z.end(), 0.0);
-      for (int64_t i = 0; i < m; ++i)
-        for (int64_t c = 0; c < n; ++c) {
-          const double xv = x[i * n + c];
-          for (int64_t j = 0; j < p; ++j) z[c * p + j] += xv * y[i * p + j];
-        }
-    }
-  }
-  // Rayleigh-Ritz: c = y^T x [p, n]; c c^T = v diag(w) v^T; u = y v, s = sqrt(w), vt = v^T c / s.
-  std::vector<double> c(static_cast<size_t>(p * n), 0.0);
+  // The Gram matrix of the short side, g [k, k] = x x^T (m <= n) or x^T x: its eigenvectors are
+  // the left (resp. right) singular vectors, its eigenvalues the squared singular values. One
+  // pass over x; everything after works on k x k.
+  const bool rows = m <= n;
+  const int64_t len = rows ? n : m;                      // the long side, summed over
+  std::vector<double> xd(static_cast<size_t>(k * len));  // the short side's vectors, contiguous
   for (int64_t i = 0; i < m; ++i)
-    for (int64_t j = 0; j < p; ++j) {
-      const double yv = y[i * p + j];
-      if (yv == 0) continue;
-      for (int64_t col = 0; col < n; ++col) c[j * n + col] += yv * x[i * n + col];
-    }
-  std::vector<double> g(static_cast<size_t>(p * p), 0.0), w, v;
-  for (int64_t i = 0; i < p; ++i)
-    for (int64_t j = i; j < p; ++j) {
+    for (int64_t c = 0; c < n; ++c) xd[rows ? i * n + c : c * m + i] = x[i * n + c];
+  std::vector<double> g(static_cast<size_t>(k * k));
+#pragma omp parallel for num_threads(qlft::num_threads()) \
+    schedule(dynamic, 8) if (k * k * len >= (1 << 22))
+  for (int64_t a = 0; a < k; ++a)
+    for (int64_t b = a; b < k; ++b) {
+      const double* pa = &xd[static_cast<size_t>(a * len)];
+      const double* pb = &xd[static_cast<size_t>(b * len)];
       double d = 0;
-      for (int64_t col = 0; col < n; ++col) d += c[i * n + col] * c[j * n + col];
-      g[i * p + j] = g[j * p + i] = d;
+      for (int64_t t = 0; t < len; ++t) d += pa[t] * pb[t];
+      g[a * k + b] = g[b * k + a] = d;
     }
-  jacobi_eigen(g, p, w, v);
+  // e [k, p]: eigenvectors (columns) of g, w their eigenvalues. Small k: all of them (Jacobi,
+  // exact). Large k: the leading p by subspace iteration q <- orth(g q) with a Rayleigh-Ritz step
+  // every few iterations, until the leading r eigenvalues stop changing (the error of the
+  // subspace falls as (w_p+1 / w_r)^iterations, w being squared singular values).
+  int64_t p = k;
+  std::vector<double> e, w;
+  if (k <= 256) {
+    std::vector<double> gg = g;
+    jacobi_eigen(gg, k, w, e);
+  } else {
+    p = std::min<int64_t>(k, 2 * r + 16);
+    std::vector<double> q(static_cast<size_t>(k * p)), z(q.size()), h, hv, prev;
+    for (int64_t i = 0; i < k * p; ++i)
+      q[i] = static_cast<double>(mix64(0x10f7ull + static_cast<uint64_t>(i)) >> 11) *
+                 (2.0 / 9007199254740992.0) -
+             1.0;
+    orthonormalize(q, k, p);
+    for (int it = 1; it <= 400; ++it) {
+      std::fill(z.begin(), z.end(), 0.0);
+#pragma omp parallel for num_threads(qlft::num_threads()) \
+    schedule(static) if (k * k * p >= (1 << 22))
+      for (int64_t i = 0; i < k; ++i)
+        for (int64_t c = 0; c < k; ++c) {
+          const double gv = g[i * k + c];
+          for (int64_t j = 0; j < p; ++j) z[i * p + j] += gv * q[c * p + j];
+        }
+      if (it % 4 != 0) {
+        orthonormalize(z, k, p);
+        q.swap(z);
+        continue;
+      }
+      // Rayleigh-Ritz on span(q): h = q^T g q = q^T z; h = hv diag(w) hv^T; q <- q hv.
+      h.assign(static_cast<size_t>(p * p), 0.0);
+      for (int64_t a = 0; a < p; ++a)
+        for (int64_t b = 0; b < p; ++b) {
+          double d = 0;
+          for (int64_t i = 0; i < k; ++i) d += q[i * p + a] * z[i * p + b];
+          h[a * p + b] = d;
+        }
+      for (int64_t a = 0; a < p; ++a)  // (symmetric up to rounding)
+        for (int64_t b = a + 1; b < p; ++b)
+          h[a * p + b] = h[b * p + a] = 0.5 * (h[a * p + b] + h[b * p + a]);
+      jacobi_eigen(h, p, w, hv);
+      std::fill(z.begin(), z.end(), 0.0);
+      for (int64_t i = 0; i < k; ++i)
+        for (int64_t a = 0; a < p; ++a) {
+          const double qv = q[i * p + a];
+          for (int64_t b = 0; b < p; ++b) z[i * p + b] += qv * hv[a * p + b];
+        }
+      q.swap(z);
+      // Stop when the energy the leading r capture (the sum of their eigenvalues, what the
+      // rank-r approximation removes) grows by under 1e-9 of itself in 4 iterations: separated
+      // singular values have then converged far below float precision; within a flat stretch
+      // of the spectrum (white-noise error) any basis of it removes about the same energy, and
+      // iterating on would not single out PEFT's (arbitrary) one anyway.
+      std::vector<double> top = w;
+      std::sort(top.begin(), top.end(), std::greater<double>());
+      double energy = 0;
+      for (int j = 0; j < r; ++j) energy += top[static_cast<size_t>(j)];
+      const bool done = !prev.empty() && energy - prev[0] <= 1e-9 * energy;
+      if (done) break;
+      prev.assign(1, energy);
+      // q's columns are g's Ritz vectors; the next product continues from them.
+      orthonormalize(q, k, p);
+    }
+    e = q;
+  }
   std::vector<int64_t> order(static_cast<size_t>(p));
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return w[a] > w[b]; });
@@ -141,19 +178,30 @@ void truncated_svd(const float* x, int64_t m, int64_t n, int r, std::vector<doub
   s->assign(static_cast<size_t>(r), 0.0);
   vt->assign(static_cast<size_t>(r * n), 0.0);
   for (int j = 0; j < r; ++j) {
-    const int64_t e = order[static_cast<size_t>(j)];
-    const double sv = std::sqrt(std::max(w[e], 0.0));
+    const int64_t c = order[static_cast<size_t>(j)];
+    const double sv = std::sqrt(std::max(w[c], 0.0));
     (*s)[j] = sv;
-    for (int64_t i = 0; i < m; ++i) {
-      double d = 0;
-      for (int64_t q = 0; q < p; ++q) d += y[i * p + q] * v[q * p + e];
-      (*u)[i * r + j] = d;
+    // The short side's vector is e's column; the long side's is x (or x^T) times it over sv.
+    std::vector<double> other(static_cast<size_t>(len), 0.0);
+    if (sv > 0)
+      for (int64_t a = 0; a < k; ++a) {
+        const double ev = e[a * p + c];
+        const double* pa = &xd[static_cast<size_t>(a * len)];
+        for (int64_t t = 0; t < len; ++t) other[t] += ev * pa[t];
+      }
+    for (int64_t a = 0; a < k; ++a) {
+      const double ev = e[a * p + c];
+      if (rows)
+        (*u)[a * r + j] = ev;
+      else
+        (*vt)[j * n + a] = ev;
     }
-    if (sv == 0) continue;  // a zero singular value: its vt row stays 0 (s times it is 0 anyway)
-    for (int64_t col = 0; col < n; ++col) {
-      double d = 0;
-      for (int64_t q = 0; q < p; ++q) d += v[q * p + e] * c[q * n + col];
-      (*vt)[j * n + col] = d / sv;
+    if (sv == 0) continue;  // its other vector stays 0 (s times it is 0 anyway)
+    for (int64_t t = 0; t < len; ++t) {
+      if (rows)
+        (*vt)[j * n + t] = other[t] / sv;
+      else
+        (*u)[t * r + j] = other[t] / sv;
     }
   }
 }

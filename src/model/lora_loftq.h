@@ -17,9 +17,10 @@
 namespace qlft {
 
 // The leading r singular triplets of the row-major [m, n] matrix x (computed in double): u [m, r]
-// (column j the j-th left singular vector), s [r] descending, vt [r, n]. r <= min(m, n). Exact
-// (Jacobi on the Gram matrix) when min(m, n) is small, else block subspace iteration converged to
-// float precision on the leading r (the Rayleigh-Ritz step of the last block gives the triplets).
+// (column j the j-th left singular vector), s [r] descending, vt [r, n]. r <= min(m, n). From the
+// Gram matrix of the short side: all its eigenpairs by Jacobi when min(m, n) <= 256 (exact), else
+// the leading ones by subspace iteration with Rayleigh-Ritz steps until the leading r eigenvalues
+// stop changing.
 void truncated_svd(const float* x, int64_t m, int64_t n, int r, std::vector<double>* u,
                    std::vector<double>* s, std::vector<double>* vt);
 
