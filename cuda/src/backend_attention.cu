@@ -104,10 +104,25 @@ CudaBackend::AttnStage CudaBackend::stage_attn(const AttnShape& s, CMatF q, CMat
     // first[row]: the first position of the same document in this batch element (bounds the
     // key range of a query tile, as on the CPU).
     st.doc = in_raw(s.doc_ids, rows * 4, "attention doc ids");
-    st.first = scratch(rows * 4, "attention doc starts");
-    cu::doc_first(st.doc.as<int32_t>(), s.batch, s.seq, st.first.as<int32_t>(), stream_);
+    st.first = view(doc_starts(s, st.doc));
   }
   return st;
+}
+
+const int32_t* CudaBackend::doc_starts(const AttnShape& s, const Dev& doc) {
+  DocStarts& c = doc_starts_;
+  const uint64_t v = doc.staged() ? 0 : mem_.version(s.doc_ids);
+  if (v != 0 && c.doc == s.doc_ids && c.batch == s.batch && c.seq == s.seq && c.version == v)
+    return c.first.as<int32_t>();
+  const int64_t bytes = int64_t(s.batch) * s.seq * 4;
+  if (int64_t(c.first.size()) < bytes)
+    c.first = dev(bytes, MemCategory::Workspace, "attention doc starts");
+  cu::doc_first(doc.as<int32_t>(), s.batch, s.seq, c.first.as<int32_t>(), stream_);
+  c.doc = v ? s.doc_ids : nullptr;
+  c.batch = s.batch;
+  c.seq = s.seq;
+  c.version = v;
+  return c.first.as<int32_t>();
 }
 
 AttnArgs CudaBackend::args(const AttnShape& s, int64_t Wq, int64_t Wk, const AttnStage& st) {

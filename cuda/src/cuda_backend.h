@@ -72,17 +72,21 @@ class BackendMemory final : public DeviceAllocator {
     void* p = m.data();
     std::lock_guard<std::mutex> lk(mu_);
     blocks_.emplace(reinterpret_cast<uintptr_t>(p), std::move(m));
+    stamps_[reinterpret_cast<uintptr_t>(p)] = ++clock_;
     return p;
   }
   void release(void* p) noexcept override {
     std::lock_guard<std::mutex> lk(mu_);
     blocks_.erase(reinterpret_cast<uintptr_t>(p));
+    stamps_.erase(reinterpret_cast<uintptr_t>(p));
   }
   void fill(void* p, uint8_t byte, size_t bytes) override {
+    touch(p);
     if (bytes) QLFT_CUDA_CHECK(cudaMemsetAsync(p, byte, bytes, *stream_));
   }
   void to_device(void* dst, const void* src, size_t bytes) override {
     if (!bytes) return;
+    touch(dst);
     moved_->host_to_device += bytes;
     QLFT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, *stream_));
   }
@@ -94,8 +98,17 @@ class BackendMemory final : public DeviceAllocator {
     QLFT_CUDA_CHECK(cudaStreamSynchronize(*stream_));
   }
   void copy(void* dst, const void* src, size_t bytes) override {
+    touch(dst);
     if (bytes)
       QLFT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, *stream_));
+  }
+  // A stamp of the block holding p that changes whenever it is made or written through this
+  // allocator (the runner's batch arrays are written so), 0 outside its blocks: what an
+  // operation keys something derived from those bytes on (attention's document starts).
+  uint64_t version(const void* p) const {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = block_of(p);
+    return it == blocks_.end() ? 0 : stamps_.at(it->first);
   }
   // True when [p, p + bytes) lies inside one block this allocator handed out.
   bool holds(const void* p, int64_t bytes) const {
@@ -108,11 +121,27 @@ class BackendMemory final : public DeviceAllocator {
   }
 
  private:
+  // The block containing address p, or blocks_.end() (mu_ held).
+  std::map<uintptr_t, DeviceMemory>::const_iterator block_of(const void* p) const {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    auto it = blocks_.upper_bound(a);
+    if (it == blocks_.begin()) return blocks_.end();
+    --it;
+    return a < it->first + it->second.size() ? it : blocks_.end();
+  }
+  void touch(const void* p) {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = block_of(p);
+    if (it != blocks_.end()) stamps_[it->first] = ++clock_;
+  }
+
   MemoryTracker* tracker_;
   const cudaStream_t* stream_;
   TransferCounts* moved_;
   mutable std::mutex mu_;
   std::map<uintptr_t, DeviceMemory> blocks_;
+  std::map<uintptr_t, uint64_t> stamps_;  // version() of each block
+  uint64_t clock_ = 0;
 };
 
 // An operand of one operation on the device: the caller's array itself when it lives in this
@@ -262,6 +291,10 @@ class CudaBackend final : public Backend {
   const float* inv_freq(const RopeFreqs& f);
   static void check_attn(const AttnShape& s, CMatF q, CMatF k, CMatF v, const char* op);
   AttnStage stage_attn(const AttnShape& s, CMatF q, CMatF k, CMatF v);
+  // AttnArgs::first for s.doc_ids (doc: their device copy): made by cu::doc_first once per
+  // batch, i.e. again only when doc_ids or its bytes changed (BackendMemory::version; host ids
+  // are staged and so derived at every call).
+  const int32_t* doc_starts(const AttnShape& s, const Dev& doc);
   static AttnArgs args(const AttnShape& s, int64_t Wq, int64_t Wk, const AttnStage& st);
 
   CudaBackendOptions opt_;
@@ -274,6 +307,12 @@ class CudaBackend final : public Backend {
   std::unordered_map<const QWeight*, ResidentWeight> weights_;
   ResidentWeight in_place_;  // the view of the last device-held weight (in_place)
   std::map<std::vector<float>, DeviceMemory> inv_freq_;
+  struct DocStarts {
+    const void* doc = nullptr;  // the doc_ids they were made from, while kept
+    int batch = 0, seq = 0;
+    uint64_t version = 0;
+    DeviceMemory first;
+  } doc_starts_;
 };
 
 }  // namespace qlft::cu

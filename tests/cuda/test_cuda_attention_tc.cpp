@@ -263,3 +263,50 @@ TEST(CudaAttentionTc, BackwardIsBitwiseDeterministic) {
   for (float x : dq[0]) n += double(x) * x;
   EXPECT_GT(n, 0.0);  // and it is not all zeros
 }
+
+// Document starts are derived once per batch and kept while the device doc ids are unchanged
+// (CudaBackend::doc_starts): a new batch's ids written into the same device buffer (as the
+// runner writes each batch) must be seen, in both attention paths. Checked against the CPU
+// backend on the same inputs.
+TEST(CudaAttentionTc, DocumentStartsFollowEachBatchInTheSameBuffer) {
+  QLFT_NEED_GPU();
+  qlft::MemoryTracker tracker;
+  auto gpu = bf16_backend(&tracker);
+  auto cpu = qlft::make_cpu_backend(&tracker);
+  std::mt19937_64 g(47);
+  for (int dim : {8, 64}) {  // the fp32 kernels and the tensor-core ones
+    SCOPED_TRACE(testing::Message() << "dim " << dim);
+    ASSERT_EQ(qlft::cuda_attention_tensor_cores(qlft::Precision::BF16, true, dim), dim == 64);
+    const Case c{2, 70, 2, 1, dim, true};
+    const int64_t rows = int64_t(c.batch) * c.seq, Wq = int64_t(c.heads) * c.dim,
+                  Wk = int64_t(c.kv) * c.dim;
+    const FVec q = bf16_normal(g, size_t(rows * Wq), 1.f),
+               k = bf16_normal(g, size_t(rows * Wk), 1.f),
+               v = bf16_normal(g, size_t(rows * Wk), 1.f);
+    qlft::Buffer docs = gpu->alloc(qlft::MemCategory::Activations, size_t(rows) * 4, "doc ids");
+    qlft::AttnShape s;
+    s.batch = c.batch;
+    s.seq = c.seq;
+    s.n_heads = c.heads;
+    s.n_kv_heads = c.kv;
+    s.head_dim = c.dim;
+    // Batch 1: documents of 20; batch 2: of 45, then 7 (starts move both ways).
+    for (int len : {20, 45, 7}) {
+      std::vector<int32_t> ids(static_cast<size_t>(rows));
+      for (int64_t i = 0; i < rows; ++i) ids[size_t(i)] = int32_t((i % c.seq) / len);
+      docs.copy_from_host(ids.data(), size_t(rows) * 4);
+      FVec o_gpu(q.size()), o_cpu(q.size()), l_gpu(size_t(c.heads * rows)), l_cpu(l_gpu.size());
+      for (int call = 0; call < 2; ++call) {  // the second call reuses the starts
+        s.doc_ids = docs.as<int32_t>();
+        gpu->attention_fwd(s, {q.data(), rows, Wq, Wq}, {k.data(), rows, Wk, Wk},
+                           {v.data(), rows, Wk, Wk}, {o_gpu.data(), rows, Wq, Wq}, l_gpu.data());
+        s.doc_ids = ids.data();
+        cpu->attention_fwd(s, {q.data(), rows, Wq, Wq}, {k.data(), rows, Wk, Wk},
+                           {v.data(), rows, Wk, Wk}, {o_cpu.data(), rows, Wq, Wq}, l_cpu.data());
+        // bf16 products on the device (a few bf16 steps), fp32 on this CPU backend.
+        EXPECT_LT(qlft_cuda_test::norm_err(o_gpu, o_cpu), 2e-2) << "documents of " << len;
+        EXPECT_LT(qlft_cuda_test::norm_err(l_gpu, l_cpu), 2e-2) << "documents of " << len;
+      }
+    }
+  }
+}
