@@ -1,5 +1,5 @@
 // The model families of issue 48 on the CUDA backend (the emulator in the cuda-emu build): the
-// tiny Qwen3 (per-head q / k norms) and Mistral (sliding window 5) of
+// tiny Qwen3 (per-head q / k norms), Mistral (sliding window 5) and Phi-3 (fused projections) of
 // tests/reference/gen_family_fixtures.py give transformers' logits with backend=cuda, and a
 // training step's loss and LoRA gradients follow the CPU backend's; the sliding window on the
 // attention kernels against the CPU's on random inputs.
@@ -56,9 +56,9 @@ Step run_step(const Model& m, Backend& be, const model_test::Fixture& f, MemoryT
 
 }  // namespace
 
-TEST(CudaFamilies, Qwen3AndMistralFollowTransformersAndCpu) {
+TEST(CudaFamilies, Qwen3MistralPhi3FollowTransformersAndCpu) {
   QLFT_NEED_GPU();
-  for (const char* fam : {"qwen3", "mistral"}) {
+  for (const char* fam : {"qwen3", "mistral", "phi3"}) {
     SCOPED_TRACE(fam);
     MemoryTracker tr;
     const std::string name = std::string("syn_") + fam;
