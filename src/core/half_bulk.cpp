@@ -39,7 +39,7 @@ void round_bf16_scalar(const float* s, float* d, size_t n) {
   for (size_t i = 0; i < n; ++i) d[i] = bf16_to_f32(f32_to_bf16(s[i]));
 }
 
-// ---- AVX2 + F16C: f32_to_bf16's integer rounding 8 at a time -----------------------------------
+// ---- vector lanes: one block of W elements per call, a struct per ISA level -------------------
 
 // Upper halves of round-to-nearest-even (u + 0x7fff + lsb), NaN lanes u | quiet bit, as 32-bit
 // lanes whose low 16 bits are the bf16 value.
@@ -52,52 +52,32 @@ QLFT_TARGET_AVX2 inline __m256i rne_bf16_256(__m256 v) {
   return _mm256_srli_epi32(_mm256_blendv_epi8(r, q, nan), 16);
 }
 
-QLFT_TARGET_AVX2 void f32_to_bf16_avx2(const float* s, uint16_t* d, size_t n) {
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256i r = rne_bf16_256(_mm256_loadu_ps(s + i));
+// AVX2 + F16C: f32_to_bf16's integer rounding 8 at a time.
+struct Avx2Lanes {
+  static constexpr size_t W = 8;
+  QLFT_TARGET_AVX2 static void f32_to_bf16(const float* s, uint16_t* d) {
+    const __m256i r = rne_bf16_256(_mm256_loadu_ps(s));
     // Each lane is below 2^16, so the saturating pack is exact.
     const __m128i h = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), h);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d), h);
   }
-  f32_to_bf16_scalar(s + i, d + i, n - i);
-}
-
-QLFT_TARGET_AVX2 void bf16_to_f32_avx2(const uint16_t* s, float* d, size_t n) {
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i),
+  QLFT_TARGET_AVX2 static void bf16_to_f32(const uint16_t* s, float* d) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d),
                         _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   }
-  bf16_to_f32_scalar(s + i, d + i, n - i);
-}
-
-QLFT_TARGET_AVX2 void f32_to_f16_avx2(const float* s, uint16_t* d, size_t n) {
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i),
-                     _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
-  f32_to_f16_scalar(s + i, d + i, n - i);
-}
-
-QLFT_TARGET_AVX2 void f16_to_f32_avx2(const uint16_t* s, float* d, size_t n) {
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(d + i,
-                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
-  f16_to_f32_scalar(s + i, d + i, n - i);
-}
-
-QLFT_TARGET_AVX2 void round_bf16_avx2(const float* s, float* d, size_t n) {
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i),
-                        _mm256_slli_epi32(rne_bf16_256(_mm256_loadu_ps(s + i)), 16));
-  round_bf16_scalar(s + i, d + i, n - i);
-}
-
-// ---- AVX-512: the same integer rounding 16 at a time -------------------------------------------
+  QLFT_TARGET_AVX2 static void f32_to_f16(const float* s, uint16_t* d) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(s), _MM_FROUND_TO_NEAREST_INT));
+  }
+  QLFT_TARGET_AVX2 static void f16_to_f32(const uint16_t* s, float* d) {
+    _mm256_storeu_ps(d, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s))));
+  }
+  QLFT_TARGET_AVX2 static void round_bf16(const float* s, float* d) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d),
+                        _mm256_slli_epi32(rne_bf16_256(_mm256_loadu_ps(s)), 16));
+  }
+};
 
 QLFT_TARGET_AVX512 inline __m512i rne_bf16_512(__m512 v) {
   const __m512i u = _mm512_castps_si512(v);
@@ -108,47 +88,28 @@ QLFT_TARGET_AVX512 inline __m512i rne_bf16_512(__m512 v) {
   return _mm512_srli_epi32(r, 16);
 }
 
-QLFT_TARGET_AVX512 void f32_to_bf16_avx512(const float* s, uint16_t* d, size_t n) {
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i),
-                        _mm512_cvtepi32_epi16(rne_bf16_512(_mm512_loadu_ps(s + i))));
-  f32_to_bf16_scalar(s + i, d + i, n - i);
-}
-
-QLFT_TARGET_AVX512 void bf16_to_f32_avx512(const uint16_t* s, float* d, size_t n) {
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i));
-    _mm512_storeu_si512(d + i, _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+// AVX-512: the same integer rounding 16 at a time.
+struct Avx512Lanes {
+  static constexpr size_t W = 16;
+  QLFT_TARGET_AVX512 static void f32_to_bf16(const float* s, uint16_t* d) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d),
+                        _mm512_cvtepi32_epi16(rne_bf16_512(_mm512_loadu_ps(s))));
   }
-  bf16_to_f32_scalar(s + i, d + i, n - i);
-}
-
-QLFT_TARGET_AVX512 void f32_to_f16_avx512(const float* s, uint16_t* d, size_t n) {
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i),
-                        _mm512_cvtps_ph(_mm512_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
-  f32_to_f16_scalar(s + i, d + i, n - i);
-}
-
-QLFT_TARGET_AVX512 void f16_to_f32_avx512(const uint16_t* s, float* d, size_t n) {
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    _mm512_storeu_ps(d + i,
-                     _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i))));
-  f16_to_f32_scalar(s + i, d + i, n - i);
-}
-
-QLFT_TARGET_AVX512 void round_bf16_avx512(const float* s, float* d, size_t n) {
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    _mm512_storeu_si512(d + i, _mm512_slli_epi32(rne_bf16_512(_mm512_loadu_ps(s + i)), 16));
-  round_bf16_scalar(s + i, d + i, n - i);
-}
-
-// ---- AVX512-BF16: the native instruction, subnormal lanes patched -------------------------------
+  QLFT_TARGET_AVX512 static void bf16_to_f32(const uint16_t* s, float* d) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s));
+    _mm512_storeu_si512(d, _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  QLFT_TARGET_AVX512 static void f32_to_f16(const float* s, uint16_t* d) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d),
+                        _mm512_cvtps_ph(_mm512_loadu_ps(s), _MM_FROUND_TO_NEAREST_INT));
+  }
+  QLFT_TARGET_AVX512 static void f16_to_f32(const uint16_t* s, float* d) {
+    _mm512_storeu_ps(d, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s))));
+  }
+  QLFT_TARGET_AVX512 static void round_bf16(const float* s, float* d) {
+    _mm512_storeu_si512(d, _mm512_slli_epi32(rne_bf16_512(_mm512_loadu_ps(s)), 16));
+  }
+};
 
 // VCVTNEPS2BF16 rounds to nearest even and quiets NaN like f32_to_bf16, but treats subnormal
 // inputs as zero. Lanes whose exponent field is zero (zeros and subnormals) take the integer
@@ -163,21 +124,17 @@ QLFT_TARGET_AVX512BF16 inline __m256i native_bf16_512(__m512 v) {
   return h;
 }
 
-QLFT_TARGET_AVX512BF16 void f32_to_bf16_native(const float* s, uint16_t* d, size_t n) {
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i), native_bf16_512(_mm512_loadu_ps(s + i)));
-  f32_to_bf16_scalar(s + i, d + i, n - i);
-}
-
-QLFT_TARGET_AVX512BF16 void round_bf16_native(const float* s, float* d, size_t n) {
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m256i h = native_bf16_512(_mm512_loadu_ps(s + i));
-    _mm512_storeu_si512(d + i, _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+// AVX512-BF16: the native instruction for f32 -> bf16, subnormal lanes patched; the rest as
+// AVX-512.
+struct Avx512Bf16Lanes : Avx512Lanes {
+  QLFT_TARGET_AVX512BF16 static void f32_to_bf16(const float* s, uint16_t* d) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d), native_bf16_512(_mm512_loadu_ps(s)));
   }
-  round_bf16_scalar(s + i, d + i, n - i);
-}
+  QLFT_TARGET_AVX512BF16 static void round_bf16(const float* s, float* d) {
+    const __m256i h = native_bf16_512(_mm512_loadu_ps(s));
+    _mm512_storeu_si512(d, _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+};
 
 // ---- dispatch ----------------------------------------------------------------------------------
 
@@ -189,15 +146,35 @@ struct Paths {
   F2F round_bf16;
 };
 
+// The level's block functions over whole arrays: Block on each whole block of L::W elements, the
+// scalar rule on the rest. Written once as a template, compiled per level inside half_bulk.inc
+// (the loop needs the level's target attribute to inline the block: a template's attribute cannot
+// depend on its parameters).
+namespace avx2 {
+using L = Avx2Lanes;
+#define QLFT_KT QLFT_TARGET_AVX2
+#include "core/half_bulk.inc"
+#undef QLFT_KT
+}  // namespace avx2
+
+namespace avx512 {
+using L = Avx512Lanes;
+#define QLFT_KT QLFT_TARGET_AVX512
+#include "core/half_bulk.inc"
+#undef QLFT_KT
+}  // namespace avx512
+
+namespace avx512bf16 {
+using L = Avx512Bf16Lanes;
+#define QLFT_KT QLFT_TARGET_AVX512BF16
+#include "core/half_bulk.inc"
+#undef QLFT_KT
+}  // namespace avx512bf16
+
 Paths paths_for(CpuIsa isa) {
-  if (isa >= CpuIsa::Avx512Bf16)
-    return {f32_to_bf16_native, bf16_to_f32_avx512, f32_to_f16_avx512, f16_to_f32_avx512,
-            round_bf16_native};
-  if (isa >= CpuIsa::Avx512)
-    return {f32_to_bf16_avx512, bf16_to_f32_avx512, f32_to_f16_avx512, f16_to_f32_avx512,
-            round_bf16_avx512};
-  if (isa >= CpuIsa::Avx2)
-    return {f32_to_bf16_avx2, bf16_to_f32_avx2, f32_to_f16_avx2, f16_to_f32_avx2, round_bf16_avx2};
+  if (isa >= CpuIsa::Avx512Bf16) return avx512bf16::kPaths;
+  if (isa >= CpuIsa::Avx512) return avx512::kPaths;
+  if (isa >= CpuIsa::Avx2) return avx2::kPaths;
   return {f32_to_bf16_scalar, bf16_to_f32_scalar, f32_to_f16_scalar, f16_to_f32_scalar,
           round_bf16_scalar};
 }
