@@ -125,6 +125,23 @@ typedef struct qlft_config_key {
 QLFT_API size_t qlft_config_key_count(void);
 QLFT_API int32_t qlft_config_key_at(size_t index, qlft_config_key* out);
 
+/* Added with typed settings: what a config's settings mean, as the library's spec parser reads
+ * them (the defaults when config is NULL), for clients that act on a setting without comparing
+ * its string. A config the parser refuses (settings that contradict each other) returns its
+ * error naming the keys. */
+typedef struct qlft_run_settings {
+  uint32_t struct_size;
+  int32_t micro_batch_auto;    /* 1: train.micro_batch=auto (the tuner picks the count) */
+  uint32_t micro_batch;        /* train.micro_batch; 1 while auto */
+  uint32_t seq_len;            /* data.seq_len */
+  uint64_t memory_limit;       /* memory.limit in bytes; 0 = unlimited */
+  int32_t distributed;         /* 1: dist.backend is mpi or nccl (ranks train together) */
+  int32_t zero3_shard_adapter; /* 1: dist.zero3_shard_adapter=true */
+  int64_t save_every;          /* train.save_every; 0 = only at the end */
+} qlft_run_settings;
+
+QLFT_API int32_t qlft_config_run_settings(const qlft_config* config, qlft_run_settings* out);
+
 /* ---- Runtime ---------------------------------------------------------------------------- */
 
 typedef struct qlft_runtime qlft_runtime;

@@ -4,6 +4,7 @@
 #include "api/handles.h"
 #include "config/config_file.h"
 #include "config/keys.h"
+#include "config/run_spec.h"
 #include "core/error.h"
 
 namespace qlft {
@@ -84,6 +85,23 @@ int32_t qlft_config_key_at(size_t index, qlft_config_key* out) {
     full.allowed = allowed[index].c_str();
     full.doc = k.doc;
     qlft::copy_out(full, out);
+  });
+}
+
+int32_t qlft_config_run_settings(const qlft_config* config, qlft_run_settings* out) {
+  return guard([&] {
+    QLFT_CHECK_STRUCT("qlft_config_run_settings", out, qlft_run_settings);
+    const qlft::RunSpec spec = qlft::parse_run_spec(qlft::config_or_default(config));
+    qlft_run_settings f{};
+    f.struct_size = sizeof f;
+    f.micro_batch_auto = spec.train.micro_batch.is_auto ? 1 : 0;
+    f.micro_batch = static_cast<uint32_t>(spec.train.micro_batch.n);
+    f.seq_len = static_cast<uint32_t>(spec.data.seq_len);
+    f.memory_limit = spec.memory.limit;
+    f.distributed = spec.dist.backend != qlft::DistBackend::None ? 1 : 0;
+    f.zero3_shard_adapter = spec.dist.shard_adapter ? 1 : 0;
+    f.save_every = spec.train.save_every;
+    qlft::copy_out(f, out);
   });
 }
 

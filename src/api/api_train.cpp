@@ -22,11 +22,6 @@ namespace {
 
 using qlft::copy_out;
 
-// fn: the entry point's name (inside guard's lambda __func__ would be "operator()").
-#define QLFT_CHECK_STRUCT(fn, p, T)                           \
-  QLFT_CHECK_ARG((p) && (p)->struct_size >= sizeof(uint32_t), \
-                 fn ": out is NULL or out->struct_size is not set (use sizeof(" #T "))")
-
 void fill_stats(const qlft_trainer* t, const qlft::StepReport& r, qlft_step_stats* s,
                 double elapsed) {
   qlft_step_stats full{};

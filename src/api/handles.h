@@ -75,6 +75,12 @@ uint32_t struct_bytes(uint32_t caller_size) {
   return caller_size < sizeof(T) ? caller_size : static_cast<uint32_t>(sizeof(T));
 }
 
+// An out-parameter struct the caller must have sized: fn is the entry point's name (inside
+// guard's lambda __func__ would be "operator()").
+#define QLFT_CHECK_STRUCT(fn, p, T)                           \
+  QLFT_CHECK_ARG((p) && (p)->struct_size >= sizeof(uint32_t), \
+                 fn ": out is NULL or out->struct_size is not set (use sizeof(" #T "))")
+
 // Copies the library's filled struct to the caller's, whose struct_size is out_size (at least 4:
 // the entry point checks it): the known bytes only, then struct_size = how many were written, so
 // an older caller's shorter struct is never overrun and a newer caller sees what it got.

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cstring>
 #include <mutex>
 #include <set>
@@ -147,6 +148,65 @@ TEST(ApiBasics, ConfigSetGetRoundTrip) {
   EXPECT_EQ(qlft_config_get(cfg, "no.such.key", buf, sizeof buf, nullptr),
             QLFT_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(qlft_last_error()).find("no.such.key"), std::string::npos);
+  qlft_config_free(cfg);
+}
+
+// qlft_config_run_settings: what the CLI decides on, read from the values as written (the key
+// table's defaults, the size units, the bool spellings), never from the CLI's own parsing.
+TEST(ApiBasics, RunSettingsAreTheSettingsAsParsed) {
+  qlft_run_settings rs{};
+  rs.struct_size = sizeof rs;
+  ASSERT_EQ(qlft_config_run_settings(nullptr, &rs), QLFT_OK);  // the defaults
+  EXPECT_EQ(rs.struct_size, sizeof rs);
+  EXPECT_EQ(rs.micro_batch_auto, 0);
+  EXPECT_EQ(rs.micro_batch, 4u);
+  EXPECT_EQ(rs.seq_len, 512u);
+  EXPECT_EQ(rs.memory_limit, 0u);
+  EXPECT_EQ(rs.distributed, 0);
+  EXPECT_EQ(rs.zero3_shard_adapter, 0);
+  EXPECT_EQ(rs.save_every, 0);
+
+  qlft_config* cfg = nullptr;
+  ASSERT_EQ(qlft_config_create(&cfg), QLFT_OK);
+  for (auto [k, v] : {std::pair{"train.micro_batch", "auto"},
+                      {"memory.limit", "1.5G"},
+                      {"dist.backend", "nccl"},
+                      {"dist.zero3_shard_adapter", "yes"},
+                      {"train.save_every", "25"},
+                      {"data.seq_len", "1024"}})
+    ASSERT_EQ(qlft_config_set(cfg, k, v), QLFT_OK) << k;
+  ASSERT_EQ(qlft_config_run_settings(cfg, &rs), QLFT_OK);
+  EXPECT_EQ(rs.micro_batch_auto, 1);
+  EXPECT_EQ(rs.micro_batch, 1u);
+  EXPECT_EQ(rs.seq_len, 1024u);
+  EXPECT_EQ(rs.memory_limit, 3ull << 29);
+  EXPECT_EQ(rs.distributed, 1);
+  EXPECT_EQ(rs.zero3_shard_adapter, 1);
+  EXPECT_EQ(rs.save_every, 25);
+  ASSERT_EQ(qlft_config_set(cfg, "dist.backend", "mpi"), QLFT_OK);
+  ASSERT_EQ(qlft_config_set(cfg, "train.micro_batch", "16"), QLFT_OK);
+  ASSERT_EQ(qlft_config_run_settings(cfg, &rs), QLFT_OK);
+  EXPECT_EQ(rs.distributed, 1);
+  EXPECT_EQ(rs.micro_batch_auto, 0);
+  EXPECT_EQ(rs.micro_batch, 16u);
+
+  // An older caller's shorter struct: only its bytes are written, and it is told how many.
+  unsigned char old[sizeof rs];
+  std::memset(old, 0xAB, sizeof old);
+  const uint32_t old_size = offsetof(qlft_run_settings, seq_len);
+  std::memcpy(old, &old_size, sizeof old_size);
+  ASSERT_EQ(qlft_config_run_settings(cfg, reinterpret_cast<qlft_run_settings*>(old)), QLFT_OK);
+  qlft_run_settings got;
+  std::memcpy(&got, old, sizeof got);
+  EXPECT_EQ(got.struct_size, old_size);
+  EXPECT_EQ(got.micro_batch, 16u);
+  EXPECT_EQ(old[old_size], 0xAB);
+
+  // Settings the typed form refuses are an error naming the key; a NULL out is refused.
+  ASSERT_EQ(qlft_config_set(cfg, "data.vars", "novalue"), QLFT_OK);
+  EXPECT_EQ(qlft_config_run_settings(cfg, &rs), QLFT_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(qlft_last_error()).find("data.vars"), std::string::npos);
+  EXPECT_EQ(qlft_config_run_settings(cfg, nullptr), QLFT_ERR_INVALID_ARGUMENT);
   qlft_config_free(cfg);
 }
 

@@ -101,6 +101,13 @@ int cmd_eval(int argc, char** argv);
 int cmd_export(int argc, char** argv);
 int cmd_estimate(int argc, char** argv);
 int cmd_report(int argc, char** argv);
+// A setting's value as text (the default when unset; "" when the key is unknown), for messages
+// and the report. Decisions read run_settings instead: the library interprets the values.
+std::string setting(const qlft_config* cfg, const char* key);
+// What cfg's settings mean (qlft_config_run_settings): QLFT_OK, or the library's error for
+// settings it refuses (nothing printed).
+int32_t run_settings(const qlft_config* cfg, qlft_run_settings* out);
+
 // Predicted (and, when m is not NULL, measured) memory per category (cmd_estimate.cpp).
 void print_memory_table(FILE* f, const qlft_memory_estimate& e, const qlft_memory_report* m);
 

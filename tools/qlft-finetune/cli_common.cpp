@@ -8,6 +8,21 @@
 
 namespace cli {
 
+std::string setting(const qlft_config* cfg, const char* key) {
+  size_t need = 0;
+  if (qlft_config_get(cfg, key, nullptr, 0, &need) != QLFT_OK && need == 0) return "";
+  std::string v(need, '\0');
+  if (need) qlft_config_get(cfg, key, v.data(), v.size(), &need);
+  if (!v.empty() && v.back() == '\0') v.pop_back();
+  return v;
+}
+
+int32_t run_settings(const qlft_config* cfg, qlft_run_settings* out) {
+  *out = qlft_run_settings{};
+  out->struct_size = sizeof *out;
+  return qlft_config_run_settings(cfg, out);
+}
+
 int exit_code_for(int32_t status) {
   switch (status) {
     case QLFT_OK:

@@ -13,17 +13,6 @@
 
 namespace cli {
 
-namespace {
-
-std::string setting(const qlft_config* cfg, const char* key) {
-  char buf[256];
-  size_t need = 0;
-  if (qlft_config_get(cfg, key, buf, sizeof buf, &need) != QLFT_OK) return "?";
-  return buf;
-}
-
-}  // namespace
-
 // The predicted-vs-measured table shared with train (measured may be NULL: prediction only).
 void print_memory_table(FILE* f, const qlft_memory_estimate& e, const qlft_memory_report* m) {
   if (m)
@@ -79,6 +68,8 @@ int cmd_estimate(int argc, char** argv) {
   int code = kOk;
   ConfigPtr cfg = make_config(a, &code);
   if (!cfg) return code;
+  qlft_run_settings rs;
+  if (int32_t st = run_settings(cfg.get(), &rs)) return fail("settings", st);
   if (a.flags.count("world")) {
     // The planner reads the world from the launcher's environment, as a training rank would.
     const std::string w = a.flags["world"];
@@ -95,8 +86,10 @@ int cmd_estimate(int argc, char** argv) {
     }
     ::setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
     ::setenv("RANK", "0", 1);
-    if (setting(cfg.get(), "dist.backend") == "none" && n > 1)
+    if (!rs.distributed && n > 1) {
       qlft_config_set(cfg.get(), "dist.backend", "mpi");
+      run_settings(cfg.get(), &rs);
+    }
   }
   const std::string model = a.flags["model"];
   qlft_memory_estimate e{};
@@ -112,7 +105,7 @@ int cmd_estimate(int argc, char** argv) {
       setting(c, "train.grad_checkpointing").c_str(), setting(c, "optim.name").c_str(),
       setting(c, "lora.r").c_str(), setting(c, "lora.target_modules").c_str(),
       setting(c, "quant.type").c_str());
-  if (setting(c, "dist.backend") != "none")
+  if (rs.distributed)
     std::printf(
         "per rank (dist.zero_stage %s, offload.params %s, offload.optimizer %s; the rank "
         "that needs the most)\n",
@@ -135,7 +128,7 @@ int cmd_estimate(int argc, char** argv) {
     std::printf("largest micro-batch within memory.limit %s%s: %u\n",
                 setting(c, "memory.limit").c_str(), e.device_train_peak ? " (device)" : "",
                 e.max_micro_batch);
-  else if (setting(c, "memory.limit") != "0")
+  else if (rs.memory_limit != 0)
     std::printf("not even micro-batch 1 fits memory.limit %s\n",
                 setting(c, "memory.limit").c_str());
   return kOk;

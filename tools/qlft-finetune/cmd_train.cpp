@@ -183,48 +183,34 @@ int32_t on_progress(const qlft_step_stats* s, void* user) {
 
 // The rank this process will have in a distributed run, from the launcher's environment (the
 // trainer confirms it later): only rank 0 owns the run directory.
-int launcher_rank(const qlft_config* cfg) {
-  char backend[32] = "";
-  size_t need = 0;
-  qlft_config_get(cfg, "dist.backend", backend, sizeof backend, &need);
-  if (std::strcmp(backend, "none") == 0 || !*backend) return 0;
+int launcher_rank(const qlft_run_settings& rs) {
+  if (!rs.distributed) return 0;
   for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK"})
     if (const char* r = std::getenv(v)) return std::atoi(r);
   return 0;
-}
-
-std::string config_string(const qlft_config* cfg, const char* key) {
-  size_t need = 0;
-  qlft_config_get(cfg, key, nullptr, 0, &need);
-  std::string v(need, '\0');
-  if (need) qlft_config_get(cfg, key, v.data(), v.size(), &need);
-  if (!v.empty() && v.back() == '\0') v.pop_back();
-  return v;
 }
 
 // A run whose planned peak is over memory.limit is refused before the model loads, with the
 // planner's figures per category (per rank under a launcher: ZeRO-3 across more ranks may fit).
 // train.micro_batch=auto picks what fits instead; a model the planner cannot read is left to
 // the load to report.
-int refuse_over_limit(const std::string& model, qlft_config* cfg) {
-  const std::string limit = config_string(cfg, "memory.limit");
-  if (limit == "0" || config_string(cfg, "train.micro_batch") == "auto") return kOk;
+int refuse_over_limit(const std::string& model, qlft_config* cfg, const qlft_run_settings& rs) {
+  if (rs.memory_limit == 0 || rs.micro_batch_auto) return kOk;
   qlft_memory_estimate e{};
   e.struct_size = sizeof e;
   if (qlft_estimate_memory(nullptr, model.c_str(), cfg, &e) != QLFT_OK) return kOk;
   // The planner's own judgement against memory.limit (the host's bytes, or the device's with
   // backend=cuda): the largest micro-batch that fits.
   if (e.micro_batch <= e.max_micro_batch) return kOk;
-  const bool ranks = config_string(cfg, "dist.backend") != "none";
   const uint64_t need = e.device_train_peak ? e.device_train_peak : e.total_peak;
   std::fprintf(stderr,
                "qlft-finetune: %s: the memory planner predicts a peak of %s%s%s (loading %s, "
                "training step %s) for micro-batch %u, over memory.limit %s; nothing was "
                "loaded:\n",
                model.c_str(), human_bytes(need).c_str(),
-               e.device_train_peak ? " of device memory" : "", ranks ? " per rank" : "",
+               e.device_train_peak ? " of device memory" : "", rs.distributed ? " per rank" : "",
                human_bytes(e.load_peak).c_str(), human_bytes(e.train_peak).c_str(), e.micro_batch,
-               limit.c_str());
+               setting(cfg, "memory.limit").c_str());
   print_memory_table(stderr, e, nullptr);
   std::fprintf(stderr,
                "lower train.micro_batch or data.seq_len, set train.micro_batch=auto, enable "
@@ -252,10 +238,12 @@ int cmd_train(int argc, char** argv) {
   int code = kOk;
   ConfigPtr cfg = make_config(a, &code);
   if (!cfg) return code;
+  qlft_run_settings rs;
+  if (int32_t st = run_settings(cfg.get(), &rs)) return fail("settings", st);
 
   // The run directory is made ready (created, locked, writable, no run of another kind in it)
   // before the model loads, so a bad train.output_dir costs seconds, not a whole run.
-  const std::string outdir = config_string(cfg.get(), "train.output_dir");
+  const std::string outdir = setting(cfg.get(), "train.output_dir");
   const std::string data = a.flags["data"];
   if (same_file(data, outdir)) {  // a data directory is read without its subdirectories
     std::fprintf(stderr,
@@ -270,7 +258,7 @@ int cmd_train(int argc, char** argv) {
     qlft::OutputGuard guard;
     guard.add_input(a.flags["model"], "the --model");
     guard.add_input(data, "the --data");
-    guard.add_input(config_string(cfg.get(), "lora.init_from"), "the adapter of lora.init_from");
+    guard.add_input(setting(cfg.get(), "lora.init_from"), "the adapter of lora.init_from");
     for (const char* f : {kMetricsFile, kCheckpointFile, kAdapterGguf, kAdapterDir}) {
       const std::string why = guard.refusal(outdir + "/" + f, "train", f == kAdapterDir);
       if (!why.empty()) {
@@ -280,7 +268,7 @@ int cmd_train(int argc, char** argv) {
     }
   }
   RunDir run;
-  if (launcher_rank(cfg.get()) == 0) {
+  if (launcher_rank(rs) == 0) {
     RunDirOptions ro;
     ro.resume = resume;
     ro.overwrite = a.flags.count("overwrite") != 0;
@@ -294,16 +282,16 @@ int cmd_train(int argc, char** argv) {
   const std::string ckpt = outdir + "/" + kCheckpointFile;
   // Checkpoints every train.save_every steps are written by on_progress, after the step's
   // metrics record; the library's own periodic save is turned off.
-  const int64_t save_every = std::atoll(config_string(cfg.get(), "train.save_every").c_str());
+  const int64_t save_every = rs.save_every;
   qlft_config_set(cfg.get(), "train.save_every", "0");
 
-  if (int rc = refuse_over_limit(a.flags["model"], cfg.get())) return rc;
+  if (int rc = refuse_over_limit(a.flags["model"], cfg.get(), rs)) return rc;
   TrainSession s;
   if (int rc = open_session(a, cfg.get(), &s, /*need_data=*/true)) return rc;
 
   qlft_model_details md{};
   md.struct_size = sizeof md;
-  const long long seq_len = std::atoll(config_string(cfg.get(), "data.seq_len").c_str());
+  const long long seq_len = rs.seq_len;
   if (qlft_model_info(s.model.get(), &md) == QLFT_OK && md.context_length > 0 &&
       seq_len > static_cast<long long>(md.context_length))
     std::fprintf(stderr,
@@ -478,7 +466,7 @@ int cmd_train(int argc, char** argv) {
     std::printf("eval loss after:  %.4f (perplexity %.2f)\n", after.loss, after.perplexity);
   // A sharded adapter (dist.zero3_shard_adapter) is gathered for the write: every rank calls
   // it and rank 0 writes.
-  const bool sharded = world > 1 && config_string(cfg.get(), "dist.zero3_shard_adapter") == "true";
+  const bool sharded = world > 1 && rs.zero3_shard_adapter;
   if (!writer && !sharded) return kOk;
   std::string peft = outdir + "/" + kAdapterDir;
   std::string gguf = outdir + "/" + kAdapterGguf;

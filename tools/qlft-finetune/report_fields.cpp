@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <ctime>
 
+#include "cli.h"
+
 namespace cli {
 
 namespace {
@@ -24,15 +26,6 @@ std::string json_string(const std::string& s) {
     }
   }
   return o + "\"";
-}
-
-std::string setting(const qlft_config* cfg, const char* key) {
-  size_t need = 0;
-  if (qlft_config_get(cfg, key, nullptr, 0, &need) != QLFT_OK && need == 0) return "";
-  std::string v(need, '\0');
-  if (need) qlft_config_get(cfg, key, v.data(), v.size(), &need);
-  if (!v.empty() && v.back() == '\0') v.pop_back();
-  return v;
 }
 
 std::string uint_member(const char* key, unsigned long long v) {
