@@ -47,29 +47,32 @@ int num_threads() {
   return g_source ? g_source() : available_cores();
 }
 
-ThreadScope::ThreadScope(int n) : prev_(t_threads) {
+int ThreadCount::get() {
+  return t_threads;
+}
+void ThreadCount::set(int n) {
   t_threads = normalized(n);
 }
-
-ThreadScope::~ThreadScope() {
-  t_threads = prev_;
+void ThreadCount::restore(int prev) {
+  t_threads = prev;
 }
 
 #ifdef _OPENMP
-OmpIcvScope::OmpIcvScope(int n) : prev_(omp_get_max_threads()) {
-  if (n != prev_) omp_set_num_threads(n);
+int OmpIcv::get() {
+  return omp_get_max_threads();
 }
-
-OmpIcvScope::~OmpIcvScope() {
-  if (omp_get_max_threads() != prev_) omp_set_num_threads(prev_);
+void OmpIcv::set(int n) {
+  if (n != omp_get_max_threads()) omp_set_num_threads(n);
 }
 
 int call_threads() {
   return omp_in_parallel() ? 1 : num_threads();
 }
 #else
-OmpIcvScope::OmpIcvScope(int) : prev_(1) {}
-OmpIcvScope::~OmpIcvScope() = default;
+int OmpIcv::get() {
+  return 1;
+}
+void OmpIcv::set(int) {}
 int call_threads() {
   return 1;
 }

@@ -23,34 +23,40 @@ void set_num_threads(int n);
 // The number of cores the process may run on (its CPU affinity mask).
 int available_cores();
 
-// Sets this OS thread's count for its lifetime and restores the previous one (nesting: a callback
-// that calls into another runtime gets that runtime's count, then the outer one's again).
-// n <= 0 means available_cores().
-class ThreadScope {
+// A per-thread count set for a scope's lifetime and restored after it (nesting: a callback that
+// calls into another runtime gets that runtime's count, then the outer one's again). Count has
+// static get() (the raw value, so restoring puts back exactly what was there), set(n) and
+// restore(prev).
+template <class Count>
+class CountScope {
  public:
-  explicit ThreadScope(int n);
-  ~ThreadScope();
-  ThreadScope(const ThreadScope&) = delete;
-  ThreadScope& operator=(const ThreadScope&) = delete;
+  explicit CountScope(int n) : prev_(Count::get()) { Count::set(n); }
+  ~CountScope() { Count::restore(prev_); }
+  CountScope(const CountScope&) = delete;
+  CountScope& operator=(const CountScope&) = delete;
 
  private:
   int prev_;
 };
 
-// Sets the calling thread's OpenMP nthreads ICV (what omp_get_max_threads returns there, and what
-// OpenBLAS's OpenMP build and oneDNN's OpenMP runtime read per call) to n for its lifetime and
-// restores the caller's value: the ICV is per thread (OpenMP 5.2, 2.4.1: nthreads-var has data
-// environment scope), so no other thread sees the change.
-class OmpIcvScope {
- public:
-  explicit OmpIcvScope(int n);
-  ~OmpIcvScope();
-  OmpIcvScope(const OmpIcvScope&) = delete;
-  OmpIcvScope& operator=(const OmpIcvScope&) = delete;
-
- private:
-  int prev_;
+// This OS thread's count (num_threads); n <= 0 means available_cores().
+struct ThreadCount {
+  static int get();
+  static void set(int n);
+  static void restore(int prev);
 };
+using ThreadScope = CountScope<ThreadCount>;
+
+// The calling thread's OpenMP nthreads ICV (what omp_get_max_threads returns there, and what
+// OpenBLAS's OpenMP build and oneDNN's OpenMP runtime read per call): the ICV is per thread
+// (OpenMP 5.2, 2.4.1: nthreads-var has data environment scope), so no other thread sees the
+// change.
+struct OmpIcv {
+  static int get();
+  static void set(int n);
+  static void restore(int prev) { set(prev); }
+};
+using OmpIcvScope = CountScope<OmpIcv>;
 
 // The team size a library call made here should use: 1 inside an active OpenMP region (nested
 // regions are inactive anyway, and BLAS/oneDNN run sequentially there), else num_threads().
