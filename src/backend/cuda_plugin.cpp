@@ -1,7 +1,5 @@
 #include "backend/cuda_plugin.h"
 
-#include <dlfcn.h>
-
 #include <mutex>
 
 #include "core/error.h"
@@ -46,18 +44,11 @@ const CudaPlugin* open_plugin(std::string* why) {
   std::lock_guard<std::mutex> lock(mu);
   if (plugin) return plugin;
   const std::string file = path();
-  // RTLD_NOW: a missing library or symbol is reported here, not at the first kernel;
-  // RTLD_LOCAL: the plugin exports one symbol and needs nobody else's.
-  void* h = dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (!h) {
-    const char* e = dlerror();
-    *why = strf("%s could not be loaded: %s", file.c_str(), e ? e : "unknown dlopen error");
-    return nullptr;
-  }
-  auto entry = reinterpret_cast<CudaPluginEntry>(dlsym(h, QLFT_CUDA_PLUGIN_ENTRY));
+  // Local: the plugin exports one symbol and needs nobody else's.
+  auto entry = reinterpret_cast<CudaPluginEntry>(
+      plugin_entry(file, QLFT_CUDA_PLUGIN_ENTRY, /*global=*/false, why));
   if (!entry) {
-    *why =
-        strf("%s is not a qlft CUDA plugin (no %s symbol)", file.c_str(), QLFT_CUDA_PLUGIN_ENTRY);
+    *why += " (not a qlft CUDA plugin?)";
     return nullptr;
   }
   char err[512] = {};

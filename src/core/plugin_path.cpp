@@ -25,4 +25,16 @@ std::string plugin_path(const char* env_var, const char* file) {
   return dir.empty() ? std::string(file) : dir + "/" + file;
 }
 
+void* plugin_entry(const std::string& path, const char* symbol, bool global, std::string* why) {
+  void* h = dlopen(path.c_str(), RTLD_NOW | (global ? RTLD_GLOBAL : RTLD_LOCAL));
+  if (!h) {
+    const char* e = dlerror();
+    *why = path + " could not be loaded: " + (e ? e : "unknown dlopen error");
+    return nullptr;
+  }
+  void* entry = dlsym(h, symbol);
+  if (!entry) *why = path + " has no " + symbol + " symbol";
+  return entry;
+}
+
 }  // namespace qlft

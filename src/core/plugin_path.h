@@ -11,4 +11,10 @@ namespace qlft {
 // name (the dynamic loader's search path).
 std::string plugin_path(const char* env_var, const char* file);
 
+// Opens the plugin library at path (RTLD_NOW, so a missing library or symbol is reported here and
+// not at first use; RTLD_GLOBAL when global, else RTLD_LOCAL) and returns its entry symbol's
+// address, or nullptr with *why naming the file and what failed. The library is never closed:
+// what it makes may outlive any call.
+void* plugin_entry(const std::string& path, const char* symbol, bool global, std::string* why);
+
 }  // namespace qlft

@@ -1,7 +1,5 @@
 #include "parallel/mpi_plugin_loader.h"
 
-#include <dlfcn.h>
-
 #include <mutex>
 #include <string>
 
@@ -24,21 +22,20 @@ const QlftMpiPlugin* load_plugin() {
   std::lock_guard<std::mutex> lock(mu);
   if (plugin) return plugin;
   const std::string path = mpi_plugin_path();
-  // RTLD_GLOBAL: OpenMPI opens its own components with dlopen and expects libmpi's symbols to be
-  // global; RTLD_NOW: a missing MPI symbol is reported here, not mid-collective.
-  void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
-  if (!h) {
-    const char* why = dlerror();
+  // Global: OpenMPI opens its own components with dlopen and expects libmpi's symbols to be
+  // global.
+  std::string why;
+  auto entry = reinterpret_cast<QlftMpiPluginEntry>(
+      plugin_entry(path, QLFT_MPI_PLUGIN_ENTRY, /*global=*/true, &why));
+  if (!entry)
     throw_error(QLFT_ERR_UNSUPPORTED,
-                "dist.backend=mpi needs the MPI plugin, which could not be loaded: %s (%s). Build "
-                "libqlft where MPI is installed (OpenMPI: apt install libopenmpi-dev) so that %s "
-                "is built and installed beside libqlft, or set %s to the plugin's path",
-                path.c_str(), why ? why : "unknown dlopen error", kPluginFile, kPluginEnv);
-  }
-  auto entry = reinterpret_cast<QlftMpiPluginEntry>(dlsym(h, QLFT_MPI_PLUGIN_ENTRY));
-  const QlftMpiPlugin* p = entry ? entry() : nullptr;
+                "dist.backend=mpi needs the MPI plugin: %s. Build libqlft where MPI is installed "
+                "(OpenMPI: apt install libopenmpi-dev) so that %s is built and installed beside "
+                "libqlft, or set %s to the plugin's path",
+                why.c_str(), kPluginFile, kPluginEnv);
+  const QlftMpiPlugin* p = entry();
   if (!p)
-    throw_error(QLFT_ERR_UNSUPPORTED, "%s is not a qlft MPI plugin (no %s symbol)", path.c_str(),
+    throw_error(QLFT_ERR_UNSUPPORTED, "%s: its %s returned no plugin", path.c_str(),
                 QLFT_MPI_PLUGIN_ENTRY);
   if (p->abi_version != QLFT_MPI_PLUGIN_ABI_VERSION)
     throw_error(QLFT_ERR_UNSUPPORTED,
