@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <variant>
 
 #include "core/error.h"
 
@@ -48,26 +49,76 @@ void read_mem(const json& j, uint64_t* out, const std::string& where) {
   for (int c = 0; c < QLFT_MEM_CATEGORY_COUNT; ++c) out[c] = count(j, kMemKeys[c], where);
 }
 
+// Each key of a record read into its member by the member's type: a number (NaN when absent), a
+// count (0 when absent), a flag (a count, nonzero) or a string ("" when absent).
+void read(const json& j, const char* key, const std::string& where, double& v) {
+  v = num(j, key, where);
+}
+void read(const json& j, const char* key, const std::string& where, uint64_t& v) {
+  v = count(j, key, where);
+}
+void read(const json& j, const char* key, const std::string& where, int64_t& v) {
+  v = static_cast<int64_t>(count(j, key, where));
+}
+void read(const json& j, const char* key, const std::string& where, bool& v) {
+  v = count(j, key, where) != 0;
+}
+void read(const json& j, const char* key, const std::string&, std::string& v) {
+  v = str(j, key);
+}
+
+template <class T>
+struct Field {
+  const char* key;
+  std::variant<double T::*, uint64_t T::*, int64_t T::*, bool T::*, std::string T::*> member;
+};
+
+template <class T, size_t N>
+void read_fields(const json& j, const Field<T> (&fields)[N], const std::string& where, T& out) {
+  for (const Field<T>& f : fields)
+    std::visit([&](auto m) { read(j, f.key, where, out.*m); }, f.member);
+}
+
+// The keys report_fields.cpp writes in the "run" object, and cmd_train.cpp in each record.
+const Field<RunInfo> kRunFields[] = {
+    {"model", &RunInfo::model},
+    {"architecture", &RunInfo::architecture},
+    {"quant_type", &RunInfo::quant_type},
+    {"lora_targets", &RunInfo::lora_targets},
+    {"precision", &RunInfo::precision},
+    {"lora_r", &RunInfo::lora_r},
+    {"lora_alpha", &RunInfo::lora_alpha},
+    {"seq_len", &RunInfo::seq_len},
+    {"micro_batch", &RunInfo::micro_batch},
+    {"accumulation", &RunInfo::accumulation},
+    {"total_steps", &RunInfo::total_steps},
+    {"data_records", &RunInfo::data_records},
+    {"data_tokens", &RunInfo::data_tokens},
+    {"train_sequences", &RunInfo::train_sequences},
+    {"eval_sequences", &RunInfo::eval_sequences},
+    {"started_unix", &RunInfo::started_unix},
+};
+const Field<MetricsRecord> kRecordFields[] = {
+    {"loss", &MetricsRecord::loss},
+    {"lr", &MetricsRecord::lr},
+    {"grad_norm", &MetricsRecord::grad_norm},
+    {"loss_scale", &MetricsRecord::loss_scale},
+    {"skipped", &MetricsRecord::skipped},
+    {"tokens", &MetricsRecord::tokens},
+    {"tokens_per_s", &MetricsRecord::tokens_per_s},
+    {"elapsed_s", &MetricsRecord::elapsed_s},
+    {"memory_bytes", &MetricsRecord::memory_bytes},
+    {"memory_peak_bytes", &MetricsRecord::memory_peak_bytes},
+    {"eval_loss", &MetricsRecord::eval_loss},
+    {"eval_tokens", &MetricsRecord::eval_tokens},
+    {"margin", &MetricsRecord::margin},
+};
+
 RunInfo read_info(const json& r, const std::string& where) {
   QLFT_CHECK_FORMAT(r.is_object(), "%s: \"run\" is not an object", where.c_str());
   RunInfo i;
   i.present = true;
-  i.model = str(r, "model");
-  i.architecture = str(r, "architecture");
-  i.quant_type = str(r, "quant_type");
-  i.lora_targets = str(r, "lora_targets");
-  i.precision = str(r, "precision");
-  i.lora_r = static_cast<int64_t>(count(r, "lora_r", where));
-  i.lora_alpha = num(r, "lora_alpha", where);
-  i.seq_len = static_cast<int64_t>(count(r, "seq_len", where));
-  i.micro_batch = static_cast<int64_t>(count(r, "micro_batch", where));
-  i.accumulation = static_cast<int64_t>(count(r, "accumulation", where));
-  i.total_steps = count(r, "total_steps", where);
-  i.data_records = count(r, "data_records", where);
-  i.data_tokens = count(r, "data_tokens", where);
-  i.train_sequences = count(r, "train_sequences", where);
-  i.eval_sequences = count(r, "eval_sequences", where);
-  i.started_unix = num(r, "started_unix", where);
+  read_fields(r, kRunFields, where, i);
   if (r.contains("mem_predicted")) {
     i.has_predicted = true;
     read_mem(r["mem_predicted"], i.mem_predicted, where + " run.mem_predicted");
@@ -100,20 +151,8 @@ RunSeries parse_metrics(const std::string& text, const std::string& path) {
                       "%s: no \"step\" (a non-negative integer)", where.c_str());
     MetricsRecord r;
     r.step = j["step"].get<uint64_t>();
-    r.loss = num(j, "loss", where);
-    r.lr = num(j, "lr", where);
-    r.grad_norm = num(j, "grad_norm", where);
-    r.loss_scale = num(j, "loss_scale", where);
-    r.skipped = count(j, "skipped", where) != 0;
-    r.tokens = count(j, "tokens", where);
-    r.tokens_per_s = num(j, "tokens_per_s", where);
-    r.elapsed_s = num(j, "elapsed_s", where);
-    r.memory_bytes = count(j, "memory_bytes", where);
-    r.memory_peak_bytes = count(j, "memory_peak_bytes", where);
-    r.eval_loss = num(j, "eval_loss", where);
+    read_fields(j, kRecordFields, where, r);
     r.evaluation = !j.contains("loss") && j.contains("eval_loss");
-    r.eval_tokens = count(j, "eval_tokens", where);
-    r.margin = num(j, "margin", where);
     if (j.contains("mem")) {
       r.has_mem = true;
       read_mem(j["mem"], r.mem, where + " mem");
