@@ -74,31 +74,31 @@ void MemoryTracker::check_limit(MemCategory c, uint64_t bytes, const char* what,
   bool injected = false;
   if (fail_countdown_ > 0 && --fail_countdown_ == 0) injected = true;
   const bool device = limit_space_ == MemSpace::Device;
-  const uint64_t total = device ? dev_total_ : total_;
-  if (injected || (limited(s) && total + bytes > limit_)) {
+  const uint64_t total = device ? s_.device_total : s_.total_reserved;
+  if (injected || (limited(s) && total + bytes > s_.limit)) {
     throw_error(QLFT_ERR_OUT_OF_MEMORY,
                 "memory.limit exceeded during %s: allocating %s of %s (%s) would bring the %s "
                 "to %s of %s; lower train.micro_batch or the sequence length, enable "
                 "train.grad_checkpointing, offload optimizer state, or raise memory.limit%s",
                 phase_, format_bytes(bytes).c_str(), mem_category_name(c), what ? what : "",
                 device ? "device memory" : "total", format_bytes(total + bytes).c_str(),
-                format_bytes(limit_).c_str(), injected ? " [injected fault]" : "");
+                format_bytes(s_.limit).c_str(), injected ? " [injected fault]" : "");
   }
 }
 
 void MemoryTracker::count_in(MemCategory c, uint64_t bytes) {
   int i = static_cast<int>(c);
-  allocated_[i] += bytes;
-  reserved_[i] += bytes;
-  if (reserved_[i] > peak_[i]) peak_[i] = reserved_[i];
+  s_.allocated[i] += bytes;
+  s_.reserved[i] += bytes;
+  if (s_.reserved[i] > s_.peak[i]) s_.peak[i] = s_.reserved[i];
 }
 
 void MemoryTracker::count_device(MemCategory c, uint64_t bytes) {
   const int i = static_cast<int>(c);
-  dev_reserved_[i] += bytes;
-  dev_peak_[i] = std::max(dev_peak_[i], dev_reserved_[i]);
-  dev_live_peak_ = std::max(dev_live_peak_, dev_total_ - dev_cached_);
-  dev_total_peak_ = std::max(dev_total_peak_, dev_total_);
+  s_.device_reserved[i] += bytes;
+  s_.device_peak[i] = std::max(s_.device_peak[i], s_.device_reserved[i]);
+  s_.device_live_peak = std::max(s_.device_live_peak, s_.device_total - s_.device_cached);
+  s_.device_total_peak = std::max(s_.device_total_peak, s_.device_total);
 }
 
 void MemoryTracker::acquire(MemCategory c, uint64_t bytes, const char* what, MemSpace s) {
@@ -106,10 +106,10 @@ void MemoryTracker::acquire(MemCategory c, uint64_t bytes, const char* what, Mem
   evict_for(bytes);
   check_limit(c, bytes, what, s);
   count_in(c, bytes);
-  total_ += bytes;
-  if (total_ > total_peak_) total_peak_ = total_;
+  s_.total_reserved += bytes;
+  if (s_.total_reserved > s_.total_peak) s_.total_peak = s_.total_reserved;
   if (s == MemSpace::Device) {
-    dev_total_ += bytes;
+    s_.device_total += bytes;
     count_device(c, bytes);
   }
 }
@@ -117,37 +117,37 @@ void MemoryTracker::acquire(MemCategory c, uint64_t bytes, const char* what, Mem
 void MemoryTracker::release(MemCategory c, uint64_t bytes, MemSpace s) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
   int i = static_cast<int>(c);
-  allocated_[i] -= bytes;
-  reserved_[i] -= bytes;
-  total_ -= bytes;
+  s_.allocated[i] -= bytes;
+  s_.reserved[i] -= bytes;
+  s_.total_reserved -= bytes;
   if (s == MemSpace::Device) {
-    dev_reserved_[i] -= bytes;
-    dev_total_ -= bytes;
+    s_.device_reserved[i] -= bytes;
+    s_.device_total -= bytes;
   }
 }
 
 void MemoryTracker::to_device_cache(MemCategory c, uint64_t bytes) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
   const int i = static_cast<int>(c);
-  allocated_[i] -= bytes;
-  reserved_[i] -= bytes;
-  dev_reserved_[i] -= bytes;
-  dev_cached_ += bytes;
+  s_.allocated[i] -= bytes;
+  s_.reserved[i] -= bytes;
+  s_.device_reserved[i] -= bytes;
+  s_.device_cached += bytes;
 }
 
 void MemoryTracker::from_device_cache(MemCategory c, uint64_t bytes, const char* what) {
   std::lock_guard<std::mutex> lock(mu_);
   check_limit(c, 0, what, MemSpace::Device);  // fault injection counts every acquire
-  dev_cached_ -= bytes;
+  s_.device_cached -= bytes;
   count_in(c, bytes);
   count_device(c, bytes);
 }
 
 void MemoryTracker::device_cache_freed(uint64_t bytes) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
-  dev_cached_ -= bytes;
-  dev_total_ -= bytes;
-  total_ -= bytes;
+  s_.device_cached -= bytes;
+  s_.device_total -= bytes;
+  s_.total_reserved -= bytes;
 }
 
 bool MemoryTracker::host_cache_held() const {
@@ -162,8 +162,8 @@ void* MemoryTracker::acquire_block(MemCategory c, uint64_t bytes, const char* wh
     evict_for(bytes);
     check_limit(c, bytes, what, MemSpace::Host);
     count_in(c, bytes);
-    total_ += bytes;
-    if (total_ > total_peak_) total_peak_ = total_;
+    s_.total_reserved += bytes;
+    if (s_.total_reserved > s_.total_peak) s_.total_peak = s_.total_reserved;
     return nullptr;
   }
   // A hit moves bytes from `cached` into the category; the total held from the OS is unchanged.
@@ -171,7 +171,7 @@ void* MemoryTracker::acquire_block(MemCategory c, uint64_t bytes, const char* wh
   void* block = it->second.block;
   *mapped = it->second.mapped;
   cache_.erase(it);
-  cached_ -= bytes;
+  s_.cached -= bytes;
   count_in(c, bytes);
   return block;
 }
@@ -180,29 +180,29 @@ bool MemoryTracker::release_block(MemCategory c, uint64_t bytes, void* block,
                                   bool mapped) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
   int i = static_cast<int>(c);
-  allocated_[i] -= bytes;
-  reserved_[i] -= bytes;
+  s_.allocated[i] -= bytes;
+  s_.reserved[i] -= bytes;
   if (cache_holders_ > 0 && bytes >= kHostCacheMinBytes) {
     try {
       cache_.emplace(bytes, CachedBlock{block, mapped});
-      cached_ += bytes;
+      s_.cached += bytes;
       return true;
     } catch (...) {  // no room for the map node: free the block as without a cache
     }
   }
-  total_ -= bytes;
+  s_.total_reserved -= bytes;
   return false;
 }
 
 // Returns cached blocks, largest first, until `bytes` more fit within both the total peak so far
 // (so the cache never raises a peak) and the limit.
 void MemoryTracker::evict_for(uint64_t bytes) noexcept {
-  while (!cache_.empty() &&
-         (total_ + bytes > total_peak_ || (limited(MemSpace::Host) && total_ + bytes > limit_))) {
+  while (!cache_.empty() && (s_.total_reserved + bytes > s_.total_peak ||
+                             (limited(MemSpace::Host) && s_.total_reserved + bytes > s_.limit))) {
     auto last = std::prev(cache_.end());
     host_block_free(last->second.block, last->first, last->second.mapped);
-    cached_ -= last->first;
-    total_ -= last->first;
+    s_.cached -= last->first;
+    s_.total_reserved -= last->first;
     cache_.erase(last);
   }
 }
@@ -225,55 +225,42 @@ void MemoryTracker::trim_host_cache() noexcept {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& [bytes, b] : cache_) {
     host_block_free(b.block, bytes, b.mapped);
-    total_ -= bytes;
+    s_.total_reserved -= bytes;
   }
   cache_.clear();
-  cached_ = 0;
+  s_.cached = 0;
 }
 
 void MemoryTracker::reset_peaks() {
   trim_host_cache();
   std::lock_guard<std::mutex> lock(mu_);
-  peak_ = reserved_;
-  total_peak_ = total_;
-  dev_peak_ = dev_reserved_;
-  dev_live_peak_ = dev_total_ - dev_cached_;
-  dev_total_peak_ = dev_total_;
+  s_.peak = s_.reserved;
+  s_.total_peak = s_.total_reserved;
+  s_.device_peak = s_.device_reserved;
+  s_.device_live_peak = s_.device_total - s_.device_cached;
+  s_.device_total_peak = s_.device_total;
 }
 
 MemorySnapshot MemoryTracker::snapshot() const {
   std::lock_guard<std::mutex> lock(mu_);
-  MemorySnapshot s;
-  s.limit = limit_;
-  s.allocated = allocated_;
-  s.reserved = reserved_;
-  s.peak = peak_;
-  s.total_reserved = total_;
-  s.total_peak = total_peak_;
-  s.cached = cached_;
+  MemorySnapshot s = s_;
   s.limit_device = limit_space_ == MemSpace::Device;
-  s.device_reserved = dev_reserved_;
-  s.device_peak = dev_peak_;
-  s.device_total = dev_total_;
-  s.device_cached = dev_cached_;
-  s.device_live_peak = dev_live_peak_;
-  s.device_total_peak = dev_total_peak_;
   return s;
 }
 
 uint64_t MemoryTracker::total_reserved() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return total_;
+  return s_.total_reserved;
 }
 
 uint64_t MemoryTracker::budgeted_reserved() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return limit_space_ == MemSpace::Device ? dev_total_ : total_;
+  return limit_space_ == MemSpace::Device ? s_.device_total : s_.total_reserved;
 }
 
 uint64_t MemoryTracker::budgeted_peak() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return limit_space_ == MemSpace::Device ? dev_live_peak_ : total_peak_;
+  return limit_space_ == MemSpace::Device ? s_.device_live_peak : s_.total_peak;
 }
 
 namespace {

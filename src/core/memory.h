@@ -67,7 +67,7 @@ constexpr uint64_t kHostCacheMinBytes = 256 * 1024;
 
 class MemoryTracker {
  public:
-  explicit MemoryTracker(uint64_t limit = 0) : limit_(limit) {}
+  explicit MemoryTracker(uint64_t limit = 0) { s_.limit = limit; }
   ~MemoryTracker();
   MemoryTracker(const MemoryTracker&) = delete;
   MemoryTracker& operator=(const MemoryTracker&) = delete;
@@ -97,8 +97,8 @@ class MemoryTracker {
   void drop_host_cache() noexcept;
   void trim_host_cache() noexcept;
 
-  void set_limit(uint64_t limit) { limit_ = limit; }
-  uint64_t limit() const { return limit_; }
+  void set_limit(uint64_t limit) { s_.limit = limit; }
+  uint64_t limit() const { return s_.limit; }
   // What the limit budgets: every tracked byte (Host, the default: the CPU backend's memory is
   // host RAM) or device bytes only (Device: backend=cuda, where memory.limit is the GPU budget and
   // the host copies of the weights and adapter are not in it).
@@ -121,25 +121,21 @@ class MemoryTracker {
 
  private:
   mutable std::mutex mu_;
-  uint64_t limit_;
+  // The counts, held in the form snapshot() returns (limit_device aside: see limit_space_).
+  MemorySnapshot s_;
   const char* phase_ = "setup";
   uint64_t fail_countdown_ = 0;
-  std::array<uint64_t, kMemCategoryCount> allocated_{}, reserved_{}, peak_{};
-  uint64_t total_ = 0, total_peak_ = 0;
   int cache_holders_ = 0;
-  uint64_t cached_ = 0;
   struct CachedBlock {
     void* block;
     bool mapped;  // page-mapped (else malloc's)
   };
   std::multimap<uint64_t, CachedBlock> cache_;  // size -> free block
   MemSpace limit_space_ = MemSpace::Host;
-  std::array<uint64_t, kMemCategoryCount> dev_reserved_{}, dev_peak_{};
-  uint64_t dev_total_ = 0, dev_cached_ = 0, dev_live_peak_ = 0, dev_total_peak_ = 0;
   void check_limit(MemCategory c, uint64_t bytes, const char* what, MemSpace s);
   void count_device(MemCategory c, uint64_t bytes);  // live device bytes in, peaks updated
   bool limited(MemSpace s) const {
-    return limit_ > 0 && (limit_space_ == MemSpace::Host || s == MemSpace::Device);
+    return s_.limit > 0 && (limit_space_ == MemSpace::Host || s == MemSpace::Device);
   }
   void count_in(MemCategory c, uint64_t bytes);
   void evict_for(uint64_t bytes) noexcept;  // with mu_ held
