@@ -315,8 +315,11 @@ TEST_P(CudaFineTune8bit, StepsOnDeviceMovingOnlyTheBatchAndFollowsCpu) {
   const std::vector<double> gpu = loss_curve("cuda", model_path, text, extra, 6, &st);
   ASSERT_EQ(cpu.size(), gpu.size());
   ASSERT_EQ(st.size(), 6u);
-  for (size_t i = 0; i < cpu.size(); ++i)
+  for (size_t i = 0; i < cpu.size(); ++i) {
     EXPECT_NEAR(gpu[i], cpu[i], 1e-4 * std::fabs(cpu[i])) << "step " << i + 1;
+    std::printf("%s step %zu: cpu %.7f gpu %.7f (%.2e)\n", GetParam(), i + 1, cpu[i], gpu[i],
+                std::fabs(gpu[i] - cpu[i]) / std::fabs(cpu[i]));
+  }
   const uint64_t batch = 4ull * 4 * 64 * sizeof(int32_t);
   for (size_t i = 1; i < st.size(); ++i) {
     EXPECT_EQ(st[i].host_to_device_bytes, batch) << "step " << i + 1;

@@ -18,6 +18,15 @@
 
 using qlft_cuda_test::norm_err;
 
+#if QLFT_CUDA_EMULATE
+namespace qlft_emu {  // cuda/emu/src/emu_internal.h (not in the CUDA API the shim copies)
+struct ManagedPrefetchStats {
+  uint64_t requested_bytes = 0, to_device_bytes = 0, to_host_bytes = 0;
+};
+ManagedPrefetchStats managed_prefetch_stats();
+}  // namespace qlft_emu
+#endif
+
 namespace {
 
 using FVec = std::vector<float>;
@@ -220,7 +229,20 @@ TEST_P(CudaDeviceAdamW8bit, StateAndParamsEqualHostOptimizer) {
       if (i < sizes[0] || i >= sizes[0] + sizes[1]) diff += std::memcmp(&dp[i], &p[i], 4) != 0;
     EXPECT_EQ(diff, 0u) << when << ": 8-bit tensors' parameters differ from the host's";
   };
+#if QLFT_CUDA_EMULATE
+  const qlft_emu::ManagedPrefetchStats before = qlft_emu::managed_prefetch_stats();
+#endif
   for (int step = 1; step <= 3; ++step) step_both(*dev, step);
+#if QLFT_CUDA_EMULATE
+  // paged_adamw8bit prefetches all of its state to the device once per step (each tensor's as
+  // its update begins, bitsandbytes' prefetch_state), and none of it moves: it stays resident
+  // from its allocation on. adamw8bit's device memory is never prefetched.
+  const qlft_emu::ManagedPrefetchStats after = qlft_emu::managed_prefetch_stats();
+  const bool paged = s.kind == qlft::OptimizerKind::PagedAdamW8bit;
+  EXPECT_EQ(after.requested_bytes - before.requested_bytes, paged ? 3 * dev->state_bytes() : 0);
+  EXPECT_EQ(after.to_device_bytes, before.to_device_bytes);
+  EXPECT_EQ(after.to_host_bytes, before.to_host_bytes);
+#endif
   expect_same(*dev, "after 3 steps");
   EXPECT_EQ(dev->steps(), 3);
   EXPECT_GT(dev->state_bytes(), 0u);

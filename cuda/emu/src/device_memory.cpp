@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -13,6 +14,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "emu_internal.h"
 
@@ -38,6 +40,10 @@ struct Arena {
   std::map<uintptr_t, Alloc> by_p;  // every allocation ever made, freed ones included
   std::set<uintptr_t> live;         // user pointers of live allocations
   std::map<uintptr_t, size_t> managed;
+  // Where each 4 KiB page of a managed allocation is: -1 the host (where it starts), else the
+  // device it was last prefetched to. Only prefetches move pages here (no fault migration).
+  std::map<uintptr_t, std::vector<int8_t>> managed_pages;
+  ManagedPrefetchStats prefetch_stats;
 };
 
 Arena& arena() {
@@ -377,6 +383,7 @@ cudaError_t cudaFree(void* p) {
   if (mit != a.managed.end()) {
     munmap(p, mit->second);
     a.managed.erase(mit);
+    a.managed_pages.erase(x);
     return cudaSuccess;
   }
   auto it = a.by_p.find(x);
@@ -404,6 +411,8 @@ cudaError_t cudaMallocManaged(void** p, size_t bytes, unsigned flags) {
   void* m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (m == MAP_FAILED) return ret(cudaErrorMemoryAllocation);
   arena().managed[reinterpret_cast<uintptr_t>(m)] = bytes;
+  arena().managed_pages[reinterpret_cast<uintptr_t>(m)].assign(
+      (bytes + kManagedPage - 1) / kManagedPage, int8_t(-1));
   *p = m;
   return cudaSuccess;
 }
@@ -431,8 +440,35 @@ cudaError_t cudaMemPrefetchAsync(const void* p, size_t bytes, cudaMemLocation lo
   if (!is_managed(p, bytes) || flags != 0 || !stream_is_valid(s)) return ret(cudaErrorInvalidValue);
   if (loc.type == cudaMemLocationTypeDevice && (loc.id < 0 || loc.id >= device_count()))
     return ret(cudaErrorInvalidDevice);
+  if (loc.type != cudaMemLocationTypeDevice && loc.type != cudaMemLocationTypeHost)
+    return ret(cudaErrorInvalidValue);
+  // Count what moves: the pages of [p, p + bytes) not yet where they are sent (a page counts
+  // whole, clipped to the allocation), as the driver migrates whole pages.
+  std::lock_guard<std::recursive_mutex> g(device_lock());
+  Arena& a = arena();
+  const uintptr_t x = reinterpret_cast<uintptr_t>(p);
+  auto it = a.managed.upper_bound(x);
+  --it;  // is_managed found it
+  std::vector<int8_t>& pages = a.managed_pages[it->first];
+  const int8_t to = loc.type == cudaMemLocationTypeDevice ? int8_t(loc.id) : int8_t(-1);
+  const size_t first = (x - it->first) / kManagedPage;
+  const size_t last = bytes ? (x + bytes - 1 - it->first) / kManagedPage : first;
+  a.prefetch_stats.requested_bytes += bytes;
+  for (size_t i = first; bytes && i <= last; ++i) {
+    if (pages[i] == to) continue;
+    const size_t page_bytes = std::min(kManagedPage, it->second - i * kManagedPage);
+    (to < 0 ? a.prefetch_stats.to_host_bytes : a.prefetch_stats.to_device_bytes) += page_bytes;
+    pages[i] = to;
+  }
   return cudaSuccess;
 }
+
+namespace qlft_emu {
+ManagedPrefetchStats managed_prefetch_stats() {
+  std::lock_guard<std::recursive_mutex> g(device_lock());
+  return arena().prefetch_stats;
+}
+}  // namespace qlft_emu
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                             cudaStream_t s) {

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <mutex>
 #include <string>
 
@@ -18,6 +19,14 @@ std::recursive_mutex& device_lock();
 // page; addresses are never reused, so a freed allocation stays PROT_NONE forever.
 bool is_device(const void* p);                 // inside the arena (live or freed)
 bool is_managed(const void* p, size_t bytes);  // inside one managed allocation
+// cudaMemPrefetchAsync's traffic since the process began: bytes asked for, and bytes of pages
+// that moved (not already at the destination), as a transfer would count them. Tests declare
+// it themselves (it is not part of the CUDA API the shim's headers copy).
+struct ManagedPrefetchStats {
+  uint64_t requested_bytes = 0, to_device_bytes = 0, to_host_bytes = 0;
+};
+ManagedPrefetchStats managed_prefetch_stats();
+constexpr size_t kManagedPage = 4096;
 // Checks [p, p+bytes) lies in one live device allocation; "" or the reason it does not.
 std::string check_device_range(const void* p, size_t bytes);
 // Opens (read/write) every live device allocation, or closes them again. Nested opens count.
