@@ -86,8 +86,13 @@ int32_t qlft_dataset_load(const qlft_model* model, const char* path, const qlft_
     d->path = path;
     d->encoder = std::make_unique<qlft::data::TokenizerEncoder>(
         model->need_tokenizer(), qlft::data::model_chat_template(*model->model));
-    d->data = std::make_unique<qlft::data::Dataset>(
-        qlft::data::Dataset::build(qlft::parse_run_spec(c).data, *d->encoder));
+    const qlft::RunSpec spec = qlft::parse_run_spec(c);
+    if (spec.pref.objective != qlft::Objective::Sft)  // preference records
+      d->pref = std::make_unique<qlft::PrefSet>(
+          qlft::PrefSet::load(spec.data, spec.pref.objective, *d->encoder));
+    else
+      d->data =
+          std::make_unique<qlft::data::Dataset>(qlft::data::Dataset::build(spec.data, *d->encoder));
     *out = d.release();
   });
 }
@@ -100,6 +105,15 @@ int32_t qlft_dataset_get_stats(const qlft_dataset* dataset, qlft_dataset_stats* 
   return guard([&] {
     QLFT_CHECK_ARG(dataset, "qlft_dataset_get_stats: dataset is NULL");
     QLFT_CHECK_STRUCT("qlft_dataset_get_stats", out, qlft_dataset_stats);
+    if (dataset->pref) {  // preference examples: records only
+      qlft_dataset_stats f{};
+      f.struct_size = sizeof(f);
+      f.records = dataset->pref->examples.size();
+      f.dropped_records = dataset->pref->dropped;
+      f.train_sequences = dataset->pref->examples.size();
+      copy_out(f, out);
+      return;
+    }
     const qlft::data::DataStats& s = dataset->data->stats();
     qlft_dataset_stats f{};
     f.struct_size = sizeof(f);
@@ -139,9 +153,15 @@ int32_t qlft_trainer_create(qlft_model* model, qlft_dataset* train_data, const q
     t->data = train_data;
     t->spec = qlft::parse_run_spec(qlft::config_or_default(config));
     qlft::ThreadScope threads(model->runtime->threads);
-    t->trainer =
-        std::make_unique<qlft::Trainer>(*model->model, &model->runtime->tracker,
-                                        train_data ? train_data->data.get() : nullptr, t->spec);
+    QLFT_CHECK_ARG(
+        !train_data || !train_data->pref == (t->spec.pref.objective == qlft::Objective::Sft),
+        "qlft_trainer_create: the dataset was loaded for train.objective=%s, the trainer "
+        "has train.objective=%s",
+        train_data && train_data->pref ? "a preference objective" : "sft",
+        qlft::name_of(t->spec.pref.objective));
+    t->trainer = std::make_unique<qlft::Trainer>(
+        *model->model, &model->runtime->tracker, train_data ? train_data->data.get() : nullptr,
+        t->spec, train_data ? train_data->pref.get() : nullptr);
     *out = t.release();
   });
 }
@@ -193,7 +213,7 @@ int32_t qlft_trainer_train(qlft_trainer* trainer, qlft_progress_fn progress, voi
       s.struct_size = sizeof(s);
       fill_stats(trainer, r, &s, elapsed);
       if (ts.eval_every > 0 && r.step % ts.eval_every == 0 && trainer->data &&
-          trainer->data->data->eval().rows() > 0)
+          trainer->data->data && trainer->data->data->eval().rows() > 0)
         s.eval_loss = static_cast<float>(t.evaluate(*trainer->data->data).loss);
       if (ts.save_every > 0 && r.step % ts.save_every == 0)
         t.save_checkpoint(ts.output_dir + "/checkpoint.safetensors");
@@ -231,6 +251,7 @@ int32_t qlft_trainer_evaluate(qlft_trainer* trainer, qlft_dataset* data, qlft_ev
     QLFT_CHECK_STRUCT("qlft_trainer_evaluate", out, qlft_eval_result);
     qlft_dataset* d = data ? data : trainer->data;
     QLFT_CHECK_ARG(d, "qlft_trainer_evaluate: no dataset given and the trainer has none");
+    QLFT_CHECK_ARG(d->data, "qlft_trainer_evaluate: preference data has no token-loss evaluation");
     qlft::ThreadScope threads(trainer->model->runtime->threads);
     bool eval_split = data == nullptr;
     if (eval_split)

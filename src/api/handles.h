@@ -11,6 +11,7 @@
 #include "core/memory.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
+#include "train/preference.h"
 
 namespace qlft {
 class Trainer;
@@ -46,7 +47,9 @@ struct qlft_dataset {
   const qlft_model* model = nullptr;
   std::string path;  // what qlft_dataset_load read (an input no output may replace)
   std::unique_ptr<qlft::data::TextEncoder> encoder;
-  std::unique_ptr<qlft::data::Dataset> data;
+  std::unique_ptr<qlft::data::Dataset> data;  // nullptr when pref is set
+  // train.objective != sft: the preference examples (train/preference.h) instead of data.
+  std::unique_ptr<qlft::PrefSet> pref;
   ~qlft_dataset();
 };
 

@@ -225,8 +225,10 @@ const KeyDef kKeys[] = {
      "(loss_type ipo), orpo (ORPOTrainer), simpo (CPOTrainer loss_type simpo) over "
      "{prompt, chosen, rejected} pairs, or kto (KTOTrainer) over {prompt, completion, label} "
      "examples. DPO, IPO and KTO take the reference log-probabilities from the same base with "
-     "the adapter off. Preference steps run through the C++ Trainer::step_pref; the CLI and "
-     "qlft_trainer_step train sft only and refuse another objective."},
+     "the adapter off. A dataset loaded under a preference objective (qlft_dataset_load, the "
+     "CLI) reads data.path as such JSON lines (prompt / answers as strings, or as chat messages "
+     "through data.template); a step takes train.micro_batch pairs (examples) per micro-batch. "
+     "Preference data has no evaluation split, and a resumed run restarts its data order."},
     {"pref.beta", KeyType::Float, "0.1", 1e-6, 1e6, "",
      "Preference objectives' beta (TRL's): DPO / KTO / SimPO temperature, IPO's regularization "
      "tau, ORPO's lambda (weight of the odds-ratio term)."},

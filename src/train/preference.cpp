@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "data/dataset.h"  // resolve_template
 #include "model/llama.h"
 
 namespace qlft {
@@ -243,6 +244,40 @@ PrefMetrics preference_loss(const PrefSpec& s, const PrefInput& in, PrefGrad* g)
       throw_error(QLFT_ERR_INVALID_ARGUMENT, "preference_loss: train.objective is sft");
   }
   return m;
+}
+
+PrefSet PrefSet::load(const DataSpec& d, Objective o, const data::TextEncoder& enc) {
+  QLFT_CHECK_ARG(o != Objective::Sft, "PrefSet: train.objective is sft");
+  const bool kto = o == Objective::Kto;
+  data::ReadOptions ro;
+  ro.skip_bad = d.skip_bad;
+  ro.max_record_bytes = d.max_record_bytes;
+  data::DropLog log;
+  std::vector<data::PrefRecord> recs = data::read_preference_records(d.path, kto, ro, log);
+  PrefSet set;
+  set.records = recs.size() + log.count;
+  set.dropped = log.count;
+  data::ChatTemplate chat;
+  bool have_chat = false;
+  for (const data::PrefRecord& r : recs) {
+    if (r.chat && !have_chat) {
+      std::string source;
+      chat = data::resolve_template(d.chat_template, enc, &source);
+      have_chat = true;
+    }
+    data::PrefExample e = data::tokenize_preference(r, kto, enc, have_chat ? &chat : nullptr);
+    const size_t len = e.prompt.size() + std::max(e.chosen.size(), e.rejected.size());
+    if (len > static_cast<size_t>(d.seq_len)) {
+      ++set.dropped;
+      continue;
+    }
+    set.examples.push_back(std::move(e));
+  }
+  QLFT_CHECK_FORMAT(!set.examples.empty(),
+                    "%s: no usable %s records ({\"prompt\", %s}) of at most data.seq_len=%d tokens",
+                    d.path.c_str(), kto ? "KTO" : "preference",
+                    kto ? "\"completion\", \"label\"" : "\"chosen\", \"rejected\"", d.seq_len);
+  return set;
 }
 
 void preference_logps(LlamaRunner& runner, const data::Batch& rows, bool reference,

@@ -83,6 +83,15 @@ PrefBatch make_pref_batch(const std::vector<const data::PrefExample*>& ex, Objec
 PrefMetrics preference_forward_backward(LlamaRunner& runner, const PrefSpec& s, const PrefBatch& b,
                                         float grad_scale, uint64_t dropout_seed);
 
+// A preference training set (train.objective != sft, data.path's records): tokenized, those
+// longer than data.seq_len dropped (counted), in data.path's order; the trainer draws a seeded
+// order per epoch (Trainer::step).
+struct PrefSet {
+  std::vector<data::PrefExample> examples;
+  uint64_t records = 0, dropped = 0;
+  static PrefSet load(const DataSpec& d, Objective o, const data::TextEncoder& enc);
+};
+
 // The sequences' answer log-probabilities under the policy and, with reference, the reference,
 // without training (held-out accuracy: the policy's reward margin > 0).
 void preference_logps(LlamaRunner& runner, const data::Batch& rows, bool reference,

@@ -88,13 +88,15 @@ TrainSettings TrainSettings::from_spec(const RunSpec& s) {
 }
 
 Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset* train,
-                 const RunSpec& spec)
+                 const RunSpec& spec, const PrefSet* pref_data)
     : model_(model),
       tracker_(tracker),
       host_cache_(tracker),
       train_(train),
       ts_(TrainSettings::from_spec(spec)),
-      pref_(spec.pref) {
+      pref_(spec.pref),
+      pref_set_(pref_data),
+      pref_epochs_(spec.data.epochs) {
   if (const char* p = std::getenv("QLFT_PROFILE"); p && *p) {
     profile_path_ = p;
     prof::set_enabled(true);
@@ -197,6 +199,10 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
       int64_t per_step = static_cast<int64_t>(ts_.micro_batch) * ts_.accumulation * world();
       int64_t data_steps = static_cast<int64_t>((it_->total_rows() + per_step - 1) / per_step);
       total_steps_ = ts_.max_steps > 0 ? ts_.max_steps : data_steps;
+    } else if (pref_set_) {  // a step takes micro_batch x accumulation examples
+      const uint64_t per = uint64_t(ts_.micro_batch) * uint64_t(ts_.accumulation);
+      const uint64_t n = pref_set_->examples.size() * uint64_t(pref_epochs_);
+      total_steps_ = ts_.max_steps > 0 ? ts_.max_steps : static_cast<int64_t>((n + per - 1) / per);
     } else {
       total_steps_ = ts_.max_steps;
     }
@@ -239,6 +245,7 @@ void Trainer::set_batch_shape(int micro_batch, int accumulation) {
 }
 
 bool Trainer::done() const {
+  if (pref_set_) return pref_done();
   if (!it_) return true;
   if (ts_.max_steps > 0 && step_ >= ts_.max_steps) return true;
   // With max_steps the data cycles (epochs repeat); otherwise it ends with the data.
@@ -254,10 +261,7 @@ uint64_t Trainer::dropout_seed(int64_t step, int micro) const {
 }
 
 bool Trainer::step(StepReport* out) {
-  QLFT_CHECK_ARG(pref_.objective == Objective::Sft,
-                 "train.objective=%s trains on preference micro-batches (Trainer::step_pref); the "
-                 "dataset's packed rows are next-token data",
-                 name_of(pref_.objective));
+  if (pref_.objective != Objective::Sft) return step_preference(out);
   QLFT_CHECK_ARG(it_, "this trainer has no training data");
   if (done()) return false;
   // Every rank stops at the same step boundary when any of them was cancelled.

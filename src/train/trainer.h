@@ -83,8 +83,10 @@ class Trainer {
   // The model is only read: a trainer that streams its base weights (ZeRO-3, NVMe or device
   // offload) streams its own copy (placement()), so generation, merged export and other
   // trainers use the model while this one exists.
+  // pref_data: with train.objective != sft, the preference examples step() trains on (not
+  // owned; train is then nullptr).
   Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset* train,
-          const RunSpec& spec);
+          const RunSpec& spec, const PrefSet* pref_data = nullptr);
   ~Trainer();
 
   // One optimizer step; false (and nothing done) when the data or max_steps is exhausted.
@@ -232,6 +234,11 @@ class Trainer {
   std::string profile_path_;  // QLFT_PROFILE: where the destructor writes the op profile
   std::atomic<bool> cancel_{false};
   PrefSpec pref_;
+  const PrefSet* pref_set_ = nullptr;  // step()'s preference examples
+  uint64_t pref_pos_ = 0;              // examples consumed (over epochs)
+  int pref_epochs_ = 1;
+  bool step_preference(StepReport* out);  // step() with train.objective != sft
+  bool pref_done() const;
   const std::vector<PrefBatch>* pref_batches_ = nullptr;  // step_pref's, during its step_on
   std::vector<PrefMetrics> pref_seen_;                    // each micro-batch's, in that step
 };

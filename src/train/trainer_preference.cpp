@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "data/packing.h"  // seeded_shuffle
 #include "train/trainer.h"
 
 namespace qlft {
@@ -42,6 +43,44 @@ void Trainer::step_pref(const std::vector<PrefBatch>& batches, StepReport* out, 
   r.loss = avg.loss;
   if (out) *out = r;
   if (m) *m = avg;
+}
+
+bool Trainer::pref_done() const {
+  if (ts_.max_steps > 0) return step_ >= ts_.max_steps;
+  return pref_pos_ >= pref_set_->examples.size() * uint64_t(pref_epochs_);
+}
+
+bool Trainer::step_preference(StepReport* out) {
+  QLFT_CHECK_ARG(pref_set_,
+                 "train.objective=%s trains on preference records: load the dataset with the "
+                 "same train.objective (its rows are next-token data)",
+                 name_of(pref_.objective));
+  if (pref_done()) return false;
+  if (cancel_requested()) throw_error(QLFT_ERR_CANCELLED, "training was cancelled");
+  // The example stream: epoch e's seeded permutation of the examples, then epoch e + 1's; with
+  // max_steps the epochs repeat. A step takes accumulation micro-batches of micro_batch.
+  const uint64_t n = pref_set_->examples.size();
+  std::vector<PrefBatch> batches;
+  uint64_t pos = pref_pos_;
+  std::vector<uint32_t> order;
+  uint64_t order_epoch = ~0ull;
+  for (int a = 0; a < ts_.accumulation; ++a) {
+    std::vector<const data::PrefExample*> ex;
+    for (int i = 0; i < ts_.micro_batch; ++i, ++pos) {
+      if (ts_.max_steps == 0 && pos >= n * uint64_t(pref_epochs_)) break;
+      if (pos / n != order_epoch) {
+        order_epoch = pos / n;
+        order.resize(n);
+        for (uint32_t k = 0; k < n; ++k) order[k] = k;
+        data::seeded_shuffle(order, ts_.seed * 1000003ull + order_epoch);
+      }
+      ex.push_back(&pref_set_->examples[order[pos % n]]);
+    }
+    if (!ex.empty()) batches.push_back(make_pref_batch(ex, pref_.objective, 0));
+  }
+  step_pref(batches, out);
+  pref_pos_ = pos;  // only after the step succeeded
+  return true;
 }
 
 }  // namespace qlft

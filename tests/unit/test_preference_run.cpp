@@ -19,6 +19,7 @@
 #include "core/threads.h"
 #include "data/preference.h"
 #include "data/tokenizer_encoder.h"
+#include "support/preference_pairs.h"
 #include "support/test_support.h"
 #include "test_model_util.h"
 #include "tokenizer/tokenizer.h"
@@ -27,56 +28,6 @@
 using namespace qlft;
 
 namespace {
-
-std::string json_str(const std::string& s) {
-  std::string o = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    if (c == '\n') {
-      o += "\\n";
-      continue;
-    }
-    o += c;
-  }
-  return o + "\"";
-}
-
-// Prompt / chosen / rejected JSON lines from the stories (first sentence, second sentence, its
-// words shuffled).
-std::string make_pairs_jsonl(const std::string& stories_path, size_t max_pairs) {
-  std::ifstream in(stories_path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string all = ss.str();
-  std::mt19937 rng(49);
-  std::string out;
-  size_t pairs = 0, pos = 0;
-  while (pairs < max_pairs && pos < all.size()) {
-    size_t end = all.find("<|endoftext|>", pos);
-    if (end == std::string::npos) end = all.size();
-    std::string story = all.substr(pos, end - pos);
-    pos = end + 13;
-    while (!story.empty() && (story[0] == '\n' || story[0] == ' ')) story.erase(0, 1);
-    const size_t s1 = story.find(". ");
-    if (s1 == std::string::npos) continue;
-    const size_t s2 = story.find(". ", s1 + 2);
-    if (s2 == std::string::npos) continue;
-    const std::string prompt = story.substr(0, s1 + 1);
-    const std::string second = story.substr(s1 + 2, s2 - s1 - 1);  // up to and with its '.'
-    std::vector<std::string> words;
-    std::istringstream ws(second);
-    for (std::string w; ws >> w;) words.push_back(w);
-    if (words.size() < 4 || second.size() > 120 || prompt.size() > 120) continue;
-    std::vector<std::string> shuffled = words;
-    while (shuffled == words) std::shuffle(shuffled.begin(), shuffled.end(), rng);
-    std::string rejected;
-    for (const std::string& w : shuffled) rejected += " " + w;
-    out += "{\"prompt\": " + json_str(prompt) + ", \"chosen\": " + json_str(" " + second) +
-           ", \"rejected\": " + json_str(rejected) + "}\n";
-    ++pairs;
-  }
-  return out;
-}
 
 Config dpo_config() {
   Config c;
@@ -129,7 +80,7 @@ TEST(PreferenceRun, DpoLearnsHeldOutPreferences) {
   const std::string path = dir + "/pairs.jsonl";
   {
     std::ofstream f(path);
-    f << make_pairs_jsonl(stories, kTrain + kHeld);
+    f << qlft_test::make_pairs_jsonl(stories, kTrain + kHeld);
   }
   data::DropLog log;
   std::vector<data::PrefRecord> recs =
@@ -177,7 +128,7 @@ TEST(PreferenceRun, DpoPeakIsSftPlusReferencePass) {
   const std::string path = qlft_test::temp_dir("pref_mem") + "/pairs.jsonl";
   {
     std::ofstream f(path);
-    f << make_pairs_jsonl(stories, 8);
+    f << qlft_test::make_pairs_jsonl(stories, 8);
   }
   data::DropLog log;
   std::vector<data::PrefRecord> recs =
