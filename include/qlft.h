@@ -302,6 +302,9 @@ typedef struct qlft_step_stats {
   uint64_t host_to_device_bytes;
   uint64_t device_to_host_bytes;
   uint64_t device_syncs;
+  /* Added with launch counting: the kernels and library calls (cuBLASLt matmuls) the step
+   * submitted to the device; 0 on backend=cpu. */
+  uint64_t device_launches;
 } qlft_step_stats;
 
 /* Return nonzero to stop training after this step (qlft_trainer_train returns

@@ -84,6 +84,7 @@ func LayoutLines() []string {
 	f("qlft_step_stats.host_to_device_bytes", unsafe.Offsetof(v_qlft_step_stats.host_to_device_bytes))
 	f("qlft_step_stats.device_to_host_bytes", unsafe.Offsetof(v_qlft_step_stats.device_to_host_bytes))
 	f("qlft_step_stats.device_syncs", unsafe.Offsetof(v_qlft_step_stats.device_syncs))
+	f("qlft_step_stats.device_launches", unsafe.Offsetof(v_qlft_step_stats.device_launches))
 	var v_qlft_eval_result C.qlft_eval_result
 	v = append(v, fmt.Sprintf("qlft_eval_result size %d", unsafe.Sizeof(v_qlft_eval_result)))
 	f("qlft_eval_result.struct_size", unsafe.Offsetof(v_qlft_eval_result.struct_size))

@@ -522,8 +522,8 @@ type StepStats struct {
 	TokensPerSecond, ElapsedSeconds, EtaSeconds float64
 	MemoryReserved, MemoryPeak                  uint64
 	EvalLoss                                    float32
-	// Host<->device traffic of the step (0 on backend=cpu).
-	HostToDeviceBytes, DeviceToHostBytes, DeviceSyncs uint64
+	// Host<->device traffic of the step and its device launches (0 on backend=cpu).
+	HostToDeviceBytes, DeviceToHostBytes, DeviceSyncs, DeviceLaunches uint64
 }
 
 func stepStats(s *C.qlft_step_stats) StepStats {
@@ -534,7 +534,8 @@ func stepStats(s *C.qlft_step_stats) StepStats {
 		EtaSeconds: float64(s.eta_seconds), MemoryReserved: uint64(s.memory_reserved),
 		MemoryPeak: uint64(s.memory_peak), EvalLoss: float32(s.eval_loss),
 		HostToDeviceBytes: uint64(s.host_to_device_bytes),
-		DeviceToHostBytes: uint64(s.device_to_host_bytes), DeviceSyncs: uint64(s.device_syncs)}
+		DeviceToHostBytes: uint64(s.device_to_host_bytes), DeviceSyncs: uint64(s.device_syncs),
+		DeviceLaunches: uint64(s.device_launches)}
 }
 
 // EvalResult is qlft_eval_result.

@@ -162,7 +162,11 @@ class CudaBackend final : public Backend {
   CudaBackend(MemoryTracker* tracker, const CudaBackendOptions& o);
   ~CudaBackend() override;
   const char* name() const override { return "cuda"; }
-  TransferCounts transfers() const override { return moved_; }
+  TransferCounts transfers() const override {
+    TransferCounts t = moved_;
+    t.launches = launches_total();  // launch_count.h: every launch of this process
+    return t;
+  }
 
   // ---- elementwise glue (cuda_backend.cu) -----------------------------------------------------
   int device_index() const override { return opt_.device; }

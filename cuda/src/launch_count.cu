@@ -70,9 +70,12 @@ std::vector<LaunchCount> launch_counts() {
   return out;
 }
 
-std::string short_kernel_name(const std::string& s) {
+std::string short_kernel_name(const std::string& demangled) {
   // The parameter list: the first '(' outside template brackets; the name: after the last "::"
   // outside them (a return type, "void ", precedes a template instance's name).
+  std::string s = demangled;
+  const std::string anon = "(anonymous namespace)::";
+  for (size_t at; (at = s.find(anon)) != std::string::npos;) s.erase(at, anon.size());
   int depth = 0;
   size_t end = s.size(), start = 0;
   for (size_t i = 0; i < s.size(); ++i) {

@@ -45,6 +45,7 @@ void fill_stats(const qlft_trainer* t, const qlft::StepReport& r, qlft_step_stat
   full.host_to_device_bytes = r.moved.host_to_device;
   full.device_to_host_bytes = r.moved.device_to_host;
   full.device_syncs = r.moved.syncs;
+  full.device_launches = r.moved.launches;
   copy_out(full, s);
 }
 

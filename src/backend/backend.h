@@ -97,6 +97,7 @@ struct TransferCounts {
   uint64_t host_to_device = 0;
   uint64_t device_to_host = 0;
   uint64_t syncs = 0;
+  uint64_t launches = 0;  // kernels and library calls (GEMMs) submitted to the device
 };
 
 class Backend {

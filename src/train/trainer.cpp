@@ -399,6 +399,7 @@ void Trainer::step_on(const std::vector<data::Batch>& batches, StepReport* out) 
   r.moved.host_to_device = moved1.host_to_device - moved0.host_to_device;
   r.moved.device_to_host = moved1.device_to_host - moved0.device_to_host;
   r.moved.syncs = moved1.syncs - moved0.syncs;
+  r.moved.launches = moved1.launches - moved0.launches;
   if (out) *out = r;
   if (r.skipped && ts_.stop_on_nonfinite && nonfinite_in_row_ >= ts_.max_nonfinite_in_row)
     throw_error(QLFT_ERR_NUMERICAL,

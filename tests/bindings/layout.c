@@ -79,6 +79,7 @@ int main(void) {
   F(qlft_step_stats, host_to_device_bytes);
   F(qlft_step_stats, device_to_host_bytes);
   F(qlft_step_stats, device_syncs);
+  F(qlft_step_stats, device_launches);
 
   S(qlft_eval_result);
   F(qlft_eval_result, struct_size);

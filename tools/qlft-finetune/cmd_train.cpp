@@ -107,6 +107,10 @@ std::string metrics_record(const qlft_step_stats* s, const std::string& report_f
                   static_cast<unsigned long long>(s->device_syncs));
     r += rest;
   }
+  // The step's device launches (kernels and cuBLASLt matmuls, cuda/src/launch_count.h).
+  if (s->struct_size >= offsetof(qlft_step_stats, device_launches) + sizeof(s->device_launches) &&
+      s->device_launches > 0)
+    r += ", \"launches\": " + std::to_string(s->device_launches);
   if (nonfinite) r += ", \"nonfinite\": true";
   r += report_fields;
   r += "}";

@@ -147,6 +147,7 @@ pub struct qlft_step_stats {
     pub host_to_device_bytes: u64,
     pub device_to_host_bytes: u64,
     pub device_syncs: u64,
+    pub device_launches: u64,
 }
 
 #[repr(C)]

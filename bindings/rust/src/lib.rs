@@ -1096,6 +1096,7 @@ pub fn layout_lines() -> Vec<String> {
     f!(qlft_step_stats, host_to_device_bytes);
     f!(qlft_step_stats, device_to_host_bytes);
     f!(qlft_step_stats, device_syncs);
+    f!(qlft_step_stats, device_launches);
     s!(qlft_eval_result);
     f!(qlft_eval_result, struct_size);
     f!(qlft_eval_result, loss);

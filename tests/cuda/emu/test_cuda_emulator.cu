@@ -15,7 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda_entry.h"
 #include "check.h"
+#include "launch_count.h"
 #include "reduce.cuh"
 
 namespace {
@@ -102,8 +104,9 @@ TEST_P(EmuSchedule, DeletedSyncthreadsIsCaughtAndIntactKernelIsExact) {
   const std::vector<float> bad = row_sums(true, x, rows, cols);
   int wrong = 0;
   for (int r = 0; r < rows; ++r) wrong += !(bad[r] == float(want[r]));
-  if (std::string(GetParam()) != "reverse")
+  if (std::string(GetParam()) != "reverse") {
     EXPECT_EQ(wrong, rows) << "the missing barrier went unnoticed under " << GetParam();
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Orders, EmuSchedule, ::testing::Values("forward", "reverse", "random"));
@@ -254,6 +257,86 @@ TEST(EmuRaceCheck, DynamicSharedMemoryIsCheckedToo) {
   const std::string err =
       launch_failure([&] { launch(k_neighbour, dim3(1), dim3(64), 256, nullptr, false, out); });
   EXPECT_NE(err.find("dynamic shared"), std::string::npos) << err;
+}
+
+// ---- Launch counting: the backend's (cuda/src/launch_count.h) against the runtime's own ------
+__global__ void __launch_bounds__(32) k_count_a(float* p) {
+  p[threadIdx.x] += 1.f;
+}
+template <int N>
+__global__ void __launch_bounds__(32) k_count_b(float* p) {
+  p[threadIdx.x] *= float(N);
+}
+
+uint64_t runtime_launches() {  // kernels and matmuls the emulated runtime accepted, all streams
+  uint64_t n = 0;
+  for (const auto& [stream, c] : qlft_emu::stream_counts()) n += c.kernels + c.matmuls;
+  return n;
+}
+uint64_t backend_count(const std::string& name) {
+  for (const qlft::cu::LaunchCount& c : qlft::cu::launch_counts())
+    if (c.name == name) return c.count;
+  return 0;
+}
+
+TEST(EmuLaunchCount, AKnownSequenceIsCountedByKernelAndStream) {
+  EXPECT_EQ(qlft::cu::short_kernel_name("void qlft::cu::k_attn_fwd<4>(qlft::cu::AttnArgs, float*)"),
+            "k_attn_fwd<4>");
+  EXPECT_EQ(qlft::cu::short_kernel_name("qlft::cu::(anonymous namespace)::k_x(float, int)"), "k_x");
+  Dev d(32);
+  cudaStream_t s = nullptr;
+  QLFT_CUDA_CHECK(cudaStreamCreate(&s));
+  const uint64_t a0 = backend_count("k_count_a"), b0 = backend_count("k_count_b<3>");
+  const uint64_t total0 = qlft::cu::launches_total(), rt0 = runtime_launches();
+  const uint64_t ka0 = qlft_emu::kernel_counts()[reinterpret_cast<const void*>(&k_count_a)];
+  for (int i = 0; i < 3; ++i) launch(k_count_a, dim3(1), dim3(32), 0, s, d.p);
+  for (int i = 0; i < 2; ++i) launch(k_count_b<3>, dim3(1), dim3(32), 0, nullptr, d.p);
+  launch(k_count_a, dim3(0), dim3(32), 0, s, d.p);  // an empty grid submits nothing
+  std::vector<float> h(32);
+  QLFT_CUDA_CHECK(cudaMemsetAsync(d.p, 0, 128, s));
+  for (int i = 0; i < 2; ++i)
+    QLFT_CUDA_CHECK(cudaMemcpyAsync(h.data(), d.p, 128, cudaMemcpyDeviceToHost, s));
+  QLFT_CUDA_CHECK(cudaStreamSynchronize(s));
+  EXPECT_EQ(backend_count("k_count_a") - a0, 3u);
+  EXPECT_EQ(backend_count("k_count_b<3>") - b0, 2u);
+  EXPECT_EQ(qlft::cu::launches_total() - total0, 5u);
+  EXPECT_EQ(runtime_launches() - rt0, 5u);
+  EXPECT_EQ(qlft_emu::kernel_counts()[reinterpret_cast<const void*>(&k_count_a)] - ka0, 3u);
+  const qlft_emu::StreamCounts c = qlft_emu::stream_counts()[s];  // a new stream: from zero
+  EXPECT_EQ(c.kernels, 3u);
+  EXPECT_EQ(c.memsets, 1u);
+  EXPECT_EQ(c.memcpys, 2u);
+  EXPECT_EQ(c.matmuls, 0u);
+  QLFT_CUDA_CHECK(cudaStreamDestroy(s));
+}
+
+// The backend's ops (staging copies, kernels, cuBLASLt) counted by the backend equal what the
+// runtime accepted, and the by-name list adds up to the total.
+TEST(EmuLaunchCount, BackendOpsCountWhatTheRuntimeRan) {
+  qlft::MemoryTracker tracker;
+  qlft::CudaBackendOptions o;
+  std::unique_ptr<qlft::Backend> gpu = qlft::make_cuda_backend(&tracker, o);
+  const int64_t M = 5, C = 128;
+  std::vector<float> x(size_t(M * C), 0.5f), w(size_t(C), 1.f), y(x.size()), r(static_cast<size_t>(M));
+  std::vector<float> g(x.size(), 0.25f), u(x.size(), 2.f), out(x.size());
+  uint64_t named0 = 0;
+  for (const qlft::cu::LaunchCount& c : qlft::cu::launch_counts()) named0 += c.count;
+  const uint64_t before = gpu->transfers().launches, rt0 = runtime_launches();
+  for (int i = 0; i < 2; ++i) {
+    gpu->rmsnorm_fwd(qlft::CMatF{x.data(), M, C, C}, w.data(), 1e-5f, qlft::MatF{y.data(), M, C, C},
+                     r.data());
+    gpu->swiglu_fwd(qlft::CMatF{g.data(), M, C, C}, qlft::CMatF{u.data(), M, C, C},
+                    qlft::MatF{out.data(), M, C, C});
+  }
+  const uint64_t counted = gpu->transfers().launches - before;
+  EXPECT_GE(counted, 4u) << "two ops, twice";
+  EXPECT_EQ(counted, runtime_launches() - rt0);
+  uint64_t named = 0;
+  for (const qlft::cu::LaunchCount& c : qlft::cu::launch_counts()) {
+    EXPECT_FALSE(c.name.empty());
+    named += c.count;
+  }
+  EXPECT_EQ(named - named0, counted);
 }
 
 // ---- Shuffles -------------------------------------------------------------------------------
