@@ -23,10 +23,15 @@
 #include <random>
 #include <vector>
 
+#include "backend/autocast_backend.h"
 #include "backend/backend.h"
 #include "backend/cuda_entry.h"
 #include "core/half.h"
 #include "cuda_test_util.h"
+#include "model/llama.h"
+#include "model/lora.h"
+#include "model/model.h"
+#include "quant/qweight.h"
 
 namespace {
 
@@ -309,4 +314,120 @@ TEST(CudaAttentionTc, DocumentStartsFollowEachBatchInTheSameBuffer) {
       }
     }
   }
+}
+
+namespace {
+
+// A two-layer llama of head_dim 64 (two query heads, one KV head) with random fp32 weights.
+std::unique_ptr<qlft::Model> head64_model(qlft::MemoryTracker* t) {
+  using namespace qlft;
+  auto m = std::make_unique<Model>();
+  ModelConfig& c = m->cfg;
+  c.arch = "llama";
+  c.n_layers = 2;
+  c.dim = 128;
+  c.n_heads = 2;
+  c.n_kv_heads = 1;
+  c.head_dim = 64;
+  c.ffn_dim = 96;
+  c.vocab = 96;
+  c.context_length = 4096;
+  c.tied_embeddings = true;
+  m->shapes = model_shapes(c);
+  std::mt19937_64 g(48);
+  auto weight = [&](int64_t rows, int64_t cols) {
+    std::normal_distribution<float> d(0.f, 0.08f);
+    std::vector<float> w(size_t(rows * cols));
+    for (float& x : w) x = d(g);
+    return qweight_from_f32(t, w.data(), rows, cols, QuantKind::F32);
+  };
+  auto ones = [&](int n) {
+    Buffer b(t, MemCategory::Weights, size_t(n) * 4, "norm");
+    for (int i = 0; i < n; ++i) b.as<float>()[i] = 1.f;
+    return b;
+  };
+  m->tok_embd = weight(c.vocab, c.dim);
+  m->output_norm = ones(c.dim);
+  const int64_t qd = 128, kvd = 64;
+  const int64_t shape[kProjCount][2] = {{qd, c.dim},       {kvd, c.dim},       {kvd, c.dim},
+                                        {c.dim, qd},       {c.ffn_dim, c.dim}, {c.ffn_dim, c.dim},
+                                        {c.dim, c.ffn_dim}};
+  m->layers.resize(size_t(c.n_layers));
+  for (LayerWeights& L : m->layers) {
+    L.attn_norm = ones(c.dim);
+    L.ffn_norm = ones(c.dim);
+    for (int p = 0; p < kProjCount; ++p) L.proj[p] = weight(shape[p][0], shape[p][1]);
+  }
+  return m;
+}
+
+}  // namespace
+
+// The runner's bf16 step (16-bit stored activations, packed documents, batch 2) with attention on
+// the tensor-core kernels against the CPU backend's native bf16 step: loss and every LoRA
+// gradient. Both round the same operands to bf16 and accumulate in fp32; they differ where a
+// different fp32 summation order flips a bf16 rounding (bounds as test_cuda_ops' bf16 ones).
+TEST(CudaAttentionTc, Bf16TrainingStepFollowsCpu) {
+  QLFT_NEED_GPU();
+  using namespace qlft;
+  MemoryTracker tr;
+  auto m = head64_model(&tr);
+  ASSERT_TRUE(cuda_attention_tensor_cores(Precision::BF16, true, m->cfg.head_dim));
+  const int B = 2, S = 75;
+  std::vector<int32_t> tok(size_t(B * S)), tgt(tok.size()), pos(tok.size()), doc(tok.size());
+  std::mt19937_64 g(49);
+  for (int i = 0; i < B * S; ++i) {
+    const int t = i % S, d = t < 30 ? 0 : t < 62 ? 1 : 2;  // documents of 30, 32, 13
+    tok[size_t(i)] = int32_t(g() % 96);
+    doc[size_t(i)] = d;
+    pos[size_t(i)] = t - (d == 0 ? 0 : d == 1 ? 30 : 62);
+  }
+  for (int i = 0; i < B * S; ++i)
+    tgt[size_t(i)] =
+        i % S + 1 < S && doc[size_t(i) + 1] == doc[size_t(i)] ? tok[size_t(i) + 1] : kIgnoreIndex;
+  TokenBatch b;
+  b.batch = B;
+  b.seq = S;
+  b.tokens = tok.data();
+  b.targets = tgt.data();
+  b.positions = pos.data();
+  b.doc_ids = doc.data();
+  struct Out {
+    double loss;
+    std::vector<float> grads;
+  };
+  auto step = [&](Backend& be) {
+    LoraConfig lc;
+    lc.r = 8;
+    lc.alpha = 16;
+    LoraAdapter lora(&tr, m->shapes, lc);
+    std::mt19937_64 gl(50);  // B non-zero so every dA is too
+    for (int l = 0; l < m->cfg.n_layers; ++l)
+      for (int p = 0; p < kProjCount; ++p) {
+        std::vector<float> A = lora.get_hf(l, Proj(p), LoraAdapter::Part::A),
+                           Bm = lora.get_hf(l, Proj(p), LoraAdapter::Part::B);
+        std::normal_distribution<float> d(0.f, 0.05f);
+        for (float& x : Bm) x = d(gl);
+        lora.set_hf(l, Proj(p), A.data(), int64_t(A.size()), Bm.data(), int64_t(Bm.size()));
+      }
+    LlamaRunner run(*m, be, &lora);
+    run.set_activation_dtype(activation_dtype(Precision::BF16));
+    Out o;
+    o.loss = run.forward(b).mean();
+    run.backward();
+    for (int l = 0; l < m->cfg.n_layers; ++l)
+      for (int p = 0; p < kProjCount; ++p)
+        for (LoraAdapter::Part part : {LoraAdapter::Part::dA, LoraAdapter::Part::dB}) {
+          const std::vector<float> v = lora.get_hf(l, Proj(p), part);
+          o.grads.insert(o.grads.end(), v.begin(), v.end());
+        }
+    return o;
+  };
+  auto cpu = make_autocast_backend(make_cpu_backend(&tr), DType::BF16);
+  auto gpu = bf16_backend(&tr);
+  const Out c = step(*cpu), d = step(*gpu);
+  const double gerr = qlft_cuda_test::norm_err(d.grads, c.grads);
+  std::printf("bf16 step: loss cpu %.7f cuda %.7f, LoRA gradients %.3g\n", c.loss, d.loss, gerr);
+  EXPECT_NEAR(d.loss, c.loss, 2e-3 * std::fabs(c.loss));
+  EXPECT_LT(gerr, 2e-2);
 }
