@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include "arch/families.h"
 #include "core/threads.h"
@@ -450,5 +451,92 @@ TEST(Families, Phi3FusedTargetsRefusedAndQuantizedLoad) {
         q->layers[size_t(l)].proj[p].dequantize_rows(0, k.rows, got.data());
         EXPECT_EQ(got, want) << "layer " << l << " " << proj_peft_name(static_cast<Proj>(p));
       }
+  }
+}
+
+// Done-when 4 (the families qlft trains): the planner plans the real Qwen3-8B and Phi-4 from
+// their config.json alone (as published: bf16, no weights here); Gemma-3-12B and Mixtral-8x7B
+// are refused naming what qlft lacks for them.
+TEST(Families, PlansRealConfigsFromConfigJsonAlone) {
+  auto config_dir = [](const nlohmann::json& j, const char* tag) {
+    const std::string dir = qlft_test::temp_dir(tag), text = j.dump();
+    qlft_test::write_file(dir + "/config.json", text.data(), text.size());
+    return dir;
+  };
+  const nlohmann::json qwen3_8b = {{"architectures", {"Qwen3ForCausalLM"}},
+                                   {"model_type", "qwen3"},
+                                   {"hidden_size", 4096},
+                                   {"intermediate_size", 12288},
+                                   {"num_hidden_layers", 36},
+                                   {"num_attention_heads", 32},
+                                   {"num_key_value_heads", 8},
+                                   {"head_dim", 128},
+                                   {"vocab_size", 151936},
+                                   {"max_position_embeddings", 40960},
+                                   {"rope_theta", 1000000},
+                                   {"rms_norm_eps", 1e-6},
+                                   {"tie_word_embeddings", false},
+                                   {"sliding_window", nullptr},
+                                   {"use_sliding_window", false},
+                                   {"max_window_layers", 36},
+                                   {"torch_dtype", "bfloat16"}};
+  const nlohmann::json phi4 = {{"architectures", {"Phi3ForCausalLM"}},
+                               {"model_type", "phi3"},
+                               {"hidden_size", 5120},
+                               {"intermediate_size", 17920},
+                               {"num_hidden_layers", 40},
+                               {"num_attention_heads", 40},
+                               {"num_key_value_heads", 10},
+                               {"vocab_size", 100352},
+                               {"max_position_embeddings", 16384},
+                               {"original_max_position_embeddings", 16384},
+                               {"rope_theta", 250000},
+                               {"rms_norm_eps", 1e-5},
+                               {"tie_word_embeddings", false},
+                               {"sliding_window", nullptr},
+                               {"torch_dtype", "bfloat16"}};
+  LoadOptions o;  // NF4
+  ModelConfig c;
+  WeightFootprint w = weight_footprint_of_file(config_dir(qwen3_8b, "qwen3_8b"), o, &c);
+  EXPECT_EQ(c.arch, "qwen3");
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_EQ(c.sliding_window, 0);
+  ModelShapes s = model_shapes(c);
+  EXPECT_EQ(s.q_dim(), 4096);
+  EXPECT_EQ(s.layers[0].qk_norm, 128);
+  // Each layer: 2 norms [4096], 7 NF4 projections (several buffers each), q / k norms [128].
+  EXPECT_EQ(std::count(w.groups[1].begin(), w.groups[1].end(), uint64_t(128 * 4)), 2);
+  // Independently of the planner: f32 embedding and head (8 V D bytes) and NF4 projections at
+  // half a byte per weight plus bitsandbytes' 8-bit double-quant absmax per 64 (1/64 byte), to
+  // within 1% (the nested fp32 scales, the norms).
+  auto expect_nf4 = [](const WeightFootprint& f, const ModelShapes& m) {
+    double lin = 0;
+    for (int l = 0; l < m.n_layers; ++l)
+      for (int p = 0; p < kProjCount; ++p)
+        lin += double(m.proj(l, Proj(p)).out) * double(m.proj(l, Proj(p)).in);
+    const double want = 8.0 * m.vocab * m.dim + lin * (0.5 + 1.0 / 64);
+    std::printf("[family] %s NF4 weights %.3f GB (expected %.3f)\n", m.arch.c_str(),
+                double(f.bytes) / 1e9, want / 1e9);
+    EXPECT_NEAR(double(f.bytes), want, 0.01 * want);
+  };
+  expect_nf4(w, s);
+  w = weight_footprint_of_file(config_dir(phi4, "phi4"), o, &c);
+  EXPECT_EQ(c.arch, "phi3");
+  s = model_shapes(c);
+  EXPECT_EQ(s.proj(0, Proj::K).out, 1280);
+  expect_nf4(w, s);
+  for (const auto& [cls, type, says] :
+       {std::tuple{"Gemma3ForCausalLM", "gemma3_text", "GeGLU"},
+        std::tuple{"MixtralForCausalLM", "mixtral", "mixture-of-experts layers"}}) {
+    nlohmann::json j = qwen3_8b;
+    j["architectures"] = {cls};
+    j["model_type"] = type;
+    try {
+      weight_footprint_of_file(config_dir(j, "refused"), o, &c);
+      ADD_FAILURE() << cls << " was planned";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), QLFT_ERR_UNSUPPORTED);
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
   }
 }
