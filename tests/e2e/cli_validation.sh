@@ -95,5 +95,23 @@ check "a CRLF .txt gives the same records and tokens as LF ('$lf_line' / '$crlf_
 cmp -s o_lf/adapter/adapter_model.safetensors o_crlf/adapter/adapter_model.safetensors
 check "and the same adapter" $?
 
+# --- estimate from config.json alone (issue 47): no weights, a plan and the largest context ------
+mkdir -p cfg_only
+cat >cfg_only/config.json <<'JSON'
+{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
+ "intermediate_size": 688, "num_hidden_layers": 4, "num_attention_heads": 8,
+ "num_key_value_heads": 2, "vocab_size": 1000, "max_position_embeddings": 4096,
+ "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": false,
+ "torch_dtype": "bfloat16"}
+JSON
+r cfgonly estimate --model cfg_only --memory.limit 64MiB --lora.r 8
+[ $rc = 0 ] && grep -q "^largest micro-batch within memory.limit 64MiB" cfgonly.out &&
+  grep -Eq "^largest context within memory.limit 64MiB at micro-batch 1: [0-9]+ tokens, needing" \
+    cfgonly.out
+check "estimate plans from config.json alone and prints the largest context" $? cfgonly.out
+r cfgtrain train --model cfg_only --data small.txt --train.max_steps 1 --train.output_dir o_cfg
+[ $rc != 0 ] && grep -q "no model.safetensors" cfgtrain.err
+check "training from config.json alone is refused naming what is missing (rc $rc)" $? cfgtrain.err
+
 echo "$fails failed"
 [ $fails = 0 ]

@@ -131,6 +131,21 @@ int cmd_estimate(int argc, char** argv) {
   else if (rs.memory_limit != 0)
     std::printf("not even micro-batch 1 fits memory.limit %s\n",
                 setting(c, "memory.limit").c_str());
+  if (e.max_seq_len) {
+    // The host memory that context needs: the same plan at that length (the last use of cfg).
+    const std::string limit = setting(c, "memory.limit");
+    qlft_config_set(cfg.get(), "data.seq_len", std::to_string(e.max_seq_len).c_str());
+    qlft_config_set(cfg.get(), "train.micro_batch", "1");
+    qlft_memory_estimate at{};
+    at.struct_size = sizeof at;
+    st = qlft_estimate_memory(nullptr, model.c_str(), cfg.get(), &at);
+    if (st != QLFT_OK) return fail(model.c_str(), st);
+    std::printf(
+        "largest context within memory.limit %s%s at micro-batch 1: %u tokens, "
+        "needing %s of host memory (peak RSS)\n",
+        limit.c_str(), at.device_train_peak ? " (device)" : "", e.max_seq_len,
+        human_bytes(at.process_peak_rss).c_str());
+  }
   return kOk;
 }
 
