@@ -39,17 +39,14 @@ void f32_to_16_n(DType t, const float* src, uint16_t* dst, size_t n) {
     f32_to_f16_n(src, dst, n);
 }
 
-bool f32_as_stored(DType t, const float* src, size_t n, std::vector<uint16_t>* buf,
-                   const void** bytes) {
-  if (t == DType::F32) {
-    *bytes = src;
-    return true;
-  }
-  if (t != DType::F16 && t != DType::BF16) return false;
+const void* f32_as_stored(DType t, const float* src, size_t n, std::vector<uint16_t>* buf,
+                          const std::string& what) {
+  if (t == DType::F32) return src;
+  QLFT_CHECK_ARG(t == DType::F16 || t == DType::BF16, "%s stores F32, F16 or BF16 only",
+                 what.c_str());
   buf->resize(n);
   f32_to_16_n(t, src, buf->data(), n);
-  *bytes = buf->data();
-  return true;
+  return buf->data();
 }
 
 namespace {

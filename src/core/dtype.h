@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/half.h"
@@ -22,10 +23,11 @@ void f16_to_f32_n(const uint16_t* src, float* dst, size_t n);
 
 // f32_to_bf16_n for t = BF16, else f32_to_f16_n.
 void f32_to_16_n(DType t, const float* src, uint16_t* dst, size_t n);
-// n f32 values as a file stores them in type t: *bytes = their n * dtype_size(t) bytes (F32: src
-// itself; F16, BF16: rounded to nearest even into *buf). False when t is none of the three.
-bool f32_as_stored(DType t, const float* src, size_t n, std::vector<uint16_t>* buf,
-                   const void** bytes);
+// n f32 values as a file stores them in type t: their n * dtype_size(t) bytes (F32: src itself;
+// F16, BF16: rounded to nearest even into *buf). Any other t is QLFT_ERR_INVALID_ARGUMENT naming
+// `what` (the writer, the tensor and the call).
+const void* f32_as_stored(DType t, const float* src, size_t n, std::vector<uint16_t>* buf,
+                          const std::string& what);
 
 // dst[i] = src[i] rounded to BF16 or F16 and back (autocast emulation: what a low-precision
 // matmul input holds). F16 overflow gives inf, as on hardware. F32 copies.

@@ -153,10 +153,8 @@ void GgufWriter::add_tensor_f32(const std::string& name, const std::vector<int64
                   : store == GgmlType::BF16 ? DType::BF16
                                             : DType::BOOL;
   std::vector<uint16_t> h;
-  const void* bytes = nullptr;
-  QLFT_CHECK_ARG(f32_as_stored(t, values, n, &h, &bytes),
-                 "GGUF writer: tensor '%s': add_tensor_f32 stores F32, F16 or BF16 only",
-                 name.c_str());
+  const void* bytes =
+      f32_as_stored(t, values, n, &h, "GGUF writer: tensor '" + name + "': add_tensor_f32");
   add_tensor(name, store, ne, bytes, n * dtype_size(t));
 }
 

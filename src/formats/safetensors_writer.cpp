@@ -56,10 +56,8 @@ void SafetensorsWriter::add_f32(const std::string& name, const std::vector<int64
   uint64_t n = 1;
   for (int64_t d : shape) n *= static_cast<uint64_t>(d > 0 ? d : 0);
   std::vector<uint16_t> h;
-  const void* bytes = nullptr;
-  QLFT_CHECK_ARG(f32_as_stored(store, values, n, &h, &bytes),
-                 "safetensors writer: tensor '%s': add_f32 stores F32, F16 or BF16 only",
-                 name.c_str());
+  const void* bytes =
+      f32_as_stored(store, values, n, &h, "safetensors writer: tensor '" + name + "': add_f32");
   add(name, store, shape, bytes, n * dtype_size(store));
 }
 
