@@ -344,13 +344,21 @@ void Buffer::zero() {
   }
 }
 
+namespace {
+// bytes from src to dst: through the allocator's op for a device buffer, memcpy for a host one.
+void move_bytes(DeviceAllocator* device, void (DeviceAllocator::*op)(void*, const void*, size_t),
+                void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  if (device)
+    (device->*op)(dst, src, bytes);
+  else
+    std::memcpy(dst, src, bytes);
+}
+}  // namespace
+
 void Buffer::copy_from_host(const void* src, size_t bytes) {
   QLFT_CHECK_ARG(bytes <= size_, "copy of %zu bytes into a buffer of %zu", bytes, size_);
-  if (bytes == 0) return;
-  if (device_)
-    device_->to_device(data_, src, bytes);
-  else
-    std::memcpy(data_, src, bytes);
+  move_bytes(device_, &DeviceAllocator::to_device, data_, src, bytes);
 }
 
 void Buffer::copy_from(const Buffer& src, size_t src_off, size_t bytes) {
@@ -358,21 +366,13 @@ void Buffer::copy_from(const Buffer& src, size_t src_off, size_t bytes) {
                  "copy of %zu bytes at %zu of a %zu-byte buffer into one of %zu", bytes, src_off,
                  src.size_, size_);
   QLFT_CHECK_ARG(device_ == src.device_, "copy between host and device buffers");
-  if (bytes == 0) return;
-  const char* from = static_cast<const char*>(src.data_) + src_off;
-  if (device_)
-    device_->copy(data_, from, bytes);
-  else
-    std::memcpy(data_, from, bytes);
+  move_bytes(device_, &DeviceAllocator::copy, data_, static_cast<const char*>(src.data_) + src_off,
+             bytes);
 }
 
 void Buffer::copy_to_host(void* dst, size_t bytes) const {
   QLFT_CHECK_ARG(bytes <= size_, "copy of %zu bytes out of a buffer of %zu", bytes, size_);
-  if (bytes == 0) return;
-  if (device_)
-    device_->to_host(dst, data_, bytes);
-  else
-    std::memcpy(dst, data_, bytes);
+  move_bytes(device_, &DeviceAllocator::to_host, dst, data_, bytes);
 }
 
 Buffer::Buffer(Buffer&& o) noexcept
