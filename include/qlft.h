@@ -305,6 +305,20 @@ typedef struct qlft_step_stats {
   /* Added with launch counting: the kernels and library calls (cuBLASLt matmuls) the step
    * submitted to the device; 0 on backend=cpu. */
   uint64_t device_launches;
+  /* Added with preference objectives (train.objective != sft): TRL's logged values, means over
+   * the step's micro-batches: the implicit rewards of the chosen and rejected answers, their
+   * margin, the share of pairs whose margin is > 0, and the answers' log-probabilities under
+   * the policy (summed; ORPO and SimPO: per token, as TRL logs them); ORPO's / SimPO's NLL term
+   * and KTO's KL estimate. NaN on sft steps and where the objective logs none (KTO:
+   * rewards_accuracies; nll_loss and kl outside those objectives). */
+  double rewards_chosen;
+  double rewards_rejected;
+  double rewards_margins;
+  double rewards_accuracies;
+  double logps_chosen;
+  double logps_rejected;
+  double nll_loss;
+  double kl;
 } qlft_step_stats;
 
 /* Return nonzero to stop training after this step (qlft_trainer_train returns

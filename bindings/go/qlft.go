@@ -524,6 +524,9 @@ type StepStats struct {
 	EvalLoss                                    float32
 	// Host<->device traffic of the step and its device launches (0 on backend=cpu).
 	HostToDeviceBytes, DeviceToHostBytes, DeviceSyncs, DeviceLaunches uint64
+	// Preference objectives: TRL's logged values (NaN on sft steps and where not logged).
+	RewardsChosen, RewardsRejected, RewardsMargins, RewardsAccuracies float64
+	LogpsChosen, LogpsRejected, NllLoss, Kl                           float64
 }
 
 func stepStats(s *C.qlft_step_stats) StepStats {
@@ -535,7 +538,11 @@ func stepStats(s *C.qlft_step_stats) StepStats {
 		MemoryPeak: uint64(s.memory_peak), EvalLoss: float32(s.eval_loss),
 		HostToDeviceBytes: uint64(s.host_to_device_bytes),
 		DeviceToHostBytes: uint64(s.device_to_host_bytes), DeviceSyncs: uint64(s.device_syncs),
-		DeviceLaunches: uint64(s.device_launches)}
+		DeviceLaunches: uint64(s.device_launches),
+		RewardsChosen:  float64(s.rewards_chosen), RewardsRejected: float64(s.rewards_rejected),
+		RewardsMargins: float64(s.rewards_margins), RewardsAccuracies: float64(s.rewards_accuracies),
+		LogpsChosen: float64(s.logps_chosen), LogpsRejected: float64(s.logps_rejected),
+		NllLoss: float64(s.nll_loss), Kl: float64(s.kl)}
 }
 
 // EvalResult is qlft_eval_result.

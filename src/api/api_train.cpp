@@ -46,6 +46,19 @@ void fill_stats(const qlft_trainer* t, const qlft::StepReport& r, qlft_step_stat
   full.device_to_host_bytes = r.moved.device_to_host;
   full.device_syncs = r.moved.syncs;
   full.device_launches = r.moved.launches;
+  const qlft::PrefMetrics& p = r.pref;
+  const qlft::Objective o = t->trainer->pref().objective;
+  const bool pref = r.preference;
+  full.rewards_chosen = pref ? p.rewards_chosen : NAN;
+  full.rewards_rejected = pref ? p.rewards_rejected : NAN;
+  full.rewards_margins = pref ? p.rewards_margins : NAN;
+  full.rewards_accuracies = pref ? p.rewards_accuracies : NAN;
+  full.logps_chosen = pref ? p.logps_chosen : NAN;
+  full.logps_rejected = pref ? p.logps_rejected : NAN;
+  // TRL logs nll_loss for ORPO and CPO / SimPO, kl for KTO (PrefMetrics holds 0 otherwise).
+  full.nll_loss =
+      pref && (o == qlft::Objective::Orpo || o == qlft::Objective::Simpo) ? p.nll_loss : NAN;
+  full.kl = pref && o == qlft::Objective::Kto ? p.kl : NAN;
   copy_out(full, s);
 }
 

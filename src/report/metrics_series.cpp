@@ -111,7 +111,9 @@ const Field<MetricsRecord> kRecordFields[] = {
     {"memory_peak_bytes", &MetricsRecord::memory_peak_bytes},
     {"eval_loss", &MetricsRecord::eval_loss},
     {"eval_tokens", &MetricsRecord::eval_tokens},
-    {"margin", &MetricsRecord::margin},
+    {"margin", &MetricsRecord::margin},  // (files written before rewards_margins)
+    {"rewards_margins", &MetricsRecord::margin},
+    {"rewards_accuracies", &MetricsRecord::accuracy},
 };
 
 RunInfo read_info(const json& r, const std::string& where) {

@@ -30,6 +30,7 @@ struct MetricsRecord {
   bool evaluation = false;   // an evaluation record: not a training step
   uint64_t eval_tokens = 0;  // held-out tokens the evaluation scored (0: not logged)
   double margin = kNaN;      // preference runs: mean chosen-minus-rejected reward margin
+  double accuracy = kNaN;    // preference runs: share of pairs with a margin > 0 (not KTO)
   bool has_mem = false;
   uint64_t mem[QLFT_MEM_CATEGORY_COUNT] = {};  // reserved bytes per category after the step
   bool has_mem_peak = false;

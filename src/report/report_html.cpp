@@ -326,6 +326,15 @@ std::vector<Chart> build_charts(const RunSeries& run) {
     mg.series = {m};
     charts.push_back(mg);
   }
+  bool any_accuracy = false;
+  for (const MetricsRecord& r : rs) any_accuracy = any_accuracy || std::isfinite(r.accuracy);
+  if (any_accuracy) {
+    Chart ac{"accuracy", "Preference accuracy (pairs with margin > 0)", "accuracy", 1, {}};
+    Series a = line("accuracy", "accuracy", "#2ca02c");
+    a.x = steps, a.y = each(&MetricsRecord::accuracy);
+    ac.series = {a};
+    charts.push_back(ac);
+  }
   return charts;
 }
 

@@ -70,6 +70,9 @@ struct StepReport {
   int64_t tokens = 0;  // non-padding tokens processed
   double seconds = 0;
   TransferCounts moved;  // host<->device bytes and waits of this step (device backends)
+  // A preference objective's step (step_pref): TRL's logged values, means over its micro-batches.
+  bool preference = false;
+  PrefMetrics pref;
 };
 
 struct EvalReport {

@@ -41,6 +41,8 @@ void Trainer::step_pref(const std::vector<PrefBatch>& batches, StepReport* out, 
     avg.rows += p.rows;
   }
   r.loss = avg.loss;
+  r.preference = true;
+  r.pref = avg;
   if (out) *out = r;
   if (m) *m = avg;
 }

@@ -80,6 +80,14 @@ int main(void) {
   F(qlft_step_stats, device_to_host_bytes);
   F(qlft_step_stats, device_syncs);
   F(qlft_step_stats, device_launches);
+  F(qlft_step_stats, rewards_chosen);
+  F(qlft_step_stats, rewards_rejected);
+  F(qlft_step_stats, rewards_margins);
+  F(qlft_step_stats, rewards_accuracies);
+  F(qlft_step_stats, logps_chosen);
+  F(qlft_step_stats, logps_rejected);
+  F(qlft_step_stats, nll_loss);
+  F(qlft_step_stats, kl);
 
   S(qlft_eval_result);
   F(qlft_eval_result, struct_size);

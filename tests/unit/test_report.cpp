@@ -178,6 +178,9 @@ std::map<std::string, std::vector<std::pair<double, double>>> expected_series(
     }
     for (const char* k : {"loss", "lr", "loss_scale", "tokens_per_s", "grad_norm", "margin"})
       add(k, r.value(k, json()));
+    // Preference runs log TRL's names; the margin chart draws rewards_margins.
+    add("margin", r.value("rewards_margins", json()));
+    add("accuracy", r.value("rewards_accuracies", json()));
     add("eval_loss", r.value("eval_loss", json()));
     add("memory_bytes", r["memory_bytes"]);
     add("memory_peak_bytes", r["memory_peak_bytes"]);
@@ -314,6 +317,41 @@ TEST(Report, DrawnPointsAreTheRecords) {
   EXPECT_NE(html.find("30 of 40"), std::string::npos);
   EXPECT_NE(html.find("LoRA r 4, alpha 8, targets q,v"), std::string::npos);
   EXPECT_NE(html.find("<th>skipped steps</th><td>1</td>"), std::string::npos);
+}
+
+// A preference run (qlft-finetune train with train.objective=dpo) logs TRL's metrics; the report
+// draws the margins and the accuracies (a step without an accuracy, as KTO's, is a gap).
+TEST(Report, PreferenceRunDrawsMarginsAndAccuracies) {
+  std::string text;
+  const double margin[] = {0, 0.02, 0.11, 0.35, 0.8}, acc[] = {0, 0.5, 0.625, NAN, 1};
+  for (int i = 0; i < 5; ++i) {
+    char b[512];
+    std::snprintf(
+        b, sizeof b,
+        "{\"step\": %d, \"loss\": %.4f, \"lr\": 0.002, \"grad_norm\": 1.5, "
+        "\"loss_scale\": 1, \"skipped\": 0, \"tokens\": 900, \"tokens_per_s\": 50, "
+        "\"elapsed_s\": %d, \"memory_bytes\": 1000000, \"memory_peak_bytes\": 2000000, "
+        "\"rewards_chosen\": %.4f, \"rewards_rejected\": %.4f, \"rewards_margins\": "
+        "%.4f%s, \"logps_chosen\": -40.5, \"logps_rejected\": -60.25}\n",
+        i + 1, 0.69 - 0.1 * i, i + 1, margin[i] / 2, -margin[i] / 2, margin[i],
+        std::isnan(acc[i]) ? "" : (", \"rewards_accuracies\": " + std::to_string(acc[i])).c_str());
+    text += b;
+  }
+  const qlft::report::RunSeries run = qlft::report::parse_metrics(text, "m.jsonl");
+  ASSERT_EQ(run.records.size(), 5u);
+  EXPECT_DOUBLE_EQ(run.records[4].margin, 0.8);
+  EXPECT_DOUBLE_EQ(run.records[2].accuracy, 0.625);
+  EXPECT_TRUE(std::isnan(run.records[3].accuracy));
+  qlft::report::ReportOptions o;
+  o.generated_unix = 1.7e9;
+  const std::string html = qlft::report::render_report_html(run, o);
+  expect_drawn_matches_records(html, text);
+  const std::map<std::string, bool> want = {{"margin", false}, {"accuracy", false}};
+  for (const Plot& p : plots_of(html))
+    for (const auto& [name, pts] : drawn_of(p).points)
+      if (want.count(name)) EXPECT_EQ(pts.size(), name == "margin" ? 5u : 4u) << name;
+  EXPECT_NE(html.find("Preference margin"), std::string::npos);
+  EXPECT_NE(html.find("Preference accuracy"), std::string::npos);
 }
 
 // One step: the loss and its smoothing differ by rounding only (a hang in the tick loop once).

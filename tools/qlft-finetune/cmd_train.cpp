@@ -75,6 +75,24 @@ std::string fmt_duration(double s) {
   return buf;
 }
 
+// A preference objective's step: the library filled the preference fields (older libraries
+// lack them) and the step logged them (NaN on sft steps).
+bool has_preference(const qlft_step_stats* s) {
+  return s->struct_size >= offsetof(qlft_step_stats, kl) + sizeof(s->kl) &&
+         !std::isnan(s->logps_chosen + s->logps_rejected);
+}
+
+// The step line's preference part: the reward margin and the share of pairs it ranks right
+// (KTO logs no accuracy).
+std::string pref_line(const qlft_step_stats* s) {
+  char b[96];
+  if (std::isnan(s->rewards_accuracies))
+    std::snprintf(b, sizeof b, " margin %.4f", s->rewards_margins);
+  else
+    std::snprintf(b, sizeof b, " margin %.4f acc %.2f", s->rewards_margins, s->rewards_accuracies);
+  return b;
+}
+
 // One metrics.jsonl record. JSON has no NaN or infinity: such a value is null and the record
 // says "nonfinite": true.
 std::string metrics_record(const qlft_step_stats* s, const std::string& report_fields) {
@@ -111,6 +129,20 @@ std::string metrics_record(const qlft_step_stats* s, const std::string& report_f
   if (s->struct_size >= offsetof(qlft_step_stats, device_launches) + sizeof(s->device_launches) &&
       s->device_launches > 0)
     r += ", \"launches\": " + std::to_string(s->device_launches);
+  // Preference objectives: TRL's logged values under its names ("rewards/chosen" ->
+  // "rewards_chosen"); a value the objective does not log (NaN) is left out.
+  if (has_preference(s)) {
+    const std::pair<const char*, double> pref[] = {{"rewards_chosen", s->rewards_chosen},
+                                                   {"rewards_rejected", s->rewards_rejected},
+                                                   {"rewards_margins", s->rewards_margins},
+                                                   {"rewards_accuracies", s->rewards_accuracies},
+                                                   {"logps_chosen", s->logps_chosen},
+                                                   {"logps_rejected", s->logps_rejected},
+                                                   {"nll_loss", s->nll_loss},
+                                                   {"kl", s->kl}};
+    for (const auto& [key, v] : pref)
+      if (!std::isnan(v)) r += std::string(", \"") + key + "\": " + json_number(v, "%.17g");
+  }
   if (nonfinite) r += ", \"nonfinite\": true";
   r += report_fields;
   r += "}";
@@ -173,12 +205,14 @@ int32_t on_progress(const qlft_step_stats* s, void* user) {
                  static_cast<unsigned long long>(s->total_steps), s->loss, s->learning_rate,
                  s->tokens_per_second, human_bytes(s->memory_reserved).c_str(),
                  fmt_duration(s->eta_seconds).c_str());
+    if (has_preference(s)) std::fprintf(stderr, "%s", pref_line(s).c_str());
     if (!std::isnan(s->eval_loss)) std::fprintf(stderr, "\n  eval loss %.4f\n", s->eval_loss);
   } else {
-    std::fprintf(stderr, "step %llu/%llu loss %.4f lr %.3g grad_norm %.3g tok/s %.0f mem %s%s\n",
+    std::fprintf(stderr, "step %llu/%llu loss %.4f%s lr %.3g grad_norm %.3g tok/s %.0f mem %s%s\n",
                  static_cast<unsigned long long>(s->step),
-                 static_cast<unsigned long long>(s->total_steps), s->loss, s->learning_rate,
-                 s->grad_norm, s->tokens_per_second, human_bytes(s->memory_reserved).c_str(),
+                 static_cast<unsigned long long>(s->total_steps), s->loss,
+                 has_preference(s) ? pref_line(s).c_str() : "", s->learning_rate, s->grad_norm,
+                 s->tokens_per_second, human_bytes(s->memory_reserved).c_str(),
                  s->skipped ? " (skipped: non-finite gradients)" : "");
     if (!std::isnan(s->eval_loss)) std::fprintf(stderr, "eval loss %.4f\n", s->eval_loss);
   }

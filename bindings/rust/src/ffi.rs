@@ -148,6 +148,14 @@ pub struct qlft_step_stats {
     pub device_to_host_bytes: u64,
     pub device_syncs: u64,
     pub device_launches: u64,
+    pub rewards_chosen: f64,
+    pub rewards_rejected: f64,
+    pub rewards_margins: f64,
+    pub rewards_accuracies: f64,
+    pub logps_chosen: f64,
+    pub logps_rejected: f64,
+    pub nll_loss: f64,
+    pub kl: f64,
 }
 
 #[repr(C)]

@@ -1097,6 +1097,14 @@ pub fn layout_lines() -> Vec<String> {
     f!(qlft_step_stats, device_to_host_bytes);
     f!(qlft_step_stats, device_syncs);
     f!(qlft_step_stats, device_launches);
+    f!(qlft_step_stats, rewards_chosen);
+    f!(qlft_step_stats, rewards_rejected);
+    f!(qlft_step_stats, rewards_margins);
+    f!(qlft_step_stats, rewards_accuracies);
+    f!(qlft_step_stats, logps_chosen);
+    f!(qlft_step_stats, logps_rejected);
+    f!(qlft_step_stats, nll_loss);
+    f!(qlft_step_stats, kl);
     s!(qlft_eval_result);
     f!(qlft_eval_result, struct_size);
     f!(qlft_eval_result, loss);
