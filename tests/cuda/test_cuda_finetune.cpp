@@ -198,10 +198,14 @@ TEST(CudaFineTune, StepMovesOnlyTheBatchAndScalars) {
     EXPECT_LE(st[i].host_to_device_bytes, ids_and_labels + 4096) << "step " << i + 1;
     EXPECT_LE(st[i].device_to_host_bytes, 4096u) << "step " << i + 1;
     EXPECT_LE(st[i].device_syncs, 4u) << "step " << i + 1;
-    std::printf("step %zu: %llu bytes in, %llu out, %llu waits\n", i + 1,
+    // Launch counting reaches the step's stats (cuda/src/launch_count.h); steps of one shape
+    // launch the same work.
+    EXPECT_GT(st[i].device_launches, 0u) << "step " << i + 1;
+    EXPECT_EQ(st[i].device_launches, st[1].device_launches) << "step " << i + 1;
+    std::printf("step %zu: %llu bytes in, %llu out, %llu waits, %llu launches\n", i + 1,
                 (unsigned long long)st[i].host_to_device_bytes,
                 (unsigned long long)st[i].device_to_host_bytes,
-                (unsigned long long)st[i].device_syncs);
+                (unsigned long long)st[i].device_syncs, (unsigned long long)st[i].device_launches);
   }
 }
 

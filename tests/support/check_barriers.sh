@@ -49,14 +49,13 @@ mapfile -t sites < <(cd "$root/cuda/src" && grep -n "\b$pattern(" -- *.cu *.cuh 
 export OMP_WAIT_POLICY=passive QLFT_POISON_UNINIT=1 QLFT_SHARED_DIR=${QLFT_SHARED_DIR:-$root/../shared}
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-# Runs every test binary; returns 0 when all pass. --gtest_fail_fast: one failure is the answer.
+# Runs the test binaries; returns 0 when all pass. The first failure is the answer
+# (--gtest_fail_fast, and no further binary), so the log ends with it.
 run_tests() {
-  local rc=0
   : >"$log"
   for exe in "${bins[@]}"; do
-    "$exe" --gtest_filter="$filter" --gtest_brief=1 --gtest_fail_fast >>"$log" 2>&1 || rc=1
+    "$exe" --gtest_filter="$filter" --gtest_fail_fast >>"$log" 2>&1 || return 1
   done
-  return $rc
 }
 
 if ! QLFT_EMU_SKIP_SITE= run_tests; then
@@ -76,9 +75,11 @@ for site in "${sites[@]}"; do
     missed=$((missed + 1))
   else
     first=$(grep -m1 -o '^\[  FAILED  \] [A-Za-z0-9_./]*' "$log" | cut -c14-)
+    # What the failing test printed: from its "[ RUN" line to its "[  FAILED".
+    failing=$(awk '/^\[ RUN      \]/ { buf = "" } { buf = buf $0 "\n" } /^\[  FAILED  \]/ { print buf; exit }' "$log")
     how=values
-    grep -q 'shared-memory race' "$log" && how=race
-    grep -q 'deadlock' "$log" && how=deadlock
+    grep -q 'shared-memory race' <<<"$failing" && how=race
+    grep -q 'deadlock' <<<"$failing" && how=deadlock
     verdict="caught ($how; first failing test: ${first:-?})"
   fi
   printf '%-22s %s [%ds]\n' "$site" "$verdict" $((SECONDS - t0))
