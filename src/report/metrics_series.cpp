@@ -111,8 +111,7 @@ const Field<MetricsRecord> kRecordFields[] = {
     {"memory_peak_bytes", &MetricsRecord::memory_peak_bytes},
     {"eval_loss", &MetricsRecord::eval_loss},
     {"eval_tokens", &MetricsRecord::eval_tokens},
-    {"margin", &MetricsRecord::margin},  // (files written before rewards_margins)
-    {"rewards_margins", &MetricsRecord::margin},
+    {"margin", &MetricsRecord::margin},
     {"rewards_accuracies", &MetricsRecord::accuracy},
 };
 
@@ -154,6 +153,8 @@ RunSeries parse_metrics(const std::string& text, const std::string& path) {
     MetricsRecord r;
     r.step = j["step"].get<uint64_t>();
     read_fields(j, kRecordFields, where, r);
+    // Preference runs log TRL's name for the margin; "margin" is the older key.
+    if (j.contains("rewards_margins")) r.margin = num(j, "rewards_margins", where);
     r.evaluation = !j.contains("loss") && j.contains("eval_loss");
     if (j.contains("mem")) {
       r.has_mem = true;
