@@ -215,6 +215,18 @@ typedef struct qlft_model_details {
 
 QLFT_API int32_t qlft_model_info(const qlft_model* model, qlft_model_details* out);
 
+/* What qlft_model_describe writes: the family's Hugging Face class ("Qwen3ForCausalLM"), or how
+ * the model differs from plain Llama ("q/k RMSNorm per head, tied head", "sliding window 4096
+ * on 28 of 36 layers", "fused qkv_proj and gate_up_proj (split on load)", "rope scaling
+ * llama3"; "none" for plain Llama). */
+#define QLFT_DESCRIBE_HF_CLASS 0
+#define QLFT_DESCRIBE_DELTAS 1
+/* Copies the text `what` names into buf with its NUL; *needed (if not NULL) receives the size
+ * with the NUL. buf NULL with buf_size 0 only asks the size; a too-small buffer is
+ * QLFT_ERR_INVALID_ARGUMENT. */
+QLFT_API int32_t qlft_model_describe(const qlft_model* model, int32_t what, char* buf,
+                                     size_t buf_size, size_t* needed);
+
 /* ---- Tokenizer -------------------------------------------------------------------------- */
 
 /* Encodes text (text_len bytes, not NUL-terminated necessarily) with the model's tokenizer.

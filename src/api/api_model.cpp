@@ -2,6 +2,8 @@
 #include <cstring>
 
 #include "api/handles.h"
+#include "arch/deltas.h"
+#include "arch/families.h"
 #include "core/error.h"
 #include "core/threads.h"
 #include "train/trainer.h"
@@ -75,6 +77,31 @@ int32_t qlft_model_info(const qlft_model* model, qlft_model_details* out) {
     d.n_params = m.n_params();
     d.weight_bytes = m.weight_bytes();
     qlft::copy_out(d, out);
+  });
+}
+
+int32_t qlft_model_describe(const qlft_model* model, int32_t what, char* buf, size_t buf_size,
+                            size_t* needed) {
+  return guard([&] {
+    QLFT_CHECK_ARG(model, "qlft_model_describe: model is NULL");
+    const qlft::Model& m = *model->model;
+    std::string s;
+    if (what == QLFT_DESCRIBE_HF_CLASS) {
+      const qlft::ArchFamily* f = qlft::find_family(m.cfg.arch);
+      s = f ? f->hf_class : "";
+    } else {
+      QLFT_CHECK_ARG(what == QLFT_DESCRIBE_DELTAS,
+                     "qlft_model_describe: what is %d, not QLFT_DESCRIBE_HF_CLASS (0) or "
+                     "QLFT_DESCRIBE_DELTAS (1)",
+                     what);
+      s = qlft::describe_deltas(m.cfg, m.shapes);
+    }
+    if (needed) *needed = s.size() + 1;
+    if (!buf && buf_size == 0) return;
+    QLFT_CHECK_ARG(buf && buf_size > s.size(),
+                   "qlft_model_describe: %zu bytes do not fit the buffer of %zu", s.size() + 1,
+                   buf_size);
+    std::memcpy(buf, s.c_str(), s.size() + 1);
   });
 }
 

@@ -7,7 +7,7 @@
 #   lora.alpha 24.5 is reported as 24.5; an absurd elapsed_s shows as years, not 300 digits;
 #   a chat record without an assistant turn fails with its line and reason under on_error=fail,
 #   and "no usable training records" says why under skip; CRLF .txt files train on the same
-#   tokens as LF ones.
+#   tokens as LF ones; `inspect` prints the family, its HF class and its deltas from Llama.
 # Each check is a defect the issue found. usage: cli_validation.sh QLFT_FINETUNE SHARED_DIR
 set -uo pipefail  # not -e: every check runs and reports
 source "$(dirname "${BASH_SOURCE[0]}")/e2e_common.sh"
@@ -112,6 +112,19 @@ check "estimate plans from config.json alone and prints the largest context" $? 
 r cfgtrain train --model cfg_only --data small.txt --train.max_steps 1 --train.output_dir o_cfg
 [ $rc != 0 ] && grep -q "no model.safetensors" cfgtrain.err
 check "training from config.json alone is refused naming what is missing (rc $rc)" $? cfgtrain.err
+
+# --- inspect names the architecture and how it differs from Llama (issue 48) ---------------------
+# The expected facts are the fixtures' config.json keys: syn_mistral sliding_window 5 on its 2
+# layers, syn_qwen3 q_norm / k_norm and tie_word_embeddings true.
+fam="$(cd "$(dirname "${BASH_SOURCE[0]}")/../reference/fixtures/families" && pwd)"
+r insm inspect "$fam/syn_mistral"
+[ $rc = 0 ] && grep -q "^architecture    mistral (MistralForCausalLM)$" insm.out &&
+  grep -q "^deltas          sliding window 5 on 2 of 2 layers$" insm.out
+check "inspect prints mistral's class and its sliding window" $? insm.out
+r insq inspect "$fam/syn_qwen3.gguf"
+[ $rc = 0 ] && grep -q "^architecture    qwen3 (Qwen3ForCausalLM)$" insq.out &&
+  grep -q "^deltas          q/k RMSNorm per head, tied head$" insq.out
+check "inspect prints qwen3's q/k norms and tied head (GGUF)" $? insq.out
 
 echo "$fails failed"
 [ $fails = 0 ]

@@ -1,9 +1,22 @@
 // qlft-finetune inspect MODEL: architecture, shapes, quantization and memory of a base model.
 #include <cstdio>
+#include <string>
 
 #include "cli.h"
 
 namespace cli {
+
+namespace {
+// qlft_model_describe's text ("" if it fails: inspect still prints the rest).
+std::string describe(const qlft_model* model, int32_t what) {
+  size_t need = 0;
+  if (qlft_model_describe(model, what, nullptr, 0, &need) != QLFT_OK) return "";
+  std::string s(need, '\0');
+  if (qlft_model_describe(model, what, s.data(), s.size(), &need) != QLFT_OK) return "";
+  s.resize(need - 1);
+  return s;
+}
+}  // namespace
 
 int cmd_inspect(int argc, char** argv) {
   Args a;
@@ -28,7 +41,9 @@ int cmd_inspect(int argc, char** argv) {
 
   std::printf("model           %s\n", a.positional[0].c_str());
   std::printf("format          %s\n", d.source_format);
-  std::printf("architecture    %s\n", d.architecture);
+  std::printf("architecture    %s (%s)\n", d.architecture,
+              describe(model, QLFT_DESCRIBE_HF_CLASS).c_str());
+  std::printf("deltas          %s\n", describe(model, QLFT_DESCRIBE_DELTAS).c_str());
   std::printf("layers          %u\n", d.n_layers);
   std::printf("dim             %u\n", d.dim);
   std::printf("heads           %u (kv %u, head dim %u)\n", d.n_heads, d.n_kv_heads, d.head_dim);
