@@ -104,14 +104,7 @@ class AdamW8bit final : public Optimizer {
   }
 
   void load_state(const StateDict& in, const std::string& prefix) override {
-    const std::string type = in.get_string(prefix + "type");
-    if (type != "adamw8bit")
-      throw_error(QLFT_ERR_FORMAT,
-                  "checkpoint state: '%stype' is '%s' but the optimizer is %s (optim.name)",
-                  prefix.c_str(), type.c_str(), name());
-    const int64_t step = in.get_i64(prefix + "step");
-    QLFT_CHECK_FORMAT(step >= 0, "checkpoint state: '%sstep' is negative (%lld)", prefix.c_str(),
-                      static_cast<long long>(step));
+    const int64_t step = adamw8bit_checkpoint_step(in, prefix, name());
     // Validate all, then copy: a failure changes nothing.
     // The source of each of the group's arrays (ids[] order).
     std::vector<std::vector<const StateTensor*>> src(params_.size());

@@ -23,9 +23,19 @@ constexpr int64_t kAdam8bitMinElements = 4096;  // bnb min_8bit_size
 // negative or non-finite lr. (The host and device 8-bit AdamW share it.)
 AdamBnbCoeffs adam_bnb_coeffs(const OptimSettings& s, double lr, int64_t t);
 
+// The step count of an 8-bit AdamW checkpoint (prefix "type" and "step"), after checking that
+// it is one: throws QLFT_ERR_FORMAT naming the entry and `optimizer` (the loading one's name).
+// (The host and device 8-bit AdamW read the same checkpoints.)
+int64_t adamw8bit_checkpoint_step(const StateDict& in, const std::string& prefix,
+                                  const char* optimizer);
+
 // A tensor of n elements keeps 8-bit blockwise state (else fp32 m and v), in this many blocks.
-inline bool adam8bit_quantized(int64_t n) { return n >= kAdam8bitMinElements; }
-inline int64_t adam8bit_blocks(int64_t n) { return (n + kAdam8bitBlock - 1) / kAdam8bitBlock; }
+inline bool adam8bit_quantized(int64_t n) {
+  return n >= kAdam8bitMinElements;
+}
+inline int64_t adam8bit_blocks(int64_t n) {
+  return (n + kAdam8bitBlock - 1) / kAdam8bitBlock;
+}
 
 // store: where the state lives (a paged one for paged_adamw8bit; make_optimizer's factory).
 std::unique_ptr<Optimizer> make_adamw8bit(const OptimSettings& s, std::vector<ParamRef> params,

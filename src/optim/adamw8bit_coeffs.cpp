@@ -1,5 +1,5 @@
-// The scalars of one bitsandbytes 8-bit AdamW step (optim/adamw8bit.h), apart from the optimizer
-// so the device step (train/device_adamw8bit.cpp) computes them as the host one does.
+// What the host and device 8-bit AdamW (optim/adamw8bit.cpp, train/device_adamw8bit.cpp) share:
+// the scalars of one bitsandbytes step and the check of a checkpoint's header.
 #include <cmath>
 
 #include "core/error.h"
@@ -27,6 +27,19 @@ AdamBnbCoeffs adam_bnb_coeffs(const OptimSettings& s, double lr, int64_t t) {
   c.step_size_32 = static_cast<float>(-lr * correction2 / correction1);
   c.eps_corr2 = static_cast<float>(s.eps * correction2);
   return c;
+}
+
+int64_t adamw8bit_checkpoint_step(const StateDict& in, const std::string& prefix,
+                                  const char* optimizer) {
+  const std::string type = in.get_string(prefix + "type");
+  if (type != "adamw8bit")
+    throw_error(QLFT_ERR_FORMAT,
+                "checkpoint state: '%stype' is '%s' but the optimizer is %s (optim.name)",
+                prefix.c_str(), type.c_str(), optimizer);
+  const int64_t step = in.get_i64(prefix + "step");
+  QLFT_CHECK_FORMAT(step >= 0, "checkpoint state: '%sstep' is negative (%lld)", prefix.c_str(),
+                    static_cast<long long>(step));
+  return step;
 }
 
 }  // namespace qlft
