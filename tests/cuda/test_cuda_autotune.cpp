@@ -15,7 +15,7 @@
 //  - DISABLED_SmolLM2PlannerPredictsTheDevicePeak: the first check on SmolLM2-135M (minutes a
 //    step in the emulator; by hand or on a GPU).
 //  - DISABLED_SmolLM2ShapedOnDevice: the same on a SmolLM2-135M-shaped model with random weights
-//    ($QLFT_SMOL_DIR, bench/make_smollm2_shaped.py; the GPU check's way, since the GGUF cannot
+//    ($QLFT_SMOL_DIR, bench/make_shaped_model.py; the GPU check's way, since the GGUF cannot
 //    travel to the device machine) at seq 512, fp32 and bf16, and with offload.params=cpu +
 //    offload.optimizer=cpu: the device peak within 10% of the planner's, no device optimizer
 //    state, and each step's host->device bytes equal to the planner's prediction.
@@ -225,7 +225,7 @@ TEST_F(CudaAutotuneTest, DISABLED_SmolLM2PlannerPredictsTheDevicePeak) {
 
 TEST_F(CudaAutotuneTest, DISABLED_SmolLM2ShapedOnDevice) {
   const char* dir = std::getenv("QLFT_SMOL_DIR");
-  if (!dir || !*dir) QLFT_SKIP("shared-missing") << "QLFT_SMOL_DIR (bench/make_smollm2_shaped.py)";
+  if (!dir || !*dir) QLFT_SKIP("shared-missing") << "QLFT_SMOL_DIR (bench/make_shaped_model.py)";
   load_dir(dir, 512);
   const std::string out = qlft_test::temp_dir("cuda-plan-smol");
   for (const char* precision : {"fp32", "bf16"}) {
@@ -248,7 +248,7 @@ TEST_F(CudaAutotuneTest, DISABLED_SmolLM2ShapedOnDevice) {
 // the emulator (minutes a step): run on a GPU by scripts/gpu_check.sh memory.
 TEST_F(CudaAutotuneTest, DISABLED_SmolLM2ShapedCurvesFollowCpu) {
   const char* dir = std::getenv("QLFT_SMOL_DIR");
-  if (!dir || !*dir) QLFT_SKIP("shared-missing") << "QLFT_SMOL_DIR (bench/make_smollm2_shaped.py)";
+  if (!dir || !*dir) QLFT_SKIP("shared-missing") << "QLFT_SMOL_DIR (bench/make_shaped_model.py)";
   load_dir(dir, 128);
   const std::string out = qlft_test::temp_dir("cuda-curves-smol");
   auto curve = [&](const Config& c) {

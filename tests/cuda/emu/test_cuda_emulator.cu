@@ -19,6 +19,7 @@
 #include "check.h"
 #include "launch_count.h"
 #include "reduce.cuh"
+#include "support/test_support.h"
 
 namespace {
 
@@ -188,7 +189,7 @@ std::string launch_failure(F run) {
 
 #define QLFT_NEED_RACECHECK()                                       \
   if (!(QLFT_EMU_RACECHECK_BUILT && qlft_emu::racecheck_enabled())) \
-  GTEST_SKIP() << "race check not built (a sanitizer build) or QLFT_EMU_RACECHECK=0"
+  QLFT_SKIP("racecheck-off") << "race check not built (a sanitizer build) or QLFT_EMU_RACECHECK=0"
 
 TEST_P(EmuSchedule, MissingTrailingBarrierIsARaceWhateverTheValues) {
   QLFT_NEED_RACECHECK();
