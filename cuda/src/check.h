@@ -68,7 +68,8 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaS
             Args&&... args) {
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;  // nothing to do (an empty launch errors)
   count_launch(reinterpret_cast<const void*>(kernel));
-  // clang-format off (clang-format reads a .h as C++ and would split the launch chevrons)
+  // clang-format reads a .h as C++ and would split the launch chevrons:
+  // clang-format off
 #if defined(QLFT_CUDA_EMULATE)
   ::qlft_emu::launch(kernel, grid, block, smem, stream, std::forward<Args>(args)...);
 #else

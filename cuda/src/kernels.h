@@ -108,9 +108,8 @@ void attention_tc_fwd(const AttnArgs& a, const uint16_t* q, const uint16_t* k, c
 // dq, dk, dv accumulate (+=), fp32. out / dout fp32 (dout's values bf16-rounded, dout16 its
 // bf16 copy) for delta, scratch of n_heads * rows floats.
 void attention_tc_bwd(const AttnArgs& a, const uint16_t* q, const uint16_t* k, const uint16_t* v,
-                      const float* out, const float* dout, const uint16_t* dout16,
-                      const float* lse, float* dq, float* dk, float* dv, float* delta,
-                      cudaStream_t s);
+                      const float* out, const float* dout, const uint16_t* dout16, const float* lse,
+                      float* dq, float* dk, float* dv, float* delta, cudaStream_t s);
 
 // ---- k_xent.cu -------------------------------------------------------------------------------
 // Per row of a logits chunk [rc, n] (columns p0 .. p0 + n of the vocabulary): merges the chunk

@@ -110,7 +110,7 @@ struct LoraSpec {
                                              "gate_proj", "up_proj", "down_proj"};
   std::string init_from;  // a PEFT adapter directory, or empty
   LoraInit init = LoraInit::Default;
-  uint64_t seed = 42;     // the `seed` key: LoRA init and dropout masks
+  uint64_t seed = 42;  // the `seed` key: LoRA init and dropout masks
 };
 
 // data.* (the dataset pipeline, data/dataset.h).
@@ -138,7 +138,7 @@ struct OptimSpec {
   double lr = 2e-4;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   double weight_decay = 0.0;
-  double max_grad_norm = 1.0;  // 0 disables clipping (the trainer's, not the optimizer's)
+  double max_grad_norm = 1.0;      // 0 disables clipping (the trainer's, not the optimizer's)
   double loraplus_lr_ratio = 1.0;  // LoRA+: B's learning rate is this times A's
 };
 
@@ -197,11 +197,11 @@ struct TrainSpec {
 // KTOConfig names).
 struct PrefSpec {
   Objective objective = Objective::Sft;
-  double beta = 0.1;             // DPO / IPO / KTO / SimPO beta; ORPO's lambda (ORPOConfig.beta)
-  double label_smoothing = 0;    // SimPO (CPO's conservative loss)
-  double simpo_gamma = 0.5;      // SimPO's target margin
-  double cpo_alpha = 0;          // SimPO: weight of the NLL term on the chosen answers
-  double desirable_weight = 1;   // KTO
+  double beta = 0.1;              // DPO / IPO / KTO / SimPO beta; ORPO's lambda (ORPOConfig.beta)
+  double label_smoothing = 0;     // SimPO (CPO's conservative loss)
+  double simpo_gamma = 0.5;       // SimPO's target margin
+  double cpo_alpha = 0;           // SimPO: weight of the NLL term on the chosen answers
+  double desirable_weight = 1;    // KTO
   double undesirable_weight = 1;  // KTO
 };
 

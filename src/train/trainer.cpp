@@ -316,9 +316,9 @@ void Trainer::step_on(const std::vector<data::Batch>& batches, StepReport* out) 
       if (b.trained_tokens == 0) continue;
       if (pref_batches_) {  // step_pref: the objective's passes (the scale: a mean of means)
         tracker_->set_phase("forward");
-        pref_seen_.push_back(preference_forward_backward(
-            *runner_, pref_, (*pref_batches_)[i], scale / static_cast<float>(passes),
-            dropout_seed(step_, static_cast<int>(i))));
+        pref_seen_.push_back(preference_forward_backward(*runner_, pref_, (*pref_batches_)[i],
+                                                         scale / static_cast<float>(passes),
+                                                         dropout_seed(step_, static_cast<int>(i))));
         continue;
       }
       TokenBatch tb = token_batch(b);

@@ -318,7 +318,8 @@ TEST(EmuLaunchCount, BackendOpsCountWhatTheRuntimeRan) {
   qlft::CudaBackendOptions o;
   std::unique_ptr<qlft::Backend> gpu = qlft::make_cuda_backend(&tracker, o);
   const int64_t M = 5, C = 128;
-  std::vector<float> x(size_t(M * C), 0.5f), w(size_t(C), 1.f), y(x.size()), r(static_cast<size_t>(M));
+  std::vector<float> x(size_t(M * C), 0.5f), w(size_t(C), 1.f), y(x.size()),
+      r(static_cast<size_t>(M));
   std::vector<float> g(x.size(), 0.25f), u(x.size(), 2.f), out(x.size());
   uint64_t named0 = 0;
   for (const qlft::cu::LaunchCount& c : qlft::cu::launch_counts()) named0 += c.count;
