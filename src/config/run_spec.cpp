@@ -80,6 +80,10 @@ DataSpec parse_data(const Config& c) {
   s.overflow = pick<data::Overflow>(c, "data.overflow", kOverflowNames);
   const std::string sep = c.get("data.separator");
   s.separator = sep == "none" ? std::string() : data::unescape(sep);
+  s.split = s.separator.empty()     ? data::TextSplit::Whole
+            : s.separator == "\n\n" ? data::TextSplit::BlankLines
+                                    : data::TextSplit::AtSeparator;
+  if (s.split != data::TextSplit::AtSeparator) s.separator.clear();
   s.eval_fraction = c.get_float("data.eval_fraction");
   s.seed = static_cast<uint64_t>(c.get_int("data.seed"));
   s.epochs = as_int(c, "data.epochs");

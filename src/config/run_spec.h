@@ -63,6 +63,9 @@ enum class DataFormat { Auto, Text, Alpaca, Chat };
 enum class TemplateKind { Auto, None, ChatML, Llama3, Llama2, Mistral, Alpaca };
 enum class TrainOn { Completion, All };
 enum class Overflow { Split, Truncate, Reject };
+// data.separator: how a .txt file splits into documents. "\n\n" (the default) means blank lines,
+// "none" the whole file; any other string is split at as written.
+enum class TextSplit { BlankLines, Whole, AtSeparator };
 
 // The key table's spelling (data.format, data.template), as name_of above.
 const char* format_name(DataFormat f);
@@ -122,7 +125,8 @@ struct DataSpec {
   int seq_len = 512;
   bool pack = true;
   data::Overflow overflow = data::Overflow::Split;
-  std::string separator = "\n\n";  // unescaped; "" = one document per .txt file (none)
+  data::TextSplit split = data::TextSplit::BlankLines;
+  std::string separator;  // unescaped; with TextSplit::AtSeparator only
   double eval_fraction = 0.0;
   uint64_t seed = 1234;
   int epochs = 1;

@@ -142,6 +142,7 @@ Built build_docs(const DataOptions& opt, const TextEncoder& enc) {
   QLFT_CHECK_ARG(opt.seq_len >= 2, "data.seq_len must be at least 2, got %d", opt.seq_len);
   ReadOptions ro;
   ro.format = opt.format;
+  ro.split = opt.split;
   ro.separator = opt.separator;
   ro.skip_bad = opt.skip_bad;
   ro.max_record_bytes = opt.max_record_bytes;

@@ -236,11 +236,11 @@ void read_txt(const std::string& path, std::string_view s, const ReadOptions& op
     r.where = std::move(where);
     out.push_back(std::move(r));
   };
-  if (opt.separator.empty()) {
+  if (opt.split == TextSplit::Whole) {
     emit(s, 1, false);  // the whole file is one document, split later by length
     return;
   }
-  if (opt.separator == "\n\n") {
+  if (opt.split == TextSplit::BlankLines) {
     // Blank lines (only whitespace) separate documents; line endings inside are kept.
     size_t pos = 0, line = 1, doc_begin = std::string::npos, doc_end = 0, doc_line = 0;
     while (pos < s.size()) {
@@ -266,6 +266,8 @@ void read_txt(const std::string& path, std::string_view s, const ReadOptions& op
       emit(s.substr(doc_begin, doc_end - doc_begin), doc_line, true);
     return;
   }
+  QLFT_CHECK_ARG(!opt.separator.empty(), "%s: data.separator is empty (none reads the whole file)",
+                 path.c_str());
   size_t pos = 0, line = 1, counted = 0;
   while (pos <= s.size()) {
     size_t hit = s.find(opt.separator, pos);

@@ -39,9 +39,10 @@ struct DropLog {
 
 struct ReadOptions {
   DataFormat format = DataFormat::Auto;
-  // .txt only: documents are separated by this string; "\n\n" means blank lines (one or more
-  // lines holding only whitespace); empty means the whole file is one document.
-  std::string separator = "\n\n";
+  // .txt only: documents are separated by blank lines (one or more lines holding only
+  // whitespace), not at all (the whole file is one document), or at `separator`.
+  TextSplit split = TextSplit::BlankLines;
+  std::string separator;                // with TextSplit::AtSeparator only
   bool skip_bad = false;                // on_error = skip
   uint64_t max_record_bytes = 1 << 20;  // 0 = no limit
 };

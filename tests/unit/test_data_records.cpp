@@ -95,6 +95,7 @@ TEST(DataRecords, TextSeparators) {
   EXPECT_EQ(r[2].where, p + ":8");
 
   std::string q = write(dir, "b.txt", "Once upon.\nThe end.\n<|endoftext|>\nTwo.\n<|endoftext|>\n");
+  o.split = TextSplit::AtSeparator;
   o.separator = "<|endoftext|>";
   r = read_records(q, o, log);
   ASSERT_EQ(r.size(), 2u);
@@ -102,7 +103,7 @@ TEST(DataRecords, TextSeparators) {
   EXPECT_EQ(r[1].text, "Two.");
   EXPECT_EQ(r[1].where, q + ":4");
 
-  o.separator = "";
+  o.split = TextSplit::Whole;
   o.max_record_bytes = 4;  // the whole file is one document, however long
   r = read_records(q, o, log);
   ASSERT_EQ(r.size(), 1u);
@@ -298,6 +299,7 @@ TEST(DataRecords, OptionsFromConfigKeys) {
   EXPECT_EQ(o.train_on, TrainOn::All);
   EXPECT_EQ(o.seq_len, 128);
   EXPECT_FALSE(o.pack);
+  EXPECT_EQ(o.split, TextSplit::AtSeparator);
   EXPECT_EQ(o.separator, "<|endoftext|>");
   EXPECT_DOUBLE_EQ(o.eval_fraction, 0.1);
   EXPECT_EQ(o.seed, 7u);
@@ -307,10 +309,13 @@ TEST(DataRecords, OptionsFromConfigKeys) {
   EXPECT_EQ(o.overflow, Overflow::Truncate);
   Config def;
   DataOptions d = qlft::parse_run_spec(def).data;
-  EXPECT_EQ(d.separator, "\n\n");
+  EXPECT_EQ(d.split, TextSplit::BlankLines);  // "\n\n": blank lines
   EXPECT_EQ(d.max_record_bytes, 1u << 20);
   def.set("data.separator", "none");
-  EXPECT_EQ(qlft::parse_run_spec(def).data.separator, "");
+  EXPECT_EQ(qlft::parse_run_spec(def).data.split, TextSplit::Whole);
+  def.set("data.separator", "\\n");
+  EXPECT_EQ(qlft::parse_run_spec(def).data.split, TextSplit::AtSeparator);
+  EXPECT_EQ(qlft::parse_run_spec(def).data.separator, "\n");
   EXPECT_THROW(cfg.set("data.template", "vicuna"), Error);
 }
 

@@ -216,6 +216,7 @@ TEST(ResourceLimits, DatasetLineOfOneGigabyteIsRefusedWithoutHoldingIt) {
   // is counted (this splitter used to copy each piece before checking its size).
   {
     data::ReadOptions opt;
+    opt.split = data::TextSplit::AtSeparator;
     opt.separator = "\n";
     opt.skip_bad = true;
     data::DropLog log;
