@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "data/dataset.h"  // resolve_template
 #include "model/llama.h"
+#include "train/token_batch.h"
 
 namespace qlft {
 
@@ -178,24 +179,13 @@ std::vector<SeqLogp> to_logps(const std::vector<LossResult>& rows) {
   return out;
 }
 
-TokenBatch token_rows(const data::Batch& b) {
-  TokenBatch t;
-  t.batch = b.micro_batch;
-  t.seq = b.seq_len;
-  t.tokens = b.tokens.data();
-  t.targets = b.targets.data();
-  t.positions = b.positions.empty() ? nullptr : b.positions.data();
-  t.doc_ids = b.doc_ids.empty() ? nullptr : b.doc_ids.data();
-  return t;
-}
-
 // Each row's answer log-probability, inference mode, with the adapter on or off.
 std::vector<SeqLogp> eval_rows(LlamaRunner& r, const data::Batch& b, bool adapter) {
   SeqObjective measure;
   r.set_seq_objective(&measure);
   r.set_lora_enabled(adapter);
   try {
-    r.eval_loss(token_rows(b));
+    r.eval_loss(token_batch(b));
   } catch (...) {
     r.set_lora_enabled(true);
     r.set_seq_objective(nullptr);
@@ -388,7 +378,7 @@ PrefMetrics preference_forward_backward(LlamaRunner& runner, const PrefSpec& s, 
   };
   runner.set_seq_objective(&obj);
   try {
-    runner.forward(token_rows(b.rows), 0.f, dropout_seed);
+    runner.forward(token_batch(b.rows), 0.f, dropout_seed);
     runner.backward();
   } catch (...) {
     runner.set_seq_objective(nullptr);

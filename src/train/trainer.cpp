@@ -19,6 +19,7 @@
 #include "model/lora_loftq.h"
 #include "optim/grad_clip.h"
 #include "train/adapter_io.h"
+#include "train/token_batch.h"
 
 namespace qlft {
 
@@ -32,18 +33,6 @@ StateStoreFactory state_stores(const OffloadSpec& o) {
   return [o](MemoryTracker* tracker, bool) {
     return make_nvme_state_store(tracker, o.dir, o.buffers);
   };
-}
-
-// The model's view of a data batch (no copies; empty positions/doc ids mean plain causal).
-TokenBatch token_batch(const data::Batch& b) {
-  TokenBatch tb;
-  tb.batch = b.micro_batch;
-  tb.seq = b.seq_len;
-  tb.tokens = b.tokens.data();
-  tb.targets = b.targets.data();
-  tb.positions = b.positions.empty() ? nullptr : b.positions.data();
-  tb.doc_ids = b.doc_ids.empty() ? nullptr : b.doc_ids.data();
-  return tb;
 }
 
 // Where a step's non-finite value first appeared: each micro-batch is rerun layer by layer
