@@ -140,12 +140,7 @@ struct Built {
 Built build_docs(const DataOptions& opt, const TextEncoder& enc) {
   QLFT_CHECK_ARG(!opt.path.empty(), "data.path is not set");
   QLFT_CHECK_ARG(opt.seq_len >= 2, "data.seq_len must be at least 2, got %d", opt.seq_len);
-  ReadOptions ro;
-  ro.format = opt.format;
-  ro.split = opt.split;
-  ro.separator = opt.separator;
-  ro.skip_bad = opt.skip_bad;
-  ro.max_record_bytes = opt.max_record_bytes;
+  const ReadOptions ro = read_options(opt);
   DropLog log;
   DataFormat fmt = DataFormat::Text;
   std::vector<Record> recs = read_records(opt.path, ro, log, &fmt);

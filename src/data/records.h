@@ -47,6 +47,10 @@ struct ReadOptions {
   uint64_t max_record_bytes = 1 << 20;  // 0 = no limit
 };
 
+// The reading part of data.* (format, .txt split, bad-record policy), for records and
+// preference records alike.
+ReadOptions read_options(const DataSpec& d);
+
 // Bad-record policy in one place: throws QLFT_ERR_FORMAT "<where>: <detail>" or logs the drop.
 void bad_record(const ReadOptions& opt, DropLog& log, const char* reason, const std::string& where,
                 const std::string& detail);

@@ -239,11 +239,9 @@ PrefMetrics preference_loss(const PrefSpec& s, const PrefInput& in, PrefGrad* g)
 PrefSet PrefSet::load(const DataSpec& d, Objective o, const data::TextEncoder& enc) {
   QLFT_CHECK_ARG(o != Objective::Sft, "PrefSet: train.objective is sft");
   const bool kto = o == Objective::Kto;
-  data::ReadOptions ro;
-  ro.skip_bad = d.skip_bad;
-  ro.max_record_bytes = d.max_record_bytes;
   data::DropLog log;
-  std::vector<data::PrefRecord> recs = data::read_preference_records(d.path, kto, ro, log);
+  std::vector<data::PrefRecord> recs =
+      data::read_preference_records(d.path, kto, data::read_options(d), log);
   PrefSet set;
   set.records = recs.size() + log.count;
   set.dropped = log.count;
