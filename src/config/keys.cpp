@@ -51,11 +51,18 @@ const KeyDef kKeys[] = {
      "Projections that get a LoRA adapter (PEFT names)."},
     {"lora.use_rslora", KeyType::Bool, "false", 0, 0, "",
      "Rank-stabilized LoRA: scale alpha / sqrt(r) instead of alpha / r."},
-    {"lora.init", KeyType::Enum, "default", 0, 0, "default|loftq",
+    {"lora.use_dora", KeyType::Bool, "false", 0, 0, "",
+     "DoRA (PEFT use_dora): each adapted output row is scaled to a trained magnitude m, "
+     "y = m / norm(W + s B A) * (W + s B A) x with the row norm not differentiated; m starts at "
+     "the base rows' norms. CPU backend, one rank, resident weights."},
+    {"lora.init", KeyType::Enum, "default", 0, 0, "default|loftq|pissa|olora",
      "LoRA start: default is PEFT's (A kaiming-uniform, B zero); loftq (NF4 base, PEFT's "
      "replace_lora_weights_loftq) sets s B A to the rank-r SVD of the quantization error "
      "W - dequant(NF4(W)), W read again from the model file, so the adapter starts by cancelling "
-     "it (PEFT leaves out the scale s = alpha / r; both agree at alpha = r)."},
+     "it (PEFT leaves out the scale s = alpha / r; both agree at alpha = r); pissa (rank-r SVD of "
+     "W) and olora (QR of W) start A and B on W's leading part and subtract that start from the "
+     "base as a frozen copy (the shared base is not rewritten); the adapter exports as PEFT's "
+     "converted rank-2r LoRA on the original base. CPU backend, one rank, resident weights."},
     {"data.path", KeyType::String, "", 0, 0, "",
      "Training data: a .txt, .jsonl or .json file, or a directory of them (read in name order)."},
     {"data.format", KeyType::Enum, "auto", 0, 0, "auto|text|alpaca|chat",

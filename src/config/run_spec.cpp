@@ -19,7 +19,7 @@ const char* const kOptimizerNames[] = {"adamw", "adamw8bit", "paged_adamw8bit"};
 const char* const kScheduleNames[] = {"constant", "linear", "cosine"};
 const char* const kOffloadNames[] = {"none", "cpu", "nvme"};
 const char* const kDistNames[] = {"none", "mpi", "nccl"};
-const char* const kLoraInitNames[] = {"default", "loftq"};
+const char* const kLoraInitNames[] = {"default", "loftq", "pissa", "olora"};
 const char* const kObjectiveNames[] = {"sft", "dpo", "ipo", "orpo", "simpo", "kto"};
 const char* const kFormatNames[] = {"auto", "text", "alpaca", "chat"};
 const char* const kTemplateNames[] = {"auto",   "none",    "chatml", "llama3",
@@ -62,6 +62,7 @@ LoraSpec parse_lora(const Config& c) {
   s.alpha = static_cast<float>(c.get_float("lora.alpha"));
   s.dropout = static_cast<float>(c.get_float("lora.dropout"));
   s.use_rslora = c.get_bool("lora.use_rslora");
+  s.use_dora = c.get_bool("lora.use_dora");
   s.target_modules = c.get_list("lora.target_modules");
   s.init_from = c.get("lora.init_from");
   s.init = pick<LoraInit>(c, "lora.init", kLoraInitNames);

@@ -27,7 +27,7 @@ enum class OptimizerKind { AdamW, AdamW8bit, PagedAdamW8bit };  // optim.name
 enum class ScheduleKind { Constant, Linear, Cosine };           // sched.name
 enum class OffloadTarget { None, Cpu, Nvme };                   // offload.optimizer, offload.params
 enum class DistBackend { None, Mpi, Nccl };                     // dist.backend
-enum class LoraInit { Default, Loftq };                         // lora.init
+enum class LoraInit { Default, Loftq, Pissa, Olora };           // lora.init
 enum class Objective { Sft, Dpo, Ipo, Orpo, Simpo, Kto };       // train.objective
 
 // The key table's spelling of each value ("bf16", "paged_adamw8bit", ...): for messages,
@@ -109,6 +109,7 @@ struct LoraSpec {
   float alpha = 16.f;
   float dropout = 0.f;
   bool use_rslora = false;
+  bool use_dora = false;  // lora.use_dora: a magnitude per output row (model/lora_dora.h)
   std::vector<std::string> target_modules = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                              "gate_proj", "up_proj", "down_proj"};
   std::string init_from;  // a PEFT adapter directory, or empty

@@ -64,6 +64,12 @@ LlamaRunner::LlamaRunner(const Model& model, Backend& backend, LoraAdapter* lora
   if (lora) {
     QLFT_CHECK_ARG(lora->model_shapes() == model.shapes,
                    "the LoRA adapter was made for a model of another shape");
+    if (lora->config().use_dora || lora->has_start()) {
+      QLFT_CHECK_ARG(!model.stream,
+                     "DoRA and a PiSSA / OLoRA start need the base weights resident (not "
+                     "streamed: ZeRO-3, offload.params)");
+      extras_ = std::make_unique<LoraExtras>(backend, model, *lora);
+    }
   }
 }
 
@@ -169,8 +175,10 @@ constexpr bool kHalfReadDirect[9] = {true, true, true, true, true, true, true, t
 bool LlamaRunner::direct16() const {
   // LoRA dropout reads the fp32 input (its scaled values round differently). The q / k norms'
   // backward reads fp32 dq / dk, which the direct path's attention_bwd_16 does not write.
+  // DoRA and a frozen start rescale / add to the fp32 projection outputs (lora_extras.h).
   return act_dtype_ != DType::F32 && be_.takes_input_16(act_dtype_) &&
-         !(lora_ && training_ && lora_->config().dropout > 0.f) && !model_.shapes.qk_norm();
+         !(lora_ && training_ && lora_->config().dropout > 0.f) && !model_.shapes.qk_norm() &&
+         !extras();
 }
 
 void LlamaRunner::pack(LayerActs& from, LayerActs& to, bool direct) {

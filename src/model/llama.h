@@ -30,6 +30,7 @@
 #include "backend/backend.h"
 #include "core/dtype.h"
 #include "model/lora.h"
+#include "model/lora_extras.h"
 #include "model/lora_grad_sink.h"
 #include "model/model.h"
 
@@ -199,6 +200,9 @@ class LlamaRunner {
   double cross_entropy_by_slices(WeightStream& ws, const int32_t* targets, float grad_scale,
                                  MatF dh, int64_t* count);
   LoraRef lora_ref(int l, Proj p, bool* has) const;
+  // DoRA / a frozen start around the kernels' LoRA of (l, p) (model/lora_extras.h): nullptr
+  // when the adapter has neither, or while it is switched off (set_lora_enabled(false)).
+  LoraExtras* extras() const { return extras_ && lora_on_ ? extras_.get() : nullptr; }
   // A frozen fp32 vector of the model (norm weight, bias) where the backend computes: the host
   // array itself, or its device copy (made once per runner).
   const float* frozen(const Buffer& host);
@@ -235,6 +239,7 @@ class LlamaRunner {
   Buffer xnf_, rstdf_, dxnf_;  // final norm output, its rstd, and d(loss)/d(xnf)
   std::unique_ptr<Grads> grads_;
   LoraGradSink* sink_ = nullptr;
+  std::unique_ptr<LoraExtras> extras_;
   const SeqObjective* seq_obj_ = nullptr;
   std::vector<LossResult> seq_main_, seq_aux_;
   bool lora_on_ = true;

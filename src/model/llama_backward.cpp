@@ -47,9 +47,14 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
       dA = lora_->slot(l, p).dA.as<float>();
       dB = lora_->slot(l, p).dB.as<float>();
     }
+    // DoRA hands the kernels c * dy (and adds dM); a frozen start adds its dx term after.
+    LoraExtras* ex = has ? extras() : nullptr;
+    const CMatF dy_k =
+        ex ? ex->before_bwd(l, p, &ref, x, dy, lora_->slot(l, p).dM.as<float>()) : dy;
     if (dy16.data) be_.next_dy_16(act_dtype_, dy16);
-    be_.linear_bwd(L.proj[pi], has ? &ref : nullptr, x, has ? a.xa[pi].as<float>() : nullptr, dy,
+    be_.linear_bwd(L.proj[pi], has ? &ref : nullptr, x, has ? a.xa[pi].as<float>() : nullptr, dy_k,
                    dx, dA, dB);
+    if (ex) ex->after_bwd(l, p, dy, dx);
     if (has && sink_) sink_->end(l, p);
   };
 

@@ -37,6 +37,8 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
     be_.rmsnorm_fwd(xin, frozen(L.attn_norm), c.rms_eps, mat(a.xn1, R, c.dim), a.rstd1.as<float>());
   // This layer's sliding window (0: none).
   shape_.window = model_.shapes.layers[static_cast<size_t>(l)].window;
+  LoraExtras* ex = extras();  // DoRA / a frozen start after each adapted projection
+  if (ex) ex->prepare_layer(l);
   // Per-head q / k norms (qwen3): the projections go to qpre / kpre, their norms into q / k.
   const bool qkn = model_.shapes.qk_norm();
   Buffer* outs[3] = {qkn ? &a.qpre : &a.q, qkn ? &a.kpre : &a.k, &a.v};
@@ -50,6 +52,7 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
       const float* bias = L.bias[j].empty() ? nullptr : frozen(L.bias[j]);
       be_.linear_fwd(L.proj[j], bias, has ? &ref : nullptr, cmat(a.xn1, R, c.dim),
                      mat(*outs[j], R, widths[j]), has ? a.xa[j].as<float>() : nullptr);
+      if (has && ex) ex->after_fwd(l, p, cmat(a.xn1, R, c.dim), mat(*outs[j], R, widths[j]), bias);
     }
   }
   if (qkn) {  // each head's row of head_dim is one norm row
@@ -84,6 +87,7 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
     const int o = static_cast<int>(Proj::O);
     be_.linear_fwd(L.proj[o], nullptr, has ? &ref : nullptr, cmat(a.att, R, qd),
                    mat(a.x_mid, R, c.dim), has ? a.xa[o].as<float>() : nullptr);
+    if (has && ex) ex->after_fwd(l, Proj::O, cmat(a.att, R, qd), mat(a.x_mid, R, c.dim), nullptr);
   }
   if (st) {  // the residual add and the norm in one pass
     be_.add_rmsnorm_fwd_16(mat(a.x_mid, R, c.dim), x_in, frozen(L.ffn_norm), c.rms_eps,
@@ -112,6 +116,9 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
       }
       be_.linear_fwd(L.proj[p], nullptr, has ? &ref : nullptr, cmat(a.xn2, R, c.dim),
                      mat(*ffn_outs[j], R, c.ffn_dim), has ? a.xa[p].as<float>() : nullptr);
+      if (has && ex)
+        ex->after_fwd(l, static_cast<Proj>(p), cmat(a.xn2, R, c.dim),
+                      mat(*ffn_outs[j], R, c.ffn_dim), nullptr);
       if (act_dtype_ != DType::F32)
         be_.round_16(act_dtype_, ffn_outs[j]->as<float>(), R * c.ffn_dim);
     }
@@ -128,6 +135,8 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
     const int d = static_cast<int>(Proj::Down);
     be_.linear_fwd(L.proj[d], nullptr, has ? &ref : nullptr, cmat(a.hact, R, c.ffn_dim),
                    MatF(x_out, R, c.dim), has ? a.xa[d].as<float>() : nullptr);
+    if (has && ex)
+      ex->after_fwd(l, Proj::Down, cmat(a.hact, R, c.ffn_dim), MatF(x_out, R, c.dim), nullptr);
   }
   be_.add(x_out, a.x_mid.as<float>(), R * c.dim);
 }

@@ -56,6 +56,9 @@ void LlamaRunner::zero_lora_grads() {
 }
 
 void LlamaRunner::set_grad_sink(LoraGradSink* sink) {
+  QLFT_CHECK_ARG(!sink || !extras_,
+                 "a LoRA gradient sink (ZeRO-2 sharded gradients) does not carry DoRA's magnitude "
+                 "or a PiSSA / OLoRA start");
   QLFT_CHECK_ARG(!sink || !be_.device_memory(),
                  "a LoRA gradient sink takes host arrays; the %s backend keeps its gradients on "
                  "the device",

@@ -52,6 +52,7 @@ LoraConfig lora_config_from(const LoraSpec& s) {
   l.alpha = s.alpha;
   l.dropout = s.dropout;
   l.use_rslora = s.use_rslora;
+  l.use_dora = s.use_dora;
   std::string list;
   for (const std::string& t : s.target_modules) list += t + ",";
   l.set_targets(list);
@@ -115,10 +116,13 @@ LoraAdapter::LoraAdapter(MemoryTracker* tracker, const ModelShapes& m, const Lor
       if (values) {
         s.A = Buffer(tracker, MemCategory::Adapter, a, "lora A");
         s.B = Buffer(tracker, MemCategory::Adapter, b, "lora B");
+        if (cfg.use_dora)
+          s.M = Buffer(tracker, MemCategory::Adapter, s.m_bytes(), "dora magnitude");
       }
       if (!gradients) continue;
       s.dA = Buffer(tracker, MemCategory::Gradients, a, "lora dA");
       s.dB = Buffer(tracker, MemCategory::Gradients, b, "lora dB");
+      if (cfg.use_dora) s.dM = Buffer(tracker, MemCategory::Gradients, s.m_bytes(), "dora dM");
     }
   }
   init(cfg.init_seed);
@@ -137,8 +141,11 @@ void LoraAdapter::allocate_values(const std::function<bool(int, Proj, bool)>& ke
       if (!s.active()) continue;
       if (keep(l, static_cast<Proj>(p), false))
         s.A = Buffer(tracker_, MemCategory::Adapter, s.a_bytes(), "lora A");
-      if (keep(l, static_cast<Proj>(p), true))
+      if (keep(l, static_cast<Proj>(p), true)) {
         s.B = Buffer(tracker_, MemCategory::Adapter, s.b_bytes(), "lora B");
+        if (cfg_.use_dora)
+          s.M = Buffer(tracker_, MemCategory::Adapter, s.m_bytes(), "dora magnitude");
+      }
     }
   init(cfg_.init_seed);
 }
@@ -154,8 +161,10 @@ void LoraAdapter::allocate_gradients(const std::function<bool(int, Proj, bool)>&
                      "allocate_gradients: the adapter already has its gradients");
       if (keep(l, static_cast<Proj>(p), false))
         s.dA = Buffer(tracker_, MemCategory::Gradients, s.a_bytes(), "lora dA");
-      if (keep(l, static_cast<Proj>(p), true))
+      if (keep(l, static_cast<Proj>(p), true)) {
         s.dB = Buffer(tracker_, MemCategory::Gradients, s.b_bytes(), "lora dB");
+        if (cfg_.use_dora) s.dM = Buffer(tracker_, MemCategory::Gradients, s.m_bytes(), "dora dM");
+      }
     }
 }
 
@@ -169,6 +178,9 @@ void LoraAdapter::init(uint64_t seed) {
       const float bound = 1.f / std::sqrt(static_cast<float>(s.in));
       const uint64_t stream = mix64(seed ^ mix64((static_cast<uint64_t>(l) << 8) | p));
       if (!s.B.empty()) std::memset(s.B.data(), 0, s.B.size());
+      // DoRA's magnitude starts at the base rows' norms, which only the model has
+      // (dora_init_magnitude, model/lora_dora.h); 1 until then.
+      if (!s.M.empty()) std::fill(s.M.as<float>(), s.M.as<float>() + s.out, 1.f);
       if (s.A.empty()) continue;  // (another rank's: allocate_values, dist/zero3_lora.h)
       float* A = s.A.as<float>();
       const int64_t n = static_cast<int64_t>(cfg_.r) * s.in;
@@ -186,7 +198,7 @@ void LoraAdapter::zero_grad() {
   ++host_writes_;
   for (auto& layer : slots_)
     for (LoraSlot& s : layer)
-      for (Buffer* g : {&s.dA, &s.dB})  // (empty where allocate_gradients left none)
+      for (Buffer* g : {&s.dA, &s.dB, &s.dM})  // (empty where allocate_gradients left none)
         if (!g->empty()) std::memset(g->data(), 0, g->size());
 }
 
@@ -217,34 +229,100 @@ int LoraAdapter::heads_of(Proj p) const {
   return shapes_.heads_of(p);
 }
 
-void LoraAdapter::set_hf(int layer, Proj p, const float* A, int64_t a_n, const float* B,
-                         int64_t b_n) {
+LoraSlot& LoraAdapter::checked_slot(int layer, Proj p, const float* A, int64_t a_n, int64_t b_n) {
   QLFT_CHECK_ARG(layer >= 0 && layer < n_layers(), "LoRA layer %d is out of range", layer);
   LoraSlot& s = slot(layer, p);
   QLFT_CHECK_ARG(s.active(), "layer %d %s has no LoRA adapter (not in lora.target_modules)", layer,
                  proj_peft_name(p));
-  QLFT_CHECK_ARG(
-      a_n == static_cast<int64_t>(cfg_.r) * s.in && b_n == static_cast<int64_t>(s.out) * cfg_.r,
-      "layer %d %s: LoRA A/B have %lld/%lld values, expected %lld/%lld", layer, proj_peft_name(p),
-      static_cast<long long>(a_n), static_cast<long long>(b_n),
-      static_cast<long long>(cfg_.r) * s.in, static_cast<long long>(s.out) * cfg_.r);
-  std::memcpy(s.A.data(), A, a_n * 4);
+  const int64_t a_want = A ? static_cast<int64_t>(cfg_.r) * s.in : 0;
+  const int64_t b_want = A ? static_cast<int64_t>(s.out) * cfg_.r : s.out;
+  QLFT_CHECK_ARG(a_n == a_want && b_n == b_want,
+                 "layer %d %s: LoRA %s have %lld/%lld values, expected %lld/%lld", layer,
+                 proj_peft_name(p), A ? "A/B" : "magnitude", static_cast<long long>(a_n),
+                 static_cast<long long>(b_n), static_cast<long long>(a_want),
+                 static_cast<long long>(b_want));
+  return s;
+}
+
+void LoraAdapter::put_rows_hf(Proj p, const float* src, Buffer& dst, int64_t cols) const {
   if (permuted(p))
-    permute_rows_hf_to_adjacent(B, s.B.as<float>(), heads_of(p), shapes_.head_dim, cfg_.r);
+    permute_rows_hf_to_adjacent(src, dst.as<float>(), heads_of(p), shapes_.head_dim, cols);
   else
-    std::memcpy(s.B.data(), B, b_n * 4);
+    std::memcpy(dst.data(), src, dst.size());
+}
+
+void LoraAdapter::set_hf(int layer, Proj p, const float* A, int64_t a_n, const float* B,
+                         int64_t b_n) {
+  LoraSlot& s = checked_slot(layer, p, A, a_n, b_n);
+  std::memcpy(s.A.data(), A, a_n * 4);
+  put_rows_hf(p, B, s.B, cfg_.r);
+}
+
+void LoraAdapter::set_magnitude_hf(int layer, Proj p, const float* m, int64_t n) {
+  LoraSlot& s = checked_slot(layer, p, nullptr, 0, n);
+  QLFT_CHECK_ARG(!s.M.empty(), "layer %d %s: a DoRA magnitude for an adapter without use_dora",
+                 layer, proj_peft_name(p));
+  put_rows_hf(p, m, s.M, 1);
+}
+
+void LoraAdapter::set_start_hf(int layer, Proj p, const float* A, int64_t a_n, const float* B,
+                               int64_t b_n) {
+  LoraSlot& s = checked_slot(layer, p, A, a_n, b_n);
+  if (s.A0.empty()) {
+    s.A0 = Buffer(tracker_, MemCategory::Adapter, s.a_bytes(), "lora A0 (frozen start)");
+    s.B0 = Buffer(tracker_, MemCategory::Adapter, s.b_bytes(), "lora B0 (frozen start)");
+  }
+  std::memcpy(s.A0.data(), A, a_n * 4);
+  put_rows_hf(p, B, s.B0, cfg_.r);
+}
+
+bool LoraAdapter::has_start() const {
+  for (const auto& layer : slots_)
+    for (const LoraSlot& s : layer)
+      if (s.has_start()) return true;
+  return false;
+}
+
+std::unique_ptr<LoraAdapter> LoraAdapter::folded_start(MemoryTracker* tracker) const {
+  QLFT_CHECK_ARG(!cfg_.use_dora, "a DoRA adapter has no frozen start to fold");
+  refresh();
+  LoraConfig c = cfg_;
+  c.r = 2 * cfg_.r;
+  c.alpha = cfg_.use_rslora ? cfg_.alpha * std::sqrt(2.f) : 2 * cfg_.alpha;
+  auto f = std::make_unique<LoraAdapter>(tracker, shapes_, c, /*gradients=*/false);
+  const int r = cfg_.r;
+  for (int l = 0; l < n_layers(); ++l)
+    for (int p = 0; p < kProjCount; ++p) {
+      const LoraSlot& s = slots_[l][p];
+      if (!s.active()) continue;
+      QLFT_CHECK_ARG(s.has_start(), "layer %d %s has no frozen start to fold", l,
+                     proj_peft_name(static_cast<Proj>(p)));
+      LoraSlot& d = f->slots_[l][p];
+      std::memcpy(d.A.data(), s.A.data(), s.A.size());  // rows [0, r): A, [r, 2r): A0
+      std::memcpy(d.A.as<float>() + static_cast<size_t>(r) * s.in, s.A0.data(), s.A0.size());
+      for (int o = 0; o < s.out; ++o)  // row o: B's r columns, then -B0's
+        for (int k = 0; k < r; ++k) {
+          d.B.as<float>()[static_cast<size_t>(o) * 2 * r + k] = s.B.as<float>()[o * r + k];
+          d.B.as<float>()[static_cast<size_t>(o) * 2 * r + r + k] = -s.B0.as<float>()[o * r + k];
+        }
+    }
+  return f;
 }
 
 std::vector<float> LoraAdapter::get_hf(int layer, Proj p, Part part) const {
   QLFT_CHECK_ARG(layer >= 0 && layer < n_layers(), "LoRA layer %d is out of range", layer);
   const LoraSlot& s = slot(layer, p);
   if (!s.active()) return {};
-  const Buffer& b = part == Part::A ? s.A : part == Part::B ? s.B : part == Part::dA ? s.dA : s.dB;
+  const Buffer* parts[] = {&s.A, &s.B, &s.dA, &s.dB, &s.M, &s.dM, &s.A0, &s.B0};
+  const Buffer& b = *parts[static_cast<int>(part)];
   if (b.empty()) return {};
   std::vector<float> v(b.size() / 4);
-  const bool rows_out = part == Part::B || part == Part::dB;
-  if (rows_out && permuted(p))
-    permute_rows_adjacent_to_hf(b.as<float>(), v.data(), heads_of(p), shapes_.head_dim, cfg_.r);
+  // Columns of a tensor whose rows are the output's (B and B0: r; the magnitude: 1); A's rows
+  // are the rank's.
+  const bool is_a = part == Part::A || part == Part::dA || part == Part::A0;
+  const int64_t cols = part == Part::M || part == Part::dM ? 1 : cfg_.r;
+  if (!is_a && permuted(p))
+    permute_rows_adjacent_to_hf(b.as<float>(), v.data(), heads_of(p), shapes_.head_dim, cols);
   else
     std::memcpy(v.data(), b.data(), b.size());
   return v;
@@ -254,7 +332,7 @@ uint64_t LoraAdapter::n_params() const {
   uint64_t n = 0;  // (sizes only: no refresh)
   for (const auto& layer : slots_)
     for (const LoraSlot& s : layer)
-      if (s.active()) n += (s.a_bytes() + s.b_bytes()) / 4;
+      if (s.active()) n += (s.a_bytes() + s.b_bytes() + (s.M.empty() ? 0 : s.m_bytes())) / 4;
   return n;
 }
 
@@ -267,6 +345,7 @@ std::vector<LoraAdapter::Param> LoraAdapter::params() {
       if (s.active()) {
         v.push_back({s.A.as<float>(), s.dA.as<float>(), static_cast<int64_t>(s.a_bytes() / 4)});
         v.push_back({s.B.as<float>(), s.dB.as<float>(), static_cast<int64_t>(s.b_bytes() / 4)});
+        if (!s.M.empty()) v.push_back({s.M.as<float>(), s.dM.as<float>(), s.out});
       }
   return v;
 }

@@ -3,6 +3,12 @@
 // Per layer and targeted projection: A [r, in] and B [out, r] in fp32 (MemCategory::Adapter)
 // and their gradients dA, dB (MemCategory::Gradients). y += scale * dropout(x) A^T B^T with
 // scale = alpha / r, or alpha / sqrt(r) with rsLoRA.
+// Two variants add tensors to a slot (model/lora_dora.h runs them around the kernels' LoRA):
+//  - DoRA (use_dora): a trained magnitude M [out] (and dM); the adapted output row o is scaled
+//    by M[o] / ||W_o + scale (B A)_o||.
+//  - a frozen start (PiSSA / OLoRA init): A0 [r, in], B0 [out, r], the initial factors, whose
+//    product is subtracted again (y -= scale x A0^T B0^T): W x + scale (B A - B0 A0) x, which is
+//    PEFT's W_res x + scale B A x without rewriting the shared base.
 //
 // Row order: B's rows (and dB's) follow the base model's q/k row order, which is the source's
 // RoPE convention (ModelShapes::qk_adjacent). PEFT files and the fixtures use Hugging Face
@@ -11,6 +17,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -25,6 +32,7 @@ struct LoraConfig {
   float alpha = 16.f;
   float dropout = 0.f;
   bool use_rslora = false;
+  bool use_dora = false;
   bool targets[kProjCount] = {true, true, true, true, true, true, true};
   uint64_t init_seed = 0;
 
@@ -50,10 +58,14 @@ struct LoraSlot {
   // targeted projection: ZeRO-3 with a sharded adapter (dist/zero3_lora.h) keeps only this
   // rank's tensors and fills the others while their layer is in use.
   Buffer A, B, dA, dB;
+  Buffer M, dM;                // DoRA's magnitude [out] and its gradient (empty without use_dora)
+  Buffer A0, B0;               // a frozen start (PiSSA / OLoRA), else empty
   int in = 0, out = 0, r = 0;  // r = 0: not targeted
   bool active() const { return r > 0; }
+  bool has_start() const { return !A0.empty(); }
   size_t a_bytes() const { return static_cast<size_t>(r) * in * 4; }
   size_t b_bytes() const { return static_cast<size_t>(out) * r * 4; }
+  size_t m_bytes() const { return static_cast<size_t>(out) * 4; }
 };
 
 class LoraAdapter {
@@ -122,11 +134,23 @@ class LoraAdapter {
   void set_hf(int layer, Proj p, const float* A, int64_t a_n, const float* B, int64_t b_n);
   // Copies of A, B, dA or dB in Hugging Face row order (empty for a gradient this adapter does
   // not hold: allocate_gradients).
-  enum class Part { A, B, dA, dB };
+  enum class Part { A, B, dA, dB, M, dM, A0, B0 };
   std::vector<float> get_hf(int layer, Proj p, Part part) const;
+  // DoRA's magnitude [out] in Hugging Face row order (use_dora only).
+  void set_magnitude_hf(int layer, Proj p, const float* m, int64_t n);
+  // Makes (layer, p) start at A0 = A, B0 = B (HF row order, sizes as set_hf): PiSSA / OLoRA.
+  void set_start_hf(int layer, Proj p, const float* A, int64_t a_n, const float* B, int64_t b_n);
+  // Whether any slot has a frozen start (set_start_hf).
+  bool has_start() const;
+  // The adapter as PEFT's converted form writes it (save_pretrained with
+  // path_initial_model_for_weight_conversion): rank 2r, A' = [A; A0], B' = [B, -B0], alpha
+  // doubled (times sqrt(2) with rsLoRA) so the scale stays; an adapter on the original base.
+  // Only for an adapter with a frozen start.
+  std::unique_ptr<LoraAdapter> folded_start(MemoryTracker* tracker) const;
 
   uint64_t n_params() const;
-  // Every trainable tensor and its gradient, in a fixed order (layer, projection, A then B).
+  // Every trainable tensor and its gradient, in a fixed order (layer, projection, A, B, then M
+  // with DoRA).
   struct Param {
     float* w;
     float* g;
@@ -148,6 +172,11 @@ class LoraAdapter {
   }
   bool permuted(Proj p) const;
   int heads_of(Proj p) const;
+  // The active slot (layer, p), its sizes checked: A [r, in] and B [out, r], or with A null a
+  // magnitude of b_n = out values.
+  LoraSlot& checked_slot(int layer, Proj p, const float* A, int64_t a_n, int64_t b_n);
+  // dst's rows (of cols values) from src in HF order, permuted into the model's.
+  void put_rows_hf(Proj p, const float* src, Buffer& dst, int64_t cols) const;
 
   LoraConfig cfg_;
   ModelShapes shapes_;

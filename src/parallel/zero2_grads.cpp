@@ -90,6 +90,10 @@ std::unique_ptr<Zero2Grads> allocate_lora_gradients(LoraAdapter& lora, DataParal
       QLFT_CHECK_ARG(i + 1 < dp.params().size(), "ZeRO gradients: more LoRA tensors than params");
       owner_a[static_cast<size_t>(l) * kProjCount + p] = dp.owner(i++);
       owner_b[static_cast<size_t>(l) * kProjCount + p] = dp.owner(i++);
+      if (lora.config().use_dora) {  // (DoRA's magnitude: one rank, unsharded, with B)
+        QLFT_CHECK_ARG(!shard, "ZeRO gradients: DoRA's magnitude is not sharded");
+        ++i;
+      }
     }
   QLFT_CHECK_ARG(i == dp.params().size(), "ZeRO gradients: %zu LoRA tensors, %zu params", i,
                  dp.params().size());
@@ -106,6 +110,7 @@ std::unique_ptr<Zero2Grads> allocate_lora_gradients(LoraAdapter& lora, DataParal
       const LoraSlot& s = cl.slot(l, static_cast<Proj>(p));
       dp.set_grad(i++, s.dA.empty() ? nullptr : const_cast<float*>(s.dA.as<float>()));
       dp.set_grad(i++, s.dB.empty() ? nullptr : const_cast<float*>(s.dB.as<float>()));
+      if (cl.config().use_dora) dp.set_grad(i++, const_cast<float*>(s.dM.as<float>()));
     }
   if (!shard) return nullptr;
   return std::make_unique<Zero2Grads>(lora, dp.comm(), std::move(owner_a), std::move(owner_b),

@@ -27,10 +27,20 @@ namespace qlft {
 
 namespace {
 
-std::string peft_key(int layer, Proj p, const char* ab) {
+std::string peft_module(int layer, Proj p) {
   const char* group = static_cast<int>(p) < 4 ? "self_attn" : "mlp";
   return "base_model.model.model.layers." + std::to_string(layer) + "." + group + "." +
-         proj_peft_name(p) + ".lora_" + ab + ".weight";
+         proj_peft_name(p);
+}
+
+std::string peft_key(int layer, Proj p, const char* ab) {
+  return peft_module(layer, p) + ".lora_" + ab + ".weight";
+}
+
+// DoRA's magnitude as PEFT saves it (its ".lora_magnitude_vector.<adapter>.weight" with the
+// adapter name and ".weight" taken out).
+std::string peft_magnitude_key(int layer, Proj p) {
+  return peft_module(layer, p) + ".lora_magnitude_vector";
 }
 
 void make_dir(const std::string& dir) {
@@ -159,8 +169,9 @@ void check_finite(const Buffer& values, const std::string& what) {
                   what.c_str());
 }
 
-// Both adapter writers: every adapted projection's A and B, named as the file names them
-// (names(layer, proj) -> {A's name, B's name}), checked finite, declared to the writer by add(),
+// Both adapter writers: every adapted projection's A and B (and DoRA's magnitude), named as the
+// file names them (names(layer, proj) -> {A's name, B's name}), checked finite, declared to the
+// writer by add(a, b, m, slot),
 // and mapped back from name to part for the writer's deferred fetch of each tensor's values.
 template <class Names, class Add>
 std::map<std::string, AdapterPart> adapter_parts(const LoraAdapter& lora, const Names& names,
@@ -174,9 +185,13 @@ std::map<std::string, AdapterPart> adapter_parts(const LoraAdapter& lora, const 
       const auto [a, b] = names(l, p);
       check_finite(s.A, a);
       check_finite(s.B, b);
-      add(a, b, s);
+      // DoRA's magnitude (only the PEFT writer is handed a DoRA adapter): its name, else "".
+      const std::string m = s.M.empty() ? "" : peft_magnitude_key(l, p);
+      if (!m.empty()) check_finite(s.M, m);
+      add(a, b, m, s);
       parts[a] = {l, p, LoraAdapter::Part::A};
       parts[b] = {l, p, LoraAdapter::Part::B};
+      if (!m.empty()) parts[m] = {l, p, LoraAdapter::Part::M};
     }
   return parts;
 }
@@ -196,6 +211,10 @@ double checked_number(const JsonFile& j, const char* field, double fallback, con
 void save_peft_adapter(const LoraAdapter& lora, const std::string& dir,
                        const std::string& base_model, const BaseStorage& base) {
   QLFT_CHECK_ARG(!dir.empty(), "the adapter directory path is empty");
+  // A PiSSA / OLoRA start is written as PEFT converts one (path_initial_model_for_weight_
+  // conversion): a plain rank-2r adapter on the original base.
+  if (lora.has_start())
+    return save_peft_adapter(*lora.folded_start(nullptr), dir, base_model, base);
   const LoraConfig& c = lora.config();
   // Everything goes into <dir>.tmp.<pid> first, then one rename puts it at dir.
   std::string target = dir;
@@ -215,9 +234,10 @@ void save_peft_adapter(const LoraAdapter& lora, const std::string& dir,
       [](int l, Proj p) {
         return std::pair{peft_key(l, p, "A"), peft_key(l, p, "B")};
       },
-      [&](const std::string& a, const std::string& b, const LoraSlot& s) {
+      [&](const std::string& a, const std::string& b, const std::string& m, const LoraSlot& s) {
         w.add_deferred(a, DType::F32, {c.r, s.in}, s.A.size());
         w.add_deferred(b, DType::F32, {s.out, c.r}, s.B.size());
+        if (!m.empty()) w.add_deferred(m, DType::F32, {s.out}, s.M.size());
       });
   std::vector<float> scratch;
   auto fetch = [&](const std::string& name) -> const void* {
@@ -246,7 +266,7 @@ void save_peft_adapter(const LoraAdapter& lora, const std::string& dir,
       {"layers_pattern", nullptr},
       {"rank_pattern", nlohmann::json::object()},
       {"alpha_pattern", nlohmann::json::object()},
-      {"use_dora", false},
+      {"use_dora", c.use_dora},
       {"revision", nullptr},
   };
   try {
@@ -290,8 +310,7 @@ LoraConfig read_peft_config(const std::string& dir) {
   c.alpha = static_cast<float>(checked_number(j, "lora_alpha", c.r, "lora.alpha"));
   c.dropout = static_cast<float>(checked_number(j, "lora_dropout", 0.0, "lora.dropout"));
   c.use_rslora = j.get_bool("use_rslora", false);
-  QLFT_CHECK_FORMAT(!j.get_bool("use_dora", false), "%s: DoRA adapters are not supported",
-                    j.path().c_str());
+  c.use_dora = j.get_bool("use_dora", false);
   const nlohmann::json& t =
       j.root().contains("target_modules") ? j.root()["target_modules"] : nlohmann::json();
   std::string list;
@@ -325,6 +344,8 @@ void load_peft_adapter(LoraAdapter& lora, const std::string& dir) {
                  file.alpha, c.alpha);
   QLFT_CHECK_ARG(file.use_rslora == c.use_rslora, "%s: use_rslora differs from lora.use_rslora",
                  cfg_path.c_str());
+  QLFT_CHECK_ARG(file.use_dora == c.use_dora, "%s: use_dora differs from lora.use_dora",
+                 cfg_path.c_str());
   QLFT_CHECK_ARG(file.targets_string() == c.targets_string(),
                  "%s: target_modules %s differ from lora.target_modules %s", cfg_path.c_str(),
                  file.targets_string().c_str(), c.targets_string().c_str());
@@ -333,7 +354,7 @@ void load_peft_adapter(LoraAdapter& lora, const std::string& dir) {
   struct Pending {
     int layer;
     Proj p;
-    std::vector<float> a, b;
+    std::vector<float> a, b, m;
   };
   std::vector<Pending> pending;
   for (int l = 0; l < lora.n_layers(); ++l)
@@ -341,7 +362,7 @@ void load_peft_adapter(LoraAdapter& lora, const std::string& dir) {
       Proj p = static_cast<Proj>(pi);
       if (!lora.targets(p)) continue;
       const LoraSlot& s = lora.slot(l, p);
-      Pending pd{l, p, {}, {}};
+      Pending pd{l, p, {}, {}, {}};
       const char* parts[2] = {"A", "B"};
       for (int k = 0; k < 2; ++k) {
         std::string key = peft_key(l, p, parts[k]);
@@ -364,14 +385,36 @@ void load_peft_adapter(LoraAdapter& lora, const std::string& dir) {
           QLFT_CHECK_FORMAT(std::isfinite(v), "%s: tensor '%s' holds a non-finite value",
                             t->file->c_str(), key.c_str());
       }
+      if (c.use_dora) {
+        const std::string key = peft_magnitude_key(l, p);
+        const SafeTensorInfo* t = st->find(key);
+        QLFT_CHECK_FORMAT(t, "%s/adapter_model.safetensors: DoRA tensor '%s' is missing",
+                          dir.c_str(), key.c_str());
+        QLFT_CHECK_FORMAT(t->shape.size() == 1 && t->shape[0] == s.out,
+                          "%s: tensor '%s' should have shape [%d]", t->file->c_str(), key.c_str(),
+                          s.out);
+        pd.m.resize(static_cast<size_t>(s.out));
+        to_f32_n(t->dtype, t->data, pd.m.data(), pd.m.size());
+        for (float v : pd.m)
+          QLFT_CHECK_FORMAT(std::isfinite(v), "%s: tensor '%s' holds a non-finite value",
+                            t->file->c_str(), key.c_str());
+      }
       pending.push_back(std::move(pd));
     }
-  for (Pending& pd : pending)
+  for (Pending& pd : pending) {
     lora.set_hf(pd.layer, pd.p, pd.a.data(), static_cast<int64_t>(pd.a.size()), pd.b.data(),
                 static_cast<int64_t>(pd.b.size()));
+    if (!pd.m.empty())
+      lora.set_magnitude_hf(pd.layer, pd.p, pd.m.data(), static_cast<int64_t>(pd.m.size()));
+  }
 }
 
 void save_gguf_lora_adapter(const LoraAdapter& lora, const std::string& path) {
+  QLFT_CHECK_ARG(!lora.config().use_dora,
+                 "%s: llama.cpp's LoRA GGUF has no DoRA magnitude; export a DoRA adapter as PEFT "
+                 "or as a merged model",
+                 path.c_str());
+  if (lora.has_start()) return save_gguf_lora_adapter(*lora.folded_start(nullptr), path);
   const LoraConfig& c = lora.config();
   const ModelShapes& m = lora.model_shapes();
   const ArchFamily* fam = find_family(m.arch);
@@ -394,7 +437,7 @@ void save_gguf_lora_adapter(const LoraAdapter& lora, const std::string& path) {
         const std::string base = "blk." + std::to_string(l) + "." + proj_gguf_name(p) + ".weight";
         return std::pair{base + ".lora_a", base + ".lora_b"};
       },
-      [&](const std::string& a, const std::string& b, const LoraSlot& s) {
+      [&](const std::string& a, const std::string& b, const std::string&, const LoraSlot& s) {
         w.add_tensor_deferred(a, GgmlType::F32, {s.in, c.r}, s.A.size());
         w.add_tensor_deferred(b, GgmlType::F32, {c.r, s.out}, s.B.size());
       });

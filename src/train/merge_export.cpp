@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -403,21 +404,33 @@ std::vector<float> merged_weight(const Model& m, const LoraAdapter* lora, int la
                  proj_peft_name(p), layer, s.out, s.in, static_cast<long long>(q.rows),
                  static_cast<long long>(q.cols));
   // B's rows are in the model's row order already (LoraAdapter keeps the source convention).
+  // W + s B A, less s B0 A0 with a frozen start (lora_extras.h); with DoRA each row then scaled
+  // to its magnitude: M[o] / ||W_o + s (B A)_o|| (PEFT's merge of a DoRA layer).
   const int r = lora->config().r;
   const float scale = lora->config().scale();
-  const float* A = s.A.as<float>();
-  const float* B = s.B.as<float>();
-  std::vector<float> row(static_cast<size_t>(s.in));
-  for (int o = 0; o < s.out; ++o) {
-    std::fill(row.begin(), row.end(), 0.f);
-    for (int k = 0; k < r; ++k) {
-      const float b = B[static_cast<size_t>(o) * r + k];
-      const float* a = A + static_cast<size_t>(k) * s.in;
-      for (int i = 0; i < s.in; ++i) row[i] += b * a[i];
+  auto add_product = [&](const float* A, const float* B, float f) {
+    std::vector<float> row(static_cast<size_t>(s.in));
+    for (int o = 0; o < s.out; ++o) {
+      std::fill(row.begin(), row.end(), 0.f);
+      for (int k = 0; k < r; ++k) {
+        const float b = B[static_cast<size_t>(o) * r + k];
+        const float* a = A + static_cast<size_t>(k) * s.in;
+        for (int i = 0; i < s.in; ++i) row[i] += b * a[i];
+      }
+      float* wr = w.data() + static_cast<size_t>(o) * s.in;
+      for (int i = 0; i < s.in; ++i) wr[i] += f * row[i];
     }
-    float* wr = w.data() + static_cast<size_t>(o) * s.in;
-    for (int i = 0; i < s.in; ++i) wr[i] += scale * row[i];
-  }
+  };
+  add_product(s.A.as<float>(), s.B.as<float>(), scale);
+  if (s.has_start()) add_product(s.A0.as<float>(), s.B0.as<float>(), -scale);
+  if (!s.M.empty())
+    for (int o = 0; o < s.out; ++o) {
+      float* wr = w.data() + static_cast<size_t>(o) * s.in;
+      double n = 0;
+      for (int i = 0; i < s.in; ++i) n += static_cast<double>(wr[i]) * wr[i];
+      const float c = n > 0 ? static_cast<float>(s.M.as<float>()[o] / std::sqrt(n)) : 0.f;
+      for (int i = 0; i < s.in; ++i) wr[i] *= c;
+    }
   return w;
 }
 

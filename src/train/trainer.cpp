@@ -16,6 +16,7 @@
 #include "parallel/nvme_state_store.h"
 #include "parallel/zero3_stream.h"
 #include "formats/atomic_file.h"
+#include "model/lora_extras.h"
 #include "model/lora_loftq.h"
 #include "optim/grad_clip.h"
 #include "train/adapter_io.h"
@@ -109,12 +110,27 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
   lora_ = std::make_unique<LoraAdapter>(tracker, model.shapes, lc, /*gradients=*/false,
                                         /*values=*/!later_values);
   if (!init_from.empty()) load_peft_adapter(*lora_, init_from);
-  if (spec.lora.init == LoraInit::Loftq) {
+  // DoRA and a PiSSA / OLoRA start run around the kernels on host memory, one rank, resident
+  // weights (model/lora_extras.h; the runner refuses a device backend or streamed weights).
+  const bool start = spec.lora.init == LoraInit::Pissa || spec.lora.init == LoraInit::Olora;
+  if (lc.use_dora || start)
+    QLFT_CHECK_ARG(dist::detect_launch().world == 1, "%s runs on one rank; this launch has %d",
+                   lc.use_dora ? "lora.use_dora" : "lora.init=pissa/olora",
+                   dist::detect_launch().world);
+  if (lc.use_dora && init_from.empty()) dora_init_magnitude(*lora_, model);  // PEFT's dora_init
+  if (spec.lora.init != LoraInit::Default) {
+    const char* name = spec.lora.init == LoraInit::Loftq ? "loftq" : start ? "pissa/olora" : "";
     QLFT_CHECK_ARG(init_from.empty() && !later_values,
-                   "lora.init=loftq makes the adapter's values itself: it goes with neither "
-                   "lora.init_from nor a sharded adapter (dist.zero3_shard_adapter)");
-    loftq_init(*lora_, model, tracker);
+                   "lora.init=%s makes the adapter's values itself: it goes with neither "
+                   "lora.init_from nor a sharded adapter (dist.zero3_shard_adapter)",
+                   name);
+    QLFT_CHECK_ARG(!(start && lc.use_dora),
+                   "lora.init=%s with lora.use_dora is not supported (the magnitude would be "
+                   "measured on the residual base)",
+                   spec.lora.init == LoraInit::Pissa ? "pissa" : "olora");
   }
+  if (spec.lora.init == LoraInit::Loftq) loftq_init(*lora_, model, tracker);
+  if (start) start_from_base(*lora_, model, spec.lora.init);
   // ZeRO-3, NVMe and device offload stream the base weights: this trainer's own model
   // (train/weight_placement.h), never the shared one. ZeRO-3 converts a copy of the weights;
   // the offloads only read the host bytes, so theirs is a skeleton over the shared model's.
@@ -144,6 +160,11 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
                         spec.optim.loraplus_lr_ratio});  // LoRA+
       param_slots_.push_back({l, static_cast<Proj>(p), false});
       param_slots_.push_back({l, static_cast<Proj>(p), true});
+      if (!s.M.empty()) {  // DoRA: LoRA+ puts 1-D parameters in B's group (PEFT)
+        params.push_back({base + ".magnitude", s.M.as<float>(), nullptr, s.m_bytes() / 4,
+                          spec.optim.loraplus_lr_ratio});
+        param_slots_.push_back({l, static_cast<Proj>(p), false, true});
+      }
     }
   const OptimSettings& os = spec.optim;
   init_dist(spec, std::move(params));

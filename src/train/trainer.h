@@ -219,6 +219,7 @@ class Trainer {
     int layer;
     Proj p;
     bool b;
+    bool m = false;  // DoRA's magnitude (b false)
   };
   std::vector<ParamSlot> param_slots_;
   const float* param_values(size_t i) const;  // throws when this rank does not hold it

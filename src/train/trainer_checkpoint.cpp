@@ -175,10 +175,11 @@ const float* Trainer::param_values(size_t i) const {
   const ParamSlot& ps = param_slots_.at(i);
   // (the const slot(): a read, not a host write that would make a device copy stale)
   const LoraSlot& s = static_cast<const LoraAdapter&>(*lora_).slot(ps.layer, ps.p);
-  if ((ps.b ? s.B : s.A).empty())
+  const Buffer& v = ps.m ? s.M : ps.b ? s.B : s.A;
+  if (v.empty())
     throw_error(QLFT_ERR_INTERNAL, "LoRA tensor '%s' is not on this rank",
                 dp_->params()[i].name.c_str());
-  return (ps.b ? s.B : s.A).as<float>();
+  return v.as<float>();
 }
 
 void Trainer::write_checkpoint_file(
