@@ -11,27 +11,12 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/path.h"
 
 namespace qlft {
 
 namespace {
 constexpr uint64_t kMaxHeader = uint64_t(100) << 20;  // the spec's own limit is 100 MB
-
-bool is_dir(const std::string& p) {
-  struct stat st;
-  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-bool exists(const std::string& p) {
-  struct stat st;
-  return ::stat(p.c_str(), &st) == 0;
-}
-std::string dirname_of(const std::string& p) {
-  size_t s = p.rfind('/');
-  return s == std::string::npos ? "." : p.substr(0, s);
-}
-bool ends_with(const std::string& s, const std::string& suf) {
-  return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
-}
 
 // One top-level entry of a header as the parse meets it: what check_entry needs.
 struct HeaderEntry {
@@ -348,9 +333,9 @@ void SafetensorsSet::add(std::unique_ptr<SafetensorsFile> f) {
 std::unique_ptr<SafetensorsSet> SafetensorsSet::open(const std::string& path_in) {
   std::string path = path_in;
   if (is_dir(path)) {
-    if (exists(path + "/model.safetensors.index.json"))
+    if (path_exists(path + "/model.safetensors.index.json"))
       path += "/model.safetensors.index.json";
-    else if (exists(path + "/model.safetensors"))
+    else if (path_exists(path + "/model.safetensors"))
       path += "/model.safetensors";
     else
       throw_error(QLFT_ERR_IO, "%s: no model.safetensors or model.safetensors.index.json in it",

@@ -58,15 +58,6 @@ uint64_t Model::weight_bytes() const {
   return n;
 }
 
-bool is_dir(const std::string& p) {
-  struct stat st;
-  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-std::string dirname_of(const std::string& p) {
-  size_t s = p.rfind('/');
-  return s == std::string::npos ? "." : p.substr(0, s);
-}
-
 // Quantizing divides each block by its absmax: a NaN or Inf weight would turn every code of its
 // block into an out-of-range float-to-int conversion (undefined behaviour) and the model into
 // garbage. Refuse it where the file and tensor can still be named.
@@ -110,11 +101,6 @@ void load_weight_group(FormatLoader& f, Model& m, int g, bool with_head) {
 }
 
 namespace {
-
-bool ends_with(const std::string& s, const char* suf) {
-  size_t n = std::strlen(suf);
-  return s.size() >= n && s.compare(s.size() - n, n, suf) == 0;
-}
 
 // A second loader over the model's file (its own map / reader), handing single groups' storage
 // to the model.

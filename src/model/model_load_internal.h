@@ -12,6 +12,7 @@
 #include <string>
 #include <utility>
 
+#include "core/path.h"  // is_dir, dirname_of, ends_with
 #include "model/model.h"
 
 namespace qlft {
@@ -26,8 +27,6 @@ constexpr int64_t kMaxLayers = 1024, kMaxDim = int64_t(1) << 20, kMaxHeads = 409
 void require_finite(const float* x, int64_t n, const char* file, const std::string& tensor);
 // The quantized kind of LoadOptions::quant_type (nf4, int8).
 QuantKind target_kind(const LoadOptions& o);
-bool is_dir(const std::string& p);
-std::string dirname_of(const std::string& p);
 
 enum class NormRole { Attn, Ffn, Final, Q, K };  // Q, K: the per-head q / k norms (qwen3)
 

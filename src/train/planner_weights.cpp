@@ -12,6 +12,7 @@
 #include "arch/families.h"
 #include "backend/workspace_model.h"
 #include "core/error.h"
+#include "core/path.h"
 #include "parallel/zero3_stream.h"
 #include "formats/gguf.h"
 #include "formats/json_file.h"
@@ -223,16 +224,6 @@ WeightFootprint gguf_footprint(const std::string& path, const LoadOptions& o, Mo
   return w;
 }
 
-bool is_dir(const std::string& p) {
-  struct stat st;
-  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-bool exists(const std::string& p) {
-  struct stat st;
-  return ::stat(p.c_str(), &st) == 0;
-}
-
 // The bytes per element config.json says the checkpoint stores (transformers 5 writes "dtype",
 // earlier versions "torch_dtype"); bf16 when it says nothing, as published checkpoints are.
 int stored_element_bytes(const JsonFile& cj) {
@@ -293,8 +284,8 @@ WeightFootprint hf_footprint(const std::string& path, const LoadOptions& o, Mode
                    : (path.rfind('/') == std::string::npos ? "." : path.substr(0, path.rfind('/')));
   JsonFile cj = JsonFile::load(dir + "/config.json");
   ModelConfig& c = *cfg;
-  if (is_dir(path) && !exists(dir + "/model.safetensors") &&
-      !exists(dir + "/model.safetensors.index.json")) {
+  if (is_dir(path) && !path_exists(dir + "/model.safetensors") &&
+      !path_exists(dir + "/model.safetensors.index.json")) {
     c = read_hf_config(cj, dir, nullptr);
     return config_only_footprint(cj, o, c);
   }
@@ -387,7 +378,7 @@ WeightFootprint weight_footprint_of_file(const std::string& path, const LoadOpti
   struct stat st;
   if (::stat(path.c_str(), &st) != 0)
     throw_error(QLFT_ERR_IO, "%s: no such file or directory", path.c_str());
-  const bool gguf = path.size() >= 5 && path.compare(path.size() - 5, 5, ".gguf") == 0;
+  const bool gguf = ends_with(path, ".gguf");
   return gguf ? gguf_footprint(path, opt, cfg) : hf_footprint(path, opt, cfg);
 }
 
