@@ -1,7 +1,8 @@
 // LoRA variants: LoftQ's init against PEFT's decomposition of bitsandbytes' NF4 error (fixtures
 // of tests/reference/gen_lora_variants_fixtures.py), LoftQ lowering the initial loss of an NF4
-// stories260K, and LoRA+ (B at optim.loraplus_lr_ratio x lr) against a host AdamW oracle with
-// two learning rates and through the trainer.
+// stories260K, LoRA+ (B at optim.loraplus_lr_ratio x lr) against a host AdamW oracle with
+// two learning rates and through the trainer, and PiSSA's / OLoRA's initial factors against
+// PEFT's pissa_init / olora_init.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,6 +15,7 @@
 #include "core/threads.h"
 #include "data/dataset.h"
 #include "data/tokenizer_encoder.h"
+#include "model/lora_init_factors.h"
 #include "model/lora_loftq.h"
 #include "optim/optimizer.h"
 #include "quant/nf4.h"
@@ -269,4 +271,167 @@ TEST(LoraPlus, TrainerGivesEveryBTheRatio) {
     moved += B[0][i] != 0;
   }
   EXPECT_GT(moved, B[0].size() / 2) << "most B elements move in step 1";
+}
+
+namespace {
+
+// One matrix and what PEFT's init made of it: w [out, in], A [r, in], B [out, r], (where the
+// fixture has it) the residual base weight W - scale B A that PEFT wrote, and for PiSSA the same
+// formula with a float64 SVD (A64, B64).
+struct InitCase {
+  std::string name;
+  std::vector<float> w, A, B, residual, A64, B64;
+  int64_t out, in;
+  int r;
+  float scale;
+};
+
+// The fixtures' cases for `init` ("pissa" / "olora"): the wide and tall Linear layers of
+// init_factors.safetensors (r 6, scale 1.5, with the residual), and syn_llama's 7 projections
+// with the factors of {init}.safetensors (r 4, scale 2; F16 weights, exact in fp32).
+std::vector<InitCase> init_cases(const std::string& init) {
+  std::vector<InitCase> cs;
+  model_test::Fixture f(qlft_test::fixture_path("lora_variants/init_factors.safetensors"));
+  const bool pissa = init == "pissa";
+  for (const char* name : {"wide", "tall"}) {
+    const std::string k = name;
+    InitCase c{k,
+               f.f32(k + ".w"),
+               f.f32(k + "." + init + ".A"),
+               f.f32(k + "." + init + ".B"),
+               f.f32(k + "." + init + ".residual"),
+               pissa ? f.f32(k + ".pissa64.A") : std::vector<float>(),
+               pissa ? f.f32(k + ".pissa64.B") : std::vector<float>(),
+               f.shape(k + ".w")[0],
+               f.shape(k + ".w")[1],
+               f.i32("rank")[0],
+               f.f32("scale")[0]};
+    cs.push_back(std::move(c));
+  }
+  model_test::Fixture m(model_test::model_fixture("syn_llama/model.safetensors"));
+  model_test::Fixture v(qlft_test::fixture_path("lora_variants/" + init + ".safetensors"));
+  for (const std::string p :
+       {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}) {
+    const bool attn = p == "q_proj" || p == "k_proj" || p == "v_proj" || p == "o_proj";
+    const std::string wk =
+        "model.layers.0." + std::string(attn ? "self_attn." : "mlp.") + p + ".weight";
+    const std::string fk = "init.l0." + p + ".", k64 = "l0." + p + ".pissa64.";
+    InitCase c{"syn_llama " + p,
+               m.f32(wk),
+               v.f32(fk + "A"),
+               v.f32(fk + "B"),
+               {},
+               pissa ? f.f32(k64 + "A") : std::vector<float>(),
+               pissa ? f.f32(k64 + "B") : std::vector<float>(),
+               m.shape(wk)[0],
+               m.shape(wk)[1],
+               static_cast<int>(v.shape(fk + "A")[0]),
+               2.f};
+    cs.push_back(std::move(c));
+  }
+  return cs;
+}
+
+// w - scale B A.
+std::vector<float> residual_of(const InitCase& c, const std::vector<float>& A,
+                               const std::vector<float>& B) {
+  std::vector<float> ba = product(B, A, c.out, c.in, c.r), res(c.w.size());
+  for (size_t i = 0; i < res.size(); ++i) res[i] = c.w[i] - c.scale * ba[i];
+  return res;
+}
+
+// Flips component j of (A, B) where B's column j points away from ref_B's: singular vectors are
+// unique up to that sign only.
+void align_signs(std::vector<float>& A, std::vector<float>& B, const std::vector<float>& ref_B,
+                 int64_t out, int64_t in, int r) {
+  for (int j = 0; j < r; ++j) {
+    double dot = 0;
+    for (int64_t i = 0; i < out; ++i) dot += static_cast<double>(B[i * r + j]) * ref_B[i * r + j];
+    if (dot >= 0) continue;
+    for (int64_t i = 0; i < out; ++i) B[i * r + j] = -B[i * r + j];
+    for (int64_t k = 0; k < in; ++k) A[j * in + k] = -A[j * in + k];
+  }
+}
+
+}  // namespace
+
+// s B A is the rank-r SVD part of w; each singular component equals the reference's up to its
+// sign (aligned here, test side); pissa_factors' own sign is its documented one (the
+// largest-magnitude entry of each column of B positive); w - s B A equals PEFT's residual base.
+// Two references: pissa_init's formula with a float64 SVD (tight: both are exact to float
+// rounding; they agree bit for bit), and PEFT's own factors, whose fp32 SVD is off the float64
+// one by up to 1.1e-5 in s B A (syn_llama up_proj, close 4th/5th singular values) and 2.2e-5 in
+// a factor (wide's B): 5e-5 leaves room for that and still fails on a wrong scale, sqrt, rank or
+// vector (errors of order 1).
+TEST(Pissa, FactorsEqualPeftsUpToEachComponentsSign) {
+  for (const InitCase& c : init_cases("pissa")) {
+    SCOPED_TRACE(c.name);
+    std::vector<float> A(static_cast<size_t>(c.r * c.in)), B(static_cast<size_t>(c.out * c.r));
+    pissa_factors(c.w.data(), c.out, c.in, c.r, c.scale, A.data(), B.data());
+    const std::vector<float> ba = product(B, A, c.out, c.in, c.r);
+    const double e_ba = rel_err(ba, product(c.B, c.A, c.out, c.in, c.r));
+    const double e_ba64 = rel_err(ba, product(c.B64, c.A64, c.out, c.in, c.r));
+    EXPECT_LT(e_ba64, 1e-6) << "s B A differs from the float64 SVD's";
+    EXPECT_LT(e_ba, 5e-5) << "s B A differs from PEFT's";
+    if (!c.residual.empty()) {
+      EXPECT_LT(rel_err(residual_of(c, A, B), c.residual), 1e-5);
+    }
+    for (int j = 0; j < c.r; ++j) {
+      float big = 0;
+      for (int64_t i = 0; i < c.out; ++i)
+        if (std::fabs(B[i * c.r + j]) > std::fabs(big)) big = B[i * c.r + j];
+      EXPECT_GT(big, 0) << "component " << j << ": the sign convention";
+    }
+    std::vector<float> A64 = A, B64 = B;
+    align_signs(A64, B64, c.B64, c.out, c.in, c.r);
+    align_signs(A, B, c.B, c.out, c.in, c.r);
+    const double ea = rel_err(A, c.A), eb = rel_err(B, c.B);
+    const double ea64 = rel_err(A64, c.A64), eb64 = rel_err(B64, c.B64);
+    std::printf(
+        "%s: max error / max vs PEFT: s B A %.2g, A %.2g, B %.2g; vs float64: %.2g %.2g %.2g\n",
+        c.name.c_str(), e_ba, ea, eb, e_ba64, ea64, eb64);
+    EXPECT_LT(ea64, 1e-6);
+    EXPECT_LT(eb64, 1e-6);
+    EXPECT_LT(ea, 5e-5);
+    EXPECT_LT(eb, 5e-5);
+  }
+}
+
+// Householder QR with LAPACK's sign convention: A = R[:r] and B = Q[:, :r] equal torch.linalg.qr's
+// (PEFT's olora_init) element for element, on wide (out < in) and tall (out > in) matrices, and
+// w - s B A equals the residual base PEFT wrote.
+TEST(Olora, FactorsEqualPefts) {
+  for (const InitCase& c : init_cases("olora")) {
+    SCOPED_TRACE(c.name);
+    std::vector<float> A(static_cast<size_t>(c.r * c.in)), B(static_cast<size_t>(c.out * c.r));
+    olora_factors(c.w.data(), c.out, c.in, c.r, A.data(), B.data());
+    const double ea = rel_err(A, c.A), eb = rel_err(B, c.B);
+    std::printf("%s: A %.2g, B %.2g (max error / max)\n", c.name.c_str(), ea, eb);
+    EXPECT_LT(ea, 1e-5);
+    EXPECT_LT(eb, 1e-5);
+    if (!c.residual.empty()) {
+      EXPECT_LT(rel_err(residual_of(c, A, B), c.residual), 1e-5);
+    }
+  }
+}
+// A rank above min(out, in) keeps the factors of rank min(out, in) and zeros the rest (both
+// inits), so s B A is then all of w.
+TEST(Olora, RankAboveTheShortSideZeroFillsAndReproducesW) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd;
+  const int64_t out = 5, in = 9;
+  const int r = 7;
+  std::vector<float> w(static_cast<size_t>(out * in));
+  for (float& x : w) x = nd(rng);
+  std::vector<float> A(static_cast<size_t>(r * in)), B(static_cast<size_t>(out * r));
+  olora_factors(w.data(), out, in, r, A.data(), B.data());
+  EXPECT_LT(rel_err(product(B, A, out, in, r), w), 1e-6);
+  for (int j = 5; j < r; ++j)
+    for (int64_t i = 0; i < out; ++i) EXPECT_EQ(B[i * r + j], 0.f);
+  pissa_factors(w.data(), out, in, r, 0.5f, A.data(), B.data());
+  std::vector<float> ba = product(B, A, out, in, r);
+  for (float& x : ba) x *= 0.5f;
+  EXPECT_LT(rel_err(ba, w), 1e-6);
+  for (int j = 5; j < r; ++j)
+    for (int64_t k = 0; k < in; ++k) EXPECT_EQ(A[j * in + k], 0.f);
 }
