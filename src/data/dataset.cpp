@@ -140,10 +140,9 @@ struct Built {
 Built build_docs(const DataOptions& opt, const TextEncoder& enc) {
   QLFT_CHECK_ARG(!opt.path.empty(), "data.path is not set");
   QLFT_CHECK_ARG(opt.seq_len >= 2, "data.seq_len must be at least 2, got %d", opt.seq_len);
-  const ReadOptions ro = read_options(opt);
   DropLog log;
   DataFormat fmt = DataFormat::Text;
-  std::vector<Record> recs = read_records(opt.path, ro, log, &fmt);
+  std::vector<Record> recs = read_records(opt.path, opt, log, &fmt);
 
   Built out;
   DataStats& st = out.stats;
@@ -199,11 +198,11 @@ Built build_docs(const DataOptions& opt, const TextEncoder& enc) {
       const Record& r = recs[c0 + i];
       Tokenized& t = out_chunk[i];
       if (!t.error.empty()) {
-        bad_record(ro, log, "template", r.where, t.error);
+        bad_record(opt, log, "template", r.where, t.error);
         continue;
       }
       if (opt.overflow == Overflow::Reject && t.ids.size() > static_cast<size_t>(opt.seq_len) + 1) {
-        bad_record(ro, log, "too_long", r.where,
+        bad_record(opt, log, "too_long", r.where,
                    strf("%zu tokens do not fit data.seq_len=%d (data.overflow=reject)",
                         t.ids.size(), opt.seq_len));
         continue;
@@ -214,7 +213,7 @@ Built build_docs(const DataOptions& opt, const TextEncoder& enc) {
       }
       if (std::find(t.trained.begin() + 1, t.trained.end(), 1) == t.trained.end()) {
         // A chat without an assistant turn (an alpaca record without output): a bad record.
-        bad_record(ro, log, "no_trained_tokens", r.where,
+        bad_record(opt, log, "no_trained_tokens", r.where,
                    "no token to train on (no assistant turn or response)");
         continue;
       }

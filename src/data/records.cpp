@@ -19,16 +19,6 @@ void DropLog::add(const std::string& reason, const std::string& message) {
   if (examples.size() < 20) examples.push_back(message);
 }
 
-ReadOptions read_options(const DataSpec& d) {
-  ReadOptions ro;
-  ro.format = d.format;
-  ro.split = d.split;
-  ro.separator = d.separator;
-  ro.skip_bad = d.skip_bad;
-  ro.max_record_bytes = d.max_record_bytes;
-  return ro;
-}
-
 void bad_record(const ReadOptions& opt, DropLog& log, const char* reason, const std::string& where,
                 const std::string& detail) {
   std::string msg = where + ": " + detail;

@@ -37,19 +37,10 @@ struct DropLog {
   void add(const std::string& reason, const std::string& message);
 };
 
-struct ReadOptions {
-  DataFormat format = DataFormat::Auto;
-  // .txt only: documents are separated by blank lines (one or more lines holding only
-  // whitespace), not at all (the whole file is one document), or at `separator`.
-  TextSplit split = TextSplit::BlankLines;
-  std::string separator;                // with TextSplit::AtSeparator only
-  bool skip_bad = false;                // on_error = skip
-  uint64_t max_record_bytes = 1 << 20;  // 0 = no limit
-};
-
-// The reading part of data.* (format, .txt split, bad-record policy), for records and
-// preference records alike.
-ReadOptions read_options(const DataSpec& d);
+// The readers take data.* as parsed (config/run_spec.h) and use its format, split and
+// separator (.txt: blank lines (lines holding only whitespace), none, or the separator),
+// skip_bad and max_record_bytes.
+using ReadOptions = DataSpec;
 
 // Bad-record policy in one place: throws QLFT_ERR_FORMAT "<where>: <detail>" or logs the drop.
 void bad_record(const ReadOptions& opt, DropLog& log, const char* reason, const std::string& where,

@@ -240,8 +240,7 @@ PrefSet PrefSet::load(const DataSpec& d, Objective o, const data::TextEncoder& e
   QLFT_CHECK_ARG(o != Objective::Sft, "PrefSet: train.objective is sft");
   const bool kto = o == Objective::Kto;
   data::DropLog log;
-  std::vector<data::PrefRecord> recs =
-      data::read_preference_records(d.path, kto, data::read_options(d), log);
+  std::vector<data::PrefRecord> recs = data::read_preference_records(d.path, kto, d, log);
   PrefSet set;
   set.records = recs.size() + log.count;
   set.dropped = log.count;
