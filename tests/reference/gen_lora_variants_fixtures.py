@@ -45,6 +45,11 @@ dora.safetensors  LoraConfig(use_dora=True): A set as lora_fixture does, B = 0.0
   (PEFT's DoRA detaches the norm ||W + s B A||_row from the gradient, DoRA paper section 4.3.)
 dora_peft/  that adapter as PEFT's save_pretrained writes it (adapter_config.json with
   "use_dora": true; the magnitude as "...lora_magnitude_vector" in adapter_model.safetensors).
+dora_nf4.safetensors  the same keys (no dora_peft/) with syn_llama's 7 projections replaced by
+  their NF4 values (bitsandbytes' codes, blocksize 64, double quant: qlft's default
+  quant.type=nf4, decoded as gen_model_fixtures.nf4_roundtrip does), in an fp32 model: PEFT's
+  DoRA on a Linear4bit is that same fp32 math on the dequantized weight (check_nf4_dora_layers
+  shows it layer by layer), but bitsandbytes' CPU dequantize mis-decodes down_proj (rows of 96).
 
 pissa.safetensors, olora.safetensors  init_lora_weights="pissa" / "olora" (PEFT writes the residual
   W - s B0 A0 into the base): "init.l{L}.{proj}.{A,B}" PEFT's initial factors, "init_logits",
@@ -74,7 +79,7 @@ import bitsandbytes as bnb
 from safetensors.torch import load_file, save_file
 from peft import LoraConfig, PeftModel, get_peft_model
 from peft.utils.loftq_utils import _low_rank_decomposition
-from transformers import LlamaForCausalLM
+from transformers import BitsAndBytesConfig, LlamaForCausalLM
 
 import fixture_versions
 from gen_model_fixtures import PROJS, batch, nf4_roundtrip
@@ -191,6 +196,45 @@ def tidy_adapter_dir(d):
     cfg["target_modules"] = sorted(cfg["target_modules"])
     with open(cfg_path, "w") as f:
         json.dump(cfg, f, indent=2, sort_keys=True)
+
+
+def check_nf4_dora_layers():
+    """Why dora_nf4 runs on decoded NF4 weights: PEFT's DoRA on a bitsandbytes Linear4bit (nf4,
+    double quant) equals PEFT's DoRA on an fp32 Linear holding the decoded NF4 weight (output,
+    dx, gA, gB, gm), shown here on the projections whose rows (64) keep every 64-block inside one
+    row. On down_proj (rows of 96) bitsandbytes' CPU dequantize picks the wrong absmax (see
+    gen_quant_fixtures.py), so its own 4-bit forward there is not NF4's (error / max 0.25)."""
+    q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                           bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.float32)
+    targets = ["q_proj", "o_proj", "gate_proj", "up_proj"]
+    lc = lambda: LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=targets, lora_dropout=0.0,
+                            use_dora=True)
+    p4 = get_peft_model(LlamaForCausalLM.from_pretrained(
+        SYN, dtype=torch.float32, quantization_config=q, device_map="cpu"), lc())
+    pf = get_peft_model(load_syn(nf4=True), lc())
+    p4.train(); pf.train()  # (bnb's eval-mode CPU path repacks and needs out % 32 == 0)
+    gen = torch.Generator().manual_seed(5)
+    worst = 0.0
+    for (k4, m4), (kf, mf) in zip(lora_modules(p4), lora_modules(pf)):
+        assert k4 == kf
+        with torch.no_grad():
+            for name in ["lora_A", "lora_B", "lora_magnitude_vector"]:
+                src = getattr(mf, name)["default"].weight
+                src.add_(0.05 * torch.randn(src.shape, generator=gen))
+                getattr(m4, name)["default"].weight.copy_(src)
+        x = torch.randn(3, m4.in_features, generator=gen)
+        g = torch.randn(3, m4.out_features, generator=gen)
+        res = []
+        for m in (m4, mf):
+            xx = x.clone().requires_grad_(True)
+            y = m(xx)
+            (y * g).sum().backward()
+            res.append([y.detach(), xx.grad] + [getattr(m, n)["default"].weight.grad for n in
+                                                 ["lora_A", "lora_B", "lora_magnitude_vector"]])
+        for a, b in zip(*res):
+            worst = max(worst, float((a - b).abs().max() / b.abs().max()))
+    print("dora_nf4: bnb Linear4bit vs decoded-NF4 fp32 layers, max error / max %.2g" % worst)
+    assert worst < 1e-5
 
 
 def lora_modules(pm):
@@ -319,6 +363,7 @@ def main():
         gen = torch.Generator().manual_seed(4949)
         tok, tgt = batch(160, gen)
         dora(tok, tgt, gen)
+        check_nf4_dora_layers()
         dora(tok, tgt, gen, nf4=True)
         with tempfile.TemporaryDirectory() as tmp:
             for init in ["pissa", "olora"]:
