@@ -15,6 +15,7 @@
 //   backend_linear.cu     linear forward and backward with LoRA
 //   backend_pointwise.cu  RMSNorm, RoPE, SwiGLU
 //   backend_attention.cu  attention forward and backward
+//   backend_decode.cu     generation's positions, greedy argmax, attention over the KV cache
 //   backend_head.cu       embedding, head logits, fused linear + cross-entropy
 #pragma once
 
@@ -208,6 +209,12 @@ class CudaBackend final : public Backend {
   void attention_fwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out_, float* lse) override;
   void attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out_, const float* lse,
                      CMatF dout, MatF dq, MatF dk, MatF dv) override;
+
+  // ---- decoding with a KV cache (backend_decode.cu) ---------------------------------------------
+  void positions(int32_t* pos, int n, int32_t start) override;
+  int32_t argmax(const float* x, int64_t n) override;
+  void attention_decode(const HeadGeometry& g, int window, int past, CMatF q, const float* k_cache,
+                        const float* v_cache, MatF out_) override;
 
   // ---- embedding and head (backend_head.cu) -----------------------------------------------------
   void embedding_fwd(const QWeight& emb, const int32_t* tokens, MatF out_) override;

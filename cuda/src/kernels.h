@@ -111,6 +111,21 @@ void attention_tc_bwd(const AttnArgs& a, const uint16_t* q, const uint16_t* k, c
                       const float* out, const float* dout, const uint16_t* dout16, const float* lse,
                       float* dq, float* dk, float* dv, float* delta, cudaStream_t s);
 
+// ---- k_decode.cu -----------------------------------------------------------------------------
+// pos[i] = start + i for i < n.
+void positions(int32_t* pos, int n, int32_t start, cudaStream_t s);
+// *out = the index of the largest of x[0, n), the lowest on ties (NaN never wins; 0 if all are).
+void argmax(const float* x, int64_t n, int32_t* out, cudaStream_t s);
+// Backend::attention_decode: rows new query rows (q, out: leading dimensions ldq / ldo) over
+// cache rows [0, past + rows) (dense, kv_dim floats a row), causal from past, sliding window.
+struct DecodeArgs {
+  int n_heads, n_kv_heads, head_dim;
+  int past, window;
+  int64_t rows, kv_dim, ldq, ldo;
+};
+void attention_decode(const DecodeArgs& a, const float* q, const float* k_cache,
+                      const float* v_cache, float* out, cudaStream_t s);
+
 // ---- k_xent.cu -------------------------------------------------------------------------------
 // Per row of a logits chunk [rc, n] (columns p0 .. p0 + n of the vocabulary): merges the chunk
 // into the row's online softmax state (m, sum) and records the target logit if it lies here.

@@ -71,8 +71,8 @@ Prepared prepare(const qlft_model* model, const qlft_trainer* trainer, const cha
   return p;
 }
 
-// Generation runs fp32 GEMMs on either backend: its KV cache and attention are host loops
-// (model/generate.h), the layer ops run on the backend (staged through device buffers on cuda).
+// Generation runs fp32 GEMMs on either backend, its activations and KV cache in the backend's
+// memory (model/generate.h: on cuda a greedy step moves one id in and one out).
 // Each generation makes its own (from the runtime's BackendSpec): distinct handles may generate
 // from several threads at once, and a device backend keeps the weights it uploaded for its life.
 std::unique_ptr<qlft::Backend> generation_backend(const qlft_model* model, const Prepared& p) {

@@ -29,6 +29,7 @@ class AutocastBackend final : public Backend {
   const char* name() const override { return name_.c_str(); }
   TransferCounts transfers() const override { return inner_->transfers(); }
   void add(float* y, const float* x, int64_t n) override { inner_->add(y, x, n); }
+  void copy(float* dst, const float* src, int64_t n) override { inner_->copy(dst, src, n); }
   void to_16(DType t, const float* src, uint16_t* dst, int64_t n) override {
     inner_->to_16(t, src, dst, n);
   }
@@ -165,6 +166,13 @@ class AutocastBackend final : public Backend {
   }
   void embedding_fwd(const QWeight& emb, const int32_t* tokens, MatF out) override {
     inner_->embedding_fwd(emb, tokens, out);
+  }
+  // Generation's ops, passed through unrounded (generation runs in fp32: api_generate.cpp).
+  void positions(int32_t* pos, int n, int32_t start) override { inner_->positions(pos, n, start); }
+  int32_t argmax(const float* x, int64_t n) override { return inner_->argmax(x, n); }
+  void attention_decode(const HeadGeometry& g, int window, int past, CMatF q, const float* k_cache,
+                        const float* v_cache, MatF out) override {
+    inner_->attention_decode(g, window, past, q, k_cache, v_cache, out);
   }
   void head_logits(const QWeight& head, CMatF h, MatF logits) override {
     if (native_linear_) return inner_->head_logits(head, h, logits);

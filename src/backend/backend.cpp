@@ -256,6 +256,23 @@ void cross_entropy_walk_end(const CrossEntropyRow* st, const int32_t* targets, i
   }
 }
 
+void Backend::positions(int32_t* pos, int n, int32_t start) {
+  for (int i = 0; i < n; ++i) pos[i] = start + i;
+}
+
+int32_t Backend::argmax(const float* x, int64_t n) {
+  QLFT_CHECK_ARG(n > 0, "argmax: no values");
+  int64_t best = 0;  // the first of the largest: model/sampler.cpp's greedy walk
+  for (int64_t i = 1; i < n; ++i)
+    if (x[i] > x[best]) best = i;
+  return static_cast<int32_t>(best);
+}
+
+void Backend::attention_decode(const HeadGeometry&, int, int, CMatF, const float*, const float*,
+                               MatF) {
+  throw_error(QLFT_ERR_UNSUPPORTED, "backend %s has no decode attention over a KV cache", name());
+}
+
 double cross_entropy_finish(const CrossEntropyRow* st, const int32_t* targets, int64_t rows,
                             int32_t ignore_index, float* lse, int64_t* count) {
   double loss = 0;

@@ -372,6 +372,23 @@ class Backend {
                                   const int32_t* targets, int32_t ignore_index, float grad_scale,
                                   CrossEntropyRow* st, float* acc, MatF dh);
 
+  // ---- decoding with a KV cache (model/generate.h) -------------------------------------------
+  // Generation keeps its activations and cache in the backend's memory; these keep a greedy step
+  // there too. (positions / argmax: host loops in backend.cpp; a device backend overrides them.)
+  // pos[i] = start + i for i < n: RoPE's positions of the rows a feed appends.
+  virtual void positions(int32_t* pos, int n, int32_t start);
+  // The index of the largest of x[0, n), the lowest on ties: the host Sampler's greedy choice
+  // (model/sampler.cpp), returned as one int32 (what a device backend copies back).
+  virtual int32_t argmax(const float* x, int64_t n);
+  // Attention of n = q.rows new rows over a KV cache whose rows [0, past + n) hold every earlier
+  // position's keys / values and these rows' own (already appended): out[i] = softmax(q_i K^T /
+  // sqrt(head_dim)) V per head (head h reads KV head h / group()) over cache rows j with
+  // from_i <= j <= past + i, from_i = max(0, past + i + 1 - window) when window > 0 (AttnShape's
+  // sliding window), else 0. k_cache / v_cache are dense [>= past + n, kv_dim()]; q and out
+  // [n, q_dim()]. No default: the CPU backend's is a host loop (cpu/cpu_decode.cpp).
+  virtual void attention_decode(const HeadGeometry& g, int window, int past, CMatF q,
+                                const float* k_cache, const float* v_cache, MatF out);
+
  protected:
   explicit Backend(MemoryTracker* tracker, DeviceAllocator* device = nullptr)
       : tracker_(tracker), device_(device) {}

@@ -64,6 +64,20 @@ void attention(const AttnShape& s, CMatF q, CMatF k, CMatF v, const char* op) {
                  s.batch, s.seq, s.n_heads, s.n_kv_heads, s.head_dim);
 }
 
+void attention_decode(const HeadGeometry& g, int window, int past, CMatF q, const float* k_cache,
+                      const float* v_cache, CMatF out) {
+  QLFT_CHECK_ARG(
+      g.n_heads > 0 && g.n_kv_heads > 0 && g.head_dim > 0 && g.n_heads % g.n_kv_heads == 0,
+      "attention_decode: bad shape (heads %d, kv heads %d, head_dim %d)", g.n_heads, g.n_kv_heads,
+      g.head_dim);
+  QLFT_CHECK_ARG(window >= 0 && past >= 0, "attention_decode: window %d / past %d is negative",
+                 window, past);
+  QLFT_CHECK_ARG(q.cols >= g.q_dim() && out.rows == q.rows && out.cols >= g.q_dim(),
+                 "attention_decode: q / out shapes do not match %d heads of %d", g.n_heads,
+                 g.head_dim);
+  QLFT_CHECK_ARG(q.rows == 0 || (k_cache && v_cache), "attention_decode: no KV cache given");
+}
+
 void attention_fwd_out(const AttnShape& s, CMatF q, CMatF out) {
   QLFT_CHECK_ARG(out.rows == q.rows && out.cols >= s.q_dim(),
                  "attention_fwd: out shape does not match q");

@@ -24,6 +24,10 @@ void attention(const AttnShape& s, CMatF q, CMatF k, CMatF v, const char* op);
 void attention_fwd_out(const AttnShape& s, CMatF q, CMatF out);
 void attention_bwd_grads(CMatF q, CMatF k, CMatF v, CMatF out, CMatF dout, CMatF dq, CMatF dk,
                          CMatF dv, const float* lse);
+// attention_decode: the head geometry, window >= 0, past >= 0, q and out [n, >= q_dim()], the
+// caches given.
+void attention_decode(const HeadGeometry& g, int window, int past, CMatF q, const float* k_cache,
+                      const float* v_cache, CMatF out);
 // out has the embedding's width.
 void embedding(const QWeight& emb, CMatF out);
 // Every id in [0, vocab) (embedding_fwd's token ids).

@@ -4,16 +4,25 @@
 #include <cmath>
 #include <cstring>
 
+#include "backend/op_checks.h"
 #include "core/error.h"
-#include "core/threads.h"
 
 namespace qlft {
 
 namespace {
-Buffer act(MemoryTracker* t, int64_t floats, const char* what) {
-  return Buffer(t, MemCategory::Activations, static_cast<size_t>(floats) * 4, what);
+// n floats in the backend's memory (device memory on a device backend).
+Buffer act(const Backend& be, int64_t floats, const char* what) {
+  return be.alloc(MemCategory::Activations, static_cast<size_t>(floats) * 4, what);
 }
 }  // namespace
+
+// A host tensor's copy in the device backend's memory (empty for an empty one).
+Buffer Generator::device_copy(const Buffer& host, MemCategory c, const char* what) const {
+  if (host.empty()) return Buffer();
+  Buffer d = be_.alloc(c, host.size(), what, BufferInit::Uninit);
+  d.copy_from_host(host.data(), host.size());
+  return d;
+}
 
 Generator::Generator(const Model& model, Backend& backend, const LoraAdapter* lora, int max_len)
     : model_(model), be_(backend), lora_(lora) {
@@ -29,9 +38,33 @@ Generator::Generator(const Model& model, Backend& backend, const LoraAdapter* lo
   }
   const int64_t kvd = model.shapes.kv_dim();
   for (int l = 0; l < c.n_layers; ++l) {
-    kcache_.push_back(act(be_.tracker(), max_len_ * kvd, "kv cache k"));
-    vcache_.push_back(act(be_.tracker(), max_len_ * kvd, "kv cache v"));
+    kcache_.push_back(act(be_, max_len_ * kvd, "kv cache k"));
+    vcache_.push_back(act(be_, max_len_ * kvd, "kv cache v"));
   }
+  if (!be_.device_memory()) return;
+  // A device backend: the norms, biases and adapter copied once, so a step moves none of them.
+  // A streamed model's units get new bytes at every acquire: its norms and biases stay host
+  // arrays, which the backend stages per call.
+  dev_.resize(static_cast<size_t>(c.n_layers));
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& L = model.layers[static_cast<size_t>(l)];
+    LayerCopy& d = dev_[static_cast<size_t>(l)];
+    if (!ws_) {
+      const MemCategory w = MemCategory::Weights;
+      d.attn_norm = device_copy(L.attn_norm, w, "attn norm (generation's device copy)");
+      d.ffn_norm = device_copy(L.ffn_norm, w, "ffn norm (generation's device copy)");
+      d.q_norm = device_copy(L.q_norm, w, "q norm (generation's device copy)");
+      d.k_norm = device_copy(L.k_norm, w, "k norm (generation's device copy)");
+      for (int j = 0; j < 3; ++j) d.bias[j] = device_copy(L.bias[j], w, "bias (device copy)");
+    }
+    for (int p = 0; lora && p < kProjCount; ++p) {
+      if (!lora->active(l, static_cast<Proj>(p))) continue;
+      const LoraSlot& sl = lora->slot(l, static_cast<Proj>(p));
+      d.A[p] = device_copy(sl.A, MemCategory::Adapter, "lora A (generation's device copy)");
+      d.B[p] = device_copy(sl.B, MemCategory::Adapter, "lora B (generation's device copy)");
+    }
+  }
+  if (!ws_) out_norm_ = device_copy(model.output_norm, MemCategory::Weights, "output norm (copy)");
 }
 
 Generator::~Generator() = default;
@@ -40,77 +73,60 @@ void Generator::ensure_rows(int n) {
   if (n <= rows_cap_) return;
   const ModelConfig& c = model_.cfg;
   const int64_t qd = model_.shapes.q_dim(), kvd = model_.shapes.kv_dim();
-  MemoryTracker* t = be_.tracker();
-  x_ = act(t, n * c.dim, "decode x");
-  xn_ = act(t, n * c.dim, "decode norm");
-  q_ = act(t, n * qd, "decode q");
-  k_ = act(t, n * kvd, "decode k");
-  v_ = act(t, n * kvd, "decode v");
-  att_ = act(t, n * qd, "decode attention");
-  mid_ = act(t, n * c.dim, "decode mid");
-  gate_ = act(t, n * c.ffn_dim, "decode gate");
-  up_ = act(t, n * c.ffn_dim, "decode up");
-  h_ = act(t, n * c.ffn_dim, "decode swiglu");
-  pos_ = Buffer(t, MemCategory::Activations, n * 4, "decode positions");
-  logits_ = act(t, static_cast<int64_t>(n) * c.vocab, "decode logits");
+  x_ = act(be_, n * c.dim, "decode x");
+  xn_ = act(be_, n * c.dim, "decode norm");
+  q_ = act(be_, n * qd, "decode q");
+  k_ = act(be_, n * kvd, "decode k");
+  v_ = act(be_, n * kvd, "decode v");
+  att_ = act(be_, n * qd, "decode attention");
+  mid_ = act(be_, n * c.dim, "decode mid");
+  gate_ = act(be_, n * c.ffn_dim, "decode gate");
+  up_ = act(be_, n * c.ffn_dim, "decode up");
+  h_ = act(be_, n * c.ffn_dim, "decode swiglu");
+  tok_ = be_.alloc(MemCategory::Activations, size_t(n) * 4, "decode token ids");
+  pos_ = be_.alloc(MemCategory::Activations, size_t(n) * 4, "decode positions");
+  logits_ = act(be_, static_cast<int64_t>(n) * c.vocab, "decode logits");
   rows_cap_ = n;
 }
 
-// att[i] = softmax(q_i K^T / sqrt(d)) V over cache positions [0, len_ + i], per head (GQA).
-void Generator::attend(int layer, int n) {
-  const ModelConfig& c = model_.cfg;
-  const int hd = c.head_dim, group = model_.shapes.group();
-  const int64_t qd = model_.shapes.q_dim(), kvd = model_.shapes.kv_dim();
-  const float* K = kcache_[layer].as<float>();
-  const float* V = vcache_[layer].as<float>();
-  const float scale = 1.f / std::sqrt(static_cast<float>(hd));
-  const int total = len_ + n;
-  const int window = model_.shapes.layers[static_cast<size_t>(layer)].window;
-  // Threads only when there is enough work: a parallel region costs more than one token's
-  // attention on a small model.
-  const bool par = static_cast<int64_t>(n) * c.n_heads * total * hd >= (1 << 16);
-#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static) collapse(2) if (par)
-  for (int i = 0; i < n; ++i)
-    for (int h = 0; h < c.n_heads; ++h) {
-      std::vector<float> s(total);
-      const float* q = q_.as<float>() + i * qd + static_cast<int64_t>(h) * hd;
-      const int64_t koff = static_cast<int64_t>(h / group) * hd;
-      const int upto = len_ + i + 1;
-      // Sliding window: keys j > position - window only (AttnShape::window).
-      const int from = window > 0 ? std::max(0, upto - window) : 0;
-      float mx = -INFINITY;
-      for (int j = from; j < upto; ++j) {
-        const float* kr = K + j * kvd + koff;
-        float d = 0;
-        for (int e = 0; e < hd; ++e) d += q[e] * kr[e];
-        s[j] = d * scale;
-        mx = std::max(mx, s[j]);
-      }
-      double sum = 0;
-      for (int j = from; j < upto; ++j) {
-        s[j] = std::exp(s[j] - mx);
-        sum += s[j];
-      }
-      float* o = att_.as<float>() + i * qd + static_cast<int64_t>(h) * hd;
-      std::fill(o, o + hd, 0.f);
-      const float inv = static_cast<float>(1.0 / sum);
-      for (int j = from; j < upto; ++j) {
-        const float* vr = V + j * kvd + koff;
-        const float w = s[j] * inv;
-        for (int e = 0; e < hd; ++e) o[e] += w * vr[e];
-      }
-    }
+void Generator::feed(const int32_t* tokens, int n, float* logits, bool last_only) {
+  run(tokens, n);
+  if (!logits) return;
+  const int rows = last_only ? 1 : n;
+  head(n, rows);
+  logits_.copy_to_host(logits, size_t(rows) * size_t(model_.cfg.vocab) * 4);
 }
 
-void Generator::feed(const int32_t* tokens, int n, float* logits, bool last_only) {
+int32_t Generator::feed_greedy(const int32_t* tokens, int n) {
+  run(tokens, n);
+  head(n, 1);
+  return be_.argmax(logits_.as<float>(), model_.cfg.vocab);
+}
+
+// logits_ rows [0, rows) = the head over the last `rows` of the n positions just fed.
+void Generator::head(int n, int rows) {
+  const ModelConfig& c = model_.cfg;
+  UnitUse use(ws_.get(), head_unit(c.n_layers), kNoUnit);
+  MatF x(x_.as<float>(), n, c.dim), xn(xn_.as<float>(), n, c.dim);
+  const float* w = out_norm_.empty() ? model_.output_norm.as<float>() : out_norm_.as<float>();
+  be_.rmsnorm_fwd(x.as_const().row_slice(n - rows, rows), w, c.rms_eps, xn.row_slice(0, rows),
+                  nullptr);
+  be_.head_logits(model_.head(), xn.as_const().row_slice(0, rows),
+                  MatF(logits_.as<float>(), rows, c.vocab));
+}
+
+void Generator::run(const int32_t* tokens, int n) {
   QLFT_CHECK_ARG(n > 0 && tokens, "feed: no tokens");
   QLFT_CHECK_ARG(len_ + n <= max_len_, "context full: %d + %d tokens exceed the limit of %d", len_,
                  n, max_len_);
   const ModelConfig& c = model_.cfg;
+  // Checked here: ids in the backend's memory are taken as checked (CudaBackend::embedding_fwd).
+  op_checks::token_ids(tokens, n, c.vocab);
   ensure_rows(n);
   const int64_t qd = model_.shapes.q_dim(), kvd = model_.shapes.kv_dim();
+  tok_.copy_from_host(tokens, size_t(n) * 4);  // a decode step's one id in
   int32_t* pos = pos_.as<int32_t>();
-  for (int i = 0; i < n; ++i) pos[i] = len_ + i;
+  be_.positions(pos, n, len_);
   // Keys already cached keep the rotation they were stored with; with dynamic NTK the new rows
   // take this call's length, as transformers' generate does.
   const RopeFreqs rope = rope_freqs(c, int64_t(len_) + n);
@@ -122,54 +138,61 @@ void Generator::feed(const int32_t* tokens, int n, float* logits, bool last_only
   WeightStream* ws = ws_.get();
   {
     UnitUse use(ws, kEmbeddingUnit, layer_unit(0));
-    be_.embedding_fwd(model_.tok_embd, tokens, x);
+    be_.embedding_fwd(model_.tok_embd, tok_.as<int32_t>(), x);
   }
 
   for (int l = 0; l < c.n_layers; ++l) {
     UnitUse use(ws, layer_unit(l), l + 1 < c.n_layers ? layer_unit(l + 1) : head_unit(c.n_layers));
     const LayerWeights& L = model_.layers[l];
+    const LayerCopy* D = dev_.empty() ? nullptr : &dev_[static_cast<size_t>(l)];
     LoraRef refs[kProjCount];
     const LoraRef* rp[kProjCount] = {};
     for (int p = 0; p < kProjCount; ++p)
-      if (lora_ && lora_->slot(l, static_cast<Proj>(p)).active()) {
+      if (lora_ && lora_->active(l, static_cast<Proj>(p))) {
         refs[p] = lora_->ref(l, static_cast<Proj>(p), 0);
         refs[p].dropout_p = 0.f;
+        if (D && !D->A[p].empty()) {  // the device copies: no adapter bytes move per step
+          refs[p].A = D->A[p].as<float>();
+          refs[p].B = D->B[p].as<float>();
+        }
         rp[p] = &refs[p];
       }
-    auto bias = [&](int j) { return L.bias[j].empty() ? nullptr : L.bias[j].as<float>(); };
-    be_.rmsnorm_fwd(x.as_const(), L.attn_norm.as<float>(), c.rms_eps, xn, nullptr);
+    // A norm weight or bias: its device copy where there is one, else the model's host array.
+    auto w = [&](Buffer LayerCopy::*copy, const Buffer& host) -> const float* {
+      if (D && !(D->*copy).empty()) return (D->*copy).as<float>();
+      return host.empty() ? nullptr : host.as<float>();
+    };
+    auto bias = [&](int j) -> const float* {
+      if (D && !D->bias[j].empty()) return D->bias[j].as<float>();
+      return L.bias[j].empty() ? nullptr : L.bias[j].as<float>();
+    };
+    be_.rmsnorm_fwd(x.as_const(), w(&LayerCopy::attn_norm, L.attn_norm), c.rms_eps, xn, nullptr);
     be_.linear_fwd(L.proj[0], bias(0), rp[0], xn.as_const(), q, nullptr);
     be_.linear_fwd(L.proj[1], bias(1), rp[1], xn.as_const(), k, nullptr);
     be_.linear_fwd(L.proj[2], bias(2), rp[2], xn.as_const(), v, nullptr);
     if (model_.shapes.qk_norm()) {  // per-head q / k norms (qwen3), in place
       const int hd = c.head_dim;
       MatF qh(q.data, int64_t(n) * c.n_heads, hd), kh(k.data, int64_t(n) * c.n_kv_heads, hd);
-      be_.rmsnorm_fwd(qh.as_const(), L.q_norm.as<float>(), c.rms_eps, qh, nullptr);
-      be_.rmsnorm_fwd(kh.as_const(), L.k_norm.as<float>(), c.rms_eps, kh, nullptr);
+      be_.rmsnorm_fwd(qh.as_const(), w(&LayerCopy::q_norm, L.q_norm), c.rms_eps, qh, nullptr);
+      be_.rmsnorm_fwd(kh.as_const(), w(&LayerCopy::k_norm, L.k_norm), c.rms_eps, kh, nullptr);
     }
     be_.rope(q, pos, c.n_heads, c.head_dim, rope, c.rope_adjacent, false);
     be_.rope(k, pos, c.n_kv_heads, c.head_dim, rope, c.rope_adjacent, false);
-    std::memcpy(kcache_[l].as<float>() + static_cast<int64_t>(len_) * kvd, k.data, n * kvd * 4);
-    std::memcpy(vcache_[l].as<float>() + static_cast<int64_t>(len_) * kvd, v.data, n * kvd * 4);
-    attend(l, n);
+    // This feed's keys / values into cache rows [len_, len_ + n), then attention over the cache.
+    be_.copy(kcache_[l].as<float>() + static_cast<int64_t>(len_) * kvd, k.data, n * kvd);
+    be_.copy(vcache_[l].as<float>() + static_cast<int64_t>(len_) * kvd, v.data, n * kvd);
+    be_.attention_decode(model_.shapes, model_.shapes.layers[static_cast<size_t>(l)].window, len_,
+                         q.as_const(), kcache_[l].as<float>(), vcache_[l].as<float>(), att);
     be_.linear_fwd(L.proj[3], nullptr, rp[3], att.as_const(), mid, nullptr);
-    for (int64_t i = 0; i < n * static_cast<int64_t>(c.dim); ++i) mid.data[i] += x.data[i];
-    be_.rmsnorm_fwd(mid.as_const(), L.ffn_norm.as<float>(), c.rms_eps, xn, nullptr);
+    be_.add(mid.data, x.data, n * static_cast<int64_t>(c.dim));
+    be_.rmsnorm_fwd(mid.as_const(), w(&LayerCopy::ffn_norm, L.ffn_norm), c.rms_eps, xn, nullptr);
     be_.linear_fwd(L.proj[4], nullptr, rp[4], xn.as_const(), gate, nullptr);
     be_.linear_fwd(L.proj[5], nullptr, rp[5], xn.as_const(), up, nullptr);
     be_.swiglu_fwd(gate.as_const(), up.as_const(), h);
     be_.linear_fwd(L.proj[6], nullptr, rp[6], h.as_const(), x, nullptr);
-    for (int64_t i = 0; i < n * static_cast<int64_t>(c.dim); ++i) x.data[i] += mid.data[i];
+    be_.add(x.data, mid.data, n * static_cast<int64_t>(c.dim));
   }
   len_ += n;
-  if (!logits) return;
-  UnitUse use(ws, head_unit(c.n_layers), kNoUnit);
-  be_.rmsnorm_fwd(x.as_const(), model_.output_norm.as<float>(), c.rms_eps, xn, nullptr);
-  if (last_only) {
-    be_.head_logits(model_.head(), xn.as_const().row_slice(n - 1, 1), MatF(logits, 1, c.vocab));
-  } else {
-    be_.head_logits(model_.head(), xn.as_const(), MatF(logits, n, c.vocab));
-  }
 }
 
 std::vector<int32_t> Generator::generate(const std::vector<int32_t>& prompt,
@@ -201,13 +224,16 @@ TokenStream::TokenStream(Generator& gen, std::vector<int32_t> prompt, const Gene
 int32_t TokenStream::next() {
   if (end_ != End::None) return -1;
   const int vocab = gen_.model_vocab();
-  if (produced_ == 0) {
-    logits_.resize(vocab);
-    gen_.feed(prompt_.data(), static_cast<int>(prompt_.size()), logits_.data(), true);
+  // The prompt first, then the previous id.
+  const int32_t* ids = produced_ == 0 ? prompt_.data() : &last_;
+  const int n = produced_ == 0 ? static_cast<int>(prompt_.size()) : 1;
+  if (opt_.sampler.temperature <= 0.f) {  // greedy (Sampler's argmax), chosen where logits are
+    last_ = gen_.feed_greedy(ids, n);
   } else {
-    gen_.feed(&last_, 1, logits_.data(), true);
+    logits_.resize(vocab);
+    gen_.feed(ids, n, logits_.data(), true);
+    last_ = sampler_.sample(logits_.data(), vocab);
   }
-  last_ = sampler_.sample(logits_.data(), vocab);
   ++produced_;
   if (last_ == opt_.eos_id)
     end_ = End::Eos;

@@ -1,9 +1,16 @@
 // Incremental decoding with a KV cache, with or without a LoRA adapter.
 //
-// The cache holds every layer's post-RoPE keys and values for positions [0, length())
-// (MemCategory::Activations). feed() runs the new tokens through the model against the cache
-// and appends their keys/values; the attention over the cache is a plain CPU loop here (a
-// backend-level decode kernel can replace it).
+// The cache holds every layer's post-RoPE keys and values for positions [0, length()). Everything
+// a feed works in lives in the backend's memory (Backend::alloc: device memory on a device
+// backend, host memory on the CPU one), so one code path serves both: the activations, the
+// cache, RoPE's positions (Backend::positions), the logits row. Each layer appends its new k / v
+// rows to the cache (Backend::copy) and attends over it with Backend::attention_decode (GQA,
+// causal from the cached length, sliding window); residuals are Backend::add. On a device
+// backend the Generator also copies the norm weights, biases and the adapter's A and B to the
+// device once, at construction (the adapter's values as of then), so a step moves no weights.
+// A greedy step (temperature <= 0) picks the id on the backend (Backend::argmax, ties to the
+// lowest id as the Sampler does): on a device it moves one int32 id in and one out. Sampling
+// with temperature > 0 copies the last logits row back for the host Sampler.
 #pragma once
 
 #include <cstdint>
@@ -36,6 +43,8 @@ class Generator {
   // Appends n tokens to the context. If logits is given it receives [n, vocab] logits of every
   // new position (or only the last one's [vocab] when last_only).
   void feed(const int32_t* tokens, int n, float* logits, bool last_only = true);
+  // feed without logits out: returns the greedy id of the last position (Backend::argmax).
+  int32_t feed_greedy(const int32_t* tokens, int n);
   void reset() { len_ = 0; }
   int length() const { return len_; }
   int max_length() const { return max_len_; }
@@ -47,8 +56,16 @@ class Generator {
                                 const std::function<bool(int32_t)>& on_token = {});
 
  private:
+  // The device copies of one layer's small frozen tensors and adapter (Generator's comment).
+  struct LayerCopy {
+    Buffer attn_norm, ffn_norm, q_norm, k_norm, bias[3];
+    Buffer A[kProjCount], B[kProjCount];
+  };
+  Buffer device_copy(const Buffer& host, MemCategory c, const char* what) const;
   void ensure_rows(int n);
-  void attend(int layer, int n);
+  // The n tokens through every layer (the cache grows by n); head: the logits of the last rows.
+  void run(const int32_t* tokens, int n);
+  void head(int n, int rows);
 
   const Model& model_;
   std::shared_ptr<WeightStream> ws_;  // rank-local stream of a streamed model, else null
@@ -57,8 +74,10 @@ class Generator {
   int max_len_;
   int len_ = 0;
   std::vector<Buffer> kcache_, vcache_;  // per layer [max_len, kv_dim]
+  std::vector<LayerCopy> dev_;           // per layer, on a device backend only
+  Buffer out_norm_;                      // the output norm's device copy
   int rows_cap_ = 0;
-  Buffer x_, xn_, q_, k_, v_, att_, mid_, gate_, up_, h_, pos_, logits_;
+  Buffer x_, xn_, q_, k_, v_, att_, mid_, gate_, up_, h_, tok_, pos_, logits_;
 };
 
 // Sampling one id at a time: the loop of Generator::generate, and what the C ABI's streaming

@@ -242,6 +242,9 @@ class CpuBackend final : public Backend {
   }
   void attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out, const float* lse,
                      CMatF dout, MatF dq, MatF dk, MatF dv) override;
+  // Generation's attention over its KV cache (cpu_decode.cpp): a plain loop per (row, head).
+  void attention_decode(const HeadGeometry& g, int window, int past, CMatF q, const float* k_cache,
+                        const float* v_cache, MatF out) override;
 
   void embedding_fwd(const QWeight& emb, const int32_t* tokens, MatF out) override;
   void head_logits(const QWeight& head, CMatF h, MatF logits) override;
