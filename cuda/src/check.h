@@ -79,9 +79,17 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaS
   // clang-format on
 }
 
+// A lower cap on every grid_for grid than the callers' (0: none; cuda_set_grid_cap, device.cu).
+// Tests set it so each CUDA block's grid-stride loop runs several times on shapes small enough
+// to emulate: the loop's second pass (and the barrier that guards its reuse of shared memory)
+// otherwise only runs past 65535 blocks.
+int64_t grid_cap_override();
+
 // Blocks of `threads` covering n items, capped so grid-stride loops take the rest.
 inline unsigned grid_for(int64_t n, int threads, int64_t cap = 65535) {
   int64_t g = (n + threads - 1) / threads;
+  const int64_t o = grid_cap_override();
+  if (o > 0 && o < cap) cap = o;
   if (g > cap) g = cap;
   return static_cast<unsigned>(g < 1 ? 1 : g);
 }

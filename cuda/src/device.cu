@@ -1,6 +1,7 @@
 // Device discovery and properties for the CUDA backend. Every runtime call is checked.
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdio>
 #include <string>
 
@@ -64,5 +65,19 @@ void cuda_check_precision(int device, Precision precision) {
                 "sm_%d%d; use train.precision=fp16 (with loss scaling) or fp32",
                 i.name.c_str(), i.cc_major, i.cc_minor);
 }
+
+namespace {
+std::atomic<int64_t> g_grid_cap{0};
+}  // namespace
+
+void cuda_set_grid_cap(int64_t blocks) {
+  g_grid_cap.store(blocks > 0 ? blocks : 0, std::memory_order_relaxed);
+}
+
+namespace cu {
+int64_t grid_cap_override() {
+  return g_grid_cap.load(std::memory_order_relaxed);
+}
+}  // namespace cu
 
 }  // namespace qlft

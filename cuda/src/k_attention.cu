@@ -116,21 +116,23 @@ __global__ void __launch_bounds__(128)
   }
 }
 
-// delta[h * rows + row] = dout_row . out_row for head h: one warp per (row, head).
+// delta[h * rows + row] = dout_row . out_row for head h: one warp per (row, head), grid-stride
+// over the warps (whole warps leave the loop together).
 __global__ void __launch_bounds__(256)
     k_attn_delta(AttnArgs a, const float* out, const float* dout, float* delta) {
   const int64_t rows = int64_t(a.batch) * a.seq;
-  const int64_t w = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
-  if (w >= rows * a.n_heads) return;  // whole warps exit together
-  const int h = int(w / rows);
-  const int64_t row = w - int64_t(h) * rows;
-  const float* o = out + row * a.ldo + int64_t(h) * a.head_dim;
-  const float* g = dout + row * a.ldo + int64_t(h) * a.head_dim;
-  float s = 0.f;
-  for (int d = lane; d < a.head_dim; d += 32) s += o[d] * g[d];
-  s = warp_sum(s);
-  if (lane == 0) delta[w] = s;
+  for (int64_t w = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5; w < rows * a.n_heads;
+       w += (int64_t(gridDim.x) * blockDim.x) >> 5) {
+    const int h = int(w / rows);
+    const int64_t row = w - int64_t(h) * rows;
+    const float* o = out + row * a.ldo + int64_t(h) * a.head_dim;
+    const float* g = dout + row * a.ldo + int64_t(h) * a.head_dim;
+    float s = 0.f;
+    for (int d = lane; d < a.head_dim; d += 32) s += o[d] * g[d];
+    s = warp_sum(s);
+    if (lane == 0) delta[w] = s;
+  }
 }
 
 template <int NC>

@@ -38,6 +38,11 @@ CudaDeviceInfo cuda_device_info(int device);
 // "cuda devices=1 device0=NVIDIA H100 ... (sm_90, 79.1 GiB)" or "cuda devices=0 (why)".
 std::string cuda_runtime_info();
 
+// Caps the grid of every grid-stride kernel at `blocks` below the hardware's limit (0: no cap,
+// the default), process-wide, so a test makes each CUDA block loop several times on small
+// shapes; the production launches take the same path with no cap.
+void cuda_set_grid_cap(int64_t blocks);
+
 // Throws QLFT_ERR_UNSUPPORTED when `precision` cannot run on the device: bf16 tensor-core
 // GEMMs need compute capability 8.0; fp16 with loss scaling is offered.
 void cuda_check_precision(int device, Precision precision);

@@ -169,6 +169,41 @@ TEST(CudaOps, LinearWithLoraEveryWeightFormatBf16) {
   linear_case("bf16", 2e-2);
 }
 
+// Every grid-stride kernel's loop taken several times per CUDA block (cuda_set_grid_cap: one
+// block, the cap production launches reach past 65535 blocks), for every weight format's
+// dequantization: the GGML kernels reuse their shared scratch on each pass, behind a trailing
+// barrier that only such a loop exercises (the race check fails the launch without it). Forward
+// (dense tile) and backward (dx through W) against the CPU backend, in both GEMM modes.
+TEST(CudaOps, DequantizationLoopingPerBlockEqualsCpu) {
+  QLFT_NEED_GPU();
+  struct Cap {
+    Cap() { qlft::cuda_set_grid_cap(1); }
+    ~Cap() { qlft::cuda_set_grid_cap(0); }
+  } cap;
+  for (const char* precision : {"fp32", "bf16"}) {
+    Pair p(precision);
+    Rng rng(3);
+    // 96 rows of 512: 1536 q4_0 blocks (12 passes of 128 threads), 192 K-quant blocks (6 of 32).
+    const int64_t M = 9, K = 512, N = 96;
+    const double tol = std::string(precision) == "bf16" ? 2e-2 : 1e-5;
+    for (const WeightCase& wc : weight_cases()) {
+      SCOPED_TRACE(wc.name + std::string(" ") + precision);
+      FVec wv = rng.normal(size_t(N * K), 0.05f);
+      qlft::QWeight W = wc.make(&p.tracker, wv, N, K);
+      FVec x = rng.normal(size_t(M * K)), y0(size_t(M * N)), y1(size_t(M * N));
+      p.cpu->linear_fwd(W, nullptr, nullptr, cmat(x, M, K), mat(y0, M, N), nullptr);
+      p.gpu->linear_fwd(W, nullptr, nullptr, cmat(x, M, K), mat(y1, M, N), nullptr);
+      EXPECT_LT(norm_err(y1, y0), tol);
+      FVec dy = rng.normal(size_t(M * N)), dx0(size_t(M * K)), dx1(size_t(M * K));
+      p.cpu->linear_bwd(W, nullptr, cmat(x, M, K), nullptr, cmat(dy, M, N), mat(dx0, M, K), nullptr,
+                        nullptr);
+      p.gpu->linear_bwd(W, nullptr, cmat(x, M, K), nullptr, cmat(dy, M, N), mat(dx1, M, K), nullptr,
+                        nullptr);
+      EXPECT_LT(norm_err(dx1, dx0), tol);
+    }
+  }
+}
+
 // cuda.tf32 (issue 18): fp32 GEMMs on TF32 tensor cores. Off, the product is the CPU's fp32 one
 // to fp32 rounding; on, the inputs are rounded to 10 mantissa bits first: about 4e-4 relative
 // off for dot products of 256 terms, and no more than 2e-3.
