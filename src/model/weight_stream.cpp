@@ -15,6 +15,14 @@ void WeightStream::each_head_slice(const std::function<void(const QWeight&, int6
   throw_error(QLFT_ERR_INTERNAL, "%s keeps no row-sharded head", describe().c_str());
 }
 
+void check_one_unit_acquire(const char* who, int u, size_t units, int held) {
+  QLFT_CHECK_ARG(u >= 0 && u < static_cast<int>(units), "%s: unit %d does not exist (%zu units)",
+                 who, u, units);
+  if (held != kNoUnit && held != u)
+    throw_error(QLFT_ERR_INTERNAL, "%s: unit %d acquired while unit %d is still held", who, u,
+                held);
+}
+
 std::vector<const Buffer*> weight_bytes_in(const Model& host, const Model& model,
                                            const char* what) {
   std::vector<std::pair<int, const Buffer*>> from;

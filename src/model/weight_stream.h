@@ -62,6 +62,10 @@ class WeightStream {
   virtual void each_head_slice(const std::function<void(const QWeight& slice, int64_t row0)>& f);
 };
 
+// What acquire(u) of a stream that holds one unit at a time requires (ZeRO-3, device offload):
+// u is one of its `units` and no other unit is `held`. `who` names the stream in the error.
+void check_one_unit_acquire(const char* who, int u, size_t units, int held);
+
 // Holds a unit for the length of a scope (no-op without a stream).
 class UnitUse {
  public:

@@ -75,11 +75,7 @@ void DeviceWeightStream::uninstall() noexcept {
 void DeviceWeightStream::acquire(int u, int next) {
   QLFT_CHECK_ARG(!restored_, "offload.params=cpu: the trainer that streamed %s has ended",
                  model_->path.c_str());
-  QLFT_CHECK_ARG(u >= 0 && u < static_cast<int>(unit_groups_.size()),
-                 "offload.params=cpu: unit %d does not exist (%zu units)", u, unit_groups_.size());
-  if (held_ != kNoUnit && held_ != u)
-    throw_error(QLFT_ERR_INTERNAL, "offload.params=cpu: unit %d acquired while unit %d is held", u,
-                held_);
+  check_one_unit_acquire("offload.params=cpu", u, unit_groups_.size(), held_);
   try {
     if (installed_.unit != u) {
       uninstall();

@@ -334,11 +334,7 @@ void Zero3Stream::acquire(int u, int next) {
     throw_error(QLFT_ERR_UNSUPPORTED,
                 "base weights were sharded by a ZeRO-3 trainer that has ended; load the model "
                 "again");
-  QLFT_CHECK_ARG(u >= 0 && u < static_cast<int>(unit_groups_.size()),
-                 "ZeRO-3: unit %d does not exist (%zu units)", u, unit_groups_.size());
-  if (held_ != kNoUnit && held_ != u)
-    throw_error(QLFT_ERR_INTERNAL, "ZeRO-3: unit %d acquired while unit %d is still held", u,
-                held_);
+  check_one_unit_acquire("ZeRO-3", u, unit_groups_.size(), held_);
   try {
     if (installed_ != u || !present(u)) {
       if (installed_ != kNoUnit) uninstall(installed_);
