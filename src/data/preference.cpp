@@ -150,43 +150,40 @@ std::vector<PrefRecord> read_preference_records(const std::string& path, bool kt
 
 PrefExample tokenize_preference(const PrefRecord& r, bool kto, const TextEncoder& enc,
                                 const ChatTemplate* chat) {
-  PrefExample e;
-  e.where = r.where;
-  e.desirable = r.label;
+  // The chosen (KTO: the completion) and rejected sequences, prompt included, and n: the
+  // length of the prompt they share. The first n tokens of c are the prompt (c and p agree there).
+  std::vector<int32_t> c, rj;
+  size_t n = 0;
   if (r.chat) {
     QLFT_CHECK_FORMAT(chat, "%s: a conversational record needs a chat template", r.where.c_str());
     size_t sc = 0, sr = 0;
-    std::vector<int32_t> c, rj;
     try {
       c = chat_ids(r.prompt_msgs, r.chosen_msgs, *chat, enc, &sc);
       if (!kto) rj = chat_ids(r.prompt_msgs, r.rejected_msgs, *chat, enc, &sr);
     } catch (const Error& err) {
       throw_error(QLFT_ERR_FORMAT, "%s: %s", r.where.c_str(), err.what());
     }
-    size_t n = kto ? sc : std::min({sc, sr, common_prefix(c, rj)});
-    e.prompt.assign(c.begin(), c.begin() + static_cast<std::ptrdiff_t>(n));
-    e.chosen.assign(c.begin() + static_cast<std::ptrdiff_t>(n), c.end());
-    if (!kto) e.rejected.assign(rj.begin() + static_cast<std::ptrdiff_t>(n), rj.end());
-    QLFT_CHECK_FORMAT(!e.chosen.empty() && (kto || !e.rejected.empty()),
-                      "%s: an answer has no tokens", r.where.c_str());
-    return e;
+    n = kto ? sc : std::min({sc, sr, common_prefix(c, rj)});
+  } else {
+    const std::string eos = enc.eos_text();
+    auto with_eos = [&](const std::string& a) {
+      return !eos.empty() && (a.size() < eos.size() ||
+                              a.compare(a.size() - eos.size(), eos.size(), eos) != 0)
+                 ? a + eos
+                 : a;
+    };
+    const std::vector<int32_t> p = tokens_of(r.prompt, enc);
+    c = tokens_of(r.prompt + with_eos(kto ? r.completion : r.chosen), enc);
+    n = std::min(p.size(), common_prefix(p, c));
+    if (!kto) {
+      rj = tokens_of(r.prompt + with_eos(r.rejected), enc);
+      n = std::min(n, common_prefix(p, rj));
+    }
   }
-  const std::string eos = enc.eos_text();
-  auto with_eos = [&](const std::string& a) {
-    return !eos.empty() &&
-                   (a.size() < eos.size() || a.compare(a.size() - eos.size(), eos.size(), eos) != 0)
-               ? a + eos
-               : a;
-  };
-  const std::vector<int32_t> p = tokens_of(r.prompt, enc);
-  const std::vector<int32_t> c = tokens_of(r.prompt + with_eos(kto ? r.completion : r.chosen), enc);
-  std::vector<int32_t> rj;
-  size_t n = std::min(p.size(), common_prefix(p, c));
-  if (!kto) {
-    rj = tokens_of(r.prompt + with_eos(r.rejected), enc);
-    n = std::min(n, common_prefix(p, rj));
-  }
-  e.prompt.assign(p.begin(), p.begin() + static_cast<std::ptrdiff_t>(n));
+  PrefExample e;
+  e.where = r.where;
+  e.desirable = r.label;
+  e.prompt.assign(c.begin(), c.begin() + static_cast<std::ptrdiff_t>(n));
   e.chosen.assign(c.begin() + static_cast<std::ptrdiff_t>(n), c.end());
   if (!kto) e.rejected.assign(rj.begin() + static_cast<std::ptrdiff_t>(n), rj.end());
   QLFT_CHECK_FORMAT(!e.chosen.empty() && (kto || !e.rejected.empty()),
