@@ -317,24 +317,22 @@ std::vector<Chart> build_charts(const RunSeries& run) {
   }
   charts.push_back(mem);
 
-  bool any_margin = false;
-  for (const MetricsRecord& r : rs) any_margin = any_margin || std::isfinite(r.margin);
-  if (any_margin) {
-    Chart mg{"margin", "Preference margin (chosen minus rejected)", "margin", 1, {}};
-    Series m = line("margin", "margin", "#ff7f0e");
-    m.x = steps, m.y = each(&MetricsRecord::margin);
-    mg.series = {m};
-    charts.push_back(mg);
-  }
-  bool any_accuracy = false;
-  for (const MetricsRecord& r : rs) any_accuracy = any_accuracy || std::isfinite(r.accuracy);
-  if (any_accuracy) {
-    Chart ac{"accuracy", "Preference accuracy (pairs with margin > 0)", "accuracy", 1, {}};
-    Series a = line("accuracy", "accuracy", "#2ca02c");
-    a.x = steps, a.y = each(&MetricsRecord::accuracy);
-    ac.series = {a};
-    charts.push_back(ac);
-  }
+  // A field only some runs log (preference runs: margin, accuracy): its chart when a record has it.
+  auto logged_chart = [&](double MetricsRecord::*field, const char* name, const char* title,
+                          const char* color) {
+    bool any = false;
+    for (const MetricsRecord& r : rs) any = any || std::isfinite(r.*field);
+    if (!any) return;
+    Chart c{name, title, name, 1, {}};
+    Series l = line(name, name, color);
+    l.x = steps, l.y = each(field);
+    c.series = {l};
+    charts.push_back(c);
+  };
+  logged_chart(&MetricsRecord::margin, "margin", "Preference margin (chosen minus rejected)",
+               "#ff7f0e");
+  logged_chart(&MetricsRecord::accuracy, "accuracy", "Preference accuracy (pairs with margin > 0)",
+               "#2ca02c");
   return charts;
 }
 
