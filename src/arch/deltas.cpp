@@ -1,8 +1,18 @@
 #include "arch/deltas.h"
 
+#include <cstdio>
+
 #include "arch/families.h"
 
 namespace qlft {
+
+namespace {
+std::string fmt_g(float v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", static_cast<double>(v));
+  return b;
+}
+}  // namespace
 
 std::string describe_deltas(const ModelConfig& c, const ModelShapes& s) {
   std::string out;
@@ -18,6 +28,13 @@ std::string describe_deltas(const ModelConfig& c, const ModelShapes& s) {
         std::to_string(s.n_layers) + " layers");
   const ArchFamily* f = find_family(c.arch);
   if (f && f->fused) add("fused qkv_proj and gate_up_proj (split on load)");
+  if (c.gemma)
+    add("(1 + w) RMSNorms, post-attention and post-feedforward norms, GeGLU (tanh GELU), "
+        "embeddings times sqrt(hidden)");
+  if (c.attn_scalar > 0 && c.attn_scalar != float(c.head_dim))
+    add("attention scaled by query_pre_attn_scalar " + fmt_g(c.attn_scalar) + "^-0.5");
+  if (c.attn_softcap > 0) add("attention logits soft-capped at " + fmt_g(c.attn_softcap));
+  if (c.final_softcap > 0) add("final logits soft-capped at " + fmt_g(c.final_softcap));
   if (s.tied_head) add("tied head");
   // GGUF's rope_freqs tensor is llama3 scaling in llama.cpp's form.
   if (c.rope.type != RopeType::Default)

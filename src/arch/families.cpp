@@ -5,12 +5,13 @@ namespace qlft {
 namespace {
 
 const ArchFamily kFamilies[] = {
-    // name       hf_class               gguf_arch  gguf_qk_adjacent  qkv_bias  qk_norm  fused
-    {"llama", "LlamaForCausalLM", "llama", true, false, false, false},
-    {"mistral", "MistralForCausalLM", "llama", true, false, false, false},
-    {"qwen2", "Qwen2ForCausalLM", "qwen2", false, true, false, false},
-    {"qwen3", "Qwen3ForCausalLM", "qwen3", false, false, true, false},
-    {"phi3", "Phi3ForCausalLM", "phi3", false, false, false, true},
+    // name  hf_class  gguf_arch  gguf_qk_adjacent  qkv_bias  qk_norm  fused  gemma
+    {"llama", "LlamaForCausalLM", "llama", true, false, false, false, false},
+    {"mistral", "MistralForCausalLM", "llama", true, false, false, false, false},
+    {"qwen2", "Qwen2ForCausalLM", "qwen2", false, true, false, false, false},
+    {"qwen3", "Qwen3ForCausalLM", "qwen3", false, false, true, false, false},
+    {"phi3", "Phi3ForCausalLM", "phi3", false, false, false, true, false},
+    {"gemma2", "Gemma2ForCausalLM", "gemma2", false, false, false, false, true},
 };
 
 // Architectures people bring that qlft recognizes but does not train, with what it lacks for
@@ -32,8 +33,6 @@ const Missing kMissing[] = {
     {"jamba", "JambaForCausalLM", "hybrid Mamba state-space and mixture-of-experts layers"},
     {"falcon_h1", "FalconH1ForCausalLM", "hybrid Mamba state-space layers"},
     {"rwkv", "RwkvForCausalLM", "RWKV recurrent layers instead of attention"},
-    {"gemma2", "Gemma2ForCausalLM",
-     "attention and final logit soft-capping, (1 + w) and post-block norms, GeGLU"},
     {"gemma3", "Gemma3ForCausalLM",
      "(1 + w) and post-block norms, GeGLU, per-layer RoPE bases of local / global layers"},
     {"gemma3_text", "Gemma3ForCausalLM",

@@ -21,6 +21,10 @@ struct ArchFamily {
   // q / k / v stored as row blocks of one qkv_proj and gate / up of one gate_up_proj (phi3;
   // llama.cpp's attn_qkv and ffn_up): the loaders split them into the seven projections.
   bool fused;
+  // Gemma's block (gemma2): RMSNorms scaled by (1 + w), a norm after attention and after the MLP
+  // as well as before each (four per layer), GeGLU with tanh-approximated GELU, embeddings
+  // multiplied by sqrt(hidden_size). GGUF files store the norms as 1 + w already.
+  bool gemma;
 };
 
 // The family named name (ModelConfig::arch); nullptr when qlft does not train it.

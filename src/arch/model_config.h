@@ -34,7 +34,7 @@ struct RopeScaling {
 };
 
 struct ModelConfig {
-  std::string arch;  // "llama", "mistral", "qwen2", "qwen3"
+  std::string arch;  // "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2"
   int n_layers = 0, dim = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, ffn_dim = 0, vocab = 0;
   int context_length = 0;  // max_position_embeddings (dynamic NTK scales beyond it)
   float rope_theta = 10000.f, rms_eps = 1e-5f;
@@ -49,6 +49,11 @@ struct ModelConfig {
   // when the window is set). Query i attends key j only when j > i - sliding_window.
   int sliding_window = 0;
   std::vector<bool> sliding_layers;
+  // Gemma (ArchFamily::gemma): Gemma's block, the scores' scale query_pre_attn_scalar^-0.5
+  // (attn_scalar; 0: head_dim) and tanh soft-capping of the attention scores and of the final
+  // logits, cap * tanh(x / cap) (0: none).
+  bool gemma = false;
+  float attn_scalar = 0.f, attn_softcap = 0.f, final_softcap = 0.f;
   bool layer_slides(int l) const {
     return sliding_window > 0 && (sliding_layers.empty() || sliding_layers[static_cast<size_t>(l)]);
   }

@@ -23,6 +23,7 @@ ModelShapes model_shapes(const ModelConfig& c) {
   l.norm = d;
   l.qkv_bias = c.qkv_bias;
   l.qk_norm = c.qk_norm ? c.head_dim : 0;
+  l.post_norm = c.gemma ? d : 0;
   s.layers.assign(static_cast<size_t>(c.n_layers), l);
   for (int i = 0; i < c.n_layers; ++i)
     s.layers[static_cast<size_t>(i)].window = c.layer_slides(i) ? c.sliding_window : 0;

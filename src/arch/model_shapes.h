@@ -33,14 +33,17 @@ struct ProjShape {
   bool operator==(const ProjShape&) const = default;
 };
 
-// One layer's tensors: its projections, its two norms [norm], its q/k/v biases [proj out] and
-// its per-head q / k norms [qk_norm] when the model has them.
+// One layer's tensors: its projections, its two norms [norm] (four with post_norm), its q/k/v
+// biases [proj out] and its per-head q / k norms [qk_norm] when the model has them.
 struct LayerShapes {
   ProjShape proj[kProjCount];
   int64_t norm = 0;       // attn_norm and ffn_norm length
   bool qkv_bias = false;  // q, k, v biases of length proj[Q/K/V].out
   int64_t qk_norm = 0;    // q_norm and k_norm length (head_dim; qwen3), 0: none
   int window = 0;         // sliding-window attention's window (AttnShape::window), 0: none
+  // post_attention_norm and post_ffw_norm length (gemma: a norm after attention and after the
+  // MLP, before each residual add), 0: none.
+  int64_t post_norm = 0;
   bool operator==(const LayerShapes&) const = default;
 };
 
@@ -63,6 +66,9 @@ struct ModelShapes : HeadGeometry {
   }
   // Whether q and k are RMS-normalized per head before RoPE (every layer alike).
   bool qk_norm() const { return !layers.empty() && layers[0].qk_norm > 0; }
+  // Whether each block's attention and MLP outputs are RMS-normalized before the residual add
+  // (gemma; every layer alike).
+  bool post_norm() const { return !layers.empty() && layers[0].post_norm > 0; }
   // Embedding [vocab, dim] and head [vocab, dim] elements.
   int64_t embedding_numel() const { return int64_t(vocab) * dim; }
   bool operator==(const ModelShapes&) const = default;

@@ -149,6 +149,23 @@ class AutocastBackend final : public Backend {
   void swiglu_bwd(CMatF gate, CMatF up, CMatF dout, MatF dgate, MatF dup) override {
     inner_->swiglu_bwd(gate, up, dout, dgate, dup);
   }
+  // Gemma's ops: the inner backend's (the cross-entropy's head input rounded as below).
+  bool gemma_ops() const override { return inner_->gemma_ops(); }
+  void geglu_fwd(CMatF gate, CMatF up, MatF out) override { inner_->geglu_fwd(gate, up, out); }
+  void geglu_bwd(CMatF gate, CMatF up, CMatF dout, MatF dgate, MatF dup) override {
+    inner_->geglu_bwd(gate, up, dout, dgate, dup);
+  }
+  void softcap(MatF x, float cap) override { inner_->softcap(x, cap); }
+  double linear_cross_entropy_capped(const QWeight& head, CMatF h, const int32_t* targets,
+                                     int32_t ignore_index, float grad_scale, float cap, MatF dh,
+                                     int64_t* count) override {
+    if (native_linear_)
+      return inner_->linear_cross_entropy_capped(head, h, targets, ignore_index, grad_scale, cap,
+                                                 dh, count);
+    Buffer hr = rounded(h, "autocast h");
+    return inner_->linear_cross_entropy_capped(head, view(hr, h), targets, ignore_index, grad_scale,
+                                               cap, dh, count);
+  }
   void attention_fwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out, float* lse) override {
     if (native_linear_) return inner_->attention_fwd(s, q, k, v, out, lse);
     Buffer qr = rounded(q, "autocast q"), kr = rounded(k, "autocast k"),

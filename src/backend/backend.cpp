@@ -273,6 +273,22 @@ void Backend::attention_decode(const HeadGeometry&, int, int, CMatF, const float
   throw_error(QLFT_ERR_UNSUPPORTED, "backend %s has no decode attention over a KV cache", name());
 }
 
+// Gemma's ops: refused where a backend lacks them (the runner checks gemma_ops() first).
+void Backend::geglu_fwd(CMatF, CMatF, MatF) {
+  throw_error(QLFT_ERR_UNSUPPORTED, "backend %s has no GeGLU (Gemma)", name());
+}
+void Backend::geglu_bwd(CMatF, CMatF, CMatF, MatF, MatF) {
+  throw_error(QLFT_ERR_UNSUPPORTED, "backend %s has no GeGLU (Gemma)", name());
+}
+void Backend::softcap(MatF, float) {
+  throw_error(QLFT_ERR_UNSUPPORTED, "backend %s has no logit soft-capping (Gemma 2)", name());
+}
+double Backend::linear_cross_entropy_capped(const QWeight&, CMatF, const int32_t*, int32_t, float,
+                                            float, MatF, int64_t*) {
+  throw_error(QLFT_ERR_UNSUPPORTED,
+              "backend %s has no cross-entropy of soft-capped logits (Gemma 2)", name());
+}
+
 double cross_entropy_finish(const CrossEntropyRow* st, const int32_t* targets, int64_t rows,
                             int32_t ignore_index, float* lse, int64_t* count) {
   double loss = 0;

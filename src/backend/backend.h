@@ -55,6 +55,13 @@ struct AttnShape : HeadGeometry {
   // only when j > i - window as well (transformers' sliding_window_overlay: the window keys up
   // to and including i), positions counted within the batch element. 0: no window.
   int window = 0;
+  // Soft-capping of the scaled scores before the mask and softmax (Gemma 2's
+  // attn_logit_softcapping): s = softcap * tanh(s / softcap); 0: none. Only a backend with
+  // gemma_ops() is handed a nonzero one.
+  float softcap = 0.f;
+  // The scores' scale (Gemma's query_pre_attn_scalar^-0.5); 0: head_dim^-0.5.
+  float scale = 0.f;
+  float score_scale() const { return scale > 0 ? scale : 1.0f / std::sqrt(float(head_dim)); }
 };
 
 // What a backend with its own memory moved between host and device, and how often the host
@@ -291,6 +298,23 @@ class Backend {
                                 View2<uint16_t> dg16, View2<uint16_t> du16);
   // dgate = dout * up * silu'(gate); dup = dout * silu(gate) (overwritten, not accumulated).
   virtual void swiglu_bwd(CMatF gate, CMatF up, CMatF dout, MatF dgate, MatF dup) = 0;
+
+  // ---- Gemma's ops (gemma_ops()) -------------------------------------------------------------
+  // Whether this backend has the ops below and honours AttnShape::softcap in attention_fwd /
+  // attention_bwd (and their 16-bit forms): the runner refuses a Gemma model on one without.
+  // The defaults refuse.
+  virtual bool gemma_ops() const { return false; }
+  // out = gelu_tanh(gate) * up (GeGLU with transformers' gelu_pytorch_tanh), all [rows, ffn].
+  virtual void geglu_fwd(CMatF gate, CMatF up, MatF out);
+  // dgate = dout * up * gelu_tanh'(gate); dup = dout * gelu_tanh(gate) (overwritten).
+  virtual void geglu_bwd(CMatF gate, CMatF up, CMatF dout, MatF dgate, MatF dup);
+  // x = cap * tanh(x / cap) in place (Gemma 2's final logit soft-capping of head_logits).
+  virtual void softcap(MatF x, float cap);
+  // linear_cross_entropy of the soft-capped logits cap * tanh(h head^T / cap), dh through the
+  // cap (its derivative 1 - tanh^2).
+  virtual double linear_cross_entropy_capped(const QWeight& head, CMatF h, const int32_t* targets,
+                                             int32_t ignore_index, float grad_scale, float cap,
+                                             MatF dh, int64_t* count);
 
   // ---- attention --------------------------------------------------------------------------
   // A hint for the next attention_fwd / attention_bwd: its q, k, v rounded to t (16-bit, dense,

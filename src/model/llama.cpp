@@ -59,8 +59,25 @@ RunnerFootprint LlamaRunner::footprint(const ModelShapes& c, int lora_r, int lor
   return f;
 }
 
+void require_gemma_ops(const ModelConfig& c, const Backend& be) {
+  if ((c.gemma || c.attn_softcap > 0 || c.final_softcap > 0) && !be.gemma_ops())
+    throw_error(QLFT_ERR_UNSUPPORTED,
+                "%s (Gemma) is not supported on backend %s: it lacks soft-capping in its "
+                "attention kernels and fused cross-entropy, GeGLU and the scores' "
+                "query_pre_attn_scalar scale (use backend=cpu)",
+                c.arch.c_str(), be.name());
+}
+
+float gemma_embedding_scale(const ModelConfig& c, DType t) {
+  const float s = std::sqrt(static_cast<float>(c.dim));
+  float r = s;
+  if (t != DType::F32) round_through_n(t, &s, &r, 1);
+  return r;
+}
+
 LlamaRunner::LlamaRunner(const Model& model, Backend& backend, LoraAdapter* lora)
     : model_(model), be_(backend), lora_(lora), ckpt_(model.cfg.n_layers, false) {
+  require_gemma_ops(model.cfg, backend);
   if (lora) {
     QLFT_CHECK_ARG(lora->model_shapes() == model.shapes,
                    "the LoRA adapter was made for a model of another shape");
@@ -153,6 +170,12 @@ LlamaRunner::LayerActs& LlamaRunner::acts_for(int layer, bool store) {
     a->rstdq = make(be_, A, n[15], "q norm rstd");
     a->rstdk = make(be_, A, n[16], "k norm rstd");
   }
+  if (n[17]) {  // post-block norms (gemma): their inputs and statistics, fp32 in every layer
+    a->opre = make(be_, A, n[17], "o_proj out before its norm");
+    a->rstd3 = make(be_, A, n[18], "post-attention norm rstd");
+    a->fpre = make(be_, A, n[19], "down_proj out before its norm");
+    a->rstd4 = make(be_, A, n[20], "post-feedforward norm rstd");
+  }
   if (lora_)
     for (int p = 0; p < kProjCount; ++p)
       if (lora_->active(layer, static_cast<Proj>(p)))
@@ -178,7 +201,7 @@ bool LlamaRunner::direct16() const {
   // DoRA and a frozen start rescale / add to the fp32 projection outputs (lora_extras.h).
   return act_dtype_ != DType::F32 && be_.takes_input_16(act_dtype_) &&
          !(lora_ && training_ && lora_->config().dropout > 0.f) && !model_.shapes.qk_norm() &&
-         !extras();
+         !extras() && !model_.cfg.gemma;  // GeGLU has no 16-bit forms
 }
 
 void LlamaRunner::pack(LayerActs& from, LayerActs& to, bool direct) {
@@ -260,6 +283,8 @@ void LlamaRunner::prepare(const TokenBatch& b, bool training) {
   shape_.seq = b.seq;
   static_cast<HeadGeometry&>(shape_) = model_.shapes;
   shape_.doc_ids = b.doc_ids ? docs_.as<int32_t>() : nullptr;
+  shape_.softcap = c.attn_softcap;  // gemma2's, with its scale of the scores
+  shape_.scale = c.attn_scalar > 0 ? 1.f / std::sqrt(c.attn_scalar) : 0.f;
   if (resid_.empty()) {
     resid_.resize(c.n_layers + 1);
     for (Buffer& x : resid_) x = make(be_, A, R * c.dim, "residual");

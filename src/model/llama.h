@@ -4,6 +4,10 @@
 // Per layer: rmsnorm -> q/k/v (LoRA, qwen2 biases) -> RoPE (the source's row convention) ->
 // causal GQA attention -> o_proj -> residual -> rmsnorm -> gate/up -> SwiGLU -> down -> residual.
 // Then the final norm and a fused linear + cross-entropy: loss = mean over targets != -100.
+// Gemma 2 (ModelConfig::gemma) adds: embeddings times sqrt(dim), a norm on the attention and on
+// the MLP output before each residual add, GeGLU instead of SwiGLU, the scores' own scale and
+// soft-cap (AttnShape), and the final logits soft-capped (Backend::softcap and
+// linear_cross_entropy_capped); its (1 + w) norms are held as 1 + w from load.
 //
 // Backward produces gradients for the LoRA A and B only (accumulated, so micro-batches add up);
 // base weights are frozen and the embedding gets no gradient.
@@ -37,6 +41,14 @@
 namespace qlft {
 
 constexpr int32_t kIgnoreIndex = -100;
+
+// Refuses (QLFT_ERR_UNSUPPORTED) a Gemma model (ModelConfig::gemma, soft-caps) on a backend
+// without Gemma's ops (Backend::gemma_ops), naming the backend and what it lacks; the runner and
+// generation ask it before computing anything.
+void require_gemma_ops(const ModelConfig& c, const Backend& be);
+// Gemma's embedding multiplier sqrt(dim), rounded to the activations' dtype t as transformers
+// casts its normalizer to the embeddings' dtype (fp32: sqrt(dim) itself).
+float gemma_embedding_scale(const ModelConfig& c, DType t);
 
 // How train.precision stores the activations backward keeps: DType::F32, DType::BF16 or
 // DType::F16. The trainer and the memory planner both ask here.

@@ -66,10 +66,20 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
   auto zero_dx = [&](Buffer& b, int64_t n) {
     if (!be_.defer_zero(b.as<float>(), n)) zero(b);
   };
+  // Post-block norms (gemma): d(fpre) through the post-feedforward norm into dxn (free until
+  // gate / up's dx), the down projection's dy; G itself is the residual's.
+  const bool post = model_.shapes.post_norm();
+  CMatF d_down = G.as_const();
+  if (post) {
+    zero(g.dxn);
+    be_.rmsnorm_bwd(cmat(a.fpre, R, c.dim), frozen(L.post_ffn_norm), a.rstd4.as<float>(),
+                    G.as_const(), mat(g.dxn, R, c.dim));
+    d_down = cmat(g.dxn, R, c.dim);
+  }
   zero_dx(g.dh, R * c.ffn_dim);
   {
     SharedInput shared(be_, cmat(a.hact, R, c.ffn_dim), t16, st ? h16(st->hact) : nullptr);
-    lin_bwd(Proj::Down, cmat(a.hact, R, c.ffn_dim), G.as_const(), mat(g.dh, R, c.ffn_dim));
+    lin_bwd(Proj::Down, cmat(a.hact, R, c.ffn_dim), d_down, mat(g.dh, R, c.ffn_dim));
   }
   // With st (direct16()): the gradients that only enter linear_bwd as its dy (dgate, dup, dq,
   // dk, dv) are written in 16 bits into their fp32 buffers' memory (Backend::next_dy_16), at
@@ -91,8 +101,12 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
     be_.swiglu_bwd_to_16(t16, st->gate.as<uint16_t>(), st->up.as<uint16_t>(),
                          cmat(g.dh, R, c.ffn_dim), dgate16, dup16);
   } else {
-    be_.swiglu_bwd(cmat(a.gate, R, c.ffn_dim), cmat(a.up, R, c.ffn_dim), cmat(g.dh, R, c.ffn_dim),
-                   mat(g.dgate, R, c.ffn_dim), mat(g.dup, R, c.ffn_dim));
+    if (c.gemma)  // never with st (direct16)
+      be_.geglu_bwd(cmat(a.gate, R, c.ffn_dim), cmat(a.up, R, c.ffn_dim), cmat(g.dh, R, c.ffn_dim),
+                    mat(g.dgate, R, c.ffn_dim), mat(g.dup, R, c.ffn_dim));
+    else
+      be_.swiglu_bwd(cmat(a.gate, R, c.ffn_dim), cmat(a.up, R, c.ffn_dim), cmat(g.dh, R, c.ffn_dim),
+                     mat(g.dgate, R, c.ffn_dim), mat(g.dup, R, c.ffn_dim));
     dgate16 = dup16 = View2<uint16_t>(nullptr, R, c.ffn_dim);
   }
   zero_dx(g.dxn, R * c.dim);
@@ -106,6 +120,14 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
 
   // Attention branch: G is now d/d(x_mid). With st, datt may come rounded into its buffer's
   // memory from the o projection's dx GEMM (Backend::next_dx_16), for attention to take as is.
+  // Post-attention norm (gemma): d(opre) into dxn (free until q / k / v's dx), o's dy.
+  CMatF d_o = G.as_const();
+  if (post) {
+    zero(g.dxn);
+    be_.rmsnorm_bwd(cmat(a.opre, R, c.dim), frozen(L.post_attn_norm), a.rstd3.as<float>(),
+                    G.as_const(), mat(g.dxn, R, c.dim));
+    d_o = cmat(g.dxn, R, c.dim);
+  }
   zero_dx(g.datt, R * qd);
   const uint16_t* datt16 = nullptr;
   {
@@ -115,7 +137,7 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
     if (st && be_.next_dx_16(t16, g.datt.as<uint16_t>(), L.proj[static_cast<int>(Proj::O)],
                              has ? &ref : nullptr))
       datt16 = g.datt.as<uint16_t>();
-    lin_bwd(Proj::O, cmat(a.att, R, qd), G.as_const(), mat(g.datt, R, qd));
+    lin_bwd(Proj::O, cmat(a.att, R, qd), d_o, mat(g.datt, R, qd));
   }
   View2<uint16_t> dq16(nullptr, R, qd), dk16(nullptr, R, kvd), dv16(nullptr, R, kvd);
   if (st) {  // q, k, v and the output are not unpacked: attention reads the stored ones

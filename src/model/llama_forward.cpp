@@ -80,15 +80,22 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
   else
     be_.attention_fwd(shape_, cmat(a.q, R, qd), cmat(a.k, R, kvd), cmat(a.v, R, kvd),
                       mat(a.att, R, qd), a.lse.as<float>());
+  // Post-block norms (gemma): the o and down projections write opre / fpre, normalized into
+  // x_mid / x_out before the residual adds.
+  const bool post = model_.shapes.post_norm();
   {
     SharedInput shared(be_, cmat(a.att, R, qd), t16, st ? h16(st->att) : nullptr);
     bool has;
     LoraRef ref = lora_ref(l, Proj::O, &has);
     const int o = static_cast<int>(Proj::O);
+    Buffer& o_out = post ? a.opre : a.x_mid;
     be_.linear_fwd(L.proj[o], nullptr, has ? &ref : nullptr, cmat(a.att, R, qd),
-                   mat(a.x_mid, R, c.dim), has ? a.xa[o].as<float>() : nullptr);
-    if (has && ex) ex->after_fwd(l, Proj::O, cmat(a.att, R, qd), mat(a.x_mid, R, c.dim), nullptr);
+                   mat(o_out, R, c.dim), has ? a.xa[o].as<float>() : nullptr);
+    if (has && ex) ex->after_fwd(l, Proj::O, cmat(a.att, R, qd), mat(o_out, R, c.dim), nullptr);
   }
+  if (post)
+    be_.rmsnorm_fwd(cmat(a.opre, R, c.dim), frozen(L.post_attn_norm), c.rms_eps,
+                    mat(a.x_mid, R, c.dim), a.rstd3.as<float>());
   if (st) {  // the residual add and the norm in one pass
     be_.add_rmsnorm_fwd_16(mat(a.x_mid, R, c.dim), x_in, frozen(L.ffn_norm), c.rms_eps,
                            a.rstd2.as<float>(), t16, st->xn2.as<uint16_t>());
@@ -126,6 +133,8 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
   if (st)
     be_.swiglu_fwd_from_16(t16, st->gate.as<uint16_t>(), st->up.as<uint16_t>(),
                            st->hact.as<uint16_t>(), R, c.ffn_dim);
+  else if (c.gemma)  // never with st (direct16)
+    be_.geglu_fwd(cmat(a.gate, R, c.ffn_dim), cmat(a.up, R, c.ffn_dim), mat(a.hact, R, c.ffn_dim));
   else
     be_.swiglu_fwd(cmat(a.gate, R, c.ffn_dim), cmat(a.up, R, c.ffn_dim), mat(a.hact, R, c.ffn_dim));
   {
@@ -133,11 +142,14 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
     bool has;
     LoraRef ref = lora_ref(l, Proj::Down, &has);
     const int d = static_cast<int>(Proj::Down);
-    be_.linear_fwd(L.proj[d], nullptr, has ? &ref : nullptr, cmat(a.hact, R, c.ffn_dim),
-                   MatF(x_out, R, c.dim), has ? a.xa[d].as<float>() : nullptr);
-    if (has && ex)
-      ex->after_fwd(l, Proj::Down, cmat(a.hact, R, c.ffn_dim), MatF(x_out, R, c.dim), nullptr);
+    const MatF d_out = post ? mat(a.fpre, R, c.dim) : MatF(x_out, R, c.dim);
+    be_.linear_fwd(L.proj[d], nullptr, has ? &ref : nullptr, cmat(a.hact, R, c.ffn_dim), d_out,
+                   has ? a.xa[d].as<float>() : nullptr);
+    if (has && ex) ex->after_fwd(l, Proj::Down, cmat(a.hact, R, c.ffn_dim), d_out, nullptr);
   }
+  if (post)
+    be_.rmsnorm_fwd(cmat(a.fpre, R, c.dim), frozen(L.post_ffn_norm), c.rms_eps,
+                    MatF(x_out, R, c.dim), a.rstd4.as<float>());
   be_.add(x_out, a.x_mid.as<float>(), R * c.dim);
 }
 
@@ -157,6 +169,7 @@ LossResult LlamaRunner::run_forward(const TokenBatch& b, bool training, float gr
       ws->lookup_rows(tokens_.as<int32_t>(), R, resid_[0].as<float>());
     else
       be_.embedding_fwd(model_.tok_embd, tokens_.as<int32_t>(), mat(resid_[0], R, c.dim));
+    if (c.gemma) be_.scale(resid_[0].as<float>(), R * c.dim, gemma_embedding_scale(c, act_dtype_));
   }
   for (int l = 0; l < c.n_layers; ++l) {
     UnitUse use(ws, layer_unit(l), l + 1 < c.n_layers ? layer_unit(l + 1) : head_unit(c.n_layers));
@@ -186,6 +199,7 @@ LossResult LlamaRunner::run_forward(const TokenBatch& b, bool training, float gr
     });
   else if (logits.data)
     be_.head_logits(model_.head(), cmat(xnf_, R, c.dim), logits);
+  if (logits.data && c.final_softcap > 0) be_.softcap(logits, c.final_softcap);
 
   LossResult res;
   if (!b.targets) return res;
@@ -199,7 +213,16 @@ LossResult LlamaRunner::run_forward(const TokenBatch& b, bool training, float gr
     if (grad_scale == 0.f) grad_scale = count ? 1.f / static_cast<float>(count) : 0.f;
   }
   int64_t got = 0;
-  if (seq_obj_) {
+  if (c.final_softcap > 0) {  // gemma2: the two-walk loss over capped logits
+    if (seq_obj_ || sliced)
+      throw_error(QLFT_ERR_UNSUPPORTED,
+                  "final logit soft-capping (%s) is not implemented for preference objectives "
+                  "or a row-sharded ZeRO-3 head",
+                  c.arch.c_str());
+    res.loss_sum =
+        be_.linear_cross_entropy_capped(model_.head(), cmat(xnf_, R, c.dim), tg, kIgnoreIndex,
+                                        grad_scale, c.final_softcap, dh, &got);
+  } else if (seq_obj_) {
     if (sliced)
       throw_error(QLFT_ERR_UNSUPPORTED,
                   "preference objectives need the whole head (not a row-sharded ZeRO-3 head)");

@@ -37,22 +37,41 @@ inline uint64_t counted(int64_t n, int64_t bytes = sizeof(float)) {
 
 // Which of layer_act_counts' buffers stay fp32 with 16-bit storage: the norm statistics, the
 // softmax log-sum-exp and the residual x_mid (torch autocast keeps these fp32 as well), and the
-// q / k norms' inputs and statistics (qwen3).
+// q / k norms' inputs and statistics (qwen3), the post-block norms' inputs and statistics
+// (gemma).
 // In order: xn1, rstd1, q, k, v, att, lse, x_mid, xn2, rstd2, gate, up, hact, qpre, kpre, rstdq,
-// rstdk.
-constexpr int kLayerActs = 17;
-constexpr bool kActFp32[kLayerActs] = {false, true,  false, false, false, false, true, true, false,
-                                       true,  false, false, false, true,  true,  true, true};
+// rstdk, opre, rstd3, fpre, rstd4.
+constexpr int kLayerActs = 21;
+constexpr bool kActFp32[kLayerActs] = {false, true,  false, false, false, false, true,
+                                       true,  false, true,  false, false, false, true,
+                                       true,  true,  true,  true,  true,  true,  true};
 
 // Element counts of LayerActs' buffers in declaration order (xn1 .. rstdk; 0: not made for this
 // model); each xa is rows * r.
 inline std::array<int64_t, kLayerActs> layer_act_counts(const ModelShapes& c, int64_t R) {
   const int64_t qd = c.q_dim(), kvd = c.kv_dim(), qkn = c.qk_norm() ? R : 0;
-  return {R * c.dim,         R,        R * qd,        R * kvd,
-          R * kvd,           R * qd,   R * c.n_heads, R * c.dim,
-          R * c.dim,         R,        R * c.ffn_dim, R * c.ffn_dim,
-          R * c.ffn_dim,     qkn * qd, qkn * kvd,     qkn * c.n_heads,
-          qkn * c.n_kv_heads};
+  const int64_t pn = c.post_norm() ? R : 0;
+  return {R * c.dim,
+          R,
+          R * qd,
+          R * kvd,
+          R * kvd,
+          R * qd,
+          R * c.n_heads,
+          R * c.dim,
+          R * c.dim,
+          R,
+          R * c.ffn_dim,
+          R * c.ffn_dim,
+          R * c.ffn_dim,
+          qkn * qd,
+          qkn * kvd,
+          qkn * c.n_heads,
+          qkn * c.n_kv_heads,
+          pn * c.dim,
+          pn,
+          pn * c.dim,
+          pn};
 }
 
 // Element counts of the backward temporaries: G, dxn, datt, dq, dk, dv, dh, dgate, dup.
@@ -71,7 +90,7 @@ inline uint64_t proj_seed(uint64_t step_seed, int layer, Proj p) {
 // Buffers change owners, nothing is copied or allocated), and gives them back.
 class LendFulls {
  public:
-  LendFulls(std::array<Buffer*, 8> a, std::array<Buffer*, 8> b) : a_(a), b_(b) { swap(); }
+  LendFulls(std::array<Buffer*, 12> a, std::array<Buffer*, 12> b) : a_(a), b_(b) { swap(); }
   ~LendFulls() { swap(); }
   LendFulls(const LendFulls&) = delete;
   LendFulls& operator=(const LendFulls&) = delete;
@@ -80,7 +99,7 @@ class LendFulls {
   void swap() {
     for (size_t i = 0; i < a_.size(); ++i) std::swap(*a_[i], *b_[i]);
   }
-  std::array<Buffer*, 8> a_, b_;
+  std::array<Buffer*, 12> a_, b_;
 };
 
 }  // namespace runner_detail
@@ -92,6 +111,9 @@ class LendFulls {
 struct LlamaRunner::LayerActs {
   Buffer xn1, rstd1, q, k, v, att, lse, x_mid, xn2, rstd2, gate, up, hact;
   Buffer qpre, kpre, rstdq, rstdk;
+  // Post-block norms (gemma): the o projection's output before its norm (its norm into x_mid)
+  // and the down projection's before its norm, with their statistics (empty otherwise).
+  Buffer opre, rstd3, fpre, rstd4;
   Buffer xa[kProjCount];
   bool half = false;
 
@@ -101,8 +123,9 @@ struct LlamaRunner::LayerActs {
     for (int p = 0; p < kProjCount; ++p) h[9 + p] = &xa[p];
     return h;
   }
-  std::array<Buffer*, 8> fulls() {
-    return {&rstd1, &lse, &x_mid, &rstd2, &qpre, &kpre, &rstdq, &rstdk};
+  std::array<Buffer*, 12> fulls() {
+    return {&rstd1, &lse,   &x_mid, &rstd2, &qpre, &kpre,
+            &rstdq, &rstdk, &opre,  &rstd3, &fpre, &rstd4};
   }
 };
 

@@ -23,6 +23,8 @@ struct LayerWeights {
   QWeight proj[kProjCount];    // [out, in]
   Buffer bias[3];              // qwen2: f32 q/k/v biases, else empty
   Buffer q_norm, k_norm;       // qwen3: f32 [head_dim] per-head q / k RMSNorm weights, else empty
+  // gemma: f32 [dim] norms of the attention and MLP outputs (held as 1 + w), else empty
+  Buffer post_attn_norm, post_ffn_norm;
 };
 
 struct LoadOptions {

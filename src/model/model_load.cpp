@@ -98,6 +98,10 @@ void load_weight_group(FormatLoader& f, Model& m, int g, bool with_head) {
     f.norm(L.q_norm, l, NormRole::Q, ls.qk_norm);
     f.norm(L.k_norm, l, NormRole::K, ls.qk_norm);
   }
+  if (ls.post_norm) {
+    f.norm(L.post_attn_norm, l, NormRole::PostAttn, ls.post_norm);
+    f.norm(L.post_ffn_norm, l, NormRole::PostFfn, ls.post_norm);
+  }
 }
 
 namespace {

@@ -101,6 +101,21 @@ ModelConfig read_gguf_config(const GgufFile& g) {
   // llama.cpp's key for the window; on every layer.
   c.sliding_window =
       static_cast<int>(g.get_int_in(a + "attention.sliding_window", 0, kMaxContext, 0));
+  if (fam->gemma) {
+    // llama.cpp's gemma2: the window on even layers, the caps as metadata, the scores scaled
+    // by head_dim^-0.5, or (hidden / heads)^-0.5 for the 46-layer 27B (its
+    // query_pre_attn_scalar); attention.scale, when a file has it, is taken as the scale itself.
+    c.gemma = true;
+    if (c.sliding_window > 0)
+      for (int i = 0; i < c.n_layers; ++i) c.sliding_layers.push_back(i % 2 == 0);
+    c.attn_softcap = static_cast<float>(g.get_float(a + "attn_logit_softcapping", 0.0));
+    c.final_softcap = static_cast<float>(g.get_float(a + "final_logit_softcapping", 0.0));
+    c.attn_scalar = static_cast<float>(c.n_layers == 46 ? c.dim / c.n_heads : c.head_dim);
+    const double scale = g.get_float(a + "attention.scale", 0.0);
+    QLFT_CHECK_FORMAT(scale >= 0 && std::isfinite(scale), "%s: %sattention.scale %g is invalid",
+                      path.c_str(), a.c_str(), scale);
+    if (scale > 0) c.attn_scalar = static_cast<float>(1.0 / (scale * scale));
+  }
   check_model_config(c, path);
   // llama.cpp's converter writes llama3 RoPE scaling as per-pair divisors of the frequencies.
   if (const GgufTensorInfo* t = g.find_tensor("rope_freqs.weight")) {
@@ -150,10 +165,12 @@ class GgufLoader final : public FormatLoader {
   }
   void norm(Buffer& dst, int l, NormRole r, int64_t n) override {
     if (r == NormRole::Final) return vector(dst, "output_norm.weight", n);
-    const char* name = r == NormRole::Attn  ? "attn_norm.weight"
-                       : r == NormRole::Ffn ? "ffn_norm.weight"
-                       : r == NormRole::Q   ? "attn_q_norm.weight"
-                                            : "attn_k_norm.weight";
+    const char* name = r == NormRole::Attn       ? "attn_norm.weight"
+                       : r == NormRole::Ffn      ? "ffn_norm.weight"
+                       : r == NormRole::PostAttn ? "post_attention_norm.weight"
+                       : r == NormRole::PostFfn  ? "post_ffw_norm.weight"
+                       : r == NormRole::Q        ? "attn_q_norm.weight"
+                                                 : "attn_k_norm.weight";
     vector(dst, layer(l) + name, n);
   }
   void linear(QWeight& w, int l, Proj p, const ProjShape& s) override {

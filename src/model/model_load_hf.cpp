@@ -38,6 +38,8 @@ void read_hf_sliding_window(const JsonFile& cj, const ArchFamily& fam, ModelConf
                         cj.path().c_str(), i, v.c_str());
       c.sliding_layers.push_back(v == "sliding_attention");
     }
+  } else if (fam.gemma) {  // Gemma 2 without layer_types: even layers slide (transformers)
+    for (int i = 0; i < c.n_layers; ++i) c.sliding_layers.push_back(i % 2 == 0);
   } else if (name == "qwen2" || name == "qwen3") {
     const bool on = cj.get_bool("use_sliding_window", false);
     const int64_t from = cj.get_int_in("max_window_layers", 0, kMaxLayers, c.n_layers);
@@ -47,6 +49,26 @@ void read_hf_sliding_window(const JsonFile& cj, const ArchFamily& fam, ModelConf
   for (bool b : c.sliding_layers) any = any || b, all = all && b;
   if (!any) c.sliding_window = 0;             // one no layer uses (Qwen's, use_sliding_window off)
   if (!any || all) c.sliding_layers.clear();  // empty: every layer when the window is set
+}
+
+// Gemma's keys: the scores' scale, the soft-caps (null: none) and the MLP's activation, which
+// must be the tanh-approximated GELU the runner computes.
+void read_hf_gemma(const JsonFile& cj, ModelConfig& c) {
+  c.gemma = true;
+  auto opt = [&cj](const char* key, double def) {
+    return cj.root().contains(key) && cj.root()[key].is_null() ? 0.0 : cj.get_float(key, def);
+  };
+  c.attn_scalar = static_cast<float>(opt("query_pre_attn_scalar", c.head_dim));
+  c.attn_softcap = static_cast<float>(opt("attn_logit_softcapping", 0.0));
+  c.final_softcap = static_cast<float>(opt("final_logit_softcapping", 0.0));
+  for (const char* key : {"hidden_activation", "hidden_act"}) {
+    if (!cj.has(key) || cj.root()[key].is_null()) continue;
+    const std::string act = cj.get_string(key, "");
+    QLFT_CHECK_FORMAT(act == "gelu_pytorch_tanh" || act == "gelu_tanh",
+                      "%s: %s is '%s'; qlft computes Gemma's MLP with gelu_pytorch_tanh",
+                      cj.path().c_str(), key, act.c_str());
+    break;
+  }
 }
 
 }  // namespace
@@ -102,6 +124,7 @@ ModelConfig read_hf_config(const JsonFile& cj, const std::string& weights,
   // bias unsupported).
   c.qkv_bias = fam->qkv_bias || cj.get_bool("attention_bias", false);
   c.qk_norm = fam->qk_norm;
+  if (fam->gemma) read_hf_gemma(cj, c);
   read_hf_sliding_window(cj, *fam, c);
   if (!st_out) return c;  // config.json alone (planning without weights): it says all
   *st_out = SafetensorsSet::open(weights);
@@ -137,13 +160,21 @@ class HfLoader final : public FormatLoader {
   void norm(Buffer& dst, int l, NormRole r, int64_t n) override {
     if (r == NormRole::Final) {
       dst = vector("model.norm.weight", n);
+      if (m_.cfg.gemma) gemma_norm_weights(dst, n);
       return;
     }
-    const char* name = r == NormRole::Attn  ? "input_layernorm.weight"
-                       : r == NormRole::Ffn ? "post_attention_layernorm.weight"
-                       : r == NormRole::Q   ? "self_attn.q_norm.weight"
-                                            : "self_attn.k_norm.weight";
+    // Gemma's post_attention_layernorm is the norm after attention; its pre-MLP norm is
+    // pre_feedforward_layernorm.
+    const bool g = m_.cfg.gemma;
+    const char* name = r == NormRole::Attn       ? "input_layernorm.weight"
+                       : r == NormRole::Ffn      ? (g ? "pre_feedforward_layernorm.weight"
+                                                      : "post_attention_layernorm.weight")
+                       : r == NormRole::PostAttn ? "post_attention_layernorm.weight"
+                       : r == NormRole::PostFfn  ? "post_feedforward_layernorm.weight"
+                       : r == NormRole::Q        ? "self_attn.q_norm.weight"
+                                                 : "self_attn.k_norm.weight";
     dst = vector(layer(l) + name, n);
+    if (g) gemma_norm_weights(dst, n);
   }
   void linear(QWeight& w, int l, Proj p, const ProjShape& s) override {
     if (fused_ && p != Proj::O && p != Proj::Down) {

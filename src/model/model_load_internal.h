@@ -28,7 +28,16 @@ void require_finite(const float* x, int64_t n, const char* file, const std::stri
 // The quantized kind of LoadOptions::quant_type (nf4, int8).
 QuantKind target_kind(const LoadOptions& o);
 
-enum class NormRole { Attn, Ffn, Final, Q, K };  // Q, K: the per-head q / k norms (qwen3)
+// Q, K: the per-head q / k norms (qwen3); PostAttn, PostFfn: the norms after attention and after
+// the MLP (gemma, LayerShapes::post_norm).
+enum class NormRole { Attn, Ffn, Final, Q, K, PostAttn, PostFfn };
+
+// Gemma's RMSNorm scales by (1 + w): Hugging Face files store w, so their norms are held as
+// 1 + w (what llama.cpp's converter stores in GGUF) and the runner's plain RMSNorm applies them.
+inline void gemma_norm_weights(Buffer& w, int64_t n) {
+  float* p = w.as<float>();
+  for (int64_t i = 0; i < n; ++i) p[i] += 1.f;
+}
 
 class FormatLoader {
  public:

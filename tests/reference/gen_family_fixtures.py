@@ -24,6 +24,13 @@ Families:
   mistral   sliding-window attention (window 5 over 16-token rows and a 28-token greedy run:
             transformers' mask keeps keys j > i - 5); its GGUF is llama.cpp's "llama" with q/k
             rows permuted and llama.attention.sliding_window.
+  gemma2    (1 + w) RMSNorms, four per layer (post-attention and post-feedforward ones), GeGLU
+            (gelu_pytorch_tanh), embeddings times sqrt(hidden), attention scaled by
+            query_pre_attn_scalar^-0.5 (24, not head_dim 16), attention logits soft-capped at 4
+            and final logits at 8 (small caps, so tanh bends the tiny model's values), a window
+            of 5 on layers 0 and 2 of 3 (layer_types), tied head. Its GGUF is llama.cpp's
+            "gemma2": norms stored as 1 + w, post_attention_norm / post_ffw_norm, rotate-half
+            q/k rows and gemma2.{attn,final}_logit_softcapping.
 
 Run: /opt/qlft-ref/bin/python tests/reference/gen_family_fixtures.py
 (The reference venv /opt/qlft-ref: `bash scripts/setup-reference.sh` creates it.)
@@ -39,8 +46,8 @@ import torch
 import gguf
 from safetensors import safe_open
 from safetensors.torch import save_file
-from transformers import (MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM,
-                          Qwen3Config, Qwen3ForCausalLM)
+from transformers import (Gemma2Config, Gemma2ForCausalLM, MistralConfig, MistralForCausalLM,
+                          Phi3Config, Phi3ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 import fixture_versions
 from gen_model_fixtures import (GGUF_PROJ, PROJS, batch, greedy, lora_fixture, permute_hf_to_gguf,
@@ -56,6 +63,7 @@ FAMILIES = {
     "qwen3": (Qwen3Config, Qwen3ForCausalLM, "qwen3", False),
     "mistral": (MistralConfig, MistralForCausalLM, "llama", True),
     "phi3": (Phi3Config, Phi3ForCausalLM, "phi3", False),
+    "gemma2": (Gemma2Config, Gemma2ForCausalLM, "gemma2", False),
 }
 
 
@@ -96,6 +104,10 @@ def write_gguf(path, family, cfg, sd):
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     if cfg.get("sliding_window"):
         w.add_sliding_window(cfg["sliding_window"])
+    gemma = family == "gemma2"
+    if gemma:  # llama.cpp's converter: the caps as metadata, norms stored as 1 + w
+        w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+        w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
 
     def mat(name, t, qk_heads=None):
@@ -105,7 +117,8 @@ def write_gguf(path, family, cfg, sd):
         w.add_tensor(name, a.astype(np.float16))
 
     def vec(name, t):
-        w.add_tensor(name, t.numpy().astype(np.float32))
+        a = t.numpy().astype(np.float32)
+        w.add_tensor(name, a + 1 if gemma and name.endswith("norm.weight") else a)
 
     mat("token_embd.weight", sd["model.embed_tokens.weight"])
     vec("output_norm.weight", sd["model.norm.weight"])
@@ -114,7 +127,12 @@ def write_gguf(path, family, cfg, sd):
     for i in range(cfg["num_hidden_layers"]):
         h, b = f"model.layers.{i}.", f"blk.{i}."
         vec(b + "attn_norm.weight", sd[h + "input_layernorm.weight"])
-        vec(b + "ffn_norm.weight", sd[h + "post_attention_layernorm.weight"])
+        if gemma:
+            vec(b + "post_attention_norm.weight", sd[h + "post_attention_layernorm.weight"])
+            vec(b + "ffn_norm.weight", sd[h + "pre_feedforward_layernorm.weight"])
+            vec(b + "post_ffw_norm.weight", sd[h + "post_feedforward_layernorm.weight"])
+        else:
+            vec(b + "ffn_norm.weight", sd[h + "post_attention_layernorm.weight"])
         for n in ("q_norm", "k_norm"):
             if h + "self_attn." + n + ".weight" in sd:
                 vec(b + "attn_" + n + ".weight", sd[h + "self_attn." + n + ".weight"])
@@ -217,6 +235,17 @@ def main():
                 eos_token_id=2, head_dim=8,
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
     synthetic("phi3", phi3, 4, 8, ["o_proj", "down_proj"], False, gen)
+
+    gemma2 = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=160,
+                  rms_norm_eps=1e-6, max_position_embeddings=512, tie_word_embeddings=True,
+                  query_pre_attn_scalar=24, attn_logit_softcapping=4.0,
+                  final_logit_softcapping=8.0, sliding_window=5,
+                  layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                  hidden_activation="gelu_pytorch_tanh", pad_token_id=0, bos_token_id=2,
+                  eos_token_id=1,
+                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    synthetic("gemma2", gemma2, 4, 8, PROJS, False, gen)
 
     fixture_versions.write(OUT, __file__, inputs=[])
     for f in sorted(os.listdir(OUT)):

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cmath>
 #include <cstdint>
 
 #include "backend/backend.h"
@@ -58,9 +59,21 @@ Tile make_tile(const AttnShape& s, const int32_t* first, int64_t bq, int b, int 
 // row_width(i, step) when pad_to is 0, else pad_to columns, the masked ones 0. With pbf the
 // probabilities are also written there as bf16 bits (row stride ld), in the same pass; the
 // forward (lse_in null) then leaves S as exp(S - max), unnormalized.
+// AttnShape::softcap caps the scaled scores (cap * tanh(S / cap)) before the mask.
 void tile_softmax_rows(const AttnShape& s, const Tile& t, int64_t step, int64_t pad_to,
                        float prescale, float* S, int64_t ld, const float* lse_in, float* lse_out,
                        uint16_t* pbf);
+
+// The soft-cap's backward on one row of dS (after the softmax backward): dS[j] times
+// 1 - tanh^2 of its score, the capped score recovered from the probability as log(P) + lse
+// (no tanh kept between the passes); P = 0 rows have dS = 0 already.
+inline void softcap_bwd_row(float* dS, const float* P, float lse, float cap, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    if (!(P[j] > 0.f)) continue;
+    const float th = (std::log(P[j]) + lse) / cap;
+    dS[j] *= 1.f - th * th;
+  }
+}
 
 // The tile products' times for the op profile (per-thread time over the team size): the
 // forward's Q K^T and P V; the backward's Q K^T recomputed, dO V^T, dS K, and dS^T Q with P^T dO.

@@ -100,6 +100,10 @@ void tile_softmax_rows(const AttnShape& s, const Tile& t, int64_t step, int64_t 
 #pragma omp simd
       for (int64_t j = 0; j < jend; ++j) sr[j] *= prescale;
     }
+    if (s.softcap > 0) {  // Gemma 2's attn_logit_softcapping, on the scaled scores
+      const float cap = s.softcap;
+      for (int64_t j = 0; j < jend; ++j) sr[j] = cap * std::tanh(sr[j] / cap);
+    }
     if (s.doc_ids) {
       const int32_t d = s.doc_ids[base + qi];
       const int32_t* dk = s.doc_ids + base + t.k0;
@@ -312,7 +316,7 @@ void CpuBackend::attention_fwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
     return;
   }
   const int D = s.head_dim;
-  const float scale = 1.0f / std::sqrt(float(D));
+  const float scale = s.score_scale();
   const OpGemm mm{*this, precision_ == DType::BF16};
   const QueryBlocks qb = query_blocks(*this, mm, s.seq);
   const int64_t bq = qb.bq, nqb = qb.nqb, align = qb.align, step = qb.step;
@@ -436,12 +440,13 @@ void CpuBackend::attention_bwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
     return;
   }
   const int D = s.head_dim;
-  const float scale = 1.0f / std::sqrt(float(D));
+  const float scale = s.score_scale();
   const int group = s.n_heads / s.n_kv_heads;
   const OpGemm mm{*this, precision_ == DType::BF16};
   const QueryBlocks qb = query_blocks(*this, mm, s.seq);
   const int64_t bq = qb.bq, nqb = qb.nqb, align = qb.align, step = qb.step;
-  const bool fused = qb.fused;
+  // The soft-cap scales dS between the softmax backward and its rounding: not fused.
+  const bool fused = qb.fused && s.softcap == 0.f;
   // One task per (batch element, KV head): it alone writes that slice of dk/dv and the dq of
   // its query heads, so no two tasks touch the same output.
   const int64_t ntasks = int64_t(s.batch) * s.n_kv_heads;
@@ -548,6 +553,9 @@ void CpuBackend::attention_bwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
                                                    static_cast<uint16_t*>(dSl) + i * kw);
               else
                 vec_kernels().softmax_bwd_row(dS + i * kw, P + i * kw, Dr[i], w);
+              if (s.softcap > 0)
+                attn::softcap_bwd_row(dS + i * kw, P + i * kw, lse[int64_t(h) * q.rows + qoff + i],
+                                      s.softcap, w);
               if (mm.lp && !fused) {
                 mm.convert(P + i * kw, elem_at(mm, Pl, i * kw), size_t(w));
                 mm.convert(dS + i * kw, elem_at(mm, dSl, i * kw), size_t(w));

@@ -213,7 +213,7 @@ void CpuBackend::attention_fwd_amx(const AttnShape& s, CMatF q, CMatF k, CMatF v
                                    float* lse, uint16_t* out16,
                                    const std::array<const uint16_t*, 3>& in16, AmxExec ex) {
   const int D = s.head_dim, H = s.n_heads, KV = s.n_kv_heads;
-  const float scale = 1.0f / std::sqrt(float(D));
+  const float scale = s.score_scale();
   const int64_t bq = std::max<int64_t>(1, tune.attn_block_q);
   const AmxAttnGeometry g = amx_attn_geometry(s.batch, s.seq, H, KV, D, bq);
   const int64_t nqb = g.q_blocks, ntasks = int64_t(s.batch) * H * nqb;
@@ -287,7 +287,7 @@ void CpuBackend::attention_bwd_amx(const AttnShape& s, CMatF q, CMatF k, CMatF v
                                    View2<uint16_t> dv16, const std::array<const uint16_t*, 3>& in16,
                                    const uint16_t* out16, const uint16_t* dout16, AmxExec ex) {
   const int D = s.head_dim, H = s.n_heads, KV = s.n_kv_heads, group = H / KV;
-  const float scale = 1.0f / std::sqrt(float(D));
+  const float scale = s.score_scale();
   const int64_t bq = std::max<int64_t>(1, tune.attn_block_q);
   const AmxAttnGeometry g = amx_attn_geometry(s.batch, s.seq, H, KV, D, bq);
   const int64_t nqb = g.q_blocks, T = s.seq, Tp = g.Tp, Dp = g.Dp;
@@ -370,8 +370,15 @@ void CpuBackend::attention_bwd_amx(const AttnShape& s, CMatF q, CMatF k, CMatF v
 #pragma omp simd reduction(+ : acc)
               for (int e = 0; e < D; ++e) acc += w.row[e] * o[e];
               const int64_t jend = t.q0 + i + 1 - t.k0;
-              vec_kernels().softmax_bwd_row_bf16(w.dS + i * Kp, w.S + i * Kp, acc, jend,
-                                                 w.dS16 + i * Kp);
+              if (s.softcap > 0) {  // the cap's backward before the rounding
+                vec_kernels().softmax_bwd_row(w.dS + i * Kp, w.S + i * Kp, acc, jend);
+                attn::softcap_bwd_row(w.dS + i * Kp, w.S + i * Kp, lse[int64_t(h) * q.rows + r],
+                                      s.softcap, jend);
+                f32_to_bf16_n(w.dS + i * Kp, w.dS16 + i * Kp, size_t(jend));
+              } else {
+                vec_kernels().softmax_bwd_row_bf16(w.dS + i * Kp, w.S + i * Kp, acc, jend,
+                                                   w.dS16 + i * Kp);
+              }
               std::fill(w.dS16 + i * Kp + jend, w.dS16 + (i + 1) * Kp, uint16_t(0));
             }
             zero_rows(w.dS16, t.nq, nqp, Kp);

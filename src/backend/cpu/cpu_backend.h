@@ -231,6 +231,15 @@ class CpuBackend final : public Backend {
                   bool adjacent, DType t, uint16_t* x16) override;
   void swiglu_fwd(CMatF gate, CMatF up, MatF out) override;
   void swiglu_bwd(CMatF gate, CMatF up, CMatF dout, MatF dgate, MatF dup) override;
+  // Gemma's ops (cpu_gemma.cpp; attention's soft-cap in the attention tiles).
+  bool gemma_ops() const override { return true; }
+  void geglu_fwd(CMatF gate, CMatF up, MatF out) override;
+  void geglu_bwd(CMatF gate, CMatF up, CMatF dout, MatF dgate, MatF dup) override;
+  void softcap(MatF x, float cap) override;
+  // The two-walk cross-entropy (cross_entropy_stats, cross_entropy_grad) with ce_softcap_ set.
+  double linear_cross_entropy_capped(const QWeight& head, CMatF h, const int32_t* targets,
+                                     int32_t ignore_index, float grad_scale, float cap, MatF dh,
+                                     int64_t* count) override;
 
   void attention_fwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out, float* lse) override;
   // Precision bf16: each task's dense output tile rounded into out16's rows (out untouched).
@@ -298,6 +307,9 @@ class CpuBackend final : public Backend {
   LpMat lp_from_16(const uint16_t* x16, int64_t rows, int64_t cols, Scratch slot, const char* what,
                    int64_t extra, int64_t src_ld = 0) const;
   mutable SharedInput shared_;
+  // The cap cross_entropy_stats / cross_entropy_grad apply to each logit (0: none); set only
+  // inside linear_cross_entropy_capped.
+  float ce_softcap_ = 0.f;
   // next_dy_16's dy for the next linear_bwd (which clears it).
   View2<uint16_t> dy16_;
   // attention_bwd, and with rope given attention_bwd_16's outputs (dq16 etc.) instead of dq etc.

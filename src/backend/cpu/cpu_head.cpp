@@ -220,10 +220,13 @@ void CpuBackend::cross_entropy_stats(const QWeight& slice, int64_t row0, int64_t
   op_checks::targets(targets, h.rows, vocab, ignore_index);
   CeTiles t(*this, slice, h, targets, ignore_index, DhAcc::None);
   t.walk(
-      [&](int64_t, int64_t rc, const int64_t* rows, int64_t p0, int64_t n, const float* L) {
+      [&](int64_t, int64_t rc, const int64_t* rows, int64_t p0, int64_t n, float* L) {
+        const float cap = ce_softcap_;
 #pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
         for (int64_t i = 0; i < rc; ++i) {
-          const float* l = L + i * n;
+          float* l = L + i * n;
+          if (cap > 0)  // Gemma 2's final soft-cap, in place: the loss is over capped logits
+            for (int64_t j = 0; j < n; ++j) l[j] = cap * std::tanh(l[j] / cap);
           const float m = vec_kernels().max_of(l, n);
           const double sum = vec_kernels().sum_exp_shifted(l, n, m);
           CrossEntropyRow& s = st[rows[i]];
@@ -243,15 +246,26 @@ void CpuBackend::cross_entropy_grad(const QWeight& slice, int64_t row0, int64_t 
   op_checks::targets(targets, h.rows, vocab, ignore_index);
   CeTiles t(*this, slice, h, targets, ignore_index, DhAcc::Own);
   const int64_t H = slice.cols;
+  const float cap = ce_softcap_;
   // dh_chunk = sum over panels of ((softmax - onehot) * grad_scale) panel.
   t.walk(
       [&](int64_t, int64_t rc, const int64_t* rows, int64_t p0, int64_t n, float* L) {
 #pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
         for (int64_t i = 0; i < rc; ++i) {
           float* l = L + i * n;
-          vec_kernels().exp_shifted(l, n, lse[rows[i]], grad_scale);
           const int64_t tg = targets[rows[i]] - row0;
-          if (tg >= p0 && tg < p0 + n) l[tg - p0] -= grad_scale;
+          if (cap > 0) {  // d/dz of cap tanh(z / cap) is 1 - tanh^2
+            const float m = lse[rows[i]];
+            for (int64_t j = 0; j < n; ++j) {
+              const float th = std::tanh(l[j] / cap);
+              float d = std::exp(cap * th - m) * grad_scale;
+              if (j == tg - p0) d -= grad_scale;
+              l[j] = d * (1.f - th * th);
+            }
+          } else {
+            vec_kernels().exp_shifted(l, n, lse[rows[i]], grad_scale);
+            if (tg >= p0 && tg < p0 + n) l[tg - p0] -= grad_scale;
+          }
           t.round_dlogits(l, i, n);
         }
         t.accumulate_dh(rc, n, p0 == 0 ? 0.f : 1.f);

@@ -1,0 +1,103 @@
+// Gemma's pointwise ops on the CPU backend: GeGLU with transformers' gelu_pytorch_tanh, and
+// tanh soft-capping of the final logits (forward for head_logits, through the two-walk
+// cross-entropy for the loss). Attention's soft-cap lives in the attention tiles
+// (cpu_attention.cpp). Plain loops: the MLP's GEMMs and the head's dominate them.
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/op_checks.h"
+#include "core/error.h"
+#include "core/profile.h"
+#include "core/threads.h"
+
+namespace qlft::cpu {
+
+namespace {
+
+// gelu_pytorch_tanh: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), and its derivative.
+constexpr float kGeluC = 0.7978845608028654f, kGeluA = 0.044715f;
+
+inline float gelu_tanh(float x) {
+  return 0.5f * x * (1.f + std::tanh(kGeluC * (x + kGeluA * x * x * x)));
+}
+inline void gelu_tanh_and_grad(float x, float* g, float* dg) {
+  const float t = std::tanh(kGeluC * (x + kGeluA * x * x * x));
+  *g = 0.5f * x * (1.f + t);
+  *dg = 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * kGeluC * (1.f + 3.f * kGeluA * x * x);
+}
+
+}  // namespace
+
+void CpuBackend::geglu_fwd(CMatF gate, CMatF up, MatF out) {
+  QLFT_PROFILE_SCOPE("geglu_fwd");
+  op_checks::same_shape(gate, up, "geglu_fwd", "gate", "up");
+  op_checks::same_shape(gate, out.as_const(), "geglu_fwd", "gate", "out");
+  const int64_t C = gate.cols;
+#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
+  for (int64_t i = 0; i < gate.rows; ++i) {
+    const float *g = gate.row(i), *u = up.row(i);
+    float* o = out.row(i);
+    for (int64_t j = 0; j < C; ++j) o[j] = gelu_tanh(g[j]) * u[j];
+  }
+}
+
+void CpuBackend::geglu_bwd(CMatF gate, CMatF up, CMatF dout, MatF dgate, MatF dup) {
+  QLFT_PROFILE_SCOPE("geglu_bwd");
+  op_checks::same_shape(gate, up, "geglu_bwd", "gate", "up");
+  op_checks::same_shape(gate, dout, "geglu_bwd", "gate", "dout");
+  op_checks::same_shape(gate, dgate.as_const(), "geglu_bwd", "gate", "dgate");
+  op_checks::same_shape(gate, dup.as_const(), "geglu_bwd", "gate", "dup");
+  const int64_t C = gate.cols;
+#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
+  for (int64_t i = 0; i < gate.rows; ++i) {
+    const float *g = gate.row(i), *u = up.row(i), *d = dout.row(i);
+    float *dg = dgate.row(i), *du = dup.row(i);
+    for (int64_t j = 0; j < C; ++j) {
+      float a, da;
+      gelu_tanh_and_grad(g[j], &a, &da);
+      dg[j] = d[j] * u[j] * da;
+      du[j] = d[j] * a;
+    }
+  }
+}
+
+void CpuBackend::softcap(MatF x, float cap) {
+  QLFT_PROFILE_SCOPE("softcap");
+  QLFT_CHECK_ARG(cap > 0 && std::isfinite(cap), "softcap: cap %g must be finite and > 0",
+                 static_cast<double>(cap));
+#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
+  for (int64_t i = 0; i < x.rows; ++i) {
+    float* r = x.row(i);
+    for (int64_t j = 0; j < x.cols; ++j) r[j] = cap * std::tanh(r[j] / cap);
+  }
+}
+
+double CpuBackend::linear_cross_entropy_capped(const QWeight& head, CMatF h, const int32_t* targets,
+                                               int32_t ignore_index, float grad_scale, float cap,
+                                               MatF dh, int64_t* count) {
+  QLFT_PROFILE_SCOPE("linear_cross_entropy_capped");
+  QLFT_CHECK_ARG(cap > 0 && std::isfinite(cap), "cross-entropy: cap %g must be finite and > 0",
+                 static_cast<double>(cap));
+  const int64_t M = h.rows, V = head.rows;
+  op_checks::cross_entropy(head, h, dh.as_const());
+  op_checks::targets(targets, M, V, ignore_index);
+  // The one walk adds the target's -1 to dh in closed form, which the cap's derivative breaks:
+  // the two walks (stats, then each panel's dlogits) with each logit capped in place.
+  Buffer rows = workspace(size_t(M) * sizeof(CrossEntropyRow), "cross-entropy row stats");
+  Buffer lse = workspace(size_t(M) * 4, "cross-entropy row lse");
+  auto* st = rows.as<CrossEntropyRow>();
+  std::fill(st, st + M, CrossEntropyRow{});
+  struct Reset {
+    float& v;
+    ~Reset() { v = 0.f; }
+  } reset{ce_softcap_};
+  ce_softcap_ = cap;
+  cross_entropy_stats(head, 0, V, h, targets, ignore_index, st);
+  const double loss = cross_entropy_finish(st, targets, M, ignore_index, lse.as<float>(), count);
+  if (dh.data && V > 0)
+    cross_entropy_grad(head, 0, V, h, targets, ignore_index, lse.as<float>(), grad_scale, dh);
+  return loss;
+}
+
+}  // namespace qlft::cpu
