@@ -20,8 +20,10 @@ namespace qlft::cu {
 
 namespace {
 
-constexpr int kDecodeWarps = 4;
-constexpr int kArgmaxThreads = 256;
+// (Literal launch bounds below: scripts/cuda_resource_usage.sh reads them from the source.)
+constexpr int kDecodeWarps = 4;      // __launch_bounds__(128) of k_attn_decode
+constexpr int kArgmaxThreads = 256;  // __launch_bounds__(256) of k_argmax
+static_assert(kDecodeWarps * 32 == 128, "k_attn_decode's launch bounds");
 
 __global__ void __launch_bounds__(256) k_positions(int32_t* pos, int n, int32_t start) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
@@ -34,8 +36,7 @@ __device__ __forceinline__ bool argmax_better(float v, int i, float bv, int bi) 
 }
 
 // One block: each thread walks x[t], x[t + 256], ... and the block reduces in shared memory.
-__global__ void __launch_bounds__(kArgmaxThreads)
-    k_argmax(const float* x, int64_t n, int32_t* out) {
+__global__ void __launch_bounds__(256) k_argmax(const float* x, int64_t n, int32_t* out) {
   __shared__ float sv[kArgmaxThreads];
   __shared__ int si[kArgmaxThreads];
   float bv = -INFINITY;
@@ -60,7 +61,7 @@ __global__ void __launch_bounds__(kArgmaxThreads)
 }
 
 template <int NC>
-__global__ void __launch_bounds__(kDecodeWarps * 32)
+__global__ void __launch_bounds__(128)
     k_attn_decode(DecodeArgs a, const float* q, const float* kc, const float* vc, float* out) {
   __shared__ float wm[kDecodeWarps], wl[kDecodeWarps];
   __shared__ float wacc[kDecodeWarps][NC * 32];
