@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/path.h"
 #include "formats/temp_marker.h"
 
 namespace qlft {
@@ -47,11 +48,6 @@ int fsync_with_faults(int fd) {
   return ::fsync(fd);
 }
 
-std::string dirname_of(const std::string& p) {
-  size_t s = p.rfind('/');
-  if (s == std::string::npos) return ".";
-  return s == 0 ? "/" : p.substr(0, s);
-}
 }  // namespace
 
 AtomicFile::AtomicFile(const std::string& path) : path_(path), tmp_(temp::temp_path(path)) {

@@ -279,9 +279,7 @@ WeightFootprint config_only_footprint(const JsonFile& cj, const LoadOptions& o,
 }
 
 WeightFootprint hf_footprint(const std::string& path, const LoadOptions& o, ModelConfig* cfg) {
-  const std::string dir =
-      is_dir(path) ? path
-                   : (path.rfind('/') == std::string::npos ? "." : path.substr(0, path.rfind('/')));
+  const std::string dir = is_dir(path) ? path : dirname_of(path);
   JsonFile cj = JsonFile::load(dir + "/config.json");
   ModelConfig& c = *cfg;
   if (is_dir(path) && !path_exists(dir + "/model.safetensors") &&
