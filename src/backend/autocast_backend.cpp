@@ -156,6 +156,11 @@ class AutocastBackend final : public Backend {
     inner_->geglu_bwd(gate, up, dout, dgate, dup);
   }
   void softcap(MatF x, float cap) override { inner_->softcap(x, cap); }
+  void attention_decode_capped(const HeadGeometry& g, int window, float scale, float softcap,
+                               int past, CMatF q, const float* k_cache, const float* v_cache,
+                               MatF out) override {
+    inner_->attention_decode_capped(g, window, scale, softcap, past, q, k_cache, v_cache, out);
+  }
   double linear_cross_entropy_capped(const QWeight& head, CMatF h, const int32_t* targets,
                                      int32_t ignore_index, float grad_scale, float cap, MatF dh,
                                      int64_t* count) override {

@@ -280,6 +280,14 @@ void Backend::geglu_fwd(CMatF, CMatF, MatF) {
 void Backend::geglu_bwd(CMatF, CMatF, CMatF, MatF, MatF) {
   throw_error(QLFT_ERR_UNSUPPORTED, "backend %s has no GeGLU (Gemma)", name());
 }
+void Backend::attention_decode_capped(const HeadGeometry& g, int window, float scale, float softcap,
+                                      int past, CMatF q, const float* k_cache, const float* v_cache,
+                                      MatF out) {
+  if (scale > 0 || softcap > 0)
+    throw_error(QLFT_ERR_UNSUPPORTED,
+                "backend %s has no decode attention with Gemma's score scale and soft-cap", name());
+  attention_decode(g, window, past, q, k_cache, v_cache, out);
+}
 void Backend::softcap(MatF, float) {
   throw_error(QLFT_ERR_UNSUPPORTED, "backend %s has no logit soft-capping (Gemma 2)", name());
 }

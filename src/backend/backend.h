@@ -312,6 +312,11 @@ class Backend {
   virtual void softcap(MatF x, float cap);
   // linear_cross_entropy of the soft-capped logits cap * tanh(h head^T / cap), dh through the
   // cap (its derivative 1 - tanh^2).
+  // attention_decode with the scores scaled by scale (0: head_dim^-0.5) and soft-capped at
+  // softcap (0: none), as AttnShape's; the default handles (0, 0) alone.
+  virtual void attention_decode_capped(const HeadGeometry& g, int window, float scale,
+                                       float softcap, int past, CMatF q, const float* k_cache,
+                                       const float* v_cache, MatF out);
   virtual double linear_cross_entropy_capped(const QWeight& head, CMatF h, const int32_t* targets,
                                              int32_t ignore_index, float grad_scale, float cap,
                                              MatF dh, int64_t* count);

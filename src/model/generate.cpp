@@ -6,6 +6,7 @@
 
 #include "backend/op_checks.h"
 #include "core/error.h"
+#include "model/llama.h"
 
 namespace qlft {
 
@@ -29,6 +30,7 @@ Generator::Generator(const Model& model, Backend& backend, const LoraAdapter* lo
   if (model.stream) ws_ = model.stream->rank_local();
   if (!ws_) model.require_resident("generation");
   const ModelConfig& c = model.cfg;
+  require_gemma_ops(c, backend);  // so Gemma's norms below are host arrays
   max_len_ = max_len > 0 ? max_len : rope_context_length(c);
   QLFT_CHECK_ARG(max_len_ > 0 && max_len_ <= (1 << 24), "generation length %d is out of range",
                  max_len_);
@@ -113,6 +115,7 @@ void Generator::head(int n, int rows) {
                   nullptr);
   be_.head_logits(model_.head(), xn.as_const().row_slice(0, rows),
                   MatF(logits_.as<float>(), rows, c.vocab));
+  if (c.final_softcap > 0) be_.softcap(MatF(logits_.as<float>(), rows, c.vocab), c.final_softcap);
 }
 
 void Generator::run(const int32_t* tokens, int n) {
@@ -139,7 +142,12 @@ void Generator::run(const int32_t* tokens, int n) {
   {
     UnitUse use(ws, kEmbeddingUnit, layer_unit(0));
     be_.embedding_fwd(model_.tok_embd, tok_.as<int32_t>(), x);
+    if (c.gemma) be_.scale(x.data, int64_t(n) * c.dim, gemma_embedding_scale(c, DType::F32));
   }
+  // Gemma (LlamaRunner's deltas): the scores' scale and soft-cap, and the post-block norms,
+  // whose inputs go to xn (free once q / k / v and gate / up are made).
+  const float att_scale = c.attn_scalar > 0 ? 1.f / std::sqrt(c.attn_scalar) : 0.f;
+  const bool post = model_.shapes.post_norm();
 
   for (int l = 0; l < c.n_layers; ++l) {
     UnitUse use(ws, layer_unit(l), l + 1 < c.n_layers ? layer_unit(l + 1) : head_unit(c.n_layers));
@@ -181,15 +189,21 @@ void Generator::run(const int32_t* tokens, int n) {
     // This feed's keys / values into cache rows [len_, len_ + n), then attention over the cache.
     be_.copy(kcache_[l].as<float>() + static_cast<int64_t>(len_) * kvd, k.data, n * kvd);
     be_.copy(vcache_[l].as<float>() + static_cast<int64_t>(len_) * kvd, v.data, n * kvd);
-    be_.attention_decode(model_.shapes, model_.shapes.layers[static_cast<size_t>(l)].window, len_,
-                         q.as_const(), kcache_[l].as<float>(), vcache_[l].as<float>(), att);
-    be_.linear_fwd(L.proj[3], nullptr, rp[3], att.as_const(), mid, nullptr);
+    be_.attention_decode_capped(model_.shapes, model_.shapes.layers[static_cast<size_t>(l)].window,
+                                att_scale, c.attn_softcap, len_, q.as_const(),
+                                kcache_[l].as<float>(), vcache_[l].as<float>(), att);
+    be_.linear_fwd(L.proj[3], nullptr, rp[3], att.as_const(), post ? xn : mid, nullptr);
+    if (post) be_.rmsnorm_fwd(xn.as_const(), L.post_attn_norm.as<float>(), c.rms_eps, mid, nullptr);
     be_.add(mid.data, x.data, n * static_cast<int64_t>(c.dim));
     be_.rmsnorm_fwd(mid.as_const(), w(&LayerCopy::ffn_norm, L.ffn_norm), c.rms_eps, xn, nullptr);
     be_.linear_fwd(L.proj[4], nullptr, rp[4], xn.as_const(), gate, nullptr);
     be_.linear_fwd(L.proj[5], nullptr, rp[5], xn.as_const(), up, nullptr);
-    be_.swiglu_fwd(gate.as_const(), up.as_const(), h);
-    be_.linear_fwd(L.proj[6], nullptr, rp[6], h.as_const(), x, nullptr);
+    if (c.gemma)
+      be_.geglu_fwd(gate.as_const(), up.as_const(), h);
+    else
+      be_.swiglu_fwd(gate.as_const(), up.as_const(), h);
+    be_.linear_fwd(L.proj[6], nullptr, rp[6], h.as_const(), post ? xn : x, nullptr);
+    if (post) be_.rmsnorm_fwd(xn.as_const(), L.post_ffn_norm.as<float>(), c.rms_eps, x, nullptr);
     be_.add(x.data, mid.data, n * static_cast<int64_t>(c.dim));
   }
   len_ += n;

@@ -108,6 +108,10 @@ def write_gguf(path, family, cfg, sd):
     if gemma:  # llama.cpp's converter: the caps as metadata, norms stored as 1 + w
         w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
         w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+        # llama.cpp scales gemma2's scores by head_dim^-0.5 (the 27B: (hidden / heads)^-0.5);
+        # the fixture's query_pre_attn_scalar is neither, so it is written as attention.scale
+        # (llama.cpp's key of other architectures; qlft's gemma2 reader takes it).
+        w.add_attention_scale(cfg["query_pre_attn_scalar"] ** -0.5)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
 
     def mat(name, t, qk_heads=None):

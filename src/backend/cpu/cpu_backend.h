@@ -254,6 +254,9 @@ class CpuBackend final : public Backend {
   // Generation's attention over its KV cache (cpu_decode.cpp): a plain loop per (row, head).
   void attention_decode(const HeadGeometry& g, int window, int past, CMatF q, const float* k_cache,
                         const float* v_cache, MatF out) override;
+  void attention_decode_capped(const HeadGeometry& g, int window, float scale, float softcap,
+                               int past, CMatF q, const float* k_cache, const float* v_cache,
+                               MatF out) override;
 
   void embedding_fwd(const QWeight& emb, const int32_t* tokens, MatF out) override;
   void head_logits(const QWeight& head, CMatF h, MatF logits) override;

@@ -14,10 +14,16 @@ namespace qlft::cpu {
 
 void CpuBackend::attention_decode(const HeadGeometry& g, int window, int past, CMatF q,
                                   const float* k_cache, const float* v_cache, MatF out) {
+  attention_decode_capped(g, window, 0.f, 0.f, past, q, k_cache, v_cache, out);
+}
+
+void CpuBackend::attention_decode_capped(const HeadGeometry& g, int window, float scale_in,
+                                         float softcap, int past, CMatF q, const float* k_cache,
+                                         const float* v_cache, MatF out) {
   op_checks::attention_decode(g, window, past, q, k_cache, v_cache, out.as_const());
   const int n = static_cast<int>(q.rows), hd = g.head_dim, group = g.group();
   const int64_t kvd = g.kv_dim();
-  const float scale = 1.f / std::sqrt(static_cast<float>(hd));
+  const float scale = scale_in > 0 ? scale_in : 1.f / std::sqrt(static_cast<float>(hd));
   const int total = past + n;
   // Threads only when there is enough work: a parallel region costs more than one token's
   // attention on a small model.
@@ -36,6 +42,7 @@ void CpuBackend::attention_decode(const HeadGeometry& g, int window, int past, C
         float d = 0;
         for (int e = 0; e < hd; ++e) d += qr[e] * kr[e];
         s[j] = d * scale;
+        if (softcap > 0) s[j] = softcap * std::tanh(s[j] / softcap);  // gemma2
         mx = std::max(mx, s[j]);
       }
       double sum = 0;
