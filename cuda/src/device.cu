@@ -1,4 +1,5 @@
-// Device discovery and properties for the CUDA backend. Every runtime call is checked.
+// Device discovery and properties for the CUDA backend, and the process-wide launch settings
+// tests use (the grid cap, the launch trace). Every runtime call is checked.
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -72,6 +73,14 @@ std::atomic<int64_t> g_grid_cap{0};
 
 void cuda_set_grid_cap(int64_t blocks) {
   g_grid_cap.store(blocks > 0 ? blocks : 0, std::memory_order_relaxed);
+}
+
+void cuda_trace_launches(bool on) {
+  cu::trace_launches(on);
+}
+
+std::vector<std::string> cuda_launch_sequence() {
+  return cu::launch_sequence();
 }
 
 namespace cu {

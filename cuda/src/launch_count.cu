@@ -21,6 +21,13 @@ struct Counts {
   std::unordered_map<const void*, uint64_t> kernels;
   std::map<std::string, uint64_t> library;
   std::atomic<uint64_t> total{0};
+  bool tracing = false;
+  // The trace: a kernel's address, or a library call's static name (library set).
+  struct Entry {
+    const void* p;
+    bool library;
+  };
+  std::vector<Entry> trace;
 };
 Counts& counts() {
   static Counts* c = new Counts;  // never destroyed: launches may come during static teardown
@@ -43,6 +50,7 @@ void count_launch(const void* kernel) {
   Counts& c = counts();
   std::lock_guard<std::mutex> g(c.m);
   ++c.kernels[kernel];
+  if (c.tracing) c.trace.push_back({kernel, false});
   c.total.fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -50,7 +58,36 @@ void count_library_launch(const char* name) {
   Counts& c = counts();
   std::lock_guard<std::mutex> g(c.m);
   ++c.library[name];
+  if (c.tracing) c.trace.push_back({name, true});
   c.total.fetch_add(1, std::memory_order_relaxed);
+}
+
+void trace_launches(bool on) {
+  Counts& c = counts();
+  std::lock_guard<std::mutex> g(c.m);
+  c.tracing = on;
+}
+
+std::vector<std::string> launch_sequence() {
+  Counts& c = counts();
+  std::vector<Counts::Entry> t;
+  {
+    std::lock_guard<std::mutex> g(c.m);
+    t.swap(c.trace);
+  }
+  std::unordered_map<const void*, std::string> names;
+  std::vector<std::string> out;
+  out.reserve(t.size());
+  for (const Counts::Entry& e : t) {
+    if (e.library) {
+      out.emplace_back(static_cast<const char*>(e.p));
+      continue;
+    }
+    auto it = names.find(e.p);
+    if (it == names.end()) it = names.emplace(e.p, kernel_name(e.p)).first;
+    out.push_back(it->second);
+  }
+  return out;
 }
 
 uint64_t launches_total() {

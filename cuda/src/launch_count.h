@@ -26,6 +26,11 @@ struct LaunchCount {
 // Launches so far by name (kernels of one name but different instances are listed apart only
 // when their template arguments differ), sorted by name.
 std::vector<LaunchCount> launch_counts();
+// The launch order, for a test that asks which kernel sits between which (cuda_entry.h's
+// cuda_trace_launches): while on, each launch's name is kept in order (a pointer per kernel
+// launch, named when read); launch_sequence() returns them and empties the record.
+void trace_launches(bool on);
+std::vector<std::string> launch_sequence();
 // Demangled "void qlft::cu::k_attn_fwd<4>(qlft::cu::AttnArgs, ...)" -> "k_attn_fwd<4>".
 std::string short_kernel_name(const std::string& demangled);
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "config/run_spec.h"
@@ -42,6 +43,12 @@ std::string cuda_runtime_info();
 // the default), process-wide, so a test makes each CUDA block loop several times on small
 // shapes; the production launches take the same path with no cap.
 void cuda_set_grid_cap(int64_t blocks);
+
+// The backend's launches in order, by kernel name ("k_round16<2>", "cublasLtMatmul"):
+// recording starts with cuda_trace_launches(true); cuda_launch_sequence() returns what was
+// recorded since and empties the record (a test lists a step's kernels with them).
+void cuda_trace_launches(bool on);
+std::vector<std::string> cuda_launch_sequence();
 
 // Throws QLFT_ERR_UNSUPPORTED when `precision` cannot run on the device: bf16 tensor-core
 // GEMMs need compute capability 8.0; fp16 with loss scaling is offered.
