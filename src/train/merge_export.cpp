@@ -112,15 +112,25 @@ void export_safetensors(const Model& m, const LoraAdapter* lora, const std::stri
     t = dequant(m.output);
     w.add_f32("lm_head.weight", {m.output.rows, m.output.cols}, t.data());
   }
-  t = copy_f32(m.output_norm);
-  w.add_f32("model.norm.weight", {c.dim}, t.data());
+  // Gemma's norms are held as 1 + w (model_load_internal.h); its files store w.
+  auto norm = [&](const std::string& name, const Buffer& b) {
+    std::vector<float> v = copy_f32(b);
+    if (c.gemma)
+      for (float& x : v) x -= 1.f;
+    w.add_f32(name, {static_cast<int64_t>(v.size())}, v.data());
+  };
+  norm("model.norm.weight", m.output_norm);
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& L = m.layers[l];
     const std::string h = "model.layers." + std::to_string(l) + ".";
-    t = copy_f32(L.attn_norm);
-    w.add_f32(h + "input_layernorm.weight", {c.dim}, t.data());
-    t = copy_f32(L.ffn_norm);
-    w.add_f32(h + "post_attention_layernorm.weight", {c.dim}, t.data());
+    norm(h + "input_layernorm.weight", L.attn_norm);
+    if (c.gemma) {  // its post_attention_layernorm follows attention; the MLP's are pre / post
+      norm(h + "post_attention_layernorm.weight", L.post_attn_norm);
+      norm(h + "pre_feedforward_layernorm.weight", L.ffn_norm);
+      norm(h + "post_feedforward_layernorm.weight", L.post_ffn_norm);
+    } else {
+      norm(h + "post_attention_layernorm.weight", L.ffn_norm);
+    }
     for (int pi = 0; pi < kProjCount; ++pi) {
       Proj p = static_cast<Proj>(pi);
       const QWeight& q = L.proj[pi];
@@ -169,6 +179,18 @@ void export_safetensors(const Model& m, const LoraAdapter* lora, const std::stri
       {"torch_dtype", "float32"},
   };
   if (!fam->qkv_bias) j["attention_bias"] = c.qkv_bias;
+  if (c.gemma) {  // Gemma 2's keys (null: no cap)
+    j.erase("hidden_act");
+    j["hidden_activation"] = "gelu_pytorch_tanh";
+    // An integer where it is one: transformers' Gemma2Config types it int.
+    const float qp = c.attn_scalar > 0 ? c.attn_scalar : static_cast<float>(c.head_dim);
+    j["query_pre_attn_scalar"] = qp == std::floor(qp) ? nlohmann::json(static_cast<int64_t>(qp))
+                                                      : nlohmann::json(short_double(qp));
+    j["attn_logit_softcapping"] =
+        c.attn_softcap > 0 ? nlohmann::json(short_double(c.attn_softcap)) : nlohmann::json();
+    j["final_logit_softcapping"] =
+        c.final_softcap > 0 ? nlohmann::json(short_double(c.final_softcap)) : nlohmann::json();
+  }
   if (c.sliding_window > 0) {  // as transformers 5 reads it: the window and each layer's type
     j["sliding_window"] = c.sliding_window;
     j["use_sliding_window"] = true;  // Qwen's switch (layer_types decides)
@@ -334,8 +356,17 @@ void export_gguf(const Model& m, const LoraAdapter* lora, const std::string& pat
     w.add_u32(a + "attention.value_length", static_cast<uint32_t>(c.head_dim));
   }
   w.add_u32(a + "vocab_size", static_cast<uint32_t>(c.vocab));
-  if (c.sliding_window > 0) {  // llama.cpp's key has no per-layer form
-    QLFT_CHECK_ARG(c.sliding_layers.empty(),
+  if (c.gemma) {  // llama.cpp's gemma2: the caps, windows on even layers, the scores' scale
+    if (c.attn_softcap > 0) w.add_f32(a + "attn_logit_softcapping", c.attn_softcap);
+    if (c.final_softcap > 0) w.add_f32(a + "final_logit_softcapping", c.final_softcap);
+    const float derived = static_cast<float>(c.n_layers == 46 ? c.dim / c.n_heads : c.head_dim);
+    if (c.attn_scalar > 0 && c.attn_scalar != derived)
+      w.add_f32(a + "attention.scale", 1.f / std::sqrt(c.attn_scalar));
+  }
+  if (c.sliding_window > 0) {  // llama.cpp's key has no per-layer form (gemma2: even layers)
+    bool even = c.gemma;
+    for (int l = 0; l < c.n_layers && even; ++l) even = c.layer_slides(l) == (l % 2 == 0);
+    QLFT_CHECK_ARG(c.sliding_layers.empty() || even,
                    "merged GGUF export: a sliding window on some layers only has no GGUF form");
     w.add_u32(a + "attention.sliding_window", static_cast<uint32_t>(c.sliding_window));
   }
@@ -363,6 +394,10 @@ void export_gguf(const Model& m, const LoraAdapter* lora, const std::string& pat
     const std::string b = "blk." + std::to_string(l) + ".";
     vec(b + "attn_norm.weight", copy_f32(L.attn_norm));
     vec(b + "ffn_norm.weight", copy_f32(L.ffn_norm));
+    if (!L.post_attn_norm.empty()) {  // gemma2 (held as 1 + w, as llama.cpp stores them)
+      vec(b + "post_attention_norm.weight", copy_f32(L.post_attn_norm));
+      vec(b + "post_ffw_norm.weight", copy_f32(L.post_ffn_norm));
+    }
     for (int pi = 0; pi < kProjCount; ++pi) {
       Proj p = static_cast<Proj>(pi);
       const QWeight& q = L.proj[pi];

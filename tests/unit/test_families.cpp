@@ -333,6 +333,13 @@ TEST(Families, Gemma2MatchesTransformersAndPeft) {
   check_family("gemma2");
 }
 
+// The merged export writes Gemma's norms back as w (safetensors; GGUF keeps 1 + w), its four
+// norm names and its keys (caps, query_pre_attn_scalar, layer_types / llama.cpp's even-layer
+// window): loaded back, merge_and_unload's logits.
+TEST(Families, Gemma2ExportsLoadInPeft) {
+  check_exports("gemma2");
+}
+
 // Done-when 5: an architecture qlft does not train is refused at load, naming it and what qlft
 // lacks for it (a hybrid linear-attention model, a Mamba hybrid, an unknown one), from
 // config.json and from a GGUF's general.architecture.
