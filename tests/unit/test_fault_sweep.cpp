@@ -31,8 +31,10 @@
 #include "support/test_support.h"
 #include "tokenizer/tokenizer.h"
 #include "train/trainer.h"
+#include "test_trainer_util.h"
 
 using namespace qlft;
+using trainer_test::weights_of;
 
 namespace {
 
@@ -80,12 +82,6 @@ Config sweep_config() {
   c.set("train.grad_checkpointing", "2");  // layers 0, 2, 4 recompute in backward
   c.set("seed", "11");
   return c;
-}
-
-std::vector<float> weights_of(Trainer& t) {
-  std::vector<float> w;
-  for (const LoraAdapter::Param& p : t.lora().params()) w.insert(w.end(), p.w, p.w + p.n);
-  return w;
 }
 
 void expect_same_totals(const MemorySnapshot& a, const MemorySnapshot& b, const std::string& at) {

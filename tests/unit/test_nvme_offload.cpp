@@ -30,8 +30,10 @@
 #include "support/test_support.h"
 #include "tokenizer/tokenizer.h"
 #include "train/trainer.h"
+#include "test_trainer_util.h"
 
 using namespace qlft;
+using trainer_test::weights_of;
 
 namespace {
 
@@ -314,12 +316,6 @@ Config train_config(bool offload, const std::string& dir) {
     c.set("offload.dir", dir);
   }
   return c;
-}
-
-std::vector<float> weights_of(Trainer& t) {
-  std::vector<float> w;
-  for (const LoraAdapter::Param& p : t.lora().params()) w.insert(w.end(), p.w, p.w + p.n);
-  return w;
 }
 
 }  // namespace

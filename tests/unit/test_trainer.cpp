@@ -19,8 +19,11 @@
 #include "support/test_support.h"
 #include "tokenizer/tokenizer.h"
 #include "train/trainer.h"
+#include "test_trainer_util.h"
 
 using namespace qlft;
+using trainer_test::grads_of;
+using trainer_test::weights_of;
 
 namespace {
 
@@ -58,18 +61,6 @@ Config base_config() {
   c.set("train.max_steps", "3");
   c.set("seed", "7");
   return c;
-}
-
-// All LoRA gradients, in the trainer's fixed parameter order.
-std::vector<float> grads_of(Trainer& t) {
-  std::vector<float> g;
-  for (const LoraAdapter::Param& p : t.lora().params()) g.insert(g.end(), p.g, p.g + p.n);
-  return g;
-}
-std::vector<float> weights_of(Trainer& t) {
-  std::vector<float> w;
-  for (const LoraAdapter::Param& p : t.lora().params()) w.insert(w.end(), p.w, p.w + p.n);
-  return w;
 }
 
 }  // namespace
