@@ -37,6 +37,11 @@ Generator::Generator(const Model& model, Backend& backend, const LoraAdapter* lo
   if (lora) {
     QLFT_CHECK_ARG(lora->model_shapes() == model.shapes,
                    "the LoRA adapter was made for a model of another shape");
+    // DoRA / a PiSSA or OLoRA start around the kernels' LoRA (host backends, resident weights).
+    if (lora->config().use_dora || lora->has_start()) {
+      QLFT_CHECK_ARG(!ws_, "DoRA and a PiSSA / OLoRA start generate from resident weights");
+      extras_ = std::make_unique<LoraExtras>(backend, model, *lora);
+    }
   }
   const int64_t kvd = model.shapes.kv_dim();
   for (int l = 0; l < c.n_layers; ++l) {
@@ -165,6 +170,7 @@ void Generator::run(const int32_t* tokens, int n) {
         }
         rp[p] = &refs[p];
       }
+    if (extras_) extras_->prepare_layer(l);
     // A norm weight or bias: its device copy where there is one, else the model's host array.
     auto w = [&](Buffer LayerCopy::*copy, const Buffer& host) -> const float* {
       if (D && !(D->*copy).empty()) return (D->*copy).as<float>();
@@ -176,8 +182,11 @@ void Generator::run(const int32_t* tokens, int n) {
     };
     be_.rmsnorm_fwd(x.as_const(), w(&LayerCopy::attn_norm, L.attn_norm), c.rms_eps, xn, nullptr);
     be_.linear_fwd(L.proj[0], bias(0), rp[0], xn.as_const(), q, nullptr);
+    if (extras_ && rp[0]) extras_->after_fwd(l, Proj(0), xn.as_const(), q, bias(0));
     be_.linear_fwd(L.proj[1], bias(1), rp[1], xn.as_const(), k, nullptr);
+    if (extras_ && rp[1]) extras_->after_fwd(l, Proj(1), xn.as_const(), k, bias(1));
     be_.linear_fwd(L.proj[2], bias(2), rp[2], xn.as_const(), v, nullptr);
+    if (extras_ && rp[2]) extras_->after_fwd(l, Proj(2), xn.as_const(), v, bias(2));
     if (model_.shapes.qk_norm()) {  // per-head q / k norms (qwen3), in place
       const int hd = c.head_dim;
       MatF qh(q.data, int64_t(n) * c.n_heads, hd), kh(k.data, int64_t(n) * c.n_kv_heads, hd);
@@ -193,16 +202,20 @@ void Generator::run(const int32_t* tokens, int n) {
                                 att_scale, c.attn_softcap, len_, q.as_const(),
                                 kcache_[l].as<float>(), vcache_[l].as<float>(), att);
     be_.linear_fwd(L.proj[3], nullptr, rp[3], att.as_const(), post ? xn : mid, nullptr);
+    if (extras_ && rp[3]) extras_->after_fwd(l, Proj(3), att.as_const(), post ? xn : mid, nullptr);
     if (post) be_.rmsnorm_fwd(xn.as_const(), L.post_attn_norm.as<float>(), c.rms_eps, mid, nullptr);
     be_.add(mid.data, x.data, n * static_cast<int64_t>(c.dim));
     be_.rmsnorm_fwd(mid.as_const(), w(&LayerCopy::ffn_norm, L.ffn_norm), c.rms_eps, xn, nullptr);
     be_.linear_fwd(L.proj[4], nullptr, rp[4], xn.as_const(), gate, nullptr);
+    if (extras_ && rp[4]) extras_->after_fwd(l, Proj(4), xn.as_const(), gate, nullptr);
     be_.linear_fwd(L.proj[5], nullptr, rp[5], xn.as_const(), up, nullptr);
+    if (extras_ && rp[5]) extras_->after_fwd(l, Proj(5), xn.as_const(), up, nullptr);
     if (c.gemma)
       be_.geglu_fwd(gate.as_const(), up.as_const(), h);
     else
       be_.swiglu_fwd(gate.as_const(), up.as_const(), h);
     be_.linear_fwd(L.proj[6], nullptr, rp[6], h.as_const(), post ? xn : x, nullptr);
+    if (extras_ && rp[6]) extras_->after_fwd(l, Proj(6), h.as_const(), post ? xn : x, nullptr);
     if (post) be_.rmsnorm_fwd(xn.as_const(), L.post_ffn_norm.as<float>(), c.rms_eps, x, nullptr);
     be_.add(x.data, mid.data, n * static_cast<int64_t>(c.dim));
   }

@@ -15,10 +15,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "backend/backend.h"
 #include "model/lora.h"
+#include "model/lora_extras.h"
 #include "model/model.h"
 #include "model/sampler.h"
 
@@ -71,6 +73,7 @@ class Generator {
   std::shared_ptr<WeightStream> ws_;  // rank-local stream of a streamed model, else null
   Backend& be_;
   const LoraAdapter* lora_;
+  std::unique_ptr<LoraExtras> extras_;  // DoRA / a frozen start, else null
   int max_len_;
   int len_ = 0;
   std::vector<Buffer> kcache_, vcache_;  // per layer [max_len, kv_dim]
