@@ -86,10 +86,10 @@ struct Model {
 
 // Every storage Buffer of m's base weights with its weight group, the one enumeration the weight
 // streams and the planner share: group 0 the token embedding; 1..n_layers each layer (attn_norm,
-// ffn_norm, the projections, the biases, the q / k norms); n_layers + 1 the final norm and the
-// untied head. A QWeight gives data, absmax, nested_absmax, code, nested_code, scb. Empty Buffers
-// are included (callers skip what they do not keep). f(int group, Buffer& b); M is Model or const
-// Model.
+// ffn_norm, the projections, the biases, the q / k norms, gemma's post-block norms); n_layers + 1
+// the final norm and the untied head. A QWeight gives data, absmax, nested_absmax, code,
+// nested_code, scb. Empty Buffers are included (callers skip what they do not keep). f(int group,
+// Buffer& b); M is Model or const Model.
 template <class M, class F>
 void for_each_weight_buffer(M& m, const F& f) {
   auto qweight = [&](int g, auto& w) {
@@ -106,6 +106,8 @@ void for_each_weight_buffer(M& m, const F& f) {
     for (auto& b : lw.bias) f(l + 1, b);
     f(l + 1, lw.q_norm);
     f(l + 1, lw.k_norm);
+    f(l + 1, lw.post_attn_norm);
+    f(l + 1, lw.post_ffn_norm);
   }
   f(L + 1, m.output_norm);
   if (m.output.rows) qweight(L + 1, m.output);

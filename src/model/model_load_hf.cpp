@@ -114,7 +114,8 @@ ModelConfig read_hf_config(const JsonFile& cj, const std::string& weights,
                     cj.path().c_str(), c.rms_eps);
   QLFT_CHECK_FORMAT(c.rope_theta > 0, "%s: rope_theta %g must be positive", cj.path().c_str(),
                     c.rope_theta);
-  c.tied_embeddings = cj.get_bool("tie_word_embeddings", false);
+  // transformers' default: Gemma's configs tie the head unless they say otherwise.
+  c.tied_embeddings = cj.get_bool("tie_word_embeddings", fam->gemma);
   const bool tie_explicit = cj.has("tie_word_embeddings");
   c.rope_adjacent = false;
   check_model_config(c, cj.path());

@@ -128,10 +128,13 @@ void add_biases(WeightFootprint& w, size_t g, const LayerShapes& ls, const bool 
 }
 // The per-head q / k norms (qwen3), f32 [qk_norm] each, after the biases as the model lists
 // them (for_each_weight_buffer); kept[j]: norm j is the file's bytes unchanged.
+// Then gemma's post-attention / post-feedforward norms, f32 [post_norm] each (kept[2..3]).
 void add_qk_norms(WeightFootprint& w, size_t g, const LayerShapes& ls,
-                  const bool kept[2] = nullptr) {
-  if (!ls.qk_norm) return;
-  for (int j = 0; j < 2; ++j) add_slot_dev(w, g, uint64_t(ls.qk_norm) * 4, kept && kept[j]);
+                  const bool kept[4] = nullptr) {
+  for (int j = 0; j < 2 && ls.qk_norm; ++j)
+    add_slot_dev(w, g, uint64_t(ls.qk_norm) * 4, kept && kept[j]);
+  for (int j = 2; j < 4 && ls.post_norm; ++j)
+    add_slot_dev(w, g, uint64_t(ls.post_norm) * 4, kept && kept[j]);
 }
 
 // The file's tensor holding projection p of layer l (GGUF or HF name) and its row count: the
@@ -217,8 +220,9 @@ WeightFootprint gguf_footprint(const std::string& path, const LoadOptions& o, Mo
                           kept(b + "attn_v.bias", false)};
       add_biases(w, gi, sh.layers[size_t(l)], kb);
     }
-    const bool kn[2] = {kept(b + "attn_q_norm.weight", false),
-                        kept(b + "attn_k_norm.weight", false)};
+    const bool kn[4] = {
+        kept(b + "attn_q_norm.weight", false), kept(b + "attn_k_norm.weight", false),
+        kept(b + "post_attention_norm.weight", false), kept(b + "post_ffw_norm.weight", false)};
     add_qk_norms(w, gi, sh.layers[size_t(l)], kn);
   }
   return w;
@@ -367,6 +371,8 @@ WeightFootprint weight_footprint(const Model& m) {
     for (const Buffer& b : l.bias) buf(i + 1, b);
     buf(i + 1, l.q_norm);
     buf(i + 1, l.k_norm);
+    buf(i + 1, l.post_attn_norm);
+    buf(i + 1, l.post_ffn_norm);
   }
   return w;
 }

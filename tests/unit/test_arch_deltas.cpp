@@ -39,6 +39,13 @@ TEST(ArchDeltas, FamilyFixtures) {
   EXPECT_EQ(deltas_of("families/syn_mistral"), "sliding window 5 on 2 of 2 layers");
   // syn_phi3: qkv_proj / gate_up_proj fused, sliding_window null, untied.
   EXPECT_EQ(deltas_of("families/syn_phi3"), "fused qkv_proj and gate_up_proj (split on load)");
+  // syn_gemma2: sliding_window 5 with layer_types sliding / full / sliding, query_pre_attn_scalar
+  // 24 (head_dim 16), attn_logit_softcapping 4, final_logit_softcapping 8, tied.
+  EXPECT_EQ(deltas_of("families/syn_gemma2"),
+            "sliding window 5 on 2 of 3 layers, (1 + w) RMSNorms, post-attention and "
+            "post-feedforward norms, GeGLU (tanh GELU), embeddings times sqrt(hidden), attention "
+            "scaled by query_pre_attn_scalar 24^-0.5, attention logits soft-capped at 4, final "
+            "logits soft-capped at 8, tied head");
 }
 
 // The per-layer window (qwen2's max_window_layers: layers from it on slide) and llama3 rope

@@ -767,14 +767,15 @@ AttnOut attention_bf16_oracle(const AttnShape& s, const FVec& q, const FVec& k, 
                               bool round_mid) {
   const int T = s.seq, H = s.n_heads, KV = s.n_kv_heads, D = s.head_dim;
   const int rows = s.batch * T, qc = H * D, kc = KV * D;
-  const double scale = 1.0 / std::sqrt(double(D));
+  const double scale = s.scale > 0 ? double(s.scale) : 1.0 / std::sqrt(double(D));
+  const double cap = s.softcap;  // soft-capped scores: dS through 1 - tanh^2 before rounding
   auto mid = [&](double x) { return round_mid ? bf(x) : x; };
   AttnOut r;
   r.out.assign(size_t(rows) * qc, 0);
   r.dq.assign(size_t(rows) * qc, 0);
   r.dk.assign(size_t(rows) * kc, 0);
   r.dv.assign(size_t(rows) * kc, 0);
-  Vec sc(static_cast<size_t>(T));
+  Vec sc(static_cast<size_t>(T)), th(static_cast<size_t>(T), 0.0);
   for (int b = 0; b < s.batch; ++b)
     for (int h = 0; h < H; ++h) {
       const int kh = h / (H / KV);
@@ -789,6 +790,10 @@ AttnOut attention_bf16_oracle(const AttnShape& s, const FVec& q, const FVec& k, 
           double d = 0;
           for (int e = 0; e < D; ++e) d += double(q[ri * qc + h * D + e]) * k[rj * kc + kh * D + e];
           sc[j] = d * scale;
+          if (cap > 0) {
+            th[j] = std::tanh(sc[j] / cap);
+            sc[j] = cap * th[j];
+          }
           m = std::max(m, sc[j]);
         }
         double z = 0;
@@ -804,7 +809,7 @@ AttnOut attention_bf16_oracle(const AttnShape& s, const FVec& q, const FVec& k, 
             r.out[ri * qc + h * D + e] += pr * v[rj * kc + kh * D + e];
             dp += double(dout[ri * qc + h * D + e]) * v[rj * kc + kh * D + e];
           }
-          const double ds = mid(p * (dp - Di));
+          const double ds = mid(p * (dp - Di) * (1 - th[j] * th[j]));
           for (int e = 0; e < D; ++e) {
             r.dq[ri * qc + h * D + e] += scale * ds * k[rj * kc + kh * D + e];
             r.dk[rj * kc + kh * D + e] += scale * ds * q[ri * qc + h * D + e];
@@ -844,13 +849,22 @@ struct AttnCase {
   bool docs;
   int64_t block_q, stair;
   double tol;
-  int window = 0;  // AttnShape::window (sliding-window attention)
+  int window = 0;       // AttnShape::window (sliding-window attention)
+  float softcap = 0.f;  // AttnShape::softcap (Gemma 2), with scale
+  float scale = 0.f;    // AttnShape::scale
+  float q_sd = 1.f;     // q's spread: large enough that scores pass the cap
 };
 std::vector<AttnCase> attn_cases() {
-  return {{2, 37, 4, 2, 16, false, 8, 3, 1e-6},     {1, 50, 6, 2, 32, true, 16, 5, 1e-6},
-          {2, 9, 2, 1, 8, false, 64, 0, 1e-6},      {1, 200, 2, 1, 64, false, 64, 0, 2e-5},
-          {1, 161, 2, 2, 64, true, 96, 32, 1e-6},   {2, 45, 4, 2, 16, false, 8, 3, 1e-6, 7},
-          {1, 161, 2, 2, 64, true, 32, 8, 1e-6, 40}};
+  return {{2, 37, 4, 2, 16, false, 8, 3, 1e-6},
+          {1, 50, 6, 2, 32, true, 16, 5, 1e-6},
+          {2, 9, 2, 1, 8, false, 64, 0, 1e-6},
+          {1, 200, 2, 1, 64, false, 64, 0, 2e-5},
+          {1, 161, 2, 2, 64, true, 96, 32, 1e-6},
+          {2, 45, 4, 2, 16, false, 8, 3, 1e-6, 7},
+          {1, 161, 2, 2, 64, true, 32, 8, 1e-6, 40},
+          // Gemma 2: scores scaled by 24^-0.5 and soft-capped at 2 (tanh bends most of them)
+          {2, 37, 4, 2, 16, false, 8, 3, 1e-6, 5, 2.f, 0.2041241f, 3.f},
+          {1, 161, 2, 2, 64, true, 32, 8, 5e-6, 0, 2.f, 0.2041241f, 3.f}};
 }
 
 void check_attention_oracle(Engine e, AttnAmx amx) {
@@ -858,16 +872,18 @@ void check_attention_oracle(Engine e, AttnAmx amx) {
     SCOPED_TRACE(::testing::Message()
                  << engine_name(e) << amx_name(amx) << " seq " << c.seq << " heads " << c.heads
                  << "/" << c.kv << " hd " << c.hd << " docs " << c.docs << " stair " << c.stair
-                 << " window " << c.window);
+                 << " window " << c.window << " softcap " << c.softcap);
     Pair px(e, false, c.block_q, c.stair, amx);
     Rng rng(uint64_t(c.seq) * 31 + c.hd);
     AttnShape s = attn_shape(c.batch, c.seq, c.heads, c.kv, c.hd);
     s.window = c.window;
+    s.softcap = c.softcap;
+    s.scale = c.scale;
     const int rows = c.batch * c.seq, qc = c.heads * c.hd, kc = c.kv * c.hd;
     std::vector<int32_t> doc(static_cast<size_t>(rows));
     for (int i = 0; i < rows; ++i) doc[size_t(i)] = (i % c.seq) / 12;  // documents of 12
     if (c.docs) s.doc_ids = doc.data();
-    const FVec q = rng.normal(size_t(rows) * qc), k = rng.normal(size_t(rows) * kc),
+    const FVec q = rng.normal(size_t(rows) * qc, c.q_sd), k = rng.normal(size_t(rows) * kc),
                v = rng.normal(size_t(rows) * kc), dout = rng.normal(size_t(rows) * qc);
     FVec out(q.size()), lse(size_t(c.heads) * rows), dq(q.size()), dk(k.size()), dv(v.size());
     px.bf->attention_fwd(s, CMatF(q.data(), rows, qc), CMatF(k.data(), rows, kc),

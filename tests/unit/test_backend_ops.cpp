@@ -553,6 +553,8 @@ struct AttnCase {
   int64_t stair = 0;  // CpuTuning::attn_stair_rows (0: whole tiles)
   float q_sd = 1.f;   // large values give scores far apart: softmax stability
   int window = 0;     // AttnShape::window (sliding-window attention)
+  float softcap = 0;  // AttnShape::softcap and scale (Gemma 2)
+  float scale = 0;
 };
 
 // fp32 tiles on oneDNN (the default, first keys rounded down to 64) or on sgemm(): OpenBLAS, or
@@ -569,6 +571,8 @@ void run_attention_on(const AttnCase& c, uint64_t seed, bool onednn, bool blas_o
   Rng rng(seed);
   AttnShape s = attn_shape(c.batch, c.seq, c.heads, c.kv, c.hd);
   s.window = c.window;
+  s.softcap = c.softcap;
+  s.scale = c.scale;
   const int rows = c.batch * c.seq, qc = c.heads * c.hd, kc = c.kv * c.hd;
   std::vector<int32_t> doc(rows);
   if (c.docs) {  // documents of random lengths; ids restart per batch element
@@ -723,6 +727,15 @@ TEST(BackendAttention, SlidingWindow) {
 TEST(BackendAttention, SlidingWindowDocIds) {
   run_attention({2, 27, 4, 2, 8, true, 8, 3, 1.f, 6}, 56);
   run_attention({1, 150, 2, 1, 8, true, 16, 5, 1.f, 20}, 57);
+}
+
+// Gemma 2's scores: scaled by 24^-0.5 (not head_dim^-0.5) and soft-capped at 2 (q spread so
+// that most scores bend), with its sliding window and packed documents; the gradients against
+// the oracle's finite differences go through the cap's tanh.
+TEST(BackendAttention, SoftCapAndScale) {
+  run_attention({2, 21, 4, 2, 8, false, 8, 3, 3.f, 0, 2.f, 0.2041241f}, 58);
+  run_attention({1, 70, 4, 1, 16, true, 16, 5, 3.f, 6, 2.f, 0.2041241f}, 59);
+  run_attention({1, 33, 2, 1, 8, false, 64, 0, 12.f, 0, 50.f, 0.f}, 60);  // Gemma 2's cap of 50
 }
 
 // ---- embedding, head, cross-entropy -----------------------------------------------------------

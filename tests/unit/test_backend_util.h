@@ -167,14 +167,16 @@ inline qlft::AttnShape attn_shape(int batch, int seq, int heads, int kv, int hea
   return s;
 }
 
-// out, lse of causal GQA attention with optional document mask.
+// out, lse of causal GQA attention with optional document mask, sliding window, the scores'
+// scale (AttnShape::scale, 0: head_dim^-0.5) and soft-cap (cap tanh(s / cap); 0: none).
 inline void attention_oracle(const qlft::AttnShape& s, const Vec& q, const Vec& k, const Vec& v,
                              const std::vector<int32_t>* doc, Vec& out, Vec* lse) {
   const int T = s.seq, H = s.n_heads, KV = s.n_kv_heads, D = s.head_dim;
   const int rows = s.batch * T, qc = H * D, kc = KV * D;
   out.assign(size_t(rows) * qc, 0.0);
   if (lse) lse->assign(size_t(H) * rows, 0.0);
-  const double scale = 1.0 / std::sqrt(double(D));
+  const double scale = s.scale > 0 ? double(s.scale) : 1.0 / std::sqrt(double(D));
+  const double cap = s.softcap;
   Vec sc(T);
   for (int b = 0; b < s.batch; ++b)
     for (int h = 0; h < H; ++h) {
@@ -191,6 +193,7 @@ inline void attention_oracle(const qlft::AttnShape& s, const Vec& q, const Vec& 
           double d = 0;
           for (int e = 0; e < D; ++e) d += q[ri * qc + h * D + e] * k[rj * kc + kh * D + e];
           sc[j] = d * scale;
+          if (cap > 0) sc[j] = cap * std::tanh(sc[j] / cap);
           m = std::max(m, sc[j]);
         }
         double z = 0;

@@ -541,6 +541,51 @@ TEST(Families, PlansRealConfigsFromConfigJsonAlone) {
   s = model_shapes(c);
   EXPECT_EQ(s.proj(0, Proj::K).out, 1280);
   expect_nf4(w, s);
+  // google/gemma-2-9b's config.json (its model card's; transformers 4.42: no layer_types, so
+  // even layers slide; no tie_word_embeddings, so tied as Gemma2Config defaults).
+  const nlohmann::json gemma2_9b = {{"architectures", {"Gemma2ForCausalLM"}},
+                                    {"attention_bias", false},
+                                    {"attn_logit_softcapping", 50.0},
+                                    {"final_logit_softcapping", 30.0},
+                                    {"head_dim", 256},
+                                    {"hidden_act", "gelu_pytorch_tanh"},
+                                    {"hidden_activation", "gelu_pytorch_tanh"},
+                                    {"hidden_size", 3584},
+                                    {"intermediate_size", 14336},
+                                    {"max_position_embeddings", 8192},
+                                    {"model_type", "gemma2"},
+                                    {"num_attention_heads", 16},
+                                    {"num_hidden_layers", 42},
+                                    {"num_key_value_heads", 8},
+                                    {"query_pre_attn_scalar", 256},
+                                    {"rms_norm_eps", 1e-6},
+                                    {"rope_theta", 10000.0},
+                                    {"sliding_window", 4096},
+                                    {"torch_dtype", "float32"},
+                                    {"vocab_size", 256000}};
+  w = weight_footprint_of_file(config_dir(gemma2_9b, "gemma2_9b"), o, &c);
+  EXPECT_EQ(c.arch, "gemma2");
+  EXPECT_TRUE(c.gemma);
+  EXPECT_TRUE(c.tied_embeddings);
+  EXPECT_EQ(c.attn_softcap, 50.f);
+  EXPECT_EQ(c.final_softcap, 30.f);
+  s = model_shapes(c);
+  EXPECT_EQ(s.q_dim(), 4096);  // head_dim 256, not 3584 / 16
+  EXPECT_EQ(s.layers[0].window, 4096);
+  EXPECT_EQ(s.layers[1].window, 0);
+  EXPECT_EQ(s.layers[0].post_norm, 3584);
+  // Four norms [3584] a layer.
+  EXPECT_EQ(std::count(w.groups[1].begin(), w.groups[1].end(), uint64_t(3584 * 4)), 4);
+  {  // tied: one f32 [V, D] table (4 V D bytes), NF4 projections as above
+    double lin = 0;
+    for (int l = 0; l < s.n_layers; ++l)
+      for (int p = 0; p < kProjCount; ++p)
+        lin += double(s.proj(l, Proj(p)).out) * double(s.proj(l, Proj(p)).in);
+    const double want = 4.0 * s.vocab * s.dim + lin * (0.5 + 1.0 / 64);
+    std::printf("[family] gemma2-9b NF4 weights %.3f GB (expected %.3f)\n", double(w.bytes) / 1e9,
+                want / 1e9);
+    EXPECT_NEAR(double(w.bytes), want, 0.01 * want);
+  }
   for (const auto& [cls, type, says] :
        {std::tuple{"Gemma3ForCausalLM", "gemma3_text", "GeGLU"},
         std::tuple{"MixtralForCausalLM", "mixtral", "mixture-of-experts layers"}}) {
