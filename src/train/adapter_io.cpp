@@ -410,10 +410,11 @@ void load_peft_adapter(LoraAdapter& lora, const std::string& dir) {
 }
 
 void save_gguf_lora_adapter(const LoraAdapter& lora, const std::string& path) {
-  QLFT_CHECK_ARG(!lora.config().use_dora,
-                 "%s: llama.cpp's LoRA GGUF has no DoRA magnitude; export a DoRA adapter as PEFT "
-                 "or as a merged model",
-                 path.c_str());
+  if (lora.config().use_dora)
+    throw_error(QLFT_ERR_UNSUPPORTED,
+                "%s: llama.cpp's LoRA GGUF has no DoRA magnitude; export a DoRA adapter as PEFT "
+                "or as a merged model",
+                path.c_str());
   if (lora.has_start()) return save_gguf_lora_adapter(*lora.folded_start(nullptr), path);
   const LoraConfig& c = lora.config();
   const ModelShapes& m = lora.model_shapes();

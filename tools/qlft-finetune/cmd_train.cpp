@@ -510,10 +510,16 @@ int cmd_train(int argc, char** argv) {
   std::string gguf = outdir + "/" + kAdapterGguf;
   if ((st = qlft_trainer_save_adapter(s.trainer.get(), peft.c_str(), "peft")) != QLFT_OK)
     return fail(peft.c_str(), st);
-  if ((st = qlft_trainer_save_adapter(s.trainer.get(), gguf.c_str(), "gguf")) != QLFT_OK)
-    return fail(gguf.c_str(), st);
+  // An adapter llama.cpp cannot take (DoRA: no magnitude in its format) is said, not an error:
+  // the PEFT adapter and a merged export carry it.
+  st = qlft_trainer_save_adapter(s.trainer.get(), gguf.c_str(), "gguf");
+  const bool gguf_ok = st == QLFT_OK;
+  if (!gguf_ok && st != QLFT_ERR_UNSUPPORTED) return fail(gguf.c_str(), st);
   if (!writer) return kOk;
-  std::printf("adapter: %s (PEFT), %s (llama.cpp)\n", peft.c_str(), gguf.c_str());
+  if (gguf_ok)
+    std::printf("adapter: %s (PEFT), %s (llama.cpp)\n", peft.c_str(), gguf.c_str());
+  else
+    std::printf("adapter: %s (PEFT); no llama.cpp adapter: %s\n", peft.c_str(), qlft_last_error());
   qlft_memory_report mem{};
   mem.struct_size = sizeof mem;
   if (have_plan && qlft_trainer_memory_report(s.trainer.get(), &mem) == QLFT_OK) {
