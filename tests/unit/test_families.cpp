@@ -14,6 +14,7 @@
 #include <tuple>
 
 #include "arch/families.h"
+#include "backend/autocast_backend.h"
 #include "core/threads.h"
 #include "formats/safetensors.h"
 #include "model/generate.h"
@@ -331,6 +332,84 @@ TEST(Families, SlidingWindowFromConfigKeys) {
 // names and soft-cap keys); greedy generation through the KV cache as well.
 TEST(Families, Gemma2MatchesTransformersAndPeft) {
   check_family("gemma2");
+}
+
+// Each Gemma delta is what makes the match: with any one of them undone, the base logits are
+// transformers' no longer (each moves them by more than 100x the parity tolerance).
+TEST(Families, Gemma2EachDeltaIsVisible) {
+  set_num_threads(1);
+  MemoryTracker tr;
+  auto m = load_model(&tr, family_fixture("syn_gemma2"), keep());
+  Fixture f(family_fixture("syn_gemma2.lora.safetensors"));
+  auto be = make_cpu_backend(&tr);
+  std::vector<int32_t> tok;
+  TokenBatch bt = batch_of(f, tok, nullptr);
+  const std::vector<float> ref = f.f32("base_logits");
+  auto err = [&] {
+    return max_rel_error(logits_of(*m, *be, nullptr, bt).data(), ref.data(), ref.size());
+  };
+  ASSERT_LT(err(), kTol);
+  const ModelConfig c0 = m->cfg;
+  const ModelShapes s0 = m->shapes;
+  const std::pair<const char*, std::function<void()>> undo[] = {
+      {"attention soft-cap", [&] { m->cfg.attn_softcap = 0; }},
+      {"final soft-cap", [&] { m->cfg.final_softcap = 0; }},
+      {"query_pre_attn_scalar", [&] { m->cfg.attn_scalar = 0; }},
+      {"sliding window",
+       [&] {
+         for (LayerShapes& l : m->shapes.layers) l.window = 0;
+       }},
+      {"GeGLU and the embedding scale", [&] { m->cfg.gemma = false; }},
+  };
+  for (const auto& [what, change] : undo) {
+    change();
+    const double e = err();
+    std::printf("[family] gemma2 without its %s: logits off by %.3g\n", what, e);
+    EXPECT_GT(e, 100 * kTol) << what;
+    m->cfg = c0;
+    m->shapes = s0;
+  }
+}
+
+// A bf16 step: 16-bit activation storage (the post-block norms' inputs kept fp32) and the
+// autocast bf16 backend (bf16 attention tiles with the soft-cap, the capped cross-entropy's bf16
+// head) stay near the fp32 gradients; checkpointed layers recompute the same ones.
+TEST(Families, Gemma2CheckpointingAndBf16) {
+  set_num_threads(1);
+  MemoryTracker tr;
+  auto model = load_model(&tr, family_fixture("syn_gemma2"), keep());
+  Fixture f(family_fixture("syn_gemma2.lora.safetensors"));
+  std::vector<int32_t> tok, tgt;
+  TokenBatch b = batch_of(f, tok, &tgt);
+  auto grads = [&](Backend& be, bool ckpt, DType act) {
+    LoraAdapter lora(&tr, model->shapes, lora_config_of(f));
+    load_lora(f, lora);
+    LlamaRunner run(*model, be, &lora);
+    run.set_checkpoint_all(ckpt);
+    run.set_activation_dtype(act);
+    lora.zero_grad();
+    const double loss = run.forward(b).mean();
+    run.backward();
+    std::vector<float> g;
+    for (auto& p : lora.params()) g.insert(g.end(), p.g, p.g + p.n);
+    return std::pair{loss, g};
+  };
+  auto cpu = make_cpu_backend(&tr);
+  const auto [l0, g0] = grads(*cpu, false, DType::F32);
+  EXPECT_NEAR(l0, f.f32("loss")[0], kTol * std::fabs(l0));
+  EXPECT_EQ(grads(*cpu, true, DType::F32).second, g0) << "checkpointed";
+  const auto [l16, g16] = grads(*cpu, false, DType::BF16);
+  const double e16 = max_rel_error(g16.data(), g0.data(), g0.size());
+  auto bf = make_autocast_backend(make_cpu_backend(&tr), DType::BF16, true);
+  const auto [lb, gb] = grads(*bf, true, DType::BF16);
+  const double eb = max_rel_error(gb.data(), g0.data(), g0.size());
+  std::printf("[family] gemma2 bf16 storage %.3g, bf16 autocast %.3g (loss %.5f vs %.5f)\n", e16,
+              eb, lb, l0);
+  EXPECT_GT(e16, 0.0);  // the 16-bit storage was in use
+  EXPECT_LT(e16, 3e-2);
+  EXPECT_GT(eb, 0.0);
+  EXPECT_LT(eb, 5e-2);
+  EXPECT_NEAR(lb, l0, 1e-2 * l0);
 }
 
 // The merged export writes Gemma's norms back as w (safetensors; GGUF keeps 1 + w), its four
