@@ -23,16 +23,18 @@ void LoraConfig::set_targets(const std::string& list) {
     size_t b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
     if (b == std::string::npos) continue;
     item = item.substr(b, e - b + 1);
-    int found = -1;
+    bool found = false;
     for (int p = 0; p < kProjCount; ++p)
       if (item == proj_peft_name(static_cast<Proj>(p)) ||
           item == proj_gguf_name(static_cast<Proj>(p)))
-        found = p;
-    QLFT_CHECK_ARG(found >= 0,
+        found = t[p] = true;
+    for (Proj first : {Proj::Q, Proj::Gate})  // a fused family's module names
+      if (const LoraModule m = lora_module(true, first); item == m.peft)
+        for (Proj part : m.parts) found = t[static_cast<int>(part)] = true;
+    QLFT_CHECK_ARG(found,
                    "lora.target_modules: '%s' is not one of q_proj, k_proj, v_proj, o_proj, "
-                   "gate_proj, up_proj, down_proj",
+                   "gate_proj, up_proj, down_proj (or a fused model's qkv_proj, gate_up_proj)",
                    item.c_str());
-    t[found] = true;
     any = true;
   }
   QLFT_CHECK_ARG(any, "lora.target_modules must name at least one projection");
@@ -44,6 +46,15 @@ std::string LoraConfig::targets_string() const {
   for (int p = 0; p < kProjCount; ++p)
     if (targets[p]) s += std::string(s.empty() ? "" : ",") + proj_peft_name(static_cast<Proj>(p));
   return s;
+}
+
+LoraModule lora_module(bool fused, Proj p) {
+  if (fused && (p == Proj::Q || p == Proj::K || p == Proj::V))
+    return {Proj::Q, {Proj::Q, Proj::K, Proj::V}, "qkv_proj", "attn_qkv"};
+  // llama.cpp's phi3 ffn_up holds gate's rows, then up's (as gate_up_proj).
+  if (fused && (p == Proj::Gate || p == Proj::Up))
+    return {Proj::Gate, {Proj::Gate, Proj::Up}, "gate_up_proj", "ffn_up"};
+  return {p, {p}, proj_peft_name(p), proj_gguf_name(p)};
 }
 
 LoraConfig lora_config_from(const LoraSpec& s) {
@@ -61,6 +72,30 @@ LoraConfig lora_config_from(const LoraSpec& s) {
 }
 
 namespace {
+// The buffers of one kind a slot holds: its values (A, B and DoRA's magnitude M, the adapter's
+// memory) or their gradients (dA, dB, dM).
+struct SlotKind {
+  Buffer LoraSlot::*a;
+  Buffer LoraSlot::*b;
+  Buffer LoraSlot::*m;
+  MemCategory category;
+  const char *a_name, *b_name, *m_name;
+  const char* what;  // "values" / "gradients" (allocate_values / allocate_gradients)
+};
+const SlotKind kValues{&LoraSlot::A, &LoraSlot::B, &LoraSlot::M,     MemCategory::Adapter,
+                       "lora A",     "lora B",     "dora magnitude", "values"};
+const SlotKind kGradients{&LoraSlot::dA, &LoraSlot::dB, &LoraSlot::dM, MemCategory::Gradients,
+                          "lora dA",     "lora dB",     "dora dM",     "gradients"};
+
+// Makes s's buffers of kind k: the A side where a_side holds, B (and M with DoRA) where b_side.
+void allocate_kind(MemoryTracker* tracker, LoraSlot& s, const SlotKind& k, bool dora, bool a_side,
+                   bool b_side) {
+  if (a_side) s.*k.a = Buffer(tracker, k.category, s.a_bytes(), k.a_name);
+  if (!b_side) return;
+  s.*k.b = Buffer(tracker, k.category, s.b_bytes(), k.b_name);
+  if (dora) s.*k.m = Buffer(tracker, k.category, s.m_bytes(), k.m_name);
+}
+
 // Within each head, HF row i*(hd/2) + j (half i, pair j) is GGUF row 2j + i; to_adjacent says
 // which of the two orders src is in.
 void permute_rows(const float* src, float* dst, int n_heads, int head_dim, int64_t cols,
@@ -94,14 +129,30 @@ LoraAdapter::LoraAdapter(MemoryTracker* tracker, const ModelShapes& m, const Lor
   QLFT_CHECK_ARG(cfg.dropout >= 0.f && cfg.dropout < 1.f, "lora.dropout must be in [0, 1), got %g",
                  cfg.dropout);
   // A fused family (phi3) has one module for q / k / v (qkv_proj) and one for gate / up
-  // (gate_up_proj), which PEFT adapts with one A and B each: not the per-projection slots here.
-  if (const ArchFamily* fam = find_family(m.arch); fam && fam->fused)
-    for (Proj p : {Proj::Q, Proj::K, Proj::V, Proj::Gate, Proj::Up})
-      QLFT_CHECK_ARG(!cfg.targets[static_cast<int>(p)],
-                     "lora.target_modules: %s keeps q/k/v in one qkv_proj and gate/up in one "
-                     "gate_up_proj, and LoRA on those fused projections is not supported; target "
-                     "o_proj and down_proj (not %s)",
-                     m.arch.c_str(), proj_peft_name(p));
+  // (gate_up_proj): PEFT adapts a whole module or none of it.
+  const ArchFamily* fam = find_family(m.arch);
+  fused_ = fam && fam->fused;
+  if (fused_)
+    for (Proj first : {Proj::Q, Proj::Gate}) {
+      const LoraModule mod = lora_module(true, first);
+      bool any = false, all = true;
+      const char* part = nullptr;  // the first targeted part, for the message
+      for (Proj p : mod.parts) {
+        const bool t = cfg.targets[static_cast<int>(p)];
+        if (t && !part) part = proj_peft_name(p);
+        any |= t;
+        all &= t;
+      }
+      QLFT_CHECK_ARG(any == all,
+                     "lora.target_modules: %s keeps %s in one %s, which LoRA adapts whole as "
+                     "PEFT does: target %s (not %s)",
+                     m.arch.c_str(), first == Proj::Q ? "q/k/v" : "gate/up", mod.peft, mod.peft,
+                     part);
+      QLFT_CHECK_ARG(!any || !cfg.use_dora,
+                     "lora.use_dora on %s's fused %s is not supported; target o_proj and "
+                     "down_proj only",
+                     m.arch.c_str(), mod.peft);
+    }
   slots_.resize(m.n_layers);
   for (int l = 0; l < m.n_layers; ++l) {
     slots_[l].resize(kProjCount);
@@ -112,60 +163,51 @@ LoraAdapter::LoraAdapter(MemoryTracker* tracker, const ModelShapes& m, const Lor
       s.out = static_cast<int>(ps.out);
       s.in = static_cast<int>(ps.in);
       s.r = cfg.r;
-      const size_t a = s.a_bytes(), b = s.b_bytes();
-      if (values) {
-        s.A = Buffer(tracker, MemCategory::Adapter, a, "lora A");
-        s.B = Buffer(tracker, MemCategory::Adapter, b, "lora B");
-        if (cfg.use_dora)
-          s.M = Buffer(tracker, MemCategory::Adapter, s.m_bytes(), "dora magnitude");
-      }
-      if (!gradients) continue;
-      s.dA = Buffer(tracker, MemCategory::Gradients, a, "lora dA");
-      s.dB = Buffer(tracker, MemCategory::Gradients, b, "lora dB");
-      if (cfg.use_dora) s.dM = Buffer(tracker, MemCategory::Gradients, s.m_bytes(), "dora dM");
+      // A fused module's later parts take its A and dA from its first part (made before).
+      const Proj first = module(static_cast<Proj>(p)).first;
+      s.shares_a = first != static_cast<Proj>(p);
+      if (values) allocate_kind(tracker, s, kValues, cfg.use_dora, !s.shares_a, true);
+      if (gradients) allocate_kind(tracker, s, kGradients, cfg.use_dora, !s.shares_a, true);
+      if (!s.shares_a) continue;
+      LoraSlot& f = slots_[l][static_cast<int>(first)];
+      if (values) s.A = Buffer::view_of(f.A);
+      if (gradients) s.dA = Buffer::view_of(f.dA);
     }
   }
   init(cfg.init_seed);
 }
 
-void LoraAdapter::allocate_values(const std::function<bool(int, Proj, bool)>& keep) {
+void LoraAdapter::allocate_where(bool gradients, const std::function<bool(int, Proj, bool)>& keep) {
+  QLFT_CHECK_ARG(!shares_any_a(),
+                 "a sharded LoRA adapter (ZeRO) on %s's fused qkv_proj / gate_up_proj is not "
+                 "supported",
+                 shapes_.arch.c_str());
+  const SlotKind& k = gradients ? kGradients : kValues;
+  // All checked before any is made: a refused call changes nothing.
   for (int l = 0; l < n_layers(); ++l)
     for (int p = 0; p < kProjCount; ++p) {
       const LoraSlot& s = slots_[l][p];
-      QLFT_CHECK_ARG(!s.active() || (s.A.empty() && s.B.empty()),
-                     "allocate_values: the adapter already has its values");
+      QLFT_CHECK_ARG(!s.active() || ((s.*k.a).empty() && (s.*k.b).empty()),
+                     "allocate_%s: the adapter already has its %s", k.what, k.what);
     }
   for (int l = 0; l < n_layers(); ++l)
     for (int p = 0; p < kProjCount; ++p) {
       LoraSlot& s = slots_[l][p];
-      if (!s.active()) continue;
-      if (keep(l, static_cast<Proj>(p), false))
-        s.A = Buffer(tracker_, MemCategory::Adapter, s.a_bytes(), "lora A");
-      if (keep(l, static_cast<Proj>(p), true)) {
-        s.B = Buffer(tracker_, MemCategory::Adapter, s.b_bytes(), "lora B");
-        if (cfg_.use_dora)
-          s.M = Buffer(tracker_, MemCategory::Adapter, s.m_bytes(), "dora magnitude");
-      }
+      if (s.active())
+        allocate_kind(tracker_, s, k, cfg_.use_dora, keep(l, static_cast<Proj>(p), false),
+                      keep(l, static_cast<Proj>(p), true));
     }
+}
+
+void LoraAdapter::allocate_values(const std::function<bool(int, Proj, bool)>& keep) {
+  allocate_where(false, keep);
   init(cfg_.init_seed);
 }
 
 void LoraAdapter::allocate_gradients(const std::function<bool(int, Proj, bool)>& keep) {
   refresh();
   ++host_writes_;
-  for (int l = 0; l < n_layers(); ++l)
-    for (int p = 0; p < kProjCount; ++p) {
-      LoraSlot& s = slots_[l][p];
-      if (!s.active()) continue;
-      QLFT_CHECK_ARG(s.dA.empty() && s.dB.empty(),
-                     "allocate_gradients: the adapter already has its gradients");
-      if (keep(l, static_cast<Proj>(p), false))
-        s.dA = Buffer(tracker_, MemCategory::Gradients, s.a_bytes(), "lora dA");
-      if (keep(l, static_cast<Proj>(p), true)) {
-        s.dB = Buffer(tracker_, MemCategory::Gradients, s.b_bytes(), "lora dB");
-        if (cfg_.use_dora) s.dM = Buffer(tracker_, MemCategory::Gradients, s.m_bytes(), "dora dM");
-      }
-    }
+  allocate_where(true, keep);
 }
 
 void LoraAdapter::init(uint64_t seed) {
@@ -181,7 +223,8 @@ void LoraAdapter::init(uint64_t seed) {
       // DoRA's magnitude starts at the base rows' norms, which only the model has
       // (dora_init_magnitude, model/lora_dora.h); 1 until then.
       if (!s.M.empty()) std::fill(s.M.as<float>(), s.M.as<float>() + s.out, 1.f);
-      if (s.A.empty()) continue;  // (another rank's: allocate_values, dist/zero3_lora.h)
+      // (another rank's: allocate_values, dist/zero3_lora.h; or a fused module's, drawn once)
+      if (s.A.empty() || s.shares_a) continue;
       float* A = s.A.as<float>();
       const int64_t n = static_cast<int64_t>(cfg_.r) * s.in;
       for (int64_t i = 0; i < n; ++i) {
@@ -267,6 +310,9 @@ void LoraAdapter::set_magnitude_hf(int layer, Proj p, const float* m, int64_t n)
 
 void LoraAdapter::set_start_hf(int layer, Proj p, const float* A, int64_t a_n, const float* B,
                                int64_t b_n) {
+  QLFT_CHECK_ARG(module(p).parts.size() == 1,
+                 "a PiSSA / OLoRA start on %s's fused %s is not supported", shapes_.arch.c_str(),
+                 module(p).peft);
   LoraSlot& s = checked_slot(layer, p, A, a_n, b_n);
   if (s.A0.empty()) {
     s.A0 = Buffer(tracker_, MemCategory::Adapter, s.a_bytes(), "lora A0 (frozen start)");
@@ -328,11 +374,48 @@ std::vector<float> LoraAdapter::get_hf(int layer, Proj p, Part part) const {
   return v;
 }
 
+std::vector<float> LoraAdapter::get_module_hf(int layer, Proj first, Part part) const {
+  const LoraModule mod = module(first);
+  QLFT_CHECK_ARG(mod.first == first, "%s is part of %s: ask for the module by its first part",
+                 proj_peft_name(first), mod.peft);
+  if (part == Part::A || part == Part::dA) return get_hf(layer, first, part);
+  std::vector<float> v;
+  for (Proj p : mod.parts) {
+    const std::vector<float> rows = get_hf(layer, p, part);
+    v.insert(v.end(), rows.begin(), rows.end());
+  }
+  return v;
+}
+
+void LoraAdapter::set_module_hf(int layer, Proj first, const float* A, int64_t a_n, const float* B,
+                                int64_t b_n) {
+  const LoraModule mod = module(first);
+  QLFT_CHECK_ARG(mod.first == first, "%s is part of %s: set the module by its first part",
+                 proj_peft_name(first), mod.peft);
+  int64_t want = 0;
+  for (Proj p : mod.parts) want += b_size(layer, p);
+  QLFT_CHECK_ARG(b_n == want, "layer %d %s: LoRA B has %lld values, expected %lld", layer, mod.peft,
+                 static_cast<long long>(b_n), static_cast<long long>(want));
+  for (Proj p : mod.parts) {  // every part gets the (shared) A and its block of B's rows
+    const int64_t n = b_size(layer, p);
+    set_hf(layer, p, A, a_n, B, n);
+    B += n;
+  }
+}
+
+bool LoraAdapter::shares_any_a() const {
+  for (const auto& layer : slots_)
+    for (const LoraSlot& s : layer)
+      if (s.shares_a) return true;
+  return false;
+}
+
 uint64_t LoraAdapter::n_params() const {
   uint64_t n = 0;  // (sizes only: no refresh)
   for (const auto& layer : slots_)
     for (const LoraSlot& s : layer)
-      if (s.active()) n += (s.a_bytes() + s.b_bytes() + (s.M.empty() ? 0 : s.m_bytes())) / 4;
+      if (s.active())
+        n += ((s.shares_a ? 0 : s.a_bytes()) + s.b_bytes() + (s.M.empty() ? 0 : s.m_bytes())) / 4;
   return n;
 }
 
@@ -343,7 +426,8 @@ std::vector<LoraAdapter::Param> LoraAdapter::params() {
   for (auto& layer : slots_)
     for (LoraSlot& s : layer)
       if (s.active()) {
-        v.push_back({s.A.as<float>(), s.dA.as<float>(), static_cast<int64_t>(s.a_bytes() / 4)});
+        if (!s.shares_a)  // (a fused module's A once)
+          v.push_back({s.A.as<float>(), s.dA.as<float>(), static_cast<int64_t>(s.a_bytes() / 4)});
         v.push_back({s.B.as<float>(), s.dB.as<float>(), static_cast<int64_t>(s.b_bytes() / 4)});
         if (!s.M.empty()) v.push_back({s.M.as<float>(), s.dM.as<float>(), s.out});
       }

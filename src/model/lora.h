@@ -10,6 +10,12 @@
 //    product is subtracted again (y -= scale x A0^T B0^T): W x + scale (B A - B0 A0) x, which is
 //    PEFT's W_res x + scale B A x without rewriting the shared base.
 //
+// Fused projections (ArchFamily::fused: phi3's qkv_proj and gate_up_proj, split into q / k / v
+// and gate / up on load): PEFT adapts the fused module with ONE A [r, in] and one B over all
+// its output rows. Here its parts keep their own slots, B split into the parts' row blocks, and
+// the later parts' A and dA are views of the first part's (Q's, Gate's): one A, whose gradient
+// is the sum of the parts' (the kernels accumulate into dA), one optimizer parameter.
+//
 // Row order: B's rows (and dB's) follow the base model's q/k row order, which is the source's
 // RoPE convention (ModelShapes::qk_adjacent). PEFT files and the fixtures use Hugging Face
 // (rotate-half) order; set_hf / get_hf convert q/k rows so callers never see the difference.
@@ -38,9 +44,21 @@ struct LoraConfig {
 
   float scale() const;
   // "q_proj,v_proj" -> targets; throws QLFT_ERR_INVALID_ARGUMENT for an unknown name.
+  // A fused family's module names count too: qkv_proj = q, k, v; gate_up_proj = gate, up.
   void set_targets(const std::string& list);
   std::string targets_string() const;
 };
+
+// A fused family's LoRA modules (fused true): Q, K, V form qkv_proj and Gate, Up gate_up_proj;
+// else each projection is its own module. first: the part holding the module's A; parts: its
+// projections in output-row order; peft / gguf: the module's name in PEFT's and llama.cpp's keys.
+struct LoraModule {
+  Proj first;
+  std::vector<Proj> parts;
+  const char* peft;
+  const char* gguf;
+};
+LoraModule lora_module(bool fused, Proj p);
 
 // From lora.r, lora.alpha, lora.dropout, lora.target_modules, lora.use_rslora and seed
 // (lora.init_from is the caller's: its adapter_config.json replaces all but the seed).
@@ -61,6 +79,7 @@ struct LoraSlot {
   Buffer M, dM;                // DoRA's magnitude [out] and its gradient (empty without use_dora)
   Buffer A0, B0;               // a frozen start (PiSSA / OLoRA), else empty
   int in = 0, out = 0, r = 0;  // r = 0: not targeted
+  bool shares_a = false;       // A, dA are views of the fused module's first part's (lora_module)
   bool active() const { return r > 0; }
   bool has_start() const { return !A0.empty(); }
   size_t a_bytes() const { return static_cast<size_t>(r) * in * 4; }
@@ -90,6 +109,9 @@ class LoraAdapter {
   const ModelShapes& model_shapes() const { return shapes_; }
   int n_layers() const { return static_cast<int>(slots_.size()); }
   bool targets(Proj p) const { return cfg_.targets[static_cast<int>(p)]; }
+  // Whether the model fuses q / k / v and gate / up (ArchFamily::fused), and p's module.
+  bool fused() const { return fused_; }
+  LoraModule module(Proj p) const { return lora_module(fused_, p); }
   // Host access to a slot's buffers: brings them up to date first when a device holds newer
   // values (set_host_stale); the writable form counts as a host write.
   LoraSlot& slot(int layer, Proj p) {
@@ -136,6 +158,12 @@ class LoraAdapter {
   // not hold: allocate_gradients).
   enum class Part { A, B, dA, dB, M, dM, A0, B0 };
   std::vector<float> get_hf(int layer, Proj p, Part part) const;
+  // A whole module's A, B (or dA, dB) in HF order as PEFT holds it (module(p).first == p): B's
+  // rows are its parts' in order (qkv_proj: q, k, v). For an unfused projection, get_hf.
+  std::vector<float> get_module_hf(int layer, Proj first, Part part) const;
+  // Sets a module's A [r, in] and B [sum of the parts' out, r] (HF order); as set_hf.
+  void set_module_hf(int layer, Proj first, const float* A, int64_t a_n, const float* B,
+                     int64_t b_n);
   // DoRA's magnitude [out] in Hugging Face row order (use_dora only).
   void set_magnitude_hf(int layer, Proj p, const float* m, int64_t n);
   // Makes (layer, p) start at A0 = A, B0 = B (HF row order, sizes as set_hf): PiSSA / OLoRA.
@@ -170,7 +198,11 @@ class LoraAdapter {
       throw;
     }
   }
+  // allocate_values (gradients false) / allocate_gradients: every active slot's buffers of that
+  // kind where keep says, after checking that no slot has them yet.
+  void allocate_where(bool gradients, const std::function<bool(int, Proj, bool)>& keep);
   bool permuted(Proj p) const;
+  bool shares_any_a() const;
   int heads_of(Proj p) const;
   // The active slot (layer, p), its sizes checked: A [r, in] and B [out, r], or with A null a
   // magnitude of b_n = out values.
@@ -180,6 +212,7 @@ class LoraAdapter {
 
   LoraConfig cfg_;
   ModelShapes shapes_;
+  bool fused_ = false;
   std::vector<std::vector<LoraSlot>> slots_;
   MemoryTracker* tracker_;
   mutable std::function<void()> refresh_;
