@@ -313,8 +313,20 @@ Buffer::~Buffer() {
   reset();
 }
 
+Buffer Buffer::view_of(Buffer& of) {
+  Buffer b;
+  b.device_ = of.device_;
+  b.cat_ = of.cat_;
+  b.data_ = of.data_;
+  b.size_ = of.size_;
+  b.view_ = true;
+  return b;
+}
+
 void Buffer::reset() noexcept {
-  if (data_ && device_) {
+  if (view_) {
+    // another Buffer's bytes: view_of
+  } else if (data_ && device_) {
     device_->release(data_);
   } else if (data_) {
     const size_t rounded = (size_ + 63) / 64 * 64;
@@ -324,6 +336,7 @@ void Buffer::reset() noexcept {
   data_ = nullptr;
   size_ = 0;
   mapped_ = false;
+  view_ = false;
 }
 
 void Buffer::zero() {
@@ -381,9 +394,11 @@ Buffer::Buffer(Buffer&& o) noexcept
       cat_(o.cat_),
       data_(o.data_),
       size_(o.size_),
-      mapped_(o.mapped_) {
+      mapped_(o.mapped_),
+      view_(o.view_) {
   o.data_ = nullptr;
   o.size_ = 0;
+  o.view_ = false;
 }
 
 Buffer& Buffer::operator=(Buffer&& o) noexcept {
@@ -395,8 +410,10 @@ Buffer& Buffer::operator=(Buffer&& o) noexcept {
     data_ = o.data_;
     size_ = o.size_;
     mapped_ = o.mapped_;
+    view_ = o.view_;
     o.data_ = nullptr;
     o.size_ = 0;
+    o.view_ = false;
   }
   return *this;
 }

@@ -195,6 +195,11 @@ class Buffer {
   MemCategory category() const { return cat_; }
   bool on_device() const { return device_ != nullptr; }
   void reset() noexcept;
+  // A Buffer naming of's bytes without owning them (reset and the destructor leave them alone):
+  // one tensor in two places, e.g. the A that a fused module's LoRA parts share (model/lora.h).
+  // It must not outlive of.
+  static Buffer view_of(Buffer& of);
+  bool is_view() const { return view_; }
 
   // Wherever the bytes live: zero them, or copy `bytes` (<= size()) in from / out to host memory.
   void zero();
@@ -211,6 +216,7 @@ class Buffer {
   void* data_ = nullptr;
   size_t size_ = 0;
   bool mapped_ = false;  // host storage page-mapped (memory.cpp host_block_alloc)
+  bool view_ = false;    // view_of: the bytes are another Buffer's
 };
 
 // Holds a tracker's host block cache on for its lifetime (a trainer's): declared before the

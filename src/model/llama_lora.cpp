@@ -21,6 +21,8 @@ using namespace runner_detail;
 LoraRef LlamaRunner::lora_ref(int l, Proj p, bool* has) const {
   *has = lora_ && lora_on_ && lora_->active(l, p);
   if (!*has) return LoraRef{};
+  // A fused module's parts (phi3's q / k / v, gate / up) share A and so its input's dropout mask.
+  const Proj mp = lora_->module(p).first;
   LoraRef r;
   if (!lora_w_.empty()) {  // the device copy (no host access: it may be stale)
     const std::array<int64_t, 2>& o = lora_off_[static_cast<size_t>(l * kProjCount + int(p))];
@@ -29,9 +31,9 @@ LoraRef LlamaRunner::lora_ref(int l, Proj p, bool* has) const {
     r.r = lora_->config().r;
     r.scale = lora_->config().scale();
     r.dropout_p = lora_->config().dropout;
-    r.dropout_seed = proj_seed(dropout_seed_, l, p);
+    r.dropout_seed = proj_seed(dropout_seed_, l, mp);
   } else {
-    r = lora_->ref(l, p, proj_seed(dropout_seed_, l, p));
+    r = lora_->ref(l, p, proj_seed(dropout_seed_, l, mp));
   }
   if (!training_) r.dropout_p = 0.f;  // inference: dropout is the identity
   return r;
@@ -100,7 +102,11 @@ void LlamaRunner::lora_to_device() {
       if (!s.active()) continue;
       std::array<int64_t, 2>& o = lora_off_[static_cast<size_t>(l * kProjCount + p)];
       o[0] = static_cast<int64_t>(host.size());
-      host.insert(host.end(), s.A.as<float>(), s.A.as<float>() + s.A.size() / 4);
+      if (s.shares_a)  // a fused module's later part: its first part's A (and dA) on the device
+        o[0] = lora_off_[static_cast<size_t>(l * kProjCount) +
+                         static_cast<size_t>(lora.module(static_cast<Proj>(p)).first)][0];
+      else
+        host.insert(host.end(), s.A.as<float>(), s.A.as<float>() + s.A.size() / 4);
       o[1] = static_cast<int64_t>(host.size());
       host.insert(host.end(), s.B.as<float>(), s.B.as<float>() + s.B.size() / 4);
     }
@@ -126,7 +132,8 @@ void LlamaRunner::lora_grads_to_host() {
   each_lora_slot([&](LoraSlot& s, const std::array<int64_t, 2>& o) {
     float* dA = s.dA.as<float>();
     float* dB = s.dB.as<float>();
-    for (size_t i = 0; i < s.dA.size() / 4; ++i) dA[i] += g[size_t(o[0]) + i];
+    if (!s.shares_a)  // (a fused module's dA once)
+      for (size_t i = 0; i < s.dA.size() / 4; ++i) dA[i] += g[size_t(o[0]) + i];
     for (size_t i = 0; i < s.dB.size() / 4; ++i) dB[i] += g[size_t(o[1]) + i];
   });
 }

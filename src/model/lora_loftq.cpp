@@ -235,6 +235,9 @@ void loftq_init(LoraAdapter& a, const Model& m, MemoryTracker* tracker) {
   std::vector<float> wq;
   for_each_source_projection(tracker, m, [&](int l, Proj p, const float* w) {
     if (!a.active(l, p)) return;
+    QLFT_CHECK_ARG(a.module(p).parts.size() == 1,
+                   "lora.init=loftq on %s's fused %s is not supported (its parts share one A)",
+                   m.cfg.arch.c_str(), a.module(p).peft);
     const QWeight& q = m.layers[static_cast<size_t>(l)].proj[static_cast<int>(p)];
     wq.resize(static_cast<size_t>(q.numel()));
     q.dequantize_rows(0, q.rows, wq.data());

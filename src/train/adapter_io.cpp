@@ -27,14 +27,17 @@ namespace qlft {
 
 namespace {
 
-std::string peft_module(int layer, Proj p) {
+// name: the module's (proj_peft_name, or a fused family's qkv_proj / gate_up_proj).
+std::string peft_module(int layer, Proj p, const char* name) {
   const char* group = static_cast<int>(p) < 4 ? "self_attn" : "mlp";
-  return "base_model.model.model.layers." + std::to_string(layer) + "." + group + "." +
-         proj_peft_name(p);
+  return "base_model.model.model.layers." + std::to_string(layer) + "." + group + "." + name;
+}
+std::string peft_module(int layer, Proj p) {
+  return peft_module(layer, p, proj_peft_name(p));
 }
 
-std::string peft_key(int layer, Proj p, const char* ab) {
-  return peft_module(layer, p) + ".lora_" + ab + ".weight";
+std::string peft_key(int layer, const LoraModule& m, const char* ab) {
+  return peft_module(layer, m.first, m.peft) + ".lora_" + ab + ".weight";
 }
 
 // DoRA's magnitude as PEFT saves it (its ".lora_magnitude_vector.<adapter>.weight" with the
@@ -169,10 +172,11 @@ void check_finite(const Buffer& values, const std::string& what) {
                   what.c_str());
 }
 
-// Both adapter writers: every adapted projection's A and B (and DoRA's magnitude), named as the
-// file names them (names(layer, proj) -> {A's name, B's name}), checked finite, declared to the
-// writer by add(a, b, m, slot),
-// and mapped back from name to part for the writer's deferred fetch of each tensor's values.
+// Both adapter writers: every adapted module's A and B (and DoRA's magnitude), named as the
+// file names them (names(layer, module) -> {A's name, B's name}), checked finite, declared to
+// the writer by add(a, b, m, slot, out) with out B's rows (a fused module's: its parts'),
+// and mapped back from name to part for the writer's deferred fetch of each tensor's values
+// (LoraAdapter::get_module_hf: a fused module's B is its parts' rows stacked).
 template <class Names, class Add>
 std::map<std::string, AdapterPart> adapter_parts(const LoraAdapter& lora, const Names& names,
                                                  const Add& add) {
@@ -180,15 +184,20 @@ std::map<std::string, AdapterPart> adapter_parts(const LoraAdapter& lora, const 
   for (int l = 0; l < lora.n_layers(); ++l)
     for (int pi = 0; pi < kProjCount; ++pi) {
       const Proj p = static_cast<Proj>(pi);
-      if (!lora.targets(p)) continue;
+      const LoraModule mod = lora.module(p);
+      if (!lora.targets(p) || mod.first != p) continue;
       const LoraSlot& s = lora.slot(l, p);
-      const auto [a, b] = names(l, p);
+      const auto [a, b] = names(l, mod);
       check_finite(s.A, a);
-      check_finite(s.B, b);
+      int64_t out = 0;
+      for (Proj part : mod.parts) {
+        check_finite(lora.slot(l, part).B, b);
+        out += lora.slot(l, part).out;
+      }
       // DoRA's magnitude (only the PEFT writer is handed a DoRA adapter): its name, else "".
       const std::string m = s.M.empty() ? "" : peft_magnitude_key(l, p);
       if (!m.empty()) check_finite(s.M, m);
-      add(a, b, m, s);
+      add(a, b, m, s, out);
       parts[a] = {l, p, LoraAdapter::Part::A};
       parts[b] = {l, p, LoraAdapter::Part::B};
       if (!m.empty()) parts[m] = {l, p, LoraAdapter::Part::M};
@@ -231,23 +240,26 @@ void save_peft_adapter(const LoraAdapter& lora, const std::string& dir,
   w.set_metadata("format", "pt");
   std::map<std::string, AdapterPart> parts = adapter_parts(
       lora,
-      [](int l, Proj p) {
-        return std::pair{peft_key(l, p, "A"), peft_key(l, p, "B")};
+      [](int l, const LoraModule& mod) {
+        return std::pair{peft_key(l, mod, "A"), peft_key(l, mod, "B")};
       },
-      [&](const std::string& a, const std::string& b, const std::string& m, const LoraSlot& s) {
+      [&](const std::string& a, const std::string& b, const std::string& m, const LoraSlot& s,
+          int64_t out) {
         w.add_deferred(a, DType::F32, {c.r, s.in}, s.A.size());
-        w.add_deferred(b, DType::F32, {s.out, c.r}, s.B.size());
+        w.add_deferred(b, DType::F32, {out, c.r}, static_cast<size_t>(out) * c.r * 4);
         if (!m.empty()) w.add_deferred(m, DType::F32, {s.out}, s.M.size());
       });
   std::vector<float> scratch;
   auto fetch = [&](const std::string& name) -> const void* {
     const AdapterPart& at = parts.at(name);
-    scratch = lora.get_hf(at.layer, at.p, at.part);
+    scratch = lora.get_module_hf(at.layer, at.p, at.part);
     return scratch.data();
   };
-  nlohmann::json targets = nlohmann::json::array();
+  nlohmann::json targets = nlohmann::json::array();  // by module: qkv_proj for a fused family
   for (int pi = 0; pi < kProjCount; ++pi)
-    if (c.targets[pi]) targets.push_back(proj_peft_name(static_cast<Proj>(pi)));
+    if (const LoraModule mod = lora.module(static_cast<Proj>(pi));
+        c.targets[pi] && mod.first == static_cast<Proj>(pi))
+      targets.push_back(mod.peft);
   nlohmann::json j = {
       {"peft_type", "LORA"},
       {"task_type", "CAUSAL_LM"},
@@ -360,12 +372,15 @@ void load_peft_adapter(LoraAdapter& lora, const std::string& dir) {
   for (int l = 0; l < lora.n_layers(); ++l)
     for (int pi = 0; pi < kProjCount; ++pi) {
       Proj p = static_cast<Proj>(pi);
-      if (!lora.targets(p)) continue;
+      const LoraModule mod = lora.module(p);  // a fused family's qkv_proj / gate_up_proj whole
+      if (!lora.targets(p) || mod.first != p) continue;
       const LoraSlot& s = lora.slot(l, p);
+      int64_t out = 0;
+      for (Proj part : mod.parts) out += lora.slot(l, part).out;
       Pending pd{l, p, {}, {}, {}};
       const char* parts[2] = {"A", "B"};
       for (int k = 0; k < 2; ++k) {
-        std::string key = peft_key(l, p, parts[k]);
+        std::string key = peft_key(l, mod, parts[k]);
         const SafeTensorInfo* t = st->find(key);
         if (!t) {  // PEFT also writes the adapter name into keys in some versions
           std::string alt = key;
@@ -374,7 +389,7 @@ void load_peft_adapter(LoraAdapter& lora, const std::string& dir) {
         }
         QLFT_CHECK_FORMAT(t, "%s/adapter_model.safetensors: tensor '%s' is missing", dir.c_str(),
                           key.c_str());
-        int64_t rows = k == 0 ? c.r : s.out, cols = k == 0 ? s.in : c.r;
+        int64_t rows = k == 0 ? c.r : out, cols = k == 0 ? s.in : c.r;
         QLFT_CHECK_FORMAT(t->shape.size() == 2 && t->shape[0] == rows && t->shape[1] == cols,
                           "%s: tensor '%s' should have shape [%lld, %lld]", t->file->c_str(),
                           key.c_str(), static_cast<long long>(rows), static_cast<long long>(cols));
@@ -402,8 +417,8 @@ void load_peft_adapter(LoraAdapter& lora, const std::string& dir) {
       pending.push_back(std::move(pd));
     }
   for (Pending& pd : pending) {
-    lora.set_hf(pd.layer, pd.p, pd.a.data(), static_cast<int64_t>(pd.a.size()), pd.b.data(),
-                static_cast<int64_t>(pd.b.size()));
+    lora.set_module_hf(pd.layer, pd.p, pd.a.data(), static_cast<int64_t>(pd.a.size()), pd.b.data(),
+                       static_cast<int64_t>(pd.b.size()));
     if (!pd.m.empty())
       lora.set_magnitude_hf(pd.layer, pd.p, pd.m.data(), static_cast<int64_t>(pd.m.size()));
   }
@@ -434,18 +449,20 @@ void save_gguf_lora_adapter(const LoraAdapter& lora, const std::string& path) {
   // As save_peft_adapter: each tensor made when the writer reaches it.
   std::map<std::string, AdapterPart> parts = adapter_parts(
       lora,
-      [](int l, Proj p) {
-        const std::string base = "blk." + std::to_string(l) + "." + proj_gguf_name(p) + ".weight";
+      // llama.cpp's phi3 applies LoRA to its fused attn_qkv and ffn_up by these names too.
+      [](int l, const LoraModule& mod) {
+        const std::string base = "blk." + std::to_string(l) + "." + mod.gguf + ".weight";
         return std::pair{base + ".lora_a", base + ".lora_b"};
       },
-      [&](const std::string& a, const std::string& b, const std::string&, const LoraSlot& s) {
+      [&](const std::string& a, const std::string& b, const std::string&, const LoraSlot& s,
+          int64_t out) {
         w.add_tensor_deferred(a, GgmlType::F32, {s.in, c.r}, s.A.size());
-        w.add_tensor_deferred(b, GgmlType::F32, {c.r, s.out}, s.B.size());
+        w.add_tensor_deferred(b, GgmlType::F32, {c.r, out}, static_cast<size_t>(out) * c.r * 4);
       });
   std::vector<float> scratch, perm;
   w.write(path, [&](const std::string& name) -> const void* {
     const AdapterPart& at = parts.at(name);
-    scratch = lora.get_hf(at.layer, at.p, at.part);
+    scratch = lora.get_module_hf(at.layer, at.p, at.part);
     if (at.part == LoraAdapter::Part::B && adjacent && (at.p == Proj::Q || at.p == Proj::K)) {
       perm.resize(scratch.size());
       permute_rows_hf_to_adjacent(scratch.data(), perm.data(), m.heads_of(at.p), m.head_dim, c.r);

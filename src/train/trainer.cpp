@@ -155,10 +155,12 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
       LoraSlot& s = lora_->slot(l, static_cast<Proj>(p));
       if (!s.active()) continue;
       std::string base = "lora." + std::to_string(l) + "." + proj_peft_name(static_cast<Proj>(p));
-      params.push_back({base + ".A", s.A.as<float>(), nullptr, s.a_bytes() / 4});
+      if (!s.shares_a) {  // a fused module's A (and its summed dA) once, in its first part
+        params.push_back({base + ".A", s.A.as<float>(), nullptr, s.a_bytes() / 4});
+        param_slots_.push_back({l, static_cast<Proj>(p), false});
+      }
       params.push_back({base + ".B", s.B.as<float>(), nullptr, s.b_bytes() / 4,
                         spec.optim.loraplus_lr_ratio});  // LoRA+
-      param_slots_.push_back({l, static_cast<Proj>(p), false});
       param_slots_.push_back({l, static_cast<Proj>(p), true});
       if (!s.M.empty()) {  // DoRA: LoRA+ puts 1-D parameters in B's group (PEFT)
         params.push_back({base + ".magnitude", s.M.as<float>(), nullptr, s.m_bytes() / 4,

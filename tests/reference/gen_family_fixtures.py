@@ -31,10 +31,27 @@ Families:
             of 5 on layers 0 and 2 of 3 (layer_types), tied head. Its GGUF is llama.cpp's
             "gemma2": norms stored as 1 + w, post_attention_norm / post_ffw_norm, rotate-half
             q/k rows and gemma2.{attn,final}_logit_softcapping.
+  gemma3    Gemma3ForCausalLM (text): gemma2's block without soft-caps, (1 + w) q / k norms per
+            head, RoPE base 10000 on sliding layers and 1e6 with linear scaling (factor 2) on
+            full ones (rope_parameters per layer type), window 5 on layers 0 and 1 of 3.
+            Safetensors only (no GGUF written).
 
-Run: /opt/qlft-ref/bin/python tests/reference/gen_family_fixtures.py
+  syn_phi3.fused_lora.safetensors
+            PEFT's own LoRA targets on phi3, qkv_proj, o_proj, gate_up_proj, down_proj (one A
+            and one B over q+k+v / gate+up rows per fused module; r 4, alpha 8, nonzero B) on
+            syn_phi3 as saved: tokens, targets, logits, loss, l{layer}.{module}.{A,B,gA,gB},
+            merged_logits (merge_and_unload); metadata as above. Its own seed (4850), so the
+            other fixtures stay as they are.
+  qlft_phi3_fused/ + syn_phi3.qlft_export_logits.safetensors
+            (--phi3-exports: the second pass) qlft's PEFT export of that adapter, written by
+            tests/unit/test_phi3_lora.cpp with QLFT_WRITE_FAMILY_FIXTURES=1, and the logits
+            PeftModel.from_pretrained gives with it on the fixture's tokens ("logits").
+
+Run: /opt/qlft-ref/bin/python tests/reference/gen_family_fixtures.py [--phi3-fused-only]
+     [--phi3-exports]
 (The reference venv /opt/qlft-ref: `bash scripts/setup-reference.sh` creates it.)
 """
+import argparse
 import json
 import os
 import sys
@@ -45,9 +62,10 @@ import torch
 
 import gguf
 from safetensors import safe_open
-from safetensors.torch import save_file
-from transformers import (Gemma2Config, Gemma2ForCausalLM, MistralConfig, MistralForCausalLM,
-                          Phi3Config, Phi3ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+from safetensors.torch import load_file, save_file
+from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig,
+                          MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM,
+                          Qwen3Config, Qwen3ForCausalLM)
 
 import fixture_versions
 from gen_model_fixtures import (GGUF_PROJ, PROJS, batch, greedy, lora_fixture, permute_hf_to_gguf,
@@ -64,6 +82,7 @@ FAMILIES = {
     "mistral": (MistralConfig, MistralForCausalLM, "llama", True),
     "phi3": (Phi3Config, Phi3ForCausalLM, "phi3", False),
     "gemma2": (Gemma2Config, Gemma2ForCausalLM, "gemma2", False),
+    "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM, None, False),
 }
 
 
@@ -197,7 +216,8 @@ def synthetic(family, cfg, r, alpha, targets, rslora, gen):
         model.tie_weights()
     sd = {k: v.clone() for k, v in model.state_dict().items()}
     save_hf_dir(model, os.path.join(OUT, name))
-    write_gguf(os.path.join(OUT, name + ".gguf"), family, cfg, sd)
+    if FAMILIES[family][2]:
+        write_gguf(os.path.join(OUT, name + ".gguf"), family, cfg, sd)
     prompt = [5, 17, 42, 9]
     ids, margin = greedy(model, prompt, 24)
     tok, tgt = batch(cfg["vocab_size"], gen)
@@ -214,8 +234,70 @@ def synthetic(family, cfg, r, alpha, targets, rslora, gen):
     print(name, "loss", float(out["loss"]), "greedy", ids, "min margin %.3g" % margin)
 
 
+PHI3 = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=160, rms_norm_eps=1e-5,
+            max_position_embeddings=512, original_max_position_embeddings=512,
+            tie_word_embeddings=False, sliding_window=None, pad_token_id=0, bos_token_id=1,
+            eos_token_id=2, head_dim=8,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+PHI3_FUSED_TARGETS = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]
+
+
+def saved_phi3():
+    """syn_phi3 as committed (its fp16-exact weights, in fp32)."""
+    model = hf_model("phi3", PHI3)
+    sd = load_file(os.path.join(OUT, "syn_phi3", "model.safetensors"))
+    model.load_state_dict({k: v.float() for k, v in sd.items()}, strict=True)
+    return model
+
+
+def phi3_fused_lora():
+    """PEFT's LoRA on phi3's fused modules: syn_phi3.fused_lora.safetensors."""
+    gen = torch.Generator().manual_seed(4850)
+    model = saved_phi3()
+    tok, tgt = batch(PHI3["vocab_size"], gen)
+    keys = peft_keys(model, 4, 8, PHI3_FUSED_TARGETS, False)
+    out, meta = lora_fixture(model, tok, tgt, 4, 8, PHI3_FUSED_TARGETS, False, gen)
+    for k in list(out):
+        if ".qkv_proj.B" in k or ".gate_up_proj.B" in k:
+            assert out[k].shape[0] in (32 + 2 * 2 * 8, 2 * 64), (k, out[k].shape)
+    out["merged_logits"] = merged_logits(model, out, tok, 4, 8, PHI3_FUSED_TARGETS, False)
+    meta["peft_keys"] = ",".join(keys)
+    save_file(out, os.path.join(OUT, "syn_phi3.fused_lora.safetensors"), metadata=meta)
+    print("syn_phi3.fused_lora loss", float(out["loss"]))
+
+
+def phi3_exports():
+    """Second pass: PEFT's logits with qlft's export of the fused adapter, where it exists."""
+    from peft import PeftModel
+    d = os.path.join(OUT, "qlft_phi3_fused")
+    path = os.path.join(OUT, "syn_phi3.qlft_export_logits.safetensors")
+    if not os.path.isdir(d):
+        if os.path.exists(path):
+            os.remove(path)
+        return
+    tok = load_file(os.path.join(OUT, "syn_phi3.fused_lora.safetensors"))["tokens"].long()
+    pm = PeftModel.from_pretrained(saved_phi3(), d).float().eval()
+    with torch.no_grad():
+        logits = pm(input_ids=tok).logits.reshape(-1, PHI3["vocab_size"]).clone()
+    save_file({"logits": logits}, path)
+    print("qlft_phi3_fused loaded by PEFT")
+
+
 def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--phi3-fused-only", action="store_true",
+                    help="only syn_phi3.fused_lora.safetensors, from the committed syn_phi3")
+    ap.add_argument("--phi3-exports", action="store_true",
+                    help="only the second pass on qlft's committed phi3 export")
+    args = ap.parse_args()
     os.makedirs(OUT, exist_ok=True)
+    if args.phi3_fused_only or args.phi3_exports:
+        if args.phi3_fused_only:
+            phi3_fused_lora()
+        phi3_exports()
+        fixture_versions.write(OUT, __file__, inputs=[])
+        return
     gen = torch.Generator().manual_seed(4848)
     torch.manual_seed(4848)
 
@@ -232,13 +314,7 @@ def main():
                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
     synthetic("mistral", mistral, 4, 8, PROJS, False, gen)
 
-    phi3 = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, vocab_size=160, rms_norm_eps=1e-5,
-                max_position_embeddings=512, original_max_position_embeddings=512,
-                tie_word_embeddings=False, sliding_window=None, pad_token_id=0, bos_token_id=1,
-                eos_token_id=2, head_dim=8,
-                rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
-    synthetic("phi3", phi3, 4, 8, ["o_proj", "down_proj"], False, gen)
+    synthetic("phi3", PHI3, 4, 8, ["o_proj", "down_proj"], False, gen)
 
     gemma2 = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=160,
@@ -251,6 +327,21 @@ def main():
                   rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
     synthetic("gemma2", gemma2, 4, 8, PROJS, False, gen)
 
+    gemma3 = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=160,
+                  rms_norm_eps=1e-6, max_position_embeddings=512, tie_word_embeddings=True,
+                  query_pre_attn_scalar=24, sliding_window=5,
+                  layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                  hidden_activation="gelu_pytorch_tanh", pad_token_id=0, bos_token_id=2,
+                  eos_token_id=1,
+                  rope_parameters={
+                      "full_attention": {"rope_type": "linear", "factor": 2.0,
+                                         "rope_theta": 1000000.0},
+                      "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})
+    synthetic("gemma3", gemma3, 4, 8, PROJS, False, gen)
+
+    phi3_fused_lora()
+    phi3_exports()
     fixture_versions.write(OUT, __file__, inputs=[])
     for f in sorted(os.listdir(OUT)):
         p = os.path.join(OUT, f)
