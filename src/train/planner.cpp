@@ -14,6 +14,7 @@
 #include "model/weight_stream.h"
 #include "optim/adamw8bit.h"
 #include "train/adapter_io.h"
+#include "train/preference.h"
 
 namespace qlft {
 
@@ -46,6 +47,8 @@ PlanSettings PlanSettings::from_spec(const RunSpec& r) {
   s.checkpoint_every = r.train.grad_checkpointing;
   s.seq_len = r.data.seq_len;
   s.micro_batch = r.train.micro_batch.n;  // auto: 1
+  s.rows_per_example = is_paired(r.pref.objective) ? 2 : 1;
+  s.reference_pass = needs_reference(r.pref.objective);
   s.accumulation = r.train.accumulation;
   s.optimizer = r.optim.kind;
   s.lora = lora_config_from(r.lora);
@@ -494,7 +497,7 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
   QLFT_CHECK_ARG(
       s.world >= 1 && rank >= 0 && rank < s.world && s.zero_stage >= 0 && s.zero_stage <= 3,
       "memory plan: rank %d of world %d, zero stage %d", rank, s.world, s.zero_stage);
-  const int64_t B = s.micro_batch, T = s.seq_len, R = B * T;
+  const int64_t B = int64_t(s.micro_batch) * s.rows_per_example, T = s.seq_len, R = B * T;
   const LoraConfig& lc = s.lora;
   int projs = 0;
   for (bool t : lc.targets) projs += t ? 1 : 0;
@@ -581,6 +584,11 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
   if (s.checkpoint_every > 0) ckpt = (c.n_layers + s.checkpoint_every - 1) / s.checkpoint_every;
   const int stored = c.n_layers - ckpt;
   act[int(MemCategory::Activations)] = f.activations(stored, ckpt);
+  // The reference pass (an inference forward over the same rows) reuses the step's residual
+  // stream and runs its layers in the scratch set, which a step without checkpointed layers
+  // (fp32 storage) does not have otherwise.
+  if (s.reference_pass && !(ckpt > 0 || (f.scratch_always && stored > 0)))
+    act[int(MemCategory::Activations)] += f.layer_acts;
 
   // Workspace: the largest set alive at once. Forward holds one kernel's scratch at a time; the
   // head's cross-entropy runs at the end of forward; backward adds its temporaries to one

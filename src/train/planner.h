@@ -116,6 +116,12 @@ struct PlanSettings {
   int checkpoint_every = 0;               // train.grad_checkpointing
   int seq_len = 512;
   int micro_batch = 4;
+  // Rows a micro-batch's example trains on (train.objective): 2 for preference pairs (chosen
+  // and rejected in one batch, train/preference.h), else 1.
+  int rows_per_example = 1;
+  // The objective's reference pass (DPO, IPO, KTO: the frozen base over the same rows, no
+  // stored activations), whose buffers the step holds beside the policy's activations.
+  bool reference_pass = false;
   int accumulation = 1;  // micro-batches per step (more than one keeps backward temporaries)
   OptimizerKind optimizer = OptimizerKind::AdamW;
   LoraConfig lora;

@@ -23,6 +23,7 @@
 #include "support/test_support.h"
 #include "test_model_util.h"
 #include "tokenizer/tokenizer.h"
+#include "train/planner.h"
 #include "train/trainer.h"
 
 using namespace qlft;
@@ -173,4 +174,63 @@ TEST(PreferenceRun, DpoPeakIsSftPlusReferencePass) {
   EXPECT_LE(dpo, sft_peak + ref);
   EXPECT_EQ(tracker.snapshot().allocated[static_cast<int>(MemCategory::Weights)], weights)
       << "a trainer copied the base";
+}
+
+// The planner knows a pair trains on two rows (PlanSettings::rows_per_example) and that DPO's
+// reference pass holds a scratch layer beside the policy's stored activations
+// (PlanSettings::reference_pass): its prediction for a DPO step of 8 pairs at the batch's padded
+// length is the tracker's peak over building the trainer and two steps, within 1% (every
+// category but activations exact), and above the SFT plan of twice the rows.
+TEST(PreferenceRun, PlannerCountsTwoRowsPerPair) {
+  QLFT_NEED_SHARED(model_path, "models/stories260K.gguf");
+  QLFT_NEED_SHARED(stories, "data/tinystories-sample.txt");
+  set_num_threads(2);
+  const std::string path = qlft_test::temp_dir("pref_plan") + "/pairs.jsonl";
+  {
+    std::ofstream f(path);
+    f << qlft_test::make_pairs_jsonl(stories, 8);
+  }
+  data::DropLog log;
+  std::vector<data::PrefRecord> recs =
+      data::read_preference_records(path, false, data::ReadOptions{}, log);
+  MemoryTracker tracker;
+  auto model = load_model(&tracker, model_path, model_test::keep());
+  auto tok = Tokenizer::from_gguf(*model->gguf);
+  data::TokenizerEncoder enc(*tok);
+  std::vector<data::PrefExample> ex;
+  for (const data::PrefRecord& r : recs) ex.push_back(data::tokenize_preference(r, false, enc));
+  const std::vector<PrefBatch> b = batches_of(ex, 0, 8, enc.pad_id());
+  Config c = dpo_config();
+  c.set("train.micro_batch", "8");
+  c.set("data.seq_len", std::to_string(b[0].rows.seq_len));
+  const PlanSettings ps = PlanSettings::from_spec(parse_run_spec(c));
+  EXPECT_EQ(ps.rows_per_example, 2);
+  const MemoryPlan plan = plan_memory(model->cfg, weight_footprint(*model), ps);
+  tracker.reset_peaks();
+  {
+    Trainer t(*model, &tracker, nullptr, parse_run_spec(c));
+    StepReport r;
+    t.step_pref(b, &r);
+    t.step_pref(b, &r);
+  }
+  const uint64_t measured = tracker.snapshot().total_peak;
+  std::printf("DPO, 8 pairs of %d tokens: planned %llu, measured %llu bytes\n", b[0].rows.seq_len,
+              static_cast<unsigned long long>(plan.train_peak),
+              static_cast<unsigned long long>(measured));
+  const MemorySnapshot m = tracker.snapshot();
+  for (int cat = 0; cat < QLFT_MEM_COMMUNICATION; ++cat)
+    std::printf("  %s planned %llu, measured %llu\n", mem_category_name(MemCategory(cat)),
+                static_cast<unsigned long long>(plan.train[cat]),
+                static_cast<unsigned long long>(m.peak[cat]));
+  for (int cat = 0; cat < QLFT_MEM_COMMUNICATION; ++cat)
+    if (cat != QLFT_MEM_ACTIVATIONS) EXPECT_EQ(plan.train[cat], m.peak[cat]);
+  EXPECT_LE(std::fabs(double(plan.train_peak) - double(measured)) / double(measured), 0.01);
+  Config sc = c;
+  sc.set("train.objective", "sft");
+  sc.set("train.micro_batch", "16");
+  const MemoryPlan sft = plan_memory(model->cfg, weight_footprint(*model),
+                                     PlanSettings::from_spec(parse_run_spec(sc)));
+  EXPECT_GT(plan.train[QLFT_MEM_ACTIVATIONS], sft.train[QLFT_MEM_ACTIVATIONS]);
+  EXPECT_LE(std::fabs(double(sft.train_peak) - double(measured)) / double(measured), 0.20)
+      << "the SFT plan of twice the rows is the DPO step but for the reference pass";
 }
