@@ -33,6 +33,9 @@ std::string describe_deltas(const ModelConfig& c, const ModelShapes& s) {
         "embeddings times sqrt(hidden)");
   if (c.attn_scalar > 0 && c.attn_scalar != float(c.head_dim))
     add("attention scaled by query_pre_attn_scalar " + fmt_g(c.attn_scalar) + "^-0.5");
+  if (c.rope_local_theta > 0)
+    add("RoPE base " + fmt_g(c.rope_local_theta) + " on sliding layers, " + fmt_g(c.rope_theta) +
+        " on full ones");
   if (c.attn_softcap > 0) add("attention logits soft-capped at " + fmt_g(c.attn_softcap));
   if (c.final_softcap > 0) add("final logits soft-capped at " + fmt_g(c.final_softcap));
   if (s.tied_head) add("tied head");

@@ -12,6 +12,7 @@ const ArchFamily kFamilies[] = {
     {"qwen3", "Qwen3ForCausalLM", "qwen3", false, false, true, false, false},
     {"phi3", "Phi3ForCausalLM", "phi3", false, false, false, true, false},
     {"gemma2", "Gemma2ForCausalLM", "gemma2", false, false, false, false, true},
+    {"gemma3_text", "Gemma3ForCausalLM", "gemma3", false, false, true, false, true},
 };
 
 // Architectures people bring that qlft recognizes but does not train, with what it lacks for
@@ -33,10 +34,9 @@ const Missing kMissing[] = {
     {"jamba", "JambaForCausalLM", "hybrid Mamba state-space and mixture-of-experts layers"},
     {"falcon_h1", "FalconH1ForCausalLM", "hybrid Mamba state-space layers"},
     {"rwkv", "RwkvForCausalLM", "RWKV recurrent layers instead of attention"},
-    {"gemma3", "Gemma3ForCausalLM",
-     "(1 + w) and post-block norms, GeGLU, per-layer RoPE bases of local / global layers"},
-    {"gemma3_text", "Gemma3ForCausalLM",
-     "(1 + w) and post-block norms, GeGLU, per-layer RoPE bases of local / global layers"},
+    {"gemma3", "Gemma3ForConditionalGeneration",
+     "Gemma 3's vision tower and its GGUF form (llama.cpp's gemma3 keys); its text model "
+     "(Gemma3ForCausalLM, model_type gemma3_text) trains from safetensors"},
 };
 
 }  // namespace

@@ -41,6 +41,9 @@ void check_model_config(const ModelConfig& c, const std::string& path) {
                         (c.sliding_layers.empty() || c.sliding_layers.size() == size_t(c.n_layers)),
                     "%s: sliding window %d over %zu layer types does not fit %d layers",
                     path.c_str(), c.sliding_window, c.sliding_layers.size(), c.n_layers);
+  QLFT_CHECK_FORMAT(c.rope_local_theta >= 0 && std::isfinite(c.rope_local_theta),
+                    "%s: the sliding layers' rope theta %g is invalid", path.c_str(),
+                    static_cast<double>(c.rope_local_theta));
   QLFT_CHECK_FORMAT(c.attn_scalar >= 0 && std::isfinite(c.attn_scalar) && c.attn_softcap >= 0 &&
                         std::isfinite(c.attn_softcap) && c.final_softcap >= 0 &&
                         std::isfinite(c.final_softcap),

@@ -34,7 +34,7 @@ struct RopeScaling {
 };
 
 struct ModelConfig {
-  std::string arch;  // "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2"
+  std::string arch;  // "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text"
   int n_layers = 0, dim = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, ffn_dim = 0, vocab = 0;
   int context_length = 0;  // max_position_embeddings (dynamic NTK scales beyond it)
   float rope_theta = 10000.f, rms_eps = 1e-5f;
@@ -54,6 +54,9 @@ struct ModelConfig {
   // logits, cap * tanh(x / cap) (0: none).
   bool gemma = false;
   float attn_scalar = 0.f, attn_softcap = 0.f, final_softcap = 0.f;
+  // The sliding layers' own RoPE base, plain (gemma3: rope_local_base_freq, 10000); 0: every
+  // layer rotates with rope_theta and rope.
+  float rope_local_theta = 0.f;
   bool layer_slides(int l) const {
     return sliding_window > 0 && (sliding_layers.empty() || sliding_layers[static_cast<size_t>(l)]);
   }

@@ -138,6 +138,8 @@ void Generator::run(const int32_t* tokens, int n) {
   // Keys already cached keep the rotation they were stored with; with dynamic NTK the new rows
   // take this call's length, as transformers' generate does.
   const RopeFreqs rope = rope_freqs(c, int64_t(len_) + n);
+  const RopeFreqs rope_local =  // gemma3's sliding layers (LlamaRunner::rope_of)
+      c.rope_local_theta > 0 ? RopeFreqs::plain(c.rope_local_theta, c.head_dim) : RopeFreqs();
   MatF x(x_.as<float>(), n, c.dim), xn(xn_.as<float>(), n, c.dim), mid(mid_.as<float>(), n, c.dim);
   MatF q(q_.as<float>(), n, qd), k(k_.as<float>(), n, kvd), v(v_.as<float>(), n, kvd);
   MatF att(att_.as<float>(), n, qd);
@@ -193,8 +195,10 @@ void Generator::run(const int32_t* tokens, int n) {
       be_.rmsnorm_fwd(qh.as_const(), w(&LayerCopy::q_norm, L.q_norm), c.rms_eps, qh, nullptr);
       be_.rmsnorm_fwd(kh.as_const(), w(&LayerCopy::k_norm, L.k_norm), c.rms_eps, kh, nullptr);
     }
-    be_.rope(q, pos, c.n_heads, c.head_dim, rope, c.rope_adjacent, false);
-    be_.rope(k, pos, c.n_kv_heads, c.head_dim, rope, c.rope_adjacent, false);
+    const RopeFreqs& rf =
+        c.rope_local_theta > 0 && model_.shapes.layers[size_t(l)].window > 0 ? rope_local : rope;
+    be_.rope(q, pos, c.n_heads, c.head_dim, rf, c.rope_adjacent, false);
+    be_.rope(k, pos, c.n_kv_heads, c.head_dim, rf, c.rope_adjacent, false);
     // This feed's keys / values into cache rows [len_, len_ + n), then attention over the cache.
     be_.copy(kcache_[l].as<float>() + static_cast<int64_t>(len_) * kvd, k.data, n * kvd);
     be_.copy(vcache_[l].as<float>() + static_cast<int64_t>(len_) * kvd, v.data, n * kvd);

@@ -270,6 +270,7 @@ void LlamaRunner::prepare(const TokenBatch& b, bool training) {
     if (docs_.empty()) docs_ = be_.alloc(A, R * 4, "doc ids", BufferInit::Uninit);
     docs_.copy_from_host(b.doc_ids, R * 4);
   }
+  if (c.rope_local_theta > 0) rope_local_ = RopeFreqs::plain(c.rope_local_theta, c.head_dim);
   if (b.targets) {
     for (int64_t r = 0; r < R; ++r) {
       int32_t v = b.targets[r];

@@ -240,6 +240,13 @@ class LlamaRunner {
   Buffer pos_, docs_, targets_, tokens_;
   std::vector<int32_t> pos_host_;  // what pos_ holds
   RopeFreqs rope_;                 // the batch's RoPE table: rope_freqs(cfg, largest position + 1)
+  RopeFreqs rope_local_;           // the sliding layers' own (ModelConfig::rope_local_theta)
+  // Layer l's RoPE table: rope_local_ on a sliding layer of a model with its own local base.
+  const RopeFreqs& rope_of(int l) const {
+    return model_.cfg.rope_local_theta > 0 && model_.shapes.layers[size_t(l)].window > 0
+               ? rope_local_
+               : rope_;
+  }
   std::unordered_map<const void*, Buffer> frozen_;
   Buffer lora_w_, lora_g_;  // device copies of every A and B, and of every dA and dB
   bool lora_resident_ = false;

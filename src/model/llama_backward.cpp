@@ -148,7 +148,7 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
     dv16 = dy16(Proj::V, g.dv, kvd);
     RopeArgs ra;
     ra.pos = pos;
-    ra.freqs = &rope_;
+    ra.freqs = &rope_of(l);
     ra.adjacent = c.rope_adjacent;
     be_.attention_bwd_16(shape_, cmat(a.q, R, qd), cmat(a.k, R, kvd), cmat(a.v, R, kvd),
                          cmat(a.att, R, qd), a.lse.as<float>(), cmat(g.datt, R, qd), ra, t16, dq16,
@@ -160,8 +160,8 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
     be_.attention_bwd(shape_, cmat(a.q, R, qd), cmat(a.k, R, kvd), cmat(a.v, R, kvd),
                       cmat(a.att, R, qd), a.lse.as<float>(), cmat(g.datt, R, qd), mat(g.dq, R, qd),
                       mat(g.dk, R, kvd), mat(g.dv, R, kvd));
-    be_.rope(mat(g.dq, R, qd), pos, c.n_heads, c.head_dim, rope_, c.rope_adjacent, true);
-    be_.rope(mat(g.dk, R, kvd), pos, c.n_kv_heads, c.head_dim, rope_, c.rope_adjacent, true);
+    be_.rope(mat(g.dq, R, qd), pos, c.n_heads, c.head_dim, rope_of(l), c.rope_adjacent, true);
+    be_.rope(mat(g.dk, R, kvd), pos, c.n_kv_heads, c.head_dim, rope_of(l), c.rope_adjacent, true);
   }
   // Per-head q / k norms (qwen3; never direct16(), so dq / dk are fp32 here): their backward
   // into buffers free by now, datt for q and dq's (wider) room for k.

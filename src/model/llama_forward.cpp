@@ -64,15 +64,15 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
   }
   if (st) {  // stored as they are, and attention's GEMMs take them (attention_inputs_16); the
              // fp32 q and k are not rotated (nothing reads them)
-    be_.rope_to_16(mat(a.q, R, qd), pos, c.n_heads, c.head_dim, rope_, c.rope_adjacent, t16,
+    be_.rope_to_16(mat(a.q, R, qd), pos, c.n_heads, c.head_dim, rope_of(l), c.rope_adjacent, t16,
                    st->q.as<uint16_t>());
-    be_.rope_to_16(mat(a.k, R, kvd), pos, c.n_kv_heads, c.head_dim, rope_, c.rope_adjacent, t16,
-                   st->k.as<uint16_t>());
+    be_.rope_to_16(mat(a.k, R, kvd), pos, c.n_kv_heads, c.head_dim, rope_of(l), c.rope_adjacent,
+                   t16, st->k.as<uint16_t>());
     be_.to_16(t16, a.v.as<float>(), st->v.as<uint16_t>(), R * kvd);
     be_.attention_inputs_16(t16, st->q.as<uint16_t>(), st->k.as<uint16_t>(), st->v.as<uint16_t>());
   } else {
-    be_.rope(mat(a.q, R, qd), pos, c.n_heads, c.head_dim, rope_, c.rope_adjacent, false);
-    be_.rope(mat(a.k, R, kvd), pos, c.n_kv_heads, c.head_dim, rope_, c.rope_adjacent, false);
+    be_.rope(mat(a.q, R, qd), pos, c.n_heads, c.head_dim, rope_of(l), c.rope_adjacent, false);
+    be_.rope(mat(a.k, R, kvd), pos, c.n_kv_heads, c.head_dim, rope_of(l), c.rope_adjacent, false);
   }
   if (st)  // the output rounded into the stored layer (no fp32 copy: backward reads that one)
     be_.attention_fwd_to_16(shape_, cmat(a.q, R, qd), cmat(a.k, R, kvd), cmat(a.v, R, kvd),

@@ -38,8 +38,10 @@ void read_hf_sliding_window(const JsonFile& cj, const ArchFamily& fam, ModelConf
                         cj.path().c_str(), i, v.c_str());
       c.sliding_layers.push_back(v == "sliding_attention");
     }
-  } else if (fam.gemma) {  // Gemma 2 without layer_types: even layers slide (transformers)
-    for (int i = 0; i < c.n_layers; ++i) c.sliding_layers.push_back(i % 2 == 0);
+  } else if (fam.gemma) {  // without layer_types: sliding_window_pattern (transformers')
+    const int64_t p =
+        cj.get_int_in("sliding_window_pattern", 1, kMaxLayers, name == "gemma2" ? 2 : 6);
+    for (int i = 0; i < c.n_layers; ++i) c.sliding_layers.push_back((i + 1) % p != 0);
   } else if (name == "qwen2" || name == "qwen3") {
     const bool on = cj.get_bool("use_sliding_window", false);
     const int64_t from = cj.get_int_in("max_window_layers", 0, kMaxLayers, c.n_layers);
@@ -51,6 +53,43 @@ void read_hf_sliding_window(const JsonFile& cj, const ArchFamily& fam, ModelConf
   if (!any || all) c.sliding_layers.clear();  // empty: every layer when the window is set
 }
 
+// Gemma 3's RoPE: full layers rope_theta (1e6) with rope_scaling, sliding layers plain
+// rope_local_base_freq (1e4); transformers 5 writes both under rope_parameters by layer type.
+void read_hf_gemma3_rope(const JsonFile& cj, ModelConfig& c) {
+  const nlohmann::json& r = cj.root();
+  c.rope_theta = static_cast<float>(cj.get_float("rope_theta", 1000000.0));
+  c.rope_local_theta = static_cast<float>(cj.get_float("rope_local_base_freq", 10000.0));
+  const bool nested = r.contains("rope_parameters") && r["rope_parameters"].is_object() &&
+                      r["rope_parameters"].contains("full_attention");
+  if (!nested) return;  // rope_scaling (read with the other families') is the full layers'
+  const nlohmann::json& rp = r["rope_parameters"];
+  auto theta = [&](const char* type, float& dst) {
+    if (!rp.contains(type)) return;
+    const nlohmann::json& o = rp[type];
+    QLFT_CHECK_FORMAT(o.is_object(), "%s: rope_parameters.%s is not an object", cj.path().c_str(),
+                      type);
+    if (o.contains("rope_theta")) {
+      QLFT_CHECK_FORMAT(o["rope_theta"].is_number(),
+                        "%s: rope_parameters.%s.rope_theta is not a number", cj.path().c_str(),
+                        type);
+      dst = o["rope_theta"].get<float>();
+    }
+  };
+  theta("full_attention", c.rope_theta);
+  theta("sliding_attention", c.rope_local_theta);
+  c.rope = rope_scaling_from_hf(nlohmann::json{{"rope_parameters", rp["full_attention"]}},
+                                cj.path() + " (rope_parameters.full_attention)", c.context_length);
+  if (rp.contains("sliding_attention")) {
+    const RopeScaling local =
+        rope_scaling_from_hf(nlohmann::json{{"rope_parameters", rp["sliding_attention"]}},
+                             cj.path() + " (rope_parameters.sliding_attention)", c.context_length);
+    QLFT_CHECK_FORMAT(!local.scaled(),
+                      "%s: rope_parameters.sliding_attention scales RoPE (%s); qlft rotates "
+                      "Gemma 3's sliding layers with a plain base",
+                      cj.path().c_str(), rope_type_name(local.type));
+  }
+}
+
 // Gemma's keys: the scores' scale, the soft-caps (null: none) and the MLP's activation, which
 // must be the tanh-approximated GELU the runner computes.
 void read_hf_gemma(const JsonFile& cj, ModelConfig& c) {
@@ -58,7 +97,8 @@ void read_hf_gemma(const JsonFile& cj, ModelConfig& c) {
   auto opt = [&cj](const char* key, double def) {
     return cj.root().contains(key) && cj.root()[key].is_null() ? 0.0 : cj.get_float(key, def);
   };
-  c.attn_scalar = static_cast<float>(opt("query_pre_attn_scalar", c.head_dim));
+  c.attn_scalar = static_cast<float>(opt("query_pre_attn_scalar", 256.0));  // transformers'
+  if (c.arch == "gemma3_text") read_hf_gemma3_rope(cj, c);
   c.attn_softcap = static_cast<float>(opt("attn_logit_softcapping", 0.0));
   c.final_softcap = static_cast<float>(opt("final_logit_softcapping", 0.0));
   for (const char* key : {"hidden_activation", "hidden_act"}) {
@@ -69,6 +109,7 @@ void read_hf_gemma(const JsonFile& cj, ModelConfig& c) {
                       cj.path().c_str(), key, act.c_str());
     break;
   }
+  check_model_config(c, cj.path());  // the caps and bases read here
 }
 
 }  // namespace

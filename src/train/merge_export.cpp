@@ -151,11 +151,9 @@ void export_safetensors(const Model& m, const LoraAdapter* lora, const std::stri
         w.add_f32(h + "self_attn." + kBiasProj[pi] + ".bias", {q.rows}, t.data());
       }
     }
-    if (!L.q_norm.empty()) {  // qwen3's per-head norms
-      t = copy_f32(L.q_norm);
-      w.add_f32(h + "self_attn.q_norm.weight", {c.head_dim}, t.data());
-      t = copy_f32(L.k_norm);
-      w.add_f32(h + "self_attn.k_norm.weight", {c.head_dim}, t.data());
+    if (!L.q_norm.empty()) {  // qwen3's and gemma3's per-head norms
+      norm(h + "self_attn.q_norm.weight", L.q_norm);
+      norm(h + "self_attn.k_norm.weight", L.k_norm);
     }
   }
   const ArchFamily* fam = find_family(c.arch);
@@ -204,6 +202,14 @@ void export_safetensors(const Model& m, const LoraAdapter* lora, const std::stri
   j["rope_parameters"] = rope_parameters_json(c);
   j["rope_parameters"]["rope_theta"] = short_double(c.rope_theta);
   if (c.rope.type != RopeType::Default) j["rope_scaling"] = rope_scaling_json(c);
+  if (c.rope_local_theta > 0) {  // gemma3: per layer type, full layers' as above
+    const nlohmann::json full = j["rope_parameters"];
+    j["rope_parameters"] = {
+        {"full_attention", full},
+        {"sliding_attention",
+         {{"rope_type", "default"}, {"rope_theta", short_double(c.rope_local_theta)}}}};
+    j.erase("rope_scaling");
+  }
   if (m.gguf) {  // special token ids, so generation stops where the source model's does
     int64_t bos = m.gguf->get_int("tokenizer.ggml.bos_token_id", -1);
     int64_t eos = m.gguf->get_int("tokenizer.ggml.eos_token_id", -1);
@@ -335,6 +341,10 @@ void export_gguf(const Model& m, const LoraAdapter* lora, const std::string& pat
   // llama.cpp's name of the family (its converter writes Mistral models as "llama").
   const ArchFamily* fam = find_family(c.arch);
   QLFT_CHECK_ARG(fam, "merged GGUF export: architecture '%s' is not supported", c.arch.c_str());
+  QLFT_CHECK_ARG(c.rope_local_theta == 0,
+                 "merged GGUF export: %s's per-layer RoPE bases have no GGUF form qlft writes; "
+                 "export as safetensors",
+                 c.arch.c_str());
   const std::string arch = fam->gguf_arch;
   const std::string a = arch + ".";
   w.add_string("general.architecture", arch);

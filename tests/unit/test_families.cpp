@@ -77,7 +77,9 @@ std::vector<float> check_parity(const std::string& model_path, const std::string
   auto model = load_model(&tr, model_path, keep());
   // llama.cpp writes Mistral as "llama" (ArchFamily::gguf_arch).
   EXPECT_EQ(model->cfg.arch,
-            model->source_format == "gguf" && family == "mistral" ? "llama" : family);
+            model->source_format == "gguf" && family == "mistral" ? "llama"
+            : family == "gemma3"                                  ? "gemma3_text"  // model_type
+                                                                  : family);
   Fixture f(family_fixture("syn_" + family + ".lora.safetensors"));
   auto be = make_cpu_backend(&tr);
   LoraAdapter lora(&tr, model->shapes, lora_config_of(f));
@@ -122,19 +124,22 @@ std::vector<float> check_parity(const std::string& model_path, const std::string
   return logits;
 }
 
-// Everything a family's fixture checks, from its safetensors directory and its GGUF.
-void check_family(const std::string& family) {
+// Everything a family's fixture checks, from its safetensors directory and (gguf) its GGUF.
+void check_family(const std::string& family, bool gguf = true) {
   set_num_threads(1);  // tiny model: threads only add barrier waits
   const std::string name = "syn_" + family;
   auto a = check_parity(family_fixture(name), family);
-  auto b = check_parity(family_fixture(name + ".gguf"), family);
-  ASSERT_EQ(a.size(), b.size());
-  EXPECT_LT(max_rel_error(b.data(), a.data(), a.size()), 1e-5) << "GGUF vs safetensors logits";
+  if (gguf) {
+    auto b = check_parity(family_fixture(name + ".gguf"), family);
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_LT(max_rel_error(b.data(), a.data(), a.size()), 1e-5) << "GGUF vs safetensors logits";
+  }
 
   MemoryTracker tr;
   Fixture f(family_fixture(name + ".lora.safetensors"));
   auto be = make_cpu_backend(&tr);
   for (const char* file : {"", ".gguf"}) {
+    if (*file && !gguf) continue;
     SCOPED_TRACE(name + file);
     auto model = load_model(&tr, family_fixture(name + file), keep());
     std::vector<int32_t> tok;
@@ -154,7 +159,7 @@ void check_family(const std::string& family) {
 // The PEFT adapter qlft writes for the family holds the tensor names PEFT's save_pretrained
 // writes (recorded by the generator) with the fixture's values; the merged export (safetensors
 // and GGUF F16), loaded back, gives merge_and_unload's logits.
-void check_exports(const std::string& family) {
+void check_exports(const std::string& family, bool gguf = true) {
   set_num_threads(1);
   const std::string name = "syn_" + family;
   MemoryTracker tr;
@@ -187,10 +192,11 @@ void check_exports(const std::string& family) {
   TokenBatch bt = batch_of(f, tok, nullptr);
   const std::vector<float> ref = f.f32("merged_logits");
   export_merged(*model, &lora, dir + "/merged", "safetensors");
-  export_merged(*model, &lora, dir + "/merged.gguf", "gguf-f16");
   auto ms = load_model(&tr, dir + "/merged", keep());
   std::vector<float> a = logits_of(*ms, *be, nullptr, bt);
   EXPECT_LT(max_rel_error(a.data(), ref.data(), ref.size()), kTol) << "merged safetensors";
+  if (!gguf) return;
+  export_merged(*model, &lora, dir + "/merged.gguf", "gguf-f16");
   auto mg = load_model(&tr, dir + "/merged.gguf", keep());
   EXPECT_EQ(mg->cfg.arch, family == "mistral" ? "llama" : family);
   for (size_t l = 0; l < mg->shapes.layers.size(); ++l) {  // llama.cpp's arch and row order aside
@@ -332,6 +338,27 @@ TEST(Families, SlidingWindowFromConfigKeys) {
 // names and soft-cap keys); greedy generation through the KV cache as well.
 TEST(Families, Gemma2MatchesTransformersAndPeft) {
   check_family("gemma2");
+}
+
+// Gemma 3 (text): gemma2's block without soft-caps, (1 + w) q / k norms per head, RoPE base
+// 1e4 on the sliding layers and 1e6 with linear scaling (factor 2) on the full one, window 5 on
+// layers 0 and 1 of 3. Safetensors (its GGUF form is refused, as is a merged GGUF export).
+TEST(Families, Gemma3MatchesTransformersAndPeft) {
+  check_family("gemma3", false);
+}
+TEST(Families, Gemma3ExportsLoadInPeft) {
+  check_exports("gemma3", false);
+  MemoryTracker tr;
+  auto m = load_model(&tr, family_fixture("syn_gemma3"), keep());
+  EXPECT_EQ(m->cfg.rope_local_theta, 10000.f);
+  EXPECT_EQ(m->cfg.rope_theta, 1000000.f);
+  EXPECT_EQ(m->shapes.layers[2].window, 0);
+  try {
+    export_merged(*m, nullptr, qlft_test::temp_dir("gemma3_gguf") + "/m.gguf", "gguf-f16");
+    ADD_FAILURE() << "a gemma3 merged GGUF was written";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("per-layer RoPE bases"), std::string::npos) << e.what();
+  }
 }
 
 // Each Gemma delta is what makes the match: with any one of them undone, the base logits are
@@ -665,8 +692,57 @@ TEST(Families, PlansRealConfigsFromConfigJsonAlone) {
                 want / 1e9);
     EXPECT_NEAR(double(w.bytes), want, 0.01 * want);
   }
+  // google/gemma-3-1b-it's config.json (Gemma3ForCausalLM; transformers 4.50 keys: no
+  // layer_types, sliding_window_pattern 6, rope_local_base_freq, rope_scaling null).
+  const nlohmann::json gemma3_1b = {{"architectures", {"Gemma3ForCausalLM"}},
+                                    {"attention_bias", false},
+                                    {"attn_logit_softcapping", nullptr},
+                                    {"final_logit_softcapping", nullptr},
+                                    {"head_dim", 256},
+                                    {"hidden_activation", "gelu_pytorch_tanh"},
+                                    {"hidden_size", 1152},
+                                    {"intermediate_size", 6912},
+                                    {"max_position_embeddings", 32768},
+                                    {"model_type", "gemma3_text"},
+                                    {"num_attention_heads", 4},
+                                    {"num_hidden_layers", 26},
+                                    {"num_key_value_heads", 1},
+                                    {"query_pre_attn_scalar", 256},
+                                    {"rms_norm_eps", 1e-6},
+                                    {"rope_local_base_freq", 10000},
+                                    {"rope_scaling", nullptr},
+                                    {"rope_theta", 1000000},
+                                    {"sliding_window", 512},
+                                    {"sliding_window_pattern", 6},
+                                    {"torch_dtype", "bfloat16"},
+                                    {"vocab_size", 262144}};
+  w = weight_footprint_of_file(config_dir(gemma3_1b, "gemma3_1b"), o, &c);
+  EXPECT_EQ(c.arch, "gemma3_text");
+  EXPECT_TRUE(c.tied_embeddings);
+  EXPECT_EQ(c.attn_softcap, 0.f);
+  EXPECT_EQ(c.rope_local_theta, 10000.f);
+  EXPECT_EQ(c.rope_theta, 1000000.f);
+  s = model_shapes(c);
+  int sliding = 0;
+  for (const LayerShapes& l : s.layers) sliding += l.window == 512;
+  EXPECT_EQ(sliding, 22);  // layers 5, 11, 17, 23 are global
+  EXPECT_EQ(s.layers[5].window, 0);
+  EXPECT_EQ(s.layers[0].qk_norm, 256);
+  EXPECT_EQ(s.layers[0].post_norm, 1152);
+  {  // tied: one f32 [V, D] table, NF4 projections (the norms within the 1%)
+    double lin = 0;
+    for (int l = 0; l < s.n_layers; ++l)
+      for (int p = 0; p < kProjCount; ++p)
+        lin += double(s.proj(l, Proj(p)).out) * double(s.proj(l, Proj(p)).in);
+    const double want = 4.0 * s.vocab * s.dim + lin * (0.5 + 1.0 / 64);
+    std::printf("[family] gemma3-1b NF4 weights %.3f GB (expected %.3f)\n", double(w.bytes) / 1e9,
+                want / 1e9);
+    EXPECT_NEAR(double(w.bytes), want, 0.01 * want);
+  }
+  // Gemma 3's image-text model (google/gemma-3-12b-it: Gemma3ForConditionalGeneration, model_type
+  // gemma3) is refused naming its vision tower, as is Mixtral.
   for (const auto& [cls, type, says] :
-       {std::tuple{"Gemma3ForCausalLM", "gemma3_text", "GeGLU"},
+       {std::tuple{"Gemma3ForConditionalGeneration", "gemma3", "vision tower"},
         std::tuple{"MixtralForCausalLM", "mixtral", "mixture-of-experts layers"}}) {
     nlohmann::json j = qwen3_8b;
     j["architectures"] = {cls};
