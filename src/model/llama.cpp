@@ -204,22 +204,30 @@ bool LlamaRunner::direct16() const {
          !extras() && !model_.cfg.gemma;  // GeGLU has no 16-bit forms
 }
 
+namespace {
+// Calls f(fp32, stored, n) for each pair of halves() (w of the fp32 set, h of the stored layer)
+// that pack / unpack convert: those the stored layer has (n 16-bit values), less, where skip is
+// given, the first 9 it marks.
+template <class Halves, class F>
+void each_converted_half(const Halves& w, const Halves& h, const bool* skip, F f) {
+  for (size_t i = 0; i < h.size(); ++i)
+    if (!h[i]->empty() && !(skip && i < 9 && skip[i]))
+      f(*w[i], *h[i], static_cast<int64_t>(h[i]->size() / 2));
+}
+}  // namespace
+
 void LlamaRunner::pack(LayerActs& from, LayerActs& to, bool direct) {
-  auto src = from.halves();
-  auto dst = to.halves();
-  for (size_t i = 0; i < dst.size(); ++i)
-    if (!dst[i]->empty() && !(direct && i < 9 && kHalfWrittenDirect[i]))
-      be_.to_16(act_dtype_, src[i]->as<float>(), dst[i]->as<uint16_t>(),
-                static_cast<int64_t>(dst[i]->size() / 2));
+  each_converted_half(from.halves(), to.halves(), direct ? kHalfWrittenDirect : nullptr,
+                      [&](Buffer& w, Buffer& h, int64_t n) {
+                        be_.to_16(act_dtype_, w.as<float>(), h.as<uint16_t>(), n);
+                      });
 }
 
 void LlamaRunner::unpack(LayerActs& from, LayerActs& to, bool direct) {
-  auto src = from.halves();
-  auto dst = to.halves();
-  for (size_t i = 0; i < src.size(); ++i)
-    if (!src[i]->empty() && !(direct && i < 9 && kHalfReadDirect[i]))
-      be_.from_16(act_dtype_, src[i]->as<uint16_t>(), dst[i]->as<float>(),
-                  static_cast<int64_t>(src[i]->size() / 2));
+  each_converted_half(to.halves(), from.halves(), direct ? kHalfReadDirect : nullptr,
+                      [&](Buffer& w, Buffer& h, int64_t n) {
+                        be_.from_16(act_dtype_, h.as<uint16_t>(), w.as<float>(), n);
+                      });
 }
 
 // A checkpointed layer recomputed into the scratch: the same 16-bit values a stored layer's

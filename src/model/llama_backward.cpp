@@ -66,16 +66,18 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
   auto zero_dx = [&](Buffer& b, int64_t n) {
     if (!be_.defer_zero(b.as<float>(), n)) zero(b);
   };
-  // Post-block norms (gemma): d(fpre) through the post-feedforward norm into dxn (free until
-  // gate / up's dx), the down projection's dy; G itself is the residual's.
+  // Post-block norms (gemma): the dy of a branch's output projection is d(pre), G through the
+  // norm after the branch, written into dxn (free until that branch's input projections' dx);
+  // without them it is G itself (the residual's).
   const bool post = model_.shapes.post_norm();
-  CMatF d_down = G.as_const();
-  if (post) {
+  auto post_norm_bwd = [&](const Buffer& pre, const Buffer& norm, const Buffer& rstd) -> CMatF {
+    if (!post) return G.as_const();
     zero(g.dxn);
-    be_.rmsnorm_bwd(cmat(a.fpre, R, c.dim), frozen(L.post_ffn_norm), a.rstd4.as<float>(),
-                    G.as_const(), mat(g.dxn, R, c.dim));
-    d_down = cmat(g.dxn, R, c.dim);
-  }
+    be_.rmsnorm_bwd(cmat(pre, R, c.dim), frozen(norm), rstd.as<float>(), G.as_const(),
+                    mat(g.dxn, R, c.dim));
+    return cmat(g.dxn, R, c.dim);
+  };
+  const CMatF d_down = post_norm_bwd(a.fpre, L.post_ffn_norm, a.rstd4);
   zero_dx(g.dh, R * c.ffn_dim);
   {
     SharedInput shared(be_, cmat(a.hact, R, c.ffn_dim), t16, st ? h16(st->hact) : nullptr);
@@ -120,14 +122,7 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
 
   // Attention branch: G is now d/d(x_mid). With st, datt may come rounded into its buffer's
   // memory from the o projection's dx GEMM (Backend::next_dx_16), for attention to take as is.
-  // Post-attention norm (gemma): d(opre) into dxn (free until q / k / v's dx), o's dy.
-  CMatF d_o = G.as_const();
-  if (post) {
-    zero(g.dxn);
-    be_.rmsnorm_bwd(cmat(a.opre, R, c.dim), frozen(L.post_attn_norm), a.rstd3.as<float>(),
-                    G.as_const(), mat(g.dxn, R, c.dim));
-    d_o = cmat(g.dxn, R, c.dim);
-  }
+  const CMatF d_o = post_norm_bwd(a.opre, L.post_attn_norm, a.rstd3);
   zero_dx(g.datt, R * qd);
   const uint16_t* datt16 = nullptr;
   {
