@@ -9,6 +9,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
+#include "core/fp_env.h"
 #include "core/profile.h"
 
 namespace qlft::cpu::attn {
@@ -28,6 +29,27 @@ class ThreadSlabs {
   Buffer buf_;
   size_t per_;
 };
+
+// The team a tile loop runs on: nt threads in one parallel region, each with its slab of `per`
+// bytes (ThreadSlabs) and subnormals flushed when `flush` (core/fp_env.h: subnormal products
+// cost Intel cores), calling body(slab, errs, times); body's own `omp for` loops share out the
+// tasks, each run through errs (a oneDNN scratchpad past memory.limit throws inside the region).
+// After the region: the first task's exception rethrown, the tile products' times reported
+// (op profile).
+template <class Times, class Body>
+void run_tile_team(const CpuBackend& be, int nt, size_t per, const char* what, bool flush,
+                   Body&& body) {
+  ThreadSlabs slabs(be, nt, per, what);
+  TaskErrors errs;
+  Times times(nt);
+#pragma omp parallel num_threads(nt)
+  {
+    const ScopedFlushDenormals flushed(flush);
+    body(slabs.mine(), errs, times);
+  }
+  errs.rethrow();
+  times.report();
+}
 
 // first[row] = the first position j of the same batch element with doc[j] == doc[row]: no key
 // before it can be attended by this row, which bounds each tile's key range.

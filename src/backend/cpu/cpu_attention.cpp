@@ -333,14 +333,8 @@ void CpuBackend::attention_fwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
   // Per thread: the fp32 score tile; with lp also the probabilities in the GEMM's element type
   // and a dense output tile (a dense C keeps oneDNN on its fast kernels).
   const int64_t per = tile * 4 + (mm.lp ? tile * int64_t(mm.elem_bytes()) + bq * D * 4 : 0);
-  attn::ThreadSlabs ws(*this, nt, size_t(per), "attention score tiles");
-  TaskErrors errs;            // a oneDNN scratchpad past memory.limit throws inside the region
-  attn::FwdTileTimes gt(nt);  // the tile products' shares (op profile)
-#pragma omp parallel num_threads(nt)
-  {
-    // (core/fp_env.h: subnormal products cost Intel cores)
-    const ScopedFlushDenormals flush(tune.flush_denormals);
-    char* mine = ws.mine();
+  // Each team thread (attn::run_tile_team): its slab carved, then its share of the tasks.
+  auto thread_body = [&](char* mine, TaskErrors& errs, attn::FwdTileTimes& gt) {
     float* S = reinterpret_cast<float*>(mine);
     void* P = mm.lp ? mine + tile * 4 : static_cast<void*>(S);
     float* O =
@@ -381,9 +375,9 @@ void CpuBackend::attention_fwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
         for (int64_t i = 0; i < t.nq; ++i)
           std::copy(O + i * D, O + (i + 1) * D, o + i * out.stride);
       });
-  }
-  errs.rethrow();
-  gt.report();
+  };
+  attn::run_tile_team<attn::FwdTileTimes>(*this, nt, size_t(per), "attention score tiles",
+                                          tune.flush_denormals, thread_body);
 }
 
 void CpuBackend::attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out,
@@ -483,13 +477,7 @@ void CpuBackend::attention_bwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
   // (dense C keeps oneDNN on its fast kernels).
   const int64_t lpb = mm.lp ? 2 * tile * int64_t(mm.elem_bytes()) + (bq + 2 * T) * D * 4 : 0;
   const int64_t per = (2 * tile + bq) * 4 + lpb;
-  attn::ThreadSlabs ws(*this, nt, size_t(per), "attention backward tiles");
-  TaskErrors errs;            // a oneDNN scratchpad past memory.limit throws inside the region
-  attn::BwdTileTimes gt(nt);  // the tile products' shares (op profile)
-#pragma omp parallel num_threads(nt)
-  {
-    const ScopedFlushDenormals flush(tune.flush_denormals);
-    char* mine = ws.mine();
+  auto thread_body = [&](char* mine, TaskErrors& errs, attn::BwdTileTimes& gt) {
     float* P = reinterpret_cast<float*>(mine);
     float* dS = P + tile;
     float* Dr = dS + tile;
@@ -604,9 +592,9 @@ void CpuBackend::attention_bwd_impl(const AttnShape& s, CMatF q, CMatF k, CMatF 
           add_rows(dv, base, int64_t(kh) * D, dVt, T, D);
         }
       });
-  }
-  errs.rethrow();
-  gt.report();
+  };
+  attn::run_tile_team<attn::BwdTileTimes>(*this, nt, size_t(per), "attention backward tiles",
+                                          tune.flush_denormals, thread_body);
 }
 
 }  // namespace qlft::cpu

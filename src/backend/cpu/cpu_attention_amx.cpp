@@ -227,13 +227,8 @@ void CpuBackend::attention_fwd_amx(const AttnShape& s, CMatF q, CMatF k, CMatF v
   const int64_t npack = int64_t(s.batch) * (H + KV);
   const int nt = g.fwd_team(qlft::num_threads());
   const size_t per = g.fwd_thread();
-  attn::ThreadSlabs ws(*this, nt, per, "attention AMX tiles");
-  TaskErrors errs;
-  attn::FwdTileTimes gt(nt);
-#pragma omp parallel num_threads(nt)
-  {
-    const ScopedFlushDenormals flush(tune.flush_denormals);
-    const FwdThread w = carve_fwd(g, ws.mine());
+  auto thread_body = [&](char* slab, TaskErrors& errs, attn::FwdTileTimes& gt) {
+    const FwdThread w = carve_fwd(g, slab);
     // The packs: Q of every head as rows; K^T and V of every KV head in the pair layout.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t j = 0; j < npack; ++j)
@@ -276,9 +271,9 @@ void CpuBackend::attention_fwd_amx(const AttnShape& s, CMatF q, CMatF k, CMatF v
             std::copy_n(o, D, out.row(r0 + i) + int64_t(t.h) * D);
         }
       });
-  }
-  errs.rethrow();
-  gt.report();
+  };
+  attn::run_tile_team<attn::FwdTileTimes>(*this, nt, per, "attention AMX tiles",
+                                          tune.flush_denormals, thread_body);
 }
 
 void CpuBackend::attention_bwd_amx(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out,
@@ -300,13 +295,8 @@ void CpuBackend::attention_bwd_amx(const AttnShape& s, CMatF q, CMatF k, CMatF v
   if (rope) rtab = std::make_unique<RopeTable>(*this, rope->pos, q.rows, D, *rope->freqs, true);
   const int nt = g.bwd_team(qlft::num_threads());
   const size_t per = g.bwd_thread();
-  attn::ThreadSlabs ws(*this, nt, per, "attention backward AMX tiles");
-  TaskErrors errs;
-  attn::BwdTileTimes gt(nt);
-#pragma omp parallel num_threads(nt)
-  {
-    const ScopedFlushDenormals flush(tune.flush_denormals);
-    const BwdThread w = carve_bwd(g, ws.mine());
+  auto thread_body = [&](char* slab, TaskErrors& errs, attn::BwdTileTimes& gt) {
+    const BwdThread w = carve_bwd(g, slab);
     // Row `row` of a gradient from src (D values) times `mul`: added into the fp32 gradient
     // (zeroed by the caller), or with g16 given rotated back when `rot` and rounded there, as
     // attention_bwd, rope and to_16 would give it.
@@ -407,9 +397,9 @@ void CpuBackend::attention_bwd_amx(const AttnShape& s, CMatF q, CMatF k, CMatF v
           put(dv, dv16, base + j, int64_t(kh) * D, w.row, 1.f, false);
         }
       });
-  }
-  errs.rethrow();
-  gt.report();
+  };
+  attn::run_tile_team<attn::BwdTileTimes>(*this, nt, per, "attention backward AMX tiles",
+                                          tune.flush_denormals, thread_body);
 }
 
 }  // namespace qlft::cpu
