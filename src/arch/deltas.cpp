@@ -9,7 +9,7 @@ namespace qlft {
 namespace {
 std::string fmt_g(float v) {
   char b[32];
-  std::snprintf(b, sizeof b, "%g", static_cast<double>(v));
+  std::snprintf(b, sizeof b, "%.10g", static_cast<double>(v));
   return b;
 }
 }  // namespace

@@ -46,6 +46,13 @@ TEST(ArchDeltas, FamilyFixtures) {
             "post-feedforward norms, GeGLU (tanh GELU), embeddings times sqrt(hidden), attention "
             "scaled by query_pre_attn_scalar 24^-0.5, attention logits soft-capped at 4, final "
             "logits soft-capped at 8, tied head");
+  // syn_gemma3: gemma3_text (q_norm / k_norm), layer_types sliding / sliding / full, no caps,
+  // rope_parameters full_attention linear factor 2 theta 1e6, sliding_attention theta 1e4.
+  EXPECT_EQ(deltas_of("families/syn_gemma3"),
+            "q/k RMSNorm per head, sliding window 5 on 2 of 3 layers, (1 + w) RMSNorms, "
+            "post-attention and post-feedforward norms, GeGLU (tanh GELU), embeddings times "
+            "sqrt(hidden), attention scaled by query_pre_attn_scalar 24^-0.5, RoPE base 10000 on "
+            "sliding layers, 1000000 on full ones, tied head, rope scaling linear");
 }
 
 // The per-layer window (qwen2's max_window_layers: layers from it on slide) and llama3 rope
