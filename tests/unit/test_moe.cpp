@@ -1,0 +1,123 @@
+// The mixture-of-experts FFN (model/moe.h) against transformers' MixtralSparseMoeBlock in fp32
+// (fixture of tests/reference/gen_moe_fixtures.py): the routing, the output, and the input
+// gradient through the experts and the routing weights; NF4 experts against a double-precision
+// oracle over their dequantized weights.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/memory.h"
+#include "model/moe.h"
+#include "test_model_util.h"
+
+namespace {
+
+using namespace qlft;
+
+double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
+  double e = 0, m = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    e = std::max(e, std::fabs(double(a[i]) - b[i]));
+    m = std::max(m, std::fabs(double(b[i])));
+  }
+  return e / std::max(m, 1e-6);
+}
+
+struct Block {
+  model_test::Fixture f{qlft_test::fixture_path("moe/mixtral_block.safetensors")};
+  int64_t R = 0, D = 0, F = 0;
+  int E = 0, K = 0;
+  Block() {
+    R = f.shape("x")[0], D = f.shape("x")[1], E = static_cast<int>(f.shape("router")[0]);
+    F = f.shape("e0.w1")[0], K = f.i32("top_k")[0];
+  }
+  MoeWeights weights(MemoryTracker* t, QuantKind kind) const {
+    MoeWeights w;
+    w.top_k = K;
+    auto q = [&](const std::string& n, QuantKind k) {
+      auto v = f.f32(n);
+      return qweight_from_f32(t, v.data(), f.shape(n)[0], f.shape(n)[1], k);
+    };
+    w.router = q("router", QuantKind::F32);
+    for (int e = 0; e < E; ++e) {
+      const std::string p = "e" + std::to_string(e) + ".";
+      w.w1.push_back(q(p + "w1", kind));
+      w.w3.push_back(q(p + "w3", kind));
+      w.w2.push_back(q(p + "w2", kind));
+    }
+    return w;
+  }
+};
+
+TEST(Moe, MixtralBlockMatchesTransformers) {
+  Block b;
+  MemoryTracker tracker;
+  std::unique_ptr<Backend> be = make_cpu_backend(&tracker);
+  MoeWeights w = b.weights(&tracker, QuantKind::F32);
+  const auto x = b.f.f32("x"), dout = b.f.f32("dout");
+  std::vector<float> out(static_cast<size_t>(b.R * b.D)), dx(out.size(), 0.f);
+  MoeSaved s;
+  moe_fwd(*be, w, CMatF(x.data(), b.R, b.D), MatF(out.data(), b.R, b.D), s);
+  EXPECT_EQ(s.index, b.f.i32("index"));
+  EXPECT_LT(max_rel(s.weight, b.f.f32("weight")), 1e-5);
+  EXPECT_LT(max_rel(out, b.f.f32("out")), 1e-4);
+  moe_bwd(*be, w, s, CMatF(x.data(), b.R, b.D), CMatF(dout.data(), b.R, b.D),
+          MatF(dx.data(), b.R, b.D));
+  const double e = max_rel(dx, b.f.f32("dx"));
+  std::printf("out %.2e, dx %.2e (max rel vs transformers)\n", max_rel(out, b.f.f32("out")), e);
+  EXPECT_LT(e, 1e-4);
+  // The routing path is a large part of the gradient here: without it dx would be far off.
+  EXPECT_GT(max_rel(b.f.f32("dx_no_route"), b.f.f32("dx")), 0.1);
+  // Every expert got rows, so the test reaches each expert's backward.
+  for (const auto& ex : s.experts) EXPECT_FALSE(ex.token.empty());
+}
+
+// NF4 experts (quant.type's default) against a double-precision oracle of the same block over the
+// experts' dequantized weights, routing taken from the fixture (its margins keep it unchanged).
+TEST(Moe, Nf4ExpertsMatchDequantizedOracle) {
+  Block b;
+  MemoryTracker tracker;
+  std::unique_ptr<Backend> be = make_cpu_backend(&tracker);
+  MoeWeights w = b.weights(&tracker, QuantKind::NF4);
+  const auto x = b.f.f32("x");
+  const auto idx = b.f.i32("index");
+  const auto wt = b.f.f32("weight");
+  std::vector<float> out(static_cast<size_t>(b.R * b.D));
+  MoeSaved s;
+  moe_fwd(*be, w, CMatF(x.data(), b.R, b.D), MatF(out.data(), b.R, b.D), s);
+  EXPECT_EQ(s.index, idx);
+  auto deq = [](const QWeight& q) {
+    std::vector<float> v(static_cast<size_t>(q.rows * q.cols));
+    q.dequantize_rows(0, q.rows, v.data());
+    return v;
+  };
+  std::vector<float> ref(out.size(), 0.f);
+  for (int64_t r = 0; r < b.R; ++r)
+    for (int k = 0; k < b.K; ++k) {
+      const int e = idx[static_cast<size_t>(r * b.K + k)];
+      const auto w1 = deq(w.w1[e]), w3 = deq(w.w3[e]), w2 = deq(w.w2[e]);
+      std::vector<double> h(static_cast<size_t>(b.F));
+      for (int64_t j = 0; j < b.F; ++j) {
+        double g = 0, u = 0;
+        for (int64_t d = 0; d < b.D; ++d) {
+          g += double(w1[j * b.D + d]) * x[r * b.D + d];
+          u += double(w3[j * b.D + d]) * x[r * b.D + d];
+        }
+        h[j] = g / (1 + std::exp(-g)) * u;
+      }
+      for (int64_t d = 0; d < b.D; ++d) {
+        double y = 0;
+        for (int64_t j = 0; j < b.F; ++j) y += double(w2[d * b.F + j]) * h[j];
+        ref[r * b.D + d] += static_cast<float>(wt[r * b.K + k] * y);
+      }
+    }
+  EXPECT_LT(max_rel(out, ref), 1e-4);
+  // NF4 moved the block's output off the fp32 reference: the quantized weights were used.
+  EXPECT_GT(max_rel(out, b.f.f32("out")), 1e-3);
+}
+
+}  // namespace
