@@ -79,6 +79,15 @@ ModelConfig read_gguf_config(const GgufFile& g) {
     throw_error(QLFT_ERR_UNSUPPORTED, "%s: %s (general.architecture)", path.c_str(),
                 unsupported_architecture("", c.arch).c_str());
   const std::string a = c.arch + ".";
+  // llama.cpp's MoE files (Mixtral as "llama", qwen2moe, ...): the router ffn_gate_inp and the
+  // experts stacked in ffn_{gate,up,down}_exps. The runner has no MoE layer to feed them.
+  const int64_t experts = g.get_int_in(a + "expert_count", 0, 1 << 20, 0);
+  if (experts > 0 || g.find_tensor("blk.0.ffn_gate_inp.weight"))
+    throw_error(QLFT_ERR_UNSUPPORTED,
+                "%s: mixture-of-experts layers (%sexpert_count %lld, tensors "
+                "blk.N.ffn_gate_inp / ffn_gate_exps / ffn_up_exps / ffn_down_exps) are not "
+                "supported: qlft does not load MoE models (qlft trains %s)",
+                path.c_str(), a.c_str(), static_cast<long long>(experts), family_names().c_str());
   // Ranged getters: a hostile count must not wrap when narrowed to int.
   c.n_layers = static_cast<int>(g.get_int_in(a + "block_count", 1, kMaxLayers));
   c.dim = static_cast<int>(g.get_int_in(a + "embedding_length", 1, kMaxDim));

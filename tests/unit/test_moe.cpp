@@ -12,7 +12,10 @@
 #include "backend/backend.h"
 #include "core/memory.h"
 #include "model/moe.h"
+#include "support/format_cases.h"
 #include "test_model_util.h"
+#include "support/test_support.h"
+#include "train/planner.h"
 
 namespace {
 
@@ -118,6 +121,52 @@ TEST(Moe, Nf4ExpertsMatchDequantizedOracle) {
   EXPECT_LT(max_rel(out, ref), 1e-4);
   // NF4 moved the block's output off the fp32 reference: the quantized weights were used.
   EXPECT_GT(max_rel(out, b.f.f32("out")), 1e-3);
+}
+
+// llama.cpp's MoE GGUF (Mixtral is written as general.architecture "llama" with
+// llama.expert_count and the router blk.N.ffn_gate_inp) is refused at load and by the planner
+// behind `estimate`, naming the experts; the same file without them loads.
+TEST(Moe, GgufMoeRefusedByName) {
+  const std::string dir = qlft_test::temp_dir("moe-gguf");
+  auto write = [&](const qlft_test::RawGguf& g, const std::string& name) {
+    const auto b = g.build();
+    const std::string p = dir + "/" + name + ".gguf";
+    qlft_test::write_file(p, b.data(), b.size());
+    return p;
+  };
+  LoadOptions keep;
+  keep.quant_type = QuantType::Keep;
+  {
+    MemoryTracker tr;
+    EXPECT_NO_THROW(load_model(&tr, write(qlft_test::tiny_llama_gguf(), "dense"), keep));
+  }
+  qlft_test::RawGguf with_key = qlft_test::tiny_llama_gguf();
+  with_key.kv.push_back(qlft_test::kv_u32("llama.expert_count", 4));
+  with_key.kv.push_back(qlft_test::kv_u32("llama.expert_used_count", 2));
+  qlft_test::RawGguf with_router = qlft_test::tiny_llama_gguf();
+  with_router.find("blk.0.ffn_gate.weight")->name = "blk.0.ffn_gate_inp.weight";
+  for (const auto& [g, what] : {std::pair{with_key, std::string("llama.expert_count 4")},
+                                std::pair{with_router, std::string("llama.expert_count 0")}}) {
+    const std::string p = write(g, "moe");
+    for (int planner = 0; planner < 2; ++planner) {
+      MemoryTracker tr;
+      ModelConfig mc;
+      try {
+        if (planner)
+          weight_footprint_of_file(p, keep, &mc);
+        else
+          load_model(&tr, p, keep);
+        ADD_FAILURE() << "an MoE GGUF was accepted";
+      } catch (const Error& e) {
+        const std::string m = e.what();
+        EXPECT_EQ(e.status(), QLFT_ERR_UNSUPPORTED) << m;
+        EXPECT_NE(m.find("mixture-of-experts layers (" + what), std::string::npos) << m;
+        EXPECT_NE(m.find("ffn_gate_exps"), std::string::npos) << m;
+        EXPECT_NE(m.find(p), std::string::npos) << m;
+      }
+      EXPECT_EQ(tr.total_reserved(), 0u);
+    }
+  }
 }
 
 }  // namespace
