@@ -47,8 +47,9 @@ const KeyDef kKeys[] = {
      "Dropout probability on the LoRA input (PEFT lora_dropout); 0 disables it."},
     {"lora.target_modules", KeyType::List,
      "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", 0, 0,
-     "q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj",
-     "Projections that get a LoRA adapter (PEFT names)."},
+     "q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj|qkv_proj|gate_up_proj",
+     "Projections that get a LoRA adapter (PEFT names; a fused model's (phi3) qkv_proj and "
+     "gate_up_proj, adapted whole)."},
     {"lora.use_rslora", KeyType::Bool, "false", 0, 0, "",
      "Rank-stabilized LoRA: scale alpha / sqrt(r) instead of alpha / r."},
     {"lora.use_dora", KeyType::Bool, "false", 0, 0, "",

@@ -178,24 +178,32 @@ LoraAdapter::LoraAdapter(MemoryTracker* tracker, const ModelShapes& m, const Lor
 }
 
 void LoraAdapter::allocate_where(bool gradients, const std::function<bool(int, Proj, bool)>& keep) {
-  QLFT_CHECK_ARG(!shares_any_a(),
-                 "a sharded LoRA adapter (ZeRO) on %s's fused qkv_proj / gate_up_proj is not "
-                 "supported",
-                 shapes_.arch.c_str());
   const SlotKind& k = gradients ? kGradients : kValues;
-  // All checked before any is made: a refused call changes nothing.
+  // All checked before any is made: a refused call changes nothing. A fused module's parts
+  // share A: only all of every tensor (no sharding) is supported there.
+  const bool fused = shares_any_a();
   for (int l = 0; l < n_layers(); ++l)
     for (int p = 0; p < kProjCount; ++p) {
       const LoraSlot& s = slots_[l][p];
       QLFT_CHECK_ARG(!s.active() || ((s.*k.a).empty() && (s.*k.b).empty()),
                      "allocate_%s: the adapter already has its %s", k.what, k.what);
+      QLFT_CHECK_ARG(
+          !s.active() || !fused ||
+              (keep(l, static_cast<Proj>(p), false) && keep(l, static_cast<Proj>(p), true)),
+          "sharded LoRA %s (ZeRO) on %s's fused qkv_proj / gate_up_proj are not "
+          "supported",
+          k.what, shapes_.arch.c_str());
     }
   for (int l = 0; l < n_layers(); ++l)
     for (int p = 0; p < kProjCount; ++p) {
       LoraSlot& s = slots_[l][p];
-      if (s.active())
-        allocate_kind(tracker_, s, k, cfg_.use_dora, keep(l, static_cast<Proj>(p), false),
-                      keep(l, static_cast<Proj>(p), true));
+      if (!s.active()) continue;
+      allocate_kind(tracker_, s, k, cfg_.use_dora,
+                    !s.shares_a && keep(l, static_cast<Proj>(p), false),
+                    keep(l, static_cast<Proj>(p), true));
+      if (s.shares_a)  // the module's first part's, made before
+        s.*k.a =
+            Buffer::view_of(slots_[l][static_cast<int>(module(static_cast<Proj>(p)).first)].*k.a);
     }
 }
 

@@ -88,7 +88,11 @@ std::unique_ptr<Zero2Grads> allocate_lora_gradients(LoraAdapter& lora, DataParal
     for (int p = 0; p < kProjCount; ++p) {
       if (!lora.active(l, static_cast<Proj>(p))) continue;
       QLFT_CHECK_ARG(i + 1 < dp.params().size(), "ZeRO gradients: more LoRA tensors than params");
-      owner_a[static_cast<size_t>(l) * kProjCount + p] = dp.owner(i++);
+      const Proj first = lora.module(static_cast<Proj>(p)).first;  // a fused module's A: once
+      owner_a[static_cast<size_t>(l) * kProjCount + p] =
+          first != static_cast<Proj>(p)
+              ? owner_a[static_cast<size_t>(l) * kProjCount + static_cast<size_t>(first)]
+              : dp.owner(i++);
       owner_b[static_cast<size_t>(l) * kProjCount + p] = dp.owner(i++);
       if (lora.config().use_dora) {  // (DoRA's magnitude: one rank, unsharded, with B)
         QLFT_CHECK_ARG(!shard, "ZeRO gradients: DoRA's magnitude is not sharded");
@@ -108,7 +112,8 @@ std::unique_ptr<Zero2Grads> allocate_lora_gradients(LoraAdapter& lora, DataParal
     for (int p = 0; p < kProjCount; ++p) {
       if (!cl.active(l, static_cast<Proj>(p))) continue;
       const LoraSlot& s = cl.slot(l, static_cast<Proj>(p));
-      dp.set_grad(i++, s.dA.empty() ? nullptr : const_cast<float*>(s.dA.as<float>()));
+      if (!s.shares_a)
+        dp.set_grad(i++, s.dA.empty() ? nullptr : const_cast<float*>(s.dA.as<float>()));
       dp.set_grad(i++, s.dB.empty() ? nullptr : const_cast<float*>(s.dB.as<float>()));
       if (cl.config().use_dora) dp.set_grad(i++, const_cast<float*>(s.dM.as<float>()));
     }

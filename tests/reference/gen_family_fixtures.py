@@ -42,10 +42,11 @@ Families:
             syn_phi3 as saved: tokens, targets, logits, loss, l{layer}.{module}.{A,B,gA,gB},
             merged_logits (merge_and_unload); metadata as above. Its own seed (4850), so the
             other fixtures stay as they are.
-  qlft_phi3_fused/ + syn_phi3.qlft_export_logits.safetensors
-            (--phi3-exports: the second pass) qlft's PEFT export of that adapter, written by
-            tests/unit/test_phi3_lora.cpp with QLFT_WRITE_FAMILY_FIXTURES=1, and the logits
-            PeftModel.from_pretrained gives with it on the fixture's tokens ("logits").
+  qlft_phi3_fused/, qlft_phi3_trained/ + syn_phi3.qlft_export_logits.safetensors
+            (--phi3-exports: the second pass) qlft's PEFT exports of that adapter and of one
+            qlft trained 4 steps, written by tests/unit/test_phi3_lora.cpp with
+            QLFT_WRITE_FAMILY_FIXTURES=1, and the logits PeftModel.from_pretrained gives with
+            each on the fixture's tokens ("logits", "trained_logits").
 
 Run: /opt/qlft-ref/bin/python tests/reference/gen_family_fixtures.py [--phi3-fused-only]
      [--phi3-exports]
@@ -268,20 +269,24 @@ def phi3_fused_lora():
 
 
 def phi3_exports():
-    """Second pass: PEFT's logits with qlft's export of the fused adapter, where it exists."""
+    """Second pass: PEFT's logits with qlft's exports of a phi3 fused adapter (the fixture's:
+    "logits"; one qlft trained: "trained_logits"), where they exist."""
     from peft import PeftModel
-    d = os.path.join(OUT, "qlft_phi3_fused")
     path = os.path.join(OUT, "syn_phi3.qlft_export_logits.safetensors")
-    if not os.path.isdir(d):
-        if os.path.exists(path):
-            os.remove(path)
-        return
     tok = load_file(os.path.join(OUT, "syn_phi3.fused_lora.safetensors"))["tokens"].long()
-    pm = PeftModel.from_pretrained(saved_phi3(), d).float().eval()
-    with torch.no_grad():
-        logits = pm(input_ids=tok).logits.reshape(-1, PHI3["vocab_size"]).clone()
-    save_file({"logits": logits}, path)
-    print("qlft_phi3_fused loaded by PEFT")
+    t = {}
+    for name, key in [("qlft_phi3_fused", "logits"), ("qlft_phi3_trained", "trained_logits")]:
+        d = os.path.join(OUT, name)
+        if not os.path.isdir(d):
+            continue
+        pm = PeftModel.from_pretrained(saved_phi3(), d).float().eval()
+        with torch.no_grad():
+            t[key] = pm(input_ids=tok).logits.reshape(-1, PHI3["vocab_size"]).clone()
+        print(name, "loaded by PEFT")
+    if t:
+        save_file(t, path)
+    elif os.path.exists(path):
+        os.remove(path)
 
 
 def main():

@@ -8,8 +8,8 @@
 // logits of qlft's committed export (the generator's second pass); merged export against
 // merge_and_unload; llama.cpp's LoRA GGUF on attn_qkv / ffn_up.
 //
-// Regenerating the export fixture: QLFT_WRITE_FAMILY_FIXTURES=1 ./test_phi3_lora
-// --gtest_filter='*PeftLoadsOurExport*' writes fixtures/families/qlft_phi3_fused/, then
+// Regenerating the export fixtures: QLFT_WRITE_FAMILY_FIXTURES=1 ./test_phi3_lora
+// --gtest_filter='*PeftLoadsOur*' writes fixtures/families/qlft_phi3_{fused,trained}/, then
 // /opt/qlft-ref/bin/python tests/reference/gen_family_fixtures.py --phi3-exports.
 #include <gtest/gtest.h>
 
@@ -20,12 +20,15 @@
 #include <set>
 #include <sstream>
 
+#include "config/config_file.h"
+#include "config/run_spec.h"
 #include "core/threads.h"
 #include "formats/gguf.h"
 #include "formats/safetensors.h"
 #include "test_model_util.h"
 #include "train/adapter_io.h"
 #include "train/merge_export.h"
+#include "train/trainer.h"
 
 using namespace qlft;
 using namespace model_test;
@@ -266,4 +269,67 @@ TEST_F(Phi3Lora, TargetsByModuleAndSharedA) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("fused qkv_proj"), std::string::npos) << e.what();
   }
+}
+
+// The trainer on phi3 with PEFT's fused targets: its parameter list holds one A per fused
+// module (the parts' A stay one tensor through the optimizer), the loss falls, and PEFT loads
+// the trained adapter (committed as qlft_phi3_trained, the generator's second pass) with qlft's
+// logits; today's training reproduces the committed adapter.
+TEST_F(Phi3Lora, PeftLoadsOurTrainedAdapter) {
+  MemoryTracker tr;
+  auto model = load_model(&tr, fam("syn_phi3"), keep());
+  Config c;
+  c.set("lora.r", "4");
+  c.set("lora.alpha", "8");
+  c.set("lora.target_modules", "qkv_proj,o_proj,gate_up_proj,down_proj");
+  c.set("optim.lr", "2e-2");
+  c.set("seed", "7");
+  c.set("sched.name", "constant");
+  c.set("data.seq_len", "16");
+  c.set("train.micro_batch", "2");
+  std::vector<int32_t> tok, tgt;
+  TokenBatch tb = batch_of(f, tok, tgt);
+  data::Batch b;
+  b.micro_batch = tb.batch;
+  b.seq_len = tb.seq;
+  b.rows = tb.batch;
+  b.tokens = tok;
+  b.targets = tgt;
+  for (int32_t t : tgt) b.trained_tokens += t != -100;
+  Trainer t(*model, &tr, nullptr, parse_run_spec(c));
+  LoraAdapter& lora = t.lora();
+  ASSERT_TRUE(lora.fused());
+  EXPECT_EQ(lora.params().size(), static_cast<size_t>(11 * model->cfg.n_layers));
+  const std::vector<float> a0 = lora.get_hf(1, Proj::Q, LoraAdapter::Part::A);
+  const std::vector<float> o0 = lora.get_hf(1, Proj::O, LoraAdapter::Part::A);
+  StepReport r, first;
+  for (int i = 0; i < 4; ++i) t.step_on({b}, i == 0 ? &first : &r);
+  std::printf("[phi3 lora] 4 steps: loss %.4f -> %.4f\n", first.loss, r.loss);
+  EXPECT_LT(r.loss, first.loss);
+  const std::vector<float> a1 = lora.get_hf(1, Proj::Q, LoraAdapter::Part::A);
+  EXPECT_NE(a1, a0) << "the shared A did not train";
+  EXPECT_NE(lora.get_hf(1, Proj::O, LoraAdapter::Part::A), o0) << "o_proj's A did not train";
+  EXPECT_EQ(lora.get_hf(1, Proj::V, LoraAdapter::Part::A), a1);
+  EXPECT_EQ(lora.get_hf(1, Proj::Up, LoraAdapter::Part::A),
+            lora.get_hf(1, Proj::Gate, LoraAdapter::Part::A));
+
+  const std::string committed = fam("qlft_phi3_trained");
+  if (const char* w = std::getenv("QLFT_WRITE_FAMILY_FIXTURES"); w && *w == '1') {
+    save_peft_adapter(lora, committed, "tests/reference/fixtures/families/syn_phi3");
+    return;
+  }
+  LoraAdapter back(&tr, model->shapes, read_peft_config(committed));
+  load_peft_adapter(back, committed);
+  std::vector<float> today, then;
+  for (auto& p : lora.params()) today.insert(today.end(), p.w, p.w + p.n);
+  for (auto& p : back.params()) then.insert(then.end(), p.w, p.w + p.n);
+  ASSERT_EQ(today.size(), then.size());
+  // (another CPU's kernels may round the few steps differently in the last bits)
+  EXPECT_LT(max_rel_error(today.data(), then.data(), then.size()), 1e-4)
+      << "today's training differs from the committed adapter";
+  const std::vector<float> ours = logits_of(*model, &back, tb);
+  Fixture peft(fam("syn_phi3.qlft_export_logits.safetensors"));
+  const std::vector<float> want = peft.f32("trained_logits");
+  ASSERT_EQ(want.size(), ours.size());
+  EXPECT_LT(max_rel_error(ours.data(), want.data(), want.size()), kTol);
 }
