@@ -38,6 +38,21 @@ void moe_fwd(Backend& be, const MoeWeights& w, CMatF x, MatF out, MoeSaved& s) {
                  "MoE: router [%lld, %lld] for %d experts of dim %lld", (long long)w.router.rows,
                  (long long)w.router.cols, E, (long long)x.cols);
   const int64_t R = x.rows, D = x.cols, F = w.w1[0].rows;
+  QLFT_CHECK_ARG(static_cast<int>(w.w3.size()) == E && static_cast<int>(w.w2.size()) == E,
+                 "MoE: %d w1, %zu w3 and %zu w2 experts", E, w.w3.size(), w.w2.size());
+  QLFT_CHECK_ARG(out.rows == R && out.cols == D, "MoE: output [%lld, %lld] for input [%lld, %lld]",
+                 (long long)out.rows, (long long)out.cols, (long long)R, (long long)D);
+  for (int e = 0; e < E; ++e) {
+    const QWeight &a = w.w1[static_cast<size_t>(e)], &b = w.w3[static_cast<size_t>(e)],
+                  &c = w.w2[static_cast<size_t>(e)];
+    QLFT_CHECK_ARG(
+        a.rows == F && a.cols == D && b.rows == F && b.cols == D && c.rows == D && c.cols == F,
+        "MoE: expert %d has w1 [%lld, %lld], w3 [%lld, %lld], w2 [%lld, %lld]; "
+        "expected [%lld, %lld], [%lld, %lld], [%lld, %lld]",
+        e, (long long)a.rows, (long long)a.cols, (long long)b.rows, (long long)b.cols,
+        (long long)c.rows, (long long)c.cols, (long long)F, (long long)D, (long long)F,
+        (long long)D, (long long)D, (long long)F);
+  }
   s.rows = R, s.dim = D, s.ffn = F, s.n_experts = E, s.top_k = K;
   s.probs.assign(static_cast<size_t>(R * E), 0.f);
   s.index.assign(static_cast<size_t>(R * K), 0);

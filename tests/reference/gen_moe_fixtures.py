@@ -4,7 +4,8 @@ MixtralSparseMoeBlock (router softmax, top-k, the k weights renormalised, SwiGLU
 on CPU, forward and backward.
 
 Run with the reference venv:  /opt/qlft-ref/bin/python tests/reference/gen_moe_fixtures.py
-Output: tests/reference/fixtures/moe/mixtral_block.safetensors, read by tests/unit/test_moe.cpp:
+Output: tests/reference/fixtures/moe/mixtral_block.safetensors (top_k 2) and
+mixtral_block_top1.safetensors (top_k 1), read by tests/unit/test_moe.cpp:
 
   x [rows, dim]          the block's input (the post-attention RMSNorm's output)
   router [E, dim]        MixtralTopKRouter.weight (block_sparse_moe.gate.weight on disk)
@@ -32,10 +33,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "fixtures", "moe")
 
 
-def main():
-    torch.manual_seed(4801)
+def block_fixture(top_k, seed, name):
+    torch.manual_seed(seed)
     cfg = MixtralConfig(hidden_size=24, intermediate_size=40, num_local_experts=4,
-                        num_experts_per_tok=2, hidden_act="silu", router_jitter_noise=0.0)
+                        num_experts_per_tok=top_k, hidden_act="silu", router_jitter_noise=0.0)
     block = MixtralSparseMoeBlock(cfg).float().eval()
     E, F, D, K = cfg.num_local_experts, cfg.intermediate_size, cfg.hidden_size, cfg.num_experts_per_tok
     with torch.no_grad():
@@ -78,11 +79,18 @@ def main():
         t[f"e{i}.w2"] = block.experts.down_proj[i].detach()
     t = {k: v.contiguous().clone() for k, v in t.items()}
     os.makedirs(OUT, exist_ok=True)
-    save_file(t, os.path.join(OUT, "mixtral_block.safetensors"), metadata={
+    save_file(t, os.path.join(OUT, name), metadata={
         "transformers": transformers.__version__, "torch": torch.__version__,
         "num_local_experts": str(E), "num_experts_per_tok": str(K),
         "hidden_size": str(D), "intermediate_size": str(F)})
-    print("dx vs dx_no_route max diff", (dx - dx_nr).abs().max().item(), "max |dx|", dx.abs().max().item())
+    print(name, "dx vs dx_no_route max diff", (dx - dx_nr).abs().max().item(),
+          "max |dx|", dx.abs().max().item())
+
+
+def main():
+    block_fixture(2, 4801, "mixtral_block.safetensors")
+    # top_k 1: the one weight is p / p = 1, so no gradient reaches the router's path.
+    block_fixture(1, 4802, "mixtral_block_top1.safetensors")
 
 
 if __name__ == "__main__":

@@ -31,10 +31,11 @@ double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 struct Block {
-  model_test::Fixture f{qlft_test::fixture_path("moe/mixtral_block.safetensors")};
+  model_test::Fixture f;
   int64_t R = 0, D = 0, F = 0;
   int E = 0, K = 0;
-  Block() {
+  explicit Block(const char* file = "mixtral_block")
+      : f(qlft_test::fixture_path(std::string("moe/") + file + ".safetensors")) {
     R = f.shape("x")[0], D = f.shape("x")[1], E = static_cast<int>(f.shape("router")[0]);
     F = f.shape("e0.w1")[0], K = f.i32("top_k")[0];
   }
@@ -56,8 +57,12 @@ struct Block {
   }
 };
 
-TEST(Moe, MixtralBlockMatchesTransformers) {
-  Block b;
+// top_k 2 (Mixtral's), and top_k 1, where the renormalised weight is 1 and the routing path
+// carries no gradient.
+class MoeBlock : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(MoeBlock, MatchesTransformers) {
+  Block b(GetParam());
   MemoryTracker tracker;
   std::unique_ptr<Backend> be = make_cpu_backend(&tracker);
   MoeWeights w = b.weights(&tracker, QuantKind::F32);
@@ -73,10 +78,41 @@ TEST(Moe, MixtralBlockMatchesTransformers) {
   const double e = max_rel(dx, b.f.f32("dx"));
   std::printf("out %.2e, dx %.2e (max rel vs transformers)\n", max_rel(out, b.f.f32("out")), e);
   EXPECT_LT(e, 1e-4);
-  // The routing path is a large part of the gradient here: without it dx would be far off.
-  EXPECT_GT(max_rel(b.f.f32("dx_no_route"), b.f.f32("dx")), 0.1);
+  // With top_k 2 the routing path is a large part of the gradient: without it dx would be far
+  // off (with top_k 1 it is zero).
+  if (b.K > 1) EXPECT_GT(max_rel(b.f.f32("dx_no_route"), b.f.f32("dx")), 0.1);
   // Every expert got rows, so the test reaches each expert's backward.
   for (const auto& ex : s.experts) EXPECT_FALSE(ex.token.empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(Moe, MoeBlock, ::testing::Values("mixtral_block", "mixtral_block_top1"));
+
+// A malformed layer is refused naming what is wrong: the expert whose shape is off, the top_k.
+TEST(Moe, BadWeightsRefusedByName) {
+  Block b;
+  MemoryTracker tracker;
+  std::unique_ptr<Backend> be = make_cpu_backend(&tracker);
+  const auto x = b.f.f32("x");
+  std::vector<float> out(static_cast<size_t>(b.R * b.D));
+  auto refusal = [&](const MoeWeights& w) {
+    MoeSaved s;
+    try {
+      moe_fwd(*be, w, CMatF(x.data(), b.R, b.D), MatF(out.data(), b.R, b.D), s);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), QLFT_ERR_INVALID_ARGUMENT);
+      return std::string(e.what());
+    }
+    ADD_FAILURE() << "accepted";
+    return std::string();
+  };
+  MoeWeights w = b.weights(&tracker, QuantKind::F32);
+  std::swap(w.w2[2], w.w3[2]);  // expert 2's down projection [dim, ffn] where up [ffn, dim] goes
+  std::string m = refusal(w);
+  EXPECT_NE(m.find("expert 2 has w1 [40, 24], w3 [24, 40]"), std::string::npos) << m;
+  w = b.weights(&tracker, QuantKind::F32);
+  w.top_k = 5;
+  m = refusal(w);
+  EXPECT_NE(m.find("top_k 5 of 4 experts"), std::string::npos) << m;
 }
 
 // NF4 experts (quant.type's default) against a double-precision oracle of the same block over the
