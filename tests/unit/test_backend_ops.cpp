@@ -860,6 +860,56 @@ void run_ce(bool shrink, uint64_t seed, bool blas_onednn = false) {
 }
 }  // namespace
 
+// Gemma 2's final soft-cap (cap 3 on logits of spread ~5, so tanh bends them): the capped loss
+// and dh through the cap against the capped double oracle (dh by its finite differences), in
+// default and small panels / chunks (the cap per panel); softcap() on head_logits equals the
+// capped double logits.
+TEST(BackendCrossEntropy, SoftCappedLogits) {
+  for (const bool shrink : {false, true}) {
+    SCOPED_TRACE(shrink ? "small panels" : "default blocks");
+    Fixture fx;
+    if (shrink) fx.shrink();
+    Rng rng(74 + shrink);
+    const int V = 101, H = 24, M = 29;
+    const int32_t ignore = -100;
+    const double cap = 3;
+    FVec head = rng.normal(V * H, 1.f), h = rng.normal(M * H);
+    std::vector<int32_t> t(M);
+    for (int i = 0; i < M; ++i) t[i] = (i % 4 == 1) ? ignore : rng.uniform_int(0, V - 1);
+    t[0] = V - 1;
+    QWeight qh = qweight_from_f32(&fx.tracker, head.data(), V, H, QuantKind::F32);
+    const float gs = 0.37f;
+    FVec dh(M * H, 0.f);
+    int64_t count = -1;
+    const double loss = fx.be->linear_cross_entropy_capped(qh, cmat(h, M, H), t.data(), ignore, gs,
+                                                           float(cap), mat(dh, M, H), &count);
+    const Vec hd = to_d(h);
+    int64_t oc = 0;
+    const double lo = ce_oracle(hd, head, t, ignore, M, V, H, &oc, cap);
+    EXPECT_EQ(count, oc);
+    EXPECT_NEAR(loss, lo, 1e-5 * std::fabs(lo));
+    EXPECT_GT(std::fabs(ce_oracle(hd, head, t, ignore, M, V, H) - lo), 0.1 * std::fabs(lo))
+        << "the cap is visible in the loss";
+    FVec g(dh.size());
+    for (size_t i = 0; i < g.size(); ++i) g[i] = dh[i] / gs;
+    check_grad(
+        "capped cross-entropy dh",
+        [&](const Vec& x) { return ce_oracle(x, head, t, ignore, M, V, H, nullptr, cap); }, hd, g,
+        75);
+    FVec logits(size_t(M) * V);
+    fx.be->head_logits(qh, cmat(h, M, H), mat(logits, M, V));
+    fx.be->softcap(mat(logits, M, V), float(cap));
+    Vec o(size_t(M) * V, 0.0);
+    for (int i = 0; i < M; ++i)
+      for (int j = 0; j < V; ++j) {
+        double s = 0;
+        for (int c = 0; c < H; ++c) s += double(h[i * H + c]) * head[j * H + c];
+        o[size_t(i) * V + j] = cap * std::tanh(s / cap);
+      }
+    EXPECT_LT(rel_err(logits, o), 2e-6);
+  }
+}
+
 TEST(BackendCrossEntropy, DefaultBlocks) {
   run_ce(false, 71);
 }

@@ -208,9 +208,10 @@ inline void attention_oracle(const qlft::AttnShape& s, const Vec& q, const Vec& 
     }
 }
 
-// Sum over counted rows of -log softmax(h head^T)[t].
+// Sum over counted rows of -log softmax(h head^T)[t]; cap > 0: of the logits cap tanh(l / cap).
 inline double ce_oracle(const Vec& h, const FVec& head, const std::vector<int32_t>& t,
-                        int32_t ignore, int M, int V, int H, int64_t* count = nullptr) {
+                        int32_t ignore, int M, int V, int H, int64_t* count = nullptr,
+                        double cap = 0) {
   double loss = 0;
   int64_t n = 0;
   Vec l(V);
@@ -221,8 +222,8 @@ inline double ce_oracle(const Vec& h, const FVec& head, const std::vector<int32_
     for (int j = 0; j < V; ++j) {
       double s = 0;
       for (int c = 0; c < H; ++c) s += h[i * H + c] * head[size_t(j) * H + c];
-      l[j] = s;
-      m = std::max(m, s);
+      l[j] = cap > 0 ? cap * std::tanh(s / cap) : s;
+      m = std::max(m, l[j]);
     }
     double z = 0;
     for (int j = 0; j < V; ++j) z += std::exp(l[j] - m);
