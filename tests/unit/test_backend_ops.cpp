@@ -443,6 +443,37 @@ TEST(BackendSwiglu, ForwardAndBackward) {
       "swiglu dup", [&](const Vec& uv) { return dot(dd, oracle(gd, uv)); }, ud, du, 33);
 }
 
+// GeGLU (Gemma): gelu_pytorch_tanh(gate) * up against a double oracle of torch's formula,
+// 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), its gradients by finite differences; large
+// |gate| saturates tanh on both sides.
+TEST(BackendGeglu, ForwardAndBackward) {
+  Fixture fx;
+  Rng rng(34);
+  const int M = 11, C = 45;
+  FVec g = rng.normal(M * C, 3.f), u = rng.normal(M * C), out(M * C);
+  g[0] = 40.f;
+  g[1] = -40.f;
+  fx.be->geglu_fwd(cmat(g, M, C), cmat(u, M, C), mat(out, M, C));
+  Vec gd = to_d(g), ud = to_d(u);
+  auto oracle = [&](const Vec& gv, const Vec& uv) {
+    Vec o(gv.size());
+    const double k = std::sqrt(2.0 / M_PI);
+    for (size_t i = 0; i < o.size(); ++i) {
+      const double x = gv[i];
+      o[i] = 0.5 * x * (1 + std::tanh(k * (x + 0.044715 * x * x * x))) * uv[i];
+    }
+    return o;
+  };
+  EXPECT_LT(rel_err(out, oracle(gd, ud)), 1e-6);
+  FVec dout = rng.normal(M * C), dg(M * C, 99.f), du(M * C, 99.f);  // overwritten, not added
+  fx.be->geglu_bwd(cmat(g, M, C), cmat(u, M, C), cmat(dout, M, C), mat(dg, M, C), mat(du, M, C));
+  Vec dd = to_d(dout);
+  check_grad(
+      "geglu dgate", [&](const Vec& gv) { return dot(dd, oracle(gv, ud)); }, gd, dg, 35);
+  check_grad(
+      "geglu dup", [&](const Vec& uv) { return dot(dd, oracle(gd, uv)); }, ud, du, 36);
+}
+
 // swiglu_fwd_from_16 (gate and up arriving rounded, as linear_fwd_to_16 writes them): the bits
 // of swiglu_fwd_16's output on the fp32 gate / up those round from, the Backend default's bits
 // too, and within one bf16 step of a double oracle, on ragged shapes. Every ISA level through
