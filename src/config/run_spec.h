@@ -103,13 +103,18 @@ struct QuantSpec {
   int blocksize = 64;
 };
 
-// lora.* and seed.
-struct LoraSpec {
+// The hyperparameters an adapter is made with: the spec's, kept as they are by the adapter's own
+// LoraConfig (model/lora.h).
+struct LoraHyperparams {
   int r = 8;
   float alpha = 16.f;
   float dropout = 0.f;
   bool use_rslora = false;
   bool use_dora = false;  // lora.use_dora: a magnitude per output row (model/lora_dora.h)
+};
+
+// lora.* and seed.
+struct LoraSpec : LoraHyperparams {
   std::vector<std::string> target_modules = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                              "gate_proj", "up_proj", "down_proj"};
   std::string init_from;  // a PEFT adapter directory, or empty

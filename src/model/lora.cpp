@@ -59,11 +59,7 @@ LoraModule lora_module(bool fused, Proj p) {
 
 LoraConfig lora_config_from(const LoraSpec& s) {
   LoraConfig l;
-  l.r = s.r;
-  l.alpha = s.alpha;
-  l.dropout = s.dropout;
-  l.use_rslora = s.use_rslora;
-  l.use_dora = s.use_dora;
+  static_cast<LoraHyperparams&>(l) = s;
   std::string list;
   for (const std::string& t : s.target_modules) list += t + ",";
   l.set_targets(list);

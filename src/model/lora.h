@@ -33,12 +33,9 @@
 
 namespace qlft {
 
-struct LoraConfig {
-  int r = 8;
-  float alpha = 16.f;
-  float dropout = 0.f;
-  bool use_rslora = false;
-  bool use_dora = false;
+// An adapter's configuration: the spec's hyperparameters (r, alpha, dropout, use_rslora, use_dora),
+// the targeted projections as flags and the init seed.
+struct LoraConfig : LoraHyperparams {
   bool targets[kProjCount] = {true, true, true, true, true, true, true};
   uint64_t init_seed = 0;
 
