@@ -23,22 +23,37 @@ void to_bf16(const Dev& src, const Dev& dst, int64_t rows, int64_t cols, cudaStr
 
 void CudaBackend::attention_fwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out_,
                                 float* lse) {
+  attention_fwd_to(s, q, k, v, out_, lse, nullptr);
+}
+
+void CudaBackend::attention_fwd_to_16(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out_,
+                                      float* lse, DType t, uint16_t* out16) {
+  if (!takes_input_16(t) || !tensor_cores(opt_, s) || out_.stride != out_.cols)
+    return Backend::attention_fwd_to_16(s, q, k, v, out_, lse, t, out16);
+  attention_fwd_to(s, q, k, v, out_, lse, out16);
+}
+
+void CudaBackend::attention_fwd_to(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out_,
+                                   float* lse, uint16_t* out16) {
   check_attn(s, q, k, v, "attention_fwd");
   op_checks::attention_fwd_out(s, q, out_.as_const());
   const int64_t rows = q.rows, Wq = s.q_dim(), Wk = s.kv_dim();
   AttnStage st = stage_attn(s, q, k, v);
   Dev O = out(out_, Wq, MemCategory::Activations, "attention out");
+  Dev O16 =
+      out16 ? out_raw(out16, rows * Wq * 2, MemCategory::Activations, "attention out16") : Dev{};
   const int64_t nl = int64_t(s.n_heads) * rows * 4;
   Dev L = lse ? out_raw(lse, nl, MemCategory::Activations, "attention lse")
               : scratch(nl, "attention lse");
   cu::AttnArgs a = args(s, Wq, Wk, st);
   if (tensor_cores(opt_, s))
     cu::attention_tc_fwd(a, st.Q.as<uint16_t>(), st.K.as<uint16_t>(), st.V.as<uint16_t>(),
-                         O.as<float>(), nullptr, L.as<float>(), stream_);
+                         O.as<float>(), O16.as<uint16_t>(), L.as<float>(), stream_);
   else
     cu::attention_fwd(a, st.Q.as<float>(), st.K.as<float>(), st.V.as<float>(), O.as<float>(),
                       L.as<float>(), stream_);
   finish(O, Wq, out_);
+  if (out16) finish_raw(O16, out16, rows * Wq * 2);
   if (lse) finish_raw(L, lse, nl);
 }
 
@@ -49,8 +64,10 @@ void CudaBackend::attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, C
                                  lse);
   const int64_t rows = q.rows, Wq = s.q_dim(), Wk = s.kv_dim();
   AttnStage st = stage_attn(s, q, k, v);
-  Dev O = in(out_, Wq, MemCategory::Activations, "attention out");
-  Dev dO = autocast(in(dout, Wq, MemCategory::Activations, "attention dout"), rows * Wq);
+  // The runner's bf16 out / dout (attention_out_16) in place of the fp32 ones, for this call.
+  const uint16_t *out16 = h16_.out16, *dout16 = h16_.dout16;
+  h16_.out16 = h16_.dout16 = nullptr;
+  const bool tc = tensor_cores(opt_, s);
   Dev L = in_raw(lse, int64_t(s.n_heads) * rows * 4, "attention lse");
   Dev dQ = inout(dq, Wq, MemCategory::Activations, "attention dq");
   Dev dK = inout(dk, Wk, MemCategory::Activations, "attention dk");
@@ -59,21 +76,70 @@ void CudaBackend::attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, C
       dev(int64_t(s.n_heads) * rows * 4, MemCategory::Workspace, "attention delta");
   cu::AttnArgs a = args(s, Wq, Wk, st);
   a.round_bf16 = round_lora_bf16();
-  if (tensor_cores(opt_, s)) {
-    Dev dO16 = scratch(rows * Wq * 2, "attention dout bf16");
-    to_bf16(dO, dO16, rows, Wq, stream_);
-    cu::attention_tc_bwd(a, st.Q.as<uint16_t>(), st.K.as<uint16_t>(), st.V.as<uint16_t>(),
-                         O.as<float>(), dO.as<float>(), dO16.as<uint16_t>(), L.as<float>(),
-                         dQ.as<float>(), dK.as<float>(), dV.as<float>(), delta.as<float>(),
-                         stream_);
+  if (tc && out16) {  // all in bf16: out and dout as given (dout converted once where not)
+    Dev dO16 = dout16 ? view(dout16) : scratch(rows * Wq * 2, "attention dout bf16");
+    if (!dout16)
+      to_bf16(in(dout, Wq, MemCategory::Activations, "attention dout"), dO16, rows, Wq, stream_);
+    cu::attention_tc_bwd16(a, st.Q.as<uint16_t>(), st.K.as<uint16_t>(), st.V.as<uint16_t>(), out16,
+                           dO16.as<uint16_t>(), L.as<float>(), dQ.as<float>(), dK.as<float>(),
+                           dV.as<float>(), delta.as<float>(), stream_);
   } else {
-    cu::attention_bwd(a, st.Q.as<float>(), st.K.as<float>(), st.V.as<float>(), O.as<float>(),
-                      L.as<float>(), dO.as<float>(), dQ.as<float>(), dK.as<float>(), dV.as<float>(),
-                      delta.as<float>(), stream_);
+    auto widened = [&](const uint16_t* h, const char* what) {
+      Dev r = scratch(rows * Wq * 4, what);
+      cu::widen_tile(h, tile_, rows * Wq, r.as<float>(), stream_);
+      return r;
+    };
+    Dev O = out16 ? widened(out16, "attention out")
+                  : in(out_, Wq, MemCategory::Activations, "attention out");
+    Dev dO = dout16 ? widened(dout16, "attention dout")
+                    : autocast(in(dout, Wq, MemCategory::Activations, "attention dout"), rows * Wq);
+    if (tc) {
+      Dev dO16 = dout16 ? view(dout16) : scratch(rows * Wq * 2, "attention dout bf16");
+      if (!dout16) to_bf16(dO, dO16, rows, Wq, stream_);
+      cu::attention_tc_bwd(a, st.Q.as<uint16_t>(), st.K.as<uint16_t>(), st.V.as<uint16_t>(),
+                           O.as<float>(), dO.as<float>(), dO16.as<uint16_t>(), L.as<float>(),
+                           dQ.as<float>(), dK.as<float>(), dV.as<float>(), delta.as<float>(),
+                           stream_);
+    } else {
+      cu::attention_bwd(a, st.Q.as<float>(), st.K.as<float>(), st.V.as<float>(), O.as<float>(),
+                        L.as<float>(), dO.as<float>(), dQ.as<float>(), dK.as<float>(),
+                        dV.as<float>(), delta.as<float>(), stream_);
+    }
   }
   finish(dQ, Wq, dq);
   finish(dK, Wk, dk);
   finish(dV, Wk, dv);
+}
+
+void CudaBackend::attention_bwd_16(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out_,
+                                   const float* lse, CMatF dout, const RopeArgs& rope, DType t,
+                                   View2<uint16_t> dq16, View2<uint16_t> dk16,
+                                   View2<uint16_t> dv16) {
+  const int64_t R = q.rows;
+  if (!takes_input_16(t) || !rope.freqs || R == 0 || dv16.stride != dv16.cols ||
+      dq16.cols != q.cols || dk16.cols != k.cols || dv16.cols != v.cols)
+    return Backend::attention_bwd_16(s, q, k, v, out_, lse, dout, rope, t, dq16, dk16, dv16);
+  // Into zeroed fp32 gradients (alloc's; the kernels accumulate; this backend's memory, so used in
+  // place), then dq / dk rotated back by RoPE straight into their bf16 outputs, dv converted.
+  Buffer dq = alloc(MemCategory::Workspace, size_t(R * q.cols) * 4, "attention dq"),
+         dk = alloc(MemCategory::Workspace, size_t(R * k.cols) * 4, "attention dk"),
+         dv = alloc(MemCategory::Workspace, size_t(R * v.cols) * 4, "attention dv");
+  attention_bwd(s, q, k, v, out_, lse, dout, MatF(dq.as<float>(), R, q.cols),
+                MatF(dk.as<float>(), R, k.cols), MatF(dv.as<float>(), R, v.cols));
+  Dev P = in_raw(rope.pos, R * 4, "rope positions");
+  const float* inv = inv_freq(*rope.freqs);
+  auto back = [&](const Buffer& g, View2<uint16_t> g16, int n_heads) {
+    const int64_t bytes = ((R - 1) * g16.stride + g16.cols) * 2;
+    Dev G16 = out_raw(g16.data, bytes, MemCategory::Activations, "attention grad (16-bit)");
+    cu::rope16(g.as<float>(), g16.cols, G16.as<uint16_t>(), g16.stride, P.as<int32_t>(), inv,
+               rope.freqs->scale, R, n_heads, s.head_dim, rope.adjacent, true, stream_);
+    finish_raw(G16, g16.data, bytes);
+  };
+  back(dq, dq16, s.n_heads);
+  back(dk, dk16, s.n_kv_heads);
+  Dev DV16 = out_raw(dv16.data, R * v.cols * 2, MemCategory::Activations, "attention dv (16-bit)");
+  cu::convert_tile(dv.as<float>(), R, v.cols, v.cols, DV16.data(), tile_, stream_);
+  finish_raw(DV16, dv16.data, R * v.cols * 2);
 }
 
 void CudaBackend::check_attn(const AttnShape& s, CMatF q, CMatF k, CMatF v, const char* op) {
@@ -86,7 +152,25 @@ void CudaBackend::check_attn(const AttnShape& s, CMatF q, CMatF k, CMatF v, cons
 CudaBackend::AttnStage CudaBackend::stage_attn(const AttnShape& s, CMatF q, CMatF k, CMatF v) {
   const int64_t rows = q.rows, Wq = s.q_dim(), Wk = s.kv_dim();
   AttnStage st;
-  if (tensor_cores(opt_, s)) {  // Q, K, V are bf16 copies (rounded as autocast rounds)
+  // The runner's bf16 q / k / v (attention_inputs_16), for this call only.
+  const uint16_t *q16 = h16_.q16, *k16 = h16_.k16, *v16 = h16_.v16;
+  h16_.q16 = h16_.k16 = h16_.v16 = nullptr;
+  if (q16 && k16 && v16) {
+    if (tensor_cores(opt_, s)) {  // read as they are
+      st.Q = view(q16);
+      st.K = view(k16);
+      st.V = view(v16);
+    } else {  // the fp32 kernels: widened (the rounded values autocast would give)
+      auto widen = [&](const uint16_t* h, int64_t cols, const char* what) {
+        Dev r = scratch(rows * cols * 4, what);
+        cu::widen_tile(h, tile_, rows * cols, r.as<float>(), stream_);
+        return r;
+      };
+      st.Q = widen(q16, Wq, "attention q");
+      st.K = widen(k16, Wk, "attention k");
+      st.V = widen(v16, Wk, "attention v");
+    }
+  } else if (tensor_cores(opt_, s)) {  // Q, K, V are bf16 copies (rounded as autocast rounds)
     auto bf16 = [&](CMatF m, int64_t cols, const char* what, const char* what16) {
       Dev r = scratch(rows * cols * 2, what16);
       to_bf16(in(m, cols, MemCategory::Activations, what), r, rows, cols, stream_);

@@ -13,9 +13,22 @@ void CudaBackend::linear_fwd(const QWeight& W, const float* bias, const LoraRef*
   const int64_t M = x.rows, K = W.cols, N = W.rows;
   op_checks::linear(W, x, y.as_const(), "linear_fwd");
   if (M == 0) return;
-  Dev X = autocast(in(x, K, MemCategory::Activations, "linear input"), M * K);
+  // The runner's bf16 x where it handed one over (takes_input_16): the GEMMs read it as it is.
+  const uint16_t* x16 = shared_x16(x);
+  // Else x converted once to the tile type where nothing needs its fp32 values (the GEMMs'
+  // operand; rounding first would give the same bf16 values).
+  const bool lora_on = lora && lora->r > 0;
+  Dev X, X16;
+  if (!x16 && tile_ != TileType::F32 &&
+      (!lora_on || (round_lora_bf16() && lora->dropout_p == 0.f))) {
+    Dev Xf = in(x, K, MemCategory::Activations, "linear input");
+    X16 = scratch(M * K * 2, "linear input (16-bit)");
+    cu::convert_tile(Xf.as<float>(), M, K, K, X16.data(), tile_, stream_);
+    x16 = X16.as<uint16_t>();
+  }
+  if (!x16) X = autocast(in(x, K, MemCategory::Activations, "linear input"), M * K);
   Dev Y = out(y, N, MemCategory::Activations, "linear output");
-  matmul_xwt(W, X.as<float>(), M, Y.as<float>());
+  matmul_xwt(W, X.as<float>(), M, Y.as<float>(), x16);
   if (bias) {
     Dev Bd = in_raw(bias, N * 4, "linear bias");
     cu::add_bias(Y.as<float>(), M, N, N, Bd.as<float>(), stream_);
@@ -23,11 +36,20 @@ void CudaBackend::linear_fwd(const QWeight& W, const float* bias, const LoraRef*
   if (lora && lora->r > 0) {
     op_checks::lora(*lora);
     const int r = lora->r;
-    Dev Ad = lora_operand(in_raw(lora->A, int64_t(r) * K * 4, "lora A"), int64_t(r) * K);
+    QLFT_CHECK_ARG(!x16 || lora->dropout_p == 0.f,
+                   "linear_fwd: LoRA dropout reads the fp32 input, not its 16-bit copy");
+    Dev Ad = x16 ? in_raw(lora->A, int64_t(r) * K * 4, "lora A")
+                 : lora_operand(in_raw(lora->A, int64_t(r) * K * 4, "lora A"), int64_t(r) * K);
     Dev Bd = lora_operand(in_raw(lora->B, N * r * 4, "lora B"), N * r);
     Dev XA = xa ? out_raw(xa, M * r * 4, MemCategory::Activations, "lora xa")
                 : scratch(M * r * 4, "lora xa");
-    lora_down(*lora, X.as<float>(), M, K, Ad.as<float>(), XA.as<float>());
+    if (x16) {  // xa = x A^T on bf16 operands (the products autocast's rounded ones give)
+      Dev A16 = to_tile(Ad, int64_t(r) * K, "lora A (16-bit)");
+      gemm_->run(M, r, K, 1.f, {x16, tile_, K, false}, {A16.data(), tile_, K, true}, 0.f,
+                 XA.as<float>(), r);
+    } else {
+      lora_down(*lora, X.as<float>(), M, K, Ad.as<float>(), XA.as<float>());
+    }
     // y += scale * xa B^T (xa rounded where it enters the GEMM under bf16; kept fp32)
     Dev XAr;
     const void* xap = XA.data();
@@ -50,18 +72,35 @@ void CudaBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, con
   if (M == 0) return;
   const bool has_lora = lora && lora->r > 0;
   if (has_lora) op_checks::lora(*lora);
-  Dev dY = autocast(in(dy, N, MemCategory::Activations, "linear_bwd dy"), M * N);
+  // The runner's bf16 dy and x where it handed them over (takes_input_16): read as they are,
+  // and the LoRA GEMMs run on bf16 operands too (no dropout on that path: direct16()).
+  const View2<uint16_t> d16 = h16_.dy16;
+  h16_.dy16 = View2<uint16_t>();
+  QLFT_CHECK_ARG(!d16.data || (d16.rows == M && d16.cols == N && d16.stride >= N),
+                 "linear_bwd: the 16-bit dy is [%lld, %lld], dy [%lld, %lld]",
+                 static_cast<long long>(d16.rows), static_cast<long long>(d16.cols),
+                 static_cast<long long>(M), static_cast<long long>(N));
+  const uint16_t* x16 = shared_x16(x);
+  const bool lora16 = has_lora && round_lora_bf16() && lora->dropout_p == 0.f;
+  // dy's fp32 (rounded) values only for fp32 GEMMs: the fp32 mode's, or the fp32 LoRA path's.
+  Dev dY;
+  if (!d16.data && (tile_ == TileType::F32 || (has_lora && !lora16)))
+    dY = autocast(in(dy, N, MemCategory::Activations, "linear_bwd dy"), M * N);
+  // dy in the tile type (the base dx GEMM's and the bf16 LoRA GEMMs' operand), row stride ldy:
+  // converted once from dy (rounding first would give the same 16-bit values).
+  DeviceMemory dYh;
+  const void* dyp = d16.data ? static_cast<const void*>(d16.data) : dY.data();
+  const int64_t ldy = d16.data ? d16.stride : N;
+  if (!d16.data && tile_ != TileType::F32 && (want_dx || lora16)) {
+    const Dev src = dY.data() ? view(dY.p) : in(dy, N, MemCategory::Activations, "linear_bwd dy");
+    dYh = dev(M * N * 2, MemCategory::Workspace, "linear_bwd dy (16-bit)");
+    cu::convert_tile(src.as<float>(), M, N, N, dYh.data(), tile_, stream_);
+    dyp = dYh.data();
+  }
   Dev DX;
   if (want_dx) {
     DX = inout(dx, K, MemCategory::Activations, "linear_bwd dx");
     // dx += dy W, panel by panel of W rows (columns of dy).
-    DeviceMemory dYh;
-    const void* dyp = dY.data();
-    if (tile_ != TileType::F32) {
-      dYh = dev(M * N * 2, MemCategory::Workspace, "linear_bwd dy (16-bit)");
-      cu::convert_tile(dY.as<float>(), M, N, N, dYh.data(), tile_, stream_);
-      dyp = dYh.data();
-    }
     // A panel of at most kPanelBytes, and no larger than the weight itself.
     const int64_t P = std::min(panel_rows(K), std::max<int64_t>(N, 1));
     DeviceMemory T = dev(P * K * int64_t(cu::tile_elem_bytes(tile_)), MemCategory::Workspace,
@@ -71,11 +110,13 @@ void CudaBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, con
     for (int64_t p0 = 0; p0 < N; p0 += P) {
       const int64_t n = std::min(P, N - p0);
       cu::dequant_rows(dw, nullptr, p0, n, T.data(), tile_, stream_);
-      gemm_->run(M, K, n, 1.f, {static_cast<const char*>(dyp) + p0 * eb, tile_, N, false},
+      gemm_->run(M, K, n, 1.f, {static_cast<const char*>(dyp) + p0 * eb, tile_, ldy, false},
                  {T.data(), tile_, K, false}, 1.f, DX.as<float>(), K);
     }
   }
-  if (has_lora) {
+  if (lora16) {
+    lora_bwd16(*lora, x, x16, xa, dyp, ldy, M, N, K, want_dx ? DX.as<float>() : nullptr, dA, dB);
+  } else if (has_lora) {
     const LoraRef& l = *lora;
     const int r = l.r;
     Dev Ad = lora_operand(in_raw(l.A, int64_t(r) * K * 4, "lora A"), int64_t(r) * K);
@@ -132,6 +173,60 @@ void CudaBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, con
     }
   }
   if (want_dx) finish(DX, K, dx);
+}
+
+void CudaBackend::lora_bwd16(const LoraRef& l, CMatF x, const uint16_t* x16, const float* xa,
+                             const void* dyb, int64_t ldy, int64_t M, int64_t N, int64_t K,
+                             float* DX, float* dA, float* dB) {
+  const int r = l.r;
+  Dev A16 = to_tile(in_raw(l.A, int64_t(r) * K * 4, "lora A"), int64_t(r) * K, "lora A (16-bit)");
+  Dev B16 = to_tile(in_raw(l.B, N * r * 4, "lora B"), N * r, "lora B (16-bit)");
+  // g = dy B: [M, r], fp32 sums of bf16 products, then bf16 where it enters the dA / dx GEMMs.
+  Dev G = scratch(M * r * 4, "lora dy B");
+  gemm_->run(M, r, N, 1.f, {dyb, tile_, ldy, false}, {B16.data(), tile_, r, false}, 0.f,
+             G.as<float>(), r);
+  Dev G16 = to_tile(G, M * r, "lora dy B (16-bit)");
+  Dev X16;  // x in the tile type, where the runner handed none over
+  const void* xb = x16;
+  if (!x16 && (dA || (dB && !xa))) {
+    X16 = scratch(M * K * 2, "linear_bwd x (16-bit)");
+    Dev X = in(x, K, MemCategory::Activations, "linear_bwd x");
+    cu::convert_tile(X.as<float>(), M, K, K, X16.data(), tile_, stream_);
+    xb = X16.data();
+  }
+  if (dB) {
+    Dev XA;
+    if (xa) {
+      XA = in_raw(xa, M * r * 4, "lora xa");
+    } else {
+      XA = scratch(M * r * 4, "lora xa");
+      gemm_->run(M, r, K, 1.f, {xb, tile_, K, false}, {A16.data(), tile_, K, true}, 0.f,
+                 XA.as<float>(), r);
+    }
+    Dev XA16 = to_tile(XA, M * r, "lora xa (16-bit)");
+    Dev dBd = inout_raw(dB, N * r * 4, "lora dB");
+    // dB += scale * dy^T xa
+    gemm_->run(N, r, M, l.scale, {dyb, tile_, ldy, true}, {XA16.data(), tile_, r, false}, 1.f,
+               dBd.as<float>(), r);
+    finish_raw(dBd, dB, N * r * 4);
+  }
+  if (dA) {
+    Dev dAd = inout_raw(dA, int64_t(r) * K * 4, "lora dA");
+    // dA += scale * g^T x
+    gemm_->run(r, K, M, l.scale, {G16.data(), tile_, r, true}, {xb, tile_, K, false}, 1.f,
+               dAd.as<float>(), K);
+    finish_raw(dAd, dA, int64_t(r) * K * 4);
+  }
+  // dx += scale * g A
+  if (DX)
+    gemm_->run(M, K, r, l.scale, {G16.data(), tile_, r, false}, {A16.data(), tile_, K, false}, 1.f,
+               DX, K);
+}
+
+Dev CudaBackend::to_tile(const Dev& d, int64_t n, const char* what) {
+  Dev t = scratch(n * int64_t(cu::tile_elem_bytes(tile_)), what);
+  cu::convert_tile(d.as<float>(), 1, n, n, t.data(), tile_, stream_);
+  return t;
 }
 
 // xa = drop(x) A^T on the device.

@@ -77,6 +77,86 @@ void CudaBackend::swiglu_bwd(CMatF gate, CMatF up, CMatF dout, MatF dgate, MatF 
   finish(DU, C, dup);
 }
 
+void CudaBackend::rmsnorm_fwd_16(CMatF x, const float* w, float eps, MatF y, float* rstd, DType t,
+                                 uint16_t* y16) {
+  const int64_t M = x.rows, C = x.cols;
+  if (!takes_input_16(t) || (y.data && y.stride != C) || M == 0)
+    return Backend::rmsnorm_fwd_16(x, w, eps, y, rstd, t, y16);
+  Dev X = in(x, C, MemCategory::Activations, "rmsnorm x");
+  Dev Wd = in_raw(w, C * 4, "rmsnorm weight");
+  Dev Y = y.data ? out(y, C, MemCategory::Activations, "rmsnorm y") : Dev{};
+  Dev Y16 = out_raw(y16, M * C * 2, MemCategory::Activations, "rmsnorm y (16-bit)");
+  Dev R = rstd ? out_raw(rstd, M * 4, MemCategory::Activations, "rmsnorm rstd")
+               : scratch(M * 4, "rmsnorm rstd");
+  cu::rmsnorm_fwd16(X.as<float>(), nullptr, Wd.as<float>(), eps, Y.as<float>(), Y16.as<uint16_t>(),
+                    R.as<float>(), M, C, stream_);
+  if (y.data) finish(Y, C, y);
+  finish_raw(Y16, y16, M * C * 2);
+  if (rstd) finish_raw(R, rstd, M * 4);
+}
+
+void CudaBackend::add_rmsnorm_fwd_16(MatF x, const float* r, const float* w, float eps, float* rstd,
+                                     DType t, uint16_t* y16) {
+  const int64_t M = x.rows, C = x.cols;
+  if (!takes_input_16(t) || x.stride != C || M == 0)
+    return Backend::add_rmsnorm_fwd_16(x, r, w, eps, rstd, t, y16);
+  Dev X = inout(x, C, MemCategory::Activations, "residual");
+  Dev Rd = in_raw(r, M * C * 4, "residual addend");
+  Dev Wd = in_raw(w, C * 4, "rmsnorm weight");
+  Dev Y16 = out_raw(y16, M * C * 2, MemCategory::Activations, "rmsnorm y (16-bit)");
+  Dev R = rstd ? out_raw(rstd, M * 4, MemCategory::Activations, "rmsnorm rstd")
+               : scratch(M * 4, "rmsnorm rstd");
+  cu::rmsnorm_fwd16(X.as<float>(), Rd.as<float>(), Wd.as<float>(), eps, nullptr, Y16.as<uint16_t>(),
+                    R.as<float>(), M, C, stream_);
+  finish(X, C, x);
+  finish_raw(Y16, y16, M * C * 2);
+  if (rstd) finish_raw(R, rstd, M * 4);
+}
+
+void CudaBackend::rope_to_16(MatF x, const int32_t* pos, int n_heads, int head_dim,
+                             const RopeFreqs& freqs, bool adjacent, DType t, uint16_t* x16) {
+  op_checks::rope(x.cols, n_heads, head_dim, freqs);
+  if (!takes_input_16(t) || x.rows == 0)
+    return Backend::rope_to_16(x, pos, n_heads, head_dim, freqs, adjacent, t, x16);
+  const int64_t W = int64_t(n_heads) * head_dim;
+  Dev X = in(x.as_const(), W, MemCategory::Activations, "rope x");
+  Dev X16 = out_raw(x16, x.rows * W * 2, MemCategory::Activations, "rope x (16-bit)");
+  Dev P = in_raw(pos, x.rows * 4, "rope positions");
+  cu::rope16(X.as<float>(), W, X16.as<uint16_t>(), W, P.as<int32_t>(), inv_freq(freqs), freqs.scale,
+             x.rows, n_heads, head_dim, adjacent, false, stream_);
+  finish_raw(X16, x16, x.rows * W * 2);
+}
+
+void CudaBackend::swiglu_fwd_from_16(DType t, const uint16_t* g16, const uint16_t* u16,
+                                     uint16_t* o16, int64_t rows, int64_t cols) {
+  if (!takes_input_16(t) || rows * cols == 0)
+    return Backend::swiglu_fwd_from_16(t, g16, u16, o16, rows, cols);
+  const int64_t n = rows * cols;
+  Dev G = in_raw(g16, n * 2, "swiglu gate (16-bit)");
+  Dev U = in_raw(u16, n * 2, "swiglu up (16-bit)");
+  Dev O = out_raw(o16, n * 2, MemCategory::Activations, "swiglu out (16-bit)");
+  cu::swiglu_fwd16(G.as<uint16_t>(), U.as<uint16_t>(), O.as<uint16_t>(), n, stream_);
+  finish_raw(O, o16, n * 2);
+}
+
+void CudaBackend::swiglu_bwd_to_16(DType t, const uint16_t* g16, const uint16_t* u16, CMatF dout,
+                                   View2<uint16_t> dg16, View2<uint16_t> du16) {
+  const int64_t M = dout.rows, C = dout.cols;
+  if (!takes_input_16(t) || M == 0 || dg16.stride != du16.stride || dg16.rows != M ||
+      du16.rows != M || dg16.cols != C || du16.cols != C)
+    return Backend::swiglu_bwd_to_16(t, g16, u16, dout, dg16, du16);
+  const int64_t ld = dg16.stride, bytes = ((M - 1) * ld + C) * 2;
+  Dev G = in_raw(g16, M * C * 2, "swiglu gate (16-bit)");
+  Dev U = in_raw(u16, M * C * 2, "swiglu up (16-bit)");
+  Dev D = in(dout, C, MemCategory::Activations, "swiglu dout");
+  Dev DG = out_raw(dg16.data, bytes, MemCategory::Activations, "swiglu dgate (16-bit)");
+  Dev DU = out_raw(du16.data, bytes, MemCategory::Activations, "swiglu dup (16-bit)");
+  cu::swiglu_bwd16(G.as<uint16_t>(), U.as<uint16_t>(), D.as<float>(), C, DG.as<uint16_t>(),
+                   DU.as<uint16_t>(), ld, M, C, stream_);
+  finish_raw(DG, dg16.data, bytes);
+  finish_raw(DU, du16.data, bytes);
+}
+
 // The table's inverse frequencies on the device, uploaded once per distinct table. Dynamic NTK
 // makes a new table per sequence length (each generated token): past kRopeDeviceTables the
 // cache is emptied after a sync (no queued kernel still reads a freed table).

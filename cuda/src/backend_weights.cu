@@ -122,12 +122,13 @@ const DevWeight& CudaBackend::resident(const QWeight& W) {
 }
 
 // Y [M, N] = X W^T (X fp32 compact [M, K] on the device), panel by panel of W rows.
-void CudaBackend::matmul_xwt(const QWeight& W, const float* X, int64_t M, float* Y) {
+void CudaBackend::matmul_xwt(const QWeight& W, const float* X, int64_t M, float* Y,
+                             const uint16_t* X16) {
   const int64_t N = W.rows, K = W.cols;
   const cu::DevWeight& dw = resident(W);
-  const void* xin = X;
+  const void* xin = X16 ? static_cast<const void*>(X16) : X;
   DeviceMemory Xh;
-  if (tile_ != TileType::F32) {
+  if (tile_ != TileType::F32 && !X16) {
     Xh = dev(M * K * 2, MemCategory::Workspace, "linear input (16-bit)");
     cu::convert_tile(X, M, K, K, Xh.data(), tile_, stream_);
     xin = Xh.data();

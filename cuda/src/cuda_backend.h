@@ -197,6 +197,32 @@ class CudaBackend final : public Backend {
   void linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, const float* xa, CMatF dy,
                   MatF dx, float* dA, float* dB) override;
 
+  // ---- the runner's 16-bit operands (Backend's 16-bit protocol; backend_linear.cu and
+  // backend_attention.cu read them) --------------------------------------------------------------
+  // At precision bf16 with autocast the GEMMs and the tensor-core attention read bf16 operands:
+  // given the runner's stored bf16 copies they take those as they are, with no rounding or
+  // conversion kernel between the op that wrote them and the one that reads them.
+  bool takes_input_16(DType t) const override {
+    return t == DType::BF16 && tile_ == TileType::BF16 && round_;
+  }
+  void begin_shared_input_16(CMatF x, DType t, const uint16_t* x16) override {
+    h16_.x = takes_input_16(t) && x16 ? x.data : nullptr;
+    h16_.x16 = h16_.x ? x16 : nullptr;
+  }
+  void end_shared_input() override { h16_.x = nullptr, h16_.x16 = nullptr; }
+  void next_dy_16(DType t, View2<uint16_t> dy16) override {
+    if (takes_input_16(t)) h16_.dy16 = dy16;
+  }
+  void attention_inputs_16(DType t, const uint16_t* q16, const uint16_t* k16,
+                           const uint16_t* v16) override {
+    if (!takes_input_16(t)) return;
+    h16_.q16 = q16, h16_.k16 = k16, h16_.v16 = v16;
+  }
+  void attention_out_16(DType t, const uint16_t* out16, const uint16_t* dout16) override {
+    if (!takes_input_16(t)) return;
+    h16_.out16 = out16, h16_.dout16 = dout16;
+  }
+
   // ---- pointwise (backend_pointwise.cu) ---------------------------------------------------------
   void rmsnorm_fwd(CMatF x, const float* w, float eps, MatF y, float* rstd) override;
   void rmsnorm_bwd(CMatF x, const float* w, const float* rstd, CMatF dy, MatF dx) override;
@@ -204,11 +230,30 @@ class CudaBackend final : public Backend {
             bool adjacent, bool inverse) override;
   void swiglu_fwd(CMatF gate, CMatF up, MatF out_) override;
   void swiglu_bwd(CMatF gate, CMatF up, CMatF dout, MatF dgate, MatF dup) override;
+  // The 16-bit forms write the bf16 their consumer reads in the same kernel (takes_input_16's
+  // type; any other goes through Backend's defaults).
+  void rmsnorm_fwd_16(CMatF x, const float* w, float eps, MatF y, float* rstd, DType t,
+                      uint16_t* y16) override;
+  void add_rmsnorm_fwd_16(MatF x, const float* r, const float* w, float eps, float* rstd, DType t,
+                          uint16_t* y16) override;
+  void rope_to_16(MatF x, const int32_t* pos, int n_heads, int head_dim, const RopeFreqs& freqs,
+                  bool adjacent, DType t, uint16_t* x16) override;
+  void swiglu_fwd_from_16(DType t, const uint16_t* g16, const uint16_t* u16, uint16_t* o16,
+                          int64_t rows, int64_t cols) override;
+  void swiglu_bwd_to_16(DType t, const uint16_t* g16, const uint16_t* u16, CMatF dout,
+                        View2<uint16_t> dg16, View2<uint16_t> du16) override;
 
   // ---- attention (backend_attention.cu) ---------------------------------------------------------
   void attention_fwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out_, float* lse) override;
   void attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out_, const float* lse,
                      CMatF dout, MatF dq, MatF dk, MatF dv) override;
+  // The tensor-core kernel writes out16 itself (tensor_cores: else Backend's default).
+  void attention_fwd_to_16(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out_, float* lse,
+                           DType t, uint16_t* out16) override;
+  // dq / dk rotated back straight into bf16 (k_rope16), dv converted.
+  void attention_bwd_16(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out_, const float* lse,
+                        CMatF dout, const RopeArgs& rope, DType t, View2<uint16_t> dq16,
+                        View2<uint16_t> dk16, View2<uint16_t> dv16) override;
 
   // ---- decoding with a KV cache (backend_decode.cu) ---------------------------------------------
   void positions(int32_t* pos, int n, int32_t start) override;
@@ -292,8 +337,20 @@ class CudaBackend final : public Backend {
     const int64_t eb = int64_t(tile_elem_bytes(tile_));
     return std::max<int64_t>(kCudaPanelMinRows, kPanelBytes / std::max<int64_t>(1, cols * eb));
   }
-  // Y [M, N] = X W^T (X fp32 compact [M, K] on the device), panel by panel of W rows.
-  void matmul_xwt(const QWeight& W, const float* X, int64_t M, float* Y);
+  // Y [M, N] = X W^T (X fp32 compact [M, K] on the device, or X16 already in the tile type),
+  // panel by panel of W rows.
+  void matmul_xwt(const QWeight& W, const float* X, int64_t M, float* Y,
+                  const uint16_t* X16 = nullptr);
+  // The runner's 16-bit copy of x where x is the shared input it was handed with (else null).
+  const uint16_t* shared_x16(CMatF x) const {
+    return h16_.x16 && x.data == h16_.x && x.stride == x.cols ? h16_.x16 : nullptr;
+  }
+  // n floats converted to the tile type (a LoRA factor or intermediate entering a bf16 GEMM).
+  Dev to_tile(const Dev& d, int64_t n, const char* what);
+  // linear_bwd's LoRA part on bf16 operands (fp32 accumulation): dyb the 16-bit dy (row stride
+  // ldy), x16 the 16-bit x or null (then x is converted).
+  void lora_bwd16(const LoraRef& l, CMatF x, const uint16_t* x16, const float* xa, const void* dyb,
+                  int64_t ldy, int64_t M, int64_t N, int64_t K, float* DX, float* dA, float* dB);
 
   // ---- LoRA, RoPE table and attention staging ---------------------------------------------------
   // xa = drop(x) A^T on the device (backend_linear.cu).
@@ -301,6 +358,9 @@ class CudaBackend final : public Backend {
   // The table's inverse frequencies on the device (backend_pointwise.cu).
   const float* inv_freq(const RopeFreqs& f);
   static void check_attn(const AttnShape& s, CMatF q, CMatF k, CMatF v, const char* op);
+  // attention_fwd, with out16 (not null) also written by the tensor-core kernel.
+  void attention_fwd_to(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out_, float* lse,
+                        uint16_t* out16);
   AttnStage stage_attn(const AttnShape& s, CMatF q, CMatF k, CMatF v);
   // AttnArgs::first for s.doc_ids (doc: their device copy): made by cu::doc_first once per
   // batch, i.e. again only when doc_ids or its bytes changed (BackendMemory::version; host ids
@@ -313,7 +373,14 @@ class CudaBackend final : public Backend {
   TransferCounts moved_;  // every staging copy and wait counts here
   BackendMemory mem_;     // what alloc() hands out; outlives nothing that uses it (see ~Trainer)
   TileType tile_ = TileType::F32;
-  bool round_ = false;  // autocast: 16-bit rounding of matmul and attention operands
+  bool round_ = false;         // autocast: 16-bit rounding of matmul and attention operands
+  struct Hints16 {             // the runner's 16-bit operands for the next ops (takes_input_16)
+    const float* x = nullptr;  // the shared input x16 holds (begin_shared_input_16)
+    const uint16_t* x16 = nullptr;
+    View2<uint16_t> dy16;  // the next linear_bwd's dy (taken by it)
+    const uint16_t *q16 = nullptr, *k16 = nullptr, *v16 = nullptr;  // the next attention's
+    const uint16_t *out16 = nullptr, *dout16 = nullptr;             // the next backward's
+  } h16_;
   std::unique_ptr<LtGemm> gemm_;
   std::unordered_map<const QWeight*, ResidentWeight> weights_;
   ResidentWeight in_place_;  // the view of the last device-held weight (in_place)

@@ -460,6 +460,22 @@ void check_tc(const AttnArgs& a) {
                  "cuda tensor-core attention: leading dimensions must be multiples of 8");
 }
 
+// The backward's two kernels for a.head_dim.
+void bwd_dispatch(const AttnArgs& a, const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                  const uint16_t* dout16, const float* lse, const float* delta, float* dq,
+                  float* dk, float* dv, cudaStream_t s) {
+  switch (a.head_dim) {
+    case 64:
+      return bwd_d<64>(a, q, k, v, dout16, lse, delta, dq, dk, dv, s);
+    case 80:
+      return bwd_d<80>(a, q, k, v, dout16, lse, delta, dq, dk, dv, s);
+    case 96:
+      return bwd_d<96>(a, q, k, v, dout16, lse, delta, dq, dk, dv, s);
+    default:
+      return bwd_d<128>(a, q, k, v, dout16, lse, delta, dq, dk, dv, s);
+  }
+}
+
 }  // namespace
 
 bool attention_tc_supported(int head_dim) {
@@ -486,16 +502,15 @@ void attention_tc_bwd(const AttnArgs& a, const uint16_t* q, const uint16_t* k, c
                       float* dq, float* dk, float* dv, float* delta, cudaStream_t s) {
   check_tc(a);
   attention_delta(a, out, dout, delta, s);
-  switch (a.head_dim) {
-    case 64:
-      return bwd_d<64>(a, q, k, v, dout16, lse, delta, dq, dk, dv, s);
-    case 80:
-      return bwd_d<80>(a, q, k, v, dout16, lse, delta, dq, dk, dv, s);
-    case 96:
-      return bwd_d<96>(a, q, k, v, dout16, lse, delta, dq, dk, dv, s);
-    default:
-      return bwd_d<128>(a, q, k, v, dout16, lse, delta, dq, dk, dv, s);
-  }
+  bwd_dispatch(a, q, k, v, dout16, lse, delta, dq, dk, dv, s);
+}
+
+void attention_tc_bwd16(const AttnArgs& a, const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                        const uint16_t* out16, const uint16_t* dout16, const float* lse, float* dq,
+                        float* dk, float* dv, float* delta, cudaStream_t s) {
+  check_tc(a);
+  attention_delta16(a, out16, dout16, delta, s);
+  bwd_dispatch(a, q, k, v, dout16, lse, delta, dq, dk, dv, s);
 }
 
 }  // namespace qlft::cu

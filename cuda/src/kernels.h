@@ -63,6 +63,20 @@ void rmsnorm_bwd(const float* x, const float* w, const float* rstd, const float*
 // sin are multiplied by scale.
 void rope(float* x, int64_t ld, const int32_t* pos, const float* inv_freq, float scale,
           int64_t rows, int n_heads, int head_dim, bool adjacent, bool inverse, cudaStream_t s);
+// The bf16-writing forms (BF16 only: the runner's 16-bit operands, CudaBackend's *_16 ops):
+// rmsnorm of x (after x += res where res is given) into y (fp32) and / or y16 (bf16), either may
+// be null; RoPE of x written rotated to x16 (x unchanged); SwiGLU from bf16 gate / up to bf16,
+// and its backward from them and fp32 dout to bf16 dgate / dup (row strides ldd, ld16).
+void rmsnorm_fwd16(float* x, const float* res, const float* w, float eps, float* y, uint16_t* y16,
+                   float* rstd, int64_t rows, int64_t cols, cudaStream_t s);
+void rope16(const float* x, int64_t ld, uint16_t* x16, int64_t ld16, const int32_t* pos,
+            const float* inv_freq, float scale, int64_t rows, int n_heads, int head_dim,
+            bool adjacent, bool inverse, cudaStream_t s);
+void swiglu_fwd16(const uint16_t* g16, const uint16_t* u16, uint16_t* o16, int64_t n,
+                  cudaStream_t s);
+void swiglu_bwd16(const uint16_t* g16, const uint16_t* u16, const float* dout, int64_t ldd,
+                  uint16_t* dg16, uint16_t* du16, int64_t ld16, int64_t rows, int64_t cols,
+                  cudaStream_t s);
 void swiglu_fwd(const float* gate, const float* up, float* out, int64_t n, cudaStream_t s);
 void swiglu_bwd(const float* gate, const float* up, const float* dout, float* dgate, float* dup,
                 int64_t n, cudaStream_t s);
@@ -93,6 +107,9 @@ void attention_check_args(const AttnArgs& a);
 // delta[h * rows + row] = dout_row . out_row of head h (the backward's softmax correction).
 void attention_delta(const AttnArgs& a, const float* out, const float* dout, float* delta,
                      cudaStream_t s);
+// The same from bf16 out / dout.
+void attention_delta16(const AttnArgs& a, const uint16_t* out16, const uint16_t* dout16,
+                       float* delta, cudaStream_t s);
 
 // ---- k_attention_tc.cu -----------------------------------------------------------------------
 // Flash attention on tensor cores (nvcuda::wmma, bf16 16x16x16, fp32 accumulation): q, k, v and
@@ -110,6 +127,10 @@ void attention_tc_fwd(const AttnArgs& a, const uint16_t* q, const uint16_t* k, c
 void attention_tc_bwd(const AttnArgs& a, const uint16_t* q, const uint16_t* k, const uint16_t* v,
                       const float* out, const float* dout, const uint16_t* dout16, const float* lse,
                       float* dq, float* dk, float* dv, float* delta, cudaStream_t s);
+// The same with out given in bf16 (out16) and delta taken from out16 and dout16.
+void attention_tc_bwd16(const AttnArgs& a, const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                        const uint16_t* out16, const uint16_t* dout16, const float* lse, float* dq,
+                        float* dk, float* dv, float* delta, cudaStream_t s);
 
 // ---- k_decode.cu -----------------------------------------------------------------------------
 // pos[i] = start + i for i < n.

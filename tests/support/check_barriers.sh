@@ -13,18 +13,21 @@
 #   BUILD_DIR   an emulated build (-DQLFT_CUDA_EMULATE=ON) with the test binaries built
 #   --sites     only the sites whose "file:line" matches REGEX (e.g. 'reduce.cuh')
 #   --tests     the gtest binaries (default: the kernel tests test_cuda_ops, test_cuda_optim,
-#               test_cuda_attention_tc, and test_cuda_emulator, whose tests hold reduce.cuh's
-#               helpers to their contract: block_sum's array may be reused at once, which no
-#               kernel in cuda/src does today)
+#               test_cuda_attention_tc, test_cuda_generate (the decode kernels), and
+#               test_cuda_emulator, whose tests hold reduce.cuh's helpers to their contract:
+#               block_sum's array may be reused at once, which no kernel in cuda/src does today)
 #   --filter    the gtest filter for every run (default: all)
 #   --pattern   the call that marks a site (default __syncthreads; another switchable intrinsic,
 #               such as a fragment load, can be swept the same way)
 # Exit status: 0 when every site is caught, 1 otherwise, 2 on a usage or baseline error.
+# Last full sweep (emulated build, 2 cores, ~4 min): every __syncthreads site caught, 21 of 21
+# (k_quant.cu's trailing dequant barrier by CudaOps.DequantizationLoopingPerBlockEqualsCpu, the
+# decode kernels' by CudaGenerate.DecodeAttentionEqualsCpu).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:?usage: check_barriers.sh BUILD_DIR [--sites REGEX] [--filter F] [--pattern WORD]}
 shift
-sites_re=. filter='*' pattern=__syncthreads tests="test_cuda_ops test_cuda_optim test_cuda_attention_tc test_cuda_emulator"
+sites_re=. filter='*' pattern=__syncthreads tests="test_cuda_ops test_cuda_optim test_cuda_attention_tc test_cuda_generate test_cuda_emulator"
 while [ $# -gt 0 ]; do
   case $1 in
     --sites) sites_re=$2; shift 2 ;;
