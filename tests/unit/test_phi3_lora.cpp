@@ -262,6 +262,18 @@ TEST_F(Phi3Lora, TargetsByModuleAndSharedA) {
   EXPECT_EQ(a.slot(1, Proj::V).dA.data(), a.slot(1, Proj::Q).dA.data());
   EXPECT_EQ(a.slot(0, Proj::Up).A.data(), a.slot(0, Proj::Gate).A.data());
   EXPECT_NE(a.slot(0, Proj::Up).B.data(), a.slot(0, Proj::Gate).B.data());
+  {  // gradients made later (as the trainer does): whole, the parts' dA one; sharded, refused
+    LoraAdapter later(&tr, model->shapes, c, /*gradients=*/false);
+    try {
+      later.allocate_gradients([](int, Proj, bool b) { return b; });
+      ADD_FAILURE() << "sharded gradients on a fused adapter were accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("fused qkv_proj"), std::string::npos) << e.what();
+    }
+    later.allocate_gradients([](int, Proj, bool) { return true; });
+    EXPECT_EQ(later.slot(0, Proj::V).dA.data(), later.slot(0, Proj::Q).dA.data());
+    EXPECT_NE(later.slot(0, Proj::Q).dA.data(), nullptr);
+  }
   std::vector<float> A(4 * 32, 0.5f), B(16 * 4, 1.f);
   try {
     a.set_start_hf(0, Proj::K, A.data(), 4 * 32, B.data(), 16 * 4);
