@@ -252,6 +252,11 @@ const KeyDef kKeys[] = {
      "kto: weight of the desirable examples' losses (KTOConfig.desirable_weight)."},
     {"pref.undesirable_weight", KeyType::Float, "1", 0, 1e6, "",
      "kto: weight of the undesirable examples' losses (KTOConfig.undesirable_weight)."},
+    {"pref.precompute_ref", KeyType::Bool, "false", 0, 0, "",
+     "dpo / ipo / kto: compute every example's reference log-probabilities once before the first "
+     "step (TRL's precompute_ref_log_probs) and keep them in <data.path>.qlft-ref-<key>.bin, "
+     "keyed by the model as stored, the backend, the precision and the examples' tokens: a "
+     "resumed run, a second epoch or another run on the same data skips the reference pass."},
     {"lora.init_from", KeyType::String, "", 0, 0, "",
      "A PEFT adapter directory to start from: its r, alpha, target modules and rsLoRA setting "
      "replace lora.* and its weights are loaded (for generation, evaluation or further training)."},

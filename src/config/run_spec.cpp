@@ -135,6 +135,7 @@ PrefSpec parse_pref(const Config& c) {
   s.cpo_alpha = c.get_float("pref.cpo_alpha");
   s.desirable_weight = c.get_float("pref.desirable_weight");
   s.undesirable_weight = c.get_float("pref.undesirable_weight");
+  s.precompute_ref = c.get_bool("pref.precompute_ref");
   return s;
 }
 

@@ -213,6 +213,7 @@ struct PrefSpec {
   double cpo_alpha = 0;           // SimPO: weight of the NLL term on the chosen answers
   double desirable_weight = 1;    // KTO
   double undesirable_weight = 1;  // KTO
+  bool precompute_ref = false;    // pref.precompute_ref (train/preference_ref_cache.h)
 };
 
 // generate.*.

@@ -342,7 +342,14 @@ PrefMetrics preference_forward_backward(LlamaRunner& runner, const PrefSpec& s, 
                                         float grad_scale, uint64_t dropout_seed) {
   const Objective o = s.objective;
   PrefInput in;
-  if (needs_reference(o)) preference_logps(runner, b.rows, true, nullptr, &in.ref);
+  if (needs_reference(o) && !b.ref.empty()) {
+    QLFT_CHECK_ARG(b.ref.size() == static_cast<size_t>(b.rows.micro_batch),
+                   "%s: %zu precomputed reference log-probabilities for %d rows", name_of(o),
+                   b.ref.size(), b.rows.micro_batch);
+    in.ref = b.ref;
+  } else if (needs_reference(o)) {
+    preference_logps(runner, b.rows, true, nullptr, &in.ref);
+  }
   if (o == Objective::Kto) {
     QLFT_CHECK_ARG(b.kl_rows.micro_batch == b.rows.micro_batch, "kto: a KL row per example");
     in.desirable = b.desirable;

@@ -70,6 +70,9 @@ struct PrefBatch {
   std::vector<int32_t> prompt_targets;  // ORPO: the prompt tokens' next-token targets (else -100)
   std::vector<uint8_t> desirable;       // KTO, per row
   data::Batch kl_rows;                  // KTO
+  // The rows' reference log-probabilities when precomputed (train/preference_ref_cache.h);
+  // empty: the reference pass runs.
+  std::vector<double> ref;
 };
 
 // Examples as one micro-batch: paired objectives take pairs (rows: every chosen, then every

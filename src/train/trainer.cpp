@@ -93,6 +93,7 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
   }
   // train.precision reaches the kernels through the backend it is made with.
   backend_ = make_backend(spec.backend, tracker);
+  init_pref_ref(spec);
   LoraConfig lc = lora_config_from(spec.lora);
   const std::string& init_from = spec.lora.init_from;
   if (!init_from.empty()) {

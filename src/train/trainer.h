@@ -26,6 +26,7 @@
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
 #include "train/preference.h"
+#include "train/preference_ref_cache.h"
 #include "train/weight_placement.h"
 
 namespace qlft {
@@ -105,6 +106,9 @@ class Trainer {
   // the step's (StepReport::loss) their mean, as the gradient; *m gets the metrics' means.
   void step_pref(const std::vector<PrefBatch>& batches, StepReport* out, PrefMetrics* m = nullptr);
   const PrefSpec& pref() const { return pref_; }
+  // pref.precompute_ref: whether this trainer's reference log-probabilities came from the file
+  // beside the data (true) or were computed (false) by its first preference step.
+  bool reference_loaded() const { return pref_ref_loaded_; }
   bool done() const;
   int64_t steps_done() const { return step_; }
   int64_t total_steps() const { return total_steps_; }
@@ -243,6 +247,13 @@ class Trainer {
   int pref_epochs_ = 1;
   bool step_preference(StepReport* out);  // step() with train.objective != sft
   bool pref_done() const;
+  // pref.precompute_ref: where the set's reference log-probabilities are kept, and (from the
+  // first preference step on) their values (train/preference_ref_cache.h).
+  void init_pref_ref(const RunSpec& spec);
+  std::string pref_ref_path_;
+  uint64_t pref_ref_key_ = 0;
+  std::unique_ptr<PrefRefCache> pref_ref_;
+  bool pref_ref_loaded_ = false;
   const std::vector<PrefBatch>* pref_batches_ = nullptr;  // step_pref's, during its step_on
   std::vector<PrefMetrics> pref_seen_;                    // each micro-batch's, in that step
 };

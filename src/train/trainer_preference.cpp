@@ -1,6 +1,8 @@
 // Trainer::step_pref: an optimizer step of a preference objective. It runs step_on (clipping,
 // scaler, optimizer, schedule, rollback on failure) over the micro-batches' rows, whose
 // passes step_on hands to preference_forward_backward while pref_batches_ is set.
+#include <sys/stat.h>
+
 #include <cmath>
 
 #include "core/error.h"
@@ -47,6 +49,21 @@ void Trainer::step_pref(const std::vector<PrefBatch>& batches, StepReport* out, 
   if (m) *m = avg;
 }
 
+void Trainer::init_pref_ref(const RunSpec& spec) {
+  if (!pref_set_ || !spec.pref.precompute_ref || !needs_reference(pref_.objective)) return;
+  // The model as stored: its file (size, time), how it was quantized, and where and at what
+  // precision it runs; with the examples' tokens, the cache's key.
+  std::string model = model_.path;
+  struct stat st {};
+  if (::stat(model_.path.c_str(), &st) == 0)
+    model += "|" + std::to_string(st.st_size) + "|" + std::to_string(st.st_mtime);
+  model += std::string("|") + name_of(spec.quant.type) + "|" +
+           std::to_string(spec.quant.blocksize) + "|" + (spec.quant.double_quant ? "dq" : "") +
+           "|" + name_of(spec.backend.kind) + "|" + name_of(spec.backend.precision);
+  pref_ref_key_ = PrefRefCache::key_of(*pref_set_, pref_.objective, model);
+  pref_ref_path_ = PrefRefCache::path_of(spec.data.path, pref_ref_key_);
+}
+
 bool Trainer::pref_done() const {
   if (ts_.max_steps > 0) return step_ >= ts_.max_steps;
   return pref_pos_ >= pref_set_->examples.size() * uint64_t(pref_epochs_);
@@ -78,7 +95,15 @@ bool Trainer::step_preference(StepReport* out) {
       }
       ex.push_back(&pref_set_->examples[order[pos % n]]);
     }
-    if (!ex.empty()) batches.push_back(make_pref_batch(ex, pref_.objective, 0));
+    if (ex.empty()) continue;
+    batches.push_back(make_pref_batch(ex, pref_.objective, 0));
+    if (!pref_ref_path_.empty()) {  // pref.precompute_ref: the pass once, before any training
+      if (!pref_ref_)
+        pref_ref_ = std::make_unique<PrefRefCache>(
+            PrefRefCache::make(*runner_, *pref_set_, pref_.objective, ts_.micro_batch,
+                               pref_ref_path_, pref_ref_key_, &pref_ref_loaded_));
+      pref_ref_->fill(ex, *pref_set_, batches.back());
+    }
   }
   step_pref(batches, out);
   pref_pos_ = pos;  // only after the step succeeded

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -233,4 +234,61 @@ TEST(PreferenceRun, PlannerCountsTwoRowsPerPair) {
   EXPECT_GT(plan.train[QLFT_MEM_ACTIVATIONS], sft.train[QLFT_MEM_ACTIVATIONS]);
   EXPECT_LE(std::fabs(double(sft.train_peak) - double(measured)) / double(measured), 0.20)
       << "the SFT plan of twice the rows is the DPO step but for the reference pass";
+}
+
+// pref.precompute_ref (TRL's precompute_ref_log_probs): the first trainer computes every
+// example's reference log-probabilities once and writes them beside the data; a second one
+// (a resumed run, another epoch) reads them and runs no reference pass, with the same losses
+// bit for bit; both follow the run that measures the reference every step (batches of other
+// compositions: within 1e-6); a damaged file is made again.
+TEST(PreferenceRun, PrecomputedReferenceIsCachedBesideTheData) {
+  QLFT_NEED_SHARED(model_path, "models/stories260K.gguf");
+  QLFT_NEED_SHARED(stories, "data/tinystories-sample.txt");
+  set_num_threads(2);
+  const std::string dir = qlft_test::temp_dir("pref_ref");
+  const std::string path = dir + "/pairs.jsonl";
+  {
+    std::ofstream f(path);
+    f << qlft_test::make_pairs_jsonl(stories, 8);
+  }
+  MemoryTracker tracker;
+  auto model = load_model(&tracker, model_path, model_test::keep());
+  auto tok = Tokenizer::from_gguf(*model->gguf);
+  data::TokenizerEncoder enc(*tok);
+  Config c = dpo_config();
+  c.set("data.path", path);
+  c.set("train.micro_batch", "4");
+  c.set("train.max_steps", "2");
+  c.set("seed", "5");
+  const RunSpec live_spec = parse_run_spec(c);
+  const PrefSet set = PrefSet::load(live_spec.data, Objective::Dpo, enc);
+  auto losses = [&](const RunSpec& spec, bool* loaded) {
+    Trainer t(*model, &tracker, nullptr, spec, &set);
+    std::vector<double> l;
+    StepReport r;
+    while (t.step(&r)) l.push_back(r.loss);
+    if (loaded) *loaded = t.reference_loaded();
+    return l;
+  };
+  const std::vector<double> live = losses(live_spec, nullptr);
+  c.set("pref.precompute_ref", "true");
+  const RunSpec spec = parse_run_spec(c);
+  bool loaded = true;
+  const std::vector<double> first = losses(spec, &loaded);
+  EXPECT_FALSE(loaded) << "the first run computes the reference";
+  std::vector<std::string> files;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.path().filename().string().rfind("pairs.jsonl.qlft-ref-", 0) == 0)
+      files.push_back(e.path().string());
+  ASSERT_EQ(files.size(), 1u) << "one cache file beside the data";
+  const std::vector<double> second = losses(spec, &loaded);
+  EXPECT_TRUE(loaded) << "the second run reads the file";
+  EXPECT_EQ(first, second);
+  ASSERT_EQ(live.size(), first.size());
+  for (size_t i = 0; i < live.size(); ++i) EXPECT_NEAR(first[i], live[i], 1e-6) << "step " << i;
+  std::filesystem::resize_file(files[0], std::filesystem::file_size(files[0]) - 8);
+  const std::vector<double> third = losses(spec, &loaded);
+  EXPECT_FALSE(loaded) << "a damaged file is made again";
+  EXPECT_EQ(third, first);
+  std::filesystem::remove_all(dir);
 }
