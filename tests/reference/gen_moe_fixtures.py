@@ -29,6 +29,8 @@ from safetensors.torch import save_file
 from transformers import MixtralConfig
 from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
 
+import fixture_versions
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "fixtures", "moe")
 
@@ -91,6 +93,7 @@ def main():
     block_fixture(2, 4801, "mixtral_block.safetensors")
     # top_k 1: the one weight is p / p = 1, so no gradient reaches the router's path.
     block_fixture(1, 4802, "mixtral_block_top1.safetensors")
+    fixture_versions.write(OUT, __file__)
 
 
 if __name__ == "__main__":
