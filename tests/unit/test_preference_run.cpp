@@ -71,6 +71,31 @@ double held_out_accuracy(Trainer& t, const std::vector<data::PrefExample>& ex, s
   return acc / static_cast<double>(n);
 }
 
+// stories260K (fp32) and one DPO micro-batch of 8 TinyStories pairs read back through the data
+// path (the memory tests' set-up).
+struct Pairs8 {
+  MemoryTracker tracker;
+  std::unique_ptr<Model> model;
+  std::vector<PrefBatch> batches;
+  Pairs8(const std::string& model_path, const std::string& stories, const char* name) {
+    set_num_threads(2);
+    const std::string path = qlft_test::temp_dir(name) + "/pairs.jsonl";
+    {
+      std::ofstream f(path);
+      f << qlft_test::make_pairs_jsonl(stories, 8);
+    }
+    data::DropLog log;
+    std::vector<data::PrefRecord> recs =
+        data::read_preference_records(path, false, data::ReadOptions{}, log);
+    model = load_model(&tracker, model_path, model_test::keep());
+    auto tok = Tokenizer::from_gguf(*model->gguf);
+    data::TokenizerEncoder enc(*tok);
+    std::vector<data::PrefExample> ex;
+    for (const data::PrefRecord& r : recs) ex.push_back(data::tokenize_preference(r, false, enc));
+    batches = batches_of(ex, 0, 8, enc.pad_id());
+  }
+};
+
 }  // namespace
 
 TEST(PreferenceRun, DpoLearnsHeldOutPreferences) {
@@ -126,22 +151,10 @@ TEST(PreferenceRun, DpoLearnsHeldOutPreferences) {
 TEST(PreferenceRun, DpoPeakIsSftPlusReferencePass) {
   QLFT_NEED_SHARED(model_path, "models/stories260K.gguf");
   QLFT_NEED_SHARED(stories, "data/tinystories-sample.txt");
-  set_num_threads(2);
-  const std::string path = qlft_test::temp_dir("pref_mem") + "/pairs.jsonl";
-  {
-    std::ofstream f(path);
-    f << qlft_test::make_pairs_jsonl(stories, 8);
-  }
-  data::DropLog log;
-  std::vector<data::PrefRecord> recs =
-      data::read_preference_records(path, false, data::ReadOptions{}, log);
-  MemoryTracker tracker;
-  auto model = load_model(&tracker, model_path, model_test::keep());
-  auto tok = Tokenizer::from_gguf(*model->gguf);
-  data::TokenizerEncoder enc(*tok);
-  std::vector<data::PrefExample> ex;
-  for (const data::PrefRecord& r : recs) ex.push_back(data::tokenize_preference(r, false, enc));
-  const std::vector<PrefBatch> b = batches_of(ex, 0, 8, enc.pad_id());
+  Pairs8 p(model_path, stories, "pref_mem");
+  MemoryTracker& tracker = p.tracker;
+  const std::unique_ptr<Model>& model = p.model;
+  const std::vector<PrefBatch>& b = p.batches;
   const uint64_t weights = tracker.snapshot().allocated[static_cast<int>(MemCategory::Weights)];
 
   Trainer t(*model, &tracker, nullptr, parse_run_spec(dpo_config()));
@@ -185,22 +198,10 @@ TEST(PreferenceRun, DpoPeakIsSftPlusReferencePass) {
 TEST(PreferenceRun, PlannerCountsTwoRowsPerPair) {
   QLFT_NEED_SHARED(model_path, "models/stories260K.gguf");
   QLFT_NEED_SHARED(stories, "data/tinystories-sample.txt");
-  set_num_threads(2);
-  const std::string path = qlft_test::temp_dir("pref_plan") + "/pairs.jsonl";
-  {
-    std::ofstream f(path);
-    f << qlft_test::make_pairs_jsonl(stories, 8);
-  }
-  data::DropLog log;
-  std::vector<data::PrefRecord> recs =
-      data::read_preference_records(path, false, data::ReadOptions{}, log);
-  MemoryTracker tracker;
-  auto model = load_model(&tracker, model_path, model_test::keep());
-  auto tok = Tokenizer::from_gguf(*model->gguf);
-  data::TokenizerEncoder enc(*tok);
-  std::vector<data::PrefExample> ex;
-  for (const data::PrefRecord& r : recs) ex.push_back(data::tokenize_preference(r, false, enc));
-  const std::vector<PrefBatch> b = batches_of(ex, 0, 8, enc.pad_id());
+  Pairs8 p(model_path, stories, "pref_plan");
+  MemoryTracker& tracker = p.tracker;
+  const std::unique_ptr<Model>& model = p.model;
+  const std::vector<PrefBatch>& b = p.batches;
   Config c = dpo_config();
   c.set("train.micro_batch", "8");
   c.set("data.seq_len", std::to_string(b[0].rows.seq_len));
