@@ -374,8 +374,8 @@ QLFT_API int32_t qlft_trainer_evaluate(qlft_trainer* trainer, qlft_dataset* data
 
 /* format: "peft" (a directory with adapter_model.safetensors + adapter_config.json),
  * "gguf" (a llama.cpp LoRA adapter file; QLFT_ERR_UNSUPPORTED, nothing written, for a DoRA
- * adapter: llama.cpp's format has no magnitude). Written atomically. With dist.zero3_shard_adapter on
- * several ranks every rank must call it: the adapter is gathered and rank 0 writes it. */
+ * adapter: llama.cpp's format has no magnitude). Written atomically. With dist.zero3_shard_adapter
+ * on several ranks every rank must call it: the adapter is gathered and rank 0 writes it. */
 QLFT_API int32_t qlft_trainer_save_adapter(qlft_trainer* trainer, const char* path,
                                            const char* format);
 /* Loads a PEFT adapter directory (its r, alpha and targets must match the trainer's). With

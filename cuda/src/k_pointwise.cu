@@ -53,27 +53,45 @@ __global__ void __launch_bounds__(256)
     dx[off + c] += rmsnorm_bwd_elem(x[off + c], w[c], dy[off + c], r, coef);
 }
 
+// Element t of the RoPE kernels' (row, pair, head) walk: its row, the offset of its head in the
+// row, the pair's two columns in the head, and the rotation (cos, sin) of its position.
+struct RopePair {
+  int64_t row, head_off;
+  int a, b;
+  float c, s;
+};
+__device__ inline RopePair rope_pair(int64_t t, const int32_t* pos, const float* inv_freq,
+                                     float scale, int n_heads, int head_dim, bool adjacent,
+                                     bool inverse) {
+  const int half = head_dim / 2;
+  RopePair p;
+  const int h = int(t % n_heads);
+  const int i = int((t / n_heads) % half);
+  p.row = t / (int64_t(n_heads) * half);
+  p.head_off = int64_t(h) * head_dim;
+  const float ang = rope_angle(pos[p.row], inv_freq[i]);
+  // times the table's scale (yarn's attention factor), as the CPU's RopeTable
+  p.c = cosf(ang) * scale;
+  p.s = sinf(ang) * scale;
+  if (inverse) p.s = -p.s;
+  p.a = adjacent ? 2 * i : i;
+  p.b = adjacent ? 2 * i + 1 : i + half;
+  return p;
+}
+
 // One thread per (row, pair, head).
 __global__ void __launch_bounds__(256)
     k_rope(float* x, int64_t ld, const int32_t* pos, const float* inv_freq, float scale,
            int64_t rows, int n_heads, int head_dim, bool adjacent, bool inverse) {
-  const int half = head_dim / 2;
-  const int64_t total = rows * half * n_heads;
+  const int64_t total = rows * (head_dim / 2) * n_heads;
   for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < total;
        t += int64_t(gridDim.x) * blockDim.x) {
-    const int h = int(t % n_heads);
-    const int i = int((t / n_heads) % half);
-    const int64_t row = t / (int64_t(n_heads) * half);
-    const float ang = rope_angle(pos[row], inv_freq[i]);
-    // times the table's scale (yarn's attention factor), as the CPU's RopeTable
-    float c = cosf(ang) * scale, s = sinf(ang) * scale;
-    if (inverse) s = -s;
-    const int a = adjacent ? 2 * i : i, b = adjacent ? 2 * i + 1 : i + half;
-    float* xh = x + row * ld + int64_t(h) * head_dim;
-    float va = xh[a], vb = xh[b];
-    rope_rotate_pair(va, vb, c, s);
-    xh[a] = va;
-    xh[b] = vb;
+    const RopePair p = rope_pair(t, pos, inv_freq, scale, n_heads, head_dim, adjacent, inverse);
+    float* xh = x + p.row * ld + p.head_off;
+    float va = xh[p.a], vb = xh[p.b];
+    rope_rotate_pair(va, vb, p.c, p.s);
+    xh[p.a] = va;
+    xh[p.b] = vb;
   }
 }
 
@@ -83,23 +101,16 @@ __global__ void __launch_bounds__(256)
     k_rope16(const float* x, int64_t ld, uint16_t* x16, int64_t ld16, const int32_t* pos,
              const float* inv_freq, float scale, int64_t rows, int n_heads, int head_dim,
              bool adjacent, bool inverse) {
-  const int half = head_dim / 2;
-  const int64_t total = rows * half * n_heads;
+  const int64_t total = rows * (head_dim / 2) * n_heads;
   for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < total;
        t += int64_t(gridDim.x) * blockDim.x) {
-    const int h = int(t % n_heads);
-    const int i = int((t / n_heads) % half);
-    const int64_t row = t / (int64_t(n_heads) * half);
-    const float ang = rope_angle(pos[row], inv_freq[i]);
-    float c = cosf(ang) * scale, s = sinf(ang) * scale;
-    if (inverse) s = -s;
-    const int a = adjacent ? 2 * i : i, b = adjacent ? 2 * i + 1 : i + half;
-    const float* xh = x + row * ld + int64_t(h) * head_dim;
-    uint16_t* yh = x16 + row * ld16 + int64_t(h) * head_dim;
-    float va = xh[a], vb = xh[b];
-    rope_rotate_pair(va, vb, c, s);
-    yh[a] = f32_to_bf16(va);
-    yh[b] = f32_to_bf16(vb);
+    const RopePair p = rope_pair(t, pos, inv_freq, scale, n_heads, head_dim, adjacent, inverse);
+    const float* xh = x + p.row * ld + p.head_off;
+    uint16_t* yh = x16 + p.row * ld16 + p.head_off;
+    float va = xh[p.a], vb = xh[p.b];
+    rope_rotate_pair(va, vb, p.c, p.s);
+    yh[p.a] = f32_to_bf16(va);
+    yh[p.b] = f32_to_bf16(vb);
   }
 }
 
