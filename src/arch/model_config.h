@@ -33,9 +33,27 @@ struct RopeScaling {
   bool scaled() const { return type != RopeType::Default || !freq_divisors.empty(); }
 };
 
-struct ModelConfig {
-  std::string arch;  // "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text"
-  int n_layers = 0, dim = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, ffn_dim = 0, vocab = 0;
+// Attention's head geometry: n_heads query heads of head_dim share n_kv_heads key / value heads
+// (GQA: query head h reads KV head h / group()). q is [rows, q_dim()], k and v [rows, kv_dim()].
+struct HeadGeometry {
+  int n_heads = 1, n_kv_heads = 1, head_dim = 1;
+  // In 64 bits: products of them with row counts pass 2^31.
+  int64_t q_dim() const { return int64_t{1} * n_heads * head_dim; }
+  int64_t kv_dim() const { return int64_t{1} * n_kv_heads * head_dim; }
+  int group() const { return n_heads / n_kv_heads; }
+  bool operator==(const HeadGeometry&) const = default;
+};
+
+// A model's dimensions: its head geometry, depth, width, MLP width and vocabulary. ModelConfig
+// states them and ModelShapes (arch/model_shapes.h) carries the same struct, so each lives in
+// one place.
+struct ModelDims : HeadGeometry {
+  int n_layers = 0, dim = 0, ffn_dim = 0, vocab = 0;
+  bool operator==(const ModelDims&) const = default;
+};
+
+struct ModelConfig : ModelDims {
+  std::string arch;        // "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text"
   int context_length = 0;  // max_position_embeddings (dynamic NTK scales beyond it)
   float rope_theta = 10000.f, rms_eps = 1e-5f;
   RopeScaling rope;  // RoPE scaling (model/rope_scaling.h); rope_freqs() makes the table

@@ -4,14 +4,8 @@ namespace qlft {
 
 ModelShapes model_shapes(const ModelConfig& c) {
   ModelShapes s;
+  static_cast<ModelDims&>(s) = c;
   s.arch = c.arch;
-  s.n_heads = c.n_heads;
-  s.n_kv_heads = c.n_kv_heads;
-  s.head_dim = c.head_dim;
-  s.n_layers = c.n_layers;
-  s.dim = c.dim;
-  s.ffn_dim = c.ffn_dim;
-  s.vocab = c.vocab;
   s.tied_head = c.tied_embeddings;
   s.qk_adjacent = c.rope_adjacent;
   // Llama's layer (mistral, qwen2 and qwen3 alike; qwen2 adds q/k/v biases, qwen3 q/k norms): the

@@ -16,17 +16,6 @@
 
 namespace qlft {
 
-// Attention's head geometry: n_heads query heads of head_dim share n_kv_heads key / value heads
-// (GQA: query head h reads KV head h / group()). q is [rows, q_dim()], k and v [rows, kv_dim()].
-struct HeadGeometry {
-  int n_heads = 1, n_kv_heads = 1, head_dim = 1;
-  // In 64 bits: products of them with row counts pass 2^31.
-  int64_t q_dim() const { return int64_t{1} * n_heads * head_dim; }
-  int64_t kv_dim() const { return int64_t{1} * n_kv_heads * head_dim; }
-  int group() const { return n_heads / n_kv_heads; }
-  bool operator==(const HeadGeometry&) const = default;
-};
-
 // A linear projection's weight [out, in] (y = x W^T).
 struct ProjShape {
   int64_t out = 0, in = 0;
@@ -47,9 +36,9 @@ struct LayerShapes {
   bool operator==(const LayerShapes&) const = default;
 };
 
-struct ModelShapes : HeadGeometry {
-  std::string arch;  // the family whose row made the table (ModelConfig::arch)
-  int n_layers = 0, dim = 0, ffn_dim = 0, vocab = 0;
+// ModelDims: the config's dimensions as the file states them (heads, layers, widths, vocab).
+struct ModelShapes : ModelDims {
+  std::string arch;        // the family whose row made the table (ModelConfig::arch)
   bool tied_head = false;  // the output head is the token embedding [vocab, dim]
   // q/k rows in GGUF llama order (RoPE on adjacent pairs) rather than Hugging Face's
   // rotate-half order (ModelConfig::rope_adjacent): LoRA and export permute q/k rows by it.
