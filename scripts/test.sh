@@ -56,7 +56,7 @@ cmake -S . -B "$build-cuda-emu" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQLF
 # dist_worker: the backend=cuda training scripts (NCCL ranks, offload) run it.
 # qlft-finetune and the fake plugin: cuda_plugin_absent (the CLI with the plugin beside libqlft,
 # and without the CUDA libraries).
-emu_tests="test_cuda_emulator dist_worker qlft-finetune qlft_fake_cuda_plugin $(cd tests/cuda && ls test_cuda_*.cpp | sed 's/\.cpp$//' | tr '\n' ' ')"
+emu_tests="test_cuda_emulator test_cuda_graph test_cuda_wmma dist_worker qlft-finetune qlft_fake_cuda_plugin $(cd tests/cuda && ls test_cuda_*.cpp | sed 's/\.cpp$//' | tr '\n' ' ')"
 # The emulated NCCL communicator's mpirun worker exists where MPI does (with the MPI plugin it uses).
 # (grep without -q: see the CUDA build's test above; a SIGPIPE dropped the worker in one CI run.)
 if ninja -C "$build-cuda-emu" -t targets all 2>/dev/null | grep '^nccl_emu_worker:' >/dev/null; then

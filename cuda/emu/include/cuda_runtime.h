@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <tuple>
 #include <utility>
 
@@ -26,11 +27,20 @@ enum cudaError_t {
   cudaErrorNoDevice = 100,
   cudaErrorInvalidDevice = 101,
   cudaErrorInvalidResourceHandle = 400,
+  cudaErrorIllegalState = 401,
   cudaErrorNotReady = 600,
   cudaErrorIllegalAddress = 700,
   cudaErrorLaunchOutOfResources = 701,
   cudaErrorLaunchFailure = 719,
   cudaErrorNotSupported = 801,
+  cudaErrorStreamCaptureUnsupported = 900,
+  cudaErrorStreamCaptureInvalidated = 901,
+  cudaErrorStreamCaptureUnmatched = 903,
+  cudaErrorStreamCaptureUnjoined = 904,
+  cudaErrorStreamCaptureIsolation = 905,
+  cudaErrorStreamCaptureImplicit = 906,
+  cudaErrorCapturedEvent = 907,
+  cudaErrorStreamCaptureWrongThread = 908,
   cudaErrorUnknown = 999
 };
 typedef cudaError_t cudaError;
@@ -92,6 +102,24 @@ struct qlft_emu_stream;
 struct qlft_emu_event;
 typedef qlft_emu_stream* cudaStream_t;
 typedef qlft_emu_event* cudaEvent_t;
+
+// Stream capture and graphs (cuda/emu/src/graph.cpp).
+enum cudaStreamCaptureStatus {
+  cudaStreamCaptureStatusNone = 0,
+  cudaStreamCaptureStatusActive = 1,
+  cudaStreamCaptureStatusInvalidated = 2
+};
+enum cudaStreamCaptureMode {
+  cudaStreamCaptureModeGlobal = 0,
+  cudaStreamCaptureModeThreadLocal = 1,
+  cudaStreamCaptureModeRelaxed = 2
+};
+struct qlft_emu_graph;
+struct qlft_emu_graph_exec;
+struct qlft_emu_graph_node;
+typedef qlft_emu_graph* cudaGraph_t;
+typedef qlft_emu_graph_exec* cudaGraphExec_t;
+typedef qlft_emu_graph_node* cudaGraphNode_t;
 
 struct cudaDeviceProp {
   char name[256];
@@ -168,6 +196,16 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaEventQuery(cudaEvent_t e);
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph);
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* status);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph,
+                                 unsigned long long flags = 0);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);
+// nodes == nullptr: *count = the graph's node count.
+cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t* nodes, size_t* count);
 // The kernel's mangled name (CUDA 12.3+; the emulator reads it from the symbol table).
 cudaError_t cudaFuncGetName(const char** name, const void* func);
 
@@ -180,8 +218,10 @@ cudaError_t func_get_attributes(cudaFuncAttributes* attr, const void* f);
 void set_schedule(const char* order, uint64_t seed);
 // What the runtime was asked to do, per stream (nullptr: the default stream), since the process
 // started (api_counts.cpp): the count that tests hold the backend's launch counting against.
+// Work recorded into a stream capture counts on the capturing stream (the host submitted it);
+// a graph launch counts once in `graphs`, and the work it replays is not counted again.
 struct StreamCounts {
-  uint64_t kernels = 0, matmuls = 0, memcpys = 0, memsets = 0;
+  uint64_t kernels = 0, matmuls = 0, memcpys = 0, memsets = 0, graphs = 0;
 };
 std::map<cudaStream_t, StreamCounts> stream_counts();
 std::map<const void*, uint64_t> kernel_counts();  // kernel launches by kernel (all streams)
@@ -192,12 +232,14 @@ void run_grid(const void* f, dim3 grid, dim3 block, size_t smem, cudaStream_t s,
 
 // The emulated kernel<<<grid, block, smem, stream>>>(args...): arguments are converted to the
 // kernel's parameter types once, by value, as the real launch copies them.
+// The body owns the converted arguments, so a launch recorded into a stream capture replays
+// them as they were when it was captured (a graph's kernel node holds its parameters by value).
 template <class... Params, class... Args>
 void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
             Args&&... args) {
-  std::tuple<std::decay_t<Params>...> p(std::forward<Args>(args)...);
+  auto p = std::make_shared<std::tuple<std::decay_t<Params>...>>(std::forward<Args>(args)...);
   run_grid(reinterpret_cast<const void*>(kernel), grid, block, smem, s,
-           [&] { std::apply(kernel, p); });
+           [kernel, p] { std::apply(kernel, *p); });
 }
 
 }  // namespace qlft_emu

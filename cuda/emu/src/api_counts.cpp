@@ -23,6 +23,7 @@ All& all() {
 }  // namespace
 
 void count_api(cudaStream_t s, Api a, const void* kernel) {
+  if (a == Api::Event || replaying()) return;  // a replay's work was counted when captured
   All& x = all();
   std::lock_guard<std::mutex> g(x.m);
   StreamCounts& c = x.streams[s];
@@ -39,6 +40,11 @@ void count_api(cudaStream_t s, Api a, const void* kernel) {
       break;
     case Api::Memset:
       ++c.memsets;
+      break;
+    case Api::Graph:
+      ++c.graphs;
+      break;
+    case Api::Event:
       break;
   }
 }

@@ -310,6 +310,20 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
                       (ed.empty() ? "ok" : ed));
   if (workspace_bytes > 0 && !qlft_emu::check_device_range(workspace, workspace_bytes).empty())
     return refuse(CUBLAS_STATUS_INVALID_VALUE, "workspace is not a live device range");
+  // Under capture the matmul is recorded with copies of its descriptors and of alpha / beta
+  // (host scalars, read when the call is made), re-issued on the replaying stream.
+  cudaError_t ce = cudaSuccess;
+  const float cap_al = *static_cast<const float*>(alpha), cap_be = *static_cast<const float*>(beta);
+  if (qlft_emu::captured(
+          stream, qlft_emu::Api::Matmul, nullptr,
+          [h, o = *op, a = *Ad, b = *Bd, c = Cd ? *Cd : *Dd, d = *Dd, cap_al, cap_be, A, B, C, D,
+           workspace, workspace_bytes](cudaStream_t r) mutable {
+            const cublasStatus_t st = cublasLtMatmul(h, &o, &cap_al, A, &a, B, &b, &cap_be, C, &c,
+                                                     D, &d, nullptr, workspace, workspace_bytes, r);
+            return st == CUBLAS_STATUS_SUCCESS ? cudaSuccess : cudaErrorLaunchFailure;
+          },
+          &ce))
+    return ce == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
   qlft_emu::count_api(stream, qlft_emu::Api::Matmul);
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
   qlft_emu::DeviceOpen open;

@@ -346,6 +346,7 @@ using namespace qlft_emu;
 
 cudaError_t cudaMalloc(void** p, size_t bytes) {
   if (!p) return ret(cudaErrorInvalidValue);
+  if (const cudaError_t e = unsafe_call("cudaMalloc")) return e;
   std::lock_guard<std::recursive_mutex> g(device_lock());
   install_handler();
   Arena& a = arena();
@@ -376,6 +377,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
 
 cudaError_t cudaFree(void* p) {
   if (!p) return cudaSuccess;
+  if (const cudaError_t e = unsafe_call("cudaFree")) return e;
   std::lock_guard<std::recursive_mutex> g(device_lock());
   Arena& a = arena();
   const uintptr_t x = reinterpret_cast<uintptr_t>(p);
@@ -405,6 +407,7 @@ cudaError_t cudaFree(void* p) {
 cudaError_t cudaMallocManaged(void** p, size_t bytes, unsigned flags) {
   if (!p || (flags != cudaMemAttachGlobal && flags != cudaMemAttachHost))
     return ret(cudaErrorInvalidValue);
+  if (const cudaError_t e = unsafe_call("cudaMallocManaged")) return e;
   std::lock_guard<std::recursive_mutex> g(device_lock());
   *p = nullptr;
   if (bytes == 0) return ret(cudaErrorInvalidValue);
@@ -443,8 +446,14 @@ cudaError_t cudaMemPrefetchAsync(const void* p, size_t bytes, cudaMemLocation lo
   if (loc.type != cudaMemLocationTypeDevice && loc.type != cudaMemLocationTypeHost)
     return ret(cudaErrorInvalidValue);
   // Count what moves: the pages of [p, p + bytes) not yet where they are sent (a page counts
-  // whole, clipped to the allocation), as the driver migrates whole pages.
+  // whole, clipped to the allocation), as the driver migrates whole pages. A graph's prefetch
+  // node moves them at each replay.
   std::lock_guard<std::recursive_mutex> g(device_lock());
+  cudaError_t ce = cudaSuccess;
+  if (captured(
+          s, Api::Event, nullptr,
+          [=](cudaStream_t r) { return cudaMemPrefetchAsync(p, bytes, loc, flags, r); }, &ce))
+    return ce;
   Arena& a = arena();
   const uintptr_t x = reinterpret_cast<uintptr_t>(p);
   auto it = a.managed.upper_bound(x);
@@ -475,6 +484,11 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   if (bytes == 0) return cudaSuccess;
   if (!stream_is_valid(s)) return ret(cudaErrorInvalidResourceHandle);
   std::lock_guard<std::recursive_mutex> g(device_lock());
+  cudaError_t ce = cudaSuccess;
+  if (captured(
+          s, Api::Memcpy, nullptr,
+          [=](cudaStream_t r) { return cudaMemcpyAsync(dst, src, bytes, kind, r); }, &ce))
+    return ce;
   const cudaError_t e = copy_check(dst, bytes, src, bytes, kind);
   if (e != cudaSuccess) return e;
   RangeOpen open(dst, src);
@@ -484,6 +498,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  if (const cudaError_t e = unsafe_call("cudaMemcpy")) return e;
   return cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
 }
 
@@ -493,6 +508,14 @@ cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t 
   if (width > dpitch || width > spitch) return ret(cudaErrorInvalidValue);
   if (!stream_is_valid(s)) return ret(cudaErrorInvalidResourceHandle);
   std::lock_guard<std::recursive_mutex> g(device_lock());
+  cudaError_t ce = cudaSuccess;
+  if (captured(
+          s, Api::Memcpy, nullptr,
+          [=](cudaStream_t r) {
+            return cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, kind, r);
+          },
+          &ce))
+    return ce;
   const cudaError_t e =
       copy_check(dst, dpitch * (height - 1) + width, src, spitch * (height - 1) + width, kind);
   if (e != cudaSuccess) return e;
@@ -508,6 +531,11 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s) {
   if (bytes == 0) return cudaSuccess;
   if (!stream_is_valid(s)) return ret(cudaErrorInvalidResourceHandle);
   std::lock_guard<std::recursive_mutex> g(device_lock());
+  cudaError_t ce = cudaSuccess;
+  if (captured(
+          s, Api::Memset, nullptr,
+          [=](cudaStream_t r) { return cudaMemsetAsync(p, value, bytes, r); }, &ce))
+    return ce;
   if (!on_device(p, bytes)) {
     report(cudaErrorInvalidValue, "cudaMemset: " + check_device_range(p, bytes));
     return cudaErrorInvalidValue;
@@ -519,6 +547,7 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s) {
 }
 
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
+  if (const cudaError_t e = unsafe_call("cudaMemset")) return e;
   return cudaMemsetAsync(p, value, bytes, nullptr);
 }
 
@@ -528,6 +557,12 @@ cudaError_t cudaMemset2DAsync(void* p, size_t pitch, int value, size_t width, si
   if (width > pitch) return ret(cudaErrorInvalidValue);
   if (!stream_is_valid(s)) return ret(cudaErrorInvalidResourceHandle);
   std::lock_guard<std::recursive_mutex> g(device_lock());
+  cudaError_t ce = cudaSuccess;
+  if (captured(
+          s, Api::Memset, nullptr,
+          [=](cudaStream_t r) { return cudaMemset2DAsync(p, pitch, value, width, height, r); },
+          &ce))
+    return ce;
   const size_t extent = pitch * (height - 1) + width;
   if (!on_device(p, extent)) {
     report(cudaErrorInvalidValue, "cudaMemset2D: " + check_device_range(p, extent));

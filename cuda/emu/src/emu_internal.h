@@ -4,10 +4,26 @@
 
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
+
+// A stream and an event (runtime.cpp), with what stream capture (graph.cpp) keeps on them.
+struct qlft_emu_stream {
+  unsigned flags;
+  uint64_t capture = 0;   // the id of the capture this stream records into (0: none)
+  uint64_t cap_work = 0;  // nodes it recorded in that capture
+};
+struct qlft_emu_event {
+  std::chrono::steady_clock::time_point t{};
+  bool recorded = false;
+  uint64_t capture = 0;               // recorded into this capture (0: eagerly, or never)
+  cudaStream_t cap_stream = nullptr;  // ... on this stream, after its first cap_work nodes
+  uint64_t cap_work = 0;
+};
 
 namespace qlft_emu {
 
@@ -50,8 +66,31 @@ std::string schedule_description();
 int device_count();  // QLFT_EMU_DEVICE_COUNT, default 1
 
 // Counts work the runtime accepted (api_counts.cpp; read with stream_counts / kernel_counts).
-enum class Api { Kernel, Matmul, Memcpy, Memset };
+// Not counted while a graph replays (graph.cpp's replaying()); Event is never counted.
+enum class Api { Kernel, Matmul, Memcpy, Memset, Graph, Event };
 void count_api(cudaStream_t s, Api a, const void* kernel = nullptr);
+
+// Stream capture (graph.cpp). Every asynchronous call asks `captured` before it runs: when `s`
+// records into a capture, `op` (the same call re-issued on the stream a graph launch names) is
+// appended to the capture's graph and counted, and *e is cudaSuccess; a stream whose capture
+// was invalidated answers cudaErrorStreamCaptureInvalidated; work on the legacy stream while a
+// blocking stream captures invalidates that capture (cudaErrorStreamCaptureImplicit). Returns
+// false when the call should run now (no capture, or a graph replaying it).
+using GraphOp = std::function<cudaError_t(cudaStream_t)>;
+bool captured(cudaStream_t s, Api a, const void* kernel, GraphOp op, cudaError_t* e);
+// A call CUDA forbids during a capture in global or thread-local mode (synchronous copies and
+// fills, cudaMalloc / cudaFree): cudaErrorStreamCaptureUnsupported, and such captures are
+// invalidated; cudaSuccess when allowed.
+cudaError_t unsafe_call(const char* what);
+// cudaStreamSynchronize / cudaStreamQuery on a capturing stream, cudaDeviceSynchronize during
+// any capture: the same error and invalidation.
+cudaError_t sync_during_capture(cudaStream_t s, const char* what);
+bool replaying();  // a graph launch is re-issuing its recorded calls on this thread
+// Event record / wait under capture (runtime.cpp calls these first); false: proceed eagerly.
+bool capture_event_record(cudaEvent_t e, cudaStream_t s, cudaError_t* err);
+bool capture_stream_wait(cudaStream_t s, cudaEvent_t e, cudaError_t* err);
+void capture_stream_destroyed(cudaStream_t s);
+bool capture_active(uint64_t id);  // a capture begun and not yet ended (0: none)
 
 // The (mangled) name of the function or object symbol covering `p` and the offset into it, or
 // nullptr (symbols.cpp: read from the .symtab of the object holding `p`).

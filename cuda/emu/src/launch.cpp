@@ -486,6 +486,15 @@ void run_grid(const void* f, dim3 grid, dim3 block, size_t smem, cudaStream_t s,
     return report(cudaErrorInvalidConfiguration,
                   "the static __shared__ variables exceed 48 KiB: " + std::to_string(stat));
 
+  cudaError_t ce = cudaSuccess;  // recorded: replayed with the arguments `body` owns
+  if (captured(
+          s, Api::Kernel, f,
+          [=](cudaStream_t r) {
+            run_grid(f, grid, block, smem, r, body);
+            return cudaPeekAtLastError();
+          },
+          &ce))
+    return;
   count_api(s, Api::Kernel, f);
   static Grid* gp = new Grid;
   Grid& g = *gp;

@@ -8,14 +8,6 @@
 
 #include "emu_internal.h"
 
-struct qlft_emu_stream {
-  unsigned flags;
-};
-struct qlft_emu_event {
-  std::chrono::steady_clock::time_point t{};
-  bool recorded = false;
-};
-
 namespace qlft_emu {
 
 namespace {
@@ -154,7 +146,7 @@ cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr a, int d) {
 }
 
 cudaError_t cudaDeviceSynchronize() {
-  return cudaSuccess;
+  return sync_during_capture(nullptr, "cudaDeviceSynchronize");
 }
 
 cudaError_t cudaGetLastError() {
@@ -181,11 +173,20 @@ const char* cudaGetErrorName(cudaError_t e) {
     QLFT_EMU_NAME(cudaErrorNoDevice)
     QLFT_EMU_NAME(cudaErrorInvalidDevice)
     QLFT_EMU_NAME(cudaErrorInvalidResourceHandle)
+    QLFT_EMU_NAME(cudaErrorIllegalState)
     QLFT_EMU_NAME(cudaErrorNotReady)
     QLFT_EMU_NAME(cudaErrorIllegalAddress)
     QLFT_EMU_NAME(cudaErrorLaunchOutOfResources)
     QLFT_EMU_NAME(cudaErrorLaunchFailure)
     QLFT_EMU_NAME(cudaErrorNotSupported)
+    QLFT_EMU_NAME(cudaErrorStreamCaptureUnsupported)
+    QLFT_EMU_NAME(cudaErrorStreamCaptureInvalidated)
+    QLFT_EMU_NAME(cudaErrorStreamCaptureUnmatched)
+    QLFT_EMU_NAME(cudaErrorStreamCaptureUnjoined)
+    QLFT_EMU_NAME(cudaErrorStreamCaptureIsolation)
+    QLFT_EMU_NAME(cudaErrorStreamCaptureImplicit)
+    QLFT_EMU_NAME(cudaErrorCapturedEvent)
+    QLFT_EMU_NAME(cudaErrorStreamCaptureWrongThread)
     QLFT_EMU_NAME(cudaErrorUnknown)
 #undef QLFT_EMU_NAME
   }
@@ -224,6 +225,24 @@ const char* cudaGetErrorString(cudaError_t e) {
       return "unspecified launch failure";
     case cudaErrorNotSupported:
       return "operation not supported";
+    case cudaErrorIllegalState:
+      return "the operation is not permitted in the current state";
+    case cudaErrorStreamCaptureUnsupported:
+      return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated:
+      return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureUnmatched:
+      return "capture was not initiated in this stream";
+    case cudaErrorStreamCaptureUnjoined:
+      return "capturing stream has unjoined work";
+    case cudaErrorStreamCaptureIsolation:
+      return "dependency created on uncaptured work in another stream";
+    case cudaErrorStreamCaptureImplicit:
+      return "operation would make the legacy stream depend on a capturing blocking stream";
+    case cudaErrorCapturedEvent:
+      return "operation not permitted on an event last recorded in a capturing stream";
+    case cudaErrorStreamCaptureWrongThread:
+      return "attempt to terminate a thread-local capture sequence from another thread";
     case cudaErrorUnknown:
       return "unknown error";
   }
@@ -233,7 +252,7 @@ const char* cudaGetErrorString(cudaError_t e) {
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
   if (!s || (flags & ~1u)) return ret(cudaErrorInvalidValue);
   std::lock_guard<std::recursive_mutex> g(device_lock());
-  *s = new qlft_emu_stream{flags};
+  *s = new qlft_emu_stream{flags, 0, 0};
   streams().insert(*s);
   return cudaSuccess;
 }
@@ -243,17 +262,23 @@ cudaError_t cudaStreamCreate(cudaStream_t* s) {
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
   std::lock_guard<std::recursive_mutex> g(device_lock());
   if (!s || !streams().erase(s)) return ret(cudaErrorInvalidResourceHandle);
+  capture_stream_destroyed(s);
   delete s;
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-  return valid_stream(s) ? cudaSuccess : ret(cudaErrorInvalidResourceHandle);
+  if (!valid_stream(s)) return ret(cudaErrorInvalidResourceHandle);
+  return sync_during_capture(s, "cudaStreamSynchronize");
 }
 cudaError_t cudaStreamQuery(cudaStream_t s) {
-  return valid_stream(s) ? cudaSuccess : ret(cudaErrorInvalidResourceHandle);
+  if (!valid_stream(s)) return ret(cudaErrorInvalidResourceHandle);
+  return sync_during_capture(s, "cudaStreamQuery");
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
-  return valid_stream(s) && e ? cudaSuccess : ret(cudaErrorInvalidResourceHandle);
+  if (!valid_stream(s) || !e) return ret(cudaErrorInvalidResourceHandle);
+  cudaError_t err = cudaSuccess;
+  if (capture_stream_wait(s, e, &err)) return err == cudaSuccess ? err : ret(err);
+  return cudaSuccess;
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) {
   if (!e) return ret(cudaErrorInvalidValue);
@@ -270,15 +295,21 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   if (!e || !valid_stream(s)) return ret(cudaErrorInvalidResourceHandle);
+  cudaError_t err = cudaSuccess;
+  if (capture_event_record(e, s, &err)) return err == cudaSuccess ? err : ret(err);
   e->t = std::chrono::steady_clock::now();
   e->recorded = true;
+  e->capture = 0;
   return cudaSuccess;
 }
+// An event last recorded into a capture that is still open has no completion to wait for.
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
-  return e ? cudaSuccess : ret(cudaErrorInvalidResourceHandle);
+  if (!e) return ret(cudaErrorInvalidResourceHandle);
+  return capture_active(e->capture) ? ret(cudaErrorCapturedEvent) : cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t e) {
-  return e ? cudaSuccess : ret(cudaErrorInvalidResourceHandle);
+  if (!e) return ret(cudaErrorInvalidResourceHandle);
+  return capture_active(e->capture) ? ret(cudaErrorCapturedEvent) : cudaSuccess;
 }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
   if (!ms) return ret(cudaErrorInvalidValue);
