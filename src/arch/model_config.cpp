@@ -2,24 +2,15 @@
 
 #include <cmath>
 
+#include "core/enum_names.h"
 #include "core/error.h"
 
 namespace qlft {
 
 const char* rope_type_name(RopeType t) {
-  switch (t) {
-    case RopeType::Default:
-      return "default";
-    case RopeType::Linear:
-      return "linear";
-    case RopeType::Dynamic:
-      return "dynamic";
-    case RopeType::Llama3:
-      return "llama3";
-    case RopeType::Yarn:
-      return "yarn";
-  }
-  return "?";
+  // transformers' rope_type strings.
+  static const char* const names[] = {"default", "linear", "dynamic", "llama3", "yarn"};
+  return enum_name(names, t);
 }
 
 void check_model_config(const ModelConfig& c, const std::string& path) {

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "core/enum_names.h"
 #include "core/error.h"
 #include "core/memory.h"
 
@@ -324,23 +325,8 @@ const KeyDef* find_key(const std::string& name) {
 }
 
 const char* key_type_name(KeyType t) {
-  switch (t) {
-    case KeyType::Int:
-      return "int";
-    case KeyType::Float:
-      return "float";
-    case KeyType::Bool:
-      return "bool";
-    case KeyType::String:
-      return "string";
-    case KeyType::Enum:
-      return "enum";
-    case KeyType::Size:
-      return "size";
-    case KeyType::List:
-      return "list";
-  }
-  return "?";
+  static const char* const names[] = {"int", "float", "bool", "string", "enum", "size", "list"};
+  return enum_name(names, t);
 }
 
 std::string key_allowed(const KeyDef& k) {

@@ -1,9 +1,11 @@
 // parse_run_spec: the one place a setting's string value becomes the value its consumer uses.
 #include "config/run_spec.h"
 
+#include <initializer_list>
 #include <iterator>
 
 #include "config/config.h"
+#include "core/enum_names.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -26,12 +28,6 @@ const char* const kTemplateNames[] = {"auto",   "none",    "chatml", "llama3",
                                       "llama2", "mistral", "alpaca"};
 const char* const kTrainOnNames[] = {"completion", "all"};
 const char* const kOverflowNames[] = {"split", "truncate", "reject"};
-
-template <class E, size_t N>
-const char* name_in(const char* const (&names)[N], E v) {
-  const size_t i = static_cast<size_t>(v);
-  return i < N ? names[i] : "?";
-}
 
 // The enum value of key `key` (already validated against the key table's choices; a choice
 // missing from `names` is a table/enum mismatch, reported naming the key).
@@ -99,16 +95,31 @@ DataSpec parse_data(const Config& c) {
   return s;
 }
 
+// A float key and the double field of spec S it fills: parse_optim and parse_pref bind their
+// many real-valued keys as one list each instead of one assignment a key.
+template <class S>
+struct FloatKey {
+  const char* key;
+  double S::*field;
+};
+
+template <class S>
+void read_floats(const Config& c, S& s, std::initializer_list<FloatKey<S>> keys) {
+  for (const FloatKey<S>& k : keys) s.*k.field = c.get_float(k.key);
+}
+
 OptimSpec parse_optim(const Config& c) {
-  OptimSpec s;
+  using O = OptimSpec;
+  O s;
   s.kind = pick<OptimizerKind>(c, "optim.name", kOptimizerNames);
-  s.lr = c.get_float("optim.lr");
-  s.beta1 = c.get_float("optim.beta1");
-  s.beta2 = c.get_float("optim.beta2");
-  s.eps = c.get_float("optim.eps");
-  s.weight_decay = c.get_float("optim.weight_decay");
-  s.max_grad_norm = c.get_float("optim.max_grad_norm");
-  s.loraplus_lr_ratio = c.get_float("optim.loraplus_lr_ratio");
+  read_floats<O>(c, s,
+                 {{"optim.lr", &O::lr},
+                  {"optim.beta1", &O::beta1},
+                  {"optim.beta2", &O::beta2},
+                  {"optim.eps", &O::eps},
+                  {"optim.weight_decay", &O::weight_decay},
+                  {"optim.max_grad_norm", &O::max_grad_norm},
+                  {"optim.loraplus_lr_ratio", &O::loraplus_lr_ratio}});
   return s;
 }
 
@@ -129,12 +140,14 @@ DistSpec parse_dist(const Config& c) {
 PrefSpec parse_pref(const Config& c) {
   PrefSpec s;
   s.objective = pick<Objective>(c, "train.objective", kObjectiveNames);
-  s.beta = c.get_float("pref.beta");
-  s.label_smoothing = c.get_float("pref.label_smoothing");
-  s.simpo_gamma = c.get_float("pref.simpo_gamma");
-  s.cpo_alpha = c.get_float("pref.cpo_alpha");
-  s.desirable_weight = c.get_float("pref.desirable_weight");
-  s.undesirable_weight = c.get_float("pref.undesirable_weight");
+  using P = PrefSpec;
+  read_floats<P>(c, s,
+                 {{"pref.beta", &P::beta},
+                  {"pref.label_smoothing", &P::label_smoothing},
+                  {"pref.simpo_gamma", &P::simpo_gamma},
+                  {"pref.cpo_alpha", &P::cpo_alpha},
+                  {"pref.desirable_weight", &P::desirable_weight},
+                  {"pref.undesirable_weight", &P::undesirable_weight}});
   s.precompute_ref = c.get_bool("pref.precompute_ref");
   return s;
 }
@@ -166,9 +179,9 @@ TrainSpec parse_train(const Config& c) {
 }  // namespace
 
 // name_of for each enum: its spelling in the key table.
-#define QLFT_NAME_OF(E, names) \
-  const char* name_of(E v) {   \
-    return name_in(names, v);  \
+#define QLFT_NAME_OF(E, names)  \
+  const char* name_of(E v) {    \
+    return enum_name(names, v); \
   }
 QLFT_NAME_OF(BackendKind, kBackendNames)
 QLFT_NAME_OF(Precision, kPrecisionNames)
@@ -182,10 +195,10 @@ QLFT_NAME_OF(Objective, kObjectiveNames)
 #undef QLFT_NAME_OF
 
 const char* data::format_name(DataFormat f) {
-  return name_in(kFormatNames, f);
+  return enum_name(kFormatNames, f);
 }
 const char* data::template_name(TemplateKind t) {
-  return name_in(kTemplateNames, t);
+  return enum_name(kTemplateNames, t);
 }
 
 RunSpec parse_run_spec(const Config& c) {

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/dtype.h"
+#include "core/enum_names.h"
 #include "core/error.h"
 #include "quant/ggml_dequant.h"
 #include "quant/ggml_types.h"
@@ -14,21 +15,8 @@
 namespace qlft {
 
 const char* quant_kind_name(QuantKind k) {
-  switch (k) {
-    case QuantKind::F32:
-      return "f32";
-    case QuantKind::F16:
-      return "f16";
-    case QuantKind::BF16:
-      return "bf16";
-    case QuantKind::NF4:
-      return "nf4";
-    case QuantKind::INT8:
-      return "int8";
-    case QuantKind::GGML:
-      return "ggml";
-  }
-  return "?";
+  static const char* const names[] = {"f32", "f16", "bf16", "nf4", "int8", "ggml"};
+  return enum_name(names, k);
 }
 
 uint64_t QWeight::bytes() const {
