@@ -82,6 +82,45 @@ void refuse_reentry(const qlft_trainer* t, const char* fn) {
                       fn);
 }
 
+// The public stats of preference examples: records only.
+qlft_dataset_stats pref_stats(const qlft::PrefSet& p) {
+  qlft_dataset_stats f{};
+  f.records = p.examples.size();
+  f.dropped_records = p.dropped;
+  f.train_sequences = p.examples.size();
+  return f;
+}
+
+// Non-padding token slots over all slots of the packed or padded rows.
+double fill_ratio(const qlft::data::DataStats& s) {
+  const uint64_t slots = (s.train_rows + s.eval_rows) * static_cast<uint64_t>(s.seq_len);
+  return slots ? (s.train_fill * s.train_rows + s.eval_fill * s.eval_rows) /
+                     static_cast<double>(s.train_rows + s.eval_rows)
+               : 0.0;
+}
+
+qlft_dataset_stats data_stats(const qlft::data::DataStats& s) {
+  // Fixed-width buckets over [0, seq_len]; the last also takes longer records.
+  const uint32_t width =
+      s.seq_len > 0 ? (s.seq_len + QLFT_HISTOGRAM_BUCKETS - 1) / QLFT_HISTOGRAM_BUCKETS : 1;
+  qlft_dataset_stats f{.struct_size = sizeof(qlft_dataset_stats),
+                       .records = s.records_used,
+                       .dropped_records = s.records_dropped,
+                       .tokens = s.tokens,
+                       .trained_tokens = s.trained_tokens,
+                       .train_sequences = s.train_rows,
+                       .eval_sequences = s.eval_rows,
+                       .fill_ratio = fill_ratio(s),
+                       .histogram_bucket_width = width,
+                       .length_histogram = {}};
+  for (const auto& b : s.length_histogram) {
+    uint64_t idx = b.lo / width;
+    if (idx >= QLFT_HISTOGRAM_BUCKETS) idx = QLFT_HISTOGRAM_BUCKETS - 1;
+    f.length_histogram[idx] += b.count;
+  }
+  return f;
+}
+
 }  // namespace
 
 extern "C" {
@@ -119,38 +158,7 @@ int32_t qlft_dataset_get_stats(const qlft_dataset* dataset, qlft_dataset_stats* 
   return guard([&] {
     QLFT_CHECK_ARG(dataset, "qlft_dataset_get_stats: dataset is NULL");
     QLFT_CHECK_STRUCT("qlft_dataset_get_stats", out, qlft_dataset_stats);
-    if (dataset->pref) {  // preference examples: records only
-      qlft_dataset_stats f{};
-      f.struct_size = sizeof(f);
-      f.records = dataset->pref->examples.size();
-      f.dropped_records = dataset->pref->dropped;
-      f.train_sequences = dataset->pref->examples.size();
-      copy_out(f, out);
-      return;
-    }
-    const qlft::data::DataStats& s = dataset->data->stats();
-    qlft_dataset_stats f{};
-    f.struct_size = sizeof(f);
-    f.records = s.records_used;
-    f.dropped_records = s.records_dropped;
-    f.tokens = s.tokens;
-    f.trained_tokens = s.trained_tokens;
-    f.train_sequences = s.train_rows;
-    f.eval_sequences = s.eval_rows;
-    uint64_t slots = (s.train_rows + s.eval_rows) * static_cast<uint64_t>(s.seq_len);
-    f.fill_ratio = slots ? (s.train_fill * s.train_rows + s.eval_fill * s.eval_rows) /
-                               static_cast<double>(s.train_rows + s.eval_rows)
-                         : 0.0;
-    // Fixed-width buckets over [0, seq_len]; the last also takes longer records.
-    uint32_t width =
-        s.seq_len > 0 ? (s.seq_len + QLFT_HISTOGRAM_BUCKETS - 1) / QLFT_HISTOGRAM_BUCKETS : 1;
-    f.histogram_bucket_width = width;
-    for (const auto& b : s.length_histogram) {
-      uint64_t idx = b.lo / width;
-      if (idx >= QLFT_HISTOGRAM_BUCKETS) idx = QLFT_HISTOGRAM_BUCKETS - 1;
-      f.length_histogram[idx] += b.count;
-    }
-    copy_out(f, out);
+    copy_out(dataset->pref ? pref_stats(*dataset->pref) : data_stats(dataset->data->stats()), out);
   });
 }
 
