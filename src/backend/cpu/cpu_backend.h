@@ -277,6 +277,11 @@ class CpuBackend final : public Backend {
   // pass 1's, bit for bit).
   void cross_entropy_one_walk(const QWeight& head, CMatF h, const int32_t* targets,
                               int32_t ignore_index, float grad_scale, MatF dh, CrossEntropyRow* st);
+  // linear_cross_entropy's body, shared with the capped one: the checks, the per-row state, then
+  // the one walk (dh given and one_walk) or the two walks (stats; dlogits when dh is given).
+  double cross_entropy_loss(const QWeight& head, CMatF h, const int32_t* targets,
+                            int32_t ignore_index, float grad_scale, MatF dh, int64_t* count,
+                            bool one_walk);
 
   // A zeroed scratch buffer counted as workspace (throws QLFT_ERR_OUT_OF_MEMORY past the limit).
   Buffer workspace(size_t bytes, const char* what) const {

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_glu.h"
 #include "backend/op_checks.h"
 #include "core/error.h"
 #include "core/profile.h"
@@ -31,35 +32,22 @@ inline void gelu_tanh_and_grad(float x, float* g, float* dg) {
 
 void CpuBackend::geglu_fwd(CMatF gate, CMatF up, MatF out) {
   QLFT_PROFILE_SCOPE("geglu_fwd");
-  op_checks::same_shape(gate, up, "geglu_fwd", "gate", "up");
-  op_checks::same_shape(gate, out.as_const(), "geglu_fwd", "gate", "out");
-  const int64_t C = gate.cols;
-#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
-  for (int64_t i = 0; i < gate.rows; ++i) {
-    const float *g = gate.row(i), *u = up.row(i);
-    float* o = out.row(i);
+  glu_fwd_rows("geglu_fwd", gate, up, out, [](const float* g, const float* u, float* o, int64_t C) {
     for (int64_t j = 0; j < C; ++j) o[j] = gelu_tanh(g[j]) * u[j];
-  }
+  });
 }
 
 void CpuBackend::geglu_bwd(CMatF gate, CMatF up, CMatF dout, MatF dgate, MatF dup) {
   QLFT_PROFILE_SCOPE("geglu_bwd");
-  op_checks::same_shape(gate, up, "geglu_bwd", "gate", "up");
-  op_checks::same_shape(gate, dout, "geglu_bwd", "gate", "dout");
-  op_checks::same_shape(gate, dgate.as_const(), "geglu_bwd", "gate", "dgate");
-  op_checks::same_shape(gate, dup.as_const(), "geglu_bwd", "gate", "dup");
-  const int64_t C = gate.cols;
-#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
-  for (int64_t i = 0; i < gate.rows; ++i) {
-    const float *g = gate.row(i), *u = up.row(i), *d = dout.row(i);
-    float *dg = dgate.row(i), *du = dup.row(i);
-    for (int64_t j = 0; j < C; ++j) {
-      float a, da;
-      gelu_tanh_and_grad(g[j], &a, &da);
-      dg[j] = d[j] * u[j] * da;
-      du[j] = d[j] * a;
-    }
-  }
+  glu_bwd_rows("geglu_bwd", gate, up, dout, dgate, dup,
+               [](const float* g, const float* u, const float* d, float* dg, float* du, int64_t C) {
+                 for (int64_t j = 0; j < C; ++j) {
+                   float a, da;
+                   gelu_tanh_and_grad(g[j], &a, &da);
+                   dg[j] = d[j] * u[j] * da;
+                   du[j] = d[j] * a;
+                 }
+               });
 }
 
 void CpuBackend::softcap(MatF x, float cap) {
@@ -79,25 +67,14 @@ double CpuBackend::linear_cross_entropy_capped(const QWeight& head, CMatF h, con
   QLFT_PROFILE_SCOPE("linear_cross_entropy_capped");
   QLFT_CHECK_ARG(cap > 0 && std::isfinite(cap), "cross-entropy: cap %g must be finite and > 0",
                  static_cast<double>(cap));
-  const int64_t M = h.rows, V = head.rows;
-  op_checks::cross_entropy(head, h, dh.as_const());
-  op_checks::targets(targets, M, V, ignore_index);
   // The one walk adds the target's -1 to dh in closed form, which the cap's derivative breaks:
   // the two walks (stats, then each panel's dlogits) with each logit capped in place.
-  Buffer rows = workspace(size_t(M) * sizeof(CrossEntropyRow), "cross-entropy row stats");
-  Buffer lse = workspace(size_t(M) * 4, "cross-entropy row lse");
-  auto* st = rows.as<CrossEntropyRow>();
-  std::fill(st, st + M, CrossEntropyRow{});
   struct Reset {
     float& v;
     ~Reset() { v = 0.f; }
   } reset{ce_softcap_};
   ce_softcap_ = cap;
-  cross_entropy_stats(head, 0, V, h, targets, ignore_index, st);
-  const double loss = cross_entropy_finish(st, targets, M, ignore_index, lse.as<float>(), count);
-  if (dh.data && V > 0)
-    cross_entropy_grad(head, 0, V, h, targets, ignore_index, lse.as<float>(), grad_scale, dh);
-  return loss;
+  return cross_entropy_loss(head, h, targets, ignore_index, grad_scale, dh, count, false);
 }
 
 }  // namespace qlft::cpu

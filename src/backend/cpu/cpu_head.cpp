@@ -344,6 +344,12 @@ double CpuBackend::linear_cross_entropy(const QWeight& head, CMatF h, const int3
                                         int32_t ignore_index, float grad_scale, MatF dh,
                                         int64_t* count) {
   QLFT_PROFILE_SCOPE("linear_cross_entropy");
+  return cross_entropy_loss(head, h, targets, ignore_index, grad_scale, dh, count, true);
+}
+
+double CpuBackend::cross_entropy_loss(const QWeight& head, CMatF h, const int32_t* targets,
+                                      int32_t ignore_index, float grad_scale, MatF dh,
+                                      int64_t* count, bool one_walk) {
   const int64_t M = h.rows, V = head.rows;
   op_checks::cross_entropy(head, h, dh.as_const());
   op_checks::targets(targets, M, V, ignore_index);
@@ -352,7 +358,7 @@ double CpuBackend::linear_cross_entropy(const QWeight& head, CMatF h, const int3
   Buffer lse = workspace(size_t(M) * 4, "cross-entropy row lse");
   auto* st = rows.as<CrossEntropyRow>();
   std::fill(st, st + M, CrossEntropyRow{});
-  if (dh.data) {
+  if (dh.data && one_walk) {
     cross_entropy_one_walk(head, h, targets, ignore_index, grad_scale, dh, st);
     return cross_entropy_finish(st, targets, M, ignore_index, lse.as<float>(), count);
   }

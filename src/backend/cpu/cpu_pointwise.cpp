@@ -6,6 +6,7 @@
 
 #include "backend/activation_math.h"
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_glu.h"
 #include "backend/op_checks.h"
 #include "backend/cpu/vec_kernels.h"
 #include "backend/cpu/vec_math.h"
@@ -263,26 +264,18 @@ void CpuBackend::rope_to_16(MatF x, const int32_t* pos, int n_heads, int head_di
 
 void CpuBackend::swiglu_fwd(CMatF gate, CMatF up, MatF out) {
   QLFT_PROFILE_SCOPE("swiglu_fwd");
-  op_checks::same_shape(gate, up, "swiglu_fwd", "gate", "up");
-  op_checks::same_shape(gate, out.as_const(), "swiglu_fwd", "gate", "out");
-  const int64_t C = gate.cols;
-#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
-  for (int64_t i = 0; i < gate.rows; ++i) {
-    vec_kernels().swiglu_fwd_row(gate.row(i), up.row(i), out.row(i), C);
-  }
+  glu_fwd_rows("swiglu_fwd", gate, up, out,
+               [](const float* g, const float* u, float* o, int64_t C) {
+                 vec_kernels().swiglu_fwd_row(g, u, o, C);
+               });
 }
 
 void CpuBackend::swiglu_bwd(CMatF gate, CMatF up, CMatF dout, MatF dgate, MatF dup) {
   QLFT_PROFILE_SCOPE("swiglu_bwd");
-  op_checks::same_shape(gate, up, "swiglu_bwd", "gate", "up");
-  op_checks::same_shape(gate, dout, "swiglu_bwd", "gate", "dout");
-  op_checks::same_shape(gate, dgate.as_const(), "swiglu_bwd", "gate", "dgate");
-  op_checks::same_shape(gate, dup.as_const(), "swiglu_bwd", "gate", "dup");
-  const int64_t C = gate.cols;
-#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static)
-  for (int64_t i = 0; i < gate.rows; ++i) {
-    vec_kernels().swiglu_bwd_row(gate.row(i), up.row(i), dout.row(i), dgate.row(i), dup.row(i), C);
-  }
+  glu_bwd_rows("swiglu_bwd", gate, up, dout, dgate, dup,
+               [](const float* g, const float* u, const float* d, float* dg, float* du, int64_t C) {
+                 vec_kernels().swiglu_bwd_row(g, u, d, dg, du, C);
+               });
 }
 
 }  // namespace qlft::cpu
