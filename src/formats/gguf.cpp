@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
+#include <type_traits>
 
+#include "core/enum_names.h"
 #include "core/error.h"
 #include "quant/ggml_types.h"
 
@@ -56,49 +59,58 @@ class Cursor {
   const std::string& path_;
 };
 
-void read_scalar(Cursor& c, GgufType t, GgufValue& v, const char* what) {
-  switch (t) {
-    case GgufType::U8:
-      v.u = c.read<uint8_t>(what);
-      break;
-    case GgufType::I8:
-      v.i = c.read<int8_t>(what);
-      break;
-    case GgufType::U16:
-      v.u = c.read<uint16_t>(what);
-      break;
-    case GgufType::I16:
-      v.i = c.read<int16_t>(what);
-      break;
-    case GgufType::U32:
-      v.u = c.read<uint32_t>(what);
-      break;
-    case GgufType::I32:
-      v.i = c.read<int32_t>(what);
-      break;
-    case GgufType::U64:
-      v.u = c.read<uint64_t>(what);
-      break;
-    case GgufType::I64:
-      v.i = c.read<int64_t>(what);
-      break;
-    case GgufType::F32:
-      v.f = c.read<float>(what);
-      break;
-    case GgufType::F64:
-      v.f = c.read<double>(what);
-      break;
-    case GgufType::BOOL:
-      v.u = c.read<uint8_t>(what) ? 1 : 0;
-      break;
-    default:
-      break;
-  }
-  if (t == GgufType::U8 || t == GgufType::U16 || t == GgufType::U32 || t == GgufType::U64 ||
-      t == GgufType::BOOL)
-    v.i = static_cast<int64_t>(v.u);
-  else if (t == GgufType::I8 || t == GgufType::I16 || t == GgufType::I32 || t == GgufType::I64)
+// A scalar's little-endian bytes widened into v: integers into i and u (each the other's bit
+// pattern), floats into f.
+template <class T>
+void widen(const uint8_t* p, GgufValue& v) {
+  T x;
+  std::memcpy(&x, p, sizeof x);
+  if constexpr (std::is_floating_point_v<T>) {
+    v.f = x;
+  } else if constexpr (std::is_signed_v<T>) {
+    v.i = x;
     v.u = static_cast<uint64_t>(v.i);
+  } else {
+    v.u = x;
+    v.i = static_cast<int64_t>(v.u);
+  }
+}
+
+// GGUF's value types in GgufType order: the bytes of one, whether it is an integer, and how its
+// bytes widen (string and array: not scalars). The one place the type ids' layouts are known.
+struct ScalarKind {
+  uint8_t bytes = 0;
+  bool integer = false;
+  void (*widen)(const uint8_t*, GgufValue&) = nullptr;
+};
+constexpr ScalarKind kScalarKinds[] = {
+    {1, true, widen<uint8_t>},   // U8
+    {1, true, widen<int8_t>},    // I8
+    {2, true, widen<uint16_t>},  // U16
+    {2, true, widen<int16_t>},   // I16
+    {4, true, widen<uint32_t>},  // U32
+    {4, true, widen<int32_t>},   // I32
+    {4, false, widen<float>},    // F32
+    {1, false, widen<uint8_t>},  // BOOL
+    {},                          // STRING
+    {},                          // ARRAY
+    {8, true, widen<uint64_t>},  // U64
+    {8, true, widen<int64_t>},   // I64
+    {8, false, widen<double>},   // F64
+};
+static_assert(std::size(kScalarKinds) == static_cast<size_t>(GgufType::F64) + 1);
+
+const ScalarKind& scalar_kind(GgufType t) {
+  static constexpr ScalarKind kNone{};
+  const auto i = static_cast<size_t>(t);
+  return i < std::size(kScalarKinds) ? kScalarKinds[i] : kNone;
+}
+
+void read_scalar(Cursor& c, GgufType t, GgufValue& v, const char* what) {
+  const ScalarKind& k = scalar_kind(t);
+  if (!k.widen) return;
+  k.widen(c.take(k.bytes, what), v);
+  if (t == GgufType::BOOL) v.i = static_cast<int64_t>(v.u = v.u ? 1 : 0);
 }
 
 // Validates and skips the body (element type, count, elements) of a nested array.
@@ -129,71 +141,29 @@ void skip_array(Cursor& c, const std::string& key, int depth) {
 }  // namespace
 
 size_t gguf_scalar_size(GgufType t) {
-  switch (t) {
-    case GgufType::U8:
-    case GgufType::I8:
-    case GgufType::BOOL:
-      return 1;
-    case GgufType::U16:
-    case GgufType::I16:
-      return 2;
-    case GgufType::U32:
-    case GgufType::I32:
-    case GgufType::F32:
-      return 4;
-    case GgufType::U64:
-    case GgufType::I64:
-    case GgufType::F64:
-      return 8;
-    default:
-      return 0;
-  }
+  return scalar_kind(t).bytes;
 }
 
 const char* gguf_type_name(GgufType t) {
-  static const char* names[] = {"u8",   "i8",     "u16",   "i16", "u32", "i32", "f32",
-                                "bool", "string", "array", "u64", "i64", "f64"};
-  uint32_t i = static_cast<uint32_t>(t);
-  return i < 13 ? names[i] : "?";
+  static const char* const names[] = {"u8",   "i8",     "u16",   "i16", "u32", "i32", "f32",
+                                      "bool", "string", "array", "u64", "i64", "f64"};
+  return enum_name(names, t);
 }
 
 bool GgufValue::is_integer() const {
-  switch (type) {
-    case GgufType::U8:
-    case GgufType::I8:
-    case GgufType::U16:
-    case GgufType::I16:
-    case GgufType::U32:
-    case GgufType::I32:
-    case GgufType::U64:
-    case GgufType::I64:
-      return true;
-    default:
-      return false;
-  }
+  return scalar_kind(type).integer;
 }
 bool GgufValue::is_number() const {
   return is_integer() || type == GgufType::F32 || type == GgufType::F64;
 }
 
 double GgufValue::array_f(uint64_t idx) const {
+  if (elem_type != GgufType::F32 && elem_type != GgufType::F64)
+    return static_cast<double>(array_i(idx));
   check_index(idx);
-  size_t es = gguf_scalar_size(elem_type);
-  const uint8_t* p = array_data + idx * es;
-  switch (elem_type) {
-    case GgufType::F32: {
-      float f;
-      std::memcpy(&f, p, 4);
-      return f;
-    }
-    case GgufType::F64: {
-      double d;
-      std::memcpy(&d, p, 8);
-      return d;
-    }
-    default:
-      return static_cast<double>(array_i(idx));
-  }
+  GgufValue e;
+  scalar_kind(elem_type).widen(array_data + idx * gguf_scalar_size(elem_type), e);
+  return e.f;
 }
 
 void GgufValue::check_index(uint64_t idx) const {
@@ -217,57 +187,11 @@ int64_t float_to_i64(double d, uint64_t idx) {
 
 int64_t GgufValue::array_i(uint64_t idx) const {
   check_index(idx);
-  size_t es = gguf_scalar_size(elem_type);
-  const uint8_t* p = array_data + idx * es;
-  switch (elem_type) {
-    case GgufType::U8:
-    case GgufType::BOOL:
-      return *p;
-    case GgufType::I8:
-      return static_cast<int8_t>(*p);
-    case GgufType::U16: {
-      uint16_t x;
-      std::memcpy(&x, p, 2);
-      return x;
-    }
-    case GgufType::I16: {
-      int16_t x;
-      std::memcpy(&x, p, 2);
-      return x;
-    }
-    case GgufType::U32: {
-      uint32_t x;
-      std::memcpy(&x, p, 4);
-      return x;
-    }
-    case GgufType::I32: {
-      int32_t x;
-      std::memcpy(&x, p, 4);
-      return x;
-    }
-    case GgufType::U64: {
-      uint64_t x;
-      std::memcpy(&x, p, 8);
-      return static_cast<int64_t>(x);
-    }
-    case GgufType::I64: {
-      int64_t x;
-      std::memcpy(&x, p, 8);
-      return x;
-    }
-    case GgufType::F32: {
-      float f;
-      std::memcpy(&f, p, 4);
-      return float_to_i64(f, idx);
-    }
-    case GgufType::F64: {
-      double d;
-      std::memcpy(&d, p, 8);
-      return float_to_i64(d, idx);
-    }
-    default:
-      return 0;
-  }
+  const ScalarKind& k = scalar_kind(elem_type);
+  if (!k.widen) return 0;
+  GgufValue e;
+  k.widen(array_data + idx * k.bytes, e);
+  return k.integer || elem_type == GgufType::BOOL ? e.i : float_to_i64(e.f, idx);
 }
 
 std::unique_ptr<GgufFile> GgufFile::open(const std::string& path) {

@@ -38,17 +38,9 @@ std::string& GgufWriter::begin_kv(const std::string& key, GgufType type) {
   return r;
 }
 
-void GgufWriter::add_u8(const std::string& k, uint8_t v) {
-  put(begin_kv(k, GgufType::U8), v);
-}
-void GgufWriter::add_i8(const std::string& k, int8_t v) {
-  put(begin_kv(k, GgufType::I8), v);
-}
-void GgufWriter::add_u16(const std::string& k, uint16_t v) {
-  put(begin_kv(k, GgufType::U16), v);
-}
-void GgufWriter::add_i16(const std::string& k, int16_t v) {
-  put(begin_kv(k, GgufType::I16), v);
+void GgufWriter::add_scalar(const std::string& k, GgufType type, const void* v) {
+  // GGUF is little-endian, as every host qlft supports: the value's bytes as they are.
+  begin_kv(k, type).append(static_cast<const char*>(v), gguf_scalar_size(type));
 }
 void GgufWriter::add_u32(const std::string& k, uint32_t v) {
   if (k == "general.alignment") {
@@ -56,28 +48,31 @@ void GgufWriter::add_u32(const std::string& k, uint32_t v) {
                    "GGUF writer: general.alignment must be a power of two, got %u", v);
     alignment_ = v;
   }
-  put(begin_kv(k, GgufType::U32), v);
-}
-void GgufWriter::add_i32(const std::string& k, int32_t v) {
-  put(begin_kv(k, GgufType::I32), v);
-}
-void GgufWriter::add_u64(const std::string& k, uint64_t v) {
-  put(begin_kv(k, GgufType::U64), v);
-}
-void GgufWriter::add_i64(const std::string& k, int64_t v) {
-  put(begin_kv(k, GgufType::I64), v);
-}
-void GgufWriter::add_f32(const std::string& k, float v) {
-  put(begin_kv(k, GgufType::F32), v);
-}
-void GgufWriter::add_f64(const std::string& k, double v) {
-  put(begin_kv(k, GgufType::F64), v);
-}
-void GgufWriter::add_bool(const std::string& k, bool v) {
-  put<uint8_t>(begin_kv(k, GgufType::BOOL), v ? 1 : 0);
+  add_scalar(k, GgufType::U32, &v);
 }
 void GgufWriter::add_string(const std::string& k, std::string_view v) {
   put_str(begin_kv(k, GgufType::STRING), v);
+}
+
+void GgufWriter::add_value(const std::string& k, const GgufValue& v) {
+  switch (v.type) {
+    case GgufType::STRING:
+      return add_string(k, v.str);
+    case GgufType::F32:
+      return add_f32(k, static_cast<float>(v.f));
+    case GgufType::F64:
+      return add_f64(k, v.f);
+    case GgufType::U32:  // general.alignment's check
+      return add_u32(k, static_cast<uint32_t>(v.u));
+    case GgufType::ARRAY:
+      if (v.elem_type == GgufType::STRING)
+        add_string_array(k, std::vector<std::string>(v.strings.begin(), v.strings.end()));
+      else if (v.elem_type != GgufType::ARRAY && (v.array_data || v.count == 0))
+        add_array(k, v.elem_type, v.count ? v.array_data : nullptr, v.count);
+      return;
+    default:  // the other integers and bool (0 or 1): u's low bytes, little-endian
+      return add_scalar(k, v.type, &v.u);
+  }
 }
 
 void GgufWriter::add_array(const std::string& key, GgufType elem, const void* data,

@@ -231,59 +231,6 @@ void export_safetensors(const Model& m, const LoraAdapter* lora, const std::stri
   }
 }
 
-// Copies one metadata value from the source GGUF (nested arrays are not kept by the reader and
-// are skipped; no tokenizer key uses them).
-void copy_kv(GgufWriter& w, const std::string& k, const GgufValue& v) {
-  switch (v.type) {
-    case GgufType::U8:
-      w.add_u8(k, static_cast<uint8_t>(v.u));
-      break;
-    case GgufType::I8:
-      w.add_i8(k, static_cast<int8_t>(v.i));
-      break;
-    case GgufType::U16:
-      w.add_u16(k, static_cast<uint16_t>(v.u));
-      break;
-    case GgufType::I16:
-      w.add_i16(k, static_cast<int16_t>(v.i));
-      break;
-    case GgufType::U32:
-      w.add_u32(k, static_cast<uint32_t>(v.u));
-      break;
-    case GgufType::I32:
-      w.add_i32(k, static_cast<int32_t>(v.i));
-      break;
-    case GgufType::U64:
-      w.add_u64(k, v.u);
-      break;
-    case GgufType::I64:
-      w.add_i64(k, v.i);
-      break;
-    case GgufType::F32:
-      w.add_f32(k, static_cast<float>(v.f));
-      break;
-    case GgufType::F64:
-      w.add_f64(k, v.f);
-      break;
-    case GgufType::BOOL:
-      w.add_bool(k, v.u != 0);
-      break;
-    case GgufType::STRING:
-      w.add_string(k, v.str);
-      break;
-    case GgufType::ARRAY:
-      if (v.elem_type == GgufType::STRING) {
-        std::vector<std::string> s(v.strings.begin(), v.strings.end());
-        w.add_string_array(k, s);
-      } else if (v.elem_type != GgufType::ARRAY && v.array_data) {
-        w.add_array(k, v.elem_type, v.array_data, v.count);
-      } else if (v.elem_type != GgufType::ARRAY && v.count == 0) {
-        w.add_array(k, v.elem_type, nullptr, 0);
-      }
-      break;
-  }
-}
-
 // RoPE scaling as llama.cpp's converter writes it: linear and yarn as rope.scaling.* keys, llama3
 // as the tensor rope_freqs.weight (per-pair divisors of the plain frequencies, computed here from
 // our table so llama.cpp rotates as transformers does). llama.cpp has no dynamic NTK and always
@@ -382,7 +329,7 @@ void export_gguf(const Model& m, const LoraAdapter* lora, const std::string& pat
   }
   if (m.gguf)
     for (const auto& kv : m.gguf->metadata())
-      if (kv.first.rfind("tokenizer.", 0) == 0) copy_kv(w, kv.first, kv.second);
+      if (kv.first.rfind("tokenizer.", 0) == 0) w.add_value(kv.first, kv.second);
 
   // llama.cpp's llama/mistral tensors keep q/k rows in adjacent pairs; qwen2 in rotate-half.
   const bool adjacent = fam->gguf_qk_adjacent;
