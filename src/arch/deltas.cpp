@@ -1,5 +1,6 @@
 #include "arch/deltas.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "arch/families.h"
@@ -26,6 +27,16 @@ std::string describe_deltas(const ModelConfig& c, const ModelShapes& s) {
   if (sliding > 0)
     add("sliding window " + std::to_string(window) + " on " + std::to_string(sliding) + " of " +
         std::to_string(s.n_layers) + " layers");
+  int moe = 0;
+  for (const LayerShapes& l : s.layers) moe += l.moe() ? 1 : 0;
+  if (moe > 0) {
+    const LayerShapes& l = *std::find_if(s.layers.begin(), s.layers.end(),
+                                         [](const LayerShapes& x) { return x.moe(); });
+    add("mixture of experts: " + std::to_string(l.n_experts) + " experts of width " +
+        std::to_string(l.expert_ffn) + ", top " + std::to_string(l.top_k) +
+        (l.norm_topk ? " renormalised" : " (weights not renormalised)") + " on " +
+        std::to_string(moe) + " of " + std::to_string(s.n_layers) + " layers");
+  }
   const ArchFamily* f = find_family(c.arch);
   if (f && f->fused) add("fused qkv_proj and gate_up_proj (split on load)");
   if (c.gemma)

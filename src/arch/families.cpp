@@ -13,6 +13,9 @@ const ArchFamily kFamilies[] = {
     {"phi3", "Phi3ForCausalLM", "phi3", false, false, false, true, false},
     {"gemma2", "Gemma2ForCausalLM", "gemma2", false, false, false, false, true},
     {"gemma3_text", "Gemma3ForCausalLM", "gemma3", false, false, true, false, true},
+    // Llama's attention with mixture-of-experts MLPs (ModelConfig::moe; llama.cpp: "llama" with
+    // expert tensors).
+    {"mixtral", "MixtralForCausalLM", "llama", true, false, false, false, false},
 };
 
 // Architectures people bring that qlft recognizes but does not train, with what it lacks for
@@ -27,7 +30,6 @@ const Missing kMissing[] = {
      "hybrid linear-attention layers (Gated DeltaNet) and mixture-of-experts layers"},
     {"qwen3_moe", "Qwen3MoeForCausalLM", "mixture-of-experts layers (router, top-k experts)"},
     {"qwen2_moe", "Qwen2MoeForCausalLM", "mixture-of-experts layers (router, top-k experts)"},
-    {"mixtral", "MixtralForCausalLM", "mixture-of-experts layers (router, top-k experts)"},
     {"gpt_oss", "GptOssForCausalLM", "mixture-of-experts layers and attention sinks"},
     {"mamba", "MambaForCausalLM", "state-space (Mamba) layers instead of attention"},
     {"mamba2", "Mamba2ForCausalLM", "state-space (Mamba) layers instead of attention"},

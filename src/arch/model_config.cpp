@@ -42,6 +42,14 @@ void check_model_config(const ModelConfig& c, const std::string& path) {
                     "must be finite and >= 0",
                     path.c_str(), static_cast<double>(c.attn_scalar),
                     static_cast<double>(c.attn_softcap), static_cast<double>(c.final_softcap));
+  QLFT_CHECK_FORMAT(
+      c.moe.n_experts == 0 ||
+          (c.moe.top_k > 0 && c.moe.top_k <= c.moe.n_experts && c.moe.expert_ffn > 0 &&
+           (c.moe.layers.empty() || c.moe.layers.size() == size_t(c.n_layers))),
+      "%s: %d experts, %d per token, expert width %lld over %zu layer flags do not "
+      "fit %d layers",
+      path.c_str(), c.moe.n_experts, c.moe.top_k, static_cast<long long>(c.moe.expert_ffn),
+      c.moe.layers.size(), c.n_layers);
 }
 
 const char* proj_peft_name(Proj p) {

@@ -78,6 +78,21 @@ struct ModelConfig : ModelDims {
   bool layer_slides(int l) const {
     return sliding_window > 0 && (sliding_layers.empty() || sliding_layers[static_cast<size_t>(l)]);
   }
+  // Mixture-of-experts MLPs (mixtral): n_experts SwiGLU experts of expert_ffn rows each, the
+  // router's top_k per row (their weights renormalised to sum 1 when norm_topk), on the layers
+  // moe_layers marks (empty: all). 0 experts: dense MLPs. The load-balancing loss
+  // (router_aux_loss_coef) enters the loss only with output_router_logits, as in transformers.
+  struct Moe {
+    int n_experts = 0, top_k = 0;
+    int64_t expert_ffn = 0;
+    bool norm_topk = true;
+    float aux_coef = 0.f;
+    bool aux_loss = false;  // output_router_logits
+    std::vector<bool> layers;
+  } moe;
+  bool layer_moe(int l) const {
+    return moe.n_experts > 0 && (moe.layers.empty() || moe.layers[static_cast<size_t>(l)]);
+  }
 };
 
 // The shape sanity every reader of a model's hyperparameters applies (the loaders, the planner

@@ -21,6 +21,16 @@ ModelShapes model_shapes(const ModelConfig& c) {
   s.layers.assign(static_cast<size_t>(c.n_layers), l);
   for (int i = 0; i < c.n_layers; ++i)
     s.layers[static_cast<size_t>(i)].window = c.layer_slides(i) ? c.sliding_window : 0;
+  // Mixture-of-experts layers: the experts and the router instead of gate / up / down.
+  for (int i = 0; i < c.n_layers; ++i) {
+    if (!c.layer_moe(i)) continue;
+    LayerShapes& m = s.layers[static_cast<size_t>(i)];
+    for (Proj p : {Proj::Gate, Proj::Up, Proj::Down}) m.proj[static_cast<int>(p)] = ProjShape{};
+    m.n_experts = c.moe.n_experts;
+    m.top_k = c.moe.top_k;
+    m.expert_ffn = c.moe.expert_ffn;
+    m.norm_topk = c.moe.norm_topk;
+  }
   return s;
 }
 

@@ -33,6 +33,13 @@ struct LayerShapes {
   // post_attention_norm and post_ffw_norm length (gemma: a norm after attention and after the
   // MLP, before each residual add), 0: none.
   int64_t post_norm = 0;
+  // A mixture-of-experts MLP (ModelConfig::layer_moe): n_experts experts, each w1 / w3
+  // [expert_ffn, norm] and w2 [norm, expert_ffn], a router [n_experts, norm]; the dense gate /
+  // up / down rows of proj are then {0, 0} (absent). 0 experts: the dense MLP.
+  int n_experts = 0, top_k = 0;
+  int64_t expert_ffn = 0;
+  bool norm_topk = true;
+  bool moe() const { return n_experts > 0; }
   bool operator==(const LayerShapes&) const = default;
 };
 
@@ -58,6 +65,12 @@ struct ModelShapes : ModelDims {
   // Whether each block's attention and MLP outputs are RMS-normalized before the residual add
   // (gemma; every layer alike).
   bool post_norm() const { return !layers.empty() && layers[0].post_norm > 0; }
+  // Whether any layer's MLP is a mixture of experts.
+  bool any_moe() const {
+    for (const LayerShapes& l : layers)
+      if (l.moe()) return true;
+    return false;
+  }
   // Embedding [vocab, dim] and head [vocab, dim] elements.
   int64_t embedding_numel() const { return int64_t(vocab) * dim; }
   bool operator==(const ModelShapes&) const = default;

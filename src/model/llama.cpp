@@ -56,6 +56,8 @@ RunnerFootprint LlamaRunner::footprint(const ModelShapes& c, int lora_r, int lor
              counted(R) + (training ? counted(R * c.dim) : 0);
   for (int64_t n : grad_counts(c, R)) f.backward_ws += counted(n);
   f.recompute_ws = counted(R * c.dim);
+  for (const LayerShapes& ls : c.layers)
+    if (ls.moe()) f.moe_saved += moe_saved_bytes(R, ls.norm, ls.expert_ffn, ls.n_experts, ls.top_k);
   return f;
 }
 
@@ -78,6 +80,13 @@ float gemma_embedding_scale(const ModelConfig& c, DType t) {
 LlamaRunner::LlamaRunner(const Model& model, Backend& backend, LoraAdapter* lora)
     : model_(model), be_(backend), lora_(lora), ckpt_(model.cfg.n_layers, false) {
   require_gemma_ops(model.cfg, backend);
+  // model/moe.cpp routes and gathers rows in host memory around the backend's linears.
+  if (model.shapes.any_moe() && backend.device_memory())
+    throw_error(QLFT_ERR_UNSUPPORTED,
+                "%s (mixture-of-experts layers) is not supported on backend %s: it lacks the "
+                "router, top-k gather and grouped expert GEMMs on the device (use backend=cpu)",
+                model.cfg.arch.c_str(), backend.name());
+  moe_saved_.resize(model.shapes.any_moe() ? size_t(model.cfg.n_layers) : 0);
   if (lora) {
     QLFT_CHECK_ARG(lora->model_shapes() == model.shapes,
                    "the LoRA adapter was made for a model of another shape");
@@ -201,7 +210,8 @@ bool LlamaRunner::direct16() const {
   // DoRA and a frozen start rescale / add to the fp32 projection outputs (lora_extras.h).
   return act_dtype_ != DType::F32 && be_.takes_input_16(act_dtype_) &&
          !(lora_ && training_ && lora_->config().dropout > 0.f) && !model_.shapes.qk_norm() &&
-         !extras() && !model_.cfg.gemma;  // GeGLU has no 16-bit forms
+         !extras() && !model_.cfg.gemma &&  // GeGLU has no 16-bit forms
+         !model_.shapes.any_moe();          // nor the experts (model/moe.cpp, fp32)
 }
 
 namespace {

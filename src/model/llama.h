@@ -83,12 +83,16 @@ struct RunnerFootprint {
                                 // d(final norm) when training (activations)
   uint64_t backward_ws = 0;     // backward temporaries, held through backward() (workspace)
   uint64_t recompute_ws = 0;    // a checkpointed layer's recomputed output (workspace)
+  // Every mixture-of-experts layer's routing and gathered expert rows (moe_saved_bytes), kept
+  // for each such layer whether it is checkpointed or not (host memory).
+  uint64_t moe_saved = 0;
 
   // Activations of a training step with `stored` layers keeping their activations and `ckpt`
   // checkpointed ones.
   uint64_t activations(int stored, int ckpt) const {
     const bool scratch = ckpt > 0 || (scratch_always && stored > 0);
-    return stream + static_cast<uint64_t>(stored) * layer_store + (scratch ? layer_acts : 0);
+    return stream + static_cast<uint64_t>(stored) * layer_store + (scratch ? layer_acts : 0) +
+           moe_saved;
   }
 };
 
@@ -255,6 +259,9 @@ class LlamaRunner {
   std::vector<Buffer> resid_;                     // [n_layers + 1] residual stream, rows x dim each
   std::vector<std::unique_ptr<LayerActs>> stored_;
   std::unique_ptr<LayerActs> scratch_;
+  // Per layer, what an MoE layer's forward keeps for its backward (model/moe.h; host memory,
+  // rewritten by a checkpointed layer's recomputation); empty for dense layers.
+  std::vector<MoeSaved> moe_saved_;
   Buffer xnf_, rstdf_, dxnf_;  // final norm output, its rstd, and d(loss)/d(xnf)
   std::unique_ptr<Grads> grads_;
   LoraGradSink* sink_ = nullptr;

@@ -77,9 +77,15 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
                     mat(g.dxn, R, c.dim));
     return cmat(g.dxn, R, c.dim);
   };
-  const CMatF d_down = post_norm_bwd(a.fpre, L.post_ffn_norm, a.rstd4);
-  zero_dx(g.dh, R * c.ffn_dim);
-  {
+  // A mixture-of-experts layer (never with st): its backward into dxn instead of the MLP's.
+  const bool moe = model_.shapes.layers[static_cast<size_t>(l)].moe();
+  if (moe) {
+    zero(g.dxn);
+    moe_bwd(be_, L.moe, moe_saved_[size_t(l)], cmat(a.xn2, R, c.dim), G.as_const(),
+            mat(g.dxn, R, c.dim));
+  } else {
+    const CMatF d_down = post_norm_bwd(a.fpre, L.post_ffn_norm, a.rstd4);
+    zero_dx(g.dh, R * c.ffn_dim);
     SharedInput shared(be_, cmat(a.hact, R, c.ffn_dim), t16, st ? h16(st->hact) : nullptr);
     lin_bwd(Proj::Down, cmat(a.hact, R, c.ffn_dim), d_down, mat(g.dh, R, c.ffn_dim));
   }
@@ -97,7 +103,8 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
     lin_bwd(p, x, cmat(dfp, R, d16.cols), dx, st ? d16 : View2<uint16_t>());
   };
   View2<uint16_t> dgate16, dup16;
-  if (st) {
+  if (moe) {
+  } else if (st) {
     dgate16 = dy16(Proj::Gate, g.dgate, c.ffn_dim);
     dup16 = dy16(Proj::Up, g.dup, c.ffn_dim);
     be_.swiglu_bwd_to_16(t16, st->gate.as<uint16_t>(), st->up.as<uint16_t>(),
@@ -111,8 +118,8 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
                      mat(g.dgate, R, c.ffn_dim), mat(g.dup, R, c.ffn_dim));
     dgate16 = dup16 = View2<uint16_t>(nullptr, R, c.ffn_dim);
   }
-  zero_dx(g.dxn, R * c.dim);
-  {
+  if (!moe) {
+    zero_dx(g.dxn, R * c.dim);
     SharedInput shared(be_, cmat(a.xn2, R, c.dim), t16, st ? h16(st->xn2) : nullptr);
     lin_bwd16(Proj::Gate, cmat(a.xn2, R, c.dim), dgate16, g.dgate, mat(g.dxn, R, c.dim));
     lin_bwd16(Proj::Up, cmat(a.xn2, R, c.dim), dup16, g.dup, mat(g.dxn, R, c.dim));

@@ -104,6 +104,11 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
     be_.rmsnorm_fwd(cmat(a.x_mid, R, c.dim), frozen(L.ffn_norm), c.rms_eps, mat(a.xn2, R, c.dim),
                     a.rstd2.as<float>());
   }
+  if (model_.shapes.layers[static_cast<size_t>(l)].moe()) {  // the experts (never with st)
+    moe_fwd(be_, L.moe, cmat(a.xn2, R, c.dim), MatF(x_out, R, c.dim), moe_saved_[size_t(l)]);
+    be_.add(x_out, a.x_mid.as<float>(), R * c.dim);
+    return;
+  }
   Buffer* ffn_outs[2] = {&a.gate, &a.up};
   {
     SharedInput shared(be_, cmat(a.xn2, R, c.dim), t16, st ? h16(st->xn2) : nullptr);

@@ -156,6 +156,12 @@ LoraAdapter::LoraAdapter(MemoryTracker* tracker, const ModelShapes& m, const Lor
       if (!cfg.targets[p]) continue;
       LoraSlot& s = slots_[l][p];
       const ProjShape& ps = m.proj(l, static_cast<Proj>(p));
+      QLFT_CHECK_ARG(ps.out > 0,
+                     "lora.target_modules: %s has no dense %s on layer %d (its MLP is %d "
+                     "experts); LoRA on the experts is not supported yet: target the attention "
+                     "projections q_proj, k_proj, v_proj, o_proj",
+                     m.arch.c_str(), proj_peft_name(static_cast<Proj>(p)), l,
+                     m.layers[size_t(l)].n_experts);
       s.out = static_cast<int>(ps.out);
       s.in = static_cast<int>(ps.in);
       s.r = cfg.r;

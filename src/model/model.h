@@ -13,6 +13,7 @@
 #include "core/memory.h"
 #include "formats/gguf.h"
 #include "quant/qweight.h"
+#include "model/moe.h"
 #include "model/rope_scaling.h"
 #include "model/weight_stream.h"
 
@@ -25,6 +26,9 @@ struct LayerWeights {
   Buffer q_norm, k_norm;       // qwen3: f32 [head_dim] per-head q / k RMSNorm weights, else empty
   // gemma: f32 [dim] norms of the attention and MLP outputs (held as 1 + w), else empty
   Buffer post_attn_norm, post_ffn_norm;
+  // A mixture-of-experts layer (LayerShapes::moe()): its router and experts, in place of the
+  // dense gate / up / down (those proj entries empty).
+  MoeWeights moe;
 };
 
 struct LoadOptions {
@@ -86,7 +90,8 @@ struct Model {
 
 // Every storage Buffer of m's base weights with its weight group, the one enumeration the weight
 // streams and the planner share: group 0 the token embedding; 1..n_layers each layer (attn_norm,
-// ffn_norm, the projections, the biases, the q / k norms, gemma's post-block norms); n_layers + 1
+// ffn_norm, the projections, the biases, the q / k norms, gemma's post-block norms, an MoE
+// layer's router and experts w1, w3, w2 by expert); n_layers + 1
 // the final norm and the untied head. A QWeight gives data, absmax, nested_absmax, code,
 // nested_code, scb. Empty Buffers are included (callers skip what they do not keep). f(int group,
 // Buffer& b); M is Model or const Model.
@@ -108,6 +113,13 @@ void for_each_weight_buffer(M& m, const F& f) {
     f(l + 1, lw.k_norm);
     f(l + 1, lw.post_attn_norm);
     f(l + 1, lw.post_ffn_norm);
+    if (lw.moe.w1.empty()) continue;
+    qweight(l + 1, lw.moe.router);
+    for (size_t e = 0; e < lw.moe.w1.size(); ++e) {
+      qweight(l + 1, lw.moe.w1[e]);
+      qweight(l + 1, lw.moe.w3[e]);
+      qweight(l + 1, lw.moe.w2[e]);
+    }
   }
   f(L + 1, m.output_norm);
   if (m.output.rows) qweight(L + 1, m.output);

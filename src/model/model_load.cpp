@@ -21,6 +21,9 @@ uint64_t Model::n_params() const {
     for (const QWeight& w : l.proj) n += w.numel();
     for (const Buffer& b : l.bias) n += b.size() / 4;
     n += (l.q_norm.size() + l.k_norm.size()) / 4;
+    n += l.moe.router.numel();
+    for (const auto* v : {&l.moe.w1, &l.moe.w3, &l.moe.w2})
+      for (const QWeight& w : *v) n += w.numel();
   }
   return n;
 }
@@ -54,6 +57,9 @@ uint64_t Model::weight_bytes() const {
     for (const QWeight& w : l.proj) n += w.bytes();
     for (const Buffer& b : l.bias) n += b.size();
     n += l.q_norm.size() + l.k_norm.size();
+    n += l.moe.router.bytes();
+    for (const auto* v : {&l.moe.w1, &l.moe.w3, &l.moe.w2})
+      for (const QWeight& w : *v) n += w.bytes();
   }
   return n;
 }
@@ -91,7 +97,17 @@ void load_weight_group(FormatLoader& f, Model& m, int g, bool with_head) {
   LayerWeights& L = m.layers[static_cast<size_t>(l)];
   f.norm(L.attn_norm, l, NormRole::Attn, ls.norm);
   f.norm(L.ffn_norm, l, NormRole::Ffn, ls.norm);
-  for (int p = 0; p < kProjCount; ++p) f.linear(L.proj[p], l, static_cast<Proj>(p), ls.proj[p]);
+  for (int p = 0; p < kProjCount; ++p)  // (an MoE layer has no dense gate / up / down)
+    if (ls.proj[p].out) f.linear(L.proj[p], l, static_cast<Proj>(p), ls.proj[p]);
+  if (ls.moe()) {
+    for (auto* v : {&L.moe.w1, &L.moe.w3, &L.moe.w2}) {
+      v->clear();
+      v->resize(size_t(ls.n_experts));
+    }
+    L.moe.top_k = ls.top_k;
+    L.moe.norm_topk = ls.norm_topk;
+    f.moe(L.moe, l, ls);
+  }
   if (ls.qkv_bias)
     for (int j = 0; j < 3; ++j) f.bias(L.bias[j], l, static_cast<Proj>(j), ls.proj[j].out);
   if (ls.qk_norm) {
@@ -211,6 +227,7 @@ void for_each_source_projection(MemoryTracker* tracker, const Model& m,
   for (int l = 0; l < m.shapes.n_layers; ++l)
     for (int p = 0; p < kProjCount; ++p) {
       const ProjShape& s = m.shapes.layers[static_cast<size_t>(l)].proj[p];
+      if (!s.out) continue;  // (an MoE layer's dense MLP)
       QWeight q;
       loader->linear(q, l, static_cast<Proj>(p), s);
       w.resize(static_cast<size_t>(q.numel()));
@@ -299,7 +316,8 @@ std::unique_ptr<Model> load_model(MemoryTracker* tracker, const std::string& pat
   if (opt.deferred) m->stream = std::make_shared<FileUnitStream>(*m, tracker);
   std::set<std::string> kinds;
   for (const LayerWeights& l : m->layers)
-    for (const QWeight& w : l.proj) kinds.insert(w.type_name());
+    for (const QWeight& w : l.proj)
+      if (w.rows) kinds.insert(w.type_name());
   m->quant_summary = kinds.size() == 1 ? *kinds.begin() : "mixed";
   QLFT_LOG_I("loaded %s model %s (%s): %d layers, dim %d, vocab %d, %s weights, %s",
              m->cfg.arch.c_str(), path.c_str(), m->source_format.c_str(), m->cfg.n_layers,

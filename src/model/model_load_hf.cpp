@@ -112,6 +112,32 @@ void read_hf_gemma(const JsonFile& cj, ModelConfig& c) {
   check_model_config(c, cj.path());  // the caps and bases read here
 }
 
+// Mixtral's experts (ModelConfig::moe): every layer's MLP is num_local_experts SwiGLU experts of
+// intermediate_size, num_experts_per_tok of them per row, their weights renormalised.
+void read_hf_moe(const JsonFile& cj, ModelConfig& c) {
+  ModelConfig::Moe& m = c.moe;
+  m.n_experts = static_cast<int>(cj.get_int_in("num_local_experts", 1, 4096, 8));
+  m.top_k = static_cast<int>(cj.get_int_in("num_experts_per_tok", 1, m.n_experts, 2));
+  m.expert_ffn = c.ffn_dim;
+  m.norm_topk = true;
+  m.aux_coef = static_cast<float>(cj.get_float("router_aux_loss_coef", 0.001));
+  m.aux_loss = cj.get_bool("output_router_logits", false);
+  // transformers adds router_aux_loss_coef times the load-balancing loss to the loss only with
+  // output_router_logits (default false): the runner does not compute it.
+  QLFT_CHECK_FORMAT(!m.aux_loss,
+                    "%s: output_router_logits is true: qlft does not add the load-balancing "
+                    "auxiliary loss (router_aux_loss_coef %g) yet; set it false (transformers' "
+                    "default) to train without it",
+                    cj.path().c_str(), static_cast<double>(m.aux_coef));
+  // Jitter multiplies the router's input by noise in training: a model trained with it would
+  // not follow transformers' deterministic routing.
+  const double jitter = cj.get_float("router_jitter_noise", 0.0);
+  QLFT_CHECK_FORMAT(jitter == 0.0,
+                    "%s: router_jitter_noise is %g; qlft routes without jitter (set it 0)",
+                    cj.path().c_str(), jitter);
+  check_model_config(c, cj.path());
+}
+
 }  // namespace
 
 ModelConfig read_hf_config(const JsonFile& cj, const std::string& weights,
@@ -168,6 +194,7 @@ ModelConfig read_hf_config(const JsonFile& cj, const std::string& weights,
   c.qk_norm = fam->qk_norm;
   if (fam->gemma) read_hf_gemma(cj, c);
   read_hf_sliding_window(cj, *fam, c);
+  if (c.arch == "mixtral") read_hf_moe(cj, c);
   if (!st_out) return c;  // config.json alone (planning without weights): it says all
   *st_out = SafetensorsSet::open(weights);
   const SafetensorsSet& st = **st_out;
@@ -235,6 +262,19 @@ class HfLoader final : public FormatLoader {
   }
   void bias(Buffer& dst, int l, Proj p, int64_t n) override {
     dst = vector(proj_prefix(l, p) + ".bias", n);
+  }
+  // Mixtral's files (transformers writes its fused in-memory experts back in this form):
+  // block_sparse_moe.gate [n_experts, dim] (the router, kept f32) and
+  // block_sparse_moe.experts.{e}.w1 / w3 [ffn, dim], w2 [dim, ffn].
+  void moe(MoeWeights& w, int l, const LayerShapes& s) override {
+    const std::string b = layer(l) + "block_sparse_moe.";
+    w.router = float_weight(b + "gate.weight", s.n_experts, s.norm);
+    for (int e = 0; e < s.n_experts; ++e) {
+      const std::string x = b + "experts." + std::to_string(e) + ".";
+      w.w1[size_t(e)] = linear_weight(x + "w1", s.expert_ffn, s.norm);
+      w.w3[size_t(e)] = linear_weight(x + "w3", s.expert_ffn, s.norm);
+      w.w2[size_t(e)] = linear_weight(x + "w2", s.norm, s.expert_ffn);
+    }
   }
 
   // The embedding (head: the untied head) as stored (WeightGroupSource::stored_rows), and its

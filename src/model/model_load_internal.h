@@ -50,6 +50,13 @@ class FormatLoader {
   virtual void norm(Buffer& dst, int l, NormRole r, int64_t n) = 0;
   virtual void linear(QWeight& w, int l, Proj p, const ProjShape& s) = 0;
   virtual void bias(Buffer& dst, int l, Proj p, int64_t n) = 0;
+  // A mixture-of-experts layer's router and experts (LayerShapes::moe()), w.w1 / w3 / w2
+  // sized n_experts; the format's names. A format without them refuses the model.
+  virtual void moe(MoeWeights& w, int l, const LayerShapes& s) {
+    (void)w, (void)s;
+    throw_error(QLFT_ERR_UNSUPPORTED,
+                "layer %d: this format's mixture-of-experts tensors are not read", l);
+  }
 
   // load_weight_group without reading a weight (GGUF): the group's shapes and types set and each
   // Buffer's bytes in the map (span). False when a Buffer is made on load: load it instead.

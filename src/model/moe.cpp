@@ -11,7 +11,9 @@ namespace {
 
 // The router's softmax of one row and its top k, largest first (ties: the lower expert, as a
 // stable sort gives), renormalised to sum 1 as MixtralTopKRouter does.
-void route_row(const float* logits, int E, int K, float* probs, int32_t* index, float* weight) {
+// Without norm (Qwen3-MoE's norm_topk_prob false) the weights are the probabilities as they are.
+void route_row(const float* logits, int E, int K, bool norm, float* probs, int32_t* index,
+               float* weight) {
   float mx = logits[0];
   for (int e = 1; e < E; ++e) mx = std::max(mx, logits[e]);
   double sum = 0;
@@ -23,6 +25,7 @@ void route_row(const float* logits, int E, int K, float* probs, int32_t* index, 
                    [&](int32_t a, int32_t b) { return probs[a] > probs[b]; });
   double top = 0;
   for (int k = 0; k < K; ++k) top += probs[order[static_cast<size_t>(k)]];
+  if (!norm) top = 1;
   for (int k = 0; k < K; ++k) {
     index[k] = order[static_cast<size_t>(k)];
     weight[k] = static_cast<float>(probs[index[k]] / top);
@@ -60,8 +63,9 @@ void moe_fwd(Backend& be, const MoeWeights& w, CMatF x, MatF out, MoeSaved& s) {
   std::vector<float> logits(static_cast<size_t>(R * E));
   be.linear_fwd(w.router, nullptr, nullptr, x, MatF(logits.data(), R, E), nullptr);
   for (int64_t r = 0; r < R; ++r)
-    route_row(&logits[static_cast<size_t>(r * E)], E, K, &s.probs[static_cast<size_t>(r * E)],
-              &s.index[static_cast<size_t>(r * K)], &s.weight[static_cast<size_t>(r * K)]);
+    route_row(&logits[static_cast<size_t>(r * E)], E, K, w.norm_topk,
+              &s.probs[static_cast<size_t>(r * E)], &s.index[static_cast<size_t>(r * K)],
+              &s.weight[static_cast<size_t>(r * K)]);
 
   // Each expert over the rows routed to it, gathered. One expert at a time through the
   // backend's linear: a grouped GEMM over all experts' row groups (one launch, the experts'
@@ -152,6 +156,7 @@ void moe_bwd(Backend& be, const MoeWeights& w, const MoeSaved& s, CMatF x, CMatF
   // The routing path: weight_k = p_k / S over the top k (S their sum), so
   // dp_k = (g_k - sum_m weight_m g_m) / S for a chosen expert and 0 for the others; the softmax
   // gives dz_e = p_e (dp_e - sum_j p_j dp_j); the router's linear gives dx += dz W_router.
+  // Without renormalisation weight_k = p_k and dp_k = g_k.
   std::vector<float> dz(static_cast<size_t>(R * E), 0.f);
   for (int64_t r = 0; r < R; ++r) {
     const float* p = &s.probs[static_cast<size_t>(r * E)];
@@ -163,7 +168,7 @@ void moe_bwd(Backend& be, const MoeWeights& w, const MoeSaved& s, CMatF x, CMatF
     std::vector<double> dp(static_cast<size_t>(E), 0.0);
     double pdp = 0;
     for (int k = 0; k < K; ++k) {
-      dp[static_cast<size_t>(idx[k])] = (gr[k] - wg) / S;
+      dp[static_cast<size_t>(idx[k])] = w.norm_topk ? (gr[k] - wg) / S : gr[k];
       pdp += p[idx[k]] * dp[static_cast<size_t>(idx[k])];
     }
     for (int e = 0; e < E; ++e)

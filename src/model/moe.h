@@ -26,12 +26,12 @@ struct MoeWeights {
   QWeight router;                   // [n_experts, dim]
   std::vector<QWeight> w1, w3, w2;  // per expert: gate [ffn, dim], up [ffn, dim], down [dim, ffn]
   int top_k = 2;                    // num_experts_per_tok
+  bool norm_topk = true;            // the top k weights renormalised to sum 1 (Mixtral's)
   int n_experts() const { return static_cast<int>(w1.size()); }
 };
 
 // What moe_fwd keeps for moe_bwd: the routing, and per expert its gathered rows and their
-// activations. Host vectors, not tracked Buffers: the runner's activation plan does not count
-// them yet (an MoE layer's rows times top_k times the expert widths).
+// activations. Host vectors, not tracked Buffers; the planner counts them (moe_saved_bytes).
 struct MoeSaved {
   int64_t rows = 0, dim = 0, ffn = 0;
   int n_experts = 0, top_k = 0;
@@ -44,6 +44,14 @@ struct MoeSaved {
   };
   std::vector<Expert> experts;
 };
+
+// The bytes moe_fwd keeps in a MoeSaved for rows of dim through experts of ffn (n_experts,
+// top_k each row): the planner's count of them.
+inline uint64_t moe_saved_bytes(int64_t rows, int64_t dim, int64_t ffn, int n_experts, int top_k) {
+  const uint64_t routed = uint64_t(rows) * uint64_t(top_k);  // (row, expert) pairs
+  return 4 * (uint64_t(rows) * uint64_t(n_experts) + 2 * routed +
+              routed * (2 + 2 * uint64_t(dim) + 3 * uint64_t(ffn)));
+}
 
 // out = MoE(x) ([rows, dim], overwritten); s receives what the backward needs.
 void moe_fwd(Backend& be, const MoeWeights& w, CMatF x, MatF out, MoeSaved& s);

@@ -131,9 +131,23 @@ void export_safetensors(const Model& m, const LoraAdapter* lora, const std::stri
     } else {
       norm(h + "post_attention_layernorm.weight", L.ffn_norm);
     }
+    if (!L.moe.w1.empty()) {  // mixtral's router and experts (frozen), as its files name them
+      const std::string b = h + "block_sparse_moe.";
+      t = dequant(L.moe.router);
+      w.add_f32(b + "gate.weight", {L.moe.router.rows, L.moe.router.cols}, t.data());
+      for (size_t e = 0; e < L.moe.w1.size(); ++e)
+        for (const auto& [name, q] : {std::pair<const char*, const QWeight*>{"w1", &L.moe.w1[e]},
+                                      {"w2", &L.moe.w2[e]},
+                                      {"w3", &L.moe.w3[e]}}) {
+          t = dequant(*q);
+          w.add_f32(b + "experts." + std::to_string(e) + "." + name + ".weight", {q->rows, q->cols},
+                    t.data());
+        }
+    }
     for (int pi = 0; pi < kProjCount; ++pi) {
       Proj p = static_cast<Proj>(pi);
       const QWeight& q = L.proj[pi];
+      if (!q.rows) continue;  // (an MoE layer's dense MLP)
       t = merged_weight(m, lora, l, p);
       to_order(m.shapes, p, t, q.cols, false);
       if (fused.on(p, t, q.rows)) {  // phi3: q / k / v and gate / up as row blocks of one
@@ -188,6 +202,12 @@ void export_safetensors(const Model& m, const LoraAdapter* lora, const std::stri
         c.attn_softcap > 0 ? nlohmann::json(short_double(c.attn_softcap)) : nlohmann::json();
     j["final_logit_softcapping"] =
         c.final_softcap > 0 ? nlohmann::json(short_double(c.final_softcap)) : nlohmann::json();
+  }
+  if (c.moe.n_experts > 0) {  // mixtral's (every layer)
+    j["num_local_experts"] = c.moe.n_experts;
+    j["num_experts_per_tok"] = c.moe.top_k;
+    j["router_aux_loss_coef"] = short_double(c.moe.aux_coef);
+    j["output_router_logits"] = c.moe.aux_loss;
   }
   if (c.sliding_window > 0) {  // as transformers 5 reads it: the window and each layer's type
     j["sliding_window"] = c.sliding_window;
@@ -288,6 +308,10 @@ void export_gguf(const Model& m, const LoraAdapter* lora, const std::string& pat
   // llama.cpp's name of the family (its converter writes Mistral models as "llama").
   const ArchFamily* fam = find_family(c.arch);
   QLFT_CHECK_ARG(fam, "merged GGUF export: architecture '%s' is not supported", c.arch.c_str());
+  QLFT_CHECK_ARG(c.moe.n_experts == 0,
+                 "merged GGUF export: %s's experts (ffn_*_exps, ffn_gate_inp) are not written "
+                 "yet; export to safetensors instead",
+                 c.arch.c_str());
   QLFT_CHECK_ARG(c.rope_local_theta == 0,
                  "merged GGUF export: %s's per-layer RoPE bases have no GGUF form qlft writes; "
                  "export as safetensors",

@@ -122,6 +122,18 @@ void add_fixed(WeightFootprint& w, const ModelConfig& c) {
   w.row_bytes = uint64_t(c.dim) * 4;
 }
 
+// A mixture-of-experts layer's router (f32, as the HF loader keeps it) and its experts, each
+// w1, w3, w2 one linear weight stored with es bytes an element: all experts resident.
+void add_experts(WeightFootprint& w, size_t g, const LoadOptions& o, const LayerShapes& ls,
+                 uint64_t es) {
+  if (!ls.moe()) return;
+  add_slot_dev(w, g, uint64_t(ls.n_experts) * uint64_t(ls.norm) * 4);
+  const int64_t f = ls.expert_ffn, d = ls.norm;
+  for (int e = 0; e < ls.n_experts; ++e)
+    for (const auto& [rows, cols] : {std::pair{f, d}, std::pair{f, d}, std::pair{d, f}})
+      add_linear(w, g, o, rows, cols, uint64_t(rows * cols) * es);
+}
+
 // kept[j]: bias j is the file's bytes unchanged.
 void add_biases(WeightFootprint& w, size_t g, const LayerShapes& ls, const bool kept[3] = nullptr) {
   for (int j = 0; j < 3; ++j) add_slot_dev(w, g, uint64_t(ls.proj[j].out) * 4, kept && kept[j]);
@@ -266,6 +278,7 @@ WeightFootprint config_only_footprint(const JsonFile& cj, const LoadOptions& o,
     for (int p = 0; p < kProjCount; ++p) {
       const int64_t rows = sh.proj(l, static_cast<Proj>(p)).out,
                     cols = sh.proj(l, static_cast<Proj>(p)).in;
+      if (!rows) continue;  // (an MoE layer's dense MLP: add_experts)
       if (bnb != QuantKind::F32) {
         const uint64_t packed =
             bnb == QuantKind::NF4 ? uint64_t(rows * cols + 1) / 2 : uint64_t(rows * cols);
@@ -276,6 +289,7 @@ WeightFootprint config_only_footprint(const JsonFile& cj, const LoadOptions& o,
       }
       add_linear(w, g, o, rows, cols, uint64_t(rows * cols) * es);
     }
+    add_experts(w, g, o, sh.layers[size_t(l)], es);
     if (c.qkv_bias) add_biases(w, g, sh.layers[size_t(l)]);
     add_qk_norms(w, g, sh.layers[size_t(l)]);
   }
@@ -307,6 +321,7 @@ WeightFootprint hf_footprint(const std::string& path, const LoadOptions& o, Mode
     add_slot_dev(w, g, uint64_t(c.dim) * 4);
     add_slot_dev(w, g, uint64_t(c.dim) * 4);
     for (int p = 0; p < kProjCount; ++p) {
+      if (!sh.proj(l, static_cast<Proj>(p)).out) continue;  // (an MoE layer: add_experts)
       const auto [n, file_rows] = proj_tensor(sh, l, static_cast<Proj>(p), false);
       const SafeTensorInfo* t = st->find(n);
       QLFT_CHECK_FORMAT(t, "%s: tensor '%s' is missing", dir.c_str(), n.c_str());
@@ -327,6 +342,14 @@ WeightFootprint hf_footprint(const std::string& path, const LoadOptions& o, Mode
       add_linear(w, g, o, rows, cols, uint64_t(rows * cols) * (half ? 2 : 4));
     }
     if (c.qkv_bias) add_biases(w, g, sh.layers[size_t(l)]);
+    if (sh.layers[size_t(l)].moe()) {  // the experts as their first one is stored (HF names)
+      const std::string n =
+          "model.layers." + std::to_string(l) + ".block_sparse_moe.experts.0.w1.weight";
+      const SafeTensorInfo* t = st->find(n);
+      QLFT_CHECK_FORMAT(t, "%s: tensor '%s' is missing", dir.c_str(), n.c_str());
+      add_experts(w, g, o, sh.layers[size_t(l)],
+                  t->dtype == DType::F16 || t->dtype == DType::BF16 ? 2 : 4);
+    }
     add_qk_norms(w, g, sh.layers[size_t(l)]);
   }
   return w;

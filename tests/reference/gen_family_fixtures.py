@@ -65,8 +65,8 @@ import gguf
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig,
-                          MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM,
-                          Qwen3Config, Qwen3ForCausalLM)
+                          MistralConfig, MistralForCausalLM, MixtralConfig, MixtralForCausalLM,
+                          Phi3Config, Phi3ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 import fixture_versions
 from gen_model_fixtures import (GGUF_PROJ, PROJS, batch, greedy, lora_fixture, permute_hf_to_gguf,
@@ -84,6 +84,7 @@ FAMILIES = {
     "phi3": (Phi3Config, Phi3ForCausalLM, "phi3", False),
     "gemma2": (Gemma2Config, Gemma2ForCausalLM, "gemma2", False),
     "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM, None, False),
+    "mixtral": (MixtralConfig, MixtralForCausalLM, None, True),
 }
 
 
@@ -96,6 +97,14 @@ def hf_model(family, cfg):
 
 def save_hf_dir(model, path):
     os.makedirs(path, exist_ok=True)
+    if hasattr(model.config, "num_local_experts"):
+        # transformers' own writer: its experts are fused 3D parameters in memory and
+        # save_pretrained writes them back as the checkpoints on the Hub have them
+        # (block_sparse_moe.experts.{e}.w1 / w2 / w3), in F16 like the others.
+        # (a copy: half() would round the model's own RoPE inv_freq buffer too)
+        import copy
+        copy.deepcopy(model).half().save_pretrained(path)
+        return
     sd = {k: v.to(torch.float16).contiguous() for k, v in model.state_dict().items()}
     if model.config.tie_word_embeddings:
         sd.pop("lm_head.weight", None)
@@ -289,14 +298,66 @@ def phi3_exports():
         os.remove(path)
 
 
+def routing_margin(model, tok):
+    """The smallest gap, over every MoE layer and row, between the k-th and (k+1)-th router
+    probability: routing decisions closer than float rounding would make the fixture fragile."""
+    gaps = []
+    hooks = [l.mlp.gate.register_forward_hook(
+        lambda m, i, o: gaps.append(float(torch.topk(torch.softmax(o[0].float(), -1),
+                                                      m.top_k + 1, -1).values.diff(dim=-1)
+                                          .abs()[..., -1].min())))
+             for l in model.model.layers]
+    with torch.no_grad():
+        model(input_ids=tok)
+    for h in hooks:
+        h.remove()
+    return min(gaps)
+
+
+# Mixtral: 2 layers, 4 experts, top-2, no sliding window; LoRA on the attention projections.
+MIXTRAL = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, head_dim=8, vocab_size=160, rms_norm_eps=1e-5,
+               max_position_embeddings=512, tie_word_embeddings=False, sliding_window=None,
+               num_local_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.02,
+               output_router_logits=False,
+               rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+
+
+def moe_fixtures():
+    """syn_mixtral (its own seed, so the other fixtures stay as they are)."""
+    gen = torch.Generator().manual_seed(4860)
+    torch.manual_seed(4860)
+    synthetic("mixtral", MIXTRAL, 4, 8, PROJS[:4], False, gen)
+    # transformers' own reader of the saved files (their per-expert tensors fused again)
+    model = MixtralForCausalLM.from_pretrained(os.path.join(OUT, "syn_mixtral"),
+                                               dtype=torch.float32,
+                                               attn_implementation="eager").eval()
+    out = load_file(os.path.join(OUT, "syn_mixtral.lora.safetensors"))
+    with safe_open(os.path.join(OUT, "syn_mixtral.lora.safetensors"), "pt") as f:
+        meta = f.metadata()
+    tok = out["tokens"].long()
+    with torch.no_grad():  # the saved model is the one the fixture ran
+        d = (model(input_ids=tok).logits.reshape(-1, 160) - out["base_logits"]).abs().max()
+        print("reloaded vs fixture max diff", float(d))
+        assert d < 1e-5, d
+    meta["routing_min_margin"] = "%g" % routing_margin(model, tok)
+    save_file(out, os.path.join(OUT, "syn_mixtral.lora.safetensors"), metadata=meta)
+    print("syn_mixtral routing min margin", meta["routing_min_margin"])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--phi3-fused-only", action="store_true",
                     help="only syn_phi3.fused_lora.safetensors, from the committed syn_phi3")
     ap.add_argument("--phi3-exports", action="store_true",
                     help="only the second pass on qlft's committed phi3 export")
+    ap.add_argument("--moe", action="store_true", help="only the mixture-of-experts fixtures")
     args = ap.parse_args()
     os.makedirs(OUT, exist_ok=True)
+    if args.moe:
+        moe_fixtures()
+        fixture_versions.write(OUT, __file__, inputs=[])
+        return
     if args.phi3_fused_only or args.phi3_exports:
         if args.phi3_fused_only:
             phi3_fused_lora()

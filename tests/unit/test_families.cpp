@@ -13,6 +13,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "arch/deltas.h"
 #include "arch/families.h"
 #include "backend/autocast_backend.h"
 #include "core/threads.h"
@@ -577,8 +578,8 @@ TEST(Families, Phi3FusedTargetsRefusedAndQuantizedLoad) {
 }
 
 // Done-when 4 (the families qlft trains): the planner plans the real Qwen3-8B and Phi-4 from
-// their config.json alone (as published: bf16, no weights here); Gemma-3-12B and Mixtral-8x7B
-// are refused naming what qlft lacks for them.
+// their config.json alone (as published: bf16, no weights here); Gemma-3-12B is refused naming
+// what qlft lacks for it (Mixtral-8x7B: Families.MixtralPlansFromItsConfig).
 TEST(Families, PlansRealConfigsFromConfigJsonAlone) {
   auto config_dir = [](const nlohmann::json& j, const char* tag) {
     const std::string dir = qlft_test::temp_dir(tag), text = j.dump();
@@ -740,10 +741,10 @@ TEST(Families, PlansRealConfigsFromConfigJsonAlone) {
     EXPECT_NEAR(double(w.bytes), want, 0.01 * want);
   }
   // Gemma 3's image-text model (google/gemma-3-12b-it: Gemma3ForConditionalGeneration, model_type
-  // gemma3) is refused naming its vision tower, as is Mixtral.
+  // gemma3) is refused naming its vision tower, as is Qwen2-MoE (its shared expert).
   for (const auto& [cls, type, says] :
        {std::tuple{"Gemma3ForConditionalGeneration", "gemma3", "vision tower"},
-        std::tuple{"MixtralForCausalLM", "mixtral", "mixture-of-experts layers"}}) {
+        std::tuple{"Qwen2MoeForCausalLM", "qwen2_moe", "mixture-of-experts layers"}}) {
     nlohmann::json j = qwen3_8b;
     j["architectures"] = {cls};
     j["model_type"] = type;
@@ -755,4 +756,157 @@ TEST(Families, PlansRealConfigsFromConfigJsonAlone) {
       EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
     }
   }
+}
+
+// Mixtral (MixtralForCausalLM: 2 layers, 4 experts, top-2; its files as transformers 5 saves
+// them, block_sparse_moe.experts.{e}.w1 / w2 / w3): logits, loss and the attention projections'
+// LoRA gradients against PEFT (through the experts and the routing weights to the hidden
+// states), the base model's logits and greedy generation against transformers.
+TEST(Families, MixtralMatchesTransformersAndPeft) {
+  Fixture f(family_fixture("syn_mixtral.lora.safetensors"));
+  // Routing decisions further apart than fp32 rounding, so parity means the same experts.
+  EXPECT_GT(std::stod(f.meta("routing_min_margin")), 1e-5);
+  check_family("mixtral", false);
+}
+
+// The PEFT adapter's names and the merged safetensors export (experts and router written as
+// Mixtral's files name them) against merge_and_unload; merged GGUF refused by name.
+TEST(Families, MixtralExportsLoadInPeft) {
+  check_exports("mixtral", false);
+  MemoryTracker tr;
+  auto model = load_model(&tr, family_fixture("syn_mixtral"), keep());
+  try {
+    export_merged(*model, nullptr, qlft_test::temp_dir("mixtral_gguf") + "/m.gguf", "gguf-f16");
+    ADD_FAILURE() << "merged GGUF of a mixture of experts was written";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ffn_*_exps"), std::string::npos) << e.what();
+  }
+}
+
+// The shape table's expert rows, checkpointing (the recomputed layer routes again) and 16-bit
+// storage, and what is refused: LoRA on the absent dense MLP, the aux loss, router jitter.
+TEST(Families, MixtralShapesCheckpointingAndRefusals) {
+  set_num_threads(1);
+  MemoryTracker tr;
+  auto model = load_model(&tr, family_fixture("syn_mixtral"), keep());
+  const LayerShapes& ls = model->shapes.layers[1];
+  EXPECT_EQ(ls.n_experts, 4);
+  EXPECT_EQ(ls.top_k, 2);
+  EXPECT_EQ(ls.expert_ffn, 48);
+  EXPECT_EQ(ls.proj[int(Proj::Gate)].out, 0);  // no dense MLP
+  EXPECT_EQ(model->layers[1].moe.w2.size(), 4u);
+  EXPECT_EQ(model->layers[1].moe.w2[3].rows, 32);
+  EXPECT_EQ(model->layers[1].moe.router.rows, 4);
+  // 2 layers x (4 attention projections + router + 4 experts x 3) + norms, embedding, head.
+  const uint64_t lin = 2 * (32 * 32 * 2 + 16 * 32 * 2 + 4 * 32 + 4 * 3 * 48 * 32);
+  EXPECT_EQ(model->n_params(), lin + 2 * 160 * 32 + 5 * 32);
+  Fixture f(family_fixture("syn_mixtral.lora.safetensors"));
+  auto be = make_cpu_backend(&tr);
+  LoraAdapter lora(&tr, model->shapes, lora_config_of(f));
+  load_lora(f, lora);
+  LlamaRunner run(*model, *be, &lora);
+  std::vector<int32_t> tok, tgt;
+  TokenBatch b = batch_of(f, tok, &tgt);
+  auto grads = [&] {
+    lora.zero_grad();
+    run.forward(b);
+    run.backward();
+    std::vector<float> g;
+    for (auto& p : lora.params()) g.insert(g.end(), p.g, p.g + p.n);
+    return g;
+  };
+  const std::vector<float> g0 = grads();
+  run.set_checkpoint_all(true);
+  EXPECT_EQ(grads(), g0) << "checkpointed";
+  run.set_checkpoint_all(false);
+  run.set_activation_dtype(DType::BF16);
+  const std::vector<float> g16 = grads();
+  const double e = max_rel_error(g16.data(), g0.data(), g0.size());
+  std::printf("[family] mixtral bf16 storage vs fp32 gradients: %.3g\n", e);
+  EXPECT_LT(e, 3e-2);
+  EXPECT_GT(e, 0.0);
+
+  LoraConfig mlp = lora_config_of(f);
+  mlp.set_targets("q_proj,gate_proj");
+  try {
+    LoraAdapter bad(&tr, model->shapes, mlp);
+    ADD_FAILURE() << "LoRA on mixtral's gate_proj was made";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("mixtral has no dense gate_proj on layer 0"),
+              std::string::npos)
+        << err.what();
+  }
+  // A copy of syn_mixtral with config.json edited: each refused naming the key.
+  auto edited = [](const char* key, const nlohmann::json& v) {
+    const std::string src = family_fixture("syn_mixtral"), dir = qlft_test::temp_dir("mixtral");
+    const std::vector<uint8_t> cfg = qlft_test::read_file(src + "/config.json");
+    nlohmann::json j = nlohmann::json::parse(cfg.begin(), cfg.end());
+    j[key] = v;
+    const std::string text = j.dump();
+    qlft_test::write_file(dir + "/config.json", text.data(), text.size());
+    const std::vector<uint8_t> st = qlft_test::read_file(src + "/model.safetensors");
+    qlft_test::write_file(dir + "/model.safetensors", st.data(), st.size());
+    return dir;
+  };
+  for (const auto& [key, v] : {std::pair<const char*, nlohmann::json>{"output_router_logits", true},
+                               {"router_jitter_noise", 0.01},
+                               {"num_experts_per_tok", 5}}) {
+    try {
+      load_model(&tr, edited(key, v), keep());
+      ADD_FAILURE() << key << " " << v.dump() << " loaded";
+    } catch (const Error& err) {
+      EXPECT_EQ(err.status(), QLFT_ERR_FORMAT);
+      EXPECT_NE(std::string(err.what()).find(key), std::string::npos) << err.what();
+    }
+  }
+}
+
+// Done-when 4 for Mixtral-8x7B (mistralai/Mixtral-8x7B-v0.1's config.json, bf16, no weights):
+// the planner counts all eight experts resident (NF4), and inspect's deltas name them.
+TEST(Families, MixtralPlansFromItsConfig) {
+  const nlohmann::json mixtral = {{"architectures", {"MixtralForCausalLM"}},
+                                  {"attention_dropout", 0.0},
+                                  {"bos_token_id", 1},
+                                  {"eos_token_id", 2},
+                                  {"hidden_act", "silu"},
+                                  {"hidden_size", 4096},
+                                  {"initializer_range", 0.02},
+                                  {"intermediate_size", 14336},
+                                  {"max_position_embeddings", 32768},
+                                  {"model_type", "mixtral"},
+                                  {"num_attention_heads", 32},
+                                  {"num_experts_per_tok", 2},
+                                  {"num_hidden_layers", 32},
+                                  {"num_key_value_heads", 8},
+                                  {"num_local_experts", 8},
+                                  {"output_router_logits", false},
+                                  {"rms_norm_eps", 1e-5},
+                                  {"rope_theta", 1e6},
+                                  {"router_aux_loss_coef", 0.02},
+                                  {"sliding_window", nullptr},
+                                  {"tie_word_embeddings", false},
+                                  {"torch_dtype", "bfloat16"},
+                                  {"use_cache", true},
+                                  {"vocab_size", 32000}};
+  const std::string dir = qlft_test::temp_dir("mixtral_8x7b"), text = mixtral.dump();
+  qlft_test::write_file(dir + "/config.json", text.data(), text.size());
+  LoadOptions o;  // NF4
+  ModelConfig c;
+  WeightFootprint w = weight_footprint_of_file(dir, o, &c);
+  EXPECT_EQ(c.arch, "mixtral");
+  EXPECT_EQ(c.moe.n_experts, 8);
+  const ModelShapes s = model_shapes(c);
+  // Independently of the planner: f32 embedding and head, NF4 attention and experts at half a
+  // byte per weight plus the 8-bit absmax per 64, the f32 routers; to within 1%.
+  const double attn = 2.0 * 4096 * 4096 + 2.0 * 1024 * 4096, experts = 8 * 3.0 * 14336 * 4096;
+  const double want =
+      8.0 * 32000 * 4096 + 32 * ((attn + experts) * (0.5 + 1.0 / 64) + 8 * 4096 * 4);
+  std::printf("[family] mixtral-8x7b NF4 weights %.3f GB (expected %.3f)\n", double(w.bytes) / 1e9,
+              want / 1e9);
+  EXPECT_NEAR(double(w.bytes), want, 0.01 * want);
+  const std::string d = describe_deltas(c, s);
+  EXPECT_NE(d.find("mixture of experts: 8 experts of width 14336, top 2 renormalised on 32 of 32 "
+                   "layers"),
+            std::string::npos)
+      << d;
 }
