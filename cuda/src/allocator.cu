@@ -104,6 +104,7 @@ class Pool {
         throw;
       }
       void* p = nullptr;
+      cu::graph_flush_all();  // cudaMalloc may synchronize: recorded work is submitted first
       const cudaError_t e = cudaMalloc(&p, size);
       if (e == cudaSuccess) {
         live_[p] = Block{size, c};
@@ -162,6 +163,7 @@ class Pool {
   };
   void empty_locked() noexcept {
     // cudaFree synchronizes the device, so no queued kernel still uses a cached block.
+    if (!free_.empty()) cu::graph_flush_all();
     for (auto& f : free_) {
       QLFT_CUDA_WARN(cudaFree(f.second.ptr));
       tracker_->device_cache_freed(f.first);
@@ -233,12 +235,14 @@ void DeviceMemory::reset() noexcept {
 void DeviceMemory::upload(const void* host, size_t bytes) {
   QLFT_CHECK_ARG(bytes <= bytes_, "DeviceMemory::upload: %zu bytes into a block of %zu", bytes,
                  bytes_);
+  cu::graph_flush_all();  // a synchronous copy: what is recorded before it runs first (graph.h)
   if (bytes) QLFT_CUDA_CHECK(cudaMemcpy(ptr_, host, bytes, cudaMemcpyHostToDevice));
 }
 
 void DeviceMemory::download(void* host, size_t bytes) const {
   QLFT_CHECK_ARG(bytes <= bytes_, "DeviceMemory::download: %zu bytes from a block of %zu", bytes,
                  bytes_);
+  cu::graph_flush_all();
   if (bytes) QLFT_CUDA_CHECK(cudaMemcpy(host, ptr_, bytes, cudaMemcpyDeviceToHost));
 }
 
@@ -280,7 +284,13 @@ class ManagedStateStore final : public StateStore {
   ManagedStateStore(MemoryTracker* t, int device, cudaStream_t stream)
       : tracker_(t), device_(device), stream_(stream) {}
   ~ManagedStateStore() override {
-    if (!allocs_.empty()) QLFT_CUDA_WARN(cudaStreamSynchronize(stream_));
+    if (!allocs_.empty()) {
+      try {
+        cu::graph_flush_all();
+      } catch (...) {  // a destructor does not throw; the sync below reports the stream's error
+      }
+      QLFT_CUDA_WARN(cudaStreamSynchronize(stream_));
+    }
     for (auto& a : allocs_) {
       {
         std::lock_guard<std::mutex> lk(managed_mu());
@@ -294,6 +304,7 @@ class ManagedStateStore final : public StateStore {
   void* allocate(size_t bytes, const char* what) override {
     QLFT_CHECK_ARG(bytes > 0, "managed state store: zero-byte allocation for %s", what);
     tracker_->acquire(MemCategory::Optimizer, bytes, what, MemSpace::Device);
+    cu::graph_flush_all();  // the host writes managed pages below
     void* p = nullptr;
     const cudaError_t e = cudaMallocManaged(&p, bytes, cudaMemAttachGlobal);
     if (e != cudaSuccess) {

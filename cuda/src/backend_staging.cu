@@ -93,6 +93,7 @@ Dev CudaBackend::rounded_copy(const float* d, int64_t n, const char* what) {
 DeviceMemory CudaBackend::upload(CMatF m, int64_t cols, MemCategory c, const char* what) {
   DeviceMemory d = dev(m.rows * cols * 4, c, what);
   moved_.host_to_device += uint64_t(m.rows) * uint64_t(std::max<int64_t>(cols, 0)) * 4;
+  graph_flush(stream_);  // copies with host memory are not recorded (graph.h)
   if (m.rows > 0 && cols > 0)
     QLFT_CUDA_CHECK(cudaMemcpy2DAsync(d.data(), size_t(cols) * 4, m.data, size_t(m.stride) * 4,
                                       size_t(cols) * 4, size_t(m.rows), cudaMemcpyHostToDevice,
@@ -107,18 +108,21 @@ DeviceMemory CudaBackend::upload_raw(const void* p, int64_t bytes, const char* w
 // (From pageable host memory the copy has read the source when the call returns.)
 void CudaBackend::copy_up(void* d, const void* h, int64_t bytes) {
   moved_.host_to_device += uint64_t(std::max<int64_t>(bytes, 0));
+  graph_flush(stream_);
   if (bytes > 0)
     QLFT_CUDA_CHECK(cudaMemcpyAsync(d, h, size_t(bytes), cudaMemcpyHostToDevice, stream_));
 }
 // Synchronous: the host reads the result right after.
 void CudaBackend::copy_down(void* h, const void* d, int64_t bytes) {
   moved_.device_to_host += uint64_t(std::max<int64_t>(bytes, 0));
+  graph_flush(stream_);
   if (bytes > 0)
     QLFT_CUDA_CHECK(cudaMemcpyAsync(h, d, size_t(bytes), cudaMemcpyDeviceToHost, stream_));
   sync();
 }
 // Compact [rows, cols] device array into the first `cols` columns of host matrix m.
 void CudaBackend::download(const DeviceMemory& d, int64_t cols, MatF m) {
+  graph_flush(stream_);
   moved_.device_to_host += uint64_t(m.rows) * uint64_t(std::max<int64_t>(cols, 0)) * 4;
   if (m.rows > 0 && cols > 0)
     QLFT_CUDA_CHECK(cudaMemcpy2DAsync(m.data, size_t(m.stride) * 4, d.data(), size_t(cols) * 4,
@@ -128,6 +132,7 @@ void CudaBackend::download(const DeviceMemory& d, int64_t cols, MatF m) {
 }
 void CudaBackend::sync() {
   ++moved_.syncs;
+  graph_flush(stream_);
   QLFT_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "graph.h"
 #include "launch_count.h"
 
 // A kernel's dynamic shared memory (`extern __shared__ T name[]` under nvcc). The CPU emulator
@@ -67,7 +68,8 @@ template <class... Params, class... Args>
 void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
             Args&&... args) {
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;  // nothing to do (an empty launch errors)
-  count_launch(reinterpret_cast<const void*>(kernel));
+  graph_before_launch(stream);  // a stream recorded as graphs opens its capture (graph.h)
+  count_launch(reinterpret_cast<const void*>(kernel), graph_capturing(stream));
   // clang-format reads a .h as C++ and would split the launch chevrons:
   // clang-format off
 #if defined(QLFT_CUDA_EMULATE)

@@ -87,6 +87,7 @@ class BackendMemory final : public DeviceAllocator {
   }
   void to_device(void* dst, const void* src, size_t bytes) override {
     if (!bytes) return;
+    graph_flush(*stream_);  // a graph would read the host bytes later (graph.h)
     touch(dst);
     moved_->host_to_device += bytes;
     QLFT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, *stream_));
@@ -95,6 +96,7 @@ class BackendMemory final : public DeviceAllocator {
     if (!bytes) return;
     moved_->device_to_host += bytes;
     ++moved_->syncs;
+    graph_flush(*stream_);
     QLFT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, *stream_));
     QLFT_CUDA_CHECK(cudaStreamSynchronize(*stream_));
   }
@@ -370,6 +372,7 @@ class CudaBackend final : public Backend {
 
   CudaBackendOptions opt_;
   cudaStream_t stream_ = nullptr;
+  std::unique_ptr<StreamGraphs> graphs_;  // QLFT_CUDA_GRAPHS=1: stream_ recorded (graph.h)
   TransferCounts moved_;  // every staging copy and wait counts here
   BackendMemory mem_;     // what alloc() hands out; outlives nothing that uses it (see ~Trainer)
   TileType tile_ = TileType::F32;

@@ -86,7 +86,7 @@ void LtGemm::run(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand
   if (it == plans_.end())
     it = plans_.emplace(key, make_plan(M, N, K, A, B, ldc, al_a, al_b, al_c)).first;
   const Plan& p = *it->second;
-  count_library_launch("cublasLtMatmul");
+  count_library_launch("cublasLtMatmul", graph_capturing(stream_));
   QLFT_CUBLAS_CHECK(cublasLtMatmul(handle_, p.d.op, &alpha, B.ptr, p.d.a, A.ptr, p.d.b, &beta, C,
                                    p.d.c, C, p.d.c, &p.algo, workspace_.data(), workspace_.size(),
                                    stream_));

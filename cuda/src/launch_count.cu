@@ -46,20 +46,24 @@ std::string kernel_name(const void* k) {
 
 }  // namespace
 
-void count_launch(const void* kernel) {
+void count_launch(const void* kernel, bool recorded) {
   Counts& c = counts();
   std::lock_guard<std::mutex> g(c.m);
   ++c.kernels[kernel];
   if (c.tracing) c.trace.push_back({kernel, false});
-  c.total.fetch_add(1, std::memory_order_relaxed);
+  if (!recorded) c.total.fetch_add(1, std::memory_order_relaxed);
 }
 
-void count_library_launch(const char* name) {
+void count_library_launch(const char* name, bool recorded) {
   Counts& c = counts();
   std::lock_guard<std::mutex> g(c.m);
   ++c.library[name];
   if (c.tracing) c.trace.push_back({name, true});
-  c.total.fetch_add(1, std::memory_order_relaxed);
+  if (!recorded) c.total.fetch_add(1, std::memory_order_relaxed);
+}
+
+void count_graph_launch() {
+  counts().total.fetch_add(1, std::memory_order_relaxed);
 }
 
 void trace_launches(bool on) {

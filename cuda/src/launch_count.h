@@ -15,8 +15,12 @@
 
 namespace qlft::cu {
 
-void count_launch(const void* kernel);        // a kernel launch (named later by cudaFuncGetName)
-void count_library_launch(const char* name);  // a library call that launches (a static string)
+// recorded: the launch went into a stream capture (graph.h): counted by name, not as a
+// submission; the graph launch that submits it counts once (count_graph_launch).
+void count_launch(const void* kernel, bool recorded = false);  // named later by cudaFuncGetName
+void count_library_launch(const char* name, bool recorded = false);  // name: a static string
+void count_graph_launch();
+// Submissions: kernel launches and library calls not recorded into a graph, plus graph launches.
 uint64_t launches_total();
 
 struct LaunchCount {

@@ -41,6 +41,7 @@ enum cudaError_t {
   cudaErrorStreamCaptureImplicit = 906,
   cudaErrorCapturedEvent = 907,
   cudaErrorStreamCaptureWrongThread = 908,
+  cudaErrorGraphExecUpdateFailure = 910,
   cudaErrorUnknown = 999
 };
 typedef cudaError_t cudaError;
@@ -120,6 +121,18 @@ struct qlft_emu_graph_node;
 typedef qlft_emu_graph* cudaGraph_t;
 typedef qlft_emu_graph_exec* cudaGraphExec_t;
 typedef qlft_emu_graph_node* cudaGraphNode_t;
+enum cudaGraphExecUpdateResult {
+  cudaGraphExecUpdateSuccess = 0,
+  cudaGraphExecUpdateError = 1,
+  cudaGraphExecUpdateErrorTopologyChanged = 2,
+  cudaGraphExecUpdateErrorNodeTypeChanged = 3,
+  cudaGraphExecUpdateErrorFunctionChanged = 4
+};
+struct cudaGraphExecUpdateResultInfo {
+  cudaGraphExecUpdateResult result;
+  cudaGraphNode_t errorNode;
+  cudaGraphNode_t errorFromNode;
+};
 
 struct cudaDeviceProp {
   char name[256];
@@ -202,6 +215,10 @@ cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* statu
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph,
                                  unsigned long long flags = 0);
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s);
+// Takes graph's node parameters into exec where both have the same nodes of the same types
+// (kernel nodes: the same function); else cudaErrorGraphExecUpdateFailure, exec unchanged.
+cudaError_t cudaGraphExecUpdate(cudaGraphExec_t exec, cudaGraph_t graph,
+                                cudaGraphExecUpdateResultInfo* info);
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
 cudaError_t cudaGraphDestroy(cudaGraph_t graph);
 // nodes == nullptr: *count = the graph's node count.

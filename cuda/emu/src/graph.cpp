@@ -331,6 +331,30 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
   return e;
 }
 
+cudaError_t cudaGraphExecUpdate(cudaGraphExec_t exec, cudaGraph_t graph,
+                                cudaGraphExecUpdateResultInfo* info) {
+  std::lock_guard<std::recursive_mutex> g(device_lock());
+  if (!info) return fail(cudaErrorInvalidValue, "cudaGraphExecUpdate: null result info");
+  *info = cudaGraphExecUpdateResultInfo{cudaGraphExecUpdateError, nullptr, nullptr};
+  if (!exec || !state().execs.count(exec) || !graph || !state().graphs.count(graph))
+    return fail(cudaErrorInvalidResourceHandle, "cudaGraphExecUpdate: not a live exec / graph");
+  cudaGraphExecUpdateResult r = cudaGraphExecUpdateSuccess;
+  if (exec->nodes.size() != graph->nodes.size()) r = cudaGraphExecUpdateErrorTopologyChanged;
+  for (size_t i = 0; r == cudaGraphExecUpdateSuccess && i < graph->nodes.size(); ++i) {
+    const Node &a = exec->nodes[i], &b = graph->nodes[i];
+    if (a.kind != b.kind)
+      r = cudaGraphExecUpdateErrorNodeTypeChanged;
+    else if (a.kernel != b.kernel)
+      r = cudaGraphExecUpdateErrorFunctionChanged;
+    if (r != cudaGraphExecUpdateSuccess)
+      info->errorNode = reinterpret_cast<cudaGraphNode_t>(&graph->nodes[i]);
+  }
+  info->result = r;
+  if (r != cudaGraphExecUpdateSuccess) return cudaErrorGraphExecUpdateFailure;  // not reported
+  exec->nodes = graph->nodes;
+  return cudaSuccess;
+}
+
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
   std::lock_guard<std::recursive_mutex> g(device_lock());
   if (!exec || !state().execs.erase(exec))

@@ -187,6 +187,7 @@ const char* cudaGetErrorName(cudaError_t e) {
     QLFT_EMU_NAME(cudaErrorStreamCaptureImplicit)
     QLFT_EMU_NAME(cudaErrorCapturedEvent)
     QLFT_EMU_NAME(cudaErrorStreamCaptureWrongThread)
+    QLFT_EMU_NAME(cudaErrorGraphExecUpdateFailure)
     QLFT_EMU_NAME(cudaErrorUnknown)
 #undef QLFT_EMU_NAME
   }
@@ -243,6 +244,9 @@ const char* cudaGetErrorString(cudaError_t e) {
       return "operation not permitted on an event last recorded in a capturing stream";
     case cudaErrorStreamCaptureWrongThread:
       return "attempt to terminate a thread-local capture sequence from another thread";
+    case cudaErrorGraphExecUpdateFailure:
+      return "the graph update was not performed because it included changes which violated "
+             "constraints specific to instantiated graph update";
     case cudaErrorUnknown:
       return "unknown error";
   }
