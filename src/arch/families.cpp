@@ -5,17 +5,20 @@ namespace qlft {
 namespace {
 
 const ArchFamily kFamilies[] = {
-    // name  hf_class  gguf_arch  gguf_qk_adjacent  qkv_bias  qk_norm  fused  gemma
-    {"llama", "LlamaForCausalLM", "llama", true, false, false, false, false},
-    {"mistral", "MistralForCausalLM", "llama", true, false, false, false, false},
-    {"qwen2", "Qwen2ForCausalLM", "qwen2", false, true, false, false, false},
-    {"qwen3", "Qwen3ForCausalLM", "qwen3", false, false, true, false, false},
-    {"phi3", "Phi3ForCausalLM", "phi3", false, false, false, true, false},
-    {"gemma2", "Gemma2ForCausalLM", "gemma2", false, false, false, false, true},
-    {"gemma3_text", "Gemma3ForCausalLM", "gemma3", false, false, true, false, true},
+    // name  hf_class  gguf_arch  gguf_qk_adjacent  qkv_bias  qk_norm  fused  gemma  moe
+    {"llama", "LlamaForCausalLM", "llama", true, false, false, false, false, false},
+    {"mistral", "MistralForCausalLM", "llama", true, false, false, false, false, false},
+    {"qwen2", "Qwen2ForCausalLM", "qwen2", false, true, false, false, false, false},
+    {"qwen3", "Qwen3ForCausalLM", "qwen3", false, false, true, false, false, false},
+    {"phi3", "Phi3ForCausalLM", "phi3", false, false, false, true, false, false},
+    {"gemma2", "Gemma2ForCausalLM", "gemma2", false, false, false, false, true, false},
+    {"gemma3_text", "Gemma3ForCausalLM", "gemma3", false, false, true, false, true, false},
     // Llama's attention with mixture-of-experts MLPs (ModelConfig::moe; llama.cpp: "llama" with
     // expert tensors).
-    {"mixtral", "MixtralForCausalLM", "llama", true, false, false, false, false},
+    {"mixtral", "MixtralForCausalLM", "llama", true, false, false, false, false, true},
+    // Qwen3's attention (q / k norms) with experts on the layers decoder_sparse_step and
+    // mlp_only_layers leave to them.
+    {"qwen3_moe", "Qwen3MoeForCausalLM", "qwen3moe", false, false, true, false, false, true},
 };
 
 // Architectures people bring that qlft recognizes but does not train, with what it lacks for
@@ -28,7 +31,6 @@ struct Missing {
 const Missing kMissing[] = {
     {"qwen3_next", "Qwen3NextForCausalLM",
      "hybrid linear-attention layers (Gated DeltaNet) and mixture-of-experts layers"},
-    {"qwen3_moe", "Qwen3MoeForCausalLM", "mixture-of-experts layers (router, top-k experts)"},
     {"qwen2_moe", "Qwen2MoeForCausalLM", "mixture-of-experts layers (router, top-k experts)"},
     {"gpt_oss", "GptOssForCausalLM", "mixture-of-experts layers and attention sinks"},
     {"mamba", "MambaForCausalLM", "state-space (Mamba) layers instead of attention"},

@@ -25,6 +25,9 @@ struct ArchFamily {
   // as well as before each (four per layer), GeGLU with tanh-approximated GELU, embeddings
   // multiplied by sqrt(hidden_size). GGUF files store the norms as 1 + w already.
   bool gemma;
+  // Mixture-of-experts MLPs (ModelConfig::moe): a router and experts in place of the MLP on
+  // some or all layers (mixtral, qwen3_moe).
+  bool moe;
 };
 
 // The family named name (ModelConfig::arch); nullptr when qlft does not train it.

@@ -200,6 +200,11 @@ ModelConfig read_gguf_config(const GgufFile& g);
 ModelConfig read_hf_config(const JsonFile& cj, const std::string& weights,
                            std::unique_ptr<SafetensorsSet>* st);
 
+// The Hugging Face name of a mixture-of-experts tensor of layer l (ModelConfig::moe): the
+// router (e < 0) or expert e's w1 gate (which 1), w2 down (2) or w3 up (3), as the family's
+// files name them; with ".weight" when weight.
+std::string hf_moe_tensor(const ModelConfig& c, int l, int e, int which, bool weight = true);
+
 // Loads a .gguf file, a .safetensors file beside a config.json, or an HF model directory.
 // Every weight is counted in tracker as `weights`.
 std::unique_ptr<Model> load_model(MemoryTracker* tracker, const std::string& path,

@@ -42,7 +42,7 @@ void read_hf_sliding_window(const JsonFile& cj, const ArchFamily& fam, ModelConf
     const int64_t p =
         cj.get_int_in("sliding_window_pattern", 1, kMaxLayers, name == "gemma2" ? 2 : 6);
     for (int i = 0; i < c.n_layers; ++i) c.sliding_layers.push_back((i + 1) % p != 0);
-  } else if (name == "qwen2" || name == "qwen3") {
+  } else if (name == "qwen2" || name == "qwen3" || name == "qwen3_moe") {
     const bool on = cj.get_bool("use_sliding_window", false);
     const int64_t from = cj.get_int_in("max_window_layers", 0, kMaxLayers, c.n_layers);
     for (int i = 0; i < c.n_layers; ++i) c.sliding_layers.push_back(on && i >= from);
@@ -112,16 +112,43 @@ void read_hf_gemma(const JsonFile& cj, ModelConfig& c) {
   check_model_config(c, cj.path());  // the caps and bases read here
 }
 
-// Mixtral's experts (ModelConfig::moe): every layer's MLP is num_local_experts SwiGLU experts of
-// intermediate_size, num_experts_per_tok of them per row, their weights renormalised.
+// The experts (ModelConfig::moe) as transformers reads them. Mixtral: every layer's MLP is
+// num_local_experts experts of intermediate_size, num_experts_per_tok per row, renormalised.
+// Qwen3-MoE: num_experts (transformers 5 writes num_local_experts) of moe_intermediate_size,
+// renormalised only with norm_topk_prob, on layer l unless l is in mlp_only_layers or
+// (l + 1) % decoder_sparse_step != 0 (a dense MLP of intermediate_size there).
 void read_hf_moe(const JsonFile& cj, ModelConfig& c) {
   ModelConfig::Moe& m = c.moe;
-  m.n_experts = static_cast<int>(cj.get_int_in("num_local_experts", 1, 4096, 8));
-  m.top_k = static_cast<int>(cj.get_int_in("num_experts_per_tok", 1, m.n_experts, 2));
-  m.expert_ffn = c.ffn_dim;
-  m.norm_topk = true;
+  const bool qwen = c.arch == "qwen3_moe";
+  const char* count = qwen && cj.has("num_experts") ? "num_experts" : "num_local_experts";
+  m.n_experts = static_cast<int>(cj.get_int_in(count, 1, 4096, qwen ? 128 : 8));
+  m.top_k = static_cast<int>(cj.get_int_in("num_experts_per_tok", 1, m.n_experts, qwen ? 8 : 2));
+  m.expert_ffn = qwen ? cj.get_int_in("moe_intermediate_size", 1, kMaxDim, 768) : c.ffn_dim;
+  m.norm_topk = qwen ? cj.get_bool("norm_topk_prob", false) : true;
   m.aux_coef = static_cast<float>(cj.get_float("router_aux_loss_coef", 0.001));
   m.aux_loss = cj.get_bool("output_router_logits", false);
+  if (qwen) {
+    const int64_t step = cj.get_int_in("decoder_sparse_step", 1, kMaxLayers, 1);
+    std::vector<bool> dense(size_t(c.n_layers), false);
+    const nlohmann::json& r = cj.root();
+    if (r.contains("mlp_only_layers") && !r["mlp_only_layers"].is_null()) {
+      QLFT_CHECK_FORMAT(r["mlp_only_layers"].is_array(), "%s: mlp_only_layers is not a list",
+                        cj.path().c_str());
+      for (const nlohmann::json& v : r["mlp_only_layers"]) {
+        QLFT_CHECK_FORMAT(
+            v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < c.n_layers,
+            "%s: mlp_only_layers holds %s, not a layer of %d", cj.path().c_str(), v.dump().c_str(),
+            c.n_layers);
+        dense[size_t(v.get<int64_t>())] = true;
+      }
+    }
+    bool all = true;
+    for (int l = 0; l < c.n_layers; ++l) {
+      m.layers.push_back(!dense[size_t(l)] && (l + 1) % step == 0);
+      all = all && m.layers.back();
+    }
+    if (all) m.layers.clear();  // empty: every layer
+  }
   // transformers adds router_aux_loss_coef times the load-balancing loss to the loss only with
   // output_router_logits (default false): the runner does not compute it.
   QLFT_CHECK_FORMAT(!m.aux_loss,
@@ -139,6 +166,19 @@ void read_hf_moe(const JsonFile& cj, ModelConfig& c) {
 }
 
 }  // namespace
+
+std::string hf_moe_tensor(const ModelConfig& c, int l, int e, int which, bool weight) {
+  // Mixtral: block_sparse_moe.gate, experts.{e}.w1 / w2 / w3 (transformers 5 writes its fused
+  // in-memory experts back in this form); Qwen3-MoE: mlp.gate, experts.{e}.gate_proj /
+  // down_proj / up_proj.
+  const bool mixtral = c.arch == "mixtral";
+  std::string n = "model.layers." + std::to_string(l) + (mixtral ? ".block_sparse_moe." : ".mlp.");
+  if (e < 0) return n + "gate" + (weight ? ".weight" : "");
+  static const char* const kMixtral[] = {"", "w1", "w2", "w3"};
+  static const char* const kQwen[] = {"", "gate_proj", "down_proj", "up_proj"};
+  n += "experts." + std::to_string(e) + "." + (mixtral ? kMixtral : kQwen)[which];
+  return weight ? n + ".weight" : n;
+}
 
 ModelConfig read_hf_config(const JsonFile& cj, const std::string& weights,
                            std::unique_ptr<SafetensorsSet>* st_out) {
@@ -194,7 +234,7 @@ ModelConfig read_hf_config(const JsonFile& cj, const std::string& weights,
   c.qk_norm = fam->qk_norm;
   if (fam->gemma) read_hf_gemma(cj, c);
   read_hf_sliding_window(cj, *fam, c);
-  if (c.arch == "mixtral") read_hf_moe(cj, c);
+  if (fam->moe) read_hf_moe(cj, c);
   if (!st_out) return c;  // config.json alone (planning without weights): it says all
   *st_out = SafetensorsSet::open(weights);
   const SafetensorsSet& st = **st_out;
@@ -263,17 +303,13 @@ class HfLoader final : public FormatLoader {
   void bias(Buffer& dst, int l, Proj p, int64_t n) override {
     dst = vector(proj_prefix(l, p) + ".bias", n);
   }
-  // Mixtral's files (transformers writes its fused in-memory experts back in this form):
-  // block_sparse_moe.gate [n_experts, dim] (the router, kept f32) and
-  // block_sparse_moe.experts.{e}.w1 / w3 [ffn, dim], w2 [dim, ffn].
   void moe(MoeWeights& w, int l, const LayerShapes& s) override {
-    const std::string b = layer(l) + "block_sparse_moe.";
-    w.router = float_weight(b + "gate.weight", s.n_experts, s.norm);
+    const ModelConfig& c = m_.cfg;
+    w.router = float_weight(hf_moe_tensor(c, l, -1, 0), s.n_experts, s.norm);
     for (int e = 0; e < s.n_experts; ++e) {
-      const std::string x = b + "experts." + std::to_string(e) + ".";
-      w.w1[size_t(e)] = linear_weight(x + "w1", s.expert_ffn, s.norm);
-      w.w3[size_t(e)] = linear_weight(x + "w3", s.expert_ffn, s.norm);
-      w.w2[size_t(e)] = linear_weight(x + "w2", s.norm, s.expert_ffn);
+      w.w1[size_t(e)] = linear_weight(hf_moe_tensor(c, l, e, 1, false), s.expert_ffn, s.norm);
+      w.w3[size_t(e)] = linear_weight(hf_moe_tensor(c, l, e, 3, false), s.expert_ffn, s.norm);
+      w.w2[size_t(e)] = linear_weight(hf_moe_tensor(c, l, e, 2, false), s.norm, s.expert_ffn);
     }
   }
 

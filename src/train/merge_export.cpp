@@ -131,17 +131,15 @@ void export_safetensors(const Model& m, const LoraAdapter* lora, const std::stri
     } else {
       norm(h + "post_attention_layernorm.weight", L.ffn_norm);
     }
-    if (!L.moe.w1.empty()) {  // mixtral's router and experts (frozen), as its files name them
-      const std::string b = h + "block_sparse_moe.";
+    if (!L.moe.w1.empty()) {  // the router and experts (frozen), as the family's files name them
       t = dequant(L.moe.router);
-      w.add_f32(b + "gate.weight", {L.moe.router.rows, L.moe.router.cols}, t.data());
+      w.add_f32(hf_moe_tensor(c, l, -1, 0), {L.moe.router.rows, L.moe.router.cols}, t.data());
       for (size_t e = 0; e < L.moe.w1.size(); ++e)
-        for (const auto& [name, q] : {std::pair<const char*, const QWeight*>{"w1", &L.moe.w1[e]},
-                                      {"w2", &L.moe.w2[e]},
-                                      {"w3", &L.moe.w3[e]}}) {
+        for (const auto& [which, q] : {std::pair<int, const QWeight*>{1, &L.moe.w1[e]},
+                                       {2, &L.moe.w2[e]},
+                                       {3, &L.moe.w3[e]}}) {
           t = dequant(*q);
-          w.add_f32(b + "experts." + std::to_string(e) + "." + name + ".weight", {q->rows, q->cols},
-                    t.data());
+          w.add_f32(hf_moe_tensor(c, l, int(e), which), {q->rows, q->cols}, t.data());
         }
     }
     for (int pi = 0; pi < kProjCount; ++pi) {
@@ -203,11 +201,21 @@ void export_safetensors(const Model& m, const LoraAdapter* lora, const std::stri
     j["final_logit_softcapping"] =
         c.final_softcap > 0 ? nlohmann::json(short_double(c.final_softcap)) : nlohmann::json();
   }
-  if (c.moe.n_experts > 0) {  // mixtral's (every layer)
+  if (c.moe.n_experts > 0) {
     j["num_local_experts"] = c.moe.n_experts;
     j["num_experts_per_tok"] = c.moe.top_k;
     j["router_aux_loss_coef"] = short_double(c.moe.aux_coef);
     j["output_router_logits"] = c.moe.aux_loss;
+  }
+  if (c.arch == "qwen3_moe") {  // its experts' width, weights and dense layers
+    j["num_experts"] = c.moe.n_experts;
+    j["moe_intermediate_size"] = c.moe.expert_ffn;
+    j["norm_topk_prob"] = c.moe.norm_topk;
+    j["decoder_sparse_step"] = 1;
+    nlohmann::json dense = nlohmann::json::array();
+    for (int l = 0; l < c.n_layers; ++l)
+      if (!c.layer_moe(l)) dense.push_back(l);
+    j["mlp_only_layers"] = dense;
   }
   if (c.sliding_window > 0) {  // as transformers 5 reads it: the window and each layer's type
     j["sliding_window"] = c.sliding_window;

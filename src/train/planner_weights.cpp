@@ -342,9 +342,8 @@ WeightFootprint hf_footprint(const std::string& path, const LoadOptions& o, Mode
       add_linear(w, g, o, rows, cols, uint64_t(rows * cols) * (half ? 2 : 4));
     }
     if (c.qkv_bias) add_biases(w, g, sh.layers[size_t(l)]);
-    if (sh.layers[size_t(l)].moe()) {  // the experts as their first one is stored (HF names)
-      const std::string n =
-          "model.layers." + std::to_string(l) + ".block_sparse_moe.experts.0.w1.weight";
+    if (sh.layers[size_t(l)].moe()) {  // the experts as their first one is stored
+      const std::string n = hf_moe_tensor(c, l, 0, 1);
       const SafeTensorInfo* t = st->find(n);
       QLFT_CHECK_FORMAT(t, "%s: tensor '%s' is missing", dir.c_str(), n.c_str());
       add_experts(w, g, o, sh.layers[size_t(l)],

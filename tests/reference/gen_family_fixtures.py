@@ -66,7 +66,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig,
                           MistralConfig, MistralForCausalLM, MixtralConfig, MixtralForCausalLM,
-                          Phi3Config, Phi3ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+                          Phi3Config, Phi3ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
+                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 import fixture_versions
 from gen_model_fixtures import (GGUF_PROJ, PROJS, batch, greedy, lora_fixture, permute_hf_to_gguf,
@@ -85,6 +86,7 @@ FAMILIES = {
     "gemma2": (Gemma2Config, Gemma2ForCausalLM, "gemma2", False),
     "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM, None, False),
     "mixtral": (MixtralConfig, MixtralForCausalLM, None, True),
+    "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM, None, False),
 }
 
 
@@ -97,7 +99,7 @@ def hf_model(family, cfg):
 
 def save_hf_dir(model, path):
     os.makedirs(path, exist_ok=True)
-    if hasattr(model.config, "num_local_experts"):
+    if getattr(model.config, "num_local_experts", 0):
         # transformers' own writer: its experts are fused 3D parameters in memory and
         # save_pretrained writes them back as the checkpoints on the Hub have them
         # (block_sparse_moe.experts.{e}.w1 / w2 / w3), in F16 like the others.
@@ -306,7 +308,7 @@ def routing_margin(model, tok):
         lambda m, i, o: gaps.append(float(torch.topk(torch.softmax(o[0].float(), -1),
                                                       m.top_k + 1, -1).values.diff(dim=-1)
                                           .abs()[..., -1].min())))
-             for l in model.model.layers]
+             for l in model.model.layers if hasattr(l.mlp, "experts")]
     with torch.no_grad():
         model(input_ids=tok)
     for h in hooks:
@@ -323,17 +325,29 @@ MIXTRAL = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_at
                rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
 
 
-def moe_fixtures():
-    """syn_mixtral (its own seed, so the other fixtures stay as they are)."""
-    gen = torch.Generator().manual_seed(4860)
-    torch.manual_seed(4860)
-    synthetic("mixtral", MIXTRAL, 4, 8, PROJS[:4], False, gen)
+# Qwen3-MoE: qwen3's q / k norms, 3 layers with experts on 0 and 2 (mlp_only_layers [1]: a
+# dense MLP of intermediate_size there), 4 experts of moe_intermediate_size 24, top-2 weights
+# NOT renormalised (norm_topk_prob false, the config class's default).
+QWEN3_MOE = dict(hidden_size=32, intermediate_size=64, moe_intermediate_size=24,
+                 num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                 vocab_size=160, rms_norm_eps=1e-6, max_position_embeddings=512,
+                 tie_word_embeddings=False, num_experts=4, num_experts_per_tok=2,
+                 decoder_sparse_step=1, mlp_only_layers=[1], norm_topk_prob=False,
+                 router_aux_loss_coef=0.001, output_router_logits=False,
+                 rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+
+
+def moe_fixture(family, cfg, seed):
+    """syn_<family> (its own seed, so the other fixtures stay as they are), LoRA on attention."""
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    synthetic(family, cfg, 4, 8, PROJS[:4], False, gen)
     # transformers' own reader of the saved files (their per-expert tensors fused again)
-    model = MixtralForCausalLM.from_pretrained(os.path.join(OUT, "syn_mixtral"),
-                                               dtype=torch.float32,
-                                               attn_implementation="eager").eval()
-    out = load_file(os.path.join(OUT, "syn_mixtral.lora.safetensors"))
-    with safe_open(os.path.join(OUT, "syn_mixtral.lora.safetensors"), "pt") as f:
+    name = "syn_" + family
+    model = FAMILIES[family][1].from_pretrained(os.path.join(OUT, name), dtype=torch.float32,
+                                                attn_implementation="eager").eval()
+    out = load_file(os.path.join(OUT, name + ".lora.safetensors"))
+    with safe_open(os.path.join(OUT, name + ".lora.safetensors"), "pt") as f:
         meta = f.metadata()
     tok = out["tokens"].long()
     with torch.no_grad():  # the saved model is the one the fixture ran
@@ -341,8 +355,13 @@ def moe_fixtures():
         print("reloaded vs fixture max diff", float(d))
         assert d < 1e-5, d
     meta["routing_min_margin"] = "%g" % routing_margin(model, tok)
-    save_file(out, os.path.join(OUT, "syn_mixtral.lora.safetensors"), metadata=meta)
-    print("syn_mixtral routing min margin", meta["routing_min_margin"])
+    save_file(out, os.path.join(OUT, name + ".lora.safetensors"), metadata=meta)
+    print(name, "routing min margin", meta["routing_min_margin"])
+
+
+def moe_fixtures():
+    moe_fixture("mixtral", MIXTRAL, 4860)
+    moe_fixture("qwen3_moe", QWEN3_MOE, 4861)
 
 
 def main():

@@ -910,3 +910,85 @@ TEST(Families, MixtralPlansFromItsConfig) {
             std::string::npos)
       << d;
 }
+
+// Qwen3-MoE (Qwen3MoeForCausalLM: qwen3's q / k norms; experts on layers 0 and 2, layer 1 dense
+// by mlp_only_layers; 4 experts of moe_intermediate_size 24, top-2 NOT renormalised as
+// norm_topk_prob false says): logits, loss, LoRA gradients, base logits and greedy generation
+// against transformers + PEFT, and the merged export against merge_and_unload.
+TEST(Families, Qwen3MoeMatchesTransformersAndPeft) {
+  Fixture f(family_fixture("syn_qwen3_moe.lora.safetensors"));
+  EXPECT_GT(std::stod(f.meta("routing_min_margin")), 1e-5);
+  check_family("qwen3_moe", false);
+  MemoryTracker tr;
+  auto m = load_model(&tr, family_fixture("syn_qwen3_moe"), keep());
+  EXPECT_TRUE(m->shapes.qk_norm());
+  EXPECT_TRUE(m->shapes.layers[0].moe());
+  EXPECT_FALSE(m->shapes.layers[1].moe());  // mlp_only_layers
+  EXPECT_EQ(m->shapes.proj(1, Proj::Gate).out, 64);
+  EXPECT_EQ(m->shapes.layers[2].expert_ffn, 24);
+  EXPECT_FALSE(m->shapes.layers[2].norm_topk);
+  EXPECT_EQ(m->layers[2].moe.w3[1].rows, 24);
+}
+
+TEST(Families, Qwen3MoeExportsLoadInPeft) {
+  check_exports("qwen3_moe", false);
+}
+
+// Done-when 4 for Qwen3-30B-A3B (Qwen/Qwen3-30B-A3B's config.json, bf16, no weights): 128
+// experts of 768, top 8 renormalised, every layer; NF4 footprint against an independent count.
+TEST(Families, Qwen3MoePlansFromItsConfig) {
+  const nlohmann::json q = {{"architectures", {"Qwen3MoeForCausalLM"}},
+                            {"attention_bias", false},
+                            {"attention_dropout", 0.0},
+                            {"bos_token_id", 151643},
+                            {"decoder_sparse_step", 1},
+                            {"eos_token_id", 151645},
+                            {"head_dim", 128},
+                            {"hidden_act", "silu"},
+                            {"hidden_size", 2048},
+                            {"initializer_range", 0.02},
+                            {"intermediate_size", 6144},
+                            {"max_position_embeddings", 40960},
+                            {"max_window_layers", 48},
+                            {"mlp_only_layers", nlohmann::json::array()},
+                            {"model_type", "qwen3_moe"},
+                            {"moe_intermediate_size", 768},
+                            {"norm_topk_prob", true},
+                            {"num_attention_heads", 32},
+                            {"num_experts", 128},
+                            {"num_experts_per_tok", 8},
+                            {"num_hidden_layers", 48},
+                            {"num_key_value_heads", 4},
+                            {"output_router_logits", false},
+                            {"rms_norm_eps", 1e-6},
+                            {"rope_scaling", nullptr},
+                            {"rope_theta", 1000000.0},
+                            {"router_aux_loss_coef", 0.001},
+                            {"sliding_window", nullptr},
+                            {"tie_word_embeddings", false},
+                            {"torch_dtype", "bfloat16"},
+                            {"use_cache", true},
+                            {"use_sliding_window", false},
+                            {"vocab_size", 151936}};
+  const std::string dir = qlft_test::temp_dir("qwen3_30b_a3b"), text = q.dump();
+  qlft_test::write_file(dir + "/config.json", text.data(), text.size());
+  LoadOptions o;  // NF4
+  ModelConfig c;
+  WeightFootprint w = weight_footprint_of_file(dir, o, &c);
+  EXPECT_EQ(c.arch, "qwen3_moe");
+  const ModelShapes s = model_shapes(c);
+  EXPECT_TRUE(s.layers[47].moe());
+  EXPECT_TRUE(s.layers[0].norm_topk);
+  EXPECT_EQ(s.layers[0].n_experts, 128);
+  const double attn = 2.0 * 4096 * 2048 + 2.0 * 512 * 2048, experts = 128 * 3.0 * 768 * 2048;
+  const double want =
+      8.0 * 151936 * 2048 + 48 * ((attn + experts) * (0.5 + 1.0 / 64) + 128 * 2048 * 4);
+  std::printf("[family] qwen3-30b-a3b NF4 weights %.3f GB (expected %.3f)\n", double(w.bytes) / 1e9,
+              want / 1e9);
+  EXPECT_NEAR(double(w.bytes), want, 0.01 * want);
+  const std::string d = describe_deltas(c, s);
+  EXPECT_NE(d.find("q/k RMSNorm per head"), std::string::npos) << d;
+  EXPECT_NE(d.find("mixture of experts: 128 experts of width 768, top 8 renormalised on 48 of 48"),
+            std::string::npos)
+      << d;
+}
