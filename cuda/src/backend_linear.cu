@@ -149,8 +149,8 @@ void CudaBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, con
       const float* xin = X.as<float>();
       if (l.dropout_p > 0.f) {
         XD = dev(M * K * 4, MemCategory::Workspace, "lora dropout input");
-        cu::dropout_apply(X.as<float>(), M, K, K, 0, l.dropout_p, l.dropout_seed, XD.as<float>(),
-                          stream_);
+        cu::dropout_apply(X.as<float>(), M, K, K, l.dropout_row0, l.dropout_p, l.dropout_seed,
+                          XD.as<float>(), stream_);
         xin = XD.as<float>();
       }
       Dev dAd = inout_raw(dA, int64_t(r) * K * 4, "lora dA");
@@ -167,7 +167,7 @@ void CudaBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, con
         DeviceMemory Tm = dev(M * K * 4, MemCategory::Workspace, "lora dx");
         gemm_->run(M, K, r, 1.f, f32(G.data(), r, false), f32(Ad.data(), K, false), 0.f,
                    Tm.as<float>(), K);
-        cu::dropout_masked_add(DX.as<float>(), K, Tm.as<float>(), M, K, 0, l.dropout_p,
+        cu::dropout_masked_add(DX.as<float>(), K, Tm.as<float>(), M, K, l.dropout_row0, l.dropout_p,
                                l.dropout_seed, l.scale / (1.f - l.dropout_p), stream_);
       }
     }
@@ -236,7 +236,8 @@ void CudaBackend::lora_down(const LoraRef& l, const float* X, int64_t M, int64_t
   DeviceMemory XD;
   if (l.dropout_p > 0.f) {
     XD = dev(M * K * 4, MemCategory::Workspace, "lora dropout input");
-    cu::dropout_apply(X, M, K, K, 0, l.dropout_p, l.dropout_seed, XD.as<float>(), stream_);
+    cu::dropout_apply(X, M, K, K, l.dropout_row0, l.dropout_p, l.dropout_seed, XD.as<float>(),
+                      stream_);
     xin = XD.as<float>();
   }
   // XD goes back to the cache on return: work queued later on this stream runs after it.

@@ -42,6 +42,9 @@ struct LoraRef {
   // 1 / (1 - p). p = 0 disables it. The mask is recomputed in backward, never stored.
   float dropout_p = 0.f;
   uint64_t dropout_seed = 0;
+  // The mask's row of x's first row: a call on rows [r0, r0 + n) of a larger batch (the runner's
+  // sequence tiles, model/llama_mlp_tiles.cpp) draws that batch's mask.
+  int64_t dropout_row0 = 0;
 };
 
 // Attention shape and masking for one call: the model's head geometry (arch/model_shapes.h)

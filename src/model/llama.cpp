@@ -31,7 +31,7 @@ DType activation_dtype(Precision precision) {
 
 RunnerFootprint LlamaRunner::footprint(const ModelShapes& c, int lora_r, int lora_projs,
                                        int64_t rows, bool training, bool doc_ids, DType acts,
-                                       uint64_t (*round)(uint64_t)) {
+                                       uint64_t (*round)(uint64_t), int64_t mlp_tile) {
   const int64_t R = rows;
   // A device allocator rounds each buffer further (size classes): per buffer, not per total.
   auto counted = [round](int64_t n, int64_t bytes = sizeof(float)) {
@@ -40,7 +40,8 @@ RunnerFootprint LlamaRunner::footprint(const ModelShapes& c, int lora_r, int lor
   };
   const int64_t es = acts == DType::F32 ? 4 : 2;  // bytes of a 16-bit-storable element
   RunnerFootprint f;
-  const std::array<int64_t, kLayerActs> n = layer_act_counts(c, R);
+  // With MLP tiles every layer is checkpointed: no layer is stored, the scratch set is tiled.
+  const std::array<int64_t, kLayerActs> n = layer_act_counts(c, R, mlp_tile);
   for (size_t i = 0; i < n.size(); ++i) {
     if (!n[i]) continue;  // not made for this model
     f.layer_acts += counted(n[i]);
@@ -54,7 +55,8 @@ RunnerFootprint LlamaRunner::footprint(const ModelShapes& c, int lora_r, int lor
   f.stream = 3 * counted(R) + (doc_ids ? counted(R) : 0) +
              static_cast<uint64_t>(c.n_layers + 1) * counted(R * c.dim) + counted(R * c.dim) +
              counted(R) + (training ? counted(R * c.dim) : 0);
-  for (int64_t n : grad_counts(c, R)) f.backward_ws += counted(n);
+  for (int64_t n : grad_counts(c, R, mlp_tile)) f.backward_ws += counted(n);
+  if (mlp_tile > 0) f.backward_ws += counted(mlp_tile * c.dim);  // mlp_bwd_tiles' down output
   f.recompute_ws = counted(R * c.dim);
   for (const LayerShapes& ls : c.layers)
     if (ls.moe()) f.moe_saved += moe_saved_bytes(R, ls.norm, ls.expert_ffn, ls.n_experts, ls.top_k);
@@ -113,6 +115,21 @@ void LlamaRunner::set_checkpoint_all(bool on) {
   have_forward_ = false;
 }
 
+void LlamaRunner::set_mlp_tile_rows(int64_t rows) {
+  QLFT_CHECK_ARG(rows >= 0,
+                 "train.mlp_tile_rows must be 0 (whole) or a positive row count, not %lld",
+                 static_cast<long long>(rows));
+  mlp_tile_rows_ = rows;
+  have_forward_ = false;
+}
+
+int64_t LlamaRunner::engaged_tile(int64_t rows) const {
+  // The tiles' backward calls a projection's LoRA backward once per tile: a gradient sink wants
+  // one begin / end per projection, and DoRA / a frozen start act on whole outputs.
+  const bool all = std::find(ckpt_.begin(), ckpt_.end(), false) == ckpt_.end();
+  return sink_ || extras_ ? 0 : mlp_tile_for(model_.shapes, mlp_tile_rows_, rows, all);
+}
+
 void LlamaRunner::set_activation_dtype(DType t) {
   QLFT_CHECK_ARG(t == DType::F32 || t == DType::BF16 || t == DType::F16,
                  "activations are stored as F32, BF16 or F16, not %s", dtype_name(t));
@@ -151,7 +168,8 @@ LlamaRunner::LayerActs& LlamaRunner::acts_for(int layer, bool store) {
   if (*slot) return **slot;
   const MemCategory A = MemCategory::Activations;
   const int64_t R = rows_;
-  const std::array<int64_t, kLayerActs> n = layer_act_counts(model_.shapes, R);
+  // The scratch set's gate / up / activation hold one MLP tile (stored layers: no tiles).
+  const std::array<int64_t, kLayerActs> n = layer_act_counts(model_.shapes, R, stored ? 0 : tile_);
   auto a = std::make_unique<LayerActs>();
   // A stored layer under 16-bit storage keeps its halves() in 2 bytes an element; the fp32
   // scratch set holds every layer while it runs.
@@ -242,9 +260,16 @@ void LlamaRunner::unpack(LayerActs& from, LayerActs& to, bool direct) {
 
 // A checkpointed layer recomputed into the scratch: the same 16-bit values a stored layer's
 // backward would unpack, so checkpointing does not change the arithmetic.
+// With MLP tiles the tiles' backward makes and rounds the MLP's (xn2 after each tile's gate / up
+// from the unrounded values; the tile's activation and the gate / up / down LoRA inputs).
 void LlamaRunner::round_stored(LayerActs& a) {
-  for (Buffer* b : a.halves())
+  for (Buffer* b : a.halves()) {
+    if (tile_ &&
+        (b == &a.xn2 || b == &a.gate || b == &a.up || b == &a.hact || b == &a.xa[int(Proj::Gate)] ||
+         b == &a.xa[int(Proj::Up)] || b == &a.xa[int(Proj::Down)]))
+      continue;
     if (!b->empty()) be_.round_16(act_dtype_, b->as<float>(), static_cast<int64_t>(b->size() / 4));
+  }
 }
 
 void LlamaRunner::prepare(const TokenBatch& b, bool training) {
@@ -255,6 +280,12 @@ void LlamaRunner::prepare(const TokenBatch& b, bool training) {
   if (R != rows_) {
     release();
     rows_ = R;
+  }
+  recompute_ = false;                                   // (a backward that threw mid-recompute)
+  if (const int64_t t = engaged_tile(R); t != tile_) {  // the MLP-sized buffers change size
+    scratch_.reset();
+    grads_.reset();
+    tile_ = t;
   }
   // The batch is checked here, on the host (a device backend cannot check what it never sees),
   // and copied into the backend's memory: tokens and targets every time, positions when they

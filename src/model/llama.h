@@ -110,15 +110,26 @@ struct SeqObjective {
       weigh;
 };
 
+// The MLP row tile a batch of `rows` runs with under a tile setting of `tile` rows
+// (LlamaRunner::set_mlp_tile_rows; 0: whole): tiles only when every layer is checkpointed (their
+// MLP tensors live in the one scratch set and backward recomputes them tile by tile), the batch
+// is longer than one tile, and the model has no norm after the MLP (gemma's post-norm reads the
+// whole down output first). The runner and the memory planner both ask here.
+inline int64_t mlp_tile_for(const ModelShapes& s, int64_t tile, int64_t rows,
+                            bool every_layer_checkpointed) {
+  return tile > 0 && tile < rows && every_layer_checkpointed && !s.post_norm() ? tile : 0;
+}
+
 class LlamaRunner {
  public:
   // lora_projs: LoRA-targeted projections per layer, each keeping rows x lora_r of xa.
   // acts: the activation storage type (activation_dtype(precision)).
   // round: the bytes the backend's allocator holds for a buffer of n bytes (already rounded to
   // 64 as Buffer does); nullptr: host memory (64-byte rounding only).
+  // mlp_tile: the MLP row tile (mlp_tile_for; 0: whole).
   static RunnerFootprint footprint(const ModelShapes& c, int lora_r, int lora_projs, int64_t rows,
                                    bool training, bool doc_ids, DType acts,
-                                   uint64_t (*round)(uint64_t) = nullptr);
+                                   uint64_t (*round)(uint64_t) = nullptr, int64_t mlp_tile = 0);
 
   // lora may be nullptr (base model only). Neither model nor lora is owned.
   LlamaRunner(const Model& model, Backend& backend, LoraAdapter* lora);
@@ -137,6 +148,16 @@ class LlamaRunner {
   // or not, sees the 16-bit values of the stored tensors. Frees the stored activations.
   void set_activation_dtype(DType t);
   DType activation_dtype() const { return act_dtype_; }
+
+  // The MLP tiled along the sequence (model/llama_mlp_tiles.cpp, train.mlp_tile_rows): with
+  // every layer checkpointed and a batch of more than `rows` rows, gate / up -> SwiGLU -> down
+  // run over row tiles of `rows` in forward, and backward recomputes each tile's gate, up and
+  // activation before its backward, so no [rows x intermediate] tensor is whole. The LoRA
+  // gradients add up over the tiles; the losses and gradients are those of the whole MLP. 0 (the
+  // default): whole. Not with DoRA / a frozen start or a gradient sink (ZeRO-2): whole there.
+  void set_mlp_tile_rows(int64_t rows);
+  // The tile the last batch ran with (0: whole).
+  int64_t mlp_tile() const { return tile_; }
 
   // Training forward: runs the model, keeps what backward() needs, and returns the loss sum
   // and count. grad_scale multiplies d(loss_sum) in backward; 0 means 1 / count (the gradient
@@ -208,6 +229,16 @@ class LlamaRunner {
   void unpack(LayerActs& from, LayerActs& to, bool direct = false);
   void round_stored(LayerActs& a);
   void layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx, LayerActs* st = nullptr);
+  // The tiled MLP (tile_ > 0, model/llama_mlp_tiles.cpp): forward from a.xn2 into x_out (before
+  // the residual add), and backward from d_down (d of the down projection's output) into
+  // d(xn2) in dxn, its LoRA gradients through lin_bwd(p, x, dy, dx, row0).
+  using TileLinBwd = std::function<void(Proj, CMatF, CMatF, MatF, int64_t)>;
+  void mlp_fwd_tiles(int l, LayerActs& a, float* x_out);
+  void mlp_bwd_tiles(int l, LayerActs& a, CMatF d_down, Buffer& dxn, const TileLinBwd& lin_bwd);
+  // One tile's forward: rows [r0, r0 + n) of a.xn2 through gate / up (xa written), the
+  // activation, and down into out ([n, dim]).
+  void mlp_tile_fwd(int l, LayerActs& a, int64_t r0, int64_t n, float* out);
+  int64_t engaged_tile(int64_t rows) const;
   LossResult run_forward(const TokenBatch& b, bool training, float grad_scale, MatF logits);
   // The fused cross-entropy (Backend::linear_cross_entropy) over a head ws hands out in row
   // slices (WeightStream::rows_sharded). Host memory.
@@ -237,6 +268,9 @@ class LlamaRunner {
   LoraAdapter* lora_;
   std::vector<bool> ckpt_;
   DType act_dtype_ = DType::F32;
+  int64_t mlp_tile_rows_ = 0;  // set_mlp_tile_rows
+  int64_t tile_ = 0;           // the tile the scratch set and Grads are made for (0: whole)
+  bool recompute_ = false;     // backward's recompute of a checkpointed layer (its tiles skipped)
 
   // Shape of the current batch.
   int64_t rows_ = 0;

@@ -30,10 +30,13 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
 
   // dy16: dy's bf16 copy for the backend (Backend::next_dy_16), handed over right before the
   // linear_bwd that takes it.
-  auto lin_bwd = [&](Proj p, CMatF x, CMatF dy, MatF dx, View2<uint16_t> dy16 = {}) {
+  // row0: x's first row in the batch (an MLP tile's; xa and the dropout mask from there).
+  auto lin_bwd = [&](Proj p, CMatF x, CMatF dy, MatF dx, View2<uint16_t> dy16 = {},
+                     int64_t row0 = 0) {
     const int pi = static_cast<int>(p);
     bool has;
     LoraRef ref = lora_ref(l, p, &has);
+    ref.dropout_row0 = row0;
     float *dA = nullptr, *dB = nullptr;
     if (has && sink_) {  // (host backends only: set_grad_sink)
       const LoraGradTarget t = sink_->begin(l, p);
@@ -52,8 +55,8 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
     const CMatF dy_k =
         ex ? ex->before_bwd(l, p, &ref, x, dy, lora_->slot(l, p).dM.as<float>()) : dy;
     if (dy16.data) be_.next_dy_16(act_dtype_, dy16);
-    be_.linear_bwd(L.proj[pi], has ? &ref : nullptr, x, has ? a.xa[pi].as<float>() : nullptr, dy_k,
-                   dx, dA, dB);
+    be_.linear_bwd(L.proj[pi], has ? &ref : nullptr, x,
+                   has ? a.xa[pi].as<float>() + row0 * ref.r : nullptr, dy_k, dx, dA, dB);
     if (ex) ex->after_bwd(l, p, dy, dx);
     if (has && sink_) sink_->end(l, p);
   };
@@ -77,17 +80,13 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
                     mat(g.dxn, R, c.dim));
     return cmat(g.dxn, R, c.dim);
   };
+  const CMatF d_down = post_norm_bwd(a.fpre, L.post_ffn_norm, a.rstd4);
   // A mixture-of-experts layer (never with st): its backward into dxn instead of the MLP's.
   const bool moe = model_.shapes.layers[static_cast<size_t>(l)].moe();
   if (moe) {
     zero(g.dxn);
     moe_bwd(be_, L.moe, moe_saved_[size_t(l)], cmat(a.xn2, R, c.dim), G.as_const(),
             mat(g.dxn, R, c.dim));
-  } else {
-    const CMatF d_down = post_norm_bwd(a.fpre, L.post_ffn_norm, a.rstd4);
-    zero_dx(g.dh, R * c.ffn_dim);
-    SharedInput shared(be_, cmat(a.hact, R, c.ffn_dim), t16, st ? h16(st->hact) : nullptr);
-    lin_bwd(Proj::Down, cmat(a.hact, R, c.ffn_dim), d_down, mat(g.dh, R, c.ffn_dim));
   }
   // With st (direct16()): the gradients that only enter linear_bwd as its dy (dgate, dup, dq,
   // dk, dv) are written in 16 bits into their fp32 buffers' memory (Backend::next_dy_16), at
@@ -102,27 +101,40 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
   auto lin_bwd16 = [&](Proj p, CMatF x, View2<uint16_t> d16, Buffer& dfp, MatF dx) {
     lin_bwd(p, x, cmat(dfp, R, d16.cols), dx, st ? d16 : View2<uint16_t>());
   };
-  View2<uint16_t> dgate16, dup16;
-  if (moe) {
-  } else if (st) {
-    dgate16 = dy16(Proj::Gate, g.dgate, c.ffn_dim);
-    dup16 = dy16(Proj::Up, g.dup, c.ffn_dim);
-    be_.swiglu_bwd_to_16(t16, st->gate.as<uint16_t>(), st->up.as<uint16_t>(),
-                         cmat(g.dh, R, c.ffn_dim), dgate16, dup16);
-  } else {
-    if (c.gemma)  // never with st (direct16)
-      be_.geglu_bwd(cmat(a.gate, R, c.ffn_dim), cmat(a.up, R, c.ffn_dim), cmat(g.dh, R, c.ffn_dim),
-                    mat(g.dgate, R, c.ffn_dim), mat(g.dup, R, c.ffn_dim));
-    else
-      be_.swiglu_bwd(cmat(a.gate, R, c.ffn_dim), cmat(a.up, R, c.ffn_dim), cmat(g.dh, R, c.ffn_dim),
-                     mat(g.dgate, R, c.ffn_dim), mat(g.dup, R, c.ffn_dim));
-    dgate16 = dup16 = View2<uint16_t>(nullptr, R, c.ffn_dim);
-  }
-  if (!moe) {
+  const bool tiled = tile_ && !st && !moe;  // the MLP in row tiles (model/llama_mlp_tiles.cpp)
+  if (tiled)
+    mlp_bwd_tiles(l, a, d_down, g.dxn, [&](Proj p, CMatF x, CMatF dy, MatF dx, int64_t row0) {
+      lin_bwd(p, x, dy, dx, View2<uint16_t>(), row0);
+    });
+  if (!tiled && !moe) {
+    zero_dx(g.dh, R * c.ffn_dim);
+    {
+      SharedInput shared(be_, cmat(a.hact, R, c.ffn_dim), t16, st ? h16(st->hact) : nullptr);
+      lin_bwd(Proj::Down, cmat(a.hact, R, c.ffn_dim), d_down, mat(g.dh, R, c.ffn_dim));
+    }
+    View2<uint16_t> dgate16, dup16;
+    if (st) {
+      dgate16 = dy16(Proj::Gate, g.dgate, c.ffn_dim);
+      dup16 = dy16(Proj::Up, g.dup, c.ffn_dim);
+      be_.swiglu_bwd_to_16(t16, st->gate.as<uint16_t>(), st->up.as<uint16_t>(),
+                           cmat(g.dh, R, c.ffn_dim), dgate16, dup16);
+    } else {
+      if (c.gemma)  // never with st (direct16)
+        be_.geglu_bwd(cmat(a.gate, R, c.ffn_dim), cmat(a.up, R, c.ffn_dim),
+                      cmat(g.dh, R, c.ffn_dim), mat(g.dgate, R, c.ffn_dim),
+                      mat(g.dup, R, c.ffn_dim));
+      else
+        be_.swiglu_bwd(cmat(a.gate, R, c.ffn_dim), cmat(a.up, R, c.ffn_dim),
+                       cmat(g.dh, R, c.ffn_dim), mat(g.dgate, R, c.ffn_dim),
+                       mat(g.dup, R, c.ffn_dim));
+      dgate16 = dup16 = View2<uint16_t>(nullptr, R, c.ffn_dim);
+    }
     zero_dx(g.dxn, R * c.dim);
-    SharedInput shared(be_, cmat(a.xn2, R, c.dim), t16, st ? h16(st->xn2) : nullptr);
-    lin_bwd16(Proj::Gate, cmat(a.xn2, R, c.dim), dgate16, g.dgate, mat(g.dxn, R, c.dim));
-    lin_bwd16(Proj::Up, cmat(a.xn2, R, c.dim), dup16, g.dup, mat(g.dxn, R, c.dim));
+    {
+      SharedInput shared(be_, cmat(a.xn2, R, c.dim), t16, st ? h16(st->xn2) : nullptr);
+      lin_bwd16(Proj::Gate, cmat(a.xn2, R, c.dim), dgate16, g.dgate, mat(g.dxn, R, c.dim));
+      lin_bwd16(Proj::Up, cmat(a.xn2, R, c.dim), dup16, g.dup, mat(g.dxn, R, c.dim));
+    }
   }
   be_.rmsnorm_bwd(cmat(a.x_mid, R, c.dim), frozen(L.ffn_norm), a.rstd2.as<float>(),
                   cmat(g.dxn, R, c.dim), G);
@@ -202,7 +214,7 @@ void LlamaRunner::backward() {
   if (!grads_) {
     const Backend& t = be_;
     const MemCategory W = MemCategory::Workspace;
-    const std::array<int64_t, 9> n = grad_counts(model_.shapes, R);
+    const std::array<int64_t, 9> n = grad_counts(model_.shapes, R, tile_);
     auto g = std::make_unique<Grads>();
     g->G = make(t, W, n[0], "d residual");
     g->dxn = make(t, W, n[1], "d norm out");
@@ -229,7 +241,9 @@ void LlamaRunner::backward() {
       LayerActs& a = acts_for(l, true);
       {
         Buffer tmp = make(be_, MemCategory::Workspace, R * c.dim, "recompute out");
+        recompute_ = true;  // (MLP tiles skipped: mlp_bwd_tiles makes them; prepare resets it)
         layer_fwd(l, a, resid_[l].as<float>(), tmp.as<float>());
+        recompute_ = false;
       }
       if (act_dtype_ != DType::F32) round_stored(a);
       layer_bwd(l, a, resid_[l].as<float>(), l > 0);

@@ -109,6 +109,12 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
     be_.add(x_out, a.x_mid.as<float>(), R * c.dim);
     return;
   }
+  if (tile_ && !st) {        // the MLP in row tiles (model/llama_mlp_tiles.cpp)
+    if (recompute_) return;  // backward's tiles make what it needs
+    mlp_fwd_tiles(l, a, x_out);
+    be_.add(x_out, a.x_mid.as<float>(), R * c.dim);
+    return;
+  }
   Buffer* ffn_outs[2] = {&a.gate, &a.up};
   {
     SharedInput shared(be_, cmat(a.xn2, R, c.dim), t16, st ? h16(st->xn2) : nullptr);

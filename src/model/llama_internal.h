@@ -47,10 +47,12 @@ constexpr bool kActFp32[kLayerActs] = {false, true,  false, false, false, false,
                                        true,  true,  true,  true,  true,  true,  true};
 
 // Element counts of LayerActs' buffers in declaration order (xn1 .. rstdk; 0: not made for this
-// model); each xa is rows * r.
-inline std::array<int64_t, kLayerActs> layer_act_counts(const ModelShapes& c, int64_t R) {
+// model); each xa is rows * r. tile: the MLP's row tile (LlamaRunner::mlp_tile), whose gate, up
+// and activation hold that many rows; 0: all R.
+inline std::array<int64_t, kLayerActs> layer_act_counts(const ModelShapes& c, int64_t R,
+                                                        int64_t tile = 0) {
   const int64_t qd = c.q_dim(), kvd = c.kv_dim(), qkn = c.qk_norm() ? R : 0;
-  const int64_t pn = c.post_norm() ? R : 0;
+  const int64_t pn = c.post_norm() ? R : 0, F = tile > 0 ? tile : R;
   return {R * c.dim,
           R,
           R * qd,
@@ -61,9 +63,9 @@ inline std::array<int64_t, kLayerActs> layer_act_counts(const ModelShapes& c, in
           R * c.dim,
           R * c.dim,
           R,
-          R * c.ffn_dim,
-          R * c.ffn_dim,
-          R * c.ffn_dim,
+          F * c.ffn_dim,
+          F * c.ffn_dim,
+          F * c.ffn_dim,
           qkn * qd,
           qkn * kvd,
           qkn * c.n_heads,
@@ -74,11 +76,12 @@ inline std::array<int64_t, kLayerActs> layer_act_counts(const ModelShapes& c, in
           pn};
 }
 
-// Element counts of the backward temporaries: G, dxn, datt, dq, dk, dv, dh, dgate, dup.
-inline std::array<int64_t, 9> grad_counts(const ModelShapes& c, int64_t R) {
-  const int64_t qd = c.q_dim(), kvd = c.kv_dim();
+// Element counts of the backward temporaries: G, dxn, datt, dq, dk, dv, dh, dgate, dup (the
+// last three of one MLP row tile when tile > 0).
+inline std::array<int64_t, 9> grad_counts(const ModelShapes& c, int64_t R, int64_t tile = 0) {
+  const int64_t qd = c.q_dim(), kvd = c.kv_dim(), F = tile > 0 ? tile : R;
   return {R * c.dim, R * c.dim,     R * qd,        R * qd,       R * kvd,
-          R * kvd,   R * c.ffn_dim, R * c.ffn_dim, R * c.ffn_dim};
+          R * kvd,   F * c.ffn_dim, F * c.ffn_dim, F * c.ffn_dim};
 }
 
 // Per (step, layer, projection) seed so every adapter draws its own dropout mask.

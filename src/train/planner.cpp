@@ -577,11 +577,17 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
   // Where the runner's tensors and the kernels' scratch live.
   auto& act = p.device ? p.device_train : cat;
 
-  // Activations: the runner's own sizes.
-  const RunnerFootprint f = LlamaRunner::footprint(sh, lc.r, projs, R, true, /*doc_ids=*/true,
-                                                   activation_dtype(s.precision), m->round_fn());
   int ckpt = 0;
   if (s.checkpoint_every > 0) ckpt = (c.n_layers + s.checkpoint_every - 1) / s.checkpoint_every;
+  // The MLP's row tile, as the runner engages it (LlamaRunner::engaged_tile: not with DoRA or a
+  // ZeRO-2 gradient sink).
+  const int64_t tile = lc.use_dora || sharded_gradients(s)
+                           ? 0
+                           : mlp_tile_for(sh, s.mlp_tile_rows, R, ckpt == c.n_layers);
+  // Activations: the runner's own sizes.
+  const RunnerFootprint f =
+      LlamaRunner::footprint(sh, lc.r, projs, R, true, /*doc_ids=*/true,
+                             activation_dtype(s.precision), m->round_fn(), tile);
   const int stored = c.n_layers - ckpt;
   act[int(MemCategory::Activations)] = f.activations(stored, ckpt);
   // The reference pass (an inference forward over the same rows) reuses the step's residual
@@ -604,8 +610,10 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
     const Proj p = static_cast<Proj>(q);
     const bool shared =
         p == Proj::Q || p == Proj::K || p == Proj::V || p == Proj::Gate || p == Proj::Up;
-    fwd = std::max(fwd, m->linear_fwd(ps.out, ps.in, R, lc.targets[q], shared));
-    bwd = std::max(bwd, m->linear_bwd(ps.out, ps.in, R, lc.targets[q], shared));
+    // The MLP's projections run over one tile's rows when tiled.
+    const int64_t rows = tile && (p == Proj::Gate || p == Proj::Up || p == Proj::Down) ? tile : R;
+    fwd = std::max(fwd, m->linear_fwd(ps.out, ps.in, rows, lc.targets[q], shared));
+    bwd = std::max(bwd, m->linear_bwd(ps.out, ps.in, rows, lc.targets[q], shared));
   }
   // The backward temporaries stay allocated until the step ends: with accumulation, the next
   // micro-batch's forward runs beside them.

@@ -136,6 +136,8 @@ struct PlanSettings {
   bool zero3_prefetch = true;                    // dist.zero3_prefetch
   OffloadTarget offload_optimizer = OffloadTarget::None, offload_params = OffloadTarget::None;
   int offload_buffers = 2;  // offload.buffers: NVMe buffers in flight besides the one in use
+  // The MLP's row tile (LlamaRunner::set_mlp_tile_rows; 0: whole), engaged as mlp_tile_for says.
+  int64_t mlp_tile_rows = 0;
 
   // train.precision, train.grad_checkpointing, data.seq_len, train.micro_batch (auto gives 1),
   // optim.name, lora.* (or lora.init_from's adapter_config.json), threads, backend,

@@ -40,7 +40,8 @@ void apply_dropout(CMatF x, int64_t row0, int64_t n, const LoraRef& l, float* ou
   for (int64_t i = 0; i < n; ++i) {
     const float* xr = x.row(row0 + i);
     float* o = out + i * C;
-    vk.dropout_row(xr, C, seed, lora_dropout_row_base(row0 + i), threshold, inv, o);
+    vk.dropout_row(xr, C, seed, lora_dropout_row_base(l.dropout_row0 + row0 + i), threshold, inv,
+                   o);
   }
 }
 
@@ -150,7 +151,8 @@ void lora_bwd(const OpGemm& mm, const QWeight& W, const LoraRef& l, CMatF x, con
       float* xdr = dA ? xd + i * K : nullptr;
       float* dxr = want_dx ? dx.row(row) : nullptr;
       const float* tr = want_dx ? t + i * K : nullptr;
-      vk.dropout_bwd_row(xr, tr, K, seed, lora_dropout_row_base(row), threshold, inv, s, xdr, dxr);
+      vk.dropout_bwd_row(xr, tr, K, seed, lora_dropout_row_base(l.dropout_row0 + row), threshold,
+                         inv, s, xdr, dxr);
     }
     // dA += scale * g_chunk^T drop(x)_chunk: [r, K]
     if (dA) {
