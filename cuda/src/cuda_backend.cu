@@ -32,7 +32,7 @@ CudaBackend::CudaBackend(MemoryTracker* tracker, const CudaBackendOptions& o)
   tile_ = gemm_tile(o.spec.precision);
   round_ = o.autocast && tile_ != TileType::F32;
   gemm_ = std::make_unique<LtGemm>(tracker, stream_, o.spec.tf32);
-  if (graphs_requested()) graphs_ = std::make_unique<StreamGraphs>(stream_);
+  if (o.spec.graphs || graphs_requested()) graphs_ = std::make_unique<StreamGraphs>(stream_);
 }
 
 CudaBackend::~CudaBackend() {

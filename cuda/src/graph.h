@@ -1,5 +1,5 @@
-// CUDA graphs for the backend's stream (issue 45, "few launches"): with graphs on
-// (QLFT_CUDA_GRAPHS=1, read when a CudaBackend is made), the stream's work between two points
+// CUDA graphs for the backend's stream (issue 45, "few launches"): with graphs on (cuda.graphs,
+// or QLFT_CUDA_GRAPHS=1 when a CudaBackend is made), the stream's work between two points
 // where the host needs it done is recorded by stream capture and submitted as one graph launch.
 //
 // A capture opens at the first kernel launched on the stream (cu::launch, check.h); everything

@@ -23,6 +23,10 @@ const KeyDef kKeys[] = {
      "backend=cuda, fp32 GEMMs (train.precision=fp32): let cuBLASLt use TF32 tensor cores (inputs "
      "rounded to a 10-bit mantissa, fp32 accumulation; PyTorch's allow_tf32). Several times "
      "faster on Ampere and later; results differ from fp32 by about 1e-3 relative."},
+    {"cuda.graphs", KeyType::Bool, "false", 0, 0, "",
+     "backend=cuda: submit the device work between two host waits as one CUDA graph (stream "
+     "capture) instead of kernel by kernel: a few launches per training step instead of "
+     "hundreds, the same results bit for bit. Off until measured on a device."},
     {"threads", KeyType::Int, "0", 0, 4096, "",
      "Worker threads for kernels and BLAS; 0 uses every core the process may run on."},
     {"memory.limit", KeyType::Size, "0", 0, 0, "",

@@ -48,6 +48,7 @@ BackendSpec parse_backend(const Config& c) {
   s.kind = pick<BackendKind>(c, "backend", kBackendNames);
   s.precision = pick<Precision>(c, "train.precision", kPrecisionNames);
   s.tf32 = c.get_bool("cuda.tf32");
+  s.graphs = c.get_bool("cuda.graphs");
   s.threads = as_int(c, "threads");
   return s;
 }

@@ -78,13 +78,15 @@ namespace qlft {
 
 // ---- the parts, one per consumer ------------------------------------------------------------
 
-// backend, train.precision, cuda.tf32, threads: what make_backend (backend/backend_select.h)
-// builds a backend from; the precision reaches the kernels only through it.
+// backend, train.precision, cuda.tf32, cuda.graphs, threads: what make_backend
+// (backend/backend_select.h) builds a backend from; the precision reaches the kernels only through
+// it.
 struct BackendSpec {
   BackendKind kind = BackendKind::Cpu;
   Precision precision = Precision::FP32;
-  bool tf32 = false;  // cuda.tf32
-  int threads = 0;    // 0: every core the process may run on
+  bool tf32 = false;    // cuda.tf32
+  bool graphs = false;  // cuda.graphs
+  int threads = 0;      // 0: every core the process may run on
 };
 
 struct MemorySpec {

@@ -1,5 +1,5 @@
 // The training step with the CUDA backend's stream recorded as graphs (cuda/src/graph.h,
-// QLFT_CUDA_GRAPHS=1) against the same steps launched kernel by kernel: a stories260K fine-tune
+// cuda.graphs=true) against the same steps launched kernel by kernel: a stories260K fine-tune
 // (NF4, LoRA on all seven projections, AdamW on the device) gives bit-identical losses and
 // gradient norms at every step, and the host submits a few graph launches per step instead of
 // hundreds of kernel launches (qlft_step_stats.device_launches, metrics.jsonl "launches").
@@ -18,11 +18,6 @@ namespace {
 
 std::vector<qlft_step_stats> run_steps(bool graphs, const std::string& model_path,
                                        const std::string& text, int steps) {
-  // Read when the backend is made (graph.h): set for this run only.
-  if (graphs)
-    setenv("QLFT_CUDA_GRAPHS", "1", 1);
-  else
-    unsetenv("QLFT_CUDA_GRAPHS");
   std::vector<qlft_step_stats> out;
   qlft_config* cfg = nullptr;
   EXPECT_EQ(qlft_config_create(&cfg), QLFT_OK);
@@ -39,6 +34,7 @@ std::vector<qlft_step_stats> run_steps(bool graphs, const std::string& model_pat
       {"seed", "7"},
       {"lora.target_modules", "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"}};
   for (auto& p : kv) EXPECT_EQ(qlft_config_set(cfg, p[0], p[1]), QLFT_OK) << p[0];
+  EXPECT_EQ(qlft_config_set(cfg, "cuda.graphs", graphs ? "true" : "false"), QLFT_OK);
   const std::string max_steps = std::to_string(steps);
   EXPECT_EQ(qlft_config_set(cfg, "train.max_steps", max_steps.c_str()), QLFT_OK);
   qlft_runtime* rt = nullptr;
@@ -62,7 +58,6 @@ std::vector<qlft_step_stats> run_steps(bool graphs, const std::string& model_pat
   qlft_model_free(model);
   qlft_runtime_free(rt);
   qlft_config_free(cfg);
-  unsetenv("QLFT_CUDA_GRAPHS");
   return out;
 }
 
