@@ -348,6 +348,13 @@ QLFT_API int32_t qlft_trainer_create(qlft_model* model, qlft_dataset* train_data
 QLFT_API void qlft_trainer_free(qlft_trainer* trainer);
 /* One optimizer step (train.accumulation micro-batches). */
 QLFT_API int32_t qlft_trainer_step(qlft_trainer* trainer, qlft_step_stats* out);
+/* The device launches of the trainer's last step (qlft_step_stats.device_launches) by kernel, as
+ * a JSON object in name order: {"cublasLtMatmul": 115, "k_rmsnorm_fwd<...>": 5, ...} (kernel
+ * names with their template arguments; "{}" on backend=cpu and before a step). Copied into buf
+ * with its NUL; *needed (if not NULL) receives the size with the NUL. buf NULL with buf_size 0
+ * only asks the size; a too-small buffer is QLFT_ERR_INVALID_ARGUMENT. */
+QLFT_API int32_t qlft_trainer_step_launches(const qlft_trainer* trainer, char* buf, size_t buf_size,
+                                            size_t* needed);
 /* Steps until train.max_steps / train.epochs, evaluating and checkpointing as configured. */
 QLFT_API int32_t qlft_trainer_train(qlft_trainer* trainer, qlft_progress_fn progress,
                                     void* user_data);

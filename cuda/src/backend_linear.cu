@@ -33,33 +33,35 @@ void CudaBackend::linear_fwd(const QWeight& W, const float* bias, const LoraRef*
     Dev Bd = in_raw(bias, N * 4, "linear bias");
     cu::add_bias(Y.as<float>(), M, N, N, Bd.as<float>(), stream_);
   }
+  // The runner's bf16 xa for this call (next_xa_16), taken by it.
+  uint16_t* xa16 = h16_.xa16;
+  h16_.xa16 = nullptr;
   if (lora && lora->r > 0) {
     op_checks::lora(*lora);
     const int r = lora->r;
     QLFT_CHECK_ARG(!x16 || lora->dropout_p == 0.f,
                    "linear_fwd: LoRA dropout reads the fp32 input, not its 16-bit copy");
-    Dev Ad = x16 ? in_raw(lora->A, int64_t(r) * K * 4, "lora A")
-                 : lora_operand(in_raw(lora->A, int64_t(r) * K * 4, "lora A"), int64_t(r) * K);
-    Dev Bd = lora_operand(in_raw(lora->B, N * r * 4, "lora B"), N * r);
-    Dev XA = xa ? out_raw(xa, M * r * 4, MemCategory::Activations, "lora xa")
-                : scratch(M * r * 4, "lora xa");
-    if (x16) {  // xa = x A^T on bf16 operands (the products autocast's rounded ones give)
-      Dev A16 = to_tile(Ad, int64_t(r) * K, "lora A (16-bit)");
-      gemm_->run(M, r, K, 1.f, {x16, tile_, K, false}, {A16.data(), tile_, K, true}, 0.f,
-                 XA.as<float>(), r);
+    QLFT_CHECK_ARG(!xa16 || x16,
+                   "linear_fwd: a 16-bit xa (next_xa_16) needs the 16-bit input (takes_input_16)");
+    if (x16) {
+      lora_fwd16(*lora, x16, M, N, K, Y.as<float>(), xa, xa16);
     } else {
+      Dev Ad = lora_operand(in_raw(lora->A, int64_t(r) * K * 4, "lora A"), int64_t(r) * K);
+      Dev Bd = lora_operand(in_raw(lora->B, N * r * 4, "lora B"), N * r);
+      Dev XA = xa ? out_raw(xa, M * r * 4, MemCategory::Activations, "lora xa")
+                  : scratch(M * r * 4, "lora xa");
       lora_down(*lora, X.as<float>(), M, K, Ad.as<float>(), XA.as<float>());
+      // y += scale * xa B^T (xa rounded where it enters the GEMM under bf16; kept fp32)
+      Dev XAr;
+      const void* xap = XA.data();
+      if (round_lora_bf16()) {
+        XAr = rounded_copy(XA.as<float>(), M * r, "lora xa, rounded");
+        xap = XAr.data();
+      }
+      gemm_->run(M, N, r, lora->scale, f32(xap, r, false), f32(Bd.data(), r, true), 1.f,
+                 Y.as<float>(), N);
+      if (xa) finish_raw(XA, xa, M * r * 4);
     }
-    // y += scale * xa B^T (xa rounded where it enters the GEMM under bf16; kept fp32)
-    Dev XAr;
-    const void* xap = XA.data();
-    if (round_lora_bf16()) {
-      XAr = rounded_copy(XA.as<float>(), M * r, "lora xa, rounded");
-      xap = XAr.data();
-    }
-    gemm_->run(M, N, r, lora->scale, f32(xap, r, false), f32(Bd.data(), r, true), 1.f,
-               Y.as<float>(), N);
-    if (xa) finish_raw(XA, xa, M * r * 4);
   }
   finish(Y, N, y);
 }
@@ -82,6 +84,10 @@ void CudaBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, con
                  static_cast<long long>(M), static_cast<long long>(N));
   const uint16_t* x16 = shared_x16(x);
   const bool lora16 = has_lora && round_lora_bf16() && lora->dropout_p == 0.f;
+  const uint16_t* xa16 = h16_.xa16;  // the runner's bf16 xa (next_xa_16), taken by this call
+  h16_.xa16 = nullptr;
+  QLFT_CHECK_ARG(!xa16 || lora16,
+                 "linear_bwd: a 16-bit xa (next_xa_16) needs the bf16 LoRA path (no dropout)");
   // dy's fp32 (rounded) values only for fp32 GEMMs: the fp32 mode's, or the fp32 LoRA path's.
   Dev dY;
   if (!d16.data && (tile_ == TileType::F32 || (has_lora && !lora16)))
@@ -115,7 +121,8 @@ void CudaBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, con
     }
   }
   if (lora16) {
-    lora_bwd16(*lora, x, x16, xa, dyp, ldy, M, N, K, want_dx ? DX.as<float>() : nullptr, dA, dB);
+    lora_bwd16(*lora, x, x16, xa, xa16, dyp, ldy, M, N, K, want_dx ? DX.as<float>() : nullptr, dA,
+               dB);
   } else if (has_lora) {
     const LoraRef& l = *lora;
     const int r = l.r;
@@ -176,34 +183,36 @@ void CudaBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, con
 }
 
 void CudaBackend::lora_bwd16(const LoraRef& l, CMatF x, const uint16_t* x16, const float* xa,
-                             const void* dyb, int64_t ldy, int64_t M, int64_t N, int64_t K,
-                             float* DX, float* dA, float* dB) {
+                             const uint16_t* xa16, const void* dyb, int64_t ldy, int64_t M,
+                             int64_t N, int64_t K, float* DX, float* dA, float* dB) {
   const int r = l.r;
-  Dev A16 = to_tile(in_raw(l.A, int64_t(r) * K * 4, "lora A"), int64_t(r) * K, "lora A (16-bit)");
-  Dev B16 = to_tile(in_raw(l.B, N * r * 4, "lora B"), N * r, "lora B (16-bit)");
-  // g = dy B: [M, r], fp32 sums of bf16 products, then bf16 where it enters the dA / dx GEMMs.
-  Dev G = scratch(M * r * 4, "lora dy B");
-  gemm_->run(M, r, N, 1.f, {dyb, tile_, ldy, false}, {B16.data(), tile_, r, false}, 0.f,
-             G.as<float>(), r);
-  Dev G16 = to_tile(G, M * r, "lora dy B (16-bit)");
+  Dev A16 = lora_factor16(l.A16, l.A, int64_t(r) * K, "lora A (16-bit)");
+  Dev B16 = lora_factor16(l.B16, l.B, N * r, "lora B (16-bit)");
+  // g = dy B: [M, r], fp32 sums of bf16 products, written in bf16 by its GEMM (the value the
+  // dA / dx GEMMs read).
+  Dev G16 = scratch(M * r * 2, "lora dy B (16-bit)");
+  gemm_->run(M, r, N, 1.f, {dyb, tile_, ldy, false}, {B16.data(), tile_, r, false}, 0.f, G16.data(),
+             tile_, r);
   Dev X16;  // x in the tile type, where the runner handed none over
   const void* xb = x16;
-  if (!x16 && (dA || (dB && !xa))) {
+  if (!x16 && (dA || (dB && !xa && !xa16))) {
     X16 = scratch(M * K * 2, "linear_bwd x (16-bit)");
     Dev X = in(x, K, MemCategory::Activations, "linear_bwd x");
     cu::convert_tile(X.as<float>(), M, K, K, X16.data(), tile_, stream_);
     xb = X16.data();
   }
   if (dB) {
-    Dev XA;
-    if (xa) {
-      XA = in_raw(xa, M * r * 4, "lora xa");
+    Dev XA16;  // xa in bf16: the runner's, else converted from its fp32 xa, else made again
+    if (xa16) {
+      QLFT_CHECK_ARG(mine(xa16, M * r * 2), "linear_bwd: the 16-bit xa is not device memory");
+      XA16 = view(xa16);
+    } else if (xa) {
+      XA16 = to_tile(in_raw(xa, M * r * 4, "lora xa"), M * r, "lora xa (16-bit)");
     } else {
-      XA = scratch(M * r * 4, "lora xa");
+      XA16 = scratch(M * r * 2, "lora xa (16-bit)");
       gemm_->run(M, r, K, 1.f, {xb, tile_, K, false}, {A16.data(), tile_, K, true}, 0.f,
-                 XA.as<float>(), r);
+                 XA16.data(), tile_, r);
     }
-    Dev XA16 = to_tile(XA, M * r, "lora xa (16-bit)");
     Dev dBd = inout_raw(dB, N * r * 4, "lora dB");
     // dB += scale * dy^T xa
     gemm_->run(N, r, M, l.scale, {dyb, tile_, ldy, true}, {XA16.data(), tile_, r, false}, 1.f,
@@ -221,6 +230,40 @@ void CudaBackend::lora_bwd16(const LoraRef& l, CMatF x, const uint16_t* x16, con
   if (DX)
     gemm_->run(M, K, r, l.scale, {G16.data(), tile_, r, false}, {A16.data(), tile_, K, false}, 1.f,
                DX, K);
+}
+
+void CudaBackend::lora_fwd16(const LoraRef& l, const uint16_t* x16, int64_t M, int64_t N, int64_t K,
+                             float* Y, float* xa, uint16_t* xa16) {
+  const int r = l.r;
+  Dev A16 = lora_factor16(l.A16, l.A, int64_t(r) * K, "lora A (16-bit)");
+  Dev B16 = lora_factor16(l.B16, l.B, N * r, "lora B (16-bit)");
+  // xa = x A^T: fp32 sums of bf16 products, written in bf16 by the GEMM (the runner's stored
+  // xa16, else scratch), which is the value the up-projection below and dB's GEMM read.
+  Dev XA16;
+  if (xa16) {
+    QLFT_CHECK_ARG(mine(xa16, M * r * 2), "linear_fwd: the 16-bit xa is not device memory");
+    XA16 = view(xa16);
+  } else {
+    XA16 = scratch(M * r * 2, "lora xa (16-bit)");
+  }
+  if (xa && !xa16) {  // the caller keeps the fp32 xa: written by the GEMM, then its bf16 copy
+    Dev XA = out_raw(xa, M * r * 4, MemCategory::Activations, "lora xa");
+    gemm_->run(M, r, K, 1.f, {x16, tile_, K, false}, {A16.data(), tile_, K, true}, 0.f,
+               XA.as<float>(), r);
+    cu::convert_tile(XA.as<float>(), M, r, r, XA16.data(), tile_, stream_);
+    finish_raw(XA, xa, M * r * 4);
+  } else {
+    gemm_->run(M, r, K, 1.f, {x16, tile_, K, false}, {A16.data(), tile_, K, true}, 0.f, XA16.data(),
+               tile_, r);
+  }
+  // y += scale * xa B^T
+  gemm_->run(M, N, r, l.scale, {XA16.data(), tile_, r, false}, {B16.data(), tile_, r, true}, 1.f, Y,
+             N);
+}
+
+Dev CudaBackend::lora_factor16(const uint16_t* p16, const float* p, int64_t n, const char* what) {
+  if (p16 && mine(p16, n * 2)) return view(p16);  // kept beside the factor (LoraRef::A16 / B16)
+  return to_tile(in_raw(p, n * 4, what), n, what);
 }
 
 Dev CudaBackend::to_tile(const Dev& d, int64_t n, const char* what) {

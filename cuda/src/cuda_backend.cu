@@ -116,6 +116,14 @@ void CudaBackend::adamw_torch(float* p, float* m, float* v, const float* g, int6
     return Backend::adamw_torch(p, m, v, g, n, c);
   cu::adamw_torch(p, m, v, g, n, c, stream_);
 }
+void CudaBackend::adamw_torch_to_16(float* p, float* m, float* v, const float* g, int64_t n,
+                                    const AdamWTorchCoeffs& c, DType t, uint16_t* p16) {
+  if (n <= 0) return;
+  if (t != DType::BF16 || !mine(p16, n * 2) || !mine(p, n * 4) || !mine(m, n * 4) ||
+      !mine(v, n * 4) || !mine(g, n * 4))
+    return Backend::adamw_torch_to_16(p, m, v, g, n, c, t, p16);
+  cu::adamw_torch(p, m, v, g, n, c, stream_, p16);
+}
 // p and g in the backend's memory; the state there or in its managed state store (a GPU would
 // fault on host memory, the emulator would not notice).
 void CudaBackend::adamw_bnb8(float* p, uint8_t* q1, uint8_t* q2, float* absmax1, float* absmax2,

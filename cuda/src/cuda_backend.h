@@ -170,6 +170,11 @@ class CudaBackend final : public Backend {
     t.launches = launches_total();  // launch_count.h: every launch of this process
     return t;
   }
+  std::vector<KernelLaunches> launch_counts() const override {
+    std::vector<KernelLaunches> v;
+    for (const LaunchCount& c : cu::launch_counts()) v.push_back({c.name, c.count});
+    return v;
+  }
 
   // ---- elementwise glue (cuda_backend.cu) -----------------------------------------------------
   int device_index() const override { return opt_.device; }
@@ -186,6 +191,9 @@ class CudaBackend final : public Backend {
   int64_t count_nonfinite(const float* x, int64_t n) override;
   void adamw_torch(float* p, float* m, float* v, const float* g, int64_t n,
                    const AdamWTorchCoeffs& c) override;
+  // The bf16 copy written by the same kernel (BF16; any other type takes Backend's default).
+  void adamw_torch_to_16(float* p, float* m, float* v, const float* g, int64_t n,
+                         const AdamWTorchCoeffs& c, DType t, uint16_t* p16) override;
   // The 8-bit state may also lie in managed_state_store()'s memory (allocator.cu).
   void adamw_bnb8(float* p, uint8_t* q1, uint8_t* q2, float* absmax1, float* absmax2,
                   const float* g, int64_t n, const AdamBnbCoeffs& c) override;
@@ -214,6 +222,11 @@ class CudaBackend final : public Backend {
   void end_shared_input() override { h16_.x = nullptr, h16_.x16 = nullptr; }
   void next_dy_16(DType t, View2<uint16_t> dy16) override {
     if (takes_input_16(t)) h16_.dy16 = dy16;
+  }
+  // LoRA's xa kept in bf16 (written by its GEMM in linear_fwd, read as it is by linear_bwd).
+  bool takes_xa_16(DType t) const override { return takes_input_16(t); }
+  void next_xa_16(DType t, uint16_t* xa16) override {
+    if (takes_xa_16(t)) h16_.xa16 = xa16;
   }
   void attention_inputs_16(DType t, const uint16_t* q16, const uint16_t* k16,
                            const uint16_t* v16) override {
@@ -351,8 +364,18 @@ class CudaBackend final : public Backend {
   Dev to_tile(const Dev& d, int64_t n, const char* what);
   // linear_bwd's LoRA part on bf16 operands (fp32 accumulation): dyb the 16-bit dy (row stride
   // ldy), x16 the 16-bit x or null (then x is converted).
-  void lora_bwd16(const LoraRef& l, CMatF x, const uint16_t* x16, const float* xa, const void* dyb,
-                  int64_t ldy, int64_t M, int64_t N, int64_t K, float* DX, float* dA, float* dB);
+  // xa16: the runner's bf16 xa (next_xa_16) or null (then xa's fp32 values, else made again).
+  void lora_bwd16(const LoraRef& l, CMatF x, const uint16_t* x16, const float* xa,
+                  const uint16_t* xa16, const void* dyb, int64_t ldy, int64_t M, int64_t N,
+                  int64_t K, float* DX, float* dA, float* dB);
+  // linear_fwd's LoRA part on the 16-bit input x16 (bf16 operands, fp32 accumulation): Y +=
+  // scale * (x16 A^T) B^T, the intermediate written in bf16 by its GEMM into xa16 (the runner's,
+  // next_xa_16) or scratch; xa (fp32, not null) also written where the caller keeps it.
+  void lora_fwd16(const LoraRef& l, const uint16_t* x16, int64_t M, int64_t N, int64_t K, float* Y,
+                  float* xa, uint16_t* xa16);
+  // A LoRA factor's bf16 operand: its copy p16 (LoraRef::A16 / B16) where that lives in this
+  // backend's memory, else p's n values converted.
+  Dev lora_factor16(const uint16_t* p16, const float* p, int64_t n, const char* what);
 
   // ---- LoRA, RoPE table and attention staging ---------------------------------------------------
   // xa = drop(x) A^T on the device (backend_linear.cu).
@@ -380,7 +403,8 @@ class CudaBackend final : public Backend {
   struct Hints16 {             // the runner's 16-bit operands for the next ops (takes_input_16)
     const float* x = nullptr;  // the shared input x16 holds (begin_shared_input_16)
     const uint16_t* x16 = nullptr;
-    View2<uint16_t> dy16;  // the next linear_bwd's dy (taken by it)
+    View2<uint16_t> dy16;      // the next linear_bwd's dy (taken by it)
+    uint16_t* xa16 = nullptr;  // the next LoRA linear_fwd / linear_bwd's xa (taken by it)
     const uint16_t *q16 = nullptr, *k16 = nullptr, *v16 = nullptr;  // the next attention's
     const uint16_t *out16 = nullptr, *dout16 = nullptr;             // the next backward's
   } h16_;

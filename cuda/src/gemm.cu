@@ -69,22 +69,26 @@ LtGemm::~LtGemm() {
 }
 
 void LtGemm::run(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A,
-                 const GemmOperand& B, float beta, float* C, int64_t ldc) {
+                 const GemmOperand& B, float beta, void* C, TileType ct, int64_t ldc) {
   if (M <= 0 || N <= 0) return;
   QLFT_CHECK_ARG(A.type == B.type, "cuda gemm: operand types differ");
+  QLFT_CHECK_ARG(ct == TileType::F32 || ct == A.type,
+                 "cuda gemm: a 16-bit C must have the operands' type");
   if (K <= 0) {  // C = beta * C
     QLFT_CHECK_ARG(beta == 0.f || beta == 1.f, "cuda gemm: empty K needs beta 0 or 1");
+    const size_t eb = tile_elem_bytes(ct);
     if (beta == 0.f)
-      QLFT_CUDA_CHECK(cudaMemset2DAsync(C, size_t(ldc) * 4, 0, size_t(N) * 4, size_t(M), stream_));
+      QLFT_CUDA_CHECK(
+          cudaMemset2DAsync(C, size_t(ldc) * eb, 0, size_t(N) * eb, size_t(M), stream_));
     return;
   }
   const uint32_t al_a = alignment(B.ptr), al_b = alignment(A.ptr), al_c = alignment(C);
-  const PlanKey key = {M,    N,    K,   int64_t(A.type), A.trans, B.trans, A.ld, B.ld, ldc,
-                       al_a, al_b, al_c};
+  const PlanKey key = {M,    N,    K,    int64_t(A.type), A.trans, B.trans, A.ld, B.ld, ldc,
+                       al_a, al_b, al_c, int64_t(ct)};
   auto it = plans_.find(key);
   if (it == plans_.end() && plans_.size() >= kMaxPlans) plans_.clear();  // (generation: M grows)
   if (it == plans_.end())
-    it = plans_.emplace(key, make_plan(M, N, K, A, B, ldc, al_a, al_b, al_c)).first;
+    it = plans_.emplace(key, make_plan(M, N, K, A, B, ct, ldc, al_a, al_b, al_c)).first;
   const Plan& p = *it->second;
   count_library_launch("cublasLtMatmul", graph_capturing(stream_));
   QLFT_CUBLAS_CHECK(cublasLtMatmul(handle_, p.d.op, &alpha, B.ptr, p.d.a, A.ptr, p.d.b, &beta, C,
@@ -94,8 +98,8 @@ void LtGemm::run(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand
 
 std::unique_ptr<LtGemm::Plan> LtGemm::make_plan(int64_t M, int64_t N, int64_t K,
                                                 const GemmOperand& A, const GemmOperand& B,
-                                                int64_t ldc, uint32_t al_a, uint32_t al_b,
-                                                uint32_t al_c) {
+                                                TileType ct, int64_t ldc, uint32_t al_a,
+                                                uint32_t al_b, uint32_t al_c) {
   const cudaDataType_t dt = data_type(A.type);
   auto plan = std::make_unique<Plan>();
   Descs& d = plan->d;
@@ -111,7 +115,7 @@ std::unique_ptr<LtGemm::Plan> LtGemm::make_plan(int64_t M, int64_t N, int64_t K,
       cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
   QLFT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, dt, B.trans ? K : N, B.trans ? N : K, B.ld));
   QLFT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, dt, A.trans ? M : K, A.trans ? K : M, A.ld));
-  QLFT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, CUDA_R_32F, N, M, ldc));
+  QLFT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, data_type(ct), N, M, ldc));
 
   QLFT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&d.pref));
   const uint64_t ws = workspace_.size();

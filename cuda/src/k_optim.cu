@@ -2,6 +2,7 @@
 // fp32-state path), gradient sum of squares (global norm), scaling (clipping), non-finite count.
 // Per-element math: adamw_math.h and nf4_math.h (blockwise 8-bit decode and LUT index).
 #include "check.h"
+#include "core/half.h"
 #include "kernels.h"
 #include "quant/nf4_math.h"
 #include "reduce.cuh"
@@ -12,8 +13,10 @@ namespace {
 
 constexpr int kBnbBlock = 256;  // bnb optimizer blocksize (kAdam8bitBlock)
 
-__global__ void __launch_bounds__(256)
-    k_adamw_torch(float* p, float* m, float* v, const float* g, int64_t n, AdamWTorchCoeffs c) {
+// p16 (may be null): the updated p rounded to bf16 (the LoRA factors' bf16 copy, written here
+// so no conversion kernel sits between the optimizer and the GEMMs that read it).
+__global__ void __launch_bounds__(256) k_adamw_torch(float* p, float* m, float* v, const float* g,
+                                                     int64_t n, AdamWTorchCoeffs c, uint16_t* p16) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     float pi = p[i], mi = m[i], vi = v[i];
@@ -21,6 +24,7 @@ __global__ void __launch_bounds__(256)
     p[i] = pi;
     m[i] = mi;
     v[i] = vi;
+    if (p16) p16[i] = f32_to_bf16(pi);
   }
 }
 
@@ -99,8 +103,8 @@ __global__ void __launch_bounds__(256)
 }  // namespace
 
 void adamw_torch(float* p, float* m, float* v, const float* g, int64_t n, const AdamWTorchCoeffs& c,
-                 cudaStream_t s) {
-  launch(k_adamw_torch, grid_for(n, 256), 256, 0, s, p, m, v, g, n, c);
+                 cudaStream_t s, uint16_t* p16) {
+  launch(k_adamw_torch, grid_for(n, 256), 256, 0, s, p, m, v, g, n, c, p16);
 }
 
 void adamw_bnb8(float* p, uint8_t* q1, uint8_t* q2, float* absmax1, float* absmax2, const float* g,

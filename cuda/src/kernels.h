@@ -165,8 +165,9 @@ void ce_sum(const double* loss_terms, const int32_t* targets, int64_t rc, int32_
             double* acc, unsigned long long* count, cudaStream_t s);
 
 // ---- k_optim.cu ------------------------------------------------------------------------------
+// p16 (not null): the updated p also written rounded to bf16 (nearest even).
 void adamw_torch(float* p, float* m, float* v, const float* g, int64_t n, const AdamWTorchCoeffs& c,
-                 cudaStream_t s);
+                 cudaStream_t s, uint16_t* p16 = nullptr);
 // skipped: device int64 counter incremented per non-finite gradient element (nullptr: not
 // counted; the trainer steps only finite gradients).
 void adamw_bnb8(float* p, uint8_t* q1, uint8_t* q2, float* absmax1, float* absmax2, const float* g,

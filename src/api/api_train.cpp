@@ -1,5 +1,7 @@
 // qlft_dataset and qlft_trainer: the training half of the C ABI.
 #include <cmath>
+#include <cstring>
+#include <string>
 
 #include "api/api_outputs.h"
 #include "api/handles.h"
@@ -211,7 +213,30 @@ int32_t qlft_trainer_step(qlft_trainer* trainer, qlft_step_stats* out) {
       qlft::throw_error(QLFT_ERR_INVALID_ARGUMENT,
                         "qlft_trainer_step: training is complete (%lld steps)",
                         static_cast<long long>(trainer->trainer->steps_done()));
+    trainer->last_launches = r.launches;
     if (out) fill_stats(trainer, r, out, r.seconds);
+  });
+}
+
+int32_t qlft_trainer_step_launches(const qlft_trainer* trainer, char* buf, size_t buf_size,
+                                   size_t* needed) {
+  return guard([&] {
+    QLFT_CHECK_ARG(trainer, "qlft_trainer_step_launches: trainer is NULL");
+    std::string s = "{";
+    for (const qlft::KernelLaunches& k : trainer->last_launches) {
+      if (s.size() > 1) s += ", ";
+      s += "\"";
+      for (char ch : k.name)  // (C++ names hold no control characters; quotes escaped anyway)
+        s += ch == '"' || ch == '\\' ? std::string("\\") + ch : std::string(1, ch);
+      s += "\": " + std::to_string(k.count);
+    }
+    s += "}";
+    if (needed) *needed = s.size() + 1;
+    if (!buf && buf_size == 0) return;
+    QLFT_CHECK_ARG(buf && buf_size > s.size(),
+                   "qlft_trainer_step_launches: %zu bytes do not fit the buffer of %zu",
+                   s.size() + 1, buf_size);
+    std::memcpy(buf, s.c_str(), s.size() + 1);
   });
 }
 
@@ -233,6 +258,7 @@ int32_t qlft_trainer_train(qlft_trainer* trainer, qlft_progress_fn progress, voi
       elapsed += r.seconds;
       qlft_step_stats s{};
       s.struct_size = sizeof(s);
+      trainer->last_launches = r.launches;
       fill_stats(trainer, r, &s, elapsed);
       if (ts.eval_every > 0 && r.step % ts.eval_every == 0 && trainer->data &&
           trainer->data->data && trainer->data->data->eval().rows() > 0)

@@ -5,7 +5,9 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <vector>
 
+#include "backend/backend.h"
 #include "config/config.h"
 #include "config/run_spec.h"
 #include "core/memory.h"
@@ -58,6 +60,7 @@ struct qlft_trainer {
   qlft_dataset* data = nullptr;
   qlft::RunSpec spec;  // the trainer's config, parsed once at create
   std::unique_ptr<qlft::Trainer> trainer;
+  std::vector<qlft::KernelLaunches> last_launches;  // the last step's (qlft_trainer_step_launches)
   ~qlft_trainer();
 };
 

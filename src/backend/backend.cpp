@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 
 #include "core/error.h"
 #include "core/half.h"
@@ -207,9 +208,27 @@ int64_t Backend::count_nonfinite(const float* x, int64_t n) {
   return c;
 }
 
+std::vector<KernelLaunches> launches_since(const std::vector<KernelLaunches>& before,
+                                           const std::vector<KernelLaunches>& now) {
+  std::map<std::string, uint64_t> was;
+  for (const KernelLaunches& k : before) was[k.name] = k.count;
+  std::vector<KernelLaunches> out;
+  for (const KernelLaunches& k : now) {
+    const uint64_t b = was.count(k.name) ? was[k.name] : 0;
+    if (k.count > b) out.push_back({k.name, k.count - b});
+  }
+  return out;
+}
+
 void Backend::adamw_torch(float* p, float* m, float* v, const float* g, int64_t n,
                           const AdamWTorchCoeffs& c) {
   for (int64_t i = 0; i < n; ++i) adamw_torch_update(p[i], m[i], v[i], g[i], c);
+}
+
+void Backend::adamw_torch_to_16(float* p, float* m, float* v, const float* g, int64_t n,
+                                const AdamWTorchCoeffs& c, DType t, uint16_t* p16) {
+  adamw_torch(p, m, v, g, n, c);
+  to_16(t, p, p16, n);
 }
 
 void Backend::adamw_bnb8(float*, uint8_t*, uint8_t*, float*, float*, const float*, int64_t,

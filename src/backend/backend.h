@@ -16,6 +16,8 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "arch/model_shapes.h"
 #include "config/run_spec.h"
@@ -45,6 +47,11 @@ struct LoraRef {
   // The mask's row of x's first row: a call on rows [r0, r0 + n) of a larger batch (the runner's
   // sequence tiles, model/llama_mlp_tiles.cpp) draws that batch's mask.
   int64_t dropout_row0 = 0;
+  // bf16 copies of A and B kept beside them (the device runner's, written where A and B are:
+  // upload and the device optimizer step), or null. A backend whose LoRA GEMMs take bf16
+  // operands reads these instead of converting A and B at every call; others ignore them.
+  const uint16_t* A16 = nullptr;
+  const uint16_t* B16 = nullptr;
 };
 
 // Attention shape and masking for one call: the model's head geometry (arch/model_shapes.h)
@@ -110,12 +117,25 @@ struct TransferCounts {
   uint64_t launches = 0;  // kernels and library calls (GEMMs) submitted to the device
 };
 
+// Launches of one kernel (its name with template arguments, "k_convert<...>"), or of a library
+// call that launches ("cublasLtMatmul").
+struct KernelLaunches {
+  std::string name;
+  uint64_t count = 0;
+};
+// The launches of `now` not yet in `before` (two launch_counts() of one backend), by name;
+// kernels launched no more often are left out.
+std::vector<KernelLaunches> launches_since(const std::vector<KernelLaunches>& before,
+                                           const std::vector<KernelLaunches>& now);
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
   MemoryTracker* tracker() const { return tracker_; }
   virtual TransferCounts transfers() const { return {}; }
+  // transfers().launches by kernel, in name order (a device backend's; empty on the host).
+  virtual std::vector<KernelLaunches> launch_counts() const { return {}; }
 
   // ---- the memory the operations work in ----------------------------------------------------
   // A buffer in the backend's memory: host memory on the CPU, device memory on a GPU. The runner
@@ -158,6 +178,10 @@ class Backend {
   // torch.optim.AdamW over n elements (adamw_torch_update on each).
   virtual void adamw_torch(float* p, float* m, float* v, const float* g, int64_t n,
                            const AdamWTorchCoeffs& c);
+  // adamw_torch, and p16 = the updated p rounded to t (a bf16 copy kept beside the parameters,
+  // LoraRef::A16 / B16) written in the same pass. The default: adamw_torch, then to_16.
+  virtual void adamw_torch_to_16(float* p, float* m, float* v, const float* g, int64_t n,
+                                 const AdamWTorchCoeffs& c, DType t, uint16_t* p16);
   // bitsandbytes' 8-bit AdamW over one tensor of n elements (optim/adamw8bit.h): q1 / q2 the
   // blockwise (256) codes of m and v, absmax1 / absmax2 their per-block scales, each block
   // dequantized, updated (adam_bnb_8bit_update) and re-quantized; adamw_bnb32 the fp32-state
@@ -234,6 +258,19 @@ class Backend {
   virtual void next_dy_16(DType t, View2<uint16_t> dy16) {
     (void)t;
     (void)dy16;
+  }
+  // LoRA's intermediate xa = x A^T in 16 bits. takes_xa_16(t): the backend can keep a
+  // linear's xa as values rounded to t in 16-bit memory the caller owns. next_xa_16: a hint for
+  // the next linear_fwd / linear_bwd with LoRA, which takes it: its xa lives in xa16
+  // ([x.rows, r] dense), written by linear_fwd (its fp32 xa argument left unwritten) and read by
+  // linear_bwd (its fp32 xa argument not read). Any other backend ignores it.
+  virtual bool takes_xa_16(DType t) const {
+    (void)t;
+    return false;
+  }
+  virtual void next_xa_16(DType t, uint16_t* xa16) {
+    (void)t;
+    (void)xa16;
   }
   // The input gradient of a linear_bwd in 16 bits, for a dx that only enters 16-bit operands
   // (the o projection's, attention's dout). True when the backend takes the hint: the next

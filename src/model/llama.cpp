@@ -218,9 +218,13 @@ LlamaRunner::LayerActs& LlamaRunner::scratch() {
 
 // halves() written by layer_fwd itself when direct16(): all but the LoRA xa; and those
 // layer_bwd reads in 16 bits (GEMM inputs, attention_inputs_16, attention_out_16,
-// swiglu_bwd_16): all but xa.
+// swiglu_bwd_16): all but xa. The xa too where xa16_direct() (Backend::next_xa_16).
 constexpr bool kHalfWrittenDirect[9] = {true, true, true, true, true, true, true, true, true};
 constexpr bool kHalfReadDirect[9] = {true, true, true, true, true, true, true, true, true};
+
+bool LlamaRunner::xa16_direct() const {
+  return direct16() && be_.takes_xa_16(act_dtype_);
+}
 
 bool LlamaRunner::direct16() const {
   // LoRA dropout reads the fp32 input (its scaled values round differently). The q / k norms'
@@ -236,24 +240,25 @@ namespace {
 // Calls f(fp32, stored, n) for each pair of halves() (w of the fp32 set, h of the stored layer)
 // that pack / unpack convert: those the stored layer has (n 16-bit values), less, where skip is
 // given, the first 9 it marks.
+// skip_xa: the LoRA xa too (the backend writes and reads them in 16 bits: xa16_direct()).
 template <class Halves, class F>
-void each_converted_half(const Halves& w, const Halves& h, const bool* skip, F f) {
+void each_converted_half(const Halves& w, const Halves& h, const bool* skip, bool skip_xa, F f) {
   for (size_t i = 0; i < h.size(); ++i)
-    if (!h[i]->empty() && !(skip && i < 9 && skip[i]))
+    if (!h[i]->empty() && !(skip && i < 9 && skip[i]) && !(skip_xa && i >= 9))
       f(*w[i], *h[i], static_cast<int64_t>(h[i]->size() / 2));
 }
 }  // namespace
 
 void LlamaRunner::pack(LayerActs& from, LayerActs& to, bool direct) {
   each_converted_half(from.halves(), to.halves(), direct ? kHalfWrittenDirect : nullptr,
-                      [&](Buffer& w, Buffer& h, int64_t n) {
+                      direct && xa16_direct(), [&](Buffer& w, Buffer& h, int64_t n) {
                         be_.to_16(act_dtype_, w.as<float>(), h.as<uint16_t>(), n);
                       });
 }
 
 void LlamaRunner::unpack(LayerActs& from, LayerActs& to, bool direct) {
   each_converted_half(to.halves(), from.halves(), direct ? kHalfReadDirect : nullptr,
-                      [&](Buffer& w, Buffer& h, int64_t n) {
+                      direct && xa16_direct(), [&](Buffer& w, Buffer& h, int64_t n) {
                         be_.from_16(act_dtype_, h.as<uint16_t>(), w.as<float>(), n);
                       });
 }

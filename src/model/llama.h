@@ -205,6 +205,15 @@ class LlamaRunner {
   float* lora_device_weights() { return lora_w_.empty() ? nullptr : lora_w_.as<float>(); }
   float* lora_device_grads() { return lora_g_.empty() ? nullptr : lora_g_.as<float>(); }
   int64_t lora_device_count() const { return static_cast<int64_t>(lora_w_.size() / 4); }
+  // The bf16 copy of the device copy (LoraRef::A16 / B16, what the LoRA GEMMs read), kept where
+  // the backend keeps LoRA in bf16 (takes_xa_16 at precision bf16), else nullptr. Whoever
+  // writes lora_device_weights() on the device says so after (the trainer, after its optimizer
+  // step and gathers): wrote16 when the same kernels wrote this copy too (the device AdamW),
+  // else the next forward converts it again. Host writes reach both through the upload.
+  uint16_t* lora_device_weights16() {
+    return lora_w16_.empty() ? nullptr : lora_w16_.as<uint16_t>();
+  }
+  void lora_device_written(bool wrote16) { lora16_current_ = wrote16 && !lora_w16_.empty(); }
   // Zeroes the LoRA gradients where they accumulate (the device copy or the adapter).
   void zero_lora_grads();
 
@@ -225,6 +234,10 @@ class LlamaRunner {
   // the backward reads directly) when the backend takes_input_16 (direct16()); else nullptr.
   void layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out, LayerActs* st = nullptr);
   bool direct16() const;
+  // direct16() with LoRA's xa kept in 16 bits by the backend's GEMMs (Backend::next_xa_16).
+  bool xa16_direct() const;
+  // lora_w16_ made current (converted from lora_w_) where it is kept and stale.
+  void lora16_refresh();
   void pack(LayerActs& from, LayerActs& to, bool direct = false);
   void unpack(LayerActs& from, LayerActs& to, bool direct = false);
   void round_stored(LayerActs& a);
@@ -289,6 +302,8 @@ class LlamaRunner {
   Buffer lora_w_, lora_g_;  // device copies of every A and B, and of every dA and dB
   bool lora_resident_ = false;
   uint64_t lora_copied_at_ = ~0ull;  // LoraAdapter::host_writes() when lora_w_ was copied in
+  Buffer lora_w16_;                  // lora_w_ in bf16 (lora_device_weights16)
+  bool lora16_current_ = false;      // lora_w16_ holds lora_w_'s values rounded
   std::vector<std::array<int64_t, 2>> lora_off_;  // per layer * kProjCount + p: A's offset, B's
   std::vector<Buffer> resid_;                     // [n_layers + 1] residual stream, rows x dim each
   std::vector<std::unique_ptr<LayerActs>> stored_;

@@ -55,6 +55,7 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
     const CMatF dy_k =
         ex ? ex->before_bwd(l, p, &ref, x, dy, lora_->slot(l, p).dM.as<float>()) : dy;
     if (dy16.data) be_.next_dy_16(act_dtype_, dy16);
+    if (has && st && xa16_direct()) be_.next_xa_16(act_dtype_, st->xa[pi].as<uint16_t>());
     be_.linear_bwd(L.proj[pi], has ? &ref : nullptr, x,
                    has ? a.xa[pi].as<float>() + row0 * ref.r : nullptr, dy_k, dx, dA, dB);
     if (ex) ex->after_bwd(l, p, dy, dx);

@@ -27,6 +27,12 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
   const DType t16 = act_dtype_;
   // The stored 16-bit copy of a tensor the ops write directly (nullptr: none).
   auto h16 = [st](Buffer& b) { return st ? b.as<uint16_t>() : nullptr; };
+  // With st, LoRA's xa is written in 16 bits by its GEMM where the backend keeps it so
+  // (Backend::next_xa_16, handed over right before the linear_fwd of projection p).
+  const bool xa16 = st && xa16_direct();
+  auto xa_to_16 = [&](int p, bool has) {
+    if (xa16 && has) be_.next_xa_16(t16, st->xa[p].as<uint16_t>());
+  };
 
   // With st the fp32 norm outputs, the rounded gate / up and the SwiGLU output are not written:
   // the GEMMs take the 16-bit copies (Backend::takes_input_16).
@@ -50,6 +56,7 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
       bool has;
       LoraRef ref = lora_ref(l, p, &has);
       const float* bias = L.bias[j].empty() ? nullptr : frozen(L.bias[j]);
+      xa_to_16(j, has);
       be_.linear_fwd(L.proj[j], bias, has ? &ref : nullptr, cmat(a.xn1, R, c.dim),
                      mat(*outs[j], R, widths[j]), has ? a.xa[j].as<float>() : nullptr);
       if (has && ex) ex->after_fwd(l, p, cmat(a.xn1, R, c.dim), mat(*outs[j], R, widths[j]), bias);
@@ -89,6 +96,7 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
     LoraRef ref = lora_ref(l, Proj::O, &has);
     const int o = static_cast<int>(Proj::O);
     Buffer& o_out = post ? a.opre : a.x_mid;
+    xa_to_16(o, has);
     be_.linear_fwd(L.proj[o], nullptr, has ? &ref : nullptr, cmat(a.att, R, qd),
                    mat(o_out, R, c.dim), has ? a.xa[o].as<float>() : nullptr);
     if (has && ex) ex->after_fwd(l, Proj::O, cmat(a.att, R, qd), mat(o_out, R, c.dim), nullptr);
@@ -127,6 +135,7 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
       // rounded into the stored layer (linear_fwd_to_16: by the GEMM itself where it can).
       Buffer* st_out = st ? (j == 0 ? &st->gate : &st->up) : nullptr;
       if (st_out) {
+        xa_to_16(p, has);
         be_.linear_fwd_to_16(L.proj[p], nullptr, has ? &ref : nullptr, cmat(a.xn2, R, c.dim),
                              mat(*ffn_outs[j], R, c.ffn_dim), has ? a.xa[p].as<float>() : nullptr,
                              t16, st_out->as<uint16_t>());
@@ -154,6 +163,7 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
     LoraRef ref = lora_ref(l, Proj::Down, &has);
     const int d = static_cast<int>(Proj::Down);
     const MatF d_out = post ? mat(a.fpre, R, c.dim) : MatF(x_out, R, c.dim);
+    xa_to_16(d, has);
     be_.linear_fwd(L.proj[d], nullptr, has ? &ref : nullptr, cmat(a.hact, R, c.ffn_dim), d_out,
                    has ? a.xa[d].as<float>() : nullptr);
     if (has && ex) ex->after_fwd(l, Proj::Down, cmat(a.hact, R, c.ffn_dim), d_out, nullptr);
@@ -171,6 +181,7 @@ LossResult LlamaRunner::run_forward(const TokenBatch& b, bool training, float gr
   have_forward_ = false;
   prepare(b, training);
   lora_to_device();
+  lora16_refresh();
   const int64_t R = rows_;
   // Units in the order they are used (model/weight_stream.h); each one names the next.
   WeightStream* ws = model_.stream.get();

@@ -32,6 +32,10 @@ LoraRef LlamaRunner::lora_ref(int l, Proj p, bool* has) const {
     r.scale = lora_->config().scale();
     r.dropout_p = lora_->config().dropout;
     r.dropout_seed = proj_seed(dropout_seed_, l, mp);
+    if (lora16_current_) {  // (kept beside lora_w_ at the same offsets)
+      r.A16 = lora_w16_.as<uint16_t>() + o[0];
+      r.B16 = lora_w16_.as<uint16_t>() + o[1];
+    }
   } else {
     r = lora_->ref(l, p, proj_seed(dropout_seed_, l, mp));
   }
@@ -43,6 +47,23 @@ void LlamaRunner::keep_lora_on_device() {
   if (!lora_ || !be_.device_memory()) return;
   lora_resident_ = true;
   lora_to_device();
+  lora16_refresh();  // (made now, so the device optimizer can write it)
+}
+
+void LlamaRunner::lora16_refresh() {
+  const bool keep = !lora_w_.empty() && act_dtype_ == DType::BF16 && be_.takes_xa_16(DType::BF16);
+  if (!keep) {
+    lora_w16_ = Buffer();
+    lora16_current_ = false;
+    return;
+  }
+  if (lora16_current_ && lora_w16_.size() * 2 == lora_w_.size()) return;
+  if (lora_w16_.size() * 2 != lora_w_.size())
+    lora_w16_ = be_.alloc(MemCategory::Adapter, lora_w_.size() / 2, "lora A/B (device, bf16)",
+                          BufferInit::Uninit);
+  be_.to_16(DType::BF16, lora_w_.as<float>(), lora_w16_.as<uint16_t>(),
+            static_cast<int64_t>(lora_w_.size() / 4));
+  lora16_current_ = true;
 }
 
 void LlamaRunner::zero_lora_grads() {
@@ -117,6 +138,7 @@ void LlamaRunner::lora_to_device() {
     lora_g_ = be_.alloc(MemCategory::Gradients, bytes, "lora dA/dB (device)");
   }
   lora_w_.copy_from_host(host.data(), bytes);
+  lora16_current_ = false;  // (lora16_refresh converts it)
   lora_copied_at_ = lora_->host_writes();
 }
 

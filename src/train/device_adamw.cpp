@@ -13,8 +13,8 @@ namespace {
 class DeviceAdamW final : public Optimizer {
  public:
   DeviceAdamW(const OptimSettings& s, std::vector<ParamRef> params, Backend& be, float* w,
-              const float* g, int64_t n)
-      : Optimizer(s, std::move(params)), be_(be), w_(w), g_(g), n_(n) {
+              const float* g, int64_t n, uint16_t* w16)
+      : Optimizer(s, std::move(params)), be_(be), w_(w), w16_(w16), g_(g), n_(n) {
     int64_t total = 0;
     for (const ParamRef& p : params_) {
       offset_.push_back(total);
@@ -35,8 +35,12 @@ class DeviceAdamW final : public Optimizer {
       size_t e = k + 1;
       while (e < params_.size() && params_[e].lr_scale == params_[k].lr_scale) ++e;
       const int64_t o = offset_[k], n = (e < params_.size() ? offset_[e] : n_) - o;
-      be_.adamw_torch(w_ + o, m_.as<float>() + o, v_.as<float>() + o, g_ + o, n,
-                      adamw_torch_coeffs(settings_, lr * params_[k].lr_scale, t));
+      const AdamWTorchCoeffs c = adamw_torch_coeffs(settings_, lr * params_[k].lr_scale, t);
+      if (w16_)
+        be_.adamw_torch_to_16(w_ + o, m_.as<float>() + o, v_.as<float>() + o, g_ + o, n, c,
+                              DType::BF16, w16_ + o);
+      else
+        be_.adamw_torch(w_ + o, m_.as<float>() + o, v_.as<float>() + o, g_ + o, n, c);
       k = e;
     }
     step_ = t;
@@ -76,6 +80,7 @@ class DeviceAdamW final : public Optimizer {
  private:
   Backend& be_;
   float* w_;
+  uint16_t* w16_;  // w's bf16 copy, or null
   const float* g_;
   int64_t n_;
   std::vector<int64_t> offset_;
@@ -85,8 +90,9 @@ class DeviceAdamW final : public Optimizer {
 }  // namespace
 
 std::unique_ptr<Optimizer> make_device_adamw(const OptimSettings& s, std::vector<ParamRef> params,
-                                             Backend& be, float* w, const float* g, int64_t n) {
-  return std::make_unique<DeviceAdamW>(s, std::move(params), be, w, g, n);
+                                             Backend& be, float* w, const float* g, int64_t n,
+                                             uint16_t* w16) {
+  return std::make_unique<DeviceAdamW>(s, std::move(params), be, w, g, n, w16);
 }
 
 bool device_unscale_and_check(Backend& be, float* g, int64_t n, float scale) {

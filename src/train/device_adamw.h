@@ -14,8 +14,11 @@
 namespace qlft {
 
 // w and g: n floats in the backend's memory, the params' values back to back in their order.
+// w16 (may be null): w's bf16 copy (the runner's lora_device_weights16), written by the same
+// kernels as w (Backend::adamw_torch_to_16).
 std::unique_ptr<Optimizer> make_device_adamw(const OptimSettings& s, std::vector<ParamRef> params,
-                                             Backend& be, float* w, const float* g, int64_t n);
+                                             Backend& be, float* w, const float* g, int64_t n,
+                                             uint16_t* w16 = nullptr);
 
 // 8-bit AdamW on the same arrays (train/device_adamw8bit.cpp): s.kind adamw8bit keeps the
 // state in the backend's device memory, paged_adamw8bit in its managed_state_store(). The same

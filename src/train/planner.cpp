@@ -444,6 +444,8 @@ void plan_device_persistent(const ModelConfig& c, const WeightFootprint& w, cons
   const uint64_t flat = lora_floats(c, s.lora) * 4;
   if (flat == 0 || host_adapter == 0) return;
   d[int(MemCategory::Adapter)] = m.round(rb(flat));
+  // bf16: A/B's bf16 copy beside it (LlamaRunner::lora_device_weights16, what the GEMMs read).
+  if (s.precision == Precision::BF16) d[int(MemCategory::Adapter)] += m.round(rb(flat / 2));
   d[int(MemCategory::Gradients)] = m.round(rb(flat));
   // The device optimizer step (trainer.cpp): AdamW on one rank or over NCCL, or 8-bit AdamW
   // on one rank, its state not offloaded. AdamW's m and v are device arrays (this rank's

@@ -192,8 +192,10 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
       float* g = runner_->lora_device_grads();
       if (n > 0 && device_8bit) {
         opt_ = make_device_adamw8bit(os, dp_->owned_params(), *backend_, w, g, n);
-      } else if (n > 0 && world() == 1) {
-        opt_ = make_device_adamw(os, dp_->owned_params(), *backend_, w, g, n);
+      } else if (n > 0 && world() == 1) {  // (it writes the bf16 copy of A / B too)
+        opt_ = make_device_adamw(os, dp_->owned_params(), *backend_, w, g, n,
+                                 runner_->lora_device_weights16());
+        device_writes16_ = runner_->lora_device_weights16() != nullptr;
       } else if (n > 0) {
         dp_->attach_device(*backend_, w, g, n);
         const int64_t b = dp_->owned_begin();
@@ -202,6 +204,7 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
       }
     }
     device_step_ = opt_ != nullptr;
+    if (device_step_) runner_->lora_device_written(false);  // (ranks' weights made equal)
     if (!opt_) opt_ = make_optimizer(os, dp_->owned_params(), tracker, state_stores(spec.offload));
     // train.micro_batch=auto / train.effective_batch: trial steps (or the cache) set the batch
     // shape before the data batches are made; the trainer is left as if none had run.
@@ -304,6 +307,7 @@ void Trainer::step_on(const std::vector<data::Batch>& batches, StepReport* out) 
   QLFT_PROFILE_SCOPE("step");
   auto t0 = std::chrono::steady_clock::now();
   const TransferCounts moved0 = backend_->transfers();
+  const std::vector<KernelLaunches> launches0 = backend_->launch_counts();
   StepReport r;
   std::string nonfinite_where;  // set when this step ends training (train.on_nonfinite=stop)
   try {
@@ -393,6 +397,9 @@ void Trainer::step_on(const std::vector<data::Batch>& batches, StepReport* out) 
     } else {
       opt_->step(r.lr);
       dp_->gather_params();  // ZeRO 1-2: every rank gets the tensors others updated
+      // The device copy of A / B changed: its bf16 copy with it where one device AdamW wrote
+      // both, else the next forward converts it (LlamaRunner::lora_device_weights16).
+      if (device_step_) runner_->lora_device_written(device_writes16_);
       nonfinite_in_row_ = 0;
     }
     if (fp16) scaler_->update(found_inf || !clip.finite);
@@ -413,6 +420,7 @@ void Trainer::step_on(const std::vector<data::Batch>& batches, StepReport* out) 
   r.moved.device_to_host = moved1.device_to_host - moved0.device_to_host;
   r.moved.syncs = moved1.syncs - moved0.syncs;
   r.moved.launches = moved1.launches - moved0.launches;
+  r.launches = launches_since(launches0, backend_->launch_counts());
   if (out) *out = r;
   if (r.skipped && ts_.stop_on_nonfinite && nonfinite_in_row_ >= ts_.max_nonfinite_in_row)
     throw_error(QLFT_ERR_NUMERICAL,

@@ -71,6 +71,7 @@ struct StepReport {
   int64_t tokens = 0;  // non-padding tokens processed
   double seconds = 0;
   TransferCounts moved;  // host<->device bytes and waits of this step (device backends)
+  std::vector<KernelLaunches> launches;  // moved.launches by kernel (device backends)
   // A preference objective's step (step_pref): TRL's logged values, means over its micro-batches.
   bool preference = false;
   PrefMetrics pref;
@@ -229,7 +230,8 @@ class Trainer {
   const float* param_values(size_t i) const;  // throws when this rank does not hold it
   std::unique_ptr<LlamaRunner> runner_;
   bool device_step_ = false;  // adapter, gradients and AdamW state in the backend's device memory
-  std::unique_ptr<dist::DataParallel> dp_;             // always set (world 1 without dist.backend)
+  bool device_writes16_ = false;            // the device optimizer writes A / B's bf16 copy too
+  std::unique_ptr<dist::DataParallel> dp_;  // always set (world 1 without dist.backend)
   std::shared_ptr<DeviceWeightStream> device_stream_;  // offload.params=cpu on a device backend
   std::unique_ptr<Optimizer> opt_;  // over this rank's ZeRO share of the LoRA tensors
   std::unique_ptr<LrSchedule> sched_;

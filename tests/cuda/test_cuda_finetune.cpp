@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <utility>
 #include <string>
 #include <vector>
@@ -41,7 +42,8 @@ struct ApiRun {
 std::vector<double> loss_curve(const char* backend, const std::string& model_path,
                                const std::string& text,
                                const std::vector<std::pair<const char*, const char*>>& extra = {},
-                               int steps = 12, std::vector<qlft_step_stats>* stats = nullptr) {
+                               int steps = 12, std::vector<qlft_step_stats>* stats = nullptr,
+                               std::vector<std::string>* launches = nullptr) {
   std::vector<double> out;
   qlft_config* cfg = nullptr;
   EXPECT_EQ(qlft_config_create(&cfg), QLFT_OK);
@@ -68,6 +70,13 @@ std::vector<double> loss_curve(const char* backend, const std::string& model_pat
       if (qlft_trainer_step(run.tr, &s) != QLFT_OK) break;
       out.push_back(s.loss);
       if (stats) stats->push_back(s);
+      size_t need = 0;
+      if (launches && qlft_trainer_step_launches(run.tr, nullptr, 0, &need) == QLFT_OK) {
+        std::string k(need, '\0');
+        EXPECT_EQ(qlft_trainer_step_launches(run.tr, k.data(), k.size(), nullptr), QLFT_OK);
+        k.resize(need - 1);
+        launches->push_back(k);
+      }
     }
     EXPECT_EQ(out.size(), size_t(steps)) << backend << ": " << qlft_last_error();
   }
@@ -189,8 +198,10 @@ TEST(CudaFineTune, StepMovesOnlyTheBatchAndScalars) {
   const std::vector<std::pair<const char*, const char*>> extra = {
       {"data.seq_len", "128"},
       {"lora.target_modules", "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"}};
-  const std::vector<double> gpu = loss_curve("cuda", model_path, text, extra, 4, &st);
+  std::vector<std::string> by_kernel;  // qlft_trainer_step_launches (metrics.jsonl's)
+  const std::vector<double> gpu = loss_curve("cuda", model_path, text, extra, 4, &st, &by_kernel);
   ASSERT_EQ(st.size(), 4u);
+  ASSERT_EQ(by_kernel.size(), 4u);
   // Token ids and labels of 4 rows of 128 (int32).
   const uint64_t ids_and_labels = 2ull * 4 * 128 * 4;
   for (size_t i = 1; i < st.size(); ++i) {
@@ -202,6 +213,14 @@ TEST(CudaFineTune, StepMovesOnlyTheBatchAndScalars) {
     // launch the same work.
     EXPECT_GT(st[i].device_launches, 0u) << "step " << i + 1;
     EXPECT_EQ(st[i].device_launches, st[1].device_launches) << "step " << i + 1;
+    // The launches by kernel add up to the total, GEMMs among them; steps of one shape list
+    // the same kernels.
+    uint64_t sum = 0;
+    for (size_t at = 0; (at = by_kernel[i].find("\": ", at)) != std::string::npos; at += 3)
+      sum += std::strtoull(by_kernel[i].c_str() + at + 3, nullptr, 10);
+    EXPECT_EQ(sum, st[i].device_launches) << by_kernel[i];
+    EXPECT_NE(by_kernel[i].find("\"cublasLtMatmul\": "), std::string::npos) << by_kernel[i];
+    EXPECT_EQ(by_kernel[i], by_kernel[1]) << "step " << i + 1;
     std::printf("step %zu: %llu bytes in, %llu out, %llu waits, %llu launches\n", i + 1,
                 (unsigned long long)st[i].host_to_device_bytes,
                 (unsigned long long)st[i].device_to_host_bytes,

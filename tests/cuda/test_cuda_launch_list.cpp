@@ -2,13 +2,16 @@
 // SmolLM2-shaped step lists no conversion or rounding kernel between producer and consumer").
 // The step: the runner at precision bf16 with autocast (as make_backend sets it), 16-bit stored
 // activations, NF4 base weights of SmolLM2-135M's widths (dim 576, 9 query / 3 KV heads of 64,
-// ffn 1536; two of its 30 layers: the list repeats per layer), LoRA r 8 on all seven projections.
-// The launch order comes from the backend's own launch wrapper (cuda_launch_sequence); each
-// conversion or rounding kernel is listed with the launches around it (its producer before, its
-// consumer after), and the test holds the list of those left to what the backend is known to
-// launch, so a conversion added or removed shows here. Before the CUDA backend took the
-// runner's 16-bit operands the same step launched 439 kernels, 255 of them conversions
-// (k_round16 147, k_convert 76, k_widen 32).
+// ffn 1536; two of its 30 layers: the list repeats per layer), LoRA r 8 on all seven projections,
+// the adapter resident on the device and stepped there by the device AdamW (as the trainer does
+// it: forward, backward, optimizer step). The launch order comes from the backend's own launch
+// wrapper (cuda_launch_sequence); each conversion or rounding kernel is listed with the launches
+// around it (its producer before, its consumer after), and the test holds the list of those left
+// to what the backend is known to launch, so a conversion added or removed shows here.
+// History of the same step: 439 launches, 255 of them conversions (k_round16 147, k_convert 76,
+// k_widen 32) before the CUDA backend took the runner's 16-bit operands; 325 / 143 before LoRA
+// ran in bf16 (bf16 copies of A / B written by the optimizer, xa and dy B written in bf16 by
+// their GEMMs, xa stored as written).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -18,15 +21,18 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
 #include "backend/cuda_entry.h"
+#include "core/half.h"
 #include "cuda_test_util.h"
 #include "model/llama.h"
 #include "model/lora.h"
 #include "model/model.h"
 #include "quant/qweight.h"
+#include "train/device_adamw.h"
 
 namespace {
 
@@ -109,14 +115,49 @@ TEST(CudaLaunchList, Bf16StepListsItsConversionKernels) {
   LoraAdapter lora(&tr, m->shapes, lc);
   LlamaRunner run(*m, *gpu, &lora);
   run.set_activation_dtype(activation_dtype(Precision::BF16));
-  (void)run.forward(b);  // the first step uploads the weights; the second is the one listed
-  run.backward();
+  run.keep_lora_on_device();  // as the trainer does for a device optimizer
+  const int64_t n = run.lora_device_count();
+  ASSERT_NE(run.lora_device_weights16(), nullptr);  // the bf16 copy of A / B is kept
+  OptimSettings os;
+  os.lr = 1e-3;
+  const std::vector<ParamRef> params = {ParamRef{"lora", nullptr, nullptr, size_t(n), 1.0}};
+  auto opt = make_device_adamw(os, params, *gpu, run.lora_device_weights(), run.lora_device_grads(),
+                               n, run.lora_device_weights16());
+  auto step = [&] {
+    run.zero_lora_grads();
+    const double l = run.forward(b).mean();
+    run.backward();
+    opt->step(1e-3);
+    run.lora_device_written(true);  // (what the trainer says after this optimizer's step)
+    return l;
+  };
+  // The device copy of A / B and its bf16 copy, on the host.
+  auto factors = [&] {
+    std::vector<float> w(size_t(n), 0.f), w16(size_t(n), 0.f);
+    gpu->copy(w.data(), run.lora_device_weights(), n);
+    Buffer wide =
+        gpu->alloc(MemCategory::Workspace, size_t(n) * 4, "bf16 copy widened", BufferInit::Uninit);
+    gpu->from_16(DType::BF16, run.lora_device_weights16(), wide.as<float>(), n);
+    wide.copy_to_host(w16.data(), size_t(n) * 4);
+    return std::make_pair(w, w16);
+  };
+  (void)step();  // the first step uploads the weights; the second is the one listed
+  const std::vector<float> before16 = factors().second;
   cuda_trace_launches(true);
-  const double loss = run.forward(b).mean();
-  run.backward();
+  const double loss = step();
   cuda_trace_launches(false);
   const std::vector<std::string> seq = cuda_launch_sequence();
   ASSERT_TRUE(std::isfinite(loss));
+  // The optimizer moved A / B and wrote their bf16 copy: each value the fp32 one rounded to
+  // nearest even (what a conversion kernel would have made), not the step before's.
+  const auto [w, w16] = factors();
+  int64_t moved = 0, wrong = 0;
+  for (size_t i = 0; i < w.size(); ++i) {
+    moved += w16[i] != before16[i];
+    wrong += w16[i] != bf16_to_f32(f32_to_bf16(w[i]));
+  }
+  EXPECT_GT(moved, n / 2);
+  EXPECT_EQ(wrong, 0);
 
   std::map<std::string, int> by_kernel;
   for (const std::string& k : seq) ++by_kernel[k];
@@ -141,24 +182,25 @@ TEST(CudaLaunchList, Bf16StepListsItsConversionKernels) {
     std::printf("  %5d  %s: %s -> %s\n", n, std::get<0>(key).c_str(), std::get<1>(key).c_str(),
                 std::get<2>(key).c_str());
   // The conversions left, by kernel (TileType 1 = bf16), with the producer and consumer each
-  // sits between (per step of these 2 layers; the CUDA backend takes the runner's 16-bit
-  // operands, takes_input_16, so norms, RoPE, SwiGLU and attention write the bf16 their GEMMs
-  // read, and the base GEMMs read the stored bf16 x / dy as they are):
-  //  - LoRA, its GEMMs on bf16 operands with fp32 sums: the fp32 factors A (forward and
-  //    backward) and B, and the intermediates dy B and xa (backward) converted: 70 k_convert
-  //    (GEMM -> GEMM); the forward's up-projection rounds xa and B: 28 k_round16. A factor's
-  //    bf16 copy would be written by the optimizer step that writes A / B, and xa by its GEMM.
-  //  - xa's 16-bit storage: the runner packs it (14 k_convert, after the layer) and unpacks it
-  //    (14 k_widen, before the layer's backward); it is not among the tensors the runner hands
-  //    over in 16 bits (kHalfWrittenDirect).
-  //  - fp32 GEMM outputs that feed a bf16 operand: v (2), gate / up (linear_fwd_to_16: 4), the o
-  //    projection's dx into attention's dout (2); the residual gradient (rmsnorm_bwd, fp32 for
-  //    the residual) into the down / o projections' dy (4); attention's dv (2): 14 k_convert.
+  // sits between (per step of these 2 layers). LoRA makes none: the optimizer writes A / B's
+  // bf16 copy beside them (k_adamw_torch), the forward's xa and the backward's dy B are written
+  // in bf16 by their GEMMs (cuBLASLt's bf16 output) and xa is stored as written. Left:
+  //  - fp32 GEMM outputs that feed a bf16 operand, where the fp32 sum of a base GEMM over
+  //    weight panels and the LoRA GEMM is complete only after the last GEMM (cuBLASLt's C and D
+  //    share one type, so that GEMM cannot read an fp32 C and write bf16): v (2, k_rope16 ->
+  //    attention), gate and up (linear_fwd_to_16: 4), the o projection's dx into attention's
+  //    dout (2, -> k_attn_delta); the residual gradient (rmsnorm_bwd, fp32 for the residual)
+  //    into the down / o projections' dy (4, -> the weight's dequantization); attention's dv
+  //    (2, k_rope16 -> dequantization): 14 k_convert.
   //  - the head: the final norm's output rounded and converted (1 k_round16, 1 k_convert), the
   //    logits' gradient converted (1 k_convert).
-  const std::map<std::string, int> left = {{"k_convert<(qlft::cu::TileType)1>", 100},
-                                           {"k_round16<(qlft::cu::TileType)1>", 29},
-                                           {"k_widen<(qlft::cu::TileType)1>", 14}};
+  const std::map<std::string, int> left = {{"k_convert<(qlft::cu::TileType)1>", 16},
+                                           {"k_round16<(qlft::cu::TileType)1>", 1}};
+  // None of LoRA's: no conversion between two GEMMs, none at the step's start (A / B).
+  EXPECT_EQ((between[{"k_convert<(qlft::cu::TileType)1>", "cublasLtMatmul", "cublasLtMatmul"}]), 0);
+  EXPECT_EQ((between[{"k_round16<(qlft::cu::TileType)1>", "cublasLtMatmul", "cublasLtMatmul"}]), 0);
+  for (const auto& [key, cnt] : between)
+    EXPECT_NE(std::get<1>(key), "(step start)") << std::get<0>(key) << " x" << cnt;
   std::map<std::string, int> found;
   for (const auto& [k, n] : by_kernel)
     if (is_conversion(k)) found[k] = n;

@@ -99,6 +99,16 @@ std::string report_step_fields(const qlft_trainer* trainer, const qlft_step_stat
     o += ", \"mem\": " + mem_object(m.reserved);
     o += ", \"mem_peak\": " + mem_object(m.peak);
   }
+  // Device backends: the step's launches by kernel (the "launches" total split by name).
+  size_t need = 0;
+  if (s->device_launches > 0 && qlft_trainer_step_launches(trainer, nullptr, 0, &need) == QLFT_OK &&
+      need > 3) {
+    std::string k(need, '\0');
+    if (qlft_trainer_step_launches(trainer, k.data(), k.size(), nullptr) == QLFT_OK) {
+      k.resize(need - 1);
+      o += ", \"launches_by_kernel\": " + k;
+    }
+  }
   if (run_members && !run_members->empty()) {
     o += ", \"run\": {" + *run_members + uint_member("total_steps", s->total_steps) + "}";
     run_members->clear();

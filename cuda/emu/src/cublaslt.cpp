@@ -1,10 +1,13 @@
 // cuBLASLt served by a host GEMM. What it accepts it honours: operand types (fp32, bf16, fp16
-// in; fp32 out), transposes of A and B, leading dimensions, alpha/beta (host scalars), compute
-// type 32F (no TF32), the caller's minimum-alignment promises (checked against the pointers at
+// in; fp32 out, or C / D of the operands' 16-bit type), transposes of A and B, leading
+// dimensions, alpha/beta (host scalars), compute type 32F (no TF32), the caller's
+// minimum-alignment promises (checked against the pointers at
 // matmul time, since a real algorithm chosen for them may fault otherwise) and the workspace
 // limit. Anything else is CUBLAS_STATUS_NOT_SUPPORTED (or INVALID_VALUE for bad values).
 // Accumulation is in double, then rounded once: cuBLASLt sums fp32 products in an
-// algorithm-dependent order, so a GPU result differs by O(sqrt(K) * eps_fp32) relative.
+// algorithm-dependent order, so a GPU result differs by O(sqrt(K) * eps_fp32) relative. A 16-bit
+// D is that fp32 result (alpha * sum + beta * C in the fp32 epilogue) rounded to nearest even,
+// as cuBLASLt's epilogue converts it: subnormals kept, NaN stays NaN, overflow goes to inf.
 #include <cublasLt.h>
 
 #include <cmath>
@@ -75,6 +78,29 @@ float widen16(uint16_t h, bool bf16) {
   return (h & 0x8000) ? -v : v;
 }
 
+// fp32 to a 16-bit type, rounded to nearest even (the inverse of widen16, written out
+// independently of the library's conversions). bf16: the top half of the fp32 after adding the
+// rounding bias; NaN kept quiet with its sign. IEEE half: exponent rebased, the mantissa rounded
+// at its 10th bit (or at the subnormal's position), carries rippling into the exponent.
+uint16_t narrow16(float v, bool bf16) {
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  if (bf16) {
+    if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);
+    return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  }
+  const uint16_t sign = uint16_t((u >> 16) & 0x8000u);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return uint16_t(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+  if (a >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // >= 65520: rounds to inf
+  if (a < 0x38800000u) {  // below 2^-14: a subnormal half, m * 2^-24
+    const float m = std::nearbyint(std::fabs(v) * 16777216.f);  // exact, ties to even
+    return uint16_t(sign | uint16_t(m));
+  }
+  const uint32_t r = a + 0xfffu + ((a >> 13) & 1u);
+  return uint16_t(sign | (((r >> 13) - (112u << 10)) & 0x7fffu));
+}
+
 float load(const void* p, cudaDataType_t t, size_t i) {
   if (t == CUDA_R_32F) return static_cast<const float*>(p)[i];
   const uint16_t h = static_cast<const uint16_t*>(p)[i];
@@ -99,8 +125,12 @@ cublasStatus_t problem(const qlft_emu_lt_desc* op, const qlft_emu_lt_layout* a,
   if (a->type != b->type) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "A and B types differ");
   if (a->type != CUDA_R_32F && a->type != CUDA_R_16F && a->type != CUDA_R_16BF)
     return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "A/B type");
-  if (c->type != CUDA_R_32F || d->type != CUDA_R_32F)
-    return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "C/D type (fp32 only)");
+  // C and D of one type: fp32, or the 16-bit operand type (bf16 / fp16 in, same out).
+  if (c->type != d->type || (d->type != CUDA_R_32F && d->type != a->type))
+    return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "C/D type: fp32, or that of 16-bit A and B (C " +
+                                                   std::to_string(int(c->type)) + ", D " +
+                                                   std::to_string(int(d->type)) + ", A/B " +
+                                                   std::to_string(int(a->type)) + ")");
   if (c->rows != d->rows || c->cols != d->cols || c->ld != d->ld)
     return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "C and D layouts differ");
   const uint64_t m = op->transa == CUBLAS_OP_N ? a->rows : a->cols;
@@ -341,10 +371,17 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
       }
       double r = double(al) * acc;
       // beta == 0: C is not read (it may hold NaN), as in BLAS.
-      if (be != 0.f) r += double(be) * static_cast<const float*>(C)[i + j * Cd->ld];
+      if (be != 0.f) r += double(be) * load(C, Cd->type, i + j * Cd->ld);
       out[i + j * pr.m] = float(r);
     }
+  const cudaDataType_t dt = Dd->type;
   for (uint64_t j = 0; j < pr.n; ++j)
-    for (uint64_t i = 0; i < pr.m; ++i) static_cast<float*>(D)[i + j * Dd->ld] = out[i + j * pr.m];
+    for (uint64_t i = 0; i < pr.m; ++i) {
+      const size_t at = i + j * Dd->ld;
+      if (dt == CUDA_R_32F)
+        static_cast<float*>(D)[at] = out[i + j * pr.m];
+      else
+        static_cast<uint16_t*>(D)[at] = narrow16(out[i + j * pr.m], dt == CUDA_R_16BF);
+    }
   return CUBLAS_STATUS_SUCCESS;
 }

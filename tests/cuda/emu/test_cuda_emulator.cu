@@ -7,16 +7,20 @@
 //   a kernel touching freed device memory die with the emulator's message;
 // - shuffles exchange lanes as hardware does; a shuffle naming an exited lane, a deadlocked
 //   barrier, a launch over __launch_bounds__ or over the shared-memory limit fail the launch;
-// - copies in the wrong direction and past an allocation are refused.
+// - copies in the wrong direction and past an allocation are refused;
+// - cuBLASLt's 16-bit output is the fp32 result rounded to nearest even (ties, overflow).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda_entry.h"
 #include "check.h"
+#include "core/half.h"
+#include "gemm.h"
 #include "launch_count.h"
 #include "reduce.cuh"
 #include "support/test_support.h"
@@ -504,3 +508,76 @@ TEST(EmuMemory, FreshDeviceMemoryAndSharedMemoryAreNotZero) {
 }
 
 }  // namespace
+
+// ---- cuBLASLt's 16-bit output (gemm.h's C of the operands' type) ------------------------------
+// A bf16 / fp16 D is the fp32 result (alpha * sum of exact products + beta * C) rounded to
+// nearest even, as cuBLASLt's epilogue writes it. The oracle: the sum in double, rounded to fp32,
+// then core/half's rounding (not the emulator's own narrow16); ties, overflow and a 16-bit C
+// read back with beta 1 included.
+TEST(EmuCublasLt, SixteenBitOutputIsTheFp32ResultRoundedToNearestEven) {
+  qlft::MemoryTracker tracker;
+  cudaStream_t s;
+  QLFT_CUDA_CHECK(cudaStreamCreate(&s));
+  {
+    qlft::cu::LtGemm gemm(&tracker, s);
+    for (const qlft::cu::TileType t : {qlft::cu::TileType::BF16, qlft::cu::TileType::F16}) {
+      const bool bf = t == qlft::cu::TileType::BF16;
+      auto to16 = [bf](float v) { return bf ? qlft::f32_to_bf16(v) : qlft::f32_to_f16(v); };
+      auto from16 = [bf](uint16_t h) { return bf ? qlft::bf16_to_f32(h) : qlft::f16_to_f32(h); };
+      const int64_t M = 3, N = 5, K = 7;
+      std::vector<uint16_t> a(size_t(M * K)), b(size_t(N * K)), c(size_t(M * N));
+      uint32_t seed = 7;
+      auto rnd = [&] {
+        seed = seed * 1664525u + 1013904223u;
+        return float(int(seed >> 9) % 2001 - 1000) / 317.f;
+      };
+      for (uint16_t& v : a) v = to16(rnd());
+      for (uint16_t& v : b) v = to16(rnd());
+      for (uint16_t& v : c) v = to16(rnd());
+      uint16_t *da, *db, *dc;
+      QLFT_CUDA_CHECK(cudaMalloc(&da, a.size() * 2));
+      QLFT_CUDA_CHECK(cudaMalloc(&db, b.size() * 2));
+      QLFT_CUDA_CHECK(cudaMalloc(&dc, c.size() * 2));
+      QLFT_CUDA_CHECK(cudaMemcpy(da, a.data(), a.size() * 2, cudaMemcpyHostToDevice));
+      QLFT_CUDA_CHECK(cudaMemcpy(db, b.data(), b.size() * 2, cudaMemcpyHostToDevice));
+      for (const float beta : {0.f, 1.f}) {
+        QLFT_CUDA_CHECK(cudaMemcpy(dc, c.data(), c.size() * 2, cudaMemcpyHostToDevice));
+        const float alpha = 1.25f;
+        // C [M, N] = alpha * A [M, K] B^T (B stored [N, K]) + beta * C
+        gemm.run(M, N, K, alpha, {da, t, K, false}, {db, t, K, true}, beta, dc, t, N);
+        std::vector<uint16_t> got(c.size());
+        QLFT_CUDA_CHECK(cudaMemcpy(got.data(), dc, got.size() * 2, cudaMemcpyDeviceToHost));
+        for (int64_t i = 0; i < M; ++i)
+          for (int64_t j = 0; j < N; ++j) {
+            double acc = 0;
+            for (int64_t k = 0; k < K; ++k)
+              acc += double(from16(a[size_t(i * K + k)])) * double(from16(b[size_t(j * K + k)]));
+            const double r = double(alpha) * acc + double(beta) * from16(c[size_t(i * N + j)]);
+            EXPECT_EQ(got[size_t(i * N + j)], to16(float(r)))
+                << (bf ? "bf16" : "fp16") << " beta " << beta << " at " << i << "," << j;
+          }
+      }
+      // Ties go to even, past the largest finite value to inf: 1 x 1 times alpha.
+      const uint16_t one = to16(1.f);
+      QLFT_CUDA_CHECK(cudaMemcpy(da, &one, 2, cudaMemcpyHostToDevice));
+      QLFT_CUDA_CHECK(cudaMemcpy(db, &one, 2, cudaMemcpyHostToDevice));
+      const float ulp = bf ? 0x1p-7f : 0x1p-10f;
+      const float big = bf ? 3.4e38f : 65520.f;
+      const std::pair<float, uint16_t> cases[] = {
+          {1.f + ulp / 2, to16(1.f)},                // halfway, 1.0's mantissa even: down
+          {1.f + 3 * ulp / 2, to16(1.f + 2 * ulp)},  // halfway, odd below: up
+          {1.f + ulp / 2 + ulp / 8, to16(1.f + ulp)},
+          {big, uint16_t(bf ? 0x7f80 : 0x7c00)}};  // rounds to inf
+      for (const auto& [alpha, want] : cases) {
+        gemm.run(1, 1, 1, alpha, {da, t, 1, false}, {db, t, 1, false}, 0.f, dc, t, 1);
+        uint16_t got = 0;
+        QLFT_CUDA_CHECK(cudaMemcpy(&got, dc, 2, cudaMemcpyDeviceToHost));
+        EXPECT_EQ(got, want) << (bf ? "bf16" : "fp16") << " alpha " << alpha;
+      }
+      QLFT_CUDA_WARN(cudaFree(da));
+      QLFT_CUDA_WARN(cudaFree(db));
+      QLFT_CUDA_WARN(cudaFree(dc));
+    }
+  }
+  QLFT_CUDA_CHECK(cudaStreamDestroy(s));
+}
