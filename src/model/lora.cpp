@@ -118,9 +118,23 @@ void permute_rows_adjacent_to_hf(const float* src, float* dst, int n_heads, int 
   permute_rows(src, dst, n_heads, head_dim, cols, false);
 }
 
+void check_lora_targets(const ModelShapes& m, const LoraConfig& cfg) {
+  // An MoE layer has no dense gate / up / down. PEFT 0.21 maps those names onto the experts'
+  // fused parameters (target_parameters), which qlft does not adapt yet.
+  for (int l = 0; l < m.n_layers; ++l)
+    for (int p = 0; p < kProjCount; ++p)
+      QLFT_CHECK_ARG(!cfg.targets[p] || m.proj(l, static_cast<Proj>(p)).out > 0,
+                     "lora.target_modules: %s on %s's layer %d names its %d experts (PEFT adapts "
+                     "their fused parameters), which qlft's LoRA does not adapt yet; target the "
+                     "attention projections q_proj, k_proj, v_proj, o_proj",
+                     proj_peft_name(static_cast<Proj>(p)), m.arch.c_str(), l,
+                     m.layers[size_t(l)].n_experts);
+}
+
 LoraAdapter::LoraAdapter(MemoryTracker* tracker, const ModelShapes& m, const LoraConfig& cfg,
                          bool gradients, bool values)
     : cfg_(cfg), shapes_(m), tracker_(tracker) {
+  check_lora_targets(m, cfg);
   QLFT_CHECK_ARG(cfg.r > 0 && cfg.r <= 65536, "lora.r must be in 1..65536, got %d", cfg.r);
   QLFT_CHECK_ARG(cfg.dropout >= 0.f && cfg.dropout < 1.f, "lora.dropout must be in [0, 1), got %g",
                  cfg.dropout);
@@ -156,12 +170,6 @@ LoraAdapter::LoraAdapter(MemoryTracker* tracker, const ModelShapes& m, const Lor
       if (!cfg.targets[p]) continue;
       LoraSlot& s = slots_[l][p];
       const ProjShape& ps = m.proj(l, static_cast<Proj>(p));
-      QLFT_CHECK_ARG(ps.out > 0,
-                     "lora.target_modules: %s has no dense %s on layer %d (its MLP is %d "
-                     "experts); LoRA on the experts is not supported yet: target the attention "
-                     "projections q_proj, k_proj, v_proj, o_proj",
-                     m.arch.c_str(), proj_peft_name(static_cast<Proj>(p)), l,
-                     m.layers[size_t(l)].n_experts);
       s.out = static_cast<int>(ps.out);
       s.in = static_cast<int>(ps.in);
       s.r = cfg.r;

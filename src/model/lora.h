@@ -60,6 +60,9 @@ LoraModule lora_module(bool fused, Proj p);
 // From lora.r, lora.alpha, lora.dropout, lora.target_modules, lora.use_rslora and seed
 // (lora.init_from is the caller's: its adapter_config.json replaces all but the seed).
 LoraConfig lora_config_from(const LoraSpec& s);
+// Refuses (QLFT_ERR_INVALID_ARG) a target a layer of m does not have (an MoE layer's gate /
+// up / down), naming it: the adapter and the planner behind `estimate` alike.
+void check_lora_targets(const ModelShapes& m, const LoraConfig& cfg);
 
 // Rows of a q or k projection output: rotate-half (HF) order <-> adjacent-pair (GGUF) order,
 // for a [n_heads * head_dim, cols] row-major matrix. This is llama.cpp's converter permutation.

@@ -525,6 +525,7 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
   // LoRA A [r, in], B [out, r] per targeted projection, their gradients (whole on every rank,
   // but this rank's tensors' only with ZeRO-2/3 on a host backend), this rank's optimizer state.
   const ModelShapes sh = model_shapes(c);
+  check_lora_targets(sh, lc);  // as the adapter refuses them
   uint64_t adapter = 0;
   for (int l = 0; l < sh.n_layers; ++l)
     for (int q = 0; q < kProjCount; ++q) {
