@@ -220,6 +220,12 @@ const KeyDef kKeys[] = {
      "accumulation stay fp32. fp16 uses dynamic loss scaling (scaler.*)."},
     {"train.grad_checkpointing", KeyType::Int, "0", 0, 4096, "",
      "Gradient checkpointing: 0 off, 1 every layer, N every N-th layer (recomputed in backward)."},
+    {"train.mlp_tile_rows", KeyType::Int, "auto", 0, 1e9, "auto",
+     "With every layer checkpointed (train.grad_checkpointing 1): the MLP runs over row tiles of "
+     "this many rows of the micro-batch (gate / up / down and their backward, recomputed per "
+     "tile), so no [rows x intermediate] tensor is whole; 0: whole. auto: tiles of 256 MiB of "
+     "fp32 intermediate activations (at least 256 rows), engaged when the micro-batch has more "
+     "rows."},
     {"train.eval_every", KeyType::Int, "0", 0, 1e15, "",
      "Evaluate on the held-out split every N steps (0: only at the end)."},
     {"train.save_every", KeyType::Int, "0", 0, 1e15, "",

@@ -164,6 +164,7 @@ TrainSpec parse_train(const Config& c) {
   s.autotune_margin = c.get_float("train.autotune_margin");
   s.max_steps = c.get_int("train.max_steps");
   s.grad_checkpointing = as_int(c, "train.grad_checkpointing");
+  s.mlp_tile_rows = c.get("train.mlp_tile_rows") == "auto" ? -1 : c.get_int("train.mlp_tile_rows");
   s.eval_every = c.get_int("train.eval_every");
   s.save_every = c.get_int("train.save_every");
   s.output_dir = c.get("train.output_dir");

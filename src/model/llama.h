@@ -23,6 +23,7 @@
 // scratch before its backward.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <functional>
@@ -118,6 +119,15 @@ struct SeqObjective {
 inline int64_t mlp_tile_for(const ModelShapes& s, int64_t tile, int64_t rows,
                             bool every_layer_checkpointed) {
   return tile > 0 && tile < rows && every_layer_checkpointed && !s.post_norm() ? tile : 0;
+}
+
+// train.mlp_tile_rows as rows: the setting itself, or for auto (-1) the rows whose [rows x
+// intermediate] fp32 tensor is 256 MiB (the CUDA cross-entropy's logits chunk, cuda_sizes.h), at
+// least 256. The trainer and the memory planner both ask here.
+inline int64_t mlp_tile_rows_of(const ModelShapes& s, int64_t setting) {
+  if (setting >= 0) return setting;
+  const int64_t per_row = 4 * std::max<int64_t>(1, s.ffn_dim);
+  return std::max<int64_t>(256, (int64_t(256) << 20) / per_row);
 }
 
 class LlamaRunner {

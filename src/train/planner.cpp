@@ -45,6 +45,7 @@ PlanSettings PlanSettings::from_spec(const RunSpec& r) {
   PlanSettings s;
   s.precision = r.backend.precision;
   s.checkpoint_every = r.train.grad_checkpointing;
+  s.mlp_tile_rows = r.train.mlp_tile_rows;
   s.seq_len = r.data.seq_len;
   s.micro_batch = r.train.micro_batch.n;  // auto: 1
   s.rows_per_example = is_paired(r.pref.objective) ? 2 : 1;
@@ -584,9 +585,10 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
   if (s.checkpoint_every > 0) ckpt = (c.n_layers + s.checkpoint_every - 1) / s.checkpoint_every;
   // The MLP's row tile, as the runner engages it (LlamaRunner::engaged_tile: not with DoRA or a
   // ZeRO-2 gradient sink).
-  const int64_t tile = lc.use_dora || sharded_gradients(s)
-                           ? 0
-                           : mlp_tile_for(sh, s.mlp_tile_rows, R, ckpt == c.n_layers);
+  const int64_t tile =
+      lc.use_dora || sharded_gradients(s)
+          ? 0
+          : mlp_tile_for(sh, mlp_tile_rows_of(sh, s.mlp_tile_rows), R, ckpt == c.n_layers);
   // Activations: the runner's own sizes.
   const RunnerFootprint f =
       LlamaRunner::footprint(sh, lc.r, projs, R, true, /*doc_ids=*/true,

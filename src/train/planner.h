@@ -136,7 +136,7 @@ struct PlanSettings {
   bool zero3_prefetch = true;                    // dist.zero3_prefetch
   OffloadTarget offload_optimizer = OffloadTarget::None, offload_params = OffloadTarget::None;
   int offload_buffers = 2;  // offload.buffers: NVMe buffers in flight besides the one in use
-  // The MLP's row tile (LlamaRunner::set_mlp_tile_rows; 0: whole), engaged as mlp_tile_for says.
+  // train.mlp_tile_rows (0: whole; -1: auto, mlp_tile_rows_of), engaged as mlp_tile_for says.
   int64_t mlp_tile_rows = 0;
 
   // train.precision, train.grad_checkpointing, data.seq_len, train.micro_batch (auto gives 1),

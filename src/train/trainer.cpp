@@ -149,6 +149,7 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
   if (ts_.checkpoint_every_layers > 0)
     for (int l = 0; l < model.cfg.n_layers; ++l)
       runner_->set_checkpoint(l, l % ts_.checkpoint_every_layers == 0);
+  runner_->set_mlp_tile_rows(mlp_tile_rows_of(model.shapes, spec.train.mlp_tile_rows));
 
   std::vector<ParamRef> params;
   for (int l = 0; l < lora_->n_layers(); ++l)
