@@ -15,8 +15,8 @@ using namespace qlft;
 
 struct StepResult {
   double loss = 0;
-  std::vector<float> grads;  // every dA and dB, adapter order
-  int64_t tile = 0;          // the tile the runner engaged
+  std::vector<float> grads;            // every dA and dB, adapter order
+  int64_t tile = 0;                    // the tile the runner engaged
   uint64_t act_peak = 0, ws_peak = 0;  // the tracker's activation / workspace peaks of the step
 };
 

@@ -28,14 +28,15 @@ void expect_tiles_equal_whole(Precision prec) {
     ASSERT_EQ(t.grads.size(), whole.grads.size());
     const double err = max_rel_error(t.grads.data(), whole.grads.data(), whole.grads.size());
     std::printf("[tiles] %s tile %lld: loss %.9g vs %.9g, gradients' worst relative error %.2e\n",
-                prec == Precision::BF16 ? "bf16" : "fp32", static_cast<long long>(tile), t.loss, whole.loss, err);
+                prec == Precision::BF16 ? "bf16" : "fp32", static_cast<long long>(tile), t.loss,
+                whole.loss, err);
     EXPECT_LT(err, 1e-5) << "tile " << tile;
     // gate / up / activation and dh / dgate / dup hold a tile, not all 32 rows.
     EXPECT_LT(t.act_peak, whole.act_peak);
     EXPECT_LT(t.ws_peak, whole.ws_peak);
     // The planner's activations (LlamaRunner::footprint with the tile) are the tracker's.
-    const RunnerFootprint f = LlamaRunner::footprint(m->shapes, 4, kProjCount, 32, true, false,
-                                                     acts, nullptr, tile);
+    const RunnerFootprint f =
+        LlamaRunner::footprint(m->shapes, 4, kProjCount, 32, true, false, acts, nullptr, tile);
     EXPECT_EQ(f.activations(0, m->cfg.n_layers), t.act_peak) << "tile " << tile;
   }
 }
