@@ -223,6 +223,8 @@ AttnArgs CudaBackend::args(const AttnShape& s, int64_t Wq, int64_t Wk, const Att
   a.doc = st.doc.as<int32_t>();
   a.first = st.first.as<int32_t>();
   a.window = s.window;
+  a.scale = s.score_scale();
+  a.softcap = s.softcap;
   return a;
 }
 }  // namespace qlft::cu

@@ -25,6 +25,12 @@ int32_t CudaBackend::argmax(const float* x, int64_t n) {
 
 void CudaBackend::attention_decode(const HeadGeometry& g, int window, int past, CMatF q,
                                    const float* k_cache, const float* v_cache, MatF out_) {
+  attention_decode_capped(g, window, 0.f, 0.f, past, q, k_cache, v_cache, out_);
+}
+
+void CudaBackend::attention_decode_capped(const HeadGeometry& g, int window, float scale,
+                                          float softcap, int past, CMatF q, const float* k_cache,
+                                          const float* v_cache, MatF out_) {
   op_checks::attention_decode(g, window, past, q, k_cache, v_cache, out_.as_const());
   const int64_t n = q.rows, qd = g.q_dim(), kvd = g.kv_dim();
   if (n == 0) return;
@@ -33,7 +39,8 @@ void CudaBackend::attention_decode(const HeadGeometry& g, int window, int past, 
   Dev K = in_raw(k_cache, cache_bytes, "decode k cache");
   Dev V = in_raw(v_cache, cache_bytes, "decode v cache");
   Dev O = out(out_, qd, MemCategory::Activations, "decode attention out");
-  cu::DecodeArgs a{g.n_heads, g.n_kv_heads, g.head_dim, past, window, n, kvd, qd, qd};
+  cu::DecodeArgs a{g.n_heads, g.n_kv_heads, g.head_dim, past,  window, n,
+                   kvd,       qd,           qd,         scale, softcap};
   cu::attention_decode(a, Q.as<float>(), K.as<float>(), V.as<float>(), O.as<float>(), stream_);
   finish(O, qd, out_);
 }

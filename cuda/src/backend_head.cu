@@ -2,6 +2,7 @@
 // chunks and vocabulary panels.
 // (CudaBackend is declared in cuda_backend.h, which lists where each operation family lives.)
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "backend/op_checks.h"
@@ -29,11 +30,28 @@ void CudaBackend::head_logits(const QWeight& head, CMatF h, MatF logits) {
   finish(L, head.rows, logits);
 }
 
-// Every row is computed; rows whose target is ignore_index contribute 0 to the loss and the
-// gradient (the kernels mask them), so targets in device memory never come to the host. The
-// loss is summed on the device in row order (the CPU's order): one 16-byte download.
 double CudaBackend::linear_cross_entropy(const QWeight& head, CMatF h, const int32_t* targets,
                                          int32_t ignore_index, float grad_scale, MatF dh,
+                                         int64_t* count) {
+  return cross_entropy_panels(head, h, targets, ignore_index, grad_scale, 0.f, dh, count);
+}
+
+double CudaBackend::linear_cross_entropy_capped(const QWeight& head, CMatF h,
+                                                const int32_t* targets, int32_t ignore_index,
+                                                float grad_scale, float cap, MatF dh,
+                                                int64_t* count) {
+  QLFT_CHECK_ARG(cap > 0 && std::isfinite(cap), "cross-entropy: cap %g must be finite and > 0",
+                 static_cast<double>(cap));
+  return cross_entropy_panels(head, h, targets, ignore_index, grad_scale, cap, dh, count);
+}
+
+// Every row is computed; rows whose target is ignore_index contribute 0 to the loss and the
+// gradient (the kernels mask them), so targets in device memory never come to the host. The
+// loss is summed on the device in row order (the CPU's order): one 16-byte download. cap > 0:
+// the logits are soft-capped where the kernels read them (both passes recompute the panel, so
+// the cap's derivative needs no stored tanh).
+double CudaBackend::cross_entropy_panels(const QWeight& head, CMatF h, const int32_t* targets,
+                                         int32_t ignore_index, float grad_scale, float cap, MatF dh,
                                          int64_t* count) {
   const int64_t M = h.rows, V = head.rows, H = head.cols;
   op_checks::cross_entropy(head, h, dh.as_const());
@@ -82,7 +100,7 @@ double CudaBackend::linear_cross_entropy(const QWeight& head, CMatF h, const int
       gemm_->run(rc, n, H, 1.f, {hin, tile_, H, false}, {Tw.data(), tile_, H, true}, 0.f,
                  L.as<float>(), n);
       cu::ce_merge_panel(L.as<float>(), rc, n, p0, tc, Mx.as<float>(), Sm.as<double>(),
-                         TL.as<float>(), stream_);
+                         TL.as<float>(), stream_, cap);
     }
     cu::ce_finish(Mx.as<float>(), Sm.as<double>(), TL.as<float>(), tc, ignore_index, rc,
                   LS.as<float>(), LT.as<double>(), stream_);
@@ -95,7 +113,7 @@ double CudaBackend::linear_cross_entropy(const QWeight& head, CMatF h, const int
       gemm_->run(rc, n, H, 1.f, {hin, tile_, H, false}, {Tw.data(), tile_, H, true}, 0.f,
                  L.as<float>(), n);
       cu::ce_grad_panel(L.as<float>(), rc, n, p0, tc, ignore_index, LS.as<float>(), grad_scale,
-                        stream_);
+                        stream_, cap);
       const void* lin = L.data();
       if (tile_ != TileType::F32) {
         cu::convert_tile(L.as<float>(), rc, n, n, Lh.data(), tile_, stream_);

@@ -16,7 +16,8 @@
 //   backend_pointwise.cu  RMSNorm, RoPE, SwiGLU
 //   backend_attention.cu  attention forward and backward
 //   backend_decode.cu     generation's positions, greedy argmax, attention over the KV cache
-//   backend_head.cu       embedding, head logits, fused linear + cross-entropy
+//   backend_head.cu       embedding, head logits, fused linear + cross-entropy (soft-capped too)
+//   backend_gemma.cu      Gemma's GeGLU and final logit soft-cap
 #pragma once
 
 #include <cuda_runtime.h>
@@ -275,6 +276,9 @@ class CudaBackend final : public Backend {
   int32_t argmax(const float* x, int64_t n) override;
   void attention_decode(const HeadGeometry& g, int window, int past, CMatF q, const float* k_cache,
                         const float* v_cache, MatF out_) override;
+  void attention_decode_capped(const HeadGeometry& g, int window, float scale, float softcap,
+                               int past, CMatF q, const float* k_cache, const float* v_cache,
+                               MatF out_) override;
 
   // ---- embedding and head (backend_head.cu) -----------------------------------------------------
   void embedding_fwd(const QWeight& emb, const int32_t* tokens, MatF out_) override;
@@ -282,6 +286,15 @@ class CudaBackend final : public Backend {
   double linear_cross_entropy(const QWeight& head, CMatF h, const int32_t* targets,
                               int32_t ignore_index, float grad_scale, MatF dh,
                               int64_t* count) override;
+  double linear_cross_entropy_capped(const QWeight& head, CMatF h, const int32_t* targets,
+                                     int32_t ignore_index, float grad_scale, float cap, MatF dh,
+                                     int64_t* count) override;
+
+  // ---- Gemma's ops (backend_gemma.cu; the attention's cap and scale in AttnArgs) ----------------
+  bool gemma_ops() const override { return true; }
+  void geglu_fwd(CMatF gate, CMatF up, MatF out_) override;
+  void geglu_bwd(CMatF gate, CMatF up, CMatF dout, MatF dgate, MatF dup) override;
+  void softcap(MatF x, float cap) override;
 
  private:
   struct AttnStage {
@@ -376,6 +389,11 @@ class CudaBackend final : public Backend {
   // A LoRA factor's bf16 operand: its copy p16 (LoraRef::A16 / B16) where that lives in this
   // backend's memory, else p's n values converted.
   Dev lora_factor16(const uint16_t* p16, const float* p, int64_t n, const char* what);
+  // linear_cross_entropy over soft-capped logits (cap > 0) or plain ones (cap 0)
+  // (backend_head.cu).
+  double cross_entropy_panels(const QWeight& head, CMatF h, const int32_t* targets,
+                              int32_t ignore_index, float grad_scale, float cap, MatF dh,
+                              int64_t* count);
 
   // ---- LoRA, RoPE table and attention staging ---------------------------------------------------
   // xa = drop(x) A^T on the device (backend_linear.cu).

@@ -2,6 +2,7 @@
 // GQA, packed-document masks; the forward saves only the log-sum-exp per (head, row) and the
 // backward recomputes probabilities from it (FlashAttention-2 structure: one CUDA block per key
 // tile accumulates dK / dV in registers, dQ is accumulated with atomics).
+// Scores scaled by AttnArgs::scale and soft-capped (attn_mask.cuh: attn_cap, attn_cap_grad).
 //
 // Head dims up to 128 (NC = ceil(head_dim / 32) chunks per lane). Register budget per thread is
 // small by construction (forward: 4 rows x NC accumulators; backward: 8 keys x NC x 2), so no
@@ -27,7 +28,7 @@ __global__ void __launch_bounds__(128)
     k_attn_fwd(AttnArgs a, const float* q, const float* k, const float* v, float* out, float* lse) {
   QLFT_DYNAMIC_SHARED(float, smem);
   const int D = a.head_dim, Dp = D + 1;
-  float* Qs = smem;                // [kFwdRows][Dp], pre-scaled by 1/sqrt(D)
+  float* Qs = smem;                // [kFwdRows][Dp], pre-scaled by the scores' scale
   float* Ks = Qs + kFwdRows * Dp;  // [kKeys][Dp]
   float* Vs = Ks + kKeys * Dp;     // [kKeys][Dp]
   __shared__ int k_lo_s;
@@ -36,7 +37,7 @@ __global__ void __launch_bounds__(128)
   const int kh = h / (a.n_heads / a.n_kv_heads);
   const int64_t base = int64_t(b) * a.seq, rows = int64_t(a.batch) * a.seq;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const float scale = rsqrtf(float(D));
+  const float scale = attn_scale(a);
 
   for (int idx = threadIdx.x; idx < kFwdRows * D; idx += blockDim.x) {
     const int r = idx / D, d = idx - r * D, qi = q0 + r;
@@ -77,6 +78,7 @@ __global__ void __launch_bounds__(128)
       if (ok) {
         s = 0.f;
         for (int d = 0; d < D; ++d) s += Qs[r * Dp + d] * Ks[lane * Dp + d];
+        s = attn_cap(a, s);
       }
       const float tmax = warp_max(s);
       if (tmax == -INFINITY) continue;  // nothing visible in this tile (warp-uniform)
@@ -162,7 +164,7 @@ __global__ void __launch_bounds__(128)
   const int group = a.n_heads / a.n_kv_heads;
   const int64_t base = int64_t(b) * a.seq, rows = int64_t(a.batch) * a.seq;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const float scale = rsqrtf(float(D));
+  const float scale = attn_scale(a);
 
   for (int idx = threadIdx.x; idx < kKeys * D; idx += blockDim.x) {
     const int j = idx / D, d = idx - j * D, kj = k0 + j;
@@ -204,8 +206,9 @@ __global__ void __launch_bounds__(128)
             s += Qs[i * Dp + d] * Ks[lane * Dp + d];
             dp += dOs[i * Dp + d] * Vs[lane * Dp + d];
           }
-          p = softmax_prob(s * scale, lse_s[i]);
-          ds = p * (dp - delta_s[i]);
+          const float c = attn_cap(a, s * scale);
+          p = softmax_prob(c, lse_s[i]);
+          ds = p * (dp - delta_s[i]) * attn_cap_grad(a, c);
         }
         if (a.round_bf16) {
           p = bf16_to_f32(f32_to_bf16(p));

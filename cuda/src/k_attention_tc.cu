@@ -13,7 +13,8 @@
 // softmax's exp(m_old - m_new) is per row; the backward's dK, dV, dQ never rescale and stay in
 // accumulator fragments for the whole kernel.
 //
-// Masks: causal, packed documents (attn_mask.cuh), GQA (kv head = head / group). A query tile
+// Masks: causal, packed documents, sliding window (attn_mask.cuh), GQA (kv head = head / group);
+// scores scaled by AttnArgs::scale and soft-capped (attn_cap; dS times attn_cap_grad). A query tile
 // starts its keys at the lowest document start of its rows (AttnArgs::first).
 //
 // Determinism: dK / dV belong to one block per key tile (it loops over the group's heads and
@@ -155,7 +156,7 @@ __global__ void __launch_bounds__(kThreads)
   const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * kRows;
   const int kh = h / (a.n_heads / a.n_kv_heads);
   const int64_t base = int64_t(b) * a.seq, rows = int64_t(a.batch) * a.seq;
-  const float scale = rsqrtf(float(D));
+  const float scale = attn_scale(a);
   const int r0 = q0 + 16 * warp;  // this warp's first query
   const bool live = r0 < a.seq;   // warp-uniform
 
@@ -185,7 +186,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int t = 0; t < 2; ++t) {
         const int c = 2 * lane + t, kj = kt + c;
-        x[t] = kj < k_hi && attends(a, base, qi, kj) ? Sw[r * LS + c] * scale : -INFINITY;
+        x[t] =
+            kj < k_hi && attends(a, base, qi, kj) ? attn_cap(a, Sw[r * LS + c] * scale) : -INFINITY;
         tmax = fmaxf(tmax, x[t]);
       }
       tmax = warp_max(tmax);
@@ -250,8 +252,9 @@ __device__ void probs(const AttnArgs& a, int64_t base, int row0, int col0, const
       const int qr = qi - q_off;  // the query's row in lse_s / delta_s
       float pf = 0.f, dsf = 0.f;
       if (attends(a, base, qi, kj)) {
-        pf = softmax_prob(S[i * LS + j] * scale, lse_s[qr]);
-        dsf = pf * (dP[i * LS + j] - delta_s[qr]);
+        const float c = attn_cap(a, S[i * LS + j] * scale);
+        pf = softmax_prob(c, lse_s[qr]);
+        dsf = pf * (dP[i * LS + j] - delta_s[qr]) * attn_cap_grad(a, c);
       }
       p[t] = f32_to_bf16(pf);
       ds[t] = f32_to_bf16(dsf);
@@ -305,7 +308,7 @@ __global__ void __launch_bounds__(kThreads)
   const int b = blockIdx.z, kh = blockIdx.y, k0 = blockIdx.x * kRows;
   const int group = a.n_heads / a.n_kv_heads;
   const int64_t base = int64_t(b) * a.seq, rows = int64_t(a.batch) * a.seq;
-  const float scale = rsqrtf(float(D));
+  const float scale = attn_scale(a);
   const int j0 = k0 + 16 * warp;
   const bool live = j0 < a.seq;
 
@@ -384,7 +387,7 @@ __global__ void __launch_bounds__(kThreads)
   const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * kRows;
   const int kh = h / (a.n_heads / a.n_kv_heads);
   const int64_t base = int64_t(b) * a.seq, rows = int64_t(a.batch) * a.seq;
-  const float scale = rsqrtf(float(D));
+  const float scale = attn_scale(a);
   const int r0 = q0 + 16 * warp;
   const bool live = r0 < a.seq;
 

@@ -8,7 +8,8 @@
 // online softmax (max, sum) over its keys. The warps' partial states are then merged through
 // shared memory (online_softmax_merge, softmax_math.h, both times). Correctness first: a step has
 // one query row per head, so the keys are read once and the kernel is bound by reading the cache;
-// no tiling beyond that.
+// no tiling beyond that. Scores scaled by DecodeArgs::scale and soft-capped (Gemma 2) as in the
+// training kernels.
 #include <climits>
 
 #include "backend/softmax_math.h"
@@ -68,7 +69,7 @@ __global__ void __launch_bounds__(128)
   const int i = blockIdx.x, h = blockIdx.y, D = a.head_dim;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t koff = int64_t(h / (a.n_heads / a.n_kv_heads)) * D;
-  const float scale = rsqrtf(float(D));
+  const float scale = a.scale > 0.f ? a.scale : rsqrtf(float(D));
   const int upto = a.past + i + 1;
   const int from = a.window > 0 ? max(0, upto - a.window) : 0;
 
@@ -89,7 +90,8 @@ __global__ void __launch_bounds__(128)
       const int d = lane + 32 * c;
       if (d < D) part += qr[c] * kr[d];
     }
-    const float s = warp_sum(part) * scale;
+    float s = warp_sum(part) * scale;
+    if (a.softcap > 0.f) s = a.softcap * tanhf(s / a.softcap);  // Gemma 2's attention cap
     const float m_old = st.m;
     online_softmax_merge(st, s, 1.f);
     const float a_old = expf(m_old - st.m), p = expf(s - st.m);  // a_old 0 at the first key

@@ -10,20 +10,26 @@ namespace qlft::cu {
 
 namespace {
 
+// Gemma 2's final logit soft-cap, cap * tanh(x / cap), applied to each logit as it is read (the
+// panel is recomputed by the gradient pass, so nothing capped is kept); cap 0: x as it is.
+__device__ __forceinline__ float ce_cap(float x, float cap) {
+  return cap > 0.f ? cap * tanhf(x / cap) : x;
+}
+
 // One block per row (grid-stride over rows): the panel's max and sum of exp(x - max) merged into
 // the row's running state; the first panel (p0 == 0) starts the state.
 __global__ void __launch_bounds__(256)
     k_ce_merge(const float* logits, int64_t rc, int64_t n, int64_t p0, const int32_t* targets,
-               float* m, double* sum, float* target_logit) {
+               float* m, double* sum, float* target_logit, float cap) {
   __shared__ float redf[32];
   __shared__ double redd[32];
   for (int64_t row = blockIdx.x; row < rc; row += gridDim.x) {
     const float* l = logits + row * n;
     float mx = -INFINITY;
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) mx = fmaxf(mx, l[j]);
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) mx = fmaxf(mx, ce_cap(l[j], cap));
     mx = block_max(mx, redf);
     double s = 0;
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) s += double(expf(l[j] - mx));
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) s += double(expf(ce_cap(l[j], cap) - mx));
     s = block_sum(s, redd);
     if (threadIdx.x == 0) {
       OnlineSoftmax<double> st;
@@ -35,7 +41,7 @@ __global__ void __launch_bounds__(256)
       m[row] = st.m;
       sum[row] = st.s;
       const int64_t t = targets[row];
-      if (t >= p0 && t < p0 + n) target_logit[row] = l[t - p0];
+      if (t >= p0 && t < p0 + n) target_logit[row] = ce_cap(l[t - p0], cap);
     }
   }
 }
@@ -72,7 +78,7 @@ __global__ void __launch_bounds__(32)
 
 __global__ void __launch_bounds__(256)
     k_ce_grad(float* logits, int64_t rc, int64_t n, int64_t p0, const int32_t* targets,
-              int32_t ignore_index, const float* lse, float grad_scale) {
+              int32_t ignore_index, const float* lse, float grad_scale, float cap) {
   const int64_t total = rc * n;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -81,8 +87,13 @@ __global__ void __launch_bounds__(256)
       logits[i] = 0.f;
       continue;
     }
-    float g = softmax_prob(logits[i], lse[r]) * grad_scale;
+    const float x = ce_cap(logits[i], cap);
+    float g = softmax_prob(x, lse[r]) * grad_scale;
     if (targets[r] == p0 + j) g -= grad_scale;
+    if (cap > 0.f) {  // through the cap: d/dz of cap tanh(z / cap) is 1 - tanh^2
+      const float t = x / cap;
+      g *= 1.f - t * t;
+    }
     logits[i] = g;
   }
 }
@@ -90,9 +101,9 @@ __global__ void __launch_bounds__(256)
 }  // namespace
 
 void ce_merge_panel(const float* logits, int64_t rc, int64_t n, int64_t p0, const int32_t* targets,
-                    float* m, double* sum, float* target_logit, cudaStream_t s) {
+                    float* m, double* sum, float* target_logit, cudaStream_t s, float cap) {
   launch(k_ce_merge, dim3(unsigned(rc < 65535 ? rc : 65535)), 256, 0, s, logits, rc, n, p0, targets,
-         m, sum, target_logit);
+         m, sum, target_logit, cap);
 }
 
 void ce_finish(const float* m, const double* sum, const float* target_logit, const int32_t* targets,
@@ -102,9 +113,10 @@ void ce_finish(const float* m, const double* sum, const float* target_logit, con
 }
 
 void ce_grad_panel(float* logits, int64_t rc, int64_t n, int64_t p0, const int32_t* targets,
-                   int32_t ignore_index, const float* lse, float grad_scale, cudaStream_t s) {
+                   int32_t ignore_index, const float* lse, float grad_scale, cudaStream_t s,
+                   float cap) {
   launch(k_ce_grad, grid_for(rc * n, 256), 256, 0, s, logits, rc, n, p0, targets, ignore_index, lse,
-         grad_scale);
+         grad_scale, cap);
 }
 
 void ce_sum(const double* loss_terms, const int32_t* targets, int64_t rc, int32_t ignore_index,

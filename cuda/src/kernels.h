@@ -81,6 +81,15 @@ void swiglu_fwd(const float* gate, const float* up, float* out, int64_t n, cudaS
 void swiglu_bwd(const float* gate, const float* up, const float* dout, float* dgate, float* dup,
                 int64_t n, cudaStream_t s);
 
+// ---- k_gemma.cu ------------------------------------------------------------------------------
+// out = gelu_tanh(gate) * up (transformers' gelu_pytorch_tanh), n elements.
+void geglu_fwd(const float* gate, const float* up, float* out, int64_t n, cudaStream_t s);
+// dgate = dout * up * gelu_tanh'(gate); dup = dout * gelu_tanh(gate).
+void geglu_bwd(const float* gate, const float* up, const float* dout, float* dgate, float* dup,
+               int64_t n, cudaStream_t s);
+// x = cap * tanh(x / cap) in place (Gemma 2's final logit soft-cap), n elements.
+void softcap(float* x, int64_t n, float cap, cudaStream_t s);
+
 // ---- k_attention.cu --------------------------------------------------------------------------
 struct AttnArgs {
   int batch, seq, n_heads, n_kv_heads, head_dim;
@@ -88,6 +97,8 @@ struct AttnArgs {
   const int32_t* doc = nullptr;    // [rows] document ids or nullptr
   const int32_t* first = nullptr;  // [rows] first position of the same document
   int window = 0;                  // sliding window (AttnShape::window), 0: none
+  float scale = 0.f;               // the scores' scale (AttnShape::scale), 0: head_dim^-0.5
+  float softcap = 0.f;             // the scaled scores' tanh cap (AttnShape::softcap), 0: none
   // Precision bf16: the backward's P and dS rounded to bf16 where they enter dV and dQ / dK, as
   // the CPU backend's bf16 attention does (its forward also rounds P before P V, which this
   // online-softmax forward cannot: it never holds the normalized P).
@@ -139,10 +150,13 @@ void positions(int32_t* pos, int n, int32_t start, cudaStream_t s);
 void argmax(const float* x, int64_t n, int32_t* out, cudaStream_t s);
 // Backend::attention_decode: rows new query rows (q, out: leading dimensions ldq / ldo) over
 // cache rows [0, past + rows) (dense, kv_dim floats a row), causal from past, sliding window.
+// The scores scaled by scale (0: head_dim^-0.5) and soft-capped at softcap (0: none), as
+// Backend::attention_decode_capped's.
 struct DecodeArgs {
   int n_heads, n_kv_heads, head_dim;
   int past, window;
   int64_t rows, kv_dim, ldq, ldo;
+  float scale = 0.f, softcap = 0.f;
 };
 void attention_decode(const DecodeArgs& a, const float* q, const float* k_cache,
                       const float* v_cache, float* out, cudaStream_t s);
@@ -150,15 +164,18 @@ void attention_decode(const DecodeArgs& a, const float* q, const float* k_cache,
 // ---- k_xent.cu -------------------------------------------------------------------------------
 // Per row of a logits chunk [rc, n] (columns p0 .. p0 + n of the vocabulary): merges the chunk
 // into the row's online softmax state (m, sum) and records the target logit if it lies here.
+// cap > 0: over the soft-capped logits cap * tanh(x / cap) (Gemma 2's final_logit_softcapping).
 void ce_merge_panel(const float* logits, int64_t rc, int64_t n, int64_t p0, const int32_t* targets,
-                    float* m, double* sum, float* target_logit, cudaStream_t s);
+                    float* m, double* sum, float* target_logit, cudaStream_t s, float cap = 0.f);
 // lse[i] = m[i] + log(sum[i]); loss_terms[i] = lse[i] - target_logit[i] (double), or 0 for a
 // row whose target is ignore_index.
 void ce_finish(const float* m, const double* sum, const float* target_logit, const int32_t* targets,
                int32_t ignore_index, int64_t rc, float* lse, double* loss_terms, cudaStream_t s);
-// logits[i, j] = (softmax - onehot(target)) * grad_scale in place; 0 on ignored rows.
+// logits[i, j] = (softmax - onehot(target)) * grad_scale in place; 0 on ignored rows. cap > 0:
+// softmax of the capped logits, the result times the cap's derivative 1 - tanh^2.
 void ce_grad_panel(float* logits, int64_t rc, int64_t n, int64_t p0, const int32_t* targets,
-                   int32_t ignore_index, const float* lse, float grad_scale, cudaStream_t s);
+                   int32_t ignore_index, const float* lse, float grad_scale, cudaStream_t s,
+                   float cap = 0.f);
 // acc[0] += the rc loss terms in row order, count[0] += rows whose target is not ignore_index
 // (one thread: the CPU's summation order, so the loss is the same double).
 void ce_sum(const double* loss_terms, const int32_t* targets, int64_t rc, int32_t ignore_index,

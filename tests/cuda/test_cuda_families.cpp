@@ -2,13 +2,12 @@
 // tiny Qwen3 (per-head q / k norms), Mistral (sliding window 5) and Phi-3 (fused projections) of
 // tests/reference/gen_family_fixtures.py give transformers' logits with backend=cuda, and a
 // training step's loss and LoRA gradients follow the CPU backend's; the sliding window on the
-// attention kernels against the CPU's on random inputs.
+// attention kernels against the CPU's on random inputs. (Gemma 2 / 3: test_cuda_families_gemma.)
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "cuda_test_util.h"
-#include "model/generate.h"
 #include "unit/test_model_util.h"
 
 using namespace qlft;
@@ -75,31 +74,6 @@ TEST(CudaFamilies, Qwen3MistralPhi3FollowTransformersAndCpu) {
     EXPECT_NEAR(g.loss, f.f32("loss")[0], 1e-4 * std::fabs(c.loss));
     EXPECT_NEAR(g.loss, c.loss, 1e-5 * std::fabs(c.loss));
     EXPECT_LT(qlft_cuda_test::norm_err(g.grads, c.grads), 1e-4);
-  }
-}
-
-// Gemma 2 is refused on backend=cuda, naming what the CUDA kernels lack (soft-capping in the
-// attention kernels and the fused cross-entropy, GeGLU), by training and by generation: never
-// computed without its deltas.
-TEST(CudaFamilies, Gemma2RefusedNamingWhatIsMissing) {
-  QLFT_NEED_GPU();
-  MemoryTracker tr;
-  auto m = load_model(&tr, family_fixture("syn_gemma2"), model_test::keep());
-  auto gpu = fp32_gpu(&tr);
-  for (const char* who : {"runner", "generator"}) {
-    SCOPED_TRACE(who);
-    try {
-      if (who[0] == 'r')
-        LlamaRunner run(*m, *gpu, nullptr);
-      else
-        Generator gen(*m, *gpu, nullptr);
-      ADD_FAILURE() << "gemma2 was accepted on " << gpu->name();
-    } catch (const Error& e) {
-      EXPECT_EQ(e.status(), QLFT_ERR_UNSUPPORTED);
-      const std::string w = e.what();
-      EXPECT_NE(w.find("gemma2"), std::string::npos) << w;
-      EXPECT_NE(w.find("soft-capping in its attention kernels"), std::string::npos) << w;
-    }
   }
 }
 

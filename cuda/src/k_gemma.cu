@@ -1,0 +1,65 @@
+// Gemma's pointwise kernels: GeGLU with transformers' gelu_pytorch_tanh (forward and backward)
+// and the tanh soft-cap of the final logits (head_logits). The attention cap lives in the
+// attention kernels (attn_mask.cuh), the cross-entropy's in k_xent.cu. Grid-stride loops over
+// dense [rows * cols] arrays, like SwiGLU's in k_pointwise.cu.
+#include "check.h"
+#include "kernels.h"
+
+namespace qlft::cu {
+
+namespace {
+
+// gelu_pytorch_tanh: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), and its derivative
+// (the CPU backend's cpu_gemma.cpp computes the same expressions).
+constexpr float kGeluC = 0.7978845608028654f, kGeluA = 0.044715f;
+
+__device__ __forceinline__ void gelu_tanh_and_grad(float x, float& g, float& dg) {
+  const float t = tanhf(kGeluC * (x + kGeluA * x * x * x));
+  g = 0.5f * x * (1.f + t);
+  dg = 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * kGeluC * (1.f + 3.f * kGeluA * x * x);
+}
+
+__global__ void __launch_bounds__(256)
+    k_geglu_fwd(const float* g, const float* u, float* o, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const float x = g[i];
+    o[i] = 0.5f * x * (1.f + tanhf(kGeluC * (x + kGeluA * x * x * x))) * u[i];
+  }
+}
+
+__global__ void __launch_bounds__(256)
+    k_geglu_bwd(const float* g, const float* u, const float* d, float* dg, float* du, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    float a, da;
+    gelu_tanh_and_grad(g[i], a, da);
+    const float di = d[i];
+    dg[i] = di * u[i] * da;
+    du[i] = di * a;
+  }
+}
+
+// x = cap * tanh(x / cap), in place.
+__global__ void __launch_bounds__(256) k_softcap(float* x, int64_t n, float cap) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = cap * tanhf(x[i] / cap);
+}
+
+}  // namespace
+
+void geglu_fwd(const float* gate, const float* up, float* out, int64_t n, cudaStream_t s) {
+  launch(k_geglu_fwd, grid_for(n, 256), 256, 0, s, gate, up, out, n);
+}
+
+void geglu_bwd(const float* gate, const float* up, const float* dout, float* dgate, float* dup,
+               int64_t n, cudaStream_t s) {
+  launch(k_geglu_bwd, grid_for(n, 256), 256, 0, s, gate, up, dout, dgate, dup, n);
+}
+
+void softcap(float* x, int64_t n, float cap, cudaStream_t s) {
+  launch(k_softcap, grid_for(n, 256), 256, 0, s, x, n, cap);
+}
+
+}  // namespace qlft::cu
