@@ -43,6 +43,16 @@ void Backend::copy(float* dst, const float* src, int64_t n) {
   if (n > 0) std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
 }
 
+Buffer Backend::alloc_pinned(MemCategory c, size_t bytes, const char* what) {
+  return Buffer(tracker_, c, bytes, what, BufferInit::Uninit);
+}
+
+uint64_t Backend::copy_async(void* dst, const void* src, size_t bytes) {
+  QLFT_PROFILE_SCOPE("copy_async");
+  if (bytes) std::memcpy(dst, src, bytes);
+  return 0;
+}
+
 void Backend::to_16(DType t, const float* src, uint16_t* dst, int64_t n) {
   QLFT_PROFILE_SCOPE("to_16");
   for_chunks(n, [&](int64_t i, size_t m) { f32_to_16_n(t, src + i, dst + i, m); });

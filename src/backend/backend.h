@@ -154,6 +154,20 @@ class Backend {
   virtual int device_index() const { return -1; }
   virtual void* native_stream() const { return nullptr; }
 
+  // ---- copies beside the compute (offloaded checkpoints: model/checkpoint_offload.h) --------
+  // Host memory the copies below read and write without staging (page-locked on a GPU:
+  // cudaHostAlloc), counted as host bytes of category c. The host default: a plain host Buffer.
+  virtual Buffer alloc_pinned(MemCategory c, size_t bytes, const char* what);
+  // Copies bytes between the backend's memory and alloc_pinned memory (either way) on a copy
+  // stream beside the compute: after all work queued so far (an event the copy stream waits on),
+  // without holding up work queued later. Returns a ticket for wait_copy. The host default
+  // copies now (the copy is done when it returns) and returns 0.
+  virtual uint64_t copy_async(void* dst, const void* src, size_t bytes);
+  // Work queued after this waits for copy `ticket` (and every copy issued before it).
+  virtual void wait_copy(uint64_t ticket) { (void)ticket; }
+  // The host waits for every copy issued (before a pinned buffer a copy may use is freed).
+  virtual void sync_copies() {}
+
   // ---- elementwise glue between the layer operations ------------------------------------------
   // (Host loops here, backend/backend.cpp; a device backend overrides them.)
   // y += x over n elements (the residual connections).

@@ -220,6 +220,11 @@ const KeyDef kKeys[] = {
      "accumulation stay fp32. fp16 uses dynamic loss scaling (scaler.*)."},
     {"train.grad_checkpointing", KeyType::Int, "0", 0, 4096, "",
      "Gradient checkpointing: 0 off, 1 every layer, N every N-th layer (recomputed in backward)."},
+    {"train.offload_checkpoints", KeyType::Enum, "auto", 0, 0, "auto|on|off",
+     "With train.grad_checkpointing: each checkpointed layer's saved input goes to pinned host "
+     "memory (bf16 under bf16/fp16, fp32 under fp32) on a copy stream during forward and comes "
+     "back one layer ahead in backward; the device keeps two slots instead of one per layer. "
+     "auto: off until the auto-tuner chooses it."},
     {"train.mlp_tile_rows", KeyType::Int, "auto", 0, 1e9, "auto",
      "With every layer checkpointed (train.grad_checkpointing 1): the MLP runs over row tiles of "
      "this many rows of the micro-batch (gate / up / down and their backward, recomputed per "

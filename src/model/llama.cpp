@@ -11,6 +11,7 @@
 #include "core/half.h"
 #include "core/threads.h"
 
+#include "model/checkpoint_offload.h"
 #include "model/llama_internal.h"
 
 namespace qlft {
@@ -130,15 +131,26 @@ int64_t LlamaRunner::engaged_tile(int64_t rows) const {
   return sink_ || extras_ ? 0 : mlp_tile_for(model_.shapes, mlp_tile_rows_, rows, all);
 }
 
+void LlamaRunner::set_offload_checkpoints(bool on) {
+  offload_on_ = on;
+  have_forward_ = false;  // prepare() makes the residual stream again for the new layout
+}
+
 void LlamaRunner::set_activation_dtype(DType t) {
   QLFT_CHECK_ARG(t == DType::F32 || t == DType::BF16 || t == DType::F16,
                  "activations are stored as F32, BF16 or F16, not %s", dtype_name(t));
   act_dtype_ = t;
   stored_.clear();
+  if (offload_) {  // its host copies' type follows the storage type
+    offload_.reset();
+    resid_.clear();
+  }
   have_forward_ = false;
 }
 
 void LlamaRunner::release() {
+  offload_.reset();
+  offload_layout_.clear();
   stored_.clear();
   scratch_.reset();
   grads_.reset();
@@ -340,13 +352,39 @@ void LlamaRunner::prepare(const TokenBatch& b, bool training) {
   shape_.doc_ids = b.doc_ids ? docs_.as<int32_t>() : nullptr;
   shape_.softcap = c.attn_softcap;  // gemma2's, with its scale of the scores
   shape_.scale = c.attn_scalar > 0 ? 1.f / std::sqrt(c.attn_scalar) : 0.f;
+  // Offloaded checkpoints: the inputs of the checkpointed layers (model/checkpoint_offload.h).
+  std::vector<bool> off;
+  if (offload_on_ && std::find(ckpt_.begin(), ckpt_.end(), true) != ckpt_.end()) off = ckpt_;
+  if (!resid_.empty() && off != offload_layout_) {
+    offload_.reset();
+    resid_.clear();
+  }
   if (resid_.empty()) {
     resid_.resize(c.n_layers + 1);
-    for (Buffer& x : resid_) x = make(be_, A, R * c.dim, "residual");
+    for (size_t i = 0; i < resid_.size(); ++i)
+      if (i >= off.size() || !off[i]) resid_[i] = make(be_, A, R * c.dim, "residual");
+    if (!off.empty())
+      offload_ = std::make_unique<CheckpointOffload>(be_, off, R * c.dim, act_dtype_);
+    offload_layout_ = off;
     xnf_ = make(be_, A, R * c.dim, "final norm out");
     rstdf_ = make(be_, A, R, "final norm rstd");
   }
   if (training && dxnf_.empty()) dxnf_ = make(be_, A, R * c.dim, "d final norm");
+}
+
+float* LlamaRunner::x_at(int i) {
+  return offload_ && offload_->offloaded(i) ? offload_->at(i) : resid_[size_t(i)].as<float>();
+}
+float* LlamaRunner::x_to_write(int i) {
+  if (offload_ && offload_->offloaded(i)) offload_->will_write(i);
+  return x_at(i);
+}
+void LlamaRunner::x_written(int i, bool training) {
+  if (training && offload_ && offload_->offloaded(i)) offload_->save(i);
+}
+float* LlamaRunner::x_restored(int i) {
+  if (offload_ && offload_->offloaded(i)) offload_->restore(i);
+  return x_at(i);
 }
 
 const float* LlamaRunner::frozen(const Buffer& host) {

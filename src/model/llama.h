@@ -41,6 +41,8 @@
 
 namespace qlft {
 
+class CheckpointOffload;
+
 constexpr int32_t kIgnoreIndex = -100;
 
 // Refuses (QLFT_ERR_UNSUPPORTED) a Gemma model (ModelConfig::gemma, soft-caps) on a backend
@@ -151,6 +153,11 @@ class LlamaRunner {
   void set_checkpoint(int layer, bool on);
   void set_checkpoint_all(bool on);
   bool checkpointed(int layer) const { return ckpt_[layer]; }
+  // Offloaded checkpoints (model/checkpoint_offload.h): a checkpointed layer's saved input goes
+  // to pinned host memory during forward and comes back one layer ahead in backward; the
+  // backend's memory keeps CheckpointOffload::kSlots entries instead of one per such layer.
+  void set_offload_checkpoints(bool on);
+  bool offload_checkpoints() const { return offload_on_; }
 
   // Storage type of the activations stored layers keep for backward: DType::F32 (default),
   // BF16 or F16. With a 16-bit type, the gate and up projection outputs are rounded to it in
@@ -238,6 +245,14 @@ class LlamaRunner {
   struct Grads;
 
   void prepare(const TokenBatch& b, bool training);
+  // The residual stream's entry i (layer i's input; n_layers: the last layer's output) where it
+  // lives now: its buffer, or its offload slot. x_to_write: before the entry is written;
+  // x_written: after (a training pass copies an offloaded one out); x_restored: in backward,
+  // an offloaded one back in its slot (llama.cpp).
+  float* x_at(int i);
+  float* x_to_write(int i);
+  void x_written(int i, bool training);
+  float* x_restored(int i);
   LayerActs& acts_for(int layer, bool store);
   LayerActs& scratch();
   // st: the stored 16-bit layer whose GEMM inputs and gate / up the ops write directly (and
@@ -315,7 +330,11 @@ class LlamaRunner {
   Buffer lora_w16_;                  // lora_w_ in bf16 (lora_device_weights16)
   bool lora16_current_ = false;      // lora_w16_ holds lora_w_'s values rounded
   std::vector<std::array<int64_t, 2>> lora_off_;  // per layer * kProjCount + p: A's offset, B's
-  std::vector<Buffer> resid_;                     // [n_layers + 1] residual stream, rows x dim each
+  std::vector<Buffer> resid_;  // [n_layers + 1] residual stream, rows x dim each (an offloaded
+                               // entry's is empty: it lives in offload_)
+  bool offload_on_ = false;
+  std::unique_ptr<CheckpointOffload> offload_;
+  std::vector<bool> offload_layout_;  // the entries offload_ was made for
   std::vector<std::unique_ptr<LayerActs>> stored_;
   std::unique_ptr<LayerActs> scratch_;
   // Per layer, what an MoE layer's forward keeps for its backward (model/moe.h; host memory,

@@ -237,25 +237,26 @@ void LlamaRunner::backward() {
   }
   for (int l = c.n_layers - 1; l >= 0; --l) {
     UnitUse use(ws, layer_unit(l), l > 0 ? layer_unit(l - 1) : kNoUnit);
+    const float* x_in = x_restored(l);  // an offloaded input back from the host (llama.cpp)
     if (ckpt_[l]) {
       // Recompute this layer's activations from its saved input (same dropout masks).
       LayerActs& a = acts_for(l, true);
       {
         Buffer tmp = make(be_, MemCategory::Workspace, R * c.dim, "recompute out");
         recompute_ = true;  // (MLP tiles skipped: mlp_bwd_tiles makes them; prepare resets it)
-        layer_fwd(l, a, resid_[l].as<float>(), tmp.as<float>());
+        layer_fwd(l, a, x_in, tmp.as<float>());
         recompute_ = false;
       }
       if (act_dtype_ != DType::F32) round_stored(a);
-      layer_bwd(l, a, resid_[l].as<float>(), l > 0);
+      layer_bwd(l, a, x_in, l > 0);
     } else if (stored_[l]->half) {
       LayerActs& s = scratch();
       LendFulls lend(stored_[l]->fulls(), s.fulls());
       const bool direct = direct16();
       unpack(*stored_[l], s, direct);
-      layer_bwd(l, s, resid_[l].as<float>(), l > 0, direct ? stored_[l].get() : nullptr);
+      layer_bwd(l, s, x_in, l > 0, direct ? stored_[l].get() : nullptr);
     } else {
-      layer_bwd(l, *stored_[l], resid_[l].as<float>(), l > 0);
+      layer_bwd(l, *stored_[l], x_in, l > 0);
     }
   }
   lora_grads_to_host();

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "core/threads.h"
+#include "model/checkpoint_offload.h"
 #include "model/llama_internal.h"
 
 namespace qlft {
@@ -180,6 +181,7 @@ LossResult LlamaRunner::run_forward(const TokenBatch& b, bool training, float gr
   training_ = training;
   have_forward_ = false;
   prepare(b, training);
+  if (offload_) offload_->begin_pass();
   lora_to_device();
   lora16_refresh();
   const int64_t R = rows_;
@@ -187,25 +189,31 @@ LossResult LlamaRunner::run_forward(const TokenBatch& b, bool training, float gr
   WeightStream* ws = model_.stream.get();
   {
     UnitUse use(ws, kEmbeddingUnit, layer_unit(0));
+    float* x0 = x_to_write(0);     // (x_*: the entry's buffer or offload slot, llama.cpp)
     if (ws && ws->rows_sharded())  // host memory (a host backend)
-      ws->lookup_rows(tokens_.as<int32_t>(), R, resid_[0].as<float>());
+      ws->lookup_rows(tokens_.as<int32_t>(), R, x0);
     else
-      be_.embedding_fwd(model_.tok_embd, tokens_.as<int32_t>(), mat(resid_[0], R, c.dim));
-    if (c.gemma) be_.scale(resid_[0].as<float>(), R * c.dim, gemma_embedding_scale(c, act_dtype_));
+      be_.embedding_fwd(model_.tok_embd, tokens_.as<int32_t>(), MatF(x0, R, c.dim));
+    if (c.gemma) be_.scale(x0, R * c.dim, gemma_embedding_scale(c, act_dtype_));
+    x_written(0, training);
   }
   for (int l = 0; l < c.n_layers; ++l) {
     UnitUse use(ws, layer_unit(l), l + 1 < c.n_layers ? layer_unit(l + 1) : head_unit(c.n_layers));
     LayerActs& a = acts_for(l, training);
+    float* x_in = x_at(l);
+    float* x_out = x_to_write(l + 1);
     if (!a.half) {
-      layer_fwd(l, a, resid_[l].as<float>(), resid_[l + 1].as<float>());
+      layer_fwd(l, a, x_in, x_out);
+      x_written(l + 1, training);
       continue;
     }
     // 16-bit storage: run in the fp32 scratch (with this layer's own fp32 tensors), then pack.
     LayerActs& s = scratch();
     LendFulls lend(a.fulls(), s.fulls());
     const bool direct = direct16();
-    layer_fwd(l, s, resid_[l].as<float>(), resid_[l + 1].as<float>(), direct ? &a : nullptr);
+    layer_fwd(l, s, x_in, x_out, direct ? &a : nullptr);
     pack(s, a, direct);
+    x_written(l + 1, training);
   }
   // Training comes back to the head first in backward (for the final norm).
   UnitUse head_use(ws, head_unit(c.n_layers), training ? head_unit(c.n_layers) : kNoUnit);

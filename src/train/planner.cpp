@@ -14,6 +14,7 @@
 #include "model/weight_stream.h"
 #include "optim/adamw8bit.h"
 #include "train/adapter_io.h"
+#include "train/planner_offload.h"
 #include "train/preference.h"
 
 namespace qlft {
@@ -46,6 +47,7 @@ PlanSettings PlanSettings::from_spec(const RunSpec& r) {
   s.precision = r.backend.precision;
   s.checkpoint_every = r.train.grad_checkpointing;
   s.mlp_tile_rows = r.train.mlp_tile_rows;
+  s.offload_checkpoints = r.train.offload_checkpoints;
   s.seq_len = r.data.seq_len;
   s.micro_batch = r.train.micro_batch.n;  // auto: 1
   s.rows_per_example = is_paired(r.pref.objective) ? 2 : 1;
@@ -595,6 +597,12 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
                              activation_dtype(s.precision), m->round_fn(), tile);
   const int stored = c.n_layers - ckpt;
   act[int(MemCategory::Activations)] = f.activations(stored, ckpt);
+  if (s.offload_checkpoints && ckpt > 0) {  // slots on the runner's side, copies on the host
+    const CheckpointOffloadRows o =
+        plan_checkpoint_offload(sh, R, ckpt, activation_dtype(s.precision), m->round_fn());
+    act[int(MemCategory::Activations)] += uint64_t(o.runner_delta);  // (wraps back: a sum)
+    cat[int(MemCategory::Activations)] += o.host;
+  }
   // The reference pass (an inference forward over the same rows) reuses the step's residual
   // stream and runs its layers in the scratch set, which a step without checkpointed layers
   // (fp32 storage) does not have otherwise.

@@ -136,6 +136,7 @@ struct PlanSettings {
   bool zero3_prefetch = true;                    // dist.zero3_prefetch
   OffloadTarget offload_optimizer = OffloadTarget::None, offload_params = OffloadTarget::None;
   int offload_buffers = 2;  // offload.buffers: NVMe buffers in flight besides the one in use
+  bool offload_checkpoints = false;  // train.offload_checkpoints (train/planner_offload.h)
   // train.mlp_tile_rows (0: whole; -1: auto, mlp_tile_rows_of), engaged as mlp_tile_for says.
   int64_t mlp_tile_rows = 0;
 

@@ -68,6 +68,7 @@ TrainSettings TrainSettings::from_spec(const RunSpec& s) {
   t.max_steps = s.train.max_steps;
   t.precision = s.backend.precision;
   t.checkpoint_every_layers = s.train.grad_checkpointing;
+  t.offload_checkpoints = s.train.offload_checkpoints;
   t.eval_every = s.train.eval_every;
   t.save_every = s.train.save_every;
   t.output_dir = s.train.output_dir;
@@ -150,6 +151,7 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
     for (int l = 0; l < model.cfg.n_layers; ++l)
       runner_->set_checkpoint(l, l % ts_.checkpoint_every_layers == 0);
   runner_->set_mlp_tile_rows(mlp_tile_rows_of(model.shapes, spec.train.mlp_tile_rows));
+  runner_->set_offload_checkpoints(ts_.offload_checkpoints);
 
   std::vector<ParamRef> params;
   for (int l = 0; l < lora_->n_layers(); ++l)
