@@ -1,7 +1,9 @@
 // Gemma's pointwise kernels: GeGLU with transformers' gelu_pytorch_tanh (forward and backward)
 // and the tanh soft-cap of the final logits (head_logits). The attention cap lives in the
 // attention kernels (attn_mask.cuh), the cross-entropy's in k_xent.cu. Grid-stride loops over
-// dense [rows * cols] arrays, like SwiGLU's in k_pointwise.cu.
+// dense [rows * cols] arrays, like SwiGLU's in k_pointwise.cu; the GELU formulas are the CPU
+// backend's (backend/activation_math.h).
+#include "backend/activation_math.h"
 #include "check.h"
 #include "kernels.h"
 
@@ -9,22 +11,11 @@ namespace qlft::cu {
 
 namespace {
 
-// gelu_pytorch_tanh: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), and its derivative
-// (the CPU backend's cpu_gemma.cpp computes the same expressions).
-constexpr float kGeluC = 0.7978845608028654f, kGeluA = 0.044715f;
-
-__device__ __forceinline__ void gelu_tanh_and_grad(float x, float& g, float& dg) {
-  const float t = tanhf(kGeluC * (x + kGeluA * x * x * x));
-  g = 0.5f * x * (1.f + t);
-  dg = 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * kGeluC * (1.f + 3.f * kGeluA * x * x);
-}
-
 __global__ void __launch_bounds__(256)
     k_geglu_fwd(const float* g, const float* u, float* o, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const float x = g[i];
-    o[i] = 0.5f * x * (1.f + tanhf(kGeluC * (x + kGeluA * x * x * x))) * u[i];
+    o[i] = gelu_tanh(g[i]) * u[i];
   }
 }
 

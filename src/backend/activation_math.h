@@ -1,4 +1,4 @@
-// SiLU / SwiGLU math shared by the CPU backend and CUDA kernels.
+// SiLU / SwiGLU and GELU-tanh (GeGLU) math shared by the CPU backend and CUDA kernels.
 #pragma once
 
 #include <cmath>
@@ -40,6 +40,18 @@ QLFT_HD inline void swiglu_bwd_from_sigmoid(float gate, float up, float dout, fl
 // Gradients of out = silu(gate) * up.
 QLFT_HD inline void swiglu_bwd_elem(float gate, float up, float dout, float& dgate, float& dup) {
   swiglu_bwd_from_sigmoid(gate, up, dout, sigmoidf_(gate), dgate, dup);
+}
+
+// gelu_pytorch_tanh (Gemma's GeGLU): 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), and
+// with its derivative.
+constexpr float kGeluC = 0.7978845608028654f, kGeluA = 0.044715f;
+QLFT_HD inline float gelu_tanh(float x) {
+  return 0.5f * x * (1.f + tanhf(kGeluC * (x + kGeluA * x * x * x)));
+}
+QLFT_HD inline void gelu_tanh_and_grad(float x, float& g, float& dg) {
+  const float t = tanhf(kGeluC * (x + kGeluA * x * x * x));
+  g = 0.5f * x * (1.f + t);
+  dg = 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * kGeluC * (1.f + 3.f * kGeluA * x * x);
 }
 
 }  // namespace qlft

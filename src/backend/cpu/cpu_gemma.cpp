@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/activation_math.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_glu.h"
 #include "backend/op_checks.h"
@@ -13,22 +14,6 @@
 #include "core/threads.h"
 
 namespace qlft::cpu {
-
-namespace {
-
-// gelu_pytorch_tanh: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), and its derivative.
-constexpr float kGeluC = 0.7978845608028654f, kGeluA = 0.044715f;
-
-inline float gelu_tanh(float x) {
-  return 0.5f * x * (1.f + std::tanh(kGeluC * (x + kGeluA * x * x * x)));
-}
-inline void gelu_tanh_and_grad(float x, float* g, float* dg) {
-  const float t = std::tanh(kGeluC * (x + kGeluA * x * x * x));
-  *g = 0.5f * x * (1.f + t);
-  *dg = 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * kGeluC * (1.f + 3.f * kGeluA * x * x);
-}
-
-}  // namespace
 
 void CpuBackend::geglu_fwd(CMatF gate, CMatF up, MatF out) {
   QLFT_PROFILE_SCOPE("geglu_fwd");
@@ -43,7 +28,7 @@ void CpuBackend::geglu_bwd(CMatF gate, CMatF up, CMatF dout, MatF dgate, MatF du
                [](const float* g, const float* u, const float* d, float* dg, float* du, int64_t C) {
                  for (int64_t j = 0; j < C; ++j) {
                    float a, da;
-                   gelu_tanh_and_grad(g[j], &a, &da);
+                   gelu_tanh_and_grad(g[j], a, da);
                    dg[j] = d[j] * u[j] * da;
                    du[j] = d[j] * a;
                  }
