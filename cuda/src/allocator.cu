@@ -21,6 +21,7 @@
 #include "backend/cuda_entry.h"
 #include "backend/cuda_sizes.h"
 #include "check.h"
+#include "copy_stream.h"
 #include "core/log.h"
 #include "core/state_store.h"
 
@@ -393,5 +394,36 @@ std::unique_ptr<StateStore> make_managed_state_store(MemoryTracker* tracker, int
   QLFT_CUDA_CHECK(cudaSetDevice(device));
   return std::make_unique<ManagedStateStore>(tracker, device, static_cast<cudaStream_t>(stream));
 }
+
+// The copy stream's page-locked host blocks (copy_stream.h), counted as host bytes.
+namespace cu {
+void* CopyStream::PinnedHost::allocate(MemCategory c, size_t bytes, const char* what) {
+  tracker_->acquire(c, bytes, what, MemSpace::Host);
+  void* p = nullptr;
+  const cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
+  if (e != cudaSuccess) {
+    tracker_->release(c, bytes, MemSpace::Host);
+    (void)cudaGetLastError();
+    throw_error(QLFT_ERR_OUT_OF_MEMORY, "cudaHostAlloc of %zu bytes for %s failed: %s", bytes, what,
+                cudaGetErrorString(e));
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  blocks_[p] = {c, bytes};
+  return p;
+}
+
+void CopyStream::PinnedHost::release(void* p) noexcept {
+  std::pair<MemCategory, size_t> b;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = blocks_.find(p);
+    if (it == blocks_.end()) return;
+    b = it->second;
+    blocks_.erase(it);
+  }
+  QLFT_CUDA_WARN(cudaFreeHost(p));
+  tracker_->release(b.first, b.second, MemSpace::Host);
+}
+}  // namespace cu
 
 }  // namespace qlft

@@ -33,6 +33,7 @@
 #include "backend/cuda_entry.h"
 #include "backend/cuda_sizes.h"
 #include "check.h"
+#include "copy_stream.h"
 #include "gemm.h"
 #include "kernels.h"
 
@@ -180,6 +181,11 @@ class CudaBackend final : public Backend {
   // ---- elementwise glue (cuda_backend.cu) -----------------------------------------------------
   int device_index() const override { return opt_.device; }
   void* native_stream() const override { return stream_; }
+  // Offloaded checkpoints' copies on a second stream, pinned host memory (backend_offload.cu).
+  Buffer alloc_pinned(MemCategory c, size_t bytes, const char* what) override;
+  uint64_t copy_async(void* dst, const void* src, size_t bytes) override;
+  void wait_copy(uint64_t ticket) override;
+  void sync_copies() override;
   void copy(float* dst, const float* src, int64_t n) override;
   void add(float* y, const float* x, int64_t n) override;
   void to_16(DType t, const float* src, uint16_t* dst, int64_t n) override;
@@ -426,6 +432,8 @@ class CudaBackend final : public Backend {
     const uint16_t *q16 = nullptr, *k16 = nullptr, *v16 = nullptr;  // the next attention's
     const uint16_t *out16 = nullptr, *dout16 = nullptr;             // the next backward's
   } h16_;
+  std::unique_ptr<CopyStream> copies_;  // made at its first use (backend_offload.cu)
+  CopyStream& copies();
   std::unique_ptr<LtGemm> gemm_;
   std::unordered_map<const QWeight*, ResidentWeight> weights_;
   ResidentWeight in_place_;  // the view of the last device-held weight (in_place)

@@ -13,6 +13,7 @@
 #include <memory>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "qlft_emu_device.h"
 
@@ -96,6 +97,8 @@ struct cudaMemLocation {
 #define cudaMemAttachHost 0x02
 #define cudaStreamDefault 0x00
 #define cudaStreamNonBlocking 0x01
+#define cudaHostAllocDefault 0x00
+#define cudaHostAllocPortable 0x01
 #define cudaEventDefault 0x00
 #define cudaEventDisableTiming 0x02
 
@@ -185,6 +188,10 @@ cudaError_t cudaMemAdvise(const void* p, size_t bytes, cudaMemoryAdvise advice,
                           cudaMemLocation loc);
 cudaError_t cudaMemPrefetchAsync(const void* p, size_t bytes, cudaMemLocation loc, unsigned flags,
                                  cudaStream_t s = nullptr);
+// Page-locked host memory (host_memory.cpp): plain host memory in the emulator, tracked.
+cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned flags);
+cudaError_t cudaMallocHost(void** p, size_t bytes);
+cudaError_t cudaFreeHost(void* p);
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                             cudaStream_t s = nullptr);
@@ -242,6 +249,19 @@ struct StreamCounts {
 };
 std::map<cudaStream_t, StreamCounts> stream_counts();
 std::map<const void*, uint64_t> kernel_counts();  // kernel launches by kernel (all streams)
+// The stream timeline (timeline.cpp): while recording, every kernel, matmul, copy and fill is
+// placed on a logical clock per stream (one tick each, from its stream's clock; an event keeps
+// its stream's clock, a stream waiting on it moves up to it). kind: 0 kernel, 1 matmul, 2 copy,
+// 3 fill, 4 graph launch. timeline_record(true) starts afresh; timeline() returns the record.
+struct TimelineOp {
+  cudaStream_t stream;
+  int kind;
+  const void* kernel;  // the kernel of a launch, else nullptr
+  uint64_t start, end;
+};
+void timeline_record(bool on);
+std::vector<TimelineOp> timeline();
+uint64_t pinned_host_bytes();  // cudaHostAlloc'd bytes live now (host_memory.cpp)
 // Runs a grid: validates the configuration against the device limits, then every block's
 // threads as fibers. Sets the last error (as a launch would) instead of returning it.
 void run_grid(const void* f, dim3 grid, dim3 block, size_t smem, cudaStream_t s,

@@ -69,6 +69,11 @@ int device_count();  // QLFT_EMU_DEVICE_COUNT, default 1
 // Not counted while a graph replays (graph.cpp's replaying()); Event is never counted.
 enum class Api { Kernel, Matmul, Memcpy, Memset, Graph, Event };
 void count_api(cudaStream_t s, Api a, const void* kernel = nullptr);
+// The stream timeline's hooks (timeline.cpp): an operation accepted on s (from count_api), an
+// event recorded on s, s waiting on an event.
+void timeline_op(cudaStream_t s, Api a, const void* kernel);
+void timeline_event_record(cudaEvent_t e, cudaStream_t s);
+void timeline_stream_wait(cudaStream_t s, cudaEvent_t e);
 
 // Stream capture (graph.cpp). Every asynchronous call asks `captured` before it runs: when `s`
 // records into a capture, `op` (the same call re-issued on the stream a graph launch names) is

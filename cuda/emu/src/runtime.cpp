@@ -282,6 +282,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
   if (!valid_stream(s) || !e) return ret(cudaErrorInvalidResourceHandle);
   cudaError_t err = cudaSuccess;
   if (capture_stream_wait(s, e, &err)) return err == cudaSuccess ? err : ret(err);
+  timeline_stream_wait(s, e);
   return cudaSuccess;
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) {
@@ -303,6 +304,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   if (capture_event_record(e, s, &err)) return err == cudaSuccess ? err : ret(err);
   e->t = std::chrono::steady_clock::now();
   e->recorded = true;
+  timeline_event_record(e, s);
   e->capture = 0;
   return cudaSuccess;
 }
