@@ -420,8 +420,8 @@ class CudaBackend final : public Backend {
   CudaBackendOptions opt_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<StreamGraphs> graphs_;  // QLFT_CUDA_GRAPHS=1: stream_ recorded (graph.h)
-  TransferCounts moved_;  // every staging copy and wait counts here
-  BackendMemory mem_;     // what alloc() hands out; outlives nothing that uses it (see ~Trainer)
+  TransferCounts moved_;                  // every staging copy and wait counts here
+  BackendMemory mem_;  // what alloc() hands out; outlives nothing that uses it (see ~Trainer)
   TileType tile_ = TileType::F32;
   bool round_ = false;         // autocast: 16-bit rounding of matmul and attention operands
   struct Hints16 {             // the runner's 16-bit operands for the next ops (takes_input_16)

@@ -195,10 +195,10 @@ struct TrainSpec {
   bool accumulation_set = false;  // train.accumulation given (not derived from effective_batch)
   int64_t effective_batch = 0;    // 0: micro_batch x accumulation x ranks
   double autotune_margin = 0.05;
-  std::string autotune_cache;  // train.autotune_cache resolved: a path, or "" for off
-  int64_t max_steps = 0;       // 0: data.epochs passes
-  int grad_checkpointing = 0;  // 0 off, 1 every layer, N every N-th
-  int64_t mlp_tile_rows = -1;  // train.mlp_tile_rows: rows per MLP tile, 0 whole, -1 auto
+  std::string autotune_cache;        // train.autotune_cache resolved: a path, or "" for off
+  int64_t max_steps = 0;             // 0: data.epochs passes
+  int grad_checkpointing = 0;        // 0 off, 1 every layer, N every N-th
+  int64_t mlp_tile_rows = -1;        // train.mlp_tile_rows: rows per MLP tile, 0 whole, -1 auto
   bool offload_checkpoints = false;  // train.offload_checkpoints (auto resolved: off)
   int64_t eval_every = 0, save_every = 0;
   std::string output_dir = "qlft-out";

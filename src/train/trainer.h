@@ -51,7 +51,7 @@ struct TrainSettings {
   int64_t effective_batch = 0;    // train.effective_batch (0: micro_batch x accumulation)
   int64_t max_steps = 0;          // 0: one pass over data.epochs
   Precision precision = Precision::FP32;
-  int checkpoint_every_layers = 0;  // gradient checkpointing: 0 off, 1 every layer, N every N-th
+  int checkpoint_every_layers = 0;   // gradient checkpointing: 0 off, 1 every layer, N every N-th
   bool offload_checkpoints = false;  // train.offload_checkpoints (model/checkpoint_offload.h)
   int64_t eval_every = 0, save_every = 0;
   std::string output_dir = "qlft-out";

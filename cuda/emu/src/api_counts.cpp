@@ -24,7 +24,7 @@ All& all() {
 
 void count_api(cudaStream_t s, Api a, const void* kernel) {
   if (a != Api::Event) timeline_op(s, a, kernel);  // (timeline.cpp; replays included)
-  if (a == Api::Event || replaying()) return;  // a replay's work was counted when captured
+  if (a == Api::Event || replaying()) return;      // a replay's work was counted when captured
   All& x = all();
   std::lock_guard<std::mutex> g(x.m);
   StreamCounts& c = x.streams[s];
