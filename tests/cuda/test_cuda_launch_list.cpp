@@ -32,54 +32,12 @@
 #include "model/lora.h"
 #include "model/model.h"
 #include "quant/qweight.h"
+#include "smollm2_shaped.h"
 #include "train/device_adamw.h"
 
 namespace {
 
 using namespace qlft;
-
-// SmolLM2-135M's layer widths (its config.json), two layers, random NF4 weights.
-std::unique_ptr<Model> smollm2_shaped(MemoryTracker* t) {
-  auto m = std::make_unique<Model>();
-  ModelConfig& c = m->cfg;
-  c.arch = "llama";
-  c.n_layers = 2;
-  c.dim = 576;
-  c.n_heads = 9;
-  c.n_kv_heads = 3;
-  c.head_dim = 64;
-  c.ffn_dim = 1536;
-  c.vocab = 256;  // the head's width does not change the list
-  c.context_length = 2048;
-  c.tied_embeddings = true;
-  m->shapes = model_shapes(c);
-  std::mt19937_64 g(45);
-  auto weight = [&](int64_t rows, int64_t cols, QuantKind k) {
-    std::normal_distribution<float> d(0.f, 0.04f);
-    std::vector<float> w(size_t(rows * cols));
-    for (float& x : w) x = d(g);
-    return qweight_from_f32(t, w.data(), rows, cols, k, 64, false);
-  };
-  auto ones = [&](int n) {
-    Buffer b(t, MemCategory::Weights, size_t(n) * 4, "norm");
-    for (int i = 0; i < n; ++i) b.as<float>()[i] = 1.f;
-    return b;
-  };
-  m->tok_embd = weight(c.vocab, c.dim, QuantKind::F32);
-  m->output_norm = ones(c.dim);
-  const int64_t qd = 576, kvd = 192;
-  const int64_t shape[kProjCount][2] = {{qd, c.dim},       {kvd, c.dim},       {kvd, c.dim},
-                                        {c.dim, qd},       {c.ffn_dim, c.dim}, {c.ffn_dim, c.dim},
-                                        {c.dim, c.ffn_dim}};
-  m->layers.resize(size_t(c.n_layers));
-  for (LayerWeights& L : m->layers) {
-    L.attn_norm = ones(c.dim);
-    L.ffn_norm = ones(c.dim);
-    for (int p = 0; p < kProjCount; ++p)
-      L.proj[p] = weight(shape[p][0], shape[p][1], QuantKind::NF4);
-  }
-  return m;
-}
 
 bool is_conversion(const std::string& k) {  // fp32 <-> 16-bit copies and rounding copies
   return k.rfind("k_convert", 0) == 0 || k.rfind("k_round16", 0) == 0 || k.rfind("k_widen", 0) == 0;
@@ -90,7 +48,7 @@ bool is_conversion(const std::string& k) {  // fp32 <-> 16-bit copies and roundi
 TEST(CudaLaunchList, Bf16StepListsItsConversionKernels) {
   QLFT_NEED_GPU();
   MemoryTracker tr;
-  auto m = smollm2_shaped(&tr);
+  auto m = qlft_cuda_test::smollm2_shaped(&tr, 2);  // the head's width does not change the list
   CudaBackendOptions o;
   o.spec.precision = Precision::BF16;
   o.autocast = true;  // as make_backend sets it for train.precision=bf16
