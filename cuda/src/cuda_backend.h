@@ -18,6 +18,7 @@
 //   backend_decode.cu     generation's positions, greedy argmax, attention over the KV cache
 //   backend_head.cu       embedding, head logits, fused linear + cross-entropy (soft-capped too)
 //   backend_gemma.cu      Gemma's GeGLU and final logit soft-cap
+//   backend_moe.cu        the mixture-of-experts rows: gather, weighted combine, row dots
 #pragma once
 
 #include <cuda_runtime.h>
@@ -301,6 +302,12 @@ class CudaBackend final : public Backend {
   void geglu_fwd(CMatF gate, CMatF up, MatF out_) override;
   void geglu_bwd(CMatF gate, CMatF up, CMatF dout, MatF dgate, MatF dup) override;
   void softcap(MatF x, float cap) override;
+
+  // ---- mixture-of-experts rows (backend_moe.cu, kernels in k_moe.cu) ---------------------------
+  void gather_rows(CMatF x, const int32_t* rows, const float* scale, MatF out_) override;
+  void combine_rows(CMatF src, const int32_t* pos, const float* w, int k, MatF out_,
+                    bool accumulate) override;
+  void row_dots(CMatF a, const int32_t* rows, CMatF b, float* out_) override;
 
  private:
   struct AttnStage {

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <map>
 
+#include "backend/op_checks.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "core/profile.h"
@@ -339,6 +340,61 @@ double cross_entropy_finish(const CrossEntropyRow* st, const int32_t* targets, i
   }
   if (count) *count = n;
   return loss;
+}
+
+// The mixture-of-experts row ops (model/moe.cpp), over rows in parallel.
+void Backend::gather_rows(CMatF x, const int32_t* rows, const float* scale, MatF out) {
+  QLFT_PROFILE_SCOPE("gather_rows");
+  op_checks::gather_rows(x, out.as_const());
+  op_checks::row_indices(rows, out.rows, x.rows, "gather_rows", "rows");
+  const int64_t n = out.rows, C = x.cols;
+#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static) if (n * C > kChunk)
+  for (int64_t i = 0; i < n; ++i) {
+    const float* a = x.row(rows[i]);
+    float* o = out.row(i);
+    if (scale) {
+      const float s = scale[i];
+      for (int64_t c = 0; c < C; ++c) o[c] = s * a[c];
+    } else {
+      std::memcpy(o, a, size_t(C) * sizeof(float));
+    }
+  }
+}
+
+void Backend::combine_rows(CMatF src, const int32_t* pos, const float* w, int k, MatF out,
+                           bool accumulate) {
+  QLFT_PROFILE_SCOPE("combine_rows");
+  op_checks::combine_rows(src, k, out.as_const());
+  op_checks::row_indices(pos, out.rows * k, src.rows, "combine_rows", "pos");
+  const int64_t n = out.rows, C = out.cols;
+#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static) if (n * C > kChunk)
+  for (int64_t r = 0; r < n; ++r) {
+    float* o = out.row(r);
+    for (int64_t c = 0; c < C; ++c) {
+      double a = accumulate ? double(o[c]) : 0.0;
+      for (int j = 0; j < k; ++j)
+        a += double(w ? w[r * k + j] : 1.f) * double(src.row(pos[r * k + j])[c]);
+      o[c] = static_cast<float>(a);
+    }
+  }
+}
+
+void Backend::row_dots(CMatF a, const int32_t* rows, CMatF b, float* out) {
+  QLFT_PROFILE_SCOPE("row_dots");
+  op_checks::row_dots(a, b);
+  op_checks::row_indices(rows, b.rows, a.rows, "row_dots", "rows");
+  if (!rows)
+    QLFT_CHECK_ARG(b.rows <= a.rows, "row_dots: b has %lld rows, a only %lld", (long long)b.rows,
+                   (long long)a.rows);
+  const int64_t n = b.rows, C = b.cols;
+#pragma omp parallel for num_threads(qlft::num_threads()) schedule(static) if (n * C > kChunk)
+  for (int64_t i = 0; i < n; ++i) {
+    const float* x = a.row(rows ? rows[i] : i);
+    const float* y = b.row(i);
+    double d = 0;
+    for (int64_t c = 0; c < C; ++c) d += double(x[c]) * double(y[c]);
+    out[i] = static_cast<float>(d);
+  }
 }
 
 }  // namespace qlft

@@ -375,6 +375,21 @@ class Backend {
                                              int32_t ignore_index, float grad_scale, float cap,
                                              MatF dh, int64_t* count);
 
+  // ---- mixture-of-experts rows (model/moe.cpp) ----------------------------------------------
+  // The experts' rows gathered from the layer's rows and combined back, in the backend's memory.
+  // (Host loops in backend.cpp; a device backend overrides them.) The index and weight arrays lie
+  // in the backend's memory or on the host (a device backend stages those); indices read on the
+  // host are checked against their range (op_checks::row_indices), a device backend's own are not.
+  // out[i] = x[rows[i]], times scale[i] where scale is given, for i < out.rows (x.cols columns).
+  virtual void gather_rows(CMatF x, const int32_t* rows, const float* scale, MatF out);
+  // out[r] = (accumulate ? out[r] : 0) + sum over j < k of (w ? w[r k + j] : 1) src[pos[r k + j]]
+  // for r < out.rows, summed in double in the order j = 0, 1, ... (so every backend rounds the
+  // same sum once).
+  virtual void combine_rows(CMatF src, const int32_t* pos, const float* w, int k, MatF out,
+                            bool accumulate);
+  // out[i] = <a[rows ? rows[i] : i], b[i]> (a double sum over the columns) for i < b.rows.
+  virtual void row_dots(CMatF a, const int32_t* rows, CMatF b, float* out);
+
   // ---- attention --------------------------------------------------------------------------
   // A hint for the next attention_fwd / attention_bwd: its q, k, v rounded to t (16-bit, dense,
   // their layout). A backend that takes_input_16(t) then reads q, k and v only through these

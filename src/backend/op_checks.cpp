@@ -120,4 +120,29 @@ void cross_entropy(const QWeight& head, CMatF h, CMatF dh) {
                    "linear_cross_entropy: dh shape mismatch");
 }
 
+void gather_rows(CMatF x, CMatF out) {
+  QLFT_CHECK_ARG(out.cols == x.cols && out.rows >= 0,
+                 "gather_rows: x is [%lld, %lld] but out is [%lld, %lld]", (long long)x.rows,
+                 (long long)x.cols, (long long)out.rows, (long long)out.cols);
+}
+
+void combine_rows(CMatF src, int k, CMatF out) {
+  QLFT_CHECK_ARG(k >= 1, "combine_rows: k = %d terms per row", k);
+  QLFT_CHECK_ARG(out.cols == src.cols, "combine_rows: src is [%lld, %lld] but out is [%lld, %lld]",
+                 (long long)src.rows, (long long)src.cols, (long long)out.rows,
+                 (long long)out.cols);
+}
+
+void row_dots(CMatF a, CMatF b) {
+  QLFT_CHECK_ARG(a.cols == b.cols, "row_dots: a is [%lld, %lld] but b is [%lld, %lld]",
+                 (long long)a.rows, (long long)a.cols, (long long)b.rows, (long long)b.cols);
+}
+
+void row_indices(const int32_t* idx, int64_t n, int64_t limit, const char* op, const char* what) {
+  if (!idx) return;
+  for (int64_t i = 0; i < n; ++i)
+    QLFT_CHECK_ARG(idx[i] >= 0 && idx[i] < limit, "%s: %s[%lld] = %d is outside [0, %lld)", op,
+                   what, (long long)i, idx[i], (long long)limit);
+}
+
 }  // namespace qlft::op_checks

@@ -37,4 +37,12 @@ void targets(const int32_t* t, int64_t n, int64_t vocab, int32_t ignore_index);
 // h has the head's width; dh (unless empty) is h's shape.
 void cross_entropy(const QWeight& head, CMatF h, CMatF dh);
 
+// The mixture-of-experts row ops: gather_rows (out [n, x.cols]), combine_rows (src and out of
+// one width, k >= 1), row_dots (a and b of one width).
+void gather_rows(CMatF x, CMatF out);
+void combine_rows(CMatF src, int k, CMatF out);
+void row_dots(CMatF a, CMatF b);
+// Every one of n indices in [0, limit) (given: a null array is none), naming op and `what`.
+void row_indices(const int32_t* idx, int64_t n, int64_t limit, const char* op, const char* what);
+
 }  // namespace qlft::op_checks
