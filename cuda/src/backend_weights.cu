@@ -2,8 +2,8 @@
 // storage and a content fingerprint), or used in place when they already lie in device memory;
 // X W^T panel by panel of dequantized rows.
 // (CudaBackend is declared in cuda_backend.h, which lists where each operation family lives.)
+#include <algorithm>
 #include <cstring>
-#include <vector>
 
 #include "cuda_backend.h"
 #include "quant/ggml_types.h"
@@ -54,10 +54,22 @@ DevWeight CudaBackend::describe(const QWeight& W) {
   return w;
 }
 
+namespace {
+// The double-quantized absmax fields of w (an NF4 weight of W's form) over device arrays.
+void set_nested(DevWeight& w, const QWeight& W, const uint8_t* q, const float* nested_absmax,
+                const float* nested_code) {
+  w.scales = nullptr;
+  w.absmax_q = q;
+  w.nested_absmax = nested_absmax;
+  w.nested_code = nested_code;
+  w.nested_blocksize = W.nested_blocksize;
+  w.nested_offset = W.nested_offset;
+}
+}  // namespace
+
 // A weight whose storage already lives in this backend's memory (ZeRO-3 over NCCL gathers
 // units there): used in place, never cached (the next gather reuses the memory). A double-
-// quantized NF4 weight's block absmax is decoded into one scratch array that every such weight
-// shares: the stream orders each decode after the previous weight's kernels.
+// quantized NF4 weight is read in its own form (the kernel decodes the block absmax).
 const DevWeight& CudaBackend::in_place(const QWeight& W) {
   auto held = [&](const Buffer& b) {
     QLFT_CHECK_ARG(b.empty() || mem_.holds(b.data(), int64_t(b.size())),
@@ -72,14 +84,8 @@ const DevWeight& CudaBackend::in_place(const QWeight& W) {
   if (W.kind == QuantKind::NF4 && !W.double_quant) {
     w.scales = W.absmax.as<float>();
   } else if (W.kind == QuantKind::NF4) {
-    const int64_t nb = (W.numel() + W.blocksize - 1) / W.blocksize;
-    if (in_place_.scales.size() < size_t(nb) * 4)
-      in_place_.scales =
-          DeviceMemory(tracker_, MemCategory::Workspace, size_t(nb) * 4, "nf4 absmax (decoded)");
-    cu::nf4_absmax_decode(W.absmax.as<uint8_t>(), W.nested_absmax.as<float>(),
-                          W.nested_code.as<float>(), W.nested_blocksize, W.nested_offset, nb,
-                          in_place_.scales.as<float>(), stream_);
-    w.scales = in_place_.scales.as<float>();
+    set_nested(w, W, W.absmax.as<uint8_t>(), W.nested_absmax.as<float>(),
+               W.nested_code.as<float>());
   } else if (W.kind == QuantKind::INT8) {
     w.scales = W.scb.as<float>();
   }
@@ -102,20 +108,31 @@ const DevWeight& CudaBackend::resident(const QWeight& W) {
   rw.data = DeviceMemory(tracker_, MemCategory::Weights, std::max<size_t>(W.data.size(), 1),
                          "device weight");
   copy_up(rw.data.data(), W.data.data(), int64_t(W.data.size()));
-  if (W.kind == QuantKind::NF4) {
-    const int64_t nb = (W.numel() + W.blocksize - 1) / W.blocksize;
-    std::vector<float> am(size_t(std::max<int64_t>(nb, 1)));
-    for (int64_t b = 0; b < nb; ++b) am[size_t(b)] = W.nf4_block_absmax(b);
-    rw.scales = DeviceMemory(tracker_, MemCategory::Weights, am.size() * 4, "device nf4 absmax");
-    copy_up(rw.scales.data(), am.data(), nb * 4);
+  if (W.kind == QuantKind::NF4 && W.double_quant) {
+    // As the host keeps it (bitsandbytes' double quantization: ~1 byte of absmax per block, not
+    // 4): one block of the 8-bit codes, the nested absmax and the code book, each 16-aligned.
+    const size_t qa = (W.absmax.size() + 15) / 16 * 16,
+                 na = (W.nested_absmax.size() + 15) / 16 * 16;
+    rw.scales = DeviceMemory(tracker_, MemCategory::Weights, qa + na + W.nested_code.size(),
+                             "device nf4 absmax (double-quantized)");
+    uint8_t* d = static_cast<uint8_t*>(rw.scales.data());
+    copy_up(d, W.absmax.data(), int64_t(W.absmax.size()));
+    copy_up(d + qa, W.nested_absmax.data(), int64_t(W.nested_absmax.size()));
+    copy_up(d + qa + na, W.nested_code.data(), int64_t(W.nested_code.size()));
+    set_nested(w, W, d, reinterpret_cast<const float*>(d + qa),
+               reinterpret_cast<const float*>(d + qa + na));
+  } else if (W.kind == QuantKind::NF4) {
+    rw.scales = DeviceMemory(tracker_, MemCategory::Weights, std::max<size_t>(W.absmax.size(), 1),
+                             "device nf4 absmax");
+    copy_up(rw.scales.data(), W.absmax.data(), int64_t(W.absmax.size()));
   } else if (W.kind == QuantKind::INT8) {
     rw.scales = DeviceMemory(tracker_, MemCategory::Weights, std::max<size_t>(W.scb.size(), 1),
                              "device int8 scales");
     copy_up(rw.scales.data(), W.scb.data(), int64_t(W.scb.size()));
   }
-  sync();  // the host vectors above go out of scope
+  sync();  // uploaded before the caller may change or free the host bytes
   w.data = rw.data.data();
-  w.scales = rw.scales.as<float>();
+  if (!w.absmax_q) w.scales = rw.scales.as<float>();
   auto& slot = weights_[&W];
   slot = std::move(rw);
   return slot.w;

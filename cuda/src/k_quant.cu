@@ -45,10 +45,15 @@ __global__ void __launch_bounds__(256)
       case QuantKind::BF16:
         v = bf16_to_f32(static_cast<const uint16_t*>(w.data)[e]);
         break;
-      case QuantKind::NF4:
-        v = nf4_decode(nf4_nibble(static_cast<const uint8_t*>(w.data), e),
-                       w.scales[e / w.blocksize]);
+      case QuantKind::NF4: {
+        const int64_t b = e / w.blocksize;
+        const float am = w.absmax_q ? nested_absmax_decode(w.nested_code, w.absmax_q[b],
+                                                           w.nested_absmax[b / w.nested_blocksize],
+                                                           w.nested_offset)
+                                    : w.scales[b];
+        v = nf4_decode(nf4_nibble(static_cast<const uint8_t*>(w.data), e), am);
         break;
+      }
       case QuantKind::INT8:
         v = int8_decode(static_cast<const int8_t*>(w.data)[e], w.scales[src]);
         break;
@@ -174,14 +179,6 @@ __global__ void __launch_bounds__(256) k_accumulate(float* dst, const float* src
     dst[i] += src[i];
 }
 
-__global__ void __launch_bounds__(256)
-    k_nf4_absmax(const uint8_t* q, const float* nested_absmax, const float* nested_code,
-                 int32_t nested_blocksize, float offset, int64_t nb, float* out) {
-  for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < nb;
-       b += int64_t(gridDim.x) * blockDim.x)
-    out[b] = nested_absmax_decode(nested_code, q[b], nested_absmax[b / nested_blocksize], offset);
-}
-
 template <TileType T>
 void dequant_typed(const DevWeight& w, const int32_t* row_ids, int64_t r0, int64_t n, void* out,
                    cudaStream_t s) {
@@ -229,14 +226,6 @@ void dequant_rows(const DevWeight& w, const int32_t* row_ids, int64_t r0, int64_
     case TileType::F16:
       return dequant_typed<TileType::F16>(w, row_ids, r0, n, out, s);
   }
-}
-
-void nf4_absmax_decode(const uint8_t* q, const float* nested_absmax, const float* nested_code,
-                       int32_t nested_blocksize, float offset, int64_t nb, float* out,
-                       cudaStream_t s) {
-  if (nb <= 0) return;
-  launch(k_nf4_absmax, grid_for(nb, 256), 256, 0, s, q, nested_absmax, nested_code,
-         nested_blocksize, offset, nb, out);
 }
 
 void convert_tile(const float* x, int64_t rows, int64_t cols, int64_t ld, void* out, TileType t,

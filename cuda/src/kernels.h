@@ -24,18 +24,21 @@ struct DevWeight {
   int64_t rows = 0, cols = 0;
   int32_t blocksize = 64;         // NF4
   const void* data = nullptr;     // codes / blocks / values
-  const float* scales = nullptr;  // NF4: decoded absmax per block; INT8: SCB per row
+  const float* scales = nullptr;  // NF4: absmax per block (null when absmax_q is set); INT8: SCB
+  // A double-quantized NF4 weight as bitsandbytes keeps it: one 8-bit absmax code per block,
+  // decoded in the dequantization kernel (nested_absmax_decode) with one fp32 scale per
+  // nested_blocksize codes, the 256-entry code book and the subtracted mean.
+  const uint8_t* absmax_q = nullptr;
+  const float* nested_absmax = nullptr;
+  const float* nested_code = nullptr;
+  int32_t nested_blocksize = 256;
+  float nested_offset = 0.f;
 };
 
 // ---- k_quant.cu ------------------------------------------------------------------------------
 // out[i, :] = row (row_ids ? row_ids[i] : r0 + i) of W, dequantized, for i < n (n * cols values).
 void dequant_rows(const DevWeight& w, const int32_t* row_ids, int64_t r0, int64_t n, void* out,
                   TileType t, cudaStream_t s);
-// out[b] = the NF4 block absmax b of a double-quantized weight (QWeight::nf4_block_absmax) from
-// its codes q, nested absmax and nested code book, all in device memory, for b < nb.
-void nf4_absmax_decode(const uint8_t* q, const float* nested_absmax, const float* nested_code,
-                       int32_t nested_blocksize, float offset, int64_t nb, float* out,
-                       cudaStream_t s);
 // out (compact [rows, cols], type t) = x (fp32, leading dimension ld), rounded to nearest even.
 void convert_tile(const float* x, int64_t rows, int64_t cols, int64_t ld, void* out, TileType t,
                   cudaStream_t s);

@@ -76,12 +76,18 @@ void add_device(WeightFootprint& w, uint64_t bytes) {
   if (bytes) w.device_slots.push_back(bytes);
 }
 
-// The resident copy of a [rows, cols] matrix of kind k: its data and its float scales (NF4
-// absmax one float per block, double quantization or not; INT8 one per row).
+// The resident copy of a [rows, cols] matrix of kind k: its data and its scales (INT8 one float
+// per row; NF4 one float per block, or double-quantized (dq) as the host keeps it: one block of
+// the 8-bit codes, a float per 256 of them and the 256-entry code book, each 16-aligned, as
+// CudaBackend::resident uploads it).
 void add_device_matrix(WeightFootprint& w, QuantKind k, int64_t rows, int64_t cols, int blocksize,
-                       uint64_t data_bytes) {
+                       uint64_t data_bytes, bool dq) {
   add_device(w, data_bytes);
-  if (k == QuantKind::NF4) add_device(w, uint64_t(nf4_num_blocks(rows * cols, blocksize)) * 4);
+  const uint64_t nb = uint64_t(nf4_num_blocks(rows * cols, blocksize));
+  auto a16 = [](uint64_t b) { return (b + 15) / 16 * 16; };
+  if (k == QuantKind::NF4)
+    add_device(
+        w, dq ? a16(nb) + a16(uint64_t(nf4_num_blocks(int64_t(nb), 256)) * 4) + 256 * 4 : nb * 4);
   if (k == QuantKind::INT8) add_device(w, uint64_t(rows) * 4);
 }
 
@@ -103,7 +109,8 @@ void add_linear(WeightFootprint& w, size_t g, const LoadOptions& o, int64_t rows
   const QuantKind k = quantized_kind(o.quant_type);
   add_device_matrix(
       w, k, rows, cols, o.blocksize,
-      k == QuantKind::NF4 ? uint64_t(nf4_packed_bytes(rows * cols)) : uint64_t(rows * cols));
+      k == QuantKind::NF4 ? uint64_t(nf4_packed_bytes(rows * cols)) : uint64_t(rows * cols),
+      o.double_quant);
   uint64_t inner = 0;
   w.bytes += quantized_bytes(quantized_kind(o.quant_type), rows, cols, o.blocksize, o.double_quant,
                              &inner, &w.groups[g]);
@@ -260,12 +267,14 @@ WeightFootprint config_only_footprint(const JsonFile& cj, const LoadOptions& o,
   const ModelShapes sh = model_shapes(c);
   const uint64_t es = uint64_t(stored_element_bytes(cj));
   QuantKind bnb = QuantKind::F32;  // F32: not pre-quantized
+  bool bnb_dq = false;             // its 4-bit absmax double-quantized
   if (cj.root().contains("quantization_config")) {
     const auto& q = cj.root()["quantization_config"];
     if (q.is_object() && q.value("quant_method", "") == "bitsandbytes")
       bnb = q.value("load_in_4bit", false)   ? QuantKind::NF4
             : q.value("load_in_8bit", false) ? QuantKind::INT8
                                              : QuantKind::F32;
+    bnb_dq = q.is_object() && q.value("bnb_4bit_use_double_quant", false);
   }
   WeightFootprint w;
   add_fixed(w, c);
@@ -284,7 +293,7 @@ WeightFootprint config_only_footprint(const JsonFile& cj, const LoadOptions& o,
             bnb == QuantKind::NF4 ? uint64_t(rows * cols + 1) / 2 : uint64_t(rows * cols);
         add_slot(w, g, packed);
         add_slot(w, g, bnb == QuantKind::INT8 ? uint64_t(rows) * 4 : 16 * 4);
-        add_device_matrix(w, bnb, rows, cols, o.blocksize, packed);
+        add_device_matrix(w, bnb, rows, cols, o.blocksize, packed, bnb_dq);
         continue;
       }
       add_linear(w, g, o, rows, cols, uint64_t(rows * cols) * es);
@@ -332,7 +341,7 @@ WeightFootprint hf_footprint(const std::string& path, const LoadOptions& o, Mode
         add_slot(w, g, t->nbytes);
         add_slot(w, g, t->dtype == DType::I8 ? uint64_t(rows) * 4 : 16 * 4);
         add_device_matrix(w, t->dtype == DType::I8 ? QuantKind::INT8 : QuantKind::NF4, rows, cols,
-                          o.blocksize, t->nbytes);
+                          o.blocksize, t->nbytes, st->find(n + ".nested_absmax") != nullptr);
         continue;
       }
       QLFT_CHECK_FORMAT(t->shape.size() == 2 && t->shape[0] == file_rows && t->shape[1] == cols,
@@ -372,7 +381,8 @@ WeightFootprint weight_footprint(const Model& m) {
     for (const Buffer* b : {&q.data, &q.absmax, &q.nested_absmax, &q.code, &q.nested_code, &q.scb})
       add_slot(w, g, b->size());
     if (q.rows > 0)
-      add_device_matrix(w, q.kind, q.rows, q.cols, q.blocksize, std::max<size_t>(q.data.size(), 1));
+      add_device_matrix(w, q.kind, q.rows, q.cols, q.blocksize, std::max<size_t>(q.data.size(), 1),
+                        q.double_quant);
   };
   qw(0, m.tok_embd);
   buf(L + 1, m.output_norm);

@@ -15,6 +15,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda_entry.h"
+#include "backend/cuda_sizes.h"
 #include "core/half.h"
 #include "cuda_test_util.h"
 #include "quant/ggml_types.h"
@@ -378,4 +379,65 @@ TEST(CudaOps, WeightsStayResidentAndAccounted) {
   EXPECT_GT(after, before);  // the device copy is counted as weights
   p.gpu->linear_fwd(W, nullptr, nullptr, cmat(x, 4, 128), mat(y, 4, 64), nullptr);
   EXPECT_EQ(p.tracker.snapshot().reserved[QLFT_MEM_WEIGHTS], after);  // uploaded once
+}
+
+// A double-quantized NF4 weight stays double-quantized on the device (bitsandbytes' form: an
+// 8-bit absmax code per 64-block, a float per 256 codes and the 256-entry code book, not a float
+// per block), the kernel decoding the absmax as it dequantizes: the device copy's bytes are that
+// form's (the allocator's rounding on each of its two blocks), and the rows it dequantizes equal
+// the CPU's QWeight::dequantize_rows bit for bit, uploaded (resident) and used in place (the
+// weight's Buffers in device memory, as ZeRO-3 and offload place them).
+TEST(CudaOps, Nf4DoubleQuantStaysDoubleQuantizedOnTheDevice) {
+  QLFT_NEED_GPU();
+  Pair p;
+  Rng rng(6);
+  const int64_t V = 1030, H = 256;  // 4120 blocks: 17 nested groups, the last one partial
+  FVec ev = rng.normal(size_t(V * H), 0.1f);
+  qlft::QWeight W =
+      qlft::qweight_from_f32(&p.tracker, ev.data(), V, H, qlft::QuantKind::NF4, 64, true);
+  ASSERT_TRUE(W.double_quant);
+  const uint64_t nb = uint64_t(V * H / 64), packed = uint64_t(V * H / 2);
+  auto a16 = [](uint64_t b) { return (b + 15) / 16 * 16; };
+  const uint64_t dq = a16(nb) + a16((nb + 255) / 256 * 4) + 256 * 4;
+  FVec want(size_t(V * H));
+  W.dequantize_rows(0, V, want.data());  // the CPU's dequantization
+  std::vector<int32_t> tok(static_cast<size_t>(V));
+  for (int64_t i = 0; i < V; ++i) tok[size_t(i)] = int32_t((i * 389) % V);
+  auto gathered = [&](const FVec& rows) {
+    FVec g(rows.size());
+    for (int64_t i = 0; i < V; ++i)
+      std::memcpy(&g[size_t(i * H)], &rows[size_t(tok[size_t(i)]) * H], size_t(H) * 4);
+    return g;
+  };
+  const FVec want_rows = gathered(want);
+
+  const uint64_t before = p.tracker.snapshot().reserved[QLFT_MEM_WEIGHTS];
+  FVec e1(size_t(V * H));
+  p.gpu->embedding_fwd(W, tok.data(), mat(e1, V, H));
+  EXPECT_EQ(p.tracker.snapshot().reserved[QLFT_MEM_WEIGHTS] - before,
+            qlft::cuda_alloc_round(packed) + qlft::cuda_alloc_round(dq));
+  EXPECT_LT(dq, nb * 4 / 3);  // vs a float per block
+  EXPECT_EQ(e1, want_rows);
+
+  // In place: the same storage in the backend's device memory.
+  qlft::QWeight D;
+  D.kind = W.kind;
+  D.rows = W.rows;
+  D.cols = W.cols;
+  D.blocksize = W.blocksize;
+  D.double_quant = true;
+  D.nested_blocksize = W.nested_blocksize;
+  D.nested_offset = W.nested_offset;
+  auto put = [&](qlft::Buffer& dst, const qlft::Buffer& src) {
+    dst = p.gpu->alloc(qlft::MemCategory::Weights, src.size(), "test weight");
+    dst.copy_from_host(src.data(), src.size());
+  };
+  put(D.data, W.data);
+  put(D.absmax, W.absmax);
+  put(D.nested_absmax, W.nested_absmax);
+  put(D.code, W.code);
+  put(D.nested_code, W.nested_code);
+  FVec e2(size_t(V * H));
+  p.gpu->embedding_fwd(D, tok.data(), mat(e2, V, H));
+  EXPECT_EQ(e2, want_rows);
 }
