@@ -59,8 +59,16 @@ RunnerFootprint LlamaRunner::footprint(const ModelShapes& c, int lora_r, int lor
   for (int64_t n : grad_counts(c, R, mlp_tile)) f.backward_ws += counted(n);
   if (mlp_tile > 0) f.backward_ws += counted(mlp_tile * c.dim);  // mlp_bwd_tiles' down output
   f.recompute_ws = counted(R * c.dim);
+  // Each MoE layer's saved routing and expert rows; its backward's workspace (one layer's at a
+  // time) counted with the backward temporaries.
+  uint64_t moe_ws = 0;
   for (const LayerShapes& ls : c.layers)
-    if (ls.moe()) f.moe_saved += moe_saved_bytes(R, ls.norm, ls.expert_ffn, ls.n_experts, ls.top_k);
+    if (ls.moe()) {
+      f.moe_saved += moe_saved_bytes(R, ls.norm, ls.expert_ffn, ls.n_experts, ls.top_k, round);
+      if (training)
+        moe_ws = std::max(moe_ws, moe_bwd_bytes(R, ls.norm, ls.expert_ffn, ls.top_k, round));
+    }
+  f.backward_ws += moe_ws;
   return f;
 }
 
@@ -83,12 +91,8 @@ float gemma_embedding_scale(const ModelConfig& c, DType t) {
 LlamaRunner::LlamaRunner(const Model& model, Backend& backend, LoraAdapter* lora)
     : model_(model), be_(backend), lora_(lora), ckpt_(model.cfg.n_layers, false) {
   require_gemma_ops(model.cfg, backend);
-  // model/moe.cpp routes and gathers rows in host memory around the backend's linears.
-  if (model.shapes.any_moe() && backend.device_memory())
-    throw_error(QLFT_ERR_UNSUPPORTED,
-                "%s (mixture-of-experts layers) is not supported on backend %s: it lacks the "
-                "router, top-k gather and grouped expert GEMMs on the device (use backend=cpu)",
-                model.cfg.arch.c_str(), backend.name());
+  // Mixture-of-experts layers run on any backend (model/moe.cpp: the routing on the host, the
+  // rows in the backend's memory through its gather / combine ops).
   moe_saved_.resize(model.shapes.any_moe() ? size_t(model.cfg.n_layers) : 0);
   if (lora) {
     QLFT_CHECK_ARG(lora->model_shapes() == model.shapes,

@@ -87,7 +87,7 @@ struct RunnerFootprint {
   uint64_t backward_ws = 0;     // backward temporaries, held through backward() (workspace)
   uint64_t recompute_ws = 0;    // a checkpointed layer's recomputed output (workspace)
   // Every mixture-of-experts layer's routing and gathered expert rows (moe_saved_bytes), kept
-  // for each such layer whether it is checkpointed or not (host memory).
+  // for each such layer whether it is checkpointed or not (the backend's memory).
   uint64_t moe_saved = 0;
 
   // Activations of a training step with `stored` layers keeping their activations and `ckpt`
@@ -337,8 +337,8 @@ class LlamaRunner {
   std::vector<bool> offload_layout_;  // the entries offload_ was made for
   std::vector<std::unique_ptr<LayerActs>> stored_;
   std::unique_ptr<LayerActs> scratch_;
-  // Per layer, what an MoE layer's forward keeps for its backward (model/moe.h; host memory,
-  // rewritten by a checkpointed layer's recomputation); empty for dense layers.
+  // Per layer, what an MoE layer's forward keeps for its backward (model/moe.h; the backend's
+  // memory, rewritten by a checkpointed layer's recomputation); empty for dense layers.
   std::vector<MoeSaved> moe_saved_;
   Buffer xnf_, rstdf_, dxnf_;  // final norm output, its rstd, and d(loss)/d(xnf)
   std::unique_ptr<Grads> grads_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "core/error.h"
 
@@ -32,7 +33,42 @@ void route_row(const float* logits, int E, int K, bool norm, float* probs, int32
   }
 }
 
+// b holding `elems` 4-byte elements of the backend's memory (kept when it already does).
+void hold(Backend& be, Buffer& b, int64_t elems, MemCategory c, const char* what) {
+  const size_t bytes = size_t(elems) * 4;
+  if (b.size() == bytes) return;
+  b.reset();  // before the new one: a recomputed layer does not hold both
+  b = be.alloc(c, bytes, what, BufferInit::Uninit);
+}
+
+// Zeroes bytes at p in the backend's memory.
+void zero_at(Backend& be, void* p, size_t bytes) {
+  if (!bytes) return;
+  if (DeviceAllocator* d = be.device_memory())
+    d->fill(p, 0, bytes);
+  else
+    std::memset(p, 0, bytes);
+}
+
 }  // namespace
+
+std::vector<int32_t> moe_routed_experts(const MoeSaved& s) {
+  const MoeRouteLayout rl = moe_route_layout(s.rows, s.n_experts, s.top_k);
+  std::vector<char> h(size_t(rl.pos) * 4);
+  if (!h.empty()) s.route.copy_to_host(h.data(), h.size());
+  std::vector<int32_t> v(static_cast<size_t>(s.rows * s.top_k));
+  if (!v.empty()) std::memcpy(v.data(), &h[size_t(rl.index) * 4], v.size() * 4);
+  return v;
+}
+
+std::vector<float> moe_routing_weights(const MoeSaved& s) {
+  const MoeRouteLayout rl = moe_route_layout(s.rows, s.n_experts, s.top_k);
+  std::vector<char> h(size_t(rl.g) * 4);
+  if (!h.empty()) s.route.copy_to_host(h.data(), h.size());
+  std::vector<float> v(static_cast<size_t>(s.rows * s.top_k));
+  if (!v.empty()) std::memcpy(v.data(), &h[size_t(rl.weight) * 4], v.size() * 4);
+  return v;
+}
 
 void moe_fwd(Backend& be, const MoeWeights& w, CMatF x, MatF out, MoeSaved& s) {
   const int E = w.n_experts(), K = w.top_k;
@@ -40,7 +76,7 @@ void moe_fwd(Backend& be, const MoeWeights& w, CMatF x, MatF out, MoeSaved& s) {
   QLFT_CHECK_ARG(w.router.rows == E && w.router.cols == x.cols,
                  "MoE: router [%lld, %lld] for %d experts of dim %lld", (long long)w.router.rows,
                  (long long)w.router.cols, E, (long long)x.cols);
-  const int64_t R = x.rows, D = x.cols, F = w.w1[0].rows;
+  const int64_t R = x.rows, D = x.cols, F = w.w1[0].rows, N = R * K;
   QLFT_CHECK_ARG(static_cast<int>(w.w3.size()) == E && static_cast<int>(w.w2.size()) == E,
                  "MoE: %d w1, %zu w3 and %zu w2 experts", E, w.w3.size(), w.w2.size());
   QLFT_CHECK_ARG(out.rows == R && out.cols == D, "MoE: output [%lld, %lld] for input [%lld, %lld]",
@@ -57,118 +93,142 @@ void moe_fwd(Backend& be, const MoeWeights& w, CMatF x, MatF out, MoeSaved& s) {
         (long long)D, (long long)D, (long long)F);
   }
   s.rows = R, s.dim = D, s.ffn = F, s.n_experts = E, s.top_k = K;
-  s.probs.assign(static_cast<size_t>(R * E), 0.f);
-  s.index.assign(static_cast<size_t>(R * K), 0);
-  s.weight.assign(static_cast<size_t>(R * K), 0.f);
-  std::vector<float> logits(static_cast<size_t>(R * E));
-  be.linear_fwd(w.router, nullptr, nullptr, x, MatF(logits.data(), R, E), nullptr);
-  for (int64_t r = 0; r < R; ++r)
-    route_row(&logits[static_cast<size_t>(r * E)], E, K, w.norm_topk,
-              &s.probs[static_cast<size_t>(r * E)], &s.index[static_cast<size_t>(r * K)],
-              &s.weight[static_cast<size_t>(r * K)]);
+  const MoeRouteLayout rl = moe_route_layout(R, E, K);
+  const MoeActsLayout al = moe_acts_layout(R, D, F, K);
+  hold(be, s.route, rl.total, MemCategory::Activations, "MoE routing");
+  hold(be, s.acts, al.total, MemCategory::Activations, "MoE expert rows");
+  float* route = s.route.as<float>();
+  float* acts = s.acts.as<float>();
 
-  // Each expert over the rows routed to it, gathered. One expert at a time through the
-  // backend's linear: a grouped GEMM over all experts' row groups (one launch, the experts'
-  // weights side by side) would replace this loop where the routing leaves experts small.
-  s.experts.assign(static_cast<size_t>(E), {});
+  // The router's logits into the probabilities' place, to the host, routed there.
+  be.linear_fwd(w.router, nullptr, nullptr, x, MatF(route + rl.probs, R, E), nullptr);
+  std::vector<float> logits(static_cast<size_t>(R * E));
+  s.route.copy_to_host(logits.data(), logits.size() * 4);
+  std::vector<float> probs(static_cast<size_t>(R * E)), weight(static_cast<size_t>(N)),
+      wpk(static_cast<size_t>(N));
+  std::vector<int32_t> index(static_cast<size_t>(N)), pos(static_cast<size_t>(N)),
+      token(static_cast<size_t>(N));
   for (int64_t r = 0; r < R; ++r)
-    for (int k = 0; k < K; ++k) {
-      auto& ex = s.experts[static_cast<size_t>(s.index[static_cast<size_t>(r * K + k)])];
-      ex.token.push_back(static_cast<int32_t>(r));
-      ex.slot.push_back(k);
-    }
-  for (int64_t i = 0; i < R; ++i) std::fill(out.row(i), out.row(i) + D, 0.f);
-  for (int e = 0; e < E; ++e) {
-    auto& ex = s.experts[static_cast<size_t>(e)];
-    const int64_t n = static_cast<int64_t>(ex.token.size());
-    if (n == 0) continue;
-    ex.x.resize(static_cast<size_t>(n * D));
-    for (int64_t i = 0; i < n; ++i)
-      std::copy(x.row(ex.token[static_cast<size_t>(i)]),
-                x.row(ex.token[static_cast<size_t>(i)]) + D, &ex.x[static_cast<size_t>(i * D)]);
-    ex.gate.resize(static_cast<size_t>(n * F));
-    ex.up.resize(static_cast<size_t>(n * F));
-    ex.hact.resize(static_cast<size_t>(n * F));
-    ex.y.resize(static_cast<size_t>(n * D));
-    const CMatF xe(ex.x.data(), n, D);
-    be.linear_fwd(w.w1[static_cast<size_t>(e)], nullptr, nullptr, xe, MatF(ex.gate.data(), n, F),
-                  nullptr);
-    be.linear_fwd(w.w3[static_cast<size_t>(e)], nullptr, nullptr, xe, MatF(ex.up.data(), n, F),
-                  nullptr);
-    be.swiglu_fwd(CMatF(ex.gate.data(), n, F), CMatF(ex.up.data(), n, F),
-                  MatF(ex.hact.data(), n, F));
-    be.linear_fwd(w.w2[static_cast<size_t>(e)], nullptr, nullptr, CMatF(ex.hact.data(), n, F),
-                  MatF(ex.y.data(), n, D), nullptr);
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t r = ex.token[static_cast<size_t>(i)];
-      const float wt = s.weight[static_cast<size_t>(r * K + ex.slot[static_cast<size_t>(i)])];
-      const float* y = &ex.y[static_cast<size_t>(i * D)];
-      float* o = out.row(r);
-      for (int64_t d = 0; d < D; ++d) o[d] += wt * y[d];
-    }
+    route_row(&logits[static_cast<size_t>(r * E)], E, K, w.norm_topk, &probs[size_t(r * E)],
+              &index[size_t(r * K)], &weight[size_t(r * K)]);
+  // Packed expert by expert, each expert's rows in row order.
+  s.offset.assign(static_cast<size_t>(E + 1), 0);
+  for (int64_t i = 0; i < N; ++i) ++s.offset[static_cast<size_t>(index[size_t(i)]) + 1];
+  for (int e = 0; e < E; ++e) s.offset[size_t(e) + 1] += s.offset[size_t(e)];
+  std::vector<int64_t> next(s.offset.begin(), s.offset.end() - 1);
+  for (int64_t i = 0; i < N; ++i) {  // i = r K + k
+    const int64_t p = next[static_cast<size_t>(index[size_t(i)])]++;
+    pos[size_t(i)] = static_cast<int32_t>(p);
+    token[size_t(p)] = static_cast<int32_t>(i / K);
+    wpk[size_t(p)] = weight[size_t(i)];
   }
+  std::vector<char> h(size_t(rl.total) * 4, 0);  // the route as moe_route_layout lays it out
+  auto put = [&](int64_t at, const void* src, size_t n) {
+    std::memcpy(&h[size_t(at) * 4], src, n * 4);
+  };
+  put(rl.probs, probs.data(), probs.size());
+  put(rl.weight, weight.data(), weight.size());
+  put(rl.index, index.data(), index.size());
+  put(rl.pos, pos.data(), pos.size());
+  put(rl.token, token.data(), token.size());
+  put(rl.wpk, wpk.data(), wpk.size());
+  s.route.copy_from_host(h.data(), h.size());
+
+  // Each expert over its packed rows. One expert at a time through the backend's linear: a
+  // grouped GEMM over all experts' row groups (one launch, the experts' weights side by side)
+  // would replace this loop where the routing leaves experts small.
+  const int32_t* dtoken = reinterpret_cast<const int32_t*>(route + rl.token);
+  be.gather_rows(x, dtoken, nullptr, MatF(acts + al.x, N, D));
+  for (int e = 0; e < E; ++e) {
+    const int64_t o = s.offset[size_t(e)], n = s.offset[size_t(e) + 1] - o;
+    if (n == 0) continue;
+    const CMatF xe(acts + al.x + o * D, n, D);
+    const MatF gate(acts + al.gate + o * F, n, F), up(acts + al.up + o * F, n, F),
+        hact(acts + al.hact + o * F, n, F);
+    be.linear_fwd(w.w1[static_cast<size_t>(e)], nullptr, nullptr, xe, gate, nullptr);
+    be.linear_fwd(w.w3[static_cast<size_t>(e)], nullptr, nullptr, xe, up, nullptr);
+    be.swiglu_fwd(gate.as_const(), up.as_const(), hact);
+    be.linear_fwd(w.w2[static_cast<size_t>(e)], nullptr, nullptr, hact.as_const(),
+                  MatF(acts + al.y + o * D, n, D), nullptr);
+  }
+  // out[r] = sum over k of weight[r, k] y[pos[r, k]].
+  be.combine_rows(CMatF(acts + al.y, N, D), reinterpret_cast<const int32_t*>(route + rl.pos),
+                  route + rl.weight, K, out, false);
 }
 
 void moe_bwd(Backend& be, const MoeWeights& w, const MoeSaved& s, CMatF x, CMatF dout, MatF dx) {
   const int64_t R = s.rows, D = s.dim, F = s.ffn;
   const int E = s.n_experts, K = s.top_k;
+  const int64_t N = R * K;
   QLFT_CHECK_ARG(dout.rows == R && dout.cols == D && dx.rows == R && dx.cols == D,
                  "MoE backward: gradients [%lld, %lld] for rows %lld of dim %lld",
                  (long long)dout.rows, (long long)dout.cols, (long long)R, (long long)D);
-  // g[r, k] = <dout_r, y of expert index[r, k] at r>: the gradient of the routing weight.
-  std::vector<float> g(static_cast<size_t>(R * K), 0.f);
+  QLFT_CHECK_ARG(!s.route.empty() && !s.acts.empty(), "MoE backward: no forward pass saved");
+  const MoeRouteLayout rl = moe_route_layout(R, E, K);
+  const MoeActsLayout al = moe_acts_layout(R, D, F, K);
+  // (g is moe_bwd's room in the saved routing: written here, read back below.)
+  float* route = const_cast<float*>(s.route.as<float>());
+  const float* acts = s.acts.as<float>();
+  const int32_t* dtoken = reinterpret_cast<const int32_t*>(route + rl.token);
+  Buffer ws = be.alloc(MemCategory::Workspace, size_t(moe_bwd_elems(R, D, F, K)) * 4,
+                       "MoE backward", BufferInit::Uninit);
+  float* dy = ws.as<float>();  // [N, D]
+  float* dxe = dy + N * D;     // [N, D]
+  float* dh = dxe + N * D;     // [R, F] each: one expert's rows at a time
+  float* dg = dh + R * F;
+  float* du = dg + R * F;
+  // g[p] = <dout of p's row, y[p]>: the gradient of p's routing weight; dy = weight * dout.
+  be.row_dots(dout, dtoken, CMatF(acts + al.y, N, D), route + rl.g);
+  be.gather_rows(dout, dtoken, route + rl.wpk, MatF(dy, N, D));
+  zero_at(be, dxe, size_t(N * D) * 4);
+  // Back through w2, SwiGLU, w1 and w3, expert by expert.
   for (int e = 0; e < E; ++e) {
-    const auto& ex = s.experts[static_cast<size_t>(e)];
-    const int64_t n = static_cast<int64_t>(ex.token.size());
+    const int64_t o = s.offset[size_t(e)], n = s.offset[size_t(e) + 1] - o;
     if (n == 0) continue;
-    // dy = weight * dout over the gathered rows, then back through w2, SwiGLU, w1 and w3.
-    std::vector<float> dy(static_cast<size_t>(n * D)), dh(static_cast<size_t>(n * F), 0.f),
-        dg(static_cast<size_t>(n * F)), du(static_cast<size_t>(n * F)),
-        dxe(static_cast<size_t>(n * D), 0.f);
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t r = ex.token[static_cast<size_t>(i)];
-      const int64_t rk = r * K + ex.slot[static_cast<size_t>(i)];
-      const float wt = s.weight[static_cast<size_t>(rk)];
-      const float* go = dout.row(r);
-      const float* y = &ex.y[static_cast<size_t>(i * D)];
-      double dot = 0;
-      for (int64_t d = 0; d < D; ++d) {
-        dy[static_cast<size_t>(i * D + d)] = wt * go[d];
-        dot += double(go[d]) * y[d];
-      }
-      g[static_cast<size_t>(rk)] = static_cast<float>(dot);
-    }
-    be.linear_bwd(w.w2[static_cast<size_t>(e)], nullptr, CMatF(ex.hact.data(), n, F), nullptr,
-                  CMatF(dy.data(), n, D), MatF(dh.data(), n, F), nullptr, nullptr);
-    be.swiglu_bwd(CMatF(ex.gate.data(), n, F), CMatF(ex.up.data(), n, F), CMatF(dh.data(), n, F),
-                  MatF(dg.data(), n, F), MatF(du.data(), n, F));
-    const CMatF xe(ex.x.data(), n, D);
-    be.linear_bwd(w.w1[static_cast<size_t>(e)], nullptr, xe, nullptr, CMatF(dg.data(), n, F),
-                  MatF(dxe.data(), n, D), nullptr, nullptr);
-    be.linear_bwd(w.w3[static_cast<size_t>(e)], nullptr, xe, nullptr, CMatF(du.data(), n, F),
-                  MatF(dxe.data(), n, D), nullptr, nullptr);
-    for (int64_t i = 0; i < n; ++i) {
-      float* o = dx.row(ex.token[static_cast<size_t>(i)]);
-      const float* a = &dxe[static_cast<size_t>(i * D)];
-      for (int64_t d = 0; d < D; ++d) o[d] += a[d];
-    }
+    zero_at(be, dh, size_t(n * F) * 4);
+    be.linear_bwd(w.w2[static_cast<size_t>(e)], nullptr, CMatF(acts + al.hact + o * F, n, F),
+                  nullptr, CMatF(dy + o * D, n, D), MatF(dh, n, F), nullptr, nullptr);
+    be.swiglu_bwd(CMatF(acts + al.gate + o * F, n, F), CMatF(acts + al.up + o * F, n, F),
+                  CMatF(dh, n, F), MatF(dg, n, F), MatF(du, n, F));
+    const CMatF xe(acts + al.x + o * D, n, D);
+    be.linear_bwd(w.w1[static_cast<size_t>(e)], nullptr, xe, nullptr, CMatF(dg, n, F),
+                  MatF(dxe + o * D, n, D), nullptr, nullptr);
+    be.linear_bwd(w.w3[static_cast<size_t>(e)], nullptr, xe, nullptr, CMatF(du, n, F),
+                  MatF(dxe + o * D, n, D), nullptr, nullptr);
   }
-  // The routing path: weight_k = p_k / S over the top k (S their sum), so
+  // dx[r] += sum over k of dxe[pos[r, k]].
+  be.combine_rows(CMatF(dxe, N, D), reinterpret_cast<const int32_t*>(route + rl.pos), nullptr, K,
+                  dx, true);
+
+  // The routing path, on the host: weight_k = p_k / S over the top k (S their sum), so
   // dp_k = (g_k - sum_m weight_m g_m) / S for a chosen expert and 0 for the others; the softmax
   // gives dz_e = p_e (dp_e - sum_j p_j dp_j); the router's linear gives dx += dz W_router.
   // Without renormalisation weight_k = p_k and dp_k = g_k.
+  std::vector<char> h(size_t(rl.token) * 4);  // probs, weight, g, index, pos
+  s.route.copy_to_host(h.data(), h.size());
+  std::vector<float> probs(static_cast<size_t>(R * E)), weight(static_cast<size_t>(N)),
+      gpk(static_cast<size_t>(N));
+  std::vector<int32_t> index(static_cast<size_t>(N)), pos(static_cast<size_t>(N));
+  auto get = [&](int64_t at, void* dst, size_t n) { std::memcpy(dst, &h[size_t(at) * 4], n * 4); };
+  get(rl.probs, probs.data(), probs.size());
+  get(rl.weight, weight.data(), weight.size());
+  get(rl.g, gpk.data(), gpk.size());
+  get(rl.index, index.data(), index.size());
+  get(rl.pos, pos.data(), pos.size());
   std::vector<float> dz(static_cast<size_t>(R * E), 0.f);
+  std::vector<double> dp(static_cast<size_t>(E));
   for (int64_t r = 0; r < R; ++r) {
-    const float* p = &s.probs[static_cast<size_t>(r * E)];
-    const int32_t* idx = &s.index[static_cast<size_t>(r * K)];
-    const float* wt = &s.weight[static_cast<size_t>(r * K)];
-    const float* gr = &g[static_cast<size_t>(r * K)];
+    const float* p = &probs[size_t(r * E)];
+    const int32_t* idx = &index[size_t(r * K)];
+    const float* wt = &weight[size_t(r * K)];
     double S = 0, wg = 0;
-    for (int k = 0; k < K; ++k) S += p[idx[k]], wg += double(wt[k]) * gr[k];
-    std::vector<double> dp(static_cast<size_t>(E), 0.0);
+    for (int k = 0; k < K; ++k)
+      S += p[idx[k]], wg += double(wt[k]) * gpk[size_t(pos[size_t(r * K + k)])];
+    std::fill(dp.begin(), dp.end(), 0.0);
     double pdp = 0;
     for (int k = 0; k < K; ++k) {
-      dp[static_cast<size_t>(idx[k])] = w.norm_topk ? (gr[k] - wg) / S : gr[k];
+      const double gk = gpk[size_t(pos[size_t(r * K + k)])];
+      dp[static_cast<size_t>(idx[k])] = w.norm_topk ? (gk - wg) / S : gk;
       pdp += p[idx[k]] * dp[static_cast<size_t>(idx[k])];
     }
     for (int e = 0; e < E; ++e)

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "core/memory.h"
 #include "core/tensor.h"
 #include "quant/qweight.h"
 
@@ -30,32 +31,94 @@ struct MoeWeights {
   int n_experts() const { return static_cast<int>(w1.size()); }
 };
 
-// What moe_fwd keeps for moe_bwd: the routing, and per expert its gathered rows and their
-// activations. Host vectors, not tracked Buffers; the planner counts them (moe_saved_bytes).
+// What moe_fwd keeps for moe_bwd, in the backend's memory (Backend::alloc, tracked: device
+// memory on a device backend): the routing and the rows routed to the experts, packed expert by
+// expert (rows * top_k of them: each row goes to top_k distinct experts).
 struct MoeSaved {
   int64_t rows = 0, dim = 0, ffn = 0;
   int n_experts = 0, top_k = 0;
-  std::vector<float> probs;    // [rows, n_experts] the router's softmax
-  std::vector<int32_t> index;  // [rows, top_k] the chosen experts, by descending probability
-  std::vector<float> weight;   // [rows, top_k] their renormalised weights
-  struct Expert {
-    std::vector<int32_t> token, slot;         // the rows routed here and their top-k slot
-    std::vector<float> x, gate, up, hact, y;  // gathered input, w1 / w3 outputs, SwiGLU, w2 output
-  };
-  std::vector<Expert> experts;
+  std::vector<int64_t> offset;  // [n_experts + 1] each expert's first packed row (host)
+  // 4-byte elements, moe_route_layout's: probs [rows, n_experts] (the router's softmax), weight
+  // [rows, top_k] (the renormalised routing weights), g [rows * top_k] (moe_bwd's room: <dout,
+  // y> per packed row), index [rows, top_k] (the chosen experts, by descending probability), pos
+  // [rows, top_k] (the packed row of each choice), token [rows * top_k] (each packed row's row),
+  // wpk [rows * top_k] (each packed row's weight).
+  Buffer route;
+  // The packed rows, moe_acts_layout's: x [n, dim] gathered input, gate / up [n, ffn] the w1 / w3
+  // outputs, hact [n, ffn] SwiGLU, y [n, dim] the w2 output (n = rows * top_k).
+  Buffer acts;
 };
 
-// The bytes moe_fwd keeps in a MoeSaved for rows of dim through experts of ffn (n_experts,
-// top_k each row): the planner's count of them.
-inline uint64_t moe_saved_bytes(int64_t rows, int64_t dim, int64_t ffn, int n_experts, int top_k) {
-  const uint64_t routed = uint64_t(rows) * uint64_t(top_k);  // (row, expert) pairs
-  return 4 * (uint64_t(rows) * uint64_t(n_experts) + 2 * routed +
-              routed * (2 + 2 * uint64_t(dim) + 3 * uint64_t(ffn)));
+// Offsets (in 4-byte elements) of MoeSaved::route's arrays and their total.
+struct MoeRouteLayout {
+  int64_t probs, weight, g, index, pos, token, wpk, total;
+};
+inline MoeRouteLayout moe_route_layout(int64_t rows, int n_experts, int top_k) {
+  const int64_t n = rows * top_k;
+  MoeRouteLayout l;
+  l.probs = 0;
+  l.weight = rows * n_experts;
+  l.g = l.weight + n;
+  l.index = l.g + n;
+  l.pos = l.index + n;
+  l.token = l.pos + n;
+  l.wpk = l.token + n;
+  l.total = l.wpk + n;
+  return l;
+}
+// Offsets (in floats) of MoeSaved::acts's arrays and their total.
+struct MoeActsLayout {
+  int64_t x, gate, up, hact, y, total;
+};
+inline MoeActsLayout moe_acts_layout(int64_t rows, int64_t dim, int64_t ffn, int top_k) {
+  const int64_t n = rows * top_k;
+  MoeActsLayout l;
+  l.x = 0;
+  l.gate = n * dim;
+  l.up = l.gate + n * ffn;
+  l.hact = l.up + n * ffn;
+  l.y = l.hact + n * ffn;
+  l.total = l.y + n * dim;
+  return l;
 }
 
-// out = MoE(x) ([rows, dim], overwritten); s receives what the backward needs.
+// A buffer of `bytes` as the tracker counts it (64-byte granules), then as round counts it (a
+// device allocator's size classes; null: none).
+inline uint64_t moe_counted(int64_t elems, uint64_t (*round)(uint64_t)) {
+  const uint64_t b = (uint64_t(elems) * 4 + 63) / 64 * 64;
+  return round ? round(b) : b;
+}
+// The bytes moe_fwd keeps in a MoeSaved for rows of dim through experts of ffn (n_experts,
+// top_k each row): the planner's count of them (RunnerFootprint::moe_saved).
+inline uint64_t moe_saved_bytes(int64_t rows, int64_t dim, int64_t ffn, int n_experts, int top_k,
+                                uint64_t (*round)(uint64_t) = nullptr) {
+  return moe_counted(moe_route_layout(rows, n_experts, top_k).total, round) +
+         moe_counted(moe_acts_layout(rows, dim, ffn, top_k).total, round);
+}
+// The workspace moe_bwd holds while it runs: dy and the experts' input gradients [rows * top_k,
+// dim] each, and one expert's SwiGLU gradients, 3 x [rows, ffn] (an expert takes at most every
+// row).
+inline int64_t moe_bwd_elems(int64_t rows, int64_t dim, int64_t ffn, int top_k) {
+  return 2 * rows * top_k * dim + 3 * rows * ffn;
+}
+inline uint64_t moe_bwd_bytes(int64_t rows, int64_t dim, int64_t ffn, int top_k,
+                              uint64_t (*round)(uint64_t) = nullptr) {
+  return moe_counted(moe_bwd_elems(rows, dim, ffn, top_k), round);
+}
+
+// moe_fwd's routing read back to the host (tests, inspection): the chosen experts [rows, top_k]
+// by descending probability, and their weights.
+std::vector<int32_t> moe_routed_experts(const MoeSaved& s);
+std::vector<float> moe_routing_weights(const MoeSaved& s);
+
+// out = MoE(x) ([rows, dim], overwritten); s receives what the backward needs. x and out lie in
+// the backend's memory (or on the host for a host backend). The router's logits come to the host
+// (rows x n_experts floats: one wait for a device), the routing is made there and goes back as
+// s.route; the rows stay in the backend's memory (Backend::gather_rows / combine_rows).
 void moe_fwd(Backend& be, const MoeWeights& w, CMatF x, MatF out, MoeSaved& s);
-// dx += d out / d x applied to dout, given moe_fwd's s and its x.
+// dx += d out / d x applied to dout, given moe_fwd's s and its x. The routing weights' gradient
+// (Backend::row_dots) comes to the host with the routing (one wait for a device), the router's
+// input gradient goes back through its linear_bwd.
 void moe_bwd(Backend& be, const MoeWeights& w, const MoeSaved& s, CMatF x, CMatF dout, MatF dx);
 
 }  // namespace qlft
