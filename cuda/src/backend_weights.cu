@@ -161,4 +161,49 @@ void CudaBackend::matmul_xwt(const QWeight& W, const float* X, int64_t M, float*
   if (K == 0 && N > 0) QLFT_CUDA_CHECK(cudaMemsetAsync(Y, 0, size_t(M * N) * 4, stream_));
 }
 
+// The embedding and head at 16-bit tiles: the fp32 matrix rounded to nearest even on the host a
+// slab at a time (pageable copies: the slab is read when copy_up returns; no fp32 copy on the
+// device at any time) and kept in the tile type. It replaces an fp32 copy resident(W) made.
+const DevWeight& CudaBackend::resident16(const QWeight& W) {
+  const bool plain = W.kind == QuantKind::F32 ||
+                     (W.kind == QuantKind::GGML && W.ggml_type == uint32_t(GgmlType::F32));
+  if (tile_ == TileType::F32 || !plain || W.data.empty() ||
+      mem_.holds(W.data.data(), int64_t(W.data.size())))
+    return resident(W);
+  const QuantKind k16 = tile_ == TileType::BF16 ? QuantKind::BF16 : QuantKind::F16;
+  const uint64_t fp = weight_fingerprint(W);
+  auto it = weights_.find(&W);
+  if (it != weights_.end()) {
+    const ResidentWeight& r = it->second;
+    if (r.host_data == W.data.data() && r.rows == W.rows && r.cols == W.cols &&
+        r.fingerprint == fp && r.w.kind == k16)
+      return r.w;
+    weights_.erase(it);  // an fp32 copy, or one of other bytes
+  }
+  ResidentWeight rw;
+  rw.host_data = W.data.data();
+  rw.fingerprint = fp;
+  rw.rows = W.rows;
+  rw.cols = W.cols;
+  rw.w = describe(W);
+  rw.w.kind = k16;
+  const int64_t n = W.numel();
+  rw.data = DeviceMemory(tracker_, MemCategory::Weights, size_t(std::max<int64_t>(n, 1)) * 2,
+                         "device weight (16-bit)");
+  const DType t = tile_ == TileType::BF16 ? DType::BF16 : DType::F16;
+  constexpr int64_t kSlab = int64_t(1) << 20;  // values per host conversion
+  std::unique_ptr<uint16_t[]> slab(new uint16_t[size_t(std::min(n, kSlab))]);
+  const float* src = W.data.as<float>();
+  for (int64_t i = 0; i < n; i += kSlab) {
+    const int64_t m = std::min(kSlab, n - i);
+    f32_to_16_n(t, src + i, slab.get(), size_t(m));
+    copy_up(static_cast<uint16_t*>(rw.data.data()) + i, slab.get(), m * 2);
+  }
+  rw.w.data = rw.data.data();
+  rw.w.scales = nullptr;
+  auto& slot = weights_[&W];
+  slot = std::move(rw);
+  return slot.w;
+}
+
 }  // namespace qlft::cu

@@ -374,6 +374,10 @@ class CudaBackend final : public Backend {
   const DevWeight& in_place(const QWeight& W);
   // W on the device: in place, or its resident copy (uploaded on first use).
   const DevWeight& resident(const QWeight& W);
+  // resident(W) for the embedding and head: a plain fp32 matrix is kept in the GEMM tile type
+  // when that is 16-bit (train.precision bf16 / fp16), half the bytes; every GEMM reads it as
+  // it is, the embedding lookup widens its rows. Any other storage: resident(W).
+  const DevWeight& resident16(const QWeight& W);
   int64_t panel_rows(int64_t cols) const {
     const int64_t eb = int64_t(tile_elem_bytes(tile_));
     return std::max<int64_t>(kCudaPanelMinRows, kPanelBytes / std::max<int64_t>(1, cols * eb));

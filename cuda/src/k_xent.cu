@@ -2,6 +2,7 @@
 // logits of a [rows, panel] tile come from a GEMM, these kernels turn them into the online
 // log-sum-exp state, the loss terms and the gradient in place). Shared math: softmax_math.h.
 #include "backend/softmax_math.h"
+#include "core/half.h"
 #include "check.h"
 #include "kernels.h"
 #include "reduce.cuh"
@@ -76,25 +77,31 @@ __global__ void __launch_bounds__(32)
   count[0] = c;
 }
 
+// T = F32: in place; BF16 / F16: the gradient rounded to T into out16 (the dh GEMM's operand,
+// so no conversion kernel sits between this one and that GEMM).
+template <TileType T>
 __global__ void __launch_bounds__(256)
     k_ce_grad(float* logits, int64_t rc, int64_t n, int64_t p0, const int32_t* targets,
-              int32_t ignore_index, const float* lse, float grad_scale, float cap) {
+              int32_t ignore_index, const float* lse, float grad_scale, float cap,
+              uint16_t* out16) {
   const int64_t total = rc * n;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / n, j = i - r * n;
-    if (targets[r] == ignore_index) {
-      logits[i] = 0.f;
-      continue;
+    float g = 0.f;
+    if (targets[r] != ignore_index) {
+      const float x = ce_cap(logits[i], cap);
+      g = softmax_prob(x, lse[r]) * grad_scale;
+      if (targets[r] == p0 + j) g -= grad_scale;
+      if (cap > 0.f) {  // through the cap: d/dz of cap tanh(z / cap) is 1 - tanh^2
+        const float t = x / cap;
+        g *= 1.f - t * t;
+      }
     }
-    const float x = ce_cap(logits[i], cap);
-    float g = softmax_prob(x, lse[r]) * grad_scale;
-    if (targets[r] == p0 + j) g -= grad_scale;
-    if (cap > 0.f) {  // through the cap: d/dz of cap tanh(z / cap) is 1 - tanh^2
-      const float t = x / cap;
-      g *= 1.f - t * t;
-    }
-    logits[i] = g;
+    if (T == TileType::F32)
+      logits[i] = g;
+    else
+      out16[i] = T == TileType::BF16 ? f32_to_bf16(g) : f32_to_f16(g);
   }
 }
 
@@ -114,9 +121,17 @@ void ce_finish(const float* m, const double* sum, const float* target_logit, con
 
 void ce_grad_panel(float* logits, int64_t rc, int64_t n, int64_t p0, const int32_t* targets,
                    int32_t ignore_index, const float* lse, float grad_scale, cudaStream_t s,
-                   float cap) {
-  launch(k_ce_grad, grid_for(rc * n, 256), 256, 0, s, logits, rc, n, p0, targets, ignore_index, lse,
-         grad_scale, cap);
+                   float cap, void* out16, TileType t) {
+  uint16_t* o = static_cast<uint16_t*>(out16);
+  const dim3 g = grid_for(rc * n, 256);
+  if (!o || t == TileType::F32)
+    return launch(k_ce_grad<TileType::F32>, g, 256, 0, s, logits, rc, n, p0, targets, ignore_index,
+                  lse, grad_scale, cap, o);
+  if (t == TileType::BF16)
+    return launch(k_ce_grad<TileType::BF16>, g, 256, 0, s, logits, rc, n, p0, targets, ignore_index,
+                  lse, grad_scale, cap, o);
+  launch(k_ce_grad<TileType::F16>, g, 256, 0, s, logits, rc, n, p0, targets, ignore_index, lse,
+         grad_scale, cap, o);
 }
 
 void ce_sum(const double* loss_terms, const int32_t* targets, int64_t rc, int32_t ignore_index,

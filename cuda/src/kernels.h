@@ -175,10 +175,12 @@ void ce_merge_panel(const float* logits, int64_t rc, int64_t n, int64_t p0, cons
 void ce_finish(const float* m, const double* sum, const float* target_logit, const int32_t* targets,
                int32_t ignore_index, int64_t rc, float* lse, double* loss_terms, cudaStream_t s);
 // logits[i, j] = (softmax - onehot(target)) * grad_scale in place; 0 on ignored rows. cap > 0:
-// softmax of the capped logits, the result times the cap's derivative 1 - tanh^2.
+// softmax of the capped logits, the result times the cap's derivative 1 - tanh^2. out16 (not
+// null, t BF16 / F16): the gradient written there rounded to t ([rc, n] compact, the operand of
+// the bf16 dh GEMM) instead of in place.
 void ce_grad_panel(float* logits, int64_t rc, int64_t n, int64_t p0, const int32_t* targets,
                    int32_t ignore_index, const float* lse, float grad_scale, cudaStream_t s,
-                   float cap = 0.f);
+                   float cap = 0.f, void* out16 = nullptr, TileType t = TileType::F32);
 // acc[0] += the rc loss terms in row order, count[0] += rows whose target is not ignore_index
 // (one thread: the CPU's summation order, so the loss is the same double).
 void ce_sum(const double* loss_terms, const int32_t* targets, int64_t rc, int32_t ignore_index,

@@ -7,8 +7,10 @@
 //    no more than the weight), freed before the LoRA GEMMs run;
 //  - LoRA (its A/B and dA/dB are device copies the runner keeps): the dropout input, dy B;
 //  - attention: the document-start table (forward), the softmax delta (backward);
-//  - fused cross-entropy: the head panel, the logits chunk (kCudaCeLogitsBytes over the panel's
-//    rows, at most every row), its 16-bit copy, the hidden rows' chunks and per-row statistics;
+//  - fused cross-entropy: the head panel (fp32 only: a 16-bit head is read in place), the logits
+//    chunk (kCudaCeLogitsBytes over the panel's rows, at most every row), its gradient in 16
+//    bits, the hidden rows' chunks (the 16-bit one only without the runner's copy) and per-row
+//    statistics;
 //  - for the backend's life: the cuBLASLt workspace (fixed()).
 #include <algorithm>
 
@@ -29,7 +31,11 @@ uint64_t round_block(uint64_t n) {
 class CudaWorkspace final : public WorkspaceModel {
  public:
   explicit CudaWorkspace(const WorkspaceModelSettings& s)
-      : low_(is_low_precision(s.precision)), eb_(low_ ? 2 : 4), r_(s.lora_r), dropout_(s.dropout) {}
+      : low_(is_low_precision(s.precision)),
+        bf16_(s.precision == Precision::BF16),
+        eb_(low_ ? 2 : 4),
+        r_(s.lora_r),
+        dropout_(s.dropout) {}
 
   bool device() const override { return true; }
   RoundFn round_fn() const override { return &round_block; }
@@ -71,9 +77,14 @@ class CudaWorkspace final : public WorkspaceModel {
     const int64_t P = std::min(panel_rows(H), int64_t(V));
     const int64_t rc =
         std::clamp<int64_t>(kCudaCeLogitsBytes / (P * 4), 1, std::max<int64_t>(M, 1));
-    uint64_t b = (low_ ? dr(M * H * 4) : 0) + dr(P * H * eb_) + dr(rc * P * 4) + dr(rc * H * 4) +
-                 dr(rc * 4) + dr(rc * 8) + dr(rc * 4) + dr(rc * 4) + dr(rc * 8) + dr(16);
-    if (low_) b += dr(rc * P * 2) + dr(rc * H * 2);
+    uint64_t b = dr(rc * P * 4) + dr(rc * H * 4) + dr(rc * 4) + dr(rc * 8) + dr(rc * 4) +
+                 dr(rc * 4) + dr(rc * 8) + dr(16);
+    if (!low_) return b + dr(P * H * 4);  // the head panel (fp32 GEMMs)
+    // 16-bit: the head read in place (the loaders' fp32 head kept in 16 bits), the logits'
+    // gradient in 16 bits; h's row chunk converted unless the runner hands its 16-bit copy
+    // (direct16(): bf16 without LoRA dropout, per-head q / k norms, post-block norms or experts).
+    b += dr(rc * P * 2);
+    if (!bf16_ || dropout_ || c.qk_norm() || c.post_norm() || c.any_moe()) b += dr(rc * H * 2);
     return b;
   }
 
@@ -93,6 +104,7 @@ class CudaWorkspace final : public WorkspaceModel {
   }
 
   bool low_;    // bf16/fp16: 16-bit GEMM tiles and autocast copies
+  bool bf16_;   // bf16: the runner hands 16-bit operands (CudaBackend::takes_input_16)
   int64_t eb_;  // bytes of a tile element
   int64_t r_;
   bool dropout_;

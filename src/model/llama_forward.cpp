@@ -6,6 +6,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "backend/dropout.h"
@@ -217,8 +218,23 @@ LossResult LlamaRunner::run_forward(const TokenBatch& b, bool training, float gr
   }
   // Training comes back to the head first in backward (for the final norm).
   UnitUse head_use(ws, head_unit(c.n_layers), training ? head_unit(c.n_layers) : kNoUnit);
-  be_.rmsnorm_fwd(cmat(resid_[c.n_layers], R, c.dim), frozen(model_.output_norm), c.rms_eps,
-                  mat(xnf_, R, c.dim), rstdf_.as<float>());
+  // direct16(): the final norm also writes its output rounded to the activation type, which the
+  // head's GEMMs take as it is (Backend::begin_shared_input_16 over the head's calls). It lives
+  // in the scratch set's attention-norm buffer: nothing holds that between the last layer's
+  // forward and the backward, and the head is done with it before either.
+  uint16_t* xnf16 = nullptr;
+  if (direct16()) {
+    Buffer& room = scratch().xn1;
+    if (room.size() >= static_cast<size_t>(R * c.dim) * 2) xnf16 = room.as<uint16_t>();
+  }
+  if (xnf16)
+    be_.rmsnorm_fwd_16(cmat(resid_[c.n_layers], R, c.dim), frozen(model_.output_norm), c.rms_eps,
+                       mat(xnf_, R, c.dim), rstdf_.as<float>(), act_dtype_, xnf16);
+  else
+    be_.rmsnorm_fwd(cmat(resid_[c.n_layers], R, c.dim), frozen(model_.output_norm), c.rms_eps,
+                    mat(xnf_, R, c.dim), rstdf_.as<float>());
+  std::optional<SharedInput> head_in;
+  if (xnf16) head_in.emplace(be_, cmat(xnf_, R, c.dim), act_dtype_, xnf16);
   const bool sliced = ws && ws->rows_sharded();
   if (logits.data && sliced)
     ws->each_head_slice([&](const QWeight& slice, int64_t row0) {

@@ -440,7 +440,11 @@ void plan_device_persistent(const ModelConfig& c, const WeightFootprint& w, cons
     // read ahead, each storage Buffer a device block as stored; the host keeps every weight.
     weights += device_stream_resident_bytes(w, m);
   } else {
-    for (uint64_t b : w.device_slots) weights += m.round(b);
+    std::vector<uint64_t> slots = w.device_slots;
+    if (is_low_precision(s.precision))  // the embedding and head kept in 16 bits
+      for (size_t i : w.device_f32_tables)
+        if (i < slots.size()) slots[i] /= 2;
+    for (uint64_t b : slots) weights += m.round(b);
   }
   d[int(MemCategory::Weights)] = weights;
   // The runner's device copy of A/B and dA/dB: one flat array each (LlamaRunner::lora_to_device).

@@ -97,6 +97,10 @@ struct WeightFootprint {
   // The blocks a device backend makes of the weights the runner uses (unrounded): each matrix's
   // data and its float scales (NF4 absmax as fp32, INT8 row scales), norm weights and biases.
   std::vector<uint64_t> device_slots;
+  // Which device_slots are the embedding and an untied head as plain f32 tables: at 16-bit GEMM
+  // tiles (train.precision bf16 / fp16) the CUDA backend keeps those in 16 bits, half the bytes
+  // (CudaBackend::resident16).
+  std::vector<size_t> device_f32_tables;
 };
 
 // Of a loaded model (exact for bytes; staging assumes the linears were quantized at load when

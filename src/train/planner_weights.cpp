@@ -122,9 +122,13 @@ void add_fixed(WeightFootprint& w, const ModelConfig& c) {
   w.groups.assign(static_cast<size_t>(c.n_layers) + 2, {});
   w.tied = c.tied_embeddings;
   const size_t head = static_cast<size_t>(c.n_layers) + 1;
+  w.device_f32_tables.push_back(w.device_slots.size());
   add_slot_dev(w, 0, uint64_t(c.vocab) * c.dim * 4);
   add_slot_dev(w, head, uint64_t(c.dim) * 4);
-  if (!c.tied_embeddings) add_slot_dev(w, head, uint64_t(c.vocab) * c.dim * 4);
+  if (!c.tied_embeddings) {
+    w.device_f32_tables.push_back(w.device_slots.size());
+    add_slot_dev(w, head, uint64_t(c.vocab) * c.dim * 4);
+  }
   w.f32_rows = c.vocab;
   w.row_bytes = uint64_t(c.dim) * 4;
 }
@@ -384,9 +388,16 @@ WeightFootprint weight_footprint(const Model& m) {
       add_device_matrix(w, q.kind, q.rows, q.cols, q.blocksize, std::max<size_t>(q.data.size(), 1),
                         q.double_quant);
   };
-  qw(0, m.tok_embd);
+  // The embedding and head as plain f32 tables (CudaBackend::resident16 at 16-bit tiles).
+  auto table = [&](size_t g, const QWeight& q) {
+    if (q.rows > 0 && (q.kind == QuantKind::F32 ||
+                       (q.kind == QuantKind::GGML && q.ggml_type == uint32_t(GgmlType::F32))))
+      w.device_f32_tables.push_back(w.device_slots.size());
+    qw(g, q);
+  };
+  table(0, m.tok_embd);
   buf(L + 1, m.output_norm);
-  qw(L + 1, m.output);
+  table(L + 1, m.output);
   for (size_t i = 0; i < L; ++i) {
     const LayerWeights& l = m.layers[i];
     buf(i + 1, l.attn_norm);
