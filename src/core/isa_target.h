@@ -24,11 +24,23 @@ inline int kernel_set_index(CpuIsa isa) {
   return isa >= CpuIsa::Avx512 ? 2 : isa >= CpuIsa::Avx2 ? 1 : 0;
 }
 
+// kernel_set_index(cpu_isa()), found once per process: the index of the set every family runs.
+inline int cpu_kernel_set_index() {
+  static const int i = kernel_set_index(cpu_isa());
+  return i;
+}
+
+// A family's table of its three sets, in that order, from the namespaces core/isa_sets.inc
+// compiled its source into: SET(level, ns) writes one Set of the kernels in namespace ns.
+#define QLFT_KERNEL_SETS(Set, name, SET)                                                 \
+  const Set name[3] = {SET(CpuIsa::Baseline, isa_baseline), SET(CpuIsa::Avx2, isa_avx2), \
+                       SET(CpuIsa::Avx512, isa_avx512)}
+
 // Such a table of sets: the one this CPU runs, and the one of level isa, or nullptr when this CPU
 // cannot run it (what a test that expects a level's path asks).
 template <class Set>
 const Set& kernel_set_for_cpu(const Set (&sets)[3]) {
-  return sets[kernel_set_index(cpu_isa())];
+  return sets[cpu_kernel_set_index()];
 }
 template <class Set>
 const Set* kernel_set_at(const Set (&sets)[3], CpuIsa isa) {

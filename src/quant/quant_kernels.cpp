@@ -20,49 +20,17 @@
 namespace qlft {
 namespace {
 
-namespace isa_baseline {
-#define QLFT_KISA 0
-#define QLFT_KT
-#include "quant/quant_kernels.inc"
-#undef QLFT_KISA
-#undef QLFT_KT
-}  // namespace isa_baseline
+#define QLFT_KERNEL_SOURCE "quant/quant_kernels.inc"
+#include "core/isa_sets.inc"
 
-namespace isa_avx2 {
-#define QLFT_KISA 1
-#define QLFT_KT QLFT_TARGET_AVX2
-#include "quant/quant_kernels.inc"
-#undef QLFT_KISA
-#undef QLFT_KT
-}  // namespace isa_avx2
-
-namespace isa_avx512 {
-#define QLFT_KISA 2
-#define QLFT_KT QLFT_TARGET_AVX512
-#include "quant/quant_kernels.inc"
-#undef QLFT_KISA
-#undef QLFT_KT
-}  // namespace isa_avx512
+}  // namespace
 
 #define QLFT_KERNEL_SET(level, ns)                                                        \
   QuantKernels {                                                                          \
     level, ns::nf4_quantize_block, ns::nf4_dequantize_scaled, ns::ggml_dequantize_blocks, \
         ns::int8_dequantize_rows                                                          \
   }
-const QuantKernels kSets[] = {QLFT_KERNEL_SET(CpuIsa::Baseline, isa_baseline),
-                              QLFT_KERNEL_SET(CpuIsa::Avx2, isa_avx2),
-                              QLFT_KERNEL_SET(CpuIsa::Avx512, isa_avx512)};
+QLFT_KERNEL_SETS(QuantKernels, kQuantKernelSets, QLFT_KERNEL_SET);
 #undef QLFT_KERNEL_SET
-
-}  // namespace
-
-const QuantKernels& quant_kernels() {
-  static const QuantKernels& k = kernel_set_for_cpu(kSets);
-  return k;
-}
-
-const QuantKernels* quant_kernels_at(CpuIsa isa) {
-  return kernel_set_at(kSets, isa);
-}
 
 }  // namespace qlft

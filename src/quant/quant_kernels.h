@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "core/cpu_isa.h"
+#include "core/isa_target.h"
 
 namespace qlft {
 
@@ -30,11 +30,18 @@ struct QuantKernels {
                                int64_t cols, float* out);
 };
 
+// The three sets, in kernel_set_index's order (quant_kernels.cpp).
+extern const QuantKernels kQuantKernelSets[3];
+
 // The set for cpu_isa() (the CPU's level capped by QLFT_CPU_ISA), chosen once per process.
-const QuantKernels& quant_kernels();
+inline const QuantKernels& quant_kernels() {
+  return kernel_set_for_cpu(kQuantKernelSets);
+}
 
 // The set for ISA level `isa` (the best one at or below it), for tests comparing the paths; null
 // when this CPU (with the QLFT_CPU_ISA cap) cannot run that level.
-const QuantKernels* quant_kernels_at(CpuIsa isa);
+inline const QuantKernels* quant_kernels_at(CpuIsa isa) {
+  return kernel_set_at(kQuantKernelSets, isa);
+}
 
 }  // namespace qlft

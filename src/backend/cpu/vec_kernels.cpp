@@ -17,23 +17,10 @@
 namespace qlft::cpu {
 namespace {
 
-namespace isa_baseline {
-#define QLFT_KT
-#include "backend/cpu/vec_kernels.inc"
-#undef QLFT_KT
-}  // namespace isa_baseline
+#define QLFT_KERNEL_SOURCE "backend/cpu/vec_kernels.inc"
+#include "core/isa_sets.inc"
 
-namespace isa_avx2 {
-#define QLFT_KT QLFT_TARGET_AVX2
-#include "backend/cpu/vec_kernels.inc"
-#undef QLFT_KT
-}  // namespace isa_avx2
-
-namespace isa_avx512 {
-#define QLFT_KT QLFT_TARGET_AVX512
-#include "backend/cpu/vec_kernels.inc"
-#undef QLFT_KT
-}  // namespace isa_avx512
+}  // namespace
 
 #define QLFT_KERNEL_SET(level, ns)                                                        \
   VecKernels {                                                                            \
@@ -43,20 +30,7 @@ namespace isa_avx512 {
         ns::k_rmsnorm_fwd_row, ns::k_rmsnorm_bwd_row, ns::k_rope_row, ns::k_dropout_row,  \
         ns::k_dropout_bwd_row                                                             \
   }
-const VecKernels kSets[] = {QLFT_KERNEL_SET(CpuIsa::Baseline, isa_baseline),
-                            QLFT_KERNEL_SET(CpuIsa::Avx2, isa_avx2),
-                            QLFT_KERNEL_SET(CpuIsa::Avx512, isa_avx512)};
+QLFT_KERNEL_SETS(VecKernels, kVecKernelSets, QLFT_KERNEL_SET);
 #undef QLFT_KERNEL_SET
-
-}  // namespace
-
-const VecKernels& vec_kernels() {
-  static const VecKernels& k = kernel_set_for_cpu(kSets);
-  return k;
-}
-
-const VecKernels* vec_kernels_at(CpuIsa isa) {
-  return kernel_set_at(kSets, isa);
-}
 
 }  // namespace qlft::cpu

@@ -11,7 +11,7 @@
 
 #include <cstdint>
 
-#include "core/cpu_isa.h"
+#include "core/isa_target.h"
 
 namespace qlft::cpu {
 
@@ -57,11 +57,18 @@ struct VecKernels {
                           float* dx);
 };
 
+// The three sets, in kernel_set_index's order (vec_kernels.cpp).
+extern const VecKernels kVecKernelSets[3];
+
 // The set for cpu_isa() (the CPU's level capped by QLFT_CPU_ISA), chosen once per process.
-const VecKernels& vec_kernels();
+inline const VecKernels& vec_kernels() {
+  return kernel_set_for_cpu(kVecKernelSets);
+}
 
 // The set for ISA level `isa` (the best one at or below it); null when this CPU (with the cap)
 // cannot run that level.
-const VecKernels* vec_kernels_at(CpuIsa isa);
+inline const VecKernels* vec_kernels_at(CpuIsa isa) {
+  return kernel_set_at(kVecKernelSets, isa);
+}
 
 }  // namespace qlft::cpu
