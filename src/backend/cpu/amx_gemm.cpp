@@ -19,68 +19,31 @@ constexpr int kColsb = 64;
 
 // The hardware tiles, in inline assembly: the instructions need only the assembler's AMX support,
 // not a target attribute on every function that inlines them (GCC's intrinsics are this assembly;
-// clang's are builtins that need the attribute). AT&T operand order: tdpbf16ps b, a, c computes
-// c += a b. Loads and stores clobber memory so no buffer access moves across them.
-#define QLFT_TILE_ZERO(t) __asm__ volatile("tilezero %%tmm" #t ::)
-#define QLFT_TILE_LOAD(t, p, s) \
-  __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #t ::"r"(p), "r"(s) : "memory")
-#define QLFT_TILE_STORE(t, p, s) \
-  __asm__ volatile("tilestored %%tmm" #t ", (%0,%1,1)" ::"r"(p), "r"(s) : "memory")
-#define QLFT_TILE_DP(c, a, b) __asm__ volatile("tdpbf16ps %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
-
+// clang's are builtins that need the attribute). A tile number is an immediate operand printed
+// bare (%c), so "%%tmm%c0" is the register of tile T. AT&T operand order: tdpbf16ps b, a, c
+// computes c += a b. Loads and stores clobber memory so no buffer access moves across them.
 struct AmxHw {
   template <int T>
   static inline __attribute__((always_inline)) void zero() {
-    if constexpr (T == 0)
-      QLFT_TILE_ZERO(0);
-    else if constexpr (T == 1)
-      QLFT_TILE_ZERO(1);
-    else if constexpr (T == 2)
-      QLFT_TILE_ZERO(2);
-    else
-      QLFT_TILE_ZERO(3);
+    static_assert(T >= 0 && T < 4, "a C tile");
+    __asm__ volatile("tilezero %%tmm%c0" ::"i"(T));
   }
   template <int T>
   static inline __attribute__((always_inline)) void load(const void* p, int64_t s) {
-    if constexpr (T == 0)
-      QLFT_TILE_LOAD(0, p, s);
-    else if constexpr (T == 1)
-      QLFT_TILE_LOAD(1, p, s);
-    else if constexpr (T == 2)
-      QLFT_TILE_LOAD(2, p, s);
-    else if constexpr (T == 3)
-      QLFT_TILE_LOAD(3, p, s);
-    else if constexpr (T == 4)
-      QLFT_TILE_LOAD(4, p, s);
-    else if constexpr (T == 5)
-      QLFT_TILE_LOAD(5, p, s);
-    else if constexpr (T == 6)
-      QLFT_TILE_LOAD(6, p, s);
-    else
-      QLFT_TILE_LOAD(7, p, s);
+    static_assert(T >= 0 && T < 8, "a tile");
+    __asm__ volatile("tileloadd (%0,%1,1), %%tmm%c2" ::"r"(p), "r"(s), "i"(T) : "memory");
   }
   template <int T>
   static inline __attribute__((always_inline)) void store(void* p, int64_t s) {
-    if constexpr (T == 0)
-      QLFT_TILE_STORE(0, p, s);
-    else if constexpr (T == 1)
-      QLFT_TILE_STORE(1, p, s);
-    else if constexpr (T == 2)
-      QLFT_TILE_STORE(2, p, s);
-    else
-      QLFT_TILE_STORE(3, p, s);
+    static_assert(T >= 0 && T < 4, "a C tile");
+    __asm__ volatile("tilestored %%tmm%c2, (%0,%1,1)" ::"r"(p), "r"(s), "i"(T) : "memory");
   }
   // C tile 2 (a - 4) + (b - 6) += A tile a times B tile b.
   template <int A, int B>
   static inline __attribute__((always_inline)) void dp() {
-    if constexpr (A == 4 && B == 6)
-      QLFT_TILE_DP(0, 4, 6);
-    else if constexpr (A == 4 && B == 7)
-      QLFT_TILE_DP(1, 4, 7);
-    else if constexpr (A == 5 && B == 6)
-      QLFT_TILE_DP(2, 5, 6);
-    else
-      QLFT_TILE_DP(3, 5, 7);
+    static_assert((A == 4 || A == 5) && (B == 6 || B == 7), "A tile 4 or 5, B tile 6 or 7");
+    __asm__ volatile("tdpbf16ps %%tmm%c0, %%tmm%c1, %%tmm%c2" ::"i"(B), "i"(A),
+                     "i"(2 * (A - 4) + (B - 6)));
   }
 };
 
