@@ -7,13 +7,48 @@
 namespace qlft {
 
 namespace {
-// Bytes of one element and the name, in DType's order.
+template <class T>
+void cast_n(const void* src, float* dst, size_t n) {
+  const unsigned char* p = static_cast<const unsigned char*>(src);
+  for (size_t i = 0; i < n; ++i) {
+    T v;
+    std::memcpy(&v, p + i * sizeof(T), sizeof(T));  // sources may be unaligned (mmap offsets)
+    dst[i] = static_cast<float>(v);
+  }
+}
+
+// F16 or BF16 elements: the bulk path where src is 2-byte aligned, else one at a time.
+template <void (*kBulk)(const uint16_t*, float*, size_t), float (*kOne)(uint16_t)>
+void halves_n(const void* src, float* dst, size_t n) {
+  if (reinterpret_cast<uintptr_t>(src) % 2 == 0)
+    return kBulk(static_cast<const uint16_t*>(src), dst, n);
+  for (size_t i = 0; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, static_cast<const char*>(src) + 2 * i, 2);
+    dst[i] = kOne(h);
+  }
+}
+
+void copy_f32(const void* src, float* dst, size_t n) {
+  std::memcpy(dst, src, n * 4);
+}
+
+// Bytes of one element, the name and the conversion of n elements to f32, in DType's order.
 struct DTypeRow {
   size_t size;
   const char* name;
+  void (*to_f32)(const void* src, float* dst, size_t n);
 };
-constexpr DTypeRow kDTypes[] = {{4, "F32"}, {2, "F16"}, {2, "BF16"}, {8, "F64"}, {1, "I8"},
-                                {1, "U8"},  {2, "I16"}, {4, "I32"},  {8, "I64"}, {1, "BOOL"}};
+constexpr DTypeRow kDTypes[] = {{4, "F32", copy_f32},
+                                {2, "F16", halves_n<f16_to_f32_n, f16_to_f32>},
+                                {2, "BF16", halves_n<bf16_to_f32_n, bf16_to_f32>},
+                                {8, "F64", cast_n<double>},
+                                {1, "I8", cast_n<int8_t>},
+                                {1, "U8", cast_n<uint8_t>},
+                                {2, "I16", cast_n<int16_t>},
+                                {4, "I32", cast_n<int32_t>},
+                                {8, "I64", cast_n<int64_t>},
+                                {1, "BOOL", cast_n<uint8_t>}};
 static_assert(sizeof kDTypes / sizeof kDTypes[0] == static_cast<size_t>(DType::BOOL) + 1,
               "a row per DType");
 const DTypeRow* dtype_row(DType t) {
@@ -49,56 +84,11 @@ const void* f32_as_stored(DType t, const float* src, size_t n, std::vector<uint1
   return buf->data();
 }
 
-namespace {
-template <class T>
-void cast_n(const void* src, float* dst, size_t n) {
-  const unsigned char* p = static_cast<const unsigned char*>(src);
-  for (size_t i = 0; i < n; ++i) {
-    T v;
-    std::memcpy(&v, p + i * sizeof(T), sizeof(T));  // sources may be unaligned (mmap offsets)
-    dst[i] = static_cast<float>(v);
-  }
-}
-
-// F16 or BF16 elements: the bulk path where src is 2-byte aligned, else one at a time.
-template <void (*kBulk)(const uint16_t*, float*, size_t), float (*kOne)(uint16_t)>
-void halves_n(const void* src, float* dst, size_t n) {
-  if (reinterpret_cast<uintptr_t>(src) % 2 == 0)
-    return kBulk(static_cast<const uint16_t*>(src), dst, n);
-  for (size_t i = 0; i < n; ++i) {
-    uint16_t h;
-    std::memcpy(&h, static_cast<const char*>(src) + 2 * i, 2);
-    dst[i] = kOne(h);
-  }
-}
-}  // namespace
-
 void to_f32_n(DType t, const void* src, float* dst, size_t n) {
   if (n == 0) return;  // src/dst may be null for empty tensors
-  switch (t) {
-    case DType::F32:
-      std::memcpy(dst, src, n * 4);
-      return;
-    case DType::F16:
-      return halves_n<f16_to_f32_n, f16_to_f32>(src, dst, n);
-    case DType::BF16:
-      return halves_n<bf16_to_f32_n, bf16_to_f32>(src, dst, n);
-    case DType::F64:
-      return cast_n<double>(src, dst, n);
-    case DType::I8:
-      return cast_n<int8_t>(src, dst, n);
-    case DType::U8:
-      return cast_n<uint8_t>(src, dst, n);
-    case DType::BOOL:
-      return cast_n<uint8_t>(src, dst, n);
-    case DType::I16:
-      return cast_n<int16_t>(src, dst, n);
-    case DType::I32:
-      return cast_n<int32_t>(src, dst, n);
-    case DType::I64:
-      return cast_n<int64_t>(src, dst, n);
-  }
-  throw_error(QLFT_ERR_INTERNAL, "to_f32_n: unknown dtype");
+  const DTypeRow* r = dtype_row(t);
+  if (!r) throw_error(QLFT_ERR_INTERNAL, "to_f32_n: unknown dtype");
+  r->to_f32(src, dst, n);
 }
 
 }  // namespace qlft

@@ -179,6 +179,21 @@ Paths paths_for(CpuIsa isa) {
           round_bf16_scalar};
 }
 
+// bulk_convert_at's ops, in BulkOp's order: each one Paths member, on untyped pointers.
+template <class S, class D>
+void run_path(void (*fn)(const S*, D*, size_t), const void* src, void* dst, size_t n) {
+  fn(static_cast<const S*>(src), static_cast<D*>(dst), n);
+}
+template <auto kMember>
+void run_op(const Paths& p, const void* src, void* dst, size_t n) {
+  run_path(p.*kMember, src, dst, n);
+}
+constexpr void (*kOps[])(const Paths&, const void*, void*, size_t) = {
+    run_op<&Paths::f32_bf16>, run_op<&Paths::bf16_f32>, run_op<&Paths::f32_f16>,
+    run_op<&Paths::f16_f32>, run_op<&Paths::round_bf16>};
+static_assert(sizeof kOps / sizeof kOps[0] == static_cast<size_t>(BulkOp::RoundThroughBf16) + 1,
+              "an op per BulkOp");
+
 const Paths& active() {
   static const Paths p = paths_for(cpu_isa());
   return p;
@@ -222,26 +237,7 @@ CpuIsa bulk_convert_path(CpuIsa isa, BulkOp op) {
 
 bool bulk_convert_at(CpuIsa isa, BulkOp op, const void* src, void* dst, size_t n) {
   if (isa > cpu_isa()) return false;
-  const Paths p = paths_for(isa);
-  const float* fs = static_cast<const float*>(src);
-  const uint16_t* hs = static_cast<const uint16_t*>(src);
-  switch (op) {
-    case BulkOp::F32ToBf16:
-      p.f32_bf16(fs, static_cast<uint16_t*>(dst), n);
-      break;
-    case BulkOp::Bf16ToF32:
-      p.bf16_f32(hs, static_cast<float*>(dst), n);
-      break;
-    case BulkOp::F32ToF16:
-      p.f32_f16(fs, static_cast<uint16_t*>(dst), n);
-      break;
-    case BulkOp::F16ToF32:
-      p.f16_f32(hs, static_cast<float*>(dst), n);
-      break;
-    case BulkOp::RoundThroughBf16:
-      p.round_bf16(fs, static_cast<float*>(dst), n);
-      break;
-  }
+  kOps[static_cast<size_t>(op)](paths_for(isa), src, dst, n);
   return true;
 }
 
