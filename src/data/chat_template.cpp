@@ -222,31 +222,26 @@ TemplateKind detect_template(const std::string& j, std::string* default_system) 
   return TemplateKind::Auto;
 }
 
+namespace {
+// Each resolved template kind's renderer (Auto is resolved before rendering: none).
+using Renderer = void (*)(const ChatTemplate&, const std::vector<Message>&, Builder&);
+const struct {
+  TemplateKind kind;
+  Renderer render;
+} kRenderers[] = {
+    {TemplateKind::ChatML, render_chatml},      {TemplateKind::Llama3, render_llama3},
+    {TemplateKind::Llama2, render_llama2},      {TemplateKind::Mistral, render_mistral},
+    {TemplateKind::Alpaca, render_alpaca_chat}, {TemplateKind::None, render_none}};
+}  // namespace
+
 std::vector<Segment> render_chat(const ChatTemplate& t, const std::vector<Message>& messages) {
-  Builder b;
-  switch (t.kind) {
-    case TemplateKind::ChatML:
-      render_chatml(t, messages, b);
-      break;
-    case TemplateKind::Llama3:
-      render_llama3(t, messages, b);
-      break;
-    case TemplateKind::Llama2:
-      render_llama2(t, messages, b);
-      break;
-    case TemplateKind::Mistral:
-      render_mistral(t, messages, b);
-      break;
-    case TemplateKind::Alpaca:
-      render_alpaca_chat(t, messages, b);
-      break;
-    case TemplateKind::None:
-      render_none(t, messages, b);
-      break;
-    case TemplateKind::Auto:
-      throw_error(QLFT_ERR_INTERNAL, "render_chat: template not resolved");
+  for (const auto& r : kRenderers) {
+    if (r.kind != t.kind) continue;
+    Builder b;
+    r.render(t, messages, b);
+    return std::move(b.segs);
   }
-  return std::move(b.segs);
+  throw_error(QLFT_ERR_INTERNAL, "render_chat: template not resolved");
 }
 
 std::vector<Segment> render_alpaca(const ChatTemplate& t, const Record& r) {

@@ -38,17 +38,12 @@ void ByteEncoder::encode(std::string_view text, bool parse_special, bool,
 bool ByteEncoder::encode_offsets(std::string_view text, std::vector<int32_t>& ids,
                                  std::vector<uint32_t>& starts,
                                  std::vector<uint8_t>& special) const {
-  ids.clear();
-  starts.clear();
-  special.clear();
-  encode(text, true, false, ids);
-  uint32_t pos = 0;
-  for (int32_t id : ids) {
-    starts.push_back(pos);
-    special.push_back(id >= 256);
-    pos += id < 256 ? 1 : static_cast<uint32_t>(specials_[static_cast<size_t>(id - 256)].size());
-  }
-  return true;
+  // Every byte and special spelling is a token of its own: the spans always line up.
+  return walk_offsets(
+      text, ids, starts, special, [](int32_t id) { return id >= 256; },
+      [&](int32_t id, size_t) {
+        return id < 256 ? size_t(1) : specials_[static_cast<size_t>(id - 256)].size();
+      });
 }
 
 int32_t ByteEncoder::special_id(std::string_view s) const {

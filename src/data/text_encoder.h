@@ -43,6 +43,30 @@ class TextEncoder {
   virtual std::string chat_template() const { return {}; }
   // The id to put in padded token slots (their targets are always ignored).
   virtual int32_t pad_id() const { return eos_id() >= 0 ? eos_id() : 0; }
+
+ protected:
+  // encode_offsets by walking the tokens along the text: ids = text encoded whole with special
+  // tokens parsed; each token starts where the previous one's span ended, its flag is
+  // is_special(id), and span(id, pos) is the number of bytes of text it covers from pos, or npos
+  // where it does not line up with the text there (the offsets are then unknown: false). True
+  // when the spans cover the text exactly.
+  template <class IsSpecial, class Span>
+  bool walk_offsets(std::string_view text, std::vector<int32_t>& ids, std::vector<uint32_t>& starts,
+                    std::vector<uint8_t>& special, IsSpecial is_special, Span span) const {
+    ids.clear();
+    starts.clear();
+    special.clear();
+    encode(text, true, false, ids);
+    size_t pos = 0;
+    for (int32_t id : ids) {
+      starts.push_back(static_cast<uint32_t>(pos));
+      special.push_back(is_special(id));
+      const size_t n = span(id, pos);
+      if (n == std::string_view::npos) return false;
+      pos += n;
+    }
+    return pos == text.size();
+  }
 };
 
 // Bytes are ids 0..255; each listed special string gets id 256 + its index. The first special

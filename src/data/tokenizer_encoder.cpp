@@ -17,32 +17,20 @@ void TokenizerEncoder::encode(std::string_view text, bool parse_special, bool,
 bool TokenizerEncoder::encode_offsets(std::string_view text, std::vector<int32_t>& ids,
                                       std::vector<uint32_t>& starts,
                                       std::vector<uint8_t>& special) const {
-  ids.clear();
-  starts.clear();
-  special.clear();
-  tok_.encode_append(text, true, ids);
-  // Walk the pieces along the text. A piece may carry one space the text does not have: the
-  // prefix SentencePiece-style vocabularies put before each run of text between special tokens.
-  // Anything else that does not line up (an unknown token, a normalizer that rewrites text)
-  // makes the offsets unknowable: return false.
-  size_t pos = 0;
-  for (int32_t id : ids) {
-    starts.push_back(static_cast<uint32_t>(pos));
-    special.push_back(tok_.is_special(id));
-    std::string piece =
-        tok_.is_special(id) ? std::string(tok_.token_text(id)) : tok_.token_to_piece(id);
+  // A token's piece may carry one space the text does not have: the prefix SentencePiece-style
+  // vocabularies put before each run of text between special tokens. Anything else that does
+  // not line up (an unknown token, a normalizer that rewrites text) makes the offsets unknowable.
+  auto is_special = [&](int32_t id) { return tok_.is_special(id); };
+  return walk_offsets(text, ids, starts, special, is_special, [&](int32_t id, size_t pos) {
+    std::string piece = is_special(id) ? std::string(tok_.token_text(id)) : tok_.token_to_piece(id);
     auto matches = [&](const char* p, size_t n) {
       return n <= text.size() - pos && std::memcmp(text.data() + pos, p, n) == 0;
     };
-    if (matches(piece.data(), piece.size())) {
-      pos += piece.size();
-    } else if (!piece.empty() && piece[0] == ' ' && matches(piece.data() + 1, piece.size() - 1)) {
-      pos += piece.size() - 1;
-    } else {
-      return false;
-    }
-  }
-  return pos == text.size();
+    if (matches(piece.data(), piece.size())) return piece.size();
+    if (!piece.empty() && piece[0] == ' ' && matches(piece.data() + 1, piece.size() - 1))
+      return piece.size() - 1;
+    return std::string_view::npos;
+  });
 }
 
 int32_t TokenizerEncoder::vocab_size() const {

@@ -50,6 +50,32 @@ std::string config_token(const json& cfg, const char* key) {
     return (*v)["content"].get<std::string>();
   return std::string();
 }
+
+// Calls f(node, type) on each stage of root's section `kind` (normalizer, pre_tokenizer or
+// decoder), in order: the members of a "Sequence" (its list_key array, walked recursively), any
+// other node itself. f returns false for a type it does not know. Where `strict` (the stages
+// change the tokens), such a type and a Sequence without its list are refused; else they are
+// passed over.
+void for_each_stage(const json& root, const char* kind, const char* list_key,
+                    const std::string& what, bool strict,
+                    const std::function<bool(const json&, const std::string&)>& f) {
+  std::function<void(const json&)> walk = [&](const json& node) {
+    const std::string ty = str_member(node, "type", what + " " + kind);
+    if (ty != "Sequence") {
+      if (!f(node, ty) && strict)
+        throw_error(QLFT_ERR_UNSUPPORTED, "%s: %s '%s' is not supported", what.c_str(), kind,
+                    ty.c_str());
+      return;
+    }
+    const json* list = member(node, list_key);
+    if (!list || !list->is_array()) {
+      QLFT_CHECK_FORMAT(!strict, "%s: %s Sequence needs '%s'", what.c_str(), kind, list_key);
+      return;
+    }
+    for (const json& x : *list) walk(x);
+  };
+  if (const json* n = member(root, kind)) walk(*n);
+}
 }  // namespace
 
 std::unique_ptr<Tokenizer> Tokenizer::from_hf_json_file(const std::string& path) {
@@ -179,14 +205,8 @@ std::unique_ptr<Tokenizer> Tokenizer::from_hf_json_text(const std::string& text,
   // Normalizer: Prepend(s) and Replace(string -> string) are supported; NFC/NFKC are accepted
   // without being applied (text is taken as already normalized).
   bool replaces_space = false;
-  std::function<void(const json&)> normalizer = [&](const json& n) {
-    std::string ty = str_member(n, "type", what + " normalizer");
-    if (ty == "Sequence") {
-      const json* list = member(n, "normalizers");
-      QLFT_CHECK_FORMAT(list && list->is_array(), "%s: normalizer Sequence needs 'normalizers'",
-                        what.c_str());
-      for (const json& x : *list) normalizer(x);
-    } else if (ty == "Prepend") {
+  auto normalizer = [&](const json& n, const std::string& ty) {
+    if (ty == "Prepend") {
       t->prefix_ = Prefix::Always;
       t->prefix_text_ = str_member(n, "prepend", what + " normalizer Prepend");
       QLFT_CHECK_FORMAT(!replaces_space, "%s: Prepend after Replace is not supported",
@@ -202,26 +222,15 @@ std::unique_ptr<Tokenizer> Tokenizer::from_hf_json_text(const std::string& text,
                     what.c_str());
       t->space_char_ = content;
       replaces_space = true;
-    } else if (ty == "NFC" || ty == "NFKC") {
-      // Accepted as a no-op (see above).
-    } else {
-      throw_error(QLFT_ERR_UNSUPPORTED, "%s: normalizer '%s' is not supported", what.c_str(),
-                  ty.c_str());
+    } else if (ty != "NFC" && ty != "NFKC") {  // those two: accepted as a no-op (see above)
+      return false;
     }
+    return true;
   };
-  if (const json* n = member(root, "normalizer")) normalizer(*n);
 
   // Pre-tokenizer stages, in order.
-  std::function<void(const json&)> pretok = [&](const json& p) {
-    std::string ty = str_member(p, "type", what + " pre_tokenizer");
-    if (ty == "Sequence") {
-      const json* list = member(p, "pretokenizers");
-      QLFT_CHECK_FORMAT(list && list->is_array(),
-                        "%s: pre_tokenizer Sequence needs "
-                        "'pretokenizers'",
-                        what.c_str());
-      for (const json& x : *list) pretok(x);
-    } else if (ty == "ByteLevel") {
+  auto pretok = [&](const json& p, const std::string& ty) {
+    if (ty == "ByteLevel") {
       t->byte_level_ = true;
       if (bool_member(p, "add_prefix_space", what, false)) t->byte_level_prefix_space_ = true;
       if (bool_member(p, "use_regex", what, true))
@@ -259,20 +268,14 @@ std::unique_ptr<Tokenizer> Tokenizer::from_hf_json_text(const std::string& text,
       t->pre_.push_back({nullptr, true});
       t->strip_leading_space_ = t->prefix_ != Prefix::None;
     } else {
-      throw_error(QLFT_ERR_UNSUPPORTED, "%s: pre_tokenizer '%s' is not supported", what.c_str(),
-                  ty.c_str());
+      return false;
     }
+    return true;
   };
-  if (const json* p = member(root, "pre_tokenizer")) pretok(*p);
 
   // Decoder: only what changes the bytes we produce matters -- ByteLevel, "▁" -> " ", Strip.
-  std::function<void(const json&)> decoder = [&](const json& d) {
-    std::string ty = str_member(d, "type", what + " decoder");
-    if (ty == "Sequence") {
-      const json* list = member(d, "decoders");
-      if (list && list->is_array())
-        for (const json& x : *list) decoder(x);
-    } else if (ty == "ByteLevel") {
+  auto decoder = [&](const json& d, const std::string& ty) {
+    if (ty == "ByteLevel") {
       t->byte_level_ = true;
     } else if (ty == "Strip") {
       if (str_member(d, "content", what, " ") == " " && member(d, "start") &&
@@ -285,9 +288,15 @@ std::unique_ptr<Tokenizer> Tokenizer::from_hf_json_text(const std::string& text,
       if (pat && pat->is_object() && pat->contains("String") && (*pat)["String"].is_string() &&
           str_member(d, "content", what) == " ")
         t->decode_space_ = (*pat)["String"].get<std::string>();
+    } else {
+      return false;
     }
+    return true;
   };
-  if (const json* d = member(root, "decoder")) decoder(*d);
+  // In the file's order; an unknown decoder is passed over (it changes nothing read here).
+  for_each_stage(root, "normalizer", "normalizers", what, true, normalizer);
+  for_each_stage(root, "pre_tokenizer", "pretokenizers", what, true, pretok);
+  for_each_stage(root, "decoder", "decoders", what, false, decoder);
   // Pieces spell spaces as "▁" whenever a normalizer or Metaspace put them there.
   if (t->decode_space_.empty()) {
     if (!t->space_char_.empty())
