@@ -195,13 +195,10 @@ int64_t GgufValue::array_i(uint64_t idx) const {
 }
 
 std::unique_ptr<GgufFile> GgufFile::open(const std::string& path) {
-  std::unique_ptr<GgufFile> g(new GgufFile());
-  g->file_ = std::make_unique<MappedFile>(path);
-  g->parse();
-  return g;
+  return std::unique_ptr<GgufFile>(new GgufFile(path));
 }
 
-void GgufFile::parse() {
+GgufFile::GgufFile(const std::string& file) : MappedReader(file) {
   const std::string& path = file_->path();
   Cursor c(file_->data(), file_->size(), path);
   const uint8_t* magic = c.take(4, "magic");

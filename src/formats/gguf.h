@@ -110,14 +110,13 @@ struct GgufTensorInfo {
   int64_t numel() const { return ne[0] * ne[1] * ne[2] * ne[3]; }
 };
 
-class GgufFile {
+class GgufFile : public MappedReader {
  public:
   // Maps and parses path; throws QLFT_ERR_IO / QLFT_ERR_FORMAT.
   static std::unique_ptr<GgufFile> open(const std::string& path);
 
   uint32_t version() const { return version_; }
   uint64_t alignment() const { return alignment_; }
-  const std::string& path() const { return file_->path(); }
 
   const std::vector<std::pair<std::string, GgufValue>>& metadata() const { return kv_; }
   const GgufValue* find(const std::string& key) const;
@@ -142,10 +141,8 @@ class GgufFile {
   const GgufTensorInfo* find_tensor(const std::string& name) const;
 
  private:
-  GgufFile() = default;
-  void parse();
+  explicit GgufFile(const std::string& file);  // maps and parses
 
-  std::unique_ptr<MappedFile> file_;
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;
   uint64_t data_start_ = 0;  // of the tensor data section

@@ -103,12 +103,7 @@ void GgufWriter::check_new(const std::string& name, GgmlType type, const std::ve
   QLFT_CHECK_ARG(names_.count(name) == 0, "GGUF writer: tensor '%s' added twice", name.c_str());
   QLFT_CHECK_ARG(!ne.empty() && ne.size() <= 4, "GGUF writer: tensor '%s' has %zu dimensions",
                  name.c_str(), ne.size());
-  uint64_t n = 1;
-  for (int64_t d : ne) {
-    QLFT_CHECK_ARG(d >= 1 && d <= (int64_t(1) << 40), "GGUF writer: tensor '%s' dimension %lld",
-                   name.c_str(), static_cast<long long>(d));
-    n *= static_cast<uint64_t>(d);
-  }
+  const uint64_t n = checked_elements("GGUF writer", name, ne, 1);
   QLFT_CHECK_ARG(ne[0] % tr->block == 0,
                  "GGUF writer: tensor '%s' row length %lld is not a multiple of the %s block %u",
                  name.c_str(), static_cast<long long>(ne[0]), tr->name, tr->block);
@@ -121,12 +116,7 @@ void GgufWriter::check_new(const std::string& name, GgmlType type, const std::ve
 void GgufWriter::add_tensor(const std::string& name, GgmlType type, const std::vector<int64_t>& ne,
                             const void* data, uint64_t nbytes, bool copy) {
   check_new(name, type, ne, nbytes);
-  QLFT_CHECK_ARG(data, "GGUF writer: tensor '%s' data is NULL", name.c_str());
-  Tensor t{name, type, ne, static_cast<const uint8_t*>(data), nbytes, nullptr, false};
-  if (copy) {
-    t.owned = std::make_shared<std::vector<uint8_t>>(t.data, t.data + nbytes);
-    t.data = t.owned->data();
-  }
+  Tensor t{name, type, ne, HeldBytes::given("GGUF writer", name, data, nbytes, copy)};
   names_.insert(name);
   tensors_.push_back(std::move(t));
 }
@@ -135,13 +125,12 @@ void GgufWriter::add_tensor_deferred(const std::string& name, GgmlType type,
                                      const std::vector<int64_t>& ne, uint64_t nbytes) {
   check_new(name, type, ne, nbytes);
   names_.insert(name);
-  tensors_.push_back(Tensor{name, type, ne, nullptr, nbytes, nullptr, /*deferred=*/true});
+  tensors_.push_back(Tensor{name, type, ne, HeldBytes::later(nbytes)});
 }
 
 void GgufWriter::add_tensor_f32(const std::string& name, const std::vector<int64_t>& ne,
                                 const float* values, GgmlType store) {
-  uint64_t n = 1;
-  for (int64_t d : ne) n *= static_cast<uint64_t>(d > 0 ? d : 0);
+  const uint64_t n = shape_elements(ne);
   // The plain float types by their DType (BOOL: none of them, refused below).
   const DType t = store == GgmlType::F32    ? DType::F32
                   : store == GgmlType::F16  ? DType::F16
@@ -154,9 +143,7 @@ void GgufWriter::add_tensor_f32(const std::string& name, const std::vector<int64
 }
 
 void GgufWriter::write(const std::string& path, const TensorFetch& fetch) const {
-  for (const Tensor& t : tensors_)
-    QLFT_CHECK_ARG(!t.deferred || fetch, "GGUF writer: tensor '%s' has no bytes to write",
-                   t.name.c_str());
+  for (const Tensor& t : tensors_) t.bytes.check_writable("GGUF writer", t.name, fetch);
   std::string head;
   head.append("GGUF", 4);
   put<uint32_t>(head, 3);
@@ -172,7 +159,7 @@ void GgufWriter::write(const std::string& path, const TensorFetch& fetch) const 
     put<uint32_t>(head, static_cast<uint32_t>(t.type));
     put<uint64_t>(head, off);
     offsets.push_back(off);
-    off = align_up(off + t.nbytes, alignment_);
+    off = align_up(off + t.bytes.nbytes, alignment_);
   }
   AtomicFile f(path);
   f.write(head);
@@ -184,7 +171,7 @@ void GgufWriter::write(const std::string& path, const TensorFetch& fetch) const 
     if (f.size() - data_start != offsets[i])
       throw_error(QLFT_ERR_INTERNAL, "%s: GGUF writer offset mismatch", path.c_str());
     const Tensor& t = tensors_[i];
-    f.write(t.deferred ? fetch(t.name) : t.data, t.nbytes);
+    f.write(t.bytes.get(t.name, fetch), t.bytes.nbytes);
   }
   f.pad_to(alignment_);
   f.commit();

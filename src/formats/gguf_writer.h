@@ -4,14 +4,13 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
-#include <memory>
 #include <string>
 #include <string_view>
 #include <unordered_set>
 #include <vector>
 
 #include "formats/gguf.h"
+#include "formats/tensor_bytes.h"
 #include "quant/ggml_types.h"
 
 namespace qlft {
@@ -62,8 +61,6 @@ class GgufWriter {
 
   uint64_t alignment() const { return alignment_; }
   size_t tensor_count() const { return tensors_.size(); }
-  // fetch(name): the nbytes of a deferred tensor, valid until the next call.
-  using TensorFetch = std::function<const void*(const std::string& name)>;
   // Writes the file atomically; throws QLFT_ERR_IO naming path on failure. Deferred tensors are
   // fetched in the order they were added, each once.
   void write(const std::string& path, const TensorFetch& fetch = nullptr) const;
@@ -73,10 +70,7 @@ class GgufWriter {
     std::string name;
     GgmlType type;
     std::vector<int64_t> ne;
-    const uint8_t* data;
-    uint64_t nbytes;
-    std::shared_ptr<std::vector<uint8_t>> owned;
-    bool deferred = false;  // add_tensor_deferred: fetched while writing
+    HeldBytes bytes;  // add_tensor_deferred: fetched while writing
   };
   void check_new(const std::string& name, GgmlType type, const std::vector<int64_t>& ne,
                  uint64_t nbytes) const;

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 namespace qlft {
@@ -27,6 +28,18 @@ class MappedFile {
   std::string path_;
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
+};
+
+// What a format reader over a memory map holds (GgufFile, SafetensorsFile): the map of its file,
+// opened by the constructor, and the path for messages. The reader keeps pointers into the map.
+class MappedReader {
+ public:
+  const std::string& path() const { return file_->path(); }
+
+ protected:
+  // Throws QLFT_ERR_IO naming the path if it cannot be opened or mapped.
+  explicit MappedReader(const std::string& path) : file_(std::make_unique<MappedFile>(path)) {}
+  std::unique_ptr<MappedFile> file_;
 };
 
 // Reads a whole (small) text file; throws QLFT_ERR_IO naming the path.

@@ -234,13 +234,10 @@ SafeTensorInfo check_entry(HeaderEntry& e, const std::string& path, const uint8_
 }  // namespace
 
 std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
-  std::unique_ptr<SafetensorsFile> f(new SafetensorsFile());
-  f->file_ = std::make_unique<MappedFile>(path);
-  f->parse();
-  return f;
+  return std::unique_ptr<SafetensorsFile>(new SafetensorsFile(path));
 }
 
-void SafetensorsFile::parse() {
+SafetensorsFile::SafetensorsFile(const std::string& file) : MappedReader(file) {
   const std::string& path = file_->path();
   const uint64_t size = file_->size();
   QLFT_CHECK_FORMAT(size >= 8, "%s: truncated (%llu bytes, no header length)", path.c_str(),

@@ -32,17 +32,14 @@ struct SafeTensorInfo {
 DType safetensors_dtype(const std::string& name, const std::string& where);
 const char* safetensors_dtype_name(DType t);
 
-class SafetensorsFile {
+class SafetensorsFile : public MappedReader {
  public:
   static std::unique_ptr<SafetensorsFile> open(const std::string& path);
-  const std::string& path() const { return file_->path(); }
   const std::vector<SafeTensorInfo>& tensors() const { return tensors_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
  private:
-  SafetensorsFile() = default;
-  void parse();
-  std::unique_ptr<MappedFile> file_;
+  explicit SafetensorsFile(const std::string& file);  // maps and parses
   std::vector<SafeTensorInfo> tensors_;
   std::map<std::string, std::string> metadata_;
 };

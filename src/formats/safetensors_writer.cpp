@@ -20,13 +20,7 @@ void SafetensorsWriter::check_new(const std::string& name, DType dtype,
                  "safetensors writer: invalid tensor name '%s'", name.c_str());
   QLFT_CHECK_ARG(!tensors_.count(name), "safetensors writer: tensor '%s' added twice",
                  name.c_str());
-  uint64_t n = 1;
-  for (int64_t d : shape) {
-    QLFT_CHECK_ARG(d >= 0 && d <= (int64_t(1) << 40),
-                   "safetensors writer: tensor '%s' dimension %lld", name.c_str(),
-                   static_cast<long long>(d));
-    n *= static_cast<uint64_t>(d);
-  }
+  const uint64_t n = checked_elements("safetensors writer", name, shape, 0);
   QLFT_CHECK_ARG(nbytes == n * dtype_size(dtype),
                  "safetensors writer: tensor '%s' has %llu bytes, shape and %s need %llu",
                  name.c_str(), static_cast<unsigned long long>(nbytes), dtype_name(dtype),
@@ -36,25 +30,19 @@ void SafetensorsWriter::check_new(const std::string& name, DType dtype,
 void SafetensorsWriter::add(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
                             const void* data, uint64_t nbytes, bool copy) {
   check_new(name, dtype, shape, nbytes);
-  QLFT_CHECK_ARG(data || nbytes == 0, "safetensors writer: tensor '%s' data is NULL", name.c_str());
-  Tensor t{dtype, shape, static_cast<const uint8_t*>(data), nbytes, nullptr, false};
-  if (copy) {
-    t.owned = std::make_shared<std::vector<uint8_t>>(t.data, t.data + nbytes);
-    t.data = t.owned->data();
-  }
-  tensors_.emplace(name, std::move(t));
+  tensors_.emplace(
+      name, Tensor{dtype, shape, HeldBytes::given("safetensors writer", name, data, nbytes, copy)});
 }
 
 void SafetensorsWriter::add_deferred(const std::string& name, DType dtype,
                                      const std::vector<int64_t>& shape, uint64_t nbytes) {
   check_new(name, dtype, shape, nbytes);
-  tensors_.emplace(name, Tensor{dtype, shape, nullptr, nbytes, nullptr, /*deferred=*/true});
+  tensors_.emplace(name, Tensor{dtype, shape, HeldBytes::later(nbytes)});
 }
 
 void SafetensorsWriter::add_f32(const std::string& name, const std::vector<int64_t>& shape,
                                 const float* values, DType store) {
-  uint64_t n = 1;
-  for (int64_t d : shape) n *= static_cast<uint64_t>(d > 0 ? d : 0);
+  const uint64_t n = shape_elements(shape);
   std::vector<uint16_t> h;
   const void* bytes =
       f32_as_stored(store, values, n, &h, "safetensors writer: tensor '" + name + "': add_f32");
@@ -63,7 +51,7 @@ void SafetensorsWriter::add_f32(const std::string& name, const std::vector<int64
 
 uint64_t SafetensorsWriter::data_bytes() const {
   uint64_t n = 0;
-  for (const auto& [name, t] : tensors_) n += t.nbytes;
+  for (const auto& [name, t] : tensors_) n += t.bytes.nbytes;
   return n;
 }
 
@@ -82,8 +70,7 @@ bool safetensors_data_before(DType a, const std::string& a_name, DType b,
 void SafetensorsWriter::write(const std::string& path, const TensorFetch& fetch) const {
   std::vector<std::pair<const std::string*, const Tensor*>> order;
   for (const auto& [name, t] : tensors_) {
-    QLFT_CHECK_ARG(!t.deferred || fetch, "safetensors writer: tensor '%s' has no bytes to write",
-                   name.c_str());
+    t.bytes.check_writable("safetensors writer", name, fetch);
     order.emplace_back(&name, &t);
   }
   std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
@@ -95,8 +82,8 @@ void SafetensorsWriter::write(const std::string& path, const TensorFetch& fetch)
   for (const auto& [name, t] : order) {
     h[*name] = {{"dtype", safetensors_dtype_name(t->dtype)},
                 {"shape", t->shape},
-                {"data_offsets", {off, off + t->nbytes}}};
-    off += t->nbytes;
+                {"data_offsets", {off, off + t->bytes.nbytes}}};
+    off += t->bytes.nbytes;
   }
   std::string header = h.dump();
   // The spec allows trailing spaces in the header; padding to 8 keeps the data 8-byte aligned.
@@ -105,7 +92,7 @@ void SafetensorsWriter::write(const std::string& path, const TensorFetch& fetch)
   uint64_t hlen = header.size();
   f.write(&hlen, 8);
   f.write(header);
-  for (const auto& [name, t] : order) f.write(t->deferred ? fetch(*name) : t->data, t->nbytes);
+  for (const auto& [name, t] : order) f.write(t->bytes.get(*name, fetch), t->bytes.nbytes);
   f.commit();
 }
 

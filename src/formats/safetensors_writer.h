@@ -5,13 +5,12 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <map>
-#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/dtype.h"
+#include "formats/tensor_bytes.h"
 
 namespace qlft {
 
@@ -34,8 +33,6 @@ class SafetensorsWriter {
   // Sum of the tensor bytes (what an index's metadata.total_size counts).
   uint64_t data_bytes() const;
   std::vector<std::string> names() const;
-  // fetch(name): the nbytes of a deferred tensor, valid until the next call.
-  using TensorFetch = std::function<const void*(const std::string& name)>;
   // Writes the file atomically; throws QLFT_ERR_IO naming path on failure. Deferred tensors are
   // fetched in data order (safetensors_data_before), each once.
   void write(const std::string& path, const TensorFetch& fetch = nullptr) const;
@@ -44,10 +41,7 @@ class SafetensorsWriter {
   struct Tensor {
     DType dtype;
     std::vector<int64_t> shape;
-    const uint8_t* data;
-    uint64_t nbytes;
-    std::shared_ptr<std::vector<uint8_t>> owned;
-    bool deferred = false;  // add_deferred: fetched while writing
+    HeldBytes bytes;  // add_deferred: fetched while writing
   };
   void check_new(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
                  uint64_t nbytes) const;
