@@ -7,6 +7,7 @@
 #include <cstring>
 #include <set>
 
+#include "arch/families.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "model/file_unit_stream.h"
@@ -76,6 +77,11 @@ void require_finite(const float* x, int64_t n, const char* file, const std::stri
 
 QuantKind target_kind(const LoadOptions& o) {
   return quantized_kind(o.quant_type);
+}
+
+void FormatLoader::open(const std::string& path) {
+  read_config(path);
+  fused_ = find_family(m_.cfg.arch)->fused;
 }
 
 void open_model(FormatLoader& f, Model& m, const std::string& path) {

@@ -159,12 +159,11 @@ namespace {
 
 class GgufLoader final : public FormatLoader {
  public:
-  GgufLoader(MemoryTracker* t, const LoadOptions& o, Model& m) : tracker_(t), opt_(o), m_(m) {}
+  using FormatLoader::FormatLoader;
 
-  void open(const std::string& path) override {
+  void read_config(const std::string& path) override {
     m_.gguf = GgufFile::open(path);
     m_.cfg = read_gguf_config(*m_.gguf);
-    fused_ = find_family(m_.cfg.arch)->fused;
   }
 
   void embedding(QWeight& w, bool head) override {
@@ -347,11 +346,7 @@ class GgufLoader final : public FormatLoader {
     std::unordered_map<const Buffer*, std::pair<const uint8_t*, size_t>> at;
   };
 
-  MemoryTracker* tracker_;
-  const LoadOptions& opt_;
-  Model& m_;
   Plan plan_;
-  bool fused_ = false;  // ArchFamily::fused (phi3)
 };
 
 }  // namespace

@@ -252,14 +252,13 @@ namespace {
 
 class HfLoader final : public FormatLoader {
  public:
-  HfLoader(MemoryTracker* t, const LoadOptions& o, Model& m) : tracker_(t), opt_(o), m_(m) {}
+  using FormatLoader::FormatLoader;
 
-  void open(const std::string& path) override {
+  void read_config(const std::string& path) override {
     const std::string dir = is_dir(path) ? path : dirname_of(path);
     m_.hf_dir = dir;
     JsonFile cj = JsonFile::load(dir + "/config.json");
     m_.cfg = read_hf_config(cj, is_dir(path) ? dir : path, &st_);
-    fused_ = find_family(m_.cfg.arch)->fused;
   }
 
   void embedding(QWeight& w, bool head) override {
@@ -416,11 +415,7 @@ class HfLoader final : public FormatLoader {
                             opt_.blocksize, opt_.double_quant);
   }
 
-  MemoryTracker* tracker_;
-  const LoadOptions& opt_;
-  Model& m_;
   std::unique_ptr<SafetensorsSet> st_;
-  bool fused_ = false;  // ArchFamily::fused (phi3)
 };
 
 }  // namespace

@@ -41,10 +41,11 @@ inline void gemma_norm_weights(Buffer& w, int64_t n) {
 
 class FormatLoader {
  public:
+  FormatLoader(MemoryTracker* t, const LoadOptions& o, Model& m) : tracker_(t), opt_(o), m_(m) {}
   virtual ~FormatLoader() = default;
-  // Reads the configuration into the model (Model::cfg) and checks the tensors it can check
-  // from the header; no weight storage.
-  virtual void open(const std::string& path) = 0;
+  // Reads the configuration into the model (Model::cfg: read_config) and checks the tensors it
+  // can check from the header; no weight storage.
+  void open(const std::string& path);
   // The tensors by role, layer l (norm: any l for Final), shapes from Model::shapes.
   virtual void embedding(QWeight& w, bool head) = 0;  // head: the untied output head
   virtual void norm(Buffer& dst, int l, NormRole r, int64_t n) = 0;
@@ -66,6 +67,17 @@ class FormatLoader {
   // rows [r0, r0 + n) in that format.
   virtual QWeight stored_rows(bool head) = 0;
   virtual void stored_row_bytes_of(bool head, int64_t r0, int64_t n, void* out) = 0;
+
+ protected:
+  // The format's part of open().
+  virtual void read_config(const std::string& path) = 0;
+
+  // What every format's loader works with: the tracker its buffers count against, the options,
+  // the model it fills, and its family's ArchFamily::fused (phi3; set by open()).
+  MemoryTracker* tracker_;
+  const LoadOptions& opt_;
+  Model& m_;
+  bool fused_ = false;
 };
 
 std::unique_ptr<FormatLoader> make_gguf_loader(MemoryTracker* t, const LoadOptions& o, Model& m);
