@@ -102,11 +102,12 @@ void tokenize_record(const Record& r, const ChatTemplate& t, TrainOn train_on,
       trained[i] = tr ? 1 : 0;
     }
     if (ok) return;
-    ids.clear();
-    trained.clear();
   }
   // Fallback: segment by segment, so each token belongs to exactly one segment and takes its
-  // flag; scaffolding parses special tokens, content does not.
+  // flag; scaffolding parses special tokens, content does not. Whatever encode_offsets left in
+  // ids (also when it returned false) goes.
+  ids.clear();
+  trained.clear();
   for (const Segment& s : segs) {
     size_t before = ids.size();
     enc.encode(s.text, s.special, before > 0, ids);

@@ -156,6 +156,52 @@ TEST(DataTemplates, UserContentNeverBecomesSpecialTokens) {
   EXPECT_EQ(specials, 2);  // the two turn ends, not the user's text
 }
 
+// An encoder whose whole-text ids do not line up with the text (what TokenizerEncoder reports for
+// a normalizer that rewrites text): encode_offsets fills ids and returns false.
+class UnalignedEncoder final : public TextEncoder {
+ public:
+  explicit UnalignedEncoder(const ByteEncoder& b) : b_(b) {}
+  void encode(std::string_view text, bool parse_special, bool continuation,
+              std::vector<int32_t>& out) const override {
+    b_.encode(text, parse_special, continuation, out);
+  }
+  bool encode_offsets(std::string_view text, std::vector<int32_t>& ids,
+                      std::vector<uint32_t>& starts, std::vector<uint8_t>& special) const override {
+    ids.clear();
+    b_.encode(text, true, false, ids);
+    starts.assign(ids.size(), 0);
+    special.assign(ids.size(), 0);
+    return false;
+  }
+  int32_t vocab_size() const override { return b_.vocab_size(); }
+  int32_t bos_id() const override { return b_.bos_id(); }
+  int32_t eos_id() const override { return b_.eos_id(); }
+  std::string bos_text() const override { return b_.bos_text(); }
+  std::string eos_text() const override { return b_.eos_text(); }
+
+ private:
+  const ByteEncoder& b_;
+};
+
+// When the whole-text offsets are unknown the record is tokenized segment by segment, and only
+// that: bytes tokenize the same whole or in segments, so the ids and the mask equal the
+// ByteEncoder's own (whose offsets line up).
+TEST(DataTemplates, UnknownOffsetsFallBackToSegmentsAlone) {
+  ByteEncoder bytes({"<s>", "</s>", "<|im_start|>", "<|im_end|>"});
+  UnalignedEncoder unaligned(bytes);
+  ChatTemplate t;
+  t.kind = TemplateKind::ChatML;
+  Record r;
+  r.format = DataFormat::Chat;
+  r.messages = {{"user", "hi"}, {"assistant", "ok"}};
+  std::vector<int32_t> want_ids, ids;
+  std::vector<uint8_t> want_trained, trained;
+  tokenize_record(r, t, TrainOn::Completion, bytes, want_ids, want_trained);
+  tokenize_record(r, t, TrainOn::Completion, unaligned, ids, trained);
+  EXPECT_EQ(ids, want_ids);
+  EXPECT_EQ(trained, want_trained);
+}
+
 TEST(DataTemplates, AlternationIsEnforcedLikeTheReference) {
   ChatTemplate t;
   t.bos = "<s>";
