@@ -50,24 +50,27 @@ void zero_at(Backend& be, void* p, size_t bytes) {
     std::memset(p, 0, bytes);
 }
 
-}  // namespace
-
-std::vector<int32_t> moe_routed_experts(const MoeSaved& s) {
-  const MoeRouteLayout rl = moe_route_layout(s.rows, s.n_experts, s.top_k);
-  std::vector<char> h(size_t(rl.pos) * 4);
+// The rows * top_k 4-byte values of the routing's field `field` (moe_route_layout), read back
+// to the host.
+template <class T>
+std::vector<T> route_field(const MoeSaved& s, int64_t MoeRouteLayout::*field) {
+  static_assert(sizeof(T) == 4, "the routing holds 4-byte elements");
+  const int64_t at = moe_route_layout(s.rows, s.n_experts, s.top_k).*field;
+  std::vector<T> v(static_cast<size_t>(s.rows * s.top_k));
+  std::vector<char> h((size_t(at) + v.size()) * 4);
   if (!h.empty()) s.route.copy_to_host(h.data(), h.size());
-  std::vector<int32_t> v(static_cast<size_t>(s.rows * s.top_k));
-  if (!v.empty()) std::memcpy(v.data(), &h[size_t(rl.index) * 4], v.size() * 4);
+  if (!v.empty()) std::memcpy(v.data(), &h[size_t(at) * 4], v.size() * 4);
   return v;
 }
 
+}  // namespace
+
+std::vector<int32_t> moe_routed_experts(const MoeSaved& s) {
+  return route_field<int32_t>(s, &MoeRouteLayout::index);
+}
+
 std::vector<float> moe_routing_weights(const MoeSaved& s) {
-  const MoeRouteLayout rl = moe_route_layout(s.rows, s.n_experts, s.top_k);
-  std::vector<char> h(size_t(rl.g) * 4);
-  if (!h.empty()) s.route.copy_to_host(h.data(), h.size());
-  std::vector<float> v(static_cast<size_t>(s.rows * s.top_k));
-  if (!v.empty()) std::memcpy(v.data(), &h[size_t(rl.weight) * 4], v.size() * 4);
-  return v;
+  return route_field<float>(s, &MoeRouteLayout::weight);
 }
 
 void moe_fwd(Backend& be, const MoeWeights& w, CMatF x, MatF out, MoeSaved& s) {
