@@ -10,11 +10,14 @@
 #include <random>
 
 #include "backend/autocast_backend.h"
+#include "backend/cuda_entry.h"
+#include "backend/cuda_sizes.h"
 #include "config/config_file.h"
 #include "config/run_spec.h"
 #include "core/error.h"
 #include "cuda_test_util.h"
 #include "model/moe.h"
+#include "train/planner.h"
 #include "train/trainer.h"
 #include "unit/test_model_util.h"
 
@@ -302,4 +305,51 @@ TEST(CudaMoe, MixtralTrainingFollowsCpu) {
 TEST(CudaMoe, Qwen3MoeStepFollowsCpu) {
   QLFT_NEED_GPU();
   check_family("qwen3_moe", false);
+}
+
+// The planner's device activations for a Mixtral training step (the runner's tensors and each MoE
+// layer's MoeSaved, in device memory) against the tracker's device activation peak over that
+// step, and the MoE part of them (RunnerFootprint::moe_saved) held on the device.
+TEST(CudaMoe, PlannerCountsSavedStateOnDevice) {
+  QLFT_NEED_GPU();
+  MemoryTracker tr;
+  tr.set_limit_space(MemSpace::Device);  // as qlft_runtime_create does for backend=cuda
+  const std::string name = qlft_test::fixture_path("families/syn_mixtral");
+  auto m = load_model(&tr, name, model_test::keep());
+  model_test::Fixture f(name + ".lora.safetensors");
+  data::Batch b;
+  const auto shp = f.shape("tokens");
+  b.micro_batch = b.rows = static_cast<int>(shp[0]);
+  b.seq_len = static_cast<int>(shp[1]);
+  b.tokens = f.i32("tokens");
+  b.targets = f.i32("targets");
+  for (int32_t t : b.targets) b.trained_tokens += t != -100;
+  Config c;
+  c.set("backend", "cuda");
+  c.set("train.precision", "fp32");
+  c.set("lora.r", "4");
+  c.set("lora.target_modules", "q_proj,k_proj,v_proj,o_proj");
+  c.set("data.seq_len", std::to_string(b.seq_len));
+  c.set("train.micro_batch", std::to_string(b.micro_batch));
+  const RunSpec spec = parse_run_spec(c);
+  const MemoryPlan p = plan_memory(m->cfg, weight_footprint(*m), PlanSettings::from_spec(spec));
+  ASSERT_TRUE(p.device);
+  cuda_empty_cache(&tr);
+  const int A = int(MemCategory::Activations);
+  Trainer t(*m, &tr, nullptr, spec);
+  tr.reset_peaks();
+  StepReport rep;
+  t.step_on({b}, &rep);
+  const MemorySnapshot s = tr.snapshot();
+  const int64_t R = int64_t(b.rows) * b.seq_len;
+  uint64_t moe = 0;
+  for (const LayerShapes& ls : m->shapes.layers)
+    if (ls.moe())
+      moe += moe_saved_bytes(R, ls.norm, ls.expert_ffn, ls.n_experts, ls.top_k, cuda_alloc_round);
+  std::printf("mixtral step: device activations planned %llu, tracker peak %llu (MoE saved %llu)\n",
+              (unsigned long long)p.device_train[A], (unsigned long long)s.device_peak[A],
+              (unsigned long long)moe);
+  EXPECT_GT(moe, 0u);
+  EXPECT_GE(s.device_peak[A], moe) << "the MoE saved state is device memory";
+  EXPECT_EQ(p.device_train[A], s.device_peak[A]);
 }
