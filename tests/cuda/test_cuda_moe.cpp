@@ -3,7 +3,8 @@
 // CPU backend's host defaults too), with host and device-resident index arrays; then the tiny
 // Mixtral and Qwen3-MoE models of tests/reference/gen_family_fixtures.py --moe (the fixtures
 // test_families holds to transformers and PEFT on the CPU): trainer steps with backend=cuda
-// follow backend=cpu (fp32), and a bf16 step's LoRA gradients follow the CPU's bf16 step.
+// follow backend=cpu (fp32), and a bf16 step's LoRA gradients follow the CPU's bf16 step; the
+// planner's device activations (the MoE saved state among them) equal the tracker's.
 #include <gtest/gtest.h>
 
 #include <cmath>
