@@ -59,6 +59,12 @@ void CudaBackend::attention_fwd_to(const AttnShape& s, CMatF q, CMatF k, CMatF v
 
 void CudaBackend::attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out_,
                                 const float* lse, CMatF dout, MatF dq, MatF dk, MatF dv) {
+  attention_bwd_to(s, q, k, v, out_, lse, dout, dq, dk, dv, nullptr);
+}
+
+void CudaBackend::attention_bwd_to(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out_,
+                                   const float* lse, CMatF dout, MatF dq, MatF dk, MatF dv,
+                                   uint16_t* dv16) {
   check_attn(s, q, k, v, "attention_bwd");
   op_checks::attention_bwd_grads(q, k, v, out_, dout, dq.as_const(), dk.as_const(), dv.as_const(),
                                  lse);
@@ -68,10 +74,11 @@ void CudaBackend::attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, C
   const uint16_t *out16 = h16_.out16, *dout16 = h16_.dout16;
   h16_.out16 = h16_.dout16 = nullptr;
   const bool tc = tensor_cores(opt_, s);
+  const bool dv_direct = dv16 && tc && out16;  // the kernel writes dv16 (dv untouched)
   Dev L = in_raw(lse, int64_t(s.n_heads) * rows * 4, "attention lse");
   Dev dQ = inout(dq, Wq, MemCategory::Activations, "attention dq");
   Dev dK = inout(dk, Wk, MemCategory::Activations, "attention dk");
-  Dev dV = inout(dv, Wk, MemCategory::Activations, "attention dv");
+  Dev dV = dv_direct ? Dev{} : inout(dv, Wk, MemCategory::Activations, "attention dv");
   DeviceMemory delta =
       dev(int64_t(s.n_heads) * rows * 4, MemCategory::Workspace, "attention delta");
   cu::AttnArgs a = args(s, Wq, Wk, st);
@@ -82,7 +89,7 @@ void CudaBackend::attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, C
       to_bf16(in(dout, Wq, MemCategory::Activations, "attention dout"), dO16, rows, Wq, stream_);
     cu::attention_tc_bwd16(a, st.Q.as<uint16_t>(), st.K.as<uint16_t>(), st.V.as<uint16_t>(), out16,
                            dO16.as<uint16_t>(), L.as<float>(), dQ.as<float>(), dK.as<float>(),
-                           dV.as<float>(), delta.as<float>(), stream_);
+                           dV.as<float>(), delta.as<float>(), stream_, dv16);
   } else {
     auto widened = [&](const uint16_t* h, const char* what) {
       Dev r = scratch(rows * Wq * 4, what);
@@ -108,6 +115,8 @@ void CudaBackend::attention_bwd(const AttnShape& s, CMatF q, CMatF k, CMatF v, C
   }
   finish(dQ, Wq, dq);
   finish(dK, Wk, dk);
+  if (dv_direct) return;
+  if (dv16) cu::convert_tile(dV.as<float>(), rows, Wk, Wk, dv16, tile_, stream_);
   finish(dV, Wk, dv);
 }
 
@@ -120,12 +129,18 @@ void CudaBackend::attention_bwd_16(const AttnShape& s, CMatF q, CMatF k, CMatF v
       dq16.cols != q.cols || dk16.cols != k.cols || dv16.cols != v.cols)
     return Backend::attention_bwd_16(s, q, k, v, out_, lse, dout, rope, t, dq16, dk16, dv16);
   // Into zeroed fp32 gradients (alloc's; the kernels accumulate; this backend's memory, so used in
-  // place), then dq / dk rotated back by RoPE straight into their bf16 outputs, dv converted.
+  // place), then dq / dk rotated back by RoPE straight into their bf16 outputs; dv written in
+  // bf16 by the tensor-core kernel where it reads the runner's bf16 out (the kernel's fp32 sum
+  // rounded once, as 0 + dv then to_16 give; no fp32 dv), else converted after it.
+  const bool dv_direct = tensor_cores(opt_, s) && h16_.out16;
   Buffer dq = alloc(MemCategory::Workspace, size_t(R * q.cols) * 4, "attention dq"),
-         dk = alloc(MemCategory::Workspace, size_t(R * k.cols) * 4, "attention dk"),
-         dv = alloc(MemCategory::Workspace, size_t(R * v.cols) * 4, "attention dv");
-  attention_bwd(s, q, k, v, out_, lse, dout, MatF(dq.as<float>(), R, q.cols),
-                MatF(dk.as<float>(), R, k.cols), MatF(dv.as<float>(), R, v.cols));
+         dk = alloc(MemCategory::Workspace, size_t(R * k.cols) * 4, "attention dk"), dv;
+  if (!dv_direct) dv = alloc(MemCategory::Workspace, size_t(R * v.cols) * 4, "attention dv");
+  Dev DV16 = out_raw(dv16.data, R * v.cols * 2, MemCategory::Activations, "attention dv (16-bit)");
+  attention_bwd_to(s, q, k, v, out_, lse, dout, MatF(dq.as<float>(), R, q.cols),
+                   MatF(dk.as<float>(), R, k.cols), MatF(dv.as<float>(), R, v.cols),
+                   DV16.as<uint16_t>());
+  finish_raw(DV16, dv16.data, R * v.cols * 2);
   Dev P = in_raw(rope.pos, R * 4, "rope positions");
   const float* inv = inv_freq(*rope.freqs);
   auto back = [&](const Buffer& g, View2<uint16_t> g16, int n_heads) {
@@ -137,9 +152,6 @@ void CudaBackend::attention_bwd_16(const AttnShape& s, CMatF q, CMatF k, CMatF v
   };
   back(dq, dq16, s.n_heads);
   back(dk, dk16, s.n_kv_heads);
-  Dev DV16 = out_raw(dv16.data, R * v.cols * 2, MemCategory::Activations, "attention dv (16-bit)");
-  cu::convert_tile(dv.as<float>(), R, v.cols, v.cols, DV16.data(), tile_, stream_);
-  finish_raw(DV16, dv16.data, R * v.cols * 2);
 }
 
 void CudaBackend::check_attn(const AttnShape& s, CMatF q, CMatF k, CMatF v, const char* op) {

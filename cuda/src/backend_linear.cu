@@ -44,7 +44,7 @@ void CudaBackend::linear_fwd(const QWeight& W, const float* bias, const LoraRef*
     QLFT_CHECK_ARG(!xa16 || x16,
                    "linear_fwd: a 16-bit xa (next_xa_16) needs the 16-bit input (takes_input_16)");
     if (x16) {
-      lora_fwd16(*lora, x16, M, N, K, Y.as<float>(), xa, xa16);
+      lora_fwd16(*lora, x16, M, N, K, Y.data(), TileType::F32, 1.f, xa, xa16);
     } else {
       Dev Ad = lora_operand(in_raw(lora->A, int64_t(r) * K * 4, "lora A"), int64_t(r) * K);
       Dev Bd = lora_operand(in_raw(lora->B, N * r * 4, "lora B"), N * r);
@@ -64,6 +64,57 @@ void CudaBackend::linear_fwd(const QWeight& W, const float* bias, const LoraRef*
     }
   }
   finish(Y, N, y);
+}
+
+// y16 = round(x W^T + round(scale * xa B^T)): the LoRA GEMM writes its term in bf16, then each
+// weight panel's GEMM adds x W^T into its columns reading it (beta 1, C = D in bf16; cuBLASLt's C
+// and D share one type, so an fp32 sum finished by the last GEMM could not be written in bf16).
+// One rounding of the sum besides the LoRA term's own (PEFT under autocast rounds both terms
+// and their sum), and no conversion kernel after the GEMMs.
+void CudaBackend::linear_fwd_to_16(const QWeight& W, const float* bias, const LoraRef* lora,
+                                   CMatF x, MatF y, float* xa, DType t, uint16_t* y16) {
+  const int64_t M = x.rows, K = W.cols, N = W.rows;
+  const bool lora_on = lora && lora->r > 0;
+  if (!takes_input_16(t) || bias || (lora_on && lora->dropout_p != 0.f) || M == 0)
+    return Backend::linear_fwd_to_16(W, bias, lora, x, y, xa, t, y16);
+  op_checks::linear(W, x, y.as_const(), "linear_fwd_to_16");
+  if (lora_on) op_checks::lora(*lora);
+  const uint16_t* x16 = shared_x16(x);
+  Dev X16;  // x converted once where the runner handed no 16-bit copy over
+  if (!x16) {
+    X16 = scratch(M * K * 2, "linear input (16-bit)");
+    cu::convert_tile(in(x, K, MemCategory::Activations, "linear input").as<float>(), M, K, K,
+                     X16.data(), tile_, stream_);
+    x16 = X16.as<uint16_t>();
+  }
+  uint16_t* xa16 = h16_.xa16;  // the runner's bf16 xa (next_xa_16), taken by this call
+  h16_.xa16 = nullptr;
+  Dev Y16 = out_raw(y16, M * N * 2, MemCategory::Activations, "linear output (16-bit)");
+  if (lora_on) lora_fwd16(*lora, x16, M, N, K, Y16.data(), tile_, 0.f, xa, xa16);
+  const cu::DevWeight& dw = resident(W);
+  const int64_t P = std::min(panel_rows(K), std::max<int64_t>(N, 1));
+  DeviceMemory T = dev(P * K * 2, MemCategory::Workspace, "weight panel");
+  const float beta = lora_on ? 1.f : 0.f;
+  for (int64_t p0 = 0; p0 < N; p0 += P) {
+    const int64_t n = std::min(P, N - p0);
+    if (K > 0) cu::dequant_rows(dw, nullptr, p0, n, T.data(), tile_, stream_);
+    gemm_->run(M, n, K, 1.f, {x16, tile_, K, false}, {T.data(), tile_, K, true}, beta,
+               Y16.as<uint16_t>() + p0, tile_, N);
+  }
+  finish_raw(Y16, y16, M * N * 2);
+}
+
+bool CudaBackend::next_dx_16(DType t, uint16_t* dx16, const QWeight& W, const LoraRef* lora) {
+  h16_.dx16 = nullptr;
+  h16_.dx_w = nullptr;
+  // Within one panel the base dx GEMM is the whole contraction, so it can finish the sum in
+  // bf16; over several, each would round a partial sum (they keep fp32 and convert).
+  const bool one_panel = W.rows <= panel_rows(W.cols);
+  const bool lora_ok = !lora || lora->r == 0 || (round_lora_bf16() && lora->dropout_p == 0.f);
+  if (!takes_input_16(t) || !dx16 || !one_panel || !lora_ok) return false;
+  h16_.dx16 = dx16;
+  h16_.dx_w = &W;
+  return true;
 }
 
 void CudaBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, const float* xa,
@@ -86,6 +137,13 @@ void CudaBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, con
   const bool lora16 = has_lora && round_lora_bf16() && lora->dropout_p == 0.f;
   const uint16_t* xa16 = h16_.xa16;  // the runner's bf16 xa (next_xa_16), taken by this call
   h16_.xa16 = nullptr;
+  // dx in bf16 (next_dx_16, taken by this call): dx itself is neither read nor written.
+  uint16_t* dx16 = h16_.dx16;
+  const QWeight* dx_w = h16_.dx_w;
+  h16_.dx16 = nullptr;
+  h16_.dx_w = nullptr;
+  QLFT_CHECK_ARG(!dx16 || (dx_w == &W && want_dx && (!has_lora || lora16)),
+                 "linear_bwd: the 16-bit dx (next_dx_16) was asked for another call");
   QLFT_CHECK_ARG(!xa16 || lora16,
                  "linear_bwd: a 16-bit xa (next_xa_16) needs the bf16 LoRA path (no dropout)");
   // dy's fp32 (rounded) values only for fp32 GEMMs: the fp32 mode's, or the fp32 LoRA path's.
@@ -102,6 +160,18 @@ void CudaBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, con
     dYh = dev(M * N * 2, MemCategory::Workspace, "linear_bwd dy (16-bit)");
     cu::convert_tile(src.as<float>(), M, N, N, dYh.data(), tile_, stream_);
     dyp = dYh.data();
+  }
+  if (dx16) {  // dx16 = round(dy W + round(scale * g A)): the LoRA term first, then W's one panel
+    Dev DX16 = out_raw(dx16, M * K * 2, MemCategory::Activations, "linear_bwd dx (16-bit)");
+    if (lora16)
+      lora_bwd16(*lora, x, x16, xa, xa16, dyp, ldy, M, N, K, DX16.data(), tile_, 0.f, dA, dB);
+    DeviceMemory T =
+        dev(std::max<int64_t>(N, 1) * K * 2, MemCategory::Workspace, "linear_bwd weight panel");
+    if (N > 0) cu::dequant_rows(resident(W), nullptr, 0, N, T.data(), tile_, stream_);
+    gemm_->run(M, K, N, 1.f, {dyp, tile_, ldy, false}, {T.data(), tile_, K, false},
+               lora16 ? 1.f : 0.f, DX16.data(), tile_, K);
+    finish_raw(DX16, dx16, M * K * 2);
+    return;
   }
   Dev DX;
   if (want_dx) {
@@ -121,8 +191,8 @@ void CudaBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, con
     }
   }
   if (lora16) {
-    lora_bwd16(*lora, x, x16, xa, xa16, dyp, ldy, M, N, K, want_dx ? DX.as<float>() : nullptr, dA,
-               dB);
+    lora_bwd16(*lora, x, x16, xa, xa16, dyp, ldy, M, N, K, want_dx ? DX.data() : nullptr,
+               TileType::F32, 1.f, dA, dB);
   } else if (has_lora) {
     const LoraRef& l = *lora;
     const int r = l.r;
@@ -184,7 +254,8 @@ void CudaBackend::linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, con
 
 void CudaBackend::lora_bwd16(const LoraRef& l, CMatF x, const uint16_t* x16, const float* xa,
                              const uint16_t* xa16, const void* dyb, int64_t ldy, int64_t M,
-                             int64_t N, int64_t K, float* DX, float* dA, float* dB) {
+                             int64_t N, int64_t K, void* DX, TileType dxt, float dx_beta, float* dA,
+                             float* dB) {
   const int r = l.r;
   Dev A16 = lora_factor16(l.A16, l.A, int64_t(r) * K, "lora A (16-bit)");
   Dev B16 = lora_factor16(l.B16, l.B, N * r, "lora B (16-bit)");
@@ -226,14 +297,14 @@ void CudaBackend::lora_bwd16(const LoraRef& l, CMatF x, const uint16_t* x16, con
                dAd.as<float>(), K);
     finish_raw(dAd, dA, int64_t(r) * K * 4);
   }
-  // dx += scale * g A
+  // dx = dx_beta * dx + scale * g A
   if (DX)
-    gemm_->run(M, K, r, l.scale, {G16.data(), tile_, r, false}, {A16.data(), tile_, K, false}, 1.f,
-               DX, K);
+    gemm_->run(M, K, r, l.scale, {G16.data(), tile_, r, false}, {A16.data(), tile_, K, false},
+               dx_beta, DX, dxt, K);
 }
 
 void CudaBackend::lora_fwd16(const LoraRef& l, const uint16_t* x16, int64_t M, int64_t N, int64_t K,
-                             float* Y, float* xa, uint16_t* xa16) {
+                             void* Y, TileType yt, float beta, float* xa, uint16_t* xa16) {
   const int r = l.r;
   Dev A16 = lora_factor16(l.A16, l.A, int64_t(r) * K, "lora A (16-bit)");
   Dev B16 = lora_factor16(l.B16, l.B, N * r, "lora B (16-bit)");
@@ -256,9 +327,9 @@ void CudaBackend::lora_fwd16(const LoraRef& l, const uint16_t* x16, int64_t M, i
     gemm_->run(M, r, K, 1.f, {x16, tile_, K, false}, {A16.data(), tile_, K, true}, 0.f, XA16.data(),
                tile_, r);
   }
-  // y += scale * xa B^T
-  gemm_->run(M, N, r, l.scale, {XA16.data(), tile_, r, false}, {B16.data(), tile_, r, true}, 1.f, Y,
-             N);
+  // y = beta * y + scale * xa B^T
+  gemm_->run(M, N, r, l.scale, {XA16.data(), tile_, r, false}, {B16.data(), tile_, r, true}, beta,
+             Y, yt, N);
 }
 
 Dev CudaBackend::lora_factor16(const uint16_t* p16, const float* p, int64_t n, const char* what) {

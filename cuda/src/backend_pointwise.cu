@@ -35,6 +35,26 @@ void CudaBackend::rmsnorm_bwd(CMatF x, const float* w, const float* rstd, CMatF 
   finish(DX, C, dx);
 }
 
+void CudaBackend::rmsnorm_bwd_16(CMatF x, const float* w, const float* rstd, CMatF dy, MatF dx,
+                                 DType t, uint16_t* dx16) {
+  const int64_t M = x.rows, C = x.cols;
+  if (!takes_input_16(t) || dx.stride != C || M == 0)
+    return Backend::rmsnorm_bwd_16(x, w, rstd, dy, dx, t, dx16);
+  op_checks::same_shape(x, dy, "rmsnorm_bwd_16", "x", "dy");
+  op_checks::same_shape(x, dx.as_const(), "rmsnorm_bwd_16", "x", "dx");
+  op_checks::rstd_given(rstd);
+  Dev X = in(x, C, MemCategory::Activations, "rmsnorm x");
+  Dev dY = in(dy, C, MemCategory::Activations, "rmsnorm dy");
+  Dev DX = inout(dx, C, MemCategory::Activations, "rmsnorm dx");
+  Dev DX16 = out_raw(dx16, M * C * 2, MemCategory::Activations, "rmsnorm dx (16-bit)");
+  Dev Wd = in_raw(w, C * 4, "rmsnorm weight");
+  Dev R = in_raw(rstd, M * 4, "rmsnorm rstd");
+  cu::rmsnorm_bwd16(X.as<float>(), Wd.as<float>(), R.as<float>(), dY.as<float>(), DX.as<float>(),
+                    DX16.as<uint16_t>(), M, C, stream_);
+  finish(DX, C, dx);
+  finish_raw(DX16, dx16, M * C * 2);
+}
+
 void CudaBackend::rope(MatF x, const int32_t* pos, int n_heads, int head_dim,
                        const RopeFreqs& freqs, bool adjacent, bool inverse) {
   op_checks::rope(x.cols, n_heads, head_dim, freqs);

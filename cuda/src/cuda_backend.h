@@ -214,6 +214,13 @@ class CudaBackend final : public Backend {
                   float* xa) override;
   void linear_bwd(const QWeight& W, const LoraRef* lora, CMatF x, const float* xa, CMatF dy,
                   MatF dx, float* dA, float* dB) override;
+  // The GEMMs write y16 themselves (takes_input_16's type, no bias or dropout; else Backend's
+  // default): the LoRA term first, then each weight panel's GEMM adds x W^T reading it.
+  void linear_fwd_to_16(const QWeight& W, const float* bias, const LoraRef* lora, CMatF x, MatF y,
+                        float* xa, DType t, uint16_t* y16) override;
+  // Taken where W's dx GEMM is one panel and LoRA (if any) runs on bf16 operands: the LoRA dx
+  // GEMM writes dx16, the base GEMM adds dy W reading it.
+  bool next_dx_16(DType t, uint16_t* dx16, const QWeight& W, const LoraRef* lora) override;
 
   // ---- the runner's 16-bit operands (Backend's 16-bit protocol; backend_linear.cu and
   // backend_attention.cu read them) --------------------------------------------------------------
@@ -249,6 +256,9 @@ class CudaBackend final : public Backend {
   // ---- pointwise (backend_pointwise.cu) ---------------------------------------------------------
   void rmsnorm_fwd(CMatF x, const float* w, float eps, MatF y, float* rstd) override;
   void rmsnorm_bwd(CMatF x, const float* w, const float* rstd, CMatF dy, MatF dx) override;
+  // dx16 written by the same kernel (takes_input_16's type; any other: Backend's default).
+  void rmsnorm_bwd_16(CMatF x, const float* w, const float* rstd, CMatF dy, MatF dx, DType t,
+                      uint16_t* dx16) override;
   void rope(MatF x, const int32_t* pos, int n_heads, int head_dim, const RopeFreqs& freqs,
             bool adjacent, bool inverse) override;
   void swiglu_fwd(CMatF gate, CMatF up, MatF out_) override;
@@ -273,7 +283,8 @@ class CudaBackend final : public Backend {
   // The tensor-core kernel writes out16 itself (tensor_cores: else Backend's default).
   void attention_fwd_to_16(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out_, float* lse,
                            DType t, uint16_t* out16) override;
-  // dq / dk rotated back straight into bf16 (k_rope16), dv converted.
+  // dq / dk rotated back straight into bf16 (k_rope16), dv written in bf16 by the tensor-core
+  // kernel (converted on the fp32 kernels' path).
   void attention_bwd_16(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out_, const float* lse,
                         CMatF dout, const RopeArgs& rope, DType t, View2<uint16_t> dq16,
                         View2<uint16_t> dk16, View2<uint16_t> dv16) override;
@@ -395,14 +406,16 @@ class CudaBackend final : public Backend {
   // linear_bwd's LoRA part on bf16 operands (fp32 accumulation): dyb the 16-bit dy (row stride
   // ldy), x16 the 16-bit x or null (then x is converted).
   // xa16: the runner's bf16 xa (next_xa_16) or null (then xa's fp32 values, else made again).
+  // DX: dx (type dxt, fp32 or the tile type) += scale * g A, or = where dx_beta is 0; null: none.
   void lora_bwd16(const LoraRef& l, CMatF x, const uint16_t* x16, const float* xa,
                   const uint16_t* xa16, const void* dyb, int64_t ldy, int64_t M, int64_t N,
-                  int64_t K, float* DX, float* dA, float* dB);
+                  int64_t K, void* DX, TileType dxt, float dx_beta, float* dA, float* dB);
   // linear_fwd's LoRA part on the 16-bit input x16 (bf16 operands, fp32 accumulation): Y +=
   // scale * (x16 A^T) B^T, the intermediate written in bf16 by its GEMM into xa16 (the runner's,
   // next_xa_16) or scratch; xa (fp32, not null) also written where the caller keeps it.
-  void lora_fwd16(const LoraRef& l, const uint16_t* x16, int64_t M, int64_t N, int64_t K, float* Y,
-                  float* xa, uint16_t* xa16);
+  // Y of type yt (fp32 or the tile type): Y = beta * Y + scale * (x16 A^T) B^T.
+  void lora_fwd16(const LoraRef& l, const uint16_t* x16, int64_t M, int64_t N, int64_t K, void* Y,
+                  TileType yt, float beta, float* xa, uint16_t* xa16);
   // A LoRA factor's bf16 operand: its copy p16 (LoraRef::A16 / B16) where that lives in this
   // backend's memory, else p's n values converted.
   Dev lora_factor16(const uint16_t* p16, const float* p, int64_t n, const char* what);
@@ -421,6 +434,10 @@ class CudaBackend final : public Backend {
   // attention_fwd, with out16 (not null) also written by the tensor-core kernel.
   void attention_fwd_to(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out_, float* lse,
                         uint16_t* out16);
+  // attention_bwd, with dv16 (not null) written instead of adding into dv where the tensor-core
+  // kernel reads the runner's bf16 out (dv then not read or written); converted otherwise.
+  void attention_bwd_to(const AttnShape& s, CMatF q, CMatF k, CMatF v, CMatF out_, const float* lse,
+                        CMatF dout, MatF dq, MatF dk, MatF dv, uint16_t* dv16);
   AttnStage stage_attn(const AttnShape& s, CMatF q, CMatF k, CMatF v);
   // AttnArgs::first for s.doc_ids (doc: their device copy): made by cu::doc_first once per
   // batch, i.e. again only when doc_ids or its bytes changed (BackendMemory::version; host ids
@@ -440,6 +457,8 @@ class CudaBackend final : public Backend {
     const uint16_t* x16 = nullptr;
     View2<uint16_t> dy16;      // the next linear_bwd's dy (taken by it)
     uint16_t* xa16 = nullptr;  // the next LoRA linear_fwd / linear_bwd's xa (taken by it)
+    uint16_t* dx16 = nullptr;  // the next linear_bwd's dx in bf16 (next_dx_16), of weight dx_w
+    const QWeight* dx_w = nullptr;
     const uint16_t *q16 = nullptr, *k16 = nullptr, *v16 = nullptr;  // the next attention's
     const uint16_t *out16 = nullptr, *dout16 = nullptr;             // the next backward's
   } h16_;

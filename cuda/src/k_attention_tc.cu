@@ -282,12 +282,29 @@ __device__ void add_out(const FragC (&f)[D / 16], float* buf, float* dst, int64_
   }
 }
 
-// dK, dV: block (key tile, kv head, batch element); warp w owns keys k0 + 16w .. + 15.
+// add_out's tile written rounded to bf16 into dst16 instead (overwritten: the value 0 + sum
+// rounds to).
+template <int D>
+__device__ void store_out16(const FragC (&f)[D / 16], float* buf, uint16_t* dst16, int64_t ld,
+                            int64_t base, int row0, int seq, int64_t col) {
+  constexpr int LO = D + 4;
+#pragma unroll
+  for (int dn = 0; dn < D / 16; ++dn)
+    wmma::store_matrix_sync(buf + 16 * dn, f[dn], LO, wmma::mem_row_major);
+  __syncwarp();
+  for (int idx = threadIdx.x & 31; idx < 16 * D; idx += 32) {
+    const int r = idx / D, d = idx - r * D;
+    if (row0 + r < seq) dst16[(base + row0 + r) * ld + col + d] = f32_to_bf16(buf[r * LO + d]);
+  }
+}
+
+// dK, dV: block (key tile, kv head, batch element); warp w owns keys k0 + 16w .. + 15. dv16 not
+// null: dV written in bf16 there (dv not touched).
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     k_attn_tc_bwd_kv(AttnArgs a, const uint16_t* q, const uint16_t* k, const uint16_t* v,
                      const uint16_t* dout, const float* lse, const float* delta, float* dk,
-                     float* dv) {
+                     float* dv, uint16_t* dv16) {
   using L = Smem<D>;
   constexpr int LD = L::LD;
   QLFT_DYNAMIC_SHARED(SmemLine, tc_smem);
@@ -357,7 +374,10 @@ __global__ void __launch_bounds__(kThreads)
   }
   if (!live) return;
   // This block alone owns these keys of KV head kh: plain read-modify-write.
-  add_out<D>(dV, reinterpret_cast<float*>(w), dv, a.ldv, base, j0, a.seq, int64_t(kh) * D, 1.f);
+  if (dv16)
+    store_out16<D>(dV, reinterpret_cast<float*>(w), dv16, a.ldv, base, j0, a.seq, int64_t(kh) * D);
+  else
+    add_out<D>(dV, reinterpret_cast<float*>(w), dv, a.ldv, base, j0, a.seq, int64_t(kh) * D, 1.f);
   add_out<D>(dK, reinterpret_cast<float*>(w + L::b_out), dk, a.ldk, base, j0, a.seq,
              int64_t(kh) * D, scale);
 }
@@ -443,14 +463,15 @@ void fwd_d(const AttnArgs& a, const uint16_t* q, const uint16_t* k, const uint16
 template <int D>
 void bwd_d(const AttnArgs& a, const uint16_t* q, const uint16_t* k, const uint16_t* v,
            const uint16_t* dout16, const float* lse, const float* delta, float* dq, float* dk,
-           float* dv, cudaStream_t s) {
+           float* dv, uint16_t* dv16, cudaStream_t s) {
   constexpr size_t smem = Smem<D>::bwd;
   QLFT_CUDA_CHECK(cudaFuncSetAttribute(k_attn_tc_bwd_kv<D>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   QLFT_CUDA_CHECK(cudaFuncSetAttribute(k_attn_tc_bwd_q<D>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   dim3 kv_grid((a.seq + kRows - 1) / kRows, a.n_kv_heads, a.batch);
-  launch(k_attn_tc_bwd_kv<D>, kv_grid, kThreads, smem, s, a, q, k, v, dout16, lse, delta, dk, dv);
+  launch(k_attn_tc_bwd_kv<D>, kv_grid, kThreads, smem, s, a, q, k, v, dout16, lse, delta, dk, dv,
+         dv16);
   dim3 q_grid((a.seq + kRows - 1) / kRows, a.n_heads, a.batch);
   launch(k_attn_tc_bwd_q<D>, q_grid, kThreads, smem, s, a, q, k, v, dout16, lse, delta, dq);
 }
@@ -466,16 +487,16 @@ void check_tc(const AttnArgs& a) {
 // The backward's two kernels for a.head_dim.
 void bwd_dispatch(const AttnArgs& a, const uint16_t* q, const uint16_t* k, const uint16_t* v,
                   const uint16_t* dout16, const float* lse, const float* delta, float* dq,
-                  float* dk, float* dv, cudaStream_t s) {
+                  float* dk, float* dv, uint16_t* dv16, cudaStream_t s) {
   switch (a.head_dim) {
     case 64:
-      return bwd_d<64>(a, q, k, v, dout16, lse, delta, dq, dk, dv, s);
+      return bwd_d<64>(a, q, k, v, dout16, lse, delta, dq, dk, dv, dv16, s);
     case 80:
-      return bwd_d<80>(a, q, k, v, dout16, lse, delta, dq, dk, dv, s);
+      return bwd_d<80>(a, q, k, v, dout16, lse, delta, dq, dk, dv, dv16, s);
     case 96:
-      return bwd_d<96>(a, q, k, v, dout16, lse, delta, dq, dk, dv, s);
+      return bwd_d<96>(a, q, k, v, dout16, lse, delta, dq, dk, dv, dv16, s);
     default:
-      return bwd_d<128>(a, q, k, v, dout16, lse, delta, dq, dk, dv, s);
+      return bwd_d<128>(a, q, k, v, dout16, lse, delta, dq, dk, dv, dv16, s);
   }
 }
 
@@ -505,15 +526,15 @@ void attention_tc_bwd(const AttnArgs& a, const uint16_t* q, const uint16_t* k, c
                       float* dq, float* dk, float* dv, float* delta, cudaStream_t s) {
   check_tc(a);
   attention_delta(a, out, dout, delta, s);
-  bwd_dispatch(a, q, k, v, dout16, lse, delta, dq, dk, dv, s);
+  bwd_dispatch(a, q, k, v, dout16, lse, delta, dq, dk, dv, nullptr, s);
 }
 
 void attention_tc_bwd16(const AttnArgs& a, const uint16_t* q, const uint16_t* k, const uint16_t* v,
                         const uint16_t* out16, const uint16_t* dout16, const float* lse, float* dq,
-                        float* dk, float* dv, float* delta, cudaStream_t s) {
+                        float* dk, float* dv, float* delta, cudaStream_t s, uint16_t* dv16) {
   check_tc(a);
   attention_delta16(a, out16, dout16, delta, s);
-  bwd_dispatch(a, q, k, v, dout16, lse, delta, dq, dk, dv, s);
+  bwd_dispatch(a, q, k, v, dout16, lse, delta, dq, dk, dv, dv16, s);
 }
 
 }  // namespace qlft::cu

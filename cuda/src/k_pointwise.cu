@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(256)
 
 __global__ void __launch_bounds__(256)
     k_rmsnorm_bwd(const float* x, const float* w, const float* rstd, const float* dy, float* dx,
-                  int64_t cols) {
+                  uint16_t* dx16, int64_t cols) {
   __shared__ double red[32];
   const int64_t off = blockIdx.x * cols;
   const float r = rstd[blockIdx.x];
@@ -49,8 +49,11 @@ __global__ void __launch_bounds__(256)
     dot += double(dy[off + c]) * w[c] * x[off + c];
   dot = block_sum(dot, red);
   const float coef = rmsnorm_bwd_coef(dot, long(cols), r);
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
-    dx[off + c] += rmsnorm_bwd_elem(x[off + c], w[c], dy[off + c], r, coef);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float v = dx[off + c] + rmsnorm_bwd_elem(x[off + c], w[c], dy[off + c], r, coef);
+    dx[off + c] = v;
+    if (dx16) dx16[off + c] = f32_to_bf16(v);  // the next GEMM's dy (rmsnorm_bwd16)
+  }
 }
 
 // Element t of the RoPE kernels' (row, pair, head) walk: its row, the offset of its head in the
@@ -199,10 +202,15 @@ void swiglu_bwd16(const uint16_t* g16, const uint16_t* u16, const float* dout, i
 
 void rmsnorm_bwd(const float* x, const float* w, const float* rstd, const float* dy, float* dx,
                  int64_t rows, int64_t cols, cudaStream_t s) {
+  rmsnorm_bwd16(x, w, rstd, dy, dx, nullptr, rows, cols, s);
+}
+
+void rmsnorm_bwd16(const float* x, const float* w, const float* rstd, const float* dy, float* dx,
+                   uint16_t* dx16, int64_t rows, int64_t cols, cudaStream_t s) {
   for (int64_t r0 = 0; r0 < rows; r0 += 65535) {
     const int64_t n = rows - r0 < 65535 ? rows - r0 : 65535;
     launch(k_rmsnorm_bwd, dim3(unsigned(n)), kRowThreads, 0, s, x + r0 * cols, w, rstd + r0,
-           dy + r0 * cols, dx + r0 * cols, cols);
+           dy + r0 * cols, dx + r0 * cols, dx16 ? dx16 + r0 * cols : nullptr, cols);
   }
 }
 

@@ -72,6 +72,9 @@ void rope(float* x, int64_t ld, const int32_t* pos, const float* inv_freq, float
 // and its backward from them and fp32 dout to bf16 dgate / dup (row strides ldd, ld16).
 void rmsnorm_fwd16(float* x, const float* res, const float* w, float eps, float* y, uint16_t* y16,
                    float* rstd, int64_t rows, int64_t cols, cudaStream_t s);
+// rmsnorm_bwd with dx's updated values also written rounded to bf16 into dx16 (dense).
+void rmsnorm_bwd16(const float* x, const float* w, const float* rstd, const float* dy, float* dx,
+                   uint16_t* dx16, int64_t rows, int64_t cols, cudaStream_t s);
 void rope16(const float* x, int64_t ld, uint16_t* x16, int64_t ld16, const int32_t* pos,
             const float* inv_freq, float scale, int64_t rows, int n_heads, int head_dim,
             bool adjacent, bool inverse, cudaStream_t s);
@@ -141,10 +144,12 @@ void attention_tc_fwd(const AttnArgs& a, const uint16_t* q, const uint16_t* k, c
 void attention_tc_bwd(const AttnArgs& a, const uint16_t* q, const uint16_t* k, const uint16_t* v,
                       const float* out, const float* dout, const uint16_t* dout16, const float* lse,
                       float* dq, float* dk, float* dv, float* delta, cudaStream_t s);
-// The same with out given in bf16 (out16) and delta taken from out16 and dout16.
+// The same with out given in bf16 (out16) and delta taken from out16 and dout16; dv16 not null:
+// dv written rounded to bf16 there (ld a.ldv, overwritten) instead of added into dv.
 void attention_tc_bwd16(const AttnArgs& a, const uint16_t* q, const uint16_t* k, const uint16_t* v,
                         const uint16_t* out16, const uint16_t* dout16, const float* lse, float* dq,
-                        float* dk, float* dv, float* delta, cudaStream_t s);
+                        float* dk, float* dv, float* delta, cudaStream_t s,
+                        uint16_t* dv16 = nullptr);
 
 // ---- k_decode.cu -----------------------------------------------------------------------------
 // pos[i] = start + i for i < n.

@@ -121,6 +121,13 @@ void Backend::linear_fwd_to_16(const QWeight& W, const float* bias, const LoraRe
   to_16(t, y.data, y16, y.rows * y.cols);
 }
 
+void Backend::rmsnorm_bwd_16(CMatF x, const float* w, const float* rstd, CMatF dy, MatF dx, DType t,
+                             uint16_t* dx16) {
+  QLFT_CHECK_ARG(dx.stride == dx.cols, "rmsnorm_bwd_16: dx must be dense");
+  rmsnorm_bwd(x, w, rstd, dy, dx);
+  to_16(t, dx.data, dx16, dx.rows * dx.cols);
+}
+
 void Backend::attention_fwd_to_16(const AttnShape& s, CMatF q, CMatF k, CMatF v, MatF out,
                                   float* lse, DType t, uint16_t* out16) {
   QLFT_CHECK_ARG(out.stride == out.cols, "attention_fwd_to_16: out must be dense");

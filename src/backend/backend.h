@@ -304,6 +304,11 @@ class Backend {
   virtual void rmsnorm_fwd(CMatF x, const float* w, float eps, MatF y, float* rstd) = 0;
   // dx += d/dx of the above (w frozen). rstd from the forward pass.
   virtual void rmsnorm_bwd(CMatF x, const float* w, const float* rstd, CMatF dy, MatF dx) = 0;
+  // rmsnorm_bwd, and dx16 = dx's updated values rounded to t ([rows, cols] dense): the residual
+  // gradient in 16 bits for the linear_bwd that takes it as its dy next (next_dy_16), written by
+  // the norm's own pass where the backend fuses them. The default: rmsnorm_bwd, then to_16.
+  virtual void rmsnorm_bwd_16(CMatF x, const float* w, const float* rstd, CMatF dy, MatF dx,
+                              DType t, uint16_t* dx16);
 
   // Rotates x ([rows, n_heads * head_dim]) in place at positions pos[row]. adjacent = true
   // pairs (2i, 2i+1) (GGUF llama order), false pairs (i, i + head_dim/2) (HF rotate-half).

@@ -42,6 +42,10 @@ class CudaWorkspace final : public WorkspaceModel {
   uint64_t fixed() const override { return dr(int64_t(kCudaLtWorkspaceBytes)); }
 
   uint64_t linear_fwd(int64_t N, int64_t K, int64_t M, bool lora, bool) const override {
+    // bf16 without dropout: x's bf16 copy where the runner hands none over (a checkpointed
+    // layer's recompute), then the weight panel, or the LoRA's bf16 xa (linear_fwd_to_16 runs it
+    // first, linear_fwd after the panel): no fp32 copy.
+    if (lora16()) return dr(M * K * 2) + std::max(panel(N, K), lora ? dr(M * r_ * 2) : 0);
     const uint64_t x = low_ ? dr(M * K * 4) : 0;  // autocast copy of x, held throughout
     const uint64_t base = (low_ ? dr(M * K * 2) : 0) + panel(N, K);
     const uint64_t lo = lora && dropout_ ? dr(M * K * 4) : 0;
@@ -49,6 +53,12 @@ class CudaWorkspace final : public WorkspaceModel {
   }
 
   uint64_t linear_bwd(int64_t N, int64_t K, int64_t M, bool lora, bool) const override {
+    // bf16 without dropout: dy's bf16 copy where the runner hands none over (held throughout);
+    // the weight panel, then (or before it, for a bf16 dx: next_dx_16) LoRA's bf16 dy B, x's
+    // bf16 copy and xa's.
+    if (lora16())
+      return dr(M * N * 2) +
+             std::max(panel(N, K), lora ? 2 * dr(M * r_ * 2) + dr(M * K * 2) : uint64_t(0));
     const uint64_t dy = low_ ? dr(M * N * 4) : 0;  // autocast copy of dy, held throughout
     const uint64_t base = (low_ ? dr(M * N * 2) : 0) + panel(N, K);
     uint64_t lo = 0;
@@ -67,9 +77,22 @@ class CudaWorkspace final : public WorkspaceModel {
     return stage(c, R) + dr(R * 4);  // + the document-start table
   }
 
+  // (A checkpointed layer's: dout's autocast copy, and its bf16 copy for the tensor cores.)
   uint64_t attention_bwd(const ModelShapes& c, int64_t B, int64_t T) const override {
     const int64_t R = B * T, qd = c.q_dim();
-    return stage(c, R) + dr(R * 4) + (low_ ? dr(R * qd * 4) : 0) + dr(int64_t(c.n_heads) * R * 4);
+    return stage(c, R) + dr(R * 4) + (low_ ? dr(R * qd * 4) : 0) +
+           (tensor_cores(c) ? dr(R * qd * 2) : 0) + dr(int64_t(c.n_heads) * R * 4);
+  }
+
+  // attention_bwd_16 on the tensor cores: the stored bf16 q / k / v / out read in place, fp32
+  // dq and dk (dv written in bf16 by the kernel), the delta; dout's bf16 copy unless the o
+  // projection's dx GEMM wrote it (next_dx_16: its weight in one panel).
+  uint64_t attention_bwd_stored(const ModelShapes& c, int64_t B, int64_t T) const override {
+    if (!lora16() || !tensor_cores(c)) return attention_bwd(c, B, T);
+    const int64_t R = B * T, qd = c.q_dim(), kvd = c.kv_dim();
+    const bool dout16 = c.dim <= panel_rows(qd);
+    return dr(R * qd * 4) + dr(R * kvd * 4) + dr(R * 4) + dr(int64_t(c.n_heads) * R * 4) +
+           (dout16 ? 0 : dr(R * qd * 2));
   }
 
   uint64_t cross_entropy(const ModelShapes& c, int64_t M) const override {
@@ -96,12 +119,20 @@ class CudaWorkspace final : public WorkspaceModel {
   uint64_t panel(int64_t N, int64_t K) const {
     return dr(std::min(panel_rows(K), std::max<int64_t>(N, 1)) * K * eb_);
   }
-  // Attention's q, k, v as it reads them: autocast copies under bf16/fp16.
+  // Attention's q, k, v as it reads them: autocast copies under bf16/fp16, bf16 ones for the
+  // tensor cores (none where the runner hands its stored copies over).
   uint64_t stage(const ModelShapes& c, int64_t R) const {
     if (!low_) return 0;
-    const int64_t qd = c.q_dim(), kvd = c.kv_dim();
-    return dr(R * qd * 4) + 2 * dr(R * kvd * 4);
+    const int64_t qd = c.q_dim(), kvd = c.kv_dim(), eb = tensor_cores(c) ? 2 : 4;
+    return dr(R * qd * eb) + 2 * dr(R * kvd * eb);
   }
+  // bf16 with autocast on a head_dim the tensor-core kernels take (cuda_attention_tensor_cores).
+  bool tensor_cores(const ModelShapes& c) const {
+    const int d = c.head_dim;
+    return bf16_ && (d == 64 || d == 80 || d == 96 || d == 128);
+  }
+  // LoRA and the base GEMMs on bf16 operands with the runner's 16-bit copies (no dropout).
+  bool lora16() const { return bf16_ && !dropout_; }
 
   bool low_;    // bf16/fp16: 16-bit GEMM tiles and autocast copies
   bool bf16_;   // bf16: the runner hands 16-bit operands (CudaBackend::takes_input_16)

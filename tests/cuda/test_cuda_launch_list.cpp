@@ -11,7 +11,9 @@
 // History of the same step: 439 launches, 255 of them conversions (k_round16 147, k_convert 76,
 // k_widen 32) before the CUDA backend took the runner's 16-bit operands; 325 / 143 before LoRA
 // ran in bf16 (bf16 copies of A / B written by the optimizer, xa and dy B written in bf16 by
-// their GEMMs, xa stored as written).
+// their GEMMs, xa stored as written); 195 / 14 (the head's gone) before the GEMMs wrote the
+// bf16 outputs their consumers read (gate / up, the o projection's dx) and the attention
+// backward wrote dv in bf16.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -142,15 +144,24 @@ TEST(CudaLaunchList, Bf16StepListsItsConversionKernels) {
   // The conversions left, by kernel (TileType 1 = bf16), with the producer and consumer each
   // sits between (per step of these 2 layers). LoRA makes none: the optimizer writes A / B's
   // bf16 copy beside them (k_adamw_torch), the forward's xa and the backward's dy B are written
-  // in bf16 by their GEMMs (cuBLASLt's bf16 output) and xa is stored as written. Left:
-  //  - fp32 GEMM outputs that feed a bf16 operand, where the fp32 sum of a base GEMM over
-  //    weight panels and the LoRA GEMM is complete only after the last GEMM (cuBLASLt's C and D
-  //    share one type, so that GEMM cannot read an fp32 C and write bf16): v (2, k_rope16 ->
-  //    attention), gate and up (linear_fwd_to_16: 4), the o projection's dx into attention's
-  //    dout (2, -> k_attn_delta); the residual gradient (rmsnorm_bwd, fp32 for the residual)
-  //    into the down / o projections' dy (4, -> the weight's dequantization); attention's dv
-  //    (2, k_rope16 -> dequantization): 14 k_convert.
-  const std::map<std::string, int> left = {{"k_convert<(qlft::cu::TileType)1>", 14}};
+  // in bf16 by their GEMMs (cuBLASLt's bf16 output) and xa is stored as written. Nor do the
+  // GEMM outputs that feed a bf16 operand: gate and up (linear_fwd_to_16) and the o
+  // projection's dx into attention's dout (next_dx_16) are written in bf16 by their GEMMs, the
+  // LoRA GEMM first and the weight panel's GEMM adding into its bf16 output (cuBLASLt's C and D
+  // share one type, so an fp32 sum could not be finished in bf16); attention's dv is written in
+  // bf16 by the tensor-core kernel. Left outside the head, while the runner converts an fp32
+  // output where the backend has the op that writes it in bf16 (linear_fwd_to_16 for v;
+  // rmsnorm_bwd_16, then next_dy_16, for the residual gradient): v (2, k_rope16 -> attention)
+  // and the residual gradient (rmsnorm_bwd, fp32 for the residual) into the down / o
+  // projections' dy (4, -> the down weight's dequantization, the o projection's LoRA GEMM): 6
+  // k_convert.
+  const std::map<std::string, int> left = {{"k_convert<(qlft::cu::TileType)1>", 6}};
+  const std::string cv = "k_convert<(qlft::cu::TileType)1>";
+  EXPECT_EQ((between[{cv, "k_rope16", "k_attn_tc_fwd<64>"}]), 2);  // v
+  int residual = 0;
+  for (const auto& [key, cnt] : between)
+    if (std::get<0>(key) == cv && std::get<1>(key) == "k_rmsnorm_bwd") residual += cnt;
+  EXPECT_EQ(residual, 4);
   // The head makes none: the final norm writes h's bf16 copy beside its fp32 output
   // (rmsnorm_fwd_16, handed over by begin_shared_input_16), the fp32 head is kept in bf16 on the
   // device and read in place as the GEMMs' panels, and k_ce_grad writes the logits' gradient in
