@@ -443,6 +443,10 @@ typedef struct qlft_memory_estimate {
    * micro-batch 1 with the other settings as given (searched up to 4,194,304 tokens); 0 when no
    * limit is set or not even one token fits. */
   uint32_t max_seq_len;
+  /* Added with automatic checkpoint offload: 1 when the plan keeps the checkpointed layers'
+   * inputs in pinned host memory (train.offload_checkpoints=on, or auto on a device backend
+   * where the step would exceed memory.limit without it), else 0. */
+  uint32_t offload_checkpoints;
 } qlft_memory_estimate;
 
 /* Predicts what training will hold, before anything is allocated: weights, adapter, gradients

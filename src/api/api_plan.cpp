@@ -35,7 +35,9 @@ int32_t qlft_estimate_memory(const qlft_model* model, const char* model_path,
     } else {
       w = qlft::weight_footprint_of_file(model_path, qlft::load_options(spec.quant), &mc);
     }
-    const qlft::PlanSettings ps = qlft::PlanSettings::from_spec(spec);
+    // train.offload_checkpoints=auto: on where the step would not fit memory.limit without it.
+    const qlft::PlanSettings ps = qlft::plan_offload_checkpoints(
+        mc, w, qlft::PlanSettings::from_spec(spec), spec.memory.limit);
     // A loaded model is this process's own run: under a launcher, this rank's share (what its
     // tracker will measure). A model file: the rank that needs the most.
     int rank = -1;
@@ -55,6 +57,7 @@ int32_t qlft_estimate_memory(const qlft_model* model, const char* model_path,
     for (int i = 0; i < QLFT_MEM_CATEGORY_COUNT; ++i) f.device_train[i] = p.device_train[i];
     f.device_train_peak = p.device_train_peak;
     f.micro_batch = static_cast<uint32_t>(ps.micro_batch);
+    f.offload_checkpoints = ps.offload_checkpoints && ps.checkpoint_every > 0 ? 1 : 0;
     // What the OS sees beside the categories: measured now, in this process.
     const uint64_t rss = qlft::process_rss();
     uint64_t counted = 0;
@@ -67,9 +70,11 @@ int32_t qlft_estimate_memory(const qlft_model* model, const char* model_path,
     f.process_peak_rss = f.process_base + host_peak + (p.device ? 0 : qlft::kCpuFirstStepUntracked);
     const uint64_t limit = spec.memory.limit;
     if (limit) {
+      // (searched with the settings as given: auto chooses offload per length)
+      const qlft::PlanSettings given = qlft::PlanSettings::from_spec(spec);
       f.max_micro_batch =
-          static_cast<uint32_t>(qlft::plan_max_micro_batch(mc, w, ps, limit, 65536));
-      f.max_seq_len = static_cast<uint32_t>(qlft::plan_max_seq_len(mc, w, ps, limit, 1 << 22));
+          static_cast<uint32_t>(qlft::plan_max_micro_batch(mc, w, given, limit, 65536));
+      f.max_seq_len = static_cast<uint32_t>(qlft::plan_max_seq_len(mc, w, given, limit, 1 << 22));
     }
     qlft::copy_out(f, out);
   });

@@ -224,7 +224,8 @@ const KeyDef kKeys[] = {
      "With train.grad_checkpointing: each checkpointed layer's saved input goes to pinned host "
      "memory (bf16 under bf16/fp16, fp32 under fp32) on a copy stream during forward and comes "
      "back one layer ahead in backward; the device keeps two slots instead of one per layer. "
-     "auto: off until the auto-tuner chooses it."},
+     "auto: on with a device backend exactly where the planned step exceeds memory.limit (with "
+     "none, the device's free memory) without it; estimate says which it chose."},
     {"train.mlp_tile_rows", KeyType::Int, "auto", 0, 1e9, "auto",
      "With every layer checkpointed (train.grad_checkpointing 1): the MLP runs over row tiles of "
      "this many rows of the micro-batch (gate / up / down and their backward, recomputed per "

@@ -166,6 +166,7 @@ TrainSpec parse_train(const Config& c) {
   s.grad_checkpointing = as_int(c, "train.grad_checkpointing");
   s.mlp_tile_rows = c.get("train.mlp_tile_rows") == "auto" ? -1 : c.get_int("train.mlp_tile_rows");
   s.offload_checkpoints = c.get("train.offload_checkpoints") == "on";
+  s.offload_checkpoints_auto = c.get("train.offload_checkpoints") == "auto";
   s.eval_every = c.get_int("train.eval_every");
   s.save_every = c.get_int("train.save_every");
   s.output_dir = c.get("train.output_dir");

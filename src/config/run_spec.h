@@ -199,7 +199,10 @@ struct TrainSpec {
   int64_t max_steps = 0;             // 0: data.epochs passes
   int grad_checkpointing = 0;        // 0 off, 1 every layer, N every N-th
   int64_t mlp_tile_rows = -1;        // train.mlp_tile_rows: rows per MLP tile, 0 whole, -1 auto
-  bool offload_checkpoints = false;  // train.offload_checkpoints (auto resolved: off)
+  bool offload_checkpoints = false;  // train.offload_checkpoints=on
+  // train.offload_checkpoints=auto: the trainer and the planner engage it where the step does
+  // not fit memory.limit without it (plan_offload_checkpoints, train/planner.h).
+  bool offload_checkpoints_auto = false;
   int64_t eval_every = 0, save_every = 0;
   std::string output_dir = "qlft-out";
   bool stop_on_nonfinite = false;  // train.on_nonfinite=stop

@@ -157,14 +157,16 @@ std::string cache_key(const AutotuneInputs& in, const std::string& limits) {
   const RunSpec& s = in.spec;
   return strf(
       "model=%s weights=%llu arch=%s layers=%d dim=%d vocab=%d; precision=%s "
-      "grad_checkpointing=%d seq_len=%d lora.r=%d lora.target_modules=%s lora.dropout=%g optim=%s "
+      "grad_checkpointing=%d offload_checkpoints=%d mlp_tile_rows=%lld seq_len=%d lora.r=%d "
+      "lora.target_modules=%s lora.dropout=%g optim=%s "
       "effective_batch=%lld accumulation=%d ranks=%d margin=%g; zero_stage=%d "
       "offload.params=%s offload.optimizer=%s offload.buffers=%d; backend=%s threads=%d; "
       "memory.limit=%s",
       m.path.c_str(), static_cast<unsigned long long>(weight_footprint_for_plan(m, s.quant).bytes),
       m.cfg.arch.c_str(), m.cfg.n_layers, m.cfg.dim, m.cfg.vocab, name_of(s.backend.precision),
-      s.train.grad_checkpointing, s.data.seq_len, s.lora.r, in.lora_targets.c_str(),
-      static_cast<double>(s.lora.dropout), name_of(s.optim.kind),
+      s.train.grad_checkpointing, int(s.train.offload_checkpoints),
+      static_cast<long long>(s.train.mlp_tile_rows), s.data.seq_len, s.lora.r,
+      in.lora_targets.c_str(), static_cast<double>(s.lora.dropout), name_of(s.optim.kind),
       static_cast<long long>(s.train.effective_batch), s.train.accumulation, in.dp.world(),
       s.train.autotune_margin, s.dist.zero_stage, name_of(s.offload.params),
       name_of(s.offload.optimizer), s.offload.buffers, in.backend_name.c_str(), num_threads(),

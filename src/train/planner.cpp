@@ -48,6 +48,7 @@ PlanSettings PlanSettings::from_spec(const RunSpec& r) {
   s.checkpoint_every = r.train.grad_checkpointing;
   s.mlp_tile_rows = r.train.mlp_tile_rows;
   s.offload_checkpoints = r.train.offload_checkpoints;
+  s.offload_checkpoints_auto = r.train.offload_checkpoints_auto;
   s.seq_len = r.data.seq_len;
   s.micro_batch = r.train.micro_batch.n;  // auto: 1
   s.rows_per_example = is_paired(r.pref.objective) ? 2 : 1;

@@ -141,6 +141,9 @@ struct PlanSettings {
   OffloadTarget offload_optimizer = OffloadTarget::None, offload_params = OffloadTarget::None;
   int offload_buffers = 2;  // offload.buffers: NVMe buffers in flight besides the one in use
   bool offload_checkpoints = false;  // train.offload_checkpoints (train/planner_offload.h)
+  // train.offload_checkpoints=auto: plan_memory plans offload_checkpoints as given; the
+  // budget's searches and plan_offload_checkpoints resolve it.
+  bool offload_checkpoints_auto = false;
   // train.mlp_tile_rows (0: whole; -1: auto, mlp_tile_rows_of), engaged as mlp_tile_for says.
   int64_t mlp_tile_rows = 0;
 
@@ -196,9 +199,17 @@ MemoryPlan plan_memory(const ModelConfig& mc, const WeightFootprint& w, const Pl
 MemoryPlan plan_memory_of_rank(const ModelConfig& mc, const WeightFootprint& w,
                                const PlanSettings& s, int rank);
 
+// train.offload_checkpoints for a budget: as given unless s.offload_checkpoints_auto, where it is
+// on exactly when the backend's memory is a device's, layers are checkpointed, budget is set
+// (not 0) and the plan without it has a budgeted peak above budget (whether or not the plan with
+// it fits: it is the nearer). s is returned resolved (offload_checkpoints_auto false).
+PlanSettings plan_offload_checkpoints(const ModelConfig& mc, const WeightFootprint& w,
+                                      PlanSettings s, uint64_t budget);
+
 // The largest micro-batch in [1, upper] whose predicted budgeted peak (the device's training
 // peak on backend=cuda, else the total) is at most budget; 0 when not even 1 fits. The peak grows
-// with the micro-batch, so this is a binary search.
+// with the micro-batch, so this is a binary search. Each size is planned with
+// plan_offload_checkpoints (auto: offloaded where it would not fit otherwise).
 int plan_max_micro_batch(const ModelConfig& mc, const WeightFootprint& w, PlanSettings s,
                          uint64_t budget, int upper);
 // The longest data.seq_len in [1, upper] at micro-batch 1 whose budgeted peak is at most budget

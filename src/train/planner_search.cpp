@@ -1,5 +1,6 @@
 // The planner's searches along one setting (plan_max_micro_batch, plan_max_seq_len; declared in
-// train/planner.h): the largest value whose predicted budgeted peak fits a budget.
+// train/planner.h): the largest value whose predicted budgeted peak fits a budget; and the
+// budget's choice of train.offload_checkpoints=auto (plan_offload_checkpoints).
 #include <algorithm>
 
 #include "train/planner.h"
@@ -9,14 +10,15 @@ namespace qlft {
 namespace {
 
 // The largest value in [1, upper] that *field can take with the budgeted peak at most budget
-// (0: not even 1). The peak grows with both the micro-batch and the sequence length.
+// (0: not even 1). The peak grows with both the micro-batch and the sequence length, with
+// checkpoint offload off and on alike, so also with auto (a fit either way).
 int plan_max_of(const ModelConfig& mc, const WeightFootprint& w, PlanSettings s,
                 int PlanSettings::*field, uint64_t budget, int upper) {
   int lo = 0, hi = std::max(upper, 0) + 1;  // lo fits (0: nothing known), hi does not
   while (hi - lo > 1) {
     const int mid = lo + (hi - lo) / 2;
     s.*field = mid;
-    if (plan_memory(mc, w, s).budgeted_peak() <= budget)
+    if (plan_memory(mc, w, plan_offload_checkpoints(mc, w, s, budget)).budgeted_peak() <= budget)
       lo = mid;
     else
       hi = mid;
@@ -25,6 +27,17 @@ int plan_max_of(const ModelConfig& mc, const WeightFootprint& w, PlanSettings s,
 }
 
 }  // namespace
+
+PlanSettings plan_offload_checkpoints(const ModelConfig& mc, const WeightFootprint& w,
+                                      PlanSettings s, uint64_t budget) {
+  if (!s.offload_checkpoints_auto) return s;
+  s.offload_checkpoints_auto = false;
+  s.offload_checkpoints = false;
+  if (budget == 0 || s.checkpoint_every <= 0) return s;
+  const MemoryPlan off = plan_memory(mc, w, s);
+  s.offload_checkpoints = off.device && off.budgeted_peak() > budget;
+  return s;
+}
 
 int plan_max_micro_batch(const ModelConfig& mc, const WeightFootprint& w, PlanSettings s,
                          uint64_t budget, int upper) {

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "backend/backend_select.h"
+#include "backend/cuda_plugin.h"
 #include "train/device_adamw.h"
 #include "backend/dropout.h"
 #include "core/error.h"
@@ -20,11 +21,27 @@
 #include "model/lora_loftq.h"
 #include "optim/grad_clip.h"
 #include "train/adapter_io.h"
+#include "train/planner.h"
 #include "train/token_batch.h"
 
 namespace qlft {
 
 namespace {
+
+// train.offload_checkpoints=auto on a device backend with checkpointed layers: on exactly where
+// the planner puts the step past the device budget without it (memory.limit; with none, the
+// device's memory to be had now), at the configured micro-batch (1 when auto).
+bool auto_offload_checkpoints(const Model& model, const RunSpec& spec, const Backend& backend,
+                              MemoryTracker* tracker) {
+  if (!spec.train.offload_checkpoints_auto || !backend.device_memory()) return false;
+  uint64_t budget = spec.memory.limit;
+  if (budget == 0)
+    budget = cuda_plugin::get("train.offload_checkpoints=auto").device_available(tracker) +
+             tracker->budgeted_reserved();
+  return plan_offload_checkpoints(model.cfg, weight_footprint_for_plan(model, spec.quant),
+                                  PlanSettings::from_spec(spec), budget)
+      .offload_checkpoints;
+}
 
 // Where the optimizer state lives (offload.optimizer, offload.dir, offload.buffers): nvme
 // streams it through a file (parallel/nvme_state_store.h); otherwise host memory, or
@@ -151,6 +168,11 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
     for (int l = 0; l < model.cfg.n_layers; ++l)
       runner_->set_checkpoint(l, l % ts_.checkpoint_every_layers == 0);
   runner_->set_mlp_tile_rows(mlp_tile_rows_of(model.shapes, spec.train.mlp_tile_rows));
+  if (spec.train.offload_checkpoints_auto)
+    ts_.offload_checkpoints = auto_offload_checkpoints(model, spec, *backend_, tracker);
+  if (ts_.offload_checkpoints && spec.train.offload_checkpoints_auto)
+    QLFT_LOG_I(
+        "train.offload_checkpoints=auto: on (the step exceeds the device budget without it)");
   runner_->set_offload_checkpoints(ts_.offload_checkpoints);
 
   std::vector<ParamRef> params;
@@ -211,7 +233,12 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
     if (!opt_) opt_ = make_optimizer(os, dp_->owned_params(), tracker, state_stores(spec.offload));
     // train.micro_batch=auto / train.effective_batch: trial steps (or the cache) set the batch
     // shape before the data batches are made; the trainer is left as if none had run.
-    if (ts_.micro_batch_auto || ts_.effective_batch > 0) plan_batch_shape(spec);
+    if (ts_.micro_batch_auto || ts_.effective_batch > 0) {
+      RunSpec resolved = spec;  // the planner's start with offload as the runner does it
+      resolved.train.offload_checkpoints = ts_.offload_checkpoints;
+      resolved.train.offload_checkpoints_auto = false;
+      plan_batch_shape(resolved);
+    }
 
     if (train_) {
       it_ = std::make_unique<data::BatchIterator>(train_->train_batches(ts_.micro_batch));

@@ -166,6 +166,32 @@ TEST_F(CudaOffload, PlannerAndTrackerAgree) {
   }
 }
 
+// train.offload_checkpoints=auto in a trainer: on exactly where the planner puts the step past
+// memory.limit without offload (a limit between the planned device peaks with and without it),
+// off where it fits (twice the peak without); the step's pinned host copies say it engaged.
+TEST_F(CudaOffload, AutoEngagesExactlyWhereTheStepNeedsIt) {
+  const int A = int(MemCategory::Activations);
+  const uint64_t with = plan(config("cuda", "bf16", true)).device_train_peak,
+                 without = plan(config("cuda", "bf16", false)).device_train_peak;
+  ASSERT_LT(with, without);
+  for (const uint64_t limit : {with + (without - with) / 2, 2 * without}) {
+    SCOPED_TRACE(limit);
+    Config c = config("cuda", "bf16", false);
+    c.set("train.offload_checkpoints", "auto");
+    c.set("memory.limit", std::to_string(limit));
+    const bool want = without > limit;
+    cuda_plugin::get("test").empty_cache(&tracker_);
+    Trainer t(*model_, &tracker_, data_.get(), parse_run_spec(c));
+    EXPECT_EQ(t.settings().offload_checkpoints, want);
+    EXPECT_EQ(t.runner().offload_checkpoints(), want);
+    tracker_.reset_peaks();
+    StepReport r;
+    ASSERT_TRUE(t.step(&r));
+    const MemorySnapshot m = tracker_.snapshot();
+    EXPECT_EQ(m.peak[A] - m.device_peak[A] > 0, want) << "pinned host copies";
+  }
+}
+
 TEST_F(CudaOffload, LossFollowsCpu) {
   for (const char* prec : {"fp32", "bf16"}) {
     SCOPED_TRACE(prec);

@@ -113,6 +113,25 @@ r cfgtrain train --model cfg_only --data small.txt --train.max_steps 1 --train.o
 [ $rc != 0 ] && grep -q "no model.safetensors" cfgtrain.err
 check "training from config.json alone is refused naming what is missing (rc $rc)" $? cfgtrain.err
 
+# --- train.offload_checkpoints=auto chooses offload where the context needs it (issue 47) --------
+# Llama-3.1-8B's config.json, backend cuda (planned on any machine), 80 GiB, bf16, every layer
+# checkpointed: 20,000 tokens fit without offload (none chosen); 200,000 do not (chosen, and the
+# largest context, with the host memory it needs, is past what offload off reaches).
+pc="$(cd "$(dirname "${BASH_SOURCE[0]}")/../planner_configs" && pwd)"
+long=(estimate --model "$pc/llama-3.1-8b" --backend cuda --memory.limit 80GiB --lora.r 32
+  --train.precision bf16 --train.grad_checkpointing 1 --train.micro_batch 1)
+r lc_short "${long[@]}" --data.seq_len 20000
+r lc_off "${long[@]}" --data.seq_len 200000 --train.offload_checkpoints off
+r lc_auto "${long[@]}" --data.seq_len 200000
+ctx() { sed -n 's/^largest context within .*: \([0-9]*\) tokens, needing .*/\1/p' "$1"; }
+[ $rc = 0 ] && ! grep -q "pinned host memory" lc_short.out &&
+  grep -q "^checkpointed layer inputs in pinned host memory (train.offload_checkpoints auto" \
+    lc_auto.out &&
+  grep -Eq "^largest context .*: [0-9]+ tokens, needing .* of host memory \(peak RSS\), checkpointed layer inputs offloaded to it$" \
+    lc_auto.out &&
+  [ "$(ctx lc_auto.out)" -ge 200000 ] && [ "$(ctx lc_auto.out)" -gt "$(ctx lc_off.out)" ]
+check "offload_checkpoints=auto engages for 200,000 tokens of 8B, not 20,000 ($(ctx lc_off.out) off, $(ctx lc_auto.out) auto)" $? lc_auto.out
+
 # --- inspect names the architecture and how it differs from Llama (issue 48) ---------------------
 # The expected facts are the fixtures' config.json keys: syn_mistral sliding_window 5 on its 2
 # layers, syn_qwen3 q_norm / k_norm and tie_word_embeddings true.

@@ -7,6 +7,8 @@
 // 400,000 / 100,000 tokens need the checkpointed layer inputs offloaded to the host as well.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "backend/cuda_sizes.h"
 #include "model/llama.h"
 #include "support/test_support.h"
@@ -61,5 +63,58 @@ TEST(LongContextPlan, TiledMlpRemovesTheIntermediateTensors) {
     std::printf("[long] %s: largest context %d tokens whole, %d with MLP tiles of %lld rows\n", dir,
                 whole, tiled, static_cast<long long>(tile));
     EXPECT_GT(tiled, whole + whole / 10);
+  }
+}
+
+// train.offload_checkpoints=auto (plan_offload_checkpoints): on exactly where the plan without
+// offload exceeds the budget, off where it fits; never on a host backend or without a budget. The
+// largest context under auto is the larger of the two fixed settings' (each searched alone: a
+// length fits under auto when it fits either way), and the auto plan at that length fits.
+TEST(LongContextPlan, AutoOffloadEngagesExactlyWhenTheStepDoesNotFitWithout) {
+  const uint64_t budget = uint64_t(80) << 30;
+  for (const char* dir : {"llama-3.1-8b", "llama-3.3-70b"}) {
+    SCOPED_TRACE(dir);
+    LongPlan p(dir);
+    p.s.mlp_tile_rows = -1;
+    auto peak = [&](bool offload, int S) {
+      PlanSettings s = p.s;
+      s.offload_checkpoints = offload;
+      s.seq_len = S;
+      return plan_memory(p.cfg, p.w, s).budgeted_peak();
+    };
+    const int off = p.longest(-1);
+    p.s.offload_checkpoints = true;
+    const int on = p.longest(-1);
+    p.s.offload_checkpoints = false;
+    p.s.offload_checkpoints_auto = true;
+    const int with_auto = p.longest(-1);
+    std::printf("[long] %s: largest context %d tokens without offload, %d with, %d auto\n", dir,
+                off, on, with_auto);
+    ASSERT_GT(off, 0);
+    EXPECT_GT(on, off);
+    EXPECT_EQ(with_auto, std::max(off, on));
+    bool seen_on = false, seen_off = false;
+    for (int S : {off / 2, off, off + 1, (off + on) / 2, on, on + 1, 2 * on}) {
+      PlanSettings s = p.s;
+      s.seq_len = S;
+      const PlanSettings r = plan_offload_checkpoints(p.cfg, p.w, s, budget);
+      SCOPED_TRACE(S);
+      EXPECT_FALSE(r.offload_checkpoints_auto);
+      EXPECT_EQ(r.offload_checkpoints, peak(false, S) > budget);
+      (r.offload_checkpoints ? seen_on : seen_off) = true;
+      if (S <= with_auto) EXPECT_LE(plan_memory(p.cfg, p.w, r).budgeted_peak(), budget);
+    }
+    EXPECT_TRUE(seen_on && seen_off);
+    PlanSettings s = p.s;
+    s.seq_len = 2 * on;
+    EXPECT_FALSE(plan_offload_checkpoints(p.cfg, p.w, s, 0).offload_checkpoints);  // no budget
+    s.checkpoint_every = 0;
+    EXPECT_FALSE(plan_offload_checkpoints(p.cfg, p.w, s, budget).offload_checkpoints);
+    s.checkpoint_every = 1;
+    s.backend = BackendKind::Cpu;
+    EXPECT_FALSE(plan_offload_checkpoints(p.cfg, p.w, s, budget).offload_checkpoints);
+    s.offload_checkpoints_auto = false;  // a fixed choice is kept
+    s.offload_checkpoints = true;
+    EXPECT_TRUE(plan_offload_checkpoints(p.cfg, p.w, s, budget).offload_checkpoints);
   }
 }

@@ -112,6 +112,11 @@ int cmd_estimate(int argc, char** argv) {
         setting(c, "dist.zero_stage").c_str(), setting(c, "offload.params").c_str(),
         setting(c, "offload.optimizer").c_str());
   print_memory_table(stdout, e, nullptr);
+  const std::string offload = setting(c, "train.offload_checkpoints");
+  if (e.offload_checkpoints)
+    std::printf(
+        "checkpointed layer inputs in pinned host memory (train.offload_checkpoints %s%s)\n",
+        offload.c_str(), offload == "auto" ? ": the step exceeds memory.limit without" : "");
   std::printf("%-14s %12s\n%-14s %12s\n", "training step", human_bytes(e.train_peak).c_str(),
               "loading", human_bytes(e.load_peak).c_str());
   if (e.device_train_peak) {
@@ -142,9 +147,10 @@ int cmd_estimate(int argc, char** argv) {
     if (st != QLFT_OK) return fail(model.c_str(), st);
     std::printf(
         "largest context within memory.limit %s%s at micro-batch 1: %u tokens, "
-        "needing %s of host memory (peak RSS)\n",
+        "needing %s of host memory (peak RSS)%s\n",
         limit.c_str(), at.device_train_peak ? " (device)" : "", e.max_seq_len,
-        human_bytes(at.process_peak_rss).c_str());
+        human_bytes(at.process_peak_rss).c_str(),
+        at.offload_checkpoints ? ", checkpointed layer inputs offloaded to it" : "");
   }
   return kOk;
 }
