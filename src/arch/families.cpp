@@ -39,8 +39,8 @@ const Missing kMissing[] = {
     {"falcon_h1", "FalconH1ForCausalLM", "hybrid Mamba state-space layers"},
     {"rwkv", "RwkvForCausalLM", "RWKV recurrent layers instead of attention"},
     {"gemma3", "Gemma3ForConditionalGeneration",
-     "Gemma 3's vision tower and its GGUF form (llama.cpp's gemma3 keys); its text model "
-     "(Gemma3ForCausalLM, model_type gemma3_text) trains from safetensors"},
+     "Gemma 3's vision tower; its text model (Gemma3ForCausalLM, model_type gemma3_text, or "
+     "llama.cpp's GGUF \"gemma3\") trains"},
 };
 
 }  // namespace
@@ -63,6 +63,12 @@ std::string unsupported_architecture(const std::string& cls, const std::string& 
 const ArchFamily* find_family(const std::string& name) {
   for (const ArchFamily& f : kFamilies)
     if (name == f.name) return &f;
+  return nullptr;
+}
+
+const ArchFamily* find_family_gguf(const std::string& arch) {
+  for (const ArchFamily& f : kFamilies)
+    if (arch == f.gguf_arch) return &f;
   return nullptr;
 }
 

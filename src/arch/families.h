@@ -32,6 +32,9 @@ struct ArchFamily {
 
 // The family named name (ModelConfig::arch); nullptr when qlft does not train it.
 const ArchFamily* find_family(const std::string& name);
+// The family of a GGUF general.architecture, the first in table order that llama.cpp writes so
+// ("llama" for llama, mistral and, without expert_count, mixtral; "gemma3" for gemma3_text).
+const ArchFamily* find_family_gguf(const std::string& arch);
 // The family of a config.json: architectures[0] (cls) or model_type, in table order.
 const ArchFamily* find_family_hf(const std::string& cls, const std::string& model_type);
 // The families qlft trains, for error messages: "llama, mistral, qwen2, qwen3".

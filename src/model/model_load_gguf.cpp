@@ -30,7 +30,8 @@ const GgufTensorInfo& gguf_tensor(const GgufFile& g, const std::string& name, in
   QLFT_CHECK_FORMAT(t, "%s: tensor '%s' is missing", g.path().c_str(), name.c_str());
   return gguf_expect_shape(g, *t, rows, cols);
 }
-void gguf_to_f32(const GgufFile& g, const GgufTensorInfo& t, float* dst) {
+// Throws unless t's type is one qlft dequantizes (float or quantized, not integer).
+void gguf_check_float(const GgufFile& g, const GgufTensorInfo& t) {
   const GgmlTypeTraits* tr = ggml_type_traits(t.type);
   switch (static_cast<GgmlType>(t.type)) {
     case GgmlType::I8:
@@ -47,7 +48,48 @@ void gguf_to_f32(const GgufFile& g, const GgufTensorInfo& t, float* dst) {
   if (!tr->dequantizable)
     throw_error(QLFT_ERR_UNSUPPORTED, "%s: tensor '%s' has type %s, which qlft cannot dequantize",
                 g.path().c_str(), t.name.c_str(), tr->name);
+}
+void gguf_to_f32(const GgufFile& g, const GgufTensorInfo& t, float* dst) {
+  gguf_check_float(g, t);
   ggml_dequantize(t.type, t.data, t.numel(), dst);
+}
+
+// llama.cpp's experts (mixtral as "llama", qwen3moe): expert_count experts of
+// expert_feed_forward_length rows (mixtral: feed_forward_length), expert_used_count per row,
+// their weights renormalised unless expert_weights_norm is false (llama.cpp renormalises both
+// families'), softmax routing. A layer is a mixture of experts where blk.N.ffn_gate_inp is
+// present; one without it keeps a dense ffn_gate / ffn_up / ffn_down of feed_forward_length
+// (Qwen3-MoE's mlp_only_layers, which llama.cpp's qwen3moe does not have).
+void read_gguf_moe(const GgufFile& g, const std::string& a, int64_t experts, ModelConfig& c) {
+  const std::string& path = g.path();
+  ModelConfig::Moe& m = c.moe;
+  QLFT_CHECK_FORMAT(experts > 0, "%s: '%sexpert_count' is missing (a mixture of experts)",
+                    path.c_str(), a.c_str());
+  m.n_experts = static_cast<int>(experts);
+  m.top_k = static_cast<int>(g.get_int_in(a + "expert_used_count", 1, experts));
+  m.expert_ffn = g.get_int_in(a + "expert_feed_forward_length", 1, kMaxDim, c.ffn_dim);
+  m.norm_topk = g.get_bool(a + "expert_weights_norm", true);
+  const int64_t gating = g.get_int(a + "expert_gating_func", 1);  // llama.cpp's 1: softmax
+  if (gating != 1)
+    throw_error(QLFT_ERR_UNSUPPORTED,
+                "%s: '%sexpert_gating_func' is %lld; qlft routes with softmax (1)", path.c_str(),
+                a.c_str(), static_cast<long long>(gating));
+  for (const char* k : {"expert_shared_count", "expert_weights_scale"})
+    if (g.find(a + k))
+      throw_error(QLFT_ERR_UNSUPPORTED,
+                  "%s: '%s%s' is set; qlft's experts have no shared expert or weight scale",
+                  path.c_str(), a.c_str(), k);
+  bool any = false, all = true;
+  for (int l = 0; l < c.n_layers; ++l) {
+    m.layers.push_back(g.find_tensor("blk." + std::to_string(l) + ".ffn_gate_inp.weight"));
+    any = any || m.layers.back();
+    all = all && m.layers.back();
+  }
+  QLFT_CHECK_FORMAT(any,
+                    "%s: '%sexpert_count' is %lld but no layer has a router "
+                    "(blk.N.ffn_gate_inp.weight)",
+                    path.c_str(), a.c_str(), static_cast<long long>(experts));
+  if (all) m.layers.clear();  // empty: every layer
 }
 
 }  // namespace
@@ -73,21 +115,23 @@ bool gguf_kept_as_stored(const GgufTensorInfo& t, bool linear, const LoadOptions
 ModelConfig read_gguf_config(const GgufFile& g) {
   const std::string& path = g.path();
   ModelConfig c;
-  c.arch = g.get_string("general.architecture");
-  const ArchFamily* fam = find_family(c.arch);
+  const std::string arch = g.get_string("general.architecture");
+  const ArchFamily* fam = find_family_gguf(arch);
   if (!fam)
     throw_error(QLFT_ERR_UNSUPPORTED, "%s: %s (general.architecture)", path.c_str(),
-                unsupported_architecture("", c.arch).c_str());
-  const std::string a = c.arch + ".";
-  // llama.cpp's MoE files (Mixtral as "llama", qwen2moe, ...): the router ffn_gate_inp and the
-  // experts stacked in ffn_{gate,up,down}_exps. The runner has no MoE layer to feed them.
-  const int64_t experts = g.get_int_in(a + "expert_count", 0, 1 << 20, 0);
-  if (experts > 0 || g.find_tensor("blk.0.ffn_gate_inp.weight"))
+                unsupported_architecture("", arch).c_str());
+  const std::string a = arch + ".";
+  // llama.cpp writes Mixtral as "llama" with experts (expert_count, ffn_gate_inp / *_exps).
+  const int64_t experts = g.get_int_in(a + "expert_count", 0, 4096, 0);
+  if (arch == "llama" && experts > 0) fam = find_family("mixtral");
+  c.arch = fam->name;
+  if (!fam->moe && (experts > 0 || g.find_tensor("blk.0.ffn_gate_inp.weight")))
     throw_error(QLFT_ERR_UNSUPPORTED,
                 "%s: mixture-of-experts layers (%sexpert_count %lld, tensors "
                 "blk.N.ffn_gate_inp / ffn_gate_exps / ffn_up_exps / ffn_down_exps) are not "
-                "supported: qlft does not load MoE models (qlft trains %s)",
-                path.c_str(), a.c_str(), static_cast<long long>(experts), family_names().c_str());
+                "supported for general.architecture '%s' (qlft trains experts of mixtral, as "
+                "\"llama\", and qwen3moe)",
+                path.c_str(), a.c_str(), static_cast<long long>(experts), arch.c_str());
   // Ranged getters: a hostile count must not wrap when narrowed to int.
   c.n_layers = static_cast<int>(g.get_int_in(a + "block_count", 1, kMaxLayers));
   c.dim = static_cast<int>(g.get_int_in(a + "embedding_length", 1, kMaxDim));
@@ -114,17 +158,28 @@ ModelConfig read_gguf_config(const GgufFile& g) {
     // llama.cpp's gemma2: the window on even layers, the caps as metadata, the scores scaled
     // by head_dim^-0.5, or (hidden / heads)^-0.5 for the 46-layer 27B (its
     // query_pre_attn_scalar); attention.scale, when a file has it, is taken as the scale itself.
+    // gemma3: layer i slides unless (i + 1) % pattern == 0 (llama.cpp fixes the pattern at 6;
+    // attention.sliding_window_pattern, gguf-py's key, when a file has it), the sliding
+    // layers' RoPE base plain 10000 (rope.freq_base_swa when present), the full layers'
+    // rope.freq_base with rope.scaling; (hidden / heads)^-0.5 for the 62-layer 27B.
     c.gemma = true;
+    const bool g3 = arch == "gemma3";
+    const int64_t pattern =
+        g3 ? g.get_int_in(a + "attention.sliding_window_pattern", 1, kMaxLayers, 6) : 2;
     if (c.sliding_window > 0)
-      for (int i = 0; i < c.n_layers; ++i) c.sliding_layers.push_back(i % 2 == 0);
+      for (int i = 0; i < c.n_layers; ++i)
+        c.sliding_layers.push_back(g3 ? i % pattern < pattern - 1 : i % 2 == 0);
+    if (g3) c.rope_local_theta = static_cast<float>(g.get_float(a + "rope.freq_base_swa", 1e4));
     c.attn_softcap = static_cast<float>(g.get_float(a + "attn_logit_softcapping", 0.0));
     c.final_softcap = static_cast<float>(g.get_float(a + "final_logit_softcapping", 0.0));
-    c.attn_scalar = static_cast<float>(c.n_layers == 46 ? c.dim / c.n_heads : c.head_dim);
+    c.attn_scalar =
+        static_cast<float>(c.n_layers == (g3 ? 62 : 46) ? c.dim / c.n_heads : c.head_dim);
     const double scale = g.get_float(a + "attention.scale", 0.0);
     QLFT_CHECK_FORMAT(scale >= 0 && std::isfinite(scale), "%s: %sattention.scale %g is invalid",
                       path.c_str(), a.c_str(), scale);
     if (scale > 0) c.attn_scalar = static_cast<float>(1.0 / (scale * scale));
   }
+  if (fam->moe) read_gguf_moe(g, a, experts, c);
   check_model_config(c, path);
   // llama.cpp's converter writes llama3 RoPE scaling as per-pair divisors of the frequencies.
   if (const GgufTensorInfo* t = g.find_tensor("rope_freqs.weight")) {
@@ -189,6 +244,41 @@ class GgufLoader final : public FormatLoader {
   void bias(Buffer& dst, int l, Proj p, int64_t n) override {
     vector(dst, layer(l) + proj_gguf_name(p) + ".bias", n);
   }
+  // llama.cpp's MoE layer: the router ffn_gate_inp [n_experts, dim] and the experts stacked in
+  // ffn_gate_exps / ffn_up_exps [n_experts, ffn, dim] and ffn_down_exps [n_experts, dim, ffn]
+  // (GGUF order reversed), expert e the e-th block of rows.
+  void moe(MoeWeights& w, int l, const LayerShapes& s) override {
+    const ModelConfig& c = m_.cfg;
+    float_weight(w.router, tensor(layer(l) + "ffn_gate_inp.weight", s.n_experts, s.norm),
+                 s.n_experts, s.norm);
+    const struct {
+      const char* name;
+      std::vector<QWeight>* dst;
+      int64_t rows, cols;
+    } parts[] = {{"ffn_gate_exps.weight", &w.w1, s.expert_ffn, s.norm},
+                 {"ffn_up_exps.weight", &w.w3, s.expert_ffn, s.norm},
+                 {"ffn_down_exps.weight", &w.w2, s.norm, s.expert_ffn}};
+    for (const auto& p : parts) {
+      const std::string name = layer(l) + p.name;
+      const GgufTensorInfo* t = m_.gguf->find_tensor(name);
+      QLFT_CHECK_FORMAT(t, "%s: tensor '%s' is missing (%s has %d experts on layer %d)",
+                        m_.gguf->path().c_str(), name.c_str(), c.arch.c_str(), s.n_experts, l);
+      QLFT_CHECK_FORMAT(
+          t->n_dims == 3 && t->ne[0] == p.cols && t->ne[1] == p.rows && t->ne[2] == s.n_experts,
+          "%s: tensor '%s' has shape [%lld, %lld, %lld], expected [%lld, %lld, %d] "
+          "(GGUF order)",
+          m_.gguf->path().c_str(), name.c_str(), static_cast<long long>(t->ne[0]),
+          static_cast<long long>(t->ne[1]), static_cast<long long>(t->ne[2]),
+          static_cast<long long>(p.cols), static_cast<long long>(p.rows), s.n_experts);
+      const GgmlTypeTraits* tr = ggml_type_traits(t->type);
+      QLFT_CHECK_FORMAT(tr && tr->block > 0 && p.cols % tr->block == 0,
+                        "%s: tensor '%s' has a type qlft cannot split into experts",
+                        m_.gguf->path().c_str(), name.c_str());
+      const uint64_t bytes = uint64_t(p.rows) * uint64_t(p.cols / tr->block) * tr->bytes;
+      for (int e = 0; e < s.n_experts; ++e)
+        linear_weight((*p.dst)[size_t(e)], *t, p.rows, p.cols, t->data + uint64_t(e) * bytes);
+    }
+  }
   // load_group without reading a weight: the group's shapes and types set in the model and, for
   // each storage Buffer a load would fill, where its bytes lie in the map (span). False when a
   // Buffer of the group is made on load (gguf_kept_as_stored): then load_group it.
@@ -243,17 +333,20 @@ class GgufLoader final : public FormatLoader {
     gguf_expect_shape(*m_.gguf, t, rows, cols);
   }
   void to_f32(const GgufTensorInfo& t, float* dst) { gguf_to_f32(*m_.gguf, t, dst); }
-  // plan_group: b's bytes are t's first n, or (kept false) b is made on load.
-  void note(Buffer& b, const GgufTensorInfo& t, uint64_t n, bool kept) {
+  // plan_group: b's bytes are t's n from at (default: its first), or (kept false) b is made on
+  // load.
+  void note(Buffer& b, const GgufTensorInfo& t, uint64_t n, bool kept,
+            const uint8_t* at = nullptr) {
     if (!kept) {
       plan_.whole = false;
       return;
     }
-    QLFT_CHECK_FORMAT(n <= t.nbytes, "%s: tensor '%s' holds %llu bytes, %llu expected",
-                      m_.gguf->path().c_str(), t.name.c_str(),
-                      static_cast<unsigned long long>(t.nbytes),
-                      static_cast<unsigned long long>(n));
-    plan_.at[&b] = {t.data, size_t(n)};
+    if (!at) at = t.data;
+    QLFT_CHECK_FORMAT(uint64_t(at - t.data) + n <= t.nbytes,
+                      "%s: tensor '%s' holds %llu bytes, %llu expected", m_.gguf->path().c_str(),
+                      t.name.c_str(), static_cast<unsigned long long>(t.nbytes),
+                      static_cast<unsigned long long>(uint64_t(at - t.data) + n));
+    plan_.at[&b] = {at, size_t(n)};
   }
   void vector(Buffer& dst, const std::string& name, int64_t n) {
     const GgufTensorInfo* t = m_.gguf->find_tensor(name);
@@ -267,37 +360,45 @@ class GgufLoader final : public FormatLoader {
   }
   // Dequantizes straight into the weight buffer: no staging copy, and an over-budget load fails
   // on the weights it was asked to hold.
-  void float_weight(QWeight& w, const GgufTensorInfo& t, int64_t rows, int64_t cols) {
+  // at: the weight's first byte within t (an expert of a stacked tensor; default t's first).
+  void float_weight(QWeight& w, const GgufTensorInfo& t, int64_t rows, int64_t cols,
+                    const uint8_t* at = nullptr) {
     w = QWeight{};
     w.kind = QuantKind::F32;
     w.rows = rows;
     w.cols = cols;
     const uint64_t n = uint64_t(rows * cols) * 4;
-    if (plan_.on) return note(w.data, t, n, gguf_kept_as_stored(t, false, opt_));
+    if (plan_.on) return note(w.data, t, n, gguf_kept_as_stored(t, false, opt_), at);
     w.data = Buffer(tracker_, MemCategory::Weights, n, t.name.c_str());
-    to_f32(t, w.data.as<float>());
+    slice_to_f32(t, at, rows * cols, w.data.as<float>());
   }
-  void linear_weight(QWeight& w, const GgufTensorInfo& t, int64_t rows, int64_t cols) {
+  void slice_to_f32(const GgufTensorInfo& t, const uint8_t* at, int64_t n, float* dst) {
+    if (!at || (at == t.data && n == t.numel())) return to_f32(t, dst);
+    gguf_check_float(*m_.gguf, t);
+    ggml_dequantize(t.type, at, n, dst);
+  }
+  void linear_weight(QWeight& w, const GgufTensorInfo& t, int64_t rows, int64_t cols,
+                     const uint8_t* at = nullptr) {
     if (opt_.quant_type == QuantType::Keep) {
-      if (static_cast<GgmlType>(t.type) == GgmlType::F32) return float_weight(w, t, rows, cols);
+      if (static_cast<GgmlType>(t.type) == GgmlType::F32) return float_weight(w, t, rows, cols, at);
       const GgmlTypeTraits* tr = ggml_type_traits(t.type);
       if (!tr->dequantizable)
         throw_error(QLFT_ERR_UNSUPPORTED, "%s: tensor '%s' has type %s, which qlft cannot use",
                     m_.gguf->path().c_str(), t.name.c_str(), tr->name);
       if (!plan_.on) {
-        w = qweight_from_ggml(tracker_, t.type, t.data, rows, cols);
+        w = qweight_from_ggml(tracker_, t.type, at ? at : t.data, rows, cols);
         return;
       }
       uint64_t nb = 0;
       w = qweight_ggml_shape(t.type, rows, cols, &nb);
-      return note(w.data, t, nb, gguf_kept_as_stored(t, true, opt_));
+      return note(w.data, t, nb, gguf_kept_as_stored(t, true, opt_), at);
     }
     if (plan_.on) {
       plan_.whole = false;  // quantized on load
       return;
     }
     Buffer tmp(tracker_, MemCategory::Workspace, rows * cols * 4, "load staging");
-    to_f32(t, tmp.as<float>());
+    slice_to_f32(t, at, rows * cols, tmp.as<float>());
     require_finite(tmp.as<float>(), rows * cols, m_.gguf->path().c_str(), t.name);
     w = qweight_from_f32(tracker_, tmp.as<float>(), rows, cols, target_kind(opt_), opt_.blocksize,
                          opt_.double_quant);

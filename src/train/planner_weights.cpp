@@ -220,6 +220,7 @@ WeightFootprint gguf_footprint(const std::string& path, const LoadOptions& o, Mo
     add_slot_dev(w, gi, uint64_t(c.dim) * 4, kept(b + "attn_norm.weight", false));
     add_slot_dev(w, gi, uint64_t(c.dim) * 4, kept(b + "ffn_norm.weight", false));
     for (int p = 0; p < kProjCount; ++p) {
+      if (!sh.proj(l, static_cast<Proj>(p)).out) continue;  // an MoE layer's dense MLP
       const auto [n, file_rows] = proj_tensor(sh, l, static_cast<Proj>(p), true);
       const GgufTensorInfo* t = g->find_tensor(n);
       QLFT_CHECK_FORMAT(t, "%s: tensor '%s' is missing", path.c_str(), n.c_str());
@@ -247,6 +248,25 @@ WeightFootprint gguf_footprint(const std::string& path, const LoadOptions& o, Mo
         kept(b + "attn_q_norm.weight", false), kept(b + "attn_k_norm.weight", false),
         kept(b + "post_attention_norm.weight", false), kept(b + "post_ffw_norm.weight", false)};
     add_qk_norms(w, gi, sh.layers[size_t(l)], kn);
+    // llama.cpp's experts, after the rest as the model lists them: the router, then each
+    // expert's w1 / w3 / w2, a block of rows of ffn_{gate,up,down}_exps.
+    const LayerShapes& ls = sh.layers[size_t(l)];
+    if (!ls.moe()) continue;
+    add_slot_dev(w, gi, uint64_t(ls.n_experts) * uint64_t(ls.norm) * 4,
+                 kept(b + "ffn_gate_inp.weight", false));
+    for (int e = 0; e < ls.n_experts; ++e)
+      for (const char* n : {"ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"}) {
+        const GgufTensorInfo* t = g->find_tensor(b + n);
+        QLFT_CHECK_FORMAT(t && ggml_type_traits(t->type), "%s: tensor '%s' is missing",
+                          path.c_str(), (b + n).c_str());
+        const GgmlTypeTraits* tr = ggml_type_traits(t->type);
+        const bool down = n[4] == 'd';
+        const int64_t rows = down ? ls.norm : ls.expert_ffn, cols = down ? ls.expert_ffn : ls.norm;
+        const uint64_t kept_bytes = t->type == 0 /* F32 */
+                                        ? uint64_t(rows * cols) * 4
+                                        : uint64_t(rows * cols) / tr->block * tr->bytes;
+        add_linear(w, gi, o, rows, cols, kept_bytes, gguf_kept_as_stored(*t, true, o));
+      }
   }
   return w;
 }

@@ -33,8 +33,22 @@ Families:
             q/k rows and gemma2.{attn,final}_logit_softcapping.
   gemma3    Gemma3ForCausalLM (text): gemma2's block without soft-caps, (1 + w) q / k norms per
             head, RoPE base 10000 on sliding layers and 1e6 with linear scaling (factor 2) on
-            full ones (rope_parameters per layer type), window 5 on layers 0 and 1 of 3.
-            Safetensors only (no GGUF written).
+            full ones (rope_parameters per layer type), window 5 on layers 0 and 1 of 3. Its GGUF
+            is llama.cpp's "gemma3": norms (q / k norms too) stored as 1 + w, rope.freq_base the
+            full layers' base with rope.scaling linear, the sliding layers' base llama.cpp's fixed
+            10000; llama.cpp fixes the pattern at 5 sliding layers then a full one, so this
+            3-layer model states its own as gemma3.attention.sliding_window_pattern 3 (gguf-py's
+            key) and query_pre_attn_scalar 24 as attention.scale.
+  mixtral   (--moe) its GGUF is llama.cpp's "llama" with the experts stacked (ffn_gate_exps /
+            ffn_up_exps / ffn_down_exps [n_expert, ...]; w1 / w3 / w2), the router ffn_gate_inp
+            in F32, llama.expert_count / expert_used_count.
+  qwen3_moe (--moe) its GGUF is llama.cpp's "qwen3moe": stacked experts as mixtral's,
+            qwen3moe.expert_feed_forward_length; llama.cpp renormalises the top-k weights, so
+            norm_topk_prob false is written as qwen3moe.expert_weights_norm false (gguf-py's
+            key), and layer 1 (mlp_only_layers; llama.cpp's qwen3moe has experts on every layer)
+            keeps its dense ffn_gate / ffn_up / ffn_down with no ffn_gate_inp.
+  (--gguf-from-saved: only these three GGUF files, from the committed syn_<family>/ directories,
+  so no other fixture changes.)
 
   syn_phi3.fused_lora.safetensors
             PEFT's own LoRA targets on phi3, qkv_proj, o_proj, gate_up_proj, down_proj (one A
@@ -84,9 +98,9 @@ FAMILIES = {
     "mistral": (MistralConfig, MistralForCausalLM, "llama", True),
     "phi3": (Phi3Config, Phi3ForCausalLM, "phi3", False),
     "gemma2": (Gemma2Config, Gemma2ForCausalLM, "gemma2", False),
-    "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM, None, False),
-    "mixtral": (MixtralConfig, MixtralForCausalLM, None, True),
-    "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM, None, False),
+    "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM, "gemma3", False),
+    "mixtral": (MixtralConfig, MixtralForCausalLM, "llama", True),
+    "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM, "qwen3moe", False),
 }
 
 
@@ -131,12 +145,31 @@ def write_gguf(path, family, cfg, sd):
     w.add_head_count_kv(nkv)
     w.add_key_length(cfg["head_dim"])
     w.add_value_length(cfg["head_dim"])
-    w.add_rope_freq_base(cfg["rope_parameters"]["rope_theta"])
+    rope = cfg["rope_parameters"]
+    rope = rope.get("full_attention", rope)  # gemma3: the full layers' (llama.cpp's freq_base)
+    w.add_rope_freq_base(rope["rope_theta"])
+    if rope.get("rope_type") == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(rope["factor"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     if cfg.get("sliding_window"):
         w.add_sliding_window(cfg["sliding_window"])
-    gemma = family == "gemma2"
-    if gemma:  # llama.cpp's converter: the caps as metadata, norms stored as 1 + w
+    if family == "gemma3":
+        types = cfg["layer_types"]
+        p = types.index("full_attention") + 1  # llama.cpp's rule: layer i slides unless
+        assert all((t == "sliding_attention") == (i % p < p - 1) for i, t in enumerate(types))
+        w.add_sliding_window_pattern(p)  # (i + 1) % p == 0
+        w.add_attention_scale(cfg["query_pre_attn_scalar"] ** -0.5)
+    experts = cfg.get("num_local_experts") or cfg.get("num_experts")
+    if experts:  # llama.cpp's TextModel / Qwen2MoeModel keys
+        w.add_expert_count(experts)
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        if family == "qwen3_moe":
+            w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+            if not cfg["norm_topk_prob"]:
+                w.add_expert_weights_norm(False)
+    gemma = family in ("gemma2", "gemma3")
+    if family == "gemma2":  # llama.cpp's converter: the caps as metadata, norms stored as 1 + w
         w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
         w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
         # llama.cpp scales gemma2's scores by head_dim^-0.5 (the 27B: (hidden / heads)^-0.5);
@@ -171,6 +204,22 @@ def write_gguf(path, family, cfg, sd):
         for n in ("q_norm", "k_norm"):
             if h + "self_attn." + n + ".weight" in sd:
                 vec(b + "attn_" + n + ".weight", sd[h + "self_attn." + n + ".weight"])
+        moe = h + "block_sparse_moe.gate.weight" if family == "mixtral" else h + "mlp.gate.weight"
+        if moe in sd:  # the router in F32 (llama.cpp's converter keeps ffn_gate_inp so)
+            w.add_tensor(b + "ffn_gate_inp.weight", sd[moe].numpy().astype(np.float32))
+            e = moe[:-len("gate.weight")] + "experts.{}."
+            names = ({"w1": "ffn_gate_exps", "w3": "ffn_up_exps", "w2": "ffn_down_exps"}
+                     if family == "mixtral" else
+                     {"gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps",
+                      "down_proj": "ffn_down_exps"})
+            for hf, gg in names.items():  # [n_expert, rows, cols], expert-major
+                a = np.stack([sd[e.format(x) + hf + ".weight"].numpy().astype(np.float32)
+                              for x in range(experts)])
+                w.add_tensor(b + gg + ".weight", a.astype(np.float16))
+            for p in PROJS[:4]:
+                heads = nh if p == "q_proj" else nkv if p == "k_proj" else None
+                mat(b + GGUF_PROJ[p] + ".weight", sd[h + "self_attn." + p + ".weight"], heads)
+            continue
         if h + "self_attn.qkv_proj.weight" in sd:  # phi3: llama.cpp keeps them fused
             mat(b + "attn_qkv.weight", sd[h + "self_attn.qkv_proj.weight"])
             mat(b + "attn_output.weight", sd[h + "self_attn.o_proj.weight"])
@@ -229,7 +278,7 @@ def synthetic(family, cfg, r, alpha, targets, rslora, gen):
     sd = {k: v.clone() for k, v in model.state_dict().items()}
     save_hf_dir(model, os.path.join(OUT, name))
     if FAMILIES[family][2]:
-        write_gguf(os.path.join(OUT, name + ".gguf"), family, cfg, sd)
+        gguf_from_saved(family)
     prompt = [5, 17, 42, 9]
     ids, margin = greedy(model, prompt, 24)
     tok, tgt = batch(cfg["vocab_size"], gen)
@@ -244,6 +293,17 @@ def synthetic(family, cfg, r, alpha, targets, rslora, gen):
     meta["peft_keys"] = ",".join(keys)
     save_file(out, os.path.join(OUT, name + ".lora.safetensors"), metadata=meta)
     print(name, "loss", float(out["loss"]), "greedy", ids, "min margin %.3g" % margin)
+
+
+def gguf_from_saved(family):
+    """syn_<family>.gguf from the committed syn_<family>/ (its fp16-exact weights; the experts
+    under the names save_pretrained writes)."""
+    d = os.path.join(OUT, "syn_" + family)
+    with open(os.path.join(d, "config.json")) as f:
+        cfg = json.load(f)
+    sd = {k: v.float() for k, v in load_file(os.path.join(d, "model.safetensors")).items()}
+    write_gguf(d + ".gguf", family, cfg, sd)
+    print("syn_" + family + ".gguf", os.path.getsize(d + ".gguf"))
 
 
 PHI3 = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -373,8 +433,16 @@ def main():
     ap.add_argument("--phi3-exports", action="store_true",
                     help="only the second pass on qlft's committed phi3 export")
     ap.add_argument("--moe", action="store_true", help="only the mixture-of-experts fixtures")
+    ap.add_argument("--gguf-from-saved", action="store_true",
+                    help="only the mixtral, qwen3_moe and gemma3 GGUF files, from their "
+                         "committed directories")
     args = ap.parse_args()
     os.makedirs(OUT, exist_ok=True)
+    if args.gguf_from_saved:
+        for family in ("mixtral", "qwen3_moe", "gemma3"):
+            gguf_from_saved(family)
+        fixture_versions.write(OUT, __file__, inputs=[])
+        return
     if args.moe:
         moe_fixtures()
         fixture_versions.write(OUT, __file__, inputs=[])

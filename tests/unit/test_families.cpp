@@ -17,6 +17,8 @@
 #include "arch/families.h"
 #include "backend/autocast_backend.h"
 #include "core/threads.h"
+#include "formats/gguf.h"
+#include "formats/gguf_writer.h"
 #include "formats/safetensors.h"
 #include "model/generate.h"
 #include "test_model_util.h"
@@ -343,9 +345,10 @@ TEST(Families, Gemma2MatchesTransformersAndPeft) {
 
 // Gemma 3 (text): gemma2's block without soft-caps, (1 + w) q / k norms per head, RoPE base
 // 1e4 on the sliding layers and 1e6 with linear scaling (factor 2) on the full one, window 5 on
-// layers 0 and 1 of 3. Safetensors (its GGUF form is refused, as is a merged GGUF export).
+// layers 0 and 1 of 3. From safetensors and from llama.cpp's "gemma3" GGUF (a merged GGUF
+// export is refused).
 TEST(Families, Gemma3MatchesTransformersAndPeft) {
-  check_family("gemma3", false);
+  check_family("gemma3");
 }
 TEST(Families, Gemma3ExportsLoadInPeft) {
   check_exports("gemma3", false);
@@ -766,7 +769,7 @@ TEST(Families, MixtralMatchesTransformersAndPeft) {
   Fixture f(family_fixture("syn_mixtral.lora.safetensors"));
   // Routing decisions further apart than fp32 rounding, so parity means the same experts.
   EXPECT_GT(std::stod(f.meta("routing_min_margin")), 1e-5);
-  check_family("mixtral", false);
+  check_family("mixtral");  // and llama.cpp's GGUF ("llama" with stacked experts)
 }
 
 // The PEFT adapter's names and the merged safetensors export (experts and router written as
@@ -918,16 +921,126 @@ TEST(Families, MixtralPlansFromItsConfig) {
 TEST(Families, Qwen3MoeMatchesTransformersAndPeft) {
   Fixture f(family_fixture("syn_qwen3_moe.lora.safetensors"));
   EXPECT_GT(std::stod(f.meta("routing_min_margin")), 1e-5);
-  check_family("qwen3_moe", false);
+  check_family("qwen3_moe");  // and llama.cpp's "qwen3moe" GGUF
+  for (const char* file : {"syn_qwen3_moe", "syn_qwen3_moe.gguf"}) {
+    SCOPED_TRACE(file);
+    MemoryTracker tr;
+    auto m = load_model(&tr, family_fixture(file), keep());
+    EXPECT_TRUE(m->shapes.qk_norm());
+    EXPECT_TRUE(m->shapes.layers[0].moe());
+    EXPECT_FALSE(m->shapes.layers[1].moe());  // mlp_only_layers
+    EXPECT_EQ(m->shapes.proj(1, Proj::Gate).out, 64);
+    EXPECT_EQ(m->shapes.layers[2].expert_ffn, 24);
+    EXPECT_FALSE(m->shapes.layers[2].norm_topk);
+    EXPECT_EQ(m->layers[2].moe.w3[1].rows, 24);
+  }
+}
+
+namespace {
+// A copy of a family GGUF fixture without the metadata keys in drop, with edit's keys added.
+std::string edited_gguf(const std::string& file, const std::set<std::string>& drop,
+                        const std::function<void(GgufWriter&)>& edit, const char* tag) {
+  auto g = GgufFile::open(family_fixture(file));
+  GgufWriter w;
+  for (const auto& [k, v] : g->metadata())
+    if (!drop.count(k) && k != "general.alignment") w.add_value(k, v);
+  if (edit) edit(w);
+  for (const GgufTensorInfo& t : g->tensors())
+    w.add_tensor(t.name, static_cast<GgmlType>(t.type),
+                 std::vector<int64_t>(t.ne, t.ne + std::max<uint32_t>(t.n_dims, 1)), t.data,
+                 t.nbytes);
+  const std::string out = qlft_test::temp_dir(tag) + "/" + file;
+  w.write(out);
+  return out;
+}
+}  // namespace
+
+// llama.cpp's rules where its GGUF keys are silent, each against the rule as llama.cpp states
+// it (the fixtures above carry the keys that make them transformers' models): gemma3 slides
+// layer i unless (i + 1) % 6 == 0 and scales scores by head_dim^-0.5; qwen3moe and mixtral
+// renormalise the top-k weights; routing other than softmax and shared experts are refused by
+// key; expert tensors on a family without experts are refused. The planner's GGUF footprint of
+// each MoE file equals what the load holds and, buffer by buffer, the safetensors footprint.
+TEST(Families, MoeAndGemma3GgufFollowLlamaCppsDefaults) {
   MemoryTracker tr;
-  auto m = load_model(&tr, family_fixture("syn_qwen3_moe"), keep());
-  EXPECT_TRUE(m->shapes.qk_norm());
-  EXPECT_TRUE(m->shapes.layers[0].moe());
-  EXPECT_FALSE(m->shapes.layers[1].moe());  // mlp_only_layers
-  EXPECT_EQ(m->shapes.proj(1, Proj::Gate).out, 64);
-  EXPECT_EQ(m->shapes.layers[2].expert_ffn, 24);
-  EXPECT_FALSE(m->shapes.layers[2].norm_topk);
-  EXPECT_EQ(m->layers[2].moe.w3[1].rows, 24);
+  auto gm = load_model(&tr, family_fixture("syn_gemma3.gguf"), keep());
+  EXPECT_EQ(gm->cfg.arch, "gemma3_text");
+  EXPECT_EQ(gm->cfg.sliding_layers, (std::vector<bool>{true, true, false}));
+  EXPECT_EQ(gm->cfg.rope_local_theta, 10000.f);
+  EXPECT_EQ(gm->cfg.rope.type, RopeType::Linear);
+  EXPECT_NEAR(gm->cfg.attn_scalar, 24.f, 1e-4);
+  auto g6 =
+      load_model(&tr,
+                 edited_gguf("syn_gemma3.gguf",
+                             {"gemma3.attention.sliding_window_pattern", "gemma3.attention.scale"},
+                             nullptr, "gemma3_default"),
+                 keep());
+  EXPECT_EQ(g6->cfg.sliding_layers, (std::vector<bool>{true, true, true}));
+  EXPECT_EQ(g6->cfg.attn_scalar, 16.f);  // head_dim
+
+  auto qm = load_model(
+      &tr,
+      edited_gguf("syn_qwen3_moe.gguf", {"qwen3moe.expert_weights_norm"}, nullptr, "qwen3moe_norm"),
+      keep());
+  EXPECT_TRUE(qm->shapes.layers[0].norm_topk);
+  EXPECT_EQ(qm->cfg.moe.layers, (std::vector<bool>{true, false, true}));
+  auto mx = load_model(&tr, family_fixture("syn_mixtral.gguf"), keep());
+  EXPECT_EQ(mx->cfg.arch, "mixtral");
+  EXPECT_TRUE(mx->cfg.rope_adjacent);
+  EXPECT_TRUE(mx->cfg.moe.layers.empty());  // every layer
+  EXPECT_EQ(mx->cfg.moe.expert_ffn, 48);
+  EXPECT_TRUE(mx->shapes.layers[1].norm_topk);
+
+  const std::pair<const char*, std::function<void(GgufWriter&)>> bad[] = {
+      {"qwen3moe.expert_gating_func",
+       [](GgufWriter& w) { w.add_u32("qwen3moe.expert_gating_func", 2); }},
+      {"qwen3moe.expert_shared_count",
+       [](GgufWriter& w) { w.add_u32("qwen3moe.expert_shared_count", 1); }},
+  };
+  for (const auto& [key, edit] : bad) {
+    try {
+      load_model(&tr, edited_gguf("syn_qwen3_moe.gguf", {}, edit, "qwen3moe_bad"), keep());
+      ADD_FAILURE() << key << " loaded";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), QLFT_ERR_UNSUPPORTED);
+      EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+    }
+  }
+  try {  // qwen3's architecture with experts
+    load_model(
+        &tr,
+        edited_gguf(
+            "syn_qwen3_moe.gguf", {"general.architecture"},
+            [](GgufWriter& w) { w.add_string("general.architecture", "qwen3"); }, "qwen3_experts"),
+        keep());
+    ADD_FAILURE() << "qwen3 with experts loaded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), QLFT_ERR_UNSUPPORTED);
+    EXPECT_NE(std::string(e.what()).find("ffn_gate_exps"), std::string::npos) << e.what();
+  }
+
+  for (const char* file : {"syn_mixtral.gguf", "syn_qwen3_moe.gguf"})
+    for (bool nf4 : {false, true}) {
+      SCOPED_TRACE(std::string(file) + (nf4 ? " nf4" : " keep"));
+      MemoryTracker t2;
+      const LoadOptions o = nf4 ? LoadOptions{} : keep();
+      auto m = load_model(&t2, family_fixture(file), o);
+      ModelConfig mc;
+      const WeightFootprint f = weight_footprint_of_file(family_fixture(file), o, &mc);
+      EXPECT_EQ(f.bytes, t2.snapshot().allocated[size_t(MemCategory::Weights)]);
+      std::string dir = family_fixture(file);  // the same model's safetensors
+      dir.resize(dir.size() - 5);
+      ModelConfig hc;
+      const WeightFootprint l = weight_footprint_of_file(dir, o, &hc);
+      EXPECT_EQ(f.bytes, l.bytes);
+      ASSERT_EQ(f.groups.size(), l.groups.size());
+      for (size_t g = 0; g < f.groups.size(); ++g) {
+        std::vector<uint64_t> a = f.groups[g], b = l.groups[g];
+        std::sort(a.begin(), a.end());
+        std::sort(b.begin(), b.end());
+        EXPECT_EQ(a, b) << "group " << g;
+      }
+    }
 }
 
 TEST(Families, Qwen3MoeExportsLoadInPeft) {
