@@ -323,6 +323,15 @@ Buffer Buffer::view_of(Buffer& of) {
   return b;
 }
 
+Buffer Buffer::view_of(Buffer& of, size_t offset, size_t bytes) {
+  QLFT_CHECK_ARG(offset <= of.size_ && bytes <= of.size_ - offset,
+                 "a view of %zu bytes at %zu of a buffer of %zu", bytes, offset, of.size_);
+  Buffer b = view_of(of);
+  b.data_ = static_cast<char*>(of.data_) + offset;
+  b.size_ = bytes;
+  return b;
+}
+
 void Buffer::reset() noexcept {
   if (view_) {
     // another Buffer's bytes: view_of

@@ -199,6 +199,9 @@ class Buffer {
   // one tensor in two places, e.g. the A that a fused module's LoRA parts share (model/lora.h).
   // It must not outlive of.
   static Buffer view_of(Buffer& of);
+  // A view of `bytes` of of's bytes from `offset` (offset + bytes <= of.size()): a tensor placed
+  // in the dead part of another (the runner's backward temporaries, model/llama_internal.h).
+  static Buffer view_of(Buffer& of, size_t offset, size_t bytes);
   bool is_view() const { return view_; }
 
   // Wherever the bytes live: zero them, or copy `bytes` (<= size()) in from / out to host memory.

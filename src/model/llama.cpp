@@ -56,9 +56,14 @@ RunnerFootprint LlamaRunner::footprint(const ModelShapes& c, int lora_r, int lor
   f.stream = 3 * counted(R) + (doc_ids ? counted(R) : 0) +
              static_cast<uint64_t>(c.n_layers + 1) * counted(R * c.dim) + counted(R * c.dim) +
              counted(R) + (training ? counted(R * c.dim) : 0);
-  for (int64_t n : grad_counts(c, R, mlp_tile)) f.backward_ws += counted(n);
+  // The backward temporaries with buffers of their own (the others live in dead tensors, and a
+  // checkpointed layer's recomputed output in one of those: grads_owned).
+  const std::array<int64_t, 9> g = grad_counts(c, R, mlp_tile);
+  const std::array<bool, 9> owned = grads_owned(c);
+  for (size_t i = 0; i < g.size(); ++i)
+    if (owned[i]) f.backward_ws += counted(g[i]);
   if (mlp_tile > 0) f.backward_ws += counted(mlp_tile * c.dim);  // mlp_bwd_tiles' down output
-  f.recompute_ws = counted(R * c.dim);
+  f.recompute_ws = 0;
   // Each MoE layer's saved routing and expert rows; its backward's workspace (one layer's at a
   // time) counted with the backward temporaries.
   uint64_t moe_ws = 0;

@@ -84,8 +84,10 @@ struct RunnerFootprint {
   bool scratch_always = false;  // 16-bit storage: stored layers run in the scratch set too
   uint64_t stream = 0;          // residual stream, final norm, positions, targets, doc ids, and
                                 // d(final norm) when training (activations)
-  uint64_t backward_ws = 0;     // backward temporaries, held through backward() (workspace)
-  uint64_t recompute_ws = 0;    // a checkpointed layer's recomputed output (workspace)
+  uint64_t backward_ws = 0;     // backward temporaries with buffers of their own, held through
+                                // backward() (workspace; the others live in dead tensors)
+  uint64_t recompute_ws = 0;    // a checkpointed layer's recomputed output (workspace; 0: it is
+                                // written into a dead tensor)
   // Every mixture-of-experts layer's routing and gathered expert rows (moe_saved_bytes), kept
   // for each such layer whether it is checkpointed or not (the backend's memory).
   uint64_t moe_saved = 0;

@@ -23,6 +23,13 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
   const LayerWeights& L = model_.layers[l];
   const int64_t R = rows_, qd = model_.shapes.q_dim(), kvd = model_.shapes.kv_dim();
   Grads& g = *grads_;
+  {  // dq, dk, dv in this layer's xn2 and x_mid, dead by the time they are written
+    const std::array<bool, 9> owned = grads_owned(model_.shapes);
+    const size_t qb = size_t(R * qd) * 4, kb = size_t(R * kvd) * 4;
+    if (!owned[3]) g.dq = Buffer::view_of(a.xn2, 0, qb);
+    if (!owned[4]) g.dk = Buffer::view_of(a.x_mid, 0, kb);
+    if (!owned[5]) g.dv = Buffer::view_of(a.x_mid, kb, kb);
+  }
   const int32_t* pos = pos_.as<int32_t>();
   MatF G = mat(g.G, R, c.dim);
   // This layer's sliding window (0: none).
@@ -212,21 +219,25 @@ void LlamaRunner::backward() {
   be_.tracker()->set_phase("backward");
   const ModelConfig& c = model_.cfg;
   const int64_t R = rows_;
+  const std::array<int64_t, 9> n = grad_counts(model_.shapes, R, tile_);
+  const std::array<bool, 9> owned = grads_owned(model_.shapes);
   if (!grads_) {
-    const Backend& t = be_;
-    const MemCategory W = MemCategory::Workspace;
-    const std::array<int64_t, 9> n = grad_counts(model_.shapes, R, tile_);
+    static const char* const kWhat[9] = {"d residual",   "d norm out", "d attention out",
+                                         "dq",           "dk",         "dv",
+                                         "d swiglu out", "d gate",     "d up"};
     auto g = std::make_unique<Grads>();
-    g->G = make(t, W, n[0], "d residual");
-    g->dxn = make(t, W, n[1], "d norm out");
-    g->datt = make(t, W, n[2], "d attention out");
-    g->dq = make(t, W, n[3], "dq");
-    g->dk = make(t, W, n[4], "dk");
-    g->dv = make(t, W, n[5], "dv");
-    g->dh = make(t, W, n[6], "d swiglu out");
-    g->dgate = make(t, W, n[7], "d gate");
-    g->dup = make(t, W, n[8], "d up");
+    for (size_t i = 0; i < n.size(); ++i)
+      if (owned[i]) g->own[i] = make(be_, MemCategory::Workspace, n[i], kWhat[i]);
     grads_ = std::move(g);
+  }
+  {  // each temporary where it lives (grads_owned); dq, dk, dv of a dead tensor: per layer
+    Grads& g = *grads_;
+    Buffer* t[9] = {&g.G, &g.dxn, &g.datt, &g.dq, &g.dk, &g.dv, &g.dh, &g.dgate, &g.dup};
+    for (size_t i = 0; i < n.size(); ++i)
+      if (owned[i]) *t[i] = Buffer::view_of(g.own[i]);
+    g.G = Buffer::view_of(xnf_, 0, size_t(n[0]) * 4);
+    g.dxn = Buffer::view_of(dxnf_, 0, size_t(n[1]) * 4);
+    if (!owned[2]) g.datt = Buffer::view_of(resid_[size_t(c.n_layers)], 0, size_t(n[2]) * 4);
   }
   zero(grads_->G);
   WeightStream* ws = model_.stream.get();
@@ -241,12 +252,10 @@ void LlamaRunner::backward() {
     if (ckpt_[l]) {
       // Recompute this layer's activations from its saved input (same dropout masks).
       LayerActs& a = acts_for(l, true);
-      {
-        Buffer tmp = make(be_, MemCategory::Workspace, R * c.dim, "recompute out");
-        recompute_ = true;  // (MLP tiles skipped: mlp_bwd_tiles makes them; prepare resets it)
-        layer_fwd(l, a, x_in, tmp.as<float>());
-        recompute_ = false;
-      }
+      // Its output is not read: written into dxn (free until layer_bwd; grads_owned).
+      recompute_ = true;  // (MLP tiles skipped: mlp_bwd_tiles makes them; prepare resets it)
+      layer_fwd(l, a, x_in, grads_->dxn.as<float>());
+      recompute_ = false;
       if (act_dtype_ != DType::F32) round_stored(a);
       layer_bwd(l, a, x_in, l > 0);
     } else if (stored_[l]->half) {

@@ -84,6 +84,23 @@ inline std::array<int64_t, 9> grad_counts(const ModelShapes& c, int64_t R, int64
           R * kvd,   F * c.ffn_dim, F * c.ffn_dim, F * c.ffn_dim};
 }
 
+// Which backward temporaries (grad_counts' order) have buffers of their own; the others are
+// placed in fp32 tensors that are dead while backward runs, so they cost nothing:
+//  - G (d residual) in the final norm output (read only by the head's cross-entropy, in forward);
+//  - dxn (d norm out) in d(final norm), dead once the final norm's backward has run; a
+//    checkpointed layer's recompute also writes its (unread) output there;
+//  - datt (R x q_dim) in the last residual entry (dead after the final norm's backward: it is
+//    never offloaded), where q_dim <= dim;
+//  - per layer, dq (R x q_dim) in the layer's xn2 (R x dim; dead once gate / up's backward has
+//    read it), dk and dv (R x kv_dim each) one after the other in its x_mid (R x dim; dead once
+//    the FFN norm's backward has read it), where they fit.
+// dh, dgate and dup (the MLP's) always have their own. The runner (LlamaRunner::backward,
+// layer_bwd) and its footprint both ask here.
+inline std::array<bool, 9> grads_owned(const ModelShapes& c) {
+  const int64_t qd = c.q_dim(), kvd = c.kv_dim();
+  return {false, false, qd > c.dim, qd > c.dim, kvd > c.dim, 2 * kvd > c.dim, true, true, true};
+}
+
 // Per (step, layer, projection) seed so every adapter draws its own dropout mask.
 inline uint64_t proj_seed(uint64_t step_seed, int layer, Proj p) {
   return mix64(step_seed ^ mix64((static_cast<uint64_t>(layer) << 8) | static_cast<uint64_t>(p)));
@@ -132,9 +149,11 @@ struct LlamaRunner::LayerActs {
   }
 };
 
-// Backward temporaries (workspace).
+// Backward temporaries: the tensors layer_bwd uses, each a view of its own buffer (own, in
+// grad_counts' order; workspace) or of a dead tensor (grads_owned).
 struct LlamaRunner::Grads {
   Buffer G, dxn, datt, dq, dk, dv, dh, dgate, dup;
+  Buffer own[9];
 };
 
 }  // namespace qlft

@@ -30,7 +30,8 @@ void expect_tiles_equal_whole(Precision prec) {
               prec == Precision::BF16 ? "bf16" : "fp32", t.loss, whole.loss, err);
   EXPECT_LT(err, 1e-5);
   EXPECT_LT(t.act_peak, whole.act_peak);
-  EXPECT_LT(t.ws_peak, whole.ws_peak);
+  EXPECT_LE(t.ws_peak, whole.ws_peak);  // (may be another kernel's peak at this size)
+  EXPECT_LT(t.ws_held, whole.ws_held);  // dh, dgate, dup: a tile
 }
 
 }  // namespace

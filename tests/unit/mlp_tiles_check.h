@@ -18,6 +18,9 @@ struct StepResult {
   std::vector<float> grads;            // every dA and dB, adapter order
   int64_t tile = 0;                    // the tile the runner engaged
   uint64_t act_peak = 0, ws_peak = 0;  // the tracker's activation / workspace peaks of the step
+  // Workspace still allocated after backward: the backward temporaries the runner keeps (the
+  // MLP's dh, dgate, dup among them) until it is released.
+  uint64_t ws_held = 0;
 };
 
 // One forward + backward of 2 x 16 tokens (one target ignored) with LoRA r 4 on all seven
@@ -63,6 +66,7 @@ inline StepResult step(const Model& m, Backend& be, MemoryTracker* tr, int64_t t
     const bool dev = be.device_memory();
     r.act_peak = (dev ? s.device_peak : s.peak)[int(MemCategory::Activations)];
     r.ws_peak = (dev ? s.device_peak : s.peak)[int(MemCategory::Workspace)];
+    r.ws_held = s.allocated[int(MemCategory::Workspace)];
   }
   for (auto& prm : lora.params()) r.grads.insert(r.grads.end(), prm.g, prm.g + prm.n);
   return r;

@@ -33,7 +33,11 @@ void expect_tiles_equal_whole(Precision prec) {
     EXPECT_LT(err, 1e-5) << "tile " << tile;
     // gate / up / activation and dh / dgate / dup hold a tile, not all 32 rows.
     EXPECT_LT(t.act_peak, whole.act_peak);
-    EXPECT_LT(t.ws_peak, whole.ws_peak);
+    // The workspace peak may be another kernel's at this size (most backward temporaries
+    // live in dead tensors: model/llama_internal.h grads_owned), never more than whole; the
+    // temporaries the runner holds after backward are smaller.
+    EXPECT_LE(t.ws_peak, whole.ws_peak);
+    EXPECT_LT(t.ws_held, whole.ws_held);
     // The planner's activations (LlamaRunner::footprint with the tile) are the tracker's.
     const RunnerFootprint f =
         LlamaRunner::footprint(m->shapes, 4, kProjCount, 32, true, false, acts, nullptr, tile);
