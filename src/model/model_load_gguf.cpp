@@ -197,6 +197,14 @@ ModelConfig read_gguf_config(const GgufFile& g) {
                         path.c_str(), static_cast<double>(d[i]), i);
   }
 
+  // llama.cpp's Phi-3 LongRoPE (rope_factors_long / _short: per-pair frequency divisors chosen by
+  // the sequence length, with their own attention factor): not rotated with, so refused.
+  for (const char* n : {"rope_factors_long.weight", "rope_factors_short.weight"})
+    if (g.find_tensor(n))
+      throw_error(QLFT_ERR_UNSUPPORTED,
+                  "%s: tensor '%s' (llama.cpp's LongRoPE factors, rope_scaling type longrope) "
+                  "is not supported: qlft does not rotate with longrope scaling",
+                  path.c_str(), n);
   const GgufTensorInfo& emb = gguf_tensor(g, "token_embd.weight", -1, c.dim);
   QLFT_CHECK_FORMAT(emb.ne[1] >= 1 && emb.ne[1] <= kMaxVocab,
                     "%s: tensor 'token_embd.weight' has %lld rows, not a vocabulary size",

@@ -1043,6 +1043,28 @@ TEST(Families, MoeAndGemma3GgufFollowLlamaCppsDefaults) {
     }
 }
 
+// llama.cpp's Phi-3 LongRoPE GGUF (rope_factors_long / rope_factors_short) is refused naming
+// the tensor, not loaded with plain RoPE; the same file without them loads.
+TEST(Families, Phi3LongRopeGgufRefusedByName) {
+  MemoryTracker tr;
+  EXPECT_NO_THROW(load_model(&tr, edited_gguf("syn_phi3.gguf", {}, nullptr, "phi3_plain"), keep()));
+  for (const char* name : {"rope_factors_long.weight", "rope_factors_short.weight"}) {
+    const std::vector<float> f(4, 1.5f);  // head_dim 8: one divisor per pair
+    try {
+      load_model(
+          &tr,
+          edited_gguf(
+              "syn_phi3.gguf", {}, [&](GgufWriter& w) { w.add_tensor_f32(name, {4}, f.data()); },
+              "phi3_longrope"),
+          keep());
+      ADD_FAILURE() << name << " loaded";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), QLFT_ERR_UNSUPPORTED);
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(Families, Qwen3MoeExportsLoadInPeft) {
   check_exports("qwen3_moe", false);
 }
