@@ -35,9 +35,8 @@ bool auto_offload_checkpoints(const Model& model, const RunSpec& spec, const Bac
                               MemoryTracker* tracker) {
   if (!spec.train.offload_checkpoints_auto || !backend.device_memory()) return false;
   uint64_t budget = spec.memory.limit;
-  if (budget == 0)
-    budget = cuda_plugin::get("train.offload_checkpoints=auto").device_available(tracker) +
-             tracker->budgeted_reserved();
+  if (budget == 0)  // what this trainer can still have: free + the cache's blocks
+    budget = cuda_plugin::get("train.offload_checkpoints=auto").device_available(tracker);
   return plan_offload_checkpoints(model.cfg, weight_footprint_for_plan(model, spec.quant),
                                   PlanSettings::from_spec(spec), budget)
       .offload_checkpoints;
