@@ -9,7 +9,7 @@ namespace qlft {
 
 const char* rope_type_name(RopeType t) {
   // transformers' rope_type strings.
-  static const char* const names[] = {"default", "linear", "dynamic", "llama3", "yarn"};
+  static const char* const names[] = {"default", "linear", "dynamic", "llama3", "yarn", "longrope"};
   return enum_name(names, t);
 }
 

@@ -10,7 +10,7 @@
 
 namespace qlft {
 
-enum class RopeType : int { Default = 0, Linear, Dynamic, Llama3, Yarn };
+enum class RopeType : int { Default = 0, Linear, Dynamic, Llama3, Yarn, LongRope };
 const char* rope_type_name(RopeType t);  // transformers' rope_type string
 
 // RoPE scaling as transformers declares it (parsed and turned into frequencies by
@@ -29,6 +29,10 @@ struct RopeScaling {
   // GGUF rope_freqs.weight (llama.cpp's form of llama3 scaling): inv_freq[i] is divided by
   // freq_divisors[i]. Empty otherwise.
   std::vector<float> freq_divisors;
+  // longrope (Phi-3): per-pair divisors of the frequencies, short_factor for calls up to
+  // original_context positions and long_factor past it (head_dim / 2 each); its cos / sin factor
+  // is attention_factor (has_attention_factor) or derived from factor.
+  std::vector<float> short_factor, long_factor;
 
   bool scaled() const { return type != RopeType::Default || !freq_divisors.empty(); }
 };

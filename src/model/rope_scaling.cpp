@@ -90,21 +90,49 @@ RopeScaling rope_scaling_from_hf(const nlohmann::json& root, const std::string& 
     s.type = RopeType::Llama3;
   else if (type == "yarn")
     s.type = RopeType::Yarn;
+  else if (type == "longrope" || type == "su")  // "su": early Phi-3 configs' name of it
+    s.type = RopeType::LongRope;
   else
     throw_error(QLFT_ERR_UNSUPPORTED,
                 "%s: key '%s.rope_type' = '%s': this RoPE scaling is not supported (default, "
-                "linear, dynamic, llama3 and yarn are)",
+                "linear, dynamic, llama3, yarn and longrope are)",
                 path.c_str(), key, type.c_str());
   // Phi3-style configs keep the pretraining length beside, not inside, the scaling object;
   // transformers gives that one priority.
   double orig = max_pos;
-  if (root.contains("original_max_position_embeddings") &&
-      root["original_max_position_embeddings"].is_number())
+  const bool root_orig = root.contains("original_max_position_embeddings") &&
+                         root["original_max_position_embeddings"].is_number();
+  if (root_orig)
     orig = number(root, "original_max_position_embeddings", -1, path, "config");
   else
     orig = number(o, "original_max_position_embeddings", max_pos, path, where);
   s.original_context = static_cast<int>(orig);
-  if (s.type == RopeType::Yarn) {
+  if (s.type == RopeType::LongRope) {
+    // transformers' _compute_longrope_parameters: with the config's own
+    // original_max_position_embeddings (Phi-3) the factor is max_position_embeddings / it.
+    s.factor = root_orig ? double(max_pos) / orig : number(o, "factor", 1, path, where);
+    if (o.contains("attention_factor") && !o["attention_factor"].is_null()) {
+      s.attention_factor = number(o, "attention_factor", -1, path, where);
+      s.has_attention_factor = true;
+    }
+    for (auto [k, dst] :
+         {std::pair{"short_factor", &s.short_factor}, {"long_factor", &s.long_factor}}) {
+      QLFT_CHECK_FORMAT(o.contains(k) && o[k].is_array() && !o[k].empty(),
+                        "%s: key '%s.%s' is missing or not a list (RoPE scaling 'longrope' needs "
+                        "it)",
+                        path.c_str(), key, k);
+      for (const nlohmann::json& v : o[k]) {
+        QLFT_CHECK_FORMAT(v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() > 0 &&
+                              v.get<double>() <= kMaxValue,
+                          "%s: key '%s.%s' holds %s, not a positive number", path.c_str(), key, k,
+                          v.dump().c_str());
+        dst->push_back(v.get<float>());
+      }
+    }
+    QLFT_CHECK_FORMAT(s.short_factor.size() == s.long_factor.size(),
+                      "%s: '%s': short_factor has %zu values, long_factor %zu", path.c_str(), key,
+                      s.short_factor.size(), s.long_factor.size());
+  } else if (s.type == RopeType::Yarn) {
     // factor may be null: max_position_embeddings / original (DeepSeek-V3's convention).
     s.factor = number(o, "factor", double(max_pos) / orig, path, where);
     if (o.contains("attention_factor") && !o["attention_factor"].is_null()) {
@@ -180,6 +208,11 @@ RopeScaling rope_scaling_from_gguf(const GgufFile& g, const std::string& a) {
 }
 
 double rope_attention_factor(const RopeScaling& s) {
+  if (s.type == RopeType::LongRope) {
+    if (s.has_attention_factor) return s.attention_factor;
+    return s.factor <= 1 ? 1.0
+                         : std::sqrt(1 + std::log(s.factor) / std::log(double(s.original_context)));
+  }
   if (s.type != RopeType::Yarn) return 1.0;
   if (s.has_attention_factor) return s.attention_factor;
   if (s.mscale > 0 && s.mscale_all_dim > 0)
@@ -257,6 +290,18 @@ RopeFreqs rope_freqs(const ModelConfig& c, int64_t seq_len) {
       f.scale = static_cast<float>(rope_attention_factor(s));
       break;
     }
+    case RopeType::LongRope: {
+      // transformers picks long_factor once max(position) + 1 passes the original length.
+      const std::vector<float>& ext = seq_len > s.original_context ? s.long_factor : s.short_factor;
+      QLFT_CHECK_FORMAT(ext.size() == size_t(half),
+                        "longrope: %zu factors per list, head_dim %d needs %d", ext.size(), dim,
+                        half);
+      for (int i = 0; i < half; ++i)
+        inv[i] = 1.f /
+                 (ext[size_t(i)] * powf(base, static_cast<float>(2 * i) / static_cast<float>(dim)));
+      f.scale = static_cast<float>(rope_attention_factor(s));
+      break;
+    }
   }
   // llama.cpp's llama3 form: per-pair divisors of the plain frequencies.
   if (!s.freq_divisors.empty())
@@ -280,6 +325,12 @@ nlohmann::json rope_scaling_json(const ModelConfig& c) {
   }
   if (s.type == RopeType::Llama3 || s.type == RopeType::Yarn)
     j["original_max_position_embeddings"] = s.original_context;
+  if (s.type == RopeType::LongRope) {
+    j["original_max_position_embeddings"] = s.original_context;
+    j["short_factor"] = s.short_factor;
+    j["long_factor"] = s.long_factor;
+    j["attention_factor"] = rope_attention_factor(s);  // as computed: no reader re-derives it
+  }
   if (s.type == RopeType::Yarn) {
     j["beta_fast"] = s.beta_fast;
     j["beta_slow"] = s.beta_slow;

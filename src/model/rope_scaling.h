@@ -36,10 +36,11 @@ double rope_attention_factor(const RopeScaling& s);
 // max_position_embeddings).
 RopeFreqs rope_freqs(const ModelConfig& c, int64_t seq_len);
 
-// Whether c's table depends on the sequence length (dynamic NTK): a device backend then holds
+// Whether c's table depends on the sequence length (dynamic NTK; longrope's short / long
+// factors): a device backend then holds
 // up to kRopeDeviceTables of them.
 inline bool rope_varies(const RopeScaling& s) {
-  return s.type == RopeType::Dynamic;
+  return s.type == RopeType::Dynamic || s.type == RopeType::LongRope;
 }
 
 // The longest context c's positions are meant for: max_position_embeddings, times the factor for

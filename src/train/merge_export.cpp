@@ -230,6 +230,8 @@ void export_safetensors(const Model& m, const LoraAdapter* lora, const std::stri
   j["rope_parameters"] = rope_parameters_json(c);
   j["rope_parameters"]["rope_theta"] = short_double(c.rope_theta);
   if (c.rope.type != RopeType::Default) j["rope_scaling"] = rope_scaling_json(c);
+  if (c.rope.type == RopeType::LongRope)  // Phi-3 reads its pretraining length from the root
+    j["original_max_position_embeddings"] = c.rope.original_context;
   if (c.rope_local_theta > 0) {  // gemma3: per layer type, full layers' as above
     const nlohmann::json full = j["rope_parameters"];
     j["rope_parameters"] = {
@@ -295,6 +297,10 @@ void add_rope_scaling(GgufWriter& w, const std::string& a, const ModelConfig& c)
       throw_error(QLFT_ERR_UNSUPPORTED,
                   "merged GGUF export: dynamic NTK RoPE scaling has no GGUF (llama.cpp) form; "
                   "export to safetensors instead");
+    case RopeType::LongRope:  // llama.cpp's rope_factors_long / _short are not written
+      throw_error(QLFT_ERR_UNSUPPORTED,
+                  "merged GGUF export: longrope RoPE scaling (llama.cpp's rope_factors_long / "
+                  "rope_factors_short) is not written; export to safetensors instead");
   }
 }
 

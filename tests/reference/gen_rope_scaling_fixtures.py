@@ -25,6 +25,11 @@ Runs transformers in fp32 on the CPU and writes tests/reference/fixtures/rope_sc
   peft_adapter/          a LoRA (r=4, alpha=8, all 7 targets) qlft trained on the llama3 variant
                          (6 AdamW steps on the 72 tokens): written by OUR code, the C++ test
                          `QLFT_WRITE_ROPE_FIXTURES=1 test_rope_scaling --gtest_filter=*WriteFixtures*`.
+  longrope.safetensors, config_longrope.json
+                         (--longrope) Phi-3's LongRoPE as transformers' Phi3RotaryEmbedding computes
+                         it (original 32, max 128, head_dim 16): inv_freq of a 32-token call
+                         (short_factor) and of a 72-token call (long_factor), attention_scaling and
+                         the last position's cos of each.
   peft.safetensors       (--peft) base_logits and peft_logits: the llama3 model's logits over the
                          72 tokens (at `positions`) without and with
                          PeftModel.from_pretrained(peft_adapter/).
@@ -175,7 +180,45 @@ def peft_stage():
               os.path.join(OUT, "peft.safetensors"))
 
 
+# Phi-3's LongRoPE (Phi3ForCausalLM, rope_type "longrope"): per-pair divisors short_factor up to
+# original_max_position_embeddings, long_factor past it, cos / sin scaled by
+# sqrt(1 + ln(max / original) / ln(original)).
+LONGROPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, vocab_size=256, max_position_embeddings=128,
+                original_max_position_embeddings=32, rms_norm_eps=1e-5,
+                rope_parameters={"rope_type": "longrope", "rope_theta": THETA,
+                                 "short_factor": [1.0, 1.05, 1.1, 1.3, 1.7, 2.2, 2.9, 3.5],
+                                 "long_factor": [1.0, 1.2, 1.9, 3.1, 5.3, 8.0, 11.5, 16.0]})
+
+
+def longrope():
+    """longrope.safetensors: transformers' Phi3 rotary table for a 32-token and a 72-token call
+    (short.inv_freq / long.inv_freq, attention_scaling, and the cos of the last position), and
+    config_longrope.json (the Phi-3 config.json qlft reads)."""
+    from transformers import Phi3Config
+    from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
+    cfg = Phi3Config(**LONGROPE)
+    d = cfg.to_dict()
+    d["architectures"] = ["Phi3ForCausalLM"]
+    with open(os.path.join(OUT, "config_longrope.json"), "w") as f:
+        json.dump(d, f, indent=1, sort_keys=True, default=str)
+    out = {}
+    for name, n in (("short", 32), ("long", SEQ)):
+        rot = Phi3RotaryEmbedding(cfg)  # a fresh module per call length
+        x = torch.zeros(1, n, 16)
+        cos, _ = rot(x, torch.arange(n)[None])
+        out[name + ".inv_freq"] = rot.inv_freq.float().clone()
+        out[name + ".cos_last"] = cos[0, -1].float().clone()
+        out[name + ".attention_scaling"] = torch.tensor([float(rot.attention_scaling)])
+    save_file(out, os.path.join(OUT, "longrope.safetensors"))
+    print("longrope attention_scaling", float(out["long.attention_scaling"]))
+
+
 def main():
+    if sys.argv[1:] == ["--longrope"]:
+        longrope()
+        fixture_versions.write(OUT, __file__, inputs=[])
+        return
     if sys.argv[1:] == ["--peft"]:
         peft_stage()
         fixture_versions.write(OUT, __file__, inputs=[])

@@ -284,3 +284,57 @@ TEST(RopeScaling, AdapterTrainedByQlftGivesPeftLogits) {
   const std::vector<float> base = peft.f32("base_logits");
   EXPECT_GT(qlft_test::max_rel_error(base.data(), want.data(), want.size()), 1e-2);
 }
+
+// Phi-3's LongRoPE (config_longrope.json: original 32, max_position_embeddings 128, head_dim 16;
+// gen_rope_scaling_fixtures.py --longrope): the table of a 32-token call (short_factor) and of a
+// 72-token call (long_factor), the cos / sin factor sqrt(1 + ln 4 / ln 32) and the last
+// position's cos against transformers' Phi3RotaryEmbedding; bad lists refused naming the key;
+// the merged export's rope_scaling read back gives the same tables.
+TEST(RopeScaling, LongRopeMatchesTransformersPhi3) {
+  JsonFile cj = JsonFile::load(fixture("config_longrope.json"));
+  const ModelConfig c = read_hf_config(cj, "", nullptr);
+  EXPECT_EQ(c.arch, "phi3");
+  EXPECT_STREQ(rope_type_name(c.rope.type), "longrope");
+  EXPECT_TRUE(rope_varies(c.rope));
+  const model_test::Fixture ref(fixture("longrope.safetensors"));
+  for (auto [name, seq] : {std::pair{"short", 32}, std::pair{"long", 72}}) {
+    SCOPED_TRACE(name);
+    const RopeFreqs f = rope_freqs(c, seq);
+    const std::vector<float> want = ref.f32(std::string(name) + ".inv_freq");
+    ASSERT_EQ(f.inv_freq.size(), want.size());
+    EXPECT_LT(max_rel_diff(f.inv_freq, want), 1e-6);
+    EXPECT_NEAR(f.scale, ref.f32(std::string(name) + ".attention_scaling")[0], 1e-6);
+    const std::vector<float> cos_last = ref.f32(std::string(name) + ".cos_last");  // [16]
+    for (size_t i = 0; i < f.inv_freq.size(); ++i) {
+      const float ang = float(seq - 1) * f.inv_freq[i];
+      EXPECT_NEAR(std::cos(ang) * f.scale, cos_last[i], 2e-5) << i;
+      EXPECT_NEAR(std::cos(ang) * f.scale, cos_last[i + 8], 2e-5) << i;
+    }
+  }
+  EXPECT_NEAR(rope_attention_factor(c.rope), std::sqrt(1 + std::log(4.0) / std::log(32.0)), 1e-12);
+  EXPECT_FALSE(rope_freqs(c, 32) == rope_freqs(c, 33));  // the long factors past 32
+
+  nlohmann::json j = cj.root();
+  j["rope_parameters"]["long_factor"] = {1.0, 2.0};
+  try {
+    read_hf_config(JsonFile::parse(j.dump(), "x/config.json"), "", nullptr);
+    ADD_FAILURE() << "2 long factors accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("short_factor has 8 values, long_factor 2"),
+              std::string::npos)
+        << e.what();
+  }
+  j["rope_parameters"].erase("long_factor");
+  try {
+    rope_scaling_from_hf(j, "x/config.json", 128);
+    ADD_FAILURE() << "no long_factor accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("long_factor"), std::string::npos) << e.what();
+  }
+  // What the merged export writes (rope_scaling + the root's original length) reads back the same.
+  nlohmann::json back = {{"rope_scaling", rope_scaling_json(c)},
+                         {"original_max_position_embeddings", c.rope.original_context}};
+  ModelConfig c2 = c;
+  c2.rope = rope_scaling_from_hf(back, "export", c.context_length);
+  for (int seq : {32, 72}) EXPECT_TRUE(rope_freqs(c2, seq) == rope_freqs(c, seq)) << seq;
+}
