@@ -1,7 +1,8 @@
 // The embedding and head at 16-bit GEMM tiles (issue 47: "embedding and head in bf16 on the
 // device"; issue 45: the head reads bf16 operands with no conversion kernel before its GEMMs).
-// A plain fp32 embedding / head table is kept on the device in bf16 at precision bf16 (half the
-// bytes, counted as weights) and in fp32 at precision fp32; the lookup gathers its rows widened.
+// A plain fp32 embedding / head table is kept on the device in bf16 (fp16) at precision bf16
+// (fp16), half the bytes, counted as weights, and in fp32 at precision fp32; the lookup gathers
+// its rows widened.
 // Oracles: the host's own rounding (core/half.h) for the lookup, and the CPU backend at fp32 on
 // the bf16-rounded operands for the logits and the fused cross-entropy (the bf16 GEMMs accumulate
 // in fp32, so only the logits' gradient, rounded to bf16 for its GEMM, departs from that).
@@ -31,9 +32,11 @@ FVec normal(std::mt19937_64& g, size_t n, float sd) {
   for (auto& x : v) x = d(g);
   return v;
 }
-FVec rounded(const FVec& v) {
+FVec rounded(const FVec& v, bool f16 = false) {
   FVec r(v.size());
-  for (size_t i = 0; i < v.size(); ++i) r[i] = qlft::bf16_to_f32(qlft::f32_to_bf16(v[i]));
+  for (size_t i = 0; i < v.size(); ++i)
+    r[i] =
+        f16 ? qlft::f16_to_f32(qlft::f32_to_f16(v[i])) : qlft::bf16_to_f32(qlft::f32_to_bf16(v[i]));
   return r;
 }
 std::vector<uint16_t> to_bf16(const FVec& v) {
@@ -56,14 +59,14 @@ bool is_conversion(const std::string& k) {
 
 }  // namespace
 
-// The lookup at bf16 gathers the table's rows rounded to bf16 (nearest even), from a device copy
-// of V x H x 2 bytes; at fp32 the rows as they are, from V x H x 4. Used again (the head of a
-// tied model), the copy is not uploaded twice.
-TEST(CudaHead16, EmbeddingKeptInBf16AtPrecisionBf16) {
+// The lookup at bf16 (fp16) gathers the table's rows rounded to bf16 (fp16, nearest even), from a
+// device copy of V x H x 2 bytes; at fp32 the rows as they are, from V x H x 4. Used again (the
+// head of a tied model), the copy is not uploaded twice.
+TEST(CudaHead16, EmbeddingKeptIn16BitsAtPrecisionBf16OrFp16) {
   QLFT_NEED_GPU();
-  for (qlft::Precision pr : {qlft::Precision::BF16, qlft::Precision::FP32}) {
-    const bool bf16 = pr == qlft::Precision::BF16;
-    SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+  for (qlft::Precision pr : {qlft::Precision::BF16, qlft::Precision::FP16, qlft::Precision::FP32}) {
+    const bool half = pr != qlft::Precision::FP32, f16 = pr == qlft::Precision::FP16;
+    SCOPED_TRACE(f16 ? "fp16" : half ? "bf16" : "fp32");
     qlft::MemoryTracker tr;
     auto gpu = gpu_at(&tr, pr);
     std::mt19937_64 g(47);
@@ -72,7 +75,7 @@ TEST(CudaHead16, EmbeddingKeptInBf16AtPrecisionBf16) {
     qlft::QWeight emb = qlft::qweight_from_f32(&tr, ev.data(), V, H, qlft::QuantKind::F32);
     std::vector<int32_t> tok(static_cast<size_t>(M));
     for (int64_t i = 0; i < M; ++i) tok[size_t(i)] = int32_t((i * 37) % V);
-    const FVec table = bf16 ? rounded(ev) : ev;
+    const FVec table = half ? rounded(ev, f16) : ev;
     FVec want(size_t(M * H)), e(size_t(M * H));
     for (int64_t i = 0; i < M; ++i)
       for (int64_t j = 0; j < H; ++j)
@@ -81,7 +84,7 @@ TEST(CudaHead16, EmbeddingKeptInBf16AtPrecisionBf16) {
     gpu->embedding_fwd(emb, tok.data(), {e.data(), M, H, H});
     EXPECT_EQ(e, want);
     const uint64_t copy = weights(tr) - before;
-    EXPECT_EQ(copy, qlft::cuda_alloc_round(uint64_t(V * H) * (bf16 ? 2 : 4)));
+    EXPECT_EQ(copy, qlft::cuda_alloc_round(uint64_t(V * H) * (half ? 2 : 4)));
     FVec h = normal(g, size_t(M * H), 1.f), lg(size_t(M * V));
     gpu->head_logits(emb, {h.data(), M, H, H}, {lg.data(), M, V, V});
     EXPECT_EQ(weights(tr) - before, copy);  // the same copy serves the head
