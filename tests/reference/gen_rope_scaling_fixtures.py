@@ -30,6 +30,10 @@ Runs transformers in fp32 on the CPU and writes tests/reference/fixtures/rope_sc
                          it (original 32, max 128, head_dim 16): inv_freq of a 32-token call
                          (short_factor) and of a 72-token call (long_factor), attention_scaling and
                          the last position's cos of each.
+  longrope_phi3.safetensors, config_longrope_phi3.json
+                         (--longrope) the synthetic Phi-3 of fixtures/families/syn_phi3 with
+                         LongRoPE (original 32, max 128): tokens [1, 72], transformers' logits of
+                         the 72-token call (long_logits) and of its first 24 tokens (short_logits).
   peft.safetensors       (--peft) base_logits and peft_logits: the llama3 model's logits over the
                          72 tokens (at `positions`) without and with
                          PeftModel.from_pretrained(peft_adapter/).
@@ -212,6 +216,45 @@ def longrope():
         out[name + ".attention_scaling"] = torch.tensor([float(rot.attention_scaling)])
     save_file(out, os.path.join(OUT, "longrope.safetensors"))
     print("longrope attention_scaling", float(out["long.attention_scaling"]))
+    longrope_phi3()
+
+
+def longrope_phi3():
+    """longrope_phi3.safetensors + config_longrope_phi3.json: the committed synthetic Phi-3
+    (fixtures/families/syn_phi3, head_dim 8) with LongRoPE (original 32, max 128): tokens [1, 72]
+    and transformers' logits of the 72-token call (long factors) and of its first 24 tokens
+    (short factors)."""
+    from transformers import Phi3Config, Phi3ForCausalLM
+    src = os.path.join(HERE, "fixtures", "families", "syn_phi3")
+    with open(os.path.join(src, "config.json")) as f:
+        d = json.load(f)
+    d.update(max_position_embeddings=128, original_max_position_embeddings=32,
+             rope_parameters={"rope_type": "longrope", "rope_theta": THETA,
+                              "short_factor": [1.0, 1.4, 2.3, 3.0],
+                              "long_factor": [1.0, 2.5, 6.0, 12.0]})
+    with open(os.path.join(OUT, "config_longrope_phi3.json"), "w") as f:
+        json.dump(d, f, indent=1, sort_keys=True)
+    cfg = Phi3Config(**{k: v for k, v in d.items() if k != "architectures"})
+    cfg._attn_implementation = "eager"
+    m = Phi3ForCausalLM(cfg).float().eval()
+    sd = load_file(os.path.join(src, "model.safetensors"))
+    m.load_state_dict({k: v.float() for k, v in sd.items()}, strict=True)
+    gen = torch.Generator().manual_seed(4870)
+    tok = torch.randint(3, 160, (1, SEQ), generator=gen)
+    out = {"tokens": tok.to(torch.int32)}
+    with torch.no_grad():
+        out["long_logits"] = m(input_ids=tok).logits[0].clone()
+        out["short_logits"] = _same(m, cfg, sd)(input_ids=tok[:, :24]).logits[0].clone()
+    save_file(out, os.path.join(OUT, "longrope_phi3.safetensors"))
+    print("longrope_phi3 logits", tuple(out["long_logits"].shape), tuple(out["short_logits"].shape))
+
+
+def _same(m, cfg, sd):
+    """A fresh model with the same weights (the rotary module keeps the table it switched to)."""
+    from transformers import Phi3ForCausalLM
+    f = Phi3ForCausalLM(cfg).float().eval()
+    f.load_state_dict({k: v.float() for k, v in sd.items()}, strict=True)
+    return f
 
 
 def main():

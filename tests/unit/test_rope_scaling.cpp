@@ -338,3 +338,47 @@ TEST(RopeScaling, LongRopeMatchesTransformersPhi3) {
   c2.rope = rope_scaling_from_hf(back, "export", c.context_length);
   for (int seq : {32, 72}) EXPECT_TRUE(rope_freqs(c2, seq) == rope_freqs(c, seq)) << seq;
 }
+
+// A whole Phi-3 with LongRoPE (the synthetic syn_phi3's weights, config_longrope_phi3.json:
+// original 32, max 128): qlft's logits of a 72-token call (long factors) and of its first 24
+// tokens (short factors) against transformers' (gen_rope_scaling_fixtures.py --longrope).
+TEST(RopeScaling, LongRopePhi3LogitsMatchTransformers) {
+  const std::string dir = qlft_test::temp_dir("longrope_phi3");
+  const std::vector<uint8_t> cfg = qlft_test::read_file(fixture("config_longrope_phi3.json"));
+  qlft_test::write_file(dir + "/config.json", cfg.data(), cfg.size());
+  const std::vector<uint8_t> st =
+      qlft_test::read_file(qlft_test::fixture_path("families/syn_phi3/model.safetensors"));
+  qlft_test::write_file(dir + "/model.safetensors", st.data(), st.size());
+  MemoryTracker tr;
+  auto m = load(&tr, dir);
+  ASSERT_EQ(m->cfg.rope.type, RopeType::LongRope);
+  auto be = make_cpu_backend(&tr);
+  const model_test::Fixture ref(fixture("longrope_phi3.safetensors"));
+  std::vector<int32_t> tok = ref.i32("tokens");
+  for (auto [name, n] : {std::pair{"long_logits", 72}, std::pair{"short_logits", 24}}) {
+    SCOPED_TRACE(name);
+    TokenBatch b;
+    b.batch = 1;
+    b.seq = n;
+    b.tokens = tok.data();
+    LlamaRunner run(*m, *be, nullptr);
+    std::vector<float> out(size_t(n) * 160);
+    run.logits(b, MatF(out.data(), n, 160));
+    const std::vector<float> want = ref.f32(name);
+    ASSERT_EQ(out.size(), want.size());
+    const double err = qlft_test::max_rel_error(out.data(), want.data(), want.size());
+    std::printf("longrope phi3 %s: max rel error %.3g\n", name, err);
+    EXPECT_LT(err, 1e-4);
+  }
+  // Control: the 72-token call rotated with the short factors is not transformers' call.
+  m->cfg.rope.long_factor = m->cfg.rope.short_factor;
+  TokenBatch b;
+  b.batch = 1;
+  b.seq = 72;
+  b.tokens = tok.data();
+  LlamaRunner run(*m, *be, nullptr);
+  std::vector<float> out(size_t(72) * 160);
+  run.logits(b, MatF(out.data(), 72, 160));
+  const std::vector<float> want = ref.f32("long_logits");
+  EXPECT_GT(qlft_test::max_rel_error(out.data(), want.data(), want.size()), 1e-2);
+}
