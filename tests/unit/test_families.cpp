@@ -21,6 +21,7 @@
 #include "formats/gguf_writer.h"
 #include "formats/safetensors.h"
 #include "model/generate.h"
+#include "support/settings.h"
 #include "test_model_util.h"
 #include "train/adapter_io.h"
 #include "train/planner.h"
@@ -1063,6 +1064,52 @@ TEST(Families, Phi3LongRopeGgufRefusedByName) {
       EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
     }
   }
+}
+
+// The MoE GGUFs through the deferred load (ZeRO-3 / streaming): each weight group loaded again
+// equals the full load's bytes (keep and NF4), and with quant.type=keep every group is read by
+// byte range from the file, each expert a span inside its stacked tensor, equal to the full
+// load's Buffer.
+TEST(Families, MoeGgufGroupsReloadAndReadByRange) {
+  for (const char* file : {"syn_mixtral.gguf", "syn_qwen3_moe.gguf"})
+    for (const char* quant : {"keep", "nf4"}) {
+      SCOPED_TRACE(std::string(file) + " " + quant);
+      MemoryTracker tr;
+      LoadOptions lo;
+      lo.quant_type = qlft_test::quant_type(quant);
+      auto full = load_model(&tr, family_fixture(file), lo);
+      lo.deferred = true;
+      auto lazy = load_model(&tr, family_fixture(file), lo);
+      ASSERT_TRUE(lazy->stream);
+      EXPECT_EQ(lazy->weight_bytes(), full->weight_bytes());
+      auto bytes = [](Model& m, int g) {
+        std::vector<std::vector<uint8_t>> out;
+        for_each_weight_buffer(m, [&](int bg, Buffer& b) {
+          if (bg != g) return;
+          const auto* p = b.empty() ? nullptr : b.as<const uint8_t>();
+          out.emplace_back(p, p ? p + b.size() : p);
+        });
+        return out;
+      };
+      auto src = WeightGroupSource::open(&tr, *lazy);
+      const int G = full->cfg.n_layers + 2;
+      if (std::string(quant) == "keep")
+        for (int g = 1; g < G - 1; ++g) {  // the layers: every Buffer a span of the file
+          const auto want = bytes(*full, g);
+          const std::vector<size_t> sizes = src->stored_group(g, true);
+          ASSERT_EQ(sizes.size(), want.size()) << "group " << g;
+          for (size_t i = 0; i < sizes.size(); ++i) {
+            ASSERT_EQ(sizes[i], want[i].size()) << "group " << g << " Buffer " << i;
+            std::vector<uint8_t> got(sizes[i]);
+            if (sizes[i]) src->read_stored(i, 0, sizes[i], got.data());
+            EXPECT_EQ(got, want[i]) << "group " << g << " Buffer " << i;
+          }
+        }
+      for (int g = 0; g < G; ++g) {
+        src->load(*lazy, g, /*with_head=*/true);
+        EXPECT_EQ(bytes(*lazy, g), bytes(*full, g)) << "group " << g;
+      }
+    }
 }
 
 TEST(Families, Qwen3MoeExportsLoadInPeft) {
