@@ -83,6 +83,10 @@ class AutocastBackend final : public Backend {
                           uint16_t* y16) override {
     inner_->add_rmsnorm_fwd_16(x, r, w, eps, rstd, t, y16);
   }
+  void rmsnorm_bwd_16(CMatF x, const float* w, const float* rstd, CMatF dy, MatF dx, DType t,
+                      uint16_t* dx16) override {
+    inner_->rmsnorm_bwd_16(x, w, rstd, dy, dx, t, dx16);
+  }
   void swiglu_fwd_16(MatF gate, MatF up, MatF out, DType t, uint16_t* g16, uint16_t* u16,
                      uint16_t* o16, bool keep_rounded) override {
     inner_->swiglu_fwd_16(gate, up, out, t, g16, u16, o16, keep_rounded);

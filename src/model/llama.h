@@ -269,6 +269,8 @@ class LlamaRunner {
   void unpack(LayerActs& from, LayerActs& to, bool direct = false);
   void round_stored(LayerActs& a);
   void layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx, LayerActs* st = nullptr);
+  // Whether backward() runs layer l on its stored 16-bit layer (layer_bwd's st).
+  bool bwd_direct(int l) const;
   // The tiled MLP (tile_ > 0, model/llama_mlp_tiles.cpp): forward from a.xn2 into x_out (before
   // the residual add), and backward from d_down (d of the down projection's output) into
   // d(xn2) in dxn, its LoRA gradients through lin_bwd(p, x, dy, dx, row0).

@@ -18,6 +18,22 @@ namespace qlft {
 
 using namespace runner_detail;
 
+namespace {
+// direct16(): the residual gradient's 16-bit copy, the dy of the down / o projections'
+// linear_bwd (next_dy_16), written by the norm's backward just before (rmsnorm_bwd_16). It
+// lives in dgate's room (nullptr where that is too small), dead from the gate / up
+// projections' backward to the next layer's SwiGLU backward: both windows (ffn norm -> o;
+// attention or final norm -> the next layer's down) fall in there.
+uint16_t* residual16_room(Buffer& dgate, int64_t n) {
+  return dgate.size() >= static_cast<size_t>(n) * 2 ? dgate.as<uint16_t>() : nullptr;
+}
+}  // namespace
+
+bool LlamaRunner::bwd_direct(int l) const {
+  return direct16() && !ckpt_[static_cast<size_t>(l)] && stored_[static_cast<size_t>(l)] &&
+         stored_[static_cast<size_t>(l)]->half;
+}
+
 void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx, LayerActs* st) {
   const ModelConfig& c = model_.cfg;
   const LayerWeights& L = model_.layers[l];
@@ -32,6 +48,11 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
   }
   const int32_t* pos = pos_.as<int32_t>();
   MatF G = mat(g.G, R, c.dim);
+  // G's 16-bit copy (residual16_room), written by the norm backward before each linear_bwd
+  // that takes G as its dy: this layer's down (the layer above's attention norm or the final
+  // norm, where it ran bwd_direct(l)) and o (the ffn norm).
+  uint16_t* const G16 = residual16_room(g.dgate, R * c.dim);
+  const View2<uint16_t> G16v(st ? G16 : nullptr, R, c.dim, c.dim);
   // This layer's sliding window (0: none).
   shape_.window = model_.shapes.layers[static_cast<size_t>(l)].window;
 
@@ -118,7 +139,8 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
     zero_dx(g.dh, R * c.ffn_dim);
     {
       SharedInput shared(be_, cmat(a.hact, R, c.ffn_dim), t16, st ? h16(st->hact) : nullptr);
-      lin_bwd(Proj::Down, cmat(a.hact, R, c.ffn_dim), d_down, mat(g.dh, R, c.ffn_dim));
+      lin_bwd(Proj::Down, cmat(a.hact, R, c.ffn_dim), d_down, mat(g.dh, R, c.ffn_dim),
+              post ? View2<uint16_t>() : G16v);
     }
     View2<uint16_t> dgate16, dup16;
     if (st) {
@@ -144,8 +166,12 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
       lin_bwd16(Proj::Up, cmat(a.xn2, R, c.dim), dup16, g.dup, mat(g.dxn, R, c.dim));
     }
   }
-  be_.rmsnorm_bwd(cmat(a.x_mid, R, c.dim), frozen(L.ffn_norm), a.rstd2.as<float>(),
-                  cmat(g.dxn, R, c.dim), G);
+  if (G16v.data && !post)
+    be_.rmsnorm_bwd_16(cmat(a.x_mid, R, c.dim), frozen(L.ffn_norm), a.rstd2.as<float>(),
+                       cmat(g.dxn, R, c.dim), G, t16, G16);
+  else
+    be_.rmsnorm_bwd(cmat(a.x_mid, R, c.dim), frozen(L.ffn_norm), a.rstd2.as<float>(),
+                    cmat(g.dxn, R, c.dim), G);
 
   // Attention branch: G is now d/d(x_mid). With st, datt may come rounded into its buffer's
   // memory from the o projection's dx GEMM (Backend::next_dx_16), for attention to take as is.
@@ -159,7 +185,7 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
     if (st && be_.next_dx_16(t16, g.datt.as<uint16_t>(), L.proj[static_cast<int>(Proj::O)],
                              has ? &ref : nullptr))
       datt16 = g.datt.as<uint16_t>();
-    lin_bwd(Proj::O, cmat(a.att, R, qd), d_o, mat(g.datt, R, qd));
+    lin_bwd(Proj::O, cmat(a.att, R, qd), d_o, mat(g.datt, R, qd), post ? View2<uint16_t>() : G16v);
   }
   View2<uint16_t> dq16(nullptr, R, qd), dk16(nullptr, R, kvd), dv16(nullptr, R, kvd);
   if (st) {  // q, k, v and the output are not unpacked: attention reads the stored ones
@@ -206,7 +232,10 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
     lin_bwd16(Proj::K, cmat(a.xn1, R, c.dim), dk16, *dkb, mat(g.dxn, R, c.dim));
     lin_bwd16(Proj::V, cmat(a.xn1, R, c.dim), dv16, g.dv, mat(g.dxn, R, c.dim));
   }
-  if (need_dx)
+  if (need_dx && G16 && !post && bwd_direct(l - 1))  // the next layer's down takes it
+    be_.rmsnorm_bwd_16(CMatF(x_in, R, c.dim), frozen(L.attn_norm), a.rstd1.as<float>(),
+                       cmat(g.dxn, R, c.dim), G, t16, G16);
+  else if (need_dx)
     be_.rmsnorm_bwd(CMatF(x_in, R, c.dim), frozen(L.attn_norm), a.rstd1.as<float>(),
                     cmat(g.dxn, R, c.dim), G);
 }
@@ -243,8 +272,15 @@ void LlamaRunner::backward() {
   WeightStream* ws = model_.stream.get();
   {
     UnitUse use(ws, head_unit(c.n_layers), layer_unit(c.n_layers - 1));
-    be_.rmsnorm_bwd(cmat(resid_[c.n_layers], R, c.dim), frozen(model_.output_norm),
-                    rstdf_.as<float>(), cmat(dxnf_, R, c.dim), mat(grads_->G, R, c.dim));
+    // The last layer's down takes G in 16 bits where it runs on its stored layer (layer_bwd).
+    uint16_t* G16 = residual16_room(grads_->dgate, R * c.dim);
+    if (G16 && !model_.shapes.post_norm() && bwd_direct(c.n_layers - 1))
+      be_.rmsnorm_bwd_16(cmat(resid_[c.n_layers], R, c.dim), frozen(model_.output_norm),
+                         rstdf_.as<float>(), cmat(dxnf_, R, c.dim), mat(grads_->G, R, c.dim),
+                         act_dtype_, G16);
+    else
+      be_.rmsnorm_bwd(cmat(resid_[c.n_layers], R, c.dim), frozen(model_.output_norm),
+                      rstdf_.as<float>(), cmat(dxnf_, R, c.dim), mat(grads_->G, R, c.dim));
   }
   for (int l = c.n_layers - 1; l >= 0; --l) {
     UnitUse use(ws, layer_unit(l), l > 0 ? layer_unit(l - 1) : kNoUnit);

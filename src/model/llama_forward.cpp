@@ -59,6 +59,13 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
       LoraRef ref = lora_ref(l, p, &has);
       const float* bias = L.bias[j].empty() ? nullptr : frozen(L.bias[j]);
       xa_to_16(j, has);
+      if (st && j == 2) {  // v only enters attention's 16-bit operands: written rounded into
+                           // the stored layer (its fp32 values unwritten: nothing reads them)
+        be_.linear_fwd_to_16(L.proj[j], bias, has ? &ref : nullptr, cmat(a.xn1, R, c.dim),
+                             mat(a.v, R, kvd), has ? a.xa[j].as<float>() : nullptr, t16,
+                             st->v.as<uint16_t>());
+        continue;
+      }
       be_.linear_fwd(L.proj[j], bias, has ? &ref : nullptr, cmat(a.xn1, R, c.dim),
                      mat(*outs[j], R, widths[j]), has ? a.xa[j].as<float>() : nullptr);
       if (has && ex) ex->after_fwd(l, p, cmat(a.xn1, R, c.dim), mat(*outs[j], R, widths[j]), bias);
@@ -71,13 +78,12 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
     be_.rmsnorm_fwd(cmat(a.kpre, R * c.n_kv_heads, hd), frozen(L.k_norm), c.rms_eps,
                     mat(a.k, R * c.n_kv_heads, hd), a.rstdk.as<float>());
   }
-  if (st) {  // stored as they are, and attention's GEMMs take them (attention_inputs_16); the
-             // fp32 q and k are not rotated (nothing reads them)
+  if (st) {  // stored as they are (v by its GEMM above), and attention's GEMMs take them
+             // (attention_inputs_16); the fp32 q and k are not rotated (nothing reads them)
     be_.rope_to_16(mat(a.q, R, qd), pos, c.n_heads, c.head_dim, rope_of(l), c.rope_adjacent, t16,
                    st->q.as<uint16_t>());
     be_.rope_to_16(mat(a.k, R, kvd), pos, c.n_kv_heads, c.head_dim, rope_of(l), c.rope_adjacent,
                    t16, st->k.as<uint16_t>());
-    be_.to_16(t16, a.v.as<float>(), st->v.as<uint16_t>(), R * kvd);
     be_.attention_inputs_16(t16, st->q.as<uint16_t>(), st->k.as<uint16_t>(), st->v.as<uint16_t>());
   } else {
     be_.rope(mat(a.q, R, qd), pos, c.n_heads, c.head_dim, rope_of(l), c.rope_adjacent, false);
