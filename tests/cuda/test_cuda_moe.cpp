@@ -17,6 +17,7 @@
 #include "config/run_spec.h"
 #include "core/error.h"
 #include "cuda_test_util.h"
+#include "family_steps.h"
 #include "model/moe.h"
 #include "train/planner.h"
 #include "train/trainer.h"
@@ -24,18 +25,12 @@
 
 using namespace qlft;
 using qlft_cuda_test::norm_err;
+using namespace qlft_cuda_test;
 
 namespace {
 
 using FVec = std::vector<float>;
 using IVec = std::vector<int32_t>;
-
-std::unique_ptr<Backend> gpu_backend(MemoryTracker* tr, Precision p) {
-  CudaBackendOptions o;
-  o.spec.precision = p;
-  o.autocast = p == Precision::BF16;  // as make_backend sets it for train.precision=bf16
-  return make_cuda_backend(tr, o);
-}
 
 FVec normal(std::mt19937_64& g, size_t n) {
   std::normal_distribution<float> d(0.f, 1.f);
@@ -171,81 +166,6 @@ TEST(CudaMoe, RowOpsFollowOracleAndCpu) {
 
 namespace {
 
-// steps trainer steps on the family's fixture batch with backend=cpu and backend=cuda at
-// precision: the last step's loss and how far every LoRA weight moved, per backend.
-struct Run {
-  double loss = 0;
-  FVec w;  // final minus initial
-};
-std::pair<Run, Run> train_both(const std::string& family, int steps) {
-  MemoryTracker tr;
-  const std::string name = qlft_test::fixture_path("families/syn_" + family);
-  auto m = load_model(&tr, name, model_test::keep());
-  model_test::Fixture f(name + ".lora.safetensors");
-  data::Batch b;
-  const auto shp = f.shape("tokens");
-  b.micro_batch = b.rows = static_cast<int>(shp[0]);
-  b.seq_len = static_cast<int>(shp[1]);
-  b.tokens = f.i32("tokens");
-  b.targets = f.i32("targets");
-  for (int32_t t : b.targets) b.trained_tokens += t != -100;
-  Run r[2];
-  const char* backends[2] = {"cpu", "cuda"};
-  for (int i = 0; i < 2; ++i) {
-    Config c;
-    c.set("backend", backends[i]);
-    c.set("train.precision", "fp32");
-    c.set("lora.r", "4");
-    c.set("lora.alpha", "8");
-    c.set("lora.target_modules", "q_proj,k_proj,v_proj,o_proj");  // (no dense MLP on MoE layers)
-    c.set("optim.lr", "2e-2");
-    c.set("sched.name", "constant");
-    c.set("seed", "7");
-    c.set("data.seq_len", std::to_string(b.seq_len));
-    c.set("train.micro_batch", std::to_string(b.micro_batch));
-    Trainer t(*m, &tr, nullptr, parse_run_spec(c));
-    FVec w0;
-    for (const LoraAdapter::Param& p : t.lora().params()) w0.insert(w0.end(), p.w, p.w + p.n);
-    StepReport rep;
-    for (int s = 0; s < steps; ++s) t.step_on({b}, &rep);
-    r[i].loss = rep.loss;
-    for (const LoraAdapter::Param& p : t.lora().params())
-      r[i].w.insert(r[i].w.end(), p.w, p.w + p.n);
-    for (size_t j = 0; j < w0.size() && j < r[i].w.size(); ++j) r[i].w[j] -= w0[j];
-  }
-  return {r[0], r[1]};
-}
-
-// One step of the runner (the fixture's LoRA adapter, whose B is not zero) on be with
-// activations of act: the loss and every LoRA gradient.
-struct Step {
-  double loss = 0;
-  FVec grads;
-};
-Step runner_step(const std::string& family, Backend& be, MemoryTracker* tr, DType act,
-                 bool checkpoint = false) {
-  const std::string name = qlft_test::fixture_path("families/syn_" + family);
-  auto m = load_model(tr, name, model_test::keep());
-  model_test::Fixture f(name + ".lora.safetensors");
-  LoraAdapter lora(tr, m->shapes, model_test::lora_config_of(f));
-  model_test::load_lora(f, lora);
-  LlamaRunner run(*m, be, &lora);
-  run.set_activation_dtype(act);
-  run.set_checkpoint_all(checkpoint);
-  IVec tok = f.i32("tokens"), tgt = f.i32("targets");
-  const auto shp = f.shape("tokens");
-  TokenBatch b;
-  b.batch = static_cast<int>(shp[0]);
-  b.seq = static_cast<int>(shp[1]);
-  b.tokens = tok.data();
-  b.targets = tgt.data();
-  Step s;
-  s.loss = run.forward(b).mean();
-  run.backward();
-  for (const LoraAdapter::Param& p : lora.params()) s.grads.insert(s.grads.end(), p.g, p.g + p.n);
-  return s;
-}
-
 // fp32: one runner step's loss and LoRA gradients (every layer stored, and every layer
 // checkpointed: the recomputation routes again) with backend=cuda within 1e-5 / 1e-4 of
 // backend=cpu's; four trainer steps: loss 1e-5, the LoRA weights' updates 1e-4. bf16 (autocast,
@@ -256,9 +176,9 @@ void check_family(const std::string& family) {
   MemoryTracker tr;
   auto cpu32 = make_cpu_backend(&tr);
   auto gpu32 = gpu_backend(&tr, Precision::FP32);
-  const Step c = runner_step(family, *cpu32, &tr, DType::F32);
+  const RunnerStep c = runner_step(family, *cpu32, &tr, DType::F32);
   for (bool ckpt : {false, true}) {
-    const Step d = runner_step(family, *gpu32, &tr, DType::F32, ckpt);
+    const RunnerStep d = runner_step(family, *gpu32, &tr, DType::F32, ckpt);
     const double e = norm_err(d.grads, c.grads);
     std::printf("%s fp32 step%s: loss cpu %.7f cuda %.7f, LoRA gradients %.3g\n", family.c_str(),
                 ckpt ? " (checkpointed)" : "", c.loss, d.loss, e);
@@ -266,7 +186,8 @@ void check_family(const std::string& family) {
     ASSERT_EQ(d.grads.size(), c.grads.size());
     EXPECT_LT(e, 1e-4);
   }
-  const auto [tc, td] = train_both(family, 4);
+  const auto [tc, td] =
+      train_both(family, "fp32", "q_proj,k_proj,v_proj,o_proj", 4);  // (no dense MLP on MoE layers)
   const double e = norm_err(td.w, tc.w);
   std::printf("%s fp32, 4 trainer steps: loss cpu %.7f cuda %.7f, LoRA updates %.3g\n",
               family.c_str(), tc.loss, td.loss, e);
@@ -276,8 +197,8 @@ void check_family(const std::string& family) {
 
   auto cpu16 = make_autocast_backend(make_cpu_backend(&tr), DType::BF16);
   auto gpu16 = gpu_backend(&tr, Precision::BF16);
-  const Step c16 = runner_step(family, *cpu16, &tr, DType::BF16),
-             d16 = runner_step(family, *gpu16, &tr, DType::BF16);
+  const RunnerStep c16 = runner_step(family, *cpu16, &tr, DType::BF16),
+                   d16 = runner_step(family, *gpu16, &tr, DType::BF16);
   const double g = norm_err(d16.grads, c16.grads), ec = norm_err(c16.grads, c.grads),
                ed = norm_err(d16.grads, c.grads);
   std::printf(
@@ -312,16 +233,9 @@ TEST(CudaMoe, PlannerCountsSavedStateOnDevice) {
   QLFT_NEED_GPU();
   MemoryTracker tr;
   tr.set_limit_space(MemSpace::Device);  // as qlft_runtime_create does for backend=cuda
-  const std::string name = qlft_test::fixture_path("families/syn_mixtral");
-  auto m = load_model(&tr, name, model_test::keep());
-  model_test::Fixture f(name + ".lora.safetensors");
-  data::Batch b;
-  const auto shp = f.shape("tokens");
-  b.micro_batch = b.rows = static_cast<int>(shp[0]);
-  b.seq_len = static_cast<int>(shp[1]);
-  b.tokens = f.i32("tokens");
-  b.targets = f.i32("targets");
-  for (int32_t t : b.targets) b.trained_tokens += t != -100;
+  auto m = load_model(&tr, family_path("mixtral"), model_test::keep());
+  const data::Batch b =
+      fixture_batch(model_test::Fixture(family_path("mixtral") + ".lora.safetensors"));
   Config c;
   c.set("backend", "cuda");
   c.set("train.precision", "fp32");

@@ -10,6 +10,7 @@
 #include "config/config_file.h"
 #include "config/run_spec.h"
 #include "cuda_test_util.h"
+#include "family_steps.h"
 #include "train/trainer.h"
 #include "unit/test_model_util.h"
 
@@ -91,14 +92,8 @@ TEST(CudaPhi3Lora, TrainerStepsFollowCpu) {
   QLFT_NEED_GPU();
   MemoryTracker tr;
   auto m = load_model(&tr, qlft_test::fixture_path("families/syn_phi3"), model_test::keep());
-  model_test::Fixture f(qlft_test::fixture_path("families/syn_phi3.fused_lora.safetensors"));
-  data::Batch b;
-  const auto shp = f.shape("tokens");
-  b.micro_batch = b.rows = static_cast<int>(shp[0]);
-  b.seq_len = static_cast<int>(shp[1]);
-  b.tokens = f.i32("tokens");
-  b.targets = f.i32("targets");
-  for (int32_t t : b.targets) b.trained_tokens += t != -100;
+  const data::Batch b = qlft_cuda_test::fixture_batch(
+      model_test::Fixture(qlft_test::fixture_path("families/syn_phi3.fused_lora.safetensors")));
   std::vector<float> w[2];
   double loss[2] = {0, 0};
   const char* backends[2] = {"cpu", "cuda"};
