@@ -90,6 +90,14 @@ void CudaBackend::attention_bwd_to(const AttnShape& s, CMatF q, CMatF k, CMatF v
     cu::attention_tc_bwd16(a, st.Q.as<uint16_t>(), st.K.as<uint16_t>(), st.V.as<uint16_t>(), out16,
                            dO16.as<uint16_t>(), L.as<float>(), dQ.as<float>(), dK.as<float>(),
                            dV.as<float>(), delta.as<float>(), stream_, dv16);
+  } else if (tc) {  // out in fp32; dout read in bf16 only (its autocast copy's values)
+    Dev O = in(out_, Wq, MemCategory::Activations, "attention out");
+    Dev dO16 = dout16 ? view(dout16) : scratch(rows * Wq * 2, "attention dout bf16");
+    if (!dout16)
+      to_bf16(in(dout, Wq, MemCategory::Activations, "attention dout"), dO16, rows, Wq, stream_);
+    cu::attention_tc_bwd(a, st.Q.as<uint16_t>(), st.K.as<uint16_t>(), st.V.as<uint16_t>(),
+                         O.as<float>(), dO16.as<uint16_t>(), L.as<float>(), dQ.as<float>(),
+                         dK.as<float>(), dV.as<float>(), delta.as<float>(), stream_);
   } else {
     auto widened = [&](const uint16_t* h, const char* what) {
       Dev r = scratch(rows * Wq * 4, what);
@@ -100,18 +108,9 @@ void CudaBackend::attention_bwd_to(const AttnShape& s, CMatF q, CMatF k, CMatF v
                   : in(out_, Wq, MemCategory::Activations, "attention out");
     Dev dO = dout16 ? widened(dout16, "attention dout")
                     : autocast(in(dout, Wq, MemCategory::Activations, "attention dout"), rows * Wq);
-    if (tc) {
-      Dev dO16 = dout16 ? view(dout16) : scratch(rows * Wq * 2, "attention dout bf16");
-      if (!dout16) to_bf16(dO, dO16, rows, Wq, stream_);
-      cu::attention_tc_bwd(a, st.Q.as<uint16_t>(), st.K.as<uint16_t>(), st.V.as<uint16_t>(),
-                           O.as<float>(), dO.as<float>(), dO16.as<uint16_t>(), L.as<float>(),
-                           dQ.as<float>(), dK.as<float>(), dV.as<float>(), delta.as<float>(),
-                           stream_);
-    } else {
-      cu::attention_bwd(a, st.Q.as<float>(), st.K.as<float>(), st.V.as<float>(), O.as<float>(),
-                        L.as<float>(), dO.as<float>(), dQ.as<float>(), dK.as<float>(),
-                        dV.as<float>(), delta.as<float>(), stream_);
-    }
+    cu::attention_bwd(a, st.Q.as<float>(), st.K.as<float>(), st.V.as<float>(), O.as<float>(),
+                      L.as<float>(), dO.as<float>(), dQ.as<float>(), dK.as<float>(), dV.as<float>(),
+                      delta.as<float>(), stream_);
   }
   finish(dQ, Wq, dq);
   finish(dK, Wk, dk);

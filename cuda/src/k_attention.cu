@@ -126,19 +126,19 @@ __device__ inline float attn_load(const uint16_t* p, int64_t i) {  // bf16
 }
 
 // delta[h * rows + row] = dout_row . out_row for head h: one warp per (row, head), grid-stride
-// over the warps (whole warps leave the loop together). T: float, or uint16_t for bf16 out /
-// dout (the runner's stored copies: their values, widened).
-template <class T>
+// over the warps (whole warps leave the loop together). TO / TG: float, or uint16_t for bf16
+// out / dout (the runner's stored copies, or dout's bf16 copy: their values, widened).
+template <class TO, class TG>
 __global__ void __launch_bounds__(256)
-    k_attn_delta(AttnArgs a, const T* out, const T* dout, float* delta) {
+    k_attn_delta(AttnArgs a, const TO* out, const TG* dout, float* delta) {
   const int64_t rows = int64_t(a.batch) * a.seq;
   const int lane = threadIdx.x & 31;
   for (int64_t w = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5; w < rows * a.n_heads;
        w += (int64_t(gridDim.x) * blockDim.x) >> 5) {
     const int h = int(w / rows);
     const int64_t row = w - int64_t(h) * rows;
-    const T* o = out + row * a.ldo + int64_t(h) * a.head_dim;
-    const T* g = dout + row * a.ldo + int64_t(h) * a.head_dim;
+    const TO* o = out + row * a.ldo + int64_t(h) * a.head_dim;
+    const TG* g = dout + row * a.ldo + int64_t(h) * a.head_dim;
     float s = 0.f;
     for (int d = lane; d < a.head_dim; d += 32) s += attn_load(o, d) * attn_load(g, d);
     s = warp_sum(s);
@@ -351,15 +351,22 @@ void doc_first(const int32_t* doc, int batch, int seq, int32_t* first, cudaStrea
 void attention_delta(const AttnArgs& a, const float* out, const float* dout, float* delta,
                      cudaStream_t s) {
   const int64_t warps = int64_t(a.batch) * a.seq * a.n_heads;
-  launch(k_attn_delta<float>, grid_for(warps * 32, 256, int64_t(1) << 31), 256, 0, s, a, out, dout,
-         delta);
+  launch(k_attn_delta<float, float>, grid_for(warps * 32, 256, int64_t(1) << 31), 256, 0, s, a, out,
+         dout, delta);
+}
+
+void attention_delta(const AttnArgs& a, const float* out, const uint16_t* dout16, float* delta,
+                     cudaStream_t s) {
+  const int64_t warps = int64_t(a.batch) * a.seq * a.n_heads;
+  launch(k_attn_delta<float, uint16_t>, grid_for(warps * 32, 256, int64_t(1) << 31), 256, 0, s, a,
+         out, dout16, delta);
 }
 
 void attention_delta16(const AttnArgs& a, const uint16_t* out16, const uint16_t* dout16,
                        float* delta, cudaStream_t s) {
   const int64_t warps = int64_t(a.batch) * a.seq * a.n_heads;
-  launch(k_attn_delta<uint16_t>, grid_for(warps * 32, 256, int64_t(1) << 31), 256, 0, s, a, out16,
-         dout16, delta);
+  launch(k_attn_delta<uint16_t, uint16_t>, grid_for(warps * 32, 256, int64_t(1) << 31), 256, 0, s,
+         a, out16, dout16, delta);
 }
 
 void attention_fwd(const AttnArgs& a, const float* q, const float* k, const float* v, float* out,

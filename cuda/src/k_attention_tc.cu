@@ -522,10 +522,10 @@ void attention_tc_fwd(const AttnArgs& a, const uint16_t* q, const uint16_t* k, c
 }
 
 void attention_tc_bwd(const AttnArgs& a, const uint16_t* q, const uint16_t* k, const uint16_t* v,
-                      const float* out, const float* dout, const uint16_t* dout16, const float* lse,
-                      float* dq, float* dk, float* dv, float* delta, cudaStream_t s) {
+                      const float* out, const uint16_t* dout16, const float* lse, float* dq,
+                      float* dk, float* dv, float* delta, cudaStream_t s) {
   check_tc(a);
-  attention_delta(a, out, dout, delta, s);
+  attention_delta(a, out, dout16, delta, s);
   bwd_dispatch(a, q, k, v, dout16, lse, delta, dq, dk, dv, nullptr, s);
 }
 

@@ -124,6 +124,9 @@ void attention_check_args(const AttnArgs& a);
 // delta[h * rows + row] = dout_row . out_row of head h (the backward's softmax correction).
 void attention_delta(const AttnArgs& a, const float* out, const float* dout, float* delta,
                      cudaStream_t s);
+// The same from fp32 out and bf16 dout (its values widened).
+void attention_delta(const AttnArgs& a, const float* out, const uint16_t* dout16, float* delta,
+                     cudaStream_t s);
 // The same from bf16 out / dout.
 void attention_delta16(const AttnArgs& a, const uint16_t* out16, const uint16_t* dout16,
                        float* delta, cudaStream_t s);
@@ -139,11 +142,11 @@ bool attention_tc_supported(int head_dim);
 // attention_fwd's (may be null).
 void attention_tc_fwd(const AttnArgs& a, const uint16_t* q, const uint16_t* k, const uint16_t* v,
                       float* out, uint16_t* out16, float* lse, cudaStream_t s);
-// dq, dk, dv accumulate (+=), fp32. out / dout fp32 (dout's values bf16-rounded, dout16 its
-// bf16 copy) for delta, scratch of n_heads * rows floats.
+// dq, dk, dv accumulate (+=), fp32. out fp32 and dout16 (dout rounded to bf16, as autocast
+// rounds it) for delta, scratch of n_heads * rows floats: no fp32 copy of dout.
 void attention_tc_bwd(const AttnArgs& a, const uint16_t* q, const uint16_t* k, const uint16_t* v,
-                      const float* out, const float* dout, const uint16_t* dout16, const float* lse,
-                      float* dq, float* dk, float* dv, float* delta, cudaStream_t s);
+                      const float* out, const uint16_t* dout16, const float* lse, float* dq,
+                      float* dk, float* dv, float* delta, cudaStream_t s);
 // The same with out given in bf16 (out16) and delta taken from out16 and dout16; dv16 not null:
 // dv written rounded to bf16 there (ld a.ldv, overwritten) instead of added into dv.
 void attention_tc_bwd16(const AttnArgs& a, const uint16_t* q, const uint16_t* k, const uint16_t* v,

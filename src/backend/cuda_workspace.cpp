@@ -77,11 +77,12 @@ class CudaWorkspace final : public WorkspaceModel {
     return stage(c, R) + dr(R * 4);  // + the document-start table
   }
 
-  // (A checkpointed layer's: dout's autocast copy, and its bf16 copy for the tensor cores.)
+  // (A checkpointed layer's: dout's bf16 copy on the tensor cores, which read nothing else of
+  // it, delta included; its fp32 autocast copy for the fp32 kernels under bf16/fp16.)
   uint64_t attention_bwd(const ModelShapes& c, int64_t B, int64_t T) const override {
     const int64_t R = B * T, qd = c.q_dim();
-    return stage(c, R) + dr(R * 4) + (low_ ? dr(R * qd * 4) : 0) +
-           (tensor_cores(c) ? dr(R * qd * 2) : 0) + dr(int64_t(c.n_heads) * R * 4);
+    const uint64_t dout = tensor_cores(c) ? dr(R * qd * 2) : low_ ? dr(R * qd * 4) : 0;
+    return stage(c, R) + dr(R * 4) + dout + dr(int64_t(c.n_heads) * R * 4);
   }
 
   // attention_bwd_16 on the tensor cores: the stored bf16 q / k / v / out read in place, fp32

@@ -157,7 +157,7 @@ class LlamaRunner {
   bool checkpointed(int layer) const { return ckpt_[layer]; }
   // Offloaded checkpoints (model/checkpoint_offload.h): a checkpointed layer's saved input goes
   // to pinned host memory during forward and comes back one layer ahead in backward; the
-  // backend's memory keeps CheckpointOffload::kSlots entries instead of one per such layer.
+  // backend's memory keeps CheckpointOffload::slots() entries instead of one per such layer.
   void set_offload_checkpoints(bool on);
   bool offload_checkpoints() const { return offload_on_; }
 

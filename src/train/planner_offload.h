@@ -13,7 +13,7 @@ namespace qlft {
 struct CheckpointOffloadRows {
   // What the runner's memory holds instead of the checkpointed layers' saved inputs: the ring
   // of slots less the n_ckpt inputs the residual stream no longer keeps (negative when offload
-  // saves memory: n_ckpt > CheckpointOffload::kSlots).
+  // saves memory).
   int64_t runner_delta = 0;
   uint64_t host = 0;  // the pinned host copies (activations, host memory)
 };

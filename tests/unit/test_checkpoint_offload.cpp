@@ -121,14 +121,13 @@ TEST_F(CheckpointOffloadCpu, Fp32IsExactAndMovesTheEntriesToTheHost) {
     ASSERT_EQ(on.grads.size(), off.grads.size());
     EXPECT_EQ(on.grads, off.grads);
     const int n_ckpt = (n_layers + every - 1) / every;
-    // The entries leave the residual stream; two slots and a host copy of each but the last
-    // (which stays in its slot) come in.
-    const uint64_t expect =
-        off.acts - n_ckpt * entry + CheckpointOffload::kSlots * entry + (n_ckpt - 1) * entry;
+    // The entries leave the residual stream; two fp32 slots (the copy out reads the slot) and
+    // a host copy of each but the last (which stays in its slot) come in.
+    const uint64_t expect = off.acts - n_ckpt * entry + 2 * entry + (n_ckpt - 1) * entry;
     EXPECT_EQ(on.acts, expect);
     const OffloadFootprint f =
         CheckpointOffload::footprint(int64_t(kBatch) * kSeq * s.model->cfg.dim, n_ckpt, DType::F32);
-    EXPECT_EQ(f.device, CheckpointOffload::kSlots * entry);
+    EXPECT_EQ(f.device, 2 * entry);
     EXPECT_EQ(f.host, (n_ckpt - 1) * entry);
   }
 }
@@ -146,10 +145,10 @@ TEST_F(CheckpointOffloadCpu, Bf16RecomputesFromRoundedInputs) {
   std::printf("bf16 gradients with / without offload: max normalized difference %.3g\n", err);
   EXPECT_GT(err, 0.0) << "the recompute saw the fp32 inputs: nothing was rounded";
   EXPECT_LT(err, 0.05);
-  // Slots (fp32 + bf16 staging) and bf16 host copies.
+  // One fp32 slot (each layer's output written over its staged input), one bf16 staging slot
+  // and bf16 host copies.
   const uint64_t entry = rounded(uint64_t(elems) * 4), half = rounded(uint64_t(elems) * 2);
-  EXPECT_EQ(on.acts, off.acts - n_layers * entry + CheckpointOffload::kSlots * (entry + half) +
-                         (n_layers - 1) * half);
+  EXPECT_EQ(on.acts, off.acts - n_layers * entry + entry + half + (n_layers - 1) * half);
 }
 
 }  // namespace
