@@ -19,6 +19,12 @@
 #   bash scripts/gpu_check.sh transfers      there: qlft alone on SmolLM2 shapes at micro-batch
 #                                            1 x 128 (issue 18's done-when 1 shape), fp32 and
 #                                            bf16, printing each step's host<->device traffic
+#   bash scripts/gpu_check.sh context        there: issue 47's criterion 4 on Llama-3.1-8B
+#                                            shapes (random weights made there), NF4, r 32 on all
+#                                            seven, bf16, micro-batch 1, every layer checkpointed:
+#                                            the planner's largest context for this card, one step
+#                                            at it (planned device peak against the runtime's),
+#                                            then offload.params=cpu against resident at seq 2048
 #   bash scripts/gpu_check.sh size           there: the GPU tests, then issue 45's criterion 3:
 #                                            Llama-3.1-8B shapes (random weights made there),
 #                                            NF4, LoRA r 32 on all seven, bf16, seq 2048, against
@@ -58,7 +64,7 @@ if [ "$mode" = pack ]; then
   exit 0
 fi
 
-case "$mode" in run | memory | offload | transfers | profile | size) ;; *) echo "gpu_check: pack, run, memory, offload, transfers, profile or size" >&2; exit 2 ;; esac
+case "$mode" in run | memory | offload | transfers | profile | size | context) ;; *) echo "gpu_check: pack, run, memory, offload, transfers, profile, size or context" >&2; exit 2 ;; esac
 : "${OUT:?run it through the device tool}"
 root=/tmp/qlft-gpu
 mkdir -p "$root" && tar -C "$root" -xJf .gpu/bundle.tar.xz
@@ -106,6 +112,40 @@ if [ "$mode" = offload ]; then
     QLFT_CUDA_BUILD=$root PEER_PYTHON=none QLFT_EXTRA="$extra" MICRO_BATCH=${MICRO_BATCH:-8} \
       timeout 200 bash bench/gpu_bench.sh /tmp/smol "$root/shared/data/tinyshakespeare.txt" \
       "${STEPS:-8}" 2>&1 | grep -E "tokens/s|peak device|runtime peak"
+  done
+  exit 0
+fi
+if [ "$mode" = context ]; then
+  cli=$root/tools/qlft-finetune/qlft-finetune
+  model=/tmp/shaped-llama-3.1-8b
+  s=$(date +%s)
+  [ -f "$model/config.json" ] || /tmp/peer-python bench/make_shaped_model.py "$model" \
+    --shape llama-3.1-8b > "$OUT/make_8b.log" 2>&1 || { tail -5 "$OUT/make_8b.log"; exit 1; }
+  echo "8B model made in $(( $(date +%s) - s ))s"
+  # The budget: the card's memory less 2 GiB for the context and the driver.
+  limit=$(( $(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1) - 2048 ))MiB
+  plan=(--backend cuda --memory.limit "$limit" --lora.r 32 --lora.alpha 64 --quant.type nf4
+        --train.precision bf16 --train.grad_checkpointing 1 --train.micro_batch 1)
+  "$cli" estimate --model "$model" "${plan[@]}" > "$OUT/estimate.txt" 2>&1
+  ctx=$(sed -n 's/^largest context within .* at micro-batch 1: \([0-9]*\) tokens.*/\1/p' "$OUT/estimate.txt")
+  echo "memory.limit $limit: planned largest context ${ctx:-none}"
+  [ -n "$ctx" ] || { cat "$OUT/estimate.txt"; exit 1; }
+  "$cli" estimate --model "$model" "${plan[@]}" --data.seq_len "$ctx" > "$OUT/estimate_ctx.txt" 2>&1
+  grep -E "^(device step|host step|checkpointed)" "$OUT/estimate_ctx.txt"
+  # Enough text for one sequence of ctx tokens (random weights: any text serves).
+  for i in 1 2 3 4 5 6; do cat "$root/shared/data/tinyshakespeare.txt"; done > /tmp/long.txt
+  s=$(date +%s)
+  timeout 540 "$cli" train --model "$model" --data /tmp/long.txt "${plan[@]}" --data.seq_len "$ctx" \
+    --train.max_steps 1 --train.save_every 0 --train.output_dir /tmp/ctx-run > "$OUT/ctx_train.log" 2>&1
+  echo "one step at $ctx tokens: rc=$? $(( $(date +%s) - s ))s"
+  # The step's line: loss, the tracker's peaks by category ("mem_peak") beside the plan above.
+  grep '"step"' /tmp/ctx-run/metrics.jsonl 2>/dev/null | head -c 4000; echo
+  tail -3 "$OUT/ctx_train.log"
+  for extra in "" "--offload.params cpu"; do
+    echo "8B, seq 2048, ${extra:-(resident)}:"
+    QLFT_CUDA_BUILD=$root PEER_PYTHON=none QLFT_EXTRA="$extra" LORA_R=32 SEQ=2048 MICRO_BATCH=1 \
+      timeout 240 bash bench/gpu_bench.sh --shape llama-3.1-8b \
+      "$root/shared/data/tinyshakespeare.txt" "${STEPS:-8}" 2>&1 | grep -E "tokens/s|peak device"
   done
   exit 0
 fi
