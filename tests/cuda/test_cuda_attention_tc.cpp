@@ -396,7 +396,10 @@ TEST(CudaAttentionTc, Bf16TrainingStepFollowsCpu) {
     double loss;
     std::vector<float> grads;
   };
-  auto step = [&](Backend& be) {
+  // ckpt: the checkpointed layer (-1: none). One checkpointed layer beside a stored one runs
+  // both hand-overs of the residual gradient's bf16 copy between layers (LlamaRunner::bwd_direct):
+  // from a stored layer to a recomputed one and back.
+  auto step = [&](Backend& be, int ckpt) {
     LoraConfig lc;
     lc.r = 8;
     lc.alpha = 16;
@@ -412,6 +415,7 @@ TEST(CudaAttentionTc, Bf16TrainingStepFollowsCpu) {
       }
     LlamaRunner run(*m, be, &lora);
     run.set_activation_dtype(activation_dtype(Precision::BF16));
+    if (ckpt >= 0) run.set_checkpoint(ckpt, true);
     Out o;
     o.loss = run.forward(b).mean();
     run.backward();
@@ -425,9 +429,13 @@ TEST(CudaAttentionTc, Bf16TrainingStepFollowsCpu) {
   };
   auto cpu = make_autocast_backend(make_cpu_backend(&tr), DType::BF16);
   auto gpu = bf16_backend(&tr);
-  const Out c = step(*cpu), d = step(*gpu);
-  const double gerr = qlft_cuda_test::norm_err(d.grads, c.grads);
-  std::printf("bf16 step: loss cpu %.7f cuda %.7f, LoRA gradients %.3g\n", c.loss, d.loss, gerr);
-  EXPECT_NEAR(d.loss, c.loss, 2e-3 * std::fabs(c.loss));
-  EXPECT_LT(gerr, 2e-2);
+  for (int ckpt : {-1, 0, 1}) {
+    SCOPED_TRACE(ckpt);
+    const Out c = step(*cpu, ckpt), d = step(*gpu, ckpt);
+    const double gerr = qlft_cuda_test::norm_err(d.grads, c.grads);
+    std::printf("bf16 step (checkpointed layer %d): loss cpu %.7f cuda %.7f, LoRA gradients %.3g\n",
+                ckpt, c.loss, d.loss, gerr);
+    EXPECT_NEAR(d.loss, c.loss, 2e-3 * std::fabs(c.loss));
+    EXPECT_LT(gerr, 2e-2);
+  }
 }
