@@ -208,7 +208,8 @@ LossResult LlamaRunner::run_forward(const TokenBatch& b, bool training, float gr
     UnitUse use(ws, layer_unit(l), l + 1 < c.n_layers ? layer_unit(l + 1) : head_unit(c.n_layers));
     LayerActs& a = acts_for(l, training);
     float* x_in = x_at(l);
-    float* x_out = x_to_write(l + 1);
+    float* x_out = x_to_write(l + 1);  // may be x_in (checkpoint_offload.h: one fp32 slot), so
+                                       // layer_fwd reads x_in for the last time before x_out
     if (!a.half) {
       layer_fwd(l, a, x_in, x_out);
       x_written(l + 1, training);
