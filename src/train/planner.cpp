@@ -53,6 +53,7 @@ PlanSettings PlanSettings::from_spec(const RunSpec& r) {
   s.micro_batch = r.train.micro_batch.n;  // auto: 1
   s.rows_per_example = is_paired(r.pref.objective) ? 2 : 1;
   s.reference_pass = needs_reference(r.pref.objective);
+  s.per_sequence_loss = r.pref.objective != Objective::Sft;
   s.accumulation = r.train.accumulation;
   s.optimizer = r.optim.kind;
   s.lora = lora_config_from(r.lora);
@@ -639,7 +640,8 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
   const uint64_t back = std::max(bwd, ckpt > 0 ? f.recompute_ws + fwd : 0);
   if (p.device) p.device_fixed = m->fixed();
   act[int(MemCategory::Workspace)] =
-      m->fixed() + std::max({held + fwd, held + m->cross_entropy(sh, R), f.backward_ws + back});
+      m->fixed() + std::max({held + fwd, held + m->cross_entropy(sh, s.per_sequence_loss ? T : R),
+                             f.backward_ws + back});
 
   if (p.device) {
     plan_device_persistent(c, w, s, *m, adapter * c.n_layers, segment, &p);

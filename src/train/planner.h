@@ -126,6 +126,9 @@ struct PlanSettings {
   // The objective's reference pass (DPO, IPO, KTO: the frozen base over the same rows, no
   // stored activations), whose buffers the step holds beside the policy's activations.
   bool reference_pass = false;
+  // The preference objectives' loss runs the head's cross-entropy one sequence (seq_len rows) at
+  // a time (LlamaRunner::seq_cross_entropy), not over the micro-batch's rows at once.
+  bool per_sequence_loss = false;
   int accumulation = 1;  // micro-batches per step (more than one keeps backward temporaries)
   OptimizerKind optimizer = OptimizerKind::AdamW;
   LoraConfig lora;

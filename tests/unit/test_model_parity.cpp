@@ -155,13 +155,21 @@ TEST(ModelParity, RopeScalingIsReadOrRefused) {
     int32_t status = QLFT_ERR_UNSUPPORTED;
   };
   const Case cases[] = {
+      // LongRoPE loads with its factor lists (RopeScaling.LongRope*); without them it is refused
+      // naming the list, under either spelling of the scaling block.
       {"longrope",
        [](nlohmann::json& c) {
          c["rope_scaling"] = {{"rope_type", "longrope"}, {"factor", 8.0}};
        },
-       "rope_scaling.rope_type"},
+       "rope_scaling.short_factor", QLFT_ERR_FORMAT},
       {"su_v5", [](nlohmann::json& c) { c["rope_parameters"]["rope_type"] = "su"; },
-       "rope_parameters.rope_type"},
+       "rope_parameters.short_factor", QLFT_ERR_FORMAT},
+      // A scaling qlft does not implement (Qwen2-VL's multimodal RoPE) is refused by its type.
+      {"mrope",
+       [](nlohmann::json& c) {
+         c["rope_scaling"] = {{"type", "mrope"}, {"mrope_section", {16, 24, 24}}};
+       },
+       "rope_scaling.rope_type"},
       {"llama3_without_low_freq_factor",
        [](nlohmann::json& c) {
          c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"high_freq_factor", 4.0}};
