@@ -214,10 +214,11 @@ ModelConfig read_hf_config(const JsonFile& cj, const std::string& weights,
                     "%s: hidden_size %d is not a multiple of num_attention_heads %d",
                     cj.path().c_str(), c.dim, c.n_heads);
   c.head_dim = static_cast<int>(cj.get_int_in("head_dim", 1, kMaxHeadDim, c.dim / c.n_heads));
-  QLFT_CHECK_FORMAT(c.rope.short_factor.empty() || c.rope.short_factor.size() == size_t(c.head_dim / 2),
-                    "%s: the longrope short_factor / long_factor lists have %zu values; head_dim "
-                    "%d needs %d",
-                    cj.path().c_str(), c.rope.short_factor.size(), c.head_dim, c.head_dim / 2);
+  QLFT_CHECK_FORMAT(
+      c.rope.short_factor.empty() || c.rope.short_factor.size() == size_t(c.head_dim / 2),
+      "%s: the longrope short_factor / long_factor lists have %zu values; head_dim "
+      "%d needs %d",
+      cj.path().c_str(), c.rope.short_factor.size(), c.head_dim, c.head_dim / 2);
   QLFT_CHECK_FORMAT(c.n_heads % c.n_kv_heads == 0,
                     "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d",
                     cj.path().c_str(), c.n_heads, c.n_kv_heads);
