@@ -112,6 +112,24 @@ bool gguf_kept_as_stored(const GgufTensorInfo& t, bool linear, const LoadOptions
   return linear && o.quant_type == QuantType::Keep && tr && tr->dequantizable;
 }
 
+// A per-pair divisor list of llama.cpp's RoPE scaling tensors (rope_freqs, rope_factors_long /
+// _short): head_dim / 2 positive finite values.
+static void read_gguf_divisors(const GgufFile& g, const char* name, int head_dim,
+                               std::vector<float>& d) {
+  const GgufTensorInfo* t = g.find_tensor(name);
+  const int64_t n = head_dim / 2;
+  QLFT_CHECK_FORMAT(t->numel() == n && t->ne[0] == n,
+                    "%s: tensor '%s' has %lld elements, expected %lld (head_dim / 2)",
+                    g.path().c_str(), name, static_cast<long long>(t->numel()),
+                    static_cast<long long>(n));
+  d.resize(static_cast<size_t>(n));
+  gguf_to_f32(g, *t, d.data());
+  for (size_t i = 0; i < d.size(); ++i)
+    QLFT_CHECK_FORMAT(std::isfinite(d[i]) && d[i] > 0,
+                      "%s: tensor '%s' holds %g at element %zu (divisors must be positive)",
+                      g.path().c_str(), name, static_cast<double>(d[i]), i);
+}
+
 ModelConfig read_gguf_config(const GgufFile& g) {
   const std::string& path = g.path();
   ModelConfig c;
@@ -181,30 +199,42 @@ ModelConfig read_gguf_config(const GgufFile& g) {
   }
   if (fam->moe) read_gguf_moe(g, a, experts, c);
   check_model_config(c, path);
-  // llama.cpp's converter writes llama3 RoPE scaling as per-pair divisors of the frequencies.
-  if (const GgufTensorInfo* t = g.find_tensor("rope_freqs.weight")) {
-    const int64_t n = c.head_dim / 2;
-    QLFT_CHECK_FORMAT(t->numel() == n && t->ne[0] == n,
-                      "%s: tensor 'rope_freqs.weight' has %lld elements, expected %lld",
-                      path.c_str(), static_cast<long long>(t->numel()), static_cast<long long>(n));
-    std::vector<float>& d = c.rope.freq_divisors;
-    d.resize(static_cast<size_t>(n));
-    gguf_to_f32(g, *t, d.data());
-    for (size_t i = 0; i < d.size(); ++i)
-      QLFT_CHECK_FORMAT(std::isfinite(d[i]) && d[i] > 0,
-                        "%s: tensor 'rope_freqs.weight' holds %g at element %zu (divisors must "
-                        "be positive)",
-                        path.c_str(), static_cast<double>(d[i]), i);
+  // llama.cpp's converter writes llama3 RoPE scaling as per-pair divisors of the frequencies
+  // (rope_freqs.weight), and Phi-3's LongRoPE as two such lists (convert_hf_to_gguf.py
+  // Phi3MiniModel): rope_factors_short.weight up to rope.scaling.original_context_length
+  // positions, rope_factors_long.weight past it, with rope.scaling.attn_factor and
+  // context_length (max_position_embeddings) beside them and no rope.scaling.type.
+  if (g.find_tensor("rope_freqs.weight"))
+    read_gguf_divisors(g, "rope_freqs.weight", c.head_dim, c.rope.freq_divisors);
+  const bool has_long = g.find_tensor("rope_factors_long.weight") != nullptr;
+  if (has_long || g.find_tensor("rope_factors_short.weight")) {
+    for (const char* n : {"rope_factors_long.weight", "rope_factors_short.weight"})
+      QLFT_CHECK_FORMAT(g.find_tensor(n),
+                        "%s: tensor '%s' is missing (LongRoPE needs rope_factors_long.weight and "
+                        "rope_factors_short.weight)",
+                        path.c_str(), n);
+    QLFT_CHECK_FORMAT(c.rope.type == RopeType::Default && c.rope.freq_divisors.empty(),
+                      "%s: tensors rope_factors_long / rope_factors_short (LongRoPE) come with "
+                      "another RoPE scaling (%srope.scaling.type or rope_freqs.weight)",
+                      path.c_str(), a.c_str());
+    RopeScaling& s = c.rope;
+    s.type = RopeType::LongRope;
+    read_gguf_divisors(g, "rope_factors_long.weight", c.head_dim, s.long_factor);
+    read_gguf_divisors(g, "rope_factors_short.weight", c.head_dim, s.short_factor);
+    const std::string orig = a + "rope.scaling.original_context_length";
+    QLFT_CHECK_FORMAT(g.find(orig), "%s: '%s' is missing (LongRoPE needs it)", path.c_str(),
+                      orig.c_str());
+    s.original_context = static_cast<int>(g.get_int_in(orig, 1, kMaxContext));
+    s.factor = double(c.context_length) / s.original_context;  // transformers' rule for Phi-3
+    const std::string attn = a + "rope.scaling.attn_factor";
+    if (g.find(attn)) {
+      s.attention_factor = g.get_float(attn, 1.0);
+      QLFT_CHECK_FORMAT(std::isfinite(s.attention_factor) && s.attention_factor > 0,
+                        "%s: '%s' = %g must be positive", path.c_str(), attn.c_str(),
+                        s.attention_factor);
+      s.has_attention_factor = true;
+    }
   }
-
-  // llama.cpp's Phi-3 LongRoPE (rope_factors_long / _short: per-pair frequency divisors chosen by
-  // the sequence length, with their own attention factor): not rotated with, so refused.
-  for (const char* n : {"rope_factors_long.weight", "rope_factors_short.weight"})
-    if (g.find_tensor(n))
-      throw_error(QLFT_ERR_UNSUPPORTED,
-                  "%s: tensor '%s' (llama.cpp's LongRoPE factors, rope_scaling type longrope) "
-                  "is not supported: qlft does not rotate with longrope scaling",
-                  path.c_str(), n);
   const GgufTensorInfo& emb = gguf_tensor(g, "token_embd.weight", -1, c.dim);
   QLFT_CHECK_FORMAT(emb.ne[1] >= 1 && emb.ne[1] <= kMaxVocab,
                     "%s: tensor 'token_embd.weight' has %lld rows, not a vocabulary size",

@@ -68,6 +68,7 @@ Run: /opt/qlft-ref/bin/python tests/reference/gen_family_fixtures.py [--phi3-fus
 """
 import argparse
 import json
+import math
 import os
 import sys
 import tempfile
@@ -151,6 +152,16 @@ def write_gguf(path, family, cfg, sd):
     if rope.get("rope_type") == "linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(rope["factor"])
+    if rope.get("rope_type") in ("longrope", "su"):  # llama.cpp's Phi3MiniModel: no scaling type
+        orig = cfg["original_max_position_embeddings"]
+        scale = cfg["max_position_embeddings"] / orig
+        w.add_rope_scaling_orig_ctx_len(orig)
+        w.add_rope_scaling_attn_factors(
+            math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1.0 else 1.0)
+        for n, t in (("long", gguf.MODEL_TENSOR.ROPE_FACTORS_LONG),
+                     ("short", gguf.MODEL_TENSOR.ROPE_FACTORS_SHORT)):
+            w.add_tensor(gguf.TENSOR_NAMES[t] + ".weight",
+                         np.array(rope[n + "_factor"], dtype=np.float32))
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     if cfg.get("sliding_window"):
         w.add_sliding_window(cfg["sliding_window"])

@@ -34,6 +34,9 @@ Runs transformers in fp32 on the CPU and writes tests/reference/fixtures/rope_sc
                          (--longrope) the synthetic Phi-3 of fixtures/families/syn_phi3 with
                          LongRoPE (original 32, max 128): tokens [1, 72], transformers' logits of
                          the 72-token call (long_logits) and of its first 24 tokens (short_logits).
+  longrope_phi3.gguf     (--longrope) that model as llama.cpp's converter writes it: fused attn_qkv /
+                         ffn_up, the factors as tensors rope_factors_long / rope_factors_short.weight,
+                         phi3.rope.scaling.original_context_length and .attn_factor.
   peft.safetensors       (--peft) base_logits and peft_logits: the llama3 model's logits over the
                          72 tokens (at `positions`) without and with
                          PeftModel.from_pretrained(peft_adapter/).
@@ -247,6 +250,11 @@ def longrope_phi3():
         out["short_logits"] = _same(m, cfg, sd)(input_ids=tok[:, :24]).logits[0].clone()
     save_file(out, os.path.join(OUT, "longrope_phi3.safetensors"))
     print("longrope_phi3 logits", tuple(out["long_logits"].shape), tuple(out["short_logits"].shape))
+    # The same model as llama.cpp's converter writes it (Phi3MiniModel: rope_factors_long /
+    # rope_factors_short, rope.scaling.original_context_length and attn_factor).
+    import gen_family_fixtures as gf
+    gf.write_gguf(os.path.join(OUT, "longrope_phi3.gguf"), "phi3", d,
+                  {k: v.float() for k, v in sd.items()})
 
 
 def _same(m, cfg, sd):

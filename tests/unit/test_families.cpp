@@ -1044,24 +1044,31 @@ TEST(Families, MoeAndGemma3GgufFollowLlamaCppsDefaults) {
     }
 }
 
-// llama.cpp's Phi-3 LongRoPE GGUF (rope_factors_long / rope_factors_short) is refused naming
-// the tensor, not loaded with plain RoPE; the same file without them loads.
-TEST(Families, Phi3LongRopeGgufRefusedByName) {
+// llama.cpp's Phi-3 LongRoPE GGUF needs both factor tensors and the original context length
+// (RopeScaling.LongRopePhi3GgufMatchesTransformers loads the whole one): one tensor alone is a
+// format error naming the missing one, and the pair without
+// phi3.rope.scaling.original_context_length names that key; the file without them loads.
+TEST(Families, Phi3LongRopeGgufIncompleteRefusedByName) {
   MemoryTracker tr;
   EXPECT_NO_THROW(load_model(&tr, edited_gguf("syn_phi3.gguf", {}, nullptr, "phi3_plain"), keep()));
-  for (const char* name : {"rope_factors_long.weight", "rope_factors_short.weight"}) {
-    const std::vector<float> f(4, 1.5f);  // head_dim 8: one divisor per pair
+  const std::vector<float> f(4, 1.5f);  // head_dim 8: one divisor per pair
+  const char* names[] = {"rope_factors_long.weight", "rope_factors_short.weight"};
+  for (int i = 0; i < 3; ++i) {
+    const std::string want = i < 2 ? names[1 - i] : "phi3.rope.scaling.original_context_length";
     try {
-      load_model(
-          &tr,
-          edited_gguf(
-              "syn_phi3.gguf", {}, [&](GgufWriter& w) { w.add_tensor_f32(name, {4}, f.data()); },
-              "phi3_longrope"),
-          keep());
-      ADD_FAILURE() << name << " loaded";
+      load_model(&tr,
+                 edited_gguf(
+                     "syn_phi3.gguf", {},
+                     [&](GgufWriter& w) {
+                       for (int k = 0; k < 2; ++k)
+                         if (i == 2 || k == i) w.add_tensor_f32(names[k], {4}, f.data());
+                     },
+                     "phi3_longrope"),
+                 keep());
+      ADD_FAILURE() << want << " not asked for";
     } catch (const Error& e) {
-      EXPECT_EQ(e.status(), QLFT_ERR_UNSUPPORTED);
-      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+      EXPECT_EQ(e.status(), QLFT_ERR_FORMAT);
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
     }
   }
 }

@@ -342,6 +342,39 @@ TEST(RopeScaling, LongRopeMatchesTransformersPhi3) {
 // A whole Phi-3 with LongRoPE (the synthetic syn_phi3's weights, config_longrope_phi3.json:
 // original 32, max 128): qlft's logits of a 72-token call (long factors) and of its first 24
 // tokens (short factors) against transformers' (gen_rope_scaling_fixtures.py --longrope).
+// The 72-token call (long factors) and its first 24 tokens (short factors) against transformers;
+// the control: the 72-token call rotated with the short factors is not transformers' call.
+static void expect_longrope_phi3_logits(Model& m) {
+  ASSERT_EQ(m.cfg.rope.type, RopeType::LongRope);
+  MemoryTracker tr;
+  auto be = make_cpu_backend(&tr);
+  const model_test::Fixture ref(fixture("longrope_phi3.safetensors"));
+  std::vector<int32_t> tok = ref.i32("tokens");
+  auto logits = [&](int n) {
+    TokenBatch b;
+    b.batch = 1;
+    b.seq = n;
+    b.tokens = tok.data();
+    LlamaRunner run(m, *be, nullptr);
+    std::vector<float> out(size_t(n) * 160);
+    run.logits(b, MatF(out.data(), n, 160));
+    return out;
+  };
+  for (auto [name, n] : {std::pair{"long_logits", 72}, std::pair{"short_logits", 24}}) {
+    SCOPED_TRACE(name);
+    const std::vector<float> out = logits(n), want = ref.f32(name);
+    ASSERT_EQ(out.size(), want.size());
+    const double err = qlft_test::max_rel_error(out.data(), want.data(), want.size());
+    std::printf("longrope phi3 %s: max rel error %.3g\n", name, err);
+    EXPECT_LT(err, 1e-4);
+  }
+  const std::vector<float> kept = m.cfg.rope.long_factor;
+  m.cfg.rope.long_factor = m.cfg.rope.short_factor;
+  const std::vector<float> out = logits(72), want = ref.f32("long_logits");
+  m.cfg.rope.long_factor = kept;
+  EXPECT_GT(qlft_test::max_rel_error(out.data(), want.data(), want.size()), 1e-2);
+}
+
 TEST(RopeScaling, LongRopePhi3LogitsMatchTransformers) {
   const std::string dir = qlft_test::temp_dir("longrope_phi3");
   const std::vector<uint8_t> cfg = qlft_test::read_file(fixture("config_longrope_phi3.json"));
@@ -351,34 +384,16 @@ TEST(RopeScaling, LongRopePhi3LogitsMatchTransformers) {
   qlft_test::write_file(dir + "/model.safetensors", st.data(), st.size());
   MemoryTracker tr;
   auto m = load(&tr, dir);
-  ASSERT_EQ(m->cfg.rope.type, RopeType::LongRope);
-  auto be = make_cpu_backend(&tr);
-  const model_test::Fixture ref(fixture("longrope_phi3.safetensors"));
-  std::vector<int32_t> tok = ref.i32("tokens");
-  for (auto [name, n] : {std::pair{"long_logits", 72}, std::pair{"short_logits", 24}}) {
-    SCOPED_TRACE(name);
-    TokenBatch b;
-    b.batch = 1;
-    b.seq = n;
-    b.tokens = tok.data();
-    LlamaRunner run(*m, *be, nullptr);
-    std::vector<float> out(size_t(n) * 160);
-    run.logits(b, MatF(out.data(), n, 160));
-    const std::vector<float> want = ref.f32(name);
-    ASSERT_EQ(out.size(), want.size());
-    const double err = qlft_test::max_rel_error(out.data(), want.data(), want.size());
-    std::printf("longrope phi3 %s: max rel error %.3g\n", name, err);
-    EXPECT_LT(err, 1e-4);
-  }
-  // Control: the 72-token call rotated with the short factors is not transformers' call.
-  m->cfg.rope.long_factor = m->cfg.rope.short_factor;
-  TokenBatch b;
-  b.batch = 1;
-  b.seq = 72;
-  b.tokens = tok.data();
-  LlamaRunner run(*m, *be, nullptr);
-  std::vector<float> out(size_t(72) * 160);
-  run.logits(b, MatF(out.data(), 72, 160));
-  const std::vector<float> want = ref.f32("long_logits");
-  EXPECT_GT(qlft_test::max_rel_error(out.data(), want.data(), want.size()), 1e-2);
+  expect_longrope_phi3_logits(*m);
+}
+
+// llama.cpp's form of the same model (gguf-py, Phi3MiniModel's names): rope_factors_long /
+// rope_factors_short.weight, phi3.rope.scaling.original_context_length and attn_factor.
+TEST(RopeScaling, LongRopePhi3GgufMatchesTransformers) {
+  MemoryTracker tr;
+  auto m = load(&tr, fixture("longrope_phi3.gguf"));
+  EXPECT_EQ(m->cfg.rope.original_context, 32);
+  EXPECT_NEAR(m->cfg.rope.factor, 4.0, 1e-12);
+  EXPECT_EQ(m->cfg.rope.long_factor, (std::vector<float>{1.0f, 2.5f, 6.0f, 12.0f}));
+  expect_longrope_phi3_logits(*m);
 }
