@@ -63,6 +63,21 @@ std::vector<T> route_field(const MoeSaved& s, int64_t MoeRouteLayout::*field) {
   return v;
 }
 
+// Expert e's LoRA refs (model/moe_lora.h): gate / up, the fused gate_up's row blocks of one A,
+// and down; gu / dn whether they are adapted.
+struct ExpertLora {
+  LoraRef gate, up, down;
+  bool gu = false, dn = false;
+};
+ExpertLora expert_lora(const MoeLora* lora, int e, int64_t D, int64_t F) {
+  ExpertLora l;
+  if (!lora) return l;
+  l.gu = lora->gate_up.active(), l.dn = lora->down.active();
+  if (l.gu) l.gate = lora->gate_up.ref(e, D, 2 * F), l.up = lora->gate_up.ref(e, D, 2 * F, F);
+  if (l.dn) l.down = lora->down.ref(e, F, D);
+  return l;
+}
+
 }  // namespace
 
 std::vector<int32_t> moe_routed_experts(const MoeSaved& s) {
@@ -73,7 +88,8 @@ std::vector<float> moe_routing_weights(const MoeSaved& s) {
   return route_field<float>(s, &MoeRouteLayout::weight);
 }
 
-void moe_fwd(Backend& be, const MoeWeights& w, CMatF x, MatF out, MoeSaved& s) {
+void moe_fwd(Backend& be, const MoeWeights& w, CMatF x, MatF out, MoeSaved& s,
+             const MoeLora* lora) {
   const int E = w.n_experts(), K = w.top_k;
   QLFT_CHECK_ARG(E > 0 && K > 0 && K <= E, "MoE: top_k %d of %d experts", K, E);
   QLFT_CHECK_ARG(w.router.rows == E && w.router.cols == x.cols,
@@ -102,9 +118,18 @@ void moe_fwd(Backend& be, const MoeWeights& w, CMatF x, MatF out, MoeSaved& s) {
   hold(be, s.acts, al.total, MemCategory::Activations, "MoE expert rows");
   float* route = s.route.as<float>();
   float* acts = s.acts.as<float>();
+  s.ranks = moe_lora_ranks(lora);
+  const MoeLoraLayout ll = moe_lora_layout(R, K, s.ranks);
+  if (ll.total)
+    hold(be, s.lora, ll.total, MemCategory::Activations, "MoE LoRA inputs");
+  else
+    s.lora.reset();
+  float* xa = s.lora.as<float>();
 
   // The router's logits into the probabilities' place, to the host, routed there.
-  be.linear_fwd(w.router, nullptr, nullptr, x, MatF(route + rl.probs, R, E), nullptr);
+  const LoraRef rref = lora ? lora->router.ref(0, D, E) : LoraRef();
+  be.linear_fwd(w.router, nullptr, rref.r ? &rref : nullptr, x, MatF(route + rl.probs, R, E),
+                rref.r ? xa + ll.router : nullptr);
   std::vector<float> logits(static_cast<size_t>(R * E));
   s.route.copy_to_host(logits.data(), logits.size() * 4);
   std::vector<float> probs(static_cast<size_t>(R * E)), weight(static_cast<size_t>(N)),
@@ -148,18 +173,23 @@ void moe_fwd(Backend& be, const MoeWeights& w, CMatF x, MatF out, MoeSaved& s) {
     const CMatF xe(acts + al.x + o * D, n, D);
     const MatF gate(acts + al.gate + o * F, n, F), up(acts + al.up + o * F, n, F),
         hact(acts + al.hact + o * F, n, F);
-    be.linear_fwd(w.w1[static_cast<size_t>(e)], nullptr, nullptr, xe, gate, nullptr);
-    be.linear_fwd(w.w3[static_cast<size_t>(e)], nullptr, nullptr, xe, up, nullptr);
+    // The fused gate_up LoRA: gate's and up's B rows over one A (x A^T kept once; up's call
+    // recomputes it).
+    const ExpertLora l = expert_lora(lora, e, D, F);
+    be.linear_fwd(w.w1[static_cast<size_t>(e)], nullptr, l.gu ? &l.gate : nullptr, xe, gate,
+                  l.gu ? xa + ll.gate_up + o * l.gate.r : nullptr);
+    be.linear_fwd(w.w3[static_cast<size_t>(e)], nullptr, l.gu ? &l.up : nullptr, xe, up, nullptr);
     be.swiglu_fwd(gate.as_const(), up.as_const(), hact);
-    be.linear_fwd(w.w2[static_cast<size_t>(e)], nullptr, nullptr, hact.as_const(),
-                  MatF(acts + al.y + o * D, n, D), nullptr);
+    be.linear_fwd(w.w2[static_cast<size_t>(e)], nullptr, l.dn ? &l.down : nullptr, hact.as_const(),
+                  MatF(acts + al.y + o * D, n, D), l.dn ? xa + ll.down + o * l.down.r : nullptr);
   }
   // out[r] = sum over k of weight[r, k] y[pos[r, k]].
   be.combine_rows(CMatF(acts + al.y, N, D), reinterpret_cast<const int32_t*>(route + rl.pos),
                   route + rl.weight, K, out, false);
 }
 
-void moe_bwd(Backend& be, const MoeWeights& w, const MoeSaved& s, CMatF x, CMatF dout, MatF dx) {
+void moe_bwd(Backend& be, const MoeWeights& w, const MoeSaved& s, CMatF x, CMatF dout, MatF dx,
+             const MoeLora* lora) {
   const int64_t R = s.rows, D = s.dim, F = s.ffn;
   const int E = s.n_experts, K = s.top_k;
   const int64_t N = R * K;
@@ -167,6 +197,14 @@ void moe_bwd(Backend& be, const MoeWeights& w, const MoeSaved& s, CMatF x, CMatF
                  "MoE backward: gradients [%lld, %lld] for rows %lld of dim %lld",
                  (long long)dout.rows, (long long)dout.cols, (long long)R, (long long)D);
   QLFT_CHECK_ARG(!s.route.empty() && !s.acts.empty(), "MoE backward: no forward pass saved");
+  const MoeLoraRanks lr = moe_lora_ranks(lora);
+  QLFT_CHECK_ARG(
+      lr.gate_up == s.ranks.gate_up && lr.down == s.ranks.down && lr.router == s.ranks.router,
+      "MoE backward: LoRA ranks (gate_up %d, down %d, router %d) differ from the "
+      "forward's (%d, %d, %d)",
+      lr.gate_up, lr.down, lr.router, s.ranks.gate_up, s.ranks.down, s.ranks.router);
+  const MoeLoraLayout ll = moe_lora_layout(R, K, lr);
+  const float* xa = s.lora.as<float>();
   const MoeRouteLayout rl = moe_route_layout(R, E, K);
   const MoeActsLayout al = moe_acts_layout(R, D, F, K);
   // (g is moe_bwd's room in the saved routing: written here, read back below.)
@@ -189,15 +227,21 @@ void moe_bwd(Backend& be, const MoeWeights& w, const MoeSaved& s, CMatF x, CMatF
     const int64_t o = s.offset[size_t(e)], n = s.offset[size_t(e) + 1] - o;
     if (n == 0) continue;
     zero_at(be, dh, size_t(n * F) * 4);
-    be.linear_bwd(w.w2[static_cast<size_t>(e)], nullptr, CMatF(acts + al.hact + o * F, n, F),
-                  nullptr, CMatF(dy + o * D, n, D), MatF(dh, n, F), nullptr, nullptr);
+    const ExpertLora l = expert_lora(lora, e, D, F);
+    be.linear_bwd(w.w2[static_cast<size_t>(e)], l.dn ? &l.down : nullptr,
+                  CMatF(acts + al.hact + o * F, n, F), l.dn ? xa + ll.down + o * l.down.r : nullptr,
+                  CMatF(dy + o * D, n, D), MatF(dh, n, F), l.dn ? lora->down.d_a(e, F) : nullptr,
+                  l.dn ? lora->down.d_b(e, D) : nullptr);
     be.swiglu_bwd(CMatF(acts + al.gate + o * F, n, F), CMatF(acts + al.up + o * F, n, F),
                   CMatF(dh, n, F), MatF(dg, n, F), MatF(du, n, F));
     const CMatF xe(acts + al.x + o * D, n, D);
-    be.linear_bwd(w.w1[static_cast<size_t>(e)], nullptr, xe, nullptr, CMatF(dg, n, F),
-                  MatF(dxe + o * D, n, D), nullptr, nullptr);
-    be.linear_bwd(w.w3[static_cast<size_t>(e)], nullptr, xe, nullptr, CMatF(du, n, F),
-                  MatF(dxe + o * D, n, D), nullptr, nullptr);
+    // gate's and up's calls both add into the one dA.
+    const float* xg = l.gu ? xa + ll.gate_up + o * l.gate.r : nullptr;
+    float* dA = l.gu ? lora->gate_up.d_a(e, D) : nullptr;
+    be.linear_bwd(w.w1[static_cast<size_t>(e)], l.gu ? &l.gate : nullptr, xe, xg, CMatF(dg, n, F),
+                  MatF(dxe + o * D, n, D), dA, l.gu ? lora->gate_up.d_b(e, 2 * F) : nullptr);
+    be.linear_bwd(w.w3[static_cast<size_t>(e)], l.gu ? &l.up : nullptr, xe, xg, CMatF(du, n, F),
+                  MatF(dxe + o * D, n, D), dA, l.gu ? lora->gate_up.d_b(e, 2 * F, F) : nullptr);
   }
   // dx[r] += sum over k of dxe[pos[r, k]].
   be.combine_rows(CMatF(dxe, N, D), reinterpret_cast<const int32_t*>(route + rl.pos), nullptr, K,
@@ -238,7 +282,10 @@ void moe_bwd(Backend& be, const MoeWeights& w, const MoeSaved& s, CMatF x, CMatF
       dz[static_cast<size_t>(r * E + e)] =
           static_cast<float>(p[e] * (dp[static_cast<size_t>(e)] - pdp));
   }
-  be.linear_bwd(w.router, nullptr, x, nullptr, CMatF(dz.data(), R, E), dx, nullptr, nullptr);
+  const LoraRef rref = lora ? lora->router.ref(0, D, E) : LoraRef();
+  be.linear_bwd(w.router, rref.r ? &rref : nullptr, x, rref.r ? xa + ll.router : nullptr,
+                CMatF(dz.data(), R, E), dx, rref.r ? lora->router.d_a(0, D) : nullptr,
+                rref.r ? lora->router.d_b(0, E) : nullptr);
 }
 
 }  // namespace qlft

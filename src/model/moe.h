@@ -3,7 +3,9 @@
 // top_k largest probabilities kept and renormalised to sum 1, and the row's output is the sum of
 // those k experts' SwiGLU MLPs (w1 gate, w3 up, w2 down) weighted by them. The backward takes
 // the gradient to the input through the experts and through the routing weights (softmax, top-k
-// renormalisation, the router's linear); the router and the experts get none (frozen).
+// renormalisation, the router's linear); the router and the experts get none (frozen). With a
+// MoeLora (model/moe_lora.h, PEFT's target_parameters on the experts and the router) the
+// experts' and router's LoRA terms are added and their factors get gradients.
 //
 // The load-balancing auxiliary loss is not computed: transformers adds it only when called with
 // output_router_logits=True, and MixtralConfig's default is False (training a LoRA adapter with
@@ -16,6 +18,7 @@
 #include "backend/backend.h"
 #include "core/memory.h"
 #include "core/tensor.h"
+#include "model/moe_lora.h"
 #include "quant/qweight.h"
 
 namespace qlft {
@@ -47,6 +50,9 @@ struct MoeSaved {
   // The packed rows, moe_acts_layout's: x [n, dim] gathered input, gate / up [n, ffn] the w1 / w3
   // outputs, hact [n, ffn] SwiGLU, y [n, dim] the w2 output (n = rows * top_k).
   Buffer acts;
+  // With a MoeLora: the LoRA inputs x A^T, moe_lora_layout's (empty without one).
+  MoeLoraRanks ranks;
+  Buffer lora;
 };
 
 // Offsets (in 4-byte elements) of MoeSaved::route's arrays and their total.
@@ -90,10 +96,14 @@ inline uint64_t moe_counted(int64_t elems, uint64_t (*round)(uint64_t)) {
 }
 // The bytes moe_fwd keeps in a MoeSaved for rows of dim through experts of ffn (n_experts,
 // top_k each row): the planner's count of them (RunnerFootprint::moe_saved).
+// ranks: the layer's MoeLora (its saved LoRA inputs).
 inline uint64_t moe_saved_bytes(int64_t rows, int64_t dim, int64_t ffn, int n_experts, int top_k,
-                                uint64_t (*round)(uint64_t) = nullptr) {
+                                uint64_t (*round)(uint64_t) = nullptr,
+                                const MoeLoraRanks& ranks = {}) {
+  const int64_t lora = moe_lora_layout(rows, top_k, ranks).total;
   return moe_counted(moe_route_layout(rows, n_experts, top_k).total, round) +
-         moe_counted(moe_acts_layout(rows, dim, ffn, top_k).total, round);
+         moe_counted(moe_acts_layout(rows, dim, ffn, top_k).total, round) +
+         (lora ? moe_counted(lora, round) : 0);
 }
 // The workspace moe_bwd holds while it runs: dy and the experts' input gradients [rows * top_k,
 // dim] each, and one expert's SwiGLU gradients, 3 x [rows, ffn] (an expert takes at most every
@@ -115,10 +125,14 @@ std::vector<float> moe_routing_weights(const MoeSaved& s);
 // the backend's memory (or on the host for a host backend). The router's logits come to the host
 // (rows x n_experts floats: one wait for a device), the routing is made there and goes back as
 // s.route; the rows stay in the backend's memory (Backend::gather_rows / combine_rows).
-void moe_fwd(Backend& be, const MoeWeights& w, CMatF x, MatF out, MoeSaved& s);
+// lora: the layer's LoRA (null: none).
+void moe_fwd(Backend& be, const MoeWeights& w, CMatF x, MatF out, MoeSaved& s,
+             const MoeLora* lora = nullptr);
 // dx += d out / d x applied to dout, given moe_fwd's s and its x. The routing weights' gradient
 // (Backend::row_dots) comes to the host with the routing (one wait for a device), the router's
 // input gradient goes back through its linear_bwd.
-void moe_bwd(Backend& be, const MoeWeights& w, const MoeSaved& s, CMatF x, CMatF dout, MatF dx);
+// lora: moe_fwd's (its gradients accumulated).
+void moe_bwd(Backend& be, const MoeWeights& w, const MoeSaved& s, CMatF x, CMatF dout, MatF dx,
+             const MoeLora* lora = nullptr);
 
 }  // namespace qlft

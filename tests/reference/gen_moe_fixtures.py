@@ -18,6 +18,16 @@ mixtral_block_top1.safetensors (top_k 1), read by tests/unit/test_moe.cpp:
   dx_no_route [rows, dim] the same with the routing weights detached (how far the routing path moves dx)
   top_k [1] int32, index [rows, top_k] int32 (torch.topk's experts), weight [rows, top_k]
 metadata: transformers version, MixtralConfig fields used.
+
+mixtral_block_lora.safetensors: the top_k 2 block with a PEFT LoRA (LoraConfig target_parameters
+["experts.gate_up_proj", "experts.down_proj", "gate.weight"], r 2, alpha 6: ParamWrapper on
+each) whose B factors are random (non-zero, so A's gradients are not trivial). As PEFT holds them:
+  gate_up.A [E r, dim], gate_up.B [2 ffn, r E], down.A [E r, ffn], down.B [dim, r E]
+                         (expert e's A: rows e r .. e r + r - 1; its B: columns j E + e)
+  router.A [r, dim], router.B [E, r]
+  *.dA, *.dB             d scalar / d of each, same layouts
+  out, dout, dx          as above, with the LoRA
+  x, router, e{i}.*      the frozen block (the mixtral_block weights' layout)
 Every row's k-th and (k+1)-th router probabilities differ by more than 1e-3, so fp32 rounding
 cannot change which experts are chosen.
 """
@@ -35,16 +45,22 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "fixtures", "moe")
 
 
-def block_fixture(top_k, seed, name):
+def make_block(top_k, seed):
+    """A MixtralSparseMoeBlock (4 experts, dim 24, ffn 40) with random weights, and its config."""
     torch.manual_seed(seed)
     cfg = MixtralConfig(hidden_size=24, intermediate_size=40, num_local_experts=4,
                         num_experts_per_tok=top_k, hidden_act="silu", router_jitter_noise=0.0)
     block = MixtralSparseMoeBlock(cfg).float().eval()
-    E, F, D, K = cfg.num_local_experts, cfg.intermediate_size, cfg.hidden_size, cfg.num_experts_per_tok
     with torch.no_grad():
         block.gate.weight.normal_(0, 0.4)
         block.experts.gate_up_proj.normal_(0, 0.2)
         block.experts.down_proj.normal_(0, 0.2)
+    return block, cfg
+
+
+def block_fixture(top_k, seed, name):
+    block, cfg = make_block(top_k, seed)
+    E, F, D, K = cfg.num_local_experts, cfg.intermediate_size, cfg.hidden_size, cfg.num_experts_per_tok
     rows = 14
     while True:
         x = torch.randn(2, rows // 2, D)
@@ -89,10 +105,73 @@ def block_fixture(top_k, seed, name):
           "max |dx|", dx.abs().max().item())
 
 
+def lora_block_fixture(seed, name):
+    from peft import LoraConfig, get_peft_model
+    import peft
+
+    block, cfg = make_block(2, seed)
+    E, F, D, K = cfg.num_local_experts, cfg.intermediate_size, cfg.hidden_size, cfg.num_experts_per_tok
+    frozen = {"router": block.gate.weight.detach().clone()}
+    for i in range(E):
+        gu = block.experts.gate_up_proj[i].detach()
+        frozen[f"e{i}.w1"], frozen[f"e{i}.w3"] = gu[:F].clone(), gu[F:].clone()
+        frozen[f"e{i}.w2"] = block.experts.down_proj[i].detach().clone()
+    r = 2
+    model = get_peft_model(block, LoraConfig(
+        r=r, lora_alpha=6, lora_dropout=0.0,
+        target_parameters=["experts.gate_up_proj", "experts.down_proj", "gate.weight"]))
+    named = {"gate_up": "experts.base_layer", "down": "experts", "router": "gate"}
+    lora = {}
+    for n, p in model.named_parameters():
+        if "lora_" not in n:
+            continue
+        part = None
+        for key, mod in named.items():
+            if n == f"base_model.model.{mod}.lora_A.default.weight":
+                part = key + ".A"
+            if n == f"base_model.model.{mod}.lora_B.default.weight":
+                part = key + ".B"
+        assert part is not None, n
+        with torch.no_grad():
+            if part.endswith(".B"):
+                p.normal_(0, 0.3)
+        lora[part] = p
+    assert len(lora) == 6, sorted(lora)
+    assert tuple(lora["gate_up.A"].shape) == (E * r, D) and tuple(lora["gate_up.B"].shape) == (2 * F, r * E)
+    assert tuple(lora["down.A"].shape) == (E * r, F) and tuple(lora["down.B"].shape) == (D, r * E)
+    rows = 14
+    while True:  # routing margins with the LoRA on the router
+        x = torch.randn(rows, D)
+        with torch.no_grad():
+            logits, _, _ = model.base_model.model.gate(x)
+        srt = torch.softmax(logits, dim=-1).sort(dim=-1, descending=True).values
+        if (srt[:, K - 1] - srt[:, K]).min() > 1e-3:
+            break
+    dout = torch.randn(rows, D)
+    xi = x.clone().requires_grad_(True)
+    out = model(xi.view(2, rows // 2, D)).view(rows, D)
+    (out * dout).sum().backward()
+    t = dict(frozen)
+    t.update({"x": x, "out": out.detach(), "dout": dout, "dx": xi.grad.detach(),
+              "top_k": torch.tensor([K], dtype=torch.int32)})
+    for k, p in lora.items():
+        t[k] = p.detach()
+        t[k.replace(".A", ".dA").replace(".B", ".dB")] = p.grad.detach()
+    t = {k: v.contiguous().clone() for k, v in t.items()}
+    save_file(t, os.path.join(OUT, name), metadata={
+        "transformers": transformers.__version__, "torch": torch.__version__,
+        "peft": peft.__version__, "r": str(r), "lora_alpha": "6",
+        "num_local_experts": str(E), "num_experts_per_tok": str(K),
+        "hidden_size": str(D), "intermediate_size": str(F)})
+    print(name, "max |dx|", xi.grad.abs().max().item(),
+          "max |gate_up.dA|", lora["gate_up.A"].grad.abs().max().item())
+
+
 def main():
     block_fixture(2, 4801, "mixtral_block.safetensors")
     # top_k 1: the one weight is p / p = 1, so no gradient reaches the router's path.
     block_fixture(1, 4802, "mixtral_block_top1.safetensors")
+    lora_block_fixture(4803, "mixtral_block_lora.safetensors")
     fixture_versions.write(OUT, __file__)
 
 

@@ -1,7 +1,7 @@
 // The mixture-of-experts FFN (model/moe.h) against transformers' MixtralSparseMoeBlock in fp32
 // (fixture of tests/reference/gen_moe_fixtures.py): the routing, the output, and the input
 // gradient through the experts and the routing weights; NF4 experts against a double-precision
-// oracle over their dequantized weights.
+// oracle over their dequantized weights; PEFT's LoRA on the experts and the router.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -86,6 +86,64 @@ TEST_P(MoeBlock, MatchesTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Moe, MoeBlock, ::testing::Values("mixtral_block", "mixtral_block_top1"));
+
+// PEFT's LoRA on the experts' fused gate_up_proj and down_proj and on the router (LoraConfig
+// target_parameters, ParamWrapper; fixture mixtral_block_lora of gen_moe_fixtures.py, random
+// non-zero B): the output, the input gradient and the gradients of every lora_A / lora_B in
+// PEFT's layouts (1e-4).
+TEST(Moe, ExpertAndRouterLoraMatchPeft) {
+  Block b("mixtral_block_lora");
+  MemoryTracker tracker;
+  std::unique_ptr<Backend> be = make_cpu_backend(&tracker);
+  MoeWeights w = b.weights(&tracker, QuantKind::F32);
+  const int r = 2;
+  struct Part {
+    const char* name;
+    int64_t out;
+    int experts;
+    MoeLoraPart MoeLora::*part;
+    std::vector<float> A, B, dA, dB;
+  };
+  Part parts[] = {{"gate_up", 2 * b.F, b.E, &MoeLora::gate_up},
+                  {"down", b.D, b.E, &MoeLora::down},
+                  {"router", b.E, 1, &MoeLora::router}};
+  MoeLora lora;
+  for (Part& p : parts) {
+    const std::string n = p.name;
+    p.A = b.f.f32(n + ".A");
+    p.B = moe_lora_b_from_peft(b.f.f32(n + ".B").data(), p.out, r, p.experts);
+    p.dA.assign(p.A.size(), 0.f), p.dB.assign(p.B.size(), 0.f);
+    lora.*p.part = MoeLoraPart{p.A.data(), p.B.data(), p.dA.data(), p.dB.data(), r, 3.f};
+  }
+  const auto x = b.f.f32("x"), dout = b.f.f32("dout");
+  std::vector<float> out(static_cast<size_t>(b.R * b.D)), dx(out.size(), 0.f), plain(out.size());
+  MoeSaved s;
+  moe_fwd(*be, w, CMatF(x.data(), b.R, b.D), MatF(plain.data(), b.R, b.D), s);
+  moe_fwd(*be, w, CMatF(x.data(), b.R, b.D), MatF(out.data(), b.R, b.D), s, &lora);
+  EXPECT_LT(max_rel(out, b.f.f32("out")), 1e-4);
+  EXPECT_GT(max_rel(plain, b.f.f32("out")), 0.05);  // the LoRA terms count
+  moe_bwd(*be, w, s, CMatF(x.data(), b.R, b.D), CMatF(dout.data(), b.R, b.D),
+          MatF(dx.data(), b.R, b.D), &lora);
+  EXPECT_LT(max_rel(dx, b.f.f32("dx")), 1e-4);
+  for (const Part& p : parts) {
+    const std::string n = p.name;
+    const double ea = max_rel(p.dA, b.f.f32(n + ".dA"));
+    const double eb =
+        max_rel(moe_lora_b_to_peft(p.dB.data(), p.out, r, p.experts), b.f.f32(n + ".dB"));
+    std::printf("%s: dA %.2e, dB %.2e (max rel vs PEFT)\n", p.name, ea, eb);
+    EXPECT_LT(ea, 1e-4) << n;
+    EXPECT_LT(eb, 1e-4) << n;
+  }
+  // The saved LoRA inputs are what the planner counts (the tracker's 64-byte granules).
+  auto counted = [](const Buffer& m) { return (uint64_t(m.size()) + 63) / 64 * 64; };
+  EXPECT_GT(s.lora.size(), 0u);
+  EXPECT_EQ(moe_saved_bytes(b.R, b.D, b.F, b.E, b.K, nullptr, MoeLoraRanks{r, r, r}),
+            counted(s.route) + counted(s.acts) + counted(s.lora));
+  // The backward refuses a LoRA other than the forward's.
+  EXPECT_THROW(moe_bwd(*be, w, s, CMatF(x.data(), b.R, b.D), CMatF(dout.data(), b.R, b.D),
+                       MatF(dx.data(), b.R, b.D)),
+               Error);
+}
 
 // A malformed layer is refused naming what is wrong: the expert whose shape is off, the top_k.
 TEST(Moe, BadWeightsRefusedByName) {
