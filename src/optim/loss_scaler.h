@@ -21,9 +21,13 @@ using ScalerSettings = ScalerSpec;
 // value was inf or nan (torch._amp_foreach_non_finite_check_and_unscale_).
 bool unscale_and_check(const std::vector<GradSpan>& grads, float inv_scale);
 
-class LossScaler {
+class LossScaler final : public CheckpointState {
  public:
   explicit LossScaler(const ScalerSettings& s);
+  // CheckpointState: "<prefix>scale" (F64), "<prefix>growth_tracker", "<prefix>skipped" (I64).
+  void save_state(StateDict& out, const std::string& prefix = "scaler.") const override;
+  void load_state(const StateDict& in, const std::string& prefix = "scaler.") override;
+
   float scale() const { return scale_; }
   int64_t growth_tracker() const { return tracker_; }
   // Unscales with 1/scale (computed in double, as GradScaler does) and checks for inf/nan.
@@ -33,10 +37,6 @@ class LossScaler {
   // not taken.
   void update(bool found_inf);
   int64_t skipped_steps() const { return skipped_; }
-
-  // "<prefix>scale" (F64), "<prefix>growth_tracker", "<prefix>skipped" (I64).
-  void save_state(StateDict& out, const std::string& prefix = "scaler.") const;
-  void load_state(const StateDict& in, const std::string& prefix = "scaler.");
 
  private:
   ScalerSettings s_;

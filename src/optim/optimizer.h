@@ -36,7 +36,7 @@ struct OptimStepStats {
   int64_t skipped_elements = 0;  // 8-bit AdamW: elements whose gradient was not finite
 };
 
-class Optimizer {
+class Optimizer : public CheckpointState {
  public:
   virtual ~Optimizer() = default;
   // One update of every parameter with learning rate lr (the schedule's value for this step;
@@ -50,12 +50,10 @@ class Optimizer {
   // Bytes of optimizer state (counted as optimizer memory in the tracker).
   virtual uint64_t state_bytes() const = 0;
 
-  // Adds "<prefix>type", "<prefix>step" and per parameter "<prefix><param>.<field>" entries.
-  virtual void save_state(StateDict& out, const std::string& prefix = "optim.") const = 0;
-  // Restores what save_state wrote. Everything is validated before anything changes: a
-  // missing entry or a dtype/shape that does not fit these parameters throws QLFT_ERR_FORMAT
-  // naming it, and the optimizer is left as it was.
-  virtual void load_state(const StateDict& in, const std::string& prefix = "optim.") = 0;
+  // CheckpointState: "<prefix>type", "<prefix>step" and per parameter "<prefix><param>.<field>"
+  // entries; a dtype or shape that does not fit these parameters is refused.
+  void save_state(StateDict& out, const std::string& prefix = "optim.") const override = 0;
+  void load_state(const StateDict& in, const std::string& prefix = "optim.") override = 0;
 
  protected:
   Optimizer(OptimSettings s, std::vector<ParamRef> params);

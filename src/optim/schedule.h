@@ -19,10 +19,15 @@ namespace qlft {
 // sched.* (config/run_spec.h).
 using ScheduleSettings = ScheduleSpec;
 
-class LrSchedule {
+class LrSchedule final : public CheckpointState {
  public:
   // total_steps: optimizer steps of the whole run (linear and cosine decay over it).
   LrSchedule(const ScheduleSettings& s, double base_lr, int64_t total_steps);
+  // CheckpointState: "<prefix>type" (the schedule name: one that differs from this schedule's is
+  // refused naming both) and "<prefix>step".
+  void save_state(StateDict& out, const std::string& prefix = "sched.") const override;
+  void load_state(const StateDict& in, const std::string& prefix = "sched.") override;
+
   double lr_at(int64_t step) const { return base_lr_ * factor(step); }
   double factor(int64_t step) const;
 
@@ -30,11 +35,6 @@ class LrSchedule {
   double current_lr() const { return lr_at(step_); }
   void advance() { ++step_; }
   int64_t step() const { return step_; }
-
-  // "<prefix>type" (the schedule name) and "<prefix>step".
-  void save_state(StateDict& out, const std::string& prefix = "sched.") const;
-  // Validates the name against this schedule (QLFT_ERR_FORMAT naming both) and restores step.
-  void load_state(const StateDict& in, const std::string& prefix = "sched.");
 
  private:
   ScheduleSettings s_;

@@ -46,4 +46,16 @@ class StateDict {
   std::map<std::string, StateTensor> tensors_;
 };
 
+// A training part whose state a checkpoint carries (the optimizer, the LR schedule, the loss
+// scaler): its entries, named "<prefix><field>", go into a StateDict and come back from one.
+class CheckpointState {
+ public:
+  virtual ~CheckpointState() = default;
+  virtual void save_state(StateDict& out, const std::string& prefix) const = 0;
+  // Restores what save_state wrote. Everything is validated before anything changes: a missing
+  // entry or a value that does not fit throws QLFT_ERR_FORMAT naming it, and the part is left as
+  // it was.
+  virtual void load_state(const StateDict& in, const std::string& prefix) = 0;
+};
+
 }  // namespace qlft

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <utility>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -279,10 +280,10 @@ void Trainer::resume(const std::string& path) {
         "%s: tensor '%s' does not match the adapter's shape", path.c_str(), p.name.c_str());
   }
   // Apply with rollback: snapshot the current state so a failure half-way restores it.
+  const std::pair<CheckpointState*, const char*> parts[] = {
+      {opt_.get(), "optim."}, {sched_.get(), "sched."}, {scaler_.get(), "scaler."}};
   StateDict backup;
-  opt_->save_state(backup, "optim.");
-  sched_->save_state(backup, "sched.");
-  scaler_->save_state(backup, "scaler.");
+  for (const auto& [part, prefix] : parts) part->save_state(backup, prefix);
   std::vector<std::vector<float>> old_params;
   lora_->sync_host();  // (the zero_grad below counts the writes: a device copy is made again)
   // (with a sharded adapter each rank restores the tensors it owns: params()' others are null)
@@ -290,16 +291,12 @@ void Trainer::resume(const std::string& path) {
     if (p.data) old_params.emplace_back(p.data, p.data + p.numel);
   const std::string old_data = it_ ? it_->state() : "";
   try {
-    opt_->load_state(in, "optim.");
-    sched_->load_state(in, "sched.");
-    scaler_->load_state(in, "scaler.");
+    for (const auto& [part, prefix] : parts) part->load_state(in, prefix);
     if (it_) it_->restore(data_state);
     for (const ParamRef& p : dp_->params())
       if (p.data) std::memcpy(p.data, params[p.name]->data, p.numel * 4);
   } catch (...) {
-    opt_->load_state(backup, "optim.");
-    sched_->load_state(backup, "sched.");
-    scaler_->load_state(backup, "scaler.");
+    for (const auto& [part, prefix] : parts) part->load_state(backup, prefix);
     if (it_) it_->restore(old_data);
     size_t i = 0;
     for (const ParamRef& p : dp_->params())
