@@ -59,8 +59,8 @@ AtomicFile::AtomicFile(const std::string& path) : path_(path), tmp_(temp::temp_p
                      slash == std::string::npos ? path_ : path_.substr(slash + 1), false);
   // Exclusive and without following links: nothing already at the temporary name (a planted
   // symlink, a user's file) is opened or truncated.
-  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-  if (fd_ < 0) {
+  fd_ = UniqueFd(::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
+  if (!fd_) {
     const int e = errno;
     if (e == EEXIST)
       throw_error(QLFT_ERR_IO,
@@ -71,22 +71,22 @@ AtomicFile::AtomicFile(const std::string& path) : path_(path), tmp_(temp::temp_p
     throw_error(QLFT_ERR_IO, "%s: cannot create %s: %s", path_.c_str(), tmp_.c_str(),
                 std::strerror(e));
   }
-  temp::mark(fd_, tmp_);
+  temp::mark(fd_.get(), tmp_);
   // The file it replaces keeps its permissions (a 0600 checkpoint stays 0600).
   struct stat st;
-  if (::stat(path_.c_str(), &st) == 0 && S_ISREG(st.st_mode)) ::fchmod(fd_, st.st_mode & 07777);
+  if (::stat(path_.c_str(), &st) == 0 && S_ISREG(st.st_mode))
+    ::fchmod(fd_.get(), st.st_mode & 07777);
   crash_point();
 }
 
 AtomicFile::~AtomicFile() {
   if (committed_) return;
-  if (fd_ >= 0) ::close(fd_);
+  fd_.reset();
   ::unlink(tmp_.c_str());
 }
 
 void AtomicFile::fail(const char* what, int err) {
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = -1;
+  fd_.reset();
   ::unlink(tmp_.c_str());
   throw_error(QLFT_ERR_IO, "%s: %s failed: %s", path_.c_str(), what, std::strerror(err));
 }
@@ -94,7 +94,7 @@ void AtomicFile::fail(const char* what, int err) {
 void AtomicFile::write_all(const char* p, size_t left) {
   while (left > 0) {
     crash_point();
-    ssize_t n = write_with_faults(fd_, p, left);
+    ssize_t n = write_with_faults(fd_.get(), p, left);
     if (n < 0) {
       if (errno == EINTR) continue;
       fail("write", errno);
@@ -111,7 +111,7 @@ void AtomicFile::flush_buffer() {
 }
 
 void AtomicFile::write(const void* data, size_t n) {
-  if (committed_ || fd_ < 0)
+  if (committed_ || !fd_)
     throw_error(QLFT_ERR_INTERNAL, "%s: write after commit or failure", path_.c_str());
   if (n == 0) return;
   if (buf_.size() + n > kBufferBytes) flush_buffer();
@@ -132,14 +132,12 @@ void AtomicFile::pad_to(uint64_t alignment, uint8_t byte) {
 
 void AtomicFile::commit() {
   if (committed_) return;
-  if (fd_ < 0) throw_error(QLFT_ERR_INTERNAL, "%s: commit after failure", path_.c_str());
+  if (!fd_) throw_error(QLFT_ERR_INTERNAL, "%s: commit after failure", path_.c_str());
   flush_buffer();
   crash_point();
-  if (fsync_with_faults(fd_) != 0) fail("fsync", errno);
+  if (fsync_with_faults(fd_.get()) != 0) fail("fsync", errno);
   crash_point();
-  int fd = fd_;
-  fd_ = -1;
-  if (::close(fd) != 0) {
+  if (fd_.close() != 0) {
     int e = errno;
     ::unlink(tmp_.c_str());
     throw_error(QLFT_ERR_IO, "%s: close failed: %s", path_.c_str(), std::strerror(e));
@@ -154,11 +152,8 @@ void AtomicFile::commit() {
   temp::unmark_path(path_);  // the marker named the temporary; the file is the real one now
   crash_point();
   // Make the rename itself durable. Failure here cannot undo the rename; the file is complete.
-  int dfd = ::open(dirname_of(path_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  const UniqueFd dir(::open(dirname_of(path_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (dir) ::fsync(dir.get());
 }
 
 void write_file_atomic(const std::string& path, std::string_view content) {

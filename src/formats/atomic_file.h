@@ -12,6 +12,8 @@
 #include <string>
 #include <string_view>
 
+#include "formats/unique_fd.h"
+
 namespace qlft {
 
 class AtomicFile {
@@ -20,8 +22,6 @@ class AtomicFile {
   explicit AtomicFile(const std::string& path);
   // Without commit() the temporary file is removed and path is left untouched.
   ~AtomicFile();
-  AtomicFile(const AtomicFile&) = delete;
-  AtomicFile& operator=(const AtomicFile&) = delete;
 
   void write(const void* data, size_t n);
   void write(std::string_view s) { write(s.data(), s.size()); }
@@ -43,7 +43,7 @@ class AtomicFile {
   void write_all(const char* p, size_t n);
 
   std::string path_, tmp_;
-  int fd_ = -1;
+  UniqueFd fd_;  // the temporary, open until commit() or a failure
   uint64_t size_ = 0;
   std::string buf_;  // small writes are batched
   bool committed_ = false;

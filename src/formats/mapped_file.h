@@ -12,11 +12,8 @@ class MappedFile {
  public:
   // Throws QLFT_ERR_IO naming the path if it cannot be opened or mapped.
   explicit MappedFile(const std::string& path);
-  ~MappedFile();
-  MappedFile(const MappedFile&) = delete;
-  MappedFile& operator=(const MappedFile&) = delete;
 
-  const uint8_t* data() const { return data_; }
+  const uint8_t* data() const { return map_.get(); }
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
   // Takes the pages of bytes [offset, offset + n) out of this process's resident set (they stay
@@ -25,9 +22,14 @@ class MappedFile {
   void drop_pages(size_t offset, size_t n) const noexcept;
 
  private:
+  // Unmaps the whole file when the MappedFile goes.
+  struct Unmap {
+    size_t size;
+    void operator()(const uint8_t* p) const noexcept;
+  };
   std::string path_;
-  const uint8_t* data_ = nullptr;
   size_t size_ = 0;
+  std::unique_ptr<const uint8_t, Unmap> map_{nullptr, Unmap{0}};
 };
 
 // What a format reader over a memory map holds (GgufFile, SafetensorsFile): the map of its file,
