@@ -39,100 +39,38 @@ void round_bf16_scalar(const float* s, float* d, size_t n) {
   for (size_t i = 0; i < n; ++i) d[i] = bf16_to_f32(f32_to_bf16(s[i]));
 }
 
-// ---- vector lanes: one block of W elements per call, a struct per ISA level -------------------
+// ---- vector lanes: what each ISA level adds to half_bulk.inc's blocks -------------------------
 
-// Upper halves of round-to-nearest-even (u + 0x7fff + lsb), NaN lanes u | quiet bit, as 32-bit
-// lanes whose low 16 bits are the bf16 value.
-QLFT_TARGET_AVX2 inline __m256i rne_bf16_256(__m256 v) {
-  const __m256i u = _mm256_castps_si256(v);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  const __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb));
-  const __m256i q = _mm256_or_si256(u, _mm256_set1_epi32(0x40 << 16));
-  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-  return _mm256_srli_epi32(_mm256_blendv_epi8(r, q, nan), 16);
-}
-
-// AVX2 + F16C: f32_to_bf16's integer rounding 8 at a time.
-struct Avx2Lanes {
+// The f16 conversions, which have no generic vector form: the F16C / AVX-512 instructions on one
+// block of W floats (round to nearest even).
+struct Avx2Isa {
   static constexpr size_t W = 8;
-  QLFT_TARGET_AVX2 static void f32_to_bf16(const float* s, uint16_t* d) {
-    const __m256i r = rne_bf16_256(_mm256_loadu_ps(s));
-    // Each lane is below 2^16, so the saturating pack is exact.
-    const __m128i h = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(d), h);
+  QLFT_TARGET_AVX2 static __m128i to_f16(__m256 v) {
+    return _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
   }
-  QLFT_TARGET_AVX2 static void bf16_to_f32(const uint16_t* s, float* d) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d),
-                        _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-  }
-  QLFT_TARGET_AVX2 static void f32_to_f16(const float* s, uint16_t* d) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(d),
-                     _mm256_cvtps_ph(_mm256_loadu_ps(s), _MM_FROUND_TO_NEAREST_INT));
-  }
-  QLFT_TARGET_AVX2 static void f16_to_f32(const uint16_t* s, float* d) {
-    _mm256_storeu_ps(d, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s))));
-  }
-  QLFT_TARGET_AVX2 static void round_bf16(const float* s, float* d) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d),
-                        _mm256_slli_epi32(rne_bf16_256(_mm256_loadu_ps(s)), 16));
-  }
+  QLFT_TARGET_AVX2 static __m256 from_f16(__m128i h) { return _mm256_cvtph_ps(h); }
 };
 
-QLFT_TARGET_AVX512 inline __m512i rne_bf16_512(__m512 v) {
-  const __m512i u = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
-  r = _mm512_mask_or_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), u,
-                           _mm512_set1_epi32(0x40 << 16));
-  return _mm512_srli_epi32(r, 16);
-}
-
-// AVX-512: the same integer rounding 16 at a time.
-struct Avx512Lanes {
+struct Avx512Isa {
   static constexpr size_t W = 16;
-  QLFT_TARGET_AVX512 static void f32_to_bf16(const float* s, uint16_t* d) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d),
-                        _mm512_cvtepi32_epi16(rne_bf16_512(_mm512_loadu_ps(s))));
+  QLFT_TARGET_AVX512 static __m256i to_f16(__m512 v) {
+    return _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
   }
-  QLFT_TARGET_AVX512 static void bf16_to_f32(const uint16_t* s, float* d) {
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s));
-    _mm512_storeu_si512(d, _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-  }
-  QLFT_TARGET_AVX512 static void f32_to_f16(const float* s, uint16_t* d) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d),
-                        _mm512_cvtps_ph(_mm512_loadu_ps(s), _MM_FROUND_TO_NEAREST_INT));
-  }
-  QLFT_TARGET_AVX512 static void f16_to_f32(const uint16_t* s, float* d) {
-    _mm512_storeu_ps(d, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s))));
-  }
-  QLFT_TARGET_AVX512 static void round_bf16(const float* s, float* d) {
-    _mm512_storeu_si512(d, _mm512_slli_epi32(rne_bf16_512(_mm512_loadu_ps(s)), 16));
-  }
+  QLFT_TARGET_AVX512 static __m512 from_f16(__m256i h) { return _mm512_cvtph_ps(h); }
 };
 
-// VCVTNEPS2BF16 rounds to nearest even and quiets NaN like f32_to_bf16, but treats subnormal
-// inputs as zero. Lanes whose exponent field is zero (zeros and subnormals) take the integer
-// rounding instead, which is exact for both; a normal input never rounds to a bf16 subnormal.
-QLFT_TARGET_AVX512BF16 inline __m256i native_bf16_512(__m512 v) {
-  const __m256bh nb = _mm512_cvtneps_pbh(v);
-  __m256i h;
-  std::memcpy(&h, &nb, sizeof h);
-  const __mmask16 tiny =
-      _mm512_testn_epi32_mask(_mm512_castps_si512(v), _mm512_set1_epi32(0x7f800000));
-  if (tiny) h = _mm256_mask_mov_epi16(h, tiny, _mm512_cvtepi32_epi16(rne_bf16_512(v)));
-  return h;
-}
-
-// AVX512-BF16: the native instruction for f32 -> bf16, subnormal lanes patched; the rest as
-// AVX-512.
-struct Avx512Bf16Lanes : Avx512Lanes {
-  QLFT_TARGET_AVX512BF16 static void f32_to_bf16(const float* s, uint16_t* d) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d), native_bf16_512(_mm512_loadu_ps(s)));
-  }
-  QLFT_TARGET_AVX512BF16 static void round_bf16(const float* s, float* d) {
-    const __m256i h = native_bf16_512(_mm512_loadu_ps(s));
-    _mm512_storeu_si512(d, _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+// AVX512-BF16 adds the native f32 -> bf16 instruction. VCVTNEPS2BF16 rounds to nearest even and
+// quiets NaN like f32_to_bf16, but treats subnormal inputs as zero: lanes whose exponent field is
+// zero (zeros and subnormals) take the integer rounding `rne` instead, which is exact for both; a
+// normal input never rounds to a bf16 subnormal.
+struct Avx512Bf16Isa : Avx512Isa {
+  QLFT_TARGET_AVX512BF16 static __m256i native_bf16(__m512 v, __m256i rne) {
+    const __m256bh nb = _mm512_cvtneps_pbh(v);
+    __m256i h;
+    std::memcpy(&h, &nb, sizeof h);
+    const __mmask16 tiny =
+        _mm512_testn_epi32_mask(_mm512_castps_si512(v), _mm512_set1_epi32(0x7f800000));
+    return tiny ? _mm256_mask_mov_epi16(h, tiny, rne) : h;
   }
 };
 
@@ -146,26 +84,25 @@ struct Paths {
   F2F round_bf16;
 };
 
-// The level's block functions over whole arrays: Block on each whole block of L::W elements, the
-// scalar rule on the rest. Written once as a template, compiled per level inside half_bulk.inc
-// (the loop needs the level's target attribute to inline the block: a template's attribute cannot
-// depend on its parameters).
+// Each level's blocks and whole-array loops, written once in half_bulk.inc and compiled there
+// per level with the level's Isa and target attribute (a function's attribute cannot depend on a
+// template parameter, and the attribute is what lets the blocks' vector code use the level).
 namespace avx2 {
-using L = Avx2Lanes;
+using Isa = Avx2Isa;
 #define QLFT_KT QLFT_TARGET_AVX2
 #include "core/half_bulk.inc"
 #undef QLFT_KT
 }  // namespace avx2
 
 namespace avx512 {
-using L = Avx512Lanes;
+using Isa = Avx512Isa;
 #define QLFT_KT QLFT_TARGET_AVX512
 #include "core/half_bulk.inc"
 #undef QLFT_KT
 }  // namespace avx512
 
 namespace avx512bf16 {
-using L = Avx512Bf16Lanes;
+using Isa = Avx512Bf16Isa;
 #define QLFT_KT QLFT_TARGET_AVX512BF16
 #include "core/half_bulk.inc"
 #undef QLFT_KT
