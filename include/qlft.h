@@ -447,6 +447,10 @@ typedef struct qlft_memory_estimate {
    * inputs in pinned host memory (train.offload_checkpoints=on, or auto on a device backend
    * where the step would exceed memory.limit without it), else 0. */
   uint32_t offload_checkpoints;
+  /* Added with image-text checkpoints: 1 when the model is the text model of an image-text
+   * checkpoint (Gemma3ForConditionalGeneration), whose vision tower and projector are neither
+   * loaded nor counted, else 0. */
+  uint32_t text_model_only;
 } qlft_memory_estimate;
 
 /* Predicts what training will hold, before anything is allocated: weights, adapter, gradients

@@ -88,7 +88,7 @@ int32_t qlft_model_describe(const qlft_model* model, int32_t what, char* buf, si
     std::string s;
     if (what == QLFT_DESCRIBE_HF_CLASS) {
       const qlft::ArchFamily* f = qlft::find_family(m.cfg.arch);
-      s = f ? f->hf_class : "";
+      s = m.cfg.image_text ? "Gemma3ForConditionalGeneration" : f ? f->hf_class : "";
     } else {
       QLFT_CHECK_ARG(what == QLFT_DESCRIBE_DELTAS,
                      "qlft_model_describe: what is %d, not QLFT_DESCRIBE_HF_CLASS (0) or "

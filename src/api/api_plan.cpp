@@ -58,6 +58,7 @@ int32_t qlft_estimate_memory(const qlft_model* model, const char* model_path,
     f.device_train_peak = p.device_train_peak;
     f.micro_batch = static_cast<uint32_t>(ps.micro_batch);
     f.offload_checkpoints = ps.offload_checkpoints && ps.checkpoint_every > 0 ? 1 : 0;
+    f.text_model_only = mc.image_text ? 1 : 0;
     // What the OS sees beside the categories: measured now, in this process.
     const uint64_t rss = qlft::process_rss();
     uint64_t counted = 0;

@@ -55,6 +55,8 @@ std::string describe_deltas(const ModelConfig& c, const ModelShapes& s) {
     add(std::string("rope scaling ") + rope_type_name(c.rope.type));
   else if (!c.rope.freq_divisors.empty())
     add("rope scaling llama3 (rope_freqs)");
+  if (c.image_text)
+    add("the text model of an image-text checkpoint (vision tower and projector not loaded)");
   return out.empty() ? "none" : out;
 }
 

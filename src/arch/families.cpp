@@ -38,9 +38,6 @@ const Missing kMissing[] = {
     {"jamba", "JambaForCausalLM", "hybrid Mamba state-space and mixture-of-experts layers"},
     {"falcon_h1", "FalconH1ForCausalLM", "hybrid Mamba state-space layers"},
     {"rwkv", "RwkvForCausalLM", "RWKV recurrent layers instead of attention"},
-    {"gemma3", "Gemma3ForConditionalGeneration",
-     "Gemma 3's vision tower; its text model (Gemma3ForCausalLM, model_type gemma3_text, or "
-     "llama.cpp's GGUF \"gemma3\") trains"},
 };
 
 }  // namespace

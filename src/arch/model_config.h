@@ -97,6 +97,14 @@ struct ModelConfig : ModelDims {
   bool layer_moe(int l) const {
     return moe.n_experts > 0 && (moe.layers.empty() || moe.layers[static_cast<size_t>(l)]);
   }
+  // Hugging Face tensor names: the decoder's under hf_prefix ("model.": model.layers.N.,
+  // model.embed_tokens, model.norm), the untied head hf_head. An image-text checkpoint
+  // (image_text: Gemma3ForConditionalGeneration) trains its language model, under
+  // "model.language_model." as transformers 5 saves it ("language_model.model." with the head
+  // "language_model.lm_head.weight" in older files); its vision tower and projector are not
+  // loaded.
+  std::string hf_prefix = "model.", hf_head = "lm_head.weight";
+  bool image_text = false;
 };
 
 // The shape sanity every reader of a model's hyperparameters applies (the loaders, the planner

@@ -165,6 +165,33 @@ void read_hf_moe(const JsonFile& cj, ModelConfig& c) {
   check_model_config(c, cj.path());
 }
 
+// Gemma 3's image-text checkpoint (Gemma3ForConditionalGeneration, model_type gemma3): its
+// text model's configuration is text_config with Gemma3TextConfig's defaults (transformers 5.23)
+// for the keys it leaves out (google/gemma-3-12b-it lists eight); the head is tied unless the
+// top level's tie_word_embeddings (Gemma3Config's, which transformers ties by) says otherwise.
+JsonFile hf_text_config(const JsonFile& cj) {
+  const nlohmann::json& r = cj.root();
+  QLFT_CHECK_FORMAT(r.contains("text_config") && r["text_config"].is_object(),
+                    "%s: Gemma3ForConditionalGeneration without a text_config object",
+                    cj.path().c_str());
+  nlohmann::json t = {{"vocab_size", 262208},      {"hidden_size", 2304},
+                      {"intermediate_size", 9216}, {"num_hidden_layers", 26},
+                      {"num_attention_heads", 8},  {"num_key_value_heads", 4},
+                      {"head_dim", 256},           {"max_position_embeddings", 131072},
+                      {"sliding_window", 4096}};
+  for (const auto& [k, v] : r["text_config"].items()) t[k] = v;
+  const std::string type = t.value("model_type", std::string("gemma3_text"));
+  QLFT_CHECK_FORMAT(type == "gemma3_text", "%s: text_config.model_type is '%s', not gemma3_text",
+                    cj.path().c_str(), type.c_str());
+  t["architectures"] = {"Gemma3ForCausalLM"};
+  t["model_type"] = "gemma3_text";
+  t["tie_word_embeddings"] =
+      r.contains("tie_word_embeddings") && r["tie_word_embeddings"].is_boolean()
+          ? r["tie_word_embeddings"].get<bool>()
+          : true;
+  return JsonFile::parse(t.dump(), cj.path() + " (text_config)");
+}
+
 }  // namespace
 
 std::string hf_moe_tensor(const ModelConfig& c, int l, int e, int which, bool weight) {
@@ -180,13 +207,20 @@ std::string hf_moe_tensor(const ModelConfig& c, int l, int e, int which, bool we
   return weight ? n + ".weight" : n;
 }
 
-ModelConfig read_hf_config(const JsonFile& cj, const std::string& weights,
-                           std::unique_ptr<SafetensorsSet>* st_out) {
+namespace {
+
+std::string hf_class_of(const JsonFile& cj) {
+  const nlohmann::json& r = cj.root();
+  if (r.contains("architectures") && r["architectures"].is_array() && !r["architectures"].empty() &&
+      r["architectures"][0].is_string())
+    return r["architectures"][0].get<std::string>();
+  return "";
+}
+
+// What a text model's config.json states; tie_explicit: whether it names tie_word_embeddings.
+ModelConfig read_hf_text_config(const JsonFile& cj, bool& tie_explicit) {
   ModelConfig c;
-  std::string arch_name;
-  if (cj.root().contains("architectures") && cj.root()["architectures"].is_array() &&
-      !cj.root()["architectures"].empty() && cj.root()["architectures"][0].is_string())
-    arch_name = cj.root()["architectures"][0].get<std::string>();
+  const std::string arch_name = hf_class_of(cj);
   const std::string model_type = cj.get_string("model_type", "");
   const ArchFamily* fam = find_family_hf(arch_name, model_type);
   if (!fam)
@@ -228,7 +262,7 @@ ModelConfig read_hf_config(const JsonFile& cj, const std::string& weights,
                     c.rope_theta);
   // transformers' default: Gemma's configs tie the head unless they say otherwise.
   c.tied_embeddings = cj.get_bool("tie_word_embeddings", fam->gemma);
-  const bool tie_explicit = cj.has("tie_word_embeddings");
+  tie_explicit = cj.has("tie_word_embeddings");
   c.rope_adjacent = false;
   check_model_config(c, cj.path());
   QLFT_CHECK_FORMAT(c.vocab > 0, "%s: vocab_size must be positive", cj.path().c_str());
@@ -240,14 +274,34 @@ ModelConfig read_hf_config(const JsonFile& cj, const std::string& weights,
   if (fam->gemma) read_hf_gemma(cj, c);
   read_hf_sliding_window(cj, *fam, c);
   if (fam->moe) read_hf_moe(cj, c);
+  return c;
+}
+
+}  // namespace
+
+ModelConfig read_hf_config(const JsonFile& cj, const std::string& weights,
+                           std::unique_ptr<SafetensorsSet>* st_out) {
+  // Gemma 3's image-text model trains as its text model (text_config); the vision tower and
+  // the projector are not loaded.
+  const bool image_text = cj.get_string("model_type", "") == "gemma3" ||
+                          hf_class_of(cj) == "Gemma3ForConditionalGeneration";
+  bool tie_explicit = false;
+  ModelConfig c = read_hf_text_config(image_text ? hf_text_config(cj) : cj, tie_explicit);
+  c.image_text = image_text;
+  if (image_text) c.hf_prefix = "model.language_model.";
   if (!st_out) return c;  // config.json alone (planning without weights): it says all
   *st_out = SafetensorsSet::open(weights);
   const SafetensorsSet& st = **st_out;
-  c.qkv_bias = c.qkv_bias || st.find("model.layers.0.self_attn.q_proj.bias") != nullptr;
-  if (!st.find("lm_head.weight") || c.tied_embeddings) {
+  if (image_text && !st.find("model.language_model.embed_tokens.weight") &&
+      st.find("language_model.model.embed_tokens.weight")) {
+    c.hf_prefix = "language_model.model.";  // before transformers 5
+    c.hf_head = "language_model.lm_head.weight";
+  }
+  c.qkv_bias = c.qkv_bias || st.find(c.hf_prefix + "layers.0.self_attn.q_proj.bias") != nullptr;
+  if (!st.find(c.hf_head) || c.tied_embeddings) {
     QLFT_CHECK_FORMAT(c.tied_embeddings || !tie_explicit,
-                      "%s: tensor 'lm_head.weight' is missing and tie_word_embeddings is false",
-                      dirname_of(cj.path()).c_str());
+                      "%s: tensor '%s' is missing and tie_word_embeddings is false",
+                      dirname_of(cj.path()).c_str(), c.hf_head.c_str());
     c.tied_embeddings = true;
   }
   return c;
@@ -267,12 +321,12 @@ class HfLoader final : public FormatLoader {
   }
 
   void embedding(QWeight& w, bool head) override {
-    w = float_weight(head ? "lm_head.weight" : "model.embed_tokens.weight", m_.cfg.vocab,
+    w = float_weight(head ? m_.cfg.hf_head : m_.cfg.hf_prefix + "embed_tokens.weight", m_.cfg.vocab,
                      m_.cfg.dim);
   }
   void norm(Buffer& dst, int l, NormRole r, int64_t n) override {
     if (r == NormRole::Final) {
-      dst = vector("model.norm.weight", n);
+      dst = vector(m_.cfg.hf_prefix + "norm.weight", n);
       if (m_.cfg.gemma) gemma_norm_weights(dst, n);
       return;
     }
@@ -322,7 +376,7 @@ class HfLoader final : public FormatLoader {
   QWeight stored_rows(bool head) override {
     const ModelConfig& c = m_.cfg;
     const SafeTensorInfo& t =
-        tensor(head ? "lm_head.weight" : "model.embed_tokens.weight", c.vocab, c.dim);
+        tensor(head ? c.hf_head : c.hf_prefix + "embed_tokens.weight", c.vocab, c.dim);
     QWeight w;
     w.rows = c.vocab;
     w.cols = c.dim;
@@ -333,7 +387,7 @@ class HfLoader final : public FormatLoader {
   void stored_row_bytes_of(bool head, int64_t r0, int64_t n, void* out) override {
     const ModelConfig& c = m_.cfg;
     const SafeTensorInfo& t =
-        tensor(head ? "lm_head.weight" : "model.embed_tokens.weight", c.vocab, c.dim);
+        tensor(head ? c.hf_head : c.hf_prefix + "embed_tokens.weight", c.vocab, c.dim);
     const int64_t es = int64_t(dtype_size(t.dtype));
     const uint8_t* at = t.data + r0 * c.dim * es;
     if (t.dtype == DType::F64)
@@ -343,8 +397,8 @@ class HfLoader final : public FormatLoader {
   }
 
  private:
-  static std::string layer(int l) { return "model.layers." + std::to_string(l) + "."; }
-  static std::string proj_prefix(int l, Proj p) {
+  std::string layer(int l) const { return m_.cfg.hf_prefix + "layers." + std::to_string(l) + "."; }
+  std::string proj_prefix(int l, Proj p) const {
     return layer(l) + (p <= Proj::O ? "self_attn." : "mlp.") + proj_peft_name(p);
   }
   const SafeTensorInfo& tensor(const std::string& name, int64_t rows, int64_t cols) {

@@ -163,9 +163,12 @@ void add_qk_norms(WeightFootprint& w, size_t g, const LayerShapes& ls,
 // The file's tensor holding projection p of layer l (GGUF or HF name) and its row count: the
 // projection's own, or (ArchFamily::fused: phi3) the q / k / v or gate / up matrix it is a row
 // block of, which the loaders split (kept as f32 from GGUF, as stored from safetensors).
-std::pair<std::string, int64_t> proj_tensor(const ModelShapes& sh, int l, Proj p, bool gguf) {
+// hf_prefix: ModelConfig::hf_prefix; empty for GGUF.
+std::pair<std::string, int64_t> proj_tensor(const ModelShapes& sh, int l, Proj p,
+                                            const std::string& hf_prefix) {
   const ArchFamily* fam = find_family(sh.arch);
-  const std::string b = (gguf ? "blk." : "model.layers.") + std::to_string(l) + ".";
+  const bool gguf = hf_prefix.empty();
+  const std::string b = (gguf ? "blk." : hf_prefix + "layers.") + std::to_string(l) + ".";
   if (fam && fam->fused && p != Proj::O && p != Proj::Down) {
     if (p <= Proj::V)
       return {b + (gguf ? "attn_qkv" : "self_attn.qkv_proj") + ".weight",
@@ -221,7 +224,7 @@ WeightFootprint gguf_footprint(const std::string& path, const LoadOptions& o, Mo
     add_slot_dev(w, gi, uint64_t(c.dim) * 4, kept(b + "ffn_norm.weight", false));
     for (int p = 0; p < kProjCount; ++p) {
       if (!sh.proj(l, static_cast<Proj>(p)).out) continue;  // an MoE layer's dense MLP
-      const auto [n, file_rows] = proj_tensor(sh, l, static_cast<Proj>(p), true);
+      const auto [n, file_rows] = proj_tensor(sh, l, static_cast<Proj>(p), "");
       const GgufTensorInfo* t = g->find_tensor(n);
       QLFT_CHECK_FORMAT(t, "%s: tensor '%s' is missing", path.c_str(), n.c_str());
       const GgmlTypeTraits* tr = ggml_type_traits(t->type);
@@ -346,16 +349,16 @@ WeightFootprint hf_footprint(const std::string& path, const LoadOptions& o, Mode
   auto stored_row = [&](const SafeTensorInfo* t) {  // f64 is kept as f32
     return uint64_t(c.dim) * (t->dtype == DType::F16 || t->dtype == DType::BF16 ? 2 : 4);
   };
-  if (const SafeTensorInfo* e = st->find("model.embed_tokens.weight"))
+  if (const SafeTensorInfo* e = st->find(c.hf_prefix + "embed_tokens.weight"))
     w.emb_stored_row_bytes = stored_row(e);
-  if (const SafeTensorInfo* h = st->find("lm_head.weight")) w.head_stored_row_bytes = stored_row(h);
+  if (const SafeTensorInfo* h = st->find(c.hf_head)) w.head_stored_row_bytes = stored_row(h);
   for (int l = 0; l < c.n_layers; ++l) {
     const size_t g = static_cast<size_t>(l) + 1;
     add_slot_dev(w, g, uint64_t(c.dim) * 4);
     add_slot_dev(w, g, uint64_t(c.dim) * 4);
     for (int p = 0; p < kProjCount; ++p) {
       if (!sh.proj(l, static_cast<Proj>(p)).out) continue;  // (an MoE layer: add_experts)
-      const auto [n, file_rows] = proj_tensor(sh, l, static_cast<Proj>(p), false);
+      const auto [n, file_rows] = proj_tensor(sh, l, static_cast<Proj>(p), c.hf_prefix);
       const SafeTensorInfo* t = st->find(n);
       QLFT_CHECK_FORMAT(t, "%s: tensor '%s' is missing", dir.c_str(), n.c_str());
       const int64_t rows = sh.proj(l, static_cast<Proj>(p)).out,

@@ -744,11 +744,85 @@ TEST(Families, PlansRealConfigsFromConfigJsonAlone) {
                 want / 1e9);
     EXPECT_NEAR(double(w.bytes), want, 0.01 * want);
   }
-  // Gemma 3's image-text model (google/gemma-3-12b-it: Gemma3ForConditionalGeneration, model_type
-  // gemma3) is refused naming its vision tower, as is Qwen2-MoE (its shared expert).
+  // google/gemma-3-12b-it's config.json (Gemma3ForConditionalGeneration, model_type gemma3; as
+  // mirrored with its weights quantized at
+  // https://huggingface.co/mlx-community/gemma-3-12b-pt-4bit/blob/refs%2Fpr%2F1/config.json, the
+  // quantization block left out): text_config names eight keys, the rest are Gemma3TextConfig's
+  // defaults. It plans as its text model; the vision tower is not counted.
+  const nlohmann::json gemma3_12b = {{"architectures", {"Gemma3ForConditionalGeneration"}},
+                                     {"boi_token_index", 255999},
+                                     {"eoi_token_index", 256000},
+                                     {"eos_token_id", {1, 106}},
+                                     {"image_token_index", 262144},
+                                     {"initializer_range", 0.02},
+                                     {"mm_tokens_per_image", 256},
+                                     {"model_type", "gemma3"},
+                                     {"text_config",
+                                      {{"hidden_size", 3840},
+                                       {"intermediate_size", 15360},
+                                       {"model_type", "gemma3_text"},
+                                       {"num_attention_heads", 16},
+                                       {"num_hidden_layers", 48},
+                                       {"num_key_value_heads", 8},
+                                       {"rope_scaling", {{"factor", 8.0}, {"rope_type", "linear"}}},
+                                       {"sliding_window", 1024}}},
+                                     {"torch_dtype", "bfloat16"},
+                                     {"transformers_version", "4.50.0.dev0"},
+                                     {"vision_config",
+                                      {{"hidden_size", 1152},
+                                       {"image_size", 896},
+                                       {"intermediate_size", 4304},
+                                       {"model_type", "siglip_vision_model"},
+                                       {"num_attention_heads", 16},
+                                       {"num_hidden_layers", 27},
+                                       {"patch_size", 14},
+                                       {"vision_use_head", false}}}};
+  w = weight_footprint_of_file(config_dir(gemma3_12b, "gemma3_12b"), o, &c);
+  EXPECT_EQ(c.arch, "gemma3_text");
+  EXPECT_TRUE(c.image_text);
+  EXPECT_EQ(c.hf_prefix, "model.language_model.");
+  EXPECT_TRUE(c.tied_embeddings);  // Gemma3Config's default
+  EXPECT_EQ(c.vocab, 262208);      // Gemma3TextConfig's defaults from here
+  EXPECT_EQ(c.head_dim, 256);
+  EXPECT_EQ(c.context_length, 131072);
+  EXPECT_EQ(c.attn_scalar, 256.f);
+  EXPECT_EQ(c.rope_theta, 1000000.f);
+  EXPECT_EQ(c.rope_local_theta, 10000.f);    // the sliding layers' plain base
+  EXPECT_EQ(c.rope.type, RopeType::Linear);  // the full layers' (rope_of)
+  EXPECT_EQ(c.rope.factor, 8.0);
+  s = model_shapes(c);
+  EXPECT_EQ(s.n_layers, 48);
+  EXPECT_EQ(s.proj(0, Proj::Q).out, 16 * 256);
+  EXPECT_EQ(s.proj(0, Proj::Q).in, 3840);
+  EXPECT_EQ(s.proj(0, Proj::K).out, 8 * 256);
+  EXPECT_EQ(s.proj(0, Proj::Down).in, 15360);
+  sliding = 0;
+  for (const LayerShapes& l : s.layers) sliding += l.window == 1024;
+  EXPECT_EQ(sliding, 40);  // every sixth layer (5, 11, ..., 47) is global
+  EXPECT_EQ(s.layers[47].window, 0);
+  EXPECT_NE(describe_deltas(c, s).find("vision tower and projector not loaded"), std::string::npos);
+  {  // tied: one f32 [V, D] table, NF4 projections: 48 x (3840 x (4096 + 2 x 2048) + 4096 x
+     // 3840 + 3 x 3840 x 15360) = 11.04e9 parameters (the norms within the 1%)
+    const double lin = 48.0 * (3840.0 * (4096 + 2 * 2048) + 4096.0 * 3840 + 3.0 * 3840 * 15360);
+    const double want = 4.0 * 262208 * 3840 + lin * (0.5 + 1.0 / 64);
+    std::printf("[family] gemma-3-12b-it NF4 weights %.3f GB (expected %.3f)\n",
+                double(w.bytes) / 1e9, want / 1e9);
+    EXPECT_NEAR(double(w.bytes), want, 0.01 * want);
+  }
+  // A text_config of another model type is refused naming it; Qwen2-MoE names its experts.
+  {
+    nlohmann::json j = gemma3_12b;
+    j["text_config"]["model_type"] = "gemma2";
+    try {
+      weight_footprint_of_file(config_dir(j, "gemma3_bad_text"), o, &c);
+      ADD_FAILURE() << "a gemma2 text_config was planned";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("text_config.model_type is 'gemma2'"), std::string::npos)
+          << e.what();
+    }
+  }
   for (const auto& [cls, type, says] :
-       {std::tuple{"Gemma3ForConditionalGeneration", "gemma3", "vision tower"},
-        std::tuple{"Qwen2MoeForCausalLM", "qwen2_moe", "mixture-of-experts layers"}}) {
+       {std::tuple{"Qwen2MoeForCausalLM", "qwen2_moe", "mixture-of-experts layers"}}) {
     nlohmann::json j = qwen3_8b;
     j["architectures"] = {cls};
     j["model_type"] = type;

@@ -111,6 +111,10 @@ int cmd_estimate(int argc, char** argv) {
         "that needs the most)\n",
         setting(c, "dist.zero_stage").c_str(), setting(c, "offload.params").c_str(),
         setting(c, "offload.optimizer").c_str());
+  if (e.text_model_only)
+    std::printf(
+        "the text model of an image-text checkpoint: its vision tower and projector are "
+        "not loaded or counted\n");
   print_memory_table(stdout, e, nullptr);
   const std::string offload = setting(c, "train.offload_checkpoints");
   if (e.offload_checkpoints)
