@@ -81,6 +81,29 @@ struct Smem {
   static constexpr size_t bwd = (b_warps + 4 * b_warp + 255) / 256 * 256;
 };
 
+// A backward block's shared memory as Smem<D>'s b_* offsets lay it out: the four bf16 tiles
+// (the kernel gives each its role), the 64 rows' lse and delta, and this warp's region with its
+// S, dP (fp32), P and dS (bf16) scratch (the region reused at the end for the write-outs).
+template <int D>
+struct BwdShared {
+  uint16_t* tile[4];
+  float *lse, *delta;
+  char* warp;
+  float *S, *dP;
+  uint16_t *P, *dS;
+  __device__ explicit BwdShared(char* smem) {
+    using L = Smem<D>;
+    for (int t = 0; t < 4; ++t) tile[t] = reinterpret_cast<uint16_t*>(smem + t * L::tile);
+    lse = reinterpret_cast<float*>(smem + L::b_rows);
+    delta = lse + kRows;
+    warp = smem + L::b_warps + (threadIdx.x >> 5) * L::b_warp;
+    S = reinterpret_cast<float*>(warp + L::b_s);
+    dP = reinterpret_cast<float*>(warp + L::b_dp);
+    P = reinterpret_cast<uint16_t*>(warp + L::b_p);
+    dS = reinterpret_cast<uint16_t*>(warp + L::b_ds);
+  }
+};
+
 __device__ __forceinline__ const bf16* bfp(const uint16_t* p) {
   return reinterpret_cast<const bf16*>(p);
 }
@@ -308,19 +331,10 @@ __global__ void __launch_bounds__(kThreads)
   using L = Smem<D>;
   constexpr int LD = L::LD;
   QLFT_DYNAMIC_SHARED(SmemLine, tc_smem);
-  char* smem = reinterpret_cast<char*>(tc_smem);
-  uint16_t* Ks = reinterpret_cast<uint16_t*>(smem);
-  uint16_t* Vs = reinterpret_cast<uint16_t*>(smem + L::tile);
-  uint16_t* Qs = reinterpret_cast<uint16_t*>(smem + 2 * L::tile);
-  uint16_t* dOs = reinterpret_cast<uint16_t*>(smem + 3 * L::tile);
-  float* lse_s = reinterpret_cast<float*>(smem + L::b_rows);
-  float* delta_s = lse_s + kRows;
+  const BwdShared<D> sm(reinterpret_cast<char*>(tc_smem));
+  uint16_t *const Ks = sm.tile[0], *const Vs = sm.tile[1], *const Qs = sm.tile[2],
+                  *const dOs = sm.tile[3];
   const int warp = threadIdx.x >> 5;
-  char* w = smem + L::b_warps + warp * L::b_warp;
-  float* Sw = reinterpret_cast<float*>(w + L::b_s);
-  float* dPw = reinterpret_cast<float*>(w + L::b_dp);
-  uint16_t* Pw = reinterpret_cast<uint16_t*>(w + L::b_p);
-  uint16_t* dSw = reinterpret_cast<uint16_t*>(w + L::b_ds);
 
   const int b = blockIdx.z, kh = blockIdx.y, k0 = blockIdx.x * kRows;
   const int group = a.n_heads / a.n_kv_heads;
@@ -344,16 +358,16 @@ __global__ void __launch_bounds__(kThreads)
       stage<D>(dOs, dout, a.ldo, base, qt, a.seq, int64_t(h) * D);
       for (int i = threadIdx.x; i < kTile; i += kThreads) {
         const bool in = qt + i < a.seq;
-        lse_s[i] = in ? lse[int64_t(h) * rows + base + qt + i] : 0.f;
-        delta_s[i] = in ? delta[int64_t(h) * rows + base + qt + i] : 0.f;
+        sm.lse[i] = in ? lse[int64_t(h) * rows + base + qt + i] : 0.f;
+        sm.delta[i] = in ? delta[int64_t(h) * rows + base + qt + i] : 0.f;
       }
       __syncthreads();
       if (!live) continue;
       // S^T = K_w Q^T and dP^T = V_w dO^T: [16 keys][kTile queries].
-      scores<D>(Ks + 16 * warp * LD, Qs, Sw);
-      scores<D>(Vs + 16 * warp * LD, dOs, dPw);
+      scores<D>(Ks + 16 * warp * LD, Qs, sm.S);
+      scores<D>(Vs + 16 * warp * LD, dOs, sm.dP);
       __syncwarp();
-      probs<true>(a, base, j0, qt, Sw, dPw, lse_s, delta_s, qt, scale, Pw, dSw);
+      probs<true>(a, base, j0, qt, sm.S, sm.dP, sm.lse, sm.delta, qt, scale, sm.P, sm.dS);
       __syncwarp();
       // dV += P^T dO, dK += dS^T Q.
 #pragma unroll
@@ -362,8 +376,8 @@ __global__ void __launch_bounds__(kThreads)
         for (int kk = 0; kk < kTile / 16; ++kk) {
           FragA fp, fs;
           FragB fo, fq;
-          wmma::load_matrix_sync(fp, bfp(Pw + 16 * kk), LP);
-          wmma::load_matrix_sync(fs, bfp(dSw + 16 * kk), LP);
+          wmma::load_matrix_sync(fp, bfp(sm.P + 16 * kk), LP);
+          wmma::load_matrix_sync(fs, bfp(sm.dS + 16 * kk), LP);
           wmma::load_matrix_sync(fo, bfp(dOs + 16 * kk * LD + 16 * dn), LD);
           wmma::load_matrix_sync(fq, bfp(Qs + 16 * kk * LD + 16 * dn), LD);
           wmma::mma_sync(dV[dn], fp, fo, dV[dn]);
@@ -375,10 +389,12 @@ __global__ void __launch_bounds__(kThreads)
   if (!live) return;
   // This block alone owns these keys of KV head kh: plain read-modify-write.
   if (dv16)
-    store_out16<D>(dV, reinterpret_cast<float*>(w), dv16, a.ldv, base, j0, a.seq, int64_t(kh) * D);
+    store_out16<D>(dV, reinterpret_cast<float*>(sm.warp), dv16, a.ldv, base, j0, a.seq,
+                   int64_t(kh) * D);
   else
-    add_out<D>(dV, reinterpret_cast<float*>(w), dv, a.ldv, base, j0, a.seq, int64_t(kh) * D, 1.f);
-  add_out<D>(dK, reinterpret_cast<float*>(w + L::b_out), dk, a.ldk, base, j0, a.seq,
+    add_out<D>(dV, reinterpret_cast<float*>(sm.warp), dv, a.ldv, base, j0, a.seq, int64_t(kh) * D,
+               1.f);
+  add_out<D>(dK, reinterpret_cast<float*>(sm.warp + L::b_out), dk, a.ldk, base, j0, a.seq,
              int64_t(kh) * D, scale);
 }
 
@@ -391,18 +407,10 @@ __global__ void __launch_bounds__(kThreads)
   using L = Smem<D>;
   constexpr int LD = L::LD;
   QLFT_DYNAMIC_SHARED(SmemLine, tc_smem);
-  char* smem = reinterpret_cast<char*>(tc_smem);
-  uint16_t* Qs = reinterpret_cast<uint16_t*>(smem);
-  uint16_t* dOs = reinterpret_cast<uint16_t*>(smem + L::tile);
-  uint16_t* Ks = reinterpret_cast<uint16_t*>(smem + 2 * L::tile);
-  uint16_t* Vs = reinterpret_cast<uint16_t*>(smem + 3 * L::tile);
-  float* lse_s = reinterpret_cast<float*>(smem + L::b_rows);
-  float* delta_s = lse_s + kRows;
+  const BwdShared<D> sm(reinterpret_cast<char*>(tc_smem));
+  uint16_t *const Qs = sm.tile[0], *const dOs = sm.tile[1], *const Ks = sm.tile[2],
+                  *const Vs = sm.tile[3];
   const int warp = threadIdx.x >> 5;
-  char* w = smem + L::b_warps + warp * L::b_warp;
-  float* Sw = reinterpret_cast<float*>(w + L::b_s);
-  float* dPw = reinterpret_cast<float*>(w + L::b_dp);
-  uint16_t* dSw = reinterpret_cast<uint16_t*>(w + L::b_ds);
 
   const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * kRows;
   const int kh = h / (a.n_heads / a.n_kv_heads);
@@ -415,8 +423,8 @@ __global__ void __launch_bounds__(kThreads)
   stage<D>(dOs, dout, a.ldo, base, q0, a.seq, int64_t(h) * D);
   for (int i = threadIdx.x; i < kRows; i += kThreads) {
     const bool in = q0 + i < a.seq;
-    lse_s[i] = in ? lse[int64_t(h) * rows + base + q0 + i] : 0.f;
-    delta_s[i] = in ? delta[int64_t(h) * rows + base + q0 + i] : 0.f;
+    sm.lse[i] = in ? lse[int64_t(h) * rows + base + q0 + i] : 0.f;
+    sm.delta[i] = in ? delta[int64_t(h) * rows + base + q0 + i] : 0.f;
   }
   FragC dQ[D / 16];
 #pragma unroll
@@ -428,10 +436,10 @@ __global__ void __launch_bounds__(kThreads)
     stage<D>(Vs, v, a.ldv, base, kt, k_hi, int64_t(kh) * D);
     __syncthreads();
     if (!live || kt > r0 + 15) continue;
-    scores<D>(Qs + 16 * warp * LD, Ks, Sw);
-    scores<D>(dOs + 16 * warp * LD, Vs, dPw);
+    scores<D>(Qs + 16 * warp * LD, Ks, sm.S);
+    scores<D>(dOs + 16 * warp * LD, Vs, sm.dP);
     __syncwarp();
-    probs<false>(a, base, r0, kt, Sw, dPw, lse_s, delta_s, q0, scale, nullptr, dSw);
+    probs<false>(a, base, r0, kt, sm.S, sm.dP, sm.lse, sm.delta, q0, scale, nullptr, sm.dS);
     __syncwarp();
     // dQ += dS K.
 #pragma unroll
@@ -440,14 +448,14 @@ __global__ void __launch_bounds__(kThreads)
       for (int kk = 0; kk < kTile / 16; ++kk) {
         FragA fs;
         FragB fk;
-        wmma::load_matrix_sync(fs, bfp(dSw + 16 * kk), LP);
+        wmma::load_matrix_sync(fs, bfp(sm.dS + 16 * kk), LP);
         wmma::load_matrix_sync(fk, bfp(Ks + 16 * kk * LD + 16 * dn), LD);
         wmma::mma_sync(dQ[dn], fs, fk, dQ[dn]);
       }
     }
   }
   if (!live) return;
-  add_out<D>(dQ, Sw, dq, a.ldq, base, r0, a.seq, int64_t(h) * D, scale);
+  add_out<D>(dQ, sm.S, dq, a.ldq, base, r0, a.seq, int64_t(h) * D, scale);
 }
 
 template <int D>
