@@ -8,6 +8,8 @@ ModelShapes model_shapes(const ModelConfig& c) {
   s.arch = c.arch;
   s.tied_head = c.tied_embeddings;
   s.qk_adjacent = c.rope_adjacent;
+  s.hf_prefix = c.hf_prefix;
+  s.image_text = c.image_text;
   // Llama's layer (mistral, qwen2 and qwen3 alike; qwen2 adds q/k/v biases, qwen3 q/k norms): the
   // projection-shape table, [out, in] in Proj order.
   const int64_t q = s.q_dim(), kv = s.kv_dim(), d = c.dim, f = c.ffn_dim;

@@ -50,6 +50,11 @@ struct ModelShapes : ModelDims {
   // q/k rows in GGUF llama order (RoPE on adjacent pairs) rather than Hugging Face's
   // rotate-half order (ModelConfig::rope_adjacent): LoRA and export permute q/k rows by it.
   bool qk_adjacent = false;
+  // The Hugging Face prefix of the decoder's tensors (ModelConfig::hf_prefix): PEFT names an
+  // adapter's tensors base_model.model.<hf_prefix>layers.N...; image_text: the language model
+  // of an image-text checkpoint, which an adapter's target_modules must single out.
+  std::string hf_prefix = "model.";
+  bool image_text = false;
   std::vector<LayerShapes> layers;
 
   const ProjShape& proj(int layer, Proj p) const {

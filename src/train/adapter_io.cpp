@@ -27,24 +27,28 @@ namespace qlft {
 
 namespace {
 
-// name: the module's (proj_peft_name, or a fused family's qkv_proj / gate_up_proj).
-std::string peft_module(int layer, Proj p, const char* name) {
+// name: the module's (proj_peft_name, or a fused family's qkv_proj / gate_up_proj), under the
+// model's decoder (ModelShapes::hf_prefix: model.language_model. for an image-text model).
+std::string peft_module(const LoraAdapter& lora, int layer, Proj p, const char* name) {
   const char* group = static_cast<int>(p) < 4 ? "self_attn" : "mlp";
-  return "base_model.model.model.layers." + std::to_string(layer) + "." + group + "." + name;
-}
-std::string peft_module(int layer, Proj p) {
-  return peft_module(layer, p, proj_peft_name(p));
+  return "base_model.model." + lora.model_shapes().hf_prefix + "layers." + std::to_string(layer) +
+         "." + group + "." + name;
 }
 
-std::string peft_key(int layer, const LoraModule& m, const char* ab) {
-  return peft_module(layer, m.first, m.peft) + ".lora_" + ab + ".weight";
+std::string peft_key(const LoraAdapter& lora, int layer, const LoraModule& m, const char* ab) {
+  return peft_module(lora, layer, m.first, m.peft) + ".lora_" + ab + ".weight";
 }
 
 // DoRA's magnitude as PEFT saves it (its ".lora_magnitude_vector.<adapter>.weight" with the
 // adapter name and ".weight" taken out).
-std::string peft_magnitude_key(int layer, Proj p) {
-  return peft_module(layer, p) + ".lora_magnitude_vector";
+std::string peft_magnitude_key(const LoraAdapter& lora, int layer, Proj p) {
+  return peft_module(lora, layer, p, proj_peft_name(p)) + ".lora_magnitude_vector";
 }
+
+// target_modules of an image-text model's adapter: PEFT matches a list by the modules' last
+// names, which would reach the vision tower's q_proj / k_proj / v_proj too, and a string as a
+// regex over the whole module name. qlft writes this one and reads its names back.
+constexpr const char* kLanguageModelTargets = ".*language_model.*\\.(";
 
 void make_dir(const std::string& dir) {
   if (::mkdir(dir.c_str(), 0755) != 0)
@@ -195,7 +199,7 @@ std::map<std::string, AdapterPart> adapter_parts(const LoraAdapter& lora, const 
         out += lora.slot(l, part).out;
       }
       // DoRA's magnitude (only the PEFT writer is handed a DoRA adapter): its name, else "".
-      const std::string m = s.M.empty() ? "" : peft_magnitude_key(l, p);
+      const std::string m = s.M.empty() ? "" : peft_magnitude_key(lora, l, p);
       if (!m.empty()) check_finite(s.M, m);
       add(a, b, m, s, out);
       parts[a] = {l, p, LoraAdapter::Part::A};
@@ -240,8 +244,8 @@ void save_peft_adapter(const LoraAdapter& lora, const std::string& dir,
   w.set_metadata("format", "pt");
   std::map<std::string, AdapterPart> parts = adapter_parts(
       lora,
-      [](int l, const LoraModule& mod) {
-        return std::pair{peft_key(l, mod, "A"), peft_key(l, mod, "B")};
+      [&lora](int l, const LoraModule& mod) {
+        return std::pair{peft_key(lora, l, mod, "A"), peft_key(lora, l, mod, "B")};
       },
       [&](const std::string& a, const std::string& b, const std::string& m, const LoraSlot& s,
           int64_t out) {
@@ -260,6 +264,12 @@ void save_peft_adapter(const LoraAdapter& lora, const std::string& dir,
     if (const LoraModule mod = lora.module(static_cast<Proj>(pi));
         c.targets[pi] && mod.first == static_cast<Proj>(pi))
       targets.push_back(mod.peft);
+  if (lora.model_shapes().image_text) {  // the language model's projections alone
+    std::string re = kLanguageModelTargets;
+    for (size_t i = 0; i < targets.size(); ++i)
+      re += (i ? "|" : "") + targets[i].get<std::string>();
+    targets = re + ")";
+  }
   nlohmann::json j = {
       {"peft_type", "LORA"},
       {"task_type", "CAUSAL_LM"},
@@ -331,9 +341,19 @@ LoraConfig read_peft_config(const std::string& dir) {
       QLFT_CHECK_FORMAT(x.is_string(), "%s: target_modules must be strings", j.path().c_str());
       list += x.get<std::string>() + ",";
     }
+  } else if (const std::string re = t.is_string() ? t.get<std::string>() : "";
+             re.rfind(kLanguageModelTargets, 0) == 0 && re.back() == ')') {
+    // An image-text model's: the names in the parentheses.
+    std::string names = re.substr(std::strlen(kLanguageModelTargets));
+    names.pop_back();
+    for (char& ch : names)
+      if (ch == '|') ch = ',';
+    list = names + ",";
   } else if (t.is_string()) {
-    throw_error(QLFT_ERR_UNSUPPORTED, "%s: target_modules as a regex ('%s') is not supported",
-                j.path().c_str(), t.get<std::string>().c_str());
+    throw_error(QLFT_ERR_UNSUPPORTED,
+                "%s: target_modules as a regex ('%s') is not supported (only the form "
+                "'%s...)' qlft writes for an image-text model's language model)",
+                j.path().c_str(), re.c_str(), kLanguageModelTargets);
   } else {
     throw_error(QLFT_ERR_FORMAT, "%s: target_modules is missing", j.path().c_str());
   }
@@ -380,7 +400,7 @@ void load_peft_adapter(LoraAdapter& lora, const std::string& dir) {
       Pending pd{l, p, {}, {}, {}};
       const char* parts[2] = {"A", "B"};
       for (int k = 0; k < 2; ++k) {
-        std::string key = peft_key(l, mod, parts[k]);
+        std::string key = peft_key(lora, l, mod, parts[k]);
         const SafeTensorInfo* t = st->find(key);
         if (!t) {  // PEFT also writes the adapter name into keys in some versions
           std::string alt = key;
@@ -401,7 +421,7 @@ void load_peft_adapter(LoraAdapter& lora, const std::string& dir) {
                             t->file->c_str(), key.c_str());
       }
       if (c.use_dora) {
-        const std::string key = peft_magnitude_key(l, p);
+        const std::string key = peft_magnitude_key(lora, l, p);
         const SafeTensorInfo* t = st->find(key);
         QLFT_CHECK_FORMAT(t, "%s/adapter_model.safetensors: DoRA tensor '%s' is missing",
                           dir.c_str(), key.c_str());

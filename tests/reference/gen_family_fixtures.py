@@ -276,28 +276,36 @@ def merged_logits(model, out, tok, r, alpha, targets, rslora):
                 mod.lora_A["default"].weight.copy_(out[key + "A"])
                 mod.lora_B["default"].weight.copy_(out[key + "B"])
         merged = pm.merge_and_unload()
-        return merged(input_ids=tok).logits.reshape(-1, model.config.vocab_size).clone()
+        v = model.config.get_text_config().vocab_size
+        return merged(input_ids=tok).logits.reshape(-1, v).clone()
 
 
-def synthetic(family, cfg, r, alpha, targets, rslora, gen):
+def synthetic(family, cfg, r, alpha, targets, rslora, gen, model=None, peft_targets=None):
+    """model: the family's own (hf_model) unless given; peft_targets: PEFT's target_modules for
+    targets (the names qlft's lora.target_modules takes) where the names alone would reach
+    other modules (an image-text model's vision tower)."""
     name = "syn_" + family
-    model = hf_model(family, cfg)
+    model = model or hf_model(family, cfg)
     sd = random_state(model, gen)
     model.load_state_dict(sd, strict=False)
     if cfg["tie_word_embeddings"]:
         model.tie_weights()
     sd = {k: v.clone() for k, v in model.state_dict().items()}
     save_hf_dir(model, os.path.join(OUT, name))
-    if FAMILIES[family][2]:
+    if family in FAMILIES and FAMILIES[family][2]:
         gguf_from_saved(family)
     prompt = [5, 17, 42, 9]
     ids, margin = greedy(model, prompt, 24)
     tok, tgt = batch(cfg["vocab_size"], gen)
-    keys = peft_keys(model, r, alpha, targets, rslora)
-    out, meta = lora_fixture(model, tok, tgt, r, alpha, targets, rslora, gen)
+    pt = peft_targets or targets
+    keys = peft_keys(model, r, alpha, pt, rslora)
+    out, meta = lora_fixture(model, tok, tgt, r, alpha, pt, rslora, gen)
+    meta["targets"] = ",".join(targets)
+    if peft_targets:
+        meta["peft_target_modules"] = peft_targets
     with torch.no_grad():
         out["base_logits"] = model(input_ids=tok).logits.reshape(-1, cfg["vocab_size"]).clone()
-    out["merged_logits"] = merged_logits(model, out, tok, r, alpha, targets, rslora)
+    out["merged_logits"] = merged_logits(model, out, tok, r, alpha, pt, rslora)
     out["prompt"] = torch.tensor(prompt, dtype=torch.int32)
     out["greedy"] = torch.tensor(ids, dtype=torch.int32)
     meta["greedy_min_margin"] = "%g" % margin
@@ -437,8 +445,49 @@ def moe_fixtures():
     moe_fixture("qwen3_moe", QWEN3_MOE, 4861, PROJS[:4])
 
 
+# PEFT's target_modules for the language model's projections of an image-text model (the names
+# alone would reach the vision tower's q_proj / k_proj / v_proj too): a regex, as qlft writes.
+GEMMA3_VLM_TARGETS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
+
+
+def gemma3_vlm(gen):
+    """syn_gemma3_vlm: Gemma3ForConditionalGeneration from Gemma3Config, syn_gemma3's text model
+    (sliding window 5 on layers 0 and 1, RoPE bases 1e4 / 1e6 with linear x2 on the full layer)
+    beside a tiny SigLIP vision tower and projector, saved as transformers 5 names it
+    (model.language_model.*, model.vision_tower.*, model.multi_modal_projector.*, head tied);
+    the text-only logits, LoRA gradients and greedy ids of the language model."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, SiglipVisionConfig
+    text = dict(GEMMA3)
+    vision = SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                num_attention_heads=2, image_size=28, patch_size=14)
+    c = Gemma3Config(text_config=Gemma3TextConfig(**text), vision_config=vision,
+                     mm_tokens_per_image=1, boi_token_index=150, eoi_token_index=151,
+                     image_token_index=152, tie_word_embeddings=True)
+    c._attn_implementation = "eager"
+    c.text_config._attn_implementation = "eager"
+    c.vision_config._attn_implementation = "eager"
+    model = Gemma3ForConditionalGeneration(c).float().eval()
+    synthetic("gemma3_vlm", text, 4, 8, PROJS, False, gen, model=model,
+              peft_targets=GEMMA3_VLM_TARGETS)
+
+
+GEMMA3 = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+              num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=160,
+              rms_norm_eps=1e-6, max_position_embeddings=512, tie_word_embeddings=True,
+              query_pre_attn_scalar=24, sliding_window=5,
+              layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+              hidden_activation="gelu_pytorch_tanh", pad_token_id=0, bos_token_id=2,
+              eos_token_id=1,
+              rope_parameters={
+                  "full_attention": {"rope_type": "linear", "factor": 2.0,
+                                     "rope_theta": 1000000.0},
+                  "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})
+
+
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--gemma3-vlm", action="store_true",
+                    help="only syn_gemma3_vlm (Gemma3ForConditionalGeneration)")
     ap.add_argument("--phi3-fused-only", action="store_true",
                     help="only syn_phi3.fused_lora.safetensors, from the committed syn_phi3")
     ap.add_argument("--phi3-exports", action="store_true",
@@ -452,6 +501,10 @@ def main():
     if args.gguf_from_saved:
         for family in ("mixtral", "qwen3_moe", "gemma3"):
             gguf_from_saved(family)
+        fixture_versions.write(OUT, __file__, inputs=[])
+        return
+    if args.gemma3_vlm:
+        gemma3_vlm(torch.Generator().manual_seed(4849))
         fixture_versions.write(OUT, __file__, inputs=[])
         return
     if args.moe:
@@ -493,18 +546,8 @@ def main():
                   rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
     synthetic("gemma2", gemma2, 4, 8, PROJS, False, gen)
 
-    gemma3 = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=160,
-                  rms_norm_eps=1e-6, max_position_embeddings=512, tie_word_embeddings=True,
-                  query_pre_attn_scalar=24, sliding_window=5,
-                  layer_types=["sliding_attention", "sliding_attention", "full_attention"],
-                  hidden_activation="gelu_pytorch_tanh", pad_token_id=0, bos_token_id=2,
-                  eos_token_id=1,
-                  rope_parameters={
-                      "full_attention": {"rope_type": "linear", "factor": 2.0,
-                                         "rope_theta": 1000000.0},
-                      "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})
-    synthetic("gemma3", gemma3, 4, 8, PROJS, False, gen)
+    synthetic("gemma3", dict(GEMMA3), 4, 8, PROJS, False, gen)
+    gemma3_vlm(torch.Generator().manual_seed(4849))
 
     phi3_fused_lora()
     phi3_exports()

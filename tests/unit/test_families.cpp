@@ -20,6 +20,7 @@
 #include "formats/gguf.h"
 #include "formats/gguf_writer.h"
 #include "formats/safetensors.h"
+#include "formats/safetensors_writer.h"
 #include "model/generate.h"
 #include "support/settings.h"
 #include "test_model_util.h"
@@ -82,7 +83,7 @@ std::vector<float> check_parity(const std::string& model_path, const std::string
   // llama.cpp writes Mistral as "llama" (ArchFamily::gguf_arch).
   EXPECT_EQ(model->cfg.arch,
             model->source_format == "gguf" && family == "mistral" ? "llama"
-            : family == "gemma3"                                  ? "gemma3_text"  // model_type
+            : family == "gemma3" || family == "gemma3_vlm"        ? "gemma3_text"  // model_type
                                                                   : family);
   Fixture f(family_fixture("syn_" + family + ".lora.safetensors"));
   auto be = make_cpu_backend(&tr);
@@ -364,6 +365,65 @@ TEST(Families, Gemma3ExportsLoadInPeft) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("per-layer RoPE bases"), std::string::npos) << e.what();
   }
+}
+
+// Gemma 3's image-text model (Gemma3ForConditionalGeneration from Gemma3Config: syn_gemma3's text
+// model beside a tiny SigLIP vision tower and projector, saved as transformers 5 names them,
+// model.language_model.* / model.vision_tower.* / model.multi_modal_projector.*, head tied)
+// trains as its text model: text-only logits, LoRA gradients (PEFT's on the language model's
+// projections) and greedy ids against transformers; the adapter's keys are PEFT's
+// (base_model.model.model.language_model.layers.N...) and its target_modules a regex PEFT
+// matches on the language model alone (the vision tower has q_proj / k_proj / v_proj too); the
+// merged export is the text model (Gemma3ForCausalLM) with merge_and_unload's logits.
+TEST(Families, Gemma3ImageTextMatchesTransformersAndPeft) {
+  check_family("gemma3_vlm", false);
+  MemoryTracker tr;
+  auto m = load_model(&tr, family_fixture("syn_gemma3_vlm"), keep());
+  EXPECT_TRUE(m->cfg.image_text);
+  EXPECT_TRUE(m->cfg.tied_embeddings);
+  EXPECT_EQ(m->cfg.rope_local_theta, 10000.f);
+  EXPECT_EQ(m->cfg.rope.type, RopeType::Linear);
+  EXPECT_EQ(m->shapes.layers[2].window, 0);
+  EXPECT_EQ(m->shapes.layers[0].window, 5);
+  EXPECT_NE(describe_deltas(m->cfg, m->shapes).find("vision tower and projector not loaded"),
+            std::string::npos);
+  // The names before transformers 5 (language_model.model.*, vision_tower.*,
+  // multi_modal_projector.*): the same text model, transformers' base logits.
+  const std::string dir = qlft_test::temp_dir("gemma3_vlm_v4");
+  const std::vector<uint8_t> cfg =
+      qlft_test::read_file(family_fixture("syn_gemma3_vlm/config.json"));
+  qlft_test::write_file(dir + "/config.json", cfg.data(), cfg.size());
+  auto st = SafetensorsFile::open(family_fixture("syn_gemma3_vlm/model.safetensors"));
+  SafetensorsWriter w;
+  for (const SafeTensorInfo& t : st->tensors()) {
+    const std::string lm = "model.language_model.";
+    const std::string name = t.name.rfind(lm, 0) == 0
+                                 ? "language_model.model." + t.name.substr(lm.size())
+                                 : t.name.substr(std::string("model.").size());
+    w.add(name, t.dtype, t.shape, t.data, t.nbytes);
+  }
+  w.write(dir + "/model.safetensors");
+  auto old = load_model(&tr, dir, keep());
+  EXPECT_EQ(old->cfg.hf_prefix, "language_model.model.");
+  Fixture f(family_fixture("syn_gemma3_vlm.lora.safetensors"));
+  auto be = make_cpu_backend(&tr);
+  std::vector<int32_t> tok;
+  TokenBatch bt = batch_of(f, tok, nullptr);
+  const std::vector<float> base = logits_of(*old, *be, nullptr, bt), ref = f.f32("base_logits");
+  EXPECT_LT(max_rel_error(base.data(), ref.data(), ref.size()), kTol) << "older names";
+}
+TEST(Families, Gemma3ImageTextExportsLoadInPeft) {
+  check_exports("gemma3_vlm", false);
+  MemoryTracker tr;
+  auto model = load_model(&tr, family_fixture("syn_gemma3_vlm"), keep());
+  Fixture f(family_fixture("syn_gemma3_vlm.lora.safetensors"));
+  LoraAdapter lora(&tr, model->shapes, lora_config_of(f));
+  const std::string dir = qlft_test::temp_dir("gemma3_vlm_targets");
+  save_peft_adapter(lora, dir, "base");
+  const std::vector<uint8_t> text = qlft_test::read_file(dir + "/adapter_config.json");
+  const nlohmann::json j = nlohmann::json::parse(text.begin(), text.end());
+  // The regex the generator gave PEFT (recorded beside its keys).
+  EXPECT_EQ(j["target_modules"], f.meta("peft_target_modules"));
 }
 
 // Each Gemma delta is what makes the match: with any one of them undone, the base logits are
