@@ -14,6 +14,32 @@ float LoraConfig::scale() const {
   return use_rslora ? alpha / std::sqrt(static_cast<float>(r)) : alpha / static_cast<float>(r);
 }
 
+namespace {
+
+// PEFT 0.21's names for an MoE layer's experts and router (transformers 5 fuses the experts into
+// 3-D parameters, which PEFT adapts through target_parameters and ParamWrapper; its
+// _MOE_TARGET_MODULE_MAPPING turns Mixtral's w1 / w3 into experts.gate_up_proj with rank 2r and
+// alpha 2 alpha, w2 into experts.down_proj and gate into the router's gate.weight; Qwen2/3-MoE's
+// gate_proj / up_proj / down_proj likewise). model/moe_lora.h's MoeLora runs them in the MoE
+// block, but the adapter holds no expert factors yet: refused naming the mapping.
+void refuse_moe_target(const std::string& item) {
+  static const std::string names =
+      " w1 w2 w3 gate gate.weight experts experts.gate_up_proj experts.down_proj ";
+  std::string leaf = item;
+  for (const char* prefix : {"mlp.", "block_sparse_moe."})
+    if (leaf.rfind(prefix, 0) == 0) leaf = leaf.substr(std::strlen(prefix));
+  if (names.find(" " + leaf + " ") != std::string::npos)
+    throw_error(QLFT_ERR_UNSUPPORTED,
+                "lora.target_modules: '%s' names a mixture-of-experts layer's experts or router "
+                "(PEFT 0.21 adapts them as target_parameters: w1 / w3 -> "
+                "experts.gate_up_proj, w2 -> experts.down_proj, gate -> gate.weight), which "
+                "qlft's adapter does not hold yet (no dropout, DoRA or lora_bias there either, "
+                "as PEFT's ParamWrapper); target q_proj, k_proj, v_proj, o_proj",
+                item.c_str());
+}
+
+}  // namespace
+
 void LoraConfig::set_targets(const std::string& list) {
   bool t[kProjCount] = {};
   std::stringstream ss(list);
@@ -23,6 +49,7 @@ void LoraConfig::set_targets(const std::string& list) {
     size_t b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
     if (b == std::string::npos) continue;
     item = item.substr(b, e - b + 1);
+    refuse_moe_target(item);
     bool found = false;
     for (int p = 0; p < kProjCount; ++p)
       if (item == proj_peft_name(static_cast<Proj>(p)) ||
@@ -120,12 +147,13 @@ void permute_rows_adjacent_to_hf(const float* src, float* dst, int n_heads, int 
 
 void check_lora_targets(const ModelShapes& m, const LoraConfig& cfg) {
   // An MoE layer has no dense gate / up / down. PEFT 0.21 maps those names onto the experts'
-  // fused parameters (target_parameters), which qlft does not adapt yet.
+  // fused parameters (target_parameters, refuse_moe_target), which the adapter does not hold yet.
   for (int l = 0; l < m.n_layers; ++l)
     for (int p = 0; p < kProjCount; ++p)
       QLFT_CHECK_ARG(!cfg.targets[p] || m.proj(l, static_cast<Proj>(p)).out > 0,
-                     "lora.target_modules: %s on %s's layer %d names its %d experts (PEFT adapts "
-                     "their fused parameters), which qlft's LoRA does not adapt yet; target the "
+                     "lora.target_modules: %s on %s's layer %d names its %d experts (PEFT 0.21 "
+                     "adapts their fused parameters as target_parameters experts.gate_up_proj / "
+                     "experts.down_proj), which qlft's adapter does not hold yet; target the "
                      "attention projections q_proj, k_proj, v_proj, o_proj",
                      proj_peft_name(static_cast<Proj>(p)), m.arch.c_str(), l,
                      m.layers[size_t(l)].n_experts);

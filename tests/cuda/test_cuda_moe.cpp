@@ -4,7 +4,8 @@
 // Mixtral and Qwen3-MoE models of tests/reference/gen_family_fixtures.py --moe (the fixtures
 // test_families holds to transformers and PEFT on the CPU): trainer steps with backend=cuda
 // follow backend=cpu (fp32), and a bf16 step's LoRA gradients follow the CPU's bf16 step; the
-// planner's device activations (the MoE saved state among them) equal the tracker's.
+// planner's device activations (the MoE saved state among them) equal the tracker's; a block
+// with PEFT's LoRA on the experts and the router follows the CPU's.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -166,6 +167,110 @@ TEST(CudaMoe, RowOpsFollowOracleAndCpu) {
 
 namespace {
 
+// A buffer of be's memory holding v (Gradients: v zero, accumulated into).
+Buffer resident(Backend& be, const FVec& v, MemCategory c) {
+  Buffer b = be.alloc(c, v.size() * 4, "test MoE LoRA", BufferInit::Uninit);
+  b.copy_from_host(v.data(), v.size() * 4);
+  return b;
+}
+FVec host(const Buffer& b) {
+  FVec v(b.size() / 4);
+  b.copy_to_host(v.data(), b.size());
+  return v;
+}
+
+// One MoE block (4 experts, top-2) with LoRA on the experts' gate_up and down and on the router
+// (model/moe_lora.h): output, input gradient and the six factors' gradients on be, the factors
+// and gradients in be's memory.
+struct LoraBlockRun {
+  FVec out, dx;
+  std::vector<FVec> grads;
+};
+LoraBlockRun lora_block(Backend& be, MemoryTracker* tr) {
+  std::mt19937_64 g(4848);
+  const int64_t R = 11, D = 24, F = 40;
+  const int E = 4, r = 2;
+  auto scaled = [&](size_t n, float s) {
+    FVec v = normal(g, n);
+    for (float& x : v) x *= s;
+    return v;
+  };
+  MoeWeights w;
+  const FVec router = scaled(size_t(E * D), 0.4f);
+  w.router = qweight_from_f32(tr, router.data(), E, D, QuantKind::F32);
+  for (int e = 0; e < E; ++e) {
+    const FVec a = scaled(size_t(F * D), 0.2f), b = scaled(size_t(F * D), 0.2f),
+               c = scaled(size_t(D * F), 0.2f);
+    w.w1.push_back(qweight_from_f32(tr, a.data(), F, D, QuantKind::F32));
+    w.w3.push_back(qweight_from_f32(tr, b.data(), F, D, QuantKind::F32));
+    w.w2.push_back(qweight_from_f32(tr, c.data(), D, F, QuantKind::F32));
+  }
+  const FVec x = normal(g, size_t(R * D)), dout = normal(g, size_t(R * D));
+  // (in, out, experts) of gate_up, down, router
+  const int64_t shape[3][3] = {{D, 2 * F, E}, {F, D, E}, {D, E, 1}};
+  MoeLoraPart MoeLora::*parts[3] = {&MoeLora::gate_up, &MoeLora::down, &MoeLora::router};
+  std::vector<Buffer> bufs;
+  MoeLora lora;
+  for (int i = 0; i < 3; ++i) {
+    const int64_t in = shape[i][0], out = shape[i][1], n = shape[i][2];
+    const size_t na = size_t(n * r * in), nb = size_t(n * out * r);
+    bufs.push_back(resident(be, scaled(na, 0.2f), MemCategory::Adapter));
+    bufs.push_back(resident(be, scaled(nb, 0.3f), MemCategory::Adapter));
+    bufs.push_back(resident(be, FVec(na, 0.f), MemCategory::Gradients));
+    bufs.push_back(resident(be, FVec(nb, 0.f), MemCategory::Gradients));
+    const size_t k = bufs.size() - 4;
+    lora.*parts[i] = MoeLoraPart{bufs[k].as<float>(),
+                                 bufs[k + 1].as<float>(),
+                                 bufs[k + 2].as<float>(),
+                                 bufs[k + 3].as<float>(),
+                                 r,
+                                 1.5f};
+  }
+  const Buffer xb = resident(be, x, MemCategory::Activations),
+               db = resident(be, dout, MemCategory::Activations);
+  Buffer ob = resident(be, FVec(size_t(R * D)), MemCategory::Activations),
+         dxb = resident(be, FVec(size_t(R * D), 0.f), MemCategory::Activations);
+  MoeSaved s;
+  moe_fwd(be, w, CMatF(xb.as<float>(), R, D), MatF(ob.as<float>(), R, D), s, &lora);
+  moe_bwd(be, w, s, CMatF(xb.as<float>(), R, D), CMatF(db.as<float>(), R, D),
+          MatF(dxb.as<float>(), R, D), &lora);
+  LoraBlockRun run{host(ob), host(dxb), {}};
+  for (int i = 0; i < 3; ++i) {
+    run.grads.push_back(host(bufs[size_t(4 * i + 2)]));
+    run.grads.push_back(host(bufs[size_t(4 * i + 3)]));
+  }
+  return run;
+}
+
+}  // namespace
+
+// PEFT's LoRA on the experts and the router of an MoE block (the CPU backend holds it to PEFT:
+// Moe.ExpertAndRouterLoraMatchPeft): with backend=cuda the output, the input gradient and the
+// gradients of the six factors follow backend=cpu's (fp32, 1e-5).
+TEST(CudaMoe, ExpertLoraFollowsCpu) {
+  QLFT_NEED_GPU();
+  MemoryTracker tr;
+  const LoraBlockRun c = lora_block(*make_cpu_backend(&tr), &tr),
+                     d = lora_block(*gpu_backend(&tr, Precision::FP32), &tr);
+  EXPECT_LT(norm_err(d.out, c.out), 1e-5);
+  EXPECT_LT(norm_err(d.dx, c.dx), 1e-5);
+  ASSERT_EQ(d.grads.size(), 6u);
+  double worst = 0;
+  for (size_t i = 0; i < 6; ++i) worst = std::max(worst, norm_err(d.grads[i], c.grads[i]));
+  std::printf(
+      "MoE block with expert / router LoRA: cuda vs cpu out %.3g, dx %.3g, factors' "
+      "gradients (worst) %.3g\n",
+      norm_err(d.out, c.out), norm_err(d.dx, c.dx), worst);
+  for (size_t i = 0; i < 6; ++i) {
+    double m = 0;
+    for (float v : c.grads[i]) m = std::max(m, double(std::fabs(v)));
+    EXPECT_GT(m, 1e-3) << "gradient " << i << " is not trivial";
+    EXPECT_LT(norm_err(d.grads[i], c.grads[i]), 1e-5) << "gradient " << i;
+  }
+}
+
+namespace {
+
 // fp32: one runner step's loss and LoRA gradients (every layer stored, and every layer
 // checkpointed: the recomputation routes again) with backend=cuda within 1e-5 / 1e-4 of
 // backend=cpu's; four trainer steps: loss 1e-5, the LoRA weights' updates 1e-4. bf16 (autocast,
@@ -217,6 +322,27 @@ void check_family(const std::string& family) {
 TEST(CudaMoe, MixtralTrainingFollowsCpu) {
   QLFT_NEED_GPU();
   check_family("mixtral");
+}
+
+// Mixtral with the load-balancing loss (moe.aux_loss=on, weight 4: test_moe_aux holds the CPU's
+// to transformers): four trainer steps with backend=cuda follow backend=cpu (loss 1e-5, LoRA
+// updates 1e-4), and the loss is the one with the term (above the steps' without it).
+TEST(CudaMoe, MixtralAuxLossTrainingFollowsCpu) {
+  QLFT_NEED_GPU();
+  const char* targets = "q_proj,k_proj,v_proj,o_proj";
+  const auto [tc, td] = train_both("mixtral", "fp32", targets, 4,
+                                   {{"moe.aux_loss", "on"}, {"moe.aux_loss_coef", "4"}});
+  const auto [oc, od] = train_both("mixtral", "fp32", targets, 4, {{"moe.aux_loss", "off"}});
+  const double e = norm_err(td.w, tc.w);
+  std::printf(
+      "mixtral fp32 + aux loss, 4 trainer steps: loss cpu %.7f cuda %.7f (without: %.7f), "
+      "LoRA updates %.3g\n",
+      tc.loss, td.loss, oc.loss, e);
+  EXPECT_NEAR(td.loss, tc.loss, 1e-5 * std::fabs(tc.loss));
+  ASSERT_EQ(td.w.size(), tc.w.size());
+  EXPECT_LT(e, 1e-4);
+  EXPECT_GT(tc.loss, oc.loss + 1.0);  // 4 x the loss, about 2 (top-2 of 4 experts)
+  EXPECT_GT(norm_err(od.w, td.w), 1e-2);
 }
 
 // Qwen3-MoE (q / k norms, experts on layers 0 and 2 without renormalisation, layer 1 dense): the

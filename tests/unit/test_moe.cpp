@@ -11,6 +11,7 @@
 
 #include "backend/backend.h"
 #include "core/memory.h"
+#include "model/lora.h"
 #include "model/moe.h"
 #include "support/format_cases.h"
 #include "test_model_util.h"
@@ -104,9 +105,9 @@ TEST(Moe, ExpertAndRouterLoraMatchPeft) {
     MoeLoraPart MoeLora::*part;
     std::vector<float> A, B, dA, dB;
   };
-  Part parts[] = {{"gate_up", 2 * b.F, b.E, &MoeLora::gate_up},
-                  {"down", b.D, b.E, &MoeLora::down},
-                  {"router", b.E, 1, &MoeLora::router}};
+  Part parts[] = {{"gate_up", 2 * b.F, b.E, &MoeLora::gate_up, {}, {}, {}, {}},
+                  {"down", b.D, b.E, &MoeLora::down, {}, {}, {}, {}},
+                  {"router", b.E, 1, &MoeLora::router, {}, {}, {}, {}}};
   MoeLora lora;
   for (Part& p : parts) {
     const std::string n = p.name;
@@ -143,6 +144,29 @@ TEST(Moe, ExpertAndRouterLoraMatchPeft) {
   EXPECT_THROW(moe_bwd(*be, w, s, CMatF(x.data(), b.R, b.D), CMatF(dout.data(), b.R, b.D),
                        MatF(dx.data(), b.R, b.D)),
                Error);
+}
+
+// The names PEFT 0.21 users pass for an MoE layer's experts and router (Mixtral's w1 / w2 / w3 and
+// gate, which PEFT maps onto target_parameters, and those parameters' own names) are refused
+// naming PEFT's mapping: the adapter holds no expert factors yet.
+TEST(Moe, PeftExpertTargetsRefusedByName) {
+  for (const char* t : {"w1", "w3", "w2", "gate", "mlp.experts.gate_up_proj", "experts.down_proj",
+                        "mlp.gate.weight", "block_sparse_moe.gate"}) {
+    LoraConfig c;
+    try {
+      c.set_targets(std::string("q_proj,") + t);
+      ADD_FAILURE() << t << " was accepted";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_EQ(e.status(), QLFT_ERR_UNSUPPORTED) << m;
+      EXPECT_NE(m.find(std::string("'") + t + "' names a mixture-of-experts layer"),
+                std::string::npos)
+          << m;
+      EXPECT_NE(m.find("w1 / w3 -> experts.gate_up_proj"), std::string::npos) << m;
+    }
+  }
+  LoraConfig c;
+  EXPECT_NO_THROW(c.set_targets("q_proj,gate_proj"));  // a dense model's gate stays a target
 }
 
 // A malformed layer is refused naming what is wrong: the expert whose shape is off, the top_k.
