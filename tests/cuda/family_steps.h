@@ -95,6 +95,28 @@ inline void round_embedding_to_bf16(qlft::Model& m) {
                         static_cast<size_t>(m.tok_embd.rows * m.tok_embd.cols));
 }
 
+// One step of run on the fixture's tokens and targets ([batch, seq]): their logits into
+// *logits ([rows, vocab]; none without logits), then forward, whose mean loss it returns, then
+// backward.
+inline double fixture_step(qlft::LlamaRunner& run, const model_test::Fixture& f,
+                           std::vector<float>* logits = nullptr, int vocab = 0) {
+  using namespace qlft;
+  std::vector<int32_t> tok = f.i32("tokens"), tgt = f.i32("targets");
+  const auto shp = f.shape("tokens");
+  TokenBatch b;
+  b.batch = static_cast<int>(shp[0]);
+  b.seq = static_cast<int>(shp[1]);
+  b.tokens = tok.data();
+  b.targets = tgt.data();
+  if (logits) {
+    logits->resize(size_t(b.rows()) * vocab);
+    run.logits(b, MatF(logits->data(), b.rows(), vocab));
+  }
+  const double loss = run.forward(b).mean();
+  run.backward();
+  return loss;
+}
+
 // One step of the runner on be with activations of act (every layer checkpointed or none), the
 // family's fixture LoRA adapter (its embedding bf16-rounded first with bf16_embedding): the loss
 // and every LoRA gradient.
@@ -114,16 +136,8 @@ inline RunnerStep runner_step(const std::string& family, qlft::Backend& be, qlft
   LlamaRunner run(*m, be, &lora);
   run.set_activation_dtype(act);
   run.set_checkpoint_all(checkpoint);
-  std::vector<int32_t> tok = f.i32("tokens"), tgt = f.i32("targets");
-  const auto shp = f.shape("tokens");
-  TokenBatch b;
-  b.batch = static_cast<int>(shp[0]);
-  b.seq = static_cast<int>(shp[1]);
-  b.tokens = tok.data();
-  b.targets = tgt.data();
   RunnerStep s;
-  s.loss = run.forward(b).mean();
-  run.backward();
+  s.loss = fixture_step(run, f);
   for (const LoraAdapter::Param& p : lora.params()) s.grads.insert(s.grads.end(), p.g, p.g + p.n);
   return s;
 }

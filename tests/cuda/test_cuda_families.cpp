@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "cuda_test_util.h"
+#include "family_steps.h"
 #include "unit/test_model_util.h"
 
 using namespace qlft;
@@ -33,18 +34,8 @@ Step run_step(const Model& m, Backend& be, const model_test::Fixture& f, MemoryT
   LoraAdapter lora(tr, m.shapes, model_test::lora_config_of(f));
   model_test::load_lora(f, lora);
   LlamaRunner run(m, be, &lora);
-  std::vector<int32_t> tok = f.i32("tokens"), tgt = f.i32("targets");
-  const auto shp = f.shape("tokens");
-  TokenBatch b;
-  b.batch = static_cast<int>(shp[0]);
-  b.seq = static_cast<int>(shp[1]);
-  b.tokens = tok.data();
-  b.targets = tgt.data();
   Step s;
-  s.logits.resize(size_t(b.rows()) * m.cfg.vocab);
-  run.logits(b, MatF(s.logits.data(), b.rows(), m.cfg.vocab));
-  s.loss = run.forward(b).mean();
-  run.backward();
+  s.loss = qlft_cuda_test::fixture_step(run, f, &s.logits, m.cfg.vocab);
   for (int l = 0; l < lora.n_layers(); ++l)
     for (int p = 0; p < kProjCount; ++p)
       for (LoraAdapter::Part part : {LoraAdapter::Part::dA, LoraAdapter::Part::dB}) {

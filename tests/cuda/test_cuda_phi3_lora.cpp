@@ -34,18 +34,8 @@ Step run_step(const Model& m, Backend& be, const model_test::Fixture& f, MemoryT
       lora.set_module_hf(l, p, A.data(), int64_t(A.size()), B.data(), int64_t(B.size()));
     }
   LlamaRunner run(m, be, &lora);
-  std::vector<int32_t> tok = f.i32("tokens"), tgt = f.i32("targets");
-  const auto shp = f.shape("tokens");
-  TokenBatch b;
-  b.batch = static_cast<int>(shp[0]);
-  b.seq = static_cast<int>(shp[1]);
-  b.tokens = tok.data();
-  b.targets = tgt.data();
   Step s;
-  s.logits.resize(size_t(b.rows()) * m.cfg.vocab);
-  run.logits(b, MatF(s.logits.data(), b.rows(), m.cfg.vocab));
-  s.loss = run.forward(b).mean();
-  run.backward();
+  s.loss = qlft_cuda_test::fixture_step(run, f, &s.logits, m.cfg.vocab);
   for (int l = 0; l < lora.n_layers(); ++l)
     for (Proj p : kModules)
       for (LoraAdapter::Part part : {LoraAdapter::Part::dA, LoraAdapter::Part::dB}) {
