@@ -297,10 +297,11 @@ void add_rope_scaling(GgufWriter& w, const std::string& a, const ModelConfig& c)
       throw_error(QLFT_ERR_UNSUPPORTED,
                   "merged GGUF export: dynamic NTK RoPE scaling has no GGUF (llama.cpp) form; "
                   "export to safetensors instead");
-    case RopeType::LongRope:  // llama.cpp's rope_factors_long / _short are not written
-      throw_error(QLFT_ERR_UNSUPPORTED,
-                  "merged GGUF export: longrope RoPE scaling (llama.cpp's rope_factors_long / "
-                  "rope_factors_short) is not written; export to safetensors instead");
+    case RopeType::LongRope:  // llama.cpp's Phi-3 form: no type; the factors are tensors
+      w.add_u32(a + "rope.scaling.original_context_length",
+                static_cast<uint32_t>(s.original_context));
+      w.add_f32(a + "rope.scaling.attn_factor", static_cast<float>(rope_attention_factor(s)));
+      return;
   }
 }
 
@@ -322,15 +323,12 @@ void export_gguf(const Model& m, const LoraAdapter* lora, const std::string& pat
   // llama.cpp's name of the family (its converter writes Mistral models as "llama").
   const ArchFamily* fam = find_family(c.arch);
   QLFT_CHECK_ARG(fam, "merged GGUF export: architecture '%s' is not supported", c.arch.c_str());
-  QLFT_CHECK_ARG(c.moe.n_experts == 0,
-                 "merged GGUF export: %s's experts (ffn_*_exps, ffn_gate_inp) are not written "
-                 "yet; export to safetensors instead",
-                 c.arch.c_str());
-  QLFT_CHECK_ARG(c.rope_local_theta == 0,
+  const std::string arch = fam->gguf_arch;
+  const bool g3 = arch == "gemma3";
+  QLFT_CHECK_ARG(c.rope_local_theta == 0 || g3,
                  "merged GGUF export: %s's per-layer RoPE bases have no GGUF form qlft writes; "
                  "export as safetensors",
                  c.arch.c_str());
-  const std::string arch = fam->gguf_arch;
   const std::string a = arch + ".";
   w.add_string("general.architecture", arch);
   w.add_string("general.name", "qlft merged model");
@@ -346,24 +344,44 @@ void export_gguf(const Model& m, const LoraAdapter* lora, const std::string& pat
   w.add_f32(a + "rope.freq_base", c.rope_theta);
   w.add_u32(a + "rope.dimension_count", static_cast<uint32_t>(c.head_dim));
   add_rope_scaling(w, a, c);
-  if (m.shapes.q_dim() != c.dim) {
-    w.add_u32(a + "attention.key_length", static_cast<uint32_t>(c.head_dim));
-    w.add_u32(a + "attention.value_length", static_cast<uint32_t>(c.head_dim));
-  }
+  w.add_u32(a + "attention.key_length", static_cast<uint32_t>(c.head_dim));
+  w.add_u32(a + "attention.value_length", static_cast<uint32_t>(c.head_dim));
   w.add_u32(a + "vocab_size", static_cast<uint32_t>(c.vocab));
-  if (c.gemma) {  // llama.cpp's gemma2: the caps, windows on even layers, the scores' scale
+  if (c.moe.n_experts > 0) {  // llama.cpp's TextModel / Qwen2MoeModel keys
+    w.add_u32(a + "expert_count", static_cast<uint32_t>(c.moe.n_experts));
+    w.add_u32(a + "expert_used_count", static_cast<uint32_t>(c.moe.top_k));
+    if (c.moe.expert_ffn != c.ffn_dim)
+      w.add_u32(a + "expert_feed_forward_length", static_cast<uint32_t>(c.moe.expert_ffn));
+    if (!c.moe.norm_topk) w.add_bool(a + "expert_weights_norm", false);
+  }
+  if (c.gemma) {  // llama.cpp's gemma2 / gemma3: the caps, the scores' scale
     if (c.attn_softcap > 0) w.add_f32(a + "attn_logit_softcapping", c.attn_softcap);
     if (c.final_softcap > 0) w.add_f32(a + "final_logit_softcapping", c.final_softcap);
-    const float derived = static_cast<float>(c.n_layers == 46 ? c.dim / c.n_heads : c.head_dim);
+    const int big = g3 ? 62 : 46;  // the 27B models: (hidden / heads)^-0.5
+    const float derived = static_cast<float>(c.n_layers == big ? c.dim / c.n_heads : c.head_dim);
     if (c.attn_scalar > 0 && c.attn_scalar != derived)
       w.add_f32(a + "attention.scale", 1.f / std::sqrt(c.attn_scalar));
+    if (g3 && c.rope_local_theta > 0) w.add_f32(a + "rope.freq_base_swa", c.rope_local_theta);
   }
-  if (c.sliding_window > 0) {  // llama.cpp's key has no per-layer form (gemma2: even layers)
-    bool even = c.gemma;
-    for (int l = 0; l < c.n_layers && even; ++l) even = c.layer_slides(l) == (l % 2 == 0);
-    QLFT_CHECK_ARG(c.sliding_layers.empty() || even,
+  if (c.sliding_window > 0) {
+    // llama.cpp's key has no per-layer form: gemma2 slides on even layers, gemma3 on all but
+    // every pattern-th (attention.sliding_window_pattern, the first full layer + 1).
+    int pattern = 2;
+    if (g3) {
+      pattern = c.n_layers + 1;
+      for (int l = 0; l < c.n_layers; ++l)
+        if (!c.layer_slides(l)) {
+          pattern = l + 1;
+          break;
+        }
+    }
+    bool fits = c.gemma;
+    for (int l = 0; l < c.n_layers && fits; ++l)
+      fits = c.layer_slides(l) == (l % pattern < pattern - 1);
+    QLFT_CHECK_ARG(c.sliding_layers.empty() || fits,
                    "merged GGUF export: a sliding window on some layers only has no GGUF form");
     w.add_u32(a + "attention.sliding_window", static_cast<uint32_t>(c.sliding_window));
+    if (g3) w.add_u32(a + "attention.sliding_window_pattern", static_cast<uint32_t>(pattern));
   }
   if (m.gguf)
     for (const auto& kv : m.gguf->metadata())
@@ -381,6 +399,10 @@ void export_gguf(const Model& m, const LoraAdapter* lora, const std::string& pat
     vec("rope_freqs.weight", c.rope.freq_divisors);
   else if (c.rope.type == RopeType::Llama3)
     vec("rope_freqs.weight", llama3_divisors(c));
+  if (c.rope.type == RopeType::LongRope) {
+    vec("rope_factors_long.weight", c.rope.long_factor);
+    vec("rope_factors_short.weight", c.rope.short_factor);
+  }
   mat("token_embd.weight", dequant(m.tok_embd), m.tok_embd.rows, m.tok_embd.cols);
   vec("output_norm.weight", copy_f32(m.output_norm));
   if (m.output.rows) mat("output.weight", dequant(m.output), m.output.rows, m.output.cols);
@@ -393,9 +415,26 @@ void export_gguf(const Model& m, const LoraAdapter* lora, const std::string& pat
       vec(b + "post_attention_norm.weight", copy_f32(L.post_attn_norm));
       vec(b + "post_ffw_norm.weight", copy_f32(L.post_ffn_norm));
     }
+    if (!L.moe.w1.empty()) {  // the router (F32) and the experts stacked [E, rows, cols]
+      w.add_tensor_f32(b + "ffn_gate_inp.weight", {L.moe.router.cols, L.moe.router.rows},
+                       dequant(L.moe.router).data(), GgmlType::F32);
+      for (const auto& [name, ex] : {std::pair{"ffn_gate_exps", &L.moe.w1},
+                                     {"ffn_up_exps", &L.moe.w3},
+                                     {"ffn_down_exps", &L.moe.w2}}) {
+        std::vector<float> all;
+        for (const QWeight& q : *ex) {
+          const std::vector<float> t = dequant(q);
+          all.insert(all.end(), t.begin(), t.end());
+        }
+        const QWeight& q0 = ex->front();
+        w.add_tensor_f32(b + name + ".weight", {q0.cols, q0.rows, static_cast<int64_t>(ex->size())},
+                         all.data(), store);
+      }
+    }
     for (int pi = 0; pi < kProjCount; ++pi) {
       Proj p = static_cast<Proj>(pi);
       const QWeight& q = L.proj[pi];
+      if (!q.rows) continue;  // (an MoE layer's dense MLP)
       std::vector<float> t = merged_weight(m, lora, l, p);
       to_order(m.shapes, p, t, q.cols, adjacent);
       if (fused.on(p, t, q.rows)) {  // phi3: llama.cpp's attn_qkv and ffn_up (gate first)

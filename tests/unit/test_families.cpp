@@ -203,7 +203,7 @@ void check_exports(const std::string& family, bool gguf = true) {
   if (!gguf) return;
   export_merged(*model, &lora, dir + "/merged.gguf", "gguf-f16");
   auto mg = load_model(&tr, dir + "/merged.gguf", keep());
-  EXPECT_EQ(mg->cfg.arch, family == "mistral" ? "llama" : family);
+  EXPECT_EQ(mg->cfg.arch, family == "mistral" ? "llama" : ms->cfg.arch);
   for (size_t l = 0; l < mg->shapes.layers.size(); ++l) {  // llama.cpp's arch and row order aside
     EXPECT_EQ(mg->shapes.layers[l].window, ms->shapes.layers[l].window) << "layer " << l;
     EXPECT_EQ(mg->shapes.layers[l].qk_norm, ms->shapes.layers[l].qk_norm) << "layer " << l;
@@ -211,6 +211,45 @@ void check_exports(const std::string& family, bool gguf = true) {
   std::vector<float> g = logits_of(*mg, *be, nullptr, bt);
   // F16 matrices: the merged weights rounded once.
   EXPECT_LT(max_rel_error(g.data(), ref.data(), ref.size()), 4e-3) << "merged GGUF F16";
+}
+
+// The merged GGUF of the base model against syn_<family>.gguf, written by gguf-py with
+// llama.cpp's names and keys (gen_family_fixtures.py): the same tensors (name, shape, type),
+// every metadata key of the fixture but general.name, and the fixture's logits (both F16 of the
+// same fp16-exact weights).
+void expect_gguf_like_fixture(const std::string& family) {
+  set_num_threads(1);
+  MemoryTracker tr;
+  auto model = load_model(&tr, family_fixture("syn_" + family), keep());
+  const std::string path = qlft_test::temp_dir("family_gguf_" + family) + "/base.gguf";
+  export_merged(*model, nullptr, path, "gguf-f16");
+  auto ours = GgufFile::open(path);
+  auto ref = GgufFile::open(family_fixture("syn_" + family + ".gguf"));
+  std::set<std::string> names;
+  for (const GgufTensorInfo& t : ours->tensors()) names.insert(t.name);
+  for (const GgufTensorInfo& t : ref->tensors()) {
+    const GgufTensorInfo* o = ours->find_tensor(t.name);
+    if (!o) {
+      ADD_FAILURE() << "tensor " << t.name << " not written";
+      continue;
+    }
+    names.erase(t.name);
+    EXPECT_EQ(o->type, t.type) << t.name;
+    EXPECT_EQ(std::vector<int64_t>(o->ne, o->ne + 4), std::vector<int64_t>(t.ne, t.ne + 4))
+        << t.name;
+  }
+  EXPECT_TRUE(names.empty()) << "tensors the fixture lacks: " << *names.begin();
+  for (const auto& kv : ref->metadata())
+    if (kv.first != "general.name") EXPECT_TRUE(ours->find(kv.first)) << kv.first;
+  auto be = make_cpu_backend(&tr);
+  Fixture f(family_fixture("syn_" + family + ".lora.safetensors"));
+  std::vector<int32_t> tok;
+  TokenBatch bt = batch_of(f, tok, nullptr);
+  auto mg = load_model(&tr, path, keep());
+  auto mr = load_model(&tr, family_fixture("syn_" + family + ".gguf"), keep());
+  const std::vector<float> a = logits_of(*mg, *be, nullptr, bt),
+                           b = logits_of(*mr, *be, nullptr, bt);
+  EXPECT_LT(max_rel_error(a.data(), b.data(), b.size()), 1e-6) << "exported vs gguf-py GGUF";
 }
 
 }  // namespace
@@ -347,24 +386,19 @@ TEST(Families, Gemma2MatchesTransformersAndPeft) {
 
 // Gemma 3 (text): gemma2's block without soft-caps, (1 + w) q / k norms per head, RoPE base
 // 1e4 on the sliding layers and 1e6 with linear scaling (factor 2) on the full one, window 5 on
-// layers 0 and 1 of 3. From safetensors and from llama.cpp's "gemma3" GGUF (a merged GGUF
-// export is refused).
+// layers 0 and 1 of 3. From safetensors and from llama.cpp's "gemma3" GGUF; the merged GGUF
+// export writes the local base (rope.freq_base_swa) and the pattern (sliding_window_pattern).
 TEST(Families, Gemma3MatchesTransformersAndPeft) {
   check_family("gemma3");
 }
 TEST(Families, Gemma3ExportsLoadInPeft) {
-  check_exports("gemma3", false);
+  check_exports("gemma3");
+  expect_gguf_like_fixture("gemma3");
   MemoryTracker tr;
   auto m = load_model(&tr, family_fixture("syn_gemma3"), keep());
   EXPECT_EQ(m->cfg.rope_local_theta, 10000.f);
   EXPECT_EQ(m->cfg.rope_theta, 1000000.f);
   EXPECT_EQ(m->shapes.layers[2].window, 0);
-  try {
-    export_merged(*m, nullptr, qlft_test::temp_dir("gemma3_gguf") + "/m.gguf", "gguf-f16");
-    ADD_FAILURE() << "a gemma3 merged GGUF was written";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("per-layer RoPE bases"), std::string::npos) << e.what();
-  }
 }
 
 // Gemma 3's image-text model (Gemma3ForConditionalGeneration from Gemma3Config: syn_gemma3's text
@@ -908,17 +942,11 @@ TEST(Families, MixtralMatchesTransformersAndPeft) {
 }
 
 // The PEFT adapter's names and the merged safetensors export (experts and router written as
-// Mixtral's files name them) against merge_and_unload; merged GGUF refused by name.
+// Mixtral's files name them) against merge_and_unload; the merged GGUF ("llama" with stacked
+// ffn_*_exps and ffn_gate_inp) loads back with those logits and is laid out as gguf-py's.
 TEST(Families, MixtralExportsLoadInPeft) {
-  check_exports("mixtral", false);
-  MemoryTracker tr;
-  auto model = load_model(&tr, family_fixture("syn_mixtral"), keep());
-  try {
-    export_merged(*model, nullptr, qlft_test::temp_dir("mixtral_gguf") + "/m.gguf", "gguf-f16");
-    ADD_FAILURE() << "merged GGUF of a mixture of experts was written";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("ffn_*_exps"), std::string::npos) << e.what();
-  }
+  check_exports("mixtral");
+  expect_gguf_like_fixture("mixtral");
 }
 
 // The shape table's expert rows, checkpointing (the recomputed layer routes again) and 16-bit
@@ -1254,7 +1282,8 @@ TEST(Families, MoeGgufGroupsReloadAndReadByRange) {
 }
 
 TEST(Families, Qwen3MoeExportsLoadInPeft) {
-  check_exports("qwen3_moe", false);
+  check_exports("qwen3_moe");
+  expect_gguf_like_fixture("qwen3_moe");
 }
 
 // Done-when 4 for Qwen3-30B-A3B (Qwen/Qwen3-30B-A3B's config.json, bf16, no weights): 128

@@ -20,6 +20,7 @@
 
 #include "backend/backend.h"
 #include "core/error.h"
+#include "formats/gguf.h"
 #include "formats/json_file.h"
 #include "model/rope_scaling.h"
 #include "rope_scaling_util.h"
@@ -385,6 +386,23 @@ TEST(RopeScaling, LongRopePhi3LogitsMatchTransformers) {
   MemoryTracker tr;
   auto m = load(&tr, dir);
   expect_longrope_phi3_logits(*m);
+  // The merged GGUF in llama.cpp's form: the factors as the gguf-py fixture's tensors, the
+  // original length and attention factor as its keys; reloaded, transformers' logits again.
+  export_merged(*m, nullptr, dir + "/m.gguf", "gguf-f16");
+  auto ours = GgufFile::open(dir + "/m.gguf");
+  auto ref = GgufFile::open(fixture("longrope_phi3.gguf"));
+  for (const char* n : {"rope_factors_long.weight", "rope_factors_short.weight"}) {
+    ASSERT_TRUE(ours->find_tensor(n)) << n;
+    EXPECT_EQ(ours->find_tensor(n)->type, ref->find_tensor(n)->type) << n;
+    EXPECT_EQ(ours->find_tensor(n)->ne[0], ref->find_tensor(n)->ne[0]) << n;
+  }
+  for (const char* k : {"phi3.rope.scaling.original_context_length", "phi3.context_length"})
+    EXPECT_EQ(ours->get_int(k, -1), ref->get_int(k, -2)) << k;
+  const char* attn = "phi3.rope.scaling.attn_factor";
+  EXPECT_NEAR(ours->get_float(attn, -1), ref->get_float(attn, -2), 1e-6);
+  EXPECT_FALSE(ours->find("phi3.rope.scaling.type"));
+  auto back = load(&tr, dir + "/m.gguf");
+  expect_longrope_phi3_logits(*back);
 }
 
 // llama.cpp's form of the same model (gguf-py, Phi3MiniModel's names): rope_factors_long /
