@@ -31,9 +31,6 @@ Generator::Generator(const Model& model, Backend& backend, const LoraAdapter* lo
   if (!ws_) model.require_resident("generation");
   const ModelConfig& c = model.cfg;
   require_gemma_ops(c, backend);  // so Gemma's norms below are host arrays
-  QLFT_CHECK_ARG(!model.shapes.any_moe() || !backend.device_memory(),
-                 "generation from %s (mixture-of-experts layers) needs backend=cpu, not %s",
-                 c.arch.c_str(), backend.name());
   max_len_ = max_len > 0 ? max_len : rope_context_length(c);
   QLFT_CHECK_ARG(max_len_ > 0 && max_len_ <= (1 << 24), "generation length %d is out of range",
                  max_len_);
@@ -213,7 +210,7 @@ void Generator::run(const int32_t* tokens, int n) {
     if (post) be_.rmsnorm_fwd(xn.as_const(), L.post_attn_norm.as<float>(), c.rms_eps, mid, nullptr);
     be_.add(mid.data, x.data, n * static_cast<int64_t>(c.dim));
     be_.rmsnorm_fwd(mid.as_const(), w(&LayerCopy::ffn_norm, L.ffn_norm), c.rms_eps, xn, nullptr);
-    if (model_.shapes.layers[static_cast<size_t>(l)].moe()) {  // the experts (host backends)
+    if (model_.shapes.layers[static_cast<size_t>(l)].moe()) {  // the experts (moe_fwd: any backend)
       MoeSaved routed;
       moe_fwd(be_, L.moe, xn.as_const(), x, routed);
       be_.add(x.data, mid.data, n * static_cast<int64_t>(c.dim));

@@ -164,10 +164,11 @@ TEST(CudaGenerate, ArgmaxTiesAndPositionsOnDevice) {
 // The Generator on the CUDA backend, KV cache on the device, against transformers' logits with
 // the fixture's PEFT adapter (the prompt in a chunk, then token by token, then a chunk) and
 // against the CPU backend's Generator: q/k/v biases (qwen2), per-head q / k norms (qwen3) and a
-// sliding window shorter than the sequence (mistral, window 5).
+// sliding window shorter than the sequence (mistral, window 5); mixture-of-experts layers
+// (mixtral, qwen3_moe: moe_fwd's routing through the host, the experts on the device).
 TEST(CudaGenerate, KvCacheLogitsFollowTransformersAndCpu) {
   QLFT_NEED_GPU();
-  for (const char* fam : {"qwen2", "qwen3", "mistral"}) {
+  for (const char* fam : {"qwen2", "qwen3", "mistral", "mixtral", "qwen3_moe"}) {
     SCOPED_TRACE(fam);
     MemoryTracker tr;
     auto model = load_model(&tr, fixture(fam), model_test::keep());
@@ -194,6 +195,27 @@ TEST(CudaGenerate, KvCacheLogitsFollowTransformersAndCpu) {
     std::printf("%s: generation logits on cuda vs transformers %.3g\n", fam, e);
     EXPECT_LT(e, 1e-4);
     EXPECT_LT(norm_err(g, c), 1e-5);
+  }
+}
+
+// Greedy generation of the MoE fixtures (no adapter) with backend=cuda: the ids of backend=cpu
+// and of transformers' generate (the fixture's greedy continuation of its prompt).
+TEST(CudaGenerate, MoeGreedyIdsEqualCpuAndTransformers) {
+  QLFT_NEED_GPU();
+  for (const char* fam : {"mixtral", "qwen3_moe"}) {
+    SCOPED_TRACE(fam);
+    MemoryTracker tr;
+    auto model = load_model(&tr, fixture(fam), model_test::keep());
+    model_test::Fixture f(lora_fixture(fam));
+    const std::vector<int32_t> prompt = f.i32("prompt"), want = f.i32("greedy");
+    GenerateOptions opt;
+    opt.max_tokens = static_cast<int>(want.size());
+    auto cpu = make_cpu_backend(&tr);
+    auto gpu = fp32_gpu(&tr);
+    const std::vector<int32_t> c = Generator(*model, *cpu, nullptr, 64).generate(prompt, opt);
+    const std::vector<int32_t> g = Generator(*model, *gpu, nullptr, 64).generate(prompt, opt);
+    EXPECT_EQ(c, want);
+    EXPECT_EQ(g, c);
   }
 }
 
