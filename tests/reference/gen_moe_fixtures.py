@@ -19,7 +19,9 @@ mixtral_block_top1.safetensors (top_k 1), read by tests/unit/test_moe.cpp:
   top_k [1] int32, index [rows, top_k] int32 (torch.topk's experts), weight [rows, top_k]
 metadata: transformers version, MixtralConfig fields used.
 
-mixtral_block_lora.safetensors: the top_k 2 block with a PEFT LoRA (LoraConfig target_parameters
+mixtral_block_lora.safetensors (and qwen3_moe_block_lora.safetensors: Qwen3MoeSparseMoeBlock,
+whose experts hold the same fused layout, norm_topk_prob False; norm_topk [1] int32 says which):
+the top_k 2 block with a PEFT LoRA (LoraConfig target_parameters
 ["experts.gate_up_proj", "experts.down_proj", "gate.weight"], r 2, alpha 6: ParamWrapper on
 each) whose B factors are random (non-zero, so A's gradients are not trivial). As PEFT holds them:
   gate_up.A [E r, dim], gate_up.B [2 ffn, r E], down.A [E r, ffn], down.B [dim, r E]
@@ -45,22 +47,32 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "fixtures", "moe")
 
 
-def make_block(top_k, seed):
-    """A MixtralSparseMoeBlock (4 experts, dim 24, ffn 40) with random weights, and its config."""
+def make_block(top_k, seed, family="mixtral"):
+    """A MixtralSparseMoeBlock (4 experts, dim 24, ffn 40) with random weights, and its config;
+    family qwen3_moe: a Qwen3MoeSparseMoeBlock of those sizes, norm_topk_prob False (the top-k
+    weights not renormalised). Returns the block, (E, F, D, K) and whether it renormalises."""
     torch.manual_seed(seed)
-    cfg = MixtralConfig(hidden_size=24, intermediate_size=40, num_local_experts=4,
-                        num_experts_per_tok=top_k, hidden_act="silu", router_jitter_noise=0.0)
-    block = MixtralSparseMoeBlock(cfg).float().eval()
+    if family == "qwen3_moe":
+        from transformers import Qwen3MoeConfig
+        from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+        cfg = Qwen3MoeConfig(hidden_size=24, moe_intermediate_size=40, num_experts=4,
+                             num_experts_per_tok=top_k, norm_topk_prob=False, hidden_act="silu")
+        block = Qwen3MoeSparseMoeBlock(cfg).float().eval()
+        sizes = (cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size, top_k)
+    else:
+        cfg = MixtralConfig(hidden_size=24, intermediate_size=40, num_local_experts=4,
+                            num_experts_per_tok=top_k, hidden_act="silu", router_jitter_noise=0.0)
+        block = MixtralSparseMoeBlock(cfg).float().eval()
+        sizes = (cfg.num_local_experts, cfg.intermediate_size, cfg.hidden_size, top_k)
     with torch.no_grad():
         block.gate.weight.normal_(0, 0.4)
         block.experts.gate_up_proj.normal_(0, 0.2)
         block.experts.down_proj.normal_(0, 0.2)
-    return block, cfg
+    return block, sizes, family != "qwen3_moe"
 
 
 def block_fixture(top_k, seed, name):
-    block, cfg = make_block(top_k, seed)
-    E, F, D, K = cfg.num_local_experts, cfg.intermediate_size, cfg.hidden_size, cfg.num_experts_per_tok
+    block, (E, F, D, K), _ = make_block(top_k, seed)
     rows = 14
     while True:
         x = torch.randn(2, rows // 2, D)
@@ -105,12 +117,11 @@ def block_fixture(top_k, seed, name):
           "max |dx|", dx.abs().max().item())
 
 
-def lora_block_fixture(seed, name):
+def lora_block_fixture(seed, name, family="mixtral"):
     from peft import LoraConfig, get_peft_model
     import peft
 
-    block, cfg = make_block(2, seed)
-    E, F, D, K = cfg.num_local_experts, cfg.intermediate_size, cfg.hidden_size, cfg.num_experts_per_tok
+    block, (E, F, D, K), norm = make_block(2, seed, family)
     frozen = {"router": block.gate.weight.detach().clone()}
     for i in range(E):
         gu = block.experts.gate_up_proj[i].detach()
@@ -153,14 +164,15 @@ def lora_block_fixture(seed, name):
     (out * dout).sum().backward()
     t = dict(frozen)
     t.update({"x": x, "out": out.detach(), "dout": dout, "dx": xi.grad.detach(),
-              "top_k": torch.tensor([K], dtype=torch.int32)})
+              "top_k": torch.tensor([K], dtype=torch.int32),
+              "norm_topk": torch.tensor([int(norm)], dtype=torch.int32)})
     for k, p in lora.items():
         t[k] = p.detach()
         t[k.replace(".A", ".dA").replace(".B", ".dB")] = p.grad.detach()
     t = {k: v.contiguous().clone() for k, v in t.items()}
     save_file(t, os.path.join(OUT, name), metadata={
         "transformers": transformers.__version__, "torch": torch.__version__,
-        "peft": peft.__version__, "r": str(r), "lora_alpha": "6",
+        "peft": peft.__version__, "r": str(r), "lora_alpha": "6", "family": family,
         "num_local_experts": str(E), "num_experts_per_tok": str(K),
         "hidden_size": str(D), "intermediate_size": str(F)})
     print(name, "max |dx|", xi.grad.abs().max().item(),
@@ -172,6 +184,7 @@ def main():
     # top_k 1: the one weight is p / p = 1, so no gradient reaches the router's path.
     block_fixture(1, 4802, "mixtral_block_top1.safetensors")
     lora_block_fixture(4803, "mixtral_block_lora.safetensors")
+    lora_block_fixture(4804, "qwen3_moe_block_lora.safetensors", "qwen3_moe")
     fixture_versions.write(OUT, __file__)
 
 

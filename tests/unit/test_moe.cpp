@@ -43,6 +43,7 @@ struct Block {
   MoeWeights weights(MemoryTracker* t, QuantKind kind) const {
     MoeWeights w;
     w.top_k = K;
+    if (f.has("norm_topk")) w.norm_topk = f.i32("norm_topk")[0] != 0;  // (Qwen3-MoE's: false)
     auto q = [&](const std::string& n, QuantKind k) {
       auto v = f.f32(n);
       return qweight_from_f32(t, v.data(), f.shape(n)[0], f.shape(n)[1], k);
@@ -89,11 +90,13 @@ TEST_P(MoeBlock, MatchesTransformers) {
 INSTANTIATE_TEST_SUITE_P(Moe, MoeBlock, ::testing::Values("mixtral_block", "mixtral_block_top1"));
 
 // PEFT's LoRA on the experts' fused gate_up_proj and down_proj and on the router (LoraConfig
-// target_parameters, ParamWrapper; fixture mixtral_block_lora of gen_moe_fixtures.py, random
-// non-zero B): the output, the input gradient and the gradients of every lora_A / lora_B in
-// PEFT's layouts (1e-4).
-TEST(Moe, ExpertAndRouterLoraMatchPeft) {
-  Block b("mixtral_block_lora");
+// target_parameters, ParamWrapper; fixtures mixtral_block_lora and qwen3_moe_block_lora (top-k
+// weights not renormalised) of gen_moe_fixtures.py, random non-zero B): the output, the input
+// gradient and the gradients of every lora_A / lora_B in PEFT's layouts (1e-4).
+class MoeLoraBlock : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(MoeLoraBlock, ExpertAndRouterLoraMatchPeft) {
+  Block b(GetParam());
   MemoryTracker tracker;
   std::unique_ptr<Backend> be = make_cpu_backend(&tracker);
   MoeWeights w = b.weights(&tracker, QuantKind::F32);
@@ -145,6 +148,9 @@ TEST(Moe, ExpertAndRouterLoraMatchPeft) {
                        MatF(dx.data(), b.R, b.D)),
                Error);
 }
+
+INSTANTIATE_TEST_SUITE_P(Moe, MoeLoraBlock,
+                         ::testing::Values("mixtral_block_lora", "qwen3_moe_block_lora"));
 
 // The names PEFT 0.21 users pass for an MoE layer's experts and router (Mixtral's w1 / w2 / w3 and
 // gate, which PEFT maps onto target_parameters, and those parameters' own names) are refused
