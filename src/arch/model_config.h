@@ -85,7 +85,8 @@ struct ModelConfig : ModelDims {
   // Mixture-of-experts MLPs (mixtral): n_experts SwiGLU experts of expert_ffn rows each, the
   // router's top_k per row (their weights renormalised to sum 1 when norm_topk), on the layers
   // moe_layers marks (empty: all). 0 experts: dense MLPs. The load-balancing loss
-  // (router_aux_loss_coef) enters the loss only with output_router_logits, as in transformers.
+  // (router_aux_loss_coef) enters the loss with output_router_logits, as in transformers (what
+  // moe.aux_loss=auto follows).
   struct Moe {
     int n_experts = 0, top_k = 0;
     int64_t expert_ffn = 0;

@@ -254,6 +254,15 @@ const KeyDef kKeys[] = {
      "CLI) reads data.path as such JSON lines (prompt / answers as strings, or as chat messages "
      "through data.template); a step takes train.micro_batch pairs (examples) per micro-batch. "
      "Preference data has no evaluation split, and a resumed run restarts its data order."},
+    {"moe.aux_loss", KeyType::Enum, "auto", 0, 0, "auto|on|off",
+     "Mixture-of-experts models: add moe.aux_loss_coef times the load-balancing auxiliary loss "
+     "(transformers' load_balancing_loss_func over every MoE layer's router of the micro-batch) "
+     "to the training loss and its gradient, as transformers does with output_router_logits. "
+     "auto: as the model's config.json says (output_router_logits). Not with train.objective "
+     "other than sft."},
+    {"moe.aux_loss_coef", KeyType::Float, "auto", 0, 1e6, "auto",
+     "The load-balancing loss's weight (moe.aux_loss). auto: the model's router_aux_loss_coef "
+     "(transformers' default 0.001 when config.json does not state it)."},
     {"pref.beta", KeyType::Float, "0.1", 1e-6, 1e6, "",
      "Preference objectives' beta (TRL's): DPO / KTO / SimPO temperature, IPO's regularization "
      "tau, ORPO's lambda (weight of the odds-ratio term)."},
@@ -350,7 +359,7 @@ std::string key_allowed(const KeyDef& k) {
     case KeyType::Int:
       return *k.choices ? range_text(k) + " or " + k.choices : range_text(k);
     case KeyType::Float:
-      return range_text(k);
+      return *k.choices ? range_text(k) + " or " + k.choices : range_text(k);
     case KeyType::Bool:
       return "true|false";
     case KeyType::Enum:
@@ -393,6 +402,8 @@ std::string validate_value(const KeyDef& k, const std::string& raw) {
       return std::to_string(x);
     }
     case KeyType::Float: {
+      // A float key may also accept words listed in choices (moe.aux_loss_coef=auto).
+      if (*k.choices && in_choices(k.choices, lower(v))) return lower(v);
       errno = 0;
       char* end = nullptr;
       double x = std::strtod(v.c_str(), &end);

@@ -167,6 +167,9 @@ TrainSpec parse_train(const Config& c) {
   s.mlp_tile_rows = c.get("train.mlp_tile_rows") == "auto" ? -1 : c.get_int("train.mlp_tile_rows");
   s.offload_checkpoints = c.get("train.offload_checkpoints") == "on";
   s.offload_checkpoints_auto = c.get("train.offload_checkpoints") == "auto";
+  const std::string aux = c.get("moe.aux_loss");
+  s.moe_aux_loss = aux == "auto" ? -1 : aux == "on" ? 1 : 0;
+  s.moe_aux_coef = c.get("moe.aux_loss_coef") == "auto" ? -1 : c.get_float("moe.aux_loss_coef");
   s.eval_every = c.get_int("train.eval_every");
   s.save_every = c.get_int("train.save_every");
   s.output_dir = c.get("train.output_dir");

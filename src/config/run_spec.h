@@ -205,6 +205,10 @@ struct TrainSpec {
   bool offload_checkpoints_auto = false;
   int64_t eval_every = 0, save_every = 0;
   std::string output_dir = "qlft-out";
+  // moe.aux_loss (-1 auto: the model's output_router_logits, 0 off, 1 on) and moe.aux_loss_coef
+  // (< 0 auto: the model's router_aux_loss_coef).
+  int moe_aux_loss = -1;
+  double moe_aux_coef = -1;
   bool stop_on_nonfinite = false;  // train.on_nonfinite=stop
   int max_nonfinite = 10;
   uint64_t seed = 42;  // the `seed` key

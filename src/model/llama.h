@@ -65,12 +65,19 @@ struct TokenBatch {
                                        // nullptr for logits only
   const int32_t* positions = nullptr;  // optional RoPE positions (packing); default t
   const int32_t* doc_ids = nullptr;    // optional document ids: attention stays inside a doc
+  // optional, host [batch * seq]: 0 marks a padding slot, as transformers' attention_mask; only
+  // the MoE load-balancing loss reads it (it weighs real tokens only); attention is doc_ids'
+  const uint8_t* attention_mask = nullptr;
   int64_t rows() const { return static_cast<int64_t>(batch) * seq; }
 };
 
 struct LossResult {
   double loss_sum = 0;  // sum of token cross-entropies over counted targets
   int64_t count = 0;    // targets != kIgnoreIndex
+  // A training forward with the MoE load-balancing loss (LlamaRunner::set_moe_aux_loss): coef x
+  // that loss, in loss_sum as count x it (the step's token mean of it weighs each forward by its
+  // trained tokens, as the cross-entropy's), and trained with it.
+  double moe_aux = 0;
   double mean() const { return count ? loss_sum / static_cast<double>(count) : 0.0; }
 };
 
@@ -178,6 +185,13 @@ class LlamaRunner {
   // The tile the last batch ran with (0: whole).
   int64_t mlp_tile() const { return tile_; }
 
+  // Mixture-of-experts models: every training forward adds coef x transformers'
+  // load_balancing_loss_func over its MoE layers (model/moe.h moe_aux_loss; rows as
+  // TokenBatch::attention_mask weighs them) to the loss (LossResult::moe_aux) and its gradient;
+  // 0 (the default): none. Not with a SeqObjective.
+  void set_moe_aux_loss(float coef);
+  float moe_aux_loss_coef() const { return moe_aux_coef_; }
+
   // Training forward: runs the model, keeps what backward() needs, and returns the loss sum
   // and count. grad_scale multiplies d(loss_sum) in backward; 0 means 1 / count (the gradient
   // of this batch's mean loss). dropout_seed selects the LoRA dropout masks of this step.
@@ -282,6 +296,10 @@ class LlamaRunner {
   void mlp_tile_fwd(int l, LayerActs& a, int64_t r0, int64_t n, float* out);
   int64_t engaged_tile(int64_t rows) const;
   LossResult run_forward(const TokenBatch& b, bool training, float grad_scale, MatF logits);
+  // The MoE layers' row weights set before the layers (TokenBatch::attention_mask), and their
+  // load-balancing loss after them with its gradient at grad_scale x count (coef x the loss).
+  void moe_aux_begin(const TokenBatch& b);
+  double moe_aux_end(float grad_scale, int64_t count);
   // The fused cross-entropy (Backend::linear_cross_entropy) over a head ws hands out in row
   // slices (WeightStream::rows_sharded). Host memory.
   // The loss and gradient of the head per batch row (a SeqObjective); the loss sum.
@@ -344,7 +362,9 @@ class LlamaRunner {
   // Per layer, what an MoE layer's forward keeps for its backward (model/moe.h; the backend's
   // memory, rewritten by a checkpointed layer's recomputation); empty for dense layers.
   std::vector<MoeSaved> moe_saved_;
-  Buffer xnf_, rstdf_, dxnf_;  // final norm output, its rstd, and d(loss)/d(xnf)
+  float moe_aux_coef_ = 0.f;           // set_moe_aux_loss
+  std::vector<float> moe_row_weight_;  // the batch's attention mask as MoeSaved::aux's weights
+  Buffer xnf_, rstdf_, dxnf_;          // final norm output, its rstd, and d(loss)/d(xnf)
   std::unique_ptr<Grads> grads_;
   LoraGradSink* sink_ = nullptr;
   std::unique_ptr<LoraExtras> extras_;

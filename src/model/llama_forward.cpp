@@ -192,6 +192,7 @@ LossResult LlamaRunner::run_forward(const TokenBatch& b, bool training, float gr
   lora_to_device();
   lora16_refresh();
   const int64_t R = rows_;
+  moe_aux_begin(b);
   // Units in the order they are used (model/weight_stream.h); each one names the next.
   WeightStream* ws = model_.stream.get();
   {
@@ -286,8 +287,44 @@ LossResult LlamaRunner::run_forward(const TokenBatch& b, bool training, float gr
     res.loss_sum = be_.linear_cross_entropy(model_.head(), cmat(xnf_, R, c.dim), tg, kIgnoreIndex,
                                             grad_scale, dh, &got);
   res.count = got;
+  if (training && moe_aux_coef_ > 0.f) {
+    if (seq_obj_)
+      throw_error(QLFT_ERR_UNSUPPORTED,
+                  "the MoE load-balancing loss (moe.aux_loss) is not implemented for preference "
+                  "objectives; set moe.aux_loss=off");
+    res.moe_aux = moe_aux_end(grad_scale, got);
+    res.loss_sum += res.moe_aux * static_cast<double>(got);
+  }
   have_forward_ = training;
   return res;
+}
+
+void LlamaRunner::set_moe_aux_loss(float coef) {
+  QLFT_CHECK_ARG(coef >= 0.f && std::isfinite(coef),
+                 "moe.aux_loss_coef must be a finite number >= 0, not %g", double(coef));
+  QLFT_CHECK_ARG(coef == 0.f || model_.shapes.any_moe(),
+                 "moe.aux_loss: the model (%s) has no mixture-of-experts layers",
+                 model_.cfg.arch.c_str());
+  moe_aux_coef_ = coef;
+}
+
+void LlamaRunner::moe_aux_begin(const TokenBatch& b) {
+  moe_row_weight_.clear();
+  if (b.attention_mask)
+    for (int64_t r = 0; r < b.rows(); ++r)
+      moe_row_weight_.push_back(b.attention_mask[r] ? 1.f : 0.f);
+  for (MoeSaved& s : moe_saved_) {
+    s.aux.row_weight = moe_row_weight_.empty() ? nullptr : moe_row_weight_.data();
+    s.aux.dprob.clear();  // set again by moe_aux_end when this forward trains with the loss
+  }
+}
+
+double LlamaRunner::moe_aux_end(float grad_scale, int64_t count) {
+  std::vector<MoeSaved*> layers;
+  for (int l = 0; l < model_.cfg.n_layers; ++l)
+    if (model_.shapes.layers[size_t(l)].moe()) layers.push_back(&moe_saved_[size_t(l)]);
+  const double coef = moe_aux_coef_;
+  return coef * moe_aux_loss(layers, coef * double(grad_scale) * double(count));
 }
 
 double LlamaRunner::seq_cross_entropy(const int32_t* targets, bool training, MatF dh,

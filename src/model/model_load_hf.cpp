@@ -149,13 +149,6 @@ void read_hf_moe(const JsonFile& cj, ModelConfig& c) {
     }
     if (all) m.layers.clear();  // empty: every layer
   }
-  // transformers adds router_aux_loss_coef times the load-balancing loss to the loss only with
-  // output_router_logits (default false): the runner does not compute it.
-  QLFT_CHECK_FORMAT(!m.aux_loss,
-                    "%s: output_router_logits is true: qlft does not add the load-balancing "
-                    "auxiliary loss (router_aux_loss_coef %g) yet; set it false (transformers' "
-                    "default) to train without it",
-                    cj.path().c_str(), static_cast<double>(m.aux_coef));
   // Jitter multiplies the router's input by noise in training: a model trained with it would
   // not follow transformers' deterministic routing.
   const double jitter = cj.get_float("router_jitter_noise", 0.0);

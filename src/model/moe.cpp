@@ -139,6 +139,17 @@ void moe_fwd(Backend& be, const MoeWeights& w, CMatF x, MatF out, MoeSaved& s,
   for (int64_t r = 0; r < R; ++r)
     route_row(&logits[static_cast<size_t>(r * E)], E, K, w.norm_topk, &probs[size_t(r * E)],
               &index[size_t(r * K)], &weight[size_t(r * K)]);
+  // The load-balancing loss's statistics (moe_aux_loss), over the weighted rows.
+  MoeSaved::MoeAux& aux = s.aux;
+  aux.count.assign(size_t(E), 0.0);
+  aux.prob.assign(size_t(E), 0.0);
+  aux.rows = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    const double m = aux.row_weight ? aux.row_weight[r] : 1.0;
+    aux.rows += m;
+    for (int k = 0; k < K; ++k) aux.count[size_t(index[size_t(r * K + k)])] += m;
+    for (int e = 0; e < E; ++e) aux.prob[size_t(e)] += m * probs[size_t(r * E + e)];
+  }
   // Packed expert by expert, each expert's rows in row order.
   s.offset.assign(static_cast<size_t>(E + 1), 0);
   for (int64_t i = 0; i < N; ++i) ++s.offset[static_cast<size_t>(index[size_t(i)]) + 1];
@@ -264,6 +275,10 @@ void moe_bwd(Backend& be, const MoeWeights& w, const MoeSaved& s, CMatF x, CMatF
   get(rl.pos, pos.data(), pos.size());
   std::vector<float> dz(static_cast<size_t>(R * E), 0.f);
   std::vector<double> dp(static_cast<size_t>(E));
+  const bool aux = !s.aux.dprob.empty();
+  QLFT_CHECK_ARG(!aux || s.aux.dprob.size() == size_t(E),
+                 "MoE backward: the auxiliary loss's gradient has %zu of %d experts",
+                 s.aux.dprob.size(), E);
   for (int64_t r = 0; r < R; ++r) {
     const float* p = &probs[size_t(r * E)];
     const int32_t* idx = &index[size_t(r * K)];
@@ -271,13 +286,15 @@ void moe_bwd(Backend& be, const MoeWeights& w, const MoeSaved& s, CMatF x, CMatF
     double S = 0, wg = 0;
     for (int k = 0; k < K; ++k)
       S += p[idx[k]], wg += double(wt[k]) * gpk[size_t(pos[size_t(r * K + k)])];
-    std::fill(dp.begin(), dp.end(), 0.0);
-    double pdp = 0;
+    // The load-balancing loss's gradient (moe_aux_loss) reaches every probability of the row.
+    const double m = aux ? (s.aux.row_weight ? s.aux.row_weight[r] : 1.0) : 0.0;
+    for (int e = 0; e < E; ++e) dp[size_t(e)] = aux ? m * s.aux.dprob[size_t(e)] : 0.0;
     for (int k = 0; k < K; ++k) {
       const double gk = gpk[size_t(pos[size_t(r * K + k)])];
-      dp[static_cast<size_t>(idx[k])] = w.norm_topk ? (gk - wg) / S : gk;
-      pdp += p[idx[k]] * dp[static_cast<size_t>(idx[k])];
+      dp[static_cast<size_t>(idx[k])] += w.norm_topk ? (gk - wg) / S : gk;
     }
+    double pdp = 0;
+    for (int e = 0; e < E; ++e) pdp += p[e] * dp[size_t(e)];
     for (int e = 0; e < E; ++e)
       dz[static_cast<size_t>(r * E + e)] =
           static_cast<float>(p[e] * (dp[static_cast<size_t>(e)] - pdp));
@@ -286,6 +303,29 @@ void moe_bwd(Backend& be, const MoeWeights& w, const MoeSaved& s, CMatF x, CMatF
   be.linear_bwd(w.router, rref.r ? &rref : nullptr, x, rref.r ? xa + ll.router : nullptr,
                 CMatF(dz.data(), R, E), dx, rref.r ? lora->router.d_a(0, D) : nullptr,
                 rref.r ? lora->router.d_b(0, E) : nullptr);
+}
+
+double moe_aux_loss(const std::vector<MoeSaved*>& layers, double scale) {
+  if (layers.empty()) return 0.0;
+  const size_t E = static_cast<size_t>(layers[0]->n_experts);
+  std::vector<double> count(E, 0.0), prob(E, 0.0);
+  double T = 0;
+  for (const MoeSaved* s : layers) {
+    QLFT_CHECK_ARG(s->aux.count.size() == E && s->aux.prob.size() == E,
+                   "MoE auxiliary loss: a layer of %zu experts among layers of %zu",
+                   s->aux.count.size(), E);
+    for (size_t e = 0; e < E; ++e) count[e] += s->aux.count[e], prob[e] += s->aux.prob[e];
+    T += s->aux.rows;
+  }
+  std::vector<double> dprob(E, 0.0);
+  double loss = 0;
+  if (T > 0)
+    for (size_t e = 0; e < E; ++e) {
+      loss += double(E) * (count[e] / T) * (prob[e] / T);
+      dprob[e] = scale * double(E) * (count[e] / T) / T;
+    }
+  for (MoeSaved* s : layers) s->aux.dprob = dprob;
+  return loss;
 }
 
 }  // namespace qlft

@@ -7,9 +7,11 @@
 // MoeLora (model/moe_lora.h, PEFT's target_parameters on the experts and the router) the
 // experts' and router's LoRA terms are added and their factors get gradients.
 //
-// The load-balancing auxiliary loss is not computed: transformers adds it only when called with
-// output_router_logits=True, and MixtralConfig's default is False (training a LoRA adapter with
-// the default config adds no aux loss), which is what this follows.
+// The load-balancing auxiliary loss (transformers' load_balancing_loss_func, added with
+// output_router_logits=True; qlft's moe.aux_loss): moe_fwd counts each layer's top-k assignments
+// and sums its router probabilities per expert (MoeAux), moe_aux_loss makes the loss of a forward
+// from every layer's counts and gives each layer the loss's gradient per probability, and moe_bwd
+// adds it to the routing's gradient through the softmax into the router's input.
 #pragma once
 
 #include <cstdint>
@@ -53,7 +55,24 @@ struct MoeSaved {
   // With a MoeLora: the LoRA inputs x A^T, moe_lora_layout's (empty without one).
   MoeLoraRanks ranks;
   Buffer lora;
+  // The load-balancing loss's statistics of this layer (host; E values each).
+  struct MoeAux {
+    const float* row_weight = nullptr;  // in: each row's weight [rows] (the attention mask;
+                                        // nullptr: every row 1), host, set before moe_fwd
+    std::vector<double> count, prob;    // out of moe_fwd: per expert, the weighted top-k
+                                        // assignments and the weighted router probabilities,
+    double rows = 0;                    // and the rows' weights summed
+    std::vector<double> dprob;          // in to moe_bwd: d loss / d probability of expert e for
+                                        // a row of weight 1 (empty: no auxiliary loss)
+  } aux;
 };
+
+// transformers' load_balancing_loss_func over the MoE layers of one forward (their MoeSaved,
+// after moe_fwd): with T the weighted rows summed over layers, f_e = (count_e summed over layers)
+// / T and P_e = (prob_e summed over layers) / T, the loss is E sum_e f_e P_e.
+// Each layer's aux.dprob becomes scale E f_e / T (the assignments carry no gradient, as in
+// torch): the gradient of scale x the loss. Returns the loss (0 without MoE layers or rows).
+double moe_aux_loss(const std::vector<MoeSaved*>& layers, double scale);
 
 // Offsets (in 4-byte elements) of MoeSaved::route's arrays and their total.
 struct MoeRouteLayout {

@@ -42,6 +42,26 @@ bool auto_offload_checkpoints(const Model& model, const RunSpec& spec, const Bac
       .offload_checkpoints;
 }
 
+// The MoE load-balancing loss's weight (LlamaRunner::set_moe_aux_loss) as moe.aux_loss and
+// moe.aux_loss_coef resolve for this model: auto follows its output_router_logits and
+// router_aux_loss_coef. 0: off.
+float moe_aux_coef(const ModelConfig& c, const RunSpec& spec) {
+  const TrainSpec& t = spec.train;
+  const bool on = t.moe_aux_loss < 0 ? c.moe.n_experts > 0 && c.moe.aux_loss : t.moe_aux_loss > 0;
+  if (!on) return 0.f;
+  QLFT_CHECK_ARG(c.moe.n_experts > 0, "moe.aux_loss=on: the model (%s) has no mixture of experts",
+                 c.arch.c_str());
+  QLFT_CHECK_ARG(spec.pref.objective == Objective::Sft,
+                 "moe.aux_loss: the MoE load-balancing loss is not implemented for "
+                 "train.objective other than sft; set moe.aux_loss=off");
+  const double coef = t.moe_aux_coef >= 0 ? t.moe_aux_coef : c.moe.aux_coef;
+  QLFT_CHECK_ARG(coef > 0,
+                 "moe.aux_loss is on but the load-balancing loss's weight is %g: the model file "
+                 "states no router_aux_loss_coef; set moe.aux_loss_coef",
+                 coef);
+  return static_cast<float>(coef);
+}
+
 // Where the optimizer state lives (offload.optimizer, offload.dir, offload.buffers): nvme
 // streams it through a file (parallel/nvme_state_store.h); otherwise host memory, or
 // paged_adamw8bit's paged files in offload.dir.
@@ -167,6 +187,7 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
     for (int l = 0; l < model.cfg.n_layers; ++l)
       runner_->set_checkpoint(l, l % ts_.checkpoint_every_layers == 0);
   runner_->set_mlp_tile_rows(mlp_tile_rows_of(model.shapes, spec.train.mlp_tile_rows));
+  runner_->set_moe_aux_loss(moe_aux_coef(model.cfg, spec));
   if (spec.train.offload_checkpoints_auto)
     ts_.offload_checkpoints = auto_offload_checkpoints(model, spec, *backend_, tracker);
   if (ts_.offload_checkpoints && spec.train.offload_checkpoints_auto)
@@ -368,6 +389,12 @@ void Trainer::step_on(const std::vector<data::Batch>& batches, StepReport* out) 
         continue;
       }
       TokenBatch tb = token_batch(b);
+      std::vector<uint8_t> real;  // the MoE load-balancing loss weighs the rows holding data
+      if (b.rows < b.micro_batch && runner_->moe_aux_loss_coef() > 0.f) {
+        real.assign(size_t(b.micro_batch) * size_t(b.seq_len), 0);
+        std::fill_n(real.begin(), size_t(b.rows) * size_t(b.seq_len), uint8_t(1));
+        tb.attention_mask = real.data();
+      }
       tracker_->set_phase("forward");
       {
         QLFT_PROFILE_SCOPE("forward");

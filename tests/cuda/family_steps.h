@@ -50,8 +50,10 @@ struct TrainRun {
   double loss = 0;
   std::vector<float> w;
 };
-inline std::pair<TrainRun, TrainRun> train_both(const std::string& family, const char* precision,
-                                                const char* targets, int steps) {
+// extra: further settings, the same on both.
+inline std::pair<TrainRun, TrainRun> train_both(
+    const std::string& family, const char* precision, const char* targets, int steps,
+    const std::vector<std::pair<const char*, const char*>>& extra = {}) {
   using namespace qlft;
   MemoryTracker tr;
   auto m = load_model(&tr, family_path(family), model_test::keep());
@@ -71,6 +73,7 @@ inline std::pair<TrainRun, TrainRun> train_both(const std::string& family, const
     c.set("seed", "7");
     c.set("data.seq_len", std::to_string(b.seq_len));
     c.set("train.micro_batch", std::to_string(b.micro_batch));
+    for (const auto& [k, v] : extra) c.set(k, v);
     Trainer t(*m, &tr, nullptr, parse_run_spec(c));
     std::vector<float> w0;
     for (const LoraAdapter::Param& p : t.lora().params()) w0.insert(w0.end(), p.w, p.w + p.n);

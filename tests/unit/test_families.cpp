@@ -42,15 +42,7 @@ std::string family_fixture(const std::string& rel) {
 
 // A copy of the synthetic Qwen3 directory with its config.json edited.
 std::string edited_qwen3(const std::function<void(nlohmann::json&)>& edit, const char* tag) {
-  const std::string src = family_fixture("syn_qwen3"), dir = qlft_test::temp_dir(tag);
-  const std::vector<uint8_t> cfg = qlft_test::read_file(src + "/config.json");
-  nlohmann::json j = nlohmann::json::parse(cfg.begin(), cfg.end());
-  edit(j);
-  const std::string text = j.dump();
-  qlft_test::write_file(dir + "/config.json", text.data(), text.size());
-  const std::vector<uint8_t> st = qlft_test::read_file(src + "/model.safetensors");
-  qlft_test::write_file(dir + "/model.safetensors", st.data(), st.size());
-  return dir;
+  return edited_model_dir(family_fixture("syn_qwen3"), edit, tag);
 }
 
 TokenBatch batch_of(const Fixture& f, std::vector<int32_t>& tok, std::vector<int32_t>* tgt) {
@@ -103,24 +95,8 @@ std::vector<float> check_parity(const std::string& model_path, const std::string
   LossResult r = run.forward(b);
   EXPECT_NEAR(r.mean(), loss_ref, kTol * std::fabs(loss_ref)) << "training loss";
   run.backward();
-  int n = 0;
   double worst = 0;
-  for (int l = 0; l < model->cfg.n_layers; ++l)
-    for (int p = 0; p < kProjCount; ++p) {
-      const std::string k =
-          "l" + std::to_string(l) + "." + proj_peft_name(static_cast<Proj>(p)) + ".";
-      if (!f.has(k + "gA")) continue;
-      for (auto [part, name] :
-           {std::pair{LoraAdapter::Part::dA, "gA"}, std::pair{LoraAdapter::Part::dB, "gB"}}) {
-        std::vector<float> g = lora.get_hf(l, static_cast<Proj>(p), part), gr = f.f32(k + name);
-        EXPECT_EQ(g.size(), gr.size()) << k << name;
-        if (g.size() != gr.size()) continue;
-        const double e = max_rel_error(g.data(), gr.data(), g.size());
-        EXPECT_LT(e, kTol) << k << name;
-        worst = std::max(worst, e);
-        ++n;
-      }
-    }
+  const int n = check_lora_grads(lora, f, "", kTol, &worst);
   int targets = 0;
   for (int p = 0; p < kProjCount; ++p) targets += lora.config().targets[p] ? 1 : 0;
   EXPECT_EQ(n, 2 * targets * model->cfg.n_layers);
@@ -1004,18 +980,11 @@ TEST(Families, MixtralShapesCheckpointingAndRefusals) {
   }
   // A copy of syn_mixtral with config.json edited: each refused naming the key.
   auto edited = [](const char* key, const nlohmann::json& v) {
-    const std::string src = family_fixture("syn_mixtral"), dir = qlft_test::temp_dir("mixtral");
-    const std::vector<uint8_t> cfg = qlft_test::read_file(src + "/config.json");
-    nlohmann::json j = nlohmann::json::parse(cfg.begin(), cfg.end());
-    j[key] = v;
-    const std::string text = j.dump();
-    qlft_test::write_file(dir + "/config.json", text.data(), text.size());
-    const std::vector<uint8_t> st = qlft_test::read_file(src + "/model.safetensors");
-    qlft_test::write_file(dir + "/model.safetensors", st.data(), st.size());
-    return dir;
+    return edited_model_dir(
+        family_fixture("syn_mixtral"), [&](nlohmann::json& j) { j[key] = v; }, "mixtral");
   };
-  for (const auto& [key, v] : {std::pair<const char*, nlohmann::json>{"output_router_logits", true},
-                               {"router_jitter_noise", 0.01},
+  // (output_router_logits true loads: the load-balancing loss, test_moe_aux.)
+  for (const auto& [key, v] : {std::pair<const char*, nlohmann::json>{"router_jitter_noise", 0.01},
                                {"num_experts_per_tok", 5}}) {
     try {
       load_model(&tr, edited(key, v), keep());

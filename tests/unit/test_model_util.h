@@ -4,8 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <functional>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -73,10 +76,50 @@ inline void load_lora(const Fixture& f, LoraAdapter& a) {
     }
 }
 
+// Every LoRA gradient of a (HF row order) against the fixture's {prefix}l{layer}.{proj}.gA / gB
+// within tol (normalized error); the count compared, and the worst error into *worst.
+inline int check_lora_grads(LoraAdapter& a, const Fixture& f, const std::string& prefix, double tol,
+                            double* worst = nullptr) {
+  int n = 0;
+  for (int l = 0; l < a.n_layers(); ++l)
+    for (int p = 0; p < kProjCount; ++p) {
+      const std::string k =
+          prefix + "l" + std::to_string(l) + "." + proj_peft_name(static_cast<Proj>(p)) + ".";
+      if (!f.has(k + "gA")) continue;
+      for (auto [part, name] :
+           {std::pair{LoraAdapter::Part::dA, "gA"}, std::pair{LoraAdapter::Part::dB, "gB"}}) {
+        std::vector<float> g = a.get_hf(l, static_cast<Proj>(p), part), gr = f.f32(k + name);
+        EXPECT_EQ(g.size(), gr.size()) << k << name;
+        if (g.size() != gr.size()) continue;
+        const double e = qlft_test::max_rel_error(g.data(), gr.data(), g.size());
+        EXPECT_LT(e, tol) << k << name;
+        if (worst) *worst = std::max(*worst, e);
+        ++n;
+      }
+    }
+  return n;
+}
+
 inline LoadOptions keep() {
   LoadOptions o;
   o.quant_type = qlft::QuantType::Keep;
   return o;
+}
+
+// A copy of the model directory src (config.json and model.safetensors) in a temporary
+// directory named by tag, its config.json edited by edit.
+inline std::string edited_model_dir(const std::string& src,
+                                    const std::function<void(nlohmann::json&)>& edit,
+                                    const char* tag) {
+  const std::string dir = qlft_test::temp_dir(tag);
+  const std::vector<uint8_t> cfg = qlft_test::read_file(src + "/config.json");
+  nlohmann::json j = nlohmann::json::parse(cfg.begin(), cfg.end());
+  edit(j);
+  const std::string text = j.dump();
+  qlft_test::write_file(dir + "/config.json", text.data(), text.size());
+  const std::vector<uint8_t> st = qlft_test::read_file(src + "/model.safetensors");
+  qlft_test::write_file(dir + "/model.safetensors", st.data(), st.size());
+  return dir;
 }
 
 inline std::string model_fixture(const std::string& rel) {
