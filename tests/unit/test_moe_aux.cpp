@@ -1,8 +1,9 @@
 // The mixture-of-experts load-balancing auxiliary loss (moe.aux_loss; model/moe.h moe_aux_loss)
-// against transformers' MixtralForCausalLM called with output_router_logits=True
-// (tests/reference/gen_moe_aux_fixtures.py: syn_mixtral with its attention LoRA, fp32): the
-// loss (cross-entropy + router_aux_loss_coef x load_balancing_loss_func) and every LoRA
-// gradient, with and without an attention mask, with every layer checkpointed too.
+// against transformers' MixtralForCausalLM and Qwen3MoeForCausalLM called with
+// output_router_logits=True (tests/reference/gen_moe_aux_fixtures.py: syn_mixtral and
+// syn_qwen3_moe with their attention LoRA, fp32): the loss (cross-entropy +
+// router_aux_loss_coef x load_balancing_loss_func) and every LoRA gradient, with and without an
+// attention mask, with every layer checkpointed too; the trainer's settings and padding rows.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -22,10 +23,10 @@ namespace {
 
 constexpr double kTol = 1e-4;
 
-// syn_mixtral with config.json edited: output_router_logits true, router_aux_loss_coef coef.
-std::string aux_model_dir(double coef) {
+// syn_<family> with config.json edited: output_router_logits true, router_aux_loss_coef coef.
+std::string aux_model_dir(const std::string& family, double coef) {
   return edited_model_dir(
-      qlft_test::fixture_path("families/syn_mixtral"),
+      qlft_test::fixture_path("families/syn_" + family),
       [&](nlohmann::json& j) {
         j["output_router_logits"] = true;
         j["router_aux_loss_coef"] = coef;
@@ -64,13 +65,16 @@ AuxRun run_case(MemoryTracker& tr, const Model& m, const Fixture& ref, const Fix
   return out;
 }
 
-TEST(MoeAux, MixtralLossAndLoraGradientsMatchTransformers) {
+// The family's two cases against its fixture.
+void check_family(const std::string& family) {
+  SCOPED_TRACE(family);
   set_num_threads(1);
-  const Fixture ref(qlft_test::fixture_path("families/syn_mixtral.lora.safetensors"));
-  const Fixture aux(qlft_test::fixture_path("moe_aux/syn_mixtral_aux.safetensors"));
+  const Fixture ref(qlft_test::fixture_path("families/syn_" + family + ".lora.safetensors"));
+  const Fixture aux(qlft_test::fixture_path("moe_aux/syn_" + family + "_aux.safetensors"));
   const double coef = std::stod(aux.meta("router_aux_loss_coef"));
   MemoryTracker tr;
-  auto model = load_model(&tr, aux_model_dir(coef), keep());
+  auto model = load_model(&tr, aux_model_dir(family, coef), keep());
+  const int grads = 2 * 4 * model->cfg.n_layers;  // q, k, v, o: A and B
   // config.json's output_router_logits and router_aux_loss_coef are read.
   EXPECT_TRUE(model->cfg.moe.aux_loss);
   EXPECT_FLOAT_EQ(model->cfg.moe.aux_coef, static_cast<float>(coef));
@@ -86,7 +90,7 @@ TEST(MoeAux, MixtralLossAndLoraGradientsMatchTransformers) {
       AuxRun r = run_case(tr, *model, ref, aux, c, true, ckpt, model->cfg.moe.aux_coef);
       EXPECT_NEAR(r.loss.mean(), loss, kTol * loss);
       EXPECT_NEAR(r.loss.moe_aux / coef, lb, kTol * lb);
-      EXPECT_EQ(check_lora_grads(*r.lora, aux, std::string(c) + ".", kTol), 16);
+      EXPECT_EQ(check_lora_grads(*r.lora, aux, std::string(c) + ".", kTol), grads);
     }
   }
   // The mask matters: without it the padded case's padding rows count.
@@ -100,6 +104,17 @@ TEST(MoeAux, MixtralLossAndLoraGradientsMatchTransformers) {
   EXPECT_EQ(r.loss.moe_aux, 0.0);
 }
 
+// Mixtral: 2 layers of 4 experts, top-2 renormalised.
+TEST(MoeAux, MixtralLossAndLoraGradientsMatchTransformers) {
+  check_family("mixtral");
+}
+
+// Qwen3-MoE: experts on layers 0 and 2 only (mlp_only_layers [1]: layer 1's dense MLP has no
+// router, so the loss averages over two layers' rows), top-2 not renormalised.
+TEST(MoeAux, Qwen3MoeLossAndLoraGradientsMatchTransformers) {
+  check_family("qwen3_moe");
+}
+
 // The trainer: moe.aux_loss=auto follows config.json's output_router_logits; a last batch's
 // padding row (micro-batch 3, 2 rows of data) is left out of the loss as transformers' batch of
 // the 2 rows has it: the step reports the fixture's loss. A preference objective is refused.
@@ -108,7 +123,8 @@ TEST(MoeAux, TrainerFollowsTheConfigAndLeavesOutPaddingRows) {
   const Fixture ref(qlft_test::fixture_path("families/syn_mixtral.lora.safetensors"));
   const Fixture aux(qlft_test::fixture_path("moe_aux/syn_mixtral_aux.safetensors"));
   MemoryTracker tr;
-  auto model = load_model(&tr, aux_model_dir(std::stod(aux.meta("router_aux_loss_coef"))), keep());
+  auto model = load_model(
+      &tr, aux_model_dir("mixtral", std::stod(aux.meta("router_aux_loss_coef"))), keep());
   data::Batch b;
   const std::vector<int64_t> shp = ref.shape("tokens");
   b.rows = static_cast<int>(shp[0]);
