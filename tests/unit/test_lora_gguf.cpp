@@ -1,0 +1,101 @@
+// llama.cpp LoRA GGUF of each family llama.cpp supports (issue 48): save_gguf_lora_adapter of the
+// family fixture's adapter (tests/reference/fixtures/families/syn_<family>.lora.safetensors)
+// against what llama.cpp's convert_lora_to_gguf.py writes for the same PEFT adapter
+// (tests/reference/gen_lora_gguf_fixtures.py: the converter's name mapping through the base
+// model's converter class, LlamaModel's q/k row permutation of lora_b, F32 lora_a [in, r] /
+// lora_b [r, out], the adapter keys): the same tensors (name, type, shape, values) and keys.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <set>
+
+#include "formats/gguf.h"
+#include "gguf_compare.h"
+#include "test_model_util.h"
+#include "train/adapter_io.h"
+
+using namespace qlft;
+using namespace model_test;
+
+namespace {
+
+std::string fixture(const std::string& rel) {
+  return qlft_test::fixture_path(rel);
+}
+
+// The fixture's A / B of every adapted module (PEFT's shapes; a fused family's qkv_proj /
+// gate_up_proj whole) into the adapter.
+void load_modules(const Fixture& f, LoraAdapter& a) {
+  for (int l = 0; l < a.n_layers(); ++l)
+    for (int pi = 0; pi < kProjCount; ++pi) {
+      const Proj p = static_cast<Proj>(pi);
+      const LoraModule mod = a.module(p);
+      if (!a.targets(p) || mod.first != p) continue;
+      const std::string k = "l" + std::to_string(l) + "." + mod.peft + ".";
+      std::vector<float> A = f.f32(k + "A"), B = f.f32(k + "B");
+      a.set_module_hf(l, p, A.data(), static_cast<int64_t>(A.size()), B.data(),
+                      static_cast<int64_t>(B.size()));
+    }
+}
+
+// qlft's LoRA GGUF of fixtures/families/<lora> on the family's model against
+// fixtures/lora_gguf/<want>.
+void expect_as_llama_cpp_converts(const std::string& family, const std::string& lora,
+                                  const std::string& want) {
+  SCOPED_TRACE(lora);
+  MemoryTracker tr;
+  auto model = load_model(&tr, fixture("families/syn_" + family), keep());
+  Fixture f(fixture("families/" + lora));
+  LoraAdapter adapter(&tr, model->shapes, lora_config_of(f));
+  load_modules(f, adapter);
+  const std::string dir = qlft_test::temp_dir("lora_gguf_" + family);
+  save_gguf_lora_adapter(adapter, dir + "/adapter.gguf");
+  auto ours = GgufFile::open(dir + "/adapter.gguf");
+  auto ref = GgufFile::open(fixture("lora_gguf/" + want));
+
+  std::set<std::string> ours_keys, ref_keys;
+  for (const auto& kv : ours->metadata()) ours_keys.insert(kv.first);
+  for (const auto& kv : ref->metadata()) ref_keys.insert(kv.first);
+  EXPECT_EQ(ours_keys, ref_keys) << "metadata keys";
+  for (const char* k : {"general.architecture", "general.type", "adapter.type"})
+    EXPECT_EQ(ours->get_string(k, "?"), ref->get_string(k)) << k;
+  EXPECT_EQ(ours->get_float("adapter.lora.alpha", -1), ref->get_float("adapter.lora.alpha", -2));
+
+  const std::set<std::string> extra = expect_tensors_like(*ours, *ref, true);
+  EXPECT_TRUE(extra.empty()) << "tensors the converter does not write: " << *extra.begin();
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+
+TEST(Families, Qwen3LoraGgufAsLlamaCppConverts) {
+  expect_as_llama_cpp_converts("qwen3", "syn_qwen3.lora.safetensors", "syn_qwen3.lora.gguf");
+}
+
+TEST(Families, Gemma2LoraGgufAsLlamaCppConverts) {
+  expect_as_llama_cpp_converts("gemma2", "syn_gemma2.lora.safetensors", "syn_gemma2.lora.gguf");
+}
+
+TEST(Families, Gemma3LoraGgufAsLlamaCppConverts) {
+  expect_as_llama_cpp_converts("gemma3", "syn_gemma3.lora.safetensors", "syn_gemma3.lora.gguf");
+}
+
+TEST(Families, Phi3LoraGgufAsLlamaCppConverts) {
+  expect_as_llama_cpp_converts("phi3", "syn_phi3.lora.safetensors", "syn_phi3.lora.gguf");
+  // The fused qkv_proj / gate_up_proj: llama.cpp's attn_qkv / ffn_up.
+  expect_as_llama_cpp_converts("phi3", "syn_phi3.fused_lora.safetensors",
+                               "syn_phi3.fused.lora.gguf");
+}
+
+TEST(Families, MistralLoraGgufAsLlamaCppConverts) {  // as "llama", q/k rows permuted
+  expect_as_llama_cpp_converts("mistral", "syn_mistral.lora.safetensors", "syn_mistral.lora.gguf");
+}
+
+TEST(Families, MixtralLoraGgufAsLlamaCppConverts) {
+  expect_as_llama_cpp_converts("mixtral", "syn_mixtral.lora.safetensors", "syn_mixtral.lora.gguf");
+}
+
+TEST(Families, Qwen3MoeLoraGgufAsLlamaCppConverts) {
+  expect_as_llama_cpp_converts("qwen3_moe", "syn_qwen3_moe.lora.safetensors",
+                               "syn_qwen3_moe.lora.gguf");
+}
