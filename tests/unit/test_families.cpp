@@ -423,6 +423,14 @@ TEST(Families, Gemma3ImageTextExportsLoadInPeft) {
   const nlohmann::json j = nlohmann::json::parse(text.begin(), text.end());
   // The regex the generator gave PEFT (recorded beside its keys).
   EXPECT_EQ(j["target_modules"], f.meta("peft_target_modules"));
+  // The planner reads the language model's tensors by their names: syn_gemma3's footprint (the
+  // same text model, stored alike), the vision tower not counted.
+  LoadOptions o;  // NF4
+  ModelConfig c;
+  const WeightFootprint vlm = weight_footprint_of_file(family_fixture("syn_gemma3_vlm"), o, &c),
+                        plain = weight_footprint_of_file(family_fixture("syn_gemma3"), o, &c);
+  EXPECT_EQ(vlm.bytes, plain.bytes);
+  EXPECT_EQ(vlm.groups, plain.groups);
 }
 
 // Each Gemma delta is what makes the match: with any one of them undone, the base logits are
