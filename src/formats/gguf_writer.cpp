@@ -94,68 +94,45 @@ void GgufWriter::add_string_array(const std::string& key, const std::vector<std:
   for (const std::string& s : v) put_str(r, s);
 }
 
-void GgufWriter::check_new(const std::string& name, GgmlType type, const std::vector<int64_t>& ne,
-                           uint64_t nbytes) const {
+uint64_t GgufWriter::tensor_bytes(const std::string& name, GgmlType type,
+                                  const std::vector<int64_t>& ne) const {
   const GgmlTypeTraits* tr = ggml_type_traits(static_cast<uint32_t>(type));
   QLFT_CHECK_ARG(tr, "GGUF writer: tensor '%s' has unknown ggml type %u", name.c_str(),
                  static_cast<uint32_t>(type));
-  QLFT_CHECK_ARG(!name.empty(), "GGUF writer: tensor name is empty");
-  QLFT_CHECK_ARG(names_.count(name) == 0, "GGUF writer: tensor '%s' added twice", name.c_str());
   QLFT_CHECK_ARG(!ne.empty() && ne.size() <= 4, "GGUF writer: tensor '%s' has %zu dimensions",
                  name.c_str(), ne.size());
   const uint64_t n = checked_elements("GGUF writer", name, ne, 1);
   QLFT_CHECK_ARG(ne[0] % tr->block == 0,
                  "GGUF writer: tensor '%s' row length %lld is not a multiple of the %s block %u",
                  name.c_str(), static_cast<long long>(ne[0]), tr->name, tr->block);
-  uint64_t want = n / tr->block * tr->bytes;
-  QLFT_CHECK_ARG(nbytes == want, "GGUF writer: tensor '%s' has %llu bytes, shape and %s need %llu",
-                 name.c_str(), static_cast<unsigned long long>(nbytes), tr->name,
-                 static_cast<unsigned long long>(want));
+  return n / tr->block * tr->bytes;
 }
 
-void GgufWriter::add_tensor(const std::string& name, GgmlType type, const std::vector<int64_t>& ne,
-                            const void* data, uint64_t nbytes, bool copy) {
-  check_new(name, type, ne, nbytes);
-  Tensor t{name, type, ne, HeldBytes::given("GGUF writer", name, data, nbytes, copy)};
-  names_.insert(name);
-  tensors_.push_back(std::move(t));
+const char* GgufWriter::type_name(GgmlType type) const {
+  return ggml_type_traits(static_cast<uint32_t>(type))->name;  // known: tensor_bytes checked it
 }
 
-void GgufWriter::add_tensor_deferred(const std::string& name, GgmlType type,
-                                     const std::vector<int64_t>& ne, uint64_t nbytes) {
-  check_new(name, type, ne, nbytes);
-  names_.insert(name);
-  tensors_.push_back(Tensor{name, type, ne, HeldBytes::later(nbytes)});
+DType GgufWriter::float_dtype(GgmlType store) const {
+  return store == GgmlType::F32    ? DType::F32
+         : store == GgmlType::F16  ? DType::F16
+         : store == GgmlType::BF16 ? DType::BF16
+                                   : DType::BOOL;
 }
 
-void GgufWriter::add_tensor_f32(const std::string& name, const std::vector<int64_t>& ne,
-                                const float* values, GgmlType store) {
-  const uint64_t n = shape_elements(ne);
-  // The plain float types by their DType (BOOL: none of them, refused below).
-  const DType t = store == GgmlType::F32    ? DType::F32
-                  : store == GgmlType::F16  ? DType::F16
-                  : store == GgmlType::BF16 ? DType::BF16
-                                            : DType::BOOL;
-  std::vector<uint16_t> h;
-  const void* bytes =
-      f32_as_stored(t, values, n, &h, "GGUF writer: tensor '" + name + "': add_tensor_f32");
-  add_tensor(name, store, ne, bytes, n * dtype_size(t));
-}
-
-void GgufWriter::write(const std::string& path, const TensorFetch& fetch) const {
-  for (const Tensor& t : tensors_) t.bytes.check_writable("GGUF writer", t.name, fetch);
+void GgufWriter::write_file(const std::string& path, const TensorFetch& fetch) const {
+  const std::vector<Tensor>& ts = tensors();
   std::string head;
   head.append("GGUF", 4);
   put<uint32_t>(head, 3);
-  put<uint64_t>(head, tensors_.size());
+  put<uint64_t>(head, ts.size());
   put<uint64_t>(head, kv_.size());
   for (const std::string& r : kv_) head += r;
   uint64_t off = 0;
   std::vector<uint64_t> offsets;
-  for (const Tensor& t : tensors_) {
+  for (const Tensor& t : ts) {
     put_str(head, t.name);
-    put<uint32_t>(head, static_cast<uint32_t>(t.ne.size()));
-    for (int64_t d : t.ne) put<uint64_t>(head, static_cast<uint64_t>(d));
+    put<uint32_t>(head, static_cast<uint32_t>(t.shape.size()));
+    for (int64_t d : t.shape) put<uint64_t>(head, static_cast<uint64_t>(d));
     put<uint32_t>(head, static_cast<uint32_t>(t.type));
     put<uint64_t>(head, off);
     offsets.push_back(off);
@@ -165,12 +142,12 @@ void GgufWriter::write(const std::string& path, const TensorFetch& fetch) const 
   f.write(head);
   f.pad_to(alignment_);
   const uint64_t data_start = f.size();
-  for (size_t i = 0; i < tensors_.size(); ++i) {
+  for (size_t i = 0; i < ts.size(); ++i) {
     // Each tensor starts at its aligned offset; padding follows every tensor, as llama.cpp does.
     f.pad_to(alignment_);
     if (f.size() - data_start != offsets[i])
       throw_error(QLFT_ERR_INTERNAL, "%s: GGUF writer offset mismatch", path.c_str());
-    const Tensor& t = tensors_[i];
+    const Tensor& t = ts[i];
     f.write(t.bytes.get(t.name, fetch), t.bytes.nbytes);
   }
   f.pad_to(alignment_);

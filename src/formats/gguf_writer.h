@@ -10,14 +10,21 @@
 #include <vector>
 
 #include "formats/gguf.h"
-#include "formats/tensor_bytes.h"
+#include "formats/tensor_writer.h"
 #include "quant/ggml_types.h"
 
 namespace qlft {
 
-class GgufWriter {
+class GgufWriter : public TensorWriter<GgmlType> {
  public:
-  // Scalars. Keys must be unique and non-empty (QLFT_ERR_INVALID_ARGUMENT otherwise).
+  // Tensors (TensorWriter: add_tensor, add_tensor_deferred, add_tensor_f32, write) in GGUF
+  // order: ne[0] is the innermost (contiguous) dimension, 1..4 dims, of a ggml type (the raw
+  // bytes of its blocks). Written, and deferred ones fetched, in the order added, each tensor's
+  // data at a multiple of alignment().
+  GgufWriter() : TensorWriter("GGUF writer") {}
+
+  // Metadata scalars (add_f32 is a key, add_tensor_f32 a tensor). Keys must be unique and
+  // non-empty (QLFT_ERR_INVALID_ARGUMENT otherwise).
   void add_u8(const std::string& key, uint8_t v) { add_scalar(key, GgufType::U8, &v); }
   void add_i8(const std::string& key, int8_t v) { add_scalar(key, GgufType::I8, &v); }
   void add_u16(const std::string& key, uint16_t v) { add_scalar(key, GgufType::U16, &v); }
@@ -46,42 +53,21 @@ class GgufWriter {
   // not keep, are skipped).
   void add_value(const std::string& key, const GgufValue& v);
 
-  // A tensor in GGUF order: ne[0] is the innermost (contiguous) dimension, 1..4 dims. `data`
-  // holds nbytes of ggml `type` (checked against the shape). copy=false keeps only the pointer,
-  // which must then stay valid until write() (for large exports).
-  void add_tensor(const std::string& name, GgmlType type, const std::vector<int64_t>& ne,
-                  const void* data, uint64_t nbytes, bool copy = true);
-  // A tensor whose bytes are asked for while write() runs (TensorFetch), in file order: an
-  // export need not hold a copy of every tensor at once.
-  void add_tensor_deferred(const std::string& name, GgmlType type, const std::vector<int64_t>& ne,
-                           uint64_t nbytes);
-  // Stores float values as F32, F16 or BF16 (round to nearest even).
-  void add_tensor_f32(const std::string& name, const std::vector<int64_t>& ne, const float* values,
-                      GgmlType store = GgmlType::F32);
-
   uint64_t alignment() const { return alignment_; }
-  size_t tensor_count() const { return tensors_.size(); }
-  // Writes the file atomically; throws QLFT_ERR_IO naming path on failure. Deferred tensors are
-  // fetched in the order they were added, each once.
-  void write(const std::string& path, const TensorFetch& fetch = nullptr) const;
 
  private:
-  struct Tensor {
-    std::string name;
-    GgmlType type;
-    std::vector<int64_t> ne;
-    HeldBytes bytes;  // add_tensor_deferred: fetched while writing
-  };
-  void check_new(const std::string& name, GgmlType type, const std::vector<int64_t>& ne,
-                 uint64_t nbytes) const;
+  uint64_t tensor_bytes(const std::string& name, GgmlType type,
+                        const std::vector<int64_t>& ne) const override;
+  const char* type_name(GgmlType type) const override;
+  DType float_dtype(GgmlType store) const override;
+  void write_file(const std::string& path, const TensorFetch& fetch) const override;
   // Appends key + type + already encoded payload.
   std::string& begin_kv(const std::string& key, GgufType type);
   // A scalar record: key, type and the gguf_scalar_size(type) little-endian bytes at v.
   void add_scalar(const std::string& key, GgufType type, const void* v);
 
   std::vector<std::string> kv_;  // each an encoded key/value record
-  std::unordered_set<std::string> keys_, names_;
-  std::vector<Tensor> tensors_;
+  std::unordered_set<std::string> keys_;
   uint64_t alignment_ = 32;
 };
 

@@ -10,43 +10,29 @@
 #include <vector>
 
 #include "core/dtype.h"
-#include "formats/tensor_bytes.h"
+#include "formats/tensor_writer.h"
 
 namespace qlft {
 
-class SafetensorsWriter {
+class SafetensorsWriter : public TensorWriter<DType> {
  public:
-  void set_metadata(const std::string& key, const std::string& value);
-  // shape is outermost first (PyTorch order); data holds nbytes = numel * dtype_size(dtype).
-  // copy=false keeps only the pointer, which must stay valid until write().
-  void add(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
-           const void* data, uint64_t nbytes, bool copy = true);
-  // A tensor whose bytes are asked for while write() runs (TensorFetch), in data order: they
-  // need not all be in memory at once (a checkpoint gathered from several ranks).
-  void add_deferred(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
-                    uint64_t nbytes);
-  // Stores float values as F32, F16 or BF16 (round to nearest even).
-  void add_f32(const std::string& name, const std::vector<int64_t>& shape, const float* values,
-               DType store = DType::F32);
+  // Tensors (TensorWriter: add_tensor, add_tensor_deferred, add_tensor_f32, write): the shape
+  // outermost first (PyTorch order), any number of dims (none: a scalar), numel * dtype_size
+  // bytes; written, and deferred ones fetched, in data order (safetensors_data_before).
+  SafetensorsWriter() : TensorWriter("safetensors writer") {}
 
-  size_t tensor_count() const { return tensors_.size(); }
+  void set_metadata(const std::string& key, const std::string& value);
   // Sum of the tensor bytes (what an index's metadata.total_size counts).
   uint64_t data_bytes() const;
-  std::vector<std::string> names() const;
-  // Writes the file atomically; throws QLFT_ERR_IO naming path on failure. Deferred tensors are
-  // fetched in data order (safetensors_data_before), each once.
-  void write(const std::string& path, const TensorFetch& fetch = nullptr) const;
+  std::vector<std::string> names() const;  // sorted
 
  private:
-  struct Tensor {
-    DType dtype;
-    std::vector<int64_t> shape;
-    HeldBytes bytes;  // add_deferred: fetched while writing
-  };
-  void check_new(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
-                 uint64_t nbytes) const;
+  uint64_t tensor_bytes(const std::string& name, DType dtype,
+                        const std::vector<int64_t>& shape) const override;
+  const char* type_name(DType dtype) const override { return dtype_name(dtype); }
+  DType float_dtype(DType store) const override { return store; }
+  void write_file(const std::string& path, const TensorFetch& fetch) const override;
 
-  std::map<std::string, Tensor> tensors_;
   std::map<std::string, std::string> metadata_;
 };
 

@@ -249,9 +249,9 @@ void save_peft_adapter(const LoraAdapter& lora, const std::string& dir,
       },
       [&](const std::string& a, const std::string& b, const std::string& m, const LoraSlot& s,
           int64_t out) {
-        w.add_deferred(a, DType::F32, {c.r, s.in}, s.A.size());
-        w.add_deferred(b, DType::F32, {out, c.r}, static_cast<size_t>(out) * c.r * 4);
-        if (!m.empty()) w.add_deferred(m, DType::F32, {s.out}, s.M.size());
+        w.add_tensor_deferred(a, DType::F32, {c.r, s.in}, s.A.size());
+        w.add_tensor_deferred(b, DType::F32, {out, c.r}, static_cast<size_t>(out) * c.r * 4);
+        if (!m.empty()) w.add_tensor_deferred(m, DType::F32, {s.out}, s.M.size());
       });
   std::vector<float> scratch;
   auto fetch = [&](const std::string& name) -> const void* {

@@ -107,17 +107,17 @@ void export_safetensors(const Model& m, const LoraAdapter* lora, const std::stri
   SafetensorsWriter w;
   w.set_metadata("format", "pt");
   std::vector<float> t = dequant(m.tok_embd);
-  w.add_f32("model.embed_tokens.weight", {m.tok_embd.rows, m.tok_embd.cols}, t.data());
+  w.add_tensor_f32("model.embed_tokens.weight", {m.tok_embd.rows, m.tok_embd.cols}, t.data());
   if (m.output.rows) {
     t = dequant(m.output);
-    w.add_f32("lm_head.weight", {m.output.rows, m.output.cols}, t.data());
+    w.add_tensor_f32("lm_head.weight", {m.output.rows, m.output.cols}, t.data());
   }
   // Gemma's norms are held as 1 + w (model_load_internal.h); its files store w.
   auto norm = [&](const std::string& name, const Buffer& b) {
     std::vector<float> v = copy_f32(b);
     if (c.gemma)
       for (float& x : v) x -= 1.f;
-    w.add_f32(name, {static_cast<int64_t>(v.size())}, v.data());
+    w.add_tensor_f32(name, {static_cast<int64_t>(v.size())}, v.data());
   };
   norm("model.norm.weight", m.output_norm);
   for (int l = 0; l < c.n_layers; ++l) {
@@ -133,13 +133,14 @@ void export_safetensors(const Model& m, const LoraAdapter* lora, const std::stri
     }
     if (!L.moe.w1.empty()) {  // the router and experts (frozen), as the family's files name them
       t = dequant(L.moe.router);
-      w.add_f32(hf_moe_tensor(c, l, -1, 0), {L.moe.router.rows, L.moe.router.cols}, t.data());
+      w.add_tensor_f32(hf_moe_tensor(c, l, -1, 0), {L.moe.router.rows, L.moe.router.cols},
+                       t.data());
       for (size_t e = 0; e < L.moe.w1.size(); ++e)
         for (const auto& [which, q] : {std::pair<int, const QWeight*>{1, &L.moe.w1[e]},
                                        {2, &L.moe.w2[e]},
                                        {3, &L.moe.w3[e]}}) {
           t = dequant(*q);
-          w.add_f32(hf_moe_tensor(c, l, int(e), which), {q->rows, q->cols}, t.data());
+          w.add_tensor_f32(hf_moe_tensor(c, l, int(e), which), {q->rows, q->cols}, t.data());
         }
     }
     for (int pi = 0; pi < kProjCount; ++pi) {
@@ -151,16 +152,17 @@ void export_safetensors(const Model& m, const LoraAdapter* lora, const std::stri
       if (fused.on(p, t, q.rows)) {  // phi3: q / k / v and gate / up as row blocks of one
         if (p == Proj::V || p == Proj::Up) {
           const int64_t rows = fused.rows;
-          w.add_f32(h + (p == Proj::V ? "self_attn.qkv_proj" : "mlp.gate_up_proj") + ".weight",
-                    {rows, q.cols}, fused.take().data());
+          w.add_tensor_f32(
+              h + (p == Proj::V ? "self_attn.qkv_proj" : "mlp.gate_up_proj") + ".weight",
+              {rows, q.cols}, fused.take().data());
         }
         continue;
       }
-      w.add_f32(h + kHfProj[pi] + ".weight", {q.rows, q.cols}, t.data());
+      w.add_tensor_f32(h + kHfProj[pi] + ".weight", {q.rows, q.cols}, t.data());
       if (pi < 3 && !L.bias[pi].empty()) {
         t = copy_f32(L.bias[pi]);
         to_order(m.shapes, p, t, 1, false);
-        w.add_f32(h + "self_attn." + kBiasProj[pi] + ".bias", {q.rows}, t.data());
+        w.add_tensor_f32(h + "self_attn." + kBiasProj[pi] + ".bias", {q.rows}, t.data());
       }
     }
     if (!L.q_norm.empty()) {  // qwen3's and gemma3's per-head norms

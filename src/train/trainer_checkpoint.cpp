@@ -204,18 +204,18 @@ void Trainer::write_checkpoint_file(
   // Every tensor (name, bytes; nullptr: another rank's, fetched) for the checksum.
   std::vector<TensorBytes> sums;
   for (const auto& kv : sd.tensors()) {
-    w.add(kv.first, kv.second.dtype, kv.second.shape, kv.second.bytes.data(),
-          kv.second.bytes.size(), /*copy=*/false);
+    w.add_tensor(kv.first, kv.second.dtype, kv.second.shape, kv.second.bytes.data(),
+                 kv.second.bytes.size(), /*copy=*/false);
     sums.push_back({kv.first, kv.second.bytes.data(), kv.second.bytes.size()});
   }
   for (const dist::StateEntry* e : remote) {
-    w.add_deferred(e->name, e->dtype, e->shape, e->nbytes);
+    w.add_tensor_deferred(e->name, e->dtype, e->shape, e->nbytes);
     sums.push_back({e->name, nullptr, static_cast<size_t>(e->nbytes)});
   }
   for (size_t k = 0; k < dp_->params().size(); ++k) {
     const ParamRef& p = dp_->params()[k];
     const float* v = param_values(k);
-    w.add(p.name, DType::F32, {static_cast<int64_t>(p.numel)}, v, p.numel * 4, false);
+    w.add_tensor(p.name, DType::F32, {static_cast<int64_t>(p.numel)}, v, p.numel * 4, false);
     sums.push_back({p.name, reinterpret_cast<const uint8_t*>(v), p.numel * 4});
   }
   w.set_metadata("qlft.checksum", checksum_of(std::move(sums), fetch));

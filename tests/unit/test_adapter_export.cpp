@@ -184,7 +184,7 @@ TEST_F(AdapterExport, PeftImportRejectsBadDirectories) {
       if (t.name == victim && drop) continue;
       std::vector<int64_t> shape = t.shape;
       if (t.name == victim) shape = {shape[1], shape[0]};  // transposed: wrong shape
-      w.add(t.name, t.dtype, shape, t.data, t.nbytes);
+      w.add_tensor(t.name, t.dtype, shape, t.data, t.nbytes);
     }
     w.write(dir + "/adapter_model.safetensors");
     qlft_test::write_file(dir + "/adapter_config.json", cfg.data(), cfg.size());

@@ -399,7 +399,7 @@ TEST(Families, Gemma3ImageTextMatchesTransformersAndPeft) {
     const std::string name = t.name.rfind(lm, 0) == 0
                                  ? "language_model.model." + t.name.substr(lm.size())
                                  : t.name.substr(std::string("model.").size());
-    w.add(name, t.dtype, t.shape, t.data, t.nbytes);
+    w.add_tensor(name, t.dtype, t.shape, t.data, t.nbytes);
   }
   w.write(dir + "/model.safetensors");
   auto old = load_model(&tr, dir, keep());

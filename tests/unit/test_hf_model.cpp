@@ -87,7 +87,7 @@ std::map<std::string, std::vector<float>> write_model(
       for (float& x : v) x = bf16_to_f32(f32_to_bf16(x));
     values[name] = v;
     const int shard = static_cast<int>(k % s.shards);
-    w[shard].add_f32(name, shape, v.data(), s.store);
+    w[shard].add_tensor_f32(name, shape, v.data(), s.store);
     wm[name] = "model-0000" + std::to_string(shard + 1) + ".safetensors";
   }
   if (s.shards == 1) {

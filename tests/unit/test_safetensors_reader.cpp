@@ -98,17 +98,18 @@ TEST(SafetensorsWriter, RoundTripAndAlignment) {
   w.set_metadata("format", "pt");
   w.set_metadata("who", "qlft");
   const int8_t i8[3] = {1, -2, 3};
-  w.add("w.i8", DType::I8, {3}, i8, 3);  // 1-byte dtype first in name order: still laid out last
+  w.add_tensor("w.i8", DType::I8, {3}, i8,
+               3);  // 1-byte dtype first in name order: still laid out last
   const auto f32 = writer_values(6, 1.5f, 2), f16 = writer_values(5, 0.5f, 0),
              bf = writer_values(4, 0.25f, -0.5f);
-  w.add_f32("w.f32", {2, 3}, f32.data());
-  w.add_f32("w.f16", {5}, f16.data(), DType::F16);
-  w.add_f32("w.bf16", {2, 2}, bf.data(), DType::BF16);
+  w.add_tensor_f32("w.f32", {2, 3}, f32.data());
+  w.add_tensor_f32("w.f16", {5}, f16.data(), DType::F16);
+  w.add_tensor_f32("w.bf16", {2, 2}, bf.data(), DType::BF16);
   const float scalar = 9.f;
-  w.add_f32("w.scalar", {}, &scalar);
-  w.add_f32("w.empty", {0, 4}, nullptr);
+  w.add_tensor_f32("w.scalar", {}, &scalar);
+  w.add_tensor_f32("w.empty", {0, 4}, nullptr);
   const int64_t i64[2] = {-(int64_t(1) << 60), 5};
-  w.add("w.i64", DType::I64, {2}, i64, 16);
+  w.add_tensor("w.i64", DType::I64, {2}, i64, 16);
   EXPECT_EQ(w.data_bytes(), 3u + 24 + 10 + 8 + 4 + 0 + 16);
   w.write(path);
 
@@ -143,8 +144,8 @@ TEST(SafetensorsWriter, ShardedIndexRoundTrip) {
   const std::string dir = qlft_test::temp_dir("st-shards");
   SafetensorsWriter a, b;
   const auto v = writer_values(4, 1, 0);
-  a.add_f32("x", {4}, v.data());
-  b.add_f32("y", {2, 2}, v.data(), DType::BF16);
+  a.add_tensor_f32("x", {4}, v.data());
+  b.add_tensor_f32("y", {2, 2}, v.data(), DType::BF16);
   a.write(dir + "/s1.safetensors");
   b.write(dir + "/s2.safetensors");
   write_safetensors_index(dir + "/model.safetensors.index.json", a.data_bytes() + b.data_bytes(),
@@ -158,12 +159,12 @@ TEST(SafetensorsWriter, ShardedIndexRoundTrip) {
 TEST(SafetensorsWriter, RejectsInvalidInput) {
   SafetensorsWriter w;
   const float v[4] = {};
-  EXPECT_THROW(w.add("t", DType::F32, {4}, v, 12), Error);
-  EXPECT_THROW(w.add("__metadata__", DType::F32, {4}, v, 16), Error);
-  EXPECT_THROW(w.add("t", DType::F32, {-1}, v, 0), Error);
-  w.add("t", DType::F32, {4}, v, 16);
-  EXPECT_THROW(w.add("t", DType::F32, {4}, v, 16), Error);
-  EXPECT_THROW(w.add_f32("u", {4}, v, DType::I8), Error);
+  EXPECT_THROW(w.add_tensor("t", DType::F32, {4}, v, 12), Error);
+  EXPECT_THROW(w.add_tensor("__metadata__", DType::F32, {4}, v, 16), Error);
+  EXPECT_THROW(w.add_tensor("t", DType::F32, {-1}, v, 0), Error);
+  w.add_tensor("t", DType::F32, {4}, v, 16);
+  EXPECT_THROW(w.add_tensor("t", DType::F32, {4}, v, 16), Error);
+  EXPECT_THROW(w.add_tensor_f32("u", {4}, v, DType::I8), Error);
   try {
     w.write("/nonexistent-dir/x.safetensors");
     FAIL();

@@ -170,10 +170,10 @@ TEST(IndependentReader, SafetensorsWriterOutputFollowsTheSpec) {
   SafetensorsWriter w;
   w.set_metadata("format", "pt");
   const std::vector<float> a = {1.f, 2.f, -3.f, 4.5f, 5.f, 6.f};
-  w.add_f32("b.weight", {2, 3}, a.data());
+  w.add_tensor_f32("b.weight", {2, 3}, a.data());
   const std::vector<int32_t> ids = {7, -8, 9};
-  w.add("a.ids", DType::I32, {3}, ids.data(), ids.size() * 4);
-  w.add_f32("c.half", {2}, a.data(), DType::BF16);
+  w.add_tensor("a.ids", DType::I32, {3}, ids.data(), ids.size() * 4);
+  w.add_tensor_f32("c.half", {2}, a.data(), DType::BF16);
   w.write(path);
 
   const std::vector<uint8_t> b = qlft_test::read_file(path);
