@@ -52,9 +52,13 @@ const KeyDef kKeys[] = {
      "Dropout probability on the LoRA input (PEFT lora_dropout); 0 disables it."},
     {"lora.target_modules", KeyType::List,
      "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", 0, 0,
-     "q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj|qkv_proj|gate_up_proj",
+     "q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj|qkv_proj|gate_up_proj|w1|w2|w3|"
+     "gate",
      "Projections that get a LoRA adapter (PEFT names; a fused model's (phi3) qkv_proj and "
-     "gate_up_proj, adapted whole)."},
+     "gate_up_proj, adapted whole). On a mixture-of-experts layer gate_proj / up_proj (Mixtral's "
+     "w1 / w3, taken together) adapt every expert's fused gate_up_proj at rank 2r and alpha 2 "
+     "alpha, down_proj (w2) its down_proj, and gate the router, as PEFT 0.21's target_parameters "
+     "(backend=cpu; no dropout or DoRA there)."},
     {"lora.use_rslora", KeyType::Bool, "false", 0, 0, "",
      "Rank-stabilized LoRA: scale alpha / sqrt(r) instead of alpha / r."},
     {"lora.use_dora", KeyType::Bool, "false", 0, 0, "",

@@ -212,7 +212,15 @@ void Generator::run(const int32_t* tokens, int n) {
     be_.rmsnorm_fwd(mid.as_const(), w(&LayerCopy::ffn_norm, L.ffn_norm), c.rms_eps, xn, nullptr);
     if (model_.shapes.layers[static_cast<size_t>(l)].moe()) {  // the experts (moe_fwd: any backend)
       MoeSaved routed;
-      moe_fwd(be_, L.moe, xn.as_const(), x, routed);
+      MoeLora ml;  // the experts' / router's LoRA (host buffers: LlamaRunner::moe_lora_of's rule)
+      const bool has_ml = lora_ && lora_->has_moe();
+      if (has_ml && be_.device_memory())
+        throw_error(QLFT_ERR_UNSUPPORTED,
+                    "generation with LoRA on %s's experts / router (lora.target_modules w1 / w2 "
+                    "/ w3 / gate) on backend=%s is not supported yet; use backend=cpu",
+                    model_.shapes.arch.c_str(), be_.name());
+      if (has_ml) ml = lora_->moe_lora(l, false);
+      moe_fwd(be_, L.moe, xn.as_const(), x, routed, has_ml ? &ml : nullptr);
       be_.add(x.data, mid.data, n * static_cast<int64_t>(c.dim));
       continue;
     }

@@ -307,6 +307,10 @@ class LlamaRunner {
   double cross_entropy_by_slices(WeightStream& ws, const int32_t* targets, float grad_scale,
                                  MatF dh, int64_t* count);
   LoraRef lora_ref(int l, Proj p, bool* has) const;
+  // Layer l's expert / router LoRA for moe_fwd / moe_bwd over the adapter's host buffers
+  // (gradients: where backward accumulates); false when it has none or the adapter is off.
+  // Refused (UNSUPPORTED) on a device backend and with a gradient sink, which do not carry them.
+  bool moe_lora_of(int l, bool gradients, MoeLora* out) const;
   // DoRA / a frozen start around the kernels' LoRA of (l, p) (model/lora_extras.h): nullptr
   // when the adapter has neither, or while it is switched off (set_lora_enabled(false)).
   LoraExtras* extras() const { return extras_ && lora_on_ ? extras_.get() : nullptr; }

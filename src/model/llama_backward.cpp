@@ -114,8 +114,10 @@ void LlamaRunner::layer_bwd(int l, LayerActs& a, const float* x_in, bool need_dx
   const bool moe = model_.shapes.layers[static_cast<size_t>(l)].moe();
   if (moe) {
     zero(g.dxn);
+    MoeLora ml;
+    const bool has_ml = moe_lora_of(l, true, &ml);
     moe_bwd(be_, L.moe, moe_saved_[size_t(l)], cmat(a.xn2, R, c.dim), G.as_const(),
-            mat(g.dxn, R, c.dim));
+            mat(g.dxn, R, c.dim), has_ml ? &ml : nullptr);
   }
   // With st (direct16()): the gradients that only enter linear_bwd as its dy (dgate, dup, dq,
   // dk, dv) are written in 16 bits into their fp32 buffers' memory (Backend::next_dy_16), at

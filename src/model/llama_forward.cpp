@@ -121,7 +121,10 @@ void LlamaRunner::layer_fwd(int l, LayerActs& a, const float* x_in, float* x_out
                     a.rstd2.as<float>());
   }
   if (model_.shapes.layers[static_cast<size_t>(l)].moe()) {  // the experts (never with st)
-    moe_fwd(be_, L.moe, cmat(a.xn2, R, c.dim), MatF(x_out, R, c.dim), moe_saved_[size_t(l)]);
+    MoeLora ml;
+    const bool has_ml = moe_lora_of(l, false, &ml);
+    moe_fwd(be_, L.moe, cmat(a.xn2, R, c.dim), MatF(x_out, R, c.dim), moe_saved_[size_t(l)],
+            has_ml ? &ml : nullptr);
     be_.add(x_out, a.x_mid.as<float>(), R * c.dim);
     return;
   }

@@ -43,6 +43,25 @@ LoraRef LlamaRunner::lora_ref(int l, Proj p, bool* has) const {
   return r;
 }
 
+bool LlamaRunner::moe_lora_of(int l, bool gradients, MoeLora* out) const {
+  if (!lora_ || !lora_on_ || !lora_->has_moe()) return false;
+  bool any = false;
+  for (int p = 0; p < kMoePartCount; ++p) any |= lora_->moe_active(l, MoePart(p));
+  if (!any) return false;
+  if (be_.device_memory())
+    throw_error(QLFT_ERR_UNSUPPORTED,
+                "LoRA on %s's experts / router (lora.target_modules w1 / w2 / w3 / gate, or an MoE "
+                "layer's gate_proj / up_proj / down_proj) on backend=%s: its device copy of the "
+                "adapter does not carry them yet; use backend=cpu or target the attention "
+                "projections only",
+                lora_->model_shapes().arch.c_str(), be_.name());
+  QLFT_CHECK_ARG(!sink_,
+                 "a LoRA gradient sink (ZeRO-2 sharded gradients) does not carry the experts' / "
+                 "router's LoRA (lora.target_modules w1 / w2 / w3 / gate)");
+  *out = lora_->moe_lora(l, gradients);
+  return true;
+}
+
 void LlamaRunner::keep_lora_on_device() {
   if (!lora_ || !be_.device_memory()) return;
   lora_resident_ = true;

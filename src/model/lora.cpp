@@ -20,28 +20,24 @@ namespace {
 // 3-D parameters, which PEFT adapts through target_parameters and ParamWrapper; its
 // _MOE_TARGET_MODULE_MAPPING turns Mixtral's w1 / w3 into experts.gate_up_proj with rank 2r and
 // alpha 2 alpha, w2 into experts.down_proj and gate into the router's gate.weight; Qwen2/3-MoE's
-// gate_proj / up_proj / down_proj likewise). model/moe_lora.h's MoeLora runs them in the MoE
-// block, but the adapter holds no expert factors yet: refused naming the mapping.
-void refuse_moe_target(const std::string& item) {
-  static const std::string names =
-      " w1 w2 w3 gate gate.weight experts experts.gate_up_proj experts.down_proj ";
+// gate_proj / up_proj / down_proj likewise), and those parameters' own names: the projection they
+// stand for (on an MoE layer gate / up / down are the experts'), Proj count for the router.
+int moe_target(const std::string& item) {
   std::string leaf = item;
   for (const char* prefix : {"mlp.", "block_sparse_moe."})
     if (leaf.rfind(prefix, 0) == 0) leaf = leaf.substr(std::strlen(prefix));
-  if (names.find(" " + leaf + " ") != std::string::npos)
-    throw_error(QLFT_ERR_UNSUPPORTED,
-                "lora.target_modules: '%s' names a mixture-of-experts layer's experts or router "
-                "(PEFT 0.21 adapts them as target_parameters: w1 / w3 -> "
-                "experts.gate_up_proj, w2 -> experts.down_proj, gate -> gate.weight), which "
-                "qlft's adapter does not hold yet (no dropout, DoRA or lora_bias there either, "
-                "as PEFT's ParamWrapper); target q_proj, k_proj, v_proj, o_proj",
-                item.c_str());
+  if (leaf == "w1") return static_cast<int>(Proj::Gate);
+  if (leaf == "w3") return static_cast<int>(Proj::Up);
+  if (leaf == "w2" || leaf == "experts.down_proj") return static_cast<int>(Proj::Down);
+  if (leaf == "gate" || leaf == "gate.weight") return kProjCount;
+  if (leaf == "experts.gate_up_proj") return kProjCount + 1;  // gate and up
+  return -1;
 }
 
 }  // namespace
 
 void LoraConfig::set_targets(const std::string& list) {
-  bool t[kProjCount] = {};
+  bool t[kProjCount] = {}, rt = false;
   std::stringstream ss(list);
   std::string item;
   bool any = false;
@@ -49,8 +45,13 @@ void LoraConfig::set_targets(const std::string& list) {
     size_t b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
     if (b == std::string::npos) continue;
     item = item.substr(b, e - b + 1);
-    refuse_moe_target(item);
     bool found = false;
+    if (const int m = moe_target(item); m >= 0) {
+      found = true;
+      if (m == kProjCount) rt = true;
+      if (m < kProjCount) t[m] = true;
+      if (m == kProjCount + 1) t[int(Proj::Gate)] = t[int(Proj::Up)] = true;
+    }
     for (int p = 0; p < kProjCount; ++p)
       if (item == proj_peft_name(static_cast<Proj>(p)) ||
           item == proj_gguf_name(static_cast<Proj>(p)))
@@ -66,12 +67,14 @@ void LoraConfig::set_targets(const std::string& list) {
   }
   QLFT_CHECK_ARG(any, "lora.target_modules must name at least one projection");
   std::memcpy(targets, t, sizeof(t));
+  router = rt;
 }
 
 std::string LoraConfig::targets_string() const {
   std::string s;
   for (int p = 0; p < kProjCount; ++p)
     if (targets[p]) s += std::string(s.empty() ? "" : ",") + proj_peft_name(static_cast<Proj>(p));
+  if (router) s += std::string(s.empty() ? "" : ",") + "gate";
   return s;
 }
 
@@ -146,17 +149,21 @@ void permute_rows_adjacent_to_hf(const float* src, float* dst, int n_heads, int 
 }
 
 void check_lora_targets(const ModelShapes& m, const LoraConfig& cfg) {
-  // An MoE layer has no dense gate / up / down. PEFT 0.21 maps those names onto the experts'
-  // fused parameters (target_parameters, refuse_moe_target), which the adapter does not hold yet.
+  // An MoE layer has no dense gate / up / down: those names adapt its experts, gate and up
+  // together as PEFT's fused experts.gate_up_proj (PEFT refuses w1 without w3).
+  const bool gate = cfg.targets[int(Proj::Gate)], up = cfg.targets[int(Proj::Up)];
   for (int l = 0; l < m.n_layers; ++l)
-    for (int p = 0; p < kProjCount; ++p)
-      QLFT_CHECK_ARG(!cfg.targets[p] || m.proj(l, static_cast<Proj>(p)).out > 0,
-                     "lora.target_modules: %s on %s's layer %d names its %d experts (PEFT 0.21 "
-                     "adapts their fused parameters as target_parameters experts.gate_up_proj / "
-                     "experts.down_proj), which qlft's adapter does not hold yet; target the "
-                     "attention projections q_proj, k_proj, v_proj, o_proj",
-                     proj_peft_name(static_cast<Proj>(p)), m.arch.c_str(), l,
-                     m.layers[size_t(l)].n_experts);
+    QLFT_CHECK_ARG(
+        !m.layers[size_t(l)].moe() || gate == up,
+        "lora.target_modules: %s on %s's layer %d adapts its %d experts' fused "
+        "gate_up_proj (PEFT 0.21's experts.gate_up_proj), which takes gate and up "
+        "together: target both (Mixtral's w1 and w3, or gate_proj and up_proj)",
+        gate ? "gate_proj (w1) without up_proj (w3)" : "up_proj (w3) without gate_proj (w1)",
+        m.arch.c_str(), l, m.layers[size_t(l)].n_experts);
+  QLFT_CHECK_ARG(!cfg.router || m.any_moe(),
+                 "lora.target_modules: 'gate' names a mixture-of-experts router, which %s has "
+                 "not (gate_proj is the MLP's gate projection)",
+                 m.arch.c_str());
 }
 
 LoraAdapter::LoraAdapter(MemoryTracker* tracker, const ModelShapes& m, const LoraConfig& cfg,
@@ -195,7 +202,7 @@ LoraAdapter::LoraAdapter(MemoryTracker* tracker, const ModelShapes& m, const Lor
   for (int l = 0; l < m.n_layers; ++l) {
     slots_[l].resize(kProjCount);
     for (int p = 0; p < kProjCount; ++p) {
-      if (!cfg.targets[p]) continue;
+      if (!cfg.targets[p] || m.proj(l, static_cast<Proj>(p)).out == 0) continue;  // (MoE: below)
       LoraSlot& s = slots_[l][p];
       const ProjShape& ps = m.proj(l, static_cast<Proj>(p));
       s.out = static_cast<int>(ps.out);
@@ -212,6 +219,7 @@ LoraAdapter::LoraAdapter(MemoryTracker* tracker, const ModelShapes& m, const Lor
       if (gradients) s.dA = Buffer::view_of(f.dA);
     }
   }
+  make_moe_slots(gradients, values);
   init(cfg.init_seed);
 }
 
@@ -225,6 +233,12 @@ void LoraAdapter::allocate_where(bool gradients, const std::function<bool(int, P
       const LoraSlot& s = slots_[l][p];
       QLFT_CHECK_ARG(!s.active() || ((s.*k.a).empty() && (s.*k.b).empty()),
                      "allocate_%s: the adapter already has its %s", k.what, k.what);
+      QLFT_CHECK_ARG(
+          !s.active() || !has_moe() ||
+              (keep(l, static_cast<Proj>(p), false) && keep(l, static_cast<Proj>(p), true)),
+          "sharded LoRA %s (ZeRO) with an MoE layer's expert / router LoRA are not "
+          "supported (lora.target_modules w1 / w2 / w3 / gate on %s)",
+          k.what, shapes_.arch.c_str());
       QLFT_CHECK_ARG(
           !s.active() || !fused ||
               (keep(l, static_cast<Proj>(p), false) && keep(l, static_cast<Proj>(p), true)),
@@ -243,6 +257,15 @@ void LoraAdapter::allocate_where(bool gradients, const std::function<bool(int, P
         s.*k.a =
             Buffer::view_of(slots_[l][static_cast<int>(module(static_cast<Proj>(p)).first)].*k.a);
     }
+  for (auto& layer : moe_slots_)  // (whole: checked above)
+    for (MoeLoraSlot& s : layer) {
+      if (!s.active()) continue;
+      Buffer MoeLoraSlot::*a = gradients ? &MoeLoraSlot::dA : &MoeLoraSlot::A;
+      Buffer MoeLoraSlot::*b = gradients ? &MoeLoraSlot::dB : &MoeLoraSlot::B;
+      QLFT_CHECK_ARG((s.*a).empty(), "allocate_%s: the adapter already has its %s", k.what, k.what);
+      s.*a = Buffer(tracker_, k.category, size_t(s.a_n()) * 4, k.a_name);
+      s.*b = Buffer(tracker_, k.category, size_t(s.b_n()) * 4, k.b_name);
+    }
 }
 
 void LoraAdapter::allocate_values(const std::function<bool(int, Proj, bool)>& keep) {
@@ -255,6 +278,18 @@ void LoraAdapter::allocate_gradients(const std::function<bool(int, Proj, bool)>&
   ++host_writes_;
   allocate_where(true, keep);
 }
+
+namespace {
+// PEFT's lora_A init, kaiming_uniform(a = sqrt(5)): U(-bound, bound), bound = 1 / sqrt(in), from
+// the counter-based stream.
+void kaiming_fill(float* A, int64_t n, float bound, uint64_t stream) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint64_t h = mix64(stream + static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ull);
+    double u = static_cast<double>(h >> 11) * (1.0 / 9007199254740992.0);  // [0, 1)
+    A[i] = static_cast<float>((2.0 * u - 1.0) * bound);
+  }
+}
+}  // namespace
 
 void LoraAdapter::init(uint64_t seed) {
   refresh();
@@ -271,14 +306,9 @@ void LoraAdapter::init(uint64_t seed) {
       if (!s.M.empty()) std::fill(s.M.as<float>(), s.M.as<float>() + s.out, 1.f);
       // (another rank's: allocate_values, dist/zero3_lora.h; or a fused module's, drawn once)
       if (s.A.empty() || s.shares_a) continue;
-      float* A = s.A.as<float>();
-      const int64_t n = static_cast<int64_t>(cfg_.r) * s.in;
-      for (int64_t i = 0; i < n; ++i) {
-        uint64_t h = mix64(stream + static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ull);
-        double u = static_cast<double>(h >> 11) * (1.0 / 9007199254740992.0);  // [0, 1)
-        A[i] = static_cast<float>((2.0 * u - 1.0) * bound);
-      }
+      kaiming_fill(s.A.as<float>(), static_cast<int64_t>(cfg_.r) * s.in, bound, stream);
     }
+  init_moe(seed);
   zero_grad();
 }
 
@@ -288,6 +318,10 @@ void LoraAdapter::zero_grad() {
   for (auto& layer : slots_)
     for (LoraSlot& s : layer)
       for (Buffer* g : {&s.dA, &s.dB, &s.dM})  // (empty where allocate_gradients left none)
+        if (!g->empty()) std::memset(g->data(), 0, g->size());
+  for (auto& layer : moe_slots_)
+    for (MoeLoraSlot& s : layer)
+      for (Buffer* g : {&s.dA, &s.dB})
         if (!g->empty()) std::memset(g->data(), 0, g->size());
 }
 
@@ -449,6 +483,117 @@ void LoraAdapter::set_module_hf(int layer, Proj first, const float* A, int64_t a
   }
 }
 
+const char* moe_part_name(MoePart p) {
+  static const char* const names[] = {"experts.gate_up_proj", "experts.down_proj", "gate.weight"};
+  return names[static_cast<int>(p)];
+}
+
+void LoraAdapter::make_moe_slots(bool gradients, bool values) {
+  moe_slots_.clear();
+  for (int l = 0; l < n_layers(); ++l) moe_slots_.emplace_back(kMoePartCount);
+  if (!shapes_.any_moe()) return;
+  const bool on[kMoePartCount] = {cfg_.targets[int(Proj::Gate)], cfg_.targets[int(Proj::Down)],
+                                  cfg_.router};
+  if (!on[0] && !on[1] && !on[2]) return;
+  // As PEFT's ParamWrapper: no dropout, DoRA or bias on these.
+  if (cfg_.dropout != 0.f || cfg_.use_dora)
+    throw_error(QLFT_ERR_UNSUPPORTED,
+                "lora.%s with LoRA on %s's experts / router (lora.target_modules w1 / w2 / w3 / "
+                "gate, or an MoE layer's gate_proj / up_proj / down_proj): PEFT's ParamWrapper "
+                "refuses it; set it off or target the attention projections only",
+                cfg_.use_dora ? "use_dora" : "dropout", shapes_.arch.c_str());
+  for (int l = 0; l < n_layers(); ++l) {
+    const LayerShapes& ls = shapes_.layers[size_t(l)];
+    if (!ls.moe()) continue;
+    const int64_t dim = ls.norm;
+    // gate_up: PEFT's rank_pattern / alpha_pattern give it 2r and 2 alpha.
+    const int64_t in[kMoePartCount] = {dim, ls.expert_ffn, dim};
+    const int64_t out[kMoePartCount] = {2 * ls.expert_ffn, dim, ls.n_experts};
+    for (int p = 0; p < kMoePartCount; ++p) {
+      if (!on[p]) continue;
+      MoeLoraSlot& s = moe_slots_[size_t(l)][size_t(p)];
+      s.in = in[p];
+      s.out = out[p];
+      s.r = p == 0 ? 2 * cfg_.r : cfg_.r;
+      s.experts = p == 2 ? 1 : ls.n_experts;
+      const float alpha = p == 0 ? 2 * cfg_.alpha : cfg_.alpha;
+      s.scale = cfg_.use_rslora ? alpha / std::sqrt(float(s.r)) : alpha / float(s.r);
+      const std::string what = std::string("lora ") + moe_part_name(MoePart(p));
+      if (values) {
+        s.A = Buffer(tracker_, MemCategory::Adapter, size_t(s.a_n()) * 4, (what + " A").c_str());
+        s.B = Buffer(tracker_, MemCategory::Adapter, size_t(s.b_n()) * 4, (what + " B").c_str());
+      }
+      if (gradients) {
+        s.dA =
+            Buffer(tracker_, MemCategory::Gradients, size_t(s.a_n()) * 4, (what + " dA").c_str());
+        s.dB =
+            Buffer(tracker_, MemCategory::Gradients, size_t(s.b_n()) * 4, (what + " dB").c_str());
+      }
+    }
+  }
+}
+
+void LoraAdapter::init_moe(uint64_t seed) {
+  for (int l = 0; l < int(moe_slots_.size()); ++l)
+    for (int p = 0; p < kMoePartCount; ++p) {
+      MoeLoraSlot& s = moe_slots_[size_t(l)][size_t(p)];
+      if (!s.active() || s.A.empty()) continue;
+      std::memset(s.B.data(), 0, s.B.size());
+      const uint64_t stream = mix64(seed ^ mix64((uint64_t(l) << 8) | uint64_t(kProjCount + p)));
+      kaiming_fill(s.A.as<float>(), s.a_n(), 1.f / std::sqrt(float(s.in)), stream);
+    }
+}
+
+bool LoraAdapter::has_moe() const {
+  for (const auto& layer : moe_slots_)
+    for (const MoeLoraSlot& s : layer)
+      if (s.active()) return true;
+  return false;
+}
+
+MoeLora LoraAdapter::moe_lora(int layer, bool gradients) const {
+  MoeLora v;
+  MoeLoraPart* parts[kMoePartCount] = {&v.gate_up, &v.down, &v.router};
+  for (int p = 0; p < kMoePartCount; ++p) {
+    const MoeLoraSlot& s = moe_slot(layer, MoePart(p));
+    if (!s.active()) continue;
+    QLFT_CHECK_ARG(!s.A.empty() && !s.B.empty(), "layer %d %s: LoRA tensors not allocated", layer,
+                   moe_part_name(MoePart(p)));
+    *parts[p] = MoeLoraPart{s.A.as<float>(),
+                            s.B.as<float>(),
+                            gradients ? const_cast<float*>(s.dA.as<float>()) : nullptr,
+                            gradients ? const_cast<float*>(s.dB.as<float>()) : nullptr,
+                            s.r,
+                            s.scale};
+  }
+  return v;
+}
+
+std::vector<float> LoraAdapter::get_moe_peft(int layer, MoePart p, bool b, bool grad) const {
+  const MoeLoraSlot& s = moe_slot(layer, p);
+  const Buffer& buf = b ? (grad ? s.dB : s.B) : (grad ? s.dA : s.A);
+  if (!s.active() || buf.empty()) return {};
+  if (!b) return std::vector<float>(buf.as<float>(), buf.as<float>() + s.a_n());
+  return moe_lora_b_to_peft(buf.as<float>(), s.out, s.r, s.experts);
+}
+
+void LoraAdapter::set_moe_peft(int layer, MoePart p, const float* A, int64_t a_n, const float* B,
+                               int64_t b_n) {
+  QLFT_CHECK_ARG(layer >= 0 && layer < n_layers(), "LoRA layer %d is out of range", layer);
+  refresh();
+  ++host_writes_;
+  MoeLoraSlot& s = moe_slots_[size_t(layer)][size_t(p)];
+  QLFT_CHECK_ARG(s.active(), "layer %d %s has no LoRA adapter (not in lora.target_modules)", layer,
+                 moe_part_name(p));
+  QLFT_CHECK_ARG(a_n == s.a_n() && b_n == s.b_n(),
+                 "layer %d %s: LoRA A/B have %lld/%lld values, expected %lld/%lld", layer,
+                 moe_part_name(p), (long long)a_n, (long long)b_n, (long long)s.a_n(),
+                 (long long)s.b_n());
+  std::memcpy(s.A.data(), A, size_t(a_n) * 4);
+  const std::vector<float> b = moe_lora_b_from_peft(B, s.out, s.r, s.experts);
+  std::memcpy(s.B.data(), b.data(), size_t(b_n) * 4);
+}
+
 bool LoraAdapter::shares_any_a() const {
   for (const auto& layer : slots_)
     for (const LoraSlot& s : layer)
@@ -462,6 +607,8 @@ uint64_t LoraAdapter::n_params() const {
     for (const LoraSlot& s : layer)
       if (s.active())
         n += ((s.shares_a ? 0 : s.a_bytes()) + s.b_bytes() + (s.M.empty() ? 0 : s.m_bytes())) / 4;
+  for (const auto& layer : moe_slots_)
+    for (const MoeLoraSlot& s : layer) n += uint64_t(s.a_n() + s.b_n());
   return n;
 }
 
@@ -476,6 +623,12 @@ std::vector<LoraAdapter::Param> LoraAdapter::params() {
           v.push_back({s.A.as<float>(), s.dA.as<float>(), static_cast<int64_t>(s.a_bytes() / 4)});
         v.push_back({s.B.as<float>(), s.dB.as<float>(), static_cast<int64_t>(s.b_bytes() / 4)});
         if (!s.M.empty()) v.push_back({s.M.as<float>(), s.dM.as<float>(), s.out});
+      }
+  for (auto& layer : moe_slots_)
+    for (MoeLoraSlot& s : layer)
+      if (s.active()) {
+        v.push_back({s.A.as<float>(), s.dA.as<float>(), s.a_n()});
+        v.push_back({s.B.as<float>(), s.dB.as<float>(), s.b_n()});
       }
   return v;
 }

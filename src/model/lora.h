@@ -30,6 +30,7 @@
 #include "backend/backend.h"
 #include "config/run_spec.h"
 #include "model/model.h"
+#include "model/moe_lora.h"
 
 namespace qlft {
 
@@ -37,11 +38,16 @@ namespace qlft {
 // the targeted projections as flags and the init seed.
 struct LoraConfig : LoraHyperparams {
   bool targets[kProjCount] = {true, true, true, true, true, true, true};
+  // An MoE layer's router (PEFT's "gate" -> gate.weight). On an MoE layer, gate / up / down
+  // (Mixtral's w1 / w3 / w2, which set_targets reads as them) adapt the experts: PEFT's
+  // experts.gate_up_proj (gate and up together, rank 2r, alpha 2 alpha) and experts.down_proj.
+  bool router = false;
   uint64_t init_seed = 0;
 
   float scale() const;
   // "q_proj,v_proj" -> targets; throws QLFT_ERR_INVALID_ARGUMENT for an unknown name.
-  // A fused family's module names count too: qkv_proj = q, k, v; gate_up_proj = gate, up.
+  // A fused family's module names count too: qkv_proj = q, k, v; gate_up_proj = gate, up;
+  // and PEFT's MoE names: w1 = gate, w3 = up, w2 = down, gate = the router.
   void set_targets(const std::string& list);
   std::string targets_string() const;
 };
@@ -60,8 +66,9 @@ LoraModule lora_module(bool fused, Proj p);
 // From lora.r, lora.alpha, lora.dropout, lora.target_modules, lora.use_rslora and seed
 // (lora.init_from is the caller's: its adapter_config.json replaces all but the seed).
 LoraConfig lora_config_from(const LoraSpec& s);
-// Refuses (QLFT_ERR_INVALID_ARG) a target a layer of m does not have (an MoE layer's gate /
-// up / down), naming it: the adapter and the planner behind `estimate` alike.
+// Refuses (QLFT_ERR_INVALID_ARG) what PEFT refuses on m, naming it: the router on a model
+// without MoE layers, an MoE layer's gate without up (w1 without w3) or up without gate; the
+// adapter and the planner behind `estimate` alike.
 void check_lora_targets(const ModelShapes& m, const LoraConfig& cfg);
 
 // Rows of a q or k projection output: rotate-half (HF) order <-> adjacent-pair (GGUF) order,
@@ -85,6 +92,21 @@ struct LoraSlot {
   size_t a_bytes() const { return static_cast<size_t>(r) * in * 4; }
   size_t b_bytes() const { return static_cast<size_t>(out) * r * 4; }
   size_t m_bytes() const { return static_cast<size_t>(out) * 4; }
+};
+
+// One MoE layer's expert or router LoRA (PEFT's target_parameters), in model/moe_lora.h's
+// layout: A [E r, in], B [E, out, r] expert by expert (the router: E = 1, out n_experts).
+enum class MoePart : int { GateUp = 0, Down, Router };
+constexpr int kMoePartCount = 3;
+const char* moe_part_name(MoePart p);  // PEFT's parameter: "experts.gate_up_proj", ...
+struct MoeLoraSlot {
+  Buffer A, B, dA, dB;
+  int64_t in = 0, out = 0;
+  int r = 0, experts = 0;  // r = 0: not targeted
+  float scale = 1.f;
+  bool active() const { return r > 0; }
+  int64_t a_n() const { return int64_t(experts) * r * in; }
+  int64_t b_n() const { return int64_t(experts) * out * r; }
 };
 
 class LoraAdapter {
@@ -176,9 +198,26 @@ class LoraAdapter {
   // Only for an adapter with a frozen start.
   std::unique_ptr<LoraAdapter> folded_start(MemoryTracker* tracker) const;
 
+  // MoE layers' expert / router LoRA (MoeLoraSlot). has_moe: any is targeted.
+  bool has_moe() const;
+  bool moe_active(int layer, MoePart p) const {
+    return moe_slots_[size_t(layer)][size_t(p)].active();
+  }
+  const MoeLoraSlot& moe_slot(int layer, MoePart p) const {
+    refresh();
+    return moe_slots_[size_t(layer)][size_t(p)];
+  }
+  // The kernels' view of a layer's expert / router LoRA over the host buffers (gradients: dA,
+  // dB too); a part not targeted stays inactive.
+  MoeLora moe_lora(int layer, bool gradients) const;
+  // A part's A and B (or dA, dB) as PEFT holds them: lora_A [E r, in], lora_B [out, r E] with
+  // expert e at columns j E + e (the router: [E, r]); set_moe_peft checks the sizes.
+  std::vector<float> get_moe_peft(int layer, MoePart p, bool b, bool grad = false) const;
+  void set_moe_peft(int layer, MoePart p, const float* A, int64_t a_n, const float* B, int64_t b_n);
+
   uint64_t n_params() const;
   // Every trainable tensor and its gradient, in a fixed order (layer, projection, A, B, then M
-  // with DoRA).
+  // with DoRA; then each layer's MoE parts, A and B).
   struct Param {
     float* w;
     float* g;
@@ -203,6 +242,9 @@ class LoraAdapter {
   void allocate_where(bool gradients, const std::function<bool(int, Proj, bool)>& keep);
   bool permuted(Proj p) const;
   bool shares_any_a() const;
+  // model/lora_moe.cpp: the MoE layers' slots (after the projections'), their PEFT init.
+  void make_moe_slots(bool gradients, bool values);
+  void init_moe(uint64_t seed);
   int heads_of(Proj p) const;
   // The active slot (layer, p), its sizes checked: A [r, in] and B [out, r], or with A null a
   // magnitude of b_n = out values.
@@ -214,6 +256,7 @@ class LoraAdapter {
   ModelShapes shapes_;
   bool fused_ = false;
   std::vector<std::vector<LoraSlot>> slots_;
+  std::vector<std::vector<MoeLoraSlot>> moe_slots_;  // [layer][MoePart]
   MemoryTracker* tracker_;
   mutable std::function<void()> refresh_;
   uint64_t host_writes_ = 0;

@@ -99,8 +99,15 @@ std::unique_ptr<Zero2Grads> allocate_lora_gradients(LoraAdapter& lora, DataParal
         ++i;
       }
     }
+  const size_t moe_first = i;  // an MoE layer's expert / router LoRA after the projections'
+  for (int l = 0; l < L; ++l)
+    for (int p = 0; p < kMoePartCount; ++p)
+      if (lora.moe_active(l, MoePart(p))) i += 2;
   QLFT_CHECK_ARG(i == dp.params().size(), "ZeRO gradients: %zu LoRA tensors, %zu params", i,
                  dp.params().size());
+  QLFT_CHECK_ARG(!shard || moe_first == i,
+                 "ZeRO-2/3 sharded gradients do not carry the experts' / router's LoRA "
+                 "(lora.target_modules w1 / w2 / w3 / gate): use dist.zero_stage 0 or 1");
   const int me = dp.rank();
   lora.allocate_gradients([&](int l, Proj p, bool b) {
     const size_t k = static_cast<size_t>(l) * kProjCount + static_cast<size_t>(p);
@@ -116,6 +123,13 @@ std::unique_ptr<Zero2Grads> allocate_lora_gradients(LoraAdapter& lora, DataParal
         dp.set_grad(i++, s.dA.empty() ? nullptr : const_cast<float*>(s.dA.as<float>()));
       dp.set_grad(i++, s.dB.empty() ? nullptr : const_cast<float*>(s.dB.as<float>()));
       if (cl.config().use_dora) dp.set_grad(i++, const_cast<float*>(s.dM.as<float>()));
+    }
+  for (int l = 0; l < L; ++l)
+    for (int p = 0; p < kMoePartCount; ++p) {
+      if (!cl.moe_active(l, MoePart(p))) continue;
+      const MoeLoraSlot& s = cl.moe_slot(l, MoePart(p));
+      dp.set_grad(i++, const_cast<float*>(s.dA.as<float>()));
+      dp.set_grad(i++, const_cast<float*>(s.dB.as<float>()));
     }
   if (!shard) return nullptr;
   return std::make_unique<Zero2Grads>(lora, dp.comm(), std::move(owner_a), std::move(owner_b),

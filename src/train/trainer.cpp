@@ -214,6 +214,26 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
         param_slots_.push_back({l, static_cast<Proj>(p), false, true});
       }
     }
+  // The MoE layers' expert / router LoRA, after the projections' (LoraAdapter::params' order).
+  if (lora_->has_moe() && backend_->device_memory())
+    throw_error(QLFT_ERR_UNSUPPORTED,
+                "LoRA on %s's experts / router (lora.target_modules w1 / w2 / w3 / gate, or an MoE "
+                "layer's gate_proj / up_proj / down_proj) on backend=%s: the device copy of the "
+                "adapter does not carry them yet; use backend=cpu or target the attention "
+                "projections only",
+                model.cfg.arch.c_str(), backend_->name());
+  for (int l = 0; l < lora_->n_layers(); ++l)
+    for (int p = 0; p < kMoePartCount; ++p) {
+      if (!lora_->moe_active(l, MoePart(p))) continue;
+      const MoeLoraSlot& s = static_cast<const LoraAdapter&>(*lora_).moe_slot(l, MoePart(p));
+      const std::string base = "lora." + std::to_string(l) + "." + moe_part_name(MoePart(p));
+      params.push_back(
+          {base + ".A", const_cast<float*>(s.A.as<float>()), nullptr, size_t(s.a_n())});
+      param_slots_.push_back({l, Proj::Q, false, false, p});
+      params.push_back({base + ".B", const_cast<float*>(s.B.as<float>()), nullptr, size_t(s.b_n()),
+                        spec.optim.loraplus_lr_ratio});
+      param_slots_.push_back({l, Proj::Q, true, false, p});
+    }
   const OptimSettings& os = spec.optim;
   init_dist(spec, std::move(params));
   init_grads(spec);

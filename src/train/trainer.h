@@ -226,6 +226,7 @@ class Trainer {
     Proj p;
     bool b;
     bool m = false;  // DoRA's magnitude (b false)
+    int moe = -1;    // an MoE layer's expert / router LoRA (MoePart; p unused), else -1
   };
   std::vector<ParamSlot> param_slots_;
   const float* param_values(size_t i) const;  // throws when this rank does not hold it

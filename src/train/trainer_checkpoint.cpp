@@ -175,8 +175,14 @@ void Trainer::write_sharded_checkpoint(const std::string& path, StateDict& mine)
 const float* Trainer::param_values(size_t i) const {
   const ParamSlot& ps = param_slots_.at(i);
   // (the const slot(): a read, not a host write that would make a device copy stale)
-  const LoraSlot& s = static_cast<const LoraAdapter&>(*lora_).slot(ps.layer, ps.p);
-  const Buffer& v = ps.m ? s.M : ps.b ? s.B : s.A;
+  const LoraAdapter& a = *lora_;
+  const Buffer* moe = nullptr;
+  if (ps.moe >= 0) {
+    const MoeLoraSlot& m = a.moe_slot(ps.layer, MoePart(ps.moe));
+    moe = ps.b ? &m.B : &m.A;
+  }
+  const LoraSlot& s = a.slot(ps.layer, ps.p);
+  const Buffer& v = moe ? *moe : ps.m ? s.M : ps.b ? s.B : s.A;
   if (v.empty())
     throw_error(QLFT_ERR_INTERNAL, "LoRA tensor '%s' is not on this rank",
                 dp_->params()[i].name.c_str());

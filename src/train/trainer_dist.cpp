@@ -149,7 +149,9 @@ void Trainer::init_grads(const RunSpec& spec) {
 bool Trainer::adapter_has_values() const {
   if (param_slots_.empty()) return true;
   const ParamSlot& ps = param_slots_[0];
-  return !static_cast<const LoraAdapter&>(*lora_).slot(ps.layer, ps.p).A.empty();
+  const LoraAdapter& a = *lora_;
+  if (ps.moe >= 0) return !a.moe_slot(ps.layer, MoePart(ps.moe)).A.empty();
+  return !a.slot(ps.layer, ps.p).A.empty();
 }
 
 void Trainer::make_adapter_values(const std::function<bool(size_t)>& keep) {
@@ -158,11 +160,19 @@ void Trainer::make_adapter_values(const std::function<bool(size_t)>& keep) {
   };
   std::vector<size_t> param(key(lora_->n_layers(), Proj::Q, false));  // by (layer, projection, b)
   for (size_t i = 0; i < param_slots_.size(); ++i)
-    param[key(param_slots_[i].layer, param_slots_[i].p, param_slots_[i].b)] = i;
+    if (param_slots_[i].moe < 0)  // (an MoE layer's expert / router LoRA: made whole)
+      param[key(param_slots_[i].layer, param_slots_[i].p, param_slots_[i].b)] = i;
   lora_->allocate_values([&](int layer, Proj p, bool b) { return keep(param[key(layer, p, b)]); });
   for (size_t i = 0; i < param_slots_.size(); ++i) {
-    LoraSlot& s = lora_->slot(param_slots_[i].layer, param_slots_[i].p);
-    Buffer& v = param_slots_[i].b ? s.B : s.A;
+    const ParamSlot& ps = param_slots_[i];
+    if (ps.moe >= 0) {
+      const MoeLoraSlot& m =
+          static_cast<const LoraAdapter&>(*lora_).moe_slot(ps.layer, MoePart(ps.moe));
+      dp_->set_data(i, const_cast<float*>((ps.b ? m.B : m.A).as<float>()));
+      continue;
+    }
+    LoraSlot& s = lora_->slot(ps.layer, ps.p);
+    Buffer& v = ps.b ? s.B : s.A;
     dp_->set_data(i, v.empty() ? nullptr : v.as<float>());
   }
 }

@@ -153,26 +153,28 @@ INSTANTIATE_TEST_SUITE_P(Moe, MoeLoraBlock,
                          ::testing::Values("mixtral_block_lora", "qwen3_moe_block_lora"));
 
 // The names PEFT 0.21 users pass for an MoE layer's experts and router (Mixtral's w1 / w2 / w3 and
-// gate, which PEFT maps onto target_parameters, and those parameters' own names) are refused
-// naming PEFT's mapping: the adapter holds no expert factors yet.
-TEST(Moe, PeftExpertTargetsRefusedByName) {
-  for (const char* t : {"w1", "w3", "w2", "gate", "mlp.experts.gate_up_proj", "experts.down_proj",
-                        "mlp.gate.weight", "block_sparse_moe.gate"}) {
-    LoraConfig c;
-    try {
-      c.set_targets(std::string("q_proj,") + t);
-      ADD_FAILURE() << t << " was accepted";
-    } catch (const Error& e) {
-      const std::string m = e.what();
-      EXPECT_EQ(e.status(), QLFT_ERR_UNSUPPORTED) << m;
-      EXPECT_NE(m.find(std::string("'") + t + "' names a mixture-of-experts layer"),
-                std::string::npos)
-          << m;
-      EXPECT_NE(m.find("w1 / w3 -> experts.gate_up_proj"), std::string::npos) << m;
-    }
+// gate, which PEFT maps onto target_parameters, and those parameters' own names) read as the
+// projections they stand for (on an MoE layer gate / up / down adapt the experts) and the router
+// (test_moe_lora: the adapter and runner against PEFT).
+TEST(Moe, PeftExpertTargetsRead) {
+  struct Case {
+    const char* name;
+    Proj p;
+    bool router;
+  };
+  for (const Case& c :
+       {Case{"w1", Proj::Gate, false}, Case{"w3", Proj::Up, false}, Case{"w2", Proj::Down, false},
+        Case{"gate", Proj::Q, true}, Case{"mlp.experts.gate_up_proj", Proj::Up, false},
+        Case{"experts.down_proj", Proj::Down, false}, Case{"mlp.gate.weight", Proj::Q, true},
+        Case{"block_sparse_moe.gate", Proj::Q, true}}) {
+    LoraConfig cfg;
+    cfg.set_targets(std::string("q_proj,") + c.name);
+    EXPECT_TRUE(cfg.targets[int(c.p)]) << c.name;
+    EXPECT_EQ(cfg.router, c.router) << c.name;
   }
   LoraConfig c;
   EXPECT_NO_THROW(c.set_targets("q_proj,gate_proj"));  // a dense model's gate stays a target
+  EXPECT_FALSE(c.router);
 }
 
 // A malformed layer is refused naming what is wrong: the expert whose shape is off, the top_k.

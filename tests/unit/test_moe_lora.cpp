@@ -1,0 +1,213 @@
+// LoRA on a whole MoE model's experts and routers (LoraAdapter's MoE slots, LlamaRunner passing
+// them to moe_fwd / moe_bwd) against PEFT 0.21 on transformers 5's MixtralForCausalLM
+// (tests/reference/gen_moe_lora_fixtures.py: target_modules q_proj, v_proj, w1, w2, w3, gate,
+// which PEFT rewrites into target_parameters experts.gate_up_proj (rank 2r, alpha 2 alpha),
+// experts.down_proj and gate.weight).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "config/run_spec.h"
+#include "core/threads.h"
+#include "model/moe.h"
+#include "test_model_util.h"
+#include "train/trainer.h"
+
+using namespace qlft;
+using namespace model_test;
+using qlft_test::max_rel_error;
+
+namespace {
+
+constexpr double kTol = 1e-4;
+const char* const kPartKey[kMoePartCount] = {"gate_up", "down", "router"};
+
+Fixture moe_lora_fixture() {
+  return Fixture(qlft_test::fixture_path("moe_lora/syn_mixtral.moe_lora.safetensors"));
+}
+std::string mixtral(const char* file = "") {
+  return qlft_test::fixture_path(std::string("families/syn_mixtral") + file);
+}
+std::string key(int l, int p, const char* what) {
+  return "l" + std::to_string(l) + "." + kPartKey[p] + "." + what;
+}
+
+// The fixture's q / v and expert / router factors into a.
+void load_moe_lora(const Fixture& f, LoraAdapter& a) {
+  load_lora(f, a);
+  for (int l = 0; l < a.n_layers(); ++l)
+    for (int p = 0; p < kMoePartCount; ++p) {
+      const std::vector<float> A = f.f32(key(l, p, "A")), B = f.f32(key(l, p, "B"));
+      a.set_moe_peft(l, MoePart(p), A.data(), int64_t(A.size()), B.data(), int64_t(B.size()));
+    }
+}
+
+}  // namespace
+
+// Logits, loss and every LoRA gradient (q, v, each layer's experts' gate_up and down, the
+// router) of syn_mixtral (safetensors and llama.cpp's GGUF) vs PEFT's; checkpointing (the
+// recomputed layer runs the experts' LoRA again) gives the same gradients.
+TEST(MoeLora, MixtralMatchesPeft) {
+  set_num_threads(1);
+  const Fixture f = moe_lora_fixture();
+  for (const std::string& path : {mixtral(), mixtral(".gguf")}) {
+    SCOPED_TRACE(path);
+    MemoryTracker tr;
+    auto model = load_model(&tr, path, keep());
+    auto be = make_cpu_backend(&tr);
+    LoraAdapter lora(&tr, model->shapes, lora_config_of(f));
+    load_moe_lora(f, lora);
+    // q (32 x 4 + 4 x 32), v (4 x 32 + 16 x 4), gate_up (4 x 8 x 32 + 96 x 8 x 4), down
+    // (4 x 4 x 48 + 32 x 4 x 4), router (4 x 32 + 4 x 4), two layers.
+    EXPECT_EQ(lora.n_params(), 2u * (256 + 192 + 1024 + 3072 + 768 + 512 + 144));
+    LlamaRunner run(*model, *be, &lora);
+    std::vector<int32_t> tok = f.i32("tokens"), tgt = f.i32("targets");
+    TokenBatch b;
+    b.batch = 2;
+    b.seq = 16;
+    b.tokens = tok.data();
+    b.targets = tgt.data();
+    const int V = model->cfg.vocab;
+    std::vector<float> logits(size_t(b.rows()) * V);
+    const LossResult ev = run.logits(b, MatF(logits.data(), b.rows(), V));
+    const std::vector<float> ref = f.f32("logits");
+    ASSERT_EQ(ref.size(), logits.size());
+    const double el = max_rel_error(logits.data(), ref.data(), ref.size());
+    EXPECT_LT(el, kTol) << "logits";
+    const double loss = f.f32("loss")[0];
+    EXPECT_NEAR(ev.mean(), loss, kTol * loss);
+    auto grads = [&] {
+      lora.zero_grad();
+      EXPECT_NEAR(run.forward(b).mean(), loss, kTol * loss) << "training loss";
+      run.backward();
+      std::vector<float> g;
+      for (auto& p : lora.params()) g.insert(g.end(), p.g, p.g + p.n);
+      return g;
+    };
+    const std::vector<float> g0 = grads();
+    double worst = 0;
+    int n = check_lora_grads(lora, f, "", kTol, &worst);
+    for (int l = 0; l < lora.n_layers(); ++l)
+      for (int p = 0; p < kMoePartCount; ++p)
+        for (bool is_b : {false, true}) {
+          const std::vector<float> g = lora.get_moe_peft(l, MoePart(p), is_b, true),
+                                   gr = f.f32(key(l, p, is_b ? "gB" : "gA"));
+          ASSERT_EQ(g.size(), gr.size()) << key(l, p, is_b ? "gB" : "gA");
+          const double e = max_rel_error(g.data(), gr.data(), g.size());
+          EXPECT_LT(e, kTol) << key(l, p, is_b ? "gB" : "gA");
+          worst = std::max(worst, e);
+          ++n;
+        }
+    EXPECT_EQ(n, 2 * 2 * 5);
+    std::printf("[moe_lora] %s: logits %.2e, %d LoRA gradients, worst %.2e\n", path.c_str(), el, n,
+                worst);
+    run.set_checkpoint_all(true);
+    EXPECT_EQ(grads(), g0) << "checkpointed";
+    // Control: without the experts' and routers' factors (q / v alone) the logits move.
+    LoraAdapter qv(&tr, model->shapes, lora_config_of(f));
+    load_lora(f, qv);
+    LlamaRunner run_qv(*model, *be, &qv);
+    run_qv.logits(b, MatF(logits.data(), b.rows(), V));
+    EXPECT_GT(max_rel_error(logits.data(), ref.data(), ref.size()), 1e-3) << "q / v alone";
+  }
+}
+
+// PEFT's names and rules: w1 / w3 / w2 / gate (and the target_parameters' own names) adapt the
+// experts and the router, gate_up at rank 2r and alpha 2 alpha (rsLoRA: 2 alpha / sqrt(2r));
+// w1 without w3 is refused as PEFT refuses it, the router on a dense model, dropout / DoRA on the
+// experts (PEFT's ParamWrapper refuses them); A starts as PEFT's kaiming-uniform, B at zero.
+TEST(MoeLora, AdapterFollowsPeftsRules) {
+  MemoryTracker tr;
+  auto model = load_model(&tr, mixtral(), keep());
+  LoraConfig c;
+  c.r = 2;
+  c.alpha = 3;
+  c.set_targets("mlp.experts.gate_up_proj,experts.down_proj,mlp.gate.weight");
+  EXPECT_TRUE(c.router);
+  EXPECT_TRUE(c.targets[int(Proj::Gate)] && c.targets[int(Proj::Up)] && c.targets[int(Proj::Down)]);
+  EXPECT_FALSE(c.targets[int(Proj::Q)]);
+  for (bool rs : {false, true}) {
+    c.use_rslora = rs;
+    LoraAdapter a(&tr, model->shapes, c);
+    const MoeLoraSlot& gu = a.moe_slot(1, MoePart::GateUp);
+    EXPECT_EQ(gu.r, 4);
+    EXPECT_EQ(gu.experts, 4);
+    EXPECT_EQ(gu.out, 96);
+    EXPECT_FLOAT_EQ(gu.scale, rs ? 6.f / std::sqrt(4.f) : 1.5f);
+    EXPECT_FLOAT_EQ(a.moe_slot(1, MoePart::Down).scale, rs ? 3.f / std::sqrt(2.f) : 1.5f);
+    EXPECT_EQ(a.moe_slot(0, MoePart::Router).out, 4);
+    for (int p = 0; p < kMoePartCount; ++p) {
+      const MoeLoraSlot& s = a.moe_slot(0, MoePart(p));
+      const float bound = 1.f / std::sqrt(float(s.in));
+      float amax = 0, bmax = 0;
+      for (int64_t i = 0; i < s.a_n(); ++i) amax = std::max(amax, std::fabs(s.A.as<float>()[i]));
+      for (int64_t i = 0; i < s.b_n(); ++i) bmax = std::max(bmax, std::fabs(s.B.as<float>()[i]));
+      EXPECT_LE(amax, bound) << p;
+      EXPECT_GT(amax, 0.8f * bound) << p;
+      EXPECT_EQ(bmax, 0.f) << p;
+    }
+  }
+  auto refused = [&](const ModelShapes& m, LoraConfig cfg, int32_t status, const char* named) {
+    try {
+      LoraAdapter a(&tr, m, cfg);
+      ADD_FAILURE() << named << ": accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), status) << e.what();
+      EXPECT_NE(std::string(e.what()).find(named), std::string::npos) << e.what();
+    }
+  };
+  LoraConfig w1;
+  w1.set_targets("q_proj,w1");
+  refused(model->shapes, w1, QLFT_ERR_INVALID_ARGUMENT,
+          "gate_proj (w1) without up_proj (w3) on mixtral's layer 0");
+  LoraConfig drop;
+  drop.set_targets("w2");
+  drop.dropout = 0.1f;
+  refused(model->shapes, drop, QLFT_ERR_UNSUPPORTED, "lora.dropout with LoRA on mixtral's experts");
+  LoraConfig dora;
+  dora.set_targets("q_proj,gate");
+  dora.use_dora = true;
+  refused(model->shapes, dora, QLFT_ERR_UNSUPPORTED, "lora.use_dora");
+  auto dense = load_model(&tr, qlft_test::fixture_path("families/syn_qwen3"), keep());
+  LoraConfig router;
+  router.set_targets("q_proj,gate");
+  refused(dense->shapes, router, QLFT_ERR_INVALID_ARGUMENT,
+          "'gate' names a mixture-of-experts router");
+}
+
+// One Trainer step with the experts' and routers' LoRA (lora.target_modules with PEFT's names):
+// its loss is PEFT's and the optimizer moved every expert / router factor.
+TEST(MoeLora, TrainerStepUpdatesExpertFactors) {
+  set_num_threads(1);
+  const Fixture f = moe_lora_fixture();
+  MemoryTracker tr;
+  auto model = load_model(&tr, mixtral(), keep());
+  data::Batch b;
+  b.rows = b.micro_batch = 2;
+  b.seq_len = 16;
+  b.tokens = f.i32("tokens");
+  b.targets = f.i32("targets");
+  for (int32_t t : b.targets) b.trained_tokens += t != data::kIgnoreIndex;
+  Config c;  // the fixture's LoRA over its batch's shape
+  c.set("lora.r", f.meta("r"));
+  c.set("lora.alpha", f.meta("alpha"));
+  c.set("lora.target_modules", f.meta("targets"));
+  c.set("data.seq_len", "16");
+  c.set("train.micro_batch", "2");
+  const double loss = f.f32("loss")[0];
+  Trainer t(*model, &tr, nullptr, parse_run_spec(c));
+  load_moe_lora(f, t.lora());
+  StepReport rep;
+  t.step_on({b}, &rep);
+  EXPECT_NEAR(rep.loss, loss, kTol * loss) << "PEFT's loss";
+  for (int l = 0; l < 2; ++l)
+    for (int p = 0; p < kMoePartCount; ++p) {
+      const std::vector<float> a = t.lora().get_moe_peft(l, MoePart(p), false),
+                               a0 = f.f32(key(l, p, "A"));
+      ASSERT_EQ(a.size(), a0.size());
+      EXPECT_GT(max_rel_error(a.data(), a0.data(), a.size()), 1e-4) << key(l, p, "A");
+    }
+}
