@@ -79,6 +79,16 @@ QuantKind target_kind(const LoadOptions& o) {
   return quantized_kind(o.quant_type);
 }
 
+const ModelConfig& tie_missing_head(ModelConfig& c, bool head_present, bool tie_stated,
+                                    const std::string& where, const std::string& head) {
+  if (head_present) return c;
+  QLFT_CHECK_FORMAT(c.tied_embeddings || !tie_stated,
+                    "%s: tensor '%s' is missing and tie_word_embeddings is false", where.c_str(),
+                    head.c_str());
+  c.tied_embeddings = true;
+  return c;
+}
+
 void FormatLoader::open(const std::string& path) {
   read_config(path);
   fused_ = find_family(m_.cfg.arch)->fused;

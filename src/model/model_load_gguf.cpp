@@ -241,11 +241,9 @@ ModelConfig read_gguf_config(const GgufFile& g) {
                     path.c_str(), static_cast<long long>(emb.ne[1]));
   c.vocab = static_cast<int>(emb.ne[1]);
   check_gguf_vocabulary(g, emb.ne[1]);
-  if (const GgufTensorInfo* out = g.find_tensor("output.weight"))
-    gguf_expect_shape(g, *out, c.vocab, c.dim);
-  else
-    c.tied_embeddings = true;
-  return c;
+  const GgufTensorInfo* out = g.find_tensor("output.weight");
+  if (out) gguf_expect_shape(g, *out, c.vocab, c.dim);
+  return tie_missing_head(c, out != nullptr, false, path, "output.weight");
 }
 
 namespace {

@@ -291,13 +291,8 @@ ModelConfig read_hf_config(const JsonFile& cj, const std::string& weights,
     c.hf_head = "language_model.lm_head.weight";
   }
   c.qkv_bias = c.qkv_bias || st.find(c.hf_prefix + "layers.0.self_attn.q_proj.bias") != nullptr;
-  if (!st.find(c.hf_head) || c.tied_embeddings) {
-    QLFT_CHECK_FORMAT(c.tied_embeddings || !tie_explicit,
-                      "%s: tensor '%s' is missing and tie_word_embeddings is false",
-                      dirname_of(cj.path()).c_str(), c.hf_head.c_str());
-    c.tied_embeddings = true;
-  }
-  return c;
+  return tie_missing_head(c, st.find(c.hf_head) != nullptr, tie_explicit, dirname_of(cj.path()),
+                          c.hf_head);
 }
 
 namespace {

@@ -39,6 +39,13 @@ inline void gemma_norm_weights(Buffer& w, int64_t n) {
   for (int64_t i = 0; i < n; ++i) p[i] += 1.f;
 }
 
+// How both formats' configuration readers settle the output head: a file without it (`head`,
+// the format's name for it) ties the head to the token embedding, unless the configuration states
+// untied (tie_stated: it names tie_word_embeddings, and c is untied), which is refused naming
+// `where` and the tensor. A configuration that ties the head keeps it tied. Returns c.
+const ModelConfig& tie_missing_head(ModelConfig& c, bool head_present, bool tie_stated,
+                                    const std::string& where, const std::string& head);
+
 class FormatLoader {
  public:
   FormatLoader(MemoryTracker* t, const LoadOptions& o, Model& m) : tracker_(t), opt_(o), m_(m) {}
