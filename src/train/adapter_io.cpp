@@ -189,7 +189,8 @@ std::map<std::string, AdapterPart> adapter_parts(const LoraAdapter& lora, const 
     for (int pi = 0; pi < kProjCount; ++pi) {
       const Proj p = static_cast<Proj>(pi);
       const LoraModule mod = lora.module(p);
-      if (!lora.targets(p) || mod.first != p) continue;
+      // (an MoE layer has no dense gate / up / down: its targets adapt the experts)
+      if (!lora.targets(p) || mod.first != p || !lora.active(l, p)) continue;
       const LoraSlot& s = lora.slot(l, p);
       const auto [a, b] = names(l, mod);
       check_finite(s.A, a);
@@ -444,6 +445,66 @@ void load_peft_adapter(LoraAdapter& lora, const std::string& dir) {
   }
 }
 
+// An MoE layer's expert / router LoRA in llama.cpp's LoRA GGUF: what convert_lora_to_gguf.py
+// makes of the per-expert adapter PEFT's target_parameters factors equal (its base converter
+// stacks the experts' w1 / w3 / w2 LoRA), applied by llama.cpp's build_lora_mm_id: lora_a
+// [E, r, in] and lora_b [E, out, r] (ggml ne {in, r, E} / {r, out, E}) of ffn_gate_exps and
+// ffn_up_exps (gate_up's A for both, B's gate rows / up rows), ffn_down_exps; the router's as
+// ffn_gate_inp (2-D). llama.cpp scales each tensor by adapter.lora.alpha / its rank, so lora_b
+// carries the part's own scale (PEFT's rank / alpha pattern: gate_up at 2r, 2 alpha) beside it.
+struct MoeGgufPart {
+  int layer = 0;
+  MoePart p = MoePart::GateUp;
+  bool b = false;
+  int64_t row0 = 0, rows = 0;  // lora_b: the part's B rows written
+  float factor = 1.f;          // lora_b: times this
+};
+
+std::map<std::string, MoeGgufPart> moe_gguf_parts(const LoraAdapter& lora, float alpha,
+                                                  GgufWriter& w) {
+  std::map<std::string, MoeGgufPart> parts;
+  if (!lora.has_moe()) return parts;
+  for (int l = 0; l < lora.n_layers(); ++l)
+    for (int pi = 0; pi < kMoePartCount; ++pi) {
+      const MoePart p = static_cast<MoePart>(pi);
+      if (!lora.moe_active(l, p)) continue;
+      const MoeLoraSlot& s = lora.moe_slot(l, p);
+      const float factor = s.scale * static_cast<float>(s.r) / alpha;
+      auto add = [&](const char* tensor, int64_t row0, int64_t rows) {
+        const std::string base = "blk." + std::to_string(l) + "." + tensor + ".weight.lora_";
+        check_finite(s.A, base + "a");
+        check_finite(s.B, base + "b");
+        std::vector<int64_t> a{s.in, s.r}, b{s.r, rows};
+        if (p != MoePart::Router) a.push_back(s.experts), b.push_back(s.experts);
+        w.add_tensor_deferred(base + "a", GgmlType::F32, a, static_cast<uint64_t>(s.a_n()) * 4);
+        w.add_tensor_deferred(base + "b", GgmlType::F32, b,
+                              static_cast<uint64_t>(s.experts) * rows * s.r * 4);
+        parts[base + "a"] = MoeGgufPart{l, p, false, 0, 0, 1.f};
+        parts[base + "b"] = MoeGgufPart{l, p, true, row0, rows, factor};
+      };
+      if (p == MoePart::GateUp) {
+        add("ffn_gate_exps", 0, s.out / 2);
+        add("ffn_up_exps", s.out / 2, s.out / 2);
+      } else {
+        add(p == MoePart::Down ? "ffn_down_exps" : "ffn_gate_inp", 0, s.out);
+      }
+    }
+  return parts;
+}
+
+// A moe_gguf_parts tensor's values (B held expert by expert: [E, out, r]).
+std::vector<float> moe_gguf_values(const LoraAdapter& lora, const MoeGgufPart& at) {
+  const MoeLoraSlot& s = lora.moe_slot(at.layer, at.p);
+  if (!at.b) return std::vector<float>(s.A.as<float>(), s.A.as<float>() + s.a_n());
+  std::vector<float> v;
+  v.reserve(static_cast<size_t>(s.experts * at.rows * s.r));
+  for (int e = 0; e < s.experts; ++e) {
+    const float* rows = s.B.as<float>() + (e * s.out + at.row0) * s.r;
+    for (int64_t i = 0; i < at.rows * s.r; ++i) v.push_back(rows[i] * at.factor);
+  }
+  return v;
+}
+
 void save_gguf_lora_adapter(const LoraAdapter& lora, const std::string& path) {
   if (lora.config().use_dora)
     throw_error(QLFT_ERR_UNSUPPORTED,
@@ -479,8 +540,13 @@ void save_gguf_lora_adapter(const LoraAdapter& lora, const std::string& path) {
         w.add_tensor_deferred(a, GgmlType::F32, {s.in, c.r}, s.A.size());
         w.add_tensor_deferred(b, GgmlType::F32, {c.r, out}, static_cast<size_t>(out) * c.r * 4);
       });
+  const std::map<std::string, MoeGgufPart> moe = moe_gguf_parts(lora, alpha, w);
   std::vector<float> scratch, perm;
   w.write(path, [&](const std::string& name) -> const void* {
+    if (auto it = moe.find(name); it != moe.end()) {
+      scratch = moe_gguf_values(lora, it->second);
+      return scratch.data();
+    }
     const AdapterPart& at = parts.at(name);
     scratch = lora.get_module_hf(at.layer, at.p, at.part);
     if (at.part == LoraAdapter::Part::B && adjacent && (at.p == Proj::Q || at.p == Proj::K)) {

@@ -19,9 +19,23 @@ convert_lora_to_gguf.py does with a PEFT adapter:
  - the keys: general.architecture (the converter's model_arch), general.type "adapter",
    adapter.type "lora", adapter.lora.alpha (adapter_config.json's lora_alpha).
 Writes fixtures/lora_gguf/syn_<family>[.fused].lora.gguf.
+
+--moe: the expert / router LoRA of fixtures/moe_lora/syn_mixtral.moe_lora.safetensors (PEFT 0.21's
+target_parameters on transformers 5's fused experts: gate_up A [E r, dim] shared by gate and up,
+B [2 ffn, r E] with expert e at columns j E + e; down likewise; the router gate.weight a plain
+LoRA). convert_lora_to_gguf.py cannot map those keys (mlp.experts.lora_A.weight names no base
+tensor); it converts the per-expert adapter they equal (expert e's w1: A_e with B_e's gate rows,
+w3: A_e with its up rows, w2: down's A_e / B_e), which its base converter stacks
+(LoraTorchTensor's torch.stack) into blk.N.ffn_{gate,up,down}_exps.weight.lora_a [E, r, in] /
+lora_b [E, out, r] (3-D, llama.cpp's build_lora_mm_id), the router as
+blk.N.ffn_gate_inp.weight.lora_a / _b. llama.cpp scales each tensor by adapter.lora.alpha /
+lora_b's rank, so a part whose PEFT scale (alpha_pattern / rank_pattern) differs from
+lora_alpha / its rank has lora_b multiplied by scale * rank / lora_alpha.
+Writes fixtures/lora_gguf/syn_mixtral.moe_lora.gguf.
 """
 import json
 import os
+import re
 
 import gguf
 import numpy as np
@@ -78,6 +92,74 @@ def convert(family, lora_file, out_file):
     w.close()
 
 
+def convert_moe():
+    path = os.path.join(HERE, "fixtures", "moe_lora", "syn_mixtral.moe_lora.safetensors")
+    with open(os.path.join(FAM, "syn_mixtral", "config.json")) as f:
+        cfg = json.load(f)
+    E, F = cfg["num_local_experts"], cfg["intermediate_size"]
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, cfg["num_hidden_layers"])
+    src = safe_open(path, "np")
+    meta = src.metadata()
+    peft_cfg = json.loads(meta["adapter_config"])
+    alpha, r = float(peft_cfg["lora_alpha"]), peft_cfg["r"]
+
+    def scale_of(param):  # PEFT's alpha_pattern / rank_pattern over the parameter's name
+        ra, rr = alpha, r
+        for pat, v in peft_cfg.get("alpha_pattern", {}).items():
+            if re.fullmatch(pat, "model.layers.0.mlp.experts." + param):
+                ra = float(v)
+        for pat, v in peft_cfg.get("rank_pattern", {}).items():
+            if re.fullmatch(pat, "model.layers.0.mlp.experts." + param):
+                rr = v
+        return ra / rr, rr
+
+    w = gguf.GGUFWriter(os.path.join(OUT, "syn_mixtral.moe_lora.gguf"), "llama")
+    w.add_type(gguf.GGUFType.ADAPTER)
+    w.add_string(gguf.Keys.Adapter.TYPE, "lora")
+    w.add_float32(gguf.Keys.Adapter.LORA_ALPHA, alpha)
+    for layer in range(cfg["num_hidden_layers"]):
+        blk = "blk.%d." % layer
+        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            k = "l%d.%s." % (layer, proj)
+            if k + "A" not in src.keys():
+                continue
+            b = src.get_tensor(k + "B").astype(np.float32)
+            if proj in ("q_proj", "k_proj"):
+                heads = cfg["num_attention_heads"] if proj == "q_proj" else cfg[
+                    "num_key_value_heads"]
+                b = permute_hf_to_gguf(b, heads)
+            name = names.get_name("model.layers.%d.self_attn.%s.weight" % (layer, proj),
+                                  try_suffixes=(".weight",))
+            w.add_tensor(name + ".lora_a", src.get_tensor(k + "A").astype(np.float32))
+            w.add_tensor(name + ".lora_b", np.ascontiguousarray(b))
+        for part, param, outs in (("gate_up", "gate_up_proj", ("ffn_gate_exps", "ffn_up_exps")),
+                                  ("down", "down_proj", ("ffn_down_exps",))):
+            k = "l%d.%s." % (layer, part)
+            if k + "A" not in src.keys():
+                continue
+            s, rp = scale_of(param)
+            a = src.get_tensor(k + "A").astype(np.float32)  # [E r, in]
+            b = src.get_tensor(k + "B").astype(np.float32)  # [out, r E]
+            a = a.reshape(E, rp, a.shape[1])
+            b = b.reshape(b.shape[0], rp, E).transpose(2, 0, 1) * np.float32(s * rp / alpha)
+            rows = b.shape[1] // len(outs)
+            for i, o in enumerate(outs):  # gate's rows, then up's
+                w.add_tensor(blk + o + ".weight.lora_a", np.ascontiguousarray(a))
+                w.add_tensor(blk + o + ".weight.lora_b",
+                             np.ascontiguousarray(b[:, i * rows:(i + 1) * rows, :]))
+        k = "l%d.router." % layer
+        if k + "A" in src.keys():
+            s, rp = scale_of("gate.weight")
+            w.add_tensor(blk + "ffn_gate_inp.weight.lora_a", src.get_tensor(k + "A"))
+            w.add_tensor(blk + "ffn_gate_inp.weight.lora_b",
+                         src.get_tensor(k + "B") * np.float32(s * rp / alpha))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     inputs = []
@@ -86,6 +168,7 @@ def main():
         inputs.append(os.path.join(FAM, "syn_%s.lora.safetensors" % family))
     convert("phi3", "syn_phi3.fused_lora.safetensors", "syn_phi3.fused.lora.gguf")
     inputs.append(os.path.join(FAM, "syn_phi3.fused_lora.safetensors"))
+    inputs.append(convert_moe())
     fixture_versions.write(OUT, __file__, inputs=inputs)
 
 

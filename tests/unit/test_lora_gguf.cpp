@@ -23,31 +23,16 @@ std::string fixture(const std::string& rel) {
   return qlft_test::fixture_path(rel);
 }
 
-// The fixture's A / B of every adapted module (PEFT's shapes; a fused family's qkv_proj /
-// gate_up_proj whole) into the adapter.
-void load_modules(const Fixture& f, LoraAdapter& a) {
-  for (int l = 0; l < a.n_layers(); ++l)
-    for (int pi = 0; pi < kProjCount; ++pi) {
-      const Proj p = static_cast<Proj>(pi);
-      const LoraModule mod = a.module(p);
-      if (!a.targets(p) || mod.first != p) continue;
-      const std::string k = "l" + std::to_string(l) + "." + mod.peft + ".";
-      std::vector<float> A = f.f32(k + "A"), B = f.f32(k + "B");
-      a.set_module_hf(l, p, A.data(), static_cast<int64_t>(A.size()), B.data(),
-                      static_cast<int64_t>(B.size()));
-    }
-}
-
-// qlft's LoRA GGUF of fixtures/families/<lora> on the family's model against
+// qlft's LoRA GGUF of fixtures/<lora> on the family's model against
 // fixtures/lora_gguf/<want>.
 void expect_as_llama_cpp_converts(const std::string& family, const std::string& lora,
                                   const std::string& want) {
   SCOPED_TRACE(lora);
   MemoryTracker tr;
   auto model = load_model(&tr, fixture("families/syn_" + family), keep());
-  Fixture f(fixture("families/" + lora));
+  Fixture f(fixture(lora));
   LoraAdapter adapter(&tr, model->shapes, lora_config_of(f));
-  load_modules(f, adapter);
+  load_lora_modules(f, adapter);
   const std::string dir = qlft_test::temp_dir("lora_gguf_" + family);
   save_gguf_lora_adapter(adapter, dir + "/adapter.gguf");
   auto ours = GgufFile::open(dir + "/adapter.gguf");
@@ -69,33 +54,46 @@ void expect_as_llama_cpp_converts(const std::string& family, const std::string& 
 }  // namespace
 
 TEST(Families, Qwen3LoraGgufAsLlamaCppConverts) {
-  expect_as_llama_cpp_converts("qwen3", "syn_qwen3.lora.safetensors", "syn_qwen3.lora.gguf");
+  expect_as_llama_cpp_converts("qwen3", "families/syn_qwen3.lora.safetensors",
+                               "syn_qwen3.lora.gguf");
 }
 
 TEST(Families, Gemma2LoraGgufAsLlamaCppConverts) {
-  expect_as_llama_cpp_converts("gemma2", "syn_gemma2.lora.safetensors", "syn_gemma2.lora.gguf");
+  expect_as_llama_cpp_converts("gemma2", "families/syn_gemma2.lora.safetensors",
+                               "syn_gemma2.lora.gguf");
 }
 
 TEST(Families, Gemma3LoraGgufAsLlamaCppConverts) {
-  expect_as_llama_cpp_converts("gemma3", "syn_gemma3.lora.safetensors", "syn_gemma3.lora.gguf");
+  expect_as_llama_cpp_converts("gemma3", "families/syn_gemma3.lora.safetensors",
+                               "syn_gemma3.lora.gguf");
 }
 
 TEST(Families, Phi3LoraGgufAsLlamaCppConverts) {
-  expect_as_llama_cpp_converts("phi3", "syn_phi3.lora.safetensors", "syn_phi3.lora.gguf");
+  expect_as_llama_cpp_converts("phi3", "families/syn_phi3.lora.safetensors", "syn_phi3.lora.gguf");
   // The fused qkv_proj / gate_up_proj: llama.cpp's attn_qkv / ffn_up.
-  expect_as_llama_cpp_converts("phi3", "syn_phi3.fused_lora.safetensors",
+  expect_as_llama_cpp_converts("phi3", "families/syn_phi3.fused_lora.safetensors",
                                "syn_phi3.fused.lora.gguf");
 }
 
 TEST(Families, MistralLoraGgufAsLlamaCppConverts) {  // as "llama", q/k rows permuted
-  expect_as_llama_cpp_converts("mistral", "syn_mistral.lora.safetensors", "syn_mistral.lora.gguf");
+  expect_as_llama_cpp_converts("mistral", "families/syn_mistral.lora.safetensors",
+                               "syn_mistral.lora.gguf");
 }
 
 TEST(Families, MixtralLoraGgufAsLlamaCppConverts) {
-  expect_as_llama_cpp_converts("mixtral", "syn_mixtral.lora.safetensors", "syn_mixtral.lora.gguf");
+  expect_as_llama_cpp_converts("mixtral", "families/syn_mixtral.lora.safetensors",
+                               "syn_mixtral.lora.gguf");
 }
 
 TEST(Families, Qwen3MoeLoraGgufAsLlamaCppConverts) {
-  expect_as_llama_cpp_converts("qwen3_moe", "syn_qwen3_moe.lora.safetensors",
+  expect_as_llama_cpp_converts("qwen3_moe", "families/syn_qwen3_moe.lora.safetensors",
                                "syn_qwen3_moe.lora.gguf");
+}
+
+// LoRA on Mixtral's experts and router (PEFT's target_parameters, gate_up at rank 2r / alpha 2
+// alpha): 3-D ffn_{gate,up,down}_exps lora_a / lora_b as the converter stacks the per-expert
+// adapter, ffn_gate_inp's, lora_b carrying the part's scale beside alpha / rank.
+TEST(Families, MixtralExpertLoraGgufAsLlamaCppConverts) {
+  expect_as_llama_cpp_converts("mixtral", "moe_lora/syn_mixtral.moe_lora.safetensors",
+                               "syn_mixtral.moe_lora.gguf");
 }

@@ -76,6 +76,32 @@ inline void load_lora(const Fixture& f, LoraAdapter& a) {
     }
 }
 
+// The fixture's A / B of every adapted module as PEFT holds it (a fused family's qkv_proj /
+// gate_up_proj whole: l<layer>.<module>.A / B) and, where it has them, each MoE layer's expert /
+// router factors (l<layer>.{gate_up,down,router}.A / B: PEFT's lora_A [E r, in] / lora_B
+// [out, r E]).
+inline void load_lora_modules(const Fixture& f, LoraAdapter& a) {
+  const char* const moe[kMoePartCount] = {"gate_up", "down", "router"};
+  for (int l = 0; l < a.n_layers(); ++l) {
+    for (int pi = 0; pi < kProjCount; ++pi) {
+      const Proj p = static_cast<Proj>(pi);
+      const LoraModule mod = a.module(p);
+      const std::string k = "l" + std::to_string(l) + "." + mod.peft + ".";
+      if (!a.targets(p) || mod.first != p || !f.has(k + "A")) continue;
+      std::vector<float> A = f.f32(k + "A"), B = f.f32(k + "B");
+      a.set_module_hf(l, p, A.data(), static_cast<int64_t>(A.size()), B.data(),
+                      static_cast<int64_t>(B.size()));
+    }
+    for (int p = 0; p < kMoePartCount; ++p) {
+      const std::string k = "l" + std::to_string(l) + "." + moe[p] + ".";
+      if (!a.moe_active(l, MoePart(p)) || !f.has(k + "A")) continue;
+      std::vector<float> A = f.f32(k + "A"), B = f.f32(k + "B");
+      a.set_moe_peft(l, MoePart(p), A.data(), static_cast<int64_t>(A.size()), B.data(),
+                     static_cast<int64_t>(B.size()));
+    }
+  }
+}
+
 // Every LoRA gradient of a (HF row order) against the fixture's {prefix}l{layer}.{proj}.gA / gB
 // within tol (normalized error); the count compared, and the worst error into *worst.
 inline int check_lora_grads(LoraAdapter& a, const Fixture& f, const std::string& prefix, double tol,
