@@ -32,7 +32,8 @@ DType activation_dtype(Precision precision) {
 
 RunnerFootprint LlamaRunner::footprint(const ModelShapes& c, int lora_r, int lora_projs,
                                        int64_t rows, bool training, bool doc_ids, DType acts,
-                                       uint64_t (*round)(uint64_t), int64_t mlp_tile) {
+                                       uint64_t (*round)(uint64_t), int64_t mlp_tile,
+                                       const LoraConfig* lora) {
   const int64_t R = rows;
   // A device allocator rounds each buffer further (size classes): per buffer, not per total.
   auto counted = [round](int64_t n, int64_t bytes = sizeof(float)) {
@@ -67,9 +68,10 @@ RunnerFootprint LlamaRunner::footprint(const ModelShapes& c, int lora_r, int lor
   // Each MoE layer's saved routing and expert rows; its backward's workspace (one layer's at a
   // time) counted with the backward temporaries.
   uint64_t moe_ws = 0;
-  for (const LayerShapes& ls : c.layers)
-    if (ls.moe()) {
-      f.moe_saved += moe_saved_bytes(R, ls.norm, ls.expert_ffn, ls.n_experts, ls.top_k, round);
+  for (int l = 0; l < c.n_layers; ++l)
+    if (const LayerShapes& ls = c.layers[size_t(l)]; ls.moe()) {
+      f.moe_saved += moe_saved_bytes(R, ls.norm, ls.expert_ffn, ls.n_experts, ls.top_k, round,
+                                     lora ? moe_lora_ranks_of(c, *lora, l) : MoeLoraRanks{});
       if (training)
         moe_ws = std::max(moe_ws, moe_bwd_bytes(R, ls.norm, ls.expert_ffn, ls.top_k, round));
     }

@@ -148,9 +148,11 @@ class LlamaRunner {
   // round: the bytes the backend's allocator holds for a buffer of n bytes (already rounded to
   // 64 as Buffer does); nullptr: host memory (64-byte rounding only).
   // mlp_tile: the MLP row tile (mlp_tile_for; 0: whole).
+  // lora: the adapter's configuration where it adapts MoE layers (their saved LoRA inputs).
   static RunnerFootprint footprint(const ModelShapes& c, int lora_r, int lora_projs, int64_t rows,
                                    bool training, bool doc_ids, DType acts,
-                                   uint64_t (*round)(uint64_t) = nullptr, int64_t mlp_tile = 0);
+                                   uint64_t (*round)(uint64_t) = nullptr, int64_t mlp_tile = 0,
+                                   const LoraConfig* lora = nullptr);
 
   // lora may be nullptr (base model only). Neither model nor lora is owned.
   LlamaRunner(const Model& model, Backend& backend, LoraAdapter* lora);

@@ -488,13 +488,44 @@ const char* moe_part_name(MoePart p) {
   return names[static_cast<int>(p)];
 }
 
+MoeLoraSlot moe_lora_shape(const ModelShapes& m, const LoraConfig& cfg, int layer, MoePart p) {
+  MoeLoraSlot s;
+  const LayerShapes& ls = m.layers[size_t(layer)];
+  const bool on[kMoePartCount] = {cfg.targets[int(Proj::Gate)], cfg.targets[int(Proj::Down)],
+                                  cfg.router};
+  const int pi = static_cast<int>(p);
+  if (!ls.moe() || !on[pi]) return s;
+  // gate_up: PEFT's rank_pattern / alpha_pattern give it 2r and 2 alpha.
+  const int64_t in[kMoePartCount] = {ls.norm, ls.expert_ffn, ls.norm};
+  const int64_t out[kMoePartCount] = {2 * ls.expert_ffn, ls.norm, ls.n_experts};
+  s.in = in[pi];
+  s.out = out[pi];
+  s.r = p == MoePart::GateUp ? 2 * cfg.r : cfg.r;
+  s.experts = p == MoePart::Router ? 1 : ls.n_experts;
+  const float alpha = p == MoePart::GateUp ? 2 * cfg.alpha : cfg.alpha;
+  s.scale = cfg.use_rslora ? alpha / std::sqrt(float(s.r)) : alpha / float(s.r);
+  return s;
+}
+
+MoeLoraRanks moe_lora_ranks_of(const ModelShapes& m, const LoraConfig& cfg, int layer) {
+  MoeLoraRanks k;
+  k.gate_up = moe_lora_shape(m, cfg, layer, MoePart::GateUp).r;
+  k.down = moe_lora_shape(m, cfg, layer, MoePart::Down).r;
+  k.router = moe_lora_shape(m, cfg, layer, MoePart::Router).r;
+  return k;
+}
+
 void LoraAdapter::make_moe_slots(bool gradients, bool values) {
   moe_slots_.clear();
-  for (int l = 0; l < n_layers(); ++l) moe_slots_.emplace_back(kMoePartCount);
-  if (!shapes_.any_moe()) return;
-  const bool on[kMoePartCount] = {cfg_.targets[int(Proj::Gate)], cfg_.targets[int(Proj::Down)],
-                                  cfg_.router};
-  if (!on[0] && !on[1] && !on[2]) return;
+  bool any = false;
+  for (int l = 0; l < n_layers(); ++l) {
+    moe_slots_.emplace_back();
+    for (int p = 0; p < kMoePartCount; ++p) {
+      moe_slots_.back().push_back(moe_lora_shape(shapes_, cfg_, l, MoePart(p)));
+      any |= moe_slots_.back().back().active();
+    }
+  }
+  if (!any) return;
   // As PEFT's ParamWrapper: no dropout, DoRA or bias on these.
   if (cfg_.dropout != 0.f || cfg_.use_dora)
     throw_error(QLFT_ERR_UNSUPPORTED,
@@ -502,22 +533,10 @@ void LoraAdapter::make_moe_slots(bool gradients, bool values) {
                 "gate, or an MoE layer's gate_proj / up_proj / down_proj): PEFT's ParamWrapper "
                 "refuses it; set it off or target the attention projections only",
                 cfg_.use_dora ? "use_dora" : "dropout", shapes_.arch.c_str());
-  for (int l = 0; l < n_layers(); ++l) {
-    const LayerShapes& ls = shapes_.layers[size_t(l)];
-    if (!ls.moe()) continue;
-    const int64_t dim = ls.norm;
-    // gate_up: PEFT's rank_pattern / alpha_pattern give it 2r and 2 alpha.
-    const int64_t in[kMoePartCount] = {dim, ls.expert_ffn, dim};
-    const int64_t out[kMoePartCount] = {2 * ls.expert_ffn, dim, ls.n_experts};
+  for (auto& layer : moe_slots_)
     for (int p = 0; p < kMoePartCount; ++p) {
-      if (!on[p]) continue;
-      MoeLoraSlot& s = moe_slots_[size_t(l)][size_t(p)];
-      s.in = in[p];
-      s.out = out[p];
-      s.r = p == 0 ? 2 * cfg_.r : cfg_.r;
-      s.experts = p == 2 ? 1 : ls.n_experts;
-      const float alpha = p == 0 ? 2 * cfg_.alpha : cfg_.alpha;
-      s.scale = cfg_.use_rslora ? alpha / std::sqrt(float(s.r)) : alpha / float(s.r);
+      MoeLoraSlot& s = layer[size_t(p)];
+      if (!s.active()) continue;
       const std::string what = std::string("lora ") + moe_part_name(MoePart(p));
       if (values) {
         s.A = Buffer(tracker_, MemCategory::Adapter, size_t(s.a_n()) * 4, (what + " A").c_str());
@@ -530,7 +549,6 @@ void LoraAdapter::make_moe_slots(bool gradients, bool values) {
             Buffer(tracker_, MemCategory::Gradients, size_t(s.b_n()) * 4, (what + " dB").c_str());
       }
     }
-  }
 }
 
 void LoraAdapter::init_moe(uint64_t seed) {

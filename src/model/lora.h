@@ -109,6 +109,12 @@ struct MoeLoraSlot {
   int64_t b_n() const { return int64_t(experts) * out * r; }
 };
 
+// Layer l's MoE part p under cfg, without buffers (r 0: not targeted): what the adapter
+// allocates and the planner counts.
+MoeLoraSlot moe_lora_shape(const ModelShapes& m, const LoraConfig& cfg, int layer, MoePart p);
+// Layer l's MoE LoRA ranks under cfg (moe_fwd's saved inputs: moe_saved_bytes).
+MoeLoraRanks moe_lora_ranks_of(const ModelShapes& m, const LoraConfig& cfg, int layer);
+
 class LoraAdapter {
  public:
   // Allocates A, B (and, with gradients, dA and dB) for every targeted projection and applies

@@ -99,9 +99,16 @@ std::vector<uint64_t> lora_numels(const ModelConfig& c, const LoraConfig& lc) {
     for (int q = 0; q < kProjCount; ++q) {
       if (!lc.targets[q]) continue;
       const ProjShape& ps = sh.proj(l, static_cast<Proj>(q));
+      if (!ps.out) continue;  // (an MoE layer's gate / up / down: its experts', below)
       n.push_back(uint64_t(lc.r) * uint64_t(ps.in));
       n.push_back(uint64_t(ps.out) * uint64_t(lc.r));
     }
+  for (int l = 0; l < c.n_layers; ++l)  // the MoE layers' expert / router LoRA, A then B
+    for (int p = 0; p < kMoePartCount; ++p)
+      if (const MoeLoraSlot m = moe_lora_shape(sh, lc, l, MoePart(p)); m.active()) {
+        n.push_back(uint64_t(m.a_n()));
+        n.push_back(uint64_t(m.b_n()));
+      }
   return n;
 }
 
@@ -510,8 +517,6 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
       "memory plan: rank %d of world %d, zero stage %d", rank, s.world, s.zero_stage);
   const int64_t B = int64_t(s.micro_batch) * s.rows_per_example, T = s.seq_len, R = B * T;
   const LoraConfig& lc = s.lora;
-  int projs = 0;
-  for (bool t : lc.targets) projs += t ? 1 : 0;
 
   MemoryPlan p;
   p.world = s.world;
@@ -536,12 +541,15 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
   const ModelShapes sh = model_shapes(c);
   check_lora_targets(sh, lc);  // as the adapter refuses them
   uint64_t adapter = 0;
-  for (int l = 0; l < sh.n_layers; ++l)
-    for (int q = 0; q < kProjCount; ++q) {
-      if (!lc.targets[q]) continue;
-      const ProjShape& ps = sh.proj(l, static_cast<Proj>(q));
-      adapter += fl(int64_t(lc.r) * ps.in) + fl(ps.out * int64_t(lc.r));
-    }
+  for (uint64_t n : lora_numels(c, lc)) adapter += fl(int64_t(n));
+  // The most adapted projections of a layer (an MoE layer's gate / up / down adapt its experts,
+  // whose LoRA inputs moe_fwd keeps: RunnerFootprint::moe_saved).
+  int projs = 0;
+  for (int l = 0; l < sh.n_layers; ++l) {
+    int n = 0;
+    for (int q = 0; q < kProjCount; ++q) n += lc.targets[q] && sh.proj(l, Proj(q)).out ? 1 : 0;
+    projs = std::max(projs, n);
+  }
   cat[int(MemCategory::Adapter)] = adapter;
   cat[int(MemCategory::Gradients)] = adapter;
   if (sharded_gradients(s)) {
@@ -600,7 +608,7 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
   // Activations: the runner's own sizes.
   const RunnerFootprint f =
       LlamaRunner::footprint(sh, lc.r, projs, R, true, /*doc_ids=*/true,
-                             activation_dtype(s.precision), m->round_fn(), tile);
+                             activation_dtype(s.precision), m->round_fn(), tile, &lc);
   const int stored = c.n_layers - ckpt;
   act[int(MemCategory::Activations)] = f.activations(stored, ckpt);
   if (s.offload_checkpoints && ckpt > 0) {  // slots on the runner's side, copies on the host

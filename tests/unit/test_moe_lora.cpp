@@ -14,6 +14,7 @@
 #include "core/threads.h"
 #include "model/moe.h"
 #include "test_model_util.h"
+#include "train/planner.h"
 #include "train/trainer.h"
 
 using namespace qlft;
@@ -178,6 +179,26 @@ TEST(MoeLora, AdapterFollowsPeftsRules) {
           "'gate' names a mixture-of-experts router");
 }
 
+// The fixture's batch and a Config of its LoRA (lora.target_modules targets) over its shape.
+data::Batch fixture_batch(const Fixture& f) {
+  data::Batch b;
+  b.rows = b.micro_batch = 2;
+  b.seq_len = 16;
+  b.tokens = f.i32("tokens");
+  b.targets = f.i32("targets");
+  for (int32_t t : b.targets) b.trained_tokens += t != data::kIgnoreIndex;
+  return b;
+}
+Config fixture_config(const Fixture& f, const std::string& targets) {
+  Config c;
+  c.set("lora.r", f.meta("r"));
+  c.set("lora.alpha", f.meta("alpha"));
+  c.set("lora.target_modules", targets);
+  c.set("data.seq_len", "16");
+  c.set("train.micro_batch", "2");
+  return c;
+}
+
 // One Trainer step with the experts' and routers' LoRA (lora.target_modules with PEFT's names):
 // its loss is PEFT's and the optimizer moved every expert / router factor.
 TEST(MoeLora, TrainerStepUpdatesExpertFactors) {
@@ -185,23 +206,11 @@ TEST(MoeLora, TrainerStepUpdatesExpertFactors) {
   const Fixture f = moe_lora_fixture();
   MemoryTracker tr;
   auto model = load_model(&tr, mixtral(), keep());
-  data::Batch b;
-  b.rows = b.micro_batch = 2;
-  b.seq_len = 16;
-  b.tokens = f.i32("tokens");
-  b.targets = f.i32("targets");
-  for (int32_t t : b.targets) b.trained_tokens += t != data::kIgnoreIndex;
-  Config c;  // the fixture's LoRA over its batch's shape
-  c.set("lora.r", f.meta("r"));
-  c.set("lora.alpha", f.meta("alpha"));
-  c.set("lora.target_modules", f.meta("targets"));
-  c.set("data.seq_len", "16");
-  c.set("train.micro_batch", "2");
   const double loss = f.f32("loss")[0];
-  Trainer t(*model, &tr, nullptr, parse_run_spec(c));
+  Trainer t(*model, &tr, nullptr, parse_run_spec(fixture_config(f, f.meta("targets"))));
   load_moe_lora(f, t.lora());
   StepReport rep;
-  t.step_on({b}, &rep);
+  t.step_on({fixture_batch(f)}, &rep);
   EXPECT_NEAR(rep.loss, loss, kTol * loss) << "PEFT's loss";
   for (int l = 0; l < 2; ++l)
     for (int p = 0; p < kMoePartCount; ++p) {
@@ -210,4 +219,40 @@ TEST(MoeLora, TrainerStepUpdatesExpertFactors) {
       ASSERT_EQ(a.size(), a0.size());
       EXPECT_GT(max_rel_error(a.data(), a0.data(), a.size()), 1e-4) << key(l, p, "A");
     }
+}
+
+// The planner counts the experts' / routers' factors, their gradients and optimizer state
+// exactly as the tracker measures a Trainer step, and the LoRA inputs moe_fwd keeps: the
+// activations' growth over the attention-only adapter's, planned = measured. (The CPU plan of
+// this MoE model's activations, weights and workspace themselves part from the tracker with or
+// without expert LoRA: not this test's.)
+TEST(MoeLora, PlannerMatchesTracker) {
+  set_num_threads(1);
+  const Fixture f = moe_lora_fixture();
+  MemoryTracker tr;
+  auto model = load_model(&tr, mixtral(), keep());
+  const WeightFootprint w = weight_footprint(*model);
+  int64_t base_planned = 0, base_measured = 0;
+  for (const char* targets : {"q_proj,v_proj", "q_proj,v_proj,w1,w2,w3,gate", "w2,gate"}) {
+    SCOPED_TRACE(targets);
+    const Config c = fixture_config(f, targets);
+    const MemoryPlan plan = plan_memory(model->cfg, w, PlanSettings::from_spec(parse_run_spec(c)));
+    tr.reset_peaks();
+    {
+      Trainer t(*model, &tr, nullptr, parse_run_spec(c));
+      StepReport rep;
+      t.step_on({fixture_batch(f)}, &rep);
+    }
+    const MemorySnapshot m = tr.snapshot();
+    for (int cat : {QLFT_MEM_ADAPTER, QLFT_MEM_GRADIENTS, QLFT_MEM_OPTIMIZER})
+      EXPECT_EQ(plan.train[cat], m.peak[cat]) << mem_category_name(MemCategory(cat));
+    const int64_t planned = int64_t(plan.train[QLFT_MEM_ACTIVATIONS]),
+                  measured = int64_t(m.peak[QLFT_MEM_ACTIVATIONS]);
+    if (!base_planned) base_planned = planned, base_measured = measured;
+    EXPECT_EQ(planned - base_planned, measured - base_measured) << "activations' growth";
+    std::printf("[moe_lora] %s: adapter %llu, activations planned %lld measured %lld\n", targets,
+                (unsigned long long)plan.train[QLFT_MEM_ADAPTER], (long long)planned,
+                (long long)measured);
+  }
+  EXPECT_GT(base_planned, 0);
 }
