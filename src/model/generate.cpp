@@ -70,6 +70,12 @@ Generator::Generator(const Model& model, Backend& backend, const LoraAdapter* lo
       d.A[p] = device_copy(sl.A, MemCategory::Adapter, "lora A (generation's device copy)");
       d.B[p] = device_copy(sl.B, MemCategory::Adapter, "lora B (generation's device copy)");
     }
+    for (int p = 0; lora && p < kMoePartCount; ++p) {
+      if (!lora->moe_active(l, MoePart(p))) continue;
+      const MoeLoraSlot& sl = lora->moe_slot(l, MoePart(p));
+      d.moe_A[p] = device_copy(sl.A, MemCategory::Adapter, "expert lora A (device copy)");
+      d.moe_B[p] = device_copy(sl.B, MemCategory::Adapter, "expert lora B (device copy)");
+    }
   }
   if (!ws_) out_norm_ = device_copy(model.output_norm, MemCategory::Weights, "output norm (copy)");
 }
@@ -212,14 +218,15 @@ void Generator::run(const int32_t* tokens, int n) {
     be_.rmsnorm_fwd(mid.as_const(), w(&LayerCopy::ffn_norm, L.ffn_norm), c.rms_eps, xn, nullptr);
     if (model_.shapes.layers[static_cast<size_t>(l)].moe()) {  // the experts (moe_fwd: any backend)
       MoeSaved routed;
-      MoeLora ml;  // the experts' / router's LoRA (host buffers: LlamaRunner::moe_lora_of's rule)
+      MoeLora ml;  // the experts' / router's LoRA: the host's, or on a device its copies
       const bool has_ml = lora_ && lora_->has_moe();
-      if (has_ml && be_.device_memory())
-        throw_error(QLFT_ERR_UNSUPPORTED,
-                    "generation with LoRA on %s's experts / router (lora.target_modules w1 / w2 "
-                    "/ w3 / gate) on backend=%s is not supported yet; use backend=cpu",
-                    model_.shapes.arch.c_str(), be_.name());
       if (has_ml) ml = lora_->moe_lora(l, false);
+      MoeLoraPart* parts[kMoePartCount] = {&ml.gate_up, &ml.down, &ml.router};
+      for (int p = 0; D && has_ml && p < kMoePartCount; ++p)
+        if (!D->moe_A[p].empty()) {
+          parts[p]->A = D->moe_A[p].as<float>();
+          parts[p]->B = D->moe_B[p].as<float>();
+        }
       moe_fwd(be_, L.moe, xn.as_const(), x, routed, has_ml ? &ml : nullptr);
       be_.add(x.data, mid.data, n * static_cast<int64_t>(c.dim));
       continue;

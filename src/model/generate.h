@@ -62,6 +62,7 @@ class Generator {
   struct LayerCopy {
     Buffer attn_norm, ffn_norm, q_norm, k_norm, bias[3];
     Buffer A[kProjCount], B[kProjCount];
+    Buffer moe_A[kMoePartCount], moe_B[kMoePartCount];  // an MoE layer's expert / router LoRA
   };
   Buffer device_copy(const Buffer& host, MemCategory c, const char* what) const;
   void ensure_rows(int n);

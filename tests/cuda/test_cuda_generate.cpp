@@ -64,6 +64,20 @@ std::string lora_fixture(const char* family) {
                       : qlft_test::fixture_path("families/syn_" + f + ".lora.safetensors");
 }
 
+// The Generator's logits of tok on be: the first 5 in one chunk, then token by token up to 8,
+// then the rest in one chunk.
+std::vector<float> logits_on(const Model& m, Backend& be, const LoraAdapter& lora,
+                             const std::vector<int32_t>& tok) {
+  const int T = static_cast<int>(tok.size()), V = m.cfg.vocab;
+  Generator g(m, be, &lora, 64);
+  std::vector<float> out(size_t(T) * V);
+  g.feed(tok.data(), 5, out.data(), false);
+  int t = 5;
+  for (; t < 8; ++t) g.feed(tok.data() + t, 1, out.data() + size_t(t) * V, true);
+  g.feed(tok.data() + t, T - t, out.data() + size_t(t) * V, false);
+  return out;
+}
+
 }  // namespace
 
 // attention_decode on device buffers: the CUDA kernel against the CPU backend's loop, and that
@@ -175,21 +189,14 @@ TEST(CudaGenerate, KvCacheLogitsFollowTransformersAndCpu) {
     model_test::Fixture f(lora_fixture(fam));
     LoraAdapter lora(&tr, model->shapes, model_test::lora_config_of(f));
     model_test::load_lora(f, lora);
-    const std::vector<int32_t> tok = f.i32("tokens");
-    const int T = static_cast<int>(f.shape("tokens").back()), V = model->cfg.vocab;
+    const std::vector<int32_t> all = f.i32("tokens");  // its first row
+    const int T = static_cast<int>(f.shape("tokens").back());
+    const std::vector<int32_t> tok(all.begin(), all.begin() + T);
     ASSERT_GT(T, 8);
-    auto logits_on = [&](Backend& be) {
-      Generator g(*model, be, &lora, 64);
-      std::vector<float> out(size_t(T) * V);
-      g.feed(tok.data(), 5, out.data(), false);
-      int t = 5;
-      for (; t < 8; ++t) g.feed(tok.data() + t, 1, out.data() + size_t(t) * V, true);
-      g.feed(tok.data() + t, T - t, out.data() + size_t(t) * V, false);
-      return out;
-    };
     auto cpu = make_cpu_backend(&tr);
     auto gpu = fp32_gpu(&tr);
-    const std::vector<float> c = logits_on(*cpu), g = logits_on(*gpu);
+    const std::vector<float> c = logits_on(*model, *cpu, lora, tok),
+                             g = logits_on(*model, *gpu, lora, tok);
     const std::vector<float> ref = f.f32("logits");
     const double e = qlft_test::max_rel_error(g.data(), ref.data(), g.size());
     std::printf("%s: generation logits on cuda vs transformers %.3g\n", fam, e);
@@ -217,6 +224,35 @@ TEST(CudaGenerate, MoeGreedyIdsEqualCpuAndTransformers) {
     EXPECT_EQ(c, want);
     EXPECT_EQ(g, c);
   }
+}
+
+// Generation with LoRA on Mixtral's experts and router (PEFT's target_parameters, fixtures/
+// moe_lora) with backend=cuda, the factors copied to the device once: the logits (chunk, token by
+// token, chunk) and 8 greedy ids of backend=cpu (whose Generator follows LlamaRunner's forward:
+// MoeLoraGenerate.KvCacheAndGreedyFollowRunnerWithExpertLora).
+TEST(CudaGenerate, ExpertLoraLogitsAndGreedyIdsEqualCpu) {
+  QLFT_NEED_GPU();
+  MemoryTracker tr;
+  auto model = load_model(&tr, fixture("mixtral"), model_test::keep());
+  model_test::Fixture f(qlft_test::fixture_path("moe_lora/syn_mixtral.moe_lora.safetensors"));
+  LoraAdapter lora(&tr, model->shapes, model_test::lora_config_of(f));
+  model_test::load_lora_modules(f, lora);
+  ASSERT_TRUE(lora.has_moe());
+  const std::vector<int32_t> all = f.i32("tokens");  // its first row
+  const int T = static_cast<int>(f.shape("tokens").back());
+  const std::vector<int32_t> tok(all.begin(), all.begin() + T);
+  auto cpu = make_cpu_backend(&tr);
+  auto gpu = fp32_gpu(&tr);
+  const std::vector<float> c = logits_on(*model, *cpu, lora, tok),
+                           g = logits_on(*model, *gpu, lora, tok);
+  std::printf("mixtral expert LoRA: generation logits cuda vs cpu %.3g\n", norm_err(g, c));
+  EXPECT_LT(norm_err(g, c), 1e-5);
+  const std::vector<int32_t> prompt(tok.begin(), tok.begin() + 6);
+  GenerateOptions opt;
+  opt.max_tokens = 8;
+  const std::vector<int32_t> ic = Generator(*model, *cpu, &lora, 64).generate(prompt, opt);
+  const std::vector<int32_t> ig = Generator(*model, *gpu, &lora, 64).generate(prompt, opt);
+  EXPECT_EQ(ig, ic);
 }
 
 // A greedy step with the cache on the device moves one int32 id in (the previous id) and one out
