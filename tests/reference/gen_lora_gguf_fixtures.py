@@ -57,6 +57,9 @@ ARCH = {
     "mistral": (gguf.MODEL_ARCH.LLAMA, True),
     "mixtral": (gguf.MODEL_ARCH.LLAMA, True),
     "qwen3_moe": (gguf.MODEL_ARCH.QWEN3MOE, False),
+    # Gemma3ForConditionalGeneration: the converter's Gemma3Model; LoraModel.modify_tensors
+    # strips model.language_model. to model. (the vision tower holds no LoRA here)
+    "gemma3_vlm": (gguf.MODEL_ARCH.GEMMA3, False),
 }
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj")
 
@@ -65,6 +68,7 @@ def convert(family, lora_file, out_file):
     arch, permuted = ARCH[family]
     with open(os.path.join(FAM, "syn_" + family, "config.json")) as f:
         cfg = json.load(f)
+    cfg = cfg.get("text_config", cfg)
     names = gguf.get_tensor_name_map(arch, cfg["num_hidden_layers"])
     src = safe_open(os.path.join(FAM, lora_file), "np")
     meta = src.metadata()

@@ -68,6 +68,11 @@ TEST(Families, Gemma3LoraGgufAsLlamaCppConverts) {
                                "syn_gemma3.lora.gguf");
 }
 
+TEST(Families, Gemma3ImageTextLoraGgufAsLlamaCppConverts) {  // the text model's names
+  expect_as_llama_cpp_converts("gemma3_vlm", "families/syn_gemma3_vlm.lora.safetensors",
+                               "syn_gemma3_vlm.lora.gguf");
+}
+
 TEST(Families, Phi3LoraGgufAsLlamaCppConverts) {
   expect_as_llama_cpp_converts("phi3", "families/syn_phi3.lora.safetensors", "syn_phi3.lora.gguf");
   // The fused qkv_proj / gate_up_proj: llama.cpp's attn_qkv / ffn_up.
