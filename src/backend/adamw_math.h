@@ -36,7 +36,9 @@ struct AdamWTorchCoeffs {
 // (p *= 1 - lr*wd), m = lerp(m, g, 1 - beta1), v = beta2*v + (1-beta2)*g*g,
 // p += -lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps). torch's vectorized sqrt is not always correctly
 // rounded (it differs from sqrtf by one ulp for some inputs), so results agree to a few ulps,
-// not bit for bit.
+// not bit for bit. v's multiply-add is written as the one fmaf the host's vectorized loop
+// compiles it to: left to contraction, the CUDA kernel fused the other product and the host and
+// device steps parted by an ulp of v (CudaOptim.AdamWTorchEqualsHostOptimizer checks the bits).
 QLFT_HD inline void adamw_torch_update(float& p, float& m, float& v, float g,
                                        const AdamWTorchCoeffs& c) {
   p = p * c.decay;
@@ -45,8 +47,7 @@ QLFT_HD inline void adamw_torch_update(float& p, float& m, float& v, float g,
   const bool small = c.w1 < 0.5f;
   const float diff = g - m;
   m = fmaf(small ? c.w1 : c.w1 - 1.0f, diff, small ? m : g);
-  v = v * c.beta2;
-  v = v + (c.one_m_beta2 * g) * g;
+  v = fmaf(c.one_m_beta2 * g, g, v * c.beta2);
   float denom = sqrtf(v) / c.bc2_sqrt + c.eps;
   p = p + (c.neg_step_size * m) / denom;  // torch addcdiv: self + value * t1 / t2
 }
