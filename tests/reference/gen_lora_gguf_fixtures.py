@@ -161,7 +161,45 @@ def convert_moe():
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    check_moe_against_peft(os.path.join(OUT, "syn_mixtral.moe_lora.gguf"), path)
     return path
+
+
+def check_moe_against_peft(path, lora_path):
+    """The written GGUF applied as llama.cpp applies a LoRA (each expert's delta
+    alpha / rank(lora_b) * lora_b @ lora_a) gives PEFT's merge_and_unload deltas of the experts'
+    gate_up / down and the router (PEFT's own ParamWrapper get_delta_weight, not this script's
+    reshapes)."""
+    import torch
+    from gen_moe_lora_fixtures import (ALPHA, R, TARGETS, LoraConfig, get_peft_model, load,
+                                       lora_modules)
+    src = safe_open(lora_path, "pt")
+    pm = get_peft_model(load(), LoraConfig(r=R, lora_alpha=ALPHA, target_modules=TARGETS,
+                                           lora_dropout=0.0, bias="none")).float().eval()
+    with torch.no_grad():
+        for key, mod in lora_modules(pm):
+            mod.lora_A["default"].weight.copy_(src.get_tensor(key + "A"))
+            mod.lora_B["default"].weight.copy_(src.get_tensor(key + "B"))
+    base, merged = load(), pm.merge_and_unload()
+    r = gguf.GGUFReader(path)
+    alpha = float(r.fields[gguf.Keys.Adapter.LORA_ALPHA].parts[-1][0])
+    t = {x.name: np.array(x.data) for x in r.tensors}
+    worst = 0.0
+    for l, (bl, ml) in enumerate(zip(base.model.layers, merged.model.layers)):
+        def delta(name):
+            k = "blk.%d.%s.weight.lora_" % (l, name)
+            a, b = t[k + "a"], t[k + "b"]
+            return alpha / b.shape[-1] * (b @ a)
+        pairs = ((np.concatenate([delta("ffn_gate_exps"), delta("ffn_up_exps")], axis=1),
+                  ml.mlp.experts.gate_up_proj - bl.mlp.experts.gate_up_proj),
+                 (delta("ffn_down_exps"), ml.mlp.experts.down_proj - bl.mlp.experts.down_proj),
+                 (delta("ffn_gate_inp"), ml.mlp.gate.weight - bl.mlp.gate.weight))
+        for got, want in pairs:
+            want = want.detach().numpy()
+            assert got.shape == want.shape, (got.shape, want.shape)
+            worst = max(worst, float(np.abs(got - want).max() / np.abs(want).max()))
+    print("syn_mixtral.moe_lora.gguf as llama.cpp applies it vs PEFT's merge_and_unload:", worst)
+    assert worst < 1e-5
 
 
 def main():
