@@ -22,6 +22,7 @@
 #include "formats/safetensors.h"
 #include "formats/safetensors_writer.h"
 #include "formats/temp_marker.h"
+#include "train/adapter_io_moe.h"
 
 namespace qlft {
 
@@ -210,6 +211,14 @@ std::map<std::string, AdapterPart> adapter_parts(const LoraAdapter& lora, const 
   return parts;
 }
 
+// Whether a layer of lora's model has projection p (an MoE layer's gate / up / down adapt its
+// experts: target_parameters).
+bool any_layer_has(const LoraAdapter& lora, Proj p) {
+  for (int l = 0; l < lora.n_layers(); ++l)
+    if (lora.active(l, p)) return true;
+  return false;
+}
+
 // A value of adapter_config.json held to the range of the setting it corresponds to.
 double checked_number(const JsonFile& j, const char* field, double fallback, const char* key) {
   const KeyDef* k = find_key(key);
@@ -254,8 +263,21 @@ void save_peft_adapter(const LoraAdapter& lora, const std::string& dir,
         w.add_tensor_deferred(b, DType::F32, {out, c.r}, static_cast<size_t>(out) * c.r * 4);
         if (!m.empty()) w.add_tensor_deferred(m, DType::F32, {s.out}, s.M.size());
       });
+  const std::map<std::string, MoePeftTensor> moe = peft_moe_tensors(lora);
+  for (const auto& [name, t] : moe) {  // an MoE layer's expert / router LoRA
+    const MoeLoraSlot& s = lora.moe_slot(t.layer, t.p);
+    check_finite(t.b ? s.B : s.A, name);
+    const int64_t er = int64_t(s.experts) * s.r;
+    w.add_tensor_deferred(name, DType::F32,
+                          t.b ? std::vector<int64_t>{s.out, er} : std::vector<int64_t>{er, s.in},
+                          size_t(t.b ? s.b_n() : s.a_n()) * 4);
+  }
   std::vector<float> scratch;
   auto fetch = [&](const std::string& name) -> const void* {
+    if (auto it = moe.find(name); it != moe.end()) {
+      scratch = lora.get_moe_peft(it->second.layer, it->second.p, it->second.b);
+      return scratch.data();
+    }
     const AdapterPart& at = parts.at(name);
     scratch = lora.get_module_hf(at.layer, at.p, at.part);
     return scratch.data();
@@ -263,7 +285,7 @@ void save_peft_adapter(const LoraAdapter& lora, const std::string& dir,
   nlohmann::json targets = nlohmann::json::array();  // by module: qkv_proj for a fused family
   for (int pi = 0; pi < kProjCount; ++pi)
     if (const LoraModule mod = lora.module(static_cast<Proj>(pi));
-        c.targets[pi] && mod.first == static_cast<Proj>(pi))
+        c.targets[pi] && mod.first == static_cast<Proj>(pi) && any_layer_has(lora, mod.first))
       targets.push_back(mod.peft);
   if (lora.model_shapes().image_text) {  // the language model's projections alone
     std::string re = kLanguageModelTargets;
@@ -292,6 +314,7 @@ void save_peft_adapter(const LoraAdapter& lora, const std::string& dir,
       {"use_dora", c.use_dora},
       {"revision", nullptr},
   };
+  write_peft_moe_config(lora, j);
   try {
     w.write(tmp.path + "/adapter_model.safetensors", fetch);
     write_file_atomic(tmp.path + "/adapter_config.json", j.dump(2) + "\n");
@@ -363,6 +386,7 @@ LoraConfig read_peft_config(const std::string& dir) {
   } catch (const Error& e) {
     throw_error(QLFT_ERR_FORMAT, "%s: %s", j.path().c_str(), e.what());
   }
+  read_peft_moe_config(j, c);  // an MoE model's experts / router (target_parameters)
   return c;
 }
 
@@ -394,7 +418,7 @@ void load_peft_adapter(LoraAdapter& lora, const std::string& dir) {
     for (int pi = 0; pi < kProjCount; ++pi) {
       Proj p = static_cast<Proj>(pi);
       const LoraModule mod = lora.module(p);  // a fused family's qkv_proj / gate_up_proj whole
-      if (!lora.targets(p) || mod.first != p) continue;
+      if (!lora.targets(p) || mod.first != p || !lora.active(l, p)) continue;  // (MoE: below)
       const LoraSlot& s = lora.slot(l, p);
       int64_t out = 0;
       for (Proj part : mod.parts) out += lora.slot(l, part).out;
@@ -437,6 +461,8 @@ void load_peft_adapter(LoraAdapter& lora, const std::string& dir) {
       }
       pending.push_back(std::move(pd));
     }
+  const std::function<void()> set_moe = read_peft_moe_tensors(lora, *st, dir);
+  set_moe();
   for (Pending& pd : pending) {
     lora.set_module_hf(pd.layer, pd.p, pd.a.data(), static_cast<int64_t>(pd.a.size()), pd.b.data(),
                        static_cast<int64_t>(pd.b.size()));

@@ -509,6 +509,11 @@ void export_merged(const Model& model, const LoraAdapter* lora, const std::strin
                    const std::string& format) {
   QLFT_CHECK_ARG(!path.empty(), "export_merged: empty path");
   model.require_resident("merged export");
+  if (lora && lora->has_moe())
+    throw_error(QLFT_ERR_UNSUPPORTED,
+                "%s: merging LoRA on an MoE model's experts / router (lora.target_modules w1 / w2 "
+                "/ w3 / gate) is not supported yet",
+                path.c_str());
   if (lora)
     QLFT_CHECK_ARG(lora->n_layers() == model.cfg.n_layers,
                    "export_merged: the adapter has %d layers but the model %d", lora->n_layers(),

@@ -14,6 +14,8 @@
 #include "core/threads.h"
 #include "model/moe.h"
 #include "test_model_util.h"
+#include "formats/json_file.h"
+#include "train/adapter_io.h"
 #include "train/planner.h"
 #include "train/trainer.h"
 
@@ -255,4 +257,46 @@ TEST(MoeLora, PlannerMatchesTracker) {
                 (long long)measured);
   }
   EXPECT_GT(base_planned, 0);
+}
+
+// The PEFT adapter of the experts' / routers' LoRA: PEFT's own keys and adapter_config.json's
+// target_parameters / rank_pattern / alpha_pattern (the fixture's save_pretrained), and the
+// round trip through read_peft_config / load_peft_adapter gives back every factor.
+TEST(MoeLora, PeftAdapterHasPeftsKeysAndRoundTrips) {
+  const Fixture f = moe_lora_fixture();
+  MemoryTracker tr;
+  auto model = load_model(&tr, mixtral(), keep());
+  LoraAdapter lora(&tr, model->shapes, lora_config_of(f));
+  load_moe_lora(f, lora);
+  const std::string dir = qlft_test::temp_dir("moe_lora_peft") + "/adapter";
+  save_peft_adapter(lora, dir, "syn_mixtral");
+  auto st = SafetensorsFile::open(dir + "/adapter_model.safetensors");
+  std::vector<std::string> keys;
+  for (const SafeTensorInfo& t : st->tensors()) keys.push_back(t.name);
+  std::sort(keys.begin(), keys.end());
+  std::string joined;
+  for (const std::string& k : keys) joined += (joined.empty() ? "" : ",") + k;
+  EXPECT_EQ(joined, f.meta("peft_keys"));
+  const nlohmann::json peft = nlohmann::json::parse(f.meta("adapter_config"));
+  const JsonFile j = JsonFile::load(dir + "/adapter_config.json");
+  auto sorted = [](nlohmann::json v) {
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  EXPECT_EQ(sorted(j.root()["target_parameters"]), sorted(peft["target_parameters"]));
+  EXPECT_EQ(sorted(j.root()["target_modules"]), sorted(peft["target_modules"]));
+  EXPECT_EQ(j.root()["rank_pattern"], peft["rank_pattern"]);
+  EXPECT_EQ(j.root()["alpha_pattern"], peft["alpha_pattern"]);
+
+  LoraAdapter back(&tr, model->shapes, read_peft_config(dir));
+  load_peft_adapter(back, dir);
+  EXPECT_EQ(back.n_params(), lora.n_params());
+  for (int l = 0; l < 2; ++l) {
+    for (int p = 0; p < kMoePartCount; ++p)
+      for (bool b : {false, true})
+        EXPECT_EQ(back.get_moe_peft(l, MoePart(p), b), f.f32(key(l, p, b ? "B" : "A")))
+            << key(l, p, b ? "B" : "A");
+    for (Proj p : {Proj::Q, Proj::V})
+      EXPECT_EQ(back.get_hf(l, p, LoraAdapter::Part::B), lora.get_hf(l, p, LoraAdapter::Part::B));
+  }
 }
