@@ -10,6 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <tuple>
 
 #include "arch/families.h"
 #include "core/error.h"
@@ -94,6 +95,36 @@ struct FusedRows {
   }
 };
 
+namespace {
+// Layer l's router (which -1) or expert e's w1 (gate) / w2 (down) / w3 (up) with its LoRA
+// folded in: W + scale B_e A_e (gate and up: the rows of the fused gate_up's B they own).
+std::vector<float> merged_moe_weight(const Model& m, const LoraAdapter* lora, int l, int e,
+                                     int which) {
+  const MoeWeights& mw = m.layers[size_t(l)].moe;
+  const QWeight& q = which < 0    ? mw.router
+                     : which == 1 ? mw.w1[size_t(e)]
+                     : which == 2 ? mw.w2[size_t(e)]
+                                  : mw.w3[size_t(e)];
+  std::vector<float> w = dequant(q);
+  const MoePart p = which < 0 ? MoePart::Router : which == 2 ? MoePart::Down : MoePart::GateUp;
+  if (!lora || !lora->moe_active(l, p)) return w;
+  const MoeLoraSlot& s = lora->moe_slot(l, p);
+  const int64_t row0 = which == 3 ? q.rows : 0, ex = which < 0 ? 0 : e;
+  QLFT_CHECK_ARG(s.in == q.cols && row0 + q.rows <= s.out,
+                 "merged export: layer %d %s LoRA is [%lld, %lld] but the weight [%lld, %lld]", l,
+                 moe_part_name(p), (long long)s.out, (long long)s.in, (long long)q.rows,
+                 (long long)q.cols);
+  const float* A = s.A.as<float>() + ex * s.r * s.in;
+  const float* B = s.B.as<float>() + (ex * s.out + row0) * s.r;
+  for (int64_t o = 0; o < q.rows; ++o)
+    for (int k = 0; k < s.r; ++k) {
+      const float b = s.scale * B[o * s.r + k];
+      for (int64_t i = 0; i < s.in; ++i) w[size_t(o * s.in + i)] += b * A[k * s.in + i];
+    }
+  return w;
+}
+}  // namespace
+
 void export_safetensors(const Model& m, const LoraAdapter* lora, const std::string& dir) {
   if (!m.cfg.rope.freq_divisors.empty())
     throw_error(QLFT_ERR_UNSUPPORTED,
@@ -132,14 +163,14 @@ void export_safetensors(const Model& m, const LoraAdapter* lora, const std::stri
       norm(h + "post_attention_layernorm.weight", L.ffn_norm);
     }
     if (!L.moe.w1.empty()) {  // the router and experts (frozen), as the family's files name them
-      t = dequant(L.moe.router);
+      t = merged_moe_weight(m, lora, l, 0, -1);
       w.add_tensor_f32(hf_moe_tensor(c, l, -1, 0), {L.moe.router.rows, L.moe.router.cols},
                        t.data());
       for (size_t e = 0; e < L.moe.w1.size(); ++e)
         for (const auto& [which, q] : {std::pair<int, const QWeight*>{1, &L.moe.w1[e]},
                                        {2, &L.moe.w2[e]},
                                        {3, &L.moe.w3[e]}}) {
-          t = dequant(*q);
+          t = merged_moe_weight(m, lora, l, int(e), which);
           w.add_tensor_f32(hf_moe_tensor(c, l, int(e), which), {q->rows, q->cols}, t.data());
         }
     }
@@ -419,13 +450,13 @@ void export_gguf(const Model& m, const LoraAdapter* lora, const std::string& pat
     }
     if (!L.moe.w1.empty()) {  // the router (F32) and the experts stacked [E, rows, cols]
       w.add_tensor_f32(b + "ffn_gate_inp.weight", {L.moe.router.cols, L.moe.router.rows},
-                       dequant(L.moe.router).data(), GgmlType::F32);
-      for (const auto& [name, ex] : {std::pair{"ffn_gate_exps", &L.moe.w1},
-                                     {"ffn_up_exps", &L.moe.w3},
-                                     {"ffn_down_exps", &L.moe.w2}}) {
+                       merged_moe_weight(m, lora, l, 0, -1).data(), GgmlType::F32);
+      for (const auto& [name, ex, which] : {std::tuple{"ffn_gate_exps", &L.moe.w1, 1},
+                                            {"ffn_up_exps", &L.moe.w3, 3},
+                                            {"ffn_down_exps", &L.moe.w2, 2}}) {
         std::vector<float> all;
-        for (const QWeight& q : *ex) {
-          const std::vector<float> t = dequant(q);
+        for (size_t e = 0; e < ex->size(); ++e) {
+          const std::vector<float> t = merged_moe_weight(m, lora, l, int(e), which);
           all.insert(all.end(), t.begin(), t.end());
         }
         const QWeight& q0 = ex->front();
@@ -509,11 +540,6 @@ void export_merged(const Model& model, const LoraAdapter* lora, const std::strin
                    const std::string& format) {
   QLFT_CHECK_ARG(!path.empty(), "export_merged: empty path");
   model.require_resident("merged export");
-  if (lora && lora->has_moe())
-    throw_error(QLFT_ERR_UNSUPPORTED,
-                "%s: merging LoRA on an MoE model's experts / router (lora.target_modules w1 / w2 "
-                "/ w3 / gate) is not supported yet",
-                path.c_str());
   if (lora)
     QLFT_CHECK_ARG(lora->n_layers() == model.cfg.n_layers,
                    "export_merged: the adapter has %d layers but the model %d", lora->n_layers(),

@@ -16,6 +16,7 @@
 #include "test_model_util.h"
 #include "formats/json_file.h"
 #include "train/adapter_io.h"
+#include "train/merge_export.h"
 #include "train/planner.h"
 #include "train/trainer.h"
 
@@ -298,5 +299,39 @@ TEST(MoeLora, PeftAdapterHasPeftsKeysAndRoundTrips) {
             << key(l, p, b ? "B" : "A");
     for (Proj p : {Proj::Q, Proj::V})
       EXPECT_EQ(back.get_hf(l, p, LoraAdapter::Part::B), lora.get_hf(l, p, LoraAdapter::Part::B));
+  }
+}
+
+// The merged export folds scale B_e A_e into every expert (gate / up from the fused gate_up's
+// rows) and the router: safetensors (f32) and GGUF (f16) reloaded give PEFT's merge_and_unload
+// logits.
+TEST(MoeLora, MergedExportMatchesPeftsMergeAndUnload) {
+  set_num_threads(1);
+  const Fixture f = moe_lora_fixture();
+  MemoryTracker tr;
+  auto model = load_model(&tr, mixtral(), keep());
+  LoraAdapter lora(&tr, model->shapes, lora_config_of(f));
+  load_moe_lora(f, lora);
+  const std::string dir = qlft_test::temp_dir("moe_lora_merged");
+  std::vector<int32_t> tok = f.i32("tokens");
+  TokenBatch b;
+  b.batch = 2;
+  b.seq = 16;
+  b.tokens = tok.data();
+  const std::vector<float> ref = f.f32("merged_logits");
+  for (const auto& [path, format, tol] :
+       {std::tuple<std::string, const char*, double>{dir + "/merged", "safetensors", 1e-4},
+        {dir + "/merged.gguf", "gguf-f16", 4e-3}}) {
+    SCOPED_TRACE(format);
+    export_merged(*model, &lora, path, format);
+    MemoryTracker t2;
+    auto merged = load_model(&t2, path, keep());
+    auto be = make_cpu_backend(&t2);
+    LlamaRunner run(*merged, *be, nullptr);
+    std::vector<float> logits(ref.size());
+    run.logits(b, MatF(logits.data(), b.rows(), merged->cfg.vocab));
+    const double e = max_rel_error(logits.data(), ref.data(), ref.size());
+    std::printf("[moe_lora] merged %s vs merge_and_unload: %.2e\n", format, e);
+    EXPECT_LT(e, tol);
   }
 }
