@@ -202,7 +202,7 @@ LoraAdapter::LoraAdapter(MemoryTracker* tracker, const ModelShapes& m, const Lor
   for (int l = 0; l < m.n_layers; ++l) {
     slots_[l].resize(kProjCount);
     for (int p = 0; p < kProjCount; ++p) {
-      if (!cfg.targets[p] || m.proj(l, static_cast<Proj>(p)).out == 0) continue;  // (MoE: below)
+      if (!lora_adapts(m, cfg, l, static_cast<Proj>(p))) continue;  // (MoE: make_moe_slots)
       LoraSlot& s = slots_[l][p];
       const ProjShape& ps = m.proj(l, static_cast<Proj>(p));
       s.out = static_cast<int>(ps.out);
@@ -486,6 +486,11 @@ void LoraAdapter::set_module_hf(int layer, Proj first, const float* A, int64_t a
 const char* moe_part_name(MoePart p) {
   static const char* const names[] = {"experts.gate_up_proj", "experts.down_proj", "gate.weight"};
   return names[static_cast<int>(p)];
+}
+
+bool lora_adapts(const ModelShapes& m, const LoraConfig& cfg, int layer, Proj p) {
+  const bool mlp = p == Proj::Gate || p == Proj::Up || p == Proj::Down;
+  return cfg.targets[int(p)] && m.proj(layer, p).out > 0 && !(mlp && m.any_moe());
 }
 
 MoeLoraSlot moe_lora_shape(const ModelShapes& m, const LoraConfig& cfg, int layer, MoePart p) {

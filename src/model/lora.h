@@ -109,6 +109,10 @@ struct MoeLoraSlot {
   int64_t b_n() const { return int64_t(experts) * out * r; }
 };
 
+// Whether cfg adapts projection p of layer l as a module (LoraSlot). On a model with MoE layers
+// gate / up / down name the experts' parameters alone, dense layers' included, as PEFT 0.21
+// rewrites them into target_parameters (Qwen3-MoE's mlp_only_layers keep their MLP frozen).
+bool lora_adapts(const ModelShapes& m, const LoraConfig& cfg, int layer, Proj p);
 // Layer l's MoE part p under cfg, without buffers (r 0: not targeted): what the adapter
 // allocates and the planner counts.
 MoeLoraSlot moe_lora_shape(const ModelShapes& m, const LoraConfig& cfg, int layer, MoePart p);

@@ -498,7 +498,7 @@ std::vector<float> merged_weight(const Model& m, const LoraAdapter* lora, int la
                  layer);
   const QWeight& q = m.layers[layer].proj[static_cast<int>(p)];
   std::vector<float> w = dequant(q);
-  if (!lora || !lora->targets(p)) return w;
+  if (!lora || !lora->active(layer, p)) return w;  // (not adapted on this layer: lora_adapts)
   const LoraSlot& s = lora->slot(layer, p);
   QLFT_CHECK_ARG(s.in == q.cols && s.out == q.rows,
                  "merged_weight: adapter %s of layer %d is [%d, %d] but the model weight is "

@@ -97,9 +97,8 @@ std::vector<uint64_t> lora_numels(const ModelConfig& c, const LoraConfig& lc) {
   std::vector<uint64_t> n;
   for (int l = 0; l < c.n_layers; ++l)
     for (int q = 0; q < kProjCount; ++q) {
-      if (!lc.targets[q]) continue;
+      if (!lora_adapts(sh, lc, l, static_cast<Proj>(q))) continue;  // (MoE: below)
       const ProjShape& ps = sh.proj(l, static_cast<Proj>(q));
-      if (!ps.out) continue;  // (an MoE layer's gate / up / down: its experts', below)
       n.push_back(uint64_t(lc.r) * uint64_t(ps.in));
       n.push_back(uint64_t(ps.out) * uint64_t(lc.r));
     }
@@ -547,7 +546,7 @@ MemoryPlan plan_memory_of_rank(const ModelConfig& c, const WeightFootprint& w,
   int projs = 0;
   for (int l = 0; l < sh.n_layers; ++l) {
     int n = 0;
-    for (int q = 0; q < kProjCount; ++q) n += lc.targets[q] && sh.proj(l, Proj(q)).out ? 1 : 0;
+    for (int q = 0; q < kProjCount; ++q) n += lora_adapts(sh, lc, l, Proj(q)) ? 1 : 0;
     projs = std::max(projs, n);
   }
   cat[int(MemCategory::Adapter)] = adapter;

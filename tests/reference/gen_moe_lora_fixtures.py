@@ -5,7 +5,10 @@ MixtralForCausalLM, the committed fixture model syn_mixtral (tests/reference/fix
 
 Run with the reference venv:  /opt/qlft-ref/bin/python tests/reference/gen_moe_lora_fixtures.py
 Output: tests/reference/fixtures/moe_lora/syn_mixtral.moe_lora.safetensors, read by
-tests/unit/test_moe_lora.cpp:
+tests/unit/test_moe_lora.cpp, and syn_qwen3_moe.moe_lora.safetensors (Qwen3MoeForCausalLM
+syn_qwen3_moe: experts on layers 0 and 2, a dense MLP on layer 1; target_modules q_proj, v_proj,
+gate_proj, up_proj, down_proj, gate, which adapt layer 1's dense projections as modules and the
+other layers' experts as target_parameters, lL.gate_proj.* etc. on layer 1):
 
 LoraConfig(r 4, alpha 8, target_modules ["q_proj", "v_proj", "w1", "w2", "w3", "gate"]), which
 PEFT rewrites: w1 / w3 -> target_parameters experts.gate_up_proj with rank_pattern 2r and
@@ -33,23 +36,29 @@ import torch.nn.functional as F
 from peft import LoraConfig, get_peft_model
 from safetensors import safe_open
 from safetensors.torch import save_file
-from transformers import MixtralForCausalLM
+from transformers import MixtralForCausalLM, Qwen3MoeForCausalLM
 
 import fixture_versions
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MODEL = os.path.join(HERE, "fixtures", "families", "syn_mixtral")
+FAMILIES = {"mixtral": (MixtralForCausalLM, ["q_proj", "v_proj", "w1", "w2", "w3", "gate"], 4870),
+            "qwen3_moe": (Qwen3MoeForCausalLM,
+                          ["q_proj", "v_proj", "gate_proj", "up_proj", "down_proj", "gate"], 4871)}
 OUT = os.path.join(HERE, "fixtures", "moe_lora")
-TARGETS = ["q_proj", "v_proj", "w1", "w2", "w3", "gate"]
 R, ALPHA = 4, 8
 # PEFT's module (after "mlp." / "self_attn.") -> the fixture's name
 NAMES = {"q_proj": "q_proj", "v_proj": "v_proj", "experts.base_layer": "gate_up",
-         "experts": "down", "gate": "router"}
+         "experts": "down", "gate": "router", "gate_proj": "gate_proj", "up_proj": "up_proj",
+         "down_proj": "down_proj"}
 
 
-def load():
-    return MixtralForCausalLM.from_pretrained(MODEL, dtype=torch.float32,
-                                              attn_implementation="eager").eval()
+def model_dir(family):
+    return os.path.join(HERE, "fixtures", "families", "syn_" + family)
+
+
+def load(family):
+    return FAMILIES[family][0].from_pretrained(model_dir(family), dtype=torch.float32,
+                                               attn_implementation="eager").eval()
 
 
 def lora_modules(pm):
@@ -66,7 +75,7 @@ def routing_margin(model, tok):
         lambda m, i, o: gaps.append(float(torch.topk(torch.softmax(o[0].float(), -1),
                                                       m.top_k + 1, -1).values.diff(dim=-1)
                                           .abs()[..., -1].min())))
-             for l in model.model.layers]
+             for l in model.model.layers if hasattr(l.mlp, "experts")]
     with torch.no_grad():
         model(input_ids=tok)
     for h in hooks:
@@ -74,14 +83,15 @@ def routing_margin(model, tok):
     return min(gaps)
 
 
-def main():
-    gen = torch.Generator().manual_seed(4870)
+def fixture(family):
+    cls, targets, seed = FAMILIES[family]
+    gen = torch.Generator().manual_seed(seed)
     vocab = 160
     tok = torch.randint(3, vocab, (2, 16), generator=gen)
     tgt = torch.cat([tok[:, 1:], torch.randint(3, vocab, (2, 1), generator=gen)], 1).clone()
     tgt[0, 3] = tgt[1, 9] = -100
-    lc = LoraConfig(r=R, lora_alpha=ALPHA, target_modules=TARGETS, lora_dropout=0.0, bias="none")
-    pm = get_peft_model(load(), lc).float().eval()
+    lc = LoraConfig(r=R, lora_alpha=ALPHA, target_modules=targets, lora_dropout=0.0, bias="none")
+    pm = get_peft_model(load(family), lc).float().eval()
     out = {}
     with torch.no_grad():
         for key, mod in lora_modules(pm):
@@ -95,7 +105,7 @@ def main():
         for part, w in (("A", mod.lora_A["default"].weight), ("B", mod.lora_B["default"].weight)):
             out[key + part] = w.detach().clone()
             out[key + "g" + part] = w.grad.detach().clone()
-    assert len(out) == 2 * 5 * 4, sorted(out)
+    print(family, len(out) // 4, "LoRA tensors' pairs")
     out["tokens"] = tok.to(torch.int32)
     out["targets"] = tgt.to(torch.int32)
     out["logits"] = logits.detach().clone()
@@ -108,20 +118,27 @@ def main():
             acfg = json.load(f)
     with torch.no_grad():
         out["merged_logits"] = pm.merge_and_unload()(input_ids=tok).logits.reshape(-1, vocab).clone()
-    meta = {"r": str(R), "alpha": str(ALPHA), "targets": ",".join(TARGETS),
+    meta = {"r": str(R), "alpha": str(ALPHA), "targets": ",".join(targets),
             "peft_keys": ",".join(keys),
-            "adapter_config": json.dumps({k: acfg[k] for k in ("r", "lora_alpha", "target_modules",
-                                                              "target_parameters", "rank_pattern",
-                                                              "alpha_pattern")}, sort_keys=True,
-                                         default=sorted),
-            "routing_min_margin": "%g" % routing_margin(load(), tok)}
+            # (PEFT writes its sets in Python's hash order: sorted here)
+            "adapter_config": json.dumps({k: sorted(acfg[k]) if isinstance(acfg[k], list)
+                                          else acfg[k]
+                                          for k in ("r", "lora_alpha", "target_modules",
+                                                    "target_parameters", "rank_pattern",
+                                                    "alpha_pattern")}, sort_keys=True),
+            "routing_min_margin": "%g" % routing_margin(load(family), tok)}
     os.makedirs(OUT, exist_ok=True)
-    save_file(out, os.path.join(OUT, "syn_mixtral.moe_lora.safetensors"), metadata=meta)
+    save_file(out, os.path.join(OUT, "syn_%s.moe_lora.safetensors" % family), metadata=meta)
     print("loss", float(loss), "merged vs lora logits",
           float((out["merged_logits"] - out["logits"]).abs().max()), meta)
-    fixture_versions.write(OUT, __file__,
-                           inputs=[os.path.join(MODEL, "model.safetensors"),
-                                   os.path.join(MODEL, "config.json")])
+
+
+def main():
+    inputs = []
+    for family in FAMILIES:
+        fixture(family)
+        inputs += [os.path.join(model_dir(family), f) for f in ("model.safetensors", "config.json")]
+    fixture_versions.write(OUT, __file__, inputs=inputs)
 
 
 if __name__ == "__main__":

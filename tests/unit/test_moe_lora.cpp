@@ -1,8 +1,9 @@
 // LoRA on a whole MoE model's experts and routers (LoraAdapter's MoE slots, LlamaRunner passing
-// them to moe_fwd / moe_bwd) against PEFT 0.21 on transformers 5's MixtralForCausalLM
-// (tests/reference/gen_moe_lora_fixtures.py: target_modules q_proj, v_proj, w1, w2, w3, gate,
-// which PEFT rewrites into target_parameters experts.gate_up_proj (rank 2r, alpha 2 alpha),
-// experts.down_proj and gate.weight).
+// them to moe_fwd / moe_bwd) against PEFT 0.21 on transformers 5's MixtralForCausalLM and
+// Qwen3MoeForCausalLM (tests/reference/gen_moe_lora_fixtures.py: target_modules q_proj, v_proj,
+// w1, w2, w3, gate (qwen3_moe: gate_proj, up_proj, down_proj, gate), which PEFT rewrites into
+// target_parameters experts.gate_up_proj (rank 2r, alpha 2 alpha), experts.down_proj and
+// gate.weight).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -29,8 +30,8 @@ namespace {
 constexpr double kTol = 1e-4;
 const char* const kPartKey[kMoePartCount] = {"gate_up", "down", "router"};
 
-Fixture moe_lora_fixture() {
-  return Fixture(qlft_test::fixture_path("moe_lora/syn_mixtral.moe_lora.safetensors"));
+Fixture moe_lora_fixture(const std::string& family = "mixtral") {
+  return Fixture(qlft_test::fixture_path("moe_lora/syn_" + family + ".moe_lora.safetensors"));
 }
 std::string mixtral(const char* file = "") {
   return qlft_test::fixture_path(std::string("families/syn_mixtral") + file);
@@ -39,83 +40,105 @@ std::string key(int l, int p, const char* what) {
   return "l" + std::to_string(l) + "." + kPartKey[p] + "." + what;
 }
 
-// The fixture's q / v and expert / router factors into a.
+// The fixture's factors into a (every one of them: the adapter's size is the fixture's).
 void load_moe_lora(const Fixture& f, LoraAdapter& a) {
-  load_lora(f, a);
-  for (int l = 0; l < a.n_layers(); ++l)
-    for (int p = 0; p < kMoePartCount; ++p) {
-      const std::vector<float> A = f.f32(key(l, p, "A")), B = f.f32(key(l, p, "B"));
-      a.set_moe_peft(l, MoePart(p), A.data(), int64_t(A.size()), B.data(), int64_t(B.size()));
-    }
+  load_lora_modules(f, a);
+  uint64_t n = 0;
+  for (const auto& [name, t] : f.t)
+    if (name.size() > 2 && (name.compare(name.size() - 2, 2, ".A") == 0 ||
+                            name.compare(name.size() - 2, 2, ".B") == 0))
+      n += t->numel();
+  EXPECT_EQ(a.n_params(), n);
 }
+
+// A family's fixture, its model (safetensors, as stored) and the fixture's adapter on it.
+struct FamilyAdapter {
+  explicit FamilyAdapter(const std::string& family)
+      : f(moe_lora_fixture(family)),
+        model(load_model(&tr, qlft_test::fixture_path("families/syn_" + family), keep())),
+        lora(&tr, model->shapes, lora_config_of(f)) {
+    load_moe_lora(f, lora);
+  }
+  Fixture f;
+  MemoryTracker tr;
+  std::unique_ptr<Model> model;
+  LoraAdapter lora;
+};
 
 }  // namespace
 
-// Logits, loss and every LoRA gradient (q, v, each layer's experts' gate_up and down, the
-// router) of syn_mixtral (safetensors and llama.cpp's GGUF) vs PEFT's; checkpointing (the
-// recomputed layer runs the experts' LoRA again) gives the same gradients.
-TEST(MoeLora, MixtralMatchesPeft) {
+// Logits, loss and every LoRA gradient (q, v, each MoE layer's experts' gate_up and down, the
+// router; qwen3_moe's dense layer 1 not adapted beyond q / v, as PEFT) of syn_mixtral and
+// syn_qwen3_moe (safetensors and llama.cpp's GGUF) vs PEFT's; checkpointing (the recomputed
+// layer runs the experts' LoRA again) gives the same gradients.
+TEST(MoeLora, MatchesPeft) {
   set_num_threads(1);
-  const Fixture f = moe_lora_fixture();
-  for (const std::string& path : {mixtral(), mixtral(".gguf")}) {
-    SCOPED_TRACE(path);
-    MemoryTracker tr;
-    auto model = load_model(&tr, path, keep());
-    auto be = make_cpu_backend(&tr);
-    LoraAdapter lora(&tr, model->shapes, lora_config_of(f));
-    load_moe_lora(f, lora);
-    // q (32 x 4 + 4 x 32), v (4 x 32 + 16 x 4), gate_up (4 x 8 x 32 + 96 x 8 x 4), down
-    // (4 x 4 x 48 + 32 x 4 x 4), router (4 x 32 + 4 x 4), two layers.
-    EXPECT_EQ(lora.n_params(), 2u * (256 + 192 + 1024 + 3072 + 768 + 512 + 144));
-    LlamaRunner run(*model, *be, &lora);
-    std::vector<int32_t> tok = f.i32("tokens"), tgt = f.i32("targets");
-    TokenBatch b;
-    b.batch = 2;
-    b.seq = 16;
-    b.tokens = tok.data();
-    b.targets = tgt.data();
-    const int V = model->cfg.vocab;
-    std::vector<float> logits(size_t(b.rows()) * V);
-    const LossResult ev = run.logits(b, MatF(logits.data(), b.rows(), V));
-    const std::vector<float> ref = f.f32("logits");
-    ASSERT_EQ(ref.size(), logits.size());
-    const double el = max_rel_error(logits.data(), ref.data(), ref.size());
-    EXPECT_LT(el, kTol) << "logits";
-    const double loss = f.f32("loss")[0];
-    EXPECT_NEAR(ev.mean(), loss, kTol * loss);
-    auto grads = [&] {
-      lora.zero_grad();
-      EXPECT_NEAR(run.forward(b).mean(), loss, kTol * loss) << "training loss";
-      run.backward();
-      std::vector<float> g;
-      for (auto& p : lora.params()) g.insert(g.end(), p.g, p.g + p.n);
-      return g;
-    };
-    const std::vector<float> g0 = grads();
-    double worst = 0;
-    int n = check_lora_grads(lora, f, "", kTol, &worst);
-    for (int l = 0; l < lora.n_layers(); ++l)
-      for (int p = 0; p < kMoePartCount; ++p)
-        for (bool is_b : {false, true}) {
-          const std::vector<float> g = lora.get_moe_peft(l, MoePart(p), is_b, true),
-                                   gr = f.f32(key(l, p, is_b ? "gB" : "gA"));
-          ASSERT_EQ(g.size(), gr.size()) << key(l, p, is_b ? "gB" : "gA");
-          const double e = max_rel_error(g.data(), gr.data(), g.size());
-          EXPECT_LT(e, kTol) << key(l, p, is_b ? "gB" : "gA");
-          worst = std::max(worst, e);
-          ++n;
-        }
-    EXPECT_EQ(n, 2 * 2 * 5);
-    std::printf("[moe_lora] %s: logits %.2e, %d LoRA gradients, worst %.2e\n", path.c_str(), el, n,
-                worst);
-    run.set_checkpoint_all(true);
-    EXPECT_EQ(grads(), g0) << "checkpointed";
-    // Control: without the experts' and routers' factors (q / v alone) the logits move.
-    LoraAdapter qv(&tr, model->shapes, lora_config_of(f));
-    load_lora(f, qv);
-    LlamaRunner run_qv(*model, *be, &qv);
-    run_qv.logits(b, MatF(logits.data(), b.rows(), V));
-    EXPECT_GT(max_rel_error(logits.data(), ref.data(), ref.size()), 1e-3) << "q / v alone";
+  for (const std::string family : {"mixtral", "qwen3_moe"}) {
+    const Fixture f = moe_lora_fixture(family);
+    const std::string dir = qlft_test::fixture_path("families/syn_" + family);
+    for (const std::string& path : {dir, dir + ".gguf"}) {
+      SCOPED_TRACE(path);
+      MemoryTracker tr;
+      auto model = load_model(&tr, path, keep());
+      auto be = make_cpu_backend(&tr);
+      LoraAdapter lora(&tr, model->shapes, lora_config_of(f));
+      load_moe_lora(f, lora);
+      LlamaRunner run(*model, *be, &lora);
+      std::vector<int32_t> tok = f.i32("tokens"), tgt = f.i32("targets");
+      TokenBatch b;
+      b.batch = 2;
+      b.seq = 16;
+      b.tokens = tok.data();
+      b.targets = tgt.data();
+      const int V = model->cfg.vocab;
+      std::vector<float> logits(size_t(b.rows()) * V);
+      const LossResult ev = run.logits(b, MatF(logits.data(), b.rows(), V));
+      const std::vector<float> ref = f.f32("logits");
+      ASSERT_EQ(ref.size(), logits.size());
+      const double el = max_rel_error(logits.data(), ref.data(), ref.size());
+      EXPECT_LT(el, kTol) << "logits";
+      const double loss = f.f32("loss")[0];
+      EXPECT_NEAR(ev.mean(), loss, kTol * loss);
+      auto grads = [&] {
+        lora.zero_grad();
+        EXPECT_NEAR(run.forward(b).mean(), loss, kTol * loss) << "training loss";
+        run.backward();
+        std::vector<float> g;
+        for (auto& p : lora.params()) g.insert(g.end(), p.g, p.g + p.n);
+        return g;
+      };
+      const std::vector<float> g0 = grads();
+      double worst = 0;
+      int n = check_lora_grads(lora, f, "", kTol, &worst), fixture_grads = 0;
+      for (const auto& [name, t] : f.t)
+        fixture_grads += name.size() > 3 && name.compare(name.size() - 3, 2, ".g") == 0;
+      for (int l = 0; l < lora.n_layers(); ++l)
+        for (int p = 0; p < kMoePartCount; ++p)
+          for (bool is_b : {false, true}) {
+            if (!f.has(key(l, p, is_b ? "gB" : "gA"))) continue;
+            const std::vector<float> g = lora.get_moe_peft(l, MoePart(p), is_b, true),
+                                     gr = f.f32(key(l, p, is_b ? "gB" : "gA"));
+            ASSERT_EQ(g.size(), gr.size()) << key(l, p, is_b ? "gB" : "gA");
+            const double e = max_rel_error(g.data(), gr.data(), g.size());
+            EXPECT_LT(e, kTol) << key(l, p, is_b ? "gB" : "gA");
+            worst = std::max(worst, e);
+            ++n;
+          }
+      EXPECT_EQ(n, fixture_grads);
+      std::printf("[moe_lora] %s: logits %.2e, %d LoRA gradients, worst %.2e\n", path.c_str(), el,
+                  n, worst);
+      run.set_checkpoint_all(true);
+      EXPECT_EQ(grads(), g0) << "checkpointed";
+      // Control: without the experts' and routers' factors (the attention's alone) the logits
+      // move.
+      LoraConfig qv_cfg = lora_config_of(f);
+      qv_cfg.set_targets("q_proj,v_proj");
+      LoraAdapter qv(&tr, model->shapes, qv_cfg);
+      load_lora(f, qv);
+      LlamaRunner run_qv(*model, *be, &qv);
+      run_qv.logits(b, MatF(logits.data(), b.rows(), V));
+      EXPECT_GT(max_rel_error(logits.data(), ref.data(), ref.size()), 1e-3) << "q / v alone";
+    }
   }
 }
 
@@ -264,41 +287,42 @@ TEST(MoeLora, PlannerMatchesTracker) {
 // target_parameters / rank_pattern / alpha_pattern (the fixture's save_pretrained), and the
 // round trip through read_peft_config / load_peft_adapter gives back every factor.
 TEST(MoeLora, PeftAdapterHasPeftsKeysAndRoundTrips) {
-  const Fixture f = moe_lora_fixture();
-  MemoryTracker tr;
-  auto model = load_model(&tr, mixtral(), keep());
-  LoraAdapter lora(&tr, model->shapes, lora_config_of(f));
-  load_moe_lora(f, lora);
-  const std::string dir = qlft_test::temp_dir("moe_lora_peft") + "/adapter";
-  save_peft_adapter(lora, dir, "syn_mixtral");
-  auto st = SafetensorsFile::open(dir + "/adapter_model.safetensors");
-  std::vector<std::string> keys;
-  for (const SafeTensorInfo& t : st->tensors()) keys.push_back(t.name);
-  std::sort(keys.begin(), keys.end());
-  std::string joined;
-  for (const std::string& k : keys) joined += (joined.empty() ? "" : ",") + k;
-  EXPECT_EQ(joined, f.meta("peft_keys"));
-  const nlohmann::json peft = nlohmann::json::parse(f.meta("adapter_config"));
-  const JsonFile j = JsonFile::load(dir + "/adapter_config.json");
-  auto sorted = [](nlohmann::json v) {
-    std::sort(v.begin(), v.end());
-    return v;
-  };
-  EXPECT_EQ(sorted(j.root()["target_parameters"]), sorted(peft["target_parameters"]));
-  EXPECT_EQ(sorted(j.root()["target_modules"]), sorted(peft["target_modules"]));
-  EXPECT_EQ(j.root()["rank_pattern"], peft["rank_pattern"]);
-  EXPECT_EQ(j.root()["alpha_pattern"], peft["alpha_pattern"]);
+  for (const std::string family : {"mixtral", "qwen3_moe"}) {
+    SCOPED_TRACE(family);
+    FamilyAdapter fa(family);
+    const std::string dir = qlft_test::temp_dir("moe_lora_peft") + "/adapter";
+    save_peft_adapter(fa.lora, dir, "syn_mixtral");
+    auto st = SafetensorsFile::open(dir + "/adapter_model.safetensors");
+    std::vector<std::string> keys;
+    for (const SafeTensorInfo& t : st->tensors()) keys.push_back(t.name);
+    std::sort(keys.begin(), keys.end());
+    std::string joined;
+    for (const std::string& k : keys) joined += (joined.empty() ? "" : ",") + k;
+    EXPECT_EQ(joined, fa.f.meta("peft_keys"));
+    const nlohmann::json peft = nlohmann::json::parse(fa.f.meta("adapter_config"));
+    const JsonFile j = JsonFile::load(dir + "/adapter_config.json");
+    auto sorted = [](nlohmann::json v) {
+      std::sort(v.begin(), v.end());
+      return v;
+    };
+    EXPECT_EQ(sorted(j.root()["target_parameters"]), sorted(peft["target_parameters"]));
+    EXPECT_EQ(sorted(j.root()["target_modules"]), sorted(peft["target_modules"]));
+    EXPECT_EQ(j.root()["rank_pattern"], peft["rank_pattern"]);
+    EXPECT_EQ(j.root()["alpha_pattern"], peft["alpha_pattern"]);
 
-  LoraAdapter back(&tr, model->shapes, read_peft_config(dir));
-  load_peft_adapter(back, dir);
-  EXPECT_EQ(back.n_params(), lora.n_params());
-  for (int l = 0; l < 2; ++l) {
-    for (int p = 0; p < kMoePartCount; ++p)
-      for (bool b : {false, true})
-        EXPECT_EQ(back.get_moe_peft(l, MoePart(p), b), f.f32(key(l, p, b ? "B" : "A")))
-            << key(l, p, b ? "B" : "A");
-    for (Proj p : {Proj::Q, Proj::V})
-      EXPECT_EQ(back.get_hf(l, p, LoraAdapter::Part::B), lora.get_hf(l, p, LoraAdapter::Part::B));
+    LoraAdapter back(&fa.tr, fa.model->shapes, read_peft_config(dir));
+    load_peft_adapter(back, dir);
+    EXPECT_EQ(back.n_params(), fa.lora.n_params());
+    for (int l = 0; l < back.n_layers(); ++l) {
+      for (int p = 0; p < kMoePartCount; ++p)
+        for (bool b : {false, true})
+          if (fa.f.has(key(l, p, "A")))
+            EXPECT_EQ(back.get_moe_peft(l, MoePart(p), b), fa.f.f32(key(l, p, b ? "B" : "A")))
+                << key(l, p, b ? "B" : "A");
+      for (Proj p : {Proj::Q, Proj::V})
+        EXPECT_EQ(back.get_hf(l, p, LoraAdapter::Part::B),
+                  fa.lora.get_hf(l, p, LoraAdapter::Part::B));
+    }
   }
 }
 
@@ -307,31 +331,30 @@ TEST(MoeLora, PeftAdapterHasPeftsKeysAndRoundTrips) {
 // logits.
 TEST(MoeLora, MergedExportMatchesPeftsMergeAndUnload) {
   set_num_threads(1);
-  const Fixture f = moe_lora_fixture();
-  MemoryTracker tr;
-  auto model = load_model(&tr, mixtral(), keep());
-  LoraAdapter lora(&tr, model->shapes, lora_config_of(f));
-  load_moe_lora(f, lora);
-  const std::string dir = qlft_test::temp_dir("moe_lora_merged");
-  std::vector<int32_t> tok = f.i32("tokens");
-  TokenBatch b;
-  b.batch = 2;
-  b.seq = 16;
-  b.tokens = tok.data();
-  const std::vector<float> ref = f.f32("merged_logits");
-  for (const auto& [path, format, tol] :
-       {std::tuple<std::string, const char*, double>{dir + "/merged", "safetensors", 1e-4},
-        {dir + "/merged.gguf", "gguf-f16", 4e-3}}) {
-    SCOPED_TRACE(format);
-    export_merged(*model, &lora, path, format);
-    MemoryTracker t2;
-    auto merged = load_model(&t2, path, keep());
-    auto be = make_cpu_backend(&t2);
-    LlamaRunner run(*merged, *be, nullptr);
-    std::vector<float> logits(ref.size());
-    run.logits(b, MatF(logits.data(), b.rows(), merged->cfg.vocab));
-    const double e = max_rel_error(logits.data(), ref.data(), ref.size());
-    std::printf("[moe_lora] merged %s vs merge_and_unload: %.2e\n", format, e);
-    EXPECT_LT(e, tol);
+  for (const std::string family : {"mixtral", "qwen3_moe"}) {
+    SCOPED_TRACE(family);
+    FamilyAdapter fa(family);
+    const std::string dir = qlft_test::temp_dir("moe_lora_merged");
+    std::vector<int32_t> tok = fa.f.i32("tokens");
+    TokenBatch b;
+    b.batch = 2;
+    b.seq = 16;
+    b.tokens = tok.data();
+    const std::vector<float> ref = fa.f.f32("merged_logits");
+    for (const auto& [path, format, tol] :
+         {std::tuple<std::string, const char*, double>{dir + "/merged", "safetensors", 1e-4},
+          {dir + "/merged.gguf", "gguf-f16", 4e-3}}) {
+      SCOPED_TRACE(format);
+      export_merged(*fa.model, &fa.lora, path, format);
+      MemoryTracker t2;
+      auto merged = load_model(&t2, path, keep());
+      auto be = make_cpu_backend(&t2);
+      LlamaRunner run(*merged, *be, nullptr);
+      std::vector<float> logits(ref.size());
+      run.logits(b, MatF(logits.data(), b.rows(), merged->cfg.vocab));
+      const double e = max_rel_error(logits.data(), ref.data(), ref.size());
+      std::printf("[moe_lora] merged %s %s vs merge_and_unload: %.2e\n", family.c_str(), format, e);
+      EXPECT_LT(e, tol);
+    }
   }
 }
