@@ -162,6 +162,11 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
                    "lora.init=%s makes the adapter's values itself: it goes with neither "
                    "lora.init_from nor a sharded adapter (dist.zero3_shard_adapter)",
                    name);
+    if (lora_->has_moe())  // (their SVD / QR starts cover the projections' slots only)
+      throw_error(QLFT_ERR_UNSUPPORTED,
+                  "lora.init=%s with LoRA on %s's experts / router (lora.target_modules w1 / w2 / "
+                  "w3 / gate) is not supported; use lora.init=default there",
+                  name, model.cfg.arch.c_str());
     QLFT_CHECK_ARG(!(start && lc.use_dora),
                    "lora.init=%s with lora.use_dora is not supported (the magnitude would be "
                    "measured on the residual base)",

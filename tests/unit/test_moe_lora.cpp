@@ -238,6 +238,18 @@ TEST(MoeLora, TrainerStepUpdatesExpertFactors) {
   StepReport rep;
   t.step_on({fixture_batch(f)}, &rep);
   EXPECT_NEAR(rep.loss, loss, kTol * loss) << "PEFT's loss";
+  for (const char* init : {"loftq", "pissa", "olora"}) {  // starts made for the projections only
+    Config ci = fixture_config(f, f.meta("targets"));
+    ci.set("lora.init", init);
+    try {
+      Trainer bad(*model, &tr, nullptr, parse_run_spec(ci));
+      ADD_FAILURE() << init << " with expert LoRA was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), QLFT_ERR_UNSUPPORTED) << e.what();
+      EXPECT_NE(std::string(e.what()).find("lora.init="), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("experts / router"), std::string::npos) << e.what();
+    }
+  }
   for (int l = 0; l < 2; ++l)
     for (int p = 0; p < kMoePartCount; ++p) {
       const std::vector<float> a = t.lora().get_moe_peft(l, MoePart(p), false),
