@@ -58,7 +58,7 @@ const KeyDef kKeys[] = {
      "gate_up_proj, adapted whole). On a mixture-of-experts layer gate_proj / up_proj (Mixtral's "
      "w1 / w3, taken together) adapt every expert's fused gate_up_proj at rank 2r and alpha 2 "
      "alpha, down_proj (w2) its down_proj, and gate the router, as PEFT 0.21's target_parameters "
-     "(backend=cpu; no dropout or DoRA there; a dense layer's MLP in such a model stays frozen, "
+     "(no dropout or DoRA there; a dense layer's MLP in such a model stays frozen, "
      "as PEFT leaves it)."},
     {"lora.use_rslora", KeyType::Bool, "false", 0, 0, "",
      "Rank-stabilized LoRA: scale alpha / sqrt(r) instead of alpha / r."},

@@ -309,9 +309,10 @@ class LlamaRunner {
   double cross_entropy_by_slices(WeightStream& ws, const int32_t* targets, float grad_scale,
                                  MatF dh, int64_t* count);
   LoraRef lora_ref(int l, Proj p, bool* has) const;
-  // Layer l's expert / router LoRA for moe_fwd / moe_bwd over the adapter's host buffers
-  // (gradients: where backward accumulates); false when it has none or the adapter is off.
-  // Refused (UNSUPPORTED) on a device backend and with a gradient sink, which do not carry them.
+  // Layer l's expert / router LoRA for moe_fwd / moe_bwd over the adapter's host buffers, or
+  // on a device backend over the device copy (moe_off_) (gradients: where backward
+  // accumulates); false when it has none or the adapter is off. Refused with a gradient sink
+  // (ZeRO-2 sharded gradients), which does not carry them.
   bool moe_lora_of(int l, bool gradients, MoeLora* out) const;
   // DoRA / a frozen start around the kernels' LoRA of (l, p) (model/lora_extras.h): nullptr
   // when the adapter has neither, or while it is switched off (set_lora_enabled(false)).
@@ -328,6 +329,8 @@ class LlamaRunner {
   // f(slot, {A's offset, B's offset}) for every targeted projection, in device-copy order.
   template <class F>
   void each_lora_slot(const F& f);
+  template <class F>
+  void each_moe_slot(const F& f);  // (layer, part) of every adapted MoE part with moe_off_
 
   const Model& model_;
   Backend& be_;
@@ -358,6 +361,9 @@ class LlamaRunner {
   Buffer lora_w16_;                  // lora_w_ in bf16 (lora_device_weights16)
   bool lora16_current_ = false;      // lora_w16_ holds lora_w_'s values rounded
   std::vector<std::array<int64_t, 2>> lora_off_;  // per layer * kProjCount + p: A's offset, B's
+  // The MoE layers' expert / router factors after the projections' in lora_w_ / lora_g_: per
+  // layer * kMoePartCount + part, A's offset and B's (-1: not adapted).
+  std::vector<std::array<int64_t, 2>> moe_off_;
   std::vector<Buffer> resid_;  // [n_layers + 1] residual stream, rows x dim each (an offloaded
                                // entry's is empty: it lives in offload_)
   bool offload_on_ = false;

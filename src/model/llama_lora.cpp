@@ -48,17 +48,28 @@ bool LlamaRunner::moe_lora_of(int l, bool gradients, MoeLora* out) const {
   bool any = false;
   for (int p = 0; p < kMoePartCount; ++p) any |= lora_->moe_active(l, MoePart(p));
   if (!any) return false;
-  if (be_.device_memory())
-    throw_error(QLFT_ERR_UNSUPPORTED,
-                "LoRA on %s's experts / router (lora.target_modules w1 / w2 / w3 / gate, or an MoE "
-                "layer's gate_proj / up_proj / down_proj) on backend=%s: its device copy of the "
-                "adapter does not carry them yet; use backend=cpu or target the attention "
-                "projections only",
-                lora_->model_shapes().arch.c_str(), be_.name());
   QLFT_CHECK_ARG(!sink_,
                  "a LoRA gradient sink (ZeRO-2 sharded gradients) does not carry the experts' / "
                  "router's LoRA (lora.target_modules w1 / w2 / w3 / gate)");
-  *out = lora_->moe_lora(l, gradients);
+  if (lora_w_.empty()) {  // a host backend: the adapter's own buffers
+    *out = lora_->moe_lora(l, gradients);
+    return true;
+  }
+  // The device copies (LlamaRunner::lora_to_device), shaped as the adapter's slots.
+  MoeLoraPart* parts[kMoePartCount] = {&out->gate_up, &out->down, &out->router};
+  for (int p = 0; p < kMoePartCount; ++p) {
+    *parts[p] = MoeLoraPart{};
+    const std::array<int64_t, 2>& o = moe_off_[size_t(l * kMoePartCount + p)];
+    if (o[0] < 0) continue;
+    const MoeLoraSlot s = moe_lora_shape(lora_->model_shapes(), lora_->config(), l, MoePart(p));
+    float* g = gradients ? const_cast<Buffer&>(lora_g_).as<float>() : nullptr;
+    *parts[p] = MoeLoraPart{lora_w_.as<float>() + o[0],
+                            lora_w_.as<float>() + o[1],
+                            g ? g + o[0] : nullptr,
+                            g ? g + o[1] : nullptr,
+                            s.r,
+                            s.scale};
+  }
   return true;
 }
 
@@ -116,11 +127,25 @@ void LlamaRunner::each_lora_slot(const F& f) {
         f(lora_->slot(l, static_cast<Proj>(p)), lora_off_[static_cast<size_t>(l * kProjCount + p)]);
 }
 
+template <class F>
+void LlamaRunner::each_moe_slot(const F& f) {
+  for (int l = 0; l < lora_->n_layers(); ++l)
+    for (int p = 0; p < kMoePartCount; ++p)
+      if (lora_->moe_active(l, MoePart(p)))
+        f(lora_->moe_slot_rw(l, MoePart(p)), moe_off_[static_cast<size_t>(l * kMoePartCount + p)]);
+}
+
 void LlamaRunner::lora_device_to_host() {
   std::vector<float> w(lora_w_.size() / 4), g(lora_g_.size() / 4);
   lora_w_.copy_to_host(w.data(), lora_w_.size());
   lora_g_.copy_to_host(g.data(), lora_g_.size());
   each_lora_slot([&](LoraSlot& s, const std::array<int64_t, 2>& o) {
+    std::memcpy(s.A.data(), w.data() + o[0], s.A.size());
+    std::memcpy(s.B.data(), w.data() + o[1], s.B.size());
+    std::memcpy(s.dA.data(), g.data() + o[0], s.dA.size());
+    std::memcpy(s.dB.data(), g.data() + o[1], s.dB.size());
+  });
+  each_moe_slot([&](MoeLoraSlot& s, const std::array<int64_t, 2>& o) {
     std::memcpy(s.A.data(), w.data() + o[0], s.A.size());
     std::memcpy(s.B.data(), w.data() + o[1], s.B.size());
     std::memcpy(s.dA.data(), g.data() + o[0], s.dA.size());
@@ -150,6 +175,18 @@ void LlamaRunner::lora_to_device() {
       o[1] = static_cast<int64_t>(host.size());
       host.insert(host.end(), s.B.as<float>(), s.B.as<float>() + s.B.size() / 4);
     }
+  // The MoE layers' expert / router factors after them, A then B (the Trainer's parameter order).
+  moe_off_.assign(static_cast<size_t>(L) * kMoePartCount, {-1, -1});
+  for (int l = 0; l < L; ++l)
+    for (int p = 0; p < kMoePartCount; ++p) {
+      if (!lora.moe_active(l, MoePart(p))) continue;
+      const MoeLoraSlot& s = lora.moe_slot(l, MoePart(p));
+      std::array<int64_t, 2>& o = moe_off_[static_cast<size_t>(l * kMoePartCount + p)];
+      o[0] = static_cast<int64_t>(host.size());
+      host.insert(host.end(), s.A.as<float>(), s.A.as<float>() + s.a_n());
+      o[1] = static_cast<int64_t>(host.size());
+      host.insert(host.end(), s.B.as<float>(), s.B.as<float>() + s.b_n());
+    }
   if (host.empty()) return;
   const size_t bytes = host.size() * 4;
   if (lora_w_.size() != bytes) {
@@ -176,6 +213,10 @@ void LlamaRunner::lora_grads_to_host() {
     if (!s.shares_a)  // (a fused module's dA once)
       for (size_t i = 0; i < s.dA.size() / 4; ++i) dA[i] += g[size_t(o[0]) + i];
     for (size_t i = 0; i < s.dB.size() / 4; ++i) dB[i] += g[size_t(o[1]) + i];
+  });
+  each_moe_slot([&](MoeLoraSlot& s, const std::array<int64_t, 2>& o) {
+    for (int64_t i = 0; i < s.a_n(); ++i) s.dA.as<float>()[i] += g[size_t(o[0] + i)];
+    for (int64_t i = 0; i < s.b_n(); ++i) s.dB.as<float>()[i] += g[size_t(o[1] + i)];
   });
 }
 

@@ -217,6 +217,12 @@ class LoraAdapter {
     refresh();
     return moe_slots_[size_t(layer)][size_t(p)];
   }
+  // Writable host access (counts as a host write, as slot()).
+  MoeLoraSlot& moe_slot_rw(int layer, MoePart p) {
+    refresh();
+    ++host_writes_;
+    return moe_slots_[size_t(layer)][size_t(p)];
+  }
   // The kernels' view of a layer's expert / router LoRA over the host buffers (gradients: dA,
   // dB too); a part not targeted stays inactive.
   MoeLora moe_lora(int layer, bool gradients) const;

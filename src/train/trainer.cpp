@@ -220,13 +220,6 @@ Trainer::Trainer(const Model& model, MemoryTracker* tracker, const data::Dataset
       }
     }
   // The MoE layers' expert / router LoRA, after the projections' (LoraAdapter::params' order).
-  if (lora_->has_moe() && backend_->device_memory())
-    throw_error(QLFT_ERR_UNSUPPORTED,
-                "LoRA on %s's experts / router (lora.target_modules w1 / w2 / w3 / gate, or an MoE "
-                "layer's gate_proj / up_proj / down_proj) on backend=%s: the device copy of the "
-                "adapter does not carry them yet; use backend=cpu or target the attention "
-                "projections only",
-                model.cfg.arch.c_str(), backend_->name());
   for (int l = 0; l < lora_->n_layers(); ++l)
     for (int p = 0; p < kMoePartCount; ++p) {
       if (!lora_->moe_active(l, MoePart(p))) continue;
