@@ -39,6 +39,7 @@ from safetensors.torch import save_file
 from transformers import MixtralForCausalLM, Qwen3MoeForCausalLM
 
 import fixture_versions
+from gen_family_fixtures import routing_margin
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FAMILIES = {"mixtral": (MixtralForCausalLM, ["q_proj", "v_proj", "w1", "w2", "w3", "gate"], 4870),
@@ -67,20 +68,6 @@ def lora_modules(pm):
             layer = int(name.split(".layers.")[1].split(".")[0])
             leaf = name.split(".layers.")[1].split(".", 2)[2]
             yield f"l{layer}.{NAMES[leaf]}.", mod
-
-
-def routing_margin(model, tok):
-    gaps = []
-    hooks = [l.mlp.gate.register_forward_hook(
-        lambda m, i, o: gaps.append(float(torch.topk(torch.softmax(o[0].float(), -1),
-                                                      m.top_k + 1, -1).values.diff(dim=-1)
-                                          .abs()[..., -1].min())))
-             for l in model.model.layers if hasattr(l.mlp, "experts")]
-    with torch.no_grad():
-        model(input_ids=tok)
-    for h in hooks:
-        h.remove()
-    return min(gaps)
 
 
 def fixture(family):
